@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Install the Debian packages kvserve builds and tests with, if any is missing.
+set -euo pipefail
+pkgs=(build-essential cmake pkg-config clang libclang-rt-14-dev
+      libmicrohttpd-dev libcjson-dev libpcre2-dev libxxhash-dev liblmdb-dev libcmocka-dev
+      curl nodejs npm)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "installing: ${missing[*]}"
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
+fi

@@ -1,0 +1,9 @@
+/* cli: the kvserve subcommands. Each takes (argc, argv) with argv[0] the
+ * command name, prints its own --help, and returns the process exit code
+ * (0 ok, 1 runtime failure, 2 usage error). */
+#ifndef KS_CLI_H
+#define KS_CLI_H
+
+int cli_version(int argc, char **argv);
+
+#endif

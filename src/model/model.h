@@ -1,0 +1,89 @@
+/* model: Llama-family transformers (llama, qwen2, qwen3) loaded from GGUF and
+ * run on the CPU. Every hyper-parameter comes from the file's metadata.
+ *
+ * The forward pass takes a batch of (token, position, sequence) entries:
+ * many prefill tokens of one sequence, one decode token for each of many
+ * sequences, or any mix. K/V go to a kv cache through the kv_* interface and
+ * attention runs through attn_forward(), so the model never sees pages. */
+#ifndef KS_MODEL_H
+#define KS_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gguf/gguf.h"
+#include "kv/kv.h"
+#include "status/status.h"
+#include "threads/threads.h"
+
+enum model_arch { MODEL_ARCH_LLAMA, MODEL_ARCH_QWEN2, MODEL_ARCH_QWEN3 };
+enum model_rope_type { MODEL_ROPE_NORMAL, MODEL_ROPE_NEOX };
+enum model_rope_scaling { MODEL_ROPE_SCALING_NONE, MODEL_ROPE_SCALING_LINEAR, MODEL_ROPE_SCALING_LLAMA3 };
+
+struct model_hparams {
+    enum model_arch arch;
+    const char *arch_name;     /* "llama" */
+    int n_vocab;
+    int n_embd;                /* dim */
+    int n_layer;
+    int n_head;
+    int n_head_kv;             /* GQA: n_head is a multiple of n_head_kv */
+    int head_dim_k;            /* key_length, or n_embd / n_head */
+    int head_dim_v;            /* value_length, or n_embd / n_head */
+    int n_ff;
+    int n_ctx_train;
+    float rms_eps;
+    enum model_rope_type rope_type;
+    float rope_freq_base;
+    enum model_rope_scaling rope_scaling;
+    float rope_scale_factor;   /* linear: positions are divided by it */
+    float rope_llama3_low_freq_factor, rope_llama3_high_freq_factor;
+    int rope_llama3_orig_ctx;
+    bool tied_embeddings;      /* output.weight absent: reuse token_embd */
+    bool has_qkv_bias;         /* qwen2 */
+    bool has_qk_norm;          /* qwen3 */
+};
+
+struct model;
+
+/* mmap and validate: every required tensor present with the right shape and a
+ * supported type. Errors name the tensor and what is wrong. */
+ks_status model_load(const char *path, struct model **out);
+void model_free(struct model *m);
+const struct model_hparams *model_hparams(const struct model *m);
+/* The underlying file, for the tokenizer and `kvserve info`. */
+const struct gguf_file *model_gguf(const struct model *m);
+/* Total bytes of weights (what one decode step reads). */
+uint64_t model_weight_bytes(const struct model *m);
+
+/* A kv_config shaped for this model (layers, KV heads, head_dim) with
+ * kv_config_default() for the rest; the caller sets the budget. */
+void model_kv_config(const struct model *m, struct kv_config *cfg);
+
+struct model_batch {
+    int32_t n_tokens;
+    const int32_t *tokens;
+    const int32_t *pos;      /* position of each token in its sequence */
+    const int32_t *seq;      /* kv sequence id of each token */
+    const bool *want_logits; /* NULL: logits for the last token of each sequence only */
+};
+
+/* Per-caller scratch sized for a maximum batch: activations, quantized
+ * activations, logits. Reused across steps; not shared between threads. */
+struct model_ctx;
+ks_status model_ctx_create(const struct model *m, int32_t max_batch_tokens, threads_pool *pool,
+                           struct model_ctx **out);
+void model_ctx_free(struct model_ctx *c);
+
+/* Run one batch. For every sequence in the batch, its tokens must have
+ * consecutive positions starting at kv_seq_len(seq); the model grows each
+ * sequence in the cache first (all or nothing, so KS_ERR_KV_FULL leaves the
+ * cache unchanged) and then writes K/V for every layer.
+ *
+ * logits: for each batch entry that wants logits, in batch order, one row of
+ * n_vocab floats. *n_logits_out (may be NULL) receives the number of rows. */
+ks_status model_forward(struct model_ctx *c, struct kv_cache *kv, const struct model_batch *b,
+                        float *logits, int32_t *n_logits_out);
+
+#endif

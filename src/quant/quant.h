@@ -1,0 +1,139 @@
+/* quant: tensor element types with ggml's exact block layouts, their scalar
+ * reference (de)quantizers, and the integer-dot-product matmul kernels
+ * (scalar, AVX2, AVX-512/VNNI) that the model and KV cache run on.
+ *
+ * Layouts are contracts: each block is a named struct with a static assert on
+ * its size, so the on-disk GGUF layout is checked by the compiler. The
+ * numeric values of enum quant_type are ggml's type ids as stored in GGUF.
+ *
+ * Dispatch goes through one traits table (quant_traits()). The table's
+ * vec_dot/matmul entries are the best kernels compiled into this build; the
+ * scalar references stay reachable for tests (quant_traits_scalar()). */
+#ifndef KS_QUANT_H
+#define KS_QUANT_H
+
+#include <assert.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "status/status.h"
+#include "threads/threads.h"
+
+enum quant_type {
+    QUANT_F32 = 0,
+    QUANT_F16 = 1,
+    QUANT_Q4_0 = 2,
+    QUANT_Q4_1 = 3,
+    QUANT_Q5_0 = 6,
+    QUANT_Q5_1 = 7,
+    QUANT_Q8_0 = 8,
+    QUANT_Q8_1 = 9,
+    QUANT_Q2_K = 10,
+    QUANT_Q3_K = 11,
+    QUANT_Q4_K = 12,
+    QUANT_Q5_K = 13,
+    QUANT_Q6_K = 14,
+    QUANT_Q8_K = 15,
+    QUANT_BF16 = 30,
+    QUANT_TYPE_COUNT = 31, /* one past the largest id; ids in between are unknown */
+};
+
+typedef uint16_t quant_f16; /* IEEE half, stored as bits */
+typedef uint16_t quant_bf16;
+
+#define QK4_0 32
+#define QK4_1 32
+#define QK5_0 32
+#define QK5_1 32
+#define QK8_0 32
+#define QK8_1 32
+#define QK_K 256
+#define K_SCALE_SIZE 12
+
+typedef struct { quant_f16 d; uint8_t qs[QK4_0 / 2]; } block_q4_0;
+static_assert(sizeof(block_q4_0) == 2 + QK4_0 / 2, "block_q4_0 size");
+typedef struct { quant_f16 d, m; uint8_t qs[QK4_1 / 2]; } block_q4_1;
+static_assert(sizeof(block_q4_1) == 4 + QK4_1 / 2, "block_q4_1 size");
+typedef struct { quant_f16 d; uint8_t qh[4]; uint8_t qs[QK5_0 / 2]; } block_q5_0;
+static_assert(sizeof(block_q5_0) == 2 + 4 + QK5_0 / 2, "block_q5_0 size");
+typedef struct { quant_f16 d, m; uint8_t qh[4]; uint8_t qs[QK5_1 / 2]; } block_q5_1;
+static_assert(sizeof(block_q5_1) == 4 + 4 + QK5_1 / 2, "block_q5_1 size");
+typedef struct { quant_f16 d; int8_t qs[QK8_0]; } block_q8_0;
+static_assert(sizeof(block_q8_0) == 2 + QK8_0, "block_q8_0 size");
+typedef struct { quant_f16 d, s; int8_t qs[QK8_1]; } block_q8_1; /* s = d * sum(qs) */
+static_assert(sizeof(block_q8_1) == 4 + QK8_1, "block_q8_1 size");
+
+typedef struct { uint8_t scales[QK_K / 16]; uint8_t qs[QK_K / 4]; quant_f16 d, dmin; } block_q2_K;
+static_assert(sizeof(block_q2_K) == 2 * 2 + QK_K / 16 + QK_K / 4, "block_q2_K size");
+typedef struct { uint8_t hmask[QK_K / 8]; uint8_t qs[QK_K / 4]; uint8_t scales[12]; quant_f16 d; } block_q3_K;
+static_assert(sizeof(block_q3_K) == 2 + QK_K / 4 + QK_K / 8 + 12, "block_q3_K size");
+typedef struct { quant_f16 d, dmin; uint8_t scales[K_SCALE_SIZE]; uint8_t qs[QK_K / 2]; } block_q4_K;
+static_assert(sizeof(block_q4_K) == 2 * 2 + K_SCALE_SIZE + QK_K / 2, "block_q4_K size");
+typedef struct { quant_f16 d, dmin; uint8_t scales[K_SCALE_SIZE]; uint8_t qh[QK_K / 8]; uint8_t qs[QK_K / 2]; } block_q5_K;
+static_assert(sizeof(block_q5_K) == 2 * 2 + K_SCALE_SIZE + QK_K / 2 + QK_K / 8, "block_q5_K size");
+typedef struct { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K / 16]; quant_f16 d; } block_q6_K;
+static_assert(sizeof(block_q6_K) == 2 + QK_K / 16 + 3 * QK_K / 4, "block_q6_K size");
+typedef struct { float d; int8_t qs[QK_K]; int16_t bsums[QK_K / 16]; } block_q8_K;
+static_assert(sizeof(block_q8_K) == 4 + QK_K + QK_K / 16 * 2, "block_q8_K size");
+
+/* x: n elements of one row of src type; y: n elements of dst. n is a multiple
+ * of the block size. */
+typedef void (*quant_to_float_fn)(const void *x, float *y, int64_t n);
+typedef void (*quant_from_float_fn)(const float *x, void *y, int64_t n);
+/* *s = dot(x[0..n), y[0..n)); x is a row of the weight type, y a row of its
+ * vec_dot_type. */
+typedef void (*quant_vec_dot_fn)(int n, float *s, const void *x, const void *y);
+
+struct quant_traits {
+    const char *name;              /* "q4_0", as llama.cpp spells it */
+    int block_elems;               /* elements per block */
+    size_t block_bytes;            /* bytes per block */
+    bool is_quantized;
+    quant_to_float_fn to_float;    /* NULL only for types with no kernels */
+    quant_from_float_fn from_float;/* NULL if kvserve cannot quantize to it */
+    enum quant_type vec_dot_type;  /* activations are quantized to this */
+    quant_vec_dot_fn vec_dot;      /* NULL if not usable as a weight */
+};
+
+/* NULL for an id that is not a known type. */
+const struct quant_traits *quant_traits(enum quant_type t);
+/* The same table with only scalar reference kernels, for tests. */
+const struct quant_traits *quant_traits_scalar(enum quant_type t);
+
+bool quant_type_known(uint32_t id);
+/* "q4_0" etc., or "unknown(N)" in a static buffer for unknown ids. */
+const char *quant_type_name(enum quant_type t);
+/* Parse a name (case-insensitive: "f16", "q8_0", "Q4_K"). */
+ks_status quant_type_from_name(const char *name, enum quant_type *out);
+/* Bytes of a row of n elements; 0 if n is not a multiple of the block size. */
+size_t quant_row_size(enum quant_type t, int64_t n);
+/* ISA of the kernels in quant_traits(): "avx512-vnni", "avx2", "scalar". */
+const char *quant_isa(void);
+
+/* Scalar conversions (F16C / AVX-512 vector paths live in the kernels). */
+float quant_f16_to_f32(quant_f16 h);
+quant_f16 quant_f32_to_f16(float f);
+float quant_bf16_to_f32(quant_bf16 h);
+quant_bf16 quant_f32_to_bf16(float f);
+
+/* ---- matrix multiply --------------------------------------------------- */
+/* Y[t][r] = sum_c W[r][c] * X[t][c] for t < n_tokens, r < rows.
+ * W: rows x cols of wtype, row-major (a GGUF 2-D tensor with ne[0] = cols).
+ * X: n_tokens x cols f32, Y: n_tokens x rows f32 (row stride = rows).
+ * Activations are quantized on the fly to the weight type's vec_dot_type and
+ * multiplied with integer dot products; F32/F16/BF16 weights use float dots.
+ * The work is tiled over rows x tokens so that each weight block is read once
+ * for many tokens, and split across the pool.
+ *
+ * work/work_size: scratch for the quantized activations, at least
+ * quant_matmul_work_size(wtype, cols, n_tokens) bytes. */
+size_t quant_matmul_work_size(enum quant_type wtype, int64_t cols, int64_t n_tokens);
+ks_status quant_matmul(threads_pool *pool, const void *W, enum quant_type wtype,
+                       int64_t rows, int64_t cols, const float *X, int64_t n_tokens,
+                       float *Y, void *work, size_t work_size);
+
+/* Copy row r of W (wtype, cols wide) into y as f32: embedding lookup. */
+ks_status quant_get_row(const void *W, enum quant_type wtype, int64_t cols, int64_t r, float *y);
+
+#endif

@@ -1,0 +1,44 @@
+/* threads: a persistent pthread pool that runs every heavy op (matmul,
+ * attention, requantization) as one parallel region at a time.
+ *
+ * A region is threads_run(pool, fn, ctx): fn(ctx, ith, nth) runs once for each
+ * ith in [0, nth) and threads_run returns when all calls have returned. The
+ * caller's thread is ith 0, so a pool of 1 thread runs fn inline. Workers spin
+ * briefly between regions (decode issues hundreds of regions per token) and
+ * then sleep on a condition variable.
+ *
+ * A pool is used by one caller thread at a time; regions do not nest. */
+#ifndef KS_THREADS_H
+#define KS_THREADS_H
+
+#include <stdint.h>
+
+#include "status/status.h"
+
+typedef struct threads_pool threads_pool;
+typedef void (*threads_fn)(void *ctx, int ith, int nth);
+
+/* Start n_threads - 1 workers (n_threads >= 1). */
+ks_status threads_create(int n_threads, threads_pool **out);
+
+/* Stop and join the workers. NULL is a no-op. */
+void threads_free(threads_pool *pool);
+
+int threads_count(const threads_pool *pool);
+
+/* Run fn(ctx, i, n) for i in [0, n) on the pool and wait for all. A NULL pool
+ * runs fn(ctx, 0, 1) inline. */
+void threads_run(threads_pool *pool, threads_fn fn, void *ctx);
+
+/* Number of online CPUs (the default for -t). */
+int threads_default_count(void);
+
+/* The half-open share [*lo, *hi) of n items for thread ith of nth. */
+static inline void threads_split(int64_t n, int ith, int nth, int64_t *lo, int64_t *hi)
+{
+    int64_t per = n / nth, rem = n % nth;
+    *lo = ith * per + (ith < rem ? ith : rem);
+    *hi = *lo + per + (ith < rem ? 1 : 0);
+}
+
+#endif
