@@ -1,0 +1,56 @@
+/* sample: turn a row of logits into the next token.
+ *
+ * Order of operations, as llama.cpp applies them: repetition / presence /
+ * frequency penalties over the recent history, then (unless greedy) top-k,
+ * temperature, top-p and min-p, then a draw from a seeded xoshiro256** stream.
+ * temp <= 0 is greedy (argmax after penalties). Logprobs, when asked, are the
+ * log-softmax of the penalized logits before truncation, like OpenAI's. */
+#ifndef KS_SAMPLE_H
+#define KS_SAMPLE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "status/status.h"
+
+#define SAMPLE_MAX_LOGPROBS 20
+
+struct sample_params {
+    float temp;               /* <= 0: greedy. default 0.8 */
+    int top_k;                /* <= 0: off. default 40 */
+    float top_p;              /* >= 1: off. default 0.95 */
+    float min_p;              /* <= 0: off. default 0.05 */
+    float repeat_penalty;     /* 1: off. default 1.0 */
+    int repeat_last_n;        /* history window for all penalties. default 64 */
+    float presence_penalty;   /* 0: off */
+    float frequency_penalty;  /* 0: off */
+    uint64_t seed;            /* default 0xC0FFEE; same seed + same logits = same tokens */
+    int n_logprobs;           /* 0..SAMPLE_MAX_LOGPROBS top alternatives to report */
+};
+
+struct sample_logprob {
+    int32_t token;
+    float logprob;
+};
+
+struct sample_result {
+    int32_t token;
+    float logprob;                                      /* of the chosen token */
+    int n_top;                                          /* = params.n_logprobs */
+    struct sample_logprob top[SAMPLE_MAX_LOGPROBS];     /* best first */
+};
+
+struct sampler;
+
+void sample_params_default(struct sample_params *p);
+/* KS_ERR_INVALID_ARG names the bad parameter (e.g. top_p 1.5, n_logprobs 30). */
+ks_status sample_create(const struct sample_params *p, int32_t n_vocab, struct sampler **out);
+void sample_free(struct sampler *s);
+
+/* Pick the next token. logits (n_vocab floats) are not modified. history:
+ * the tokens so far (prompt and generated) that the penalties look at; may be
+ * NULL when n_history is 0. */
+ks_status sample_next(struct sampler *s, const float *logits, const int32_t *history,
+                      int32_t n_history, struct sample_result *out);
+
+#endif
