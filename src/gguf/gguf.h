@@ -120,6 +120,9 @@ ks_status gguf_writer_set_u64(struct gguf_writer *w, const char *key, uint64_t v
 ks_status gguf_writer_set_f32(struct gguf_writer *w, const char *key, float v);
 ks_status gguf_writer_set_bool(struct gguf_writer *w, const char *key, bool v);
 ks_status gguf_writer_set_str(struct gguf_writer *w, const char *key, const char *v);
+/* Any fixed-size scalar type (u8 .. f64, bool), copied from *v. */
+ks_status gguf_writer_set_scalar(struct gguf_writer *w, const char *key, enum gguf_value_type type,
+                                 const void *v);
 /* Array of fixed-size elements (not STRING/ARRAY), copied. */
 ks_status gguf_writer_set_arr(struct gguf_writer *w, const char *key, enum gguf_value_type elem,
                               const void *data, uint64_t count);
@@ -130,10 +133,13 @@ ks_status gguf_writer_set_arr_str(struct gguf_writer *w, const char *key,
  * "tokenizer." to carry a vocabulary over). */
 ks_status gguf_writer_copy_kv(struct gguf_writer *w, const struct gguf_file *src, const char *prefix);
 /* ne[0] must be a multiple of the type's block size; nbytes must equal the
- * type's row size times the other dims. */
+ * type's row size times the other dims. data NULL writes zeros. */
 ks_status gguf_writer_add_tensor(struct gguf_writer *w, const char *name, uint32_t n_dims,
                                  const int64_t *ne, enum quant_type type, const void *data,
                                  uint64_t nbytes);
+/* Writes to a temporary file beside path, then renames it into place. */
 ks_status gguf_writer_write(struct gguf_writer *w, const char *path);
+/* The same bytes into a malloc'd buffer (tests, fuzz corpora); free() it. */
+ks_status gguf_writer_write_memory(struct gguf_writer *w, void **out, size_t *size);
 
 #endif

@@ -1,0 +1,257 @@
+/* kvserve info: what is inside a GGUF and how much memory it needs.
+ *
+ * Sections print in order: file, metadata, tensors, totals by type, memory.
+ * The memory section works from struct info_kv_shape, read once from the
+ * metadata, so further KV tables (e.g. a fit table per budget) can be added
+ * as one more print_* function over the same shape. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "gguf/gguf.h"
+#include "quant/quant.h"
+
+struct info_opts {
+    const char *model;
+    bool tensors; /* print the per-tensor table */
+};
+
+/* The attention geometry that sizes the KV cache. */
+struct info_kv_shape {
+    char arch[64];
+    uint32_t n_layer;
+    uint32_t n_head_kv;
+    uint32_t head_dim_k, head_dim_v;
+    uint32_t n_ctx_train; /* 0 if the file does not say */
+};
+
+static void info_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: kvserve info -m MODEL.gguf [--no-tensors]\n"
+            "\n"
+            "Print a GGUF file's metadata (arrays abbreviated), its tensor table (name, type,\n"
+            "shape, bytes), totals by tensor type, and the memory it needs: weight bytes and\n"
+            "KV cache bytes per token at f16, q8_0 and q4_0.\n"
+            "\n"
+            "  -m, --model PATH   the GGUF file\n"
+            "      --no-tensors   skip the per-tensor table\n"
+            "  -h, --help         this help\n");
+}
+
+/* 0 ok, 2 usage error, -1 help printed. */
+static int parse_args(int argc, char **argv, struct info_opts *o)
+{
+    *o = (struct info_opts){.tensors = true};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            info_usage(stdout);
+            return -1;
+        } else if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && i + 1 < argc) {
+            o->model = argv[++i];
+        } else if (!strcmp(a, "--no-tensors")) {
+            o->tensors = false;
+        } else {
+            fprintf(stderr, "kvserve info: unknown or incomplete option '%s'\n\n", a);
+            info_usage(stderr);
+            return 2;
+        }
+    }
+    if (!o->model) {
+        fprintf(stderr, "kvserve info: -m MODEL is required\n\n");
+        info_usage(stderr);
+        return 2;
+    }
+    return 0;
+}
+
+static const char *human_bytes(double bytes, char *buf, size_t cap)
+{
+    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int u = 0;
+    while (bytes >= 1024 && u < 4) {
+        bytes /= 1024;
+        u++;
+    }
+    snprintf(buf, cap, u ? "%.2f %s" : "%.0f %s", bytes, units[u]);
+    return buf;
+}
+
+/* ---- sections ---------------------------------------------------------- */
+
+static void print_file(const struct gguf_file *f, const char *path)
+{
+    printf("file: %s\n  GGUF v%u, %zu bytes, alignment %" PRIu64 ", tensor data at offset %" PRIu64 "\n\n",
+           path, gguf_version(f), gguf_file_size(f), gguf_alignment(f), gguf_data_offset(f));
+}
+
+static void print_metadata(const struct gguf_file *f)
+{
+    char value[512];
+    printf("metadata: %" PRId64 " keys\n", gguf_n_kv(f));
+    for (int64_t i = 0; i < gguf_n_kv(f); i++) {
+        gguf_format_value(f, i, value, sizeof value);
+        printf("  %-44s %-4s %s\n", gguf_key_at(f, i), gguf_type_name(gguf_type_at(f, i)), value);
+    }
+    printf("\n");
+}
+
+static void format_shape(const struct gguf_tensor_info *t, char *buf, size_t cap)
+{
+    size_t n = (size_t)snprintf(buf, cap, "[");
+    for (uint32_t d = 0; d < t->n_dims && n < cap; d++)
+        n += (size_t)snprintf(buf + n, cap - n, d ? ", %" PRId64 : "%" PRId64, t->ne[d]);
+    if (n < cap)
+        snprintf(buf + n, cap - n, "]");
+}
+
+static void print_tensors(const struct gguf_file *f)
+{
+    char shape[96];
+    printf("tensors: %" PRId64 "\n  %-40s %-6s %-24s %14s\n", gguf_n_tensors(f), "name", "type", "shape", "bytes");
+    for (int64_t i = 0; i < gguf_n_tensors(f); i++) {
+        const struct gguf_tensor_info *t = gguf_tensor_at(f, i);
+        format_shape(t, shape, sizeof shape);
+        printf("  %-40s %-6s %-24s %14" PRIu64 "\n", t->name, quant_type_name(t->type), shape, t->nbytes);
+    }
+    printf("\n");
+}
+
+static uint64_t print_type_totals(const struct gguf_file *f)
+{
+    uint64_t bytes[QUANT_TYPE_COUNT] = {0}, count[QUANT_TYPE_COUNT] = {0}, total = 0;
+    for (int64_t i = 0; i < gguf_n_tensors(f); i++) {
+        const struct gguf_tensor_info *t = gguf_tensor_at(f, i);
+        bytes[t->type] += t->nbytes;
+        count[t->type]++;
+        total += t->nbytes;
+    }
+    char h[32];
+    printf("totals by type:\n");
+    for (int ty = 0; ty < QUANT_TYPE_COUNT; ty++)
+        if (count[ty])
+            printf("  %-6s %5" PRIu64 " tensors %14" PRIu64 " bytes  %10s  %5.1f%%\n",
+                   quant_type_name((enum quant_type)ty), count[ty], bytes[ty],
+                   human_bytes((double)bytes[ty], h, sizeof h), 100.0 * (double)bytes[ty] / (double)total);
+    if (!total)
+        printf("  (no tensors)\n");
+    printf("\n");
+    return total;
+}
+
+/* ---- KV geometry ------------------------------------------------------- */
+
+static ks_status arch_u32(const struct gguf_file *f, const char *arch, const char *suffix, uint32_t *out)
+{
+    char key[160];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    return gguf_get_u32(f, key, out);
+}
+
+/* key_length/value_length when present, else embedding_length / head_count. */
+static ks_status read_kv_shape(const struct gguf_file *f, struct info_kv_shape *s)
+{
+    *s = (struct info_kv_shape){0};
+    struct gguf_str arch;
+    ks_status st = gguf_get_str(f, "general.architecture", &arch);
+    if (st)
+        return st;
+    if (arch.len == 0 || arch.len >= sizeof s->arch || memchr(arch.data, '\0', (size_t)arch.len))
+        return ks_fail(KS_ERR_FORMAT, "general.architecture is empty or too long");
+    memcpy(s->arch, arch.data, (size_t)arch.len);
+    uint32_t n_head = 0, n_embd = 0;
+    st = arch_u32(f, s->arch, "block_count", &s->n_layer);
+    if (!st)
+        st = arch_u32(f, s->arch, "attention.head_count", &n_head);
+    if (st)
+        return st;
+    if (arch_u32(f, s->arch, "attention.head_count_kv", &s->n_head_kv))
+        s->n_head_kv = n_head;
+    if (arch_u32(f, s->arch, "attention.key_length", &s->head_dim_k) ||
+        arch_u32(f, s->arch, "attention.value_length", &s->head_dim_v)) {
+        st = arch_u32(f, s->arch, "embedding_length", &n_embd);
+        if (st)
+            return st;
+        if (n_head == 0 || n_embd % n_head)
+            return ks_fail(KS_ERR_FORMAT, "%s.embedding_length %u is not a multiple of head_count %u", s->arch,
+                           n_embd, n_head);
+        s->head_dim_k = s->head_dim_v = n_embd / n_head;
+    }
+    if (!s->n_layer || !s->n_head_kv || !s->head_dim_k || !s->head_dim_v)
+        return ks_fail(KS_ERR_FORMAT, "%s: block_count, head_count_kv and head dims must be nonzero", s->arch);
+    if (arch_u32(f, s->arch, "context_length", &s->n_ctx_train))
+        s->n_ctx_train = 0;
+    return KS_OK;
+}
+
+/* KV bytes per token for all layers, or 0 if type cannot hold a head. */
+static uint64_t kv_bytes_per_token(const struct info_kv_shape *s, enum quant_type type)
+{
+    size_t k = quant_row_size(type, s->head_dim_k), v = quant_row_size(type, s->head_dim_v);
+    if (!k || !v)
+        return 0;
+    return (uint64_t)s->n_layer * s->n_head_kv * (k + v);
+}
+
+static void print_kv_memory(const struct info_kv_shape *s)
+{
+    static const enum quant_type types[] = {QUANT_F16, QUANT_Q8_0, QUANT_Q4_0};
+    char a[32], b[32], c[32];
+    printf("  KV cache (%s: %u layers, %u KV heads, head_dim k %u / v %u):\n", s->arch, s->n_layer, s->n_head_kv,
+           s->head_dim_k, s->head_dim_v);
+    printf("    %-6s %12s %14s", "type", "per token", "per 1k tokens");
+    if (s->n_ctx_train)
+        printf(" %16s", "per context");
+    printf("\n");
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        uint64_t per_tok = kv_bytes_per_token(s, types[i]);
+        if (!per_tok) {
+            uint32_t bad = quant_row_size(types[i], s->head_dim_k) ? s->head_dim_v : s->head_dim_k;
+            printf("    %-6s n/a (head_dim %u not a multiple of %d)\n", quant_type_name(types[i]), bad,
+                   quant_traits(types[i])->block_elems);
+            continue;
+        }
+        printf("    %-6s %12s %14s", quant_type_name(types[i]), human_bytes((double)per_tok, a, sizeof a),
+               human_bytes((double)per_tok * 1000, b, sizeof b));
+        if (s->n_ctx_train)
+            printf(" %16s", human_bytes((double)per_tok * s->n_ctx_train, c, sizeof c));
+        printf("\n");
+    }
+    if (s->n_ctx_train)
+        printf("    (per context = %u tokens, the trained context length)\n", s->n_ctx_train);
+}
+
+static void print_memory(const struct gguf_file *f, uint64_t weight_bytes)
+{
+    char h[32];
+    printf("memory:\n  weights: %s (%" PRIu64 " bytes)\n", human_bytes((double)weight_bytes, h, sizeof h),
+           weight_bytes);
+    struct info_kv_shape shape;
+    if (read_kv_shape(f, &shape))
+        printf("  KV cache: n/a (%s)\n", ks_errmsg());
+    else
+        print_kv_memory(&shape);
+}
+
+int cli_info(int argc, char **argv)
+{
+    struct info_opts o;
+    int rc = parse_args(argc, argv, &o);
+    if (rc)
+        return rc < 0 ? 0 : rc;
+    struct gguf_file *f;
+    if (gguf_open(o.model, &f)) {
+        fprintf(stderr, "kvserve info: %s\n", ks_errmsg());
+        return 1;
+    }
+    print_file(f, o.model);
+    print_metadata(f);
+    if (o.tensors)
+        print_tensors(f);
+    uint64_t weight_bytes = print_type_totals(f);
+    print_memory(f, weight_bytes);
+    gguf_close(f);
+    return 0;
+}
