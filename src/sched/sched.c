@@ -1,0 +1,695 @@
+/* The scheduler thread and its step: admit, build one batch (decode first,
+ * then prefill chunks), run it (shrinking or preempting on KS_ERR_KV_FULL),
+ * sample, deliver events. */
+#include "sched/sched.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+const double sched_hist_bounds[SCHED_HIST_BUCKETS] = {
+    0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, INFINITY,
+};
+
+struct req {
+    uint64_t id;
+    int32_t *tokens;          /* (cap) prompt then generated */
+    int32_t n_tokens, cap;
+    int32_t n_prompt, max_tokens, n_generated;
+    int32_t n_computed;       /* tokens whose K/V are in the cache */
+    int32_t seq;              /* -1 while holding no pages */
+    uint64_t admit_order;
+    void *sampler;
+    sched_event_fn on_event;
+    void *user;
+    double t_submit, t_last;
+    bool cancelled;
+    bool skip_step;           /* this step's prefill chunk was dropped */
+    enum sched_finish finish; /* set when done */
+    const char *error;
+};
+
+struct hook {
+    sched_hook_fn fn;
+    void *user;
+    bool done;
+    struct hook *next;
+};
+
+struct sched {
+    struct sched_config cfg;
+    int32_t eog[16];
+    struct sched_engine eng;
+
+    pthread_mutex_t mu;
+    pthread_cond_t work;      /* scheduler waits for submissions/hooks */
+    pthread_cond_t hook_done;
+    pthread_t thread;
+    bool thread_started, stop, draining, cancel_all;
+
+    struct req **waiting;     /* FIFO; preempted requests go back to the front */
+    int n_waiting, cap_waiting;
+    struct req **active;      /* admission order */
+    int n_active;
+    struct hook *hooks;
+    uint64_t next_id, next_admit;
+
+    /* step scratch (scheduler thread only) */
+    int32_t cap_batch;
+    int32_t *b_tokens, *b_pos, *b_seq;
+    bool *b_logits;
+    struct req **b_owner;     /* request of each entry with logits */
+    float *logits;
+
+    struct sched_stats st;
+};
+
+static double now_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void hist_add(struct sched_hist *h, double seconds)
+{
+    int b = 0;
+    while (b < SCHED_HIST_BUCKETS - 1 && seconds > sched_hist_bounds[b])
+        b++;
+    h->counts[b]++;
+    h->n++;
+    h->sum += seconds;
+}
+
+void sched_config_default(struct sched_config *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->parallel = 16;
+    cfg->max_batch_tokens = 512;
+    cfg->prefill_chunk = 256;
+    cfg->ctx_size = 4096;
+    cfg->max_queue = 256;
+}
+
+/* ---- request lifetime ---------------------------------------------------- */
+
+static void req_free(struct sched *s, struct req *r)
+{
+    if (!r)
+        return;
+    if (r->seq >= 0)
+        s->eng.seq_free(s->eng.ctx, r->seq);
+    if (r->sampler)
+        s->eng.sampler_free(s->eng.ctx, r->sampler);
+    free(r->tokens);
+    free(r);
+}
+
+static void req_emit_final(struct req *r)
+{
+    struct sched_event ev = {
+        .id = r->id, .token = -1, .finish = r->finish, .n_prompt = r->n_prompt,
+        .n_generated = r->n_generated, .error = r->error,
+    };
+    r->on_event(r->user, &ev);
+}
+
+static void list_remove(struct req **list, int *n, int i)
+{
+    memmove(list + i, list + i + 1, (size_t)(*n - i - 1) * sizeof *list);
+    (*n)--;
+}
+
+static ks_status waiting_push(struct sched *s, struct req *r, bool front)
+{
+    if (s->n_waiting == s->cap_waiting) {
+        int cap = s->cap_waiting ? 2 * s->cap_waiting : 64;
+        struct req **w = realloc(s->waiting, (size_t)cap * sizeof *w);
+        if (!w)
+            return ks_fail(KS_ERR_NOMEM, "scheduler queue: out of memory");
+        s->waiting = w;
+        s->cap_waiting = cap;
+    }
+    if (front) {
+        memmove(s->waiting + 1, s->waiting, (size_t)s->n_waiting * sizeof *s->waiting);
+        s->waiting[0] = r;
+    } else {
+        s->waiting[s->n_waiting] = r;
+    }
+    s->n_waiting++;
+    return KS_OK;
+}
+
+/* ---- submission API (any thread) ----------------------------------------- */
+
+ks_status sched_submit(struct sched *s, const struct sched_request *rq, uint64_t *id_out)
+{
+    if (!rq || !rq->prompt || rq->n_prompt < 1 || !rq->on_event)
+        return ks_fail(KS_ERR_INVALID_ARG, "request needs a non-empty prompt and an event callback");
+    if (rq->max_tokens < 1)
+        return ks_fail(KS_ERR_INVALID_ARG, "max_tokens must be at least 1 (got %d)", rq->max_tokens);
+    if (rq->n_prompt >= s->cfg.ctx_size)
+        return ks_fail(KS_ERR_RANGE, "the prompt has %d tokens but the context holds %d (leave room for one generated token)",
+                       rq->n_prompt, s->cfg.ctx_size);
+    for (int32_t i = 0; i < rq->n_prompt; i++)
+        if (rq->prompt[i] < 0 || rq->prompt[i] >= s->eng.n_vocab)
+            return ks_fail(KS_ERR_INVALID_ARG, "prompt token %d at index %d is outside the vocabulary (0..%d)",
+                           rq->prompt[i], i, s->eng.n_vocab - 1);
+
+    struct req *r = calloc(1, sizeof *r);
+    if (!r)
+        return ks_fail(KS_ERR_NOMEM, "request: out of memory");
+    int64_t want = (int64_t)rq->n_prompt + rq->max_tokens;
+    r->cap = (int32_t)(want < s->cfg.ctx_size ? want : s->cfg.ctx_size);
+    r->tokens = malloc((size_t)r->cap * sizeof *r->tokens);
+    if (!r->tokens) {
+        free(r);
+        return ks_fail(KS_ERR_NOMEM, "request: out of memory");
+    }
+    memcpy(r->tokens, rq->prompt, (size_t)rq->n_prompt * sizeof *r->tokens);
+    r->n_tokens = r->n_prompt = rq->n_prompt;
+    r->max_tokens = rq->max_tokens;
+    r->seq = -1;
+    r->on_event = rq->on_event;
+    r->user = rq->user;
+    r->t_submit = now_seconds();
+    ks_status st = s->eng.sampler_create(s->eng.ctx, &rq->sampling, &r->sampler);
+    if (st) {
+        req_free(s, r);
+        return st;
+    }
+
+    pthread_mutex_lock(&s->mu);
+    if (s->draining || s->stop)
+        st = ks_fail(KS_ERR_STATE, "the server is shutting down");
+    else if (s->n_waiting >= s->cfg.max_queue)
+        st = ks_fail(KS_ERR_STATE, "the queue is full (%d waiting); retry later", s->n_waiting);
+    else
+        st = waiting_push(s, r, false);
+    if (!st) {
+        r->id = ++s->next_id;
+        if (id_out)
+            *id_out = r->id;
+        pthread_cond_signal(&s->work);
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (st)
+        req_free(s, r);
+    return st;
+}
+
+void sched_cancel(struct sched *s, uint64_t id)
+{
+    pthread_mutex_lock(&s->mu);
+    for (int i = 0; i < s->n_waiting; i++)
+        if (s->waiting[i]->id == id)
+            s->waiting[i]->cancelled = true;
+    for (int i = 0; i < s->n_active; i++)
+        if (s->active[i]->id == id)
+            s->active[i]->cancelled = true;
+    pthread_cond_signal(&s->work);
+    pthread_mutex_unlock(&s->mu);
+}
+
+void sched_drain(struct sched *s)
+{
+    pthread_mutex_lock(&s->mu);
+    s->draining = true;
+    pthread_mutex_unlock(&s->mu);
+}
+
+void sched_cancel_all(struct sched *s)
+{
+    pthread_mutex_lock(&s->mu);
+    s->cancel_all = true;
+    pthread_cond_signal(&s->work);
+    pthread_mutex_unlock(&s->mu);
+}
+
+ks_status sched_between_steps(struct sched *s, sched_hook_fn fn, void *user)
+{
+    struct hook h = {.fn = fn, .user = user};
+    pthread_mutex_lock(&s->mu);
+    if (s->stop) {
+        pthread_mutex_unlock(&s->mu);
+        return ks_fail(KS_ERR_STATE, "the scheduler has stopped");
+    }
+    struct hook **tail = &s->hooks;
+    while (*tail)
+        tail = &(*tail)->next;
+    *tail = &h;
+    pthread_cond_signal(&s->work);
+    while (!h.done)
+        pthread_cond_wait(&s->hook_done, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+    return KS_OK;
+}
+
+void sched_get_stats(struct sched *s, struct sched_stats *out)
+{
+    pthread_mutex_lock(&s->mu);
+    *out = s->st;
+    out->n_running = s->n_active;
+    out->n_waiting = s->n_waiting;
+    pthread_mutex_unlock(&s->mu);
+}
+
+static void req_info(const struct req *r, bool running, struct sched_request_info *o)
+{
+    o->id = r->id;
+    o->seq = r->seq;
+    o->n_prompt = r->n_prompt;
+    o->n_generated = r->n_generated;
+    o->n_computed = r->n_computed;
+    o->running = running;
+}
+
+int sched_list_requests(struct sched *s, struct sched_request_info *out, int cap)
+{
+    pthread_mutex_lock(&s->mu);
+    int n = 0;
+    for (int i = 0; i < s->n_active; i++, n++)
+        if (n < cap)
+            req_info(s->active[i], true, &out[n]);
+    for (int i = 0; i < s->n_waiting; i++, n++)
+        if (n < cap)
+            req_info(s->waiting[i], false, &out[n]);
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}
+
+/* ---- scheduler thread: bookkeeping (called with mu held) ------------------- */
+
+/* Move requests that are cancelled (or all, on cancel_all) out of the lists
+ * into done[], freeing their pages now. */
+static int collect_cancelled(struct sched *s, struct req **done, int cap)
+{
+    int n = 0;
+    for (int i = s->n_waiting - 1; i >= 0 && n < cap; i--) {
+        struct req *r = s->waiting[i];
+        if (r->cancelled || s->cancel_all) {
+            r->finish = SCHED_FINISH_CANCELLED;
+            done[n++] = r;
+            list_remove(s->waiting, &s->n_waiting, i);
+        }
+    }
+    for (int i = s->n_active - 1; i >= 0 && n < cap; i--) {
+        struct req *r = s->active[i];
+        if (r->cancelled || s->cancel_all || r->finish != SCHED_FINISH_NONE) {
+            if (r->finish == SCHED_FINISH_NONE)
+                r->finish = SCHED_FINISH_CANCELLED;
+            else
+                s->st.requests_done++;
+            if (r->seq >= 0)
+                s->eng.seq_free(s->eng.ctx, r->seq);
+            r->seq = -1;
+            done[n++] = r;
+            list_remove(s->active, &s->n_active, i);
+        }
+    }
+    if (s->n_waiting == 0 && s->n_active == 0)
+        s->cancel_all = false;
+    return n;
+}
+
+static void run_hooks(struct sched *s)
+{
+    while (s->hooks) {
+        struct hook *h = s->hooks;
+        s->hooks = h->next;
+        pthread_mutex_unlock(&s->mu);
+        h->fn(h->user, s->eng.cache ? s->eng.cache(s->eng.ctx) : NULL);
+        pthread_mutex_lock(&s->mu);
+        h->done = true;
+        pthread_cond_broadcast(&s->hook_done);
+    }
+}
+
+static int32_t next_chunk(const struct sched *s, const struct req *r)
+{
+    int32_t left = r->n_tokens - r->n_computed;
+    return left < s->cfg.prefill_chunk ? left : s->cfg.prefill_chunk;
+}
+
+static void admit(struct sched *s)
+{
+    while (s->n_waiting > 0 && s->n_active < s->cfg.parallel) {
+        struct req *r = s->waiting[0];
+        if (s->n_active > 0 && s->eng.can_admit && !s->eng.can_admit(s->eng.ctx, next_chunk(s, r)))
+            break;
+        if (s->eng.seq_create(s->eng.ctx, &r->seq) != KS_OK) {
+            r->seq = -1;
+            break;
+        }
+        r->n_computed = 0;
+        r->admit_order = ++s->next_admit;
+        list_remove(s->waiting, &s->n_waiting, 0);
+        s->active[s->n_active++] = r;
+    }
+}
+
+/* The newest active request holding pages goes back to the queue's head. */
+static void preempt_newest(struct sched *s)
+{
+    int victim = -1;
+    for (int i = 0; i < s->n_active; i++)
+        if (victim < 0 || s->active[i]->admit_order > s->active[victim]->admit_order)
+            victim = i;
+    struct req *r = s->active[victim];
+    s->eng.seq_free(s->eng.ctx, r->seq);
+    r->seq = -1;
+    r->n_computed = 0;
+    list_remove(s->active, &s->n_active, victim);
+    if (waiting_push(s, r, true) != KS_OK) {
+        r->finish = SCHED_FINISH_ERROR;
+        r->error = "out of memory while preempting";
+        s->active[s->n_active++] = r; /* collected as finished next step */
+        return;
+    }
+    s->st.preemptions++;
+}
+
+/* ---- scheduler thread: one step --------------------------------------------- */
+
+static void batch_add(struct sched *s, int32_t *n, struct req *r, int32_t count, int32_t *n_rows)
+{
+    for (int32_t i = 0; i < count; i++) {
+        int32_t pos = r->n_computed + i;
+        s->b_tokens[*n] = r->tokens[pos];
+        s->b_pos[*n] = pos;
+        s->b_seq[*n] = r->seq;
+        s->b_logits[*n] = (i == count - 1) && (pos + 1 == r->n_tokens);
+        if (s->b_logits[*n])
+            s->b_owner[(*n_rows)++] = r;
+        (*n)++;
+    }
+}
+
+/* Decode entries first, then prefill chunks oldest first within the budget.
+ * Returns the number of tokens; *n_prefill_out the number of prefill chunks. */
+static int32_t build_batch(struct sched *s, int32_t *n_rows, int *n_prefill_out)
+{
+    int32_t n = 0;
+    int n_prefill = 0;
+    *n_rows = 0;
+    for (int i = 0; i < s->n_active; i++) {
+        struct req *r = s->active[i];
+        if (r->n_tokens - r->n_computed == 1)
+            batch_add(s, &n, r, 1, n_rows);
+    }
+    for (int i = 0; i < s->n_active; i++) {
+        struct req *r = s->active[i];
+        int32_t chunk = next_chunk(s, r);
+        int32_t budget = s->cfg.max_batch_tokens - n;
+        if (r->n_tokens - r->n_computed <= 1 || r->skip_step || budget <= 0)
+            continue;
+        batch_add(s, &n, r, chunk < budget ? chunk : budget, n_rows);
+        n_prefill++;
+    }
+    *n_prefill_out = n_prefill;
+    return n;
+}
+
+/* Drop the newest prefill chunk of this step. */
+static void drop_newest_prefill(struct sched *s)
+{
+    struct req *newest = NULL;
+    for (int i = 0; i < s->n_active; i++) {
+        struct req *r = s->active[i];
+        if (r->n_tokens - r->n_computed > 1 && !r->skip_step &&
+            (!newest || r->admit_order > newest->admit_order))
+            newest = r;
+    }
+    if (newest)
+        newest->skip_step = true;
+}
+
+static void fail_active(struct sched *s, const char *msg)
+{
+    for (int i = 0; i < s->n_active; i++) {
+        s->active[i]->finish = SCHED_FINISH_ERROR;
+        s->active[i]->error = msg;
+    }
+}
+
+/* Run the step's batch; on KS_ERR_KV_FULL shrink it (drop prefill chunks,
+ * then preempt the newest) and retry. Returns tokens run (0: nothing ran). */
+static int32_t run_batch(struct sched *s, int32_t *n_rows)
+{
+    static const char *too_big = "the KV cache cannot hold this request even alone; raise --kv-mem or shorten it";
+    static const char *engine_failed = "the model failed while computing this step (see the server log)";
+    for (int i = 0; i < s->n_active; i++)
+        s->active[i]->skip_step = false;
+    bool counted_full = false;
+    for (;;) {
+        int n_prefill;
+        int32_t n = build_batch(s, n_rows, &n_prefill);
+        if (n == 0 && s->n_active == 0)
+            return 0;
+        if (n > 0) {
+            struct sched_batch b = {n, s->b_tokens, s->b_pos, s->b_seq, s->b_logits};
+            ks_status st = s->eng.forward(s->eng.ctx, &b, s->logits);
+            if (st == KS_OK)
+                return n;
+            if (st != KS_ERR_KV_FULL) {
+                pthread_mutex_lock(&s->mu);
+                fail_active(s, engine_failed);
+                pthread_mutex_unlock(&s->mu);
+                return 0;
+            }
+            if (!counted_full) {
+                pthread_mutex_lock(&s->mu);
+                s->st.kv_full_events++;
+                pthread_mutex_unlock(&s->mu);
+                counted_full = true;
+            }
+            if (n_prefill > 0) {
+                drop_newest_prefill(s);
+                continue;
+            }
+        }
+        pthread_mutex_lock(&s->mu);
+        if (s->n_active <= 1) {
+            fail_active(s, too_big);
+            pthread_mutex_unlock(&s->mu);
+            return 0;
+        }
+        preempt_newest(s);
+        pthread_mutex_unlock(&s->mu);
+        for (int i = 0; i < s->n_active; i++)
+            s->active[i]->skip_step = false;
+    }
+}
+
+static bool is_eog(const struct sched *s, int32_t tok)
+{
+    for (int i = 0; i < s->cfg.n_eog; i++)
+        if (s->eog[i] == tok)
+            return true;
+    return false;
+}
+
+/* Advance n_computed for what ran, sample every row and deliver events. */
+static void finish_step(struct sched *s, int32_t n, int32_t n_rows)
+{
+    double t = now_seconds();
+    pthread_mutex_lock(&s->mu);
+    for (int32_t i = 0; i < n; i++)
+        for (int j = 0; j < s->n_active; j++)
+            if (s->active[j]->seq == s->b_seq[i]) {
+                struct req *r = s->active[j];
+                if (r->n_computed < r->n_prompt)
+                    s->st.prompt_tokens++;
+                r->n_computed++;
+                break;
+            }
+    pthread_mutex_unlock(&s->mu);
+
+    for (int32_t row = 0; row < n_rows; row++) {
+        struct req *r = s->b_owner[row];
+        struct sample_result res;
+        ks_status st = s->eng.sampler_next(s->eng.ctx, r->sampler, s->logits + (size_t)row * s->eng.n_vocab,
+                                           r->tokens, r->n_tokens, &res);
+        pthread_mutex_lock(&s->mu);
+        bool emit = !st && !r->cancelled;
+        if (st) {
+            r->finish = SCHED_FINISH_ERROR;
+            r->error = "sampling failed";
+        } else if (is_eog(s, res.token)) {
+            r->finish = SCHED_FINISH_STOP;
+            emit = false;
+        } else {
+            r->tokens[r->n_tokens++] = res.token;
+            r->n_generated++;
+            s->st.generated_tokens++;
+            if (r->n_generated == 1)
+                hist_add(&s->st.ttft, t - r->t_submit);
+            else
+                hist_add(&s->st.itl, t - r->t_last);
+            r->t_last = t;
+            if (r->n_generated >= r->max_tokens || r->n_tokens >= r->cap)
+                r->finish = SCHED_FINISH_LENGTH;
+        }
+        pthread_mutex_unlock(&s->mu);
+        if (emit) {
+            struct sched_event ev = {
+                .id = r->id, .token = res.token, .sample = &res, .n_prompt = r->n_prompt,
+                .n_generated = r->n_generated,
+            };
+            r->on_event(r->user, &ev);
+        }
+    }
+}
+
+static void *sched_main(void *arg)
+{
+    struct sched *s = arg;
+    enum { DONE_CAP = 64 };
+    struct req *done[DONE_CAP];
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        run_hooks(s);
+        int n_done = collect_cancelled(s, done, DONE_CAP);
+        if (n_done > 0) {
+            pthread_mutex_unlock(&s->mu);
+            for (int i = 0; i < n_done; i++) {
+                req_emit_final(done[i]);
+                req_free(s, done[i]);
+            }
+            pthread_mutex_lock(&s->mu);
+            continue;
+        }
+        if (s->stop && s->n_active == 0 && s->n_waiting == 0)
+            break;
+        if (s->n_active == 0 && s->n_waiting == 0) {
+            pthread_cond_wait(&s->work, &s->mu);
+            continue;
+        }
+        admit(s);
+        pthread_mutex_unlock(&s->mu);
+
+        double t0 = now_seconds();
+        int32_t n_rows = 0;
+        int32_t n = run_batch(s, &n_rows);
+        if (n > 0)
+            finish_step(s, n, n_rows);
+        double dt = now_seconds() - t0;
+
+        pthread_mutex_lock(&s->mu);
+        if (n > 0) {
+            s->st.steps++;
+            if (dt > s->st.max_step_seconds)
+                s->st.max_step_seconds = dt;
+        }
+    }
+    run_hooks(s);
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+/* ---- create / free ----------------------------------------------------------- */
+
+static ks_status check_config(const struct sched_config *c, const struct sched_engine *e)
+{
+    if (c->parallel < 1 || c->parallel > 4096)
+        return ks_fail(KS_ERR_INVALID_ARG, "--parallel must be in 1..4096 (got %d)", c->parallel);
+    if (c->max_batch_tokens < c->parallel)
+        return ks_fail(KS_ERR_INVALID_ARG, "--max-batch-tokens (%d) must be at least --parallel (%d) so every running sequence can decode each step",
+                       c->max_batch_tokens, c->parallel);
+    if (c->prefill_chunk < 1)
+        return ks_fail(KS_ERR_INVALID_ARG, "--prefill-chunk must be at least 1 (got %d)", c->prefill_chunk);
+    if (c->ctx_size < 2)
+        return ks_fail(KS_ERR_INVALID_ARG, "--ctx-size must be at least 2 (got %d)", c->ctx_size);
+    if (c->max_queue < 0)
+        return ks_fail(KS_ERR_INVALID_ARG, "--max-queue must be >= 0 (got %d)", c->max_queue);
+    if (c->n_eog < 0 || c->n_eog > 16)
+        return ks_fail(KS_ERR_INVALID_ARG, "at most 16 end-of-generation tokens (got %d)", c->n_eog);
+    if (!e || e->n_vocab < 1 || !e->seq_create || !e->seq_free || !e->forward || !e->sampler_create ||
+        !e->sampler_next || !e->sampler_free)
+        return ks_fail(KS_ERR_INVALID_ARG, "scheduler engine is incomplete");
+    return KS_OK;
+}
+
+static ks_status alloc_scratch(struct sched *s)
+{
+    int32_t n = s->cfg.max_batch_tokens;
+    s->cap_batch = n;
+    s->b_tokens = malloc((size_t)n * sizeof *s->b_tokens);
+    s->b_pos = malloc((size_t)n * sizeof *s->b_pos);
+    s->b_seq = malloc((size_t)n * sizeof *s->b_seq);
+    s->b_logits = malloc((size_t)n * sizeof *s->b_logits);
+    s->b_owner = malloc((size_t)n * sizeof *s->b_owner);
+    s->logits = malloc((size_t)s->cfg.parallel * (size_t)s->eng.n_vocab * sizeof *s->logits);
+    s->active = malloc((size_t)s->cfg.parallel * sizeof *s->active);
+    if (!s->b_tokens || !s->b_pos || !s->b_seq || !s->b_logits || !s->b_owner || !s->logits || !s->active)
+        return ks_fail(KS_ERR_NOMEM, "scheduler scratch: out of memory");
+    return KS_OK;
+}
+
+static void free_scratch(struct sched *s)
+{
+    free(s->b_tokens);
+    free(s->b_pos);
+    free(s->b_seq);
+    free(s->b_logits);
+    free(s->b_owner);
+    free(s->logits);
+    free(s->active);
+    free(s->waiting);
+}
+
+ks_status sched_create(const struct sched_config *cfg, const struct sched_engine *engine, struct sched **out)
+{
+    ks_status st = check_config(cfg, engine);
+    if (st)
+        return st;
+    struct sched *s = calloc(1, sizeof *s);
+    if (!s)
+        return ks_fail(KS_ERR_NOMEM, "scheduler: out of memory");
+    s->cfg = *cfg;
+    if (cfg->n_eog)
+        memcpy(s->eog, cfg->eog, (size_t)cfg->n_eog * sizeof *s->eog);
+    s->cfg.eog = s->eog;
+    s->eng = *engine;
+    /* A step's logit rows come from at most one entry per active sequence. */
+    st = alloc_scratch(s);
+    if (!st) {
+        pthread_mutex_init(&s->mu, NULL);
+        pthread_cond_init(&s->work, NULL);
+        pthread_cond_init(&s->hook_done, NULL);
+        if (pthread_create(&s->thread, NULL, sched_main, s) != 0)
+            st = ks_fail(KS_ERR_NOMEM, "scheduler: cannot start its thread");
+        else
+            s->thread_started = true;
+    }
+    if (st) {
+        s->eng.destroy = NULL; /* the caller still owns the engine on failure */
+        sched_free(s);
+        return st;
+    }
+    *out = s;
+    return KS_OK;
+}
+
+void sched_free(struct sched *s)
+{
+    if (!s)
+        return;
+    if (s->thread_started) {
+        pthread_mutex_lock(&s->mu);
+        s->stop = true;
+        s->cancel_all = true;
+        pthread_cond_signal(&s->work);
+        pthread_mutex_unlock(&s->mu);
+        pthread_join(s->thread, NULL);
+        pthread_mutex_destroy(&s->mu);
+        pthread_cond_destroy(&s->work);
+        pthread_cond_destroy(&s->hook_done);
+    }
+    free_scratch(s);
+    if (s->eng.destroy)
+        s->eng.destroy(s->eng.ctx);
+    free(s);
+}

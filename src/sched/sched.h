@@ -1,0 +1,182 @@
+/* sched: the continuous-batching scheduler. One scheduler thread owns the
+ * engine (model context + KV cache) and runs steps; any thread may submit,
+ * cancel and observe requests.
+ *
+ * Each step builds ONE batch. Decode comes first: every running sequence adds
+ * its one token. The rest of the step's budget (max_batch_tokens) goes to
+ * prefill chunks of admitted sequences, oldest first, at most prefill_chunk
+ * tokens per sequence per step, so a long prompt never freezes the streams.
+ *
+ * Admission is FCFS while fewer than `parallel` sequences are active and the
+ * engine says the cache can hold the next chunk. When a step does not fit
+ * (KS_ERR_KV_FULL; the KV policy has already demoted what it could), the
+ * step first drops its prefill chunks, then preempts the newest active
+ * sequence: its pages are freed and it goes back to the head of the queue,
+ * keeping its generated tokens, to be recomputed later. Cancellation frees
+ * pages at the next step boundary.
+ *
+ * The scheduler has no HTTP and no tokenizer inside: requests are token ids
+ * and events are token ids. The engine is a small table of functions so the
+ * scheduling logic can be tested without a model (see sched_engine_model for
+ * the real one over model/kv/sample). */
+#ifndef KS_SCHED_H
+#define KS_SCHED_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "sample/sample.h"
+#include "status/status.h"
+
+struct kv_cache;
+struct model;
+
+/* ---- engine ------------------------------------------------------------ */
+
+/* One batch entry per token; want_logits marks the last token fed of a
+ * sequence whose input is complete. logits rows come out in batch order, one
+ * row of n_vocab floats for each entry with want_logits. */
+struct sched_batch {
+    int32_t n_tokens;
+    const int32_t *tokens;
+    const int32_t *pos;
+    const int32_t *seq;
+    const bool *want_logits;
+};
+
+struct sched_engine {
+    void *ctx;
+    int32_t n_vocab;
+    ks_status (*seq_create)(void *ctx, int32_t *seq_out);
+    void (*seq_free)(void *ctx, int32_t seq);
+    /* All or nothing: KS_ERR_KV_FULL leaves every sequence unchanged. */
+    ks_status (*forward)(void *ctx, const struct sched_batch *b, float *logits);
+    ks_status (*sampler_create)(void *ctx, const struct sample_params *p, void **out);
+    ks_status (*sampler_next)(void *ctx, void *sampler, const float *logits, const int32_t *history,
+                              int32_t n_history, struct sample_result *out);
+    void (*sampler_free)(void *ctx, void *sampler);
+    /* Optional: can the cache take n_new more tokens right now (admission)? */
+    bool (*can_admit)(void *ctx, int32_t n_new_tokens);
+    /* Optional: the live cache, handed to between-step hooks (NULL if none). */
+    struct kv_cache *(*cache)(void *ctx);
+    void (*destroy)(void *ctx);
+};
+
+/* The real engine: the model (borrowed, must outlive the engine), a KV cache
+ * made from kv_cfg and a model context for max_batch_tokens on pool (both
+ * owned: destroy() frees them). Defined in sched_engine.c. */
+struct kv_config;
+struct threads_pool;
+ks_status sched_engine_model(struct model *m, const struct kv_config *kv_cfg, int32_t max_batch_tokens,
+                             struct threads_pool *pool, struct sched_engine *out);
+
+/* ---- scheduler ----------------------------------------------------------- */
+
+struct sched_config {
+    int parallel;            /* max active sequences (16) */
+    int32_t max_batch_tokens;/* tokens per step (512) */
+    int32_t prefill_chunk;   /* max prefill tokens of one sequence per step (256) */
+    int32_t ctx_size;        /* max tokens (prompt + generated) of one sequence (engine's, 0 = 4096) */
+    int max_queue;           /* submissions beyond this many waiting fail with KS_ERR_BUSY-like STATE (256) */
+    const int32_t *eog;      /* end-of-generation token ids (copied) */
+    int n_eog;
+};
+
+void sched_config_default(struct sched_config *cfg);
+
+enum sched_finish {
+    SCHED_FINISH_NONE = 0,   /* a token event, more to come */
+    SCHED_FINISH_STOP,       /* hit an end-of-generation token (not reported as a token) */
+    SCHED_FINISH_LENGTH,     /* max_tokens or ctx_size reached */
+    SCHED_FINISH_CANCELLED,  /* sched_cancel or shutdown */
+    SCHED_FINISH_ERROR,      /* the engine failed; message in the event */
+};
+
+/* Delivered on the scheduler thread, in order, for each request: one event per
+ * generated token (finish NONE), then exactly one final event with finish set
+ * (token -1). The callback must be quick and must not call back into sched
+ * except sched_cancel. After the final event the request's memory is gone. */
+struct sched_event {
+    uint64_t id;
+    int32_t token;                    /* -1 on the final event */
+    const struct sample_result *sample; /* the draw, with logprobs if asked; NULL on final */
+    enum sched_finish finish;
+    int32_t n_prompt;                 /* prompt tokens */
+    int32_t n_generated;              /* tokens generated so far */
+    int32_t n_cached;                 /* prompt tokens served from cache (0 today) */
+    const char *error;                /* SCHED_FINISH_ERROR only */
+};
+typedef void (*sched_event_fn)(void *user, const struct sched_event *ev);
+
+struct sched_request {
+    const int32_t *prompt;   /* copied at submission */
+    int32_t n_prompt;        /* >= 1 */
+    int32_t max_tokens;      /* >= 1 */
+    struct sample_params sampling;
+    sched_event_fn on_event;
+    void *user;
+};
+
+struct sched;
+
+ks_status sched_create(const struct sched_config *cfg, const struct sched_engine *engine, struct sched **out);
+/* Cancels everything still in flight (final events are delivered), stops the
+ * thread and destroys the engine. */
+void sched_free(struct sched *s);
+
+/* Thread-safe. KS_ERR_INVALID_ARG for a bad request, KS_ERR_RANGE for a
+ * prompt that does not fit ctx_size, KS_ERR_STATE when the queue is full or
+ * the scheduler is shutting down. *id_out names the request. */
+ks_status sched_submit(struct sched *s, const struct sched_request *r, uint64_t *id_out);
+/* Thread-safe; frees the request's pages at the next step boundary. Unknown
+ * or finished ids are ignored. */
+void sched_cancel(struct sched *s, uint64_t id);
+/* Stop admitting new submissions (they fail with KS_ERR_STATE). */
+void sched_drain(struct sched *s);
+/* Cancel every request in flight. */
+void sched_cancel_all(struct sched *s);
+
+/* Run fn(user, kv) on the scheduler thread between two steps and wait for it.
+ * kv is the engine's live cache (NULL for engines without one). */
+typedef void (*sched_hook_fn)(void *user, struct kv_cache *kv);
+ks_status sched_between_steps(struct sched *s, sched_hook_fn fn, void *user);
+
+/* ---- stats --------------------------------------------------------------- */
+
+#define SCHED_HIST_BUCKETS 14
+/* Upper bounds in seconds of the latency histogram buckets (last is +Inf). */
+extern const double sched_hist_bounds[SCHED_HIST_BUCKETS];
+
+struct sched_hist {
+    uint64_t counts[SCHED_HIST_BUCKETS]; /* per bucket, not cumulative */
+    uint64_t n;
+    double sum;                          /* seconds */
+};
+
+struct sched_request_info {
+    uint64_t id;
+    int32_t seq;                         /* kv sequence, -1 when not holding pages */
+    int32_t n_prompt, n_generated, n_computed;
+    bool running;                        /* admitted (else waiting) */
+};
+
+struct sched_stats {
+    int n_running;                       /* admitted sequences */
+    int n_waiting;
+    uint64_t requests_done;
+    uint64_t prompt_tokens;              /* prompt tokens computed (recomputes included) */
+    uint64_t generated_tokens;
+    uint64_t steps;
+    uint64_t preemptions;
+    uint64_t kv_full_events;             /* steps that did not fit at first */
+    double max_step_seconds;
+    struct sched_hist ttft;
+    struct sched_hist itl;
+};
+
+void sched_get_stats(struct sched *s, struct sched_stats *out);
+/* Snapshot of up to cap active/waiting requests; returns how many there are. */
+int sched_list_requests(struct sched *s, struct sched_request_info *out, int cap);
+
+#endif

@@ -1,0 +1,98 @@
+/* The real engine for the scheduler: a model, its KV cache and a model
+ * context, with samplers from the sample module. Kept in its own file so the
+ * scheduling logic links without the model (tests use a mock engine). */
+#include <stdlib.h>
+
+#include "kv/kv.h"
+#include "model/model.h"
+#include "sample/sample.h"
+#include "sched/sched.h"
+
+struct model_engine {
+    struct model *model;
+    struct kv_cache *kv;
+    struct model_ctx *mctx;
+    int32_t n_vocab;
+};
+
+static ks_status me_seq_create(void *ctx, int32_t *seq_out)
+{
+    struct model_engine *e = ctx;
+    return kv_seq_create(e->kv, seq_out);
+}
+
+static void me_seq_free(void *ctx, int32_t seq)
+{
+    struct model_engine *e = ctx;
+    kv_seq_free(e->kv, seq);
+}
+
+static ks_status me_forward(void *ctx, const struct sched_batch *b, float *logits)
+{
+    struct model_engine *e = ctx;
+    struct model_batch mb = {
+        .n_tokens = b->n_tokens, .tokens = b->tokens, .pos = b->pos, .seq = b->seq,
+        .want_logits = b->want_logits,
+    };
+    return model_forward(e->mctx, e->kv, &mb, logits, NULL);
+}
+
+static ks_status me_sampler_create(void *ctx, const struct sample_params *p, void **out)
+{
+    struct model_engine *e = ctx;
+    struct sampler *smp = NULL;
+    ks_status st = sample_create(p, e->n_vocab, &smp);
+    *out = smp;
+    return st;
+}
+
+static ks_status me_sampler_next(void *ctx, void *smp, const float *logits, const int32_t *history,
+                                 int32_t n_history, struct sample_result *out)
+{
+    (void)ctx;
+    return sample_next(smp, logits, history, n_history, out);
+}
+
+static void me_sampler_free(void *ctx, void *smp)
+{
+    (void)ctx;
+    sample_free(smp);
+}
+
+static struct kv_cache *me_cache(void *ctx)
+{
+    struct model_engine *e = ctx;
+    return e->kv;
+}
+
+static void me_destroy(void *ctx)
+{
+    struct model_engine *e = ctx;
+    model_ctx_free(e->mctx);
+    kv_free(e->kv);
+    free(e);
+}
+
+ks_status sched_engine_model(struct model *m, const struct kv_config *kv_cfg, int32_t max_batch_tokens,
+                             struct threads_pool *pool, struct sched_engine *out)
+{
+    struct model_engine *e = calloc(1, sizeof *e);
+    if (!e)
+        return ks_fail(KS_ERR_NOMEM, "engine: out of memory");
+    e->model = m;
+    e->n_vocab = model_hparams(m)->n_vocab;
+    ks_status st = kv_create(kv_cfg, &e->kv);
+    if (!st)
+        st = model_ctx_create(m, max_batch_tokens, pool, &e->mctx);
+    if (st) {
+        kv_free(e->kv);
+        free(e);
+        return st;
+    }
+    *out = (struct sched_engine){
+        .ctx = e, .n_vocab = e->n_vocab, .seq_create = me_seq_create, .seq_free = me_seq_free,
+        .forward = me_forward, .sampler_create = me_sampler_create, .sampler_next = me_sampler_next,
+        .sampler_free = me_sampler_free, .can_admit = NULL, .cache = me_cache, .destroy = me_destroy,
+    };
+    return KS_OK;
+}

@@ -1,0 +1,586 @@
+/* Scheduler logic against a mock engine whose "model" is a pure function of a
+ * sequence's whole history: whatever the batching, chunking or preemption,
+ * each request must get exactly the tokens it would get alone. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "sched/sched.h"
+
+#define V 97
+#define MAX_SEQ 64
+
+/* ---- mock engine ---------------------------------------------------------- */
+
+struct mock {
+    pthread_mutex_t mu;
+    int32_t capacity;          /* total tokens the "cache" holds */
+    int32_t used;
+    int32_t *hist[MAX_SEQ];    /* tokens fed to each sequence */
+    int32_t len[MAX_SEQ];
+    bool live[MAX_SEQ];
+    int n_live;
+    int32_t max_batch_seen;
+    int32_t max_chunk_seen;    /* most tokens of one sequence in one batch */
+    int bad_positions;
+    uint64_t steps;            /* successful forwards */
+    int32_t ctx;
+};
+
+static uint32_t next_token_of(const int32_t *toks, int32_t n)
+{
+    uint32_t h = 2166136261u;
+    for (int32_t i = 0; i < n; i++)
+        h = (h ^ (uint32_t)toks[i]) * 16777619u;
+    return h % V;
+}
+
+static ks_status m_seq_create(void *ctx, int32_t *out)
+{
+    struct mock *m = ctx;
+    for (int i = 0; i < MAX_SEQ; i++)
+        if (!m->live[i]) {
+            m->live[i] = true;
+            m->len[i] = 0;
+            m->n_live++;
+            *out = i;
+            return KS_OK;
+        }
+    return ks_fail(KS_ERR_KV_FULL, "no sequence slots");
+}
+
+static void m_seq_free(void *ctx, int32_t seq)
+{
+    struct mock *m = ctx;
+    assert_true(seq >= 0 && seq < MAX_SEQ && m->live[seq]);
+    m->live[seq] = false;
+    m->used -= m->len[seq];
+    m->len[seq] = 0;
+    m->n_live--;
+}
+
+static ks_status m_forward(void *ctx, const struct sched_batch *b, float *logits)
+{
+    struct mock *m = ctx;
+    int32_t add[MAX_SEQ] = {0};
+    for (int32_t i = 0; i < b->n_tokens; i++) {
+        int32_t s = b->seq[i];
+        assert_true(s >= 0 && s < MAX_SEQ && m->live[s]);
+        if (b->pos[i] != m->len[s] + add[s])
+            m->bad_positions++;
+        add[s]++;
+    }
+    if (m->used + b->n_tokens > m->capacity)
+        return ks_fail(KS_ERR_KV_FULL, "mock cache full");
+    if (b->n_tokens > m->max_batch_seen)
+        m->max_batch_seen = b->n_tokens;
+    for (int s = 0; s < MAX_SEQ; s++)
+        if (add[s] > m->max_chunk_seen)
+            m->max_chunk_seen = add[s];
+    int32_t row = 0;
+    for (int32_t i = 0; i < b->n_tokens; i++) {
+        int32_t s = b->seq[i];
+        m->hist[s][m->len[s]++] = b->tokens[i];
+        m->used++;
+        if (b->want_logits[i]) {
+            float *l = logits + (size_t)row++ * V;
+            for (int v = 0; v < V; v++)
+                l[v] = 0.0f;
+            l[next_token_of(m->hist[s], m->len[s])] = 10.0f;
+        }
+    }
+    m->steps++;
+    return KS_OK;
+}
+
+static ks_status m_sampler_create(void *ctx, const struct sample_params *p, void **out)
+{
+    (void)ctx;
+    (void)p;
+    *out = malloc(1);
+    return *out ? KS_OK : KS_ERR_NOMEM;
+}
+
+static ks_status m_sampler_next(void *ctx, void *smp, const float *logits, const int32_t *hist, int32_t n,
+                                struct sample_result *out)
+{
+    (void)ctx;
+    (void)smp;
+    (void)hist;
+    (void)n;
+    int best = 0;
+    for (int v = 1; v < V; v++)
+        if (logits[v] > logits[best])
+            best = v;
+    memset(out, 0, sizeof *out);
+    out->token = best;
+    return KS_OK;
+}
+
+static void m_sampler_free(void *ctx, void *smp)
+{
+    (void)ctx;
+    free(smp);
+}
+
+static struct mock *mock_new(int32_t capacity, int32_t ctx)
+{
+    struct mock *m = calloc(1, sizeof *m);
+    m->capacity = capacity;
+    m->ctx = ctx;
+    for (int i = 0; i < MAX_SEQ; i++)
+        m->hist[i] = calloc((size_t)ctx, sizeof(int32_t));
+    return m;
+}
+
+static void mock_free(void *ctx)
+{
+    struct mock *m = ctx;
+    for (int i = 0; i < MAX_SEQ; i++)
+        free(m->hist[i]);
+    free(m);
+}
+
+static struct sched_engine mock_engine(struct mock *m)
+{
+    struct sched_engine e = {
+        .ctx = m, .n_vocab = V, .seq_create = m_seq_create, .seq_free = m_seq_free,
+        .forward = m_forward, .sampler_create = m_sampler_create, .sampler_next = m_sampler_next,
+        .sampler_free = m_sampler_free, .destroy = NULL,
+    };
+    return e;
+}
+
+/* ---- request results -------------------------------------------------------- */
+
+struct result {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int32_t tokens[4096];
+    uint64_t step_of[4096];    /* mock step count when each token arrived */
+    int n;
+    bool done;
+    enum sched_finish finish;
+    struct mock *m;
+};
+
+static void on_event(void *user, const struct sched_event *ev)
+{
+    struct result *r = user;
+    pthread_mutex_lock(&r->mu);
+    if (ev->finish == SCHED_FINISH_NONE) {
+        assert_int_equal(ev->n_generated, r->n + 1);
+        r->step_of[r->n] = r->m ? r->m->steps : 0;
+        r->tokens[r->n++] = ev->token;
+    } else {
+        r->finish = ev->finish;
+        r->done = true;
+        pthread_cond_broadcast(&r->cv);
+    }
+    pthread_mutex_unlock(&r->mu);
+}
+
+static struct result *result_new(struct mock *m)
+{
+    struct result *r = calloc(1, sizeof *r);
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->cv, NULL);
+    r->m = m;
+    return r;
+}
+
+static void result_wait(struct result *r)
+{
+    pthread_mutex_lock(&r->mu);
+    while (!r->done)
+        pthread_cond_wait(&r->cv, &r->mu);
+    pthread_mutex_unlock(&r->mu);
+}
+
+static void result_free(struct result *r)
+{
+    pthread_mutex_destroy(&r->mu);
+    pthread_cond_destroy(&r->cv);
+    free(r);
+}
+
+static void make_prompt(int32_t *p, int32_t n, int seed)
+{
+    for (int32_t i = 0; i < n; i++)
+        p[i] = (int32_t)((seed * 31 + i * 7 + 3) % V);
+}
+
+/* What the mock model generates alone, greedily. */
+static void reference(const int32_t *prompt, int32_t n_prompt, int32_t n_gen, int32_t *out)
+{
+    int32_t *all = malloc((size_t)(n_prompt + n_gen) * sizeof *all);
+    memcpy(all, prompt, (size_t)n_prompt * sizeof *all);
+    for (int32_t i = 0; i < n_gen; i++) {
+        out[i] = (int32_t)next_token_of(all, n_prompt + i);
+        all[n_prompt + i] = out[i];
+    }
+    free(all);
+}
+
+static uint64_t submit(struct sched *s, const int32_t *prompt, int32_t n, int32_t max_tokens, struct result *r)
+{
+    struct sched_request rq = {.prompt = prompt, .n_prompt = n, .max_tokens = max_tokens,
+                               .on_event = on_event, .user = r};
+    uint64_t id = 0;
+    assert_int_equal(sched_submit(s, &rq, &id), KS_OK);
+    return id;
+}
+
+static struct sched *start(struct mock *m, int parallel, int32_t max_batch, int32_t chunk, int32_t ctx)
+{
+    struct sched_config cfg;
+    sched_config_default(&cfg);
+    cfg.parallel = parallel;
+    cfg.max_batch_tokens = max_batch;
+    cfg.prefill_chunk = chunk;
+    cfg.ctx_size = ctx;
+    struct sched_engine e = mock_engine(m);
+    struct sched *s = NULL;
+    assert_int_equal(sched_create(&cfg, &e, &s), KS_OK);
+    return s;
+}
+
+/* ---- tests ------------------------------------------------------------------ */
+
+static void test_single_request(void **state)
+{
+    (void)state;
+    struct mock *m = mock_new(100000, 2048);
+    struct sched *s = start(m, 4, 64, 16, 2048);
+    int32_t prompt[37], want[20];
+    make_prompt(prompt, 37, 1);
+    reference(prompt, 37, 20, want);
+    struct result *r = result_new(m);
+    submit(s, prompt, 37, 20, r);
+    result_wait(r);
+    assert_int_equal(r->finish, SCHED_FINISH_LENGTH);
+    assert_int_equal(r->n, 20);
+    assert_memory_equal(r->tokens, want, sizeof want);
+    assert_true(m->max_chunk_seen <= 16);
+    sched_free(s);
+    assert_int_equal(m->n_live, 0);
+    assert_int_equal(m->bad_positions, 0);
+    result_free(r);
+    mock_free(m);
+}
+
+static void test_concurrent_equals_solo(void **state)
+{
+    (void)state;
+    enum { N = 40, GEN = 30 };
+    struct mock *m = mock_new(1000000, 2048);
+    struct sched *s = start(m, 8, 64, 16, 2048);
+    static int32_t prompts[N][300];
+    struct result *res[N];
+    for (int i = 0; i < N; i++) {
+        make_prompt(prompts[i], 1 + i * 7, i);
+        res[i] = result_new(m);
+        submit(s, prompts[i], 1 + i * 7, GEN, res[i]);
+    }
+    for (int i = 0; i < N; i++) {
+        int32_t want[GEN];
+        reference(prompts[i], 1 + i * 7, GEN, want);
+        result_wait(res[i]);
+        assert_int_equal(res[i]->n, GEN);
+        assert_memory_equal(res[i]->tokens, want, sizeof want);
+        result_free(res[i]);
+    }
+    struct sched_stats st;
+    sched_get_stats(s, &st);
+    assert_int_equal(st.requests_done, N);
+    assert_int_equal(st.generated_tokens, N * GEN);
+    assert_int_equal(st.preemptions, 0);
+    assert_int_equal(st.ttft.n, N);
+    assert_int_equal(st.itl.n, N * (GEN - 1));
+    sched_free(s);
+    assert_true(m->max_batch_seen <= 64);
+    assert_true(m->max_chunk_seen <= 16);
+    assert_int_equal(m->bad_positions, 0);
+    assert_int_equal(m->n_live, 0);
+    mock_free(m);
+}
+
+/* A long prompt arriving while 4 sequences decode: every step still carries
+ * one token of each decoder, so none of them ever skips a step. */
+static void test_long_prefill_does_not_stall_decode(void **state)
+{
+    (void)state;
+    struct mock *m = mock_new(1000000, 4096);
+    struct sched *s = start(m, 8, 64, 32, 4096);
+    int32_t small[4][5];
+    static int32_t big[3000];
+    struct result *dec[4];
+    for (int i = 0; i < 4; i++) {
+        make_prompt(small[i], 5, 100 + i);
+        dec[i] = result_new(m);
+        submit(s, small[i], 5, 400, dec[i]);
+    }
+    /* wait until all four decode */
+    for (int i = 0; i < 4; i++)
+        for (;;) {
+            pthread_mutex_lock(&dec[i]->mu);
+            int n = dec[i]->n;
+            pthread_mutex_unlock(&dec[i]->mu);
+            if (n >= 2)
+                break;
+            usleep(1000);
+        }
+    make_prompt(big, 3000, 7);
+    struct result *b = result_new(m);
+    submit(s, big, 3000, 5, b);
+    result_wait(b);
+    for (int i = 0; i < 4; i++) {
+        result_wait(dec[i]);
+        assert_int_equal(dec[i]->n, 400);
+        for (int t = 2; t < dec[i]->n; t++)
+            assert_int_equal(dec[i]->step_of[t] - dec[i]->step_of[t - 1], 1);
+        result_free(dec[i]);
+    }
+    int32_t want[5];
+    reference(big, 3000, 5, want);
+    assert_memory_equal(b->tokens, want, sizeof want);
+    result_free(b);
+    sched_free(s);
+    assert_true(m->max_batch_seen <= 64);
+    mock_free(m);
+}
+
+/* 16 requests into a cache that holds a fraction of them: preemption and
+ * recompute, and every request still gets its solo tokens. */
+static void test_preemption_keeps_tokens(void **state)
+{
+    (void)state;
+    enum { N = 16, P = 50, GEN = 100 };
+    struct mock *m = mock_new(700, 1024);
+    struct sched *s = start(m, 16, 128, 32, 1024);
+    static int32_t prompts[N][P];
+    struct result *res[N];
+    for (int i = 0; i < N; i++) {
+        make_prompt(prompts[i], P, 50 + i);
+        res[i] = result_new(m);
+        submit(s, prompts[i], P, GEN, res[i]);
+    }
+    for (int i = 0; i < N; i++) {
+        int32_t want[GEN];
+        reference(prompts[i], P, GEN, want);
+        result_wait(res[i]);
+        assert_int_equal(res[i]->finish, SCHED_FINISH_LENGTH);
+        assert_int_equal(res[i]->n, GEN);
+        assert_memory_equal(res[i]->tokens, want, sizeof want);
+        result_free(res[i]);
+    }
+    struct sched_stats st;
+    sched_get_stats(s, &st);
+    assert_true(st.preemptions > 0);
+    assert_true(st.kv_full_events > 0);
+    sched_free(s);
+    assert_int_equal(m->bad_positions, 0);
+    assert_int_equal(m->n_live, 0);
+    assert_int_equal(m->used, 0);
+    mock_free(m);
+}
+
+static void test_cancel_frees_pages(void **state)
+{
+    (void)state;
+    struct mock *m = mock_new(100000, 4096);
+    struct sched *s = start(m, 4, 64, 16, 4096);
+    int32_t prompt[10];
+    make_prompt(prompt, 10, 3);
+    struct result *r = result_new(m);
+    uint64_t id = submit(s, prompt, 10, 4000, r);
+    for (;;) {
+        pthread_mutex_lock(&r->mu);
+        int n = r->n;
+        pthread_mutex_unlock(&r->mu);
+        if (n >= 5)
+            break;
+        usleep(500);
+    }
+    sched_cancel(s, id);
+    result_wait(r);
+    assert_int_equal(r->finish, SCHED_FINISH_CANCELLED);
+    assert_true(r->n < 4000);
+    /* pages are gone by the time the final event is delivered */
+    struct sched_stats st;
+    sched_get_stats(s, &st);
+    assert_int_equal(st.n_running, 0);
+    sched_free(s);
+    assert_int_equal(m->used, 0);
+    result_free(r);
+    mock_free(m);
+}
+
+static void test_rejects_bad_requests(void **state)
+{
+    (void)state;
+    struct mock *m = mock_new(100000, 64);
+    struct sched *s = start(m, 1, 16, 16, 64);
+    int32_t prompt[64];
+    make_prompt(prompt, 64, 1);
+    struct result *r = result_new(m);
+    struct sched_request rq = {.prompt = prompt, .n_prompt = 64, .max_tokens = 5, .on_event = on_event, .user = r};
+    assert_int_equal(sched_submit(s, &rq, NULL), KS_ERR_RANGE);
+    rq.n_prompt = 10;
+    rq.max_tokens = 0;
+    assert_int_equal(sched_submit(s, &rq, NULL), KS_ERR_INVALID_ARG);
+    rq.max_tokens = 5;
+    prompt[3] = V;
+    assert_int_equal(sched_submit(s, &rq, NULL), KS_ERR_INVALID_ARG);
+    prompt[3] = 0;
+    sched_drain(s);
+    assert_int_equal(sched_submit(s, &rq, NULL), KS_ERR_STATE);
+    sched_free(s);
+    result_free(r);
+    mock_free(m);
+}
+
+static void test_queue_limit(void **state)
+{
+    (void)state;
+    struct mock *m = mock_new(100000, 8192);
+    struct sched_config cfg;
+    sched_config_default(&cfg);
+    cfg.parallel = 1;
+    cfg.max_batch_tokens = 16;
+    cfg.ctx_size = 8192;
+    cfg.max_queue = 2;
+    struct sched_engine e = mock_engine(m);
+    struct sched *s = NULL;
+    assert_int_equal(sched_create(&cfg, &e, &s), KS_OK);
+    int32_t prompt[4];
+    make_prompt(prompt, 4, 9);
+    struct result *r[4];
+    for (int i = 0; i < 4; i++)
+        r[i] = result_new(m);
+    submit(s, prompt, 4, 8000, r[0]);
+    for (;;) { /* the first is running once it produced a token */
+        pthread_mutex_lock(&r[0]->mu);
+        int n = r[0]->n;
+        pthread_mutex_unlock(&r[0]->mu);
+        if (n >= 1)
+            break;
+        usleep(500);
+    }
+    submit(s, prompt, 4, 3, r[1]);
+    submit(s, prompt, 4, 3, r[2]);
+    struct sched_request rq = {.prompt = prompt, .n_prompt = 4, .max_tokens = 3, .on_event = on_event, .user = r[3]};
+    assert_int_equal(sched_submit(s, &rq, NULL), KS_ERR_STATE);
+    sched_cancel_all(s);
+    for (int i = 0; i < 3; i++) {
+        result_wait(r[i]);
+        assert_int_equal(r[i]->finish, SCHED_FINISH_CANCELLED);
+    }
+    sched_free(s);
+    for (int i = 0; i < 4; i++)
+        result_free(r[i]);
+    mock_free(m);
+}
+
+static void count_hook(void *user, struct kv_cache *kv)
+{
+    assert_null(kv);
+    (*(int *)user)++;
+}
+
+static void test_hooks_run_between_steps(void **state)
+{
+    (void)state;
+    struct mock *m = mock_new(100000, 2048);
+    struct sched *s = start(m, 4, 64, 16, 2048);
+    int calls = 0;
+    assert_int_equal(sched_between_steps(s, count_hook, &calls), KS_OK); /* idle */
+    int32_t prompt[20], want[300];
+    make_prompt(prompt, 20, 4);
+    reference(prompt, 20, 300, want);
+    struct result *r = result_new(m);
+    submit(s, prompt, 20, 300, r);
+    for (int i = 0; i < 10; i++)
+        assert_int_equal(sched_between_steps(s, count_hook, &calls), KS_OK);
+    result_wait(r);
+    assert_int_equal(calls, 11);
+    assert_memory_equal(r->tokens, want, sizeof want);
+    sched_free(s);
+    result_free(r);
+    mock_free(m);
+}
+
+static void test_request_too_big_for_cache(void **state)
+{
+    (void)state;
+    struct mock *m = mock_new(30, 2048);
+    struct sched *s = start(m, 4, 64, 16, 2048);
+    int32_t prompt[40];
+    make_prompt(prompt, 40, 5);
+    struct result *r = result_new(m);
+    submit(s, prompt, 40, 5, r);
+    result_wait(r);
+    assert_int_equal(r->finish, SCHED_FINISH_ERROR);
+    /* a request that fits still works afterwards */
+    struct result *ok = result_new(m);
+    submit(s, prompt, 10, 5, ok);
+    result_wait(ok);
+    assert_int_equal(ok->finish, SCHED_FINISH_LENGTH);
+    sched_free(s);
+    assert_int_equal(m->used, 0);
+    result_free(r);
+    result_free(ok);
+    mock_free(m);
+}
+
+static void test_eog_stops(void **state)
+{
+    (void)state;
+    struct mock *m = mock_new(100000, 2048);
+    int32_t prompt[12], want[50];
+    make_prompt(prompt, 12, 8);
+    reference(prompt, 12, 50, want);
+    struct sched_config cfg;
+    sched_config_default(&cfg);
+    cfg.ctx_size = 2048;
+    cfg.eog = &want[10]; /* the 11th token ends generation */
+    cfg.n_eog = 1;
+    struct sched_engine e = mock_engine(m);
+    struct sched *s = NULL;
+    assert_int_equal(sched_create(&cfg, &e, &s), KS_OK);
+    struct result *r = result_new(m);
+    submit(s, prompt, 12, 50, r);
+    result_wait(r);
+    assert_int_equal(r->finish, SCHED_FINISH_STOP);
+    int first = 0;
+    while (want[first] != want[10])
+        first++;
+    assert_int_equal(r->n, first);
+    sched_free(s);
+    result_free(r);
+    mock_free(m);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_single_request),
+        cmocka_unit_test(test_concurrent_equals_solo),
+        cmocka_unit_test(test_long_prefill_does_not_stall_decode),
+        cmocka_unit_test(test_preemption_keeps_tokens),
+        cmocka_unit_test(test_cancel_frees_pages),
+        cmocka_unit_test(test_rejects_bad_requests),
+        cmocka_unit_test(test_queue_limit),
+        cmocka_unit_test(test_hooks_run_between_steps),
+        cmocka_unit_test(test_request_too_big_for_cache),
+        cmocka_unit_test(test_eog_stops),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
