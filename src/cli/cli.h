@@ -5,5 +5,6 @@
 #define KS_CLI_H
 
 int cli_version(int argc, char **argv);
+int cli_info(int argc, char **argv);
 
 #endif

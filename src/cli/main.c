@@ -13,6 +13,7 @@ struct command {
 
 static const struct command commands[] = {
     {"version", cli_version, "print the version and the SIMD kernels in use"},
+    {"info", cli_info, "print a GGUF file's metadata, tensors and memory needs"},
 };
 
 static void usage(FILE *out)
