@@ -31,6 +31,7 @@ struct model_hparams {
     int n_head_kv;             /* GQA: n_head is a multiple of n_head_kv */
     int head_dim_k;            /* key_length, or n_embd / n_head */
     int head_dim_v;            /* value_length, or n_embd / n_head */
+    int n_rot;                 /* rope.dimension_count, or head_dim_k: the rotated prefix of each head */
     int n_ff;
     int n_ctx_train;
     float rms_eps;
@@ -85,5 +86,34 @@ void model_ctx_free(struct model_ctx *c);
  * n_vocab floats. *n_logits_out (may be NULL) receives the number of rows. */
 ks_status model_forward(struct model_ctx *c, struct kv_cache *kv, const struct model_batch *b,
                         float *logits, int32_t *n_logits_out);
+
+/* ---- synthetic models ---------------------------------------------------- */
+/* A deterministic random model of a real architecture's shapes, for benchmarks,
+ * the built-in default model and tests. Same spec and seed give the same file. */
+struct model_synth_spec {
+    const char *arch;          /* "llama", "qwen2" (QKV bias) or "qwen3" (Q/K norm) */
+    int n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff;
+    int n_vocab;               /* size of the generated vocab (>= 259); ignored with a vocab file */
+    int n_ctx_train;
+    float rope_freq_base;
+    float rms_eps;             /* 0: 1e-5 */
+    bool pure;                 /* every matrix at the given type (no llama-quantize output rule) */
+    bool untied;               /* write a separate output.weight (default: tied embeddings) */
+    uint64_t seed;
+    float init_std;            /* std of the matrices (0: 0.02) */
+};
+
+/* Fill spec from a preset name: llama-1b, smollm2-135m, qwen3-0.6b, tiny. */
+ks_status model_synth_preset(const char *name, struct model_synth_spec *spec);
+/* Space-separated preset names, for help text. */
+const char *model_synth_preset_names(void);
+
+/* Write the model to out_path. type: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0,
+ * q5_1, q4_k, q5_k, q6_k or q4_k_m (llama.cpp's Q4_K_M mix). A matrix whose row
+ * is not a multiple of the type's block falls back like llama-quantize does.
+ * vocab_path: a GGUF whose tokenizer.* metadata is copied (NULL: a small
+ * byte-fallback SentencePiece vocab of spec->n_vocab tokens). pool may be NULL. */
+ks_status model_synth(const struct model_synth_spec *spec, const char *type, const char *vocab_path,
+                      const char *out_path, threads_pool *pool);
 
 #endif

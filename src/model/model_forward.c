@@ -1,0 +1,420 @@
+/* model: the forward pass over a batch of (token, position, sequence)
+ * entries. Every matrix multiply takes the whole batch as its tokens, so a
+ * prefill reads each weight block once for many tokens. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attn/attn.h"
+#include "model/model_internal.h"
+
+struct model_ctx {
+    const struct model *m;
+    threads_pool *pool;
+    int32_t max_batch;
+    float *x;                    /* (B, n_embd) residual stream */
+    float *xb;                   /* (B, n_embd) normed input of a block */
+    float *xb2;                  /* (B, n_embd) output of a block; normed rows for the logits */
+    float *q;                    /* (B, n_head * head_dim) */
+    float *k, *v;                /* (B, n_head_kv * head_dim) */
+    float *att;                  /* (B, n_head * head_dim) attention output */
+    float *hb, *hb2;             /* (B, n_ff) gate and up */
+    float *rope_cs;              /* (B, n_rot / 2, 2) cos and sin of each token's angles */
+    struct attn_query *queries;  /* (B) */
+    int32_t *out_rows;           /* (B) batch index of each logits row */
+    int32_t *seqs, *seq_start, *seq_count; /* (B) distinct sequences of the batch */
+    void *work;                  /* quantized activations for quant_matmul */
+    size_t work_size;
+};
+
+/* ---- context ------------------------------------------------------------ */
+
+static size_t max_work(const struct model *m, int32_t B)
+{
+    const struct model_mat *mats[8];
+    size_t best = quant_matmul_work_size(m->output.type, m->output.cols, B);
+    for (int il = 0; il < m->hp.n_layer; il++) {
+        const struct model_layer *L = &m->layers[il];
+        mats[0] = &L->wq, mats[1] = &L->wk, mats[2] = &L->wv, mats[3] = &L->wo;
+        mats[4] = &L->w_gate, mats[5] = &L->w_up, mats[6] = &L->w_down;
+        for (int i = 0; i < 7; i++) {
+            size_t w = quant_matmul_work_size(mats[i]->type, mats[i]->cols, B);
+            best = w > best ? w : best;
+        }
+    }
+    return best;
+}
+
+ks_status model_ctx_create(const struct model *m, int32_t max_batch_tokens, threads_pool *pool,
+                           struct model_ctx **out)
+{
+    *out = NULL;
+    if (max_batch_tokens < 1 || max_batch_tokens > (1 << 20))
+        return ks_fail(KS_ERR_INVALID_ARG, "max batch tokens %d must be in [1, 1048576]", max_batch_tokens);
+    const struct model_hparams *hp = &m->hp;
+    size_t B = (size_t)max_batch_tokens;
+    size_t q_dim = (size_t)hp->n_head * hp->head_dim_k, kv_dim = (size_t)hp->n_head_kv * hp->head_dim_k;
+    struct model_ctx *c = calloc(1, sizeof *c);
+    if (!c)
+        return ks_fail(KS_ERR_NOMEM, "out of memory for the model context");
+    c->m = m;
+    c->pool = pool;
+    c->max_batch = max_batch_tokens;
+    c->x = malloc(B * hp->n_embd * sizeof(float));
+    c->xb = malloc(B * hp->n_embd * sizeof(float));
+    c->xb2 = malloc(B * hp->n_embd * sizeof(float));
+    c->q = malloc(B * q_dim * sizeof(float));
+    c->k = malloc(B * kv_dim * sizeof(float));
+    c->v = malloc(B * kv_dim * sizeof(float));
+    c->att = malloc(B * q_dim * sizeof(float));
+    c->hb = malloc(B * hp->n_ff * sizeof(float));
+    c->hb2 = malloc(B * hp->n_ff * sizeof(float));
+    c->rope_cs = malloc(B * (size_t)(hp->n_rot > 0 ? hp->n_rot : 1) * sizeof(float));
+    c->queries = malloc(B * sizeof *c->queries);
+    c->out_rows = malloc(B * sizeof(int32_t));
+    c->seqs = malloc(B * sizeof(int32_t));
+    c->seq_start = malloc(B * sizeof(int32_t));
+    c->seq_count = malloc(B * sizeof(int32_t));
+    c->work_size = max_work(m, max_batch_tokens);
+    c->work = malloc(c->work_size ? c->work_size : 1);
+    if (!c->x || !c->xb || !c->xb2 || !c->q || !c->k || !c->v || !c->att || !c->hb || !c->hb2 || !c->rope_cs ||
+        !c->queries || !c->out_rows || !c->seqs || !c->seq_start || !c->seq_count || !c->work) {
+        model_ctx_free(c);
+        return ks_fail(KS_ERR_NOMEM, "out of memory for a model context of %d batch tokens", max_batch_tokens);
+    }
+    *out = c;
+    return KS_OK;
+}
+
+void model_ctx_free(struct model_ctx *c)
+{
+    if (!c)
+        return;
+    free(c->x), free(c->xb), free(c->xb2), free(c->q), free(c->k), free(c->v), free(c->att);
+    free(c->hb), free(c->hb2), free(c->rope_cs), free(c->queries), free(c->out_rows);
+    free(c->seqs), free(c->seq_start), free(c->seq_count), free(c->work);
+    free(c);
+}
+
+/* ---- row-parallel helpers ------------------------------------------------- */
+
+static void rmsnorm_row(float *out, const float *x, const float *w, int n, float eps)
+{
+    double ss = 0.0;
+    for (int i = 0; i < n; i++)
+        ss += (double)x[i] * x[i];
+    float scale = 1.0f / sqrtf((float)(ss / n) + eps);
+    for (int i = 0; i < n; i++)
+        out[i] = (x[i] * scale) * w[i];
+}
+
+struct norm_job {
+    float *out;
+    const float *x;
+    const float *w;
+    const int32_t *rows; /* NULL: row i of x; else row rows[i] */
+    int64_t n_rows;
+    int dim;
+    float eps;
+};
+
+static void norm_task(void *p, int ith, int nth)
+{
+    const struct norm_job *j = p;
+    int64_t lo, hi;
+    threads_split(j->n_rows, ith, nth, &lo, &hi);
+    for (int64_t i = lo; i < hi; i++) {
+        int64_t src = j->rows ? j->rows[i] : i;
+        rmsnorm_row(j->out + i * j->dim, j->x + src * j->dim, j->w, j->dim, j->eps);
+    }
+}
+
+static void rmsnorm_rows(threads_pool *pool, float *out, const float *x, const float *w, const int32_t *rows,
+                         int64_t n_rows, int dim, float eps)
+{
+    struct norm_job j = {out, x, w, rows, n_rows, dim, eps};
+    threads_run(pool, norm_task, &j);
+}
+
+struct swiglu_job {
+    float *gate;
+    const float *up;
+    int64_t n;
+};
+
+/* gate = silu(gate) * up */
+static void swiglu_task(void *p, int ith, int nth)
+{
+    const struct swiglu_job *j = p;
+    int64_t lo, hi;
+    threads_split(j->n, ith, nth, &lo, &hi);
+    for (int64_t i = lo; i < hi; i++) {
+        float g = j->gate[i];
+        j->gate[i] = g / (1.0f + expf(-g)) * j->up[i];
+    }
+}
+
+/* ---- RoPE ------------------------------------------------------------------ */
+
+/* Angles as llama.cpp computes them: theta_i = p * theta_scale^i by repeated
+ * multiplication, divided by the per-frequency factor, times freq_scale. */
+static void rope_angles(const struct model *m, int32_t pos, float *cs)
+{
+    float theta = (float)pos;
+    for (int i = 0; i < m->hp.n_rot / 2; i++) {
+        float ff = m->rope_freq_factors ? m->rope_freq_factors[i] : 1.0f;
+        float t = m->rope_freq_scale * (theta / ff);
+        cs[2 * i] = cosf(t);
+        cs[2 * i + 1] = sinf(t);
+        theta *= m->rope_theta_scale;
+    }
+}
+
+/* Rotate the first n_rot values of one head: pairs (2i, 2i+1) for NORMAL,
+ * (i, i + n_rot/2) for NEOX. */
+static void rope_head(float *h, const float *cs, int n_rot, enum model_rope_type type)
+{
+    int half = n_rot / 2;
+    for (int i = 0; i < half; i++) {
+        int a = type == MODEL_ROPE_NEOX ? i : 2 * i;
+        int b = type == MODEL_ROPE_NEOX ? i + half : 2 * i + 1;
+        float x0 = h[a], x1 = h[b], c = cs[2 * i], s = cs[2 * i + 1];
+        h[a] = x0 * c - x1 * s;
+        h[b] = x0 * s + x1 * c;
+    }
+}
+
+static void add_bias(float *x, const float *b, int n)
+{
+    for (int i = 0; i < n; i++)
+        x[i] += b[i];
+}
+
+struct qk_job {
+    const struct model *m;
+    const struct model_layer *L;
+    float *q, *k, *v;
+    const float *rope_cs;
+    int64_t n_tokens;
+};
+
+/* Per token: QKV bias, per-head Q/K RMSNorm, then RoPE on Q and K. */
+static void qk_task(void *p, int ith, int nth)
+{
+    const struct qk_job *j = p;
+    const struct model_hparams *hp = &j->m->hp;
+    int hd = hp->head_dim_k, q_dim = hp->n_head * hd, kv_dim = hp->n_head_kv * hd;
+    int64_t lo, hi;
+    threads_split(j->n_tokens, ith, nth, &lo, &hi);
+    for (int64_t t = lo; t < hi; t++) {
+        float *q = j->q + t * q_dim, *k = j->k + t * kv_dim, *v = j->v + t * kv_dim;
+        const float *cs = j->rope_cs + t * hp->n_rot;
+        if (j->L->bq) {
+            add_bias(q, j->L->bq, q_dim);
+            add_bias(k, j->L->bk, kv_dim);
+            add_bias(v, j->L->bv, kv_dim);
+        }
+        for (int h = 0; h < hp->n_head; h++) {
+            if (j->L->q_norm)
+                rmsnorm_row(q + h * hd, q + h * hd, j->L->q_norm, hd, hp->rms_eps);
+            rope_head(q + h * hd, cs, hp->n_rot, hp->rope_type);
+        }
+        for (int h = 0; h < hp->n_head_kv; h++) {
+            if (j->L->k_norm)
+                rmsnorm_row(k + h * hd, k + h * hd, j->L->k_norm, hd, hp->rms_eps);
+            rope_head(k + h * hd, cs, hp->n_rot, hp->rope_type);
+        }
+    }
+}
+
+/* ---- batch bookkeeping ------------------------------------------------------ */
+
+/* Find the distinct sequences, check that each one's positions continue its
+ * cache contents, and grow them all (undoing the growth if one fails). */
+static ks_status batch_prepare(struct model_ctx *c, struct kv_cache *kv, const struct model_batch *b,
+                               int32_t *n_seqs_out)
+{
+    const struct model_hparams *hp = &c->m->hp;
+    int32_t n_seqs = 0;
+    for (int32_t i = 0; i < b->n_tokens; i++) {
+        if (b->tokens[i] < 0 || b->tokens[i] >= hp->n_vocab)
+            return ks_fail(KS_ERR_RANGE, "batch entry %d: token id %d is outside the vocabulary [0, %d)", i,
+                           b->tokens[i], hp->n_vocab);
+        int32_t s = 0;
+        while (s < n_seqs && c->seqs[s] != b->seq[i])
+            s++;
+        if (s == n_seqs) {
+            int32_t len = b->seq[i] >= 0 ? kv_seq_len(kv, b->seq[i]) : -1;
+            if (len < 0)
+                return ks_fail(KS_ERR_NOT_FOUND, "batch entry %d: sequence %d does not exist in the cache", i,
+                               b->seq[i]);
+            c->seqs[s] = b->seq[i];
+            c->seq_start[s] = len;
+            c->seq_count[s] = 0;
+            n_seqs++;
+        }
+        int32_t want = c->seq_start[s] + c->seq_count[s];
+        if (b->pos[i] != want)
+            return ks_fail(KS_ERR_RANGE, "batch entry %d: sequence %d needs position %d next, got %d", i,
+                           b->seq[i], want, b->pos[i]);
+        c->seq_count[s]++;
+    }
+    for (int32_t s = 0; s < n_seqs; s++) {
+        ks_status st = kv_seq_grow(kv, c->seqs[s], c->seq_count[s]);
+        if (st) {
+            for (int32_t u = 0; u < s; u++)
+                kv_seq_truncate(kv, c->seqs[u], c->seq_start[u]);
+            return st;
+        }
+    }
+    *n_seqs_out = n_seqs;
+    return KS_OK;
+}
+
+static void batch_rollback(struct model_ctx *c, struct kv_cache *kv, int32_t n_seqs)
+{
+    for (int32_t s = 0; s < n_seqs; s++)
+        kv_seq_truncate(kv, c->seqs[s], c->seq_start[s]);
+}
+
+/* Rows that get logits, in batch order. */
+static int32_t select_outputs(struct model_ctx *c, const struct model_batch *b)
+{
+    int32_t n = 0;
+    if (b->want_logits) {
+        for (int32_t i = 0; i < b->n_tokens; i++)
+            if (b->want_logits[i])
+                c->out_rows[n++] = i;
+        return n;
+    }
+    /* the last entry of each sequence: walk backwards, keep first sightings */
+    for (int32_t i = b->n_tokens - 1; i >= 0; i--) {
+        bool seen = false;
+        for (int32_t j = 0; j < n && !seen; j++)
+            seen = b->seq[c->out_rows[j]] == b->seq[i];
+        if (!seen)
+            c->out_rows[n++] = i;
+    }
+    for (int32_t i = 0; i < n / 2; i++) {
+        int32_t t = c->out_rows[i];
+        c->out_rows[i] = c->out_rows[n - 1 - i];
+        c->out_rows[n - 1 - i] = t;
+    }
+    return n;
+}
+
+/* ---- the transformer ------------------------------------------------------------ */
+
+static ks_status matmul(struct model_ctx *c, const struct model_mat *w, const float *x, int64_t n, float *y)
+{
+    return quant_matmul(c->pool, w->data, w->type, w->rows, w->cols, x, n, y, c->work, c->work_size);
+}
+
+static ks_status attention_block(struct model_ctx *c, struct kv_cache *kv, int il, const struct model_batch *b)
+{
+    const struct model *m = c->m;
+    const struct model_hparams *hp = &m->hp;
+    const struct model_layer *L = &m->layers[il];
+    int64_t n = b->n_tokens, kv_dim = (int64_t)hp->n_head_kv * hp->head_dim_k;
+    ks_status st;
+    /* attention rmsnorm, then Q, K, V projections of the whole batch */
+    rmsnorm_rows(c->pool, c->xb, c->x, L->attn_norm, NULL, n, hp->n_embd, hp->rms_eps);
+    if ((st = matmul(c, &L->wq, c->xb, n, c->q)) || (st = matmul(c, &L->wk, c->xb, n, c->k)) ||
+        (st = matmul(c, &L->wv, c->xb, n, c->v)))
+        return st;
+    /* biases, Q/K norm, RoPE */
+    struct qk_job qj = {m, L, c->q, c->k, c->v, c->rope_cs, n};
+    threads_run(c->pool, qk_task, &qj);
+    /* K/V of the whole batch go to the cache first: causal attention within the batch */
+    for (int64_t t = 0; t < n; t++)
+        if ((st = kv_write(kv, il, b->seq[t], b->pos[t], c->k + t * kv_dim, c->v + t * kv_dim)))
+            return st;
+    float scale = 1.0f / sqrtf((float)hp->head_dim_k);
+    if ((st = attn_forward(c->pool, kv, il, c->queries, (int32_t)n, c->q, c->att, hp->n_head, scale)))
+        return st;
+    /* output projection and residual */
+    if ((st = matmul(c, &L->wo, c->att, n, c->xb2)))
+        return st;
+    for (int64_t i = 0; i < n * hp->n_embd; i++)
+        c->x[i] += c->xb2[i];
+    return KS_OK;
+}
+
+static ks_status ffn_block(struct model_ctx *c, int il, int64_t n)
+{
+    const struct model_hparams *hp = &c->m->hp;
+    const struct model_layer *L = &c->m->layers[il];
+    ks_status st;
+    /* ffn rmsnorm, SwiGLU: down(silu(gate(x)) * up(x)), residual */
+    rmsnorm_rows(c->pool, c->xb, c->x, L->ffn_norm, NULL, n, hp->n_embd, hp->rms_eps);
+    if ((st = matmul(c, &L->w_gate, c->xb, n, c->hb)) || (st = matmul(c, &L->w_up, c->xb, n, c->hb2)))
+        return st;
+    struct swiglu_job sj = {c->hb, c->hb2, n * hp->n_ff};
+    threads_run(c->pool, swiglu_task, &sj);
+    if ((st = matmul(c, &L->w_down, c->hb, n, c->xb2)))
+        return st;
+    for (int64_t i = 0; i < n * hp->n_embd; i++)
+        c->x[i] += c->xb2[i];
+    return KS_OK;
+}
+
+static ks_status run_layers(struct model_ctx *c, struct kv_cache *kv, const struct model_batch *b, float *logits,
+                            int32_t n_out)
+{
+    const struct model *m = c->m;
+    const struct model_hparams *hp = &m->hp;
+    int64_t n = b->n_tokens;
+    ks_status st;
+    /* token embeddings */
+    for (int64_t t = 0; t < n; t++)
+        if ((st = quant_get_row(m->tok_embd.data, m->tok_embd.type, hp->n_embd, b->tokens[t],
+                                c->x + t * hp->n_embd)))
+            return st;
+    for (int64_t t = 0; t < n; t++) {
+        rope_angles(m, b->pos[t], c->rope_cs + t * hp->n_rot);
+        c->queries[t] = (struct attn_query){.seq = b->seq[t], .pos = b->pos[t]};
+    }
+    for (int il = 0; il < hp->n_layer; il++)
+        if ((st = attention_block(c, kv, il, b)) || (st = ffn_block(c, il, n)))
+            return st;
+    if (n_out == 0)
+        return KS_OK;
+    /* final rmsnorm of the rows that want logits, then the classifier */
+    rmsnorm_rows(c->pool, c->xb2, c->x, m->output_norm, c->out_rows, n_out, hp->n_embd, hp->rms_eps);
+    return matmul(c, &m->output, c->xb2, n_out, logits);
+}
+
+ks_status model_forward(struct model_ctx *c, struct kv_cache *kv, const struct model_batch *b, float *logits,
+                        int32_t *n_logits_out)
+{
+    if (n_logits_out)
+        *n_logits_out = 0;
+    if (b->n_tokens < 0 || b->n_tokens > c->max_batch)
+        return ks_fail(KS_ERR_INVALID_ARG, "batch of %d tokens exceeds the context's maximum of %d", b->n_tokens,
+                       c->max_batch);
+    if (b->n_tokens == 0)
+        return KS_OK;
+    if (!b->tokens || !b->pos || !b->seq)
+        return ks_fail(KS_ERR_INVALID_ARG, "model_forward: batch arrays must not be NULL");
+    const struct kv_config *kc = kv_get_config(kv);
+    if (kc->n_layer != c->m->hp.n_layer || kc->n_kv_head != c->m->hp.n_head_kv ||
+        kc->head_dim != c->m->hp.head_dim_k)
+        return ks_fail(KS_ERR_INVALID_ARG, "the kv cache is shaped %d layers x %d heads x %d, the model needs %d x %d x %d",
+                       kc->n_layer, kc->n_kv_head, kc->head_dim, c->m->hp.n_layer, c->m->hp.n_head_kv,
+                       c->m->hp.head_dim_k);
+    int32_t n_out = select_outputs(c, b);
+    if (n_out > 0 && !logits)
+        return ks_fail(KS_ERR_INVALID_ARG, "model_forward: logits buffer is NULL but %d rows want logits", n_out);
+    int32_t n_seqs = 0;
+    ks_status st = batch_prepare(c, kv, b, &n_seqs);
+    if (st)
+        return st;
+    st = run_layers(c, kv, b, logits, n_out);
+    if (st) {
+        batch_rollback(c, kv, n_seqs);
+        return st;
+    }
+    if (n_logits_out)
+        *n_logits_out = n_out;
+    return KS_OK;
+}

@@ -1,0 +1,45 @@
+/* Internal to the model module: the loaded weights, shared by the loader and
+ * the forward pass. */
+#ifndef KS_MODEL_INTERNAL_H
+#define KS_MODEL_INTERNAL_H
+
+#include "model/model.h"
+
+/* A 2-D weight used in place from the mapping: rows x cols of type. */
+struct model_mat {
+    const void *data;
+    enum quant_type type;
+    int64_t rows, cols;
+};
+
+struct model_layer {
+    const float *attn_norm;                  /* (n_embd) */
+    struct model_mat wq;                     /* (n_head * head_dim_k, n_embd) */
+    struct model_mat wk;                     /* (n_head_kv * head_dim_k, n_embd) */
+    struct model_mat wv;                     /* (n_head_kv * head_dim_v, n_embd) */
+    struct model_mat wo;                     /* (n_embd, n_head * head_dim_v) */
+    const float *bq, *bk, *bv;               /* qwen2: (q rows), (k rows), (v rows) */
+    const float *q_norm, *k_norm;            /* qwen3: (head_dim_k) each */
+    const float *ffn_norm;                   /* (n_embd) */
+    struct model_mat w_gate;                 /* (n_ff, n_embd) */
+    struct model_mat w_up;                   /* (n_ff, n_embd) */
+    struct model_mat w_down;                 /* (n_embd, n_ff) */
+};
+
+struct model {
+    struct gguf_file *file;
+    struct model_hparams hp;
+    struct model_mat tok_embd;               /* (n_vocab, n_embd) */
+    struct model_mat output;                 /* (n_vocab, n_embd); tok_embd when tied */
+    const float *output_norm;                /* (n_embd) */
+    struct model_layer *layers;              /* (n_layer) */
+    /* RoPE: position p rotates pair i by p * freq_scale * theta_scale^i / freq_factors[i] */
+    float rope_theta_scale;
+    float rope_freq_scale;
+    float *rope_freq_factors;                /* (n_rot / 2); NULL: all 1 */
+    uint64_t weight_bytes;
+    /* Small 1-D tensors (norms, biases) converted to f32 at load, in one block. */
+    float *vec_store;
+};
+
+#endif

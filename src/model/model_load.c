@@ -1,0 +1,428 @@
+/* model: load a llama / qwen2 / qwen3 GGUF. Hyper-parameters come from the
+ * metadata; every tensor is checked for presence, shape and a usable type,
+ * and matrices are used in place from the mapping. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/model_internal.h"
+
+/* ---- architectures ------------------------------------------------------ */
+
+struct arch_info {
+    const char *name;
+    enum model_arch arch;
+    enum model_rope_type rope_type;
+    bool needs_qkv_bias;
+    bool needs_qk_norm;
+};
+
+static const struct arch_info g_archs[] = {
+    {"llama", MODEL_ARCH_LLAMA, MODEL_ROPE_NORMAL, false, false},
+    {"qwen2", MODEL_ARCH_QWEN2, MODEL_ROPE_NEOX, true, false},
+    {"qwen3", MODEL_ARCH_QWEN3, MODEL_ROPE_NEOX, false, true},
+};
+
+static const struct arch_info *arch_find(const struct gguf_str *s)
+{
+    for (size_t i = 0; i < sizeof g_archs / sizeof g_archs[0]; i++)
+        if (strlen(g_archs[i].name) == s->len && !memcmp(g_archs[i].name, s->data, s->len))
+            return &g_archs[i];
+    return NULL;
+}
+
+/* ---- metadata ------------------------------------------------------------- */
+
+static ks_status meta_int(const struct gguf_file *f, const char *arch, const char *suffix, bool required,
+                          int def, int *out)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    uint32_t v;
+    ks_status st = gguf_get_u32(f, key, &v);
+    if (st == KS_ERR_NOT_FOUND && !required) {
+        *out = def;
+        return KS_OK;
+    }
+    if (st == KS_ERR_NOT_FOUND)
+        return ks_fail(KS_ERR_FORMAT, "required metadata key %s is missing", key);
+    if (st)
+        return st;
+    if (v == 0 || v > (1u << 30))
+        return ks_fail(KS_ERR_FORMAT, "metadata %s = %u is out of range", key, v);
+    *out = (int)v;
+    return KS_OK;
+}
+
+static ks_status meta_float(const struct gguf_file *f, const char *arch, const char *suffix, bool required,
+                            float def, float *out)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    ks_status st = gguf_get_f32(f, key, out);
+    if (st == KS_ERR_NOT_FOUND && !required) {
+        *out = def;
+        return KS_OK;
+    }
+    if (st == KS_ERR_NOT_FOUND)
+        return ks_fail(KS_ERR_FORMAT, "required metadata key %s is missing", key);
+    if (st)
+        return st;
+    if (!isfinite(*out))
+        return ks_fail(KS_ERR_FORMAT, "metadata %s is not a finite number", key);
+    return KS_OK;
+}
+
+static bool meta_str_is(const struct gguf_file *f, const char *key, const char *want, bool *present)
+{
+    struct gguf_str s;
+    *present = gguf_get_str(f, key, &s) == KS_OK;
+    return *present && strlen(want) == s.len && !strncasecmp(want, s.data, s.len);
+}
+
+static ks_status read_shape(const struct gguf_file *f, const char *a, struct model_hparams *hp)
+{
+    ks_status st;
+    if ((st = meta_int(f, a, "embedding_length", true, 0, &hp->n_embd)) ||
+        (st = meta_int(f, a, "block_count", true, 0, &hp->n_layer)) ||
+        (st = meta_int(f, a, "attention.head_count", true, 0, &hp->n_head)) ||
+        (st = meta_int(f, a, "attention.head_count_kv", false, hp->n_head, &hp->n_head_kv)) ||
+        (st = meta_int(f, a, "feed_forward_length", true, 0, &hp->n_ff)) ||
+        (st = meta_int(f, a, "context_length", true, 0, &hp->n_ctx_train)) ||
+        (st = meta_float(f, a, "attention.layer_norm_rms_epsilon", true, 0, &hp->rms_eps)))
+        return st;
+    /* 0 (rejected below) when the default is needed but does not divide */
+    int def_hd = hp->n_embd % hp->n_head == 0 ? hp->n_embd / hp->n_head : 0;
+    if ((st = meta_int(f, a, "attention.key_length", false, def_hd, &hp->head_dim_k)) ||
+        (st = meta_int(f, a, "attention.value_length", false, def_hd, &hp->head_dim_v)))
+        return st;
+    if (hp->head_dim_k == 0 || hp->head_dim_v == 0)
+        return ks_fail(KS_ERR_FORMAT, "%s.embedding_length %d is not a multiple of head_count %d", a,
+                       hp->n_embd, hp->n_head);
+    if ((st = meta_int(f, a, "rope.dimension_count", false, hp->head_dim_k, &hp->n_rot)) ||
+        (st = meta_float(f, a, "rope.freq_base", false, 10000.0f, &hp->rope_freq_base)))
+        return st;
+    if (hp->n_head_kv > hp->n_head || hp->n_head % hp->n_head_kv != 0)
+        return ks_fail(KS_ERR_FORMAT, "%s.attention.head_count %d is not a multiple of head_count_kv %d", a,
+                       hp->n_head, hp->n_head_kv);
+    if (hp->head_dim_k != hp->head_dim_v)
+        return ks_fail(KS_ERR_UNSUPPORTED, "key_length %d differs from value_length %d; kvserve needs them equal",
+                       hp->head_dim_k, hp->head_dim_v);
+    if (hp->n_rot % 2 != 0 || hp->n_rot > hp->head_dim_k)
+        return ks_fail(KS_ERR_FORMAT, "%s.rope.dimension_count %d must be even and at most the head size %d", a,
+                       hp->n_rot, hp->head_dim_k);
+    if (!(hp->rms_eps > 0) || !(hp->rope_freq_base > 0))
+        return ks_fail(KS_ERR_FORMAT, "rms epsilon and rope.freq_base must be positive");
+    return KS_OK;
+}
+
+/* ---- RoPE scaling --------------------------------------------------------- */
+
+/* Llama 3.1's frequency rescaling, as llama.cpp's converter bakes into rope_freqs. */
+static void llama3_factors(const struct model_hparams *hp, float *ff)
+{
+    float lo_wavelen = (float)hp->rope_llama3_orig_ctx / hp->rope_llama3_low_freq_factor;
+    float hi_wavelen = (float)hp->rope_llama3_orig_ctx / hp->rope_llama3_high_freq_factor;
+    for (int i = 0; i < hp->n_rot / 2; i++) {
+        float freq = 1.0f / powf(hp->rope_freq_base, (float)(2 * i) / (float)hp->n_rot);
+        float wavelen = 2.0f * (float)M_PI / freq;
+        if (wavelen < hi_wavelen) {
+            ff[i] = 1.0f;
+        } else if (wavelen > lo_wavelen) {
+            ff[i] = hp->rope_scale_factor;
+        } else {
+            float smooth = ((float)hp->rope_llama3_orig_ctx / wavelen - hp->rope_llama3_low_freq_factor) /
+                           (hp->rope_llama3_high_freq_factor - hp->rope_llama3_low_freq_factor);
+            ff[i] = 1.0f / ((1.0f - smooth) / hp->rope_scale_factor + smooth);
+        }
+    }
+}
+
+static ks_status read_rope_freqs_tensor(struct model *m, const struct gguf_tensor_info *t)
+{
+    const struct model_hparams *hp = &m->hp;
+    const struct quant_traits *tr = quant_traits(t->type);
+    if (t->n_dims != 1 || t->ne[0] != hp->n_rot / 2 || !tr || !tr->to_float)
+        return ks_fail(KS_ERR_FORMAT, "tensor rope_freqs.weight must be a vector of %d f32 (n_rot / 2)",
+                       hp->n_rot / 2);
+    tr->to_float(t->data, m->rope_freq_factors, t->ne[0]);
+    for (int i = 0; i < hp->n_rot / 2; i++)
+        if (!(m->rope_freq_factors[i] > 0) || !isfinite(m->rope_freq_factors[i]))
+            return ks_fail(KS_ERR_FORMAT, "tensor rope_freqs.weight has a non-positive factor at %d", i);
+    return KS_OK;
+}
+
+static ks_status read_rope(struct model *m, const char *a)
+{
+    struct model_hparams *hp = &m->hp;
+    const struct gguf_file *f = m->file;
+    char key[128];
+    ks_status st;
+    float factor = 1.0f, linear = 0.0f;
+    if ((st = meta_float(f, a, "rope.scaling.factor", false, 1.0f, &factor)) ||
+        (st = meta_float(f, a, "rope.scale_linear", false, 0.0f, &linear)))
+        return st;
+    if (linear != 0.0f)
+        factor = linear;
+    if (!(factor > 0))
+        return ks_fail(KS_ERR_FORMAT, "%s.rope.scaling.factor must be positive", a);
+    hp->rope_scale_factor = factor;
+    m->rope_freq_scale = 1.0f;
+    m->rope_theta_scale = powf(hp->rope_freq_base, -2.0f / (float)hp->n_rot);
+
+    snprintf(key, sizeof key, "%s.rope.scaling.type", a);
+    bool has_type;
+    bool is_linear = meta_str_is(f, key, "linear", &has_type);
+    bool is_llama3 = has_type && meta_str_is(f, key, "llama3", &has_type);
+    bool is_none = has_type && meta_str_is(f, key, "none", &has_type);
+    const struct gguf_tensor_info *freqs = gguf_find_tensor(f, "rope_freqs.weight");
+
+    if (freqs || is_llama3) {
+        m->rope_freq_factors = malloc(sizeof(float) * (size_t)(hp->n_rot / 2));
+        if (!m->rope_freq_factors)
+            return ks_fail(KS_ERR_NOMEM, "out of memory for rope factors");
+        hp->rope_scaling = MODEL_ROPE_SCALING_LLAMA3;
+    }
+    if (freqs)
+        return read_rope_freqs_tensor(m, freqs);
+    if (is_llama3) {
+        if ((st = meta_float(f, a, "rope.scaling.low_freq_factor", false, 1.0f,
+                             &hp->rope_llama3_low_freq_factor)) ||
+            (st = meta_float(f, a, "rope.scaling.high_freq_factor", false, 4.0f,
+                             &hp->rope_llama3_high_freq_factor)) ||
+            (st = meta_int(f, a, "rope.scaling.original_context_length", false, 8192,
+                           &hp->rope_llama3_orig_ctx)))
+            return st;
+        if (!(hp->rope_llama3_high_freq_factor > hp->rope_llama3_low_freq_factor) ||
+            !(hp->rope_llama3_low_freq_factor > 0))
+            return ks_fail(KS_ERR_FORMAT, "llama3 rope scaling needs 0 < low_freq_factor < high_freq_factor");
+        llama3_factors(hp, m->rope_freq_factors);
+        return KS_OK;
+    }
+    if (is_linear || (!has_type && factor != 1.0f)) {
+        hp->rope_scaling = MODEL_ROPE_SCALING_LINEAR;
+        m->rope_freq_scale = 1.0f / factor;
+        return KS_OK;
+    }
+    if (has_type && !is_none) {
+        struct gguf_str s;
+        gguf_get_str(f, key, &s);
+        return ks_fail(KS_ERR_UNSUPPORTED, "%s = '%.*s' is not supported (kvserve knows none, linear, llama3)",
+                       key, (int)(s.len > 64 ? 64 : s.len), s.data);
+    }
+    hp->rope_scaling = MODEL_ROPE_SCALING_NONE;
+    return KS_OK;
+}
+
+/* ---- tensors ------------------------------------------------------------- */
+
+struct loader {
+    struct model *m;
+    float *vec_next, *vec_end;
+};
+
+static const struct gguf_tensor_info *find_tensor(const struct gguf_file *f, const char *name, bool required,
+                                                  ks_status *st)
+{
+    const struct gguf_tensor_info *t = gguf_find_tensor(f, name);
+    if (!t && required)
+        *st = ks_fail(KS_ERR_FORMAT, "tensor '%s' is missing", name);
+    return t;
+}
+
+static ks_status load_mat(struct loader *ld, const char *name, int64_t rows, int64_t cols, bool required,
+                          struct model_mat *out)
+{
+    ks_status st = KS_OK;
+    const struct gguf_tensor_info *t = find_tensor(ld->m->file, name, required, &st);
+    if (!t)
+        return st;
+    if (t->ne[0] != cols || t->ne[1] != rows || t->ne[2] != 1 || t->ne[3] != 1)
+        return ks_fail(KS_ERR_FORMAT, "tensor '%s' has shape [%lld, %lld, %lld, %lld], expected [%lld, %lld]",
+                       name, (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2],
+                       (long long)t->ne[3], (long long)cols, (long long)rows);
+    const struct quant_traits *tr = quant_traits(t->type);
+    if (!tr || !tr->vec_dot || !tr->to_float)
+        return ks_fail(KS_ERR_UNSUPPORTED, "tensor '%s' has type %s, which kvserve has no kernels for", name,
+                       quant_type_name(t->type));
+    *out = (struct model_mat){.data = t->data, .type = t->type, .rows = rows, .cols = cols};
+    return KS_OK;
+}
+
+/* 1-D tensors are small: convert them to f32 once. */
+static ks_status load_vec(struct loader *ld, const char *name, int64_t n, bool required, const float **out)
+{
+    ks_status st = KS_OK;
+    const struct gguf_tensor_info *t = find_tensor(ld->m->file, name, required, &st);
+    *out = NULL;
+    if (!t)
+        return st;
+    if (t->ne[0] != n || t->ne[1] != 1 || t->ne[2] != 1 || t->ne[3] != 1)
+        return ks_fail(KS_ERR_FORMAT, "tensor '%s' has shape [%lld, %lld], expected [%lld]", name,
+                       (long long)t->ne[0], (long long)t->ne[1], (long long)n);
+    const struct quant_traits *tr = quant_traits(t->type);
+    if (!tr || !tr->to_float)
+        return ks_fail(KS_ERR_UNSUPPORTED, "tensor '%s' has type %s, which kvserve cannot read", name,
+                       quant_type_name(t->type));
+    if (ld->vec_end - ld->vec_next < n)
+        return ks_fail(KS_ERR_INTERNAL, "model vector store too small at '%s'", name);
+    tr->to_float(t->data, ld->vec_next, n);
+    *out = ld->vec_next;
+    ld->vec_next += n;
+    return KS_OK;
+}
+
+static uint64_t mat_bytes(const struct model_mat *w)
+{
+    return (uint64_t)quant_row_size(w->type, w->cols) * (uint64_t)w->rows;
+}
+
+static ks_status load_layer(struct loader *ld, int il, const struct arch_info *ai)
+{
+    const struct model_hparams *hp = &ld->m->hp;
+    struct model_layer *L = &ld->m->layers[il];
+    int64_t E = hp->n_embd, q_out = (int64_t)hp->n_head * hp->head_dim_k;
+    int64_t k_out = (int64_t)hp->n_head_kv * hp->head_dim_k, v_out = (int64_t)hp->n_head_kv * hp->head_dim_v;
+    int64_t o_in = (int64_t)hp->n_head * hp->head_dim_v;
+    char n[96];
+    ks_status st;
+#define NAME(s) (snprintf(n, sizeof n, "blk.%d." s, il), n)
+    if ((st = load_vec(ld, NAME("attn_norm.weight"), E, true, &L->attn_norm)) ||
+        (st = load_mat(ld, NAME("attn_q.weight"), q_out, E, true, &L->wq)) ||
+        (st = load_mat(ld, NAME("attn_k.weight"), k_out, E, true, &L->wk)) ||
+        (st = load_mat(ld, NAME("attn_v.weight"), v_out, E, true, &L->wv)) ||
+        (st = load_mat(ld, NAME("attn_output.weight"), E, o_in, true, &L->wo)) ||
+        (st = load_vec(ld, NAME("attn_q.bias"), q_out, ai->needs_qkv_bias, &L->bq)) ||
+        (st = load_vec(ld, NAME("attn_k.bias"), k_out, ai->needs_qkv_bias, &L->bk)) ||
+        (st = load_vec(ld, NAME("attn_v.bias"), v_out, ai->needs_qkv_bias, &L->bv)) ||
+        (st = load_vec(ld, NAME("ffn_norm.weight"), E, true, &L->ffn_norm)) ||
+        (st = load_mat(ld, NAME("ffn_gate.weight"), hp->n_ff, E, true, &L->w_gate)) ||
+        (st = load_mat(ld, NAME("ffn_up.weight"), hp->n_ff, E, true, &L->w_up)) ||
+        (st = load_mat(ld, NAME("ffn_down.weight"), E, hp->n_ff, true, &L->w_down)))
+        return st;
+    if (ai->needs_qk_norm &&
+        ((st = load_vec(ld, NAME("attn_q_norm.weight"), hp->head_dim_k, true, &L->q_norm)) ||
+         (st = load_vec(ld, NAME("attn_k_norm.weight"), hp->head_dim_k, true, &L->k_norm))))
+        return st;
+#undef NAME
+    ld->m->weight_bytes += mat_bytes(&L->wq) + mat_bytes(&L->wk) + mat_bytes(&L->wv) + mat_bytes(&L->wo) +
+                           mat_bytes(&L->w_gate) + mat_bytes(&L->w_up) + mat_bytes(&L->w_down);
+    return KS_OK;
+}
+
+static ks_status read_vocab_size(const struct gguf_file *f, const char *a, int *n_vocab)
+{
+    enum gguf_value_type et;
+    uint64_t count;
+    const void *data;
+    if (gguf_get_arr(f, "tokenizer.ggml.tokens", &et, &count, &data) == KS_OK) {
+        if (count == 0 || count > (1u << 30))
+            return ks_fail(KS_ERR_FORMAT, "tokenizer.ggml.tokens has %llu entries", (unsigned long long)count);
+        *n_vocab = (int)count;
+        return KS_OK;
+    }
+    const struct gguf_tensor_info *t = gguf_find_tensor(f, "token_embd.weight");
+    if (!t)
+        return ks_fail(KS_ERR_FORMAT, "tensor 'token_embd.weight' is missing");
+    if (t->ne[1] <= 0 || t->ne[1] > (1 << 30))
+        return ks_fail(KS_ERR_FORMAT, "token_embd.weight has %lld rows", (long long)t->ne[1]);
+    (void)a;
+    *n_vocab = (int)t->ne[1];
+    return KS_OK;
+}
+
+static ks_status load_tensors(struct model *m, const struct arch_info *ai)
+{
+    const struct model_hparams *hp = &m->hp;
+    size_t per_layer = 2 * (size_t)hp->n_embd + 3 * (size_t)hp->n_head * hp->head_dim_k + 2 * (size_t)hp->head_dim_k;
+    size_t n_vec = (size_t)hp->n_layer * per_layer + (size_t)hp->n_embd;
+    m->vec_store = malloc(n_vec * sizeof(float));
+    m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
+    if (!m->vec_store || !m->layers)
+        return ks_fail(KS_ERR_NOMEM, "out of memory for the model's layer table");
+    struct loader ld = {.m = m, .vec_next = m->vec_store, .vec_end = m->vec_store + n_vec};
+    ks_status st;
+    if ((st = load_mat(&ld, "token_embd.weight", hp->n_vocab, hp->n_embd, true, &m->tok_embd)) ||
+        (st = load_vec(&ld, "output_norm.weight", hp->n_embd, true, &m->output_norm)) ||
+        (st = load_mat(&ld, "output.weight", hp->n_vocab, hp->n_embd, false, &m->output)))
+        return st;
+    m->hp.tied_embeddings = m->output.data == NULL;
+    if (m->hp.tied_embeddings)
+        m->output = m->tok_embd;
+    m->weight_bytes = mat_bytes(&m->output);
+    for (int il = 0; il < hp->n_layer; il++)
+        if ((st = load_layer(&ld, il, ai)))
+            return st;
+    m->hp.has_qkv_bias = m->layers[0].bq != NULL;
+    m->hp.has_qk_norm = ai->needs_qk_norm;
+    for (int il = 1; il < hp->n_layer; il++)
+        if ((m->layers[il].bq != NULL) != m->hp.has_qkv_bias || (m->layers[il].bk != NULL) != m->hp.has_qkv_bias ||
+            (m->layers[il].bv != NULL) != m->hp.has_qkv_bias)
+            return ks_fail(KS_ERR_FORMAT, "layer %d: attention biases must be present in all layers or none", il);
+    if (m->hp.has_qkv_bias && (!m->layers[0].bk || !m->layers[0].bv))
+        return ks_fail(KS_ERR_FORMAT, "attn_q.bias is present but attn_k.bias or attn_v.bias is missing");
+    return KS_OK;
+}
+
+/* ---- public ------------------------------------------------------------- */
+
+static ks_status load_file(struct model *m)
+{
+    struct gguf_str s;
+    ks_status st = gguf_get_str(m->file, "general.architecture", &s);
+    if (st)
+        return st == KS_ERR_NOT_FOUND ? ks_fail(KS_ERR_FORMAT, "metadata general.architecture is missing") : st;
+    const struct arch_info *ai = arch_find(&s);
+    if (!ai)
+        return ks_fail(KS_ERR_UNSUPPORTED, "architecture '%.*s' is not supported (kvserve runs llama, qwen2, qwen3)",
+                       (int)(s.len > 64 ? 64 : s.len), s.data);
+    m->hp.arch = ai->arch;
+    m->hp.arch_name = ai->name;
+    m->hp.rope_type = ai->rope_type;
+    if ((st = read_shape(m->file, ai->name, &m->hp)) || (st = read_rope(m, ai->name)) ||
+        (st = read_vocab_size(m->file, ai->name, &m->hp.n_vocab)))
+        return st;
+    return load_tensors(m, ai);
+}
+
+ks_status model_load(const char *path, struct model **out)
+{
+    *out = NULL;
+    struct model *m = calloc(1, sizeof *m);
+    if (!m)
+        return ks_fail(KS_ERR_NOMEM, "out of memory loading %s", path);
+    ks_status st = gguf_open(path, &m->file);
+    if (!st)
+        st = load_file(m);
+    if (st) {
+        ks_errmsg_prefix("loading model %s: ", path);
+        model_free(m);
+        return st;
+    }
+    *out = m;
+    return KS_OK;
+}
+
+void model_free(struct model *m)
+{
+    if (!m)
+        return;
+    gguf_close(m->file);
+    free(m->layers);
+    free(m->vec_store);
+    free(m->rope_freq_factors);
+    free(m);
+}
+
+const struct model_hparams *model_hparams(const struct model *m) { return &m->hp; }
+const struct gguf_file *model_gguf(const struct model *m) { return m->file; }
+uint64_t model_weight_bytes(const struct model *m) { return m->weight_bytes; }
+
+void model_kv_config(const struct model *m, struct kv_config *cfg)
+{
+    kv_config_default(cfg);
+    cfg->n_layer = m->hp.n_layer;
+    cfg->n_kv_head = m->hp.n_head_kv;
+    cfg->head_dim = m->hp.head_dim_k;
+}

@@ -1,0 +1,459 @@
+/* model: write deterministic random models of real architectures' shapes.
+ * Weights come from a counter-based PRNG seeded per (seed, tensor, row), so
+ * the file is the same for any thread count. */
+#include <math.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/model.h"
+
+/* ---- presets ------------------------------------------------------------- */
+
+struct preset {
+    const char *name;
+    const char *arch;
+    int dim, layers, heads, kv_heads, head_dim, ffn;
+    int n_ctx_train;
+    float rope_freq_base, rms_eps;
+};
+
+static const struct preset g_presets[] = {
+    {"llama-1b", "llama", 2048, 16, 32, 8, 64, 8192, 131072, 500000.0f, 1e-5f},
+    {"smollm2-135m", "llama", 576, 30, 9, 3, 64, 1536, 8192, 100000.0f, 1e-5f},
+    {"qwen3-0.6b", "qwen3", 1024, 28, 16, 8, 128, 3072, 40960, 1000000.0f, 1e-6f},
+    {"tiny", "llama", 256, 4, 4, 2, 64, 768, 2048, 10000.0f, 1e-5f},
+};
+
+const char *model_synth_preset_names(void) { return "llama-1b smollm2-135m qwen3-0.6b tiny"; }
+
+ks_status model_synth_preset(const char *name, struct model_synth_spec *spec)
+{
+    for (size_t i = 0; i < sizeof g_presets / sizeof g_presets[0]; i++) {
+        const struct preset *p = &g_presets[i];
+        if (strcmp(p->name, name))
+            continue;
+        *spec = (struct model_synth_spec){
+            .arch = p->arch, .n_embd = p->dim, .n_layer = p->layers, .n_head = p->heads,
+            .n_head_kv = p->kv_heads, .head_dim = p->head_dim, .n_ff = p->ffn, .n_vocab = 512,
+            .n_ctx_train = p->n_ctx_train, .rope_freq_base = p->rope_freq_base, .rms_eps = p->rms_eps,
+            .seed = 1234,
+        };
+        return KS_OK;
+    }
+    return ks_fail(KS_ERR_INVALID_ARG, "unknown preset '%s' (expected one of: %s)", name,
+                   model_synth_preset_names());
+}
+
+/* ---- tensor types, after llama-quantize ------------------------------------- */
+
+struct type_plan {
+    enum quant_type base;
+    bool q4_k_m;
+    bool pure;
+    bool tied;
+    int n_layer;
+};
+
+enum tensor_role { ROLE_EMBD, ROLE_OUTPUT, ROLE_ATTN_V, ROLE_FFN_DOWN, ROLE_MATRIX };
+
+static ks_status plan_parse(const char *name, struct type_plan *p)
+{
+    if (!strcasecmp(name, "q4_k_m")) {
+        p->base = QUANT_Q4_K;
+        p->q4_k_m = true;
+        return KS_OK;
+    }
+    static const enum quant_type allowed[] = {QUANT_F32, QUANT_F16, QUANT_BF16, QUANT_Q8_0, QUANT_Q4_0,
+                                              QUANT_Q4_1, QUANT_Q5_0, QUANT_Q5_1, QUANT_Q4_K, QUANT_Q5_K,
+                                              QUANT_Q6_K};
+    enum quant_type t;
+    if (quant_type_from_name(name, &t) == KS_OK)
+        for (size_t i = 0; i < sizeof allowed / sizeof allowed[0]; i++)
+            if (allowed[i] == t) {
+                p->base = t;
+                return KS_OK;
+            }
+    return ks_fail(KS_ERR_INVALID_ARG,
+                   "synth type '%s' is not one of f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k, q4_k_m",
+                   name);
+}
+
+/* llama.cpp's use_more_bits(): the first and last eighth and every third layer between. */
+static bool use_more_bits(int i, int n)
+{
+    return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2;
+}
+
+static bool fits(enum quant_type t, int64_t cols)
+{
+    return quant_row_size(t, cols) != 0;
+}
+
+/* llama-quantize's fallback for rows that are not a multiple of the block. */
+static enum quant_type fallback(enum quant_type t, int64_t cols)
+{
+    if (!fits(t, cols)) {
+        switch (t) {
+        case QUANT_Q4_K: t = QUANT_Q5_0; break;
+        case QUANT_Q5_K: t = QUANT_Q5_1; break;
+        case QUANT_Q6_K: t = QUANT_Q8_0; break;
+        default: break;
+        }
+    }
+    return fits(t, cols) ? t : QUANT_F16;
+}
+
+static enum quant_type plan_type(const struct type_plan *p, enum tensor_role role, int layer, int64_t cols)
+{
+    enum quant_type t = p->base;
+    if (p->q4_k_m && (role == ROLE_ATTN_V || role == ROLE_FFN_DOWN) && use_more_bits(layer, p->n_layer))
+        t = QUANT_Q6_K;
+    const struct quant_traits *tr = quant_traits(p->base);
+    bool is_output = role == ROLE_OUTPUT || (role == ROLE_EMBD && p->tied);
+    if (!p->pure && is_output && tr->is_quantized)
+        t = cols % tr->block_elems != 0 ? QUANT_Q8_0 : t != QUANT_Q8_0 ? QUANT_Q6_K : t;
+    return fallback(t, cols);
+}
+
+/* ---- deterministic weights -------------------------------------------------- */
+
+static uint64_t splitmix64(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t name_hash(const char *s)
+{
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (; *s; s++)
+        h = (h ^ (uint8_t)*s) * 1099511628211ull;
+    return h;
+}
+
+/* Uniform in [center - half, center + half]: std = half / sqrt(3). */
+struct fill {
+    float center, half;
+};
+
+struct gen_job {
+    uint64_t seed;
+    int64_t rows, cols;
+    struct fill fill;
+    enum quant_type type;
+    uint8_t *dst;
+    size_t row_bytes;
+    atomic_int failed;
+};
+
+static void gen_row(const struct gen_job *j, int64_t r, float *row)
+{
+    uint64_t s = j->seed ^ ((uint64_t)r * 0xd1b54a32d192ed03ull);
+    for (int64_t c = 0; c < j->cols; c++) {
+        float u = (float)((splitmix64(&s) >> 40) * 0x1p-24) * 2.0f - 1.0f;
+        row[c] = j->fill.center + j->fill.half * u;
+    }
+}
+
+static void gen_task(void *p, int ith, int nth)
+{
+    struct gen_job *j = p;
+    int64_t lo, hi;
+    threads_split(j->rows, ith, nth, &lo, &hi);
+    float *row = malloc(sizeof(float) * (size_t)j->cols);
+    if (!row) {
+        atomic_store(&j->failed, 1);
+        return;
+    }
+    const struct quant_traits *tr = quant_traits(j->type);
+    for (int64_t r = lo; r < hi; r++) {
+        gen_row(j, r, row);
+        if (j->type == QUANT_F32)
+            memcpy(j->dst + r * j->row_bytes, row, j->row_bytes);
+        else
+            tr->from_float(row, j->dst + r * j->row_bytes, j->cols);
+    }
+    free(row);
+}
+
+/* ---- the writer session ----------------------------------------------------- */
+
+struct synth {
+    const struct model_synth_spec *spec;
+    struct type_plan plan;
+    struct gguf_writer *w;
+    threads_pool *pool;
+    void **bufs;
+    size_t n_bufs, cap_bufs;
+};
+
+static ks_status add_tensor(struct synth *s, const char *name, int64_t rows, int64_t cols, enum quant_type type,
+                            struct fill fill)
+{
+    const struct quant_traits *tr = quant_traits(type);
+    if (!tr || (type != QUANT_F32 && !tr->from_float))
+        return ks_fail(KS_ERR_UNSUPPORTED, "synth: tensor %s needs type %s, which kvserve cannot quantize to yet",
+                       name, quant_type_name(type));
+    size_t row_bytes = quant_row_size(type, cols);
+    if (row_bytes == 0)
+        return ks_fail(KS_ERR_INVALID_ARG, "synth: tensor %s: %lld columns do not fit type %s", name,
+                       (long long)cols, tr->name);
+    if (s->n_bufs == s->cap_bufs) {
+        size_t cap = s->cap_bufs ? 2 * s->cap_bufs : 64;
+        void **nb = realloc(s->bufs, cap * sizeof *nb);
+        if (!nb)
+            return ks_fail(KS_ERR_NOMEM, "synth: out of memory");
+        s->bufs = nb;
+        s->cap_bufs = cap;
+    }
+    uint8_t *data = malloc(row_bytes * (size_t)rows);
+    if (!data)
+        return ks_fail(KS_ERR_NOMEM, "synth: out of memory for tensor %s (%zu bytes)", name, row_bytes * (size_t)rows);
+    s->bufs[s->n_bufs++] = data;
+    struct gen_job j = {.seed = name_hash(name) ^ (s->spec->seed * 0x9e3779b97f4a7c15ull), .rows = rows,
+                        .cols = cols, .fill = fill, .type = type, .dst = data, .row_bytes = row_bytes};
+    atomic_init(&j.failed, 0);
+    threads_run(s->pool, gen_task, &j);
+    if (atomic_load(&j.failed))
+        return ks_fail(KS_ERR_NOMEM, "synth: out of memory generating %s", name);
+    int64_t ne[2] = {cols, rows};
+    return gguf_writer_add_tensor(s->w, name, rows == 1 ? 1 : 2, ne, type, data, row_bytes * (size_t)rows);
+}
+
+static ks_status add_matrix(struct synth *s, const char *name, enum tensor_role role, int layer, int64_t rows,
+                            int64_t cols)
+{
+    float std = s->spec->init_std > 0 ? s->spec->init_std : 0.02f;
+    struct fill f = {0.0f, std * sqrtf(3.0f)};
+    return add_tensor(s, name, rows, cols, plan_type(&s->plan, role, layer, cols), f);
+}
+
+/* Norm weights near 1, biases small: activations stay sane at any depth. */
+static ks_status add_vector(struct synth *s, const char *name, int64_t n, struct fill f)
+{
+    return add_tensor(s, name, 1, n, QUANT_F32, f);
+}
+
+static ks_status add_layer(struct synth *s, int il, bool qkv_bias, bool qk_norm)
+{
+    const struct model_synth_spec *sp = s->spec;
+    int64_t E = sp->n_embd, q_dim = (int64_t)sp->n_head * sp->head_dim, kv_dim = (int64_t)sp->n_head_kv * sp->head_dim;
+    const struct fill norm = {1.0f, 0.2f}, bias = {0.0f, 0.1f};
+    char n[96];
+    ks_status st;
+#define NAME(x) (snprintf(n, sizeof n, "blk.%d." x, il), n)
+    if ((st = add_vector(s, NAME("attn_norm.weight"), E, norm)) ||
+        (st = add_matrix(s, NAME("attn_q.weight"), ROLE_MATRIX, il, q_dim, E)) ||
+        (st = add_matrix(s, NAME("attn_k.weight"), ROLE_MATRIX, il, kv_dim, E)) ||
+        (st = add_matrix(s, NAME("attn_v.weight"), ROLE_ATTN_V, il, kv_dim, E)) ||
+        (st = add_matrix(s, NAME("attn_output.weight"), ROLE_MATRIX, il, E, q_dim)) ||
+        (st = add_vector(s, NAME("ffn_norm.weight"), E, norm)) ||
+        (st = add_matrix(s, NAME("ffn_gate.weight"), ROLE_MATRIX, il, sp->n_ff, E)) ||
+        (st = add_matrix(s, NAME("ffn_up.weight"), ROLE_MATRIX, il, sp->n_ff, E)) ||
+        (st = add_matrix(s, NAME("ffn_down.weight"), ROLE_FFN_DOWN, il, E, sp->n_ff)))
+        return st;
+    if (qkv_bias && ((st = add_vector(s, NAME("attn_q.bias"), q_dim, bias)) ||
+                     (st = add_vector(s, NAME("attn_k.bias"), kv_dim, bias)) ||
+                     (st = add_vector(s, NAME("attn_v.bias"), kv_dim, bias))))
+        return st;
+    if (qk_norm && ((st = add_vector(s, NAME("attn_q_norm.weight"), sp->head_dim, norm)) ||
+                    (st = add_vector(s, NAME("attn_k_norm.weight"), sp->head_dim, norm))))
+        return st;
+#undef NAME
+    return KS_OK;
+}
+
+/* ---- vocabulary ---------------------------------------------------------------- */
+
+enum { TOKEN_NORMAL = 1, TOKEN_UNKNOWN = 2, TOKEN_CONTROL = 3, TOKEN_UNUSED = 5, TOKEN_BYTE = 6 };
+#define SYNTH_MIN_VOCAB 259 /* <unk> <s> </s> and 256 byte pieces */
+
+/* Piece i after the specials and bytes: "▁", printable ASCII, "▁a".."▁z",
+ * lowercase pairs, then unused fillers. */
+static void vocab_piece(int i, char *buf, size_t cap, int *type)
+{
+    static const char space[] = "\xe2\x96\x81"; /* U+2581 */
+    *type = TOKEN_NORMAL;
+    if (i == 0) {
+        snprintf(buf, cap, "%s", space);
+    } else if ((i -= 1) < 94) {
+        snprintf(buf, cap, "%c", 0x21 + i);
+    } else if ((i -= 94) < 26) {
+        snprintf(buf, cap, "%s%c", space, 'a' + i);
+    } else if ((i -= 26) < 26 * 26) {
+        snprintf(buf, cap, "%c%c", 'a' + i / 26, 'a' + i % 26);
+    } else {
+        snprintf(buf, cap, "<unused%d>", i - 26 * 26);
+        *type = TOKEN_UNUSED;
+    }
+}
+
+static ks_status write_byte_vocab(struct gguf_writer *w, int n_vocab)
+{
+    char **strs = calloc((size_t)n_vocab, sizeof *strs);
+    float *scores = calloc((size_t)n_vocab, sizeof *scores);
+    int32_t *types = calloc((size_t)n_vocab, sizeof *types);
+    ks_status st = KS_OK;
+    if (!strs || !scores || !types) {
+        st = ks_fail(KS_ERR_NOMEM, "synth: out of memory for the vocabulary");
+        goto done;
+    }
+    for (int i = 0; i < n_vocab && !st; i++) {
+        char buf[32];
+        int type;
+        if (i < 3) {
+            snprintf(buf, sizeof buf, "%s", i == 0 ? "<unk>" : i == 1 ? "<s>" : "</s>");
+            type = i == 0 ? TOKEN_UNKNOWN : TOKEN_CONTROL;
+        } else if (i < SYNTH_MIN_VOCAB) {
+            snprintf(buf, sizeof buf, "<0x%02X>", i - 3);
+            type = TOKEN_BYTE;
+        } else {
+            vocab_piece(i - SYNTH_MIN_VOCAB, buf, sizeof buf, &type);
+            scores[i] = type == TOKEN_NORMAL ? -(float)(i - SYNTH_MIN_VOCAB) : 0.0f;
+        }
+        types[i] = type;
+        strs[i] = strdup(buf);
+        if (!strs[i])
+            st = ks_fail(KS_ERR_NOMEM, "synth: out of memory for the vocabulary");
+    }
+    if (!st && !(st = gguf_writer_set_str(w, "tokenizer.ggml.model", "llama")) &&
+        !(st = gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)strs, NULL, (uint64_t)n_vocab)) &&
+        !(st = gguf_writer_set_arr(w, "tokenizer.ggml.scores", GGUF_TYPE_FLOAT32, scores, (uint64_t)n_vocab)) &&
+        !(st = gguf_writer_set_arr(w, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, types, (uint64_t)n_vocab)) &&
+        !(st = gguf_writer_set_u32(w, "tokenizer.ggml.unknown_token_id", 0)) &&
+        !(st = gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", 1)) &&
+        !(st = gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", 2)) &&
+        !(st = gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", true)))
+        st = gguf_writer_set_bool(w, "tokenizer.ggml.add_eos_token", false);
+done:
+    if (strs)
+        for (int i = 0; i < n_vocab; i++)
+            free(strs[i]);
+    free(strs), free(scores), free(types);
+    return st;
+}
+
+static ks_status add_vocab(struct synth *s, const char *vocab_path, int *n_vocab)
+{
+    if (!vocab_path) {
+        *n_vocab = s->spec->n_vocab;
+        if (*n_vocab < SYNTH_MIN_VOCAB || *n_vocab > (1 << 20))
+            return ks_fail(KS_ERR_INVALID_ARG, "synth: vocab size %d must be in [%d, 1048576]", *n_vocab,
+                           SYNTH_MIN_VOCAB);
+        return write_byte_vocab(s->w, *n_vocab);
+    }
+    struct gguf_file *vf;
+    ks_status st = gguf_open(vocab_path, &vf);
+    if (st) {
+        ks_errmsg_prefix("synth: vocab %s: ", vocab_path);
+        return st;
+    }
+    enum gguf_value_type et;
+    uint64_t count = 0;
+    const void *data;
+    st = gguf_get_arr(vf, "tokenizer.ggml.tokens", &et, &count, &data);
+    if (st || et != GGUF_TYPE_STRING || count == 0 || count > (1u << 30))
+        st = ks_fail(KS_ERR_FORMAT, "synth: %s has no tokenizer.ggml.tokens string array", vocab_path);
+    if (!st)
+        st = gguf_writer_copy_kv(s->w, vf, "tokenizer.");
+    *n_vocab = (int)count;
+    gguf_close(vf);
+    return st;
+}
+
+/* ---- metadata ------------------------------------------------------------------ */
+
+/* llama_ftype ids, for general.file_type (display only). */
+static uint32_t file_type(const struct type_plan *p)
+{
+    if (p->q4_k_m)
+        return 15;
+    switch (p->base) {
+    case QUANT_F32: return 0;
+    case QUANT_F16: return 1;
+    case QUANT_Q4_0: return 2;
+    case QUANT_Q4_1: return 3;
+    case QUANT_Q8_0: return 7;
+    case QUANT_Q5_0: return 8;
+    case QUANT_Q5_1: return 9;
+    case QUANT_Q4_K: return 14;
+    case QUANT_Q5_K: return 16;
+    case QUANT_Q6_K: return 18;
+    case QUANT_BF16: return 32;
+    default: return 0;
+    }
+}
+
+static ks_status add_hparams(struct synth *s, int n_vocab)
+{
+    const struct model_synth_spec *sp = s->spec;
+    char k[128];
+    ks_status st;
+#define KEY(x) (snprintf(k, sizeof k, "%s." x, sp->arch), k)
+    if ((st = gguf_writer_set_str(s->w, "general.architecture", sp->arch)) ||
+        (st = gguf_writer_set_str(s->w, "general.name", "kvserve synthetic model")) ||
+        (st = gguf_writer_set_u32(s->w, "general.file_type", file_type(&s->plan))) ||
+        (st = gguf_writer_set_u32(s->w, KEY("vocab_size"), (uint32_t)n_vocab)) ||
+        (st = gguf_writer_set_u32(s->w, KEY("context_length"), (uint32_t)sp->n_ctx_train)) ||
+        (st = gguf_writer_set_u32(s->w, KEY("embedding_length"), (uint32_t)sp->n_embd)) ||
+        (st = gguf_writer_set_u32(s->w, KEY("block_count"), (uint32_t)sp->n_layer)) ||
+        (st = gguf_writer_set_u32(s->w, KEY("feed_forward_length"), (uint32_t)sp->n_ff)) ||
+        (st = gguf_writer_set_u32(s->w, KEY("attention.head_count"), (uint32_t)sp->n_head)) ||
+        (st = gguf_writer_set_u32(s->w, KEY("attention.head_count_kv"), (uint32_t)sp->n_head_kv)) ||
+        (st = gguf_writer_set_u32(s->w, KEY("attention.key_length"), (uint32_t)sp->head_dim)) ||
+        (st = gguf_writer_set_u32(s->w, KEY("attention.value_length"), (uint32_t)sp->head_dim)) ||
+        (st = gguf_writer_set_u32(s->w, KEY("rope.dimension_count"), (uint32_t)sp->head_dim)) ||
+        (st = gguf_writer_set_f32(s->w, KEY("rope.freq_base"), sp->rope_freq_base > 0 ? sp->rope_freq_base : 10000.0f)))
+        return st;
+    return gguf_writer_set_f32(s->w, KEY("attention.layer_norm_rms_epsilon"), sp->rms_eps > 0 ? sp->rms_eps : 1e-5f);
+#undef KEY
+}
+
+static ks_status check_spec(const struct model_synth_spec *sp, bool *qkv_bias, bool *qk_norm)
+{
+    if (!sp->arch || (strcmp(sp->arch, "llama") && strcmp(sp->arch, "qwen2") && strcmp(sp->arch, "qwen3")))
+        return ks_fail(KS_ERR_INVALID_ARG, "synth: arch must be llama, qwen2 or qwen3");
+    *qkv_bias = !strcmp(sp->arch, "qwen2");
+    *qk_norm = !strcmp(sp->arch, "qwen3");
+    if (sp->n_embd <= 0 || sp->n_layer <= 0 || sp->n_head <= 0 || sp->n_head_kv <= 0 || sp->head_dim <= 0 ||
+        sp->n_ff <= 0 || sp->n_ctx_train <= 0 || sp->n_head % sp->n_head_kv != 0 || sp->head_dim % 2 != 0)
+        return ks_fail(KS_ERR_INVALID_ARG, "synth: bad shape (sizes must be positive, heads a multiple of kv heads, "
+                                           "head_dim even)");
+    return KS_OK;
+}
+
+ks_status model_synth(const struct model_synth_spec *spec, const char *type, const char *vocab_path,
+                      const char *out_path, threads_pool *pool)
+{
+    bool qkv_bias = false, qk_norm = false;
+    struct synth s = {.spec = spec, .pool = pool};
+    ks_status st = check_spec(spec, &qkv_bias, &qk_norm);
+    if (!st)
+        st = plan_parse(type, &s.plan);
+    if (st)
+        return st;
+    s.plan.pure = spec->pure;
+    s.plan.tied = !spec->untied;
+    s.plan.n_layer = spec->n_layer;
+    if ((st = gguf_writer_create(&s.w)))
+        return st;
+    int n_vocab = 0;
+    const struct fill norm = {1.0f, 0.2f};
+    if (!(st = add_vocab(&s, vocab_path, &n_vocab)) && !(st = add_hparams(&s, n_vocab)) &&
+        !(st = add_matrix(&s, "token_embd.weight", ROLE_EMBD, 0, n_vocab, spec->n_embd)) &&
+        !(st = add_vector(&s, "output_norm.weight", spec->n_embd, norm)) &&
+        !(st = spec->untied ? add_matrix(&s, "output.weight", ROLE_OUTPUT, 0, n_vocab, spec->n_embd) : KS_OK))
+        for (int il = 0; il < spec->n_layer && !st; il++)
+            st = add_layer(&s, il, qkv_bias, qk_norm);
+    if (!st)
+        st = gguf_writer_write(s.w, out_path);
+    gguf_writer_free(s.w);
+    for (size_t i = 0; i < s.n_bufs; i++)
+        free(s.bufs[i]);
+    free(s.bufs);
+    return st;
+}
