@@ -74,4 +74,102 @@ ks_status kv_seq_truncate(struct kv_cache *kv, int32_t seq, int32_t len);
 ks_status kv_write(struct kv_cache *kv, int layer, int32_t seq, int32_t pos,
                    const float *k, const float *v);
 
+/* ---- additions beyond the first contract (all purely additive) ---------- */
+
+/* Budget accounting counts page storage only (K and V rows of every layer);
+ * a page of types (tk, tv) costs kv_page_bytes(cfg, tk, tv) bytes. Page
+ * metadata and page tables live outside the budget. */
+size_t kv_page_bytes(const struct kv_config *cfg, enum quant_type type_k, enum quant_type type_v);
+
+/* A new sequence sharing every page of src (reference counts go up, nothing
+ * is copied). A later kv_write() into a shared page copies it first
+ * (copy-on-write), which needs one page of budget. */
+ks_status kv_seq_fork(struct kv_cache *kv, int32_t src, int32_t *seq_out);
+
+/* ---- live requantization ------------------------------------------------ */
+
+enum kv_select_kind {
+    KV_SELECT_ALL = 0,        /* every page of every sequence */
+    KV_SELECT_SEQ = 1,        /* the pages of one sequence */
+    KV_SELECT_OLDER_THAN = 2, /* pages whose tokens all lie before the most
+                                 recent keep_recent tokens of their sequence */
+};
+
+struct kv_selector {
+    enum kv_select_kind kind;
+    int32_t seq;         /* KV_SELECT_SEQ */
+    int32_t keep_recent; /* KV_SELECT_OLDER_THAN: N */
+};
+
+/* Pass as type_k or type_v to leave that half of each page as it is. */
+#define KV_TYPE_KEEP QUANT_TYPE_COUNT
+
+struct kv_requant_result {
+    size_t bytes_before;   /* cache bytes used before the call */
+    size_t bytes_after;    /* after it (or, for a dry run, after a real call) */
+    int32_t pages_selected;
+    int32_t pages_changed; /* selected pages whose K or V type changes */
+    double ms;             /* wall time of the conversion (0 for a dry run) */
+};
+
+/* Convert the selected pages to type_k / type_v in place: allocate the new
+ * storage, convert (dequantize + quantize the stored, already rotated rows),
+ * swap, free. Positions and sequence lengths are untouched. Pages shared by
+ * several sequences change for all of them.
+ * Errors: KS_ERR_INVALID_ARG (type not f32/f16/q8_0/q4_0, quantized type with
+ * head_dim % 32 != 0, bad selector), KS_ERR_NOT_FOUND (no such sequence),
+ * KS_ERR_KV_FULL (the result would exceed the budget), KS_ERR_NOMEM. On any
+ * error every page is left exactly as it was. result may be NULL. */
+ks_status kv_requantize(struct kv_cache *kv, const struct kv_selector *sel, enum quant_type type_k,
+                        enum quant_type type_v, bool dry_run, struct kv_requant_result *result);
+
+/* ---- usage and fit ------------------------------------------------------- */
+
+/* Index into the per-type arrays below: f32, f16, q8_0, q4_0. */
+enum { KV_N_TYPES = 4 };
+int kv_type_index(enum quant_type t);           /* -1 if not a KV type */
+enum quant_type kv_type_at(int index);
+
+struct kv_usage {
+    size_t budget, used, free;
+    int32_t n_pages;
+    int32_t n_seqs;
+    int64_t n_tokens;                        /* sum of sequence lengths */
+    int32_t pages_k[KV_N_TYPES], pages_v[KV_N_TYPES]; /* pages by K type / by V type */
+    int64_t tokens_k[KV_N_TYPES], tokens_v[KV_N_TYPES];
+    int64_t demotions;                       /* page halves demoted by the dynamic policy */
+    int64_t demotion_passes;                 /* times the high watermark was crossed */
+};
+void kv_usage(const struct kv_cache *kv, struct kv_usage *out);
+
+struct kv_seq_usage {
+    int32_t len;
+    int32_t n_pages;
+    size_t bytes;        /* storage of its pages (shared pages counted in full) */
+    int32_t pages_k[KV_N_TYPES], pages_v[KV_N_TYPES];
+};
+/* Live sequence ids are below kv_seq_id_limit(); kv_seq_usage() returns
+ * KS_ERR_NOT_FOUND for an id that is not live. */
+int32_t kv_seq_id_limit(const struct kv_cache *kv);
+ks_status kv_seq_usage(const struct kv_cache *kv, int32_t seq, struct kv_seq_usage *out);
+
+/* Tokens that still fit in the free budget (whole pages) if every new page
+ * were stored at one precision (K and V alike), and under the dynamic policy
+ * for one new sequence (sinks and hot window at the start precision, the rest
+ * at the floor, after demoting every demotable page already in the cache).
+ * When the floor cannot be used (head_dim % 32 != 0) the dynamic figure
+ * equals the start-precision one: the policy then keeps everything there. */
+struct kv_fit {
+    int64_t tokens[KV_N_TYPES]; /* by kv_type_index; -1 where the type is not allowed */
+    int64_t dynamic;
+    int64_t start;              /* at the configured type_k / type_v */
+};
+void kv_fit(const struct kv_cache *kv, struct kv_fit *out);
+/* The same for an empty cache of this configuration (kvserve info). */
+ks_status kv_fit_config(const struct kv_config *cfg, struct kv_fit *out);
+
+/* Debug aid: check every invariant (ref counts, accounting, page tables);
+ * KS_ERR_INTERNAL with a description on the first broken one. */
+ks_status kv_check(const struct kv_cache *kv);
+
 #endif

@@ -1,0 +1,52 @@
+/* attn internals: the per-page kernels and their dispatch table.
+ *
+ * Attention for one KV head runs over a tile of R query rows: the G query
+ * heads of that KV head (GQA) for one or more query tokens of one sequence.
+ * Each page of the sequence is visited once per tile; its K rows are scored
+ * against all R rows and its V rows accumulated into all R rows, so every
+ * K/V row is loaded once per tile. Scores and values stay in registers or in
+ * the tile's small score buffer; the page itself is read in place. */
+#ifndef KS_ATTN_INTERNAL_H
+#define KS_ATTN_INTERNAL_H
+
+#include <stdint.h>
+
+#include "kv/kv_internal.h"
+
+/* One tile of query rows and their online-softmax state. */
+struct attn_rows {
+    int n;                 /* R rows */
+    int dim;               /* head_dim */
+    int stride;            /* floats between score rows in s (>= P) */
+    const float *q;        /* (R, dim) scaled and rotated queries */
+    const block_q8_0 *q8;  /* (R, dim / 32) q as int8 blocks, for quantized K; NULL otherwise */
+    const int32_t *limit;  /* (R) visible tokens of each row: pos + 1 */
+    float *m, *l;          /* (R) running max and sum of exp */
+    float *acc;            /* (R, dim) running sum of p * v */
+    float *s;              /* (R, stride) scores of the current page, then p */
+};
+
+/* s[r * stride + t] = q_r . k_t for t < n_tok (rows of one page, stride
+ * kv_row_bytes apart), for every row r. */
+typedef void (*attn_score_fn)(const uint8_t *k, int n_tok, const struct attn_rows *rows);
+/* acc_r += sum_t p[r][t] * v_t for every row r and t < n_tok; p is in s. */
+typedef void (*attn_accum_fn)(const uint8_t *v, int n_tok, const struct attn_rows *rows);
+
+struct attn_kernels {
+    const char *isa;
+    attn_score_fn score[KV_N_TYPES]; /* by kv_type_index */
+    attn_accum_fn accum[KV_N_TYPES];
+};
+
+const struct attn_kernels *attn_kernels_scalar(void);
+const struct attn_kernels *attn_kernels_avx2(void);   /* NULL when not compiled in */
+const struct attn_kernels *attn_kernels_avx512(void); /* NULL when not compiled in */
+/* The best compiled-in set; tests may force another with attn_set_kernels. */
+const struct attn_kernels *attn_kernels_best(void);
+void attn_set_kernels(const struct attn_kernels *k); /* NULL: back to the best */
+
+/* Quantize n floats (a multiple of 32) to q8_0 blocks with an f32-exact
+ * scale kept as f16, as the K kernels expect. */
+void attn_quantize_q8(const float *x, block_q8_0 *y, int n);
+
+#endif

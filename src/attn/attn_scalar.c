@@ -1,0 +1,164 @@
+/* Scalar reference kernels: the obviously correct twin of the SIMD ones. */
+#include <math.h>
+
+#include "attn/attn_internal.h"
+
+static void score_f32(const uint8_t *k, int n_tok, const struct attn_rows *rows)
+{
+    int d = rows->dim;
+    for (int t = 0; t < n_tok; t++) {
+        const float *kt = (const float *)k + (size_t)t * d;
+        for (int r = 0; r < rows->n; r++) {
+            const float *q = rows->q + (size_t)r * d;
+            float s = 0.0f;
+            for (int i = 0; i < d; i++)
+                s += q[i] * kt[i];
+            rows->s[(size_t)r * rows->stride + t] = s;
+        }
+    }
+}
+
+static void score_f16(const uint8_t *k, int n_tok, const struct attn_rows *rows)
+{
+    int d = rows->dim;
+    for (int t = 0; t < n_tok; t++) {
+        const quant_f16 *kt = (const quant_f16 *)k + (size_t)t * d;
+        for (int r = 0; r < rows->n; r++) {
+            const float *q = rows->q + (size_t)r * d;
+            float s = 0.0f;
+            for (int i = 0; i < d; i++)
+                s += q[i] * quant_f16_to_f32(kt[i]);
+            rows->s[(size_t)r * rows->stride + t] = s;
+        }
+    }
+}
+
+static void score_q8_0(const uint8_t *k, int n_tok, const struct attn_rows *rows)
+{
+    int nb = rows->dim / QK8_0;
+    for (int t = 0; t < n_tok; t++) {
+        const block_q8_0 *kt = (const block_q8_0 *)k + (size_t)t * nb;
+        for (int r = 0; r < rows->n; r++) {
+            const block_q8_0 *q = rows->q8 + (size_t)r * nb;
+            float s = 0.0f;
+            for (int b = 0; b < nb; b++) {
+                int32_t dot = 0;
+                for (int i = 0; i < QK8_0; i++)
+                    dot += kt[b].qs[i] * q[b].qs[i];
+                s += quant_f16_to_f32(kt[b].d) * quant_f16_to_f32(q[b].d) * (float)dot;
+            }
+            rows->s[(size_t)r * rows->stride + t] = s;
+        }
+    }
+}
+
+static void score_q4_0(const uint8_t *k, int n_tok, const struct attn_rows *rows)
+{
+    int nb = rows->dim / QK4_0;
+    for (int t = 0; t < n_tok; t++) {
+        const block_q4_0 *kt = (const block_q4_0 *)k + (size_t)t * nb;
+        for (int r = 0; r < rows->n; r++) {
+            const block_q8_0 *q = rows->q8 + (size_t)r * nb;
+            float s = 0.0f;
+            for (int b = 0; b < nb; b++) {
+                int32_t dot = 0;
+                for (int i = 0; i < QK4_0 / 2; i++)
+                    dot += ((kt[b].qs[i] & 0x0F) - 8) * q[b].qs[i] + ((kt[b].qs[i] >> 4) - 8) * q[b].qs[i + QK4_0 / 2];
+                s += quant_f16_to_f32(kt[b].d) * quant_f16_to_f32(q[b].d) * (float)dot;
+            }
+            rows->s[(size_t)r * rows->stride + t] = s;
+        }
+    }
+}
+
+static void accum_f32(const uint8_t *v, int n_tok, const struct attn_rows *rows)
+{
+    int d = rows->dim;
+    for (int t = 0; t < n_tok; t++) {
+        const float *vt = (const float *)v + (size_t)t * d;
+        for (int r = 0; r < rows->n; r++) {
+            float p = rows->s[(size_t)r * rows->stride + t];
+            float *acc = rows->acc + (size_t)r * d;
+            if (p != 0.0f)
+                for (int i = 0; i < d; i++)
+                    acc[i] += p * vt[i];
+        }
+    }
+}
+
+static void accum_f16(const uint8_t *v, int n_tok, const struct attn_rows *rows)
+{
+    int d = rows->dim;
+    for (int t = 0; t < n_tok; t++) {
+        const quant_f16 *vt = (const quant_f16 *)v + (size_t)t * d;
+        for (int r = 0; r < rows->n; r++) {
+            float p = rows->s[(size_t)r * rows->stride + t];
+            float *acc = rows->acc + (size_t)r * d;
+            if (p != 0.0f)
+                for (int i = 0; i < d; i++)
+                    acc[i] += p * quant_f16_to_f32(vt[i]);
+        }
+    }
+}
+
+static void accum_q8_0(const uint8_t *v, int n_tok, const struct attn_rows *rows)
+{
+    int d = rows->dim, nb = d / QK8_0;
+    for (int t = 0; t < n_tok; t++) {
+        const block_q8_0 *vt = (const block_q8_0 *)v + (size_t)t * nb;
+        for (int r = 0; r < rows->n; r++) {
+            float p = rows->s[(size_t)r * rows->stride + t];
+            float *acc = rows->acc + (size_t)r * d;
+            for (int b = 0; p != 0.0f && b < nb; b++) {
+                float pd = p * quant_f16_to_f32(vt[b].d);
+                for (int i = 0; i < QK8_0; i++)
+                    acc[b * QK8_0 + i] += pd * vt[b].qs[i];
+            }
+        }
+    }
+}
+
+static void accum_q4_0(const uint8_t *v, int n_tok, const struct attn_rows *rows)
+{
+    int d = rows->dim, nb = d / QK4_0;
+    for (int t = 0; t < n_tok; t++) {
+        const block_q4_0 *vt = (const block_q4_0 *)v + (size_t)t * nb;
+        for (int r = 0; r < rows->n; r++) {
+            float p = rows->s[(size_t)r * rows->stride + t];
+            float *acc = rows->acc + (size_t)r * d;
+            for (int b = 0; p != 0.0f && b < nb; b++) {
+                float pd = p * quant_f16_to_f32(vt[b].d);
+                for (int i = 0; i < QK4_0 / 2; i++) {
+                    acc[b * QK4_0 + i] += pd * ((vt[b].qs[i] & 0x0F) - 8);
+                    acc[b * QK4_0 + i + QK4_0 / 2] += pd * ((vt[b].qs[i] >> 4) - 8);
+                }
+            }
+        }
+    }
+}
+
+void attn_quantize_q8(const float *x, block_q8_0 *y, int n)
+{
+    for (int b = 0; b < n / QK8_0; b++, x += QK8_0) {
+        float amax = 0.0f;
+        for (int j = 0; j < QK8_0; j++)
+            amax = fmaxf(amax, fabsf(x[j]));
+        float d = amax / 127.0f;
+        quant_f16 dh = quant_f32_to_f16(d);
+        float dr = quant_f16_to_f32(dh); /* quantize against the scale the kernels will use */
+        float id = dr != 0.0f ? 1.0f / dr : 0.0f;
+        y[b].d = dh;
+        for (int j = 0; j < QK8_0; j++) {
+            float v = roundf(x[j] * id);
+            y[b].qs[j] = (int8_t)(v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v);
+        }
+    }
+}
+
+static const struct attn_kernels SCALAR = {
+    "scalar",
+    {score_f32, score_f16, score_q8_0, score_q4_0},
+    {accum_f32, accum_f16, accum_q8_0, accum_q4_0},
+};
+
+const struct attn_kernels *attn_kernels_scalar(void) { return &SCALAR; }

@@ -1,0 +1,470 @@
+/* The page pool, sequences and their page tables, and kv_write(). */
+#include <assert.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kv/kv_internal.h"
+
+enum { PAGE_ALIGN = 64, MAX_SEQS = 1 << 16 };
+
+void kv_config_default(struct kv_config *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->page_tokens = 32;
+    cfg->type_k = QUANT_F16;
+    cfg->type_v = QUANT_F16;
+    cfg->rotate = true;
+    cfg->policy = KV_POLICY_STATIC;
+    cfg->sink_tokens = 32;
+    cfg->hot_tokens = 512;
+    cfg->high_watermark = 0.90f;
+    cfg->low_watermark = 0.80f;
+    cfg->floor = QUANT_Q4_0;
+}
+
+int kv_type_index(enum quant_type t)
+{
+    switch (t) {
+    case QUANT_F32: return 0;
+    case QUANT_F16: return 1;
+    case QUANT_Q8_0: return 2;
+    case QUANT_Q4_0: return 3;
+    default: return -1;
+    }
+}
+
+enum quant_type kv_type_at(int index)
+{
+    static const enum quant_type types[KV_N_TYPES] = {QUANT_F32, QUANT_F16, QUANT_Q8_0, QUANT_Q4_0};
+    return index >= 0 && index < KV_N_TYPES ? types[index] : QUANT_F32;
+}
+
+ks_status kv_check_type(const struct kv_config *cfg, enum quant_type t, const char *what)
+{
+    if (kv_type_index(t) < 0)
+        return ks_fail(KS_ERR_INVALID_ARG, "%s: KV cache type %s is not supported (use f32, f16, q8_0 or q4_0)",
+                       what, quant_type_name(t));
+    if ((t == QUANT_Q8_0 || t == QUANT_Q4_0) && cfg->head_dim % QK8_0 != 0)
+        return ks_fail(KS_ERR_INVALID_ARG,
+                       "%s: KV cache type %s needs head_dim to be a multiple of 32, this model has head_dim %d "
+                       "(use f16)", what, quant_type_name(t), cfg->head_dim);
+    return KS_OK;
+}
+
+size_t kv_half_bytes(const struct kv_config *cfg, enum quant_type t)
+{
+    return (size_t)cfg->n_layer * (size_t)cfg->n_kv_head * (size_t)cfg->page_tokens * kv_row_bytes(t, cfg->head_dim);
+}
+
+size_t kv_page_bytes(const struct kv_config *cfg, enum quant_type type_k, enum quant_type type_v)
+{
+    return kv_half_bytes(cfg, type_k) + kv_half_bytes(cfg, type_v);
+}
+
+static ks_status check_config(const struct kv_config *c)
+{
+    if (c->n_layer <= 0 || c->n_kv_head <= 0 || c->head_dim <= 0)
+        return ks_fail(KS_ERR_INVALID_ARG, "kv cache: n_layer, n_kv_head and head_dim must be positive (got %d, %d, %d)",
+                       c->n_layer, c->n_kv_head, c->head_dim);
+    int p = c->page_tokens;
+    if (p < 16 || p > 256 || (p & (p - 1)) != 0)
+        return ks_fail(KS_ERR_INVALID_ARG, "--kv-page %d: the page size must be a power of two from 16 to 256", p);
+    ks_status st;
+    if ((st = kv_check_type(c, c->type_k, "--cache-type-k")) || (st = kv_check_type(c, c->type_v, "--cache-type-v")))
+        return st;
+    if (c->policy != KV_POLICY_STATIC && c->policy != KV_POLICY_DYNAMIC)
+        return ks_fail(KS_ERR_INVALID_ARG, "--kv-policy: unknown policy %d", (int)c->policy);
+    if (c->policy == KV_POLICY_DYNAMIC) {
+        if (kv_type_index(c->floor) < 0)
+            return ks_fail(KS_ERR_INVALID_ARG, "--kv-floor %s: use f16, q8_0 or q4_0", quant_type_name(c->floor));
+        if (c->sink_tokens < 0 || c->hot_tokens < 0)
+            return ks_fail(KS_ERR_INVALID_ARG, "--kv-sink and --kv-hot must not be negative");
+        if (!(c->low_watermark > 0.0f && c->low_watermark <= c->high_watermark && c->high_watermark <= 1.0f))
+            return ks_fail(KS_ERR_INVALID_ARG, "kv watermarks must satisfy 0 < low (%g) <= high (%g) <= 1",
+                           (double)c->low_watermark, (double)c->high_watermark);
+    }
+    size_t page = kv_page_bytes(c, c->type_k, c->type_v);
+    if (c->mem_budget < page)
+        return ks_fail(KS_ERR_INVALID_ARG, "--kv-mem %zu bytes is less than one KV page (%zu bytes at %s/%s, P=%d)",
+                       c->mem_budget, page, quant_type_name(c->type_k), quant_type_name(c->type_v), p);
+    return KS_OK;
+}
+
+ks_status kv_create(const struct kv_config *cfg, struct kv_cache **out)
+{
+    *out = NULL;
+    ks_status st = check_config(cfg);
+    if (st)
+        return st;
+    struct kv_cache *kv = calloc(1, sizeof *kv);
+    if (!kv)
+        return ks_fail(KS_ERR_NOMEM, "kv cache: out of host memory");
+    kv->cfg = *cfg;
+    while ((1 << kv->page_shift) < cfg->page_tokens)
+        kv->page_shift++;
+    kv->scratch = malloc((size_t)cfg->head_dim * sizeof(float));
+    if (!kv->scratch) {
+        free(kv);
+        return ks_fail(KS_ERR_NOMEM, "kv cache: out of host memory");
+    }
+    *out = kv;
+    return KS_OK;
+}
+
+void kv_free(struct kv_cache *kv)
+{
+    if (!kv)
+        return;
+    for (int32_t i = 0; i < kv->n_page_slots; i++) {
+        free(kv->pages[i].k);
+        free(kv->pages[i].v);
+    }
+    for (int32_t s = 0; s < kv->n_seq_slots; s++)
+        free(kv->seqs[s].pages);
+    free(kv->pages);
+    free(kv->free_slots);
+    free(kv->seqs);
+    free(kv->scratch);
+    free(kv);
+}
+
+const struct kv_config *kv_get_config(const struct kv_cache *kv) { return &kv->cfg; }
+
+/* ---- page storage ------------------------------------------------------- */
+
+void *kv_half_alloc(const struct kv_cache *kv, enum quant_type t)
+{
+    size_t n = kv_half_bytes(&kv->cfg, t);
+    n = (n + PAGE_ALIGN - 1) / PAGE_ALIGN * PAGE_ALIGN;
+    void *p = aligned_alloc(PAGE_ALIGN, n);
+    if (p)
+        memset(p, 0, n); /* unwritten rows read as zeros, never as garbage */
+    return p;
+}
+
+static ks_status reserve_slot(struct kv_cache *kv, int32_t *id_out)
+{
+    if (kv->n_free_slots > 0) {
+        *id_out = kv->free_slots[--kv->n_free_slots];
+        return KS_OK;
+    }
+    if (kv->n_page_slots == kv->cap_page_slots) {
+        int32_t cap = kv->cap_page_slots ? kv->cap_page_slots * 2 : 64;
+        struct kv_page *p = realloc(kv->pages, (size_t)cap * sizeof *p);
+        int32_t *f = realloc(kv->free_slots, (size_t)cap * sizeof *f);
+        if (p)
+            kv->pages = p;
+        if (f)
+            kv->free_slots = f;
+        if (!p || !f)
+            return ks_fail(KS_ERR_NOMEM, "kv cache: out of host memory for page metadata");
+        kv->cap_page_slots = kv->cap_free_slots = cap;
+    }
+    *id_out = kv->n_page_slots++;
+    memset(&kv->pages[*id_out], 0, sizeof kv->pages[0]);
+    return KS_OK;
+}
+
+static void release_slot(struct kv_cache *kv, int32_t id)
+{
+    kv->free_slots[kv->n_free_slots++] = id;
+}
+
+/* A page of the start precision with ref 1; the caller has checked the budget. */
+static ks_status page_new(struct kv_cache *kv, enum quant_type tk, enum quant_type tv, int32_t *id_out)
+{
+    int32_t id = -1;
+    ks_status st = reserve_slot(kv, &id);
+    if (st)
+        return st;
+    struct kv_page *pg = &kv->pages[id];
+    pg->k = kv_half_alloc(kv, tk);
+    pg->v = kv_half_alloc(kv, tv);
+    if (!pg->k || !pg->v) {
+        free(pg->k);
+        free(pg->v);
+        pg->k = pg->v = NULL;
+        release_slot(kv, id);
+        return ks_fail(KS_ERR_NOMEM, "kv cache: out of host memory for a page");
+    }
+    pg->tk = tk;
+    pg->tv = tv;
+    pg->ref = 1;
+    pg->birth = kv->next_birth++;
+    pg->has_hash = false;
+    kv->used += kv_page_bytes(&kv->cfg, tk, tv);
+    kv->n_live_pages++;
+    *id_out = id;
+    return KS_OK;
+}
+
+static void page_unref(struct kv_cache *kv, int32_t id)
+{
+    struct kv_page *pg = &kv->pages[id];
+    assert(pg->ref > 0);
+    if (--pg->ref > 0)
+        return;
+    size_t bytes = kv_page_bytes(&kv->cfg, pg->tk, pg->tv);
+    assert(kv->used >= bytes);
+    kv->used -= bytes;
+    kv->n_live_pages--;
+    free(pg->k);
+    free(pg->v);
+    pg->k = pg->v = NULL;
+    release_slot(kv, id);
+}
+
+/* ---- sequences ------------------------------------------------------------ */
+
+static bool seq_valid(const struct kv_cache *kv, int32_t seq)
+{
+    return seq >= 0 && seq < kv->n_seq_slots && kv->seqs[seq].live;
+}
+
+static ks_status seq_not_found(int32_t seq)
+{
+    return ks_fail(KS_ERR_NOT_FOUND, "kv cache: sequence %d does not exist", (int)seq);
+}
+
+ks_status kv_seq_create(struct kv_cache *kv, int32_t *seq_out)
+{
+    for (int32_t s = 0; s < kv->n_seq_slots; s++)
+        if (!kv->seqs[s].live) {
+            memset(&kv->seqs[s], 0, sizeof kv->seqs[s]);
+            kv->seqs[s].live = true;
+            *seq_out = s;
+            return KS_OK;
+        }
+    if (kv->n_seq_slots >= MAX_SEQS)
+        return ks_fail(KS_ERR_RANGE, "kv cache: more than %d live sequences", MAX_SEQS);
+    int32_t n = kv->n_seq_slots ? kv->n_seq_slots * 2 : 8;
+    struct kv_seq *s = realloc(kv->seqs, (size_t)n * sizeof *s);
+    if (!s)
+        return ks_fail(KS_ERR_NOMEM, "kv cache: out of host memory for sequences");
+    memset(s + kv->n_seq_slots, 0, (size_t)(n - kv->n_seq_slots) * sizeof *s);
+    kv->seqs = s;
+    int32_t id = kv->n_seq_slots;
+    kv->n_seq_slots = n;
+    kv->seqs[id].live = true;
+    *seq_out = id;
+    return KS_OK;
+}
+
+static void seq_drop_pages(struct kv_cache *kv, struct kv_seq *s, int32_t keep_pages)
+{
+    while (s->n_pages > keep_pages)
+        page_unref(kv, s->pages[--s->n_pages]);
+}
+
+void kv_seq_free(struct kv_cache *kv, int32_t seq)
+{
+    if (!seq_valid(kv, seq))
+        return;
+    struct kv_seq *s = &kv->seqs[seq];
+    seq_drop_pages(kv, s, 0);
+    free(s->pages);
+    memset(s, 0, sizeof *s);
+}
+
+int32_t kv_seq_len(const struct kv_cache *kv, int32_t seq)
+{
+    return seq_valid(kv, seq) ? kv->seqs[seq].len : 0;
+}
+
+int32_t kv_seq_id_limit(const struct kv_cache *kv) { return kv->n_seq_slots; }
+
+static ks_status seq_reserve_table(struct kv_seq *s, int32_t n_pages)
+{
+    if (n_pages <= s->cap_pages)
+        return KS_OK;
+    int32_t cap = s->cap_pages ? s->cap_pages : 8;
+    while (cap < n_pages)
+        cap *= 2;
+    int32_t *p = realloc(s->pages, (size_t)cap * sizeof *p);
+    if (!p)
+        return ks_fail(KS_ERR_NOMEM, "kv cache: out of host memory for a page table");
+    s->pages = p;
+    s->cap_pages = cap;
+    return KS_OK;
+}
+
+ks_status kv_seq_grow(struct kv_cache *kv, int32_t seq, int32_t n_tokens)
+{
+    if (!seq_valid(kv, seq))
+        return seq_not_found(seq);
+    struct kv_seq *s = &kv->seqs[seq];
+    if (n_tokens < 0 || (int64_t)s->len + n_tokens > INT32_MAX - kv->cfg.page_tokens)
+        return ks_fail(KS_ERR_RANGE, "kv cache: cannot grow sequence %d of %d tokens by %d", (int)seq, (int)s->len,
+                       (int)n_tokens);
+    int32_t len = s->len + n_tokens;
+    int32_t need = (len + kv->cfg.page_tokens - 1) >> kv->page_shift;
+    int32_t add = need - s->n_pages;
+    ks_status st = seq_reserve_table(s, need);
+    if (st)
+        return st;
+    if (add > 0) {
+        size_t bytes = (size_t)add * kv_page_bytes(&kv->cfg, kv->cfg.type_k, kv->cfg.type_v);
+        /* the policy may requantize pages of this very sequence; s stays valid
+         * because it only touches pages, never page tables */
+        if ((st = kv_policy_make_room(kv, bytes)))
+            return st;
+    }
+    int32_t first = s->n_pages;
+    for (int32_t i = 0; i < add; i++) {
+        int32_t id = -1;
+        if ((st = page_new(kv, kv->cfg.type_k, kv->cfg.type_v, &id))) {
+            seq_drop_pages(kv, s, first);
+            return st;
+        }
+        s->pages[s->n_pages++] = id;
+    }
+    s->len = len;
+    return KS_OK;
+}
+
+ks_status kv_seq_truncate(struct kv_cache *kv, int32_t seq, int32_t len)
+{
+    if (!seq_valid(kv, seq))
+        return seq_not_found(seq);
+    struct kv_seq *s = &kv->seqs[seq];
+    if (len < 0 || len > s->len)
+        return ks_fail(KS_ERR_RANGE, "kv cache: cannot truncate sequence %d of %d tokens to %d", (int)seq,
+                       (int)s->len, (int)len);
+    seq_drop_pages(kv, s, (len + kv->cfg.page_tokens - 1) >> kv->page_shift);
+    s->len = len;
+    return KS_OK;
+}
+
+ks_status kv_seq_fork(struct kv_cache *kv, int32_t src, int32_t *seq_out)
+{
+    if (!seq_valid(kv, src))
+        return seq_not_found(src);
+    int32_t id = -1;
+    ks_status st = kv_seq_create(kv, &id);
+    if (st)
+        return st;
+    struct kv_seq *from = &kv->seqs[src], *to = &kv->seqs[id];
+    if ((st = seq_reserve_table(to, from->n_pages))) {
+        kv_seq_free(kv, id);
+        return st;
+    }
+    for (int32_t i = 0; i < from->n_pages; i++) {
+        to->pages[i] = from->pages[i];
+        kv->pages[from->pages[i]].ref++;
+    }
+    to->n_pages = from->n_pages;
+    to->len = from->len;
+    *seq_out = id;
+    return KS_OK;
+}
+
+/* ---- writing tokens --------------------------------------------------------- */
+
+/* Give seq its own copy of a shared page before writing into it. */
+static ks_status page_make_private(struct kv_cache *kv, struct kv_seq *s, int32_t idx)
+{
+    int32_t old = s->pages[idx];
+    if (kv->pages[old].ref == 1)
+        return KS_OK;
+    enum quant_type tk = kv->pages[old].tk, tv = kv->pages[old].tv;
+    size_t bytes = kv_page_bytes(&kv->cfg, tk, tv);
+    ks_status st = kv_policy_make_room(kv, bytes);
+    if (st)
+        return st;
+    int32_t id = -1;
+    if ((st = page_new(kv, tk, tv, &id)))
+        return st;
+    memcpy(kv->pages[id].k, kv->pages[old].k, kv_half_bytes(&kv->cfg, tk));
+    memcpy(kv->pages[id].v, kv->pages[old].v, kv_half_bytes(&kv->cfg, tv));
+    kv->pages[old].ref--;
+    s->pages[idx] = id;
+    return KS_OK;
+}
+
+ks_status kv_write(struct kv_cache *kv, int layer, int32_t seq, int32_t pos, const float *k, const float *v)
+{
+    if (!seq_valid(kv, seq))
+        return seq_not_found(seq);
+    struct kv_seq *s = &kv->seqs[seq];
+    const struct kv_config *c = &kv->cfg;
+    if (layer < 0 || layer >= c->n_layer)
+        return ks_fail(KS_ERR_RANGE, "kv_write: layer %d out of [0, %d)", layer, c->n_layer);
+    if (pos < 0 || pos >= s->len)
+        return ks_fail(KS_ERR_RANGE, "kv_write: position %d outside sequence %d of %d tokens (grow it first)",
+                       (int)pos, (int)seq, (int)s->len);
+    int32_t idx = pos >> kv->page_shift, t = pos & (c->page_tokens - 1);
+    assert(idx < s->n_pages);
+    ks_status st = page_make_private(kv, s, idx);
+    if (st)
+        return st;
+    struct kv_page *pg = &kv->pages[s->pages[idx]];
+    pg->has_hash = false;
+    const float *src[2] = {k, v};
+    void *half[2] = {pg->k, pg->v};
+    enum quant_type type[2] = {pg->tk, pg->tv};
+    for (int kind = 0; kind < 2; kind++) {
+        size_t rb = kv_row_bytes(type[kind], c->head_dim);
+        for (int h = 0; h < c->n_kv_head; h++) {
+            const float *x = src[kind] + (size_t)h * c->head_dim;
+            if (c->rotate) {
+                memcpy(kv->scratch, x, (size_t)c->head_dim * sizeof(float));
+                kv_rotate(kv->scratch, c->head_dim);
+                x = kv->scratch;
+            }
+            uint8_t *row = (uint8_t *)kv_page_rows(kv, half[kind], type[kind], layer, h) + (size_t)t * rb;
+            kv_row_store(type[kind], x, row, c->head_dim);
+        }
+    }
+    return KS_OK;
+}
+
+/* ---- invariants --------------------------------------------------------- */
+
+ks_status kv_check(const struct kv_cache *kv)
+{
+    const struct kv_config *c = &kv->cfg;
+    int32_t *refs = calloc((size_t)kv->n_page_slots + 1, sizeof *refs);
+    if (!refs)
+        return ks_fail(KS_ERR_NOMEM, "kv_check: out of host memory");
+    ks_status st = KS_OK;
+    for (int32_t q = 0; q < kv->n_seq_slots && !st; q++) {
+        const struct kv_seq *s = &kv->seqs[q];
+        if (!s->live)
+            continue;
+        if (s->n_pages != (s->len + c->page_tokens - 1) >> kv->page_shift)
+            st = ks_fail(KS_ERR_INTERNAL, "kv: sequence %d has %d tokens but %d pages", (int)q, (int)s->len,
+                         (int)s->n_pages);
+        for (int32_t i = 0; i < s->n_pages && !st; i++) {
+            int32_t id = s->pages[i];
+            if (id < 0 || id >= kv->n_page_slots || kv->pages[id].ref <= 0)
+                st = ks_fail(KS_ERR_INTERNAL, "kv: sequence %d page %d is %d, not a live page", (int)q, (int)i,
+                             (int)id);
+            else
+                refs[id]++;
+        }
+    }
+    size_t used = 0;
+    int32_t live = 0;
+    for (int32_t id = 0; id < kv->n_page_slots && !st; id++) {
+        const struct kv_page *pg = &kv->pages[id];
+        if (pg->ref != refs[id])
+            st = ks_fail(KS_ERR_INTERNAL, "kv: page %d has ref %d but %d tables hold it", (int)id, (int)pg->ref,
+                         (int)refs[id]);
+        else if (pg->ref > 0) {
+            live++;
+            used += kv_page_bytes(c, pg->tk, pg->tv);
+            if (!pg->k || !pg->v)
+                st = ks_fail(KS_ERR_INTERNAL, "kv: live page %d has no storage", (int)id);
+        }
+    }
+    if (!st && (used != kv->used || live != kv->n_live_pages))
+        st = ks_fail(KS_ERR_INTERNAL, "kv: accounting says %zu bytes in %d pages, pages hold %zu in %d", kv->used,
+                     (int)kv->n_live_pages, used, (int)live);
+    if (!st && live + kv->n_free_slots != kv->n_page_slots)
+        st = ks_fail(KS_ERR_INTERNAL, "kv: %d live + %d free page slots != %d", (int)live, (int)kv->n_free_slots,
+                     (int)kv->n_page_slots);
+    if (!st && kv->used > c->mem_budget)
+        st = ks_fail(KS_ERR_INTERNAL, "kv: %zu bytes used over a budget of %zu", kv->used, c->mem_budget);
+    free(refs);
+    return st;
+}

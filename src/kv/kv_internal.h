@@ -1,0 +1,105 @@
+/* kv internals shared with the attn module (the only reader of pages).
+ *
+ * Page storage: K and V are separate allocations so that one half can be
+ * requantized alone. Each half is laid out
+ *     [layer][kv_head][token < P][row of head_dim in the half's type]
+ * so that attention over one (layer, KV head) streams P contiguous rows. Rows
+ * are stored after the Walsh-Hadamard rotation when cfg.rotate is set. */
+#ifndef KS_KV_INTERNAL_H
+#define KS_KV_INTERNAL_H
+
+#include <stdint.h>
+
+#include "kv/kv.h"
+
+struct kv_page {
+    void *k, *v;             /* storage, NULL for a free slot */
+    enum quant_type tk, tv;
+    int32_t ref;             /* sequences whose table holds this page; 0 = free */
+    uint64_t birth;          /* allocation order: the dynamic policy demotes oldest first */
+    uint64_t hash;           /* content hash slot for prefix sharing; valid if has_hash */
+    bool has_hash;
+};
+
+struct kv_seq {
+    bool live;
+    int32_t len;
+    int32_t n_pages, cap_pages;
+    int32_t *pages;          /* (n_pages) page ids, token t lives in pages[t / P] */
+};
+
+struct kv_cache {
+    struct kv_config cfg;
+    int page_shift;          /* log2(P) */
+    size_t used;             /* bytes of page storage, exact */
+
+    struct kv_page *pages;   /* (n_page_slots) */
+    int32_t n_page_slots, cap_page_slots;
+    int32_t *free_slots;     /* (n_free_slots) ids of slots with ref 0 */
+    int32_t n_free_slots, cap_free_slots;
+    int32_t n_live_pages;
+    uint64_t next_birth;
+
+    struct kv_seq *seqs;     /* (n_seq_slots) */
+    int32_t n_seq_slots;
+
+    int64_t demotions, demotion_passes;
+    float *scratch;          /* (head_dim) rotation scratch for kv_write */
+};
+
+/* Bytes of one stored row of head_dim values. */
+static inline size_t kv_row_bytes(enum quant_type t, int head_dim)
+{
+    switch (t) {
+    case QUANT_F32: return (size_t)head_dim * 4;
+    case QUANT_F16: return (size_t)head_dim * 2;
+    case QUANT_Q8_0: return (size_t)(head_dim / QK8_0) * sizeof(block_q8_0);
+    case QUANT_Q4_0: return (size_t)(head_dim / QK4_0) * sizeof(block_q4_0);
+    default: return 0;
+    }
+}
+
+/* First row of (layer, kv head) in one half of a page; rows follow with
+ * stride kv_row_bytes(). */
+static inline const uint8_t *kv_page_rows(const struct kv_cache *kv, const void *half,
+                                          enum quant_type t, int layer, int head)
+{
+    size_t rb = kv_row_bytes(t, kv->cfg.head_dim);
+    size_t run = (size_t)kv->cfg.page_tokens * rb;
+    return (const uint8_t *)half + ((size_t)layer * (size_t)kv->cfg.n_kv_head + (size_t)head) * run;
+}
+
+/* ---- pool helpers, kv.c --------------------------------------------------- */
+
+/* KS_ERR_INVALID_ARG unless t is a KV type usable with this head_dim. */
+ks_status kv_check_type(const struct kv_config *cfg, enum quant_type t, const char *what);
+size_t kv_half_bytes(const struct kv_config *cfg, enum quant_type t);
+/* Zeroed storage for one half of a page; NULL when the host is out of memory. */
+void *kv_half_alloc(const struct kv_cache *kv, enum quant_type t);
+
+/* ---- policy, kv_policy.c ---------------------------------------------------- */
+
+/* Make room for an allocation of bytes: the static policy only checks the
+ * budget; the dynamic one, when used + bytes crosses the high watermark,
+ * demotes the oldest demotable pages until used + bytes is under the low
+ * watermark or nothing is left to demote. KS_ERR_KV_FULL when used + bytes
+ * still exceeds the budget. */
+ks_status kv_policy_make_room(struct kv_cache *kv, size_t bytes);
+
+/* Convert the halves of n pages (ids) to tk / tv (KV_TYPE_KEEP: unchanged),
+ * all or nothing: new storage for every page is allocated before any page
+ * changes. The caller has checked types and the budget. */
+ks_status kv_convert_pages(struct kv_cache *kv, const int32_t *ids, int32_t n, enum quant_type tk,
+                           enum quant_type tv);
+
+/* ---- rows: rotation and (de)quantization, kv_rows.c -------------------- */
+
+/* Normalized Walsh-Hadamard transform in place over blocks of the largest
+ * power of two dividing n (n itself when n is a power of two). Orthogonal and
+ * its own inverse, so dot products are unchanged. */
+void kv_rotate(float *x, int n);
+/* Store n f32 values as one row of type t, and back. */
+void kv_row_store(enum quant_type t, const float *x, void *row, int n);
+void kv_row_load(enum quant_type t, const void *row, float *x, int n);
+
+#endif

@@ -1,0 +1,105 @@
+/* Precision policy. Static: every page keeps the start precision and a full
+ * budget is KS_ERR_KV_FULL. Dynamic: as usage crosses the high watermark,
+ * the oldest pages outside each sequence's sinks and hot window step down,
+ * V before K and one precision level at a time (V q8_0, K q8_0, V q4_0,
+ * K q4_0), never below the floor, until usage is under the low watermark. */
+#include <stdlib.h>
+
+#include "kv/kv_internal.h"
+
+struct demotion_stage {
+    bool is_k;
+    enum quant_type to;
+};
+
+static const struct demotion_stage STAGES[] = {
+    {false, QUANT_Q8_0},
+    {true, QUANT_Q8_0},
+    {false, QUANT_Q4_0},
+    {true, QUANT_Q4_0},
+};
+
+struct candidate {
+    uint64_t birth;
+    int32_t id;
+};
+
+static int by_birth(const void *a, const void *b)
+{
+    uint64_t x = ((const struct candidate *)a)->birth, y = ((const struct candidate *)b)->birth;
+    return (x > y) - (x < y);
+}
+
+/* Pages outside every holder's sinks and hot window, oldest first. */
+static int32_t collect_candidates(const struct kv_cache *kv, struct candidate *out, uint8_t *protect)
+{
+    const struct kv_config *c = &kv->cfg;
+    for (int32_t q = 0; q < kv->n_seq_slots; q++) {
+        const struct kv_seq *s = &kv->seqs[q];
+        for (int32_t i = 0; s->live && i < s->n_pages; i++) {
+            int64_t first = (int64_t)i * c->page_tokens, end = first + c->page_tokens;
+            if (first < c->sink_tokens || end > (int64_t)s->len - c->hot_tokens)
+                protect[s->pages[i]] = 1;
+        }
+    }
+    int32_t n = 0;
+    for (int32_t id = 0; id < kv->n_page_slots; id++)
+        if (kv->pages[id].ref > 0 && !protect[id])
+            out[n++] = (struct candidate){kv->pages[id].birth, id};
+    qsort(out, (size_t)n, sizeof *out, by_birth);
+    return n;
+}
+
+static bool stage_allowed(const struct kv_config *c, const struct demotion_stage *st)
+{
+    return kv_type_index(st->to) <= kv_type_index(c->floor) && kv_check_type(c, st->to, "") == KS_OK;
+}
+
+/* Demote until used + bytes <= goal; false if it ran out of candidates. */
+static ks_status demote(struct kv_cache *kv, size_t bytes, size_t goal)
+{
+    struct candidate *cand = malloc(((size_t)kv->n_page_slots + 1) * sizeof *cand);
+    uint8_t *protect = calloc((size_t)kv->n_page_slots + 1, 1);
+    if (!cand || !protect) {
+        free(cand);
+        free(protect);
+        return ks_fail(KS_ERR_NOMEM, "kv policy: out of host memory");
+    }
+    int32_t n = collect_candidates(kv, cand, protect);
+    ks_status st = KS_OK;
+    kv->demotion_passes++;
+    for (size_t s = 0; s < sizeof STAGES / sizeof STAGES[0] && kv->used + bytes > goal && !st; s++) {
+        if (!stage_allowed(&kv->cfg, &STAGES[s]))
+            continue;
+        for (int32_t i = 0; i < n && kv->used + bytes > goal && !st; i++) {
+            const struct kv_page *pg = &kv->pages[cand[i].id];
+            enum quant_type have = STAGES[s].is_k ? pg->tk : pg->tv;
+            if (kv_type_index(have) >= kv_type_index(STAGES[s].to))
+                continue;
+            st = kv_convert_pages(kv, &cand[i].id, 1, STAGES[s].is_k ? STAGES[s].to : KV_TYPE_KEEP,
+                                  STAGES[s].is_k ? KV_TYPE_KEEP : STAGES[s].to);
+            if (!st)
+                kv->demotions++;
+        }
+    }
+    free(cand);
+    free(protect);
+    return st;
+}
+
+ks_status kv_policy_make_room(struct kv_cache *kv, size_t bytes)
+{
+    const struct kv_config *c = &kv->cfg;
+    if (c->policy == KV_POLICY_DYNAMIC && kv->used + bytes > (size_t)((double)c->high_watermark * c->mem_budget)) {
+        ks_status st = demote(kv, bytes, (size_t)((double)c->low_watermark * c->mem_budget));
+        if (st)
+            return st;
+    }
+    if (kv->used + bytes > c->mem_budget)
+        return ks_fail(KS_ERR_KV_FULL,
+                       "out of KV memory: %zu more bytes needed, %zu of %zu used%s (raise --kv-mem%s)", bytes,
+                       kv->used, c->mem_budget,
+                       c->policy == KV_POLICY_DYNAMIC ? " with every demotable page at the floor" : "",
+                       c->policy == KV_POLICY_DYNAMIC ? "" : " or use --kv-policy dynamic");
+    return KS_OK;
+}

@@ -1,0 +1,162 @@
+/* Live requantization: convert pages between f32/f16/q8_0/q4_0 in place.
+ * Rows are stored rotated whatever their type, so a conversion is a plain
+ * dequantize + quantize of each row. */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kv/kv_internal.h"
+
+static void convert_half(const struct kv_cache *kv, const void *src, enum quant_type ts, void *dst,
+                         enum quant_type td, float *row)
+{
+    const struct kv_config *c = &kv->cfg;
+    size_t n_rows = (size_t)c->n_layer * (size_t)c->n_kv_head * (size_t)c->page_tokens;
+    size_t rs = kv_row_bytes(ts, c->head_dim), rd = kv_row_bytes(td, c->head_dim);
+    for (size_t r = 0; r < n_rows; r++) {
+        kv_row_load(ts, (const uint8_t *)src + r * rs, row, c->head_dim);
+        kv_row_store(td, row, (uint8_t *)dst + r * rd, c->head_dim);
+    }
+}
+
+static enum quant_type target(enum quant_type want, enum quant_type have)
+{
+    return want == KV_TYPE_KEEP ? have : want;
+}
+
+ks_status kv_convert_pages(struct kv_cache *kv, const int32_t *ids, int32_t n, enum quant_type tk,
+                           enum quant_type tv)
+{
+    void **fresh = calloc((size_t)n * 2 + 1, sizeof *fresh);
+    float *row = malloc((size_t)kv->cfg.head_dim * sizeof *row);
+    ks_status st = KS_OK;
+    if (!fresh || !row)
+        st = ks_fail(KS_ERR_NOMEM, "kv requantize: out of host memory");
+    /* allocate everything first so that a failure changes nothing */
+    for (int32_t i = 0; i < n && !st; i++) {
+        const struct kv_page *pg = &kv->pages[ids[i]];
+        enum quant_type nk = target(tk, pg->tk), nv = target(tv, pg->tv);
+        if (nk != pg->tk && !(fresh[2 * i] = kv_half_alloc(kv, nk)))
+            st = ks_fail(KS_ERR_NOMEM, "kv requantize: out of host memory for new page storage");
+        if (!st && nv != pg->tv && !(fresh[2 * i + 1] = kv_half_alloc(kv, nv)))
+            st = ks_fail(KS_ERR_NOMEM, "kv requantize: out of host memory for new page storage");
+    }
+    if (st) {
+        for (int32_t i = 0; fresh && i < 2 * n; i++)
+            free(fresh[i]);
+        free(fresh);
+        free(row);
+        return st;
+    }
+    for (int32_t i = 0; i < n; i++) {
+        struct kv_page *pg = &kv->pages[ids[i]];
+        size_t before = kv_page_bytes(&kv->cfg, pg->tk, pg->tv);
+        if (fresh[2 * i]) {
+            enum quant_type nk = target(tk, pg->tk);
+            convert_half(kv, pg->k, pg->tk, fresh[2 * i], nk, row);
+            free(pg->k);
+            pg->k = fresh[2 * i];
+            pg->tk = nk;
+        }
+        if (fresh[2 * i + 1]) {
+            enum quant_type nv = target(tv, pg->tv);
+            convert_half(kv, pg->v, pg->tv, fresh[2 * i + 1], nv, row);
+            free(pg->v);
+            pg->v = fresh[2 * i + 1];
+            pg->tv = nv;
+        }
+        pg->has_hash = false;
+        kv->used = kv->used - before + kv_page_bytes(&kv->cfg, pg->tk, pg->tv);
+    }
+    free(fresh);
+    free(row);
+    return KS_OK;
+}
+
+static bool page_selected(const struct kv_cache *kv, const struct kv_selector *sel, int32_t seq, int32_t idx)
+{
+    const struct kv_seq *s = &kv->seqs[seq];
+    switch (sel->kind) {
+    case KV_SELECT_ALL: return true;
+    case KV_SELECT_SEQ: return seq == sel->seq;
+    case KV_SELECT_OLDER_THAN:
+        return (int64_t)(idx + 1) * kv->cfg.page_tokens <= (int64_t)s->len - sel->keep_recent;
+    }
+    return false;
+}
+
+static ks_status check_request(const struct kv_cache *kv, const struct kv_selector *sel, enum quant_type tk,
+                               enum quant_type tv)
+{
+    ks_status st;
+    if (tk != KV_TYPE_KEEP && (st = kv_check_type(&kv->cfg, tk, "kv requantize: K type")))
+        return st;
+    if (tv != KV_TYPE_KEEP && (st = kv_check_type(&kv->cfg, tv, "kv requantize: V type")))
+        return st;
+    if (!sel)
+        return ks_fail(KS_ERR_INVALID_ARG, "kv requantize: no selector");
+    if (sel->kind == KV_SELECT_SEQ &&
+        (sel->seq < 0 || sel->seq >= kv->n_seq_slots || !kv->seqs[sel->seq].live))
+        return ks_fail(KS_ERR_NOT_FOUND, "kv requantize: sequence %d does not exist", (int)sel->seq);
+    if (sel->kind == KV_SELECT_OLDER_THAN && sel->keep_recent < 0)
+        return ks_fail(KS_ERR_INVALID_ARG, "kv requantize: keep_recent must not be negative");
+    if (sel->kind != KV_SELECT_ALL && sel->kind != KV_SELECT_SEQ && sel->kind != KV_SELECT_OLDER_THAN)
+        return ks_fail(KS_ERR_INVALID_ARG, "kv requantize: unknown selector kind %d", (int)sel->kind);
+    return KS_OK;
+}
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+ks_status kv_requantize(struct kv_cache *kv, const struct kv_selector *sel, enum quant_type type_k,
+                        enum quant_type type_v, bool dry_run, struct kv_requant_result *result)
+{
+    struct kv_requant_result r = {.bytes_before = kv->used};
+    ks_status st = check_request(kv, sel, type_k, type_v);
+    if (st)
+        return st;
+    uint8_t *mark = calloc((size_t)kv->n_page_slots + 1, 1);
+    int32_t *ids = malloc(((size_t)kv->n_page_slots + 1) * sizeof *ids);
+    if (!mark || !ids) {
+        free(mark);
+        free(ids);
+        return ks_fail(KS_ERR_NOMEM, "kv requantize: out of host memory");
+    }
+    size_t after = kv->used;
+    int32_t n_change = 0;
+    for (int32_t q = 0; q < kv->n_seq_slots; q++) {
+        const struct kv_seq *s = &kv->seqs[q];
+        for (int32_t i = 0; s->live && i < s->n_pages; i++) {
+            int32_t id = s->pages[i];
+            if (mark[id] || !page_selected(kv, sel, q, i))
+                continue;
+            mark[id] = 1;
+            r.pages_selected++;
+            const struct kv_page *pg = &kv->pages[id];
+            enum quant_type nk = target(type_k, pg->tk), nv = target(type_v, pg->tv);
+            if (nk == pg->tk && nv == pg->tv)
+                continue;
+            ids[n_change++] = id;
+            after = after - kv_page_bytes(&kv->cfg, pg->tk, pg->tv) + kv_page_bytes(&kv->cfg, nk, nv);
+        }
+    }
+    r.pages_changed = n_change;
+    r.bytes_after = after;
+    if (after > kv->cfg.mem_budget)
+        st = ks_fail(KS_ERR_KV_FULL, "kv requantize: the result needs %zu bytes, over the KV budget of %zu bytes",
+                     after, kv->cfg.mem_budget);
+    else if (!dry_run && n_change > 0) {
+        double t0 = now_ms();
+        st = kv_convert_pages(kv, ids, n_change, type_k, type_v);
+        r.ms = now_ms() - t0;
+    }
+    free(mark);
+    free(ids);
+    if (result) /* filled on KS_ERR_KV_FULL too: it says how much was missing */
+        *result = r;
+    return st;
+}

@@ -1,0 +1,126 @@
+/* kv_usage and kv_fit: what the cache holds and what still fits. */
+#include <string.h>
+
+#include "kv/kv_internal.h"
+
+void kv_usage(const struct kv_cache *kv, struct kv_usage *out)
+{
+    memset(out, 0, sizeof *out);
+    const struct kv_config *c = &kv->cfg;
+    out->budget = c->mem_budget;
+    out->used = kv->used;
+    out->free = c->mem_budget - kv->used;
+    out->n_pages = kv->n_live_pages;
+    out->demotions = kv->demotions;
+    out->demotion_passes = kv->demotion_passes;
+    for (int32_t id = 0; id < kv->n_page_slots; id++) {
+        const struct kv_page *pg = &kv->pages[id];
+        if (pg->ref <= 0)
+            continue;
+        out->pages_k[kv_type_index(pg->tk)]++;
+        out->pages_v[kv_type_index(pg->tv)]++;
+    }
+    for (int32_t q = 0; q < kv->n_seq_slots; q++) {
+        const struct kv_seq *s = &kv->seqs[q];
+        if (!s->live)
+            continue;
+        out->n_seqs++;
+        out->n_tokens += s->len;
+        for (int32_t i = 0; i < s->n_pages; i++) {
+            const struct kv_page *pg = &kv->pages[s->pages[i]];
+            int32_t in_page = s->len - i * c->page_tokens;
+            in_page = in_page < c->page_tokens ? in_page : c->page_tokens;
+            out->tokens_k[kv_type_index(pg->tk)] += in_page;
+            out->tokens_v[kv_type_index(pg->tv)] += in_page;
+        }
+    }
+}
+
+ks_status kv_seq_usage(const struct kv_cache *kv, int32_t seq, struct kv_seq_usage *out)
+{
+    memset(out, 0, sizeof *out);
+    if (seq < 0 || seq >= kv->n_seq_slots || !kv->seqs[seq].live)
+        return ks_fail(KS_ERR_NOT_FOUND, "kv cache: sequence %d does not exist", (int)seq);
+    const struct kv_seq *s = &kv->seqs[seq];
+    out->len = s->len;
+    out->n_pages = s->n_pages;
+    for (int32_t i = 0; i < s->n_pages; i++) {
+        const struct kv_page *pg = &kv->pages[s->pages[i]];
+        out->bytes += kv_page_bytes(&kv->cfg, pg->tk, pg->tv);
+        out->pages_k[kv_type_index(pg->tk)]++;
+        out->pages_v[kv_type_index(pg->tv)]++;
+    }
+    return KS_OK;
+}
+
+/* The lower of two precisions (higher kv_type_index). */
+static enum quant_type lower(enum quant_type a, enum quant_type b)
+{
+    return kv_type_index(a) >= kv_type_index(b) ? a : b;
+}
+
+static bool floor_usable(const struct kv_config *c)
+{
+    return kv_check_type(c, c->floor, "") == KS_OK;
+}
+
+/* Fit for `avail` free bytes plus `reclaim` bytes that demoting existing
+ * pages would free. */
+static void fit_bytes(const struct kv_config *c, size_t avail, size_t reclaim, struct kv_fit *out)
+{
+    int64_t P = c->page_tokens;
+    for (int i = 0; i < KV_N_TYPES; i++) {
+        enum quant_type t = kv_type_at(i);
+        out->tokens[i] = kv_check_type(c, t, "") == KS_OK ? (int64_t)(avail / kv_page_bytes(c, t, t)) * P : -1;
+    }
+    size_t start = kv_page_bytes(c, c->type_k, c->type_v);
+    out->start = (int64_t)(avail / start) * P;
+    if (!floor_usable(c)) {
+        out->dynamic = out->start;
+        return;
+    }
+    size_t fl = kv_page_bytes(c, lower(c->type_k, c->floor), lower(c->type_v, c->floor));
+    /* the new sequence's sink pages and hot window stay at the start precision */
+    int64_t protect = (c->sink_tokens + P - 1) / P + (c->hot_tokens + P - 1) / P + 1;
+    size_t total = avail + reclaim;
+    if (total <= (size_t)protect * start)
+        out->dynamic = (int64_t)(total / start) * P;
+    else
+        out->dynamic = protect * P + (int64_t)((total - (size_t)protect * start) / fl) * P;
+}
+
+void kv_fit(const struct kv_cache *kv, struct kv_fit *out)
+{
+    const struct kv_config *c = &kv->cfg;
+    size_t reclaim = 0;
+    if (floor_usable(c)) {
+        /* every page outside its sequence's sinks and hot window could drop to the floor */
+        for (int32_t q = 0; q < kv->n_seq_slots; q++) {
+            const struct kv_seq *s = &kv->seqs[q];
+            for (int32_t i = 0; s->live && i < s->n_pages; i++) {
+                int64_t first = (int64_t)i * c->page_tokens, end = first + c->page_tokens;
+                if (first < c->sink_tokens || end > (int64_t)s->len - c->hot_tokens)
+                    continue;
+                const struct kv_page *pg = &kv->pages[s->pages[i]];
+                if (pg->ref != 1)
+                    continue;
+                size_t now = kv_page_bytes(c, pg->tk, pg->tv);
+                size_t low = kv_page_bytes(c, lower(pg->tk, c->floor), lower(pg->tv, c->floor));
+                reclaim += now - low;
+            }
+        }
+    }
+    fit_bytes(c, c->mem_budget - kv->used, reclaim, out);
+}
+
+ks_status kv_fit_config(const struct kv_config *cfg, struct kv_fit *out)
+{
+    memset(out, 0, sizeof *out);
+    if (cfg->n_layer <= 0 || cfg->n_kv_head <= 0 || cfg->head_dim <= 0 || cfg->page_tokens <= 0)
+        return ks_fail(KS_ERR_INVALID_ARG, "kv fit: the model shape and page size must be positive");
+    ks_status st;
+    if ((st = kv_check_type(cfg, cfg->type_k, "--cache-type-k")) || (st = kv_check_type(cfg, cfg->type_v, "--cache-type-v")))
+        return st;
+    fit_bytes(cfg, cfg->mem_budget, 0, out);
+    return KS_OK;
+}

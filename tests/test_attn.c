@@ -1,0 +1,231 @@
+/* attn_forward over paged KV vs a naive f32 attention over a contiguous copy
+ * of the unrotated, unquantized K/V. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "attn/attn.h"
+#include "attn/attn_internal.h"
+
+struct fixture {
+    int n_layer, n_kv, n_head, dim, P;
+    int n_seq;
+    int32_t seq[4];
+    int32_t len[4];
+    float *k[4], *v[4]; /* per sequence: (n_layer, len, n_kv, dim) */
+};
+
+static uint64_t rng = 88172645463325252ull;
+static float frand(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (float)((rng >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
+}
+
+/* Keys with a few outlier channels, the case rotation is for. */
+static float sample_k(int e) { return frand() * (e % 16 == 3 ? 8.0f : 1.0f); }
+
+static struct kv_cache *make_cache(struct fixture *f, enum quant_type tk, enum quant_type tv, bool rotate,
+                                   const int32_t *lens, int n_seq)
+{
+    struct kv_config cfg;
+    kv_config_default(&cfg);
+    cfg.n_layer = f->n_layer;
+    cfg.n_kv_head = f->n_kv;
+    cfg.head_dim = f->dim;
+    cfg.page_tokens = f->P;
+    cfg.type_k = tk;
+    cfg.type_v = tv;
+    cfg.rotate = rotate;
+    cfg.mem_budget = (size_t)1 << 30;
+    struct kv_cache *kv;
+    assert_int_equal(kv_create(&cfg, &kv), KS_OK);
+    f->n_seq = n_seq;
+    for (int s = 0; s < n_seq; s++) {
+        assert_int_equal(kv_seq_create(kv, &f->seq[s]), KS_OK);
+        f->len[s] = lens[s];
+        assert_int_equal(kv_seq_grow(kv, f->seq[s], lens[s]), KS_OK);
+        size_t n = (size_t)f->n_layer * lens[s] * f->n_kv * f->dim;
+        f->k[s] = malloc(n * sizeof(float));
+        f->v[s] = malloc(n * sizeof(float));
+        for (size_t i = 0; i < n; i++) {
+            f->k[s][i] = sample_k((int)(i % f->dim));
+            f->v[s][i] = frand();
+        }
+        for (int l = 0; l < f->n_layer; l++)
+            for (int p = 0; p < lens[s]; p++) {
+                size_t off = (((size_t)l * lens[s] + p) * f->n_kv) * f->dim;
+                assert_int_equal(kv_write(kv, l, f->seq[s], p, f->k[s] + off, f->v[s] + off), KS_OK);
+            }
+    }
+    assert_int_equal(kv_check(kv), KS_OK);
+    return kv;
+}
+
+static void free_fixture(struct fixture *f)
+{
+    for (int s = 0; s < f->n_seq; s++) {
+        free(f->k[s]);
+        free(f->v[s]);
+    }
+}
+
+/* The obviously correct twin: double-precision softmax per query head. */
+static void naive_attention(const struct fixture *f, int layer, int s, int pos, const float *q, float *out,
+                            float scale)
+{
+    int group = f->n_head / f->n_kv;
+    double *w = malloc((size_t)(pos + 1) * sizeof *w);
+    for (int h = 0; h < f->n_head; h++) {
+        int kvh = h / group;
+        const float *qh = q + (size_t)h * f->dim;
+        double mx = -INFINITY, sum = 0.0;
+        for (int p = 0; p <= pos; p++) {
+            const float *k = f->k[s] + (((size_t)layer * f->len[s] + p) * f->n_kv + kvh) * f->dim;
+            double d = 0.0;
+            for (int e = 0; e < f->dim; e++)
+                d += (double)qh[e] * k[e];
+            w[p] = d * scale;
+            mx = w[p] > mx ? w[p] : mx;
+        }
+        for (int p = 0; p <= pos; p++)
+            sum += (w[p] = exp(w[p] - mx));
+        for (int e = 0; e < f->dim; e++) {
+            double acc = 0.0;
+            for (int p = 0; p <= pos; p++)
+                acc += w[p] * f->v[s][(((size_t)layer * f->len[s] + p) * f->n_kv + kvh) * f->dim + e];
+            out[(size_t)h * f->dim + e] = (float)(acc / sum);
+        }
+    }
+    free(w);
+}
+
+struct run_stats {
+    double max_abs, rms;
+};
+
+/* Queries: every sequence's last position (decode) plus, for sequence 0, a
+ * run of consecutive positions (prefill tile with the causal mask). */
+static struct run_stats run_case(struct fixture *f, struct kv_cache *kv, threads_pool *pool, int layer)
+{
+    struct attn_query qs[64];
+    int nq = 0;
+    for (int s = 0; s < f->n_seq; s++)
+        qs[nq++] = (struct attn_query){f->seq[s], f->len[s] - 1};
+    for (int p = 0; p < f->len[0] && nq < 40; p += 1 + f->len[0] / 24)
+        qs[nq++] = (struct attn_query){f->seq[0], p};
+    size_t w = (size_t)f->n_head * f->dim;
+    float *q = malloc(nq * w * sizeof(float)), *out = malloc(nq * w * sizeof(float));
+    float *ref = malloc(w * sizeof(float));
+    for (size_t i = 0; i < nq * w; i++)
+        q[i] = frand();
+    float scale = 1.0f / sqrtf((float)f->dim);
+    assert_int_equal(attn_forward(pool, kv, layer, qs, nq, q, out, f->n_head, scale), KS_OK);
+    struct run_stats rs = {0, 0};
+    double sq = 0.0;
+    for (int i = 0; i < nq; i++) {
+        int s = 0;
+        while (f->seq[s] != qs[i].seq)
+            s++;
+        naive_attention(f, layer, s, qs[i].pos, q + i * w, ref, scale);
+        for (size_t e = 0; e < w; e++) {
+            double d = fabs((double)out[i * w + e] - ref[e]);
+            rs.max_abs = d > rs.max_abs ? d : rs.max_abs;
+            sq += d * d;
+        }
+    }
+    rs.rms = sqrt(sq / (nq * w));
+    free(q);
+    free(out);
+    free(ref);
+    return rs;
+}
+
+static const enum quant_type TYPES[] = {QUANT_F32, QUANT_F16, QUANT_Q8_0, QUANT_Q4_0};
+
+/* Stated error bounds on this data (q and v uniform in [-1, 1], keys with
+ * outlier channels up to 8, scale 1/sqrt(dim)), per half: the bound of a
+ * K/V pair is the sum of its halves'. A naive f32 attention is the reference. */
+struct bounds {
+    double max_abs, rms;
+};
+static struct bounds bound(enum quant_type t)
+{
+    switch (t) {
+    case QUANT_F32: return (struct bounds){5e-6, 5e-6};
+    case QUANT_F16: return (struct bounds){2e-3, 3e-4};
+    case QUANT_Q8_0: return (struct bounds){2.5e-2, 3e-3};
+    default: return (struct bounds){0.25, 0.025};
+    }
+}
+
+static void check_all_types(int dim, int n_head, int n_kv, int P, bool rotate, threads_pool *pool,
+                            const struct attn_kernels *k)
+{
+    attn_set_kernels(k);
+    int32_t lens[3] = {150, 37, 1};
+    for (int a = 0; a < 4; a++)
+        for (int b = 0; b < 4; b++) {
+            if (dim % 32 && (a >= 2 || b >= 2))
+                continue;
+            struct fixture f = {.n_layer = 2, .n_kv = n_kv, .n_head = n_head, .dim = dim, .P = P};
+            struct kv_cache *kv = make_cache(&f, TYPES[a], TYPES[b], rotate, lens, 3);
+            struct run_stats rs = run_case(&f, kv, pool, 1);
+            double lim = bound(TYPES[a]).max_abs + bound(TYPES[b]).max_abs;
+            double lim_rms = bound(TYPES[a]).rms + bound(TYPES[b]).rms;
+            if (getenv("ATTN_TEST_VERBOSE"))
+                print_message("%s K=%s V=%s dim %d rotate %d: max %.3g rms %.3g\n", k ? k->isa : "best",
+                              quant_type_name(TYPES[a]), quant_type_name(TYPES[b]), dim, rotate, rs.max_abs, rs.rms);
+            if (rs.max_abs > lim || rs.rms > lim_rms)
+                fail_msg("%s K=%s V=%s dim %d rotate %d: error max %g rms %g, bounds %g %g", k ? k->isa : "best",
+                         quant_type_name(TYPES[a]), quant_type_name(TYPES[b]), dim, rotate, rs.max_abs, rs.rms, lim,
+                         lim_rms);
+            kv_free(kv);
+            free_fixture(&f);
+        }
+    attn_set_kernels(NULL);
+}
+
+static void test_f32_f16_small_head(void **state)
+{
+    (void)state;
+    check_all_types(8, 8, 4, 16, true, NULL, NULL);
+    check_all_types(8, 8, 4, 16, false, NULL, attn_kernels_scalar());
+}
+
+static void test_all_types_scalar(void **state)
+{
+    (void)state;
+    check_all_types(64, 4, 2, 32, true, NULL, attn_kernels_scalar());
+    check_all_types(64, 4, 2, 32, false, NULL, attn_kernels_scalar());
+}
+
+static void test_all_types_best_threads(void **state)
+{
+    (void)state;
+    threads_pool *pool;
+    assert_int_equal(threads_create(2, &pool), KS_OK);
+    check_all_types(128, 8, 2, 16, true, pool, NULL);
+    check_all_types(64, 4, 4, 64, false, pool, NULL);
+    check_all_types(32, 12, 4, 32, true, pool, NULL);
+    threads_free(pool);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_f32_f16_small_head),
+        cmocka_unit_test(test_all_types_scalar),
+        cmocka_unit_test(test_all_types_best_threads),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
