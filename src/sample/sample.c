@@ -1,0 +1,509 @@
+/* sample: penalties, truncation (top-k, top-p, min-p) and a seeded draw.
+ *
+ * Nothing here sorts the whole vocabulary per token: top-k keeps a k-element
+ * heap over one pass of the logits, min-p is a threshold scan, and top-p
+ * buckets candidates by probability and sorts only the bucket where the
+ * cumulative probability crosses p. Ties between equal logits go to the lower token id
+ * everywhere, so results never depend on the order of a partition. */
+#include <assert.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sample/sample.h"
+#include "sample/sample_internal.h"
+
+/* Above this k, selecting with a heap costs more than a quickselect. */
+#define SAMPLE_HEAP_MAX_K 2048
+/* Chunk of the direct (untruncated) draw; matches no other constant. */
+#define SAMPLE_DRAW_CHUNK 1024
+
+struct cand {
+    float logit;
+    int32_t id;
+};
+
+struct sampler {
+    struct sample_params p;
+    int32_t n_vocab;
+    uint64_t rng[4];
+    float *work;       /* (n_vocab) penalized logits of the current step */
+    int32_t *counts;   /* (n_vocab) occurrences in the penalty window; all 0 between calls */
+    struct cand *cands; /* (n_vocab) candidate set of the current step */
+};
+
+/* ---- random numbers: xoshiro256**, seeded by splitmix64 ----------------- */
+
+static uint64_t splitmix64(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t rotl(uint64_t x, int k)
+{
+    return (x << k) | (x >> (64 - k));
+}
+
+static uint64_t xoshiro_next(uint64_t s[4])
+{
+    uint64_t result = rotl(s[1] * 5, 7) * 9;
+    uint64_t t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return result;
+}
+
+/* Uniform in [0, 1) with 53 random bits. */
+static double uniform01(struct sampler *s)
+{
+    return (double)(xoshiro_next(s->rng) >> 11) * 0x1.0p-53;
+}
+
+/* ---- parameters ---------------------------------------------------------- */
+
+void sample_params_default(struct sample_params *p)
+{
+    memset(p, 0, sizeof *p);
+    p->temp = 0.8f;
+    p->top_k = 40;
+    p->top_p = 0.95f;
+    p->min_p = 0.05f;
+    p->repeat_penalty = 1.0f;
+    p->repeat_last_n = 64;
+    p->presence_penalty = 0.0f;
+    p->frequency_penalty = 0.0f;
+    p->seed = 0xC0FFEE;
+    p->n_logprobs = 0;
+}
+
+static ks_status check_params(const struct sample_params *p, int32_t n_vocab)
+{
+    if (n_vocab <= 0)
+        return ks_fail(KS_ERR_INVALID_ARG, "sampler: n_vocab %d must be positive", (int)n_vocab);
+    if (!isfinite(p->temp))
+        return ks_fail(KS_ERR_INVALID_ARG, "sampler: temp must be a finite number");
+    if (!(p->top_p >= 0.0f && p->top_p <= 1.0f))
+        return ks_fail(KS_ERR_INVALID_ARG, "sampler: top_p %g is outside [0, 1]", (double)p->top_p);
+    if (!(p->min_p >= 0.0f && p->min_p <= 1.0f))
+        return ks_fail(KS_ERR_INVALID_ARG, "sampler: min_p %g is outside [0, 1]", (double)p->min_p);
+    if (!(p->repeat_penalty > 0.0f) || !isfinite(p->repeat_penalty))
+        return ks_fail(KS_ERR_INVALID_ARG, "sampler: repeat_penalty %g must be a positive number",
+                       (double)p->repeat_penalty);
+    if (p->repeat_last_n < -1)
+        return ks_fail(KS_ERR_INVALID_ARG, "sampler: repeat_last_n %d must be -1 (all), 0 (off) or positive",
+                       p->repeat_last_n);
+    if (!isfinite(p->presence_penalty))
+        return ks_fail(KS_ERR_INVALID_ARG, "sampler: presence_penalty must be a finite number");
+    if (!isfinite(p->frequency_penalty))
+        return ks_fail(KS_ERR_INVALID_ARG, "sampler: frequency_penalty must be a finite number");
+    if (p->n_logprobs < 0 || p->n_logprobs > SAMPLE_MAX_LOGPROBS)
+        return ks_fail(KS_ERR_INVALID_ARG, "sampler: n_logprobs %d is outside [0, %d]", p->n_logprobs,
+                       SAMPLE_MAX_LOGPROBS);
+    return KS_OK;
+}
+
+ks_status sample_create(const struct sample_params *p, int32_t n_vocab, struct sampler **out)
+{
+    if (!p || !out)
+        return ks_fail(KS_ERR_INVALID_ARG, "sample_create: NULL argument");
+    ks_status st = check_params(p, n_vocab);
+    if (st)
+        return st;
+    struct sampler *s = calloc(1, sizeof *s);
+    if (!s)
+        return ks_fail(KS_ERR_NOMEM, "sampler: out of memory");
+    s->p = *p;
+    s->n_vocab = n_vocab;
+    s->work = malloc((size_t)n_vocab * sizeof *s->work);
+    s->counts = calloc((size_t)n_vocab, sizeof *s->counts);
+    s->cands = malloc((size_t)n_vocab * sizeof *s->cands);
+    if (!s->work || !s->counts || !s->cands) {
+        sample_free(s);
+        return ks_fail(KS_ERR_NOMEM, "sampler: out of memory for a vocabulary of %d", (int)n_vocab);
+    }
+    uint64_t x = p->seed;
+    for (int i = 0; i < 4; i++)
+        s->rng[i] = splitmix64(&x);
+    *out = s;
+    return KS_OK;
+}
+
+void sample_free(struct sampler *s)
+{
+    if (!s)
+        return;
+    free(s->work);
+    free(s->counts);
+    free(s->cands);
+    free(s);
+}
+
+/* ---- penalties ----------------------------------------------------------- */
+
+static bool penalties_active(const struct sample_params *p)
+{
+    return p->repeat_last_n != 0 &&
+           (p->repeat_penalty != 1.0f || p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f);
+}
+
+/* Penalize each distinct token of the window once, by its count there. */
+static ks_status apply_penalties(struct sampler *s, const int32_t *history, int32_t n_history)
+{
+    const struct sample_params *p = &s->p;
+    int32_t n = p->repeat_last_n < 0 || p->repeat_last_n > n_history ? n_history : p->repeat_last_n;
+    const int32_t *win = history + (n_history - n);
+    for (int32_t i = 0; i < n; i++)
+        if (win[i] < 0 || win[i] >= s->n_vocab)
+            return ks_fail(KS_ERR_RANGE, "sampler: history token %d at index %d is outside the vocabulary (%d)",
+                           (int)win[i], (int)(n_history - n + i), (int)s->n_vocab);
+    for (int32_t i = 0; i < n; i++)
+        s->counts[win[i]]++;
+    for (int32_t i = 0; i < n; i++) {
+        int32_t t = win[i], c = s->counts[t];
+        if (c == 0)
+            continue;
+        float l = s->work[t];
+        l = l <= 0.0f ? l * p->repeat_penalty : l / p->repeat_penalty;
+        s->work[t] = l - (float)c * p->frequency_penalty - p->presence_penalty;
+        s->counts[t] = 0;
+    }
+    return KS_OK;
+}
+
+/* ---- selection ----------------------------------------------------------- */
+
+static bool better(struct cand a, struct cand b)
+{
+    return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
+}
+
+static int cmp_better_first(const void *pa, const void *pb)
+{
+    struct cand a = *(const struct cand *)pa, b = *(const struct cand *)pb;
+    return better(a, b) ? -1 : better(b, a) ? 1 : 0;
+}
+
+static void swap_cand(struct cand *a, struct cand *b)
+{
+    struct cand t = *a;
+    *a = *b;
+    *b = t;
+}
+
+/* Min-heap on "better": the root is the worst of the kept set. */
+static void heap_sift_down(struct cand *h, int32_t k, int32_t i)
+{
+    for (;;) {
+        int32_t l = 2 * i + 1, r = l + 1, w = i;
+        if (l < k && better(h[w], h[l]))
+            w = l;
+        if (r < k && better(h[w], h[r]))
+            w = r;
+        if (w == i)
+            return;
+        swap_cand(&h[i], &h[w]);
+        i = w;
+    }
+}
+
+static void heap_offer(struct cand *h, int32_t k, float logit, int32_t id)
+{
+    /* a later equal logit has a larger id, so only strictly greater wins */
+    if (logit > h[0].logit) {
+        h[0] = (struct cand){logit, id};
+        heap_sift_down(h, k, 0);
+    }
+}
+
+/* The best k of x[0..n) into out[0..k), in no particular order. Blocks with
+ * nothing above the current k-th best are skipped with one vector compare. */
+static void select_heap(const float *x, int32_t n, int32_t k, struct cand *out)
+{
+    enum { BLOCK = 16 };
+    for (int32_t i = 0; i < k; i++)
+        out[i] = (struct cand){x[i], i};
+    for (int32_t i = k / 2 - 1; i >= 0; i--)
+        heap_sift_down(out, k, i);
+    int32_t i = k;
+    for (; i + BLOCK <= n; i += BLOCK) {
+        float thr = out[0].logit;
+        int any = 0;
+        for (int j = 0; j < BLOCK; j++)
+            any |= x[i + j] > thr;
+        if (any)
+            for (int j = 0; j < BLOCK; j++)
+                heap_offer(out, k, x[i + j], i + j);
+    }
+    for (; i < n; i++)
+        heap_offer(out, k, x[i], i);
+}
+
+/* Reorder c[0..n) so that c[0..k) are the best k (quickselect). */
+static void select_partition(struct cand *c, int32_t n, int32_t k)
+{
+    int32_t lo = 0, hi = n - 1;
+    while (lo < hi) {
+        int32_t mid = lo + (hi - lo) / 2;
+        /* median of three into c[hi] as the pivot */
+        if (better(c[mid], c[lo]))
+            swap_cand(&c[mid], &c[lo]);
+        if (better(c[hi], c[lo]))
+            swap_cand(&c[hi], &c[lo]);
+        if (better(c[mid], c[hi]))
+            swap_cand(&c[mid], &c[hi]);
+        struct cand pivot = c[hi];
+        int32_t store = lo;
+        for (int32_t i = lo; i < hi; i++)
+            if (better(c[i], pivot))
+                swap_cand(&c[i], &c[store++]);
+        swap_cand(&c[store], &c[hi]);
+        if (store == k - 1 || store == k)
+            return;
+        if (store < k)
+            lo = store + 1;
+        else
+            hi = store - 1;
+    }
+}
+
+/* The best k of x[0..n) into out[0..k) (k <= n), in no particular order. */
+static void select_top(const float *x, int32_t n, int32_t k, struct cand *out)
+{
+    if (k <= SAMPLE_HEAP_MAX_K && k < n) {
+        select_heap(x, n, k, out);
+        return;
+    }
+    for (int32_t i = 0; i < n; i++)
+        out[i] = (struct cand){x[i], i};
+    if (k < n)
+        select_partition(out, n, k);
+}
+
+/* ---- truncation and the draw -------------------------------------------- */
+
+struct temp_scale {
+    float max;     /* the largest penalized logit */
+    float inv_temp;
+};
+
+static float weight(struct temp_scale ts, float logit)
+{
+    return sample_expf((logit - ts.max) * ts.inv_temp);
+}
+
+/* Tokens with p >= min_p * p_max, i.e. logit >= max + temp * ln(min_p). */
+static int32_t filter_min_p(struct cand *c, int32_t n, float min_p, struct temp_scale ts)
+{
+    float thr = ts.max + logf(min_p) / ts.inv_temp;
+    int32_t kept = 0;
+    for (int32_t i = 0; i < n; i++)
+        if (c[i].logit >= thr)
+            c[kept++] = c[i];
+    return kept > 0 ? kept : 1;
+}
+
+/* Top-p over more candidates than this buckets them instead of sorting. */
+#define SAMPLE_TOP_P_SORT_MAX 1024
+/* Buckets by (max - logit) / temp, 1/16 nat wide; the last takes the rest. */
+#define SAMPLE_TOP_P_BUCKETS 1024
+#define SAMPLE_TOP_P_BUCKET_SCALE 16.0f
+
+/* Within sorted c[0..n), the shortest prefix whose mass (normalized by z)
+ * reaches top_p, continuing from mass cum; n if none does. */
+static int32_t top_p_prefix(const struct cand *c, int32_t n, double cum, float top_p, double z,
+                            struct temp_scale ts)
+{
+    for (int32_t i = 0; i < n; i++) {
+        cum += weight(ts, c[i].logit) / z;
+        if (cum >= top_p)
+            return i + 1;
+    }
+    return n;
+}
+
+static int32_t bucket_of(struct temp_scale ts, float logit)
+{
+    float d = (ts.max - logit) * ts.inv_temp * SAMPLE_TOP_P_BUCKET_SCALE;
+    return d < (float)(SAMPLE_TOP_P_BUCKETS - 1) ? (int32_t)d : SAMPLE_TOP_P_BUCKETS - 1;
+}
+
+/* Keep the shortest best-first prefix whose mass (normalized by z, the sum
+ * over the top-k set) reaches top_p. Many candidates are first bucketed by
+ * probability: whole buckets above the crossing are kept unsorted and only
+ * the bucket where the mass crosses top_p is sorted. */
+static int32_t truncate_top_p(struct cand *c, int32_t n, float top_p, double z, struct temp_scale ts)
+{
+    if (n <= SAMPLE_TOP_P_SORT_MAX) {
+        qsort(c, (size_t)n, sizeof *c, cmp_better_first);
+        return top_p_prefix(c, n, 0.0, top_p, z, ts);
+    }
+    static_assert(SAMPLE_TOP_P_BUCKETS <= 4096, "bucket table lives on the stack");
+    double mass[SAMPLE_TOP_P_BUCKETS] = {0};
+    for (int32_t i = 0; i < n; i++)
+        mass[bucket_of(ts, c[i].logit)] += weight(ts, c[i].logit);
+    int32_t cross = SAMPLE_TOP_P_BUCKETS - 1;
+    double cum = 0.0;
+    for (int32_t b = 0; b < SAMPLE_TOP_P_BUCKETS; b++) {
+        if (cum + mass[b] / z >= top_p) {
+            cross = b;
+            break;
+        }
+        cum += mass[b] / z;
+    }
+    /* order: buckets above the crossing, then the crossing bucket */
+    int32_t above = 0;
+    for (int32_t i = 0; i < n; i++)
+        if (bucket_of(ts, c[i].logit) < cross)
+            swap_cand(&c[i], &c[above++]);
+    int32_t in_cross = above;
+    for (int32_t i = above; i < n; i++)
+        if (bucket_of(ts, c[i].logit) == cross)
+            swap_cand(&c[i], &c[in_cross++]);
+    qsort(c + above, (size_t)(in_cross - above), sizeof *c, cmp_better_first);
+    return above + top_p_prefix(c + above, in_cross - above, cum, top_p, z, ts);
+}
+
+static int32_t draw_from(struct sampler *s, const struct cand *c, int32_t n, struct temp_scale ts)
+{
+    double total = 0.0;
+    for (int32_t i = 0; i < n; i++)
+        total += weight(ts, c[i].logit);
+    double target = uniform01(s) * total, cum = 0.0;
+    int32_t last = c[0].id;
+    for (int32_t i = 0; i < n; i++) {
+        float w = weight(ts, c[i].logit);
+        if (w <= 0.0f)
+            continue;
+        cum += w;
+        last = c[i].id;
+        if (target < cum)
+            return c[i].id;
+    }
+    return last; /* rounding left target at the very top */
+}
+
+/* Untruncated: a draw over the whole vocabulary, chunk sums first. */
+static int32_t draw_full(struct sampler *s, struct temp_scale ts)
+{
+    const float *x = s->work;
+    int32_t n = s->n_vocab;
+    double total = sample_sum_exp(x, n, ts.max, ts.inv_temp);
+    double target = uniform01(s) * total, cum = 0.0;
+    int32_t last = sample_argmax(x, n);
+    for (int32_t i = 0; i < n; i += SAMPLE_DRAW_CHUNK) {
+        int32_t len = n - i < SAMPLE_DRAW_CHUNK ? n - i : SAMPLE_DRAW_CHUNK;
+        double chunk = sample_sum_exp(x + i, len, ts.max, ts.inv_temp);
+        if (target >= cum + chunk) {
+            cum += chunk;
+            continue;
+        }
+        for (int32_t j = i; j < i + len; j++) {
+            float w = weight(ts, x[j]);
+            if (w <= 0.0f)
+                continue;
+            cum += w;
+            last = j;
+            if (target < cum)
+                return j;
+        }
+    }
+    return last;
+}
+
+static int32_t sample_stochastic(struct sampler *s, float max)
+{
+    const struct sample_params *p = &s->p;
+    int32_t n = s->n_vocab;
+    struct temp_scale ts = {max, 1.0f / p->temp};
+    bool top_k = p->top_k > 0 && p->top_k < n;
+    bool top_p = p->top_p < 1.0f;
+    bool min_p = p->min_p > 0.0f;
+    if (!top_k && !top_p && !min_p)
+        return draw_full(s, ts);
+
+    int32_t k = top_k ? p->top_k : n;
+    double z = 0.0; /* top-p normalizes over the top-k set, before min-p */
+    if (top_k) {
+        select_top(s->work, n, k, s->cands);
+        if (top_p)
+            for (int32_t i = 0; i < k; i++)
+                z += weight(ts, s->cands[i].logit);
+    } else {
+        if (top_p)
+            z = sample_sum_exp(s->work, n, ts.max, ts.inv_temp);
+        if (min_p) {
+            /* fold the threshold scan into building the candidate list */
+            float thr = ts.max + logf(p->min_p) / ts.inv_temp;
+            k = 0;
+            for (int32_t i = 0; i < n; i++)
+                if (s->work[i] >= thr)
+                    s->cands[k++] = (struct cand){s->work[i], i};
+        } else {
+            select_top(s->work, n, n, s->cands);
+        }
+    }
+    if (min_p)
+        k = filter_min_p(s->cands, k, p->min_p, ts);
+    if (top_p)
+        k = truncate_top_p(s->cands, k, p->top_p, z, ts);
+    return draw_from(s, s->cands, k, ts);
+}
+
+/* ---- logprobs ------------------------------------------------------------ */
+
+static void fill_logprobs(struct sampler *s, float max, struct sample_result *out)
+{
+    float lse = max + (float)log(sample_sum_exp(s->work, s->n_vocab, max, 1.0f));
+    out->logprob = s->work[out->token] - lse;
+    int32_t n_top = s->p.n_logprobs < s->n_vocab ? s->p.n_logprobs : s->n_vocab;
+    out->n_top = n_top;
+    if (n_top == 0)
+        return;
+    struct cand top[SAMPLE_MAX_LOGPROBS];
+    select_top(s->work, s->n_vocab, n_top, n_top < s->n_vocab ? top : s->cands);
+    const struct cand *src = n_top < s->n_vocab ? top : s->cands;
+    struct cand sorted[SAMPLE_MAX_LOGPROBS];
+    memcpy(sorted, src, (size_t)n_top * sizeof *sorted);
+    qsort(sorted, (size_t)n_top, sizeof *sorted, cmp_better_first);
+    for (int32_t i = 0; i < n_top; i++)
+        out->top[i] = (struct sample_logprob){sorted[i].id, sorted[i].logit - lse};
+}
+
+/* ---- the step ------------------------------------------------------------ */
+
+ks_status sample_next(struct sampler *s, const float *logits, const int32_t *history,
+                      int32_t n_history, struct sample_result *out)
+{
+    if (!s || !logits || !out)
+        return ks_fail(KS_ERR_INVALID_ARG, "sample_next: NULL argument");
+    if (n_history < 0 || (n_history > 0 && !history))
+        return ks_fail(KS_ERR_INVALID_ARG, "sample_next: history of %d tokens with %s pointer",
+                       (int)n_history, history ? "a" : "a NULL");
+    memcpy(s->work, logits, (size_t)s->n_vocab * sizeof *s->work);
+    if (penalties_active(&s->p) && n_history > 0) {
+        ks_status st = apply_penalties(s, history, n_history);
+        if (st)
+            return st;
+    }
+    float max;
+    int32_t argmax;
+    if (!sample_max_index(s->work, s->n_vocab, &argmax, &max))
+        return ks_fail(KS_ERR_RANGE, "sampler: the logits contain NaN or +inf");
+    if (max == -INFINITY)
+        return ks_fail(KS_ERR_RANGE, "sampler: every logit is -inf");
+
+    memset(out, 0, sizeof *out);
+    if (s->p.temp <= 0.0f)
+        out->token = argmax;
+    else
+        out->token = sample_stochastic(s, max);
+    fill_logprobs(s, max, out);
+    return KS_OK;
+}
