@@ -377,6 +377,10 @@ ks_status gguf_writer_write(struct gguf_writer *w, const char *path)
 {
     if (!w || !path)
         return ks_fail(KS_ERR_INVALID_ARG, "gguf_writer_write: NULL argument");
+    uint64_t alignment;
+    ks_status st = writer_alignment(w, &alignment);
+    if (st)
+        return st;
     char tmp[4096];
     if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp%ld", path, (long)getpid()) >= sizeof tmp)
         return ks_fail(KS_ERR_INVALID_ARG, "output path is too long: %s", path);
@@ -384,7 +388,7 @@ ks_status gguf_writer_write(struct gguf_writer *w, const char *path)
     if (!fp)
         return ks_fail(KS_ERR_IO, "cannot create %s: %m", tmp);
     setvbuf(fp, NULL, _IOFBF, 1 << 20);
-    ks_status st = write_stream(w, fp);
+    st = write_stream(w, fp);
     if (fclose(fp) && !st)
         st = ks_fail(KS_ERR_IO, "cannot write %s: %m", tmp);
     if (!st && rename(tmp, path))
