@@ -174,7 +174,7 @@ static void test_rotation_is_orthonormal(void **state)
     (void)state;
     int dims[] = {8, 32, 64, 96, 128};
     for (size_t d = 0; d < sizeof dims / sizeof dims[0]; d++) {
-        float x[128], y[128], z[128];
+        float x[128] = {0}, y[128], z[128];
         for (int i = 0; i < dims[d]; i++)
             x[i] = frand();
         memcpy(y, x, sizeof x);
@@ -233,6 +233,209 @@ static void test_fork_copy_on_write(void **state)
     kv_free(kv);
 }
 
+static struct kv_cache *filled_cache(enum quant_type tk, enum quant_type tv, size_t budget_pages, int32_t *seqs,
+                                     const int32_t *lens, int n_seq)
+{
+    struct kv_config cfg;
+    base_config(&cfg, 64, 1);
+    cfg.type_k = tk;
+    cfg.type_v = tv;
+    cfg.mem_budget = budget_pages * kv_page_bytes(&cfg, tk, tv);
+    struct kv_cache *kv;
+    assert_int_equal(kv_create(&cfg, &kv), KS_OK);
+    for (int i = 0; i < n_seq; i++) {
+        assert_int_equal(kv_seq_create(kv, &seqs[i]), KS_OK);
+        assert_int_equal(kv_seq_grow(kv, seqs[i], lens[i]), KS_OK);
+        fill(kv, seqs[i], 0, lens[i]);
+    }
+    return kv;
+}
+
+static void test_requantize_dry_run_and_real(void **state)
+{
+    (void)state;
+    int32_t seqs[2], lens[2] = {100, 50}; /* 4 + 2 pages */
+    struct kv_cache *kv = filled_cache(QUANT_F16, QUANT_F16, 16, seqs, lens, 2);
+    const struct kv_config *c = kv_get_config(kv);
+    size_t f16 = kv_page_bytes(c, QUANT_F16, QUANT_F16), q8q4 = kv_page_bytes(c, QUANT_Q8_0, QUANT_Q4_0);
+    float before[64], after[64];
+    read_row(kv, seqs[0], 1, 1, 10, true, before);
+
+    struct kv_selector all = {.kind = KV_SELECT_ALL};
+    struct kv_requant_result r;
+    assert_int_equal(kv_requantize(kv, &all, QUANT_Q8_0, QUANT_Q4_0, true, &r), KS_OK);
+    assert_int_equal(r.bytes_before, 6 * f16);
+    assert_int_equal(r.bytes_after, 6 * q8q4);
+    assert_int_equal(r.pages_changed, 6);
+    struct kv_usage u;
+    kv_usage(kv, &u);
+    assert_int_equal(u.used, 6 * f16); /* a dry run changes nothing */
+    assert_int_equal(u.pages_k[kv_type_index(QUANT_F16)], 6);
+
+    struct kv_selector older = {.kind = KV_SELECT_OLDER_THAN, .keep_recent = 40};
+    assert_int_equal(kv_requantize(kv, &older, QUANT_Q8_0, KV_TYPE_KEEP, false, &r), KS_OK);
+    /* seq 0 (100 tokens): pages ending at <= 60 -> page 0 (32); seq 1 (50): ending <= 10 -> none */
+    assert_int_equal(r.pages_changed, 1);
+    assert_int_equal(r.bytes_after, 5 * f16 + kv_page_bytes(c, QUANT_Q8_0, QUANT_F16));
+    kv_usage(kv, &u);
+    assert_int_equal(u.used, r.bytes_after);
+    assert_int_equal(u.pages_k[kv_type_index(QUANT_Q8_0)], 1);
+    assert_int_equal(u.pages_v[kv_type_index(QUANT_F16)], 6);
+    read_row(kv, seqs[0], 1, 1, 10, true, after);
+    for (int i = 0; i < 64; i++)
+        assert_float_equal(after[i], before[i], 0.02);
+
+    struct kv_selector one = {.kind = KV_SELECT_SEQ, .seq = seqs[1]};
+    assert_int_equal(kv_requantize(kv, &one, QUANT_Q4_0, QUANT_Q4_0, false, &r), KS_OK);
+    assert_int_equal(r.pages_changed, 2);
+    struct kv_seq_usage su;
+    assert_int_equal(kv_seq_usage(kv, seqs[1], &su), KS_OK);
+    assert_int_equal(su.pages_k[kv_type_index(QUANT_Q4_0)], 2);
+    assert_int_equal(su.bytes, 2 * kv_page_bytes(c, QUANT_Q4_0, QUANT_Q4_0));
+    /* and back up to f16 */
+    assert_int_equal(kv_requantize(kv, &all, QUANT_F16, QUANT_F16, false, &r), KS_OK);
+    assert_int_equal(r.bytes_after, 6 * f16);
+    read_row(kv, seqs[0], 1, 1, 10, true, after);
+    for (int i = 0; i < 64; i++)
+        assert_float_equal(after[i], before[i], 0.02);
+    assert_int_equal(kv_check(kv), KS_OK);
+
+    struct kv_selector missing = {.kind = KV_SELECT_SEQ, .seq = 999};
+    assert_int_equal(kv_requantize(kv, &missing, QUANT_Q8_0, QUANT_Q8_0, false, &r), KS_ERR_NOT_FOUND);
+    assert_int_equal(kv_requantize(kv, &all, QUANT_Q4_K, QUANT_Q8_0, false, &r), KS_ERR_INVALID_ARG);
+    kv_free(kv);
+}
+
+static void test_requantize_failure_leaves_pages(void **state)
+{
+    (void)state;
+    int32_t seqs[1], lens[1] = {128};
+    struct kv_cache *kv = filled_cache(QUANT_Q4_0, QUANT_Q4_0, 5, seqs, lens, 1); /* 4 pages used of 5 */
+    size_t used = kv->used;
+    struct kv_selector all = {.kind = KV_SELECT_ALL};
+    struct kv_requant_result r;
+    assert_int_equal(kv_requantize(kv, &all, QUANT_F16, QUANT_F16, false, &r), KS_ERR_KV_FULL);
+    assert_true(r.bytes_after > kv_get_config(kv)->mem_budget);
+    assert_int_equal(kv->used, used);
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(kv->pages[kv->seqs[seqs[0]].pages[i]].tk, QUANT_Q4_0);
+        assert_int_equal(kv->pages[kv->seqs[seqs[0]].pages[i]].tv, QUANT_Q4_0);
+    }
+    assert_int_equal(kv_check(kv), KS_OK);
+    kv_free(kv);
+
+    /* head_dim 8: quantized types are a clear error */
+    struct kv_config cfg;
+    base_config(&cfg, 8, 1 << 20);
+    assert_int_equal(kv_create(&cfg, &kv), KS_OK);
+    assert_int_equal(kv_requantize(kv, &all, QUANT_Q8_0, KV_TYPE_KEEP, true, &r), KS_ERR_INVALID_ARG);
+    assert_non_null(strstr(ks_errmsg(), "head_dim"));
+    kv_free(kv);
+}
+
+static void test_dynamic_policy_demotes_in_order(void **state)
+{
+    (void)state;
+    struct kv_config cfg;
+    base_config(&cfg, 64, 1);
+    cfg.policy = KV_POLICY_DYNAMIC;
+    cfg.sink_tokens = 32;
+    cfg.hot_tokens = 64;
+    size_t f16 = kv_page_bytes(&cfg, QUANT_F16, QUANT_F16);
+    cfg.mem_budget = 10 * f16;
+    struct kv_cache *kv;
+    assert_int_equal(kv_create(&cfg, &kv), KS_OK);
+    int32_t s;
+    assert_int_equal(kv_seq_create(kv, &s), KS_OK);
+    int32_t len = 0;
+    int steps_v_q8 = 0;
+    struct kv_usage u;
+    /* grow one page at a time until the cache is really full */
+    for (;;) {
+        ks_status st = kv_seq_grow(kv, s, 32);
+        if (st == KS_ERR_KV_FULL)
+            break;
+        assert_int_equal(st, KS_OK);
+        fill(kv, s, len, len + 32);
+        len += 32;
+        assert_int_equal(kv_check(kv), KS_OK);
+        kv_usage(kv, &u);
+        assert_true(u.used <= u.budget);
+        /* V goes to q8_0 before any K is touched */
+        if (u.pages_k[kv_type_index(QUANT_Q8_0)] == 0 && u.pages_v[kv_type_index(QUANT_Q8_0)] > 0)
+            steps_v_q8++;
+        assert_true(len < 10000);
+    }
+    assert_true(steps_v_q8 > 0);
+    kv_usage(kv, &u);
+    int32_t n_pages = len / 32;
+    /* sink page 0 and the 2 hot pages stay f16; everything else reached the floor */
+    assert_int_equal(u.pages_k[kv_type_index(QUANT_Q4_0)], n_pages - 3);
+    assert_int_equal(u.pages_v[kv_type_index(QUANT_Q4_0)], n_pages - 3);
+    assert_int_equal(kv->pages[kv->seqs[s].pages[0]].tk, QUANT_F16);
+    assert_int_equal(kv->pages[kv->seqs[s].pages[n_pages - 1]].tk, QUANT_F16);
+    assert_int_equal(kv->pages[kv->seqs[s].pages[n_pages - 2]].tv, QUANT_F16);
+    assert_true(u.demotions > 0);
+    assert_true(n_pages > 20); /* far more than the 10 pages that fit at f16 */
+    assert_int_equal(kv_seq_len(kv, s), len);
+    kv_free(kv);
+}
+
+static void test_dynamic_policy_head_dim_8_stays_f16(void **state)
+{
+    (void)state;
+    struct kv_config cfg;
+    base_config(&cfg, 8, 1);
+    cfg.policy = KV_POLICY_DYNAMIC;
+    cfg.mem_budget = 4 * kv_page_bytes(&cfg, QUANT_F16, QUANT_F16);
+    struct kv_cache *kv;
+    assert_int_equal(kv_create(&cfg, &kv), KS_OK);
+    int32_t s;
+    assert_int_equal(kv_seq_create(kv, &s), KS_OK);
+    assert_int_equal(kv_seq_grow(kv, s, 4 * 32), KS_OK);
+    assert_int_equal(kv_seq_grow(kv, s, 1), KS_ERR_KV_FULL);
+    struct kv_usage u;
+    kv_usage(kv, &u);
+    assert_int_equal(u.pages_k[kv_type_index(QUANT_F16)], 4);
+    kv_free(kv);
+}
+
+static void test_fit(void **state)
+{
+    (void)state;
+    struct kv_config cfg;
+    base_config(&cfg, 64, 1);
+    size_t f16 = kv_page_bytes(&cfg, QUANT_F16, QUANT_F16);
+    cfg.mem_budget = 100 * f16 + 5;
+    struct kv_fit fit;
+    assert_int_equal(kv_fit_config(&cfg, &fit), KS_OK);
+    assert_int_equal(fit.tokens[kv_type_index(QUANT_F16)], 100 * 32);
+    assert_int_equal(fit.tokens[kv_type_index(QUANT_F32)], 50 * 32);
+    assert_int_equal(fit.tokens[kv_type_index(QUANT_Q8_0)], (int64_t)((100 * f16 + 5) / kv_page_bytes(&cfg, QUANT_Q8_0, QUANT_Q8_0)) * 32);
+    assert_int_equal(fit.tokens[kv_type_index(QUANT_Q4_0)], (int64_t)((100 * f16 + 5) / kv_page_bytes(&cfg, QUANT_Q4_0, QUANT_Q4_0)) * 32);
+    assert_int_equal(fit.start, 100 * 32);
+    assert_true(fit.dynamic > fit.tokens[kv_type_index(QUANT_Q8_0)]);
+    assert_true(fit.dynamic < fit.tokens[kv_type_index(QUANT_Q4_0)]);
+
+    cfg.policy = KV_POLICY_DYNAMIC;
+    struct kv_cache *kv;
+    assert_int_equal(kv_create(&cfg, &kv), KS_OK);
+    int32_t s;
+    assert_int_equal(kv_seq_create(kv, &s), KS_OK);
+    assert_int_equal(kv_seq_grow(kv, s, 32 * 20), KS_OK);
+    kv_fit(kv, &fit);
+    assert_int_equal(fit.tokens[kv_type_index(QUANT_F16)], 80 * 32);
+    /* the dynamic figure counts what demoting the 20 pages would free */
+    struct kv_fit empty;
+    kv_fit_config(&cfg, &empty);
+    assert_true(fit.dynamic > 80 * 32);
+    kv_free(kv);
+    base_config(&cfg, 8, 1 << 20);
+    assert_int_equal(kv_fit_config(&cfg, &fit), KS_OK);
+    assert_int_equal(fit.tokens[kv_type_index(QUANT_Q8_0)], -1);
+    assert_int_equal(fit.dynamic, fit.start);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -242,6 +445,11 @@ int main(void)
         cmocka_unit_test(test_write_rotates_and_roundtrips),
         cmocka_unit_test(test_rotation_is_orthonormal),
         cmocka_unit_test(test_fork_copy_on_write),
+        cmocka_unit_test(test_requantize_dry_run_and_real),
+        cmocka_unit_test(test_requantize_failure_leaves_pages),
+        cmocka_unit_test(test_dynamic_policy_demotes_in_order),
+        cmocka_unit_test(test_dynamic_policy_head_dim_8_stays_f16),
+        cmocka_unit_test(test_fit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
