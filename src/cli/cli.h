@@ -6,5 +6,6 @@
 
 int cli_version(int argc, char **argv);
 int cli_info(int argc, char **argv);
+int cli_synth(int argc, char **argv);
 
 #endif

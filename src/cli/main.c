@@ -14,6 +14,7 @@ struct command {
 static const struct command commands[] = {
     {"version", cli_version, "print the version and the SIMD kernels in use"},
     {"info", cli_info, "print a GGUF file's metadata, tensors and memory needs"},
+    {"synth", cli_synth, "write a deterministic random model of a real architecture's shapes"},
 };
 
 static void usage(FILE *out)
