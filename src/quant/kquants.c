@@ -1,24 +1,52 @@
 #include "quant/kquants.h"
 
-static void fill_one(struct quant_traits *t, const char *name, size_t bytes, enum quant_type dot)
+struct kq_kernels {
+    enum quant_type type;
+    const char *name;
+    size_t bytes;
+    quant_to_float_fn to_float;
+    quant_from_float_fn from_float;
+    quant_vec_dot_fn dot_scalar, dot_best;
+};
+
+/* Best compiled kernel per type: AVX-512 > AVX2 > scalar. */
+#if defined(KQ_HAVE_AVX512)
+#define KQ_BEST(t) quant_vec_dot_##t##_q8_K_avx512
+#elif defined(KQ_HAVE_AVX2)
+#define KQ_BEST(t) quant_vec_dot_##t##_q8_K_avx2
+#else
+#define KQ_BEST(t) quant_vec_dot_##t##_q8_K_scalar
+#endif
+
+#define KQ_ENTRY(T, t)                                                                           \
+    {QUANT_##T, #t, sizeof(block_##t), quant_dequantize_row_##t, quant_quantize_row_##t,          \
+     quant_vec_dot_##t##_q8_K_scalar, KQ_BEST(t)}
+
+static const struct kq_kernels kq_table[] = {
+    KQ_ENTRY(Q2_K, q2_K), KQ_ENTRY(Q3_K, q3_K), KQ_ENTRY(Q4_K, q4_K),
+    KQ_ENTRY(Q5_K, q5_K), KQ_ENTRY(Q6_K, q6_K),
+    /* Q8_K is the activation type only: no vec_dot of its own. */
+    {QUANT_Q8_K, "q8_K", sizeof(block_q8_K), quant_dequantize_row_q8_K, quant_quantize_row_q8_K,
+     NULL, NULL},
+};
+
+static void fill_one(struct quant_traits *t, const struct kq_kernels *k, quant_vec_dot_fn dot)
 {
-    t->name = name;
+    t->name = k->name;
     t->block_elems = QK_K;
-    t->block_bytes = bytes;
+    t->block_bytes = k->bytes;
     t->is_quantized = true;
-    t->vec_dot_type = dot;
+    t->to_float = k->to_float;
+    t->from_float = k->from_float;
+    t->vec_dot_type = QUANT_Q8_K;
+    t->vec_dot = dot;
 }
 
 void quant_kquants_fill(struct quant_traits *best, struct quant_traits *scalar)
 {
-    struct quant_traits *tables[2] = {best, scalar};
-    for (int i = 0; i < 2; i++) {
-        struct quant_traits *t = tables[i];
-        fill_one(&t[QUANT_Q2_K], "q2_K", sizeof(block_q2_K), QUANT_Q8_K);
-        fill_one(&t[QUANT_Q3_K], "q3_K", sizeof(block_q3_K), QUANT_Q8_K);
-        fill_one(&t[QUANT_Q4_K], "q4_K", sizeof(block_q4_K), QUANT_Q8_K);
-        fill_one(&t[QUANT_Q5_K], "q5_K", sizeof(block_q5_K), QUANT_Q8_K);
-        fill_one(&t[QUANT_Q6_K], "q6_K", sizeof(block_q6_K), QUANT_Q8_K);
-        fill_one(&t[QUANT_Q8_K], "q8_K", sizeof(block_q8_K), QUANT_Q8_K);
+    for (size_t i = 0; i < sizeof kq_table / sizeof kq_table[0]; i++) {
+        const struct kq_kernels *k = &kq_table[i];
+        fill_one(&best[k->type], k, k->dot_best);
+        fill_one(&scalar[k->type], k, k->dot_scalar);
     }
 }

@@ -1,14 +1,171 @@
 /* Internal to the quant module: the k-quant family (Q2_K..Q6_K and the Q8_K
  * activation type), 256-element super-blocks with ggml's exact layouts.
  * quant.c builds its traits tables and asks this file to fill the k-quant
- * entries, so the two halves of the module can evolve separately. */
+ * entries, so the two halves of the module can evolve separately.
+ *
+ * Every function takes a row of n elements, n a multiple of QK_K (256).
+ * Quantizers follow ggml's reference algorithms (quantize_row_*_ref), which
+ * is what llama-quantize runs when no importance matrix is given.
+ *
+ * vec_dot kernels compute *s = dot(x, y) for a row x of the weight type and a
+ * row y of block_q8_K. All integer sums inside a block are exact; the scalar
+ * and SIMD kernels differ only in the order of float additions across blocks
+ * (and within a block's lanes), see tests/test_quant_kquants.c for the bound.
+ * Q8_K rows passed to vec_dot must have bsums consistent with qs (as
+ * quant_quantize_row_q8_K produces): the kernels use them for the min/offset
+ * terms. */
 #ifndef KS_QUANT_KQUANTS_H
 #define KS_QUANT_KQUANTS_H
+
+#include <math.h>
+#include <string.h>
 
 #include "quant/quant.h"
 
 /* Fill entries QUANT_Q2_K..QUANT_Q8_K of both tables (indexed by type id):
  * `best` gets the fastest kernels compiled in, `scalar` the references. */
 void quant_kquants_fill(struct quant_traits *best, struct quant_traits *scalar);
+
+/* ---- scalar reference dequantizers (to_float) ------------------------- */
+void quant_dequantize_row_q2_K(const void *x, float *y, int64_t n);
+void quant_dequantize_row_q3_K(const void *x, float *y, int64_t n);
+void quant_dequantize_row_q4_K(const void *x, float *y, int64_t n);
+void quant_dequantize_row_q5_K(const void *x, float *y, int64_t n);
+void quant_dequantize_row_q6_K(const void *x, float *y, int64_t n);
+void quant_dequantize_row_q8_K(const void *x, float *y, int64_t n);
+
+/* ---- reference quantizers (from_float) -------------------------------- */
+void quant_quantize_row_q2_K(const float *x, void *y, int64_t n);
+void quant_quantize_row_q3_K(const float *x, void *y, int64_t n);
+void quant_quantize_row_q4_K(const float *x, void *y, int64_t n);
+void quant_quantize_row_q5_K(const float *x, void *y, int64_t n);
+void quant_quantize_row_q6_K(const float *x, void *y, int64_t n);
+/* Activations: per block d = -max/127 where max is the signed value of
+ * largest magnitude (ggml's sign convention), qs = round(x/d) clamped to
+ * [-127, 127], bsums = sums of 16 consecutive qs. */
+void quant_quantize_row_q8_K(const float *x, void *y, int64_t n);
+
+/* ---- vec_dot Qn_K . Q8_K ------------------------------------------------ */
+void quant_vec_dot_q2_K_q8_K_scalar(int n, float *s, const void *x, const void *y);
+void quant_vec_dot_q3_K_q8_K_scalar(int n, float *s, const void *x, const void *y);
+void quant_vec_dot_q4_K_q8_K_scalar(int n, float *s, const void *x, const void *y);
+void quant_vec_dot_q5_K_q8_K_scalar(int n, float *s, const void *x, const void *y);
+void quant_vec_dot_q6_K_q8_K_scalar(int n, float *s, const void *x, const void *y);
+
+#if defined(__AVX2__) && defined(__FMA__)
+#define KQ_HAVE_AVX2 1
+void quant_vec_dot_q2_K_q8_K_avx2(int n, float *s, const void *x, const void *y);
+void quant_vec_dot_q3_K_q8_K_avx2(int n, float *s, const void *x, const void *y);
+void quant_vec_dot_q4_K_q8_K_avx2(int n, float *s, const void *x, const void *y);
+void quant_vec_dot_q5_K_q8_K_avx2(int n, float *s, const void *x, const void *y);
+void quant_vec_dot_q6_K_q8_K_avx2(int n, float *s, const void *x, const void *y);
+#endif
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define KQ_HAVE_AVX512 1
+void quant_vec_dot_q2_K_q8_K_avx512(int n, float *s, const void *x, const void *y);
+void quant_vec_dot_q3_K_q8_K_avx512(int n, float *s, const void *x, const void *y);
+void quant_vec_dot_q4_K_q8_K_avx512(int n, float *s, const void *x, const void *y);
+void quant_vec_dot_q5_K_q8_K_avx512(int n, float *s, const void *x, const void *y);
+void quant_vec_dot_q6_K_q8_K_avx512(int n, float *s, const void *x, const void *y);
+#endif
+
+/* ---- helpers shared by the kq_*.c files --------------------------------- */
+
+/* IEEE half <-> float, kept inline here because every kernel converts a
+ * block's d/dmin on the hot path. Same results as quant_f16_to_f32(). */
+#if defined(__F16C__)
+#include <immintrin.h>
+static inline float kq_f16_to_f32(quant_f16 h) { return _cvtsh_ss(h); }
+static inline quant_f16 kq_f32_to_f16(float f)
+{
+    return (quant_f16)_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+#else
+static inline float kq_bits_to_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static inline uint32_t kq_f32_to_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static inline float kq_f16_to_f32(quant_f16 h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+    if (exp == 0x1f)
+        return kq_bits_to_f32(sign | 0x7f800000u | (man << 13));
+    if (exp == 0) { /* zero or subnormal: man * 2^-24 */
+        float v = (float)man * 5.9604644775390625e-8f;
+        return sign ? -v : v;
+    }
+    return kq_bits_to_f32(sign | ((exp + 112) << 23) | (man << 13));
+}
+static inline quant_f16 kq_f32_to_f16(float f)
+{
+    uint32_t u = kq_f32_to_bits(f);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000);
+    uint32_t au = u & 0x7fffffffu;
+    if (au > 0x7f800000u) return (quant_f16)(sign | 0x7e00); /* NaN */
+    if (au >= 0x477ff000u) return (quant_f16)(sign | 0x7c00); /* rounds to inf */
+    if (au < 0x38800000u) { /* subnormal half: round(|f| * 2^24) */
+        float v = kq_bits_to_f32(au) * 16777216.0f;
+        return (quant_f16)(sign | (uint16_t)lrintf(v));
+    }
+    uint32_t r = au + 0xfffu + ((au >> 13) & 1); /* round to nearest even */
+    return (quant_f16)(sign | ((r - 0x38000000u) >> 13));
+}
+#endif
+
+/* Round to nearest, ties to even (ggml's nearest_int), for |v| < 2^22. */
+static inline int kq_nearest_int(float v)
+{
+    return (int)lrintf(v);
+}
+
+/* Q4_K/Q5_K pack 8 six-bit scales and 8 six-bit mins into 12 bytes:
+ * bytes 0-3 low 6 bits of scales 0-3, bytes 4-7 low 6 bits of mins 0-3,
+ * bytes 8-11 low nibble scale 4-7 / high nibble min 4-7, and the top two
+ * bits of scales/mins 4-7 in the top bits of bytes 0-3 / 4-7. */
+static inline void kq_get_scale_min_k4(int j, const uint8_t *q, uint8_t *sc, uint8_t *m)
+{
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+        *m = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+    }
+}
+
+/* All of a Q4_K/Q5_K block's scales and mins at once, as 16 bytes in out:
+ * scales 0-7 then mins 0-7. */
+static inline void kq_unpack_scales_k4(const uint8_t packed[K_SCALE_SIZE], uint32_t out[4])
+{
+    uint32_t w[3];
+    memcpy(w, packed, sizeof w);
+    out[0] = w[0] & 0x3f3f3f3fu;
+    out[1] = (w[2] & 0x0f0f0f0fu) | (((w[0] >> 6) & 0x03030303u) << 4);
+    out[2] = w[1] & 0x3f3f3f3fu;
+    out[3] = ((w[2] >> 4) & 0x0f0f0f0fu) | (((w[1] >> 6) & 0x03030303u) << 4);
+}
+
+/* Q3_K's 16 scales unbiased, as 16 bytes in out (the SIMD kernels' form). */
+static inline void kq_unpack_scales_q3(const uint8_t packed[12], int8_t out[16])
+{
+    uint32_t w[3], a[4];
+    memcpy(w, packed, sizeof w);
+    a[0] = (w[0] & 0x0f0f0f0fu) | (((w[2] >> 0) & 0x03030303u) << 4);
+    a[1] = (w[1] & 0x0f0f0f0fu) | (((w[2] >> 2) & 0x03030303u) << 4);
+    a[2] = ((w[0] >> 4) & 0x0f0f0f0fu) | (((w[2] >> 4) & 0x03030303u) << 4);
+    a[3] = ((w[1] >> 4) & 0x0f0f0f0fu) | (((w[2] >> 6) & 0x03030303u) << 4);
+    uint8_t b[16];
+    memcpy(b, a, sizeof b);
+    for (int i = 0; i < 16; i++) out[i] = (int8_t)(b[i] - 32);
+}
+
+/* Q3_K's 16 six-bit scales, biased by 32: low nibbles in bytes 0-7 (scales
+ * 0-7 low nibble, 8-15 high nibble), top two bits in bytes 8-11. */
+static inline int kq_q3_scale(const uint8_t *scales, int j)
+{
+    int lo = j < 8 ? scales[j] & 0xF : scales[j - 8] >> 4;
+    int hi = (scales[8 + j % 4] >> (2 * (j / 4))) & 3;
+    return (lo | (hi << 4)) - 32;
+}
 
 #endif

@@ -1,0 +1,243 @@
+/* k-quants: scalar reference dequantizers and Qn_K . Q8_K dot products.
+ * These define the semantics; the AVX2/AVX-512 kernels are checked
+ * against them. Element order inside a super-block follows ggml exactly. */
+#include "quant/kquants.h"
+
+/* ==== dequantize ========================================================= */
+
+void quant_dequantize_row_q2_K(const void *vx, float *y, int64_t n)
+{
+    const block_q2_K *x = vx;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const float d = kq_f16_to_f32(x[i].d), dmin = kq_f16_to_f32(x[i].dmin);
+        const uint8_t *q = x[i].qs;
+        int is = 0;
+        for (int half = 0; half < QK_K / 128; half++, q += 32) {
+            for (int shift = 0; shift < 8; shift += 2) {
+                for (int g = 0; g < 2; g++) { /* two groups of 16 per shift */
+                    const uint8_t sc = x[i].scales[is++];
+                    const float dl = d * (sc & 0xF), ml = dmin * (sc >> 4);
+                    for (int l = 0; l < 16; l++)
+                        *y++ = dl * ((q[16 * g + l] >> shift) & 3) - ml;
+                }
+            }
+        }
+    }
+}
+
+void quant_dequantize_row_q3_K(const void *vx, float *y, int64_t n)
+{
+    const block_q3_K *x = vx;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const float d = kq_f16_to_f32(x[i].d);
+        const uint8_t *q = x[i].qs, *hm = x[i].hmask;
+        uint8_t m = 1;
+        int is = 0;
+        for (int half = 0; half < QK_K / 128; half++, q += 32) {
+            for (int shift = 0; shift < 8; shift += 2, m = (uint8_t)(m << 1)) {
+                for (int g = 0; g < 2; g++) {
+                    const float dl = d * kq_q3_scale(x[i].scales, is++);
+                    for (int l = 16 * g; l < 16 * g + 16; l++)
+                        *y++ = dl * (((q[l] >> shift) & 3) - ((hm[l] & m) ? 0 : 4));
+                }
+            }
+        }
+    }
+}
+
+void quant_dequantize_row_q4_K(const void *vx, float *y, int64_t n)
+{
+    const block_q4_K *x = vx;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const float d = kq_f16_to_f32(x[i].d), dmin = kq_f16_to_f32(x[i].dmin);
+        const uint8_t *q = x[i].qs;
+        for (int j = 0; j < QK_K / 64; j++, q += 32) {
+            uint8_t sc, m;
+            kq_get_scale_min_k4(2 * j, x[i].scales, &sc, &m);
+            const float d1 = d * sc, m1 = dmin * m;
+            kq_get_scale_min_k4(2 * j + 1, x[i].scales, &sc, &m);
+            const float d2 = d * sc, m2 = dmin * m;
+            for (int l = 0; l < 32; l++) *y++ = d1 * (q[l] & 0xF) - m1;
+            for (int l = 0; l < 32; l++) *y++ = d2 * (q[l] >> 4) - m2;
+        }
+    }
+}
+
+void quant_dequantize_row_q5_K(const void *vx, float *y, int64_t n)
+{
+    const block_q5_K *x = vx;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const float d = kq_f16_to_f32(x[i].d), dmin = kq_f16_to_f32(x[i].dmin);
+        const uint8_t *ql = x[i].qs, *qh = x[i].qh;
+        uint8_t u1 = 1, u2 = 2;
+        for (int j = 0; j < QK_K / 64; j++, ql += 32) {
+            uint8_t sc, m;
+            kq_get_scale_min_k4(2 * j, x[i].scales, &sc, &m);
+            const float d1 = d * sc, m1 = dmin * m;
+            kq_get_scale_min_k4(2 * j + 1, x[i].scales, &sc, &m);
+            const float d2 = d * sc, m2 = dmin * m;
+            for (int l = 0; l < 32; l++) *y++ = d1 * ((ql[l] & 0xF) + ((qh[l] & u1) ? 16 : 0)) - m1;
+            for (int l = 0; l < 32; l++) *y++ = d2 * ((ql[l] >> 4) + ((qh[l] & u2) ? 16 : 0)) - m2;
+            u1 = (uint8_t)(u1 << 2);
+            u2 = (uint8_t)(u2 << 2);
+        }
+    }
+}
+
+/* Q6_K: element l of each 128-half takes its low 4 bits from ql and its top
+ * 2 bits from qh; the four quarters of a half share ql/qh bytes. */
+static inline int q6_value(const uint8_t *ql, const uint8_t *qh, int e)
+{
+    const int quarter = e / 32, l = e % 32;
+    const int lo = (ql[l + 32 * (quarter & 1)] >> (4 * (quarter >> 1))) & 0xF;
+    const int hi = (qh[l] >> (2 * quarter)) & 3;
+    return (lo | (hi << 4)) - 32;
+}
+
+void quant_dequantize_row_q6_K(const void *vx, float *y, int64_t n)
+{
+    const block_q6_K *x = vx;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const float d = kq_f16_to_f32(x[i].d);
+        for (int half = 0; half < QK_K / 128; half++) {
+            const uint8_t *ql = x[i].ql + 64 * half, *qh = x[i].qh + 32 * half;
+            const int8_t *sc = x[i].scales + 8 * half;
+            for (int e = 0; e < 128; e++)
+                *y++ = d * sc[e / 16] * q6_value(ql, qh, e);
+        }
+    }
+}
+
+void quant_dequantize_row_q8_K(const void *vx, float *y, int64_t n)
+{
+    const block_q8_K *x = vx;
+    for (int64_t i = 0; i < n / QK_K; i++)
+        for (int l = 0; l < QK_K; l++) *y++ = x[i].d * x[i].qs[l];
+}
+
+/* ==== vec_dot ============================================================ */
+/* Each kernel unpacks a block into its 256 integer quants (and per-16 or
+ * per-32 scales), takes exact integer sums, and adds one float term per
+ * block: d * sum(scale * q * q8) - dmin * sum(min * bsums). */
+
+static void unpack_q2_K(const block_q2_K *b, uint8_t q[QK_K])
+{
+    for (int half = 0; half < 2; half++)
+        for (int s = 0; s < 4; s++)
+            for (int l = 0; l < 32; l++)
+                q[128 * half + 32 * s + l] = (b->qs[32 * half + l] >> (2 * s)) & 3;
+}
+
+void quant_vec_dot_q2_K_q8_K_scalar(int n, float *s, const void *vx, const void *vy)
+{
+    const block_q2_K *x = vx;
+    const block_q8_K *y = vy;
+    float sumf = 0;
+    for (int i = 0; i < n / QK_K; i++) {
+        uint8_t q[QK_K];
+        unpack_q2_K(&x[i], q);
+        int32_t isum = 0, summs = 0;
+        for (int g = 0; g < QK_K / 16; g++) {
+            int32_t dot = 0;
+            for (int l = 16 * g; l < 16 * g + 16; l++) dot += q[l] * y[i].qs[l];
+            isum += (x[i].scales[g] & 0xF) * dot;
+            summs += (x[i].scales[g] >> 4) * y[i].bsums[g];
+        }
+        const float d = y[i].d * kq_f16_to_f32(x[i].d), dmin = y[i].d * kq_f16_to_f32(x[i].dmin);
+        sumf += d * (float)isum - dmin * (float)summs;
+    }
+    *s = sumf;
+}
+
+void quant_vec_dot_q3_K_q8_K_scalar(int n, float *s, const void *vx, const void *vy)
+{
+    const block_q3_K *x = vx;
+    const block_q8_K *y = vy;
+    float sumf = 0;
+    for (int i = 0; i < n / QK_K; i++) {
+        int32_t isum = 0;
+        for (int g = 0; g < QK_K / 16; g++) {
+            int32_t dot = 0;
+            for (int l = 16 * g; l < 16 * g + 16; l++) {
+                const int half = l / 128, s4 = (l % 128) / 32, b = l % 32;
+                const int lo = (x[i].qs[32 * half + b] >> (2 * s4)) & 3;
+                const int hbit = (x[i].hmask[b] >> (l / 32)) & 1;
+                dot += (lo - (hbit ? 0 : 4)) * y[i].qs[l];
+            }
+            isum += kq_q3_scale(x[i].scales, g) * dot;
+        }
+        sumf += y[i].d * kq_f16_to_f32(x[i].d) * (float)isum;
+    }
+    *s = sumf;
+}
+
+/* Q4_K and Q5_K share the scale/min layout; q holds the unpacked quants. */
+static float dot_k4_block(const uint8_t *scales, const uint8_t q[QK_K], float xd, float xdmin,
+                          const block_q8_K *y)
+{
+    int32_t isum = 0, summs = 0;
+    for (int j = 0; j < QK_K / 32; j++) {
+        uint8_t sc, m;
+        kq_get_scale_min_k4(j, scales, &sc, &m);
+        int32_t dot = 0;
+        for (int l = 32 * j; l < 32 * j + 32; l++) dot += q[l] * y->qs[l];
+        isum += sc * dot;
+        summs += m * (y->bsums[2 * j] + y->bsums[2 * j + 1]);
+    }
+    return y->d * xd * (float)isum - y->d * xdmin * (float)summs;
+}
+
+void quant_vec_dot_q4_K_q8_K_scalar(int n, float *s, const void *vx, const void *vy)
+{
+    const block_q4_K *x = vx;
+    const block_q8_K *y = vy;
+    float sumf = 0;
+    for (int i = 0; i < n / QK_K; i++) {
+        uint8_t q[QK_K];
+        for (int j = 0; j < QK_K / 64; j++)
+            for (int l = 0; l < 32; l++) {
+                q[64 * j + l] = x[i].qs[32 * j + l] & 0xF;
+                q[64 * j + 32 + l] = x[i].qs[32 * j + l] >> 4;
+            }
+        sumf += dot_k4_block(x[i].scales, q, kq_f16_to_f32(x[i].d), kq_f16_to_f32(x[i].dmin), &y[i]);
+    }
+    *s = sumf;
+}
+
+void quant_vec_dot_q5_K_q8_K_scalar(int n, float *s, const void *vx, const void *vy)
+{
+    const block_q5_K *x = vx;
+    const block_q8_K *y = vy;
+    float sumf = 0;
+    for (int i = 0; i < n / QK_K; i++) {
+        uint8_t q[QK_K];
+        for (int j = 0; j < QK_K / 64; j++)
+            for (int l = 0; l < 32; l++) {
+                const uint8_t h = x[i].qh[l];
+                q[64 * j + l] = (uint8_t)((x[i].qs[32 * j + l] & 0xF) | (((h >> (2 * j)) & 1) << 4));
+                q[64 * j + 32 + l] = (uint8_t)((x[i].qs[32 * j + l] >> 4) | (((h >> (2 * j + 1)) & 1) << 4));
+            }
+        sumf += dot_k4_block(x[i].scales, q, kq_f16_to_f32(x[i].d), kq_f16_to_f32(x[i].dmin), &y[i]);
+    }
+    *s = sumf;
+}
+
+void quant_vec_dot_q6_K_q8_K_scalar(int n, float *s, const void *vx, const void *vy)
+{
+    const block_q6_K *x = vx;
+    const block_q8_K *y = vy;
+    float sumf = 0;
+    for (int i = 0; i < n / QK_K; i++) {
+        int32_t isum = 0;
+        for (int g = 0; g < QK_K / 16; g++) {
+            const int half = g / 8;
+            const uint8_t *ql = x[i].ql + 64 * half, *qh = x[i].qh + 32 * half;
+            int32_t dot = 0;
+            for (int l = 16 * g; l < 16 * g + 16; l++)
+                dot += q6_value(ql, qh, l % 128) * y[i].qs[l];
+            isum += x[i].scales[g] * dot;
+        }
+        sumf += y[i].d * kq_f16_to_f32(x[i].d) * (float)isum;
+    }
+    *s = sumf;
+}
