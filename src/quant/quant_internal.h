@@ -14,4 +14,29 @@ quant_f16 quant_f32_to_f16_soft(float f);
 void quant_ref_fill(struct quant_traits *scalar);
 void quant_simd_fill(struct quant_traits *best);
 
+
+/* ---- kernels, exposed so tests can compare every variant ----------------- */
+void quant_q8_0_from_float_ref(const float *x, void *y, int64_t n);
+
+#define QUANT_DECLARE_DOTS(isa)                                                       \
+    void quant_vec_dot_f32_##isa(int n, float *s, const void *x, const void *y);       \
+    void quant_vec_dot_f16_##isa(int n, float *s, const void *x, const void *y);       \
+    void quant_vec_dot_bf16_##isa(int n, float *s, const void *x, const void *y);      \
+    void quant_vec_dot_q4_0_q8_0_##isa(int n, float *s, const void *x, const void *y); \
+    void quant_vec_dot_q4_1_q8_1_##isa(int n, float *s, const void *x, const void *y); \
+    void quant_vec_dot_q5_0_q8_0_##isa(int n, float *s, const void *x, const void *y); \
+    void quant_vec_dot_q5_1_q8_1_##isa(int n, float *s, const void *x, const void *y); \
+    void quant_vec_dot_q8_0_q8_0_##isa(int n, float *s, const void *x, const void *y);
+
+QUANT_DECLARE_DOTS(ref)
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define QUANT_HAVE_AVX2 1
+QUANT_DECLARE_DOTS(avx2)
+#endif
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__) && \
+    defined(__AVX512VBMI__)
+#define QUANT_HAVE_AVX512 1
+QUANT_DECLARE_DOTS(avx512)
+#endif
+
 #endif

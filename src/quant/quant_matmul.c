@@ -1,41 +1,577 @@
-/* quant: matrix multiply over the traits table. */
+/* quant: Y = X * W^T over the traits table, with AVX-512 fast paths.
+ *
+ * Paths, chosen by weight type and token count:
+ *  - decode (n_tokens < MM_PREFILL_MIN), Q4_0/Q8_0: each thread streams one
+ *    contiguous range of rows; activations are packed once into a layout the
+ *    row kernel reads with plain loads (dec_pack).
+ *  - prefill, Q4_0/Q8_0: activations are quantized to Q8_0 and transposed so a
+ *    512-bit register holds 4 consecutive bytes of 16 tokens (pre_pack). A
+ *    weight dword is broadcast against it (VNNI dpbusd), so a micro-tile of
+ *    MM_R rows x 16*MM_TT tokens keeps its accumulators in registers and each
+ *    weight byte is loaded once per 32 tokens.
+ *  - prefill, F32/F16/BF16: the same tiling with f32 FMAs on f32 activations.
+ *  - everything else: activations to the vec_dot_type, then traits vec_dot
+ *    over row chunks x all tokens, so a chunk of weights stays in cache. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "quant/quant_internal.h"
 
+#if defined(QUANT_HAVE_AVX512)
+#include <immintrin.h>
+#endif
+
+#define MM_ALIGN 64
+#define MM_TOK_GROUP 16    /* tokens per 512-bit lane set */
+#define MM_R 4             /* weight rows per micro-tile */
+#define MM_TT 2            /* token groups per micro-tile */
+#define MM_PREFILL_MIN 8   /* token count from which the tiled kernels win */
+#define MM_ROW_CHUNK 16    /* generic path: rows per cache-resident chunk */
+#define QB 32              /* elements per Q8_0 block */
+
+static size_t align_up(size_t n) { return (n + MM_ALIGN - 1) / MM_ALIGN * MM_ALIGN; }
+static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+enum mm_path { MM_GENERIC, MM_Q8_DECODE, MM_Q8_PREFILL, MM_FLOAT_DECODE, MM_FLOAT_PREFILL };
+
+static bool is_q8_family(enum quant_type t) { return t == QUANT_Q4_0 || t == QUANT_Q8_0; }
+static bool is_float(enum quant_type t) { return t == QUANT_F32 || t == QUANT_F16 || t == QUANT_BF16; }
+
+static enum mm_path choose_path(enum quant_type wtype, int64_t n_tokens)
+{
+#if defined(QUANT_HAVE_AVX512)
+    bool prefill = n_tokens >= MM_PREFILL_MIN;
+    if (is_q8_family(wtype))
+        return prefill ? MM_Q8_PREFILL : MM_Q8_DECODE;
+    if (is_float(wtype))
+        return prefill ? MM_FLOAT_PREFILL : MM_FLOAT_DECODE;
+#else
+    (void)n_tokens;
+    if (is_float(wtype))
+        return MM_FLOAT_DECODE;
+#endif
+    return MM_GENERIC;
+}
+
+/* decode pack, per token: per pair of blocks 64 bytes of q8 values, 16 int32
+ * corrections (lanes 0 and 8: -k*sum of each block) and 16 scales. */
+#define DEC_CHUNK_BYTES (64 + 64 + 64)
+static size_t dec_token_bytes(int64_t cols) { return (size_t)ceil_div(cols / QB, 2) * DEC_CHUNK_BYTES; }
+
+/* prefill pack, per group of 16 tokens: per block 8 x 64 bytes of q8 values
+ * (+128, as u8) and 16 scales. */
+#define PRE_BLOCK_BYTES (8 * 64 + 64)
+static size_t pre_group_bytes(int64_t cols) { return (size_t)(cols / QB) * PRE_BLOCK_BYTES; }
+
 size_t quant_matmul_work_size(enum quant_type wtype, int64_t cols, int64_t n_tokens)
 {
     const struct quant_traits *tr = quant_traits(wtype);
-    if (!tr || cols <= 0 || n_tokens <= 0)
+    if (!tr || cols <= 0 || n_tokens <= 0 || quant_row_size(wtype, cols) == 0)
         return 0;
-    size_t row = quant_row_size(tr->vec_dot_type, cols);
-    return row * (size_t)n_tokens;
+    switch (choose_path(wtype, n_tokens)) {
+    case MM_Q8_DECODE:
+        return align_up(dec_token_bytes(cols)) * (size_t)n_tokens + MM_ALIGN;
+    case MM_Q8_PREFILL:
+        return align_up(pre_group_bytes(cols)) * (size_t)ceil_div(n_tokens, MM_TOK_GROUP) + MM_ALIGN;
+    case MM_FLOAT_PREFILL:
+        return (size_t)cols * MM_TOK_GROUP * sizeof(float) * (size_t)ceil_div(n_tokens, MM_TOK_GROUP) + MM_ALIGN;
+    case MM_FLOAT_DECODE:
+        return 1;
+    case MM_GENERIC:
+        break;
+    }
+    return quant_row_size(tr->vec_dot_type, cols) * (size_t)n_tokens + MM_ALIGN;
 }
 
-ks_status quant_matmul(threads_pool *pool, const void *W, enum quant_type wtype, int64_t rows,
-                       int64_t cols, const float *X, int64_t n_tokens, float *Y, void *work,
-                       size_t work_size)
+struct mm {
+    const struct quant_traits *tr;
+    enum quant_type wtype;
+    enum mm_path path;
+    const uint8_t *W;
+    size_t wrow; /* bytes per weight row */
+    int64_t rows, cols, n_tokens;
+    const float *X;
+    float *Y;
+    uint8_t *work; /* aligned */
+    size_t xrow;   /* bytes per packed token (or token group) */
+    int corr_shift; /* q8 decode: correction is -(sum << shift) */
+    volatile int failed;
+};
+
+/* ---- generic path --------------------------------------------------------- */
+
+static void generic_quantize(void *vctx, int ith, int nth)
 {
-    (void)pool;
+    struct mm *m = vctx;
+    const struct quant_traits *dt = quant_traits(m->tr->vec_dot_type);
+    int64_t lo, hi;
+    threads_split(m->n_tokens, ith, nth, &lo, &hi);
+    for (int64_t t = lo; t < hi; t++)
+        dt->from_float(m->X + t * m->cols, m->work + t * m->xrow, m->cols);
+}
+
+static void generic_compute(void *vctx, int ith, int nth)
+{
+    struct mm *m = vctx;
+    int64_t lo, hi;
+    threads_split(ceil_div(m->rows, MM_ROW_CHUNK), ith, nth, &lo, &hi);
+    bool direct = m->path == MM_FLOAT_DECODE; /* float weights read X as is */
+    for (int64_t c = lo; c < hi; c++) {
+        int64_t r0 = c * MM_ROW_CHUNK, r1 = r0 + MM_ROW_CHUNK < m->rows ? r0 + MM_ROW_CHUNK : m->rows;
+        for (int64_t t = 0; t < m->n_tokens; t++) {
+            const void *x = direct ? (const void *)(m->X + t * m->cols) : (const void *)(m->work + t * m->xrow);
+            for (int64_t r = r0; r < r1; r++)
+                m->tr->vec_dot((int)m->cols, &m->Y[t * m->rows + r], m->W + r * m->wrow, x);
+        }
+    }
+}
+
+#if defined(QUANT_HAVE_AVX512)
+/* ---- Q8_0 quantization of activations (bit-exact with the reference) ------ */
+
+/* roundf: nearest, ties away from zero. */
+static inline __m512 round_away(__m512 v)
+{
+    __m512 t = _mm512_roundscale_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    __m512 frac = _mm512_abs_ps(_mm512_sub_ps(v, t));
+    __mmask16 up = _mm512_cmp_ps_mask(frac, _mm512_set1_ps(0.5f), _CMP_GE_OQ);
+    __m512 one = _mm512_or_ps(_mm512_set1_ps(1.0f), _mm512_and_ps(v, _mm512_set1_ps(-0.0f)));
+    return _mm512_mask_add_ps(t, up, t, one);
+}
+
+/* One block of 32: q[32] int8, returns the f16-rounded scale, *sum = sum(q). */
+static inline float q8_block(const float *x, int8_t *q, int *sum)
+{
+    __m512 a = _mm512_loadu_ps(x), b = _mm512_loadu_ps(x + 16);
+    float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+    const float d = amax / 127;
+    const float id = d ? 1.0f / d : 0.0f;
+    __m512i qa = _mm512_cvtps_epi32(round_away(_mm512_mul_ps(a, _mm512_set1_ps(id))));
+    __m512i qb = _mm512_cvtps_epi32(round_away(_mm512_mul_ps(b, _mm512_set1_ps(id))));
+    _mm_storeu_si128((__m128i *)q, _mm512_cvtsepi32_epi8(qa));
+    _mm_storeu_si128((__m128i *)(q + 16), _mm512_cvtsepi32_epi8(qb));
+    *sum = _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
+    return quant_f16_to_f32(quant_f32_to_f16(d));
+}
+
+/* ---- decode: Q4_0 / Q8_0 rows against one packed token -------------------- */
+
+static void dec_pack_token(const float *x, int64_t cols, int shift, uint8_t *out)
+{
+    int64_t nb = cols / QB;
+    for (int64_t c = 0; c < ceil_div(nb, 2); c++) {
+        uint8_t *chunk = out + c * DEC_CHUNK_BYTES;
+        int8_t *q = (int8_t *)chunk;
+        int32_t *corr = (int32_t *)(chunk + 64);
+        float *dy = (float *)(chunk + 128);
+        memset(chunk, 0, DEC_CHUNK_BYTES);
+        for (int h = 0; h < 2 && 2 * c + h < nb; h++) {
+            int sum;
+            float d = q8_block(x + (2 * c + h) * QB, q + h * QB, &sum);
+            corr[h * 8] = -(sum * (1 << shift));
+            for (int l = 0; l < 8; l++)
+                dy[h * 8 + l] = d;
+        }
+    }
+}
+
+static void dec_pack(void *vctx, int ith, int nth)
+{
+    struct mm *m = vctx;
+    int64_t lo, hi;
+    threads_split(m->n_tokens, ith, nth, &lo, &hi);
+    for (int64_t t = lo; t < hi; t++)
+        dec_pack_token(m->X + t * m->cols, m->cols, m->corr_shift, m->work + t * m->xrow);
+}
+
+/* Q4_0 pair of blocks (36 bytes) -> 64 nibble values in element order. */
+static inline __m512i q4_0_pair(__m512i raw)
+{
+    const __m512i idx = _mm512_set_epi8(
+        35, 34, 33, 32, 31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20,
+        35, 34, 33, 32, 31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20,
+        17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2,
+        17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2);
+    const __m512i shifts = _mm512_set_epi16(4, 4, 4, 4, 4, 4, 4, 4, 0, 0, 0, 0, 0, 0, 0, 0,
+                                            4, 4, 4, 4, 4, 4, 4, 4, 0, 0, 0, 0, 0, 0, 0, 0);
+    __m512i v = _mm512_srlv_epi16(_mm512_permutexvar_epi8(idx, raw), shifts);
+    return _mm512_and_si512(v, _mm512_set1_epi8(0x0f));
+}
+
+/* Scales of two blocks at word offsets w0 and w1 of raw -> 8 lanes each. */
+static inline __m512 pair_scales(__m512i raw, int w1)
+{
+    __m256i idx = _mm256_set_epi16((short)w1, (short)w1, (short)w1, (short)w1, (short)w1, (short)w1, (short)w1,
+                                   (short)w1, 0, 0, 0, 0, 0, 0, 0, 0);
+    __m256i h = _mm512_castsi512_si256(_mm512_permutexvar_epi16(_mm512_castsi256_si512(idx), raw));
+    return _mm512_cvtph_ps(h);
+}
+
+static inline __mmask64 byte_mask(int n) { return n >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << n) - 1); }
+
+static float dec_row_q4_0(const uint8_t *w, int64_t nb, const uint8_t *pk)
+{
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    int64_t c = 0;
+    for (; c + 2 <= nb / 2; c += 2) {
+        for (int u = 0; u < 2; u++) {
+            const uint8_t *ch = pk + (c + u) * DEC_CHUNK_BYTES;
+            __m512i raw = _mm512_maskz_loadu_epi8(byte_mask(36), w + (c + u) * 36);
+            __m512i dot = _mm512_dpbusd_epi32(_mm512_load_si512(ch + 64), q4_0_pair(raw), _mm512_load_si512(ch));
+            __m512 s = _mm512_mul_ps(pair_scales(raw, 9), _mm512_load_ps(ch + 128));
+            if (u == 0)
+                acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), s, acc0);
+            else
+                acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), s, acc1);
+        }
+    }
+    for (; c < ceil_div(nb, 2); c++) {
+        const uint8_t *ch = pk + c * DEC_CHUNK_BYTES;
+        int bytes = (int)((nb - 2 * c) >= 2 ? 36 : 18);
+        __m512i raw = _mm512_maskz_loadu_epi8(byte_mask(bytes), w + c * 36);
+        __m512i dot = _mm512_dpbusd_epi32(_mm512_load_si512(ch + 64), q4_0_pair(raw), _mm512_load_si512(ch));
+        __m512 s = _mm512_mul_ps(pair_scales(raw, 9), _mm512_load_ps(ch + 128));
+        acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), s, acc0);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+}
+
+/* Q8_0 pair of blocks (68 bytes) -> 64 values +128 as u8. */
+static inline __m512i q8_0_pair(__m512i lo, __m512i hi)
+{
+    const __m512i idx = _mm512_set_epi8(
+        67, 66, 65, 64, 63, 62, 61, 60, 59, 58, 57, 56, 55, 54, 53, 52,
+        51, 50, 49, 48, 47, 46, 45, 44, 43, 42, 41, 40, 39, 38, 37, 36,
+        33, 32, 31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18,
+        17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2);
+    return _mm512_xor_si512(_mm512_permutex2var_epi8(lo, idx, hi), _mm512_set1_epi8((char)0x80));
+}
+
+static float dec_row_q8_0(const uint8_t *w, int64_t nb, const uint8_t *pk)
+{
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    int64_t npair = ceil_div(nb, 2);
+    for (int64_t c = 0; c < npair; c++) {
+        const uint8_t *ch = pk + c * DEC_CHUNK_BYTES;
+        const uint8_t *b = w + c * 68;
+        __m512i lo, hi;
+        if (2 * c + 2 <= nb) {
+            lo = _mm512_loadu_si512(b);
+            hi = _mm512_maskz_loadu_epi8(byte_mask(4), b + 64);
+        } else {
+            lo = _mm512_maskz_loadu_epi8(byte_mask(34), b);
+            hi = _mm512_setzero_si512();
+        }
+        __m512i dot = _mm512_dpbusd_epi32(_mm512_load_si512(ch + 64), q8_0_pair(lo, hi), _mm512_load_si512(ch));
+        __m512 s = _mm512_mul_ps(pair_scales(lo, 17), _mm512_load_ps(ch + 128));
+        if (c & 1)
+            acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), s, acc1);
+        else
+            acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), s, acc0);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+}
+
+static void dec_compute(void *vctx, int ith, int nth)
+{
+    struct mm *m = vctx;
+    int64_t lo, hi, nb = m->cols / QB;
+    threads_split(m->rows, ith, nth, &lo, &hi);
+    for (int64_t r = lo; r < hi; r++) {
+        const uint8_t *w = m->W + r * m->wrow;
+        for (int64_t t = 0; t < m->n_tokens; t++) {
+            const uint8_t *pk = m->work + t * m->xrow;
+            m->Y[t * m->rows + r] = m->wtype == QUANT_Q4_0 ? dec_row_q4_0(w, nb, pk) : dec_row_q8_0(w, nb, pk);
+        }
+    }
+}
+
+/* ---- prefill: Q4_0 / Q8_0 micro-tiles ------------------------------------- */
+
+static void pre_pack_group(const float *X, int64_t cols, int64_t n, uint8_t *out)
+{
+    int64_t nb = cols / QB;
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t *blk = out + b * PRE_BLOCK_BYTES;
+        float *dy = (float *)(blk + 8 * 64);
+        memset(blk, 0x80, 8 * 64); /* padding tokens: value 0 */
+        memset(dy, 0, 64);
+        for (int64_t t = 0; t < n; t++) {
+            int8_t q[QB];
+            int sum;
+            dy[t] = q8_block(X + t * cols + b * QB, q, &sum);
+            for (int g = 0; g < 8; g++) {
+                uint32_t v;
+                memcpy(&v, q + 4 * g, 4);
+                v ^= 0x80808080u;
+                memcpy(blk + g * 64 + t * 4, &v, 4);
+            }
+        }
+    }
+}
+
+static void pre_pack(void *vctx, int ith, int nth)
+{
+    struct mm *m = vctx;
+    int64_t lo, hi, ng = ceil_div(m->n_tokens, MM_TOK_GROUP);
+    threads_split(ng, ith, nth, &lo, &hi);
+    for (int64_t g = lo; g < hi; g++) {
+        int64_t t0 = g * MM_TOK_GROUP;
+        int64_t n = m->n_tokens - t0 < MM_TOK_GROUP ? m->n_tokens - t0 : MM_TOK_GROUP;
+        pre_pack_group(m->X + t0 * m->cols, m->cols, n, m->work + g * m->xrow);
+    }
+}
+
+/* Weight rows unpacked to signed bytes, with per-block scale and the
+ * correction -128 * sum(w) for the +128 bias of the activations. */
+struct wpanel {
+    int8_t *q;     /* [MM_R][cols] */
+    float *d;      /* [MM_R][nb] */
+    int32_t *corr; /* [MM_R][nb] */
+};
+
+static void unpack_rows(const struct mm *m, int64_t r0, int nr, struct wpanel *p)
+{
+    int64_t nb = m->cols / QB;
+    for (int r = 0; r < MM_R; r++) {
+        int8_t *q = p->q + r * m->cols;
+        if (r >= nr) { /* padding rows contribute zeros */
+            memset(q, 0, (size_t)m->cols);
+            memset(p->d + r * nb, 0, (size_t)nb * sizeof(float));
+            memset(p->corr + r * nb, 0, (size_t)nb * sizeof(int32_t));
+            continue;
+        }
+        const uint8_t *w = m->W + (r0 + r) * m->wrow;
+        for (int64_t b = 0; b < nb; b++) {
+            __m256i v;
+            quant_f16 d;
+            if (m->wtype == QUANT_Q4_0) {
+                const block_q4_0 *blk = (const block_q4_0 *)w + b;
+                __m128i t = _mm_loadu_si128((const __m128i *)blk->qs);
+                v = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), _mm256_set1_epi8(0x0f));
+                v = _mm256_sub_epi8(v, _mm256_set1_epi8(8));
+                d = blk->d;
+            } else {
+                const block_q8_0 *blk = (const block_q8_0 *)w + b;
+                v = _mm256_loadu_si256((const __m256i *)blk->qs);
+                d = blk->d;
+            }
+            _mm256_storeu_si256((__m256i *)(q + b * QB), v);
+            __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), v);
+            __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+            p->corr[r * nb + b] = -128 * _mm_cvtsi128_si32(s4);
+            p->d[r * nb + b] = quant_f16_to_f32(d);
+        }
+    }
+}
+
+static void store_tile(const struct mm *m, __m512 acc, int64_t r, int64_t t0)
+{
+    float tmp[MM_TOK_GROUP];
+    _mm512_storeu_ps(tmp, acc);
+    for (int64_t i = 0; i < MM_TOK_GROUP && t0 + i < m->n_tokens; i++)
+        m->Y[(t0 + i) * m->rows + r] = tmp[i];
+}
+
+/* MM_R rows x (16 * TT) tokens over all blocks; TT is 1 or MM_TT. */
+static inline __attribute__((always_inline)) void q8_tile(const struct mm *m, const struct wpanel *p, int64_t r0,
+                                                          int nr, int64_t g0, int TT)
+{
+    const int64_t nb = m->cols / QB;
+    __m512 facc[MM_R][MM_TT];
+    for (int r = 0; r < MM_R; r++)
+        for (int tt = 0; tt < TT; tt++)
+            facc[r][tt] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        __m512i iacc[MM_R][MM_TT];
+        const uint8_t *yb[MM_TT];
+        for (int tt = 0; tt < TT; tt++)
+            yb[tt] = m->work + (g0 + tt) * m->xrow + b * PRE_BLOCK_BYTES;
+        for (int r = 0; r < MM_R; r++)
+            for (int tt = 0; tt < TT; tt++)
+                iacc[r][tt] = _mm512_set1_epi32(p->corr[r * nb + b]);
+        for (int g = 0; g < 8; g++) {
+            __m512i yv[MM_TT];
+            for (int tt = 0; tt < TT; tt++)
+                yv[tt] = _mm512_load_si512(yb[tt] + g * 64);
+            for (int r = 0; r < MM_R; r++) {
+                int32_t wd;
+                memcpy(&wd, p->q + r * m->cols + b * QB + 4 * g, 4);
+                __m512i wv = _mm512_set1_epi32(wd);
+                for (int tt = 0; tt < TT; tt++)
+                    iacc[r][tt] = _mm512_dpbusd_epi32(iacc[r][tt], yv[tt], wv);
+            }
+        }
+        for (int tt = 0; tt < TT; tt++) {
+            __m512 dy = _mm512_load_ps(yb[tt] + 8 * 64);
+            for (int r = 0; r < MM_R; r++) {
+                __m512 s = _mm512_mul_ps(dy, _mm512_set1_ps(p->d[r * nb + b]));
+                facc[r][tt] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[r][tt]), s, facc[r][tt]);
+            }
+        }
+    }
+    for (int r = 0; r < nr; r++)
+        for (int tt = 0; tt < TT; tt++)
+            store_tile(m, facc[r][tt], r0 + r, (g0 + tt) * MM_TOK_GROUP);
+}
+
+static void pre_compute(void *vctx, int ith, int nth)
+{
+    struct mm *m = vctx;
+    int64_t nb = m->cols / QB, ng = ceil_div(m->n_tokens, MM_TOK_GROUP);
+    int64_t lo, hi;
+    threads_split(ceil_div(m->rows, MM_R), ith, nth, &lo, &hi);
+    if (lo >= hi)
+        return;
+    size_t qbytes = align_up((size_t)(MM_R * m->cols));
+    uint8_t *buf = aligned_alloc(MM_ALIGN, qbytes + 2 * align_up((size_t)(MM_R * nb) * 4));
+    if (!buf) {
+        m->failed = 1;
+        return;
+    }
+    struct wpanel p = {(int8_t *)buf, (float *)(buf + qbytes),
+                       (int32_t *)(buf + qbytes + align_up((size_t)(MM_R * nb) * 4))};
+    for (int64_t pi = lo; pi < hi; pi++) {
+        int64_t r0 = pi * MM_R;
+        int nr = (int)(m->rows - r0 < MM_R ? m->rows - r0 : MM_R);
+        unpack_rows(m, r0, nr, &p);
+        int64_t g = 0;
+        for (; g + MM_TT <= ng; g += MM_TT)
+            q8_tile(m, &p, r0, nr, g, MM_TT);
+        for (; g < ng; g++)
+            q8_tile(m, &p, r0, nr, g, 1);
+    }
+    free(buf);
+}
+
+/* ---- prefill: float weights ----------------------------------------------- */
+
+static void fpre_pack(void *vctx, int ith, int nth)
+{
+    struct mm *m = vctx;
+    int64_t lo, hi, ng = ceil_div(m->n_tokens, MM_TOK_GROUP);
+    threads_split(ng, ith, nth, &lo, &hi);
+    for (int64_t g = lo; g < hi; g++) {
+        float *out = (float *)(m->work + g * m->xrow);
+        for (int64_t k = 0; k < m->cols; k++)
+            for (int64_t i = 0; i < MM_TOK_GROUP; i++) {
+                int64_t t = g * MM_TOK_GROUP + i;
+                out[k * MM_TOK_GROUP + i] = t < m->n_tokens ? m->X[t * m->cols + k] : 0.0f;
+            }
+    }
+}
+
+static inline __attribute__((always_inline)) void float_tile(const struct mm *m, const float *wf, int64_t r0,
+                                                             int nr, int64_t g0, int TT)
+{
+    __m512 acc[MM_R][MM_TT];
+    for (int r = 0; r < MM_R; r++)
+        for (int tt = 0; tt < TT; tt++)
+            acc[r][tt] = _mm512_setzero_ps();
+    const float *xt[MM_TT];
+    for (int tt = 0; tt < TT; tt++)
+        xt[tt] = (const float *)(m->work + (g0 + tt) * m->xrow);
+    for (int64_t k = 0; k < m->cols; k++) {
+        __m512 xv[MM_TT];
+        for (int tt = 0; tt < TT; tt++)
+            xv[tt] = _mm512_load_ps(xt[tt] + k * MM_TOK_GROUP);
+        for (int r = 0; r < MM_R; r++) {
+            __m512 wv = _mm512_set1_ps(wf[r * m->cols + k]);
+            for (int tt = 0; tt < TT; tt++)
+                acc[r][tt] = _mm512_fmadd_ps(xv[tt], wv, acc[r][tt]);
+        }
+    }
+    for (int r = 0; r < nr; r++)
+        for (int tt = 0; tt < TT; tt++)
+            store_tile(m, acc[r][tt], r0 + r, (g0 + tt) * MM_TOK_GROUP);
+}
+
+static void fpre_compute(void *vctx, int ith, int nth)
+{
+    struct mm *m = vctx;
+    int64_t ng = ceil_div(m->n_tokens, MM_TOK_GROUP), lo, hi;
+    threads_split(ceil_div(m->rows, MM_R), ith, nth, &lo, &hi);
+    if (lo >= hi)
+        return;
+    float *wf = aligned_alloc(MM_ALIGN, align_up((size_t)(MM_R * m->cols) * sizeof(float)));
+    if (!wf) {
+        m->failed = 1;
+        return;
+    }
+    for (int64_t pi = lo; pi < hi; pi++) {
+        int64_t r0 = pi * MM_R;
+        int nr = (int)(m->rows - r0 < MM_R ? m->rows - r0 : MM_R);
+        for (int r = 0; r < MM_R; r++) {
+            if (r < nr)
+                m->tr->to_float(m->W + (r0 + r) * m->wrow, wf + r * m->cols, m->cols);
+            else
+                memset(wf + r * m->cols, 0, (size_t)m->cols * sizeof(float));
+        }
+        int64_t g = 0;
+        for (; g + MM_TT <= ng; g += MM_TT)
+            float_tile(m, wf, r0, nr, g, MM_TT);
+        for (; g < ng; g++)
+            float_tile(m, wf, r0, nr, g, 1);
+    }
+    free(wf);
+}
+#endif /* QUANT_HAVE_AVX512 */
+
+/* ---- entry points ---------------------------------------------------------- */
+
+ks_status quant_matmul(threads_pool *pool, const void *W, enum quant_type wtype, int64_t rows, int64_t cols,
+                       const float *X, int64_t n_tokens, float *Y, void *work, size_t work_size)
+{
     const struct quant_traits *tr = quant_traits(wtype);
     if (!tr || !tr->vec_dot)
         return ks_fail(KS_ERR_UNSUPPORTED, "matmul: weight type %s has no kernels", quant_type_name(wtype));
-    const struct quant_traits *dt = quant_traits(tr->vec_dot_type);
-    size_t wrow = quant_row_size(wtype, cols), xrow = quant_row_size(tr->vec_dot_type, cols);
-    if (wrow == 0 || xrow == 0 || rows <= 0 || n_tokens <= 0)
-        return ks_fail(KS_ERR_INVALID_ARG, "matmul: bad shape %lld x %lld for %s", (long long)rows,
-                       (long long)cols, tr->name);
-    if (work_size < quant_matmul_work_size(wtype, cols, n_tokens))
-        return ks_fail(KS_ERR_INVALID_ARG, "matmul: work buffer too small");
-    for (int64_t t = 0; t < n_tokens; t++) {
-        if (tr->vec_dot_type == QUANT_F32)
-            memcpy((char *)work + t * xrow, X + t * cols, xrow);
-        else
-            dt->from_float(X + t * cols, (char *)work + t * xrow, cols);
+    size_t wrow = quant_row_size(wtype, cols);
+    if (wrow == 0 || rows <= 0 || n_tokens <= 0 || cols > INT32_MAX)
+        return ks_fail(KS_ERR_INVALID_ARG, "matmul: bad shape rows=%lld cols=%lld tokens=%lld for %s",
+                       (long long)rows, (long long)cols, (long long)n_tokens, tr->name);
+    if (!W || !X || !Y || !work)
+        return ks_fail(KS_ERR_INVALID_ARG, "matmul: NULL buffer");
+    size_t need = quant_matmul_work_size(wtype, cols, n_tokens);
+    if (work_size < need)
+        return ks_fail(KS_ERR_INVALID_ARG, "matmul: work buffer of %zu bytes, need %zu", work_size, need);
+
+    struct mm m = {
+        .tr = tr, .wtype = wtype, .path = choose_path(wtype, n_tokens), .W = W, .wrow = wrow,
+        .rows = rows, .cols = cols, .n_tokens = n_tokens, .X = X, .Y = Y,
+        .work = (uint8_t *)(((uintptr_t)work + MM_ALIGN - 1) & ~(uintptr_t)(MM_ALIGN - 1)),
+    };
+    switch (m.path) {
+#if defined(QUANT_HAVE_AVX512)
+    case MM_Q8_DECODE:
+        m.xrow = align_up(dec_token_bytes(cols));
+        m.corr_shift = wtype == QUANT_Q4_0 ? 3 : 7;
+        threads_run(pool, dec_pack, &m);
+        threads_run(pool, dec_compute, &m);
+        break;
+    case MM_Q8_PREFILL:
+        m.xrow = align_up(pre_group_bytes(cols));
+        threads_run(pool, pre_pack, &m);
+        threads_run(pool, pre_compute, &m);
+        break;
+    case MM_FLOAT_PREFILL:
+        m.xrow = (size_t)cols * MM_TOK_GROUP * sizeof(float);
+        threads_run(pool, fpre_pack, &m);
+        threads_run(pool, fpre_compute, &m);
+        break;
+#endif
+    case MM_FLOAT_DECODE:
+        threads_run(pool, generic_compute, &m);
+        break;
+    default:
+        m.xrow = quant_row_size(tr->vec_dot_type, cols);
+        threads_run(pool, generic_quantize, &m);
+        threads_run(pool, generic_compute, &m);
+        break;
     }
-    for (int64_t t = 0; t < n_tokens; t++)
-        for (int64_t r = 0; r < rows; r++)
-            tr->vec_dot((int)cols, &Y[t * rows + r], (const char *)W + r * wrow, (const char *)work + t * xrow);
+    if (m.failed)
+        return ks_fail(KS_ERR_NOMEM, "matmul: out of memory for a %lld-column weight panel", (long long)cols);
     return KS_OK;
 }
 
@@ -45,9 +581,9 @@ ks_status quant_get_row(const void *W, enum quant_type wtype, int64_t cols, int6
     if (!tr || !tr->to_float)
         return ks_fail(KS_ERR_UNSUPPORTED, "get_row: type %s cannot be converted to f32", quant_type_name(wtype));
     size_t wrow = quant_row_size(wtype, cols);
-    if (wrow == 0 || r < 0)
+    if (wrow == 0 || r < 0 || !W || !y)
         return ks_fail(KS_ERR_INVALID_ARG, "get_row: bad row %lld of width %lld for %s", (long long)r,
                        (long long)cols, tr->name);
-    tr->to_float((const char *)W + r * wrow, y, cols);
+    tr->to_float((const uint8_t *)W + r * wrow, y, cols);
     return KS_OK;
 }

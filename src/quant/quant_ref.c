@@ -1,7 +1,393 @@
-/* quant: scalar reference kernels, with ggml's exact semantics. */
+/* quant: scalar reference kernels with ggml's exact semantics (the reference
+ * quantizers' rounding, the dequantizers' formulas). The SIMD kernels are
+ * tested against these. */
+#include <float.h>
+#include <math.h>
+#include <string.h>
+
 #include "quant/quant_internal.h"
 
-void quant_ref_fill(struct quant_traits *scalar)
+#define F16(h) quant_f16_to_f32(h)
+
+/* ---- float types --------------------------------------------------------- */
+
+static void f32_to_float(const void *x, float *y, int64_t n) { memcpy(y, x, (size_t)n * sizeof(float)); }
+static void f32_from_float(const float *x, void *y, int64_t n) { memcpy(y, x, (size_t)n * sizeof(float)); }
+
+static void f16_to_float(const void *vx, float *y, int64_t n)
 {
-    (void)scalar;
+    const quant_f16 *x = vx;
+    for (int64_t i = 0; i < n; i++)
+        y[i] = quant_f16_to_f32(x[i]);
+}
+
+static void f16_from_float(const float *x, void *vy, int64_t n)
+{
+    quant_f16 *y = vy;
+    for (int64_t i = 0; i < n; i++)
+        y[i] = quant_f32_to_f16(x[i]);
+}
+
+static void bf16_to_float(const void *vx, float *y, int64_t n)
+{
+    const quant_bf16 *x = vx;
+    for (int64_t i = 0; i < n; i++)
+        y[i] = quant_bf16_to_f32(x[i]);
+}
+
+static void bf16_from_float(const float *x, void *vy, int64_t n)
+{
+    quant_bf16 *y = vy;
+    for (int64_t i = 0; i < n; i++)
+        y[i] = quant_f32_to_bf16(x[i]);
+}
+
+/* Float dots accumulate in double: the reference should be the most exact. */
+void quant_vec_dot_f32_ref(int n, float *s, const void *vx, const void *vy)
+{
+    const float *x = vx, *y = vy;
+    double sum = 0;
+    for (int i = 0; i < n; i++)
+        sum += (double)x[i] * y[i];
+    *s = (float)sum;
+}
+
+void quant_vec_dot_f16_ref(int n, float *s, const void *vx, const void *vy)
+{
+    const quant_f16 *x = vx;
+    const float *y = vy;
+    double sum = 0;
+    for (int i = 0; i < n; i++)
+        sum += (double)quant_f16_to_f32(x[i]) * y[i];
+    *s = (float)sum;
+}
+
+void quant_vec_dot_bf16_ref(int n, float *s, const void *vx, const void *vy)
+{
+    const quant_bf16 *x = vx;
+    const float *y = vy;
+    double sum = 0;
+    for (int i = 0; i < n; i++)
+        sum += (double)quant_bf16_to_f32(x[i]) * y[i];
+    *s = (float)sum;
+}
+
+/* ---- block quantizers (ggml's quantize_row_*_ref) ------------------------ */
+
+static float absmax_signed(const float *x, int n)
+{
+    float amax = 0, max = 0;
+    for (int j = 0; j < n; j++) {
+        if (amax < fabsf(x[j])) {
+            amax = fabsf(x[j]);
+            max = x[j];
+        }
+    }
+    return max;
+}
+
+static void min_max(const float *x, int n, float *min, float *max)
+{
+    *min = FLT_MAX;
+    *max = -FLT_MAX;
+    for (int j = 0; j < n; j++) {
+        if (x[j] < *min)
+            *min = x[j];
+        if (x[j] > *max)
+            *max = x[j];
+    }
+}
+
+static int imin(int a, int b) { return a < b ? a : b; }
+
+static void q4_0_from_float(const float *x, void *vy, int64_t n)
+{
+    block_q4_0 *y = vy;
+    for (int64_t i = 0; i < n / QK4_0; i++, x += QK4_0) {
+        const float d = absmax_signed(x, QK4_0) / -8;
+        const float id = d ? 1.0f / d : 0.0f;
+        y[i].d = quant_f32_to_f16(d);
+        for (int j = 0; j < QK4_0 / 2; j++) {
+            int xi0 = imin(15, (int8_t)(x[j] * id + 8.5f));
+            int xi1 = imin(15, (int8_t)(x[QK4_0 / 2 + j] * id + 8.5f));
+            y[i].qs[j] = (uint8_t)(xi0 | (xi1 << 4));
+        }
+    }
+}
+
+static void q4_1_from_float(const float *x, void *vy, int64_t n)
+{
+    block_q4_1 *y = vy;
+    for (int64_t i = 0; i < n / QK4_1; i++, x += QK4_1) {
+        float min, max;
+        min_max(x, QK4_1, &min, &max);
+        const float d = (max - min) / ((1 << 4) - 1);
+        const float id = d ? 1.0f / d : 0.0f;
+        y[i].d = quant_f32_to_f16(d);
+        y[i].m = quant_f32_to_f16(min);
+        for (int j = 0; j < QK4_1 / 2; j++) {
+            int xi0 = imin(15, (int8_t)((x[j] - min) * id + 0.5f));
+            int xi1 = imin(15, (int8_t)((x[QK4_1 / 2 + j] - min) * id + 0.5f));
+            y[i].qs[j] = (uint8_t)(xi0 | (xi1 << 4));
+        }
+    }
+}
+
+static void q5_0_from_float(const float *x, void *vy, int64_t n)
+{
+    block_q5_0 *y = vy;
+    for (int64_t i = 0; i < n / QK5_0; i++, x += QK5_0) {
+        const float d = absmax_signed(x, QK5_0) / -16;
+        const float id = d ? 1.0f / d : 0.0f;
+        y[i].d = quant_f32_to_f16(d);
+        uint32_t qh = 0;
+        for (int j = 0; j < QK5_0 / 2; j++) {
+            int xi0 = imin(31, (int8_t)(x[j] * id + 16.5f));
+            int xi1 = imin(31, (int8_t)(x[QK5_0 / 2 + j] * id + 16.5f));
+            y[i].qs[j] = (uint8_t)((xi0 & 0x0f) | ((xi1 & 0x0f) << 4));
+            qh |= ((uint32_t)(xi0 & 0x10) >> 4) << j;
+            qh |= ((uint32_t)(xi1 & 0x10) >> 4) << (j + QK5_0 / 2);
+        }
+        memcpy(y[i].qh, &qh, sizeof qh);
+    }
+}
+
+static void q5_1_from_float(const float *x, void *vy, int64_t n)
+{
+    block_q5_1 *y = vy;
+    for (int64_t i = 0; i < n / QK5_1; i++, x += QK5_1) {
+        float min, max;
+        min_max(x, QK5_1, &min, &max);
+        const float d = (max - min) / ((1 << 5) - 1);
+        const float id = d ? 1.0f / d : 0.0f;
+        y[i].d = quant_f32_to_f16(d);
+        y[i].m = quant_f32_to_f16(min);
+        uint32_t qh = 0;
+        for (int j = 0; j < QK5_1 / 2; j++) {
+            int xi0 = (uint8_t)((x[j] - min) * id + 0.5f);
+            int xi1 = (uint8_t)((x[QK5_1 / 2 + j] - min) * id + 0.5f);
+            y[i].qs[j] = (uint8_t)((xi0 & 0x0f) | ((xi1 & 0x0f) << 4));
+            qh |= ((uint32_t)(xi0 & 0x10) >> 4) << j;
+            qh |= ((uint32_t)(xi1 & 0x10) >> 4) << (j + QK5_1 / 2);
+        }
+        memcpy(y[i].qh, &qh, sizeof qh);
+    }
+}
+
+static float absmax(const float *x, int n)
+{
+    float amax = 0;
+    for (int j = 0; j < n; j++)
+        amax = fmaxf(amax, fabsf(x[j]));
+    return amax;
+}
+
+void quant_q8_0_from_float_ref(const float *x, void *vy, int64_t n)
+{
+    block_q8_0 *y = vy;
+    for (int64_t i = 0; i < n / QK8_0; i++, x += QK8_0) {
+        const float d = absmax(x, QK8_0) / ((1 << 7) - 1);
+        const float id = d ? 1.0f / d : 0.0f;
+        y[i].d = quant_f32_to_f16(d);
+        for (int j = 0; j < QK8_0; j++)
+            y[i].qs[j] = (int8_t)roundf(x[j] * id);
+    }
+}
+
+static void q8_1_from_float(const float *x, void *vy, int64_t n)
+{
+    block_q8_1 *y = vy;
+    for (int64_t i = 0; i < n / QK8_1; i++, x += QK8_1) {
+        const float d = absmax(x, QK8_1) / ((1 << 7) - 1);
+        const float id = d ? 1.0f / d : 0.0f;
+        y[i].d = quant_f32_to_f16(d);
+        int sum = 0;
+        for (int j = 0; j < QK8_1; j++) {
+            y[i].qs[j] = (int8_t)roundf(x[j] * id);
+            sum += y[i].qs[j];
+        }
+        y[i].s = quant_f32_to_f16((float)sum * d);
+    }
+}
+
+/* ---- block dequantizers (ggml's dequantize_row_*) ------------------------ */
+
+static void q4_0_to_float(const void *vx, float *y, int64_t n)
+{
+    const block_q4_0 *x = vx;
+    for (int64_t i = 0; i < n / QK4_0; i++, y += QK4_0) {
+        const float d = F16(x[i].d);
+        for (int j = 0; j < QK4_0 / 2; j++) {
+            y[j] = ((x[i].qs[j] & 0x0f) - 8) * d;
+            y[j + QK4_0 / 2] = ((x[i].qs[j] >> 4) - 8) * d;
+        }
+    }
+}
+
+static void q4_1_to_float(const void *vx, float *y, int64_t n)
+{
+    const block_q4_1 *x = vx;
+    for (int64_t i = 0; i < n / QK4_1; i++, y += QK4_1) {
+        const float d = F16(x[i].d), m = F16(x[i].m);
+        for (int j = 0; j < QK4_1 / 2; j++) {
+            y[j] = (x[i].qs[j] & 0x0f) * d + m;
+            y[j + QK4_1 / 2] = (x[i].qs[j] >> 4) * d + m;
+        }
+    }
+}
+
+/* The 5th bits: bit j of qh belongs to element j. */
+static int q5_value(const uint8_t *qs, uint32_t qh, int j)
+{
+    int low = j < 16 ? (qs[j] & 0x0f) : (qs[j - 16] >> 4);
+    return low | (int)(((qh >> j) & 1) << 4);
+}
+
+static void q5_0_to_float(const void *vx, float *y, int64_t n)
+{
+    const block_q5_0 *x = vx;
+    for (int64_t i = 0; i < n / QK5_0; i++, y += QK5_0) {
+        const float d = F16(x[i].d);
+        uint32_t qh;
+        memcpy(&qh, x[i].qh, sizeof qh);
+        for (int j = 0; j < QK5_0; j++)
+            y[j] = (q5_value(x[i].qs, qh, j) - 16) * d;
+    }
+}
+
+static void q5_1_to_float(const void *vx, float *y, int64_t n)
+{
+    const block_q5_1 *x = vx;
+    for (int64_t i = 0; i < n / QK5_1; i++, y += QK5_1) {
+        const float d = F16(x[i].d), m = F16(x[i].m);
+        uint32_t qh;
+        memcpy(&qh, x[i].qh, sizeof qh);
+        for (int j = 0; j < QK5_1; j++)
+            y[j] = q5_value(x[i].qs, qh, j) * d + m;
+    }
+}
+
+static void q8_0_to_float(const void *vx, float *y, int64_t n)
+{
+    const block_q8_0 *x = vx;
+    for (int64_t i = 0; i < n / QK8_0; i++, y += QK8_0) {
+        const float d = F16(x[i].d);
+        for (int j = 0; j < QK8_0; j++)
+            y[j] = x[i].qs[j] * d;
+    }
+}
+
+static void q8_1_to_float(const void *vx, float *y, int64_t n)
+{
+    const block_q8_1 *x = vx;
+    for (int64_t i = 0; i < n / QK8_1; i++, y += QK8_1) {
+        const float d = F16(x[i].d);
+        for (int j = 0; j < QK8_1; j++)
+            y[j] = x[i].qs[j] * d;
+    }
+}
+
+/* ---- integer dots -------------------------------------------------------- *
+ * Each block's integer dot is exact; it is scaled as sumi * (dx * dy), the
+ * same product the SIMD kernels form, so they differ only in the order of the
+ * float sum over blocks. */
+
+void quant_vec_dot_q4_0_q8_0_ref(int n, float *s, const void *vx, const void *vy)
+{
+    const block_q4_0 *x = vx;
+    const block_q8_0 *y = vy;
+    float sum = 0;
+    for (int i = 0; i < n / QK8_0; i++) {
+        int sumi = 0;
+        for (int j = 0; j < QK4_0 / 2; j++) {
+            sumi += ((x[i].qs[j] & 0x0f) - 8) * y[i].qs[j];
+            sumi += ((x[i].qs[j] >> 4) - 8) * y[i].qs[j + QK4_0 / 2];
+        }
+        sum += (float)sumi * (F16(x[i].d) * F16(y[i].d));
+    }
+    *s = sum;
+}
+
+void quant_vec_dot_q4_1_q8_1_ref(int n, float *s, const void *vx, const void *vy)
+{
+    const block_q4_1 *x = vx;
+    const block_q8_1 *y = vy;
+    float sum = 0;
+    for (int i = 0; i < n / QK8_1; i++) {
+        int sumi = 0;
+        for (int j = 0; j < QK4_1 / 2; j++) {
+            sumi += (x[i].qs[j] & 0x0f) * y[i].qs[j];
+            sumi += (x[i].qs[j] >> 4) * y[i].qs[j + QK4_1 / 2];
+        }
+        sum += (float)sumi * (F16(x[i].d) * F16(y[i].d)) + F16(x[i].m) * F16(y[i].s);
+    }
+    *s = sum;
+}
+
+void quant_vec_dot_q5_0_q8_0_ref(int n, float *s, const void *vx, const void *vy)
+{
+    const block_q5_0 *x = vx;
+    const block_q8_0 *y = vy;
+    float sum = 0;
+    for (int i = 0; i < n / QK8_0; i++) {
+        uint32_t qh;
+        memcpy(&qh, x[i].qh, sizeof qh);
+        int sumi = 0;
+        for (int j = 0; j < QK5_0; j++)
+            sumi += (q5_value(x[i].qs, qh, j) - 16) * y[i].qs[j];
+        sum += (float)sumi * (F16(x[i].d) * F16(y[i].d));
+    }
+    *s = sum;
+}
+
+void quant_vec_dot_q5_1_q8_1_ref(int n, float *s, const void *vx, const void *vy)
+{
+    const block_q5_1 *x = vx;
+    const block_q8_1 *y = vy;
+    float sum = 0;
+    for (int i = 0; i < n / QK8_1; i++) {
+        uint32_t qh;
+        memcpy(&qh, x[i].qh, sizeof qh);
+        int sumi = 0;
+        for (int j = 0; j < QK5_1; j++)
+            sumi += q5_value(x[i].qs, qh, j) * y[i].qs[j];
+        sum += (float)sumi * (F16(x[i].d) * F16(y[i].d)) + F16(x[i].m) * F16(y[i].s);
+    }
+    *s = sum;
+}
+
+void quant_vec_dot_q8_0_q8_0_ref(int n, float *s, const void *vx, const void *vy)
+{
+    const block_q8_0 *x = vx;
+    const block_q8_0 *y = vy;
+    float sum = 0;
+    for (int i = 0; i < n / QK8_0; i++) {
+        int sumi = 0;
+        for (int j = 0; j < QK8_0; j++)
+            sumi += x[i].qs[j] * y[i].qs[j];
+        sum += (float)sumi * (F16(x[i].d) * F16(y[i].d));
+    }
+    *s = sum;
+}
+
+/* ---- table --------------------------------------------------------------- */
+
+static void set(struct quant_traits *t, quant_to_float_fn to, quant_from_float_fn from, quant_vec_dot_fn dot)
+{
+    t->to_float = to;
+    t->from_float = from;
+    t->vec_dot = dot;
+}
+
+void quant_ref_fill(struct quant_traits *t)
+{
+    set(&t[QUANT_F32], f32_to_float, f32_from_float, quant_vec_dot_f32_ref);
+    set(&t[QUANT_F16], f16_to_float, f16_from_float, quant_vec_dot_f16_ref);
+    set(&t[QUANT_BF16], bf16_to_float, bf16_from_float, quant_vec_dot_bf16_ref);
+    set(&t[QUANT_Q4_0], q4_0_to_float, q4_0_from_float, quant_vec_dot_q4_0_q8_0_ref);
+    set(&t[QUANT_Q4_1], q4_1_to_float, q4_1_from_float, quant_vec_dot_q4_1_q8_1_ref);
+    set(&t[QUANT_Q5_0], q5_0_to_float, q5_0_from_float, quant_vec_dot_q5_0_q8_0_ref);
+    set(&t[QUANT_Q5_1], q5_1_to_float, q5_1_from_float, quant_vec_dot_q5_1_q8_1_ref);
+    set(&t[QUANT_Q8_0], q8_0_to_float, quant_q8_0_from_float_ref, quant_vec_dot_q8_0_q8_0_ref);
+    set(&t[QUANT_Q8_1], q8_1_to_float, q8_1_from_float, NULL);
 }

@@ -1,18 +1,333 @@
-/* quant: AVX2 / AVX-512 kernels. */
+/* quant: AVX2 and AVX-512 vec_dot kernels for the traits table. Each has a
+ * scalar twin in quant_ref.c and a test comparing them (tests/test_quant.c).
+ * The integer parts are exact; only the float sum over blocks may be
+ * reordered. */
+#include <string.h>
+
 #include "quant/quant_internal.h"
+
+#if defined(QUANT_HAVE_AVX2) || defined(QUANT_HAVE_AVX512)
+#include <immintrin.h>
+#endif
 
 const char *quant_isa(void)
 {
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#if defined(QUANT_HAVE_AVX512)
     return "avx512-vnni";
-#elif defined(__AVX2__)
+#elif defined(QUANT_HAVE_AVX2)
     return "avx2";
 #else
     return "scalar";
 #endif
 }
 
+#define F16(h) quant_f16_to_f32(h)
+
+#if defined(QUANT_HAVE_AVX2)
+/* ---- AVX2: one 32-element block per step -------------------------------- */
+
+static inline float hsum_256(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* 16 bytes of nibbles -> 32 bytes: low nibbles first (elements 0..15). */
+static inline __m256i nibbles_32(const uint8_t *qs)
+{
+    __m128i t = _mm_loadu_si128((const __m128i *)qs);
+    __m256i b = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
+    return _mm256_and_si256(b, _mm256_set1_epi8(0x0f));
+}
+
+/* Bit i of qh -> byte i = 0xff. */
+static inline __m256i bits_32(const uint8_t qh[4])
+{
+    uint32_t v;
+    memcpy(&v, qh, sizeof v);
+    const __m256i spread = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+    __m256i b = _mm256_shuffle_epi8(_mm256_set1_epi32((int)v), spread);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    return _mm256_cmpeq_epi8(_mm256_and_si256(b, bit), bit);
+}
+
+/* Sum of u8 x s8 products in 8 int32 lanes (pairs never saturate here:
+ * |x| <= 128, |y| <= 127). */
+static inline __m256i dot_u8_i8(__m256i ux, __m256i y)
+{
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), ux, y);
+#elif defined(__AVXVNNI__)
+    return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), ux, y);
+#else
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(ux, y), _mm256_set1_epi16(1));
+#endif
+}
+
+static inline __m256 dot_i8_ps(__m256i x, __m256i y)
+{
+    return _mm256_cvtepi32_ps(dot_u8_i8(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x)));
+}
+
+static inline __m256 dot_u8_ps(__m256i x, __m256i y) { return _mm256_cvtepi32_ps(dot_u8_i8(x, y)); }
+
+static inline __m256i q4_0_block(const block_q4_0 *b) { return _mm256_sub_epi8(nibbles_32(b->qs), _mm256_set1_epi8(8)); }
+
+static inline __m256i q5_0_block(const block_q5_0 *b)
+{
+    __m256i hi = _mm256_andnot_si256(bits_32(b->qh), _mm256_set1_epi8((char)0xf0));
+    return _mm256_or_si256(nibbles_32(b->qs), hi); /* (nibble | bit4 << 4) - 16 as int8 */
+}
+
+static inline __m256i q5_1_block(const block_q5_1 *b)
+{
+    __m256i hi = _mm256_and_si256(bits_32(b->qh), _mm256_set1_epi8(0x10));
+    return _mm256_or_si256(nibbles_32(b->qs), hi);
+}
+
+static inline __m256i load_q8(const int8_t *qs) { return _mm256_loadu_si256((const __m256i *)qs); }
+
+void quant_vec_dot_q4_0_q8_0_avx2(int n, float *s, const void *vx, const void *vy)
+{
+    const block_q4_0 *x = vx;
+    const block_q8_0 *y = vy;
+    __m256 acc = _mm256_setzero_ps();
+    for (int i = 0; i < n / QK8_0; i++) {
+        __m256 d = _mm256_set1_ps(F16(x[i].d) * F16(y[i].d));
+        acc = _mm256_fmadd_ps(d, dot_i8_ps(q4_0_block(&x[i]), load_q8(y[i].qs)), acc);
+    }
+    *s = hsum_256(acc);
+}
+
+void quant_vec_dot_q8_0_q8_0_avx2(int n, float *s, const void *vx, const void *vy)
+{
+    const block_q8_0 *x = vx;
+    const block_q8_0 *y = vy;
+    __m256 acc = _mm256_setzero_ps();
+    for (int i = 0; i < n / QK8_0; i++) {
+        __m256 d = _mm256_set1_ps(F16(x[i].d) * F16(y[i].d));
+        acc = _mm256_fmadd_ps(d, dot_i8_ps(load_q8(x[i].qs), load_q8(y[i].qs)), acc);
+    }
+    *s = hsum_256(acc);
+}
+
+void quant_vec_dot_q5_0_q8_0_avx2(int n, float *s, const void *vx, const void *vy)
+{
+    const block_q5_0 *x = vx;
+    const block_q8_0 *y = vy;
+    __m256 acc = _mm256_setzero_ps();
+    for (int i = 0; i < n / QK8_0; i++) {
+        __m256 d = _mm256_set1_ps(F16(x[i].d) * F16(y[i].d));
+        acc = _mm256_fmadd_ps(d, dot_i8_ps(q5_0_block(&x[i]), load_q8(y[i].qs)), acc);
+    }
+    *s = hsum_256(acc);
+}
+
+void quant_vec_dot_q4_1_q8_1_avx2(int n, float *s, const void *vx, const void *vy)
+{
+    const block_q4_1 *x = vx;
+    const block_q8_1 *y = vy;
+    __m256 acc = _mm256_setzero_ps();
+    float mins = 0;
+    for (int i = 0; i < n / QK8_1; i++) {
+        __m256 d = _mm256_set1_ps(F16(x[i].d) * F16(y[i].d));
+        mins += F16(x[i].m) * F16(y[i].s);
+        acc = _mm256_fmadd_ps(d, dot_u8_ps(nibbles_32(x[i].qs), load_q8(y[i].qs)), acc);
+    }
+    *s = hsum_256(acc) + mins;
+}
+
+void quant_vec_dot_q5_1_q8_1_avx2(int n, float *s, const void *vx, const void *vy)
+{
+    const block_q5_1 *x = vx;
+    const block_q8_1 *y = vy;
+    __m256 acc = _mm256_setzero_ps();
+    float mins = 0;
+    for (int i = 0; i < n / QK8_1; i++) {
+        __m256 d = _mm256_set1_ps(F16(x[i].d) * F16(y[i].d));
+        mins += F16(x[i].m) * F16(y[i].s);
+        acc = _mm256_fmadd_ps(d, dot_u8_ps(q5_1_block(&x[i]), load_q8(y[i].qs)), acc);
+    }
+    *s = hsum_256(acc) + mins;
+}
+
+/* ---- float dots: 4 independent accumulators, then a scalar tail ---------- */
+
+static inline __m256 load8_f32(const void *p, int i) { return _mm256_loadu_ps((const float *)p + i); }
+static inline __m256 load8_f16(const void *p, int i)
+{
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const quant_f16 *)p + i)));
+}
+static inline __m256 load8_bf16(const void *p, int i)
+{
+    __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const quant_bf16 *)p + i)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+
+#define FLOAT_DOT_AVX2(name, load8, scalar)                                           \
+    void name(int n, float *s, const void *vx, const void *vy)                        \
+    {                                                                                 \
+        const float *y = vy;                                                          \
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                   \
+        int i = 0;                                                                    \
+        for (; i + 32 <= n; i += 32) {                                                \
+            a0 = _mm256_fmadd_ps(load8(vx, i), _mm256_loadu_ps(y + i), a0);           \
+            a1 = _mm256_fmadd_ps(load8(vx, i + 8), _mm256_loadu_ps(y + i + 8), a1);   \
+            a2 = _mm256_fmadd_ps(load8(vx, i + 16), _mm256_loadu_ps(y + i + 16), a2); \
+            a3 = _mm256_fmadd_ps(load8(vx, i + 24), _mm256_loadu_ps(y + i + 24), a3); \
+        }                                                                             \
+        for (; i + 8 <= n; i += 8)                                                    \
+            a0 = _mm256_fmadd_ps(load8(vx, i), _mm256_loadu_ps(y + i), a0);           \
+        float sum = hsum_256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3))); \
+        for (; i < n; i++)                                                            \
+            sum += scalar * y[i];                                                     \
+        *s = sum;                                                                     \
+    }
+
+FLOAT_DOT_AVX2(quant_vec_dot_f32_avx2, load8_f32, ((const float *)vx)[i])
+FLOAT_DOT_AVX2(quant_vec_dot_f16_avx2, load8_f16, quant_f16_to_f32(((const quant_f16 *)vx)[i]))
+FLOAT_DOT_AVX2(quant_vec_dot_bf16_avx2, load8_bf16, quant_bf16_to_f32(((const quant_bf16 *)vx)[i]))
+#endif /* QUANT_HAVE_AVX2 */
+
+#if defined(QUANT_HAVE_AVX512)
+/* ---- AVX-512 VNNI: two blocks per 512-bit step, AVX2 step for an odd tail - */
+
+static inline __m512i join(__m256i lo, __m256i hi) { return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); }
+
+static inline __m512 scale2(float d0, float d1)
+{
+    return _mm512_insertf32x8(_mm512_set1_ps(d0), _mm256_set1_ps(d1), 1);
+}
+
+/* dot of unsigned x and signed y bytes, minus k * sum(y): x holds values + k. */
+static inline __m512 dot_u8_off(__m512i ux, __m512i y, int k)
+{
+    __m512i z = _mm512_setzero_si512();
+    __m512i corr = k ? _mm512_dpbusd_epi32(z, _mm512_set1_epi8((char)k), y) : z;
+    return _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_sub_epi32(z, corr), ux, y));
+}
+
+static inline __m512 dot_i8_512(__m512i x, __m512i y)
+{
+    __m512i z = _mm512_setzero_si512();
+    __m512i sy = _mm512_mask_sub_epi8(y, _mm512_movepi8_mask(x), z, y);
+    return _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(z, _mm512_abs_epi8(x), sy));
+}
+
+static inline __m512i q8_pair(const int8_t *a, const int8_t *b) { return join(load_q8(a), load_q8(b)); }
+
+static inline __m512i q5_hi_pair(const uint8_t *qh0, const uint8_t *qh1)
+{
+    uint32_t a, b;
+    memcpy(&a, qh0, 4);
+    memcpy(&b, qh1, 4);
+    __m512i bits = _mm512_movm_epi8((__mmask64)a | ((__mmask64)b << 32));
+    return _mm512_and_si512(bits, _mm512_set1_epi8(0x10));
+}
+
+/* The generic shape: pairs of blocks in zmm, then one block in ymm. */
+#define QDOT_AVX512(name, bx_t, by_t, PAIR_DOT, ONE_DOT, MIN_TERM)                          \
+    void name(int n, float *s, const void *vx, const void *vy)                             \
+    {                                                                                      \
+        const bx_t *x = vx;                                                                \
+        const by_t *y = vy;                                                                \
+        const int nb = n / 32;                                                             \
+        __m512 acc = _mm512_setzero_ps();                                                  \
+        float mins = 0;                                                                    \
+        int i = 0;                                                                         \
+        for (; i + 2 <= nb; i += 2) {                                                      \
+            __m512 d = scale2(F16(x[i].d) * F16(y[i].d), F16(x[i + 1].d) * F16(y[i + 1].d)); \
+            __m512i qy = q8_pair(y[i].qs, y[i + 1].qs);                                    \
+            acc = _mm512_fmadd_ps(d, PAIR_DOT, acc);                                       \
+            mins += MIN_TERM(i) + MIN_TERM(i + 1);                                         \
+        }                                                                                  \
+        float sum = _mm512_reduce_add_ps(acc);                                             \
+        if (i < nb) {                                                                      \
+            __m256 d = _mm256_set1_ps(F16(x[i].d) * F16(y[i].d));                          \
+            sum += hsum_256(_mm256_mul_ps(d, ONE_DOT));                                    \
+            mins += MIN_TERM(i);                                                           \
+        }                                                                                  \
+        *s = sum + mins;                                                                   \
+    }
+
+#define NO_MIN(i) 0.0f
+#define Q_MIN(i) (F16(x[i].m) * F16(y[i].s))
+
+QDOT_AVX512(quant_vec_dot_q8_0_q8_0_avx512, block_q8_0, block_q8_0,
+            dot_i8_512(q8_pair(x[i].qs, x[i + 1].qs), qy),
+            dot_i8_ps(load_q8(x[i].qs), load_q8(y[i].qs)), NO_MIN)
+QDOT_AVX512(quant_vec_dot_q4_0_q8_0_avx512, block_q4_0, block_q8_0,
+            dot_u8_off(join(nibbles_32(x[i].qs), nibbles_32(x[i + 1].qs)), qy, 8),
+            dot_i8_ps(q4_0_block(&x[i]), load_q8(y[i].qs)), NO_MIN)
+QDOT_AVX512(quant_vec_dot_q4_1_q8_1_avx512, block_q4_1, block_q8_1,
+            dot_u8_off(join(nibbles_32(x[i].qs), nibbles_32(x[i + 1].qs)), qy, 0),
+            dot_u8_ps(nibbles_32(x[i].qs), load_q8(y[i].qs)), Q_MIN)
+QDOT_AVX512(quant_vec_dot_q5_0_q8_0_avx512, block_q5_0, block_q8_0,
+            dot_u8_off(_mm512_or_si512(join(nibbles_32(x[i].qs), nibbles_32(x[i + 1].qs)),
+                                       q5_hi_pair(x[i].qh, x[i + 1].qh)), qy, 16),
+            dot_i8_ps(q5_0_block(&x[i]), load_q8(y[i].qs)), NO_MIN)
+QDOT_AVX512(quant_vec_dot_q5_1_q8_1_avx512, block_q5_1, block_q8_1,
+            dot_u8_off(_mm512_or_si512(join(nibbles_32(x[i].qs), nibbles_32(x[i + 1].qs)),
+                                       q5_hi_pair(x[i].qh, x[i + 1].qh)), qy, 0),
+            dot_u8_ps(q5_1_block(&x[i]), load_q8(y[i].qs)), Q_MIN)
+
+static inline __m512 load16_f32(const void *p, int i) { return _mm512_loadu_ps((const float *)p + i); }
+static inline __m512 load16_f16(const void *p, int i)
+{
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const quant_f16 *)p + i)));
+}
+static inline __m512 load16_bf16(const void *p, int i)
+{
+    __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const quant_bf16 *)p + i)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+}
+
+#define FLOAT_DOT_AVX512(name, load16, scalar)                                             \
+    void name(int n, float *s, const void *vx, const void *vy)                             \
+    {                                                                                      \
+        const float *y = vy;                                                               \
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                        \
+        int i = 0;                                                                         \
+        for (; i + 64 <= n; i += 64) {                                                     \
+            a0 = _mm512_fmadd_ps(load16(vx, i), _mm512_loadu_ps(y + i), a0);              \
+            a1 = _mm512_fmadd_ps(load16(vx, i + 16), _mm512_loadu_ps(y + i + 16), a1);    \
+            a2 = _mm512_fmadd_ps(load16(vx, i + 32), _mm512_loadu_ps(y + i + 32), a2);    \
+            a3 = _mm512_fmadd_ps(load16(vx, i + 48), _mm512_loadu_ps(y + i + 48), a3);    \
+        }                                                                                  \
+        for (; i + 16 <= n; i += 16)                                                       \
+            a0 = _mm512_fmadd_ps(load16(vx, i), _mm512_loadu_ps(y + i), a0);               \
+        float sum = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3))); \
+        for (; i < n; i++)                                                                 \
+            sum += scalar * y[i];                                                          \
+        *s = sum;                                                                          \
+    }
+
+FLOAT_DOT_AVX512(quant_vec_dot_f32_avx512, load16_f32, ((const float *)vx)[i])
+FLOAT_DOT_AVX512(quant_vec_dot_f16_avx512, load16_f16, quant_f16_to_f32(((const quant_f16 *)vx)[i]))
+FLOAT_DOT_AVX512(quant_vec_dot_bf16_avx512, load16_bf16, quant_bf16_to_f32(((const quant_bf16 *)vx)[i]))
+#endif /* QUANT_HAVE_AVX512 */
+
+#define SET_DOTS(t, isa)                                                     \
+    do {                                                                     \
+        t[QUANT_F32].vec_dot = quant_vec_dot_f32_##isa;                      \
+        t[QUANT_F16].vec_dot = quant_vec_dot_f16_##isa;                      \
+        t[QUANT_BF16].vec_dot = quant_vec_dot_bf16_##isa;                    \
+        t[QUANT_Q4_0].vec_dot = quant_vec_dot_q4_0_q8_0_##isa;               \
+        t[QUANT_Q4_1].vec_dot = quant_vec_dot_q4_1_q8_1_##isa;               \
+        t[QUANT_Q5_0].vec_dot = quant_vec_dot_q5_0_q8_0_##isa;               \
+        t[QUANT_Q5_1].vec_dot = quant_vec_dot_q5_1_q8_1_##isa;               \
+        t[QUANT_Q8_0].vec_dot = quant_vec_dot_q8_0_q8_0_##isa;               \
+    } while (0)
+
 void quant_simd_fill(struct quant_traits *best)
 {
+#if defined(QUANT_HAVE_AVX512)
+    SET_DOTS(best, avx512);
+#elif defined(QUANT_HAVE_AVX2)
+    SET_DOTS(best, avx2);
+#else
     (void)best;
+#endif
 }

@@ -1,0 +1,429 @@
+/* quant: conversions, quantize->dequantize error bounds, every SIMD vec_dot
+ * against its scalar reference, and quant_matmul against a naive f32 matmul
+ * over the dequantized weights. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "quant/quant.h"
+#include "quant/quant_internal.h"
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static uint32_t rnd32(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 11);
+}
+static float rndf(void) { return (float)(rnd32() >> 8) / 16777216.0f * 2.0f - 1.0f; } /* [-1, 1) */
+
+static void fill_random(float *x, int64_t n, float scale)
+{
+    for (int64_t i = 0; i < n; i++)
+        x[i] = rndf() * scale;
+}
+
+static const enum quant_type k_basic[] = {QUANT_F32, QUANT_F16, QUANT_BF16, QUANT_Q4_0, QUANT_Q4_1,
+                                          QUANT_Q5_0, QUANT_Q5_1, QUANT_Q8_0};
+#define N_BASIC (sizeof k_basic / sizeof k_basic[0])
+
+/* ---- conversions ----------------------------------------------------------- */
+
+static void test_f16_roundtrip_all(void **state)
+{
+    (void)state;
+    for (uint32_t h = 0; h < 65536; h++) {
+        float f = quant_f16_to_f32((quant_f16)h), g = quant_f16_to_f32_soft((quant_f16)h);
+        if (isnan(f)) {
+            assert_true(isnan(g));
+            continue;
+        }
+        assert_memory_equal(&f, &g, sizeof f);
+        assert_int_equal(quant_f32_to_f16_soft(f), h);
+        assert_int_equal(quant_f32_to_f16(f), h);
+    }
+}
+
+static void test_f16_rounding_matches_hardware(void **state)
+{
+    (void)state;
+    const float edge[] = {65504.0f, 65519.99f, 65520.0f, 1e9f, 5.96e-8f, 2.98e-8f, 2.99e-8f,
+                          6.1e-5f, 6.097e-5f, 1.0f + 0x1p-11f, 1.0f + 0x1p-11f + 0x1p-23f, -0.0f, INFINITY};
+    for (size_t i = 0; i < sizeof edge / sizeof edge[0]; i++)
+        assert_int_equal(quant_f32_to_f16_soft(edge[i]), quant_f32_to_f16(edge[i]));
+    for (int i = 0; i < 1000000; i++) {
+        uint32_t u = rnd32() | (rnd32() << 21 & 0x80000000u);
+        float f;
+        memcpy(&f, &u, sizeof f);
+        if (isnan(f))
+            continue;
+        assert_int_equal(quant_f32_to_f16_soft(f), quant_f32_to_f16(f));
+    }
+}
+
+static void test_bf16(void **state)
+{
+    (void)state;
+    assert_int_equal(quant_f32_to_bf16(1.0f), 0x3f80);
+    /* 1 + 2^-8 is a tie: rounds to even (1.0); 1 + 3*2^-8 rounds up */
+    assert_int_equal(quant_f32_to_bf16(1.0f + 0x1p-8f), 0x3f80);
+    assert_int_equal(quant_f32_to_bf16(1.0f + 3 * 0x1p-8f), 0x3f82);
+    assert_true(isnan(quant_bf16_to_f32(quant_f32_to_bf16(NAN))));
+    assert_true(quant_bf16_to_f32(0x4049) > 3.14f && quant_bf16_to_f32(0x4049) < 3.15f);
+}
+
+static void test_names(void **state)
+{
+    (void)state;
+    enum quant_type t;
+    assert_int_equal(quant_type_from_name("Q4_K", &t), KS_OK);
+    assert_int_equal(t, QUANT_Q4_K);
+    assert_int_equal(quant_type_from_name("bf16", &t), KS_OK);
+    assert_int_equal(t, QUANT_BF16);
+    assert_int_equal(quant_type_from_name("q9_9", &t), KS_ERR_INVALID_ARG);
+    assert_string_equal(quant_type_name(QUANT_Q8_0), "q8_0");
+    assert_string_equal(quant_type_name((enum quant_type)4), "unknown(4)");
+    assert_false(quant_type_known(4));
+    assert_false(quant_type_known(1000));
+    assert_true(quant_type_known(QUANT_Q6_K));
+    assert_int_equal(quant_row_size(QUANT_Q4_0, 64), 36);
+    assert_int_equal(quant_row_size(QUANT_Q4_0, 65), 0);
+    assert_int_equal(quant_row_size(QUANT_F16, 3), 6);
+    assert_int_equal(quant_row_size(QUANT_Q4_K, 512), 288);
+    assert_non_null(quant_isa());
+}
+
+/* ---- quantize -> dequantize -------------------------------------------------- */
+
+/* Worst-case error of one element, from the block's range: rounding to the
+ * grid (half a step; a full step at the clamped end of the symmetric types),
+ * plus the f16 rounding of the scale and the minimum. */
+static float error_bound(enum quant_type t, const float *x, int n)
+{
+    float amax = 0, mn = x[0], mx = x[0];
+    for (int i = 0; i < n; i++) {
+        amax = fmaxf(amax, fabsf(x[i]));
+        mn = fminf(mn, x[i]);
+        mx = fmaxf(mx, x[i]);
+    }
+    const float f16eps = 0x1p-10f;
+    const float sub = 130 * 0x1p-25f; /* a subnormal f16 scale/min: half an ulp of 2^-24, times |q| <= 128 */
+    switch (t) {
+    case QUANT_F32: return 0;
+    case QUANT_F16: return amax * 0x1p-11f + 0x1p-25f;
+    case QUANT_BF16: return amax * 0x1p-8f;
+    case QUANT_Q8_0: return amax / 127 * (0.5f + 128 * f16eps) + sub;
+    case QUANT_Q4_0: return amax / 8 * (1.0f + 16 * f16eps) + sub;
+    case QUANT_Q5_0: return amax / 16 * (1.0f + 32 * f16eps) + sub;
+    case QUANT_Q4_1: return (mx - mn) / 15 * (0.5f + 16 * f16eps) + fabsf(mn) * f16eps + sub;
+    case QUANT_Q5_1: return (mx - mn) / 31 * (0.5f + 32 * f16eps) + fabsf(mn) * f16eps + sub;
+    default: return INFINITY;
+    }
+}
+
+static void test_quantize_error_bounds(void **state)
+{
+    (void)state;
+    const int n = 4096;
+    float *x = malloc(n * sizeof(float)), *y = malloc(n * sizeof(float));
+    void *q = malloc(n * 4);
+    for (size_t ti = 0; ti < N_BASIC; ti++) {
+        const struct quant_traits *tr = quant_traits_scalar(k_basic[ti]);
+        for (int rep = 0; rep < 3; rep++) {
+            fill_random(x, n, rep == 0 ? 1.0f : rep == 1 ? 100.0f : 1e-3f);
+            if (rep == 2)
+                for (int i = 0; i < 32; i++)
+                    x[i] = 0; /* an all-zero block */
+            tr->from_float(x, q, n);
+            tr->to_float(q, y, n);
+            const int bs = tr->block_elems > 1 ? tr->block_elems : 32;
+            for (int b = 0; b < n / bs; b++) {
+                float bound = error_bound(k_basic[ti], x + b * bs, bs);
+                for (int i = b * bs; i < (b + 1) * bs; i++) {
+                    if (!(fabsf(x[i] - y[i]) <= bound))
+                        fail_msg("%s: x[%d]=%g back as %g, bound %g", tr->name, i, x[i], y[i], bound);
+                }
+            }
+        }
+    }
+    free(x);
+    free(y);
+    free(q);
+}
+
+/* Known ggml results on a fixed block: q8_0 of 0..31 / 31. */
+static void test_q8_0_exact_values(void **state)
+{
+    (void)state;
+    float x[32];
+    for (int i = 0; i < 32; i++)
+        x[i] = (float)(i - 16) / 16.0f;
+    block_q8_0 b;
+    quant_traits_scalar(QUANT_Q8_0)->from_float(x, &b, 32);
+    assert_int_equal(b.qs[0], -127);
+    assert_int_equal(b.qs[31], 119); /* 15/16 * 127 = 119.06 */
+    assert_int_equal(b.qs[24], 64);  /* 0.5 * 127 = 63.5 -> away from zero */
+    assert_int_equal(b.qs[8], -64);
+}
+
+/* ---- vec_dot: SIMD vs scalar --------------------------------------------------- */
+
+typedef void (*dot_fn)(int, float *, const void *, const void *);
+struct dot_case {
+    enum quant_type wtype;
+    dot_fn ref;
+    dot_fn simd[2];
+    const char *isa[2];
+};
+
+#define CASE(t, stem)                                                                      \
+    {t, quant_vec_dot_##stem##_ref, {SIMD_AVX2(stem), SIMD_AVX512(stem)}, {"avx2", "avx512"}}
+#if defined(QUANT_HAVE_AVX2)
+#define SIMD_AVX2(stem) quant_vec_dot_##stem##_avx2
+#else
+#define SIMD_AVX2(stem) NULL
+#endif
+#if defined(QUANT_HAVE_AVX512)
+#define SIMD_AVX512(stem) quant_vec_dot_##stem##_avx512
+#else
+#define SIMD_AVX512(stem) NULL
+#endif
+
+static const struct dot_case k_dots[] = {
+    CASE(QUANT_F32, f32), CASE(QUANT_F16, f16), CASE(QUANT_BF16, bf16),
+    CASE(QUANT_Q4_0, q4_0_q8_0), CASE(QUANT_Q4_1, q4_1_q8_1), CASE(QUANT_Q5_0, q5_0_q8_0),
+    CASE(QUANT_Q5_1, q5_1_q8_1), CASE(QUANT_Q8_0, q8_0_q8_0),
+};
+
+/* The integer block dots are exact in every kernel; the float sum over blocks
+ * (or over elements, for float types) may be reordered. Tolerance: each of the
+ * (n/32 + 2) additions can lose 2^-24 of the running magnitude, bounded by
+ * sum |x_i * y_i| of the dequantized values. */
+static double abs_dot(const float *x, const float *y, int n)
+{
+    double s = 0;
+    for (int i = 0; i < n; i++)
+        s += fabs((double)x[i] * y[i]);
+    return s;
+}
+
+static void test_vec_dot_simd_vs_scalar(void **state)
+{
+    (void)state;
+    const int sizes[] = {32, 64, 96, 160, 4096 + 32, 4096 + 64, 33, 47};
+    const int nmax = 4096 + 64;
+    float *x = malloc(nmax * sizeof(float)), *y = malloc(nmax * sizeof(float));
+    float *xd = malloc(nmax * sizeof(float)), *yd = malloc(nmax * sizeof(float));
+    void *qx = malloc(nmax * 4), *qy = malloc(nmax * 4);
+    int checked = 0;
+    for (size_t c = 0; c < sizeof k_dots / sizeof k_dots[0]; c++) {
+        const struct dot_case *dc = &k_dots[c];
+        const struct quant_traits *wt = quant_traits_scalar(dc->wtype);
+        const struct quant_traits *yt = quant_traits_scalar(wt->vec_dot_type);
+        for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+            int n = sizes[si];
+            if (n % wt->block_elems)
+                continue;
+            for (int rep = 0; rep < 4; rep++) {
+                fill_random(x, n, rep == 3 ? 50.0f : 1.0f);
+                fill_random(y, n, 1.0f);
+                wt->from_float(x, qx, n);
+                yt->from_float(y, qy, n);
+                wt->to_float(qx, xd, n);
+                yt->to_float(qy, yd, n);
+                float want;
+                dc->ref(n, &want, qx, qy);
+                double tol = (n / 32.0 + 2) * 0x1p-23 * abs_dot(xd, yd, n) + 1e-30;
+                if (wt->vec_dot_type == QUANT_Q8_1)
+                    tol += (n / 32.0 + 2) * 0x1p-22 * abs_dot(xd, yd, n); /* + min * s terms */
+                for (int k = 0; k < 2; k++) {
+                    if (!dc->simd[k])
+                        continue;
+                    float got;
+                    dc->simd[k](n, &got, qx, qy);
+                    if (!(fabs((double)got - want) <= tol))
+                        fail_msg("%s %s n=%d: got %.9g want %.9g (tol %.3g)", wt->name, dc->isa[k], n, got,
+                                 want, tol);
+                    checked++;
+                }
+            }
+        }
+    }
+    print_message("checked %d SIMD dots against scalar (isa %s)\n", checked, quant_isa());
+    free(x);
+    free(y);
+    free(xd);
+    free(yd);
+    free(qx);
+    free(qy);
+}
+
+/* The quantized dot must equal the f32 dot of the dequantized values (the
+ * integer path computes exactly that, up to float summation order). */
+static void test_vec_dot_ref_vs_dequantized(void **state)
+{
+    (void)state;
+    const int n = 256;
+    float x[256], y[256], xd[256], yd[256];
+    uint8_t qx[1024], qy[1024];
+    for (size_t c = 0; c < sizeof k_dots / sizeof k_dots[0]; c++) {
+        const struct quant_traits *wt = quant_traits_scalar(k_dots[c].wtype);
+        const struct quant_traits *yt = quant_traits_scalar(wt->vec_dot_type);
+        fill_random(x, n, 1.0f);
+        fill_random(y, n, 1.0f);
+        wt->from_float(x, qx, n);
+        yt->from_float(y, qy, n);
+        wt->to_float(qx, xd, n);
+        yt->to_float(qy, yd, n);
+        double want = 0;
+        for (int i = 0; i < n; i++)
+            want += (double)xd[i] * yd[i];
+        float got;
+        wt->vec_dot(n, &got, qx, qy);
+        /* q8_1's s is sum * d rounded to f16: 2^-11 relative on the min term */
+        double tol = 1e-5 * abs_dot(xd, yd, n) + (wt->vec_dot_type == QUANT_Q8_1 ? 2e-3 * abs_dot(xd, yd, n) : 0);
+        if (!(fabs(got - want) <= tol))
+            fail_msg("%s: %.9g vs %.9g", wt->name, got, want);
+    }
+}
+
+/* ---- matmul vs naive f32 ----------------------------------------------------------- */
+
+/* Y = X W^T with W dequantized and X rounded through the activation type
+ * (in double), so the only difference left is float summation order. */
+static void naive_matmul(enum quant_type wtype, const void *W, int64_t rows, int64_t cols, const float *X,
+                         int64_t nt, double *Y, double *Yabs)
+{
+    const struct quant_traits *wt = quant_traits_scalar(wtype);
+    const struct quant_traits *at = quant_traits_scalar(wt->vec_dot_type);
+    float *w = malloc(rows * cols * sizeof(float)), *x = malloc(cols * sizeof(float));
+    void *xq = malloc(cols * 4 + 64);
+    size_t wrow = quant_row_size(wtype, cols);
+    for (int64_t r = 0; r < rows; r++)
+        wt->to_float((const uint8_t *)W + r * wrow, w + r * cols, cols);
+    for (int64_t t = 0; t < nt; t++) {
+        at->from_float(X + t * cols, xq, cols);
+        at->to_float(xq, x, cols);
+        for (int64_t r = 0; r < rows; r++) {
+            double s = 0, a = 0;
+            for (int64_t c = 0; c < cols; c++) {
+                s += (double)w[r * cols + c] * x[c];
+                a += fabs((double)w[r * cols + c] * x[c]);
+            }
+            Y[t * rows + r] = s;
+            Yabs[t * rows + r] = a;
+        }
+    }
+    free(w);
+    free(x);
+    free(xq);
+}
+
+static void check_matmul(threads_pool *pool, enum quant_type wtype, int64_t rows, int64_t cols, int64_t nt)
+{
+    const struct quant_traits *wt = quant_traits(wtype);
+    float *wf = malloc(rows * cols * sizeof(float)), *X = malloc(nt * cols * sizeof(float));
+    float *Y = malloc(nt * rows * sizeof(float));
+    double *want = malloc(nt * rows * sizeof(double)), *wabs = malloc(nt * rows * sizeof(double));
+    size_t wrow = quant_row_size(wtype, cols);
+    void *W = malloc(wrow * rows);
+    fill_random(wf, rows * cols, 1.0f);
+    fill_random(X, nt * cols, 3.0f);
+    for (int64_t r = 0; r < rows; r++)
+        wt->from_float(wf + r * cols, (uint8_t *)W + r * wrow, cols);
+    size_t ws = quant_matmul_work_size(wtype, cols, nt);
+    assert_true(ws > 0);
+    void *work = malloc(ws);
+    assert_int_equal(quant_matmul(pool, W, wtype, rows, cols, X, nt, Y, work, ws), KS_OK);
+    naive_matmul(wtype, W, rows, cols, X, nt, want, wabs);
+    /* exact integer block dots; float accumulation over cols/32 block terms
+     * (or cols terms for float weights) in some order: (cols/16 + 8) * 2^-24
+     * of sum |w*x|. q8_1 activations carry s = d*sum in f16: 2^-11 more. */
+    for (int64_t i = 0; i < nt * rows; i++) {
+        double tol = (cols / 16.0 + 8) * 0x1p-24 * wabs[i];
+        if (wt->vec_dot_type == QUANT_Q8_1)
+            tol += 0x1p-10 * wabs[i];
+        if (!(fabs(Y[i] - want[i]) <= tol))
+            fail_msg("%s rows=%lld cols=%lld tokens=%lld: Y[%lld][%lld]=%.9g want %.9g (tol %.3g)", wt->name,
+                     (long long)rows, (long long)cols, (long long)nt, (long long)(i / rows), (long long)(i % rows),
+                     Y[i], want[i], tol);
+    }
+    free(wf);
+    free(X);
+    free(Y);
+    free(want);
+    free(wabs);
+    free(W);
+    free(work);
+}
+
+static void test_matmul_vs_naive(void **state)
+{
+    (void)state;
+    const int64_t shapes[][2] = {{37, 96}, {64, 256}, {5, 32}, {130, 64}};
+    for (int th = 1; th <= 2; th++) {
+        threads_pool *pool;
+        assert_int_equal(threads_create(th, &pool), KS_OK);
+        for (size_t ti = 0; ti < N_BASIC; ti++) {
+            for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+                for (int64_t nt = 1; nt <= 17; nt++)
+                    check_matmul(pool, k_basic[ti], shapes[s][0], shapes[s][1], nt);
+                check_matmul(pool, k_basic[ti], shapes[s][0], shapes[s][1], 64);
+            }
+            check_matmul(pool, k_basic[ti], 33, 2048 + 32, 35);
+        }
+        threads_free(pool);
+    }
+}
+
+static void test_matmul_rejects_bad_args(void **state)
+{
+    (void)state;
+    float x[64] = {0}, y[4];
+    uint8_t w[256] = {0}, work[4096];
+    assert_int_equal(quant_matmul(NULL, w, QUANT_Q4_0, 2, 33, x, 1, y, work, sizeof work), KS_ERR_INVALID_ARG);
+    assert_int_equal(quant_matmul(NULL, w, QUANT_Q8_1, 2, 32, x, 1, y, work, sizeof work), KS_ERR_UNSUPPORTED);
+    assert_int_equal(quant_matmul(NULL, w, QUANT_Q4_0, 2, 32, x, 1, y, work, 1), KS_ERR_INVALID_ARG);
+    assert_int_equal(quant_matmul(NULL, w, (enum quant_type)4, 2, 32, x, 1, y, work, sizeof work),
+                     KS_ERR_UNSUPPORTED);
+}
+
+static void test_get_row(void **state)
+{
+    (void)state;
+    float x[3 * 64], y[64];
+    fill_random(x, 3 * 64, 1.0f);
+    block_q8_0 q[6];
+    quant_traits(QUANT_Q8_0)->from_float(x, q, 3 * 64);
+    assert_int_equal(quant_get_row(q, QUANT_Q8_0, 64, 2, y), KS_OK);
+    for (int i = 0; i < 64; i++)
+        assert_float_equal(y[i], quant_f16_to_f32(q[4 + i / 32].d) * q[4 + i / 32].qs[i % 32], 0);
+    assert_int_equal(quant_get_row(q, QUANT_Q8_0, 65, 0, y), KS_ERR_INVALID_ARG);
+    assert_int_equal(quant_get_row(q, QUANT_Q8_0, 64, -1, y), KS_ERR_INVALID_ARG);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_f16_roundtrip_all),
+        cmocka_unit_test(test_f16_rounding_matches_hardware),
+        cmocka_unit_test(test_bf16),
+        cmocka_unit_test(test_names),
+        cmocka_unit_test(test_quantize_error_bounds),
+        cmocka_unit_test(test_q8_0_exact_values),
+        cmocka_unit_test(test_vec_dot_simd_vs_scalar),
+        cmocka_unit_test(test_vec_dot_ref_vs_dequantized),
+        cmocka_unit_test(test_matmul_vs_naive),
+        cmocka_unit_test(test_matmul_rejects_bad_args),
+        cmocka_unit_test(test_get_row),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
