@@ -395,7 +395,7 @@ static void build(struct bb *b, const struct craft *c)
         bb_key(b, c->key2, GGUF_TYPE_UINT32);
         bb_u32(b, c->key2_value);
     }
-    uint64_t ne[2] = {c->ne0, c->ne1};
+    uint64_t ne[8] = {c->ne0, c->ne1, 1, 1, 1, 1, 1, 1}; /* n_dims may be a bad 5 */
     bb_tensor(b, c->t1, c->n_dims, ne, c->type, c->off1);
     if (c->t2)
         bb_tensor(b, c->t2, c->n_dims, ne, c->type, c->off2);
