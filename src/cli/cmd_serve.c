@@ -1,0 +1,304 @@
+/* kvserve serve: load a model, start the scheduler and the OpenAI-compatible
+ * HTTP server, run until SIGINT/SIGTERM, then drain within --grace seconds. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli/args.h"
+#include "cli/cli.h"
+#include "kv/kv.h"
+#include "model/model.h"
+#include "sched/sched.h"
+#include "server/server.h"
+#include "tokenizer/tokenizer.h"
+
+struct serve_opts {
+    const char *model, *host, *api_key, *chat_template, *alias;
+    int port, parallel, ctx_size, max_batch_tokens, prefill_chunk, max_queue, grace, n_threads, page_tokens;
+    size_t max_body, kv_mem;
+    enum quant_type type_k, type_v, floor;
+    enum kv_policy policy;
+    int hot_tokens, sink_tokens;
+    float high_wm, low_wm;
+};
+
+static void serve_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: kvserve serve [-m MODEL.gguf] [options]\n"
+            "\n"
+            "Serve the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models), /health,\n"
+            "/metrics, /cache/usage, /cache/requantize, /cache/policy and a live page at /.\n"
+            "\n"
+            "  -m, --model PATH          GGUF model (default: the built-in default-model.gguf)\n"
+            "      --alias NAME          model id reported to clients (default: the file name)\n"
+            "      --host ADDR           IPv4 address to bind (default 127.0.0.1)\n"
+            "      --port N              TCP port (default 8080; 0 = any free port)\n"
+            "      --api-key KEY         require 'Authorization: Bearer KEY' (all routes but /health)\n"
+            "      --chat-template NAME  override the model's chat template (chatml, llama3, ...)\n"
+            "  -t, --threads N           compute threads (default: all cores)\n"
+            "scheduler:\n"
+            "      --parallel N          max running sequences (default 16)\n"
+            "  -c, --ctx-size N          max tokens of one sequence (default: the model's, at most 4096)\n"
+            "      --max-batch-tokens N  tokens per step (default 512)\n"
+            "      --prefill-chunk N     max prefill tokens of one sequence per step (default 256)\n"
+            "      --max-queue N         waiting requests before 503 (default 256)\n"
+            "      --max-body SIZE       largest request body (default 8M); larger gets 413\n"
+            "      --grace SECONDS       on SIGINT/SIGTERM, time to finish streams (default 10)\n"
+            "KV cache:\n"
+            "      --kv-mem SIZE         cache budget, e.g. 512M, 2G, 25%%\n"
+            "                            (default: parallel x ctx-size tokens, at most 25%% of RAM)\n"
+            "  -ctk, --cache-type-k T    f32 f16 q8_0 q4_0 (default f16)\n"
+            "  -ctv, --cache-type-v T    (default f16)\n"
+            "      --kv-policy P         static | dynamic (default static)\n"
+            "      --kv-page-tokens N    tokens per page, power of two 16..256 (default 32)\n"
+            "      --kv-hot N            dynamic: recent tokens kept at start precision (default 512)\n"
+            "      --kv-sinks N          dynamic: first tokens kept at start precision (default 32)\n"
+            "      --kv-high R, --kv-low R  dynamic: demotion watermarks (default 0.90 / 0.80)\n"
+            "      --kv-floor T          dynamic: lowest precision (default q4_0)\n");
+}
+
+static bool is_flag(const char *a, const char *s, const char *l)
+{
+    return (s && !strcmp(a, s)) || (l && !strcmp(a, l));
+}
+
+static bool parse_flag(const char *a, const char *v, struct serve_opts *o, bool *ok)
+{
+    if (is_flag(a, "-m", "--model")) *ok = (o->model = v) != NULL;
+    else if (is_flag(a, NULL, "--alias")) *ok = (o->alias = v) != NULL;
+    else if (is_flag(a, NULL, "--host")) *ok = (o->host = v) != NULL;
+    else if (is_flag(a, NULL, "--api-key")) *ok = (o->api_key = v) != NULL;
+    else if (is_flag(a, NULL, "--chat-template")) *ok = (o->chat_template = v) != NULL;
+    else if (is_flag(a, NULL, "--port")) *ok = cli_parse_int(v, 0, 65535, &o->port);
+    else if (is_flag(a, "-t", "--threads")) *ok = cli_parse_threads(v, &o->n_threads);
+    else if (is_flag(a, NULL, "--parallel")) *ok = cli_parse_int(v, 1, 1024, &o->parallel);
+    else if (is_flag(a, "-c", "--ctx-size")) *ok = cli_parse_int(v, 2, 1 << 24, &o->ctx_size);
+    else if (is_flag(a, NULL, "--max-batch-tokens")) *ok = cli_parse_int(v, 1, 1 << 16, &o->max_batch_tokens);
+    else if (is_flag(a, NULL, "--prefill-chunk")) *ok = cli_parse_int(v, 1, 1 << 16, &o->prefill_chunk);
+    else if (is_flag(a, NULL, "--max-queue")) *ok = cli_parse_int(v, 0, 1 << 20, &o->max_queue);
+    else if (is_flag(a, NULL, "--max-body")) *ok = cli_parse_mem(v, &o->max_body);
+    else if (is_flag(a, NULL, "--grace")) *ok = cli_parse_int(v, 0, 3600, &o->grace);
+    else if (is_flag(a, NULL, "--kv-mem")) *ok = cli_parse_mem(v, &o->kv_mem);
+    else if (is_flag(a, "-ctk", "--cache-type-k")) *ok = cli_parse_kv_type(v, &o->type_k);
+    else if (is_flag(a, "-ctv", "--cache-type-v")) *ok = cli_parse_kv_type(v, &o->type_v);
+    else if (is_flag(a, NULL, "--kv-floor")) *ok = cli_parse_kv_type(v, &o->floor);
+    else if (is_flag(a, NULL, "--kv-policy")) *ok = cli_parse_kv_policy(v, &o->policy);
+    else if (is_flag(a, NULL, "--kv-page-tokens")) *ok = cli_parse_int(v, 16, 256, &o->page_tokens);
+    else if (is_flag(a, NULL, "--kv-hot")) *ok = cli_parse_int(v, 0, 1 << 24, &o->hot_tokens);
+    else if (is_flag(a, NULL, "--kv-sinks")) *ok = cli_parse_int(v, 0, 1 << 24, &o->sink_tokens);
+    else if (is_flag(a, NULL, "--kv-high")) *ok = cli_parse_float(v, 0.0f, 1.0f, &o->high_wm);
+    else if (is_flag(a, NULL, "--kv-low")) *ok = cli_parse_float(v, 0.0f, 1.0f, &o->low_wm);
+    else return false;
+    return true;
+}
+
+/* 0 ok, 2 usage error, -1 help printed. */
+static int parse_args(int argc, char **argv, struct serve_opts *o)
+{
+    *o = (struct serve_opts){.host = "127.0.0.1", .port = 8080, .parallel = 16, .max_batch_tokens = 512,
+                             .prefill_chunk = 256, .max_queue = 256, .grace = 10, .max_body = 8u << 20,
+                             .n_threads = threads_default_count(), .type_k = QUANT_F16, .type_v = QUANT_F16,
+                             .floor = QUANT_Q4_0, .policy = KV_POLICY_STATIC, .page_tokens = 32,
+                             .hot_tokens = 512, .sink_tokens = 32, .high_wm = 0.90f, .low_wm = 0.80f};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (is_flag(a, "-h", "--help")) {
+            serve_usage(stdout);
+            return -1;
+        }
+        const char *v = i + 1 < argc ? argv[++i] : NULL;
+        bool ok = true;
+        if (!parse_flag(a, v, o, &ok)) {
+            fprintf(stderr, "kvserve serve: unknown option '%s'\n\n", a);
+            serve_usage(stderr);
+            return 2;
+        }
+        if (!ok) {
+            fprintf(stderr, "kvserve serve: bad value '%s' for %s\n\n", v ? v : "(missing)", a);
+            serve_usage(stderr);
+            return 2;
+        }
+    }
+    return 0;
+}
+
+struct serve_state {
+    struct model *model;
+    struct tokenizer *tok;
+    threads_pool *pool;
+    struct sched *sched;
+    struct server *srv;
+};
+
+static ks_status kv_setup(const struct serve_opts *o, const struct model *m, int32_t ctx, struct kv_config *cfg)
+{
+    model_kv_config(m, cfg);
+    cfg->type_k = o->type_k;
+    cfg->type_v = o->type_v;
+    cfg->policy = o->policy;
+    cfg->page_tokens = o->page_tokens;
+    cfg->hot_tokens = o->hot_tokens;
+    cfg->sink_tokens = o->sink_tokens;
+    cfg->high_watermark = o->high_wm;
+    cfg->low_watermark = o->low_wm;
+    cfg->floor = o->floor;
+    cfg->mem_budget = o->kv_mem;
+    if (!cfg->mem_budget) {
+        int64_t pages = (int64_t)o->parallel * ((ctx + cfg->page_tokens - 1) / cfg->page_tokens);
+        size_t want = (size_t)pages * kv_page_bytes(cfg, cfg->type_k, cfg->type_v);
+        size_t cap = cli_phys_mem() / 4;
+        cfg->mem_budget = cap && want > cap ? cap : want;
+    }
+    return KS_OK;
+}
+
+static int32_t collect_eog(const struct tokenizer *tok, int32_t *eog, int cap)
+{
+    int n = 0;
+    for (int32_t id = 0; id < tok_n_vocab(tok) && n < cap; id++)
+        if (tok_is_eog(tok, id))
+            eog[n++] = id;
+    return n;
+}
+
+static const char *base_name(const char *path)
+{
+    const char *s = strrchr(path, '/');
+    return s ? s + 1 : path;
+}
+
+static ks_status start(const struct serve_opts *o, const char *path, struct serve_state *s)
+{
+    ks_status st = model_load(path, &s->model);
+    if (st)
+        return st;
+    st = tok_load(model_gguf(s->model), &s->tok);
+    if (st)
+        return st;
+    const struct model_hparams *hp = model_hparams(s->model);
+    int32_t ctx = o->ctx_size;
+    if (!ctx)
+        ctx = hp->n_ctx_train > 0 && hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096;
+    struct kv_config kvc;
+    kv_setup(o, s->model, ctx, &kvc);
+    st = threads_create(o->n_threads, &s->pool);
+    if (st)
+        return st;
+    struct sched_config sc;
+    sched_config_default(&sc);
+    int32_t eog[16];
+    sc.parallel = o->parallel;
+    sc.max_batch_tokens = o->max_batch_tokens;
+    sc.prefill_chunk = o->prefill_chunk;
+    sc.ctx_size = ctx;
+    sc.max_queue = o->max_queue;
+    sc.eog = eog;
+    sc.n_eog = collect_eog(s->tok, eog, 16);
+    struct sched_engine eng;
+    st = sched_engine_model(s->model, &kvc, sc.max_batch_tokens, s->pool, &eng);
+    if (st)
+        return st;
+    st = sched_create(&sc, &eng, &s->sched);
+    if (st) {
+        eng.destroy(eng.ctx);
+        return st;
+    }
+    struct server_config cfg;
+    server_config_default(&cfg);
+    cfg.host = o->host;
+    cfg.port = o->port;
+    cfg.api_key = o->api_key;
+    cfg.max_body = o->max_body;
+    cfg.model_name = o->alias ? o->alias : base_name(path);
+    cfg.ctx_size = ctx;
+    cfg.chat_template = o->chat_template;
+    st = server_start(&cfg, s->sched, s->tok, &s->srv);
+    if (st)
+        return st;
+    server_set_ready(s->srv, true);
+    fprintf(stderr,
+            "kvserve serve: %s on http://%s:%d  (ctx %d, parallel %d, batch %d, chunk %d, kv %.1f MiB %s/%s %s)\n",
+            cfg.model_name, o->host, server_port(s->srv), ctx, o->parallel, o->max_batch_tokens, o->prefill_chunk,
+            (double)kvc.mem_budget / (1 << 20), quant_type_name(kvc.type_k), quant_type_name(kvc.type_v),
+            kvc.policy == KV_POLICY_DYNAMIC ? "dynamic" : "static");
+    return KS_OK;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Stop accepting, let streams finish for up to grace seconds, cancel the rest. */
+static void shutdown_gracefully(struct serve_state *s, int grace)
+{
+    server_quiesce(s->srv);
+    sched_drain(s->sched);
+    double deadline = now_s() + grace;
+    while (server_in_flight(s->srv) > 0 && now_s() < deadline)
+        usleep(20000);
+    int left = server_in_flight(s->srv);
+    if (left > 0) {
+        fprintf(stderr, "kvserve serve: cancelling %d request(s) still running after %d s\n", left, grace);
+        sched_cancel_all(s->sched);
+        double hard = now_s() + 5;
+        while (server_in_flight(s->srv) > 0 && now_s() < hard)
+            usleep(20000);
+    }
+}
+
+static void teardown(struct serve_state *s)
+{
+    server_stop(s->srv);
+    sched_free(s->sched);
+    threads_free(s->pool);
+    tok_free(s->tok);
+    model_free(s->model);
+}
+
+int cli_serve(int argc, char **argv)
+{
+    struct serve_opts o;
+    int rc = parse_args(argc, argv, &o);
+    if (rc)
+        return rc < 0 ? 0 : rc;
+    char default_path[4096];
+    const char *path = o.model;
+    if (!path) {
+        if (!cli_default_model(default_path, sizeof default_path)) {
+            fprintf(stderr, "kvserve serve: no -m MODEL and no built-in default model beside the executable\n"
+                            "  (build it with: cmake --build build --target default_model)\n");
+            return 2;
+        }
+        path = default_path;
+    }
+    /* Block the stop signals in every thread; this one waits for them. */
+    sigset_t stop;
+    sigemptyset(&stop);
+    sigaddset(&stop, SIGINT);
+    sigaddset(&stop, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &stop, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    struct serve_state s = {0};
+    ks_status st = start(&o, path, &s);
+    if (st) {
+        fprintf(stderr, "kvserve serve: %s: %s\n", ks_strerror(st), ks_errmsg());
+        teardown(&s);
+        return st == KS_ERR_INVALID_ARG ? 2 : 1;
+    }
+    int sig = 0;
+    sigwait(&stop, &sig);
+    fprintf(stderr, "kvserve serve: %s received, draining (grace %d s)\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
+            o.grace);
+    shutdown_gracefully(&s, o.grace);
+    teardown(&s);
+    fprintf(stderr, "kvserve serve: stopped\n");
+    return 0;
+}

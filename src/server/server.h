@@ -1,0 +1,50 @@
+/* server: the OpenAI-compatible HTTP API over the scheduler, on libmicrohttpd
+ * (one thread per connection) with cJSON.
+ *
+ * Routes: POST /v1/chat/completions, POST /v1/completions (SSE streaming or
+ * not), GET /v1/models, GET /health, GET /metrics (Prometheus text),
+ * GET /cache/usage, POST /cache/requantize, POST /cache/policy, GET / (a live
+ * page of the KV pool). Errors have OpenAI's shape
+ * {"error":{"message","type","code"}}. The server tokenizes and detokenizes;
+ * the scheduler only sees token ids. */
+#ifndef KS_SERVER_H
+#define KS_SERVER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "sched/sched.h"
+#include "status/status.h"
+#include "tokenizer/tokenizer.h"
+
+struct server_config {
+    const char *host;         /* "127.0.0.1" */
+    int port;                 /* 8080; 0 picks a free port (see server_port) */
+    const char *api_key;      /* NULL: no auth; else Bearer KEY on all but /health */
+    size_t max_body;          /* bytes (8 MB); larger bodies get 413 */
+    const char *model_name;   /* id reported by /v1/models and in responses */
+    int32_t ctx_size;         /* prompts of this many tokens or more get 400 */
+    const char *chat_template;/* NULL: the model's own (tok_chat_for) */
+};
+
+void server_config_default(struct server_config *cfg);
+
+struct server;
+
+/* Start listening. sched and tok are borrowed and must outlive the server.
+ * The server answers /health with "loading" until server_set_ready(). */
+ks_status server_start(const struct server_config *cfg, struct sched *sched, const struct tokenizer *tok,
+                       struct server **out);
+void server_set_ready(struct server *srv, bool ready);
+/* The port actually bound. */
+int server_port(const struct server *srv);
+/* Stop accepting new connections; requests in flight continue. */
+void server_quiesce(struct server *srv);
+/* Completion requests in flight (streaming or not). */
+int server_in_flight(struct server *srv);
+/* Close everything and free. Call after the scheduler has no requests left
+ * (sched_cancel_all + waiting for server_in_flight() == 0). */
+void server_stop(struct server *srv);
+
+#endif

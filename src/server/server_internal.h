@@ -1,0 +1,67 @@
+/* Internal to the server module: the server object, the reply helpers and
+ * the handlers each file provides. */
+#ifndef KS_SERVER_INTERNAL_H
+#define KS_SERVER_INTERNAL_H
+
+#include <microhttpd.h>
+#include <pthread.h>
+#include <stdarg.h>
+
+#include <cjson/cJSON.h>
+
+#include "server/server.h"
+
+struct sbuf {
+    char *p;
+    size_t n, cap;
+    bool oom;
+};
+
+void sbuf_append(struct sbuf *b, const char *s, size_t n);
+void sbuf_printf(struct sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void sbuf_free(struct sbuf *b);
+
+struct server {
+    struct server_config cfg;
+    char *host, *api_key, *model_name;
+    struct sched *sched;
+    const struct tokenizer *tok;
+    enum tok_chat_family chat;
+    struct MHD_Daemon *daemon;
+    int port;
+    pthread_mutex_t mu;
+    bool ready;
+    int in_flight;
+    uint64_t next_call;
+    uint64_t http_requests, http_errors;
+};
+
+/* A finished request handed back to the router: status + body + type. */
+struct reply {
+    unsigned status;
+    char *body;               /* malloc'd */
+    size_t len;
+    const char *content_type;
+    int retry_after;          /* > 0: Retry-After header (503) */
+    struct MHD_Response *stream; /* set instead of body for SSE */
+};
+
+/* OpenAI-shaped error: {"error":{"message","type","code"}}. */
+void reply_error(struct reply *r, unsigned status, const char *type, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+void reply_json(struct reply *r, unsigned status, cJSON *obj); /* takes obj */
+void reply_text(struct reply *r, unsigned status, const char *content_type, char *body, size_t len);
+
+/* server_completion.c */
+void server_handle_completion(struct server *srv, bool chat, const char *body, size_t len, struct reply *r);
+
+/* server_metrics.c */
+void server_handle_metrics(struct server *srv, struct reply *r);
+void server_handle_cache_usage(struct server *srv, struct reply *r);
+void server_handle_requantize(struct server *srv, const char *body, size_t len, struct reply *r);
+void server_handle_policy(struct server *srv, const char *body, size_t len, struct reply *r);
+
+/* server_page.c */
+void server_handle_page(struct server *srv, struct reply *r);
+
+#endif

@@ -1,0 +1,326 @@
+/* GET /metrics, GET /cache/usage, POST /cache/requantize, POST /cache/policy.
+ * Everything that reads or changes the KV cache runs on the scheduler thread
+ * between two steps (sched_between_steps), because the cache has one owner. */
+#include "server/server_internal.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kv/kv.h"
+
+/* ---- /metrics ---------------------------------------------------------------- */
+
+struct kv_snapshot {
+    bool have;
+    struct kv_usage u;
+    struct kv_config cfg;
+};
+
+static void snap_kv(void *user, struct kv_cache *kv)
+{
+    struct kv_snapshot *s = user;
+    if (!kv)
+        return;
+    s->have = true;
+    kv_usage(kv, &s->u);
+    s->cfg = *kv_get_config(kv);
+}
+
+static void metric(struct sbuf *b, const char *name, const char *type, const char *help, double v)
+{
+    sbuf_printf(b, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type, name, v);
+}
+
+static void histogram(struct sbuf *b, const char *name, const char *help, const struct sched_hist *h)
+{
+    sbuf_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    uint64_t cum = 0;
+    for (int i = 0; i < SCHED_HIST_BUCKETS; i++) {
+        cum += h->counts[i];
+        if (isinf(sched_hist_bounds[i]))
+            sbuf_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n", name, (unsigned long long)cum);
+        else
+            sbuf_printf(b, "%s_bucket{le=\"%g\"} %llu\n", name, sched_hist_bounds[i], (unsigned long long)cum);
+    }
+    sbuf_printf(b, "%s_sum %.9g\n%s_count %llu\n", name, h->sum, name, (unsigned long long)h->n);
+}
+
+void server_handle_metrics(struct server *srv, struct reply *r)
+{
+    struct sched_stats st;
+    sched_get_stats(srv->sched, &st);
+    struct kv_snapshot kv = {0};
+    sched_between_steps(srv->sched, snap_kv, &kv);
+    struct sbuf b = {0};
+    metric(&b, "kvserve_requests_running", "gauge", "Requests admitted to the running batch.", st.n_running);
+    metric(&b, "kvserve_requests_waiting", "gauge", "Requests queued for admission.", st.n_waiting);
+    metric(&b, "kvserve_requests_total", "counter", "Requests finished (stop, length or error).", (double)st.requests_done);
+    metric(&b, "kvserve_prompt_tokens_total", "counter", "Prompt tokens computed, recomputation included.", (double)st.prompt_tokens);
+    metric(&b, "kvserve_generated_tokens_total", "counter", "Tokens generated.", (double)st.generated_tokens);
+    metric(&b, "kvserve_steps_total", "counter", "Scheduler steps (batches) run.", (double)st.steps);
+    metric(&b, "kvserve_preemptions_total", "counter", "Sequences preempted (pages freed, recomputed later).", (double)st.preemptions);
+    metric(&b, "kvserve_kv_full_events_total", "counter", "Steps that did not fit the KV cache at first.", (double)st.kv_full_events);
+    metric(&b, "kvserve_max_step_seconds", "gauge", "Longest scheduler step so far.", st.max_step_seconds);
+    pthread_mutex_lock(&srv->mu);
+    double http = (double)srv->http_requests, http_err = (double)srv->http_errors;
+    pthread_mutex_unlock(&srv->mu);
+    metric(&b, "kvserve_http_requests_total", "counter", "HTTP requests answered.", http);
+    metric(&b, "kvserve_http_errors_total", "counter", "HTTP requests answered with status >= 400.", http_err);
+    if (kv.have) {
+        metric(&b, "kvserve_kv_bytes_used", "gauge", "KV page storage in use.", (double)kv.u.used);
+        metric(&b, "kvserve_kv_bytes_budget", "gauge", "KV page storage budget (--kv-mem).", (double)kv.u.budget);
+        metric(&b, "kvserve_kv_usage_ratio", "gauge", "Used / budget.", kv.u.budget ? (double)kv.u.used / (double)kv.u.budget : 0);
+        metric(&b, "kvserve_kv_tokens", "gauge", "Tokens held in the KV cache.", (double)kv.u.n_tokens);
+        metric(&b, "kvserve_kv_demotions_total", "counter", "Page halves demoted by the dynamic policy.", (double)kv.u.demotions);
+        sbuf_printf(&b, "# HELP kvserve_kv_pages KV pages by precision of their K or V half.\n# TYPE kvserve_kv_pages gauge\n");
+        for (int i = 0; i < KV_N_TYPES; i++) {
+            const char *tn = quant_type_name(kv_type_at(i));
+            sbuf_printf(&b, "kvserve_kv_pages{half=\"k\",type=\"%s\"} %d\n", tn, kv.u.pages_k[i]);
+            sbuf_printf(&b, "kvserve_kv_pages{half=\"v\",type=\"%s\"} %d\n", tn, kv.u.pages_v[i]);
+        }
+    }
+    histogram(&b, "kvserve_ttft_seconds", "Time to first token.", &st.ttft);
+    histogram(&b, "kvserve_itl_seconds", "Inter-token latency.", &st.itl);
+    if (b.oom) {
+        sbuf_free(&b);
+        reply_error(r, 500, "server_error", NULL, "out of memory");
+        return;
+    }
+    reply_text(r, 200, "text/plain; version=0.0.4", b.p, b.n);
+}
+
+/* ---- /cache/usage -------------------------------------------------------------- */
+
+static cJSON *types_json(const int32_t *pages)
+{
+    cJSON *o = cJSON_CreateObject();
+    for (int i = 0; i < KV_N_TYPES; i++)
+        cJSON_AddNumberToObject(o, quant_type_name(kv_type_at(i)), pages[i]);
+    return o;
+}
+
+struct usage_ctx {
+    struct server *srv;
+    cJSON *out;
+};
+
+static void usage_hook(void *user, struct kv_cache *kv)
+{
+    struct usage_ctx *u = user;
+    cJSON *o = cJSON_CreateObject();
+    u->out = o;
+    enum { MAX_LIST = 1024 };
+    struct sched_request_info *reqs = malloc(MAX_LIST * sizeof *reqs);
+    int n_req = reqs ? sched_list_requests(u->srv->sched, reqs, MAX_LIST) : 0;
+    if (n_req > MAX_LIST)
+        n_req = MAX_LIST;
+    if (kv) {
+        struct kv_usage us;
+        kv_usage(kv, &us);
+        const struct kv_config *cfg = kv_get_config(kv);
+        cJSON_AddNumberToObject(o, "budget", (double)us.budget);
+        cJSON_AddNumberToObject(o, "used", (double)us.used);
+        cJSON_AddNumberToObject(o, "free", (double)us.free);
+        cJSON_AddNumberToObject(o, "usage_ratio", us.budget ? (double)us.used / (double)us.budget : 0);
+        cJSON_AddNumberToObject(o, "n_pages", us.n_pages);
+        cJSON_AddNumberToObject(o, "n_seqs", us.n_seqs);
+        cJSON_AddNumberToObject(o, "n_tokens", (double)us.n_tokens);
+        cJSON_AddNumberToObject(o, "page_tokens", cfg->page_tokens);
+        cJSON_AddNumberToObject(o, "page_bytes", (double)kv_page_bytes(cfg, cfg->type_k, cfg->type_v));
+        cJSON_AddStringToObject(o, "type_k", quant_type_name(cfg->type_k));
+        cJSON_AddStringToObject(o, "type_v", quant_type_name(cfg->type_v));
+        cJSON_AddStringToObject(o, "policy", cfg->policy == KV_POLICY_DYNAMIC ? "dynamic" : "static");
+        cJSON_AddItemToObject(o, "pages_k", types_json(us.pages_k));
+        cJSON_AddItemToObject(o, "pages_v", types_json(us.pages_v));
+        cJSON_AddNumberToObject(o, "demotions", (double)us.demotions);
+        cJSON_AddNumberToObject(o, "demotion_passes", (double)us.demotion_passes);
+        struct kv_fit fit;
+        kv_fit(kv, &fit);
+        cJSON *f = cJSON_AddObjectToObject(o, "fit");
+        for (int i = 0; i < KV_N_TYPES; i++)
+            cJSON_AddNumberToObject(f, quant_type_name(kv_type_at(i)), (double)fit.tokens[i]);
+        cJSON_AddNumberToObject(f, "dynamic", (double)fit.dynamic);
+        cJSON_AddNumberToObject(f, "start", (double)fit.start);
+    }
+    cJSON *list = cJSON_AddArrayToObject(o, "requests");
+    for (int i = 0; i < n_req; i++) {
+        cJSON *e = cJSON_CreateObject();
+        cJSON_AddNumberToObject(e, "id", (double)reqs[i].id);
+        cJSON_AddStringToObject(e, "state", reqs[i].running ? "running" : "waiting");
+        cJSON_AddNumberToObject(e, "seq", reqs[i].seq);
+        cJSON_AddNumberToObject(e, "prompt_tokens", reqs[i].n_prompt);
+        cJSON_AddNumberToObject(e, "generated_tokens", reqs[i].n_generated);
+        cJSON_AddNumberToObject(e, "cached_tokens", reqs[i].n_computed);
+        struct kv_seq_usage su;
+        if (kv && reqs[i].seq >= 0 && kv_seq_usage(kv, reqs[i].seq, &su) == KS_OK) {
+            cJSON_AddNumberToObject(e, "pages", su.n_pages);
+            cJSON_AddNumberToObject(e, "bytes", (double)su.bytes);
+            cJSON_AddItemToObject(e, "pages_k", types_json(su.pages_k));
+            cJSON_AddItemToObject(e, "pages_v", types_json(su.pages_v));
+        }
+        cJSON_AddItemToArray(list, e);
+    }
+    free(reqs);
+}
+
+void server_handle_cache_usage(struct server *srv, struct reply *r)
+{
+    struct usage_ctx u = {.srv = srv};
+    if (sched_between_steps(srv->sched, usage_hook, &u) != KS_OK) {
+        reply_error(r, 503, "server_error", "shutting_down", "%s", ks_errmsg());
+        return;
+    }
+    reply_json(r, 200, u.out);
+}
+
+/* ---- /cache/requantize ---------------------------------------------------------- */
+
+struct requant_ctx {
+    struct server *srv;
+    struct kv_selector sel;
+    uint64_t request_id;      /* scope request: resolved to a sequence on the scheduler thread */
+    bool by_request;
+    enum quant_type tk, tv;
+    bool dry_run;
+    ks_status st;
+    char err[512];
+    struct kv_requant_result res;
+};
+
+static void requant_hook(void *user, struct kv_cache *kv)
+{
+    struct requant_ctx *q = user;
+    if (!kv) {
+        q->st = KS_ERR_UNSUPPORTED;
+        snprintf(q->err, sizeof q->err, "this engine has no KV cache");
+        return;
+    }
+    if (q->by_request) {
+        enum { MAX_LIST = 1024 };
+        struct sched_request_info *reqs = malloc(MAX_LIST * sizeof *reqs);
+        int n = reqs ? sched_list_requests(q->srv->sched, reqs, MAX_LIST) : 0;
+        q->sel.seq = -1;
+        for (int i = 0; i < n && i < MAX_LIST; i++)
+            if (reqs[i].id == q->request_id)
+                q->sel.seq = reqs[i].seq;
+        free(reqs);
+        if (q->sel.seq < 0) {
+            q->st = KS_ERR_NOT_FOUND;
+            snprintf(q->err, sizeof q->err, "request %llu is not holding KV pages (finished, waiting or unknown)",
+                     (unsigned long long)q->request_id);
+            return;
+        }
+    }
+    q->st = kv_requantize(kv, &q->sel, q->tk, q->tv, q->dry_run, &q->res);
+    if (q->st)
+        snprintf(q->err, sizeof q->err, "%s", ks_errmsg());
+}
+
+static bool parse_type(cJSON *root, const char *key, enum quant_type *out, struct reply *r)
+{
+    cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
+    *out = KV_TYPE_KEEP;
+    if (!v || cJSON_IsNull(v))
+        return true;
+    if (!cJSON_IsString(v) || quant_type_from_name(v->valuestring, out) != KS_OK || kv_type_index(*out) < 0) {
+        reply_error(r, 400, "invalid_request_error", "invalid_value", "'%s' must be one of f32, f16, q8_0, q4_0", key);
+        return false;
+    }
+    return true;
+}
+
+static bool parse_scope(cJSON *root, struct requant_ctx *q, struct reply *r)
+{
+    cJSON *scope = cJSON_GetObjectItemCaseSensitive(root, "scope");
+    cJSON *older = cJSON_GetObjectItemCaseSensitive(root, "older_than");
+    cJSON *req = cJSON_GetObjectItemCaseSensitive(root, "request");
+    if (cJSON_IsObject(scope)) { /* also accept "scope": {"older_than": N} / {"request": ID} */
+        older = cJSON_GetObjectItemCaseSensitive(scope, "older_than");
+        req = cJSON_GetObjectItemCaseSensitive(scope, "request");
+        scope = NULL;
+    }
+    q->sel.kind = KV_SELECT_ALL;
+    if (scope && !(cJSON_IsString(scope) && !strcmp(scope->valuestring, "all"))) {
+        reply_error(r, 400, "invalid_request_error", "invalid_value",
+                    "'scope' must be \"all\" (or give \"older_than\": N or \"request\": ID)");
+        return false;
+    }
+    if (older) {
+        if (!cJSON_IsNumber(older) || older->valuedouble < 0 || older->valuedouble > 1e9 ||
+            older->valuedouble != floor(older->valuedouble)) {
+            reply_error(r, 400, "invalid_request_error", "invalid_value", "'older_than' must be a token count >= 0");
+            return false;
+        }
+        q->sel.kind = KV_SELECT_OLDER_THAN;
+        q->sel.keep_recent = (int32_t)older->valuedouble;
+    }
+    if (req) {
+        double id = cJSON_IsNumber(req) ? req->valuedouble : cJSON_IsString(req) ? strtod(req->valuestring, NULL) : -1;
+        if (id < 1 || id != floor(id)) {
+            reply_error(r, 400, "invalid_request_error", "invalid_value", "'request' must be a request id (see /cache/usage)");
+            return false;
+        }
+        q->sel.kind = KV_SELECT_SEQ;
+        q->by_request = true;
+        q->request_id = (uint64_t)id;
+    }
+    return true;
+}
+
+void server_handle_requantize(struct server *srv, const char *body, size_t len, struct reply *r)
+{
+    cJSON *root = cJSON_ParseWithLength(body, len);
+    if (!cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        reply_error(r, 400, "invalid_request_error", "invalid_json", "the body is not a JSON object");
+        return;
+    }
+    struct requant_ctx q = {.srv = srv};
+    cJSON *dry = cJSON_GetObjectItemCaseSensitive(root, "dry_run");
+    bool ok = parse_type(root, "type_k", &q.tk, r) && parse_type(root, "type_v", &q.tv, r) && parse_scope(root, &q, r);
+    if (ok && dry && !cJSON_IsBool(dry)) {
+        reply_error(r, 400, "invalid_request_error", "invalid_type", "'dry_run' must be true or false");
+        ok = false;
+    }
+    if (ok && q.tk == KV_TYPE_KEEP && q.tv == KV_TYPE_KEEP) {
+        reply_error(r, 400, "invalid_request_error", "invalid_value", "give 'type_k' and/or 'type_v'");
+        ok = false;
+    }
+    q.dry_run = cJSON_IsTrue(dry);
+    cJSON_Delete(root);
+    if (!ok)
+        return;
+    if (sched_between_steps(srv->sched, requant_hook, &q) != KS_OK) {
+        reply_error(r, 503, "server_error", "shutting_down", "%s", ks_errmsg());
+        return;
+    }
+    if (q.st) {
+        unsigned code = q.st == KS_ERR_NOT_FOUND ? 404 : q.st == KS_ERR_KV_FULL ? 409 : q.st == KS_ERR_NOMEM ? 500 : 400;
+        reply_error(r, code, code >= 500 ? "server_error" : "invalid_request_error", NULL, "%s", q.err);
+        return;
+    }
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddBoolToObject(o, "dry_run", q.dry_run);
+    cJSON_AddNumberToObject(o, "bytes_before", (double)q.res.bytes_before);
+    cJSON_AddNumberToObject(o, "bytes_after", (double)q.res.bytes_after);
+    cJSON_AddNumberToObject(o, "bytes_freed", (double)q.res.bytes_before - (double)q.res.bytes_after);
+    cJSON_AddNumberToObject(o, "pages_selected", q.res.pages_selected);
+    cJSON_AddNumberToObject(o, "pages_converted", q.res.pages_changed);
+    cJSON_AddNumberToObject(o, "ms", q.res.ms);
+    reply_json(r, 200, o);
+}
+
+/* ---- /cache/policy -------------------------------------------------------------- */
+
+void server_handle_policy(struct server *srv, const char *body, size_t len, struct reply *r)
+{
+    (void)srv;
+    (void)body;
+    (void)len;
+    /* The kv module has no run-time policy setter yet (kv_config is fixed at
+     * kv_create); say so instead of pretending. */
+    reply_error(r, 501, "server_error", "not_implemented",
+                "changing the KV policy at run time is not available yet; start the server with the policy flags");
+}
