@@ -209,15 +209,80 @@ static void test_all_types_scalar(void **state)
     check_all_types(64, 4, 2, 32, false, NULL, attn_kernels_scalar());
 }
 
-static void test_all_types_best_threads(void **state)
+static void test_all_types_simd_threads(void **state)
 {
     (void)state;
     threads_pool *pool;
     assert_int_equal(threads_create(2, &pool), KS_OK);
-    check_all_types(128, 8, 2, 16, true, pool, NULL);
-    check_all_types(64, 4, 4, 64, false, pool, NULL);
-    check_all_types(32, 12, 4, 32, true, pool, NULL);
+    const struct attn_kernels *sets[] = {attn_kernels_avx2(), attn_kernels_avx512()};
+    for (int i = 0; i < 2; i++) {
+        if (!sets[i]) {
+            print_message("kernel set %d not compiled into this build\n", i);
+            continue;
+        }
+        check_all_types(128, 8, 2, 16, true, pool, sets[i]);
+        check_all_types(64, 4, 4, 64, false, pool, sets[i]);
+        check_all_types(32, 12, 4, 32, true, pool, sets[i]);
+        check_all_types(8, 8, 4, 16, true, pool, sets[i]);
+        check_all_types(24, 2, 1, 16, false, pool, sets[i]); /* 8-wide but not 16-wide */
+    }
     threads_free(pool);
+}
+
+/* Each SIMD set against the scalar reference on the same cache: the integer
+ * dots are exact, so only float summation order and exp differ. */
+static void test_simd_matches_scalar(void **state)
+{
+    (void)state;
+    const struct attn_kernels *sets[] = {attn_kernels_avx2(), attn_kernels_avx512()};
+    int32_t lens[2] = {300, 45};
+    for (int a = 0; a < 4; a++)
+        for (int b = 0; b < 4; b++) {
+            struct fixture f = {.n_layer = 1, .n_kv = 2, .n_head = 8, .dim = 64, .P = 32};
+            struct kv_cache *kv = make_cache(&f, TYPES[a], TYPES[b], true, lens, 2);
+            struct attn_query qs[3] = {{f.seq[0], 299}, {f.seq[0], 100}, {f.seq[1], 44}};
+            size_t w = (size_t)f.n_head * f.dim;
+            float *q = malloc(3 * w * sizeof(float)), *ref = malloc(3 * w * sizeof(float)),
+                  *got = malloc(3 * w * sizeof(float));
+            for (size_t i = 0; i < 3 * w; i++)
+                q[i] = frand();
+            attn_set_kernels(attn_kernels_scalar());
+            assert_int_equal(attn_forward(NULL, kv, 0, qs, 3, q, ref, f.n_head, 0.125f), KS_OK);
+            for (int k = 0; k < 2; k++) {
+                if (!sets[k])
+                    continue;
+                attn_set_kernels(sets[k]);
+                assert_int_equal(attn_forward(NULL, kv, 0, qs, 3, q, got, f.n_head, 0.125f), KS_OK);
+                for (size_t i = 0; i < 3 * w; i++)
+                    if (fabsf(got[i] - ref[i]) > 2e-5f)
+                        fail_msg("%s K=%s V=%s: element %zu is %g, scalar %g", sets[k]->isa,
+                                 quant_type_name(TYPES[a]), quant_type_name(TYPES[b]), i, got[i], ref[i]);
+            }
+            attn_set_kernels(NULL);
+            free(q);
+            free(ref);
+            free(got);
+            kv_free(kv);
+            free_fixture(&f);
+        }
+}
+
+/* Outlier channels in K: rotation must lower the q4_0 error. */
+static void test_rotation_lowers_q4_0_error(void **state)
+{
+    (void)state;
+    int32_t lens[1] = {200};
+    double err[2];
+    for (int rot = 0; rot < 2; rot++) {
+        rng = 12345;
+        struct fixture f = {.n_layer = 1, .n_kv = 2, .n_head = 4, .dim = 64, .P = 32};
+        struct kv_cache *kv = make_cache(&f, QUANT_Q4_0, QUANT_F16, rot, lens, 1);
+        err[rot] = run_case(&f, kv, NULL, 0).rms;
+        kv_free(kv);
+        free_fixture(&f);
+    }
+    if (!(err[1] < 0.7 * err[0]))
+        fail_msg("q4_0 K rms error with rotation %g, without %g", err[1], err[0]);
 }
 
 int main(void)
@@ -225,7 +290,9 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_f32_f16_small_head),
         cmocka_unit_test(test_all_types_scalar),
-        cmocka_unit_test(test_all_types_best_threads),
+        cmocka_unit_test(test_all_types_simd_threads),
+        cmocka_unit_test(test_simd_matches_scalar),
+        cmocka_unit_test(test_rotation_lowers_q4_0_error),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -69,7 +69,7 @@ static void find_item(const struct job *j, int32_t item, const struct tile **t, 
 }
 
 /* Scaled, rotated query rows of one (tile, KV head), and their int8 copy. */
-static void load_rows(const struct job *j, const struct tile *t, int head, float *q, block_q8_0 *q8,
+static void load_rows(const struct job *j, const struct tile *t, int head, float *q, block_q8_0 *q8, float *q8d,
                       int32_t *limit)
 {
     const struct kv_config *c = kv_get_config(j->kv);
@@ -84,7 +84,7 @@ static void load_rows(const struct job *j, const struct tile *t, int head, float
             if (c->rotate)
                 kv_rotate(q + (size_t)r * d, d);
             if (q8)
-                attn_quantize_q8(q + (size_t)r * d, q8 + (size_t)r * (d / QK8_0), d);
+                attn_quantize_q8(q + (size_t)r * d, q8 + (size_t)r * (d / QK8_0), q8d + (size_t)r * (d / QK8_0), d);
             limit[r] = qq->pos + 1;
         }
     }
@@ -92,7 +92,7 @@ static void load_rows(const struct job *j, const struct tile *t, int head, float
 
 /* Mask positions a row cannot see, then fold the page into the running state
  * (m, l, acc): scores become probabilities in place. */
-static void softmax_update(struct attn_rows *rows, int page_start, int n_tok)
+static void softmax_update(const struct attn_kernels *k, struct attn_rows *rows, int page_start, int n_tok)
 {
     for (int r = 0; r < rows->n; r++) {
         float *s = rows->s + (size_t)r * rows->stride;
@@ -105,17 +105,13 @@ static void softmax_update(struct attn_rows *rows, int page_start, int n_tok)
             s[t] = 0.0f;
         if (vis == 0)
             continue;
-        float corr = expf(rows->m[r] - mx), sum = 0.0f;
+        float corr = expf(rows->m[r] - mx);
         if (corr != 1.0f) {
             float *acc = rows->acc + (size_t)r * rows->dim;
             for (int e = 0; e < rows->dim; e++)
                 acc[e] *= corr;
         }
-        for (int t = 0; t < vis; t++) {
-            s[t] = expf(s[t] - mx);
-            sum += s[t];
-        }
-        rows->l[r] = rows->l[r] * corr + sum;
+        rows->l[r] = rows->l[r] * corr + k->exp_sum(s, vis, mx);
         rows->m[r] = mx;
     }
 }
@@ -133,12 +129,13 @@ static void run_item(const struct job *j, int32_t item, uint8_t *scratch)
     float *q = (float *)scratch;
     float *s = q + (size_t)TILE_ROWS * d;
     int32_t *limit = (int32_t *)(s + (size_t)TILE_ROWS * P);
-    block_q8_0 *q8 = quant_ok ? (block_q8_0 *)(limit + TILE_ROWS) : NULL;
-    load_rows(j, t, head, q, q8, limit);
+    float *q8d = (float *)(limit + TILE_ROWS);
+    block_q8_0 *q8 = quant_ok ? (block_q8_0 *)(q8d + (size_t)TILE_ROWS * (d / QK8_0)) : NULL;
+    load_rows(j, t, head, q, q8, q8d, limit);
 
     float *st = j->states + (size_t)item * j->state_floats;
     struct attn_rows rows = {
-        .n = R, .dim = d, .stride = P, .q = q, .q8 = q8, .limit = limit,
+        .n = R, .dim = d, .stride = P, .q = q, .q8 = q8, .q8d = q8d, .limit = limit,
         .m = st, .l = st + R, .acc = st + 2 * R, .s = s,
     };
     for (int r = 0; r < R; r++) {
@@ -158,7 +155,7 @@ static void run_item(const struct job *j, int32_t item, uint8_t *scratch)
         int page_start = (int)(p * P);
         int n_tok = max_limit - page_start < P ? max_limit - page_start : P;
         j->k->score[kv_type_index(pg->tk)](kv_page_rows(kv, pg->k, pg->tk, j->layer, head), n_tok, &rows);
-        softmax_update(&rows, page_start, n_tok);
+        softmax_update(j->k, &rows, page_start, n_tok);
         j->k->accum[kv_type_index(pg->tv)](kv_page_rows(kv, pg->v, pg->tv, j->layer, head), n_tok, &rows);
     }
 }
@@ -291,7 +288,7 @@ ks_status attn_forward(threads_pool *pool, const struct kv_cache *kv, int layer,
     j.state_floats = (size_t)TILE_ROWS * (j.dim + 2);
     int d = j.dim;
     j.scratch_bytes = (size_t)TILE_ROWS * d * sizeof(float) + (size_t)TILE_ROWS * c->page_tokens * sizeof(float) +
-                      TILE_ROWS * sizeof(int32_t) + (size_t)TILE_ROWS * (d / QK8_0) * sizeof(block_q8_0);
+                      TILE_ROWS * sizeof(int32_t) + (size_t)TILE_ROWS * (d / QK8_0) * (sizeof(block_q8_0) + sizeof(float));
     j.scratch_bytes = (j.scratch_bytes + 63) / 64 * 64;
     j.states = malloc((size_t)j.n_items * j.state_floats * sizeof(float));
     j.scratch = aligned_alloc(64, (size_t)nth * j.scratch_bytes);

@@ -20,6 +20,7 @@ struct attn_rows {
     int stride;            /* floats between score rows in s (>= P) */
     const float *q;        /* (R, dim) scaled and rotated queries */
     const block_q8_0 *q8;  /* (R, dim / 32) q as int8 blocks, for quantized K; NULL otherwise */
+    const float *q8d;      /* (R, dim / 32) the f32 value of each q8 block's scale */
     const int32_t *limit;  /* (R) visible tokens of each row: pos + 1 */
     float *m, *l;          /* (R) running max and sum of exp */
     float *acc;            /* (R, dim) running sum of p * v */
@@ -32,10 +33,14 @@ typedef void (*attn_score_fn)(const uint8_t *k, int n_tok, const struct attn_row
 /* acc_r += sum_t p[r][t] * v_t for every row r and t < n_tok; p is in s. */
 typedef void (*attn_accum_fn)(const uint8_t *v, int n_tok, const struct attn_rows *rows);
 
+/* s[t] = exp(s[t] - mx) for t < n; returns the sum. */
+typedef float (*attn_exp_sum_fn)(float *s, int n, float mx);
+
 struct attn_kernels {
     const char *isa;
     attn_score_fn score[KV_N_TYPES]; /* by kv_type_index */
     attn_accum_fn accum[KV_N_TYPES];
+    attn_exp_sum_fn exp_sum;
 };
 
 const struct attn_kernels *attn_kernels_scalar(void);
@@ -45,8 +50,8 @@ const struct attn_kernels *attn_kernels_avx512(void); /* NULL when not compiled 
 const struct attn_kernels *attn_kernels_best(void);
 void attn_set_kernels(const struct attn_kernels *k); /* NULL: back to the best */
 
-/* Quantize n floats (a multiple of 32) to q8_0 blocks with an f32-exact
- * scale kept as f16, as the K kernels expect. */
-void attn_quantize_q8(const float *x, block_q8_0 *y, int n);
+/* Quantize n floats (a multiple of 32) to q8_0 blocks, quantizing against
+ * the f16-rounded scale, whose f32 value goes to yd[block]. */
+void attn_quantize_q8(const float *x, block_q8_0 *y, float *yd, int n);
 
 #endif

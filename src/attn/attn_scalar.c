@@ -45,7 +45,7 @@ static void score_q8_0(const uint8_t *k, int n_tok, const struct attn_rows *rows
                 int32_t dot = 0;
                 for (int i = 0; i < QK8_0; i++)
                     dot += kt[b].qs[i] * q[b].qs[i];
-                s += quant_f16_to_f32(kt[b].d) * quant_f16_to_f32(q[b].d) * (float)dot;
+                s += quant_f16_to_f32(kt[b].d) * rows->q8d[(size_t)r * nb + b] * (float)dot;
             }
             rows->s[(size_t)r * rows->stride + t] = s;
         }
@@ -64,7 +64,7 @@ static void score_q4_0(const uint8_t *k, int n_tok, const struct attn_rows *rows
                 int32_t dot = 0;
                 for (int i = 0; i < QK4_0 / 2; i++)
                     dot += ((kt[b].qs[i] & 0x0F) - 8) * q[b].qs[i] + ((kt[b].qs[i] >> 4) - 8) * q[b].qs[i + QK4_0 / 2];
-                s += quant_f16_to_f32(kt[b].d) * quant_f16_to_f32(q[b].d) * (float)dot;
+                s += quant_f16_to_f32(kt[b].d) * rows->q8d[(size_t)r * nb + b] * (float)dot;
             }
             rows->s[(size_t)r * rows->stride + t] = s;
         }
@@ -137,7 +137,7 @@ static void accum_q4_0(const uint8_t *v, int n_tok, const struct attn_rows *rows
     }
 }
 
-void attn_quantize_q8(const float *x, block_q8_0 *y, int n)
+void attn_quantize_q8(const float *x, block_q8_0 *y, float *yd, int n)
 {
     for (int b = 0; b < n / QK8_0; b++, x += QK8_0) {
         float amax = 0.0f;
@@ -148,6 +148,7 @@ void attn_quantize_q8(const float *x, block_q8_0 *y, int n)
         float dr = quant_f16_to_f32(dh); /* quantize against the scale the kernels will use */
         float id = dr != 0.0f ? 1.0f / dr : 0.0f;
         y[b].d = dh;
+        yd[b] = dr;
         for (int j = 0; j < QK8_0; j++) {
             float v = roundf(x[j] * id);
             y[b].qs[j] = (int8_t)(v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v);
@@ -155,10 +156,19 @@ void attn_quantize_q8(const float *x, block_q8_0 *y, int n)
     }
 }
 
+static float exp_sum(float *s, int n, float mx)
+{
+    float sum = 0.0f;
+    for (int t = 0; t < n; t++)
+        sum += (s[t] = expf(s[t] - mx));
+    return sum;
+}
+
 static const struct attn_kernels SCALAR = {
     "scalar",
     {score_f32, score_f16, score_q8_0, score_q4_0},
     {accum_f32, accum_f16, accum_q8_0, accum_q4_0},
+    exp_sum,
 };
 
 const struct attn_kernels *attn_kernels_scalar(void) { return &SCALAR; }
