@@ -7,5 +7,7 @@
 int cli_version(int argc, char **argv);
 int cli_info(int argc, char **argv);
 int cli_synth(int argc, char **argv);
+int cli_generate(int argc, char **argv);
+int cli_bench(int argc, char **argv);
 
 #endif

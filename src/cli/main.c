@@ -15,6 +15,8 @@ static const struct command commands[] = {
     {"version", cli_version, "print the version and the SIMD kernels in use"},
     {"info", cli_info, "print a GGUF file's metadata, tensors and memory needs"},
     {"synth", cli_synth, "write a deterministic random model of a real architecture's shapes"},
+    {"generate", cli_generate, "generate tokens from a prompt, streaming them as they come"},
+    {"bench", cli_bench, "measure prompt (pp) and generation (tg) speed like llama-bench"},
 };
 
 static void usage(FILE *out)

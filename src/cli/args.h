@@ -1,0 +1,47 @@
+/* cli/args: small flag-value parsers shared by the kvserve subcommands.
+ * Each returns false (after printing nothing) on a bad value; the caller
+ * prints "kvserve CMD: bad value 'X' for FLAG" with its usage. */
+#ifndef KS_CLI_ARGS_H
+#define KS_CLI_ARGS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kv/kv.h"
+#include "quant/quant.h"
+
+/* A whole decimal integer in [lo, hi]. */
+bool cli_parse_int(const char *s, long lo, long hi, int *out);
+/* A 64-bit unsigned integer (decimal or 0x hex). */
+bool cli_parse_u64(const char *s, uint64_t *out);
+/* A finite float in [lo, hi]. */
+bool cli_parse_float(const char *s, float lo, float hi, float *out);
+/* A thread count: 1..1024. */
+bool cli_parse_threads(const char *s, int *out);
+/* A memory size: "4G", "512M", "1.5GiB", "65536" (bytes; K/M/G/T are
+ * powers of 1024, an optional "B"/"iB" suffix is ignored), or "PCT%" of the
+ * physical RAM, e.g. "50%". Never 0. */
+bool cli_parse_mem(const char *s, size_t *bytes);
+/* A KV cache element type: f32, f16, q8_0 or q4_0 (case-insensitive). */
+bool cli_parse_kv_type(const char *s, enum quant_type *out);
+/* A comma-separated id list "1,2,3" into a malloc'd array (caller frees). */
+bool cli_parse_ids(const char *s, int32_t **ids, int32_t *n);
+
+/* A KV policy name: static or dynamic. */
+bool cli_parse_kv_policy(const char *s, enum kv_policy *out);
+/* Bytes of whole pages (at cfg's start types) that hold n_tokens of one
+ * sequence, plus one spare page. */
+size_t cli_kv_budget_for(const struct kv_config *cfg, int64_t n_tokens);
+
+/* Physical RAM in bytes (0 if unknown). */
+size_t cli_phys_mem(void);
+/* Peak resident set size of this process in bytes (getrusage). */
+size_t cli_peak_rss(void);
+/* The built-in default model: default-model.gguf beside the kvserve
+ * executable (the build writes both to build/). False if it is absent. */
+bool cli_default_model(char *path, size_t cap);
+/* Monotonic wall clock in seconds. */
+double cli_now(void);
+
+#endif

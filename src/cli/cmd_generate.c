@@ -1,0 +1,354 @@
+/* kvserve generate: load a model, prefill a prompt in batches, then sample
+ * and stream tokens one decode step at a time. One timing line on stderr. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/args.h"
+#include "cli/cli.h"
+#include "kv/kv.h"
+#include "model/model.h"
+#include "sample/sample.h"
+
+struct gen_opts {
+    const char *model;
+    const char *prompt;         /* -p TEXT */
+    int32_t *ids;               /* --ids: malloc'd */
+    int32_t n_ids;
+    int n_predict;
+    int n_threads;
+    int n_batch;
+    bool output_ids;
+    bool ignore_eos;
+    struct sample_params sp;
+    enum quant_type type_k, type_v;
+    enum kv_policy policy;
+    size_t kv_mem;              /* 0: enough for prompt + n_predict */
+};
+
+static void gen_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: kvserve generate [-m MODEL.gguf] (-p TEXT | --ids 1,2,3) [-n N] [options]\n"
+            "\n"
+            "Prefill the prompt, then stream up to N generated tokens (stops early at an\n"
+            "end-of-generation token). One timing line goes to stderr.\n"
+            "\n"
+            "  -m, --model PATH       GGUF model (default: the built-in default-model.gguf\n"
+            "                         beside the kvserve executable)\n"
+            "  -p, --prompt TEXT      prompt text (needs the model's tokenizer)\n"
+            "      --ids LIST         prompt as comma-separated token ids\n"
+            "  -n, --n-predict N      tokens to generate (default 64)\n"
+            "  -t, --threads N        threads (default: all cores)\n"
+            "  -b, --batch N          prefill batch size (default 512)\n"
+            "      --output-ids       print only the generated ids, space-separated, one line\n"
+            "      --ignore-eos       do not stop at end-of-generation tokens\n"
+            "sampling:\n"
+            "      --temp T           temperature; 0 = greedy (default 0.8)\n"
+            "      --top-k K          0 = off (default 40)\n"
+            "      --top-p P          1 = off (default 0.95)\n"
+            "      --min-p P          0 = off (default 0.05)\n"
+            "      --repeat-penalty R 1 = off (default 1.0)\n"
+            "      --repeat-last-n N  penalty window; -1 = all, 0 = off (default 64)\n"
+            "      --presence-penalty F, --frequency-penalty F   0 = off\n"
+            "      --seed N           sampler seed (default 0xC0FFEE)\n"
+            "KV cache:\n"
+            "  -ctk, --cache-type-k T  f32 f16 q8_0 q4_0 (default f16)\n"
+            "  -ctv, --cache-type-v T  (default f16)\n"
+            "      --kv-policy P      static | dynamic (default static)\n"
+            "      --kv-mem SIZE      cache budget, e.g. 512M, 2G, 25%% of RAM\n"
+            "                         (default: enough for the prompt and N tokens)\n");
+}
+
+/* The value after flag argv[*i], advancing *i; NULL if there is none. */
+static const char *flag_value(int argc, char **argv, int *i)
+{
+    return *i + 1 < argc ? argv[++*i] : NULL;
+}
+
+static bool is_flag(const char *a, const char *s, const char *l)
+{
+    return (s && !strcmp(a, s)) || (l && !strcmp(a, l));
+}
+
+/* Returns true if a was a sampling flag (and *ok says whether its value parsed). */
+static bool parse_sampling_flag(const char *a, const char *v, struct sample_params *sp, bool *ok)
+{
+    if (!strcmp(a, "--temp"))
+        *ok = cli_parse_float(v, -1e9f, 1e9f, &sp->temp);
+    else if (!strcmp(a, "--top-k"))
+        *ok = cli_parse_int(v, 0, INT32_MAX, &sp->top_k);
+    else if (!strcmp(a, "--top-p"))
+        *ok = cli_parse_float(v, 0.0f, 1.0f, &sp->top_p);
+    else if (!strcmp(a, "--min-p"))
+        *ok = cli_parse_float(v, 0.0f, 1.0f, &sp->min_p);
+    else if (!strcmp(a, "--repeat-penalty"))
+        *ok = cli_parse_float(v, 1e-6f, 1e6f, &sp->repeat_penalty);
+    else if (!strcmp(a, "--repeat-last-n"))
+        *ok = cli_parse_int(v, -1, INT32_MAX, &sp->repeat_last_n);
+    else if (!strcmp(a, "--presence-penalty"))
+        *ok = cli_parse_float(v, -1e6f, 1e6f, &sp->presence_penalty);
+    else if (!strcmp(a, "--frequency-penalty"))
+        *ok = cli_parse_float(v, -1e6f, 1e6f, &sp->frequency_penalty);
+    else if (!strcmp(a, "--seed"))
+        *ok = cli_parse_u64(v, &sp->seed);
+    else
+        return false;
+    return true;
+}
+
+static bool parse_value_flag(const char *a, const char *v, struct gen_opts *o, bool *ok)
+{
+    if (parse_sampling_flag(a, v, &o->sp, ok))
+        return true;
+    if (is_flag(a, "-m", "--model"))
+        *ok = (o->model = v) != NULL;
+    else if (is_flag(a, "-p", "--prompt"))
+        *ok = (o->prompt = v) != NULL;
+    else if (is_flag(a, NULL, "--ids")) {
+        free(o->ids);
+        o->ids = NULL;
+        *ok = cli_parse_ids(v, &o->ids, &o->n_ids);
+    } else if (is_flag(a, "-n", "--n-predict"))
+        *ok = cli_parse_int(v, 0, 1 << 24, &o->n_predict);
+    else if (is_flag(a, "-t", "--threads"))
+        *ok = cli_parse_threads(v, &o->n_threads);
+    else if (is_flag(a, "-b", "--batch"))
+        *ok = cli_parse_int(v, 1, 1 << 16, &o->n_batch);
+    else if (is_flag(a, "-ctk", "--cache-type-k"))
+        *ok = cli_parse_kv_type(v, &o->type_k);
+    else if (is_flag(a, "-ctv", "--cache-type-v"))
+        *ok = cli_parse_kv_type(v, &o->type_v);
+    else if (is_flag(a, NULL, "--kv-policy"))
+        *ok = cli_parse_kv_policy(v, &o->policy);
+    else if (is_flag(a, NULL, "--kv-mem"))
+        *ok = cli_parse_mem(v, &o->kv_mem);
+    else
+        return false;
+    return true;
+}
+
+/* 0 ok, 2 usage error, -1 help printed. */
+static int parse_args(int argc, char **argv, struct gen_opts *o)
+{
+    *o = (struct gen_opts){.n_predict = 64, .n_threads = threads_default_count(), .n_batch = 512,
+                           .type_k = QUANT_F16, .type_v = QUANT_F16, .policy = KV_POLICY_STATIC};
+    sample_params_default(&o->sp);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        bool ok = true;
+        if (is_flag(a, "-h", "--help")) {
+            gen_usage(stdout);
+            return -1;
+        } else if (!strcmp(a, "--output-ids")) {
+            o->output_ids = true;
+        } else if (!strcmp(a, "--ignore-eos")) {
+            o->ignore_eos = true;
+        } else {
+            const char *v = flag_value(argc, argv, &i);
+            if (!parse_value_flag(a, v, o, &ok)) {
+                fprintf(stderr, "kvserve generate: unknown option '%s'\n\n", a);
+                gen_usage(stderr);
+                return 2;
+            }
+            if (!ok) {
+                fprintf(stderr, "kvserve generate: bad or missing value '%s' for %s\n", v ? v : "", a);
+                return 2;
+            }
+        }
+    }
+    if (!o->prompt == !o->ids) {
+        fprintf(stderr, "kvserve generate: give exactly one of -p TEXT or --ids LIST\n\n");
+        gen_usage(stderr);
+        return 2;
+    }
+    return 0;
+}
+
+/* ---- the run --------------------------------------------------------------- */
+
+struct gen_run {
+    const struct gen_opts *o;
+    struct model *model;
+    threads_pool *pool;
+    struct kv_cache *kv;
+    struct model_ctx *ctx;
+    struct sampler *sampler;
+    int32_t seq;
+    int32_t n_vocab;
+    int32_t *tokens;  /* prompt then generated: the sampler's history */
+    int32_t n_tokens;
+    int32_t n_prompt;
+    float *logits;    /* (n_vocab) */
+    double load_ms, prompt_s, gen_s;
+    int32_t n_gen;
+};
+
+static void run_free(struct gen_run *r)
+{
+    sample_free(r->sampler);
+    model_ctx_free(r->ctx);
+    kv_free(r->kv);
+    threads_free(r->pool);
+    model_free(r->model);
+    free(r->tokens);
+    free(r->logits);
+}
+
+static ks_status prompt_tokens(struct gen_run *r)
+{
+    const struct gen_opts *o = r->o;
+    if (!o->ids)
+        return ks_fail(KS_ERR_UNSUPPORTED,
+                       "text prompts need the tokenizer, which this build does not have yet; use --ids");
+    if (o->n_ids == 0)
+        return ks_fail(KS_ERR_INVALID_ARG, "the prompt is empty");
+    size_t cap = (size_t)o->n_ids + (size_t)o->n_predict;
+    r->tokens = malloc(cap * sizeof *r->tokens);
+    if (!r->tokens)
+        return ks_fail(KS_ERR_NOMEM, "out of memory for %zu tokens", cap);
+    for (int32_t i = 0; i < o->n_ids; i++)
+        if (o->ids[i] >= r->n_vocab)
+            return ks_fail(KS_ERR_RANGE, "prompt id %d (index %d) is outside the vocabulary of %d", (int)o->ids[i],
+                           (int)i, (int)r->n_vocab);
+    memcpy(r->tokens, o->ids, (size_t)o->n_ids * sizeof *r->tokens);
+    r->n_tokens = r->n_prompt = o->n_ids;
+    return KS_OK;
+}
+
+static ks_status open_cache(struct gen_run *r)
+{
+    const struct gen_opts *o = r->o;
+    struct kv_config cfg;
+    model_kv_config(r->model, &cfg);
+    cfg.type_k = o->type_k;
+    cfg.type_v = o->type_v;
+    cfg.policy = o->policy;
+    cfg.mem_budget = o->kv_mem ? o->kv_mem : cli_kv_budget_for(&cfg, (int64_t)r->n_prompt + o->n_predict);
+    ks_status st = kv_create(&cfg, &r->kv);
+    if (!st)
+        st = kv_seq_create(r->kv, &r->seq);
+    return st;
+}
+
+static ks_status setup(struct gen_run *r, const char *model_path)
+{
+    const struct gen_opts *o = r->o;
+    double t0 = cli_now();
+    ks_status st = model_load(model_path, &r->model);
+    if (st)
+        return st;
+    r->load_ms = (cli_now() - t0) * 1e3;
+    r->n_vocab = model_hparams(r->model)->n_vocab;
+    if ((st = prompt_tokens(r)) || (st = threads_create(o->n_threads, &r->pool)) || (st = open_cache(r)))
+        return st;
+    int32_t max_batch = r->n_prompt < o->n_batch ? r->n_prompt : o->n_batch;
+    if ((st = model_ctx_create(r->model, max_batch, r->pool, &r->ctx)) ||
+        (st = sample_create(&o->sp, r->n_vocab, &r->sampler)))
+        return st;
+    r->logits = malloc((size_t)r->n_vocab * sizeof *r->logits);
+    if (!r->logits)
+        return ks_fail(KS_ERR_NOMEM, "out of memory for the logits");
+    return KS_OK;
+}
+
+/* Feed tokens[from..to) at their positions; logits of the last one. */
+static ks_status feed(struct gen_run *r, int32_t from, int32_t to)
+{
+    int32_t n = to - from;
+    int32_t *pos = malloc((size_t)n * sizeof *pos), *seq = malloc((size_t)n * sizeof *seq);
+    if (!pos || !seq) {
+        free(pos);
+        free(seq);
+        return ks_fail(KS_ERR_NOMEM, "out of memory for a batch of %d", (int)n);
+    }
+    for (int32_t i = 0; i < n; i++) {
+        pos[i] = from + i;
+        seq[i] = r->seq;
+    }
+    struct model_batch b = {.n_tokens = n, .tokens = r->tokens + from, .pos = pos, .seq = seq};
+    ks_status st = model_forward(r->ctx, r->kv, &b, r->logits, NULL);
+    free(pos);
+    free(seq);
+    return st;
+}
+
+static ks_status prefill(struct gen_run *r)
+{
+    double t0 = cli_now();
+    for (int32_t at = 0; at < r->n_prompt; at += r->o->n_batch) {
+        int32_t end = at + r->o->n_batch < r->n_prompt ? at + r->o->n_batch : r->n_prompt;
+        ks_status st = feed(r, at, end);
+        if (st)
+            return st;
+    }
+    r->prompt_s = cli_now() - t0;
+    return KS_OK;
+}
+
+static void emit(const struct gen_run *r, int32_t token)
+{
+    printf(r->n_gen > 1 ? " %d" : "%d", (int)token);
+    fflush(stdout);
+}
+
+static ks_status decode_loop(struct gen_run *r)
+{
+    double t0 = cli_now();
+    ks_status st = KS_OK;
+    while (r->n_gen < r->o->n_predict) {
+        struct sample_result res;
+        if ((st = sample_next(r->sampler, r->logits, r->tokens, r->n_tokens, &res)))
+            break;
+        r->tokens[r->n_tokens++] = res.token;
+        r->n_gen++;
+        emit(r, res.token);
+        if (r->n_gen == r->o->n_predict || (st = feed(r, r->n_tokens - 1, r->n_tokens)))
+            break;
+    }
+    r->gen_s = cli_now() - t0;
+    printf("\n");
+    return st;
+}
+
+static void print_timing(const struct gen_run *r)
+{
+    double pp = r->prompt_s > 0 ? r->n_prompt / r->prompt_s : 0;
+    double tg = r->gen_s > 0 ? r->n_gen / r->gen_s : 0;
+    fprintf(stderr,
+            "timing: prompt %d tok, %.1f tok/s | generated %d tok, %.1f tok/s | load %.0f ms | peak RSS %.1f MiB\n",
+            (int)r->n_prompt, pp, (int)r->n_gen, tg, r->load_ms, (double)cli_peak_rss() / (1 << 20));
+}
+
+int cli_generate(int argc, char **argv)
+{
+    struct gen_opts o;
+    int rc = parse_args(argc, argv, &o);
+    if (rc)
+        return rc < 0 ? 0 : rc;
+    char default_path[4096];
+    const char *path = o.model;
+    if (!path) {
+        if (!cli_default_model(default_path, sizeof default_path)) {
+            fprintf(stderr, "kvserve generate: no -m MODEL and no built-in default model beside the executable\n"
+                            "  (build it with: cmake --build build --target default_model)\n");
+            free(o.ids);
+            return 2;
+        }
+        path = default_path;
+    }
+    struct gen_run r = {.o = &o};
+    ks_status st = setup(&r, path);
+    if (!st)
+        st = prefill(&r);
+    if (!st)
+        st = decode_loop(&r);
+    if (st)
+        fprintf(stderr, "kvserve generate: %s: %s\n", ks_strerror(st), ks_errmsg());
+    else
+        print_timing(&r);
+    run_free(&r);
+    free(o.ids);
+    return st ? 1 : 0;
+}
