@@ -86,14 +86,16 @@ ks_status threads_create(int n_threads, threads_pool **out)
     }
     for (int i = 1; i < n_threads; i++) {
         struct worker_arg *arg = malloc(sizeof *arg);
+        if (arg) {
+            arg->pool = p;
+            arg->ith = i;
+        }
         if (!arg || pthread_create(&p->workers[i], NULL, worker_main, arg) != 0) {
             free(arg);
             p->n_threads = i; /* join only the ones that started */
             threads_free(p);
             return ks_fail(KS_ERR_NOMEM, "starting worker thread %d of %d", i, n_threads);
         }
-        arg->pool = p;
-        arg->ith = i;
     }
     *out = p;
     return KS_OK;
