@@ -14,7 +14,7 @@
 
 #include <cmocka.h>
 
-#include "fuzz/gguf_bytes.h"
+#include "fuzz/gguf_seeds.h"
 #include "fuzz/gguf_walk.h"
 #include "gguf/gguf.h"
 
@@ -88,61 +88,6 @@ static void print_tally(const char *name, const struct tally *t)
     print_message("%s: %ld ok, %ld malformed, %ld unsupported\n", name, t->ok, t->format, t->unsupported);
 }
 
-/* A small file with every value type, a nested-free layout and four tensor types. */
-static void *small_file(size_t *size)
-{
-    struct gguf_writer *w;
-    assert_int_equal(gguf_writer_create(&w), KS_OK);
-    uint8_t u8 = 3;
-    int16_t i16 = -2;
-    double f64 = 0.25;
-    assert_int_equal(gguf_writer_set_str(w, "general.architecture", "llama"), KS_OK);
-    assert_int_equal(gguf_writer_set_u32(w, "llama.block_count", 2), KS_OK);
-    assert_int_equal(gguf_writer_set_i32(w, "i32", -7), KS_OK);
-    assert_int_equal(gguf_writer_set_u64(w, "u64", 1ull << 40), KS_OK);
-    assert_int_equal(gguf_writer_set_f32(w, "f32", 0.5f), KS_OK);
-    assert_int_equal(gguf_writer_set_bool(w, "bool", true), KS_OK);
-    assert_int_equal(gguf_writer_set_scalar(w, "u8", GGUF_TYPE_UINT8, &u8), KS_OK);
-    assert_int_equal(gguf_writer_set_scalar(w, "i16", GGUF_TYPE_INT16, &i16), KS_OK);
-    assert_int_equal(gguf_writer_set_scalar(w, "f64", GGUF_TYPE_FLOAT64, &f64), KS_OK);
-    const char *toks[] = {"<s>", "</s>", "a", "", "bc"};
-    assert_int_equal(gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", toks, NULL, 5), KS_OK);
-    float scores[5] = {0, -1, -2, -3, -4};
-    assert_int_equal(gguf_writer_set_arr(w, "tokenizer.ggml.scores", GGUF_TYPE_FLOAT32, scores, 5), KS_OK);
-    uint8_t flags[3] = {1, 0, 1};
-    assert_int_equal(gguf_writer_set_arr(w, "flags", GGUF_TYPE_BOOL, flags, 3), KS_OK);
-    static uint8_t data[4096];
-    for (size_t i = 0; i < sizeof data; i++)
-        data[i] = (uint8_t)(i * 7);
-    assert_int_equal(gguf_writer_add_tensor(w, "a", 2, (int64_t[]){8, 2}, QUANT_F32, data, 64), KS_OK);
-    assert_int_equal(gguf_writer_add_tensor(w, "b", 2, (int64_t[]){32, 2}, QUANT_Q8_0, data, 68), KS_OK);
-    assert_int_equal(gguf_writer_add_tensor(w, "c", 1, (int64_t[]){32}, QUANT_Q4_0, data, 18), KS_OK);
-    assert_int_equal(gguf_writer_add_tensor(w, "d", 3, (int64_t[]){4, 1, 1}, QUANT_F16, data, 8), KS_OK);
-    void *buf;
-    assert_int_equal(gguf_writer_write_memory(w, &buf, size), KS_OK);
-    gguf_writer_free(w);
-    return buf;
-}
-
-/* Nested arrays are only reachable by hand-made bytes. */
-static void *nested_file(size_t *size)
-{
-    struct bb b = {0};
-    bb_header(&b, 2, 1, 2);
-    bb_key(&b, "nested", GGUF_TYPE_ARRAY);
-    bb_u32(&b, GGUF_TYPE_ARRAY);
-    bb_u64(&b, 3);
-    bb_u32(&b, GGUF_TYPE_UINT16); bb_u64(&b, 2); bb_u32(&b, 0x00050004);
-    bb_u32(&b, GGUF_TYPE_STRING); bb_u64(&b, 2); bb_str(&b, "x"); bb_str(&b, "yz");
-    bb_u32(&b, GGUF_TYPE_ARRAY); bb_u64(&b, 1); bb_u32(&b, GGUF_TYPE_BOOL); bb_u64(&b, 1); bb_u8(&b, 1);
-    bb_key(&b, "general.alignment", GGUF_TYPE_UINT32);
-    bb_u32(&b, 16);
-    bb_tensor(&b, "t", 1, (uint64_t[]){4}, QUANT_F32, 0);
-    bb_data(&b, 16, 16, 0x41);
-    *size = b.len;
-    return b.p;
-}
-
 /* Bytes a prefix must keep for the file to stay valid: up to the last tensor's end. */
 static size_t needed_bytes(const struct gguf_file *f)
 {
@@ -159,7 +104,8 @@ static void test_small_file_corpus(void **state)
 {
     (void)state;
     size_t sizes[2];
-    uint8_t *files[2] = {small_file(&sizes[0]), nested_file(&sizes[1])};
+    uint8_t *files[2] = {gguf_seed_small(&sizes[0]), gguf_seed_nested(&sizes[1])};
+    assert_non_null(files[0]);
     const char *names[2] = {"small", "nested"};
     for (int i = 0; i < 2; i++) {
         struct gguf_file *f = NULL;
