@@ -116,6 +116,21 @@ static void softmax_update(const struct attn_kernels *k, struct attn_rows *rows,
     }
 }
 
+/* Pages are separate allocations, so the hardware prefetcher loses the
+ * stream at every page boundary; ask for the next page's K/V rows while
+ * this one is being computed. */
+static void prefetch_page(const struct kv_cache *kv, const struct kv_page *pg, int layer, int head)
+{
+    int P = kv->cfg.page_tokens, d = kv->cfg.head_dim;
+    size_t rk = (size_t)P * kv_row_bytes(pg->tk, d), rv = (size_t)P * kv_row_bytes(pg->tv, d);
+    const char *k = (const char *)kv_page_rows(kv, pg->k, pg->tk, layer, head);
+    const char *v = (const char *)kv_page_rows(kv, pg->v, pg->tv, layer, head);
+    for (size_t o = 0; o < rk; o += 64)
+        __builtin_prefetch(k + o);
+    for (size_t o = 0; o < rv; o += 64)
+        __builtin_prefetch(v + o);
+}
+
 static void run_item(const struct job *j, int32_t item, uint8_t *scratch)
 {
     const struct kv_cache *kv = j->kv;
@@ -152,6 +167,8 @@ static void run_item(const struct job *j, int32_t item, uint8_t *scratch)
         max_limit = limit[r] > max_limit ? limit[r] : max_limit;
     for (int64_t p = lo; p < hi; p++) {
         const struct kv_page *pg = &kv->pages[sq->pages[p]];
+        if (p + 1 < hi)
+            prefetch_page(kv, &kv->pages[sq->pages[p + 1]], j->layer, head);
         int page_start = (int)(p * P);
         int n_tok = max_limit - page_start < P ? max_limit - page_start : P;
         j->k->score[kv_type_index(pg->tk)](kv_page_rows(kv, pg->k, pg->tk, j->layer, head), n_tok, &rows);

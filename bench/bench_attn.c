@@ -1,0 +1,222 @@
+/* bench_attn: decode attention throughput in GB/s of KV read, one sequence,
+ * one layer of a Llama-3-8B-shaped cache (32 query heads, 8 KV heads,
+ * head_dim 128), at several context lengths and K/V precisions, plus the
+ * same kernels over one contiguous f16 buffer as the baseline for paging.
+ *
+ *   bench_attn [-t THREADS] [-P PAGE] [-r REPS] [-c CTX]
+ * Prints one line per (context, cache) with the median of REPS runs. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "attn/attn.h"
+#include "attn/attn_internal.h"
+
+enum { N_HEAD = 32, N_KV = 8, DIM = 128 };
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static uint64_t rng = 1;
+static float frand(void)
+{
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((rng >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Median over reps of the seconds per call of fn. */
+static double median_time(void (*fn)(void *), void *ctx, int reps)
+{
+    double t[16];
+    for (int r = 0; r < reps; r++) {
+        int iters = 0;
+        double t0 = now_s(), el;
+        do {
+            fn(ctx);
+            iters++;
+            el = now_s() - t0;
+        } while (el < 0.15);
+        t[r] = el / iters;
+    }
+    qsort(t, (size_t)reps, sizeof t[0], cmp_double);
+    return t[reps / 2];
+}
+
+struct paged_run {
+    threads_pool *pool;
+    struct kv_cache *kv;
+    struct attn_query q;
+    float *x, *out;
+};
+
+static void paged_step(void *ctx)
+{
+    struct paged_run *r = ctx;
+    if (attn_forward(r->pool, r->kv, 0, &r->q, 1, r->x, r->out, N_HEAD, 0.088f))
+        fprintf(stderr, "attn_forward: %s\n", ks_errmsg());
+}
+
+static struct kv_cache *make_cache(int ctx, int P, enum quant_type tk, enum quant_type tv, bool mixed, int32_t *seq)
+{
+    struct kv_config cfg;
+    kv_config_default(&cfg);
+    cfg.n_layer = 1;
+    cfg.n_kv_head = N_KV;
+    cfg.head_dim = DIM;
+    cfg.page_tokens = P;
+    cfg.type_k = tk;
+    cfg.type_v = tv;
+    cfg.mem_budget = (size_t)ctx * N_KV * DIM * 8 + ((size_t)64 << 20);
+    struct kv_cache *kv;
+    if (kv_create(&cfg, &kv) || kv_seq_create(kv, seq) || kv_seq_grow(kv, *seq, ctx)) {
+        fprintf(stderr, "cache: %s\n", ks_errmsg());
+        exit(1);
+    }
+    float k[N_KV * DIM], v[N_KV * DIM];
+    for (int p = 0; p < ctx; p++) {
+        for (int i = 0; i < N_KV * DIM; i++) {
+            k[i] = frand();
+            v[i] = frand();
+        }
+        kv_write(kv, 0, *seq, p, k, v);
+    }
+    if (mixed) { /* what the dynamic policy makes: recent 512 tokens f16, older ones q4_0 */
+        struct kv_selector sel = {.kind = KV_SELECT_OLDER_THAN, .keep_recent = 512};
+        if (kv_requantize(kv, &sel, QUANT_Q4_0, QUANT_Q4_0, false, NULL))
+            fprintf(stderr, "requantize: %s\n", ks_errmsg());
+    }
+    return kv;
+}
+
+/* The contiguous baseline: the same kernels over [head][token][dim] f16. */
+struct contig_run {
+    int ctx;
+    quant_f16 *k, *v;
+    float *q, *s, *acc, *m, *l, *out;
+    int32_t *limit;
+};
+
+static void contig_step(void *ctx)
+{
+    struct contig_run *c = ctx;
+    const struct attn_kernels *k = attn_kernels_best();
+    int G = N_HEAD / N_KV;
+    for (int h = 0; h < N_KV; h++) {
+        struct attn_rows rows = {.n = G, .dim = DIM, .stride = c->ctx, .q = c->q + (size_t)h * G * DIM,
+                                 .limit = c->limit, .m = c->m, .l = c->l, .acc = c->acc, .s = c->s};
+        memset(c->acc, 0, (size_t)G * DIM * sizeof(float));
+        k->score[1]((const uint8_t *)(c->k + (size_t)h * c->ctx * DIM), c->ctx, &rows);
+        for (int r = 0; r < G; r++) {
+            float *s = c->s + (size_t)r * c->ctx, mx = -INFINITY;
+            for (int t = 0; t < c->ctx; t++)
+                mx = s[t] > mx ? s[t] : mx;
+            c->l[r] = k->exp_sum(s, c->ctx, mx);
+        }
+        k->accum[1]((const uint8_t *)(c->v + (size_t)h * c->ctx * DIM), c->ctx, &rows);
+        for (int r = 0; r < G; r++)
+            for (int e = 0; e < DIM; e++)
+                c->out[((size_t)h * G + r) * DIM + e] = c->acc[(size_t)r * DIM + e] / c->l[r];
+    }
+}
+
+static double kv_bytes(const struct kv_cache *kv)
+{
+    struct kv_usage u;
+    kv_usage(kv, &u);
+    return (double)u.used; /* one layer, whole pages: exactly what a decode step reads, up to the last page */
+}
+
+int main(int argc, char **argv)
+{
+    int n_threads = 1, P = 32, reps = 5, only_ctx = 0;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "-t"))
+            n_threads = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "-P"))
+            P = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "-r"))
+            reps = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "-c"))
+            only_ctx = atoi(argv[i + 1]);
+    }
+    reps = reps < 1 ? 1 : reps > 15 ? 15 : reps;
+    threads_pool *pool = NULL;
+    if (n_threads > 1 && threads_create(n_threads, &pool)) {
+        fprintf(stderr, "threads: %s\n", ks_errmsg());
+        return 1;
+    }
+    printf("bench_attn: kernels %s, %d thread(s), P=%d, %d KV heads x head_dim %d, %d query heads, median of %d\n",
+           attn_kernels_best()->isa, n_threads, P, N_KV, DIM, N_HEAD, reps);
+    printf("%-7s %-16s %10s %10s %9s\n", "ctx", "cache", "KV MB", "us/step", "GB/s");
+    const int ctxs[] = {1024, 4096, 16384, 32768};
+    struct {
+        const char *name;
+        enum quant_type k, v;
+        bool mixed;
+    } cases[] = {
+        {"f16", QUANT_F16, QUANT_F16, false},
+        {"q8_0", QUANT_Q8_0, QUANT_Q8_0, false},
+        {"q4_0", QUANT_Q4_0, QUANT_Q4_0, false},
+        {"mixed(q4/f16)", QUANT_F16, QUANT_F16, true},
+    };
+    float *x = malloc(N_HEAD * DIM * sizeof(float)), *out = malloc(N_HEAD * DIM * sizeof(float));
+    for (int i = 0; i < N_HEAD * DIM; i++)
+        x[i] = frand();
+    for (size_t c = 0; c < sizeof ctxs / sizeof ctxs[0]; c++) {
+        int ctx = ctxs[c];
+        if (only_ctx && ctx != only_ctx)
+            continue;
+        for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+            struct paged_run r = {.pool = pool, .x = x, .out = out};
+            r.kv = make_cache(ctx, P, cases[k].k, cases[k].v, cases[k].mixed, &r.q.seq);
+            r.q.pos = ctx - 1;
+            double t = median_time(paged_step, &r, reps), bytes = kv_bytes(r.kv);
+            printf("%-7d %-16s %10.1f %10.1f %9.2f\n", ctx, cases[k].name, bytes / 1e6, t * 1e6, bytes / t / 1e9);
+            fflush(stdout);
+            kv_free(r.kv);
+        }
+        /* contiguous f16 with the same kernels, single-threaded like -t 1 */
+        struct contig_run cr = {.ctx = ctx};
+        size_t n = (size_t)N_KV * ctx * DIM;
+        cr.k = malloc(n * sizeof(quant_f16));
+        cr.v = malloc(n * sizeof(quant_f16));
+        for (size_t i = 0; i < n; i++) {
+            cr.k[i] = quant_f32_to_f16(frand());
+            cr.v[i] = quant_f32_to_f16(frand());
+        }
+        int G = N_HEAD / N_KV;
+        cr.q = x;
+        cr.s = malloc((size_t)G * ctx * sizeof(float));
+        cr.acc = malloc((size_t)G * DIM * sizeof(float));
+        cr.m = calloc(G, sizeof(float));
+        cr.l = calloc(G, sizeof(float));
+        cr.limit = malloc(G * sizeof(int32_t));
+        cr.out = out;
+        double t = median_time(contig_step, &cr, reps), bytes = 2.0 * n * sizeof(quant_f16);
+        printf("%-7d %-16s %10.1f %10.1f %9.2f%s\n", ctx, "contiguous f16", bytes / 1e6, t * 1e6, bytes / t / 1e9,
+               n_threads > 1 ? "  (1 thread)" : "");
+        free(cr.k);
+        free(cr.v);
+        free(cr.s);
+        free(cr.acc);
+        free(cr.m);
+        free(cr.l);
+        free(cr.limit);
+    }
+    free(x);
+    free(out);
+    threads_free(pool);
+    return 0;
+}
