@@ -9,5 +9,6 @@ int cli_info(int argc, char **argv);
 int cli_synth(int argc, char **argv);
 int cli_generate(int argc, char **argv);
 int cli_bench(int argc, char **argv);
+int cli_serve(int argc, char **argv);
 
 #endif
