@@ -59,6 +59,17 @@ static void me_sampler_free(void *ctx, void *smp)
     sample_free(smp);
 }
 
+/* Admit only while the free budget (after what the policy could demote) holds
+ * the newcomer's first chunk. */
+static bool me_can_admit(void *ctx, int32_t n_new_tokens)
+{
+    struct model_engine *e = ctx;
+    struct kv_fit fit;
+    kv_fit(e->kv, &fit);
+    int64_t room = kv_get_config(e->kv)->policy == KV_POLICY_DYNAMIC ? fit.dynamic : fit.start;
+    return room >= n_new_tokens;
+}
+
 static struct kv_cache *me_cache(void *ctx)
 {
     struct model_engine *e = ctx;
@@ -92,7 +103,7 @@ ks_status sched_engine_model(struct model *m, const struct kv_config *kv_cfg, in
     *out = (struct sched_engine){
         .ctx = e, .n_vocab = e->n_vocab, .seq_create = me_seq_create, .seq_free = me_seq_free,
         .forward = me_forward, .sampler_create = me_sampler_create, .sampler_next = me_sampler_next,
-        .sampler_free = me_sampler_free, .can_admit = NULL, .cache = me_cache, .destroy = me_destroy,
+        .sampler_free = me_sampler_free, .can_admit = me_can_admit, .cache = me_cache, .destroy = me_destroy,
     };
     return KS_OK;
 }
