@@ -157,8 +157,10 @@ static ks_status encode_fragments(const struct tokenizer *t, const char *text, c
         } else if (t->family == TOK_FAMILY_SPM) {
             st = tok_spm_encode(t, text + f->off, f->len, t->sp.add_space_prefix && prev_special, ids);
             prev_special = false;
-        } else {
+        } else if (t->family == TOK_FAMILY_BPE) {
             st = tok_bpe_encode(t, text + f->off, f->len, ids);
+        } else {
+            st = tok_wpm_encode(t, text + f->off, f->len, ids);
         }
     }
     return st;

@@ -67,6 +67,7 @@ struct tok_token {
 struct tokenizer {
     enum tok_family family;
     int32_t n_vocab;
+    size_t max_token_len; /* longest vocabulary string in bytes */
     struct tok_token *tokens; /* (n_vocab) */
     char *text;               /* arena for every token's text and piece */
     size_t text_len;
@@ -115,6 +116,7 @@ ks_status tok_ids_push(struct tok_ids *ids, int32_t id);
 ks_status tok_spm_encode(const struct tokenizer *t, const char *text, size_t len, bool add_prefix,
                          struct tok_ids *out);
 ks_status tok_bpe_encode(const struct tokenizer *t, const char *text, size_t len, struct tok_ids *out);
+ks_status tok_wpm_encode(const struct tokenizer *t, const char *text, size_t len, struct tok_ids *out);
 
 /* BPE setup in tok_bpe.c. */
 struct gguf_file;

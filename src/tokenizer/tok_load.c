@@ -215,6 +215,8 @@ static ks_status read_tokens(struct tokenizer *t, const struct gguf_file *f, siz
         if ((st = arena_add(t, arena_cap, s.data, s.len, &tk->text_off)))
             return st;
         tk->text_len = (uint32_t)s.len;
+        if (s.len > t->max_token_len)
+            t->max_token_len = s.len;
         if (scores)
             memcpy(&tk->score, (const char *)scores + 4 * (size_t)i, 4);
         int32_t type = TYPE_NORMAL;
@@ -250,7 +252,7 @@ static ks_status make_pieces(struct tokenizer *t, size_t *arena_cap)
             break;
         }
         memcpy(src, s, tk->text_len);
-        size_t n = t->family == TOK_FAMILY_SPM ? spm_piece(src, tk->text_len, tk->attr, buf)
+        size_t n = t->family != TOK_FAMILY_BPE ? spm_piece(src, tk->text_len, tk->attr, buf)
                                               : bpe_piece(src, tk->text_len, tk->attr, buf);
         if (src != tmp)
             free(src);
@@ -279,7 +281,7 @@ static ks_status build_lookup(struct tokenizer *t)
     for (int32_t i = 0; i < t->n_vocab && !st; i++) {
         const struct tok_token *tk = &t->tokens[i];
         const char *s = tok_text_of(t, i);
-        if (t->family == TOK_FAMILY_SPM) {
+        if (t->family != TOK_FAMILY_BPE) {
             st = tok_strmap_put(&t->lookup, s, tk->text_len, i, NULL);
             continue;
         }
@@ -430,9 +432,11 @@ static ks_status read_family(struct tokenizer *t, const struct gguf_file *f)
         t->family = TOK_FAMILY_SPM;
     else if (model.len == 4 && !memcmp(model.data, "gpt2", 4))
         t->family = TOK_FAMILY_BPE;
+    else if (model.len == 4 && !memcmp(model.data, "bert", 4))
+        t->family = TOK_FAMILY_WPM;
     else
         return ks_fail(KS_ERR_UNSUPPORTED,
-                       "tokenizer: tokenizer.ggml.model '%.*s' is not supported (supported: llama, gpt2)",
+                       "tokenizer: tokenizer.ggml.model '%.*s' is not supported (supported: llama, gpt2, bert)",
                        (int)(model.len > 64 ? 64 : model.len), model.data);
     return KS_OK;
 }
@@ -449,6 +453,14 @@ static void read_specials(struct tokenizer *t, const struct gguf_file *f)
         sp->unk = 0;
         sp->add_bos = true;
         sp->add_space_prefix = true;
+    } else if (t->family == TOK_FAMILY_WPM) {
+        sp->bos = nv > 101 ? 101 : -1; /* [CLS] */
+        sp->eos = nv > 102 ? 102 : -1; /* [SEP] */
+        sp->unk = nv > 100 ? 100 : -1;
+        sp->pad = 0;
+        sp->add_bos = sp->add_eos = sp->add_space_prefix = true;
+        read_id(f, "tokenizer.ggml.cls_token_id", nv, &sp->bos);
+        read_id(f, "tokenizer.ggml.seperator_token_id", nv, &sp->eos);
     } else {
         sp->bos = sp->eos = nv > 11 ? 11 : -1;
     }

@@ -8,6 +8,7 @@
  *           tokenizer.ggml.merges, a regex pre-tokenizer chosen by
  *           tokenizer.ggml.pre (unknown values fall back to "default" with a
  *           warning on stderr).
+ *   "bert"  WordPiece: lowercase, accents stripped, greedy longest match.
  *
  * Threads: a loaded tokenizer is immutable. Every const function below may be
  * called from any number of threads at once. A tok_stream belongs to one
@@ -31,6 +32,7 @@ struct tokenizer;
 enum tok_family {
     TOK_FAMILY_SPM, /* "llama" */
     TOK_FAMILY_BPE, /* "gpt2" */
+    TOK_FAMILY_WPM, /* "bert" WordPiece (embedding models; kept for completeness) */
 };
 
 /* ---- loading ----------------------------------------------------------- */
@@ -56,8 +58,10 @@ int32_t tok_n_vocab(const struct tokenizer *t);
 struct tok_special {
     int32_t bos, eos, eot, eom, pad, unk, nl; /* -1 when the vocabulary has none */
     bool add_bos;                             /* tokenizer.ggml.add_bos_token (SPM default true) */
-    bool add_eos;                             /* tokenizer.ggml.add_eos_token (default false) */
-    bool add_space_prefix;                    /* SPM: prepend a space to the text (default true) */
+    bool add_eos;                             /* tokenizer.ggml.add_eos_token (default false;
+                                                 WPM: true, eos is then [SEP]) */
+    bool add_space_prefix;                    /* SPM: prepend a space to the text (default true);
+                                                 WPM: true (only drops the first space on decode) */
 };
 
 /* Never NULL; valid until tok_free(). */
