@@ -17,6 +17,7 @@ static const struct command commands[] = {
     {"synth", cli_synth, "write a deterministic random model of a real architecture's shapes"},
     {"generate", cli_generate, "generate tokens from a prompt, streaming them as they come"},
     {"bench", cli_bench, "measure prompt (pp) and generation (tg) speed like llama-bench"},
+    {"perplexity", cli_perplexity, "score a text like llama-perplexity: PPL, KL divergence vs saved logits"},
     {"serve", cli_serve, "serve the OpenAI-compatible HTTP API with continuous batching"},
 };
 

@@ -1,0 +1,366 @@
+/* kvserve perplexity: llama-perplexity's scoring over the paged KV cache.
+ * The text is tokenized with BOS, split into chunks of CTX tokens, each
+ * evaluated from an empty sequence with its first token replaced by BOS;
+ * the second half of each chunk is scored. Against saved baseline logits
+ * (--kl-base) it also reports KL divergence and top-1 agreement. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/args.h"
+#include "cli/cli.h"
+#include "model/model.h"
+#include "tokenizer/tokenizer.h"
+
+#define LOGITS_MAGIC 0x4b56504cu /* "KVPL": magic, n_vocab, n_rows, then rows of f32 */
+
+struct ppl_opts {
+    const char *model, *text, *kl_base, *save_logits;
+    int n_ctx, n_threads, max_chunks;
+    bool json;
+    struct kv_config kv;  /* only the cache fields; shape comes from the model */
+    size_t kv_mem;
+};
+
+static void ppl_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: kvserve perplexity -m MODEL -f TEXT [-c CTX] [--kl-base FILE | --save-logits FILE] [--json]\n"
+            "  -c, --ctx-size N        tokens per chunk (default 512); the second half of each is scored\n"
+            "      --chunks N          score at most N chunks (default: all)\n"
+            "      --save-logits FILE  write the scored logits (the KL baseline, run it with -ctk f32 -ctv f32)\n"
+            "      --kl-base FILE      compare with saved logits: mean and p99 KL divergence, top-1 agreement\n"
+            "      --json              one JSON object on stdout\n"
+            "  -t, --threads N\n"
+            "cache (as for kvserve serve):\n"
+            "      --kv-mem SIZE       budget (default: one chunk)\n"
+            "      --kv-page P         tokens per page, 16..256 (default 32)\n"
+            "  -ctk, --cache-type-k T  f32 f16 q8_0 q4_0 (default f16)\n"
+            "  -ctv, --cache-type-v T\n"
+            "      --kv-policy P       static | dynamic\n"
+            "      --kv-rotate on|off  Walsh-Hadamard rotation of K/V (default on)\n"
+            "      --kv-sink N, --kv-hot N, --kv-floor T   dynamic policy\n");
+}
+
+static bool flag(const char *a, const char *s, const char *l) { return (s && !strcmp(a, s)) || !strcmp(a, l); }
+
+static bool parse_value(const char *a, const char *v, struct ppl_opts *o, bool *ok)
+{
+    if (flag(a, "-m", "--model"))
+        *ok = (o->model = v) != NULL;
+    else if (flag(a, "-f", "--file"))
+        *ok = (o->text = v) != NULL;
+    else if (flag(a, "-c", "--ctx-size"))
+        *ok = cli_parse_int(v, 4, 1 << 20, &o->n_ctx);
+    else if (flag(a, NULL, "--chunks"))
+        *ok = cli_parse_int(v, 1, 1 << 30, &o->max_chunks);
+    else if (flag(a, NULL, "--kl-base"))
+        *ok = (o->kl_base = v) != NULL;
+    else if (flag(a, NULL, "--save-logits"))
+        *ok = (o->save_logits = v) != NULL;
+    else if (flag(a, "-t", "--threads"))
+        *ok = cli_parse_threads(v, &o->n_threads);
+    else if (flag(a, NULL, "--kv-mem"))
+        *ok = cli_parse_mem(v, &o->kv_mem);
+    else if (flag(a, NULL, "--kv-page"))
+        *ok = cli_parse_int(v, 16, 256, &o->kv.page_tokens);
+    else if (flag(a, "-ctk", "--cache-type-k"))
+        *ok = cli_parse_kv_type(v, &o->kv.type_k);
+    else if (flag(a, "-ctv", "--cache-type-v"))
+        *ok = cli_parse_kv_type(v, &o->kv.type_v);
+    else if (flag(a, NULL, "--kv-policy"))
+        *ok = cli_parse_kv_policy(v, &o->kv.policy);
+    else if (flag(a, NULL, "--kv-rotate"))
+        *ok = v && (!strcmp(v, "on") || !strcmp(v, "off")) && ((o->kv.rotate = !strcmp(v, "on")), true);
+    else if (flag(a, NULL, "--kv-sink"))
+        *ok = cli_parse_int(v, 0, 1 << 24, &o->kv.sink_tokens);
+    else if (flag(a, NULL, "--kv-hot"))
+        *ok = cli_parse_int(v, 0, 1 << 24, &o->kv.hot_tokens);
+    else if (flag(a, NULL, "--kv-floor"))
+        *ok = cli_parse_kv_type(v, &o->kv.floor);
+    else
+        return false;
+    return true;
+}
+
+static int parse_args(int argc, char **argv, struct ppl_opts *o)
+{
+    *o = (struct ppl_opts){.n_ctx = 512, .n_threads = threads_default_count()};
+    kv_config_default(&o->kv);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (flag(a, "-h", "--help")) {
+            ppl_usage(stdout);
+            return -1;
+        }
+        if (!strcmp(a, "--json")) {
+            o->json = true;
+            continue;
+        }
+        const char *v = i + 1 < argc ? argv[++i] : NULL;
+        bool ok = true;
+        if (!parse_value(a, v, o, &ok)) {
+            fprintf(stderr, "kvserve perplexity: unknown option '%s'\n\n", a);
+            ppl_usage(stderr);
+            return 2;
+        }
+        if (!ok) {
+            fprintf(stderr, "kvserve perplexity: bad or missing value '%s' for %s\n", v ? v : "", a);
+            return 2;
+        }
+    }
+    if (!o->model || !o->text) {
+        fprintf(stderr, "kvserve perplexity: -m MODEL and -f TEXT are required\n");
+        return 2;
+    }
+    if (o->kl_base && o->save_logits) {
+        fprintf(stderr, "kvserve perplexity: use --kl-base or --save-logits, not both\n");
+        return 2;
+    }
+    return 0;
+}
+
+static ks_status read_file(const char *path, char **buf, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return ks_fail(KS_ERR_IO, "cannot open %s", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    *buf = malloc(n > 0 ? (size_t)n : 1);
+    if (!*buf || n < 0 || fread(*buf, 1, (size_t)n, f) != (size_t)n) {
+        fclose(f);
+        free(*buf);
+        return ks_fail(KS_ERR_IO, "cannot read %s", path);
+    }
+    fclose(f);
+    *len = (size_t)n;
+    return KS_OK;
+}
+
+/* log-softmax of one row into out (double for a stable KL). */
+static void log_softmax(const float *x, int n, double *out)
+{
+    double mx = -INFINITY, sum = 0.0;
+    for (int i = 0; i < n; i++)
+        mx = x[i] > mx ? x[i] : mx;
+    for (int i = 0; i < n; i++)
+        sum += exp(x[i] - mx);
+    double lse = mx + log(sum);
+    for (int i = 0; i < n; i++)
+        out[i] = x[i] - lse;
+}
+
+static int argmax(const float *x, int n)
+{
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best])
+            best = i;
+    return best;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+struct ppl_state {
+    struct model *model;
+    struct tokenizer *tok;
+    threads_pool *pool;
+    struct kv_cache *kv;
+    struct model_ctx *ctx;
+    int n_vocab;
+    FILE *save, *base;
+    double nll;
+    int64_t n_scored;
+    double *kld;          /* (n_scored) */
+    int64_t n_top1;
+    float *logits, *base_row;
+    double *lp, *lq;
+};
+
+static ks_status score_chunk(struct ppl_state *s, const int32_t *tokens, int n_ctx, int32_t bos)
+{
+    int first = n_ctx / 2;
+    int32_t seq;
+    ks_status st = kv_seq_create(s->kv, &seq);
+    if (st)
+        return st;
+    int32_t *tok = malloc((size_t)n_ctx * sizeof *tok), *pos = malloc((size_t)n_ctx * sizeof *pos),
+            *sq = malloc((size_t)n_ctx * sizeof *sq);
+    bool *want = malloc((size_t)n_ctx * sizeof *want);
+    if (!tok || !pos || !sq || !want)
+        st = ks_fail(KS_ERR_NOMEM, "out of memory");
+    for (int i = 0; !st && i < n_ctx; i++) {
+        tok[i] = i == 0 && bos >= 0 ? bos : tokens[i];
+        pos[i] = i;
+        sq[i] = seq;
+        want[i] = i >= first && i < n_ctx - 1;
+    }
+    struct model_batch b = {.n_tokens = n_ctx, .tokens = tok, .pos = pos, .seq = sq, .want_logits = want};
+    if (!st)
+        st = model_forward(s->ctx, s->kv, &b, s->logits, NULL);
+    for (int i = first; !st && i < n_ctx - 1; i++) {
+        const float *row = s->logits + (size_t)(i - first) * s->n_vocab;
+        log_softmax(row, s->n_vocab, s->lq);
+        s->nll -= s->lq[tokens[i + 1]];
+        if (s->save && fwrite(row, sizeof(float), (size_t)s->n_vocab, s->save) != (size_t)s->n_vocab)
+            st = ks_fail(KS_ERR_IO, "cannot write the logits file");
+        if (!st && s->base) {
+            if (fread(s->base_row, sizeof(float), (size_t)s->n_vocab, s->base) != (size_t)s->n_vocab) {
+                st = ks_fail(KS_ERR_FORMAT, "--kl-base: the file has fewer rows than this run scores (same -c and text?)");
+                break;
+            }
+            log_softmax(s->base_row, s->n_vocab, s->lp);
+            double kl = 0.0;
+            for (int v = 0; v < s->n_vocab; v++)
+                kl += exp(s->lp[v]) * (s->lp[v] - s->lq[v]);
+            s->kld[s->n_scored] = kl;
+            s->n_top1 += argmax(s->base_row, s->n_vocab) == argmax(row, s->n_vocab);
+        }
+        s->n_scored++;
+    }
+    kv_seq_free(s->kv, seq);
+    free(tok);
+    free(pos);
+    free(sq);
+    free(want);
+    return st;
+}
+
+static ks_status open_logits(struct ppl_state *s, const struct ppl_opts *o, uint32_t n_rows)
+{
+    uint32_t hdr[3] = {LOGITS_MAGIC, (uint32_t)s->n_vocab, n_rows};
+    if (o->save_logits) {
+        if (!(s->save = fopen(o->save_logits, "wb")) || fwrite(hdr, sizeof hdr, 1, s->save) != 1)
+            return ks_fail(KS_ERR_IO, "cannot write %s", o->save_logits);
+    }
+    if (o->kl_base) {
+        uint32_t got[3];
+        if (!(s->base = fopen(o->kl_base, "rb")) || fread(got, sizeof got, 1, s->base) != 1)
+            return ks_fail(KS_ERR_IO, "cannot read %s", o->kl_base);
+        if (got[0] != LOGITS_MAGIC || got[1] != hdr[1] || got[2] != n_rows)
+            return ks_fail(KS_ERR_FORMAT, "%s: not a logits file of this model and -c/--chunks (%u rows of %u, want %u of %u)",
+                           o->kl_base, got[2], got[1], n_rows, hdr[1]);
+    }
+    return KS_OK;
+}
+
+static ks_status ppl_setup(struct ppl_state *s, const struct ppl_opts *o, int32_t **ids, size_t *n_ids)
+{
+    ks_status st = model_load(o->model, &s->model);
+    if (st || (st = tok_load(model_gguf(s->model), &s->tok)))
+        return st;
+    s->n_vocab = model_hparams(s->model)->n_vocab;
+    char *text = NULL;
+    size_t len = 0;
+    if ((st = read_file(o->text, &text, &len)))
+        return st;
+    st = tok_encode(s->tok, text, len, TOK_ADD_SPECIAL, ids, n_ids);
+    free(text);
+    if (st)
+        return st;
+    struct kv_config cfg;
+    model_kv_config(s->model, &cfg);
+    struct kv_config shape = cfg;
+    cfg = o->kv;
+    cfg.n_layer = shape.n_layer;
+    cfg.n_kv_head = shape.n_kv_head;
+    cfg.head_dim = shape.head_dim;
+    cfg.mem_budget = o->kv_mem ? o->kv_mem : cli_kv_budget_for(&cfg, o->n_ctx);
+    int half = o->n_ctx / 2;
+    s->logits = malloc((size_t)half * s->n_vocab * sizeof(float));
+    s->base_row = malloc((size_t)s->n_vocab * sizeof(float));
+    s->lp = malloc((size_t)s->n_vocab * sizeof(double));
+    s->lq = malloc((size_t)s->n_vocab * sizeof(double));
+    if (!s->logits || !s->base_row || !s->lp || !s->lq)
+        return ks_fail(KS_ERR_NOMEM, "out of memory for logits");
+    if ((st = threads_create(o->n_threads, &s->pool)) || (st = kv_create(&cfg, &s->kv)) ||
+        (st = model_ctx_create(s->model, o->n_ctx, s->pool, &s->ctx)))
+        return st;
+    return KS_OK;
+}
+
+static void print_result(const struct ppl_state *s, const struct ppl_opts *o, double ppl, double kmean, double kp99,
+                         double top1)
+{
+    const struct kv_config *c = kv_get_config(s->kv);
+    if (o->json) {
+        printf("{\"ppl\": %.6f, \"kld_mean\": %.8f, \"kld_p99\": %.8f, \"top1\": %.6f, \"n_tokens\": %lld, "
+               "\"n_ctx\": %d, \"cache\": {\"type_k\": \"%s\", \"type_v\": \"%s\", \"rotate\": %s, \"page\": %d, "
+               "\"policy\": \"%s\", \"mem\": %zu}}\n",
+               ppl, kmean, kp99, top1, (long long)s->n_scored, o->n_ctx, quant_type_name(c->type_k),
+               quant_type_name(c->type_v), c->rotate ? "true" : "false", c->page_tokens,
+               c->policy == KV_POLICY_DYNAMIC ? "dynamic" : "static", c->mem_budget);
+        return;
+    }
+    printf("cache %s/%s rotate %s, c=%d, %lld scored tokens\n", quant_type_name(c->type_k), quant_type_name(c->type_v),
+           c->rotate ? "on" : "off", o->n_ctx, (long long)s->n_scored);
+    printf("PPL = %.4f\n", ppl);
+    if (o->kl_base)
+        printf("mean KLD = %.6f   KLD p99 = %.6f   same top-1 = %.2f%%\n", kmean, kp99, top1 * 100.0);
+}
+
+static void ppl_free(struct ppl_state *s)
+{
+    if (s->save)
+        fclose(s->save);
+    if (s->base)
+        fclose(s->base);
+    model_ctx_free(s->ctx);
+    kv_free(s->kv);
+    threads_free(s->pool);
+    tok_free(s->tok);
+    model_free(s->model);
+    free(s->kld);
+    free(s->logits);
+    free(s->base_row);
+    free(s->lp);
+    free(s->lq);
+}
+
+int cli_perplexity(int argc, char **argv)
+{
+    struct ppl_opts o;
+    int rc = parse_args(argc, argv, &o);
+    if (rc)
+        return rc < 0 ? 0 : rc;
+    struct ppl_state s = {0};
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    ks_status st = ppl_setup(&s, &o, &ids, &n_ids);
+    int64_t n_chunks = (int64_t)n_ids / o.n_ctx;
+    if (!st && o.max_chunks && n_chunks > o.max_chunks)
+        n_chunks = o.max_chunks;
+    if (!st && n_chunks == 0)
+        st = ks_fail(KS_ERR_INVALID_ARG, "the text has %zu tokens, fewer than one chunk of -c %d", n_ids, o.n_ctx);
+    int per_chunk = o.n_ctx - 1 - o.n_ctx / 2;
+    if (!st)
+        st = open_logits(&s, &o, (uint32_t)(n_chunks * per_chunk));
+    if (!st && !(s.kld = calloc((size_t)(n_chunks * per_chunk) + 1, sizeof *s.kld)))
+        st = ks_fail(KS_ERR_NOMEM, "out of memory");
+    int32_t bos = st ? -1 : tok_special(s.tok)->bos;
+    for (int64_t c = 0; !st && c < n_chunks; c++)
+        st = score_chunk(&s, ids + c * o.n_ctx, o.n_ctx, bos);
+    if (!st) {
+        double ppl = exp(s.nll / (double)s.n_scored), kmean = 0.0, kp99 = 0.0, top1 = 1.0;
+        if (s.base) {
+            for (int64_t i = 0; i < s.n_scored; i++)
+                kmean += s.kld[i];
+            kmean /= (double)s.n_scored;
+            qsort(s.kld, (size_t)s.n_scored, sizeof *s.kld, cmp_double);
+            kp99 = s.kld[(size_t)((double)(s.n_scored - 1) * 0.99)];
+            top1 = (double)s.n_top1 / (double)s.n_scored;
+        }
+        print_result(&s, &o, ppl, kmean, kp99, top1);
+    } else
+        fprintf(stderr, "kvserve perplexity: %s\n", ks_errmsg());
+    free(ids);
+    ppl_free(&s);
+    return st ? 1 : 0;
+}
