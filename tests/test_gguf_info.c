@@ -1,0 +1,155 @@
+/* kvserve info: runs the real binary ($KVSERVE_BIN) on generated files and
+ * stories260K and checks the memory numbers against hand arithmetic. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "gguf/gguf.h"
+
+enum { OUT_CAP = 1 << 16 };
+
+/* Run `kvserve info ARGS`, capture stdout+stderr; returns the exit code. */
+static int run_info(const char *args, char *out)
+{
+    const char *bin = getenv("KVSERVE_BIN");
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "'%s' info %s 2>&1", bin, args);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    size_t n = fread(out, 1, OUT_CAP - 1, p);
+    out[n] = '\0';
+    int status = pclose(p);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+static void need_binary(void)
+{
+    const char *bin = getenv("KVSERVE_BIN");
+    if (!bin || access(bin, X_OK)) {
+        print_message("KVSERVE_BIN not set or not executable; skipping\n");
+        skip();
+    }
+}
+
+static void expect_line(const char *out, const char *needle)
+{
+    if (!strstr(out, needle))
+        fail_msg("missing '%s' in:\n%s", needle, out);
+}
+
+/* llama-style metadata: 2 layers, 4 heads, 2 KV heads, dim 256 (head_dim 64). */
+static void write_model(const char *path, uint32_t key_length, uint32_t value_length, uint32_t dim)
+{
+    struct gguf_writer *w;
+    assert_int_equal(gguf_writer_create(&w), KS_OK);
+    assert_int_equal(gguf_writer_set_str(w, "general.architecture", "llama"), KS_OK);
+    assert_int_equal(gguf_writer_set_u32(w, "llama.block_count", 2), KS_OK);
+    assert_int_equal(gguf_writer_set_u32(w, "llama.embedding_length", dim), KS_OK);
+    assert_int_equal(gguf_writer_set_u32(w, "llama.attention.head_count", 4), KS_OK);
+    assert_int_equal(gguf_writer_set_u32(w, "llama.attention.head_count_kv", 2), KS_OK);
+    if (key_length) {
+        assert_int_equal(gguf_writer_set_u32(w, "llama.attention.key_length", key_length), KS_OK);
+        assert_int_equal(gguf_writer_set_u32(w, "llama.attention.value_length", value_length), KS_OK);
+    }
+    static const uint16_t half[64 * 3];
+    assert_int_equal(gguf_writer_add_tensor(w, "token_embd.weight", 2, (int64_t[]){64, 3}, QUANT_F16, half,
+                                            sizeof half),
+                     KS_OK);
+    assert_int_equal(gguf_writer_add_tensor(w, "blk.0.attn_q.weight", 2, (int64_t[]){64, 4}, QUANT_Q8_0, NULL,
+                                            4 * 68),
+                     KS_OK);
+    assert_int_equal(gguf_writer_write(w, path), KS_OK);
+    gguf_writer_free(w);
+}
+
+static void test_info_kv_numbers(void **state)
+{
+    (void)state;
+    need_binary();
+    char *out = malloc(OUT_CAP);
+    char path[] = "/tmp/test_gguf_info_XXXXXX";
+    close(mkstemp(path));
+
+    /* head_dim 64 = 256 / 4: per token 2 layers x 2 heads x (K + V) */
+    write_model(path, 0, 0, 256);
+    char args[256];
+    snprintf(args, sizeof args, "-m %s", path);
+    assert_int_equal(run_info(args, out), 0);
+    expect_line(out, "head_dim k 64 / v 64");
+    expect_line(out, "f16        1.00 KiB"); /* 2*2*(64+64)*2 B */
+    expect_line(out, "q8_0          544 B"); /* 2*2*(68+68) */
+    expect_line(out, "q4_0          288 B"); /* 2*2*(36+36) */
+    expect_line(out, "token_embd.weight");
+    expect_line(out, "[64, 3]");
+    expect_line(out, "f16        1 tensors            384 bytes");
+    expect_line(out, "q8_0       1 tensors            272 bytes");
+    expect_line(out, "weights: 656 B (656 bytes)");
+    expect_line(out, "llama.attention.head_count_kv                u32  2");
+
+    /* key_length/value_length win over embedding_length / head_count */
+    write_model(path, 128, 64, 256);
+    assert_int_equal(run_info(args, out), 0);
+    expect_line(out, "head_dim k 128 / v 64");
+    expect_line(out, "f16        1.50 KiB"); /* 2*2*(128+64)*2 */
+
+    /* head_dim 8: quantized KV impossible */
+    write_model(path, 0, 0, 32);
+    assert_int_equal(run_info(args, out), 0);
+    expect_line(out, "q8_0   n/a (head_dim 8 not a multiple of 32)");
+    expect_line(out, "q4_0   n/a (head_dim 8 not a multiple of 32)");
+
+    /* a broken file: the reader's message and exit 1 */
+    FILE *fp = fopen(path, "r+b");
+    fseek(fp, 4, SEEK_SET);
+    fputc(1, fp);
+    fclose(fp);
+    assert_int_equal(run_info(args, out), 1);
+    expect_line(out, "GGUF version 1 is not supported");
+    unlink(path);
+
+    assert_int_equal(run_info("", out), 2);
+    assert_int_equal(run_info("--help", out), 0);
+    expect_line(out, "--no-tensors");
+    free(out);
+}
+
+static void test_info_stories260k(void **state)
+{
+    (void)state;
+    need_binary();
+    const char *dir = getenv("KVSERVE_SHARED");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/models/stories260K.gguf", dir ? dir : ".");
+    if (!dir || access(path, R_OK)) {
+        print_message("stories260K.gguf not found under $KVSERVE_SHARED/models; skipping\n");
+        skip();
+    }
+    char *out = malloc(OUT_CAP), args[4200];
+    snprintf(args, sizeof args, "-m '%s'", path);
+    assert_int_equal(run_info(args, out), 0);
+    expect_line(out, "GGUF v3, 1185376 bytes, alignment 32, tensor data at offset 14176");
+    expect_line(out, "tokenizer.ggml.tokens                        arr  [str x 512] \"<unk>\", \"<s>\"");
+    expect_line(out, "tensors: 48");
+    expect_line(out, "blk.0.ffn_down.weight                    f32    [172, 64]");
+    expect_line(out, "f32       48 tensors        1171200 bytes");
+    expect_line(out, "f16           640 B"); /* 5 layers x 4 heads x (8+8) x 2 B */
+    expect_line(out, "n/a (head_dim 8 not a multiple of 32)");
+    free(out);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_info_kv_numbers),
+        cmocka_unit_test(test_info_stories260k),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
