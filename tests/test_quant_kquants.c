@@ -286,6 +286,36 @@ static void test_q8_K_quantize(void **state)
     free(y);
 }
 
+/* The SIMD Q8_K quantizer is bit-identical to the reference, ties included. */
+static void test_q8_K_quantize_simd(void **state)
+{
+    (void)state;
+#if defined(KQ_HAVE_AVX512)
+    const int nb = 32;
+    float *x = malloc(sizeof(float) * QK_K * nb);
+    block_q8_K *a = malloc(sizeof(block_q8_K) * nb), *b = malloc(sizeof(block_q8_K) * nb);
+    for (int i = 0; i < QK_K * nb; i++) x[i] = rng_normal() * (float)(1 + i / QK_K);
+    memset(x + QK_K * 2, 0, sizeof(float) * QK_K);
+    /* block 5: scale exactly 1, halves everywhere -> round-half-even ties */
+    for (int l = 0; l < QK_K; l++) x[QK_K * 5 + l] = (float)((int)(rng_next() % 253) - 126) + 0.5f;
+    x[QK_K * 5 + 7] = -127.f;
+    /* block 6: equal magnitudes of both signs; the first one sets the sign */
+    for (int l = 0; l < QK_K; l++) x[QK_K * 6 + l] = (l % 3) ? 1.f : -2.f;
+    x[QK_K * 6 + 200] = 2.f;
+    memset(a, 0x55, sizeof(block_q8_K) * nb);
+    memset(b, 0xAA, sizeof(block_q8_K) * nb);
+    quant_quantize_row_q8_K(x, a, QK_K * nb);
+    quant_quantize_row_q8_K_avx512(x, b, QK_K * nb);
+    assert_memory_equal(a, b, sizeof(block_q8_K) * nb);
+    assert_true(a[6].d > 0); /* max was -2 first: d = -(-2)/127 */
+    free(x);
+    free(a);
+    free(b);
+#else
+    skip();
+#endif
+}
+
 static double dot_dequant(const struct ktype *kt, const void *x, const block_q8_K *y, int n, double *mag)
 {
     float *a = malloc(sizeof(float) * n), *b = malloc(sizeof(float) * n);
@@ -440,7 +470,8 @@ static void test_traits_fill(void **state)
     }
     assert_string_equal(best[QUANT_Q8_K].name, "q8_K");
     assert_int_equal(best[QUANT_Q8_K].block_bytes, sizeof(block_q8_K));
-    assert_ptr_equal(best[QUANT_Q8_K].from_float, quant_quantize_row_q8_K);
+    assert_ptr_equal(scalar[QUANT_Q8_K].from_float, quant_quantize_row_q8_K);
+    assert_non_null(best[QUANT_Q8_K].from_float);
     /* nothing outside the k-quant range is touched */
     assert_null(best[QUANT_Q8_0].name);
     assert_null(best[QUANT_BF16].name);
@@ -452,6 +483,7 @@ int main(void)
         cmocka_unit_test(test_dequantize_matches_layout),
         cmocka_unit_test(test_quantize_roundtrip),
         cmocka_unit_test(test_q8_K_quantize),
+        cmocka_unit_test(test_q8_K_quantize_simd),
         cmocka_unit_test(test_vec_dot_scalar_vs_dequant),
         cmocka_unit_test(test_vec_dot_simd_vs_scalar),
         cmocka_unit_test(test_vec_dot_quantized_accuracy),

@@ -225,4 +225,46 @@ void quant_vec_dot_q6_K_q8_K_avx512(int n, float *s, const void *vx, const void 
     *s = _mm512_reduce_add_ps(acc);
 }
 
+/* ==== Q8_K activations ==================================================== */
+
+/* The first element of largest magnitude, as the reference picks it. */
+static float signed_absmax(const float *x, float *amax_out)
+{
+    const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+    __m512 m = _mm512_setzero_ps();
+    for (int j = 0; j < QK_K; j += 16) m = _mm512_max_ps(m, _mm512_and_ps(_mm512_loadu_ps(x + j), absmask));
+    const float amax = _mm512_reduce_max_ps(m);
+    *amax_out = amax;
+    const __m512 va = _mm512_set1_ps(amax);
+    for (int j = 0; j < QK_K; j += 16) {
+        const __mmask16 k = _mm512_cmp_ps_mask(_mm512_and_ps(_mm512_loadu_ps(x + j), absmask), va, _CMP_EQ_OQ);
+        if (k) return x[j + __builtin_ctz(k)];
+    }
+    return 0.f;
+}
+
+void quant_quantize_row_q8_K_avx512(const float *x, void *vy, int64_t n)
+{
+    block_q8_K *y = vy;
+    const __m512i lim = _mm512_set1_epi32(127);
+    for (int64_t i = 0; i < n / QK_K; i++, x += QK_K) {
+        float amax;
+        const float max = signed_absmax(x, &amax);
+        if (!(amax > 0)) {
+            memset(&y[i], 0, sizeof y[i]);
+            continue;
+        }
+        const float iscale = -127.f / max;
+        const __m512 vs = _mm512_set1_ps(iscale);
+        for (int g = 0; g < QK_K / 16; g++) {
+            /* default MXCSR rounding = nearest even, as the reference */
+            __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + 16 * g), vs));
+            q = _mm512_min_epi32(q, lim);
+            _mm_storeu_si128((__m128i *)(y[i].qs + 16 * g), _mm512_cvtsepi32_epi8(q));
+            y[i].bsums[g] = (int16_t)_mm512_reduce_add_epi32(q);
+        }
+        y[i].d = 1 / iscale;
+    }
+}
+
 #endif

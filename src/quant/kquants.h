@@ -44,6 +44,10 @@ void quant_quantize_row_q6_K(const float *x, void *y, int64_t n);
  * largest magnitude (ggml's sign convention), qs = round(x/d) clamped to
  * [-127, 127], bsums = sums of 16 consecutive qs. */
 void quant_quantize_row_q8_K(const float *x, void *y, int64_t n);
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+/* Bit-identical to quant_quantize_row_q8_K for finite inputs. */
+void quant_quantize_row_q8_K_avx512(const float *x, void *y, int64_t n);
+#endif
 
 /* ---- vec_dot Qn_K . Q8_K ------------------------------------------------ */
 void quant_vec_dot_q2_K_q8_K_scalar(int n, float *s, const void *x, const void *y);
@@ -112,11 +116,16 @@ static inline quant_f16 kq_f32_to_f16(float f)
 }
 #endif
 
-/* Round to nearest, ties to even (ggml's nearest_int), for |v| < 2^22. */
-static inline int kq_nearest_int(float v)
-{
-    return (int)lrintf(v);
-}
+/* Round to nearest, ties to even (ggml's nearest_int) of v already rounded
+ * to float. cvtss2si rather than the 1.5*2^23 trick: GCC's default
+ * -ffp-contract=fast would fuse that addition with the caller's multiply
+ * and round a different value; lrintf() is a libm call unless errno is off. */
+#if defined(__SSE2__)
+#include <immintrin.h>
+static inline int kq_nearest_int(float v) { return _mm_cvtss_si32(_mm_set_ss(v)); }
+#else
+static inline int kq_nearest_int(float v) { return (int)lrintf(v); }
+#endif
 
 /* Q4_K/Q5_K pack 8 six-bit scales and 8 six-bit mins into 12 bytes:
  * bytes 0-3 low 6 bits of scales 0-3, bytes 4-7 low 6 bits of mins 0-3,

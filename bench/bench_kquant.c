@@ -1,0 +1,175 @@
+/* bench_kquant: single-thread GB/s of weight read for the k-quant vec_dot
+ * kernels (Qn_K . Q8_K), one matrix-vector product = rows vec_dots.
+ *
+ *   bench_kquant [rows cols [cold_MiB]]     default 2048 8192 768
+ *
+ * "hot" repeats one rows x cols matrix (cache-resident when it fits);
+ * "cold" walks copies totalling cold_MiB (about a llama-1b Q4_K_M model),
+ * which is what decode sees. Weights are random bytes with sane f16 scales:
+ * the kernels' speed does not depend on the values. Prints the median of
+ * the repetitions. Run with `nice` on a shared machine. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "quant/kquants.h"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static uint64_t rng = 88172645463325252ull;
+static uint64_t next_rand(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return rng;
+}
+
+struct kernel {
+    const char *isa;
+    quant_vec_dot_fn fn;
+};
+
+struct btype {
+    const char *name;
+    size_t bytes, off_d, off_dmin; /* off_dmin == off_d when there is no dmin */
+    struct kernel k[3];
+};
+
+#if defined(KQ_HAVE_AVX2)
+#define AVX2(t) {"avx2", quant_vec_dot_##t##_q8_K_avx2}
+#else
+#define AVX2(t) {"avx2", NULL}
+#endif
+#if defined(KQ_HAVE_AVX512)
+#define AVX512(t) {"avx512", quant_vec_dot_##t##_q8_K_avx512}
+#else
+#define AVX512(t) {"avx512", NULL}
+#endif
+#define BT(t, dmin)                                                                              \
+    {#t, sizeof(block_##t), offsetof(block_##t, d), offsetof(block_##t, dmin),                   \
+     {{"scalar", quant_vec_dot_##t##_q8_K_scalar}, AVX2(t), AVX512(t)}}
+
+static const struct btype btypes[] = {
+    BT(q2_K, dmin), BT(q3_K, d), BT(q4_K, dmin), BT(q5_K, dmin), BT(q6_K, d),
+};
+
+static void fill_random(const struct btype *bt, uint8_t *w, size_t nblocks)
+{
+    for (size_t i = 0; i < nblocks * bt->bytes; i++) w[i] = (uint8_t)next_rand();
+    for (size_t i = 0; i < nblocks; i++) {
+        const quant_f16 h = kq_f32_to_f16(0.001f); /* no NaN/inf scales */
+        memcpy(w + i * bt->bytes + bt->off_d, &h, sizeof h);
+        memcpy(w + i * bt->bytes + bt->off_dmin, &h, sizeof h);
+    }
+}
+
+/* The machine's read bandwidth on the same buffer: a plain vectorizable sum. */
+static double time_read(const uint8_t *w, size_t bytes, int reps, float *sink)
+{
+    double best = 1e30;
+    for (int r = 0; r < reps; r++) {
+        const double t0 = now_s();
+        uint64_t acc[8] = {0};
+        const uint64_t *p = (const uint64_t *)w;
+        for (size_t i = 0; i + 8 <= bytes / 8; i += 8)
+            for (int j = 0; j < 8; j++) acc[j] += p[i + j];
+        const double t = now_s() - t0;
+        if (t < best) best = t;
+        for (int j = 0; j < 8; j++) *sink += (float)acc[j];
+    }
+    return best;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Median seconds for one pass of `passes` matrix-vector products over the
+ * matrices starting at w, each rows x row_bytes, taken round-robin. */
+static double time_matvec(quant_vec_dot_fn fn, const uint8_t *w, int n_mats, int rows, int cols,
+                          size_t row_bytes, const block_q8_K *y, int reps, float *sink)
+{
+    double t[32];
+    if (reps > 32) reps = 32;
+    for (int r = 0; r < reps; r++) {
+        const double t0 = now_s();
+        for (int m = 0; m < n_mats; m++) {
+            const uint8_t *mat = w + (size_t)m * rows * row_bytes;
+            for (int i = 0; i < rows; i++) {
+                float s;
+                fn(cols, &s, mat + (size_t)i * row_bytes, y);
+                *sink += s;
+            }
+        }
+        t[r] = (now_s() - t0) / n_mats;
+    }
+    qsort(t, (size_t)reps, sizeof t[0], cmp_double);
+    return t[reps / 2];
+}
+
+int main(int argc, char **argv)
+{
+    int rows = 2048, cols = 8192, cold_mib = 768;
+    if (argc >= 3) {
+        rows = atoi(argv[1]);
+        cols = atoi(argv[2]);
+    }
+    if (argc >= 4) cold_mib = atoi(argv[3]);
+    if (rows <= 0 || cols <= 0 || cols % QK_K != 0 || cold_mib < 0) {
+        fprintf(stderr, "usage: bench_kquant [rows cols [cold_MiB]]  (cols a multiple of %d)\n", QK_K);
+        return 2;
+    }
+    float *act = malloc(sizeof(float) * (size_t)cols);
+    block_q8_K *y = malloc(sizeof(block_q8_K) * (size_t)(cols / QK_K));
+    if (!act || !y) return 1;
+    for (int i = 0; i < cols; i++) act[i] = (float)((int)(next_rand() % 2001) - 1000) / 1000.f;
+    quant_quantize_row_q8_K(act, y, cols);
+
+    printf("single thread, %d x %d, median of reps; GB/s = weight bytes read / time\n", rows, cols);
+    printf("%-6s %-7s %10s %10s %12s\n", "type", "kernel", "hot GB/s", "cold GB/s", "ns/block hot");
+    float sink = 0;
+    for (size_t b = 0; b < sizeof btypes / sizeof btypes[0]; b++) {
+        const struct btype *bt = &btypes[b];
+        const size_t row_bytes = bt->bytes * (size_t)(cols / QK_K);
+        const size_t mat_bytes = row_bytes * (size_t)rows;
+        int n_cold = (int)(((size_t)cold_mib << 20) / mat_bytes);
+        if (n_cold < 1) n_cold = 1;
+        uint8_t *w = malloc(mat_bytes * (size_t)n_cold);
+        if (!w) {
+            fprintf(stderr, "out of memory for %d copies of %zu bytes\n", n_cold, mat_bytes);
+            return 1;
+        }
+        fill_random(bt, w, (mat_bytes / bt->bytes) * (size_t)n_cold);
+        if (b == 0) {
+            const double t = time_read(w, mat_bytes * (size_t)n_cold, 5, &sink);
+            printf("%-6s %-7s %10s %10.2f %12s\n", "-", "memread", "-", mat_bytes * (double)n_cold / t / 1e9, "-");
+        }
+        for (int k = 0; k < 3; k++) {
+            if (!bt->k[k].fn) continue;
+            const bool slow = k == 0;
+            time_matvec(bt->k[k].fn, w, 1, rows, cols, row_bytes, y, 1, &sink); /* warm up */
+            const double hot = time_matvec(bt->k[k].fn, w, 1, rows, cols, row_bytes, y, slow ? 3 : 15, &sink);
+            const double cold = slow ? 0 : time_matvec(bt->k[k].fn, w, n_cold, rows, cols, row_bytes, y, 5, &sink);
+            const double blocks = (double)rows * (cols / QK_K);
+            printf("%-6s %-7s %10.2f ", bt->name, bt->k[k].isa, mat_bytes / hot / 1e9);
+            if (slow) printf("%10s ", "-");
+            else printf("%10.2f ", mat_bytes / cold / 1e9);
+            printf("%12.2f\n", hot / blocks * 1e9);
+            fflush(stdout);
+        }
+        free(w);
+    }
+    fprintf(stderr, "(checksum %g)\n", (double)sink);
+    free(act);
+    free(y);
+    return 0;
+}
