@@ -1,0 +1,196 @@
+// End-to-end: real `kvserve serve` processes on loopback, driven by the
+// official `openai` npm client. Exit 77 = skipped (no model or no npm deps).
+//   node e2e.mjs [basic|concurrency|pressure]...   (default: all)
+import { spawn } from 'node:child_process';
+import { existsSync } from 'node:fs';
+import assert from 'node:assert/strict';
+
+const SKIP = 77;
+const bin = process.env.KVSERVE_BIN;
+const shared = process.env.KVSERVE_SHARED || '../shared';
+const model = `${shared}/models/trained/tiny-llama-gqa-hd64-f32.gguf`;
+if (!bin || !existsSync(bin)) { console.log('skipped: KVSERVE_BIN not set or missing'); process.exit(SKIP); }
+if (!existsSync(model)) { console.log(`skipped: ${model} not found`); process.exit(SKIP); }
+let OpenAI;
+try { OpenAI = (await import('openai')).default; } catch (e) {
+  console.log('skipped: the openai package is not installed (npm ci in tests/e2e)'); process.exit(SKIP);
+}
+
+// Start a server on a free port; resolves once it prints its address.
+function startServer(args) {
+  return new Promise((resolve, reject) => {
+    const p = spawn(bin, ['serve', '-m', model, '--port', '0', '-c', '512', ...args], { stdio: ['ignore', 'ignore', 'pipe'] });
+    let log = '';
+    const timer = setTimeout(() => reject(new Error('server did not start:\n' + log)), 60000);
+    p.stderr.on('data', (d) => {
+      log += d;
+      const m = log.match(/http:\/\/127\.0\.0\.1:(\d+)/);
+      if (m && !p.port) {
+        p.port = +m[1];
+        clearTimeout(timer);
+        resolve(p);
+      }
+    });
+    p.on('exit', (code) => { p.exitCode_ = code; if (!p.port) reject(new Error(`server exited ${code}:\n${log}`)); });
+    p.log = () => log;
+  });
+}
+
+function stopServer(p) {
+  return new Promise((resolve) => {
+    if (p.exitCode_ !== undefined) return resolve(p.exitCode_);
+    p.on('exit', (code) => resolve(code));
+    p.kill('SIGTERM');
+  });
+}
+
+const clientFor = (p) => new OpenAI({ baseURL: `http://127.0.0.1:${p.port}/v1`, apiKey: 'none', maxRetries: 0, timeout: 600000 });
+
+async function metrics(p) {
+  const r = await fetch(`http://127.0.0.1:${p.port}/metrics`);
+  const text = await r.text();
+  const get = (name) => { const m = text.match(new RegExp(`^${name} ([0-9.e+-]+)$`, 'm')); return m ? +m[1] : NaN; };
+  return { text, get };
+}
+
+async function streamCompletion(client, body) {
+  const stream = await client.completions.create({ ...body, stream: true, stream_options: { include_usage: true } });
+  let text = '', finish = null, usage = null;
+  for await (const chunk of stream) {
+    if (chunk.usage) usage = chunk.usage;
+    for (const c of chunk.choices) { text += c.text; if (c.finish_reason) finish = c.finish_reason; }
+  }
+  return { text, finish, usage };
+}
+
+// ---- basic: chat, completions, streaming, stop strings, usage --------------------
+async function basic() {
+  const p = await startServer(['--parallel', '4']);
+  try {
+    const client = clientFor(p);
+    const models = await client.models.list();
+    assert.equal(models.data.length, 1);
+
+    const chat = await client.chat.completions.create({
+      model: 'x', messages: [{ role: 'system', content: 'You tell stories.' }, { role: 'user', content: 'Once upon a time' }],
+      max_tokens: 16, temperature: 0, logprobs: true, top_logprobs: 2,
+    });
+    assert.equal(chat.object, 'chat.completion');
+    assert.equal(chat.choices[0].message.role, 'assistant');
+    assert.ok(chat.choices[0].message.content.length > 0);
+    assert.equal(chat.choices[0].logprobs.content.length, chat.usage.completion_tokens);
+    assert.equal(chat.choices[0].logprobs.content[0].top_logprobs.length, 2);
+    assert.ok(chat.usage.prompt_tokens > 0);
+    assert.equal(chat.usage.total_tokens, chat.usage.prompt_tokens + chat.usage.completion_tokens);
+
+    // streaming chat gives the same greedy text
+    const s = await client.chat.completions.create({
+      model: 'x', messages: [{ role: 'system', content: 'You tell stories.' }, { role: 'user', content: 'Once upon a time' }],
+      max_tokens: 16, temperature: 0, stream: true,
+    });
+    let streamed = '', finish = null;
+    for await (const chunk of s) {
+      streamed += chunk.choices[0]?.delta?.content ?? '';
+      finish = chunk.choices[0]?.finish_reason ?? finish;
+    }
+    assert.equal(streamed, chat.choices[0].message.content);
+    assert.equal(finish, chat.choices[0].finish_reason);
+
+    // completions, whole and streamed
+    const prompt = 'The old king said to his son';
+    const whole = await client.completions.create({ model: 'x', prompt, max_tokens: 24, temperature: 0 });
+    assert.equal(whole.object, 'text_completion');
+    assert.equal(whole.choices[0].finish_reason, 'length');
+    assert.equal(whole.usage.completion_tokens, 24);
+    const st = await streamCompletion(client, { model: 'x', prompt, max_tokens: 24, temperature: 0 });
+    assert.equal(st.text, whole.choices[0].text);
+    assert.equal(st.usage.completion_tokens, 24);
+    assert.equal(st.usage.prompt_tokens, whole.usage.prompt_tokens);
+
+    // prompt as token ids
+    const ids = await client.completions.create({ model: 'x', prompt: [1, 450, 2030], max_tokens: 4, temperature: 0 });
+    assert.equal(ids.usage.prompt_tokens, 3);
+
+    // stop strings cut before the match, finish_reason stop
+    const text = whole.choices[0].text;
+    const stop = text.slice(Math.floor(text.length / 2), Math.floor(text.length / 2) + 3);
+    const cutAt = text.indexOf(stop);
+    const stopped = await client.completions.create({ model: 'x', prompt, max_tokens: 24, temperature: 0, stop: ['\u0007never', stop] });
+    assert.equal(stopped.choices[0].text, text.slice(0, cutAt));
+    assert.equal(stopped.choices[0].finish_reason, 'stop');
+    const stopStream = await streamCompletion(client, { model: 'x', prompt, max_tokens: 24, temperature: 0, stop });
+    assert.equal(stopStream.text, text.slice(0, cutAt));
+    assert.equal(stopStream.finish, 'stop');
+
+    // seeded sampling is reproducible
+    const a = await client.completions.create({ model: 'x', prompt, max_tokens: 12, temperature: 0.9, top_p: 0.9, seed: 42 });
+    const b = await client.completions.create({ model: 'x', prompt, max_tokens: 12, temperature: 0.9, top_p: 0.9, seed: 42 });
+    assert.equal(a.choices[0].text, b.choices[0].text);
+
+    // errors reach the client as APIError with OpenAI's shape
+    await assert.rejects(client.completions.create({ model: 'x', prompt, max_tokens: 0 }), (e) => e.status === 400);
+    await assert.rejects(client.completions.create({ model: 'x', prompt: 'x '.repeat(600), max_tokens: 4 }),
+      (e) => e.status === 400 && e.code === 'context_length_exceeded');
+    console.log('basic: ok');
+  } finally {
+    assert.equal(await stopServer(p), 0);
+  }
+}
+
+// ---- concurrency: 8 streams == solo; then with a requantize mid-way --------------
+async function concurrency() {
+  const p = await startServer(['--parallel', '8', '--kv-mem', '64M']);
+  try {
+    const client = clientFor(p);
+    const prompts = Array.from({ length: 8 }, (_, i) => `Chapter ${i + 1}. The ${['king', 'queen', 'horse', 'river', 'ship', 'storm', 'child', 'wolf'][i]} was`);
+    const body = (prompt) => ({ model: 'x', prompt, max_tokens: 48, temperature: 0, seed: 7 });
+    const solo = [];
+    for (const pr of prompts) solo.push((await client.completions.create(body(pr))).choices[0].text);
+    const together = await Promise.all(prompts.map((pr) => streamCompletion(client, body(pr))));
+    together.forEach((r, i) => assert.equal(r.text, solo[i], `client ${i} differs from its solo run`));
+
+    // the same load with a f16 -> q8_0 requantize in the middle
+    const running = Promise.all(prompts.map((pr) => streamCompletion(client, { ...body(pr), max_tokens: 96 })));
+    await new Promise((r) => setTimeout(r, 1500));
+    const rq = await (await fetch(`http://127.0.0.1:${p.port}/cache/requantize`, {
+      method: 'POST', body: JSON.stringify({ type_k: 'q8_0', type_v: 'q8_0', scope: 'all' }),
+    })).json();
+    const after = await running;
+    assert.ok(rq.pages_converted > 0, 'requantize converted no pages: ' + JSON.stringify(rq));
+    assert.ok(rq.bytes_after < rq.bytes_before);
+    let samePrefix = 0;
+    after.forEach((r, i) => {
+      assert.equal(r.finish, 'length');
+      assert.equal(r.usage.completion_tokens, 96);
+      if (r.text.startsWith(solo[i].slice(0, 8))) samePrefix++;
+    });
+    assert.ok(samePrefix >= 6, `only ${samePrefix}/8 streams kept their pre-requantize tokens`);
+    console.log(`concurrency: ok (requantize freed ${rq.bytes_freed} bytes, ${rq.pages_converted} pages, ${rq.ms.toFixed(2)} ms)`);
+  } finally {
+    assert.equal(await stopServer(p), 0);
+  }
+}
+
+// ---- memory pressure: 16 long requests in a small cache --------------------------
+async function pressure() {
+  const p = await startServer(['--parallel', '16', '--kv-mem', '3M', '--kv-policy', 'dynamic', '--kv-hot', '64',
+    '--kv-sinks', '16', '--kv-page-tokens', '16', '--max-batch-tokens', '256']);
+  try {
+    const client = clientFor(p);
+    const jobs = Array.from({ length: 16 }, (_, i) =>
+      client.completions.create({ model: 'x', prompt: `Story ${i}: Once upon a time, in a land far away,`, max_tokens: 200, temperature: 0 }));
+    const res = await Promise.all(jobs);
+    res.forEach((r) => assert.equal(r.usage.completion_tokens, 200));
+    const m = await metrics(p);
+    const demotions = m.get('kvserve_kv_demotions_total'), preemptions = m.get('kvserve_preemptions_total');
+    console.log(`pressure: 16/16 done, demotions ${demotions}, preemptions ${preemptions}`);
+    assert.ok(demotions > 0, 'no demotions');
+    assert.ok(preemptions > 0, 'no preemptions');
+  } finally {
+    assert.equal(await stopServer(p), 0);
+  }
+}
+
+const all = { basic, concurrency, pressure };
+const which = process.argv.slice(2).length ? process.argv.slice(2) : Object.keys(all);
+for (const name of which) await all[name]();
