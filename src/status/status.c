@@ -44,6 +44,12 @@ void ks_errmsg_prefix(const char *fmt, ...)
     va_start(ap, fmt);
     int n = vsnprintf(errmsg, sizeof errmsg, fmt, ap);
     va_end(ap);
-    if (n >= 0 && (size_t)n < sizeof errmsg)
-        snprintf(errmsg + n, sizeof errmsg - (size_t)n, ": %s", old);
+    if (n < 0 || (size_t)n + 2 >= sizeof errmsg)
+        return;
+    size_t at = (size_t)n;
+    memcpy(errmsg + at, ": ", 2);
+    at += 2;
+    size_t keep = strnlen(old, sizeof errmsg - at - 1);
+    memcpy(errmsg + at, old, keep);
+    errmsg[at + keep] = '\0';
 }
