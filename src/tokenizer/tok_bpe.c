@@ -297,6 +297,7 @@ struct bpe_session {
     struct tok_sym *sym;
     size_t sym_cap;
     struct tok_heap heap;
+    struct tok_cache cache;
 };
 
 static int32_t entry_of(const struct tokenizer *t, const char *s, size_t n)
@@ -336,7 +337,20 @@ static ks_status emit_symbol(const struct bpe_session *bs, const struct tok_sym 
     return KS_OK;
 }
 
+static ks_status merge_word_uncached(struct bpe_session *bs, size_t n, struct tok_ids *out);
+
 static ks_status merge_word(struct bpe_session *bs, size_t n, struct tok_ids *out)
+{
+    size_t first = out->n;
+    if (n > 1 && n <= TOK_CACHE_MAX_WORD && tok_cache_get(&bs->cache, bs->w, n, out))
+        return KS_OK;
+    ks_status st = merge_word_uncached(bs, n, out);
+    if (!st && n > 1 && n <= TOK_CACHE_MAX_WORD)
+        tok_cache_put(&bs->cache, bs->w, n, out->v + first, out->n - first);
+    return st;
+}
+
+static ks_status merge_word_uncached(struct bpe_session *bs, size_t n, struct tok_ids *out)
 {
     const struct tokenizer *t = bs->t;
     if (t->ignore_merges || n == 1) {
@@ -384,13 +398,14 @@ ks_status tok_bpe_encode(const struct tokenizer *t, const char *text, size_t len
     ks_status st = pretokenize(t, text, len, &words);
     if (st)
         return st;
-    struct bpe_session bs = {t, NULL, NULL, 0, {0}};
+    struct bpe_session bs = {.t = t};
     for (size_t i = 0; i < words.n && !st; i++) {
         bs.w = text + words.v[i].off;
         st = merge_word(&bs, words.v[i].len, out);
     }
     free(bs.sym);
     free(bs.heap.v);
+    tok_cache_free(&bs.cache);
     free(words.v);
     return st;
 }

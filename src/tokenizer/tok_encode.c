@@ -46,31 +46,32 @@ static bool allowed(const struct tokenizer *t, int32_t id, bool parse_special)
     return parse_special || !(t->tokens[id].attr & (TOK_ATTR_CONTROL | TOK_ATTR_UNKNOWN));
 }
 
-/* occurs[k]: special token k (index into t->special) appears somewhere. */
-static bool *find_occurring(const struct tokenizer *t, const char *text, size_t len, bool parse_special,
-                            size_t *n_found)
+/* occurs[e]: the special text with map entry e appears somewhere. One scan;
+ * at each byte only texts with that first and second byte are looked up. */
+static bool *find_occurring(const struct tokenizer *t, const char *text, size_t len, size_t *n_found)
 {
-    bool *occurs = calloc(t->n_special ? t->n_special : 1, 1);
-    bool first[256] = {0};
+    bool *occurs = calloc(t->special_map.n + 1, 1);
     if (!occurs)
         return NULL;
-    for (size_t k = 0; k < t->n_special; k++)
-        if (allowed(t, t->special[k], parse_special))
-            first[(uint8_t)tok_text_of(t, t->special[k])[0]] = true;
-    /* For each first byte present, test every allowed token starting with it
-     * at each position; cheap because first[] filters most bytes. */
     *n_found = 0;
-    for (size_t k = 0; k < t->n_special; k++) {
-        int32_t id = t->special[k];
-        if (!allowed(t, id, parse_special))
+    for (size_t i = 0; i < len; i++) {
+        uint8_t b0 = (uint8_t)text[i];
+        uint32_t lo = t->len_off[b0], hi = t->len_off[b0 + 1];
+        if (lo == hi)
             continue;
-        const char *s = tok_text_of(t, id);
-        size_t n = t->tokens[id].text_len;
-        if (n <= len && memmem(text, len, s, n)) {
-            occurs[k] = true;
-            ++*n_found;
+        if (!t->first_alone[b0]) {
+            uint8_t b1 = i + 1 < len ? (uint8_t)text[i + 1] : 0;
+            if (i + 1 >= len || !(t->second_byte[b0][b1 >> 6] >> (b1 & 63) & 1))
+                continue;
         }
-        (void)first;
+        for (uint32_t j = lo; j < hi; j++) {
+            uint32_t n = t->len_list[j];
+            int64_t e = n <= len - i ? tok_strmap_find(&t->special_map, text + i, n) : -1;
+            if (e >= 0 && !occurs[e]) {
+                occurs[e] = true;
+                ++*n_found;
+            }
+        }
     }
     return occurs;
 }
@@ -123,11 +124,11 @@ static ks_status partition(const struct tokenizer *t, const char *text, size_t l
     struct frags a = {0}, b = {0};
     ks_status st = frags_push(&a, -1, 0, len);
     size_t n_found = 0;
-    bool *occurs = st ? NULL : find_occurring(t, text, len, parse_special, &n_found);
+    bool *occurs = st ? NULL : find_occurring(t, text, len, &n_found);
     if (!st && !occurs)
         st = ks_fail(KS_ERR_NOMEM, "tokenizer: out of memory");
     for (size_t k = 0; k < t->n_special && n_found && !st; k++) {
-        if (!occurs[k])
+        if (!occurs[t->special_entry[k]] || !allowed(t, t->special[k], parse_special))
             continue;
         st = split_on(t, text, t->special[k], &a, &b);
         struct frags tmp = a;

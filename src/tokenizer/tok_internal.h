@@ -83,11 +83,22 @@ struct tokenizer {
     struct tok_pairmap merges; /* BPE: (left sym << 32 | right sym) -> rank */
     int32_t byte_token[256];   /* id for each raw byte (byte fallback), or -1 */
     bool ignore_merges;        /* BPE: a word that is a whole token is taken as is */
+    bool spm_split_words;      /* SPM: no token has U+2581 after other text, so merges never
+                                  cross the start of a word and words encode alone */
 
     /* Special tokens that partition text before tokenizing: CONTROL,
      * USER_DEFINED and UNKNOWN tokens, longest text first. */
     int32_t *special;
     size_t n_special;
+    /* Finding which special tokens occur in a text in one scan: their texts
+     * in a map (entry per distinct text), and per first byte the distinct
+     * lengths to try and the possible second bytes. */
+    struct tok_strmap special_map;
+    uint32_t *special_entry;       /* (n_special) entry of special[k] */
+    uint32_t len_off[257];         /* lengths for first byte b: len_list[len_off[b] .. len_off[b+1]) */
+    uint32_t *len_list;
+    uint64_t second_byte[256][4];  /* bit c: some text starts with b, c */
+    bool first_alone[256];         /* some text is the single byte b */
 
     /* BPE pre-tokenizer: compiled pcre2 patterns applied in sequence. */
     void *regex[TOK_MAX_REGEX];
@@ -147,6 +158,20 @@ struct tok_sym {
     int32_t prev, next;
     int32_t entry; /* BPE: lookup entry index of its bytes, or -1 */
 };
+
+/* Per-call memo of word -> ids: text repeats words, and a word always
+ * encodes the same way. */
+struct tok_cache {
+    struct tok_strmap map; /* word -> offset in ids of [count, id...] */
+    struct tok_ids ids;
+    bool ready;
+};
+#define TOK_CACHE_MAX_WORD 64
+/* Append the cached ids of word s[0..n) to out; false if absent. */
+bool tok_cache_get(const struct tok_cache *c, const char *s, size_t n, struct tok_ids *out);
+/* Remember ids[0..count) for the word; failures only lose the memo. */
+void tok_cache_put(struct tok_cache *c, const char *s, size_t n, const int32_t *ids, size_t count);
+void tok_cache_free(struct tok_cache *c);
 
 /* UTF-8 helpers. */
 size_t tok_utf8_len(uint8_t lead); /* 1..4 from the lead byte (1 for invalid) */

@@ -50,27 +50,29 @@ static bool byte_maps_to_itself(unsigned b)
     return (b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
 }
 
+/* The 68 bytes that do not map to themselves (0x00-0x20, 0x7f-0xa0, 0xad)
+ * map, in order, to U+0100.. */
 uint32_t tok_byte_to_cp(uint8_t b)
 {
     if (byte_maps_to_itself(b))
         return b;
-    uint32_t n = 0;
-    for (unsigned i = 0; i < b; i++)
-        n += !byte_maps_to_itself(i);
-    return 256 + n;
+    if (b <= 0x20)
+        return 256 + b;
+    if (b >= 0x7f && b <= 0xa0)
+        return 256 + 33 + (b - 0x7fu);
+    return 256 + 67; /* 0xad */
 }
 
 int tok_cp_to_byte(uint32_t cp)
 {
     if (cp < 256)
         return byte_maps_to_itself(cp) ? (int)cp : -1;
-    if (cp >= 256 + 68)
-        return -1;
     uint32_t n = cp - 256;
-    for (unsigned b = 0; b < 256; b++)
-        if (!byte_maps_to_itself(b) && n-- == 0)
-            return (int)b;
-    return -1;
+    if (n <= 32)
+        return (int)n;
+    if (n <= 66)
+        return (int)(0x7f + n - 33);
+    return n == 67 ? 0xad : -1;
 }
 
 /* Decode a byte-level string into raw bytes (out has room for n bytes).
@@ -299,6 +301,20 @@ static ks_status build_lookup(struct tokenizer *t)
     return st;
 }
 
+/* True when no token has U+2581 after anything but another U+2581. */
+static bool marks_only_lead(const struct tokenizer *t)
+{
+    static const char mark[] = "\xe2\x96\x81";
+    for (int32_t i = 0; i < t->n_vocab; i++) {
+        const char *s = tok_text_of(t, i);
+        size_t n = t->tokens[i].text_len;
+        for (size_t j = 1; j + 3 <= n; j++)
+            if (!memcmp(s + j, mark, 3) && (j < 3 || memcmp(s + j - 3, mark, 3)))
+                return false;
+    }
+    return true;
+}
+
 static void find_byte_tokens(struct tokenizer *t)
 {
     static const char hex[] = "0123456789ABCDEF";
@@ -378,6 +394,43 @@ static int by_length_desc(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+static ks_status index_special(struct tokenizer *t)
+{
+    ks_status st = tok_strmap_init(&t->special_map, (uint32_t)t->n_special + 1);
+    t->special_entry = malloc((t->n_special + 1) * sizeof *t->special_entry);
+    t->len_list = malloc((t->n_special + 1) * sizeof *t->len_list);
+    if (!st && (!t->special_entry || !t->len_list))
+        st = ks_fail(KS_ERR_NOMEM, "tokenizer: out of memory");
+    for (size_t k = 0; k < t->n_special && !st; k++) {
+        int32_t id = t->special[k];
+        const char *s = tok_text_of(t, id);
+        size_t n = t->tokens[id].text_len;
+        int64_t e = tok_strmap_find(&t->special_map, s, n);
+        if (e < 0)
+            st = tok_strmap_put(&t->special_map, s, n, (int32_t)k, (uint32_t *)&e);
+        t->special_entry[k] = (uint32_t)e;
+        uint8_t b0 = (uint8_t)s[0];
+        if (n == 1)
+            t->first_alone[b0] = true;
+        else
+            t->second_byte[b0][(uint8_t)s[1] >> 6] |= 1ull << ((uint8_t)s[1] & 63);
+    }
+    /* distinct lengths per first byte, longest first (the order of special[]) */
+    size_t o = 0;
+    for (int b = 0; b < 256 && !st; b++) {
+        t->len_off[b] = (uint32_t)o;
+        for (size_t k = 0; k < t->n_special; k++) {
+            int32_t id = t->special[k];
+            uint32_t n = t->tokens[id].text_len;
+            if ((uint8_t)tok_text_of(t, id)[0] != b || (o > t->len_off[b] && t->len_list[o - 1] == n))
+                continue;
+            t->len_list[o++] = n;
+        }
+    }
+    t->len_off[256] = (uint32_t)o;
+    return st;
+}
+
 static ks_status collect_special(struct tokenizer *t)
 {
     const uint32_t mask = TOK_ATTR_CONTROL | TOK_ATTR_USER_DEFINED | TOK_ATTR_UNKNOWN;
@@ -393,7 +446,7 @@ static ks_status collect_special(struct tokenizer *t)
     sort_ctx = t; /* load is not re-entrant on this static; qsort_r is not portable C11 */
     qsort(t->special, t->n_special, sizeof *t->special, by_length_desc);
     sort_ctx = NULL;
-    return KS_OK;
+    return index_special(t);
 }
 
 /* Phi-3 GGUFs strip whitespace after their special tokens (llama.cpp keys
@@ -511,6 +564,7 @@ static ks_status load_all(struct tokenizer *t, const struct gguf_file *f)
     if (t->sp.add_eos && t->sp.eos < 0)
         t->sp.add_eos = false;
     find_byte_tokens(t);
+    t->spm_split_words = t->family == TOK_FAMILY_SPM && marks_only_lead(t);
     t->sp.nl = t->byte_token['\n'];
     detect_eog(t);
     if ((st = collect_special(t)))
@@ -548,6 +602,9 @@ void tok_free(struct tokenizer *t)
     free(t->text);
     free(t->is_eog);
     free(t->special);
+    free(t->special_entry);
+    free(t->len_list);
+    tok_strmap_free(&t->special_map);
     free(t->chat_template);
     free(t);
 }

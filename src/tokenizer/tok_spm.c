@@ -4,7 +4,13 @@
  * adjacent pair whose concatenation is the highest-scoring vocabulary token
  * is merged until no pair is a token (ties: leftmost). A final symbol that is
  * not a token is written as byte tokens <0xXX>. This is llama.cpp's
- * algorithm, with a heap so long inputs stay O(n log n). */
+ * algorithm.
+ *
+ * Speed: when no vocabulary token has U+2581 after other text (true of
+ * SentencePiece vocabularies), no merge can cross the start of a word, so
+ * each word is merged alone (a small heap that stays in cache) and repeated
+ * words come from a memo. The result is identical to merging the whole text:
+ * merges in different words never interact and keep their relative order. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,7 +23,9 @@ struct spm_session {
     const struct tokenizer *t;
     const char *s; /* the escaped text */
     struct tok_sym *sym;
+    size_t sym_cap;
     struct tok_heap heap;
+    struct tok_cache cache;
 };
 
 static char *escape_spaces(const char *text, size_t len, bool add_prefix, size_t *out_len)
@@ -75,26 +83,80 @@ static ks_status emit_symbol(const struct spm_session *ss, const struct tok_sym 
     return KS_OK;
 }
 
-static ks_status merge_all(struct spm_session *ss, size_t n_sym)
+/* Merge the characters of s[start, end) and append the tokens. */
+static ks_status encode_span(struct spm_session *ss, size_t start, size_t end, struct tok_ids *out)
 {
+    size_t n_sym = 0, max_sym = end - start;
+    if (max_sym > ss->sym_cap) {
+        struct tok_sym *p = realloc(ss->sym, max_sym * 2 * sizeof *p);
+        if (!p)
+            return ks_fail(KS_ERR_NOMEM, "tokenizer: out of memory for %zu bytes of text", max_sym);
+        ss->sym = p;
+        ss->sym_cap = max_sym * 2;
+    }
+    struct tok_sym *sym = ss->sym;
+    for (size_t off = start; off < end; n_sym++) {
+        size_t l = tok_utf8_len((uint8_t)ss->s[off]);
+        if (l > end - off)
+            l = end - off;
+        sym[n_sym] = (struct tok_sym){(uint32_t)off, (uint32_t)l, (int32_t)n_sym - 1,
+                                      off + l == end ? -1 : (int32_t)n_sym + 1, -1};
+        off += l;
+    }
+    ss->heap.n = 0;
     ks_status st = KS_OK;
     for (size_t i = 1; i < n_sym && !st; i++)
         st = try_add_bigram(ss, (int32_t)i - 1, (int32_t)i);
     while (!st && ss->heap.n) {
         struct tok_bigram b = tok_heap_pop(&ss->heap);
-        struct tok_sym *l = &ss->sym[b.left], *r = &ss->sym[b.right];
+        struct tok_sym *l = &sym[b.left], *r = &sym[b.right];
         if (l->n != b.ln || r->n != b.rn)
             continue; /* one side was merged since this pair was queued */
         l->n += r->n;
         r->n = 0;
         l->next = r->next;
         if (r->next >= 0)
-            ss->sym[r->next].prev = b.left;
+            sym[r->next].prev = b.left;
         st = try_add_bigram(ss, l->prev, b.left);
         if (!st)
             st = try_add_bigram(ss, b.left, l->next);
     }
+    for (int32_t i = n_sym ? 0 : -1; i >= 0 && !st; i = sym[i].next)
+        st = emit_symbol(ss, &sym[i], out);
     return st;
+}
+
+static ks_status encode_word(struct spm_session *ss, size_t start, size_t end, struct tok_ids *out)
+{
+    size_t n = end - start, first = out->n;
+    if (n <= TOK_CACHE_MAX_WORD && tok_cache_get(&ss->cache, ss->s + start, n, out))
+        return KS_OK;
+    ks_status st = encode_span(ss, start, end, out);
+    if (!st && n <= TOK_CACHE_MAX_WORD)
+        tok_cache_put(&ss->cache, ss->s + start, n, out->v + first, out->n - first);
+    return st;
+}
+
+static bool is_mark(const char *s, size_t n, size_t at)
+{
+    return at + SPACE_MARK_LEN <= n && !memcmp(s + at, SPACE_MARK, SPACE_MARK_LEN);
+}
+
+/* Words start at a U+2581 that does not follow another one. */
+static ks_status encode_words(struct spm_session *ss, size_t n, struct tok_ids *out)
+{
+    const char *s = ss->s;
+    size_t start = 0;
+    ks_status st = KS_OK;
+    for (size_t off = 0; off < n && !st;) {
+        size_t l = tok_utf8_len((uint8_t)s[off]);
+        if (off > start && is_mark(s, n, off) && !(off >= SPACE_MARK_LEN && is_mark(s, n, off - SPACE_MARK_LEN))) {
+            st = encode_word(ss, start, off, out);
+            start = off;
+        }
+        off += l < n - off ? l : n - off;
+    }
+    return st || start == n ? st : encode_word(ss, start, n, out);
 }
 
 ks_status tok_spm_encode(const struct tokenizer *t, const char *text, size_t len, bool add_prefix,
@@ -102,27 +164,13 @@ ks_status tok_spm_encode(const struct tokenizer *t, const char *text, size_t len
 {
     size_t n = 0;
     char *s = escape_spaces(text, len, add_prefix, &n);
-    struct tok_sym *sym = malloc((n ? n : 1) * sizeof *sym);
-    if (!s || !sym) {
-        free(s);
-        free(sym);
+    if (!s)
         return ks_fail(KS_ERR_NOMEM, "tokenizer: out of memory for %zu bytes of text", len);
-    }
-    size_t n_sym = 0;
-    for (size_t off = 0; off < n; n_sym++) {
-        size_t l = tok_utf8_len((uint8_t)s[off]);
-        if (l > n - off)
-            l = n - off;
-        sym[n_sym] = (struct tok_sym){(uint32_t)off, (uint32_t)l, (int32_t)n_sym - 1,
-                                      off + l == n ? -1 : (int32_t)n_sym + 1, -1};
-        off += l;
-    }
-    struct spm_session ss = {t, s, sym, {0}};
-    ks_status st = merge_all(&ss, n_sym);
-    for (int32_t i = n_sym ? 0 : -1; i >= 0 && !st; i = sym[i].next)
-        st = emit_symbol(&ss, &sym[i], out);
+    struct spm_session ss = {.t = t, .s = s};
+    ks_status st = t->spm_split_words ? encode_words(&ss, n, out) : encode_span(&ss, 0, n, out);
     free(ss.heap.v);
-    free(sym);
+    free(ss.sym);
+    tok_cache_free(&ss.cache);
     free(s);
     return st;
 }

@@ -329,3 +329,49 @@ struct tok_bigram tok_heap_pop(struct tok_heap *h)
         h->v[i] = last;
     return top;
 }
+
+/* ---- word memo ---------------------------------------------------------- */
+
+bool tok_cache_get(const struct tok_cache *c, const char *s, size_t n, struct tok_ids *out)
+{
+    if (!c->ready)
+        return false;
+    int64_t e = tok_strmap_find(&c->map, s, n);
+    if (e < 0)
+        return false;
+    const int32_t *p = c->ids.v + c->map.val[e];
+    size_t n0 = out->n;
+    for (int32_t i = 0; i < p[0]; i++)
+        if (tok_ids_push(out, p[1 + i])) {
+            out->n = n0; /* the caller recomputes and reports the failure */
+            return false;
+        }
+    return true;
+}
+
+void tok_cache_put(struct tok_cache *c, const char *s, size_t n, const int32_t *ids, size_t count)
+{
+    if (!c->ready) {
+        if (tok_strmap_init(&c->map, 1024))
+            return;
+        c->ready = true;
+    }
+    size_t at = c->ids.n;
+    if (at > INT32_MAX / 2 || tok_ids_push(&c->ids, (int32_t)count))
+        return;
+    for (size_t i = 0; i < count; i++)
+        if (tok_ids_push(&c->ids, ids[i])) {
+            c->ids.n = at;
+            return;
+        }
+    if (tok_strmap_put(&c->map, s, n, (int32_t)at, NULL))
+        c->ids.n = at;
+}
+
+void tok_cache_free(struct tok_cache *c)
+{
+    if (c->ready)
+        tok_strmap_free(&c->map);
+    free(c->ids.v);
+    memset(c, 0, sizeof *c);
+}
