@@ -5,7 +5,12 @@
  * tensor types, dimension products, alignment, and each tensor's bytes against
  * the file size. After gguf_open() succeeds, every accessor below is safe:
  * nothing can point outside the mapping. A malformed file returns
- * KS_ERR_FORMAT with a message naming the offending key/tensor and offset.
+ * KS_ERR_FORMAT with a message naming the offending key/tensor and offset;
+ * a well-formed file kvserve cannot use (GGUF v1, big-endian, a tensor type
+ * without a quant_traits() entry) returns KS_ERR_UNSUPPORTED. Limits beyond
+ * the spec's: tensor names up to 63 bytes (as ggml), keys up to 65535 bytes,
+ * arrays nested up to 8 levels, no NUL bytes inside keys or tensor names. A
+ * file with no tensors may end before its (aligned) data offset.
  *
  * Memory: keys and tensor names are NUL-terminated copies owned by the file.
  * String values (including the elements of string arrays) point into the
@@ -91,10 +96,12 @@ ks_status gguf_get_str(const struct gguf_file *f, const char *key, struct gguf_s
 
 /* Arrays: element type, count and, for non-string element types, a pointer to
  * the packed little-endian elements (may be unaligned: memcpy them). Nested
- * arrays are reported with elem type GGUF_TYPE_ARRAY and data NULL. */
+ * arrays are reported with elem type GGUF_TYPE_ARRAY and data NULL. Any
+ * out-parameter may be NULL. */
 ks_status gguf_get_arr(const struct gguf_file *f, const char *key,
                        enum gguf_value_type *elem_type, uint64_t *count, const void **data);
-/* Element i of a string array (O(1): the reader indexes string arrays). */
+/* Element i of a string array (O(1): the reader indexes string arrays).
+ * KS_ERR_RANGE if i >= count, KS_ERR_FORMAT if key is not a string array. */
 ks_status gguf_get_arr_str(const struct gguf_file *f, const char *key, uint64_t i,
                            struct gguf_str *out);
 
