@@ -10,6 +10,7 @@ int cli_synth(int argc, char **argv);
 int cli_generate(int argc, char **argv);
 int cli_bench(int argc, char **argv);
 int cli_serve(int argc, char **argv);
+int cli_bench_serve(int argc, char **argv);
 int cli_perplexity(int argc, char **argv);
 
 #endif

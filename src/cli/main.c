@@ -19,6 +19,7 @@ static const struct command commands[] = {
     {"bench", cli_bench, "measure prompt (pp) and generation (tg) speed like llama-bench"},
     {"perplexity", cli_perplexity, "score a text like llama-perplexity: PPL, KL divergence vs saved logits"},
     {"serve", cli_serve, "serve the OpenAI-compatible HTTP API with continuous batching"},
+    {"bench-serve", cli_bench_serve, "load an OpenAI-compatible server: TTFT, inter-token latency, tok/s"},
 };
 
 static void usage(FILE *out)

@@ -26,6 +26,7 @@ struct req {
     void *user;
     double t_submit, t_last;
     bool cancelled;
+    bool ignore_eog;
     bool skip_step;           /* this step's prefill chunk was dropped */
     enum sched_finish finish; /* set when done */
     const char *error;
@@ -171,6 +172,7 @@ ks_status sched_submit(struct sched *s, const struct sched_request *rq, uint64_t
     memcpy(r->tokens, rq->prompt, (size_t)rq->n_prompt * sizeof *r->tokens);
     r->n_tokens = r->n_prompt = rq->n_prompt;
     r->max_tokens = rq->max_tokens;
+    r->ignore_eog = rq->ignore_eog;
     r->seq = -1;
     r->on_event = rq->on_event;
     r->user = rq->user;
@@ -517,7 +519,7 @@ static void finish_step(struct sched *s, int32_t n, int32_t n_rows)
         if (st) {
             r->finish = SCHED_FINISH_ERROR;
             r->error = "sampling failed";
-        } else if (is_eog(s, res.token)) {
+        } else if (!r->ignore_eog && is_eog(s, res.token)) {
             r->finish = SCHED_FINISH_STOP;
             emit = false;
         } else {

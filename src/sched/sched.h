@@ -114,6 +114,7 @@ struct sched_request {
     int32_t n_prompt;        /* >= 1 */
     int32_t max_tokens;      /* >= 1 */
     struct sample_params sampling;
+    bool ignore_eog;         /* generate max_tokens even past end-of-generation tokens */
     sched_event_fn on_event;
     void *user;
 };

@@ -774,7 +774,8 @@ static struct call *call_new(struct server *srv, bool chat)
 static bool parse_options(struct call *c, const cJSON *root, int32_t n_prompt, struct sched_request *rq,
                           struct reply *r)
 {
-    if (!get_bool(root, "stream", &c->stream, r) || !parse_stop(c, root, r) ||
+    if (!get_bool(root, "stream", &c->stream, r) || !get_bool(root, "ignore_eos", &rq->ignore_eog, r) ||
+        !parse_stop(c, root, r) ||
         !parse_sampling(root, c->chat, &rq->sampling, &c->logprobs, r))
         return false;
     cJSON *so = field(root, "stream_options");
