@@ -159,6 +159,30 @@ static void test_quantize_error_bounds(void **state)
     free(q);
 }
 
+/* The table's (possibly SIMD) conversions equal the scalar references bit
+ * for bit, on lengths with a vector tail. */
+static void test_best_conversions_match_scalar(void **state)
+{
+    (void)state;
+    const int64_t sizes[] = {32, 96, 4096 + 32};
+    float x[4096 + 64], a[4096 + 64], b[4096 + 64];
+    uint8_t qa[4 * (4096 + 64)], qb[4 * (4096 + 64)];
+    for (size_t ti = 0; ti < N_BASIC; ti++) {
+        const struct quant_traits *best = quant_traits(k_basic[ti]), *ref = quant_traits_scalar(k_basic[ti]);
+        for (size_t si = 0; si < 3; si++) {
+            int64_t n = sizes[si] + (best->block_elems == 1 ? 7 : 0);
+            fill_random(x, n, 10.0f);
+            size_t bytes = quant_row_size(k_basic[ti], n);
+            best->from_float(x, qa, n);
+            ref->from_float(x, qb, n);
+            assert_memory_equal(qa, qb, bytes);
+            best->to_float(qa, a, n);
+            ref->to_float(qa, b, n);
+            assert_memory_equal(a, b, n * sizeof(float));
+        }
+    }
+}
+
 /* Known ggml results on a fixed block: q8_0 of 0..31 / 31. */
 static void test_q8_0_exact_values(void **state)
 {
@@ -368,7 +392,7 @@ static void check_matmul(threads_pool *pool, enum quant_type wtype, int64_t rows
 static void test_matmul_vs_naive(void **state)
 {
     (void)state;
-    const int64_t shapes[][2] = {{37, 96}, {64, 256}, {5, 32}, {130, 64}};
+    const int64_t shapes[][2] = {{37, 96}, {64, 256}, {5, 32}, {130, 64}, {7, 160}};
     for (int th = 1; th <= 2; th++) {
         threads_pool *pool;
         assert_int_equal(threads_create(th, &pool), KS_OK);
@@ -419,6 +443,7 @@ int main(void)
         cmocka_unit_test(test_names),
         cmocka_unit_test(test_quantize_error_bounds),
         cmocka_unit_test(test_q8_0_exact_values),
+        cmocka_unit_test(test_best_conversions_match_scalar),
         cmocka_unit_test(test_vec_dot_simd_vs_scalar),
         cmocka_unit_test(test_vec_dot_ref_vs_dequantized),
         cmocka_unit_test(test_matmul_vs_naive),

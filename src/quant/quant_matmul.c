@@ -7,7 +7,7 @@
  *  - prefill, Q4_0/Q8_0: activations are quantized to Q8_0 and transposed so a
  *    512-bit register holds 4 consecutive bytes of 16 tokens (pre_pack). A
  *    weight dword is broadcast against it (VNNI dpbusd), so a micro-tile of
- *    MM_R rows x 16*MM_TT tokens keeps its accumulators in registers and each
+ *    Q8_R rows x 16*Q8_TT tokens keeps its accumulators in registers and each
  *    weight byte is loaded once per 32 tokens.
  *  - prefill, F32/F16/BF16: the same tiling with f32 FMAs on f32 activations.
  *  - everything else: activations to the vec_dot_type, then traits vec_dot
@@ -23,10 +23,18 @@
 
 #define MM_ALIGN 64
 #define MM_TOK_GROUP 16    /* tokens per 512-bit lane set */
-#define MM_R 4             /* weight rows per micro-tile */
-#define MM_TT 2            /* token groups per micro-tile */
+#ifndef Q8_R
+#define Q8_R 8             /* integer micro-tile: weight rows */
+#endif
+#ifndef Q8_TT
+#define Q8_TT 1            /* integer micro-tile: groups of 16 tokens */
+#endif
+#ifndef FL_R
+#define FL_R 6             /* float micro-tile: weight rows */
+#endif
+#define FL_TT 2            /* float micro-tile: groups of 16 tokens */
 #define MM_PREFILL_MIN 8   /* token count from which the tiled kernels win */
-#define MM_ROW_CHUNK 16    /* generic path: rows per cache-resident chunk */
+#define Q8_ROW_CHUNK 16    /* generic path: rows per cache-resident chunk */
 #define QB 32              /* elements per Q8_0 block */
 
 static size_t align_up(size_t n) { return (n + MM_ALIGN - 1) / MM_ALIGN * MM_ALIGN; }
@@ -114,10 +122,10 @@ static void generic_compute(void *vctx, int ith, int nth)
 {
     struct mm *m = vctx;
     int64_t lo, hi;
-    threads_split(ceil_div(m->rows, MM_ROW_CHUNK), ith, nth, &lo, &hi);
+    threads_split(ceil_div(m->rows, Q8_ROW_CHUNK), ith, nth, &lo, &hi);
     bool direct = m->path == MM_FLOAT_DECODE; /* float weights read X as is */
     for (int64_t c = lo; c < hi; c++) {
-        int64_t r0 = c * MM_ROW_CHUNK, r1 = r0 + MM_ROW_CHUNK < m->rows ? r0 + MM_ROW_CHUNK : m->rows;
+        int64_t r0 = c * Q8_ROW_CHUNK, r1 = r0 + Q8_ROW_CHUNK < m->rows ? r0 + Q8_ROW_CHUNK : m->rows;
         for (int64_t t = 0; t < m->n_tokens; t++) {
             const void *x = direct ? (const void *)(m->X + t * m->cols) : (const void *)(m->work + t * m->xrow);
             for (int64_t r = r0; r < r1; r++)
@@ -209,33 +217,6 @@ static inline __m512 pair_scales(__m512i raw, int w1)
 
 static inline __mmask64 byte_mask(int n) { return n >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << n) - 1); }
 
-static float dec_row_q4_0(const uint8_t *w, int64_t nb, const uint8_t *pk)
-{
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-    int64_t c = 0;
-    for (; c + 2 <= nb / 2; c += 2) {
-        for (int u = 0; u < 2; u++) {
-            const uint8_t *ch = pk + (c + u) * DEC_CHUNK_BYTES;
-            __m512i raw = _mm512_maskz_loadu_epi8(byte_mask(36), w + (c + u) * 36);
-            __m512i dot = _mm512_dpbusd_epi32(_mm512_load_si512(ch + 64), q4_0_pair(raw), _mm512_load_si512(ch));
-            __m512 s = _mm512_mul_ps(pair_scales(raw, 9), _mm512_load_ps(ch + 128));
-            if (u == 0)
-                acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), s, acc0);
-            else
-                acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), s, acc1);
-        }
-    }
-    for (; c < ceil_div(nb, 2); c++) {
-        const uint8_t *ch = pk + c * DEC_CHUNK_BYTES;
-        int bytes = (int)((nb - 2 * c) >= 2 ? 36 : 18);
-        __m512i raw = _mm512_maskz_loadu_epi8(byte_mask(bytes), w + c * 36);
-        __m512i dot = _mm512_dpbusd_epi32(_mm512_load_si512(ch + 64), q4_0_pair(raw), _mm512_load_si512(ch));
-        __m512 s = _mm512_mul_ps(pair_scales(raw, 9), _mm512_load_ps(ch + 128));
-        acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), s, acc0);
-    }
-    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
-}
-
 /* Q8_0 pair of blocks (68 bytes) -> 64 values +128 as u8. */
 static inline __m512i q8_0_pair(__m512i lo, __m512i hi)
 {
@@ -247,42 +228,82 @@ static inline __m512i q8_0_pair(__m512i lo, __m512i hi)
     return _mm512_xor_si512(_mm512_permutex2var_epi8(lo, idx, hi), _mm512_set1_epi8((char)0x80));
 }
 
-static float dec_row_q8_0(const uint8_t *w, int64_t nb, const uint8_t *pk)
+/* One pair of blocks of a Q4_0 or Q8_0 row as 64 u8 values, and its two
+ * scales in lanes 0-7 and 8-15. Near the end of the row the loads are masked
+ * so no byte past the row is read. */
+static inline __attribute__((always_inline)) __m512i dec_load(enum quant_type wt, const uint8_t *w, int64_t c,
+                                                              int64_t nb, __m512 *dx)
 {
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    bool full = 2 * c + 2 <= nb, last = 2 * c + 2 >= nb;
+    if (wt == QUANT_Q4_0) {
+        const uint8_t *b = w + c * 2 * sizeof(block_q4_0);
+        bool room = 2 * c + 4 <= nb; /* 72 bytes from b belong to the row */
+        __m512i raw = room ? _mm512_loadu_si512(b) : _mm512_maskz_loadu_epi8(byte_mask(full ? 36 : 18), b);
+        *dx = pair_scales(raw, 9);
+        return q4_0_pair(raw);
+    }
+    const uint8_t *b = w + c * 2 * sizeof(block_q8_0);
+    __m512i lo = full ? _mm512_loadu_si512(b) : _mm512_maskz_loadu_epi8(byte_mask(34), b);
+    __m512i hi = !full ? _mm512_setzero_si512()
+                 : last ? _mm512_maskz_loadu_epi8(byte_mask(4), b + 64)
+                        : _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(b + 64)));
+    *dx = pair_scales(lo, 17);
+    return q8_0_pair(lo, hi);
+}
+
+/* NR rows against one packed token; the activation loads are shared. */
+static inline __attribute__((always_inline)) void dec_rows(enum quant_type wt, const uint8_t *w, size_t wrow,
+                                                           int64_t nb, const uint8_t *pk, int NR, float *out,
+                                                           int64_t out_stride)
+{
+    __m512 acc[4];
+    for (int r = 0; r < NR; r++)
+        acc[r] = _mm512_setzero_ps();
     int64_t npair = ceil_div(nb, 2);
     for (int64_t c = 0; c < npair; c++) {
         const uint8_t *ch = pk + c * DEC_CHUNK_BYTES;
-        const uint8_t *b = w + c * 68;
-        __m512i lo, hi;
-        if (2 * c + 2 <= nb) {
-            lo = _mm512_loadu_si512(b);
-            hi = _mm512_maskz_loadu_epi8(byte_mask(4), b + 64);
-        } else {
-            lo = _mm512_maskz_loadu_epi8(byte_mask(34), b);
-            hi = _mm512_setzero_si512();
+        __m512i y = _mm512_load_si512(ch), corr = _mm512_load_si512(ch + 64);
+        __m512 dy = _mm512_load_ps(ch + 128);
+        for (int r = 0; r < NR; r++) {
+            __m512 dx;
+            __m512i q = dec_load(wt, w + r * wrow, c, nb, &dx);
+            __m512i dot = _mm512_dpbusd_epi32(corr, q, y);
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dx, dy), acc[r]);
         }
-        __m512i dot = _mm512_dpbusd_epi32(_mm512_load_si512(ch + 64), q8_0_pair(lo, hi), _mm512_load_si512(ch));
-        __m512 s = _mm512_mul_ps(pair_scales(lo, 17), _mm512_load_ps(ch + 128));
-        if (c & 1)
-            acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), s, acc1);
-        else
-            acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), s, acc0);
     }
-    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+    for (int r = 0; r < NR; r++)
+        out[r * out_stride] = _mm512_reduce_add_ps(acc[r]);
+}
+
+#define DEC_NR 4
+
+static inline __attribute__((always_inline)) void dec_range(const struct mm *m, enum quant_type wt, int64_t lo,
+                                                            int64_t hi)
+{
+    int64_t nb = m->cols / QB;
+    for (int64_t t = 0; t < m->n_tokens; t++) {
+        const uint8_t *pk = m->work + t * m->xrow;
+        float *y = m->Y + t * m->rows;
+        int64_t r = lo;
+        for (; r + DEC_NR <= hi; r += DEC_NR)
+            dec_rows(wt, m->W + r * m->wrow, m->wrow, nb, pk, DEC_NR, y + r, 1);
+        for (; r < hi; r++)
+            dec_rows(wt, m->W + r * m->wrow, m->wrow, nb, pk, 1, y + r, 1);
+    }
 }
 
 static void dec_compute(void *vctx, int ith, int nth)
 {
     struct mm *m = vctx;
-    int64_t lo, hi, nb = m->cols / QB;
+    int64_t lo, hi;
     threads_split(m->rows, ith, nth, &lo, &hi);
-    for (int64_t r = lo; r < hi; r++) {
-        const uint8_t *w = m->W + r * m->wrow;
-        for (int64_t t = 0; t < m->n_tokens; t++) {
-            const uint8_t *pk = m->work + t * m->xrow;
-            m->Y[t * m->rows + r] = m->wtype == QUANT_Q4_0 ? dec_row_q4_0(w, nb, pk) : dec_row_q8_0(w, nb, pk);
-        }
+    /* a few tokens: row blocks of 64 stay in cache while the tokens pass */
+    for (int64_t r0 = lo; r0 < hi; r0 += 64) {
+        int64_t r1 = r0 + 64 < hi ? r0 + 64 : hi;
+        if (m->wtype == QUANT_Q4_0)
+            dec_range(m, QUANT_Q4_0, r0, r1);
+        else
+            dec_range(m, QUANT_Q8_0, r0, r1);
     }
 }
 
@@ -325,15 +346,15 @@ static void pre_pack(void *vctx, int ith, int nth)
 /* Weight rows unpacked to signed bytes, with per-block scale and the
  * correction -128 * sum(w) for the +128 bias of the activations. */
 struct wpanel {
-    int8_t *q;     /* [MM_R][cols] */
-    float *d;      /* [MM_R][nb] */
-    int32_t *corr; /* [MM_R][nb] */
+    int8_t *q;     /* [Q8_R][cols] */
+    float *d;      /* [Q8_R][nb] */
+    int32_t *corr; /* [Q8_R][nb] */
 };
 
 static void unpack_rows(const struct mm *m, int64_t r0, int nr, struct wpanel *p)
 {
     int64_t nb = m->cols / QB;
-    for (int r = 0; r < MM_R; r++) {
+    for (int r = 0; r < Q8_R; r++) {
         int8_t *q = p->q + r * m->cols;
         if (r >= nr) { /* padding rows contribute zeros */
             memset(q, 0, (size_t)m->cols);
@@ -375,28 +396,28 @@ static void store_tile(const struct mm *m, __m512 acc, int64_t r, int64_t t0)
         m->Y[(t0 + i) * m->rows + r] = tmp[i];
 }
 
-/* MM_R rows x (16 * TT) tokens over all blocks; TT is 1 or MM_TT. */
+/* Q8_R rows x (16 * TT) tokens over all blocks; TT is 1 or Q8_TT. */
 static inline __attribute__((always_inline)) void q8_tile(const struct mm *m, const struct wpanel *p, int64_t r0,
                                                           int nr, int64_t g0, int TT)
 {
     const int64_t nb = m->cols / QB;
-    __m512 facc[MM_R][MM_TT];
-    for (int r = 0; r < MM_R; r++)
+    __m512 facc[Q8_R][Q8_TT];
+    for (int r = 0; r < Q8_R; r++)
         for (int tt = 0; tt < TT; tt++)
             facc[r][tt] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        __m512i iacc[MM_R][MM_TT];
-        const uint8_t *yb[MM_TT];
+        __m512i iacc[Q8_R][Q8_TT];
+        const uint8_t *yb[Q8_TT];
         for (int tt = 0; tt < TT; tt++)
             yb[tt] = m->work + (g0 + tt) * m->xrow + b * PRE_BLOCK_BYTES;
-        for (int r = 0; r < MM_R; r++)
+        for (int r = 0; r < Q8_R; r++)
             for (int tt = 0; tt < TT; tt++)
                 iacc[r][tt] = _mm512_set1_epi32(p->corr[r * nb + b]);
         for (int g = 0; g < 8; g++) {
-            __m512i yv[MM_TT];
+            __m512i yv[Q8_TT];
             for (int tt = 0; tt < TT; tt++)
                 yv[tt] = _mm512_load_si512(yb[tt] + g * 64);
-            for (int r = 0; r < MM_R; r++) {
+            for (int r = 0; r < Q8_R; r++) {
                 int32_t wd;
                 memcpy(&wd, p->q + r * m->cols + b * QB + 4 * g, 4);
                 __m512i wv = _mm512_set1_epi32(wd);
@@ -406,7 +427,7 @@ static inline __attribute__((always_inline)) void q8_tile(const struct mm *m, co
         }
         for (int tt = 0; tt < TT; tt++) {
             __m512 dy = _mm512_load_ps(yb[tt] + 8 * 64);
-            for (int r = 0; r < MM_R; r++) {
+            for (int r = 0; r < Q8_R; r++) {
                 __m512 s = _mm512_mul_ps(dy, _mm512_set1_ps(p->d[r * nb + b]));
                 facc[r][tt] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[r][tt]), s, facc[r][tt]);
             }
@@ -422,24 +443,24 @@ static void pre_compute(void *vctx, int ith, int nth)
     struct mm *m = vctx;
     int64_t nb = m->cols / QB, ng = ceil_div(m->n_tokens, MM_TOK_GROUP);
     int64_t lo, hi;
-    threads_split(ceil_div(m->rows, MM_R), ith, nth, &lo, &hi);
+    threads_split(ceil_div(m->rows, Q8_R), ith, nth, &lo, &hi);
     if (lo >= hi)
         return;
-    size_t qbytes = align_up((size_t)(MM_R * m->cols));
-    uint8_t *buf = aligned_alloc(MM_ALIGN, qbytes + 2 * align_up((size_t)(MM_R * nb) * 4));
+    size_t qbytes = align_up((size_t)(Q8_R * m->cols));
+    uint8_t *buf = aligned_alloc(MM_ALIGN, qbytes + 2 * align_up((size_t)(Q8_R * nb) * 4));
     if (!buf) {
         m->failed = 1;
         return;
     }
     struct wpanel p = {(int8_t *)buf, (float *)(buf + qbytes),
-                       (int32_t *)(buf + qbytes + align_up((size_t)(MM_R * nb) * 4))};
+                       (int32_t *)(buf + qbytes + align_up((size_t)(Q8_R * nb) * 4))};
     for (int64_t pi = lo; pi < hi; pi++) {
-        int64_t r0 = pi * MM_R;
-        int nr = (int)(m->rows - r0 < MM_R ? m->rows - r0 : MM_R);
+        int64_t r0 = pi * Q8_R;
+        int nr = (int)(m->rows - r0 < Q8_R ? m->rows - r0 : Q8_R);
         unpack_rows(m, r0, nr, &p);
         int64_t g = 0;
-        for (; g + MM_TT <= ng; g += MM_TT)
-            q8_tile(m, &p, r0, nr, g, MM_TT);
+        for (; g + Q8_TT <= ng; g += Q8_TT)
+            q8_tile(m, &p, r0, nr, g, Q8_TT);
         for (; g < ng; g++)
             q8_tile(m, &p, r0, nr, g, 1);
     }
@@ -466,18 +487,18 @@ static void fpre_pack(void *vctx, int ith, int nth)
 static inline __attribute__((always_inline)) void float_tile(const struct mm *m, const float *wf, int64_t r0,
                                                              int nr, int64_t g0, int TT)
 {
-    __m512 acc[MM_R][MM_TT];
-    for (int r = 0; r < MM_R; r++)
+    __m512 acc[FL_R][FL_TT];
+    for (int r = 0; r < FL_R; r++)
         for (int tt = 0; tt < TT; tt++)
             acc[r][tt] = _mm512_setzero_ps();
-    const float *xt[MM_TT];
+    const float *xt[FL_TT];
     for (int tt = 0; tt < TT; tt++)
         xt[tt] = (const float *)(m->work + (g0 + tt) * m->xrow);
     for (int64_t k = 0; k < m->cols; k++) {
-        __m512 xv[MM_TT];
+        __m512 xv[FL_TT];
         for (int tt = 0; tt < TT; tt++)
             xv[tt] = _mm512_load_ps(xt[tt] + k * MM_TOK_GROUP);
-        for (int r = 0; r < MM_R; r++) {
+        for (int r = 0; r < FL_R; r++) {
             __m512 wv = _mm512_set1_ps(wf[r * m->cols + k]);
             for (int tt = 0; tt < TT; tt++)
                 acc[r][tt] = _mm512_fmadd_ps(xv[tt], wv, acc[r][tt]);
@@ -492,26 +513,26 @@ static void fpre_compute(void *vctx, int ith, int nth)
 {
     struct mm *m = vctx;
     int64_t ng = ceil_div(m->n_tokens, MM_TOK_GROUP), lo, hi;
-    threads_split(ceil_div(m->rows, MM_R), ith, nth, &lo, &hi);
+    threads_split(ceil_div(m->rows, FL_R), ith, nth, &lo, &hi);
     if (lo >= hi)
         return;
-    float *wf = aligned_alloc(MM_ALIGN, align_up((size_t)(MM_R * m->cols) * sizeof(float)));
+    float *wf = aligned_alloc(MM_ALIGN, align_up((size_t)(FL_R * m->cols) * sizeof(float)));
     if (!wf) {
         m->failed = 1;
         return;
     }
     for (int64_t pi = lo; pi < hi; pi++) {
-        int64_t r0 = pi * MM_R;
-        int nr = (int)(m->rows - r0 < MM_R ? m->rows - r0 : MM_R);
-        for (int r = 0; r < MM_R; r++) {
+        int64_t r0 = pi * FL_R;
+        int nr = (int)(m->rows - r0 < FL_R ? m->rows - r0 : FL_R);
+        for (int r = 0; r < FL_R; r++) {
             if (r < nr)
                 m->tr->to_float(m->W + (r0 + r) * m->wrow, wf + r * m->cols, m->cols);
             else
                 memset(wf + r * m->cols, 0, (size_t)m->cols * sizeof(float));
         }
         int64_t g = 0;
-        for (; g + MM_TT <= ng; g += MM_TT)
-            float_tile(m, wf, r0, nr, g, MM_TT);
+        for (; g + FL_TT <= ng; g += FL_TT)
+            float_tile(m, wf, r0, nr, g, FL_TT);
         for (; g < ng; g++)
             float_tile(m, wf, r0, nr, g, 1);
     }

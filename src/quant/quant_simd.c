@@ -309,6 +309,43 @@ FLOAT_DOT_AVX512(quant_vec_dot_f16_avx512, load16_f16, quant_f16_to_f32(((const 
 FLOAT_DOT_AVX512(quant_vec_dot_bf16_avx512, load16_bf16, quant_bf16_to_f32(((const quant_bf16 *)vx)[i]))
 #endif /* QUANT_HAVE_AVX512 */
 
+#if defined(QUANT_HAVE_AVX512)
+/* ---- float conversions ----------------------------------------------------- */
+
+static void f16_to_float_avx512(const void *vx, float *y, int64_t n)
+{
+    const quant_f16 *x = vx;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(y + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(x + i))));
+    for (; i < n; i++)
+        y[i] = quant_f16_to_f32(x[i]);
+}
+
+static void bf16_to_float_avx512(const void *vx, float *y, int64_t n)
+{
+    const quant_bf16 *x = vx;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(x + i)));
+        _mm512_storeu_ps(y + i, _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)));
+    }
+    for (; i < n; i++)
+        y[i] = quant_bf16_to_f32(x[i]);
+}
+
+/* Round to nearest even, exactly as quant_f32_to_f16 (F16C). */
+static void f16_from_float_avx512(const float *x, void *vy, int64_t n)
+{
+    quant_f16 *y = vy;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256((__m256i *)(y + i), _mm512_cvtps_ph(_mm512_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++)
+        y[i] = quant_f32_to_f16(x[i]);
+}
+#endif
+
 #define SET_DOTS(t, isa)                                                     \
     do {                                                                     \
         t[QUANT_F32].vec_dot = quant_vec_dot_f32_##isa;                      \
@@ -325,6 +362,9 @@ void quant_simd_fill(struct quant_traits *best)
 {
 #if defined(QUANT_HAVE_AVX512)
     SET_DOTS(best, avx512);
+    best[QUANT_F16].to_float = f16_to_float_avx512;
+    best[QUANT_F16].from_float = f16_from_float_avx512;
+    best[QUANT_BF16].to_float = bf16_to_float_avx512;
 #elif defined(QUANT_HAVE_AVX2)
     SET_DOTS(best, avx2);
 #else

@@ -1,0 +1,190 @@
+/* bench_matmul: quant_matmul speed on the weight shapes of real models.
+ *
+ *   bench_matmul [-t THREADS] [-r REPS] [-p PREFILL_TOKENS] [--type q4_0,q8_0,f16,q4_K]
+ *                [--model llama-1b|qwen3-0.6b] [--cpu]
+ *
+ * Decode (1 token) reports GB/s of weight bytes read; the weights are cycled
+ * through enough copies (>= 512 MB) that they come from DRAM, as in a real
+ * forward pass. Prefill (-p tokens, default 512) reports GFLOP/s (2 per
+ * multiply-add) and tokens/s. Each figure is the median of REPS runs. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "quant/quant.h"
+#include "threads/threads.h"
+
+struct shape {
+    const char *model, *name;
+    int64_t cols, rows; /* in -> out */
+};
+
+static const struct shape k_shapes[] = {
+    {"llama-1b", "attn_q/o 2048->2048", 2048, 2048},
+    {"llama-1b", "attn_k/v 2048->512", 2048, 512},
+    {"llama-1b", "ffn_up/gate 2048->8192", 2048, 8192},
+    {"llama-1b", "ffn_down 8192->2048", 8192, 2048},
+    {"llama-1b", "output 2048->128256", 2048, 128256},
+    {"qwen3-0.6b", "attn_q 1024->2048", 1024, 2048},
+    {"qwen3-0.6b", "attn_k/v 1024->1024", 1024, 1024},
+    {"qwen3-0.6b", "attn_o 2048->1024", 2048, 1024},
+    {"qwen3-0.6b", "ffn_up/gate 1024->3072", 1024, 3072},
+    {"qwen3-0.6b", "ffn_down 3072->1024", 3072, 1024},
+    {"qwen3-0.6b", "output 1024->151669", 1024, 151669},
+};
+
+/* --cpu: time by process CPU time instead of wall time, to compare kernels
+ * on a machine shared with other jobs (meaningful with -t 1 only). */
+static clockid_t g_clock = CLOCK_MONOTONIC;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(g_clock, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Sorts v; v[0] is then the best run. */
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* One random row quantized, then replicated: speed does not depend on values. */
+static void *make_weights(enum quant_type t, int64_t rows, int64_t cols, size_t *bytes)
+{
+    const struct quant_traits *tr = quant_traits(t);
+    size_t wrow = quant_row_size(t, cols);
+    *bytes = wrow * (size_t)rows;
+    uint8_t *w = aligned_alloc(64, (*bytes + 63) / 64 * 64);
+    float *x = malloc((size_t)cols * sizeof(float));
+    if (!w || !x || !tr->from_float) {
+        free(w);
+        free(x);
+        return NULL;
+    }
+    srand(1);
+    for (int64_t r = 0; r < 4 && r < rows; r++) {
+        for (int64_t c = 0; c < cols; c++)
+            x[c] = (float)rand() / RAND_MAX - 0.5f;
+        tr->from_float(x, w + r * wrow, cols);
+    }
+    for (int64_t r = 4; r < rows; r++)
+        memcpy(w + r * wrow, w + (r % 4) * wrow, wrow);
+    free(x);
+    return w;
+}
+
+static int run_shape(threads_pool *pool, enum quant_type t, const struct shape *s, int reps, int64_t ntok)
+{
+    size_t bytes;
+    int ncopies = 1;
+    while ((size_t)ncopies * quant_row_size(t, s->cols) * (size_t)s->rows < (512u << 20) && ncopies < 256)
+        ncopies++;
+    void **w = calloc((size_t)ncopies, sizeof *w);
+    for (int i = 0; i < ncopies; i++)
+        if (!(w[i] = make_weights(t, s->rows, s->cols, &bytes)))
+            return fprintf(stderr, "out of memory for %s\n", s->name), 1;
+    float *X = malloc((size_t)(ntok * s->cols) * sizeof(float)), *Y = malloc((size_t)(ntok * s->rows) * sizeof(float));
+    size_t ws = quant_matmul_work_size(t, s->cols, ntok);
+    size_t ws1 = quant_matmul_work_size(t, s->cols, 1);
+    void *work = malloc(ws > ws1 ? ws : ws1);
+    for (int64_t i = 0; i < ntok * s->cols; i++)
+        X[i] = (float)rand() / RAND_MAX - 0.5f;
+
+    /* decode: several passes over all copies per rep */
+    double *tv = malloc(sizeof(double) * (size_t)(reps > 0 ? reps : 1));
+    int passes = ncopies < 8 ? 8 : ncopies;
+    for (int rep = -1; rep < reps; rep++) {
+        double t0 = now_s();
+        for (int i = 0; i < passes; i++)
+            if (quant_matmul(pool, w[i % ncopies], t, s->rows, s->cols, X, 1, Y, work, ws1) != KS_OK)
+                return fprintf(stderr, "matmul: %s\n", ks_errmsg()), 1;
+        if (rep >= 0)
+            tv[rep] = (now_s() - t0) / passes;
+    }
+    double dec = median(tv, reps), dec_best = tv[0];
+    /* prefill: the big output layer gets fewer reps */
+    int preps = s->rows > 65536 ? (reps < 3 ? reps : 3) : reps;
+    for (int rep = -1; rep < preps; rep++) {
+        double t0 = now_s();
+        if (quant_matmul(pool, w[0], t, s->rows, s->cols, X, ntok, Y, work, ws) != KS_OK)
+            return fprintf(stderr, "matmul: %s\n", ks_errmsg()), 1;
+        if (rep >= 0)
+            tv[rep] = now_s() - t0;
+    }
+    double pre = median(tv, preps), pre_best = tv[0];
+    double flops = 2.0 * (double)s->rows * (double)s->cols * (double)ntok;
+    printf("%-10s %-5s %-24s t=%d decode %8.1f us %5.1f GB/s (best %5.1f) | pp%lld %8.2f ms %6.1f GFLOP/s "
+           "%8.0f tok/s (best %8.0f)\n",
+           s->model, quant_type_name(t), s->name, threads_count(pool), dec * 1e6, (double)bytes / dec / 1e9,
+           (double)bytes / dec_best / 1e9, (long long)ntok, pre * 1e3, flops / pre / 1e9, (double)ntok / pre,
+           (double)ntok / pre_best);
+    fflush(stdout);
+    for (int i = 0; i < ncopies; i++)
+        free(w[i]);
+    free(w);
+    free(X);
+    free(Y);
+    free(work);
+    free(tv);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    int threads = 1, reps = 5;
+    int64_t ntok = 512;
+    const char *types = "q4_0,q8_0,f16,q4_K", *model = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-t") && i + 1 < argc)
+            threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "-r") && i + 1 < argc)
+            reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "-p") && i + 1 < argc)
+            ntok = atoll(argv[++i]);
+        else if (!strcmp(argv[i], "--type") && i + 1 < argc)
+            types = argv[++i];
+        else if (!strcmp(argv[i], "--cpu"))
+            g_clock = CLOCK_PROCESS_CPUTIME_ID;
+        else if (!strcmp(argv[i], "--model") && i + 1 < argc)
+            model = argv[++i];
+        else {
+            fprintf(stderr, "usage: %s [-t THREADS] [-r REPS] [-p TOKENS] [--type q4_0,q8_0,f16,q4_K] "
+                            "[--model llama-1b|qwen3-0.6b] [--cpu]\n", argv[0]);
+            return 2;
+        }
+    }
+    if (threads < 1 || reps < 1 || ntok < 1)
+        return fprintf(stderr, "bad -t/-r/-p\n"), 2;
+    threads_pool *pool;
+    if (threads_create(threads, &pool) != KS_OK)
+        return fprintf(stderr, "threads: %s\n", ks_errmsg()), 1;
+    printf("# bench_matmul isa=%s threads=%d reps=%d (medians)\n", quant_isa(), threads, reps);
+    char list[256];
+    snprintf(list, sizeof list, "%s", types);
+    for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) {
+        enum quant_type t;
+        if (quant_type_from_name(tok, &t) != KS_OK)
+            return fprintf(stderr, "%s\n", ks_errmsg()), 2;
+        const struct quant_traits *tr = quant_traits(t);
+        if (!tr->vec_dot || !tr->from_float) {
+            printf("# %s: no kernels in this build, skipped\n", tok);
+            continue;
+        }
+        for (size_t s = 0; s < sizeof k_shapes / sizeof k_shapes[0]; s++)
+            if (!model || !strcmp(model, k_shapes[s].model))
+                if (run_shape(pool, t, &k_shapes[s], reps, ntok))
+                    return 1;
+    }
+    threads_free(pool);
+    return 0;
+}
