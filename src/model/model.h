@@ -101,6 +101,7 @@ struct model_synth_spec {
     bool untied;               /* write a separate output.weight (default: tied embeddings) */
     uint64_t seed;
     float init_std;            /* std of the matrices (0: 0.02) */
+    float embd_std;            /* std of token_embd (0: init_std) */
 };
 
 /* Fill spec from a preset name: llama-1b, smollm2-135m, qwen3-0.6b, tiny. */

@@ -29,17 +29,40 @@ struct model_ctx {
 
 /* ---- context ------------------------------------------------------------ */
 
+/* The largest matmul scratch any batch of 1..B tokens needs: the quant
+ * module's size is not monotonic in the token count (decode and prefill
+ * paths pack activations differently), so try every count for each distinct
+ * (type, cols) pair. */
 static size_t max_work(const struct model *m, int32_t B)
 {
-    const struct model_mat *mats[8];
-    size_t best = quant_matmul_work_size(m->output.type, m->output.cols, B);
-    for (int il = 0; il < m->hp.n_layer; il++) {
-        const struct model_layer *L = &m->layers[il];
-        mats[0] = &L->wq, mats[1] = &L->wk, mats[2] = &L->wv, mats[3] = &L->wo;
-        mats[4] = &L->w_gate, mats[5] = &L->w_up, mats[6] = &L->w_down;
-        for (int i = 0; i < 7; i++) {
-            size_t w = quant_matmul_work_size(mats[i]->type, mats[i]->cols, B);
-            best = w > best ? w : best;
+    enum { MAX_SHAPES = 32 };
+    struct { enum quant_type type; int64_t cols; } shapes[MAX_SHAPES];
+    int n_shapes = 0;
+    size_t best = 0;
+    for (int il = -1; il < m->hp.n_layer; il++) {
+        const struct model_layer *L = il >= 0 ? &m->layers[il] : NULL;
+        const struct model_mat *mats[7] = {&m->output};
+        int n_mats = 1;
+        if (L) {
+            mats[0] = &L->wq, mats[1] = &L->wk, mats[2] = &L->wv, mats[3] = &L->wo;
+            mats[4] = &L->w_gate, mats[5] = &L->w_up, mats[6] = &L->w_down;
+            n_mats = 7;
+        }
+        for (int i = 0; i < n_mats; i++) {
+            int s = 0;
+            while (s < n_shapes && (shapes[s].type != mats[i]->type || shapes[s].cols != mats[i]->cols))
+                s++;
+            if (s < n_shapes)
+                continue;
+            for (int32_t n = 1; n <= B; n++) {
+                size_t w = quant_matmul_work_size(mats[i]->type, mats[i]->cols, n);
+                best = w > best ? w : best;
+            }
+            if (n_shapes < MAX_SHAPES) {
+                shapes[n_shapes].type = mats[i]->type;
+                shapes[n_shapes].cols = mats[i]->cols;
+                n_shapes++;
+            }
         }
     }
     return best;

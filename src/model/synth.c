@@ -228,6 +228,8 @@ static ks_status add_matrix(struct synth *s, const char *name, enum tensor_role 
                             int64_t cols)
 {
     float std = s->spec->init_std > 0 ? s->spec->init_std : 0.02f;
+    if (role == ROLE_EMBD && s->spec->embd_std > 0)
+        std = s->spec->embd_std;
     struct fill f = {0.0f, std * sqrtf(3.0f)};
     return add_tensor(s, name, rows, cols, plan_type(&s->plan, role, layer, cols), f);
 }

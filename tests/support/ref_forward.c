@@ -1,0 +1,396 @@
+/* Naive f32 reference forward pass. Written for obviousness, not speed. */
+#include "support/ref_forward.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- structs -------------------------------------------------------------- */
+
+struct ref_mat {
+    float *w;                 /* (rows, cols) */
+    int rows, cols;
+    enum quant_type type;     /* the file's type, for activation rounding */
+};
+
+struct ref_layer {
+    float *attn_norm;         /* (dim) */
+    struct ref_mat wq;        /* (n_head * hd, dim) */
+    struct ref_mat wk;        /* (n_kv * hd, dim) */
+    struct ref_mat wv;        /* (n_kv * hd, dim) */
+    struct ref_mat wo;        /* (dim, n_head * hd) */
+    float *bq, *bk, *bv;      /* qwen2 biases or NULL */
+    float *q_norm, *k_norm;   /* qwen3 (hd) or NULL */
+    float *ffn_norm;          /* (dim) */
+    struct ref_mat w1;        /* gate (ff, dim) */
+    struct ref_mat w3;        /* up (ff, dim) */
+    struct ref_mat w2;        /* down (dim, ff) */
+};
+
+struct ref_model {
+    struct model_hparams hp;
+    bool quantize_acts;
+    bool llamacpp_fa;
+    float *tok_embd;          /* (vocab, dim) */
+    struct ref_mat output;    /* (vocab, dim) */
+    float *output_norm;       /* (dim) */
+    struct ref_layer *layers; /* (n_layer) */
+    float *inv_freq;          /* (n_rot / 2) angle per position of each rotated pair */
+    int max_seqs, max_ctx;
+    float *key_cache;         /* (seq, layer, ctx, n_kv * hd) */
+    float *value_cache;       /* (seq, layer, ctx, n_kv * hd) */
+    int *seq_len;             /* (seq) */
+    /* run state */
+    float *x, *xb, *xb2, *q, *k, *v, *att, *hb, *hb2, *scores, *tmp;
+};
+
+/* ---- loading -------------------------------------------------------------- */
+
+static float *dequant(const struct gguf_file *f, const char *name, int64_t n_expect, enum quant_type *type)
+{
+    const struct gguf_tensor_info *t = gguf_find_tensor(f, name);
+    if (!t)
+        return NULL;
+    int64_t n = t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
+    if (n != n_expect)
+        return NULL;
+    float *out = malloc(sizeof(float) * (size_t)n);
+    const struct quant_traits *tr = quant_traits_scalar(t->type);
+    size_t row_bytes = quant_row_size(t->type, t->ne[0]);
+    for (int64_t r = 0; r < n / t->ne[0]; r++)
+        tr->to_float((const char *)t->data + r * row_bytes, out + r * t->ne[0], t->ne[0]);
+    if (type)
+        *type = t->type;
+    return out;
+}
+
+static ks_status load_mat(const struct gguf_file *f, const char *name, int rows, int cols, struct ref_mat *m)
+{
+    m->rows = rows, m->cols = cols;
+    m->w = dequant(f, name, (int64_t)rows * cols, &m->type);
+    return m->w ? KS_OK : ks_fail(KS_ERR_FORMAT, "ref: tensor %s missing or wrong size", name);
+}
+
+static ks_status load_vec(const struct gguf_file *f, const char *name, int n, bool required, float **out)
+{
+    *out = dequant(f, name, n, NULL);
+    return *out || !required ? KS_OK : ks_fail(KS_ERR_FORMAT, "ref: tensor %s missing", name);
+}
+
+/* inv_freq[i] = base^(-2i/n_rot), with linear or llama3 scaling. */
+static void rope_freqs(struct ref_model *r, const struct gguf_file *f)
+{
+    const struct model_hparams *hp = &r->hp;
+    const struct gguf_tensor_info *ff = gguf_find_tensor(f, "rope_freqs.weight");
+    for (int i = 0; i < hp->n_rot / 2; i++) {
+        double freq = pow(hp->rope_freq_base, -2.0 * i / hp->n_rot);
+        if (ff) {
+            freq /= ((const float *)ff->data)[i];
+        } else if (hp->rope_scaling == MODEL_ROPE_SCALING_LINEAR) {
+            freq /= hp->rope_scale_factor;
+        } else if (hp->rope_scaling == MODEL_ROPE_SCALING_LLAMA3) {
+            double wavelen = 2 * M_PI / freq;
+            double lo = hp->rope_llama3_orig_ctx / hp->rope_llama3_low_freq_factor;
+            double hi = hp->rope_llama3_orig_ctx / hp->rope_llama3_high_freq_factor;
+            if (wavelen > lo) {
+                freq /= hp->rope_scale_factor;
+            } else if (wavelen >= hi) {
+                double smooth = (hp->rope_llama3_orig_ctx / wavelen - hp->rope_llama3_low_freq_factor) /
+                                (hp->rope_llama3_high_freq_factor - hp->rope_llama3_low_freq_factor);
+                freq = (1 - smooth) * freq / hp->rope_scale_factor + smooth * freq;
+            }
+        }
+        r->inv_freq[i] = (float)freq;
+    }
+}
+
+static ks_status load_layer(struct ref_model *r, const struct gguf_file *f, int l)
+{
+    const struct model_hparams *hp = &r->hp;
+    struct ref_layer *L = &r->layers[l];
+    int dim = hp->n_embd, hd = hp->head_dim_k, qd = hp->n_head * hd, kvd = hp->n_head_kv * hd;
+    char n[13][96];
+    const char *names[13] = {"attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight",
+                             "attn_output.weight", "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight",
+                             "ffn_down.weight", "attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_q_norm.weight"};
+    for (int i = 0; i < 13; i++)
+        snprintf(n[i], sizeof n[i], "blk.%d.%s", l, names[i]);
+    char kn[96];
+    snprintf(kn, sizeof kn, "blk.%d.attn_k_norm.weight", l);
+    ks_status st;
+    if ((st = load_vec(f, n[0], dim, true, &L->attn_norm)) || (st = load_mat(f, n[1], qd, dim, &L->wq)) ||
+        (st = load_mat(f, n[2], kvd, dim, &L->wk)) || (st = load_mat(f, n[3], kvd, dim, &L->wv)) ||
+        (st = load_mat(f, n[4], dim, qd, &L->wo)) || (st = load_vec(f, n[5], dim, true, &L->ffn_norm)) ||
+        (st = load_mat(f, n[6], hp->n_ff, dim, &L->w1)) || (st = load_mat(f, n[7], hp->n_ff, dim, &L->w3)) ||
+        (st = load_mat(f, n[8], dim, hp->n_ff, &L->w2)) || (st = load_vec(f, n[9], qd, false, &L->bq)) ||
+        (st = load_vec(f, n[10], kvd, false, &L->bk)) || (st = load_vec(f, n[11], kvd, false, &L->bv)))
+        return st;
+    if (hp->has_qk_norm &&
+        ((st = load_vec(f, n[12], hd, true, &L->q_norm)) || (st = load_vec(f, kn, hd, true, &L->k_norm))))
+        return st;
+    return KS_OK;
+}
+
+ks_status ref_model_create(const struct model *m, int max_seqs, int max_ctx, unsigned flags,
+                           struct ref_model **out)
+{
+    const struct gguf_file *f = model_gguf(m);
+    struct ref_model *r = calloc(1, sizeof *r);
+    r->hp = *model_hparams(m);
+    r->quantize_acts = flags & REF_QUANTIZE_ACTS;
+    r->llamacpp_fa = flags & REF_LLAMACPP_FA;
+    const struct model_hparams *hp = &r->hp;
+    int dim = hp->n_embd, hd = hp->head_dim_k, qd = hp->n_head * hd, kvd = hp->n_head_kv * hd;
+    ks_status st = KS_OK;
+    r->tok_embd = dequant(f, "token_embd.weight", (int64_t)hp->n_vocab * dim, NULL);
+    if (!r->tok_embd)
+        st = ks_fail(KS_ERR_FORMAT, "ref: token_embd.weight");
+    if (!st && gguf_find_tensor(f, "output.weight"))
+        st = load_mat(f, "output.weight", hp->n_vocab, dim, &r->output);
+    else if (!st)
+        st = load_mat(f, "token_embd.weight", hp->n_vocab, dim, &r->output);
+    if (!st)
+        st = load_vec(f, "output_norm.weight", dim, true, &r->output_norm);
+    r->layers = calloc((size_t)hp->n_layer, sizeof *r->layers);
+    for (int l = 0; l < hp->n_layer && !st; l++)
+        st = load_layer(r, f, l);
+    r->inv_freq = calloc((size_t)hp->n_rot / 2 + 1, sizeof(float));
+    rope_freqs(r, f);
+    r->max_seqs = max_seqs, r->max_ctx = max_ctx;
+    size_t cache = (size_t)max_seqs * hp->n_layer * max_ctx * kvd;
+    r->key_cache = calloc(cache, sizeof(float));
+    r->value_cache = calloc(cache, sizeof(float));
+    r->seq_len = calloc((size_t)max_seqs, sizeof(int));
+    int wide = dim > qd ? dim : qd;
+    wide = wide > hp->n_ff ? wide : hp->n_ff;
+    r->x = calloc((size_t)dim, sizeof(float));
+    r->xb = calloc((size_t)wide, sizeof(float));
+    r->xb2 = calloc((size_t)dim, sizeof(float));
+    r->q = calloc((size_t)qd, sizeof(float));
+    r->k = calloc((size_t)kvd, sizeof(float));
+    r->v = calloc((size_t)kvd, sizeof(float));
+    r->att = calloc((size_t)qd, sizeof(float));
+    r->hb = calloc((size_t)hp->n_ff, sizeof(float));
+    r->hb2 = calloc((size_t)hp->n_ff, sizeof(float));
+    r->scores = calloc((size_t)max_ctx, sizeof(float));
+    r->tmp = calloc((size_t)wide, sizeof(float));
+    if (st) {
+        ref_model_free(r);
+        return st;
+    }
+    *out = r;
+    return KS_OK;
+}
+
+static void free_mat(struct ref_mat *m) { free(m->w); }
+
+void ref_model_free(struct ref_model *r)
+{
+    if (!r)
+        return;
+    for (int l = 0; r->layers && l < r->hp.n_layer; l++) {
+        struct ref_layer *L = &r->layers[l];
+        free(L->attn_norm), free(L->ffn_norm), free(L->bq), free(L->bk), free(L->bv), free(L->q_norm), free(L->k_norm);
+        free_mat(&L->wq), free_mat(&L->wk), free_mat(&L->wv), free_mat(&L->wo);
+        free_mat(&L->w1), free_mat(&L->w2), free_mat(&L->w3);
+    }
+    free(r->layers), free(r->tok_embd), free_mat(&r->output), free(r->output_norm), free(r->inv_freq);
+    free(r->key_cache), free(r->value_cache), free(r->seq_len);
+    free(r->x), free(r->xb), free(r->xb2), free(r->q), free(r->k), free(r->v), free(r->att);
+    free(r->hb), free(r->hb2), free(r->scores), free(r->tmp);
+    free(r);
+}
+
+void ref_seq_clear(struct ref_model *r, int seq) { r->seq_len[seq] = 0; }
+
+/* ---- blocks --------------------------------------------------------------- */
+
+static void rmsnorm(float *o, const float *x, const float *w, int n, float eps)
+{
+    double ss = 0;
+    for (int i = 0; i < n; i++)
+        ss += (double)x[i] * x[i];
+    float s = (float)(1.0 / sqrt(ss / n + eps));
+    for (int i = 0; i < n; i++)
+        o[i] = w[i] * (s * x[i]);
+}
+
+/* The engine multiplies quantized weights with activations rounded to the
+ * weight type's vec_dot_type; do the same rounding, with the scalar code. */
+static void round_activations(const struct ref_model *r, enum quant_type wtype, const float *x, float *out, int n)
+{
+    memcpy(out, x, sizeof(float) * (size_t)n);
+    if (!r->quantize_acts)
+        return;
+    enum quant_type at = quant_traits_scalar(wtype)->vec_dot_type;
+    const struct quant_traits *tr = quant_traits_scalar(at);
+    if (at == QUANT_F32 || !tr || !tr->from_float || !tr->to_float)
+        return;
+    void *buf = malloc(quant_row_size(at, n));
+    tr->from_float(x, buf, n);
+    tr->to_float(buf, out, n);
+    free(buf);
+}
+
+/* o = W x, W (rows, cols) */
+static void matmul(const struct ref_model *r, float *o, const float *x, const struct ref_mat *W, float *tmp)
+{
+    round_activations(r, W->type, x, tmp, W->cols);
+    for (int i = 0; i < W->rows; i++) {
+        double acc = 0;
+        for (int j = 0; j < W->cols; j++)
+            acc += (double)W->w[(size_t)i * W->cols + j] * tmp[j];
+        o[i] = (float)acc;
+    }
+}
+
+static void rope(float *head, const struct ref_model *r, int pos)
+{
+    const struct model_hparams *hp = &r->hp;
+    int half = hp->n_rot / 2;
+    for (int i = 0; i < half; i++) {
+        float theta = (float)pos * r->inv_freq[i];
+        float c = cosf(theta), s = sinf(theta);
+        int a = hp->rope_type == MODEL_ROPE_NEOX ? i : 2 * i;
+        int b = hp->rope_type == MODEL_ROPE_NEOX ? i + half : 2 * i + 1;
+        float x0 = head[a], x1 = head[b];
+        head[a] = x0 * c - x1 * s;
+        head[b] = x0 * s + x1 * c;
+    }
+}
+
+static void softmax(float *x, int n)
+{
+    float mx = x[0];
+    for (int i = 1; i < n; i++)
+        mx = x[i] > mx ? x[i] : mx;
+    double sum = 0;
+    for (int i = 0; i < n; i++) {
+        x[i] = expf(x[i] - mx);
+        sum += x[i];
+    }
+    for (int i = 0; i < n; i++)
+        x[i] = (float)(x[i] / sum);
+}
+
+/* out = softmax(q . K^T / sqrt(hd)) V over positions 0..pos; K and V rows
+ * are stride floats apart. */
+static void attention(float *out, const float *q, const float *k, const float *v, int stride, int pos, int hd,
+                      float *scores)
+{
+    for (int t = 0; t <= pos; t++) {
+        double s = 0;
+        for (int i = 0; i < hd; i++)
+            s += (double)q[i] * k[(size_t)t * stride + i];
+        scores[t] = (float)(s / sqrt((double)hd));
+    }
+    softmax(scores, pos + 1);
+    for (int i = 0; i < hd; i++) {
+        double acc = 0;
+        for (int t = 0; t <= pos; t++)
+            acc += (double)scores[t] * v[(size_t)t * stride + i];
+        out[i] = (float)acc;
+    }
+}
+
+static float f16_round(float x) { return quant_f16_to_f32(quant_f32_to_f16(x)); }
+
+/* llama.cpp's CPU flash attention with f16 K/V (it casts an f32 cache to
+ * f16): Q rounded to f16, online softmax, V accumulated in an f16 vector. */
+static void attention_fa16(float *out, const float *q, const float *k, const float *v, int stride, int pos, int hd)
+{
+    float M = -INFINITY, S = 0.0f, scale = 1.0f / sqrtf((float)hd);
+    for (int i = 0; i < hd; i++)
+        out[i] = 0.0f;
+    for (int t = 0; t <= pos; t++) {
+        float s = 0.0f;
+        for (int i = 0; i < hd; i++)
+            s += f16_round(q[i]) * f16_round(k[(size_t)t * stride + i]);
+        s *= scale;
+        float m_old = M, ms = 1.0f, vs = 1.0f;
+        if (s > M) {
+            M = s;
+            ms = expf(m_old - M);
+            for (int i = 0; i < hd; i++)
+                out[i] = f16_round(out[i] * ms);
+        } else {
+            vs = expf(s - M);
+        }
+        for (int i = 0; i < hd; i++)
+            out[i] = f16_round(out[i] + f16_round(v[(size_t)t * stride + i]) * vs);
+        S = S * ms + vs;
+    }
+    for (int i = 0; i < hd; i++)
+        out[i] /= S;
+}
+
+/* ---- forward -------------------------------------------------------------- */
+
+ks_status ref_forward(struct ref_model *r, int seq, int32_t token, int32_t pos, float *logits)
+{
+    const struct model_hparams *hp = &r->hp;
+    int dim = hp->n_embd, hd = hp->head_dim_k, qd = hp->n_head * hd, kvd = hp->n_head_kv * hd;
+    int kv_mul = hp->n_head / hp->n_head_kv;
+    if (seq < 0 || seq >= r->max_seqs || pos != r->seq_len[seq] || pos >= r->max_ctx || token < 0 ||
+        token >= hp->n_vocab)
+        return ks_fail(KS_ERR_INVALID_ARG, "ref_forward: bad seq %d / pos %d / token %d", seq, pos, token);
+    memcpy(r->x, r->tok_embd + (size_t)token * dim, sizeof(float) * (size_t)dim);
+
+    for (int l = 0; l < hp->n_layer; l++) {
+        const struct ref_layer *L = &r->layers[l];
+        size_t off = (((size_t)seq * hp->n_layer + l) * r->max_ctx) * kvd;
+        float *kc = r->key_cache + off, *vc = r->value_cache + off;
+
+        /* attention rmsnorm */
+        rmsnorm(r->xb, r->x, L->attn_norm, dim, hp->rms_eps);
+        /* qkv matmuls (+ bias) */
+        matmul(r, r->q, r->xb, &L->wq, r->tmp);
+        matmul(r, r->k, r->xb, &L->wk, r->tmp);
+        matmul(r, r->v, r->xb, &L->wv, r->tmp);
+        for (int i = 0; L->bq && i < qd; i++)
+            r->q[i] += L->bq[i];
+        for (int i = 0; L->bk && i < kvd; i++)
+            r->k[i] += L->bk[i], r->v[i] += L->bv[i];
+        /* per-head Q/K rmsnorm (qwen3) and RoPE */
+        for (int h = 0; h < hp->n_head; h++) {
+            if (L->q_norm)
+                rmsnorm(r->q + h * hd, r->q + h * hd, L->q_norm, hd, hp->rms_eps);
+            rope(r->q + h * hd, r, pos);
+        }
+        for (int h = 0; h < hp->n_head_kv; h++) {
+            if (L->k_norm)
+                rmsnorm(r->k + h * hd, r->k + h * hd, L->k_norm, hd, hp->rms_eps);
+            rope(r->k + h * hd, r, pos);
+        }
+        /* cache k, v at pos */
+        memcpy(kc + (size_t)pos * kvd, r->k, sizeof(float) * (size_t)kvd);
+        memcpy(vc + (size_t)pos * kvd, r->v, sizeof(float) * (size_t)kvd);
+        /* multi-head attention over positions 0..pos */
+        for (int h = 0; h < hp->n_head; h++) {
+            const float *kh = kc + (h / kv_mul) * hd, *vh = vc + (h / kv_mul) * hd;
+            if (r->llamacpp_fa)
+                attention_fa16(r->att + h * hd, r->q + h * hd, kh, vh, kvd, pos, hd);
+            else
+                attention(r->att + h * hd, r->q + h * hd, kh, vh, kvd, pos, hd, r->scores);
+        }
+        /* output projection, residual */
+        matmul(r, r->xb2, r->att, &L->wo, r->tmp);
+        for (int i = 0; i < dim; i++)
+            r->x[i] += r->xb2[i];
+        /* ffn rmsnorm, SwiGLU, residual */
+        rmsnorm(r->xb, r->x, L->ffn_norm, dim, hp->rms_eps);
+        matmul(r, r->hb, r->xb, &L->w1, r->tmp);
+        matmul(r, r->hb2, r->xb, &L->w3, r->tmp);
+        for (int i = 0; i < hp->n_ff; i++)
+            r->hb[i] = r->hb[i] / (1.0f + expf(-r->hb[i])) * r->hb2[i];
+        matmul(r, r->xb2, r->hb, &L->w2, r->tmp);
+        for (int i = 0; i < dim; i++)
+            r->x[i] += r->xb2[i];
+    }
+    r->seq_len[seq] = pos + 1;
+    /* final rmsnorm, classifier */
+    rmsnorm(r->xb, r->x, r->output_norm, dim, hp->rms_eps);
+    matmul(r, logits, r->xb, &r->output, r->tmp);
+    return KS_OK;
+}

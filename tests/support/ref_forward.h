@@ -1,0 +1,41 @@
+/* A deliberately naive f32 forward pass (llama2.c style) for llama, qwen2 and
+ * qwen3: every weight dequantized to f32 with the scalar reference to_float,
+ * a contiguous f32 KV cache per sequence, plain loops, one token at a time.
+ * The optimized model_forward() is checked against it.
+ *
+ * Hyper-parameters come from model_hparams(); tensors are read by name from
+ * the model's GGUF, independently of the model module's loader. */
+#ifndef KS_TEST_REF_FORWARD_H
+#define KS_TEST_REF_FORWARD_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "model/model.h"
+
+struct ref_model;
+
+enum ref_flags {
+    /* Round each matmul input through the weight type's activation type
+     * (q8_0 / q8_K) with the scalar quantizer, as the engine's integer
+     * kernels do; that makes the comparison tight for quantized weights. */
+    REF_QUANTIZE_ACTS = 1,
+    /* Attention as llama.cpp's CPU flash attention computes it (its default):
+     * Q, K and V rounded to f16 and the V accumulator kept in f16. The
+     * reference outputs in ../shared/ref were made that way. */
+    REF_LLAMACPP_FA = 2,
+};
+
+/* max_seqs sequence slots of max_ctx tokens each; flags from enum ref_flags. */
+ks_status ref_model_create(const struct model *m, int max_seqs, int max_ctx, unsigned flags,
+                           struct ref_model **out);
+void ref_model_free(struct ref_model *r);
+
+/* One token of slot seq at position pos (== the slot's length so far):
+ * n_vocab logits. */
+ks_status ref_forward(struct ref_model *r, int seq, int32_t token, int32_t pos, float *logits);
+
+/* Reset slot seq to empty. */
+void ref_seq_clear(struct ref_model *r, int seq);
+
+#endif
