@@ -14,11 +14,13 @@
  * |r| <= ln2 / 2, where a degree-6 Taylor polynomial is within ~2e-7. */
 static inline float exp_lane(float x)
 {
-    const float ln2 = 0.69314718056f;
+    /* ln2 split so that n * ln2_hi is exact (Cody-Waite): without FMA a
+     * single-float ln2 loses ~5e-6 relative at |x| near 87 */
+    const float ln2_hi = 0.693145751953125f, ln2_lo = 1.428606765330187e-06f;
     float xc = x > 88.0f ? 88.0f : x;
     xc = xc < -87.0f ? -87.0f : xc;
     float n = rintf(xc * 1.44269504089f);
-    float r = xc - n * ln2;
+    float r = (xc - n * ln2_hi) - n * ln2_lo;
     float p = 1.0f / 720.0f;
     p = p * r + 1.0f / 120.0f;
     p = p * r + 1.0f / 24.0f;
