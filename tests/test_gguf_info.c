@@ -106,6 +106,19 @@ static void test_info_kv_numbers(void **state)
     expect_line(out, "q8_0   n/a (head_dim 8 not a multiple of 32)");
     expect_line(out, "q4_0   n/a (head_dim 8 not a multiple of 32)");
 
+    /* a per-layer head_count_kv array is reported, not replaced by head_count */
+    struct gguf_writer *w;
+    assert_int_equal(gguf_writer_create(&w), KS_OK);
+    assert_int_equal(gguf_writer_set_str(w, "general.architecture", "llama"), KS_OK);
+    assert_int_equal(gguf_writer_set_u32(w, "llama.block_count", 2), KS_OK);
+    assert_int_equal(gguf_writer_set_u32(w, "llama.attention.head_count", 4), KS_OK);
+    assert_int_equal(gguf_writer_set_arr(w, "llama.attention.head_count_kv", GGUF_TYPE_INT32, (int32_t[]){2, 1}, 2),
+                     KS_OK);
+    assert_int_equal(gguf_writer_write(w, path), KS_OK);
+    gguf_writer_free(w);
+    assert_int_equal(run_info(args, out), 0);
+    expect_line(out, "KV cache: n/a (metadata key 'llama.attention.head_count_kv' is arr");
+
     /* a broken file: the reader's message and exit 1 */
     FILE *fp = fopen(path, "r+b");
     fseek(fp, 4, SEEK_SET);

@@ -150,7 +150,20 @@ static ks_status arch_u32(const struct gguf_file *f, const char *arch, const cha
     return gguf_get_u32(f, key, out);
 }
 
-/* key_length/value_length when present, else embedding_length / head_count. */
+/* An absent key takes its default; a present but unusable one (a per-layer
+ * array, a negative value) stays an error rather than being replaced. */
+static ks_status arch_u32_or(const struct gguf_file *f, const char *arch, const char *suffix, uint32_t dflt,
+                             uint32_t *out)
+{
+    ks_status st = arch_u32(f, arch, suffix, out);
+    if (st == KS_ERR_NOT_FOUND) {
+        *out = dflt;
+        return KS_OK;
+    }
+    return st;
+}
+
+/* As llama.cpp: key_length/value_length when present, else embedding_length / head_count. */
 static ks_status read_kv_shape(const struct gguf_file *f, struct info_kv_shape *s)
 {
     *s = (struct info_kv_shape){0};
@@ -161,27 +174,25 @@ static ks_status read_kv_shape(const struct gguf_file *f, struct info_kv_shape *
     if (arch.len == 0 || arch.len >= sizeof s->arch || memchr(arch.data, '\0', (size_t)arch.len))
         return ks_fail(KS_ERR_FORMAT, "general.architecture is empty or too long");
     memcpy(s->arch, arch.data, (size_t)arch.len);
-    uint32_t n_head = 0, n_embd = 0;
+    uint32_t n_head = 0, n_embd = 0, head_dim = 0;
     st = arch_u32(f, s->arch, "block_count", &s->n_layer);
-    if (!st)
-        st = arch_u32(f, s->arch, "attention.head_count", &n_head);
+    st = st ? st : arch_u32(f, s->arch, "attention.head_count", &n_head);
+    st = st ? st : arch_u32_or(f, s->arch, "attention.head_count_kv", n_head, &s->n_head_kv);
+    st = st ? st : arch_u32_or(f, s->arch, "embedding_length", 0, &n_embd);
     if (st)
         return st;
-    if (arch_u32(f, s->arch, "attention.head_count_kv", &s->n_head_kv))
-        s->n_head_kv = n_head;
-    if (arch_u32(f, s->arch, "attention.key_length", &s->head_dim_k) ||
-        arch_u32(f, s->arch, "attention.value_length", &s->head_dim_v)) {
-        st = arch_u32(f, s->arch, "embedding_length", &n_embd);
-        if (st)
-            return st;
-        if (n_head == 0 || n_embd % n_head)
-            return ks_fail(KS_ERR_FORMAT, "%s.embedding_length %u is not a multiple of head_count %u", s->arch,
-                           n_embd, n_head);
-        s->head_dim_k = s->head_dim_v = n_embd / n_head;
-    }
+    if (n_head && n_embd % n_head == 0)
+        head_dim = n_embd / n_head;
+    st = arch_u32_or(f, s->arch, "attention.key_length", head_dim, &s->head_dim_k);
+    st = st ? st : arch_u32_or(f, s->arch, "attention.value_length", head_dim, &s->head_dim_v);
+    if (st)
+        return st;
     if (!s->n_layer || !s->n_head_kv || !s->head_dim_k || !s->head_dim_v)
-        return ks_fail(KS_ERR_FORMAT, "%s: block_count, head_count_kv and head dims must be nonzero", s->arch);
-    if (arch_u32(f, s->arch, "context_length", &s->n_ctx_train))
+        return ks_fail(KS_ERR_FORMAT,
+                       "%s: needs nonzero block_count and head_count_kv, and attention.key_length/value_length "
+                       "or an embedding_length divisible by head_count",
+                       s->arch);
+    if (arch_u32_or(f, s->arch, "context_length", 0, &s->n_ctx_train))
         s->n_ctx_train = 0;
     return KS_OK;
 }
