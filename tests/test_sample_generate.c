@@ -188,6 +188,70 @@ static void test_usage_errors(void **state)
     assert_int_equal(run_kvserve("generate -m /nonexistent.gguf --ids 1", NULL, 0, NULL, 0), 1);
 }
 
+/* "key": [1,2,3] -> ids, as a comma list for --ids; returns the count. */
+static int json_ids(const char *json, const char *key, int32_t *ids, int cap, char *list, size_t list_cap)
+{
+    const char *p = strstr(json, key);
+    if (!p || !(p = strchr(p, '[')))
+        return 0;
+    int n = 0;
+    size_t used = 0;
+    list[0] = '\0';
+    for (p++; n < cap;) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p)
+            break;
+        ids[n++] = (int32_t)v;
+        used += (size_t)snprintf(list + used, list_cap - used, n > 1 ? ",%ld" : "%ld", v);
+        p = end;
+        while (*p == ',' || *p == ' ' || *p == '\n')
+            p++;
+    }
+    return n;
+}
+
+/* llama.cpp's greedy continuations (../shared/ref) reproduced by the CLI. */
+static void test_llama_cpp_greedy_ids(void **state)
+{
+    (void)state;
+    need_binary();
+    const char *shared = getenv("KVSERVE_SHARED");
+    static const char *const cases[][2] = {
+        {"stories260K.once", "models/stories260K.gguf"},
+        {"stories260K.park", "models/stories260K.gguf"},
+        {"instrument.april", "models/trained/tiny-llama-gqa-hd64-f32.gguf"},
+    };
+    int ran = 0;
+    for (size_t c = 0; shared && c < sizeof cases / sizeof cases[0]; c++) {
+        char json_path[1024], model_path[1024], json[65536], list[8192], args[12288], out[8192];
+        snprintf(json_path, sizeof json_path, "%s/ref/%s.json", shared, cases[c][0]);
+        snprintf(model_path, sizeof model_path, "%s/%s", shared, cases[c][1]);
+        FILE *f = fopen(json_path, "rb");
+        if (!f || access(model_path, R_OK)) {
+            if (f)
+                fclose(f);
+            continue;
+        }
+        size_t n = fread(json, 1, sizeof json - 1, f);
+        fclose(f);
+        json[n] = '\0';
+        int32_t prompt[MAX_IDS * 4], want[MAX_IDS * 2], got[MAX_IDS];
+        int n_prompt = json_ids(json, "\"prompt_ids\"", prompt, MAX_IDS * 4, list, sizeof list);
+        char greedy_list[8192];
+        int n_want = json_ids(json, "\"greedy_ids\"", want, MAX_IDS, greedy_list, sizeof greedy_list);
+        assert_true(n_prompt > 0 && n_want == MAX_IDS);
+        snprintf(args, sizeof args, "generate -m '%s' --ids %s -n %d --temp 0 -ctk f32 -ctv f32 --ignore-eos --output-ids -t 1",
+                 model_path, list, n_want);
+        assert_int_equal(run_kvserve(args, out, sizeof out, NULL, 0), 0);
+        assert_int_equal(parse_ids(out, got), n_want);
+        assert_memory_equal(got, want, sizeof(int32_t) * (size_t)n_want);
+        ran++;
+    }
+    if (!ran)
+        skip(); /* ../shared/ref or its models are absent */
+}
+
 static void test_bench_table(void **state)
 {
     (void)state;
@@ -206,6 +270,7 @@ int main(void)
         cmocka_unit_test(test_greedy_matches_library),
         cmocka_unit_test(test_seeded_sampling_reproducible),
         cmocka_unit_test(test_usage_errors),
+        cmocka_unit_test(test_llama_cpp_greedy_ids),
         cmocka_unit_test(test_bench_table),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
