@@ -26,3 +26,9 @@ target_link_libraries(fuzz_gguf PRIVATE ks_gguf_fuzz)
 add_executable(gguf_seeds ${CMAKE_CURRENT_LIST_DIR}/gguf_seeds.c)
 target_include_directories(gguf_seeds PRIVATE ${CMAKE_SOURCE_DIR}/tests)
 target_link_libraries(gguf_seeds PRIVATE ks_gguf)
+
+# A short deterministic smoke run for ctest in fuzz builds (label "fuzz");
+# real fuzzing sessions are run by hand, see README.
+add_test(NAME fuzz_gguf_smoke COMMAND fuzz_gguf -runs=100000 -seed=1 -max_len=4096
+         -dict=${CMAKE_CURRENT_LIST_DIR}/gguf.dict)
+set_tests_properties(fuzz_gguf_smoke PROPERTIES LABELS fuzz TIMEOUT 600)
