@@ -116,6 +116,28 @@ static double time_matvec(quant_vec_dot_fn fn, const uint8_t *w, int n_mats, int
     return t[reps / 2];
 }
 
+/* Prefill kernel: one row x KQ_DOT_MAX_TOKENS tokens, hot matrix. */
+static void print_multi(const struct btype *bt, quant_kq_dot_multi_fn multi, const uint8_t *w, int rows, int cols,
+                        size_t row_bytes, const block_q8_K *y, float *sink)
+{
+    double t[15];
+    const int reps = 15, nt = KQ_DOT_MAX_TOKENS;
+    const size_t y_stride = sizeof(block_q8_K) * (size_t)(cols / QK_K);
+    for (int r = 0; r < reps; r++) {
+        const double t0 = now_s();
+        for (int i = 0; i < rows; i++) {
+            float s[KQ_DOT_MAX_TOKENS];
+            multi(cols, nt, s, 1, w + (size_t)i * row_bytes, y, y_stride);
+            *sink += s[0];
+        }
+        t[r] = now_s() - t0;
+    }
+    qsort(t, (size_t)reps, sizeof t[0], cmp_double);
+    const double blocks = (double)rows * (cols / QK_K) * nt;
+    printf("%-6s %-7s %10s %10s %12.2f   (prefill, x%d tokens, ns per block-token)\n", bt->name, "multi", "-", "-",
+           t[reps / 2] / blocks * 1e9, nt);
+}
+
 int main(int argc, char **argv)
 {
     int rows = 2048, cols = 8192, cold_mib = 768;
@@ -133,6 +155,10 @@ int main(int argc, char **argv)
     if (!act || !y) return 1;
     for (int i = 0; i < cols; i++) act[i] = (float)((int)(next_rand() % 2001) - 1000) / 1000.f;
     quant_quantize_row_q8_K(act, y, cols);
+    /* prefill: KQ_DOT_MAX_TOKENS copies of the activation row */
+    block_q8_K *y_multi = malloc(sizeof(block_q8_K) * (size_t)(cols / QK_K) * KQ_DOT_MAX_TOKENS);
+    if (!y_multi) return 1;
+    for (int t = 0; t < KQ_DOT_MAX_TOKENS; t++) memcpy(y_multi + t * (cols / QK_K), y, sizeof(block_q8_K) * (size_t)(cols / QK_K));
 
     printf("single thread, %d x %d, median of reps; GB/s = weight bytes read / time\n", rows, cols);
     printf("%-6s %-7s %10s %10s %12s\n", "type", "kernel", "hot GB/s", "cold GB/s", "ns/block hot");
@@ -166,10 +192,13 @@ int main(int argc, char **argv)
             printf("%12.2f\n", hot / blocks * 1e9);
             fflush(stdout);
         }
+        const quant_kq_dot_multi_fn multi = quant_kquants_dot_multi(b == 2 ? QUANT_Q4_K : b == 4 ? QUANT_Q6_K : QUANT_F32);
+        if (multi) print_multi(bt, multi, w, rows, cols, row_bytes, y_multi, &sink);
         free(w);
     }
     fprintf(stderr, "(checksum %g)\n", (double)sink);
     free(act);
     free(y);
+    free(y_multi);
     return 0;
 }

@@ -446,6 +446,45 @@ static void test_vec_dot_quantized_accuracy(void **state)
     free(y);
 }
 
+/* The prefill kernels give exactly the best vec_dot's result per token. */
+static void test_vec_dot_multi(void **state)
+{
+    (void)state;
+    struct quant_traits best[QUANT_TYPE_COUNT], scalar[QUANT_TYPE_COUNT];
+    memset(best, 0, sizeof best);
+    memset(scalar, 0, sizeof scalar);
+    quant_kquants_fill(best, scalar);
+    int tested = 0;
+    for (size_t k = 0; k < N_KTYPES; k++) {
+        const struct ktype *kt = &ktypes[k];
+        const quant_kq_dot_multi_fn multi = quant_kquants_dot_multi(kt->type);
+        if (!multi) continue;
+        tested++;
+        for (size_t si = 0; si < sizeof test_sizes / sizeof test_sizes[0]; si++) {
+            const int n = test_sizes[si], nb = n / QK_K, max_nt = 7;
+            void *x = malloc(kt->bytes * nb);
+            block_q8_K *y = malloc(sizeof(block_q8_K) * nb * max_nt);
+            random_blocks(kt, x, nb);
+            random_q8(y, nb * max_nt, 128, 0);
+            for (int nt = 0; nt <= max_nt; nt++) {
+                float got[2 * 7 + 1];
+                for (int t = 0; t < 2 * 7 + 1; t++) got[t] = -1.f;
+                multi(n, nt, got, 2, x, y, sizeof(block_q8_K) * nb);
+                for (int t = 0; t < nt; t++) {
+                    float want;
+                    best[kt->type].vec_dot(n, &want, x, y + t * nb);
+                    if (got[2 * t] != want) fail_msg("%s multi nt=%d t=%d: %g vs %g", kt->name, nt, t, got[2 * t], want);
+                    assert_true(got[2 * t + 1] == -1.f); /* stride respected */
+                }
+                assert_true(got[2 * nt] == -1.f); /* nothing past nt */
+            }
+            free(x);
+            free(y);
+        }
+    }
+    if (!tested) skip();
+}
+
 static void test_traits_fill(void **state)
 {
     (void)state;
@@ -487,6 +526,7 @@ int main(void)
         cmocka_unit_test(test_vec_dot_scalar_vs_dequant),
         cmocka_unit_test(test_vec_dot_simd_vs_scalar),
         cmocka_unit_test(test_vec_dot_quantized_accuracy),
+        cmocka_unit_test(test_vec_dot_multi),
         cmocka_unit_test(test_traits_fill),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -225,6 +225,97 @@ void quant_vec_dot_q6_K_q8_K_avx512(int n, float *s, const void *vx, const void 
     *s = _mm512_reduce_add_ps(acc);
 }
 
+/* ==== prefill: one weight row x several tokens ============================ */
+/* Each block is unpacked once and multiplied with every token's Q8_K row.
+ * Per token the operations and their order are those of the single-token
+ * kernels above, so the results are bit-identical to them. */
+
+static inline __attribute__((always_inline)) void q4_K_multi(int n, int nt, float *s, size_t s_stride,
+                                                             const block_q4_K *x, const uint8_t *y,
+                                                             size_t y_stride)
+{
+    const __m512i m4 = _mm512_set1_epi8(0xF);
+    const __m512i cnt = half_counts(0, 4);
+    __m512 acc[KQ_DOT_MAX_TOKENS];
+    __m256 accm[KQ_DOT_MAX_TOKENS];
+    for (int t = 0; t < nt; t++) {
+        acc[t] = _mm512_setzero_ps();
+        accm[t] = _mm256_setzero_ps();
+    }
+    for (int i = 0; i < n / QK_K; i++) {
+        __m256i m16;
+        const __m512i sc16 = k4_scales(x[i].scales, &m16);
+        __m512i u[4], sc[4];
+        for (int c = 0; c < 4; c++) {
+            u[c] = _mm512_and_si512(_mm512_srlv_epi16(bcast256(x[i].qs + 32 * c), cnt), m4);
+            sc[c] = chunk_scales(sc16, c);
+        }
+        const float xd = kq_f16_to_f32(x[i].d), xdmin = kq_f16_to_f32(x[i].dmin);
+        for (int t = 0; t < nt; t++) {
+            const block_q8_K *yb = (const block_q8_K *)(y + t * y_stride) + i;
+            const __m256i mins = _mm256_madd_epi16(load256(yb->bsums), m16);
+            __m512i sumi = _mm512_setzero_si512();
+            for (int c = 0; c < 4; c++) sumi = dot64(sumi, u[c], yb->qs + 64 * c, sc[c]);
+            acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(yb->d * xd), _mm512_cvtepi32_ps(sumi), acc[t]);
+            accm[t] = _mm256_fmadd_ps(_mm256_set1_ps(yb->d * xdmin), _mm256_cvtepi32_ps(mins), accm[t]);
+        }
+    }
+    for (int t = 0; t < nt; t++) s[t * s_stride] = _mm512_reduce_add_ps(acc[t]) - hsum256(accm[t]);
+}
+
+static inline __attribute__((always_inline)) void q6_K_multi(int n, int nt, float *s, size_t s_stride,
+                                                             const block_q6_K *x, const uint8_t *y,
+                                                             size_t y_stride)
+{
+    const __m512i m4 = _mm512_set1_epi8(0xF), m30 = _mm512_set1_epi8(0x30);
+    const __m512i up = half_counts(4, 2), down = half_counts(0, 2);
+    __m512 acc[KQ_DOT_MAX_TOKENS];
+    for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
+    for (int i = 0; i < n / QK_K; i++) {
+        const __m256i scv = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales));
+        const __m512i sc16 = _mm512_zextsi256_si512(scv);
+        __m512i u[4], sc[4];
+        for (int h = 0; h < 2; h++) {
+            const __m512i l = load512(x[i].ql + 64 * h);
+            const __m512i hb = bcast256(x[i].qh + 32 * h);
+            u[2 * h] = _mm512_ternarylogic_epi32(_mm512_and_si512(l, m4), _mm512_sllv_epi16(hb, up), m30, 0xF8);
+            u[2 * h + 1] = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
+                                                     _mm512_srlv_epi16(hb, down), m30, 0xF8);
+        }
+        for (int c = 0; c < 4; c++) sc[c] = chunk_scales(sc16, c);
+        const float xd = kq_f16_to_f32(x[i].d);
+        for (int t = 0; t < nt; t++) {
+            const block_q8_K *yb = (const block_q8_K *)(y + t * y_stride) + i;
+            const __m256i bias = _mm256_slli_epi32(_mm256_madd_epi16(load256(yb->bsums), scv), 5);
+            __m512i sumi = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_zextsi256_si512(bias));
+            for (int c = 0; c < 4; c++) sumi = dot64(sumi, u[c], yb->qs + 64 * c, sc[c]);
+            acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(yb->d * xd), _mm512_cvtepi32_ps(sumi), acc[t]);
+        }
+    }
+    for (int t = 0; t < nt; t++) s[t * s_stride] = _mm512_reduce_add_ps(acc[t]);
+}
+
+/* nt is dispatched to constants so the token loops unroll; more than
+ * KQ_DOT_MAX_TOKENS tokens are done in groups. */
+#define KQ_MULTI_ENTRY(t)                                                                                    \
+    void quant_vec_dot_##t##_q8_K_multi_avx512(int n, int nt, float *s, size_t s_stride, const void *x,     \
+                                                const void *vy, size_t y_stride)                              \
+    {                                                                                                        \
+        const uint8_t *y = vy;                                                                               \
+        for (; nt > 0; nt -= KQ_DOT_MAX_TOKENS) {                                                            \
+            switch (nt) {                                                                                    \
+            case 1: t##_multi(n, 1, s, s_stride, x, y, y_stride); break;                                     \
+            case 2: t##_multi(n, 2, s, s_stride, x, y, y_stride); break;                                     \
+            case 3: t##_multi(n, 3, s, s_stride, x, y, y_stride); break;                                     \
+            default: t##_multi(n, 4, s, s_stride, x, y, y_stride); break;                                    \
+            }                                                                                                \
+            s += KQ_DOT_MAX_TOKENS * s_stride;                                                               \
+            y += KQ_DOT_MAX_TOKENS * y_stride;                                                               \
+        }                                                                                                    \
+    }
+KQ_MULTI_ENTRY(q4_K)
+KQ_MULTI_ENTRY(q6_K)
+
 /* ==== Q8_K activations ==================================================== */
 
 /* The first element of largest magnitude, as the reference picks it. */

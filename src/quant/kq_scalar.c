@@ -149,21 +149,28 @@ void quant_vec_dot_q2_K_q8_K_scalar(int n, float *s, const void *vx, const void 
     *s = sumf;
 }
 
+/* Q3_K quants with the high bit applied: values in [-4, 3]. */
+static void unpack_q3_K(const block_q3_K *b, int8_t q[QK_K])
+{
+    for (int c = 0; c < QK_K / 32; c++) { /* 32 quants: 2-bit field c%4 of byte row c/4, hmask bit c */
+        const uint8_t *qs = b->qs + 32 * (c / 4);
+        for (int l = 0; l < 32; l++)
+            q[32 * c + l] = (int8_t)(((qs[l] >> (2 * (c % 4))) & 3) - (((b->hmask[l] >> c) & 1) ? 0 : 4));
+    }
+}
+
 void quant_vec_dot_q3_K_q8_K_scalar(int n, float *s, const void *vx, const void *vy)
 {
     const block_q3_K *x = vx;
     const block_q8_K *y = vy;
     float sumf = 0;
     for (int i = 0; i < n / QK_K; i++) {
+        int8_t q[QK_K];
+        unpack_q3_K(&x[i], q);
         int32_t isum = 0;
         for (int g = 0; g < QK_K / 16; g++) {
             int32_t dot = 0;
-            for (int l = 16 * g; l < 16 * g + 16; l++) {
-                const int half = l / 128, s4 = (l % 128) / 32, b = l % 32;
-                const int lo = (x[i].qs[32 * half + b] >> (2 * s4)) & 3;
-                const int hbit = (x[i].hmask[b] >> (l / 32)) & 1;
-                dot += (lo - (hbit ? 0 : 4)) * y[i].qs[l];
-            }
+            for (int l = 16 * g; l < 16 * g + 16; l++) dot += q[l] * y[i].qs[l];
             isum += kq_q3_scale(x[i].scales, g) * dot;
         }
         sumf += y[i].d * kq_f16_to_f32(x[i].d) * (float)isum;
@@ -228,13 +235,21 @@ void quant_vec_dot_q6_K_q8_K_scalar(int n, float *s, const void *vx, const void 
     const block_q8_K *y = vy;
     float sumf = 0;
     for (int i = 0; i < n / QK_K; i++) {
+        int8_t q[QK_K];
+        for (int half = 0; half < 2; half++) {
+            const uint8_t *ql = x[i].ql + 64 * half, *qh = x[i].qh + 32 * half;
+            int8_t *qq = q + 128 * half;
+            for (int l = 0; l < 32; l++) {
+                qq[l] = (int8_t)(((ql[l] & 0xF) | ((qh[l] & 3) << 4)) - 32);
+                qq[l + 32] = (int8_t)(((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32);
+                qq[l + 64] = (int8_t)(((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
+                qq[l + 96] = (int8_t)(((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
+            }
+        }
         int32_t isum = 0;
         for (int g = 0; g < QK_K / 16; g++) {
-            const int half = g / 8;
-            const uint8_t *ql = x[i].ql + 64 * half, *qh = x[i].qh + 32 * half;
             int32_t dot = 0;
-            for (int l = 16 * g; l < 16 * g + 16; l++)
-                dot += q6_value(ql, qh, l % 128) * y[i].qs[l];
+            for (int l = 16 * g; l < 16 * g + 16; l++) dot += q[l] * y[i].qs[l];
             isum += x[i].scales[g] * dot;
         }
         sumf += y[i].d * kq_f16_to_f32(x[i].d) * (float)isum;

@@ -57,3 +57,13 @@ void quant_kquants_fill(struct quant_traits *best, struct quant_traits *scalar)
         fill_one(&scalar[k->type], k, k->from_float, k->dot_scalar);
     }
 }
+
+quant_kq_dot_multi_fn quant_kquants_dot_multi(enum quant_type t)
+{
+#if defined(KQ_HAVE_AVX512)
+    if (t == QUANT_Q4_K) return quant_vec_dot_q4_K_q8_K_multi_avx512;
+    if (t == QUANT_Q6_K) return quant_vec_dot_q6_K_q8_K_multi_avx512;
+#endif
+    (void)t;
+    return NULL;
+}

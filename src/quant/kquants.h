@@ -74,6 +74,24 @@ void quant_vec_dot_q5_K_q8_K_avx512(int n, float *s, const void *x, const void *
 void quant_vec_dot_q6_K_q8_K_avx512(int n, float *s, const void *x, const void *y);
 #endif
 
+/* ---- prefill: one weight row x several tokens ---------------------------- */
+/* s[t * s_stride] = dot(x, y_t) for t < nt (any nt >= 0; tokens are taken
+ * KQ_DOT_MAX_TOKENS at a time), where y_t = (const uint8_t *)y + t * y_stride is a Q8_K row. Each weight
+ * block is unpacked once for all nt tokens; results are bit-identical to the
+ * type's vec_dot in quant_traits(). */
+#define KQ_DOT_MAX_TOKENS 4
+typedef void (*quant_kq_dot_multi_fn)(int n, int nt, float *s, size_t s_stride, const void *x, const void *y,
+                                      size_t y_stride);
+/* The multi-token kernel of a k-quant weight type, or NULL if it has none
+ * (call vec_dot per token then). */
+quant_kq_dot_multi_fn quant_kquants_dot_multi(enum quant_type t);
+#if defined(KQ_HAVE_AVX512)
+void quant_vec_dot_q4_K_q8_K_multi_avx512(int n, int nt, float *s, size_t s_stride, const void *x,
+                                          const void *y, size_t y_stride);
+void quant_vec_dot_q6_K_q8_K_multi_avx512(int n, int nt, float *s, size_t s_stride, const void *x,
+                                          const void *y, size_t y_stride);
+#endif
+
 /* ---- helpers shared by the kq_*.c files --------------------------------- */
 
 /* IEEE half <-> float, kept inline here because every kernel converts a
