@@ -22,7 +22,7 @@ struct serve_opts {
     enum quant_type type_k, type_v, floor;
     enum kv_policy policy;
     int hot_tokens, sink_tokens;
-    float high_wm, low_wm;
+    float high_wm, low_wm, max_itl_ratio;
 };
 
 static void serve_usage(FILE *out)
@@ -45,6 +45,8 @@ static void serve_usage(FILE *out)
             "  -c, --ctx-size N          max tokens of one sequence (default: the model's, at most 4096)\n"
             "      --max-batch-tokens N  tokens per step (default 512)\n"
             "      --prefill-chunk N     max prefill tokens of one sequence per step (default 256)\n"
+            "      --max-itl-ratio R     while streams decode, keep each step within R x a decode-only\n"
+            "                            step by shrinking prefill chunks (default 2; 0 = off)\n"
             "      --max-queue N         waiting requests before 503 (default 256)\n"
             "      --max-body SIZE       largest request body (default 8M); larger gets 413\n"
             "      --grace SECONDS       on SIGINT/SIGTERM, time to finish streams (default 10)\n"
@@ -79,6 +81,7 @@ static bool parse_flag(const char *a, const char *v, struct serve_opts *o, bool 
     else if (is_flag(a, "-c", "--ctx-size")) *ok = cli_parse_int(v, 2, 1 << 24, &o->ctx_size);
     else if (is_flag(a, NULL, "--max-batch-tokens")) *ok = cli_parse_int(v, 1, 1 << 16, &o->max_batch_tokens);
     else if (is_flag(a, NULL, "--prefill-chunk")) *ok = cli_parse_int(v, 1, 1 << 16, &o->prefill_chunk);
+    else if (is_flag(a, NULL, "--max-itl-ratio")) *ok = cli_parse_float(v, 0.0f, 1000.0f, &o->max_itl_ratio);
     else if (is_flag(a, NULL, "--max-queue")) *ok = cli_parse_int(v, 0, 1 << 20, &o->max_queue);
     else if (is_flag(a, NULL, "--max-body")) *ok = cli_parse_mem(v, &o->max_body);
     else if (is_flag(a, NULL, "--grace")) *ok = cli_parse_int(v, 0, 3600, &o->grace);
@@ -103,7 +106,7 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
                              .prefill_chunk = 256, .max_queue = 256, .grace = 10, .max_body = 8u << 20,
                              .n_threads = threads_default_count(), .type_k = QUANT_F16, .type_v = QUANT_F16,
                              .floor = QUANT_Q4_0, .policy = KV_POLICY_STATIC, .page_tokens = 32,
-                             .hot_tokens = 512, .sink_tokens = 32, .high_wm = 0.90f, .low_wm = 0.80f};
+                             .hot_tokens = 512, .sink_tokens = 32, .high_wm = 0.90f, .low_wm = 0.80f, .max_itl_ratio = 2.0f};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (is_flag(a, "-h", "--help")) {
@@ -194,6 +197,7 @@ static ks_status start(const struct serve_opts *o, const char *path, struct serv
     sc.parallel = o->parallel;
     sc.max_batch_tokens = o->max_batch_tokens;
     sc.prefill_chunk = o->prefill_chunk;
+    sc.max_itl_ratio = o->max_itl_ratio;
     sc.ctx_size = ctx;
     sc.max_queue = o->max_queue;
     sc.eog = eog;

@@ -4,6 +4,7 @@
 #include "sched/sched.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,6 +58,12 @@ struct sched {
     struct hook *hooks;
     uint64_t next_id, next_admit;
 
+    /* step cost model (scheduler thread only): exponential moving averages */
+    double decode_step_s;     /* a decode-only step */
+    double prefill_token_s;   /* extra time per prefill token in a mixed step */
+    int32_t step_prefill;     /* prefill tokens in the step being run */
+    int step_decode;          /* decode entries in the step being run */
+
     /* step scratch (scheduler thread only) */
     int32_t cap_batch;
     int32_t *b_tokens, *b_pos, *b_seq;
@@ -90,6 +97,7 @@ void sched_config_default(struct sched_config *cfg)
     cfg->parallel = 16;
     cfg->max_batch_tokens = 512;
     cfg->prefill_chunk = 256;
+    cfg->max_itl_ratio = 2.0f;
     cfg->ctx_size = 4096;
     cfg->max_queue = 256;
 }
@@ -389,6 +397,34 @@ static void batch_add(struct sched *s, int32_t *n, struct req *r, int32_t count,
     }
 }
 
+/* Prefill tokens allowed next to n_decode decode entries: unlimited without
+ * decoders or without a measured cost, else what keeps the step within
+ * max_itl_ratio times a decode-only step (at least MIN_PREFILL so long
+ * prompts always progress). */
+static int32_t prefill_limit(const struct sched *s, int32_t n_decode)
+{
+    enum { MIN_PREFILL = 32 };
+    if (n_decode == 0 || s->cfg.max_itl_ratio <= 1.0f || s->decode_step_s <= 0 || s->prefill_token_s <= 0)
+        return INT32_MAX;
+    double allowed = (s->cfg.max_itl_ratio - 1.0) * s->decode_step_s / s->prefill_token_s;
+    return allowed < MIN_PREFILL ? MIN_PREFILL : allowed > 1e9 ? INT32_MAX : (int32_t)allowed;
+}
+
+/* Fold a finished step's time into the cost model. */
+static void learn_step_cost(struct sched *s, double dt)
+{
+    const double a = 0.2;
+    if (s->step_prefill == 0 && s->step_decode > 0) {
+        s->decode_step_s = s->decode_step_s > 0 ? (1 - a) * s->decode_step_s + a * dt : dt;
+    } else if (s->step_prefill > 0 && s->step_decode > 0 && s->decode_step_s > 0) {
+        double per = (dt - s->decode_step_s) / s->step_prefill;
+        if (per > 0)
+            s->prefill_token_s = s->prefill_token_s > 0 ? (1 - a) * s->prefill_token_s + a * per : per;
+    } else if (s->step_prefill > 0 && s->step_decode == 0 && s->prefill_token_s <= 0) {
+        s->prefill_token_s = dt / s->step_prefill; /* a first guess before any mixed step */
+    }
+}
+
 /* Decode entries first, then prefill chunks oldest first within the budget.
  * Returns the number of tokens; *n_prefill_out the number of prefill chunks. */
 static int32_t build_batch(struct sched *s, int32_t *n_rows, int *n_prefill_out)
@@ -401,16 +437,21 @@ static int32_t build_batch(struct sched *s, int32_t *n_rows, int *n_prefill_out)
         if (r->n_tokens - r->n_computed == 1)
             batch_add(s, &n, r, 1, n_rows);
     }
+    int32_t n_decode = n, limit = prefill_limit(s, n_decode);
     for (int i = 0; i < s->n_active; i++) {
         struct req *r = s->active[i];
         int32_t chunk = next_chunk(s, r);
         int32_t budget = s->cfg.max_batch_tokens - n;
+        if (budget > limit - (n - n_decode))
+            budget = limit - (n - n_decode);
         if (r->n_tokens - r->n_computed <= 1 || r->skip_step || budget <= 0)
             continue;
         batch_add(s, &n, r, chunk < budget ? chunk : budget, n_rows);
         n_prefill++;
     }
     *n_prefill_out = n_prefill;
+    s->step_decode = n_decode;
+    s->step_prefill = n - n_decode;
     return n;
 }
 
@@ -578,6 +619,8 @@ static void *sched_main(void *arg)
         if (n > 0)
             finish_step(s, n, n_rows);
         double dt = now_seconds() - t0;
+        if (n > 0)
+            learn_step_cost(s, dt);
 
         pthread_mutex_lock(&s->mu);
         if (n > 0) {

@@ -329,8 +329,12 @@ ks_status server_start(const struct server_config *cfg, struct sched *sched, con
     enum tok_chat_family chat = TOK_CHAT_CHATML;
     if (tok) {
         ks_status st = tok_chat_for(tok, cfg->chat_template, &chat);
-        if (st)
+        if (st && cfg->chat_template)
             return st;
+        if (st) { /* the completions API still works; chat falls back like llama.cpp's does */
+            fprintf(stderr, "kvserve serve: warning: %s; using chatml for /v1/chat/completions\n", ks_errmsg());
+            chat = TOK_CHAT_CHATML;
+        }
     }
     struct server *srv = calloc(1, sizeof *srv);
     if (!srv)
