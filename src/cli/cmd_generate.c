@@ -1,5 +1,7 @@
 /* kvserve generate: load a model, prefill a prompt in batches, then sample
- * and stream tokens one decode step at a time. One timing line on stderr. */
+ * and stream tokens one decode step at a time: text through the streaming
+ * detokenizer, or ids with --output-ids (or when the model has no
+ * tokenizer). One timing line on stderr. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,6 +12,7 @@
 #include "kv/kv.h"
 #include "model/model.h"
 #include "sample/sample.h"
+#include "tokenizer/tokenizer.h"
 
 struct gen_opts {
     const char *model;
@@ -37,7 +40,8 @@ static void gen_usage(FILE *out)
             "\n"
             "  -m, --model PATH       GGUF model (default: the built-in default-model.gguf\n"
             "                         beside the kvserve executable)\n"
-            "  -p, --prompt TEXT      prompt text (needs the model's tokenizer)\n"
+            "  -p, --prompt TEXT      prompt text (tokenized with BOS; special tokens written\n"
+            "                         in it, e.g. <|im_start|>, are parsed)\n"
             "      --ids LIST         prompt as comma-separated token ids\n"
             "  -n, --n-predict N      tokens to generate (default 64)\n"
             "  -t, --threads N        threads (default: all cores)\n"
@@ -175,6 +179,8 @@ struct gen_run {
     struct kv_cache *kv;
     struct model_ctx *ctx;
     struct sampler *sampler;
+    struct tokenizer *tok;     /* NULL when the model has no tokenizer metadata */
+    struct tok_stream *stream; /* text output; NULL with --output-ids or no tokenizer */
     int32_t seq;
     int32_t n_vocab;
     int32_t *tokens;  /* prompt then generated: the sampler's history */
@@ -188,6 +194,8 @@ struct gen_run {
 static void run_free(struct gen_run *r)
 {
     sample_free(r->sampler);
+    tok_stream_free(r->stream);
+    tok_free(r->tok);
     model_ctx_free(r->ctx);
     kv_free(r->kv);
     threads_free(r->pool);
@@ -196,24 +204,64 @@ static void run_free(struct gen_run *r)
     free(r->logits);
 }
 
+/* The tokenizer is optional with --ids: it then only detects the end of
+ * generation and renders the output as text. */
+static ks_status open_tokenizer(struct gen_run *r)
+{
+    ks_status st = tok_load(model_gguf(r->model), &r->tok);
+    if (st) {
+        r->tok = NULL;
+        if (r->o->prompt) {
+            ks_errmsg_prefix("text prompts need the model's tokenizer (use --ids): ");
+            return st;
+        }
+        return KS_OK;
+    }
+    if (!r->o->output_ids)
+        return tok_stream_create(r->tok, 0, &r->stream);
+    return KS_OK;
+}
+
+static ks_status encode_prompt(struct gen_run *r, int32_t **ids, size_t *n)
+{
+    const struct gen_opts *o = r->o;
+    if (!o->prompt) {
+        *n = (size_t)o->n_ids;
+        *ids = malloc((*n ? *n : 1) * sizeof **ids);
+        if (!*ids)
+            return ks_fail(KS_ERR_NOMEM, "out of memory for the prompt");
+        memcpy(*ids, o->ids, *n * sizeof **ids);
+        return KS_OK;
+    }
+    /* a command-line prompt is trusted: special tokens written in it count */
+    return tok_encode(r->tok, o->prompt, strlen(o->prompt), TOK_ADD_SPECIAL | TOK_PARSE_SPECIAL, ids, n);
+}
+
 static ks_status prompt_tokens(struct gen_run *r)
 {
     const struct gen_opts *o = r->o;
-    if (!o->ids)
-        return ks_fail(KS_ERR_UNSUPPORTED,
-                       "text prompts need the tokenizer, which this build does not have yet; use --ids");
-    if (o->n_ids == 0)
-        return ks_fail(KS_ERR_INVALID_ARG, "the prompt is empty");
-    size_t cap = (size_t)o->n_ids + (size_t)o->n_predict;
-    r->tokens = malloc(cap * sizeof *r->tokens);
-    if (!r->tokens)
-        return ks_fail(KS_ERR_NOMEM, "out of memory for %zu tokens", cap);
-    for (int32_t i = 0; i < o->n_ids; i++)
-        if (o->ids[i] >= r->n_vocab)
-            return ks_fail(KS_ERR_RANGE, "prompt id %d (index %d) is outside the vocabulary of %d", (int)o->ids[i],
-                           (int)i, (int)r->n_vocab);
-    memcpy(r->tokens, o->ids, (size_t)o->n_ids * sizeof *r->tokens);
-    r->n_tokens = r->n_prompt = o->n_ids;
+    int32_t *ids;
+    size_t n;
+    ks_status st = encode_prompt(r, &ids, &n);
+    if (st)
+        return st;
+    if (n == 0 || n > (size_t)INT32_MAX - (size_t)o->n_predict) {
+        free(ids);
+        return ks_fail(KS_ERR_INVALID_ARG, n ? "the prompt is too long" : "the prompt is empty");
+    }
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] >= r->n_vocab) {
+            st = ks_fail(KS_ERR_RANGE, "prompt id %d (index %zu) is outside the vocabulary of %d", (int)ids[i], i,
+                         (int)r->n_vocab);
+            free(ids);
+            return st;
+        }
+    r->tokens = realloc(ids, (n + (size_t)o->n_predict) * sizeof *ids);
+    if (!r->tokens) {
+        free(ids);
+        return ks_fail(KS_ERR_NOMEM, "out of memory for %zu tokens", n + (size_t)o->n_predict);
+    }
+    r->n_tokens = r->n_prompt = (int32_t)n;
     return KS_OK;
 }
 
@@ -241,7 +289,7 @@ static ks_status setup(struct gen_run *r, const char *model_path)
         return st;
     r->load_ms = (cli_now() - t0) * 1e3;
     r->n_vocab = model_hparams(r->model)->n_vocab;
-    if ((st = prompt_tokens(r)) || (st = threads_create(o->n_threads, &r->pool)) || (st = open_cache(r)))
+    if ((st = open_tokenizer(r)) || (st = prompt_tokens(r)) || (st = threads_create(o->n_threads, &r->pool)) || (st = open_cache(r)))
         return st;
     int32_t max_batch = r->n_prompt < o->n_batch ? r->n_prompt : o->n_batch;
     if ((st = model_ctx_create(r->model, max_batch, r->pool, &r->ctx)) ||
@@ -287,28 +335,70 @@ static ks_status prefill(struct gen_run *r)
     return KS_OK;
 }
 
-static void emit(const struct gen_run *r, int32_t token)
+static ks_status emit(struct gen_run *r, int32_t token)
 {
-    printf(r->n_gen > 1 ? " %d" : "%d", (int)token);
+    if (!r->stream) {
+        printf(r->n_gen > 1 ? " %d" : "%d", (int)token);
+    } else {
+        const char *bytes;
+        size_t len;
+        ks_status st = tok_stream_push(r->stream, token, &bytes, &len);
+        if (st)
+            return st;
+        fwrite(bytes, 1, len, stdout);
+    }
     fflush(stdout);
+    return KS_OK;
+}
+
+static bool is_end(const struct gen_run *r, int32_t token)
+{
+    return r->tok && !r->o->ignore_eos && tok_is_eog(r->tok, token);
+}
+
+static void finish_output(struct gen_run *r)
+{
+    const char *bytes;
+    size_t len;
+    if (r->stream && !tok_stream_flush(r->stream, &bytes, &len))
+        fwrite(bytes, 1, len, stdout);
+    printf("\n");
+    fflush(stdout);
+}
+
+/* The prompt goes through the same stream, so the first generated piece
+ * keeps its leading space (the stream drops it only at the very start). */
+static ks_status echo_prompt(struct gen_run *r)
+{
+    for (int32_t i = 0; r->stream && i < r->n_prompt; i++) {
+        const char *bytes;
+        size_t len;
+        ks_status st = tok_stream_push(r->stream, r->tokens[i], &bytes, &len);
+        if (st)
+            return st;
+        fwrite(bytes, 1, len, stdout);
+    }
+    return KS_OK;
 }
 
 static ks_status decode_loop(struct gen_run *r)
 {
+    ks_status st = echo_prompt(r);
+    if (st)
+        return st;
     double t0 = cli_now();
-    ks_status st = KS_OK;
     while (r->n_gen < r->o->n_predict) {
         struct sample_result res;
-        if ((st = sample_next(r->sampler, r->logits, r->tokens, r->n_tokens, &res)))
+        if ((st = sample_next(r->sampler, r->logits, r->tokens, r->n_tokens, &res)) || is_end(r, res.token))
             break;
         r->tokens[r->n_tokens++] = res.token;
         r->n_gen++;
-        emit(r, res.token);
-        if (r->n_gen == r->o->n_predict || (st = feed(r, r->n_tokens - 1, r->n_tokens)))
+        if ((st = emit(r, res.token)) || r->n_gen == r->o->n_predict ||
+            (st = feed(r, r->n_tokens - 1, r->n_tokens)))
             break;
     }
     r->gen_s = cli_now() - t0;
-    printf("\n");
+    finish_output(r);
     return st;
 }
 
