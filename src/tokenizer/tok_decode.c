@@ -88,6 +88,8 @@ static void out_bad_byte(struct tok_stream *s, uint8_t b)
 static bool drain(struct tok_stream *s, const char *bytes, size_t n, bool flush)
 {
     size_t len = s->n_held + n;
+    if (!len)
+        return true;
     if (len > s->tmp_cap) {
         char *p = realloc(s->tmp, len * 2);
         if (!p)
@@ -182,6 +184,8 @@ ks_status tok_stream_push(struct tok_stream *s, int32_t id, const char **bytes, 
     if (id < 0 || id >= s->t->n_vocab)
         return ks_fail(KS_ERR_RANGE, "token id %d is out of range (vocabulary of %d)", id, s->t->n_vocab);
     s->out_len = 0;
+    if (!out_reserve(s, 8))
+        return ks_fail(KS_ERR_NOMEM, "tokenizer: out of memory decoding");
     ks_status st = stream_add(s, id);
     if (st)
         return st;

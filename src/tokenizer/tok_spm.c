@@ -4,7 +4,7 @@
  * adjacent pair whose concatenation is the highest-scoring vocabulary token
  * is merged until no pair is a token (ties: leftmost). A final symbol that is
  * not a token is written as byte tokens <0xXX>. This is llama.cpp's
- * algorithm.
+ * algorithm (but for malformed UTF-8, see char_len).
  *
  * Speed: when no vocabulary token has U+2581 after other text (true of
  * SentencePiece vocabularies), no merge can cross the start of a word, so
@@ -54,6 +54,16 @@ static char *escape_spaces(const char *text, size_t len, bool add_prefix, size_t
     return out;
 }
 
+/* Bytes of the character at s[off]. llama.cpp trusts the lead byte; a
+ * malformed sequence is taken byte by byte instead, so that it cannot swallow
+ * the U+2581 of a following space (which would no longer decode to ' '). */
+static size_t char_len(const char *s, size_t end, size_t off)
+{
+    uint32_t cp;
+    size_t l = tok_utf8_decode(s + off, end - off, &cp);
+    return l ? l : 1;
+}
+
 static ks_status try_add_bigram(struct spm_session *ss, int32_t left, int32_t right)
 {
     if (left < 0 || right < 0)
@@ -96,9 +106,7 @@ static ks_status encode_span(struct spm_session *ss, size_t start, size_t end, s
     }
     struct tok_sym *sym = ss->sym;
     for (size_t off = start; off < end; n_sym++) {
-        size_t l = tok_utf8_len((uint8_t)ss->s[off]);
-        if (l > end - off)
-            l = end - off;
+        size_t l = char_len(ss->s, end, off);
         sym[n_sym] = (struct tok_sym){(uint32_t)off, (uint32_t)l, (int32_t)n_sym - 1,
                                       off + l == end ? -1 : (int32_t)n_sym + 1, -1};
         off += l;
@@ -149,12 +157,12 @@ static ks_status encode_words(struct spm_session *ss, size_t n, struct tok_ids *
     size_t start = 0;
     ks_status st = KS_OK;
     for (size_t off = 0; off < n && !st;) {
-        size_t l = tok_utf8_len((uint8_t)s[off]);
+        size_t l = char_len(s, n, off);
         if (off > start && is_mark(s, n, off) && !(off >= SPACE_MARK_LEN && is_mark(s, n, off - SPACE_MARK_LEN))) {
             st = encode_word(ss, start, off, out);
             start = off;
         }
-        off += l < n - off ? l : n - off;
+        off += l;
     }
     return st || start == n ? st : encode_word(ss, start, n, out);
 }
