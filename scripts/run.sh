@@ -6,9 +6,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${KVSERVE_BUILD_DIR:-build}
-scripts/deps.sh
+# Only nodejs/npm (end-to-end tests) are optional here: if apt cannot install
+# something, try the build anyway; cmake names any library that is missing.
+scripts/deps.sh || echo "run.sh: scripts/deps.sh failed; trying to build with what is installed" >&2
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$build" -j "$(nproc)"
-# The demo: 64 tokens from a short prompt ("Once upon a time" in the default
-# model's vocabulary: BOS, then its byte tokens <0xXX> = 3 + byte), streamed, with a timing line on stderr.
-exec "$build/kvserve" generate --ids 1,82,113,102,104,35,120,115,114,113,35,100,35,119,108,112,104 -n 64 "$@"
+# The demo: 64 tokens after a short prompt, streamed as text, with a timing
+# line on stderr. The default model's weights are random, so is its text.
+exec "$build/kvserve" serve "$@"
