@@ -202,9 +202,39 @@ static void test_stories260k(void **state)
     tok_free(t);
 }
 
+/* `kvserve tokenize --ids` prints exactly the ids, BOS included. */
+static void test_cli_tokenize(void **state)
+{
+    (void)state;
+    const char *bin = getenv("KVSERVE_BIN");
+    char model[1024], cmd[4096], line[256] = "";
+    if (!bin || !join_path(model, sizeof model, shared_dir(), "models/stories260K.gguf", "") ||
+        !file_exists(model) || !file_exists(bin)) {
+        print_message("no KVSERVE_BIN or stories260K.gguf: skipping\n");
+        skip();
+    }
+    int n = snprintf(cmd, sizeof cmd, "'%s' tokenize -m '%s' -p 'Once upon a time' --ids", bin, model);
+    assert_true(n > 0 && (size_t)n < sizeof cmd);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    assert_non_null(fgets(line, sizeof line, p));
+    assert_int_equal(pclose(p), 0);
+    assert_string_equal(line, "1 403 407 261 378\n");
+    n = snprintf(cmd, sizeof cmd, "'%s' tokenize -m '%s' -p 'Once' 2>&1", bin, model);
+    assert_true(n > 0 && (size_t)n < sizeof cmd);
+    p = popen(cmd, "r");
+    assert_non_null(p);
+    assert_non_null(fgets(line, sizeof line, p));
+    assert_string_equal(line, "     1 -> '<s>'\n");
+    assert_non_null(fgets(line, sizeof line, p));
+    assert_string_equal(line, "   403 -> ' Once'\n");
+    assert_int_equal(pclose(p), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_cli_tokenize),
         cmocka_unit_test(test_stories260k),
         cmocka_unit_test(test_vocab_vectors),
     };
