@@ -12,6 +12,7 @@
  *  - prefill, F32/F16/BF16: the same tiling with f32 FMAs on f32 activations.
  *  - everything else: activations to the vec_dot_type, then traits vec_dot
  *    over row chunks x all tokens, so a chunk of weights stays in cache. */
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -103,8 +104,17 @@ struct mm {
     uint8_t *work; /* aligned */
     size_t xrow;   /* bytes per packed token (or token group) */
     int corr_shift; /* q8 decode: correction is -(sum << shift) */
-    volatile int failed;
+    atomic_int failed;
+    atomic_llong next_panel; /* prefill: panels are taken one at a time */
 };
+
+/* Prefill panels are handed out dynamically: a thread that loses its core
+ * for a while (the machine is shared) does not hold the others up. */
+static int64_t take_panel(struct mm *m, int64_t n_panels)
+{
+    int64_t p = atomic_fetch_add_explicit(&m->next_panel, 1, memory_order_relaxed);
+    return p < n_panels ? p : -1;
+}
 
 /* ---- generic path --------------------------------------------------------- */
 
@@ -467,19 +477,18 @@ static void pre_compute(void *vctx, int ith, int nth)
 {
     struct mm *m = vctx;
     int64_t nb = m->cols / QB, ng = ceil_div(m->n_tokens, MM_TOK_GROUP);
-    int64_t lo, hi;
-    threads_split(ceil_div(m->rows, Q8_R), ith, nth, &lo, &hi);
-    if (lo >= hi)
-        return;
+    (void)ith;
+    (void)nth;
+    int64_t n_panels = ceil_div(m->rows, Q8_R);
     size_t qbytes = align_up((size_t)(Q8_R * m->cols));
     uint8_t *buf = aligned_alloc(MM_ALIGN, qbytes + 2 * align_up((size_t)(Q8_R * nb) * 4));
     if (!buf) {
-        m->failed = 1;
+        atomic_store(&m->failed, 1);
         return;
     }
     struct wpanel p = {(int8_t *)buf, (float *)(buf + qbytes),
                        (int32_t *)(buf + qbytes + align_up((size_t)(Q8_R * nb) * 4))};
-    for (int64_t pi = lo; pi < hi; pi++) {
+    for (int64_t pi; (pi = take_panel(m, n_panels)) >= 0;) {
         int64_t r0 = pi * Q8_R;
         int nr = (int)(m->rows - r0 < Q8_R ? m->rows - r0 : Q8_R);
         unpack_rows(m, r0, nr, &p);
@@ -537,16 +546,15 @@ static inline __attribute__((always_inline)) void float_tile(const struct mm *m,
 static void fpre_compute(void *vctx, int ith, int nth)
 {
     struct mm *m = vctx;
-    int64_t ng = ceil_div(m->n_tokens, MM_TOK_GROUP), lo, hi;
-    threads_split(ceil_div(m->rows, FL_R), ith, nth, &lo, &hi);
-    if (lo >= hi)
-        return;
+    (void)ith;
+    (void)nth;
+    int64_t ng = ceil_div(m->n_tokens, MM_TOK_GROUP), n_panels = ceil_div(m->rows, FL_R);
     float *wf = aligned_alloc(MM_ALIGN, align_up((size_t)(FL_R * m->cols) * sizeof(float)));
     if (!wf) {
-        m->failed = 1;
+        atomic_store(&m->failed, 1);
         return;
     }
-    for (int64_t pi = lo; pi < hi; pi++) {
+    for (int64_t pi; (pi = take_panel(m, n_panels)) >= 0;) {
         int64_t r0 = pi * FL_R;
         int nr = (int)(m->rows - r0 < FL_R ? m->rows - r0 : FL_R);
         for (int r = 0; r < FL_R; r++) {
@@ -622,7 +630,7 @@ ks_status quant_matmul(threads_pool *pool, const void *W, enum quant_type wtype,
         threads_run(pool, generic_compute, &m);
         break;
     }
-    if (m.failed)
+    if (atomic_load(&m.failed))
         return ks_fail(KS_ERR_NOMEM, "matmul: out of memory for a %lld-column weight panel", (long long)cols);
     return KS_OK;
 }
