@@ -231,10 +231,54 @@ static void test_cli_tokenize(void **state)
     assert_int_equal(pclose(p), 0);
 }
 
+/* `kvserve chat` answers two turns and reuses the first turn's KV cache. */
+static void test_cli_chat(void **state)
+{
+    (void)state;
+    const char *bin = getenv("KVSERVE_BIN");
+    char model[1024], cmd[4096], line[1024];
+    if (!bin || !join_path(model, sizeof model, shared_dir(), "models/stories260K.gguf", "") ||
+        !file_exists(model) || !file_exists(bin)) {
+        print_message("no KVSERVE_BIN or stories260K.gguf: skipping\n");
+        skip();
+    }
+    int n = snprintf(cmd, sizeof cmd,
+                     "printf 'Hello\\nTell me a story\\n' | '%s' chat -m '%s' -n 16 --temp 0 -t 1 -v "
+                     "--chat-template chatml 2>&1",
+                     bin, model);
+    assert_true(n > 0 && (size_t)n < sizeof cmd);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    int turns = 0, reused_later = 0, first_reused = -1;
+    while (fgets(line, sizeof line, p)) {
+        int reused, computed;
+        const char *at = strstr(line, "[prompt:");
+        if (at && sscanf(at, "[prompt: %d tokens reused from the KV cache, %d computed]", &reused, &computed) == 2) {
+            if (turns++ == 0)
+                first_reused = reused;
+            else
+                reused_later = reused;
+            assert_true(computed > 0);
+        }
+    }
+    assert_int_equal(pclose(p), 0);
+    assert_int_equal(turns, 2);
+    assert_int_equal(first_reused, 0);
+    assert_true(reused_later > 10);
+    n = snprintf(cmd, sizeof cmd, "'%s' chat -m '%s' --chat-template jinja </dev/null 2>&1", bin, model);
+    assert_true(n > 0 && (size_t)n < sizeof cmd);
+    p = popen(cmd, "r");
+    assert_non_null(p);
+    assert_non_null(fgets(line, sizeof line, p));
+    assert_non_null(strstr(line, "chatml, llama3, llama2, mistral, zephyr, gemma, phi3"));
+    assert_int_not_equal(pclose(p), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cli_tokenize),
+        cmocka_unit_test(test_cli_chat),
         cmocka_unit_test(test_stories260k),
         cmocka_unit_test(test_vocab_vectors),
     };
