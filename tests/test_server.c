@@ -20,6 +20,7 @@
 #include <cjson/cJSON.h>
 
 #include "gguf/gguf.h"
+#include "kv/kv.h"
 #include "server/server.h"
 
 #define MAX_SEQ 64
@@ -29,6 +30,7 @@
 
 struct mock {
     int32_t n_vocab;
+    struct kv_cache *kv;      /* a real (empty) cache for the /cache routes */
     int32_t *hist[MAX_SEQ];
     int32_t len[MAX_SEQ];
     bool live[MAX_SEQ];
@@ -110,9 +112,16 @@ static void m_sampler_free(void *ctx, void *smp)
     free(smp);
 }
 
+static struct kv_cache *m_cache(void *ctx)
+{
+    struct mock *m = ctx;
+    return m->kv;
+}
+
 static void m_destroy(void *ctx)
 {
     struct mock *m = ctx;
+    kv_free(m->kv);
     for (int i = 0; i < MAX_SEQ; i++)
         free(m->hist[i]);
     free(m);
@@ -124,10 +133,17 @@ static struct sched *mock_sched(int32_t n_vocab, int max_queue)
     m->n_vocab = n_vocab;
     for (int i = 0; i < MAX_SEQ; i++)
         m->hist[i] = calloc(CTX + 8, sizeof(int32_t));
+    struct kv_config kc;
+    kv_config_default(&kc);
+    kc.n_layer = 2;
+    kc.n_kv_head = 2;
+    kc.head_dim = 64;
+    kc.mem_budget = 64 * kv_page_bytes(&kc, QUANT_F16, QUANT_F16);
+    assert_int_equal(kv_create(&kc, &m->kv), KS_OK);
     struct sched_engine e = {
         .ctx = m, .n_vocab = n_vocab, .seq_create = m_seq_create, .seq_free = m_seq_free, .forward = m_forward,
         .sampler_create = m_sampler_create, .sampler_next = m_sampler_next, .sampler_free = m_sampler_free,
-        .destroy = m_destroy,
+        .cache = m_cache, .destroy = m_destroy,
     };
     struct sched_config cfg;
     sched_config_default(&cfg);
@@ -603,6 +619,97 @@ static void test_concurrent_streams(void **state)
     free(r.body);
 }
 
+static double json_num(const cJSON *o, const char *k)
+{
+    const cJSON *v = cJSON_GetObjectItem(o, k);
+    assert_true(cJSON_IsNumber(v));
+    return v->valuedouble;
+}
+
+static const char *json_str(const cJSON *o, const char *k)
+{
+    const cJSON *v = cJSON_GetObjectItem(o, k);
+    assert_true(cJSON_IsString(v));
+    return v->valuestring;
+}
+
+/* The kv_policy object of /cache/usage. */
+static cJSON *usage_policy(cJSON **root)
+{
+    struct resp r = http(F.srv, "GET", "/cache/usage", NULL, NULL, 0);
+    assert_int_equal(r.status, 200);
+    *root = cJSON_Parse(r.body);
+    free(r.body);
+    cJSON *p = cJSON_GetObjectItem(*root, "kv_policy");
+    assert_true(cJSON_IsObject(p));
+    return p;
+}
+
+static void test_cache_policy(void **state)
+{
+    (void)state;
+    NEED_FIXTURE();
+    cJSON *root;
+    cJSON *p = usage_policy(&root);
+    assert_string_equal(json_str(p, "policy"), "static");
+    assert_true(json_num(p, "high_watermark") == 0.9);
+    cJSON_Delete(root);
+
+    struct resp r = post(F.srv, "/cache/policy",
+                         "{\"policy\": \"dynamic\", \"high_watermark\": 0.7, \"low_watermark\": 0.5, \"hot_tokens\": 64,"
+                         " \"sink_tokens\": 8, \"floor\": \"q8_0\", \"type_k\": \"q8_0\"}");
+    if (r.status != 200)
+        print_message("%s\n", r.body);
+    assert_int_equal(r.status, 200);
+    cJSON *j = cJSON_Parse(r.body);
+    free(r.body);
+    assert_string_equal(json_str(j, "policy"), "dynamic");
+    assert_true(json_num(j, "high_watermark") == 0.7);
+    assert_true(json_num(j, "low_watermark") == 0.5);
+    assert_true(json_num(j, "hot_tokens") == 64);
+    assert_true(json_num(j, "sink_tokens") == 8);
+    assert_string_equal(json_str(j, "floor"), "q8_0");
+    assert_string_equal(json_str(j, "type_k"), "q8_0");
+    assert_string_equal(json_str(j, "type_v"), "f16");
+    /* /cache/usage reports the same effective policy */
+    p = usage_policy(&root);
+    char *a = cJSON_PrintUnformatted(p), *b = cJSON_PrintUnformatted(j);
+    assert_string_equal(a, b);
+    assert_string_equal(json_str(root, "policy"), "dynamic");
+    free(a);
+    free(b);
+    cJSON_Delete(root);
+    cJSON_Delete(j);
+
+    /* bad values: 400, and nothing changes */
+    expect_error(post(F.srv, "/cache/policy", "{\"policy\": \"lru\"}"), 400, "invalid_value");
+    expect_error(post(F.srv, "/cache/policy", "{\"high_watermark\": \"high\"}"), 400, "invalid_value");
+    expect_error(post(F.srv, "/cache/policy", "{\"high_watermark\": 1.5}"), 400, "invalid_value");
+    expect_error(post(F.srv, "/cache/policy", "{\"hot_tokens\": -1}"), 400, "invalid_value");
+    expect_error(post(F.srv, "/cache/policy", "{\"sink_tokens\": 2.5}"), 400, "invalid_value");
+    expect_error(post(F.srv, "/cache/policy", "{\"floor\": \"q3_k\"}"), 400, "invalid_value");
+    expect_error(post(F.srv, "/cache/policy", "{\"hot\": 5}"), 400, "unknown_field");
+    expect_error(post(F.srv, "/cache/policy", "{\"policy\": "), 400, "invalid_json");
+    expect_error(http(F.srv, "GET", "/cache/policy", NULL, NULL, 0), 405, NULL);
+    r = post(F.srv, "/cache/policy", "{\"policy\": \"static\", \"low_watermark\": 0.8}"); /* above high 0.7 */
+    assert_non_null(strstr(r.body, "low_watermark"));
+    expect_error(r, 400, "invalid_value");
+    p = usage_policy(&root);
+    assert_string_equal(json_str(p, "policy"), "dynamic");
+    assert_true(json_num(p, "low_watermark") == 0.5);
+    cJSON_Delete(root);
+
+    /* an empty object changes nothing and answers the current policy; then restore */
+    r = post(F.srv, "/cache/policy", "{}");
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.body, "\"dynamic\""));
+    free(r.body);
+    r = post(F.srv, "/cache/policy", "{\"policy\": \"static\", \"high_watermark\": 0.9, \"low_watermark\": 0.8,"
+                                     " \"type_k\": \"f16\"}");
+    assert_int_equal(r.status, 200);
+    free(r.body);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -612,6 +719,7 @@ int main(void)
         cmocka_unit_test(test_completion_matches_model),
         cmocka_unit_test(test_chat),
         cmocka_unit_test(test_concurrent_streams),
+        cmocka_unit_test(test_cache_policy),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -172,4 +172,38 @@ ks_status kv_fit_config(const struct kv_config *cfg, struct kv_fit *out);
  * KS_ERR_INTERNAL with a description on the first broken one. */
 ks_status kv_check(const struct kv_cache *kv);
 
+/* ---- run-time policy ----------------------------------------------------- */
+
+/* Which fields of struct kv_policy_update apply (bit mask). */
+enum {
+    KV_SET_POLICY = 1 << 0,
+    KV_SET_HIGH_WATERMARK = 1 << 1,
+    KV_SET_LOW_WATERMARK = 1 << 2,
+    KV_SET_HOT_TOKENS = 1 << 3,
+    KV_SET_SINK_TOKENS = 1 << 4,
+    KV_SET_FLOOR = 1 << 5,
+    KV_SET_TYPE_K = 1 << 6,
+    KV_SET_TYPE_V = 1 << 7,
+};
+
+struct kv_policy_update {
+    unsigned set;             /* KV_SET_* bits; fields without their bit are ignored */
+    enum kv_policy policy;
+    float high_watermark, low_watermark;
+    int32_t hot_tokens, sink_tokens;
+    enum quant_type floor;
+    enum quant_type type_k, type_v; /* start precision of pages allocated from now on */
+};
+
+/* Change the policy fields of the configuration at run time, all or nothing:
+ * the fields named in u->set are merged into the current configuration and
+ * the result is validated as a whole (policy static|dynamic, 0 < low <= high
+ * <= 1, sinks and hot window in 0..2^24, floor and start types f32/f16/q8_0/
+ * q4_0 usable with this head_dim, one page at the start types within the
+ * budget); KS_ERR_INVALID_ARG names the first bad field and nothing changes.
+ * Pages already stored keep their types; the new values apply from the next
+ * allocation (a dynamic policy whose high watermark is now below the usage
+ * demotes then). Not thread-safe, like every call on the cache. */
+ks_status kv_set_policy(struct kv_cache *kv, const struct kv_policy_update *u);
+
 #endif

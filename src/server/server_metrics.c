@@ -91,6 +91,8 @@ void server_handle_metrics(struct server *srv, struct reply *r)
     reply_text(r, 200, "text/plain; version=0.0.4", b.p, b.n);
 }
 
+static cJSON *policy_json(const struct kv_config *c);
+
 /* ---- /cache/usage -------------------------------------------------------------- */
 
 static cJSON *types_json(const int32_t *pages)
@@ -132,6 +134,7 @@ static void usage_hook(void *user, struct kv_cache *kv)
         cJSON_AddStringToObject(o, "type_k", quant_type_name(cfg->type_k));
         cJSON_AddStringToObject(o, "type_v", quant_type_name(cfg->type_v));
         cJSON_AddStringToObject(o, "policy", cfg->policy == KV_POLICY_DYNAMIC ? "dynamic" : "static");
+        cJSON_AddItemToObject(o, "kv_policy", policy_json(cfg));
         cJSON_AddItemToObject(o, "pages_k", types_json(us.pages_k));
         cJSON_AddItemToObject(o, "pages_v", types_json(us.pages_v));
         cJSON_AddNumberToObject(o, "demotions", (double)us.demotions);
@@ -314,13 +317,119 @@ void server_handle_requantize(struct server *srv, const char *body, size_t len, 
 
 /* ---- /cache/policy -------------------------------------------------------------- */
 
+static double round4(float x)
+{
+    return round((double)x * 1e4) / 1e4;
+}
+
+/* The policy fields of the live configuration; also part of /cache/usage. */
+static cJSON *policy_json(const struct kv_config *c)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "policy", c->policy == KV_POLICY_DYNAMIC ? "dynamic" : "static");
+    cJSON_AddNumberToObject(o, "high_watermark", round4(c->high_watermark));
+    cJSON_AddNumberToObject(o, "low_watermark", round4(c->low_watermark));
+    cJSON_AddNumberToObject(o, "hot_tokens", c->hot_tokens);
+    cJSON_AddNumberToObject(o, "sink_tokens", c->sink_tokens);
+    cJSON_AddStringToObject(o, "floor", quant_type_name(c->floor));
+    cJSON_AddStringToObject(o, "type_k", quant_type_name(c->type_k));
+    cJSON_AddStringToObject(o, "type_v", quant_type_name(c->type_v));
+    return o;
+}
+
+struct policy_ctx {
+    struct kv_policy_update u;
+    ks_status st;
+    char err[512];
+    struct kv_config after;
+};
+
+static void policy_hook(void *user, struct kv_cache *kv)
+{
+    struct policy_ctx *p = user;
+    if (!kv) {
+        p->st = KS_ERR_UNSUPPORTED;
+        snprintf(p->err, sizeof p->err, "this engine has no KV cache");
+        return;
+    }
+    p->st = kv_set_policy(kv, &p->u);
+    if (p->st)
+        snprintf(p->err, sizeof p->err, "%s", ks_errmsg());
+    p->after = *kv_get_config(kv);
+}
+
+static bool bad_field(struct reply *r, const char *key, const char *want)
+{
+    reply_error(r, 400, "invalid_request_error", "invalid_value", "'%s' must be %s", key, want);
+    return false;
+}
+
+/* One JSON member into the update; false (reply set) on a bad name or value. */
+static bool parse_policy_field(const cJSON *v, struct kv_policy_update *u, struct reply *r)
+{
+    const char *k = v->string;
+    if (!strcmp(k, "policy")) {
+        if (!cJSON_IsString(v) || (strcmp(v->valuestring, "static") && strcmp(v->valuestring, "dynamic")))
+            return bad_field(r, k, "\"static\" or \"dynamic\"");
+        u->policy = strcmp(v->valuestring, "dynamic") ? KV_POLICY_STATIC : KV_POLICY_DYNAMIC;
+        u->set |= KV_SET_POLICY;
+    } else if (!strcmp(k, "high_watermark") || !strcmp(k, "low_watermark")) {
+        if (!cJSON_IsNumber(v) || !(v->valuedouble > 0 && v->valuedouble <= 1))
+            return bad_field(r, k, "a usage ratio in (0, 1]");
+        bool high = !strcmp(k, "high_watermark");
+        *(high ? &u->high_watermark : &u->low_watermark) = (float)v->valuedouble;
+        u->set |= high ? KV_SET_HIGH_WATERMARK : KV_SET_LOW_WATERMARK;
+    } else if (!strcmp(k, "hot_tokens") || !strcmp(k, "sink_tokens")) {
+        if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble > (1 << 24) || v->valuedouble != floor(v->valuedouble))
+            return bad_field(r, k, "a whole number of tokens in 0..16777216");
+        bool hot = !strcmp(k, "hot_tokens");
+        *(hot ? &u->hot_tokens : &u->sink_tokens) = (int32_t)v->valuedouble;
+        u->set |= hot ? KV_SET_HOT_TOKENS : KV_SET_SINK_TOKENS;
+    } else if (!strcmp(k, "floor") || !strcmp(k, "type_k") || !strcmp(k, "type_v")) {
+        enum quant_type t;
+        if (!cJSON_IsString(v) || quant_type_from_name(v->valuestring, &t) != KS_OK || kv_type_index(t) < 0)
+            return bad_field(r, k, "one of f32, f16, q8_0, q4_0");
+        if (!strcmp(k, "floor")) {
+            u->floor = t;
+            u->set |= KV_SET_FLOOR;
+        } else if (!strcmp(k, "type_k")) {
+            u->type_k = t;
+            u->set |= KV_SET_TYPE_K;
+        } else {
+            u->type_v = t;
+            u->set |= KV_SET_TYPE_V;
+        }
+    } else {
+        reply_error(r, 400, "invalid_request_error", "unknown_field",
+                    "unknown field '%s' (known: policy, high_watermark, low_watermark, hot_tokens, sink_tokens, "
+                    "floor, type_k, type_v)", k);
+        return false;
+    }
+    return true;
+}
+
 void server_handle_policy(struct server *srv, const char *body, size_t len, struct reply *r)
 {
-    (void)srv;
-    (void)body;
-    (void)len;
-    /* The kv module has no run-time policy setter yet (kv_config is fixed at
-     * kv_create); say so instead of pretending. */
-    reply_error(r, 501, "server_error", "not_implemented",
-                "changing the KV policy at run time is not available yet; start the server with the policy flags");
+    cJSON *root = cJSON_ParseWithLength(body, len);
+    if (!cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        reply_error(r, 400, "invalid_request_error", "invalid_json", "the body is not a JSON object");
+        return;
+    }
+    struct policy_ctx p = {0};
+    bool ok = true;
+    for (const cJSON *v = root->child; v && ok; v = v->next)
+        ok = parse_policy_field(v, &p.u, r);
+    cJSON_Delete(root);
+    if (!ok)
+        return;
+    if (sched_between_steps(srv->sched, policy_hook, &p) != KS_OK) {
+        reply_error(r, 503, "server_error", "shutting_down", "%s", ks_errmsg());
+        return;
+    }
+    if (p.st) {
+        reply_error(r, p.st == KS_ERR_UNSUPPORTED ? 501 : 400, "invalid_request_error", "invalid_value", "%s", p.err);
+        return;
+    }
+    reply_json(r, 200, policy_json(&p.after));
 }

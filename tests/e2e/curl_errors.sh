@@ -42,6 +42,9 @@ check body-too-large 413 "${auth[@]}" --data-binary @"$tmp/big" "$url/v1/complet
 check queue-full 503 "${auth[@]}" -d '{"prompt": "hi", "max_tokens": 2}' "$url/v1/completions"
 curl -s -D - -o /dev/null "${auth[@]}" -d '{"prompt": "hi"}' "$url/v1/completions" | grep -qi '^Retry-After:' \
   && echo "ok   retry-after" || { echo "FAIL retry-after header missing"; fail=1; }
+check policy-bad-value 400 "${auth[@]}" -d '{"policy": "lru"}' "$url/cache/policy"
+check policy-unknown-field 400 "${auth[@]}" -d '{"hot": 5}' "$url/cache/policy"
+check policy-set 200 "${auth[@]}" -d '{"policy": "dynamic", "hot_tokens": 16}' "$url/cache/policy"
 check requantize-bad-type 400 "${auth[@]}" -d '{"type_k": "q3_k"}' "$url/cache/requantize"
 check still-alive 200 "${auth[@]}" "$url/metrics"
 kill -TERM $pid; wait $pid; rc=$?

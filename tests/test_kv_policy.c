@@ -1,0 +1,271 @@
+/* kv_set_policy(): a cache switched at run time behaves exactly like one
+ * created with the new policy; bad values are refused with the field named
+ * and leave the configuration untouched. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "kv/kv.h"
+#include "kv/kv_internal.h"
+
+static void base_config(struct kv_config *cfg, int head_dim, int budget_pages)
+{
+    kv_config_default(cfg);
+    cfg->n_layer = 2;
+    cfg->n_kv_head = 2;
+    cfg->head_dim = head_dim;
+    cfg->page_tokens = 16;
+    cfg->mem_budget = (size_t)budget_pages * kv_page_bytes(cfg, QUANT_F16, QUANT_F16);
+}
+
+static void fill(struct kv_cache *kv, int32_t seq, int32_t from, int32_t to)
+{
+    const struct kv_config *c = kv_get_config(kv);
+    size_t n = (size_t)c->n_kv_head * c->head_dim;
+    float *k = malloc(n * sizeof *k), *v = malloc(n * sizeof *v);
+    for (int32_t p = from; p < to; p++)
+        for (int l = 0; l < c->n_layer; l++) {
+            for (size_t i = 0; i < n; i++) {
+                k[i] = sinf((float)(p * 131 + l * 17 + (int)i));
+                v[i] = cosf((float)(p * 71 + l * 13 + (int)i));
+            }
+            assert_int_equal(kv_write(kv, l, seq, p, k, v), KS_OK);
+        }
+    free(k);
+    free(v);
+}
+
+/* Grow seq by n tokens and write them; returns the status of the grow. */
+static ks_status grow(struct kv_cache *kv, int32_t seq, int32_t n)
+{
+    int32_t len = kv_seq_len(kv, seq);
+    ks_status st = kv_seq_grow(kv, seq, n);
+    if (st == KS_OK)
+        fill(kv, seq, len, len + n);
+    return st;
+}
+
+/* Every page of seq has the same K/V types in both caches, and so do the totals. */
+static void assert_same_pages(const struct kv_cache *a, int32_t sa, const struct kv_cache *b, int32_t sb)
+{
+    assert_int_equal(a->seqs[sa].n_pages, b->seqs[sb].n_pages);
+    for (int32_t i = 0; i < a->seqs[sa].n_pages; i++) {
+        assert_int_equal(a->pages[a->seqs[sa].pages[i]].tk, b->pages[b->seqs[sb].pages[i]].tk);
+        assert_int_equal(a->pages[a->seqs[sa].pages[i]].tv, b->pages[b->seqs[sb].pages[i]].tv);
+    }
+    struct kv_usage ua, ub;
+    kv_usage(a, &ua);
+    kv_usage(b, &ub);
+    assert_int_equal(ua.used, ub.used);
+    assert_memory_equal(ua.pages_k, ub.pages_k, sizeof ua.pages_k);
+    assert_memory_equal(ua.pages_v, ub.pages_v, sizeof ua.pages_v);
+}
+
+static void test_static_to_dynamic_matches_a_dynamic_cache(void **state)
+{
+    (void)state;
+    struct kv_config cfg;
+    base_config(&cfg, 64, 12);
+    struct kv_cache *switched, *ref;
+    assert_int_equal(kv_create(&cfg, &switched), KS_OK);
+    struct kv_config dyn = cfg;
+    dyn.policy = KV_POLICY_DYNAMIC;
+    dyn.hot_tokens = 32;
+    dyn.sink_tokens = 16;
+    dyn.high_watermark = 0.75f;
+    dyn.low_watermark = 0.5f;
+    dyn.floor = QUANT_Q8_0;
+    assert_int_equal(kv_create(&dyn, &ref), KS_OK);
+    int32_t s1, s2;
+    assert_int_equal(kv_seq_create(switched, &s1), KS_OK);
+    assert_int_equal(kv_seq_create(ref, &s2), KS_OK);
+    /* 8 of 12 pages: under both watermarks' reach for the static cache */
+    assert_int_equal(grow(switched, s1, 8 * 16), KS_OK);
+    assert_int_equal(grow(ref, s2, 8 * 16), KS_OK);
+
+    struct kv_policy_update u = {
+        .set = KV_SET_POLICY | KV_SET_HOT_TOKENS | KV_SET_SINK_TOKENS | KV_SET_HIGH_WATERMARK |
+               KV_SET_LOW_WATERMARK | KV_SET_FLOOR,
+        .policy = KV_POLICY_DYNAMIC, .hot_tokens = 32, .sink_tokens = 16, .high_watermark = 0.75f,
+        .low_watermark = 0.5f, .floor = QUANT_Q8_0,
+    };
+    assert_int_equal(kv_set_policy(switched, &u), KS_OK);
+    const struct kv_config *now = kv_get_config(switched);
+    assert_int_equal(now->policy, KV_POLICY_DYNAMIC);
+    assert_int_equal(now->hot_tokens, 32);
+    assert_int_equal(now->sink_tokens, 16);
+    assert_true(now->high_watermark == 0.75f && now->low_watermark == 0.5f);
+    assert_int_equal(now->floor, QUANT_Q8_0);
+    assert_int_equal(now->type_k, QUANT_F16); /* fields not named stay */
+
+    /* the same growth from here on demotes the same pages in both */
+    for (int i = 0; i < 40; i++) {
+        ks_status a = grow(switched, s1, 16), b = grow(ref, s2, 16);
+        assert_int_equal(a, b);
+        assert_int_equal(kv_check(switched), KS_OK);
+        assert_same_pages(switched, s1, ref, s2);
+        if (a == KS_ERR_KV_FULL)
+            break;
+        assert_int_equal(a, KS_OK);
+    }
+    struct kv_usage us;
+    kv_usage(switched, &us);
+    assert_true(us.demotions > 0);
+    /* floor q8_0: nothing below it */
+    assert_int_equal(us.pages_k[kv_type_index(QUANT_Q4_0)], 0);
+    assert_int_equal(us.pages_v[kv_type_index(QUANT_Q4_0)], 0);
+    assert_true(us.pages_v[kv_type_index(QUANT_Q8_0)] > 0);
+    kv_free(switched);
+    kv_free(ref);
+}
+
+static void test_dynamic_to_static_stops_demoting(void **state)
+{
+    (void)state;
+    struct kv_config cfg;
+    base_config(&cfg, 64, 6);
+    cfg.policy = KV_POLICY_DYNAMIC;
+    cfg.hot_tokens = 16;
+    cfg.sink_tokens = 0;
+    struct kv_cache *kv;
+    assert_int_equal(kv_create(&cfg, &kv), KS_OK);
+    int32_t s;
+    assert_int_equal(kv_seq_create(kv, &s), KS_OK);
+    assert_int_equal(grow(kv, s, 5 * 16), KS_OK);
+    struct kv_policy_update u = {.set = KV_SET_POLICY, .policy = KV_POLICY_STATIC};
+    assert_int_equal(kv_set_policy(kv, &u), KS_OK);
+    assert_int_equal(grow(kv, s, 16), KS_OK); /* page 6 of 6: fits without demoting */
+    assert_int_equal(grow(kv, s, 16), KS_ERR_KV_FULL);
+    assert_non_null(strstr(ks_errmsg(), "--kv-policy dynamic"));
+    struct kv_usage us;
+    kv_usage(kv, &us);
+    assert_int_equal(us.demotions, 0);
+    assert_int_equal(us.pages_k[kv_type_index(QUANT_F16)], 6);
+    /* back to dynamic: the next page demotes old ones to make room */
+    u.policy = KV_POLICY_DYNAMIC;
+    assert_int_equal(kv_set_policy(kv, &u), KS_OK);
+    assert_int_equal(grow(kv, s, 16), KS_OK);
+    kv_usage(kv, &us);
+    assert_true(us.demotions > 0);
+    assert_int_equal(kv_check(kv), KS_OK);
+    kv_free(kv);
+}
+
+static void test_lower_high_watermark_demotes_at_next_allocation(void **state)
+{
+    (void)state;
+    struct kv_config cfg;
+    base_config(&cfg, 64, 20);
+    cfg.policy = KV_POLICY_DYNAMIC;
+    cfg.hot_tokens = 16;
+    cfg.sink_tokens = 0;
+    struct kv_cache *kv;
+    assert_int_equal(kv_create(&cfg, &kv), KS_OK);
+    int32_t s;
+    assert_int_equal(kv_seq_create(kv, &s), KS_OK);
+    assert_int_equal(grow(kv, s, 10 * 16), KS_OK); /* 50 %: no demotion at 0.90 */
+    struct kv_usage us;
+    kv_usage(kv, &us);
+    assert_int_equal(us.demotions, 0);
+    struct kv_policy_update u = {.set = KV_SET_HIGH_WATERMARK | KV_SET_LOW_WATERMARK, .high_watermark = 0.4f,
+                                 .low_watermark = 0.3f};
+    assert_int_equal(kv_set_policy(kv, &u), KS_OK);
+    kv_usage(kv, &us);
+    assert_int_equal(us.demotions, 0); /* nothing happens until the cache allocates */
+    assert_int_equal(grow(kv, s, 16), KS_OK);
+    kv_usage(kv, &us);
+    assert_true(us.demotions > 0);
+    assert_true((double)us.used <= 0.3 * (double)us.budget);
+    kv_free(kv);
+}
+
+static void test_start_types_apply_to_new_pages_only(void **state)
+{
+    (void)state;
+    struct kv_config cfg;
+    base_config(&cfg, 64, 20);
+    struct kv_cache *kv;
+    assert_int_equal(kv_create(&cfg, &kv), KS_OK);
+    int32_t s;
+    assert_int_equal(kv_seq_create(kv, &s), KS_OK);
+    assert_int_equal(grow(kv, s, 2 * 16), KS_OK);
+    struct kv_policy_update u = {.set = KV_SET_TYPE_K | KV_SET_TYPE_V, .type_k = QUANT_Q8_0, .type_v = QUANT_Q4_0};
+    assert_int_equal(kv_set_policy(kv, &u), KS_OK);
+    assert_int_equal(grow(kv, s, 3 * 16), KS_OK);
+    struct kv_usage us;
+    kv_usage(kv, &us);
+    assert_int_equal(us.pages_k[kv_type_index(QUANT_F16)], 2);
+    assert_int_equal(us.pages_v[kv_type_index(QUANT_F16)], 2);
+    assert_int_equal(us.pages_k[kv_type_index(QUANT_Q8_0)], 3);
+    assert_int_equal(us.pages_v[kv_type_index(QUANT_Q4_0)], 3);
+    assert_int_equal(us.used, 2 * kv_page_bytes(&cfg, QUANT_F16, QUANT_F16) +
+                                  3 * kv_page_bytes(&cfg, QUANT_Q8_0, QUANT_Q4_0));
+    assert_int_equal(kv_check(kv), KS_OK);
+    kv_free(kv);
+}
+
+struct bad_case {
+    struct kv_policy_update u;
+    const char *field; /* must appear in the message */
+};
+
+static void test_bad_values_change_nothing(void **state)
+{
+    (void)state;
+    struct kv_config cfg;
+    base_config(&cfg, 48, 1); /* head_dim 48: no quantized types; room for one f16 page */
+    struct kv_cache *kv;
+    assert_int_equal(kv_create(&cfg, &kv), KS_OK);
+    const struct bad_case cases[] = {
+        {{.set = KV_SET_POLICY, .policy = (enum kv_policy)7}, "policy"},
+        {{.set = KV_SET_HIGH_WATERMARK, .high_watermark = 1.5f}, "high_watermark"},
+        {{.set = KV_SET_HIGH_WATERMARK, .high_watermark = 0.0f}, "high_watermark"},
+        {{.set = KV_SET_HIGH_WATERMARK, .high_watermark = NAN}, "high_watermark"},
+        {{.set = KV_SET_LOW_WATERMARK, .low_watermark = 0.95f}, "low_watermark"}, /* above high 0.90 */
+        {{.set = KV_SET_LOW_WATERMARK, .low_watermark = -0.1f}, "low_watermark"},
+        {{.set = KV_SET_HOT_TOKENS, .hot_tokens = -1}, "hot_tokens"},
+        {{.set = KV_SET_SINK_TOKENS, .sink_tokens = 1 << 30}, "sink_tokens"},
+        {{.set = KV_SET_FLOOR, .floor = QUANT_Q4_0}, "floor"},
+        {{.set = KV_SET_FLOOR, .floor = QUANT_Q4_K}, "floor"},
+        {{.set = KV_SET_TYPE_K, .type_k = QUANT_Q8_0}, "type_k"},
+        {{.set = KV_SET_TYPE_V, .type_v = QUANT_BF16}, "type_v"},
+        {{.set = KV_SET_TYPE_K | KV_SET_TYPE_V, .type_k = QUANT_F32, .type_v = QUANT_F32}, "budget"},
+        {{.set = 1u << 20}, "unknown"},
+        /* a valid field beside a bad one: still nothing changes */
+        {{.set = KV_SET_POLICY | KV_SET_HOT_TOKENS, .policy = KV_POLICY_DYNAMIC, .hot_tokens = -5}, "hot_tokens"},
+    };
+    cfg = *kv_get_config(kv);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        assert_int_equal(kv_set_policy(kv, &cases[i].u), KS_ERR_INVALID_ARG);
+        if (!strstr(ks_errmsg(), cases[i].field))
+            fail_msg("case %zu: message '%s' does not name '%s'", i, ks_errmsg(), cases[i].field);
+        assert_memory_equal(kv_get_config(kv), &cfg, sizeof cfg);
+    }
+    assert_int_equal(kv_set_policy(kv, NULL), KS_ERR_INVALID_ARG);
+    /* an empty update is valid and changes nothing */
+    struct kv_policy_update none = {0};
+    assert_int_equal(kv_set_policy(kv, &none), KS_OK);
+    assert_memory_equal(kv_get_config(kv), &cfg, sizeof cfg);
+    /* the default q4_0 floor of a head_dim-48 cache does not block other changes */
+    struct kv_policy_update dyn = {.set = KV_SET_POLICY, .policy = KV_POLICY_DYNAMIC};
+    assert_int_equal(kv_set_policy(kv, &dyn), KS_OK);
+    kv_free(kv);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_static_to_dynamic_matches_a_dynamic_cache),
+        cmocka_unit_test(test_dynamic_to_static_stops_demoting),
+        cmocka_unit_test(test_lower_high_watermark_demotes_at_next_allocation),
+        cmocka_unit_test(test_start_types_apply_to_new_pages_only),
+        cmocka_unit_test(test_bad_values_change_nothing),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
