@@ -383,15 +383,26 @@ static void detect_eog(struct tokenizer *t)
         t->is_eog[sp->eom] = true;
 }
 
-static const struct tokenizer *sort_ctx;
-
-static int by_length_desc(const void *a, const void *b)
+static int cmp_u64(const void *a, const void *b)
 {
-    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    uint32_t lx = sort_ctx->tokens[x].text_len, ly = sort_ctx->tokens[y].text_len;
-    if (lx != ly)
-        return lx > ly ? -1 : 1;
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
     return x < y ? -1 : x > y;
+}
+
+/* Longest text first, then lowest id (llama.cpp's sort is unstable; ties
+ * only matter for equal-length tokens that overlap in a text). */
+static ks_status sort_special(struct tokenizer *t)
+{
+    uint64_t *keys = malloc((t->n_special ? t->n_special : 1) * sizeof *keys);
+    if (!keys)
+        return ks_fail(KS_ERR_NOMEM, "tokenizer: out of memory");
+    for (size_t k = 0; k < t->n_special; k++)
+        keys[k] = (uint64_t)(UINT32_MAX - t->tokens[t->special[k]].text_len) << 32 | (uint32_t)t->special[k];
+    qsort(keys, t->n_special, sizeof *keys, cmp_u64);
+    for (size_t k = 0; k < t->n_special; k++)
+        t->special[k] = (int32_t)(uint32_t)keys[k];
+    free(keys);
+    return KS_OK;
 }
 
 static ks_status index_special(struct tokenizer *t)
@@ -443,10 +454,8 @@ static ks_status collect_special(struct tokenizer *t)
     for (int32_t i = 0; i < t->n_vocab; i++)
         if ((t->tokens[i].attr & mask) && t->tokens[i].text_len > 0)
             t->special[t->n_special++] = i;
-    sort_ctx = t; /* load is not re-entrant on this static; qsort_r is not portable C11 */
-    qsort(t->special, t->n_special, sizeof *t->special, by_length_desc);
-    sort_ctx = NULL;
-    return index_special(t);
+    ks_status st = sort_special(t);
+    return st ? st : index_special(t);
 }
 
 /* Phi-3 GGUFs strip whitespace after their special tokens (llama.cpp keys
