@@ -299,7 +299,7 @@ int cli_bench(int argc, char **argv)
     if (!st && o.n_gen > 0 && !(st = run_test(&b, BENCH_TG, o.n_gen, &s)))
         print_row(&b, path, BENCH_TG, o.n_gen, s);
     if (st)
-        fprintf(stderr, "kvserve bench: %s: %s\n", ks_strerror(st), ks_errmsg());
+        fprintf(stderr, "kvserve bench: %s\n", *ks_errmsg() ? ks_errmsg() : ks_strerror(st));
     bench_free(&b);
     return st ? 1 : 0;
 }

@@ -430,13 +430,14 @@ int cli_generate(int argc, char **argv)
     }
     struct gen_run r = {.o = &o};
     ks_status st = setup(&r, path);
+    bool started = !st;
     if (!st)
         st = prefill(&r);
     if (!st)
         st = decode_loop(&r);
     if (st)
-        fprintf(stderr, "kvserve generate: %s: %s\n", ks_strerror(st), ks_errmsg());
-    else
+        fprintf(stderr, "kvserve generate: %s\n", *ks_errmsg() ? ks_errmsg() : ks_strerror(st));
+    if (started) /* after a mid-run failure too: the tokens so far were printed */
         print_timing(&r);
     run_free(&r);
     free(o.ids);
