@@ -289,8 +289,13 @@ static ks_status setup(struct gen_run *r, const char *model_path)
         return st;
     r->load_ms = (cli_now() - t0) * 1e3;
     r->n_vocab = model_hparams(r->model)->n_vocab;
-    if ((st = open_tokenizer(r)) || (st = prompt_tokens(r)) || (st = threads_create(o->n_threads, &r->pool)) || (st = open_cache(r)))
+    if ((st = open_tokenizer(r)) || (st = prompt_tokens(r)) || (st = threads_create(o->n_threads, &r->pool)) ||
+        (st = open_cache(r)))
         return st;
+    int n_ctx_train = model_hparams(r->model)->n_ctx_train;
+    if (n_ctx_train > 0 && (int64_t)r->n_prompt + o->n_predict > n_ctx_train)
+        fprintf(stderr, "kvserve generate: warning: %d prompt + %d new tokens exceed the model's trained context of %d\n",
+                (int)r->n_prompt, o->n_predict, n_ctx_train);
     int32_t max_batch = r->n_prompt < o->n_batch ? r->n_prompt : o->n_batch;
     if ((st = model_ctx_create(r->model, max_batch, r->pool, &r->ctx)) ||
         (st = sample_create(&o->sp, r->n_vocab, &r->sampler)))
@@ -339,7 +344,7 @@ static ks_status emit(struct gen_run *r, int32_t token)
 {
     if (!r->stream) {
         printf(r->n_gen > 1 ? " %d" : "%d", (int)token);
-    } else {
+    } else if (token < tok_n_vocab(r->tok)) { /* models may pad the vocabulary beyond the tokenizer's */
         const char *bytes;
         size_t len;
         ks_status st = tok_stream_push(r->stream, token, &bytes, &len);
