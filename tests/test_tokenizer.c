@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -274,9 +275,74 @@ static void test_cli_chat(void **state)
     assert_int_not_equal(pclose(p), 0);
 }
 
+/* A hand-made byte-level BPE vocabulary: merges apply by rank, and an
+ * unknown tokenizer.ggml.pre falls back to "default". */
+static void test_synthetic_bpe(void **state)
+{
+    (void)state;
+    /* the 256 byte-level characters, then merged tokens */
+    char *strs[260];
+    char chars[256][4];
+    uint64_t lens[260];
+    int n = 0;
+    for (int b = 0; b < 256; b++) {
+        int cp = b;
+        if (!((b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || (b >= 0xae)))
+            cp = 256 + (b <= 0x20 ? b : b <= 0xa0 ? 33 + b - 0x7f : 67);
+        int l = cp < 0x80 ? (chars[b][0] = (char)cp, 1)
+                          : (chars[b][0] = (char)(0xc0 | cp >> 6), chars[b][1] = (char)(0x80 | (cp & 63)), 2);
+        strs[n] = chars[b];
+        lens[n++] = (uint64_t)l;
+    }
+    const char *extra[] = {"\xc4\xa0t", "he", "\xc4\xa0the", "<|end|>"};
+    for (int i = 0; i < 4; i++) {
+        strs[n] = (char *)extra[i];
+        lens[n++] = strlen(extra[i]);
+    }
+    const char *merges[] = {"h e", "\xc4\xa0 t", "\xc4\xa0t he"};
+    int32_t types[260];
+    for (int i = 0; i < 260; i++)
+        types[i] = i == 259 ? 3 : 1;
+    char path[] = "/tmp/kvserve-tok-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    struct gguf_writer *w = NULL;
+    assert_int_equal(gguf_writer_create(&w), KS_OK);
+    assert_int_equal(gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2"), KS_OK);
+    assert_int_equal(gguf_writer_set_str(w, "tokenizer.ggml.pre", "no-such-pre"), KS_OK);
+    assert_int_equal(gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)strs, lens, 260), KS_OK);
+    assert_int_equal(gguf_writer_set_arr(w, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, types, 260), KS_OK);
+    assert_int_equal(gguf_writer_set_arr_str(w, "tokenizer.ggml.merges", merges, NULL, 3), KS_OK);
+    assert_int_equal(gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", 259), KS_OK);
+    assert_int_equal(gguf_writer_write(w, path), KS_OK);
+    gguf_writer_free(w);
+    struct tokenizer *t = load_vocab(path);
+    unlink(path);
+    assert_non_null(t);
+    assert_string_equal(tok_pre_name(t), "default");
+    assert_int_equal(tok_family(t), TOK_FAMILY_BPE);
+    assert_false(tok_special(t)->add_bos);
+    assert_true(tok_is_eog(t, 259));
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    const char *text = "the the<|end|>";
+    assert_int_equal(tok_encode(t, text, strlen(text), TOK_ADD_SPECIAL | TOK_PARSE_SPECIAL, &ids, &n_ids), KS_OK);
+    /* "the" -> t + he; " the" -> Ġthe; <|end|> whole */
+    const int32_t want[] = {'t', 257, 258, 259};
+    assert_int_equal(n_ids, 4);
+    assert_memory_equal(ids, want, sizeof want);
+    free(ids);
+    assert_int_equal(tok_encode(t, text, strlen(text), 0, &ids, &n_ids), KS_OK);
+    assert_int_equal(n_ids, 3 + 7); /* <|end|> as plain text: one token per byte */
+    free(ids);
+    tok_free(t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_synthetic_bpe),
         cmocka_unit_test(test_cli_tokenize),
         cmocka_unit_test(test_cli_chat),
         cmocka_unit_test(test_stories260k),
