@@ -11,6 +11,7 @@
 #include <cmocka.h>
 
 #include "gguf/gguf.h"
+#include "tokenizer/tok_internal.h"
 #include "tokenizer/tokenizer.h"
 
 #define SEPARATOR "\n__ggml_vocab_test__\n"
@@ -323,6 +324,42 @@ static void test_reference_continuation(void **state)
     tok_free(t);
 }
 
+/* SPM merges each word alone when the vocabulary allows it; that must give
+ * exactly what merging the whole text at once gives. */
+static void test_spm_words_equal_whole(void **state)
+{
+    (void)state;
+    char path[1024];
+    size_t len = 0;
+    char *text = shared_path(path, sizeof path, "models/trained/sample.txt") ? read_all(path, &len) : NULL;
+    static const char *const vocabs[] = {"models/vocab/ggml-vocab-llama-spm.gguf", "models/stories260K.gguf",
+                                         "models/trained/tiny-llama-gqa-hd64-f32.gguf"};
+    int tested = 0;
+    for (size_t v = 0; text && v < sizeof vocabs / sizeof vocabs[0]; v++) {
+        struct tokenizer *t = load(vocabs[v]);
+        if (!t)
+            continue;
+        assert_true(t->spm_split_words);
+        size_t n = len < 40000 ? len : 40000;
+        for (size_t i = 0; i < 64; i++) /* sprinkle odd spacing and invalid bytes */
+            text[(i * 7919) % n] = "  \xe2\x96\x81\xff\t"[i % 6];
+        int32_t *a = NULL, *b = NULL;
+        size_t na = 0, nb = 0;
+        assert_int_equal(tok_encode(t, text, n, 0, &a, &na), KS_OK);
+        t->spm_split_words = false;
+        assert_int_equal(tok_encode(t, text, n, 0, &b, &nb), KS_OK);
+        assert_int_equal(na, nb);
+        assert_memory_equal(a, b, na * sizeof *a);
+        free(a);
+        free(b);
+        tok_free(t);
+        tested++;
+    }
+    free(text);
+    if (!tested)
+        skip();
+}
+
 /* ---- chat templates ----------------------------------------------------- */
 
 static const struct tok_chat_msg convo[] = {
@@ -443,6 +480,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_roundtrip),    cmocka_unit_test(test_stream),
         cmocka_unit_test(test_fuzz),         cmocka_unit_test(test_reference_continuation),
+        cmocka_unit_test(test_spm_words_equal_whole),
         cmocka_unit_test(test_chat_render),  cmocka_unit_test(test_chat_detect),
         cmocka_unit_test(test_chat_tokens),
     };
