@@ -404,6 +404,14 @@ static void test_matmul_vs_naive(void **state)
             }
             check_matmul(pool, k_basic[ti], 33, 2048 + 32, 35);
         }
+        /* k-quants go through the generic path (traits vec_dot / multi-token kernels) */
+        const enum quant_type kq[] = {QUANT_Q4_K, QUANT_Q6_K};
+        for (size_t ti = 0; ti < 2; ti++) {
+            for (int64_t nt = 1; nt <= 17; nt++)
+                check_matmul(pool, kq[ti], 19, 512, nt);
+            check_matmul(pool, kq[ti], 33, 256, 64);
+            check_matmul(pool, kq[ti], 5, 768, 70);
+        }
         threads_free(pool);
     }
 }

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "quant/kquants.h"
 #include "quant/quant_internal.h"
 
 #if defined(QUANT_HAVE_AVX512)
@@ -35,7 +36,8 @@
 #endif
 #define FL_TT 2            /* float micro-tile: groups of 16 tokens */
 #define MM_PREFILL_MIN 8   /* token count from which the tiled kernels win */
-#define Q8_ROW_CHUNK 16    /* generic path: rows per cache-resident chunk */
+#define MM_ROW_CHUNK 16    /* generic path: rows per cache-resident chunk */
+#define MM_KQ_TOKENS 64    /* generic path, k-quants: tokens per L2-resident block */
 #define QB 32              /* elements per Q8_0 block */
 
 static size_t align_up(size_t n) { return (n + MM_ALIGN - 1) / MM_ALIGN * MM_ALIGN; }
@@ -146,10 +148,25 @@ static void generic_compute(void *vctx, int ith, int nth)
     struct mm *m = vctx;
     int64_t ahead = MM_PREFETCH_BYTES / (int64_t)m->wrow + 1;
     int64_t lo, hi;
-    threads_split(ceil_div(m->rows, Q8_ROW_CHUNK), ith, nth, &lo, &hi);
+    threads_split(ceil_div(m->rows, MM_ROW_CHUNK), ith, nth, &lo, &hi);
     bool direct = m->path == MM_FLOAT_DECODE; /* float weights read X as is */
+    bool kquant = m->wtype >= QUANT_Q2_K && m->wtype <= QUANT_Q8_K;
+    quant_kq_dot_multi_fn multi = kquant && m->n_tokens > 1 ? quant_kquants_dot_multi(m->wtype) : NULL;
+    if (multi) { /* k-quants unpack each weight block once for several tokens */
+        for (int64_t c = lo; c < hi; c++) {
+            int64_t r0 = c * MM_ROW_CHUNK, r1 = r0 + MM_ROW_CHUNK < m->rows ? r0 + MM_ROW_CHUNK : m->rows;
+            /* a block of tokens stays in L2 while the chunk's rows pass over it */
+            for (int64_t t0 = 0; t0 < m->n_tokens; t0 += MM_KQ_TOKENS) {
+                int nt = (int)(m->n_tokens - t0 < MM_KQ_TOKENS ? m->n_tokens - t0 : MM_KQ_TOKENS);
+                for (int64_t r = r0; r < r1; r++)
+                    multi((int)m->cols, nt, &m->Y[t0 * m->rows + r], (size_t)m->rows, m->W + r * m->wrow,
+                          m->work + t0 * m->xrow, m->xrow);
+            }
+        }
+        return;
+    }
     for (int64_t c = lo; c < hi; c++) {
-        int64_t r0 = c * Q8_ROW_CHUNK, r1 = r0 + Q8_ROW_CHUNK < m->rows ? r0 + Q8_ROW_CHUNK : m->rows;
+        int64_t r0 = c * MM_ROW_CHUNK, r1 = r0 + MM_ROW_CHUNK < m->rows ? r0 + MM_ROW_CHUNK : m->rows;
         for (int64_t t = 0; t < m->n_tokens; t++) {
             const void *x = direct ? (const void *)(m->X + t * m->cols) : (const void *)(m->work + t * m->xrow);
             for (int64_t r = r0; r < r1; r++) {
