@@ -430,6 +430,11 @@ static void test_chat_detect(void **state)
         struct tokenizer *t = load(models[i].vocab);
         if (!t)
             continue;
+        /* every family's end-of-turn marker ends generation */
+        static const char *const ends[] = {"<|eot_id|>", "<|im_end|>", "<|end|>"};
+        int32_t end = tok_find(t, ends[i], strlen(ends[i]));
+        assert_true(end >= 0 && tok_is_eog(t, end) && tok_is_control(t, end));
+        assert_true(tok_is_eog(t, tok_special(t)->eos));
         assert_int_equal(tok_chat_for(t, NULL, &fam), KS_OK);
         assert_int_equal(fam, models[i].fam);
         assert_int_equal(tok_chat_for(t, "gemma", &fam), KS_OK);

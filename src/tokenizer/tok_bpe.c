@@ -35,7 +35,7 @@ struct pre_type {
 };
 
 static const struct pre_type pre_types[] = {
-    {"default|gpt-neox",
+    {"default",
      {"[\\p{P}\\$\\+<=>\\^~\\|]+", RE_GPT2, "\\p{N}+", "[0-9][0-9][0-9]"}, false, false},
     {"llama3|llama-v3|llama-bpe|falcon3|falcon-h1|pixtral|midm-2.0|lfm2", {RE_LLAMA3}, true, true},
     {"dbrx|smaug-bpe|chatglm-bpe", {RE_LLAMA3}, false, false},
@@ -47,7 +47,8 @@ static const struct pre_type pre_types[] = {
     {"deepseek-coder", {"[\r\n]", "\\s?\\p{L}+", "\\s?\\p{P}+", RE_CJK, "\\p{N}"}, false, false},
     {"falcon", {"[\\p{P}\\$\\+<=>\\^~\\|`]+", RE_GPT2, "[0-9][0-9][0-9]"}, false, false},
     {"starcoder|refact|command-r|smollm|codeshell|exaone|minerva-7b", {"\\p{N}", RE_GPT2}, false, false},
-    {"gpt-2|mpt|olmo|jais|phi-2|roberta-bpe|jina-es|jina-de|gigachat|jina-v1-en|jina-v2-es|jina-v2-de|"
+    /* gpt-neox: its tokenizer.json uses GPT-2's ByteLevel split, like mpt */
+    {"gpt-2|gpt-neox|mpt|olmo|jais|phi-2|roberta-bpe|jina-es|jina-de|gigachat|jina-v1-en|jina-v2-es|jina-v2-de|"
      "jina-v2-code|trillion",
      {RE_GPT2}, false, false},
     {"qwen2|deepseek-r1-qwen|stablelm2|megrez|hunyuan", {RE_QWEN2}, false, false},
