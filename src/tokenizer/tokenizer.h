@@ -83,12 +83,13 @@ int32_t tok_find(const struct tokenizer *t, const char *text, size_t len);
 #define TOK_PARSE_SPECIAL 2u /* match control and user-defined tokens written in the
                                 text; leave OFF for untrusted text (user input) */
 
-/* Tokenize text[0..len) (any bytes; invalid UTF-8 is tokenized, never rejected).
+/* Tokenize text[0..len) (any bytes; invalid UTF-8 is tokenized, never rejected,
+ * and for SPM/BPE vocabularies with all 256 byte tokens it decodes back intact).
  *   ids    receives a malloc'd array the caller frees with free(); it is a
  *          valid pointer (never NULL) even when *n_ids is 0
  *   n_ids  receives the count
  * Errors: KS_ERR_INVALID_ARG (NULL t/ids/n_ids, or text NULL with len > 0),
- *         KS_ERR_NOMEM. */
+ *         KS_ERR_RANGE (len over 1 GiB), KS_ERR_NOMEM. */
 ks_status tok_encode(const struct tokenizer *t, const char *text, size_t len, unsigned flags,
                      int32_t **ids, size_t *n_ids);
 
@@ -106,9 +107,10 @@ ks_status tok_text(const struct tokenizer *t, int32_t id, const char **text, siz
 
 /* Flags for tok_decode and tok_stream_create. */
 #define TOK_DECODE_SPECIAL 1u     /* render control tokens as their text (default: "") */
-#define TOK_DECODE_KEEP_SPACE 2u  /* SPM with add_space_prefix: keep the leading space of
-                                     the first piece (default: drop it, so that
-                                     decode(encode(x)) == x) */
+#define TOK_DECODE_KEEP_SPACE 2u  /* SPM/WPM with add_space_prefix: keep the leading space
+                                     of the first non-control piece (default: drop it, so
+                                     that decode(encode(x)) == x; a BOS before it does not
+                                     count) */
 #define TOK_DECODE_REPLACE_BAD 4u /* replace invalid UTF-8 with U+FFFD (default: raw bytes) */
 
 /* Detokenize ids[0..n) in one shot into a malloc'd NUL-terminated string
