@@ -1,8 +1,7 @@
-/* SIMD kernel sets. AVX2 (+FMA, F16C): 8-wide floats, 32-byte q8_0/q4_0
- * blocks as one 256-bit integer dot (VNNI when present). AVX-512: 16-wide
- * floats for f32/f16 scores and every V accumulation; quantized K scores
- * keep the 256-bit block dot, which already matches the block size.
- * Kernels fall back to the scalar reference for head_dim they cannot tile. */
+/* AVX2 (+FMA, F16C) kernel set: 8-wide floats, 32-byte q8_0/q4_0 blocks as
+ * one 256-bit integer dot (VNNI when present). Kernels fall back to the
+ * scalar reference for head_dim they cannot tile. The AVX-512 set is in
+ * attn_avx512.c and uses this one for what it does not cover. */
 #include "attn/attn_internal.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -307,109 +306,10 @@ static const struct attn_kernels AVX2 = {
 };
 #endif
 
-#if defined(AVX2_ON) && defined(__AVX512F__)
-ALWAYS_INLINE __m512 load16_f32(const void *p) { return _mm512_loadu_ps(p); }
-ALWAYS_INLINE __m512 load16_f16(const void *p) { return _mm512_cvtph_ps(_mm256_loadu_si256(p)); }
-#define load16_f32_q load16_f32
-#define load16_f16_q load16_f32
-
-FLOAT_SCORE_ROWS(score_f32_avx512, float, load16_f32, 16, __m512, _mm512_fmadd_ps, _mm512_setzero_ps,
-                 _mm512_reduce_add_ps)
-FLOAT_SCORE_ROWS(score_f16_avx512, quant_f16, load16_f16, 16, __m512, _mm512_fmadd_ps, _mm512_setzero_ps,
-                 _mm512_reduce_add_ps)
-FLOAT_ACCUM(accum_f32_avx512, float, load16_f32, 16, __m512, _mm512_fmadd_ps, _mm512_set1_ps, _mm512_loadu_ps,
-            _mm512_storeu_ps)
-FLOAT_ACCUM(accum_f16_avx512, quant_f16, load16_f16, 16, __m512, _mm512_fmadd_ps, _mm512_set1_ps,
-            _mm512_loadu_ps, _mm512_storeu_ps)
-
-/* As quant_accum_rows with one 16-float vector per half block. */
-ALWAYS_INLINE void quant_accum_rows16(const uint8_t *v, size_t rb, bool q4, int n_tok,
-                                      const struct attn_rows *rows, int r0, int nr, int b, int h)
-{
-    float *base = rows->acc + b * QK8_0 + h * HALF_BLOCK;
-    __m512 a[ROW_BLOCK];
-    for (int i = 0; i < nr; i++)
-        a[i] = _mm512_loadu_ps(base + (size_t)(r0 + i) * rows->dim);
-    for (int t = 0; t < n_tok; t++) {
-        const uint8_t *vt = v + (size_t)t * rb;
-        __m128i x;
-        float d;
-        if (q4) {
-            const block_q4_0 *blk = (const block_q4_0 *)vt + b;
-            __m128i raw = _mm_loadu_si128((const __m128i *)blk->qs);
-            x = _mm_sub_epi8(_mm_and_si128(h ? _mm_srli_epi16(raw, 4) : raw, _mm_set1_epi8(0x0F)), _mm_set1_epi8(8));
-            d = _cvtsh_ss(blk->d);
-        } else {
-            const block_q8_0 *blk = (const block_q8_0 *)vt + b;
-            x = _mm_loadu_si128((const __m128i *)(blk->qs + h * HALF_BLOCK));
-            d = _cvtsh_ss(blk->d);
-        }
-        __m512 val = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(x));
-        for (int i = 0; i < nr; i++)
-            a[i] = _mm512_fmadd_ps(_mm512_set1_ps(rows->s[(size_t)(r0 + i) * rows->stride + t] * d), val, a[i]);
-    }
-    for (int i = 0; i < nr; i++)
-        _mm512_storeu_ps(base + (size_t)(r0 + i) * rows->dim, a[i]);
-}
-
-ALWAYS_INLINE void quant_accum16(const uint8_t *v, int n_tok, const struct attn_rows *rows, bool q4)
-{
-    size_t rb = kv_row_bytes(q4 ? QUANT_Q4_0 : QUANT_Q8_0, rows->dim);
-    for (int b = 0; b < rows->dim / QK8_0; b++)
-        for (int h = 0; h < 2; h++) {
-            int r = 0;
-            for (; r + ROW_BLOCK <= rows->n; r += ROW_BLOCK)
-                quant_accum_rows16(v, rb, q4, n_tok, rows, r, ROW_BLOCK, b, h);
-            for (; r < rows->n; r++)
-                quant_accum_rows16(v, rb, q4, n_tok, rows, r, 1, b, h);
-        }
-}
-
-static void accum_q8_0_avx512(const uint8_t *v, int n_tok, const struct attn_rows *rows)
-{
-    quant_accum16(v, n_tok, rows, false);
-}
-
-static void accum_q4_0_avx512(const uint8_t *v, int n_tok, const struct attn_rows *rows)
-{
-    quant_accum16(v, n_tok, rows, true);
-}
-
-/* 16-wide kernels for head_dim % 16 == 0, else the 8-wide ones. */
-#define WIDE_OR_AVX2(name, wide, narrow)                                                                     \
-    static void name(const uint8_t *x, int n_tok, const struct attn_rows *rows)                             \
-    {                                                                                                        \
-        if (rows->dim % 16)                                                                                  \
-            narrow(x, n_tok, rows);                                                                          \
-        else                                                                                                 \
-            wide(x, n_tok, rows);                                                                            \
-    }
-WIDE_OR_AVX2(score_f32_avx512_g, score_f32_avx512, score_f32_avx2_g)
-WIDE_OR_AVX2(score_f16_avx512_g, score_f16_avx512, score_f16_avx2_g)
-WIDE_OR_AVX2(accum_f32_avx512_g, accum_f32_avx512, accum_f32_avx2_g)
-WIDE_OR_AVX2(accum_f16_avx512_g, accum_f16_avx512, accum_f16_avx2_g)
-
-static const struct attn_kernels AVX512 = {
-    "avx512",
-    {score_f32_avx512_g, score_f16_avx512_g, score_q8_0_avx2, score_q4_0_avx2},
-    {accum_f32_avx512_g, accum_f16_avx512_g, accum_q8_0_avx512, accum_q4_0_avx512},
-    exp_sum_avx2,
-};
-#endif
-
 const struct attn_kernels *attn_kernels_avx2(void)
 {
 #if defined(AVX2_ON)
     return &AVX2;
-#else
-    return NULL;
-#endif
-}
-
-const struct attn_kernels *attn_kernels_avx512(void)
-{
-#if defined(AVX2_ON) && defined(__AVX512F__)
-    return &AVX512;
 #else
     return NULL;
 #endif

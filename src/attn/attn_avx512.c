@@ -1,0 +1,489 @@
+/* AVX-512 kernel set.
+ *
+ * Scores: each (query row, token) pair gives one 16-lane vector whose
+ * horizontal sum is the score; sixteen such vectors are reduced together by
+ * a transposed tree (unpack/shuffle + add), so no per-score horizontal sum
+ * is paid. Rows go in blocks of NR = 4, 2 or 1, and a block's 16 vectors
+ * cover 16 / NR tokens.
+ * Quantized K (needs VNNI and VBMI): the row's nibbles or int8 values are
+ * gathered with one byte permute and dotted against the int8 query with
+ * vpdpbusd as unsigned bytes; the offset that makes them unsigned (8 for q4_0,
+ * 128 for q8_0) is folded into the accumulator's start value, -offset times the
+ * query's byte sums, computed once per page.
+ * V: one block at a time is widened to f32 in registers (q4_0 through a 16-entry
+ * table of (n - 8) * d) and FMA'd into the accumulators of every row. */
+#include "attn/attn_internal.h"
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX2__) && \
+    defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#include <string.h>
+
+#define AVX512_ON 1
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+
+enum { LANES = 16, ROW_BLOCK = 4, Q4_CHUNK = 4 /* blocks per 64-byte vector */, Q8_CHUNK = 2 };
+
+/* ---- transposed reductions ------------------------------------------------- */
+
+/* Lane 4L + i: sum of the four floats of vector i in 128-bit lane L. */
+ALWAYS_INLINE __m512 red4(__m512 a, __m512 b, __m512 c, __m512 d)
+{
+    __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+    __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
+    __m512d x = _mm512_castps_pd(ab), y = _mm512_castps_pd(cd);
+    return _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+}
+
+/* From four red4 results y_g: lane 4g + i is the full sum of vector i of group g. */
+ALWAYS_INLINE __m512 red4x4(__m512 y0, __m512 y1, __m512 y2, __m512 y3)
+{
+    __m512 z01 = _mm512_add_ps(_mm512_shuffle_f32x4(y0, y1, _MM_SHUFFLE(1, 0, 1, 0)),
+                               _mm512_shuffle_f32x4(y0, y1, _MM_SHUFFLE(3, 2, 3, 2)));
+    __m512 z23 = _mm512_add_ps(_mm512_shuffle_f32x4(y2, y3, _MM_SHUFFLE(1, 0, 1, 0)),
+                               _mm512_shuffle_f32x4(y2, y3, _MM_SHUFFLE(3, 2, 3, 2)));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(z01, z23, _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(z01, z23, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+/* Lane tl * nr + r of z is the score of row r0 + r at token t0 + tl; store
+ * the first n_valid tokens of each row. */
+ALWAYS_INLINE void store_scores(__m512 z, int nr, const struct attn_rows *rows, int r0, int t0, int n_valid)
+{
+    static const int32_t to_row_major[3][LANES] = {
+        {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15},
+        {0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15},
+        {0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15},
+    };
+    int T = LANES / nr;
+    float buf[LANES];
+    _mm512_storeu_ps(buf, _mm512_permutexvar_ps(_mm512_loadu_si512(to_row_major[nr == 4 ? 2 : nr - 1]), z));
+    for (int r = 0; r < nr; r++) {
+        float *dst = rows->s + (size_t)(r0 + r) * rows->stride + t0;
+        if (n_valid >= T)
+            memcpy(dst, buf + r * T, (size_t)T * sizeof(float));
+        else
+            for (int tl = 0; tl < n_valid; tl++)
+                dst[tl] = buf[r * T + tl];
+    }
+}
+
+/* Run dots(t, v) for the 16 / nr tokens from t0 (clamped to the last valid
+ * row, whose repeated scores are not stored), reducing in groups of four. */
+#define SCORE_TOKENS(nr, t0, n_tok, DOTS)                                                                   \
+    do {                                                                                                     \
+        __m512 y_[4];                                                                                        \
+        _Pragma("GCC unroll 4") for (int g_ = 0; g_ < 4; g_++)                                               \
+        {                                                                                                    \
+            __m512 v_[4];                                                                                    \
+            _Pragma("GCC unroll 4") for (int u_ = 0; u_ < 4 / (nr); u_++)                                    \
+            {                                                                                                \
+                int tt_ = (t0) + g_ * (4 / (nr)) + u_;                                                       \
+                int t = tt_ < (n_tok) ? tt_ : (n_tok) - 1;                                                   \
+                __m512 *v = v_ + u_ * (nr);                                                                  \
+                DOTS;                                                                                        \
+            }                                                                                                \
+            y_[g_] = red4(v_[0], v_[1], v_[2], v_[3]);                                                       \
+        }                                                                                                    \
+        z = red4x4(y_[0], y_[1], y_[2], y_[3]);                                                              \
+    } while (0)
+
+/* ---- float K ----------------------------------------------------------------- */
+
+ALWAYS_INLINE __m512 load16(const void *p, bool f16)
+{
+    return f16 ? _mm512_cvtph_ps(_mm256_loadu_si256(p)) : _mm512_loadu_ps(p);
+}
+
+/* v[i] = elementwise products of K row kt with query row i, summed over chunks. */
+ALWAYS_INLINE void float_dots(const uint8_t *kt, bool f16, const float *q, int d, int nr, __m512 *v)
+{
+    _Pragma("GCC unroll 4") for (int i = 0; i < nr; i++) v[i] = _mm512_setzero_ps();
+    for (int c = 0; c < d; c += LANES) {
+        __m512 kc = load16(kt + (size_t)c * (f16 ? 2 : 4), f16);
+        _Pragma("GCC unroll 4") for (int i = 0; i < nr; i++) v[i] =
+            _mm512_fmadd_ps(_mm512_loadu_ps(q + (size_t)i * d + c), kc, v[i]);
+    }
+}
+
+ALWAYS_INLINE void float_score_block(const uint8_t *k, bool f16, int n_tok, const struct attn_rows *rows, int r0,
+                                     int nr)
+{
+    int d = rows->dim;
+    size_t rb = (size_t)d * (f16 ? 2 : 4);
+    const float *q = rows->q + (size_t)r0 * d;
+    for (int t0 = 0; t0 < n_tok; t0 += LANES / nr) {
+        __m512 z;
+        SCORE_TOKENS(nr, t0, n_tok, float_dots(k + (size_t)t * rb, f16, q, d, nr, v));
+        store_scores(z, nr, rows, r0, t0, n_tok - t0);
+    }
+}
+
+ALWAYS_INLINE void float_score(const uint8_t *k, bool f16, int n_tok, const struct attn_rows *rows)
+{
+    int r = 0;
+    for (; r + 4 <= rows->n; r += 4)
+        float_score_block(k, f16, n_tok, rows, r, 4);
+    if (r + 2 <= rows->n) {
+        float_score_block(k, f16, n_tok, rows, r, 2);
+        r += 2;
+    }
+    if (r < rows->n)
+        float_score_block(k, f16, n_tok, rows, r, 1);
+}
+
+static void score_f32_avx512(const uint8_t *k, int n_tok, const struct attn_rows *rows)
+{
+    float_score(k, false, n_tok, rows);
+}
+
+static void score_f16_avx512(const uint8_t *k, int n_tok, const struct attn_rows *rows)
+{
+    float_score(k, true, n_tok, rows);
+}
+
+/* ---- quantized K --------------------------------------------------------------- */
+
+#if defined(__AVX512VNNI__) && defined(__AVX512VBMI__)
+#define AVX512_QUANT_K 1
+
+/* One query row over one chunk of K blocks, in the byte order of the gathered
+ * K bytes; bias is -offset * (query bytes summed per int32 lane). */
+struct qchunk {
+    __m512i q0, q1; /* q4_0: elements 0-15 / 16-31 of each of 4 blocks; q8_0: 2 blocks in q0 */
+    __m512i bias;
+    __m512 dq;      /* per lane: the query block's scale */
+};
+
+enum { MAX_CHUNKS = 8 }; /* head_dim up to 512 for q4_0, 256 for q8_0; larger goes to AVX2 */
+
+ALWAYS_INLINE __mmask64 byte_mask(int n) { return n >= 64 ? ~(__mmask64)0 : n <= 0 ? 0 : ((__mmask64)1 << n) - 1; }
+
+static void prep_q4(const struct attn_rows *rows, int r, int b0, int nbk, struct qchunk *out)
+{
+    int nb = rows->dim / QK8_0;
+    const block_q8_0 *q = rows->q8 + (size_t)r * nb + b0;
+    __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512();
+    for (int j = 0; j < nbk; j++) {
+        __mmask16 m = (__mmask16)(0xF << (4 * j));
+        lo = _mm512_mask_broadcast_i32x4(lo, m, _mm_loadu_si128((const __m128i *)q[j].qs));
+        hi = _mm512_mask_broadcast_i32x4(hi, m, _mm_loadu_si128((const __m128i *)(q[j].qs + QK8_0 / 2)));
+    }
+    __m512i ones = _mm512_set1_epi8(1);
+    __m512i sum = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, lo), ones, hi);
+    out->q0 = lo;
+    out->q1 = hi;
+    out->bias = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sum, 3));
+    __m512 d = _mm512_maskz_loadu_ps((__mmask16)((1u << nbk) - 1), rows->q8d + (size_t)r * nb + b0);
+    out->dq = _mm512_permutexvar_ps(_mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0), d);
+}
+
+static void prep_q8(const struct attn_rows *rows, int r, int b0, int nbk, struct qchunk *out)
+{
+    int nb = rows->dim / QK8_0;
+    const block_q8_0 *q = rows->q8 + (size_t)r * nb + b0;
+    __m512i x = _mm512_setzero_si512();
+    for (int j = 0; j < nbk; j++)
+        x = _mm512_mask_broadcast_i64x4(x, (__mmask8)(0xF << (4 * j)), _mm256_loadu_si256((const __m256i *)q[j].qs));
+    __m512i sum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), x);
+    out->q0 = x;
+    out->q1 = _mm512_setzero_si512();
+    out->bias = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sum, 7));
+    __m512 d = _mm512_maskz_loadu_ps((__mmask16)((1u << nbk) - 1), rows->q8d + (size_t)r * nb + b0);
+    out->dq = _mm512_permutexvar_ps(_mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0), d);
+}
+
+/* K bytes of one chunk of a row, gathered to match struct qchunk, and the
+ * K scale of each lane. */
+struct kchunk {
+    __m512i k0, k1;
+    __m512 dk;
+};
+
+/* q4_0 chunk: up to 4 blocks of 18 bytes (f16 scale, 16 nibble bytes). */
+ALWAYS_INLINE struct kchunk load_q4(const uint8_t *kc, __mmask64 ma, __mmask64 mb)
+{
+    /* byte o of the gather: block o / 16, nibble byte o % 16; block 3 comes from the load at +8 */
+    const __m512i gather = _mm512_set_epi8(
+        127, 126, 125, 124, 123, 122, 121, 120, 119, 118, 117, 116, 115, 114, 113, 112, /* 64 + 56 - 8 + e */
+        53, 52, 51, 50, 49, 48, 47, 46, 45, 44, 43, 42, 41, 40, 39, 38, 35, 34, 33, 32, 31, 30, 29, 28, 27, 26, 25, 24,
+        23, 22, 21, 20, 17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2);
+    const __m512i scales = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 27, 27, 27, 27, 18, 18,
+                                            18, 18, 9, 9, 9, 9, 0, 0, 0, 0);
+    __m512i a = _mm512_maskz_loadu_epi8(ma, kc), b = _mm512_maskz_loadu_epi8(mb, kc + 8);
+    __m512i x = _mm512_permutex2var_epi8(a, gather, b), m = _mm512_set1_epi8(0x0F);
+    struct kchunk r = {
+        _mm512_and_si512(x, m),
+        _mm512_and_si512(_mm512_srli_epi16(x, 4), m),
+        _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(scales, a))),
+    };
+    return r;
+}
+
+/* q8_0 chunk: up to 2 blocks of 34 bytes (f16 scale, 32 int8); the bytes are
+ * made unsigned by adding 128 (xor of the sign bit). */
+ALWAYS_INLINE struct kchunk load_q8(const uint8_t *kc, __mmask64 ma, __mmask64 mb)
+{
+    const __m512i gather = _mm512_set_epi8(
+        127, 126, 125, 124, 123, 122, 121, 120, 119, 118, 117, 116, 115, 114, 113, 112, 111, 110, 109, 108, 107, 106,
+        105, 104, 103, 102, 101, 100, 99, 98, 97, 96, /* 64 + 36 - 4 + e */
+        33, 32, 31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5,
+        4, 3, 2);
+    const __m512i scales = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 17, 17, 17, 17, 17, 17,
+                                            17, 17, 0, 0, 0, 0, 0, 0, 0, 0);
+    __m512i a = _mm512_maskz_loadu_epi8(ma, kc), b = _mm512_maskz_loadu_epi8(mb, kc + 4);
+    struct kchunk r = {
+        _mm512_xor_si512(_mm512_permutex2var_epi8(a, gather, b), _mm512_set1_epi8((char)0x80)),
+        _mm512_setzero_si512(),
+        _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(scales, a))),
+    };
+    return r;
+}
+
+ALWAYS_INLINE __m512 quant_dot(struct kchunk k, const struct qchunk *q, bool q4)
+{
+    __m512i acc = _mm512_dpbusd_epi32(q->bias, k.k0, q->q0);
+    if (q4)
+        acc = _mm512_dpbusd_epi32(acc, k.k1, q->q1);
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(k.dk, q->dq));
+}
+
+/* v[i] = per-lane contributions of K row kt to the score of row i over all chunks. */
+ALWAYS_INLINE void quant_dots(const uint8_t *kt, bool q4, int nch, const struct qchunk *qc, const __mmask64 *mask,
+                              int nr, __m512 *v)
+{
+    size_t chunk_bytes = q4 ? Q4_CHUNK * sizeof(block_q4_0) : Q8_CHUNK * sizeof(block_q8_0);
+    struct kchunk k = q4 ? load_q4(kt, mask[0], mask[1]) : load_q8(kt, mask[0], mask[1]);
+    _Pragma("GCC unroll 4") for (int i = 0; i < nr; i++) v[i] = quant_dot(k, &qc[i * nch], q4);
+    for (int c = 1; c < nch; c++) {
+        const uint8_t *kc = kt + c * chunk_bytes;
+        k = q4 ? load_q4(kc, mask[2 * c], mask[2 * c + 1]) : load_q8(kc, mask[2 * c], mask[2 * c + 1]);
+        _Pragma("GCC unroll 4") for (int i = 0; i < nr; i++) v[i] = _mm512_add_ps(v[i], quant_dot(k, &qc[i * nch + c], q4));
+    }
+}
+
+ALWAYS_INLINE void quant_score_block(const uint8_t *k, bool q4, int nch, int n_tok, const struct attn_rows *rows,
+                                     int r0, int nr)
+{
+    int nb = rows->dim / QK8_0, per = q4 ? Q4_CHUNK : Q8_CHUNK;
+    size_t rb = kv_row_bytes(q4 ? QUANT_Q4_0 : QUANT_Q8_0, rows->dim);
+    size_t bb = q4 ? sizeof(block_q4_0) : sizeof(block_q8_0);
+    int shift = q4 ? 8 : 4; /* second load's offset */
+    struct qchunk qc[ROW_BLOCK * MAX_CHUNKS];
+    __mmask64 mask[2 * MAX_CHUNKS];
+    for (int c = 0; c < nch; c++) {
+        int nbk = nb - c * per < per ? nb - c * per : per;
+        mask[2 * c] = byte_mask((int)(nbk * bb));
+        mask[2 * c + 1] = byte_mask((int)(nbk * bb) - shift);
+        for (int i = 0; i < nr; i++)
+            (q4 ? prep_q4 : prep_q8)(rows, r0 + i, c * per, nbk, &qc[i * nch + c]);
+    }
+    for (int t0 = 0; t0 < n_tok; t0 += LANES / nr) {
+        __m512 z;
+        SCORE_TOKENS(nr, t0, n_tok, quant_dots(k + (size_t)t * rb, q4, nch, qc, mask, nr, v));
+        store_scores(z, nr, rows, r0, t0, n_tok - t0);
+    }
+}
+
+/* nch == 1 (head_dim 128 for q4_0) gets its own copy so the query stays in registers. */
+ALWAYS_INLINE void quant_score_rows(const uint8_t *k, bool q4, int nch, int n_tok, const struct attn_rows *rows)
+{
+    int r = 0;
+    for (; r + 4 <= rows->n; r += 4)
+        quant_score_block(k, q4, nch, n_tok, rows, r, 4);
+    if (r + 2 <= rows->n) {
+        quant_score_block(k, q4, nch, n_tok, rows, r, 2);
+        r += 2;
+    }
+    if (r < rows->n)
+        quant_score_block(k, q4, nch, n_tok, rows, r, 1);
+}
+
+ALWAYS_INLINE void quant_score(const uint8_t *k, bool q4, int n_tok, const struct attn_rows *rows)
+{
+    int nb = rows->dim / QK8_0, per = q4 ? Q4_CHUNK : Q8_CHUNK;
+    int nch = (nb + per - 1) / per;
+    if (nch > MAX_CHUNKS)
+        attn_kernels_avx2()->score[kv_type_index(q4 ? QUANT_Q4_0 : QUANT_Q8_0)](k, n_tok, rows);
+    else if (nch == 1)
+        quant_score_rows(k, q4, 1, n_tok, rows);
+    else if (nch == 2)
+        quant_score_rows(k, q4, 2, n_tok, rows);
+    else
+        quant_score_rows(k, q4, nch, n_tok, rows);
+}
+
+static void score_q8_0_avx512(const uint8_t *k, int n_tok, const struct attn_rows *rows)
+{
+    quant_score(k, false, n_tok, rows);
+}
+
+static void score_q4_0_avx512(const uint8_t *k, int n_tok, const struct attn_rows *rows)
+{
+    quant_score(k, true, n_tok, rows);
+}
+#endif
+
+/* ---- V accumulation ------------------------------------------------------------ */
+
+ALWAYS_INLINE __m512 prob(const struct attn_rows *rows, int r, int t)
+{
+    return _mm512_set1_ps(rows->s[(size_t)r * rows->stride + t]);
+}
+
+/* Columns [c, c + 16 * w) of nr rows from r0, accumulators in registers
+ * across the page's tokens. */
+ALWAYS_INLINE void float_accum_cols(const uint8_t *v, bool f16, int n_tok, const struct attn_rows *rows, int r0,
+                                    int nr, int c, int w)
+{
+    int d = rows->dim;
+    size_t rb = (size_t)d * (f16 ? 2 : 4), eb = f16 ? 2 : 4;
+    __m512 acc[2][ROW_BLOCK];
+    for (int h = 0; h < w; h++)
+        for (int i = 0; i < nr; i++)
+            acc[h][i] = _mm512_loadu_ps(rows->acc + (size_t)(r0 + i) * d + c + h * LANES);
+    for (int t = 0; t < n_tok; t++) {
+        const uint8_t *vt = v + (size_t)t * rb + (size_t)c * eb;
+        __m512 x0 = load16(vt, f16), x1 = w > 1 ? load16(vt + LANES * eb, f16) : x0;
+        for (int i = 0; i < nr; i++) {
+            __m512 p = prob(rows, r0 + i, t);
+            acc[0][i] = _mm512_fmadd_ps(p, x0, acc[0][i]);
+            if (w > 1)
+                acc[1][i] = _mm512_fmadd_ps(p, x1, acc[1][i]);
+        }
+    }
+    for (int h = 0; h < w; h++)
+        for (int i = 0; i < nr; i++)
+            _mm512_storeu_ps(rows->acc + (size_t)(r0 + i) * d + c + h * LANES, acc[h][i]);
+}
+
+ALWAYS_INLINE void float_accum_rows(const uint8_t *v, bool f16, int n_tok, const struct attn_rows *rows, int r0,
+                                    int nr)
+{
+    int c = 0;
+    for (; c + 2 * LANES <= rows->dim; c += 2 * LANES)
+        float_accum_cols(v, f16, n_tok, rows, r0, nr, c, 2);
+    if (c < rows->dim)
+        float_accum_cols(v, f16, n_tok, rows, r0, nr, c, 1);
+}
+
+ALWAYS_INLINE void float_accum(const uint8_t *v, bool f16, int n_tok, const struct attn_rows *rows)
+{
+    int r = 0;
+    for (; r + 4 <= rows->n; r += 4)
+        float_accum_rows(v, f16, n_tok, rows, r, 4);
+    for (; r < rows->n; r++)
+        float_accum_rows(v, f16, n_tok, rows, r, 1);
+}
+
+static void accum_f32_avx512(const uint8_t *v, int n_tok, const struct attn_rows *rows)
+{
+    float_accum(v, false, n_tok, rows);
+}
+
+static void accum_f16_avx512(const uint8_t *v, int n_tok, const struct attn_rows *rows)
+{
+    float_accum(v, true, n_tok, rows);
+}
+
+/* Block b of nr rows: the 32 values of each token's block are widened and
+ * scaled by its d once, then FMA'd into every row. */
+ALWAYS_INLINE void quant_accum_block(const uint8_t *v, bool q4, int n_tok, const struct attn_rows *rows, int r0,
+                                     int nr, int b)
+{
+    int d = rows->dim;
+    size_t rb = kv_row_bytes(q4 ? QUANT_Q4_0 : QUANT_Q8_0, d);
+    const __m512 lut = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+    float *base = rows->acc + (size_t)b * QK8_0;
+    __m512 a0[ROW_BLOCK], a1[ROW_BLOCK];
+    for (int i = 0; i < nr; i++) {
+        a0[i] = _mm512_loadu_ps(base + (size_t)(r0 + i) * d);
+        a1[i] = _mm512_loadu_ps(base + (size_t)(r0 + i) * d + LANES);
+    }
+    for (int t = 0; t < n_tok; t++) {
+        __m512 lo, hi;
+        if (q4) {
+            const block_q4_0 *blk = (const block_q4_0 *)(v + (size_t)t * rb) + b;
+            __m512 tab = _mm512_mul_ps(lut, _mm512_cvtph_ps(_mm256_set1_epi16((short)blk->d)));
+            __m512i x = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)blk->qs));
+            lo = _mm512_permutexvar_ps(x, tab); /* uses the low 4 bits of each index */
+            hi = _mm512_permutexvar_ps(_mm512_srli_epi32(x, 4), tab);
+        } else {
+            const block_q8_0 *blk = (const block_q8_0 *)(v + (size_t)t * rb) + b;
+            __m512 dv = _mm512_cvtph_ps(_mm256_set1_epi16((short)blk->d));
+            lo = _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)blk->qs))));
+            hi = _mm512_mul_ps(dv, _mm512_cvtepi32_ps(
+                                       _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk->qs + LANES)))));
+        }
+        for (int i = 0; i < nr; i++) {
+            __m512 p = prob(rows, r0 + i, t);
+            a0[i] = _mm512_fmadd_ps(p, lo, a0[i]);
+            a1[i] = _mm512_fmadd_ps(p, hi, a1[i]);
+        }
+    }
+    for (int i = 0; i < nr; i++) {
+        _mm512_storeu_ps(base + (size_t)(r0 + i) * d, a0[i]);
+        _mm512_storeu_ps(base + (size_t)(r0 + i) * d + LANES, a1[i]);
+    }
+}
+
+ALWAYS_INLINE void quant_accum(const uint8_t *v, bool q4, int n_tok, const struct attn_rows *rows)
+{
+    for (int b = 0; b < rows->dim / QK8_0; b++) {
+        int r = 0;
+        for (; r + 4 <= rows->n; r += 4)
+            quant_accum_block(v, q4, n_tok, rows, r, 4, b);
+        for (; r < rows->n; r++)
+            quant_accum_block(v, q4, n_tok, rows, r, 1, b);
+    }
+}
+
+static void accum_q8_0_avx512(const uint8_t *v, int n_tok, const struct attn_rows *rows)
+{
+    quant_accum(v, false, n_tok, rows);
+}
+
+static void accum_q4_0_avx512(const uint8_t *v, int n_tok, const struct attn_rows *rows)
+{
+    quant_accum(v, true, n_tok, rows);
+}
+
+/* head_dim not a multiple of 16 goes to the AVX2 set (which falls back further). */
+#define WIDE_OR_AVX2(name, wide, kind, idx)                                                                  \
+    static void name(const uint8_t *x, int n_tok, const struct attn_rows *rows)                             \
+    {                                                                                                        \
+        if (rows->dim % LANES)                                                                               \
+            attn_kernels_avx2()->kind[idx](x, n_tok, rows);                                                  \
+        else                                                                                                 \
+            wide(x, n_tok, rows);                                                                            \
+    }
+WIDE_OR_AVX2(score_f32_g, score_f32_avx512, score, 0)
+WIDE_OR_AVX2(score_f16_g, score_f16_avx512, score, 1)
+WIDE_OR_AVX2(accum_f32_g, accum_f32_avx512, accum, 0)
+WIDE_OR_AVX2(accum_f16_g, accum_f16_avx512, accum, 1)
+
+#if !defined(AVX512_QUANT_K)
+static void score_q8_0_avx512(const uint8_t *k, int n_tok, const struct attn_rows *rows)
+{
+    attn_kernels_avx2()->score[2](k, n_tok, rows);
+}
+
+static void score_q4_0_avx512(const uint8_t *k, int n_tok, const struct attn_rows *rows)
+{
+    attn_kernels_avx2()->score[3](k, n_tok, rows);
+}
+#endif
+
+static float exp_sum_avx512(float *s, int n, float mx) { return attn_kernels_avx2()->exp_sum(s, n, mx); }
+
+static const struct attn_kernels AVX512 = {
+    "avx512",
+    {score_f32_g, score_f16_g, score_q8_0_avx512, score_q4_0_avx512},
+    {accum_f32_g, accum_f16_g, accum_q8_0_avx512, accum_q4_0_avx512},
+    exp_sum_avx512,
+};
+
+const struct attn_kernels *attn_kernels_avx512(void) { return attn_kernels_avx2() ? &AVX512 : NULL; }
+#else
+const struct attn_kernels *attn_kernels_avx512(void) { return NULL; }
+#endif
