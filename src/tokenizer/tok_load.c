@@ -236,8 +236,8 @@ static ks_status make_pieces(struct tokenizer *t, size_t *arena_cap)
     ks_status st = KS_OK;
     for (int32_t i = 0; i < t->n_vocab && !st; i++) {
         struct tok_token *tk = &t->tokens[i];
-        if (tk->text_len > buf_cap) {
-            buf_cap = tk->text_len * 2;
+        if (tk->text_len >= buf_cap) {
+            buf_cap = tk->text_len * 2 + 16;
             char *p = realloc(buf, buf_cap);
             if (!p) {
                 st = ks_fail(KS_ERR_NOMEM, "tokenizer: out of memory");
@@ -245,19 +245,10 @@ static ks_status make_pieces(struct tokenizer *t, size_t *arena_cap)
             }
             buf = p;
         }
-        /* copy first: the arena may move while we append */
-        const char *s = t->text + tk->text_off;
-        char tmp[64];
-        char *src = tk->text_len <= sizeof tmp ? tmp : malloc(tk->text_len + 1);
-        if (!src) {
-            st = ks_fail(KS_ERR_NOMEM, "tokenizer: out of memory");
-            break;
-        }
-        memcpy(src, s, tk->text_len);
-        size_t n = t->family != TOK_FAMILY_BPE ? spm_piece(src, tk->text_len, tk->attr, buf)
-                                              : bpe_piece(src, tk->text_len, tk->attr, buf);
-        if (src != tmp)
-            free(src);
+        /* into buf first: appending to the arena may move it */
+        const char *s = tok_text_of(t, i);
+        size_t n = t->family != TOK_FAMILY_BPE ? spm_piece(s, tk->text_len, tk->attr, buf)
+                                              : bpe_piece(s, tk->text_len, tk->attr, buf);
         tk->piece_len = (uint32_t)n;
         st = arena_add(t, arena_cap, buf, n, &tk->piece_off);
     }
