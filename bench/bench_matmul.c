@@ -18,20 +18,27 @@
 struct shape {
     const char *model, *name;
     int64_t cols, rows; /* in -> out */
+    int per_token;      /* how many times one token runs it: per layer x layers, or 1 */
 };
 
+/* llama-1b: 16 layers; qwen3-0.6b: 28 layers. */
 static const struct shape k_shapes[] = {
-    {"llama-1b", "attn_q/o 2048->2048", 2048, 2048},
-    {"llama-1b", "attn_k/v 2048->512", 2048, 512},
-    {"llama-1b", "ffn_up/gate 2048->8192", 2048, 8192},
-    {"llama-1b", "ffn_down 8192->2048", 8192, 2048},
-    {"llama-1b", "output 2048->128256", 2048, 128256},
-    {"qwen3-0.6b", "attn_q 1024->2048", 1024, 2048},
-    {"qwen3-0.6b", "attn_k/v 1024->1024", 1024, 1024},
-    {"qwen3-0.6b", "attn_o 2048->1024", 2048, 1024},
-    {"qwen3-0.6b", "ffn_up/gate 1024->3072", 1024, 3072},
-    {"qwen3-0.6b", "ffn_down 3072->1024", 3072, 1024},
-    {"qwen3-0.6b", "output 1024->151669", 1024, 151669},
+    {"llama-1b", "attn_q/o 2048->2048", 2048, 2048, 2 * 16},
+    {"llama-1b", "attn_k/v 2048->512", 2048, 512, 2 * 16},
+    {"llama-1b", "ffn_up/gate 2048->8192", 2048, 8192, 2 * 16},
+    {"llama-1b", "ffn_down 8192->2048", 8192, 2048, 16},
+    {"llama-1b", "output 2048->128256", 2048, 128256, 1},
+    {"qwen3-0.6b", "attn_q 1024->2048", 1024, 2048, 28},
+    {"qwen3-0.6b", "attn_k/v 1024->1024", 1024, 1024, 2 * 28},
+    {"qwen3-0.6b", "attn_o 2048->1024", 2048, 1024, 28},
+    {"qwen3-0.6b", "ffn_up/gate 1024->3072", 1024, 3072, 2 * 28},
+    {"qwen3-0.6b", "ffn_down 3072->1024", 3072, 1024, 28},
+    {"qwen3-0.6b", "output 1024->151669", 1024, 151669, 1},
+};
+
+/* Per model and type: sums of median times weighted by per_token. */
+struct totals {
+    double dec_s, dec_bytes, pre_s_no_output, pre_tokens;
 };
 
 /* --cpu: time by process CPU time instead of wall time, to compare kernels
@@ -83,7 +90,8 @@ static void *make_weights(enum quant_type t, int64_t rows, int64_t cols, size_t 
     return w;
 }
 
-static int run_shape(threads_pool *pool, enum quant_type t, const struct shape *s, int reps, int64_t ntok)
+static int run_shape(threads_pool *pool, enum quant_type t, const struct shape *s, int reps, int64_t ntok,
+                     struct totals *tot)
 {
     size_t bytes;
     int ncopies = 1;
@@ -129,6 +137,13 @@ static int run_shape(threads_pool *pool, enum quant_type t, const struct shape *
            (double)bytes / dec_best / 1e9, (long long)ntok, pre * 1e3, flops / pre / 1e9, (double)ntok / pre,
            (double)ntok / pre_best);
     fflush(stdout);
+    tot->dec_s += dec * s->per_token;
+    tot->dec_bytes += (double)bytes * s->per_token;
+    if (s->per_token > 1) /* llama.cpp's pp512 runs the output layer for the last token only */
+        tot->pre_s_no_output += pre * s->per_token;
+    else
+        tot->pre_s_no_output += dec;
+    tot->pre_tokens = (double)ntok;
     for (int i = 0; i < ncopies; i++)
         free(w[i]);
     free(w);
@@ -180,10 +195,20 @@ int main(int argc, char **argv)
             printf("# %s: no kernels in this build, skipped\n", tok);
             continue;
         }
-        for (size_t s = 0; s < sizeof k_shapes / sizeof k_shapes[0]; s++)
-            if (!model || !strcmp(model, k_shapes[s].model))
-                if (run_shape(pool, t, &k_shapes[s], reps, ntok))
-                    return 1;
+        const char *models[] = {"llama-1b", "qwen3-0.6b"};
+        for (int mi = 0; mi < 2; mi++) {
+            if (model && strcmp(model, models[mi]))
+                continue;
+            struct totals tot = {0};
+            for (size_t s = 0; s < sizeof k_shapes / sizeof k_shapes[0]; s++)
+                if (!strcmp(models[mi], k_shapes[s].model))
+                    if (run_shape(pool, t, &k_shapes[s], reps, ntok, &tot))
+                        return 1;
+            printf("== %s %s t=%d, all weight matmuls of one token: decode %.2f ms = %.1f tok/s at %.1f GB/s; "
+                   "prefill %lld tokens %.1f tok/s (matmuls only, output layer for the last token)\n",
+                   models[mi], tok, threads, tot.dec_s * 1e3, 1.0 / tot.dec_s, tot.dec_bytes / tot.dec_s / 1e9,
+                   (long long)ntok, tot.pre_tokens / tot.pre_s_no_output);
+        }
     }
     threads_free(pool);
     return 0;

@@ -273,8 +273,8 @@ static inline __m512i q8_0_pair(__m512i lo, __m512i hi)
 }
 
 #define DEC_NR 4 /* decode: rows per step, sharing the activation loads */
-#ifndef DEC_AHEAD
-#define DEC_AHEAD 2 /* decode: prefetch distance in row groups */
+#ifndef DEC_AHEAD_BYTES
+#define DEC_AHEAD_BYTES 8192 /* decode: prefetch distance, at least two row groups */
 #endif
 
 /* One pair of blocks of a Q4_0 or Q8_0 row as 64 u8 values, and its two
@@ -302,8 +302,8 @@ static inline __attribute__((always_inline)) __m512i dec_load(enum quant_type wt
 
 /* NR rows against one packed token; the activation loads are shared. */
 static inline __attribute__((always_inline)) void dec_rows(enum quant_type wt, const uint8_t *w, size_t wrow,
-                                                           int64_t nb, const uint8_t *pk, int NR, float *out,
-                                                           int64_t out_stride)
+                                                           int64_t nb, const uint8_t *pk, int NR, int64_t ahead,
+                                                           float *out)
 {
     __m512 acc[4];
     for (int r = 0; r < NR; r++)
@@ -314,10 +314,9 @@ static inline __attribute__((always_inline)) void dec_rows(enum quant_type wt, c
         __m512i y = _mm512_load_si512(ch), corr = _mm512_load_si512(ch + 64);
         __m512 dy = _mm512_load_ps(ch + 128);
         for (int r = 0; r < NR; r++) {
-            /* the same bytes DEC_AHEAD row groups on: the hardware prefetcher
-             * alone leaves decode latency-bound at a third of bandwidth */
-            _mm_prefetch((const char *)(w + (r + DEC_AHEAD * NR) * wrow + c * (wt == QUANT_Q4_0 ? 36 : 68)),
-                         _MM_HINT_T0);
+            /* the same bytes `ahead` rows on: the hardware prefetcher alone
+             * leaves decode latency-bound at a third of bandwidth */
+            _mm_prefetch((const char *)(w + (r + ahead) * wrow + c * (wt == QUANT_Q4_0 ? 36 : 68)), _MM_HINT_T0);
             __m512 dx;
             __m512i q = dec_load(wt, w + r * wrow, c, nb, &dx);
             __m512i dot = _mm512_dpbusd_epi32(corr, q, y);
@@ -325,7 +324,7 @@ static inline __attribute__((always_inline)) void dec_rows(enum quant_type wt, c
         }
     }
     for (int r = 0; r < NR; r++)
-        out[r * out_stride] = _mm512_reduce_add_ps(acc[r]);
+        out[r] = _mm512_reduce_add_ps(acc[r]);
 }
 
 
@@ -333,14 +332,16 @@ static inline __attribute__((always_inline)) void dec_range(const struct mm *m, 
                                                             int64_t hi)
 {
     int64_t nb = m->cols / QB;
+    int64_t ahead = DEC_AHEAD_BYTES / (int64_t)m->wrow;
+    ahead = ahead < 2 * DEC_NR ? 2 * DEC_NR : ahead;
     for (int64_t t = 0; t < m->n_tokens; t++) {
         const uint8_t *pk = m->work + t * m->xrow;
         float *y = m->Y + t * m->rows;
         int64_t r = lo;
         for (; r + DEC_NR <= hi; r += DEC_NR)
-            dec_rows(wt, m->W + r * m->wrow, m->wrow, nb, pk, DEC_NR, y + r, 1);
+            dec_rows(wt, m->W + r * m->wrow, m->wrow, nb, pk, DEC_NR, ahead, y + r);
         for (; r < hi; r++)
-            dec_rows(wt, m->W + r * m->wrow, m->wrow, nb, pk, 1, y + r, 1);
+            dec_rows(wt, m->W + r * m->wrow, m->wrow, nb, pk, 1, ahead, y + r);
     }
 }
 
