@@ -3,7 +3,7 @@
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config clang libclang-rt-14-dev
       libmicrohttpd-dev libcjson-dev libpcre2-dev libxxhash-dev liblmdb-dev libcmocka-dev
-      curl nodejs npm)
+      curl nodejs npm chromium)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

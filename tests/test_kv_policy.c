@@ -207,6 +207,22 @@ static void test_start_types_apply_to_new_pages_only(void **state)
     assert_int_equal(us.used, 2 * kv_page_bytes(&cfg, QUANT_F16, QUANT_F16) +
                                   3 * kv_page_bytes(&cfg, QUANT_Q8_0, QUANT_Q4_0));
     assert_int_equal(kv_check(kv), KS_OK);
+    /* kv_seq_pages lists them in token order; a fork shares them (ref 2) */
+    struct kv_page_info info[8];
+    int32_t n = -1, fork;
+    assert_int_equal(kv_seq_pages(kv, s, info, 8, &n), KS_OK);
+    assert_int_equal(n, 5);
+    for (int i = 0; i < 5; i++) {
+        assert_int_equal(info[i].type_k, i < 2 ? QUANT_F16 : QUANT_Q8_0);
+        assert_int_equal(info[i].type_v, i < 2 ? QUANT_F16 : QUANT_Q4_0);
+        assert_int_equal(info[i].ref, 1);
+    }
+    assert_int_equal(kv_seq_fork(kv, s, &fork), KS_OK);
+    assert_int_equal(kv_seq_pages(kv, fork, info, 3, &n), KS_OK);
+    assert_int_equal(n, 5); /* the count, though only 3 were filled */
+    assert_int_equal(info[2].ref, 2);
+    assert_int_equal(kv_seq_pages(kv, 99, info, 8, &n), KS_ERR_NOT_FOUND);
+    assert_int_equal(n, 0);
     kv_free(kv);
 }
 

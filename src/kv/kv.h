@@ -206,4 +206,15 @@ struct kv_policy_update {
  * demotes then). Not thread-safe, like every call on the cache. */
 ks_status kv_set_policy(struct kv_cache *kv, const struct kv_policy_update *u);
 
+/* One page of a sequence, in token order (page i holds tokens [i*P, i*P+P)). */
+struct kv_page_info {
+    enum quant_type type_k, type_v;
+    int32_t ref;              /* sequences sharing it (> 1: shared prefix or fork) */
+};
+/* Fill up to cap entries of seq's pages in order; *n_out is the sequence's
+ * page count (may exceed cap; out may be NULL when cap is 0). KS_ERR_NOT_FOUND
+ * for a sequence that is not live. */
+ks_status kv_seq_pages(const struct kv_cache *kv, int32_t seq, struct kv_page_info *out, int32_t cap,
+                       int32_t *n_out);
+
 #endif

@@ -103,6 +103,44 @@ static cJSON *types_json(const int32_t *pages)
     return o;
 }
 
+static char type_code(enum quant_type t)
+{
+    switch (t) {
+    case QUANT_F32: return 'F';
+    case QUANT_F16: return 'H';
+    case QUANT_Q8_0: return '8';
+    case QUANT_Q4_0: return '4';
+    default: return '?';
+    }
+}
+
+/* The sequence's pages in token order as strings, one character per page:
+ * page_map_k / page_map_v (F f32, H f16, 8 q8_0, 4 q4_0) and page_shared
+ * (1 when other sequences hold the page too). Compact for the live page. */
+static void add_page_map(cJSON *e, const struct kv_cache *kv, int32_t seq)
+{
+    int32_t n = 0;
+    if (kv_seq_pages(kv, seq, NULL, 0, &n) != KS_OK || n <= 0)
+        return;
+    struct kv_page_info *info = malloc((size_t)n * sizeof *info);
+    char *mk = malloc((size_t)n + 1), *mv = malloc((size_t)n + 1), *sh = malloc((size_t)n + 1);
+    if (info && mk && mv && sh && kv_seq_pages(kv, seq, info, n, &n) == KS_OK) {
+        for (int32_t i = 0; i < n; i++) {
+            mk[i] = type_code(info[i].type_k);
+            mv[i] = type_code(info[i].type_v);
+            sh[i] = info[i].ref > 1 ? '1' : '0';
+        }
+        mk[n] = mv[n] = sh[n] = '\0';
+        cJSON_AddStringToObject(e, "page_map_k", mk);
+        cJSON_AddStringToObject(e, "page_map_v", mv);
+        cJSON_AddStringToObject(e, "page_shared", sh);
+    }
+    free(info);
+    free(mk);
+    free(mv);
+    free(sh);
+}
+
 struct usage_ctx {
     struct server *srv;
     cJSON *out;
@@ -162,6 +200,7 @@ static void usage_hook(void *user, struct kv_cache *kv)
             cJSON_AddNumberToObject(e, "bytes", (double)su.bytes);
             cJSON_AddItemToObject(e, "pages_k", types_json(su.pages_k));
             cJSON_AddItemToObject(e, "pages_v", types_json(su.pages_v));
+            add_page_map(e, kv, reqs[i].seq);
         }
         cJSON_AddItemToArray(list, e);
     }

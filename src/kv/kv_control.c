@@ -1,6 +1,7 @@
-/* kv_set_policy(): change the precision policy of a live cache. Only fields
- * that decide future allocations and demotions change; stored pages keep
- * their types, so the cache stays consistent whatever is set. */
+/* Run-time inspection and control of a live cache: kv_set_policy() changes
+ * the precision policy (only fields that decide future allocations and
+ * demotions, so stored pages keep their types and the cache stays consistent
+ * whatever is set), kv_seq_pages() lists a sequence's pages for the server. */
 #include <math.h>
 
 #include "kv/kv_internal.h"
@@ -76,5 +77,20 @@ ks_status kv_set_policy(struct kv_cache *kv, const struct kv_policy_update *u)
     if (st)
         return st;
     kv->cfg = next;
+    return KS_OK;
+}
+
+ks_status kv_seq_pages(const struct kv_cache *kv, int32_t seq, struct kv_page_info *out, int32_t cap,
+                       int32_t *n_out)
+{
+    *n_out = 0;
+    if (seq < 0 || seq >= kv->n_seq_slots || !kv->seqs[seq].live)
+        return ks_fail(KS_ERR_NOT_FOUND, "kv cache: sequence %d does not exist", (int)seq);
+    const struct kv_seq *s = &kv->seqs[seq];
+    for (int32_t i = 0; i < s->n_pages && i < cap; i++) {
+        const struct kv_page *pg = &kv->pages[s->pages[i]];
+        out[i] = (struct kv_page_info){pg->tk, pg->tv, pg->ref};
+    }
+    *n_out = s->n_pages;
     return KS_OK;
 }
