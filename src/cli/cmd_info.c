@@ -8,13 +8,16 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "cli/args.h"
 #include "cli/cli.h"
 #include "gguf/gguf.h"
+#include "kv/kv.h"
 #include "quant/quant.h"
 
 struct info_opts {
     const char *model;
-    bool tensors; /* print the per-tensor table */
+    bool tensors;      /* print the per-tensor table */
+    size_t kv_mem;     /* --kv-mem: print the context that fits in this budget; 0 = no */
 };
 
 /* The attention geometry that sizes the KV cache. */
@@ -29,7 +32,7 @@ struct info_kv_shape {
 static void info_usage(FILE *out)
 {
     fprintf(out,
-            "usage: kvserve info -m MODEL.gguf [--no-tensors]\n"
+            "usage: kvserve info -m MODEL.gguf [--no-tensors] [--kv-mem SIZE]\n"
             "\n"
             "Print a GGUF file's metadata (arrays abbreviated), its tensor table (name, type,\n"
             "shape, bytes), totals by tensor type, and the memory it needs: weight bytes and\n"
@@ -37,6 +40,8 @@ static void info_usage(FILE *out)
             "\n"
             "  -m, --model PATH   the GGUF file\n"
             "      --no-tensors   skip the per-tensor table\n"
+            "      --kv-mem SIZE  also print the context that fits in a KV budget of SIZE (4G,\n"
+            "                     512M, 25%%) at f16, q8_0, q4_0 and under the dynamic policy\n"
             "  -h, --help         this help\n");
 }
 
@@ -53,6 +58,11 @@ static int parse_args(int argc, char **argv, struct info_opts *o)
             o->model = argv[++i];
         } else if (!strcmp(a, "--no-tensors")) {
             o->tensors = false;
+        } else if (!strcmp(a, "--kv-mem") && i + 1 < argc) {
+            if (!cli_parse_mem(argv[++i], &o->kv_mem)) {
+                fprintf(stderr, "kvserve info: --kv-mem '%s' is not a size (e.g. 4G, 512M, 25%%)\n", argv[i]);
+                return 2;
+            }
         } else {
             fprintf(stderr, "kvserve info: unknown or incomplete option '%s'\n\n", a);
             info_usage(stderr);
@@ -234,16 +244,56 @@ static void print_kv_memory(const struct info_kv_shape *s)
         printf("    (per context = %u tokens, the trained context length)\n", s->n_ctx_train);
 }
 
-static void print_memory(const struct gguf_file *f, uint64_t weight_bytes)
+/* Tokens that fit in budget bytes: kv_fit_config over an empty cache with
+ * the default page size and policy settings (f16 start, sinks and hot window
+ * kept at f16, older pages at the q4_0 floor for the dynamic row). */
+static void print_kv_fit(const struct info_kv_shape *s, size_t budget)
+{
+    char h[32];
+    printf("  KV fit in %s (%zu bytes):\n", human_bytes((double)budget, h, sizeof h), budget);
+    if (s->head_dim_k != s->head_dim_v) {
+        printf("    n/a (key head_dim %u differs from value head_dim %u)\n", s->head_dim_k, s->head_dim_v);
+        return;
+    }
+    struct kv_config cfg;
+    kv_config_default(&cfg);
+    cfg.n_layer = (int)s->n_layer;
+    cfg.n_kv_head = (int)s->n_head_kv;
+    cfg.head_dim = (int)s->head_dim_k;
+    cfg.mem_budget = budget;
+    struct kv_fit fit;
+    if (kv_fit_config(&cfg, &fit)) {
+        printf("    n/a (%s)\n", ks_errmsg());
+        return;
+    }
+    static const enum quant_type types[] = {QUANT_F16, QUANT_Q8_0, QUANT_Q4_0};
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        int64_t n = fit.tokens[kv_type_index(types[i])];
+        if (n < 0)
+            printf("    %-8s n/a (head_dim %u not a multiple of %d)\n", quant_type_name(types[i]), s->head_dim_k,
+                   quant_traits(types[i])->block_elems);
+        else
+            printf("    %-8s %12" PRId64 " tokens\n", quant_type_name(types[i]), n);
+    }
+    printf("    %-8s %12" PRId64 " tokens (one sequence: first %d and last %d tokens at f16, the rest at %s)\n",
+           "dynamic", fit.dynamic, cfg.sink_tokens, cfg.hot_tokens,
+           fit.tokens[kv_type_index(cfg.floor)] < 0 ? "f16" : quant_type_name(cfg.floor));
+    printf("    (pages of %d tokens; whole pages only)\n", cfg.page_tokens);
+}
+
+static void print_memory(const struct gguf_file *f, uint64_t weight_bytes, size_t kv_mem)
 {
     char h[32];
     printf("memory:\n  weights: %s (%" PRIu64 " bytes)\n", human_bytes((double)weight_bytes, h, sizeof h),
            weight_bytes);
     struct info_kv_shape shape;
-    if (read_kv_shape(f, &shape))
+    if (read_kv_shape(f, &shape)) {
         printf("  KV cache: n/a (%s)\n", ks_errmsg());
-    else
-        print_kv_memory(&shape);
+        return;
+    }
+    print_kv_memory(&shape);
+    if (kv_mem)
+        print_kv_fit(&shape, kv_mem);
 }
 
 int cli_info(int argc, char **argv)
@@ -262,7 +312,7 @@ int cli_info(int argc, char **argv)
     if (o.tensors)
         print_tensors(f);
     uint64_t weight_bytes = print_type_totals(f);
-    print_memory(f, weight_bytes);
+    print_memory(f, weight_bytes, o.kv_mem);
     gguf_close(f);
     return 0;
 }

@@ -1,0 +1,100 @@
+/* kvserve info --kv-mem: the context that fits in a KV budget, checked
+ * against hand arithmetic on a generated model (2 layers, 2 KV heads,
+ * head_dim 64, pages of 32 tokens). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "gguf/gguf.h"
+
+enum { OUT_CAP = 1 << 16 };
+
+static int run_info(const char *args, char *out)
+{
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "'%s' info %s 2>&1", getenv("KVSERVE_BIN"), args);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    size_t n = fread(out, 1, OUT_CAP - 1, p);
+    out[n] = '\0';
+    int status = pclose(p);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+static void need_binary(void)
+{
+    const char *bin = getenv("KVSERVE_BIN");
+    if (!bin || access(bin, X_OK)) {
+        print_message("KVSERVE_BIN not set or not executable; skipping\n");
+        skip();
+    }
+}
+
+static void expect_line(const char *out, const char *needle)
+{
+    if (!strstr(out, needle))
+        fail_msg("missing '%s' in:\n%s", needle, out);
+}
+
+static void write_model(const char *path, uint32_t head_dim)
+{
+    struct gguf_writer *w;
+    assert_int_equal(gguf_writer_create(&w), KS_OK);
+    assert_int_equal(gguf_writer_set_str(w, "general.architecture", "llama"), KS_OK);
+    assert_int_equal(gguf_writer_set_u32(w, "llama.block_count", 2), KS_OK);
+    assert_int_equal(gguf_writer_set_u32(w, "llama.embedding_length", 4 * head_dim), KS_OK);
+    assert_int_equal(gguf_writer_set_u32(w, "llama.attention.head_count", 4), KS_OK);
+    assert_int_equal(gguf_writer_set_u32(w, "llama.attention.head_count_kv", 2), KS_OK);
+    static const uint16_t half[64 * 3];
+    assert_int_equal(gguf_writer_add_tensor(w, "token_embd.weight", 2, (int64_t[]){64, 3}, QUANT_F16, half,
+                                            sizeof half),
+                     KS_OK);
+    assert_int_equal(gguf_writer_write(w, path), KS_OK);
+    gguf_writer_free(w);
+}
+
+static void test_fit_numbers(void **state)
+{
+    (void)state;
+    need_binary();
+    char *out = malloc(OUT_CAP), path[] = "/tmp/test_attn_info_fit_XXXXXX", args[256];
+    close(mkstemp(path));
+    write_model(path, 64);
+    snprintf(args, sizeof args, "-m %s --no-tensors --kv-mem 1M", path);
+    assert_int_equal(run_info(args, out), 0);
+    /* bytes per token, 2 layers x 2 heads x (K + V): f16 1024, q8_0 544, q4_0 288; pages of 32 */
+    expect_line(out, "KV fit in 1.00 MiB (1048576 bytes)");
+    expect_line(out, "f16              1024 tokens");  /* 32 pages of 32768 */
+    expect_line(out, "q8_0             1920 tokens");  /* 60 pages of 17408 */
+    expect_line(out, "q4_0             3616 tokens");  /* 113 pages of 9216 */
+    /* 18 pages at f16 (sink page, 16 hot pages, the page being filled), the rest at q4_0 */
+    expect_line(out, "dynamic          2144 tokens");
+    snprintf(args, sizeof args, "-m %s --kv-mem lots", path);
+    assert_int_equal(run_info(args, out), 2);
+    expect_line(out, "--kv-mem 'lots' is not a size");
+    unlink(path);
+    write_model(path, 8); /* head_dim 8: no quantized types, dynamic stays at f16 */
+    snprintf(args, sizeof args, "-m %s --no-tensors --kv-mem 1M", path);
+    assert_int_equal(run_info(args, out), 0);
+    expect_line(out, "f16              8192 tokens");
+    expect_line(out, "q4_0     n/a (head_dim 8 not a multiple of 32)");
+    expect_line(out, "dynamic          8192 tokens");
+    unlink(path);
+    free(out);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fit_numbers),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
