@@ -428,6 +428,22 @@ static void test_matmul_rejects_bad_args(void **state)
                      KS_ERR_UNSUPPORTED);
 }
 
+static void test_work_size_monotonic(void **state)
+{
+    (void)state;
+    const enum quant_type types[] = {QUANT_F32, QUANT_F16, QUANT_BF16, QUANT_Q4_0, QUANT_Q4_1, QUANT_Q5_0,
+                                     QUANT_Q5_1, QUANT_Q8_0, QUANT_Q4_K, QUANT_Q6_K};
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        size_t prev = 0;
+        for (int64_t nt = 1; nt <= 600; nt++) {
+            size_t ws = quant_matmul_work_size(types[i], 2048, nt);
+            assert_true(ws >= prev);
+            prev = ws;
+        }
+    }
+    assert_int_equal(quant_matmul_work_size(QUANT_Q4_0, 33, 1), 0);
+}
+
 static void test_get_row(void **state)
 {
     (void)state;
@@ -456,6 +472,7 @@ int main(void)
         cmocka_unit_test(test_vec_dot_ref_vs_dequantized),
         cmocka_unit_test(test_matmul_vs_naive),
         cmocka_unit_test(test_matmul_rejects_bad_args),
+        cmocka_unit_test(test_work_size_monotonic),
         cmocka_unit_test(test_get_row),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

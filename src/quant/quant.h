@@ -127,7 +127,8 @@ quant_bf16 quant_f32_to_bf16(float f);
  * for many tokens, and split across the pool.
  *
  * work/work_size: scratch for the quantized activations, at least
- * quant_matmul_work_size(wtype, cols, n_tokens) bytes. */
+ * quant_matmul_work_size(wtype, cols, n_tokens) bytes. The size never
+ * decreases with n_tokens: a buffer sized for the largest batch fits all. */
 size_t quant_matmul_work_size(enum quant_type wtype, int64_t cols, int64_t n_tokens);
 ks_status quant_matmul(threads_pool *pool, const void *W, enum quant_type wtype,
                        int64_t rows, int64_t cols, const float *X, int64_t n_tokens,

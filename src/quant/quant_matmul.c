@@ -74,11 +74,8 @@ static size_t dec_token_bytes(int64_t cols) { return (size_t)ceil_div(cols / QB,
 #define PRE_BLOCK_BYTES (8 * 64 + 64)
 static size_t pre_group_bytes(int64_t cols) { return (size_t)(cols / QB) * PRE_BLOCK_BYTES; }
 
-size_t quant_matmul_work_size(enum quant_type wtype, int64_t cols, int64_t n_tokens)
+static size_t work_for_path(const struct quant_traits *tr, enum quant_type wtype, int64_t cols, int64_t n_tokens)
 {
-    const struct quant_traits *tr = quant_traits(wtype);
-    if (!tr || cols <= 0 || n_tokens <= 0 || quant_row_size(wtype, cols) == 0)
-        return 0;
     switch (choose_path(wtype, n_tokens)) {
     case MM_Q8_DECODE:
         return align_up(dec_token_bytes(cols)) * (size_t)n_tokens + MM_ALIGN;
@@ -92,6 +89,21 @@ size_t quant_matmul_work_size(enum quant_type wtype, int64_t cols, int64_t n_tok
         break;
     }
     return quant_row_size(tr->vec_dot_type, cols) * (size_t)n_tokens + MM_ALIGN;
+}
+
+/* Non-decreasing in n_tokens (the decode layout is larger per token than the
+ * prefill one), so a buffer sized for the largest batch serves all smaller. */
+size_t quant_matmul_work_size(enum quant_type wtype, int64_t cols, int64_t n_tokens)
+{
+    const struct quant_traits *tr = quant_traits(wtype);
+    if (!tr || cols <= 0 || n_tokens <= 0 || quant_row_size(wtype, cols) == 0)
+        return 0;
+    size_t need = work_for_path(tr, wtype, cols, n_tokens);
+    if (n_tokens >= MM_PREFILL_MIN) {
+        size_t small = work_for_path(tr, wtype, cols, MM_PREFILL_MIN - 1);
+        need = need > small ? need : small;
+    }
+    return need;
 }
 
 struct mm {
