@@ -1,20 +1,28 @@
 /* model_forward against llama.cpp's own outputs (../shared/ref), F32 weights
  * and an F32 KV cache.
  *
- * llama.cpp made those outputs with its CPU flash attention, which casts an
- * f32 cache to f16, rounds Q to f16 and accumulates V in f16. So the checks
- * are:
- *   1. the naive reference with that attention (REF_LLAMACPP_FA) reproduces
- *      llama.cpp's 64 greedy ids, and its logit rows are within FA_EMUL_TOL
- *      (measured: 3e-6 on the first rows, where one f16 rounding flip has not
- *      yet happened; up to 3.3e-3 on the 19-token prompt, as ggml's kernel
- *      differs in details the emulation does not copy). So the model math
- *      (embeddings, norms, RoPE, GQA, SwiGLU) is llama.cpp's;
+ * Why the engine is not within 1e-4 of those outputs: llama.cpp made them
+ * with its default CPU flash attention, and llama.cpp casts an F32 cache to
+ * F16 for it (llama-graph.cpp, build_attn_mha); F16 K makes Q round to F16
+ * too, and for fewer than 64 query rows ggml keeps the V accumulator in an F16
+ * vector, rounded after every key. An exact f32 attention (ours) differs by
+ * up to 1.7e-2. Measured with tests/support's emulation switched on piece by
+ * piece: K/V rounding alone leaves 1.3e-2, K/V/Q 9.8e-3; only the F16
+ * accumulator closes the gap. So the checks are:
+ *   1. the naive reference in llama.cpp mode (REF_LLAMACPP_FA: ggml-cpu's
+ *      arithmetic op by op, that attention included) reproduces llama.cpp:
+ *      instrument.april bit for bit (every logit of every row), stories once
+ *      within 5e-6; stories park 10 of 19 rows within 1e-4 and the rest
+ *      within 8e-4 (stories has head_dim 8 and n_ff 172, which go through
+ *      ggml's scalar tails: a last-bit difference there that this emulation
+ *      does not reproduce is enough to flip an F16 rounding of the
+ *      accumulator, and one flip moves logits by ~1e-4..1e-3). It also
+ *      reproduces llama.cpp's 64 greedy ids, decoding one token per batch;
  *   2. model_forward matches the naive f32 reference within 1e-4 on the same
  *      prompt (prefill in one batch and in chunks);
  *   3. model_forward reproduces llama.cpp's 64 greedy ids exactly, and its
- *      logit rows are within LLAMACPP_F32_TOL: the gap is the f16 rounding in
- *      llama.cpp's attention that an exact f32 attention does not do. */
+ *      logit rows are within LLAMACPP_F32_TOL: the F16 rounding in llama.cpp's
+ *      attention that an exact f32 attention does not do. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -31,7 +39,6 @@
 
 #define LOGIT_TOL 1e-4f
 #define LLAMACPP_F32_TOL 3e-2f
-#define FA_EMUL_TOL 5e-3f
 
 static const char *shared_dir(void)
 {
@@ -89,9 +96,15 @@ static float max_diff(const float *a, const float *b, size_t n)
     return worst;
 }
 
+struct ref_case {
+    const char *name;
+    const char *model;
+    float emul_tol; /* check 1: max |llama.cpp-mode reference - llama.cpp| */
+};
+
 /* Checks 1 and 2 of the header; returns max |engine - naive f32 ref|. */
-static float check_naive(const struct model *m, const int32_t *prompt, int n_prompt, const int32_t *greedy,
-                         int n_greedy, const float *llama_logits, const float *engine_logits, const char *name)
+static float check_naive(const struct model *m, const struct ref_case *rc, const int32_t *prompt, int n_prompt,
+                         const int32_t *greedy, int n_greedy, const float *llama_logits, const float *engine_logits)
 {
     int n_vocab = model_hparams(m)->n_vocab;
     struct ref_model *fa, *plain;
@@ -99,35 +112,35 @@ static float check_naive(const struct model *m, const int32_t *prompt, int n_pro
     assert_int_equal(ref_model_create(m, 1, n_prompt, 0, &plain), KS_OK);
     float *row = malloc(sizeof(float) * (size_t)n_vocab), *row_plain = malloc(sizeof(float) * (size_t)n_vocab);
     float worst_fa = 0, worst_plain = 0;
+    char rows[1024] = "";
     for (int i = 0; i < n_prompt; i++) {
         assert_int_equal(ref_forward(fa, 0, prompt[i], i, row), KS_OK);
         float d = max_diff(row, llama_logits + (size_t)i * n_vocab, (size_t)n_vocab);
+        size_t len = strlen(rows);
+        snprintf(rows + len, sizeof rows - len, " %.0e", (double)d);
         worst_fa = d > worst_fa ? d : worst_fa;
         assert_int_equal(ref_forward(plain, 0, prompt[i], i, row_plain), KS_OK);
         d = max_diff(row_plain, engine_logits + (size_t)i * n_vocab, (size_t)n_vocab);
         worst_plain = d > worst_plain ? d : worst_plain;
     }
-    /* the reference's own greedy continuation */
+    print_message("%s: llama.cpp-mode reference vs llama.cpp, max |diff| per row:%s\n", rc->name, rows);
+    /* the reference's own greedy continuation, one token per batch as llama.cpp decodes */
+    ref_set_batch_size(fa, 1);
     for (int i = 0; i < n_greedy; i++) {
         int32_t next = argmax(row, n_vocab);
         if (next != greedy[i])
-            fail_msg("%s: naive llama.cpp-attention reference: greedy token %d is %d, llama.cpp picked %d", name, i,
-                     next, greedy[i]);
+            fail_msg("%s: llama.cpp-mode reference: greedy token %d is %d, llama.cpp picked %d", rc->name, i, next,
+                     greedy[i]);
         assert_int_equal(ref_forward(fa, 0, next, n_prompt + i, row), KS_OK);
     }
-    print_message("%s: naive ref with llama.cpp's f16 flash attention vs llama.cpp: max |diff| %.2e (tol %.0e), "
-                  "%d greedy ids equal\n", name, (double)worst_fa, (double)FA_EMUL_TOL, n_greedy);
-    assert_true(worst_fa <= FA_EMUL_TOL);
+    print_message("%s: llama.cpp-mode reference vs llama.cpp: max |diff| %.2e (tol %.0e), %d greedy ids equal\n",
+                  rc->name, (double)worst_fa, (double)rc->emul_tol, n_greedy);
+    assert_true(worst_fa <= rc->emul_tol);
     free(row), free(row_plain);
     ref_model_free(fa);
     ref_model_free(plain);
     return worst_plain;
 }
-
-struct ref_case {
-    const char *name;
-    const char *model;
-};
 
 static void run_case(const struct ref_case *rc, int n_threads, int prefill_chunk)
 {
@@ -186,7 +199,7 @@ static void run_case(const struct ref_case *rc, int n_threads, int prefill_chunk
         assert_int_equal(n_out, n);
     }
     float vs_llama = max_diff(logits, ref_logits, (size_t)n_prompt * n_vocab);
-    float vs_ref = check_naive(m, prompt, n_prompt, greedy, n_greedy, ref_logits, logits, rc->name);
+    float vs_ref = check_naive(m, rc, prompt, n_prompt, greedy, n_greedy, ref_logits, logits);
     print_message("%s: engine vs naive f32 ref %.2e (tol %.0e); engine vs llama.cpp %.2e (tol %.0e)\n", rc->name,
                   (double)vs_ref, (double)LOGIT_TOL, (double)vs_llama, (double)LLAMACPP_F32_TOL);
     assert_true(vs_ref <= LOGIT_TOL);
@@ -211,9 +224,10 @@ static void run_case(const struct ref_case *rc, int n_threads, int prefill_chunk
     model_free(m);
 }
 
-static const struct ref_case g_once = {"stories260K.once", "stories260K.gguf"};
-static const struct ref_case g_park = {"stories260K.park", "stories260K.gguf"};
-static const struct ref_case g_april = {"instrument.april", "trained/tiny-llama-gqa-hd64-f32.gguf"};
+/* measured: once 4.8e-6, park 7.8e-4, april 0 (bit-exact) */
+static const struct ref_case g_once = {"stories260K.once", "stories260K.gguf", 1e-4f};
+static const struct ref_case g_park = {"stories260K.park", "stories260K.gguf", 1e-3f};
+static const struct ref_case g_april = {"instrument.april", "trained/tiny-llama-gqa-hd64-f32.gguf", 1e-5f};
 
 static void test_once(void **state) { (void)state; run_case(&g_once, 2, 64); }
 static void test_park(void **state) { (void)state; run_case(&g_park, 2, 64); }

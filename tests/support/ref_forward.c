@@ -31,7 +31,9 @@ struct ref_layer {
 struct ref_model {
     struct model_hparams hp;
     bool quantize_acts;
-    bool llamacpp_fa;
+    bool llamacpp;            /* REF_LLAMACPP_FA: ggml-cpu arithmetic throughout */
+    float *rope_ff;           /* (n_rot / 2) rope_freqs.weight, or NULL */
+    bool one_token_batch;     /* llama.cpp ran this token alone: no tinyBLAS */
     float *tok_embd;          /* (vocab, dim) */
     struct ref_mat output;    /* (vocab, dim) */
     float *output_norm;       /* (dim) */
@@ -139,7 +141,7 @@ ks_status ref_model_create(const struct model *m, int max_seqs, int max_ctx, uns
     struct ref_model *r = calloc(1, sizeof *r);
     r->hp = *model_hparams(m);
     r->quantize_acts = flags & REF_QUANTIZE_ACTS;
-    r->llamacpp_fa = flags & REF_LLAMACPP_FA;
+    r->llamacpp = flags & REF_LLAMACPP_FA;
     const struct model_hparams *hp = &r->hp;
     int dim = hp->n_embd, hd = hp->head_dim_k, qd = hp->n_head * hd, kvd = hp->n_head_kv * hd;
     ks_status st = KS_OK;
@@ -157,6 +159,9 @@ ks_status ref_model_create(const struct model *m, int max_seqs, int max_ctx, uns
         st = load_layer(r, f, l);
     r->inv_freq = calloc((size_t)hp->n_rot / 2 + 1, sizeof(float));
     rope_freqs(r, f);
+    const struct gguf_tensor_info *ff = gguf_find_tensor(f, "rope_freqs.weight");
+    if (ff && ff->type == QUANT_F32 && ff->ne[0] == hp->n_rot / 2)
+        r->rope_ff = (float *)ff->data;
     r->max_seqs = max_seqs, r->max_ctx = max_ctx;
     size_t cache = (size_t)max_seqs * hp->n_layer * max_ctx * kvd;
     r->key_cache = calloc(cache, sizeof(float));
@@ -204,9 +209,13 @@ void ref_model_free(struct ref_model *r)
 
 void ref_seq_clear(struct ref_model *r, int seq) { r->seq_len[seq] = 0; }
 
+void ref_set_batch_size(struct ref_model *r, int n_tokens) { r->one_token_batch = n_tokens < 2; }
+
 /* ---- blocks --------------------------------------------------------------- */
 
-static void rmsnorm(float *o, const float *x, const float *w, int n, float eps)
+static void rmsnorm_ggml(float *o, const float *x, const float *w, int n, float eps);
+
+static void rmsnorm_plain(float *o, const float *x, const float *w, int n, float eps)
 {
     double ss = 0;
     for (int i = 0; i < n; i++)
@@ -233,11 +242,15 @@ static void round_activations(const struct ref_model *r, enum quant_type wtype, 
     free(buf);
 }
 
+static float dot_ggml(const float *w, const float *x, int n, bool one_token_batch);
+
 /* o = W x, W (rows, cols) */
 static void matmul(const struct ref_model *r, float *o, const float *x, const struct ref_mat *W, float *tmp)
 {
     round_activations(r, W->type, x, tmp, W->cols);
-    for (int i = 0; i < W->rows; i++) {
+    for (int i = 0; i < W->rows && r->llamacpp; i++)
+        o[i] = dot_ggml(W->w + (size_t)i * W->cols, tmp, W->cols, r->one_token_batch);
+    for (int i = 0; i < W->rows && !r->llamacpp; i++) {
         double acc = 0;
         for (int j = 0; j < W->cols; j++)
             acc += (double)W->w[(size_t)i * W->cols + j] * tmp[j];
@@ -294,22 +307,156 @@ static void attention(float *out, const float *q, const float *k, const float *v
     }
 }
 
+/* ---- llama.cpp's CPU arithmetic (REF_LLAMACPP_FA) --------------------------
+ * What ggml-cpu computes, op by op, for an F32 model and an F32 cache in a
+ * native AVX-512 build, prompt processed as one batch (llama.cpp 34af94cd made
+ * ../shared/ref that way). Each rounding step is spelled out: fmaf() where ggml
+ * fuses (its intrinsics, or the compiler contracting a*b+c), rounded() where it
+ * does not, so that this file's own compiler flags cannot change the result. */
+
+/* a*b rounded to float: never contracted into a neighbouring add */
+static float rounded(float x)
+{
+    volatile float v = x;
+    return v;
+}
+
+/* _mm512_reduce_add_ps: halves of 16, 8, 4, then 2 lanes */
+static float reduce16(const float *lane)
+{
+    float h[8], q[4];
+    for (int i = 0; i < 8; i++)
+        h[i] = lane[i] + lane[8 + i];
+    for (int i = 0; i < 4; i++)
+        q[i] = h[i] + h[4 + i];
+    return (q[0] + q[2]) + (q[1] + q[3]);
+}
+
+/* Four 16-lane accumulators over steps of 64, folded 0+2, 1+3, 0+1, reduced:
+ * ggml_vec_dot_f32 and ggml_vec_dot_f16 on AVX-512. Returns the part over
+ * the first *np elements. */
+static float dot_4x16(const float *a, const float *b, int n, int *np)
+{
+    float acc[4][16] = {{0}};
+    *np = n & ~63;
+    for (int j = 0; j < *np; j += 64)
+        for (int v = 0; v < 4; v++)
+            for (int l = 0; l < 16; l++)
+                acc[v][l] = fmaf(a[j + 16 * v + l], b[j + 16 * v + l], acc[v][l]);
+    for (int l = 0; l < 16; l++) {
+        acc[0][l] += acc[2][l];
+        acc[1][l] += acc[3][l];
+    }
+    for (int l = 0; l < 16; l++)
+        acc[0][l] += acc[1][l];
+    return reduce16(acc[0]);
+}
+
+/* One output of an F32 mul_mat. In a batch of 2+ tokens, rows a multiple of
+ * 16 long go to llamafile's tinyBLAS (one 16-lane FMA chain, then a reduce);
+ * the rest, and every one-token batch, to ggml_vec_dot_f32 (4 x 16 lanes,
+ * then a float tail). */
+static float dot_ggml(const float *w, const float *x, int n, bool one_token_batch)
+{
+    if (n % 16 == 0 && !one_token_batch) {
+        float acc[16] = {0};
+        for (int j = 0; j < n; j += 16)
+            for (int l = 0; l < 16; l++)
+                acc[l] = fmaf(w[j + l], x[j + l], acc[l]);
+        return reduce16(acc);
+    }
+    int np;
+    float s = dot_4x16(w, x, n, &np);
+    for (int j = np; j < n; j++)
+        s = fmaf(w[j], x[j], s);
+    return s;
+}
+
+/* ggml_compute_forward_rms_norm, then the weight: squares rounded to float
+ * and summed in double, the mean rounded to float, scale = 1/sqrtf(mean+eps). */
+static void rmsnorm_ggml(float *o, const float *x, const float *w, int n, float eps)
+{
+    double sum = 0;
+    for (int i = 0; i < n; i++)
+        sum += (double)rounded(x[i] * x[i]);
+    float mean = (float)(sum / n);
+    float scale = 1.0f / sqrtf(mean + eps);
+    for (int i = 0; i < n; i++)
+        o[i] = rounded(x[i] * scale) * w[i];
+}
+
+/* ggml_rope: angles by repeated multiplication with powf(base, -2/n_rot);
+ * the rotation's first product of each line fused with the other's. */
+static void rope_ggml(float *head, const struct ref_model *r, int pos)
+{
+    const struct model_hparams *hp = &r->hp;
+    int half = hp->n_rot / 2;
+    float theta_scale = powf(hp->rope_freq_base, -2.0f / (float)hp->n_rot);
+    float freq_scale = hp->rope_scaling == MODEL_ROPE_SCALING_LINEAR ? 1.0f / hp->rope_scale_factor : 1.0f;
+    float theta = (float)pos;
+    for (int i = 0; i < half; i++) {
+        float t = freq_scale * (theta / (r->rope_ff ? r->rope_ff[i] : 1.0f));
+        float c = cosf(t), s = sinf(t);
+        theta *= theta_scale;
+        int a = hp->rope_type == MODEL_ROPE_NEOX ? i : 2 * i;
+        int b = hp->rope_type == MODEL_ROPE_NEOX ? i + half : 2 * i + 1;
+        float x0 = head[a], x1 = head[b];
+        head[a] = fmaf(x0, c, -rounded(x1 * s));
+        head[b] = fmaf(x0, s, rounded(x1 * c));
+    }
+}
+
+/* ggml_v_expf on AVX-512 (a polynomial after ARM's optimized routines), one
+ * lane; only ever called on |x| < 88 here. */
+static float v_expf(float x)
+{
+    const float shift = 0x1.8p23f;
+    float z = fmaf(x, 0x1.715476p+0f, shift);
+    float n = z - shift;
+    float b = fmaf(-n, 0x1.7f7d1cp-20f, fmaf(-n, 0x1.62e4p-1f, x));
+    if (fabsf(n) > 126)
+        return expf(x);
+    float u = b * b;
+    float j = fmaf(fmaf(fmaf(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u, fmaf(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)), u,
+                   fmaf(0x1.ffffecp-1f, b, 1.0f));
+    return ldexpf(j, (int)n);
+}
+
+/* ggml_vec_swiglu_f32: blocks of 16 through v_expf, the tail through expf */
+static void swiglu_ggml(float *gate, const float *up, int n)
+{
+    int n_vec = n - n % 16;
+    for (int i = 0; i < n_vec; i++)
+        gate[i] = rounded(gate[i] / (1.0f + v_expf(0.0f - gate[i]))) * up[i];
+    for (int i = n_vec; i < n; i++)
+        gate[i] = rounded(gate[i] / (1.0f + expf(-gate[i]))) * up[i];
+}
+
 static float f16_round(float x) { return quant_f16_to_f32(quant_f32_to_f16(x)); }
 
-/* llama.cpp's CPU flash attention with f16 K/V (it casts an f32 cache to
- * f16): Q rounded to f16, online softmax, V accumulated in an f16 vector. */
-static void attention_fa16(float *out, const float *q, const float *k, const float *v, int stride, int pos, int hd)
+/* ggml's CPU flash attention for fewer than 64 query rows
+ * (flash_attn_ext_f16_one_chunk). llama.cpp casts an F32 cache to F16 before
+ * it, and F16 K makes Q round to F16 too. Scores: f16 products summed as
+ * ggml_vec_dot_f16 does (16-lane FMAs over steps of 64, the rest in double).
+ * Online softmax with expf; the V accumulator is an F16 vector, rounded after
+ * every rescale and every fused v*weight add. */
+static void attention_ggml(float *out, const float *q, const float *k, const float *v, int stride, int pos, int hd)
 {
     float M = -INFINITY, S = 0.0f, scale = 1.0f / sqrtf((float)hd);
+    float qh[512], kh[512];
     for (int i = 0; i < hd; i++)
-        out[i] = 0.0f;
+        out[i] = 0.0f, qh[i] = f16_round(q[i]);
     for (int t = 0; t <= pos; t++) {
-        float s = 0.0f;
         for (int i = 0; i < hd; i++)
-            s += f16_round(q[i]) * f16_round(k[(size_t)t * stride + i]);
-        s *= scale;
-        float m_old = M, ms = 1.0f, vs = 1.0f;
+            kh[i] = f16_round(k[(size_t)t * stride + i]);
+        int np;
+        double dot = dot_4x16(qh, kh, hd, &np);
+        for (int i = np; i < hd; i++)
+            dot += (double)(qh[i] * kh[i]);
+        float s = (float)dot * scale;
+        float ms = 1.0f, vs = 1.0f;
         if (s > M) {
+            float m_old = M;
             M = s;
             ms = expf(m_old - M);
             for (int i = 0; i < hd; i++)
@@ -318,14 +465,35 @@ static void attention_fa16(float *out, const float *q, const float *k, const flo
             vs = expf(s - M);
         }
         for (int i = 0; i < hd; i++)
-            out[i] = f16_round(out[i] + f16_round(v[(size_t)t * stride + i]) * vs);
-        S = S * ms + vs;
+            out[i] = f16_round(fmaf(f16_round(v[(size_t)t * stride + i]), vs, out[i]));
+        S = fmaf(S, ms, vs);
     }
+    float s_inv = 1.0f / S;
     for (int i = 0; i < hd; i++)
-        out[i] /= S;
+        out[i] *= s_inv;
 }
 
 /* ---- forward -------------------------------------------------------------- */
+
+static void norm(const struct ref_model *r, float *o, const float *x, const float *w, int n)
+{
+    (r->llamacpp ? rmsnorm_ggml : rmsnorm_plain)(o, x, w, n, r->hp.rms_eps);
+}
+
+static void rotate(const struct ref_model *r, float *head, int pos)
+{
+    (r->llamacpp ? rope_ggml : rope)(head, r, pos);
+}
+
+static void swiglu(const struct ref_model *r, float *gate, const float *up, int n)
+{
+    if (r->llamacpp) {
+        swiglu_ggml(gate, up, n);
+        return;
+    }
+    for (int i = 0; i < n; i++)
+        gate[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+}
 
 ks_status ref_forward(struct ref_model *r, int seq, int32_t token, int32_t pos, float *logits)
 {
@@ -343,7 +511,7 @@ ks_status ref_forward(struct ref_model *r, int seq, int32_t token, int32_t pos, 
         float *kc = r->key_cache + off, *vc = r->value_cache + off;
 
         /* attention rmsnorm */
-        rmsnorm(r->xb, r->x, L->attn_norm, dim, hp->rms_eps);
+        norm(r, r->xb, r->x, L->attn_norm, dim);
         /* qkv matmuls (+ bias) */
         matmul(r, r->q, r->xb, &L->wq, r->tmp);
         matmul(r, r->k, r->xb, &L->wk, r->tmp);
@@ -355,13 +523,13 @@ ks_status ref_forward(struct ref_model *r, int seq, int32_t token, int32_t pos, 
         /* per-head Q/K rmsnorm (qwen3) and RoPE */
         for (int h = 0; h < hp->n_head; h++) {
             if (L->q_norm)
-                rmsnorm(r->q + h * hd, r->q + h * hd, L->q_norm, hd, hp->rms_eps);
-            rope(r->q + h * hd, r, pos);
+                norm(r, r->q + h * hd, r->q + h * hd, L->q_norm, hd);
+            rotate(r, r->q + h * hd, pos);
         }
         for (int h = 0; h < hp->n_head_kv; h++) {
             if (L->k_norm)
-                rmsnorm(r->k + h * hd, r->k + h * hd, L->k_norm, hd, hp->rms_eps);
-            rope(r->k + h * hd, r, pos);
+                norm(r, r->k + h * hd, r->k + h * hd, L->k_norm, hd);
+            rotate(r, r->k + h * hd, pos);
         }
         /* cache k, v at pos */
         memcpy(kc + (size_t)pos * kvd, r->k, sizeof(float) * (size_t)kvd);
@@ -369,8 +537,8 @@ ks_status ref_forward(struct ref_model *r, int seq, int32_t token, int32_t pos, 
         /* multi-head attention over positions 0..pos */
         for (int h = 0; h < hp->n_head; h++) {
             const float *kh = kc + (h / kv_mul) * hd, *vh = vc + (h / kv_mul) * hd;
-            if (r->llamacpp_fa)
-                attention_fa16(r->att + h * hd, r->q + h * hd, kh, vh, kvd, pos, hd);
+            if (r->llamacpp)
+                attention_ggml(r->att + h * hd, r->q + h * hd, kh, vh, kvd, pos, hd);
             else
                 attention(r->att + h * hd, r->q + h * hd, kh, vh, kvd, pos, hd, r->scores);
         }
@@ -379,18 +547,17 @@ ks_status ref_forward(struct ref_model *r, int seq, int32_t token, int32_t pos, 
         for (int i = 0; i < dim; i++)
             r->x[i] += r->xb2[i];
         /* ffn rmsnorm, SwiGLU, residual */
-        rmsnorm(r->xb, r->x, L->ffn_norm, dim, hp->rms_eps);
+        norm(r, r->xb, r->x, L->ffn_norm, dim);
         matmul(r, r->hb, r->xb, &L->w1, r->tmp);
         matmul(r, r->hb2, r->xb, &L->w3, r->tmp);
-        for (int i = 0; i < hp->n_ff; i++)
-            r->hb[i] = r->hb[i] / (1.0f + expf(-r->hb[i])) * r->hb2[i];
+        swiglu(r, r->hb, r->hb2, hp->n_ff);
         matmul(r, r->xb2, r->hb, &L->w2, r->tmp);
         for (int i = 0; i < dim; i++)
             r->x[i] += r->xb2[i];
     }
     r->seq_len[seq] = pos + 1;
     /* final rmsnorm, classifier */
-    rmsnorm(r->xb, r->x, r->output_norm, dim, hp->rms_eps);
+    norm(r, r->xb, r->x, r->output_norm, dim);
     matmul(r, logits, r->xb, &r->output, r->tmp);
     return KS_OK;
 }

@@ -20,9 +20,12 @@ enum ref_flags {
      * (q8_0 / q8_K) with the scalar quantizer, as the engine's integer
      * kernels do; that makes the comparison tight for quantized weights. */
     REF_QUANTIZE_ACTS = 1,
-    /* Attention as llama.cpp's CPU flash attention computes it (its default):
-     * Q, K and V rounded to f16 and the V accumulator kept in f16. The
-     * reference outputs in ../shared/ref were made that way. */
+    /* llama.cpp's own CPU arithmetic (ggml-cpu, native AVX-512 build, prompt
+     * as one batch), op by op: tinyBLAS / ggml_vec_dot_f32 summation order,
+     * rms_norm with float squares summed in double, RoPE angles by repeated
+     * multiplication, SwiGLU through ggml's vector expf, and its default
+     * flash attention, which casts an F32 cache to F16, rounds Q to F16 and
+     * keeps the V accumulator in F16. ../shared/ref was made that way. */
     REF_LLAMACPP_FA = 2,
 };
 
@@ -34,6 +37,11 @@ void ref_model_free(struct ref_model *r);
 /* One token of slot seq at position pos (== the slot's length so far):
  * n_vocab logits. */
 ks_status ref_forward(struct ref_model *r, int seq, int32_t token, int32_t pos, float *logits);
+
+/* REF_LLAMACPP_FA only: the size of the batch llama.cpp ran the next tokens
+ * in (default: a prompt batch). A one-token batch sums matmuls in another
+ * order (ggml_vec_dot_f32 instead of tinyBLAS). */
+void ref_set_batch_size(struct ref_model *r, int n_tokens);
 
 /* Reset slot seq to empty. */
 void ref_seq_clear(struct ref_model *r, int seq);
