@@ -420,8 +420,10 @@ int cli_generate(int argc, char **argv)
 {
     struct gen_opts o;
     int rc = parse_args(argc, argv, &o);
-    if (rc)
+    if (rc) {
+        free(o.ids);
         return rc < 0 ? 0 : rc;
+    }
     char default_path[4096];
     const char *path = o.model;
     if (!path) {
