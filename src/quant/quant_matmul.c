@@ -45,7 +45,7 @@ static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 enum mm_path { MM_GENERIC, MM_Q8_DECODE, MM_Q8_PREFILL, MM_FLOAT_DECODE, MM_FLOAT_PREFILL };
 
-static bool is_q8_family(enum quant_type t) { return t == QUANT_Q4_0 || t == QUANT_Q8_0; }
+static inline bool is_q8_family(enum quant_type t) { return t == QUANT_Q4_0 || t == QUANT_Q8_0; }
 static bool is_float(enum quant_type t) { return t == QUANT_F32 || t == QUANT_F16 || t == QUANT_BF16; }
 
 static enum mm_path choose_path(enum quant_type wtype, int64_t n_tokens)
@@ -124,7 +124,7 @@ struct mm {
 
 /* Prefill panels are handed out dynamically: a thread that loses its core
  * for a while (the machine is shared) does not hold the others up. */
-static int64_t take_panel(struct mm *m, int64_t n_panels)
+static inline int64_t take_panel(struct mm *m, int64_t n_panels)
 {
     int64_t p = atomic_fetch_add_explicit(&m->next_panel, 1, memory_order_relaxed);
     return p < n_panels ? p : -1;
