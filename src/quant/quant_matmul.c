@@ -362,6 +362,10 @@ static void dec_compute(void *vctx, int ith, int nth)
     struct mm *m = vctx;
     int64_t lo, hi;
     threads_split(m->rows, ith, nth, &lo, &hi);
+    /* start the stream: the loop prefetches DEC_AHEAD_BYTES ahead of itself */
+    const uint8_t *start = m->W + lo * m->wrow, *end = m->W + hi * m->wrow;
+    for (const uint8_t *p = start; p < end && p < start + DEC_AHEAD_BYTES; p += 64)
+        _mm_prefetch((const char *)p, _MM_HINT_T0);
     /* a few tokens: row blocks of 64 stay in cache while the tokens pass */
     for (int64_t r0 = lo; r0 < hi; r0 += 64) {
         int64_t r1 = r0 + 64 < hi ? r0 + 64 : hi;
