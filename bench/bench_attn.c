@@ -3,7 +3,8 @@
  * head_dim 128), at several context lengths and K/V precisions, plus the
  * same kernels over one contiguous f16 buffer as the baseline for paging.
  *
- *   bench_attn [-t THREADS] [-P PAGE] [-r REPS] [-c CTX]
+ *   bench_attn [-t THREADS] [-P PAGE] [-r REPS] [-c CTX] [-k CACHE]
+ * (-k: only that cache row, e.g. q4_0, for profiling)
  * Prints one line per (context, cache) with the median of REPS runs, by wall
  * time and by process CPU time (the CPU figure is the one to compare on a
  * shared, loaded machine: time slices lost to other processes do not count),
@@ -157,6 +158,7 @@ static double kv_bytes(const struct kv_cache *kv)
 int main(int argc, char **argv)
 {
     int n_threads = 1, P = 32, reps = 5, only_ctx = 0;
+    const char *only_case = NULL;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "-t"))
             n_threads = atoi(argv[i + 1]);
@@ -166,6 +168,8 @@ int main(int argc, char **argv)
             reps = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "-c"))
             only_ctx = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "-k"))
+            only_case = argv[i + 1];
     }
     reps = reps < 1 ? 1 : reps > 15 ? 15 : reps;
     threads_pool *pool = NULL;
@@ -196,6 +200,10 @@ int main(int argc, char **argv)
             continue;
         double cpu[sizeof cases / sizeof cases[0]];
         for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+            if (only_case && strcmp(only_case, cases[k].name)) {
+                cpu[k] = NAN;
+                continue;
+            }
             struct paged_run r = {.pool = pool, .x = x, .out = out};
             r.kv = make_cache(ctx, P, cases[k].k, cases[k].v, cases[k].mixed, &r.q.seq);
             r.q.pos = ctx - 1;
@@ -204,6 +212,8 @@ int main(int argc, char **argv)
             cpu[k] = t.cpu;
             kv_free(r.kv);
         }
+        if (only_case)
+            continue;
         /* contiguous f16 with the same kernels, single-threaded like -t 1 */
         struct contig_run cr = {.ctx = ctx};
         size_t n = (size_t)N_KV * ctx * DIM;
