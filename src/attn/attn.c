@@ -1,6 +1,6 @@
-/* attn_forward: tiles of query rows x KV heads x page ranges, one online-
- * softmax pass per item over the page table, then a merge of the partial
- * softmax states of each (tile, KV head). */
+/* attn_forward: tiles of query rows x page ranges, one online-softmax pass
+ * per item over its pages (every KV head of each page in turn), then a merge
+ * of the partial softmax states of each (tile, KV head). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,18 +25,23 @@ const struct attn_kernels *attn_kernels_best(void)
     return attn_kernels_scalar();
 }
 
+/* An item is one tile over one range of its pages, for every KV head: pages
+ * are the outer loop and heads the inner one, so each page half is read
+ * front to back as one stream (per-head runs of P rows alone are too short
+ * for the hardware prefetcher). */
 struct tile {
     int32_t first, n_q; /* queries[first, first + n_q), one sequence */
     int32_t seq;
     int32_t n_pages;    /* pages up to the furthest position in the tile */
-    int32_t n_chunks;   /* page ranges it is split into */
-    int32_t item0;      /* index of its first item (head 0, chunk 0) */
+    int32_t n_chunks;   /* page ranges it is split into, one item each */
+    int32_t item0;      /* index of its first item */
+    size_t state0;      /* offset of its first item's state in states */
 };
 
 struct job {
     const struct kv_cache *kv;
     const struct attn_kernels *k;
-    int layer, n_head, group, dim;
+    int layer, n_head, n_kv, group, dim;
     float scale;
     const struct attn_query *queries;
     const float *q;
@@ -44,15 +49,23 @@ struct job {
 
     struct tile *tiles;
     int32_t n_tiles, n_items;
-    size_t state_floats;  /* per item: R * (dim + 2) */
-    float *states;        /* (n_items, state_floats) */
+    int max_rows;         /* largest tile, in rows per KV head */
+    float *states;        /* per item: n_kv x [m (R), l (R), acc (R, dim)] */
     uint8_t *scratch;     /* per thread */
     size_t scratch_bytes;
 };
 
 static int tile_rows(const struct job *j, const struct tile *t) { return t->n_q * j->group; }
 
-static void find_item(const struct job *j, int32_t item, const struct tile **t, int *head, int *chunk)
+static size_t head_state_floats(int rows, int dim) { return (size_t)rows * (dim + 2); }
+
+static float *item_state(const struct job *j, const struct tile *t, int chunk, int head)
+{
+    int R = tile_rows(j, t);
+    return j->states + t->state0 + ((size_t)chunk * j->n_kv + head) * head_state_floats(R, j->dim);
+}
+
+static const struct tile *find_tile(const struct job *j, int32_t item)
 {
     int32_t lo = 0, hi = j->n_tiles - 1;
     while (lo < hi) { /* last tile with item0 <= item */
@@ -62,64 +75,66 @@ static void find_item(const struct job *j, int32_t item, const struct tile **t, 
         else
             hi = mid - 1;
     }
-    *t = &j->tiles[lo];
-    int32_t rel = item - (*t)->item0;
-    *head = rel / (*t)->n_chunks;
-    *chunk = rel % (*t)->n_chunks;
+    return &j->tiles[lo];
 }
 
-/* Scaled, rotated query rows of one (tile, KV head), and their int8 copy. */
-static void load_rows(const struct job *j, const struct tile *t, int head, float *q, block_q8_0 *q8, float *q8d,
-                      int32_t *limit)
+/* Per-thread scratch: the tile's query rows for every head, one page of
+ * scores, and the row limits. */
+struct scratch {
+    float *q;         /* (n_kv, R, dim) scaled, rotated */
+    block_q8_0 *q8;   /* (n_kv, R, dim / 32), NULL when dim % 32 != 0 */
+    float *q8d;       /* (n_kv, R, dim / 32) */
+    float *s;         /* (R, P) */
+    int32_t *limit;   /* (R) */
+};
+
+/* Bytes of one thread's scratch; with base, also where each part lives. */
+static size_t scratch_layout(const struct job *j, uint8_t *base, struct scratch *out)
 {
     const struct kv_config *c = kv_get_config(j->kv);
-    int d = j->dim;
-    for (int i = 0; i < t->n_q; i++) {
-        const struct attn_query *qq = &j->queries[t->first + i];
-        for (int g = 0; g < j->group; g++) {
-            int r = i * j->group + g;
-            const float *src = j->q + ((size_t)(t->first + i) * j->n_head + (size_t)head * j->group + g) * d;
-            for (int e = 0; e < d; e++)
-                q[(size_t)r * d + e] = src[e] * j->scale;
-            if (c->rotate)
-                kv_rotate(q + (size_t)r * d, d);
-            if (q8)
-                attn_quantize_q8(q + (size_t)r * d, q8 + (size_t)r * (d / QK8_0), q8d + (size_t)r * (d / QK8_0), d);
-            limit[r] = qq->pos + 1;
-        }
+    size_t rows = (size_t)j->n_kv * j->max_rows, nb = (size_t)j->dim / QK8_0;
+    size_t q = 0, s = q + rows * j->dim * sizeof(float);
+    size_t q8d = s + (size_t)j->max_rows * c->page_tokens * sizeof(float);
+    size_t limit = q8d + rows * nb * sizeof(float);
+    size_t q8 = limit + (size_t)j->max_rows * sizeof(int32_t);
+    size_t end = q8 + rows * nb * sizeof(block_q8_0);
+    if (base) {
+        out->q = (float *)(base + q);
+        out->s = (float *)(base + s);
+        out->q8d = (float *)(base + q8d);
+        out->limit = (int32_t *)(base + limit);
+        out->q8 = j->dim % QK8_0 == 0 ? (block_q8_0 *)(base + q8) : NULL;
     }
+    return (end + 63) / 64 * 64;
 }
 
-/* Mask positions a row cannot see, then fold the page into the running state
- * (m, l, acc): scores become probabilities in place. */
-static void softmax_update(const struct attn_kernels *k, struct attn_rows *rows, int page_start, int n_tok)
+/* Scaled, rotated query rows of one tile for every KV head, and their int8 copy. */
+static void load_rows(const struct job *j, const struct tile *t, const struct scratch *sc)
 {
-    for (int r = 0; r < rows->n; r++) {
-        float *s = rows->s + (size_t)r * rows->stride;
-        int vis = rows->limit[r] - page_start;
-        vis = vis < 0 ? 0 : vis > n_tok ? n_tok : vis;
-        float mx = rows->m[r];
-        for (int t = 0; t < vis; t++)
-            mx = s[t] > mx ? s[t] : mx;
-        for (int t = vis; t < n_tok; t++)
-            s[t] = 0.0f;
-        if (vis == 0)
-            continue;
-        float corr = expf(rows->m[r] - mx);
-        if (corr != 1.0f) {
-            float *acc = rows->acc + (size_t)r * rows->dim;
-            for (int e = 0; e < rows->dim; e++)
-                acc[e] *= corr;
-        }
-        rows->l[r] = rows->l[r] * corr + k->exp_sum(s, vis, mx);
-        rows->m[r] = mx;
-    }
+    const struct kv_config *c = kv_get_config(j->kv);
+    int d = j->dim, nb = d / QK8_0, R = tile_rows(j, t);
+    for (int i = 0; i < t->n_q; i++)
+        for (int g = 0; g < j->group; g++)
+            sc->limit[i * j->group + g] = j->queries[t->first + i].pos + 1;
+    for (int h = 0; h < j->n_kv; h++)
+        for (int i = 0; i < t->n_q; i++)
+            for (int g = 0; g < j->group; g++) {
+                size_t r = (size_t)h * R + i * j->group + g;
+                const float *src = j->q + ((size_t)(t->first + i) * j->n_head + (size_t)h * j->group + g) * d;
+                float *dst = sc->q + r * d;
+                for (int e = 0; e < d; e++)
+                    dst[e] = src[e] * j->scale;
+                if (c->rotate)
+                    kv_rotate(dst, d);
+                if (sc->q8)
+                    attn_quantize_q8(dst, sc->q8 + r * nb, sc->q8d + r * nb, d);
+            }
 }
 
 /* Pages are separate allocations, so the hardware prefetcher loses the
- * stream at every page boundary; ask for the next page's K/V rows while
- * this one is being computed. */
-static void prefetch_page(const struct kv_cache *kv, const struct kv_page *pg, int layer, int head)
+ * stream at every page boundary; ask for the next page's rows of this head
+ * while this page is being computed. */
+static void prefetch_head(const struct kv_cache *kv, const struct kv_page *pg, int layer, int head)
 {
     int P = kv->cfg.page_tokens, d = kv->cfg.head_dim;
     size_t rk = (size_t)P * kv_row_bytes(pg->tk, d), rv = (size_t)P * kv_row_bytes(pg->tv, d);
@@ -134,46 +149,49 @@ static void prefetch_page(const struct kv_cache *kv, const struct kv_page *pg, i
 static void run_item(const struct job *j, int32_t item, uint8_t *scratch)
 {
     const struct kv_cache *kv = j->kv;
-    const struct kv_config *c = kv_get_config(kv);
-    const struct tile *t;
-    int head, chunk;
-    find_item(j, item, &t, &head, &chunk);
-    int R = tile_rows(j, t), d = j->dim, P = c->page_tokens;
-    bool quant_ok = d % QK8_0 == 0;
+    const struct tile *t = find_tile(j, item);
+    int chunk = item - t->item0, R = tile_rows(j, t), d = j->dim, nb = d / QK8_0, P = kv->cfg.page_tokens;
+    struct scratch sc = {0};
+    scratch_layout(j, scratch, &sc);
+    load_rows(j, t, &sc);
 
-    float *q = (float *)scratch;
-    float *s = q + (size_t)TILE_ROWS * d;
-    int32_t *limit = (int32_t *)(s + (size_t)TILE_ROWS * P);
-    float *q8d = (float *)(limit + TILE_ROWS);
-    block_q8_0 *q8 = quant_ok ? (block_q8_0 *)(q8d + (size_t)TILE_ROWS * (d / QK8_0)) : NULL;
-    load_rows(j, t, head, q, q8, q8d, limit);
-
-    float *st = j->states + (size_t)item * j->state_floats;
-    struct attn_rows rows = {
-        .n = R, .dim = d, .stride = P, .q = q, .q8 = q8, .q8d = q8d, .limit = limit,
-        .m = st, .l = st + R, .acc = st + 2 * R, .s = s,
-    };
-    for (int r = 0; r < R; r++) {
-        rows.m[r] = -INFINITY;
-        rows.l[r] = 0.0f;
+    struct attn_rows rows = {.n = R, .dim = d, .stride = P, .s = sc.s, .limit = sc.limit};
+    for (int h = 0; h < j->n_kv; h++) {
+        float *st = item_state(j, t, chunk, h);
+        for (int r = 0; r < R; r++) {
+            st[r] = -INFINITY;
+            st[R + r] = 0.0f;
+        }
+        memset(st + 2 * R, 0, (size_t)R * d * sizeof(float));
     }
-    memset(rows.acc, 0, (size_t)R * d * sizeof(float));
+    int32_t max_limit = 0;
+    for (int r = 0; r < R; r++)
+        max_limit = sc.limit[r] > max_limit ? sc.limit[r] : max_limit;
 
     int64_t lo, hi;
     threads_split(t->n_pages, chunk, t->n_chunks, &lo, &hi);
     const struct kv_seq *sq = &kv->seqs[t->seq];
-    int32_t max_limit = 0;
-    for (int r = 0; r < R; r++)
-        max_limit = limit[r] > max_limit ? limit[r] : max_limit;
     for (int64_t p = lo; p < hi; p++) {
         const struct kv_page *pg = &kv->pages[sq->pages[p]];
-        if (p + 1 < hi)
-            prefetch_page(kv, &kv->pages[sq->pages[p + 1]], j->layer, head);
+        const struct kv_page *next = p + 1 < hi ? &kv->pages[sq->pages[p + 1]] : NULL;
         int page_start = (int)(p * P);
         int n_tok = max_limit - page_start < P ? max_limit - page_start : P;
-        j->k->score[kv_type_index(pg->tk)](kv_page_rows(kv, pg->k, pg->tk, j->layer, head), n_tok, &rows);
-        softmax_update(j->k, &rows, page_start, n_tok);
-        j->k->accum[kv_type_index(pg->tv)](kv_page_rows(kv, pg->v, pg->tv, j->layer, head), n_tok, &rows);
+        attn_score_fn score = j->k->score[kv_type_index(pg->tk)];
+        attn_accum_fn accum = j->k->accum[kv_type_index(pg->tv)];
+        for (int h = 0; h < j->n_kv; h++) {
+            if (next)
+                prefetch_head(kv, next, j->layer, h);
+            float *st = item_state(j, t, chunk, h);
+            rows.q = sc.q + (size_t)h * R * d;
+            rows.q8 = sc.q8 ? sc.q8 + (size_t)h * R * nb : NULL;
+            rows.q8d = sc.q8d + (size_t)h * R * nb;
+            rows.m = st;
+            rows.l = st + R;
+            rows.acc = st + 2 * R;
+            score(kv_page_rows(kv, pg->k, pg->tk, j->layer, h), n_tok, &rows);
+            j->k->softmax(&rows, page_start, n_tok);
+            accum(kv_page_rows(kv, pg->v, pg->tv, j->layer, h), n_tok, &rows);
+        }
     }
 }
 
@@ -191,9 +209,9 @@ static void finish(const struct job *j, const struct tile *t, int head)
 {
     const struct kv_config *c = kv_get_config(j->kv);
     int R = tile_rows(j, t), d = j->dim;
-    float *base = j->states + (size_t)(t->item0 + head * t->n_chunks) * j->state_floats;
+    float *base = item_state(j, t, 0, head);
     for (int ch = 1; ch < t->n_chunks; ch++) {
-        float *o = base + (size_t)ch * j->state_floats;
+        float *o = item_state(j, t, ch, head);
         for (int r = 0; r < R; r++) {
             if (o[R + r] == 0.0f)
                 continue;
@@ -223,11 +241,10 @@ static void finish(const struct job *j, const struct tile *t, int head)
 static void phase_finish(void *ctx, int ith, int nth)
 {
     struct job *j = ctx;
-    int n_kv = kv_get_config(j->kv)->n_kv_head;
     int64_t lo, hi;
-    threads_split((int64_t)j->n_tiles * n_kv, ith, nth, &lo, &hi);
+    threads_split((int64_t)j->n_tiles * j->n_kv, ith, nth, &lo, &hi);
     for (int64_t i = lo; i < hi; i++)
-        finish(j, &j->tiles[i / n_kv], (int)(i % n_kv));
+        finish(j, &j->tiles[i / j->n_kv], (int)(i % j->n_kv));
 }
 
 static ks_status check_args(const struct kv_cache *kv, int layer, const struct attn_query *queries,
@@ -252,8 +269,9 @@ static ks_status check_args(const struct kv_cache *kv, int layer, const struct a
     return KS_OK;
 }
 
-/* Consecutive queries of one sequence share a tile. */
-static int32_t make_tiles(struct job *j, int32_t n_queries, int nth)
+/* Consecutive queries of one sequence share a tile; returns the floats of
+ * state all items need. */
+static size_t make_tiles(struct job *j, int32_t n_queries, int nth)
 {
     const struct kv_config *c = kv_get_config(j->kv);
     int per_tile = TILE_ROWS / j->group;
@@ -270,20 +288,26 @@ static int32_t make_tiles(struct job *j, int32_t n_queries, int nth)
         t->n_q = i - t->first;
         t->n_pages = (max_pos + c->page_tokens) / c->page_tokens;
     }
+    j->n_tiles = n;
     /* split long sequences into page ranges when there are too few tiles to
      * keep every thread busy (decode of one or a few sequences) */
     int64_t want = (int64_t)nth * ITEMS_PER_THREAD;
-    int64_t base = (int64_t)n * c->n_kv_head;
-    int32_t split = nth > 1 && base < want ? (int32_t)((want + base - 1) / base) : 1;
+    int32_t split = nth > 1 && n < want ? (int32_t)((want + n - 1) / n) : 1;
     int32_t items = 0;
+    size_t floats = 0;
+    j->max_rows = 0;
     for (int32_t i = 0; i < n; i++) {
         struct tile *t = &j->tiles[i];
+        int R = tile_rows(j, t);
         t->n_chunks = split < t->n_pages ? split : t->n_pages;
         t->item0 = items;
-        items += t->n_chunks * c->n_kv_head;
+        t->state0 = floats;
+        items += t->n_chunks;
+        floats += (size_t)t->n_chunks * j->n_kv * head_state_floats(R, j->dim);
+        j->max_rows = R > j->max_rows ? R : j->max_rows;
     }
     j->n_items = items;
-    return n;
+    return floats;
 }
 
 ks_status attn_forward(threads_pool *pool, const struct kv_cache *kv, int layer, const struct attn_query *queries,
@@ -296,18 +320,15 @@ ks_status attn_forward(threads_pool *pool, const struct kv_cache *kv, int layer,
     int nth = pool ? threads_count(pool) : 1;
     struct job j = {
         .kv = kv, .k = forced ? forced : attn_kernels_best(), .layer = layer, .n_head = n_head,
-        .group = n_head / c->n_kv_head, .dim = c->head_dim, .scale = scale, .queries = queries, .q = q, .out = out,
+        .n_kv = c->n_kv_head, .group = n_head / c->n_kv_head, .dim = c->head_dim, .scale = scale,
+        .queries = queries, .q = q, .out = out,
     };
     j.tiles = malloc((size_t)n_queries * sizeof *j.tiles);
     if (!j.tiles)
         return ks_fail(KS_ERR_NOMEM, "attn: out of host memory");
-    j.n_tiles = make_tiles(&j, n_queries, nth);
-    j.state_floats = (size_t)TILE_ROWS * (j.dim + 2);
-    int d = j.dim;
-    j.scratch_bytes = (size_t)TILE_ROWS * d * sizeof(float) + (size_t)TILE_ROWS * c->page_tokens * sizeof(float) +
-                      TILE_ROWS * sizeof(int32_t) + (size_t)TILE_ROWS * (d / QK8_0) * (sizeof(block_q8_0) + sizeof(float));
-    j.scratch_bytes = (j.scratch_bytes + 63) / 64 * 64;
-    j.states = malloc((size_t)j.n_items * j.state_floats * sizeof(float));
+    size_t state_floats = make_tiles(&j, n_queries, nth);
+    j.scratch_bytes = scratch_layout(&j, NULL, NULL);
+    j.states = malloc(state_floats * sizeof(float));
     j.scratch = aligned_alloc(64, (size_t)nth * j.scratch_bytes);
     if (!j.states || !j.scratch) {
         free(j.tiles);

@@ -73,10 +73,10 @@ ALWAYS_INLINE void store_scores(__m512 z, int nr, const struct attn_rows *rows, 
 #define SCORE_TOKENS(nr, t0, n_tok, DOTS)                                                                   \
     do {                                                                                                     \
         __m512 y_[4];                                                                                        \
-        _Pragma("GCC unroll 4") for (int g_ = 0; g_ < 4; g_++)                                               \
+        for (int g_ = 0; g_ < 4; g_++)                                               \
         {                                                                                                    \
             __m512 v_[4];                                                                                    \
-            _Pragma("GCC unroll 4") for (int u_ = 0; u_ < 4 / (nr); u_++)                                    \
+            for (int u_ = 0; u_ < 4 / (nr); u_++)                                    \
             {                                                                                                \
                 int tt_ = (t0) + g_ * (4 / (nr)) + u_;                                                       \
                 int t = tt_ < (n_tok) ? tt_ : (n_tok) - 1;                                                   \
@@ -95,15 +95,31 @@ ALWAYS_INLINE __m512 load16(const void *p, bool f16)
     return f16 ? _mm512_cvtph_ps(_mm256_loadu_si256(p)) : _mm512_loadu_ps(p);
 }
 
-/* v[i] = elementwise products of K row kt with query row i, summed over chunks. */
+/* v[i] = elementwise products of K row kt with query row i, summed over
+ * chunks; two partial sums per row halve the FMA dependency chain. */
 ALWAYS_INLINE void float_dots(const uint8_t *kt, bool f16, const float *q, int d, int nr, __m512 *v)
 {
-    _Pragma("GCC unroll 4") for (int i = 0; i < nr; i++) v[i] = _mm512_setzero_ps();
-    for (int c = 0; c < d; c += LANES) {
-        __m512 kc = load16(kt + (size_t)c * (f16 ? 2 : 4), f16);
-        _Pragma("GCC unroll 4") for (int i = 0; i < nr; i++) v[i] =
-            _mm512_fmadd_ps(_mm512_loadu_ps(q + (size_t)i * d + c), kc, v[i]);
+    size_t eb = f16 ? 2 : 4;
+    __m512 w[ROW_BLOCK];
+    for (int i = 0; i < nr; i++) {
+        v[i] = _mm512_setzero_ps();
+        w[i] = _mm512_setzero_ps();
     }
+    int c = 0;
+    for (; c + 2 * LANES <= d; c += 2 * LANES) {
+        __m512 k0 = load16(kt + (size_t)c * eb, f16), k1 = load16(kt + (size_t)(c + LANES) * eb, f16);
+        for (int i = 0; i < nr; i++) {
+            v[i] = _mm512_fmadd_ps(_mm512_loadu_ps(q + (size_t)i * d + c), k0, v[i]);
+            w[i] = _mm512_fmadd_ps(_mm512_loadu_ps(q + (size_t)i * d + c + LANES), k1, w[i]);
+        }
+    }
+    if (c < d) {
+        __m512 k0 = load16(kt + (size_t)c * eb, f16);
+        for (int i = 0; i < nr; i++)
+            v[i] = _mm512_fmadd_ps(_mm512_loadu_ps(q + (size_t)i * d + c), k0, v[i]);
+    }
+    for (int i = 0; i < nr; i++)
+        v[i] = _mm512_add_ps(v[i], w[i]);
 }
 
 ALWAYS_INLINE void float_score_block(const uint8_t *k, bool f16, int n_tok, const struct attn_rows *rows, int r0,
@@ -254,11 +270,11 @@ ALWAYS_INLINE void quant_dots(const uint8_t *kt, bool q4, int nch, const struct 
 {
     size_t chunk_bytes = q4 ? Q4_CHUNK * sizeof(block_q4_0) : Q8_CHUNK * sizeof(block_q8_0);
     struct kchunk k = q4 ? load_q4(kt, mask[0], mask[1]) : load_q8(kt, mask[0], mask[1]);
-    _Pragma("GCC unroll 4") for (int i = 0; i < nr; i++) v[i] = quant_dot(k, &qc[i * nch], q4);
+    for (int i = 0; i < nr; i++) v[i] = quant_dot(k, &qc[i * nch], q4);
     for (int c = 1; c < nch; c++) {
         const uint8_t *kc = kt + c * chunk_bytes;
         k = q4 ? load_q4(kc, mask[2 * c], mask[2 * c + 1]) : load_q8(kc, mask[2 * c], mask[2 * c + 1]);
-        _Pragma("GCC unroll 4") for (int i = 0; i < nr; i++) v[i] = _mm512_add_ps(v[i], quant_dot(k, &qc[i * nch + c], q4));
+        for (int i = 0; i < nr; i++) v[i] = _mm512_add_ps(v[i], quant_dot(k, &qc[i * nch + c], q4));
     }
 }
 
@@ -386,55 +402,68 @@ static void accum_f16_avx512(const uint8_t *v, int n_tok, const struct attn_rows
     float_accum(v, true, n_tok, rows);
 }
 
-/* Block b of nr rows: the 32 values of each token's block are widened and
- * scaled by its d once, then FMA'd into every row. */
+/* 32 values of block b of one quantized V row, times the block's d, as two vectors. */
+ALWAYS_INLINE void dequant_block(const uint8_t *vt, bool q4, int b, __m512 *lo, __m512 *hi)
+{
+    if (q4) {
+        const __m512 lut = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+        const block_q4_0 *blk = (const block_q4_0 *)vt + b;
+        __m512 tab = _mm512_mul_ps(lut, _mm512_cvtph_ps(_mm256_set1_epi16((short)blk->d)));
+        __m512i x = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)blk->qs));
+        *lo = _mm512_permutexvar_ps(x, tab); /* uses the low 4 bits of each index */
+        *hi = _mm512_permutexvar_ps(_mm512_srli_epi32(x, 4), tab);
+    } else {
+        const block_q8_0 *blk = (const block_q8_0 *)vt + b;
+        __m512 dv = _mm512_cvtph_ps(_mm256_set1_epi16((short)blk->d));
+        *lo = _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)blk->qs))));
+        *hi = _mm512_mul_ps(
+            dv, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk->qs + LANES)))));
+    }
+}
+
+/* Blocks [b, b + nblk) (nblk 1 or 2) of nr rows, accumulators in registers
+ * across the page's tokens; each probability is broadcast once per token. */
 ALWAYS_INLINE void quant_accum_block(const uint8_t *v, bool q4, int n_tok, const struct attn_rows *rows, int r0,
-                                     int nr, int b)
+                                     int nr, int b, int nblk)
 {
     int d = rows->dim;
     size_t rb = kv_row_bytes(q4 ? QUANT_Q4_0 : QUANT_Q8_0, d);
-    const __m512 lut = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
     float *base = rows->acc + (size_t)b * QK8_0;
-    __m512 a0[ROW_BLOCK], a1[ROW_BLOCK];
-    for (int i = 0; i < nr; i++) {
-        a0[i] = _mm512_loadu_ps(base + (size_t)(r0 + i) * d);
-        a1[i] = _mm512_loadu_ps(base + (size_t)(r0 + i) * d + LANES);
-    }
+    __m512 a[4][ROW_BLOCK];
+    for (int h = 0; h < 2 * nblk; h++)
+        for (int i = 0; i < nr; i++)
+            a[h][i] = _mm512_loadu_ps(base + (size_t)(r0 + i) * d + h * LANES);
     for (int t = 0; t < n_tok; t++) {
-        __m512 lo, hi;
-        if (q4) {
-            const block_q4_0 *blk = (const block_q4_0 *)(v + (size_t)t * rb) + b;
-            __m512 tab = _mm512_mul_ps(lut, _mm512_cvtph_ps(_mm256_set1_epi16((short)blk->d)));
-            __m512i x = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)blk->qs));
-            lo = _mm512_permutexvar_ps(x, tab); /* uses the low 4 bits of each index */
-            hi = _mm512_permutexvar_ps(_mm512_srli_epi32(x, 4), tab);
-        } else {
-            const block_q8_0 *blk = (const block_q8_0 *)(v + (size_t)t * rb) + b;
-            __m512 dv = _mm512_cvtph_ps(_mm256_set1_epi16((short)blk->d));
-            lo = _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)blk->qs))));
-            hi = _mm512_mul_ps(dv, _mm512_cvtepi32_ps(
-                                       _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk->qs + LANES)))));
-        }
+        __m512 x[4];
+        for (int k = 0; k < nblk; k++)
+            dequant_block(v + (size_t)t * rb, q4, b + k, &x[2 * k], &x[2 * k + 1]);
         for (int i = 0; i < nr; i++) {
             __m512 p = prob(rows, r0 + i, t);
-            a0[i] = _mm512_fmadd_ps(p, lo, a0[i]);
-            a1[i] = _mm512_fmadd_ps(p, hi, a1[i]);
+            for (int h = 0; h < 2 * nblk; h++)
+                a[h][i] = _mm512_fmadd_ps(p, x[h], a[h][i]);
         }
     }
-    for (int i = 0; i < nr; i++) {
-        _mm512_storeu_ps(base + (size_t)(r0 + i) * d, a0[i]);
-        _mm512_storeu_ps(base + (size_t)(r0 + i) * d + LANES, a1[i]);
-    }
+    for (int h = 0; h < 2 * nblk; h++)
+        for (int i = 0; i < nr; i++)
+            _mm512_storeu_ps(base + (size_t)(r0 + i) * d + h * LANES, a[h][i]);
 }
 
 ALWAYS_INLINE void quant_accum(const uint8_t *v, bool q4, int n_tok, const struct attn_rows *rows)
 {
-    for (int b = 0; b < rows->dim / QK8_0; b++) {
+    int nb = rows->dim / QK8_0, b = 0;
+    for (; b + 2 <= nb; b += 2) {
         int r = 0;
         for (; r + 4 <= rows->n; r += 4)
-            quant_accum_block(v, q4, n_tok, rows, r, 4, b);
+            quant_accum_block(v, q4, n_tok, rows, r, 4, b, 2);
         for (; r < rows->n; r++)
-            quant_accum_block(v, q4, n_tok, rows, r, 1, b);
+            quant_accum_block(v, q4, n_tok, rows, r, 1, b, 2);
+    }
+    if (b < nb) {
+        int r = 0;
+        for (; r + 4 <= rows->n; r += 4)
+            quant_accum_block(v, q4, n_tok, rows, r, 4, b, 1);
+        for (; r < rows->n; r++)
+            quant_accum_block(v, q4, n_tok, rows, r, 1, b, 1);
     }
 }
 
@@ -474,13 +503,77 @@ static void score_q4_0_avx512(const uint8_t *k, int n_tok, const struct attn_row
 }
 #endif
 
-static float exp_sum_avx512(float *s, int n, float mx) { return attn_kernels_avx2()->exp_sum(s, n, mx); }
+/* ---- softmax ------------------------------------------------------------------ */
+
+/* exp(x) = 2^n * e^r with |r| <= ln2/2 and a degree-6 polynomial for e^r
+ * (relative error about 2e-7 over the softmax range x <= 0), as exp8 in the
+ * AVX2 set. */
+ALWAYS_INLINE __m512 exp16(__m512 x)
+{
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 720);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+ALWAYS_INLINE __mmask16 lanes_below(int n) { return n >= LANES ? 0xFFFF : n <= 0 ? 0 : (__mmask16)((1u << n) - 1); }
+
+static float exp_sum_avx512(float *s, int n, float mx)
+{
+    __m512 m = _mm512_set1_ps(mx), sum = _mm512_setzero_ps();
+    for (int t = 0; t < n; t += LANES) {
+        __mmask16 k = lanes_below(n - t);
+        __m512 e = _mm512_maskz_mov_ps(k, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + t), m)));
+        _mm512_mask_storeu_ps(s + t, k, e);
+        sum = _mm512_add_ps(sum, e);
+    }
+    return _mm512_reduce_add_ps(sum);
+}
+
+static void softmax_avx512(const struct attn_rows *rows, int page_start, int n_tok)
+{
+    for (int r = 0; r < rows->n; r++) {
+        float *s = rows->s + (size_t)r * rows->stride;
+        int vis = rows->limit[r] - page_start;
+        vis = vis < 0 ? 0 : vis > n_tok ? n_tok : vis;
+        __m512 mv = _mm512_set1_ps(rows->m[r]);
+        for (int t = 0; t < vis; t += LANES)
+            mv = _mm512_mask_max_ps(mv, lanes_below(vis - t), mv, _mm512_maskz_loadu_ps(lanes_below(vis - t), s + t));
+        for (int t = vis; t < n_tok; t++)
+            s[t] = 0.0f;
+        if (vis == 0)
+            continue;
+        float mx = _mm512_reduce_max_ps(mv);
+        if (mx != rows->m[r]) {
+            float corr = _mm512_cvtss_f32(exp16(_mm512_set1_ps(rows->m[r] - mx)));
+            float *acc = rows->acc + (size_t)r * rows->dim;
+            int e = 0;
+            for (; e + LANES <= rows->dim; e += LANES)
+                _mm512_storeu_ps(acc + e, _mm512_mul_ps(_mm512_loadu_ps(acc + e), _mm512_set1_ps(corr)));
+            for (; e < rows->dim; e++)
+                acc[e] *= corr;
+            rows->l[r] *= corr;
+            rows->m[r] = mx;
+        }
+        rows->l[r] += exp_sum_avx512(s, vis, mx);
+    }
+}
 
 static const struct attn_kernels AVX512 = {
     "avx512",
     {score_f32_g, score_f16_g, score_q8_0_avx512, score_q4_0_avx512},
     {accum_f32_g, accum_f16_g, accum_q8_0_avx512, accum_q4_0_avx512},
     exp_sum_avx512,
+    softmax_avx512,
 };
 
 const struct attn_kernels *attn_kernels_avx512(void) { return attn_kernels_avx2() ? &AVX512 : NULL; }

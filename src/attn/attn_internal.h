@@ -35,13 +35,22 @@ typedef void (*attn_accum_fn)(const uint8_t *v, int n_tok, const struct attn_row
 
 /* s[t] = exp(s[t] - mx) for t < n; returns the sum. */
 typedef float (*attn_exp_sum_fn)(float *s, int n, float mx);
+/* Fold one page's scores (tokens [page_start, page_start + n_tok)) into the
+ * running state of every row: positions a row cannot see (>= limit) get
+ * probability 0, the others exp(s - m) after m, l and acc are rescaled to
+ * the new running max. */
+typedef void (*attn_softmax_fn)(const struct attn_rows *rows, int page_start, int n_tok);
 
 struct attn_kernels {
     const char *isa;
     attn_score_fn score[KV_N_TYPES]; /* by kv_type_index */
     attn_accum_fn accum[KV_N_TYPES];
     attn_exp_sum_fn exp_sum;
+    attn_softmax_fn softmax;
 };
+
+/* The reference page softmax over any exp_sum kernel (scalar and AVX2 sets). */
+void attn_softmax_with(const struct attn_rows *rows, int page_start, int n_tok, attn_exp_sum_fn exp_sum);
 
 const struct attn_kernels *attn_kernels_scalar(void);
 const struct attn_kernels *attn_kernels_avx2(void);   /* NULL when not compiled in */

@@ -164,11 +164,41 @@ static float exp_sum(float *s, int n, float mx)
     return sum;
 }
 
+void attn_softmax_with(const struct attn_rows *rows, int page_start, int n_tok, attn_exp_sum_fn exp_sum)
+{
+    for (int r = 0; r < rows->n; r++) {
+        float *s = rows->s + (size_t)r * rows->stride;
+        int vis = rows->limit[r] - page_start;
+        vis = vis < 0 ? 0 : vis > n_tok ? n_tok : vis;
+        float mx = rows->m[r];
+        for (int t = 0; t < vis; t++)
+            mx = s[t] > mx ? s[t] : mx;
+        for (int t = vis; t < n_tok; t++)
+            s[t] = 0.0f;
+        if (vis == 0)
+            continue;
+        float corr = expf(rows->m[r] - mx);
+        if (corr != 1.0f) {
+            float *acc = rows->acc + (size_t)r * rows->dim;
+            for (int e = 0; e < rows->dim; e++)
+                acc[e] *= corr;
+        }
+        rows->l[r] = rows->l[r] * corr + exp_sum(s, vis, mx);
+        rows->m[r] = mx;
+    }
+}
+
+static void softmax(const struct attn_rows *rows, int page_start, int n_tok)
+{
+    attn_softmax_with(rows, page_start, n_tok, exp_sum);
+}
+
 static const struct attn_kernels SCALAR = {
     "scalar",
     {score_f32, score_f16, score_q8_0, score_q4_0},
     {accum_f32, accum_f16, accum_q8_0, accum_q4_0},
     exp_sum,
+    softmax,
 };
 
 const struct attn_kernels *attn_kernels_scalar(void) { return &SCALAR; }

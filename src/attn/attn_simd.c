@@ -298,11 +298,17 @@ GUARDED(score_f16_avx2_g, score_f16_avx2, score, 1, 8)
 GUARDED(accum_f32_avx2_g, accum_f32_avx2, accum, 0, 8)
 GUARDED(accum_f16_avx2_g, accum_f16_avx2, accum, 1, 8)
 
+static void softmax_avx2(const struct attn_rows *rows, int page_start, int n_tok)
+{
+    attn_softmax_with(rows, page_start, n_tok, exp_sum_avx2);
+}
+
 static const struct attn_kernels AVX2 = {
     "avx2",
     {score_f32_avx2_g, score_f16_avx2_g, score_q8_0_avx2, score_q4_0_avx2},
     {accum_f32_avx2_g, accum_f16_avx2_g, accum_q8_0_avx2, accum_q4_0_avx2},
     exp_sum_avx2,
+    softmax_avx2,
 };
 #endif
 
