@@ -230,15 +230,17 @@ static void test_all_types_simd_threads(void **state)
 }
 
 /* Each SIMD set against the scalar reference on the same cache: the integer
- * dots are exact, so only float summation order and exp differ. */
-static void test_simd_matches_scalar(void **state)
+ * dots are exact, so only float summation order and exp differ. Shapes cover
+ * every row block (G = 4, and G = 3 as 2 + 1) and every chunking of the
+ * quantized K kernels (head_dim 64: part of a 4-block chunk; 96: an odd block
+ * count; 256: several chunks). */
+static void simd_matches_scalar(int dim, int n_head, int n_kv)
 {
-    (void)state;
     const struct attn_kernels *sets[] = {attn_kernels_avx2(), attn_kernels_avx512()};
     int32_t lens[2] = {300, 45};
     for (int a = 0; a < 4; a++)
         for (int b = 0; b < 4; b++) {
-            struct fixture f = {.n_layer = 1, .n_kv = 2, .n_head = 8, .dim = 64, .P = 32};
+            struct fixture f = {.n_layer = 1, .n_kv = n_kv, .n_head = n_head, .dim = dim, .P = 32};
             struct kv_cache *kv = make_cache(&f, TYPES[a], TYPES[b], true, lens, 2);
             struct attn_query qs[3] = {{f.seq[0], 299}, {f.seq[0], 100}, {f.seq[1], 44}};
             size_t w = (size_t)f.n_head * f.dim;
@@ -255,8 +257,8 @@ static void test_simd_matches_scalar(void **state)
                 assert_int_equal(attn_forward(NULL, kv, 0, qs, 3, q, got, f.n_head, 0.125f), KS_OK);
                 for (size_t i = 0; i < 3 * w; i++)
                     if (fabsf(got[i] - ref[i]) > 2e-5f)
-                        fail_msg("%s K=%s V=%s: element %zu is %g, scalar %g", sets[k]->isa,
-                                 quant_type_name(TYPES[a]), quant_type_name(TYPES[b]), i, got[i], ref[i]);
+                        fail_msg("%s K=%s V=%s dim %d: element %zu is %g, scalar %g", sets[k]->isa,
+                                 quant_type_name(TYPES[a]), quant_type_name(TYPES[b]), dim, i, got[i], ref[i]);
             }
             attn_set_kernels(NULL);
             free(q);
@@ -265,6 +267,67 @@ static void test_simd_matches_scalar(void **state)
             kv_free(kv);
             free_fixture(&f);
         }
+}
+
+static void test_simd_matches_scalar(void **state)
+{
+    (void)state;
+    simd_matches_scalar(64, 8, 2);
+    simd_matches_scalar(96, 6, 2);
+    simd_matches_scalar(256, 8, 2);
+}
+
+/* The rotation kernels reproduce kv_rotate bit for bit (the cache stores
+ * kv_rotate's output, so queries must be rotated identically). */
+static void test_rotate_matches_kv_rotate(void **state)
+{
+    (void)state;
+    const struct attn_kernels *sets[] = {attn_kernels_scalar(), attn_kernels_avx2(), attn_kernels_avx512()};
+    const int dims[] = {8, 16, 24, 32, 48, 64, 80, 96, 128, 256, 512};
+    float x[512], want[512], got[512];
+    for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
+        int n = dims[di];
+        for (int i = 0; i < n; i++)
+            x[i] = frand() * (i % 7 == 0 ? 30.0f : 1.0f);
+        memcpy(want, x, (size_t)n * sizeof(float));
+        kv_rotate(want, n);
+        for (int k = 0; k < 3; k++) {
+            if (!sets[k])
+                continue;
+            memcpy(got, x, (size_t)n * sizeof(float));
+            sets[k]->rotate(got, n);
+            if (memcmp(got, want, (size_t)n * sizeof(float)))
+                fail_msg("%s rotate differs from kv_rotate at n = %d", sets[k]->isa, n);
+        }
+    }
+}
+
+/* The query's int8 copy rounds like ggml's quantize_row_q8_0 (roundf, halves
+ * away from zero) against the f16-rounded scale. */
+static void test_quantize_q8_rounding(void **state)
+{
+    (void)state;
+    float x[64];
+    block_q8_0 y[2];
+    float yd[2];
+    for (int trial = 0; trial < 200; trial++) {
+        for (int i = 0; i < 64; i++)
+            x[i] = frand() * (trial % 3 ? 1.0f : 1e-3f);
+        if (trial == 0) { /* scale exactly 1: every x.5 is a tie */
+            for (int i = 0; i < 32; i++)
+                x[i] = (float)(i - 16) + 0.5f;
+            x[5] = 127.0f;
+        }
+        attn_quantize_q8(x, y, yd, 64);
+        for (int b = 0; b < 2; b++)
+            for (int i = 0; i < 32; i++) {
+                float id = yd[b] != 0.0f ? 1.0f / yd[b] : 0.0f, v = roundf(x[b * 32 + i] * id);
+                int want = (int)(v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v);
+                if (y[b].qs[i] != want)
+                    fail_msg("trial %d block %d element %d: %g quantized to %d, roundf gives %d", trial, b, i,
+                             x[b * 32 + i], y[b].qs[i], want);
+            }
+    }
 }
 
 /* Outlier channels in K: rotation must lower the q4_0 error. */
@@ -292,6 +355,8 @@ int main(void)
         cmocka_unit_test(test_all_types_scalar),
         cmocka_unit_test(test_all_types_simd_threads),
         cmocka_unit_test(test_simd_matches_scalar),
+        cmocka_unit_test(test_rotate_matches_kv_rotate),
+        cmocka_unit_test(test_quantize_q8_rounding),
         cmocka_unit_test(test_rotation_lowers_q4_0_error),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -125,7 +125,7 @@ static void load_rows(const struct job *j, const struct tile *t, const struct sc
                 for (int e = 0; e < d; e++)
                     dst[e] = src[e] * j->scale;
                 if (c->rotate)
-                    kv_rotate(dst, d);
+                    j->k->rotate(dst, d);
                 if (sc->q8)
                     attn_quantize_q8(dst, sc->q8 + r * nb, sc->q8d + r * nb, d);
             }
@@ -232,7 +232,7 @@ static void finish(const struct job *j, const struct tile *t, int head)
             for (int e = 0; e < d; e++)
                 acc[e] *= inv;
             if (c->rotate)
-                kv_rotate(acc, d);
+                j->k->rotate(acc, d);
             float *dst = j->out + ((size_t)(t->first + i) * j->n_head + (size_t)head * j->group + g) * d;
             memcpy(dst, acc, (size_t)d * sizeof(float));
         }

@@ -47,6 +47,8 @@ struct attn_kernels {
     attn_accum_fn accum[KV_N_TYPES];
     attn_exp_sum_fn exp_sum;
     attn_softmax_fn softmax;
+    /* kv_rotate(x, n), bit-exact: the query before scoring, the output after */
+    void (*rotate)(float *x, int n);
 };
 
 /* The reference page softmax over any exp_sum kernel (scalar and AVX2 sets). */

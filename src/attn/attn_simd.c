@@ -309,6 +309,7 @@ static const struct attn_kernels AVX2 = {
     {accum_f32_avx2_g, accum_f16_avx2_g, accum_q8_0_avx2, accum_q4_0_avx2},
     exp_sum_avx2,
     softmax_avx2,
+    kv_rotate,
 };
 #endif
 
