@@ -32,6 +32,10 @@ struct mock {
     int bad_positions;
     uint64_t steps;            /* successful forwards */
     int32_t ctx;
+    /* a watched prompt: sequences whose first token is watch_first, until
+     * they hold watch_len tokens; steps that fed them nothing are counted */
+    int32_t watch_first, watch_len;
+    int watch_idle_steps, watch_steps;
 };
 
 static uint32_t next_token_of(const int32_t *toks, int32_t n)
@@ -96,6 +100,14 @@ static ks_status m_forward(void *ctx, const struct sched_batch *b, float *logits
             l[next_token_of(m->hist[s], m->len[s])] = 10.0f;
         }
     }
+    for (int s = 0; s < MAX_SEQ; s++)
+        if (m->watch_len > 0 && m->live[s] && m->len[s] > add[s] && m->hist[s][0] == m->watch_first &&
+            m->len[s] - add[s] < m->watch_len) {
+            if (add[s] == 0)
+                m->watch_idle_steps++;
+            else
+                m->watch_steps++;
+        }
     m->steps++;
     return KS_OK;
 }
@@ -338,6 +350,10 @@ static void test_long_prefill_does_not_stall_decode(void **state)
             usleep(1000);
         }
     make_prompt(big, 3000, 7);
+    m->watch_first = big[0];
+    m->watch_len = 3000;
+    for (int i = 0; i < 4; i++)
+        assert_true(small[i][0] != big[0]);
     struct result *b = result_new(m);
     submit(s, big, 3000, 5, b);
     result_wait(b);
@@ -354,6 +370,9 @@ static void test_long_prefill_does_not_stall_decode(void **state)
     result_free(b);
     sched_free(s);
     assert_true(m->max_batch_seen <= 64);
+    /* the long prompt advanced in every step after its first chunk (floor of one token) */
+    assert_true(m->watch_steps > 0);
+    assert_int_equal(m->watch_idle_steps, 0);
     mock_free(m);
 }
 

@@ -1,7 +1,15 @@
 /* kvserve bench-serve: a plain OpenAI-API load generator. N client threads
  * send streaming /v1/completions requests (prompt as token ids, so lengths are
  * exact on any server), optionally with a shared prefix and Poisson arrivals,
- * and report TTFT, inter-token latency, the worst decode stall and tok/s. */
+ * and report TTFT, inter-token latency, the worst decode stall and tok/s.
+ * With --probe-len, one long prompt arrives --probe-at seconds in and the
+ * streams' latency is split into "during its prefill" and "steady".
+ *
+ * Timing is per read: every SSE event is stamped with the time the recv()
+ * that delivered it returned. When one read carries k token events after a
+ * wait of G seconds, each of the k tokens counts as an inter-token gap of
+ * G/k (not one G and k-1 zero gaps), and G itself is a candidate for the
+ * worst stall (the longest a stream waited for anything). */
 #include <arpa/inet.h>
 #include <math.h>
 #include <netdb.h>
@@ -23,13 +31,21 @@ struct bs_opts {
     float rate;               /* requests per second; 0 = send as fast as clients allow */
     const char *model, *api_key;
     uint64_t seed;
+    int probe_len, probe_gen; /* 0: no probe */
+    float probe_at;           /* seconds after the start */
+};
+
+/* One read that delivered token events: when it returned and how many. */
+struct bs_read {
+    double t;
+    int k;
 };
 
 struct bs_result {
     bool ok;
-    double ttft;
-    double *itl;              /* gaps between content chunks */
-    int n_itl, cap_itl;
+    double t_send, ttft;
+    struct bs_read *reads;
+    int n_reads, cap_reads;
     int tokens;
 };
 
@@ -40,6 +56,7 @@ struct bs_run {
     double t0;
     double *arrival;          /* seconds after t0 */
     struct bs_result *res;
+    struct bs_result probe;
 };
 
 static void bs_usage(FILE *out)
@@ -59,7 +76,11 @@ static void bs_usage(FILE *out)
             "  --requests M         total requests (default: one per client)\n"
             "  --model NAME         model field of the requests (default \"default\")\n"
             "  --api-key KEY        sent as Authorization: Bearer KEY\n"
-            "  --seed N             prompt / arrival seed (default 1)\n");
+            "  --seed N             prompt / arrival seed (default 1)\n"
+            "  --probe-len L        also send one request of L prompt tokens --probe-at seconds in\n"
+            "                       and split the streams' latency into during its prefill / steady\n"
+            "  --probe-at S         (default 2)\n"
+            "  --probe-gen G        tokens the probe generates (default 4)\n");
 }
 
 static double bs_now(void)
@@ -123,39 +144,48 @@ static int32_t prompt_token(const struct bs_opts *o, int req, int pos)
     return 100 + (int32_t)(x % 256);
 }
 
-static char *build_body(const struct bs_opts *o, int req)
+static char *build_body(const struct bs_opts *o, int req, int prompt_len, int gen_len)
 {
-    size_t cap = 256 + (size_t)o->prompt_len * 8;
+    size_t cap = 256 + (size_t)prompt_len * 8;
     char *b = malloc(cap);
     if (!b)
         return NULL;
     size_t n = (size_t)snprintf(b, cap, "{\"model\":\"%s\",\"stream\":true,\"max_tokens\":%d,\"temperature\":0,"
-                                        "\"ignore_eos\":true,\"prompt\":[", o->model, o->gen_len);
-    for (int i = 0; i < o->prompt_len; i++)
+                                        "\"ignore_eos\":true,\"prompt\":[", o->model, gen_len);
+    for (int i = 0; i < prompt_len; i++)
         n += (size_t)snprintf(b + n, cap - n, "%s%d", i ? "," : "", prompt_token(o, req, i));
     snprintf(b + n, cap - n, "]}");
     return b;
 }
 
-static void add_itl(struct bs_result *r, double gap)
+/* Count one token event delivered by the read that returned at t. */
+static void add_token(struct bs_result *r, double t, bool same_read)
 {
-    if (r->n_itl == r->cap_itl) {
-        int cap = r->cap_itl ? 2 * r->cap_itl : 256;
-        double *p = realloc(r->itl, (size_t)cap * sizeof *p);
-        if (!p)
-            return;
-        r->itl = p;
-        r->cap_itl = cap;
+    if (same_read && r->n_reads > 0) {
+        r->reads[r->n_reads - 1].k++;
+    } else {
+        if (r->n_reads == r->cap_reads) {
+            int cap = r->cap_reads ? 2 * r->cap_reads : 256;
+            struct bs_read *p = realloc(r->reads, (size_t)cap * sizeof *p);
+            if (!p)
+                return;
+            r->reads = p;
+            r->cap_reads = cap;
+        }
+        r->reads[r->n_reads++] = (struct bs_read){t, 1};
     }
-    r->itl[r->n_itl++] = gap;
+    if (r->tokens == 0)
+        r->ttft = t - r->t_send;
+    r->tokens++;
 }
 
 /* Incremental SSE scan over the (de-chunked) body: one content event = one
- * token for the timing (servers send one token per event). */
+ * token (servers send one token per event). */
 struct sse_state {
     char line[1 << 16];
     size_t n;
-    double t_send, t_last;
+    double t_read;            /* when the current read returned */
+    int read_id, last_token_read;
     struct bs_result *r;
     bool done;
 };
@@ -173,13 +203,8 @@ static void sse_line(struct sse_state *s)
     const char *t = strstr(d, "\"text\":\"");
     if (!t || t[8] == '"')
         return; /* no text in this event */
-    double now = bs_now();
-    if (s->r->tokens == 0)
-        s->r->ttft = now - s->t_send;
-    else
-        add_itl(s->r, now - s->t_last);
-    s->t_last = now;
-    s->r->tokens++;
+    add_token(s->r, s->t_read, s->last_token_read == s->read_id);
+    s->last_token_read = s->read_id;
 }
 
 static void sse_feed(struct sse_state *s, const char *p, size_t n)
@@ -195,11 +220,10 @@ static void sse_feed(struct sse_state *s, const char *p, size_t n)
 }
 
 /* One request; HTTP/1.1 with chunked decoding. */
-static void run_request(struct bs_run *run, int req, struct bs_result *r)
+static void run_request(const struct bs_opts *o, int req, int prompt_len, int gen_len, struct bs_result *r)
 {
-    const struct bs_opts *o = run->o;
     int fd = bs_connect(o);
-    char *body = build_body(o, req);
+    char *body = build_body(o, req, prompt_len, gen_len);
     if (fd < 0 || !body) {
         free(body);
         if (fd >= 0)
@@ -215,8 +239,14 @@ static void run_request(struct bs_run *run, int req, struct bs_result *r)
                       "Accept: text/event-stream\r\n%sContent-Length: %zu\r\n\r\n",
                       o->base, o->host, auth, strlen(body));
     struct sse_state *s = calloc(1, sizeof *s);
+    if (!s) {
+        free(body);
+        close(fd);
+        return;
+    }
     s->r = r;
-    s->t_send = bs_now();
+    s->last_token_read = -1;
+    r->t_send = bs_now();
     bool sent = send(fd, head, (size_t)hn, MSG_NOSIGNAL) == hn &&
                 send(fd, body, strlen(body), MSG_NOSIGNAL) == (ssize_t)strlen(body);
     free(body);
@@ -234,6 +264,8 @@ static void run_request(struct bs_run *run, int req, struct bs_result *r)
         ssize_t k = recv(fd, buf, sizeof buf, 0);
         if (k <= 0)
             break;
+        s->t_read = bs_now();
+        s->read_id++;
         size_t i = 0;
         while (!in_body && i < (size_t)k) {
             if (hl + 1 < sizeof hdr)
@@ -292,7 +324,7 @@ static void *client_main(void *arg)
         double wait = run->t0 + run->arrival[req] - bs_now();
         if (wait > 0)
             usleep((useconds_t)(wait * 1e6));
-        run_request(run, req, &run->res[req]);
+        run_request(run->o, req, run->o->prompt_len, run->o->gen_len, &run->res[req]);
     }
 }
 
@@ -310,41 +342,128 @@ static double pct(const double *sorted, int n, double p)
     return sorted[i < 0 ? 0 : i >= n ? n - 1 : i];
 }
 
+/* Inter-token gaps of one group of streams, and the longest wait. */
+struct bs_lat {
+    double *gap;
+    int n, cap;
+    double worst;
+    long tokens;
+};
+
+static void lat_add(struct bs_lat *l, double gap, int k, double wait)
+{
+    if (l->n + k > l->cap) {
+        int cap = l->cap ? l->cap : 1024;
+        while (cap < l->n + k)
+            cap *= 2;
+        double *p = realloc(l->gap, (size_t)cap * sizeof *p);
+        if (!p)
+            return;
+        l->gap = p;
+        l->cap = cap;
+    }
+    for (int i = 0; i < k; i++)
+        l->gap[l->n++] = gap;
+    if (wait > l->worst)
+        l->worst = wait;
+    l->tokens += k;
+}
+
+/* A read's tokens are "during" the probe's prefill when the wait before it
+ * overlaps [probe sent, probe's first token]. */
+static bool in_probe(const struct bs_result *p, double from, double to)
+{
+    return p->n_reads > 0 && to > p->t_send && from < p->t_send + p->ttft;
+}
+
+static void collect(const struct bs_run *run, const struct bs_result *r, struct bs_lat *all, struct bs_lat *steady,
+                    struct bs_lat *during)
+{
+    for (int j = 1; j < r->n_reads; j++) {
+        double from = r->reads[j - 1].t, to = r->reads[j].t, g = to - from;
+        int k = r->reads[j].k;
+        lat_add(all, g / k, k, g);
+        if (run->o->probe_len > 0)
+            lat_add(in_probe(&run->probe, from, to) ? during : steady, g / k, k, g);
+    }
+}
+
+static void lat_sort(struct bs_lat *l)
+{
+    qsort(l->gap, (size_t)l->n, sizeof *l->gap, cmp_double);
+}
+
+static void report_probe(const struct bs_run *run, struct bs_lat *steady, struct bs_lat *during)
+{
+    const struct bs_result *p = &run->probe;
+    lat_sort(steady);
+    lat_sort(during);
+    printf("\n| streams' latency | tokens | ITL p50 ms | ITL p99 ms | worst stall ms |\n|---|---|---|---|---|\n");
+    printf("| steady | %ld | %.1f | %.1f | %.1f |\n", steady->tokens, pct(steady->gap, steady->n, 50) * 1e3,
+           pct(steady->gap, steady->n, 99) * 1e3, steady->worst * 1e3);
+    printf("| during the %d-token prefill | %ld | %.1f | %.1f | %.1f |\n", run->o->probe_len, during->tokens,
+           pct(during->gap, during->n, 50) * 1e3, pct(during->gap, during->n, 99) * 1e3, during->worst * 1e3);
+    double s50 = pct(steady->gap, steady->n, 50), s99 = pct(steady->gap, steady->n, 99);
+    printf("\nduring / steady: ITL p50 %.2fx, ITL p99 %.2fx, worst stall / steady p50 %.2fx\n",
+           pct(during->gap, during->n, 50) / s50, pct(during->gap, during->n, 99) / s99, during->worst / s50);
+    if (p->ok)
+        printf("long prompt: %d tokens, TTFT %.0f ms (%.0f prompt tok/s while the streams decode)\n", run->o->probe_len,
+               p->ttft * 1e3, run->o->probe_len / p->ttft);
+    else
+        printf("long prompt: failed (no tokens)\n");
+    if (during->tokens == 0)
+        printf("warning: no stream token arrived during the long prefill; raise --gen-len\n");
+}
+
 static void report(const struct bs_run *run, double wall)
 {
     const struct bs_opts *o = run->o;
-    int done = 0, n_itl = 0;
-    long tokens = 0;
-    for (int i = 0; i < o->requests; i++)
-        n_itl += run->res[i].n_itl;
+    int done = 0, n_ttft = 0;
+    long tokens = 0, coalesced = 0;
     double *ttft = malloc(sizeof(double) * (size_t)(o->requests + 1));
-    double *itl = malloc(sizeof(double) * (size_t)(n_itl + 1));
-    int n_ttft = 0, k = 0;
+    struct bs_lat all = {0}, steady = {0}, during = {0};
     for (int i = 0; i < o->requests; i++) {
         const struct bs_result *r = &run->res[i];
         tokens += r->tokens;
+        for (int j = 0; j < r->n_reads; j++)
+            coalesced += r->reads[j].k - 1;
         if (!r->ok)
             continue;
         done++;
         ttft[n_ttft++] = r->ttft;
-        memcpy(itl + k, r->itl, (size_t)r->n_itl * sizeof *itl);
-        k += r->n_itl;
+        collect(run, r, &all, &steady, &during);
     }
     qsort(ttft, (size_t)n_ttft, sizeof *ttft, cmp_double);
-    qsort(itl, (size_t)k, sizeof *itl, cmp_double);
-    printf("| clients | prompt | gen | prefix | rate | done | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | worst stall ms | tok/s |\n");
-    printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-    printf("| %d | %d | %d | %d | %g | %d/%d | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n", o->clients, o->prompt_len,
-           o->gen_len, o->shared_prefix, o->rate, done, o->requests, pct(ttft, n_ttft, 50) * 1e3,
-           pct(ttft, n_ttft, 99) * 1e3, pct(itl, k, 50) * 1e3, pct(itl, k, 99) * 1e3,
-           k ? itl[k - 1] * 1e3 : NAN, (double)tokens / wall);
+    lat_sort(&all);
+    printf("| clients | prompt | gen | prefix | rate | done | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | worst stall ms | batched tok %% | tok/s |\n");
+    printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    printf("| %d | %d | %d | %d | %g | %d/%d | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n", o->clients,
+           o->prompt_len, o->gen_len, o->shared_prefix, o->rate, done, o->requests, pct(ttft, n_ttft, 50) * 1e3,
+           pct(ttft, n_ttft, 99) * 1e3, pct(all.gap, all.n, 50) * 1e3, pct(all.gap, all.n, 99) * 1e3, all.worst * 1e3,
+           tokens ? 100.0 * (double)coalesced / (double)tokens : 0.0, (double)tokens / wall);
+    if (o->probe_len > 0)
+        report_probe(run, &steady, &during);
     free(ttft);
-    free(itl);
+    free(all.gap);
+    free(steady.gap);
+    free(during.gap);
+}
+
+static void *probe_main(void *arg)
+{
+    struct bs_run *run = arg;
+    double wait = run->t0 + run->o->probe_at - bs_now();
+    if (wait > 0)
+        usleep((useconds_t)(wait * 1e6));
+    /* request index past the others, so its prompt shares nothing with them */
+    run_request(run->o, run->o->requests + 1, run->o->probe_len, run->o->probe_gen, &run->probe);
+    return NULL;
 }
 
 static int parse_args(int argc, char **argv, struct bs_opts *o)
 {
-    *o = (struct bs_opts){.clients = 8, .prompt_len = 128, .gen_len = 128, .model = "default", .seed = 1};
+    *o = (struct bs_opts){.clients = 8, .prompt_len = 128, .gen_len = 128, .model = "default", .seed = 1,
+                          .probe_gen = 4, .probe_at = 2.0f};
     bool have_url = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -369,6 +488,9 @@ static int parse_args(int argc, char **argv, struct bs_opts *o)
         else if (!strcmp(a, "--model")) ok = (o->model = v) != NULL;
         else if (!strcmp(a, "--api-key")) ok = (o->api_key = v) != NULL;
         else if (!strcmp(a, "--seed")) ok = cli_parse_u64(v, &o->seed);
+        else if (!strcmp(a, "--probe-len")) ok = cli_parse_int(v, 0, 1 << 20, &o->probe_len);
+        else if (!strcmp(a, "--probe-gen")) ok = cli_parse_int(v, 1, 1 << 20, &o->probe_gen);
+        else if (!strcmp(a, "--probe-at")) ok = cli_parse_float(v, 0.0f, 1e5f, &o->probe_at);
         else {
             fprintf(stderr, "kvserve bench-serve: unknown option '%s'\n\n", a);
             bs_usage(stderr);
@@ -417,16 +539,22 @@ int cli_bench_serve(int argc, char **argv)
         run.arrival[i] = o.rate > 0 ? t : 0;
     }
     run.t0 = bs_now();
+    pthread_t probe;
+    bool probing = o.probe_len > 0 && pthread_create(&probe, NULL, probe_main, &run) == 0;
     for (int i = 0; i < o.clients; i++)
         pthread_create(&th[i], NULL, client_main, &run);
     for (int i = 0; i < o.clients; i++)
         pthread_join(th[i], NULL);
+    if (probing)
+        pthread_join(probe, NULL);
     report(&run, bs_now() - run.t0);
     int failed = 0;
     for (int i = 0; i < o.requests; i++) {
         failed += !run.res[i].ok;
-        free(run.res[i].itl);
+        free(run.res[i].reads);
     }
+    failed += o.probe_len > 0 && !run.probe.ok;
+    free(run.probe.reads);
     free(run.res);
     free(run.arrival);
     free(th);

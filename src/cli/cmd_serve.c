@@ -45,8 +45,9 @@ static void serve_usage(FILE *out)
             "  -c, --ctx-size N          max tokens of one sequence (default: the model's, at most 4096)\n"
             "      --max-batch-tokens N  tokens per step (default 512)\n"
             "      --prefill-chunk N     max prefill tokens of one sequence per step (default 256)\n"
-            "      --max-itl-ratio R     while streams decode, keep each step within R x a decode-only\n"
-            "                            step by shrinking prefill chunks (default 2; 0 = off)\n"
+            "      --max-itl-ratio R     while streams decode, size each step's prefill so the step's\n"
+            "                            predicted time (measured costs) is at most R x a decode-only\n"
+            "                            step, at least 1 prompt token per step (default 1.5; 0 = off)\n"
             "      --max-queue N         waiting requests before 503 (default 256)\n"
             "      --max-body SIZE       largest request body (default 8M); larger gets 413\n"
             "      --grace SECONDS       on SIGINT/SIGTERM, time to finish streams (default 10)\n"
@@ -106,7 +107,7 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
                              .prefill_chunk = 256, .max_queue = 256, .grace = 10, .max_body = 8u << 20,
                              .n_threads = threads_default_count(), .type_k = QUANT_F16, .type_v = QUANT_F16,
                              .floor = QUANT_Q4_0, .policy = KV_POLICY_STATIC, .page_tokens = 32,
-                             .hot_tokens = 512, .sink_tokens = 32, .high_wm = 0.90f, .low_wm = 0.80f, .max_itl_ratio = 2.0f};
+                             .hot_tokens = 512, .sink_tokens = 32, .high_wm = 0.90f, .low_wm = 0.80f, .max_itl_ratio = 1.5f};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (is_flag(a, "-h", "--help")) {

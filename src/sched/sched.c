@@ -2,10 +2,12 @@
  * then prefill chunks), run it (shrinking or preempting on KS_ERR_KV_FULL),
  * sample, deliver events. */
 #include "sched/sched.h"
+#include "sched/sched_cost.h"
 
 #include <math.h>
 #include <stdint.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -58,11 +60,12 @@ struct sched {
     struct hook *hooks;
     uint64_t next_id, next_admit;
 
-    /* step cost model (scheduler thread only): exponential moving averages */
-    double decode_step_s;     /* a decode-only step */
-    double prefill_token_s;   /* extra time per prefill token in a mixed step */
+    /* step cost model (scheduler thread only), see sched_cost.h */
+    struct sched_cost cost;
     int32_t step_prefill;     /* prefill tokens in the step being run */
     int step_decode;          /* decode entries in the step being run */
+    int32_t step_limit;       /* the cost model's prefill limit for that step */
+    FILE *trace;              /* KVSERVE_SCHED_TRACE=1: one line per step on stderr */
 
     /* step scratch (scheduler thread only) */
     int32_t cap_batch;
@@ -97,7 +100,7 @@ void sched_config_default(struct sched_config *cfg)
     cfg->parallel = 16;
     cfg->max_batch_tokens = 512;
     cfg->prefill_chunk = 256;
-    cfg->max_itl_ratio = 2.0f;
+    cfg->max_itl_ratio = 1.5f;
     cfg->ctx_size = 4096;
     cfg->max_queue = 256;
 }
@@ -397,34 +400,6 @@ static void batch_add(struct sched *s, int32_t *n, struct req *r, int32_t count,
     }
 }
 
-/* Prefill tokens allowed next to n_decode decode entries: unlimited without
- * decoders or without a measured cost, else what keeps the step within
- * max_itl_ratio times a decode-only step (at least MIN_PREFILL so long
- * prompts always progress). */
-static int32_t prefill_limit(const struct sched *s, int32_t n_decode)
-{
-    enum { MIN_PREFILL = 32 };
-    if (n_decode == 0 || s->cfg.max_itl_ratio <= 1.0f || s->decode_step_s <= 0 || s->prefill_token_s <= 0)
-        return INT32_MAX;
-    double allowed = (s->cfg.max_itl_ratio - 1.0) * s->decode_step_s / s->prefill_token_s;
-    return allowed < MIN_PREFILL ? MIN_PREFILL : allowed > 1e9 ? INT32_MAX : (int32_t)allowed;
-}
-
-/* Fold a finished step's time into the cost model. */
-static void learn_step_cost(struct sched *s, double dt)
-{
-    const double a = 0.2;
-    if (s->step_prefill == 0 && s->step_decode > 0) {
-        s->decode_step_s = s->decode_step_s > 0 ? (1 - a) * s->decode_step_s + a * dt : dt;
-    } else if (s->step_prefill > 0 && s->step_decode > 0 && s->decode_step_s > 0) {
-        double per = (dt - s->decode_step_s) / s->step_prefill;
-        if (per > 0)
-            s->prefill_token_s = s->prefill_token_s > 0 ? (1 - a) * s->prefill_token_s + a * per : per;
-    } else if (s->step_prefill > 0 && s->step_decode == 0 && s->prefill_token_s <= 0) {
-        s->prefill_token_s = dt / s->step_prefill; /* a first guess before any mixed step */
-    }
-}
-
 /* Decode entries first, then prefill chunks oldest first within the budget.
  * Returns the number of tokens; *n_prefill_out the number of prefill chunks. */
 static int32_t build_batch(struct sched *s, int32_t *n_rows, int *n_prefill_out)
@@ -437,7 +412,7 @@ static int32_t build_batch(struct sched *s, int32_t *n_rows, int *n_prefill_out)
         if (r->n_tokens - r->n_computed == 1)
             batch_add(s, &n, r, 1, n_rows);
     }
-    int32_t n_decode = n, limit = prefill_limit(s, n_decode);
+    int32_t n_decode = n, limit = sched_cost_prefill_limit(&s->cost, n_decode, s->cfg.max_itl_ratio);
     for (int i = 0; i < s->n_active; i++) {
         struct req *r = s->active[i];
         int32_t chunk = next_chunk(s, r);
@@ -452,6 +427,7 @@ static int32_t build_batch(struct sched *s, int32_t *n_rows, int *n_prefill_out)
     *n_prefill_out = n_prefill;
     s->step_decode = n_decode;
     s->step_prefill = n - n_decode;
+    s->step_limit = limit;
     return n;
 }
 
@@ -619,8 +595,12 @@ static void *sched_main(void *arg)
         if (n > 0)
             finish_step(s, n, n_rows);
         double dt = now_seconds() - t0;
+        if (n > 0 && s->trace)
+            fprintf(s->trace, "sched step: decode %d prefill %d limit %d | %.2f ms, decode-only estimate %.2f ms, %.3f ms/prefill token\n",
+                    s->step_decode, s->step_prefill, s->step_limit == INT32_MAX ? -1 : s->step_limit, dt * 1e3,
+                    sched_cost_decode(&s->cost, s->step_decode) * 1e3, s->cost.prefill_token_s * 1e3);
         if (n > 0)
-            learn_step_cost(s, dt);
+            sched_cost_observe(&s->cost, s->step_decode, s->step_prefill, dt);
 
         pthread_mutex_lock(&s->mu);
         if (n > 0) {
@@ -643,6 +623,8 @@ static ks_status check_config(const struct sched_config *c, const struct sched_e
     if (c->max_batch_tokens < c->parallel)
         return ks_fail(KS_ERR_INVALID_ARG, "--max-batch-tokens (%d) must be at least --parallel (%d) so every running sequence can decode each step",
                        c->max_batch_tokens, c->parallel);
+    if (!(c->max_itl_ratio >= 0.0f && c->max_itl_ratio <= 1000.0f))
+        return ks_fail(KS_ERR_INVALID_ARG, "--max-itl-ratio must be in 0..1000 (0 = off; got %g)", (double)c->max_itl_ratio);
     if (c->prefill_chunk < 1)
         return ks_fail(KS_ERR_INVALID_ARG, "--prefill-chunk must be at least 1 (got %d)", c->prefill_chunk);
     if (c->ctx_size < 2)
@@ -698,6 +680,9 @@ ks_status sched_create(const struct sched_config *cfg, const struct sched_engine
         memcpy(s->eog, cfg->eog, (size_t)cfg->n_eog * sizeof *s->eog);
     s->cfg.eog = s->eog;
     s->eng = *engine;
+    sched_cost_init(&s->cost);
+    const char *trace = getenv("KVSERVE_SCHED_TRACE");
+    s->trace = trace && *trace && strcmp(trace, "0") ? stderr : NULL;
     /* A step's logit rows come from at most one entry per active sequence. */
     st = alloc_scratch(s);
     if (!st) {

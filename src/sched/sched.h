@@ -77,9 +77,9 @@ struct sched_config {
     int parallel;            /* max active sequences (16) */
     int32_t max_batch_tokens;/* tokens per step (512) */
     int32_t prefill_chunk;   /* max prefill tokens of one sequence per step (256) */
-    float max_itl_ratio;     /* > 1: while sequences decode, cap a step's prefill tokens so the
-                                step takes at most this times a decode-only step (measured);
-                                0 = off. (2.0) */
+    float max_itl_ratio;     /* > 0: while sequences decode, size a step's prefill so its predicted
+                                time (measured step costs, see sched_cost.h) is at most this
+                                times a decode-only step, but at least 1 token; 0 = off. (1.5) */
     int32_t ctx_size;        /* max tokens (prompt + generated) of one sequence (engine's, 0 = 4096) */
     int max_queue;           /* submissions beyond this many waiting fail with KS_ERR_BUSY-like STATE (256) */
     const int32_t *eog;      /* end-of-generation token ids (copied) */

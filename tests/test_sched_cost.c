@@ -1,0 +1,131 @@
+/* The step-cost model behind --max-itl-ratio, driven by synthetic step
+ * times: a "machine" whose step takes decode(n) + k * c seconds for n
+ * decoders and k prefill tokens. The limit must converge to what keeps a
+ * step within ratio x decode(n), never go below one token, and recover from
+ * a stalled step. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "sched/sched_cost.h"
+
+struct machine {
+    double decode_base, decode_per_seq; /* decode(n) = base + per_seq * n */
+    double prefill_token;               /* c */
+};
+
+static double step_time(const struct machine *m, int32_t n_decode, int32_t n_prefill)
+{
+    return m->decode_base + m->decode_per_seq * n_decode + m->prefill_token * n_prefill;
+}
+
+/* Run `steps` steps of n decoders with the model's own prefill limit (capped
+ * by chunk); returns the last limit. Records the worst step / decode ratio. */
+static int32_t run(struct sched_cost *c, const struct machine *m, int32_t n, int steps, double ratio, int32_t chunk,
+                   double *worst)
+{
+    int32_t lim = 0;
+    for (int i = 0; i < steps; i++) {
+        lim = sched_cost_prefill_limit(c, n, ratio);
+        int32_t k = lim < chunk ? lim : chunk;
+        double t = step_time(m, n, k);
+        double r = t / step_time(m, n, 0);
+        if (worst && r > *worst)
+            *worst = r;
+        sched_cost_observe(c, n, k, t);
+    }
+    return lim;
+}
+
+static void test_unknown_then_probe_then_converge(void **state)
+{
+    (void)state;
+    struct sched_cost c;
+    sched_cost_init(&c);
+    const struct machine m = {.decode_base = 0.010, .decode_per_seq = 0.001, .prefill_token = 0.0005};
+    /* nothing known: no decoders means no limit; decoders with no decode-only
+     * measurement get none (one decode-only step measures it) */
+    assert_int_equal(sched_cost_prefill_limit(&c, 0, 2.0), INT32_MAX);
+    assert_int_equal(sched_cost_prefill_limit(&c, 8, 2.0), 0);
+    assert_true(sched_cost_decode(&c, 8) == 0);
+    sched_cost_observe(&c, 8, 0, step_time(&m, 8, 0));
+    assert_true(fabs(sched_cost_decode(&c, 8) - 0.018) < 1e-12);
+    /* prefill cost unknown: a probe of n_decode tokens */
+    assert_int_equal(sched_cost_prefill_limit(&c, 8, 2.0), 8);
+    double worst = 0;
+    int32_t lim = run(&c, &m, 8, 50, 2.0, 100000, &worst);
+    /* (2 - 1) * 18 ms / 0.5 ms = 36 tokens */
+    assert_int_equal(lim, 36);
+    assert_true(worst <= 2.0 + 1e-9);
+    /* ratio 1.5: half of that */
+    assert_int_equal(run(&c, &m, 8, 5, 1.5, 100000, NULL), 18);
+    /* off */
+    assert_int_equal(sched_cost_prefill_limit(&c, 8, 0.0), INT32_MAX);
+}
+
+static void test_expensive_prefill_floors_at_one_token(void **state)
+{
+    (void)state;
+    struct sched_cost c;
+    sched_cost_init(&c);
+    /* one prefill token costs 3 decode steps (e.g. attention deep into a long prompt) */
+    const struct machine m = {.decode_base = 0.004, .decode_per_seq = 0.0005, .prefill_token = 0.024};
+    sched_cost_observe(&c, 8, 0, step_time(&m, 8, 0));
+    int32_t lim = run(&c, &m, 8, 30, 2.0, 256, NULL);
+    assert_int_equal(lim, 1); /* still progresses every step */
+    assert_int_equal(sched_cost_prefill_limit(&c, 8, 1.0), 1);
+}
+
+static void test_decoder_count_and_nearest(void **state)
+{
+    (void)state;
+    struct sched_cost c;
+    sched_cost_init(&c);
+    const struct machine m = {.decode_base = 0.010, .decode_per_seq = 0.002, .prefill_token = 0.001};
+    sched_cost_observe(&c, 2, 0, step_time(&m, 2, 0));
+    sched_cost_observe(&c, 10, 0, step_time(&m, 10, 0));
+    assert_true(fabs(sched_cost_decode(&c, 2) - 0.014) < 1e-12);
+    assert_true(fabs(sched_cost_decode(&c, 10) - 0.030) < 1e-12);
+    assert_true(fabs(sched_cost_decode(&c, 3) - 0.014) < 1e-12);  /* nearest seen: 2 */
+    assert_true(fabs(sched_cost_decode(&c, 9) - 0.030) < 1e-12);  /* nearest seen: 10 */
+    assert_true(sched_cost_decode(&c, 500) > 0);                   /* beyond the slots */
+    /* the limit scales with the decode step of that many decoders */
+    run(&c, &m, 10, 40, 2.0, 100000, NULL);
+    assert_int_equal(sched_cost_prefill_limit(&c, 10, 2.0), 30);
+    assert_int_equal(sched_cost_prefill_limit(&c, 2, 2.0), 14);
+}
+
+static void test_recovers_from_a_stalled_step(void **state)
+{
+    (void)state;
+    struct sched_cost c;
+    sched_cost_init(&c);
+    const struct machine m = {.decode_base = 0.010, .decode_per_seq = 0.0, .prefill_token = 0.0005};
+    sched_cost_observe(&c, 4, 0, step_time(&m, 4, 0));
+    assert_int_equal(run(&c, &m, 4, 60, 2.0, 100000, NULL), 20);
+    /* another process steals the CPU for one step: 1 s instead of 20 ms */
+    sched_cost_observe(&c, 4, 20, 1.0);
+    int32_t after = sched_cost_prefill_limit(&c, 4, 2.0);
+    assert_true(after >= 1 && after < 20);
+    /* the jump is bounded, so normal steps bring it back quickly */
+    assert_true(after >= 20 / 4);
+    int32_t back = run(&c, &m, 4, 40, 2.0, 100000, NULL);
+    assert_true(back == 19 || back == 20); /* the EMA approaches 0.5 ms from above */
+    /* steps faster than the decode estimate (timer noise) are ignored */
+    sched_cost_observe(&c, 4, 5, 0.005);
+    assert_int_equal(sched_cost_prefill_limit(&c, 4, 2.0), back);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_unknown_then_probe_then_converge),
+        cmocka_unit_test(test_expensive_prefill_floors_at_one_token),
+        cmocka_unit_test(test_decoder_count_and_nearest),
+        cmocka_unit_test(test_recovers_from_a_stalled_step),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
