@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "sched/sched.h"
+#include "sched/sched_cost.h"
 
 #define V 97
 #define MAX_SEQ 64
@@ -370,9 +371,10 @@ static void test_long_prefill_does_not_stall_decode(void **state)
     result_free(b);
     sched_free(s);
     assert_true(m->max_batch_seen <= 64);
-    /* the long prompt advanced in every step after its first chunk (floor of one token) */
+    /* the long prompt advanced in every step after its first chunk (floor of
+     * one token) but the decode-only steps that refresh the cost model */
     assert_true(m->watch_steps > 0);
-    assert_int_equal(m->watch_idle_steps, 0);
+    assert_true(m->watch_idle_steps <= m->watch_steps / (SCHED_COST_REFRESH - 1) + 1);
     mock_free(m);
 }
 

@@ -23,14 +23,18 @@ static double step_time(const struct machine *m, int32_t n_decode, int32_t n_pre
 }
 
 /* Run `steps` steps of n decoders with the model's own prefill limit (capped
- * by chunk); returns the last limit. Records the worst step / decode ratio. */
+ * by chunk); returns the last nonzero limit. Records the worst step / decode
+ * ratio and the decode-only (refresh) steps. */
+static int refreshes;
 static int32_t run(struct sched_cost *c, const struct machine *m, int32_t n, int steps, double ratio, int32_t chunk,
                    double *worst)
 {
     int32_t lim = 0;
     for (int i = 0; i < steps; i++) {
-        lim = sched_cost_prefill_limit(c, n, ratio);
-        int32_t k = lim < chunk ? lim : chunk;
+        int32_t l = sched_cost_prefill_limit(c, n, ratio);
+        refreshes += l == 0;
+        lim = l ? l : lim;
+        int32_t k = l < chunk ? l : chunk;
         double t = step_time(m, n, k);
         double r = t / step_time(m, n, 0);
         if (worst && r > *worst)
@@ -95,6 +99,8 @@ static void test_decoder_count_and_nearest(void **state)
     /* the limit scales with the decode step of that many decoders */
     run(&c, &m, 10, 40, 2.0, 100000, NULL);
     assert_int_equal(sched_cost_prefill_limit(&c, 10, 2.0), 30);
+    assert_int_equal(sched_cost_prefill_limit(&c, 2, 2.0), 0); /* its estimate is 40 steps old */
+    sched_cost_observe(&c, 2, 0, step_time(&m, 2, 0));
     assert_int_equal(sched_cost_prefill_limit(&c, 2, 2.0), 14);
 }
 
@@ -115,8 +121,33 @@ static void test_recovers_from_a_stalled_step(void **state)
     int32_t back = run(&c, &m, 4, 40, 2.0, 100000, NULL);
     assert_true(back == 19 || back == 20); /* the EMA approaches 0.5 ms from above */
     /* steps faster than the decode estimate (timer noise) are ignored */
+    sched_cost_observe(&c, 4, 0, step_time(&m, 4, 0)); /* fresh decode estimate */
     sched_cost_observe(&c, 4, 5, 0.005);
     assert_int_equal(sched_cost_prefill_limit(&c, 4, 2.0), back);
+}
+
+/* While every step is mixed, decode(n) cannot be measured; the streams'
+ * contexts grow and so does decode(n). Every SCHED_COST_REFRESH steps a
+ * decode-only step re-measures it, so the growth is not charged to prefill. */
+static void test_decode_estimate_is_refreshed(void **state)
+{
+    (void)state;
+    struct sched_cost c;
+    sched_cost_init(&c);
+    struct machine m = {.decode_base = 0.010, .decode_per_seq = 0.001, .prefill_token = 0.0005};
+    sched_cost_observe(&c, 8, 0, step_time(&m, 8, 0));
+    refreshes = 0;
+    int zero_steps = 0;
+    for (int i = 0; i < 400; i++) {
+        m.decode_base = 0.010 + 0.0001 * i; /* decoders' attention grows */
+        int32_t l = sched_cost_prefill_limit(&c, 8, 2.0);
+        zero_steps += l == 0;
+        sched_cost_observe(&c, 8, l, step_time(&m, 8, l));
+    }
+    assert_true(zero_steps >= 400 / SCHED_COST_REFRESH - 1 && zero_steps <= 400 / SCHED_COST_REFRESH + 1);
+    /* decode(8) = 0.010 + 0.0399 + 0.008 = 57.9 ms now; prefill stays 0.5 ms/token */
+    assert_true(fabs(sched_cost_decode(&c, 8) - 0.0579) < 0.004);
+    assert_true(fabs(c.prefill_token_s - 0.0005) < 0.0001);
 }
 
 int main(void)
@@ -126,6 +157,7 @@ int main(void)
         cmocka_unit_test(test_expensive_prefill_floors_at_one_token),
         cmocka_unit_test(test_decoder_count_and_nearest),
         cmocka_unit_test(test_recovers_from_a_stalled_step),
+        cmocka_unit_test(test_decode_estimate_is_refreshed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

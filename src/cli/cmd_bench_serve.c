@@ -369,22 +369,23 @@ static void lat_add(struct bs_lat *l, double gap, int k, double wait)
     l->tokens += k;
 }
 
-/* A read's tokens are "during" the probe's prefill when the wait before it
- * overlaps [probe sent, probe's first token]. */
-static bool in_probe(const struct bs_result *p, double from, double to)
+/* Where a wait from `from` to `to` lies against the probe's prefill, the
+ * time from sending the probe to its first token: 0 before, 1 overlapping
+ * (during), 2 after. */
+static int probe_phase(const struct bs_result *p, double from, double to)
 {
-    return p->n_reads > 0 && to > p->t_send && from < p->t_send + p->ttft;
+    double end = p->t_send + (p->n_reads > 0 ? p->ttft : INFINITY);
+    return to <= p->t_send ? 0 : from < end ? 1 : 2;
 }
 
-static void collect(const struct bs_run *run, const struct bs_result *r, struct bs_lat *all, struct bs_lat *steady,
-                    struct bs_lat *during)
+static void collect(const struct bs_run *run, const struct bs_result *r, struct bs_lat *all, struct bs_lat *phase)
 {
     for (int j = 1; j < r->n_reads; j++) {
         double from = r->reads[j - 1].t, to = r->reads[j].t, g = to - from;
         int k = r->reads[j].k;
         lat_add(all, g / k, k, g);
         if (run->o->probe_len > 0)
-            lat_add(in_probe(&run->probe, from, to) ? during : steady, g / k, k, g);
+            lat_add(&phase[probe_phase(&run->probe, from, to)], g / k, k, g);
     }
 }
 
@@ -393,26 +394,43 @@ static void lat_sort(struct bs_lat *l)
     qsort(l->gap, (size_t)l->n, sizeof *l->gap, cmp_double);
 }
 
-static void report_probe(const struct bs_run *run, struct bs_lat *steady, struct bs_lat *during)
+static void lat_row(const char *name, const struct bs_lat *l)
+{
+    printf("| %s | %ld | %.1f | %.1f | %.1f |\n", name, l->tokens, pct(l->gap, l->n, 50) * 1e3,
+           pct(l->gap, l->n, 99) * 1e3, l->worst * 1e3);
+}
+
+/* The streams' context grows while they decode, so their decode-only latency
+ * is lower before the probe and higher after it; "during" lies between in
+ * context, and is compared with both. */
+static void report_probe(const struct bs_run *run, struct bs_lat *phase)
 {
     const struct bs_result *p = &run->probe;
-    lat_sort(steady);
-    lat_sort(during);
+    for (int i = 0; i < 3; i++)
+        lat_sort(&phase[i]);
+    char during[64];
+    snprintf(during, sizeof during, "during the %d-token prefill", run->o->probe_len);
     printf("\n| streams' latency | tokens | ITL p50 ms | ITL p99 ms | worst stall ms |\n|---|---|---|---|---|\n");
-    printf("| steady | %ld | %.1f | %.1f | %.1f |\n", steady->tokens, pct(steady->gap, steady->n, 50) * 1e3,
-           pct(steady->gap, steady->n, 99) * 1e3, steady->worst * 1e3);
-    printf("| during the %d-token prefill | %ld | %.1f | %.1f | %.1f |\n", run->o->probe_len, during->tokens,
-           pct(during->gap, during->n, 50) * 1e3, pct(during->gap, during->n, 99) * 1e3, during->worst * 1e3);
-    double s50 = pct(steady->gap, steady->n, 50), s99 = pct(steady->gap, steady->n, 99);
-    printf("\nduring / steady: ITL p50 %.2fx, ITL p99 %.2fx, worst stall / steady p50 %.2fx\n",
-           pct(during->gap, during->n, 50) / s50, pct(during->gap, during->n, 99) / s99, during->worst / s50);
+    lat_row("before it", &phase[0]);
+    lat_row(during, &phase[1]);
+    lat_row("after it", &phase[2]);
+    const struct bs_lat *d = &phase[1];
+    for (int i = 0; i < 3; i += 2) {
+        const struct bs_lat *b = &phase[i];
+        if (b->n == 0)
+            continue;
+        const char *name = i ? "after" : "before";
+        printf("%sduring / %s: ITL p50 %.2fx, ITL p99 %.2fx, worst stall / %s p50 %.2fx\n", i ? "" : "\n", name,
+               pct(d->gap, d->n, 50) / pct(b->gap, b->n, 50), pct(d->gap, d->n, 99) / pct(b->gap, b->n, 99),
+               name, d->worst / pct(b->gap, b->n, 50));
+    }
     if (p->ok)
         printf("long prompt: %d tokens, TTFT %.0f ms (%.0f prompt tok/s while the streams decode)\n", run->o->probe_len,
                p->ttft * 1e3, run->o->probe_len / p->ttft);
     else
         printf("long prompt: failed (no tokens)\n");
-    if (during->tokens == 0)
-        printf("warning: no stream token arrived during the long prefill; raise --gen-len\n");
+    if (phase[2].tokens == 0)
+        printf("warning: the streams ended before the long prefill did; raise --gen-len for an 'after' baseline\n");
 }
 
 static void report(const struct bs_run *run, double wall)
@@ -421,7 +439,7 @@ static void report(const struct bs_run *run, double wall)
     int done = 0, n_ttft = 0;
     long tokens = 0, coalesced = 0;
     double *ttft = malloc(sizeof(double) * (size_t)(o->requests + 1));
-    struct bs_lat all = {0}, steady = {0}, during = {0};
+    struct bs_lat all = {0}, phase[3] = {{0}};
     for (int i = 0; i < o->requests; i++) {
         const struct bs_result *r = &run->res[i];
         tokens += r->tokens;
@@ -431,7 +449,7 @@ static void report(const struct bs_run *run, double wall)
             continue;
         done++;
         ttft[n_ttft++] = r->ttft;
-        collect(run, r, &all, &steady, &during);
+        collect(run, r, &all, phase);
     }
     qsort(ttft, (size_t)n_ttft, sizeof *ttft, cmp_double);
     lat_sort(&all);
@@ -442,11 +460,11 @@ static void report(const struct bs_run *run, double wall)
            pct(ttft, n_ttft, 99) * 1e3, pct(all.gap, all.n, 50) * 1e3, pct(all.gap, all.n, 99) * 1e3, all.worst * 1e3,
            tokens ? 100.0 * (double)coalesced / (double)tokens : 0.0, (double)tokens / wall);
     if (o->probe_len > 0)
-        report_probe(run, &steady, &during);
+        report_probe(run, phase);
     free(ttft);
     free(all.gap);
-    free(steady.gap);
-    free(during.gap);
+    for (int i = 0; i < 3; i++)
+        free(phase[i].gap);
 }
 
 static void *probe_main(void *arg)

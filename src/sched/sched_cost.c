@@ -18,7 +18,7 @@ static int slot(int32_t n)
     return n > SCHED_COST_SLOTS ? SCHED_COST_SLOTS : n < 0 ? 0 : (int)n;
 }
 
-static void ema(double *est, double x)
+static void ema(double *est, double x, double alpha)
 {
     if (*est <= 0) {
         *est = x;
@@ -26,7 +26,7 @@ static void ema(double *est, double x)
     }
     if (x > MAX_JUMP * *est)
         x = MAX_JUMP * *est;
-    *est = (1 - ALPHA) * *est + ALPHA * x;
+    *est = (1 - alpha) * *est + alpha * x;
 }
 
 double sched_cost_decode(const struct sched_cost *c, int32_t n_decode)
@@ -45,8 +45,12 @@ void sched_cost_observe(struct sched_cost *c, int32_t n_decode, int32_t n_prefil
 {
     if (seconds <= 0 || (n_decode <= 0 && n_prefill <= 0))
         return;
+    c->steps++;
     if (n_prefill == 0) {
-        ema(&c->decode_s[slot(n_decode)], seconds);
+        /* a refresh after many mixed steps is the only news in a while: weigh it more */
+        int sl = slot(n_decode);
+        ema(&c->decode_s[sl], seconds, c->steps - c->decode_at[sl] > SCHED_COST_REFRESH ? 0.5 : ALPHA);
+        c->decode_at[sl] = c->steps;
         return;
     }
     if (n_decode == 0) {
@@ -63,7 +67,7 @@ void sched_cost_observe(struct sched_cost *c, int32_t n_decode, int32_t n_prefil
     /* A step faster than the decode estimate says little about prefill
      * (timer noise); leaving it out keeps the estimate on the safe side. */
     if (per > 0)
-        ema(&c->prefill_token_s, per);
+        ema(&c->prefill_token_s, per, ALPHA);
 }
 
 int32_t sched_cost_prefill_limit(const struct sched_cost *c, int32_t n_decode, double ratio)
@@ -72,6 +76,10 @@ int32_t sched_cost_prefill_limit(const struct sched_cost *c, int32_t n_decode, d
         return INT32_MAX;
     double d = sched_cost_decode(c, n_decode);
     if (d <= 0)
+        return 0;
+    /* stale for this many decoders: measure it (a count never measured
+     * borrows its neighbour's value for at most SCHED_COST_REFRESH steps) */
+    if (c->steps - c->decode_at[slot(n_decode)] >= SCHED_COST_REFRESH)
         return 0;
     if (c->prefill_token_s <= 0)
         return n_decode;
