@@ -149,9 +149,15 @@ async function concurrency() {
     const together = await Promise.all(prompts.map((pr) => streamCompletion(client, body(pr))));
     together.forEach((r, i) => assert.equal(r.text, solo[i], `client ${i} differs from its solo run`));
 
-    // the same load with a f16 -> q8_0 requantize in the middle
+    // the same load with a f16 -> q8_0 requantize in the middle: as soon as
+    // every stream has generated a few tokens (not after a fixed delay)
     const running = Promise.all(prompts.map((pr) => streamCompletion(client, { ...body(pr), max_tokens: 96 })));
-    await new Promise((r) => setTimeout(r, 1500));
+    for (let i = 0; i < 2000; i++) {
+      const u = await (await fetch(`http://127.0.0.1:${p.port}/cache/usage`)).json();
+      const live = u.requests.filter((r) => r.state === 'running' && r.generated_tokens >= 8);
+      if (live.length === prompts.length) break;
+      await new Promise((r) => setTimeout(r, 5));
+    }
     const rq = await (await fetch(`http://127.0.0.1:${p.port}/cache/requantize`, {
       method: 'POST', body: JSON.stringify({ type_k: 'q8_0', type_v: 'q8_0', scope: 'all' }),
     })).json();
