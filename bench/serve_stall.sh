@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # A 6000-token prompt arriving while 8 streams decode: do the streams freeze?
 #   bench/serve_stall.sh KVSERVE_BIN MODEL.gguf [extra serve flags...]
-# Env: CLIENTS (8), GEN (gen tokens per stream, 2000), PROBE (6000), PROBE_AT (2 s).
-# Prints bench-serve's table, then the streams' inter-token latency split into
-# "steady" and "during the long prefill" with the ratios; the goal is ITL
-# during / steady <= 2 (serve's --max-itl-ratio, default 1.5, is the knob).
+# Env: CLIENTS (8), GEN (gen tokens per stream, 4000), PROBE (6000), PROBE_AT (2 s).
+# On a loaded machine pass -t 1: the thread pool's spin barrier turns every preemption of a
+# worker into a stalled step, which swamps what the scheduler does.
+# Prints bench-serve's table, then the streams' inter-token latency before, during
+# and after the long prefill with the ratios; the goal is ITL during <= 2x a
+# decode-only step at the same contexts (serve's --max-itl-ratio, default 1.5, is
+# the knob; KVSERVE_SCHED_TRACE=1 with SERVE_LOG shows the decode-only steps the
+# scheduler interleaves).
 # GEN must be long enough that the streams outlive the prefill (a warning says so).
 set -eu
 bin=$1 model=$2; shift 2
-clients=${CLIENTS:-8} gen=${GEN:-2000} probe=${PROBE:-6000} at=${PROBE_AT:-2}
+clients=${CLIENTS:-8} gen=${GEN:-4000} probe=${PROBE:-6000} at=${PROBE_AT:-2}
 log=${SERVE_LOG:-$(mktemp)}  # SERVE_LOG=FILE keeps the server's stderr (with KVSERVE_SCHED_TRACE=1: every step)
 nice "$bin" serve -m "$model" --port 0 -c 8192 --parallel $((clients + 1)) "$@" 2>"$log" &
 pid=$!
