@@ -132,17 +132,20 @@ static void load_rows(const struct job *j, const struct tile *t, const struct sc
 }
 
 /* Pages are separate allocations, so the hardware prefetcher loses the
- * stream at every page boundary; ask for the next page's rows of this head
- * while this page is being computed. */
-static void prefetch_head(const struct kv_cache *kv, const struct kv_page *pg, int layer, int head)
+ * stream at every page boundary: ask for all of the next page's K and V rows
+ * of this layer (two contiguous runs, every KV head) while this page is
+ * computed. always_inline: as a separate function with no side effects, GCC
+ * deletes the call (prefetches do not count as effects), which the first
+ * version of this code silently suffered from. */
+static inline __attribute__((always_inline)) void prefetch_page(const struct kv_cache *kv, const struct kv_page *pg, int layer)
 {
-    int P = kv->cfg.page_tokens, d = kv->cfg.head_dim;
-    size_t rk = (size_t)P * kv_row_bytes(pg->tk, d), rv = (size_t)P * kv_row_bytes(pg->tv, d);
-    const char *k = (const char *)kv_page_rows(kv, pg->k, pg->tk, layer, head);
-    const char *v = (const char *)kv_page_rows(kv, pg->v, pg->tv, layer, head);
-    for (size_t o = 0; o < rk; o += 64)
+    size_t rows = (size_t)kv->cfg.page_tokens * kv->cfg.n_kv_head;
+    const char *k = (const char *)kv_page_rows(kv, pg->k, pg->tk, layer, 0);
+    const char *v = (const char *)kv_page_rows(kv, pg->v, pg->tv, layer, 0);
+    size_t nk = rows * kv_row_bytes(pg->tk, kv->cfg.head_dim), nv = rows * kv_row_bytes(pg->tv, kv->cfg.head_dim);
+    for (size_t o = 0; o < nk; o += 64)
         __builtin_prefetch(k + o);
-    for (size_t o = 0; o < rv; o += 64)
+    for (size_t o = 0; o < nv; o += 64)
         __builtin_prefetch(v + o);
 }
 
@@ -173,14 +176,13 @@ static void run_item(const struct job *j, int32_t item, uint8_t *scratch)
     const struct kv_seq *sq = &kv->seqs[t->seq];
     for (int64_t p = lo; p < hi; p++) {
         const struct kv_page *pg = &kv->pages[sq->pages[p]];
-        const struct kv_page *next = p + 1 < hi ? &kv->pages[sq->pages[p + 1]] : NULL;
+        if (p + 1 < hi)
+            prefetch_page(kv, &kv->pages[sq->pages[p + 1]], j->layer);
         int page_start = (int)(p * P);
         int n_tok = max_limit - page_start < P ? max_limit - page_start : P;
         attn_score_fn score = j->k->score[kv_type_index(pg->tk)];
         attn_accum_fn accum = j->k->accum[kv_type_index(pg->tv)];
         for (int h = 0; h < j->n_kv; h++) {
-            if (next)
-                prefetch_head(kv, next, j->layer, h);
             float *st = item_state(j, t, chunk, h);
             rows.q = sc.q + (size_t)h * R * d;
             rows.q8 = sc.q8 ? sc.q8 + (size_t)h * R * nb : NULL;

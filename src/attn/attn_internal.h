@@ -2,10 +2,13 @@
  *
  * Attention for one KV head runs over a tile of R query rows: the G query
  * heads of that KV head (GQA) for one or more query tokens of one sequence.
- * Each page of the sequence is visited once per tile; its K rows are scored
- * against all R rows and its V rows accumulated into all R rows, so every
- * K/V row is loaded once per tile. Scores and values stay in registers or in
- * the tile's small score buffer; the page itself is read in place. */
+ * Each page of the sequence is visited once per tile (pages outer, KV heads
+ * inner, so a page half is read front to back); its K rows are scored
+ * against all R rows, the page's scores folded into the running softmax
+ * once, and its V rows accumulated into all R rows, so every K/V row is
+ * loaded once per tile. Scores and values stay in registers or in the tile's
+ * small score buffer; the page itself is read in place, never past row
+ * n_tok - 1. */
 #ifndef KS_ATTN_INTERNAL_H
 #define KS_ATTN_INTERNAL_H
 
