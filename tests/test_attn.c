@@ -172,7 +172,7 @@ static void check_all_types(int dim, int n_head, int n_kv, int P, bool rotate, t
                             const struct attn_kernels *k)
 {
     attn_set_kernels(k);
-    int32_t lens[3] = {150, 37, 1};
+    int32_t lens[3] = {400, 37, 1}; /* 400 tokens at P=16: 25 pages, 4 page ranges with 2 threads */
     for (int a = 0; a < 4; a++)
         for (int b = 0; b < 4; b++) {
             if (dim % 32 && (a >= 2 || b >= 2))

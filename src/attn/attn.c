@@ -10,7 +10,9 @@
 
 /* Query rows per tile: the GQA group times as many query tokens of one
  * sequence as fit (prefill), so each K/V row is read once per tile. */
-enum { TILE_ROWS = 64, ITEMS_PER_THREAD = 4 };
+/* Page ranges: enough items to balance the threads, but each range at least
+ * MIN_CHUNK_PAGES long, since every item re-prepares its tile's query rows. */
+enum { TILE_ROWS = 64, ITEMS_PER_THREAD = 4, MIN_CHUNK_PAGES = 8 };
 
 static const struct attn_kernels *forced;
 
@@ -301,7 +303,9 @@ static size_t make_tiles(struct job *j, int32_t n_queries, int nth)
     for (int32_t i = 0; i < n; i++) {
         struct tile *t = &j->tiles[i];
         int R = tile_rows(j, t);
-        t->n_chunks = split < t->n_pages ? split : t->n_pages;
+        int32_t most = (t->n_pages + MIN_CHUNK_PAGES - 1) / MIN_CHUNK_PAGES;
+        most = most > nth ? most : nth < t->n_pages ? nth : t->n_pages;
+        t->n_chunks = split < most ? split : most;
         t->item0 = items;
         t->state0 = floats;
         items += t->n_chunks;
