@@ -8,10 +8,11 @@
 #include "attn/attn.h"
 #include "attn/attn_internal.h"
 
-/* Query rows per tile: the GQA group times as many query tokens of one
- * sequence as fit (prefill), so each K/V row is read once per tile. */
-/* Page ranges: enough items to balance the threads, but each range at least
- * MIN_CHUNK_PAGES long, since every item re-prepares its tile's query rows. */
+/* TILE_ROWS: query rows per tile and KV head, the GQA group times as many
+ * query tokens of one sequence as fit (prefill), so each K/V row is read once
+ * per tile. Page ranges: enough items to balance the threads, but each range
+ * at least MIN_CHUNK_PAGES long, since every item re-prepares its tile's
+ * query rows. */
 enum { TILE_ROWS = 64, ITEMS_PER_THREAD = 4, MIN_CHUNK_PAGES = 8 };
 
 static const struct attn_kernels *forced;

@@ -279,6 +279,36 @@ ALWAYS_INLINE void quant_dots(const uint8_t *kt, bool q4, int nch, const struct 
     }
 }
 
+/* red4 on int32 lanes: lane 4L + i is the sum of vector i's four lanes in
+ * 128-bit lane L. For q4_0 that is one K block, so four rows' block dots
+ * are reduced in exact integer arithmetic and scaled once per lane. */
+ALWAYS_INLINE __m512i red4i(__m512i a, __m512i b, __m512i c, __m512i d)
+{
+    __m512i ab = _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
+    __m512i cd = _mm512_add_epi32(_mm512_unpacklo_epi32(c, d), _mm512_unpackhi_epi32(c, d));
+    return _mm512_add_epi32(_mm512_unpacklo_epi64(ab, cd), _mm512_unpackhi_epi64(ab, cd));
+}
+
+/* Four rows' scores for one q4_0 token as a red4 result: lane 4L + i holds
+ * row i's share from block L of each chunk; dqm[c] lane 4L + i is the query
+ * scale of row i, block L. */
+ALWAYS_INLINE __m512 q4_token_rows4(const uint8_t *kt, int nch, const struct qchunk *qc, const __m512 *dqm,
+                                    const __mmask64 *mask)
+{
+    __m512 y = _mm512_setzero_ps();
+    for (int c = 0; c < nch; c++) {
+        struct kchunk k = load_q4(kt + c * Q4_CHUNK * sizeof(block_q4_0), mask[2 * c], mask[2 * c + 1]);
+        __m512i d[ROW_BLOCK];
+        for (int i = 0; i < ROW_BLOCK; i++) {
+            const struct qchunk *q = &qc[i * nch + c];
+            d[i] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(q->bias, k.k0, q->q0), k.k1, q->q1);
+        }
+        __m512 sum = _mm512_cvtepi32_ps(red4i(d[0], d[1], d[2], d[3]));
+        y = _mm512_fmadd_ps(sum, _mm512_mul_ps(k.dk, dqm[c]), y);
+    }
+    return y;
+}
+
 ALWAYS_INLINE void quant_score_block(const uint8_t *k, bool q4, int nch, int n_tok, const struct attn_rows *rows,
                                      int r0, int nr)
 {
@@ -294,6 +324,23 @@ ALWAYS_INLINE void quant_score_block(const uint8_t *k, bool q4, int nch, int n_t
         mask[2 * c + 1] = byte_mask((int)(nbk * bb) - shift);
         for (int i = 0; i < nr; i++)
             (q4 ? prep_q4 : prep_q8)(rows, r0 + i, c * per, nbk, &qc[i * nch + c]);
+    }
+    if (q4 && nr == ROW_BLOCK) {
+        __m512 dqm[MAX_CHUNKS];
+        for (int c = 0; c < nch; c++) {
+            dqm[c] = qc[c].dq;
+            for (int i = 1; i < ROW_BLOCK; i++)
+                dqm[c] = _mm512_mask_mov_ps(dqm[c], (__mmask16)(0x1111 << i), qc[i * nch + c].dq);
+        }
+        for (int t0 = 0; t0 < n_tok; t0 += LANES / ROW_BLOCK) {
+            __m512 y[4];
+            for (int g = 0; g < 4; g++) {
+                int t = t0 + g < n_tok ? t0 + g : n_tok - 1;
+                y[g] = q4_token_rows4(k + (size_t)t * rb, nch, qc, dqm, mask);
+            }
+            store_scores(red4x4(y[0], y[1], y[2], y[3]), ROW_BLOCK, rows, r0, t0, n_tok - t0);
+        }
+        return;
     }
     for (int t0 = 0; t0 < n_tok; t0 += LANES / nr) {
         __m512 z;
