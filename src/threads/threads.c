@@ -1,9 +1,13 @@
 #include "threads/threads.h"
 
+#include <limits.h>
+#include <linux/futex.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdbool.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -13,23 +17,26 @@
 #define cpu_relax() ((void)0)
 #endif
 
-/* How long an idle worker spins before sleeping; long enough to bridge the
- * gap between two matmuls of one decode step, short enough not to burn a core
- * while the server is idle. */
-enum { SPIN_ITERS = 1 << 16 };
+/* Waiting is spin, then yield, then sleep. Spinning bridges the microseconds
+ * between two ops of one decode step. Yielding every few spins matters when
+ * there are more runnable threads than cores (two servers, a busy desktop):
+ * a pure spinner would hold the core the thread it waits for needs, for a
+ * whole scheduler slice. After SPIN_ROUNDS the waiter sleeps on a futex. */
+enum { SPINS_PER_YIELD = 64, SPIN_ROUNDS = 64 };
 
 struct threads_pool {
     int n_threads;
     pthread_t *workers;
 
-    pthread_mutex_t mutex;
-    pthread_cond_t wake;
-    atomic_uint_fast64_t generation;  /* bumped once per region */
-    atomic_int pending;               /* workers still inside the region */
-    atomic_bool stop;
-
     threads_fn fn;
     void *ctx;
+
+    /* Futex words (32-bit, as the kernel wants). */
+    atomic_uint generation;    /* bumped once per region */
+    atomic_uint pending;       /* workers still inside the region */
+    atomic_uint stop;
+    atomic_int workers_asleep; /* workers inside futex_wait on generation */
+    atomic_int caller_asleep;  /* the caller is in futex_wait on pending */
 };
 
 struct worker_arg {
@@ -37,20 +44,62 @@ struct worker_arg {
     int ith;
 };
 
-static uint64_t wait_for_generation(threads_pool *p, uint64_t seen)
+static void futex_wait(atomic_uint *word, unsigned expected)
 {
-    for (int i = 0; i < SPIN_ITERS; i++) {
-        uint64_t g = atomic_load_explicit(&p->generation, memory_order_acquire);
-        if (g != seen || atomic_load_explicit(&p->stop, memory_order_relaxed))
-            return g;
-        cpu_relax();
+    /* Returns at once if *word != expected; spurious wake-ups are fine,
+     * every caller re-checks its condition. */
+    syscall(SYS_futex, (unsigned *)word, FUTEX_WAIT_PRIVATE, expected, NULL, NULL, 0);
+}
+
+static void futex_wake_all(atomic_uint *word)
+{
+    syscall(SYS_futex, (unsigned *)word, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+}
+
+/* Spin (yielding now and then) until *word != value; false on timeout. */
+static bool spin_until_changed(atomic_uint *word, unsigned value)
+{
+    for (int round = 0; round < SPIN_ROUNDS; round++) {
+        for (int i = 0; i < SPINS_PER_YIELD; i++) {
+            if (atomic_load_explicit(word, memory_order_acquire) != value)
+                return true;
+            cpu_relax();
+        }
+        sched_yield();
     }
-    pthread_mutex_lock(&p->mutex);
-    uint64_t g;
-    while ((g = atomic_load(&p->generation)) == seen && !atomic_load(&p->stop))
-        pthread_cond_wait(&p->wake, &p->mutex);
-    pthread_mutex_unlock(&p->mutex);
-    return g;
+    return false;
+}
+
+static unsigned wait_for_generation(threads_pool *p, unsigned seen)
+{
+    if (!spin_until_changed(&p->generation, seen)) {
+        /* seq_cst pairs with threads_run: it bumps generation, then reads
+         * workers_asleep; either it sees us or futex_wait sees the bump. */
+        atomic_fetch_add(&p->workers_asleep, 1);
+        while (atomic_load(&p->generation) == seen)
+            futex_wait(&p->generation, seen);
+        atomic_fetch_sub(&p->workers_asleep, 1);
+    }
+    return atomic_load_explicit(&p->generation, memory_order_acquire);
+}
+
+static void wait_for_workers(threads_pool *p)
+{
+    unsigned left = atomic_load_explicit(&p->pending, memory_order_acquire);
+    if (left == 0)
+        return;
+    for (int round = 0; round < SPIN_ROUNDS; round++) {
+        for (int i = 0; i < SPINS_PER_YIELD; i++) {
+            if (atomic_load_explicit(&p->pending, memory_order_acquire) == 0)
+                return;
+            cpu_relax();
+        }
+        sched_yield();
+    }
+    atomic_store(&p->caller_asleep, 1);
+    while ((left = atomic_load(&p->pending)) != 0)
+        futex_wait(&p->pending, left);
+    atomic_store(&p->caller_asleep, 0);
 }
 
 static void *worker_main(void *argp)
@@ -58,13 +107,16 @@ static void *worker_main(void *argp)
     struct worker_arg arg = *(struct worker_arg *)argp;
     free(argp);
     threads_pool *p = arg.pool;
-    uint64_t seen = 0;
+    unsigned seen = 0;
     for (;;) {
         seen = wait_for_generation(p, seen);
         if (atomic_load(&p->stop))
             return NULL;
         p->fn(p->ctx, arg.ith, p->n_threads);
-        atomic_fetch_sub_explicit(&p->pending, 1, memory_order_release);
+        /* The last worker out wakes a sleeping caller (seq_cst, see
+         * wait_for_workers: it publishes caller_asleep before re-reading). */
+        if (atomic_fetch_sub(&p->pending, 1) == 1 && atomic_load(&p->caller_asleep))
+            futex_wake_all(&p->pending);
     }
 }
 
@@ -77,8 +129,6 @@ ks_status threads_create(int n_threads, threads_pool **out)
     if (!p)
         return ks_fail(KS_ERR_NOMEM, "allocating the thread pool");
     p->n_threads = n_threads;
-    pthread_mutex_init(&p->mutex, NULL);
-    pthread_cond_init(&p->wake, NULL);
     p->workers = calloc((size_t)n_threads, sizeof *p->workers);
     if (!p->workers) {
         threads_free(p);
@@ -101,18 +151,24 @@ ks_status threads_create(int n_threads, threads_pool **out)
     return KS_OK;
 }
 
+/* Publish a new generation and wake any worker that went to sleep. */
+static void start_generation(threads_pool *p)
+{
+    atomic_fetch_add(&p->generation, 1);
+    if (atomic_load(&p->workers_asleep) > 0)
+        futex_wake_all(&p->generation);
+}
+
 void threads_free(threads_pool *p)
 {
     if (!p)
         return;
-    pthread_mutex_lock(&p->mutex);
-    atomic_store(&p->stop, true);
-    pthread_cond_broadcast(&p->wake);
-    pthread_mutex_unlock(&p->mutex);
-    for (int i = 1; i < p->n_threads; i++)
-        pthread_join(p->workers[i], NULL);
-    pthread_cond_destroy(&p->wake);
-    pthread_mutex_destroy(&p->mutex);
+    atomic_store(&p->stop, 1);
+    if (p->workers) {
+        start_generation(p);
+        for (int i = 1; i < p->n_threads; i++)
+            pthread_join(p->workers[i], NULL);
+    }
     free(p->workers);
     free(p);
 }
@@ -127,15 +183,10 @@ void threads_run(threads_pool *p, threads_fn fn, void *ctx)
     }
     p->fn = fn;
     p->ctx = ctx;
-    atomic_store_explicit(&p->pending, p->n_threads - 1, memory_order_relaxed);
-    pthread_mutex_lock(&p->mutex);
-    atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
-    pthread_cond_broadcast(&p->wake);
-    pthread_mutex_unlock(&p->mutex);
-
+    atomic_store_explicit(&p->pending, (unsigned)(p->n_threads - 1), memory_order_relaxed);
+    start_generation(p);
     fn(ctx, 0, p->n_threads);
-    while (atomic_load_explicit(&p->pending, memory_order_acquire) != 0)
-        cpu_relax();
+    wait_for_workers(p);
 }
 
 int threads_default_count(void)

@@ -3,9 +3,11 @@
  *
  * A region is threads_run(pool, fn, ctx): fn(ctx, ith, nth) runs once for each
  * ith in [0, nth) and threads_run returns when all calls have returned. The
- * caller's thread is ith 0, so a pool of 1 thread runs fn inline. Workers spin
- * briefly between regions (decode issues hundreds of regions per token) and
- * then sleep on a condition variable.
+ * caller's thread is ith 0, so a pool of 1 thread runs fn inline. Waiters (idle
+ * workers, and the caller waiting for the last worker) spin briefly, since
+ * decode issues hundreds of regions per token, yielding the core every few
+ * spins so an oversubscribed machine still makes progress, then sleep on a
+ * futex (Linux).
  *
  * A pool is used by one caller thread at a time; regions do not nest. */
 #ifndef KS_THREADS_H

@@ -1,0 +1,82 @@
+/* bench_threads: the thread pool's cost per parallel region, the overhead
+ * every matmul and attention call of a decode step pays.
+ *
+ *   bench_threads [regions]          default 20000
+ *
+ * For 1..4 threads it runs empty regions back to back ("empty": pure
+ * dispatch + join) and regions of ~20 us of work each ("work", about one
+ * small matmul of a decode step), and prints us per region, median of 5.
+ * Run it beside a CPU hog (e.g. `yes >/dev/null &` twice on a 2-core
+ * machine) to see the oversubscribed case. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "threads/threads.h"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void empty_region(void *ctx, int ith, int nth)
+{
+    (void)ctx, (void)ith, (void)nth;
+}
+
+/* About 40 us of single-thread arithmetic, split over nth threads. */
+static void work_region(void *ctx, int ith, int nth)
+{
+    volatile float *sink = ctx;
+    int64_t lo, hi;
+    threads_split(40000, ith, nth, &lo, &hi);
+    float acc = 0;
+    for (int64_t i = lo; i < hi; i++)
+        acc = acc * 0.999f + (float)i;
+    sink[ith * 16] = acc;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double us_per_region(threads_pool *pool, threads_fn fn, void *ctx, int regions)
+{
+    enum { REPS = 5 };
+    double t[REPS];
+    for (int r = 0; r < REPS; r++) {
+        double t0 = now_s();
+        for (int i = 0; i < regions; i++)
+            threads_run(pool, fn, ctx);
+        t[r] = (now_s() - t0) * 1e6 / regions;
+    }
+    qsort(t, REPS, sizeof t[0], cmp_double);
+    return t[REPS / 2];
+}
+
+int main(int argc, char **argv)
+{
+    int regions = argc > 1 ? atoi(argv[1]) : 20000;
+    if (regions < 1) {
+        fprintf(stderr, "usage: bench_threads [regions]\n");
+        return 2;
+    }
+    static float sink[4 * 16];
+    printf("threads  empty us/region  work us/region  (work = 40k dependent FMAs split)\n");
+    for (int n = 1; n <= 4; n++) {
+        threads_pool *pool;
+        if (threads_create(n, &pool) != KS_OK) {
+            fprintf(stderr, "bench_threads: %s\n", ks_errmsg());
+            return 1;
+        }
+        double e = us_per_region(pool, empty_region, NULL, regions);
+        double w = us_per_region(pool, work_region, sink, regions / 10 + 1);
+        printf("%7d  %15.2f  %14.2f\n", n, e, w);
+        threads_free(pool);
+    }
+    return 0;
+}
