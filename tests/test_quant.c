@@ -444,6 +444,32 @@ static void test_work_size_monotonic(void **state)
     assert_int_equal(quant_matmul_work_size(QUANT_Q4_0, 33, 1), 0);
 }
 
+/* The SIMD SwiGLU agrees with the libm reference over the whole useful range,
+ * at every tail length. */
+static void test_swiglu_simd_vs_scalar(void **state)
+{
+    (void)state;
+    enum { N = 4099 };
+    static float g[N], up[N], want[N], got[N];
+    for (int i = 0; i < N; i++) {
+        g[i] = -100.0f + 200.0f * (float)i / N;
+        up[i] = 0.5f + (float)(i % 7);
+    }
+    g[0] = 0.0f, g[1] = -0.0f, g[2] = 1e-20f, g[3] = -87.5f, g[4] = 88.5f;
+    for (int n = 0; n <= N; n += n < 40 ? 1 : 613) {
+        memcpy(want, g, sizeof g);
+        memcpy(got, g, sizeof g);
+        quant_swiglu_scalar(want, up, n);
+        quant_swiglu(got, up, n);
+        for (int i = 0; i < N; i++) {
+            float tol = 1e-6f * fabsf(want[i]) + 1e-30f;
+            if (!(fabsf(got[i] - want[i]) <= tol))
+                fail_msg("n=%d i=%d g=%g: simd %.9g, scalar %.9g", n, i, (double)g[i], (double)got[i],
+                         (double)want[i]);
+        }
+    }
+}
+
 static void test_get_row(void **state)
 {
     (void)state;
@@ -474,6 +500,7 @@ int main(void)
         cmocka_unit_test(test_matmul_rejects_bad_args),
         cmocka_unit_test(test_work_size_monotonic),
         cmocka_unit_test(test_get_row),
+        cmocka_unit_test(test_swiglu_simd_vs_scalar),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

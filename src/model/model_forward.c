@@ -171,10 +171,7 @@ static void swiglu_task(void *p, int ith, int nth)
     const struct swiglu_job *j = p;
     int64_t lo, hi;
     threads_split(j->n, ith, nth, &lo, &hi);
-    for (int64_t i = lo; i < hi; i++) {
-        float g = j->gate[i];
-        j->gate[i] = g / (1.0f + expf(-g)) * j->up[i];
-    }
+    quant_swiglu(j->gate + lo, j->up + lo, hi - lo);
 }
 
 /* ---- RoPE ------------------------------------------------------------------ */

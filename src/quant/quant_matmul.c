@@ -507,6 +507,16 @@ static inline __attribute__((always_inline)) void q8_tile(const struct mm *m, co
             store_tile(m, facc[r][tt], r0 + r, (g0 + tt) * MM_TOK_GROUP);
 }
 
+/* L2 blocking: a thread unpacks up to PRE_SUPER_PANELS panels of rows, then
+ * sweeps them over the tokens one block of groups at a time, so each block
+ * of activations is read from L3 once per super-panel, not once per panel.
+ * Both budgets are bytes of a ~1 MiB L2. */
+#ifndef PRE_SUPER_PANELS
+#define PRE_SUPER_PANELS 8
+#endif
+#define PRE_PANEL_BUDGET (256 * 1024)
+#define PRE_TOKEN_BUDGET (384 * 1024)
+
 static void pre_compute(void *vctx, int ith, int nth)
 {
     struct mm *m = vctx;
@@ -514,23 +524,42 @@ static void pre_compute(void *vctx, int ith, int nth)
     (void)ith;
     (void)nth;
     int64_t n_panels = ceil_div(m->rows, Q8_R);
-    size_t qbytes = align_up((size_t)(Q8_R * m->cols));
-    uint8_t *buf = aligned_alloc(MM_ALIGN, qbytes + 2 * align_up((size_t)(Q8_R * nb) * 4));
+    size_t qbytes = align_up((size_t)(Q8_R * m->cols)), sbytes = align_up((size_t)(Q8_R * nb) * 4);
+    size_t panel_bytes = qbytes + 2 * sbytes;
+    int sp = (int)(PRE_PANEL_BUDGET / panel_bytes);
+    sp = sp < 1 ? 1 : sp > PRE_SUPER_PANELS ? PRE_SUPER_PANELS : sp;
+    int64_t tb = (int64_t)(PRE_TOKEN_BUDGET / pre_group_bytes(m->cols));
+    tb = tb < 1 ? 1 : tb;
+    uint8_t *buf = aligned_alloc(MM_ALIGN, panel_bytes * (size_t)sp);
     if (!buf) {
         atomic_store(&m->failed, 1);
         return;
     }
-    struct wpanel p = {(int8_t *)buf, (float *)(buf + qbytes),
-                       (int32_t *)(buf + qbytes + align_up((size_t)(Q8_R * nb) * 4))};
-    for (int64_t pi; (pi = take_panel(m, n_panels)) >= 0;) {
-        int64_t r0 = pi * Q8_R;
-        int nr = (int)(m->rows - r0 < Q8_R ? m->rows - r0 : Q8_R);
-        unpack_rows(m, r0, nr, &p);
-        int64_t g = 0;
-        for (; g + Q8_TT <= ng; g += Q8_TT)
-            q8_tile(m, &p, r0, nr, g, Q8_TT);
-        for (; g < ng; g++)
-            q8_tile(m, &p, r0, nr, g, 1);
+    struct wpanel p[PRE_SUPER_PANELS];
+    int nr[PRE_SUPER_PANELS];
+    for (int k = 0; k < sp; k++) {
+        uint8_t *b = buf + (size_t)k * panel_bytes;
+        p[k] = (struct wpanel){(int8_t *)b, (float *)(b + qbytes), (int32_t *)(b + qbytes + sbytes)};
+    }
+    int64_t n_super = ceil_div(n_panels, sp);
+    for (int64_t si; (si = take_panel(m, n_super)) >= 0;) {
+        int64_t pi0 = si * sp;
+        int np = (int)(n_panels - pi0 < sp ? n_panels - pi0 : sp);
+        for (int k = 0; k < np; k++) {
+            int64_t r0 = (pi0 + k) * Q8_R;
+            nr[k] = (int)(m->rows - r0 < Q8_R ? m->rows - r0 : Q8_R);
+            unpack_rows(m, r0, nr[k], &p[k]);
+        }
+        for (int64_t g0 = 0; g0 < ng; g0 += tb) {
+            int64_t g1 = g0 + tb < ng ? g0 + tb : ng;
+            for (int k = 0; k < np; k++) {
+                int64_t r0 = (pi0 + k) * Q8_R, g = g0;
+                for (; g + Q8_TT <= g1; g += Q8_TT)
+                    q8_tile(m, &p[k], r0, nr[k], g, Q8_TT);
+                for (; g < g1; g++)
+                    q8_tile(m, &p[k], r0, nr[k], g, 1);
+            }
+        }
     }
     free(buf);
 }
