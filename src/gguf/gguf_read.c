@@ -637,7 +637,31 @@ ks_status gguf_open_memory(const void *data, size_t size, struct gguf_file **out
     return open_parsed(f, out);
 }
 
-static ks_status map_file(const char *path, struct gguf_file *f)
+/* Read the whole file into anonymous memory advised for huge pages; false
+ * (and nothing allocated) when that memory cannot be had. */
+static bool copy_file(int fd, size_t size, struct gguf_file *f)
+{
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED)
+        return false;
+    (void)madvise(p, size, MADV_HUGEPAGE); /* advice only: fine if refused */
+    for (size_t done = 0; done < size;) {
+        ssize_t r = pread(fd, (char *)p + done, size - done, (off_t)done);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            munmap(p, size);
+            return false;
+        }
+        done += (size_t)r;
+    }
+    f->base = p;
+    f->size = size;
+    f->mapped = true;
+    return true;
+}
+
+static ks_status map_file(const char *path, bool private_copy, struct gguf_file *f)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
@@ -650,7 +674,7 @@ static ks_status map_file(const char *path, struct gguf_file *f)
         st = ks_fail(KS_ERR_IO, "not a regular file");
     else if (sb.st_size == 0)
         st = ks_fail(KS_ERR_FORMAT, "the file is empty");
-    if (!st) {
+    if (!st && !(private_copy && copy_file(fd, (size_t)sb.st_size, f))) {
         void *p = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
         if (p == MAP_FAILED)
             st = ks_fail(KS_ERR_IO, "cannot mmap %lld bytes: %s", (long long)sb.st_size, strerror(errno));
@@ -664,14 +688,14 @@ static ks_status map_file(const char *path, struct gguf_file *f)
     return st;
 }
 
-ks_status gguf_open(const char *path, struct gguf_file **out)
+static ks_status open_path(const char *path, bool private_copy, struct gguf_file **out)
 {
     if (!path || !out)
         return ks_fail(KS_ERR_INVALID_ARG, "gguf_open: NULL argument");
     struct gguf_file *f = calloc(1, sizeof *f);
     if (!f)
         return ks_fail(KS_ERR_NOMEM, "no memory for a GGUF handle");
-    ks_status st = map_file(path, f);
+    ks_status st = map_file(path, private_copy, f);
     if (st) {
         free(f);
     } else {
@@ -681,6 +705,10 @@ ks_status gguf_open(const char *path, struct gguf_file **out)
         ks_errmsg_prefix("%s", path);
     return st;
 }
+
+ks_status gguf_open(const char *path, struct gguf_file **out) { return open_path(path, false, out); }
+
+ks_status gguf_open_private(const char *path, struct gguf_file **out) { return open_path(path, true, out); }
 
 void gguf_close(struct gguf_file *f)
 {

@@ -48,9 +48,14 @@ struct model_hparams {
 
 struct model;
 
-/* mmap and validate: every required tensor present with the right shape and a
- * supported type. Errors name the tensor and what is wrong. */
+/* Load and validate: every required tensor present with the right shape and a
+ * supported type. Errors name the tensor and what is wrong. The weights are
+ * read into private huge-page memory (gguf_open_private), which decodes
+ * faster than a file mapping; MODEL_LOAD_MMAP maps the file instead, sharing
+ * the page cache between processes and starting faster. */
+enum model_load_flags { MODEL_LOAD_MMAP = 1 };
 ks_status model_load(const char *path, struct model **out);
+ks_status model_load_flags(const char *path, unsigned flags, struct model **out);
 void model_free(struct model *m);
 const struct model_hparams *model_hparams(const struct model *m);
 /* The underlying file, for the tokenizer and `kvserve info`. */

@@ -386,17 +386,19 @@ static ks_status load_file(struct model *m)
     return load_tensors(m, ai);
 }
 
-ks_status model_load(const char *path, struct model **out)
+ks_status model_load(const char *path, struct model **out) { return model_load_flags(path, 0, out); }
+
+ks_status model_load_flags(const char *path, unsigned flags, struct model **out)
 {
     *out = NULL;
     struct model *m = calloc(1, sizeof *m);
     if (!m)
         return ks_fail(KS_ERR_NOMEM, "out of memory loading %s", path);
-    ks_status st = gguf_open(path, &m->file);
-    if (!st)
-        st = load_file(m);
+    ks_status st = flags & MODEL_LOAD_MMAP ? gguf_open(path, &m->file) : gguf_open_private(path, &m->file);
+    if (!st && (st = load_file(m)))
+        ks_errmsg_prefix("%s", path); /* gguf_open's messages already name the file */
     if (st) {
-        ks_errmsg_prefix("loading model %s: ", path);
+        ks_errmsg_prefix("loading model");
         model_free(m);
         return st;
     }

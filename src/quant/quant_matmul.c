@@ -357,22 +357,39 @@ static inline __attribute__((always_inline)) void dec_range(const struct mm *m, 
     }
 }
 
-static void dec_compute(void *vctx, int ith, int nth)
+static void dec_prime(const struct mm *m, int64_t lo, int64_t hi)
 {
-    struct mm *m = vctx;
-    int64_t lo, hi;
-    threads_split(m->rows, ith, nth, &lo, &hi);
-    /* start the stream: the loop prefetches DEC_AHEAD_BYTES ahead of itself */
+    /* start the stream: the row loop prefetches DEC_AHEAD_BYTES ahead of itself */
     const uint8_t *start = m->W + lo * m->wrow, *end = m->W + hi * m->wrow;
     for (const uint8_t *p = start; p < end && p < start + DEC_AHEAD_BYTES; p += 64)
         _mm_prefetch((const char *)p, _MM_HINT_T0);
-    /* a few tokens: row blocks of 64 stay in cache while the tokens pass */
-    for (int64_t r0 = lo; r0 < hi; r0 += 64) {
-        int64_t r1 = r0 + 64 < hi ? r0 + 64 : hi;
-        if (m->wtype == QUANT_Q4_0)
-            dec_range(m, QUANT_Q4_0, r0, r1);
-        else
-            dec_range(m, QUANT_Q8_0, r0, r1);
+}
+
+/* Rows are handed out in chunks from a shared counter rather than split
+ * statically: on a shared machine one thread is often slowed (another
+ * process, an interrupt), and with a static split the whole step waits for
+ * it. Chunks are large enough (>= 64 rows, about 8 per thread) that each
+ * stays a long sequential stream for the prefetcher. */
+static void dec_compute(void *vctx, int ith, int nth)
+{
+    struct mm *m = vctx;
+    (void)ith;
+    int64_t chunk = m->rows / ((int64_t)nth * 8);
+    chunk = chunk < 64 ? 64 : (chunk + 63) / 64 * 64;
+    int64_t n_chunks = ceil_div(m->rows, chunk), prev_hi = -1;
+    for (int64_t ci; (ci = take_panel(m, n_chunks)) >= 0;) {
+        int64_t lo = ci * chunk, hi = lo + chunk < m->rows ? lo + chunk : m->rows;
+        if (lo != prev_hi)
+            dec_prime(m, lo, hi);
+        prev_hi = hi;
+        /* a few tokens: row blocks of 64 stay in cache while the tokens pass */
+        for (int64_t r0 = lo; r0 < hi; r0 += 64) {
+            int64_t r1 = r0 + 64 < hi ? r0 + 64 : hi;
+            if (m->wtype == QUANT_Q4_0)
+                dec_range(m, QUANT_Q4_0, r0, r1);
+            else
+                dec_range(m, QUANT_Q8_0, r0, r1);
+        }
     }
 }
 
