@@ -9,6 +9,7 @@
  * multiply-add) and tokens/s. Each figure is the median of REPS runs. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <string.h>
 #include <time.h>
 
@@ -71,7 +72,11 @@ static void *make_weights(enum quant_type t, int64_t rows, int64_t cols, size_t 
     const struct quant_traits *tr = quant_traits(t);
     size_t wrow = quant_row_size(t, cols);
     *bytes = wrow * (size_t)rows;
-    uint8_t *w = aligned_alloc(64, (*bytes + 63) / 64 * 64);
+    /* huge pages, as the model loader asks for (gguf_open_private) */
+    size_t huge = 2u << 20, alloc = (*bytes + huge - 1) / huge * huge;
+    uint8_t *w = aligned_alloc(huge, alloc);
+    if (w)
+        (void)madvise(w, alloc, MADV_HUGEPAGE);
     float *x = malloc((size_t)cols * sizeof(float));
     if (!w || !x || !tr->from_float) {
         free(w);
