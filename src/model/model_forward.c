@@ -325,6 +325,10 @@ static int32_t select_outputs(struct model_ctx *c, const struct model_batch *b)
 
 /* ---- the transformer ------------------------------------------------------------ */
 
+/* The pool for an element-wise op over n tokens: a decode batch of a few
+ * tokens is a few microseconds of work, less than handing it to a worker. */
+static threads_pool *elementwise_pool(const struct model_ctx *c, int64_t n) { return n >= 4 ? c->pool : NULL; }
+
 static ks_status matmul(struct model_ctx *c, const struct model_mat *w, const float *x, int64_t n, float *y)
 {
     return quant_matmul(c->pool, w->data, w->type, w->rows, w->cols, x, n, y, c->work, c->work_size);
@@ -338,13 +342,13 @@ static ks_status attention_block(struct model_ctx *c, struct kv_cache *kv, int i
     int64_t n = b->n_tokens, kv_dim = (int64_t)hp->n_head_kv * hp->head_dim_k;
     ks_status st;
     /* attention rmsnorm, then Q, K, V projections of the whole batch */
-    rmsnorm_rows(c->pool, c->xb, c->x, L->attn_norm, NULL, n, hp->n_embd, hp->rms_eps);
+    rmsnorm_rows(elementwise_pool(c, n), c->xb, c->x, L->attn_norm, NULL, n, hp->n_embd, hp->rms_eps);
     if ((st = matmul(c, &L->wq, c->xb, n, c->q)) || (st = matmul(c, &L->wk, c->xb, n, c->k)) ||
         (st = matmul(c, &L->wv, c->xb, n, c->v)))
         return st;
     /* biases, Q/K norm, RoPE */
     struct qk_job qj = {m, L, c->q, c->k, c->v, c->rope_cs, n};
-    threads_run(c->pool, qk_task, &qj);
+    threads_run(elementwise_pool(c, n), qk_task, &qj);
     /* K/V of the whole batch go to the cache first: causal attention within the batch */
     for (int64_t t = 0; t < n; t++)
         if ((st = kv_write(kv, il, b->seq[t], b->pos[t], c->k + t * kv_dim, c->v + t * kv_dim)))
@@ -366,11 +370,11 @@ static ks_status ffn_block(struct model_ctx *c, int il, int64_t n)
     const struct model_layer *L = &c->m->layers[il];
     ks_status st;
     /* ffn rmsnorm, SwiGLU: down(silu(gate(x)) * up(x)), residual */
-    rmsnorm_rows(c->pool, c->xb, c->x, L->ffn_norm, NULL, n, hp->n_embd, hp->rms_eps);
+    rmsnorm_rows(elementwise_pool(c, n), c->xb, c->x, L->ffn_norm, NULL, n, hp->n_embd, hp->rms_eps);
     if ((st = matmul(c, &L->w_gate, c->xb, n, c->hb)) || (st = matmul(c, &L->w_up, c->xb, n, c->hb2)))
         return st;
     struct swiglu_job sj = {c->hb, c->hb2, n * hp->n_ff};
-    threads_run(c->pool, swiglu_task, &sj);
+    threads_run(elementwise_pool(c, n), swiglu_task, &sj);
     if ((st = matmul(c, &L->w_down, c->hb, n, c->xb2)))
         return st;
     for (int64_t i = 0; i < n * hp->n_embd; i++)
@@ -400,7 +404,7 @@ static ks_status run_layers(struct model_ctx *c, struct kv_cache *kv, const stru
     if (n_out == 0)
         return KS_OK;
     /* final rmsnorm of the rows that want logits, then the classifier */
-    rmsnorm_rows(c->pool, c->xb2, c->x, m->output_norm, c->out_rows, n_out, hp->n_embd, hp->rms_eps);
+    rmsnorm_rows(elementwise_pool(c, n_out), c->xb2, c->x, m->output_norm, c->out_rows, n_out, hp->n_embd, hp->rms_eps);
     return matmul(c, &m->output, c->xb2, n_out, logits);
 }
 
