@@ -291,10 +291,14 @@ static void print_result(const struct ppl_state *s, const struct ppl_opts *o, do
 {
     const struct kv_config *c = kv_get_config(s->kv);
     if (o->json) {
-        printf("{\"ppl\": %.6f, \"kld_mean\": %.8f, \"kld_p99\": %.8f, \"top1\": %.6f, \"n_tokens\": %lld, "
+        /* without --kl-base there is nothing to compare against: null, not 0 */
+        char kl[128] = "\"kld_mean\": null, \"kld_p99\": null, \"top1\": null";
+        if (o->kl_base)
+            snprintf(kl, sizeof kl, "\"kld_mean\": %.8f, \"kld_p99\": %.8f, \"top1\": %.6f", kmean, kp99, top1);
+        printf("{\"ppl\": %.6f, %s, \"n_tokens\": %lld, "
                "\"n_ctx\": %d, \"cache\": {\"type_k\": \"%s\", \"type_v\": \"%s\", \"rotate\": %s, \"page\": %d, "
                "\"policy\": \"%s\", \"mem\": %zu}}\n",
-               ppl, kmean, kp99, top1, (long long)s->n_scored, o->n_ctx, quant_type_name(c->type_k),
+               ppl, kl, (long long)s->n_scored, o->n_ctx, quant_type_name(c->type_k),
                quant_type_name(c->type_v), c->rotate ? "true" : "false", c->page_tokens,
                c->policy == KV_POLICY_DYNAMIC ? "dynamic" : "static", c->mem_budget);
         return;
