@@ -16,6 +16,7 @@
 #define BENCH_MAX_REPS 1000
 
 struct bench_opts {
+    bool mmap; /* --mmap: map the file instead of reading it into huge pages */
     const char *model;
     int n_prompt, n_gen, reps, n_threads, depth;
     enum quant_type type_k, type_v;
@@ -39,6 +40,7 @@ static void bench_usage(FILE *out)
             "  -n, --n-gen N           generated tokens; 0 skips tg (default 128)\n"
             "  -r, --repetitions R     reps per test (default 5)\n"
             "  -t, --threads T         threads (default: all cores)\n"
+            "  --mmap                  map the model file instead of reading it into huge pages\n"
             "  -d, --n-depth D         context already in the cache before each test (default 0)\n"
             "  -ctk, --cache-type-k T  f32 f16 q8_0 q4_0 (default f16)\n"
             "  -ctv, --cache-type-v T  (default f16)\n"
@@ -88,6 +90,10 @@ static int parse_args(int argc, char **argv, struct bench_opts *o)
         if (is_flag(a, "-h", "--help")) {
             bench_usage(stdout);
             return -1;
+        }
+        if (!strcmp(a, "--mmap")) {
+            o->mmap = true;
+            continue;
         }
         const char *v = i + 1 < argc ? argv[++i] : NULL;
         bool ok = true;
@@ -144,7 +150,7 @@ static int32_t random_token(struct bench *b)
 static ks_status bench_setup(struct bench *b, const char *path)
 {
     const struct bench_opts *o = b->o;
-    ks_status st = model_load(path, &b->model);
+    ks_status st = model_load_flags(path, o->mmap ? MODEL_LOAD_MMAP : 0, &b->model);
     if (st)
         return st;
     b->n_vocab = model_hparams(b->model)->n_vocab;

@@ -15,6 +15,7 @@
 #include "tokenizer/tokenizer.h"
 
 struct chat_opts {
+    bool mmap; /* --mmap: map the file instead of reading it into huge pages */
     const char *model;
     const char *template_name; /* --chat-template */
     const char *system;        /* -s */
@@ -43,6 +44,7 @@ static void chat_usage(FILE *out)
             "  -n, --n-predict N        most tokens per reply (default 512)\n"
             "  -c, --ctx-size N         context in tokens (default: the model's, at most 4096)\n"
             "  -t, --threads N          threads (default: all cores)\n"
+            "  --mmap                   map the model file instead of reading it into huge pages\n"
             "  -b, --batch N            prefill batch size (default 512)\n"
             "      --temp T             temperature; 0 = greedy (default 0.8)\n"
             "      --top-k K, --top-p P, --min-p P, --repeat-penalty R, --seed N\n"
@@ -102,6 +104,10 @@ static int chat_parse(int argc, char **argv, struct chat_opts *o)
         }
         if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) {
             o->verbose = true;
+            continue;
+        }
+        if (!strcmp(a, "--mmap")) {
+            o->mmap = true;
             continue;
         }
         const char *v = i + 1 < argc ? argv[++i] : NULL;
@@ -181,7 +187,7 @@ static ks_status chat_setup(struct chat *c)
     const char *path = o->model;
     if (!path && !cli_default_model(default_path, sizeof default_path))
         return ks_fail(KS_ERR_INVALID_ARG, "no -m MODEL and no built-in default model");
-    ks_status st = model_load(path ? path : default_path, &c->model);
+    ks_status st = model_load_flags(path ? path : default_path, o->mmap ? MODEL_LOAD_MMAP : 0, &c->model);
     if (st || (st = tok_load(model_gguf(c->model), &c->tok)) || (st = tok_chat_for(c->tok, o->template_name, &c->fam)))
         return st;
     const struct model_hparams *hp = model_hparams(c->model);

@@ -15,6 +15,7 @@
 #include "tokenizer/tokenizer.h"
 
 struct gen_opts {
+    bool mmap; /* --mmap: map the file instead of reading it into huge pages */
     const char *model;
     const char *prompt;         /* -p TEXT */
     int32_t *ids;               /* --ids: malloc'd */
@@ -45,6 +46,7 @@ static void gen_usage(FILE *out)
             "      --ids LIST         prompt as comma-separated token ids\n"
             "  -n, --n-predict N      tokens to generate (default 64)\n"
             "  -t, --threads N        threads (default: all cores)\n"
+            "  --mmap                 map the model file instead of reading it into huge pages\n"
             "  -b, --batch N          prefill batch size (default 512)\n"
             "      --output-ids       print only the generated ids, space-separated, one line\n"
             "      --ignore-eos       do not stop at end-of-generation tokens\n"
@@ -149,6 +151,8 @@ static int parse_args(int argc, char **argv, struct gen_opts *o)
             o->output_ids = true;
         } else if (!strcmp(a, "--ignore-eos")) {
             o->ignore_eos = true;
+        } else if (!strcmp(a, "--mmap")) {
+            o->mmap = true;
         } else {
             const char *v = flag_value(argc, argv, &i);
             if (!parse_value_flag(a, v, o, &ok)) {
@@ -284,7 +288,7 @@ static ks_status setup(struct gen_run *r, const char *model_path)
 {
     const struct gen_opts *o = r->o;
     double t0 = cli_now();
-    ks_status st = model_load(model_path, &r->model);
+    ks_status st = model_load_flags(model_path, o->mmap ? MODEL_LOAD_MMAP : 0, &r->model);
     if (st)
         return st;
     r->load_ms = (cli_now() - t0) * 1e3;

@@ -16,6 +16,7 @@
 #define LOGITS_MAGIC 0x4b56504cu /* "KVPL": magic, n_vocab, n_rows, then rows of f32 */
 
 struct ppl_opts {
+    bool mmap; /* --mmap: map the file instead of reading it into huge pages */
     const char *model, *text, *kl_base, *save_logits;
     int n_ctx, n_threads, max_chunks;
     bool json;
@@ -33,6 +34,7 @@ static void ppl_usage(FILE *out)
             "      --kl-base FILE      compare with saved logits: mean and p99 KL divergence, top-1 agreement\n"
             "      --json              one JSON object on stdout\n"
             "  -t, --threads N\n"
+            "      --mmap              map the model file instead of reading it into huge pages\n"
             "cache (as for kvserve serve):\n"
             "      --kv-mem SIZE       budget (default: one chunk)\n"
             "      --kv-page P         tokens per page, 16..256 (default 32)\n"
@@ -96,6 +98,10 @@ static int parse_args(int argc, char **argv, struct ppl_opts *o)
         }
         if (!strcmp(a, "--json")) {
             o->json = true;
+            continue;
+        }
+        if (!strcmp(a, "--mmap")) {
+            o->mmap = true;
             continue;
         }
         const char *v = i + 1 < argc ? argv[++i] : NULL;
@@ -253,7 +259,7 @@ static ks_status open_logits(struct ppl_state *s, const struct ppl_opts *o, uint
 
 static ks_status ppl_setup(struct ppl_state *s, const struct ppl_opts *o, int32_t **ids, size_t *n_ids)
 {
-    ks_status st = model_load(o->model, &s->model);
+    ks_status st = model_load_flags(o->model, o->mmap ? MODEL_LOAD_MMAP : 0, &s->model);
     if (st || (st = tok_load(model_gguf(s->model), &s->tok)))
         return st;
     s->n_vocab = model_hparams(s->model)->n_vocab;

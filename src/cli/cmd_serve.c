@@ -16,6 +16,7 @@
 #include "tokenizer/tokenizer.h"
 
 struct serve_opts {
+    bool mmap; /* --mmap: map the file instead of reading it into huge pages */
     const char *model, *host, *api_key, *chat_template, *alias;
     int port, parallel, ctx_size, max_batch_tokens, prefill_chunk, max_queue, grace, n_threads, page_tokens;
     size_t max_body, kv_mem;
@@ -40,6 +41,7 @@ static void serve_usage(FILE *out)
             "      --api-key KEY         require 'Authorization: Bearer KEY' (all routes but /health)\n"
             "      --chat-template NAME  override the model's chat template (chatml, llama3, ...)\n"
             "  -t, --threads N           compute threads (default: all cores)\n"
+            "  --mmap                    map the model file instead of reading it into huge pages\n"
             "scheduler:\n"
             "      --parallel N          max running sequences (default 16)\n"
             "  -c, --ctx-size N          max tokens of one sequence (default: the model's, at most 4096)\n"
@@ -114,6 +116,10 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
             serve_usage(stdout);
             return -1;
         }
+        if (!strcmp(a, "--mmap")) {
+            o->mmap = true;
+            continue;
+        }
         const char *v = i + 1 < argc ? argv[++i] : NULL;
         bool ok = true;
         if (!parse_flag(a, v, o, &ok)) {
@@ -177,7 +183,7 @@ static const char *base_name(const char *path)
 
 static ks_status start(const struct serve_opts *o, const char *path, struct serve_state *s)
 {
-    ks_status st = model_load(path, &s->model);
+    ks_status st = model_load_flags(path, o->mmap ? MODEL_LOAD_MMAP : 0, &s->model);
     if (st)
         return st;
     st = tok_load(model_gguf(s->model), &s->tok);
