@@ -17,6 +17,7 @@
 
 struct serve_opts {
     bool mmap; /* --mmap: map the file instead of reading it into huge pages */
+    bool no_rotate; /* --kv-rotate off */
     const char *model, *host, *api_key, *chat_template, *alias;
     int port, parallel, ctx_size, max_batch_tokens, prefill_chunk, max_queue, grace, n_threads, page_tokens;
     size_t max_body, kv_mem;
@@ -59,9 +60,10 @@ static void serve_usage(FILE *out)
             "  -ctk, --cache-type-k T    f32 f16 q8_0 q4_0 (default f16)\n"
             "  -ctv, --cache-type-v T    (default f16)\n"
             "      --kv-policy P         static | dynamic (default static)\n"
-            "      --kv-page-tokens N    tokens per page, power of two 16..256 (default 32)\n"
+            "      --kv-page N           tokens per page, power of two 16..256 (default 32)\n"
+            "      --kv-rotate on|off    Hadamard rotation of K and V (default on)\n"
             "      --kv-hot N            dynamic: recent tokens kept at start precision (default 512)\n"
-            "      --kv-sinks N          dynamic: first tokens kept at start precision (default 32)\n"
+            "      --kv-sink N           dynamic: first tokens kept at start precision (default 32)\n"
             "      --kv-high R, --kv-low R  dynamic: demotion watermarks (default 0.90 / 0.80)\n"
             "      --kv-floor T          dynamic: lowest precision (default q4_0)\n");
 }
@@ -93,9 +95,13 @@ static bool parse_flag(const char *a, const char *v, struct serve_opts *o, bool 
     else if (is_flag(a, "-ctv", "--cache-type-v")) *ok = cli_parse_kv_type(v, &o->type_v);
     else if (is_flag(a, NULL, "--kv-floor")) *ok = cli_parse_kv_type(v, &o->floor);
     else if (is_flag(a, NULL, "--kv-policy")) *ok = cli_parse_kv_policy(v, &o->policy);
-    else if (is_flag(a, NULL, "--kv-page-tokens")) *ok = cli_parse_int(v, 16, 256, &o->page_tokens);
+    /* --kv-page-tokens and --kv-sinks: the names of an earlier release */
+    else if (is_flag(a, NULL, "--kv-page") || is_flag(a, NULL, "--kv-page-tokens"))
+        *ok = cli_parse_int(v, 16, 256, &o->page_tokens) && (o->page_tokens & (o->page_tokens - 1)) == 0;
+    else if (is_flag(a, NULL, "--kv-rotate"))
+        *ok = v && (!strcmp(v, "on") || !strcmp(v, "off")) && ((o->no_rotate = !strcmp(v, "off")), true);
     else if (is_flag(a, NULL, "--kv-hot")) *ok = cli_parse_int(v, 0, 1 << 24, &o->hot_tokens);
-    else if (is_flag(a, NULL, "--kv-sinks")) *ok = cli_parse_int(v, 0, 1 << 24, &o->sink_tokens);
+    else if (is_flag(a, NULL, "--kv-sink") || is_flag(a, NULL, "--kv-sinks")) *ok = cli_parse_int(v, 0, 1 << 24, &o->sink_tokens);
     else if (is_flag(a, NULL, "--kv-high")) *ok = cli_parse_float(v, 0.0f, 1.0f, &o->high_wm);
     else if (is_flag(a, NULL, "--kv-low")) *ok = cli_parse_float(v, 0.0f, 1.0f, &o->low_wm);
     else return false;
@@ -153,6 +159,8 @@ static ks_status kv_setup(const struct serve_opts *o, const struct model *m, int
     cfg->page_tokens = o->page_tokens;
     cfg->hot_tokens = o->hot_tokens;
     cfg->sink_tokens = o->sink_tokens;
+    if (o->no_rotate)
+        cfg->rotate = false;
     cfg->high_watermark = o->high_wm;
     cfg->low_watermark = o->low_wm;
     cfg->floor = o->floor;

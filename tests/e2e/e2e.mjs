@@ -180,7 +180,7 @@ async function concurrency() {
 // ---- memory pressure: 16 long requests in a small cache --------------------------
 async function pressure() {
   const p = await startServer(['--parallel', '16', '--kv-mem', '2M', '--kv-policy', 'dynamic', '--kv-hot', '64',
-    '--kv-sinks', '16', '--kv-page-tokens', '16', '--max-batch-tokens', '256']);
+    '--kv-sink', '16', '--kv-page', '16', '--max-batch-tokens', '256']);
   try {
     const client = clientFor(p);
     const jobs = Array.from({ length: 16 }, (_, i) =>

@@ -14,7 +14,7 @@ chrome=$(command -v chromium || command -v chromium-browser || true)
 out=${1:-$PWD/kv_page.png}
 log=$(mktemp); tmp=$(mktemp -d); loops=()
 "$bin" serve -m "$model" --port 0 -c 2048 --parallel 4 --kv-mem 6M --kv-policy dynamic --kv-hot 128 \
-  --kv-sinks 32 -t 1 2>"$log" &
+  --kv-sink 32 -t 1 2>"$log" &
 pid=$!
 cleanup() { kill "${loops[@]}" 2>/dev/null; kill $pid 2>/dev/null; wait 2>/dev/null; rm -rf "$log" "$tmp"; }
 trap cleanup EXIT
