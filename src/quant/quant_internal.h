@@ -39,4 +39,13 @@ QUANT_DECLARE_DOTS(avx2)
 QUANT_DECLARE_DOTS(avx512)
 #endif
 
+#if defined(QUANT_HAVE_AVX2) && !defined(QUANT_HAVE_AVX512)
+/* quant_matmul_avx2.c: Q4_0/Q8_0 prefill tiles for AVX2-only CPUs. work
+ * holds at least quant_avx2_prefill_work(cols, n_tokens) bytes. */
+#include "threads/threads.h"
+size_t quant_avx2_prefill_work(int64_t cols, int64_t n_tokens);
+ks_status quant_avx2_prefill(threads_pool *pool, const void *W, enum quant_type wtype, int64_t rows, int64_t cols,
+                             const float *X, int64_t n_tokens, float *Y, void *work);
+#endif
+
 #endif

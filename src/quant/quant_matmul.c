@@ -43,7 +43,7 @@
 static size_t align_up(size_t n) { return (n + MM_ALIGN - 1) / MM_ALIGN * MM_ALIGN; }
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-enum mm_path { MM_GENERIC, MM_Q8_DECODE, MM_Q8_PREFILL, MM_FLOAT_DECODE, MM_FLOAT_PREFILL };
+enum mm_path { MM_GENERIC, MM_Q8_DECODE, MM_Q8_PREFILL, MM_FLOAT_DECODE, MM_FLOAT_PREFILL, MM_Q8_PREFILL_AVX2 };
 
 static inline bool is_q8_family(enum quant_type t) { return t == QUANT_Q4_0 || t == QUANT_Q8_0; }
 static bool is_float(enum quant_type t) { return t == QUANT_F32 || t == QUANT_F16 || t == QUANT_BF16; }
@@ -57,6 +57,10 @@ static enum mm_path choose_path(enum quant_type wtype, int64_t n_tokens)
     if (is_float(wtype))
         return prefill ? MM_FLOAT_PREFILL : MM_FLOAT_DECODE;
 #else
+#if defined(QUANT_HAVE_AVX2)
+    if (is_q8_family(wtype) && n_tokens >= MM_PREFILL_MIN)
+        return MM_Q8_PREFILL_AVX2;
+#endif
     (void)n_tokens;
     if (is_float(wtype))
         return MM_FLOAT_DECODE;
@@ -85,6 +89,12 @@ static size_t work_for_path(const struct quant_traits *tr, enum quant_type wtype
         return (size_t)cols * MM_TOK_GROUP * sizeof(float) * (size_t)ceil_div(n_tokens, MM_TOK_GROUP) + MM_ALIGN;
     case MM_FLOAT_DECODE:
         return 1;
+    case MM_Q8_PREFILL_AVX2:
+#if defined(QUANT_HAVE_AVX2) && !defined(QUANT_HAVE_AVX512)
+        return quant_avx2_prefill_work(cols, n_tokens);
+#else
+        break;
+#endif
     case MM_GENERIC:
         break;
     }
@@ -701,6 +711,10 @@ ks_status quant_matmul(threads_pool *pool, const void *W, enum quant_type wtype,
     case MM_FLOAT_DECODE:
         threads_run(pool, generic_compute, &m);
         break;
+#if defined(QUANT_HAVE_AVX2) && !defined(QUANT_HAVE_AVX512)
+    case MM_Q8_PREFILL_AVX2:
+        return quant_avx2_prefill(pool, W, wtype, rows, cols, X, n_tokens, Y, work);
+#endif
     default:
         m.xrow = quant_row_size(tr->vec_dot_type, cols);
         if (n_tokens <= 2)
