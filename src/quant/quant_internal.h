@@ -39,6 +39,25 @@ QUANT_DECLARE_DOTS(avx2)
 QUANT_DECLARE_DOTS(avx512)
 #endif
 
+#if defined(QUANT_HAVE_AVX2)
+#include <immintrin.h>
+/* The 32 values of a Q4_0 or Q8_0 block as signed bytes in element order, and
+ * its scale: what the prefill tiles unpack weight rows into. */
+static inline __m256i quant_block_bytes(const uint8_t *row, enum quant_type t, int64_t b, float *d)
+{
+    if (t == QUANT_Q4_0) {
+        const block_q4_0 *blk = (const block_q4_0 *)row + b;
+        __m128i x = _mm_loadu_si128((const __m128i *)blk->qs);
+        __m256i v = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(x, 4), x), _mm256_set1_epi8(0x0f));
+        *d = _cvtsh_ss(blk->d);
+        return _mm256_sub_epi8(v, _mm256_set1_epi8(8));
+    }
+    const block_q8_0 *blk = (const block_q8_0 *)row + b;
+    *d = _cvtsh_ss(blk->d);
+    return _mm256_loadu_si256((const __m256i *)blk->qs);
+}
+#endif
+
 #if defined(QUANT_HAVE_AVX2) && !defined(QUANT_HAVE_AVX512)
 /* quant_matmul_avx2.c: Q4_0/Q8_0 prefill tiles for AVX2-only CPUs. work
  * holds at least quant_avx2_prefill_work(cols, n_tokens) bytes. */

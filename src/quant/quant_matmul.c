@@ -460,26 +460,13 @@ static void unpack_rows(const struct mm *m, int64_t r0, int nr, struct wpanel *p
         }
         const uint8_t *w = m->W + (r0 + r) * m->wrow;
         for (int64_t b = 0; b < nb; b++) {
-            __m256i v;
-            quant_f16 d;
-            if (m->wtype == QUANT_Q4_0) {
-                const block_q4_0 *blk = (const block_q4_0 *)w + b;
-                __m128i t = _mm_loadu_si128((const __m128i *)blk->qs);
-                v = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), _mm256_set1_epi8(0x0f));
-                v = _mm256_sub_epi8(v, _mm256_set1_epi8(8));
-                d = blk->d;
-            } else {
-                const block_q8_0 *blk = (const block_q8_0 *)w + b;
-                v = _mm256_loadu_si256((const __m256i *)blk->qs);
-                d = blk->d;
-            }
+            __m256i v = quant_block_bytes(w, m->wtype, b, &p->d[r * nb + b]);
             _mm256_storeu_si256((__m256i *)(q + b * QB), v);
             __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), v);
             __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
             s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
             s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
             p->corr[r * nb + b] = -128 * _mm_cvtsi128_si32(s4);
-            p->d[r * nb + b] = quant_f16_to_f32(d);
         }
     }
 }

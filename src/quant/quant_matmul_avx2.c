@@ -89,18 +89,7 @@ static void a2_unpack(const struct a2 *c, int64_t r0, int nr, int8_t *q, float *
         }
         const uint8_t *w = c->W + (size_t)(r0 + r) * c->wrow;
         for (int64_t b = 0; b < nb; b++) {
-            __m256i v;
-            if (c->wtype == QUANT_Q4_0) {
-                const block_q4_0 *blk = (const block_q4_0 *)w + b;
-                __m128i t = _mm_loadu_si128((const __m128i *)blk->qs);
-                v = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), _mm256_set1_epi8(0x0f));
-                v = _mm256_sub_epi8(v, _mm256_set1_epi8(8));
-                d[r * nb + b] = quant_f16_to_f32(blk->d);
-            } else {
-                const block_q8_0 *blk = (const block_q8_0 *)w + b;
-                v = _mm256_loadu_si256((const __m256i *)blk->qs);
-                d[r * nb + b] = quant_f16_to_f32(blk->d);
-            }
+            __m256i v = quant_block_bytes(w, c->wtype, b, &d[r * nb + b]);
             _mm256_storeu_si256((__m256i *)(qr + b * A2_QB), v);
         }
     }
