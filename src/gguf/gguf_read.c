@@ -641,6 +641,11 @@ ks_status gguf_open_memory(const void *data, size_t size, struct gguf_file **out
  * (and nothing allocated) when that memory cannot be had. */
 static bool copy_file(int fd, size_t size, struct gguf_file *f)
 {
+    /* A file near the size of RAM stays mapped: a private copy could not be
+     * paged out and would push the OOM killer, where a mapping only pages. */
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (pages > 0 && page > 0 && size > (size_t)pages * (size_t)page / 4 * 3)
+        return false;
     void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED)
         return false;
