@@ -71,7 +71,8 @@ ks_status gguf_open(const char *path, struct gguf_file **out);
  * transparent huge pages when the kernel allows (madvise). Decode streams
  * every weight once per token; with 4 KiB file pages that is one TLB miss
  * per page, and measured decode was up to 20% slower (most with several
- * threads). Falls back to gguf_open's mapping when the memory is refused. */
+ * threads). Falls back to gguf_open's mapping when the memory is refused or the
+ * file is over 3/4 of physical RAM (a private copy could not be paged out). */
 ks_status gguf_open_private(const char *path, struct gguf_file **out);
 /* Validate a caller-owned buffer (fuzzing, tests); it must outlive the handle. */
 ks_status gguf_open_memory(const void *data, size_t size, struct gguf_file **out);
