@@ -300,6 +300,20 @@ static void test_roundtrip_tensors(void **state)
         assert_memory_equal(z->data, zeros, sizeof zeros);
         assert_null(gguf_find_tensor(f, "nope"));
         assert_int_equal(gguf_file_size(f) % (size_t)alignment, 0);
+        /* the private (huge-page) copy holds the same file */
+        struct gguf_file *g = NULL;
+        if (gguf_open_private(path, &g))
+            fail_msg("%s", ks_errmsg());
+        assert_int_equal(gguf_n_tensors(g), gguf_n_tensors(f));
+        assert_int_equal(gguf_file_size(g), gguf_file_size(f));
+        for (int64_t i = 0; i < gguf_n_tensors(f); i++) {
+            const struct gguf_tensor_info *a = gguf_tensor_at(f, i), *b = gguf_tensor_at(g, i);
+            assert_string_equal(a->name, b->name);
+            assert_int_equal(a->nbytes, b->nbytes);
+            assert_ptr_not_equal(a->data, b->data);
+            assert_memory_equal(a->data, b->data, a->nbytes);
+        }
+        gguf_close(g);
         gguf_close(f);
         unlink(path);
         gguf_writer_free(w);
@@ -512,7 +526,11 @@ static void test_malformed_files(void **state)
     close(fd);
     assert_int_equal(gguf_open(path, &f), KS_ERR_FORMAT);
     assert_non_null(strstr(ks_errmsg(), "empty"));
+    assert_int_equal(gguf_open_private(path, &f), KS_ERR_FORMAT);
+    assert_non_null(strstr(ks_errmsg(), "empty"));
     unlink(path);
+    assert_int_equal(gguf_open_private("/nonexistent/model.gguf", &f), KS_ERR_IO);
+    assert_non_null(strstr(ks_errmsg(), "/nonexistent/model.gguf"));
     assert_int_equal(gguf_open_memory(NULL, 0, &f), KS_ERR_FORMAT);
 }
 
