@@ -126,6 +126,86 @@ bool cli_parse_kv_policy(const char *s, enum kv_policy *out)
     return true;
 }
 
+void cli_kv_flags_init(struct cli_kv_flags *f)
+{
+    kv_config_default(&f->cfg);
+    f->mem = 0;
+}
+
+static bool parse_on_off(const char *s, bool *out)
+{
+    if (s && !strcmp(s, "on"))
+        *out = true;
+    else if (s && !strcmp(s, "off"))
+        *out = false;
+    else
+        return false;
+    return true;
+}
+
+static bool parse_page_tokens(const char *s, int *out)
+{
+    return cli_parse_int(s, 16, 256, out) && (*out & (*out - 1)) == 0;
+}
+
+bool cli_parse_kv_flag(const char *a, const char *v, struct cli_kv_flags *f, bool *ok)
+{
+    struct kv_config *c = &f->cfg;
+    if (!strcmp(a, "--kv-mem"))
+        *ok = cli_parse_mem(v, &f->mem);
+    else if (!strcmp(a, "-ctk") || !strcmp(a, "--cache-type-k"))
+        *ok = cli_parse_kv_type(v, &c->type_k);
+    else if (!strcmp(a, "-ctv") || !strcmp(a, "--cache-type-v"))
+        *ok = cli_parse_kv_type(v, &c->type_v);
+    else if (!strcmp(a, "--kv-policy"))
+        *ok = cli_parse_kv_policy(v, &c->policy);
+    else if (!strcmp(a, "--kv-page"))
+        *ok = parse_page_tokens(v, &c->page_tokens);
+    else if (!strcmp(a, "--kv-rotate"))
+        *ok = parse_on_off(v, &c->rotate);
+    else if (!strcmp(a, "--kv-sink"))
+        *ok = cli_parse_int(v, 0, 1 << 24, &c->sink_tokens);
+    else if (!strcmp(a, "--kv-hot"))
+        *ok = cli_parse_int(v, 0, 1 << 24, &c->hot_tokens);
+    else if (!strcmp(a, "--kv-floor"))
+        *ok = cli_parse_kv_type(v, &c->floor);
+    else if (!strcmp(a, "--kv-high"))
+        *ok = cli_parse_float(v, 0.0f, 1.0f, &c->high_watermark);
+    else if (!strcmp(a, "--kv-low"))
+        *ok = cli_parse_float(v, 0.0f, 1.0f, &c->low_watermark);
+    else
+        return false;
+    return true;
+}
+
+void cli_kv_flags_apply(const struct cli_kv_flags *f, struct kv_config *cfg)
+{
+    const struct kv_config *u = &f->cfg;
+    cfg->type_k = u->type_k;
+    cfg->type_v = u->type_v;
+    cfg->policy = u->policy;
+    cfg->page_tokens = u->page_tokens;
+    cfg->rotate = u->rotate;
+    cfg->sink_tokens = u->sink_tokens;
+    cfg->hot_tokens = u->hot_tokens;
+    cfg->floor = u->floor;
+    cfg->high_watermark = u->high_watermark;
+    cfg->low_watermark = u->low_watermark;
+}
+
+const char cli_kv_flags_help[] =
+    "KV cache:\n"
+    "      --kv-mem SIZE        budget, e.g. 512M, 2G, 25% (default: enough pages for the run)\n"
+    "  -ctk, --cache-type-k T   f32 f16 q8_0 q4_0 (default f16)\n"
+    "  -ctv, --cache-type-v T   (default f16)\n"
+    "      --kv-policy P        static | dynamic (default static)\n"
+    "      --kv-page P          tokens per page, power of two 16..256 (default 32)\n"
+    "      --kv-rotate on|off   Hadamard rotation of K and V (default on)\n"
+    "      --kv-sink N          dynamic: first tokens kept at start precision (default 32)\n"
+    "      --kv-hot N           dynamic: recent tokens kept at start precision (default 512)\n"
+    "      --kv-floor T         dynamic: lowest precision (default q4_0)\n"
+    "      --kv-high R, --kv-low R  dynamic: demotion watermarks (default 0.90 / 0.80)\n";
+
 size_t cli_kv_budget_for(const struct kv_config *cfg, int64_t n_tokens)
 {
     int64_t pages = (n_tokens + cfg->page_tokens - 1) / cfg->page_tokens + 1;

@@ -34,6 +34,23 @@ bool cli_parse_kv_policy(const char *s, enum kv_policy *out);
  * sequence, plus one spare page. */
 size_t cli_kv_budget_for(const struct kv_config *cfg, int64_t n_tokens);
 
+/* The KV-cache flags every command that runs a model takes: the user's
+ * choices over kv_config_default(), and the budget (0: the command sizes it).
+ *   --kv-mem SIZE, -ctk/--cache-type-k T, -ctv/--cache-type-v T,
+ *   --kv-policy static|dynamic, --kv-page P, --kv-rotate on|off,
+ *   --kv-sink N, --kv-hot N, --kv-floor T, --kv-high R, --kv-low R */
+struct cli_kv_flags {
+    struct kv_config cfg;
+    size_t mem;
+};
+void cli_kv_flags_init(struct cli_kv_flags *f);
+/* True if flag is one of the above; *ok says whether value was good. */
+bool cli_parse_kv_flag(const char *flag, const char *value, struct cli_kv_flags *f, bool *ok);
+/* Copy the user's choices (not the shape, not the budget) into cfg. */
+void cli_kv_flags_apply(const struct cli_kv_flags *f, struct kv_config *cfg);
+/* Help lines for the flags, for a command's usage text. */
+extern const char cli_kv_flags_help[];
+
 /* Physical RAM in bytes (0 if unknown). */
 size_t cli_phys_mem(void);
 /* Peak resident set size of this process in bytes (getrusage). */

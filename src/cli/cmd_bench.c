@@ -19,16 +19,14 @@ struct bench_opts {
     bool mmap; /* --mmap: map the file instead of reading it into huge pages */
     const char *model;
     int n_prompt, n_gen, reps, n_threads, depth;
-    enum quant_type type_k, type_v;
-    enum kv_policy policy;
-    size_t kv_mem;
+    struct cli_kv_flags kv;
 };
 
 static void bench_usage(FILE *out)
 {
     fprintf(out,
             "usage: kvserve bench [-m MODEL.gguf] [-p 512] [-n 128] [-r 5] [-t T] [-d DEPTH]\n"
-            "                     [-ctk T] [-ctv T] [--kv-policy static|dynamic] [--kv-mem SIZE]\n"
+            "                     [-ctk T] [-ctv T] [--kv-policy static|dynamic] [--kv-mem SIZE] [--kv-* ...]\n"
             "\n"
             "Like llama-bench: ppP = one batch of P prompt tokens, tgN = N single-token\n"
             "decodes, both into a fresh sequence (after DEPTH untimed tokens with -d).\n"
@@ -42,10 +40,8 @@ static void bench_usage(FILE *out)
             "  -t, --threads T         threads (default: all cores)\n"
             "  --mmap                  map the model file instead of reading it into huge pages\n"
             "  -d, --n-depth D         context already in the cache before each test (default 0)\n"
-            "  -ctk, --cache-type-k T  f32 f16 q8_0 q4_0 (default f16)\n"
-            "  -ctv, --cache-type-v T  (default f16)\n"
-            "      --kv-policy P       static | dynamic (default static)\n"
-            "      --kv-mem SIZE       cache budget (default: enough for D + max(P, N))\n");
+            "\n");
+    fputs(cli_kv_flags_help, out);
 }
 
 static bool is_flag(const char *a, const char *s, const char *l)
@@ -67,14 +63,8 @@ static bool parse_value_flag(const char *a, const char *v, struct bench_opts *o,
         *ok = cli_parse_threads(v, &o->n_threads);
     else if (is_flag(a, "-d", "--n-depth"))
         *ok = cli_parse_int(v, 0, 1 << 22, &o->depth);
-    else if (is_flag(a, "-ctk", "--cache-type-k"))
-        *ok = cli_parse_kv_type(v, &o->type_k);
-    else if (is_flag(a, "-ctv", "--cache-type-v"))
-        *ok = cli_parse_kv_type(v, &o->type_v);
-    else if (is_flag(a, NULL, "--kv-policy"))
-        *ok = cli_parse_kv_policy(v, &o->policy);
-    else if (is_flag(a, NULL, "--kv-mem"))
-        *ok = cli_parse_mem(v, &o->kv_mem);
+    else if (cli_parse_kv_flag(a, v, &o->kv, ok))
+        return true;
     else
         return false;
     return true;
@@ -83,8 +73,8 @@ static bool parse_value_flag(const char *a, const char *v, struct bench_opts *o,
 /* 0 ok, 2 usage error, -1 help printed. */
 static int parse_args(int argc, char **argv, struct bench_opts *o)
 {
-    *o = (struct bench_opts){.n_prompt = 512, .n_gen = 128, .reps = 5, .n_threads = threads_default_count(),
-                             .type_k = QUANT_F16, .type_v = QUANT_F16, .policy = KV_POLICY_STATIC};
+    *o = (struct bench_opts){.n_prompt = 512, .n_gen = 128, .reps = 5, .n_threads = threads_default_count()};
+    cli_kv_flags_init(&o->kv);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (is_flag(a, "-h", "--help")) {
@@ -161,11 +151,9 @@ static ks_status bench_setup(struct bench *b, const char *path)
         b->max_batch = o->n_prompt; /* pp is one batch */
     struct kv_config cfg;
     model_kv_config(b->model, &cfg);
-    cfg.type_k = o->type_k;
-    cfg.type_v = o->type_v;
-    cfg.policy = o->policy;
+    cli_kv_flags_apply(&o->kv, &cfg);
     int64_t longest = (int64_t)o->depth + (o->n_prompt > o->n_gen ? o->n_prompt : o->n_gen);
-    cfg.mem_budget = o->kv_mem ? o->kv_mem : cli_kv_budget_for(&cfg, longest);
+    cfg.mem_budget = o->kv.mem ? o->kv.mem : cli_kv_budget_for(&cfg, longest);
     if ((st = threads_create(o->n_threads, &b->pool)) || (st = kv_create(&cfg, &b->kv)) ||
         (st = model_ctx_create(b->model, b->max_batch, b->pool, &b->ctx)))
         return st;
@@ -271,8 +259,8 @@ static void print_row(const struct bench *b, const char *path, enum bench_test t
     int w = snprintf(name, sizeof name, "%s%d", test == BENCH_PP ? "pp" : "tg", (int)n);
     if (o->depth && w > 0 && (size_t)w < sizeof name)
         snprintf(name + w, sizeof name - (size_t)w, " @ d%d", o->depth);
-    snprintf(kv, sizeof kv, "%s/%s%s", quant_type_name(o->type_k), quant_type_name(o->type_v),
-             o->policy == KV_POLICY_DYNAMIC ? " dynamic" : "");
+    snprintf(kv, sizeof kv, "%s/%s%s", quant_type_name(o->kv.cfg.type_k), quant_type_name(o->kv.cfg.type_v),
+             o->kv.cfg.policy == KV_POLICY_DYNAMIC ? " dynamic" : "");
     if (test == BENCH_TG)
         snprintf(gbs, sizeof gbs, "%.1f", (double)model_weight_bytes(b->model) * s.median / 1e9);
     printf("| %s | %.0f MiB | %d | %s | %s | %.2f ± %.2f | %s |\n", base_name(path),

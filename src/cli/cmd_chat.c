@@ -25,7 +25,7 @@ struct chat_opts {
     int n_batch;
     bool verbose;              /* -v: per-turn cache reuse on stderr */
     struct sample_params sp;
-    enum quant_type type_k, type_v;
+    struct cli_kv_flags kv;    /* kv.mem 0: enough for n_ctx tokens */
 };
 
 static void chat_usage(FILE *out)
@@ -48,9 +48,9 @@ static void chat_usage(FILE *out)
             "  -b, --batch N            prefill batch size (default 512)\n"
             "      --temp T             temperature; 0 = greedy (default 0.8)\n"
             "      --top-k K, --top-p P, --min-p P, --repeat-penalty R, --seed N\n"
-            "  -ctk, -ctv T             KV cache types: f32 f16 q8_0 q4_0 (default f16)\n"
             "  -v, --verbose            after each prompt, print on stderr how many tokens were\n"
             "                           reused from the KV cache and how many were computed\n");
+    fputs(cli_kv_flags_help, out);
 }
 
 static bool chat_flag(const char *a, const char *v, struct chat_opts *o, bool *ok)
@@ -81,10 +81,8 @@ static bool chat_flag(const char *a, const char *v, struct chat_opts *o, bool *o
         *ok = cli_parse_float(v, 1e-6f, 1e6f, &o->sp.repeat_penalty);
     else if (!strcmp(a, "--seed"))
         *ok = cli_parse_u64(v, &o->sp.seed);
-    else if (!strcmp(a, "-ctk") || !strcmp(a, "--cache-type-k"))
-        *ok = cli_parse_kv_type(v, &o->type_k);
-    else if (!strcmp(a, "-ctv") || !strcmp(a, "--cache-type-v"))
-        *ok = cli_parse_kv_type(v, &o->type_v);
+    else if (cli_parse_kv_flag(a, v, &o->kv, ok))
+        return true;
     else
         return false;
     return true;
@@ -93,8 +91,8 @@ static bool chat_flag(const char *a, const char *v, struct chat_opts *o, bool *o
 /* 0 ok, 2 usage error, -1 help printed. */
 static int chat_parse(int argc, char **argv, struct chat_opts *o)
 {
-    *o = (struct chat_opts){.n_predict = 512, .n_threads = threads_default_count(), .n_batch = 512,
-                            .type_k = QUANT_F16, .type_v = QUANT_F16};
+    *o = (struct chat_opts){.n_predict = 512, .n_threads = threads_default_count(), .n_batch = 512};
+    cli_kv_flags_init(&o->kv);
     sample_params_default(&o->sp);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -195,9 +193,8 @@ static ks_status chat_setup(struct chat *c)
     c->n_ctx = o->n_ctx ? o->n_ctx : (hp->n_ctx_train > 0 && hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096);
     struct kv_config cfg;
     model_kv_config(c->model, &cfg);
-    cfg.type_k = o->type_k;
-    cfg.type_v = o->type_v;
-    cfg.mem_budget = cli_kv_budget_for(&cfg, c->n_ctx);
+    cli_kv_flags_apply(&o->kv, &cfg);
+    cfg.mem_budget = o->kv.mem ? o->kv.mem : cli_kv_budget_for(&cfg, c->n_ctx);
     if ((st = threads_create(o->n_threads, &c->pool)) || (st = kv_create(&cfg, &c->kv)) ||
         (st = kv_seq_create(c->kv, &c->seq)) || (st = model_ctx_create(c->model, o->n_batch, c->pool, &c->ctx)) ||
         (st = sample_create(&o->sp, c->n_vocab, &c->sampler)) || (st = tok_stream_create(c->tok, 0, &c->stream)))

@@ -26,9 +26,7 @@ struct gen_opts {
     bool output_ids;
     bool ignore_eos;
     struct sample_params sp;
-    enum quant_type type_k, type_v;
-    enum kv_policy policy;
-    size_t kv_mem;              /* 0: enough for prompt + n_predict */
+    struct cli_kv_flags kv;     /* kv.mem 0: enough for prompt + n_predict */
 };
 
 static void gen_usage(FILE *out)
@@ -58,13 +56,8 @@ static void gen_usage(FILE *out)
             "      --repeat-penalty R 1 = off (default 1.0)\n"
             "      --repeat-last-n N  penalty window; -1 = all, 0 = off (default 64)\n"
             "      --presence-penalty F, --frequency-penalty F   0 = off\n"
-            "      --seed N           sampler seed (default 0xC0FFEE)\n"
-            "KV cache:\n"
-            "  -ctk, --cache-type-k T  f32 f16 q8_0 q4_0 (default f16)\n"
-            "  -ctv, --cache-type-v T  (default f16)\n"
-            "      --kv-policy P      static | dynamic (default static)\n"
-            "      --kv-mem SIZE      cache budget, e.g. 512M, 2G, 25%% of RAM\n"
-            "                         (default: enough for the prompt and N tokens)\n");
+            "      --seed N           sampler seed (default 0xC0FFEE)\n");
+    fputs(cli_kv_flags_help, out);
 }
 
 /* The value after flag argv[*i], advancing *i; NULL if there is none. */
@@ -122,14 +115,8 @@ static bool parse_value_flag(const char *a, const char *v, struct gen_opts *o, b
         *ok = cli_parse_threads(v, &o->n_threads);
     else if (is_flag(a, "-b", "--batch"))
         *ok = cli_parse_int(v, 1, 1 << 16, &o->n_batch);
-    else if (is_flag(a, "-ctk", "--cache-type-k"))
-        *ok = cli_parse_kv_type(v, &o->type_k);
-    else if (is_flag(a, "-ctv", "--cache-type-v"))
-        *ok = cli_parse_kv_type(v, &o->type_v);
-    else if (is_flag(a, NULL, "--kv-policy"))
-        *ok = cli_parse_kv_policy(v, &o->policy);
-    else if (is_flag(a, NULL, "--kv-mem"))
-        *ok = cli_parse_mem(v, &o->kv_mem);
+    else if (cli_parse_kv_flag(a, v, &o->kv, ok))
+        return true;
     else
         return false;
     return true;
@@ -138,8 +125,8 @@ static bool parse_value_flag(const char *a, const char *v, struct gen_opts *o, b
 /* 0 ok, 2 usage error, -1 help printed. */
 static int parse_args(int argc, char **argv, struct gen_opts *o)
 {
-    *o = (struct gen_opts){.n_predict = 64, .n_threads = threads_default_count(), .n_batch = 512,
-                           .type_k = QUANT_F16, .type_v = QUANT_F16, .policy = KV_POLICY_STATIC};
+    *o = (struct gen_opts){.n_predict = 64, .n_threads = threads_default_count(), .n_batch = 512};
+    cli_kv_flags_init(&o->kv);
     sample_params_default(&o->sp);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -274,10 +261,8 @@ static ks_status open_cache(struct gen_run *r)
     const struct gen_opts *o = r->o;
     struct kv_config cfg;
     model_kv_config(r->model, &cfg);
-    cfg.type_k = o->type_k;
-    cfg.type_v = o->type_v;
-    cfg.policy = o->policy;
-    cfg.mem_budget = o->kv_mem ? o->kv_mem : cli_kv_budget_for(&cfg, (int64_t)r->n_prompt + o->n_predict);
+    cli_kv_flags_apply(&o->kv, &cfg);
+    cfg.mem_budget = o->kv.mem ? o->kv.mem : cli_kv_budget_for(&cfg, (int64_t)r->n_prompt + o->n_predict);
     ks_status st = kv_create(&cfg, &r->kv);
     if (!st)
         st = kv_seq_create(r->kv, &r->seq);
