@@ -2,6 +2,7 @@
  * sequence's whole history: whatever the batching, chunking or preemption,
  * each request must get exactly the tokens it would get alone. */
 #include <setjmp.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -37,6 +38,9 @@ struct mock {
      * they hold watch_len tokens; steps that fed them nothing are counted */
     int32_t watch_first, watch_len;
     int watch_idle_steps, watch_steps;
+    /* while set, forward waits: lets a test queue all its requests before
+     * the first step, whatever the machine's speed */
+    atomic_bool hold;
 };
 
 static uint32_t next_token_of(const int32_t *toks, int32_t n)
@@ -74,6 +78,8 @@ static void m_seq_free(void *ctx, int32_t seq)
 static ks_status m_forward(void *ctx, const struct sched_batch *b, float *logits)
 {
     struct mock *m = ctx;
+    while (atomic_load(&m->hold))
+        usleep(200);
     int32_t add[MAX_SEQ] = {0};
     for (int32_t i = 0; i < b->n_tokens; i++) {
         int32_t s = b->seq[i];
@@ -385,6 +391,7 @@ static void test_preemption_keeps_tokens(void **state)
     (void)state;
     enum { N = 16, P = 50, GEN = 100 };
     struct mock *m = mock_new(700, 1024);
+    atomic_store(&m->hold, true); /* all 16 queued before the first step */
     struct sched *s = start(m, 16, 128, 32, 1024);
     static int32_t prompts[N][P];
     struct result *res[N];
@@ -393,6 +400,7 @@ static void test_preemption_keeps_tokens(void **state)
         res[i] = result_new(m);
         submit(s, prompts[i], P, GEN, res[i]);
     }
+    atomic_store(&m->hold, false);
     for (int i = 0; i < N; i++) {
         int32_t want[GEN];
         reference(prompts[i], P, GEN, want);
