@@ -1,11 +1,15 @@
-/* The KV-cache flags shared by serve's siblings (bench, generate, chat):
- * every flag lands in the right kv_config field, bad values are refused,
- * unknown flags are left to the command, and apply() copies the choices
- * but never the model's shape or the budget. */
+/* The flags shared by every command that loads a model (serve, bench,
+ * generate, chat, perplexity): every KV flag lands in the right kv_config
+ * field, the older spellings still work, bad values are refused, unknown
+ * flags are left to the command, and apply() copies the choices but never
+ * the model's shape or the budget. cli_parse_command() routes --mmap and
+ * the KV flags, and answers -h, unknown flags and bad values with 2. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <string.h>
 #include <cmocka.h>
 
 #include "cli/args.h"
@@ -77,9 +81,142 @@ static void bad_values_are_refused(void **state)
     assert_false(parse(&f, "--kv-high", "1.5"));
     assert_false(parse(&f, "--kv-mem", "0"));
     assert_false(parse(&f, "--kv-mem", NULL)); /* missing value */
+    assert_false(parse(&f, "--kv-high", "0"));   /* a watermark is a ratio in (0, 1] */
+    assert_false(parse(&f, "--kv-low", "-0.1"));
+    assert_false(parse(&f, "--kv-low", "0.5x"));
+    assert_false(parse(&f, "--kv-sink", "-1"));
+    assert_false(parse(&f, "--kv-hot", "lots"));
+    assert_false(parse(&f, "--kv-floor", "q4_1"));
+    assert_false(parse(&f, "--kv-mem", "12Q"));
     bool ok = true;
     assert_false(cli_parse_kv_flag("--threads", "2", &f, &ok));
     assert_false(cli_parse_kv_flag("--kv-pages", "32", &f, &ok));
+    assert_false(cli_parse_kv_flag("--mmap", NULL, &f, &ok)); /* not a KV flag: the command's */
+}
+
+static void older_spellings_still_work(void **state)
+{
+    (void)state;
+    struct cli_kv_flags f;
+    cli_kv_flags_init(&f);
+    assert_true(parse(&f, "--kv-page-tokens", "128"));
+    assert_int_equal(f.cfg.page_tokens, 128);
+    assert_false(parse(&f, "--kv-page-tokens", "100"));
+    assert_true(parse(&f, "--kv-sinks", "7"));
+    assert_int_equal(f.cfg.sink_tokens, 7);
+    assert_true(parse(&f, "--cache-type-k", "f32"));
+    assert_true(parse(&f, "-ctv", "f32"));
+    assert_int_equal(f.cfg.type_k, QUANT_F32);
+    assert_int_equal(f.cfg.type_v, QUANT_F32);
+}
+
+static void low_above_high_is_a_conflict(void **state)
+{
+    (void)state;
+    struct cli_kv_flags f;
+    cli_kv_flags_init(&f);
+    char buf[128];
+    assert_null(cli_kv_flags_conflict(&f, buf, sizeof buf));
+    assert_true(parse(&f, "--kv-low", "0.95")); /* above the default high of 0.90 */
+    const char *msg = cli_kv_flags_conflict(&f, buf, sizeof buf);
+    assert_non_null(msg);
+    assert_non_null(strstr(msg, "--kv-low"));
+    assert_true(parse(&f, "--kv-high", "0.95"));
+    assert_null(cli_kv_flags_conflict(&f, buf, sizeof buf));
+}
+
+/* ---- cli_parse_command ------------------------------------------------------ */
+
+struct fake_opts {
+    int usages;
+    bool verbose;
+    int n;
+};
+
+static struct fake_opts *g_fake; /* usage() has no context argument */
+
+static void fake_usage(FILE *out)
+{
+    (void)out;
+    g_fake->usages++;
+}
+
+static bool fake_switch(const char *a, void *opts)
+{
+    struct fake_opts *o = opts;
+    return !strcmp(a, "-v") && (o->verbose = true);
+}
+
+static bool fake_value(const char *a, const char *v, void *opts, bool *ok)
+{
+    struct fake_opts *o = opts;
+    if (strcmp(a, "-n"))
+        return false;
+    *ok = cli_parse_int(v, 1, 10, &o->n);
+    return true;
+}
+
+static int run(struct fake_opts *o, struct cli_model_flags *m, int argc, char **argv)
+{
+    *o = (struct fake_opts){0};
+    g_fake = o;
+    cli_model_flags_init(m);
+    const struct cli_command cmd = {.name = "fake", .usage = fake_usage, .model = m,
+                                    .switch_flag = fake_switch, .value_flag = fake_value, .opts = o};
+    return cli_parse_command(&cmd, argc, argv);
+}
+
+static void a_command_line_takes_the_shared_flags(void **state)
+{
+    (void)state;
+    struct fake_opts o;
+    struct cli_model_flags m;
+    char *ok_argv[] = {"fake", "--mmap", "-n", "3", "--kv-page", "64", "-v", "--kv-sinks", "8", "-ctk", "q8_0"};
+    assert_int_equal(run(&o, &m, 11, ok_argv), 0);
+    assert_true(m.mmap);
+    assert_true(o.verbose);
+    assert_int_equal(o.n, 3);
+    assert_int_equal(m.kv.cfg.page_tokens, 64);
+    assert_int_equal(m.kv.cfg.sink_tokens, 8);
+    assert_int_equal(m.kv.cfg.type_k, QUANT_Q8_0);
+    assert_int_equal(o.usages, 0);
+
+    char *plain[] = {"fake"};
+    assert_int_equal(run(&o, &m, 1, plain), 0);
+    assert_false(m.mmap);
+    assert_int_equal(m.kv.cfg.page_tokens, 32);
+
+    char *help[] = {"fake", "--kv-page", "64", "--help"};
+    assert_int_equal(run(&o, &m, 4, help), -1);
+    assert_int_equal(o.usages, 1);
+}
+
+static void a_bad_command_line_is_a_usage_error(void **state)
+{
+    (void)state;
+    struct fake_opts o;
+    struct cli_model_flags m;
+    char *bad_page[] = {"fake", "--kv-page", "48"};
+    char *bad_type[] = {"fake", "-ctv", "q5_1"};
+    char *bad_high[] = {"fake", "--kv-high", "1.2"};
+    char *missing[] = {"fake", "--kv-mem"};
+    char *unknown[] = {"fake", "--kv-pages", "32"};
+    char *conflict[] = {"fake", "--kv-high", "0.5", "--kv-low", "0.6"};
+    char *bad_own[] = {"fake", "-n", "11"};
+    char **lines[] = {bad_page, bad_type, bad_high, missing, unknown, conflict, bad_own};
+    int argcs[] = {3, 3, 3, 2, 3, 5, 3};
+    for (size_t i = 0; i < sizeof argcs / sizeof argcs[0]; i++) {
+        assert_int_equal(run(&o, &m, argcs[i], lines[i]), 2);
+        assert_int_equal(o.usages, 1); /* the usage follows the message */
+    }
+    /* a command that loads no model takes neither --mmap nor the KV flags */
+    char *mmap_argv[] = {"fake", "--mmap"};
+    g_fake = &o;
+    o.usages = 0;
+    const struct cli_command no_model = {.name = "fake", .usage = fake_usage, .value_flag = fake_value, .opts = &o};
+    assert_int_equal(cli_parse_command(&no_model, 2, mmap_argv), 2);
+    char *kv_argv[] = {"fake", "--kv-page", "32"};
+    assert_int_equal(cli_parse_command(&no_model, 3, kv_argv), 2);
 }
 
 int main(void)
@@ -87,6 +224,10 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(every_flag_sets_its_field),
         cmocka_unit_test(bad_values_are_refused),
+        cmocka_unit_test(older_spellings_still_work),
+        cmocka_unit_test(low_above_high_is_a_conflict),
+        cmocka_unit_test(a_command_line_takes_the_shared_flags),
+        cmocka_unit_test(a_bad_command_line_is_a_usage_error),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -3,6 +3,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -148,34 +149,54 @@ static bool parse_page_tokens(const char *s, int *out)
     return cli_parse_int(s, 16, 256, out) && (*out & (*out - 1)) == 0;
 }
 
+/* A demotion watermark: a usage ratio in (0, 1]. */
+static bool parse_watermark(const char *s, float *out)
+{
+    return cli_parse_float(s, 0.0f, 1.0f, out) && *out > 0.0f;
+}
+
+static bool is_flag(const char *a, const char *name, const char *alias)
+{
+    return !strcmp(a, name) || (alias && !strcmp(a, alias));
+}
+
 bool cli_parse_kv_flag(const char *a, const char *v, struct cli_kv_flags *f, bool *ok)
 {
     struct kv_config *c = &f->cfg;
-    if (!strcmp(a, "--kv-mem"))
+    if (is_flag(a, "--kv-mem", NULL))
         *ok = cli_parse_mem(v, &f->mem);
-    else if (!strcmp(a, "-ctk") || !strcmp(a, "--cache-type-k"))
+    else if (is_flag(a, "-ctk", "--cache-type-k"))
         *ok = cli_parse_kv_type(v, &c->type_k);
-    else if (!strcmp(a, "-ctv") || !strcmp(a, "--cache-type-v"))
+    else if (is_flag(a, "-ctv", "--cache-type-v"))
         *ok = cli_parse_kv_type(v, &c->type_v);
-    else if (!strcmp(a, "--kv-policy"))
+    else if (is_flag(a, "--kv-policy", NULL))
         *ok = cli_parse_kv_policy(v, &c->policy);
-    else if (!strcmp(a, "--kv-page"))
+    else if (is_flag(a, "--kv-page", "--kv-page-tokens")) /* the second: an older spelling */
         *ok = parse_page_tokens(v, &c->page_tokens);
-    else if (!strcmp(a, "--kv-rotate"))
+    else if (is_flag(a, "--kv-rotate", NULL))
         *ok = parse_on_off(v, &c->rotate);
-    else if (!strcmp(a, "--kv-sink"))
+    else if (is_flag(a, "--kv-sink", "--kv-sinks")) /* the second: an older spelling */
         *ok = cli_parse_int(v, 0, 1 << 24, &c->sink_tokens);
-    else if (!strcmp(a, "--kv-hot"))
+    else if (is_flag(a, "--kv-hot", NULL))
         *ok = cli_parse_int(v, 0, 1 << 24, &c->hot_tokens);
-    else if (!strcmp(a, "--kv-floor"))
+    else if (is_flag(a, "--kv-floor", NULL))
         *ok = cli_parse_kv_type(v, &c->floor);
-    else if (!strcmp(a, "--kv-high"))
-        *ok = cli_parse_float(v, 0.0f, 1.0f, &c->high_watermark);
-    else if (!strcmp(a, "--kv-low"))
-        *ok = cli_parse_float(v, 0.0f, 1.0f, &c->low_watermark);
+    else if (is_flag(a, "--kv-high", NULL))
+        *ok = parse_watermark(v, &c->high_watermark);
+    else if (is_flag(a, "--kv-low", NULL))
+        *ok = parse_watermark(v, &c->low_watermark);
     else
         return false;
     return true;
+}
+
+const char *cli_kv_flags_conflict(const struct cli_kv_flags *f, char *buf, size_t cap)
+{
+    if (f->cfg.low_watermark <= f->cfg.high_watermark)
+        return NULL;
+    snprintf(buf, cap, "--kv-low %g is above --kv-high %g", (double)f->cfg.low_watermark,
+             (double)f->cfg.high_watermark);
+    return buf;
 }
 
 void cli_kv_flags_apply(const struct cli_kv_flags *f, struct kv_config *cfg)
@@ -193,18 +214,79 @@ void cli_kv_flags_apply(const struct cli_kv_flags *f, struct kv_config *cfg)
     cfg->low_watermark = u->low_watermark;
 }
 
-const char cli_kv_flags_help[] =
-    "KV cache:\n"
-    "      --kv-mem SIZE        budget, e.g. 512M, 2G, 25% (default: enough pages for the run)\n"
-    "  -ctk, --cache-type-k T   f32 f16 q8_0 q4_0 (default f16)\n"
-    "  -ctv, --cache-type-v T   (default f16)\n"
+void cli_model_flags_init(struct cli_model_flags *f)
+{
+    f->mmap = false;
+    cli_kv_flags_init(&f->kv);
+}
+
+const char cli_model_flags_help[] =
+    "model loading and KV cache (the same flags in serve, bench, generate, chat and perplexity):\n"
+    "      --mmap               map the model file instead of reading it into huge pages\n"
+    "                           (page cache shared between processes, faster start, slower decode)\n"
+    "      --kv-mem SIZE        cache budget, e.g. 512M, 2G, 25% (default: room for the run;\n"
+    "                           serve: parallel x ctx-size tokens, at most 25% of RAM)\n"
+    "  -ctk, --cache-type-k T   start precision of K: f32 f16 q8_0 q4_0 (default f16;\n"
+    "                           q8_0 and q4_0 need a head_dim that is a multiple of 32)\n"
+    "  -ctv, --cache-type-v T   start precision of V (default f16)\n"
     "      --kv-policy P        static | dynamic (default static)\n"
     "      --kv-page P          tokens per page, power of two 16..256 (default 32)\n"
     "      --kv-rotate on|off   Hadamard rotation of K and V (default on)\n"
     "      --kv-sink N          dynamic: first tokens kept at start precision (default 32)\n"
     "      --kv-hot N           dynamic: recent tokens kept at start precision (default 512)\n"
     "      --kv-floor T         dynamic: lowest precision (default q4_0)\n"
-    "      --kv-high R, --kv-low R  dynamic: demotion watermarks (default 0.90 / 0.80)\n";
+    "      --kv-high R          dynamic: demote old pages above this usage ratio (default 0.90)\n"
+    "      --kv-low R           dynamic: until usage is below this ratio (default 0.80)\n";
+
+/* ---- one command line ----------------------------------------------------- */
+
+__attribute__((format(printf, 2, 3))) static int usage_error(const struct cli_command *c, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "kvserve %s: ", c->name);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputs("\n\n", stderr);
+    c->usage(stderr);
+    return 2;
+}
+
+static bool parse_switch(const struct cli_command *c, const char *a)
+{
+    if (c->model && !strcmp(a, "--mmap"))
+        return c->model->mmap = true;
+    return c->switch_flag && c->switch_flag(a, c->opts);
+}
+
+static bool parse_value(const struct cli_command *c, const char *a, const char *v, bool *ok)
+{
+    if (c->model && cli_parse_kv_flag(a, v, &c->model->kv, ok))
+        return true;
+    return c->value_flag && c->value_flag(a, v, c->opts, ok);
+}
+
+int cli_parse_command(const struct cli_command *c, int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            c->usage(stdout);
+            return -1;
+        }
+        if (parse_switch(c, a))
+            continue;
+        const char *v = i + 1 < argc ? argv[++i] : NULL;
+        bool ok = true;
+        if (!parse_value(c, a, v, &ok))
+            return usage_error(c, "unknown option '%s'", a);
+        if (!ok)
+            return usage_error(c, "bad value '%s' for %s", v ? v : "(missing)", a);
+    }
+    char buf[128];
+    const char *conflict = c->model ? cli_kv_flags_conflict(&c->model->kv, buf, sizeof buf) : NULL;
+    return conflict ? usage_error(c, "%s", conflict) : 0;
+}
 
 size_t cli_kv_budget_for(const struct kv_config *cfg, int64_t n_tokens)
 {

@@ -7,6 +7,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "kv/kv.h"
 #include "quant/quant.h"
@@ -38,18 +39,52 @@ size_t cli_kv_budget_for(const struct kv_config *cfg, int64_t n_tokens);
  * choices over kv_config_default(), and the budget (0: the command sizes it).
  *   --kv-mem SIZE, -ctk/--cache-type-k T, -ctv/--cache-type-v T,
  *   --kv-policy static|dynamic, --kv-page P, --kv-rotate on|off,
- *   --kv-sink N, --kv-hot N, --kv-floor T, --kv-high R, --kv-low R */
+ *   --kv-sink N, --kv-hot N, --kv-floor T, --kv-high R, --kv-low R
+ * --kv-page-tokens and --kv-sinks are accepted as older spellings. */
 struct cli_kv_flags {
     struct kv_config cfg;
     size_t mem;
 };
 void cli_kv_flags_init(struct cli_kv_flags *f);
-/* True if flag is one of the above; *ok says whether value was good. */
+/* True if flag is one of the above; *ok says whether value was good
+ * (a power of two 16..256 for --kv-page, a ratio in (0, 1] for --kv-high
+ * and --kv-low). */
 bool cli_parse_kv_flag(const char *flag, const char *value, struct cli_kv_flags *f, bool *ok);
+/* What the flags cannot say one at a time: NULL when they agree, else a
+ * message such as "--kv-low 0.9 is above --kv-high 0.8" in buf. */
+const char *cli_kv_flags_conflict(const struct cli_kv_flags *f, char *buf, size_t cap);
 /* Copy the user's choices (not the shape, not the budget) into cfg. */
 void cli_kv_flags_apply(const struct cli_kv_flags *f, struct kv_config *cfg);
-/* Help lines for the flags, for a command's usage text. */
-extern const char cli_kv_flags_help[];
+
+/* The flags of every command that loads a model through model_load_flags:
+ * --mmap and the KV-cache flags. */
+struct cli_model_flags {
+    bool mmap; /* map the file instead of reading it into huge pages */
+    struct cli_kv_flags kv;
+};
+void cli_model_flags_init(struct cli_model_flags *f);
+/* The help block for them, the same in every command's usage. */
+extern const char cli_model_flags_help[];
+
+/* ---- one command line ----------------------------------------------------- */
+
+/* A command's flags, for cli_parse_command(). */
+struct cli_command {
+    const char *name;                  /* "serve": messages read "kvserve serve: ..." */
+    void (*usage)(FILE *out);
+    struct cli_model_flags *model;     /* --mmap and the KV flags; NULL: not taken */
+    /* A flag without a value: true if it is one (and it was applied). */
+    bool (*switch_flag)(const char *flag, void *opts);
+    /* A flag with a value (NULL when argv ends): true if it is one; *ok
+     * false when the value is bad or missing. */
+    bool (*value_flag)(const char *flag, const char *value, void *opts, bool *ok);
+    void *opts;
+};
+/* Parse argv[1..argc). -h/--help prints the usage on stdout and returns -1.
+ * An unknown flag, a bad or missing value or conflicting KV flags print
+ * "kvserve NAME: bad value 'X' for FLAG" (or the like) and the usage on
+ * stderr and return 2. Otherwise 0. */
+int cli_parse_command(const struct cli_command *c, int argc, char **argv);
 
 /* Physical RAM in bytes (0 if unknown). */
 size_t cli_phys_mem(void);

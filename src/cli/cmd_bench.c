@@ -10,16 +10,16 @@
 
 #include "cli/args.h"
 #include "cli/cli.h"
+#include "cli/setup.h"
 #include "kv/kv.h"
 #include "model/model.h"
 
 #define BENCH_MAX_REPS 1000
 
 struct bench_opts {
-    bool mmap; /* --mmap: map the file instead of reading it into huge pages */
     const char *model;
     int n_prompt, n_gen, reps, n_threads, depth;
-    struct cli_kv_flags kv;
+    struct cli_model_flags load; /* --mmap and the KV flags; kv.mem 0: enough for the longest test */
 };
 
 static void bench_usage(FILE *out)
@@ -38,10 +38,9 @@ static void bench_usage(FILE *out)
             "  -n, --n-gen N           generated tokens; 0 skips tg (default 128)\n"
             "  -r, --repetitions R     reps per test (default 5)\n"
             "  -t, --threads T         threads (default: all cores)\n"
-            "  --mmap                  map the model file instead of reading it into huge pages\n"
             "  -d, --n-depth D         context already in the cache before each test (default 0)\n"
             "\n");
-    fputs(cli_kv_flags_help, out);
+    fputs(cli_model_flags_help, out);
 }
 
 static bool is_flag(const char *a, const char *s, const char *l)
@@ -49,8 +48,9 @@ static bool is_flag(const char *a, const char *s, const char *l)
     return (s && !strcmp(a, s)) || (l && !strcmp(a, l));
 }
 
-static bool parse_value_flag(const char *a, const char *v, struct bench_opts *o, bool *ok)
+static bool parse_value_flag(const char *a, const char *v, void *opts, bool *ok)
 {
+    struct bench_opts *o = opts;
     if (is_flag(a, "-m", "--model"))
         *ok = (o->model = v) != NULL;
     else if (is_flag(a, "-p", "--n-prompt"))
@@ -63,8 +63,6 @@ static bool parse_value_flag(const char *a, const char *v, struct bench_opts *o,
         *ok = cli_parse_threads(v, &o->n_threads);
     else if (is_flag(a, "-d", "--n-depth"))
         *ok = cli_parse_int(v, 0, 1 << 22, &o->depth);
-    else if (cli_parse_kv_flag(a, v, &o->kv, ok))
-        return true;
     else
         return false;
     return true;
@@ -74,44 +72,22 @@ static bool parse_value_flag(const char *a, const char *v, struct bench_opts *o,
 static int parse_args(int argc, char **argv, struct bench_opts *o)
 {
     *o = (struct bench_opts){.n_prompt = 512, .n_gen = 128, .reps = 5, .n_threads = threads_default_count()};
-    cli_kv_flags_init(&o->kv);
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (is_flag(a, "-h", "--help")) {
-            bench_usage(stdout);
-            return -1;
-        }
-        if (!strcmp(a, "--mmap")) {
-            o->mmap = true;
-            continue;
-        }
-        const char *v = i + 1 < argc ? argv[++i] : NULL;
-        bool ok = true;
-        if (!parse_value_flag(a, v, o, &ok)) {
-            fprintf(stderr, "kvserve bench: unknown option '%s'\n\n", a);
-            bench_usage(stderr);
-            return 2;
-        }
-        if (!ok) {
-            fprintf(stderr, "kvserve bench: bad or missing value '%s' for %s\n", v ? v : "", a);
-            return 2;
-        }
-    }
-    if (o->n_prompt == 0 && o->n_gen == 0) {
+    cli_model_flags_init(&o->load);
+    const struct cli_command cmd = {
+        .name = "bench", .usage = bench_usage, .model = &o->load, .value_flag = parse_value_flag, .opts = o};
+    int rc = cli_parse_command(&cmd, argc, argv);
+    if (!rc && o->n_prompt == 0 && o->n_gen == 0) {
         fprintf(stderr, "kvserve bench: nothing to measure with -p 0 and -n 0\n");
         return 2;
     }
-    return 0;
+    return rc;
 }
 
 /* ---- the measurements ------------------------------------------------------ */
 
 struct bench {
     const struct bench_opts *o;
-    struct model *model;
-    threads_pool *pool;
-    struct kv_cache *kv;
-    struct model_ctx *ctx;
+    struct cli_engine e;
     int32_t n_vocab;
     int32_t max_batch;
     int32_t *tokens, *pos, *seq; /* (max_batch) */
@@ -121,10 +97,7 @@ struct bench {
 
 static void bench_free(struct bench *b)
 {
-    model_ctx_free(b->ctx);
-    kv_free(b->kv);
-    threads_free(b->pool);
-    model_free(b->model);
+    cli_engine_free(&b->e);
     free(b->tokens);
     free(b->pos);
     free(b->seq);
@@ -140,22 +113,19 @@ static int32_t random_token(struct bench *b)
 static ks_status bench_setup(struct bench *b, const char *path)
 {
     const struct bench_opts *o = b->o;
-    ks_status st = model_load_flags(path, o->mmap ? MODEL_LOAD_MMAP : 0, &b->model);
+    ks_status st = cli_load_model(path, &o->load, &b->e.model);
     if (st)
         return st;
-    b->n_vocab = model_hparams(b->model)->n_vocab;
+    b->n_vocab = model_hparams(b->e.model)->n_vocab;
     b->rng = 42;
     int32_t most = o->n_prompt > o->depth ? o->n_prompt : o->depth;
     b->max_batch = most > 512 ? 512 : most > 0 ? most : 1;
     if (o->n_prompt > b->max_batch)
         b->max_batch = o->n_prompt; /* pp is one batch */
     struct kv_config cfg;
-    model_kv_config(b->model, &cfg);
-    cli_kv_flags_apply(&o->kv, &cfg);
     int64_t longest = (int64_t)o->depth + (o->n_prompt > o->n_gen ? o->n_prompt : o->n_gen);
-    cfg.mem_budget = o->kv.mem ? o->kv.mem : cli_kv_budget_for(&cfg, longest);
-    if ((st = threads_create(o->n_threads, &b->pool)) || (st = kv_create(&cfg, &b->kv)) ||
-        (st = model_ctx_create(b->model, b->max_batch, b->pool, &b->ctx)))
+    cli_kv_config(b->e.model, &o->load.kv, longest, &cfg);
+    if ((st = cli_engine_start(&b->e, &cfg, o->n_threads, b->max_batch)))
         return st;
     b->tokens = malloc((size_t)b->max_batch * sizeof *b->tokens);
     b->pos = malloc((size_t)b->max_batch * sizeof *b->pos);
@@ -170,14 +140,14 @@ static ks_status bench_setup(struct bench *b, const char *path)
 static ks_status feed_random(struct bench *b, int32_t seq, int32_t n, int32_t batch)
 {
     for (int32_t done = 0; done < n;) {
-        int32_t len = n - done < batch ? n - done : batch, start = kv_seq_len(b->kv, seq);
+        int32_t len = n - done < batch ? n - done : batch, start = kv_seq_len(b->e.kv, seq);
         for (int32_t i = 0; i < len; i++) {
             b->tokens[i] = random_token(b);
             b->pos[i] = start + i;
             b->seq[i] = seq;
         }
         struct model_batch mb = {.n_tokens = len, .tokens = b->tokens, .pos = b->pos, .seq = b->seq};
-        ks_status st = model_forward(b->ctx, b->kv, &mb, b->logits, NULL);
+        ks_status st = model_forward(b->e.ctx, b->e.kv, &mb, b->logits, NULL);
         if (st)
             return st;
         done += len;
@@ -191,7 +161,7 @@ enum bench_test { BENCH_PP, BENCH_TG };
 static ks_status run_once(struct bench *b, enum bench_test test, int32_t n, double *tps)
 {
     int32_t seq;
-    ks_status st = kv_seq_create(b->kv, &seq);
+    ks_status st = kv_seq_create(b->e.kv, &seq);
     if (st)
         return st;
     st = feed_random(b, seq, b->o->depth, b->max_batch);
@@ -199,7 +169,7 @@ static ks_status run_once(struct bench *b, enum bench_test test, int32_t n, doub
     if (!st)
         st = feed_random(b, seq, n, test == BENCH_PP ? n : 1);
     double dt = cli_now() - t0;
-    kv_seq_free(b->kv, seq);
+    kv_seq_free(b->e.kv, seq);
     *tps = dt > 0 ? n / dt : 0;
     return st;
 }
@@ -259,12 +229,12 @@ static void print_row(const struct bench *b, const char *path, enum bench_test t
     int w = snprintf(name, sizeof name, "%s%d", test == BENCH_PP ? "pp" : "tg", (int)n);
     if (o->depth && w > 0 && (size_t)w < sizeof name)
         snprintf(name + w, sizeof name - (size_t)w, " @ d%d", o->depth);
-    snprintf(kv, sizeof kv, "%s/%s%s", quant_type_name(o->kv.cfg.type_k), quant_type_name(o->kv.cfg.type_v),
-             o->kv.cfg.policy == KV_POLICY_DYNAMIC ? " dynamic" : "");
+    snprintf(kv, sizeof kv, "%s/%s%s", quant_type_name(o->load.kv.cfg.type_k), quant_type_name(o->load.kv.cfg.type_v),
+             o->load.kv.cfg.policy == KV_POLICY_DYNAMIC ? " dynamic" : "");
     if (test == BENCH_TG)
-        snprintf(gbs, sizeof gbs, "%.1f", (double)model_weight_bytes(b->model) * s.median / 1e9);
+        snprintf(gbs, sizeof gbs, "%.1f", (double)model_weight_bytes(b->e.model) * s.median / 1e9);
     printf("| %s | %.0f MiB | %d | %s | %s | %.2f ± %.2f | %s |\n", base_name(path),
-           (double)model_weight_bytes(b->model) / (1 << 20), o->n_threads, kv, name, s.median, s.sd, gbs);
+           (double)model_weight_bytes(b->e.model) / (1 << 20), o->n_threads, kv, name, s.median, s.sd, gbs);
     fflush(stdout);
 }
 
@@ -275,14 +245,9 @@ int cli_bench(int argc, char **argv)
     if (rc)
         return rc < 0 ? 0 : rc;
     char default_path[4096];
-    const char *path = o.model;
-    if (!path) {
-        if (!cli_default_model(default_path, sizeof default_path)) {
-            fprintf(stderr, "kvserve bench: no -m MODEL and no built-in default model beside the executable\n");
-            return 2;
-        }
-        path = default_path;
-    }
+    const char *path = cli_model_path("bench", o.model, default_path, sizeof default_path);
+    if (!path)
+        return 2;
     struct bench b = {.o = &o};
     ks_status st = bench_setup(&b, path);
     struct bench_stat s;

@@ -9,13 +9,13 @@
 
 #include "cli/args.h"
 #include "cli/cli.h"
+#include "cli/setup.h"
 #include "kv/kv.h"
 #include "model/model.h"
 #include "sample/sample.h"
 #include "tokenizer/tokenizer.h"
 
 struct chat_opts {
-    bool mmap; /* --mmap: map the file instead of reading it into huge pages */
     const char *model;
     const char *template_name; /* --chat-template */
     const char *system;        /* -s */
@@ -25,7 +25,7 @@ struct chat_opts {
     int n_batch;
     bool verbose;              /* -v: per-turn cache reuse on stderr */
     struct sample_params sp;
-    struct cli_kv_flags kv;    /* kv.mem 0: enough for n_ctx tokens */
+    struct cli_model_flags load; /* --mmap and the KV flags; kv.mem 0: enough for n_ctx tokens */
 };
 
 static void chat_usage(FILE *out)
@@ -44,17 +44,17 @@ static void chat_usage(FILE *out)
             "  -n, --n-predict N        most tokens per reply (default 512)\n"
             "  -c, --ctx-size N         context in tokens (default: the model's, at most 4096)\n"
             "  -t, --threads N          threads (default: all cores)\n"
-            "  --mmap                   map the model file instead of reading it into huge pages\n"
             "  -b, --batch N            prefill batch size (default 512)\n"
             "      --temp T             temperature; 0 = greedy (default 0.8)\n"
             "      --top-k K, --top-p P, --min-p P, --repeat-penalty R, --seed N\n"
             "  -v, --verbose            after each prompt, print on stderr how many tokens were\n"
             "                           reused from the KV cache and how many were computed\n");
-    fputs(cli_kv_flags_help, out);
+    fputs(cli_model_flags_help, out);
 }
 
-static bool chat_flag(const char *a, const char *v, struct chat_opts *o, bool *ok)
+static bool chat_flag(const char *a, const char *v, void *opts, bool *ok)
 {
+    struct chat_opts *o = opts;
     if (!strcmp(a, "-m") || !strcmp(a, "--model"))
         *ok = (o->model = v) != NULL;
     else if (!strcmp(a, "--chat-template"))
@@ -81,10 +81,17 @@ static bool chat_flag(const char *a, const char *v, struct chat_opts *o, bool *o
         *ok = cli_parse_float(v, 1e-6f, 1e6f, &o->sp.repeat_penalty);
     else if (!strcmp(a, "--seed"))
         *ok = cli_parse_u64(v, &o->sp.seed);
-    else if (cli_parse_kv_flag(a, v, &o->kv, ok))
-        return true;
     else
         return false;
+    return true;
+}
+
+static bool chat_switch(const char *a, void *opts)
+{
+    struct chat_opts *o = opts;
+    if (strcmp(a, "-v") && strcmp(a, "--verbose"))
+        return false;
+    o->verbose = true;
     return true;
 }
 
@@ -92,45 +99,18 @@ static bool chat_flag(const char *a, const char *v, struct chat_opts *o, bool *o
 static int chat_parse(int argc, char **argv, struct chat_opts *o)
 {
     *o = (struct chat_opts){.n_predict = 512, .n_threads = threads_default_count(), .n_batch = 512};
-    cli_kv_flags_init(&o->kv);
+    cli_model_flags_init(&o->load);
     sample_params_default(&o->sp);
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            chat_usage(stdout);
-            return -1;
-        }
-        if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) {
-            o->verbose = true;
-            continue;
-        }
-        if (!strcmp(a, "--mmap")) {
-            o->mmap = true;
-            continue;
-        }
-        const char *v = i + 1 < argc ? argv[++i] : NULL;
-        bool ok = true;
-        if (!chat_flag(a, v, o, &ok)) {
-            fprintf(stderr, "kvserve chat: unknown option '%s'\n\n", a);
-            chat_usage(stderr);
-            return 2;
-        }
-        if (!ok) {
-            fprintf(stderr, "kvserve chat: bad or missing value '%s' for %s\n", v ? v : "", a);
-            return 2;
-        }
-    }
-    return 0;
+    const struct cli_command cmd = {.name = "chat", .usage = chat_usage, .model = &o->load,
+                                    .switch_flag = chat_switch, .value_flag = chat_flag, .opts = o};
+    return cli_parse_command(&cmd, argc, argv);
 }
 
 /* ---- the session ----------------------------------------------------------- */
 
 struct chat {
     const struct chat_opts *o;
-    struct model *model;
-    threads_pool *pool;
-    struct kv_cache *kv;
-    struct model_ctx *ctx;
+    struct cli_engine e;
     struct sampler *sampler;
     struct tokenizer *tok;
     struct tok_stream *stream;
@@ -153,10 +133,7 @@ static void chat_free(struct chat *c)
     sample_free(c->sampler);
     tok_stream_free(c->stream);
     tok_free(c->tok);
-    model_ctx_free(c->ctx);
-    kv_free(c->kv);
-    threads_free(c->pool);
-    model_free(c->model);
+    cli_engine_free(&c->e);
 }
 
 static ks_status add_msg(struct chat *c, const char *role, const char *content, size_t len)
@@ -178,25 +155,18 @@ static ks_status add_msg(struct chat *c, const char *role, const char *content, 
     return KS_OK;
 }
 
-static ks_status chat_setup(struct chat *c)
+static ks_status chat_setup(struct chat *c, const char *path)
 {
     const struct chat_opts *o = c->o;
-    char default_path[4096];
-    const char *path = o->model;
-    if (!path && !cli_default_model(default_path, sizeof default_path))
-        return ks_fail(KS_ERR_INVALID_ARG, "no -m MODEL and no built-in default model");
-    ks_status st = model_load_flags(path ? path : default_path, o->mmap ? MODEL_LOAD_MMAP : 0, &c->model);
-    if (st || (st = tok_load(model_gguf(c->model), &c->tok)) || (st = tok_chat_for(c->tok, o->template_name, &c->fam)))
+    ks_status st = cli_load_model(path, &o->load, &c->e.model);
+    if (st || (st = tok_load(model_gguf(c->e.model), &c->tok)) || (st = tok_chat_for(c->tok, o->template_name, &c->fam)))
         return st;
-    const struct model_hparams *hp = model_hparams(c->model);
+    const struct model_hparams *hp = model_hparams(c->e.model);
     c->n_vocab = hp->n_vocab;
     c->n_ctx = o->n_ctx ? o->n_ctx : (hp->n_ctx_train > 0 && hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096);
     struct kv_config cfg;
-    model_kv_config(c->model, &cfg);
-    cli_kv_flags_apply(&o->kv, &cfg);
-    cfg.mem_budget = o->kv.mem ? o->kv.mem : cli_kv_budget_for(&cfg, c->n_ctx);
-    if ((st = threads_create(o->n_threads, &c->pool)) || (st = kv_create(&cfg, &c->kv)) ||
-        (st = kv_seq_create(c->kv, &c->seq)) || (st = model_ctx_create(c->model, o->n_batch, c->pool, &c->ctx)) ||
+    cli_kv_config(c->e.model, &o->load.kv, c->n_ctx, &cfg);
+    if ((st = cli_engine_start(&c->e, &cfg, o->n_threads, o->n_batch)) || (st = kv_seq_create(c->e.kv, &c->seq)) ||
         (st = sample_create(&o->sp, c->n_vocab, &c->sampler)) || (st = tok_stream_create(c->tok, 0, &c->stream)))
         return st;
     c->hist = malloc((size_t)c->n_ctx * sizeof *c->hist);
@@ -222,7 +192,7 @@ static ks_status feed_pending(struct chat *c)
             seq[i] = c->seq;
         }
         struct model_batch b = {.n_tokens = n, .tokens = c->hist + c->n_kv, .pos = pos, .seq = seq};
-        ks_status st = model_forward(c->ctx, c->kv, &b, c->logits, NULL);
+        ks_status st = model_forward(c->e.ctx, c->e.kv, &b, c->logits, NULL);
         if (st)
             return st;
         c->n_kv += n;
@@ -252,7 +222,7 @@ static ks_status prepare_turn(struct chat *c)
         keep++;
     if ((size_t)keep == n) /* something must be fed to get logits */
         keep--;
-    if (keep < c->n_kv && (st = kv_seq_truncate(c->kv, c->seq, keep))) {
+    if (keep < c->n_kv && (st = kv_seq_truncate(c->e.kv, c->seq, keep))) {
         free(ids);
         return st;
     }
@@ -320,7 +290,7 @@ static void reset_chat(struct chat *c)
     for (size_t i = keep; i < c->n_msgs; i++)
         free((char *)c->msgs[i].content);
     c->n_msgs = keep;
-    kv_seq_truncate(c->kv, c->seq, 0);
+    kv_seq_truncate(c->e.kv, c->seq, 0);
     c->n_kv = c->n_hist = 0;
 }
 
@@ -368,9 +338,13 @@ int cli_chat(int argc, char **argv)
     int prc = chat_parse(argc, argv, &o);
     if (prc)
         return prc < 0 ? 0 : prc;
+    char default_path[4096];
+    const char *path = cli_model_path("chat", o.model, default_path, sizeof default_path);
+    if (!path)
+        return 2;
     struct chat c = {.o = &o};
     int rc = 1;
-    if (chat_setup(&c))
+    if (chat_setup(&c, path))
         fprintf(stderr, "kvserve chat: %s\n", ks_errmsg());
     else
         rc = chat_loop(&c);

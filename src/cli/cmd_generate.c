@@ -9,13 +9,13 @@
 
 #include "cli/args.h"
 #include "cli/cli.h"
+#include "cli/setup.h"
 #include "kv/kv.h"
 #include "model/model.h"
 #include "sample/sample.h"
 #include "tokenizer/tokenizer.h"
 
 struct gen_opts {
-    bool mmap; /* --mmap: map the file instead of reading it into huge pages */
     const char *model;
     const char *prompt;         /* -p TEXT */
     int32_t *ids;               /* --ids: malloc'd */
@@ -26,7 +26,7 @@ struct gen_opts {
     bool output_ids;
     bool ignore_eos;
     struct sample_params sp;
-    struct cli_kv_flags kv;     /* kv.mem 0: enough for prompt + n_predict */
+    struct cli_model_flags load; /* --mmap and the KV flags; kv.mem 0: enough for prompt + n_predict */
 };
 
 static void gen_usage(FILE *out)
@@ -44,7 +44,6 @@ static void gen_usage(FILE *out)
             "      --ids LIST         prompt as comma-separated token ids\n"
             "  -n, --n-predict N      tokens to generate (default 64)\n"
             "  -t, --threads N        threads (default: all cores)\n"
-            "  --mmap                 map the model file instead of reading it into huge pages\n"
             "  -b, --batch N          prefill batch size (default 512)\n"
             "      --output-ids       print only the generated ids, space-separated, one line\n"
             "      --ignore-eos       do not stop at end-of-generation tokens\n"
@@ -57,13 +56,7 @@ static void gen_usage(FILE *out)
             "      --repeat-last-n N  penalty window; -1 = all, 0 = off (default 64)\n"
             "      --presence-penalty F, --frequency-penalty F   0 = off\n"
             "      --seed N           sampler seed (default 0xC0FFEE)\n");
-    fputs(cli_kv_flags_help, out);
-}
-
-/* The value after flag argv[*i], advancing *i; NULL if there is none. */
-static const char *flag_value(int argc, char **argv, int *i)
-{
-    return *i + 1 < argc ? argv[++*i] : NULL;
+    fputs(cli_model_flags_help, out);
 }
 
 static bool is_flag(const char *a, const char *s, const char *l)
@@ -97,8 +90,9 @@ static bool parse_sampling_flag(const char *a, const char *v, struct sample_para
     return true;
 }
 
-static bool parse_value_flag(const char *a, const char *v, struct gen_opts *o, bool *ok)
+static bool parse_value_flag(const char *a, const char *v, void *opts, bool *ok)
 {
+    struct gen_opts *o = opts;
     if (parse_sampling_flag(a, v, &o->sp, ok))
         return true;
     if (is_flag(a, "-m", "--model"))
@@ -115,8 +109,18 @@ static bool parse_value_flag(const char *a, const char *v, struct gen_opts *o, b
         *ok = cli_parse_threads(v, &o->n_threads);
     else if (is_flag(a, "-b", "--batch"))
         *ok = cli_parse_int(v, 1, 1 << 16, &o->n_batch);
-    else if (cli_parse_kv_flag(a, v, &o->kv, ok))
-        return true;
+    else
+        return false;
+    return true;
+}
+
+static bool parse_switch_flag(const char *a, void *opts)
+{
+    struct gen_opts *o = opts;
+    if (!strcmp(a, "--output-ids"))
+        o->output_ids = true;
+    else if (!strcmp(a, "--ignore-eos"))
+        o->ignore_eos = true;
     else
         return false;
     return true;
@@ -126,33 +130,13 @@ static bool parse_value_flag(const char *a, const char *v, struct gen_opts *o, b
 static int parse_args(int argc, char **argv, struct gen_opts *o)
 {
     *o = (struct gen_opts){.n_predict = 64, .n_threads = threads_default_count(), .n_batch = 512};
-    cli_kv_flags_init(&o->kv);
+    cli_model_flags_init(&o->load);
     sample_params_default(&o->sp);
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        bool ok = true;
-        if (is_flag(a, "-h", "--help")) {
-            gen_usage(stdout);
-            return -1;
-        } else if (!strcmp(a, "--output-ids")) {
-            o->output_ids = true;
-        } else if (!strcmp(a, "--ignore-eos")) {
-            o->ignore_eos = true;
-        } else if (!strcmp(a, "--mmap")) {
-            o->mmap = true;
-        } else {
-            const char *v = flag_value(argc, argv, &i);
-            if (!parse_value_flag(a, v, o, &ok)) {
-                fprintf(stderr, "kvserve generate: unknown option '%s'\n\n", a);
-                gen_usage(stderr);
-                return 2;
-            }
-            if (!ok) {
-                fprintf(stderr, "kvserve generate: bad or missing value '%s' for %s\n", v ? v : "", a);
-                return 2;
-            }
-        }
-    }
+    const struct cli_command cmd = {.name = "generate", .usage = gen_usage, .model = &o->load,
+                                    .switch_flag = parse_switch_flag, .value_flag = parse_value_flag, .opts = o};
+    int rc = cli_parse_command(&cmd, argc, argv);
+    if (rc)
+        return rc;
     if (!o->prompt == !o->ids) {
         fprintf(stderr, "kvserve generate: give exactly one of -p TEXT or --ids LIST\n\n");
         gen_usage(stderr);
@@ -165,10 +149,7 @@ static int parse_args(int argc, char **argv, struct gen_opts *o)
 
 struct gen_run {
     const struct gen_opts *o;
-    struct model *model;
-    threads_pool *pool;
-    struct kv_cache *kv;
-    struct model_ctx *ctx;
+    struct cli_engine e;
     struct sampler *sampler;
     struct tokenizer *tok;     /* NULL when the model has no tokenizer metadata */
     struct tok_stream *stream; /* text output; NULL with --output-ids or no tokenizer */
@@ -187,10 +168,7 @@ static void run_free(struct gen_run *r)
     sample_free(r->sampler);
     tok_stream_free(r->stream);
     tok_free(r->tok);
-    model_ctx_free(r->ctx);
-    kv_free(r->kv);
-    threads_free(r->pool);
-    model_free(r->model);
+    cli_engine_free(&r->e);
     free(r->tokens);
     free(r->logits);
 }
@@ -199,7 +177,7 @@ static void run_free(struct gen_run *r)
  * generation and renders the output as text. */
 static ks_status open_tokenizer(struct gen_run *r)
 {
-    ks_status st = tok_load(model_gguf(r->model), &r->tok);
+    ks_status st = tok_load(model_gguf(r->e.model), &r->tok);
     if (st) {
         r->tok = NULL;
         if (r->o->prompt) {
@@ -256,37 +234,25 @@ static ks_status prompt_tokens(struct gen_run *r)
     return KS_OK;
 }
 
-static ks_status open_cache(struct gen_run *r)
-{
-    const struct gen_opts *o = r->o;
-    struct kv_config cfg;
-    model_kv_config(r->model, &cfg);
-    cli_kv_flags_apply(&o->kv, &cfg);
-    cfg.mem_budget = o->kv.mem ? o->kv.mem : cli_kv_budget_for(&cfg, (int64_t)r->n_prompt + o->n_predict);
-    ks_status st = kv_create(&cfg, &r->kv);
-    if (!st)
-        st = kv_seq_create(r->kv, &r->seq);
-    return st;
-}
-
 static ks_status setup(struct gen_run *r, const char *model_path)
 {
     const struct gen_opts *o = r->o;
     double t0 = cli_now();
-    ks_status st = model_load_flags(model_path, o->mmap ? MODEL_LOAD_MMAP : 0, &r->model);
+    ks_status st = cli_load_model(model_path, &o->load, &r->e.model);
     if (st)
         return st;
     r->load_ms = (cli_now() - t0) * 1e3;
-    r->n_vocab = model_hparams(r->model)->n_vocab;
-    if ((st = open_tokenizer(r)) || (st = prompt_tokens(r)) || (st = threads_create(o->n_threads, &r->pool)) ||
-        (st = open_cache(r)))
+    r->n_vocab = model_hparams(r->e.model)->n_vocab;
+    if ((st = open_tokenizer(r)) || (st = prompt_tokens(r)))
         return st;
-    int n_ctx_train = model_hparams(r->model)->n_ctx_train;
+    int n_ctx_train = model_hparams(r->e.model)->n_ctx_train;
     if (n_ctx_train > 0 && (int64_t)r->n_prompt + o->n_predict > n_ctx_train)
         fprintf(stderr, "kvserve generate: warning: %d prompt + %d new tokens exceed the model's trained context of %d\n",
                 (int)r->n_prompt, o->n_predict, n_ctx_train);
+    struct kv_config cfg;
+    cli_kv_config(r->e.model, &o->load.kv, (int64_t)r->n_prompt + o->n_predict, &cfg);
     int32_t max_batch = r->n_prompt < o->n_batch ? r->n_prompt : o->n_batch;
-    if ((st = model_ctx_create(r->model, max_batch, r->pool, &r->ctx)) ||
+    if ((st = cli_engine_start(&r->e, &cfg, o->n_threads, max_batch)) || (st = kv_seq_create(r->e.kv, &r->seq)) ||
         (st = sample_create(&o->sp, r->n_vocab, &r->sampler)))
         return st;
     r->logits = malloc((size_t)r->n_vocab * sizeof *r->logits);
@@ -310,7 +276,7 @@ static ks_status feed(struct gen_run *r, int32_t from, int32_t to)
         seq[i] = r->seq;
     }
     struct model_batch b = {.n_tokens = n, .tokens = r->tokens + from, .pos = pos, .seq = seq};
-    ks_status st = model_forward(r->ctx, r->kv, &b, r->logits, NULL);
+    ks_status st = model_forward(r->e.ctx, r->e.kv, &b, r->logits, NULL);
     free(pos);
     free(seq);
     return st;
@@ -414,15 +380,10 @@ int cli_generate(int argc, char **argv)
         return rc < 0 ? 0 : rc;
     }
     char default_path[4096];
-    const char *path = o.model;
+    const char *path = cli_model_path("generate", o.model, default_path, sizeof default_path);
     if (!path) {
-        if (!cli_default_model(default_path, sizeof default_path)) {
-            fprintf(stderr, "kvserve generate: no -m MODEL and no built-in default model beside the executable\n"
-                            "  (build it with: cmake --build build --target default_model)\n");
-            free(o.ids);
-            return 2;
-        }
-        path = default_path;
+        free(o.ids);
+        return 2;
     }
     struct gen_run r = {.o = &o};
     ks_status st = setup(&r, path);

@@ -10,45 +10,41 @@
 
 #include "cli/args.h"
 #include "cli/cli.h"
+#include "cli/setup.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 
 #define LOGITS_MAGIC 0x4b56504cu /* "KVPL": magic, n_vocab, n_rows, then rows of f32 */
 
 struct ppl_opts {
-    bool mmap; /* --mmap: map the file instead of reading it into huge pages */
     const char *model, *text, *kl_base, *save_logits;
     int n_ctx, n_threads, max_chunks;
     bool json;
-    struct kv_config kv;  /* only the cache fields; shape comes from the model */
-    size_t kv_mem;
+    struct cli_model_flags load; /* --mmap and the KV flags; kv.mem 0: one chunk */
 };
 
 static void ppl_usage(FILE *out)
 {
     fprintf(out,
             "usage: kvserve perplexity -m MODEL -f TEXT [-c CTX] [--kl-base FILE | --save-logits FILE] [--json]\n"
+            "\n"
+            "  -m, --model PATH        GGUF model (required)\n"
+            "  -f, --file TEXT         text file to score (required)\n"
             "  -c, --ctx-size N        tokens per chunk (default 512); the second half of each is scored\n"
             "      --chunks N          score at most N chunks (default: all)\n"
             "      --save-logits FILE  write the scored logits (the KL baseline, run it with -ctk f32 -ctv f32)\n"
             "      --kl-base FILE      compare with saved logits: mean and p99 KL divergence, top-1 agreement\n"
             "      --json              one JSON object on stdout\n"
-            "  -t, --threads N\n"
-            "      --mmap              map the model file instead of reading it into huge pages\n"
-            "cache (as for kvserve serve):\n"
-            "      --kv-mem SIZE       budget (default: one chunk)\n"
-            "      --kv-page P         tokens per page, 16..256 (default 32)\n"
-            "  -ctk, --cache-type-k T  f32 f16 q8_0 q4_0 (default f16)\n"
-            "  -ctv, --cache-type-v T\n"
-            "      --kv-policy P       static | dynamic\n"
-            "      --kv-rotate on|off  Walsh-Hadamard rotation of K/V (default on)\n"
-            "      --kv-sink N, --kv-hot N, --kv-floor T   dynamic policy\n");
+            "  -t, --threads N         threads (default: all cores)\n"
+            "\n");
+    fputs(cli_model_flags_help, out);
 }
 
 static bool flag(const char *a, const char *s, const char *l) { return (s && !strcmp(a, s)) || !strcmp(a, l); }
 
-static bool parse_value(const char *a, const char *v, struct ppl_opts *o, bool *ok)
+static bool parse_value(const char *a, const char *v, void *opts, bool *ok)
 {
+    struct ppl_opts *o = opts;
     if (flag(a, "-m", "--model"))
         *ok = (o->model = v) != NULL;
     else if (flag(a, "-f", "--file"))
@@ -63,59 +59,29 @@ static bool parse_value(const char *a, const char *v, struct ppl_opts *o, bool *
         *ok = (o->save_logits = v) != NULL;
     else if (flag(a, "-t", "--threads"))
         *ok = cli_parse_threads(v, &o->n_threads);
-    else if (flag(a, NULL, "--kv-mem"))
-        *ok = cli_parse_mem(v, &o->kv_mem);
-    else if (flag(a, NULL, "--kv-page"))
-        *ok = cli_parse_int(v, 16, 256, &o->kv.page_tokens);
-    else if (flag(a, "-ctk", "--cache-type-k"))
-        *ok = cli_parse_kv_type(v, &o->kv.type_k);
-    else if (flag(a, "-ctv", "--cache-type-v"))
-        *ok = cli_parse_kv_type(v, &o->kv.type_v);
-    else if (flag(a, NULL, "--kv-policy"))
-        *ok = cli_parse_kv_policy(v, &o->kv.policy);
-    else if (flag(a, NULL, "--kv-rotate"))
-        *ok = v && (!strcmp(v, "on") || !strcmp(v, "off")) && ((o->kv.rotate = !strcmp(v, "on")), true);
-    else if (flag(a, NULL, "--kv-sink"))
-        *ok = cli_parse_int(v, 0, 1 << 24, &o->kv.sink_tokens);
-    else if (flag(a, NULL, "--kv-hot"))
-        *ok = cli_parse_int(v, 0, 1 << 24, &o->kv.hot_tokens);
-    else if (flag(a, NULL, "--kv-floor"))
-        *ok = cli_parse_kv_type(v, &o->kv.floor);
     else
         return false;
+    return true;
+}
+
+static bool parse_switch(const char *a, void *opts)
+{
+    struct ppl_opts *o = opts;
+    if (strcmp(a, "--json"))
+        return false;
+    o->json = true;
     return true;
 }
 
 static int parse_args(int argc, char **argv, struct ppl_opts *o)
 {
     *o = (struct ppl_opts){.n_ctx = 512, .n_threads = threads_default_count()};
-    kv_config_default(&o->kv);
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (flag(a, "-h", "--help")) {
-            ppl_usage(stdout);
-            return -1;
-        }
-        if (!strcmp(a, "--json")) {
-            o->json = true;
-            continue;
-        }
-        if (!strcmp(a, "--mmap")) {
-            o->mmap = true;
-            continue;
-        }
-        const char *v = i + 1 < argc ? argv[++i] : NULL;
-        bool ok = true;
-        if (!parse_value(a, v, o, &ok)) {
-            fprintf(stderr, "kvserve perplexity: unknown option '%s'\n\n", a);
-            ppl_usage(stderr);
-            return 2;
-        }
-        if (!ok) {
-            fprintf(stderr, "kvserve perplexity: bad or missing value '%s' for %s\n", v ? v : "", a);
-            return 2;
-        }
-    }
+    cli_model_flags_init(&o->load);
+    const struct cli_command cmd = {.name = "perplexity", .usage = ppl_usage, .model = &o->load,
+                                    .switch_flag = parse_switch, .value_flag = parse_value, .opts = o};
+    int rc = cli_parse_command(&cmd, argc, argv);
+    if (rc)
+        return rc;
     if (!o->model || !o->text) {
         fprintf(stderr, "kvserve perplexity: -m MODEL and -f TEXT are required\n");
         return 2;
@@ -175,11 +141,8 @@ static int cmp_double(const void *a, const void *b)
 }
 
 struct ppl_state {
-    struct model *model;
+    struct cli_engine e;
     struct tokenizer *tok;
-    threads_pool *pool;
-    struct kv_cache *kv;
-    struct model_ctx *ctx;
     int n_vocab;
     FILE *save, *base;
     double nll;
@@ -194,7 +157,7 @@ static ks_status score_chunk(struct ppl_state *s, const int32_t *tokens, int n_c
 {
     int first = n_ctx / 2;
     int32_t seq;
-    ks_status st = kv_seq_create(s->kv, &seq);
+    ks_status st = kv_seq_create(s->e.kv, &seq);
     if (st)
         return st;
     int32_t *tok = malloc((size_t)n_ctx * sizeof *tok), *pos = malloc((size_t)n_ctx * sizeof *pos),
@@ -210,7 +173,7 @@ static ks_status score_chunk(struct ppl_state *s, const int32_t *tokens, int n_c
     }
     struct model_batch b = {.n_tokens = n_ctx, .tokens = tok, .pos = pos, .seq = sq, .want_logits = want};
     if (!st)
-        st = model_forward(s->ctx, s->kv, &b, s->logits, NULL);
+        st = model_forward(s->e.ctx, s->e.kv, &b, s->logits, NULL);
     for (int i = first; !st && i < n_ctx - 1; i++) {
         const float *row = s->logits + (size_t)(i - first) * s->n_vocab;
         log_softmax(row, s->n_vocab, s->lq);
@@ -231,7 +194,7 @@ static ks_status score_chunk(struct ppl_state *s, const int32_t *tokens, int n_c
         }
         s->n_scored++;
     }
-    kv_seq_free(s->kv, seq);
+    kv_seq_free(s->e.kv, seq);
     free(tok);
     free(pos);
     free(sq);
@@ -259,10 +222,10 @@ static ks_status open_logits(struct ppl_state *s, const struct ppl_opts *o, uint
 
 static ks_status ppl_setup(struct ppl_state *s, const struct ppl_opts *o, int32_t **ids, size_t *n_ids)
 {
-    ks_status st = model_load_flags(o->model, o->mmap ? MODEL_LOAD_MMAP : 0, &s->model);
-    if (st || (st = tok_load(model_gguf(s->model), &s->tok)))
+    ks_status st = cli_load_model(o->model, &o->load, &s->e.model);
+    if (st || (st = tok_load(model_gguf(s->e.model), &s->tok)))
         return st;
-    s->n_vocab = model_hparams(s->model)->n_vocab;
+    s->n_vocab = model_hparams(s->e.model)->n_vocab;
     char *text = NULL;
     size_t len = 0;
     if ((st = read_file(o->text, &text, &len)))
@@ -272,13 +235,7 @@ static ks_status ppl_setup(struct ppl_state *s, const struct ppl_opts *o, int32_
     if (st)
         return st;
     struct kv_config cfg;
-    model_kv_config(s->model, &cfg);
-    struct kv_config shape = cfg;
-    cfg = o->kv;
-    cfg.n_layer = shape.n_layer;
-    cfg.n_kv_head = shape.n_kv_head;
-    cfg.head_dim = shape.head_dim;
-    cfg.mem_budget = o->kv_mem ? o->kv_mem : cli_kv_budget_for(&cfg, o->n_ctx);
+    cli_kv_config(s->e.model, &o->load.kv, o->n_ctx, &cfg);
     int half = o->n_ctx / 2;
     s->logits = malloc((size_t)half * s->n_vocab * sizeof(float));
     s->base_row = malloc((size_t)s->n_vocab * sizeof(float));
@@ -286,16 +243,13 @@ static ks_status ppl_setup(struct ppl_state *s, const struct ppl_opts *o, int32_
     s->lq = malloc((size_t)s->n_vocab * sizeof(double));
     if (!s->logits || !s->base_row || !s->lp || !s->lq)
         return ks_fail(KS_ERR_NOMEM, "out of memory for logits");
-    if ((st = threads_create(o->n_threads, &s->pool)) || (st = kv_create(&cfg, &s->kv)) ||
-        (st = model_ctx_create(s->model, o->n_ctx, s->pool, &s->ctx)))
-        return st;
-    return KS_OK;
+    return cli_engine_start(&s->e, &cfg, o->n_threads, o->n_ctx);
 }
 
 static void print_result(const struct ppl_state *s, const struct ppl_opts *o, double ppl, double kmean, double kp99,
                          double top1)
 {
-    const struct kv_config *c = kv_get_config(s->kv);
+    const struct kv_config *c = kv_get_config(s->e.kv);
     if (o->json) {
         /* without --kl-base there is nothing to compare against: null, not 0 */
         char kl[128] = "\"kld_mean\": null, \"kld_p99\": null, \"top1\": null";
@@ -322,11 +276,8 @@ static void ppl_free(struct ppl_state *s)
         fclose(s->save);
     if (s->base)
         fclose(s->base);
-    model_ctx_free(s->ctx);
-    kv_free(s->kv);
-    threads_free(s->pool);
     tok_free(s->tok);
-    model_free(s->model);
+    cli_engine_free(&s->e);
     free(s->kld);
     free(s->logits);
     free(s->base_row);

@@ -9,6 +9,7 @@
 
 #include "cli/args.h"
 #include "cli/cli.h"
+#include "cli/setup.h"
 #include "kv/kv.h"
 #include "model/model.h"
 #include "sched/sched.h"
@@ -16,15 +17,11 @@
 #include "tokenizer/tokenizer.h"
 
 struct serve_opts {
-    bool mmap; /* --mmap: map the file instead of reading it into huge pages */
-    bool no_rotate; /* --kv-rotate off */
     const char *model, *host, *api_key, *chat_template, *alias;
-    int port, parallel, ctx_size, max_batch_tokens, prefill_chunk, max_queue, grace, n_threads, page_tokens;
-    size_t max_body, kv_mem;
-    enum quant_type type_k, type_v, floor;
-    enum kv_policy policy;
-    int hot_tokens, sink_tokens;
-    float high_wm, low_wm, max_itl_ratio;
+    int port, parallel, ctx_size, max_batch_tokens, prefill_chunk, max_queue, grace, n_threads;
+    size_t max_body;
+    float max_itl_ratio;
+    struct cli_model_flags load; /* --mmap and the KV flags; kv.mem 0: parallel x ctx, at most 25% of RAM */
 };
 
 static void serve_usage(FILE *out)
@@ -42,7 +39,6 @@ static void serve_usage(FILE *out)
             "      --api-key KEY         require 'Authorization: Bearer KEY' (all routes but /health)\n"
             "      --chat-template NAME  override the model's chat template (chatml, llama3, ...)\n"
             "  -t, --threads N           compute threads (default: all cores)\n"
-            "  --mmap                    map the model file instead of reading it into huge pages\n"
             "scheduler:\n"
             "      --parallel N          max running sequences (default 16)\n"
             "  -c, --ctx-size N          max tokens of one sequence (default: the model's, at most 4096)\n"
@@ -53,19 +49,8 @@ static void serve_usage(FILE *out)
             "                            step, at least 1 prompt token per step (default 1.5; 0 = off)\n"
             "      --max-queue N         waiting requests before 503 (default 256)\n"
             "      --max-body SIZE       largest request body (default 8M); larger gets 413\n"
-            "      --grace SECONDS       on SIGINT/SIGTERM, time to finish streams (default 10)\n"
-            "KV cache:\n"
-            "      --kv-mem SIZE         cache budget, e.g. 512M, 2G, 25%%\n"
-            "                            (default: parallel x ctx-size tokens, at most 25%% of RAM)\n"
-            "  -ctk, --cache-type-k T    f32 f16 q8_0 q4_0 (default f16)\n"
-            "  -ctv, --cache-type-v T    (default f16)\n"
-            "      --kv-policy P         static | dynamic (default static)\n"
-            "      --kv-page N           tokens per page, power of two 16..256 (default 32)\n"
-            "      --kv-rotate on|off    Hadamard rotation of K and V (default on)\n"
-            "      --kv-hot N            dynamic: recent tokens kept at start precision (default 512)\n"
-            "      --kv-sink N           dynamic: first tokens kept at start precision (default 32)\n"
-            "      --kv-high R, --kv-low R  dynamic: demotion watermarks (default 0.90 / 0.80)\n"
-            "      --kv-floor T          dynamic: lowest precision (default q4_0)\n");
+            "      --grace SECONDS       on SIGINT/SIGTERM, time to finish streams (default 10)\n");
+    fputs(cli_model_flags_help, out);
 }
 
 static bool is_flag(const char *a, const char *s, const char *l)
@@ -73,8 +58,9 @@ static bool is_flag(const char *a, const char *s, const char *l)
     return (s && !strcmp(a, s)) || (l && !strcmp(a, l));
 }
 
-static bool parse_flag(const char *a, const char *v, struct serve_opts *o, bool *ok)
+static bool parse_flag(const char *a, const char *v, void *opts, bool *ok)
 {
+    struct serve_opts *o = opts;
     if (is_flag(a, "-m", "--model")) *ok = (o->model = v) != NULL;
     else if (is_flag(a, NULL, "--alias")) *ok = (o->alias = v) != NULL;
     else if (is_flag(a, NULL, "--host")) *ok = (o->host = v) != NULL;
@@ -90,20 +76,6 @@ static bool parse_flag(const char *a, const char *v, struct serve_opts *o, bool 
     else if (is_flag(a, NULL, "--max-queue")) *ok = cli_parse_int(v, 0, 1 << 20, &o->max_queue);
     else if (is_flag(a, NULL, "--max-body")) *ok = cli_parse_mem(v, &o->max_body);
     else if (is_flag(a, NULL, "--grace")) *ok = cli_parse_int(v, 0, 3600, &o->grace);
-    else if (is_flag(a, NULL, "--kv-mem")) *ok = cli_parse_mem(v, &o->kv_mem);
-    else if (is_flag(a, "-ctk", "--cache-type-k")) *ok = cli_parse_kv_type(v, &o->type_k);
-    else if (is_flag(a, "-ctv", "--cache-type-v")) *ok = cli_parse_kv_type(v, &o->type_v);
-    else if (is_flag(a, NULL, "--kv-floor")) *ok = cli_parse_kv_type(v, &o->floor);
-    else if (is_flag(a, NULL, "--kv-policy")) *ok = cli_parse_kv_policy(v, &o->policy);
-    /* --kv-page-tokens and --kv-sinks: the names of an earlier release */
-    else if (is_flag(a, NULL, "--kv-page") || is_flag(a, NULL, "--kv-page-tokens"))
-        *ok = cli_parse_int(v, 16, 256, &o->page_tokens) && (o->page_tokens & (o->page_tokens - 1)) == 0;
-    else if (is_flag(a, NULL, "--kv-rotate"))
-        *ok = v && (!strcmp(v, "on") || !strcmp(v, "off")) && ((o->no_rotate = !strcmp(v, "off")), true);
-    else if (is_flag(a, NULL, "--kv-hot")) *ok = cli_parse_int(v, 0, 1 << 24, &o->hot_tokens);
-    else if (is_flag(a, NULL, "--kv-sink") || is_flag(a, NULL, "--kv-sinks")) *ok = cli_parse_int(v, 0, 1 << 24, &o->sink_tokens);
-    else if (is_flag(a, NULL, "--kv-high")) *ok = cli_parse_float(v, 0.0f, 1.0f, &o->high_wm);
-    else if (is_flag(a, NULL, "--kv-low")) *ok = cli_parse_float(v, 0.0f, 1.0f, &o->low_wm);
     else return false;
     return true;
 }
@@ -113,33 +85,11 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
 {
     *o = (struct serve_opts){.host = "127.0.0.1", .port = 8080, .parallel = 16, .max_batch_tokens = 512,
                              .prefill_chunk = 256, .max_queue = 256, .grace = 10, .max_body = 8u << 20,
-                             .n_threads = threads_default_count(), .type_k = QUANT_F16, .type_v = QUANT_F16,
-                             .floor = QUANT_Q4_0, .policy = KV_POLICY_STATIC, .page_tokens = 32,
-                             .hot_tokens = 512, .sink_tokens = 32, .high_wm = 0.90f, .low_wm = 0.80f, .max_itl_ratio = 1.5f};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (is_flag(a, "-h", "--help")) {
-            serve_usage(stdout);
-            return -1;
-        }
-        if (!strcmp(a, "--mmap")) {
-            o->mmap = true;
-            continue;
-        }
-        const char *v = i + 1 < argc ? argv[++i] : NULL;
-        bool ok = true;
-        if (!parse_flag(a, v, o, &ok)) {
-            fprintf(stderr, "kvserve serve: unknown option '%s'\n\n", a);
-            serve_usage(stderr);
-            return 2;
-        }
-        if (!ok) {
-            fprintf(stderr, "kvserve serve: bad value '%s' for %s\n\n", v ? v : "(missing)", a);
-            serve_usage(stderr);
-            return 2;
-        }
-    }
-    return 0;
+                             .n_threads = threads_default_count(), .max_itl_ratio = 1.5f};
+    cli_model_flags_init(&o->load);
+    const struct cli_command cmd = {
+        .name = "serve", .usage = serve_usage, .model = &o->load, .value_flag = parse_flag, .opts = o};
+    return cli_parse_command(&cmd, argc, argv);
 }
 
 struct serve_state {
@@ -150,28 +100,17 @@ struct serve_state {
     struct server *srv;
 };
 
-static ks_status kv_setup(const struct serve_opts *o, const struct model *m, int32_t ctx, struct kv_config *cfg)
+/* The cache: the user's KV flags; without --kv-mem, room for every
+ * sequence at full context, at most a quarter of RAM. */
+static void kv_setup(const struct serve_opts *o, const struct model *m, int32_t ctx, struct kv_config *cfg)
 {
-    model_kv_config(m, cfg);
-    cfg->type_k = o->type_k;
-    cfg->type_v = o->type_v;
-    cfg->policy = o->policy;
-    cfg->page_tokens = o->page_tokens;
-    cfg->hot_tokens = o->hot_tokens;
-    cfg->sink_tokens = o->sink_tokens;
-    if (o->no_rotate)
-        cfg->rotate = false;
-    cfg->high_watermark = o->high_wm;
-    cfg->low_watermark = o->low_wm;
-    cfg->floor = o->floor;
-    cfg->mem_budget = o->kv_mem;
-    if (!cfg->mem_budget) {
+    cli_kv_config(m, &o->load.kv, ctx, cfg);
+    if (!o->load.kv.mem) {
         int64_t pages = (int64_t)o->parallel * ((ctx + cfg->page_tokens - 1) / cfg->page_tokens);
         size_t want = (size_t)pages * kv_page_bytes(cfg, cfg->type_k, cfg->type_v);
         size_t cap = cli_phys_mem() / 4;
         cfg->mem_budget = cap && want > cap ? cap : want;
     }
-    return KS_OK;
 }
 
 static int32_t collect_eog(const struct tokenizer *tok, int32_t *eog, int cap)
@@ -191,7 +130,7 @@ static const char *base_name(const char *path)
 
 static ks_status start(const struct serve_opts *o, const char *path, struct serve_state *s)
 {
-    ks_status st = model_load_flags(path, o->mmap ? MODEL_LOAD_MMAP : 0, &s->model);
+    ks_status st = cli_load_model(path, &o->load, &s->model);
     if (st)
         return st;
     st = tok_load(model_gguf(s->model), &s->tok);
@@ -288,15 +227,9 @@ int cli_serve(int argc, char **argv)
     if (rc)
         return rc < 0 ? 0 : rc;
     char default_path[4096];
-    const char *path = o.model;
-    if (!path) {
-        if (!cli_default_model(default_path, sizeof default_path)) {
-            fprintf(stderr, "kvserve serve: no -m MODEL and no built-in default model beside the executable\n"
-                            "  (build it with: cmake --build build --target default_model)\n");
-            return 2;
-        }
-        path = default_path;
-    }
+    const char *path = cli_model_path("serve", o.model, default_path, sizeof default_path);
+    if (!path)
+        return 2;
     /* Block the stop signals in every thread; this one waits for them. */
     sigset_t stop;
     sigemptyset(&stop);

@@ -1,0 +1,42 @@
+/* cli/setup: what the commands that run a model share: the model path, the
+ * model load (--mmap), the KV configuration from the flags, and for the
+ * single-process commands (bench, generate, chat, perplexity) the engine:
+ * model, thread pool, KV cache and forward context. */
+#ifndef KS_CLI_SETUP_H
+#define KS_CLI_SETUP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cli/args.h"
+#include "kv/kv.h"
+#include "model/model.h"
+#include "threads/threads.h"
+
+/* The model to load: given (-m), else default-model.gguf beside the
+ * executable, written into buf. NULL, after printing "kvserve CMD: no -m
+ * MODEL ..." on stderr, when there is neither. */
+const char *cli_model_path(const char *cmd, const char *given, char *buf, size_t cap);
+
+/* model_load_flags() with MODEL_LOAD_MMAP when --mmap was given. */
+ks_status cli_load_model(const char *path, const struct cli_model_flags *f, struct model **out);
+
+/* The model's KV shape with the user's KV flags; the budget is --kv-mem,
+ * else whole pages for n_tokens of one sequence (cli_kv_budget_for). */
+void cli_kv_config(const struct model *m, const struct cli_kv_flags *f, int64_t n_tokens, struct kv_config *cfg);
+
+struct cli_engine {
+    struct model *model;
+    threads_pool *pool;
+    struct kv_cache *kv;
+    struct model_ctx *ctx;
+};
+
+/* For e->model (loaded by the caller): a pool of n_threads, a cache of cfg
+ * and a forward context for batches of up to max_batch tokens. On failure
+ * the parts made so far stay in e for cli_engine_free(). */
+ks_status cli_engine_start(struct cli_engine *e, const struct kv_config *cfg, int n_threads, int32_t max_batch);
+/* Frees whatever e holds, the model too; e may be partly set up. */
+void cli_engine_free(struct cli_engine *e);
+
+#endif
