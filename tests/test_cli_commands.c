@@ -1,0 +1,175 @@
+/* The five commands that load a model (serve, bench, generate, chat,
+ * perplexity), run as the real binary ($KVSERVE_BIN) on stories260K: each
+ * --help ends with the same shared flag block, a bad KV value is a usage
+ * error (message, usage, exit 2), a quantized cache on a model whose
+ * head_dim is not a multiple of 32 fails with kv's message, and the older
+ * spellings --kv-page-tokens / --kv-sinks still run. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "cli/args.h"
+
+static const char *const commands[] = {"serve", "bench", "generate", "chat", "perplexity"};
+enum { N_COMMANDS = sizeof commands / sizeof commands[0] };
+
+static char g_model[4096], g_text[4096];
+static const char *g_bin;
+
+/* snprintf that fails the test instead of truncating. */
+__attribute__((format(printf, 3, 4))) static void fmt(char *buf, size_t cap, const char *f, ...)
+{
+    va_list ap;
+    va_start(ap, f);
+    int w = vsnprintf(buf, cap, f, ap);
+    va_end(ap);
+    assert_true(w >= 0 && (size_t)w < cap);
+}
+
+/* Each command's other required arguments, so only the flag under test is wrong. */
+static const char *needs(const char *cmd)
+{
+    static char ppl[4200];
+    if (!strcmp(cmd, "serve"))
+        return "--port 0 -t 1";
+    if (!strcmp(cmd, "bench"))
+        return "-p 8 -n 4 -r 1 -t 1";
+    if (!strcmp(cmd, "generate"))
+        return "--ids 1,2,3 -n 4 --temp 0 --output-ids -t 1";
+    if (!strcmp(cmd, "chat"))
+        return "-t 1";
+    fmt(ppl, sizeof ppl, "-f '%s' -c 64 --chunks 1 -t 1", g_text);
+    return ppl;
+}
+
+/* Run kvserve with args (stdin empty); its stdout, and with_stderr its
+ * stderr too, into out. */
+static int run_to(const char *args, bool with_stderr, char *out, size_t cap)
+{
+    char cmd[12288];
+    fmt(cmd, sizeof cmd, "'%s' %s </dev/null %s", g_bin, args, with_stderr ? "2>&1" : "2>/dev/null");
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = '\0';
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static int run(const char *args, char *out, size_t cap)
+{
+    return run_to(args, true, out, cap);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    const char *shared = getenv("KVSERVE_SHARED"), *src = getenv("KVSERVE_SOURCE");
+    g_bin = getenv("KVSERVE_BIN");
+    fmt(g_model, sizeof g_model, "%s/models/stories260K.gguf", shared ? shared : "../shared");
+    fmt(g_text, sizeof g_text, "%s/README.md", src ? src : ".");
+    return 0;
+}
+
+static bool have_inputs(void)
+{
+    if (!g_bin || access(g_bin, X_OK)) {
+        print_message("KVSERVE_BIN not set or not executable; skipping\n");
+        return false;
+    }
+    if (access(g_model, R_OK) || access(g_text, R_OK)) {
+        print_message("%s or %s is absent; skipping\n", g_model, g_text);
+        return false;
+    }
+    return true;
+}
+
+static char g_out[1 << 16];
+
+static void every_help_ends_with_the_shared_block(void **state)
+{
+    (void)state;
+    if (!have_inputs())
+        skip();
+    size_t block = strlen(cli_model_flags_help);
+    for (int i = 0; i < N_COMMANDS; i++) {
+        char args[64];
+        fmt(args, sizeof args, "%s --help", commands[i]);
+        assert_int_equal(run(args, g_out, sizeof g_out), 0);
+        size_t n = strlen(g_out);
+        assert_true(n >= block);
+        assert_string_equal(g_out + n - block, cli_model_flags_help);
+    }
+}
+
+static void a_bad_kv_value_is_a_usage_error(void **state)
+{
+    (void)state;
+    if (!have_inputs())
+        skip();
+    static const char *const bad[][2] = {
+        {"--kv-page", "48"}, {"-ctk", "q5_0"}, {"--kv-high", "1.5"}, {"--kv-rotate", "yes"}, {"--kv-sinks", "-1"}};
+    for (int i = 0; i < N_COMMANDS; i++)
+        for (size_t j = 0; j < sizeof bad / sizeof bad[0]; j++) {
+            char args[8192], want[128], usage[64];
+            fmt(args, sizeof args, "%s -m '%s' %s %s %s", commands[i], g_model, needs(commands[i]), bad[j][0],
+                     bad[j][1]);
+            assert_int_equal(run(args, g_out, sizeof g_out), 2);
+            fmt(want, sizeof want, "kvserve %s: bad value '%s' for %s", commands[i], bad[j][1], bad[j][0]);
+            fmt(usage, sizeof usage, "usage: kvserve %s", commands[i]);
+            assert_non_null(strstr(g_out, want));
+            assert_non_null(strstr(g_out, usage));
+        }
+}
+
+static void a_quantized_cache_needs_head_dim_32(void **state)
+{
+    (void)state;
+    if (!have_inputs())
+        skip();
+    for (int i = 0; i < N_COMMANDS; i++) {
+        char args[8192], want[64];
+        fmt(args, sizeof args, "%s -m '%s' %s -ctk q4_0", commands[i], g_model, needs(commands[i]));
+        int rc = run(args, g_out, sizeof g_out);
+        assert_true(rc == 1 || rc == 2);
+        fmt(want, sizeof want, "kvserve %s: ", commands[i]);
+        assert_non_null(strstr(g_out, want));
+        assert_non_null(strstr(g_out, "--cache-type-k: KV cache type q4_0 needs head_dim to be a multiple of 32"));
+    }
+}
+
+static void older_spellings_and_mmap_run(void **state)
+{
+    (void)state;
+    if (!have_inputs())
+        skip();
+    char args[8192], plain[256];
+    fmt(args, sizeof args, "generate -m '%s' %s", g_model, needs("generate"));
+    assert_int_equal(run_to(args, false, g_out, sizeof g_out), 0);
+    fmt(plain, sizeof plain, "%s", g_out);
+    fmt(args, sizeof args, "generate -m '%s' %s --mmap --kv-page-tokens 16 --kv-sinks 4 --kv-policy dynamic",
+             g_model, needs("generate"));
+    assert_int_equal(run_to(args, false, g_out, sizeof g_out), 0);
+    assert_string_equal(g_out, plain); /* greedy ids: neither the mapping nor the page size changes them */
+    fmt(args, sizeof args, "bench -m '%s' %s --mmap --kv-page-tokens 16 --kv-sinks 4", g_model, needs("bench"));
+    assert_int_equal(run(args, g_out, sizeof g_out), 0);
+    assert_non_null(strstr(g_out, "| tg4 |"));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(every_help_ends_with_the_shared_block),
+        cmocka_unit_test(a_bad_kv_value_is_a_usage_error),
+        cmocka_unit_test(a_quantized_cache_needs_head_dim_32),
+        cmocka_unit_test(older_spellings_and_mmap_run),
+    };
+    return cmocka_run_group_tests(tests, setup, NULL);
+}
