@@ -93,41 +93,41 @@ static inline __m256i q5_1_block(const block_q5_1 *b)
 
 static inline __m256i load_q8(const int8_t *qs) { return _mm256_loadu_si256((const __m256i *)qs); }
 
+/* acc += d_x * d_y * (x . y) for block i of a Q4_0 or Q8_0 row against Q8_0 */
+static inline __m256 q4_0_step(const block_q4_0 *x, const block_q8_0 *y, int i, __m256 acc)
+{
+    return _mm256_fmadd_ps(_mm256_set1_ps(F16(x[i].d) * F16(y[i].d)), dot_i8_ps(q4_0_block(&x[i]), load_q8(y[i].qs)),
+                           acc);
+}
+
+static inline __m256 q8_0_step(const block_q8_0 *x, const block_q8_0 *y, int i, __m256 acc)
+{
+    return _mm256_fmadd_ps(_mm256_set1_ps(F16(x[i].d) * F16(y[i].d)), dot_i8_ps(load_q8(x[i].qs), load_q8(y[i].qs)),
+                           acc);
+}
+
+/* Two accumulators: one FMA chain would wait on its own latency. */
+#define TWO_CHAIN_DOT(step, x, y, n, s)                                                                          \
+    do {                                                                                                         \
+        __m256 acc0_ = _mm256_setzero_ps(), acc1_ = acc0_;                                                       \
+        int i_ = 0, nb_ = (n) / QK8_0;                                                                           \
+        for (; i_ + 2 <= nb_; i_ += 2) {                                                                         \
+            acc0_ = step(x, y, i_, acc0_);                                                                       \
+            acc1_ = step(x, y, i_ + 1, acc1_);                                                                   \
+        }                                                                                                        \
+        if (i_ < nb_)                                                                                            \
+            acc0_ = step(x, y, i_, acc0_);                                                                       \
+        *(s) = hsum_256(_mm256_add_ps(acc0_, acc1_));                                                            \
+    } while (0)
+
 void quant_vec_dot_q4_0_q8_0_avx2(int n, float *s, const void *vx, const void *vy)
 {
-    const block_q4_0 *x = vx;
-    const block_q8_0 *y = vy;
-    /* two accumulators: one FMA chain would wait on its own latency */
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
-    int i = 0, nb = n / QK8_0;
-    for (; i + 2 <= nb; i += 2) {
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(F16(x[i].d) * F16(y[i].d)),
-                               dot_i8_ps(q4_0_block(&x[i]), load_q8(y[i].qs)), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(F16(x[i + 1].d) * F16(y[i + 1].d)),
-                               dot_i8_ps(q4_0_block(&x[i + 1]), load_q8(y[i + 1].qs)), acc1);
-    }
-    if (i < nb)
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(F16(x[i].d) * F16(y[i].d)),
-                               dot_i8_ps(q4_0_block(&x[i]), load_q8(y[i].qs)), acc0);
-    *s = hsum_256(_mm256_add_ps(acc0, acc1));
+    TWO_CHAIN_DOT(q4_0_step, (const block_q4_0 *)vx, (const block_q8_0 *)vy, n, s);
 }
 
 void quant_vec_dot_q8_0_q8_0_avx2(int n, float *s, const void *vx, const void *vy)
 {
-    const block_q8_0 *x = vx;
-    const block_q8_0 *y = vy;
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
-    int i = 0, nb = n / QK8_0;
-    for (; i + 2 <= nb; i += 2) {
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(F16(x[i].d) * F16(y[i].d)),
-                               dot_i8_ps(load_q8(x[i].qs), load_q8(y[i].qs)), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(F16(x[i + 1].d) * F16(y[i + 1].d)),
-                               dot_i8_ps(load_q8(x[i + 1].qs), load_q8(y[i + 1].qs)), acc1);
-    }
-    if (i < nb)
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(F16(x[i].d) * F16(y[i].d)),
-                               dot_i8_ps(load_q8(x[i].qs), load_q8(y[i].qs)), acc0);
-    *s = hsum_256(_mm256_add_ps(acc0, acc1));
+    TWO_CHAIN_DOT(q8_0_step, (const block_q8_0 *)vx, (const block_q8_0 *)vy, n, s);
 }
 
 void quant_vec_dot_q5_0_q8_0_avx2(int n, float *s, const void *vx, const void *vy)

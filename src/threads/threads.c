@@ -83,19 +83,16 @@ static unsigned wait_for_generation(threads_pool *p, unsigned seen)
     return atomic_load_explicit(&p->generation, memory_order_acquire);
 }
 
+/* Spin through each worker's finish (the spin budget restarts whenever one
+ * leaves), then sleep until the last one wakes us. */
 static void wait_for_workers(threads_pool *p)
 {
-    unsigned left = atomic_load_explicit(&p->pending, memory_order_acquire);
+    unsigned left;
+    while ((left = atomic_load_explicit(&p->pending, memory_order_acquire)) != 0)
+        if (!spin_until_changed(&p->pending, left))
+            break;
     if (left == 0)
         return;
-    for (int round = 0; round < SPIN_ROUNDS; round++) {
-        for (int i = 0; i < SPINS_PER_YIELD; i++) {
-            if (atomic_load_explicit(&p->pending, memory_order_acquire) == 0)
-                return;
-            cpu_relax();
-        }
-        sched_yield();
-    }
     atomic_store(&p->caller_asleep, 1);
     while ((left = atomic_load(&p->pending)) != 0)
         futex_wait(&p->pending, left);
