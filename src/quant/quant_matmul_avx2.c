@@ -22,11 +22,10 @@
 
 #define A2_TOK 8                          /* tokens per packed group */
 #define A2_ROWS 4                         /* weight rows per tile */
-#define A2_QB 32                          /* elements per block */
 #define A2_BLOCK_BYTES (8 * 32 + 8 * 4)   /* 8 dwords x 8 tokens, then 8 float scales */
 #define A2_ALIGN 64
 
-static size_t group_bytes(int64_t cols) { return (size_t)(cols / A2_QB) * A2_BLOCK_BYTES; }
+static size_t group_bytes(int64_t cols) { return (size_t)(cols / QK8_0) * A2_BLOCK_BYTES; }
 static int64_t n_groups(int64_t n_tokens) { return (n_tokens + A2_TOK - 1) / A2_TOK; }
 
 size_t quant_avx2_prefill_work(int64_t cols, int64_t n_tokens)
@@ -50,7 +49,7 @@ struct a2 {
 static void a2_pack(void *vctx, int ith, int nth)
 {
     struct a2 *c = vctx;
-    int64_t nb = c->cols / A2_QB, ng = n_groups(c->n_tokens), lo, hi;
+    int64_t nb = c->cols / QK8_0, ng = n_groups(c->n_tokens), lo, hi;
     threads_split(ng, ith, nth, &lo, &hi);
     block_q8_0 *tmp = malloc((size_t)nb * sizeof *tmp);
     if (!tmp) {
@@ -79,7 +78,7 @@ static void a2_pack(void *vctx, int ith, int nth)
  * nr are zero. */
 static void a2_unpack(const struct a2 *c, int64_t r0, int nr, int8_t *q, float *d)
 {
-    int64_t nb = c->cols / A2_QB;
+    int64_t nb = c->cols / QK8_0;
     for (int r = 0; r < A2_ROWS; r++) {
         int8_t *qr = q + (size_t)r * c->cols;
         if (r >= nr) {
@@ -90,7 +89,7 @@ static void a2_unpack(const struct a2 *c, int64_t r0, int nr, int8_t *q, float *
         const uint8_t *w = c->W + (size_t)(r0 + r) * c->wrow;
         for (int64_t b = 0; b < nb; b++) {
             __m256i v = quant_block_bytes(w, c->wtype, b, &d[r * nb + b]);
-            _mm256_storeu_si256((__m256i *)(qr + b * A2_QB), v);
+            _mm256_storeu_si256((__m256i *)(qr + b * QK8_0), v);
         }
     }
 }
@@ -104,7 +103,7 @@ static inline __m256i dot4(__m256i x, __m256i w)
 /* A2_ROWS rows x one group of 8 tokens over all blocks. */
 static void a2_tile(const struct a2 *c, const int8_t *q, const float *d, int64_t r0, int nr, int64_t g)
 {
-    int64_t nb = c->cols / A2_QB;
+    int64_t nb = c->cols / QK8_0;
     const uint8_t *grp = c->work + (size_t)g * group_bytes(c->cols);
     __m256 facc[A2_ROWS];
     for (int r = 0; r < A2_ROWS; r++)
@@ -118,7 +117,7 @@ static void a2_tile(const struct a2 *c, const int8_t *q, const float *d, int64_t
             __m256i x = _mm256_load_si256((const __m256i *)(blk + k * 32));
             for (int r = 0; r < A2_ROWS; r++) {
                 int32_t wd;
-                memcpy(&wd, q + (size_t)r * c->cols + b * A2_QB + 4 * k, 4);
+                memcpy(&wd, q + (size_t)r * c->cols + b * QK8_0 + 4 * k, 4);
                 iacc[r] = _mm256_add_epi32(iacc[r], dot4(x, _mm256_set1_epi32(wd)));
             }
         }
@@ -139,7 +138,7 @@ static void a2_compute(void *vctx, int ith, int nth)
 {
     struct a2 *c = vctx;
     (void)ith, (void)nth;
-    int64_t nb = c->cols / A2_QB, ng = n_groups(c->n_tokens);
+    int64_t nb = c->cols / QK8_0, ng = n_groups(c->n_tokens);
     int64_t n_panels = (c->rows + A2_ROWS - 1) / A2_ROWS;
     int8_t *q = aligned_alloc(A2_ALIGN, ((size_t)A2_ROWS * (size_t)c->cols + A2_ALIGN - 1) / A2_ALIGN * A2_ALIGN);
     float *d = malloc((size_t)(A2_ROWS * nb) * sizeof(float));
