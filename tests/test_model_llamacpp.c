@@ -22,7 +22,10 @@
  *      prompt (prefill in one batch and in chunks);
  *   3. model_forward reproduces llama.cpp's 64 greedy ids exactly, and its
  *      logit rows are within LLAMACPP_F32_TOL: the F16 rounding in llama.cpp's
- *      attention that an exact f32 attention does not do. */
+ *      attention that an exact f32 attention does not do.
+ * A reference made with `llama.cpp -fa off` (plain F32 attention) and marked
+ * "flash_attn": false in its .json skips check 1 and holds check 3 to
+ * LOGIT_TOL (1e-4), the issue's bound, against llama.cpp itself. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -102,9 +105,11 @@ struct ref_case {
     float emul_tol; /* check 1: max |llama.cpp-mode reference - llama.cpp| */
 };
 
-/* Checks 1 and 2 of the header; returns max |engine - naive f32 ref|. */
-static float check_naive(const struct model *m, const struct ref_case *rc, const int32_t *prompt, int n_prompt,
-                         const int32_t *greedy, int n_greedy, const float *llama_logits, const float *engine_logits)
+/* Checks 1 (only for references made with flash attention) and 2 of the
+ * header; returns max |engine - naive f32 ref|. */
+static float check_naive(const struct model *m, const struct ref_case *rc, bool fa_refs, const int32_t *prompt,
+                         int n_prompt, const int32_t *greedy, int n_greedy, const float *llama_logits,
+                         const float *engine_logits)
 {
     int n_vocab = model_hparams(m)->n_vocab;
     struct ref_model *fa, *plain;
@@ -114,15 +119,19 @@ static float check_naive(const struct model *m, const struct ref_case *rc, const
     float worst_fa = 0, worst_plain = 0;
     char rows[1024] = "";
     for (int i = 0; i < n_prompt; i++) {
+        assert_int_equal(ref_forward(plain, 0, prompt[i], i, row_plain), KS_OK);
+        float d = max_diff(row_plain, engine_logits + (size_t)i * n_vocab, (size_t)n_vocab);
+        worst_plain = d > worst_plain ? d : worst_plain;
+    }
+    for (int i = 0; i < n_prompt && fa_refs; i++) {
         assert_int_equal(ref_forward(fa, 0, prompt[i], i, row), KS_OK);
         float d = max_diff(row, llama_logits + (size_t)i * n_vocab, (size_t)n_vocab);
         size_t len = strlen(rows);
         snprintf(rows + len, sizeof rows - len, " %.0e", (double)d);
         worst_fa = d > worst_fa ? d : worst_fa;
-        assert_int_equal(ref_forward(plain, 0, prompt[i], i, row_plain), KS_OK);
-        d = max_diff(row_plain, engine_logits + (size_t)i * n_vocab, (size_t)n_vocab);
-        worst_plain = d > worst_plain ? d : worst_plain;
     }
+    if (!fa_refs)
+        goto done;
     print_message("%s: llama.cpp-mode reference vs llama.cpp, max |diff| per row:%s\n", rc->name, rows);
     /* the reference's own greedy continuation, one token per batch as llama.cpp decodes */
     ref_set_batch_size(fa, 1);
@@ -136,10 +145,22 @@ static float check_naive(const struct model *m, const struct ref_case *rc, const
     print_message("%s: llama.cpp-mode reference vs llama.cpp: max |diff| %.2e (tol %.0e), %d greedy ids equal\n",
                   rc->name, (double)worst_fa, (double)rc->emul_tol, n_greedy);
     assert_true(worst_fa <= rc->emul_tol);
+done:
     free(row), free(row_plain);
     ref_model_free(fa);
     ref_model_free(plain);
     return worst_plain;
+}
+
+/* How llama.cpp made the file. ../shared/ref's files carry no "flash_attn"
+ * key: they were made with llama.cpp's default, flash attention on the CPU
+ * (what check 1 reproduces). A file made with `-fa off` and marked
+ * "flash_attn": false holds plain F32 attention, and the engine must then be
+ * within LOGIT_TOL of llama.cpp itself. */
+static bool made_with_flash_attn(const cJSON *root)
+{
+    const cJSON *fa = cJSON_GetObjectItemCaseSensitive(root, "flash_attn");
+    return !cJSON_IsBool(fa) || cJSON_IsTrue(fa);
 }
 
 static void run_case(const struct ref_case *rc, int n_threads, int prefill_chunk)
@@ -198,12 +219,15 @@ static void run_case(const struct ref_case *rc, int n_threads, int prefill_chunk
         assert_int_equal(model_forward(ctx, kv, &b, logits + (size_t)at * n_vocab, &n_out), KS_OK);
         assert_int_equal(n_out, n);
     }
+    bool fa_refs = made_with_flash_attn(root);
+    float llama_tol = fa_refs ? LLAMACPP_F32_TOL : LOGIT_TOL;
     float vs_llama = max_diff(logits, ref_logits, (size_t)n_prompt * n_vocab);
-    float vs_ref = check_naive(m, rc, prompt, n_prompt, greedy, n_greedy, ref_logits, logits);
-    print_message("%s: engine vs naive f32 ref %.2e (tol %.0e); engine vs llama.cpp %.2e (tol %.0e)\n", rc->name,
-                  (double)vs_ref, (double)LOGIT_TOL, (double)vs_llama, (double)LLAMACPP_F32_TOL);
+    float vs_ref = check_naive(m, rc, fa_refs, prompt, n_prompt, greedy, n_greedy, ref_logits, logits);
+    print_message("%s: engine vs naive f32 ref %.2e (tol %.0e); engine vs llama.cpp (%s) %.2e (tol %.0e)\n",
+                  rc->name, (double)vs_ref, (double)LOGIT_TOL, fa_refs ? "flash attention" : "-fa off",
+                  (double)vs_llama, (double)llama_tol);
     assert_true(vs_ref <= LOGIT_TOL);
-    assert_true(vs_llama <= LLAMACPP_F32_TOL);
+    assert_true(vs_llama <= llama_tol);
 
     /* greedy decode, one token at a time */
     int32_t next = argmax(logits + (size_t)(n_prompt - 1) * n_vocab, n_vocab);
