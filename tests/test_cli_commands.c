@@ -3,7 +3,9 @@
  * --help ends with the same shared flag block, a bad KV value is a usage
  * error (message, usage, exit 2), a quantized cache on a model whose
  * head_dim is not a multiple of 32 fails with kv's message, and the older
- * spellings --kv-page-tokens / --kv-sinks still run. */
+ * spellings --kv-page-tokens / --kv-sinks still run. bench also sweeps
+ * llama-bench-style lists (every combination one row per test, csv and json
+ * output) and goes on past a combination the model cannot run. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -14,6 +16,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #include <cmocka.h>
+#include <cjson/cJSON.h>
 
 #include "cli/args.h"
 
@@ -165,6 +168,95 @@ static void older_spellings_and_mmap_run(void **state)
     assert_non_null(strstr(g_out, "| tg4 |"));
 }
 
+/* Does a CSV row of bench hold exactly this combination and test? Fields:
+ * model,size_bytes,n_threads,type_k,type_v,kv_policy,test,n_prompt,n_gen,n_depth,reps,... */
+static int count_csv_rows(const char *csv, int threads, const char *type_k, const char *test, int depth)
+{
+    char want[128];
+    int n = 0;
+    fmt(want, sizeof want, ",%d,%s,f16,static,%s,", threads, type_k, test);
+    for (const char *line = csv; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+        const char *at = strstr(line, want), *end = strchr(line, '\n');
+        if (!at || (end && at > end))
+            continue;
+        /* n_prompt,n_gen, then n_depth */
+        const char *f = at + strlen(want);
+        int np, ng, d;
+        if (sscanf(f, "%d,%d,%d,", &np, &ng, &d) == 3 && d == depth)
+            n++;
+    }
+    return n;
+}
+
+static void bench_sweeps_every_combination(void **state)
+{
+    (void)state;
+    if (!have_inputs())
+        skip();
+    char args[8192];
+    fmt(args, sizeof args, "bench -m '%s' -p 8,16 -n 4 -r 2 -t 1,2 -ctk f16,f32 -d 0,8 -o csv", g_model);
+    assert_int_equal(run_to(args, false, g_out, sizeof g_out), 0);
+    assert_true(!strncmp(g_out, "model,size_bytes,n_threads,type_k,type_v,kv_policy,test,", 56));
+    int lines = 0;
+    for (const char *p = g_out; (p = strchr(p, '\n')); p++)
+        lines++;
+    assert_int_equal(lines, 1 + 2 * 2 * 2 * 3);
+    static const char *const tests[] = {"pp8", "pp16", "tg4"};
+    for (int t = 1; t <= 2; t++)
+        for (int k = 0; k < 2; k++)
+            for (int d = 0; d <= 8; d += 8)
+                for (int i = 0; i < 3; i++) {
+                    char name[32];
+                    fmt(name, sizeof name, "%s%s", tests[i], d ? " @ d8" : "");
+                    assert_int_equal(count_csv_rows(g_out, t, k ? "f32" : "f16", name, d), 1);
+                }
+}
+
+static void bench_json_rows(void **state)
+{
+    (void)state;
+    if (!have_inputs())
+        skip();
+    char args[8192];
+    fmt(args, sizeof args, "bench -m '%s' -p 8 -n 4 -r 3 -t 1 -ctk f32 -o json", g_model);
+    assert_int_equal(run_to(args, false, g_out, sizeof g_out), 0);
+    cJSON *rows = cJSON_Parse(g_out);
+    assert_true(cJSON_IsArray(rows));
+    assert_int_equal(cJSON_GetArraySize(rows), 2);
+    for (int i = 0; i < 2; i++) {
+        const cJSON *r = cJSON_GetArrayItem(rows, i);
+        assert_string_equal(cJSON_GetObjectItem(r, "test")->valuestring, i ? "tg4" : "pp8");
+        assert_string_equal(cJSON_GetObjectItem(r, "type_k")->valuestring, "f32");
+        assert_string_equal(cJSON_GetObjectItem(r, "type_v")->valuestring, "f16");
+        const cJSON *samples = cJSON_GetObjectItem(r, "samples_ts");
+        assert_int_equal(cJSON_GetArraySize(samples), 3);
+        double lo = 1e300, hi = 0, median = cJSON_GetObjectItem(r, "tps_median")->valuedouble;
+        for (int j = 0; j < 3; j++) {
+            double v = cJSON_GetArrayItem(samples, j)->valuedouble;
+            lo = v < lo ? v : lo, hi = v > hi ? v : hi;
+        }
+        assert_true(lo > 0 && lo <= median && median <= hi);
+        const cJSON *gbs = cJSON_GetObjectItem(r, "weights_gbs");
+        assert_true(i ? cJSON_IsNumber(gbs) && gbs->valuedouble > 0 : cJSON_IsNull(gbs));
+    }
+    cJSON_Delete(rows);
+}
+
+/* A combination the model cannot run is reported, the rest still run, exit 1. */
+static void bench_reports_a_failed_combination_and_goes_on(void **state)
+{
+    (void)state;
+    if (!have_inputs())
+        skip();
+    char args[8192];
+    fmt(args, sizeof args, "bench -m '%s' -p 8 -n 4 -r 1 -t 1 -ctk q8_0,f16", g_model);
+    assert_int_equal(run(args, g_out, sizeof g_out), 1);
+    assert_non_null(strstr(g_out, "kvserve bench: stories260K.gguf, -t 1 -ctk q8_0 -ctv f16 -d 0: --cache-type-k: "));
+    assert_non_null(strstr(g_out, "| f16/f16 | pp8 |"));
+    assert_non_null(strstr(g_out, "| f16/f16 | tg4 |"));
+    assert_null(strstr(g_out, "| q8_0/f16 |"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -172,6 +264,9 @@ int main(void)
         cmocka_unit_test(a_bad_kv_value_is_a_usage_error),
         cmocka_unit_test(a_quantized_cache_needs_head_dim_32),
         cmocka_unit_test(older_spellings_and_mmap_run),
+        cmocka_unit_test(bench_sweeps_every_combination),
+        cmocka_unit_test(bench_json_rows),
+        cmocka_unit_test(bench_reports_a_failed_combination_and_goes_on),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

@@ -259,11 +259,13 @@ static bool parse_switch(const struct cli_command *c, const char *a)
     return c->switch_flag && c->switch_flag(a, c->opts);
 }
 
+/* The command's own flags first: bench takes lists where the shared flags
+ * take one value (-ctk f16,q8_0). */
 static bool parse_value(const struct cli_command *c, const char *a, const char *v, bool *ok)
 {
-    if (c->model && cli_parse_kv_flag(a, v, &c->model->kv, ok))
+    if (c->value_flag && c->value_flag(a, v, c->opts, ok))
         return true;
-    return c->value_flag && c->value_flag(a, v, c->opts, ok);
+    return c->model && cli_parse_kv_flag(a, v, &c->model->kv, ok);
 }
 
 int cli_parse_command(const struct cli_command *c, int argc, char **argv)

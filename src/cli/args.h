@@ -76,7 +76,8 @@ struct cli_command {
     /* A flag without a value: true if it is one (and it was applied). */
     bool (*switch_flag)(const char *flag, void *opts);
     /* A flag with a value (NULL when argv ends): true if it is one; *ok
-     * false when the value is bad or missing. */
+     * false when the value is bad or missing. Tried before the shared KV
+     * flags, so a command may take one of them its own way. */
     bool (*value_flag)(const char *flag, const char *value, void *opts, bool *ok);
     void *opts;
 };
