@@ -13,6 +13,7 @@
  * V: one block at a time is widened to f32 in registers (q4_0 through a 16-entry
  * table of (n - 8) * d) and FMA'd into the accumulators of every row. */
 #include "attn/attn_internal.h"
+#include "vmath/vmath.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX2__) && \
     defined(__FMA__) && defined(__F16C__)
@@ -553,26 +554,6 @@ static void score_q4_0_avx512(const uint8_t *k, int n_tok, const struct attn_row
 
 /* ---- softmax ------------------------------------------------------------------ */
 
-/* exp(x) = 2^n * e^r with |r| <= ln2/2 and a degree-6 polynomial for e^r
- * (relative error about 2e-7 over the softmax range x <= 0), as exp8 in the
- * AVX2 set. */
-ALWAYS_INLINE __m512 exp16(__m512 x)
-{
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);
-    __m512 p = _mm512_set1_ps(1.0f / 720);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
-}
-
 ALWAYS_INLINE __mmask16 lanes_below(int n) { return n >= LANES ? 0xFFFF : n <= 0 ? 0 : (__mmask16)((1u << n) - 1); }
 
 static float exp_sum_avx512(float *s, int n, float mx)
@@ -580,7 +561,7 @@ static float exp_sum_avx512(float *s, int n, float mx)
     __m512 m = _mm512_set1_ps(mx), sum = _mm512_setzero_ps();
     for (int t = 0; t < n; t += LANES) {
         __mmask16 k = lanes_below(n - t);
-        __m512 e = _mm512_maskz_mov_ps(k, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + t), m)));
+        __m512 e = _mm512_maskz_mov_ps(k, vmath_exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + t), m)));
         _mm512_mask_storeu_ps(s + t, k, e);
         sum = _mm512_add_ps(sum, e);
     }
@@ -602,7 +583,7 @@ static void softmax_avx512(const struct attn_rows *rows, int page_start, int n_t
             continue;
         float mx = _mm512_reduce_max_ps(mv);
         if (mx != rows->m[r]) {
-            float corr = _mm512_cvtss_f32(exp16(_mm512_set1_ps(rows->m[r] - mx)));
+            float corr = _mm512_cvtss_f32(vmath_exp16(_mm512_set1_ps(rows->m[r] - mx)));
             float *acc = rows->acc + (size_t)r * rows->dim;
             int e = 0;
             for (; e + LANES <= rows->dim; e += LANES)

@@ -3,6 +3,7 @@
  * scalar reference for head_dim they cannot tile. The AVX-512 set is in
  * attn_avx512.c and uses this one for what it does not cover. */
 #include "attn/attn_internal.h"
+#include "vmath/vmath.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
@@ -239,33 +240,12 @@ static void accum_q4_0_avx2(const uint8_t *v, int n_tok, const struct attn_rows 
     quant_accum(v, n_tok, rows, true);
 }
 
-/* ---- exp ----------------------------------------------------------------- */
-
-/* exp(x) = 2^n * e^r with |r| <= ln2/2 and a degree-6 polynomial for e^r
- * (relative error about 2e-7 over the softmax range x <= 0). */
-ALWAYS_INLINE __m256 exp8(__m256 x)
-{
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145752f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860677e-6f), r);
-    __m256 p = _mm256_set1_ps(1.0f / 720);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
-
 static float exp_sum_avx2(float *s, int n, float mx)
 {
     __m256 m = _mm256_set1_ps(mx), sum = _mm256_setzero_ps();
     int t = 0;
     for (; t + 8 <= n; t += 8) {
-        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + t), m));
+        __m256 e = vmath_exp8(_mm256_sub_ps(_mm256_loadu_ps(s + t), m));
         _mm256_storeu_ps(s + t, e);
         sum = _mm256_add_ps(sum, e);
     }
@@ -274,7 +254,7 @@ static float exp_sum_avx2(float *s, int n, float mx)
         float buf[8] = {0};
         for (int i = t; i < n; i++)
             buf[i - t] = s[i] - mx;
-        __m256 e = exp8(_mm256_loadu_ps(buf));
+        __m256 e = vmath_exp8(_mm256_loadu_ps(buf));
         _mm256_storeu_ps(buf, e);
         for (int i = t; i < n; i++) {
             s[i] = buf[i - t];
