@@ -338,7 +338,10 @@ static inline __attribute__((always_inline)) void dec_rows(enum quant_type wt, c
         for (int r = 0; r < NR; r++) {
             /* the same bytes `ahead` rows on: the hardware prefetcher alone
              * leaves decode latency-bound at a third of bandwidth */
-            _mm_prefetch((const char *)(w + (r + ahead) * wrow + c * (wt == QUANT_Q4_0 ? 36 : 68)), _MM_HINT_T0);
+            const char *pf = (const char *)(w + (r + ahead) * wrow + c * (wt == QUANT_Q4_0 ? 36 : 68));
+            _mm_prefetch(pf, _MM_HINT_T0);
+            if (wt == QUANT_Q8_0) /* 68 bytes a pair: every 16th pair starts a line past the one before */
+                _mm_prefetch(pf + 67, _MM_HINT_T0);
             __m512 dx;
             __m512i q = dec_load(wt, w + r * wrow, c, nb, &dx);
             __m512i dot = _mm512_dpbusd_epi32(corr, q, y);
