@@ -79,7 +79,7 @@ void quant_vec_dot_q6_K_q8_K_avx512(int n, float *s, const void *x, const void *
  * KQ_DOT_MAX_TOKENS at a time), where y_t = (const uint8_t *)y + t * y_stride is a Q8_K row. Each weight
  * block is unpacked once for all nt tokens; results are bit-identical to the
  * type's vec_dot in quant_traits(). */
-#define KQ_DOT_MAX_TOKENS 4
+#define KQ_DOT_MAX_TOKENS 8
 typedef void (*quant_kq_dot_multi_fn)(int n, int nt, float *s, size_t s_stride, const void *x, const void *y,
                                       size_t y_stride);
 /* The multi-token kernel of a k-quant weight type, or NULL if it has none
