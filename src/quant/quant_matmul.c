@@ -298,11 +298,10 @@ static inline __m512i q8_0_pair(__m512i lo, __m512i hi)
     return _mm512_xor_si512(_mm512_permutex2var_epi8(lo, idx, hi), _mm512_set1_epi8((char)0x80));
 }
 
-/* decode: rows per step, sharing the activation loads. Eight q8_0 rows keep
- * more DRAM streams in flight (qwen3-0.6b q8_0 matmuls 37-44 -> 46-47 GB/s
- * with 2 threads); q4_0, with twice the unpacking per byte, is best at four. */
-#define DEC_NR_MAX 8
-static inline int dec_rows_per_step(enum quant_type wt) { return wt == QUANT_Q8_0 ? 8 : 4; }
+/* decode: rows per step, sharing the activation loads. Eight rows keep more
+ * DRAM streams in flight than four: qwen3-0.6b q8_0 matmuls 37-44 -> 46-47
+ * GB/s, llama-1b q4_0 27-31 -> 33-36 GB/s (bench_matmul -t 2). */
+#define DEC_NR 8
 #ifndef DEC_AHEAD_STEPS
 #define DEC_AHEAD_STEPS 1 /* decode: prefetch at least one row step ahead (2 was 3-6% slower for q8_0) */
 #endif
@@ -338,7 +337,7 @@ static inline __attribute__((always_inline)) void dec_rows(enum quant_type wt, c
                                                            int64_t nb, const uint8_t *pk, int NR, int64_t ahead,
                                                            float *out)
 {
-    __m512 acc[DEC_NR_MAX];
+    __m512 acc[DEC_NR];
     for (int r = 0; r < NR; r++)
         acc[r] = _mm512_setzero_ps();
     int64_t npair = ceil_div(nb, 2);
@@ -367,7 +366,7 @@ static inline __attribute__((always_inline)) void dec_rows(enum quant_type wt, c
 static inline __attribute__((always_inline)) void dec_range(const struct mm *m, enum quant_type wt, int64_t lo,
                                                             int64_t hi)
 {
-    const int nr = dec_rows_per_step(wt);
+    const int nr = DEC_NR;
     int64_t nb = m->cols / QB;
     int64_t ahead = DEC_AHEAD_BYTES / (int64_t)m->wrow;
     ahead = ahead < DEC_AHEAD_STEPS * nr ? DEC_AHEAD_STEPS * nr : ahead;
