@@ -302,11 +302,8 @@ static inline __m512i q8_0_pair(__m512i lo, __m512i hi)
  * DRAM streams in flight than four: qwen3-0.6b q8_0 matmuls 37-44 -> 46-47
  * GB/s, llama-1b q4_0 27-31 -> 33-36 GB/s (bench_matmul -t 2). */
 #define DEC_NR 8
-#ifndef DEC_AHEAD_STEPS
-#define DEC_AHEAD_STEPS 1 /* decode: prefetch at least one row step ahead (2 was 3-6% slower for q8_0) */
-#endif
 #ifndef DEC_AHEAD_BYTES
-#define DEC_AHEAD_BYTES 8192 /* decode: prefetch distance, at least two row groups */
+#define DEC_AHEAD_BYTES 8192 /* decode: prefetch distance, at least one step of DEC_NR rows (two was 3-6% slower) */
 #endif
 
 /* One pair of blocks of a Q4_0 or Q8_0 row as 64 u8 values, and its two
@@ -366,16 +363,15 @@ static inline __attribute__((always_inline)) void dec_rows(enum quant_type wt, c
 static inline __attribute__((always_inline)) void dec_range(const struct mm *m, enum quant_type wt, int64_t lo,
                                                             int64_t hi)
 {
-    const int nr = DEC_NR;
     int64_t nb = m->cols / QB;
     int64_t ahead = DEC_AHEAD_BYTES / (int64_t)m->wrow;
-    ahead = ahead < DEC_AHEAD_STEPS * nr ? DEC_AHEAD_STEPS * nr : ahead;
+    ahead = ahead < DEC_NR ? DEC_NR : ahead;
     for (int64_t t = 0; t < m->n_tokens; t++) {
         const uint8_t *pk = m->work + t * m->xrow;
         float *y = m->Y + t * m->rows;
         int64_t r = lo;
-        for (; r + nr <= hi; r += nr)
-            dec_rows(wt, m->W + r * m->wrow, m->wrow, nb, pk, nr, ahead, y + r);
+        for (; r + DEC_NR <= hi; r += DEC_NR)
+            dec_rows(wt, m->W + r * m->wrow, m->wrow, nb, pk, DEC_NR, ahead, y + r);
         for (; r < hi; r++)
             dec_rows(wt, m->W + r * m->wrow, m->wrow, nb, pk, 1, ahead, y + r);
     }
