@@ -155,11 +155,13 @@ static bool parse_value_flag(const char *a, const char *v, void *opts, bool *ok)
     return true;
 }
 
+static int max_int(int a, int b) { return a > b ? a : b; }
+
 static int list_max(const struct int_list *l)
 {
     int m = 0;
     for (int i = 0; i < l->n; i++)
-        m = l->v[i] > m ? l->v[i] : m;
+        m = max_int(m, l->v[i]);
     return m;
 }
 
@@ -222,7 +224,7 @@ static int32_t random_token(struct bench *b)
 static ks_status bench_buffers(struct bench *b)
 {
     const struct bench_opts *o = b->o;
-    int32_t most = list_max(&o->prompt) > list_max(&o->depth) ? list_max(&o->prompt) : list_max(&o->depth);
+    int32_t most = max_int(list_max(&o->prompt), list_max(&o->depth));
     b->max_batch = most > 512 ? 512 : most > 0 ? most : 1;
     if (list_max(&o->prompt) > b->max_batch)
         b->max_batch = list_max(&o->prompt); /* pp is one batch */
@@ -246,7 +248,7 @@ static ks_status bench_engine(struct bench *b, const struct bench_point *pt)
     struct cli_kv_flags kvf = o->load.kv;
     kvf.cfg.type_k = pt->type_k;
     kvf.cfg.type_v = pt->type_v;
-    int64_t longest = list_max(&o->prompt) > list_max(&o->gen) ? list_max(&o->prompt) : list_max(&o->gen);
+    int64_t longest = max_int(list_max(&o->prompt), list_max(&o->gen));
     struct kv_config cfg;
     cli_kv_config(b->e.model, &kvf, (int64_t)pt->depth + longest, &cfg);
     return cli_engine_start(&b->e, &cfg, pt->n_threads, b->max_batch);
@@ -368,7 +370,7 @@ static void csv_field(const char *s)
 }
 
 static void print_json_row(const struct bench *b, enum bench_test test, int32_t n, const struct bench_stat *s,
-                           const char *name, double gbs, bool first)
+                           const char *name, const char *policy, double gbs, bool first)
 {
     const struct bench_point *pt = &b->pt;
     cJSON *r = cJSON_CreateObject();
@@ -377,7 +379,7 @@ static void print_json_row(const struct bench *b, enum bench_test test, int32_t 
     cJSON_AddNumberToObject(r, "n_threads", pt->n_threads);
     cJSON_AddStringToObject(r, "type_k", quant_type_name(pt->type_k));
     cJSON_AddStringToObject(r, "type_v", quant_type_name(pt->type_v));
-    cJSON_AddStringToObject(r, "kv_policy", b->o->load.kv.cfg.policy == KV_POLICY_DYNAMIC ? "dynamic" : "static");
+    cJSON_AddStringToObject(r, "kv_policy", policy);
     cJSON_AddStringToObject(r, "test", name);
     cJSON_AddNumberToObject(r, "n_prompt", test == BENCH_PP ? n : 0);
     cJSON_AddNumberToObject(r, "n_gen", test == BENCH_TG ? n : 0);
@@ -399,7 +401,8 @@ static void print_json_row(const struct bench *b, enum bench_test test, int32_t 
 static void print_row(const struct bench *b, enum bench_test test, int32_t n, const struct bench_stat *s, bool first)
 {
     const struct bench_point *pt = &b->pt;
-    const char *policy = b->o->load.kv.cfg.policy == KV_POLICY_DYNAMIC ? "dynamic" : "static";
+    bool dynamic = b->o->load.kv.cfg.policy == KV_POLICY_DYNAMIC;
+    const char *policy = dynamic ? "dynamic" : "static";
     char name[64];
     int w = snprintf(name, sizeof name, "%s%d", test == BENCH_PP ? "pp" : "tg", (int)n);
     if (pt->depth && w > 0 && (size_t)w < sizeof name)
@@ -408,7 +411,7 @@ static void print_row(const struct bench *b, enum bench_test test, int32_t n, co
     if (first)
         print_header(b->o->format);
     if (b->o->format == BENCH_JSON) {
-        print_json_row(b, test, n, s, name, gbs, first);
+        print_json_row(b, test, n, s, name, policy, gbs, first);
     } else if (b->o->format == BENCH_CSV) {
         csv_field(base_name(b->path));
         printf(",%.0f,%d,%s,%s,%s,%s,%d,%d,%d,%d,%.3f,%.3f,", bytes, pt->n_threads, quant_type_name(pt->type_k),
@@ -422,8 +425,8 @@ static void print_row(const struct bench *b, enum bench_test test, int32_t n, co
         if (test == BENCH_TG)
             snprintf(gbs_text, sizeof gbs_text, "%.1f", gbs);
         printf("| %s | %.0f MiB | %d | %s/%s%s | %s | %.2f ± %.2f | %s |\n", base_name(b->path), bytes / (1 << 20),
-               pt->n_threads, quant_type_name(pt->type_k), quant_type_name(pt->type_v),
-               b->o->load.kv.cfg.policy == KV_POLICY_DYNAMIC ? " dynamic" : "", name, s->median, s->sd, gbs_text);
+               pt->n_threads, quant_type_name(pt->type_k), quant_type_name(pt->type_v), dynamic ? " dynamic" : "",
+               name, s->median, s->sd, gbs_text);
     }
     fflush(stdout);
 }
