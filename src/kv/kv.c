@@ -20,6 +20,7 @@ void kv_config_default(struct kv_config *cfg)
     cfg->high_watermark = 0.90f;
     cfg->low_watermark = 0.80f;
     cfg->floor = QUANT_Q4_0;
+    cfg->prefix_cache = true;
 }
 
 int kv_type_index(enum quant_type t)
@@ -100,6 +101,7 @@ ks_status kv_create(const struct kv_config *cfg, struct kv_cache **out)
     if (!kv)
         return ks_fail(KS_ERR_NOMEM, "kv cache: out of host memory");
     kv->cfg = *cfg;
+    kv->lru_head = kv->lru_tail = -1;
     while ((1 << kv->page_shift) < cfg->page_tokens)
         kv->page_shift++;
     kv->scratch = malloc((size_t)cfg->head_dim * sizeof(float));
@@ -118,9 +120,13 @@ void kv_free(struct kv_cache *kv)
     for (int32_t i = 0; i < kv->n_page_slots; i++) {
         free(kv->pages[i].k);
         free(kv->pages[i].v);
+        free(kv->pages[i].tokens);
     }
-    for (int32_t s = 0; s < kv->n_seq_slots; s++)
+    for (int32_t s = 0; s < kv->n_seq_slots; s++) {
         free(kv->seqs[s].pages);
+        free(kv->seqs[s].keys);
+    }
+    kv_prefix_free(kv);
     free(kv->pages);
     free(kv->free_slots);
     free(kv->seqs);
@@ -162,6 +168,7 @@ static ks_status reserve_slot(struct kv_cache *kv, int32_t *id_out)
     }
     *id_out = kv->n_page_slots++;
     memset(&kv->pages[*id_out], 0, sizeof kv->pages[0]);
+    kv->pages[*id_out].lru_prev = kv->pages[*id_out].lru_next = -1;
     return KS_OK;
 }
 
@@ -170,8 +177,7 @@ static void release_slot(struct kv_cache *kv, int32_t id)
     kv->free_slots[kv->n_free_slots++] = id;
 }
 
-/* A page of the start precision with ref 1; the caller has checked the budget. */
-static ks_status page_new(struct kv_cache *kv, enum quant_type tk, enum quant_type tv, int32_t *id_out)
+ks_status kv_page_new(struct kv_cache *kv, enum quant_type tk, enum quant_type tv, int32_t *id_out)
 {
     int32_t id = -1;
     ks_status st = reserve_slot(kv, &id);
@@ -191,27 +197,40 @@ static ks_status page_new(struct kv_cache *kv, enum quant_type tk, enum quant_ty
     pg->tv = tv;
     pg->ref = 1;
     pg->birth = kv->next_birth++;
-    pg->has_hash = false;
+    pg->keyed = pg->on_disk = false;
+    pg->hits = 0;
+    pg->lru_prev = pg->lru_next = -1;
     kv->used += kv_page_bytes(&kv->cfg, tk, tv);
     kv->n_live_pages++;
     *id_out = id;
     return KS_OK;
 }
 
+void kv_page_release(struct kv_cache *kv, int32_t id)
+{
+    struct kv_page *pg = &kv->pages[id];
+    assert(pg->ref == 0 && !pg->keyed);
+    size_t bytes = kv_page_bytes(&kv->cfg, pg->tk, pg->tv);
+    assert(kv->used >= bytes);
+    kv->used -= bytes;
+    free(pg->k);
+    free(pg->v);
+    pg->k = pg->v = NULL;
+    release_slot(kv, id);
+}
+
+/* A keyed page outlives its last holder as an idle cached page. */
 static void page_unref(struct kv_cache *kv, int32_t id)
 {
     struct kv_page *pg = &kv->pages[id];
     assert(pg->ref > 0);
     if (--pg->ref > 0)
         return;
-    size_t bytes = kv_page_bytes(&kv->cfg, pg->tk, pg->tv);
-    assert(kv->used >= bytes);
-    kv->used -= bytes;
     kv->n_live_pages--;
-    free(pg->k);
-    free(pg->v);
-    pg->k = pg->v = NULL;
-    release_slot(kv, id);
+    if (pg->keyed)
+        kv_prefix_park(kv, id);
+    else
+        kv_page_release(kv, id);
 }
 
 /* ---- sequences ------------------------------------------------------------ */
@@ -263,6 +282,7 @@ void kv_seq_free(struct kv_cache *kv, int32_t seq)
     struct kv_seq *s = &kv->seqs[seq];
     seq_drop_pages(kv, s, 0);
     free(s->pages);
+    free(s->keys);
     memset(s, 0, sizeof *s);
 }
 
@@ -273,7 +293,7 @@ int32_t kv_seq_len(const struct kv_cache *kv, int32_t seq)
 
 int32_t kv_seq_id_limit(const struct kv_cache *kv) { return kv->n_seq_slots; }
 
-static ks_status seq_reserve_table(struct kv_seq *s, int32_t n_pages)
+ks_status kv_seq_reserve_table(struct kv_seq *s, int32_t n_pages)
 {
     if (n_pages <= s->cap_pages)
         return KS_OK;
@@ -281,9 +301,12 @@ static ks_status seq_reserve_table(struct kv_seq *s, int32_t n_pages)
     while (cap < n_pages)
         cap *= 2;
     int32_t *p = realloc(s->pages, (size_t)cap * sizeof *p);
-    if (!p)
+    if (p)
+        s->pages = p;
+    struct kv_key *k = p ? realloc(s->keys, (size_t)cap * sizeof *k) : NULL;
+    if (!k)
         return ks_fail(KS_ERR_NOMEM, "kv cache: out of host memory for a page table");
-    s->pages = p;
+    s->keys = k;
     s->cap_pages = cap;
     return KS_OK;
 }
@@ -299,7 +322,7 @@ ks_status kv_seq_grow(struct kv_cache *kv, int32_t seq, int32_t n_tokens)
     int32_t len = s->len + n_tokens;
     int32_t need = (len + kv->cfg.page_tokens - 1) >> kv->page_shift;
     int32_t add = need - s->n_pages;
-    ks_status st = seq_reserve_table(s, need);
+    ks_status st = kv_seq_reserve_table(s, need);
     if (st)
         return st;
     if (add > 0) {
@@ -312,7 +335,7 @@ ks_status kv_seq_grow(struct kv_cache *kv, int32_t seq, int32_t n_tokens)
     int32_t first = s->n_pages;
     for (int32_t i = 0; i < add; i++) {
         int32_t id = -1;
-        if ((st = page_new(kv, kv->cfg.type_k, kv->cfg.type_v, &id))) {
+        if ((st = kv_page_new(kv, kv->cfg.type_k, kv->cfg.type_v, &id))) {
             seq_drop_pages(kv, s, first);
             return st;
         }
@@ -332,6 +355,8 @@ ks_status kv_seq_truncate(struct kv_cache *kv, int32_t seq, int32_t len)
                        (int)s->len, (int)len);
     seq_drop_pages(kv, s, (len + kv->cfg.page_tokens - 1) >> kv->page_shift);
     s->len = len;
+    if (s->n_keyed > len >> kv->page_shift)
+        s->n_keyed = len >> kv->page_shift;
     return KS_OK;
 }
 
@@ -344,7 +369,7 @@ ks_status kv_seq_fork(struct kv_cache *kv, int32_t src, int32_t *seq_out)
     if (st)
         return st;
     struct kv_seq *from = &kv->seqs[src], *to = &kv->seqs[id];
-    if ((st = seq_reserve_table(to, from->n_pages))) {
+    if ((st = kv_seq_reserve_table(to, from->n_pages))) {
         kv_seq_free(kv, id);
         return st;
     }
@@ -352,6 +377,8 @@ ks_status kv_seq_fork(struct kv_cache *kv, int32_t src, int32_t *seq_out)
         to->pages[i] = from->pages[i];
         kv->pages[from->pages[i]].ref++;
     }
+    memcpy(to->keys, from->keys, (size_t)from->n_keyed * sizeof *to->keys);
+    to->n_keyed = from->n_keyed;
     to->n_pages = from->n_pages;
     to->len = from->len;
     *seq_out = id;
@@ -360,11 +387,12 @@ ks_status kv_seq_fork(struct kv_cache *kv, int32_t src, int32_t *seq_out)
 
 /* ---- writing tokens --------------------------------------------------------- */
 
-/* Give seq its own copy of a shared page before writing into it. */
+/* Give seq its own copy of a shared or keyed (immutable) page before writing
+ * into it. */
 static ks_status page_make_private(struct kv_cache *kv, struct kv_seq *s, int32_t idx)
 {
     int32_t old = s->pages[idx];
-    if (kv->pages[old].ref == 1)
+    if (kv->pages[old].ref == 1 && !kv->pages[old].keyed)
         return KS_OK;
     enum quant_type tk = kv->pages[old].tk, tv = kv->pages[old].tv;
     size_t bytes = kv_page_bytes(&kv->cfg, tk, tv);
@@ -372,12 +400,12 @@ static ks_status page_make_private(struct kv_cache *kv, struct kv_seq *s, int32_
     if (st)
         return st;
     int32_t id = -1;
-    if ((st = page_new(kv, tk, tv, &id)))
+    if ((st = kv_page_new(kv, tk, tv, &id)))
         return st;
     memcpy(kv->pages[id].k, kv->pages[old].k, kv_half_bytes(&kv->cfg, tk));
     memcpy(kv->pages[id].v, kv->pages[old].v, kv_half_bytes(&kv->cfg, tv));
-    kv->pages[old].ref--;
     s->pages[idx] = id;
+    page_unref(kv, old);
     return KS_OK;
 }
 
@@ -398,7 +426,7 @@ ks_status kv_write(struct kv_cache *kv, int layer, int32_t seq, int32_t pos, con
     if (st)
         return st;
     struct kv_page *pg = &kv->pages[s->pages[idx]];
-    pg->has_hash = false;
+    assert(!pg->keyed && s->n_keyed <= idx);
     const float *src[2] = {k, v};
     void *half[2] = {pg->k, pg->v};
     enum quant_type type[2] = {pg->tk, pg->tv};
@@ -444,25 +472,30 @@ ks_status kv_check(const struct kv_cache *kv)
         }
     }
     size_t used = 0;
-    int32_t live = 0;
+    int32_t live = 0, idle = 0;
     for (int32_t id = 0; id < kv->n_page_slots && !st; id++) {
         const struct kv_page *pg = &kv->pages[id];
         if (pg->ref != refs[id])
             st = ks_fail(KS_ERR_INTERNAL, "kv: page %d has ref %d but %d tables hold it", (int)id, (int)pg->ref,
                          (int)refs[id]);
-        else if (pg->ref > 0) {
-            live++;
+        else if (pg->ref > 0 || pg->k) {
+            live += pg->ref > 0;
+            idle += pg->ref == 0;
             used += kv_page_bytes(c, pg->tk, pg->tv);
             if (!pg->k || !pg->v)
                 st = ks_fail(KS_ERR_INTERNAL, "kv: live page %d has no storage", (int)id);
+            else if (pg->ref == 0 && !pg->keyed)
+                st = ks_fail(KS_ERR_INTERNAL, "kv: page %d has storage, no holder and no key", (int)id);
         }
     }
-    if (!st && (used != kv->used || live != kv->n_live_pages))
-        st = ks_fail(KS_ERR_INTERNAL, "kv: accounting says %zu bytes in %d pages, pages hold %zu in %d", kv->used,
-                     (int)kv->n_live_pages, used, (int)live);
-    if (!st && live + kv->n_free_slots != kv->n_page_slots)
-        st = ks_fail(KS_ERR_INTERNAL, "kv: %d live + %d free page slots != %d", (int)live, (int)kv->n_free_slots,
-                     (int)kv->n_page_slots);
+    if (!st && (used != kv->used || live != kv->n_live_pages || idle != kv->n_idle_pages))
+        st = ks_fail(KS_ERR_INTERNAL, "kv: accounting says %zu bytes in %d + %d idle pages, pages hold %zu in %d + %d",
+                     kv->used, (int)kv->n_live_pages, (int)kv->n_idle_pages, used, (int)live, (int)idle);
+    if (!st && live + idle + kv->n_free_slots != kv->n_page_slots)
+        st = ks_fail(KS_ERR_INTERNAL, "kv: %d live + %d idle + %d free page slots != %d", (int)live, (int)idle,
+                     (int)kv->n_free_slots, (int)kv->n_page_slots);
+    if (!st)
+        st = kv_prefix_check(kv);
     if (!st && kv->used > c->mem_budget)
         st = ks_fail(KS_ERR_INTERNAL, "kv: %zu bytes used over a budget of %zu", kv->used, c->mem_budget);
     free(refs);

@@ -49,10 +49,13 @@ struct kv_config {
     float high_watermark;     /* dynamic: start demoting above this usage ratio (0.90) */
     float low_watermark;      /* dynamic: stop demoting below this (0.80) */
     enum quant_type floor;    /* dynamic: lowest precision (Q4_0) */
+    bool prefix_cache;        /* keep full pages keyed by content after their sequences end (on) */
+    uint8_t fingerprint[16];  /* the model's identity, part of every page key (model_fingerprint) */
 };
 
 /* Fill defaults: P=32, f16/f16, rotate on, static policy, S=32, W=512,
- * watermarks 0.90/0.80, floor q4_0. Shape and budget are left for the caller. */
+ * watermarks 0.90/0.80, floor q4_0, prefix cache on. Shape, budget and
+ * fingerprint are left for the caller. */
 void kv_config_default(struct kv_config *cfg);
 
 /* KS_ERR_INVALID_ARG names the bad field (e.g. q4_0 with head_dim 8). */
@@ -89,10 +92,11 @@ ks_status kv_seq_fork(struct kv_cache *kv, int32_t src, int32_t *seq_out);
 /* ---- live requantization ------------------------------------------------ */
 
 enum kv_select_kind {
-    KV_SELECT_ALL = 0,        /* every page of every sequence */
+    KV_SELECT_ALL = 0,        /* every page of every sequence, and the idle cached pages */
     KV_SELECT_SEQ = 1,        /* the pages of one sequence */
     KV_SELECT_OLDER_THAN = 2, /* pages whose tokens all lie before the most
-                                 recent keep_recent tokens of their sequence */
+                                 recent keep_recent tokens of their sequence,
+                                 and the idle cached pages */
 };
 
 struct kv_selector {
@@ -125,6 +129,103 @@ ks_status kv_requantize(struct kv_cache *kv, const struct kv_selector *sel, enum
 
 /* ---- usage and fit ------------------------------------------------------- */
 
+/* ---- prefix cache (RAM tier) --------------------------------------------- */
+/* A full page has a content key: key_i = XXH3-128(key_{i-1} | its P token ids
+ * | model fingerprint | KV layout: P, rotation, head_dim, layers, KV heads),
+ * with key_{-1} = 0. Precision is not in the key, so a demoted page still
+ * matches. A keyed page is immutable: a write into it (after a truncation,
+ * or into a page mapped by kv_seq_attach_partial) goes to a private copy.
+ *
+ * When the last sequence holding a keyed page lets go of it, the page stays
+ * allocated ("idle") on an LRU list and still counts as used. Idle pages are
+ * reclaimed only when an allocation needs their bytes: the dynamic policy
+ * first demotes idle pages, then evicts them (least recently used first; a
+ * released chain is queued leaf first), and only then demotes pages in use;
+ * the static policy evicts idle pages when the budget is exhausted. Evicted
+ * pages go to the eviction hook (the SSD tier) unless they came from it.
+ *
+ * The protocol, used by the scheduler's engine:
+ *   kv_seq_attach_pages()    map the cached chain that continues a sequence
+ *   kv_seq_import_page()     append one page read back from the SSD tier
+ *   kv_seq_attach_partial()  map the best-matching cached page for a partial
+ *                            last page (its tokens are then copied on write)
+ *   kv_seq_publish()         after a step: key the sequence's full pages */
+
+struct kv_key {
+    uint64_t lo, hi;
+};
+
+static inline bool kv_key_equal(struct kv_key a, struct kv_key b) { return a.lo == b.lo && a.hi == b.hi; }
+
+/* The chain keys of the n_tokens / P full pages of tokens into keys[]. */
+void kv_prefix_keys(const struct kv_cache *kv, const int32_t *tokens, int32_t n_tokens, struct kv_key *keys);
+
+/* seq holds tokens[0, len) and len is a multiple of P: map the cached pages
+ * that continue it along tokens, while the sequence stays within max_tokens
+ * (each page's tokens are compared, not only its key). The pages are shared,
+ * nothing is copied, and len grows by P per page. *n_pages_out: pages mapped
+ * (0 when len is not page-aligned or the prefix cache is off).
+ * KS_ERR_NOT_FOUND (no such sequence), KS_ERR_NOMEM. */
+ks_status kv_seq_attach_pages(struct kv_cache *kv, int32_t seq, const int32_t *tokens, int32_t max_tokens,
+                              int32_t *n_pages_out);
+
+/* After kv_seq_attach_pages(): among the cached pages that follow seq's last
+ * page (same parent key), map the one sharing the longest run of tokens with
+ * tokens[len, max_tokens) and set len to the end of that run. The page stays
+ * shared until the next write into it copies it. *n_tokens_out: tokens
+ * gained (0 for none). Errors as kv_seq_attach_pages(). */
+ks_status kv_seq_attach_partial(struct kv_cache *kv, int32_t seq, const int32_t *tokens, int32_t max_tokens,
+                                int32_t *n_tokens_out);
+
+/* Key every full page of seq whose tokens lie in tokens[0, n_computed) (the
+ * K/V of those tokens are written). A page whose key is already cached by
+ * another page stays private. Incremental: pages keyed before are skipped. */
+ks_status kv_seq_publish(struct kv_cache *kv, int32_t seq, const int32_t *tokens, int32_t n_computed);
+
+/* Pages as bytes for the SSD tier: a header (layout, types, key, parent), the
+ * P token ids, then the K and V halves. */
+struct kv_page_blob {
+    struct kv_key key, parent;
+    int32_t n_tokens;         /* P */
+    const void *data;
+    size_t len;
+};
+/* Called for each keyed page that leaves RAM (eviction) or is persisted
+ * (kv_prefix_persist), unless the page came from the SSD tier. The blob is
+ * only valid during the call. */
+typedef void (*kv_evict_fn)(void *user, const struct kv_page_blob *blob);
+void kv_set_evict_hook(struct kv_cache *kv, kv_evict_fn fn, void *user);
+
+/* Append a page read back from the SSD tier to seq (len a multiple of P).
+ * The blob must match this cache's layout, and its key must be the next key
+ * of seq's chain along tokens (tokens[0, len + P) are the prompt); anything
+ * else is KS_ERR_FORMAT and changes nothing. KS_ERR_KV_FULL when no room. */
+ks_status kv_seq_import_page(struct kv_cache *kv, int32_t seq, const int32_t *tokens, const void *blob, size_t len);
+
+/* Hand every keyed page not yet on disk to the eviction hook (at shutdown).
+ * Returns the pages handed over. */
+int32_t kv_prefix_persist(struct kv_cache *kv);
+
+/* Drop every idle cached page (without the hook); pages in use are kept.
+ * Returns the pages dropped. */
+int32_t kv_prefix_clear(struct kv_cache *kv);
+
+/* The cached chains, longest first: a chain runs from a page without a cached
+ * parent to a leaf (a keyed page no other keyed page continues). */
+enum { KV_PREFIX_HEAD_TOKENS = 32 };
+struct kv_prefix_info {
+    struct kv_key leaf;
+    int32_t n_pages, n_tokens;
+    int32_t n_idle;           /* pages of the chain no sequence holds */
+    uint64_t hits;            /* times a request mapped the chain's first page */
+    uint64_t leaf_hits;       /* times a request mapped it to the leaf */
+    int64_t last_use_ms;      /* unix ms of the latest use of any of its pages */
+    int32_t n_head;           /* the chain's first tokens (up to KV_PREFIX_HEAD_TOKENS) */
+    int32_t head[KV_PREFIX_HEAD_TOKENS];
+};
+/* Fill up to cap chains; returns how many there are (may exceed cap). */
+int32_t kv_prefix_list(const struct kv_cache *kv, struct kv_prefix_info *out, int32_t cap);
+
 /* Index into the per-type arrays below: f32, f16, q8_0, q4_0. */
 enum { KV_N_TYPES = 4 };
 int kv_type_index(enum quant_type t);           /* -1 if not a KV type */
@@ -139,6 +240,14 @@ struct kv_usage {
     int64_t tokens_k[KV_N_TYPES], tokens_v[KV_N_TYPES];
     int64_t demotions;                       /* page halves demoted by the dynamic policy */
     int64_t demotion_passes;                 /* times the high watermark was crossed */
+    /* prefix cache; n_pages and the per-type counts include idle pages */
+    int32_t n_idle_pages;                    /* keyed pages no sequence holds (reclaimable) */
+    size_t idle_bytes;
+    int32_t n_keyed_pages;                   /* pages with a content key, idle or in use */
+    int32_t n_shared_pages;                  /* pages held by more than one sequence */
+    int64_t evictions;                       /* idle pages reclaimed for their bytes */
+    int64_t evicted_to_disk;                 /* of which handed to the eviction hook */
+    int64_t attached_pages;                  /* pages mapped by kv_seq_attach_* and imported */
 };
 void kv_usage(const struct kv_cache *kv, struct kv_usage *out);
 
@@ -153,7 +262,7 @@ struct kv_seq_usage {
 int32_t kv_seq_id_limit(const struct kv_cache *kv);
 ks_status kv_seq_usage(const struct kv_cache *kv, int32_t seq, struct kv_seq_usage *out);
 
-/* Tokens that still fit in the free budget (whole pages) if every new page
+/* Tokens that still fit in the free budget plus the idle cached pages (whole pages) if every new page
  * were stored at one precision (K and V alike), and under the dynamic policy
  * for one new sequence (sinks and hot window at the start precision, the rest
  * at the floor, after demoting every demotable page already in the cache).
@@ -210,6 +319,7 @@ ks_status kv_set_policy(struct kv_cache *kv, const struct kv_policy_update *u);
 struct kv_page_info {
     enum quant_type type_k, type_v;
     int32_t ref;              /* sequences sharing it (> 1: shared prefix or fork) */
+    bool keyed;               /* in the prefix cache */
 };
 /* Fill up to cap entries of seq's pages in order; *n_out is the sequence's
  * page count (may exceed cap; out may be NULL when cap is 0). KS_ERR_NOT_FOUND

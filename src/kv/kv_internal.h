@@ -12,13 +12,21 @@
 
 #include "kv/kv.h"
 
+/* A page slot is free (no storage), live (ref > 0) or idle (ref 0, keyed,
+ * on the LRU list). */
 struct kv_page {
     void *k, *v;             /* storage, NULL for a free slot */
     enum quant_type tk, tv;
-    int32_t ref;             /* sequences whose table holds this page; 0 = free */
+    int32_t ref;             /* sequences whose table holds this page */
     uint64_t birth;          /* allocation order: the dynamic policy demotes oldest first */
-    uint64_t hash;           /* content hash slot for prefix sharing; valid if has_hash */
-    bool has_hash;
+    /* prefix cache; a keyed page is immutable */
+    bool keyed;
+    bool on_disk;            /* the SSD tier has it: no need to hand it to the hook */
+    struct kv_key key, parent;
+    int32_t *tokens;         /* (P) its token ids, while keyed */
+    int32_t lru_prev, lru_next; /* idle pages, least recently used first; -1 ends */
+    uint64_t hits;           /* times a sequence mapped it from the cache */
+    int64_t last_use_ms;     /* unix ms */
 };
 
 struct kv_seq {
@@ -26,6 +34,14 @@ struct kv_seq {
     int32_t len;
     int32_t n_pages, cap_pages;
     int32_t *pages;          /* (n_pages) page ids, token t lives in pages[t / P] */
+    struct kv_key *keys;     /* (cap_pages) chain keys of the first n_keyed pages */
+    int32_t n_keyed;         /* pages whose key is known and whose publication was tried */
+};
+
+/* Open addressing (linear probing, backward-shift deletion): key -> page id. */
+struct kv_map {
+    int32_t *slots;          /* (cap) page id or -1 */
+    uint32_t cap, n;         /* cap a power of two, n < cap / 2 */
 };
 
 struct kv_cache {
@@ -45,6 +61,15 @@ struct kv_cache {
 
     int64_t demotions, demotion_passes;
     float *scratch;          /* (head_dim) rotation scratch for kv_write */
+
+    /* prefix cache, kv_prefix.c */
+    struct kv_map map;
+    int32_t lru_head, lru_tail;
+    int32_t n_idle_pages;
+    size_t idle_bytes;
+    int64_t evictions, evicted_to_disk, attached_pages;
+    kv_evict_fn evict_fn;
+    void *evict_user;
 };
 
 /* Bytes of one stored row of head_dim values. */
@@ -77,13 +102,33 @@ size_t kv_half_bytes(const struct kv_config *cfg, enum quant_type t);
 /* Zeroed storage for one half of a page; NULL when the host is out of memory. */
 void *kv_half_alloc(const struct kv_cache *kv, enum quant_type t);
 
+/* ---- pool, kv.c ---------------------------------------------------------- */
+
+/* A page of types (tk, tv) with ref 1; the caller has checked the budget. */
+ks_status kv_page_new(struct kv_cache *kv, enum quant_type tk, enum quant_type tv, int32_t *id_out);
+/* Free an unreferenced page's storage and slot (its key must be gone). */
+void kv_page_release(struct kv_cache *kv, int32_t id);
+ks_status kv_seq_reserve_table(struct kv_seq *s, int32_t n_pages);
+
+/* ---- prefix cache, kv_prefix.c ------------------------------------------- */
+
+/* ref went 0 -> 1 (idle page mapped again) or 1 -> 0 (a keyed page released). */
+void kv_prefix_take(struct kv_cache *kv, int32_t id);
+void kv_prefix_park(struct kv_cache *kv, int32_t id);
+/* Reclaim idle pages, least recently used first, until used + bytes <= goal
+ * or none is left. */
+void kv_prefix_evict(struct kv_cache *kv, size_t bytes, size_t goal);
+void kv_prefix_free(struct kv_cache *kv);
+ks_status kv_prefix_check(const struct kv_cache *kv);
+
 /* ---- policy, kv_policy.c ---------------------------------------------------- */
 
-/* Make room for an allocation of bytes: the static policy only checks the
- * budget; the dynamic one, when used + bytes crosses the high watermark,
- * demotes the oldest demotable pages until used + bytes is under the low
- * watermark or nothing is left to demote. KS_ERR_KV_FULL when used + bytes
- * still exceeds the budget. */
+/* Make room for an allocation of bytes: the static policy evicts idle cached
+ * pages when the budget needs them; the dynamic one, when used + bytes
+ * crosses the high watermark, demotes idle cached pages, then evicts them,
+ * then demotes the oldest demotable pages in use, until used + bytes is under
+ * the low watermark or nothing is left to do. KS_ERR_KV_FULL when used +
+ * bytes still exceeds the budget. */
 ks_status kv_policy_make_room(struct kv_cache *kv, size_t bytes);
 
 /* Convert the halves of n pages (ids) to tk / tv (KV_TYPE_KEEP: unchanged),

@@ -1,8 +1,11 @@
-/* Precision policy. Static: every page keeps the start precision and a full
- * budget is KS_ERR_KV_FULL. Dynamic: as usage crosses the high watermark,
- * the oldest pages outside each sequence's sinks and hot window step down,
- * V before K and one precision level at a time (V q8_0, K q8_0, V q4_0,
- * K q4_0), never below the floor, until usage is under the low watermark. */
+/* Precision policy. Static: every page keeps the start precision; idle
+ * cached pages (the prefix cache) are evicted when the budget needs their
+ * bytes, and a full budget is KS_ERR_KV_FULL. Dynamic: as usage crosses the
+ * high watermark, idle cached pages step down first, then they are evicted,
+ * then the oldest pages in use outside each sequence's sinks and hot window
+ * step down, V before K and one precision level at a time (V q8_0, K q8_0,
+ * V q4_0, K q4_0), never below the floor, until usage is under the low
+ * watermark. Idle pages go first because no running request reads them. */
 #include <stdlib.h>
 
 #include "kv/kv_internal.h"
@@ -30,8 +33,9 @@ static int by_birth(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* Pages outside every holder's sinks and hot window, oldest first. */
-static int32_t collect_candidates(const struct kv_cache *kv, struct candidate *out, uint8_t *protect)
+/* Idle cached pages (idle) or pages in use outside every holder's sinks and
+ * hot window, oldest first. */
+static int32_t collect_candidates(const struct kv_cache *kv, bool idle, struct candidate *out, uint8_t *protect)
 {
     const struct kv_config *c = &kv->cfg;
     for (int32_t q = 0; q < kv->n_seq_slots; q++) {
@@ -43,9 +47,11 @@ static int32_t collect_candidates(const struct kv_cache *kv, struct candidate *o
         }
     }
     int32_t n = 0;
-    for (int32_t id = 0; id < kv->n_page_slots; id++)
-        if (kv->pages[id].ref > 0 && !protect[id])
-            out[n++] = (struct candidate){kv->pages[id].birth, id};
+    for (int32_t id = 0; id < kv->n_page_slots; id++) {
+        const struct kv_page *pg = &kv->pages[id];
+        if (idle ? pg->ref == 0 && pg->k : pg->ref > 0 && !protect[id])
+            out[n++] = (struct candidate){pg->birth, id};
+    }
     qsort(out, (size_t)n, sizeof *out, by_birth);
     return n;
 }
@@ -55,8 +61,8 @@ static bool stage_allowed(const struct kv_config *c, const struct demotion_stage
     return kv_type_index(st->to) <= kv_type_index(c->floor) && kv_check_type(c, st->to, "") == KS_OK;
 }
 
-/* Demote until used + bytes <= goal; false if it ran out of candidates. */
-static ks_status demote(struct kv_cache *kv, size_t bytes, size_t goal)
+/* Demote idle or in-use pages until used + bytes <= goal or none is left. */
+static ks_status demote(struct kv_cache *kv, bool idle, size_t bytes, size_t goal)
 {
     struct candidate *cand = malloc(((size_t)kv->n_page_slots + 1) * sizeof *cand);
     uint8_t *protect = calloc((size_t)kv->n_page_slots + 1, 1);
@@ -65,9 +71,8 @@ static ks_status demote(struct kv_cache *kv, size_t bytes, size_t goal)
         free(protect);
         return ks_fail(KS_ERR_NOMEM, "kv policy: out of host memory");
     }
-    int32_t n = collect_candidates(kv, cand, protect);
+    int32_t n = collect_candidates(kv, idle, cand, protect);
     ks_status st = KS_OK;
-    kv->demotion_passes++;
     for (size_t s = 0; s < sizeof STAGES / sizeof STAGES[0] && kv->used + bytes > goal && !st; s++) {
         if (!stage_allowed(&kv->cfg, &STAGES[s]))
             continue;
@@ -91,10 +96,17 @@ ks_status kv_policy_make_room(struct kv_cache *kv, size_t bytes)
 {
     const struct kv_config *c = &kv->cfg;
     if (c->policy == KV_POLICY_DYNAMIC && kv->used + bytes > (size_t)((double)c->high_watermark * c->mem_budget)) {
-        ks_status st = demote(kv, bytes, (size_t)((double)c->low_watermark * c->mem_budget));
+        size_t low = (size_t)((double)c->low_watermark * c->mem_budget);
+        kv->demotion_passes++;
+        ks_status st = demote(kv, true, bytes, low);
+        if (!st)
+            kv_prefix_evict(kv, bytes, low);
+        if (!st)
+            st = demote(kv, false, bytes, low);
         if (st)
             return st;
     }
+    kv_prefix_evict(kv, bytes, c->mem_budget);
     if (kv->used + bytes > c->mem_budget)
         return ks_fail(KS_ERR_KV_FULL,
                        "out of KV memory: %zu more bytes needed, %zu of %zu used%s (raise --kv-mem%s)", bytes,

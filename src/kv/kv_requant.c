@@ -65,8 +65,10 @@ ks_status kv_convert_pages(struct kv_cache *kv, const int32_t *ids, int32_t n, e
             pg->v = fresh[2 * i + 1];
             pg->tv = nv;
         }
-        pg->has_hash = false;
-        kv->used = kv->used - before + kv_page_bytes(&kv->cfg, pg->tk, pg->tv);
+        size_t now = kv_page_bytes(&kv->cfg, pg->tk, pg->tv);
+        kv->used = kv->used - before + now;
+        if (pg->ref == 0) /* an idle cached page */
+            kv->idle_bytes = kv->idle_bytes - before + now;
     }
     free(fresh);
     free(row);
@@ -83,6 +85,19 @@ static bool page_selected(const struct kv_cache *kv, const struct kv_selector *s
         return (int64_t)(idx + 1) * kv->cfg.page_tokens <= (int64_t)s->len - sel->keep_recent;
     }
     return false;
+}
+
+static void select_page(const struct kv_cache *kv, int32_t id, enum quant_type type_k, enum quant_type type_v,
+                        uint8_t *mark, int32_t *ids, int32_t *n_change, size_t *after, struct kv_requant_result *r)
+{
+    mark[id] = 1;
+    r->pages_selected++;
+    const struct kv_page *pg = &kv->pages[id];
+    enum quant_type nk = target(type_k, pg->tk), nv = target(type_v, pg->tv);
+    if (nk == pg->tk && nv == pg->tv)
+        return;
+    ids[(*n_change)++] = id;
+    *after = *after - kv_page_bytes(&kv->cfg, pg->tk, pg->tv) + kv_page_bytes(&kv->cfg, nk, nv);
 }
 
 static ks_status check_request(const struct kv_cache *kv, const struct kv_selector *sel, enum quant_type tk,
@@ -130,20 +145,13 @@ ks_status kv_requantize(struct kv_cache *kv, const struct kv_selector *sel, enum
     int32_t n_change = 0;
     for (int32_t q = 0; q < kv->n_seq_slots; q++) {
         const struct kv_seq *s = &kv->seqs[q];
-        for (int32_t i = 0; s->live && i < s->n_pages; i++) {
-            int32_t id = s->pages[i];
-            if (mark[id] || !page_selected(kv, sel, q, i))
-                continue;
-            mark[id] = 1;
-            r.pages_selected++;
-            const struct kv_page *pg = &kv->pages[id];
-            enum quant_type nk = target(type_k, pg->tk), nv = target(type_v, pg->tv);
-            if (nk == pg->tk && nv == pg->tv)
-                continue;
-            ids[n_change++] = id;
-            after = after - kv_page_bytes(&kv->cfg, pg->tk, pg->tv) + kv_page_bytes(&kv->cfg, nk, nv);
-        }
+        for (int32_t i = 0; s->live && i < s->n_pages; i++)
+            if (!mark[s->pages[i]] && page_selected(kv, sel, q, i))
+                select_page(kv, s->pages[i], type_k, type_v, mark, ids, &n_change, &after, &r);
     }
+    /* idle cached pages belong to no sequence and are older than any window */
+    for (int32_t id = kv->lru_head; sel->kind != KV_SELECT_SEQ && id >= 0; id = kv->pages[id].lru_next)
+        select_page(kv, id, type_k, type_v, mark, ids, &n_change, &after, &r);
     r.pages_changed = n_change;
     r.bytes_after = after;
     if (after > kv->cfg.mem_budget)

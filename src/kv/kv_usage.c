@@ -10,15 +10,22 @@ void kv_usage(const struct kv_cache *kv, struct kv_usage *out)
     out->budget = c->mem_budget;
     out->used = kv->used;
     out->free = c->mem_budget - kv->used;
-    out->n_pages = kv->n_live_pages;
+    out->n_pages = kv->n_live_pages + kv->n_idle_pages;
     out->demotions = kv->demotions;
     out->demotion_passes = kv->demotion_passes;
+    out->n_idle_pages = kv->n_idle_pages;
+    out->idle_bytes = kv->idle_bytes;
+    out->n_keyed_pages = (int32_t)kv->map.n;
+    out->evictions = kv->evictions;
+    out->evicted_to_disk = kv->evicted_to_disk;
+    out->attached_pages = kv->attached_pages;
     for (int32_t id = 0; id < kv->n_page_slots; id++) {
         const struct kv_page *pg = &kv->pages[id];
-        if (pg->ref <= 0)
+        if (!pg->k)
             continue;
         out->pages_k[kv_type_index(pg->tk)]++;
         out->pages_v[kv_type_index(pg->tv)]++;
+        out->n_shared_pages += pg->ref > 1;
     }
     for (int32_t q = 0; q < kv->n_seq_slots; q++) {
         const struct kv_seq *s = &kv->seqs[q];
@@ -110,7 +117,7 @@ void kv_fit(const struct kv_cache *kv, struct kv_fit *out)
             }
         }
     }
-    fit_bytes(c, c->mem_budget - kv->used, reclaim, out);
+    fit_bytes(c, c->mem_budget - kv->used + kv->idle_bytes, reclaim, out);
 }
 
 ks_status kv_fit_config(const struct kv_config *cfg, struct kv_fit *out)
