@@ -82,6 +82,9 @@ uint32_t gguf_version(const struct gguf_file *f);
 uint64_t gguf_alignment(const struct gguf_file *f);
 uint64_t gguf_data_offset(const struct gguf_file *f);
 size_t gguf_file_size(const struct gguf_file *f);
+/* The bytes before the data section (header, metadata, tensor table): what
+ * identifies a model's weights without reading them. *len_out gets the size. */
+const void *gguf_header_bytes(const struct gguf_file *f, size_t *len_out);
 
 /* ---- metadata ---------------------------------------------------------- */
 int64_t gguf_n_kv(const struct gguf_file *f);

@@ -10,6 +10,12 @@ uint32_t gguf_version(const struct gguf_file *f) { return f->version; }
 uint64_t gguf_alignment(const struct gguf_file *f) { return f->alignment; }
 uint64_t gguf_data_offset(const struct gguf_file *f) { return f->data_offset; }
 size_t gguf_file_size(const struct gguf_file *f) { return f->size; }
+
+const void *gguf_header_bytes(const struct gguf_file *f, size_t *len_out)
+{
+    *len_out = (size_t)f->data_offset;
+    return f->base;
+}
 int64_t gguf_n_kv(const struct gguf_file *f) { return f->n_kv; }
 int64_t gguf_n_tensors(const struct gguf_file *f) { return f->n_tensors; }
 

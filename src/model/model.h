@@ -63,8 +63,13 @@ const struct gguf_file *model_gguf(const struct model *m);
 /* Total bytes of weights (what one decode step reads). */
 uint64_t model_weight_bytes(const struct model *m);
 
-/* A kv_config shaped for this model (layers, KV heads, head_dim) with
- * kv_config_default() for the rest; the caller sets the budget. */
+/* XXH3-128 of the file's metadata and tensor table (gguf_header_bytes): a
+ * different model or quantization gives a different fingerprint. */
+void model_fingerprint(const struct model *m, uint8_t out[16]);
+
+/* A kv_config shaped for this model (layers, KV heads, head_dim, and its
+ * fingerprint for prefix-cache keys) with kv_config_default() for the rest;
+ * the caller sets the budget. */
 void model_kv_config(const struct model *m, struct kv_config *cfg);
 
 struct model_batch {

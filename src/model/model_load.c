@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 
 #include "model/model_internal.h"
 
@@ -427,4 +428,14 @@ void model_kv_config(const struct model *m, struct kv_config *cfg)
     cfg->n_layer = m->hp.n_layer;
     cfg->n_kv_head = m->hp.n_head_kv;
     cfg->head_dim = m->hp.head_dim_k;
+    model_fingerprint(m, cfg->fingerprint);
+}
+
+void model_fingerprint(const struct model *m, uint8_t out[16])
+{
+    size_t len = 0;
+    const void *header = gguf_header_bytes(m->file, &len);
+    XXH128_hash_t h = XXH3_128bits(header, len);
+    memcpy(out, &h.low64, 8);
+    memcpy(out + 8, &h.high64, 8);
 }
