@@ -22,6 +22,7 @@ struct req {
     int32_t n_tokens, cap;
     int32_t n_prompt, max_tokens, n_generated;
     int32_t n_computed;       /* tokens whose K/V are in the cache */
+    int32_t n_cached;         /* prompt tokens the prefix cache served at the first admission */
     int32_t seq;              /* -1 while holding no pages */
     uint64_t admit_order;
     void *sampler;
@@ -31,6 +32,9 @@ struct req {
     bool cancelled;
     bool ignore_eog;
     bool skip_step;           /* this step's prefill chunk was dropped */
+    bool needs_lookup;        /* admitted, the prefix cache not asked yet */
+    bool looked_up;           /* the first admission's lookup is done (n_cached is set) */
+    bool dedup_wait;          /* an older request is computing this one's next page */
     enum sched_finish finish; /* set when done */
     const char *error;
 };
@@ -123,7 +127,7 @@ static void req_emit_final(struct req *r)
 {
     struct sched_event ev = {
         .id = r->id, .token = -1, .finish = r->finish, .n_prompt = r->n_prompt,
-        .n_generated = r->n_generated, .error = r->error,
+        .n_generated = r->n_generated, .n_cached = r->n_cached, .error = r->error,
     };
     r->on_event(r->user, &ev);
 }
@@ -160,8 +164,8 @@ ks_status sched_submit(struct sched *s, const struct sched_request *rq, uint64_t
 {
     if (!rq || !rq->prompt || rq->n_prompt < 1 || !rq->on_event)
         return ks_fail(KS_ERR_INVALID_ARG, "request needs a non-empty prompt and an event callback");
-    if (rq->max_tokens < 1)
-        return ks_fail(KS_ERR_INVALID_ARG, "max_tokens must be at least 1 (got %d)", rq->max_tokens);
+    if (rq->max_tokens < 0)
+        return ks_fail(KS_ERR_INVALID_ARG, "max_tokens must not be negative (got %d)", rq->max_tokens);
     if (rq->n_prompt >= s->cfg.ctx_size)
         return ks_fail(KS_ERR_RANGE, "the prompt has %d tokens but the context holds %d (leave room for one generated token)",
                        rq->n_prompt, s->cfg.ctx_size);
@@ -276,6 +280,7 @@ static void req_info(const struct req *r, bool running, struct sched_request_inf
     o->n_prompt = r->n_prompt;
     o->n_generated = r->n_generated;
     o->n_computed = r->n_computed;
+    o->n_cached = r->n_cached;
     o->running = running;
 }
 
@@ -357,6 +362,7 @@ static void admit(struct sched *s)
             break;
         }
         r->n_computed = 0;
+        r->needs_lookup = s->eng.prefix_attach != NULL;
         r->admit_order = ++s->next_admit;
         list_remove(s->waiting, &s->n_waiting, 0);
         s->active[s->n_active++] = r;
@@ -384,6 +390,92 @@ static void preempt_newest(struct sched *s)
     s->st.preemptions++;
 }
 
+/* ---- scheduler thread: the prefix cache ------------------------------------------ */
+
+/* The prefix the cache may serve: all but the last token, whose logits the
+ * first sample needs, unless the request only warms the cache. */
+static int32_t cacheable(const struct req *r)
+{
+    return r->max_tokens > 0 ? r->n_tokens - 1 : r->n_tokens;
+}
+
+/* Ask the cache (RAM, then disk) for each newly admitted request's prompt. The
+ * engine is called without the lock: a disk read may take a while. */
+static void lookup_admitted(struct sched *s)
+{
+    for (int i = 0; i < s->n_active; i++) {
+        struct req *r = s->active[i];
+        if (!r->needs_lookup)
+            continue;
+        struct sched_prefix_hit hit = {0, 0};
+        s->eng.prefix_attach(s->eng.ctx, r->seq, r->tokens, cacheable(r), true, s->cost.prefill_token_s, &hit);
+        int32_t got = hit.ram_tokens + hit.disk_tokens;
+        pthread_mutex_lock(&s->mu);
+        r->needs_lookup = false;
+        r->n_computed = got;
+        if (!r->looked_up)
+            r->n_cached = got < r->n_prompt ? got : r->n_prompt;
+        r->looked_up = true;
+        s->st.prefix_lookups++;
+        s->st.prefix_hit_ram_tokens += (uint64_t)hit.ram_tokens;
+        s->st.prefix_hit_disk_tokens += (uint64_t)hit.disk_tokens;
+        s->st.prefix_miss_tokens += (uint64_t)(r->n_tokens - got);
+        if (r->max_tokens == 0 && got == r->n_tokens)
+            r->finish = SCHED_FINISH_LENGTH;
+        pthread_mutex_unlock(&s->mu);
+    }
+}
+
+/* Is an older active request about to compute the page r needs next, from
+ * the same tokens? Then r waits for it instead of computing it twice. */
+static bool computed_by_older(const struct sched *s, const struct req *r)
+{
+    int32_t end = r->n_computed + s->eng.page_tokens;
+    if (r->n_computed % s->eng.page_tokens != 0 || end > cacheable(r))
+        return false;
+    for (int i = 0; i < s->n_active && s->active[i] != r; i++) {
+        const struct req *a = s->active[i];
+        if (a->finish == SCHED_FINISH_NONE && a->seq >= 0 && a->n_computed < end && end <= cacheable(a) &&
+            !memcmp(a->tokens, r->tokens, (size_t)end * sizeof *r->tokens))
+            return true;
+    }
+    return false;
+}
+
+/* Before a step: prefilling requests take the pages others published since
+ * the last step, then wait if an older request is computing their next page. */
+static void share_prefill(struct sched *s)
+{
+    for (int i = 0; i < s->n_active; i++) {
+        struct req *r = s->active[i];
+        r->dedup_wait = false;
+        if (!s->eng.prefix_attach || r->finish != SCHED_FINISH_NONE || r->n_computed >= cacheable(r))
+            continue;
+        struct sched_prefix_hit hit = {0, 0};
+        s->eng.prefix_attach(s->eng.ctx, r->seq, r->tokens, cacheable(r), false, 0.0, &hit);
+        pthread_mutex_lock(&s->mu);
+        if (r->n_computed < r->n_prompt) /* served from the cache, like a hit at admission */
+            r->n_cached += hit.ram_tokens;
+        if (r->n_cached > r->n_prompt)
+            r->n_cached = r->n_prompt;
+        r->n_computed += hit.ram_tokens;
+        s->st.prefix_shared_tokens += (uint64_t)hit.ram_tokens;
+        r->dedup_wait = computed_by_older(s, r);
+        s->st.prefix_wait_steps += r->dedup_wait;
+        if (r->max_tokens == 0 && r->n_computed == r->n_tokens)
+            r->finish = SCHED_FINISH_LENGTH;
+        pthread_mutex_unlock(&s->mu);
+    }
+}
+
+/* After a step: offer every full page computed so far to other requests. */
+static void publish_computed(struct sched *s)
+{
+    for (int i = 0; s->eng.prefix_publish && i < s->n_active; i++)
+        if (s->active[i]->seq >= 0)
+            s->eng.prefix_publish(s->eng.ctx, s->active[i]->seq, s->active[i]->tokens, s->active[i]->n_computed);
+}
+
 /* ---- scheduler thread: one step --------------------------------------------- */
 
 static void batch_add(struct sched *s, int32_t *n, struct req *r, int32_t count, int32_t *n_rows)
@@ -393,7 +485,7 @@ static void batch_add(struct sched *s, int32_t *n, struct req *r, int32_t count,
         s->b_tokens[*n] = r->tokens[pos];
         s->b_pos[*n] = pos;
         s->b_seq[*n] = r->seq;
-        s->b_logits[*n] = (i == count - 1) && (pos + 1 == r->n_tokens);
+        s->b_logits[*n] = (i == count - 1) && (pos + 1 == r->n_tokens) && r->max_tokens > 0;
         if (s->b_logits[*n])
             s->b_owner[(*n_rows)++] = r;
         (*n)++;
@@ -409,7 +501,7 @@ static int32_t build_batch(struct sched *s, int32_t *n_rows, int *n_prefill_out)
     *n_rows = 0;
     for (int i = 0; i < s->n_active; i++) {
         struct req *r = s->active[i];
-        if (r->n_tokens - r->n_computed == 1)
+        if (r->n_tokens - r->n_computed == 1 && r->finish == SCHED_FINISH_NONE)
             batch_add(s, &n, r, 1, n_rows);
     }
     int32_t n_decode = n, limit = sched_cost_prefill_limit(&s->cost, n_decode, s->cfg.max_itl_ratio);
@@ -419,7 +511,8 @@ static int32_t build_batch(struct sched *s, int32_t *n_rows, int *n_prefill_out)
         int32_t budget = s->cfg.max_batch_tokens - n;
         if (budget > limit - (n - n_decode))
             budget = limit - (n - n_decode);
-        if (r->n_tokens - r->n_computed <= 1 || r->skip_step || budget <= 0)
+        if (r->n_tokens - r->n_computed <= 1 || r->skip_step || r->dedup_wait || r->finish != SCHED_FINISH_NONE ||
+            budget <= 0)
             continue;
         batch_add(s, &n, r, chunk < budget ? chunk : budget, n_rows);
         n_prefill++;
@@ -437,7 +530,7 @@ static void drop_newest_prefill(struct sched *s)
     struct req *newest = NULL;
     for (int i = 0; i < s->n_active; i++) {
         struct req *r = s->active[i];
-        if (r->n_tokens - r->n_computed > 1 && !r->skip_step &&
+        if (r->n_tokens - r->n_computed > 1 && !r->skip_step && !r->dedup_wait && r->finish == SCHED_FINISH_NONE &&
             (!newest || r->admit_order > newest->admit_order))
             newest = r;
     }
@@ -453,6 +546,14 @@ static void fail_active(struct sched *s, const char *msg)
     }
 }
 
+static bool any_skipped(const struct sched *s)
+{
+    for (int i = 0; i < s->n_active; i++)
+        if (s->active[i]->skip_step)
+            return true;
+    return false;
+}
+
 /* Run the step's batch; on KS_ERR_KV_FULL shrink it (drop prefill chunks,
  * then preempt the newest) and retry. Returns tokens run (0: nothing ran). */
 static int32_t run_batch(struct sched *s, int32_t *n_rows)
@@ -465,8 +566,8 @@ static int32_t run_batch(struct sched *s, int32_t *n_rows)
     for (;;) {
         int n_prefill;
         int32_t n = build_batch(s, n_rows, &n_prefill);
-        if (n == 0 && s->n_active == 0)
-            return 0;
+        if (n == 0 && (s->n_active == 0 || !any_skipped(s)))
+            return 0; /* nothing to run: finished or waiting for another's pages */
         if (n > 0) {
             struct sched_batch b = {n, s->b_tokens, s->b_pos, s->b_seq, s->b_logits};
             ks_status st = s->eng.forward(s->eng.ctx, &b, s->logits);
@@ -522,6 +623,8 @@ static void finish_step(struct sched *s, int32_t n, int32_t n_rows)
                 if (r->n_computed < r->n_prompt)
                     s->st.prompt_tokens++;
                 r->n_computed++;
+                if (r->max_tokens == 0 && r->n_computed == r->n_tokens)
+                    r->finish = SCHED_FINISH_LENGTH; /* a warm-up: cached, nothing to sample */
                 break;
             }
     pthread_mutex_unlock(&s->mu);
@@ -555,7 +658,7 @@ static void finish_step(struct sched *s, int32_t n, int32_t n_rows)
         if (emit) {
             struct sched_event ev = {
                 .id = r->id, .token = res.token, .sample = &res, .n_prompt = r->n_prompt,
-                .n_generated = r->n_generated,
+                .n_generated = r->n_generated, .n_cached = r->n_cached,
             };
             r->on_event(r->user, &ev);
         }
@@ -590,10 +693,14 @@ static void *sched_main(void *arg)
         pthread_mutex_unlock(&s->mu);
 
         double t0 = now_seconds();
+        lookup_admitted(s);
+        share_prefill(s);
         int32_t n_rows = 0;
         int32_t n = run_batch(s, &n_rows);
-        if (n > 0)
+        if (n > 0) {
             finish_step(s, n, n_rows);
+            publish_computed(s);
+        }
         double dt = now_seconds() - t0;
         if (n > 0 && s->trace)
             fprintf(s->trace, "sched step: decode %d prefill %d limit %d | %.2f ms, decode-only estimate %.2f ms, %.3f ms/prefill token\n",
@@ -636,6 +743,8 @@ static ks_status check_config(const struct sched_config *c, const struct sched_e
     if (!e || e->n_vocab < 1 || !e->seq_create || !e->seq_free || !e->forward || !e->sampler_create ||
         !e->sampler_next || !e->sampler_free)
         return ks_fail(KS_ERR_INVALID_ARG, "scheduler engine is incomplete");
+    if (!e->prefix_attach != !e->prefix_publish || (e->prefix_attach && e->page_tokens < 1))
+        return ks_fail(KS_ERR_INVALID_ARG, "scheduler engine: a prefix cache needs attach, publish and a page size");
     return KS_OK;
 }
 

@@ -34,6 +34,11 @@ struct model;
 
 /* ---- engine ------------------------------------------------------------ */
 
+/* Prompt tokens a prefix-cache lookup found, by tier. */
+struct sched_prefix_hit {
+    int32_t ram_tokens, disk_tokens;
+};
+
 /* One batch entry per token; want_logits marks the last token fed of a
  * sequence whose input is complete. logits rows come out in batch order, one
  * row of n_vocab floats for each entry with want_logits. */
@@ -61,6 +66,18 @@ struct sched_engine {
     /* Optional: the live cache, handed to between-step hooks (NULL if none). */
     struct kv_cache *(*cache)(void *ctx);
     void (*destroy)(void *ctx);
+
+    /* Optional prefix cache (all three or none). page_tokens: the size of a
+     * shareable page. prefix_attach: seq holds tokens[0, len); map the cached
+     * K/V that continue it along tokens, never past max_tokens; with use_disk
+     * also read pages back from the SSD tier when reading is estimated faster
+     * than computing (prefill_token_s: measured seconds per prefill token, 0
+     * unknown). Adds what it found to *hit. prefix_publish: the K/V of
+     * tokens[0, n_computed) are written; offer the full pages to others. */
+    int32_t page_tokens;
+    ks_status (*prefix_attach)(void *ctx, int32_t seq, const int32_t *tokens, int32_t max_tokens, bool use_disk,
+                               double prefill_token_s, struct sched_prefix_hit *hit);
+    void (*prefix_publish)(void *ctx, int32_t seq, const int32_t *tokens, int32_t n_computed);
 };
 
 /* The real engine: the model (borrowed, must outlive the engine), a KV cache
@@ -70,6 +87,7 @@ struct kv_config;
 struct threads_pool;
 ks_status sched_engine_model(struct model *m, const struct kv_config *kv_cfg, int32_t max_batch_tokens,
                              struct threads_pool *pool, struct sched_engine *out);
+
 
 /* ---- scheduler ----------------------------------------------------------- */
 
@@ -107,7 +125,7 @@ struct sched_event {
     enum sched_finish finish;
     int32_t n_prompt;                 /* prompt tokens */
     int32_t n_generated;              /* tokens generated so far */
-    int32_t n_cached;                 /* prompt tokens served from cache (0 today) */
+    int32_t n_cached;                 /* prompt tokens served from the prefix cache */
     const char *error;                /* SCHED_FINISH_ERROR only */
 };
 typedef void (*sched_event_fn)(void *user, const struct sched_event *ev);
@@ -115,7 +133,7 @@ typedef void (*sched_event_fn)(void *user, const struct sched_event *ev);
 struct sched_request {
     const int32_t *prompt;   /* copied at submission */
     int32_t n_prompt;        /* >= 1 */
-    int32_t max_tokens;      /* >= 1 */
+    int32_t max_tokens;      /* >= 0; 0 computes and caches the prompt, then finishes (LENGTH) */
     struct sample_params sampling;
     bool ignore_eog;         /* generate max_tokens even past end-of-generation tokens */
     sched_event_fn on_event;
@@ -162,6 +180,7 @@ struct sched_request_info {
     uint64_t id;
     int32_t seq;                         /* kv sequence, -1 when not holding pages */
     int32_t n_prompt, n_generated, n_computed;
+    int32_t n_cached;                    /* prompt tokens served from the prefix cache */
     bool running;                        /* admitted (else waiting) */
 };
 
@@ -175,6 +194,13 @@ struct sched_stats {
     uint64_t preemptions;
     uint64_t kv_full_events;             /* steps that did not fit at first */
     double max_step_seconds;
+    /* prefix cache */
+    uint64_t prefix_lookups;             /* admissions that looked the prompt up */
+    uint64_t prefix_hit_ram_tokens;      /* tokens found at admission in RAM */
+    uint64_t prefix_hit_disk_tokens;     /* ... read back from the SSD tier */
+    uint64_t prefix_shared_tokens;       /* tokens taken during prefill from a request computing the same prefix */
+    uint64_t prefix_miss_tokens;         /* prompt tokens left to compute after the lookup */
+    uint64_t prefix_wait_steps;          /* steps a request waited for another to compute a shared page */
     struct sched_hist ttft;
     struct sched_hist itl;
 };

@@ -1,6 +1,7 @@
 /* The real engine for the scheduler: a model, its KV cache and a model
  * context, with samplers from the sample module. Kept in its own file so the
  * scheduling logic links without the model (tests use a mock engine). */
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "kv/kv.h"
@@ -8,11 +9,18 @@
 #include "sample/sample.h"
 #include "sched/sched.h"
 
+/* At shutdown every cached page is queued for the disk; wait for the writer
+ * after this many bytes so the bounded queue never drops one. */
+enum { PERSIST_FLUSH_BYTES = 32 << 20 };
+
 struct model_engine {
     struct model *model;
     struct kv_cache *kv;
     struct model_ctx *mctx;
     int32_t n_vocab;
+    struct store *store;      /* SSD tier, borrowed; NULL without --cache-dir */
+    size_t persist_pending;   /* bytes handed to the store since its last flush */
+    bool persisting;
 };
 
 static ks_status me_seq_create(void *ctx, int32_t *seq_out)
@@ -76,6 +84,30 @@ static struct kv_cache *me_cache(void *ctx)
     return e->kv;
 }
 
+/* ---- prefix cache ------------------------------------------------------------ */
+
+static ks_status me_prefix_attach(void *ctx, int32_t seq, const int32_t *tokens, int32_t max_tokens, bool use_disk,
+                                  double prefill_token_s, struct sched_prefix_hit *hit)
+{
+    struct model_engine *e = ctx;
+    int32_t P = kv_get_config(e->kv)->page_tokens, n_pages = 0, n_part = 0;
+    ks_status st = kv_seq_attach_pages(e->kv, seq, tokens, max_tokens, &n_pages);
+    hit->ram_tokens += n_pages * P;
+    (void)use_disk;
+    (void)prefill_token_s;
+    if (!st)
+        st = kv_seq_attach_partial(e->kv, seq, tokens, max_tokens, &n_part);
+    hit->ram_tokens += n_part;
+    return st;
+}
+
+static void me_prefix_publish(void *ctx, int32_t seq, const int32_t *tokens, int32_t n_computed)
+{
+    struct model_engine *e = ctx;
+    /* a page that cannot be keyed (no host memory) is only not shared */
+    (void)kv_seq_publish(e->kv, seq, tokens, n_computed);
+}
+
 static void me_destroy(void *ctx)
 {
     struct model_engine *e = ctx;
@@ -105,5 +137,10 @@ ks_status sched_engine_model(struct model *m, const struct kv_config *kv_cfg, in
         .forward = me_forward, .sampler_create = me_sampler_create, .sampler_next = me_sampler_next,
         .sampler_free = me_sampler_free, .can_admit = me_can_admit, .cache = me_cache, .destroy = me_destroy,
     };
+    if (kv_cfg->prefix_cache) {
+        out->page_tokens = kv_cfg->page_tokens;
+        out->prefix_attach = me_prefix_attach;
+        out->prefix_publish = me_prefix_publish;
+    }
     return KS_OK;
 }
