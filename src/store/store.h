@@ -1,0 +1,107 @@
+/* store: the SSD tier of the KV prefix cache. An LMDB environment in one
+ * directory holds page blobs under their 128-bit chain keys (the kv module
+ * makes and checks the blobs; the store treats them as bytes). Pages evicted
+ * from RAM are queued here and written behind by one writer thread, in
+ * batches of one transaction; a RAM miss reads them back with store_get().
+ *
+ * On disk an entry is a header (magic, format version, model fingerprint,
+ * key, parent key, token count, payload length, XXH3-64 checksum of header
+ * and payload) followed by the blob, plus a small metadata record (last use,
+ * size, hits, parent) that the in-memory index is rebuilt from at open.
+ *
+ * Durability: every batch is one LMDB write transaction. LMDB never
+ * overwrites the pages a committed transaction points to, so killing the
+ * process at any moment leaves the last committed state intact; the
+ * environment is opened with MDB_NOMETASYNC, so a crash of the whole machine
+ * may lose the last transaction but not the store's integrity.
+ *
+ * Failures never stop the server: an entry that fails its checks is counted
+ * and deleted; a full map or disk makes the writer evict the least recently
+ * used entries and retry, and if that fails the tier disables itself (one
+ * line on stderr), after which puts are refused and gets miss.
+ *
+ * Thread-safe: any thread may call any function. */
+#ifndef KS_STORE_H
+#define KS_STORE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "status/status.h"
+
+struct store;
+
+struct store_key {
+    uint64_t lo, hi;
+};
+
+struct store_config {
+    const char *dir;          /* created if missing (one level, mode 0700); holds data.mdb and lock.mdb */
+    uint64_t max_bytes;       /* limit of the entries' disk footprint; 0 = 10% of dir's free space at open */
+    uint8_t fingerprint[16];  /* the model's: an entry with another one is foreign (never returned) */
+    size_t queue_bytes;       /* bound of the write-behind queue; 0 = 64 MiB */
+    uint64_t map_bytes;       /* LMDB map size; 0 = derived from max_bytes (tests set it small) */
+};
+
+/* Open or create the store and rebuild the index from its metadata (entries
+ * without metadata and metadata without entries are deleted). Errors:
+ * KS_ERR_IO (the directory cannot be created or LMDB refuses it; the message
+ * names the directory and LMDB's error), KS_ERR_INVALID_ARG, KS_ERR_NOMEM. */
+ks_status store_open(const struct store_config *cfg, struct store **out);
+/* Commit everything queued, stop the writer and close. NULL is a no-op. */
+void store_close(struct store *s);
+/* The effective disk limit in bytes. */
+uint64_t store_limit(const struct store *s);
+
+/* Queue a page blob (copied) to be written behind. parent: the key of the
+ * previous page of its chain (zero for a first page); n_tokens: tokens in the
+ * page. Never blocks: with a full queue the page is dropped and counted. A key
+ * already stored is skipped (deduplicated). KS_ERR_STATE when the tier is
+ * disabled, KS_ERR_NOMEM. */
+ks_status store_put(struct store *s, struct store_key key, struct store_key parent, uint32_t n_tokens,
+                    const void *blob, size_t len);
+/* Block until everything queued before the call is committed or dropped. */
+void store_flush(struct store *s);
+/* Is key stored? From the index, no disk access. *bytes_out (may be NULL):
+ * the blob's size. */
+bool store_has(struct store *s, struct store_key key, size_t *bytes_out);
+/* Read a blob into *blob_out (malloc'd, the caller frees) of *len_out bytes.
+ * The header and checksum are verified: a corrupt, truncated or foreign entry
+ * is counted, deleted by the writer and reported as KS_ERR_NOT_FOUND, like a
+ * missing key or a disabled tier. Updates the entry's last use and hits and
+ * the measured read speed. KS_ERR_NOMEM. */
+ks_status store_get(struct store *s, struct store_key key, void **blob_out, size_t *len_out);
+/* Estimated seconds to read len bytes: from the measured read throughput
+ * (1 GB/s before the first read). */
+double store_read_seconds(struct store *s, size_t len);
+/* Delete every entry (waits for the writer). *n_deleted (may be NULL). */
+ks_status store_clear(struct store *s, uint64_t *n_deleted);
+
+struct store_entry_info {
+    struct store_key key, parent;
+    uint32_t n_tokens;
+    uint64_t bytes;           /* disk footprint */
+    uint64_t last_use;        /* unix ms */
+    uint64_t hits;
+};
+/* Call fn for every indexed entry, under the store's lock (no disk access):
+ * fn must be quick and must not call the store. */
+void store_foreach(struct store *s, void (*fn)(void *user, const struct store_entry_info *e), void *user);
+
+struct store_stats {
+    uint64_t entries, bytes, limit;
+    uint64_t reads, read_bytes;     /* successful store_get */
+    uint64_t writes, write_bytes;   /* entries committed */
+    uint64_t hits, misses;          /* store_get outcomes */
+    uint64_t corrupt;               /* corrupt, truncated or foreign entries found (and deleted) */
+    uint64_t evictions;             /* entries deleted for room */
+    uint64_t dropped;               /* puts dropped on a full queue */
+    uint64_t deduplicated;          /* puts of a key already stored */
+    uint64_t failures;              /* write transactions that failed */
+    bool disabled;
+    double read_gbs;                /* measured read throughput, 0 before any read */
+};
+void store_stats(struct store *s, struct store_stats *out);
+
+#endif

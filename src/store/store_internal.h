@@ -1,0 +1,92 @@
+/* store internals: the on-disk records, the in-memory index and the writer. */
+#ifndef KS_STORE_INTERNAL_H
+#define KS_STORE_INTERNAL_H
+
+#include <lmdb.h>
+#include <pthread.h>
+
+#include "store/store.h"
+
+enum { STORE_MAGIC = 0x5453564B /* "KVST" */, STORE_VERSION = 1 };
+
+/* In front of every blob in the entries database. */
+struct store_header {
+    uint32_t magic, version;
+    uint8_t fingerprint[16];
+    struct store_key key, parent;
+    uint32_t n_tokens, reserved;
+    uint64_t payload_len;
+    uint64_t checksum;        /* XXH3-64 of this header (checksum 0) and the payload */
+};
+_Static_assert(sizeof(struct store_header) == 80, "the entry header is an on-disk format");
+
+/* The metadata database's value: what the index is rebuilt from. */
+struct store_meta {
+    struct store_key parent;
+    uint32_t n_tokens, reserved;
+    uint64_t bytes, last_use, hits;
+};
+_Static_assert(sizeof(struct store_meta) == 48, "the metadata record is an on-disk format");
+
+struct store_entry {
+    struct store_key key;
+    struct store_meta meta;
+    bool dirty;               /* meta changed in memory (a read), not yet written */
+};
+
+/* key -> entry: open addressing over slots holding entry indexes. */
+struct store_index {
+    struct store_entry *e;    /* (n) dense */
+    uint32_t n, cap_e;
+    int32_t *slots;           /* (cap) index into e, or -1 */
+    uint32_t cap;
+    uint64_t bytes;           /* sum of meta.bytes */
+};
+
+int32_t store_index_find(const struct store_index *ix, struct store_key k);
+ks_status store_index_put(struct store_index *ix, struct store_key k, const struct store_meta *m);
+void store_index_remove(struct store_index *ix, struct store_key k);
+void store_index_free(struct store_index *ix);
+
+/* A page waiting to be written, header included. */
+struct store_item {
+    struct store_item *next;
+    struct store_key key;
+    struct store_meta meta;
+    void *data;
+    size_t len;
+};
+
+struct store {
+    struct store_config cfg;
+    char *dir;
+    MDB_env *env;
+    MDB_dbi entries, metas;
+    uint64_t limit;
+
+    pthread_mutex_t mu;
+    pthread_cond_t wake, done;
+    pthread_t writer;
+    bool writer_started, stop;
+    struct store_index ix;
+    struct store_item *queue, *queue_tail;
+    size_t queue_bytes;
+    uint64_t queued_seq, done_seq; /* puts queued / handled by the writer */
+    struct store_key *doomed;      /* keys to delete (corrupt entries) */
+    uint32_t n_doomed, cap_doomed;
+    bool clear_all;                /* store_clear asked */
+    uint64_t cleared;              /* entries the last clear deleted */
+    uint32_t n_dirty;
+    int consecutive_failures;
+    struct store_stats st;
+    double read_bps;               /* EWMA of measured read throughput */
+};
+
+/* Disk footprint of an entry of len blob bytes: LMDB stores it in whole pages. */
+uint64_t store_footprint(size_t len);
+uint64_t store_now_ms(void);
+void *store_writer_main(void *arg);
+/* Disable the tier (mu held): log once, drop the queue. */
+void store_disable(struct store *s, const char *why);
+
+#endif
