@@ -9,6 +9,9 @@ add_test(NAME server_page_chromium COMMAND ${CMAKE_SOURCE_DIR}/tests/e2e/page_ch
 foreach(part basic concurrency pressure)
   add_test(NAME server_e2e_${part} COMMAND ${CMAKE_SOURCE_DIR}/tests/e2e/run.sh ${part})
 endforeach()
-foreach(t server_curl_errors server_page_chromium server_e2e_basic server_e2e_concurrency server_e2e_pressure)
+# the prefix cache's SSD tier across a restart (needs only curl and python3)
+add_test(NAME server_prefix_restart COMMAND ${CMAKE_SOURCE_DIR}/tests/e2e/prefix_restart.sh)
+foreach(t server_curl_errors server_page_chromium server_e2e_basic server_e2e_concurrency server_e2e_pressure
+          server_prefix_restart)
   set_tests_properties(${t} PROPERTIES LABELS e2e TIMEOUT 900 SKIP_RETURN_CODE 77 ENVIRONMENT "${KS_E2E_ENV}")
 endforeach()

@@ -20,6 +20,7 @@
 #include "kv/kv.h"
 #include "model/model.h"
 #include "sched/sched.h"
+#include "store/store.h"
 #include "threads/threads.h"
 
 enum { MAX_GEN = 64, N_REQ = 16, P = 32 };
@@ -105,6 +106,23 @@ static struct sched *make_sched(bool prefix_cache, enum quant_type type, int par
     sched_config_default(&sc);
     sc.parallel = parallel;
     sc.max_itl_ratio = 0.0f; /* deterministic chunks */
+    struct sched *s = NULL;
+    assert_int_equal(sched_create(&sc, &eng, &s), KS_OK);
+    return s;
+}
+
+static struct sched *make_sched_store(struct store *st, size_t budget)
+{
+    struct kv_config kc;
+    model_kv_config(g_model, &kc);
+    kc.mem_budget = budget;
+    struct sched_engine eng;
+    assert_int_equal(sched_engine_model(g_model, &kc, 512, g_pool, &eng), KS_OK);
+    sched_engine_model_set_store(&eng, st);
+    struct sched_config sc;
+    sched_config_default(&sc);
+    sc.parallel = 2;
+    sc.max_itl_ratio = 0.0f;
     struct sched *s = NULL;
     assert_int_equal(sched_create(&sc, &eng, &s), KS_OK);
     return s;
@@ -241,6 +259,72 @@ static void test_warm_up(void **state)
     free(again);
 }
 
+/* The SSD tier: pages persisted when an engine stops are read back by the
+ * next engine over the same store, with the same tokens as a cold run; pages
+ * evicted from a small RAM budget are written behind and read back too. */
+static void test_disk_tier_restart(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/kvserve-prefix-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    struct kv_config kc;
+    model_kv_config(g_model, &kc);
+    struct store_config stc = {.dir = dir, .max_bytes = 256u << 20};
+    memcpy(stc.fingerprint, kc.fingerprint, sizeof stc.fingerprint);
+    int32_t prompt[400];
+    prompt_of(prompt, 400, 7);
+
+    struct sched *cold = make_sched(false, QUANT_F16, 2);
+    struct result *ref = run(cold, prompt, 400, 12);
+    sched_free(cold);
+
+    struct store *st = NULL;
+    assert_int_equal(store_open(&stc, &st), KS_OK);
+    struct sched *s = make_sched_store(st, 64u << 20);
+    struct result *first = run(s, prompt, 400, 12);
+    sched_free(s); /* persists every cached page */
+    store_close(st);
+
+    assert_int_equal(store_open(&stc, &st), KS_OK);
+    struct store_stats ss;
+    store_stats(st, &ss);
+    assert_true(ss.entries >= 12);
+    s = make_sched_store(st, 64u << 20);
+    struct result *warm = run(s, prompt, 400, 12);
+    struct sched_stats sst;
+    sched_get_stats(s, &sst);
+    sched_free(s);
+    assert_int_equal(warm->n_cached, 384);
+    assert_int_equal(sst.prefix_hit_disk_tokens, 384);
+    assert_memory_equal(ref->tokens, first->tokens, 12 * sizeof(int32_t));
+    assert_memory_equal(ref->tokens, warm->tokens, 12 * sizeof(int32_t));
+
+    /* a RAM budget of 16 pages: another prompt pushes this one's pages out to disk */
+    size_t page = kv_page_bytes(&kc, QUANT_F16, QUANT_F16);
+    s = make_sched_store(st, 16 * page);
+    int32_t other[400];
+    prompt_of(other, 400, 8);
+    struct result *a = run(s, prompt, 400, 4);
+    struct result *b = run(s, other, 400, 4);
+    store_flush(st);
+    struct result *c = run(s, prompt, 400, 4);
+    sched_get_stats(s, &sst);
+    sched_free(s);
+    assert_true(c->n_cached >= 352); /* from RAM and disk */
+    assert_true(sst.prefix_hit_disk_tokens > 0);
+    assert_memory_equal(a->tokens, c->tokens, 4 * sizeof(int32_t));
+    store_close(st);
+    free(ref);
+    free(first);
+    free(warm);
+    free(a);
+    free(b);
+    free(c);
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 /* ---- setup -------------------------------------------------------------------- */
 
 static int setup(void **state)
@@ -282,6 +366,7 @@ int main(void)
         cmocka_unit_test(test_concurrent_sharers_compute_prefix_once),
         cmocka_unit_test(test_chat_round_two_reuses_generated),
         cmocka_unit_test(test_warm_up),
+        cmocka_unit_test(test_disk_tier_restart),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     teardown(NULL);

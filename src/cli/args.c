@@ -133,7 +133,7 @@ void cli_kv_flags_init(struct cli_kv_flags *f)
     f->mem = 0;
 }
 
-static bool parse_on_off(const char *s, bool *out)
+bool cli_parse_on_off(const char *s, bool *out)
 {
     if (s && !strcmp(s, "on"))
         *out = true;
@@ -174,7 +174,7 @@ bool cli_parse_kv_flag(const char *a, const char *v, struct cli_kv_flags *f, boo
     else if (is_flag(a, "--kv-page", "--kv-page-tokens")) /* the second: an older spelling */
         *ok = parse_page_tokens(v, &c->page_tokens);
     else if (is_flag(a, "--kv-rotate", NULL))
-        *ok = parse_on_off(v, &c->rotate);
+        *ok = cli_parse_on_off(v, &c->rotate);
     else if (is_flag(a, "--kv-sink", "--kv-sinks")) /* the second: an older spelling */
         *ok = cli_parse_int(v, 0, 1 << 24, &c->sink_tokens);
     else if (is_flag(a, "--kv-hot", NULL))

@@ -14,6 +14,7 @@
 #include "model/model.h"
 #include "sched/sched.h"
 #include "server/server.h"
+#include "store/store.h"
 #include "tokenizer/tokenizer.h"
 
 struct serve_opts {
@@ -21,6 +22,9 @@ struct serve_opts {
     int port, parallel, ctx_size, max_batch_tokens, prefill_chunk, max_queue, grace, n_threads;
     size_t max_body;
     float max_itl_ratio;
+    bool prefix_cache;
+    const char *cache_dir;       /* SSD tier of the prefix cache, NULL: RAM only */
+    size_t cache_disk;           /* its limit, 0: 10% of the free disk */
     struct cli_model_flags load; /* --mmap and the KV flags; kv.mem 0: parallel x ctx, at most 25% of RAM */
 };
 
@@ -49,7 +53,13 @@ static void serve_usage(FILE *out)
             "                            step, at least 1 prompt token per step (default 1.5; 0 = off)\n"
             "      --max-queue N         waiting requests before 503 (default 256)\n"
             "      --max-body SIZE       largest request body (default 8M); larger gets 413\n"
-            "      --grace SECONDS       on SIGINT/SIGTERM, time to finish streams (default 10)\n");
+            "      --grace SECONDS       on SIGINT/SIGTERM, time to finish streams (default 10)\n"
+            "prefix cache:\n"
+            "      --prefix-cache on|off requests that share a prompt prefix share its KV pages, and full\n"
+            "                            pages stay cached after a request ends (default on)\n"
+            "      --cache-dir DIR       keep evicted pages on disk in DIR (LMDB) and read them back;\n"
+            "                            cached pages are written there at shutdown and found after a restart\n"
+            "      --cache-disk SIZE     disk limit of --cache-dir, e.g. 20G (default 10%% of the free disk)\n");
     fputs(cli_model_flags_help, out);
 }
 
@@ -76,6 +86,9 @@ static bool parse_flag(const char *a, const char *v, void *opts, bool *ok)
     else if (is_flag(a, NULL, "--max-queue")) *ok = cli_parse_int(v, 0, 1 << 20, &o->max_queue);
     else if (is_flag(a, NULL, "--max-body")) *ok = cli_parse_mem(v, &o->max_body);
     else if (is_flag(a, NULL, "--grace")) *ok = cli_parse_int(v, 0, 3600, &o->grace);
+    else if (is_flag(a, NULL, "--prefix-cache")) *ok = cli_parse_on_off(v, &o->prefix_cache);
+    else if (is_flag(a, NULL, "--cache-dir")) *ok = (o->cache_dir = v) != NULL && *v;
+    else if (is_flag(a, NULL, "--cache-disk")) *ok = v && !strchr(v, '%') && cli_parse_mem(v, &o->cache_disk);
     else return false;
     return true;
 }
@@ -85,7 +98,7 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
 {
     *o = (struct serve_opts){.host = "127.0.0.1", .port = 8080, .parallel = 16, .max_batch_tokens = 512,
                              .prefill_chunk = 256, .max_queue = 256, .grace = 10, .max_body = 8u << 20,
-                             .n_threads = threads_default_count(), .max_itl_ratio = 1.5f};
+                             .n_threads = threads_default_count(), .max_itl_ratio = 1.5f, .prefix_cache = true};
     cli_model_flags_init(&o->load);
     const struct cli_command cmd = {
         .name = "serve", .usage = serve_usage, .model = &o->load, .value_flag = parse_flag, .opts = o};
@@ -98,6 +111,7 @@ struct serve_state {
     threads_pool *pool;
     struct sched *sched;
     struct server *srv;
+    struct store *store;
 };
 
 /* The cache: the user's KV flags; without --kv-mem, room for every
@@ -128,6 +142,20 @@ static const char *base_name(const char *path)
     return s ? s + 1 : path;
 }
 
+static ks_status open_store(const struct serve_opts *o, const struct kv_config *kvc, struct store **out)
+{
+    struct store_config sc = {.dir = o->cache_dir, .max_bytes = o->cache_disk};
+    memcpy(sc.fingerprint, kvc->fingerprint, sizeof sc.fingerprint);
+    ks_status st = store_open(&sc, out);
+    if (st)
+        return st;
+    struct store_stats ss;
+    store_stats(*out, &ss);
+    fprintf(stderr, "kvserve serve: prefix cache on disk in %s: %llu pages, %.1f of %.1f MiB\n", o->cache_dir,
+            (unsigned long long)ss.entries, (double)ss.bytes / (1 << 20), (double)store_limit(*out) / (1 << 20));
+    return KS_OK;
+}
+
 static ks_status start(const struct serve_opts *o, const char *path, struct serve_state *s)
 {
     ks_status st = cli_load_model(path, &o->load, &s->model);
@@ -142,6 +170,11 @@ static ks_status start(const struct serve_opts *o, const char *path, struct serv
         ctx = hp->n_ctx_train > 0 && hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096;
     struct kv_config kvc;
     kv_setup(o, s->model, ctx, &kvc);
+    kvc.prefix_cache = o->prefix_cache;
+    if (o->cache_dir && !o->prefix_cache)
+        return ks_fail(KS_ERR_INVALID_ARG, "--cache-dir needs --prefix-cache on");
+    if (o->cache_dir && (st = open_store(o, &kvc, &s->store)))
+        return st;
     st = threads_create(o->n_threads, &s->pool);
     if (st)
         return st;
@@ -160,6 +193,8 @@ static ks_status start(const struct serve_opts *o, const char *path, struct serv
     st = sched_engine_model(s->model, &kvc, sc.max_batch_tokens, s->pool, &eng);
     if (st)
         return st;
+    if (s->store)
+        sched_engine_model_set_store(&eng, s->store);
     st = sched_create(&sc, &eng, &s->sched);
     if (st) {
         eng.destroy(eng.ctx);
@@ -174,6 +209,7 @@ static ks_status start(const struct serve_opts *o, const char *path, struct serv
     cfg.model_name = o->alias ? o->alias : base_name(path);
     cfg.ctx_size = ctx;
     cfg.chat_template = o->chat_template;
+    cfg.store = s->store;
     st = server_start(&cfg, s->sched, s->tok, &s->srv);
     if (st)
         return st;
@@ -214,7 +250,8 @@ static void shutdown_gracefully(struct serve_state *s, int grace)
 static void teardown(struct serve_state *s)
 {
     server_stop(s->srv);
-    sched_free(s->sched);
+    sched_free(s->sched); /* hands the cached pages to the store */
+    store_close(s->store);
     threads_free(s->pool);
     tok_free(s->tok);
     model_free(s->model);

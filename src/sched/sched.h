@@ -87,6 +87,12 @@ struct kv_config;
 struct threads_pool;
 ks_status sched_engine_model(struct model *m, const struct kv_config *kv_cfg, int32_t max_batch_tokens,
                              struct threads_pool *pool, struct sched_engine *out);
+/* Give a model engine the prefix cache's SSD tier (borrowed: close it after
+ * the engine is destroyed). Pages evicted from RAM are written behind to it,
+ * RAM misses look it up, and destroying the engine hands it every cached page
+ * it does not have yet. */
+struct store;
+void sched_engine_model_set_store(struct sched_engine *e, struct store *store);
 
 
 /* ---- scheduler ----------------------------------------------------------- */

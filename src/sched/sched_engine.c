@@ -8,6 +8,7 @@
 #include "model/model.h"
 #include "sample/sample.h"
 #include "sched/sched.h"
+#include "store/store.h"
 
 /* At shutdown every cached page is queued for the disk; wait for the writer
  * after this many bytes so the bounded queue never drops one. */
@@ -86,6 +87,43 @@ static struct kv_cache *me_cache(void *ctx)
 
 /* ---- prefix cache ------------------------------------------------------------ */
 
+static struct store_key store_key_of(struct kv_key k) { return (struct store_key){k.lo, k.hi}; }
+
+/* Is reading n bytes from disk faster than computing a page? */
+static bool worth_reading(struct model_engine *e, size_t n, double prefill_token_s)
+{
+    double compute = prefill_token_s * kv_get_config(e->kv)->page_tokens;
+    return prefill_token_s <= 0.0 || store_read_seconds(e->store, n) < compute;
+}
+
+/* Continue seq from the SSD tier, page by page, while the next page is on
+ * disk, worth reading and valid. Returns the pages imported. */
+static int32_t import_from_disk(struct model_engine *e, int32_t seq, const int32_t *tokens, int32_t max_tokens,
+                                double prefill_token_s)
+{
+    int32_t P = kv_get_config(e->kv)->page_tokens, n_pages = max_tokens / P, done = 0;
+    int32_t first = kv_seq_len(e->kv, seq) / P;
+    if (!e->store || first >= n_pages || kv_seq_len(e->kv, seq) % P)
+        return 0;
+    struct kv_key *keys = malloc((size_t)n_pages * sizeof *keys);
+    if (!keys)
+        return 0;
+    kv_prefix_keys(e->kv, tokens, n_pages * P, keys);
+    for (int32_t i = first; i < n_pages; i++, done++) {
+        size_t bytes = 0;
+        void *blob = NULL;
+        if (!store_has(e->store, store_key_of(keys[i]), &bytes) || !worth_reading(e, bytes, prefill_token_s) ||
+            store_get(e->store, store_key_of(keys[i]), &blob, &bytes) != KS_OK)
+            break;
+        ks_status st = kv_seq_import_page(e->kv, seq, tokens, blob, bytes);
+        free(blob);
+        if (st)
+            break; /* the store checked its checksum; a page of another layout is simply not used */
+    }
+    free(keys);
+    return done;
+}
+
 static ks_status me_prefix_attach(void *ctx, int32_t seq, const int32_t *tokens, int32_t max_tokens, bool use_disk,
                                   double prefill_token_s, struct sched_prefix_hit *hit)
 {
@@ -93,8 +131,14 @@ static ks_status me_prefix_attach(void *ctx, int32_t seq, const int32_t *tokens,
     int32_t P = kv_get_config(e->kv)->page_tokens, n_pages = 0, n_part = 0;
     ks_status st = kv_seq_attach_pages(e->kv, seq, tokens, max_tokens, &n_pages);
     hit->ram_tokens += n_pages * P;
-    (void)use_disk;
-    (void)prefill_token_s;
+    if (!st && use_disk) {
+        int32_t from_disk = import_from_disk(e, seq, tokens, max_tokens, prefill_token_s);
+        hit->disk_tokens += from_disk * P;
+        if (from_disk > 0) {
+            st = kv_seq_attach_pages(e->kv, seq, tokens, max_tokens, &n_pages);
+            hit->ram_tokens += n_pages * P;
+        }
+    }
     if (!st)
         st = kv_seq_attach_partial(e->kv, seq, tokens, max_tokens, &n_part);
     hit->ram_tokens += n_part;
@@ -108,9 +152,35 @@ static void me_prefix_publish(void *ctx, int32_t seq, const int32_t *tokens, int
     (void)kv_seq_publish(e->kv, seq, tokens, n_computed);
 }
 
+static void on_evict(void *user, const struct kv_page_blob *b)
+{
+    struct model_engine *e = user;
+    if (store_put(e->store, store_key_of(b->key), store_key_of(b->parent), (uint32_t)b->n_tokens, b->data, b->len))
+        return;
+    e->persist_pending += b->len;
+    if (e->persisting && e->persist_pending >= PERSIST_FLUSH_BYTES) {
+        store_flush(e->store);
+        e->persist_pending = 0;
+    }
+}
+
+void sched_engine_model_set_store(struct sched_engine *eng, struct store *store)
+{
+    struct model_engine *e = eng->ctx;
+    e->store = store;
+    kv_set_evict_hook(e->kv, store ? on_evict : NULL, e);
+}
+
 static void me_destroy(void *ctx)
 {
     struct model_engine *e = ctx;
+    if (e->store) {
+        e->persisting = true;
+        int32_t n = kv_prefix_persist(e->kv);
+        store_flush(e->store);
+        if (n > 0)
+            fprintf(stderr, "kvserve: %d cached KV pages written to the prefix cache on disk\n", (int)n);
+    }
     model_ctx_free(e->mctx);
     kv_free(e->kv);
     free(e);

@@ -18,6 +18,8 @@
 #include "status/status.h"
 #include "tokenizer/tokenizer.h"
 
+struct store;
+
 struct server_config {
     const char *host;         /* "127.0.0.1" */
     int port;                 /* 8080; 0 picks a free port (see server_port) */
@@ -26,6 +28,7 @@ struct server_config {
     const char *model_name;   /* id reported by /v1/models and in responses */
     int32_t ctx_size;         /* prompts of this many tokens or more get 400 */
     const char *chat_template;/* NULL: the model's own (tok_chat_for) */
+    struct store *store;      /* the prefix cache's SSD tier (borrowed), NULL: none */
 };
 
 void server_config_default(struct server_config *cfg);

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The prefix cache through a real `kvserve serve` with --cache-dir: a repeated
+# prompt is served from RAM, the cached pages survive a restart (SIGTERM writes
+# them, the next start reads them back), the answers never change, a warm-up
+# with max_tokens 0 works, and a bad --cache-dir is refused with a message.
+set -u
+bin=${KVSERVE_BIN:?}
+model=$(dirname "$bin")/default-model.gguf
+[ -f "$model" ] || { echo "skipped: $model not found (the build makes it)"; exit 77; }
+command -v curl >/dev/null || { echo "skipped: curl not installed"; exit 77; }
+tmp=$(mktemp -d)
+pid=
+trap '[ -n "$pid" ] && kill $pid 2>/dev/null; rm -rf "$tmp"' EXIT
+fail=0
+ok() { echo "ok   $*"; }
+bad() { echo "FAIL $*"; fail=1; }
+
+start() { # log file
+  "$bin" serve -m "$model" --port 0 -c 1024 --parallel 2 -t 2 --cache-dir "$tmp/cache" 2>"$1" &
+  pid=$!
+  port=
+  for _ in $(seq 200); do port=$(grep -o '127.0.0.1:[0-9]*' "$1" | cut -d: -f2); [ -n "$port" ] && break; sleep 0.1; done
+  [ -n "$port" ] || { echo "server did not start"; cat "$1"; exit 1; }
+  url=http://127.0.0.1:$port
+}
+stop() {
+  kill -TERM $pid; wait $pid; local rc=$?; pid=
+  [ $rc = 0 ] && ok "exit 0 on SIGTERM" || bad "exit code $rc on SIGTERM"
+}
+ids=$(seq 3 302 | paste -sd, -)                 # a 300-token prompt
+complete() { # max_tokens -> prints "<cached_tokens> <text>"
+  curl -s "$url/v1/completions" -d "{\"prompt\":[$ids],\"max_tokens\":$1,\"temperature\":0,\"ignore_eos\":true}" |
+    python3 -c 'import json,sys; r=json.load(sys.stdin); print(r["usage"]["prompt_tokens_details"]["cached_tokens"], json.dumps(r["choices"][0]["text"]))'
+}
+
+start "$tmp/log1"
+read -r c1 t1 <<<"$(complete 8)"
+[ "$c1" = 0 ] && ok "cold: cached_tokens 0" || bad "cold: cached_tokens $c1"
+read -r c2 t2 <<<"$(complete 8)"
+[ "$c2" -ge 288 ] && ok "RAM hit: cached_tokens $c2" || bad "RAM hit: cached_tokens $c2 (want >= 288)"
+[ "$t1" = "$t2" ] && ok "same text with a hit" || bad "text changed with a hit: $t1 vs $t2"
+stop
+grep -q 'written to the prefix cache on disk' "$tmp/log1" && ok "pages persisted at shutdown" ||
+  { bad "no persist line in the log"; cat "$tmp/log1"; }
+
+start "$tmp/log2"
+grep -q 'prefix cache on disk in' "$tmp/log2" && ok "store reopened: $(grep -o '[0-9]* pages' "$tmp/log2")" ||
+  bad "no store line at start"
+read -r c3 t3 <<<"$(complete 8)"
+[ "$c3" -ge 288 ] && ok "after restart: cached_tokens $c3" || bad "after restart: cached_tokens $c3 (want >= 288)"
+[ "$t1" = "$t3" ] && ok "same text after restart" || bad "text changed after restart: $t1 vs $t3"
+curl -s "$url/metrics" | grep -q '^kvserve_prefix_hit_tokens_total{tier="disk"} [1-9]' &&
+  ok "disk hits counted" || bad "kvserve_prefix_hit_tokens_total{tier=\"disk\"} not counted"
+read -r c4 t4 <<<"$(complete 0)"
+[ "$t4" = '""' ] && ok "max_tokens 0 answers at once with cached_tokens $c4" || bad "max_tokens 0 gave $t4"
+stop
+
+touch "$tmp/file"
+"$bin" serve -m "$model" --port 0 --cache-dir "$tmp/file/sub" 2>"$tmp/log3"; rc=$?
+[ $rc != 0 ] && grep -q "$tmp/file/sub" "$tmp/log3" && ok "bad --cache-dir refused: $(tail -1 "$tmp/log3")" ||
+  { bad "bad --cache-dir: exit $rc"; cat "$tmp/log3"; }
+exit $fail
