@@ -187,7 +187,7 @@ static void route(struct server *srv, struct MHD_Connection *c, const char *url,
     } routes[] = {
         {"/health", false}, {"/v1/models", false}, {"/metrics", false}, {"/", false},
         {"/cache/usage", false}, {"/v1/chat/completions", true}, {"/v1/completions", true},
-        {"/cache/requantize", true}, {"/cache/policy", true},
+        {"/cache/requantize", true}, {"/cache/policy", true}, {"/cache/prefixes", false}, {"/cache/clear", true},
     };
     int found = -1;
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
@@ -213,6 +213,8 @@ static void route(struct server *srv, struct MHD_Connection *c, const char *url,
     case 6: server_handle_completion(srv, false, body, cs->len, r); break;
     case 7: server_handle_requantize(srv, body, cs->len, r); break;
     case 8: server_handle_policy(srv, body, cs->len, r); break;
+    case 9: server_handle_cache_prefixes(srv, MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "limit"), r); break;
+    case 10: server_handle_cache_clear(srv, body, cs->len, r); break;
     }
 }
 

@@ -41,6 +41,7 @@ struct call {
     char id[48];
     long created;
     int32_t n_prompt;
+    int32_t n_cached;                  /* prompt tokens the prefix cache served (under mu) */
     /* output state (HTTP thread only) */
     int consumed;
     struct tok_stream *detok;
@@ -77,6 +78,7 @@ static void on_event(void *user, const struct sched_event *ev)
 {
     struct call *c = user;
     pthread_mutex_lock(&c->mu);
+    c->n_cached = ev->n_cached;
     if (ev->finish == SCHED_FINISH_NONE) {
         if (c->n_items == c->cap_items) {
             int cap = c->cap_items ? 2 * c->cap_items : 64;
@@ -506,14 +508,17 @@ static const char *finish_reason(const struct call *c)
     return "length";
 }
 
-static cJSON *usage_json(const struct call *c)
+static cJSON *usage_json(struct call *c)
 {
+    pthread_mutex_lock(&c->mu);
+    int32_t cached = c->n_cached;
+    pthread_mutex_unlock(&c->mu);
     cJSON *u = cJSON_CreateObject();
     cJSON_AddNumberToObject(u, "prompt_tokens", c->n_prompt);
     cJSON_AddNumberToObject(u, "completion_tokens", c->consumed);
     cJSON_AddNumberToObject(u, "total_tokens", c->n_prompt + c->consumed);
     cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
-    cJSON_AddNumberToObject(d, "cached_tokens", 0);
+    cJSON_AddNumberToObject(d, "cached_tokens", cached);
     return u;
 }
 
@@ -791,8 +796,8 @@ static bool parse_options(struct call *c, const cJSON *root, int32_t n_prompt, s
         reply_error(r, 400, "invalid_request_error", "invalid_type", "'%s' must be an integer", mt_key);
         return false;
     }
-    if (mt && mt->valuedouble <= 0) {
-        reply_error(r, 400, "invalid_request_error", "invalid_value", "'%s' must be at least 1 (got %.0f)", mt_key,
+    if (mt && mt->valuedouble < 0) { /* 0 only prefills and caches the prompt (a warm-up) */
+        reply_error(r, 400, "invalid_request_error", "invalid_value", "'%s' must not be negative (got %.0f)", mt_key,
                     mt->valuedouble);
         return false;
     }

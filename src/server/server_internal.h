@@ -61,6 +61,14 @@ void server_handle_cache_usage(struct server *srv, struct reply *r);
 void server_handle_requantize(struct server *srv, const char *body, size_t len, struct reply *r);
 void server_handle_policy(struct server *srv, const char *body, size_t len, struct reply *r);
 
+/* server_prefix.c: the prefix cache's routes and its parts of /cache/usage and /metrics */
+struct kv_usage;
+void server_handle_cache_clear(struct server *srv, const char *body, size_t len, struct reply *r);
+void server_handle_cache_prefixes(struct server *srv, const char *limit_arg, struct reply *r);
+cJSON *server_prefix_usage_json(const struct kv_usage *u, const struct sched_stats *st);
+cJSON *server_disk_usage_json(struct server *srv); /* null without the SSD tier */
+void server_prefix_metrics(struct server *srv, struct sbuf *b, const struct sched_stats *st, const struct kv_usage *u);
+
 /* server_page.c */
 void server_handle_page(struct server *srv, struct reply *r);
 

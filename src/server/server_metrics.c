@@ -81,6 +81,7 @@ void server_handle_metrics(struct server *srv, struct reply *r)
             sbuf_printf(&b, "kvserve_kv_pages{half=\"v\",type=\"%s\"} %d\n", tn, kv.u.pages_v[i]);
         }
     }
+    server_prefix_metrics(srv, &b, &st, kv.have ? &kv.u : NULL);
     histogram(&b, "kvserve_ttft_seconds", "Time to first token.", &st.ttft);
     histogram(&b, "kvserve_itl_seconds", "Inter-token latency.", &st.itl);
     if (b.oom) {
@@ -125,12 +126,15 @@ static void add_page_map(cJSON *e, const struct kv_cache *kv, int32_t seq)
     struct kv_page_info *info = malloc((size_t)n * sizeof *info);
     char *mk = malloc((size_t)n + 1), *mv = malloc((size_t)n + 1), *sh = malloc((size_t)n + 1);
     if (info && mk && mv && sh && kv_seq_pages(kv, seq, info, n, &n) == KS_OK) {
+        int32_t shared = 0;
         for (int32_t i = 0; i < n; i++) {
             mk[i] = type_code(info[i].type_k);
             mv[i] = type_code(info[i].type_v);
             sh[i] = info[i].ref > 1 ? '1' : '0';
+            shared += info[i].ref > 1;
         }
         mk[n] = mv[n] = sh[n] = '\0';
+        cJSON_AddNumberToObject(e, "shared_pages", shared);
         cJSON_AddStringToObject(e, "page_map_k", mk);
         cJSON_AddStringToObject(e, "page_map_v", mv);
         cJSON_AddStringToObject(e, "page_shared", sh);
@@ -184,7 +188,11 @@ static void usage_hook(void *user, struct kv_cache *kv)
             cJSON_AddNumberToObject(f, quant_type_name(kv_type_at(i)), (double)fit.tokens[i]);
         cJSON_AddNumberToObject(f, "dynamic", (double)fit.dynamic);
         cJSON_AddNumberToObject(f, "start", (double)fit.start);
+        struct sched_stats st;
+        sched_get_stats(u->srv->sched, &st);
+        cJSON_AddItemToObject(o, "prefix", server_prefix_usage_json(&us, &st));
     }
+    cJSON_AddItemToObject(o, "disk", server_disk_usage_json(u->srv));
     cJSON *list = cJSON_AddArrayToObject(o, "requests");
     for (int i = 0; i < n_req; i++) {
         cJSON *e = cJSON_CreateObject();
@@ -193,7 +201,8 @@ static void usage_hook(void *user, struct kv_cache *kv)
         cJSON_AddNumberToObject(e, "seq", reqs[i].seq);
         cJSON_AddNumberToObject(e, "prompt_tokens", reqs[i].n_prompt);
         cJSON_AddNumberToObject(e, "generated_tokens", reqs[i].n_generated);
-        cJSON_AddNumberToObject(e, "cached_tokens", reqs[i].n_computed);
+        cJSON_AddNumberToObject(e, "cached_tokens", reqs[i].n_cached);
+        cJSON_AddNumberToObject(e, "computed_tokens", reqs[i].n_computed);
         struct kv_seq_usage su;
         if (kv && reqs[i].seq >= 0 && kv_seq_usage(kv, reqs[i].seq, &su) == KS_OK) {
             cJSON_AddNumberToObject(e, "pages", su.n_pages);
