@@ -1,9 +1,10 @@
 /* GET /: a self-contained page (no external assets) that polls /cache/usage
  * once a second and shows the KV pool as one row of pages per request in
  * token order (each page split: K precision on top, V below; shared pages
- * outlined) plus the free pages, a chart of usage over time with the dynamic
+ * outlined), the prefix cache's idle pages, the free pages, a chart of usage over time with the dynamic
  * policy's watermarks, the requests, a requantize form with a dry run, and
- * the run-time policy form (POST /cache/policy). #grid carries data-used-pages,
+ * the run-time policy form (POST /cache/policy) and the largest cached
+ * prefixes (GET /cache/prefixes). #grid carries data-idle-pages too; #grid carries data-used-pages,
  * data-requests and data-polls for the headless-browser test. */
 #include "server/server_internal.h"
 
@@ -42,6 +43,7 @@ static const char page_html[] =
     ".pg .k,.pg .v{position:absolute;left:0;right:0;height:50%}\n"
     ".pg .k{top:0}.pg .v{bottom:0;opacity:.8}\n"
     ".pg.shared{outline:2px solid #263238;outline-offset:-1px}\n"
+    ".pg.idle{outline:1px dashed #263238;outline-offset:-1px}.pg.idle div{background:#b0bec5}\n"
     ".pg.free{background:var(--free)}\n"
     ".muted{color:var(--mute)}\n"
     "label{display:inline-block;margin:3px 8px 3px 0}\n"
@@ -74,9 +76,12 @@ static const char page_html[] =
     " <div class=\"card\"><h2>KV pool: pages by owner</h2>\n"
     "  <div class=\"legend\"><span><span class=\"sw f32\"></span>f32</span><span><span class=\"sw f16\"></span>f16</span>\n"
     "  <span><span class=\"sw q8_0\"></span>q8_0</span><span><span class=\"sw q4_0\"></span>q4_0</span><span><span class=\"sw free\"></span>free</span>\n"
-    "  <span>each page: top half K, bottom half V; dark outline = shared page; one row per request, in token order</span></div>\n"
+    "  <span><span class=\"sw\" style=\"outline:2px solid #263238;outline-offset:-2px\"></span>shared</span>\n"
+    "  <span><span class=\"sw\" style=\"background:#b0bec5;outline:1px dashed #263238;outline-offset:-1px\"></span>cached, idle</span>\n"
+    "  <span>each page: top half K, bottom half V; one row per request, in token order; idle pages are the prefix cache's, reclaimed when memory is needed</span></div>\n"
     "  <div id=\"grid\" data-used-pages=\"0\" data-requests=\"0\" data-polls=\"0\"></div></div>\n"
     " <div class=\"card\"><h2>Requests</h2><table id=\"reqs\"></table></div>\n"
+    " <div class=\"card\"><h2>Cached prefixes</h2><table id=\"prefixes\"></table><div class=\"muted\" id=\"prefix-note\"></div></div>\n"
     "</div>\n"
     "<div id=\"side\">\n"
     " <div class=\"card\"><h2>Requantize</h2>\n"
@@ -131,6 +136,12 @@ static const char page_html[] =
     "    used += mk.length;\n"
     "    html += `<div class=\"row\"><div class=\"own\"><b style=\"background:${hue(r.id)}\">#${r.id}</b>${num(r.prompt_tokens + r.generated_tokens)} tok</div><div class=\"cells\">${cells}</div></div>`;\n"
     "  }\n"
+    "  const idle = (u.prefix && u.prefix.idle_pages) || 0, shownIdle = Math.min(idle, 1500);\n"
+    "  if (idle > 0) {\n"
+    "    let ic = '';\n"
+    "    for (let i = 0; i < shownIdle; i++) ic += `<div class=\"pg idle\" title=\"cached page no request holds\"><div class=\"k\"></div><div class=\"v\"></div></div>`;\n"
+    "    html += `<div class=\"row\"><div class=\"own\">cached, idle &middot; ${num(idle)} pages<br><span class=\"muted\">${mib(u.prefix.idle_bytes)}</span></div><div class=\"cells\" id=\"idle-cells\">${ic}${idle > shownIdle ? ' &hellip;' : ''}</div></div>`;\n"
+    "  }\n"
     "  let free = u.page_bytes ? Math.floor(u.free / u.page_bytes) : 0;\n"
     "  const shown = Math.min(free, 1500);\n"
     "  let fc = '';\n"
@@ -141,6 +152,14 @@ static const char page_html[] =
     "  g.dataset.usedPages = used;\n"
     "  g.dataset.requests = rows;\n"
     "  g.dataset.polls = polls;\n"
+    "  g.dataset.idlePages = idle;\n"
+    "}\n"
+    "\n"
+    "function drawPrefixes(p) {\n"
+    "  let h = '<tr><th>tokens</th><th>pages</th><th>hits</th><th>last use</th><th>tier</th><th>start</th></tr>';\n"
+    "  for (const c of p.data || []) h += `<tr><td>${num(c.tokens)}</td><td>${num(c.pages)}${c.idle_pages != null ? ' (' + num(c.idle_pages) + ' idle)' : ''}</td><td>${num(c.hits)}</td><td>${esc(new Date(c.last_use_ms).toLocaleTimeString())}</td><td>${c.tier}</td><td>${esc((c.preview || '').slice(0, 60))}</td></tr>`;\n"
+    "  $('prefixes').innerHTML = h;\n"
+    "  $('prefix-note').textContent = `${num(p.ram ? p.ram.chains : 0)} chains in RAM` + (p.disk ? `, ${num(p.disk.chains)} on disk (${mib(p.disk.bytes)})` : '');\n"
     "}\n"
     "\n"
     "function drawChart(u) {\n"
@@ -242,6 +261,7 @@ static const char page_html[] =
     "  fetch('/cache/usage', {headers: hdr()})\n"
     "    .then((r) => r.json().then((j) => { if (!r.ok) throw new Error(j.error ? j.error.message : r.status); return j; }))\n"
     "    .then(draw)\n"
+    "    .then(() => polls % 5 === 1 && fetch('/cache/prefixes?limit=10', {headers: hdr()}).then((r) => r.json()).then(drawPrefixes))\n"
     "    .catch((e) => { $('dot').style.background = '#e53935'; $('status').textContent = 'error: ' + e.message; });\n"
     "}\n"
     "\n"
