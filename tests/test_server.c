@@ -423,7 +423,6 @@ static void test_bad_requests(void **state)
     expect_error(post(F.srv, "/v1/completions", ""), 400, "invalid_json");
     expect_error(post(F.srv, "/v1/completions", "{\"prompt\": 5}"), 400, "invalid_type");
     expect_error(post(F.srv, "/v1/completions", "{\"prompt\": \"hi\", \"temperature\": \"hot\"}"), 400, "invalid_type");
-    expect_error(post(F.srv, "/v1/completions", "{\"prompt\": \"hi\", \"max_tokens\": 0}"), 400, "invalid_value");
     expect_error(post(F.srv, "/v1/completions", "{\"prompt\": \"hi\", \"max_tokens\": -3}"), 400, "invalid_value");
     expect_error(post(F.srv, "/v1/completions", "{\"prompt\": \"hi\", \"max_tokens\": 1.5}"), 400, "invalid_type");
     expect_error(post(F.srv, "/v1/completions", "{\"prompt\": \"hi\", \"n\": 2}"), 400, "invalid_value");
@@ -710,9 +709,106 @@ static void test_cache_policy(void **state)
     free(r.body);
 }
 
+/* An idle cached chain of 2 pages in the mock's (real) cache. */
+static void make_idle_chain(void *user, struct kv_cache *kv)
+{
+    (void)user;
+    const struct kv_config *c = kv_get_config(kv);
+    int32_t seq = -1, tokens[64];
+    for (int i = 0; i < 64; i++)
+        tokens[i] = 300 + i;
+    float k[128] = {0}, v[128] = {0};
+    assert_int_equal(kv_seq_create(kv, &seq), KS_OK);
+    assert_int_equal(kv_seq_grow(kv, seq, 64), KS_OK);
+    for (int32_t p = 0; p < 64; p++)
+        for (int l = 0; l < c->n_layer; l++)
+            assert_int_equal(kv_write(kv, l, seq, p, k, v), KS_OK);
+    assert_int_equal(kv_seq_publish(kv, seq, tokens, 64), KS_OK);
+    kv_seq_free(kv, seq);
+}
+
+static void test_prefix_cache_routes(void **state)
+{
+    (void)state;
+    NEED_FIXTURE();
+    /* max_tokens 0: a warm-up answered at once, with usage and cached_tokens */
+    struct resp r = post(F.srv, "/v1/completions", "{\"prompt\": [1, 400, 401], \"max_tokens\": 0}");
+    assert_int_equal(r.status, 200);
+    cJSON *j = cJSON_Parse(r.body);
+    free(r.body);
+    cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
+    assert_string_equal(json_str(ch, "text"), "");
+    assert_string_equal(json_str(ch, "finish_reason"), "length");
+    cJSON *u = cJSON_GetObjectItem(j, "usage");
+    assert_true(json_num(u, "prompt_tokens") == 3 && json_num(u, "completion_tokens") == 0);
+    assert_true(json_num(cJSON_GetObjectItem(u, "prompt_tokens_details"), "cached_tokens") == 0);
+    cJSON_Delete(j);
+    /* the final stream chunk's usage carries cached_tokens too */
+    r = post(F.srv, "/v1/completions", "{\"prompt\": [1, 400], \"max_tokens\": 2, \"stream\": true,"
+                                       " \"stream_options\": {\"include_usage\": true}}");
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.body, "\"cached_tokens\":0"));
+    free(r.body);
+
+    assert_int_equal(sched_between_steps(F.sched, make_idle_chain, NULL), KS_OK);
+    r = http(F.srv, "GET", "/cache/prefixes?limit=5", NULL, NULL, 0);
+    assert_int_equal(r.status, 200);
+    j = cJSON_Parse(r.body);
+    free(r.body);
+    cJSON *first = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "data"), 0);
+    assert_non_null(first);
+    assert_true(json_num(first, "tokens") == 64 && json_num(first, "pages") == 2 && json_num(first, "idle_pages") == 2);
+    assert_string_equal(json_str(first, "tier"), "ram");
+    assert_int_equal(strlen(json_str(first, "key")), 32);
+    assert_non_null(json_str(first, "preview"));
+    assert_true(cJSON_IsNull(cJSON_GetObjectItem(j, "disk")));
+    cJSON_Delete(j);
+    expect_error(http(F.srv, "GET", "/cache/prefixes?limit=0", NULL, NULL, 0), 400, "invalid_value");
+    expect_error(http(F.srv, "GET", "/cache/prefixes?limit=x", NULL, NULL, 0), 400, "invalid_value");
+    expect_error(post(F.srv, "/cache/prefixes", "{}"), 405, NULL);
+
+    /* /cache/usage and /metrics count the idle pages */
+    r = http(F.srv, "GET", "/cache/usage", NULL, NULL, 0);
+    j = cJSON_Parse(r.body);
+    free(r.body);
+    cJSON *pre = cJSON_GetObjectItem(j, "prefix");
+    assert_true(json_num(pre, "idle_pages") == 2 && json_num(pre, "keyed_pages") == 2);
+    assert_true(cJSON_IsNull(cJSON_GetObjectItem(j, "disk")));
+    cJSON_Delete(j);
+    r = http(F.srv, "GET", "/metrics", NULL, NULL, 0);
+    assert_non_null(strstr(r.body, "\nkvserve_kv_idle_pages 2\n"));
+    assert_non_null(strstr(r.body, "kvserve_prefix_hit_tokens_total{tier=\"disk\"} 0\n"));
+    assert_non_null(strstr(r.body, "# TYPE kvserve_prefix_tokens_saved_total counter"));
+    assert_null(strstr(r.body, "kvserve_disk_cache_bytes")); /* no SSD tier */
+    free(r.body);
+
+    /* /cache/clear: bad requests change nothing, then ram drops the idle pages */
+    expect_error(post(F.srv, "/cache/clear", "{\"tier\": \"ssd\"}"), 400, "invalid_value");
+    expect_error(post(F.srv, "/cache/clear", "{\"tier\": 3}"), 400, "invalid_value");
+    expect_error(post(F.srv, "/cache/clear", "{\"everything\": true}"), 400, "unknown_field");
+    expect_error(post(F.srv, "/cache/clear", "{\"tier\": \"disk\"}"), 400, "invalid_value");
+    expect_error(post(F.srv, "/cache/clear", "{\"tier\""), 400, "invalid_json");
+    expect_error(http(F.srv, "GET", "/cache/clear", NULL, NULL, 0), 405, NULL);
+    r = post(F.srv, "/cache/clear", "{\"tier\": \"ram\"}");
+    assert_int_equal(r.status, 200);
+    j = cJSON_Parse(r.body);
+    free(r.body);
+    assert_true(json_num(j, "ram_pages_dropped") == 2 && json_num(j, "disk_entries_deleted") == 0);
+    assert_true(json_num(j, "ram_bytes_freed") > 0);
+    cJSON_Delete(j);
+    r = post(F.srv, "/cache/clear", "{}");
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.body, "\"tier\":\"all\""));
+    free(r.body);
+    r = http(F.srv, "GET", "/cache/prefixes", NULL, NULL, 0);
+    assert_non_null(strstr(r.body, "\"data\":[]"));
+    free(r.body);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_prefix_cache_routes),
         cmocka_unit_test(test_health_models_404),
         cmocka_unit_test(test_bad_requests),
         cmocka_unit_test(test_api_key_and_overload),

@@ -44,7 +44,7 @@ void server_handle_cache_clear(struct server *srv, const char *body, size_t len,
     const char *tier = "all";
     for (cJSON *f = root->child; f; f = f->next) {
         if (strcmp(f->string, "tier") != 0) {
-            reply_error(r, 400, "invalid_request_error", "invalid_value", "unknown field '%s' (use \"tier\")", f->string);
+            reply_error(r, 400, "invalid_request_error", "unknown_field", "unknown field '%s' (use \"tier\")", f->string);
             cJSON_Delete(root);
             return;
         }
