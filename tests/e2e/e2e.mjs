@@ -128,12 +128,26 @@ async function basic() {
     assert.equal(a.choices[0].text, b.choices[0].text);
 
     // errors reach the client as APIError with OpenAI's shape
-    await assert.rejects(client.completions.create({ model: 'x', prompt, max_tokens: 0 }), (e) => e.status === 400);
+    await assert.rejects(client.completions.create({ model: 'x', prompt, max_tokens: -1 }), (e) => e.status === 400);
+
+    // the prefix cache: max_tokens 0 warms it up, the same prompt then reports cached_tokens
+    const long = 'Once upon a time there was a little robot who liked to count the stars. '.repeat(4);
+    const warm = await client.completions.create({ model: 'x', prompt: long, max_tokens: 0 });
+    assert.equal(warm.choices[0].text, '');
+    assert.equal(warm.choices[0].finish_reason, 'length');
+    assert.equal(warm.usage.completion_tokens, 0);
+    assert.ok(warm.usage.prompt_tokens >= 64, `prompt of ${warm.usage.prompt_tokens} tokens`);
+    const hit = await client.completions.create({ model: 'x', prompt: long, max_tokens: 4, temperature: 0 });
+    assert.ok(hit.usage.prompt_tokens_details.cached_tokens >= 32, JSON.stringify(hit.usage));
+    const cold = await client.completions.create({ model: 'x', prompt: 'Tom ' + long, max_tokens: 4, temperature: 0 });
+    assert.ok(cold.usage.prompt_tokens_details.cached_tokens <= 1, JSON.stringify(cold.usage)); // BOS at most
     await assert.rejects(client.completions.create({ model: 'x', prompt: 'x '.repeat(600), max_tokens: 4 }),
       (e) => e.status === 400 && e.code === 'context_length_exceeded');
     console.log('basic: ok');
   } finally {
-    assert.equal(await stopServer(p), 0);
+    const code = await stopServer(p);
+    if (code !== 0) console.log(p.log());
+    assert.equal(code, 0);
   }
 }
 
