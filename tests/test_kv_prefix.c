@@ -520,6 +520,50 @@ static void test_fork_shares_keys(void **state)
     kv_free(kv);
 }
 
+/* A finished sequence's partial last page (its tail) serves a prompt that
+ * continues it, up to the tail's own tokens, and is copied on write. */
+static void test_tail_of_finished_sequence(void **state)
+{
+    (void)state;
+    struct kv_cache *kv = make_cache(16);
+    struct hook_log log = {0};
+    kv_set_evict_hook(kv, on_evict, &log);
+    int32_t t[3 * P];
+    make_tokens(t, 3 * P, 13);
+    int32_t a = computed_seq(kv, t, 2 * P + 8);
+    assert_int_equal(kv_seq_publish_tail(kv, a, t, 2 * P + 7), KS_OK); /* not all computed: nothing */
+    struct kv_usage u;
+    kv_usage(kv, &u);
+    assert_int_equal(u.n_keyed_pages, 2);
+    assert_int_equal(kv_seq_publish_tail(kv, a, t, 2 * P + 8), KS_OK);
+    kv_usage(kv, &u);
+    assert_int_equal(u.n_keyed_pages, 3);
+    int32_t tail = kv->seqs[a].pages[2];
+    kv_seq_free(kv, a);
+    struct kv_prefix_info info[2];
+    assert_int_equal(kv_prefix_list(kv, info, 2), 1);
+    assert_int_equal(info[0].n_tokens, 2 * P + 8);
+    /* a longer prompt: 2 pages, then 8 tokens of the tail (never more) */
+    int32_t b = -1, n_pages = 0, n_part = 0;
+    assert_int_equal(kv_seq_create(kv, &b), KS_OK);
+    assert_int_equal(kv_seq_attach_pages(kv, b, t, 3 * P, &n_pages), KS_OK);
+    assert_int_equal(n_pages, 2);
+    assert_int_equal(kv_seq_attach_partial(kv, b, t, 3 * P, &n_part), KS_OK);
+    assert_int_equal(n_part, 8);
+    assert_int_equal(kv->seqs[b].pages[2], tail);
+    assert_int_equal(kv_seq_grow(kv, b, P - 8), KS_OK);
+    write_tokens(kv, b, t, 2 * P + 8, 3 * P);
+    assert_int_not_equal(kv->seqs[b].pages[2], tail);
+    assert_true(kv->pages[tail].keyed);
+    assert_int_equal(kv_check(kv), KS_OK);
+    /* tails stay in RAM: persisting hands over the 2 full pages only */
+    assert_int_equal(kv_prefix_persist(kv), 2);
+    for (int i = 0; i < log.n; i++)
+        free(log.blob[i]);
+    kv_seq_free(kv, b);
+    kv_free(kv);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -533,6 +577,7 @@ int main(void)
         cmocka_unit_test(test_list_and_clear),
         cmocka_unit_test(test_dynamic_demotes_idle_then_evicts),
         cmocka_unit_test(test_fork_shares_keys),
+        cmocka_unit_test(test_tail_of_finished_sequence),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

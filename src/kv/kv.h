@@ -169,8 +169,8 @@ void kv_prefix_keys(const struct kv_cache *kv, const int32_t *tokens, int32_t n_
 ks_status kv_seq_attach_pages(struct kv_cache *kv, int32_t seq, const int32_t *tokens, int32_t max_tokens,
                               int32_t *n_pages_out);
 
-/* After kv_seq_attach_pages(): among the cached pages that follow seq's last
- * page (same parent key), map the one sharing the longest run of tokens with
+/* After kv_seq_attach_pages(): among the cached pages and tails that follow
+ * seq's last page (same parent key), map the one sharing the longest run of tokens with
  * tokens[len, max_tokens) and set len to the end of that run. The page stays
  * shared until the next write into it copies it. *n_tokens_out: tokens
  * gained (0 for none). Errors as kv_seq_attach_pages(). */
@@ -181,6 +181,13 @@ ks_status kv_seq_attach_partial(struct kv_cache *kv, int32_t seq, const int32_t 
  * K/V of those tokens are written). A page whose key is already cached by
  * another page stays private. Incremental: pages keyed before are skipped. */
 ks_status kv_seq_publish(struct kv_cache *kv, int32_t seq, const int32_t *tokens, int32_t n_computed);
+
+/* When seq is done: keep its partial last page too (the "tail", tokens in
+ * tokens[0, n_computed) and n_computed == len), so a prompt that continues it
+ * maps it with kv_seq_attach_partial() and copies it on its first write. A
+ * tail is found only through its parent's key and its tokens, never as a
+ * full page, and stays in RAM (the SSD tier keeps full pages only). */
+ks_status kv_seq_publish_tail(struct kv_cache *kv, int32_t seq, const int32_t *tokens, int32_t n_computed);
 
 /* Pages as bytes for the SSD tier: a header (layout, types, key, parent), the
  * P token ids, then the K and V halves. */

@@ -24,6 +24,7 @@ struct kv_page {
     bool on_disk;            /* the SSD tier has it: no need to hand it to the hook */
     struct kv_key key, parent;
     int32_t *tokens;         /* (P) its token ids, while keyed */
+    int32_t n_valid;         /* tokens it holds: P, or fewer for the tail of a finished sequence */
     int32_t lru_prev, lru_next; /* idle pages, least recently used first; -1 ends */
     uint64_t hits;           /* times a sequence mapped it from the cache */
     int64_t last_use_ms;     /* unix ms */

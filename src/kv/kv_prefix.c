@@ -121,18 +121,19 @@ static void map_remove(struct kv_cache *kv, int32_t id)
 }
 
 static ks_status page_set_key(struct kv_cache *kv, int32_t id, struct kv_key key, struct kv_key parent,
-                              const int32_t *tokens)
+                              const int32_t *tokens, int32_t n_valid)
 {
     size_t n = (size_t)kv->cfg.page_tokens * sizeof(int32_t);
-    int32_t *copy = malloc(n);
+    int32_t *copy = calloc(1, n);
     ks_status st = copy ? map_reserve(kv, kv->map.n + 1) : ks_fail(KS_ERR_NOMEM, "kv prefix cache: out of host memory");
     if (st) {
         free(copy);
         return st;
     }
     struct kv_page *pg = &kv->pages[id];
-    memcpy(copy, tokens, n);
+    memcpy(copy, tokens, (size_t)n_valid * sizeof *tokens);
     pg->tokens = copy;
+    pg->n_valid = n_valid;
     pg->key = key;
     pg->parent = parent;
     pg->keyed = true;
@@ -242,7 +243,7 @@ static void *blob_pack(const struct kv_cache *kv, const struct kv_page *pg, size
 /* Hand a keyed page to the SSD tier once. */
 static bool page_hand_over(struct kv_cache *kv, struct kv_page *pg)
 {
-    if (!kv->evict_fn || pg->on_disk)
+    if (!kv->evict_fn || pg->on_disk || pg->n_valid < kv->cfg.page_tokens)
         return false;
     size_t len = 0;
     void *data = blob_pack(kv, pg, &len);
@@ -344,7 +345,8 @@ ks_status kv_seq_attach_pages(struct kv_cache *kv, int32_t seq, const int32_t *t
         const int32_t *page_tokens = tokens + s->len;
         struct kv_key key = chain_key(kv, last_key(s), page_tokens);
         int32_t id = map_find(kv, key);
-        if (id < 0 || memcmp(kv->pages[id].tokens, page_tokens, (size_t)P * sizeof *page_tokens) != 0)
+        if (id < 0 || kv->pages[id].n_valid != P ||
+            memcmp(kv->pages[id].tokens, page_tokens, (size_t)P * sizeof *page_tokens) != 0)
             break;
         if ((st = kv_seq_reserve_table(s, s->n_pages + 1)))
             return st;
@@ -379,7 +381,7 @@ ks_status kv_seq_attach_partial(struct kv_cache *kv, int32_t seq, const int32_t 
         const struct kv_page *pg = &kv->pages[id];
         if (!pg->keyed || !kv_key_equal(pg->parent, parent))
             continue;
-        int32_t run = common_run(pg->tokens, tokens + s->len, want);
+        int32_t run = common_run(pg->tokens, tokens + s->len, want < pg->n_valid ? want : pg->n_valid);
         if (run > best_run) {
             best = id;
             best_run = run;
@@ -409,12 +411,40 @@ ks_status kv_seq_publish(struct kv_cache *kv, int32_t seq, const int32_t *tokens
         int32_t id = s->pages[i];
         assert(!kv->pages[id].keyed || kv_key_equal(kv->pages[id].key, key));
         /* a page whose key another page already has stays private: one copy is cached */
-        if (!kv->pages[id].keyed && map_find(kv, key) < 0 && (st = page_set_key(kv, id, key, parent, page_tokens)))
+        if (!kv->pages[id].keyed && map_find(kv, key) < 0 &&
+            (st = page_set_key(kv, id, key, parent, page_tokens, P)))
             return st;
         s->keys[i] = key;
         s->n_keyed = i + 1;
     }
     return KS_OK;
+}
+
+/* A tail's key: the chain key of its tokens padded with -n, which no token id
+ * is, so it never equals a full page's key. */
+static struct kv_key tail_key(const struct kv_cache *kv, struct kv_key parent, const int32_t *tokens, int32_t n)
+{
+    int32_t padded[256];
+    for (int32_t i = 0; i < kv->cfg.page_tokens; i++)
+        padded[i] = i < n ? tokens[i] : -n;
+    return chain_key(kv, parent, padded);
+}
+
+ks_status kv_seq_publish_tail(struct kv_cache *kv, int32_t seq, const int32_t *tokens, int32_t n_computed)
+{
+    struct kv_seq *s = NULL;
+    ks_status st = live_seq(kv, seq, &s);
+    int32_t P = kv->cfg.page_tokens, n = s ? s->len % P : 0;
+    if (st || !kv->cfg.prefix_cache || n == 0 || n_computed < s->len || s->n_keyed != s->n_pages - 1)
+        return st;
+    int32_t id = s->pages[s->n_pages - 1];
+    if (kv->pages[id].keyed || kv->pages[id].ref != 1)
+        return KS_OK; /* a mapped cached page, or shared by a fork */
+    const int32_t *tail = tokens + s->len - n;
+    struct kv_key parent = last_key(s), key = tail_key(kv, parent, tail, n);
+    if (map_find(kv, key) >= 0)
+        return KS_OK;
+    return page_set_key(kv, id, key, parent, tail, n);
 }
 
 /* ---- reading a page back from the SSD tier ------------------------------------ */
@@ -473,7 +503,7 @@ ks_status kv_seq_import_page(struct kv_cache *kv, int32_t seq, const int32_t *to
     struct kv_page *pg = &kv->pages[id];
     memcpy(pg->k, b + n_tok, kv_half_bytes(c, tk));
     memcpy(pg->v, b + n_tok + kv_half_bytes(c, tk), kv_half_bytes(c, tv));
-    if ((st = page_set_key(kv, id, key, parent, page_tokens))) {
+    if ((st = page_set_key(kv, id, key, parent, page_tokens, c->page_tokens))) {
         pg->ref = 0;
         kv->n_live_pages--;
         kv_page_release(kv, id);
@@ -508,9 +538,13 @@ static void chain_describe(const struct kv_cache *kv, int32_t leaf, struct kv_pr
         root = id;
         id = kv_key_equal(pg->parent, ZERO_KEY) ? -1 : map_find(kv, pg->parent);
     }
-    o->n_tokens = o->n_pages * kv->cfg.page_tokens;
+    o->n_tokens = 0;
+    for (int32_t at = leaf, steps = 0; at >= 0 && steps < o->n_pages; steps++) {
+        o->n_tokens += kv->pages[at].n_valid;
+        at = kv_key_equal(kv->pages[at].parent, ZERO_KEY) ? -1 : map_find(kv, kv->pages[at].parent);
+    }
     o->hits = kv->pages[root].hits;
-    o->n_head = kv->cfg.page_tokens < KV_PREFIX_HEAD_TOKENS ? kv->cfg.page_tokens : KV_PREFIX_HEAD_TOKENS;
+    o->n_head = kv->pages[root].n_valid < KV_PREFIX_HEAD_TOKENS ? kv->pages[root].n_valid : KV_PREFIX_HEAD_TOKENS;
     memcpy(o->head, kv->pages[root].tokens, (size_t)o->n_head * sizeof *o->head);
 }
 

@@ -300,6 +300,17 @@ int sched_list_requests(struct sched *s, struct sched_request_info *out, int cap
 
 /* ---- scheduler thread: bookkeeping (called with mu held) ------------------- */
 
+/* Free a request's pages; what it computed stays in the prefix cache. */
+static void release_seq(struct sched *s, struct req *r)
+{
+    if (r->seq < 0)
+        return;
+    if (s->eng.prefix_publish)
+        s->eng.prefix_publish(s->eng.ctx, r->seq, r->tokens, r->n_computed, true);
+    s->eng.seq_free(s->eng.ctx, r->seq);
+    r->seq = -1;
+}
+
 /* Move requests that are cancelled (or all, on cancel_all) out of the lists
  * into done[], freeing their pages now. */
 static int collect_cancelled(struct sched *s, struct req **done, int cap)
@@ -320,9 +331,7 @@ static int collect_cancelled(struct sched *s, struct req **done, int cap)
                 r->finish = SCHED_FINISH_CANCELLED;
             else
                 s->st.requests_done++;
-            if (r->seq >= 0)
-                s->eng.seq_free(s->eng.ctx, r->seq);
-            r->seq = -1;
+            release_seq(s, r);
             done[n++] = r;
             list_remove(s->active, &s->n_active, i);
         }
@@ -377,8 +386,7 @@ static void preempt_newest(struct sched *s)
         if (victim < 0 || s->active[i]->admit_order > s->active[victim]->admit_order)
             victim = i;
     struct req *r = s->active[victim];
-    s->eng.seq_free(s->eng.ctx, r->seq);
-    r->seq = -1;
+    release_seq(s, r);
     r->n_computed = 0;
     list_remove(s->active, &s->n_active, victim);
     if (waiting_push(s, r, true) != KS_OK) {
@@ -473,7 +481,8 @@ static void publish_computed(struct sched *s)
 {
     for (int i = 0; s->eng.prefix_publish && i < s->n_active; i++)
         if (s->active[i]->seq >= 0)
-            s->eng.prefix_publish(s->eng.ctx, s->active[i]->seq, s->active[i]->tokens, s->active[i]->n_computed);
+            s->eng.prefix_publish(s->eng.ctx, s->active[i]->seq, s->active[i]->tokens, s->active[i]->n_computed,
+                                  false);
 }
 
 /* ---- scheduler thread: one step --------------------------------------------- */

@@ -73,11 +73,12 @@ struct sched_engine {
      * also read pages back from the SSD tier when reading is estimated faster
      * than computing (prefill_token_s: measured seconds per prefill token, 0
      * unknown). Adds what it found to *hit. prefix_publish: the K/V of
-     * tokens[0, n_computed) are written; offer the full pages to others. */
+     * tokens[0, n_computed) are written; offer the full pages to others, and
+     * with final (the sequence is about to be freed) its partial last page. */
     int32_t page_tokens;
     ks_status (*prefix_attach)(void *ctx, int32_t seq, const int32_t *tokens, int32_t max_tokens, bool use_disk,
                                double prefill_token_s, struct sched_prefix_hit *hit);
-    void (*prefix_publish)(void *ctx, int32_t seq, const int32_t *tokens, int32_t n_computed);
+    void (*prefix_publish)(void *ctx, int32_t seq, const int32_t *tokens, int32_t n_computed, bool final);
 };
 
 /* The real engine: the model (borrowed, must outlive the engine), a KV cache

@@ -145,11 +145,12 @@ static ks_status me_prefix_attach(void *ctx, int32_t seq, const int32_t *tokens,
     return st;
 }
 
-static void me_prefix_publish(void *ctx, int32_t seq, const int32_t *tokens, int32_t n_computed)
+static void me_prefix_publish(void *ctx, int32_t seq, const int32_t *tokens, int32_t n_computed, bool final)
 {
     struct model_engine *e = ctx;
     /* a page that cannot be keyed (no host memory) is only not shared */
-    (void)kv_seq_publish(e->kv, seq, tokens, n_computed);
+    if (kv_seq_publish(e->kv, seq, tokens, n_computed) == KS_OK && final)
+        (void)kv_seq_publish_tail(e->kv, seq, tokens, n_computed);
 }
 
 static void on_evict(void *user, const struct kv_page_blob *b)
