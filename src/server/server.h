@@ -3,8 +3,9 @@
  *
  * Routes: POST /v1/chat/completions, POST /v1/completions (SSE streaming or
  * not), GET /v1/models, GET /health, GET /metrics (Prometheus text),
- * GET /cache/usage, POST /cache/requantize, POST /cache/policy, GET / (a live
- * page of the KV pool). Errors have OpenAI's shape
+ * GET /cache/usage, POST /cache/requantize, POST /cache/policy,
+ * GET /cache/prefixes, POST /cache/clear (the prefix cache's RAM and SSD
+ * tiers), GET / (a live page of the KV pool). Errors have OpenAI's shape
  * {"error":{"message","type","code"}}. The server tokenizes and detokenizes;
  * the scheduler only sees token ids. */
 #ifndef KS_SERVER_H

@@ -1,10 +1,11 @@
 /* GET /: a self-contained page (no external assets) that polls /cache/usage
  * once a second and shows the KV pool as one row of pages per request in
  * token order (each page split: K precision on top, V below; shared pages
- * outlined), the prefix cache's idle pages, the free pages, a chart of usage over time with the dynamic
- * policy's watermarks, the requests, a requantize form with a dry run, and
- * the run-time policy form (POST /cache/policy) and the largest cached
- * prefixes (GET /cache/prefixes). #grid carries data-idle-pages too; #grid carries data-used-pages,
+ * outlined), the prefix cache's idle pages (dashed, greyed), the free pages,
+ * a chart of usage over time with the dynamic policy's watermarks, the
+ * requests, the largest cached prefixes (GET /cache/prefixes, every fifth
+ * poll), a requantize form with a dry run, and the run-time policy form
+ * (POST /cache/policy). #grid carries data-used-pages, data-idle-pages,
  * data-requests and data-polls for the headless-browser test. */
 #include "server/server_internal.h"
 
