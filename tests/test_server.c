@@ -710,13 +710,15 @@ static void test_cache_policy(void **state)
 }
 
 /* An idle cached chain of 2 pages in the mock's (real) cache. */
+/* Two full pages of zeros published under tokens first, first+1, ... (first
+ * beyond the vocabulary: ids no tokenizer knows, which the preview tolerates). */
 static void make_idle_chain(void *user, struct kv_cache *kv)
 {
-    (void)user;
+    const int32_t first = *(const int32_t *)user;
     const struct kv_config *c = kv_get_config(kv);
     int32_t seq = -1, tokens[64];
     for (int i = 0; i < 64; i++)
-        tokens[i] = 300 + i;
+        tokens[i] = first + i;
     float k[128] = {0}, v[128] = {0};
     assert_int_equal(kv_seq_create(kv, &seq), KS_OK);
     assert_int_equal(kv_seq_grow(kv, seq, 64), KS_OK);
@@ -749,8 +751,42 @@ static void test_prefix_cache_routes(void **state)
     assert_int_equal(r.status, 200);
     assert_non_null(strstr(r.body, "\"cached_tokens\":0"));
     free(r.body);
+    /* a streamed warm-up: one chunk finishing with "length", then usage, then [DONE] */
+    r = post(F.srv, "/v1/completions", "{\"prompt\": [1, 402], \"max_tokens\": 0, \"stream\": true,"
+                                       " \"stream_options\": {\"include_usage\": true}}");
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.body, "\"finish_reason\":\"length\""));
+    assert_non_null(strstr(r.body, "\"completion_tokens\":0"));
+    assert_non_null(strstr(r.body, "data: [DONE]"));
+    free(r.body);
+    r = post(F.srv, "/v1/chat/completions",
+             "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_completion_tokens\": 0}");
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.body, "\"content\":\"\""));
+    assert_non_null(strstr(r.body, "\"cached_tokens\":"));
+    free(r.body);
+    expect_error(post(F.srv, "/v1/chat/completions",
+                      "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_completion_tokens\": -1}"),
+                 400, "invalid_value");
+    /* start the listing below from an empty cache */
+    r = post(F.srv, "/cache/clear", "{\"tier\": \"all\"}");
+    assert_int_equal(r.status, 200);
+    free(r.body);
 
-    assert_int_equal(sched_between_steps(F.sched, make_idle_chain, NULL), KS_OK);
+    int32_t bad_ids = 1 << 20;
+    assert_int_equal(sched_between_steps(F.sched, make_idle_chain, &bad_ids), KS_OK);
+    r = http(F.srv, "GET", "/cache/prefixes?limit=5", NULL, NULL, 0);
+    assert_int_equal(r.status, 200); /* ids outside the vocabulary do not break the preview */
+    j = cJSON_Parse(r.body);
+    free(r.body);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(j, "data")), 1);
+    cJSON_Delete(j);
+    r = post(F.srv, "/cache/clear", "{\"tier\": \"ram\"}");
+    assert_non_null(strstr(r.body, "\"ram_pages_dropped\":2"));
+    free(r.body);
+
+    int32_t good_ids = 300;
+    assert_int_equal(sched_between_steps(F.sched, make_idle_chain, &good_ids), KS_OK);
     r = http(F.srv, "GET", "/cache/prefixes?limit=5", NULL, NULL, 0);
     assert_int_equal(r.status, 200);
     j = cJSON_Parse(r.body);
@@ -758,9 +794,12 @@ static void test_prefix_cache_routes(void **state)
     cJSON *first = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "data"), 0);
     assert_non_null(first);
     assert_true(json_num(first, "tokens") == 64 && json_num(first, "pages") == 2 && json_num(first, "idle_pages") == 2);
+    assert_true(json_num(first, "hits") == 0 && json_num(first, "last_use_ms") > 1.6e12);
     assert_string_equal(json_str(first, "tier"), "ram");
     assert_int_equal(strlen(json_str(first, "key")), 32);
-    assert_non_null(json_str(first, "preview"));
+    assert_int_equal(strlen(json_str(first, "last_use")), 20); /* 2026-11-24T05:24:27Z */
+    assert_true(strlen(json_str(first, "preview")) > 0);
+    assert_true(json_num(cJSON_GetObjectItem(j, "ram"), "chains") == 1);
     assert_true(cJSON_IsNull(cJSON_GetObjectItem(j, "disk")));
     cJSON_Delete(j);
     expect_error(http(F.srv, "GET", "/cache/prefixes?limit=0", NULL, NULL, 0), 400, "invalid_value");
