@@ -61,6 +61,9 @@ void server_handle_cache_usage(struct server *srv, struct reply *r);
 void server_handle_requantize(struct server *srv, const char *body, size_t len, struct reply *r);
 void server_handle_policy(struct server *srv, const char *body, size_t len, struct reply *r);
 
+/* server_metrics.c: one Prometheus metric with its # HELP and # TYPE lines */
+void server_metric(struct sbuf *b, const char *name, const char *type, const char *help, double v);
+
 /* server_prefix.c: the prefix cache's routes and its parts of /cache/usage and /metrics */
 struct kv_usage;
 void server_handle_cache_clear(struct server *srv, const char *body, size_t len, struct reply *r);

@@ -28,7 +28,7 @@ static void snap_kv(void *user, struct kv_cache *kv)
     s->cfg = *kv_get_config(kv);
 }
 
-static void metric(struct sbuf *b, const char *name, const char *type, const char *help, double v)
+void server_metric(struct sbuf *b, const char *name, const char *type, const char *help, double v)
 {
     sbuf_printf(b, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type, name, v);
 }
@@ -54,26 +54,26 @@ void server_handle_metrics(struct server *srv, struct reply *r)
     struct kv_snapshot kv = {0};
     sched_between_steps(srv->sched, snap_kv, &kv);
     struct sbuf b = {0};
-    metric(&b, "kvserve_requests_running", "gauge", "Requests admitted to the running batch.", st.n_running);
-    metric(&b, "kvserve_requests_waiting", "gauge", "Requests queued for admission.", st.n_waiting);
-    metric(&b, "kvserve_requests_total", "counter", "Requests finished (stop, length or error).", (double)st.requests_done);
-    metric(&b, "kvserve_prompt_tokens_total", "counter", "Prompt tokens computed, recomputation included.", (double)st.prompt_tokens);
-    metric(&b, "kvserve_generated_tokens_total", "counter", "Tokens generated.", (double)st.generated_tokens);
-    metric(&b, "kvserve_steps_total", "counter", "Scheduler steps (batches) run.", (double)st.steps);
-    metric(&b, "kvserve_preemptions_total", "counter", "Sequences preempted (pages freed, recomputed later).", (double)st.preemptions);
-    metric(&b, "kvserve_kv_full_events_total", "counter", "Steps that did not fit the KV cache at first.", (double)st.kv_full_events);
-    metric(&b, "kvserve_max_step_seconds", "gauge", "Longest scheduler step so far.", st.max_step_seconds);
+    server_metric(&b, "kvserve_requests_running", "gauge", "Requests admitted to the running batch.", st.n_running);
+    server_metric(&b, "kvserve_requests_waiting", "gauge", "Requests queued for admission.", st.n_waiting);
+    server_metric(&b, "kvserve_requests_total", "counter", "Requests finished (stop, length or error).", (double)st.requests_done);
+    server_metric(&b, "kvserve_prompt_tokens_total", "counter", "Prompt tokens computed, recomputation included.", (double)st.prompt_tokens);
+    server_metric(&b, "kvserve_generated_tokens_total", "counter", "Tokens generated.", (double)st.generated_tokens);
+    server_metric(&b, "kvserve_steps_total", "counter", "Scheduler steps (batches) run.", (double)st.steps);
+    server_metric(&b, "kvserve_preemptions_total", "counter", "Sequences preempted (pages freed, recomputed later).", (double)st.preemptions);
+    server_metric(&b, "kvserve_kv_full_events_total", "counter", "Steps that did not fit the KV cache at first.", (double)st.kv_full_events);
+    server_metric(&b, "kvserve_max_step_seconds", "gauge", "Longest scheduler step so far.", st.max_step_seconds);
     pthread_mutex_lock(&srv->mu);
     double http = (double)srv->http_requests, http_err = (double)srv->http_errors;
     pthread_mutex_unlock(&srv->mu);
-    metric(&b, "kvserve_http_requests_total", "counter", "HTTP requests answered.", http);
-    metric(&b, "kvserve_http_errors_total", "counter", "HTTP requests answered with status >= 400.", http_err);
+    server_metric(&b, "kvserve_http_requests_total", "counter", "HTTP requests answered.", http);
+    server_metric(&b, "kvserve_http_errors_total", "counter", "HTTP requests answered with status >= 400.", http_err);
     if (kv.have) {
-        metric(&b, "kvserve_kv_bytes_used", "gauge", "KV page storage in use.", (double)kv.u.used);
-        metric(&b, "kvserve_kv_bytes_budget", "gauge", "KV page storage budget (--kv-mem).", (double)kv.u.budget);
-        metric(&b, "kvserve_kv_usage_ratio", "gauge", "Used / budget.", kv.u.budget ? (double)kv.u.used / (double)kv.u.budget : 0);
-        metric(&b, "kvserve_kv_tokens", "gauge", "Tokens held in the KV cache.", (double)kv.u.n_tokens);
-        metric(&b, "kvserve_kv_demotions_total", "counter", "Page halves demoted by the dynamic policy.", (double)kv.u.demotions);
+        server_metric(&b, "kvserve_kv_bytes_used", "gauge", "KV page storage in use.", (double)kv.u.used);
+        server_metric(&b, "kvserve_kv_bytes_budget", "gauge", "KV page storage budget (--kv-mem).", (double)kv.u.budget);
+        server_metric(&b, "kvserve_kv_usage_ratio", "gauge", "Used / budget.", kv.u.budget ? (double)kv.u.used / (double)kv.u.budget : 0);
+        server_metric(&b, "kvserve_kv_tokens", "gauge", "Tokens held in the KV cache.", (double)kv.u.n_tokens);
+        server_metric(&b, "kvserve_kv_demotions_total", "counter", "Page halves demoted by the dynamic policy.", (double)kv.u.demotions);
         sbuf_printf(&b, "# HELP kvserve_kv_pages KV pages by precision of their K or V half.\n# TYPE kvserve_kv_pages gauge\n");
         for (int i = 0; i < KV_N_TYPES; i++) {
             const char *tn = quant_type_name(kv_type_at(i));

@@ -158,12 +158,21 @@ static void collect_entry(void *user, const struct store_entry_info *e)
     d->e[d->n++] = *e;
 }
 
+static int by_key(const void *a, const void *b)
+{
+    const struct store_key *x = &((const struct store_entry_info *)a)->key;
+    const struct store_key *y = &((const struct store_entry_info *)b)->key;
+    if (x->hi != y->hi)
+        return (x->hi > y->hi) - (x->hi < y->hi);
+    return (x->lo > y->lo) - (x->lo < y->lo);
+}
+
+/* d->e sorted by key (disk_chains sorts it): the index of key k, or -1. */
 static int32_t find_entry(const struct disk_chains *d, struct store_key k)
 {
-    for (uint32_t i = 0; i < d->n; i++)
-        if (d->e[i].key.lo == k.lo && d->e[i].key.hi == k.hi)
-            return (int32_t)i;
-    return -1;
+    struct store_entry_info probe = {.key = k};
+    const struct store_entry_info *e = bsearch(&probe, d->e, d->n, sizeof *d->e, by_key);
+    return e ? (int32_t)(e - d->e) : -1;
 }
 
 struct disk_chain {
@@ -178,10 +187,13 @@ static int by_tokens_desc(const void *a, const void *b)
     return (x < y) - (x > y);
 }
 
-/* Chains of the disk index, longest first, into *out (malloc'd). Quadratic in
- * the entries, which is fine for a listing asked for by a person. */
-static uint32_t disk_chains(const struct disk_chains *d, struct disk_chain **out)
+/* Chains of the disk index, longest first, into *out (malloc'd). Sorts d->e
+ * by key so that parents are found by binary search: a disk tier of 10% of a
+ * large disk holds hundreds of thousands of pages, and the live page asks for
+ * this listing every few seconds. */
+static uint32_t disk_chains(struct disk_chains *d, struct disk_chain **out)
 {
+    qsort(d->e, d->n, sizeof *d->e, by_key);
     uint8_t *has_child = calloc((size_t)d->n + 1, 1);
     struct disk_chain *c = malloc(((size_t)d->n + 1) * sizeof *c);
     uint32_t n = 0;
@@ -354,51 +366,46 @@ cJSON *server_disk_usage_json(struct server *srv)
     return d;
 }
 
-static void line(struct sbuf *b, const char *name, const char *type, const char *help, double v)
-{
-    sbuf_printf(b, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type, name, v);
-}
-
 void server_prefix_metrics(struct server *srv, struct sbuf *b, const struct sched_stats *st, const struct kv_usage *u)
 {
-    line(b, "kvserve_prefix_lookups_total", "counter", "Prompts looked up in the prefix cache at admission.",
+    server_metric(b, "kvserve_prefix_lookups_total", "counter", "Prompts looked up in the prefix cache at admission.",
          (double)st->prefix_lookups);
     sbuf_printf(b, "# HELP kvserve_prefix_hit_tokens_total Prompt tokens found in the prefix cache at admission, by tier.\n"
                    "# TYPE kvserve_prefix_hit_tokens_total counter\n"
                    "kvserve_prefix_hit_tokens_total{tier=\"ram\"} %llu\nkvserve_prefix_hit_tokens_total{tier=\"disk\"} %llu\n",
                 (unsigned long long)st->prefix_hit_ram_tokens, (unsigned long long)st->prefix_hit_disk_tokens);
-    line(b, "kvserve_prefix_shared_tokens_total", "counter",
+    server_metric(b, "kvserve_prefix_shared_tokens_total", "counter",
          "Prompt tokens taken during prefill from a request computing the same prefix.", (double)st->prefix_shared_tokens);
-    line(b, "kvserve_prefix_miss_tokens_total", "counter", "Prompt tokens left to compute after the lookup.",
+    server_metric(b, "kvserve_prefix_miss_tokens_total", "counter", "Prompt tokens left to compute after the lookup.",
          (double)st->prefix_miss_tokens);
-    line(b, "kvserve_prefix_tokens_saved_total", "counter", "Prompt tokens not computed thanks to the prefix cache.",
+    server_metric(b, "kvserve_prefix_tokens_saved_total", "counter", "Prompt tokens not computed thanks to the prefix cache.",
          (double)(st->prefix_hit_ram_tokens + st->prefix_hit_disk_tokens + st->prefix_shared_tokens));
-    line(b, "kvserve_prefix_wait_steps_total", "counter", "Steps a request waited for another to compute a shared page.",
+    server_metric(b, "kvserve_prefix_wait_steps_total", "counter", "Steps a request waited for another to compute a shared page.",
          (double)st->prefix_wait_steps);
     if (u) {
-        line(b, "kvserve_kv_idle_pages", "gauge", "Cached pages no request holds (reclaimable).", u->n_idle_pages);
-        line(b, "kvserve_kv_idle_bytes", "gauge", "Bytes of the idle cached pages.", (double)u->idle_bytes);
-        line(b, "kvserve_kv_shared_pages", "gauge", "Pages held by more than one request.", u->n_shared_pages);
-        line(b, "kvserve_kv_keyed_pages", "gauge", "Pages in the prefix cache, idle or in use.", u->n_keyed_pages);
-        line(b, "kvserve_prefix_evictions_total", "counter", "Idle cached pages reclaimed for their bytes.",
+        server_metric(b, "kvserve_kv_idle_pages", "gauge", "Cached pages no request holds (reclaimable).", u->n_idle_pages);
+        server_metric(b, "kvserve_kv_idle_bytes", "gauge", "Bytes of the idle cached pages.", (double)u->idle_bytes);
+        server_metric(b, "kvserve_kv_shared_pages", "gauge", "Pages held by more than one request.", u->n_shared_pages);
+        server_metric(b, "kvserve_kv_keyed_pages", "gauge", "Pages in the prefix cache, idle or in use.", u->n_keyed_pages);
+        server_metric(b, "kvserve_prefix_evictions_total", "counter", "Idle cached pages reclaimed for their bytes.",
              (double)u->evictions);
     }
     if (!srv->cfg.store)
         return;
     struct store_stats d;
     store_stats(srv->cfg.store, &d);
-    line(b, "kvserve_disk_cache_bytes", "gauge", "Disk footprint of the SSD tier's entries.", (double)d.bytes);
-    line(b, "kvserve_disk_cache_entries", "gauge", "Pages in the SSD tier.", (double)d.entries);
-    line(b, "kvserve_disk_cache_limit_bytes", "gauge", "The SSD tier's limit (--cache-disk).", (double)d.limit);
-    line(b, "kvserve_disk_cache_reads_total", "counter", "Pages read back from disk.", (double)d.reads);
-    line(b, "kvserve_disk_cache_read_bytes_total", "counter", "Bytes read back from disk.", (double)d.read_bytes);
-    line(b, "kvserve_disk_cache_writes_total", "counter", "Pages written to disk.", (double)d.writes);
-    line(b, "kvserve_disk_cache_write_bytes_total", "counter", "Bytes written to disk.", (double)d.write_bytes);
-    line(b, "kvserve_disk_cache_corrupt_total", "counter", "Corrupt, truncated or foreign entries found and deleted.",
+    server_metric(b, "kvserve_disk_cache_bytes", "gauge", "Disk footprint of the SSD tier's entries.", (double)d.bytes);
+    server_metric(b, "kvserve_disk_cache_entries", "gauge", "Pages in the SSD tier.", (double)d.entries);
+    server_metric(b, "kvserve_disk_cache_limit_bytes", "gauge", "The SSD tier's limit (--cache-disk).", (double)d.limit);
+    server_metric(b, "kvserve_disk_cache_reads_total", "counter", "Pages read back from disk.", (double)d.reads);
+    server_metric(b, "kvserve_disk_cache_read_bytes_total", "counter", "Bytes read back from disk.", (double)d.read_bytes);
+    server_metric(b, "kvserve_disk_cache_writes_total", "counter", "Pages written to disk.", (double)d.writes);
+    server_metric(b, "kvserve_disk_cache_write_bytes_total", "counter", "Bytes written to disk.", (double)d.write_bytes);
+    server_metric(b, "kvserve_disk_cache_corrupt_total", "counter", "Corrupt, truncated or foreign entries found and deleted.",
          (double)d.corrupt);
-    line(b, "kvserve_disk_cache_evictions_total", "counter", "Entries deleted for room.", (double)d.evictions);
-    line(b, "kvserve_disk_cache_dropped_total", "counter", "Pages not written: the write queue was full.", (double)d.dropped);
-    line(b, "kvserve_disk_cache_failures_total", "counter", "Write transactions that failed.", (double)d.failures);
-    line(b, "kvserve_disk_cache_disabled", "gauge", "1 when the SSD tier gave up after write failures.", d.disabled);
-    line(b, "kvserve_disk_cache_read_gbs", "gauge", "Measured read throughput of the SSD tier, GB/s.", d.read_gbs);
+    server_metric(b, "kvserve_disk_cache_evictions_total", "counter", "Entries deleted for room.", (double)d.evictions);
+    server_metric(b, "kvserve_disk_cache_dropped_total", "counter", "Pages not written: the write queue was full.", (double)d.dropped);
+    server_metric(b, "kvserve_disk_cache_failures_total", "counter", "Write transactions that failed.", (double)d.failures);
+    server_metric(b, "kvserve_disk_cache_disabled", "gauge", "1 when the SSD tier gave up after write failures.", d.disabled);
+    server_metric(b, "kvserve_disk_cache_read_gbs", "gauge", "Measured read throughput of the SSD tier, GB/s.", d.read_gbs);
 }
