@@ -16,7 +16,7 @@ struct store_header {
     struct store_key key, parent;
     uint32_t n_tokens, reserved;
     uint64_t payload_len;
-    uint64_t checksum;        /* XXH3-64 of this header (checksum 0) and the payload */
+    uint64_t checksum;        /* XXH3-64 of the payload, seeded with XXH3-64 of this header (checksum 0) */
 };
 _Static_assert(sizeof(struct store_header) == 80, "the entry header is an on-disk format");
 
