@@ -81,6 +81,21 @@ static void test_keys_chain(void **state)
     kv_prefix_keys(kv, u, 3 * P + 0, ku);
     assert_true(kv_key_equal(kt[0], ku[0]) && kv_key_equal(kt[1], ku[1]));
     assert_false(kv_key_equal(kt[2], ku[2]));
+    /* a sequence's next key is the chain key of its next page */
+    int32_t seq = -1, n_pages = 0;
+    struct kv_key next;
+    assert_int_equal(kv_seq_create(kv, &seq), KS_OK);
+    assert_true(kv_seq_next_key(kv, seq, t, &next) && kv_key_equal(next, kt[0]));
+    kv_seq_free(kv, computed_seq(kv, t, 2 * P));
+    assert_int_equal(kv_seq_attach_pages(kv, seq, t, 3 * P, &n_pages), KS_OK);
+    assert_int_equal(n_pages, 2);
+    assert_true(kv_seq_next_key(kv, seq, t, &next) && kv_key_equal(next, kt[2]));
+    assert_false(kv_seq_next_key(kv, seq + 1000, t, &next));
+    kv_seq_free(kv, seq);
+    assert_int_equal(kv_seq_create(kv, &seq), KS_OK);
+    assert_int_equal(kv_seq_grow(kv, seq, 5), KS_OK); /* not page-aligned: no next key */
+    assert_false(kv_seq_next_key(kv, seq, t, &next));
+    kv_seq_free(kv, seq);
     /* the same tokens in another page position give another key (the chain) */
     struct kv_key k1[1];
     kv_prefix_keys(kv, t + P, P, k1);

@@ -160,6 +160,11 @@ static inline bool kv_key_equal(struct kv_key a, struct kv_key b) { return a.lo 
 /* The chain keys of the n_tokens / P full pages of tokens into keys[]. */
 void kv_prefix_keys(const struct kv_cache *kv, const int32_t *tokens, int32_t n_tokens, struct kv_key *keys);
 
+/* The key seq's next full page would have along tokens (its tokens are
+ * tokens[len, len + P)); false when seq cannot continue from the cache (len
+ * not a multiple of P, a page not keyed, the prefix cache off). */
+bool kv_seq_next_key(const struct kv_cache *kv, int32_t seq, const int32_t *tokens, struct kv_key *out);
+
 /* seq holds tokens[0, len) and len is a multiple of P: map the cached pages
  * that continue it along tokens, while the sequence stays within max_tokens
  * (each page's tokens are compared, not only its key). The pages are shared,

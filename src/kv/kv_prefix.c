@@ -322,6 +322,15 @@ static bool seq_extendable(const struct kv_cache *kv, const struct kv_seq *s)
 static struct kv_key last_key(const struct kv_seq *s) { return s->n_keyed ? s->keys[s->n_keyed - 1] : ZERO_KEY; }
 
 /* Map page id (already referenced for s) as s's next page. */
+bool kv_seq_next_key(const struct kv_cache *kv, int32_t seq, const int32_t *tokens, struct kv_key *out)
+{
+    if (seq < 0 || seq >= kv->n_seq_slots || !kv->seqs[seq].live || !seq_extendable(kv, &kv->seqs[seq]))
+        return false;
+    const struct kv_seq *s = &kv->seqs[seq];
+    *out = chain_key(kv, last_key(s), tokens + s->len);
+    return true;
+}
+
 static void seq_map(struct kv_cache *kv, struct kv_seq *s, int32_t id, int32_t n_tokens)
 {
     struct kv_page *pg = &kv->pages[id];

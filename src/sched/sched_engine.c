@@ -20,8 +20,8 @@ struct model_engine {
     struct model_ctx *mctx;
     int32_t n_vocab;
     struct store *store;      /* SSD tier, borrowed; NULL without --cache-dir */
-    size_t persist_pending;   /* bytes handed to the store since its last flush */
-    bool persisting;
+    bool persisting;          /* at shutdown: every cached page goes to the store */
+    size_t persist_pending;   /* bytes handed to the store since its last flush, while persisting */
 };
 
 static ks_status me_seq_create(void *ctx, int32_t *seq_out)
@@ -101,26 +101,20 @@ static bool worth_reading(struct model_engine *e, size_t n, double prefill_token
 static int32_t import_from_disk(struct model_engine *e, int32_t seq, const int32_t *tokens, int32_t max_tokens,
                                 double prefill_token_s)
 {
-    int32_t P = kv_get_config(e->kv)->page_tokens, n_pages = max_tokens / P, done = 0;
-    int32_t first = kv_seq_len(e->kv, seq) / P;
-    if (!e->store || first >= n_pages || kv_seq_len(e->kv, seq) % P)
-        return 0;
-    struct kv_key *keys = malloc((size_t)n_pages * sizeof *keys);
-    if (!keys)
-        return 0;
-    kv_prefix_keys(e->kv, tokens, n_pages * P, keys);
-    for (int32_t i = first; i < n_pages; i++, done++) {
+    int32_t P = kv_get_config(e->kv)->page_tokens, done = 0;
+    struct kv_key key;
+    while (e->store && kv_seq_len(e->kv, seq) + P <= max_tokens && kv_seq_next_key(e->kv, seq, tokens, &key)) {
         size_t bytes = 0;
         void *blob = NULL;
-        if (!store_has(e->store, store_key_of(keys[i]), &bytes) || !worth_reading(e, bytes, prefill_token_s) ||
-            store_get(e->store, store_key_of(keys[i]), &blob, &bytes) != KS_OK)
+        if (!store_has(e->store, store_key_of(key), &bytes) || !worth_reading(e, bytes, prefill_token_s) ||
+            store_get(e->store, store_key_of(key), &blob, &bytes) != KS_OK)
             break;
         ks_status st = kv_seq_import_page(e->kv, seq, tokens, blob, bytes);
         free(blob);
         if (st)
             break; /* the store checked its checksum; a page of another layout is simply not used */
+        done++;
     }
-    free(keys);
     return done;
 }
 
@@ -156,10 +150,11 @@ static void me_prefix_publish(void *ctx, int32_t seq, const int32_t *tokens, int
 static void on_evict(void *user, const struct kv_page_blob *b)
 {
     struct model_engine *e = user;
-    if (store_put(e->store, store_key_of(b->key), store_key_of(b->parent), (uint32_t)b->n_tokens, b->data, b->len))
+    if (store_put(e->store, store_key_of(b->key), store_key_of(b->parent), (uint32_t)b->n_tokens, b->data, b->len) ||
+        !e->persisting)
         return;
     e->persist_pending += b->len;
-    if (e->persisting && e->persist_pending >= PERSIST_FLUSH_BYTES) {
+    if (e->persist_pending >= PERSIST_FLUSH_BYTES) {
         store_flush(e->store);
         e->persist_pending = 0;
     }
