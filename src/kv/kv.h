@@ -127,8 +127,6 @@ struct kv_requant_result {
 ks_status kv_requantize(struct kv_cache *kv, const struct kv_selector *sel, enum quant_type type_k,
                         enum quant_type type_v, bool dry_run, struct kv_requant_result *result);
 
-/* ---- usage and fit ------------------------------------------------------- */
-
 /* ---- prefix cache (RAM tier) --------------------------------------------- */
 /* A full page has a content key: key_i = XXH3-128(key_{i-1} | its P token ids
  * | model fingerprint | KV layout: P, rotation, head_dim, layers, KV heads),
@@ -149,7 +147,8 @@ ks_status kv_requantize(struct kv_cache *kv, const struct kv_selector *sel, enum
  *   kv_seq_import_page()     append one page read back from the SSD tier
  *   kv_seq_attach_partial()  map the best-matching cached page for a partial
  *                            last page (its tokens are then copied on write)
- *   kv_seq_publish()         after a step: key the sequence's full pages */
+ *   kv_seq_publish()         after a step: key the sequence's full pages
+ *   kv_seq_publish_tail()    before freeing it: keep its partial last page */
 
 struct kv_key {
     uint64_t lo, hi;
@@ -175,8 +174,8 @@ ks_status kv_seq_attach_pages(struct kv_cache *kv, int32_t seq, const int32_t *t
                               int32_t *n_pages_out);
 
 /* After kv_seq_attach_pages(): among the cached pages and tails that follow
- * seq's last page (same parent key), map the one sharing the longest run of tokens with
- * tokens[len, max_tokens) and set len to the end of that run. The page stays
+ * seq's last page (same parent key), map the one sharing the longest run of
+ * tokens with tokens[len, max_tokens) and set len to the end of that run. The page stays
  * shared until the next write into it copies it. *n_tokens_out: tokens
  * gained (0 for none). Errors as kv_seq_attach_pages(). */
 ks_status kv_seq_attach_partial(struct kv_cache *kv, int32_t seq, const int32_t *tokens, int32_t max_tokens,
@@ -238,6 +237,8 @@ struct kv_prefix_info {
 /* Fill up to cap chains; returns how many there are (may exceed cap). */
 int32_t kv_prefix_list(const struct kv_cache *kv, struct kv_prefix_info *out, int32_t cap);
 
+/* ---- usage and fit ------------------------------------------------------- */
+
 /* Index into the per-type arrays below: f32, f16, q8_0, q4_0. */
 enum { KV_N_TYPES = 4 };
 int kv_type_index(enum quant_type t);           /* -1 if not a KV type */
@@ -274,10 +275,11 @@ struct kv_seq_usage {
 int32_t kv_seq_id_limit(const struct kv_cache *kv);
 ks_status kv_seq_usage(const struct kv_cache *kv, int32_t seq, struct kv_seq_usage *out);
 
-/* Tokens that still fit in the free budget plus the idle cached pages (whole pages) if every new page
- * were stored at one precision (K and V alike), and under the dynamic policy
- * for one new sequence (sinks and hot window at the start precision, the rest
- * at the floor, after demoting every demotable page already in the cache).
+/* Tokens that still fit in the free budget plus the idle cached pages (whole
+ * pages) if every new page were stored at one precision (K and V alike), and
+ * under the dynamic policy for one new sequence (sinks and hot window at the
+ * start precision, the rest at the floor, after demoting every demotable page
+ * already in the cache).
  * When the floor cannot be used (head_dim % 32 != 0) the dynamic figure
  * equals the start-precision one: the policy then keeps everything there. */
 struct kv_fit {

@@ -541,16 +541,12 @@ static void chain_describe(const struct kv_cache *kv, int32_t leaf, struct kv_pr
     for (int32_t steps = 0; id >= 0 && steps <= (int32_t)kv->map.n; steps++) {
         const struct kv_page *pg = &kv->pages[id];
         o->n_pages++;
+        o->n_tokens += pg->n_valid;
         o->n_idle += pg->ref == 0;
         if (pg->last_use_ms > o->last_use_ms)
             o->last_use_ms = pg->last_use_ms;
         root = id;
         id = kv_key_equal(pg->parent, ZERO_KEY) ? -1 : map_find(kv, pg->parent);
-    }
-    o->n_tokens = 0;
-    for (int32_t at = leaf, steps = 0; at >= 0 && steps < o->n_pages; steps++) {
-        o->n_tokens += kv->pages[at].n_valid;
-        at = kv_key_equal(kv->pages[at].parent, ZERO_KEY) ? -1 : map_find(kv, kv->pages[at].parent);
     }
     o->hits = kv->pages[root].hits;
     o->n_head = kv->pages[root].n_valid < KV_PREFIX_HEAD_TOKENS ? kv->pages[root].n_valid : KV_PREFIX_HEAD_TOKENS;
