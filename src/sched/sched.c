@@ -407,6 +407,14 @@ static int32_t cacheable(const struct req *r)
     return r->max_tokens > 0 ? r->n_tokens - 1 : r->n_tokens;
 }
 
+/* A warm-up (max_tokens 0) is done once its whole prompt is cached, whether
+ * computed or found; there is nothing to sample. */
+static void finish_warm_up(struct req *r)
+{
+    if (r->max_tokens == 0 && r->n_computed == r->n_tokens)
+        r->finish = SCHED_FINISH_LENGTH;
+}
+
 /* Ask the cache (RAM, then disk) for each newly admitted request's prompt. The
  * engine is called without the lock: a disk read may take a while. */
 static void lookup_admitted(struct sched *s)
@@ -428,8 +436,7 @@ static void lookup_admitted(struct sched *s)
         s->st.prefix_hit_ram_tokens += (uint64_t)hit.ram_tokens;
         s->st.prefix_hit_disk_tokens += (uint64_t)hit.disk_tokens;
         s->st.prefix_miss_tokens += (uint64_t)(r->n_tokens - got);
-        if (r->max_tokens == 0 && got == r->n_tokens)
-            r->finish = SCHED_FINISH_LENGTH;
+        finish_warm_up(r);
         pthread_mutex_unlock(&s->mu);
     }
 }
@@ -470,8 +477,7 @@ static void share_prefill(struct sched *s)
         s->st.prefix_shared_tokens += (uint64_t)hit.ram_tokens;
         r->dedup_wait = computed_by_older(s, r);
         s->st.prefix_wait_steps += r->dedup_wait;
-        if (r->max_tokens == 0 && r->n_computed == r->n_tokens)
-            r->finish = SCHED_FINISH_LENGTH;
+        finish_warm_up(r);
         pthread_mutex_unlock(&s->mu);
     }
 }
@@ -632,8 +638,7 @@ static void finish_step(struct sched *s, int32_t n, int32_t n_rows)
                 if (r->n_computed < r->n_prompt)
                     s->st.prompt_tokens++;
                 r->n_computed++;
-                if (r->max_tokens == 0 && r->n_computed == r->n_tokens)
-                    r->finish = SCHED_FINISH_LENGTH; /* a warm-up: cached, nothing to sample */
+                finish_warm_up(r);
                 break;
             }
     pthread_mutex_unlock(&s->mu);
