@@ -9,7 +9,7 @@
 # BIN is kvserve; llama.cpp comes from ANCHOR (default ../shared/anchor/bin). Env: REPS (3), THREADS (2),
 # PREFIX (1000), SUFFIX (27), GEN (32), ROUNDS (8), ROUND_TOKENS (1500), LONG (4000). Prompts are token ids
 # (100..355), so any vocabulary of 356 tokens or more works. Run on a quiet machine: timings are medians of
-# REPS runs with the two servers interleaved.
+# REPS runs with the two servers interleaved. Needs curl, bc and python3 (to pick free ports).
 set -euo pipefail
 usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [ $# -ge 3 ] || usage
