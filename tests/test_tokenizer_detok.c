@@ -106,6 +106,37 @@ static void assert_roundtrip(const struct tokenizer *t, const char *text, size_t
 }
 
 /* Every vector string, random valid UTF-8 and random bytes come back intact. */
+/* Invalid UTF-8 and NULs become U+FFFD, one per byte, by tok_utf8_decode's rules. */
+static void test_utf8_sanitize(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *in;
+        size_t n;
+        const char *want;
+    } cases[] = {
+        {"plain", 5, "plain"},
+        {"h\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80", 12, "h\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80"},
+        {"a\xFF" "b", 3, "a\xEF\xBF\xBD" "b"},
+        {"\xC0\x80", 2, "\xEF\xBF\xBD\xEF\xBF\xBD"},             /* overlong NUL */
+        {"\xED\xA0\x80", 3, "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD"}, /* surrogate */
+        {"\xF4\x90\x80\x80", 4,
+         "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD"}, /* above U+10FFFF */
+        {"x\xE2\x82", 3, "x\xEF\xBF\xBD\xEF\xBF\xBD"},           /* cut at the end */
+        {"a\0b", 3, "a\xEF\xBF\xBD" "b"},
+        {"", 0, ""},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *out = NULL;
+        size_t len = 0;
+        assert_int_equal(tok_utf8_sanitize(cases[i].in, cases[i].n, &out, &len), KS_OK);
+        assert_non_null(out);
+        assert_int_equal(len, strlen(cases[i].want));
+        assert_memory_equal(out, cases[i].want, len + 1);
+        free(out);
+    }
+}
+
 static void test_roundtrip(void **state)
 {
     (void)state;
@@ -487,7 +518,7 @@ int main(void)
         cmocka_unit_test(test_fuzz),         cmocka_unit_test(test_reference_continuation),
         cmocka_unit_test(test_spm_words_equal_whole),
         cmocka_unit_test(test_chat_render),  cmocka_unit_test(test_chat_detect),
-        cmocka_unit_test(test_chat_tokens),
+        cmocka_unit_test(test_chat_tokens),  cmocka_unit_test(test_utf8_sanitize),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -15,6 +15,7 @@
 #include <stdint.h>
 
 #include "kv/kv_internal.h"
+#include "quant/quant.h"
 
 /* One tile of query rows and their online-softmax state. */
 struct attn_rows {

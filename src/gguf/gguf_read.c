@@ -10,6 +10,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 enum {
     KEY_MAX_BYTES = 65535,     /* the GGUF spec's limit on key length */
@@ -138,10 +139,7 @@ static ks_status copy_name(struct gguf_str s, size_t max_len, const char *what, 
 
 uint64_t gguf_hash(const char *s)
 {
-    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a */
-    for (; *s; s++)
-        h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
-    return h;
+    return XXH3_64bits(s, strlen(s));
 }
 
 static ks_status index_init(struct gguf_index *ix, uint64_t n)

@@ -4,6 +4,7 @@
 #define KS_MODEL_INTERNAL_H
 
 #include "model/model.h"
+#include "quant/quant.h"
 
 /* A 2-D weight used in place from the mapping: rows x cols of type. */
 struct model_mat {

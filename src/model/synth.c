@@ -6,8 +6,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 
 #include "model/model.h"
+#include "quant/quant.h"
 
 /* ---- presets ------------------------------------------------------------- */
 
@@ -127,14 +129,6 @@ static uint64_t splitmix64(uint64_t *s)
     return z ^ (z >> 31);
 }
 
-static uint64_t name_hash(const char *s)
-{
-    uint64_t h = 1469598103934665603ull; /* FNV-1a */
-    for (; *s; s++)
-        h = (h ^ (uint8_t)*s) * 1099511628211ull;
-    return h;
-}
-
 /* Uniform in [center - half, center + half]: std = half / sqrt(3). */
 struct fill {
     float center, half;
@@ -214,7 +208,7 @@ static ks_status add_tensor(struct synth *s, const char *name, int64_t rows, int
     if (!data)
         return ks_fail(KS_ERR_NOMEM, "synth: out of memory for tensor %s (%zu bytes)", name, row_bytes * (size_t)rows);
     s->bufs[s->n_bufs++] = data;
-    struct gen_job j = {.seed = name_hash(name) ^ (s->spec->seed * 0x9e3779b97f4a7c15ull), .rows = rows,
+    struct gen_job j = {.seed = XXH3_64bits(name, strlen(name)) ^ (s->spec->seed * 0x9e3779b97f4a7c15ull), .rows = rows,
                         .cols = cols, .fill = fill, .type = type, .dst = data, .row_bytes = row_bytes};
     atomic_init(&j.failed, 0);
     threads_run(s->pool, gen_task, &j);

@@ -381,27 +381,12 @@ static int32_t *prompt_tokens(struct server *srv, bool chat, const cJSON *root, 
 
 /* ---- text assembly ----------------------------------------------------------------- */
 
-/* Copy s with invalid UTF-8 replaced by U+FFFD (JSON needs valid UTF-8). */
+/* s as valid UTF-8 for JSON (NULL when out of memory). */
 static char *utf8_clean(const char *s, size_t n)
 {
-    struct sbuf b = {0};
-    size_t i = 0;
-    while (i < n) {
-        unsigned char ch = (unsigned char)s[i];
-        size_t len = ch < 0x80 ? 1 : (ch >> 5) == 6 ? 2 : (ch >> 4) == 14 ? 3 : (ch >> 3) == 30 ? 4 : 0;
-        bool ok = len > 0 && i + len <= n;
-        for (size_t k = 1; ok && k < len; k++)
-            ok = ((unsigned char)s[i + k] & 0xC0) == 0x80;
-        if (ok && ch != 0) {
-            sbuf_append(&b, s + i, len);
-            i += len;
-        } else {
-            sbuf_append(&b, "\xEF\xBF\xBD", 3);
-            i++;
-        }
-    }
-    sbuf_append(&b, "", 0);
-    return b.p;
+    char *out = NULL;
+    size_t len;
+    return tok_utf8_sanitize(s, n, &out, &len) == KS_OK ? out : NULL;
 }
 
 static cJSON *lp_token_json(struct call *c, int32_t token, float logprob)

@@ -9,17 +9,8 @@
 
 #include <cjson/cJSON.h>
 
+#include "sbuf/sbuf.h"
 #include "server/server.h"
-
-struct sbuf {
-    char *p;
-    size_t n, cap;
-    bool oom;
-};
-
-void sbuf_append(struct sbuf *b, const char *s, size_t n);
-void sbuf_printf(struct sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void sbuf_free(struct sbuf *b);
 
 struct server {
     struct server_config cfg;

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "sbuf/sbuf.h"
 #include "tokenizer/tok_internal.h"
 
 static const char *const family_names[TOK_CHAT_COUNT] = {
@@ -91,33 +92,6 @@ ks_status tok_chat_for(const struct tokenizer *t, const char *override_name, enu
 
 /* ---- rendering ---------------------------------------------------------- */
 
-struct sbuf {
-    char *p;
-    size_t n, cap;
-    bool oom;
-};
-
-static void put_n(struct sbuf *b, const char *s, size_t n)
-{
-    if (b->oom)
-        return;
-    if (b->n + n + 1 > b->cap) {
-        size_t ncap = (b->n + n + 1) * 2;
-        char *p = realloc(b->p, ncap);
-        if (!p) {
-            b->oom = true;
-            return;
-        }
-        b->p = p;
-        b->cap = ncap;
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-}
-
-static void put(struct sbuf *b, const char *s) { put_n(b, s, strlen(s)); }
-
 static void put_trimmed(struct sbuf *b, const char *s)
 {
     size_t n = strlen(s);
@@ -125,7 +99,7 @@ static void put_trimmed(struct sbuf *b, const char *s)
         s++, n--;
     while (n && isspace((unsigned char)s[n - 1]))
         n--;
-    put_n(b, s, n);
+    sbuf_append(b, s, n);
 }
 
 enum role { ROLE_SYSTEM, ROLE_USER, ROLE_ASSISTANT };
@@ -133,27 +107,27 @@ enum role { ROLE_SYSTEM, ROLE_USER, ROLE_ASSISTANT };
 static void render_chatml(struct sbuf *b, const struct tok_chat_msg *m, size_t n, bool gen)
 {
     for (size_t i = 0; i < n; i++) {
-        put(b, "<|im_start|>");
-        put(b, m[i].role);
-        put(b, "\n");
-        put(b, m[i].content);
-        put(b, "<|im_end|>\n");
+        sbuf_puts(b, "<|im_start|>");
+        sbuf_puts(b, m[i].role);
+        sbuf_puts(b, "\n");
+        sbuf_puts(b, m[i].content);
+        sbuf_puts(b, "<|im_end|>\n");
     }
     if (gen)
-        put(b, "<|im_start|>assistant\n");
+        sbuf_puts(b, "<|im_start|>assistant\n");
 }
 
 static void render_llama3(struct sbuf *b, const struct tok_chat_msg *m, size_t n, bool gen)
 {
     for (size_t i = 0; i < n; i++) {
-        put(b, "<|start_header_id|>");
-        put(b, m[i].role);
-        put(b, "<|end_header_id|>\n\n");
+        sbuf_puts(b, "<|start_header_id|>");
+        sbuf_puts(b, m[i].role);
+        sbuf_puts(b, "<|end_header_id|>\n\n");
         put_trimmed(b, m[i].content);
-        put(b, "<|eot_id|>");
+        sbuf_puts(b, "<|eot_id|>");
     }
     if (gen)
-        put(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+        sbuf_puts(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
 }
 
 /* [INST] families: llama2 wraps the system prompt in <<SYS>> and starts
@@ -161,22 +135,22 @@ static void render_llama3(struct sbuf *b, const struct tok_chat_msg *m, size_t n
 static void render_inst(struct sbuf *b, const struct tok_chat_msg *m, const enum role *r, size_t n, bool llama2)
 {
     bool inside_turn = true;
-    put(b, "[INST] ");
+    sbuf_puts(b, "[INST] ");
     for (size_t i = 0; i < n; i++) {
         if (!inside_turn) {
             inside_turn = true;
-            put(b, llama2 ? "<s>[INST] " : "[INST] ");
+            sbuf_puts(b, llama2 ? "<s>[INST] " : "[INST] ");
         }
         if (r[i] == ROLE_SYSTEM) {
-            put(b, llama2 ? "<<SYS>>\n" : "");
+            sbuf_puts(b, llama2 ? "<<SYS>>\n" : "");
             put_trimmed(b, m[i].content);
-            put(b, llama2 ? "\n<</SYS>>\n\n" : "\n\n");
+            sbuf_puts(b, llama2 ? "\n<</SYS>>\n\n" : "\n\n");
         } else if (r[i] == ROLE_USER) {
             put_trimmed(b, m[i].content);
-            put(b, " [/INST]");
+            sbuf_puts(b, " [/INST]");
         } else {
             put_trimmed(b, m[i].content);
-            put(b, "</s>");
+            sbuf_puts(b, "</s>");
             inside_turn = false;
         }
     }
@@ -192,15 +166,15 @@ static void render_zephyr(struct sbuf *b, const struct tokenizer *t, const struc
         eos_len = t->tokens[t->sp.eos].text_len;
     }
     for (size_t i = 0; i < n; i++) {
-        put(b, "<|");
-        put(b, m[i].role);
-        put(b, "|>\n");
-        put(b, m[i].content);
-        put_n(b, eos, eos_len);
-        put(b, "\n");
+        sbuf_puts(b, "<|");
+        sbuf_puts(b, m[i].role);
+        sbuf_puts(b, "|>\n");
+        sbuf_puts(b, m[i].content);
+        sbuf_append(b, eos, eos_len);
+        sbuf_puts(b, "\n");
     }
     if (gen)
-        put(b, "<|assistant|>\n");
+        sbuf_puts(b, "<|assistant|>\n");
 }
 
 static void render_gemma(struct sbuf *b, const struct tok_chat_msg *m, const enum role *r, size_t n, bool gen)
@@ -211,30 +185,30 @@ static void render_gemma(struct sbuf *b, const struct tok_chat_msg *m, const enu
             system = m[i].content;
             continue;
         }
-        put(b, r[i] == ROLE_ASSISTANT ? "<start_of_turn>model\n" : "<start_of_turn>user\n");
+        sbuf_puts(b, r[i] == ROLE_ASSISTANT ? "<start_of_turn>model\n" : "<start_of_turn>user\n");
         if (system && r[i] == ROLE_USER) {
             put_trimmed(b, system);
-            put(b, "\n\n");
+            sbuf_puts(b, "\n\n");
             system = NULL;
         }
         put_trimmed(b, m[i].content);
-        put(b, "<end_of_turn>\n");
+        sbuf_puts(b, "<end_of_turn>\n");
     }
     if (gen)
-        put(b, "<start_of_turn>model\n");
+        sbuf_puts(b, "<start_of_turn>model\n");
 }
 
 static void render_phi3(struct sbuf *b, const struct tok_chat_msg *m, size_t n, bool gen)
 {
     for (size_t i = 0; i < n; i++) {
-        put(b, "<|");
-        put(b, m[i].role);
-        put(b, "|>\n");
-        put(b, m[i].content);
-        put(b, "<|end|>\n");
+        sbuf_puts(b, "<|");
+        sbuf_puts(b, m[i].role);
+        sbuf_puts(b, "|>\n");
+        sbuf_puts(b, m[i].content);
+        sbuf_puts(b, "<|end|>\n");
     }
     if (gen)
-        put(b, "<|assistant|>\n");
+        sbuf_puts(b, "<|assistant|>\n");
 }
 
 static ks_status parse_roles(const struct tok_chat_msg *m, size_t n, enum role *r)
@@ -267,7 +241,7 @@ ks_status tok_chat_render(const struct tokenizer *t, enum tok_chat_family fam, c
         return ks_fail(KS_ERR_NOMEM, "tokenizer: out of memory");
     ks_status st = parse_roles(msgs, n, roles);
     struct sbuf b = {0};
-    put(&b, "");
+    sbuf_puts(&b, "");
     if (!st) {
         bool gen = add_generation_prompt;
         switch (fam) {

@@ -1,19 +1,16 @@
 /* tokenizer: hash maps, UTF-8 helpers and the growable id list. */
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 
+#include "sbuf/sbuf.h"
 #include "tokenizer/tok_internal.h"
 
 /* ---- hashing ------------------------------------------------------------ */
 
 uint64_t tok_hash_bytes(const char *s, size_t n)
 {
-    uint64_t h = 0xcbf29ce484222325ull ^ (n * 0x9e3779b97f4a7c15ull); /* FNV-1a, length-seeded */
-    for (size_t i = 0; i < n; i++) {
-        h ^= (uint8_t)s[i];
-        h *= 0x100000001b3ull;
-    }
-    return h ^ (h >> 29);
+    return XXH3_64bits(s, n);
 }
 
 static uint32_t pow2_at_least(uint64_t n)
@@ -237,6 +234,31 @@ size_t tok_utf8_decode(const char *s, size_t n, uint32_t *cp)
         return 0;
     *cp = c;
     return len;
+}
+
+ks_status tok_utf8_sanitize(const char *s, size_t n, char **out, size_t *len)
+{
+    static const char replacement[] = "\xEF\xBF\xBD";
+    struct sbuf b = {0};
+    sbuf_append(&b, "", 0);
+    for (size_t i = 0; i < n;) {
+        uint32_t cp;
+        size_t k = tok_utf8_decode(s + i, n - i, &cp);
+        if (k && cp) {
+            sbuf_append(&b, s + i, k);
+            i += k;
+        } else {
+            sbuf_append(&b, replacement, sizeof replacement - 1);
+            i++;
+        }
+    }
+    if (b.oom) {
+        sbuf_free(&b);
+        return ks_fail(KS_ERR_NOMEM, "out of memory copying %zu bytes of text", n);
+    }
+    *out = b.p;
+    *len = b.n;
+    return KS_OK;
 }
 
 size_t tok_utf8_encode(uint32_t cp, char *out)

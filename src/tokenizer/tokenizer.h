@@ -120,6 +120,13 @@ ks_status tok_text(const struct tokenizer *t, int32_t id, const char **text, siz
 ks_status tok_decode(const struct tokenizer *t, const int32_t *ids, size_t n, unsigned flags,
                      char **out, size_t *len);
 
+/* Copy s[0..n) into a malloc'd NUL-terminated string (*len excludes the NUL)
+ * in which every byte that does not start a valid UTF-8 character (overlongs,
+ * surrogates and code points above U+10FFFF included), and every NUL, became
+ * U+FFFD: the result is valid UTF-8 and a C string, as JSON text needs. The
+ * rules are tok_decode's with TOK_DECODE_REPLACE_BAD. Errors: KS_ERR_NOMEM. */
+ks_status tok_utf8_sanitize(const char *s, size_t n, char **out, size_t *len);
+
 /* A streaming detokenizer: push ids as they are generated, get back only
  * bytes that form whole UTF-8 characters; an incomplete sequence is held
  * until it completes or can no longer complete (then it is emitted raw, or as
