@@ -9,9 +9,6 @@
  * data-requests and data-polls for the headless-browser test. */
 #include "server/server_internal.h"
 
-#include <stdlib.h>
-#include <string.h>
-
 static const char page_html[] =
     "<!doctype html>\n"
     "<html lang=\"en\"><head><meta charset=\"utf-8\"><title>kvserve - KV cache</title>\n"
@@ -312,13 +309,10 @@ static const char page_html[] =
     "setInterval(poll, 1000);\n"
     "</script></body></html>\n";
 
-void server_handle_page(struct server *srv, struct reply *r)
+ks_status server_route_page(struct server *srv, const struct server_req *rq, struct reply *r)
 {
     (void)srv;
-    char *body = strdup(page_html);
-    if (!body) {
-        reply_error(r, 500, "server_error", NULL, "out of memory");
-        return;
-    }
-    reply_text(r, 200, "text/html; charset=utf-8", body, sizeof page_html - 1);
+    (void)rq;
+    r->body_static = true;
+    return reply_text(r, 200, "text/html; charset=utf-8", (char *)page_html, sizeof page_html - 1);
 }
