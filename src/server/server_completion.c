@@ -759,7 +759,8 @@ static bool pull(struct call *c, cJSON *lp, int *n_new)
     int n = c->n_items - c->consumed;
     if (n > PULL_MAX)
         n = PULL_MAX;
-    memcpy(batch, c->items + c->consumed, (size_t)n * sizeof *batch);
+    if (n > 0)
+        memcpy(batch, c->items + c->consumed, (size_t)n * sizeof *batch);
     int upto = c->consumed + n;
     bool drained = c->finished && upto == c->n_items;
     bool dropped = c->dropped;
