@@ -262,7 +262,8 @@ static ks_status route_models(struct server *srv, const struct server_req *rq, s
 
 /* Every route, as Redis's command table: one row per path, dispatched
  * through fn. GET routes answer HEAD too. open: served without the API key
- * (/health, for probes). */
+ * (/health for probes; / is the page, which holds no data and asks for the
+ * key itself). */
 static const struct route {
     const char *path;
     const char *method;
@@ -270,7 +271,7 @@ static const struct route {
     server_route_fn fn;
 } routes[] = {
     {"/health", "GET", true, route_health},
-    {"/", "GET", false, server_route_page},
+    {"/", "GET", true, server_route_page},
     {"/v1/models", "GET", false, route_models},
     {"/v1/chat/completions", "POST", false, server_route_chat},
     {"/v1/completions", "POST", false, server_route_completions},

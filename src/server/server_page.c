@@ -8,7 +8,11 @@
  * prefixes (GET /cache/prefixes, every fifth poll), a requantize form with a
  * dry run, and the run-time policy form (POST /cache/policy). #grid carries
  * data-used-pages, data-idle-pages, data-requests and data-polls for the
- * headless-browser test. */
+ * headless-browser test.
+ *
+ * The page holds no data, so it is served without the API key; when a fetch
+ * answers 401 it asks for the key once, keeps it in sessionStorage and sends
+ * it as an Authorization header (never in the URL, which ends up in logs). */
 #include "server/server_internal.h"
 
 extern const unsigned char server_page_html[];
