@@ -198,6 +198,7 @@ static void m_destroy(void *ctx)
 static struct {
     struct gguf_file *gguf;
     struct tokenizer *tok;
+    struct mock *mock;
     struct sched *sched;
     struct server *srv;
 } F;
@@ -221,7 +222,7 @@ static int setup(void **state)
     const char *path = getenv("KVSERVE_DEFAULT_MODEL");
     if (gguf_open(path, &F.gguf) || tok_load(F.gguf, &F.tok))
         return -1;
-    struct mock *m = calloc(1, sizeof *m);
+    struct mock *m = F.mock = calloc(1, sizeof *m);
     m->n_vocab = tok_n_vocab(F.tok);
     struct kv_config kc;
     kv_config_default(&kc);
@@ -537,6 +538,32 @@ static void test_route(void **state)
     free(want);
 }
 
+/* The first token of a stream cannot be queued (on_event's realloc fails on
+ * the scheduler thread): the stream ends with the error event, and the
+ * request is cancelled at once (its sequence freed), not generated to its
+ * max_tokens. */
+static void test_lost_token_cancels(void **state)
+{
+    (void)state;
+    const struct route_case *rc = &cases[9];
+    assert_true(rc->stream && strstr(rc->body, "\"max_completion_tokens\":70"));
+    struct sched_stats before, after;
+    sched_get_stats(F.sched, &before);
+    struct answer a;
+    assert_true(run(rc, ROLE_SCHED, 1, &a));
+    sched_get_stats(F.sched, &after);
+    assert_int_equal(a.status, 200);
+    assert_non_null(strstr(a.body, "a generated token could not be kept; the request was cancelled"));
+    assert_non_null(strstr(a.body, "\"content\":\"\"")); /* the role chunk came before */
+    assert_null(strstr(a.body, "\"finish_reason\":\"length\""));
+    uint64_t generated = after.generated_tokens - before.generated_tokens;
+    print_message("tokens generated before the cancel took effect: %llu of 70\n", (unsigned long long)generated);
+    assert_true(generated < 70);
+    for (int i = 0; i < MAX_SEQ; i++)
+        assert_false(F.mock->live[i]);
+    free(a.body);
+}
+
 int main(void)
 {
     const char *path = getenv("KVSERVE_DEFAULT_MODEL");
@@ -544,10 +571,13 @@ int main(void)
         printf("skipped: the default model (KVSERVE_DEFAULT_MODEL=%s) is not built\n", path ? path : "");
         return 77;
     }
-    struct CMUnitTest tests[sizeof cases / sizeof cases[0]];
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    enum { N_CASES = sizeof cases / sizeof cases[0] };
+    struct CMUnitTest tests[N_CASES + 1];
+    for (size_t i = 0; i < N_CASES; i++) {
         struct CMUnitTest t = {cases[i].name, test_route, NULL, NULL, (void *)&cases[i]};
         tests[i] = t;
     }
-    return _cmocka_run_group_tests("server_errors", tests, sizeof cases / sizeof cases[0], setup, teardown);
+    struct CMUnitTest lost = cmocka_unit_test(test_lost_token_cancels);
+    tests[N_CASES] = lost;
+    return _cmocka_run_group_tests("server_errors", tests, N_CASES + 1, setup, teardown);
 }
