@@ -895,15 +895,10 @@ static ks_status parse_options(struct call *c, const cJSON *root, int32_t n_prom
 
 static ks_status completion(struct server *srv, bool chat, const struct server_req *req, struct reply *r)
 {
-    const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(req->body, req->len, &end, false);
-    if (!root || !cJSON_IsObject(root)) {
-        cJSON_Delete(root);
-        if (server_json_failed())
-            return reply_fail(r, KS_ERR_NOMEM, NULL, "out of memory while parsing the request body");
-        return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_json", "the body is not a JSON object (%s)",
-                          req->len == 0 ? "empty body" : "parse error");
-    }
+    cJSON *root;
+    ks_status st = server_parse_object(req->body, req->len, false, &root, r);
+    if (st)
+        return st;
     cJSON *model = field(root, "model");
     if (model && !cJSON_IsString(model)) {
         cJSON_Delete(root);
@@ -921,7 +916,7 @@ static ks_status completion(struct server *srv, bool chat, const struct server_r
     }
     int32_t n_prompt = 0;
     int32_t *ids = NULL;
-    ks_status st = prompt_tokens(srv, chat, root, &ids, &n_prompt, r);
+    st = prompt_tokens(srv, chat, root, &ids, &n_prompt, r);
     struct sched_request rq = {.prompt = ids, .n_prompt = n_prompt, .on_event = on_event, .user = c};
     if (!st)
         st = parse_options(c, root, n_prompt, &rq, r);
