@@ -1,5 +1,6 @@
-/* The HTTP daemon: body collection with a size cap, auth, routing and the
- * small routes (/health, /v1/models). */
+/* The HTTP daemon: body collection with a size cap, the route table, auth,
+ * the error convention (a route returns ks_status; a failure becomes an
+ * OpenAI-shaped error here) and the small routes (/health, /v1/models). */
 #include "server/server_internal.h"
 
 #include <arpa/inet.h>
@@ -12,45 +13,158 @@
 
 /* ---- small helpers ----------------------------------------------------------- */
 
-void reply_text(struct reply *r, unsigned status, const char *content_type, char *body, size_t len)
+/* ---- replies and the error convention ------------------------------------------- */
+
+static _Thread_local bool json_oom;
+
+static void *json_malloc(size_t n)
+{
+    void *p = malloc(n);
+    if (!p)
+        json_oom = true;
+    return p;
+}
+
+static void json_hooks_install(void)
+{
+    cJSON_Hooks h = {.malloc_fn = json_malloc, .free_fn = free};
+    cJSON_InitHooks(&h);
+}
+
+void server_json_reset(void)
+{
+    json_oom = false;
+}
+
+bool server_json_failed(void)
+{
+    return json_oom;
+}
+
+void server_json_add(cJSON *obj, const char *key, cJSON *item)
+{
+    if (!obj || !item || !cJSON_AddItemToObject(obj, key, item)) {
+        cJSON_Delete(item);
+        json_oom = true;
+    }
+}
+
+void server_json_push(cJSON *arr, cJSON *item)
+{
+    if (!arr || !item || !cJSON_AddItemToArray(arr, item)) {
+        cJSON_Delete(item);
+        json_oom = true;
+    }
+}
+
+ks_status server_parse_object(const char *body, size_t len, bool empty_is_object, cJSON **out, struct reply *r)
+{
+    server_json_reset();
+    cJSON *root = len == 0 && empty_is_object ? cJSON_CreateObject() : cJSON_ParseWithLength(body, len);
+    if (!cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        *out = NULL;
+        if (server_json_failed())
+            return reply_fail(r, KS_ERR_NOMEM, NULL, "out of memory while parsing the request body");
+        return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_json", "the body is not a JSON object (%s)",
+                          len == 0 ? "empty body" : "parse error");
+    }
+    *out = root;
+    return KS_OK;
+}
+
+ks_status reply_text(struct reply *r, unsigned status, const char *content_type, char *body, size_t len)
 {
     r->status = status;
     r->content_type = content_type;
     r->body = body;
     r->len = len;
+    return KS_OK;
 }
 
-void reply_json(struct reply *r, unsigned status, cJSON *obj)
+ks_status reply_json(struct reply *r, unsigned status, cJSON *obj)
 {
-    char *s = obj ? cJSON_PrintUnformatted(obj) : NULL;
+    char *s = obj && !server_json_failed() ? cJSON_PrintUnformatted(obj) : NULL;
     cJSON_Delete(obj);
-    if (!s) {
-        static const char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"code\":null}}";
-        r->status = 500;
-        r->content_type = "application/json";
-        r->body = strdup(oom);
-        r->len = r->body ? strlen(r->body) : 0;
-        return;
+    if (!s || server_json_failed()) {
+        free(s);
+        return reply_fail(r, KS_ERR_NOMEM, NULL, "out of memory while writing the response");
     }
-    reply_text(r, status, "application/json", s, strlen(s));
+    return reply_text(r, status, "application/json", s, strlen(s));
 }
 
-void reply_error(struct reply *r, unsigned status, const char *type, const char *code, const char *fmt, ...)
+ks_status reply_fail(struct reply *r, ks_status st, const char *code, const char *fmt, ...)
 {
+    char msg[1024]; /* fmt's arguments may be ks_errmsg() itself */
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    r->err_code = code;
+    return ks_fail(st, "%s", msg);
+}
+
+void reply_free(struct reply *r)
+{
+    if (!r->body_static)
+        free(r->body);
+    if (r->stream_free)
+        r->stream_free(r->stream_cls);
+    r->body = NULL;
+    r->body_static = false;
+    r->stream_read = NULL;
+    r->stream_free = NULL;
+    r->stream_cls = NULL;
+}
+
+unsigned server_http_status(ks_status st)
+{
+    switch (st) {
+    case KS_ERR_INVALID_ARG:
+    case KS_ERR_FORMAT:
+    case KS_ERR_RANGE: return 400;
+    case KS_ERR_NOT_FOUND: return 404;
+    case KS_ERR_KV_FULL: return 409;
+    case KS_ERR_UNSUPPORTED: return 501;
+    case KS_ERR_STATE: return 503;
+    default: return 500; /* out of memory, I/O, internal */
+    }
+}
+
+/* The OpenAI-shaped error body {"error":{"message","type","code"}}. When even
+ * that cannot be allocated the reply is a static one, so an error is never
+ * sent as an empty body. */
+static void reply_error(struct reply *r, unsigned status, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void reply_error(struct reply *r, unsigned status, const char *code, const char *fmt, ...)
+{
+    static const char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"code\":null}}";
     char msg[1024];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    reply_free(r);
+    server_json_reset();
     cJSON *root = cJSON_CreateObject();
     cJSON *err = cJSON_AddObjectToObject(root, "error");
     cJSON_AddStringToObject(err, "message", msg);
-    cJSON_AddStringToObject(err, "type", type);
+    cJSON_AddStringToObject(err, "type", status >= 500 ? "server_error" : "invalid_request_error");
     if (code)
         cJSON_AddStringToObject(err, "code", code);
     else
         cJSON_AddNullToObject(err, "code");
-    reply_json(r, status, root);
+    char *s = server_json_failed() ? NULL : cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    if (s && server_json_failed()) {
+        free(s);
+        s = NULL;
+    }
+    r->status = s ? status : 500;
+    r->content_type = "application/json";
+    r->body = s ? s : (char *)oom;
+    r->body_static = !s;
+    r->len = s ? strlen(s) : sizeof oom - 1;
 }
 
 void server_config_default(struct server_config *cfg)
@@ -65,18 +179,20 @@ void server_config_default(struct server_config *cfg)
 
 /* ---- small routes ------------------------------------------------------------- */
 
-static void handle_health(struct server *srv, struct reply *r)
+static ks_status route_health(struct server *srv, const struct server_req *rq, struct reply *r)
 {
+    (void)rq;
     pthread_mutex_lock(&srv->mu);
     bool ready = srv->ready;
     pthread_mutex_unlock(&srv->mu);
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "status", ready ? "ok" : "loading");
-    reply_json(r, ready ? 200 : 503, o);
+    return reply_json(r, ready ? 200 : 503, o);
 }
 
-static void handle_models(struct server *srv, struct reply *r)
+static ks_status route_models(struct server *srv, const struct server_req *rq, struct reply *r)
 {
+    (void)rq;
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "object", "list");
     cJSON *data = cJSON_AddArrayToObject(o, "data");
@@ -86,23 +202,44 @@ static void handle_models(struct server *srv, struct reply *r)
     cJSON_AddNumberToObject(m, "created", (double)time(NULL));
     cJSON_AddStringToObject(m, "owned_by", "kvserve");
     cJSON_AddNumberToObject(m, "context_length", srv->cfg.ctx_size);
-    cJSON_AddItemToArray(data, m);
-    reply_json(r, 200, o);
+    server_json_push(data, m);
+    return reply_json(r, 200, o);
 }
 
-/* ---- connection handling -------------------------------------------------------- */
+/* ---- routing ---------------------------------------------------------------------- */
 
-struct conn {
-    char *body;
-    size_t len, cap;
-    bool too_big;
+/* Every route, as Redis's command table: one row per path, dispatched
+ * through fn. GET routes answer HEAD too. open: served without the API key
+ * (/health for probes; / is the page, which holds no data and asks for the
+ * key itself). */
+static const struct route {
+    const char *path;
+    const char *method;
+    bool open;
+    server_route_fn fn;
+} routes[] = {
+    {"/health", "GET", true, route_health},
+    {"/", "GET", true, server_route_page},
+    {"/v1/models", "GET", false, route_models},
+    {"/v1/chat/completions", "POST", false, server_route_chat},
+    {"/v1/completions", "POST", false, server_route_completions},
+    {"/metrics", "GET", false, server_route_metrics},
+    {"/cache/usage", "GET", false, server_route_cache_usage},
+    {"/cache/requantize", "POST", false, server_route_requantize},
+    {"/cache/policy", "POST", false, server_route_policy},
+    {"/cache/prefixes", "GET", false, server_route_cache_prefixes},
+    {"/cache/clear", "POST", false, server_route_cache_clear},
 };
 
-static bool authorized(struct server *srv, struct MHD_Connection *c)
+const char *server_req_arg(const struct server_req *rq, const char *name)
+{
+    return rq->arg ? rq->arg(rq->arg_ctx, name) : NULL;
+}
+
+static bool authorized(const struct server *srv, const char *h)
 {
     if (!srv->api_key)
         return true;
-    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
     if (!h || strncmp(h, "Bearer ", 7) != 0)
         return false;
     /* constant-time compare so the key cannot be probed byte by byte */
@@ -114,65 +251,69 @@ static bool authorized(struct server *srv, struct MHD_Connection *c)
     return diff == 0;
 }
 
-static bool is_method(const char *m, const char *want)
+static bool method_allowed(const struct route *rt, const char *method)
 {
-    return strcmp(m, want) == 0;
+    if (!strcmp(rt->method, "GET") && !strcmp(method, "HEAD"))
+        return true;
+    return !strcmp(rt->method, method);
 }
 
-static void route(struct server *srv, struct MHD_Connection *c, const char *url, const char *method,
-                  const struct conn *cs, struct reply *r)
+void server_dispatch(struct server *srv, const struct server_req *rq, struct reply *r)
 {
-    bool get = is_method(method, "GET") || is_method(method, "HEAD");
-    bool post = is_method(method, "POST");
-    if (strcmp(url, "/health") != 0 && !authorized(srv, c)) {
-        reply_error(r, 401, "invalid_request_error", "invalid_api_key",
-                    "missing or wrong API key: send the header 'Authorization: Bearer KEY'");
+    const struct route *rt = NULL;
+    for (size_t i = 0; i < sizeof routes / sizeof routes[0] && !rt; i++)
+        if (!strcmp(rq->path, routes[i].path))
+            rt = &routes[i];
+    if (!(rt && rt->open) && !authorized(srv, rq->authorization)) {
+        reply_error(r, 401, "invalid_api_key", "missing or wrong API key: send the header 'Authorization: Bearer KEY'");
         return;
     }
-    struct {
-        const char *path;
-        bool want_post;
-    } routes[] = {
-        {"/health", false}, {"/v1/models", false}, {"/metrics", false}, {"/", false},
-        {"/cache/usage", false}, {"/v1/chat/completions", true}, {"/v1/completions", true},
-        {"/cache/requantize", true}, {"/cache/policy", true}, {"/cache/prefixes", false}, {"/cache/clear", true},
-    };
-    int found = -1;
-    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
-        if (!strcmp(url, routes[i].path))
-            found = (int)i;
-    if (found < 0) {
-        reply_error(r, 404, "invalid_request_error", "not_found", "unknown route %s %s", method, url);
+    if (!rt) {
+        reply_error(r, 404, "not_found", "unknown route %s %s", rq->method, rq->path);
         return;
     }
-    if (routes[found].want_post ? !post : !get) {
-        reply_error(r, 405, "invalid_request_error", "method_not_allowed", "%s does not accept %s; use %s",
-                    url, method, routes[found].want_post ? "POST" : "GET");
+    if (!method_allowed(rt, rq->method)) {
+        reply_error(r, 405, "method_not_allowed", "%s does not accept %s; use %s", rq->path, rq->method, rt->method);
         return;
     }
-    const char *body = cs->body ? cs->body : "";
-    switch (found) {
-    case 0: handle_health(srv, r); break;
-    case 1: handle_models(srv, r); break;
-    case 2: server_handle_metrics(srv, r); break;
-    case 3: server_handle_page(srv, r); break;
-    case 4: server_handle_cache_usage(srv, r); break;
-    case 5: server_handle_completion(srv, true, body, cs->len, r); break;
-    case 6: server_handle_completion(srv, false, body, cs->len, r); break;
-    case 7: server_handle_requantize(srv, body, cs->len, r); break;
-    case 8: server_handle_policy(srv, body, cs->len, r); break;
-    case 9: server_handle_cache_prefixes(srv, MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "limit"), r); break;
-    case 10: server_handle_cache_clear(srv, body, cs->len, r); break;
+    server_json_reset();
+    ks_status st = rt->fn(srv, rq, r);
+    if (st) {
+        const char *msg = ks_errmsg();
+        reply_error(r, server_http_status(st), r->err_code, "%s", *msg ? msg : ks_strerror(st));
+    } else if (!r->status || (!r->body && !r->stream_read)) {
+        reply_error(r, 500, NULL, "%s %s produced no reply (a bug in kvserve)", rq->method, rq->path);
     }
+}
+
+/* ---- connection handling -------------------------------------------------------- */
+
+struct conn {
+    char *body;
+    size_t len, cap;
+    bool too_big;
+};
+
+static const char *connection_arg(void *conn, const char *name)
+{
+    return MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, name);
 }
 
 static enum MHD_Result send_reply(struct server *srv, struct MHD_Connection *c, struct reply *r)
 {
-    struct MHD_Response *resp = r->stream;
-    if (!resp)
-        resp = MHD_create_response_from_buffer(r->len, r->body ? r->body : (char *)"", r->body ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
+    struct MHD_Response *resp;
+    if (r->stream_read) {
+        resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, r->stream_read, r->stream_cls, r->stream_free);
+        if (resp)
+            r->stream_free = NULL; /* the response owns the stream now */
+    } else {
+        resp = MHD_create_response_from_buffer(r->len, r->body, r->body_static ? MHD_RESPMEM_PERSISTENT
+                                                                               : MHD_RESPMEM_MUST_FREE);
+        if (resp)
+            r->body = NULL;
+    }
     if (!resp) {
-        free(r->body);
+        reply_free(r);
         return MHD_NO;
     }
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, r->content_type ? r->content_type : "application/json");
@@ -181,11 +322,11 @@ static enum MHD_Result send_reply(struct server *srv, struct MHD_Connection *c, 
         snprintf(v, sizeof v, "%d", r->retry_after);
         MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, v);
     }
-    if (r->stream) {
+    if (r->stream_read) {
         MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
         MHD_add_response_header(resp, "X-Accel-Buffering", "no");
     }
-    enum MHD_Result ret = MHD_queue_response(c, r->status ? r->status : 200, resp);
+    enum MHD_Result ret = MHD_queue_response(c, r->status, resp);
     MHD_destroy_response(resp);
     pthread_mutex_lock(&srv->mu);
     srv->http_requests++;
@@ -211,7 +352,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (cl && strtoull(cl, NULL, 10) > srv->cfg.max_body) {
             struct reply r = {0};
-            reply_error(&r, 413, "invalid_request_error", "request_too_large",
+            reply_error(&r, 413, "request_too_large",
                         "the request body is larger than the limit of %zu bytes (--max-body)", srv->cfg.max_body);
             return send_reply(srv, c, &r);
         }
@@ -240,11 +381,17 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return MHD_YES;
     }
     struct reply r = {0};
-    if (cs->too_big)
-        reply_error(&r, 413, "invalid_request_error", "request_too_large",
-                    "the request body is larger than the limit of %zu bytes (--max-body)", srv->cfg.max_body);
-    else
-        route(srv, c, url, method, cs, &r);
+    if (cs->too_big) {
+        reply_error(&r, 413, "request_too_large", "the request body is larger than the limit of %zu bytes (--max-body)",
+                    srv->cfg.max_body);
+    } else {
+        struct server_req rq = {
+            .method = method, .path = url, .body = cs->body ? cs->body : "", .len = cs->len,
+            .authorization = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION),
+            .arg = connection_arg, .arg_ctx = c,
+        };
+        server_dispatch(srv, &rq, &r);
+    }
     return send_reply(srv, c, &r);
 }
 
@@ -290,13 +437,19 @@ ks_status server_start(const struct server_config *cfg, struct sched *sched, con
     if (!srv)
         return ks_fail(KS_ERR_NOMEM, "server: out of memory");
     srv->cfg = *cfg;
+    pthread_mutex_init(&srv->mu, NULL);
     srv->host = dup_or_null(cfg->host);
     srv->api_key = dup_or_null(cfg->api_key && *cfg->api_key ? cfg->api_key : NULL);
     srv->model_name = dup_or_null(cfg->model_name ? cfg->model_name : "kvserve");
+    if (!srv->host || (cfg->api_key && *cfg->api_key && !srv->api_key) || !srv->model_name) {
+        server_stop(srv); /* a lost API key would open the server */
+        return ks_fail(KS_ERR_NOMEM, "server: out of memory");
+    }
     srv->sched = sched;
     srv->tok = tok;
     srv->chat = chat;
-    pthread_mutex_init(&srv->mu, NULL);
+    static pthread_once_t hooks_once = PTHREAD_ONCE_INIT;
+    pthread_once(&hooks_once, json_hooks_install);
     srv->daemon = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ITC,
                                    (uint16_t)cfg->port, NULL, NULL, on_request, srv,
                                    MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,

@@ -24,7 +24,7 @@ struct store;
 struct server_config {
     const char *host;         /* "127.0.0.1" */
     int port;                 /* 8080; 0 picks a free port (see server_port) */
-    const char *api_key;      /* NULL: no auth; else Bearer KEY on all but /health */
+    const char *api_key;      /* NULL: no auth; else Bearer KEY on all but /health and / (the page) */
     size_t max_body;          /* bytes (8 MB); larger bodies get 413 */
     const char *model_name;   /* id reported by /v1/models and in responses */
     int32_t ctx_size;         /* prompts of this many tokens or more get 400 */

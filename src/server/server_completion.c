@@ -29,6 +29,7 @@ struct call {
     struct item *items;
     int n_items, cap_items;
     bool finished;
+    bool dropped;                      /* a token could not be queued (out of memory): cancelled */
     enum sched_finish finish;
     char error[256];
     /* request options */
@@ -49,10 +50,16 @@ struct call {
     size_t sent;                       /* bytes of text already streamed */
     bool stopped;                      /* a stop string matched */
     cJSON *lp;                         /* accumulated logprobs (non-streaming) */
+    bool oom;                          /* output was lost to an allocation failure */
     struct sbuf out;                   /* pending SSE bytes */
     size_t out_pos;
+    const char *tail;                  /* static SSE bytes sent after out (the out-of-memory error) */
+    size_t tail_pos;
     bool role_sent, done;
 };
+
+#define DROPPED_MSG "out of memory: a generated token could not be kept; the request was cancelled"
+#define OOM_MSG "out of memory while writing the response; the request was cancelled"
 
 static void call_unref(struct call *c)
 {
@@ -73,22 +80,28 @@ static void call_unref(struct call *c)
     free(c);
 }
 
-/* Scheduler thread: queue the token or the end. */
+/* Scheduler thread: queue the token or the end. A token that cannot be
+ * queued fails the request (never a silent gap in the text): it is
+ * cancelled, so its pages are freed, and the HTTP side answers with an
+ * out-of-memory error. */
 static void on_event(void *user, const struct sched_event *ev)
 {
     struct call *c = user;
+    bool cancel = false;
     pthread_mutex_lock(&c->mu);
     c->n_cached = ev->n_cached;
     if (ev->finish == SCHED_FINISH_NONE) {
-        if (c->n_items == c->cap_items) {
+        if (c->n_items == c->cap_items && !c->dropped) {
             int cap = c->cap_items ? 2 * c->cap_items : 64;
             struct item *p = realloc(c->items, (size_t)cap * sizeof *p);
             if (p) {
                 c->items = p;
                 c->cap_items = cap;
+            } else {
+                c->dropped = cancel = true;
             }
         }
-        if (c->n_items < c->cap_items) {
+        if (!c->dropped) {
             c->items[c->n_items].token = ev->token;
             c->items[c->n_items].res = *ev->sample;
             c->n_items++;
@@ -101,6 +114,8 @@ static void on_event(void *user, const struct sched_event *ev)
     }
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
+    if (cancel)
+        sched_cancel(c->srv->sched, ev->id);
     if (ev->finish != SCHED_FINISH_NONE)
         call_unref(c);
 }
@@ -114,123 +129,109 @@ static cJSON *field(const cJSON *root, const char *key)
     return cJSON_IsNull(v) ? NULL : v;
 }
 
-static bool get_number(const cJSON *root, const char *key, double lo, double hi, double *out, struct reply *r)
+static ks_status get_number(const cJSON *root, const char *key, double lo, double hi, double *out, struct reply *r)
 {
     cJSON *v = field(root, key);
     if (!v)
-        return true;
-    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble)) {
-        reply_error(r, 400, "invalid_request_error", "invalid_type", "'%s' must be a number", key);
-        return false;
-    }
-    if (v->valuedouble < lo || v->valuedouble > hi) {
-        reply_error(r, 400, "invalid_request_error", "invalid_value", "'%s' must be in [%g, %g] (got %g)", key, lo,
-                    hi, v->valuedouble);
-        return false;
-    }
+        return KS_OK;
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble))
+        return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_type", "'%s' must be a number", key);
+    if (v->valuedouble < lo || v->valuedouble > hi)
+        return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value", "'%s' must be in [%g, %g] (got %g)", key, lo, hi,
+                          v->valuedouble);
     *out = v->valuedouble;
-    return true;
+    return KS_OK;
 }
 
-static bool get_int(const cJSON *root, const char *key, double lo, double hi, int64_t *out, struct reply *r)
+static ks_status get_int(const cJSON *root, const char *key, double lo, double hi, int64_t *out, struct reply *r)
 {
     cJSON *v = field(root, key);
     if (!v)
-        return true;
-    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble)) {
-        reply_error(r, 400, "invalid_request_error", "invalid_type", "'%s' must be an integer", key);
-        return false;
-    }
-    if (v->valuedouble < lo || v->valuedouble > hi) {
-        reply_error(r, 400, "invalid_request_error", "invalid_value", "'%s' must be in [%.0f, %.0f] (got %.0f)", key,
-                    lo, hi, v->valuedouble);
-        return false;
-    }
+        return KS_OK;
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble))
+        return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_type", "'%s' must be an integer", key);
+    if (v->valuedouble < lo || v->valuedouble > hi)
+        return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value", "'%s' must be in [%.0f, %.0f] (got %.0f)", key, lo,
+                          hi, v->valuedouble);
     *out = (int64_t)v->valuedouble;
-    return true;
+    return KS_OK;
 }
 
-static bool get_bool(const cJSON *root, const char *key, bool *out, struct reply *r)
+static ks_status get_bool(const cJSON *root, const char *key, bool *out, struct reply *r)
 {
     cJSON *v = field(root, key);
     if (!v)
-        return true;
-    if (!cJSON_IsBool(v)) {
-        reply_error(r, 400, "invalid_request_error", "invalid_type", "'%s' must be true or false", key);
-        return false;
-    }
+        return KS_OK;
+    if (!cJSON_IsBool(v))
+        return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_type", "'%s' must be true or false", key);
     *out = cJSON_IsTrue(v);
-    return true;
+    return KS_OK;
 }
 
-static bool add_stop(struct call *c, const cJSON *s, struct reply *r)
+static ks_status add_stop(struct call *c, const cJSON *s, struct reply *r)
 {
-    if (!cJSON_IsString(s)) {
-        reply_error(r, 400, "invalid_request_error", "invalid_type", "'stop' must be a string or a list of strings");
-        return false;
-    }
+    if (!cJSON_IsString(s))
+        return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_type", "'stop' must be a string or a list of strings");
     size_t n = strlen(s->valuestring);
     if (n == 0)
-        return true;
-    if (n > MAX_STOP_LEN || c->n_stop == MAX_STOP) {
-        reply_error(r, 400, "invalid_request_error", "invalid_value",
-                    "'stop' takes at most %d strings of at most %d bytes", MAX_STOP, MAX_STOP_LEN);
-        return false;
-    }
+        return KS_OK;
+    if (n > MAX_STOP_LEN || c->n_stop == MAX_STOP)
+        return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value", "'stop' takes at most %d strings of at most %d bytes",
+                          MAX_STOP, MAX_STOP_LEN);
     c->stop[c->n_stop] = strdup(s->valuestring);
     if (!c->stop[c->n_stop])
-        return false;
+        return reply_fail(r, KS_ERR_NOMEM, NULL, "out of memory while reading 'stop'");
     c->n_stop++;
     if (n > c->max_stop)
         c->max_stop = n;
-    return true;
+    return KS_OK;
 }
 
-static bool parse_stop(struct call *c, const cJSON *root, struct reply *r)
+static ks_status parse_stop(struct call *c, const cJSON *root, struct reply *r)
 {
     cJSON *v = field(root, "stop");
     if (!v)
-        return true;
+        return KS_OK;
     if (!cJSON_IsArray(v))
         return add_stop(c, v, r);
     const cJSON *s;
-    cJSON_ArrayForEach(s, v) if (!add_stop(c, s, r)) return false;
-    return true;
+    ks_status st = KS_OK;
+    cJSON_ArrayForEach(s, v) if ((st = add_stop(c, s, r))) return st;
+    return KS_OK;
 }
 
-static bool parse_sampling(const cJSON *root, bool chat, struct sample_params *p, int *logprobs, struct reply *r)
+static ks_status parse_sampling(const cJSON *root, bool chat, struct sample_params *p, int *logprobs, struct reply *r)
 {
     static uint64_t seed_counter;
     double temp = 1.0, top_p = 1.0, min_p = 0.0, pres = 0.0, freq = 0.0, rep = 1.0;
     int64_t top_k = 0, seed = -1, n = 1;
-    if (!get_number(root, "temperature", 0, 2, &temp, r) || !get_number(root, "top_p", 0, 1, &top_p, r) ||
-        !get_number(root, "min_p", 0, 1, &min_p, r) || !get_number(root, "presence_penalty", -2, 2, &pres, r) ||
-        !get_number(root, "frequency_penalty", -2, 2, &freq, r) ||
-        !get_number(root, "repeat_penalty", 0, 10, &rep, r) || !get_int(root, "top_k", 0, 1e9, &top_k, r) ||
-        !get_int(root, "seed", -9.2e18, 9.2e18, &seed, r) || !get_int(root, "n", 1, 1, &n, r))
-        return false;
+    ks_status st;
+    if ((st = get_number(root, "temperature", 0, 2, &temp, r)) || (st = get_number(root, "top_p", 0, 1, &top_p, r)) ||
+        (st = get_number(root, "min_p", 0, 1, &min_p, r)) ||
+        (st = get_number(root, "presence_penalty", -2, 2, &pres, r)) ||
+        (st = get_number(root, "frequency_penalty", -2, 2, &freq, r)) ||
+        (st = get_number(root, "repeat_penalty", 0, 10, &rep, r)) || (st = get_int(root, "top_k", 0, 1e9, &top_k, r)) ||
+        (st = get_int(root, "seed", -9.2e18, 9.2e18, &seed, r)) || (st = get_int(root, "n", 1, 1, &n, r)))
+        return st;
     *logprobs = -1;
     if (chat) {
         bool lp = false;
         int64_t top = 0;
-        if (!get_bool(root, "logprobs", &lp, r) || !get_int(root, "top_logprobs", 0, SAMPLE_MAX_LOGPROBS, &top, r))
-            return false;
-        if (field(root, "top_logprobs") && !lp) {
-            reply_error(r, 400, "invalid_request_error", "invalid_value", "'top_logprobs' needs 'logprobs': true");
-            return false;
-        }
+        if ((st = get_bool(root, "logprobs", &lp, r)) ||
+            (st = get_int(root, "top_logprobs", 0, SAMPLE_MAX_LOGPROBS, &top, r)))
+            return st;
+        if (field(root, "top_logprobs") && !lp)
+            return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value", "'top_logprobs' needs 'logprobs': true");
         if (lp)
             *logprobs = (int)top;
     } else {
         int64_t top = -1;
-        if (!get_int(root, "logprobs", 0, SAMPLE_MAX_LOGPROBS, &top, r))
-            return false;
+        if ((st = get_int(root, "logprobs", 0, SAMPLE_MAX_LOGPROBS, &top, r)))
+            return st;
         *logprobs = (int)top;
     }
-    if (top_p <= 0) {
-        reply_error(r, 400, "invalid_request_error", "invalid_value", "'top_p' must be greater than 0");
-        return false;
-    }
+    if (top_p <= 0)
+        return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value", "'top_p' must be greater than 0");
     memset(p, 0, sizeof *p);
     p->temp = (float)temp;
     p->top_k = (int)top_k;
@@ -243,30 +244,31 @@ static bool parse_sampling(const cJSON *root, bool chat, struct sample_params *p
     p->seed = seed >= 0 ? (uint64_t)seed
                         : (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull + __atomic_add_fetch(&seed_counter, 1, __ATOMIC_RELAXED);
     p->n_logprobs = *logprobs > 0 ? *logprobs : 0;
-    return true;
+    return KS_OK;
 }
 
-/* messages -> rendered chat text. */
-static char *render_chat(struct server *srv, const cJSON *root, struct reply *r)
+/* messages -> rendered chat text (*out, malloc'd). */
+static ks_status render_chat(struct server *srv, const cJSON *root, char **out, struct reply *r)
 {
     cJSON *msgs = field(root, "messages");
-    if (!cJSON_IsArray(msgs) || cJSON_GetArraySize(msgs) == 0) {
-        reply_error(r, 400, "invalid_request_error", "invalid_type", "'messages' must be a non-empty array");
-        return NULL;
-    }
+    if (!cJSON_IsArray(msgs) || cJSON_GetArraySize(msgs) == 0)
+        return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_type", "'messages' must be a non-empty array");
     int n = cJSON_GetArraySize(msgs);
     struct tok_chat_msg *tm = calloc((size_t)n, sizeof *tm);
     char **owned = calloc((size_t)n, sizeof *owned);
-    char *out = NULL;
+    ks_status st = KS_OK;
     int i = 0;
     const cJSON *m;
-    if (!tm || !owned)
+    *out = NULL;
+    if (!tm || !owned) {
+        st = reply_fail(r, KS_ERR_NOMEM, NULL, "out of memory while reading 'messages'");
         goto done;
+    }
     cJSON_ArrayForEach(m, msgs) {
         cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
         cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
         if (!cJSON_IsObject(m) || !cJSON_IsString(role)) {
-            reply_error(r, 400, "invalid_request_error", "invalid_type", "messages[%d] needs a string 'role'", i);
+            st = reply_fail(r, KS_ERR_INVALID_ARG, "invalid_type", "messages[%d] needs a string 'role'", i);
             goto done;
         }
         struct sbuf text = {0};
@@ -278,72 +280,79 @@ static char *render_chat(struct server *srv, const cJSON *root, struct reply *r)
                 cJSON *t = cJSON_GetObjectItemCaseSensitive(part, "text");
                 if (!cJSON_IsString(t)) {
                     sbuf_free(&text);
-                    reply_error(r, 400, "invalid_request_error", "invalid_type",
-                                "messages[%d].content parts must be {\"type\":\"text\",\"text\":...}", i);
+                    st = reply_fail(r, KS_ERR_INVALID_ARG, "invalid_type",
+                                    "messages[%d].content parts must be {\"type\":\"text\",\"text\":...}", i);
                     goto done;
                 }
                 sbuf_append(&text, t->valuestring, strlen(t->valuestring));
             }
         } else if (!cJSON_IsNull(content) && content) {
-            reply_error(r, 400, "invalid_request_error", "invalid_type", "messages[%d].content must be a string", i);
+            st = reply_fail(r, KS_ERR_INVALID_ARG, "invalid_type", "messages[%d].content must be a string", i);
             goto done;
         }
         if (!text.p)
             sbuf_append(&text, "", 0);
         owned[i] = text.p;
+        if (text.oom) {
+            st = reply_fail(r, KS_ERR_NOMEM, NULL, "out of memory while reading messages[%d]", i);
+            goto done;
+        }
         const char *rn = role->valuestring;
         tm[i].role = !strcmp(rn, "developer") ? "system" : rn;
-        tm[i].content = owned[i] ? owned[i] : "";
+        tm[i].content = owned[i];
         if (strcmp(tm[i].role, "system") && strcmp(tm[i].role, "user") && strcmp(tm[i].role, "assistant")) {
-            reply_error(r, 400, "invalid_request_error", "invalid_value",
-                        "messages[%d].role '%s' is not supported (system, user, assistant)", i, rn);
+            st = reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value",
+                            "messages[%d].role '%s' is not supported (system, user, assistant)", i, rn);
             goto done;
         }
         i++;
     }
-    if (tok_chat_render(srv->tok, srv->chat, tm, (size_t)n, true, &out) != KS_OK) {
-        reply_error(r, 400, "invalid_request_error", "invalid_value", "cannot render the chat: %s", ks_errmsg());
-        out = NULL;
+    if ((st = tok_chat_render(srv->tok, srv->chat, tm, (size_t)n, true, out)) != KS_OK) {
+        *out = NULL;
+        st = reply_fail(r, st == KS_ERR_NOMEM ? st : KS_ERR_INVALID_ARG, st == KS_ERR_NOMEM ? NULL : "invalid_value",
+                        "cannot render the chat: %s", ks_errmsg());
     }
 done:
     for (int k = 0; owned && k < n; k++)
         free(owned[k]);
     free(owned);
     free(tm);
-    return out;
+    return st;
 }
 
-/* The prompt as token ids (malloc'd), or NULL with r set. */
-static int32_t *prompt_tokens(struct server *srv, bool chat, const cJSON *root, int32_t *n_out, struct reply *r)
+/* A tokenizer failure: out of memory stays so, anything else is ours (500). */
+static ks_status tokenizer_failed(ks_status st, struct reply *r)
+{
+    return reply_fail(r, st == KS_ERR_NOMEM ? st : KS_ERR_INTERNAL, NULL, "tokenizer: %s", ks_errmsg());
+}
+
+/* The prompt as token ids (*ids_out, malloc'd). */
+static ks_status prompt_tokens(struct server *srv, bool chat, const cJSON *root, int32_t **ids_out, int32_t *n_out,
+                               struct reply *r)
 {
     int32_t *ids = NULL;
     size_t n = 0;
+    ks_status st;
     if (chat) {
-        char *text = render_chat(srv, root, r);
-        if (!text)
-            return NULL;
-        ks_status st = tok_encode(srv->tok, text, strlen(text), TOK_ADD_SPECIAL | TOK_PARSE_SPECIAL, &ids, &n);
+        char *text;
+        if ((st = render_chat(srv, root, &text, r)))
+            return st;
+        st = tok_encode(srv->tok, text, strlen(text), TOK_ADD_SPECIAL | TOK_PARSE_SPECIAL, &ids, &n);
         free(text);
-        if (st) {
-            reply_error(r, 500, "server_error", NULL, "tokenizer: %s", ks_errmsg());
-            return NULL;
-        }
+        if (st)
+            return tokenizer_failed(st, r);
     } else {
         cJSON *p = field(root, "prompt");
         if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 && cJSON_IsString(cJSON_GetArrayItem(p, 0)))
             p = cJSON_GetArrayItem(p, 0);
         if (cJSON_IsString(p)) {
-            if (tok_encode(srv->tok, p->valuestring, strlen(p->valuestring), TOK_ADD_SPECIAL, &ids, &n)) {
-                reply_error(r, 500, "server_error", NULL, "tokenizer: %s", ks_errmsg());
-                return NULL;
-            }
+            if ((st = tok_encode(srv->tok, p->valuestring, strlen(p->valuestring), TOK_ADD_SPECIAL, &ids, &n)))
+                return tokenizer_failed(st, r);
         } else if (cJSON_IsArray(p) && cJSON_GetArraySize(p) > 0) {
             n = (size_t)cJSON_GetArraySize(p);
             ids = malloc(n * sizeof *ids);
-            if (!ids) {
-                reply_error(r, 500, "server_error", NULL, "out of memory");
-                return NULL;
-            }
+            if (!ids)
+                return reply_fail(r, KS_ERR_NOMEM, NULL, "out of memory while reading 'prompt'");
             size_t i = 0;
             const cJSON *t;
             int32_t n_vocab = tok_n_vocab(srv->tok);
@@ -351,32 +360,29 @@ static int32_t *prompt_tokens(struct server *srv, bool chat, const cJSON *root, 
                 if (!cJSON_IsNumber(t) || t->valuedouble != floor(t->valuedouble) || t->valuedouble < 0 ||
                     t->valuedouble >= n_vocab) {
                     free(ids);
-                    reply_error(r, 400, "invalid_request_error", "invalid_value",
-                                "'prompt' token ids must be integers in [0, %d) (index %zu)", n_vocab, i);
-                    return NULL;
+                    return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value",
+                                      "'prompt' token ids must be integers in [0, %d) (index %zu)", n_vocab, i);
                 }
                 ids[i++] = (int32_t)t->valuedouble;
             }
         } else {
-            reply_error(r, 400, "invalid_request_error", "invalid_type",
-                        "'prompt' must be a string or a non-empty array of token ids");
-            return NULL;
+            return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_type",
+                              "'prompt' must be a string or a non-empty array of token ids");
         }
     }
     if (n == 0) {
         free(ids);
-        reply_error(r, 400, "invalid_request_error", "invalid_value", "the prompt is empty");
-        return NULL;
+        return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value", "the prompt is empty");
     }
     if (n >= (size_t)srv->cfg.ctx_size) {
         free(ids);
-        reply_error(r, 400, "invalid_request_error", "context_length_exceeded",
-                    "the prompt has %zu tokens but the context holds %d (--ctx-size); shorten it", n,
-                    srv->cfg.ctx_size);
-        return NULL;
+        return reply_fail(r, KS_ERR_INVALID_ARG, "context_length_exceeded",
+                          "the prompt has %zu tokens but the context holds %d (--ctx-size); shorten it", n,
+                          srv->cfg.ctx_size);
     }
+    *ids_out = ids;
     *n_out = (int32_t)n;
-    return ids;
+    return KS_OK;
 }
 
 /* ---- text assembly ----------------------------------------------------------------- */
@@ -395,12 +401,14 @@ static cJSON *lp_token_json(struct call *c, int32_t token, float logprob)
     size_t len = 0;
     tok_piece(c->srv->tok, token, &bytes, &len);
     char *clean = utf8_clean(bytes, len);
+    if (!clean)
+        return NULL; /* server_json_push / add note it */
     cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "token", clean ? clean : "");
+    cJSON_AddStringToObject(o, "token", clean);
     cJSON_AddNumberToObject(o, "logprob", logprob);
     cJSON *b = cJSON_AddArrayToObject(o, "bytes");
     for (size_t i = 0; i < len; i++)
-        cJSON_AddItemToArray(b, cJSON_CreateNumber((unsigned char)bytes[i]));
+        server_json_push(b, cJSON_CreateNumber((unsigned char)bytes[i]));
     free(clean);
     return o;
 }
@@ -414,22 +422,26 @@ static void lp_add(struct call *c, cJSON *lp, const struct item *it, size_t text
         cJSON *e = lp_token_json(c, it->token, it->res.logprob);
         cJSON *top = cJSON_AddArrayToObject(e, "top_logprobs");
         for (int i = 0; i < it->res.n_top && i < c->logprobs; i++)
-            cJSON_AddItemToArray(top, lp_token_json(c, it->res.top[i].token, it->res.top[i].logprob));
-        cJSON_AddItemToArray(content, e);
+            server_json_push(top, lp_token_json(c, it->res.top[i].token, it->res.top[i].logprob));
+        server_json_push(content, e);
         return;
     }
     cJSON *t = lp_token_json(c, it->token, it->res.logprob);
-    cJSON_AddItemToArray(cJSON_GetObjectItem(lp, "tokens"),
-                         cJSON_CreateString(cJSON_GetObjectItem(t, "token")->valuestring));
-    cJSON_AddItemToArray(cJSON_GetObjectItem(lp, "token_logprobs"), cJSON_CreateNumber(it->res.logprob));
-    cJSON_AddItemToArray(cJSON_GetObjectItem(lp, "text_offset"), cJSON_CreateNumber((double)text_offset));
+    cJSON *tt = cJSON_GetObjectItem(t, "token");
+    server_json_push(cJSON_GetObjectItem(lp, "tokens"), cJSON_IsString(tt) ? cJSON_CreateString(tt->valuestring) : NULL);
+    server_json_push(cJSON_GetObjectItem(lp, "token_logprobs"), cJSON_CreateNumber(it->res.logprob));
+    server_json_push(cJSON_GetObjectItem(lp, "text_offset"), cJSON_CreateNumber((double)text_offset));
     cJSON *top = cJSON_CreateObject();
     for (int i = 0; i < it->res.n_top && i < c->logprobs; i++) {
         cJSON *alt = lp_token_json(c, it->res.top[i].token, it->res.top[i].logprob);
-        cJSON_AddNumberToObject(top, cJSON_GetObjectItem(alt, "token")->valuestring, it->res.top[i].logprob);
+        cJSON *at = cJSON_GetObjectItem(alt, "token");
+        if (cJSON_IsString(at))
+            cJSON_AddNumberToObject(top, at->valuestring, it->res.top[i].logprob);
+        else
+            server_json_push(top, NULL); /* notes the failure */
         cJSON_Delete(alt);
     }
-    cJSON_AddItemToArray(cJSON_GetObjectItem(lp, "top_logprobs"), top);
+    server_json_push(cJSON_GetObjectItem(lp, "top_logprobs"), top);
     cJSON_Delete(t);
 }
 
@@ -458,8 +470,13 @@ static void consume(struct call *c, const struct item *it, cJSON *lp)
     c->consumed++;
     const char *bytes = NULL;
     size_t len = 0;
-    if (tok_stream_push(c->detok, it->token, &bytes, &len) == KS_OK && len)
+    ks_status st = tok_stream_push(c->detok, it->token, &bytes, &len);
+    if (st == KS_OK && len)
         sbuf_append(&c->text, bytes, len);
+    if (st == KS_ERR_NOMEM || c->text.oom) { /* the text would have a hole */
+        c->oom = true;
+        return;
+    }
     if (c->n_stop == 0 || !c->text.p)
         return;
     size_t from = before > c->max_stop ? before - c->max_stop : 0;
@@ -482,8 +499,13 @@ static void flush_detok(struct call *c)
 {
     const char *bytes = NULL;
     size_t len = 0;
-    if (!c->stopped && tok_stream_flush(c->detok, &bytes, &len) == KS_OK && len)
+    if (c->stopped)
+        return;
+    ks_status st = tok_stream_flush(c->detok, &bytes, &len);
+    if (st == KS_OK && len)
         sbuf_append(&c->text, bytes, len);
+    if (st == KS_ERR_NOMEM || c->text.oom)
+        c->oom = true;
 }
 
 static const char *finish_reason(const struct call *c)
@@ -521,24 +543,39 @@ static cJSON *response_head(const struct call *c, const char *object)
 
 static bool pull(struct call *c, cJSON *lp, int *n_new);
 
-static void respond_whole(struct call *c, struct reply *r)
+static bool call_dropped(struct call *c)
+{
+    pthread_mutex_lock(&c->mu);
+    bool dropped = c->dropped;
+    pthread_mutex_unlock(&c->mu);
+    return dropped;
+}
+
+static ks_status respond_whole(struct call *c, struct reply *r)
 {
     cJSON *lp = c->logprobs >= 0 ? lp_new(c->chat) : NULL;
     int n;
     while (!pull(c, lp, &n))
         ;
+    if (!c->stopped && !c->oom)
+        flush_detok(c);
+    if (call_dropped(c) || c->oom) { /* http_side_done cancels the request */
+        cJSON_Delete(lp);
+        return reply_fail(r, KS_ERR_NOMEM, NULL, "%s", call_dropped(c) ? DROPPED_MSG : OOM_MSG);
+    }
     if (!c->stopped && c->finish == SCHED_FINISH_ERROR) {
         cJSON_Delete(lp);
-        reply_error(r, 500, "server_error", NULL, "%s", c->error[0] ? c->error : "generation failed");
-        return;
+        return reply_fail(r, KS_ERR_INTERNAL, NULL, "%s", c->error[0] ? c->error : "generation failed");
     }
     if (!c->stopped && c->finish == SCHED_FINISH_CANCELLED) {
         cJSON_Delete(lp);
-        reply_error(r, 503, "server_error", "shutting_down", "the request was cancelled (server shutting down)");
-        return;
+        return reply_fail(r, KS_ERR_STATE, "shutting_down", "the request was cancelled (server shutting down)");
     }
-    flush_detok(c);
     char *text = utf8_clean(c->text.p ? c->text.p : "", c->text.n);
+    if (!text) {
+        cJSON_Delete(lp);
+        return reply_fail(r, KS_ERR_NOMEM, NULL, "%s", OOM_MSG);
+    }
     cJSON *o = response_head(c, c->chat ? "chat.completion" : "text_completion");
     cJSON *choices = cJSON_AddArrayToObject(o, "choices");
     cJSON *ch = cJSON_CreateObject();
@@ -546,33 +583,43 @@ static void respond_whole(struct call *c, struct reply *r)
     if (c->chat) {
         cJSON *msg = cJSON_AddObjectToObject(ch, "message");
         cJSON_AddStringToObject(msg, "role", "assistant");
-        cJSON_AddStringToObject(msg, "content", text ? text : "");
+        cJSON_AddStringToObject(msg, "content", text);
     } else {
-        cJSON_AddStringToObject(ch, "text", text ? text : "");
+        cJSON_AddStringToObject(ch, "text", text);
     }
     if (lp)
-        cJSON_AddItemToObject(ch, "logprobs", lp);
+        server_json_add(ch, "logprobs", lp);
     else
         cJSON_AddNullToObject(ch, "logprobs");
     cJSON_AddStringToObject(ch, "finish_reason", finish_reason(c));
-    cJSON_AddItemToArray(choices, ch);
-    cJSON_AddItemToObject(o, "usage", usage_json(c));
+    server_json_push(choices, ch);
+    server_json_add(o, "usage", usage_json(c));
     free(text);
-    reply_json(r, 200, o);
+    return reply_json(r, 200, o);
 }
 
 /* ---- streaming --------------------------------------------------------------------- */
 
-static void sse_send(struct call *c, cJSON *o)
+/* Append one SSE event, whole or not at all; false (c->oom) when out of
+ * memory, or when a JSON allocation failed while o was built. */
+static bool sse_send(struct call *c, cJSON *o)
 {
-    char *s = cJSON_PrintUnformatted(o);
+    char *s = o && !server_json_failed() ? cJSON_PrintUnformatted(o) : NULL;
     cJSON_Delete(o);
-    if (!s)
-        return;
-    sbuf_append(&c->out, "data: ", 6);
-    sbuf_append(&c->out, s, strlen(s));
-    sbuf_append(&c->out, "\n\n", 2);
+    size_t before = c->out.n;
+    if (s && !server_json_failed()) {
+        sbuf_append(&c->out, "data: ", 6);
+        sbuf_append(&c->out, s, strlen(s));
+        sbuf_append(&c->out, "\n\n", 2);
+    }
+    bool ok = s && !server_json_failed() && !c->out.oom;
     free(s);
+    if (!ok) {
+        c->out.n = before; /* drop the partial event; the bytes before it are whole events */
+        c->out.oom = false;
+        c->oom = true;
+    }
+    return ok;
 }
 
 static cJSON *chunk_new(struct call *c, const char *delta_text, bool with_role, cJSON *lp, const char *finish)
@@ -591,14 +638,14 @@ static cJSON *chunk_new(struct call *c, const char *delta_text, bool with_role, 
         cJSON_AddStringToObject(ch, "text", delta_text ? delta_text : "");
     }
     if (lp)
-        cJSON_AddItemToObject(ch, "logprobs", lp);
+        server_json_add(ch, "logprobs", lp);
     else
         cJSON_AddNullToObject(ch, "logprobs");
     if (finish)
         cJSON_AddStringToObject(ch, "finish_reason", finish);
     else
         cJSON_AddNullToObject(ch, "finish_reason");
-    cJSON_AddItemToArray(choices, ch);
+    server_json_push(choices, ch);
     return o;
 }
 
@@ -620,13 +667,35 @@ static void stream_text(struct call *c, bool final, cJSON *lp)
     if (end == c->sent && !lp)
         return;
     char *piece = utf8_clean(c->text.p ? c->text.p + c->sent : "", end - c->sent);
-    c->sent = end;
-    sse_send(c, chunk_new(c, piece ? piece : "", false, lp, NULL));
+    if (!piece) {
+        cJSON_Delete(lp);
+        c->oom = true;
+        return;
+    }
+    if (sse_send(c, chunk_new(c, piece, false, lp, NULL)))
+        c->sent = end;
     free(piece);
+}
+
+/* The end of a stream that lost output to an allocation failure: an error
+ * event and [DONE] from static memory (allocating may fail again), and the
+ * request is cancelled so its pages are freed now. */
+static void stream_fail(struct call *c)
+{
+    static const char dropped[] = "data: {\"error\":{\"message\":\"" DROPPED_MSG "\",\"type\":\"server_error\","
+                                  "\"code\":null}}\n\ndata: [DONE]\n\n";
+    static const char oom[] = "data: {\"error\":{\"message\":\"" OOM_MSG "\",\"type\":\"server_error\","
+                              "\"code\":null}}\n\ndata: [DONE]\n\n";
+    c->tail = call_dropped(c) ? dropped : oom;
+    c->tail_pos = 0;
+    c->done = true;
+    sched_cancel(c->srv->sched, c->sched_id);
 }
 
 static void stream_end(struct call *c)
 {
+    if (call_dropped(c) || c->oom)
+        return stream_fail(c);
     if (!c->stopped && (c->finish == SCHED_FINISH_ERROR || c->finish == SCHED_FINISH_CANCELLED)) {
         cJSON *o = cJSON_CreateObject();
         cJSON *e = cJSON_AddObjectToObject(o, "error");
@@ -634,66 +703,78 @@ static void stream_end(struct call *c)
                                               : "the request was cancelled (server shutting down)");
         cJSON_AddStringToObject(e, "type", "server_error");
         cJSON_AddNullToObject(e, "code");
-        sse_send(c, o);
+        if (!sse_send(c, o))
+            return stream_fail(c);
     } else {
         flush_detok(c);
         stream_text(c, true, NULL);
-        sse_send(c, chunk_new(c, c->chat ? NULL : "", false, NULL, finish_reason(c)));
+        if (c->oom || !sse_send(c, chunk_new(c, c->chat ? NULL : "", false, NULL, finish_reason(c))))
+            return stream_fail(c);
         if (c->include_usage) {
             cJSON *o = response_head(c, c->chat ? "chat.completion.chunk" : "text_completion");
             cJSON_AddArrayToObject(o, "choices");
-            cJSON_AddItemToObject(o, "usage", usage_json(c));
-            sse_send(c, o);
+            server_json_add(o, "usage", usage_json(c));
+            if (!sse_send(c, o))
+                return stream_fail(c);
         }
     }
     sbuf_append(&c->out, "data: [DONE]\n\n", 14);
+    if (c->out.oom) {
+        c->out.oom = false;
+        c->tail = "data: [DONE]\n\n";
+        c->tail_pos = 0;
+    }
     c->done = true;
 }
 
-/* Wait for tokens or the end, consume what arrived; true once the call is
- * over (finished and drained, or cut by a stop string). */
+/* Wait for tokens or the end, consume what arrived (at most PULL_MAX at a
+ * time, copied on the stack so that draining never allocates); true once the
+ * call is over (finished and drained, cut by a stop string, or failed). */
+enum { PULL_MAX = 16 };
+
 static bool pull(struct call *c, cJSON *lp, int *n_new)
 {
+    struct item batch[PULL_MAX];
     pthread_mutex_lock(&c->mu);
     while (c->consumed == c->n_items && !c->finished)
         pthread_cond_wait(&c->cv, &c->mu);
-    int upto = c->n_items;
-    bool finished = c->finished;
-    struct item *batch = NULL;
-    int n = upto - c->consumed;
-    if (n > 0) {
-        batch = malloc((size_t)n * sizeof *batch);
-        if (batch)
-            memcpy(batch, c->items + c->consumed, (size_t)n * sizeof *batch);
-        else
-            n = 0;
-    }
+    int n = c->n_items - c->consumed;
+    if (n > PULL_MAX)
+        n = PULL_MAX;
+    if (n > 0)
+        memcpy(batch, c->items + c->consumed, (size_t)n * sizeof *batch);
+    int upto = c->consumed + n;
+    bool drained = c->finished && upto == c->n_items;
+    bool dropped = c->dropped;
     pthread_mutex_unlock(&c->mu);
-    for (int i = 0; i < n && !c->stopped; i++)
+    for (int i = 0; i < n && !c->stopped && !c->oom; i++)
         consume(c, &batch[i], lp);
-    free(batch);
     *n_new = n;
-    return c->stopped || (finished && c->consumed == upto);
+    return c->stopped || c->oom || (drained && (dropped || c->consumed == upto));
 }
 
 /* Produce the next SSE bytes into c->out; blocks until tokens arrive. */
 static void stream_fill(struct call *c)
 {
+    server_json_reset();
     if (!c->role_sent) {
         c->role_sent = true;
         if (c->chat) {
-            sse_send(c, chunk_new(c, "", true, NULL, NULL));
+            if (!sse_send(c, chunk_new(c, "", true, NULL, NULL)))
+                stream_fail(c);
             return;
         }
     }
     cJSON *lp = c->logprobs >= 0 ? lp_new(c->chat) : NULL;
     int n = 0;
     bool over = pull(c, lp, &n);
-    if (n > 0)
+    if (n > 0 && !c->oom)
         stream_text(c, false, lp);
     else
         cJSON_Delete(lp);
-    if (over)
+    if (c->oom)
+        stream_fail(c);
+    else if (over)
         stream_end(c);
 }
 
@@ -702,17 +783,24 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
     (void)pos;
     struct call *c = cls;
     for (;;) {
-        if (c->out_pos < c->out.n) {
-            size_t n = c->out.n - c->out_pos;
+        size_t n = c->out.n - c->out_pos;
+        const char *src = n ? c->out.p + c->out_pos : "";
+        size_t *at = &c->out_pos;
+        if (n == 0 && c->tail) {
+            src = c->tail + c->tail_pos;
+            n = strlen(src);
+            at = &c->tail_pos;
+        }
+        if (n > 0) {
             if (n > max)
                 n = max;
-            memcpy(buf, c->out.p + c->out_pos, n);
-            c->out_pos += n;
+            memcpy(buf, src, n);
+            *at += n;
             return (ssize_t)n;
         }
         c->out.n = 0;
         c->out_pos = 0;
-        if (c->done || c->out.oom)
+        if (c->done)
             return MHD_CONTENT_READER_END_OF_STREAM;
         stream_fill(c);
     }
@@ -761,74 +849,64 @@ static struct call *call_new(struct server *srv, bool chat)
     return c;
 }
 
-static bool parse_options(struct call *c, const cJSON *root, int32_t n_prompt, struct sched_request *rq,
-                          struct reply *r)
+static ks_status parse_options(struct call *c, const cJSON *root, int32_t n_prompt, struct sched_request *rq,
+                               struct reply *r)
 {
-    if (!get_bool(root, "stream", &c->stream, r) || !get_bool(root, "ignore_eos", &rq->ignore_eog, r) ||
-        !parse_stop(c, root, r) ||
-        !parse_sampling(root, c->chat, &rq->sampling, &c->logprobs, r))
-        return false;
+    ks_status st;
+    if ((st = get_bool(root, "stream", &c->stream, r)) || (st = get_bool(root, "ignore_eos", &rq->ignore_eog, r)) ||
+        (st = parse_stop(c, root, r)) || (st = parse_sampling(root, c->chat, &rq->sampling, &c->logprobs, r)))
+        return st;
     cJSON *so = field(root, "stream_options");
-    if (so && (!cJSON_IsObject(so) || !get_bool(so, "include_usage", &c->include_usage, r))) {
-        if (!r->body)
-            reply_error(r, 400, "invalid_request_error", "invalid_type", "'stream_options' must be an object");
-        return false;
-    }
+    if (so && !cJSON_IsObject(so))
+        return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_type", "'stream_options' must be an object");
+    if (so && (st = get_bool(so, "include_usage", &c->include_usage, r)))
+        return st;
     int64_t max_tokens = c->srv->cfg.ctx_size - n_prompt;
     const char *mt_key = field(root, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
     cJSON *mt = field(root, mt_key);
-    if (mt && (!cJSON_IsNumber(mt) || mt->valuedouble != floor(mt->valuedouble))) {
-        reply_error(r, 400, "invalid_request_error", "invalid_type", "'%s' must be an integer", mt_key);
-        return false;
-    }
-    if (mt && mt->valuedouble < 0) { /* 0 only prefills and caches the prompt (a warm-up) */
-        reply_error(r, 400, "invalid_request_error", "invalid_value", "'%s' must not be negative (got %.0f)", mt_key,
-                    mt->valuedouble);
-        return false;
-    }
+    if (mt && (!cJSON_IsNumber(mt) || mt->valuedouble != floor(mt->valuedouble)))
+        return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_type", "'%s' must be an integer", mt_key);
+    if (mt && mt->valuedouble < 0) /* 0 only prefills and caches the prompt (a warm-up) */
+        return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value", "'%s' must not be negative (got %.0f)", mt_key,
+                          mt->valuedouble);
     if (mt && mt->valuedouble < (double)max_tokens)
         max_tokens = (int64_t)mt->valuedouble;
     rq->max_tokens = (int32_t)max_tokens;
-    return true;
+    return KS_OK;
 }
 
-void server_handle_completion(struct server *srv, bool chat, const char *body, size_t len, struct reply *r)
+static ks_status completion(struct server *srv, bool chat, const struct server_req *req, struct reply *r)
 {
-    const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, false);
-    if (!root || !cJSON_IsObject(root)) {
-        cJSON_Delete(root);
-        reply_error(r, 400, "invalid_request_error", "invalid_json",
-                    "the body is not a JSON object (%s)", len == 0 ? "empty body" : "parse error");
-        return;
-    }
+    cJSON *root;
+    ks_status st = server_parse_object(req->body, req->len, false, &root, r);
+    if (st)
+        return st;
     cJSON *model = field(root, "model");
     if (model && !cJSON_IsString(model)) {
         cJSON_Delete(root);
-        reply_error(r, 400, "invalid_request_error", "invalid_type", "'model' must be a string");
-        return;
+        return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_type", "'model' must be a string");
     }
     if (!chat && field(root, "messages")) {
         cJSON_Delete(root);
-        reply_error(r, 400, "invalid_request_error", "invalid_value",
-                    "/v1/completions takes 'prompt', not 'messages' (use /v1/chat/completions)");
-        return;
+        return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value",
+                          "/v1/completions takes 'prompt', not 'messages' (use /v1/chat/completions)");
     }
     struct call *c = call_new(srv, chat);
     if (!c) {
         cJSON_Delete(root);
-        reply_error(r, 500, "server_error", NULL, "out of memory");
-        return;
+        return reply_fail(r, KS_ERR_NOMEM, NULL, "out of memory while starting the request");
     }
     int32_t n_prompt = 0;
-    int32_t *ids = prompt_tokens(srv, chat, root, &n_prompt, r);
+    int32_t *ids = NULL;
+    st = prompt_tokens(srv, chat, root, &ids, &n_prompt, r);
     struct sched_request rq = {.prompt = ids, .n_prompt = n_prompt, .on_event = on_event, .user = c};
-    bool ok = ids && parse_options(c, root, n_prompt, &rq, r);
+    if (!st)
+        st = parse_options(c, root, n_prompt, &rq, r);
     cJSON_Delete(root);
-    if (!ok) {
+    if (st) {
         free(ids);
         call_unref(c);
-        return;
+        return st;
     }
     c->n_prompt = n_prompt;
     c->refs = 2; /* HTTP side + scheduler side until the final event */
@@ -837,30 +915,37 @@ void server_handle_completion(struct server *srv, bool chat, const char *body, s
     pthread_mutex_unlock(&srv->mu);
     /* hold the lock so the scheduler cannot deliver events before sched_id is set */
     pthread_mutex_lock(&c->mu);
-    ks_status st = sched_submit(srv->sched, &rq, &c->sched_id);
+    st = sched_submit(srv->sched, &rq, &c->sched_id);
     pthread_mutex_unlock(&c->mu);
     free(ids);
     if (st) {
         c->refs = 1;
         if (st == KS_ERR_STATE) {
-            reply_error(r, 503, "server_error", "overloaded", "%s", ks_errmsg());
             r->retry_after = 1;
-        } else {
-            reply_error(r, st == KS_ERR_NOMEM ? 500 : 400, "invalid_request_error", NULL, "%s", ks_errmsg());
+            st = reply_fail(r, st, "overloaded", "%s", ks_errmsg());
         }
         http_side_done(c);
-        return;
+        return st; /* 400 a prompt the scheduler refuses, 500 out of memory */
     }
     if (!c->stream) {
-        respond_whole(c, r);
+        st = respond_whole(c, r);
         http_side_done(c);
-        return;
+        return st;
     }
     r->status = 200;
     r->content_type = "text/event-stream";
-    r->stream = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read, c, stream_free);
-    if (!r->stream) {
-        reply_error(r, 500, "server_error", NULL, "cannot create the stream");
-        http_side_done(c);
-    }
+    r->stream_read = stream_read;
+    r->stream_free = stream_free;
+    r->stream_cls = c;
+    return KS_OK;
+}
+
+ks_status server_route_chat(struct server *srv, const struct server_req *rq, struct reply *r)
+{
+    return completion(srv, true, rq, r);
+}
+
+ks_status server_route_completions(struct server *srv, const struct server_req *rq, struct reply *r)
+{
+    return completion(srv, false, rq, r);
 }

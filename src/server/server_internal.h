@@ -27,43 +27,104 @@ struct server {
     uint64_t http_requests, http_errors;
 };
 
-/* A finished request handed back to the router: status + body + type. */
-struct reply {
-    unsigned status;
-    char *body;               /* malloc'd */
+/* One HTTP request as the routes see it (no libmicrohttpd in it, so routes
+ * can be driven in-process). */
+struct server_req {
+    const char *method;       /* "GET", "HEAD", "POST", ... */
+    const char *path;         /* without the query string */
+    const char *authorization;/* the Authorization header, NULL if absent */
+    const char *body;         /* never NULL ("" without a body) */
     size_t len;
-    const char *content_type;
-    int retry_after;          /* > 0: Retry-After header (503) */
-    struct MHD_Response *stream; /* set instead of body for SSE */
+    /* The value of a query argument, NULL if absent; arg may be NULL (no query). */
+    const char *(*arg)(void *arg_ctx, const char *name);
+    void *arg_ctx;
 };
 
-/* OpenAI-shaped error: {"error":{"message","type","code"}}. */
-void reply_error(struct reply *r, unsigned status, const char *type, const char *code, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
-void reply_json(struct reply *r, unsigned status, cJSON *obj); /* takes obj */
-void reply_text(struct reply *r, unsigned status, const char *content_type, char *body, size_t len);
+/* The value of query argument name, NULL if absent. */
+const char *server_req_arg(const struct server_req *rq, const char *name);
 
+/* The answer a route fills: status + body + type, or a stream. */
+struct reply {
+    unsigned status;
+    char *body;               /* malloc'd, or static when body_static */
+    size_t len;
+    bool body_static;
+    const char *content_type;
+    int retry_after;          /* > 0: Retry-After header (503) */
+    const char *err_code;     /* OpenAI error code of a failed route (reply_fail), NULL: none */
+    /* SSE: set instead of body; the router makes the response from them. */
+    MHD_ContentReaderCallback stream_read;
+    MHD_ContentReaderFreeCallback stream_free;
+    void *stream_cls;
+};
+
+/* A route: reads the request, fills r and returns KS_OK, or returns a failed
+ * status with ks_errmsg() saying why (reply_fail adds an OpenAI error code).
+ * It never builds an error body: the dispatcher turns a failed status into
+ * {"error":{"message","type","code"}} with the HTTP status of
+ * server_http_status(), and a KS_OK without a filled reply into a 500. */
+typedef ks_status (*server_route_fn)(struct server *srv, const struct server_req *rq, struct reply *r);
+
+/* Auth, routing (404, 405), the route, then the error convention above.
+ * Always leaves a complete reply in r. */
+void server_dispatch(struct server *srv, const struct server_req *rq, struct reply *r);
+/* Release what a reply holds (a body, or a stream that was never sent). */
+void reply_free(struct reply *r);
+
+/* HTTP status of a failed ks_status: 400 bad input (invalid argument,
+ * format, range), 404 not found, 409 KV cache full, 501 unsupported, 503
+ * state (queue full, shutting down, tier disabled), 500 the rest (out of
+ * memory, I/O, internal). */
+unsigned server_http_status(ks_status st);
+
+/* ks_fail(st, fmt, ...) and r->err_code = code; returns st. */
+ks_status reply_fail(struct reply *r, ks_status st, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* 200-style replies. reply_json takes obj and fails with KS_ERR_NOMEM when
+ * obj is NULL, cannot be printed, or a JSON allocation of this thread failed
+ * since server_json_reset() (cJSON's Add functions fail silently, and a tree
+ * with holes must not be sent). reply_text takes body. */
+ks_status reply_json(struct reply *r, unsigned status, cJSON *obj);
+ks_status reply_text(struct reply *r, unsigned status, const char *content_type, char *body, size_t len);
+
+/* cJSON allocates through a hook that notes failures per thread (installed
+ * by server_start). reset clears this thread's note; failed reads it. Hooks
+ * that build JSON on the scheduler thread reset and read it there. */
+void server_json_reset(void);
+bool server_json_failed(void);
+/* cJSON_AddItemToObject / cJSON_AddItemToArray that delete item when it
+ * cannot be added (the key's copy failed, or obj is NULL after an earlier
+ * failure) instead of leaking it, and note the failure. */
+void server_json_add(cJSON *obj, const char *key, cJSON *item);
+void server_json_push(cJSON *arr, cJSON *item);
+/* Parse a request body that must be a JSON object: KS_ERR_INVALID_ARG
+ * (code invalid_json) when it is not, KS_ERR_NOMEM when parsing ran out of
+ * memory. An empty body is {} when empty_is_object. */
+ks_status server_parse_object(const char *body, size_t len, bool empty_is_object, cJSON **out, struct reply *r);
+
+/* The routes, one per file that serves them (see the table in server.c). */
 /* server_completion.c */
-void server_handle_completion(struct server *srv, bool chat, const char *body, size_t len, struct reply *r);
+ks_status server_route_chat(struct server *srv, const struct server_req *rq, struct reply *r);
+ks_status server_route_completions(struct server *srv, const struct server_req *rq, struct reply *r);
 
 /* server_metrics.c */
-void server_handle_metrics(struct server *srv, struct reply *r);
-void server_handle_cache_usage(struct server *srv, struct reply *r);
-void server_handle_requantize(struct server *srv, const char *body, size_t len, struct reply *r);
-void server_handle_policy(struct server *srv, const char *body, size_t len, struct reply *r);
+ks_status server_route_metrics(struct server *srv, const struct server_req *rq, struct reply *r);
+ks_status server_route_cache_usage(struct server *srv, const struct server_req *rq, struct reply *r);
+ks_status server_route_requantize(struct server *srv, const struct server_req *rq, struct reply *r);
+ks_status server_route_policy(struct server *srv, const struct server_req *rq, struct reply *r);
 
 /* server_metrics.c: one Prometheus metric with its # HELP and # TYPE lines */
 void server_metric(struct sbuf *b, const char *name, const char *type, const char *help, double v);
 
 /* server_prefix.c: the prefix cache's routes and its parts of /cache/usage and /metrics */
 struct kv_usage;
-void server_handle_cache_clear(struct server *srv, const char *body, size_t len, struct reply *r);
-void server_handle_cache_prefixes(struct server *srv, const char *limit_arg, struct reply *r);
+ks_status server_route_cache_clear(struct server *srv, const struct server_req *rq, struct reply *r);
+ks_status server_route_cache_prefixes(struct server *srv, const struct server_req *rq, struct reply *r);
 cJSON *server_prefix_usage_json(const struct kv_usage *u, const struct sched_stats *st);
 cJSON *server_disk_usage_json(struct server *srv); /* null without the SSD tier */
 void server_prefix_metrics(struct server *srv, struct sbuf *b, const struct sched_stats *st, const struct kv_usage *u);
 
-/* server_page.c */
-void server_handle_page(struct server *srv, struct reply *r);
+/* server_page.c: the live page, embedded at build time from src/server/page/ */
+ks_status server_route_page(struct server *srv, const struct server_req *rq, struct reply *r);
 
 #endif

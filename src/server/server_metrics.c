@@ -47,8 +47,9 @@ static void histogram(struct sbuf *b, const char *name, const char *help, const 
     sbuf_printf(b, "%s_sum %.9g\n%s_count %llu\n", name, h->sum, name, (unsigned long long)h->n);
 }
 
-void server_handle_metrics(struct server *srv, struct reply *r)
+ks_status server_route_metrics(struct server *srv, const struct server_req *rq, struct reply *r)
 {
+    (void)rq;
     struct sched_stats st;
     sched_get_stats(srv->sched, &st);
     struct kv_snapshot kv = {0};
@@ -84,12 +85,11 @@ void server_handle_metrics(struct server *srv, struct reply *r)
     server_prefix_metrics(srv, &b, &st, kv.have ? &kv.u : NULL);
     histogram(&b, "kvserve_ttft_seconds", "Time to first token.", &st.ttft);
     histogram(&b, "kvserve_itl_seconds", "Inter-token latency.", &st.itl);
-    if (b.oom) {
+    if (b.oom || !b.p) {
         sbuf_free(&b);
-        reply_error(r, 500, "server_error", NULL, "out of memory");
-        return;
+        return reply_fail(r, KS_ERR_NOMEM, NULL, "out of memory while writing the metrics");
     }
-    reply_text(r, 200, "text/plain; version=0.0.4", b.p, b.n);
+    return reply_text(r, 200, "text/plain; version=0.0.4", b.p, b.n);
 }
 
 static cJSON *policy_json(const struct kv_config *c);
@@ -118,14 +118,15 @@ static char type_code(enum quant_type t)
 /* The sequence's pages in token order as strings, one character per page:
  * page_map_k / page_map_v (F f32, H f16, 8 q8_0, 4 q4_0) and page_shared
  * (1 when other sequences hold the page too). Compact for the live page. */
-static void add_page_map(cJSON *e, const struct kv_cache *kv, int32_t seq)
+static bool add_page_map(cJSON *e, const struct kv_cache *kv, int32_t seq)
 {
     int32_t n = 0;
     if (kv_seq_pages(kv, seq, NULL, 0, &n) != KS_OK || n <= 0)
-        return;
+        return true;
     struct kv_page_info *info = malloc((size_t)n * sizeof *info);
     char *mk = malloc((size_t)n + 1), *mv = malloc((size_t)n + 1), *sh = malloc((size_t)n + 1);
-    if (info && mk && mv && sh && kv_seq_pages(kv, seq, info, n, &n) == KS_OK) {
+    bool ok = info && mk && mv && sh;
+    if (ok && kv_seq_pages(kv, seq, info, n, &n) == KS_OK) {
         int32_t shared = 0;
         for (int32_t i = 0; i < n; i++) {
             mk[i] = type_code(info[i].type_k);
@@ -143,20 +144,25 @@ static void add_page_map(cJSON *e, const struct kv_cache *kv, int32_t seq)
     free(mk);
     free(mv);
     free(sh);
+    return ok;
 }
 
 struct usage_ctx {
     struct server *srv;
     cJSON *out;
+    bool oom;                 /* an allocation failed: out has holes */
 };
 
+/* Runs on the scheduler thread, so it notes its own JSON allocation failures. */
 static void usage_hook(void *user, struct kv_cache *kv)
 {
     struct usage_ctx *u = user;
+    server_json_reset();
     cJSON *o = cJSON_CreateObject();
     u->out = o;
     enum { MAX_LIST = 1024 };
     struct sched_request_info *reqs = malloc(MAX_LIST * sizeof *reqs);
+    u->oom = !reqs;
     int n_req = reqs ? sched_list_requests(u->srv->sched, reqs, MAX_LIST) : 0;
     if (n_req > MAX_LIST)
         n_req = MAX_LIST;
@@ -176,9 +182,9 @@ static void usage_hook(void *user, struct kv_cache *kv)
         cJSON_AddStringToObject(o, "type_k", quant_type_name(cfg->type_k));
         cJSON_AddStringToObject(o, "type_v", quant_type_name(cfg->type_v));
         cJSON_AddStringToObject(o, "policy", cfg->policy == KV_POLICY_DYNAMIC ? "dynamic" : "static");
-        cJSON_AddItemToObject(o, "kv_policy", policy_json(cfg));
-        cJSON_AddItemToObject(o, "pages_k", types_json(us.pages_k));
-        cJSON_AddItemToObject(o, "pages_v", types_json(us.pages_v));
+        server_json_add(o, "kv_policy", policy_json(cfg));
+        server_json_add(o, "pages_k", types_json(us.pages_k));
+        server_json_add(o, "pages_v", types_json(us.pages_v));
         cJSON_AddNumberToObject(o, "demotions", (double)us.demotions);
         cJSON_AddNumberToObject(o, "demotion_passes", (double)us.demotion_passes);
         struct kv_fit fit;
@@ -190,9 +196,9 @@ static void usage_hook(void *user, struct kv_cache *kv)
         cJSON_AddNumberToObject(f, "start", (double)fit.start);
         struct sched_stats st;
         sched_get_stats(u->srv->sched, &st);
-        cJSON_AddItemToObject(o, "prefix", server_prefix_usage_json(&us, &st));
+        server_json_add(o, "prefix", server_prefix_usage_json(&us, &st));
     }
-    cJSON_AddItemToObject(o, "disk", server_disk_usage_json(u->srv));
+    server_json_add(o, "disk", server_disk_usage_json(u->srv));
     cJSON *list = cJSON_AddArrayToObject(o, "requests");
     for (int i = 0; i < n_req; i++) {
         cJSON *e = cJSON_CreateObject();
@@ -207,23 +213,29 @@ static void usage_hook(void *user, struct kv_cache *kv)
         if (kv && reqs[i].seq >= 0 && kv_seq_usage(kv, reqs[i].seq, &su) == KS_OK) {
             cJSON_AddNumberToObject(e, "pages", su.n_pages);
             cJSON_AddNumberToObject(e, "bytes", (double)su.bytes);
-            cJSON_AddItemToObject(e, "pages_k", types_json(su.pages_k));
-            cJSON_AddItemToObject(e, "pages_v", types_json(su.pages_v));
-            add_page_map(e, kv, reqs[i].seq);
+            server_json_add(e, "pages_k", types_json(su.pages_k));
+            server_json_add(e, "pages_v", types_json(su.pages_v));
+            if (!add_page_map(e, kv, reqs[i].seq))
+                u->oom = true;
         }
-        cJSON_AddItemToArray(list, e);
+        server_json_push(list, e);
     }
     free(reqs);
+    u->oom |= server_json_failed();
 }
 
-void server_handle_cache_usage(struct server *srv, struct reply *r)
+ks_status server_route_cache_usage(struct server *srv, const struct server_req *rq, struct reply *r)
 {
+    (void)rq;
     struct usage_ctx u = {.srv = srv};
-    if (sched_between_steps(srv->sched, usage_hook, &u) != KS_OK) {
-        reply_error(r, 503, "server_error", "shutting_down", "%s", ks_errmsg());
-        return;
+    ks_status st = sched_between_steps(srv->sched, usage_hook, &u);
+    if (st)
+        return reply_fail(r, st, "shutting_down", "%s", ks_errmsg());
+    if (u.oom) {
+        cJSON_Delete(u.out);
+        return reply_fail(r, KS_ERR_NOMEM, NULL, "out of memory while reading the cache usage");
     }
-    reply_json(r, 200, u.out);
+    return reply_json(r, 200, u.out);
 }
 
 /* ---- /cache/requantize ---------------------------------------------------------- */
@@ -251,7 +263,13 @@ static void requant_hook(void *user, struct kv_cache *kv)
     if (q->by_request) {
         enum { MAX_LIST = 1024 };
         struct sched_request_info *reqs = malloc(MAX_LIST * sizeof *reqs);
-        int n = reqs ? sched_list_requests(q->srv->sched, reqs, MAX_LIST) : 0;
+        if (!reqs) {
+            q->st = KS_ERR_NOMEM;
+            snprintf(q->err, sizeof q->err, "out of memory while looking request %llu up",
+                     (unsigned long long)q->request_id);
+            return;
+        }
+        int n = sched_list_requests(q->srv->sched, reqs, MAX_LIST);
         q->sel.seq = -1;
         for (int i = 0; i < n && i < MAX_LIST; i++)
             if (reqs[i].id == q->request_id)
@@ -269,20 +287,18 @@ static void requant_hook(void *user, struct kv_cache *kv)
         snprintf(q->err, sizeof q->err, "%s", ks_errmsg());
 }
 
-static bool parse_type(cJSON *root, const char *key, enum quant_type *out, struct reply *r)
+static ks_status parse_type(cJSON *root, const char *key, enum quant_type *out, struct reply *r)
 {
     cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
     *out = KV_TYPE_KEEP;
     if (!v || cJSON_IsNull(v))
-        return true;
-    if (!cJSON_IsString(v) || quant_type_from_name(v->valuestring, out) != KS_OK || kv_type_index(*out) < 0) {
-        reply_error(r, 400, "invalid_request_error", "invalid_value", "'%s' must be one of f32, f16, q8_0, q4_0", key);
-        return false;
-    }
-    return true;
+        return KS_OK;
+    if (!cJSON_IsString(v) || quant_type_from_name(v->valuestring, out) != KS_OK || kv_type_index(*out) < 0)
+        return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value", "'%s' must be one of f32, f16, q8_0, q4_0", key);
+    return KS_OK;
 }
 
-static bool parse_scope(cJSON *root, struct requant_ctx *q, struct reply *r)
+static ks_status parse_scope(cJSON *root, struct requant_ctx *q, struct reply *r)
 {
     cJSON *scope = cJSON_GetObjectItemCaseSensitive(root, "scope");
     cJSON *older = cJSON_GetObjectItemCaseSensitive(root, "older_than");
@@ -293,64 +309,50 @@ static bool parse_scope(cJSON *root, struct requant_ctx *q, struct reply *r)
         scope = NULL;
     }
     q->sel.kind = KV_SELECT_ALL;
-    if (scope && !(cJSON_IsString(scope) && !strcmp(scope->valuestring, "all"))) {
-        reply_error(r, 400, "invalid_request_error", "invalid_value",
-                    "'scope' must be \"all\" (or give \"older_than\": N or \"request\": ID)");
-        return false;
-    }
+    if (scope && !(cJSON_IsString(scope) && !strcmp(scope->valuestring, "all")))
+        return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value",
+                          "'scope' must be \"all\" (or give \"older_than\": N or \"request\": ID)");
     if (older) {
         if (!cJSON_IsNumber(older) || older->valuedouble < 0 || older->valuedouble > 1e9 ||
-            older->valuedouble != floor(older->valuedouble)) {
-            reply_error(r, 400, "invalid_request_error", "invalid_value", "'older_than' must be a token count >= 0");
-            return false;
-        }
+            older->valuedouble != floor(older->valuedouble))
+            return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value", "'older_than' must be a token count >= 0");
         q->sel.kind = KV_SELECT_OLDER_THAN;
         q->sel.keep_recent = (int32_t)older->valuedouble;
     }
     if (req) {
         double id = cJSON_IsNumber(req) ? req->valuedouble : cJSON_IsString(req) ? strtod(req->valuestring, NULL) : -1;
-        if (id < 1 || id != floor(id)) {
-            reply_error(r, 400, "invalid_request_error", "invalid_value", "'request' must be a request id (see /cache/usage)");
-            return false;
-        }
+        if (id < 1 || id != floor(id))
+            return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value", "'request' must be a request id (see /cache/usage)");
         q->sel.kind = KV_SELECT_SEQ;
         q->by_request = true;
         q->request_id = (uint64_t)id;
     }
-    return true;
+    return KS_OK;
 }
 
-void server_handle_requantize(struct server *srv, const char *body, size_t len, struct reply *r)
+ks_status server_route_requantize(struct server *srv, const struct server_req *rq, struct reply *r)
 {
-    cJSON *root = cJSON_ParseWithLength(body, len);
-    if (!cJSON_IsObject(root)) {
-        cJSON_Delete(root);
-        reply_error(r, 400, "invalid_request_error", "invalid_json", "the body is not a JSON object");
-        return;
-    }
+    cJSON *root;
+    ks_status st = server_parse_object(rq->body, rq->len, false, &root, r);
+    if (st)
+        return st;
     struct requant_ctx q = {.srv = srv};
     cJSON *dry = cJSON_GetObjectItemCaseSensitive(root, "dry_run");
-    bool ok = parse_type(root, "type_k", &q.tk, r) && parse_type(root, "type_v", &q.tv, r) && parse_scope(root, &q, r);
-    if (ok && dry && !cJSON_IsBool(dry)) {
-        reply_error(r, 400, "invalid_request_error", "invalid_type", "'dry_run' must be true or false");
-        ok = false;
-    }
-    if (ok && q.tk == KV_TYPE_KEEP && q.tv == KV_TYPE_KEEP) {
-        reply_error(r, 400, "invalid_request_error", "invalid_value", "give 'type_k' and/or 'type_v'");
-        ok = false;
-    }
+    if (!(st = parse_type(root, "type_k", &q.tk, r)) && !(st = parse_type(root, "type_v", &q.tv, r)))
+        st = parse_scope(root, &q, r);
+    if (!st && dry && !cJSON_IsBool(dry))
+        st = reply_fail(r, KS_ERR_INVALID_ARG, "invalid_type", "'dry_run' must be true or false");
+    if (!st && q.tk == KV_TYPE_KEEP && q.tv == KV_TYPE_KEEP)
+        st = reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value", "give 'type_k' and/or 'type_v'");
     q.dry_run = cJSON_IsTrue(dry);
     cJSON_Delete(root);
-    if (!ok)
-        return;
-    if (sched_between_steps(srv->sched, requant_hook, &q) != KS_OK) {
-        reply_error(r, 503, "server_error", "shutting_down", "%s", ks_errmsg());
-        return;
-    }
-    if (q.st) {
-        unsigned code = q.st == KS_ERR_NOT_FOUND ? 404 : q.st == KS_ERR_KV_FULL ? 409 : q.st == KS_ERR_NOMEM ? 500 : 400;
-        reply_error(r, code, code >= 500 ? "server_error" : "invalid_request_error", NULL, "%s", q.err);
-        return;
+    if (st)
+        return st;
+    if ((st = sched_between_steps(srv->sched, requant_hook, &q)))
+        return reply_fail(r, st, "shutting_down", "%s", ks_errmsg());
+    if (q.st) { /* 404 an unknown request, 409 the cache is full, 500 out of memory, else 400 */
+        bool keep = q.st == KS_ERR_NOT_FOUND || q.st == KS_ERR_KV_FULL || q.st == KS_ERR_NOMEM;
+        return reply_fail(r, keep ? q.st : KS_ERR_INVALID_ARG, NULL, "%s", q.err);
     }
     cJSON *o = cJSON_CreateObject();
     cJSON_AddBoolToObject(o, "dry_run", q.dry_run);
@@ -360,7 +362,7 @@ void server_handle_requantize(struct server *srv, const char *body, size_t len, 
     cJSON_AddNumberToObject(o, "pages_selected", q.res.pages_selected);
     cJSON_AddNumberToObject(o, "pages_converted", q.res.pages_changed);
     cJSON_AddNumberToObject(o, "ms", q.res.ms);
-    reply_json(r, 200, o);
+    return reply_json(r, 200, o);
 }
 
 /* ---- /cache/policy -------------------------------------------------------------- */
@@ -406,14 +408,13 @@ static void policy_hook(void *user, struct kv_cache *kv)
     p->after = *kv_get_config(kv);
 }
 
-static bool bad_field(struct reply *r, const char *key, const char *want)
+static ks_status bad_field(struct reply *r, const char *key, const char *want)
 {
-    reply_error(r, 400, "invalid_request_error", "invalid_value", "'%s' must be %s", key, want);
-    return false;
+    return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value", "'%s' must be %s", key, want);
 }
 
-/* One JSON member into the update; false (reply set) on a bad name or value. */
-static bool parse_policy_field(const cJSON *v, struct kv_policy_update *u, struct reply *r)
+/* One JSON member into the update; fails on a bad name or value. */
+static ks_status parse_policy_field(const cJSON *v, struct kv_policy_update *u, struct reply *r)
 {
     const char *k = v->string;
     if (!strcmp(k, "policy")) {
@@ -448,36 +449,30 @@ static bool parse_policy_field(const cJSON *v, struct kv_policy_update *u, struc
             u->set |= KV_SET_TYPE_V;
         }
     } else {
-        reply_error(r, 400, "invalid_request_error", "unknown_field",
-                    "unknown field '%s' (known: policy, high_watermark, low_watermark, hot_tokens, sink_tokens, "
-                    "floor, type_k, type_v)", k);
-        return false;
+        return reply_fail(r, KS_ERR_INVALID_ARG, "unknown_field",
+                          "unknown field '%s' (known: policy, high_watermark, low_watermark, hot_tokens, "
+                          "sink_tokens, floor, type_k, type_v)", k);
     }
-    return true;
+    return KS_OK;
 }
 
-void server_handle_policy(struct server *srv, const char *body, size_t len, struct reply *r)
+ks_status server_route_policy(struct server *srv, const struct server_req *rq, struct reply *r)
 {
-    cJSON *root = cJSON_ParseWithLength(body, len);
-    if (!cJSON_IsObject(root)) {
-        cJSON_Delete(root);
-        reply_error(r, 400, "invalid_request_error", "invalid_json", "the body is not a JSON object");
-        return;
-    }
+    cJSON *root;
+    ks_status st = server_parse_object(rq->body, rq->len, false, &root, r);
+    if (st)
+        return st;
     struct policy_ctx p = {0};
-    bool ok = true;
-    for (const cJSON *v = root->child; v && ok; v = v->next)
-        ok = parse_policy_field(v, &p.u, r);
+    for (const cJSON *v = root->child; v && !st; v = v->next)
+        st = parse_policy_field(v, &p.u, r);
     cJSON_Delete(root);
-    if (!ok)
-        return;
-    if (sched_between_steps(srv->sched, policy_hook, &p) != KS_OK) {
-        reply_error(r, 503, "server_error", "shutting_down", "%s", ks_errmsg());
-        return;
+    if (st)
+        return st;
+    if ((st = sched_between_steps(srv->sched, policy_hook, &p)))
+        return reply_fail(r, st, "shutting_down", "%s", ks_errmsg());
+    if (p.st) { /* 501 without a KV cache, 500 out of memory, else 400 (a rejected combination) */
+        bool keep = p.st == KS_ERR_UNSUPPORTED || p.st == KS_ERR_NOMEM;
+        return reply_fail(r, keep ? p.st : KS_ERR_INVALID_ARG, "invalid_value", "%s", p.err);
     }
-    if (p.st) {
-        reply_error(r, p.st == KS_ERR_UNSUPPORTED ? 501 : 400, "invalid_request_error", "invalid_value", "%s", p.err);
-        return;
-    }
-    reply_json(r, 200, policy_json(&p.after));
+    return reply_json(r, 200, policy_json(&p.after));
 }

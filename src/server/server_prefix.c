@@ -33,44 +33,33 @@ static void clear_hook(void *user, struct kv_cache *kv)
     c->bytes = before.used - after.used;
 }
 
-void server_handle_cache_clear(struct server *srv, const char *body, size_t len, struct reply *r)
+ks_status server_route_cache_clear(struct server *srv, const struct server_req *rq, struct reply *r)
 {
-    cJSON *root = len ? cJSON_ParseWithLength(body, len) : cJSON_CreateObject();
-    if (!cJSON_IsObject(root)) {
-        cJSON_Delete(root);
-        reply_error(r, 400, "invalid_request_error", "invalid_json", "the body is not a JSON object");
-        return;
-    }
+    cJSON *root;
+    ks_status st = server_parse_object(rq->body, rq->len, true, &root, r);
+    if (st)
+        return st;
     const char *tier = "all";
-    for (cJSON *f = root->child; f; f = f->next) {
-        if (strcmp(f->string, "tier") != 0) {
-            reply_error(r, 400, "invalid_request_error", "unknown_field", "unknown field '%s' (use \"tier\")", f->string);
-            cJSON_Delete(root);
-            return;
-        }
+    for (cJSON *f = root->child; f && !st; f = f->next) {
+        if (strcmp(f->string, "tier") != 0)
+            st = reply_fail(r, KS_ERR_INVALID_ARG, "unknown_field", "unknown field '%s' (use \"tier\")", f->string);
         tier = cJSON_IsString(f) ? f->valuestring : "";
     }
     bool ram = !strcmp(tier, "ram") || !strcmp(tier, "all"), disk = !strcmp(tier, "disk") || !strcmp(tier, "all");
-    if (!ram && !disk)
-        reply_error(r, 400, "invalid_request_error", "invalid_value", "'tier' must be \"ram\", \"disk\" or \"all\"");
-    else if (!strcmp(tier, "disk") && !srv->cfg.store)
-        reply_error(r, 400, "invalid_request_error", "invalid_value",
-                    "'tier': \"disk\" needs the SSD tier (start the server with --cache-dir)");
-    if (r->status) {
-        cJSON_Delete(root);
-        return;
-    }
+    if (!st && !ram && !disk)
+        st = reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value", "'tier' must be \"ram\", \"disk\" or \"all\"");
+    else if (!st && !strcmp(tier, "disk") && !srv->cfg.store)
+        st = reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value",
+                        "'tier': \"disk\" needs the SSD tier (start the server with --cache-dir)");
     struct clear_ctx c = {0, 0};
     uint64_t deleted = 0;
-    if (ram && sched_between_steps(srv->sched, clear_hook, &c) != KS_OK) {
+    if (!st && ram && (st = sched_between_steps(srv->sched, clear_hook, &c)))
+        st = reply_fail(r, st, "shutting_down", "%s", ks_errmsg());
+    if (!st && disk && srv->cfg.store && (st = store_clear(srv->cfg.store, &deleted)))
+        st = reply_fail(r, st, "disk_tier_disabled", "%s", ks_errmsg());
+    if (st) {
         cJSON_Delete(root);
-        reply_error(r, 503, "server_error", "shutting_down", "%s", ks_errmsg());
-        return;
-    }
-    if (disk && srv->cfg.store && store_clear(srv->cfg.store, &deleted) != KS_OK) {
-        cJSON_Delete(root);
-        reply_error(r, 503, "server_error", "disk_tier_disabled", "%s", ks_errmsg());
-        return;
+        return st;
     }
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "tier", tier);
@@ -78,7 +67,7 @@ void server_handle_cache_clear(struct server *srv, const char *body, size_t len,
     cJSON_AddNumberToObject(o, "ram_bytes_freed", (double)c.bytes);
     cJSON_AddNumberToObject(o, "disk_entries_deleted", (double)deleted);
     cJSON_Delete(root);
-    reply_json(r, 200, o);
+    return reply_json(r, 200, o);
 }
 
 /* ---- GET /cache/prefixes ------------------------------------------------------------- */
@@ -126,12 +115,17 @@ static cJSON *ram_chain_json(const struct server *srv, const struct kv_prefix_in
     char *text = NULL;
     size_t len = 0;
     /* the preview is for people: invalid UTF-8 becomes U+FFFD, an invalid id ends it */
-    if (tok_decode(srv->tok, p->head, (size_t)p->n_head, TOK_DECODE_SPECIAL | TOK_DECODE_REPLACE_BAD, &text, &len) ==
-        KS_OK)
+    ks_status st = tok_decode(srv->tok, p->head, (size_t)p->n_head, TOK_DECODE_SPECIAL | TOK_DECODE_REPLACE_BAD,
+                              &text, &len);
+    if (st == KS_OK)
         cJSON_AddStringToObject(e, "preview", text);
-    else
+    else if (st != KS_ERR_NOMEM)
         cJSON_AddNullToObject(e, "preview");
     free(text);
+    if (st == KS_ERR_NOMEM) {
+        cJSON_Delete(e);
+        return NULL; /* server_json_push notes it */
+    }
     return e;
 }
 
@@ -187,7 +181,8 @@ static int by_tokens_desc(const void *a, const void *b)
     return (x < y) - (x > y);
 }
 
-/* Chains of the disk index, longest first, into *out (malloc'd). Sorts d->e
+/* Chains of the disk index, longest first, into *out (malloc'd; NULL when
+ * out of memory). Sorts d->e
  * by key so that parents are found by binary search: a disk tier of 10% of a
  * large disk holds hundreds of thousands of pages, and the live page asks for
  * this listing every few seconds. */
@@ -216,38 +211,44 @@ static uint32_t disk_chains(struct disk_chains *d, struct disk_chain **out)
             c[n++] = ch;
         }
         qsort(c, n, sizeof *c, by_tokens_desc);
+    } else {
+        free(c);
+        c = NULL;
     }
     free(has_child);
     *out = c;
     return n;
 }
 
-static bool parse_limit(const char *s, int *limit, struct reply *r)
+static ks_status parse_limit(const char *s, int *limit, struct reply *r)
 {
     *limit = PREFIX_LIST_DEFAULT;
     if (!s)
-        return true;
+        return KS_OK;
     char *end;
     long v = strtol(s, &end, 10);
-    if (*s == '\0' || *end != '\0' || v < 1 || v > PREFIX_LIST_MAX) {
-        reply_error(r, 400, "invalid_request_error", "invalid_value", "'limit' must be an integer in 1..%d",
-                    PREFIX_LIST_MAX);
-        return false;
-    }
+    if (*s == '\0' || *end != '\0' || v < 1 || v > PREFIX_LIST_MAX)
+        return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value", "'limit' must be an integer in 1..%d",
+                          PREFIX_LIST_MAX);
     *limit = (int)v;
-    return true;
+    return KS_OK;
 }
 
-static void add_disk_chains(struct server *srv, cJSON *data, cJSON *o, int limit)
+/* false: out of memory */
+static bool add_disk_chains(struct server *srv, cJSON *data, cJSON *o, int limit)
 {
     if (!srv->cfg.store) {
         cJSON_AddNullToObject(o, "disk");
-        return;
+        return true;
     }
     struct disk_chains d = {0};
     store_foreach(srv->cfg.store, collect_entry, &d);
     struct disk_chain *c = NULL;
     uint32_t n = d.oom ? 0 : disk_chains(&d, &c);
+    if (!c) {
+        free(d.e);
+        return false;
+    }
     for (uint32_t i = 0; c && i < n && (int)i < limit; i++) {
         const struct store_entry_info *leaf = &d.e[c[i].leaf];
         cJSON *e = cJSON_CreateObject();
@@ -257,7 +258,7 @@ static void add_disk_chains(struct server *srv, cJSON *data, cJSON *o, int limit
         add_time(e, (int64_t)c[i].last_use);
         cJSON_AddStringToObject(e, "tier", "disk");
         add_key(e, leaf->key.lo, leaf->key.hi);
-        cJSON_AddItemToArray(data, e);
+        server_json_push(data, e);
     }
     struct store_stats st;
     store_stats(srv->cfg.store, &st);
@@ -267,6 +268,7 @@ static void add_disk_chains(struct server *srv, cJSON *data, cJSON *o, int limit
     cJSON_AddNumberToObject(disk, "bytes", (double)st.bytes);
     free(c);
     free(d.e);
+    return true;
 }
 
 static int by_json_tokens_desc(const void *a, const void *b)
@@ -276,50 +278,51 @@ static int by_json_tokens_desc(const void *a, const void *b)
     return (x < y) - (x > y);
 }
 
-/* RAM and disk chains merged, longest first, cut at limit. */
-static void sort_and_cut(cJSON *data, int limit)
+/* RAM and disk chains merged, longest first, cut at limit. false: out of memory */
+static bool sort_and_cut(cJSON *data, int limit)
 {
     int n = cJSON_GetArraySize(data);
     cJSON **items = malloc(((size_t)n + 1) * sizeof *items);
     if (!items)
-        return;
+        return false;
     for (int i = 0; i < n; i++)
         items[i] = cJSON_DetachItemFromArray(data, 0);
     qsort(items, (size_t)n, sizeof *items, by_json_tokens_desc);
     for (int i = 0; i < n; i++) {
         if (i < limit)
-            cJSON_AddItemToArray(data, items[i]);
+            server_json_push(data, items[i]);
         else
             cJSON_Delete(items[i]);
     }
     free(items);
+    return true;
 }
 
-void server_handle_cache_prefixes(struct server *srv, const char *limit_arg, struct reply *r)
+ks_status server_route_cache_prefixes(struct server *srv, const struct server_req *rq, struct reply *r)
 {
     int limit;
-    if (!parse_limit(limit_arg, &limit, r))
-        return;
+    ks_status st = parse_limit(server_req_arg(rq, "limit"), &limit, r);
+    if (st)
+        return st;
     struct ram_chains rc = {.cap = limit, .info = malloc((size_t)limit * sizeof *rc.info)};
-    if (!rc.info) {
-        reply_error(r, 500, "server_error", NULL, "out of memory");
-        return;
-    }
-    if (sched_between_steps(srv->sched, list_hook, &rc) != KS_OK) {
+    if (!rc.info)
+        return reply_fail(r, KS_ERR_NOMEM, NULL, "out of memory while listing the cached prefixes");
+    if ((st = sched_between_steps(srv->sched, list_hook, &rc))) {
         free(rc.info);
-        reply_error(r, 503, "server_error", "shutting_down", "%s", ks_errmsg());
-        return;
+        return reply_fail(r, st, "shutting_down", "%s", ks_errmsg());
     }
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "object", "list");
     cJSON *data = cJSON_AddArrayToObject(o, "data");
     for (int32_t i = 0; i < rc.n && i < rc.cap; i++)
-        cJSON_AddItemToArray(data, ram_chain_json(srv, &rc.info[i]));
+        server_json_push(data, ram_chain_json(srv, &rc.info[i]));
     cJSON_AddNumberToObject(cJSON_AddObjectToObject(o, "ram"), "chains", rc.n);
     free(rc.info);
-    add_disk_chains(srv, data, o, limit);
-    sort_and_cut(data, limit);
-    reply_json(r, 200, o);
+    if (!add_disk_chains(srv, data, o, limit) || !sort_and_cut(data, limit)) {
+        cJSON_Delete(o);
+        return reply_fail(r, KS_ERR_NOMEM, NULL, "out of memory while listing the cached prefixes");
+    }
+    return reply_json(r, 200, o);
 }
 
 /* ---- /cache/usage and /metrics ---------------------------------------------------------- */

@@ -28,6 +28,8 @@ check() { # name expected_status curl-args...
 }
 auth=(-H "Authorization: Bearer sekret")
 check health-no-key 200 "$url/health"
+check page-no-key 200 "$url/"
+check usage-key-in-url 401 "$url/cache/usage?key=sekret"
 check missing-key 401 "$url/v1/models"
 check wrong-key 401 -H "Authorization: Bearer nope" "$url/v1/models"
 check models 200 "${auth[@]}" "$url/v1/models"
