@@ -322,7 +322,8 @@ static void collect(const struct bs_run *run, const struct bs_result *r, struct 
 
 static void lat_sort(struct bs_lat *l)
 {
-    qsort(l->gap, (size_t)l->n, sizeof *l->gap, cmp_double);
+    if (l->n > 1) /* gap is NULL while empty */
+        qsort(l->gap, (size_t)l->n, sizeof *l->gap, cmp_double);
 }
 
 static void lat_row(const char *name, const struct bs_lat *l)
@@ -371,6 +372,10 @@ static void report(const struct bs_run *run, double wall)
     long tokens = 0, coalesced = 0;
     double *ttft = malloc(sizeof(double) * (size_t)(o->requests + 1));
     struct bs_lat all = {0}, phase[3] = {{0}};
+    if (!ttft) {
+        fprintf(stderr, "bench_serve: out of memory for the report\n");
+        return;
+    }
     for (int i = 0; i < o->requests; i++) {
         const struct bs_result *r = &run->res[i];
         tokens += r->tokens;
