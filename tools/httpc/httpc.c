@@ -197,8 +197,8 @@ ks_status httpc_request(const struct httpc_request *rq, struct httpc_response *o
         if (c.st)
             st = c.st;
         else if (rc != CURLE_OK)
-            st = ks_fail(KS_ERR_IO, "%s %s: %s%s%s", rq->method ? rq->method : rq->body ? "POST" : "GET", rq->url,
-                         curl_easy_strerror(rc), *err ? ": " : "", err);
+            st = ks_fail(KS_ERR_IO, "%s %s: %s", rq->method ? rq->method : rq->body ? "POST" : "GET", rq->url,
+                         *err ? err : curl_easy_strerror(rc));
         if (!st && !out->body && !(out->body = calloc(1, 1))) /* an empty body is "" too */
             st = ks_fail(KS_ERR_NOMEM, "httpc: out of memory");
     }

@@ -172,8 +172,8 @@ static void finish(struct httpc_stream *s, CURLcode rc)
     if (st)
         snprintf(why, sizeof why, "%s", s->why);
     else if (rc != CURLE_OK)
-        st = KS_ERR_IO, snprintf(why, sizeof why, "%s: %s%s%s", url ? url : "?", curl_easy_strerror(rc),
-                                 *s->curl_err ? ": " : "", s->curl_err);
+        st = KS_ERR_IO, snprintf(why, sizeof why, "%s: %s", url ? url : "?",
+                                 *s->curl_err ? s->curl_err : curl_easy_strerror(rc));
     else if (!is_2xx(s->status))
         snprintf(why, sizeof why, "HTTP %ld from %s: %s", s->status, url ? url : "?", s->err_body);
     long status = s->status;
