@@ -89,8 +89,9 @@ struct httpc_response {
 #define HTTPC_MAX_BODY ((size_t)64 << 20)
 
 /* Send rq and wait for the whole response, whatever its status (a 404 is KS_OK with
- * status 404). A server that answers early and closes before reading the whole body
- * (a 413) still gives its response.
+ * status 404). curl stops sending a body once an early error response arrives (a 413
+ * from a server that will not read the rest), and that response is returned; a server
+ * that resets the connection before its answer is read gives KS_ERR_IO.
  * Errors: KS_ERR_INVALID_ARG (no url), KS_ERR_IO (no response: connection refused,
  * reset, a malformed reply; ks_errmsg() has curl's words and the URL), KS_ERR_RANGE
  * (a body over HTTPC_MAX_BODY), KS_ERR_NOMEM. *out is zeroed on failure. */
