@@ -6,15 +6,17 @@
 #   bench/prefix_cache.sh chat    BIN MODEL          8 chat rounds of ~1500 new tokens: hit rate and TTFT per round
 #   bench/prefix_cache.sh restart BIN MODEL          a 4000-token prompt cold, then after a restart with --cache-dir
 #
-# BIN is kvserve; llama.cpp comes from ANCHOR (default ../shared/anchor/bin). Env: REPS (3), THREADS (2),
-# PREFIX (1000), SUFFIX (27), GEN (32), ROUNDS (8), ROUND_TOKENS (1500), LONG (4000). Prompts are token ids
-# (100..355), so any vocabulary of 356 tokens or more works. Run on a quiet machine: timings are medians of
-# REPS runs with the two servers interleaved. Needs curl, bc and python3 (to pick free ports).
+# BIN is kvserve ("shared" runs bench_serve from beside it; both are in build/); llama.cpp comes from
+# ANCHOR (default ../shared/anchor/bin). Env: REPS (3), THREADS (2), PREFIX (1000), SUFFIX (27), GEN (32),
+# ROUNDS (8), ROUND_TOKENS (1500), LONG (4000). Prompts are token ids (100..355), so any vocabulary of 356
+# tokens or more works. Run on a quiet machine: timings are medians of REPS runs with the two servers
+# interleaved. Needs curl, bc and python3 (to pick free ports).
 set -euo pipefail
-usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [ $# -ge 3 ] || usage
 what=$1 bin=$2 model=$3; shift 3
 [ -x "$bin" ] && [ -f "$model" ] || usage
+bench=$(dirname "$bin")/bench_serve
 here=$(cd "$(dirname "$0")/.." && pwd)
 anchor=${ANCHOR:-$here/../shared/anchor/bin}
 REPS=${REPS:-3} THREADS=${THREADS:-2} PREFIX=${PREFIX:-1000} SUFFIX=${SUFFIX:-27} GEN=${GEN:-32}
@@ -86,11 +88,11 @@ shared_run() { # server K
   else
     start_llama -np "$k" -c $(( k * 1100 )); counter=llamacpp:prompt_tokens_total
   fi
-  "$bin" bench-serve --url "$url" --clients 1 --requests 1 --prompt-len "$PREFIX" --shared-prefix "$PREFIX" \
+  "$bench" --url "$url" --clients 1 --requests 1 --prompt-len "$PREFIX" --shared-prefix "$PREFIX" \
     --gen-len 1 >/dev/null
   local before t0 t1 after
   before=$(metric "$counter"); t0=$(now)
-  "$bin" bench-serve --url "$url" --clients "$k" --requests "$k" --prompt-len $((PREFIX + SUFFIX)) \
+  "$bench" --url "$url" --clients "$k" --requests "$k" --prompt-len $((PREFIX + SUFFIX)) \
     --shared-prefix "$PREFIX" --gen-len "$GEN" >"$tmp/bs.out"
   t1=$(now); after=$(metric "$counter")
   grep -q "| $k/$k |" "$tmp/bs.out" || { echo "not every request finished:"; cat "$tmp/bs.out"; exit 1; }
@@ -99,6 +101,7 @@ shared_run() { # server K
 }
 
 bench_shared() {
+  [ -x "$bench" ] || { echo "$bench not found: build the bench_serve target"; exit 1; }
   local ks=("$@"); [ ${#ks[@]} -gt 0 ] || ks=(16 32)
   cpu; echo "model: $(basename "$model"), $PREFIX-token prefix + $SUFFIX-token suffixes, $GEN generated, -t $THREADS, median of $REPS"
   echo

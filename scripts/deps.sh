@@ -2,7 +2,7 @@
 # Install the Debian packages kvserve builds and tests with, if any is missing.
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config clang libclang-rt-14-dev
-      libmicrohttpd-dev libcjson-dev libpcre2-dev libxxhash-dev liblmdb-dev libcmocka-dev
+      libmicrohttpd-dev libcjson-dev libpcre2-dev libxxhash-dev liblmdb-dev libcmocka-dev libcurl4-openssl-dev
       curl chromium)
 missing=()
 for p in "${pkgs[@]}"; do

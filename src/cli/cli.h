@@ -10,7 +10,6 @@ int cli_synth(int argc, char **argv);
 int cli_generate(int argc, char **argv);
 int cli_bench(int argc, char **argv);
 int cli_serve(int argc, char **argv);
-int cli_bench_serve(int argc, char **argv);
 int cli_perplexity(int argc, char **argv);
 int cli_tokenize(int argc, char **argv);
 int cli_chat(int argc, char **argv);

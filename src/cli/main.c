@@ -21,7 +21,6 @@ static const struct command commands[] = {
     {"chat", cli_chat, "chat with a model in the terminal (chat template, conversation kept in the KV cache)"},
     {"tokenize", cli_tokenize, "print the token ids and pieces of a text under a model's vocabulary"},
     {"serve", cli_serve, "serve the OpenAI-compatible HTTP API with continuous batching"},
-    {"bench-serve", cli_bench_serve, "load an OpenAI-compatible server: TTFT, inter-token latency, tok/s"},
 };
 
 static void usage(FILE *out)

@@ -1,32 +1,36 @@
-/* kvserve bench-serve: a plain OpenAI-API load generator. N client threads
- * send streaming /v1/completions requests (prompt as token ids, so lengths are
- * exact on any server), optionally with a shared prefix and Poisson arrivals,
- * and report TTFT, inter-token latency, the worst decode stall and tok/s.
- * With --probe-len, one long prompt arrives --probe-at seconds in and the
- * streams' latency is split into "during its prefill" and "steady".
+/* bench_serve: a plain OpenAI-API load generator. N clients send streaming
+ * /v1/completions requests (prompt as token ids, so lengths are exact on any
+ * server), optionally with a shared prefix and Poisson arrivals, and report
+ * TTFT, inter-token latency, the worst decode stall and tok/s. With
+ * --probe-len, one long prompt arrives --probe-at seconds in and the streams'
+ * latency is split into "during its prefill" and "steady".
  *
- * Timing is per read: every SSE event is stamped with the time the recv()
- * that delivered it returned. When one read carries k token events after a
- * wait of G seconds, each of the k tokens counts as an inter-token gap of
- * G/k (not one G and k-1 zero gaps), and G itself is a candidate for the
- * worst stall (the longest a stream waited for anything). */
-#include <arpa/inet.h>
+ * The requests run on one libcurl multi handle in this thread (tools/httpc).
+ * Timing is per read: every SSE event is stamped with the time its bytes
+ * reached the client, and the events one stream received in one pass of the
+ * multi loop (one wake-up, however many HTTP chunks or recv() calls carried
+ * them) are one read with one stamp. When one read carries k token events
+ * after a wait of G seconds, each of the k tokens counts as an inter-token gap
+ * of G/k (not one G and k-1 zero gaps), and G itself is a candidate for the
+ * worst stall (the longest a stream waited for anything). TTFT counts from
+ * when the connection was up and the request about to be written.
+ *
+ * usage: bench_serve --url http://HOST:PORT [flags]   (--help for them) */
 #include <math.h>
-#include <netdb.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <time.h>
-#include <unistd.h>
+
+#include <cjson/cJSON.h>
 
 #include "cli/args.h"
-#include "cli/cli.h"
+#include "httpc/httpc.h"
+
+/* Largest SSE event of a stream (a token event is ~200 bytes; logprobs are not asked). */
+#define BS_MAX_EVENT ((size_t)1 << 20)
 
 struct bs_opts {
-    char host[256], base[256];
-    int port;
+    char url[1024];           /* the completions endpoint */
     int clients, prompt_len, gen_len, shared_prefix, requests;
     float rate;               /* requests per second; 0 = send as fast as clients allow */
     const char *model, *api_key;
@@ -42,17 +46,21 @@ struct bs_read {
 };
 
 struct bs_result {
+    struct bs_run *run;
+    bool probe;               /* the long prompt, not one of the clients' requests */
     bool ok;
     double t_send, ttft;
     struct bs_read *reads;
     int n_reads, cap_reads;
     int tokens;
+    uint64_t last_read;       /* httpc_read.id of the last token event; 0: none yet */
+    char why[256];            /* why it failed */
 };
 
 struct bs_run {
     const struct bs_opts *o;
-    pthread_mutex_t mu;
-    int next;
+    struct httpc_multi *m;
+    int active;               /* the clients' requests running (the probe is extra) */
     double t0;
     double *arrival;          /* seconds after t0 */
     struct bs_result *res;
@@ -62,8 +70,9 @@ struct bs_run {
 static void bs_usage(FILE *out)
 {
     fprintf(out,
-            "usage: kvserve bench-serve --url http://HOST:PORT [--clients N] [--prompt-len L] [--gen-len G]\n"
-            "                           [--shared-prefix K] [--rate R] [--requests M] [--model NAME] [--api-key KEY]\n"
+            "usage: bench_serve --url http://HOST:PORT [--clients N] [--prompt-len L] [--gen-len G]\n"
+            "                   [--shared-prefix K] [--rate R] [--requests M] [--model NAME] [--api-key KEY]\n"
+            "                   [--probe-len L [--probe-at S] [--probe-gen G]]\n"
             "\n"
             "Load any OpenAI-compatible server with streaming /v1/completions requests and print\n"
             "requests done, TTFT p50/p99, inter-token latency p50/p99, worst decode stall, tok/s.\n"
@@ -83,54 +92,26 @@ static void bs_usage(FILE *out)
             "  --probe-gen G        tokens the probe generates (default 4)\n");
 }
 
-static double bs_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
+/* The completions endpoint of a server base URL: http[s]://HOST[:PORT][/PATH], "/v1"
+ * appended unless the path has it. */
 static bool parse_url(const char *url, struct bs_opts *o)
 {
-    if (strncmp(url, "http://", 7) != 0)
+    size_t scheme = !strncmp(url, "http://", 7) ? 7 : !strncmp(url, "https://", 8) ? 8 : 0;
+    const char *h = url + scheme;
+    size_t hn = strcspn(h, "/"), n = strlen(url);
+    const char *bracket = h[0] == '[' ? memchr(h, ']', hn) : h; /* [IPv6] */
+    const char *colon = bracket ? memchr(bracket, ':', hn - (size_t)(bracket - h)) : NULL;
+    size_t name = colon ? (size_t)(colon - h) : hn;
+    if (!scheme || name == 0 || !bracket)
         return false;
-    const char *h = url + 7;
-    const char *colon = strchr(h, ':'), *slash = strchr(h, '/');
-    const char *hend = colon && (!slash || colon < slash) ? colon : slash ? slash : h + strlen(h);
-    if (hend == h || (size_t)(hend - h) >= sizeof o->host)
+    int port;
+    if (colon && !cli_parse_int(strndupa(colon + 1, hn - name - 1), 1, 65535, &port))
         return false;
-    memcpy(o->host, h, (size_t)(hend - h));
-    o->host[hend - h] = '\0';
-    o->port = 80;
-    if (*hend == ':' && !cli_parse_int(strndupa(hend + 1, slash ? (size_t)(slash - hend - 1) : strlen(hend + 1)), 1,
-                                       65535, &o->port))
-        return false;
-    snprintf(o->base, sizeof o->base, "%s", slash ? slash : "");
-    size_t bl = strlen(o->base);
-    if (bl && o->base[bl - 1] == '/')
-        o->base[bl - 1] = '\0';
-    if (!strstr(o->base, "/v1"))
-        strncat(o->base, "/v1", sizeof o->base - strlen(o->base) - 1);
-    return true;
-}
-
-static int bs_connect(const struct bs_opts *o)
-{
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *ai = NULL;
-    char port[16];
-    snprintf(port, sizeof port, "%d", o->port);
-    if (getaddrinfo(o->host, port, &hints, &ai) != 0)
-        return -1;
-    int fd = -1;
-    for (struct addrinfo *a = ai; a && fd < 0; a = a->ai_next) {
-        fd = socket(a->ai_family, a->ai_socktype, a->ai_protocol);
-        if (fd >= 0 && connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
-            close(fd);
-            fd = -1;
-        }
-    }
-    freeaddrinfo(ai);
-    return fd;
+    while (n > scheme + hn && url[n - 1] == '/')
+        n--;
+    bool v1 = memmem(h + hn, n - scheme - hn, "/v1", 3) != NULL;
+    int k = snprintf(o->url, sizeof o->url, "%.*s%s/completions", (int)n, url, v1 ? "" : "/v1");
+    return k > 0 && (size_t)k < sizeof o->url;
 }
 
 /* Deterministic token ids in [100, 356): printable-ish on most vocabularies. */
@@ -144,18 +125,27 @@ static int32_t prompt_token(const struct bs_opts *o, int req, int pos)
     return 100 + (int32_t)(x % 256);
 }
 
+/* {"model":M,"stream":true,"max_tokens":G,"temperature":0,"ignore_eos":true,"prompt":[ids]}; NULL: out of memory */
 static char *build_body(const struct bs_opts *o, int req, int prompt_len, int gen_len)
 {
-    size_t cap = 256 + (size_t)prompt_len * 8;
-    char *b = malloc(cap);
-    if (!b)
-        return NULL;
-    size_t n = (size_t)snprintf(b, cap, "{\"model\":\"%s\",\"stream\":true,\"max_tokens\":%d,\"temperature\":0,"
-                                        "\"ignore_eos\":true,\"prompt\":[", o->model, gen_len);
-    for (int i = 0; i < prompt_len; i++)
-        n += (size_t)snprintf(b + n, cap - n, "%s%d", i ? "," : "", prompt_token(o, req, i));
-    snprintf(b + n, cap - n, "]}");
-    return b;
+    int *ids = malloc((size_t)prompt_len * sizeof *ids);
+    cJSON *j = cJSON_CreateObject(), *prompt = NULL;
+    char *body = NULL;
+    if (ids && j) {
+        for (int i = 0; i < prompt_len; i++)
+            ids[i] = prompt_token(o, req, i);
+        prompt = cJSON_CreateIntArray(ids, prompt_len);
+    }
+    if (prompt && cJSON_AddStringToObject(j, "model", o->model) && cJSON_AddTrueToObject(j, "stream") &&
+        cJSON_AddNumberToObject(j, "max_tokens", gen_len) && cJSON_AddNumberToObject(j, "temperature", 0) &&
+        cJSON_AddTrueToObject(j, "ignore_eos") && cJSON_AddItemToObject(j, "prompt", prompt)) {
+        prompt = NULL; /* j owns it */
+        body = cJSON_PrintUnformatted(j);
+    }
+    cJSON_Delete(prompt);
+    cJSON_Delete(j);
+    free(ids);
+    return body;
 }
 
 /* Count one token event delivered by the read that returned at t. */
@@ -179,152 +169,93 @@ static void add_token(struct bs_result *r, double t, bool same_read)
     r->tokens++;
 }
 
-/* Incremental SSE scan over the (de-chunked) body: one content event = one
- * token (servers send one token per event). */
-struct sse_state {
-    char line[1 << 16];
-    size_t n;
-    double t_read;            /* when the current read returned */
-    int read_id, last_token_read;
-    struct bs_result *r;
-    bool done;
-};
+/* ---- the requests: callbacks of tools/httpc ------------------------------------------------- */
 
-static void sse_line(struct sse_state *s)
+static void on_sent(void *user)
 {
-    s->line[s->n] = '\0';
-    if (strncmp(s->line, "data: ", 6) != 0)
-        return;
-    const char *d = s->line + 6;
-    if (!strncmp(d, "[DONE]", 6)) {
-        s->done = true;
-        return;
-    }
-    const char *t = strstr(d, "\"text\":\"");
-    if (!t || t[8] == '"')
-        return; /* no text in this event */
-    add_token(s->r, s->t_read, s->last_token_read == s->read_id);
-    s->last_token_read = s->read_id;
+    struct bs_result *r = user;
+    r->t_send = httpc_now();
 }
 
-static void sse_feed(struct sse_state *s, const char *p, size_t n)
+/* One event with text is one token (servers send one token per event). */
+static ks_status on_event(void *user, const char *data, size_t len, const struct httpc_read *rd)
 {
-    for (size_t i = 0; i < n; i++) {
-        if (p[i] == '\n') {
-            sse_line(s);
-            s->n = 0;
-        } else if (s->n + 1 < sizeof s->line) {
-            s->line[s->n++] = p[i];
-        }
+    struct bs_result *r = user;
+    cJSON *j = cJSON_ParseWithLength(data, len);
+    const cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(j, "choices"), 0);
+    const cJSON *text = cJSON_GetObjectItemCaseSensitive(ch, "text");
+    if (cJSON_IsString(text) && text->valuestring[0]) {
+        add_token(r, rd->t, r->last_read == rd->id);
+        r->last_read = rd->id;
     }
+    cJSON_Delete(j);
+    return KS_OK;
 }
 
-/* One request; HTTP/1.1 with chunked decoding. */
-static void run_request(const struct bs_opts *o, int req, int prompt_len, int gen_len, struct bs_result *r)
+static void on_done(void *user, ks_status st, long http_status, bool done, const char *why)
 {
-    int fd = bs_connect(o);
-    char *body = build_body(o, req, prompt_len, gen_len);
-    if (fd < 0 || !body) {
+    struct bs_result *r = user;
+    /* a connection that breaks after [DONE] still delivered the whole stream */
+    r->ok = http_status == 200 && r->tokens > 0 && (st == KS_OK || done);
+    if (!r->ok)
+        snprintf(r->why, sizeof r->why, "%s", *why ? why : "HTTP 200 without any token");
+    if (!r->probe)
+        r->run->active--;
+}
+
+static ks_status start_request(struct bs_run *run, struct bs_result *r, int req, int prompt_len, int gen_len)
+{
+    const struct bs_opts *o = run->o;
+    r->run = run;
+    char *body = build_body(o, req, prompt_len, gen_len), *auth = NULL;
+    if (!body || (o->api_key && asprintf(&auth, "Authorization: Bearer %s", o->api_key) < 0)) {
         free(body);
-        if (fd >= 0)
-            close(fd);
-        return;
+        return ks_fail(KS_ERR_NOMEM, "out of memory for a request");
     }
-    char head[1024];
-    char auth[300] = "";
-    if (o->api_key)
-        snprintf(auth, sizeof auth, "Authorization: Bearer %s\r\n", o->api_key);
-    int hn = snprintf(head, sizeof head,
-                      "POST %s/completions HTTP/1.1\r\nHost: %s\r\nConnection: close\r\nContent-Type: application/json\r\n"
-                      "Accept: text/event-stream\r\n%sContent-Length: %zu\r\n\r\n",
-                      o->base, o->host, auth, strlen(body));
-    struct sse_state *s = calloc(1, sizeof *s);
-    if (!s) {
-        free(body);
-        close(fd);
-        return;
-    }
-    s->r = r;
-    s->last_token_read = -1;
-    r->t_send = bs_now();
-    bool sent = send(fd, head, (size_t)hn, MSG_NOSIGNAL) == hn &&
-                send(fd, body, strlen(body), MSG_NOSIGNAL) == (ssize_t)strlen(body);
+    const char *headers[] = {"Accept: text/event-stream", auth, NULL};
+    struct httpc_request rq = {.method = "POST", .url = o->url, .headers = headers, .body = body,
+                               .body_len = strlen(body)};
+    struct httpc_stream_cb cb = {.on_sent = on_sent, .on_event = on_event, .on_done = on_done, .user = r};
+    ks_status st = httpc_multi_start(run->m, &rq, BS_MAX_EVENT, &cb);
     free(body);
-    char buf[16384];
-    char hdr[8192];
-    size_t hl = 0;
-    bool in_body = false, chunked = false;
-    int status = 0;
-    /* chunk decoder state */
-    size_t chunk_left = 0;
-    char size_line[32];
-    size_t sl = 0;
-    int crlf_skip = 0;
-    while (sent && !s->done) {
-        ssize_t k = recv(fd, buf, sizeof buf, 0);
-        if (k <= 0)
-            break;
-        s->t_read = bs_now();
-        s->read_id++;
-        size_t i = 0;
-        while (!in_body && i < (size_t)k) {
-            if (hl + 1 < sizeof hdr)
-                hdr[hl++] = buf[i];
-            i++;
-            if (hl >= 4 && !memcmp(hdr + hl - 4, "\r\n\r\n", 4)) {
-                hdr[hl] = '\0';
-                in_body = true;
-                sscanf(hdr, "HTTP/1.%*d %d", &status);
-                chunked = strcasestr(hdr, "transfer-encoding: chunked") != NULL;
-            }
-        }
-        while (in_body && i < (size_t)k) {
-            if (!chunked) {
-                sse_feed(s, buf + i, (size_t)k - i);
-                break;
-            }
-            if (crlf_skip > 0) {
-                crlf_skip--;
-                i++;
-            } else if (chunk_left > 0) {
-                size_t take = (size_t)k - i < chunk_left ? (size_t)k - i : chunk_left;
-                sse_feed(s, buf + i, take);
-                chunk_left -= take;
-                i += take;
-                if (chunk_left == 0)
-                    crlf_skip = 2;
-            } else {
-                char c = buf[i++];
-                if (c == '\n') {
-                    size_line[sl] = '\0';
-                    chunk_left = strtoul(size_line, NULL, 16);
-                    sl = 0;
-                    if (chunk_left == 0)
-                        s->done = true;
-                } else if (c != '\r' && sl + 1 < sizeof size_line) {
-                    size_line[sl++] = c;
-                }
-            }
-        }
-    }
-    close(fd);
-    r->ok = status == 200 && r->tokens > 0;
-    free(s);
+    free(auth);
+    if (st)
+        snprintf(r->why, sizeof r->why, "%s", ks_errmsg());
+    return st;
 }
 
-static void *client_main(void *arg)
+/* Closed loop: at most --clients requests run at once, each sent no earlier than
+ * its arrival time; the probe is extra, --probe-at seconds in. Returns when every
+ * request (and the probe) is done. */
+static ks_status run_requests(struct bs_run *run)
 {
-    struct bs_run *run = arg;
+    const struct bs_opts *o = run->o;
+    int next = 0;
+    bool probe_due = o->probe_len > 0;
+    run->t0 = httpc_now();
     for (;;) {
-        pthread_mutex_lock(&run->mu);
-        int req = run->next < run->o->requests ? run->next++ : -1;
-        pthread_mutex_unlock(&run->mu);
-        if (req < 0)
-            return NULL;
-        double wait = run->t0 + run->arrival[req] - bs_now();
-        if (wait > 0)
-            usleep((useconds_t)(wait * 1e6));
-        run_request(run->o, req, run->o->prompt_len, run->o->gen_len, &run->res[req]);
+        double now = httpc_now();
+        if (probe_due && now >= run->t0 + o->probe_at) {
+            /* request index past the others, so its prompt shares nothing with them */
+            run->probe.probe = true;
+            start_request(run, &run->probe, o->requests + 1, o->probe_len, o->probe_gen);
+            probe_due = false;
+        }
+        while (run->active < o->clients && next < o->requests && run->t0 + run->arrival[next] <= now) {
+            if (start_request(run, &run->res[next], next, o->prompt_len, o->gen_len) == KS_OK)
+                run->active++;
+            next++;
+        }
+        if (!probe_due && next == o->requests && httpc_multi_running(run->m) == 0)
+            return KS_OK;
+        double wake = INFINITY;
+        if (run->active < o->clients && next < o->requests)
+            wake = run->t0 + run->arrival[next];
+        if (probe_due && run->t0 + o->probe_at < wake)
+            wake = run->t0 + o->probe_at;
+        ks_status st = httpc_multi_step(run->m, wake - httpc_now());
+        if (st)
+            return st;
     }
 }
 
@@ -391,7 +322,8 @@ static void collect(const struct bs_run *run, const struct bs_result *r, struct 
 
 static void lat_sort(struct bs_lat *l)
 {
-    qsort(l->gap, (size_t)l->n, sizeof *l->gap, cmp_double);
+    if (l->n > 1) /* gap is NULL while empty */
+        qsort(l->gap, (size_t)l->n, sizeof *l->gap, cmp_double);
 }
 
 static void lat_row(const char *name, const struct bs_lat *l)
@@ -440,6 +372,10 @@ static void report(const struct bs_run *run, double wall)
     long tokens = 0, coalesced = 0;
     double *ttft = malloc(sizeof(double) * (size_t)(o->requests + 1));
     struct bs_lat all = {0}, phase[3] = {{0}};
+    if (!ttft) {
+        fprintf(stderr, "bench_serve: out of memory for the report\n");
+        return;
+    }
     for (int i = 0; i < o->requests; i++) {
         const struct bs_result *r = &run->res[i];
         tokens += r->tokens;
@@ -467,17 +403,6 @@ static void report(const struct bs_run *run, double wall)
         free(phase[i].gap);
 }
 
-static void *probe_main(void *arg)
-{
-    struct bs_run *run = arg;
-    double wait = run->t0 + run->o->probe_at - bs_now();
-    if (wait > 0)
-        usleep((useconds_t)(wait * 1e6));
-    /* request index past the others, so its prompt shares nothing with them */
-    run_request(run->o, run->o->requests + 1, run->o->probe_len, run->o->probe_gen, &run->probe);
-    return NULL;
-}
-
 static int parse_args(int argc, char **argv, struct bs_opts *o)
 {
     *o = (struct bs_opts){.clients = 8, .prompt_len = 128, .gen_len = 128, .model = "default", .seed = 1,
@@ -491,7 +416,7 @@ static int parse_args(int argc, char **argv, struct bs_opts *o)
             return -1;
         }
         if (!v) {
-            fprintf(stderr, "kvserve bench-serve: %s needs a value\n\n", a);
+            fprintf(stderr, "bench_serve: %s needs a value\n\n", a);
             bs_usage(stderr);
             return 2;
         }
@@ -510,18 +435,18 @@ static int parse_args(int argc, char **argv, struct bs_opts *o)
         else if (!strcmp(a, "--probe-gen")) ok = cli_parse_int(v, 1, 1 << 20, &o->probe_gen);
         else if (!strcmp(a, "--probe-at")) ok = cli_parse_float(v, 0.0f, 1e5f, &o->probe_at);
         else {
-            fprintf(stderr, "kvserve bench-serve: unknown option '%s'\n\n", a);
+            fprintf(stderr, "bench_serve: unknown option '%s'\n\n", a);
             bs_usage(stderr);
             return 2;
         }
         if (!ok) {
-            fprintf(stderr, "kvserve bench-serve: bad value '%s' for %s\n\n", v, a);
+            fprintf(stderr, "bench_serve: bad value '%s' for %s\n\n", v, a);
             bs_usage(stderr);
             return 2;
         }
     }
     if (!have_url) {
-        fprintf(stderr, "kvserve bench-serve: --url http://HOST:PORT is required\n\n");
+        fprintf(stderr, "bench_serve: --url http://HOST:PORT is required\n\n");
         bs_usage(stderr);
         return 2;
     }
@@ -532,19 +457,21 @@ static int parse_args(int argc, char **argv, struct bs_opts *o)
     return 0;
 }
 
-int cli_bench_serve(int argc, char **argv)
+int main(int argc, char **argv)
 {
     struct bs_opts o;
     int rc = parse_args(argc, argv, &o);
     if (rc)
         return rc < 0 ? 0 : rc;
     struct bs_run run = {.o = &o};
-    pthread_mutex_init(&run.mu, NULL);
     run.arrival = calloc((size_t)o.requests, sizeof *run.arrival);
     run.res = calloc((size_t)o.requests, sizeof *run.res);
-    pthread_t *th = calloc((size_t)o.clients, sizeof *th);
-    if (!run.arrival || !run.res || !th) {
-        fprintf(stderr, "kvserve bench-serve: out of memory\n");
+    if (!run.arrival || !run.res) {
+        fprintf(stderr, "bench_serve: out of memory\n");
+        return 1;
+    }
+    if (httpc_multi_create(&run.m)) {
+        fprintf(stderr, "bench_serve: %s\n", ks_errmsg());
         return 1;
     }
     uint64_t x = o.seed | 1;
@@ -556,28 +483,26 @@ int cli_bench_serve(int argc, char **argv)
         }
         run.arrival[i] = o.rate > 0 ? t : 0;
     }
-    run.t0 = bs_now();
-    pthread_t probe;
-    bool probing = o.probe_len > 0 && pthread_create(&probe, NULL, probe_main, &run) == 0;
-    for (int i = 0; i < o.clients; i++)
-        pthread_create(&th[i], NULL, client_main, &run);
-    for (int i = 0; i < o.clients; i++)
-        pthread_join(th[i], NULL);
-    if (probing)
-        pthread_join(probe, NULL);
-    report(&run, bs_now() - run.t0);
+    if (run_requests(&run)) {
+        fprintf(stderr, "bench_serve: %s\n", ks_errmsg());
+        return 1;
+    }
+    report(&run, httpc_now() - run.t0);
     int failed = 0;
+    const char *first = NULL;
     for (int i = 0; i < o.requests; i++) {
-        failed += !run.res[i].ok;
+        if (!run.res[i].ok && !failed++)
+            first = run.res[i].why;
         free(run.res[i].reads);
     }
-    failed += o.probe_len > 0 && !run.probe.ok;
+    if (o.probe_len > 0 && !run.probe.ok && !failed++)
+        first = run.probe.why;
+    if (failed)
+        fprintf(stderr, "bench_serve: %d request(s) failed (connection refused, HTTP error or no tokens); the first: %s\n",
+                failed, first);
     free(run.probe.reads);
     free(run.res);
     free(run.arrival);
-    free(th);
-    pthread_mutex_destroy(&run.mu);
-    if (failed)
-        fprintf(stderr, "kvserve bench-serve: %d request(s) failed (connection refused, HTTP error or no tokens)\n", failed);
+    httpc_multi_free(run.m);
     return failed ? 1 : 0;
 }
