@@ -9,7 +9,7 @@
  *                                           cmocka_run_group_tests
  *   return ks_skip_all("no %s", path);      in main, before running anything
  *
- * The exit status is the number of failed cases when any failed; else 77
+ * The exit status is 1 when any case failed (cmocka prints how many); else 77
  * (KS_SKIP_EXIT, the SKIP_RETURN_CODE CMake gives every unit test, so ctest
  * reports "Not Run" / skipped) when every case skipped; else 0, after a
  * "SKIPPED k of n cases: <name> (<reason>); ..." line on stdout, which
