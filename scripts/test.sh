@@ -1,24 +1,82 @@
 #!/usr/bin/env bash
 # Build Release and run the whole suite, then rebuild Debug with ASan+UBSan
-# and run the unit tests again under the sanitizers, then in an AVX2-only and
-# a portable build (the kernels this CPU would not otherwise run).
+# and run the unit tests again under the sanitizers, then the threaded tests
+# under ThreadSanitizer, then the unit tests in an AVX2-only and a portable
+# build (the kernels this CPU would not otherwise run).
+#
+# A test whose inputs are missing exits 77 and ctest reports it "Not Run"
+# (skipped), never passed; after each ctest run this prints how many were
+# skipped and which cases were skipped inside tests that ran the rest. With
+# CI=true, a missing ../shared (or $KVSERVE_SHARED) is an error, not a pile of
+# skips.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
+
+shared=${KVSERVE_SHARED:-$(cd .. && pwd)/shared}
+if [ ! -d "$shared" ]; then
+  if [ "${CI:-}" = true ]; then
+    echo "scripts/test.sh: CI=true but the shared models directory $shared does not exist;" \
+      "the tests that need it would only be skipped. Provide it (or set KVSERVE_SHARED)." >&2
+    exit 1
+  fi
+  echo "scripts/test.sh: no $shared: the tests that need the shared models will be skipped" >&2
+fi
+
+# cmocka's skip() alone counts as a pass; cases skip through KS_SKIP
+# (tests/support/skip.h), which makes the binary's exit status tell.
+if grep -nE '(^|[^_A-Za-z])skip\(\)' tests/*.c; then
+  echo "scripts/test.sh: the tests above call cmocka's skip() directly; use KS_SKIP (tests/support/skip.h)" >&2
+  exit 1
+fi
+
+# ctest, then a summary of what did not really run: tests that exited 77
+# (skipped) and cases skipped inside tests that ran the others (the
+# "SKIPPED k of n cases" line of tests/support/skip.c), read from ctest's JUnit
+# report (whose output limit is raised so that the line is not cut off).
+run_ctest() {
+  local dir=$1 rc=0
+  shift
+  local junit="$PWD/$dir/ctest-junit.xml"
+  rm -f "$junit"
+  ctest --test-dir "$dir" --output-on-failure --output-junit "$junit" \
+    --test-output-size-passed 1048576 --test-output-size-failed 1048576 "$@" || rc=$?
+  if [ -f "$junit" ]; then
+    local total skipped names
+    total=$({ grep -o -m1 'tests="[0-9]*"' "$junit" || true; } | tr -dc 0-9)
+    skipped=$({ grep -o -m1 'skipped="[0-9]*"' "$junit" || true; } | tr -dc 0-9)
+    names=$({ grep -o '<testcase name="[^"]*" classname="[^"]*" time="[^"]*" status="notrun"' "$junit" || true; } |
+      cut -d'"' -f2 | paste -sd' ' -)
+    echo "== ctest $dir $*: ${skipped:-0} of ${total:-0} tests skipped${names:+ ($names)}"
+    awk '/<testcase name="/ { split($0, f, "\""); name = f[2] }
+         /SKIPPED [0-9]+ of [0-9]+ cases:/ { sub(/.*SKIPPED /, "SKIPPED "); print "   " name ": " $0 }' "$junit" |
+      sed -e 's/&lt;/</g; s/&gt;/>/g; s/&quot;/"/g; s/&apos;/'"'"'/g; s/&amp;/\&/g'
+  fi
+  return $rc
+}
+
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j "$jobs"
-ctest --test-dir build --output-on-failure -j "$jobs"
+run_ctest build -j "$jobs"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DKS_SANITIZE=ON >/dev/null
 cmake --build build-asan -j "$jobs"
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-  ctest --test-dir build-asan --output-on-failure -j "$jobs" -L unit
+  run_ctest build-asan -j "$jobs" -L unit
+# ThreadSanitizer needs a build of its own (it cannot share one with ASan);
+# only the tests that run threads: the scheduler's, the server's, the store
+# writer's and the thread pool's.
+tsan_tests="test_sched test_sched_cost test_server test_prefix_cache test_store test_threads"
+cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DKS_TSAN=ON >/dev/null
+cmake --build build-tsan -j "$jobs" --target $tsan_tests default_model
+TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+  run_ctest build-tsan -j "$jobs" -R "^($(tr ' ' '|' <<<"$tsan_tests"))\$"
 # The SIMD paths this CPU does not take by default: an AVX2-only build and a
 # portable (no -march=native) build run the unit tests too.
 if [ "$(uname -m)" = x86_64 ]; then
   cmake -S . -B build-avx2 -DCMAKE_BUILD_TYPE=Release -DCMAKE_C_FLAGS=-mno-avx512f >/dev/null
   cmake --build build-avx2 -j "$jobs"
-  ctest --test-dir build-avx2 --output-on-failure -j "$jobs" -L unit
+  run_ctest build-avx2 -j "$jobs" -L unit
 fi
 cmake -S . -B build-portable -DCMAKE_BUILD_TYPE=Release -DKS_NATIVE=OFF >/dev/null
 cmake --build build-portable -j "$jobs"
-ctest --test-dir build-portable --output-on-failure -j "$jobs" -L unit
+run_ctest build-portable -j "$jobs" -L unit

@@ -14,6 +14,7 @@
 #include <cmocka.h>
 
 #include "gguf/gguf.h"
+#include "support/skip.h"
 
 enum { OUT_CAP = 1 << 16 };
 
@@ -29,14 +30,13 @@ static int run_info(const char *args, char *out)
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
-static void need_binary(void)
-{
-    const char *bin = getenv("KVSERVE_BIN");
-    if (!bin || access(bin, X_OK)) {
-        print_message("KVSERVE_BIN not set or not executable; skipping\n");
-        skip();
-    }
-}
+/* A macro, so that the skip is recorded under the calling case's name. */
+#define NEED_BINARY()                                                                                            \
+    do {                                                                                                         \
+        const char *bin_ = getenv("KVSERVE_BIN");                                                                \
+        if (!bin_ || access(bin_, X_OK))                                                                         \
+            KS_SKIP("KVSERVE_BIN not set or not executable (run through ctest)");                                \
+    } while (0)
 
 static void expect_line(const char *out, const char *needle)
 {
@@ -64,7 +64,7 @@ static void write_model(const char *path, uint32_t head_dim)
 static void test_fit_numbers(void **state)
 {
     (void)state;
-    need_binary();
+    NEED_BINARY();
     char *out = malloc(OUT_CAP), path[] = "/tmp/test_attn_info_fit_XXXXXX", args[256];
     close(mkstemp(path));
     write_model(path, 64);
@@ -96,5 +96,5 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fit_numbers),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return ks_run_tests(tests, NULL, NULL);
 }

@@ -18,6 +18,7 @@
 #include "fuzz/gguf_bytes.h"
 #include "fuzz/gguf_walk.h"
 #include "gguf/gguf.h"
+#include "support/skip.h"
 
 /* ---- helpers ----------------------------------------------------------- */
 
@@ -540,10 +541,8 @@ static void test_stories260k(void **state)
 {
     (void)state;
     char path[4096];
-    if (!shared_path("models/stories260K.gguf", path, sizeof path)) {
-        print_message("stories260K.gguf not found under $KVSERVE_SHARED/models; skipping\n");
-        skip();
-    }
+    if (!shared_path("models/stories260K.gguf", path, sizeof path))
+        KS_SKIP("stories260K.gguf not found under $KVSERVE_SHARED/models");
     struct gguf_file *f = NULL;
     if (gguf_open(path, &f))
         fail_msg("%s", ks_errmsg());
@@ -628,10 +627,8 @@ static void test_vocab_files(void **state)
 {
     (void)state;
     char dir[4096];
-    if (!shared_path("models/vocab", dir, sizeof dir)) {
-        print_message("$KVSERVE_SHARED/models/vocab not found; skipping\n");
-        skip();
-    }
+    if (!shared_path("models/vocab", dir, sizeof dir))
+        KS_SKIP("$KVSERVE_SHARED/models/vocab not found");
     DIR *d = opendir(dir);
     assert_non_null(d);
     int n_files = 0;
@@ -709,5 +706,5 @@ int main(void)
         cmocka_unit_test(test_stories260k),
         cmocka_unit_test(test_vocab_files),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return ks_run_tests(tests, NULL, NULL);
 }

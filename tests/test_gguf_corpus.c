@@ -17,6 +17,7 @@
 #include "fuzz/gguf_seeds.h"
 #include "fuzz/gguf_walk.h"
 #include "gguf/gguf.h"
+#include "support/skip.h"
 
 enum { SMALL_FLIPS = 20000, STORIES_FLIPS = 20000, STORIES_DATA_PREFIX_STEP = 4099 };
 
@@ -154,10 +155,8 @@ static void test_stories260k_corpus(void **state)
     (void)state;
     size_t size;
     uint8_t *file = read_shared("models/stories260K.gguf", &size);
-    if (!file) {
-        print_message("stories260K.gguf not found under $KVSERVE_SHARED/models; skipping\n");
-        skip();
-    }
+    if (!file)
+        KS_SKIP("stories260K.gguf not found under $KVSERVE_SHARED/models");
     struct gguf_file *f = NULL;
     if (gguf_open_memory(file, size, &f))
         fail_msg("%s", ks_errmsg());
@@ -186,5 +185,5 @@ int main(void)
         cmocka_unit_test(test_small_file_corpus),
         cmocka_unit_test(test_stories260k_corpus),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return ks_run_tests(tests, NULL, NULL);
 }

@@ -13,6 +13,7 @@
 #include <cmocka.h>
 
 #include "gguf/gguf.h"
+#include "support/skip.h"
 
 enum { OUT_CAP = 1 << 16 };
 
@@ -30,14 +31,13 @@ static int run_info(const char *args, char *out)
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
-static void need_binary(void)
-{
-    const char *bin = getenv("KVSERVE_BIN");
-    if (!bin || access(bin, X_OK)) {
-        print_message("KVSERVE_BIN not set or not executable; skipping\n");
-        skip();
-    }
-}
+/* A macro, so that the skip is recorded under the calling case's name. */
+#define NEED_BINARY()                                                                                            \
+    do {                                                                                                         \
+        const char *bin_ = getenv("KVSERVE_BIN");                                                                \
+        if (!bin_ || access(bin_, X_OK))                                                                         \
+            KS_SKIP("KVSERVE_BIN not set or not executable (run through ctest)");                                \
+    } while (0)
 
 static void expect_line(const char *out, const char *needle)
 {
@@ -73,7 +73,7 @@ static void write_model(const char *path, uint32_t key_length, uint32_t value_le
 static void test_info_kv_numbers(void **state)
 {
     (void)state;
-    need_binary();
+    NEED_BINARY();
     char *out = malloc(OUT_CAP);
     char path[] = "/tmp/test_gguf_info_XXXXXX";
     close(mkstemp(path));
@@ -137,14 +137,12 @@ static void test_info_kv_numbers(void **state)
 static void test_info_stories260k(void **state)
 {
     (void)state;
-    need_binary();
+    NEED_BINARY();
     const char *dir = getenv("KVSERVE_SHARED");
     char path[4096];
     snprintf(path, sizeof path, "%s/models/stories260K.gguf", dir ? dir : ".");
-    if (!dir || access(path, R_OK)) {
-        print_message("stories260K.gguf not found under $KVSERVE_SHARED/models; skipping\n");
-        skip();
-    }
+    if (!dir || access(path, R_OK))
+        KS_SKIP("stories260K.gguf not found under $KVSERVE_SHARED/models");
     char *out = malloc(OUT_CAP), args[4200];
     snprintf(args, sizeof args, "-m '%s'", path);
     assert_int_equal(run_info(args, out), 0);
@@ -164,5 +162,5 @@ int main(void)
         cmocka_unit_test(test_info_kv_numbers),
         cmocka_unit_test(test_info_stories260k),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return ks_run_tests(tests, NULL, NULL);
 }

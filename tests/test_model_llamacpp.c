@@ -33,12 +33,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 #include <cjson/cJSON.h>
 
 #include "model/model.h"
 #include "support/ref_forward.h"
+#include "support/skip.h"
 
 #define LOGIT_TOL 1e-4f
 #define LLAMACPP_F32_TOL 3e-2f
@@ -163,24 +165,41 @@ static bool made_with_flash_attn(const cJSON *root)
     return !cJSON_IsBool(fa) || cJSON_IsTrue(fa);
 }
 
+/* The model and reference files of a case under ../shared. */
+static void case_paths(const struct ref_case *rc, char *mpath, char *jpath, char *lpath, size_t cap)
+{
+    snprintf(mpath, cap, "%s/models/%s", shared_dir(), rc->model);
+    snprintf(jpath, cap, "%s/ref/%s.json", shared_dir(), rc->name);
+    snprintf(lpath, cap, "%s/ref/%s.logits.f32", shared_dir(), rc->name);
+}
+
+/* The first of a case's files that cannot be read, or NULL. */
+static const char *missing_file(const struct ref_case *rc)
+{
+    static char paths[3][1024];
+    case_paths(rc, paths[0], paths[1], paths[2], sizeof paths[0]);
+    for (int i = 0; i < 3; i++)
+        if (access(paths[i], R_OK))
+            return paths[i];
+    return NULL;
+}
+
+#define SKIP_IF_MISSING(rc)                                                                                      \
+    do {                                                                                                         \
+        const char *missing_ = missing_file(rc);                                                                 \
+        if (missing_)                                                                                            \
+            KS_SKIP("no %s", missing_);                                                                          \
+    } while (0)
+
 static void run_case(const struct ref_case *rc, int n_threads, int prefill_chunk)
 {
     char mpath[1024], jpath[1024], lpath[1024];
-    snprintf(mpath, sizeof mpath, "%s/models/%s", shared_dir(), rc->model);
-    snprintf(jpath, sizeof jpath, "%s/ref/%s.json", shared_dir(), rc->name);
-    snprintf(lpath, sizeof lpath, "%s/ref/%s.logits.f32", shared_dir(), rc->name);
+    case_paths(rc, mpath, jpath, lpath, sizeof mpath);
     size_t jlen, llen;
     char *json = read_file(jpath, &jlen);
     float *ref_logits = (float *)read_file(lpath, &llen);
-    FILE *mf = fopen(mpath, "rb");
-    if (!json || !ref_logits || !mf) {
-        free(json), free(ref_logits);
-        if (mf)
-            fclose(mf);
-        print_message("missing %s or its reference files under %s; skipping\n", rc->model, shared_dir());
-        skip();
-    }
-    fclose(mf);
+    assert_non_null(json);
+    assert_non_null(ref_logits);
     cJSON *root = cJSON_Parse(json);
     assert_non_null(root);
     int n_prompt, n_greedy;
@@ -253,11 +272,11 @@ static const struct ref_case g_once = {"stories260K.once", "stories260K.gguf", 1
 static const struct ref_case g_park = {"stories260K.park", "stories260K.gguf", 1e-3f};
 static const struct ref_case g_april = {"instrument.april", "trained/tiny-llama-gqa-hd64-f32.gguf", 1e-5f};
 
-static void test_once(void **state) { (void)state; run_case(&g_once, 2, 64); }
-static void test_park(void **state) { (void)state; run_case(&g_park, 2, 64); }
-static void test_park_chunked(void **state) { (void)state; run_case(&g_park, 1, 5); }
-static void test_april(void **state) { (void)state; run_case(&g_april, 2, 64); }
-static void test_april_chunked(void **state) { (void)state; run_case(&g_april, 2, 7); }
+static void test_once(void **state) { (void)state; SKIP_IF_MISSING(&g_once); run_case(&g_once, 2, 64); }
+static void test_park(void **state) { (void)state; SKIP_IF_MISSING(&g_park); run_case(&g_park, 2, 64); }
+static void test_park_chunked(void **state) { (void)state; SKIP_IF_MISSING(&g_park); run_case(&g_park, 1, 5); }
+static void test_april(void **state) { (void)state; SKIP_IF_MISSING(&g_april); run_case(&g_april, 2, 64); }
+static void test_april_chunked(void **state) { (void)state; SKIP_IF_MISSING(&g_april); run_case(&g_april, 2, 7); }
 
 int main(void)
 {
@@ -268,5 +287,5 @@ int main(void)
         cmocka_unit_test(test_april),
         cmocka_unit_test(test_april_chunked),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return ks_run_tests(tests, NULL, NULL);
 }

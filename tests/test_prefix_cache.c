@@ -3,14 +3,14 @@
  * that share a prompt compute its pages once (also when they arrive together),
  * round 2 of a chat reuses round 1's pages with its generated tokens, and
  * max_tokens 0 warms the cache. The model is the build's default model (a
- * deterministic random `tiny` llama), or KVSERVE_PREFIX_MODEL. */
+ * deterministic random `tiny` llama, $KVSERVE_DEFAULT_MODEL), or
+ * $KVSERVE_PREFIX_MODEL. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
 
-#include <libgen.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +21,8 @@
 #include "model/model.h"
 #include "sched/sched.h"
 #include "store/store.h"
+#include "support/deadline.h"
+#include "support/skip.h"
 #include "threads/threads.h"
 
 enum { MAX_GEN = 64, N_REQ = 16, P = 32 };
@@ -67,8 +69,7 @@ static void result_init(struct result *r)
 static void result_wait(struct result *r)
 {
     pthread_mutex_lock(&r->mu);
-    while (!r->done)
-        pthread_cond_wait(&r->cv, &r->mu);
+    ks_cond_wait_until(&r->cv, &r->mu, &r->done, "a request to finish");
     pthread_mutex_unlock(&r->mu);
 }
 
@@ -331,19 +332,10 @@ static void test_disk_tier_restart(void **state)
 static int setup(void **state)
 {
     (void)state;
-    const char *path = getenv("KVSERVE_PREFIX_MODEL");
-    if (path)
-        snprintf(g_model_path, sizeof g_model_path, "%s", path);
-    else {
-        const char *bin = getenv("KVSERVE_BIN");
-        if (!bin)
-            return 0;
-        char dir[4096];
-        snprintf(dir, sizeof dir, "%s", bin);
-        snprintf(g_model_path, sizeof g_model_path, "%s/default-model.gguf", dirname(dir));
+    if (model_load(g_model_path, &g_model) != KS_OK) {
+        fprintf(stderr, "setup: %s\n", ks_errmsg());
+        return -1;
     }
-    if (access(g_model_path, R_OK) != 0 || model_load(g_model_path, &g_model) != KS_OK)
-        return 0;
     return threads_create(2, &g_pool) == KS_OK ? 0 : -1;
 }
 
@@ -357,11 +349,15 @@ static int teardown(void **state)
 
 int main(void)
 {
-    if (setup(NULL) != 0 || !g_model) {
-        fprintf(stderr, "skipped: no model at '%s' (build the default model or set KVSERVE_PREFIX_MODEL)\n",
-                g_model_path);
-        return 77;
-    }
+    const char *path = getenv("KVSERVE_PREFIX_MODEL");
+    if (!path)
+        path = getenv("KVSERVE_DEFAULT_MODEL");
+    if (!path || access(path, R_OK) != 0)
+        return ks_skip_all("no model at '%s' (build the default model or set KVSERVE_PREFIX_MODEL)",
+                           path ? path : "$KVSERVE_DEFAULT_MODEL");
+    snprintf(g_model_path, sizeof g_model_path, "%s", path);
+    if (setup(NULL) != 0)
+        return 1;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_hit_gives_same_tokens),
         cmocka_unit_test(test_concurrent_sharers_compute_prefix_once),
@@ -369,7 +365,7 @@ int main(void)
         cmocka_unit_test(test_warm_up),
         cmocka_unit_test(test_disk_tier_restart),
     };
-    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    int rc = ks_run_tests(tests, NULL, NULL);
     teardown(NULL);
     return rc;
 }

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "quant/kquants.h"
+#include "support/skip.h"
 
 /* ---- random numbers ---------------------------------------------------- */
 
@@ -312,7 +313,7 @@ static void test_q8_K_quantize_simd(void **state)
     free(a);
     free(b);
 #else
-    skip();
+    KS_SKIP("this build has no AVX-512 kernels (KQ_HAVE_AVX512 unset)");
 #endif
 }
 
@@ -482,7 +483,8 @@ static void test_vec_dot_multi(void **state)
             free(y);
         }
     }
-    if (!tested) skip();
+    if (!tested)
+        KS_SKIP("no k-quant type has a multi-token dot kernel in this build");
 }
 
 static void test_traits_fill(void **state)
@@ -529,5 +531,5 @@ int main(void)
         cmocka_unit_test(test_vec_dot_multi),
         cmocka_unit_test(test_traits_fill),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return ks_run_tests(tests, NULL, NULL);
 }

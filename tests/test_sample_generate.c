@@ -1,7 +1,7 @@
 /* End-to-end tests of `kvserve generate` and `kvserve bench` on a small
  * synthetic model: greedy output equals an in-process argmax decode through
  * the library, seeded sampling is reproducible, the timing line and the
- * output formats are as documented. Skips when KVSERVE_BIN is not set. */
+ * output formats are as documented. Exits 77 (skipped) when KVSERVE_BIN is not set. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -17,6 +17,7 @@
 #include "kv/kv.h"
 #include "model/model.h"
 #include "sample/sample.h"
+#include "support/skip.h"
 
 #define MAX_IDS 64
 #define N_PREDICT 12
@@ -65,9 +66,6 @@ static int parse_ids(const char *s, int32_t *ids)
 static int setup(void **state)
 {
     (void)state;
-    g_bin = getenv("KVSERVE_BIN");
-    if (!g_bin || access(g_bin, X_OK))
-        return 0;
     snprintf(g_dir, sizeof g_dir, "/tmp/kvserve-test-gen-XXXXXX");
     if (!mkdtemp(g_dir))
         return -1;
@@ -87,12 +85,6 @@ static int teardown(void **state)
             return -1;
     }
     return 0;
-}
-
-static void need_binary(void)
-{
-    if (!g_bin || !g_dir[0])
-        skip(); /* KVSERVE_BIN unset: run through ctest */
 }
 
 /* The reference: the same decode through the library with an argmax. */
@@ -138,7 +130,6 @@ static int reference_greedy(const int32_t *prompt, int n_prompt, int n_predict, 
 static void test_greedy_matches_library(void **state)
 {
     (void)state;
-    need_binary();
     const int32_t prompt[5] = {1, 300, 301, 302, 303};
     char args[1024], out[4096], err[4096];
     snprintf(args, sizeof args, "generate -m '%s' --ids 1,300,301,302,303 -n %d --temp 0 --output-ids -t 1",
@@ -158,7 +149,6 @@ static void test_greedy_matches_library(void **state)
 static void test_seeded_sampling_reproducible(void **state)
 {
     (void)state;
-    need_binary();
     char args[1024], a[4096], b[4096], c[4096];
     const char *fmt = "generate -m '%s' --ids 1,2,3 -n 24 --temp 1.5 --top-k 0 --top-p 1 --min-p 0 "
                       "--seed %d --output-ids -t 1";
@@ -176,7 +166,6 @@ static void test_seeded_sampling_reproducible(void **state)
 static void test_usage_errors(void **state)
 {
     (void)state;
-    need_binary();
     char args[1024], err[4096];
     snprintf(args, sizeof args, "generate -m '%s' --ids 1,2 --top-p 1.5", g_model);
     assert_int_equal(run_kvserve(args, NULL, 0, err, sizeof err), 2);
@@ -211,51 +200,48 @@ static int json_ids(const char *json, const char *key, int32_t *ids, int cap, ch
     return n;
 }
 
-/* llama.cpp's greedy continuations (../shared/ref) reproduced by the CLI. */
-static void test_llama_cpp_greedy_ids(void **state)
+/* llama.cpp's greedy continuations (../shared/ref) reproduced by the CLI: the
+ * reference at json_path, made with the model at model_path. */
+static void check_llama_cpp_greedy_ids(const char *json_path, const char *model_path)
 {
-    (void)state;
-    need_binary();
-    const char *shared = getenv("KVSERVE_SHARED");
-    static const char *const cases[][2] = {
-        {"stories260K.once", "models/stories260K.gguf"},
-        {"stories260K.park", "models/stories260K.gguf"},
-        {"instrument.april", "models/trained/tiny-llama-gqa-hd64-f32.gguf"},
-    };
-    int ran = 0;
-    for (size_t c = 0; shared && c < sizeof cases / sizeof cases[0]; c++) {
-        char json_path[1024], model_path[1024], json[65536], list[8192], args[12288], out[8192];
-        snprintf(json_path, sizeof json_path, "%s/ref/%s.json", shared, cases[c][0]);
-        snprintf(model_path, sizeof model_path, "%s/%s", shared, cases[c][1]);
-        FILE *f = fopen(json_path, "rb");
-        if (!f || access(model_path, R_OK)) {
-            if (f)
-                fclose(f);
-            continue;
-        }
-        size_t n = fread(json, 1, sizeof json - 1, f);
-        fclose(f);
-        json[n] = '\0';
-        int32_t prompt[MAX_IDS * 4], want[MAX_IDS * 2], got[MAX_IDS];
-        int n_prompt = json_ids(json, "\"prompt_ids\"", prompt, MAX_IDS * 4, list, sizeof list);
-        char greedy_list[8192];
-        int n_want = json_ids(json, "\"greedy_ids\"", want, MAX_IDS, greedy_list, sizeof greedy_list);
-        assert_true(n_prompt > 0 && n_want == MAX_IDS);
-        snprintf(args, sizeof args, "generate -m '%s' --ids %s -n %d --temp 0 -ctk f32 -ctv f32 --ignore-eos --output-ids -t 1",
-                 model_path, list, n_want);
-        assert_int_equal(run_kvserve(args, out, sizeof out, NULL, 0), 0);
-        assert_int_equal(parse_ids(out, got), n_want);
-        assert_memory_equal(got, want, sizeof(int32_t) * (size_t)n_want);
-        ran++;
-    }
-    if (!ran)
-        skip(); /* ../shared/ref or its models are absent */
+    char json[65536], list[8192], args[12288], out[8192];
+    FILE *f = fopen(json_path, "rb");
+    assert_non_null(f);
+    size_t n = fread(json, 1, sizeof json - 1, f);
+    fclose(f);
+    json[n] = '\0';
+    int32_t prompt[MAX_IDS * 4], want[MAX_IDS * 2], got[MAX_IDS];
+    int n_prompt = json_ids(json, "\"prompt_ids\"", prompt, MAX_IDS * 4, list, sizeof list);
+    char greedy_list[8192];
+    int n_want = json_ids(json, "\"greedy_ids\"", want, MAX_IDS, greedy_list, sizeof greedy_list);
+    assert_true(n_prompt > 0 && n_want == MAX_IDS);
+    snprintf(args, sizeof args, "generate -m '%s' --ids %s -n %d --temp 0 -ctk f32 -ctv f32 --ignore-eos --output-ids -t 1",
+             model_path, list, n_want);
+    assert_int_equal(run_kvserve(args, out, sizeof out, NULL, 0), 0);
+    assert_int_equal(parse_ids(out, got), n_want);
+    assert_memory_equal(got, want, sizeof(int32_t) * (size_t)n_want);
 }
+
+/* A case per reference, each skipped (visibly) when its files are absent. */
+#define LLAMA_CPP_GREEDY_CASE(fn, ref, model)                                                                    \
+    static void fn(void **state)                                                                                 \
+    {                                                                                                            \
+        (void)state;                                                                                             \
+        const char *shared = getenv("KVSERVE_SHARED");                                                           \
+        char json_path[1024], model_path[1024];                                                                  \
+        snprintf(json_path, sizeof json_path, "%s/ref/%s.json", shared ? shared : "../shared", ref);             \
+        snprintf(model_path, sizeof model_path, "%s/%s", shared ? shared : "../shared", model);                  \
+        if (access(json_path, R_OK) || access(model_path, R_OK))                                                 \
+            KS_SKIP("no %s or %s", json_path, model_path);                                                      \
+        check_llama_cpp_greedy_ids(json_path, model_path);                                                       \
+    }
+LLAMA_CPP_GREEDY_CASE(test_llama_cpp_greedy_once, "stories260K.once", "models/stories260K.gguf")
+LLAMA_CPP_GREEDY_CASE(test_llama_cpp_greedy_park, "stories260K.park", "models/stories260K.gguf")
+LLAMA_CPP_GREEDY_CASE(test_llama_cpp_greedy_april, "instrument.april", "models/trained/tiny-llama-gqa-hd64-f32.gguf")
 
 static void test_bench_table(void **state)
 {
     (void)state;
-    need_binary();
     char args[1024], out[4096];
     snprintf(args, sizeof args, "bench -m '%s' -p 16 -n 4 -r 2 -t 1 -d 8", g_model);
     assert_int_equal(run_kvserve(args, out, sizeof out, NULL, 0), 0);
@@ -270,8 +256,13 @@ int main(void)
         cmocka_unit_test(test_greedy_matches_library),
         cmocka_unit_test(test_seeded_sampling_reproducible),
         cmocka_unit_test(test_usage_errors),
-        cmocka_unit_test(test_llama_cpp_greedy_ids),
+        cmocka_unit_test(test_llama_cpp_greedy_once),
+        cmocka_unit_test(test_llama_cpp_greedy_park),
+        cmocka_unit_test(test_llama_cpp_greedy_april),
         cmocka_unit_test(test_bench_table),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    g_bin = getenv("KVSERVE_BIN");
+    if (!g_bin || access(g_bin, X_OK))
+        return ks_skip_all("KVSERVE_BIN not set or not executable (run through ctest)");
+    return ks_run_tests(tests, setup, teardown);
 }

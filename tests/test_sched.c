@@ -15,6 +15,7 @@
 
 #include "sched/sched.h"
 #include "sched/sched_cost.h"
+#include "support/deadline.h"
 
 #define V 97
 #define MAX_SEQ 64
@@ -22,6 +23,8 @@
 /* ---- mock engine ---------------------------------------------------------- */
 
 struct mock {
+    /* held by forward: the test thread sets the watch fields while the
+     * scheduler's thread runs steps */
     pthread_mutex_t mu;
     int32_t capacity;          /* total tokens the "cache" holds */
     int32_t used;
@@ -42,6 +45,14 @@ struct mock {
      * the first step, whatever the machine's speed */
     atomic_bool hold;
 };
+
+static void mock_watch(struct mock *m, int32_t first, int32_t len)
+{
+    pthread_mutex_lock(&m->mu);
+    m->watch_first = first;
+    m->watch_len = len;
+    pthread_mutex_unlock(&m->mu);
+}
 
 static uint32_t next_token_of(const int32_t *toks, int32_t n)
 {
@@ -75,11 +86,9 @@ static void m_seq_free(void *ctx, int32_t seq)
     m->n_live--;
 }
 
-static ks_status m_forward(void *ctx, const struct sched_batch *b, float *logits)
+/* One step of the "model", with m->mu held. */
+static ks_status m_forward_locked(struct mock *m, const struct sched_batch *b, float *logits)
 {
-    struct mock *m = ctx;
-    while (atomic_load(&m->hold))
-        usleep(200);
     int32_t add[MAX_SEQ] = {0};
     for (int32_t i = 0; i < b->n_tokens; i++) {
         int32_t s = b->seq[i];
@@ -119,6 +128,23 @@ static ks_status m_forward(void *ctx, const struct sched_batch *b, float *logits
     return KS_OK;
 }
 
+static ks_status m_forward(void *ctx, const struct sched_batch *b, float *logits)
+{
+    struct mock *m = ctx;
+    /* On the scheduler's thread, where cmocka cannot fail a test: a hold the
+     * test never releases fails the step instead, and so the request. */
+    struct timespec deadline = ks_deadline_in(KS_WAIT_SECONDS);
+    while (atomic_load(&m->hold))
+        if (ks_deadline_passed(&deadline))
+            return ks_fail(KS_ERR_STATE, "mock: held for %d s", KS_WAIT_SECONDS);
+        else
+            usleep(200);
+    pthread_mutex_lock(&m->mu);
+    ks_status st = m_forward_locked(m, b, logits);
+    pthread_mutex_unlock(&m->mu);
+    return st;
+}
+
 static ks_status m_sampler_create(void *ctx, const struct sample_params *p, void **out)
 {
     (void)ctx;
@@ -152,6 +178,7 @@ static void m_sampler_free(void *ctx, void *smp)
 static struct mock *mock_new(int32_t capacity, int32_t ctx)
 {
     struct mock *m = calloc(1, sizeof *m);
+    pthread_mutex_init(&m->mu, NULL);
     m->capacity = capacity;
     m->ctx = ctx;
     for (int i = 0; i < MAX_SEQ; i++)
@@ -164,6 +191,7 @@ static void mock_free(void *ctx)
     struct mock *m = ctx;
     for (int i = 0; i < MAX_SEQ; i++)
         free(m->hist[i]);
+    pthread_mutex_destroy(&m->mu);
     free(m);
 }
 
@@ -218,9 +246,17 @@ static struct result *result_new(struct mock *m)
 static void result_wait(struct result *r)
 {
     pthread_mutex_lock(&r->mu);
-    while (!r->done)
-        pthread_cond_wait(&r->cv, &r->mu);
+    ks_cond_wait_until(&r->cv, &r->mu, &r->done, "a request to finish");
     pthread_mutex_unlock(&r->mu);
+}
+
+/* Tokens the request has received so far. */
+static int result_count(struct result *r)
+{
+    pthread_mutex_lock(&r->mu);
+    int n = r->n;
+    pthread_mutex_unlock(&r->mu);
+    return n;
 }
 
 static void result_free(struct result *r)
@@ -348,17 +384,9 @@ static void test_long_prefill_does_not_stall_decode(void **state)
     }
     /* wait until all four decode */
     for (int i = 0; i < 4; i++)
-        for (;;) {
-            pthread_mutex_lock(&dec[i]->mu);
-            int n = dec[i]->n;
-            pthread_mutex_unlock(&dec[i]->mu);
-            if (n >= 2)
-                break;
-            usleep(1000);
-        }
+        KS_WAIT_UNTIL(result_count(dec[i]) >= 2, "decoder %d to produce 2 tokens", i);
     make_prompt(big, 3000, 7);
-    m->watch_first = big[0];
-    m->watch_len = 3000;
+    mock_watch(m, big[0], 3000);
     for (int i = 0; i < 4; i++)
         assert_true(small[i][0] != big[0]);
     struct result *b = result_new(m);
@@ -430,14 +458,7 @@ static void test_cancel_frees_pages(void **state)
     make_prompt(prompt, 10, 3);
     struct result *r = result_new(m);
     uint64_t id = submit(s, prompt, 10, 4000, r);
-    for (;;) {
-        pthread_mutex_lock(&r->mu);
-        int n = r->n;
-        pthread_mutex_unlock(&r->mu);
-        if (n >= 5)
-            break;
-        usleep(500);
-    }
+    KS_WAIT_UNTIL(result_count(r) >= 5, "the request to produce 5 tokens");
     sched_cancel(s, id);
     result_wait(r);
     assert_int_equal(r->finish, SCHED_FINISH_CANCELLED);
@@ -495,14 +516,8 @@ static void test_queue_limit(void **state)
     for (int i = 0; i < 4; i++)
         r[i] = result_new(m);
     submit(s, prompt, 4, 8000, r[0]);
-    for (;;) { /* the first is running once it produced a token */
-        pthread_mutex_lock(&r[0]->mu);
-        int n = r[0]->n;
-        pthread_mutex_unlock(&r[0]->mu);
-        if (n >= 1)
-            break;
-        usleep(500);
-    }
+    /* the first is running once it produced a token */
+    KS_WAIT_UNTIL(result_count(r[0]) >= 1, "the first request to produce a token");
     submit(s, prompt, 4, 3, r[1]);
     submit(s, prompt, 4, 3, r[2]);
     struct sched_request rq = {.prompt = prompt, .n_prompt = 4, .max_tokens = 3, .on_event = on_event, .user = r[3]};

@@ -14,14 +14,14 @@ enum { MAX_THREADS = 8, REGIONS = 2000 };
 
 struct region_ctx {
     atomic_int calls[MAX_THREADS];
-    int nth_seen;
+    int nth_seen[MAX_THREADS]; /* one slot per index: no two threads write one */
 };
 
 static void count_call(void *p, int ith, int nth)
 {
     struct region_ctx *c = p;
     atomic_fetch_add(&c->calls[ith], 1);
-    c->nth_seen = nth;
+    c->nth_seen[ith] = nth;
 }
 
 static void each_index_runs_once_per_region(void **state)
@@ -34,11 +34,12 @@ static void each_index_runs_once_per_region(void **state)
         struct region_ctx c = {0};
         for (int r = 0; r < REGIONS; r++)
             threads_run(pool, count_call, &c);
-        for (int i = 0; i < n; i++)
+        for (int i = 0; i < n; i++) {
             assert_int_equal(atomic_load(&c.calls[i]), REGIONS);
+            assert_int_equal(c.nth_seen[i], n);
+        }
         for (int i = n; i < MAX_THREADS; i++)
             assert_int_equal(atomic_load(&c.calls[i]), 0);
-        assert_int_equal(c.nth_seen, n);
         threads_free(pool);
     }
 }

@@ -7,12 +7,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
 #include "gguf/gguf.h"
 #include "tokenizer/tok_internal.h"
 #include "tokenizer/tokenizer.h"
+#include "support/skip.h"
 
 #define SEPARATOR "\n__ggml_vocab_test__\n"
 
@@ -65,16 +67,24 @@ static bool shared_path(char *out, size_t cap, const char *rel)
     return n > 0 && (size_t)n < cap;
 }
 
+/* The tokenizer of a shared GGUF, or NULL when the file is absent (the caller
+ * skips it). A file that is there but does not load fails the test. */
 static struct tokenizer *load(const char *rel)
 {
     char path[1024];
-    struct gguf_file *f = NULL;
-    if (!shared_path(path, sizeof path, rel) || gguf_open(path, &f) != KS_OK)
+    assert_true(shared_path(path, sizeof path, rel));
+    if (access(path, R_OK) != 0) {
+        print_message("no %s: not tested\n", path);
         return NULL;
+    }
+    struct gguf_file *f = NULL;
+    if (gguf_open(path, &f) != KS_OK)
+        fail_msg("gguf_open(%s): %s", path, ks_errmsg());
     struct tokenizer *t = NULL;
-    if (tok_load(f, &t) != KS_OK)
-        print_message("tok_load(%s): %s\n", rel, ks_errmsg());
+    ks_status st = tok_load(f, &t);
     gguf_close(f);
+    if (st != KS_OK)
+        fail_msg("tok_load(%s): %s", rel, ks_errmsg());
     return t;
 }
 
@@ -172,7 +182,7 @@ static void test_roundtrip(void **state)
     }
     free(inp);
     if (!tested)
-        skip();
+        KS_SKIP("none of its vocabularies under $KVSERVE_SHARED/models");
 }
 
 /* Stream chunks are whole UTF-8 for valid text, concatenate to the one-shot
@@ -252,7 +262,7 @@ static void test_stream(void **state)
         tok_free(t);
     }
     if (!tested)
-        skip();
+        KS_SKIP("none of its vocabularies under $KVSERVE_SHARED/models");
 }
 
 /* Random bytes, invalid UTF-8, huge words and whitespace runs: no crash, no
@@ -309,7 +319,7 @@ static void test_fuzz(void **state)
     }
     free(buf);
     if (!tested)
-        skip();
+        KS_SKIP("none of its vocabularies under $KVSERVE_SHARED/models");
 }
 
 /* The greedy continuation llama.cpp produced reads as English. */
@@ -323,7 +333,7 @@ static void test_reference_continuation(void **state)
     if (!json || !t) {
         free(json);
         tok_free(t);
-        skip();
+        KS_SKIP("no ref/stories260K.once.json or models/stories260K.gguf under $KVSERVE_SHARED");
     }
     char *p = strstr(json, "\"greedy_ids\"");
     assert_non_null(p);
@@ -388,7 +398,7 @@ static void test_spm_words_equal_whole(void **state)
     }
     free(text);
     if (!tested)
-        skip();
+        KS_SKIP("no models/trained/sample.txt or none of its vocabularies under $KVSERVE_SHARED");
 }
 
 /* ---- chat templates ----------------------------------------------------- */
@@ -481,7 +491,7 @@ static void test_chat_tokens(void **state)
     (void)state;
     struct tokenizer *t = load("models/vocab/ggml-vocab-llama3.gguf");
     if (!t)
-        skip();
+        KS_SKIP("no models/vocab/ggml-vocab-llama3.gguf under $KVSERVE_SHARED");
     char *text = NULL;
     assert_int_equal(tok_chat_render(t, TOK_CHAT_LLAMA3, convo + 1, 1, true, &text), KS_OK);
     int32_t *ids = NULL;
@@ -520,5 +530,5 @@ int main(void)
         cmocka_unit_test(test_chat_render),  cmocka_unit_test(test_chat_detect),
         cmocka_unit_test(test_chat_tokens),  cmocka_unit_test(test_utf8_sanitize),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return ks_run_tests(tests, NULL, NULL);
 }

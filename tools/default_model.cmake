@@ -8,3 +8,6 @@ add_custom_command(
   COMMENT "Synthesizing the default model ${KS_DEFAULT_MODEL}"
   VERBATIM)
 add_custom_target(default_model ALL DEPENDS ${KS_DEFAULT_MODEL})
+# Unit tests that need a model but not a trained one fall back to it when
+# ../shared is absent (tests/support/skip.h: what they cannot run, they skip).
+set_property(TEST ${KS_UNIT_TESTS} APPEND PROPERTY ENVIRONMENT "KVSERVE_DEFAULT_MODEL=${KS_DEFAULT_MODEL}")

@@ -73,6 +73,8 @@ ks_status httpc_easy_setup(CURL *e, const struct httpc_request *rq, struct curl_
     SET(CURLOPT_NOSIGNAL, 1L);
     SET(CURLOPT_FORBID_REUSE, 1L);
     SET(CURLOPT_HTTPHEADER, *hdrs);
+    if (rq->timeout_s > 0)
+        SET(CURLOPT_TIMEOUT_MS, (long)(rq->timeout_s * 1000));
     if (rq->body) {
         SET(CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)rq->body_len);
         SET(CURLOPT_COPYPOSTFIELDS, rq->body);

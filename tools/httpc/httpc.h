@@ -67,6 +67,7 @@ struct httpc_request {
     const char *const *headers; /* NULL, or "Name: value" lines ending with a NULL entry */
     const char *body;           /* NULL: no body (not even Content-Length) */
     size_t body_len;            /* bytes of body; 0 sends an empty body */
+    double timeout_s;           /* > 0: the whole exchange fails (KS_ERR_IO) after this long */
 };
 /* A body goes out as "Content-Type: application/json" unless headers name another
  * type, and always in one piece with the headers (no "Expect: 100-continue" wait).
