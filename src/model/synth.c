@@ -477,6 +477,9 @@ static ks_status check_spec(const struct model_synth_spec *sp, bool *qkv_bias, b
         return ks_fail(KS_ERR_INVALID_ARG, "synth: experts need llama or qwen3moe, n_expert in 1..512 and "
                                            "n_expert_used in 1..n_expert (got %d of %d)",
                        sp->n_expert_used, sp->n_expert);
+    if (sp->n_expert > 0 && !moe_arch && sp->n_ff_exp != 0 && sp->n_ff_exp != sp->n_ff)
+        return ks_fail(KS_ERR_INVALID_ARG, "synth: llama's experts are feed_forward_length wide: n_ff_exp %d must be "
+                                           "0 or n_ff %d", sp->n_ff_exp, sp->n_ff);
     if (sp->n_embd <= 0 || sp->n_layer <= 0 || sp->n_head <= 0 || sp->n_head_kv <= 0 || sp->head_dim <= 0 ||
         sp->n_ff <= 0 || sp->n_ctx_train <= 0 || sp->n_head % sp->n_head_kv != 0 || sp->head_dim % 2 != 0)
         return ks_fail(KS_ERR_INVALID_ARG, "synth: bad shape (sizes must be positive, heads a multiple of kv heads, "
