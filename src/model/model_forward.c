@@ -18,7 +18,7 @@ struct model_ctx {
     float *q;                    /* (B, n_head * head_dim) */
     float *k, *v;                /* (B, n_head_kv * head_dim) */
     float *att;                  /* (B, n_head * head_dim) attention output */
-    float *hb, *hb2;             /* (B, max(n_ff, n_ff_exp)) gate and up */
+    float *hb, *hb2;             /* (B, n_ff) gate and up; (B, n_ff_exp) of one expert */
     /* mixture of experts (n_expert > 0) */
     float *router;               /* (B, n_expert) router logits, then probabilities */
     int32_t *sel;                /* (B, n_expert_used) selected experts of each token, in llama.cpp's order */
@@ -106,7 +106,7 @@ ks_status model_ctx_create(const struct model *m, int32_t max_batch_tokens, thre
     c->k = malloc(B * kv_dim * sizeof(float));
     c->v = malloc(B * kv_dim * sizeof(float));
     c->att = malloc(B * q_dim * sizeof(float));
-    size_t ff = (size_t)(hp->n_ff > hp->n_ff_exp ? hp->n_ff : hp->n_ff_exp);
+    size_t ff = (size_t)(hp->n_expert > 0 ? hp->n_ff_exp : hp->n_ff); /* a MoE file's n_ff is not run */
     c->hb = malloc(B * ff * sizeof(float));
     c->hb2 = malloc(B * ff * sizeof(float));
     bool moe = hp->n_expert > 0;
