@@ -119,6 +119,7 @@ struct model_synth_spec {
     int n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff;
     int n_expert, n_expert_used; /* n_expert > 0: MoE FFN (llama: Mixtral; qwen3moe needs it) */
     int n_ff_exp;              /* each expert's FFN width (0: n_ff) */
+    int router_period;         /* tests: router row e repeats row e % period, so experts tie (0: off) */
     int n_vocab;               /* size of the generated vocab (>= 259); ignored with a vocab file */
     int n_ctx_train;
     float rope_freq_base;
@@ -131,7 +132,8 @@ struct model_synth_spec {
 };
 
 /* Fill spec from a preset name: llama-1b, smollm2-135m, qwen3-0.6b, tiny,
- * qwen3moe-30b-a3b, mixtral-8x7b, tiny-qwen3moe, tiny-mixtral. */
+ * qwen3moe-30b-a3b, mixtral-8x7b, tiny-qwen3moe, tiny-mixtral,
+ * tiny-qwen3moe-ties. */
 ks_status model_synth_preset(const char *name, struct model_synth_spec *spec);
 /* Space-separated preset names, for help text. */
 const char *model_synth_preset_names(void);

@@ -419,13 +419,13 @@ static ks_status ffn_block(struct model_ctx *c, int il, int64_t n)
 
 /* One token's routing, as llama.cpp's build_moe_ffn computes it on the CPU:
  * probabilities = softmax(logits) (exp of logit - max, sum in double, scaled by
- * the float reciprocal); the k largest, in descending order, equal ones by
- * lower expert id (ggml's argsort is libstdc++'s std::sort, an insertion sort,
- * so stable, for the <= 16 experts of a row that short; see README); weights =
- * those probabilities divided by their sum (summed in double, clamped). The
- * row is overwritten with the probabilities, and chosen ones with -inf. */
+ * the float reciprocal); the first k of their descending argsort, equal ones
+ * in ggml's order (model_argsort.c); weights = those probabilities divided by
+ * their sum (summed in double, clamped). The row is overwritten with the
+ * probabilities. */
 static void route_token(float *p, int n_expert, int k, int32_t *sel, float *w)
 {
+    int32_t order[MODEL_MAX_EXPERTS];
     float mx = p[0];
     for (int i = 1; i < n_expert; i++)
         mx = p[i] > mx ? p[i] : mx;
@@ -437,16 +437,12 @@ static void route_token(float *p, int n_expert, int k, int32_t *sel, float *w)
     float inv = (float)(1.0 / sum);
     for (int i = 0; i < n_expert; i++)
         p[i] *= inv;
+    model_argsort_desc(p, n_expert, order);
     double wsum = 0.0;
     for (int j = 0; j < k; j++) {
-        int best = -1;
-        for (int i = 0; i < n_expert; i++)
-            if (p[i] != -INFINITY && (best < 0 || p[i] > p[best]))
-                best = i;
-        sel[j] = best;
-        w[j] = p[best];
+        sel[j] = order[j];
+        w[j] = p[order[j]];
         wsum += w[j];
-        p[best] = -INFINITY;
     }
     float s = (float)wsum;
     s = s > MOE_MIN_WEIGHT_SUM ? s : MOE_MIN_WEIGHT_SUM;

@@ -6,6 +6,9 @@
 #include "model/model.h"
 #include "quant/quant.h"
 
+/* llama.cpp's LLAMA_MAX_EXPERTS; the loader refuses more */
+#define MODEL_MAX_EXPERTS 512
+
 /* A 2-D weight used in place from the mapping: rows x cols of type. */
 struct model_mat {
     const void *data;
@@ -45,6 +48,10 @@ struct model_layer {
     struct model_experts up_exps;            /* (n_expert, n_ff_exp, n_embd) */
     struct model_experts down_exps;          /* (n_expert, n_embd, n_ff_exp) */
 };
+
+/* idx = 0..n-1 ordered by descending v, equal values in the order ggml's CPU
+ * argsort (libstdc++'s std::sort) leaves them: llama.cpp's expert choice. */
+void model_argsort_desc(const float *v, int n, int32_t *idx);
 
 struct model {
     struct gguf_file *file;

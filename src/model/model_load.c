@@ -123,8 +123,6 @@ static ks_status read_shape(const struct gguf_file *f, const char *a, struct mod
 
 /* ---- experts ---------------------------------------------------------------- */
 
-/* llama.cpp's LLAMA_MAX_EXPERTS */
-#define MODEL_MAX_EXPERTS 512
 
 /* expert_count, expert_used_count and the expert FFN width. The routing
  * kvserve runs is the one llama.cpp runs for llama and qwen3moe (softmax over

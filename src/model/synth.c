@@ -22,27 +22,32 @@ struct preset {
     int experts, experts_used, ffn_exp; /* experts 0: dense */
     float init_std, embd_std;           /* 0: the defaults (0.02, init_std) */
     bool untied;                        /* a separate output.weight */
+    int router_period;                  /* router rows repeat with this period (0: off) */
 };
 
 static const struct preset g_presets[] = {
-    {"llama-1b", "llama", 2048, 16, 32, 8, 64, 8192, 131072, 500000.0f, 1e-5f, 0, 0, 0, 0, 0, false},
-    {"smollm2-135m", "llama", 576, 30, 9, 3, 64, 1536, 8192, 100000.0f, 1e-5f, 0, 0, 0, 0, 0, false},
-    {"qwen3-0.6b", "qwen3", 1024, 28, 16, 8, 128, 3072, 40960, 1000000.0f, 1e-6f, 0, 0, 0, 0, 0, false},
-    {"tiny", "llama", 256, 4, 4, 2, 64, 768, 2048, 10000.0f, 1e-5f, 0, 0, 0, 0, 0, false},
+    {"llama-1b", "llama", 2048, 16, 32, 8, 64, 8192, 131072, 500000.0f, 1e-5f, 0, 0, 0, 0, 0, false, 0},
+    {"smollm2-135m", "llama", 576, 30, 9, 3, 64, 1536, 8192, 100000.0f, 1e-5f, 0, 0, 0, 0, 0, false, 0},
+    {"qwen3-0.6b", "qwen3", 1024, 28, 16, 8, 128, 3072, 40960, 1000000.0f, 1e-6f, 0, 0, 0, 0, 0, false, 0},
+    {"tiny", "llama", 256, 4, 4, 2, 64, 768, 2048, 10000.0f, 1e-5f, 0, 0, 0, 0, 0, false, 0},
     /* Qwen3-30B-A3B: 128 experts of 768, 8 per token */
-    {"qwen3moe-30b-a3b", "qwen3moe", 2048, 48, 32, 4, 128, 6144, 40960, 1000000.0f, 1e-6f, 128, 8, 768, 0, 0, false},
+    {"qwen3moe-30b-a3b", "qwen3moe", 2048, 48, 32, 4, 128, 6144, 40960, 1000000.0f, 1e-6f, 128, 8, 768, 0, 0, false, 0},
     /* Mixtral 8x7B: llama with 8 experts of 14336, 2 per token */
-    {"mixtral-8x7b", "llama", 4096, 32, 32, 8, 128, 14336, 32768, 1000000.0f, 1e-5f, 8, 2, 14336, 0, 0, false},
+    {"mixtral-8x7b", "llama", 4096, 32, 32, 8, 128, 14336, 32768, 1000000.0f, 1e-5f, 8, 2, 14336, 0, 0, false, 0},
     /* for tests against llama.cpp: larger weights spread the logits and the
      * router's probabilities, so greedy ids and expert choices are not near
      * ties; an untied output keeps greedy decoding from echoing the last token */
-    {"tiny-qwen3moe", "qwen3moe", 256, 2, 4, 2, 64, 512, 2048, 1000000.0f, 1e-6f, 8, 2, 128, 0.06f, 1.0f, true},
-    {"tiny-mixtral", "llama", 256, 2, 4, 2, 64, 256, 2048, 1000000.0f, 1e-5f, 8, 2, 256, 0.06f, 1.0f, true},
+    {"tiny-qwen3moe", "qwen3moe", 256, 2, 4, 2, 64, 512, 2048, 1000000.0f, 1e-6f, 8, 2, 128, 0.06f, 1.0f, true, 0},
+    {"tiny-mixtral", "llama", 256, 2, 4, 2, 64, 256, 2048, 1000000.0f, 1e-5f, 8, 2, 256, 0.06f, 1.0f, true, 0},
+    /* 32 experts whose router rows repeat every 4: every probability is an
+     * 8-way tie, and which 4 of the 8 a token gets is the sort's tie order */
+    {"tiny-qwen3moe-ties", "qwen3moe", 256, 2, 4, 2, 64, 512, 2048, 1000000.0f, 1e-6f, 32, 4, 64, 0.06f, 1.0f, true, 4},
 };
 
 const char *model_synth_preset_names(void)
 {
-    return "llama-1b smollm2-135m qwen3-0.6b tiny qwen3moe-30b-a3b mixtral-8x7b tiny-qwen3moe tiny-mixtral";
+    return "llama-1b smollm2-135m qwen3-0.6b tiny qwen3moe-30b-a3b mixtral-8x7b tiny-qwen3moe tiny-mixtral "
+           "tiny-qwen3moe-ties";
 }
 
 ks_status model_synth_preset(const char *name, struct model_synth_spec *spec)
@@ -57,6 +62,7 @@ ks_status model_synth_preset(const char *name, struct model_synth_spec *spec)
             .n_expert_used = p->experts_used, .n_ff_exp = p->ffn_exp, .n_vocab = 512,
             .n_ctx_train = p->n_ctx_train, .rope_freq_base = p->rope_freq_base, .rms_eps = p->rms_eps,
             .seed = 1234, .init_std = p->init_std, .embd_std = p->embd_std, .untied = p->untied,
+            .router_period = p->router_period,
         };
         return KS_OK;
     }
@@ -157,6 +163,7 @@ struct fill {
 struct gen_job {
     uint64_t seed;
     int64_t rows, cols;
+    int64_t row_period;      /* row r is generated as row r % row_period (0: off) */
     struct fill fill;
     enum quant_type type;
     uint8_t *dst;
@@ -166,6 +173,8 @@ struct gen_job {
 
 static void gen_row(const struct gen_job *j, int64_t r, float *row)
 {
+    if (j->row_period > 0)
+        r %= j->row_period;
     uint64_t s = j->seed ^ ((uint64_t)r * 0xd1b54a32d192ed03ull);
     for (int64_t c = 0; c < j->cols; c++) {
         float u = (float)((splitmix64(&s) >> 40) * 0x1p-24) * 2.0f - 1.0f;
@@ -201,6 +210,7 @@ struct synth {
     struct type_plan plan;
     struct gguf_writer *w;
     threads_pool *pool;
+    int64_t row_period;       /* the next add_tensor's gen_job.row_period */
     void **bufs;
     size_t n_bufs, cap_bufs;
 };
@@ -232,6 +242,7 @@ static ks_status add_tensor(struct synth *s, const char *name, int64_t n_mats, i
         return ks_fail(KS_ERR_NOMEM, "synth: out of memory for tensor %s (%zu bytes)", name, bytes);
     s->bufs[s->n_bufs++] = data;
     struct gen_job j = {.seed = XXH3_64bits(name, strlen(name)) ^ (s->spec->seed * 0x9e3779b97f4a7c15ull), .rows = rows * n_mats,
+                        .row_period = s->row_period,
                         .cols = cols, .fill = fill, .type = type, .dst = data, .row_bytes = row_bytes};
     atomic_init(&j.failed, 0);
     threads_run(s->pool, gen_task, &j);
@@ -288,9 +299,15 @@ static ks_status add_layer(struct synth *s, int il, bool qkv_bias, bool qk_norm)
      * ffn_gate_inp, and convert_hf_to_gguf writes it F32. */
     int64_t F = sp->n_ff_exp > 0 ? sp->n_ff_exp : sp->n_ff, X = sp->n_expert;
     float std = sp->init_std > 0 ? sp->init_std : 0.02f;
+    s->row_period = sp->router_period;
+    st = sp->n_expert > 0 ? add_tensor(s, NAME("ffn_gate_inp.weight"), 1, X, E, QUANT_F32,
+                                       (struct fill){0.0f, std * sqrtf(3.0f)})
+                          : KS_OK;
+    s->row_period = 0;
+    if (st)
+        return st;
     if (sp->n_expert > 0 &&
-        ((st = add_tensor(s, NAME("ffn_gate_inp.weight"), 1, X, E, QUANT_F32, (struct fill){0.0f, std * sqrtf(3.0f)})) ||
-         (st = add_matrices(s, NAME("ffn_gate_exps.weight"), ROLE_MATRIX, il, X, F, E)) ||
+        ((st = add_matrices(s, NAME("ffn_gate_exps.weight"), ROLE_MATRIX, il, X, F, E)) ||
          (st = add_matrices(s, NAME("ffn_up_exps.weight"), ROLE_MATRIX, il, X, F, E)) ||
          (st = add_matrices(s, NAME("ffn_down_exps.weight"), ROLE_FFN_DOWN, il, X, E, F))))
         return st;

@@ -548,7 +548,8 @@ static void ffn(struct ref_model *r, float *out, const float *x, const struct re
 
 /* Mixture of experts, as llama.cpp routes it for llama and qwen3moe:
  * probabilities = softmax of the router's logits over all experts; the k
- * largest (equal ones: lower expert id first); weights = those k
+ * largest (equal ones: lower expert id first, which is ggml's argsort order
+ * for up to 16 experts only; the engine follows ggml beyond); weights = those k
  * probabilities renormalized to sum 1; out = sum of weight * expert FFN. */
 static void moe(struct ref_model *r, const struct ref_layer *L, float *out, const float *x)
 {
