@@ -291,6 +291,31 @@ static void test_hparams(void **state)
     assert_int_equal(hp->rope_type, MODEL_ROPE_NORMAL);
     assert_false(hp->tied_embeddings);
     model_free(m);
+
+    m = make_model(&g_qwen3moe, "f32");
+    hp = model_hparams(m);
+    assert_int_equal(hp->arch, MODEL_ARCH_QWEN3MOE);
+    assert_true(hp->has_qk_norm);
+    assert_int_equal(hp->rope_type, MODEL_ROPE_NEOX);
+    assert_int_equal(hp->n_expert, 8);
+    assert_int_equal(hp->n_expert_used, 3);
+    assert_int_equal(hp->n_ff_exp, 256);
+    /* a token reads 3 of 8 experts: 5 fewer of (gate, up, down) 256 x 256 f32 per layer */
+    assert_int_equal(model_weight_bytes(m) - model_active_weight_bytes(m), 2 * 5 * 3 * 256 * 256 * 4);
+    model_free(m);
+
+    m = make_model(&g_mixtral, "q8_0");
+    hp = model_hparams(m);
+    assert_int_equal(hp->arch, MODEL_ARCH_LLAMA);
+    assert_int_equal(hp->n_expert, 8);
+    assert_int_equal(hp->n_expert_used, 2);
+    assert_int_equal(hp->n_ff_exp, 512); /* llama's experts are n_ff wide */
+    model_free(m);
+
+    m = make_model(&g_llama, "f32");
+    assert_int_equal(model_hparams(m)->n_expert, 0);
+    assert_int_equal(model_weight_bytes(m), model_active_weight_bytes(m));
+    model_free(m);
 }
 
 enum edit_kind { EDIT_DROP, EDIT_SHAPE, EDIT_TYPE, EDIT_RENAME, EDIT_ZERO };
