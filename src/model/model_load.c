@@ -1,7 +1,7 @@
 /* model: load a llama / qwen2 / qwen3 / qwen3moe GGUF (llama with experts is
- * Mixtral). Hyper-parameters come from the
- * metadata; every tensor is checked for presence, shape and a usable type,
- * and matrices are used in place from the mapping. */
+ * Mixtral). Hyper-parameters come from the metadata; every tensor is checked
+ * for presence, shape and a usable type, and matrices are used in place from
+ * the mapping. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -122,7 +122,6 @@ static ks_status read_shape(const struct gguf_file *f, const char *a, struct mod
 }
 
 /* ---- experts ---------------------------------------------------------------- */
-
 
 /* expert_count, expert_used_count and the expert FFN width. The routing
  * kvserve runs is the one llama.cpp runs for llama and qwen3moe (softmax over
