@@ -156,11 +156,55 @@ static void test_info_stories260k(void **state)
     free(out);
 }
 
+/* A mixture of experts: 8 experts, 2 per token. A token reads the output
+ * matrix and 2/8 of the expert tensor, not the token embeddings. */
+static void test_info_moe(void **state)
+{
+    (void)state;
+    need_binary();
+    char *out = malloc(OUT_CAP);
+    char path[] = "/tmp/test_gguf_info_XXXXXX";
+    close(mkstemp(path));
+    struct gguf_writer *w;
+    assert_int_equal(gguf_writer_create(&w), KS_OK);
+    assert_int_equal(gguf_writer_set_str(w, "general.architecture", "qwen3moe"), KS_OK);
+    assert_int_equal(gguf_writer_set_u32(w, "qwen3moe.block_count", 1), KS_OK);
+    assert_int_equal(gguf_writer_set_u32(w, "qwen3moe.embedding_length", 64), KS_OK);
+    assert_int_equal(gguf_writer_set_u32(w, "qwen3moe.attention.head_count", 1), KS_OK);
+    assert_int_equal(gguf_writer_set_u32(w, "qwen3moe.expert_count", 8), KS_OK);
+    assert_int_equal(gguf_writer_set_u32(w, "qwen3moe.expert_used_count", 2), KS_OK);
+    assert_int_equal(gguf_writer_set_u32(w, "qwen3moe.expert_feed_forward_length", 32), KS_OK);
+    static const uint16_t half[64 * 3];
+    static const float f32[64 * 3];
+    assert_int_equal(gguf_writer_add_tensor(w, "token_embd.weight", 2, (int64_t[]){64, 3}, QUANT_F16, half,
+                                            sizeof half),
+                     KS_OK);
+    assert_int_equal(gguf_writer_add_tensor(w, "output.weight", 2, (int64_t[]){64, 3}, QUANT_F32, f32, sizeof f32),
+                     KS_OK);
+    assert_int_equal(gguf_writer_add_tensor(w, "blk.0.ffn_up_exps.weight", 3, (int64_t[]){64, 32, 8}, QUANT_Q8_0,
+                                            NULL, 32 * 8 * 68),
+                     KS_OK);
+    assert_int_equal(gguf_writer_write(w, path), KS_OK);
+    gguf_writer_free(w);
+    char args[256];
+    snprintf(args, sizeof args, "-m %s", path);
+    assert_int_equal(run_info(args, out), 0);
+    expect_line(out, "blk.0.ffn_up_exps.weight                 q8_0   [64, 32, 8]");
+    expect_line(out, "experts: 8 per layer, 2 used per token, expert FFN 32");
+    /* 192 + 192 + 64*32*8; active 192 + 192 + 64*32*2 */
+    expect_line(out, "parameters: 16.77 K (16768), active per token: 4.48 K (4480)");
+    /* output 768 + 2/8 of 32*8*68 */
+    expect_line(out, "read per decode token: 5.00 KiB (5120 bytes");
+    unlink(path);
+    free(out);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_info_kv_numbers),
         cmocka_unit_test(test_info_stories260k),
+        cmocka_unit_test(test_info_moe),
     };
     return ks_run_tests(tests, NULL, NULL);
 }

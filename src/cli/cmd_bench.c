@@ -2,7 +2,8 @@
  * sequence) and text generation (tgN: N one-token decodes) speed, like
  * llama-bench. Each test runs -r times on a fresh sequence after one warm-up;
  * the table gives the median and the standard deviation of tokens/s, and
- * for tg the weight bytes read per second (model_weight_bytes x tok/s).
+ * for tg the weight bytes read per second (model_active_weight_bytes x
+ * tok/s: a mixture of experts reads only the selected experts' weights).
  *
  * As in llama-bench, -p, -n, -t, -d, -ctk and -ctv take comma-separated
  * lists and -m may be repeated: every combination is measured, one row per
@@ -56,7 +57,8 @@ static void bench_usage(FILE *out)
             "Like llama-bench: ppP = one batch of P prompt tokens, tgN = N single-token\n"
             "decodes, both into a fresh sequence (after DEPTH untimed tokens with -d).\n"
             "Prints a table of tokens/s (median ± standard deviation over the reps)\n"
-            "and, for tg, the weight-read bandwidth in GB/s.\n"
+            "and, for tg, the weight-read bandwidth in GB/s (of a mixture of experts,\n"
+            "the bytes of the experts a token uses).\n"
             "-p, -n, -t, -d, -ctk and -ctv take comma-separated lists (up to 16 values,\n"
             "e.g. -p 128,512 -ctk f16,q8_0) and -m may be given up to 16 times: every\n"
             "combination is measured.\n"
@@ -407,7 +409,8 @@ static void print_row(const struct bench *b, enum bench_test test, int32_t n, co
     int w = snprintf(name, sizeof name, "%s%d", test == BENCH_PP ? "pp" : "tg", (int)n);
     if (pt->depth && w > 0 && (size_t)w < sizeof name)
         snprintf(name + w, sizeof name - (size_t)w, " @ d%d", pt->depth);
-    double bytes = (double)model_weight_bytes(b->e.model), gbs = bytes * s->median / 1e9;
+    double bytes = (double)model_weight_bytes(b->e.model);
+    double gbs = (double)model_active_weight_bytes(b->e.model) * s->median / 1e9;
     if (first)
         print_header(b->o->format);
     if (b->o->format == BENCH_JSON) {

@@ -281,11 +281,84 @@ static void print_kv_fit(const struct info_kv_shape *s, size_t budget)
     printf("    (pages of %d tokens; whole pages only)\n", cfg.page_tokens);
 }
 
+/* ---- experts and what a token reads ----------------------------------------- */
+
+struct info_weights {
+    uint32_t n_expert, n_expert_used, n_ff_exp; /* n_expert 0: dense */
+    uint64_t params, active_params;             /* elements; active: per token */
+    uint64_t token_bytes;                       /* weight bytes one decode token reads */
+};
+
+static const char *human_count(double n, char *buf, size_t cap)
+{
+    static const char *const units[] = {"", "K", "M", "B", "T"};
+    int u = 0;
+    while (n >= 1000 && u < 4) {
+        n /= 1000;
+        u++;
+    }
+    snprintf(buf, cap, u ? "%.2f %s" : "%.0f", n, units[u]);
+    return buf;
+}
+
+/* A token uses n_expert_used of every layer's n_expert experts (tensors named
+ * *_exps.*); a decode step reads every matrix but the token embeddings (one
+ * row), which are read whole as the output matrix when output.weight is
+ * absent (tied). */
+static void read_weights(const struct gguf_file *f, const char *arch, struct info_weights *w)
+{
+    *w = (struct info_weights){0};
+    if (arch[0] && (arch_u32(f, arch, "expert_count", &w->n_expert) ||
+                    arch_u32(f, arch, "expert_used_count", &w->n_expert_used) ||
+                    w->n_expert_used > w->n_expert))
+        w->n_expert = w->n_expert_used = 0;
+    if (w->n_expert && arch_u32(f, arch, "expert_feed_forward_length", &w->n_ff_exp) &&
+        arch_u32(f, arch, "feed_forward_length", &w->n_ff_exp))
+        w->n_ff_exp = 0;
+    bool tied = !gguf_find_tensor(f, "output.weight");
+    for (int64_t i = 0; i < gguf_n_tensors(f); i++) {
+        const struct gguf_tensor_info *t = gguf_tensor_at(f, i);
+        uint64_t n = (uint64_t)t->ne[0] * (uint64_t)t->ne[1] * (uint64_t)t->ne[2] * (uint64_t)t->ne[3];
+        uint64_t bytes = t->nbytes;
+        if (w->n_expert && strstr(t->name, "_exps.") && t->n_dims == 3 && t->ne[2] == w->n_expert) {
+            n = n / w->n_expert * w->n_expert_used;
+            bytes = bytes / w->n_expert * w->n_expert_used;
+        }
+        w->params += (uint64_t)t->ne[0] * (uint64_t)t->ne[1] * (uint64_t)t->ne[2] * (uint64_t)t->ne[3];
+        w->active_params += n;
+        if (strcmp(t->name, "token_embd.weight") || tied)
+            w->token_bytes += bytes;
+    }
+}
+
+static void print_weights(const struct gguf_file *f, const char *arch)
+{
+    struct info_weights w;
+    read_weights(f, arch, &w);
+    char h[32], c[32];
+    if (w.n_expert)
+        printf("  experts: %u per layer, %u used per token, expert FFN %u\n", w.n_expert, w.n_expert_used,
+               w.n_ff_exp);
+    printf("  parameters: %s (%" PRIu64 ")", human_count((double)w.params, c, sizeof c), w.params);
+    if (w.n_expert)
+        printf(", active per token: %s (%" PRIu64 ")", human_count((double)w.active_params, c, sizeof c),
+               w.active_params);
+    printf("\n  read per decode token: %s (%" PRIu64 " bytes: every matrix but the token embeddings%s)\n",
+           human_bytes((double)w.token_bytes, h, sizeof h), w.token_bytes,
+           w.n_expert ? ", experts counted used / count" : "");
+}
+
 static void print_memory(const struct gguf_file *f, uint64_t weight_bytes, size_t kv_mem)
 {
     char h[32];
     printf("memory:\n  weights: %s (%" PRIu64 " bytes)\n", human_bytes((double)weight_bytes, h, sizeof h),
            weight_bytes);
+    struct gguf_str arch;
+    char arch_name[64] = "";
+    if (gguf_get_str(f, "general.architecture", &arch) == KS_OK && arch.len < sizeof arch_name &&
+        !memchr(arch.data, '\0', (size_t)arch.len))
+        memcpy(arch_name, arch.data, (size_t)arch.len);
+    print_weights(f, arch_name);
     struct info_kv_shape shape;
     if (read_kv_shape(f, &shape)) {
         printf("  KV cache: n/a (%s)\n", ks_errmsg());

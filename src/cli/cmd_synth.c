@@ -9,7 +9,8 @@
 static void synth_usage(FILE *out)
 {
     fprintf(out,
-            "usage: kvserve synth --preset NAME --type T [--vocab VOCAB.gguf] [--seed N] [--pure] [-t N] -o OUT.gguf\n"
+            "usage: kvserve synth --preset NAME --type T [--vocab VOCAB.gguf] [--layers N] [--seed N] [--pure] [-t N]\n"
+            "                     -o OUT.gguf\n"
             "\n"
             "Write a deterministic random model (weights N(0, 0.02)-like, tied embeddings).\n"
             "  --preset NAME   %s\n"
@@ -17,6 +18,7 @@ static void synth_usage(FILE *out)
             "                  (quantized types put output/token_embd at q6_k like llama-quantize;\n"
             "                   q4_k_m uses llama.cpp's Q4_K_M mix)\n"
             "  --pure          every matrix at exactly --type\n"
+            "  --layers N      override the preset's layer count (e.g. a few layers of a big MoE)\n"
             "  --vocab FILE    copy tokenizer.* metadata from this GGUF (default: a 512-token\n"
             "                  SentencePiece vocab with byte fallback)\n"
             "  --seed N        PRNG seed (default 1234)\n"
@@ -31,6 +33,7 @@ int cli_synth(int argc, char **argv)
     unsigned long long seed = 1234;
     bool pure = false;
     int n_threads = threads_default_count();
+    long layers = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool has_val = i + 1 < argc;
@@ -49,6 +52,13 @@ int cli_synth(int argc, char **argv)
             out = argv[++i];
         } else if (has_val && !strcmp(a, "--seed")) {
             seed = strtoull(argv[++i], NULL, 10);
+        } else if (has_val && !strcmp(a, "--layers")) {
+            char *end;
+            layers = strtol(argv[++i], &end, 10);
+            if (*end || layers < 1 || layers > 4096) {
+                fprintf(stderr, "kvserve synth: --layers '%s' must be an integer in 1..4096\n", argv[i]);
+                return 2;
+            }
         } else if (has_val && !strcmp(a, "-t")) {
             n_threads = atoi(argv[++i]);
         } else {
@@ -68,6 +78,8 @@ int cli_synth(int argc, char **argv)
         return 2;
     }
     spec.seed = seed;
+    if (layers)
+        spec.n_layer = (int)layers;
     spec.pure = pure;
     threads_pool *pool = NULL;
     ks_status st = threads_create(n_threads, &pool);

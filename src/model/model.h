@@ -1,5 +1,7 @@
-/* model: Llama-family transformers (llama, qwen2, qwen3) loaded from GGUF and
- * run on the CPU. Every hyper-parameter comes from the file's metadata.
+/* model: Llama-family transformers (llama, qwen2, qwen3) and their
+ * mixture-of-experts forms (qwen3moe; llama with experts, i.e. Mixtral) loaded
+ * from GGUF and run on the CPU. Every hyper-parameter comes from the file's
+ * metadata.
  *
  * The forward pass takes a batch of (token, position, sequence) entries:
  * many prefill tokens of one sequence, one decode token for each of many
@@ -17,7 +19,7 @@
 #include "status/status.h"
 #include "threads/threads.h"
 
-enum model_arch { MODEL_ARCH_LLAMA, MODEL_ARCH_QWEN2, MODEL_ARCH_QWEN3 };
+enum model_arch { MODEL_ARCH_LLAMA, MODEL_ARCH_QWEN2, MODEL_ARCH_QWEN3, MODEL_ARCH_QWEN3MOE };
 enum model_rope_type { MODEL_ROPE_NORMAL, MODEL_ROPE_NEOX };
 enum model_rope_scaling { MODEL_ROPE_SCALING_NONE, MODEL_ROPE_SCALING_LINEAR, MODEL_ROPE_SCALING_LLAMA3 };
 
@@ -32,7 +34,7 @@ struct model_hparams {
     int head_dim_k;            /* key_length, or n_embd / n_head */
     int head_dim_v;            /* value_length, or n_embd / n_head */
     int n_rot;                 /* rope.dimension_count, or head_dim_k: the rotated prefix of each head */
-    int n_ff;
+    int n_ff;                  /* feed_forward_length (dense FFN; for MoE files informative only) */
     int n_ctx_train;
     float rms_eps;
     enum model_rope_type rope_type;
@@ -43,7 +45,14 @@ struct model_hparams {
     int rope_llama3_orig_ctx;
     bool tied_embeddings;      /* output.weight absent: reuse token_embd */
     bool has_qkv_bias;         /* qwen2 */
-    bool has_qk_norm;          /* qwen3 */
+    bool has_qk_norm;          /* qwen3, qwen3moe */
+    /* Mixture of experts (expert_count > 0): every layer's FFN is n_expert
+     * SwiGLU experts of n_ff_exp, a token goes through the n_expert_used with
+     * the largest router probabilities (softmax over all experts, top-k,
+     * weights renormalized to sum 1, as llama.cpp's qwen3moe and llama). */
+    int n_expert;              /* expert_count; 0: dense */
+    int n_expert_used;         /* expert_used_count */
+    int n_ff_exp;              /* expert_feed_forward_length (qwen3moe), else n_ff */
 };
 
 struct model;
@@ -60,8 +69,13 @@ void model_free(struct model *m);
 const struct model_hparams *model_hparams(const struct model *m);
 /* The underlying file, for the tokenizer and `kvserve info`. */
 const struct gguf_file *model_gguf(const struct model *m);
-/* Total bytes of weights (what one decode step reads). */
+/* Bytes of the matrices a forward pass can read: every layer matrix (all
+ * experts), the output matrix; not the token embeddings (one row per token). */
 uint64_t model_weight_bytes(const struct model *m);
+/* Bytes one decode token reads: as model_weight_bytes, with each layer's
+ * experts counted n_expert_used / n_expert (only the selected experts' rows
+ * are read). Equals model_weight_bytes for a dense model. */
+uint64_t model_active_weight_bytes(const struct model *m);
 
 /* XXH3-128 of the file's metadata and tensor table (gguf_header_bytes): a
  * different model or quantization gives a different fingerprint. */
@@ -101,8 +115,11 @@ ks_status model_forward(struct model_ctx *c, struct kv_cache *kv, const struct m
 /* A deterministic random model of a real architecture's shapes, for benchmarks,
  * the built-in default model and tests. Same spec and seed give the same file. */
 struct model_synth_spec {
-    const char *arch;          /* "llama", "qwen2" (QKV bias) or "qwen3" (Q/K norm) */
+    const char *arch;          /* "llama", "qwen2" (QKV bias), "qwen3" (Q/K norm) or "qwen3moe" */
     int n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff;
+    int n_expert, n_expert_used; /* n_expert > 0: MoE FFN (llama: Mixtral; qwen3moe needs it) */
+    int n_ff_exp;              /* each expert's FFN width (0: n_ff) */
+    int router_period;         /* tests: router row e repeats row e % period, so experts tie (0: off) */
     int n_vocab;               /* size of the generated vocab (>= 259); ignored with a vocab file */
     int n_ctx_train;
     float rope_freq_base;
@@ -114,7 +131,9 @@ struct model_synth_spec {
     float embd_std;            /* std of token_embd (0: init_std) */
 };
 
-/* Fill spec from a preset name: llama-1b, smollm2-135m, qwen3-0.6b, tiny. */
+/* Fill spec from a preset name: llama-1b, smollm2-135m, qwen3-0.6b, tiny,
+ * qwen3moe-30b-a3b, mixtral-8x7b, tiny-qwen3moe, tiny-mixtral,
+ * tiny-qwen3moe-ties. */
 ks_status model_synth_preset(const char *name, struct model_synth_spec *spec);
 /* Space-separated preset names, for help text. */
 const char *model_synth_preset_names(void);

@@ -18,7 +18,15 @@ struct model_ctx {
     float *q;                    /* (B, n_head * head_dim) */
     float *k, *v;                /* (B, n_head_kv * head_dim) */
     float *att;                  /* (B, n_head * head_dim) attention output */
-    float *hb, *hb2;             /* (B, n_ff) gate and up */
+    float *hb, *hb2;             /* (B, n_ff) gate and up; (B, n_ff_exp) of one expert */
+    /* mixture of experts (n_expert > 0) */
+    float *router;               /* (B, n_expert) router logits, then probabilities */
+    int32_t *sel;                /* (B, n_expert_used) selected experts of each token, in llama.cpp's order */
+    float *sel_w;                /* (B, n_expert_used) their weights */
+    int32_t *exp_start;          /* (n_expert + 1) first grouped row of each expert */
+    int32_t *grp_tok;            /* (B * n_expert_used) token of each grouped row */
+    int32_t *row_of;             /* (B, n_expert_used) grouped row of each (token, slot) */
+    float *xg;                   /* (B * n_expert_used, n_embd) grouped inputs, then expert outputs */
     float *rope_cs;              /* (B, n_rot / 2, 2) cos and sin of each token's angles */
     struct attn_query *queries;  /* (B) */
     int32_t *out_rows;           /* (B) batch index of each logits row */
@@ -41,12 +49,20 @@ static size_t max_work(const struct model *m, int32_t B)
     size_t best = 0;
     for (int il = -1; il < m->hp.n_layer; il++) {
         const struct model_layer *L = il >= 0 ? &m->layers[il] : NULL;
-        const struct model_mat *mats[7] = {&m->output};
+        struct model_mat gate_e, up_e, down_e;
+        const struct model_mat *mats[8] = {&m->output};
         int n_mats = 1;
-        if (L) {
+        if (L && m->hp.n_expert == 0) {
             mats[0] = &L->wq, mats[1] = &L->wk, mats[2] = &L->wv, mats[3] = &L->wo;
             mats[4] = &L->w_gate, mats[5] = &L->w_up, mats[6] = &L->w_down;
             n_mats = 7;
+        } else if (L) {
+            /* every expert of a layer has the type and shape of expert 0 */
+            gate_e = model_expert_mat(&L->gate_exps, 0), up_e = model_expert_mat(&L->up_exps, 0);
+            down_e = model_expert_mat(&L->down_exps, 0);
+            mats[0] = &L->wq, mats[1] = &L->wk, mats[2] = &L->wv, mats[3] = &L->wo;
+            mats[4] = &L->w_router, mats[5] = &gate_e, mats[6] = &up_e, mats[7] = &down_e;
+            n_mats = 8;
         }
         for (int i = 0; i < n_mats; i++) {
             int s = 0;
@@ -90,8 +106,20 @@ ks_status model_ctx_create(const struct model *m, int32_t max_batch_tokens, thre
     c->k = malloc(B * kv_dim * sizeof(float));
     c->v = malloc(B * kv_dim * sizeof(float));
     c->att = malloc(B * q_dim * sizeof(float));
-    c->hb = malloc(B * hp->n_ff * sizeof(float));
-    c->hb2 = malloc(B * hp->n_ff * sizeof(float));
+    size_t ff = (size_t)(hp->n_expert > 0 ? hp->n_ff_exp : hp->n_ff); /* a MoE file's n_ff is not run */
+    c->hb = malloc(B * ff * sizeof(float));
+    c->hb2 = malloc(B * ff * sizeof(float));
+    bool moe = hp->n_expert > 0;
+    if (moe) {
+        size_t k = (size_t)hp->n_expert_used;
+        c->router = malloc(B * (size_t)hp->n_expert * sizeof(float));
+        c->sel = malloc(B * k * sizeof(int32_t));
+        c->sel_w = malloc(B * k * sizeof(float));
+        c->exp_start = malloc(((size_t)hp->n_expert + 1) * sizeof(int32_t));
+        c->grp_tok = malloc(B * k * sizeof(int32_t));
+        c->row_of = malloc(B * k * sizeof(int32_t));
+        c->xg = malloc(B * k * (size_t)hp->n_embd * sizeof(float));
+    }
     c->rope_cs = malloc(B * (size_t)(hp->n_rot > 0 ? hp->n_rot : 1) * sizeof(float));
     c->queries = malloc(B * sizeof *c->queries);
     c->out_rows = malloc(B * sizeof(int32_t));
@@ -101,7 +129,8 @@ ks_status model_ctx_create(const struct model *m, int32_t max_batch_tokens, thre
     c->work_size = max_work(m, max_batch_tokens);
     c->work = malloc(c->work_size ? c->work_size : 1);
     if (!c->x || !c->xb || !c->xb2 || !c->q || !c->k || !c->v || !c->att || !c->hb || !c->hb2 || !c->rope_cs ||
-        !c->queries || !c->out_rows || !c->seqs || !c->seq_start || !c->seq_count || !c->work) {
+        !c->queries || !c->out_rows || !c->seqs || !c->seq_start || !c->seq_count || !c->work ||
+        (moe && (!c->router || !c->sel || !c->sel_w || !c->exp_start || !c->grp_tok || !c->row_of || !c->xg))) {
         model_ctx_free(c);
         return ks_fail(KS_ERR_NOMEM, "out of memory for a model context of %d batch tokens", max_batch_tokens);
     }
@@ -116,6 +145,7 @@ void model_ctx_free(struct model_ctx *c)
     free(c->x), free(c->xb), free(c->xb2), free(c->q), free(c->k), free(c->v), free(c->att);
     free(c->hb), free(c->hb2), free(c->rope_cs), free(c->queries), free(c->out_rows);
     free(c->seqs), free(c->seq_start), free(c->seq_count), free(c->work);
+    free(c->router), free(c->sel), free(c->sel_w), free(c->exp_start), free(c->grp_tok), free(c->row_of), free(c->xg);
     free(c);
 }
 
@@ -382,6 +412,161 @@ static ks_status ffn_block(struct model_ctx *c, int il, int64_t n)
     return KS_OK;
 }
 
+/* ---- mixture of experts -------------------------------------------------------- */
+
+/* llama.cpp's clamp of the weight sum before renormalizing: the smallest normal f16. */
+#define MOE_MIN_WEIGHT_SUM 6.103515625e-5f
+
+/* One token's routing, as llama.cpp's build_moe_ffn computes it on the CPU:
+ * probabilities = softmax(logits) (exp of logit - max, sum in double, scaled by
+ * the float reciprocal); the first k of their descending argsort, equal ones
+ * in ggml's order (model_argsort.c); weights = those probabilities divided by
+ * their sum (summed in double, clamped). The row is overwritten with the
+ * probabilities. */
+static void route_token(float *p, int n_expert, int k, int32_t *sel, float *w)
+{
+    int32_t order[MODEL_MAX_EXPERTS];
+    float mx = p[0];
+    for (int i = 1; i < n_expert; i++)
+        mx = p[i] > mx ? p[i] : mx;
+    double sum = 0.0;
+    for (int i = 0; i < n_expert; i++) {
+        p[i] = expf(p[i] - mx);
+        sum += p[i];
+    }
+    float inv = (float)(1.0 / sum);
+    for (int i = 0; i < n_expert; i++)
+        p[i] *= inv;
+    model_argsort_desc(p, n_expert, order);
+    double wsum = 0.0;
+    for (int j = 0; j < k; j++) {
+        sel[j] = order[j];
+        w[j] = p[order[j]];
+        wsum += w[j];
+    }
+    float s = (float)wsum;
+    s = s > MOE_MIN_WEIGHT_SUM ? s : MOE_MIN_WEIGHT_SUM;
+    for (int j = 0; j < k; j++)
+        w[j] /= s;
+}
+
+struct route_job {
+    struct model_ctx *c;
+    int64_t n_tokens;
+};
+
+static void route_task(void *p, int ith, int nth)
+{
+    const struct route_job *j = p;
+    const struct model_hparams *hp = &j->c->m->hp;
+    int E = hp->n_expert, k = hp->n_expert_used;
+    int64_t lo, hi;
+    threads_split(j->n_tokens, ith, nth, &lo, &hi);
+    for (int64_t t = lo; t < hi; t++)
+        route_token(j->c->router + t * E, E, k, j->c->sel + t * k, j->c->sel_w + t * k);
+}
+
+/* Counting sort of the (token, slot) pairs by expert: expert e's tokens are
+ * grouped rows exp_start[e] .. exp_start[e + 1], in token order. */
+static void group_by_expert(struct model_ctx *c, int64_t n)
+{
+    const struct model_hparams *hp = &c->m->hp;
+    int E = hp->n_expert, k = hp->n_expert_used;
+    int32_t *start = c->exp_start;
+    memset(start, 0, ((size_t)E + 1) * sizeof *start);
+    for (int64_t i = 0; i < n * k; i++)
+        start[c->sel[i] + 1]++;
+    for (int e = 0; e < E; e++)
+        start[e + 1] += start[e];
+    /* fill with a running cursor per expert (start[e] advances, then shifts back) */
+    for (int64_t t = 0; t < n; t++)
+        for (int j = 0; j < k; j++) {
+            int32_t r = start[c->sel[t * k + j]]++;
+            c->grp_tok[r] = (int32_t)t;
+            c->row_of[t * k + j] = r;
+        }
+    for (int e = E; e > 0; e--)
+        start[e] = start[e - 1];
+    start[0] = 0;
+}
+
+struct rows_job {
+    struct model_ctx *c;
+    int64_t n;                   /* grouped rows (gather) or tokens (combine) */
+};
+
+/* xg[r] = xb[grp_tok[r]] */
+static void gather_task(void *p, int ith, int nth)
+{
+    const struct rows_job *j = p;
+    int64_t D = j->c->m->hp.n_embd, lo, hi;
+    threads_split(j->n, ith, nth, &lo, &hi);
+    for (int64_t r = lo; r < hi; r++)
+        memcpy(j->c->xg + r * D, j->c->xb + (int64_t)j->c->grp_tok[r] * D, sizeof(float) * (size_t)D);
+}
+
+/* x[t] += sum over slots j of w[t][j] * expert output, the products rounded
+ * and added in slot order as llama.cpp's chain of ggml_add does. */
+static void combine_task(void *p, int ith, int nth)
+{
+    const struct rows_job *j = p;
+    const struct model_ctx *c = j->c;
+    int64_t D = c->m->hp.n_embd, lo, hi;
+    int k = c->m->hp.n_expert_used;
+    threads_split(j->n, ith, nth, &lo, &hi);
+    for (int64_t t = lo; t < hi; t++) {
+        float *x = c->x + t * D;
+        const float *w = c->sel_w + t * k;
+        const int32_t *rows = c->row_of + t * k;
+        for (int64_t i = 0; i < D; i++) {
+            float acc = c->xg[(int64_t)rows[0] * D + i] * w[0];
+            for (int s = 1; s < k; s++) {
+                float term = c->xg[(int64_t)rows[s] * D + i] * w[s];
+                acc += term;
+            }
+            x[i] += acc;
+        }
+    }
+}
+
+static ks_status moe_block(struct model_ctx *c, int il, int64_t n)
+{
+    const struct model_hparams *hp = &c->m->hp;
+    const struct model_layer *L = &c->m->layers[il];
+    int64_t D = hp->n_embd, F = hp->n_ff_exp;
+    ks_status st;
+    /* ffn rmsnorm, router logits (f32), per-token top-k routing */
+    rmsnorm_rows(elementwise_pool(c, n), c->xb, c->x, L->ffn_norm, NULL, n, (int)D, hp->rms_eps);
+    if ((st = matmul(c, &L->w_router, c->xb, n, c->router)))
+        return st;
+    struct route_job rj = {c, n};
+    threads_run(elementwise_pool(c, n), route_task, &rj);
+    /* group the tokens by expert, so each expert's weights stream once for all its tokens */
+    group_by_expert(c, n);
+    int64_t n_rows = n * hp->n_expert_used;
+    struct rows_job gj = {c, n_rows};
+    threads_run(elementwise_pool(c, n_rows), gather_task, &gj);
+    /* each selected expert: SwiGLU over its tokens; the output replaces its input rows */
+    for (int e = 0; e < hp->n_expert; e++) {
+        int64_t cnt = c->exp_start[e + 1] - c->exp_start[e];
+        if (cnt == 0)
+            continue;
+        float *xe = c->xg + (int64_t)c->exp_start[e] * D;
+        struct model_mat gate = model_expert_mat(&L->gate_exps, e), up = model_expert_mat(&L->up_exps, e);
+        struct model_mat down = model_expert_mat(&L->down_exps, e);
+        if ((st = matmul(c, &gate, xe, cnt, c->hb)) || (st = matmul(c, &up, xe, cnt, c->hb2)))
+            return st;
+        struct swiglu_job sj = {c->hb, c->hb2, cnt * F};
+        threads_run(elementwise_pool(c, cnt), swiglu_task, &sj);
+        if ((st = matmul(c, &down, c->hb, cnt, xe)))
+            return st;
+    }
+    /* weighted sum of each token's experts, residual */
+    struct rows_job cj = {c, n};
+    threads_run(elementwise_pool(c, n), combine_task, &cj);
+    return KS_OK;
+}
+
 static ks_status run_layers(struct model_ctx *c, struct kv_cache *kv, const struct model_batch *b, float *logits,
                             int32_t n_out)
 {
@@ -399,7 +584,8 @@ static ks_status run_layers(struct model_ctx *c, struct kv_cache *kv, const stru
         c->queries[t] = (struct attn_query){.seq = b->seq[t], .pos = b->pos[t]};
     }
     for (int il = 0; il < hp->n_layer; il++)
-        if ((st = attention_block(c, kv, il, b)) || (st = ffn_block(c, il, n)))
+        if ((st = attention_block(c, kv, il, b)) ||
+            (st = hp->n_expert > 0 ? moe_block(c, il, n) : ffn_block(c, il, n)))
             return st;
     if (n_out == 0)
         return KS_OK;

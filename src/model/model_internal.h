@@ -6,12 +6,29 @@
 #include "model/model.h"
 #include "quant/quant.h"
 
+/* llama.cpp's LLAMA_MAX_EXPERTS; the loader refuses more */
+#define MODEL_MAX_EXPERTS 512
+
 /* A 2-D weight used in place from the mapping: rows x cols of type. */
 struct model_mat {
     const void *data;
     enum quant_type type;
     int64_t rows, cols;
 };
+
+/* The experts of one layer: a GGUF 3-D tensor [cols, rows, n_expert], so
+ * expert e's matrix is the contiguous rows x cols slice at data + e * stride. */
+struct model_experts {
+    const uint8_t *data;
+    enum quant_type type;
+    int64_t rows, cols;
+    size_t stride;                           /* bytes per expert */
+};
+
+static inline struct model_mat model_expert_mat(const struct model_experts *x, int e)
+{
+    return (struct model_mat){.data = x->data + (size_t)e * x->stride, .type = x->type, .rows = x->rows, .cols = x->cols};
+}
 
 struct model_layer {
     const float *attn_norm;                  /* (n_embd) */
@@ -25,7 +42,16 @@ struct model_layer {
     struct model_mat w_gate;                 /* (n_ff, n_embd) */
     struct model_mat w_up;                   /* (n_ff, n_embd) */
     struct model_mat w_down;                 /* (n_embd, n_ff) */
+    /* MoE layers instead of w_gate / w_up / w_down: */
+    struct model_mat w_router;               /* (n_expert, n_embd) ffn_gate_inp */
+    struct model_experts gate_exps;          /* (n_expert, n_ff_exp, n_embd) */
+    struct model_experts up_exps;            /* (n_expert, n_ff_exp, n_embd) */
+    struct model_experts down_exps;          /* (n_expert, n_embd, n_ff_exp) */
 };
+
+/* idx = 0..n-1 ordered by descending v, equal values in the order ggml's CPU
+ * argsort (libstdc++'s std::sort) leaves them: llama.cpp's expert choice. */
+void model_argsort_desc(const float *v, int n, int32_t *idx);
 
 struct model {
     struct gguf_file *file;
@@ -39,6 +65,7 @@ struct model {
     float rope_freq_scale;
     float *rope_freq_factors;                /* (n_rot / 2); NULL: all 1 */
     uint64_t weight_bytes;
+    uint64_t active_weight_bytes;            /* per decode token: experts counted used / n_expert */
     /* Small 1-D tensors (norms, biases) converted to f32 at load, in one block. */
     float *vec_store;
 };

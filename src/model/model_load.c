@@ -1,6 +1,7 @@
-/* model: load a llama / qwen2 / qwen3 GGUF. Hyper-parameters come from the
- * metadata; every tensor is checked for presence, shape and a usable type,
- * and matrices are used in place from the mapping. */
+/* model: load a llama / qwen2 / qwen3 / qwen3moe GGUF (llama with experts is
+ * Mixtral). Hyper-parameters come from the metadata; every tensor is checked
+ * for presence, shape and a usable type, and matrices are used in place from
+ * the mapping. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,12 +18,14 @@ struct arch_info {
     enum model_rope_type rope_type;
     bool needs_qkv_bias;
     bool needs_qk_norm;
+    bool needs_experts;
 };
 
 static const struct arch_info g_archs[] = {
-    {"llama", MODEL_ARCH_LLAMA, MODEL_ROPE_NORMAL, false, false},
-    {"qwen2", MODEL_ARCH_QWEN2, MODEL_ROPE_NEOX, true, false},
-    {"qwen3", MODEL_ARCH_QWEN3, MODEL_ROPE_NEOX, false, true},
+    {"llama", MODEL_ARCH_LLAMA, MODEL_ROPE_NORMAL, false, false, false},
+    {"qwen2", MODEL_ARCH_QWEN2, MODEL_ROPE_NEOX, true, false, false},
+    {"qwen3", MODEL_ARCH_QWEN3, MODEL_ROPE_NEOX, false, true, false},
+    {"qwen3moe", MODEL_ARCH_QWEN3MOE, MODEL_ROPE_NEOX, false, true, true},
 };
 
 static const struct arch_info *arch_find(const struct gguf_str *s)
@@ -115,6 +118,62 @@ static ks_status read_shape(const struct gguf_file *f, const char *a, struct mod
                        hp->n_rot, hp->head_dim_k);
     if (!(hp->rms_eps > 0) || !(hp->rope_freq_base > 0))
         return ks_fail(KS_ERR_FORMAT, "rms epsilon and rope.freq_base must be positive");
+    return KS_OK;
+}
+
+/* ---- experts ---------------------------------------------------------------- */
+
+/* expert_count, expert_used_count and the expert FFN width. The routing
+ * kvserve runs is the one llama.cpp runs for llama and qwen3moe (softmax over
+ * all experts, top-k, weights renormalized); a file asking for anything else
+ * (shared experts, another gating function, scaled weights) is refused by key
+ * rather than run another way. */
+static ks_status read_experts(const struct gguf_file *f, const char *a, bool required, struct model_hparams *hp)
+{
+    char key[128];
+    uint32_t n = 0, used = 0;
+    snprintf(key, sizeof key, "%s.expert_count", a);
+    ks_status st = gguf_get_u32(f, key, &n);
+    if (st == KS_ERR_NOT_FOUND && !required)
+        return KS_OK;
+    if (st == KS_ERR_NOT_FOUND)
+        return ks_fail(KS_ERR_FORMAT, "required metadata key %s is missing (a %s file is a mixture of experts)", key, a);
+    if (st)
+        return st;
+    if (n == 0 && !required)
+        return KS_OK;
+    if (n == 0 || n > MODEL_MAX_EXPERTS)
+        return ks_fail(KS_ERR_FORMAT, "metadata %s = %u, expected 1..%d", key, n, MODEL_MAX_EXPERTS);
+    snprintf(key, sizeof key, "%s.expert_used_count", a);
+    st = gguf_get_u32(f, key, &used);
+    if (st == KS_ERR_NOT_FOUND)
+        return ks_fail(KS_ERR_FORMAT, "required metadata key %s is missing (%s.expert_count is %u)", key, a, n);
+    if (st)
+        return st;
+    if (used == 0 || used > n)
+        return ks_fail(KS_ERR_FORMAT, "metadata %s = %u, expected 1..%u (%s.expert_count)", key, used, n, a);
+    hp->n_expert = (int)n;
+    hp->n_expert_used = (int)used;
+    hp->n_ff_exp = hp->n_ff;
+    if (hp->arch == MODEL_ARCH_QWEN3MOE &&
+        (st = meta_int(f, a, "expert_feed_forward_length", false, hp->n_ff / hp->n_expert_used, &hp->n_ff_exp)))
+        return st;
+    if (hp->n_ff_exp <= 0)
+        return ks_fail(KS_ERR_FORMAT, "%s.expert_feed_forward_length is missing and feed_forward_length %d / "
+                                      "expert_used_count %d is 0", a, hp->n_ff, hp->n_expert_used);
+    uint32_t shared = 0;
+    snprintf(key, sizeof key, "%s.expert_shared_count", a);
+    if (gguf_get_u32(f, key, &shared) == KS_OK && shared != 0)
+        return ks_fail(KS_ERR_UNSUPPORTED, "metadata %s = %u: shared experts are not supported", key, shared);
+    uint32_t gating = 0;
+    snprintf(key, sizeof key, "%s.expert_gating_func", a);
+    if (gguf_get_u32(f, key, &gating) == KS_OK && gating != 1)
+        return ks_fail(KS_ERR_UNSUPPORTED, "metadata %s = %u: only 1 (softmax) is supported", key, gating);
+    float scale = 0.0f;
+    snprintf(key, sizeof key, "%s.expert_weights_scale", a);
+    if (gguf_get_f32(f, key, &scale) == KS_OK && scale != 0.0f && scale != 1.0f)
+        return ks_fail(KS_ERR_UNSUPPORTED, "metadata %s = %g: scaled expert weights are not supported", key,
+                       (double)scale);
     return KS_OK;
 }
 
@@ -274,6 +333,44 @@ static ks_status load_vec(struct loader *ld, const char *name, int64_t n, bool r
     return KS_OK;
 }
 
+/* An expert tensor: GGUF [cols, rows, n_expert]. */
+static ks_status load_experts(struct loader *ld, const char *name, int64_t rows, int64_t cols,
+                              struct model_experts *out)
+{
+    const struct gguf_file *f = ld->m->file;
+    int n_expert = ld->m->hp.n_expert;
+    const struct gguf_tensor_info *t = gguf_find_tensor(f, name);
+    if (!t) {
+        /* blk.N.ffn_gate_exps.weight -> blk.N.ffn_gate.0.weight: the layout of older Mixtral files */
+        char old[128];
+        const char *x = strstr(name, "_exps.weight");
+        if (x && snprintf(old, sizeof old, "%.*s.0.weight", (int)(x - name), name) < (int)sizeof old &&
+            gguf_find_tensor(f, old))
+            return ks_fail(KS_ERR_UNSUPPORTED,
+                           "tensor '%s' is missing but '%s' is present: the per-expert tensor layout of older "
+                           "Mixtral GGUF files is not supported; convert the model again with a current "
+                           "llama.cpp convert_hf_to_gguf.py (one 3-D tensor per layer and matrix)",
+                           name, old);
+        return ks_fail(KS_ERR_FORMAT, "tensor '%s' is missing (%s.expert_count is %d)", name, ld->m->hp.arch_name,
+                       n_expert);
+    }
+    if (t->ne[0] != cols || t->ne[1] != rows || t->ne[2] != n_expert || t->ne[3] != 1)
+        return ks_fail(KS_ERR_FORMAT,
+                       "tensor '%s' has shape [%lld, %lld, %lld, %lld], expected [%lld, %lld, %d] (n_expert %d)",
+                       name, (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2], (long long)t->ne[3],
+                       (long long)cols, (long long)rows, n_expert, n_expert);
+    const struct quant_traits *tr = quant_traits(t->type);
+    if (!tr || !tr->vec_dot || !tr->to_float)
+        return ks_fail(KS_ERR_UNSUPPORTED, "tensor '%s' has type %s, which kvserve has no kernels for", name,
+                       quant_type_name(t->type));
+    size_t stride = quant_row_size(t->type, cols) * (size_t)rows;
+    if (stride == 0 || (uint64_t)stride * (uint64_t)n_expert != t->nbytes)
+        return ks_fail(KS_ERR_FORMAT, "tensor '%s' holds %llu bytes, expected %d experts of %zu", name,
+                       (unsigned long long)t->nbytes, n_expert, stride);
+    *out = (struct model_experts){.data = t->data, .type = t->type, .rows = rows, .cols = cols, .stride = stride};
+    return KS_OK;
+}
+
 static uint64_t mat_bytes(const struct model_mat *w)
 {
     return (uint64_t)quant_row_size(w->type, w->cols) * (uint64_t)w->rows;
@@ -297,18 +394,37 @@ static ks_status load_layer(struct loader *ld, int il, const struct arch_info *a
         (st = load_vec(ld, NAME("attn_q.bias"), q_out, ai->needs_qkv_bias, &L->bq)) ||
         (st = load_vec(ld, NAME("attn_k.bias"), k_out, ai->needs_qkv_bias, &L->bk)) ||
         (st = load_vec(ld, NAME("attn_v.bias"), v_out, ai->needs_qkv_bias, &L->bv)) ||
-        (st = load_vec(ld, NAME("ffn_norm.weight"), E, true, &L->ffn_norm)) ||
-        (st = load_mat(ld, NAME("ffn_gate.weight"), hp->n_ff, E, true, &L->w_gate)) ||
-        (st = load_mat(ld, NAME("ffn_up.weight"), hp->n_ff, E, true, &L->w_up)) ||
-        (st = load_mat(ld, NAME("ffn_down.weight"), E, hp->n_ff, true, &L->w_down)))
+        (st = load_vec(ld, NAME("ffn_norm.weight"), E, true, &L->ffn_norm)))
         return st;
     if (ai->needs_qk_norm &&
         ((st = load_vec(ld, NAME("attn_q_norm.weight"), hp->head_dim_k, true, &L->q_norm)) ||
          (st = load_vec(ld, NAME("attn_k_norm.weight"), hp->head_dim_k, true, &L->k_norm))))
         return st;
+    uint64_t attn = mat_bytes(&L->wq) + mat_bytes(&L->wk) + mat_bytes(&L->wv) + mat_bytes(&L->wo);
+    if (hp->n_expert == 0) {
+        if (!gguf_find_tensor(ld->m->file, NAME("ffn_gate.weight")) &&
+            gguf_find_tensor(ld->m->file, NAME("ffn_gate_inp.weight")))
+            return ks_fail(KS_ERR_FORMAT, "tensor '%s' is present but metadata %s.expert_count is missing", n,
+                           hp->arch_name);
+        if ((st = load_mat(ld, NAME("ffn_gate.weight"), hp->n_ff, E, true, &L->w_gate)) ||
+            (st = load_mat(ld, NAME("ffn_up.weight"), hp->n_ff, E, true, &L->w_up)) ||
+            (st = load_mat(ld, NAME("ffn_down.weight"), E, hp->n_ff, true, &L->w_down)))
+            return st;
+        uint64_t ffn = mat_bytes(&L->w_gate) + mat_bytes(&L->w_up) + mat_bytes(&L->w_down);
+        ld->m->weight_bytes += attn + ffn;
+        ld->m->active_weight_bytes += attn + ffn;
+        return KS_OK;
+    }
+    int64_t F = hp->n_ff_exp;
+    if ((st = load_mat(ld, NAME("ffn_gate_inp.weight"), hp->n_expert, E, true, &L->w_router)) ||
+        (st = load_experts(ld, NAME("ffn_gate_exps.weight"), F, E, &L->gate_exps)) ||
+        (st = load_experts(ld, NAME("ffn_up_exps.weight"), F, E, &L->up_exps)) ||
+        (st = load_experts(ld, NAME("ffn_down_exps.weight"), E, F, &L->down_exps)))
+        return st;
 #undef NAME
-    ld->m->weight_bytes += mat_bytes(&L->wq) + mat_bytes(&L->wk) + mat_bytes(&L->wv) + mat_bytes(&L->wo) +
-                           mat_bytes(&L->w_gate) + mat_bytes(&L->w_up) + mat_bytes(&L->w_down);
+    uint64_t one_expert = L->gate_exps.stride + L->up_exps.stride + L->down_exps.stride;
+    ld->m->weight_bytes += attn + mat_bytes(&L->w_router) + one_expert * (uint64_t)hp->n_expert;
+    ld->m->active_weight_bytes += attn + mat_bytes(&L->w_router) + one_expert * (uint64_t)hp->n_expert_used;
     return KS_OK;
 }
 
@@ -351,7 +467,7 @@ static ks_status load_tensors(struct model *m, const struct arch_info *ai)
     m->hp.tied_embeddings = m->output.data == NULL;
     if (m->hp.tied_embeddings)
         m->output = m->tok_embd;
-    m->weight_bytes = mat_bytes(&m->output);
+    m->weight_bytes = m->active_weight_bytes = mat_bytes(&m->output);
     for (int il = 0; il < hp->n_layer; il++)
         if ((st = load_layer(&ld, il, ai)))
             return st;
@@ -376,12 +492,14 @@ static ks_status load_file(struct model *m)
         return st == KS_ERR_NOT_FOUND ? ks_fail(KS_ERR_FORMAT, "metadata general.architecture is missing") : st;
     const struct arch_info *ai = arch_find(&s);
     if (!ai)
-        return ks_fail(KS_ERR_UNSUPPORTED, "architecture '%.*s' is not supported (kvserve runs llama, qwen2, qwen3)",
+        return ks_fail(KS_ERR_UNSUPPORTED,
+                       "architecture '%.*s' is not supported (kvserve runs llama, qwen2, qwen3, qwen3moe)",
                        (int)(s.len > 64 ? 64 : s.len), s.data);
     m->hp.arch = ai->arch;
     m->hp.arch_name = ai->name;
     m->hp.rope_type = ai->rope_type;
-    if ((st = read_shape(m->file, ai->name, &m->hp)) || (st = read_rope(m, ai->name)) ||
+    if ((st = read_shape(m->file, ai->name, &m->hp)) ||
+        (st = read_experts(m->file, ai->name, ai->needs_experts, &m->hp)) || (st = read_rope(m, ai->name)) ||
         (st = read_vocab_size(m->file, ai->name, &m->hp.n_vocab)))
         return st;
     return load_tensors(m, ai);
@@ -421,6 +539,7 @@ void model_free(struct model *m)
 const struct model_hparams *model_hparams(const struct model *m) { return &m->hp; }
 const struct gguf_file *model_gguf(const struct model *m) { return m->file; }
 uint64_t model_weight_bytes(const struct model *m) { return m->weight_bytes; }
+uint64_t model_active_weight_bytes(const struct model *m) { return m->active_weight_bytes; }
 
 void model_kv_config(const struct model *m, struct kv_config *cfg)
 {

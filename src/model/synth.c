@@ -19,16 +19,36 @@ struct preset {
     int dim, layers, heads, kv_heads, head_dim, ffn;
     int n_ctx_train;
     float rope_freq_base, rms_eps;
+    int experts, experts_used, ffn_exp; /* experts 0: dense */
+    float init_std, embd_std;           /* 0: the defaults (0.02, init_std) */
+    bool untied;                        /* a separate output.weight */
+    int router_period;                  /* router rows repeat with this period (0: off) */
 };
 
 static const struct preset g_presets[] = {
-    {"llama-1b", "llama", 2048, 16, 32, 8, 64, 8192, 131072, 500000.0f, 1e-5f},
-    {"smollm2-135m", "llama", 576, 30, 9, 3, 64, 1536, 8192, 100000.0f, 1e-5f},
-    {"qwen3-0.6b", "qwen3", 1024, 28, 16, 8, 128, 3072, 40960, 1000000.0f, 1e-6f},
-    {"tiny", "llama", 256, 4, 4, 2, 64, 768, 2048, 10000.0f, 1e-5f},
+    {"llama-1b", "llama", 2048, 16, 32, 8, 64, 8192, 131072, 500000.0f, 1e-5f, 0, 0, 0, 0, 0, false, 0},
+    {"smollm2-135m", "llama", 576, 30, 9, 3, 64, 1536, 8192, 100000.0f, 1e-5f, 0, 0, 0, 0, 0, false, 0},
+    {"qwen3-0.6b", "qwen3", 1024, 28, 16, 8, 128, 3072, 40960, 1000000.0f, 1e-6f, 0, 0, 0, 0, 0, false, 0},
+    {"tiny", "llama", 256, 4, 4, 2, 64, 768, 2048, 10000.0f, 1e-5f, 0, 0, 0, 0, 0, false, 0},
+    /* Qwen3-30B-A3B: 128 experts of 768, 8 per token */
+    {"qwen3moe-30b-a3b", "qwen3moe", 2048, 48, 32, 4, 128, 6144, 40960, 1000000.0f, 1e-6f, 128, 8, 768, 0, 0, false, 0},
+    /* Mixtral 8x7B: llama with 8 experts of 14336, 2 per token */
+    {"mixtral-8x7b", "llama", 4096, 32, 32, 8, 128, 14336, 32768, 1000000.0f, 1e-5f, 8, 2, 14336, 0, 0, false, 0},
+    /* for tests against llama.cpp: larger weights spread the logits and the
+     * router's probabilities, so greedy ids and expert choices are not near
+     * ties; an untied output keeps greedy decoding from echoing the last token */
+    {"tiny-qwen3moe", "qwen3moe", 256, 2, 4, 2, 64, 512, 2048, 1000000.0f, 1e-6f, 8, 2, 128, 0.06f, 1.0f, true, 0},
+    {"tiny-mixtral", "llama", 256, 2, 4, 2, 64, 256, 2048, 1000000.0f, 1e-5f, 8, 2, 256, 0.06f, 1.0f, true, 0},
+    /* 32 experts whose router rows repeat every 4: every probability is an
+     * 8-way tie, and which 4 of the 8 a token gets is the sort's tie order */
+    {"tiny-qwen3moe-ties", "qwen3moe", 256, 2, 4, 2, 64, 512, 2048, 1000000.0f, 1e-6f, 32, 4, 64, 0.06f, 1.0f, true, 4},
 };
 
-const char *model_synth_preset_names(void) { return "llama-1b smollm2-135m qwen3-0.6b tiny"; }
+const char *model_synth_preset_names(void)
+{
+    return "llama-1b smollm2-135m qwen3-0.6b tiny qwen3moe-30b-a3b mixtral-8x7b tiny-qwen3moe tiny-mixtral "
+           "tiny-qwen3moe-ties";
+}
 
 ks_status model_synth_preset(const char *name, struct model_synth_spec *spec)
 {
@@ -38,9 +58,11 @@ ks_status model_synth_preset(const char *name, struct model_synth_spec *spec)
             continue;
         *spec = (struct model_synth_spec){
             .arch = p->arch, .n_embd = p->dim, .n_layer = p->layers, .n_head = p->heads,
-            .n_head_kv = p->kv_heads, .head_dim = p->head_dim, .n_ff = p->ffn, .n_vocab = 512,
+            .n_head_kv = p->kv_heads, .head_dim = p->head_dim, .n_ff = p->ffn, .n_expert = p->experts,
+            .n_expert_used = p->experts_used, .n_ff_exp = p->ffn_exp, .n_vocab = 512,
             .n_ctx_train = p->n_ctx_train, .rope_freq_base = p->rope_freq_base, .rms_eps = p->rms_eps,
-            .seed = 1234,
+            .seed = 1234, .init_std = p->init_std, .embd_std = p->embd_std, .untied = p->untied,
+            .router_period = p->router_period,
         };
         return KS_OK;
     }
@@ -56,9 +78,10 @@ struct type_plan {
     bool pure;
     bool tied;
     int n_layer;
+    int n_expert;
 };
 
-enum tensor_role { ROLE_EMBD, ROLE_OUTPUT, ROLE_ATTN_V, ROLE_FFN_DOWN, ROLE_MATRIX };
+enum tensor_role { ROLE_EMBD, ROLE_OUTPUT, ROLE_ATTN_K, ROLE_ATTN_V, ROLE_FFN_DOWN, ROLE_MATRIX };
 
 static ks_status plan_parse(const char *name, struct type_plan *p)
 {
@@ -113,6 +136,9 @@ static enum quant_type plan_type(const struct type_plan *p, enum tensor_role rol
     if (p->q4_k_m && (role == ROLE_ATTN_V || role == ROLE_FFN_DOWN) && use_more_bits(layer, p->n_layer))
         t = QUANT_Q6_K;
     const struct quant_traits *tr = quant_traits(p->base);
+    /* llama-quantize: "for the 8-expert model, bumping this to Q8_0 trades just ~128MB" */
+    if (!p->pure && tr->is_quantized && p->n_expert == 8 && (role == ROLE_ATTN_K || role == ROLE_ATTN_V))
+        t = QUANT_Q8_0;
     bool is_output = role == ROLE_OUTPUT || (role == ROLE_EMBD && p->tied);
     if (!p->pure && is_output && tr->is_quantized)
         t = cols % tr->block_elems != 0 ? QUANT_Q8_0 : t != QUANT_Q8_0 ? QUANT_Q6_K : t;
@@ -137,6 +163,7 @@ struct fill {
 struct gen_job {
     uint64_t seed;
     int64_t rows, cols;
+    int64_t row_period;      /* row r is generated as row r % row_period (0: off) */
     struct fill fill;
     enum quant_type type;
     uint8_t *dst;
@@ -146,6 +173,8 @@ struct gen_job {
 
 static void gen_row(const struct gen_job *j, int64_t r, float *row)
 {
+    if (j->row_period > 0)
+        r %= j->row_period;
     uint64_t s = j->seed ^ ((uint64_t)r * 0xd1b54a32d192ed03ull);
     for (int64_t c = 0; c < j->cols; c++) {
         float u = (float)((splitmix64(&s) >> 40) * 0x1p-24) * 2.0f - 1.0f;
@@ -181,12 +210,15 @@ struct synth {
     struct type_plan plan;
     struct gguf_writer *w;
     threads_pool *pool;
+    int64_t row_period;       /* the next add_tensor's gen_job.row_period */
     void **bufs;
     size_t n_bufs, cap_bufs;
 };
 
-static ks_status add_tensor(struct synth *s, const char *name, int64_t rows, int64_t cols, enum quant_type type,
-                            struct fill fill)
+/* A tensor of n_mats matrices of rows x cols (n_mats > 1: a 3-D expert tensor
+ * [cols, rows, n_mats]); row r of matrix e is generated as row e * rows + r. */
+static ks_status add_tensor(struct synth *s, const char *name, int64_t n_mats, int64_t rows, int64_t cols,
+                            enum quant_type type, struct fill fill)
 {
     const struct quant_traits *tr = quant_traits(type);
     if (!tr || (type != QUANT_F32 && !tr->from_float))
@@ -204,34 +236,43 @@ static ks_status add_tensor(struct synth *s, const char *name, int64_t rows, int
         s->bufs = nb;
         s->cap_bufs = cap;
     }
-    uint8_t *data = malloc(row_bytes * (size_t)rows);
+    size_t bytes = row_bytes * (size_t)rows * (size_t)n_mats;
+    uint8_t *data = malloc(bytes);
     if (!data)
-        return ks_fail(KS_ERR_NOMEM, "synth: out of memory for tensor %s (%zu bytes)", name, row_bytes * (size_t)rows);
+        return ks_fail(KS_ERR_NOMEM, "synth: out of memory for tensor %s (%zu bytes)", name, bytes);
     s->bufs[s->n_bufs++] = data;
-    struct gen_job j = {.seed = XXH3_64bits(name, strlen(name)) ^ (s->spec->seed * 0x9e3779b97f4a7c15ull), .rows = rows,
+    struct gen_job j = {.seed = XXH3_64bits(name, strlen(name)) ^ (s->spec->seed * 0x9e3779b97f4a7c15ull), .rows = rows * n_mats,
+                        .row_period = s->row_period,
                         .cols = cols, .fill = fill, .type = type, .dst = data, .row_bytes = row_bytes};
     atomic_init(&j.failed, 0);
     threads_run(s->pool, gen_task, &j);
     if (atomic_load(&j.failed))
         return ks_fail(KS_ERR_NOMEM, "synth: out of memory generating %s", name);
-    int64_t ne[2] = {cols, rows};
-    return gguf_writer_add_tensor(s->w, name, rows == 1 ? 1 : 2, ne, type, data, row_bytes * (size_t)rows);
+    int64_t ne[3] = {cols, rows, n_mats};
+    return gguf_writer_add_tensor(s->w, name, n_mats > 1 ? 3 : rows == 1 ? 1 : 2, ne, type, data, bytes);
 }
 
-static ks_status add_matrix(struct synth *s, const char *name, enum tensor_role role, int layer, int64_t rows,
-                            int64_t cols)
+/* n_mats matrices (n_mats > 1: a 3-D expert tensor) */
+static ks_status add_matrices(struct synth *s, const char *name, enum tensor_role role, int layer, int64_t n_mats,
+                              int64_t rows, int64_t cols)
 {
     float std = s->spec->init_std > 0 ? s->spec->init_std : 0.02f;
     if (role == ROLE_EMBD && s->spec->embd_std > 0)
         std = s->spec->embd_std;
     struct fill f = {0.0f, std * sqrtf(3.0f)};
-    return add_tensor(s, name, rows, cols, plan_type(&s->plan, role, layer, cols), f);
+    return add_tensor(s, name, n_mats, rows, cols, plan_type(&s->plan, role, layer, cols), f);
+}
+
+static ks_status add_matrix(struct synth *s, const char *name, enum tensor_role role, int layer, int64_t rows,
+                            int64_t cols)
+{
+    return add_matrices(s, name, role, layer, 1, rows, cols);
 }
 
 /* Norm weights near 1, biases small: activations stay sane at any depth. */
 static ks_status add_vector(struct synth *s, const char *name, int64_t n, struct fill f)
 {
-    return add_tensor(s, name, 1, n, QUANT_F32, f);
+    return add_tensor(s, name, 1, 1, n, QUANT_F32, f);
 }
 
 static ks_status add_layer(struct synth *s, int il, bool qkv_bias, bool qk_norm)
@@ -244,13 +285,31 @@ static ks_status add_layer(struct synth *s, int il, bool qkv_bias, bool qk_norm)
 #define NAME(x) (snprintf(n, sizeof n, "blk.%d." x, il), n)
     if ((st = add_vector(s, NAME("attn_norm.weight"), E, norm)) ||
         (st = add_matrix(s, NAME("attn_q.weight"), ROLE_MATRIX, il, q_dim, E)) ||
-        (st = add_matrix(s, NAME("attn_k.weight"), ROLE_MATRIX, il, kv_dim, E)) ||
+        (st = add_matrix(s, NAME("attn_k.weight"), ROLE_ATTN_K, il, kv_dim, E)) ||
         (st = add_matrix(s, NAME("attn_v.weight"), ROLE_ATTN_V, il, kv_dim, E)) ||
         (st = add_matrix(s, NAME("attn_output.weight"), ROLE_MATRIX, il, E, q_dim)) ||
-        (st = add_vector(s, NAME("ffn_norm.weight"), E, norm)) ||
-        (st = add_matrix(s, NAME("ffn_gate.weight"), ROLE_MATRIX, il, sp->n_ff, E)) ||
-        (st = add_matrix(s, NAME("ffn_up.weight"), ROLE_MATRIX, il, sp->n_ff, E)) ||
-        (st = add_matrix(s, NAME("ffn_down.weight"), ROLE_FFN_DOWN, il, E, sp->n_ff)))
+        (st = add_vector(s, NAME("ffn_norm.weight"), E, norm)))
+        return st;
+    if (sp->n_expert == 0 &&
+        ((st = add_matrix(s, NAME("ffn_gate.weight"), ROLE_MATRIX, il, sp->n_ff, E)) ||
+         (st = add_matrix(s, NAME("ffn_up.weight"), ROLE_MATRIX, il, sp->n_ff, E)) ||
+         (st = add_matrix(s, NAME("ffn_down.weight"), ROLE_FFN_DOWN, il, E, sp->n_ff))))
+        return st;
+    /* The router stays F32 at every type: llama-quantize never quantizes
+     * ffn_gate_inp, and convert_hf_to_gguf writes it F32. */
+    int64_t F = sp->n_ff_exp > 0 ? sp->n_ff_exp : sp->n_ff, X = sp->n_expert;
+    float std = sp->init_std > 0 ? sp->init_std : 0.02f;
+    s->row_period = sp->router_period;
+    st = sp->n_expert > 0 ? add_tensor(s, NAME("ffn_gate_inp.weight"), 1, X, E, QUANT_F32,
+                                       (struct fill){0.0f, std * sqrtf(3.0f)})
+                          : KS_OK;
+    s->row_period = 0;
+    if (st)
+        return st;
+    if (sp->n_expert > 0 &&
+        ((st = add_matrices(s, NAME("ffn_gate_exps.weight"), ROLE_MATRIX, il, X, F, E)) ||
+         (st = add_matrices(s, NAME("ffn_up_exps.weight"), ROLE_MATRIX, il, X, F, E)) ||
+         (st = add_matrices(s, NAME("ffn_down_exps.weight"), ROLE_FFN_DOWN, il, X, E, F))))
         return st;
     if (qkv_bias && ((st = add_vector(s, NAME("attn_q.bias"), q_dim, bias)) ||
                      (st = add_vector(s, NAME("attn_k.bias"), kv_dim, bias)) ||
@@ -405,16 +464,39 @@ static ks_status add_hparams(struct synth *s, int n_vocab)
         (st = gguf_writer_set_u32(s->w, KEY("rope.dimension_count"), (uint32_t)sp->head_dim)) ||
         (st = gguf_writer_set_f32(s->w, KEY("rope.freq_base"), sp->rope_freq_base > 0 ? sp->rope_freq_base : 10000.0f)))
         return st;
-    return gguf_writer_set_f32(s->w, KEY("attention.layer_norm_rms_epsilon"), sp->rms_eps > 0 ? sp->rms_eps : 1e-5f);
+    if ((st = gguf_writer_set_f32(s->w, KEY("attention.layer_norm_rms_epsilon"), sp->rms_eps > 0 ? sp->rms_eps : 1e-5f)))
+        return st;
+    if (sp->n_expert > 0 &&
+        ((st = gguf_writer_set_u32(s->w, KEY("expert_count"), (uint32_t)sp->n_expert)) ||
+         (st = gguf_writer_set_u32(s->w, KEY("expert_used_count"), (uint32_t)sp->n_expert_used))))
+        return st;
+    /* llama.cpp reads expert_feed_forward_length for qwen3moe; llama's experts are n_ff wide */
+    if (sp->n_expert > 0 && !strcmp(sp->arch, "qwen3moe") &&
+        (st = gguf_writer_set_u32(s->w, KEY("expert_feed_forward_length"),
+                                  (uint32_t)(sp->n_ff_exp > 0 ? sp->n_ff_exp : sp->n_ff))))
+        return st;
+    return KS_OK;
 #undef KEY
 }
 
 static ks_status check_spec(const struct model_synth_spec *sp, bool *qkv_bias, bool *qk_norm)
 {
-    if (!sp->arch || (strcmp(sp->arch, "llama") && strcmp(sp->arch, "qwen2") && strcmp(sp->arch, "qwen3")))
-        return ks_fail(KS_ERR_INVALID_ARG, "synth: arch must be llama, qwen2 or qwen3");
+    if (!sp->arch || (strcmp(sp->arch, "llama") && strcmp(sp->arch, "qwen2") && strcmp(sp->arch, "qwen3") &&
+                      strcmp(sp->arch, "qwen3moe")))
+        return ks_fail(KS_ERR_INVALID_ARG, "synth: arch must be llama, qwen2, qwen3 or qwen3moe");
     *qkv_bias = !strcmp(sp->arch, "qwen2");
-    *qk_norm = !strcmp(sp->arch, "qwen3");
+    *qk_norm = !strcmp(sp->arch, "qwen3") || !strcmp(sp->arch, "qwen3moe");
+    bool moe_arch = !strcmp(sp->arch, "qwen3moe");
+    if (moe_arch && sp->n_expert <= 0)
+        return ks_fail(KS_ERR_INVALID_ARG, "synth: qwen3moe needs n_expert > 0");
+    if (sp->n_expert < 0 || sp->n_expert > 512 || (!moe_arch && sp->n_expert > 0 && strcmp(sp->arch, "llama")) ||
+        (sp->n_expert > 0 && (sp->n_expert_used < 1 || sp->n_expert_used > sp->n_expert)) || sp->n_ff_exp < 0)
+        return ks_fail(KS_ERR_INVALID_ARG, "synth: experts need llama or qwen3moe, n_expert in 1..512 and "
+                                           "n_expert_used in 1..n_expert (got %d of %d)",
+                       sp->n_expert_used, sp->n_expert);
+    if (sp->n_expert > 0 && !moe_arch && sp->n_ff_exp != 0 && sp->n_ff_exp != sp->n_ff)
+        return ks_fail(KS_ERR_INVALID_ARG, "synth: llama's experts are feed_forward_length wide: n_ff_exp %d must be "
+                                           "0 or n_ff %d", sp->n_ff_exp, sp->n_ff);
     if (sp->n_embd <= 0 || sp->n_layer <= 0 || sp->n_head <= 0 || sp->n_head_kv <= 0 || sp->head_dim <= 0 ||
         sp->n_ff <= 0 || sp->n_ctx_train <= 0 || sp->n_head % sp->n_head_kv != 0 || sp->head_dim % 2 != 0)
         return ks_fail(KS_ERR_INVALID_ARG, "synth: bad shape (sizes must be positive, heads a multiple of kv heads, "
@@ -435,6 +517,7 @@ ks_status model_synth(const struct model_synth_spec *spec, const char *type, con
     s.plan.pure = spec->pure;
     s.plan.tied = !spec->untied;
     s.plan.n_layer = spec->n_layer;
+    s.plan.n_expert = spec->n_expert;
     if ((st = gguf_writer_create(&s.w)))
         return st;
     int n_vocab = 0;

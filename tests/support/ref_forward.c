@@ -26,6 +26,11 @@ struct ref_layer {
     struct ref_mat w1;        /* gate (ff, dim) */
     struct ref_mat w3;        /* up (ff, dim) */
     struct ref_mat w2;        /* down (dim, ff) */
+    /* mixture of experts instead of w1 / w3 / w2 */
+    struct ref_mat router;    /* (n_expert, dim) */
+    struct ref_mat *e1;       /* (n_expert) gate (ff_exp, dim), views of one buffer */
+    struct ref_mat *e3;       /* (n_expert) up (ff_exp, dim) */
+    struct ref_mat *e2;       /* (n_expert) down (dim, ff_exp) */
 };
 
 struct ref_model {
@@ -45,6 +50,7 @@ struct ref_model {
     int *seq_len;             /* (seq) */
     /* run state */
     float *x, *xb, *xb2, *q, *k, *v, *att, *hb, *hb2, *scores, *tmp;
+    float *probs, *moe_out;   /* (n_expert), (dim) */
 };
 
 /* ---- loading -------------------------------------------------------------- */
@@ -72,6 +78,20 @@ static ks_status load_mat(const struct gguf_file *f, const char *name, int rows,
     m->rows = rows, m->cols = cols;
     m->w = dequant(f, name, (int64_t)rows * cols, &m->type);
     return m->w ? KS_OK : ks_fail(KS_ERR_FORMAT, "ref: tensor %s missing or wrong size", name);
+}
+
+/* A 3-D expert tensor [cols, rows, n]: n matrices viewing one dequantized buffer. */
+static ks_status load_experts(const struct gguf_file *f, const char *name, int n, int rows, int cols,
+                              struct ref_mat **out)
+{
+    struct ref_mat all;
+    ks_status st = load_mat(f, name, n * rows, cols, &all);
+    if (st)
+        return st;
+    *out = calloc((size_t)n, sizeof **out);
+    for (int e = 0; e < n; e++)
+        (*out)[e] = (struct ref_mat){all.w + (size_t)e * rows * cols, rows, cols, all.type};
+    return KS_OK;
 }
 
 static ks_status load_vec(const struct gguf_file *f, const char *name, int n, bool required, float **out)
@@ -121,11 +141,24 @@ static ks_status load_layer(struct ref_model *r, const struct gguf_file *f, int 
     char kn[96];
     snprintf(kn, sizeof kn, "blk.%d.attn_k_norm.weight", l);
     ks_status st;
+    if (hp->n_expert > 0) {
+        char rn[96], gn[96], un[96], dn[96];
+        snprintf(rn, sizeof rn, "blk.%d.ffn_gate_inp.weight", l);
+        snprintf(gn, sizeof gn, "blk.%d.ffn_gate_exps.weight", l);
+        snprintf(un, sizeof un, "blk.%d.ffn_up_exps.weight", l);
+        snprintf(dn, sizeof dn, "blk.%d.ffn_down_exps.weight", l);
+        int X = hp->n_expert, F = hp->n_ff_exp;
+        if ((st = load_mat(f, rn, X, dim, &L->router)) || (st = load_experts(f, gn, X, F, dim, &L->e1)) ||
+            (st = load_experts(f, un, X, F, dim, &L->e3)) || (st = load_experts(f, dn, X, dim, F, &L->e2)))
+            return st;
+    } else if ((st = load_mat(f, n[6], hp->n_ff, dim, &L->w1)) || (st = load_mat(f, n[7], hp->n_ff, dim, &L->w3)) ||
+               (st = load_mat(f, n[8], dim, hp->n_ff, &L->w2))) {
+        return st;
+    }
     if ((st = load_vec(f, n[0], dim, true, &L->attn_norm)) || (st = load_mat(f, n[1], qd, dim, &L->wq)) ||
         (st = load_mat(f, n[2], kvd, dim, &L->wk)) || (st = load_mat(f, n[3], kvd, dim, &L->wv)) ||
         (st = load_mat(f, n[4], dim, qd, &L->wo)) || (st = load_vec(f, n[5], dim, true, &L->ffn_norm)) ||
-        (st = load_mat(f, n[6], hp->n_ff, dim, &L->w1)) || (st = load_mat(f, n[7], hp->n_ff, dim, &L->w3)) ||
-        (st = load_mat(f, n[8], dim, hp->n_ff, &L->w2)) || (st = load_vec(f, n[9], qd, false, &L->bq)) ||
+        (st = load_vec(f, n[9], qd, false, &L->bq)) ||
         (st = load_vec(f, n[10], kvd, false, &L->bk)) || (st = load_vec(f, n[11], kvd, false, &L->bv)))
         return st;
     if (hp->has_qk_norm &&
@@ -155,6 +188,8 @@ ks_status ref_model_create(const struct model *m, int max_seqs, int max_ctx, uns
     if (!st)
         st = load_vec(f, "output_norm.weight", dim, true, &r->output_norm);
     r->layers = calloc((size_t)hp->n_layer, sizeof *r->layers);
+    if (!st && hp->n_expert_used > 64)
+        st = ks_fail(KS_ERR_UNSUPPORTED, "ref: more than 64 experts per token");
     for (int l = 0; l < hp->n_layer && !st; l++)
         st = load_layer(r, f, l);
     r->inv_freq = calloc((size_t)hp->n_rot / 2 + 1, sizeof(float));
@@ -167,8 +202,9 @@ ks_status ref_model_create(const struct model *m, int max_seqs, int max_ctx, uns
     r->key_cache = calloc(cache, sizeof(float));
     r->value_cache = calloc(cache, sizeof(float));
     r->seq_len = calloc((size_t)max_seqs, sizeof(int));
+    int n_ff = hp->n_ff > hp->n_ff_exp ? hp->n_ff : hp->n_ff_exp;
     int wide = dim > qd ? dim : qd;
-    wide = wide > hp->n_ff ? wide : hp->n_ff;
+    wide = wide > n_ff ? wide : n_ff;
     r->x = calloc((size_t)dim, sizeof(float));
     r->xb = calloc((size_t)wide, sizeof(float));
     r->xb2 = calloc((size_t)dim, sizeof(float));
@@ -176,8 +212,10 @@ ks_status ref_model_create(const struct model *m, int max_seqs, int max_ctx, uns
     r->k = calloc((size_t)kvd, sizeof(float));
     r->v = calloc((size_t)kvd, sizeof(float));
     r->att = calloc((size_t)qd, sizeof(float));
-    r->hb = calloc((size_t)hp->n_ff, sizeof(float));
-    r->hb2 = calloc((size_t)hp->n_ff, sizeof(float));
+    r->hb = calloc((size_t)n_ff, sizeof(float));
+    r->hb2 = calloc((size_t)n_ff, sizeof(float));
+    r->probs = calloc((size_t)hp->n_expert + 1, sizeof(float));
+    r->moe_out = calloc((size_t)dim, sizeof(float));
     r->scores = calloc((size_t)max_ctx, sizeof(float));
     r->tmp = calloc((size_t)wide, sizeof(float));
     if (st) {
@@ -198,12 +236,15 @@ void ref_model_free(struct ref_model *r)
         struct ref_layer *L = &r->layers[l];
         free(L->attn_norm), free(L->ffn_norm), free(L->bq), free(L->bk), free(L->bv), free(L->q_norm), free(L->k_norm);
         free_mat(&L->wq), free_mat(&L->wk), free_mat(&L->wv), free_mat(&L->wo);
-        free_mat(&L->w1), free_mat(&L->w2), free_mat(&L->w3);
+        free_mat(&L->w1), free_mat(&L->w2), free_mat(&L->w3), free_mat(&L->router);
+        if (L->e1)
+            free(L->e1[0].w), free(L->e2[0].w), free(L->e3[0].w);
+        free(L->e1), free(L->e2), free(L->e3);
     }
     free(r->layers), free(r->tok_embd), free_mat(&r->output), free(r->output_norm), free(r->inv_freq);
     free(r->key_cache), free(r->value_cache), free(r->seq_len);
     free(r->x), free(r->xb), free(r->xb2), free(r->q), free(r->k), free(r->v), free(r->att);
-    free(r->hb), free(r->hb2), free(r->scores), free(r->tmp);
+    free(r->hb), free(r->hb2), free(r->scores), free(r->tmp), free(r->probs), free(r->moe_out);
     free(r);
 }
 
@@ -495,6 +536,53 @@ static void swiglu(const struct ref_model *r, float *gate, const float *up, int 
         gate[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
 }
 
+/* SwiGLU FFN: out = down(silu(gate(x)) * up(x)) */
+static void ffn(struct ref_model *r, float *out, const float *x, const struct ref_mat *w1, const struct ref_mat *w3,
+                const struct ref_mat *w2)
+{
+    matmul(r, r->hb, x, w1, r->tmp);
+    matmul(r, r->hb2, x, w3, r->tmp);
+    swiglu(r, r->hb, r->hb2, w1->rows);
+    matmul(r, out, r->hb, w2, r->tmp);
+}
+
+/* Mixture of experts, as llama.cpp routes it for llama and qwen3moe:
+ * probabilities = softmax of the router's logits over all experts; the k
+ * largest (equal ones: lower expert id first, which is ggml's argsort order
+ * for up to 16 experts only; the engine follows ggml beyond); weights = those k
+ * probabilities renormalized to sum 1; out = sum of weight * expert FFN. */
+static void moe(struct ref_model *r, const struct ref_layer *L, float *out, const float *x)
+{
+    const struct model_hparams *hp = &r->hp;
+    int dim = hp->n_embd, n = hp->n_expert, k = hp->n_expert_used;
+    matmul(r, r->probs, x, &L->router, r->tmp);
+    softmax(r->probs, n);
+    int chosen[64];
+    float weight[64];
+    double wsum = 0;
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        for (int e = 0; e < n; e++) {
+            bool taken = false;
+            for (int i = 0; i < j; i++)
+                taken |= chosen[i] == e;
+            if (!taken && (best < 0 || r->probs[e] > r->probs[best]))
+                best = e;
+        }
+        chosen[j] = best;
+        weight[j] = r->probs[best];
+        wsum += weight[j];
+    }
+    for (int i = 0; i < dim; i++)
+        out[i] = 0;
+    for (int j = 0; j < k; j++) {
+        ffn(r, r->xb2, x, &L->e1[chosen[j]], &L->e3[chosen[j]], &L->e2[chosen[j]]);
+        float w = (float)(weight[j] / wsum);
+        for (int i = 0; i < dim; i++)
+            out[i] += w * r->xb2[i];
+    }
+}
+
 ks_status ref_forward(struct ref_model *r, int seq, int32_t token, int32_t pos, float *logits)
 {
     const struct model_hparams *hp = &r->hp;
@@ -546,14 +634,17 @@ ks_status ref_forward(struct ref_model *r, int seq, int32_t token, int32_t pos, 
         matmul(r, r->xb2, r->att, &L->wo, r->tmp);
         for (int i = 0; i < dim; i++)
             r->x[i] += r->xb2[i];
-        /* ffn rmsnorm, SwiGLU, residual */
+        /* ffn rmsnorm, SwiGLU (or the mixture of experts), residual */
         norm(r, r->xb, r->x, L->ffn_norm, dim);
-        matmul(r, r->hb, r->xb, &L->w1, r->tmp);
-        matmul(r, r->hb2, r->xb, &L->w3, r->tmp);
-        swiglu(r, r->hb, r->hb2, hp->n_ff);
-        matmul(r, r->xb2, r->hb, &L->w2, r->tmp);
-        for (int i = 0; i < dim; i++)
-            r->x[i] += r->xb2[i];
+        if (hp->n_expert > 0) {
+            moe(r, L, r->moe_out, r->xb);
+            for (int i = 0; i < dim; i++)
+                r->x[i] += r->moe_out[i];
+        } else {
+            ffn(r, r->xb2, r->xb, &L->w1, &L->w3, &L->w2);
+            for (int i = 0; i < dim; i++)
+                r->x[i] += r->xb2[i];
+        }
     }
     r->seq_len[seq] = pos + 1;
     /* final rmsnorm, classifier */
