@@ -161,7 +161,7 @@ static void test_info_stories260k(void **state)
 static void test_info_moe(void **state)
 {
     (void)state;
-    need_binary();
+    NEED_BINARY();
     char *out = malloc(OUT_CAP);
     char path[] = "/tmp/test_gguf_info_XXXXXX";
     close(mkstemp(path));
