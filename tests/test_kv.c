@@ -169,6 +169,121 @@ static void test_write_rotates_and_roundtrips(void **state)
     kv_free(kv);
 }
 
+/* Rows that stress a quantizer: ordinary, large, tiny (scales near the f16
+ * subnormals, inverse scales that overflow), zero, exact ties, one outlier
+ * per block, f16 overflow. */
+static void edge_row(float *x, int n, int kind)
+{
+    for (int i = 0; i < n; i++) {
+        float r = frand();
+        switch (kind % 9) {
+        case 0: x[i] = r; break;
+        case 1: x[i] = r * 1000.0f; break;
+        case 2: x[i] = r * 1e-6f; break;
+        case 3: x[i] = 0.0f; break;
+        case 4: x[i] = (float)(int)(r * 16.0f) * 0.5f; break;
+        case 5: x[i] = i % 32 == 0 ? 3.0f : r * 0.01f; break;
+        case 6: x[i] = r * 60000.0f; break;
+        case 7: x[i] = r * 1e5f; break;
+        case 8: x[i] = (float)(i % 32 - 16) / 16.0f; break;
+        }
+    }
+}
+
+/* The bytes a page holds are the bytes quant's scalar reference quantizer
+ * makes of the stored row, for every KV type, with and without the rotation,
+ * through kv_write and through kv_requantize (the reference dequantizer, then
+ * the reference quantizer). The prefix cache's SSD tier keeps these bytes, so
+ * they must never drift from the reference. stored: (n_tok, K|V, n_kv_head,
+ * head_dim) the values each row should hold, after the rotation. */
+static void check_page_rows(const struct kv_cache *kv, int32_t seq, const float *stored, int n_tok)
+{
+    const struct kv_config *c = kv_get_config(kv);
+    int d = c->head_dim;
+    uint8_t *want = malloc((size_t)d * sizeof(float));
+    for (int p = 0; p < n_tok; p++) {
+        const struct kv_page *pg = &kv->pages[kv->seqs[seq].pages[p / c->page_tokens]];
+        for (int kind = 0; kind < 2; kind++) {
+            enum quant_type t = kind ? pg->tv : pg->tk;
+            size_t rb = quant_row_size(t, d);
+            for (int h = 0; h < c->n_kv_head; h++) {
+                quant_traits_scalar(t)->from_float(stored + (((size_t)p * 2 + kind) * c->n_kv_head + h) * d, want, d);
+                const uint8_t *row = kv_page_rows(kv, kind ? pg->v : pg->k, t, 0, h) + (size_t)(p % c->page_tokens) * rb;
+                if (memcmp(row, want, rb) != 0)
+                    fail_msg("head_dim %d rotate %d %s %s: token %d head %d differs from quant's reference", d,
+                             c->rotate, kind ? "V" : "K", quant_type_name(t), p, h);
+            }
+        }
+    }
+    free(want);
+}
+
+/* stored = the reference's dequantization of every row (what a requantization
+ * starts from). */
+static void dequantize_page_rows(const struct kv_cache *kv, int32_t seq, float *stored, int n_tok)
+{
+    const struct kv_config *c = kv_get_config(kv);
+    int d = c->head_dim;
+    for (int p = 0; p < n_tok; p++) {
+        const struct kv_page *pg = &kv->pages[kv->seqs[seq].pages[p / c->page_tokens]];
+        for (int kind = 0; kind < 2; kind++) {
+            enum quant_type t = kind ? pg->tv : pg->tk;
+            size_t rb = quant_row_size(t, d);
+            for (int h = 0; h < c->n_kv_head; h++) {
+                const uint8_t *row = kv_page_rows(kv, kind ? pg->v : pg->k, t, 0, h) + (size_t)(p % c->page_tokens) * rb;
+                quant_traits_scalar(t)->to_float(row, stored + (((size_t)p * 2 + kind) * c->n_kv_head + h) * d, d);
+            }
+        }
+    }
+}
+
+static void test_rows_match_quant_reference(void **state)
+{
+    (void)state;
+    static const enum quant_type types[] = {QUANT_F32, QUANT_F16, QUANT_Q8_0, QUANT_Q4_0};
+    const int dims[] = {32, 64, 96, 128, 256};
+    const int n_tok = 40;
+    for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++)
+        for (int rot = 0; rot < 2; rot++)
+            for (size_t ti = 0; ti < 4; ti++) {
+                int d = dims[di];
+                struct kv_config cfg;
+                base_config(&cfg, d, 1 << 24);
+                cfg.n_layer = 1;
+                cfg.page_tokens = 16;
+                cfg.rotate = rot;
+                cfg.type_k = types[ti];
+                cfg.type_v = types[(ti + 1) % 4];
+                struct kv_cache *kv;
+                assert_int_equal(kv_create(&cfg, &kv), KS_OK);
+                int32_t s;
+                assert_int_equal(kv_seq_create(kv, &s), KS_OK);
+                assert_int_equal(kv_seq_grow(kv, s, n_tok), KS_OK);
+                size_t per_tok = 2 * (size_t)cfg.n_kv_head * d;
+                float *stored = malloc((size_t)n_tok * per_tok * sizeof *stored);
+                for (int p = 0; p < n_tok; p++) {
+                    float *k = stored + (size_t)p * per_tok, *v = k + per_tok / 2;
+                    for (int h = 0; h < 2 * cfg.n_kv_head; h++)
+                        edge_row(k + (size_t)h * d, d, p + h);
+                    assert_int_equal(kv_write(kv, 0, s, p, k, v), KS_OK);
+                    for (int h = 0; rot && h < 2 * cfg.n_kv_head; h++)
+                        kv_rotate(k + (size_t)h * d, d);
+                }
+                check_page_rows(kv, s, stored, n_tok);
+                /* requantize through every type and back */
+                struct kv_selector all = {.kind = KV_SELECT_ALL};
+                for (int step = 1; step <= 4; step++) {
+                    dequantize_page_rows(kv, s, stored, n_tok);
+                    assert_int_equal(kv_requantize(kv, &all, types[(ti + step) % 4], types[(ti + 2 * step) % 4], false,
+                                                   NULL), KS_OK);
+                    check_page_rows(kv, s, stored, n_tok);
+                }
+                assert_int_equal(kv_check(kv), KS_OK);
+                free(stored);
+                kv_free(kv);
+            }
+}
+
 static void test_rotation_is_orthonormal(void **state)
 {
     (void)state;
@@ -444,6 +559,7 @@ int main(void)
         cmocka_unit_test(test_grow_truncate_accounting),
         cmocka_unit_test(test_write_rotates_and_roundtrips),
         cmocka_unit_test(test_rotation_is_orthonormal),
+        cmocka_unit_test(test_rows_match_quant_reference),
         cmocka_unit_test(test_fork_copy_on_write),
         cmocka_unit_test(test_requantize_dry_run_and_real),
         cmocka_unit_test(test_requantize_failure_leaves_pages),
