@@ -138,7 +138,7 @@ static void read_row(const struct kv_cache *kv, int32_t seq, int layer, int head
     const struct kv_page *pg = &kv->pages[kv->seqs[seq].pages[pos / c->page_tokens]];
     enum quant_type t = is_k ? pg->tk : pg->tv;
     const uint8_t *rows = kv_page_rows(kv, is_k ? pg->k : pg->v, t, layer, head);
-    kv_row_load(t, rows + (size_t)(pos % c->page_tokens) * kv_row_bytes(t, c->head_dim), out, c->head_dim);
+    quant_traits(t)->to_float(rows + (size_t)(pos % c->page_tokens) * quant_row_size(t, c->head_dim), out, c->head_dim);
 }
 
 static void test_write_rotates_and_roundtrips(void **state)

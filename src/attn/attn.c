@@ -145,7 +145,7 @@ static inline __attribute__((always_inline)) void prefetch_page(const struct kv_
     size_t rows = (size_t)kv->cfg.page_tokens * kv->cfg.n_kv_head;
     const char *k = (const char *)kv_page_rows(kv, pg->k, pg->tk, layer, 0);
     const char *v = (const char *)kv_page_rows(kv, pg->v, pg->tv, layer, 0);
-    size_t nk = rows * kv_row_bytes(pg->tk, kv->cfg.head_dim), nv = rows * kv_row_bytes(pg->tv, kv->cfg.head_dim);
+    size_t nk = rows * kv->row_bytes[pg->tk], nv = rows * kv->row_bytes[pg->tv];
     for (size_t o = 0; o < nk; o += 64)
         __builtin_prefetch(k + o);
     for (size_t o = 0; o < nv; o += 64)

@@ -314,7 +314,7 @@ ALWAYS_INLINE void quant_score_block(const uint8_t *k, bool q4, int nch, int n_t
                                      int r0, int nr)
 {
     int nb = rows->dim / QK8_0, per = q4 ? Q4_CHUNK : Q8_CHUNK;
-    size_t rb = kv_row_bytes(q4 ? QUANT_Q4_0 : QUANT_Q8_0, rows->dim);
+    size_t rb = attn_quant_row_bytes(q4, rows->dim);
     size_t bb = q4 ? sizeof(block_q4_0) : sizeof(block_q8_0);
     int shift = q4 ? 8 : 4; /* second load's offset */
     struct qchunk qc[ROW_BLOCK * MAX_CHUNKS];
@@ -476,7 +476,7 @@ ALWAYS_INLINE void quant_accum_block(const uint8_t *v, bool q4, int n_tok, const
                                      int nr, int b, int nblk)
 {
     int d = rows->dim;
-    size_t rb = kv_row_bytes(q4 ? QUANT_Q4_0 : QUANT_Q8_0, d);
+    size_t rb = attn_quant_row_bytes(q4, d);
     float *base = rows->acc + (size_t)b * QK8_0;
     __m512 a[4][ROW_BLOCK];
     for (int h = 0; h < 2 * nblk; h++)
@@ -527,28 +527,28 @@ static void accum_q4_0_avx512(const uint8_t *v, int n_tok, const struct attn_row
 }
 
 /* head_dim not a multiple of 16 goes to the AVX2 set (which falls back further). */
-#define WIDE_OR_AVX2(name, wide, kind, idx)                                                                  \
+#define WIDE_OR_AVX2(name, wide, kind, type)                                                                 \
     static void name(const uint8_t *x, int n_tok, const struct attn_rows *rows)                             \
     {                                                                                                        \
         if (rows->dim % LANES)                                                                               \
-            attn_kernels_avx2()->kind[idx](x, n_tok, rows);                                                  \
+            attn_kernels_avx2()->kind[kv_type_index(type)](x, n_tok, rows);                                  \
         else                                                                                                 \
             wide(x, n_tok, rows);                                                                            \
     }
-WIDE_OR_AVX2(score_f32_g, score_f32_avx512, score, 0)
-WIDE_OR_AVX2(score_f16_g, score_f16_avx512, score, 1)
-WIDE_OR_AVX2(accum_f32_g, accum_f32_avx512, accum, 0)
-WIDE_OR_AVX2(accum_f16_g, accum_f16_avx512, accum, 1)
+WIDE_OR_AVX2(score_f32_g, score_f32_avx512, score, QUANT_F32)
+WIDE_OR_AVX2(score_f16_g, score_f16_avx512, score, QUANT_F16)
+WIDE_OR_AVX2(accum_f32_g, accum_f32_avx512, accum, QUANT_F32)
+WIDE_OR_AVX2(accum_f16_g, accum_f16_avx512, accum, QUANT_F16)
 
 #if !defined(AVX512_QUANT_K)
 static void score_q8_0_avx512(const uint8_t *k, int n_tok, const struct attn_rows *rows)
 {
-    attn_kernels_avx2()->score[2](k, n_tok, rows);
+    attn_kernels_avx2()->score[kv_type_index(QUANT_Q8_0)](k, n_tok, rows);
 }
 
 static void score_q4_0_avx512(const uint8_t *k, int n_tok, const struct attn_rows *rows)
 {
-    attn_kernels_avx2()->score[3](k, n_tok, rows);
+    attn_kernels_avx2()->score[kv_type_index(QUANT_Q4_0)](k, n_tok, rows);
 }
 #endif
 
@@ -644,8 +644,10 @@ static void rotate_avx512(float *x, int n)
 
 static const struct attn_kernels AVX512 = {
     "avx512",
-    {score_f32_g, score_f16_g, score_q8_0_avx512, score_q4_0_avx512},
-    {accum_f32_g, accum_f16_g, accum_q8_0_avx512, accum_q4_0_avx512},
+    {[KV_INDEX_F32] = score_f32_g, [KV_INDEX_F16] = score_f16_g, [KV_INDEX_Q8_0] = score_q8_0_avx512,
+     [KV_INDEX_Q4_0] = score_q4_0_avx512},
+    {[KV_INDEX_F32] = accum_f32_g, [KV_INDEX_F16] = accum_f16_g, [KV_INDEX_Q8_0] = accum_q8_0_avx512,
+     [KV_INDEX_Q4_0] = accum_q4_0_avx512},
     exp_sum_avx512,
     softmax_avx512,
     rotate_avx512,

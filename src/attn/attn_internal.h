@@ -31,7 +31,7 @@ struct attn_rows {
 };
 
 /* s[r * stride + t] = q_r . k_t for t < n_tok (rows of one page, stride
- * kv_row_bytes apart), for every row r. */
+ * quant_row_size(type, dim) apart), for every row r. */
 typedef void (*attn_score_fn)(const uint8_t *k, int n_tok, const struct attn_rows *rows);
 /* acc_r += sum_t p[r][t] * v_t for every row r and t < n_tok; p is in s. */
 typedef void (*attn_accum_fn)(const uint8_t *v, int n_tok, const struct attn_rows *rows);
@@ -53,6 +53,13 @@ struct attn_kernels {
     /* kv_rotate(x, n), bit-exact: the query before scoring, the output after */
     void (*rotate)(float *x, int n);
 };
+
+/* Bytes of one q4_0 (q4) or q8_0 row of dim values, quant_row_size() inline
+ * for the kernels' token loops. */
+static inline size_t attn_quant_row_bytes(bool q4, int dim)
+{
+    return (size_t)(dim / QK8_0) * (q4 ? sizeof(block_q4_0) : sizeof(block_q8_0));
+}
 
 /* The reference page softmax over any exp_sum kernel (scalar and AVX2 sets). */
 void attn_softmax_with(const struct attn_rows *rows, int page_start, int n_tok, attn_exp_sum_fn exp_sum);

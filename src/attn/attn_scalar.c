@@ -206,8 +206,8 @@ static void softmax(const struct attn_rows *rows, int page_start, int n_tok)
 
 static const struct attn_kernels SCALAR = {
     "scalar",
-    {score_f32, score_f16, score_q8_0, score_q4_0},
-    {accum_f32, accum_f16, accum_q8_0, accum_q4_0},
+    {[KV_INDEX_F32] = score_f32, [KV_INDEX_F16] = score_f16, [KV_INDEX_Q8_0] = score_q8_0, [KV_INDEX_Q4_0] = score_q4_0},
+    {[KV_INDEX_F32] = accum_f32, [KV_INDEX_F16] = accum_f16, [KV_INDEX_Q8_0] = accum_q8_0, [KV_INDEX_Q4_0] = accum_q4_0},
     exp_sum,
     softmax,
     kv_rotate,

@@ -26,17 +26,19 @@ void kv_config_default(struct kv_config *cfg)
 int kv_type_index(enum quant_type t)
 {
     switch (t) {
-    case QUANT_F32: return 0;
-    case QUANT_F16: return 1;
-    case QUANT_Q8_0: return 2;
-    case QUANT_Q4_0: return 3;
+    case QUANT_F32: return KV_INDEX_F32;
+    case QUANT_F16: return KV_INDEX_F16;
+    case QUANT_Q8_0: return KV_INDEX_Q8_0;
+    case QUANT_Q4_0: return KV_INDEX_Q4_0;
     default: return -1;
     }
 }
 
 enum quant_type kv_type_at(int index)
 {
-    static const enum quant_type types[KV_N_TYPES] = {QUANT_F32, QUANT_F16, QUANT_Q8_0, QUANT_Q4_0};
+    static const enum quant_type types[KV_N_TYPES] = {
+        [KV_INDEX_F32] = QUANT_F32, [KV_INDEX_F16] = QUANT_F16, [KV_INDEX_Q8_0] = QUANT_Q8_0, [KV_INDEX_Q4_0] = QUANT_Q4_0,
+    };
     return index >= 0 && index < KV_N_TYPES ? types[index] : QUANT_F32;
 }
 
@@ -54,7 +56,7 @@ ks_status kv_check_type(const struct kv_config *cfg, enum quant_type t, const ch
 
 size_t kv_half_bytes(const struct kv_config *cfg, enum quant_type t)
 {
-    return (size_t)cfg->n_layer * (size_t)cfg->n_kv_head * (size_t)cfg->page_tokens * kv_row_bytes(t, cfg->head_dim);
+    return (size_t)cfg->n_layer * (size_t)cfg->n_kv_head * (size_t)cfg->page_tokens * quant_row_size(t, cfg->head_dim);
 }
 
 size_t kv_page_bytes(const struct kv_config *cfg, enum quant_type type_k, enum quant_type type_v)
@@ -104,6 +106,8 @@ ks_status kv_create(const struct kv_config *cfg, struct kv_cache **out)
     kv->lru_head = kv->lru_tail = -1;
     while ((1 << kv->page_shift) < cfg->page_tokens)
         kv->page_shift++;
+    for (int i = 0; i < KV_N_TYPES; i++)
+        kv->row_bytes[kv_type_at(i)] = quant_row_size(kv_type_at(i), cfg->head_dim);
     kv->scratch = malloc((size_t)cfg->head_dim * sizeof(float));
     if (!kv->scratch) {
         free(kv);
@@ -431,7 +435,8 @@ ks_status kv_write(struct kv_cache *kv, int layer, int32_t seq, int32_t pos, con
     void *half[2] = {pg->k, pg->v};
     enum quant_type type[2] = {pg->tk, pg->tv};
     for (int kind = 0; kind < 2; kind++) {
-        size_t rb = kv_row_bytes(type[kind], c->head_dim);
+        quant_from_float_fn store = quant_traits(type[kind])->from_float;
+        size_t rb = kv->row_bytes[type[kind]];
         for (int h = 0; h < c->n_kv_head; h++) {
             const float *x = src[kind] + (size_t)h * c->head_dim;
             if (c->rotate) {
@@ -439,8 +444,7 @@ ks_status kv_write(struct kv_cache *kv, int layer, int32_t seq, int32_t pos, con
                 kv_rotate(kv->scratch, c->head_dim);
                 x = kv->scratch;
             }
-            uint8_t *row = (uint8_t *)kv_page_rows(kv, half[kind], type[kind], layer, h) + (size_t)t * rb;
-            kv_row_store(type[kind], x, row, c->head_dim);
+            store(x, (uint8_t *)kv_page_rows(kv, half[kind], type[kind], layer, h) + (size_t)t * rb, c->head_dim);
         }
     }
     return KS_OK;

@@ -62,6 +62,7 @@ struct kv_cache {
 
     int64_t demotions, demotion_passes;
     float *scratch;          /* (head_dim) rotation scratch for kv_write */
+    size_t row_bytes[QUANT_TYPE_COUNT]; /* quant_row_size(t, head_dim) of each KV type t, 0 for others */
 
     /* prefix cache, kv_prefix.c */
     struct kv_map map;
@@ -73,25 +74,16 @@ struct kv_cache {
     void *evict_user;
 };
 
-/* Bytes of one stored row of head_dim values. */
-static inline size_t kv_row_bytes(enum quant_type t, int head_dim)
-{
-    switch (t) {
-    case QUANT_F32: return (size_t)head_dim * 4;
-    case QUANT_F16: return (size_t)head_dim * 2;
-    case QUANT_Q8_0: return (size_t)(head_dim / QK8_0) * sizeof(block_q8_0);
-    case QUANT_Q4_0: return (size_t)(head_dim / QK4_0) * sizeof(block_q4_0);
-    default: return 0;
-    }
-}
+/* kv_type_index() of each KV type as a constant, for tables indexed by page
+ * type (attn's kernel sets). */
+enum { KV_INDEX_F32 = 0, KV_INDEX_F16 = 1, KV_INDEX_Q8_0 = 2, KV_INDEX_Q4_0 = 3 };
 
 /* First row of (layer, kv head) in one half of a page; rows follow with
- * stride kv_row_bytes(). */
+ * stride kv->row_bytes[t]. */
 static inline const uint8_t *kv_page_rows(const struct kv_cache *kv, const void *half,
                                           enum quant_type t, int layer, int head)
 {
-    size_t rb = kv_row_bytes(t, kv->cfg.head_dim);
-    size_t run = (size_t)kv->cfg.page_tokens * rb;
+    size_t run = (size_t)kv->cfg.page_tokens * kv->row_bytes[t];
     return (const uint8_t *)half + ((size_t)layer * (size_t)kv->cfg.n_kv_head + (size_t)head) * run;
 }
 
@@ -138,14 +130,13 @@ ks_status kv_policy_make_room(struct kv_cache *kv, size_t bytes);
 ks_status kv_convert_pages(struct kv_cache *kv, const int32_t *ids, int32_t n, enum quant_type tk,
                            enum quant_type tv);
 
-/* ---- rows: rotation and (de)quantization, kv_rows.c -------------------- */
+/* ---- rows: the rotation, kv_rotate.c --------------------------------------- */
+/* Rows are (de)quantized by quant's traits (quant_traits(t)->from_float and
+ * ->to_float): the page bytes are quant's reference quantizers' bytes. */
 
 /* Normalized Walsh-Hadamard transform in place over blocks of the largest
  * power of two dividing n (n itself when n is a power of two). Orthogonal and
  * its own inverse, so dot products are unchanged. */
 void kv_rotate(float *x, int n);
-/* Store n f32 values as one row of type t, and back. */
-void kv_row_store(enum quant_type t, const float *x, void *row, int n);
-void kv_row_load(enum quant_type t, const void *row, float *x, int n);
 
 #endif
