@@ -348,6 +348,45 @@ static void test_fork_copy_on_write(void **state)
     kv_free(kv);
 }
 
+/* A copy on write that needs room can make the dynamic policy demote the
+ * very page being copied (here: no sinks, no hot window, so every page is
+ * demotable): the copy must take the page's types after the demotion, not
+ * before (it read a demoted half with the old half's size). */
+static void test_copy_on_write_of_a_page_the_policy_demotes(void **state)
+{
+    (void)state;
+    struct kv_config cfg;
+    base_config(&cfg, 64, 1);
+    size_t f16 = kv_page_bytes(&cfg, QUANT_F16, QUANT_F16);
+    cfg.mem_budget = 3 * f16;
+    cfg.policy = KV_POLICY_DYNAMIC;
+    cfg.sink_tokens = 0;
+    cfg.hot_tokens = 0;
+    struct kv_cache *kv;
+    assert_int_equal(kv_create(&cfg, &kv), KS_OK);
+    int32_t a, b;
+    assert_int_equal(kv_seq_create(kv, &a), KS_OK);
+    assert_int_equal(kv_seq_grow(kv, a, 64), KS_OK);
+    fill(kv, a, 0, 64);
+    assert_int_equal(kv_seq_fork(kv, a, &b), KS_OK);
+    float theirs[64], mine[64];
+    float k[128], v[128];
+    for (int i = 0; i < 128; i++)
+        k[i] = v[i] = 0.25f;
+    /* 2 pages + the copy cross the high watermark: both shared pages are demoted first */
+    assert_int_equal(kv_write(kv, 2, b, 63, k, v), KS_OK);
+    const struct kv_page *pa = &kv->pages[kv->seqs[a].pages[1]], *pb = &kv->pages[kv->seqs[b].pages[1]];
+    assert_int_not_equal(kv->seqs[a].pages[1], kv->seqs[b].pages[1]);
+    assert_int_not_equal(pa->tv, QUANT_F16);
+    assert_int_equal(pb->tk, pa->tk);
+    assert_int_equal(pb->tv, pa->tv);
+    read_row(kv, a, 2, 1, 40, false, theirs);
+    read_row(kv, b, 2, 1, 40, false, mine);
+    assert_memory_equal(mine, theirs, sizeof mine); /* the copy holds the demoted rows */
+    assert_int_equal(kv_check(kv), KS_OK);
+    kv_free(kv);
+}
+
 static struct kv_cache *filled_cache(enum quant_type tk, enum quant_type tv, size_t budget_pages, int32_t *seqs,
                                      const int32_t *lens, int n_seq)
 {
@@ -561,6 +600,7 @@ int main(void)
         cmocka_unit_test(test_rotation_is_orthonormal),
         cmocka_unit_test(test_rows_match_quant_reference),
         cmocka_unit_test(test_fork_copy_on_write),
+        cmocka_unit_test(test_copy_on_write_of_a_page_the_policy_demotes),
         cmocka_unit_test(test_requantize_dry_run_and_real),
         cmocka_unit_test(test_requantize_failure_leaves_pages),
         cmocka_unit_test(test_dynamic_policy_demotes_in_order),

@@ -398,11 +398,12 @@ static ks_status page_make_private(struct kv_cache *kv, struct kv_seq *s, int32_
     int32_t old = s->pages[idx];
     if (kv->pages[old].ref == 1 && !kv->pages[old].keyed)
         return KS_OK;
-    enum quant_type tk = kv->pages[old].tk, tv = kv->pages[old].tv;
-    size_t bytes = kv_page_bytes(&kv->cfg, tk, tv);
-    ks_status st = kv_policy_make_room(kv, bytes);
+    /* the dynamic policy may demote this very page while making room (when it
+     * lies outside every holder's sinks and hot window): read its types after */
+    ks_status st = kv_policy_make_room(kv, kv_page_bytes(&kv->cfg, kv->pages[old].tk, kv->pages[old].tv));
     if (st)
         return st;
+    enum quant_type tk = kv->pages[old].tk, tv = kv->pages[old].tv;
     int32_t id = -1;
     if ((st = kv_page_new(kv, tk, tv, &id)))
         return st;
