@@ -8,9 +8,22 @@
 #ifndef KS_KV_INTERNAL_H
 #define KS_KV_INTERNAL_H
 
+#include <assert.h>
 #include <stdint.h>
 
 #include "kv/kv.h"
+
+/* Debug builds (no NDEBUG) run kv_check() after every public call that
+ * changes the cache and abort with its message at the first broken
+ * invariant, so a bug shows at the call that made it. -DKS_KV_CHECK=0 turns
+ * that off in a Debug build, -DKS_KV_CHECK=1 on in any build. */
+#ifndef KS_KV_CHECK
+#ifdef NDEBUG
+#define KS_KV_CHECK 0
+#else
+#define KS_KV_CHECK 1
+#endif
+#endif
 
 /* A page slot is free (no storage), live (ref > 0) or idle (ref 0, keyed,
  * on the LRU list). */
@@ -83,8 +96,30 @@ enum { KV_INDEX_F32 = 0, KV_INDEX_F16 = 1, KV_INDEX_Q8_0 = 2, KV_INDEX_Q4_0 = 3 
 static inline const uint8_t *kv_page_rows(const struct kv_cache *kv, const void *half,
                                           enum quant_type t, int layer, int head)
 {
+    assert((unsigned)t < QUANT_TYPE_COUNT && kv->row_bytes[t] > 0 && half);
+    assert(layer >= 0 && layer < kv->cfg.n_layer && head >= 0 && head < kv->cfg.n_kv_head);
     size_t run = (size_t)kv->cfg.page_tokens * kv->row_bytes[t];
     return (const uint8_t *)half + ((size_t)layer * (size_t)kv->cfg.n_kv_head + (size_t)head) * run;
+}
+
+/* ---- invariants, kv.c ------------------------------------------------------ */
+
+#if KS_KV_CHECK
+/* kv_check(kv), and abort naming call when an invariant is broken. */
+void kv_debug_check(const struct kv_cache *kv, const char *call);
+#define KV_DEBUG_CHECK(kv, call) kv_debug_check(kv, call)
+#else
+#define KV_DEBUG_CHECK(kv, call) ((void)0)
+#endif
+
+/* Page id of seq's page idx (idx within its table). */
+static inline int32_t kv_seq_page_id(const struct kv_cache *kv, const struct kv_seq *s, int32_t idx)
+{
+    assert(idx >= 0 && idx < s->n_pages && s->n_pages <= s->cap_pages);
+    int32_t id = s->pages[idx];
+    assert(id >= 0 && id < kv->n_page_slots && kv->pages[id].ref > 0);
+    (void)kv;
+    return id;
 }
 
 /* ---- pool helpers, kv.c --------------------------------------------------- */
