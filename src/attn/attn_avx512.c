@@ -132,7 +132,7 @@ ALWAYS_INLINE void float_score_block(const uint8_t *k, bool f16, int n_tok, cons
     const float *q = rows->q + (size_t)r0 * d;
     for (int t0 = 0; t0 < n_tok; t0 += LANES / nr) {
         __m512 z;
-        SCORE_TOKENS(nr, t0, n_tok, float_dots(k + (size_t)t * rb, f16, q, d, nr, v));
+        SCORE_TOKENS(nr, t0, n_tok, float_dots(ATTN_ROW(rows, k, t, rb), f16, q, d, nr, v));
         store_scores(z, nr, rows, r0, t0, n_tok - t0);
     }
 }
@@ -337,7 +337,7 @@ ALWAYS_INLINE void quant_score_block(const uint8_t *k, bool q4, int nch, int n_t
             __m512 y[4];
             for (int g = 0; g < 4; g++) {
                 int t = t0 + g < n_tok ? t0 + g : n_tok - 1;
-                y[g] = q4_token_rows4(k + (size_t)t * rb, nch, qc, dqm, mask);
+                y[g] = q4_token_rows4(ATTN_ROW(rows, k, t, rb), nch, qc, dqm, mask);
             }
             store_scores(red4x4(y[0], y[1], y[2], y[3]), ROW_BLOCK, rows, r0, t0, n_tok - t0);
         }
@@ -345,7 +345,7 @@ ALWAYS_INLINE void quant_score_block(const uint8_t *k, bool q4, int nch, int n_t
     }
     for (int t0 = 0; t0 < n_tok; t0 += LANES / nr) {
         __m512 z;
-        SCORE_TOKENS(nr, t0, n_tok, quant_dots(k + (size_t)t * rb, q4, nch, qc, mask, nr, v));
+        SCORE_TOKENS(nr, t0, n_tok, quant_dots(ATTN_ROW(rows, k, t, rb), q4, nch, qc, mask, nr, v));
         store_scores(z, nr, rows, r0, t0, n_tok - t0);
     }
 }
@@ -408,7 +408,7 @@ ALWAYS_INLINE void float_accum_cols(const uint8_t *v, bool f16, int n_tok, const
         for (int i = 0; i < nr; i++)
             acc[h][i] = _mm512_loadu_ps(rows->acc + (size_t)(r0 + i) * d + c + h * LANES);
     for (int t = 0; t < n_tok; t++) {
-        const uint8_t *vt = v + (size_t)t * rb + (size_t)c * eb;
+        const uint8_t *vt = ATTN_ROW(rows, v, t, rb) + (size_t)c * eb;
         __m512 x0 = load16(vt, f16), x1 = w > 1 ? load16(vt + LANES * eb, f16) : x0;
         for (int i = 0; i < nr; i++) {
             __m512 p = prob(rows, r0 + i, t);
@@ -485,7 +485,7 @@ ALWAYS_INLINE void quant_accum_block(const uint8_t *v, bool q4, int n_tok, const
     for (int t = 0; t < n_tok; t++) {
         __m512 x[4];
         for (int k = 0; k < nblk; k++)
-            dequant_block(v + (size_t)t * rb, q4, b + k, &x[2 * k], &x[2 * k + 1]);
+            dequant_block(ATTN_ROW(rows, v, t, rb), q4, b + k, &x[2 * k], &x[2 * k + 1]);
         for (int i = 0; i < nr; i++) {
             __m512 p = prob(rows, r0 + i, t);
             for (int h = 0; h < 2 * nblk; h++)

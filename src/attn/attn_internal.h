@@ -12,6 +12,7 @@
 #ifndef KS_ATTN_INTERNAL_H
 #define KS_ATTN_INTERNAL_H
 
+#include <assert.h>
 #include <stdint.h>
 
 #include "kv/kv_internal.h"
@@ -28,7 +29,38 @@ struct attn_rows {
     float *m, *l;          /* (R) running max and sum of exp */
     float *acc;            /* (R, dim) running sum of p * v */
     float *s;              /* (R, stride) scores of the current page, then p */
+    /* Debug builds: the bytes the current kernel call may read, the run of P
+     * rows of one (layer, KV head) in the page half it was given */
+    const uint8_t *lo, *hi;
 };
+
+/* Row t of a kernel call's K or V rows (rb bytes each from base). Debug builds
+ * assert that it lies in [rows->lo, rows->hi) and that t < rows->stride (its
+ * score slot); Release builds only compute the address. */
+static inline const uint8_t *attn_row_checked(const struct attn_rows *rows, const uint8_t *base, int t, size_t rb)
+{
+    const uint8_t *row = base + (size_t)t * rb;
+    assert(t >= 0 && t < rows->stride);
+    assert(rows->lo && row >= rows->lo && row + rb <= rows->hi);
+    (void)rows;
+    return row;
+}
+#ifdef NDEBUG
+#define ATTN_ROW(rows, base, t, rb) ((const uint8_t *)(base) + (size_t)(t) * (rb))
+#else
+#define ATTN_ROW(rows, base, t, rb) attn_row_checked(rows, (const uint8_t *)(base), t, rb)
+#endif
+
+/* Set the bounds ATTN_ROW checks: n bytes from base (nothing in Release). */
+static inline void attn_set_bounds(struct attn_rows *rows, const uint8_t *base, size_t n)
+{
+#ifdef NDEBUG
+    (void)rows, (void)base, (void)n;
+#else
+    rows->lo = base;
+    rows->hi = base + n;
+#endif
+}
 
 /* s[r * stride + t] = q_r . k_t for t < n_tok (rows of one page, stride
  * quant_row_size(type, dim) apart), for every row r. */

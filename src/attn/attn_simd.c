@@ -67,7 +67,7 @@ ALWAYS_INLINE __m256i unpack_q4_0(const uint8_t *qs)
     {                                                                                                        \
         int d = rows->dim, r = 0;                                                                            \
         for (int t = 0; t < n_tok; t++) {                                                                    \
-            const elem *kt = (const elem *)k + (size_t)t * d;                                                \
+            const elem *kt = (const elem *)ATTN_ROW(rows, k, t, (size_t)d * sizeof(elem));                   \
             for (r = 0; r + ROW_BLOCK <= rows->n; r += ROW_BLOCK)                                            \
                 name##_rows(kt, rows->q + (size_t)r * d, d, ROW_BLOCK, rows->s + (size_t)r * rows->stride + t, \
                             rows->stride);                                                                   \
@@ -118,7 +118,7 @@ ALWAYS_INLINE void quant_score(const uint8_t *k, int n_tok, const struct attn_ro
 {
     size_t rb = attn_quant_row_bytes(q4, rows->dim);
     for (int t = 0; t < n_tok; t++) {
-        const uint8_t *kt = k + (size_t)t * rb;
+        const uint8_t *kt = ATTN_ROW(rows, k, t, rb);
         int r = 0;
         for (; r + ROW_BLOCK <= rows->n; r += ROW_BLOCK)
             quant_score_rows(kt, q4, rows, r, ROW_BLOCK, t);
@@ -149,7 +149,7 @@ static void score_q4_0_avx2(const uint8_t *k, int n_tok, const struct attn_rows 
         for (int i = 0; i < nr; i++)                                                                         \
             acc[i] = loadacc(rows->acc + (size_t)(r0 + i) * d + c);                                          \
         for (int t = 0; t < n_tok; t++) {                                                                    \
-            vec x = load(v + (size_t)t * d + c);                                                             \
+            vec x = load((const elem *)ATTN_ROW(rows, v, t, (size_t)d * sizeof(elem)) + c);                  \
             for (int i = 0; i < nr; i++)                                                                     \
                 acc[i] = fma(set1(rows->s[(size_t)(r0 + i) * rows->stride + t]), x, acc[i]);                 \
         }                                                                                                    \
@@ -204,7 +204,7 @@ ALWAYS_INLINE void quant_accum_rows(const uint8_t *v, size_t rb, bool q4, int n_
     for (int t = 0; t < n_tok; t++) {
         __m256 lo, hi;
         float d;
-        quant_half8(v + (size_t)t * rb, q4, b, h, &lo, &hi, &d);
+        quant_half8(ATTN_ROW(rows, v, t, rb), q4, b, h, &lo, &hi, &d);
         for (int i = 0; i < nr; i++) {
             __m256 w = _mm256_set1_ps(rows->s[(size_t)(r0 + i) * rows->stride + t] * d);
             a0[i] = _mm256_fmadd_ps(w, lo, a0[i]);
