@@ -134,14 +134,19 @@ static void contig_step(void *ctx)
         struct attn_rows rows = {.n = G, .dim = DIM, .stride = c->ctx, .q = c->q + (size_t)h * G * DIM,
                                  .limit = c->limit, .m = c->m, .l = c->l, .acc = c->acc, .s = c->s};
         memset(c->acc, 0, (size_t)G * DIM * sizeof(float));
-        k->score[1]((const uint8_t *)(c->k + (size_t)h * c->ctx * DIM), c->ctx, &rows);
+        const uint8_t *kh = (const uint8_t *)(c->k + (size_t)h * c->ctx * DIM);
+        const uint8_t *vh = (const uint8_t *)(c->v + (size_t)h * c->ctx * DIM);
+        size_t run = (size_t)c->ctx * DIM * sizeof(quant_f16);
+        attn_set_bounds(&rows, kh, run);
+        k->score[kv_type_index(QUANT_F16)](kh, c->ctx, &rows);
         for (int r = 0; r < G; r++) {
             float *s = c->s + (size_t)r * c->ctx, mx = -INFINITY;
             for (int t = 0; t < c->ctx; t++)
                 mx = s[t] > mx ? s[t] : mx;
             c->l[r] = k->exp_sum(s, c->ctx, mx);
         }
-        k->accum[1]((const uint8_t *)(c->v + (size_t)h * c->ctx * DIM), c->ctx, &rows);
+        attn_set_bounds(&rows, vh, run);
+        k->accum[kv_type_index(QUANT_F16)](vh, c->ctx, &rows);
         for (int r = 0; r < G; r++)
             for (int e = 0; e < DIM; e++)
                 c->out[((size_t)h * G + r) * DIM + e] = c->acc[(size_t)r * DIM + e] / c->l[r];

@@ -138,7 +138,7 @@ static void read_row(const struct kv_cache *kv, int32_t seq, int layer, int head
     const struct kv_page *pg = &kv->pages[kv->seqs[seq].pages[pos / c->page_tokens]];
     enum quant_type t = is_k ? pg->tk : pg->tv;
     const uint8_t *rows = kv_page_rows(kv, is_k ? pg->k : pg->v, t, layer, head);
-    kv_row_load(t, rows + (size_t)(pos % c->page_tokens) * kv_row_bytes(t, c->head_dim), out, c->head_dim);
+    quant_traits(t)->to_float(rows + (size_t)(pos % c->page_tokens) * quant_row_size(t, c->head_dim), out, c->head_dim);
 }
 
 static void test_write_rotates_and_roundtrips(void **state)
@@ -167,6 +167,121 @@ static void test_write_rotates_and_roundtrips(void **state)
     for (int i = 0; i < 64; i++)
         assert_float_equal(got[i], v[i], 1e-6);
     kv_free(kv);
+}
+
+/* Rows that stress a quantizer: ordinary, large, tiny (scales near the f16
+ * subnormals, inverse scales that overflow), zero, exact ties, one outlier
+ * per block, f16 overflow. */
+static void edge_row(float *x, int n, int kind)
+{
+    for (int i = 0; i < n; i++) {
+        float r = frand();
+        switch (kind % 9) {
+        case 0: x[i] = r; break;
+        case 1: x[i] = r * 1000.0f; break;
+        case 2: x[i] = r * 1e-6f; break;
+        case 3: x[i] = 0.0f; break;
+        case 4: x[i] = (float)(int)(r * 16.0f) * 0.5f; break;
+        case 5: x[i] = i % 32 == 0 ? 3.0f : r * 0.01f; break;
+        case 6: x[i] = r * 60000.0f; break;
+        case 7: x[i] = r * 1e5f; break;
+        case 8: x[i] = (float)(i % 32 - 16) / 16.0f; break;
+        }
+    }
+}
+
+/* The bytes a page holds are the bytes quant's scalar reference quantizer
+ * makes of the stored row, for every KV type, with and without the rotation,
+ * through kv_write and through kv_requantize (the reference dequantizer, then
+ * the reference quantizer). The prefix cache's SSD tier keeps these bytes, so
+ * they must never drift from the reference. stored: (n_tok, K|V, n_kv_head,
+ * head_dim) the values each row should hold, after the rotation. */
+static void check_page_rows(const struct kv_cache *kv, int32_t seq, const float *stored, int n_tok)
+{
+    const struct kv_config *c = kv_get_config(kv);
+    int d = c->head_dim;
+    uint8_t *want = malloc((size_t)d * sizeof(float));
+    for (int p = 0; p < n_tok; p++) {
+        const struct kv_page *pg = &kv->pages[kv->seqs[seq].pages[p / c->page_tokens]];
+        for (int kind = 0; kind < 2; kind++) {
+            enum quant_type t = kind ? pg->tv : pg->tk;
+            size_t rb = quant_row_size(t, d);
+            for (int h = 0; h < c->n_kv_head; h++) {
+                quant_traits_scalar(t)->from_float(stored + (((size_t)p * 2 + kind) * c->n_kv_head + h) * d, want, d);
+                const uint8_t *row = kv_page_rows(kv, kind ? pg->v : pg->k, t, 0, h) + (size_t)(p % c->page_tokens) * rb;
+                if (memcmp(row, want, rb) != 0)
+                    fail_msg("head_dim %d rotate %d %s %s: token %d head %d differs from quant's reference", d,
+                             c->rotate, kind ? "V" : "K", quant_type_name(t), p, h);
+            }
+        }
+    }
+    free(want);
+}
+
+/* stored = the reference's dequantization of every row (what a requantization
+ * starts from). */
+static void dequantize_page_rows(const struct kv_cache *kv, int32_t seq, float *stored, int n_tok)
+{
+    const struct kv_config *c = kv_get_config(kv);
+    int d = c->head_dim;
+    for (int p = 0; p < n_tok; p++) {
+        const struct kv_page *pg = &kv->pages[kv->seqs[seq].pages[p / c->page_tokens]];
+        for (int kind = 0; kind < 2; kind++) {
+            enum quant_type t = kind ? pg->tv : pg->tk;
+            size_t rb = quant_row_size(t, d);
+            for (int h = 0; h < c->n_kv_head; h++) {
+                const uint8_t *row = kv_page_rows(kv, kind ? pg->v : pg->k, t, 0, h) + (size_t)(p % c->page_tokens) * rb;
+                quant_traits_scalar(t)->to_float(row, stored + (((size_t)p * 2 + kind) * c->n_kv_head + h) * d, d);
+            }
+        }
+    }
+}
+
+static void test_rows_match_quant_reference(void **state)
+{
+    (void)state;
+    static const enum quant_type types[] = {QUANT_F32, QUANT_F16, QUANT_Q8_0, QUANT_Q4_0};
+    const int dims[] = {32, 64, 96, 128, 256};
+    const int n_tok = 40;
+    for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++)
+        for (int rot = 0; rot < 2; rot++)
+            for (size_t ti = 0; ti < 4; ti++) {
+                int d = dims[di];
+                struct kv_config cfg;
+                base_config(&cfg, d, 1 << 24);
+                cfg.n_layer = 1;
+                cfg.page_tokens = 16;
+                cfg.rotate = rot;
+                cfg.type_k = types[ti];
+                cfg.type_v = types[(ti + 1) % 4];
+                struct kv_cache *kv;
+                assert_int_equal(kv_create(&cfg, &kv), KS_OK);
+                int32_t s;
+                assert_int_equal(kv_seq_create(kv, &s), KS_OK);
+                assert_int_equal(kv_seq_grow(kv, s, n_tok), KS_OK);
+                size_t per_tok = 2 * (size_t)cfg.n_kv_head * d;
+                float *stored = malloc((size_t)n_tok * per_tok * sizeof *stored);
+                for (int p = 0; p < n_tok; p++) {
+                    float *k = stored + (size_t)p * per_tok, *v = k + per_tok / 2;
+                    for (int h = 0; h < 2 * cfg.n_kv_head; h++)
+                        edge_row(k + (size_t)h * d, d, p + h);
+                    assert_int_equal(kv_write(kv, 0, s, p, k, v), KS_OK);
+                    for (int h = 0; rot && h < 2 * cfg.n_kv_head; h++)
+                        kv_rotate(k + (size_t)h * d, d);
+                }
+                check_page_rows(kv, s, stored, n_tok);
+                /* requantize through every type and back */
+                struct kv_selector all = {.kind = KV_SELECT_ALL};
+                for (int step = 1; step <= 4; step++) {
+                    dequantize_page_rows(kv, s, stored, n_tok);
+                    assert_int_equal(kv_requantize(kv, &all, types[(ti + step) % 4], types[(ti + 2 * step) % 4], false,
+                                                   NULL), KS_OK);
+                    check_page_rows(kv, s, stored, n_tok);
+                }
+                assert_int_equal(kv_check(kv), KS_OK);
+                free(stored);
+                kv_free(kv);
+            }
 }
 
 static void test_rotation_is_orthonormal(void **state)
@@ -229,6 +344,45 @@ static void test_fork_copy_on_write(void **state)
     kv_seq_free(kv, a);
     kv_usage(kv, &u);
     assert_int_equal(u.used, 2 * page);
+    assert_int_equal(kv_check(kv), KS_OK);
+    kv_free(kv);
+}
+
+/* A copy on write that needs room can make the dynamic policy demote the
+ * very page being copied (here: no sinks, no hot window, so every page is
+ * demotable): the copy must take the page's types after the demotion, not
+ * before (it read a demoted half with the old half's size). */
+static void test_copy_on_write_of_a_page_the_policy_demotes(void **state)
+{
+    (void)state;
+    struct kv_config cfg;
+    base_config(&cfg, 64, 1);
+    size_t f16 = kv_page_bytes(&cfg, QUANT_F16, QUANT_F16);
+    cfg.mem_budget = 3 * f16;
+    cfg.policy = KV_POLICY_DYNAMIC;
+    cfg.sink_tokens = 0;
+    cfg.hot_tokens = 0;
+    struct kv_cache *kv;
+    assert_int_equal(kv_create(&cfg, &kv), KS_OK);
+    int32_t a, b;
+    assert_int_equal(kv_seq_create(kv, &a), KS_OK);
+    assert_int_equal(kv_seq_grow(kv, a, 64), KS_OK);
+    fill(kv, a, 0, 64);
+    assert_int_equal(kv_seq_fork(kv, a, &b), KS_OK);
+    float theirs[64], mine[64];
+    float k[128], v[128];
+    for (int i = 0; i < 128; i++)
+        k[i] = v[i] = 0.25f;
+    /* 2 pages + the copy cross the high watermark: both shared pages are demoted first */
+    assert_int_equal(kv_write(kv, 2, b, 63, k, v), KS_OK);
+    const struct kv_page *pa = &kv->pages[kv->seqs[a].pages[1]], *pb = &kv->pages[kv->seqs[b].pages[1]];
+    assert_int_not_equal(kv->seqs[a].pages[1], kv->seqs[b].pages[1]);
+    assert_int_not_equal(pa->tv, QUANT_F16);
+    assert_int_equal(pb->tk, pa->tk);
+    assert_int_equal(pb->tv, pa->tv);
+    read_row(kv, a, 2, 1, 40, false, theirs);
+    read_row(kv, b, 2, 1, 40, false, mine);
+    assert_memory_equal(mine, theirs, sizeof mine); /* the copy holds the demoted rows */
     assert_int_equal(kv_check(kv), KS_OK);
     kv_free(kv);
 }
@@ -444,7 +598,9 @@ int main(void)
         cmocka_unit_test(test_grow_truncate_accounting),
         cmocka_unit_test(test_write_rotates_and_roundtrips),
         cmocka_unit_test(test_rotation_is_orthonormal),
+        cmocka_unit_test(test_rows_match_quant_reference),
         cmocka_unit_test(test_fork_copy_on_write),
+        cmocka_unit_test(test_copy_on_write_of_a_page_the_policy_demotes),
         cmocka_unit_test(test_requantize_dry_run_and_real),
         cmocka_unit_test(test_requantize_failure_leaves_pages),
         cmocka_unit_test(test_dynamic_policy_demotes_in_order),

@@ -145,7 +145,7 @@ static inline __attribute__((always_inline)) void prefetch_page(const struct kv_
     size_t rows = (size_t)kv->cfg.page_tokens * kv->cfg.n_kv_head;
     const char *k = (const char *)kv_page_rows(kv, pg->k, pg->tk, layer, 0);
     const char *v = (const char *)kv_page_rows(kv, pg->v, pg->tv, layer, 0);
-    size_t nk = rows * kv_row_bytes(pg->tk, kv->cfg.head_dim), nv = rows * kv_row_bytes(pg->tv, kv->cfg.head_dim);
+    size_t nk = rows * kv->row_bytes[pg->tk], nv = rows * kv->row_bytes[pg->tv];
     for (size_t o = 0; o < nk; o += 64)
         __builtin_prefetch(k + o);
     for (size_t o = 0; o < nv; o += 64)
@@ -177,12 +177,15 @@ static void run_item(const struct job *j, int32_t item, uint8_t *scratch)
     int64_t lo, hi;
     threads_split(t->n_pages, chunk, t->n_chunks, &lo, &hi);
     const struct kv_seq *sq = &kv->seqs[t->seq];
+    /* the walk stays inside the page table and the sequence's tokens */
+    assert(sq->live && t->n_pages <= sq->n_pages && max_limit <= sq->len && lo >= 0 && hi <= t->n_pages);
     for (int64_t p = lo; p < hi; p++) {
-        const struct kv_page *pg = &kv->pages[sq->pages[p]];
+        const struct kv_page *pg = &kv->pages[kv_seq_page_id(kv, sq, (int32_t)p)];
         if (p + 1 < hi)
-            prefetch_page(kv, &kv->pages[sq->pages[p + 1]], j->layer);
+            prefetch_page(kv, &kv->pages[kv_seq_page_id(kv, sq, (int32_t)p + 1)], j->layer);
         int page_start = (int)(p * P);
         int n_tok = max_limit - page_start < P ? max_limit - page_start : P;
+        assert(n_tok > 0 && n_tok <= P && kv_type_index(pg->tk) >= 0 && kv_type_index(pg->tv) >= 0);
         attn_score_fn score = j->k->score[kv_type_index(pg->tk)];
         attn_accum_fn accum = j->k->accum[kv_type_index(pg->tv)];
         for (int h = 0; h < j->n_kv; h++) {
@@ -193,9 +196,13 @@ static void run_item(const struct job *j, int32_t item, uint8_t *scratch)
             rows.m = st;
             rows.l = st + R;
             rows.acc = st + 2 * R;
-            score(kv_page_rows(kv, pg->k, pg->tk, j->layer, h), n_tok, &rows);
+            const uint8_t *k_rows = kv_page_rows(kv, pg->k, pg->tk, j->layer, h);
+            attn_set_bounds(&rows, k_rows, (size_t)P * kv->row_bytes[pg->tk]);
+            score(k_rows, n_tok, &rows);
             j->k->softmax(&rows, page_start, n_tok);
-            accum(kv_page_rows(kv, pg->v, pg->tv, j->layer, h), n_tok, &rows);
+            const uint8_t *v_rows = kv_page_rows(kv, pg->v, pg->tv, j->layer, h);
+            attn_set_bounds(&rows, v_rows, (size_t)P * kv->row_bytes[pg->tv]);
+            accum(v_rows, n_tok, &rows);
         }
     }
 }

@@ -132,7 +132,7 @@ ALWAYS_INLINE void float_score_block(const uint8_t *k, bool f16, int n_tok, cons
     const float *q = rows->q + (size_t)r0 * d;
     for (int t0 = 0; t0 < n_tok; t0 += LANES / nr) {
         __m512 z;
-        SCORE_TOKENS(nr, t0, n_tok, float_dots(k + (size_t)t * rb, f16, q, d, nr, v));
+        SCORE_TOKENS(nr, t0, n_tok, float_dots(ATTN_ROW(rows, k, t, rb), f16, q, d, nr, v));
         store_scores(z, nr, rows, r0, t0, n_tok - t0);
     }
 }
@@ -314,7 +314,7 @@ ALWAYS_INLINE void quant_score_block(const uint8_t *k, bool q4, int nch, int n_t
                                      int r0, int nr)
 {
     int nb = rows->dim / QK8_0, per = q4 ? Q4_CHUNK : Q8_CHUNK;
-    size_t rb = kv_row_bytes(q4 ? QUANT_Q4_0 : QUANT_Q8_0, rows->dim);
+    size_t rb = attn_quant_row_bytes(q4, rows->dim);
     size_t bb = q4 ? sizeof(block_q4_0) : sizeof(block_q8_0);
     int shift = q4 ? 8 : 4; /* second load's offset */
     struct qchunk qc[ROW_BLOCK * MAX_CHUNKS];
@@ -337,7 +337,7 @@ ALWAYS_INLINE void quant_score_block(const uint8_t *k, bool q4, int nch, int n_t
             __m512 y[4];
             for (int g = 0; g < 4; g++) {
                 int t = t0 + g < n_tok ? t0 + g : n_tok - 1;
-                y[g] = q4_token_rows4(k + (size_t)t * rb, nch, qc, dqm, mask);
+                y[g] = q4_token_rows4(ATTN_ROW(rows, k, t, rb), nch, qc, dqm, mask);
             }
             store_scores(red4x4(y[0], y[1], y[2], y[3]), ROW_BLOCK, rows, r0, t0, n_tok - t0);
         }
@@ -345,7 +345,7 @@ ALWAYS_INLINE void quant_score_block(const uint8_t *k, bool q4, int nch, int n_t
     }
     for (int t0 = 0; t0 < n_tok; t0 += LANES / nr) {
         __m512 z;
-        SCORE_TOKENS(nr, t0, n_tok, quant_dots(k + (size_t)t * rb, q4, nch, qc, mask, nr, v));
+        SCORE_TOKENS(nr, t0, n_tok, quant_dots(ATTN_ROW(rows, k, t, rb), q4, nch, qc, mask, nr, v));
         store_scores(z, nr, rows, r0, t0, n_tok - t0);
     }
 }
@@ -408,7 +408,7 @@ ALWAYS_INLINE void float_accum_cols(const uint8_t *v, bool f16, int n_tok, const
         for (int i = 0; i < nr; i++)
             acc[h][i] = _mm512_loadu_ps(rows->acc + (size_t)(r0 + i) * d + c + h * LANES);
     for (int t = 0; t < n_tok; t++) {
-        const uint8_t *vt = v + (size_t)t * rb + (size_t)c * eb;
+        const uint8_t *vt = ATTN_ROW(rows, v, t, rb) + (size_t)c * eb;
         __m512 x0 = load16(vt, f16), x1 = w > 1 ? load16(vt + LANES * eb, f16) : x0;
         for (int i = 0; i < nr; i++) {
             __m512 p = prob(rows, r0 + i, t);
@@ -476,7 +476,7 @@ ALWAYS_INLINE void quant_accum_block(const uint8_t *v, bool q4, int n_tok, const
                                      int nr, int b, int nblk)
 {
     int d = rows->dim;
-    size_t rb = kv_row_bytes(q4 ? QUANT_Q4_0 : QUANT_Q8_0, d);
+    size_t rb = attn_quant_row_bytes(q4, d);
     float *base = rows->acc + (size_t)b * QK8_0;
     __m512 a[4][ROW_BLOCK];
     for (int h = 0; h < 2 * nblk; h++)
@@ -485,7 +485,7 @@ ALWAYS_INLINE void quant_accum_block(const uint8_t *v, bool q4, int n_tok, const
     for (int t = 0; t < n_tok; t++) {
         __m512 x[4];
         for (int k = 0; k < nblk; k++)
-            dequant_block(v + (size_t)t * rb, q4, b + k, &x[2 * k], &x[2 * k + 1]);
+            dequant_block(ATTN_ROW(rows, v, t, rb), q4, b + k, &x[2 * k], &x[2 * k + 1]);
         for (int i = 0; i < nr; i++) {
             __m512 p = prob(rows, r0 + i, t);
             for (int h = 0; h < 2 * nblk; h++)
@@ -527,28 +527,28 @@ static void accum_q4_0_avx512(const uint8_t *v, int n_tok, const struct attn_row
 }
 
 /* head_dim not a multiple of 16 goes to the AVX2 set (which falls back further). */
-#define WIDE_OR_AVX2(name, wide, kind, idx)                                                                  \
+#define WIDE_OR_AVX2(name, wide, kind, type)                                                                 \
     static void name(const uint8_t *x, int n_tok, const struct attn_rows *rows)                             \
     {                                                                                                        \
         if (rows->dim % LANES)                                                                               \
-            attn_kernels_avx2()->kind[idx](x, n_tok, rows);                                                  \
+            attn_kernels_avx2()->kind[kv_type_index(type)](x, n_tok, rows);                                  \
         else                                                                                                 \
             wide(x, n_tok, rows);                                                                            \
     }
-WIDE_OR_AVX2(score_f32_g, score_f32_avx512, score, 0)
-WIDE_OR_AVX2(score_f16_g, score_f16_avx512, score, 1)
-WIDE_OR_AVX2(accum_f32_g, accum_f32_avx512, accum, 0)
-WIDE_OR_AVX2(accum_f16_g, accum_f16_avx512, accum, 1)
+WIDE_OR_AVX2(score_f32_g, score_f32_avx512, score, QUANT_F32)
+WIDE_OR_AVX2(score_f16_g, score_f16_avx512, score, QUANT_F16)
+WIDE_OR_AVX2(accum_f32_g, accum_f32_avx512, accum, QUANT_F32)
+WIDE_OR_AVX2(accum_f16_g, accum_f16_avx512, accum, QUANT_F16)
 
 #if !defined(AVX512_QUANT_K)
 static void score_q8_0_avx512(const uint8_t *k, int n_tok, const struct attn_rows *rows)
 {
-    attn_kernels_avx2()->score[2](k, n_tok, rows);
+    attn_kernels_avx2()->score[kv_type_index(QUANT_Q8_0)](k, n_tok, rows);
 }
 
 static void score_q4_0_avx512(const uint8_t *k, int n_tok, const struct attn_rows *rows)
 {
-    attn_kernels_avx2()->score[3](k, n_tok, rows);
+    attn_kernels_avx2()->score[kv_type_index(QUANT_Q4_0)](k, n_tok, rows);
 }
 #endif
 
@@ -644,8 +644,10 @@ static void rotate_avx512(float *x, int n)
 
 static const struct attn_kernels AVX512 = {
     "avx512",
-    {score_f32_g, score_f16_g, score_q8_0_avx512, score_q4_0_avx512},
-    {accum_f32_g, accum_f16_g, accum_q8_0_avx512, accum_q4_0_avx512},
+    {[KV_INDEX_F32] = score_f32_g, [KV_INDEX_F16] = score_f16_g, [KV_INDEX_Q8_0] = score_q8_0_avx512,
+     [KV_INDEX_Q4_0] = score_q4_0_avx512},
+    {[KV_INDEX_F32] = accum_f32_g, [KV_INDEX_F16] = accum_f16_g, [KV_INDEX_Q8_0] = accum_q8_0_avx512,
+     [KV_INDEX_Q4_0] = accum_q4_0_avx512},
     exp_sum_avx512,
     softmax_avx512,
     rotate_avx512,

@@ -12,6 +12,7 @@
 #ifndef KS_ATTN_INTERNAL_H
 #define KS_ATTN_INTERNAL_H
 
+#include <assert.h>
 #include <stdint.h>
 
 #include "kv/kv_internal.h"
@@ -29,10 +30,41 @@ struct attn_rows {
     float *m, *l;          /* (R) running max and sum of exp */
     float *acc;            /* (R, dim) running sum of p * v */
     float *s;              /* (R, stride) scores of the current page, then p */
+    /* Debug builds: the bytes the current kernel call may read, the run of P
+     * rows of one (layer, KV head) in the page half it was given */
+    const uint8_t *lo, *hi;
 };
 
+/* Row t of a kernel call's K or V rows (rb bytes each from base). Debug builds
+ * assert that it lies in [rows->lo, rows->hi) and that t < rows->stride (its
+ * score slot); Release builds only compute the address. */
+static inline const uint8_t *attn_row_checked(const struct attn_rows *rows, const uint8_t *base, int t, size_t rb)
+{
+    const uint8_t *row = base + (size_t)t * rb;
+    assert(t >= 0 && t < rows->stride);
+    assert(rows->lo && row >= rows->lo && row + rb <= rows->hi);
+    (void)rows;
+    return row;
+}
+#ifdef NDEBUG
+#define ATTN_ROW(rows, base, t, rb) ((const uint8_t *)(base) + (size_t)(t) * (rb))
+#else
+#define ATTN_ROW(rows, base, t, rb) attn_row_checked(rows, (const uint8_t *)(base), t, rb)
+#endif
+
+/* Set the bounds ATTN_ROW checks: n bytes from base (nothing in Release). */
+static inline void attn_set_bounds(struct attn_rows *rows, const uint8_t *base, size_t n)
+{
+#ifdef NDEBUG
+    (void)rows, (void)base, (void)n;
+#else
+    rows->lo = base;
+    rows->hi = base + n;
+#endif
+}
+
 /* s[r * stride + t] = q_r . k_t for t < n_tok (rows of one page, stride
- * kv_row_bytes apart), for every row r. */
+ * quant_row_size(type, dim) apart), for every row r. */
 typedef void (*attn_score_fn)(const uint8_t *k, int n_tok, const struct attn_rows *rows);
 /* acc_r += sum_t p[r][t] * v_t for every row r and t < n_tok; p is in s. */
 typedef void (*attn_accum_fn)(const uint8_t *v, int n_tok, const struct attn_rows *rows);
@@ -54,6 +86,13 @@ struct attn_kernels {
     /* kv_rotate(x, n), bit-exact: the query before scoring, the output after */
     void (*rotate)(float *x, int n);
 };
+
+/* Bytes of one q4_0 (q4) or q8_0 row of dim values, quant_row_size() inline
+ * for the kernels' token loops. */
+static inline size_t attn_quant_row_bytes(bool q4, int dim)
+{
+    return (size_t)(dim / QK8_0) * (q4 ? sizeof(block_q4_0) : sizeof(block_q8_0));
+}
 
 /* The reference page softmax over any exp_sum kernel (scalar and AVX2 sets). */
 void attn_softmax_with(const struct attn_rows *rows, int page_start, int n_tok, attn_exp_sum_fn exp_sum);

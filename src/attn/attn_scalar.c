@@ -7,7 +7,7 @@ static void score_f32(const uint8_t *k, int n_tok, const struct attn_rows *rows)
 {
     int d = rows->dim;
     for (int t = 0; t < n_tok; t++) {
-        const float *kt = (const float *)k + (size_t)t * d;
+        const float *kt = (const float *)ATTN_ROW(rows, k, t, (size_t)d * sizeof(float));
         for (int r = 0; r < rows->n; r++) {
             const float *q = rows->q + (size_t)r * d;
             float s = 0.0f;
@@ -22,7 +22,7 @@ static void score_f16(const uint8_t *k, int n_tok, const struct attn_rows *rows)
 {
     int d = rows->dim;
     for (int t = 0; t < n_tok; t++) {
-        const quant_f16 *kt = (const quant_f16 *)k + (size_t)t * d;
+        const quant_f16 *kt = (const quant_f16 *)ATTN_ROW(rows, k, t, (size_t)d * sizeof(quant_f16));
         for (int r = 0; r < rows->n; r++) {
             const float *q = rows->q + (size_t)r * d;
             float s = 0.0f;
@@ -37,7 +37,7 @@ static void score_q8_0(const uint8_t *k, int n_tok, const struct attn_rows *rows
 {
     int nb = rows->dim / QK8_0;
     for (int t = 0; t < n_tok; t++) {
-        const block_q8_0 *kt = (const block_q8_0 *)k + (size_t)t * nb;
+        const block_q8_0 *kt = (const block_q8_0 *)ATTN_ROW(rows, k, t, (size_t)nb * sizeof(block_q8_0));
         for (int r = 0; r < rows->n; r++) {
             const block_q8_0 *q = rows->q8 + (size_t)r * nb;
             float s = 0.0f;
@@ -56,7 +56,7 @@ static void score_q4_0(const uint8_t *k, int n_tok, const struct attn_rows *rows
 {
     int nb = rows->dim / QK4_0;
     for (int t = 0; t < n_tok; t++) {
-        const block_q4_0 *kt = (const block_q4_0 *)k + (size_t)t * nb;
+        const block_q4_0 *kt = (const block_q4_0 *)ATTN_ROW(rows, k, t, (size_t)nb * sizeof(block_q4_0));
         for (int r = 0; r < rows->n; r++) {
             const block_q8_0 *q = rows->q8 + (size_t)r * nb;
             float s = 0.0f;
@@ -75,7 +75,7 @@ static void accum_f32(const uint8_t *v, int n_tok, const struct attn_rows *rows)
 {
     int d = rows->dim;
     for (int t = 0; t < n_tok; t++) {
-        const float *vt = (const float *)v + (size_t)t * d;
+        const float *vt = (const float *)ATTN_ROW(rows, v, t, (size_t)d * sizeof(float));
         for (int r = 0; r < rows->n; r++) {
             float p = rows->s[(size_t)r * rows->stride + t];
             float *acc = rows->acc + (size_t)r * d;
@@ -90,7 +90,7 @@ static void accum_f16(const uint8_t *v, int n_tok, const struct attn_rows *rows)
 {
     int d = rows->dim;
     for (int t = 0; t < n_tok; t++) {
-        const quant_f16 *vt = (const quant_f16 *)v + (size_t)t * d;
+        const quant_f16 *vt = (const quant_f16 *)ATTN_ROW(rows, v, t, (size_t)d * sizeof(quant_f16));
         for (int r = 0; r < rows->n; r++) {
             float p = rows->s[(size_t)r * rows->stride + t];
             float *acc = rows->acc + (size_t)r * d;
@@ -105,7 +105,7 @@ static void accum_q8_0(const uint8_t *v, int n_tok, const struct attn_rows *rows
 {
     int d = rows->dim, nb = d / QK8_0;
     for (int t = 0; t < n_tok; t++) {
-        const block_q8_0 *vt = (const block_q8_0 *)v + (size_t)t * nb;
+        const block_q8_0 *vt = (const block_q8_0 *)ATTN_ROW(rows, v, t, (size_t)nb * sizeof(block_q8_0));
         for (int r = 0; r < rows->n; r++) {
             float p = rows->s[(size_t)r * rows->stride + t];
             float *acc = rows->acc + (size_t)r * d;
@@ -122,7 +122,7 @@ static void accum_q4_0(const uint8_t *v, int n_tok, const struct attn_rows *rows
 {
     int d = rows->dim, nb = d / QK4_0;
     for (int t = 0; t < n_tok; t++) {
-        const block_q4_0 *vt = (const block_q4_0 *)v + (size_t)t * nb;
+        const block_q4_0 *vt = (const block_q4_0 *)ATTN_ROW(rows, v, t, (size_t)nb * sizeof(block_q4_0));
         for (int r = 0; r < rows->n; r++) {
             float p = rows->s[(size_t)r * rows->stride + t];
             float *acc = rows->acc + (size_t)r * d;
@@ -206,8 +206,8 @@ static void softmax(const struct attn_rows *rows, int page_start, int n_tok)
 
 static const struct attn_kernels SCALAR = {
     "scalar",
-    {score_f32, score_f16, score_q8_0, score_q4_0},
-    {accum_f32, accum_f16, accum_q8_0, accum_q4_0},
+    {[KV_INDEX_F32] = score_f32, [KV_INDEX_F16] = score_f16, [KV_INDEX_Q8_0] = score_q8_0, [KV_INDEX_Q4_0] = score_q4_0},
+    {[KV_INDEX_F32] = accum_f32, [KV_INDEX_F16] = accum_f16, [KV_INDEX_Q8_0] = accum_q8_0, [KV_INDEX_Q4_0] = accum_q4_0},
     exp_sum,
     softmax,
     kv_rotate,

@@ -67,7 +67,7 @@ ALWAYS_INLINE __m256i unpack_q4_0(const uint8_t *qs)
     {                                                                                                        \
         int d = rows->dim, r = 0;                                                                            \
         for (int t = 0; t < n_tok; t++) {                                                                    \
-            const elem *kt = (const elem *)k + (size_t)t * d;                                                \
+            const elem *kt = (const elem *)ATTN_ROW(rows, k, t, (size_t)d * sizeof(elem));                   \
             for (r = 0; r + ROW_BLOCK <= rows->n; r += ROW_BLOCK)                                            \
                 name##_rows(kt, rows->q + (size_t)r * d, d, ROW_BLOCK, rows->s + (size_t)r * rows->stride + t, \
                             rows->stride);                                                                   \
@@ -116,9 +116,9 @@ ALWAYS_INLINE void quant_score_rows(const uint8_t *kt, bool q4, const struct att
 
 ALWAYS_INLINE void quant_score(const uint8_t *k, int n_tok, const struct attn_rows *rows, bool q4)
 {
-    size_t rb = kv_row_bytes(q4 ? QUANT_Q4_0 : QUANT_Q8_0, rows->dim);
+    size_t rb = attn_quant_row_bytes(q4, rows->dim);
     for (int t = 0; t < n_tok; t++) {
-        const uint8_t *kt = k + (size_t)t * rb;
+        const uint8_t *kt = ATTN_ROW(rows, k, t, rb);
         int r = 0;
         for (; r + ROW_BLOCK <= rows->n; r += ROW_BLOCK)
             quant_score_rows(kt, q4, rows, r, ROW_BLOCK, t);
@@ -149,7 +149,7 @@ static void score_q4_0_avx2(const uint8_t *k, int n_tok, const struct attn_rows 
         for (int i = 0; i < nr; i++)                                                                         \
             acc[i] = loadacc(rows->acc + (size_t)(r0 + i) * d + c);                                          \
         for (int t = 0; t < n_tok; t++) {                                                                    \
-            vec x = load(v + (size_t)t * d + c);                                                             \
+            vec x = load((const elem *)ATTN_ROW(rows, v, t, (size_t)d * sizeof(elem)) + c);                  \
             for (int i = 0; i < nr; i++)                                                                     \
                 acc[i] = fma(set1(rows->s[(size_t)(r0 + i) * rows->stride + t]), x, acc[i]);                 \
         }                                                                                                    \
@@ -204,7 +204,7 @@ ALWAYS_INLINE void quant_accum_rows(const uint8_t *v, size_t rb, bool q4, int n_
     for (int t = 0; t < n_tok; t++) {
         __m256 lo, hi;
         float d;
-        quant_half8(v + (size_t)t * rb, q4, b, h, &lo, &hi, &d);
+        quant_half8(ATTN_ROW(rows, v, t, rb), q4, b, h, &lo, &hi, &d);
         for (int i = 0; i < nr; i++) {
             __m256 w = _mm256_set1_ps(rows->s[(size_t)(r0 + i) * rows->stride + t] * d);
             a0[i] = _mm256_fmadd_ps(w, lo, a0[i]);
@@ -219,7 +219,7 @@ ALWAYS_INLINE void quant_accum_rows(const uint8_t *v, size_t rb, bool q4, int n_
 
 ALWAYS_INLINE void quant_accum(const uint8_t *v, int n_tok, const struct attn_rows *rows, bool q4)
 {
-    size_t rb = kv_row_bytes(q4 ? QUANT_Q4_0 : QUANT_Q8_0, rows->dim);
+    size_t rb = attn_quant_row_bytes(q4, rows->dim);
     for (int b = 0; b < rows->dim / QK8_0; b++)
         for (int h = 0; h < 2; h++) {
             int r = 0;
@@ -265,18 +265,18 @@ static float exp_sum_avx2(float *s, int n, float mx)
 }
 
 /* head_dim that is not a multiple of the vector width goes to the scalar twin */
-#define GUARDED(name, fn, kind, type_idx, W)                                                                 \
+#define GUARDED(name, fn, kind, type, W)                                                                     \
     static void name(const uint8_t *x, int n_tok, const struct attn_rows *rows)                             \
     {                                                                                                        \
         if (rows->dim % (W))                                                                                 \
-            attn_kernels_scalar()->kind[type_idx](x, n_tok, rows);                                           \
+            attn_kernels_scalar()->kind[kv_type_index(type)](x, n_tok, rows);                                \
         else                                                                                                 \
             fn(x, n_tok, rows);                                                                              \
     }
-GUARDED(score_f32_avx2_g, score_f32_avx2, score, 0, 8)
-GUARDED(score_f16_avx2_g, score_f16_avx2, score, 1, 8)
-GUARDED(accum_f32_avx2_g, accum_f32_avx2, accum, 0, 8)
-GUARDED(accum_f16_avx2_g, accum_f16_avx2, accum, 1, 8)
+GUARDED(score_f32_avx2_g, score_f32_avx2, score, QUANT_F32, 8)
+GUARDED(score_f16_avx2_g, score_f16_avx2, score, QUANT_F16, 8)
+GUARDED(accum_f32_avx2_g, accum_f32_avx2, accum, QUANT_F32, 8)
+GUARDED(accum_f16_avx2_g, accum_f16_avx2, accum, QUANT_F16, 8)
 
 static void softmax_avx2(const struct attn_rows *rows, int page_start, int n_tok)
 {
@@ -285,8 +285,10 @@ static void softmax_avx2(const struct attn_rows *rows, int page_start, int n_tok
 
 static const struct attn_kernels AVX2 = {
     "avx2",
-    {score_f32_avx2_g, score_f16_avx2_g, score_q8_0_avx2, score_q4_0_avx2},
-    {accum_f32_avx2_g, accum_f16_avx2_g, accum_q8_0_avx2, accum_q4_0_avx2},
+    {[KV_INDEX_F32] = score_f32_avx2_g, [KV_INDEX_F16] = score_f16_avx2_g, [KV_INDEX_Q8_0] = score_q8_0_avx2,
+     [KV_INDEX_Q4_0] = score_q4_0_avx2},
+    {[KV_INDEX_F32] = accum_f32_avx2_g, [KV_INDEX_F16] = accum_f16_avx2_g, [KV_INDEX_Q8_0] = accum_q8_0_avx2,
+     [KV_INDEX_Q4_0] = accum_q4_0_avx2},
     exp_sum_avx2,
     softmax_avx2,
     kv_rotate,

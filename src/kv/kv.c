@@ -1,5 +1,6 @@
 /* The page pool, sequences and their page tables, and kv_write(). */
 #include <assert.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -26,17 +27,19 @@ void kv_config_default(struct kv_config *cfg)
 int kv_type_index(enum quant_type t)
 {
     switch (t) {
-    case QUANT_F32: return 0;
-    case QUANT_F16: return 1;
-    case QUANT_Q8_0: return 2;
-    case QUANT_Q4_0: return 3;
+    case QUANT_F32: return KV_INDEX_F32;
+    case QUANT_F16: return KV_INDEX_F16;
+    case QUANT_Q8_0: return KV_INDEX_Q8_0;
+    case QUANT_Q4_0: return KV_INDEX_Q4_0;
     default: return -1;
     }
 }
 
 enum quant_type kv_type_at(int index)
 {
-    static const enum quant_type types[KV_N_TYPES] = {QUANT_F32, QUANT_F16, QUANT_Q8_0, QUANT_Q4_0};
+    static const enum quant_type types[KV_N_TYPES] = {
+        [KV_INDEX_F32] = QUANT_F32, [KV_INDEX_F16] = QUANT_F16, [KV_INDEX_Q8_0] = QUANT_Q8_0, [KV_INDEX_Q4_0] = QUANT_Q4_0,
+    };
     return index >= 0 && index < KV_N_TYPES ? types[index] : QUANT_F32;
 }
 
@@ -54,7 +57,7 @@ ks_status kv_check_type(const struct kv_config *cfg, enum quant_type t, const ch
 
 size_t kv_half_bytes(const struct kv_config *cfg, enum quant_type t)
 {
-    return (size_t)cfg->n_layer * (size_t)cfg->n_kv_head * (size_t)cfg->page_tokens * kv_row_bytes(t, cfg->head_dim);
+    return (size_t)cfg->n_layer * (size_t)cfg->n_kv_head * (size_t)cfg->page_tokens * quant_row_size(t, cfg->head_dim);
 }
 
 size_t kv_page_bytes(const struct kv_config *cfg, enum quant_type type_k, enum quant_type type_v)
@@ -104,12 +107,15 @@ ks_status kv_create(const struct kv_config *cfg, struct kv_cache **out)
     kv->lru_head = kv->lru_tail = -1;
     while ((1 << kv->page_shift) < cfg->page_tokens)
         kv->page_shift++;
+    for (int i = 0; i < KV_N_TYPES; i++)
+        kv->row_bytes[kv_type_at(i)] = quant_row_size(kv_type_at(i), cfg->head_dim);
     kv->scratch = malloc((size_t)cfg->head_dim * sizeof(float));
     if (!kv->scratch) {
         free(kv);
         return ks_fail(KS_ERR_NOMEM, "kv cache: out of host memory");
     }
     *out = kv;
+    KV_DEBUG_CHECK(kv, "kv_create");
     return KS_OK;
 }
 
@@ -117,6 +123,7 @@ void kv_free(struct kv_cache *kv)
 {
     if (!kv)
         return;
+    KV_DEBUG_CHECK(kv, "kv_free"); /* the state every call before left */
     for (int32_t i = 0; i < kv->n_page_slots; i++) {
         free(kv->pages[i].k);
         free(kv->pages[i].v);
@@ -152,6 +159,9 @@ static ks_status reserve_slot(struct kv_cache *kv, int32_t *id_out)
 {
     if (kv->n_free_slots > 0) {
         *id_out = kv->free_slots[--kv->n_free_slots];
+        assert(*id_out >= 0 && *id_out < kv->n_page_slots);
+        assert(!kv->pages[*id_out].k && !kv->pages[*id_out].v && kv->pages[*id_out].ref == 0 &&
+               !kv->pages[*id_out].keyed);
         return KS_OK;
     }
     if (kv->n_page_slots == kv->cap_page_slots) {
@@ -174,6 +184,7 @@ static ks_status reserve_slot(struct kv_cache *kv, int32_t *id_out)
 
 static void release_slot(struct kv_cache *kv, int32_t id)
 {
+    assert(id >= 0 && id < kv->n_page_slots && kv->n_free_slots < kv->cap_free_slots);
     kv->free_slots[kv->n_free_slots++] = id;
 }
 
@@ -201,15 +212,18 @@ ks_status kv_page_new(struct kv_cache *kv, enum quant_type tk, enum quant_type t
     pg->hits = 0;
     pg->lru_prev = pg->lru_next = -1;
     kv->used += kv_page_bytes(&kv->cfg, tk, tv);
+    assert(kv->used <= kv->cfg.mem_budget); /* the caller made room */
     kv->n_live_pages++;
+    assert(kv->n_live_pages + kv->n_idle_pages + kv->n_free_slots == kv->n_page_slots);
     *id_out = id;
     return KS_OK;
 }
 
 void kv_page_release(struct kv_cache *kv, int32_t id)
 {
+    assert(id >= 0 && id < kv->n_page_slots);
     struct kv_page *pg = &kv->pages[id];
-    assert(pg->ref == 0 && !pg->keyed);
+    assert(pg->ref == 0 && !pg->keyed && pg->k && pg->v && pg->lru_prev < 0 && pg->lru_next < 0);
     size_t bytes = kv_page_bytes(&kv->cfg, pg->tk, pg->tv);
     assert(kv->used >= bytes);
     kv->used -= bytes;
@@ -222,10 +236,12 @@ void kv_page_release(struct kv_cache *kv, int32_t id)
 /* A keyed page outlives its last holder as an idle cached page. */
 static void page_unref(struct kv_cache *kv, int32_t id)
 {
+    assert(id >= 0 && id < kv->n_page_slots);
     struct kv_page *pg = &kv->pages[id];
-    assert(pg->ref > 0);
+    assert(pg->ref > 0 && pg->k && pg->v);
     if (--pg->ref > 0)
         return;
+    assert(kv->n_live_pages > 0);
     kv->n_live_pages--;
     if (pg->keyed)
         kv_prefix_park(kv, id);
@@ -252,6 +268,7 @@ ks_status kv_seq_create(struct kv_cache *kv, int32_t *seq_out)
             memset(&kv->seqs[s], 0, sizeof kv->seqs[s]);
             kv->seqs[s].live = true;
             *seq_out = s;
+            KV_DEBUG_CHECK(kv, "kv_seq_create");
             return KS_OK;
         }
     if (kv->n_seq_slots >= MAX_SEQS)
@@ -266,13 +283,18 @@ ks_status kv_seq_create(struct kv_cache *kv, int32_t *seq_out)
     kv->n_seq_slots = n;
     kv->seqs[id].live = true;
     *seq_out = id;
+    KV_DEBUG_CHECK(kv, "kv_seq_create");
     return KS_OK;
 }
 
 static void seq_drop_pages(struct kv_cache *kv, struct kv_seq *s, int32_t keep_pages)
 {
-    while (s->n_pages > keep_pages)
-        page_unref(kv, s->pages[--s->n_pages]);
+    assert(keep_pages >= 0);
+    while (s->n_pages > keep_pages) {
+        int32_t id = kv_seq_page_id(kv, s, s->n_pages - 1);
+        s->n_pages--;
+        page_unref(kv, id);
+    }
 }
 
 void kv_seq_free(struct kv_cache *kv, int32_t seq)
@@ -284,6 +306,7 @@ void kv_seq_free(struct kv_cache *kv, int32_t seq)
     free(s->pages);
     free(s->keys);
     memset(s, 0, sizeof *s);
+    KV_DEBUG_CHECK(kv, "kv_seq_free");
 }
 
 int32_t kv_seq_len(const struct kv_cache *kv, int32_t seq)
@@ -311,7 +334,7 @@ ks_status kv_seq_reserve_table(struct kv_seq *s, int32_t n_pages)
     return KS_OK;
 }
 
-ks_status kv_seq_grow(struct kv_cache *kv, int32_t seq, int32_t n_tokens)
+static ks_status seq_grow(struct kv_cache *kv, int32_t seq, int32_t n_tokens)
 {
     if (!seq_valid(kv, seq))
         return seq_not_found(seq);
@@ -339,10 +362,19 @@ ks_status kv_seq_grow(struct kv_cache *kv, int32_t seq, int32_t n_tokens)
             seq_drop_pages(kv, s, first);
             return st;
         }
+        assert(s->n_pages < s->cap_pages);
         s->pages[s->n_pages++] = id;
     }
     s->len = len;
+    assert(s->n_pages == need && (int64_t)s->n_pages * kv->cfg.page_tokens >= s->len);
     return KS_OK;
+}
+
+ks_status kv_seq_grow(struct kv_cache *kv, int32_t seq, int32_t n_tokens)
+{
+    ks_status st = seq_grow(kv, seq, n_tokens);
+    KV_DEBUG_CHECK(kv, "kv_seq_grow"); /* failures too: all or nothing, and the policy may have run */
+    return st;
 }
 
 ks_status kv_seq_truncate(struct kv_cache *kv, int32_t seq, int32_t len)
@@ -357,6 +389,7 @@ ks_status kv_seq_truncate(struct kv_cache *kv, int32_t seq, int32_t len)
     s->len = len;
     if (s->n_keyed > len >> kv->page_shift)
         s->n_keyed = len >> kv->page_shift;
+    KV_DEBUG_CHECK(kv, "kv_seq_truncate");
     return KS_OK;
 }
 
@@ -374,14 +407,15 @@ ks_status kv_seq_fork(struct kv_cache *kv, int32_t src, int32_t *seq_out)
         return st;
     }
     for (int32_t i = 0; i < from->n_pages; i++) {
-        to->pages[i] = from->pages[i];
-        kv->pages[from->pages[i]].ref++;
+        to->pages[i] = kv_seq_page_id(kv, from, i); /* a live page: sharing it never revives one */
+        kv->pages[to->pages[i]].ref++;
     }
     memcpy(to->keys, from->keys, (size_t)from->n_keyed * sizeof *to->keys);
     to->n_keyed = from->n_keyed;
     to->n_pages = from->n_pages;
     to->len = from->len;
     *seq_out = id;
+    KV_DEBUG_CHECK(kv, "kv_seq_fork");
     return KS_OK;
 }
 
@@ -391,22 +425,22 @@ ks_status kv_seq_fork(struct kv_cache *kv, int32_t src, int32_t *seq_out)
  * into it. */
 static ks_status page_make_private(struct kv_cache *kv, struct kv_seq *s, int32_t idx)
 {
-    int32_t old = s->pages[idx];
+    int32_t old = kv_seq_page_id(kv, s, idx);
     if (kv->pages[old].ref == 1 && !kv->pages[old].keyed)
         return KS_OK;
+    /* the dynamic policy may demote this very page while making room (when it
+     * lies outside every holder's sinks and hot window): read its types after */
+    ks_status st = kv_policy_make_room(kv, kv_page_bytes(&kv->cfg, kv->pages[old].tk, kv->pages[old].tv));
     enum quant_type tk = kv->pages[old].tk, tv = kv->pages[old].tv;
-    size_t bytes = kv_page_bytes(&kv->cfg, tk, tv);
-    ks_status st = kv_policy_make_room(kv, bytes);
-    if (st)
-        return st;
     int32_t id = -1;
-    if ((st = kv_page_new(kv, tk, tv, &id)))
-        return st;
-    memcpy(kv->pages[id].k, kv->pages[old].k, kv_half_bytes(&kv->cfg, tk));
-    memcpy(kv->pages[id].v, kv->pages[old].v, kv_half_bytes(&kv->cfg, tv));
-    s->pages[idx] = id;
-    page_unref(kv, old);
-    return KS_OK;
+    if (!st && !(st = kv_page_new(kv, tk, tv, &id))) {
+        memcpy(kv->pages[id].k, kv->pages[old].k, kv_half_bytes(&kv->cfg, tk));
+        memcpy(kv->pages[id].v, kv->pages[old].v, kv_half_bytes(&kv->cfg, tv));
+        s->pages[idx] = id;
+        page_unref(kv, old);
+    }
+    KV_DEBUG_CHECK(kv, "kv_write (copy on write)");
+    return st;
 }
 
 ks_status kv_write(struct kv_cache *kv, int layer, int32_t seq, int32_t pos, const float *k, const float *v)
@@ -421,17 +455,17 @@ ks_status kv_write(struct kv_cache *kv, int layer, int32_t seq, int32_t pos, con
         return ks_fail(KS_ERR_RANGE, "kv_write: position %d outside sequence %d of %d tokens (grow it first)",
                        (int)pos, (int)seq, (int)s->len);
     int32_t idx = pos >> kv->page_shift, t = pos & (c->page_tokens - 1);
-    assert(idx < s->n_pages);
     ks_status st = page_make_private(kv, s, idx);
     if (st)
         return st;
-    struct kv_page *pg = &kv->pages[s->pages[idx]];
-    assert(!pg->keyed && s->n_keyed <= idx);
+    struct kv_page *pg = &kv->pages[kv_seq_page_id(kv, s, idx)];
+    assert(pg->ref == 1 && !pg->keyed && s->n_keyed <= idx);
     const float *src[2] = {k, v};
     void *half[2] = {pg->k, pg->v};
     enum quant_type type[2] = {pg->tk, pg->tv};
     for (int kind = 0; kind < 2; kind++) {
-        size_t rb = kv_row_bytes(type[kind], c->head_dim);
+        quant_from_float_fn store = quant_traits(type[kind])->from_float;
+        size_t rb = kv->row_bytes[type[kind]];
         for (int h = 0; h < c->n_kv_head; h++) {
             const float *x = src[kind] + (size_t)h * c->head_dim;
             if (c->rotate) {
@@ -439,14 +473,29 @@ ks_status kv_write(struct kv_cache *kv, int layer, int32_t seq, int32_t pos, con
                 kv_rotate(kv->scratch, c->head_dim);
                 x = kv->scratch;
             }
-            uint8_t *row = (uint8_t *)kv_page_rows(kv, half[kind], type[kind], layer, h) + (size_t)t * rb;
-            kv_row_store(type[kind], x, row, c->head_dim);
+            store(x, (uint8_t *)kv_page_rows(kv, half[kind], type[kind], layer, h) + (size_t)t * rb, c->head_dim);
         }
     }
     return KS_OK;
 }
 
 /* ---- invariants --------------------------------------------------------- */
+
+#if KS_KV_CHECK
+void kv_debug_check(const struct kv_cache *kv, const char *call)
+{
+    /* a failing call's message must survive a check that cannot allocate */
+    char saved[512];
+    snprintf(saved, sizeof saved, "%s", ks_errmsg());
+    ks_status st = kv_check(kv);
+    if (st == KS_ERR_NOMEM)
+        ks_fail(KS_ERR_NOMEM, "%s", saved);
+    else if (st) {
+        fprintf(stderr, "kv: %s broke an invariant: %s\n", call, ks_errmsg());
+        abort();
+    }
+}
+#endif
 
 ks_status kv_check(const struct kv_cache *kv)
 {

@@ -292,7 +292,9 @@ void kv_fit(const struct kv_cache *kv, struct kv_fit *out);
 ks_status kv_fit_config(const struct kv_config *cfg, struct kv_fit *out);
 
 /* Debug aid: check every invariant (ref counts, accounting, page tables);
- * KS_ERR_INTERNAL with a description on the first broken one. */
+ * KS_ERR_INTERNAL with a description on the first broken one. Debug builds
+ * (no NDEBUG; -DKS_KV_CHECK=0/1 overrides) also run it after every call here
+ * that changes the cache and abort naming the call on a broken invariant. */
 ks_status kv_check(const struct kv_cache *kv);
 
 /* ---- run-time policy ----------------------------------------------------- */

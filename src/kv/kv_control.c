@@ -77,6 +77,7 @@ ks_status kv_set_policy(struct kv_cache *kv, const struct kv_policy_update *u)
     if (st)
         return st;
     kv->cfg = next;
+    KV_DEBUG_CHECK(kv, "kv_set_policy");
     return KS_OK;
 }
 

@@ -8,9 +8,22 @@
 #ifndef KS_KV_INTERNAL_H
 #define KS_KV_INTERNAL_H
 
+#include <assert.h>
 #include <stdint.h>
 
 #include "kv/kv.h"
+
+/* Debug builds (no NDEBUG) run kv_check() after every public call that
+ * changes the cache and abort with its message at the first broken
+ * invariant, so a bug shows at the call that made it. -DKS_KV_CHECK=0 turns
+ * that off in a Debug build, -DKS_KV_CHECK=1 on in any build. */
+#ifndef KS_KV_CHECK
+#ifdef NDEBUG
+#define KS_KV_CHECK 0
+#else
+#define KS_KV_CHECK 1
+#endif
+#endif
 
 /* A page slot is free (no storage), live (ref > 0) or idle (ref 0, keyed,
  * on the LRU list). */
@@ -62,6 +75,7 @@ struct kv_cache {
 
     int64_t demotions, demotion_passes;
     float *scratch;          /* (head_dim) rotation scratch for kv_write */
+    size_t row_bytes[QUANT_TYPE_COUNT]; /* quant_row_size(t, head_dim) of each KV type t, 0 for others */
 
     /* prefix cache, kv_prefix.c */
     struct kv_map map;
@@ -73,26 +87,39 @@ struct kv_cache {
     void *evict_user;
 };
 
-/* Bytes of one stored row of head_dim values. */
-static inline size_t kv_row_bytes(enum quant_type t, int head_dim)
-{
-    switch (t) {
-    case QUANT_F32: return (size_t)head_dim * 4;
-    case QUANT_F16: return (size_t)head_dim * 2;
-    case QUANT_Q8_0: return (size_t)(head_dim / QK8_0) * sizeof(block_q8_0);
-    case QUANT_Q4_0: return (size_t)(head_dim / QK4_0) * sizeof(block_q4_0);
-    default: return 0;
-    }
-}
+/* kv_type_index() of each KV type as a constant, for tables indexed by page
+ * type (attn's kernel sets). */
+enum { KV_INDEX_F32 = 0, KV_INDEX_F16 = 1, KV_INDEX_Q8_0 = 2, KV_INDEX_Q4_0 = 3 };
 
 /* First row of (layer, kv head) in one half of a page; rows follow with
- * stride kv_row_bytes(). */
+ * stride kv->row_bytes[t]. */
 static inline const uint8_t *kv_page_rows(const struct kv_cache *kv, const void *half,
                                           enum quant_type t, int layer, int head)
 {
-    size_t rb = kv_row_bytes(t, kv->cfg.head_dim);
-    size_t run = (size_t)kv->cfg.page_tokens * rb;
+    assert((unsigned)t < QUANT_TYPE_COUNT && kv->row_bytes[t] > 0 && half);
+    assert(layer >= 0 && layer < kv->cfg.n_layer && head >= 0 && head < kv->cfg.n_kv_head);
+    size_t run = (size_t)kv->cfg.page_tokens * kv->row_bytes[t];
     return (const uint8_t *)half + ((size_t)layer * (size_t)kv->cfg.n_kv_head + (size_t)head) * run;
+}
+
+/* ---- invariants, kv.c ------------------------------------------------------ */
+
+#if KS_KV_CHECK
+/* kv_check(kv), and abort naming call when an invariant is broken. */
+void kv_debug_check(const struct kv_cache *kv, const char *call);
+#define KV_DEBUG_CHECK(kv, call) kv_debug_check(kv, call)
+#else
+#define KV_DEBUG_CHECK(kv, call) ((void)0)
+#endif
+
+/* Page id of seq's page idx (idx within its table). */
+static inline int32_t kv_seq_page_id(const struct kv_cache *kv, const struct kv_seq *s, int32_t idx)
+{
+    assert(idx >= 0 && idx < s->n_pages && s->n_pages <= s->cap_pages);
+    int32_t id = s->pages[idx];
+    assert(id >= 0 && id < kv->n_page_slots && kv->pages[id].ref > 0);
+    (void)kv;
+    return id;
 }
 
 /* ---- pool helpers, kv.c --------------------------------------------------- */
@@ -138,14 +165,13 @@ ks_status kv_policy_make_room(struct kv_cache *kv, size_t bytes);
 ks_status kv_convert_pages(struct kv_cache *kv, const int32_t *ids, int32_t n, enum quant_type tk,
                            enum quant_type tv);
 
-/* ---- rows: rotation and (de)quantization, kv_rows.c -------------------- */
+/* ---- rows: the rotation, kv_rotate.c --------------------------------------- */
+/* Rows are (de)quantized by quant's traits (quant_traits(t)->from_float and
+ * ->to_float): the page bytes are quant's reference quantizers' bytes. */
 
 /* Normalized Walsh-Hadamard transform in place over blocks of the largest
  * power of two dividing n (n itself when n is a power of two). Orthogonal and
  * its own inverse, so dot products are unchanged. */
 void kv_rotate(float *x, int n);
-/* Store n f32 values as one row of type t, and back. */
-void kv_row_store(enum quant_type t, const float *x, void *row, int n);
-void kv_row_load(enum quant_type t, const void *row, float *x, int n);
 
 #endif

@@ -72,6 +72,7 @@ static int32_t map_find(const struct kv_cache *kv, struct kv_key k)
 static void map_place(struct kv_cache *kv, int32_t id)
 {
     struct kv_map *m = &kv->map;
+    assert(id >= 0 && id < kv->n_page_slots && (uint64_t)m->n * 2 < m->cap);
     uint32_t i = map_home(m, kv->pages[id].key);
     while (m->slots[i] >= 0)
         i = (i + 1) & (m->cap - 1);
@@ -105,9 +106,12 @@ static ks_status map_reserve(struct kv_cache *kv, uint32_t n)
 static void map_remove(struct kv_cache *kv, int32_t id)
 {
     struct kv_map *m = &kv->map;
+    assert(m->n > 0 && kv->pages[id].keyed);
     uint32_t mask = m->cap - 1, i = map_home(m, kv->pages[id].key);
-    while (m->slots[i] != id)
+    while (m->slots[i] != id) {
+        assert(m->slots[i] >= 0); /* a keyed page is in its probe run */
         i = (i + 1) & mask;
+    }
     for (uint32_t j = (i + 1) & mask; m->slots[j] >= 0; j = (j + 1) & mask) {
         uint32_t home = map_home(m, kv->pages[m->slots[j]].key);
         /* move slot j back into the hole when its home is not in (i, j] */
@@ -131,6 +135,7 @@ static ks_status page_set_key(struct kv_cache *kv, int32_t id, struct kv_key key
         return st;
     }
     struct kv_page *pg = &kv->pages[id];
+    assert(!pg->keyed && pg->ref > 0 && n_valid > 0 && n_valid <= kv->cfg.page_tokens);
     memcpy(copy, tokens, (size_t)n_valid * sizeof *tokens);
     pg->tokens = copy;
     pg->n_valid = n_valid;
@@ -163,6 +168,9 @@ static size_t page_bytes(const struct kv_cache *kv, const struct kv_page *pg)
 static void lru_unlink(struct kv_cache *kv, int32_t id)
 {
     struct kv_page *pg = &kv->pages[id];
+    assert(pg->keyed && pg->ref <= 1); /* idle, or being mapped by kv_prefix_take */
+    assert(pg->lru_prev >= 0 ? kv->pages[pg->lru_prev].lru_next == id : kv->lru_head == id);
+    assert(pg->lru_next >= 0 ? kv->pages[pg->lru_next].lru_prev == id : kv->lru_tail == id);
     if (pg->lru_prev >= 0)
         kv->pages[pg->lru_prev].lru_next = pg->lru_next;
     else
@@ -177,7 +185,7 @@ static void lru_unlink(struct kv_cache *kv, int32_t id)
 void kv_prefix_park(struct kv_cache *kv, int32_t id)
 {
     struct kv_page *pg = &kv->pages[id];
-    assert(pg->ref == 0 && pg->keyed);
+    assert(pg->ref == 0 && pg->keyed && pg->k && pg->v && pg->lru_prev < 0 && pg->lru_next < 0);
     pg->lru_prev = kv->lru_tail;
     pg->lru_next = -1;
     if (kv->lru_tail >= 0)
@@ -192,10 +200,13 @@ void kv_prefix_park(struct kv_cache *kv, int32_t id)
 
 void kv_prefix_take(struct kv_cache *kv, int32_t id)
 {
+    assert(id >= 0 && id < kv->n_page_slots);
     struct kv_page *pg = &kv->pages[id];
+    assert(pg->k && pg->v && pg->keyed); /* only cached pages are mapped */
     if (pg->ref++ > 0)
         return;
     lru_unlink(kv, id);
+    assert(kv->n_idle_pages > 0 && kv->idle_bytes >= page_bytes(kv, pg));
     kv->n_idle_pages--;
     kv->idle_bytes -= page_bytes(kv, pg);
     kv->n_live_pages++;
@@ -271,6 +282,7 @@ static void evict_idle(struct kv_cache *kv, int32_t id, bool to_disk)
     if (to_disk && page_hand_over(kv, pg))
         kv->evicted_to_disk++;
     lru_unlink(kv, id);
+    assert(kv->n_idle_pages > 0 && kv->idle_bytes >= page_bytes(kv, pg));
     kv->n_idle_pages--;
     kv->idle_bytes -= page_bytes(kv, pg);
     page_unset_key(kv, id);
@@ -290,6 +302,8 @@ int32_t kv_prefix_clear(struct kv_cache *kv)
     int32_t n = 0;
     for (; kv->lru_head >= 0; n++)
         evict_idle(kv, kv->lru_head, false);
+    assert(kv->n_idle_pages == 0 && kv->idle_bytes == 0);
+    KV_DEBUG_CHECK(kv, "kv_prefix_clear");
     return n;
 }
 
@@ -299,6 +313,7 @@ int32_t kv_prefix_persist(struct kv_cache *kv)
     for (int32_t id = 0; id < kv->n_page_slots; id++)
         if (kv->pages[id].keyed && page_hand_over(kv, &kv->pages[id]))
             n++;
+    KV_DEBUG_CHECK(kv, "kv_prefix_persist");
     return n;
 }
 
@@ -334,6 +349,8 @@ bool kv_seq_next_key(const struct kv_cache *kv, int32_t seq, const int32_t *toke
 static void seq_map(struct kv_cache *kv, struct kv_seq *s, int32_t id, int32_t n_tokens)
 {
     struct kv_page *pg = &kv->pages[id];
+    assert(pg->ref > 0 && s->n_pages < s->cap_pages && n_tokens > 0 && n_tokens <= pg->n_valid);
+    assert((s->len & (kv->cfg.page_tokens - 1)) == 0); /* a mapped page starts a page */
     pg->hits++;
     pg->last_use_ms = unix_ms();
     s->pages[s->n_pages++] = id;
@@ -341,7 +358,7 @@ static void seq_map(struct kv_cache *kv, struct kv_seq *s, int32_t id, int32_t n
     kv->attached_pages++;
 }
 
-ks_status kv_seq_attach_pages(struct kv_cache *kv, int32_t seq, const int32_t *tokens, int32_t max_tokens,
+static ks_status attach_pages(struct kv_cache *kv, int32_t seq, const int32_t *tokens, int32_t max_tokens,
                               int32_t *n_pages_out)
 {
     *n_pages_out = 0;
@@ -375,7 +392,7 @@ static int32_t common_run(const int32_t *a, const int32_t *b, int32_t n)
     return i;
 }
 
-ks_status kv_seq_attach_partial(struct kv_cache *kv, int32_t seq, const int32_t *tokens, int32_t max_tokens,
+static ks_status attach_partial(struct kv_cache *kv, int32_t seq, const int32_t *tokens, int32_t max_tokens,
                                 int32_t *n_tokens_out)
 {
     *n_tokens_out = 0;
@@ -406,7 +423,7 @@ ks_status kv_seq_attach_partial(struct kv_cache *kv, int32_t seq, const int32_t 
     return KS_OK;
 }
 
-ks_status kv_seq_publish(struct kv_cache *kv, int32_t seq, const int32_t *tokens, int32_t n_computed)
+static ks_status publish(struct kv_cache *kv, int32_t seq, const int32_t *tokens, int32_t n_computed)
 {
     struct kv_seq *s = NULL;
     ks_status st = live_seq(kv, seq, &s);
@@ -439,7 +456,7 @@ static struct kv_key tail_key(const struct kv_cache *kv, struct kv_key parent, c
     return chain_key(kv, parent, padded);
 }
 
-ks_status kv_seq_publish_tail(struct kv_cache *kv, int32_t seq, const int32_t *tokens, int32_t n_computed)
+static ks_status publish_tail(struct kv_cache *kv, int32_t seq, const int32_t *tokens, int32_t n_computed)
 {
     struct kv_seq *s = NULL;
     ks_status st = live_seq(kv, seq, &s);
@@ -476,7 +493,7 @@ static ks_status blob_check(const struct kv_cache *kv, const struct blob_header 
     return KS_OK;
 }
 
-ks_status kv_seq_import_page(struct kv_cache *kv, int32_t seq, const int32_t *tokens, const void *blob, size_t len)
+static ks_status import_page(struct kv_cache *kv, int32_t seq, const int32_t *tokens, const void *blob, size_t len)
 {
     struct kv_seq *s = NULL;
     ks_status st = live_seq(kv, seq, &s);
@@ -522,6 +539,45 @@ ks_status kv_seq_import_page(struct kv_cache *kv, int32_t seq, const int32_t *to
     s->keys[s->n_keyed++] = key;
     seq_map(kv, s, id, c->page_tokens);
     return KS_OK;
+}
+
+/* ---- the public calls that change the cache: Debug builds check it after each */
+
+ks_status kv_seq_attach_pages(struct kv_cache *kv, int32_t seq, const int32_t *tokens, int32_t max_tokens,
+                              int32_t *n_pages_out)
+{
+    ks_status st = attach_pages(kv, seq, tokens, max_tokens, n_pages_out);
+    KV_DEBUG_CHECK(kv, "kv_seq_attach_pages");
+    return st;
+}
+
+ks_status kv_seq_attach_partial(struct kv_cache *kv, int32_t seq, const int32_t *tokens, int32_t max_tokens,
+                                int32_t *n_tokens_out)
+{
+    ks_status st = attach_partial(kv, seq, tokens, max_tokens, n_tokens_out);
+    KV_DEBUG_CHECK(kv, "kv_seq_attach_partial");
+    return st;
+}
+
+ks_status kv_seq_publish(struct kv_cache *kv, int32_t seq, const int32_t *tokens, int32_t n_computed)
+{
+    ks_status st = publish(kv, seq, tokens, n_computed);
+    KV_DEBUG_CHECK(kv, "kv_seq_publish");
+    return st;
+}
+
+ks_status kv_seq_publish_tail(struct kv_cache *kv, int32_t seq, const int32_t *tokens, int32_t n_computed)
+{
+    ks_status st = publish_tail(kv, seq, tokens, n_computed);
+    KV_DEBUG_CHECK(kv, "kv_seq_publish_tail");
+    return st;
+}
+
+ks_status kv_seq_import_page(struct kv_cache *kv, int32_t seq, const int32_t *tokens, const void *blob, size_t len)
+{
+    ks_status st = import_page(kv, seq, tokens, blob, len);
+    KV_DEBUG_CHECK(kv, "kv_seq_import_page");
+    return st;
 }
 
 /* ---- listing the cached chains --------------------------------------------------- */

@@ -1,6 +1,7 @@
 /* Live requantization: convert pages between f32/f16/q8_0/q4_0 in place.
  * Rows are stored rotated whatever their type, so a conversion is a plain
  * dequantize + quantize of each row. */
+#include <assert.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -12,10 +13,12 @@ static void convert_half(const struct kv_cache *kv, const void *src, enum quant_
 {
     const struct kv_config *c = &kv->cfg;
     size_t n_rows = (size_t)c->n_layer * (size_t)c->n_kv_head * (size_t)c->page_tokens;
-    size_t rs = kv_row_bytes(ts, c->head_dim), rd = kv_row_bytes(td, c->head_dim);
+    size_t rs = kv->row_bytes[ts], rd = kv->row_bytes[td];
+    quant_to_float_fn load = quant_traits(ts)->to_float;
+    quant_from_float_fn store = quant_traits(td)->from_float;
     for (size_t r = 0; r < n_rows; r++) {
-        kv_row_load(ts, (const uint8_t *)src + r * rs, row, c->head_dim);
-        kv_row_store(td, row, (uint8_t *)dst + r * rd, c->head_dim);
+        load((const uint8_t *)src + r * rs, row, c->head_dim);
+        store(row, (uint8_t *)dst + r * rd, c->head_dim);
     }
 }
 
@@ -49,7 +52,9 @@ ks_status kv_convert_pages(struct kv_cache *kv, const int32_t *ids, int32_t n, e
         return st;
     }
     for (int32_t i = 0; i < n; i++) {
+        assert(ids[i] >= 0 && ids[i] < kv->n_page_slots);
         struct kv_page *pg = &kv->pages[ids[i]];
+        assert(pg->k && pg->v && (pg->ref > 0 || pg->keyed)); /* live, or idle and cached */
         size_t before = kv_page_bytes(&kv->cfg, pg->tk, pg->tv);
         if (fresh[2 * i]) {
             enum quant_type nk = target(tk, pg->tk);
@@ -66,6 +71,7 @@ ks_status kv_convert_pages(struct kv_cache *kv, const int32_t *ids, int32_t n, e
             pg->tv = nv;
         }
         size_t now = kv_page_bytes(&kv->cfg, pg->tk, pg->tv);
+        assert(kv->used >= before && (pg->ref > 0 || kv->idle_bytes >= before));
         kv->used = kv->used - before + now;
         if (pg->ref == 0) /* an idle cached page */
             kv->idle_bytes = kv->idle_bytes - before + now;
@@ -161,6 +167,7 @@ ks_status kv_requantize(struct kv_cache *kv, const struct kv_selector *sel, enum
         double t0 = now_ms();
         st = kv_convert_pages(kv, ids, n_change, type_k, type_v);
         r.ms = now_ms() - t0;
+        KV_DEBUG_CHECK(kv, "kv_requantize");
     }
     free(mark);
     free(ids);
