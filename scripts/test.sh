@@ -62,6 +62,10 @@ cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DKS_SANITIZE=ON >/dev/null
 cmake --build build-asan -j "$jobs"
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
   run_ctest build-asan -j "$jobs" -L unit
+# The server under memory pressure (demotions, preemptions) with the Debug
+# build's kv_check after every cache mutation and attn's bounds asserts on.
+ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+  run_ctest build-asan -R '^server_e2e_pressure$'
 # ThreadSanitizer needs a build of its own (it cannot share one with ASan);
 # only the tests that run threads: the scheduler's, the server's, the store
 # writer's and the thread pool's.
