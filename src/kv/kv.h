@@ -234,8 +234,10 @@ struct kv_prefix_info {
     int32_t n_head;           /* the chain's first tokens (up to KV_PREFIX_HEAD_TOKENS) */
     int32_t head[KV_PREFIX_HEAD_TOKENS];
 };
-/* Fill up to cap chains; returns how many there are (may exceed cap). */
-int32_t kv_prefix_list(const struct kv_cache *kv, struct kv_prefix_info *out, int32_t cap);
+/* Fill out with up to cap chains, longest first; *n_chains gets how many there
+ * are (may exceed cap). Errors: KS_ERR_NOMEM (for the listing's scratch; the
+ * cache is untouched). */
+ks_status kv_prefix_list(const struct kv_cache *kv, struct kv_prefix_info *out, int32_t cap, int32_t *n_chains);
 
 /* ---- usage and fit ------------------------------------------------------- */
 

@@ -609,26 +609,30 @@ static void chain_describe(const struct kv_cache *kv, int32_t leaf, struct kv_pr
     memcpy(o->head, kv->pages[root].tokens, (size_t)o->n_head * sizeof *o->head);
 }
 
-int32_t kv_prefix_list(const struct kv_cache *kv, struct kv_prefix_info *out, int32_t cap)
+ks_status kv_prefix_list(const struct kv_cache *kv, struct kv_prefix_info *out, int32_t cap, int32_t *n_chains)
 {
     uint8_t *has_child = calloc((size_t)kv->n_page_slots + 1, 1);
     struct kv_prefix_info *all = malloc(((size_t)kv->map.n + 1) * sizeof *all);
-    int32_t n = 0;
-    if (has_child && all) {
-        for (int32_t id = 0; id < kv->n_page_slots; id++) {
-            int32_t parent = kv->pages[id].keyed ? map_find(kv, kv->pages[id].parent) : -1;
-            if (parent >= 0)
-                has_child[parent] = 1;
-        }
-        for (int32_t id = 0; id < kv->n_page_slots; id++)
-            if (kv->pages[id].keyed && !has_child[id])
-                chain_describe(kv, id, &all[n++]);
-        qsort(all, (size_t)n, sizeof *all, by_tokens_desc);
-        memcpy(out, all, (size_t)(n < cap ? n : cap) * sizeof *out);
+    if (!has_child || !all) {
+        free(has_child);
+        free(all);
+        return ks_fail(KS_ERR_NOMEM, "kv: out of memory listing the cached prefixes (%u keyed pages)", kv->map.n);
     }
+    for (int32_t id = 0; id < kv->n_page_slots; id++) {
+        int32_t parent = kv->pages[id].keyed ? map_find(kv, kv->pages[id].parent) : -1;
+        if (parent >= 0)
+            has_child[parent] = 1;
+    }
+    int32_t n = 0;
+    for (int32_t id = 0; id < kv->n_page_slots; id++)
+        if (kv->pages[id].keyed && !has_child[id])
+            chain_describe(kv, id, &all[n++]);
+    qsort(all, (size_t)n, sizeof *all, by_tokens_desc);
+    memcpy(out, all, (size_t)(n < cap ? n : cap) * sizeof *out);
     free(has_child);
     free(all);
-    return n;
+    *n_chains = n;
+    return KS_OK;
 }
 
 /* ---- invariants and teardown ------------------------------------------------------ */

@@ -93,12 +93,14 @@ static void add_key(cJSON *e, uint64_t lo, uint64_t hi)
 struct ram_chains {
     int32_t cap, n;
     struct kv_prefix_info *info;
+    ks_status st;
 };
 
 static void list_hook(void *user, struct kv_cache *kv)
 {
     struct ram_chains *c = user;
-    c->n = kv ? kv_prefix_list(kv, c->info, c->cap) : 0;
+    c->n = 0;
+    c->st = kv ? kv_prefix_list(kv, c->info, c->cap, &c->n) : KS_OK;
 }
 
 static cJSON *ram_chain_json(const struct server *srv, const struct kv_prefix_info *p)
@@ -310,6 +312,10 @@ ks_status server_route_cache_prefixes(struct server *srv, const struct server_re
     if ((st = sched_between_steps(srv->sched, list_hook, &rc))) {
         free(rc.info);
         return reply_fail(r, st, "shutting_down", "%s", ks_errmsg());
+    }
+    if (rc.st) {
+        free(rc.info);
+        return reply_fail(r, rc.st, NULL, "out of memory while listing the cached prefixes");
     }
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "object", "list");
