@@ -140,12 +140,13 @@ static void load_rows(const struct job *j, const struct tile *t, const struct sc
  * computed. always_inline: as a separate function with no side effects, GCC
  * deletes the call (prefetches do not count as effects), which the first
  * version of this code silently suffered from. */
-static inline __attribute__((always_inline)) void prefetch_page(const struct kv_cache *kv, const struct kv_page *pg, int layer)
+static inline __attribute__((always_inline)) void prefetch_page(const struct kv_config *c,
+                                                                const struct kv_page_view *pg, int layer)
 {
-    size_t rows = (size_t)kv->cfg.page_tokens * kv->cfg.n_kv_head;
-    const char *k = (const char *)kv_page_rows(kv, pg->k, pg->tk, layer, 0);
-    const char *v = (const char *)kv_page_rows(kv, pg->v, pg->tv, layer, 0);
-    size_t nk = rows * kv->row_bytes[pg->tk], nv = rows * kv->row_bytes[pg->tv];
+    size_t rows = (size_t)c->page_tokens * c->n_kv_head;
+    const char *k = (const char *)kv_view_run(c, pg->k, pg->k_row_bytes, layer, 0);
+    const char *v = (const char *)kv_view_run(c, pg->v, pg->v_row_bytes, layer, 0);
+    size_t nk = rows * pg->k_row_bytes, nv = rows * pg->v_row_bytes;
     for (size_t o = 0; o < nk; o += 64)
         __builtin_prefetch(k + o);
     for (size_t o = 0; o < nv; o += 64)
@@ -155,8 +156,9 @@ static inline __attribute__((always_inline)) void prefetch_page(const struct kv_
 static void run_item(const struct job *j, int32_t item, uint8_t *scratch)
 {
     const struct kv_cache *kv = j->kv;
+    const struct kv_config *c = kv_get_config(kv);
     const struct tile *t = find_tile(j, item);
-    int chunk = item - t->item0, R = tile_rows(j, t), d = j->dim, nb = d / QK8_0, P = kv->cfg.page_tokens;
+    int chunk = item - t->item0, R = tile_rows(j, t), d = j->dim, nb = d / QK8_0, P = c->page_tokens;
     struct scratch sc = {0};
     scratch_layout(j, scratch, &sc);
     load_rows(j, t, &sc);
@@ -176,13 +178,19 @@ static void run_item(const struct job *j, int32_t item, uint8_t *scratch)
 
     int64_t lo, hi;
     threads_split(t->n_pages, chunk, t->n_chunks, &lo, &hi);
-    const struct kv_seq *sq = &kv->seqs[t->seq];
     /* the walk stays inside the page table and the sequence's tokens */
-    assert(sq->live && t->n_pages <= sq->n_pages && max_limit <= sq->len && lo >= 0 && hi <= t->n_pages);
+    assert(t->n_pages <= kv_seq_n_pages(kv, t->seq) && max_limit <= kv_seq_len(kv, t->seq) && lo >= 0 &&
+           hi <= t->n_pages);
+    struct kv_page_view page, next;
+    if (lo < hi)
+        kv_seq_page_view(kv, t->seq, (int32_t)lo, &next);
     for (int64_t p = lo; p < hi; p++) {
-        const struct kv_page *pg = &kv->pages[kv_seq_page_id(kv, sq, (int32_t)p)];
-        if (p + 1 < hi)
-            prefetch_page(kv, &kv->pages[kv_seq_page_id(kv, sq, (int32_t)p + 1)], j->layer);
+        page = next;
+        if (p + 1 < hi) {
+            kv_seq_page_view(kv, t->seq, (int32_t)p + 1, &next);
+            prefetch_page(c, &next, j->layer);
+        }
+        const struct kv_page_view *pg = &page;
         int page_start = (int)(p * P);
         int n_tok = max_limit - page_start < P ? max_limit - page_start : P;
         assert(n_tok > 0 && n_tok <= P && kv_type_index(pg->tk) >= 0 && kv_type_index(pg->tv) >= 0);
@@ -196,12 +204,12 @@ static void run_item(const struct job *j, int32_t item, uint8_t *scratch)
             rows.m = st;
             rows.l = st + R;
             rows.acc = st + 2 * R;
-            const uint8_t *k_rows = kv_page_rows(kv, pg->k, pg->tk, j->layer, h);
-            attn_set_bounds(&rows, k_rows, (size_t)P * kv->row_bytes[pg->tk]);
+            const uint8_t *k_rows = kv_view_run(c, pg->k, pg->k_row_bytes, j->layer, h);
+            attn_set_bounds(&rows, k_rows, (size_t)P * pg->k_row_bytes);
             score(k_rows, n_tok, &rows);
             j->k->softmax(&rows, page_start, n_tok);
-            const uint8_t *v_rows = kv_page_rows(kv, pg->v, pg->tv, j->layer, h);
-            attn_set_bounds(&rows, v_rows, (size_t)P * kv->row_bytes[pg->tv]);
+            const uint8_t *v_rows = kv_view_run(c, pg->v, pg->v_row_bytes, j->layer, h);
+            attn_set_bounds(&rows, v_rows, (size_t)P * pg->v_row_bytes);
             accum(v_rows, n_tok, &rows);
         }
     }
@@ -272,11 +280,11 @@ static ks_status check_args(const struct kv_cache *kv, int layer, const struct a
         return ks_fail(KS_ERR_UNSUPPORTED, "attn: more than %d query heads per KV head", TILE_ROWS);
     for (int32_t i = 0; i < n_queries; i++) {
         int32_t s = queries[i].seq;
-        if (s < 0 || s >= kv->n_seq_slots || !kv->seqs[s].live)
+        if (!kv_seq_exists(kv, s))
             return ks_fail(KS_ERR_NOT_FOUND, "attn: query %d: sequence %d does not exist", (int)i, (int)s);
-        if (queries[i].pos < 0 || queries[i].pos >= kv->seqs[s].len)
+        if (queries[i].pos < 0 || queries[i].pos >= kv_seq_len(kv, s))
             return ks_fail(KS_ERR_RANGE, "attn: query %d: position %d outside sequence %d of %d tokens", (int)i,
-                           (int)queries[i].pos, (int)s, (int)kv->seqs[s].len);
+                           (int)queries[i].pos, (int)s, (int)kv_seq_len(kv, s));
     }
     return KS_OK;
 }

@@ -15,7 +15,7 @@
 #include <assert.h>
 #include <stdint.h>
 
-#include "kv/kv_internal.h"
+#include "kv/kv.h"
 #include "quant/quant.h"
 
 /* One tile of query rows and their online-softmax state. */

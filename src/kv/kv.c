@@ -314,6 +314,22 @@ int32_t kv_seq_len(const struct kv_cache *kv, int32_t seq)
     return seq_valid(kv, seq) ? kv->seqs[seq].len : 0;
 }
 
+bool kv_seq_exists(const struct kv_cache *kv, int32_t seq) { return seq_valid(kv, seq); }
+
+int32_t kv_seq_n_pages(const struct kv_cache *kv, int32_t seq)
+{
+    return seq_valid(kv, seq) ? kv->seqs[seq].n_pages : 0;
+}
+
+void kv_seq_page_view(const struct kv_cache *kv, int32_t seq, int32_t p, struct kv_page_view *out)
+{
+    assert(seq_valid(kv, seq));
+    const struct kv_page *pg = &kv->pages[kv_seq_page_id(kv, &kv->seqs[seq], p)];
+    assert(pg->k && pg->v && kv->row_bytes[pg->tk] > 0 && kv->row_bytes[pg->tv] > 0);
+    *out = (struct kv_page_view){.k = pg->k, .v = pg->v, .tk = pg->tk, .tv = pg->tv,
+                                 .k_row_bytes = kv->row_bytes[pg->tk], .v_row_bytes = kv->row_bytes[pg->tv]};
+}
+
 int32_t kv_seq_id_limit(const struct kv_cache *kv) { return kv->n_seq_slots; }
 
 ks_status kv_seq_reserve_table(struct kv_seq *s, int32_t n_pages)

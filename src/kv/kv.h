@@ -239,10 +239,49 @@ struct kv_prefix_info {
  * cache is untouched). */
 ks_status kv_prefix_list(const struct kv_cache *kv, struct kv_prefix_info *out, int32_t cap, int32_t *n_chains);
 
+/* ---- reading pages in place (the attention module) ------------------------ */
+
+/* One page of a sequence as attention reads it, without a copy. Each half
+ * holds, for every (layer, KV head), a run of page_tokens rows of head_dim
+ * values in the half's type (after the Hadamard rotation when cfg.rotate),
+ * row_bytes apart; kv_view_run() finds a run. The pointers stay valid until
+ * the next call that changes the cache (grow, write, requantize, free, ...):
+ * read them between two such calls only, as a model step does. */
+struct kv_page_view {
+    const uint8_t *k, *v;         /* the halves' storage */
+    enum quant_type tk, tv;       /* their types (kv_type_index() >= 0) */
+    size_t k_row_bytes, v_row_bytes;
+};
+
+/* true when seq is a live sequence of kv. */
+bool kv_seq_exists(const struct kv_cache *kv, int32_t seq);
+/* Pages in seq's table: token t lives in page t / page_tokens (0 for a
+ * sequence that does not exist). */
+int32_t kv_seq_n_pages(const struct kv_cache *kv, int32_t seq);
+/* The view of page p (0 <= p < kv_seq_n_pages) of live sequence seq. The
+ * arguments are the caller's to check; Debug builds assert them. */
+void kv_seq_page_view(const struct kv_cache *kv, int32_t seq, int32_t p, struct kv_page_view *out);
+
+/* The rotation rows are stored under when cfg.rotate is set: a normalized
+ * Walsh-Hadamard transform in place over blocks of the largest power of two
+ * dividing n (n itself when n is a power of two). Orthogonal and its own
+ * inverse, so q.k is unchanged when q is rotated the same way. */
+void kv_rotate(float *x, int n);
+
+/* First of the page_tokens rows of (layer, KV head) in one half of a page. */
+static inline const uint8_t *kv_view_run(const struct kv_config *c, const uint8_t *half, size_t row_bytes, int layer,
+                                         int head)
+{
+    size_t run = (size_t)c->page_tokens * row_bytes;
+    return half + ((size_t)layer * (size_t)c->n_kv_head + (size_t)head) * run;
+}
+
 /* ---- usage and fit ------------------------------------------------------- */
 
-/* Index into the per-type arrays below: f32, f16, q8_0, q4_0. */
+/* Index into the per-type arrays below (and attn's kernel tables): f32, f16,
+ * q8_0, q4_0; KV_INDEX_* name each as a constant. */
 enum { KV_N_TYPES = 4 };
+enum { KV_INDEX_F32 = 0, KV_INDEX_F16 = 1, KV_INDEX_Q8_0 = 2, KV_INDEX_Q4_0 = 3 };
 int kv_type_index(enum quant_type t);           /* -1 if not a KV type */
 enum quant_type kv_type_at(int index);
 

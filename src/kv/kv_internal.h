@@ -87,10 +87,6 @@ struct kv_cache {
     void *evict_user;
 };
 
-/* kv_type_index() of each KV type as a constant, for tables indexed by page
- * type (attn's kernel sets). */
-enum { KV_INDEX_F32 = 0, KV_INDEX_F16 = 1, KV_INDEX_Q8_0 = 2, KV_INDEX_Q4_0 = 3 };
-
 /* First row of (layer, kv head) in one half of a page; rows follow with
  * stride kv->row_bytes[t]. */
 static inline const uint8_t *kv_page_rows(const struct kv_cache *kv, const void *half,
@@ -165,13 +161,8 @@ ks_status kv_policy_make_room(struct kv_cache *kv, size_t bytes);
 ks_status kv_convert_pages(struct kv_cache *kv, const int32_t *ids, int32_t n, enum quant_type tk,
                            enum quant_type tv);
 
-/* ---- rows: the rotation, kv_rotate.c --------------------------------------- */
 /* Rows are (de)quantized by quant's traits (quant_traits(t)->from_float and
- * ->to_float): the page bytes are quant's reference quantizers' bytes. */
-
-/* Normalized Walsh-Hadamard transform in place over blocks of the largest
- * power of two dividing n (n itself when n is a power of two). Orthogonal and
- * its own inverse, so dot products are unchanged. */
-void kv_rotate(float *x, int n);
+ * ->to_float): the page bytes are quant's reference quantizers' bytes. The
+ * rotation, kv_rotate (kv.h), is in kv_rotate.c. */
 
 #endif
