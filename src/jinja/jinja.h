@@ -1,0 +1,121 @@
+/* jinja: a strict, sandboxed interpreter for the Jinja subset that real chat
+ * templates use, with data in cJSON values.
+ *
+ * The language (Jinja2 semantics with trim_blocks and lstrip_blocks on, as
+ * transformers' apply_chat_template and llama.cpp set them):
+ *   statements  if/elif/else, for (tuple targets, `if` filter, else, loop.index,
+ *               index0, revindex, revindex0, first, last, length, previtem,
+ *               nextitem), break, continue, set (names, tuples, ns.attr), block
+ *               set, macro (defaults, keyword arguments), filter blocks,
+ *               generation blocks (rendered as plain content), comments,
+ *               whitespace control {%- -%} {{- -}} {#- -#} and {%+
+ *   expressions literals, lists, dicts, tuples, attribute and index access,
+ *               slices (strings by code point), calls, `if else`, and/or/not,
+ *               == != < <= > >=, in / not in, is [not] TEST, ~ + - * / // % **
+ *   filters     abs capitalize count default/d dictsort first float from_json
+ *               indent int items join last length list lower map max min reject
+ *               rejectattr replace reverse round safe select selectattr sort
+ *               string sum title tojson trim unique upper wordcount
+ *   tests       boolean callable defined divisibleby eq even false float ge gt in
+ *               integer iterable le lower lt mapping ne none number odd sameas
+ *               sequence string true undefined upper
+ *   globals     range, namespace, raise_exception, strftime_now
+ *   methods     str: strip lstrip rstrip split startswith endswith replace upper
+ *               lower title capitalize format count find; list: append pop index;
+ *               dict: get items keys values pop
+ * Undefined values render as "", are false, iterate as empty and concatenate
+ * as "" (llama.cpp's leniency); using one as a number or calling one is an
+ * error. Dicts and lists print as JSON with Python's separators, booleans as
+ * True/False, null as None.
+ *
+ * Sandbox: a template can only read its context and produce text. Nothing
+ * touches files, the environment or the clock (strftime_now reads opts->now).
+ * Every render runs under limits (struct jinja_opts): output bytes, string
+ * bytes, steps (a budget of evaluation steps standing in for time: every loop
+ * iteration, statement and expression node costs one), call and nesting depth,
+ * and memory. A limit that fires is an error, never a truncated prompt.
+ *
+ * Threads: a parsed template is immutable; any number of threads may render it
+ * at once. Errors follow status/status.h: a failing function has called
+ * ks_fail() and leaves its out-parameters untouched. */
+#ifndef KS_JINJA_H
+#define KS_JINJA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+
+#include "status/status.h"
+
+struct jinja_template;
+
+/* Limits and inputs of one render. A zero field takes the default in brackets. */
+struct jinja_opts {
+    size_t max_output;    /* bytes of rendered text [1 MiB] */
+    size_t max_string;    /* bytes of any one string the template builds [1 MiB] */
+    uint64_t max_steps;   /* evaluation steps [10 000 000] */
+    unsigned max_depth;   /* nested macro calls plus expression nesting [200] */
+    size_t max_memory;    /* bytes of values alive during the render [64 MiB] */
+    int64_t now;          /* strftime_now's time, seconds since the epoch, UTC;
+                             0 means 1970-01-01 (there is no hidden clock) */
+};
+
+/* Parse src[0..len) (need not be NUL-terminated; may contain any bytes).
+ *   out  receives the template; free it with jinja_free(). The template keeps
+ *        its own copy of src.
+ * Errors: KS_ERR_INVALID_ARG  NULL out, or NULL src with len > 0
+ *         KS_ERR_FORMAT       a syntax error; the message starts with
+ *                             "line L, column C: " (1-based, columns in bytes)
+ *         KS_ERR_UNSUPPORTED  a statement outside the subset (names it, with the
+ *                             line and column)
+ *         KS_ERR_RANGE        nesting deeper than 200, or len over 16 MiB
+ *         KS_ERR_NOMEM */
+ks_status jinja_parse(const char *src, size_t len, struct jinja_template **out);
+
+/* NULL is a no-op. */
+void jinja_free(struct jinja_template *t);
+
+/* Render t with the variables of context (a JSON object; NULL = no variables).
+ *   opts  limits and now; NULL = all defaults
+ *   out   receives a malloc'd NUL-terminated string the caller frees with
+ *         free(); *out_len (may be NULL) its length without the NUL (the text
+ *         may itself hold NULs if the context strings do)
+ * Errors: KS_ERR_INVALID_ARG  NULL t or out, a context that is not an object,
+ *                             or a type error in the template (calling a
+ *                             non-function, a number plus a string, ...)
+ *         KS_ERR_STATE        the template called raise_exception(msg): the
+ *                             message is "template raised: msg"
+ *         KS_ERR_RANGE        a limit fired (the message names it)
+ *         KS_ERR_NOMEM
+ * Every runtime error message starts with "line L, column C: " of the
+ * expression or statement that failed. */
+ks_status jinja_render(const struct jinja_template *t, const cJSON *context, const struct jinja_opts *opts,
+                       char **out, size_t *out_len);
+
+/* ---- chat templates ------------------------------------------------------ */
+
+/* What llama.cpp does around a model's template when it renders an OpenAI chat
+ * request (its polyfills), so that the prompt matches llama-server --jinja:
+ * - tool-call `arguments` given as a JSON string are parsed into an object;
+ * - a template that refuses the system role (raise_exception when it meets
+ *   one) gets the system message folded into the first user turn;
+ * - a template that does not use `tools` ignores them;
+ * - a BOS text the template prints at the very start is removed (tokenization
+ *   adds BOS again);
+ * - add_generation_prompt, bos_token, eos_token, enable_thinking (true) and
+ *   date_string ("24 Nov 2026" style, from opts->now) are set. */
+struct jinja_chat {
+    const char *bos_token;      /* NULL = "" */
+    const char *eos_token;      /* NULL = "" */
+    int add_generation_prompt;  /* nonzero = true */
+};
+
+/* Render request (an object with "messages" and optionally "tools") into the
+ * prompt text, as jinja_render does (same ownership of *out).
+ * Errors: as jinja_render; KS_ERR_INVALID_ARG also for a request without a
+ *         "messages" array or with tool-call arguments that are not JSON. */
+ks_status jinja_chat_render(const struct jinja_template *t, const cJSON *request, const struct jinja_chat *chat,
+                            const struct jinja_opts *opts, char **out, size_t *out_len);
+
+#endif

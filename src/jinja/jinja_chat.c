@@ -1,0 +1,147 @@
+/* jinja: rendering an OpenAI chat request through a model's template the way
+ * llama-server --jinja does, with its polyfills (see jinja.h). */
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "jinja/jinja.h"
+
+/* Tool-call arguments arrive as a JSON string; templates expect the object. */
+static ks_status parse_tool_arguments(cJSON *messages)
+{
+    int mi = 0;
+    for (cJSON *m = messages->child; m; m = m->next, mi++) {
+        cJSON *calls = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
+        for (cJSON *tc = calls ? calls->child : NULL; tc; tc = tc->next) {
+            cJSON *fn = cJSON_GetObjectItemCaseSensitive(tc, "function");
+            cJSON *args = fn ? cJSON_GetObjectItemCaseSensitive(fn, "arguments") : NULL;
+            if (!cJSON_IsString(args))
+                continue;
+            cJSON *parsed = cJSON_Parse(args->valuestring);
+            if (!parsed)
+                return ks_fail(KS_ERR_INVALID_ARG, "message %d: tool call arguments are not JSON: %.80s", mi,
+                               args->valuestring);
+            cJSON_ReplaceItemInObjectCaseSensitive(fn, "arguments", parsed);
+        }
+    }
+    return KS_OK;
+}
+
+static bool has_role(const cJSON *messages, const char *role)
+{
+    for (const cJSON *m = messages->child; m; m = m->next) {
+        const cJSON *r = cJSON_GetObjectItemCaseSensitive(m, "role");
+        if (cJSON_IsString(r) && !strcmp(r->valuestring, role))
+            return true;
+    }
+    return false;
+}
+
+/* The system message joins the first user turn: "SYSTEM\nUSER". */
+static ks_status fold_system(cJSON *messages)
+{
+    cJSON *sys = NULL;
+    for (cJSON *m = messages->child; m && !sys; m = m->next) {
+        const cJSON *r = cJSON_GetObjectItemCaseSensitive(m, "role");
+        if (cJSON_IsString(r) && !strcmp(r->valuestring, "system"))
+            sys = m;
+    }
+    if (!sys)
+        return KS_OK;
+    const cJSON *sc = cJSON_GetObjectItemCaseSensitive(sys, "content");
+    const char *system = cJSON_IsString(sc) ? sc->valuestring : "";
+    for (cJSON *m = sys->next; m; m = m->next) {
+        const cJSON *r = cJSON_GetObjectItemCaseSensitive(m, "role");
+        cJSON *c = cJSON_GetObjectItemCaseSensitive(m, "content");
+        if (!cJSON_IsString(r) || strcmp(r->valuestring, "user") || !cJSON_IsString(c))
+            continue;
+        size_t n = strlen(system) + 1 + strlen(c->valuestring) + 1;
+        char *joined = malloc(n);
+        if (!joined)
+            return ks_fail(KS_ERR_NOMEM, "out of memory folding the system message");
+        strcpy(joined, system);
+        strcat(joined, "\n");
+        strcat(joined, c->valuestring);
+        cJSON *s = cJSON_CreateString(joined);
+        free(joined);
+        if (!s)
+            return ks_fail(KS_ERR_NOMEM, "out of memory folding the system message");
+        cJSON_ReplaceItemInObjectCaseSensitive(m, "content", s);
+        break;
+    }
+    cJSON_Delete(cJSON_DetachItemViaPointer(messages, sys));
+    return KS_OK;
+}
+
+static ks_status build_context(const cJSON *request, const struct jinja_chat *chat, const struct jinja_opts *opts,
+                               cJSON **out)
+{
+    const cJSON *messages = cJSON_GetObjectItemCaseSensitive(request, "messages");
+    if (!cJSON_IsArray(messages))
+        return ks_fail(KS_ERR_INVALID_ARG, "the chat request has no \"messages\" array");
+    cJSON *ctx = cJSON_CreateObject();
+    cJSON *msgs = cJSON_Duplicate(messages, 1);
+    if (!ctx || !msgs || !cJSON_AddItemToObject(ctx, "messages", msgs)) {
+        cJSON_Delete(ctx);
+        cJSON_Delete(msgs);
+        return ks_fail(KS_ERR_NOMEM, "out of memory building the template context");
+    }
+    ks_status st = parse_tool_arguments(msgs);
+    if (st) {
+        cJSON_Delete(ctx);
+        return st;
+    }
+    const cJSON *tools = cJSON_GetObjectItemCaseSensitive(request, "tools");
+    if (tools && !cJSON_IsNull(tools))
+        cJSON_AddItemToObject(ctx, "tools", cJSON_Duplicate(tools, 1));
+    char date[32];
+    time_t now = opts ? (time_t)opts->now : 0;
+    struct tm tm;
+    gmtime_r(&now, &tm);
+    strftime(date, sizeof date, "%d %b %Y", &tm);
+    cJSON_AddBoolToObject(ctx, "add_generation_prompt", chat && chat->add_generation_prompt);
+    cJSON_AddStringToObject(ctx, "bos_token", chat && chat->bos_token ? chat->bos_token : "");
+    cJSON_AddStringToObject(ctx, "eos_token", chat && chat->eos_token ? chat->eos_token : "");
+    cJSON_AddBoolToObject(ctx, "enable_thinking", 1);
+    cJSON_AddStringToObject(ctx, "date_string", date);
+    *out = ctx;
+    return KS_OK;
+}
+
+static void strip_bos(const struct jinja_chat *chat, char *text, size_t *len)
+{
+    size_t n = chat && chat->bos_token ? strlen(chat->bos_token) : 0;
+    if (n && *len >= n && !memcmp(text, chat->bos_token, n)) {
+        memmove(text, text + n, *len - n + 1);
+        *len -= n;
+    }
+}
+
+ks_status jinja_chat_render(const struct jinja_template *t, const cJSON *request, const struct jinja_chat *chat,
+                            const struct jinja_opts *opts, char **out, size_t *out_len)
+{
+    if (!t || !request || !out)
+        return ks_fail(KS_ERR_INVALID_ARG, "jinja_chat_render: NULL argument");
+    cJSON *ctx = NULL;
+    ks_status st = build_context(request, chat, opts, &ctx);
+    if (st)
+        return st;
+    char *text = NULL;
+    size_t len = 0;
+    st = jinja_render(t, ctx, opts, &text, &len);
+    cJSON *msgs = cJSON_GetObjectItemCaseSensitive(ctx, "messages");
+    if (st == KS_ERR_STATE && has_role(msgs, "system")) {
+        st = fold_system(msgs);
+        if (!st)
+            st = jinja_render(t, ctx, opts, &text, &len);
+    }
+    cJSON_Delete(ctx);
+    if (st)
+        return st;
+    strip_bos(chat, text, &len);
+    *out = text;
+    if (out_len)
+        *out_len = len;
+    return KS_OK;
+}

@@ -1,0 +1,439 @@
+/* jinja: values (constructors, truth, equality, order), how they print, and
+ * JSON in (cJSON) and out (Python's json.dumps). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "jinja/jinja_internal.h"
+
+struct jv jv_undef_v = {.kind = JV_UNDEF};
+struct jv jv_none_v = {.kind = JV_NONE};
+struct jv jv_true_v = {.kind = JV_BOOL, .u.b = true};
+struct jv jv_false_v = {.kind = JV_BOOL, .u.b = false};
+
+/* ---- construction -------------------------------------------------------- */
+
+struct jv *jv_str(struct jctx *cx, const char *p, size_t n)
+{
+    if (n > cx->opts.max_string)
+        jx_fail(cx, KS_ERR_RANGE, "a string of %zu bytes is over the %zu-byte string limit", n, cx->opts.max_string);
+    struct jv *v = jx_alloc(cx, sizeof *v + n + 1);
+    char *s = (char *)(v + 1);
+    if (n)
+        memcpy(s, p, n);
+    v->kind = JV_STR;
+    v->u.s.p = s;
+    v->u.s.n = n;
+    return v;
+}
+
+struct jv *jv_cstr(struct jctx *cx, const char *s) { return jv_str(cx, s, strlen(s)); }
+
+struct jv *jv_int(struct jctx *cx, int64_t i)
+{
+    struct jv *v = jx_alloc(cx, sizeof *v);
+    v->kind = JV_INT;
+    v->u.i = i;
+    return v;
+}
+
+struct jv *jv_float(struct jctx *cx, double f)
+{
+    struct jv *v = jx_alloc(cx, sizeof *v);
+    v->kind = JV_FLOAT;
+    v->u.f = f;
+    return v;
+}
+
+struct jv *jv_bool(bool b) { return b ? &jv_true_v : &jv_false_v; }
+
+struct jv *jv_list(struct jctx *cx)
+{
+    struct jv *v = jx_alloc(cx, sizeof *v);
+    v->kind = JV_LIST;
+    return v;
+}
+
+struct jv *jv_dict(struct jctx *cx)
+{
+    struct jv *v = jx_alloc(cx, sizeof *v);
+    v->kind = JV_DICT;
+    return v;
+}
+
+static void **grow(struct jctx *cx, void **old, size_t n, size_t cap)
+{
+    void **nv = jx_alloc(cx, cap * sizeof *nv);
+    if (n)
+        memcpy(nv, old, n * sizeof *nv);
+    return nv;
+}
+
+void jv_list_push(struct jctx *cx, struct jv *l, struct jv *v)
+{
+    if (l->u.l.n == l->u.l.cap) {
+        size_t cap = l->u.l.cap ? l->u.l.cap * 2 : 4;
+        l->u.l.v = (struct jv **)grow(cx, (void **)l->u.l.v, l->u.l.n, cap);
+        l->u.l.cap = cap;
+    }
+    l->u.l.v[l->u.l.n++] = v;
+}
+
+struct jv *jv_dict_getv(const struct jv *d, const struct jv *key)
+{
+    for (size_t i = 0; i < d->u.d.n; i++)
+        if (jv_equal(d->u.d.k[i], key))
+            return d->u.d.v[i];
+    return NULL;
+}
+
+struct jv *jv_dict_get(const struct jv *d, const char *key, size_t n)
+{
+    for (size_t i = 0; i < d->u.d.n; i++) {
+        const struct jv *k = d->u.d.k[i];
+        if (k->kind == JV_STR && k->u.s.n == n && !memcmp(k->u.s.p, key, n))
+            return d->u.d.v[i];
+    }
+    return NULL;
+}
+
+void jv_dict_set(struct jctx *cx, struct jv *d, struct jv *k, struct jv *v)
+{
+    for (size_t i = 0; i < d->u.d.n; i++)
+        if (jv_equal(d->u.d.k[i], k)) {
+            d->u.d.v[i] = v;
+            return;
+        }
+    if (d->u.d.n == d->u.d.cap) {
+        size_t cap = d->u.d.cap ? d->u.d.cap * 2 : 4;
+        d->u.d.k = (struct jv **)grow(cx, (void **)d->u.d.k, d->u.d.n, cap);
+        d->u.d.v = (struct jv **)grow(cx, (void **)d->u.d.v, d->u.d.n, cap);
+        d->u.d.cap = cap;
+    }
+    d->u.d.k[d->u.d.n] = k;
+    d->u.d.v[d->u.d.n++] = v;
+}
+
+/* ---- truth, equality, order ---------------------------------------------- */
+
+bool jv_truthy(const struct jv *v)
+{
+    switch (v->kind) {
+    case JV_UNDEF: case JV_NONE: return false;
+    case JV_BOOL: return v->u.b;
+    case JV_INT: return v->u.i != 0;
+    case JV_FLOAT: return v->u.f != 0.0;
+    case JV_STR: return v->u.s.n != 0;
+    case JV_LIST: return v->u.l.n != 0;
+    case JV_DICT: return v->u.d.n != 0;
+    default: return true;
+    }
+}
+
+static bool is_num(const struct jv *v) { return v->kind == JV_INT || v->kind == JV_FLOAT || v->kind == JV_BOOL; }
+static double num_of(const struct jv *v)
+{
+    return v->kind == JV_FLOAT ? v->u.f : v->kind == JV_INT ? (double)v->u.i : (double)v->u.b;
+}
+
+bool jv_equal(const struct jv *a, const struct jv *b)
+{
+    if (is_num(a) && is_num(b)) {
+        if (a->kind == JV_INT && b->kind == JV_INT)
+            return a->u.i == b->u.i;
+        return num_of(a) == num_of(b);
+    }
+    if (a->kind != b->kind)
+        return false;
+    switch (a->kind) {
+    case JV_UNDEF: case JV_NONE: return true;
+    case JV_STR: return a->u.s.n == b->u.s.n && !memcmp(a->u.s.p, b->u.s.p, a->u.s.n);
+    case JV_LIST:
+        if (a->u.l.n != b->u.l.n)
+            return false;
+        for (size_t i = 0; i < a->u.l.n; i++)
+            if (!jv_equal(a->u.l.v[i], b->u.l.v[i]))
+                return false;
+        return true;
+    case JV_DICT:
+        if (a->u.d.n != b->u.d.n)
+            return false;
+        for (size_t i = 0; i < a->u.d.n; i++) {
+            const struct jv *o = jv_dict_getv(b, a->u.d.k[i]);
+            if (!o || !jv_equal(a->u.d.v[i], o))
+                return false;
+        }
+        return true;
+    default: return a == b;
+    }
+}
+
+int jv_compare(struct jctx *cx, const struct jv *a, const struct jv *b)
+{
+    if (is_num(a) && is_num(b)) {
+        if (a->kind == JV_INT && b->kind == JV_INT)
+            return (a->u.i > b->u.i) - (a->u.i < b->u.i);
+        double x = num_of(a), y = num_of(b);
+        return (x > y) - (x < y);
+    }
+    if (a->kind == JV_STR && b->kind == JV_STR) {
+        size_t n = a->u.s.n < b->u.s.n ? a->u.s.n : b->u.s.n;
+        int c = n ? memcmp(a->u.s.p, b->u.s.p, n) : 0;
+        if (c)
+            return c < 0 ? -1 : 1;
+        return (a->u.s.n > b->u.s.n) - (a->u.s.n < b->u.s.n);
+    }
+    if (a->kind == JV_LIST && b->kind == JV_LIST) {
+        for (size_t i = 0; i < a->u.l.n && i < b->u.l.n; i++) {
+            int c = jv_compare(cx, a->u.l.v[i], b->u.l.v[i]);
+            if (c)
+                return c;
+        }
+        return (a->u.l.n > b->u.l.n) - (a->u.l.n < b->u.l.n);
+    }
+    jx_fail(cx, KS_ERR_INVALID_ARG, "cannot order %s and %s", jv_kind_name(a), jv_kind_name(b));
+}
+
+const char *jv_kind_name(const struct jv *v)
+{
+    static const char *const names[] = {
+        [JV_UNDEF] = "undefined", [JV_NONE] = "none",  [JV_BOOL] = "boolean", [JV_INT] = "integer",
+        [JV_FLOAT] = "float",     [JV_STR] = "string", [JV_LIST] = "list",    [JV_DICT] = "dict",
+        [JV_MACRO] = "macro",     [JV_BUILTIN] = "function", [JV_METHOD] = "method",
+    };
+    return names[v->kind];
+}
+
+/* ---- text ---------------------------------------------------------------- */
+
+void jbuf_put(struct jctx *cx, struct jbuf *b, const char *p, size_t n)
+{
+    bool is_output = b == cx->top;
+    size_t limit = is_output ? cx->opts.max_output : cx->opts.max_string;
+    if (n > limit || b->n > limit - n)
+        jx_fail(cx, KS_ERR_RANGE, "%s would pass its limit of %zu bytes", is_output ? "the output" : "a string", limit);
+    if (b->n + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 64;
+        while (cap < b->n + n + 1)
+            cap *= 2;
+        char *np = jx_alloc(cx, cap);
+        if (b->n)
+            memcpy(np, b->p, b->n);
+        b->p = np;
+        b->cap = cap;
+    }
+    if (n)
+        memcpy(b->p + b->n, p, n);
+    b->n += n;
+    b->p[b->n] = 0;
+}
+
+void jbuf_puts(struct jctx *cx, struct jbuf *b, const char *s) { jbuf_put(cx, b, s, strlen(s)); }
+
+/* Python's repr(float): the shortest digits that read back the same. */
+static void format_float(double f, char *buf, size_t size)
+{
+    if (isnan(f)) {
+        snprintf(buf, size, "NaN");
+        return;
+    }
+    if (isinf(f)) {
+        snprintf(buf, size, f > 0 ? "Infinity" : "-Infinity");
+        return;
+    }
+    for (int prec = 1; prec <= 17; prec++) {
+        snprintf(buf, size, "%.*g", prec, f);
+        if (strtod(buf, NULL) == f)
+            break;
+    }
+    if (!strpbrk(buf, ".eE")) {
+        size_t n = strlen(buf);
+        if (n + 2 < size)
+            memcpy(buf + n, ".0", 3);
+    }
+}
+
+static void put_json_string(struct jctx *cx, struct jbuf *b, const char *s, size_t n)
+{
+    jbuf_put(cx, b, "\"", 1);
+    size_t run = 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        const char *esc = NULL;
+        char tmp[8];
+        switch (c) {
+        case '"': esc = "\\\""; break;
+        case '\\': esc = "\\\\"; break;
+        case '\n': esc = "\\n"; break;
+        case '\r': esc = "\\r"; break;
+        case '\t': esc = "\\t"; break;
+        case '\b': esc = "\\b"; break;
+        case '\f': esc = "\\f"; break;
+        default:
+            if (c < 0x20) {
+                snprintf(tmp, sizeof tmp, "\\u%04x", c);
+                esc = tmp;
+            }
+        }
+        if (!esc)
+            continue;
+        jbuf_put(cx, b, s + run, i - run);
+        jbuf_puts(cx, b, esc);
+        run = i + 1;
+    }
+    jbuf_put(cx, b, s + run, n - run);
+    jbuf_put(cx, b, "\"", 1);
+}
+
+static void put_newline_indent(struct jctx *cx, struct jbuf *b, int indent, int level)
+{
+    jbuf_put(cx, b, "\n", 1);
+    for (int i = 0; i < indent * level; i++)
+        jbuf_put(cx, b, " ", 1);
+}
+
+static int cmp_keys(const void *x, const void *y)
+{
+    const struct jv *a = *(struct jv *const *)x, *b = *(struct jv *const *)y;
+    if (a->kind != JV_STR || b->kind != JV_STR)
+        return 0;
+    size_t n = a->u.s.n < b->u.s.n ? a->u.s.n : b->u.s.n;
+    int c = n ? memcmp(a->u.s.p, b->u.s.p, n) : 0;
+    return c ? c : (a->u.s.n > b->u.s.n) - (a->u.s.n < b->u.s.n);
+}
+
+static void json_value(struct jctx *cx, struct jbuf *b, const struct jv *v, int indent, bool sort_keys, int level);
+
+static void json_dict(struct jctx *cx, struct jbuf *b, const struct jv *v, int indent, bool sort_keys, int level)
+{
+    if (!v->u.d.n) {
+        jbuf_puts(cx, b, "{}");
+        return;
+    }
+    size_t n = v->u.d.n;
+    size_t *order = jx_alloc(cx, n * sizeof *order);
+    for (size_t i = 0; i < n; i++)
+        order[i] = i;
+    if (sort_keys) {
+        struct jv **keys = jx_alloc(cx, n * sizeof *keys);
+        memcpy(keys, v->u.d.k, n * sizeof *keys);
+        qsort(keys, n, sizeof *keys, cmp_keys);
+        for (size_t i = 0; i < n; i++)
+            for (size_t j = 0; j < n; j++)
+                if (v->u.d.k[j] == keys[i])
+                    order[i] = j;
+    }
+    jbuf_put(cx, b, "{", 1);
+    for (size_t i = 0; i < n; i++) {
+        if (i)
+            jbuf_puts(cx, b, indent >= 0 ? "," : ", ");
+        if (indent >= 0)
+            put_newline_indent(cx, b, indent, level + 1);
+        const struct jv *k = v->u.d.k[order[i]];
+        if (k->kind == JV_STR) {
+            put_json_string(cx, b, k->u.s.p, k->u.s.n);
+        } else {
+            struct jv *ks = jv_to_str(cx, k);
+            put_json_string(cx, b, ks->u.s.p, ks->u.s.n);
+        }
+        jbuf_puts(cx, b, ": ");
+        json_value(cx, b, v->u.d.v[order[i]], indent, sort_keys, level + 1);
+    }
+    if (indent >= 0)
+        put_newline_indent(cx, b, indent, level);
+    jbuf_put(cx, b, "}", 1);
+}
+
+static void json_value(struct jctx *cx, struct jbuf *b, const struct jv *v, int indent, bool sort_keys, int level)
+{
+    if (level > (int)cx->opts.max_depth)
+        jx_fail(cx, KS_ERR_RANGE, "a value nested deeper than the depth limit %u", cx->opts.max_depth);
+    char num[40];
+    switch (v->kind) {
+    case JV_UNDEF: case JV_NONE: jbuf_puts(cx, b, "null"); return;
+    case JV_BOOL: jbuf_puts(cx, b, v->u.b ? "true" : "false"); return;
+    case JV_INT: snprintf(num, sizeof num, "%lld", (long long)v->u.i); jbuf_puts(cx, b, num); return;
+    case JV_FLOAT: format_float(v->u.f, num, sizeof num); jbuf_puts(cx, b, num); return;
+    case JV_STR: put_json_string(cx, b, v->u.s.p, v->u.s.n); return;
+    case JV_LIST:
+        if (!v->u.l.n) {
+            jbuf_puts(cx, b, "[]");
+            return;
+        }
+        jbuf_put(cx, b, "[", 1);
+        for (size_t i = 0; i < v->u.l.n; i++) {
+            if (i)
+                jbuf_puts(cx, b, indent >= 0 ? "," : ", ");
+            if (indent >= 0)
+                put_newline_indent(cx, b, indent, level + 1);
+            json_value(cx, b, v->u.l.v[i], indent, sort_keys, level + 1);
+        }
+        if (indent >= 0)
+            put_newline_indent(cx, b, indent, level);
+        jbuf_put(cx, b, "]", 1);
+        return;
+    case JV_DICT: json_dict(cx, b, v, indent, sort_keys, level); return;
+    default: jx_fail(cx, KS_ERR_INVALID_ARG, "a %s cannot be written as JSON", jv_kind_name(v));
+    }
+}
+
+void jv_to_json(struct jctx *cx, struct jbuf *b, const struct jv *v, int indent, bool sort_keys)
+{
+    json_value(cx, b, v, indent, sort_keys, 0);
+}
+
+void jv_print(struct jctx *cx, struct jbuf *b, const struct jv *v)
+{
+    char num[40];
+    switch (v->kind) {
+    case JV_UNDEF: return;
+    case JV_NONE: jbuf_puts(cx, b, "None"); return;
+    case JV_BOOL: jbuf_puts(cx, b, v->u.b ? "True" : "False"); return;
+    case JV_INT: snprintf(num, sizeof num, "%lld", (long long)v->u.i); jbuf_puts(cx, b, num); return;
+    case JV_FLOAT: format_float(v->u.f, num, sizeof num); jbuf_puts(cx, b, num); return;
+    case JV_STR: jbuf_put(cx, b, v->u.s.p, v->u.s.n); return;
+    case JV_LIST: case JV_DICT: json_value(cx, b, v, -1, false, 0); return;
+    default: jbuf_puts(cx, b, "<"), jbuf_puts(cx, b, jv_kind_name(v)), jbuf_puts(cx, b, ">"); return;
+    }
+}
+
+struct jv *jv_to_str(struct jctx *cx, const struct jv *v)
+{
+    if (v->kind == JV_STR)
+        return (struct jv *)v;
+    struct jbuf b = {0};
+    jv_print(cx, &b, v);
+    return jv_str(cx, b.p ? b.p : "", b.n);
+}
+
+/* ---- JSON in --------------------------------------------------------------- */
+
+struct jv *jv_from_json(struct jctx *cx, const cJSON *j)
+{
+    if (!j || cJSON_IsNull(j))
+        return &jv_none_v;
+    if (cJSON_IsBool(j))
+        return jv_bool(cJSON_IsTrue(j));
+    if (cJSON_IsNumber(j)) {
+        double d = j->valuedouble;
+        if (d == floor(d) && fabs(d) < 9007199254740992.0)
+            return jv_int(cx, (int64_t)d);
+        return jv_float(cx, d);
+    }
+    if (cJSON_IsString(j))
+        return jv_cstr(cx, j->valuestring ? j->valuestring : "");
+    if (cJSON_IsArray(j)) {
+        struct jv *l = jv_list(cx);
+        for (const cJSON *c = j->child; c; c = c->next)
+            jv_list_push(cx, l, jv_from_json(cx, c));
+        return l;
+    }
+    if (cJSON_IsObject(j)) {
+        struct jv *d = jv_dict(cx);
+        for (const cJSON *c = j->child; c; c = c->next)
+            jv_dict_set(cx, d, jv_cstr(cx, c->string ? c->string : ""), jv_from_json(cx, c));
+        return d;
+    }
+    return &jv_none_v;
+}
