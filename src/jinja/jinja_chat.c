@@ -5,7 +5,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "jinja/jinja.h"
+#include "jinja/jinja_internal.h"
 
 /* Tool-call arguments arrive as a JSON string; templates expect the object. */
 static ks_status parse_tool_arguments(cJSON *messages)
@@ -74,8 +74,66 @@ static ks_status fold_system(cJSON *messages)
     return KS_OK;
 }
 
-static ks_status build_context(const cJSON *request, const struct jinja_chat *chat, const struct jinja_opts *opts,
-                               cJSON **out)
+/* The name of the tool call a tool message answers: by tool_call_id, else
+ * the call in the same position. */
+static const char *answered_call_name(const cJSON *calls, const cJSON *tool_msg, int index)
+{
+    const cJSON *id = cJSON_GetObjectItemCaseSensitive(tool_msg, "tool_call_id");
+    int i = 0;
+    const cJSON *by_pos = NULL;
+    for (const cJSON *tc = calls ? calls->child : NULL; tc; tc = tc->next, i++) {
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(tc, "function");
+        const cJSON *name = fn ? cJSON_GetObjectItemCaseSensitive(fn, "name") : NULL;
+        const cJSON *tid = cJSON_GetObjectItemCaseSensitive(tc, "id");
+        if (cJSON_IsString(id) && cJSON_IsString(tid) && !strcmp(id->valuestring, tid->valuestring))
+            return cJSON_IsString(name) ? name->valuestring : NULL;
+        if (i == index)
+            by_pos = name;
+    }
+    return cJSON_IsString(by_pos) ? by_pos->valuestring : NULL;
+}
+
+/* Templates that read message['tool_responses'] (Gemma 4) take tool results
+ * inside the assistant message that made the calls, as {name, response}
+ * with the response parsed when it is JSON; the tool messages go. */
+static ks_status attach_tool_responses(cJSON *messages)
+{
+    for (cJSON *m = messages->child; m; m = m->next) {
+        cJSON *calls = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
+        if (!cJSON_IsArray(calls))
+            continue;
+        cJSON *responses = NULL;
+        int index = 0;
+        while (m->next) {
+            cJSON *t = m->next;
+            const cJSON *role = cJSON_GetObjectItemCaseSensitive(t, "role");
+            if (!cJSON_IsString(role) || strcmp(role->valuestring, "tool"))
+                break;
+            if (!responses && !(responses = cJSON_AddArrayToObject(m, "tool_responses")))
+                return ks_fail(KS_ERR_NOMEM, "out of memory attaching tool responses");
+            const cJSON *content = cJSON_GetObjectItemCaseSensitive(t, "content");
+            cJSON *r = cJSON_CreateObject();
+            const char *name = answered_call_name(calls, t, index++);
+            cJSON *parsed = cJSON_IsString(content) ? cJSON_Parse(content->valuestring) : NULL;
+            if (!parsed)
+                parsed = content ? cJSON_Duplicate(content, 1) : cJSON_CreateNull();
+            if (!r || !parsed) {
+                cJSON_Delete(r);
+                cJSON_Delete(parsed);
+                return ks_fail(KS_ERR_NOMEM, "out of memory attaching tool responses");
+            }
+            if (name)
+                cJSON_AddStringToObject(r, "name", name);
+            cJSON_AddItemToObject(r, "response", parsed);
+            cJSON_AddItemToArray(responses, r);
+            cJSON_Delete(cJSON_DetachItemViaPointer(messages, t));
+        }
+    }
+    return KS_OK;
+}
+
+static ks_status build_context(const struct jinja_template *t, const cJSON *request, const struct jinja_chat *chat,
+                               const struct jinja_opts *opts, cJSON **out)
 {
     const cJSON *messages = cJSON_GetObjectItemCaseSensitive(request, "messages");
     if (!cJSON_IsArray(messages))
@@ -88,6 +146,8 @@ static ks_status build_context(const cJSON *request, const struct jinja_chat *ch
         return ks_fail(KS_ERR_NOMEM, "out of memory building the template context");
     }
     ks_status st = parse_tool_arguments(msgs);
+    if (!st && (memmem(t->src, t->len, "['tool_responses']", 18) || memmem(t->src, t->len, ".tool_responses", 15)))
+        st = attach_tool_responses(msgs);
     if (st) {
         cJSON_Delete(ctx);
         return st;
@@ -95,16 +155,18 @@ static ks_status build_context(const cJSON *request, const struct jinja_chat *ch
     const cJSON *tools = cJSON_GetObjectItemCaseSensitive(request, "tools");
     if (tools && !cJSON_IsNull(tools))
         cJSON_AddItemToObject(ctx, "tools", cJSON_Duplicate(tools, 1));
-    char date[32];
+    char date[32], datetime[32];
     time_t now = opts ? (time_t)opts->now : 0;
     struct tm tm;
     gmtime_r(&now, &tm);
     strftime(date, sizeof date, "%d %b %Y", &tm);
+    strftime(datetime, sizeof datetime, "%b %d %Y", &tm);
     cJSON_AddBoolToObject(ctx, "add_generation_prompt", chat && chat->add_generation_prompt);
     cJSON_AddStringToObject(ctx, "bos_token", chat && chat->bos_token ? chat->bos_token : "");
     cJSON_AddStringToObject(ctx, "eos_token", chat && chat->eos_token ? chat->eos_token : "");
     cJSON_AddBoolToObject(ctx, "enable_thinking", 1);
-    cJSON_AddStringToObject(ctx, "date_string", date);
+    cJSON_AddStringToObject(ctx, "date_string", date); /* Llama 3.1's "Today Date" */
+    cJSON_AddStringToObject(ctx, "datetime", datetime); /* FireFunction v2's "Today is" */
     *out = ctx;
     return KS_OK;
 }
@@ -124,7 +186,7 @@ ks_status jinja_chat_render(const struct jinja_template *t, const cJSON *request
     if (!t || !request || !out)
         return ks_fail(KS_ERR_INVALID_ARG, "jinja_chat_render: NULL argument");
     cJSON *ctx = NULL;
-    ks_status st = build_context(request, chat, opts, &ctx);
+    ks_status st = build_context(t, request, chat, opts, &ctx);
     if (st)
         return st;
     char *text = NULL;

@@ -264,10 +264,19 @@ static struct jv *add_values(struct jctx *cx, struct jv *a, struct jv *b)
             jv_list_push(cx, l, b->u.l.v[i]);
         return l;
     }
-    /* strings join; like llama.cpp, an undefined or a dict/list beside a
-     * string prints as it would in {{ }} */
-    if (a->kind == JV_STR || b->kind == JV_STR)
-        return concat_values(cx, a, b);
+    /* strings join; like llama.cpp, an undefined beside a string is "" and
+     * a dict or list is written as JSON */
+    if (a->kind == JV_STR || b->kind == JV_STR) {
+        struct jbuf buf = {0};
+        for (int side = 0; side < 2; side++) {
+            struct jv *x = side ? b : a;
+            if (x->kind == JV_LIST || x->kind == JV_DICT)
+                jv_to_json(cx, &buf, x, -1, false);
+            else
+                jv_print(cx, &buf, x);
+        }
+        return jv_str(cx, buf.p ? buf.p : "", buf.n);
+    }
     if (is_number(a) && is_number(b)) {
         if (a->kind != JV_FLOAT && b->kind != JV_FLOAT)
             return jv_int(cx, (int64_t)((uint64_t)as_int(cx, a, "") + (uint64_t)as_int(cx, b, "")));

@@ -383,6 +383,73 @@ void jv_to_json(struct jctx *cx, struct jbuf *b, const struct jv *v, int indent,
     json_value(cx, b, v, indent, sort_keys, 0);
 }
 
+/* Python's repr() of a str: single quotes unless the text holds ' and no ". */
+static void put_py_string(struct jctx *cx, struct jbuf *b, const char *s, size_t n)
+{
+    bool dq = memchr(s, '\'', n) && !memchr(s, '"', n);
+    char q = dq ? '"' : '\'';
+    jbuf_put(cx, b, &q, 1);
+    size_t run = 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        const char *esc = NULL;
+        char tmp[8];
+        if (c == '\\')
+            esc = "\\\\";
+        else if (c == (unsigned char)q)
+            esc = dq ? "\\\"" : "\\'";
+        else if (c == '\n')
+            esc = "\\n";
+        else if (c == '\r')
+            esc = "\\r";
+        else if (c == '\t')
+            esc = "\\t";
+        else if (c < 0x20 || c == 0x7f) {
+            snprintf(tmp, sizeof tmp, "\\x%02x", c);
+            esc = tmp;
+        }
+        if (!esc)
+            continue;
+        jbuf_put(cx, b, s + run, i - run);
+        jbuf_puts(cx, b, esc);
+        run = i + 1;
+    }
+    jbuf_put(cx, b, s + run, n - run);
+    jbuf_put(cx, b, &q, 1);
+}
+
+/* Python's repr() of a list or dict, which is what str() gives. */
+static void put_repr(struct jctx *cx, struct jbuf *b, const struct jv *v, int level)
+{
+    if (level > (int)cx->opts.max_depth)
+        jx_fail(cx, KS_ERR_RANGE, "a value nested deeper than the depth limit %u", cx->opts.max_depth);
+    if (v->kind == JV_STR) {
+        put_py_string(cx, b, v->u.s.p, v->u.s.n);
+    } else if (v->kind == JV_LIST) {
+        jbuf_put(cx, b, "[", 1);
+        for (size_t i = 0; i < v->u.l.n; i++) {
+            if (i)
+                jbuf_puts(cx, b, ", ");
+            put_repr(cx, b, v->u.l.v[i], level + 1);
+        }
+        jbuf_put(cx, b, "]", 1);
+    } else if (v->kind == JV_DICT) {
+        jbuf_put(cx, b, "{", 1);
+        for (size_t i = 0; i < v->u.d.n; i++) {
+            if (i)
+                jbuf_puts(cx, b, ", ");
+            put_repr(cx, b, v->u.d.k[i], level + 1);
+            jbuf_puts(cx, b, ": ");
+            put_repr(cx, b, v->u.d.v[i], level + 1);
+        }
+        jbuf_put(cx, b, "}", 1);
+    } else if (v->kind == JV_UNDEF) {
+        jbuf_puts(cx, b, "None");
+    } else {
+        jv_print(cx, b, v);
+    }
+}
+
 void jv_print(struct jctx *cx, struct jbuf *b, const struct jv *v)
 {
     char num[40];
@@ -393,7 +460,7 @@ void jv_print(struct jctx *cx, struct jbuf *b, const struct jv *v)
     case JV_INT: snprintf(num, sizeof num, "%lld", (long long)v->u.i); jbuf_puts(cx, b, num); return;
     case JV_FLOAT: format_float(v->u.f, num, sizeof num); jbuf_puts(cx, b, num); return;
     case JV_STR: jbuf_put(cx, b, v->u.s.p, v->u.s.n); return;
-    case JV_LIST: case JV_DICT: json_value(cx, b, v, -1, false, 0); return;
+    case JV_LIST: case JV_DICT: put_repr(cx, b, v, 0); return;
     default: jbuf_puts(cx, b, "<"), jbuf_puts(cx, b, jv_kind_name(v)), jbuf_puts(cx, b, ">"); return;
     }
 }
