@@ -75,7 +75,7 @@ static void check_render(const char *src, const char *ctx, const char *want)
     if (st)
         fail_msg("template %s: %s", src, ks_errmsg());
     if (strcmp(out, want))
-        fail_msg("template %s\n  gave '%s'\n  want '%s'", src, out, want);
+        fail_msg("template %s\n  gave [%s]\n  want [%s]", src, out, want);
     free(out);
 }
 #define R(src, want) check_render(src, NULL, want)
@@ -93,12 +93,260 @@ static void check_error(const char *src, const char *ctx, ks_status want_st, con
 
 /* ---- the language ------------------------------------------------------- */
 
-static void test_basics(void **state)
+static void test_statements(void **state)
 {
     (void)state;
-    R("Hello", "Hello");
-    RC("{{ a }}-{{ b.c }}", "{\"a\": 1, \"b\": {\"c\": \"x\"}}", "1-x");
+    R("{% if 1 %}a{% elif 2 %}b{% else %}c{% endif %}", "a");
+    R("{% if 0 %}a{% elif 2 %}b{% else %}c{% endif %}", "b");
+    R("{% if 0 %}a{% elif none %}b{% else %}c{% endif %}", "c");
+    R("{% for x in [1, 2, 3] %}{{ loop.index }}{{ loop.index0 }}{{ loop.revindex }}{{ loop.revindex0 }}"
+      "{{ loop.first }}{{ loop.last }}{{ loop.length }};{% endfor %}",
+      "1032TrueFalse3;2121FalseFalse3;3210FalseTrue3;");
+    R("{% for x in 'ab' %}{{ loop.previtem is defined }}{{ x }}{{ loop.nextitem | default('-') }}{% endfor %}",
+      "Falseab" "Trueb-");
+    R("{% for x in [] %}x{% else %}empty{% endfor %}", "empty");
+    R("{% for x in [1, 2, 3, 4] if x is even %}{{ x }}{{ loop.length }}{% endfor %}", "2242");
+    R("{% for k, v in {'a': 1, 'b': 2}.items() %}{{ k }}={{ v }},{% endfor %}", "a=1,b=2,");
+    R("{% for k in {'a': 1, 'b': 2} %}{{ k }}{% endfor %}", "ab");
+    R("{% for x in range(10) %}{% if x == 3 %}{% break %}{% endif %}{{ x }}{% endfor %}", "012");
+    R("{% for x in range(5) %}{% if x is odd %}{% continue %}{% endif %}{{ x }}{% endfor %}", "024");
+    R("{% set x = 1 %}{% for i in [1] %}{% set x = 2 %}{% endfor %}{{ x }}", "1");
+    R("{% set ns = namespace(x=1) %}{% for i in [1, 2] %}{% set ns.x = ns.x + i %}{% endfor %}{{ ns.x }}", "4");
+    R("{% set a, b = [1, 2] %}{{ b }}{{ a }}", "21");
+    R("{% set a = 1, 2 %}{{ a | length }}", "2");
+    R("{% set t %}in {{ 1 + 1 }}{% endset %}[{{ t }}]", "[in 2]");
+    R("{% macro m(a, b='B', c=none) %}{{ a }}{{ b }}{{ c }}{% endmacro %}{{ m(1) }}|{{ m(1, c=3) }}|{{ m(1, 2, 3) }}",
+      "1BNone|1B3|123");
+    R("{% macro outer() %}{% macro inner(x) %}<{{ x }}>{% endmacro %}{{ inner(1) }}{% endmacro %}{{ outer() }}", "<1>");
+    R("{% filter upper %}ab{{ 'c' }}{% endfilter %}", "ABC");
+    R("{% filter trim | upper %}  ab  {% endfilter %}", "AB");
+    R("a{% generation %}b{% endgeneration %}c", "abc");
+    R("a{# comment #}b", "ab");
+}
+
+static void test_whitespace(void **state)
+{
+    (void)state;
+    R("a  {{- 'b' -}}  c", "abc");
+    R("a  {%- if 1 -%}  b  {%- endif -%}  c", "abc");
+    R("a  {#- c -#}  b", "ab");
+    /* trim_blocks: the newline after a block tag goes; lstrip_blocks: the
+     * indentation before it */
+    R("{% if 1 %}\nx\n{% endif %}\ny", "x\ny");
+    R("  {% if 1 %}\n  x\n  {% endif %}\n", "  x\n");
+    R("a {% if 1 %}b{% endif %}", "a b");
+    R("  {%+ if 1 %}x{% endif %}", "  x");
+    R("  {{ 'x' }}\n", "  x\n");
+    R("{# c #}\nx", "x");
+}
+
+static void test_expressions(void **state)
+{
+    (void)state;
+    R("{{ 1 + 2 * 3 }} {{ (1 + 2) * 3 }} {{ 2 ** 3 ** 2 }} {{ 7 // 2 }} {{ -7 // 2 }} {{ 7 % 3 }} {{ -7 % 3 }}",
+      "7 9 64 3 -4 1 2");
+    R("{{ 7 / 2 }} {{ 1.5 + 1 }} {{ 1e3 }} {{ 0.1 + 0.2 }} {{ 10 / 5 }}", "3.5 2.5 1000.0 0.30000000000000004 2.0");
+    R("{{ 'a' ~ 1 ~ none }} {{ 'a' + 'b' }} {{ 'ab' * 2 }} {{ [1] + [2] }}", "a1None ab abab [1, 2]");
+    R("{{ 1 < 2 }} {{ 'a' < 'b' }} {{ 1 == 1.0 }} {{ [1, 2] == [1, 2] }} {{ 1 != 2 }} {{ 2 >= 2 }} {{ 3 <= 2 }}",
+      "True True True True True True False");
+    R("{{ 'b' in 'abc' }} {{ 2 in [1, 2] }} {{ 'k' in {'k': 1} }} {{ 3 not in [1] }} {{ 'z' in 'abc' }}",
+      "True True True True False");
+    R("{{ 0 or 'x' }} {{ 1 and 'y' }} {{ not 0 }} {{ none or [] }} {{ '' and 1 }}", "x y True [] ");
+    R("{{ 'y' if 1 else 'n' }} {{ 'y' if 0 else 'n' }} [{{ 'y' if 0 }}]", "y n []");
+    R("{{ [1, 2, 3][-1] }} {{ [1, 2, 3][1:] }} {{ [1, 2, 3][::-1] }} {{ 'héllo'[1:3] }} {{ 'abc'[-1] }}",
+      "3 [2, 3] [3, 2, 1] él c");
+    R("{{ {'a': {'b': 2}}['a'].b }} {{ {'a': 1}.missing is defined }} {{ [1][5] is defined }}", "2 False False");
+    R("{{ \"it's\" }} {{ 'a\\nb' | length }} {{ '\\u00e9' }} {{ 'x' 'y' }}", "it's 3 é xy");
+    R("{{ true }} {{ True }} {{ none }} {{ None }} {{ false is false }}", "True True None None True");
+    R("{{ [1, 'a', none, true, {'k': 'v'}] }} {{ {'q': \"it's\"} | string }}",
+      "[1, 'a', None, True, {'k': 'v'}] {'q': \"it's\"}");
+    RC("{{ undefined_thing }}|{{ x.y.z }}|{{ 'a' + missing }}", "{\"x\": {}}", "||a");
+}
+
+static void test_methods(void **state)
+{
+    (void)state;
+    R("[{{ '  a b  '.strip() }}][{{ 'xxaxx'.strip('x') }}][{{ '  a'.lstrip() }}][{{ 'a  '.rstrip() }}]",
+      "[a b][a][a][a]");
+    R("{{ 'a,b,,c'.split(',') }} {{ ' a  b '.split() }} {{ 'a-b-c'.split('-', 1) }}",
+      "['a', 'b', '', 'c'] ['a', 'b'] ['a', 'b-c']");
+    R("{{ 'abc'.startswith('ab') }} {{ 'abc'.endswith(('x', 'c')) }} {{ 'abc'.startswith('b') }}", "True True False");
+    R("{{ 'aXbX'.replace('X', '-') }} {{ 'ab'.upper() }} {{ 'AB'.lower() }} {{ 'hello world'.title() }}",
+      "a-b- AB ab Hello World");
+    R("{{ '{}-{}'.format(1, 'a') }} {{ '{0}{0}'.format('x') }} {{ '{n}!'.format(n=3) }} {{ ', '.join(['a', 'b']) }}",
+      "1-a xx 3! a, b");
+    R("{{ 'abcb'.find('b') }} {{ 'abcb'.count('b') }}", "1 2");
+    R("{% set d = {'a': 1} %}{{ d.get('a') }} {{ d.get('b') }} {{ d.get('b', 2) }} {{ d.keys() }} {{ d.values() }}",
+      "1 None 2 ['a'] [1]");
+    R("{% set l = [1, 2] %}{% set _ = l.append(3) %}{{ l }} {{ l.pop() }} {{ l.pop(0) }} {{ l }}", "[1, 2, 3] 3 1 [2]");
+    R("{% set d = {'a': 1, 'b': 2} %}{{ d.pop('a') }} {{ d }}", "1 {'b': 2}");
+}
+
+static void test_filters(void **state)
+{
+    (void)state;
+    R("{{ [1, 2] | length }} {{ 'héllo' | length }} {{ {'a': 1} | count }} {{ missing | length }}", "2 5 1 0");
+    R("[{{ '  x  ' | trim }}] {{ 'Ab' | upper }} {{ 'Ab' | lower }} {{ 'ab cd' | title }} {{ 'ab' | capitalize }}",
+      "[x] AB ab Ab Cd Ab");
+    R("{{ missing | default('d') }} {{ '' | default('d') }} {{ '' | default('d', true) }} {{ 0 | d(5) }}", "d  d 0");
+    R("{{ [1, 2] | join(', ') }} {{ [{'n': 'a'}, {'n': 'b'}] | join('+', attribute='n') }}", "1, 2 a+b");
+    R("{{ {'b': 1, 'a': 2} | items | list }} {{ {'b': 1, 'A': 2, 'a': 3} | dictsort }}",
+      "[['b', 1], ['a', 2]] [['A', 2], ['a', 3], ['b', 1]]");
+    R("{{ [{'r': 'u', 'x': 1}, {'r': 's'}] | selectattr('r', 'equalto', 'u') | list | length }}"
+      " {{ [{'r': 'u'}, {'r': 's'}] | rejectattr('r', 'eq', 'u') | map(attribute='r') | list }}",
+      "1 ['s']");
+    R("{{ [{'a': 1}, {'b': 2}] | selectattr('a') | list }} {{ [1, 2, 3, 4] | select('odd') | list }}"
+      " {{ [1, 2, 3] | reject('even') | list }}",
+      "[{'a': 1}] [1, 3] [1, 3]");
+    R("{{ ['a', 'b'] | map('upper') | join }} {{ [{'f': {'n': 'x'}}] | map(attribute='f.n') | first }}", "AB x");
+    R("{{ 'a-b' | replace('-', '+') }} {{ [3, 1, 2] | sort }} {{ [3, 1, 2] | sort(reverse=true) }}"
+      " {{ [1, 2, 1, 3] | unique | list }} {{ [1, 2] | first }} {{ [1, 2] | last }} {{ [3, 1] | min }}"
+      " {{ [3, 1] | max }} {{ [1, 2] | reverse | list }} {{ [1, 2.5] | sum }}",
+      "a+b [1, 2, 3] [3, 2, 1] [1, 2, 3] 1 2 1 3 [2, 1] 3.5");
+    R("{{ [{'n': 'b'}, {'n': 'a'}] | sort(attribute='n') | map(attribute='n') | join }}", "ab");
+    R("{{ 'a\\nb\\n\\nc' | indent(2) }}|{{ 'a\\nb' | indent(2, true) }}", "a\n  b\n\n  c|  a\n  b");
+    R("{{ '12' | int + 1 }} {{ 'x' | int }} {{ 2.7 | int }} {{ '1.5' | float }} {{ -3 | abs }} {{ 2.567 | round(1) }}",
+      "13 0 2 1.5 3 2.6");
+    R("{{ 1 | string ~ 2 }} {{ 'a b c' | wordcount }} {{ '<b>' | safe }} {{ '{\"k\": [1]}' | from_json }}",
+      "12 3 <b> {'k': [1]}");
+    /* tojson is Python's json.dumps(ensure_ascii=False) as llama.cpp writes it */
+    R("{{ {'a': [1, 2.5, true, none], 'b': 'é \"q\" \\\\ \\n'} | tojson }}",
+      "{\"a\": [1, 2.5, true, null], \"b\": \"é \\\"q\\\" \\\\ \\n\"}");
+    R("{{ {'b': 1, 'a': {}} | tojson(indent=2) }}", "{\n  \"b\": 1,\n  \"a\": {}\n}");
+    R("{{ {'b': 1, 'a': 2} | tojson(sort_keys=true) }} {{ [] | tojson }} {{ '\\u0001' | tojson }}",
+      "{\"a\": 2, \"b\": 1} [] \"\\u0001\"");
+}
+
+static void test_tests(void **state)
+{
+    (void)state;
+    RC("{{ x is defined }}{{ y is defined }}{{ y is undefined }}{{ n is none }}{{ x is not none }}",
+       "{\"x\": 1, \"n\": null}", "TrueFalseTrueTrueTrue");
+    R("{{ 'a' is string }}{{ {} is mapping }}{{ [] is iterable }}{{ 'a' is iterable }}{{ [] is sequence }}"
+      "{{ 1 is number }}{{ 1 is integer }}{{ 1.0 is float }}{{ true is boolean }}{{ 1 is string }}",
+      "TrueTrueTrueTrueTrueTrueTrueTrueTrueFalse");
+    R("{{ true is true }}{{ 1 is true }}{{ false is false }}{{ 3 is odd }}{{ 4 is even }}{{ 9 is divisibleby 3 }}"
+      "{{ 1 is eq 1 }}{{ 2 is gt 1 }}{{ 'a' is in 'abc' }}{{ none is sameas none }}{{ 'ab' is lower }}"
+      "{{ range is callable }}",
+      "TrueFalseTrueTrueTrueTrueTrueTrueTrueTrueTrueTrue");
+}
+
+static void test_globals(void **state)
+{
+    (void)state;
+    R("{{ range(3) }} {{ range(1, 7, 2) }} {{ range(3, 0, -1) }}", "[0, 1, 2] [1, 3, 5] [3, 2, 1]");
+    struct jinja_opts o = {.now = 1795478400};
+    ks_status st;
+    char *out = render_opts("{{ strftime_now('%Y-%m-%d %d %b %Y') }}", NULL, &o, &st);
+    assert_int_equal(st, KS_OK);
+    assert_string_equal(out, "2026-11-24 24 Nov 2026");
+    free(out);
     check_error("{{ raise_exception('no') }}", NULL, KS_ERR_STATE, "line 1, column 19: template raised: no");
+    check_error("\n\n  {% if x %}{{ raise_exception('bad role ' ~ x) }}{% endif %}", "{\"x\": \"tool\"}",
+                KS_ERR_STATE, "line 3, column 31: template raised: bad role tool");
+}
+
+static void check_parse_error(const char *src, ks_status want_st, const char *want_msg)
+{
+    struct jinja_template *t = NULL;
+    ks_status st = jinja_parse(src, strlen(src), &t);
+    if (st != want_st || !strstr(ks_errmsg(), want_msg))
+        fail_msg("parse %s: status %d '%s', want %d containing '%s'", src, st, ks_errmsg(), want_st, want_msg);
+    assert_null(t);
+}
+
+static void test_errors(void **state)
+{
+    (void)state;
+    check_parse_error("a\n{% if x %}b", KS_ERR_FORMAT, "line 2, column 11: this block is never closed (expected 'endif')");
+    check_parse_error("ab\n  {{ 'x }}", KS_ERR_FORMAT, "line 2, column 6: unterminated string literal");
+    check_parse_error("{{ 1 + }}", KS_ERR_FORMAT, "line 1, column 8: expected an expression, found '}}'");
+    check_parse_error("x\n\n{% include 'f' %}", KS_ERR_UNSUPPORTED, "line 3, column 4: unsupported or misplaced statement 'include'");
+    check_parse_error("{% endif %}", KS_ERR_UNSUPPORTED, "line 1, column 4: unsupported or misplaced statement 'endif'");
+    check_parse_error("{{ a $ b }}", KS_ERR_FORMAT, "line 1, column 6: unexpected character '$'");
+    check_parse_error("{{ x is frobnicated }}", KS_ERR_UNSUPPORTED, "line 1, column 9: unknown test 'frobnicated'");
+    check_parse_error("{# open", KS_ERR_FORMAT, "line 1, column 1: comment {# is never closed");
+    check_parse_error("{{ x ", KS_ERR_FORMAT, "line 1, column 1: {{ is never closed");
+    check_parse_error("{% for x in %}{% endfor %}", KS_ERR_FORMAT, "line 1, column 13: expected an expression");
+    char deep[1000];
+    memset(deep, '(', sizeof deep);
+    memcpy(deep, "{{ ", 3);
+    memcpy(deep + sizeof deep - 4, " }}", 4);
+    check_parse_error(deep, KS_ERR_RANGE, "nesting deeper than 200");
+    check_error("{{ 1 + 'a' }}", NULL, KS_ERR_INVALID_ARG, "line 1, column 6: arithmetic on integer and string");
+    check_error("\n{{ x | nosuchfilter }}", "{\"x\": 1}", KS_ERR_UNSUPPORTED, "line 2, column 6: unknown filter 'nosuchfilter'");
+    check_error("{{ nofunc() }}", NULL, KS_ERR_INVALID_ARG, "'nofunc' is undefined, it cannot be called");
+    check_error("{% for x in 5 %}{% endfor %}", NULL, KS_ERR_INVALID_ARG, "a integer cannot be iterated");
+    check_error("{{ 1 // 0 }}", NULL, KS_ERR_INVALID_ARG, "division by zero");
+    ks_status st;
+    assert_null(render_opts("{{ x }}", "[1]", NULL, &st));
+    assert_int_equal(st, KS_ERR_INVALID_ARG);
+}
+
+static void check_limit(const char *src, struct jinja_opts o, const char *want_msg)
+{
+    ks_status st;
+    char *out = render_opts(src, NULL, &o, &st);
+    if (st != KS_ERR_RANGE || !strstr(ks_errmsg(), want_msg))
+        fail_msg("%s: status %d '%s', want KS_ERR_RANGE containing '%s'", src, st, ks_errmsg(), want_msg);
+    assert_null(out);
+}
+
+static void test_limits(void **state)
+{
+    (void)state;
+    check_limit("{% for i in range(100) %}xxxxxxxxxx{% endfor %}", (struct jinja_opts){.max_output = 500},
+                "the output would pass its limit of 500 bytes");
+    check_limit("{% for i in range(1000000000) %}{% endfor %}", (struct jinja_opts){0}, "over the step limit of 10000000");
+    check_limit("{% for i in range(100) %}{% for j in range(100) %}{% endfor %}{% endfor %}",
+                (struct jinja_opts){.max_steps = 5000}, "step limit of 5000");
+    check_limit("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", (struct jinja_opts){0},
+                "deeper than the depth limit 200");
+    check_limit("{{ 'x' * 2000 }}", (struct jinja_opts){.max_string = 1000}, "a string would pass its limit of 1000");
+    check_limit("{% set ns = namespace(s='x') %}{% for i in range(30) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
+                (struct jinja_opts){0}, "limit of 1048576 bytes");
+    check_limit("{% set ns = namespace(l=[]) %}{% for i in range(100000) %}{% set _ = ns.l.append([i, i, i]) %}"
+                "{% endfor %}",
+                (struct jinja_opts){.max_memory = 1 << 20}, "memory limit of 1048576 bytes");
+    /* within the limits the same templates render */
+    ks_status st;
+    struct jinja_opts o = {.max_output = 1000};
+    char *out = render_opts("{% for i in range(100) %}xxxxxxxxxx{% endfor %}", NULL, &o, &st);
+    assert_int_equal(st, KS_OK);
+    assert_int_equal(strlen(out), 1000);
+    free(out);
+}
+
+/* The chat layer: polyfills over the interpreter. */
+static void test_chat(void **state)
+{
+    (void)state;
+    const char *src = "{{ bos_token }}{% for m in messages %}{% if m.role == 'system' %}"
+                      "{{ raise_exception('System role not supported') }}{% endif %}"
+                      "<{{ m.role }}>{{ m.content }}{% if m.tool_calls %}{{ m.tool_calls[0].function.arguments.city }}"
+                      "{% endif %}{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}";
+    struct jinja_template *t = NULL;
+    assert_int_equal(jinja_parse(src, strlen(src), &t), KS_OK);
+    cJSON *req = cJSON_Parse("{\"messages\": [{\"role\": \"system\", \"content\": \"S\"}, {\"role\": \"user\", \"content\": "
+                             "\"U\"}, {\"role\": \"assistant\", \"content\": \"\", \"tool_calls\": [{\"type\": \"function\", "
+                             "\"function\": {\"name\": \"f\", \"arguments\": \"{\\\"city\\\": \\\"Paris\\\"}\"}}]}]}");
+    assert_non_null(req);
+    struct jinja_chat chat = {"<s>", "</s>", 1};
+    char *out = NULL;
+    size_t len = 0;
+    assert_int_equal(jinja_chat_render(t, req, &chat, NULL, &out, &len), KS_OK);
+    assert_string_equal(out, "<user>S\nU<assistant>Paris<assistant>");
+    assert_int_equal(len, strlen(out));
+    free(out);
+    cJSON_Delete(req);
+    req = cJSON_Parse("{\"messages\": [{\"role\": \"assistant\", \"content\": \"\", \"tool_calls\": [{\"function\": "
+                      "{\"name\": \"f\", \"arguments\": \"{not json\"}}]}]}");
+    assert_int_equal(jinja_chat_render(t, req, &chat, NULL, &out, &len), KS_ERR_INVALID_ARG);
+    cJSON_Delete(req);
+    req = cJSON_Parse("{\"prompt\": \"x\"}");
+    assert_int_equal(jinja_chat_render(t, req, &chat, NULL, &out, &len), KS_ERR_INVALID_ARG);
+    cJSON_Delete(req);
+    jinja_free(t);
 }
 
 /* ---- the corpus ---------------------------------------------------------- */
@@ -261,7 +509,10 @@ static void test_corpus(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_basics),
+        cmocka_unit_test(test_statements), cmocka_unit_test(test_whitespace), cmocka_unit_test(test_expressions),
+        cmocka_unit_test(test_methods),    cmocka_unit_test(test_filters),    cmocka_unit_test(test_tests),
+        cmocka_unit_test(test_globals),    cmocka_unit_test(test_errors),     cmocka_unit_test(test_limits),
+        cmocka_unit_test(test_chat),
         cmocka_unit_test(test_corpus),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -511,6 +511,10 @@ static struct jv *range_list(struct jctx *cx, const struct call *c)
     }
     if (step == 0)
         jx_fail(cx, KS_ERR_INVALID_ARG, "range: step cannot be zero");
+    double count = ((double)stop - (double)start) / (double)step;
+    if (count > (double)(cx->opts.max_steps - cx->steps))
+        jx_fail(cx, KS_ERR_RANGE, "range of %.0f numbers: over the step limit of %llu steps", count,
+                (unsigned long long)cx->opts.max_steps);
     struct jv *l = jv_list(cx);
     for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
         jx_step(cx);
@@ -636,6 +640,11 @@ bool jx_test(struct jctx *cx, const char *name, struct jv *v, struct jv **args, 
     if (IS("callable")) return v->kind == JV_MACRO || v->kind == JV_BUILTIN || v->kind == JV_METHOD;
     if (IS("lower")) return all_case(v, false);
     if (IS("upper")) return all_case(v, true);
+    if (IS("odd") || IS("even")) {
+        if (v->kind != JV_INT)
+            jx_fail(cx, KS_ERR_INVALID_ARG, "test '%s' needs an integer, not %s", name, jv_kind_name(v));
+        return (v->u.i % 2 != 0) == IS("odd");
+    }
     if (!a)
         jx_fail(cx, KS_ERR_INVALID_ARG, "test '%s' needs an argument", name);
     if (IS("eq") || IS("equalto") || IS("==")) return jv_equal(v, a);
@@ -658,8 +667,6 @@ bool jx_test(struct jctx *cx, const char *name, struct jv *v, struct jv **args, 
     }
     if (v->kind != JV_INT)
         jx_fail(cx, KS_ERR_INVALID_ARG, "test '%s' needs an integer, not %s", name, jv_kind_name(v));
-    if (IS("odd")) return v->u.i % 2 != 0;
-    if (IS("even")) return v->u.i % 2 == 0;
     if (IS("divisibleby")) {
         if (a->kind != JV_INT || a->u.i == 0)
             jx_fail(cx, KS_ERR_INVALID_ARG, "divisibleby needs a nonzero integer");

@@ -303,9 +303,10 @@ static bool lex_tag_body(struct parser *ps, bool is_block, size_t open_pos)
             if (!n)
                 FAIL_POS(ps, ps->pos, "unexpected character '%c' (0x%02x) in an expression", c >= 32 && c < 127 ? c : '?',
                          (unsigned char)c);
-            if (c == '{' || c == '[' || c == '(')
+            /* only an open dict literal makes "}}" two braces instead of the closer */
+            if (c == '{')
                 braces++;
-            else if ((c == '}' || c == ']' || c == ')') && braces > 0)
+            else if (c == '}' && braces > 0)
                 braces--;
             push_tok(ps, T_OP, s, n, ps->pos);
             ps->pos += n;
@@ -740,7 +741,8 @@ static struct jn *parse_filters_and_tests(struct parser *ps, struct jn *n)
     }
 }
 
-static struct jn *parse_unary(struct parser *ps)
+/* As in Jinja2, filters bind to the whole of a signed operand: -3|abs is 3. */
+static struct jn *parse_signed(struct parser *ps, bool with_filters)
 {
     struct tok *t = peek(ps);
     enter(ps, t);
@@ -749,13 +751,17 @@ static struct jn *parse_unary(struct parser *ps)
         next(ps);
         n = new_node(ps, E_UNARY, t);
         n->op = t->p[0] == '-' ? OP_NEG : OP_POS;
-        n->a = parse_unary(ps);
+        n->a = parse_signed(ps, false);
     } else {
-        n = parse_filters_and_tests(ps, parse_postfix(ps, parse_primary(ps)));
+        n = parse_postfix(ps, parse_primary(ps));
     }
+    if (with_filters)
+        n = parse_filters_and_tests(ps, n);
     ps->depth--;
     return n;
 }
+
+static struct jn *parse_unary(struct parser *ps) { return parse_signed(ps, true); }
 
 static struct jn *binary(struct parser *ps, struct tok *at, int op, struct jn *a, struct jn *b)
 {
@@ -1130,9 +1136,13 @@ static struct jn *parse_body(struct parser *ps, const char *const *ends, const c
     for (;;) {
         struct tok *t = next(ps);
         if (t->type == T_EOF) {
-            if (ends)
+            if (ends) {
+                size_t last = 0;
+                while (ends[last + 1])
+                    last++;
                 fail_at(ps, KS_ERR_FORMAT, start->line, start->col, "this block is never closed (expected '%s')",
-                        ends[0]);
+                        ends[last]);
+            }
             break;
         }
         if (t->type == T_TEXT) {

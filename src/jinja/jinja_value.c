@@ -231,7 +231,8 @@ void jbuf_put(struct jctx *cx, struct jbuf *b, const char *p, size_t n)
 
 void jbuf_puts(struct jctx *cx, struct jbuf *b, const char *s) { jbuf_put(cx, b, s, strlen(s)); }
 
-/* Python's repr(float): the shortest digits that read back the same. */
+/* Python's repr(float): the shortest digits that read back the same, in
+ * fixed notation for exponents -4..15 and as d.ddde+XX outside. */
 static void format_float(double f, char *buf, size_t size)
 {
     if (isnan(f)) {
@@ -242,16 +243,28 @@ static void format_float(double f, char *buf, size_t size)
         snprintf(buf, size, f > 0 ? "Infinity" : "-Infinity");
         return;
     }
-    for (int prec = 1; prec <= 17; prec++) {
-        snprintf(buf, size, "%.*g", prec, f);
-        if (strtod(buf, NULL) == f)
+    char e[40];
+    int prec = 1;
+    for (; prec <= 17; prec++) {
+        snprintf(e, sizeof e, "%.*e", prec - 1, f);
+        if (strtod(e, NULL) == f)
             break;
     }
-    if (!strpbrk(buf, ".eE")) {
-        size_t n = strlen(buf);
-        if (n + 2 < size)
-            memcpy(buf + n, ".0", 3);
+    int exp10 = atoi(strchr(e, 'e') + 1);
+    if (exp10 >= -4 && exp10 < 16) {
+        int decimals = prec - 1 - exp10;
+        snprintf(buf, size, "%.*f", decimals > 0 ? decimals : 0, f);
+        if (!strchr(buf, '.')) {
+            size_t n = strlen(buf);
+            if (n + 2 < size)
+                memcpy(buf + n, ".0", 3);
+        }
+        return;
     }
+    /* mantissa digits as %e gave them, exponent with a sign and 2+ digits */
+    char *ep = strchr(e, 'e');
+    *ep = 0;
+    snprintf(buf, size, "%.24se%c%02d", e, exp10 < 0 ? '-' : '+', exp10 < 0 ? -exp10 : exp10);
 }
 
 static void put_json_string(struct jctx *cx, struct jbuf *b, const char *s, size_t n)
