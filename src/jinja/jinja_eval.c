@@ -266,7 +266,9 @@ static struct jv *add_values(struct jctx *cx, struct jv *a, struct jv *b)
     }
     /* strings join; like llama.cpp, an undefined beside a string is "" and
      * a dict or list is written as JSON */
-    if (a->kind == JV_STR || b->kind == JV_STR) {
+    bool a_text = a->kind == JV_STR || a->kind == JV_UNDEF || a->kind == JV_LIST || a->kind == JV_DICT;
+    bool b_text = b->kind == JV_STR || b->kind == JV_UNDEF || b->kind == JV_LIST || b->kind == JV_DICT;
+    if ((a->kind == JV_STR || b->kind == JV_STR) && a_text && b_text) {
         struct jbuf buf = {0};
         for (int side = 0; side < 2; side++) {
             struct jv *x = side ? b : a;
@@ -282,7 +284,7 @@ static struct jv *add_values(struct jctx *cx, struct jv *a, struct jv *b)
             return jv_int(cx, (int64_t)((uint64_t)as_int(cx, a, "") + (uint64_t)as_int(cx, b, "")));
         return jv_float(cx, to_double(a) + to_double(b));
     }
-    jx_fail(cx, KS_ERR_INVALID_ARG, "cannot add %s and %s", jv_kind_name(a), jv_kind_name(b));
+    jx_fail(cx, KS_ERR_INVALID_ARG, "arithmetic on %s and %s", jv_kind_name(a), jv_kind_name(b));
 }
 
 static struct jv *repeat_string(struct jctx *cx, struct jv *s, int64_t times)
