@@ -519,6 +519,8 @@ static struct jv *range_list(struct jctx *cx, const struct call *c)
     for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
         jx_step(cx);
         jv_list_push(cx, l, jv_int(cx, i));
+        if (step > 0 ? i > INT64_MAX - step : i < INT64_MIN - step)
+            break;
     }
     return l;
 }
@@ -798,7 +800,7 @@ static struct jv *to_int(struct jctx *cx, struct jv *v, const struct call *c)
         return v;
     if (v->kind == JV_BOOL)
         return jv_int(cx, v->u.b);
-    if (v->kind == JV_FLOAT)
+    if (v->kind == JV_FLOAT && fabs(v->u.f) < 9.2e18)
         return jv_int(cx, (int64_t)v->u.f);
     if (v->kind == JV_STR) {
         char buf[64];
@@ -986,7 +988,7 @@ struct jv *jx_filter(struct jctx *cx, const char *name, struct jv *v, struct jv 
                 acc = jv_float(cx, (acc->kind == JV_FLOAT ? acc->u.f : (double)acc->u.i) +
                                        (x->kind == JV_FLOAT ? x->u.f : (double)x->u.i));
             else if (x->kind == JV_INT)
-                acc = jv_int(cx, acc->u.i + x->u.i);
+                acc = jv_int(cx, (int64_t)((uint64_t)acc->u.i + (uint64_t)x->u.i));
             else
                 bad_type(cx, "sum", x);
         }

@@ -35,7 +35,7 @@ void *jx_alloc(struct jctx *cx, size_t n)
     void *p = arena_alloc(&cx->arena, n);
     if (p)
         return p;
-    if (n > cx->arena.limit || cx->arena.used > cx->arena.limit - n - 65536)
+    if (n > cx->arena.limit || cx->arena.used + n + 65536 > cx->arena.limit)
         jx_fail(cx, KS_ERR_RANGE, "the render needs more than its memory limit of %zu bytes", cx->arena.limit);
     jx_fail(cx, KS_ERR_NOMEM, "out of memory rendering the template");
 }
@@ -168,6 +168,13 @@ static struct jv *attr_value(struct jctx *cx, struct jv *obj, const char *name, 
     return &jv_undef_v;
 }
 
+/* An index far outside [-n-1, n+1] acts like those bounds (and cannot
+ * overflow when n is added). */
+static int64_t clamp_index(int64_t i, int64_t n)
+{
+    return i < -n - 1 ? -n - 1 : i > n + 1 ? n + 1 : i;
+}
+
 /* Python's slice bounds for a sequence of n. */
 static void slice_bounds(struct jctx *cx, struct jv *a, struct jv *b, struct jv *c, int64_t n, int64_t *start,
                          int64_t *stop, int64_t *step)
@@ -176,8 +183,10 @@ static void slice_bounds(struct jctx *cx, struct jv *a, struct jv *b, struct jv 
     if (*step == 0)
         jx_fail(cx, KS_ERR_INVALID_ARG, "slice step cannot be zero");
     int64_t lo = *step > 0 ? 0 : -1, hi = *step > 0 ? n : n - 1;
+    if (*step == INT64_MIN)
+        *step = -n - 1;
     if (a && a->kind != JV_NONE) {
-        *start = as_int(cx, a, "a slice start");
+        *start = clamp_index(as_int(cx, a, "a slice start"), n);
         if (*start < 0)
             *start = *start + n < lo ? lo : *start + n;
         else if (*start > hi)
@@ -186,7 +195,7 @@ static void slice_bounds(struct jctx *cx, struct jv *a, struct jv *b, struct jv 
         *start = *step > 0 ? lo : hi;
     }
     if (b && b->kind != JV_NONE) {
-        *stop = as_int(cx, b, "a slice stop");
+        *stop = clamp_index(as_int(cx, b, "a slice stop"), n);
         if (*stop < 0)
             *stop = *stop + n < lo ? lo : *stop + n;
         else if (*stop > hi)
@@ -335,7 +344,7 @@ static struct jv *arith(struct jctx *cx, int op, struct jv *a, struct jv *b)
     case OP_FLOORDIV: return jv_float(cx, floor(x / y));
     case OP_MOD: return jv_float(cx, x - y * floor(x / y));
     case OP_POW:
-        if (ints && y >= 0 && y < 64)
+        if (ints && y >= 0 && fabs(pow(x, y)) < 9.2e18)
             return jv_int(cx, (int64_t)pow(x, y));
         return jv_float(cx, pow(x, y));
     default: jx_fail(cx, KS_ERR_INTERNAL, "bad operator %d", op);
@@ -604,7 +613,7 @@ static void exec_for(struct jctx *cx, struct scope *sc, const struct jn *n)
         }
         items = kept;
     }
-    for (size_t i = 0; i < items->u.l.n; i++) {
+    for (size_t i = 0; i < items->u.l.n; i++) { /* a body that appends to the list walks on, within the budget */
         cx->where = n;
         jx_step(cx);
         struct scope *body = scope_new(cx, sc);

@@ -137,8 +137,18 @@ static double num_of(const struct jv *v)
     return v->kind == JV_FLOAT ? v->u.f : v->kind == JV_INT ? (double)v->u.i : (double)v->u.b;
 }
 
-bool jv_equal(const struct jv *a, const struct jv *b)
+/* Values can contain themselves (l.append(l)); past this depth two values
+ * count as different instead of recursing on. */
+#define JV_COMPARE_DEPTH 200
+
+static bool equal_at(const struct jv *a, const struct jv *b, int level);
+
+bool jv_equal(const struct jv *a, const struct jv *b) { return equal_at(a, b, 0); }
+
+static bool equal_at(const struct jv *a, const struct jv *b, int level)
 {
+    if (level > JV_COMPARE_DEPTH)
+        return false;
     if (is_num(a) && is_num(b)) {
         if (a->kind == JV_INT && b->kind == JV_INT)
             return a->u.i == b->u.i;
@@ -153,7 +163,7 @@ bool jv_equal(const struct jv *a, const struct jv *b)
         if (a->u.l.n != b->u.l.n)
             return false;
         for (size_t i = 0; i < a->u.l.n; i++)
-            if (!jv_equal(a->u.l.v[i], b->u.l.v[i]))
+            if (!equal_at(a->u.l.v[i], b->u.l.v[i], level + 1))
                 return false;
         return true;
     case JV_DICT:
@@ -161,7 +171,7 @@ bool jv_equal(const struct jv *a, const struct jv *b)
             return false;
         for (size_t i = 0; i < a->u.d.n; i++) {
             const struct jv *o = jv_dict_getv(b, a->u.d.k[i]);
-            if (!o || !jv_equal(a->u.d.v[i], o))
+            if (!o || !equal_at(a->u.d.v[i], o, level + 1))
                 return false;
         }
         return true;
@@ -169,8 +179,14 @@ bool jv_equal(const struct jv *a, const struct jv *b)
     }
 }
 
-int jv_compare(struct jctx *cx, const struct jv *a, const struct jv *b)
+static int compare_at(struct jctx *cx, const struct jv *a, const struct jv *b, int level);
+
+int jv_compare(struct jctx *cx, const struct jv *a, const struct jv *b) { return compare_at(cx, a, b, 0); }
+
+static int compare_at(struct jctx *cx, const struct jv *a, const struct jv *b, int level)
 {
+    if (level > JV_COMPARE_DEPTH)
+        jx_fail(cx, KS_ERR_RANGE, "comparing values nested deeper than %d", JV_COMPARE_DEPTH);
     if (is_num(a) && is_num(b)) {
         if (a->kind == JV_INT && b->kind == JV_INT)
             return (a->u.i > b->u.i) - (a->u.i < b->u.i);
@@ -186,7 +202,7 @@ int jv_compare(struct jctx *cx, const struct jv *a, const struct jv *b)
     }
     if (a->kind == JV_LIST && b->kind == JV_LIST) {
         for (size_t i = 0; i < a->u.l.n && i < b->u.l.n; i++) {
-            int c = jv_compare(cx, a->u.l.v[i], b->u.l.v[i]);
+            int c = compare_at(cx, a->u.l.v[i], b->u.l.v[i], level + 1);
             if (c)
                 return c;
         }
