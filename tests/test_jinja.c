@@ -11,6 +11,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 #include <cmocka.h>
@@ -486,6 +488,82 @@ static void test_fuzz_corpus(void **state)
     cJSON_Delete(ctx);
 }
 
+/* ---- kvserve template ------------------------------------------------------ */
+
+/* Run `kvserve template ARGS` on the request text req; returns its stdout. */
+static char *run_template_cmd(const char *args, const char *req, int *rc)
+{
+    char req_path[] = "/tmp/test_jinja_reqXXXXXX";
+    int fd = mkstemp(req_path);
+    assert_true(fd >= 0);
+    FILE *rf = fdopen(fd, "w");
+    assert_non_null(rf);
+    fputs(req, rf);
+    fclose(rf);
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "'%s' template %s --request %s --now 2026-11-24", getenv("KVSERVE_BIN"), args, req_path);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    size_t cap = 1 << 16, n = 0;
+    char *out = malloc(cap);
+    assert_non_null(out);
+    n = fread(out, 1, cap - 1, p);
+    out[n] = 0;
+    *rc = WEXITSTATUS(pclose(p));
+    unlink(req_path);
+    return out;
+}
+
+static void test_cli_template(void **state)
+{
+    (void)state;
+    const char *bin = getenv("KVSERVE_BIN");
+    char vocab[1024], tmpl[1024], ref_path[1024];
+    snprintf(vocab, sizeof vocab, "%s/models/vocab/ggml-vocab-qwen3.gguf", shared_dir());
+    snprintf(tmpl, sizeof tmpl, "%s/templates/meta-llama-Llama-3.1-8B-Instruct.jinja", shared_dir());
+    snprintf(ref_path, sizeof ref_path, "%s/templates/rendered/meta-llama-Llama-3.1-8B-Instruct.json", shared_dir());
+    char *ref_text = read_all(ref_path, NULL);
+    if (!bin || access(bin, X_OK) || access(vocab, R_OK) || !ref_text) {
+        free(ref_text);
+        print_message("KVSERVE_BIN, %s or the corpus missing; skipping\n", vocab);
+        skip();
+    }
+    const char *req = "{\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"}, {\"role\": \"user\", "
+                      "\"content\": \"What is 2+2?\"}, {\"role\": \"assistant\", \"content\": \"4.\"}, {\"role\": "
+                      "\"user\", \"content\": \"And 3+3?\"}]}";
+    /* the model's own template (Qwen3's, in the vocabulary file) */
+    char args[3000];
+    snprintf(args, sizeof args, "-m '%s'", vocab);
+    int rc;
+    char *out = run_template_cmd(args, req, &rc);
+    assert_int_equal(rc, 0);
+    assert_string_equal(out, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n"
+                             "<|im_start|>assistant\n4.<|im_end|>\n<|im_start|>user\nAnd 3+3?<|im_end|>\n"
+                             "<|im_start|>assistant\n");
+    free(out);
+    /* a template file, byte for byte as llama.cpp rendered it */
+    snprintf(args, sizeof args, "-m '%s' --chat-template-file '%s'", vocab, tmpl);
+    out = run_template_cmd(args, req, &rc);
+    assert_int_equal(rc, 0);
+    cJSON *ref = cJSON_Parse(ref_text);
+    assert_string_equal(out, cJSON_GetObjectItemCaseSensitive(ref, "multi_turn")->valuestring);
+    free(out);
+    cJSON_Delete(ref);
+    free(ref_text);
+    /* a template error names the file, line and column */
+    char bad[] = "/tmp/test_jinja_badXXXXXX";
+    int fd = mkstemp(bad);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, "ok\n{% if %}", 11), 11);
+    close(fd);
+    snprintf(args, sizeof args, "-m '%s' --chat-template-file %s 2>&1", vocab, bad);
+    out = run_template_cmd(args, req, &rc);
+    assert_int_equal(rc, 1);
+    assert_non_null(strstr(out, "line 2, column 7: expected an expression"));
+    free(out);
+    unlink(bad);
+}
+
 /* ---- the corpus ---------------------------------------------------------- */
 
 /* Renderings that do not match llama.cpp yet, and why. The corpus test fails
@@ -651,7 +729,7 @@ int main(void)
         cmocka_unit_test(test_globals),    cmocka_unit_test(test_errors),     cmocka_unit_test(test_limits),
         cmocka_unit_test(test_chat),
         cmocka_unit_test(test_fuzz_random), cmocka_unit_test(test_fuzz_corpus),
-        cmocka_unit_test(test_corpus),
+        cmocka_unit_test(test_corpus),      cmocka_unit_test(test_cli_template),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     char path[1100];
