@@ -349,6 +349,27 @@ static void test_chat(void **state)
     assert_int_equal(jinja_chat_render(t, req, &chat, NULL, &out, &len), KS_ERR_INVALID_ARG);
     cJSON_Delete(req);
     jinja_free(t);
+
+    /* enable_thinking stays true where it changes the generation prompt, and
+     * is false where it only changes an earlier part (llama.cpp's view of
+     * thinking support) */
+    static const struct {
+        const char *src, *want;
+    } thinking[] = {
+        {"{% for m in messages %}{{ m.content }}{% endfor %}{% if enable_thinking %}<think>{% endif %}", "U<think>"},
+        {"{% if enable_thinking %}on{% else %}off{% endif %}|{% for m in messages %}{{ m.content }}{% endfor %}|A",
+         "off|U|A"},
+        {"{% for m in messages %}{{ m.content }}{% endfor %}", "U"},
+    };
+    req = cJSON_Parse("{\"messages\": [{\"role\": \"user\", \"content\": \"U\"}]}");
+    for (size_t i = 0; i < sizeof thinking / sizeof thinking[0]; i++) {
+        assert_int_equal(jinja_parse(thinking[i].src, strlen(thinking[i].src), &t), KS_OK);
+        assert_int_equal(jinja_chat_render(t, req, &chat, NULL, &out, &len), KS_OK);
+        assert_string_equal(out, thinking[i].want);
+        free(out);
+        jinja_free(t);
+    }
+    cJSON_Delete(req);
 }
 
 static size_t list_templates(const char *dir, char ***names);
@@ -572,12 +593,6 @@ static void test_cli_template(void **state)
 static const struct {
     const char *tmpl, *conv, *why;
 } known_failures[] = {
-    {"Apertus-8B-Instruct", "system_user", "llama.cpp renders Deliberation: disabled for Apertus although every other template in the corpus sees enable_thinking true; the rule it uses for Apertus is not known"},
-    {"Apertus-8B-Instruct", "user_only", "llama.cpp renders Deliberation: disabled for Apertus although every other template in the corpus sees enable_thinking true; the rule it uses for Apertus is not known"},
-    {"Apertus-8B-Instruct", "multi_turn", "llama.cpp renders Deliberation: disabled for Apertus although every other template in the corpus sees enable_thinking true; the rule it uses for Apertus is not known"},
-    {"Apertus-8B-Instruct", "unicode", "llama.cpp renders Deliberation: disabled for Apertus although every other template in the corpus sees enable_thinking true; the rule it uses for Apertus is not known"},
-    {"Apertus-8B-Instruct", "tools", "llama.cpp renders Deliberation: disabled for Apertus although every other template in the corpus sees enable_thinking true; the rule it uses for Apertus is not known"},
-    {"Apertus-8B-Instruct", "tool_result", "llama.cpp renders Deliberation: disabled for Apertus although every other template in the corpus sees enable_thinking true; the rule it uses for Apertus is not known"},
     {NULL, NULL, NULL},
 };
 

@@ -103,8 +103,18 @@ ks_status jinja_render(const struct jinja_template *t, const cJSON *context, con
  * - a template that does not use `tools` ignores them;
  * - a BOS text the template prints at the very start is removed (tokenization
  *   adds BOS again);
- * - add_generation_prompt, bos_token, eos_token, enable_thinking (true) and
- *   date_string ("24 Nov 2026" style, from opts->now) are set. */
+ * - a template that reads message['tool_responses'] (Gemma 4) gets the tool
+ *   messages that follow an assistant's tool calls as that message's
+ *   tool_responses [{name, response}], the response parsed when it is JSON;
+ * - enable_thinking is true, unless the flag changes nothing after the last
+ *   message (the generation prompt): llama.cpp sees no thinking support in
+ *   such a template (Apertus) and renders it with false;
+ * - add_generation_prompt, bos_token, eos_token, date_string ("24 Nov 2026",
+ *   Llama 3.1) and datetime ("Nov 24 2026", FireFunction v2) are set, the
+ *   dates from opts->now.
+ * The system fold is tried when the render raises and a system message is
+ * present (llama.cpp probes the template's use of the system content
+ * instead; the corpus of 60 templates gives the same prompts). */
 struct jinja_chat {
     const char *bos_token;      /* NULL = "" */
     const char *eos_token;      /* NULL = "" */

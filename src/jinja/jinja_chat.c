@@ -132,6 +132,60 @@ static ks_status attach_tool_responses(cJSON *messages)
     return KS_OK;
 }
 
+/* The text of the last message, which the prompt's tail follows; NULL when
+ * it is not a string. */
+static const char *last_content(const cJSON *messages)
+{
+    const cJSON *last = NULL;
+    for (const cJSON *m = messages->child; m; m = m->next)
+        last = m;
+    const cJSON *c = last ? cJSON_GetObjectItemCaseSensitive(last, "content") : NULL;
+    return cJSON_IsString(c) && c->valuestring[0] ? c->valuestring : NULL;
+}
+
+/* The part of a prompt after the last occurrence of text (all of it when text
+ * is NULL or absent). */
+static const char *tail_after(const char *prompt, const char *text)
+{
+    const char *tail = prompt;
+    if (!text)
+        return tail;
+    size_t n = strlen(text);
+    for (const char *p = prompt; (p = strstr(p, text)); p++)
+        tail = p + n;
+    return tail;
+}
+
+/* llama.cpp passes enable_thinking true only to templates it sees thinking
+ * support in: where the flag changes what follows the conversation (the
+ * generation prompt). A template where it only changes an earlier part
+ * (Apertus' "Deliberation: enabled" system line) is rendered with false.
+ * *prompt holds the enable_thinking=true rendering; it may be replaced. */
+static ks_status apply_thinking_support(const struct jinja_template *t, cJSON *ctx, const struct jinja_opts *opts,
+                                        char **prompt, size_t *len)
+{
+    if (!memmem(t->src, t->len, "enable_thinking", 15))
+        return KS_OK;
+    cJSON_ReplaceItemInObjectCaseSensitive(ctx, "enable_thinking", cJSON_CreateFalse());
+    char *off = NULL;
+    size_t off_len = 0;
+    if (jinja_render(t, ctx, opts, &off, &off_len)) {
+        cJSON_ReplaceItemInObjectCaseSensitive(ctx, "enable_thinking", cJSON_CreateTrue());
+        return KS_OK; /* the template insists on thinking: keep the true rendering */
+    }
+    const char *last = last_content(cJSON_GetObjectItemCaseSensitive(ctx, "messages"));
+    bool changes_tail = strcmp(tail_after(*prompt, last), tail_after(off, last)) != 0;
+    bool changes_anything = off_len != *len || memcmp(off, *prompt, *len);
+    if (changes_anything && !changes_tail) {
+        free(*prompt);
+        *prompt = off;
+        *len = off_len;
+    } else {
+        free(off);
+    }
+    return KS_OK;
+}
+
 static ks_status build_context(const struct jinja_template *t, const cJSON *request, const struct jinja_chat *chat,
                                const struct jinja_opts *opts, cJSON **out)
 {
@@ -198,6 +252,8 @@ ks_status jinja_chat_render(const struct jinja_template *t, const cJSON *request
         if (!st)
             st = jinja_render(t, ctx, opts, &text, &len);
     }
+    if (!st)
+        st = apply_thinking_support(t, ctx, opts, &text, &len);
     cJSON_Delete(ctx);
     if (st)
         return st;
