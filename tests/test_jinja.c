@@ -276,7 +276,9 @@ static void test_errors(void **state)
     memcpy(deep + sizeof deep - 4, " }}", 4);
     check_parse_error(deep, KS_ERR_RANGE, "nesting deeper than 200");
     check_error("{{ 1 + 'a' }}", NULL, KS_ERR_INVALID_ARG, "line 1, column 6: arithmetic on integer and string");
-    check_error("\n{{ x | nosuchfilter }}", "{\"x\": 1}", KS_ERR_UNSUPPORTED, "line 2, column 6: unknown filter 'nosuchfilter'");
+    check_parse_error("\n{{ x | nosuchfilter }}", KS_ERR_UNSUPPORTED, "line 2, column 8: unknown filter 'nosuchfilter'");
+    check_parse_error("{% filter nope %}x{% endfilter %}", KS_ERR_UNSUPPORTED, "line 1, column 11: unknown filter 'nope'");
+    check_error("{{ [1] | map('nosuch') | list }}", NULL, KS_ERR_UNSUPPORTED, "unknown filter 'nosuch'");
     check_error("{{ nofunc() }}", NULL, KS_ERR_INVALID_ARG, "'nofunc' is undefined, it cannot be called");
     check_error("{% for x in 5 %}{% endfor %}", NULL, KS_ERR_INVALID_ARG, "a integer cannot be iterated");
     check_error("{{ 1 // 0 }}", NULL, KS_ERR_INVALID_ARG, "division by zero");

@@ -21,8 +21,9 @@
  *               sequence string true undefined upper
  *   globals     range, namespace, raise_exception, strftime_now
  *   methods     str: strip lstrip rstrip split startswith endswith replace upper
- *               lower title capitalize format count find; list: append pop index;
- *               dict: get items keys values pop
+ *               lower title capitalize format count find join; list: append pop
+ *               index extend insert; dict: get items keys values pop update
+ *               setdefault
  * Undefined values render as "", are false, iterate as empty and concatenate
  * as "" (llama.cpp's leniency); using one as a number or calling one is an
  * error. Dicts and lists print as JSON with Python's separators, booleans as
@@ -67,8 +68,8 @@ struct jinja_opts {
  * Errors: KS_ERR_INVALID_ARG  NULL out, or NULL src with len > 0
  *         KS_ERR_FORMAT       a syntax error; the message starts with
  *                             "line L, column C: " (1-based, columns in bytes)
- *         KS_ERR_UNSUPPORTED  a statement outside the subset (names it, with the
- *                             line and column)
+ *         KS_ERR_UNSUPPORTED  a statement, filter or test outside the subset
+ *                             (named, with the line and column)
  *         KS_ERR_RANGE        nesting deeper than 200, or len over 16 MiB
  *         KS_ERR_NOMEM */
 ks_status jinja_parse(const char *src, size_t len, struct jinja_template **out);
@@ -86,6 +87,8 @@ void jinja_free(struct jinja_template *t);
  *                             non-function, a number plus a string, ...)
  *         KS_ERR_STATE        the template called raise_exception(msg): the
  *                             message is "template raised: msg"
+ *         KS_ERR_UNSUPPORTED  a filter or test named only at render time (map('x'),
+ *                             select('x'))
  *         KS_ERR_RANGE        a limit fired (the message names it)
  *         KS_ERR_NOMEM
  * Every runtime error message starts with "line L, column C: " of the

@@ -880,6 +880,21 @@ static struct jv *length_of(struct jctx *cx, struct jv *v)
     }
 }
 
+static const char *const filter_names[] = {
+    "default", "d", "safe", "string", "tojson", "length", "count", "items", "list", "join", "first", "last",
+    "reverse", "unique", "sort", "dictsort", "selectattr", "rejectattr", "select", "reject", "map", "min", "max",
+    "int", "float", "abs", "round", "sum", "from_json", "trim", "lower", "upper", "title", "capitalize", "replace",
+    "indent", "wordcount", NULL,
+};
+
+bool jx_has_filter(const char *name)
+{
+    for (size_t i = 0; filter_names[i]; i++)
+        if (!strcmp(filter_names[i], name))
+            return true;
+    return false;
+}
+
 struct jv *jx_filter(struct jctx *cx, const char *name, struct jv *v, struct jv **args, size_t n_args,
                      const char **kw_names, struct jv **kw_vals, size_t n_kw)
 {

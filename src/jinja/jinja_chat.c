@@ -215,7 +215,8 @@ static ks_status build_context(const struct jinja_template *t, const cJSON *requ
     gmtime_r(&now, &tm);
     strftime(date, sizeof date, "%d %b %Y", &tm);
     strftime(datetime, sizeof datetime, "%b %d %Y", &tm);
-    cJSON_AddBoolToObject(ctx, "add_generation_prompt", chat && chat->add_generation_prompt);
+    if (chat && chat->add_generation_prompt) /* like llama.cpp: undefined, not false, when off */
+        cJSON_AddBoolToObject(ctx, "add_generation_prompt", 1);
     cJSON_AddStringToObject(ctx, "bos_token", chat && chat->bos_token ? chat->bos_token : "");
     cJSON_AddStringToObject(ctx, "eos_token", chat && chat->eos_token ? chat->eos_token : "");
     cJSON_AddBoolToObject(ctx, "enable_thinking", 1);

@@ -187,6 +187,7 @@ struct jv *jx_filter(struct jctx *cx, const char *name, struct jv *v, struct jv 
                      const char **kw_names, struct jv **kw_vals, size_t n_kw);
 bool jx_test(struct jctx *cx, const char *name, struct jv *v, struct jv **args, size_t n_args);
 bool jx_has_test(const char *name);
+bool jx_has_filter(const char *name);
 /* A method of v named name, or NULL when v has no such method. */
 struct jv *jx_method(struct jctx *cx, struct jv *v, const char *name);
 struct jv *jx_call_builtin(struct jctx *cx, struct jv *fn, struct jv **args, size_t n_args, const char **kw_names,

@@ -707,7 +707,10 @@ static struct jn *parse_filters_and_tests(struct parser *ps, struct jn *n)
             next(ps);
             struct jn *f = new_node(ps, E_FILTER, t);
             f->a = n;
+            struct tok *nm = peek(ps);
             f->name = expect_name(ps, "a filter name after '|'");
+            if (!jx_has_filter(f->name))
+                fail_at(ps, KS_ERR_UNSUPPORTED, nm->line, nm->col, "unknown filter '%s'", f->name);
             if (at_op(ps, "(")) {
                 next(ps);
                 parse_args(ps, f);
@@ -1076,9 +1079,12 @@ static struct jn *parse_filter_block(struct parser *ps, struct tok *at)
     do {
         if (chain->kind != E_NAME)
             next(ps);
-        struct jn *f = new_node(ps, E_FILTER, peek(ps));
+        struct tok *nm = peek(ps);
+        struct jn *f = new_node(ps, E_FILTER, nm);
         f->a = chain;
         f->name = expect_name(ps, "a filter name");
+        if (!jx_has_filter(f->name))
+            fail_at(ps, KS_ERR_UNSUPPORTED, nm->line, nm->col, "unknown filter '%s'", f->name);
         if (at_op(ps, "(")) {
             next(ps);
             parse_args(ps, f);
