@@ -151,6 +151,7 @@ static void test_expressions(void **state)
     R("{{ 'a' ~ 1 ~ none }} {{ 'a' + 'b' }} {{ 'ab' * 2 }} {{ [1] + [2] }}", "a1None ab abab [1, 2]");
     R("{{ 1 < 2 }} {{ 'a' < 'b' }} {{ 1 == 1.0 }} {{ [1, 2] == [1, 2] }} {{ 1 != 2 }} {{ 2 >= 2 }} {{ 3 <= 2 }}",
       "True True True True True True False");
+    R("{{ 1 < 2 < 3 }} {{ 1 < 3 < 2 }} {{ 'a' == 'a' in 'abc' }} {{ 3 > 2 == 2 }}", "True False True True");
     R("{{ 'b' in 'abc' }} {{ 2 in [1, 2] }} {{ 'k' in {'k': 1} }} {{ 3 not in [1] }} {{ 'z' in 'abc' }}",
       "True True True True False");
     R("{{ 0 or 'x' }} {{ 1 and 'y' }} {{ not 0 }} {{ none or [] }} {{ '' and 1 }}", "x y True [] ");
@@ -206,6 +207,9 @@ static void test_filters(void **state)
       " {{ [3, 1] | max }} {{ [1, 2] | reverse | list }} {{ [1, 2.5] | sum }}",
       "a+b [1, 2, 3] [3, 2, 1] [1, 2, 3] 1 2 1 3 [2, 1] 3.5");
     R("{{ [{'n': 'b'}, {'n': 'a'}] | sort(attribute='n') | map(attribute='n') | join }}", "ab");
+    R("{{ 'Hello World' | max }} {{ ['b', 'A', 'c'] | min }} {{ ['b', 'A'] | min(case_sensitive=true) }}"
+      " {{ [{'n': 2}, {'n': 1}] | max(attribute='n') }}",
+      "W A A {'n': 2}");
     R("{{ 'a\\nb\\n\\nc' | indent(2) }}|{{ 'a\\nb' | indent(2, true) }}", "a\n  b\n\n  c|  a\n  b");
     R("{{ '12' | int + 1 }} {{ 'x' | int }} {{ 2.7 | int }} {{ '1.5' | float }} {{ -3 | abs }} {{ 2.567 | round(1) }}",
       "13 0 2 1.5 3 2.6");
@@ -227,6 +231,7 @@ static void test_tests(void **state)
     R("{{ 'a' is string }}{{ {} is mapping }}{{ [] is iterable }}{{ 'a' is iterable }}{{ [] is sequence }}"
       "{{ 1 is number }}{{ 1 is integer }}{{ 1.0 is float }}{{ true is boolean }}{{ 1 is string }}",
       "TrueTrueTrueTrueTrueTrueTrueTrueTrueFalse");
+    R("{{ 2 is in [1, 2] }}{{ 'k' is in {'k': 1} }}{{ 3 is not in [1] }}", "TrueTrueTrue");
     R("{{ true is true }}{{ 1 is true }}{{ false is false }}{{ 3 is odd }}{{ 4 is even }}{{ 9 is divisibleby 3 }}"
       "{{ 1 is eq 1 }}{{ 2 is gt 1 }}{{ 'a' is in 'abc' }}{{ none is sameas none }}{{ 'ab' is lower }}"
       "{{ range is callable }}",

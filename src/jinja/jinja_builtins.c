@@ -79,7 +79,9 @@ static size_t utf8_count(const char *s, size_t n)
     return k;
 }
 
-/* A list for anything iterable: list as is, dict keys, string characters; undefined and none as empty. */
+/* A list for anything iterable: list as is, dict keys, string characters;
+ * undefined and none as empty (llama.cpp's leniency, which templates that
+ * `set tools = none` and then filter it rely on). */
 static struct jv *as_list(struct jctx *cx, const char *what, struct jv *v)
 {
     if (v->kind == JV_LIST)
@@ -306,7 +308,7 @@ static struct jv *join_items(struct jctx *cx, struct jv *list, struct jv *sep, s
 enum method_id {
     M_STRIP, M_LSTRIP, M_RSTRIP, M_SPLIT, M_STARTSWITH, M_ENDSWITH, M_REPLACE, M_UPPER, M_LOWER, M_TITLE,
     M_CAPITALIZE, M_FORMAT, M_FIND, M_COUNT, M_JOIN,
-    M_APPEND, M_POP, M_INDEX, M_EXTEND, M_INSERT,
+    M_APPEND, M_POP, M_INDEX, M_EXTEND, M_INSERT, M_LCOUNT,
     M_GET, M_ITEMS, M_KEYS, M_VALUES, M_DPOP, M_UPDATE, M_SETDEFAULT,
 };
 
@@ -321,7 +323,7 @@ static const struct {
     {"title", JV_STR, M_TITLE},       {"capitalize", JV_STR, M_CAPITALIZE}, {"format", JV_STR, M_FORMAT},
     {"find", JV_STR, M_FIND},         {"count", JV_STR, M_COUNT},           {"join", JV_STR, M_JOIN},
     {"append", JV_LIST, M_APPEND},    {"pop", JV_LIST, M_POP},              {"index", JV_LIST, M_INDEX},
-    {"extend", JV_LIST, M_EXTEND},    {"insert", JV_LIST, M_INSERT},
+    {"extend", JV_LIST, M_EXTEND},    {"insert", JV_LIST, M_INSERT},        {"count", JV_LIST, M_LCOUNT},
     {"get", JV_DICT, M_GET},          {"items", JV_DICT, M_ITEMS},          {"keys", JV_DICT, M_KEYS},
     {"values", JV_DICT, M_VALUES},    {"pop", JV_DICT, M_DPOP},             {"update", JV_DICT, M_UPDATE},
     {"setdefault", JV_DICT, M_SETDEFAULT},
@@ -453,6 +455,13 @@ static struct jv *call_method(struct jctx *cx, struct jv *m, const struct call *
         return &jv_none_v;
     }
     case M_POP: return list_pop(cx, self, arg_int(cx, c, 0, NULL, -1));
+    case M_LCOUNT: {
+        struct jv *x = need_arg(cx, c, 0, "a value");
+        int64_t k = 0;
+        for (size_t i = 0; i < self->u.l.n; i++)
+            k += jv_equal(self->u.l.v[i], x);
+        return jv_int(cx, k);
+    }
     case M_INDEX: {
         struct jv *x = need_arg(cx, c, 0, "a value");
         for (size_t i = 0; i < self->u.l.n; i++)
@@ -608,10 +617,9 @@ bool jx_has_test(const char *name)
     return false;
 }
 
-static bool all_case(const struct jv *v, bool upper)
+static bool all_case(struct jctx *cx, const struct jv *v, bool upper)
 {
-    if (v->kind != JV_STR)
-        return false;
+    v = jv_to_str(cx, v); /* Jinja2 tests str(value) */
     bool cased = false;
     for (size_t i = 0; i < v->u.s.n; i++) {
         unsigned char c = (unsigned char)v->u.s.p[i];
@@ -640,12 +648,14 @@ bool jx_test(struct jctx *cx, const char *name, struct jv *v, struct jv **args, 
     if (IS("true")) return v->kind == JV_BOOL && v->u.b;
     if (IS("false")) return v->kind == JV_BOOL && !v->u.b;
     if (IS("callable")) return v->kind == JV_MACRO || v->kind == JV_BUILTIN || v->kind == JV_METHOD;
-    if (IS("lower")) return all_case(v, false);
-    if (IS("upper")) return all_case(v, true);
+    if (IS("lower")) return all_case(cx, v, false);
+    if (IS("upper")) return all_case(cx, v, true);
     if (IS("odd") || IS("even")) {
-        if (v->kind != JV_INT)
-            jx_fail(cx, KS_ERR_INVALID_ARG, "test '%s' needs an integer, not %s", name, jv_kind_name(v));
-        return (v->u.i % 2 != 0) == IS("odd");
+        if (v->kind == JV_FLOAT)
+            return (fmod(v->u.f, 2.0) == (IS("odd") ? 1.0 : 0.0)) || (IS("odd") && fmod(v->u.f, 2.0) == -1.0);
+        if (v->kind != JV_INT && v->kind != JV_BOOL)
+            jx_fail(cx, KS_ERR_INVALID_ARG, "test '%s' needs a number, not %s", name, jv_kind_name(v));
+        return ((v->kind == JV_INT ? v->u.i : v->u.b) % 2 != 0) == IS("odd");
     }
     if (!a)
         jx_fail(cx, KS_ERR_INVALID_ARG, "test '%s' needs an argument", name);
@@ -667,12 +677,13 @@ bool jx_test(struct jctx *cx, const char *name, struct jv *v, struct jv **args, 
         }
         return a->kind == JV_DICT && jv_dict_getv(a, v);
     }
-    if (v->kind != JV_INT)
-        jx_fail(cx, KS_ERR_INVALID_ARG, "test '%s' needs an integer, not %s", name, jv_kind_name(v));
     if (IS("divisibleby")) {
-        if (a->kind != JV_INT || a->u.i == 0)
-            jx_fail(cx, KS_ERR_INVALID_ARG, "divisibleby needs a nonzero integer");
-        return a->u.i == -1 || v->u.i % a->u.i == 0;
+        if ((a->kind != JV_INT && a->kind != JV_BOOL) || (v->kind != JV_INT && v->kind != JV_BOOL))
+            jx_fail(cx, KS_ERR_INVALID_ARG, "divisibleby needs integers, not %s and %s", jv_kind_name(v), jv_kind_name(a));
+        int64_t x = v->kind == JV_INT ? v->u.i : v->u.b, y = a->kind == JV_INT ? a->u.i : a->u.b;
+        if (y == 0)
+            jx_fail(cx, KS_ERR_INVALID_ARG, "divisibleby 0");
+        return y == -1 || x % y == 0;
     }
 #undef IS
     jx_fail(cx, KS_ERR_UNSUPPORTED, "unknown test '%s'", name);
@@ -816,19 +827,21 @@ static struct jv *to_int(struct jctx *cx, struct jv *v, const struct call *c)
     return d ? d : jv_int(cx, 0);
 }
 
+/* min/max: strings compare case-insensitively unless case_sensitive=true, as in Jinja2. */
 static struct jv *min_max(struct jctx *cx, struct jv *v, const struct call *c, bool want_max)
 {
     struct jv *l = as_list(cx, c->name, v);
-    struct jv *attr = arg_str(cx, c, SIZE_MAX, "attribute");
-    struct jv *best = NULL;
+    bool case_sensitive = arg_bool(c, 0, "case_sensitive", false);
+    struct jv *attr = arg_str(cx, c, 1, "attribute");
+    struct jv *best = NULL, *best_key = NULL;
     for (size_t i = 0; i < l->u.l.n; i++) {
-        struct jv *x = l->u.l.v[i];
-        if (!best)
+        struct jv *x = l->u.l.v[i], *key = attr ? get_path(cx, x, attr) : x;
+        if (!case_sensitive && key->kind == JV_STR)
+            key = change_case(cx, key, 0);
+        int r = best ? jv_compare(cx, key, best_key) : 0;
+        if (!best || (want_max ? r > 0 : r < 0)) {
             best = x;
-        else {
-            int r = jv_compare(cx, attr ? get_path(cx, x, attr) : x, attr ? get_path(cx, best, attr) : best);
-            if (want_max ? r > 0 : r < 0)
-                best = x;
+            best_key = key;
         }
     }
     return best ? best : &jv_undef_v;
@@ -981,6 +994,8 @@ struct jv *jx_filter(struct jctx *cx, const char *name, struct jv *v, struct jv 
         return d ? d : jv_float(cx, 0.0);
     }
     if (IS("abs")) {
+        if (v->kind == JV_BOOL)
+            return jv_int(cx, v->u.b);
         if (v->kind == JV_INT)
             return jv_int(cx, v->u.i < 0 ? (int64_t)(0 - (uint64_t)v->u.i) : v->u.i);
         if (v->kind == JV_FLOAT)
@@ -988,8 +1003,8 @@ struct jv *jx_filter(struct jctx *cx, const char *name, struct jv *v, struct jv 
         bad_type(cx, "abs", v);
     }
     if (IS("round")) {
-        double x = v->kind == JV_FLOAT ? v->u.f : v->kind == JV_INT ? (double)v->u.i : NAN;
-        if (isnan(x) && v->kind != JV_FLOAT)
+        double x = v->kind == JV_FLOAT ? v->u.f : v->kind == JV_INT ? (double)v->u.i : v->kind == JV_BOOL ? v->u.b : NAN;
+        if (isnan(x) && v->kind != JV_FLOAT && v->kind != JV_BOOL)
             bad_type(cx, "round", v);
         double p = pow(10.0, (double)arg_int(cx, &c, 0, "precision", 0));
         return jv_float(cx, nearbyint(x * p) / p);
@@ -1012,7 +1027,7 @@ struct jv *jx_filter(struct jctx *cx, const char *name, struct jv *v, struct jv 
     if (IS("from_json")) return from_json_text(cx, v);
     if (v->kind == JV_UNDEF)
         v = jv_cstr(cx, "");
-    if (IS("trim")) return strip(cx, need_str(cx, "trim", v), arg_str(cx, &c, 0, "chars"), true, true);
+    if (IS("trim")) return strip(cx, jv_to_str(cx, v), arg_str(cx, &c, 0, "chars"), true, true);
     if (IS("lower")) return change_case(cx, jv_to_str(cx, v), 0);
     if (IS("upper")) return change_case(cx, jv_to_str(cx, v), 1);
     if (IS("title")) return change_case(cx, jv_to_str(cx, v), 2);
@@ -1022,7 +1037,7 @@ struct jv *jx_filter(struct jctx *cx, const char *name, struct jv *v, struct jv 
                            need_str(cx, "replace", jv_to_str(cx, need_arg(cx, &c, 1, "the new text"))),
                            arg_int(cx, &c, 2, "count", -1));
     if (IS("indent")) return indent_text(cx, jv_to_str(cx, v), &c);
-    if (IS("wordcount")) return jv_int(cx, (int64_t)split_str(cx, need_str(cx, "wordcount", v), NULL, -1)->u.l.n);
+    if (IS("wordcount")) return jv_int(cx, (int64_t)split_str(cx, jv_to_str(cx, v), NULL, -1)->u.l.n);
 #undef IS
     jx_fail(cx, KS_ERR_UNSUPPORTED, "unknown filter '%s'", name);
 }

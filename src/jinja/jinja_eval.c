@@ -312,6 +312,8 @@ static struct jv *arith(struct jctx *cx, int op, struct jv *a, struct jv *b)
         return add_values(cx, a, b);
     if (op == OP_MUL && a->kind == JV_STR && (b->kind == JV_INT || b->kind == JV_BOOL))
         return repeat_string(cx, a, as_int(cx, b, "a repeat count"));
+    if (op == OP_MUL && b->kind == JV_STR && (a->kind == JV_INT || a->kind == JV_BOOL))
+        return repeat_string(cx, b, as_int(cx, a, "a repeat count"));
     if (!is_number(a) || !is_number(b))
         jx_fail(cx, KS_ERR_INVALID_ARG, "arithmetic on %s and %s", jv_kind_name(a), jv_kind_name(b));
     bool ints = a->kind != JV_FLOAT && b->kind != JV_FLOAT;
@@ -450,7 +452,16 @@ struct jv *jx_call_value(struct jctx *cx, struct jv *fn, struct jv **args, size_
 
 static struct jv *eval_call(struct jctx *cx, struct scope *sc, const struct jn *n)
 {
-    struct jv *fn = eval(cx, sc, n->a);
+    struct jv *fn;
+    if (n->a->kind == E_ATTR) {
+        struct jv *obj = eval(cx, sc, n->a->a);
+        cx->where = n->a;
+        fn = attr_value(cx, obj, n->a->name, n->a->name_len);
+        if (fn->kind == JV_UNDEF)
+            jx_fail(cx, KS_ERR_INVALID_ARG, "a %s has no method '%s'", jv_kind_name(obj), n->a->name);
+    } else {
+        fn = eval(cx, sc, n->a);
+    }
     struct args a = eval_args(cx, sc, n);
     cx->where = n;
     return jx_call_value(cx, fn, a.pos, a.n_pos, a.kw_names, a.kw_vals, a.n_kw);

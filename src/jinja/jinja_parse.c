@@ -694,7 +694,7 @@ static struct jn *parse_postfix(struct parser *ps, struct jn *n)
 static bool starts_bare_test_arg(struct parser *ps)
 {
     struct tok *t = peek(ps);
-    if (t->type == T_STR || t->type == T_INT || t->type == T_FLOAT)
+    if (t->type == T_STR || t->type == T_INT || t->type == T_FLOAT || tok_is(t, T_OP, "[") || tok_is(t, T_OP, "{"))
         return true;
     return t->type == T_NAME && !is_keyword(t);
 }
@@ -820,21 +820,37 @@ static struct jn *parse_math1(struct parser *ps)
     }
 }
 
+static int compare_op(struct parser *ps)
+{
+    if (at_name(ps, "not") && tok_is(peek2(ps), T_NAME, "in")) {
+        next(ps);
+        return OP_NOTIN;
+    }
+    return at_op(ps, "==") ? OP_EQ : at_op(ps, "!=") ? OP_NE : at_op(ps, "<") ? OP_LT : at_op(ps, "<=") ? OP_LE
+         : at_op(ps, ">") ? OP_GT : at_op(ps, ">=") ? OP_GE : at_name(ps, "in") ? OP_IN : OP_NONE;
+}
+
+/* a < b <= c is (a < b) and (b <= c), as in Python (b is evaluated twice). */
 static struct jn *parse_compare(struct parser *ps)
 {
-    struct jn *n = parse_math1(ps);
+    struct jn *n = parse_math1(ps), *left = n;
     for (;;) {
         struct tok *t = peek(ps);
-        int op = at_op(ps, "==") ? OP_EQ : at_op(ps, "!=") ? OP_NE : at_op(ps, "<") ? OP_LT : at_op(ps, "<=") ? OP_LE
-               : at_op(ps, ">") ? OP_GT : at_op(ps, ">=") ? OP_GE : at_name(ps, "in") ? OP_IN : OP_NONE;
-        if (op == OP_NONE && at_name(ps, "not") && tok_is(peek2(ps), T_NAME, "in")) {
-            next(ps);
-            op = OP_NOTIN;
-        }
+        int op = compare_op(ps);
         if (op == OP_NONE)
             return n;
         next(ps);
-        n = binary(ps, t, op, n, parse_math1(ps));
+        struct jn *right = parse_math1(ps);
+        struct jn *cmp = binary(ps, t, op, left, right);
+        if (n == left) {
+            n = cmp;
+        } else {
+            struct jn *both = new_node(ps, E_AND, t);
+            both->a = n;
+            both->b = cmp;
+            n = both;
+        }
+        left = right;
     }
 }
 
