@@ -436,19 +436,31 @@ static void fuzz_one(const char *src, size_t len, const cJSON *ctx)
     jinja_free(t);
 }
 
+/* KVSERVE_JINJA_FUZZ=N runs N times the iterations, from seed N (a longer
+ * hunt: KVSERVE_JINJA_FUZZ=50 build-asan/test_jinja). */
+static int fuzz_scale(void)
+{
+    const char *e = getenv("KVSERVE_JINJA_FUZZ");
+    int n = e ? atoi(e) : 1;
+    if (n > 1)
+        rng ^= (uint64_t)n * 0x2545F4914F6CDD1Dull;
+    return n > 0 ? n : 1;
+}
+
 static void test_fuzz_random(void **state)
 {
     (void)state;
+    int scale = fuzz_scale();
     cJSON *ctx = cJSON_Parse(fuzz_context);
     assert_non_null(ctx);
     char buf[600];
-    for (int iter = 0; iter < 10000; iter++) {
+    for (int iter = 0; iter < 10000 * scale; iter++) {
         size_t n = rnd() % sizeof buf;
         for (size_t i = 0; i < n; i++)
             buf[i] = (char)rnd();
         fuzz_one(buf, n, ctx);
     }
-    for (int iter = 0; iter < 30000; iter++) {
+    for (int iter = 0; iter < 30000 * scale; iter++) {
         size_t n = 0, k = 1 + rnd() % 40;
         for (size_t i = 0; i < k; i++) {
             const char *tok = fuzz_tokens[rnd() % N_FUZZ_TOKENS];
@@ -477,6 +489,7 @@ static void test_fuzz_corpus(void **state)
     }
     cJSON *ctx = cJSON_Parse(fuzz_context);
     assert_non_null(ctx);
+    int mutations = 150 * fuzz_scale();
     for (size_t t = 0; t < n_names; t++) {
         char path[2400];
         snprintf(path, sizeof path, "%s/%s.jinja", dir, names[t]);
@@ -485,7 +498,7 @@ static void test_fuzz_corpus(void **state)
         assert_non_null(src);
         char *mut = malloc(len + 64);
         assert_non_null(mut);
-        for (int iter = 0; iter < 150; iter++) {
+        for (int iter = 0; iter < mutations; iter++) {
             size_t n = len;
             memcpy(mut, src, len);
             int edits = 1 + (int)(rnd() % 4);

@@ -603,19 +603,37 @@ void jx_install_globals(struct jctx *cx)
 
 /* ---- tests ------------------------------------------------------------------- */
 
-static const char *const test_names[] = {
-    "defined", "undefined", "none", "string", "mapping", "iterable", "sequence", "number", "integer", "float",
-    "boolean", "true", "false", "callable", "eq", "equalto", "==", "ne", "!=", "lt", "<", "gt", ">", "le", "<=",
-    "ge", ">=", "in", "odd", "even", "divisibleby", "sameas", "lower", "upper", NULL,
+enum test_id {
+    T_DEFINED, T_UNDEFINED, T_NONE, T_STRING, T_MAPPING, T_ITERABLE, T_NUMBER, T_INTEGER, T_FLOAT, T_BOOLEAN,
+    T_TRUE, T_FALSE, T_CALLABLE, T_LOWER, T_UPPER, T_ODD, T_EVEN,
+    /* these take an argument */
+    T_EQ, T_NE, T_LT, T_GT, T_LE, T_GE, T_SAMEAS, T_IN, T_DIVISIBLEBY,
 };
 
-bool jx_has_test(const char *name)
+static const struct {
+    const char *name;
+    enum test_id id;
+} tests[] = {
+    {"defined", T_DEFINED}, {"undefined", T_UNDEFINED}, {"none", T_NONE},         {"string", T_STRING},
+    {"mapping", T_MAPPING}, {"iterable", T_ITERABLE},   {"sequence", T_ITERABLE}, {"number", T_NUMBER},
+    {"integer", T_INTEGER}, {"float", T_FLOAT},         {"boolean", T_BOOLEAN},   {"true", T_TRUE},
+    {"false", T_FALSE},     {"callable", T_CALLABLE},   {"lower", T_LOWER},       {"upper", T_UPPER},
+    {"odd", T_ODD},         {"even", T_EVEN},           {"eq", T_EQ},             {"equalto", T_EQ},
+    {"==", T_EQ},           {"ne", T_NE},               {"!=", T_NE},             {"lt", T_LT},
+    {"<", T_LT},            {"gt", T_GT},               {">", T_GT},              {"le", T_LE},
+    {"<=", T_LE},           {"ge", T_GE},               {">=", T_GE},             {"sameas", T_SAMEAS},
+    {"in", T_IN},           {"divisibleby", T_DIVISIBLEBY},
+};
+
+static int find_test(const char *name)
 {
-    for (size_t i = 0; test_names[i]; i++)
-        if (!strcmp(test_names[i], name))
-            return true;
-    return false;
+    for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++)
+        if (!strcmp(tests[i].name, name))
+            return (int)tests[i].id;
+    return -1;
 }
+
+bool jx_has_test(const char *name) { return find_test(name) >= 0; }
 
 static bool all_case(struct jctx *cx, const struct jv *v, bool upper)
 {
@@ -630,63 +648,63 @@ static bool all_case(struct jctx *cx, const struct jv *v, bool upper)
     return cased;
 }
 
+static bool is_odd(struct jctx *cx, const struct jv *v)
+{
+    if (v->kind == JV_FLOAT)
+        return fabs(fmod(v->u.f, 2.0)) == 1.0;
+    if (v->kind != JV_INT && v->kind != JV_BOOL)
+        jx_fail(cx, KS_ERR_INVALID_ARG, "odd/even need a number, not %s", jv_kind_name(v));
+    return (v->kind == JV_INT ? v->u.i : v->u.b) % 2 != 0;
+}
+
+static bool divisible_by(struct jctx *cx, const struct jv *v, const struct jv *a)
+{
+    if ((a->kind != JV_INT && a->kind != JV_BOOL) || (v->kind != JV_INT && v->kind != JV_BOOL))
+        jx_fail(cx, KS_ERR_INVALID_ARG, "divisibleby needs integers, not %s and %s", jv_kind_name(v), jv_kind_name(a));
+    int64_t x = v->kind == JV_INT ? v->u.i : v->u.b, y = a->kind == JV_INT ? a->u.i : a->u.b;
+    if (y == 0)
+        jx_fail(cx, KS_ERR_INVALID_ARG, "divisibleby 0");
+    return y == -1 || x % y == 0;
+}
+
 bool jx_test(struct jctx *cx, const char *name, struct jv *v, struct jv **args, size_t n_args)
 {
+    int id = find_test(name);
+    if (id < 0)
+        jx_fail(cx, KS_ERR_UNSUPPORTED, "unknown test '%s'", name);
     struct jv *a = n_args ? args[0] : NULL;
-#define IS(s) (!strcmp(name, s))
-    if (IS("defined")) return v->kind != JV_UNDEF;
-    if (IS("undefined")) return v->kind == JV_UNDEF;
-    if (IS("none")) return v->kind == JV_NONE;
-    if (IS("string")) return v->kind == JV_STR;
-    if (IS("mapping")) return v->kind == JV_DICT;
-    if (IS("iterable")) return v->kind == JV_LIST || v->kind == JV_DICT || v->kind == JV_STR;
-    if (IS("sequence")) return v->kind == JV_LIST || v->kind == JV_DICT || v->kind == JV_STR;
-    if (IS("number")) return v->kind == JV_INT || v->kind == JV_FLOAT || v->kind == JV_BOOL;
-    if (IS("integer")) return v->kind == JV_INT;
-    if (IS("float")) return v->kind == JV_FLOAT;
-    if (IS("boolean")) return v->kind == JV_BOOL;
-    if (IS("true")) return v->kind == JV_BOOL && v->u.b;
-    if (IS("false")) return v->kind == JV_BOOL && !v->u.b;
-    if (IS("callable")) return v->kind == JV_MACRO || v->kind == JV_BUILTIN || v->kind == JV_METHOD;
-    if (IS("lower")) return all_case(cx, v, false);
-    if (IS("upper")) return all_case(cx, v, true);
-    if (IS("odd") || IS("even")) {
-        if (v->kind == JV_FLOAT)
-            return (fmod(v->u.f, 2.0) == (IS("odd") ? 1.0 : 0.0)) || (IS("odd") && fmod(v->u.f, 2.0) == -1.0);
-        if (v->kind != JV_INT && v->kind != JV_BOOL)
-            jx_fail(cx, KS_ERR_INVALID_ARG, "test '%s' needs a number, not %s", name, jv_kind_name(v));
-        return ((v->kind == JV_INT ? v->u.i : v->u.b) % 2 != 0) == IS("odd");
-    }
-    if (!a)
+    if (id >= T_EQ && !a)
         jx_fail(cx, KS_ERR_INVALID_ARG, "test '%s' needs an argument", name);
-    if (IS("eq") || IS("equalto") || IS("==")) return jv_equal(v, a);
-    if (IS("ne") || IS("!=")) return !jv_equal(v, a);
-    if (IS("lt") || IS("<")) return jv_compare(cx, v, a) < 0;
-    if (IS("gt") || IS(">")) return jv_compare(cx, v, a) > 0;
-    if (IS("le") || IS("<=")) return jv_compare(cx, v, a) <= 0;
-    if (IS("ge") || IS(">=")) return jv_compare(cx, v, a) >= 0;
-    if (IS("sameas")) return v == a || (v->kind == a->kind && (v->kind == JV_NONE || (v->kind == JV_BOOL && v->u.b == a->u.b)));
-    if (IS("in")) {
-        if (a->kind == JV_STR && v->kind == JV_STR)
-            return memmem(a->u.s.p, a->u.s.n, v->u.s.p, v->u.s.n) != NULL || !v->u.s.n;
-        if (a->kind == JV_LIST) {
-            for (size_t i = 0; i < a->u.l.n; i++)
-                if (jv_equal(a->u.l.v[i], v))
-                    return true;
-            return false;
-        }
-        return a->kind == JV_DICT && jv_dict_getv(a, v);
+    switch ((enum test_id)id) {
+    case T_DEFINED: return v->kind != JV_UNDEF;
+    case T_UNDEFINED: return v->kind == JV_UNDEF;
+    case T_NONE: return v->kind == JV_NONE;
+    case T_STRING: return v->kind == JV_STR;
+    case T_MAPPING: return v->kind == JV_DICT;
+    case T_ITERABLE: return v->kind == JV_LIST || v->kind == JV_DICT || v->kind == JV_STR;
+    case T_NUMBER: return v->kind == JV_INT || v->kind == JV_FLOAT || v->kind == JV_BOOL;
+    case T_INTEGER: return v->kind == JV_INT;
+    case T_FLOAT: return v->kind == JV_FLOAT;
+    case T_BOOLEAN: return v->kind == JV_BOOL;
+    case T_TRUE: return v->kind == JV_BOOL && v->u.b;
+    case T_FALSE: return v->kind == JV_BOOL && !v->u.b;
+    case T_CALLABLE: return v->kind == JV_MACRO || v->kind == JV_BUILTIN || v->kind == JV_METHOD;
+    case T_LOWER: return all_case(cx, v, false);
+    case T_UPPER: return all_case(cx, v, true);
+    case T_ODD: return is_odd(cx, v);
+    case T_EVEN: return !is_odd(cx, v);
+    case T_EQ: return jv_equal(v, a);
+    case T_NE: return !jv_equal(v, a);
+    case T_LT: return jv_compare(cx, v, a) < 0;
+    case T_GT: return jv_compare(cx, v, a) > 0;
+    case T_LE: return jv_compare(cx, v, a) <= 0;
+    case T_GE: return jv_compare(cx, v, a) >= 0;
+    case T_SAMEAS:
+        return v == a || (v->kind == a->kind && (v->kind == JV_NONE || (v->kind == JV_BOOL && v->u.b == a->u.b)));
+    case T_IN: return jv_contains(cx, a, v);
+    case T_DIVISIBLEBY: return divisible_by(cx, v, a);
     }
-    if (IS("divisibleby")) {
-        if ((a->kind != JV_INT && a->kind != JV_BOOL) || (v->kind != JV_INT && v->kind != JV_BOOL))
-            jx_fail(cx, KS_ERR_INVALID_ARG, "divisibleby needs integers, not %s and %s", jv_kind_name(v), jv_kind_name(a));
-        int64_t x = v->kind == JV_INT ? v->u.i : v->u.b, y = a->kind == JV_INT ? a->u.i : a->u.b;
-        if (y == 0)
-            jx_fail(cx, KS_ERR_INVALID_ARG, "divisibleby 0");
-        return y == -1 || x % y == 0;
-    }
-#undef IS
-    jx_fail(cx, KS_ERR_UNSUPPORTED, "unknown test '%s'", name);
+    jx_fail(cx, KS_ERR_INTERNAL, "test '%s' has no case", name);
 }
 
 /* ---- filters ----------------------------------------------------------------- */
@@ -893,151 +911,218 @@ static struct jv *length_of(struct jctx *cx, struct jv *v)
     }
 }
 
-static const char *const filter_names[] = {
-    "default", "d", "safe", "string", "tojson", "length", "count", "items", "list", "join", "first", "last",
-    "reverse", "unique", "sort", "dictsort", "selectattr", "rejectattr", "select", "reject", "map", "min", "max",
-    "int", "float", "abs", "round", "sum", "from_json", "trim", "lower", "upper", "title", "capitalize", "replace",
-    "indent", "wordcount", NULL,
+/* Every filter takes the value and the call's arguments. Text filters see
+ * str(value), with undefined as "". */
+typedef struct jv *(*filter_fn)(struct jctx *cx, struct jv *v, const struct call *c);
+
+static struct jv *f_default(struct jctx *cx, struct jv *v, const struct call *c)
+{
+    struct jv *d = arg(c, 0, "default_value");
+    if (v->kind == JV_UNDEF || (arg_bool(c, 1, "boolean", false) && !jv_truthy(v)))
+        return d ? d : jv_cstr(cx, "");
+    return v;
+}
+
+static struct jv *f_safe(struct jctx *cx, struct jv *v, const struct call *c) { (void)cx, (void)c; return v; }
+static struct jv *f_string(struct jctx *cx, struct jv *v, const struct call *c) { (void)c; return jv_to_str(cx, v); }
+static struct jv *f_length(struct jctx *cx, struct jv *v, const struct call *c) { (void)c; return length_of(cx, v); }
+static struct jv *f_unique(struct jctx *cx, struct jv *v, const struct call *c) { (void)c; return unique_items(cx, v); }
+static struct jv *f_from_json(struct jctx *cx, struct jv *v, const struct call *c) { (void)c; return from_json_text(cx, v); }
+static struct jv *f_int(struct jctx *cx, struct jv *v, const struct call *c) { return to_int(cx, v, c); }
+static struct jv *f_tojson(struct jctx *cx, struct jv *v, const struct call *c) { return tojson(cx, v, c); }
+static struct jv *f_map(struct jctx *cx, struct jv *v, const struct call *c) { return map_items(cx, v, c); }
+static struct jv *f_min(struct jctx *cx, struct jv *v, const struct call *c) { return min_max(cx, v, c, false); }
+static struct jv *f_max(struct jctx *cx, struct jv *v, const struct call *c) { return min_max(cx, v, c, true); }
+static struct jv *f_selectattr(struct jctx *cx, struct jv *v, const struct call *c) { return select_items(cx, v, c, true, true); }
+static struct jv *f_rejectattr(struct jctx *cx, struct jv *v, const struct call *c) { return select_items(cx, v, c, true, false); }
+static struct jv *f_select(struct jctx *cx, struct jv *v, const struct call *c) { return select_items(cx, v, c, false, true); }
+static struct jv *f_reject(struct jctx *cx, struct jv *v, const struct call *c) { return select_items(cx, v, c, false, false); }
+static struct jv *f_lower(struct jctx *cx, struct jv *v, const struct call *c) { (void)c; return change_case(cx, v, 0); }
+static struct jv *f_upper(struct jctx *cx, struct jv *v, const struct call *c) { (void)c; return change_case(cx, v, 1); }
+static struct jv *f_title(struct jctx *cx, struct jv *v, const struct call *c) { (void)c; return change_case(cx, v, 2); }
+static struct jv *f_capitalize(struct jctx *cx, struct jv *v, const struct call *c) { (void)c; return change_case(cx, v, 3); }
+static struct jv *f_indent(struct jctx *cx, struct jv *v, const struct call *c) { return indent_text(cx, v, c); }
+
+static struct jv *f_trim(struct jctx *cx, struct jv *v, const struct call *c)
+{
+    return strip(cx, v, arg_str(cx, c, 0, "chars"), true, true);
+}
+
+static struct jv *f_wordcount(struct jctx *cx, struct jv *v, const struct call *c)
+{
+    (void)c;
+    return jv_int(cx, (int64_t)split_str(cx, v, NULL, -1)->u.l.n);
+}
+
+static struct jv *f_replace(struct jctx *cx, struct jv *v, const struct call *c)
+{
+    return replace_str(cx, v, need_str(cx, "replace", need_arg(cx, c, 0, "the old text")),
+                       need_str(cx, "replace", jv_to_str(cx, need_arg(cx, c, 1, "the new text"))),
+                       arg_int(cx, c, 2, "count", -1));
+}
+
+static struct jv *f_items(struct jctx *cx, struct jv *v, const struct call *c)
+{
+    (void)c;
+    if (v->kind == JV_UNDEF || v->kind == JV_NONE)
+        return jv_list(cx);
+    if (v->kind != JV_DICT)
+        bad_type(cx, "items", v);
+    return dict_items(cx, v);
+}
+
+static struct jv *f_list(struct jctx *cx, struct jv *v, const struct call *c)
+{
+    (void)c;
+    return copy_list(cx, as_list(cx, "list", v));
+}
+
+static struct jv *f_join(struct jctx *cx, struct jv *v, const struct call *c)
+{
+    return join_items(cx, as_list(cx, "join", v), arg_str(cx, c, 0, "d"), arg_str(cx, c, 1, "attribute"));
+}
+
+static struct jv *f_first(struct jctx *cx, struct jv *v, const struct call *c)
+{
+    (void)c;
+    struct jv *l = as_list(cx, "first", v);
+    return l->u.l.n ? l->u.l.v[0] : &jv_undef_v;
+}
+
+static struct jv *f_last(struct jctx *cx, struct jv *v, const struct call *c)
+{
+    (void)c;
+    struct jv *l = as_list(cx, "last", v);
+    return l->u.l.n ? l->u.l.v[l->u.l.n - 1] : &jv_undef_v;
+}
+
+static struct jv *f_reverse(struct jctx *cx, struct jv *v, const struct call *c)
+{
+    (void)c;
+    struct jv *l = as_list(cx, "reverse", v);
+    if (v->kind == JV_STR) {
+        struct jbuf b = {0};
+        for (size_t i = l->u.l.n; i-- > 0;)
+            jbuf_put(cx, &b, l->u.l.v[i]->u.s.p, l->u.l.v[i]->u.s.n);
+        return from_buf(cx, &b);
+    }
+    struct jv *r = jv_list(cx);
+    for (size_t i = l->u.l.n; i-- > 0;)
+        jv_list_push(cx, r, l->u.l.v[i]);
+    return r;
+}
+
+static struct jv *f_sort(struct jctx *cx, struct jv *v, const struct call *c)
+{
+    struct jv *l = copy_list(cx, as_list(cx, "sort", v));
+    sort_list(cx, l->u.l.v, l->u.l.n, arg_str(cx, c, 2, "attribute"), arg_bool(c, 0, "reverse", false),
+              arg_bool(c, 1, "case_sensitive", false), false);
+    return l;
+}
+
+static struct jv *f_dictsort(struct jctx *cx, struct jv *v, const struct call *c)
+{
+    if (v->kind != JV_DICT)
+        bad_type(cx, "dictsort", v);
+    struct jv *l = dict_items(cx, v);
+    sort_list(cx, l->u.l.v, l->u.l.n, NULL, arg_bool(c, 2, "reverse", false), arg_bool(c, 0, "case_sensitive", false),
+              true);
+    return l;
+}
+
+static struct jv *f_float(struct jctx *cx, struct jv *v, const struct call *c)
+{
+    if (v->kind == JV_FLOAT)
+        return v;
+    if (v->kind == JV_INT || v->kind == JV_BOOL)
+        return jv_float(cx, v->kind == JV_INT ? (double)v->u.i : v->u.b);
+    if (v->kind == JV_STR) {
+        char *end;
+        double d = strtod(v->u.s.p, &end);
+        if (end != v->u.s.p && end == v->u.s.p + v->u.s.n)
+            return jv_float(cx, d);
+    }
+    struct jv *d = arg(c, 0, "default");
+    return d ? d : jv_float(cx, 0.0);
+}
+
+static struct jv *f_abs(struct jctx *cx, struct jv *v, const struct call *c)
+{
+    (void)c;
+    if (v->kind == JV_BOOL)
+        return jv_int(cx, v->u.b);
+    if (v->kind == JV_INT)
+        return jv_int(cx, v->u.i < 0 ? (int64_t)(0 - (uint64_t)v->u.i) : v->u.i);
+    if (v->kind == JV_FLOAT)
+        return jv_float(cx, fabs(v->u.f));
+    bad_type(cx, "abs", v);
+}
+
+static struct jv *f_round(struct jctx *cx, struct jv *v, const struct call *c)
+{
+    if (v->kind != JV_FLOAT && v->kind != JV_INT && v->kind != JV_BOOL)
+        bad_type(cx, "round", v);
+    double x = v->kind == JV_FLOAT ? v->u.f : v->kind == JV_INT ? (double)v->u.i : v->u.b;
+    double p = pow(10.0, (double)arg_int(cx, c, 0, "precision", 0));
+    return jv_float(cx, nearbyint(x * p) / p);
+}
+
+static struct jv *f_sum(struct jctx *cx, struct jv *v, const struct call *c)
+{
+    struct jv *l = as_list(cx, "sum", v), *acc = jv_int(cx, 0);
+    struct jv *attr = arg_str(cx, c, SIZE_MAX, "attribute");
+    for (size_t i = 0; i < l->u.l.n; i++) {
+        struct jv *x = attr ? get_path(cx, l->u.l.v[i], attr) : l->u.l.v[i];
+        if (x->kind == JV_FLOAT || acc->kind == JV_FLOAT)
+            acc = jv_float(cx, (acc->kind == JV_FLOAT ? acc->u.f : (double)acc->u.i) +
+                                   (x->kind == JV_FLOAT ? x->u.f : (double)x->u.i));
+        else if (x->kind == JV_INT)
+            acc = jv_int(cx, (int64_t)((uint64_t)acc->u.i + (uint64_t)x->u.i));
+        else
+            bad_type(cx, "sum", x);
+    }
+    return acc;
+}
+
+static const struct filter {
+    const char *name;
+    filter_fn fn;
+    bool on_text; /* works on str(value), undefined as "" */
+} filters[] = {
+    {"abs", f_abs, false},          {"capitalize", f_capitalize, true}, {"count", f_length, false},
+    {"d", f_default, false},        {"default", f_default, false},      {"dictsort", f_dictsort, false},
+    {"first", f_first, false},      {"float", f_float, false},          {"from_json", f_from_json, false},
+    {"indent", f_indent, true},     {"int", f_int, false},              {"items", f_items, false},
+    {"join", f_join, false},        {"last", f_last, false},            {"length", f_length, false},
+    {"list", f_list, false},        {"lower", f_lower, true},           {"map", f_map, false},
+    {"max", f_max, false},          {"min", f_min, false},              {"reject", f_reject, false},
+    {"rejectattr", f_rejectattr, false}, {"replace", f_replace, true},  {"reverse", f_reverse, false},
+    {"round", f_round, false},      {"safe", f_safe, false},            {"select", f_select, false},
+    {"selectattr", f_selectattr, false}, {"sort", f_sort, false},       {"string", f_string, false},
+    {"sum", f_sum, false},          {"title", f_title, true},           {"tojson", f_tojson, false},
+    {"trim", f_trim, true},         {"unique", f_unique, false},        {"upper", f_upper, true},
+    {"wordcount", f_wordcount, true},
 };
 
-bool jx_has_filter(const char *name)
+static const struct filter *find_filter(const char *name)
 {
-    for (size_t i = 0; filter_names[i]; i++)
-        if (!strcmp(filter_names[i], name))
-            return true;
-    return false;
+    for (size_t i = 0; i < sizeof filters / sizeof filters[0]; i++)
+        if (!strcmp(filters[i].name, name))
+            return &filters[i];
+    return NULL;
 }
+
+bool jx_has_filter(const char *name) { return find_filter(name) != NULL; }
 
 struct jv *jx_filter(struct jctx *cx, const char *name, struct jv *v, struct jv **args, size_t n_args,
                      const char **kw_names, struct jv **kw_vals, size_t n_kw)
 {
-    struct call c = {name, args, n_args, kw_names, kw_vals, n_kw};
+    const struct filter *f = find_filter(name);
+    if (!f)
+        jx_fail(cx, KS_ERR_UNSUPPORTED, "unknown filter '%s'", name);
     jx_step(cx);
-#define IS(s) (!strcmp(name, s))
-    if (IS("default") || IS("d")) {
-        struct jv *d = arg(&c, 0, "default_value");
-        bool boolean = arg_bool(&c, 1, "boolean", false);
-        if (v->kind == JV_UNDEF || (boolean && !jv_truthy(v)))
-            return d ? d : jv_cstr(cx, "");
-        return v;
-    }
-    if (IS("safe")) return v;
-    if (IS("string")) return jv_to_str(cx, v);
-    if (IS("tojson")) return tojson(cx, v, &c);
-    if (IS("length") || IS("count")) return length_of(cx, v);
-    if (IS("items")) {
-        if (v->kind == JV_UNDEF || v->kind == JV_NONE)
-            return jv_list(cx);
-        if (v->kind != JV_DICT)
-            bad_type(cx, "items", v);
-        return dict_items(cx, v);
-    }
-    if (IS("list")) return copy_list(cx, as_list(cx, "list", v));
-    if (IS("join")) return join_items(cx, as_list(cx, "join", v), arg_str(cx, &c, 0, "d"), arg_str(cx, &c, 1, "attribute"));
-    if (IS("first")) {
-        struct jv *l = as_list(cx, "first", v);
-        return l->u.l.n ? l->u.l.v[0] : &jv_undef_v;
-    }
-    if (IS("last")) {
-        struct jv *l = as_list(cx, "last", v);
-        return l->u.l.n ? l->u.l.v[l->u.l.n - 1] : &jv_undef_v;
-    }
-    if (IS("reverse")) {
-        if (v->kind == JV_STR) {
-            struct jv *l = as_list(cx, "reverse", v);
-            struct jbuf b = {0};
-            for (size_t i = l->u.l.n; i-- > 0;)
-                jbuf_put(cx, &b, l->u.l.v[i]->u.s.p, l->u.l.v[i]->u.s.n);
-            return from_buf(cx, &b);
-        }
-        struct jv *l = as_list(cx, "reverse", v), *r = jv_list(cx);
-        for (size_t i = l->u.l.n; i-- > 0;)
-            jv_list_push(cx, r, l->u.l.v[i]);
-        return r;
-    }
-    if (IS("unique")) return unique_items(cx, v);
-    if (IS("sort")) {
-        struct jv *l = copy_list(cx, as_list(cx, "sort", v));
-        sort_list(cx, l->u.l.v, l->u.l.n, arg_str(cx, &c, 2, "attribute"), arg_bool(&c, 0, "reverse", false),
-                  arg_bool(&c, 1, "case_sensitive", false), false);
-        return l;
-    }
-    if (IS("dictsort")) {
-        if (v->kind != JV_DICT)
-            bad_type(cx, "dictsort", v);
-        struct jv *l = dict_items(cx, v);
-        sort_list(cx, l->u.l.v, l->u.l.n, NULL, arg_bool(&c, 2, "reverse", false),
-                  arg_bool(&c, 0, "case_sensitive", false), true);
-        return l;
-    }
-    if (IS("selectattr")) return select_items(cx, v, &c, true, true);
-    if (IS("rejectattr")) return select_items(cx, v, &c, true, false);
-    if (IS("select")) return select_items(cx, v, &c, false, true);
-    if (IS("reject")) return select_items(cx, v, &c, false, false);
-    if (IS("map")) return map_items(cx, v, &c);
-    if (IS("min")) return min_max(cx, v, &c, false);
-    if (IS("max")) return min_max(cx, v, &c, true);
-    if (IS("int")) return to_int(cx, v, &c);
-    if (IS("float")) {
-        if (v->kind == JV_FLOAT)
-            return v;
-        if (v->kind == JV_INT || v->kind == JV_BOOL)
-            return jv_float(cx, v->kind == JV_INT ? (double)v->u.i : v->u.b);
-        if (v->kind == JV_STR) {
-            struct jv *t = jv_str(cx, v->u.s.p, v->u.s.n);
-            char *end;
-            double d = strtod(t->u.s.p, &end);
-            if (end != t->u.s.p && !*end)
-                return jv_float(cx, d);
-        }
-        struct jv *d = arg(&c, 0, "default");
-        return d ? d : jv_float(cx, 0.0);
-    }
-    if (IS("abs")) {
-        if (v->kind == JV_BOOL)
-            return jv_int(cx, v->u.b);
-        if (v->kind == JV_INT)
-            return jv_int(cx, v->u.i < 0 ? (int64_t)(0 - (uint64_t)v->u.i) : v->u.i);
-        if (v->kind == JV_FLOAT)
-            return jv_float(cx, fabs(v->u.f));
-        bad_type(cx, "abs", v);
-    }
-    if (IS("round")) {
-        double x = v->kind == JV_FLOAT ? v->u.f : v->kind == JV_INT ? (double)v->u.i : v->kind == JV_BOOL ? v->u.b : NAN;
-        if (isnan(x) && v->kind != JV_FLOAT && v->kind != JV_BOOL)
-            bad_type(cx, "round", v);
-        double p = pow(10.0, (double)arg_int(cx, &c, 0, "precision", 0));
-        return jv_float(cx, nearbyint(x * p) / p);
-    }
-    if (IS("sum")) {
-        struct jv *l = as_list(cx, "sum", v), *acc = jv_int(cx, 0);
-        struct jv *attr = arg_str(cx, &c, SIZE_MAX, "attribute");
-        for (size_t i = 0; i < l->u.l.n; i++) {
-            struct jv *x = attr ? get_path(cx, l->u.l.v[i], attr) : l->u.l.v[i];
-            if (x->kind == JV_FLOAT || acc->kind == JV_FLOAT)
-                acc = jv_float(cx, (acc->kind == JV_FLOAT ? acc->u.f : (double)acc->u.i) +
-                                       (x->kind == JV_FLOAT ? x->u.f : (double)x->u.i));
-            else if (x->kind == JV_INT)
-                acc = jv_int(cx, (int64_t)((uint64_t)acc->u.i + (uint64_t)x->u.i));
-            else
-                bad_type(cx, "sum", x);
-        }
-        return acc;
-    }
-    if (IS("from_json")) return from_json_text(cx, v);
-    if (v->kind == JV_UNDEF)
-        v = jv_cstr(cx, "");
-    if (IS("trim")) return strip(cx, jv_to_str(cx, v), arg_str(cx, &c, 0, "chars"), true, true);
-    if (IS("lower")) return change_case(cx, jv_to_str(cx, v), 0);
-    if (IS("upper")) return change_case(cx, jv_to_str(cx, v), 1);
-    if (IS("title")) return change_case(cx, jv_to_str(cx, v), 2);
-    if (IS("capitalize")) return change_case(cx, jv_to_str(cx, v), 3);
-    if (IS("replace"))
-        return replace_str(cx, jv_to_str(cx, v), need_str(cx, "replace", need_arg(cx, &c, 0, "the old text")),
-                           need_str(cx, "replace", jv_to_str(cx, need_arg(cx, &c, 1, "the new text"))),
-                           arg_int(cx, &c, 2, "count", -1));
-    if (IS("indent")) return indent_text(cx, jv_to_str(cx, v), &c);
-    if (IS("wordcount")) return jv_int(cx, (int64_t)split_str(cx, jv_to_str(cx, v), NULL, -1)->u.l.n);
-#undef IS
-    jx_fail(cx, KS_ERR_UNSUPPORTED, "unknown filter '%s'", name);
+    struct call c = {name, args, n_args, kw_names, kw_vals, n_kw};
+    if (f->on_text)
+        v = v->kind == JV_UNDEF ? jv_cstr(cx, "") : jv_to_str(cx, v);
+    return f->fn(cx, v, &c);
 }

@@ -231,24 +231,6 @@ static struct jv *slice_value(struct jctx *cx, struct jv *obj, struct jv *a, str
     jx_fail(cx, KS_ERR_INVALID_ARG, "cannot slice a %s", jv_kind_name(obj));
 }
 
-static bool contains(struct jctx *cx, struct jv *hay, struct jv *needle)
-{
-    switch (hay->kind) {
-    case JV_STR:
-        if (needle->kind != JV_STR)
-            jx_fail(cx, KS_ERR_INVALID_ARG, "'in <string>' needs a string on the left, not %s", jv_kind_name(needle));
-        return needle->u.s.n == 0 || memmem(hay->u.s.p, hay->u.s.n, needle->u.s.p, needle->u.s.n) != NULL;
-    case JV_LIST:
-        for (size_t i = 0; i < hay->u.l.n; i++)
-            if (jv_equal(hay->u.l.v[i], needle))
-                return true;
-        return false;
-    case JV_DICT: return jv_dict_getv(hay, needle) != NULL;
-    case JV_UNDEF: case JV_NONE: return false;
-    default: jx_fail(cx, KS_ERR_INVALID_ARG, "'in' needs a string, list or dict on the right, not %s", jv_kind_name(hay));
-    }
-}
-
 static bool is_number(const struct jv *v) { return v->kind == JV_INT || v->kind == JV_FLOAT || v->kind == JV_BOOL; }
 static double to_double(const struct jv *v)
 {
@@ -364,8 +346,8 @@ static struct jv *eval_binary(struct jctx *cx, struct scope *sc, const struct jn
     case OP_LE: return jv_bool(jv_compare(cx, a, b) <= 0);
     case OP_GT: return jv_bool(jv_compare(cx, a, b) > 0);
     case OP_GE: return jv_bool(jv_compare(cx, a, b) >= 0);
-    case OP_IN: return jv_bool(contains(cx, b, a));
-    case OP_NOTIN: return jv_bool(!contains(cx, b, a));
+    case OP_IN: return jv_bool(jv_contains(cx, b, a));
+    case OP_NOTIN: return jv_bool(!jv_contains(cx, b, a));
     case OP_CONCAT: return concat_values(cx, a, b);
     default: return arith(cx, n->op, a, b);
     }

@@ -168,6 +168,8 @@ struct jv *jv_dict_getv(const struct jv *d, const struct jv *key);
 bool jv_truthy(const struct jv *v);
 bool jv_equal(const struct jv *a, const struct jv *b);
 int jv_compare(struct jctx *cx, const struct jv *a, const struct jv *b); /* <0, 0, >0; fails on mixed types */
+/* Python's `needle in hay` for a string, list or dict; false for undefined and none. */
+bool jv_contains(struct jctx *cx, const struct jv *hay, const struct jv *needle);
 const char *jv_kind_name(const struct jv *v);
 struct jv *jv_from_json(struct jctx *cx, const cJSON *j);
 

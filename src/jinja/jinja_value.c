@@ -211,6 +211,24 @@ static int compare_at(struct jctx *cx, const struct jv *a, const struct jv *b, i
     jx_fail(cx, KS_ERR_INVALID_ARG, "cannot order %s and %s", jv_kind_name(a), jv_kind_name(b));
 }
 
+bool jv_contains(struct jctx *cx, const struct jv *hay, const struct jv *needle)
+{
+    switch (hay->kind) {
+    case JV_STR:
+        if (needle->kind != JV_STR)
+            jx_fail(cx, KS_ERR_INVALID_ARG, "'in <string>' needs a string on the left, not %s", jv_kind_name(needle));
+        return needle->u.s.n == 0 || memmem(hay->u.s.p, hay->u.s.n, needle->u.s.p, needle->u.s.n) != NULL;
+    case JV_LIST:
+        for (size_t i = 0; i < hay->u.l.n; i++)
+            if (jv_equal(hay->u.l.v[i], needle))
+                return true;
+        return false;
+    case JV_DICT: return jv_dict_getv(hay, needle) != NULL;
+    case JV_UNDEF: case JV_NONE: return false;
+    default: jx_fail(cx, KS_ERR_INVALID_ARG, "'in' needs a string, list or dict on the right, not %s", jv_kind_name(hay));
+    }
+}
+
 const char *jv_kind_name(const struct jv *v)
 {
     static const char *const names[] = {
