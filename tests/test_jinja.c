@@ -107,6 +107,9 @@ static void test_statements(void **state)
     R("{% for x in 'ab' %}{{ loop.previtem is defined }}{{ x }}{{ loop.nextitem | default('-') }}{% endfor %}",
       "Falseab" "Trueb-");
     R("{% for x in [] %}x{% else %}empty{% endfor %}", "empty");
+    R("{% for x in [1, 2] %}{{ loop['index'] }}{{ loop.nosuch is defined }}{% for y in 'ab' %}{{ loop.index }}"
+      "{% endfor %};{% endfor %}",
+      "1False12;2False12;");
     R("{% for x in [1, 2, 3, 4] if x is even %}{{ x }}{{ loop.length }}{% endfor %}", "2242");
     R("{% for k, v in {'a': 1, 'b': 2}.items() %}{{ k }}={{ v }},{% endfor %}", "a=1,b=2,");
     R("{% for k in {'a': 1, 'b': 2} %}{{ k }}{% endfor %}", "ab");
@@ -317,6 +320,19 @@ static void test_limits(void **state)
     check_limit("{% set ns = namespace(l=[]) %}{% for i in range(100000) %}{% set _ = ns.l.append([i, i, i]) %}"
                 "{% endfor %}",
                 (struct jinja_opts){.max_memory = 1 << 20}, "memory limit of 1048576 bytes");
+    /* accumulating a long prompt piece by piece (Reka's ns.out ~ piece) stays
+     * linear in memory: 20000 pieces of 50 bytes in 16 MiB (copying the
+     * string each time would take 10 GB) */
+    ks_status st0;
+    struct jinja_opts lin = {.max_memory = 16 << 20};
+    char *acc = render_opts("{% set ns = namespace(s='') %}{% for i in range(20000) %}"
+                            "{% set ns.s = ns.s ~ '0123456789012345678901234567890123456789012345678' ~ '\\n' %}"
+                            "{% endfor %}{{ ns.s | length }}",
+                            NULL, &lin, &st0);
+    if (st0)
+        fail_msg("%s", ks_errmsg());
+    assert_string_equal(acc, "1000000");
+    free(acc);
     /* within the limits the same templates render */
     ks_status st;
     struct jinja_opts o = {.max_output = 1000};

@@ -556,7 +556,7 @@ static struct jv *strftime_now(struct jctx *cx, const struct call *c)
     struct tm tm;
     gmtime_r(&t, &tm);
     char out[256];
-    size_t n = fmt->u.s.n < 200 ? strftime(out, sizeof out, fmt->u.s.p, &tm) : 0;
+    size_t n = fmt->u.s.n < 200 ? strftime(out, sizeof out, jv_c_str(cx, fmt), &tm) : 0;
     if (!n && fmt->u.s.n)
         jx_fail(cx, KS_ERR_INVALID_ARG, "strftime_now: format too long or empty result");
     return jv_str(cx, out, n);
@@ -728,7 +728,7 @@ static struct jv *select_items(struct jctx *cx, struct jv *v, const struct call 
         jx_step(cx);
         struct jv *item = list->u.l.v[i];
         struct jv *x = attr ? get_path(cx, item, attr) : item;
-        bool r = test ? jx_test(cx, test->u.s.p, x, c->pos + first + 1, c->n_pos > first + 1 ? c->n_pos - first - 1 : 0)
+        bool r = test ? jx_test(cx, jv_c_str(cx, test), x, c->pos + first + 1, c->n_pos > first + 1 ? c->n_pos - first - 1 : 0)
                       : jv_truthy(x);
         if (r == want)
             jv_list_push(cx, out, item);
@@ -750,7 +750,7 @@ static struct jv *map_items(struct jctx *cx, struct jv *v, const struct call *c)
             struct jv *x = get_path(cx, item, attr);
             jv_list_push(cx, out, x->kind == JV_UNDEF && dflt ? dflt : x);
         } else {
-            jv_list_push(cx, out, jx_filter(cx, filter->u.s.p, item, c->pos + 1, c->n_pos - 1, NULL, NULL, 0));
+            jv_list_push(cx, out, jx_filter(cx, jv_c_str(cx, filter), item, c->pos + 1, c->n_pos - 1, NULL, NULL, 0));
         }
     }
     return out;
@@ -1037,9 +1037,10 @@ static struct jv *f_float(struct jctx *cx, struct jv *v, const struct call *c)
     if (v->kind == JV_INT || v->kind == JV_BOOL)
         return jv_float(cx, v->kind == JV_INT ? (double)v->u.i : v->u.b);
     if (v->kind == JV_STR) {
+        const char *text = jv_c_str(cx, v);
         char *end;
-        double d = strtod(v->u.s.p, &end);
-        if (end != v->u.s.p && end == v->u.s.p + v->u.s.n)
+        double d = strtod(text, &end);
+        if (end != text && end == text + v->u.s.n)
             return jv_float(cx, d);
     }
     struct jv *d = arg(c, 0, "default");

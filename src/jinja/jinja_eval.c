@@ -64,7 +64,7 @@ static void scope_set(struct jctx *cx, struct scope *s, const char *name, struct
             return;
         }
     if (s->n == s->cap) {
-        size_t cap = s->cap ? s->cap * 2 : 8;
+        size_t cap = s->cap ? s->cap * 2 : 4;
         const char **nn = jx_alloc(cx, cap * sizeof *nn);
         struct jv **nv = jx_alloc(cx, cap * sizeof *nv);
         if (s->n) {
@@ -124,14 +124,21 @@ static size_t *utf8_offsets(struct jctx *cx, const char *s, size_t len, size_t *
     return off;
 }
 
+static struct jv *loop_attr(struct jctx *cx, const struct jv *loop, const char *name);
+
 static struct jv *index_value(struct jctx *cx, struct jv *obj, struct jv *idx)
 {
+    if (obj->kind == JV_LOOP && idx->kind == JV_STR)
+        return loop_attr(cx, obj, jv_c_str(cx, idx));
     if (obj->kind == JV_DICT) {
         struct jv *v = jv_dict_getv(obj, idx);
         if (v)
             return v;
         if (idx->kind == JV_STR)
-            return jx_method(cx, obj, idx->u.s.p) ? jx_method(cx, obj, idx->u.s.p) : &jv_undef_v;
+        {
+            struct jv *m = jx_method(cx, obj, jv_c_str(cx, idx));
+            return m ? m : &jv_undef_v;
+        }
         return &jv_undef_v;
     }
     if ((obj->kind == JV_LIST || obj->kind == JV_STR) && (idx->kind == JV_INT || idx->kind == JV_BOOL)) {
@@ -155,6 +162,8 @@ static struct jv *index_value(struct jctx *cx, struct jv *obj, struct jv *idx)
 
 static struct jv *attr_value(struct jctx *cx, struct jv *obj, const char *name, size_t len)
 {
+    if (obj->kind == JV_LOOP)
+        return loop_attr(cx, obj, name);
     if (obj->kind == JV_DICT) {
         struct jv *v = jv_dict_get(obj, name, len);
         if (v)
@@ -237,11 +246,22 @@ static double to_double(const struct jv *v)
     return v->kind == JV_FLOAT ? v->u.f : v->kind == JV_INT ? (double)v->u.i : (double)v->u.b;
 }
 
+/* a ~ b, and a + b with a string: a's text grows in place when it can. */
 static struct jv *concat_values(struct jctx *cx, struct jv *a, struct jv *b)
 {
+    struct jv *left = a->kind == JV_STR ? a : jv_to_str(cx, a);
+    struct jv *right = jv_to_str(cx, b);
+    return jv_concat(cx, left, right->u.s.p, right->u.s.n);
+}
+
+/* The text + gives a value beside a string: llama.cpp writes a dict or list
+ * as JSON there. */
+static struct jv *plus_text(struct jctx *cx, struct jv *x)
+{
+    if (x->kind != JV_LIST && x->kind != JV_DICT)
+        return jv_to_str(cx, x);
     struct jbuf buf = {0};
-    jv_print(cx, &buf, a);
-    jv_print(cx, &buf, b);
+    jv_to_json(cx, &buf, x, -1, false);
     return jv_str(cx, buf.p ? buf.p : "", buf.n);
 }
 
@@ -260,15 +280,8 @@ static struct jv *add_values(struct jctx *cx, struct jv *a, struct jv *b)
     bool a_text = a->kind == JV_STR || a->kind == JV_UNDEF || a->kind == JV_LIST || a->kind == JV_DICT;
     bool b_text = b->kind == JV_STR || b->kind == JV_UNDEF || b->kind == JV_LIST || b->kind == JV_DICT;
     if ((a->kind == JV_STR || b->kind == JV_STR) && a_text && b_text) {
-        struct jbuf buf = {0};
-        for (int side = 0; side < 2; side++) {
-            struct jv *x = side ? b : a;
-            if (x->kind == JV_LIST || x->kind == JV_DICT)
-                jv_to_json(cx, &buf, x, -1, false);
-            else
-                jv_print(cx, &buf, x);
-        }
-        return jv_str(cx, buf.p ? buf.p : "", buf.n);
+        struct jv *right = plus_text(cx, b);
+        return jv_concat(cx, plus_text(cx, a), right->u.s.p, right->u.s.n);
     }
     if (is_number(a) && is_number(b)) {
         if (a->kind != JV_FLOAT && b->kind != JV_FLOAT)
@@ -571,25 +584,30 @@ static void bind_targets(struct jctx *cx, struct scope *sc, const char **names, 
         scope_set(cx, sc, names[i], v->u.l.v[i]);
 }
 
-static void dict_put(struct jctx *cx, struct jv *d, const char *k, struct jv *v)
-{
-    jv_dict_set(cx, d, jv_cstr(cx, k), v);
-}
-
 static struct jv *loop_object(struct jctx *cx, struct jv *items, size_t i)
 {
-    size_t n = items->u.l.n;
-    struct jv *loop = jv_dict(cx);
-    dict_put(cx, loop, "index", jv_int(cx, (int64_t)i + 1));
-    dict_put(cx, loop, "index0", jv_int(cx, (int64_t)i));
-    dict_put(cx, loop, "revindex", jv_int(cx, (int64_t)(n - i)));
-    dict_put(cx, loop, "revindex0", jv_int(cx, (int64_t)(n - i - 1)));
-    dict_put(cx, loop, "first", jv_bool(i == 0));
-    dict_put(cx, loop, "last", jv_bool(i + 1 == n));
-    dict_put(cx, loop, "length", jv_int(cx, (int64_t)n));
-    dict_put(cx, loop, "previtem", i > 0 ? items->u.l.v[i - 1] : &jv_undef_v);
-    dict_put(cx, loop, "nextitem", i + 1 < n ? items->u.l.v[i + 1] : &jv_undef_v);
+    struct jv *loop = jx_alloc(cx, sizeof *loop);
+    loop->kind = JV_LOOP;
+    loop->u.loop.items = items;
+    loop->u.loop.i = i;
     return loop;
+}
+
+/* loop.index, loop.last, ...: computed from the items and the position. */
+static struct jv *loop_attr(struct jctx *cx, const struct jv *loop, const char *name)
+{
+    struct jv *items = loop->u.loop.items;
+    size_t i = loop->u.loop.i, n = items->u.l.n;
+    if (!strcmp(name, "index")) return jv_int(cx, (int64_t)i + 1);
+    if (!strcmp(name, "index0")) return jv_int(cx, (int64_t)i);
+    if (!strcmp(name, "revindex")) return jv_int(cx, (int64_t)(n - i));
+    if (!strcmp(name, "revindex0")) return jv_int(cx, (int64_t)(n - i - 1));
+    if (!strcmp(name, "first")) return jv_bool(i == 0);
+    if (!strcmp(name, "last")) return jv_bool(i + 1 == n);
+    if (!strcmp(name, "length")) return jv_int(cx, (int64_t)n);
+    if (!strcmp(name, "previtem")) return i > 0 ? items->u.l.v[i - 1] : &jv_undef_v;
+    if (!strcmp(name, "nextitem")) return i + 1 < n ? items->u.l.v[i + 1] : &jv_undef_v;
+    return &jv_undef_v;
 }
 
 static void exec_for(struct jctx *cx, struct scope *sc, const struct jn *n)
@@ -634,6 +652,13 @@ static void exec_set(struct jctx *cx, struct scope *sc, const struct jn *n)
     if (!obj || obj->kind != JV_DICT)
         jx_fail(cx, KS_ERR_INVALID_ARG, "'set %s.%s': %s is not a namespace", n->a->a->name, n->a->name,
                 n->a->a->name);
+    for (size_t i = 0; i < obj->u.d.n; i++) { /* an existing attribute: no new key string */
+        const struct jv *k = obj->u.d.k[i];
+        if (k->kind == JV_STR && k->u.s.n == n->a->name_len && !memcmp(k->u.s.p, n->a->name, k->u.s.n)) {
+            obj->u.d.v[i] = v;
+            return;
+        }
+    }
     jv_dict_set(cx, obj, jv_cstr(cx, n->a->name), v);
 }
 

@@ -39,6 +39,7 @@ enum jv_kind {
     JV_MACRO,   /* a {% macro %}: node + the scope it was defined in */
     JV_BUILTIN, /* a global function (range, namespace, ...) */
     JV_METHOD,  /* obj.name of a str/list/dict method, bound to obj */
+    JV_LOOP,    /* a for loop's `loop`: its attributes are computed when read */
 };
 
 struct jn;
@@ -51,11 +52,17 @@ struct jv {
         bool b;
         int64_t i;
         double f;
-        struct { const char *p; size_t n; } s;               /* JV_STR, JV_UNDEF (its name) */
+        /* JV_STR, JV_UNDEF (its name). cap bytes are allocated at p (>= n + 1);
+         * when grow is set this value may extend its text in place past n,
+         * which is how `ns.out = ns.out ~ piece` stays linear. p[n] is NUL
+         * unless a longer string now shares the bytes: use jv_c_str() for a
+         * C string. */
+        struct { const char *p; size_t n, cap; bool grow; } s;
         struct { struct jv **v; size_t n, cap; } l;           /* JV_LIST */
         struct { struct jv **k, **v; size_t n, cap; } d;      /* JV_DICT: keys in insertion order */
         struct { const struct jn *node; struct scope *closure; } m; /* JV_MACRO */
         struct { int id; struct jv *self; const char *name; } fn;   /* JV_BUILTIN, JV_METHOD */
+        struct { struct jv *items; size_t i; } loop;                /* JV_LOOP: items[i] is current */
     } u;
 };
 
@@ -155,6 +162,11 @@ _Noreturn void jx_fail(struct jctx *cx, ks_status st, const char *fmt, ...) __at
 void *jx_alloc(struct jctx *cx, size_t n);
 
 struct jv *jv_str(struct jctx *cx, const char *p, size_t n);
+/* a's text then b's, reusing a's spare capacity when a may grow. */
+struct jv *jv_concat(struct jctx *cx, struct jv *a, const char *b, size_t bn);
+/* The text of a string value as a NUL-terminated C string (a copy when the
+ * bytes after it belong to a longer string). */
+const char *jv_c_str(struct jctx *cx, const struct jv *v);
 struct jv *jv_cstr(struct jctx *cx, const char *s);
 struct jv *jv_int(struct jctx *cx, int64_t i);
 struct jv *jv_float(struct jctx *cx, double f);

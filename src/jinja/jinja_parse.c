@@ -540,6 +540,8 @@ static struct jn *parse_literal(struct parser *ps, struct tok *t)
     v->kind = JV_STR;
     v->u.s.p = p;
     v->u.s.n = total;
+    v->u.s.cap = total + 1;
+    v->u.s.grow = false; /* shared by every render: never extended in place */
     return n;
 }
 

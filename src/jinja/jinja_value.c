@@ -17,7 +17,7 @@ struct jv jv_false_v = {.kind = JV_BOOL, .u.b = false};
 struct jv *jv_str(struct jctx *cx, const char *p, size_t n)
 {
     if (n > cx->opts.max_string)
-        jx_fail(cx, KS_ERR_RANGE, "a string of %zu bytes is over the %zu-byte string limit", n, cx->opts.max_string);
+        jx_fail(cx, KS_ERR_RANGE, "a string of %zu bytes is over the string limit of %zu bytes", n, cx->opts.max_string);
     struct jv *v = jx_alloc(cx, sizeof *v + n + 1);
     char *s = (char *)(v + 1);
     if (n)
@@ -25,7 +25,46 @@ struct jv *jv_str(struct jctx *cx, const char *p, size_t n)
     v->kind = JV_STR;
     v->u.s.p = s;
     v->u.s.n = n;
+    v->u.s.cap = n + 1;
+    v->u.s.grow = true;
     return v;
+}
+
+struct jv *jv_concat(struct jctx *cx, struct jv *a, const char *b, size_t bn)
+{
+    size_t n = a->u.s.n + bn;
+    if (bn > cx->opts.max_string || n > cx->opts.max_string)
+        jx_fail(cx, KS_ERR_RANGE, "a string of %zu bytes is over the string limit of %zu bytes", n, cx->opts.max_string);
+    struct jv *v = jx_alloc(cx, sizeof *v);
+    v->kind = JV_STR;
+    v->u.s.n = n;
+    v->u.s.grow = true;
+    if (a->u.s.grow && a->u.s.cap >= n + 1) {
+        /* the new string takes a's spare bytes; a keeps its n bytes */
+        a->u.s.grow = false;
+        v->u.s.p = a->u.s.p;
+        v->u.s.cap = a->u.s.cap;
+    } else {
+        size_t cap = 2 * n + 1 > 64 ? 2 * n + 1 : 64;
+        char *p = jx_alloc(cx, cap);
+        memcpy(p, a->u.s.p, a->u.s.n);
+        v->u.s.p = p;
+        v->u.s.cap = cap;
+    }
+    char *w = (char *)v->u.s.p;
+    if (bn)
+        memcpy(w + a->u.s.n, b, bn);
+    w[n] = 0;
+    return v;
+}
+
+const char *jv_c_str(struct jctx *cx, const struct jv *v)
+{
+    if (!v->u.s.p[v->u.s.n])
+        return v->u.s.p;
+    char *c = jx_alloc(cx, v->u.s.n + 1);
+    memcpy(c, v->u.s.p, v->u.s.n);
+    return c;
 }
 
 struct jv *jv_cstr(struct jctx *cx, const char *s) { return jv_str(cx, s, strlen(s)); }
@@ -234,7 +273,7 @@ const char *jv_kind_name(const struct jv *v)
     static const char *const names[] = {
         [JV_UNDEF] = "undefined", [JV_NONE] = "none",  [JV_BOOL] = "boolean", [JV_INT] = "integer",
         [JV_FLOAT] = "float",     [JV_STR] = "string", [JV_LIST] = "list",    [JV_DICT] = "dict",
-        [JV_MACRO] = "macro",     [JV_BUILTIN] = "function", [JV_METHOD] = "method",
+        [JV_MACRO] = "macro",     [JV_BUILTIN] = "function", [JV_METHOD] = "method", [JV_LOOP] = "loop",
     };
     return names[v->kind];
 }
