@@ -316,7 +316,7 @@ static void test_limits(void **state)
                 "deeper than the depth limit 200");
     check_limit("{{ 'x' * 2000 }}", (struct jinja_opts){.max_string = 1000}, "a string would pass its limit of 1000");
     check_limit("{% set ns = namespace(s='x') %}{% for i in range(30) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
-                (struct jinja_opts){0}, "limit of 1048576 bytes");
+                (struct jinja_opts){0}, "limit of 4194304 bytes");
     check_limit("{% set ns = namespace(l=[]) %}{% for i in range(100000) %}{% set _ = ns.l.append([i, i, i]) %}"
                 "{% endfor %}",
                 (struct jinja_opts){.max_memory = 1 << 20}, "memory limit of 1048576 bytes");

@@ -53,8 +53,8 @@ struct jinja_template;
 
 /* Limits and inputs of one render. A zero field takes the default in brackets. */
 struct jinja_opts {
-    size_t max_output;    /* bytes of rendered text [1 MiB] */
-    size_t max_string;    /* bytes of any one string the template builds [1 MiB] */
+    size_t max_output;    /* bytes of rendered text [4 MiB] */
+    size_t max_string;    /* bytes of any one string the template builds [4 MiB] */
     uint64_t max_steps;   /* evaluation steps [10 000 000] */
     unsigned max_depth;   /* nested macro calls plus expression nesting [200] */
     size_t max_memory;    /* bytes of values alive during the render [64 MiB] */

@@ -9,8 +9,8 @@
 
 #include "jinja/jinja_internal.h"
 
-#define DEFAULT_MAX_OUTPUT (1u << 20)
-#define DEFAULT_MAX_STRING (1u << 20)
+#define DEFAULT_MAX_OUTPUT (4u << 20)
+#define DEFAULT_MAX_STRING (4u << 20)
 #define DEFAULT_MAX_STEPS 10000000u
 #define DEFAULT_MAX_DEPTH 200u
 #define DEFAULT_MAX_MEMORY (64u << 20)
