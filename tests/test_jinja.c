@@ -141,8 +141,12 @@ static void test_whitespace(void **state)
     R("  {% if 1 %}\n  x\n  {% endif %}\n", "  x\n");
     R("a {% if 1 %}b{% endif %}", "a b");
     R("  {%+ if 1 %}x{% endif %}", "  x");
-    R("  {{ 'x' }}\n", "  x\n");
+    R("  {{ 'x' }}\n.", "  x\n.");
     R("{# c #}\nx", "x");
+    /* one trailing newline is dropped, and \r\n or \r read as \n, as Jinja2 and llama.cpp do */
+    R("a\n", "a");
+    R("a\n\n", "a\n");
+    R("a\r\nb\rc{{ 'x\r\ny' }}", "a\nb\ncx\ny");
 }
 
 static void test_expressions(void **state)

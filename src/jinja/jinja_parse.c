@@ -317,10 +317,8 @@ static bool lex_tag_body(struct parser *ps, bool is_block, size_t open_pos)
 /* trim_blocks: the first newline after a block or comment tag goes. */
 static void skip_one_newline(struct parser *ps)
 {
-    if (ps->pos < ps->len && ps->src[ps->pos] == '\n')
+    if (ps->pos < ps->len && ps->src[ps->pos] == '\n') /* \r\n was normalized to \n */
         ps->pos++;
-    else if (ps->pos + 1 < ps->len && ps->src[ps->pos] == '\r' && ps->src[ps->pos + 1] == '\n')
-        ps->pos += 2;
 }
 
 static void lex(struct parser *ps)
@@ -1199,6 +1197,27 @@ static struct jn *parse_body(struct parser *ps, const char *const *ends, const c
 
 /* ---- API ----------------------------------------------------------------- */
 
+/* Copy src into dst as Jinja2 and llama.cpp read a template: \r\n and \r
+ * become \n, and one newline at the very end is dropped
+ * (keep_trailing_newline off). Returns the new length; dst[len] = 0. */
+static size_t normalize_source(char *dst, const char *src, size_t len)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (src[i] == '\r') {
+            dst[n++] = '\n';
+            if (i + 1 < len && src[i + 1] == '\n')
+                i++;
+        } else {
+            dst[n++] = src[i];
+        }
+    }
+    if (n && dst[n - 1] == '\n')
+        n--;
+    dst[n] = 0;
+    return n;
+}
+
 ks_status jinja_parse(const char *src, size_t len, struct jinja_template **out)
 {
     if (!out || (!src && len))
@@ -1214,10 +1233,7 @@ ks_status jinja_parse(const char *src, size_t len, struct jinja_template **out)
         free(t);
         return ks_fail(KS_ERR_NOMEM, "out of memory parsing the template");
     }
-    if (len)
-        memcpy(t->src, src, len);
-    t->src[len] = 0;
-    t->len = len;
+    t->len = normalize_source(t->src, src, len);
     struct parser *ps = calloc(1, sizeof *ps);
     if (!ps) {
         jinja_free(t);
@@ -1225,7 +1241,7 @@ ks_status jinja_parse(const char *src, size_t len, struct jinja_template **out)
     }
     ps->t = t;
     ps->src = t->src;
-    ps->len = len;
+    ps->len = t->len;
     ps->lc_line = ps->lc_col = 1;
     if (setjmp(ps->jmp)) {
         ks_status st = ks_fail(ps->err, "%s", ps->msg);
