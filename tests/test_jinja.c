@@ -201,7 +201,10 @@ static void test_filters(void **state)
     R("{{ missing | default('d') }} {{ '' | default('d') }} {{ '' | default('d', true) }} {{ 0 | d(5) }}", "d  d 0");
     R("{{ [1, 2] | join(', ') }} {{ [{'n': 'a'}, {'n': 'b'}] | join('+', attribute='n') }}", "1, 2 a+b");
     R("{{ {'b': 1, 'a': 2} | items | list }} {{ {'b': 1, 'A': 2, 'a': 3} | dictsort }}",
-      "[['b', 1], ['a', 2]] [['A', 2], ['a', 3], ['b', 1]]");
+      "[('b', 1), ('a', 2)] [('A', 2), ('a', 3), ('b', 1)]");
+    R("{{ (1, 2) }} {{ (1,) }} {{ (1, 2) | tojson }} {{ 1 | round }} {{ 2.5 | round }} {{ 2.5 is divisibleby 2 }}"
+      " {{ nothing is iterable }}",
+      "(1, 2) (1,) [1, 2] 1 2.0 False True");
     R("{{ [{'r': 'u', 'x': 1}, {'r': 's'}] | selectattr('r', 'equalto', 'u') | list | length }}"
       " {{ [{'r': 'u'}, {'r': 's'}] | rejectattr('r', 'eq', 'u') | map(attribute='r') | list }}",
       "1 ['s']");

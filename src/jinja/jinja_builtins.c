@@ -348,6 +348,7 @@ static struct jv *dict_items(struct jctx *cx, struct jv *d)
     struct jv *l = jv_list(cx);
     for (size_t i = 0; i < d->u.d.n; i++) {
         struct jv *pair = jv_list(cx);
+        pair->is_tuple = true;
         jv_list_push(cx, pair, d->u.d.k[i]);
         jv_list_push(cx, pair, d->u.d.v[i]);
         jv_list_push(cx, l, pair);
@@ -659,6 +660,14 @@ static bool is_odd(struct jctx *cx, const struct jv *v)
 
 static bool divisible_by(struct jctx *cx, const struct jv *v, const struct jv *a)
 {
+    if ((v->kind == JV_FLOAT || a->kind == JV_FLOAT) && (v->kind != JV_STR && a->kind != JV_STR)) {
+        double x = v->kind == JV_FLOAT ? v->u.f : v->kind == JV_INT ? (double)v->u.i : v->u.b;
+        double y = a->kind == JV_FLOAT ? a->u.f : a->kind == JV_INT ? (double)a->u.i : a->u.b;
+        if (y == 0 || isnan(x) || isnan(y) || (v->kind != JV_FLOAT && v->kind != JV_INT && v->kind != JV_BOOL) ||
+            (a->kind != JV_FLOAT && a->kind != JV_INT && a->kind != JV_BOOL))
+            jx_fail(cx, KS_ERR_INVALID_ARG, "divisibleby needs numbers, not %s and %s", jv_kind_name(v), jv_kind_name(a));
+        return fmod(x, y) == 0;
+    }
     if ((a->kind != JV_INT && a->kind != JV_BOOL) || (v->kind != JV_INT && v->kind != JV_BOOL))
         jx_fail(cx, KS_ERR_INVALID_ARG, "divisibleby needs integers, not %s and %s", jv_kind_name(v), jv_kind_name(a));
     int64_t x = v->kind == JV_INT ? v->u.i : v->u.b, y = a->kind == JV_INT ? a->u.i : a->u.b;
@@ -681,7 +690,8 @@ bool jx_test(struct jctx *cx, const char *name, struct jv *v, struct jv **args, 
     case T_NONE: return v->kind == JV_NONE;
     case T_STRING: return v->kind == JV_STR;
     case T_MAPPING: return v->kind == JV_DICT;
-    case T_ITERABLE: return v->kind == JV_LIST || v->kind == JV_DICT || v->kind == JV_STR;
+    case T_ITERABLE: /* undefined iterates as empty, as in Jinja2 */
+        return v->kind == JV_LIST || v->kind == JV_DICT || v->kind == JV_STR || v->kind == JV_UNDEF;
     case T_NUMBER: return v->kind == JV_INT || v->kind == JV_FLOAT || v->kind == JV_BOOL;
     case T_INTEGER: return v->kind == JV_INT;
     case T_FLOAT: return v->kind == JV_FLOAT;
@@ -1063,6 +1073,8 @@ static struct jv *f_round(struct jctx *cx, struct jv *v, const struct call *c)
 {
     if (v->kind != JV_FLOAT && v->kind != JV_INT && v->kind != JV_BOOL)
         bad_type(cx, "round", v);
+    if (v->kind != JV_FLOAT && arg_int(cx, c, 0, "precision", 0) >= 0) /* Python's round keeps an int */
+        return v->kind == JV_INT ? v : jv_int(cx, v->u.b);
     double x = v->kind == JV_FLOAT ? v->u.f : v->kind == JV_INT ? (double)v->u.i : v->u.b;
     double p = pow(10.0, (double)arg_int(cx, c, 0, "precision", 0));
     return jv_float(cx, nearbyint(x * p) / p);

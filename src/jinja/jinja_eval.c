@@ -473,6 +473,7 @@ static struct jv *eval_collection(struct jctx *cx, struct scope *sc, const struc
         return d;
     }
     struct jv *l = jv_list(cx);
+    l->is_tuple = n->kind == E_TUPLE;
     for (size_t i = 0; i < n->n_kids; i++)
         jv_list_push(cx, l, eval(cx, sc, n->kids[i]));
     return l;

@@ -47,7 +47,8 @@ struct scope;
 
 struct jv {
     enum jv_kind kind;
-    bool is_ns; /* a namespace(): a dict whose attributes `set` may assign */
+    bool is_ns;    /* a namespace(): a dict whose attributes `set` may assign */
+    bool is_tuple; /* a list Python would hold as a tuple (literals, dict items): prints as (a, b) */
     union {
         bool b;
         int64_t i;

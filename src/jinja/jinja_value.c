@@ -512,13 +512,15 @@ static void put_repr(struct jctx *cx, struct jbuf *b, const struct jv *v, int le
     if (v->kind == JV_STR) {
         put_py_string(cx, b, v->u.s.p, v->u.s.n);
     } else if (v->kind == JV_LIST) {
-        jbuf_put(cx, b, "[", 1);
+        jbuf_put(cx, b, v->is_tuple ? "(" : "[", 1);
         for (size_t i = 0; i < v->u.l.n; i++) {
             if (i)
                 jbuf_puts(cx, b, ", ");
             put_repr(cx, b, v->u.l.v[i], level + 1);
         }
-        jbuf_put(cx, b, "]", 1);
+        if (v->is_tuple && v->u.l.n == 1)
+            jbuf_put(cx, b, ",", 1);
+        jbuf_put(cx, b, v->is_tuple ? ")" : "]", 1);
     } else if (v->kind == JV_DICT) {
         jbuf_put(cx, b, "{", 1);
         for (size_t i = 0; i < v->u.d.n; i++) {
