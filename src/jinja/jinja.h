@@ -24,10 +24,13 @@
  *               lower title capitalize format count find join; list: append pop
  *               index extend insert; dict: get items keys values pop update
  *               setdefault
- * Undefined values render as "", are false, iterate as empty and concatenate
- * as "" (llama.cpp's leniency); using one as a number or calling one is an
- * error. Dicts and lists print as JSON with Python's separators, booleans as
- * True/False, null as None.
+ * Values print as Python's str() does: dicts, lists and tuples as their repr
+ * ({'a': [1, 'x']}, (1, 2)), booleans as True/False, null as None; `+`
+ * between a string and a dict or list writes the dict or list as JSON (as
+ * llama.cpp does). Undefined values render as "", are false, iterate as empty
+ * and add to a string as "" (llama.cpp's leniency); using one as a number or
+ * calling one is an error. As in Jinja2 and llama.cpp, the template's last
+ * newline is dropped and \r\n or \r read as \n.
  *
  * Sandbox: a template can only read its context and produce text. Nothing
  * touches files, the environment or the clock (strftime_now reads opts->now).
@@ -102,8 +105,9 @@ ks_status jinja_render(const struct jinja_template *t, const cJSON *context, con
  * request (its polyfills), so that the prompt matches llama-server --jinja:
  * - tool-call `arguments` given as a JSON string are parsed into an object;
  * - a template that refuses the system role (raise_exception when it meets
- *   one) gets the system message folded into the first user turn;
- * - a template that does not use `tools` ignores them;
+ *   one) gets the system message folded into the first user turn
+ *   ("SYSTEM\nUSER");
+ * - `tools` are passed as given when the request has them;
  * - a BOS text the template prints at the very start is removed (tokenization
  *   adds BOS again);
  * - a template that reads message['tool_responses'] (Gemma 4) gets the tool
@@ -112,9 +116,9 @@ ks_status jinja_render(const struct jinja_template *t, const cJSON *context, con
  * - enable_thinking is true, unless the flag changes nothing after the last
  *   message (the generation prompt): llama.cpp sees no thinking support in
  *   such a template (Apertus) and renders it with false;
- * - add_generation_prompt, bos_token, eos_token, date_string ("24 Nov 2026",
- *   Llama 3.1) and datetime ("Nov 24 2026", FireFunction v2) are set, the
- *   dates from opts->now.
+ * - bos_token, eos_token, date_string ("24 Nov 2026", Llama 3.1) and
+ *   datetime ("Nov 24 2026", FireFunction v2) are set, the dates from
+ *   opts->now; add_generation_prompt is true, or left undefined when off.
  * The system fold is tried when the render raises and a system message is
  * present (llama.cpp probes the template's use of the system content
  * instead; the corpus of 60 templates gives the same prompts). */
@@ -125,9 +129,13 @@ struct jinja_chat {
 };
 
 /* Render request (an object with "messages" and optionally "tools") into the
- * prompt text, as jinja_render does (same ownership of *out).
- * Errors: as jinja_render; KS_ERR_INVALID_ARG also for a request without a
- *         "messages" array or with tool-call arguments that are not JSON. */
+ * prompt text, as jinja_render does (same ownership of *out). The request is
+ * not modified (the polyfills work on a copy). chat NULL = empty BOS and EOS
+ * texts, no generation prompt. A template that mentions enable_thinking is
+ * rendered twice, one that raises on a system message twice.
+ * Errors: as jinja_render; KS_ERR_INVALID_ARG also for NULL t, request or
+ *         out, a request without a "messages" array, or tool-call arguments
+ *         that are not JSON. */
 ks_status jinja_chat_render(const struct jinja_template *t, const cJSON *request, const struct jinja_chat *chat,
                             const struct jinja_opts *opts, char **out, size_t *out_len);
 
