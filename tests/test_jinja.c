@@ -327,6 +327,16 @@ static void test_limits(void **state)
     check_limit("{% set ns = namespace(l=[]) %}{% for i in range(100000) %}{% set _ = ns.l.append([i, i, i]) %}"
                 "{% endfor %}",
                 (struct jinja_opts){.max_memory = 1 << 20}, "memory limit of 1048576 bytes");
+    /* work on big values costs steps too: 3000 inserts and lookups in a
+     * 3000-key dict scan ~9M keys */
+    const char *big_dict = "{% set d = {} %}{% for i in range(3000) %}{% set _ = d.update({i: i}) %}{% endfor %}"
+                           "{% for i in range(3000) %}{{ d[i] % 10 }}{% endfor %}";
+    check_limit(big_dict, (struct jinja_opts){.max_steps = 100000}, "step limit of 100000");
+    ks_status st1;
+    char *ok = render_opts(big_dict, NULL, NULL, &st1);
+    assert_int_equal(st1, KS_OK);
+    assert_int_equal(strlen(ok), 3000);
+    free(ok);
     /* accumulating a long prompt piece by piece (Reka's ns.out ~ piece) stays
      * linear in memory: 20000 pieces of 50 bytes in 16 MiB (copying the
      * string each time would take 10 GB) */

@@ -112,6 +112,7 @@ static struct jv *get_path(struct jctx *cx, struct jv *item, const struct jv *pa
         const char *dot = memchr(p, '.', (size_t)(end - p));
         size_t n = dot ? (size_t)(dot - p) : (size_t)(end - p);
         if (item->kind == JV_DICT) {
+            jx_work(cx, item->u.d.n);
             struct jv *v = jv_dict_get(item, p, n);
             item = v ? v : &jv_undef_v;
         } else if (item->kind == JV_LIST && n && isdigit((unsigned char)p[0])) {
@@ -124,7 +125,6 @@ static struct jv *get_path(struct jctx *cx, struct jv *item, const struct jv *pa
             break;
         p = dot + 1;
     }
-    (void)cx;
     return item;
 }
 
@@ -169,6 +169,7 @@ static struct jv *change_case(struct jctx *cx, struct jv *s, int mode /* 0 lower
 
 static struct jv *replace_str(struct jctx *cx, struct jv *s, struct jv *old, struct jv *new_, int64_t count)
 {
+    jx_work(cx, s->u.s.n);
     struct jbuf b = {0};
     size_t i = 0, done = 0;
     if (old->u.s.n == 0) {
@@ -200,6 +201,7 @@ static struct jv *replace_str(struct jctx *cx, struct jv *s, struct jv *old, str
 
 static struct jv *split_str(struct jctx *cx, struct jv *s, struct jv *sep, int64_t maxsplit)
 {
+    jx_work(cx, s->u.s.n);
     struct jv *l = jv_list(cx);
     const char *p = s->u.s.p, *end = p + s->u.s.n;
     if (!sep) {
@@ -410,11 +412,13 @@ static struct jv *str_method(struct jctx *cx, int id, struct jv *s, const struct
     case M_CAPITALIZE: return change_case(cx, s, 3);
     case M_FORMAT: return format_str(cx, s, c);
     case M_FIND: {
+        jx_work(cx, s->u.s.n);
         struct jv *sub = need_str(cx, "find", need_arg(cx, c, 0, "the text to find"));
         const char *hit = memmem(s->u.s.p, s->u.s.n, sub->u.s.p, sub->u.s.n);
         return jv_int(cx, hit ? (int64_t)utf8_count(s->u.s.p, (size_t)(hit - s->u.s.p)) : -1);
     }
     case M_COUNT: {
+        jx_work(cx, s->u.s.n);
         struct jv *sub = need_str(cx, "count", need_arg(cx, c, 0, "the text to count"));
         int64_t k = 0;
         if (!sub->u.s.n)
@@ -457,6 +461,7 @@ static struct jv *call_method(struct jctx *cx, struct jv *m, const struct call *
     }
     case M_POP: return list_pop(cx, self, arg_int(cx, c, 0, NULL, -1));
     case M_LCOUNT: {
+        jx_work(cx, self->u.l.n);
         struct jv *x = need_arg(cx, c, 0, "a value");
         int64_t k = 0;
         for (size_t i = 0; i < self->u.l.n; i++)
@@ -464,6 +469,7 @@ static struct jv *call_method(struct jctx *cx, struct jv *m, const struct call *
         return jv_int(cx, k);
     }
     case M_INDEX: {
+        jx_work(cx, self->u.l.n);
         struct jv *x = need_arg(cx, c, 0, "a value");
         for (size_t i = 0; i < self->u.l.n; i++)
             if (jv_equal(self->u.l.v[i], x))
@@ -471,6 +477,7 @@ static struct jv *call_method(struct jctx *cx, struct jv *m, const struct call *
         jx_fail(cx, KS_ERR_INVALID_ARG, "index: the value is not in the list");
     }
     case M_GET: {
+        jx_work(cx, self->u.d.n);
         struct jv *v = jv_dict_getv(self, need_arg(cx, c, 0, "a key"));
         struct jv *dflt = arg(c, 1, "default");
         return v ? v : dflt ? dflt : &jv_none_v;
@@ -494,6 +501,7 @@ static struct jv *call_method(struct jctx *cx, struct jv *m, const struct call *
         return &jv_none_v;
     }
     case M_SETDEFAULT: {
+        jx_work(cx, self->u.d.n);
         struct jv *k = need_arg(cx, c, 0, "a key"), *v = jv_dict_getv(self, k);
         if (v)
             return v;

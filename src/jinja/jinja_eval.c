@@ -47,6 +47,15 @@ void jx_step(struct jctx *cx)
                 (unsigned long long)cx->opts.max_steps);
 }
 
+void jx_work(struct jctx *cx, size_t units)
+{
+    uint64_t cost = 1 + units / JX_WORK_PER_STEP;
+    if (cost > cx->opts.max_steps - (cx->steps < cx->opts.max_steps ? cx->steps : cx->opts.max_steps))
+        jx_fail(cx, KS_ERR_RANGE, "the render took more than its step limit of %llu steps",
+                (unsigned long long)cx->opts.max_steps);
+    cx->steps += cost;
+}
+
 /* ---- scopes -------------------------------------------------------------- */
 
 static struct scope *scope_new(struct jctx *cx, struct scope *parent)
@@ -131,6 +140,7 @@ static struct jv *index_value(struct jctx *cx, struct jv *obj, struct jv *idx)
     if (obj->kind == JV_LOOP && idx->kind == JV_STR)
         return loop_attr(cx, obj, jv_c_str(cx, idx));
     if (obj->kind == JV_DICT) {
+        jx_work(cx, obj->u.d.n);
         struct jv *v = jv_dict_getv(obj, idx);
         if (v)
             return v;
@@ -165,6 +175,7 @@ static struct jv *attr_value(struct jctx *cx, struct jv *obj, const char *name, 
     if (obj->kind == JV_LOOP)
         return loop_attr(cx, obj, name);
     if (obj->kind == JV_DICT) {
+        jx_work(cx, obj->u.d.n);
         struct jv *v = jv_dict_get(obj, name, len);
         if (v)
             return v;
@@ -348,13 +359,20 @@ static struct jv *arith(struct jctx *cx, int op, struct jv *a, struct jv *b)
     }
 }
 
+/* Comparing dicts looks each key up in the other: quadratic in their size. */
+static size_t equality_work(const struct jv *a)
+{
+    size_t n = jv_size(a);
+    return a->kind == JV_DICT ? (n < 65536 ? n * n : SIZE_MAX) : n;
+}
+
 static struct jv *eval_binary(struct jctx *cx, struct scope *sc, const struct jn *n)
 {
     struct jv *a = eval(cx, sc, n->a), *b = eval(cx, sc, n->b);
     cx->where = n;
     switch (n->op) {
-    case OP_EQ: return jv_bool(jv_equal(a, b));
-    case OP_NE: return jv_bool(!jv_equal(a, b));
+    case OP_EQ: jx_work(cx, equality_work(a)); return jv_bool(jv_equal(a, b));
+    case OP_NE: jx_work(cx, equality_work(a)); return jv_bool(!jv_equal(a, b));
     case OP_LT: return jv_bool(jv_compare(cx, a, b) < 0);
     case OP_LE: return jv_bool(jv_compare(cx, a, b) <= 0);
     case OP_GT: return jv_bool(jv_compare(cx, a, b) > 0);
@@ -653,6 +671,7 @@ static void exec_set(struct jctx *cx, struct scope *sc, const struct jn *n)
     if (!obj || obj->kind != JV_DICT)
         jx_fail(cx, KS_ERR_INVALID_ARG, "'set %s.%s': %s is not a namespace", n->a->a->name, n->a->name,
                 n->a->a->name);
+    jx_work(cx, obj->u.d.n);
     for (size_t i = 0; i < obj->u.d.n; i++) { /* an existing attribute: no new key string */
         const struct jv *k = obj->u.d.k[i];
         if (k->kind == JV_STR && k->u.s.n == n->a->name_len && !memcmp(k->u.s.p, n->a->name, k->u.s.n)) {

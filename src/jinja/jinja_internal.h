@@ -181,6 +181,8 @@ struct jv *jv_dict_getv(const struct jv *d, const struct jv *key);
 bool jv_truthy(const struct jv *v);
 bool jv_equal(const struct jv *a, const struct jv *b);
 int jv_compare(struct jctx *cx, const struct jv *a, const struct jv *b); /* <0, 0, >0; fails on mixed types */
+/* Elements of a list or dict, bytes of a string, 1 otherwise: the work of a scan. */
+size_t jv_size(const struct jv *v);
 /* Python's `needle in hay` for a string, list or dict; false for undefined and none. */
 bool jv_contains(struct jctx *cx, const struct jv *hay, const struct jv *needle);
 const char *jv_kind_name(const struct jv *v);
@@ -217,5 +219,10 @@ struct jv *jx_call_value(struct jctx *cx, struct jv *fn, struct jv **args, size_
 
 /* Step accounting: every call costs one step and checks the budget. */
 void jx_step(struct jctx *cx);
+/* Bulk work (bytes copied or searched, entries scanned) costs a step per
+ * JX_WORK_PER_STEP units, so a linear operation repeated in a loop still
+ * meets the step budget that stands in for time. */
+#define JX_WORK_PER_STEP 64
+void jx_work(struct jctx *cx, size_t units);
 
 #endif

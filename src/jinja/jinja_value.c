@@ -18,6 +18,7 @@ struct jv *jv_str(struct jctx *cx, const char *p, size_t n)
 {
     if (n > cx->opts.max_string)
         jx_fail(cx, KS_ERR_RANGE, "a string of %zu bytes is over the string limit of %zu bytes", n, cx->opts.max_string);
+    jx_work(cx, n);
     struct jv *v = jx_alloc(cx, sizeof *v + n + 1);
     char *s = (char *)(v + 1);
     if (n)
@@ -35,6 +36,7 @@ struct jv *jv_concat(struct jctx *cx, struct jv *a, const char *b, size_t bn)
     size_t n = a->u.s.n + bn;
     if (bn > cx->opts.max_string || n > cx->opts.max_string)
         jx_fail(cx, KS_ERR_RANGE, "a string of %zu bytes is over the string limit of %zu bytes", n, cx->opts.max_string);
+    jx_work(cx, bn);
     struct jv *v = jx_alloc(cx, sizeof *v);
     v->kind = JV_STR;
     v->u.s.n = n;
@@ -139,6 +141,7 @@ struct jv *jv_dict_get(const struct jv *d, const char *key, size_t n)
 
 void jv_dict_set(struct jctx *cx, struct jv *d, struct jv *k, struct jv *v)
 {
+    jx_work(cx, d->u.d.n);
     for (size_t i = 0; i < d->u.d.n; i++)
         if (jv_equal(d->u.d.k[i], k)) {
             d->u.d.v[i] = v;
@@ -250,8 +253,14 @@ static int compare_at(struct jctx *cx, const struct jv *a, const struct jv *b, i
     jx_fail(cx, KS_ERR_INVALID_ARG, "cannot order %s and %s", jv_kind_name(a), jv_kind_name(b));
 }
 
+size_t jv_size(const struct jv *v)
+{
+    return v->kind == JV_STR ? v->u.s.n : v->kind == JV_LIST ? v->u.l.n : v->kind == JV_DICT ? v->u.d.n : 1;
+}
+
 bool jv_contains(struct jctx *cx, const struct jv *hay, const struct jv *needle)
 {
+    jx_work(cx, jv_size(hay));
     switch (hay->kind) {
     case JV_STR:
         if (needle->kind != JV_STR)
@@ -282,6 +291,7 @@ const char *jv_kind_name(const struct jv *v)
 
 void jbuf_put(struct jctx *cx, struct jbuf *b, const char *p, size_t n)
 {
+    jx_work(cx, n);
     bool is_output = b == cx->top;
     size_t limit = is_output ? cx->opts.max_output : cx->opts.max_string;
     if (n > limit || b->n > limit - n)
@@ -585,9 +595,19 @@ struct jv *jv_from_json(struct jctx *cx, const cJSON *j)
         return l;
     }
     if (cJSON_IsObject(j)) {
+        /* keys are appended without a duplicate scan (linear in the object's
+         * size); of duplicate keys the first is the one lookups find */
         struct jv *d = jv_dict(cx);
+        size_t n = 0;
         for (const cJSON *c = j->child; c; c = c->next)
-            jv_dict_set(cx, d, jv_cstr(cx, c->string ? c->string : ""), jv_from_json(cx, c));
+            n++;
+        d->u.d.k = jx_alloc(cx, (n ? n : 1) * sizeof *d->u.d.k);
+        d->u.d.v = jx_alloc(cx, (n ? n : 1) * sizeof *d->u.d.v);
+        d->u.d.cap = n ? n : 1;
+        for (const cJSON *c = j->child; c; c = c->next) {
+            d->u.d.k[d->u.d.n] = jv_cstr(cx, c->string ? c->string : "");
+            d->u.d.v[d->u.d.n++] = jv_from_json(cx, c);
+        }
         return d;
     }
     return &jv_none_v;
