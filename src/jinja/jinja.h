@@ -36,8 +36,10 @@
  * touches files, the environment or the clock (strftime_now reads opts->now).
  * Every render runs under limits (struct jinja_opts): output bytes, string
  * bytes, steps (a budget of evaluation steps standing in for time: every loop
- * iteration, statement and expression node costs one), call and nesting depth,
- * and memory. A limit that fires is an error, never a truncated prompt.
+ * iteration, statement, expression node and filter costs one, and bulk work a
+ * step per 64 bytes copied or searched or entries scanned), call and nesting
+ * depth, and memory (which also bounds the work of everything that
+ * allocates). A limit that fires is an error, never a truncated prompt.
  *
  * Threads: a parsed template is immutable; any number of threads may render it
  * at once. Errors follow status/status.h: a failing function has called

@@ -139,6 +139,7 @@ static bool in_set(char c, const struct jv *chars)
 
 static struct jv *strip(struct jctx *cx, struct jv *s, const struct jv *chars, bool left, bool right)
 {
+    jx_work(cx, s->u.s.n);
     size_t a = 0, b = s->u.s.n;
     while (left && a < b && in_set(s->u.s.p[a], chars))
         a++;
@@ -921,7 +922,7 @@ static struct jv *unique_items(struct jctx *cx, struct jv *v)
 static struct jv *length_of(struct jctx *cx, struct jv *v)
 {
     switch (v->kind) {
-    case JV_STR: return jv_int(cx, (int64_t)utf8_count(v->u.s.p, v->u.s.n));
+    case JV_STR: jx_work(cx, v->u.s.n); return jv_int(cx, (int64_t)utf8_count(v->u.s.p, v->u.s.n));
     case JV_LIST: return jv_int(cx, (int64_t)v->u.l.n);
     case JV_DICT: return jv_int(cx, (int64_t)v->u.d.n);
     case JV_UNDEF: return jv_int(cx, 0);

@@ -237,6 +237,7 @@ static int compare_at(struct jctx *cx, const struct jv *a, const struct jv *b, i
     }
     if (a->kind == JV_STR && b->kind == JV_STR) {
         size_t n = a->u.s.n < b->u.s.n ? a->u.s.n : b->u.s.n;
+        jx_work(cx, n);
         int c = n ? memcmp(a->u.s.p, b->u.s.p, n) : 0;
         if (c)
             return c < 0 ? -1 : 1;
