@@ -19,6 +19,7 @@ static const struct command commands[] = {
     {"bench", cli_bench, "measure prompt (pp) and generation (tg) speed like llama-bench"},
     {"perplexity", cli_perplexity, "score a text like llama-perplexity: PPL, KL divergence vs saved logits"},
     {"chat", cli_chat, "chat with a model in the terminal (chat template, conversation kept in the KV cache)"},
+    {"template", cli_template, "print the prompt a chat request makes through the model's Jinja chat template"},
     {"tokenize", cli_tokenize, "print the token ids and pieces of a text under a model's vocabulary"},
     {"serve", cli_serve, "serve the OpenAI-compatible HTTP API with continuous batching"},
 };
