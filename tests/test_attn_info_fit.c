@@ -8,41 +8,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
 
 #include "gguf/gguf.h"
+#include "support/run_kvserve.h"
 #include "support/skip.h"
 
 enum { OUT_CAP = 1 << 16 };
-
-static int run_info(const char *args, char *out)
-{
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd, "'%s' info %s 2>&1", getenv("KVSERVE_BIN"), args);
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    size_t n = fread(out, 1, OUT_CAP - 1, p);
-    out[n] = '\0';
-    int status = pclose(p);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
-/* A macro, so that the skip is recorded under the calling case's name. */
-#define NEED_BINARY()                                                                                            \
-    do {                                                                                                         \
-        const char *bin_ = getenv("KVSERVE_BIN");                                                                \
-        if (!bin_ || access(bin_, X_OK))                                                                         \
-            KS_SKIP("KVSERVE_BIN not set or not executable (run through ctest)");                                \
-    } while (0)
-
-static void expect_line(const char *out, const char *needle)
-{
-    if (!strstr(out, needle))
-        fail_msg("missing '%s' in:\n%s", needle, out);
-}
 
 static void write_model(const char *path, uint32_t head_dim)
 {
@@ -64,29 +38,29 @@ static void write_model(const char *path, uint32_t head_dim)
 static void test_fit_numbers(void **state)
 {
     (void)state;
-    NEED_BINARY();
+    KS_NEED_KVSERVE();
     char *out = malloc(OUT_CAP), path[] = "/tmp/test_attn_info_fit_XXXXXX", args[256];
     close(mkstemp(path));
     write_model(path, 64);
     snprintf(args, sizeof args, "-m %s --no-tensors --kv-mem 1M", path);
-    assert_int_equal(run_info(args, out), 0);
+    assert_int_equal(ks_run_kvserve("info", args, out, OUT_CAP), 0);
     /* bytes per token, 2 layers x 2 heads x (K + V): f16 1024, q8_0 544, q4_0 288; pages of 32 */
-    expect_line(out, "KV fit in 1.00 MiB (1048576 bytes)");
-    expect_line(out, "f16              1024 tokens");  /* 32 pages of 32768 */
-    expect_line(out, "q8_0             1920 tokens");  /* 60 pages of 17408 */
-    expect_line(out, "q4_0             3616 tokens");  /* 113 pages of 9216 */
+    ks_expect_text(out, "KV fit in 1.00 MiB (1048576 bytes)");
+    ks_expect_text(out, "f16              1024 tokens");  /* 32 pages of 32768 */
+    ks_expect_text(out, "q8_0             1920 tokens");  /* 60 pages of 17408 */
+    ks_expect_text(out, "q4_0             3616 tokens");  /* 113 pages of 9216 */
     /* 18 pages at f16 (sink page, 16 hot pages, the page being filled), the rest at q4_0 */
-    expect_line(out, "dynamic          2144 tokens");
+    ks_expect_text(out, "dynamic          2144 tokens");
     snprintf(args, sizeof args, "-m %s --kv-mem lots", path);
-    assert_int_equal(run_info(args, out), 2);
-    expect_line(out, "--kv-mem 'lots' is not a size");
+    assert_int_equal(ks_run_kvserve("info", args, out, OUT_CAP), 2);
+    ks_expect_text(out, "--kv-mem 'lots' is not a size");
     unlink(path);
     write_model(path, 8); /* head_dim 8: no quantized types, dynamic stays at f16 */
     snprintf(args, sizeof args, "-m %s --no-tensors --kv-mem 1M", path);
-    assert_int_equal(run_info(args, out), 0);
-    expect_line(out, "f16              8192 tokens");
-    expect_line(out, "q4_0     n/a (head_dim 8 not a multiple of 32)");
-    expect_line(out, "dynamic          8192 tokens");
+    assert_int_equal(ks_run_kvserve("info", args, out, OUT_CAP), 0);
+    ks_expect_text(out, "f16              8192 tokens");
+    ks_expect_text(out, "q4_0     n/a (head_dim 8 not a multiple of 32)");
+    ks_expect_text(out, "dynamic          8192 tokens");
     unlink(path);
     free(out);
 }

@@ -7,43 +7,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
 
 #include "gguf/gguf.h"
+#include "support/run_kvserve.h"
 #include "support/skip.h"
 
 enum { OUT_CAP = 1 << 16 };
-
-/* Run `kvserve info ARGS`, capture stdout+stderr; returns the exit code. */
-static int run_info(const char *args, char *out)
-{
-    const char *bin = getenv("KVSERVE_BIN");
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd, "'%s' info %s 2>&1", bin, args);
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    size_t n = fread(out, 1, OUT_CAP - 1, p);
-    out[n] = '\0';
-    int status = pclose(p);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
-/* A macro, so that the skip is recorded under the calling case's name. */
-#define NEED_BINARY()                                                                                            \
-    do {                                                                                                         \
-        const char *bin_ = getenv("KVSERVE_BIN");                                                                \
-        if (!bin_ || access(bin_, X_OK))                                                                         \
-            KS_SKIP("KVSERVE_BIN not set or not executable (run through ctest)");                                \
-    } while (0)
-
-static void expect_line(const char *out, const char *needle)
-{
-    if (!strstr(out, needle))
-        fail_msg("missing '%s' in:\n%s", needle, out);
-}
 
 /* llama-style metadata: 2 layers, 4 heads, 2 KV heads, dim 256 (head_dim 64). */
 static void write_model(const char *path, uint32_t key_length, uint32_t value_length, uint32_t dim)
@@ -73,7 +45,7 @@ static void write_model(const char *path, uint32_t key_length, uint32_t value_le
 static void test_info_kv_numbers(void **state)
 {
     (void)state;
-    NEED_BINARY();
+    KS_NEED_KVSERVE();
     char *out = malloc(OUT_CAP);
     char path[] = "/tmp/test_gguf_info_XXXXXX";
     close(mkstemp(path));
@@ -82,29 +54,29 @@ static void test_info_kv_numbers(void **state)
     write_model(path, 0, 0, 256);
     char args[256];
     snprintf(args, sizeof args, "-m %s", path);
-    assert_int_equal(run_info(args, out), 0);
-    expect_line(out, "head_dim k 64 / v 64");
-    expect_line(out, "f16        1.00 KiB"); /* 2*2*(64+64)*2 B */
-    expect_line(out, "q8_0          544 B"); /* 2*2*(68+68) */
-    expect_line(out, "q4_0          288 B"); /* 2*2*(36+36) */
-    expect_line(out, "token_embd.weight");
-    expect_line(out, "[64, 3]");
-    expect_line(out, "f16        1 tensors            384 bytes");
-    expect_line(out, "q8_0       1 tensors            272 bytes");
-    expect_line(out, "weights: 656 B (656 bytes)");
-    expect_line(out, "llama.attention.head_count_kv                u32  2");
+    assert_int_equal(ks_run_kvserve("info", args, out, OUT_CAP), 0);
+    ks_expect_text(out, "head_dim k 64 / v 64");
+    ks_expect_text(out, "f16        1.00 KiB"); /* 2*2*(64+64)*2 B */
+    ks_expect_text(out, "q8_0          544 B"); /* 2*2*(68+68) */
+    ks_expect_text(out, "q4_0          288 B"); /* 2*2*(36+36) */
+    ks_expect_text(out, "token_embd.weight");
+    ks_expect_text(out, "[64, 3]");
+    ks_expect_text(out, "f16        1 tensors            384 bytes");
+    ks_expect_text(out, "q8_0       1 tensors            272 bytes");
+    ks_expect_text(out, "weights: 656 B (656 bytes)");
+    ks_expect_text(out, "llama.attention.head_count_kv                u32  2");
 
     /* key_length/value_length win over embedding_length / head_count */
     write_model(path, 128, 64, 256);
-    assert_int_equal(run_info(args, out), 0);
-    expect_line(out, "head_dim k 128 / v 64");
-    expect_line(out, "f16        1.50 KiB"); /* 2*2*(128+64)*2 */
+    assert_int_equal(ks_run_kvserve("info", args, out, OUT_CAP), 0);
+    ks_expect_text(out, "head_dim k 128 / v 64");
+    ks_expect_text(out, "f16        1.50 KiB"); /* 2*2*(128+64)*2 */
 
     /* head_dim 8: quantized KV impossible */
     write_model(path, 0, 0, 32);
-    assert_int_equal(run_info(args, out), 0);
-    expect_line(out, "q8_0   n/a (head_dim 8 not a multiple of 32)");
-    expect_line(out, "q4_0   n/a (head_dim 8 not a multiple of 32)");
+    assert_int_equal(ks_run_kvserve("info", args, out, OUT_CAP), 0);
+    ks_expect_text(out, "q8_0   n/a (head_dim 8 not a multiple of 32)");
+    ks_expect_text(out, "q4_0   n/a (head_dim 8 not a multiple of 32)");
 
     /* a per-layer head_count_kv array is reported, not replaced by head_count */
     struct gguf_writer *w;
@@ -116,28 +88,28 @@ static void test_info_kv_numbers(void **state)
                      KS_OK);
     assert_int_equal(gguf_writer_write(w, path), KS_OK);
     gguf_writer_free(w);
-    assert_int_equal(run_info(args, out), 0);
-    expect_line(out, "KV cache: n/a (metadata key 'llama.attention.head_count_kv' is arr");
+    assert_int_equal(ks_run_kvserve("info", args, out, OUT_CAP), 0);
+    ks_expect_text(out, "KV cache: n/a (metadata key 'llama.attention.head_count_kv' is arr");
 
     /* a broken file: the reader's message and exit 1 */
     FILE *fp = fopen(path, "r+b");
     fseek(fp, 4, SEEK_SET);
     fputc(1, fp);
     fclose(fp);
-    assert_int_equal(run_info(args, out), 1);
-    expect_line(out, "GGUF version 1 is not supported");
+    assert_int_equal(ks_run_kvserve("info", args, out, OUT_CAP), 1);
+    ks_expect_text(out, "GGUF version 1 is not supported");
     unlink(path);
 
-    assert_int_equal(run_info("", out), 2);
-    assert_int_equal(run_info("--help", out), 0);
-    expect_line(out, "--no-tensors");
+    assert_int_equal(ks_run_kvserve("info", "", out, OUT_CAP), 2);
+    assert_int_equal(ks_run_kvserve("info", "--help", out, OUT_CAP), 0);
+    ks_expect_text(out, "--no-tensors");
     free(out);
 }
 
 static void test_info_stories260k(void **state)
 {
     (void)state;
-    NEED_BINARY();
+    KS_NEED_KVSERVE();
     const char *dir = getenv("KVSERVE_SHARED");
     char path[4096];
     snprintf(path, sizeof path, "%s/models/stories260K.gguf", dir ? dir : ".");
@@ -145,14 +117,14 @@ static void test_info_stories260k(void **state)
         KS_SKIP("stories260K.gguf not found under $KVSERVE_SHARED/models");
     char *out = malloc(OUT_CAP), args[4200];
     snprintf(args, sizeof args, "-m '%s'", path);
-    assert_int_equal(run_info(args, out), 0);
-    expect_line(out, "GGUF v3, 1185376 bytes, alignment 32, tensor data at offset 14176");
-    expect_line(out, "tokenizer.ggml.tokens                        arr  [str x 512] \"<unk>\", \"<s>\"");
-    expect_line(out, "tensors: 48");
-    expect_line(out, "blk.0.ffn_down.weight                    f32    [172, 64]");
-    expect_line(out, "f32       48 tensors        1171200 bytes");
-    expect_line(out, "f16           640 B"); /* 5 layers x 4 heads x (8+8) x 2 B */
-    expect_line(out, "n/a (head_dim 8 not a multiple of 32)");
+    assert_int_equal(ks_run_kvserve("info", args, out, OUT_CAP), 0);
+    ks_expect_text(out, "GGUF v3, 1185376 bytes, alignment 32, tensor data at offset 14176");
+    ks_expect_text(out, "tokenizer.ggml.tokens                        arr  [str x 512] \"<unk>\", \"<s>\"");
+    ks_expect_text(out, "tensors: 48");
+    ks_expect_text(out, "blk.0.ffn_down.weight                    f32    [172, 64]");
+    ks_expect_text(out, "f32       48 tensors        1171200 bytes");
+    ks_expect_text(out, "f16           640 B"); /* 5 layers x 4 heads x (8+8) x 2 B */
+    ks_expect_text(out, "n/a (head_dim 8 not a multiple of 32)");
     free(out);
 }
 
@@ -161,7 +133,7 @@ static void test_info_stories260k(void **state)
 static void test_info_moe(void **state)
 {
     (void)state;
-    NEED_BINARY();
+    KS_NEED_KVSERVE();
     char *out = malloc(OUT_CAP);
     char path[] = "/tmp/test_gguf_info_XXXXXX";
     close(mkstemp(path));
@@ -188,13 +160,13 @@ static void test_info_moe(void **state)
     gguf_writer_free(w);
     char args[256];
     snprintf(args, sizeof args, "-m %s", path);
-    assert_int_equal(run_info(args, out), 0);
-    expect_line(out, "blk.0.ffn_up_exps.weight                 q8_0   [64, 32, 8]");
-    expect_line(out, "experts: 8 per layer, 2 used per token, expert FFN 32");
+    assert_int_equal(ks_run_kvserve("info", args, out, OUT_CAP), 0);
+    ks_expect_text(out, "blk.0.ffn_up_exps.weight                 q8_0   [64, 32, 8]");
+    ks_expect_text(out, "experts: 8 per layer, 2 used per token, expert FFN 32");
     /* 192 + 192 + 64*32*8; active 192 + 192 + 64*32*2 */
-    expect_line(out, "parameters: 16.77 K (16768), active per token: 4.48 K (4480)");
+    ks_expect_text(out, "parameters: 16.77 K (16768), active per token: 4.48 K (4480)");
     /* output 768 + 2/8 of 32*8*68 */
-    expect_line(out, "read per decode token: 5.00 KiB (5120 bytes");
+    ks_expect_text(out, "read per decode token: 5.00 KiB (5120 bytes");
     unlink(path);
     free(out);
 }

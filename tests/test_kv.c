@@ -190,6 +190,17 @@ static void edge_row(float *x, int n, int kind)
     }
 }
 
+/* Layer 0's row of token p (K: kind 0, V: kind 1) of head h in seq's page,
+ * and the row's type. */
+static const uint8_t *page_row(const struct kv_cache *kv, int32_t seq, int p, int kind, int h, enum quant_type *type)
+{
+    const struct kv_config *c = kv_get_config(kv);
+    const struct kv_page *pg = &kv->pages[kv->seqs[seq].pages[p / c->page_tokens]];
+    *type = kind ? pg->tv : pg->tk;
+    size_t rb = quant_row_size(*type, c->head_dim);
+    return kv_page_rows(kv, kind ? pg->v : pg->k, *type, 0, h) + (size_t)(p % c->page_tokens) * rb;
+}
+
 /* The bytes a page holds are the bytes quant's scalar reference quantizer
  * makes of the stored row, for every KV type, with and without the rotation,
  * through kv_write and through kv_requantize (the reference dequantizer, then
@@ -201,20 +212,16 @@ static void check_page_rows(const struct kv_cache *kv, int32_t seq, const float 
     const struct kv_config *c = kv_get_config(kv);
     int d = c->head_dim;
     uint8_t *want = malloc((size_t)d * sizeof(float));
-    for (int p = 0; p < n_tok; p++) {
-        const struct kv_page *pg = &kv->pages[kv->seqs[seq].pages[p / c->page_tokens]];
-        for (int kind = 0; kind < 2; kind++) {
-            enum quant_type t = kind ? pg->tv : pg->tk;
-            size_t rb = quant_row_size(t, d);
+    for (int p = 0; p < n_tok; p++)
+        for (int kind = 0; kind < 2; kind++)
             for (int h = 0; h < c->n_kv_head; h++) {
+                enum quant_type t;
+                const uint8_t *row = page_row(kv, seq, p, kind, h, &t);
                 quant_traits_scalar(t)->from_float(stored + (((size_t)p * 2 + kind) * c->n_kv_head + h) * d, want, d);
-                const uint8_t *row = kv_page_rows(kv, kind ? pg->v : pg->k, t, 0, h) + (size_t)(p % c->page_tokens) * rb;
-                if (memcmp(row, want, rb) != 0)
+                if (memcmp(row, want, quant_row_size(t, d)) != 0)
                     fail_msg("head_dim %d rotate %d %s %s: token %d head %d differs from quant's reference", d,
                              c->rotate, kind ? "V" : "K", quant_type_name(t), p, h);
             }
-        }
-    }
     free(want);
 }
 
@@ -224,17 +231,13 @@ static void dequantize_page_rows(const struct kv_cache *kv, int32_t seq, float *
 {
     const struct kv_config *c = kv_get_config(kv);
     int d = c->head_dim;
-    for (int p = 0; p < n_tok; p++) {
-        const struct kv_page *pg = &kv->pages[kv->seqs[seq].pages[p / c->page_tokens]];
-        for (int kind = 0; kind < 2; kind++) {
-            enum quant_type t = kind ? pg->tv : pg->tk;
-            size_t rb = quant_row_size(t, d);
+    for (int p = 0; p < n_tok; p++)
+        for (int kind = 0; kind < 2; kind++)
             for (int h = 0; h < c->n_kv_head; h++) {
-                const uint8_t *row = kv_page_rows(kv, kind ? pg->v : pg->k, t, 0, h) + (size_t)(p % c->page_tokens) * rb;
+                enum quant_type t;
+                const uint8_t *row = page_row(kv, seq, p, kind, h, &t);
                 quant_traits_scalar(t)->to_float(row, stored + (((size_t)p * 2 + kind) * c->n_kv_head + h) * d, d);
             }
-        }
-    }
 }
 
 static void test_rows_match_quant_reference(void **state)
@@ -307,19 +310,36 @@ static void test_rotation_is_orthonormal(void **state)
     }
 }
 
+/* A cache of cfg with sequence *a holding len random tokens and *b forked
+ * from it (sharing every page). */
+static struct kv_cache *forked_cache(const struct kv_config *cfg, int32_t len, int32_t *a, int32_t *b)
+{
+    struct kv_cache *kv;
+    assert_int_equal(kv_create(cfg, &kv), KS_OK);
+    assert_int_equal(kv_seq_create(kv, a), KS_OK);
+    assert_int_equal(kv_seq_grow(kv, *a, len), KS_OK);
+    fill(kv, *a, 0, len);
+    assert_int_equal(kv_seq_fork(kv, *a, b), KS_OK);
+    return kv;
+}
+
+/* K and V rows of value at (layer, seq, pos), 2 heads of 64. */
+static void write_const(struct kv_cache *kv, int layer, int32_t seq, int32_t pos, float value)
+{
+    float k[128], v[128];
+    for (int i = 0; i < 128; i++)
+        k[i] = v[i] = value;
+    assert_int_equal(kv_write(kv, layer, seq, pos, k, v), KS_OK);
+}
+
 static void test_fork_copy_on_write(void **state)
 {
     (void)state;
     struct kv_config cfg;
     base_config(&cfg, 64, 1 << 22);
     size_t page = kv_page_bytes(&cfg, QUANT_F16, QUANT_F16);
-    struct kv_cache *kv;
-    assert_int_equal(kv_create(&cfg, &kv), KS_OK);
     int32_t a, b;
-    assert_int_equal(kv_seq_create(kv, &a), KS_OK);
-    assert_int_equal(kv_seq_grow(kv, a, 40), KS_OK);
-    fill(kv, a, 0, 40);
-    assert_int_equal(kv_seq_fork(kv, a, &b), KS_OK);
+    struct kv_cache *kv = forked_cache(&cfg, 40, &a, &b);
     struct kv_usage u;
     kv_usage(kv, &u);
     assert_int_equal(u.used, 2 * page); /* shared, nothing copied */
@@ -327,10 +347,7 @@ static void test_fork_copy_on_write(void **state)
     assert_int_equal(kv->pages[kv->seqs[a].pages[1]].ref, 2);
     float before[64], after[64], mine[64];
     read_row(kv, a, 1, 0, 39, true, before);
-    float k[128], v[128];
-    for (int i = 0; i < 128; i++)
-        k[i] = v[i] = 0.5f;
-    assert_int_equal(kv_write(kv, 1, b, 39, k, v), KS_OK); /* copy-on-write of page 1 */
+    write_const(kv, 1, b, 39, 0.5f); /* copy-on-write of page 1 */
     kv_usage(kv, &u);
     assert_int_equal(u.used, 3 * page);
     assert_int_not_equal(kv->seqs[a].pages[1], kv->seqs[b].pages[1]);
@@ -362,19 +379,11 @@ static void test_copy_on_write_of_a_page_the_policy_demotes(void **state)
     cfg.policy = KV_POLICY_DYNAMIC;
     cfg.sink_tokens = 0;
     cfg.hot_tokens = 0;
-    struct kv_cache *kv;
-    assert_int_equal(kv_create(&cfg, &kv), KS_OK);
     int32_t a, b;
-    assert_int_equal(kv_seq_create(kv, &a), KS_OK);
-    assert_int_equal(kv_seq_grow(kv, a, 64), KS_OK);
-    fill(kv, a, 0, 64);
-    assert_int_equal(kv_seq_fork(kv, a, &b), KS_OK);
+    struct kv_cache *kv = forked_cache(&cfg, 64, &a, &b);
     float theirs[64], mine[64];
-    float k[128], v[128];
-    for (int i = 0; i < 128; i++)
-        k[i] = v[i] = 0.25f;
     /* 2 pages + the copy cross the high watermark: both shared pages are demoted first */
-    assert_int_equal(kv_write(kv, 2, b, 63, k, v), KS_OK);
+    write_const(kv, 2, b, 63, 0.25f);
     const struct kv_page *pa = &kv->pages[kv->seqs[a].pages[1]], *pb = &kv->pages[kv->seqs[b].pages[1]];
     assert_int_not_equal(kv->seqs[a].pages[1], kv->seqs[b].pages[1]);
     assert_int_not_equal(pa->tv, QUANT_F16);

@@ -36,9 +36,9 @@
 #include <unistd.h>
 
 #include <cmocka.h>
-#include <cjson/cJSON.h>
 
 #include "model/model.h"
+#include "support/llamacpp_ref.h"
 #include "support/ref_forward.h"
 #include "support/skip.h"
 
@@ -49,56 +49,6 @@ static const char *shared_dir(void)
 {
     const char *d = getenv("KVSERVE_SHARED");
     return d ? d : "../shared";
-}
-
-static char *read_file(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    if (fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        free(buf);
-        fclose(f);
-        return NULL;
-    }
-    buf[n] = 0;
-    fclose(f);
-    *len = (size_t)n;
-    return buf;
-}
-
-static int32_t *json_ids(const cJSON *root, const char *key, int *n)
-{
-    const cJSON *arr = cJSON_GetObjectItemCaseSensitive(root, key);
-    assert_true(cJSON_IsArray(arr));
-    *n = cJSON_GetArraySize(arr);
-    int32_t *ids = malloc(sizeof(int32_t) * (size_t)*n);
-    for (int i = 0; i < *n; i++)
-        ids[i] = (int32_t)cJSON_GetArrayItem(arr, i)->valueint;
-    return ids;
-}
-
-static int argmax(const float *x, int n)
-{
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best])
-            best = i;
-    return best;
-}
-
-static float max_diff(const float *a, const float *b, size_t n)
-{
-    float worst = 0;
-    for (size_t i = 0; i < n; i++) {
-        float d = fabsf(a[i] - b[i]);
-        worst = d > worst ? d : worst;
-    }
-    return worst;
 }
 
 struct ref_case {
@@ -122,12 +72,12 @@ static float check_naive(const struct model *m, const struct ref_case *rc, bool 
     char rows[1024] = "";
     for (int i = 0; i < n_prompt; i++) {
         assert_int_equal(ref_forward(plain, 0, prompt[i], i, row_plain), KS_OK);
-        float d = max_diff(row_plain, engine_logits + (size_t)i * n_vocab, (size_t)n_vocab);
+        float d = llamacpp_max_diff(row_plain, engine_logits + (size_t)i * n_vocab, (size_t)n_vocab);
         worst_plain = d > worst_plain ? d : worst_plain;
     }
     for (int i = 0; i < n_prompt && fa_refs; i++) {
         assert_int_equal(ref_forward(fa, 0, prompt[i], i, row), KS_OK);
-        float d = max_diff(row, llama_logits + (size_t)i * n_vocab, (size_t)n_vocab);
+        float d = llamacpp_max_diff(row, llama_logits + (size_t)i * n_vocab, (size_t)n_vocab);
         size_t len = strlen(rows);
         snprintf(rows + len, sizeof rows - len, " %.0e", (double)d);
         worst_fa = d > worst_fa ? d : worst_fa;
@@ -138,7 +88,7 @@ static float check_naive(const struct model *m, const struct ref_case *rc, bool 
     /* the reference's own greedy continuation, one token per batch as llama.cpp decodes */
     ref_set_batch_size(fa, 1);
     for (int i = 0; i < n_greedy; i++) {
-        int32_t next = argmax(row, n_vocab);
+        int32_t next = llamacpp_argmax(row, n_vocab);
         if (next != greedy[i])
             fail_msg("%s: llama.cpp-mode reference: greedy token %d is %d, llama.cpp picked %d", rc->name, i, next,
                      greedy[i]);
@@ -152,17 +102,6 @@ done:
     ref_model_free(fa);
     ref_model_free(plain);
     return worst_plain;
-}
-
-/* How llama.cpp made the file. ../shared/ref's files carry no "flash_attn"
- * key: they were made with llama.cpp's default, flash attention on the CPU
- * (what check 1 reproduces). A file made with `-fa off` and marked
- * "flash_attn": false holds plain F32 attention, and the engine must then be
- * within LOGIT_TOL of llama.cpp itself. */
-static bool made_with_flash_attn(const cJSON *root)
-{
-    const cJSON *fa = cJSON_GetObjectItemCaseSensitive(root, "flash_attn");
-    return !cJSON_IsBool(fa) || cJSON_IsTrue(fa);
 }
 
 /* The model and reference files of a case under ../shared. */
@@ -195,18 +134,11 @@ static void run_case(const struct ref_case *rc, int n_threads, int prefill_chunk
 {
     char mpath[1024], jpath[1024], lpath[1024];
     case_paths(rc, mpath, jpath, lpath, sizeof mpath);
-    size_t jlen, llen;
-    char *json = read_file(jpath, &jlen);
-    float *ref_logits = (float *)read_file(lpath, &llen);
-    assert_non_null(json);
-    assert_non_null(ref_logits);
-    cJSON *root = cJSON_Parse(json);
-    assert_non_null(root);
-    int n_prompt, n_greedy;
-    int32_t *prompt = json_ids(root, "prompt_ids", &n_prompt);
-    int32_t *greedy = json_ids(root, "greedy_ids", &n_greedy);
-    int n_vocab = cJSON_GetObjectItemCaseSensitive(root, "n_vocab")->valueint;
-    assert_int_equal(llen, (size_t)n_prompt * n_vocab * sizeof(float));
+    char rdir[1024];
+    snprintf(rdir, sizeof rdir, "%s/ref", shared_dir());
+    struct llamacpp_ref r;
+    llamacpp_ref_load(rdir, rc->name, &r);
+    int n_prompt = r.n_prompt, n_vocab = r.n_vocab;
 
     struct model *m;
     assert_int_equal(model_load(mpath, &m), KS_OK);
@@ -227,21 +159,16 @@ static void run_case(const struct ref_case *rc, int n_threads, int prefill_chunk
 
     /* prefill in chunks, logits for every position */
     float *logits = malloc(sizeof(float) * (size_t)n_prompt * n_vocab);
-    int32_t *pos = malloc(sizeof(int32_t) * (size_t)n_prompt), *seqs = malloc(sizeof(int32_t) * (size_t)n_prompt);
-    bool *want = malloc(sizeof(bool) * (size_t)n_prompt);
-    for (int i = 0; i < n_prompt; i++)
-        pos[i] = i, seqs[i] = seq, want[i] = true;
-    for (int at = 0; at < n_prompt; at += prefill_chunk) {
-        int n = n_prompt - at < prefill_chunk ? n_prompt - at : prefill_chunk;
-        struct model_batch b = {n, prompt + at, pos + at, seqs + at, want + at};
-        int32_t n_out = 0;
-        assert_int_equal(model_forward(ctx, kv, &b, logits + (size_t)at * n_vocab, &n_out), KS_OK);
-        assert_int_equal(n_out, n);
-    }
-    bool fa_refs = made_with_flash_attn(root);
+    llamacpp_ref_prefill(&r, ctx, kv, seq, prefill_chunk, logits);
+    /* How llama.cpp made the file. ../shared/ref's files carry no "flash_attn"
+     * key: they were made with llama.cpp's default, flash attention on the CPU
+     * (what check 1 reproduces). A file made with `-fa off` and marked
+     * "flash_attn": false holds plain F32 attention, and the engine must then be
+     * within LOGIT_TOL of llama.cpp itself. */
+    bool fa_refs = r.flash_attn;
     float llama_tol = fa_refs ? LLAMACPP_F32_TOL : LOGIT_TOL;
-    float vs_llama = max_diff(logits, ref_logits, (size_t)n_prompt * n_vocab);
-    float vs_ref = check_naive(m, rc, fa_refs, prompt, n_prompt, greedy, n_greedy, ref_logits, logits);
+    float vs_llama = llamacpp_max_diff(logits, r.logits, (size_t)n_prompt * n_vocab);
+    float vs_ref = check_naive(m, rc, fa_refs, r.prompt, n_prompt, r.greedy, r.n_greedy, r.logits, logits);
     print_message("%s: engine vs naive f32 ref %.2e (tol %.0e); engine vs llama.cpp (%s) %.2e (tol %.0e)\n",
                   rc->name, (double)vs_ref, (double)LOGIT_TOL, fa_refs ? "flash attention" : "-fa off",
                   (double)vs_llama, (double)llama_tol);
@@ -249,18 +176,10 @@ static void run_case(const struct ref_case *rc, int n_threads, int prefill_chunk
     assert_true(vs_llama <= llama_tol);
 
     /* greedy decode, one token at a time */
-    int32_t next = argmax(logits + (size_t)(n_prompt - 1) * n_vocab, n_vocab);
-    for (int i = 0; i < n_greedy; i++) {
-        if (next != greedy[i])
-            fail_msg("%s: greedy token %d is %d, llama.cpp picked %d", rc->name, i, next, greedy[i]);
-        int32_t p = n_prompt + i;
-        struct model_batch b = {1, &next, &p, &seq, NULL};
-        assert_int_equal(model_forward(ctx, kv, &b, logits, NULL), KS_OK);
-        next = argmax(logits, n_vocab);
-    }
+    llamacpp_ref_check_greedy(&r, rc->name, ctx, kv, seq, logits);
 
-    free(logits), free(pos), free(seqs), free(want), free(prompt), free(greedy), free(json), free(ref_logits);
-    cJSON_Delete(root);
+    free(logits);
+    llamacpp_ref_free(&r);
     model_ctx_free(ctx);
     kv_free(kv);
     threads_free(pool);

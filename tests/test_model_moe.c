@@ -24,9 +24,9 @@
 #include <unistd.h>
 
 #include <cmocka.h>
-#include <cjson/cJSON.h>
 
 #include "model/model.h"
+#include "support/llamacpp_ref.h"
 #include "support/ref_forward.h"
 
 #define LOGIT_TOL 1e-4f
@@ -67,26 +67,6 @@ static const struct moe_case g_cases[] = {
 };
 #define N_CASES (int)(sizeof g_cases / sizeof g_cases[0])
 
-static char *read_file(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = n >= 0 ? malloc((size_t)n + 1) : NULL;
-    if (!buf || fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        free(buf);
-        fclose(f);
-        return NULL;
-    }
-    buf[n] = 0;
-    fclose(f);
-    *len = (size_t)n;
-    return buf;
-}
-
 static const char *data_dir(void)
 {
     static char dir[1024];
@@ -100,61 +80,14 @@ static void model_path(const struct moe_case *mc, char *buf, size_t cap)
     snprintf(buf, cap, "%s/%s-%s.gguf", g_dir, mc->preset, mc->type);
 }
 
-struct reference {
-    int n_vocab, n_prompt, n_greedy;
-    int32_t prompt[MAX_IDS], greedy[MAX_IDS];
-    float *logits; /* (n_prompt, n_vocab) */
-};
-
-static int json_ids(const cJSON *root, const char *key, int32_t *ids)
+/* llama.cpp's prompt, logits and greedy ids for a case, made with plain F32
+ * attention; the prompt fits the batch buffers below. */
+static void load_reference(const struct moe_case *mc, struct llamacpp_ref *r)
 {
-    const cJSON *arr = cJSON_GetObjectItemCaseSensitive(root, key);
-    assert_true(cJSON_IsArray(arr));
-    int n = cJSON_GetArraySize(arr);
-    assert_true(n > 0 && n <= MAX_IDS);
-    for (int i = 0; i < n; i++)
-        ids[i] = (int32_t)cJSON_GetArrayItem(arr, i)->valueint;
-    return n;
-}
-
-static void load_reference(const struct moe_case *mc, struct reference *r)
-{
-    char jpath[1200], lpath[1200];
-    snprintf(jpath, sizeof jpath, "%s/%s.json", data_dir(), mc->name);
-    snprintf(lpath, sizeof lpath, "%s/%s.logits.f32", data_dir(), mc->name);
-    size_t jlen, llen;
-    char *json = read_file(jpath, &jlen);
-    r->logits = (float *)read_file(lpath, &llen);
-    if (!json || !r->logits)
-        fail_msg("cannot read %s or %s", jpath, lpath);
-    cJSON *root = cJSON_Parse(json);
-    assert_non_null(root);
-    assert_true(cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(root, "flash_attn")));
-    r->n_vocab = cJSON_GetObjectItemCaseSensitive(root, "n_vocab")->valueint;
-    r->n_prompt = json_ids(root, "prompt_ids", r->prompt);
-    r->n_greedy = json_ids(root, "greedy_ids", r->greedy);
-    assert_int_equal(llen, (size_t)r->n_prompt * r->n_vocab * sizeof(float));
-    cJSON_Delete(root);
-    free(json);
-}
-
-static int argmax(const float *x, int n)
-{
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best])
-            best = i;
-    return best;
-}
-
-static float max_diff(const float *a, const float *b, size_t n)
-{
-    float worst = 0;
-    for (size_t i = 0; i < n; i++) {
-        float d = fabsf(a[i] - b[i]);
-        worst = d > worst ? d : worst;
-    }
-    return worst;
+    llamacpp_ref_load(data_dir(), mc->name, r);
+    assert_false(r->flash_attn);
+    assert_true(r->n_prompt > 0 && r->n_prompt <= MAX_IDS);
+    assert_true(r->n_greedy > 0 && r->n_greedy <= MAX_IDS);
 }
 
 struct engine {
@@ -188,26 +121,9 @@ static void engine_free(struct engine *e)
     model_free(e->m);
 }
 
-/* The prompt into sequence seq in chunks, logits of every row into out. */
-static void prefill(struct engine *e, int32_t seq, const struct reference *r, int chunk, float *out)
-{
-    int32_t pos[MAX_IDS], seqs[MAX_IDS];
-    bool want[MAX_IDS];
-    for (int i = 0; i < r->n_prompt; i++)
-        pos[i] = i, seqs[i] = seq, want[i] = true;
-    for (int at = 0; at < r->n_prompt; at += chunk) {
-        int n = r->n_prompt - at < chunk ? r->n_prompt - at : chunk;
-        struct model_batch b = {n, r->prompt + at, pos + at, seqs + at, want + at};
-        int32_t n_out = 0;
-        if (model_forward(e->ctx, e->kv, &b, out + (size_t)at * r->n_vocab, &n_out))
-            fail_msg("model_forward: %s", ks_errmsg());
-        assert_int_equal(n_out, n);
-    }
-}
-
 static void run_case(const struct moe_case *mc, int n_threads, int chunk)
 {
-    struct reference r;
+    struct llamacpp_ref r;
     load_reference(mc, &r);
     struct engine e;
     engine_init(&e, mc, n_threads, 2 * MAX_IDS);
@@ -218,11 +134,11 @@ static void run_case(const struct moe_case *mc, int n_threads, int chunk)
     float *logits = malloc(sizeof(float) * (size_t)r.n_prompt * V);
     int32_t seq;
     assert_int_equal(kv_seq_create(e.kv, &seq), KS_OK);
-    prefill(&e, seq, &r, chunk, logits);
-    float vs_llama = max_diff(logits, r.logits, (size_t)r.n_prompt * V);
+    llamacpp_ref_prefill(&r, e.ctx, e.kv, seq, chunk, logits);
+    float vs_llama = llamacpp_max_diff(logits, r.logits, (size_t)r.n_prompt * V);
     if (getenv("MOE_TEST_VERBOSE"))
         for (int i = 0; i < r.n_prompt; i++)
-            print_message("  row %d: %.2e\n", i, (double)max_diff(logits + i * V, r.logits + i * V, V));
+            print_message("  row %d: %.2e\n", i, (double)llamacpp_max_diff(logits + i * V, r.logits + i * V, V));
 
     /* the naive reference on the same prompt */
     struct ref_model *ref;
@@ -231,7 +147,8 @@ static void run_case(const struct moe_case *mc, int n_threads, int chunk)
     float vs_ref = 0, ref_vs_llama = 0;
     for (int i = 0; i < r.n_prompt; i++) {
         assert_int_equal(ref_forward(ref, 0, r.prompt[i], i, row), KS_OK);
-        float d = max_diff(row, logits + (size_t)i * V, V), dl = max_diff(row, r.logits + (size_t)i * V, V);
+        float d = llamacpp_max_diff(row, logits + (size_t)i * V, V);
+        float dl = llamacpp_max_diff(row, r.logits + (size_t)i * V, V);
         vs_ref = d > vs_ref ? d : vs_ref;
         ref_vs_llama = dl > ref_vs_llama ? dl : ref_vs_llama;
     }
@@ -247,16 +164,9 @@ static void run_case(const struct moe_case *mc, int n_threads, int chunk)
         assert_true(vs_ref > 1e-2f);
 
     /* greedy decode, one token per batch */
-    int32_t next = argmax(logits + (size_t)(r.n_prompt - 1) * V, r.n_vocab);
-    for (int i = 0; i < r.n_greedy; i++) {
-        if (next != r.greedy[i])
-            fail_msg("%s: greedy token %d is %d, llama.cpp picked %d", mc->name, i, next, r.greedy[i]);
-        int32_t p = r.n_prompt + i;
-        struct model_batch b = {1, &next, &p, &seq, NULL};
-        assert_int_equal(model_forward(e.ctx, e.kv, &b, logits, NULL), KS_OK);
-        next = argmax(logits, r.n_vocab);
-    }
-    free(row), free(logits), free(r.logits);
+    llamacpp_ref_check_greedy(&r, mc->name, e.ctx, e.kv, seq, logits);
+    free(row), free(logits);
+    llamacpp_ref_free(&r);
     engine_free(&e);
 }
 
@@ -264,7 +174,7 @@ static void run_case(const struct moe_case *mc, int n_threads, int chunk)
  * batch; each must follow llama.cpp's greedy ids. */
 static void run_two_streams(const struct moe_case *mc)
 {
-    struct reference r;
+    struct llamacpp_ref r;
     load_reference(mc, &r);
     struct engine e;
     engine_init(&e, mc, 2, 2 * MAX_IDS);
@@ -284,13 +194,13 @@ static void run_two_streams(const struct moe_case *mc)
     assert_int_equal(n_out, 2);
     float worst = 0;
     for (int q = 0; q < 2; q++) {
-        float d = max_diff(logits + q * V, r.logits + (size_t)(n - 1) * V, V);
+        float d = llamacpp_max_diff(logits + q * V, r.logits + (size_t)(n - 1) * V, V);
         worst = d > worst ? d : worst;
     }
     for (int i = 0; i < r.n_greedy; i++) {
         int32_t t2[2], p2[2] = {n + i, n + i};
         for (int q = 0; q < 2; q++) {
-            t2[q] = argmax(logits + q * V, r.n_vocab);
+            t2[q] = llamacpp_argmax(logits + q * V, r.n_vocab);
             if (t2[q] != r.greedy[i])
                 fail_msg("%s: stream %d: greedy token %d is %d, llama.cpp picked %d", mc->name, q, i, t2[q],
                          r.greedy[i]);
@@ -302,7 +212,8 @@ static void run_two_streams(const struct moe_case *mc)
     print_message("%-18s two streams in one batch: last prompt row vs llama.cpp %.2e, %d greedy ids equal\n",
                   mc->name, (double)worst, r.n_greedy);
     assert_true(worst <= LOGIT_TOL);
-    free(logits), free(r.logits);
+    free(logits);
+    llamacpp_ref_free(&r);
     engine_free(&e);
 }
 

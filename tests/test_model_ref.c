@@ -79,6 +79,13 @@ static struct model *make_model(const struct arch_case *ac, const char *type)
     return m;
 }
 
+/* Write the synthetic model (checking that it loads); its path into path. */
+static void synth_file(const struct arch_case *ac, const char *type, char *path, size_t cap)
+{
+    model_free(make_model(ac, type));
+    synth_path(path, cap, case_name(ac), type);
+}
+
 struct engine {
     threads_pool *pool;
     struct kv_cache *kv;
@@ -162,6 +169,30 @@ static void run_batch(struct engine *e, struct ref_model *rt, struct ref_model *
     }
     assert_int_equal(row, expect_rows);
     free(got);
+}
+
+/* A prompt of 12 tokens (i * mul + add) % N_VOCAB as one batch through the
+ * engine and both references, comparing every row (all_rows) or the last;
+ * the worst |engine - tight reference|. */
+static float prompt_vs_refs(const struct model *m, int mul, int add, bool all_rows)
+{
+    struct engine e;
+    engine_init(&e, m, 2);
+    struct ref_model *r, *r2;
+    assert_int_equal(ref_model_create(m, 1, MAX_CTX, REF_QUANTIZE_ACTS, &r), KS_OK);
+    assert_int_equal(ref_model_create(m, 1, MAX_CTX, 0, &r2), KS_OK);
+    int32_t seq;
+    assert_int_equal(kv_seq_create(e.kv, &seq), KS_OK);
+    int32_t tok[12], pos[12], slot[12] = {0};
+    bool want[12];
+    for (int i = 0; i < 12; i++)
+        tok[i] = (i * mul + add) % N_VOCAB, pos[i] = i, want[i] = true;
+    struct worst w = {0};
+    run_batch(&e, r, r2, &seq, tok, slot, pos, all_rows ? want : NULL, 12, all_rows ? 12 : 1, &w);
+    ref_model_free(r);
+    ref_model_free(r2);
+    engine_free(&e);
+    return w.tight;
 }
 
 static void run_case(const struct arch_case *ac, const char *type, struct tol tol, int n_threads)
@@ -383,10 +414,8 @@ static void drop_nothing(struct gguf_writer *w) { (void)w; }
 static void test_load_errors(void **state)
 {
     (void)state;
-    struct model *m = make_model(&g_qwen2, "q8_0");
-    model_free(m);
     char src[128], dst[160];
-    synth_path(src, sizeof src, "qwen2", "q8_0");
+    synth_file(&g_qwen2, "q8_0", src, sizeof src);
     snprintf(dst, sizeof dst, "%s/broken.gguf", g_dir);
 
     rewrite(src, dst, "blk.1.ffn_up.weight", EDIT_DROP, drop_nothing);
@@ -410,11 +439,9 @@ static void set_dense_llama(struct gguf_writer *w) { gguf_writer_set_u32(w, "lla
 static void test_moe_load_errors(void **state)
 {
     (void)state;
-    model_free(make_model(&g_qwen3moe, "q8_0"));
-    model_free(make_model(&g_mixtral, "q8_0"));
     char src[128], mix[128], dst[160];
-    synth_path(src, sizeof src, "qwen3moe", "q8_0");
-    synth_path(mix, sizeof mix, "mixtral", "q8_0");
+    synth_file(&g_qwen3moe, "q8_0", src, sizeof src);
+    synth_file(&g_mixtral, "q8_0", mix, sizeof mix);
     snprintf(dst, sizeof dst, "%s/broken.gguf", g_dir);
 
     rewrite(src, dst, "blk.1.ffn_up_exps.weight", EDIT_DROP, drop_nothing);
@@ -445,31 +472,15 @@ static void test_moe_load_errors(void **state)
 static void test_moe_router_ties(void **state)
 {
     (void)state;
-    struct model *m = make_model(&g_qwen3moe, "f32");
-    model_free(m);
     char src[128], dst[160];
-    synth_path(src, sizeof src, "qwen3moe", "f32");
+    synth_file(&g_qwen3moe, "f32", src, sizeof src);
     snprintf(dst, sizeof dst, "%s/ties.gguf", g_dir);
     rewrite(src, dst, "blk.1.ffn_gate_inp.weight", EDIT_ZERO, drop_nothing);
+    struct model *m;
     assert_int_equal(model_load(dst, &m), KS_OK);
-    struct engine e;
-    engine_init(&e, m, 2);
-    struct ref_model *r, *r2;
-    assert_int_equal(ref_model_create(m, 1, MAX_CTX, REF_QUANTIZE_ACTS, &r), KS_OK);
-    assert_int_equal(ref_model_create(m, 1, MAX_CTX, 0, &r2), KS_OK);
-    int32_t seq;
-    assert_int_equal(kv_seq_create(e.kv, &seq), KS_OK);
-    int32_t tok[12], pos[12], slot[12] = {0};
-    bool want[12];
-    for (int i = 0; i < 12; i++)
-        tok[i] = (i * 53 + 5) % N_VOCAB, pos[i] = i, want[i] = true;
-    struct worst w = {0};
-    run_batch(&e, r, r2, &seq, tok, slot, pos, want, 12, 12, &w);
-    print_message("router ties: max |diff| %.2e\n", (double)w.tight);
-    assert_true(w.tight <= 1e-4f);
-    ref_model_free(r);
-    ref_model_free(r2);
-    engine_free(&e);
+    float tight = prompt_vs_refs(m, 53, 5, true);
+    print_message("router ties: max |diff| %.2e\n", (double)tight);
+    assert_true(tight <= 1e-4f);
     model_free(m);
 }
 
@@ -492,32 +503,17 @@ static void set_llama3(struct gguf_writer *w)
 
 static void run_scaled(void (*keys)(struct gguf_writer *), enum model_rope_scaling want, float factor)
 {
-    struct model *m = make_model(&g_llama, "f32");
-    model_free(m);
     char src[128], dst[160];
-    synth_path(src, sizeof src, "llama", "f32");
+    synth_file(&g_llama, "f32", src, sizeof src);
     snprintf(dst, sizeof dst, "%s/scaled.gguf", g_dir);
     rewrite(src, dst, NULL, EDIT_DROP, keys);
+    struct model *m;
     assert_int_equal(model_load(dst, &m), KS_OK);
     assert_int_equal(model_hparams(m)->rope_scaling, want);
     assert_true(fabsf(model_hparams(m)->rope_scale_factor - factor) < 1e-6f);
-    struct engine e;
-    engine_init(&e, m, 2);
-    struct ref_model *r, *r2;
-    assert_int_equal(ref_model_create(m, 1, MAX_CTX, REF_QUANTIZE_ACTS, &r), KS_OK);
-    assert_int_equal(ref_model_create(m, 1, MAX_CTX, 0, &r2), KS_OK);
-    int32_t seq;
-    assert_int_equal(kv_seq_create(e.kv, &seq), KS_OK);
-    int32_t tok[12], pos[12], slot[12] = {0};
-    for (int i = 0; i < 12; i++)
-        tok[i] = (i * 37 + 11) % N_VOCAB, pos[i] = i;
-    struct worst w = {0};
-    run_batch(&e, r, r2, &seq, tok, slot, pos, NULL, 12, 1, &w);
-    print_message("rope scaling %d: max |diff| %.2e\n", want, (double)w.tight);
-    assert_true(w.tight <= 1e-4f);
-    ref_model_free(r);
-    ref_model_free(r2);
-    engine_free(&e);
+    float tight = prompt_vs_refs(m, 37, 11, false);
+    print_message("rope scaling %d: max |diff| %.2e\n", want, (double)tight);
+    assert_true(tight <= 1e-4f);
     model_free(m);
 }
 

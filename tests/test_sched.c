@@ -2,7 +2,6 @@
  * sequence's whole history: whatever the batching, chunking or preemption,
  * each request must get exactly the tokens it would get alone. */
 #include <setjmp.h>
-#include <stdatomic.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -16,193 +15,33 @@
 #include "sched/sched.h"
 #include "sched/sched_cost.h"
 #include "support/deadline.h"
+#include "support/mock_engine.h"
 
 #define V 97
 #define MAX_SEQ 64
 
-/* ---- mock engine ---------------------------------------------------------- */
+/* ---- mock engine (tests/support/mock_engine.h) ------------------------------------ */
 
-struct mock {
-    /* held by forward: the test thread sets the watch fields while the
-     * scheduler's thread runs steps */
-    pthread_mutex_t mu;
-    int32_t capacity;          /* total tokens the "cache" holds */
-    int32_t used;
-    int32_t *hist[MAX_SEQ];    /* tokens fed to each sequence */
-    int32_t len[MAX_SEQ];
-    bool live[MAX_SEQ];
-    int n_live;
-    int32_t max_batch_seen;
-    int32_t max_chunk_seen;    /* most tokens of one sequence in one batch */
-    int bad_positions;
-    uint64_t steps;            /* successful forwards */
-    int32_t ctx;
-    /* a watched prompt: sequences whose first token is watch_first, until
-     * they hold watch_len tokens; steps that fed them nothing are counted */
-    int32_t watch_first, watch_len;
-    int watch_idle_steps, watch_steps;
-    /* while set, forward waits: lets a test queue all its requests before
-     * the first step, whatever the machine's speed */
-    atomic_bool hold;
-};
-
-static void mock_watch(struct mock *m, int32_t first, int32_t len)
+/* A cache of capacity tokens, sequences of up to ctx tokens, ids 0..V-1. */
+static struct mock_engine_config mock_config(int32_t capacity, int32_t ctx)
 {
-    pthread_mutex_lock(&m->mu);
-    m->watch_first = first;
-    m->watch_len = len;
-    pthread_mutex_unlock(&m->mu);
+    struct mock_engine_config mc = {.n_vocab = V, .max_seqs = MAX_SEQ, .max_ctx = ctx, .capacity = capacity};
+    return mc;
 }
 
-static uint32_t next_token_of(const int32_t *toks, int32_t n)
+static struct mock_engine *mock_new(int32_t capacity, int32_t ctx)
 {
-    uint32_t h = 2166136261u;
-    for (int32_t i = 0; i < n; i++)
-        h = (h ^ (uint32_t)toks[i]) * 16777619u;
-    return h % V;
-}
-
-static ks_status m_seq_create(void *ctx, int32_t *out)
-{
-    struct mock *m = ctx;
-    for (int i = 0; i < MAX_SEQ; i++)
-        if (!m->live[i]) {
-            m->live[i] = true;
-            m->len[i] = 0;
-            m->n_live++;
-            *out = i;
-            return KS_OK;
-        }
-    return ks_fail(KS_ERR_KV_FULL, "no sequence slots");
-}
-
-static void m_seq_free(void *ctx, int32_t seq)
-{
-    struct mock *m = ctx;
-    assert_true(seq >= 0 && seq < MAX_SEQ && m->live[seq]);
-    m->live[seq] = false;
-    m->used -= m->len[seq];
-    m->len[seq] = 0;
-    m->n_live--;
-}
-
-/* One step of the "model", with m->mu held. */
-static ks_status m_forward_locked(struct mock *m, const struct sched_batch *b, float *logits)
-{
-    int32_t add[MAX_SEQ] = {0};
-    for (int32_t i = 0; i < b->n_tokens; i++) {
-        int32_t s = b->seq[i];
-        assert_true(s >= 0 && s < MAX_SEQ && m->live[s]);
-        if (b->pos[i] != m->len[s] + add[s])
-            m->bad_positions++;
-        add[s]++;
-    }
-    if (m->used + b->n_tokens > m->capacity)
-        return ks_fail(KS_ERR_KV_FULL, "mock cache full");
-    if (b->n_tokens > m->max_batch_seen)
-        m->max_batch_seen = b->n_tokens;
-    for (int s = 0; s < MAX_SEQ; s++)
-        if (add[s] > m->max_chunk_seen)
-            m->max_chunk_seen = add[s];
-    int32_t row = 0;
-    for (int32_t i = 0; i < b->n_tokens; i++) {
-        int32_t s = b->seq[i];
-        m->hist[s][m->len[s]++] = b->tokens[i];
-        m->used++;
-        if (b->want_logits[i]) {
-            float *l = logits + (size_t)row++ * V;
-            for (int v = 0; v < V; v++)
-                l[v] = 0.0f;
-            l[next_token_of(m->hist[s], m->len[s])] = 10.0f;
-        }
-    }
-    for (int s = 0; s < MAX_SEQ; s++)
-        if (m->watch_len > 0 && m->live[s] && m->len[s] > add[s] && m->hist[s][0] == m->watch_first &&
-            m->len[s] - add[s] < m->watch_len) {
-            if (add[s] == 0)
-                m->watch_idle_steps++;
-            else
-                m->watch_steps++;
-        }
-    m->steps++;
-    return KS_OK;
-}
-
-static ks_status m_forward(void *ctx, const struct sched_batch *b, float *logits)
-{
-    struct mock *m = ctx;
-    /* On the scheduler's thread, where cmocka cannot fail a test: a hold the
-     * test never releases fails the step instead, and so the request. */
-    struct timespec deadline = ks_deadline_in(KS_WAIT_SECONDS);
-    while (atomic_load(&m->hold))
-        if (ks_deadline_passed(&deadline))
-            return ks_fail(KS_ERR_STATE, "mock: held for %d s", KS_WAIT_SECONDS);
-        else
-            usleep(200);
-    pthread_mutex_lock(&m->mu);
-    ks_status st = m_forward_locked(m, b, logits);
-    pthread_mutex_unlock(&m->mu);
-    return st;
-}
-
-static ks_status m_sampler_create(void *ctx, const struct sample_params *p, void **out)
-{
-    (void)ctx;
-    (void)p;
-    *out = malloc(1);
-    return *out ? KS_OK : KS_ERR_NOMEM;
-}
-
-static ks_status m_sampler_next(void *ctx, void *smp, const float *logits, const int32_t *hist, int32_t n,
-                                struct sample_result *out)
-{
-    (void)ctx;
-    (void)smp;
-    (void)hist;
-    (void)n;
-    int best = 0;
-    for (int v = 1; v < V; v++)
-        if (logits[v] > logits[best])
-            best = v;
-    memset(out, 0, sizeof *out);
-    out->token = best;
-    return KS_OK;
-}
-
-static void m_sampler_free(void *ctx, void *smp)
-{
-    (void)ctx;
-    free(smp);
-}
-
-static struct mock *mock_new(int32_t capacity, int32_t ctx)
-{
-    struct mock *m = calloc(1, sizeof *m);
-    pthread_mutex_init(&m->mu, NULL);
-    m->capacity = capacity;
-    m->ctx = ctx;
-    for (int i = 0; i < MAX_SEQ; i++)
-        m->hist[i] = calloc((size_t)ctx, sizeof(int32_t));
+    struct mock_engine_config mc = mock_config(capacity, ctx);
+    struct mock_engine *m = NULL;
+    assert_int_equal(mock_engine_create(&mc, &m), KS_OK);
     return m;
 }
 
-static void mock_free(void *ctx)
+static struct mock_engine_stats mock_stats(struct mock_engine *m)
 {
-    struct mock *m = ctx;
-    for (int i = 0; i < MAX_SEQ; i++)
-        free(m->hist[i]);
-    pthread_mutex_destroy(&m->mu);
-    free(m);
-}
-
-static struct sched_engine mock_engine(struct mock *m)
-{
-    struct sched_engine e = {
-        .ctx = m, .n_vocab = V, .seq_create = m_seq_create, .seq_free = m_seq_free,
-        .forward = m_forward, .sampler_create = m_sampler_create, .sampler_next = m_sampler_next,
-        .sampler_free = m_sampler_free, .destroy = NULL,
-    };
-    return e;
+    struct mock_engine_stats st;
+    mock_engine_stats(m, &st);
+    return st;
 }
 
 /* ---- request results -------------------------------------------------------- */
@@ -215,7 +54,7 @@ struct result {
     int n;
     bool done;
     enum sched_finish finish;
-    struct mock *m;
+    struct mock_engine *m;
 };
 
 static void on_event(void *user, const struct sched_event *ev)
@@ -224,7 +63,7 @@ static void on_event(void *user, const struct sched_event *ev)
     pthread_mutex_lock(&r->mu);
     if (ev->finish == SCHED_FINISH_NONE) {
         assert_int_equal(ev->n_generated, r->n + 1);
-        r->step_of[r->n] = r->m ? r->m->steps : 0;
+        r->step_of[r->n] = r->m ? mock_stats(r->m).steps : 0;
         r->tokens[r->n++] = ev->token;
     } else {
         r->finish = ev->finish;
@@ -234,7 +73,7 @@ static void on_event(void *user, const struct sched_event *ev)
     pthread_mutex_unlock(&r->mu);
 }
 
-static struct result *result_new(struct mock *m)
+static struct result *result_new(struct mock_engine *m)
 {
     struct result *r = calloc(1, sizeof *r);
     pthread_mutex_init(&r->mu, NULL);
@@ -275,13 +114,8 @@ static void make_prompt(int32_t *p, int32_t n, int seed)
 /* What the mock model generates alone, greedily. */
 static void reference(const int32_t *prompt, int32_t n_prompt, int32_t n_gen, int32_t *out)
 {
-    int32_t *all = malloc((size_t)(n_prompt + n_gen) * sizeof *all);
-    memcpy(all, prompt, (size_t)n_prompt * sizeof *all);
-    for (int32_t i = 0; i < n_gen; i++) {
-        out[i] = (int32_t)next_token_of(all, n_prompt + i);
-        all[n_prompt + i] = out[i];
-    }
-    free(all);
+    struct mock_engine_config mc = mock_config(0, 1);
+    mock_engine_generate(&mc, prompt, n_prompt, n_gen, out);
 }
 
 static uint64_t submit(struct sched *s, const int32_t *prompt, int32_t n, int32_t max_tokens, struct result *r)
@@ -293,7 +127,7 @@ static uint64_t submit(struct sched *s, const int32_t *prompt, int32_t n, int32_
     return id;
 }
 
-static struct sched *start(struct mock *m, int parallel, int32_t max_batch, int32_t chunk, int32_t ctx)
+static struct sched *start(struct mock_engine *m, int parallel, int32_t max_batch, int32_t chunk, int32_t ctx)
 {
     struct sched_config cfg;
     sched_config_default(&cfg);
@@ -301,7 +135,7 @@ static struct sched *start(struct mock *m, int parallel, int32_t max_batch, int3
     cfg.max_batch_tokens = max_batch;
     cfg.prefill_chunk = chunk;
     cfg.ctx_size = ctx;
-    struct sched_engine e = mock_engine(m);
+    struct sched_engine e = mock_engine_sched(m, false);
     struct sched *s = NULL;
     assert_int_equal(sched_create(&cfg, &e, &s), KS_OK);
     return s;
@@ -312,7 +146,7 @@ static struct sched *start(struct mock *m, int parallel, int32_t max_batch, int3
 static void test_single_request(void **state)
 {
     (void)state;
-    struct mock *m = mock_new(100000, 2048);
+    struct mock_engine *m = mock_new(100000, 2048);
     struct sched *s = start(m, 4, 64, 16, 2048);
     int32_t prompt[37], want[20];
     make_prompt(prompt, 37, 1);
@@ -323,19 +157,19 @@ static void test_single_request(void **state)
     assert_int_equal(r->finish, SCHED_FINISH_LENGTH);
     assert_int_equal(r->n, 20);
     assert_memory_equal(r->tokens, want, sizeof want);
-    assert_true(m->max_chunk_seen <= 16);
+    assert_true(mock_stats(m).max_chunk_seen <= 16);
     sched_free(s);
-    assert_int_equal(m->n_live, 0);
-    assert_int_equal(m->bad_positions, 0);
+    assert_int_equal(mock_stats(m).n_live, 0);
+    assert_int_equal(mock_stats(m).bad_positions, 0);
     result_free(r);
-    mock_free(m);
+    mock_engine_free(m);
 }
 
 static void test_concurrent_equals_solo(void **state)
 {
     (void)state;
     enum { N = 40, GEN = 30 };
-    struct mock *m = mock_new(1000000, 2048);
+    struct mock_engine *m = mock_new(1000000, 2048);
     struct sched *s = start(m, 8, 64, 16, 2048);
     static int32_t prompts[N][300];
     struct result *res[N];
@@ -360,11 +194,11 @@ static void test_concurrent_equals_solo(void **state)
     assert_int_equal(st.ttft.n, N);
     assert_int_equal(st.itl.n, N * (GEN - 1));
     sched_free(s);
-    assert_true(m->max_batch_seen <= 64);
-    assert_true(m->max_chunk_seen <= 16);
-    assert_int_equal(m->bad_positions, 0);
-    assert_int_equal(m->n_live, 0);
-    mock_free(m);
+    assert_true(mock_stats(m).max_batch_seen <= 64);
+    assert_true(mock_stats(m).max_chunk_seen <= 16);
+    assert_int_equal(mock_stats(m).bad_positions, 0);
+    assert_int_equal(mock_stats(m).n_live, 0);
+    mock_engine_free(m);
 }
 
 /* A long prompt arriving while 4 sequences decode: every step still carries
@@ -372,7 +206,7 @@ static void test_concurrent_equals_solo(void **state)
 static void test_long_prefill_does_not_stall_decode(void **state)
 {
     (void)state;
-    struct mock *m = mock_new(1000000, 4096);
+    struct mock_engine *m = mock_new(1000000, 4096);
     struct sched *s = start(m, 8, 64, 32, 4096);
     int32_t small[4][5];
     static int32_t big[3000];
@@ -386,7 +220,7 @@ static void test_long_prefill_does_not_stall_decode(void **state)
     for (int i = 0; i < 4; i++)
         KS_WAIT_UNTIL(result_count(dec[i]) >= 2, "decoder %d to produce 2 tokens", i);
     make_prompt(big, 3000, 7);
-    mock_watch(m, big[0], 3000);
+    mock_engine_watch(m, big[0], 3000);
     for (int i = 0; i < 4; i++)
         assert_true(small[i][0] != big[0]);
     struct result *b = result_new(m);
@@ -404,12 +238,12 @@ static void test_long_prefill_does_not_stall_decode(void **state)
     assert_memory_equal(b->tokens, want, sizeof want);
     result_free(b);
     sched_free(s);
-    assert_true(m->max_batch_seen <= 64);
+    assert_true(mock_stats(m).max_batch_seen <= 64);
     /* the long prompt advanced in every step after its first chunk (floor of
      * one token) but the decode-only steps that refresh the cost model */
-    assert_true(m->watch_steps > 0);
-    assert_true(m->watch_idle_steps <= m->watch_steps / (SCHED_COST_REFRESH - 1) + 1);
-    mock_free(m);
+    assert_true(mock_stats(m).watch_steps > 0);
+    assert_true(mock_stats(m).watch_idle_steps <= mock_stats(m).watch_steps / (SCHED_COST_REFRESH - 1) + 1);
+    mock_engine_free(m);
 }
 
 /* 16 requests into a cache that holds a fraction of them: preemption and
@@ -418,8 +252,8 @@ static void test_preemption_keeps_tokens(void **state)
 {
     (void)state;
     enum { N = 16, P = 50, GEN = 100 };
-    struct mock *m = mock_new(700, 1024);
-    atomic_store(&m->hold, true); /* all 16 queued before the first step */
+    struct mock_engine *m = mock_new(700, 1024);
+    mock_engine_hold(m, true); /* all 16 queued before the first step */
     struct sched *s = start(m, 16, 128, 32, 1024);
     static int32_t prompts[N][P];
     struct result *res[N];
@@ -428,7 +262,7 @@ static void test_preemption_keeps_tokens(void **state)
         res[i] = result_new(m);
         submit(s, prompts[i], P, GEN, res[i]);
     }
-    atomic_store(&m->hold, false);
+    mock_engine_hold(m, false);
     for (int i = 0; i < N; i++) {
         int32_t want[GEN];
         reference(prompts[i], P, GEN, want);
@@ -443,16 +277,16 @@ static void test_preemption_keeps_tokens(void **state)
     assert_true(st.preemptions > 0);
     assert_true(st.kv_full_events > 0);
     sched_free(s);
-    assert_int_equal(m->bad_positions, 0);
-    assert_int_equal(m->n_live, 0);
-    assert_int_equal(m->used, 0);
-    mock_free(m);
+    assert_int_equal(mock_stats(m).bad_positions, 0);
+    assert_int_equal(mock_stats(m).n_live, 0);
+    assert_int_equal(mock_stats(m).used, 0);
+    mock_engine_free(m);
 }
 
 static void test_cancel_frees_pages(void **state)
 {
     (void)state;
-    struct mock *m = mock_new(100000, 4096);
+    struct mock_engine *m = mock_new(100000, 4096);
     struct sched *s = start(m, 4, 64, 16, 4096);
     int32_t prompt[10];
     make_prompt(prompt, 10, 3);
@@ -468,15 +302,15 @@ static void test_cancel_frees_pages(void **state)
     sched_get_stats(s, &st);
     assert_int_equal(st.n_running, 0);
     sched_free(s);
-    assert_int_equal(m->used, 0);
+    assert_int_equal(mock_stats(m).used, 0);
     result_free(r);
-    mock_free(m);
+    mock_engine_free(m);
 }
 
 static void test_rejects_bad_requests(void **state)
 {
     (void)state;
-    struct mock *m = mock_new(100000, 64);
+    struct mock_engine *m = mock_new(100000, 64);
     struct sched *s = start(m, 1, 16, 16, 64);
     int32_t prompt[64];
     make_prompt(prompt, 64, 1);
@@ -494,20 +328,20 @@ static void test_rejects_bad_requests(void **state)
     assert_int_equal(sched_submit(s, &rq, NULL), KS_ERR_STATE);
     sched_free(s);
     result_free(r);
-    mock_free(m);
+    mock_engine_free(m);
 }
 
 static void test_queue_limit(void **state)
 {
     (void)state;
-    struct mock *m = mock_new(100000, 8192);
+    struct mock_engine *m = mock_new(100000, 8192);
     struct sched_config cfg;
     sched_config_default(&cfg);
     cfg.parallel = 1;
     cfg.max_batch_tokens = 16;
     cfg.ctx_size = 8192;
     cfg.max_queue = 2;
-    struct sched_engine e = mock_engine(m);
+    struct sched_engine e = mock_engine_sched(m, false);
     struct sched *s = NULL;
     assert_int_equal(sched_create(&cfg, &e, &s), KS_OK);
     int32_t prompt[4];
@@ -530,7 +364,7 @@ static void test_queue_limit(void **state)
     sched_free(s);
     for (int i = 0; i < 4; i++)
         result_free(r[i]);
-    mock_free(m);
+    mock_engine_free(m);
 }
 
 static void count_hook(void *user, struct kv_cache *kv)
@@ -542,7 +376,7 @@ static void count_hook(void *user, struct kv_cache *kv)
 static void test_hooks_run_between_steps(void **state)
 {
     (void)state;
-    struct mock *m = mock_new(100000, 2048);
+    struct mock_engine *m = mock_new(100000, 2048);
     struct sched *s = start(m, 4, 64, 16, 2048);
     int calls = 0;
     assert_int_equal(sched_between_steps(s, count_hook, &calls), KS_OK); /* idle */
@@ -558,13 +392,13 @@ static void test_hooks_run_between_steps(void **state)
     assert_memory_equal(r->tokens, want, sizeof want);
     sched_free(s);
     result_free(r);
-    mock_free(m);
+    mock_engine_free(m);
 }
 
 static void test_request_too_big_for_cache(void **state)
 {
     (void)state;
-    struct mock *m = mock_new(30, 2048);
+    struct mock_engine *m = mock_new(30, 2048);
     struct sched *s = start(m, 4, 64, 16, 2048);
     int32_t prompt[40];
     make_prompt(prompt, 40, 5);
@@ -578,16 +412,16 @@ static void test_request_too_big_for_cache(void **state)
     result_wait(ok);
     assert_int_equal(ok->finish, SCHED_FINISH_LENGTH);
     sched_free(s);
-    assert_int_equal(m->used, 0);
+    assert_int_equal(mock_stats(m).used, 0);
     result_free(r);
     result_free(ok);
-    mock_free(m);
+    mock_engine_free(m);
 }
 
 static void test_eog_stops(void **state)
 {
     (void)state;
-    struct mock *m = mock_new(100000, 2048);
+    struct mock_engine *m = mock_new(100000, 2048);
     int32_t prompt[12], want[50];
     make_prompt(prompt, 12, 8);
     reference(prompt, 12, 50, want);
@@ -596,7 +430,7 @@ static void test_eog_stops(void **state)
     cfg.ctx_size = 2048;
     cfg.eog = &want[10]; /* the 11th token ends generation */
     cfg.n_eog = 1;
-    struct sched_engine e = mock_engine(m);
+    struct sched_engine e = mock_engine_sched(m, false);
     struct sched *s = NULL;
     assert_int_equal(sched_create(&cfg, &e, &s), KS_OK);
     struct result *r = result_new(m);
@@ -609,7 +443,7 @@ static void test_eog_stops(void **state)
     assert_int_equal(r->n, first);
     sched_free(s);
     result_free(r);
-    mock_free(m);
+    mock_engine_free(m);
 }
 
 int main(void)

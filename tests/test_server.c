@@ -23,130 +23,27 @@
 #include "kv/kv.h"
 #include "server/server.h"
 #include "support/deadline.h"
+#include "support/mock_engine.h"
 #include "support/skip.h"
 
-#define MAX_SEQ 64
 #define CTX 256
 
-/* ---- mock engine (as in test_sched.c, with the tokenizer's vocabulary) ----------- */
+/* ---- mock engine (tests/support/mock_engine.h) over the tokenizer's vocabulary ---- */
 
-struct mock {
-    int32_t n_vocab;
-    struct kv_cache *kv;      /* a real (empty) cache for the /cache routes */
-    int32_t *hist[MAX_SEQ];
-    int32_t len[MAX_SEQ];
-    bool live[MAX_SEQ];
-};
-
-static uint32_t next_token_of(const int32_t *toks, int32_t n, int32_t n_vocab)
+/* Ids from 300 on (past the control and byte tokens), so the text is readable. */
+static struct mock_engine_config mock_config(int32_t n_vocab)
 {
-    uint32_t h = 2166136261u;
-    for (int32_t i = 0; i < n; i++)
-        h = (h ^ (uint32_t)toks[i]) * 16777619u;
-    /* skip the first few ids (control / byte tokens) so the text is readable */
-    return 300 + h % (uint32_t)(n_vocab - 300);
-}
-
-static ks_status m_seq_create(void *ctx, int32_t *out)
-{
-    struct mock *m = ctx;
-    for (int i = 0; i < MAX_SEQ; i++)
-        if (!m->live[i]) {
-            m->live[i] = true;
-            m->len[i] = 0;
-            *out = i;
-            return KS_OK;
-        }
-    return ks_fail(KS_ERR_KV_FULL, "no slots");
-}
-
-static void m_seq_free(void *ctx, int32_t seq)
-{
-    struct mock *m = ctx;
-    m->live[seq] = false;
-}
-
-static ks_status m_forward(void *ctx, const struct sched_batch *b, float *logits)
-{
-    struct mock *m = ctx;
-    int32_t row = 0;
-    for (int32_t i = 0; i < b->n_tokens; i++) {
-        int32_t s = b->seq[i];
-        m->hist[s][m->len[s]++] = b->tokens[i];
-        if (b->want_logits[i]) {
-            float *l = logits + (size_t)row++ * m->n_vocab;
-            memset(l, 0, (size_t)m->n_vocab * sizeof *l);
-            l[next_token_of(m->hist[s], m->len[s], m->n_vocab)] = 10.0f;
-        }
-    }
-    usleep(200); /* let requests overlap */
-    return KS_OK;
-}
-
-static ks_status m_sampler_create(void *ctx, const struct sample_params *p, void **out)
-{
-    (void)ctx;
-    (void)p;
-    *out = malloc(1);
-    return KS_OK;
-}
-
-static ks_status m_sampler_next(void *ctx, void *smp, const float *logits, const int32_t *hist, int32_t n,
-                                struct sample_result *out)
-{
-    (void)smp;
-    (void)hist;
-    (void)n;
-    struct mock *m = ctx;
-    int best = 0;
-    for (int v = 1; v < m->n_vocab; v++)
-        if (logits[v] > logits[best])
-            best = v;
-    memset(out, 0, sizeof *out);
-    out->token = best;
-    out->logprob = -0.5f;
-    return KS_OK;
-}
-
-static void m_sampler_free(void *ctx, void *smp)
-{
-    (void)ctx;
-    free(smp);
-}
-
-static struct kv_cache *m_cache(void *ctx)
-{
-    struct mock *m = ctx;
-    return m->kv;
-}
-
-static void m_destroy(void *ctx)
-{
-    struct mock *m = ctx;
-    kv_free(m->kv);
-    for (int i = 0; i < MAX_SEQ; i++)
-        free(m->hist[i]);
-    free(m);
+    struct mock_engine_config mc = {.n_vocab = n_vocab, .first_token = 300, .max_seqs = 64, .max_ctx = CTX + 8,
+                                    .kv_pages = 64, .step_sleep_us = 200 /* let requests overlap */};
+    return mc;
 }
 
 static struct sched *mock_sched(int32_t n_vocab, int max_queue)
 {
-    struct mock *m = calloc(1, sizeof *m);
-    m->n_vocab = n_vocab;
-    for (int i = 0; i < MAX_SEQ; i++)
-        m->hist[i] = calloc(CTX + 8, sizeof(int32_t));
-    struct kv_config kc;
-    kv_config_default(&kc);
-    kc.n_layer = 2;
-    kc.n_kv_head = 2;
-    kc.head_dim = 64;
-    kc.mem_budget = 64 * kv_page_bytes(&kc, QUANT_F16, QUANT_F16);
-    assert_int_equal(kv_create(&kc, &m->kv), KS_OK);
-    struct sched_engine e = {
-        .ctx = m, .n_vocab = n_vocab, .seq_create = m_seq_create, .seq_free = m_seq_free, .forward = m_forward,
-        .sampler_create = m_sampler_create, .sampler_next = m_sampler_next, .sampler_free = m_sampler_free,
-        .cache = m_cache, .destroy = m_destroy,
-    };
+    struct mock_engine_config mc = mock_config(n_vocab);
+    struct mock_engine *m = NULL;
+    assert_int_equal(mock_engine_create(&mc, &m), KS_OK);
+    struct sched_engine e = mock_engine_sched(m, true);
     struct sched_config cfg;
     sched_config_default(&cfg);
     cfg.parallel = 8;
@@ -319,10 +216,9 @@ static void expect_error(struct httpc_response r, int status, const char *code)
 /* The text the mock model produces for these prompt ids. */
 static char *expected_text(const int32_t *prompt, int n_prompt, int n_gen)
 {
-    int32_t all[CTX];
-    memcpy(all, prompt, (size_t)n_prompt * sizeof *all);
-    for (int i = 0; i < n_gen; i++)
-        all[n_prompt + i] = (int32_t)next_token_of(all, n_prompt + i, tok_n_vocab(F.tok));
+    int32_t gen[CTX];
+    struct mock_engine_config mc = mock_config(tok_n_vocab(F.tok));
+    mock_engine_generate(&mc, prompt, n_prompt, n_gen, gen);
     struct tok_stream *st;
     tok_stream_create(F.tok, TOK_DECODE_REPLACE_BAD, &st);
     size_t cap = 4096, len = 0;
@@ -330,7 +226,7 @@ static char *expected_text(const int32_t *prompt, int n_prompt, int n_gen)
     for (int i = 0; i < n_gen; i++) {
         const char *b;
         size_t n;
-        tok_stream_push(st, all[n_prompt + i], &b, &n);
+        tok_stream_push(st, gen[i], &b, &n);
         memcpy(out + len, b, n);
         len += n;
     }

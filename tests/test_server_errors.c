@@ -34,8 +34,8 @@
 #include <cjson/cJSON.h>
 
 #include "gguf/gguf.h"
-#include "kv/kv.h"
 #include "server/server_internal.h"
+#include "support/mock_engine.h"
 
 /* ---- allocation-failure injector ------------------------------------------------ */
 
@@ -95,110 +95,22 @@ static bool disarm(void)
     return atomic_load(&injected);
 }
 
-/* ---- mock engine --------------------------------------------------------------------- */
+/* ---- mock engine (tests/support/mock_engine.h) ----------------------------------------- */
 
-#define MAX_SEQ 8
 #define CTX 256
 
-struct mock {
-    int32_t n_vocab;
-    struct kv_cache *kv;
-    int32_t hist[MAX_SEQ][CTX + 8];
-    int32_t len[MAX_SEQ];
-    bool live[MAX_SEQ];
+/* Ids from 259 on, past the control and byte tokens; two alternatives (300 or
+ * 301) for the logprobs; a real cache of 16 pages for the /cache routes. */
+static const struct mock_engine_config mock_config = {
+    .first_token = 259, .max_seqs = 8, .max_ctx = CTX + 8, .kv_pages = 16, .n_top = 2, .top_first = 300,
 };
-
-static ks_status m_seq_create(void *ctx, int32_t *out)
-{
-    struct mock *m = ctx;
-    for (int i = 0; i < MAX_SEQ; i++)
-        if (!m->live[i]) {
-            m->live[i] = true;
-            m->len[i] = 0;
-            *out = i;
-            return KS_OK;
-        }
-    return ks_fail(KS_ERR_KV_FULL, "no slots");
-}
-
-static void m_seq_free(void *ctx, int32_t seq)
-{
-    struct mock *m = ctx;
-    m->live[seq] = false;
-}
-
-static ks_status m_forward(void *ctx, const struct sched_batch *b, float *logits)
-{
-    struct mock *m = ctx;
-    int32_t row = 0;
-    for (int32_t i = 0; i < b->n_tokens; i++) {
-        int32_t s = b->seq[i];
-        m->hist[s][m->len[s]++] = b->tokens[i];
-        if (!b->want_logits[i])
-            continue;
-        uint32_t h = 2166136261u;
-        for (int32_t k = 0; k < m->len[s]; k++)
-            h = (h ^ (uint32_t)m->hist[s][k]) * 16777619u;
-        float *l = logits + (size_t)row++ * m->n_vocab;
-        memset(l, 0, (size_t)m->n_vocab * sizeof *l);
-        l[259 + h % (uint32_t)(m->n_vocab - 259)] = 10.0f; /* past the control and byte tokens */
-    }
-    return KS_OK;
-}
-
-static ks_status m_sampler_create(void *ctx, const struct sample_params *p, void **out)
-{
-    (void)ctx;
-    *out = malloc(sizeof *p); /* an allocation on the submitting thread, as the real sampler has */
-    return *out ? KS_OK : ks_fail(KS_ERR_NOMEM, "sampler: out of memory");
-}
-
-static ks_status m_sampler_next(void *ctx, void *smp, const float *logits, const int32_t *hist, int32_t n,
-                                struct sample_result *out)
-{
-    (void)smp;
-    (void)hist;
-    (void)n;
-    struct mock *m = ctx;
-    int best = 0;
-    for (int v = 1; v < m->n_vocab; v++)
-        if (logits[v] > logits[best])
-            best = v;
-    memset(out, 0, sizeof *out);
-    out->token = best;
-    out->logprob = -0.5f;
-    out->n_top = 2;
-    out->top[0].token = best;
-    out->top[0].logprob = -0.5f;
-    out->top[1].token = best == 300 ? 301 : 300;
-    out->top[1].logprob = -1.5f;
-    return KS_OK;
-}
-
-static void m_sampler_free(void *ctx, void *smp)
-{
-    (void)ctx;
-    free(smp);
-}
-
-static struct kv_cache *m_cache(void *ctx)
-{
-    return ((struct mock *)ctx)->kv;
-}
-
-static void m_destroy(void *ctx)
-{
-    struct mock *m = ctx;
-    kv_free(m->kv);
-    free(m);
-}
 
 /* ---- fixture --------------------------------------------------------------------------- */
 
 static struct {
     struct gguf_file *gguf;
     struct tokenizer *tok;
-    struct mock *mock;
+    struct mock_engine *mock;
     struct sched *sched;
     struct server *srv;
 } F;
@@ -222,21 +134,11 @@ static int setup(void **state)
     const char *path = getenv("KVSERVE_DEFAULT_MODEL");
     if (gguf_open(path, &F.gguf) || tok_load(F.gguf, &F.tok))
         return -1;
-    struct mock *m = F.mock = calloc(1, sizeof *m);
-    m->n_vocab = tok_n_vocab(F.tok);
-    struct kv_config kc;
-    kv_config_default(&kc);
-    kc.n_layer = 2;
-    kc.n_kv_head = 2;
-    kc.head_dim = 64;
-    kc.mem_budget = 16 * kv_page_bytes(&kc, QUANT_F16, QUANT_F16);
-    if (kv_create(&kc, &m->kv))
+    struct mock_engine_config mc = mock_config;
+    mc.n_vocab = tok_n_vocab(F.tok);
+    if (mock_engine_create(&mc, &F.mock))
         return -1;
-    struct sched_engine e = {
-        .ctx = m, .n_vocab = m->n_vocab, .seq_create = m_seq_create, .seq_free = m_seq_free, .forward = m_forward,
-        .sampler_create = m_sampler_create, .sampler_next = m_sampler_next, .sampler_free = m_sampler_free,
-        .cache = m_cache, .destroy = m_destroy,
-    };
+    struct sched_engine e = mock_engine_sched(F.mock, true);
     struct sched_config sc;
     sched_config_default(&sc);
     sc.parallel = 2;
@@ -559,8 +461,9 @@ static void test_lost_token_cancels(void **state)
     uint64_t generated = after.generated_tokens - before.generated_tokens;
     print_message("tokens generated before the cancel took effect: %llu of 70\n", (unsigned long long)generated);
     assert_true(generated < 70);
-    for (int i = 0; i < MAX_SEQ; i++)
-        assert_false(F.mock->live[i]);
+    struct mock_engine_stats ms;
+    mock_engine_stats(F.mock, &ms);
+    assert_int_equal(ms.n_live, 0);
     free(a.body);
 }
 

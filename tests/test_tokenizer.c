@@ -14,6 +14,7 @@
 
 #include "gguf/gguf.h"
 #include "tokenizer/tokenizer.h"
+#include "support/read_file.h"
 #include "support/skip.h"
 
 #define SEPARATOR "\n__ggml_vocab_test__\n"
@@ -29,27 +30,6 @@ static bool join_path(char *out, size_t cap, const char *a, const char *b, const
 {
     int n = snprintf(out, cap, "%s/%s%s", a, b, suffix);
     return n >= 0 && (size_t)n < cap;
-}
-
-static char *read_file(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        free(buf);
-        buf = NULL;
-    }
-    fclose(f);
-    if (buf) {
-        buf[n] = 0;
-        *len = (size_t)n;
-    }
-    return buf;
 }
 
 static struct tokenizer *load_vocab(const char *path)
@@ -80,8 +60,8 @@ static int run_vocab(const char *dir, const char *name, int *n_pass, int *n_tota
 {
     char path[1024];
     size_t inp_len = 0, out_len = 0;
-    char *inp = join_path(path, sizeof path, dir, name, ".inp") ? read_file(path, &inp_len) : NULL;
-    char *out = join_path(path, sizeof path, dir, name, ".out") ? read_file(path, &out_len) : NULL;
+    char *inp = join_path(path, sizeof path, dir, name, ".inp") ? ks_read_file(path, &inp_len) : NULL;
+    char *out = join_path(path, sizeof path, dir, name, ".out") ? ks_read_file(path, &out_len) : NULL;
     struct tokenizer *t = inp && out && join_path(path, sizeof path, dir, name, "") ? load_vocab(path) : NULL;
     if (!t) {
         free(inp);

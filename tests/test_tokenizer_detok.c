@@ -14,6 +14,7 @@
 #include "gguf/gguf.h"
 #include "tokenizer/tok_internal.h"
 #include "tokenizer/tokenizer.h"
+#include "support/read_file.h"
 #include "support/skip.h"
 
 #define SEPARATOR "\n__ggml_vocab_test__\n"
@@ -37,27 +38,6 @@ static uint32_t rnd(void)
     rng ^= rng >> 7;
     rng ^= rng << 17;
     return (uint32_t)(rng >> 16);
-}
-
-static char *read_all(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        free(buf);
-        buf = NULL;
-    }
-    fclose(f);
-    if (buf) {
-        buf[n] = 0;
-        *len = (size_t)n;
-    }
-    return buf;
 }
 
 static bool shared_path(char *out, size_t cap, const char *rel)
@@ -152,8 +132,9 @@ static void test_roundtrip(void **state)
     (void)state;
     char path[1024];
     size_t inp_len = 0;
-    char *inp = shared_path(path, sizeof path, "models/vocab/ggml-vocab-gpt-2.gguf.inp") ? read_all(path, &inp_len)
-                                                                                         : NULL;
+    char *inp = shared_path(path, sizeof path, "models/vocab/ggml-vocab-gpt-2.gguf.inp")
+                    ? ks_read_file(path, &inp_len)
+                    : NULL;
     int tested = 0;
     for (size_t v = 0; v < N_LOSSLESS; v++) {
         struct tokenizer *t = load(lossless[v]);
@@ -328,7 +309,7 @@ static void test_reference_continuation(void **state)
     (void)state;
     char path[1024];
     size_t len = 0;
-    char *json = shared_path(path, sizeof path, "ref/stories260K.once.json") ? read_all(path, &len) : NULL;
+    char *json = shared_path(path, sizeof path, "ref/stories260K.once.json") ? ks_read_file(path, &len) : NULL;
     struct tokenizer *t = load("models/stories260K.gguf");
     if (!json || !t) {
         free(json);
@@ -372,7 +353,7 @@ static void test_spm_words_equal_whole(void **state)
     (void)state;
     char path[1024];
     size_t len = 0;
-    char *text = shared_path(path, sizeof path, "models/trained/sample.txt") ? read_all(path, &len) : NULL;
+    char *text = shared_path(path, sizeof path, "models/trained/sample.txt") ? ks_read_file(path, &len) : NULL;
     static const char *const vocabs[] = {"models/vocab/ggml-vocab-llama-spm.gguf", "models/stories260K.gguf",
                                          "models/trained/tiny-llama-gqa-hd64-f32.gguf"};
     int tested = 0;
