@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# kvserve bench against llama.cpp's llama-bench on the same files, in the same run, interleaved.
+#
+#   bench/vs_llamacpp.sh [BUILD_DIR] MODEL.gguf [MODEL.gguf ...]
+#
+# For each model, ROUNDS times: llama-bench one rep, then kvserve bench one rep (pp and tg in each),
+# so both see the same machine state; memory read bandwidth (bench_membw) is measured before and
+# after each model. Prints a markdown table of medians: tok/s of both, the ratio kvserve/llama.cpp,
+# kvserve's tg weight-read GB/s (active bytes for a mixture of experts) and its share of the
+# measured bandwidth. The CPU and its vector extensions head the table.
+#
+# Env: THREADS (2), PP (512), TG (128), ROUNDS (3), ANCHOR (../shared/anchor/bin), NICE ("").
+# Needs node (installed by scripts/deps.sh) to read both programs' JSON.
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+build=$here/build
+if [ $# -gt 0 ] && [ -d "$1" ]; then build=$(cd "$1" && pwd); shift; fi
+[ $# -gt 0 ] || { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+THREADS=${THREADS:-2} PP=${PP:-512} TG=${TG:-128} ROUNDS=${ROUNDS:-3} NICE=${NICE:-}
+anchor=${ANCHOR:-$here/../shared/anchor/bin}
+kvserve=$build/kvserve membw=$build/bench_membw
+for f in "$kvserve" "$membw" "$anchor/llama-bench"; do
+  [ -x "$f" ] || { echo "vs_llamacpp.sh: $f is missing (build kvserve; see ../shared/anchor)" >&2; exit 2; }
+done
+command -v node >/dev/null || { echo "vs_llamacpp.sh: node is needed to read the JSON" >&2; exit 2; }
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+# The anchor's shared-library links may arrive as small text files naming their target (a copy that
+# lost its symlinks): run llama.cpp from a mirror with real links, the executables copied beside them.
+mkdir -p "$tmp/anchor"
+for f in "$anchor"/*; do
+  n=$(basename "$f")
+  if [ "$(stat -c %s "$f")" -lt 64 ] && grep -qx '[A-Za-z0-9._-]*' "$f"; then ln -sf "$(cat "$f")" "$tmp/anchor/$n"
+  elif [ -x "$f" ] && [[ $n != *.so* ]]; then cp "$f" "$tmp/anchor/$n" # $ORIGIN must be the mirror
+  else ln -sf "$f" "$tmp/anchor/$n"; fi
+done
+anchor=$tmp/anchor
+
+membw_gbs() { $NICE "$membw" -t "$THREADS" | sed -n 's/^memory read: \([0-9.]*\) GB\/s.*/\1/p'; }
+
+# One rep of each program; their JSON rows go to $tmp/ll.json and $tmp/ks.json (one array per line).
+one_round() {
+  local m=$1
+  $NICE "$anchor/llama-bench" -m "$m" -p "$PP" -n "$TG" -r 1 -t "$THREADS" -o json 2>/dev/null | tr -d '\n' >>"$tmp/ll.json"
+  echo >>"$tmp/ll.json"
+  $NICE "$kvserve" bench -m "$m" -p "$PP" -n "$TG" -r 1 -t "$THREADS" -o json 2>/dev/null | tr -d '\n' >>"$tmp/ks.json"
+  echo >>"$tmp/ks.json"
+}
+
+cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)
+isa=$(grep -qw avx512f /proc/cpuinfo && echo AVX-512 || (grep -qw avx2 /proc/cpuinfo && echo AVX2 || echo scalar))
+echo "CPU: $cpu ($isa), $(nproc) cores; -t $THREADS, pp$PP / tg$TG, median of $ROUNDS interleaved rounds"
+echo
+echo "| model | pp$PP llama.cpp | pp$PP kvserve | ratio | tg$TG llama.cpp | tg$TG kvserve | ratio | kvserve tg GB/s | membw GB/s | tg % of membw |"
+echo "|---|---|---|---|---|---|---|---|---|---|"
+for m in "$@"; do
+  : >"$tmp/ll.json"; : >"$tmp/ks.json"
+  bw1=$(membw_gbs)
+  for _ in $(seq "$ROUNDS"); do one_round "$m"; done
+  bw2=$(membw_gbs)
+  node - "$tmp/ll.json" "$tmp/ks.json" "$(basename "$m")" "$bw1" "$bw2" "$PP" "$TG" <<'EOF'
+const fs = require('fs');
+const [llFile, ksFile, name, bw1, bw2, pp, tg] = process.argv.slice(2);
+const rows = f => fs.readFileSync(f, 'utf8').split('\n').filter(l => l.trim()).flatMap(l => JSON.parse(l));
+const median = a => { const s = [...a].sort((x, y) => x - y); return s.length ? s[Math.floor((s.length - 1) / 2)] : NaN; };
+const ll = rows(llFile), ks = rows(ksFile);
+const llTs = (p, n) => median(ll.filter(r => r.n_prompt == p && r.n_gen == n).map(r => r.avg_ts));
+const ksTs = (p, n) => median(ks.filter(r => r.n_prompt == p && r.n_gen == n).map(r => r.tps_median));
+const ksGbs = median(ks.filter(r => r.n_gen == tg && r.n_prompt == 0).map(r => r.weights_gbs));
+const bw = Math.max(+bw1, +bw2);
+const f = (x, d = 1) => Number.isFinite(x) ? x.toFixed(d) : 'n/a';
+const r = (a, b) => Number.isFinite(a / b) ? (a / b).toFixed(2) + 'x' : 'n/a';
+const [lp, kp, lt, kt] = [llTs(pp, 0), ksTs(pp, 0), llTs(0, tg), ksTs(0, tg)];
+console.log(`| ${name} | ${f(lp)} | ${f(kp)} | ${r(kp, lp)} | ${f(lt)} | ${f(kt)} | ${r(kt, lt)} | ${f(ksGbs)} | ${f(bw)} | ${f(100 * ksGbs / bw, 0)}% |`);
+EOF
+done
