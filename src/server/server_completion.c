@@ -178,8 +178,10 @@ static bool add_stop(struct call *c, const cJSON *s, struct reply *r)
         return false;
     }
     c->stop[c->n_stop] = strdup(s->valuestring);
-    if (!c->stop[c->n_stop])
+    if (!c->stop[c->n_stop]) {
+        reply_error(r, 500, "server_error", NULL, "out of memory");
         return false;
+    }
     c->n_stop++;
     if (n > c->max_stop)
         c->max_stop = n;
@@ -807,7 +809,14 @@ static bool parse_options(struct call *c, const cJSON *root, int32_t n_prompt, s
     return true;
 }
 
-void server_handle_completion(struct server *srv, bool chat, const char *body, size_t len, struct reply *r)
+/* 4xx replies are the client's fault, 5xx ours; the reply carries the words. */
+static ks_status rejected(const struct reply *r)
+{
+    return ks_fail(r->status >= 500 ? KS_ERR_INTERNAL : KS_ERR_INVALID_ARG, "request rejected (HTTP %u)", r->status);
+}
+
+ks_status server_completion_parse(struct server *srv, bool chat, const char *body, size_t len, struct call **out,
+                                  struct sched_request *rq, struct reply *r)
 {
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, false);
@@ -815,37 +824,54 @@ void server_handle_completion(struct server *srv, bool chat, const char *body, s
         cJSON_Delete(root);
         reply_error(r, 400, "invalid_request_error", "invalid_json",
                     "the body is not a JSON object (%s)", len == 0 ? "empty body" : "parse error");
-        return;
+        return rejected(r);
     }
     cJSON *model = field(root, "model");
     if (model && !cJSON_IsString(model)) {
         cJSON_Delete(root);
         reply_error(r, 400, "invalid_request_error", "invalid_type", "'model' must be a string");
-        return;
+        return rejected(r);
     }
     if (!chat && field(root, "messages")) {
         cJSON_Delete(root);
         reply_error(r, 400, "invalid_request_error", "invalid_value",
                     "/v1/completions takes 'prompt', not 'messages' (use /v1/chat/completions)");
-        return;
+        return rejected(r);
     }
     struct call *c = call_new(srv, chat);
     if (!c) {
         cJSON_Delete(root);
         reply_error(r, 500, "server_error", NULL, "out of memory");
-        return;
+        return rejected(r);
     }
     int32_t n_prompt = 0;
     int32_t *ids = prompt_tokens(srv, chat, root, &n_prompt, r);
-    struct sched_request rq = {.prompt = ids, .n_prompt = n_prompt, .on_event = on_event, .user = c};
-    bool ok = ids && parse_options(c, root, n_prompt, &rq, r);
+    *rq = (struct sched_request){.prompt = ids, .n_prompt = n_prompt, .on_event = on_event, .user = c};
+    bool ok = ids && parse_options(c, root, n_prompt, rq, r);
     cJSON_Delete(root);
     if (!ok) {
         free(ids);
         call_unref(c);
-        return;
+        return rejected(r);
     }
     c->n_prompt = n_prompt;
+    *out = c;
+    return KS_OK;
+}
+
+void server_completion_discard(struct call *c, struct sched_request *rq)
+{
+    free((int32_t *)rq->prompt);
+    call_unref(c);
+}
+
+void server_handle_completion(struct server *srv, bool chat, const char *body, size_t len, struct reply *r)
+{
+    struct call *c = NULL;
+    struct sched_request rq;
+    if (server_completion_parse(srv, chat, body, len, &c, &rq, r) != KS_OK)
+        return;
+    int32_t *ids = (int32_t *)rq.prompt;
     c->refs = 2; /* HTTP side + scheduler side until the final event */
     pthread_mutex_lock(&srv->mu);
     srv->in_flight++;

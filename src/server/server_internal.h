@@ -54,6 +54,19 @@ void reply_text(struct reply *r, unsigned status, const char *content_type, char
 
 /* server_completion.c */
 void server_handle_completion(struct server *srv, bool chat, const char *body, size_t len, struct reply *r);
+/* The handler's parse step alone (no scheduler is touched; tests/fuzz/fuzz_body.c
+ * runs it on arbitrary bodies): body[0..len) (any bytes, not NUL-terminated)
+ * -> a new call holding the options (stream, stop strings, logprobs) and rq
+ * (rq->prompt malloc'd token ids in [0, n_vocab), 1 <= n_prompt < ctx_size,
+ * 0 <= max_tokens <= ctx_size - n_prompt, sampling). Needs srv->tok, srv->chat,
+ * srv->cfg.ctx_size and srv->mu.
+ * Errors: KS_ERR_INVALID_ARG (r holds the 400 reply) or KS_ERR_INTERNAL (the
+ * 500 reply: out of memory, tokenizer failure); *out is then untouched and rq
+ * holds nothing to free. On KS_OK free both with server_completion_discard. */
+struct call;
+ks_status server_completion_parse(struct server *srv, bool chat, const char *body, size_t len, struct call **out,
+                                  struct sched_request *rq, struct reply *r);
+void server_completion_discard(struct call *c, struct sched_request *rq);
 
 /* server_metrics.c */
 void server_handle_metrics(struct server *srv, struct reply *r);
