@@ -229,8 +229,8 @@ static bool parse_sampling(const cJSON *root, bool chat, struct sample_params *p
             return false;
         *logprobs = (int)top;
     }
-    if (top_p <= 0) {
-        reply_error(r, 400, "invalid_request_error", "invalid_value", "'top_p' must be greater than 0");
+    if ((float)top_p <= 0) { /* also a positive value below the smallest float, which would sample with 0 */
+        reply_error(r, 400, "invalid_request_error", "invalid_value", "'top_p' must be greater than 0 (got %g)", top_p);
         return false;
     }
     memset(p, 0, sizeof *p);
