@@ -84,3 +84,18 @@ fi
 cmake -S . -B build-portable -DCMAKE_BUILD_TYPE=Release -DKS_NATIVE=OFF >/dev/null
 cmake --build build-portable -j "$jobs"
 run_ctest build-portable -j "$jobs" -L unit
+# Fuzzing: every parser (GGUF, the completion/chat request body, the tokenizer,
+# the chat templates) gets a short libFuzzer run in a clang build (build-fuzz)
+# from a copy of its corpus under tests/fuzz/; any crash, leak or slow input
+# fails the script. Skipped (not failed) without clang or libFuzzer's runtime.
+# FUZZ_SECONDS (default 20) is each harness's run; 0 turns the stage off.
+fuzz_secs=${FUZZ_SECONDS:-20}
+if [ "$fuzz_secs" != 0 ]; then
+  fuzz_rc=0
+  tests/fuzz/run.sh "$fuzz_secs" || fuzz_rc=$?
+  if [ "$fuzz_rc" = 77 ]; then
+    echo "fuzz stage skipped (see the message above)"
+  elif [ "$fuzz_rc" != 0 ]; then
+    exit "$fuzz_rc"
+  fi
+fi

@@ -435,6 +435,9 @@ static void test_chat_detect(void **state)
     const char *unknown = "{% for m in messages %}{{ m.content }}{% endfor %}";
     assert_int_equal(tok_chat_detect(unknown, strlen(unknown), &fam), KS_ERR_UNSUPPORTED);
     assert_non_null(strstr(ks_errmsg(), "--chat-template"));
+    /* an empty template may be NULL (found by fuzz_chat: memmem was passed NULL) */
+    assert_int_equal(tok_chat_detect(NULL, 0, &fam), KS_ERR_UNSUPPORTED);
+    assert_int_equal(tok_chat_detect("<|im_start|>", 0, &fam), KS_ERR_UNSUPPORTED);
     const char *gemma = "{{ '<start_of_turn>' + role + '\n' }}";
     assert_int_equal(tok_chat_detect(gemma, strlen(gemma), &fam), KS_OK);
     assert_int_equal(fam, TOK_CHAT_GEMMA);

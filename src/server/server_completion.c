@@ -230,8 +230,8 @@ static ks_status parse_sampling(const cJSON *root, bool chat, struct sample_para
             return st;
         *logprobs = (int)top;
     }
-    if (top_p <= 0)
-        return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value", "'top_p' must be greater than 0");
+    if ((float)top_p <= 0) /* also a positive value below the smallest float, which would sample with 0 */
+        return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value", "'top_p' must be greater than 0 (got %g)", top_p);
     memset(p, 0, sizeof *p);
     p->temp = (float)temp;
     p->top_k = (int)top_k;
@@ -875,10 +875,11 @@ static ks_status parse_options(struct call *c, const cJSON *root, int32_t n_prom
     return KS_OK;
 }
 
-static ks_status completion(struct server *srv, bool chat, const struct server_req *req, struct reply *r)
+ks_status server_completion_parse(struct server *srv, bool chat, const char *body, size_t len, struct call **out,
+                                  struct sched_request *rq, struct reply *r)
 {
     cJSON *root;
-    ks_status st = server_parse_object(req->body, req->len, false, &root, r);
+    ks_status st = server_parse_object(body, len, false, &root, r);
     if (st)
         return st;
     cJSON *model = field(root, "model");
@@ -899,16 +900,35 @@ static ks_status completion(struct server *srv, bool chat, const struct server_r
     int32_t n_prompt = 0;
     int32_t *ids = NULL;
     st = prompt_tokens(srv, chat, root, &ids, &n_prompt, r);
-    struct sched_request rq = {.prompt = ids, .n_prompt = n_prompt, .on_event = on_event, .user = c};
+    *rq = (struct sched_request){.prompt = ids, .n_prompt = n_prompt, .on_event = on_event, .user = c};
     if (!st)
-        st = parse_options(c, root, n_prompt, &rq, r);
+        st = parse_options(c, root, n_prompt, rq, r);
     cJSON_Delete(root);
     if (st) {
         free(ids);
+        *rq = (struct sched_request){0};
         call_unref(c);
         return st;
     }
     c->n_prompt = n_prompt;
+    *out = c;
+    return KS_OK;
+}
+
+void server_completion_discard(struct call *c, struct sched_request *rq)
+{
+    free((int32_t *)rq->prompt);
+    call_unref(c);
+}
+
+static ks_status completion(struct server *srv, bool chat, const struct server_req *req, struct reply *r)
+{
+    struct call *c = NULL;
+    struct sched_request rq;
+    ks_status st = server_completion_parse(srv, chat, req->body, req->len, &c, &rq, r);
+    if (st)
+        return st;
+    int32_t *ids = (int32_t *)rq.prompt;
     c->refs = 2; /* HTTP side + scheduler side until the final event */
     pthread_mutex_lock(&srv->mu);
     srv->in_flight++;

@@ -106,6 +106,19 @@ ks_status server_parse_object(const char *body, size_t len, bool empty_is_object
 /* server_completion.c */
 ks_status server_route_chat(struct server *srv, const struct server_req *rq, struct reply *r);
 ks_status server_route_completions(struct server *srv, const struct server_req *rq, struct reply *r);
+/* The completion routes' parse step alone (no scheduler is touched;
+ * tests/fuzz/fuzz_body.c runs it on arbitrary bodies): body[0..len) (any
+ * bytes, not NUL-terminated) -> a new call holding the options (stream, stop
+ * strings, logprobs) and rq (rq->prompt malloc'd token ids in [0, n_vocab),
+ * 1 <= n_prompt < ctx_size, 0 <= max_tokens <= ctx_size - n_prompt,
+ * sampling). Needs srv->tok, srv->chat, srv->cfg.ctx_size and srv->mu.
+ * Errors: a failed status with r's error code set (reply_fail): KS_ERR_INVALID_ARG
+ * for a 400, KS_ERR_NOMEM or another for a 500; *out is then untouched and rq
+ * holds nothing to free. On KS_OK free both with server_completion_discard. */
+struct call;
+ks_status server_completion_parse(struct server *srv, bool chat, const char *body, size_t len, struct call **out,
+                                  struct sched_request *rq, struct reply *r);
+void server_completion_discard(struct call *c, struct sched_request *rq);
 
 /* server_metrics.c */
 ks_status server_route_metrics(struct server *srv, const struct server_req *rq, struct reply *r);

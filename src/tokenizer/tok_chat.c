@@ -46,9 +46,11 @@ ks_status tok_chat_by_name(const char *name, enum tok_chat_family *out)
     return ks_fail(KS_ERR_NOT_FOUND, "unknown chat template '%s'; supported: %s", name, tok_chat_names());
 }
 
+/* tmpl may be NULL when len is 0 (an empty template), which memmem may not be given. */
 static bool has(const char *tmpl, size_t len, const char *marker)
 {
-    return memmem(tmpl, len, marker, strlen(marker)) != NULL;
+    size_t n = strlen(marker);
+    return len >= n && memmem(tmpl, len, marker, n) != NULL;
 }
 
 ks_status tok_chat_detect(const char *tmpl, size_t len, enum tok_chat_family *out)
