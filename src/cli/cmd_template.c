@@ -32,39 +32,6 @@ static void template_usage(FILE *out)
             "      --no-generation-prompt  do not end with the assistant's header\n");
 }
 
-static char *read_file(const char *path, size_t *len)
-{
-    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
-    if (!f)
-        return NULL;
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap + 1);
-    while (buf) {
-        n += fread(buf + n, 1, cap - n, f);
-        if (n < cap)
-            break;
-        char *p = realloc(buf, cap * 2 + 1);
-        if (!p) {
-            free(buf);
-            buf = NULL;
-            break;
-        }
-        buf = p;
-        cap *= 2;
-    }
-    if (buf && ferror(f)) {
-        free(buf);
-        buf = NULL;
-    }
-    if (f != stdin)
-        fclose(f);
-    if (buf) {
-        buf[n] = 0;
-        *len = n;
-    }
-    return buf;
-}
-
 /* "2026-11-24" as seconds since the epoch at 00:00 UTC. */
 static bool parse_date(const char *s, int64_t *out)
 {
@@ -134,7 +101,7 @@ static int parse_template_args(int argc, char **argv, struct template_args *a)
 static char *template_source(const struct template_args *a, const struct gguf_file *f, size_t *len)
 {
     if (a->template_file) {
-        char *src = read_file(a->template_file, len);
+        char *src = cli_read_file(a->template_file, len);
         if (!src)
             fprintf(stderr, "kvserve template: cannot read %s\n", a->template_file);
         return src;
@@ -152,7 +119,7 @@ static int render_request(const struct template_args *a, const struct tokenizer 
 {
     const char *src_name = a->template_file ? a->template_file : "tokenizer.chat_template";
     size_t req_len = 0;
-    char *req_text = read_file(a->request_file, &req_len);
+    char *req_text = cli_read_file(a->request_file, &req_len);
     if (!req_text) {
         fprintf(stderr, "kvserve template: cannot read %s\n", a->request_file);
         return 1;
@@ -167,7 +134,8 @@ static int render_request(const struct template_args *a, const struct tokenizer 
     struct jinja_template *tmpl = NULL;
     const struct tok_special *sp = tok_special(t);
     char *bos = token_text(t, sp->bos), *eos = token_text(t, sp->eos);
-    struct jinja_chat chat = {bos, eos, cJSON_IsBool(agp) ? cJSON_IsTrue(agp) : a->generation_prompt};
+    struct jinja_chat chat = {bos, eos, cJSON_IsBool(agp) ? cJSON_IsTrue(agp) : a->generation_prompt,
+                              cJSON_GetObjectItemCaseSensitive(req, "chat_template_kwargs")};
     struct jinja_opts opts = {.now = a->now};
     char *out = NULL;
     size_t n = 0;

@@ -222,6 +222,21 @@ static ks_status build_context(const struct jinja_template *t, const cJSON *requ
     cJSON_AddBoolToObject(ctx, "enable_thinking", 1);
     cJSON_AddStringToObject(ctx, "date_string", date); /* Llama 3.1's "Today Date" */
     cJSON_AddStringToObject(ctx, "datetime", datetime); /* FireFunction v2's "Today is" */
+    const cJSON *kw = chat ? chat->kwargs : NULL;
+    if (kw && !cJSON_IsObject(kw)) {
+        cJSON_Delete(ctx);
+        return ks_fail(KS_ERR_INVALID_ARG, "chat_template_kwargs must be an object");
+    }
+    for (const cJSON *e = kw ? kw->child : NULL; e; e = e->next) {
+        cJSON *copy = cJSON_Duplicate(e, 1);
+        if (!copy || (cJSON_GetObjectItemCaseSensitive(ctx, e->string)
+                          ? !cJSON_ReplaceItemInObjectCaseSensitive(ctx, e->string, copy)
+                          : !cJSON_AddItemToObject(ctx, e->string, copy))) {
+            cJSON_Delete(copy);
+            cJSON_Delete(ctx);
+            return ks_fail(KS_ERR_NOMEM, "out of memory building the template context");
+        }
+    }
     *out = ctx;
     return KS_OK;
 }
@@ -253,7 +268,7 @@ ks_status jinja_chat_render(const struct jinja_template *t, const cJSON *request
         if (!st)
             st = jinja_render(t, ctx, opts, &text, &len);
     }
-    if (!st)
+    if (!st && !(chat && chat->kwargs && cJSON_GetObjectItemCaseSensitive(chat->kwargs, "enable_thinking")))
         st = apply_thinking_support(t, ctx, opts, &text, &len);
     cJSON_Delete(ctx);
     if (st)
@@ -264,3 +279,9 @@ ks_status jinja_chat_render(const struct jinja_template *t, const cJSON *request
         *out_len = len;
     return KS_OK;
 }
+
+const char jinja_chatml_template[] =
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}";

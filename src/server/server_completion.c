@@ -56,6 +56,8 @@ struct call {
     const char *tail;                  /* static SSE bytes sent after out (the out-of-memory error) */
     size_t tail_pos;
     bool role_sent, done;
+    /* tool calling (chat) */
+    struct server_tool_opts tools;
 };
 
 #define DROPPED_MSG "out of memory: a generated token could not be kept; the request was cancelled"
@@ -247,79 +249,6 @@ static ks_status parse_sampling(const cJSON *root, bool chat, struct sample_para
     return KS_OK;
 }
 
-/* messages -> rendered chat text (*out, malloc'd). */
-static ks_status render_chat(struct server *srv, const cJSON *root, char **out, struct reply *r)
-{
-    cJSON *msgs = field(root, "messages");
-    if (!cJSON_IsArray(msgs) || cJSON_GetArraySize(msgs) == 0)
-        return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_type", "'messages' must be a non-empty array");
-    int n = cJSON_GetArraySize(msgs);
-    struct tok_chat_msg *tm = calloc((size_t)n, sizeof *tm);
-    char **owned = calloc((size_t)n, sizeof *owned);
-    ks_status st = KS_OK;
-    int i = 0;
-    const cJSON *m;
-    *out = NULL;
-    if (!tm || !owned) {
-        st = reply_fail(r, KS_ERR_NOMEM, NULL, "out of memory while reading 'messages'");
-        goto done;
-    }
-    cJSON_ArrayForEach(m, msgs) {
-        cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
-        cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
-        if (!cJSON_IsObject(m) || !cJSON_IsString(role)) {
-            st = reply_fail(r, KS_ERR_INVALID_ARG, "invalid_type", "messages[%d] needs a string 'role'", i);
-            goto done;
-        }
-        struct sbuf text = {0};
-        if (cJSON_IsString(content)) {
-            sbuf_append(&text, content->valuestring, strlen(content->valuestring));
-        } else if (cJSON_IsArray(content)) {
-            const cJSON *part;
-            cJSON_ArrayForEach(part, content) {
-                cJSON *t = cJSON_GetObjectItemCaseSensitive(part, "text");
-                if (!cJSON_IsString(t)) {
-                    sbuf_free(&text);
-                    st = reply_fail(r, KS_ERR_INVALID_ARG, "invalid_type",
-                                    "messages[%d].content parts must be {\"type\":\"text\",\"text\":...}", i);
-                    goto done;
-                }
-                sbuf_append(&text, t->valuestring, strlen(t->valuestring));
-            }
-        } else if (!cJSON_IsNull(content) && content) {
-            st = reply_fail(r, KS_ERR_INVALID_ARG, "invalid_type", "messages[%d].content must be a string", i);
-            goto done;
-        }
-        if (!text.p)
-            sbuf_append(&text, "", 0);
-        owned[i] = text.p;
-        if (text.oom) {
-            st = reply_fail(r, KS_ERR_NOMEM, NULL, "out of memory while reading messages[%d]", i);
-            goto done;
-        }
-        const char *rn = role->valuestring;
-        tm[i].role = !strcmp(rn, "developer") ? "system" : rn;
-        tm[i].content = owned[i];
-        if (strcmp(tm[i].role, "system") && strcmp(tm[i].role, "user") && strcmp(tm[i].role, "assistant")) {
-            st = reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value",
-                            "messages[%d].role '%s' is not supported (system, user, assistant)", i, rn);
-            goto done;
-        }
-        i++;
-    }
-    if ((st = tok_chat_render(srv->tok, srv->chat, tm, (size_t)n, true, out)) != KS_OK) {
-        *out = NULL;
-        st = reply_fail(r, st == KS_ERR_NOMEM ? st : KS_ERR_INVALID_ARG, st == KS_ERR_NOMEM ? NULL : "invalid_value",
-                        "cannot render the chat: %s", ks_errmsg());
-    }
-done:
-    for (int k = 0; owned && k < n; k++)
-        free(owned[k]);
-    free(owned);
-    free(tm);
-    return st;
-}
-
 /* A tokenizer failure: out of memory stays so, anything else is ours (500). */
 static ks_status tokenizer_failed(ks_status st, struct reply *r)
 {
@@ -335,8 +264,10 @@ static ks_status prompt_tokens(struct server *srv, bool chat, const cJSON *root,
     ks_status st;
     if (chat) {
         char *text;
-        if ((st = render_chat(srv, root, &text, r)))
+        if ((st = server_chat_prompt(srv, root, &text, r)))
             return st;
+        /* The whole prompt is parsed for special tokens, the messages' text
+         * included, as llama-server does (see README: chat templates). */
         st = tok_encode(srv->tok, text, strlen(text), TOK_ADD_SPECIAL | TOK_PARSE_SPECIAL, &ids, &n);
         free(text);
         if (st)
@@ -898,7 +829,9 @@ static ks_status completion(struct server *srv, bool chat, const struct server_r
     }
     int32_t n_prompt = 0;
     int32_t *ids = NULL;
-    st = prompt_tokens(srv, chat, root, &ids, &n_prompt, r);
+    st = chat ? server_parse_tool_options(root, &c->tools, r) : KS_OK;
+    if (!st)
+        st = prompt_tokens(srv, chat, root, &ids, &n_prompt, r);
     struct sched_request rq = {.prompt = ids, .n_prompt = n_prompt, .on_event = on_event, .user = c};
     if (!st)
         st = parse_options(c, root, n_prompt, &rq, r);

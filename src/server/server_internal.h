@@ -9,6 +9,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "jinja/jinja.h"
 #include "sbuf/sbuf.h"
 #include "server/server.h"
 
@@ -17,7 +18,10 @@ struct server {
     char *host, *api_key, *model_name;
     struct sched *sched;
     const struct tokenizer *tok;
-    enum tok_chat_family chat;
+    enum tok_chat_family chat;  /* when chat_family: the hand-written family the user named */
+    bool chat_family;
+    struct jinja_template *jt;  /* else: the parsed Jinja chat template */
+    char *bos_text, *eos_text;  /* the vocabulary's BOS and EOS texts, for the template */
     struct MHD_Daemon *daemon;
     int port;
     pthread_mutex_t mu;
@@ -52,6 +56,7 @@ struct reply {
     const char *content_type;
     int retry_after;          /* > 0: Retry-After header (503) */
     const char *err_code;     /* OpenAI error code of a failed route (reply_fail), NULL: none */
+    unsigned http_status;     /* a failed route's HTTP status when not server_http_status()'s (413), 0: that */
     /* SSE: set instead of body; the router makes the response from them. */
     MHD_ContentReaderCallback stream_read;
     MHD_ContentReaderFreeCallback stream_free;
@@ -101,6 +106,29 @@ void server_json_push(cJSON *arr, cJSON *item);
  * (code invalid_json) when it is not, KS_ERR_NOMEM when parsing ran out of
  * memory. An empty body is {} when empty_is_object. */
 ks_status server_parse_object(const char *body, size_t len, bool empty_is_object, cJSON **out, struct reply *r);
+
+/* server_chat.c: chat requests -> prompt text. setup (at start) parses the
+ * Jinja template (cfg->chat_template_jinja, else the model's, else a
+ * built-in chatml), or picks the family cfg->chat_template names; a template
+ * that does not parse is KS_ERR_FORMAT naming line and column. */
+ks_status server_chat_setup(struct server *srv, const struct server_config *cfg);
+void server_chat_free(struct server *srv);
+/* The prompt text of a chat request (malloc'd NUL-terminated *out): its
+ * messages checked (400 naming the message), rendered with tools and
+ * chat_template_kwargs; a template error is a 400 with its message, a
+ * render limit a 413. */
+ks_status server_chat_prompt(struct server *srv, const cJSON *root, char **out, struct reply *r);
+
+enum server_tool_choice { SERVER_TOOL_AUTO, SERVER_TOOL_NONE, SERVER_TOOL_REQUIRED, SERVER_TOOL_NAMED };
+struct server_tool_opts {
+    enum server_tool_choice choice;
+    bool parallel;     /* parallel_tool_calls (default true) */
+    int n_tools;       /* entries of 'tools' */
+    char name[128];    /* SERVER_TOOL_NAMED: the function */
+};
+/* tools (OpenAI shape), tool_choice and parallel_tool_calls, checked: 400
+ * naming the bad field. */
+ks_status server_parse_tool_options(const cJSON *root, struct server_tool_opts *o, struct reply *r);
 
 /* The routes, one per file that serves them (see the table in server.c). */
 /* server_completion.c */

@@ -184,6 +184,11 @@ ks_status tok_chat_detect(const char *tmpl, size_t len, enum tok_chat_family *ou
 ks_status tok_chat_for(const struct tokenizer *t, const char *override_name,
                        enum tok_chat_family *out);
 
+/* The tokenizer.chat_template text the tokenizer was loaded with (owned by
+ * t, NUL-terminated; *len, which may be NULL, receives its length), or NULL
+ * when the vocabulary has none. */
+const char *tok_chat_template(const struct tokenizer *t, size_t *len);
+
 /* Render msgs[0..n) in the family's format, ending with the assistant header
  * when add_generation_prompt. BOS is NOT written: encode the result with
  * TOK_ADD_SPECIAL | TOK_PARSE_SPECIAL. t (may be NULL) supplies the EOS text
