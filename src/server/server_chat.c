@@ -45,6 +45,14 @@ ks_status server_chat_setup(struct server *srv, const struct server_config *cfg)
         return ks_fail(KS_ERR_FORMAT, "%s does not parse: %s (fix it, or give --chat-template-file F or "
                        "--chat-template NAME)", origin, why);
     }
+    srv->tool_format = server_tool_format_detect(src, len);
+    /* llama.cpp's preserved tokens: markup that is a control token must reach the parser */
+    static const char *const markup[] = {"<|python_tag|>", "[TOOL_CALLS]", "<tool_call>", "</tool_call>"};
+    for (size_t i = 0; i < sizeof markup / sizeof markup[0]; i++) {
+        int32_t id = tok_find(srv->tok, markup[i], strlen(markup[i]));
+        if (id >= 0 && tok_is_control(srv->tok, id))
+            srv->tool_tokens[srv->n_tool_tokens++] = id;
+    }
     const struct tok_special *sp = tok_special(srv->tok);
     srv->bos_text = token_text(srv->tok, sp->bos);
     srv->eos_text = token_text(srv->tok, sp->eos);

@@ -13,6 +13,15 @@
 #include "sbuf/sbuf.h"
 #include "server/server.h"
 
+/* How a chat template's model writes tool calls (server_tools.c). */
+enum server_tool_format {
+    SERVER_TOOLS_NONE,    /* no tools offered (or tool_choice none): all text is content */
+    SERVER_TOOLS_HERMES,  /* <tool_call>{...}</tool_call> */
+    SERVER_TOOLS_LLAMA3,  /* {"name": ..., "parameters": ...}, <|python_tag|> */
+    SERVER_TOOLS_MISTRAL, /* [TOOL_CALLS] [...] */
+    SERVER_TOOLS_GENERIC, /* {"tool_calls": [...]} / {"tool_call": ...} / {"response": ...} */
+};
+
 struct server {
     struct server_config cfg;
     char *host, *api_key, *model_name;
@@ -22,6 +31,9 @@ struct server {
     bool chat_family;
     struct jinja_template *jt;  /* else: the parsed Jinja chat template */
     char *bos_text, *eos_text;  /* the vocabulary's BOS and EOS texts, for the template */
+    enum server_tool_format tool_format; /* how the template's model writes tool calls */
+    int32_t tool_tokens[4];     /* control tokens of the tool-call markup, kept in the text */
+    int n_tool_tokens;
     struct MHD_Daemon *daemon;
     int port;
     pthread_mutex_t mu;
@@ -129,6 +141,30 @@ struct server_tool_opts {
 /* tools (OpenAI shape), tool_choice and parallel_tool_calls, checked: 400
  * naming the bad field. */
 ks_status server_parse_tool_options(const cJSON *root, struct server_tool_opts *o, struct reply *r);
+
+/* server_tools.c: tool calls in a model's output (formats in the file's
+ * header). The format comes from the chat template's text, as llama.cpp's
+ * chat-format detection picks it. */
+struct server_tool_call {
+    char *name;
+    char *arguments;      /* JSON text of the arguments object */
+};
+struct server_tool_result {
+    size_t content_end;   /* text[0..content_end) is content (before the first call, or all) */
+    size_t tail_start;    /* text[tail_start..n) is content after the calls (final parses only) */
+    struct server_tool_call *calls;
+    int n_calls;          /* complete calls, in order */
+    char *response;       /* generic {"response": TEXT}: the content instead of the text, else NULL */
+};
+enum server_tool_format server_tool_format_detect(const char *tmpl, size_t len); /* NULL: generic */
+const char *server_tool_format_name(enum server_tool_format f);
+/* Parse text[0..n). Not final: content_end holds back a marker or a tail
+ * that may become one; only complete calls count; tail_start is n. Final:
+ * text that does not parse as calls is content. Errors: KS_ERR_NOMEM (r is
+ * then empty). Free r with server_tool_result_free. */
+ks_status server_tools_parse(enum server_tool_format f, const char *text, size_t n, bool final,
+                             struct server_tool_result *r);
+void server_tool_result_free(struct server_tool_result *r);
 
 /* The routes, one per file that serves them (see the table in server.c). */
 /* server_completion.c */
