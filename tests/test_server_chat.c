@@ -452,6 +452,182 @@ static void test_errors(void **state)
     server_stop(srv);
 }
 
+/* ---- tool calls over HTTP ------------------------------------------------------------------ */
+
+struct tool_stream {
+    char content[4096];
+    bool content_null;     /* no content delta at all */
+    int n_calls;
+    char ids[4][64], names[4][64], args[4][512];
+    char finish[32];
+    bool bad_first_delta;  /* a call's first delta lacked id/type/name or had arguments other than "" */
+};
+
+static ks_status on_tool_event(void *user, const char *data, size_t len)
+{
+    struct tool_stream *s = user;
+    cJSON *j = cJSON_ParseWithLength(data, len);
+    assert_non_null(j);
+    cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
+    cJSON *delta = cJSON_GetObjectItem(ch, "delta");
+    cJSON *t = cJSON_GetObjectItem(delta, "content");
+    if (cJSON_IsString(t))
+        strncat(s->content, t->valuestring, sizeof s->content - strlen(s->content) - 1);
+    cJSON *tc;
+    cJSON_ArrayForEach(tc, cJSON_GetObjectItem(delta, "tool_calls")) {
+        int i = cJSON_GetObjectItem(tc, "index")->valueint;
+        assert_true(i >= 0 && i < 4);
+        cJSON *fn = cJSON_GetObjectItem(tc, "function");
+        cJSON *id = cJSON_GetObjectItem(tc, "id"), *name = cJSON_GetObjectItem(fn, "name");
+        cJSON *args = cJSON_GetObjectItem(fn, "arguments");
+        if (i == s->n_calls) { /* the first delta of a call */
+            s->n_calls++;
+            if (!cJSON_IsString(id) || !cJSON_IsString(name) || !cJSON_IsString(cJSON_GetObjectItem(tc, "type")) ||
+                !cJSON_IsString(args) || args->valuestring[0])
+                s->bad_first_delta = true;
+            else {
+                snprintf(s->ids[i], sizeof s->ids[i], "%s", id->valuestring);
+                snprintf(s->names[i], sizeof s->names[i], "%s", name->valuestring);
+            }
+        }
+        if (cJSON_IsString(args))
+            strncat(s->args[i], args->valuestring, sizeof s->args[i] - strlen(s->args[i]) - 1);
+    }
+    cJSON *f = cJSON_GetObjectItem(ch, "finish_reason");
+    if (cJSON_IsString(f))
+        snprintf(s->finish, sizeof s->finish, "%s", f->valuestring);
+    cJSON_Delete(j);
+    return KS_OK;
+}
+
+static void set_script(const char *text)
+{
+    int32_t *ids = NULL;
+    size_t n = 0;
+    assert_int_equal(tok_encode(F.tok, text, strlen(text), TOK_PARSE_SPECIAL, &ids, &n), KS_OK);
+    pthread_mutex_lock(&M.mu);
+    free(M.script);
+    M.script = ids;
+    M.n_script = (int32_t)n;
+    pthread_mutex_unlock(&M.mu);
+}
+
+struct tool_case {
+    const char *tmpl;        /* corpus file */
+    const char *tool_choice; /* JSON, NULL: absent */
+    const char *script;      /* what the model writes */
+    const char *content;     /* NULL: content null */
+    int n_calls;
+    const char *names[2], *args[2];
+};
+
+static void check_tool_case(const struct tool_case *tc)
+{
+    char path[4400];
+    snprintf(path, sizeof path, "%s/templates/%s", F.dir, tc->tmpl);
+    char *src = slurp(path, NULL);
+    assert_non_null(src);
+    struct server *srv = start_with(src, NULL);
+    set_script(tc->script);
+    cJSON *req = cJSON_Duplicate(cJSON_GetObjectItem(F.conversations, "tools"), 1);
+    cJSON_AddNumberToObject(req, "max_tokens", 300);
+    if (tc->tool_choice)
+        cJSON_AddItemToObject(req, "tool_choice", cJSON_Parse(tc->tool_choice));
+    const char *finish = tc->n_calls ? "tool_calls" : "stop";
+
+    /* whole */
+    long status = 0;
+    cJSON *j = post_json(srv, req, &status);
+    assert_int_equal(status, 200);
+    cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
+    cJSON *msg = cJSON_GetObjectItem(ch, "message");
+    cJSON *content = cJSON_GetObjectItem(msg, "content");
+    if (tc->content) {
+        if (!cJSON_IsString(content) || strcmp(content->valuestring, tc->content))
+            print_message("%s: content %s, want '%s'\n", tc->tmpl, cJSON_PrintUnformatted(msg), tc->content);
+        assert_true(cJSON_IsString(content));
+        assert_string_equal(content->valuestring, tc->content);
+    } else {
+        assert_true(cJSON_IsNull(content));
+    }
+    cJSON *calls = cJSON_GetObjectItem(msg, "tool_calls");
+    assert_int_equal(cJSON_GetArraySize(calls), tc->n_calls);
+    for (int i = 0; i < tc->n_calls; i++) {
+        cJSON *c = cJSON_GetArrayItem(calls, i);
+        assert_string_equal(cJSON_GetObjectItem(c, "type")->valuestring, "function");
+        assert_true(cJSON_IsString(cJSON_GetObjectItem(c, "id")));
+        cJSON *fn = cJSON_GetObjectItem(c, "function");
+        assert_string_equal(cJSON_GetObjectItem(fn, "name")->valuestring, tc->names[i]);
+        assert_string_equal(cJSON_GetObjectItem(fn, "arguments")->valuestring, tc->args[i]);
+    }
+    assert_string_equal(cJSON_GetObjectItem(ch, "finish_reason")->valuestring, finish);
+    cJSON_Delete(j);
+
+    /* streamed */
+    cJSON_AddTrueToObject(req, "stream");
+    char *body = cJSON_PrintUnformatted(req);
+    struct httpc_response r = post(srv, body);
+    free(body);
+    assert_int_equal(r.status, 200);
+    struct tool_stream s = {0};
+    struct httpc_sse *p;
+    assert_int_equal(httpc_sse_create(1 << 20, on_tool_event, &s, &p), KS_OK);
+    assert_int_equal(httpc_sse_feed(p, r.body, r.len), KS_OK);
+    assert_int_equal(httpc_sse_end(p), KS_OK);
+    assert_true(httpc_sse_done(p));
+    httpc_sse_free(p);
+    httpc_response_free(&r);
+    assert_false(s.bad_first_delta);
+    assert_string_equal(s.content, tc->content ? tc->content : "");
+    assert_int_equal(s.n_calls, tc->n_calls);
+    for (int i = 0; i < tc->n_calls; i++) {
+        assert_string_equal(s.names[i], tc->names[i]);
+        assert_string_equal(s.args[i], tc->args[i]);
+    }
+    assert_string_equal(s.finish, finish);
+    cJSON_Delete(req);
+    server_stop(srv);
+    free(src);
+}
+
+static void test_tool_calls(void **state)
+{
+    (void)state;
+    static const struct tool_case cases[] = {
+        {"Qwen-Qwen2.5-7B-Instruct.jinja", NULL,
+         "Checking.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
+         "Checking.", 1, {"get_weather"}, {"{\"city\":\"Paris\"}"}},
+        {"Qwen-Qwen2.5-7B-Instruct.jinja", "\"required\"",
+         "<tool_call>{\"name\": \"a\", \"arguments\": {}}</tool_call>\n<tool_call>{\"name\": \"b\", \"arguments\": "
+         "{\"x\": 1}}</tool_call>",
+         NULL, 2, {"a", "b"}, {"{}", "{\"x\":1}"}},
+        {"Qwen-Qwen2.5-7B-Instruct.jinja", "\"none\"", "<tool_call>{\"name\": \"a\", \"arguments\": {}}</tool_call>",
+         "<tool_call>{\"name\": \"a\", \"arguments\": {}}</tool_call>", 0, {0}, {0}},
+        {"Qwen-Qwen2.5-7B-Instruct.jinja", NULL, "<tool_call>{\"name\": broken</tool_call>",
+         "<tool_call>{\"name\": broken</tool_call>", 0, {0}, {0}},
+        {"meta-llama-Llama-3.1-8B-Instruct.jinja", NULL,
+         "<|python_tag|>{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Rome\"}}", NULL, 1,
+         {"get_weather"}, {"{\"city\":\"Rome\"}"}},
+        {"meta-llama-Llama-3.2-3B-Instruct.jinja",
+         "{\"type\": \"function\", \"function\": {\"name\": \"get_weather\"}}",
+         "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}", NULL, 1, {"get_weather"},
+         {"{\"city\":\"Oslo\"}"}},
+        {"mistralai-Mistral-Nemo-Instruct-2407.jinja", NULL,
+         "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Lima\"}, \"id\": \"abcdefghi\"}]",
+         NULL, 1, {"get_weather"}, {"{\"city\":\"Lima\"}"}},
+        {"deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja", NULL,
+         "{\"tool_call\": {\"name\": \"get_weather\", \"arguments\": {\"city\": \"Kyiv\"}}}", NULL, 1,
+         {"get_weather"}, {"{\"city\":\"Kyiv\"}"}},
+        {"Qwen-Qwen2.5-7B-Instruct.jinja", NULL, "Just text, no < tool call.", "Just text, no < tool call.", 0, {0},
+         {0}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        print_message("tool case %zu: %s\n", i, cases[i].tmpl);
+        check_tool_case(&cases[i]);
+    }
+    set_script("");
+}
+
 int main(void)
 {
     const char *shared = getenv("KVSERVE_SHARED");
@@ -466,6 +642,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_corpus_prompts),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_tool_calls),
     };
     return ks_run_tests(tests, setup, teardown);
 }
