@@ -282,6 +282,9 @@ ks_status jinja_chat_render(const struct jinja_template *t, const cJSON *request
 
 const char jinja_chatml_template[] =
     "{%- for message in messages -%}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
+    "{%- if message['content'] is string -%}{{- message['content'] -}}{%- endif -%}"
+    "{%- if message['tool_calls'] -%}{{- message['tool_calls'] | tojson -}}{%- endif -%}"
+    "{{- '<|im_end|>\\n' -}}"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}";
