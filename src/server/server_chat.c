@@ -179,10 +179,9 @@ static ks_status join_parts(const cJSON *parts, int i, cJSON **out, struct reply
             sbuf_append(&text, "\n", 1);
         sbuf_append(&text, t->valuestring, strlen(t->valuestring));
     }
-    *out = cJSON_CreateString(text.p ? text.p : "");
-    bool oom = text.oom || !*out;
+    *out = text.oom ? NULL : cJSON_CreateString(text.p ? text.p : "");
     sbuf_free(&text);
-    return oom ? reply_fail(r, KS_ERR_NOMEM, NULL, "out of memory while reading messages[%d]", i) : KS_OK;
+    return *out ? KS_OK : reply_fail(r, KS_ERR_NOMEM, NULL, "out of memory while reading messages[%d]", i);
 }
 
 static ks_status check_tool_calls(const cJSON *calls, int i, struct reply *r)
@@ -205,6 +204,8 @@ static ks_status check_tool_calls(const cJSON *calls, int i, struct reply *r)
             cJSON *parsed = cJSON_Parse(args->valuestring);
             bool ok = parsed != NULL;
             cJSON_Delete(parsed);
+            if (!ok && server_json_failed())
+                return reply_fail(r, KS_ERR_NOMEM, NULL, "out of memory while reading messages[%d]", i);
             if (!ok)
                 return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value",
                                   "messages[%d].tool_calls[%d].function.arguments is not JSON", i, k);
@@ -308,8 +309,9 @@ static ks_status render_jinja(struct server *srv, const cJSON *root, char **out,
     size_t len = 0;
     st = jinja_chat_render(srv->jt, req, &chat, &opts, out, &len);
     cJSON_Delete(req);
-    if (!st && server_json_failed()) { /* a context value the polyfills built was lost */
-        free(*out);
+    if (server_json_failed()) { /* a context value the polyfills built was lost, or a parse ran out */
+        if (!st)
+            free(*out);
         *out = NULL;
         st = KS_ERR_NOMEM;
     }
