@@ -255,10 +255,12 @@ static ks_status template_request(const cJSON *root, cJSON **out, struct reply *
             st = reply_fail(r, KS_ERR_NOMEM, NULL, "out of memory while reading 'messages'");
             break;
         }
-        if (calls && !cJSON_IsNull(calls) &&
-            (strcmp(rn, "assistant") ? (st = reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value",
-                                                        "messages[%d]: only assistant messages have tool_calls", i))
-                                     : (st = check_tool_calls(calls, i, r))))
+        if (calls && !cJSON_IsNull(calls) && strcmp(rn, "assistant")) {
+            st = reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value",
+                            "messages[%d]: only assistant messages have tool_calls", i);
+            break;
+        }
+        if (calls && !cJSON_IsNull(calls) && (st = check_tool_calls(calls, i, r)))
             break;
         cJSON *text = NULL;
         if (cJSON_IsArray(content)) {
