@@ -249,10 +249,10 @@ static int teardown(void **state)
 
 /* ---- HTTP ------------------------------------------------------------------------------ */
 
-static struct httpc_response post(struct server *srv, const char *json)
+static struct httpc_response post_to(struct server *srv, const char *path, const char *json)
 {
     char url[256];
-    snprintf(url, sizeof url, "http://127.0.0.1:%d/v1/chat/completions", server_port(srv));
+    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", server_port(srv), path);
     struct httpc_request rq = {.method = "POST", .url = url, .body = json, .body_len = strlen(json),
                                .timeout_s = KS_WAIT_SECONDS};
     struct httpc_response r;
@@ -261,6 +261,11 @@ static struct httpc_response post(struct server *srv, const char *json)
         print_message("POST: %s\n", ks_errmsg());
     assert_int_equal(st, KS_OK);
     return r;
+}
+
+static struct httpc_response post(struct server *srv, const char *json)
+{
+    return post_to(srv, "/v1/chat/completions", json);
 }
 
 /* POST req (a cJSON object, not consumed) and return the parsed body; *status the HTTP status. */
@@ -327,6 +332,19 @@ static void test_corpus_prompts(void **state)
                 cJSON_Delete(j);
                 continue;
             }
+            /* /apply-template answers the text itself */
+            char *rbody = cJSON_PrintUnformatted(conv);
+            struct httpc_response ar = post_to(srv, "/apply-template", rbody);
+            free(rbody);
+            cJSON *aj = cJSON_ParseWithLength(ar.body, ar.len);
+            const cJSON *prompt = cJSON_GetObjectItemCaseSensitive(aj, "prompt");
+            if (ar.status != 200 || !cJSON_IsString(prompt) || strcmp(prompt->valuestring, want->valuestring))
+                print_message("%s %s: /apply-template %ld %.*s\n", e->d_name, conv->string, ar.status, (int)ar.len,
+                              ar.body);
+            assert_int_equal(ar.status, 200);
+            assert_string_equal(prompt->valuestring, want->valuestring);
+            cJSON_Delete(aj);
+            httpc_response_free(&ar);
             int32_t *ids = NULL;
             size_t n = 0;
             expected_ids(want->valuestring, &ids, &n);

@@ -505,6 +505,9 @@ static const struct route_case cases[] = {
     {"POST /v1/chat/completions tools stream", "POST", "/v1/chat/completions", NULL,
      "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"tools\":[{\"type\":\"function\","
      "\"function\":{\"name\":\"f\",\"parameters\":{}}}],\"max_tokens\":8,\"stream\":true}", true},
+    {"POST /apply-template", "POST", "/apply-template", NULL,
+     "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"Hi\"}]}],"
+     "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]}", false},
     {"POST /cache/requantize", "POST", "/cache/requantize", NULL,
      "{\"type_k\":\"q8_0\",\"type_v\":\"q4_0\",\"scope\":\"all\",\"dry_run\":true}", false},
     {"POST /cache/policy", "POST", "/cache/policy", NULL, "{\"policy\":\"dynamic\",\"high_watermark\":0.9}", false},

@@ -222,6 +222,7 @@ static const struct route {
     {"/", "GET", true, server_route_page},
     {"/v1/models", "GET", false, route_models},
     {"/v1/chat/completions", "POST", false, server_route_chat},
+    {"/apply-template", "POST", false, server_route_apply_template},
     {"/v1/completions", "POST", false, server_route_completions},
     {"/metrics", "GET", false, server_route_metrics},
     {"/cache/usage", "GET", false, server_route_cache_usage},

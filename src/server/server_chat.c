@@ -377,3 +377,28 @@ ks_status server_chat_prompt(struct server *srv, const cJSON *root, char **out, 
     *out = NULL;
     return srv->chat_family ? render_family(srv, root, out, r) : render_jinja(srv, root, out, r);
 }
+
+ks_status server_route_apply_template(struct server *srv, const struct server_req *rq, struct reply *r)
+{
+    cJSON *root;
+    ks_status st = server_parse_object(rq->body, rq->len, false, &root, r);
+    if (st)
+        return st;
+    struct server_tool_opts tools;
+    char *text = NULL;
+    if (!(st = server_parse_tool_options(root, &tools, r)))
+        st = server_chat_prompt(srv, root, &text, r);
+    cJSON_Delete(root);
+    if (st)
+        return st;
+    char *clean = NULL;
+    size_t len;
+    st = tok_utf8_sanitize(text, strlen(text), &clean, &len);
+    free(text);
+    if (st)
+        return reply_fail(r, st, NULL, "out of memory while writing the prompt");
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "prompt", clean);
+    free(clean);
+    return reply_json(r, 200, o);
+}

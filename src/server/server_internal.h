@@ -171,6 +171,9 @@ void server_tool_result_free(struct server_tool_result *r);
 ks_status server_route_chat(struct server *srv, const struct server_req *rq, struct reply *r);
 ks_status server_route_completions(struct server *srv, const struct server_req *rq, struct reply *r);
 
+/* server_chat.c: POST /apply-template, the prompt text of a chat request (llama-server's route) */
+ks_status server_route_apply_template(struct server *srv, const struct server_req *rq, struct reply *r);
+
 /* server_metrics.c */
 ks_status server_route_metrics(struct server *srv, const struct server_req *rq, struct reply *r);
 ks_status server_route_cache_usage(struct server *srv, const struct server_req *rq, struct reply *r);

@@ -168,6 +168,10 @@ async function basic() {
     const plain = await client.chat.completions.create({ model: 'x', messages: ask, tools, max_tokens: 1 });
     assert.ok(short.usage.prompt_tokens > plain.usage.prompt_tokens, `${short.usage.prompt_tokens} vs ${plain.usage.prompt_tokens}`);
     assert.ok(longer.usage.prompt_tokens > short.usage.prompt_tokens + 5, `${longer.usage.prompt_tokens} vs ${short.usage.prompt_tokens}`);
+    const applied = await (await fetch(`http://127.0.0.1:${p.port}/apply-template`, { method: 'POST',
+      body: JSON.stringify({ messages: withResult('18 degrees, light rain'), tools }) })).json();
+    assert.ok(applied.prompt.includes('18 degrees, light rain'), applied.prompt);
+    assert.ok(applied.prompt.includes('get_weather'), applied.prompt);
     await assert.rejects(client.chat.completions.create({ model: 'x', max_tokens: 1, messages: [...ask,
       { role: 'assistant', tool_calls: [{ id: 'c', type: 'function', function: { name: 'f', arguments: '{bad' } }] }] }),
       (e) => e.status === 400);
