@@ -20,10 +20,10 @@ static void template_usage(FILE *out)
             "usage: kvserve template [-m MODEL.gguf] [--chat-template-file F] --request REQ.json [--now YYYY-MM-DD]\n"
             "\n"
             "Print the prompt text (no newline added) that the chat template makes of an\n"
-            "OpenAI-style chat request: {\"messages\": [...], \"tools\": [...]}. The template is\n"
-            "the model's tokenizer.chat_template unless --chat-template-file is given; BOS and\n"
-            "EOS texts come from the model's vocabulary. A BOS the template prints first is\n"
-            "left out (tokenization adds it).\n"
+            "OpenAI-style chat request: {\"messages\": [...], \"tools\": [...], \"chat_template_kwargs\": {...}}.\n"
+            "The template is the model's tokenizer.chat_template unless --chat-template-file\n"
+            "is given; BOS and EOS texts come from the model's vocabulary. A BOS the template\n"
+            "prints first is left out (tokenization adds it).\n"
             "\n"
             "  -m, --model PATH            GGUF model or vocabulary (default: the built-in default model)\n"
             "      --chat-template-file F  Jinja template to use instead of the model's\n"
@@ -131,11 +131,12 @@ static int render_request(const struct template_args *a, const struct tokenizer 
         return 1;
     }
     const cJSON *agp = cJSON_GetObjectItemCaseSensitive(req, "add_generation_prompt");
+    const cJSON *kwargs = cJSON_GetObjectItemCaseSensitive(req, "chat_template_kwargs");
     struct jinja_template *tmpl = NULL;
     const struct tok_special *sp = tok_special(t);
     char *bos = token_text(t, sp->bos), *eos = token_text(t, sp->eos);
     struct jinja_chat chat = {bos, eos, cJSON_IsBool(agp) ? cJSON_IsTrue(agp) : a->generation_prompt,
-                              cJSON_GetObjectItemCaseSensitive(req, "chat_template_kwargs")};
+                              cJSON_IsNull(kwargs) ? NULL : kwargs};
     struct jinja_opts opts = {.now = a->now};
     char *out = NULL;
     size_t n = 0;

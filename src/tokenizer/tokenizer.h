@@ -148,8 +148,9 @@ ks_status tok_stream_flush(struct tok_stream *s, const char **bytes, size_t *len
 
 /* ---- chat templates ---------------------------------------------------- */
 
-/* Full Jinja is out of scope: a template is recognised by its signature and
- * rendered by hand-written code for its family, as llama.cpp's built-ins do. */
+/* Hand-written renderings of common families, as llama.cpp's built-ins do.
+ * The server and `kvserve chat` render the model's own template with the
+ * jinja module; these are the fallbacks a user names (--chat-template NAME). */
 enum tok_chat_family {
     TOK_CHAT_CHATML,  /* "chatml":  <|im_start|>role\n...<|im_end|>\n  (Qwen, SmolLM) */
     TOK_CHAT_LLAMA3,  /* "llama3":  <|start_header_id|>role<|end_header_id|>\n\n...<|eot_id|> */
