@@ -56,6 +56,8 @@ static const struct tcase cases[] = {
      {{"f", "{\"a\":true}"}}},
     {SERVER_TOOLS_GENERIC, " {\"tool_call\": {\"name\": \"g\", \"arguments\": {}}}", " ", 1, {{"g", "{}"}}},
     {SERVER_TOOLS_GENERIC, "{\"response\": \"hello\"}", "hello", 0, {{0}}},
+    {SERVER_TOOLS_GENERIC, "\n {\"response\": \"hi\"}", "hi", 0, {{0}}},
+    {SERVER_TOOLS_GENERIC, "  ", "  ", 0, {{0}}},
     {SERVER_TOOLS_GENERIC, "{not json at all", "{not json at all", 0, {{0}}},
     {SERVER_TOOLS_GENERIC, "plain text {\"tool_call\": 1}", "plain text {\"tool_call\": 1}", 0, {{0}}},
     {SERVER_TOOLS_NONE, "<tool_call>{\"name\": \"a\", \"arguments\": {}}</tool_call>",

@@ -139,11 +139,15 @@ static int llama3_marker(const char *s, size_t i, size_t n)
     return a == 1 || b == 1 ? 1 : a || b ? 2 : 0;
 }
 
-/* The whole output, when it starts with '{'. */
+/* The whole output, when it starts with '{' (whitespace before it is held
+ * too, so a {"response": ...} reply streams as its text alone). */
 static int generic_marker(const char *s, size_t i, size_t n)
 {
-    (void)n;
-    return skip_ws(s, 0, i) == i && s[i] == '{';
+    if (skip_ws(s, 0, i) != i)
+        return 0;
+    if (s[i] == '{')
+        return 1;
+    return skip_ws(s, i, n) == n ? 2 : 0;
 }
 
 /* Parse the calls from s[i..n); *end the index after the last complete one.
