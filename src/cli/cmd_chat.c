@@ -149,16 +149,6 @@ static void chat_free(struct chat *c)
     cli_engine_free(&c->e);
 }
 
-/* A special token's text as the vocabulary writes it; "" for none. */
-static char *token_text(const struct tokenizer *t, int32_t id)
-{
-    const char *p = "";
-    size_t n = 0;
-    if (id >= 0 && tok_text(t, id, &p, &n))
-        n = 0;
-    return strndup(p, n);
-}
-
 /* The template, as the server takes it: --chat-template NAME picks a
  * hand-written family; else --chat-template-file, the model's
  * tokenizer.chat_template, or ChatML for a model without one. */
@@ -187,8 +177,8 @@ static ks_status template_setup(struct chat *c)
         return ks_fail(st, "%s does not parse: %s (give --chat-template-file F or --chat-template NAME)", origin, why);
     }
     const struct tok_special *sp = tok_special(c->tok);
-    c->bos_text = token_text(c->tok, sp->bos);
-    c->eos_text = token_text(c->tok, sp->eos);
+    c->bos_text = tok_text_dup(c->tok, sp->bos);
+    c->eos_text = tok_text_dup(c->tok, sp->eos);
     return c->bos_text && c->eos_text ? KS_OK : ks_fail(KS_ERR_NOMEM, "out of memory");
 }
 

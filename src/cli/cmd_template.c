@@ -43,16 +43,6 @@ static bool parse_date(const char *s, int64_t *out)
     return true;
 }
 
-/* The text of a special token (BOS, EOS) as the vocabulary writes it; "" for none. */
-static char *token_text(const struct tokenizer *t, int32_t id)
-{
-    const char *p = "";
-    size_t n = 0;
-    if (id >= 0 && tok_text(t, id, &p, &n))
-        n = 0;
-    return strndup(p, n);
-}
-
 struct template_args {
     const char *model, *template_file, *request_file;
     int64_t now;
@@ -134,7 +124,7 @@ static int render_request(const struct template_args *a, const struct tokenizer 
     const cJSON *kwargs = cJSON_GetObjectItemCaseSensitive(req, "chat_template_kwargs");
     struct jinja_template *tmpl = NULL;
     const struct tok_special *sp = tok_special(t);
-    char *bos = token_text(t, sp->bos), *eos = token_text(t, sp->eos);
+    char *bos = tok_text_dup(t, sp->bos), *eos = tok_text_dup(t, sp->eos);
     struct jinja_chat chat = {bos, eos, cJSON_IsBool(agp) ? cJSON_IsTrue(agp) : a->generation_prompt,
                               cJSON_IsNull(kwargs) ? NULL : kwargs};
     struct jinja_opts opts = {.now = a->now};

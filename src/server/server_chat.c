@@ -10,16 +10,6 @@
 #include <string.h>
 #include <time.h>
 
-/* A special token's text as the vocabulary writes it; "" for none. */
-static char *token_text(const struct tokenizer *t, int32_t id)
-{
-    const char *p = "";
-    size_t n = 0;
-    if (id >= 0 && tok_text(t, id, &p, &n))
-        n = 0;
-    return strndup(p, n);
-}
-
 ks_status server_chat_setup(struct server *srv, const struct server_config *cfg)
 {
     if (cfg->chat_template) { /* the user asked for a hand-written family */
@@ -54,8 +44,8 @@ ks_status server_chat_setup(struct server *srv, const struct server_config *cfg)
             srv->tool_tokens[srv->n_tool_tokens++] = id;
     }
     const struct tok_special *sp = tok_special(srv->tok);
-    srv->bos_text = token_text(srv->tok, sp->bos);
-    srv->eos_text = token_text(srv->tok, sp->eos);
+    srv->bos_text = tok_text_dup(srv->tok, sp->bos);
+    srv->eos_text = tok_text_dup(srv->tok, sp->eos);
     if (!srv->bos_text || !srv->eos_text)
         return ks_fail(KS_ERR_NOMEM, "server: out of memory");
     return KS_OK;

@@ -105,6 +105,11 @@ ks_status tok_piece(const struct tokenizer *t, int32_t id, const char **bytes, s
  * by t. Errors: KS_ERR_RANGE. */
 ks_status tok_text(const struct tokenizer *t, int32_t id, const char **text, size_t *len);
 
+/* A malloc'd NUL-terminated copy of the token's vocabulary text (a chat
+ * template's bos_token / eos_token); "" for id -1 or an out-of-range id.
+ * NULL only when out of memory. */
+char *tok_text_dup(const struct tokenizer *t, int32_t id);
+
 /* Flags for tok_decode and tok_stream_create. */
 #define TOK_DECODE_SPECIAL 1u     /* render control tokens as their text (default: "") */
 #define TOK_DECODE_KEEP_SPACE 2u  /* SPM/WPM with add_space_prefix: keep the leading space
