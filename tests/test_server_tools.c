@@ -155,6 +155,19 @@ static void test_every_split(void **state)
     }
 }
 
+/* Invalid UTF-8 in a call's name or arguments becomes U+FFFD (the answer is JSON). */
+static void test_bad_utf8(void **state)
+{
+    (void)state;
+    const char text[] = "<tool_call>{\"name\": \"f\xff\", \"arguments\": {\"a\": \"x\xc3\"}}</tool_call>";
+    struct server_tool_result r;
+    assert_int_equal(server_tools_parse(SERVER_TOOLS_HERMES, text, sizeof text - 1, true, &r), KS_OK);
+    assert_int_equal(r.n_calls, 1);
+    assert_string_equal(r.calls[0].name, "f\xef\xbf\xbd");
+    assert_string_equal(r.calls[0].arguments, "{\"a\":\"x\xef\xbf\xbd\"}");
+    server_tool_result_free(&r);
+}
+
 static void test_detect(void **state)
 {
     (void)state;
@@ -202,6 +215,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_whole),
         cmocka_unit_test(test_every_split),
+        cmocka_unit_test(test_bad_utf8),
         cmocka_unit_test(test_detect),
         cmocka_unit_test(test_fuzz),
     };

@@ -84,9 +84,14 @@ static ks_status add_call(struct server_tool_result *r, const char *name, const 
     if (!p)
         return ks_fail(KS_ERR_NOMEM, "out of memory parsing tool calls");
     r->calls = p;
-    char *a = args ? (cJSON_IsString(args) ? strdup(args->valuestring) : cJSON_PrintUnformatted(args)) : strdup("{}");
-    char *nm = strdup(name);
-    if (!a || !nm) {
+    /* The model's bytes may be invalid UTF-8 inside JSON strings (cJSON keeps
+     * them): the answer is JSON, so they become U+FFFD as content does. */
+    char *raw = args ? (cJSON_IsString(args) ? strdup(args->valuestring) : cJSON_PrintUnformatted(args)) : strdup("{}");
+    char *a = NULL, *nm = NULL;
+    size_t len;
+    bool ok = raw && !tok_utf8_sanitize(raw, strlen(raw), &a, &len) && !tok_utf8_sanitize(name, strlen(name), &nm, &len);
+    free(raw);
+    if (!ok) {
         free(a);
         free(nm);
         return ks_fail(KS_ERR_NOMEM, "out of memory parsing tool calls");
