@@ -373,7 +373,7 @@ static void test_chat(void **state)
                              "\"U\"}, {\"role\": \"assistant\", \"content\": \"\", \"tool_calls\": [{\"type\": \"function\", "
                              "\"function\": {\"name\": \"f\", \"arguments\": \"{\\\"city\\\": \\\"Paris\\\"}\"}}]}]}");
     assert_non_null(req);
-    struct jinja_chat chat = {"<s>", "</s>", 1};
+    struct jinja_chat chat = {"<s>", "</s>", 1, NULL};
     char *out = NULL;
     size_t len = 0;
     assert_int_equal(jinja_chat_render(t, req, &chat, NULL, &out, &len), KS_OK);
@@ -409,6 +409,22 @@ static void test_chat(void **state)
         free(out);
         jinja_free(t);
     }
+
+    /* kwargs (chat_template_kwargs) are set after the defaults; an
+     * enable_thinking there is taken as given, without the probe */
+    cJSON *kw = cJSON_Parse("{\"enable_thinking\": false, \"extra\": \"E\", \"bos_token\": \"B\"}");
+    struct jinja_chat chat_kw = {"<s>", "</s>", 1, kw};
+    const char *ksrc = "{{ bos_token }}{{ extra }}{% if enable_thinking %}<think>{% endif %}";
+    assert_int_equal(jinja_parse(ksrc, strlen(ksrc), &t), KS_OK);
+    assert_int_equal(jinja_chat_render(t, req, &chat_kw, NULL, &out, &len), KS_OK);
+    assert_string_equal(out, "BE");
+    free(out);
+    cJSON *not_object = cJSON_CreateArray();
+    chat_kw.kwargs = not_object;
+    assert_int_equal(jinja_chat_render(t, req, &chat_kw, NULL, &out, &len), KS_ERR_INVALID_ARG);
+    cJSON_Delete(not_object);
+    cJSON_Delete(kw);
+    jinja_free(t);
     cJSON_Delete(req);
 }
 
@@ -463,7 +479,7 @@ static void fuzz_one(const char *src, size_t len, const cJSON *ctx)
         assert_true(n <= o.max_output);
         free(out);
     }
-    struct jinja_chat chat = {"<s>", "</s>", 1};
+    struct jinja_chat chat = {"<s>", "</s>", 1, NULL};
     if (jinja_chat_render(t, ctx, &chat, &o, &out, &n) == KS_OK)
         free(out);
     jinja_free(t);
@@ -704,7 +720,7 @@ static void corpus_template(const char *dir, const char *name, const cJSON *conv
     char parse_err[512] = "";
     if (pst)
         snprintf(parse_err, sizeof parse_err, "%s", ks_errmsg());
-    struct jinja_chat chat = {"<|begin_of_text|>", "<|eot_id|>", 1};
+    struct jinja_chat chat = {"<|begin_of_text|>", "<|eot_id|>", 1, NULL};
     struct jinja_opts opts = {.now = CORPUS_NOW};
     int ok = 0, n = 0;
     char report[4096] = "";

@@ -398,6 +398,18 @@ static const struct route_case cases[] = {
     {"POST /v1/chat/completions stream", "POST", "/v1/chat/completions", NULL,
      "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"max_completion_tokens\":70,\"stream\":true,"
      "\"stream_options\":{\"include_usage\":true}}", true},
+    {"POST /v1/chat/completions tools", "POST", "/v1/chat/completions", NULL,
+     "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"},{\"role\":\"assistant\",\"content\":null,"
+     "\"tool_calls\":[{\"id\":\"c\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"a\\\":1}\"}}]},"
+     "{\"role\":\"tool\",\"tool_call_id\":\"c\",\"content\":\"ok\"}],\"tools\":[{\"type\":\"function\","
+     "\"function\":{\"name\":\"f\",\"parameters\":{}}}],\"tool_choice\":\"auto\",\"max_tokens\":6,"
+     "\"chat_template_kwargs\":{\"x\":1}}", false},
+    {"POST /v1/chat/completions tools stream", "POST", "/v1/chat/completions", NULL,
+     "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"tools\":[{\"type\":\"function\","
+     "\"function\":{\"name\":\"f\",\"parameters\":{}}}],\"max_tokens\":8,\"stream\":true}", true},
+    {"POST /apply-template", "POST", "/apply-template", NULL,
+     "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"Hi\"}]}],"
+     "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]}", false},
     {"POST /cache/requantize", "POST", "/cache/requantize", NULL,
      "{\"type_k\":\"q8_0\",\"type_v\":\"q4_0\",\"scope\":\"all\",\"dry_run\":true}", false},
     {"POST /cache/policy", "POST", "/cache/policy", NULL, "{\"policy\":\"dynamic\",\"high_watermark\":0.9}", false},

@@ -98,5 +98,8 @@ size_t cli_peak_rss(void);
 bool cli_default_model(char *path, size_t cap);
 /* Monotonic wall clock in seconds. */
 double cli_now(void);
+/* The whole of path ("-" = stdin) in a malloc'd NUL-terminated buffer (*len
+ * its length without the NUL); NULL when it cannot be read or out of memory. */
+char *cli_read_file(const char *path, size_t *len);
 
 #endif

@@ -6,10 +6,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+
+#include <cjson/cJSON.h>
 
 #include "cli/args.h"
 #include "cli/cli.h"
 #include "cli/setup.h"
+#include "jinja/jinja.h"
 #include "kv/kv.h"
 #include "model/model.h"
 #include "sample/sample.h"
@@ -18,6 +22,7 @@
 struct chat_opts {
     const char *model;
     const char *template_name; /* --chat-template */
+    const char *template_file; /* --chat-template-file */
     const char *system;        /* -s */
     int n_predict;             /* per reply */
     int n_ctx;                 /* 0: the model's training context, at most 4096 */
@@ -38,8 +43,9 @@ static void chat_usage(FILE *out)
             "The conversation stays in the KV cache between turns.\n"
             "\n"
             "  -m, --model PATH         GGUF model (default: the built-in default model)\n"
-            "      --chat-template NAME chatml, llama3, llama2, mistral, zephyr, gemma, phi3\n"
-            "                           (default: detected from the model's template)\n"
+            "      --chat-template-file F  a Jinja chat template instead of the model's\n"
+            "      --chat-template NAME a built-in format instead of the model's Jinja template:\n"
+            "                           chatml, llama3, llama2, mistral, zephyr, gemma, phi3\n"
             "  -s, --system TEXT        system prompt\n"
             "  -n, --n-predict N        most tokens per reply (default 512)\n"
             "  -c, --ctx-size N         context in tokens (default: the model's, at most 4096)\n"
@@ -59,6 +65,8 @@ static bool chat_flag(const char *a, const char *v, void *opts, bool *ok)
         *ok = (o->model = v) != NULL;
     else if (!strcmp(a, "--chat-template"))
         *ok = (o->template_name = v) != NULL;
+    else if (!strcmp(a, "--chat-template-file"))
+        *ok = (o->template_file = v) != NULL;
     else if (!strcmp(a, "-s") || !strcmp(a, "--system"))
         *ok = (o->system = v) != NULL;
     else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict"))
@@ -114,7 +122,9 @@ struct chat {
     struct sampler *sampler;
     struct tokenizer *tok;
     struct tok_stream *stream;
-    enum tok_chat_family fam;
+    enum tok_chat_family fam;   /* with --chat-template NAME */
+    struct jinja_template *jt;  /* else the model's (or the file's) Jinja template */
+    char *bos_text, *eos_text;
     int32_t seq, n_vocab, n_ctx;
     struct tok_chat_msg *msgs; /* contents are malloc'd */
     size_t n_msgs, cap_msgs;
@@ -133,7 +143,67 @@ static void chat_free(struct chat *c)
     sample_free(c->sampler);
     tok_stream_free(c->stream);
     tok_free(c->tok);
+    jinja_free(c->jt);
+    free(c->bos_text);
+    free(c->eos_text);
     cli_engine_free(&c->e);
+}
+
+/* The template, as the server takes it: --chat-template NAME picks a
+ * hand-written family; else --chat-template-file, the model's
+ * tokenizer.chat_template, or ChatML for a model without one. */
+static ks_status template_setup(struct chat *c)
+{
+    const struct chat_opts *o = c->o;
+    if (o->template_name)
+        return tok_chat_for(c->tok, o->template_name, &c->fam);
+    size_t len = 0;
+    char *file = NULL;
+    const char *src = NULL, *origin = "the model's tokenizer.chat_template";
+    if (o->template_file) {
+        if (!(file = cli_read_file(o->template_file, &len)))
+            return ks_fail(KS_ERR_IO, "cannot read --chat-template-file %s", o->template_file);
+        src = file;
+        origin = o->template_file;
+    } else if (!(src = tok_chat_template(c->tok, &len))) {
+        src = jinja_chatml_template;
+        len = strlen(src);
+    }
+    ks_status st = jinja_parse(src, len, &c->jt);
+    free(file);
+    if (st) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", ks_errmsg());
+        return ks_fail(st, "%s does not parse: %s (give --chat-template-file F or --chat-template NAME)", origin, why);
+    }
+    const struct tok_special *sp = tok_special(c->tok);
+    c->bos_text = tok_text_dup(c->tok, sp->bos);
+    c->eos_text = tok_text_dup(c->tok, sp->eos);
+    return c->bos_text && c->eos_text ? KS_OK : ks_fail(KS_ERR_NOMEM, "out of memory");
+}
+
+/* The conversation through the Jinja template, as the server renders a request. */
+static ks_status render_jinja(struct chat *c, char **text)
+{
+    cJSON *req = cJSON_CreateObject();
+    cJSON *msgs = cJSON_AddArrayToObject(req, "messages");
+    for (size_t i = 0; msgs && i < c->n_msgs; i++) {
+        cJSON *m = cJSON_CreateObject();
+        cJSON_AddItemToArray(msgs, m);
+        if (!cJSON_AddStringToObject(m, "role", c->msgs[i].role) ||
+            !cJSON_AddStringToObject(m, "content", c->msgs[i].content))
+            msgs = NULL;
+    }
+    if (!msgs) {
+        cJSON_Delete(req);
+        return ks_fail(KS_ERR_NOMEM, "out of memory for the conversation");
+    }
+    size_t max_out = (size_t)c->n_ctx * 64;
+    struct jinja_chat chat = {c->bos_text, c->eos_text, 1, NULL};
+    struct jinja_opts opts = {.max_output = max_out > (64u << 10) ? max_out : 64u << 10, .now = (int64_t)time(NULL)};
+    ks_status st = jinja_chat_render(c->jt, req, &chat, &opts, text, NULL);
+    cJSON_Delete(req);
+    return st;
 }
 
 static ks_status add_msg(struct chat *c, const char *role, const char *content, size_t len)
@@ -159,7 +229,7 @@ static ks_status chat_setup(struct chat *c, const char *path)
 {
     const struct chat_opts *o = c->o;
     ks_status st = cli_load_model(path, &o->load, &c->e.model);
-    if (st || (st = tok_load(model_gguf(c->e.model), &c->tok)) || (st = tok_chat_for(c->tok, o->template_name, &c->fam)))
+    if (st || (st = tok_load(model_gguf(c->e.model), &c->tok)) || (st = template_setup(c)))
         return st;
     const struct model_hparams *hp = model_hparams(c->e.model);
     c->n_vocab = hp->n_vocab;
@@ -175,7 +245,9 @@ static ks_status chat_setup(struct chat *c, const char *path)
         return ks_fail(KS_ERR_NOMEM, "out of memory for a context of %d tokens", (int)c->n_ctx);
     if (o->system && (st = add_msg(c, "system", o->system, strlen(o->system))))
         return st;
-    fprintf(stderr, "kvserve chat: template %s, context %d tokens\n", tok_chat_name(c->fam), (int)c->n_ctx);
+    fprintf(stderr, "kvserve chat: template %s, context %d tokens\n",
+            c->jt ? (o->template_file ? o->template_file : "the model's (Jinja)") : tok_chat_name(c->fam),
+            (int)c->n_ctx);
     return KS_OK;
 }
 
@@ -206,7 +278,7 @@ static ks_status prepare_turn(struct chat *c)
     char *text = NULL;
     int32_t *ids = NULL;
     size_t n = 0;
-    ks_status st = tok_chat_render(c->tok, c->fam, c->msgs, c->n_msgs, true, &text);
+    ks_status st = c->jt ? render_jinja(c, &text) : tok_chat_render(c->tok, c->fam, c->msgs, c->n_msgs, true, &text);
     if (!st)
         st = tok_encode(c->tok, text, strlen(text), TOK_ADD_SPECIAL | TOK_PARSE_SPECIAL, &ids, &n);
     free(text);

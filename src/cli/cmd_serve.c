@@ -18,7 +18,7 @@
 #include "tokenizer/tokenizer.h"
 
 struct serve_opts {
-    const char *model, *host, *api_key, *chat_template, *alias;
+    const char *model, *host, *api_key, *chat_template, *chat_template_file, *alias;
     int port, parallel, ctx_size, max_batch_tokens, prefill_chunk, max_queue, grace, n_threads;
     size_t max_body;
     float max_itl_ratio;
@@ -41,7 +41,9 @@ static void serve_usage(FILE *out)
             "      --host ADDR           IPv4 address to bind (default 127.0.0.1)\n"
             "      --port N              TCP port (default 8080; 0 = any free port)\n"
             "      --api-key KEY         require 'Authorization: Bearer KEY' (all routes but /health)\n"
-            "      --chat-template NAME  override the model's chat template (chatml, llama3, ...)\n"
+            "      --chat-template-file F  a Jinja chat template to use instead of the model's\n"
+            "      --chat-template NAME  a built-in chat format instead of the model's Jinja template\n"
+            "                            (chatml, llama3, llama2, mistral, zephyr, gemma, phi3; no tools)\n"
             "  -t, --threads N           compute threads (default: all cores)\n"
             "scheduler:\n"
             "      --parallel N          max running sequences (default 16)\n"
@@ -76,6 +78,7 @@ static bool parse_flag(const char *a, const char *v, void *opts, bool *ok)
     else if (is_flag(a, NULL, "--host")) *ok = (o->host = v) != NULL;
     else if (is_flag(a, NULL, "--api-key")) *ok = (o->api_key = v) != NULL;
     else if (is_flag(a, NULL, "--chat-template")) *ok = (o->chat_template = v) != NULL;
+    else if (is_flag(a, NULL, "--chat-template-file")) *ok = (o->chat_template_file = v) != NULL;
     else if (is_flag(a, NULL, "--port")) *ok = cli_parse_int(v, 0, 65535, &o->port);
     else if (is_flag(a, "-t", "--threads")) *ok = cli_parse_threads(v, &o->n_threads);
     else if (is_flag(a, NULL, "--parallel")) *ok = cli_parse_int(v, 1, 1024, &o->parallel);
@@ -112,6 +115,7 @@ struct serve_state {
     struct sched *sched;
     struct server *srv;
     struct store *store;
+    char *chat_template;         /* --chat-template-file's text */
 };
 
 /* The cache: the user's KV flags; without --kv-mem, room for every
@@ -158,6 +162,13 @@ static ks_status open_store(const struct serve_opts *o, const struct kv_config *
 
 static ks_status start(const struct serve_opts *o, const char *path, struct serve_state *s)
 {
+    if (o->chat_template && o->chat_template_file)
+        return ks_fail(KS_ERR_INVALID_ARG, "give --chat-template NAME or --chat-template-file F, not both");
+    size_t tlen = 0;
+    if (o->chat_template_file && !(s->chat_template = cli_read_file(o->chat_template_file, &tlen)))
+        return ks_fail(KS_ERR_IO, "cannot read --chat-template-file %s", o->chat_template_file);
+    if (s->chat_template && strlen(s->chat_template) != tlen)
+        return ks_fail(KS_ERR_INVALID_ARG, "--chat-template-file %s contains a NUL byte", o->chat_template_file);
     ks_status st = cli_load_model(path, &o->load, &s->model);
     if (st)
         return st;
@@ -209,6 +220,8 @@ static ks_status start(const struct serve_opts *o, const char *path, struct serv
     cfg.model_name = o->alias ? o->alias : base_name(path);
     cfg.ctx_size = ctx;
     cfg.chat_template = o->chat_template;
+    cfg.chat_template_jinja = s->chat_template;
+    cfg.chat_template_origin = o->chat_template_file;
     cfg.store = s->store;
     st = server_start(&cfg, s->sched, s->tok, &s->srv);
     if (st)
@@ -255,6 +268,7 @@ static void teardown(struct serve_state *s)
     threads_free(s->pool);
     tok_free(s->tok);
     model_free(s->model);
+    free(s->chat_template);
 }
 
 int cli_serve(int argc, char **argv)

@@ -20,49 +20,16 @@ static void template_usage(FILE *out)
             "usage: kvserve template [-m MODEL.gguf] [--chat-template-file F] --request REQ.json [--now YYYY-MM-DD]\n"
             "\n"
             "Print the prompt text (no newline added) that the chat template makes of an\n"
-            "OpenAI-style chat request: {\"messages\": [...], \"tools\": [...]}. The template is\n"
-            "the model's tokenizer.chat_template unless --chat-template-file is given; BOS and\n"
-            "EOS texts come from the model's vocabulary. A BOS the template prints first is\n"
-            "left out (tokenization adds it).\n"
+            "OpenAI-style chat request: {\"messages\": [...], \"tools\": [...], \"chat_template_kwargs\": {...}}.\n"
+            "The template is the model's tokenizer.chat_template unless --chat-template-file\n"
+            "is given; BOS and EOS texts come from the model's vocabulary. A BOS the template\n"
+            "prints first is left out (tokenization adds it).\n"
             "\n"
             "  -m, --model PATH            GGUF model or vocabulary (default: the built-in default model)\n"
             "      --chat-template-file F  Jinja template to use instead of the model's\n"
             "      --request FILE          the request JSON ('-' for stdin)\n"
             "      --now YYYY-MM-DD        the date strftime_now and date_string see (default: today, UTC)\n"
             "      --no-generation-prompt  do not end with the assistant's header\n");
-}
-
-static char *read_file(const char *path, size_t *len)
-{
-    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
-    if (!f)
-        return NULL;
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap + 1);
-    while (buf) {
-        n += fread(buf + n, 1, cap - n, f);
-        if (n < cap)
-            break;
-        char *p = realloc(buf, cap * 2 + 1);
-        if (!p) {
-            free(buf);
-            buf = NULL;
-            break;
-        }
-        buf = p;
-        cap *= 2;
-    }
-    if (buf && ferror(f)) {
-        free(buf);
-        buf = NULL;
-    }
-    if (f != stdin)
-        fclose(f);
-    if (buf) {
-        buf[n] = 0;
-        *len = n;
-    }
-    return buf;
 }
 
 /* "2026-11-24" as seconds since the epoch at 00:00 UTC. */
@@ -74,16 +41,6 @@ static bool parse_date(const char *s, int64_t *out)
         return false;
     *out = (int64_t)timegm(&tm);
     return true;
-}
-
-/* The text of a special token (BOS, EOS) as the vocabulary writes it; "" for none. */
-static char *token_text(const struct tokenizer *t, int32_t id)
-{
-    const char *p = "";
-    size_t n = 0;
-    if (id >= 0 && tok_text(t, id, &p, &n))
-        n = 0;
-    return strndup(p, n);
 }
 
 struct template_args {
@@ -134,7 +91,7 @@ static int parse_template_args(int argc, char **argv, struct template_args *a)
 static char *template_source(const struct template_args *a, const struct gguf_file *f, size_t *len)
 {
     if (a->template_file) {
-        char *src = read_file(a->template_file, len);
+        char *src = cli_read_file(a->template_file, len);
         if (!src)
             fprintf(stderr, "kvserve template: cannot read %s\n", a->template_file);
         return src;
@@ -152,7 +109,7 @@ static int render_request(const struct template_args *a, const struct tokenizer 
 {
     const char *src_name = a->template_file ? a->template_file : "tokenizer.chat_template";
     size_t req_len = 0;
-    char *req_text = read_file(a->request_file, &req_len);
+    char *req_text = cli_read_file(a->request_file, &req_len);
     if (!req_text) {
         fprintf(stderr, "kvserve template: cannot read %s\n", a->request_file);
         return 1;
@@ -164,10 +121,12 @@ static int render_request(const struct template_args *a, const struct tokenizer 
         return 1;
     }
     const cJSON *agp = cJSON_GetObjectItemCaseSensitive(req, "add_generation_prompt");
+    const cJSON *kwargs = cJSON_GetObjectItemCaseSensitive(req, "chat_template_kwargs");
     struct jinja_template *tmpl = NULL;
     const struct tok_special *sp = tok_special(t);
-    char *bos = token_text(t, sp->bos), *eos = token_text(t, sp->eos);
-    struct jinja_chat chat = {bos, eos, cJSON_IsBool(agp) ? cJSON_IsTrue(agp) : a->generation_prompt};
+    char *bos = tok_text_dup(t, sp->bos), *eos = tok_text_dup(t, sp->eos);
+    struct jinja_chat chat = {bos, eos, cJSON_IsBool(agp) ? cJSON_IsTrue(agp) : a->generation_prompt,
+                              cJSON_IsNull(kwargs) ? NULL : kwargs};
     struct jinja_opts opts = {.now = a->now};
     char *out = NULL;
     size_t n = 0;

@@ -128,6 +128,11 @@ struct jinja_chat {
     const char *bos_token;      /* NULL = "" */
     const char *eos_token;      /* NULL = "" */
     int add_generation_prompt;  /* nonzero = true */
+    const cJSON *kwargs;        /* NULL, or an object whose entries are set in the
+                                   context after the defaults above (the request's
+                                   chat_template_kwargs, e.g. enable_thinking); an
+                                   enable_thinking given here is used as is (no
+                                   probe of the template's thinking support) */
 };
 
 /* Render request (an object with "messages" and optionally "tools") into the
@@ -136,9 +141,13 @@ struct jinja_chat {
  * texts, no generation prompt. A template that mentions enable_thinking is
  * rendered twice, one that raises on a system message twice.
  * Errors: as jinja_render; KS_ERR_INVALID_ARG also for NULL t, request or
- *         out, a request without a "messages" array, or tool-call arguments
- *         that are not JSON. */
+ *         out, a request without a "messages" array, tool-call arguments
+ *         that are not JSON, or kwargs that is not an object. */
 ks_status jinja_chat_render(const struct jinja_template *t, const cJSON *request, const struct jinja_chat *chat,
                             const struct jinja_opts *opts, char **out, size_t *out_len);
+
+/* ChatML as a Jinja template: what a model without tokenizer.chat_template is
+ * rendered with (llama.cpp's fallback). NUL-terminated. */
+extern const char jinja_chatml_template[];
 
 #endif

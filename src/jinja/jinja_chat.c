@@ -7,6 +7,16 @@
 
 #include "jinja/jinja_internal.h"
 
+/* o[key] = v (replaced or added); false, with v deleted, when out of memory. */
+static bool obj_put(cJSON *o, const char *key, cJSON *v)
+{
+    bool ok = v && (cJSON_GetObjectItemCaseSensitive(o, key) ? cJSON_ReplaceItemInObjectCaseSensitive(o, key, v)
+                                                             : cJSON_AddItemToObject(o, key, v));
+    if (!ok)
+        cJSON_Delete(v);
+    return ok;
+}
+
 /* Tool-call arguments arrive as a JSON string; templates expect the object. */
 static ks_status parse_tool_arguments(cJSON *messages)
 {
@@ -22,7 +32,8 @@ static ks_status parse_tool_arguments(cJSON *messages)
             if (!parsed)
                 return ks_fail(KS_ERR_INVALID_ARG, "message %d: tool call arguments are not JSON: %.80s", mi,
                                args->valuestring);
-            cJSON_ReplaceItemInObjectCaseSensitive(fn, "arguments", parsed);
+            if (!obj_put(fn, "arguments", parsed))
+                return ks_fail(KS_ERR_NOMEM, "out of memory parsing tool call arguments");
         }
     }
     return KS_OK;
@@ -67,7 +78,8 @@ static ks_status fold_system(cJSON *messages)
         free(joined);
         if (!s)
             return ks_fail(KS_ERR_NOMEM, "out of memory folding the system message");
-        cJSON_ReplaceItemInObjectCaseSensitive(m, "content", s);
+        if (!obj_put(m, "content", s))
+            return ks_fail(KS_ERR_NOMEM, "out of memory folding the system message");
         break;
     }
     cJSON_Delete(cJSON_DetachItemViaPointer(messages, sys));
@@ -124,8 +136,10 @@ static ks_status attach_tool_responses(cJSON *messages)
             }
             if (name)
                 cJSON_AddStringToObject(r, "name", name);
-            cJSON_AddItemToObject(r, "response", parsed);
-            cJSON_AddItemToArray(responses, r);
+            if (!obj_put(r, "response", parsed) || !cJSON_AddItemToArray(responses, r)) {
+                cJSON_Delete(r);
+                return ks_fail(KS_ERR_NOMEM, "out of memory attaching tool responses");
+            }
             cJSON_Delete(cJSON_DetachItemViaPointer(messages, t));
         }
     }
@@ -166,11 +180,12 @@ static ks_status apply_thinking_support(const struct jinja_template *t, cJSON *c
 {
     if (!memmem(t->src, t->len, "enable_thinking", 15))
         return KS_OK;
-    cJSON_ReplaceItemInObjectCaseSensitive(ctx, "enable_thinking", cJSON_CreateFalse());
+    if (!obj_put(ctx, "enable_thinking", cJSON_CreateFalse()))
+        return ks_fail(KS_ERR_NOMEM, "out of memory probing enable_thinking");
     char *off = NULL;
     size_t off_len = 0;
     if (jinja_render(t, ctx, opts, &off, &off_len)) {
-        cJSON_ReplaceItemInObjectCaseSensitive(ctx, "enable_thinking", cJSON_CreateTrue());
+        obj_put(ctx, "enable_thinking", cJSON_CreateTrue());
         return KS_OK; /* the template insists on thinking: keep the true rendering */
     }
     const char *last = last_content(cJSON_GetObjectItemCaseSensitive(ctx, "messages"));
@@ -207,8 +222,10 @@ static ks_status build_context(const struct jinja_template *t, const cJSON *requ
         return st;
     }
     const cJSON *tools = cJSON_GetObjectItemCaseSensitive(request, "tools");
-    if (tools && !cJSON_IsNull(tools))
-        cJSON_AddItemToObject(ctx, "tools", cJSON_Duplicate(tools, 1));
+    if (tools && !cJSON_IsNull(tools) && !obj_put(ctx, "tools", cJSON_Duplicate(tools, 1))) {
+        cJSON_Delete(ctx);
+        return ks_fail(KS_ERR_NOMEM, "out of memory building the template context");
+    }
     char date[32], datetime[32];
     time_t now = opts ? (time_t)opts->now : 0;
     struct tm tm;
@@ -222,6 +239,17 @@ static ks_status build_context(const struct jinja_template *t, const cJSON *requ
     cJSON_AddBoolToObject(ctx, "enable_thinking", 1);
     cJSON_AddStringToObject(ctx, "date_string", date); /* Llama 3.1's "Today Date" */
     cJSON_AddStringToObject(ctx, "datetime", datetime); /* FireFunction v2's "Today is" */
+    const cJSON *kw = chat ? chat->kwargs : NULL;
+    if (kw && !cJSON_IsObject(kw)) {
+        cJSON_Delete(ctx);
+        return ks_fail(KS_ERR_INVALID_ARG, "chat_template_kwargs must be an object");
+    }
+    for (const cJSON *e = kw ? kw->child : NULL; e; e = e->next) {
+        if (!obj_put(ctx, e->string, cJSON_Duplicate(e, 1))) {
+            cJSON_Delete(ctx);
+            return ks_fail(KS_ERR_NOMEM, "out of memory building the template context");
+        }
+    }
     *out = ctx;
     return KS_OK;
 }
@@ -253,7 +281,7 @@ ks_status jinja_chat_render(const struct jinja_template *t, const cJSON *request
         if (!st)
             st = jinja_render(t, ctx, opts, &text, &len);
     }
-    if (!st)
+    if (!st && !(chat && chat->kwargs && cJSON_GetObjectItemCaseSensitive(chat->kwargs, "enable_thinking")))
         st = apply_thinking_support(t, ctx, opts, &text, &len);
     cJSON_Delete(ctx);
     if (st)
@@ -264,3 +292,12 @@ ks_status jinja_chat_render(const struct jinja_template *t, const cJSON *request
         *out_len = len;
     return KS_OK;
 }
+
+const char jinja_chatml_template[] =
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
+    "{%- if message['content'] is string -%}{{- message['content'] -}}{%- endif -%}"
+    "{%- if message['tool_calls'] -%}{{- message['tool_calls'] | tojson -}}{%- endif -%}"
+    "{{- '<|im_end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}";

@@ -222,6 +222,7 @@ static const struct route {
     {"/", "GET", true, server_route_page},
     {"/v1/models", "GET", false, route_models},
     {"/v1/chat/completions", "POST", false, server_route_chat},
+    {"/apply-template", "POST", false, server_route_apply_template},
     {"/v1/completions", "POST", false, server_route_completions},
     {"/metrics", "GET", false, server_route_metrics},
     {"/cache/usage", "GET", false, server_route_cache_usage},
@@ -280,7 +281,8 @@ void server_dispatch(struct server *srv, const struct server_req *rq, struct rep
     ks_status st = rt->fn(srv, rq, r);
     if (st) {
         const char *msg = ks_errmsg();
-        reply_error(r, server_http_status(st), r->err_code, "%s", *msg ? msg : ks_strerror(st));
+        reply_error(r, r->http_status ? r->http_status : server_http_status(st), r->err_code, "%s",
+                    *msg ? msg : ks_strerror(st));
     } else if (!r->status || (!r->body && !r->stream_read)) {
         reply_error(r, 500, NULL, "%s %s produced no reply (a bug in kvserve)", rq->method, rq->path);
     }
@@ -423,16 +425,6 @@ ks_status server_start(const struct server_config *cfg, struct sched *sched, con
     struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)cfg->port)};
     if (inet_pton(AF_INET, cfg->host, &addr.sin_addr) != 1)
         return ks_fail(KS_ERR_INVALID_ARG, "--host '%s' is not an IPv4 address (e.g. 127.0.0.1 or 0.0.0.0)", cfg->host);
-    enum tok_chat_family chat = TOK_CHAT_CHATML;
-    if (tok) {
-        ks_status st = tok_chat_for(tok, cfg->chat_template, &chat);
-        if (st && cfg->chat_template)
-            return st;
-        if (st) { /* the completions API still works; chat falls back like llama.cpp's does */
-            fprintf(stderr, "kvserve serve: warning: %s; using chatml for /v1/chat/completions\n", ks_errmsg());
-            chat = TOK_CHAT_CHATML;
-        }
-    }
     struct server *srv = calloc(1, sizeof *srv);
     if (!srv)
         return ks_fail(KS_ERR_NOMEM, "server: out of memory");
@@ -447,7 +439,13 @@ ks_status server_start(const struct server_config *cfg, struct sched *sched, con
     }
     srv->sched = sched;
     srv->tok = tok;
-    srv->chat = chat;
+    ks_status cst = tok ? server_chat_setup(srv, cfg) : KS_OK;
+    if (cst) {
+        char msg[1024]; /* server_stop may overwrite the message */
+        snprintf(msg, sizeof msg, "%s", ks_errmsg());
+        server_stop(srv);
+        return ks_fail(cst, "%s", msg);
+    }
     static pthread_once_t hooks_once = PTHREAD_ONCE_INIT;
     pthread_once(&hooks_once, json_hooks_install);
     srv->daemon = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ITC,
@@ -506,5 +504,6 @@ void server_stop(struct server *srv)
     free(srv->host);
     free(srv->api_key);
     free(srv->model_name);
+    server_chat_free(srv);
     free(srv);
 }

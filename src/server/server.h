@@ -28,7 +28,13 @@ struct server_config {
     size_t max_body;          /* bytes (8 MB); larger bodies get 413 */
     const char *model_name;   /* id reported by /v1/models and in responses */
     int32_t ctx_size;         /* prompts of this many tokens or more get 400 */
-    const char *chat_template;/* NULL: the model's own (tok_chat_for) */
+    const char *chat_template;/* a hand-written family by name (tok_chat_by_name), NULL: Jinja */
+    const char *chat_template_jinja;  /* Jinja template text overriding the model's (NUL-terminated,
+                                         copied at start), NULL: the model's tokenizer.chat_template
+                                         (a model without one gets ChatML) */
+    const char *chat_template_origin; /* names chat_template_jinja in errors, e.g. the file's path */
+    int64_t chat_now;         /* the time templates see (strftime_now, date_string), seconds since
+                                 the epoch; 0: the clock at each request (tests pin it) */
     struct store *store;      /* the prefix cache's SSD tier (borrowed), NULL: none */
 };
 

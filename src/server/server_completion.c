@@ -56,6 +56,11 @@ struct call {
     const char *tail;                  /* static SSE bytes sent after out (the out-of-memory error) */
     size_t tail_pos;
     bool role_sent, done;
+    /* tool calling (chat) */
+    struct server_tool_opts tools;
+    enum server_tool_format tool_fmt;  /* SERVER_TOOLS_NONE: the output is all content */
+    int calls_sent;                    /* tool calls already streamed */
+    int n_calls;                       /* tool calls in the answer (set by the final parse) */
 };
 
 #define DROPPED_MSG "out of memory: a generated token could not be kept; the request was cancelled"
@@ -247,79 +252,6 @@ static ks_status parse_sampling(const cJSON *root, bool chat, struct sample_para
     return KS_OK;
 }
 
-/* messages -> rendered chat text (*out, malloc'd). */
-static ks_status render_chat(struct server *srv, const cJSON *root, char **out, struct reply *r)
-{
-    cJSON *msgs = field(root, "messages");
-    if (!cJSON_IsArray(msgs) || cJSON_GetArraySize(msgs) == 0)
-        return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_type", "'messages' must be a non-empty array");
-    int n = cJSON_GetArraySize(msgs);
-    struct tok_chat_msg *tm = calloc((size_t)n, sizeof *tm);
-    char **owned = calloc((size_t)n, sizeof *owned);
-    ks_status st = KS_OK;
-    int i = 0;
-    const cJSON *m;
-    *out = NULL;
-    if (!tm || !owned) {
-        st = reply_fail(r, KS_ERR_NOMEM, NULL, "out of memory while reading 'messages'");
-        goto done;
-    }
-    cJSON_ArrayForEach(m, msgs) {
-        cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
-        cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
-        if (!cJSON_IsObject(m) || !cJSON_IsString(role)) {
-            st = reply_fail(r, KS_ERR_INVALID_ARG, "invalid_type", "messages[%d] needs a string 'role'", i);
-            goto done;
-        }
-        struct sbuf text = {0};
-        if (cJSON_IsString(content)) {
-            sbuf_append(&text, content->valuestring, strlen(content->valuestring));
-        } else if (cJSON_IsArray(content)) {
-            const cJSON *part;
-            cJSON_ArrayForEach(part, content) {
-                cJSON *t = cJSON_GetObjectItemCaseSensitive(part, "text");
-                if (!cJSON_IsString(t)) {
-                    sbuf_free(&text);
-                    st = reply_fail(r, KS_ERR_INVALID_ARG, "invalid_type",
-                                    "messages[%d].content parts must be {\"type\":\"text\",\"text\":...}", i);
-                    goto done;
-                }
-                sbuf_append(&text, t->valuestring, strlen(t->valuestring));
-            }
-        } else if (!cJSON_IsNull(content) && content) {
-            st = reply_fail(r, KS_ERR_INVALID_ARG, "invalid_type", "messages[%d].content must be a string", i);
-            goto done;
-        }
-        if (!text.p)
-            sbuf_append(&text, "", 0);
-        owned[i] = text.p;
-        if (text.oom) {
-            st = reply_fail(r, KS_ERR_NOMEM, NULL, "out of memory while reading messages[%d]", i);
-            goto done;
-        }
-        const char *rn = role->valuestring;
-        tm[i].role = !strcmp(rn, "developer") ? "system" : rn;
-        tm[i].content = owned[i];
-        if (strcmp(tm[i].role, "system") && strcmp(tm[i].role, "user") && strcmp(tm[i].role, "assistant")) {
-            st = reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value",
-                            "messages[%d].role '%s' is not supported (system, user, assistant)", i, rn);
-            goto done;
-        }
-        i++;
-    }
-    if ((st = tok_chat_render(srv->tok, srv->chat, tm, (size_t)n, true, out)) != KS_OK) {
-        *out = NULL;
-        st = reply_fail(r, st == KS_ERR_NOMEM ? st : KS_ERR_INVALID_ARG, st == KS_ERR_NOMEM ? NULL : "invalid_value",
-                        "cannot render the chat: %s", ks_errmsg());
-    }
-done:
-    for (int k = 0; owned && k < n; k++)
-        free(owned[k]);
-    free(owned);
-    free(tm);
-    return st;
-}
-
 /* A tokenizer failure: out of memory stays so, anything else is ours (500). */
 static ks_status tokenizer_failed(ks_status st, struct reply *r)
 {
@@ -335,8 +267,10 @@ static ks_status prompt_tokens(struct server *srv, bool chat, const cJSON *root,
     ks_status st;
     if (chat) {
         char *text;
-        if ((st = render_chat(srv, root, &text, r)))
+        if ((st = server_chat_prompt(srv, root, &text, r)))
             return st;
+        /* The whole prompt is parsed for special tokens, the messages' text
+         * included, as llama-server does (see README: chat templates). */
         st = tok_encode(srv->tok, text, strlen(text), TOK_ADD_SPECIAL | TOK_PARSE_SPECIAL, &ids, &n);
         free(text);
         if (st)
@@ -459,6 +393,81 @@ static cJSON *lp_new(bool chat)
     return lp;
 }
 
+/* ---- tool calls -------------------------------------------------------------------- */
+
+/* A control token of the tool-call markup (<|python_tag|>, [TOOL_CALLS]):
+ * the detokenizer drops control tokens, the parser needs them (llama.cpp's
+ * preserved tokens). */
+static bool tool_markup_token(const struct call *c, int32_t token)
+{
+    for (int i = 0; c->tool_fmt != SERVER_TOOLS_NONE && i < c->srv->n_tool_tokens; i++)
+        if (c->srv->tool_tokens[i] == token)
+            return true;
+    return false;
+}
+
+/* The markup token's text after whatever the detokenizer held. */
+static ks_status push_markup(struct call *c, int32_t token)
+{
+    const char *bytes = NULL, *mark = NULL;
+    size_t len = 0, mlen = 0;
+    ks_status st = tok_stream_flush(c->detok, &bytes, &len);
+    if (!st && len)
+        sbuf_append(&c->text, bytes, len);
+    if (!st && !(st = tok_text(c->srv->tok, token, &mark, &mlen)))
+        sbuf_append(&c->text, mark, mlen);
+    return st;
+}
+
+static cJSON *tool_call_json(const struct call *c, int index, const struct server_tool_call *tc, bool whole)
+{
+    char id[64];
+    snprintf(id, sizeof id, "call_%s_%d", strchr(c->id, '-') ? strchr(c->id, '-') + 1 : c->id, index);
+    cJSON *o = cJSON_CreateObject();
+    if (!whole)
+        cJSON_AddNumberToObject(o, "index", index);
+    cJSON_AddStringToObject(o, "id", id);
+    cJSON_AddStringToObject(o, "type", "function");
+    cJSON *fn = cJSON_AddObjectToObject(o, "function");
+    cJSON_AddStringToObject(fn, "name", tc->name);
+    cJSON_AddStringToObject(fn, "arguments", whole ? tc->arguments : "");
+    return o;
+}
+
+/* The final answer of a tool-using request: *content (malloc'd, valid UTF-8;
+ * NULL when there are calls and no text) and message.tool_calls (NULL: none). */
+static ks_status tool_answer(struct call *c, char **content, cJSON **calls)
+{
+    const char *text = c->text.p ? c->text.p : "";
+    struct server_tool_result r;
+    ks_status st = server_tools_parse(c->tool_fmt, text, c->text.n, true, &r);
+    if (st)
+        return st;
+    *calls = NULL;
+    *content = NULL;
+    c->n_calls = r.n_calls;
+    if (r.response) {
+        if (!(*content = utf8_clean(r.response, strlen(r.response))))
+            st = KS_ERR_NOMEM;
+    } else {
+        struct sbuf b = {0};
+        sbuf_append(&b, text, r.content_end);
+        sbuf_append(&b, text + r.tail_start, c->text.n - r.tail_start);
+        bool want = b.n > 0 || r.n_calls == 0; /* calls and no text: content null */
+        if (!b.oom && want)
+            *content = utf8_clean(b.p ? b.p : "", b.n);
+        st = b.oom || (want && !*content) ? KS_ERR_NOMEM : KS_OK;
+        sbuf_free(&b);
+    }
+    if (!st && r.n_calls > 0) {
+        *calls = cJSON_CreateArray();
+        for (int i = 0; i < r.n_calls; i++)
+            server_json_push(*calls, tool_call_json(c, i, &r.calls[i], true));
+    }
+    server_tool_result_free(&r);
+    return st;
+}
+
 /* Append one token's text and cut at the first stop string. */
 static void consume(struct call *c, const struct item *it, cJSON *lp)
 {
@@ -470,7 +479,8 @@ static void consume(struct call *c, const struct item *it, cJSON *lp)
     c->consumed++;
     const char *bytes = NULL;
     size_t len = 0;
-    ks_status st = tok_stream_push(c->detok, it->token, &bytes, &len);
+    ks_status st = tool_markup_token(c, it->token) ? push_markup(c, it->token)
+                                                    : tok_stream_push(c->detok, it->token, &bytes, &len);
     if (st == KS_OK && len)
         sbuf_append(&c->text, bytes, len);
     if (st == KS_ERR_NOMEM || c->text.oom) { /* the text would have a hole */
@@ -510,6 +520,8 @@ static void flush_detok(struct call *c)
 
 static const char *finish_reason(const struct call *c)
 {
+    if (c->n_calls > 0 && (c->stopped || c->finish == SCHED_FINISH_STOP))
+        return "tool_calls";
     if (c->stopped || c->finish == SCHED_FINISH_STOP)
         return "stop";
     return "length";
@@ -571,9 +583,13 @@ static ks_status respond_whole(struct call *c, struct reply *r)
         cJSON_Delete(lp);
         return reply_fail(r, KS_ERR_STATE, "shutting_down", "the request was cancelled (server shutting down)");
     }
-    char *text = utf8_clean(c->text.p ? c->text.p : "", c->text.n);
-    if (!text) {
+    cJSON *tool_calls = NULL;
+    char *text = NULL;
+    if (c->tool_fmt != SERVER_TOOLS_NONE ? tool_answer(c, &text, &tool_calls) != KS_OK
+                                         : !(text = utf8_clean(c->text.p ? c->text.p : "", c->text.n))) {
         cJSON_Delete(lp);
+        free(text);
+        cJSON_Delete(tool_calls);
         return reply_fail(r, KS_ERR_NOMEM, NULL, "%s", OOM_MSG);
     }
     cJSON *o = response_head(c, c->chat ? "chat.completion" : "text_completion");
@@ -583,7 +599,12 @@ static ks_status respond_whole(struct call *c, struct reply *r)
     if (c->chat) {
         cJSON *msg = cJSON_AddObjectToObject(ch, "message");
         cJSON_AddStringToObject(msg, "role", "assistant");
-        cJSON_AddStringToObject(msg, "content", text);
+        if (text)
+            cJSON_AddStringToObject(msg, "content", text);
+        else
+            cJSON_AddNullToObject(msg, "content");
+        if (tool_calls)
+            server_json_add(msg, "tool_calls", tool_calls);
     } else {
         cJSON_AddStringToObject(ch, "text", text);
     }
@@ -661,8 +682,12 @@ static size_t safe_end(const struct call *c, bool final)
     return end < c->sent ? c->sent : end;
 }
 
+static void stream_tools(struct call *c, bool final, cJSON *lp);
+
 static void stream_text(struct call *c, bool final, cJSON *lp)
 {
+    if (c->tool_fmt != SERVER_TOOLS_NONE)
+        return stream_tools(c, final, lp);
     size_t end = safe_end(c, final);
     if (end == c->sent && !lp)
         return;
@@ -675,6 +700,77 @@ static void stream_text(struct call *c, bool final, cJSON *lp)
     if (sse_send(c, chunk_new(c, piece, false, lp, NULL)))
         c->sent = end;
     free(piece);
+}
+
+/* Send text[c->sent..end) as content (with lp, if any), whole chars only. */
+static void stream_content(struct call *c, const char *text, size_t end, cJSON *lp)
+{
+    if (end <= c->sent && !lp)
+        return;
+    char *piece = utf8_clean(text + c->sent, end > c->sent ? end - c->sent : 0);
+    if (!piece) {
+        cJSON_Delete(lp);
+        c->oom = true;
+        return;
+    }
+    if (sse_send(c, chunk_new(c, piece, false, lp, NULL)) && end > c->sent)
+        c->sent = end;
+    free(piece);
+}
+
+/* A tool-using stream: content up to the first call marker (less what may
+ * still become one or a stop string), each call once complete as OpenAI
+ * sends them (a delta with index, id, type, name and arguments "", then one
+ * with the arguments), and at the end the text after the calls. */
+static void stream_tools(struct call *c, bool final, cJSON *lp)
+{
+    const char *text = c->text.p ? c->text.p : "";
+    struct server_tool_result r;
+    if (server_tools_parse(c->tool_fmt, text, c->text.n, final, &r)) {
+        cJSON_Delete(lp);
+        c->oom = true;
+        return;
+    }
+    size_t end = safe_end(c, final);
+    if (end > r.content_end)
+        end = r.content_end < c->sent ? c->sent : r.content_end;
+    while (end > c->sent && end < c->text.n && ((unsigned char)text[end] & 0xC0) == 0x80)
+        end--;
+    if (r.response) { /* generic {"response": ...}: held back whole until now */
+        char *piece = utf8_clean(r.response, strlen(r.response));
+        if (!piece || !sse_send(c, chunk_new(c, piece, false, lp, NULL)))
+            c->oom = true;
+        free(piece);
+        c->sent = c->text.n;
+    } else {
+        stream_content(c, text, end, lp);
+    }
+    for (; !c->oom && c->calls_sent < r.n_calls; c->calls_sent++) {
+        const struct server_tool_call *tc = &r.calls[c->calls_sent];
+        for (int part = 0; part < 2 && !c->oom; part++) {
+            cJSON *o = chunk_new(c, NULL, false, NULL, NULL);
+            cJSON *delta = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0), "delta");
+            cJSON *arr = cJSON_CreateArray();
+            cJSON *call = part == 0 ? tool_call_json(c, c->calls_sent, tc, false) : cJSON_CreateObject();
+            if (part == 1) {
+                cJSON_AddNumberToObject(call, "index", c->calls_sent);
+                cJSON *fn = cJSON_AddObjectToObject(call, "function");
+                cJSON_AddStringToObject(fn, "arguments", tc->arguments);
+            }
+            server_json_push(arr, call);
+            server_json_add(delta, "tool_calls", arr);
+            sse_send(c, o);
+        }
+    }
+    if (final && !c->oom) {
+        c->n_calls = r.n_calls;
+        if (r.n_calls > 0 && r.tail_start < c->text.n) {
+            c->sent = r.tail_start;
+            stream_content(c, text, c->text.n, NULL);
+        }
+        c->sent = c->text.n;
+    }
+    server_tool_result_free(&r);
 }
 
 /* The end of a stream that lost output to an allocation failure: an error
@@ -899,7 +995,13 @@ ks_status server_completion_parse(struct server *srv, bool chat, const char *bod
     }
     int32_t n_prompt = 0;
     int32_t *ids = NULL;
-    st = prompt_tokens(srv, chat, root, &ids, &n_prompt, r);
+    st = chat ? server_parse_tool_options(root, &c->tools, r) : KS_OK;
+    if (!st)
+        st = prompt_tokens(srv, chat, root, &ids, &n_prompt, r);
+    /* tool_choice none: the template still sees the tools (as in llama.cpp),
+     * the output is not parsed for calls */
+    if (chat && !srv->chat_family && c->tools.n_tools > 0 && c->tools.choice != SERVER_TOOL_NONE)
+        c->tool_fmt = srv->tool_format;
     *rq = (struct sched_request){.prompt = ids, .n_prompt = n_prompt, .on_event = on_event, .user = c};
     if (!st)
         st = parse_options(c, root, n_prompt, rq, r);

@@ -9,15 +9,31 @@
 
 #include <cjson/cJSON.h>
 
+#include "jinja/jinja.h"
 #include "sbuf/sbuf.h"
 #include "server/server.h"
+
+/* How a chat template's model writes tool calls (server_tools.c). */
+enum server_tool_format {
+    SERVER_TOOLS_NONE,    /* no tools offered (or tool_choice none): all text is content */
+    SERVER_TOOLS_HERMES,  /* <tool_call>{...}</tool_call> */
+    SERVER_TOOLS_LLAMA3,  /* {"name": ..., "parameters": ...}, <|python_tag|> */
+    SERVER_TOOLS_MISTRAL, /* [TOOL_CALLS] [...] */
+    SERVER_TOOLS_GENERIC, /* {"tool_calls": [...]} / {"tool_call": ...} / {"response": ...} */
+};
 
 struct server {
     struct server_config cfg;
     char *host, *api_key, *model_name;
     struct sched *sched;
     const struct tokenizer *tok;
-    enum tok_chat_family chat;
+    enum tok_chat_family chat;  /* when chat_family: the hand-written family the user named */
+    bool chat_family;
+    struct jinja_template *jt;  /* else: the parsed Jinja chat template */
+    char *bos_text, *eos_text;  /* the vocabulary's BOS and EOS texts, for the template */
+    enum server_tool_format tool_format; /* how the template's model writes tool calls */
+    int32_t tool_tokens[4];     /* control tokens of the tool-call markup, kept in the text */
+    int n_tool_tokens;
     struct MHD_Daemon *daemon;
     int port;
     pthread_mutex_t mu;
@@ -52,6 +68,7 @@ struct reply {
     const char *content_type;
     int retry_after;          /* > 0: Retry-After header (503) */
     const char *err_code;     /* OpenAI error code of a failed route (reply_fail), NULL: none */
+    unsigned http_status;     /* a failed route's HTTP status when not server_http_status()'s (413), 0: that */
     /* SSE: set instead of body; the router makes the response from them. */
     MHD_ContentReaderCallback stream_read;
     MHD_ContentReaderFreeCallback stream_free;
@@ -102,6 +119,53 @@ void server_json_push(cJSON *arr, cJSON *item);
  * memory. An empty body is {} when empty_is_object. */
 ks_status server_parse_object(const char *body, size_t len, bool empty_is_object, cJSON **out, struct reply *r);
 
+/* server_chat.c: chat requests -> prompt text. setup (at start) parses the
+ * Jinja template (cfg->chat_template_jinja, else the model's, else a
+ * built-in chatml), or picks the family cfg->chat_template names; a template
+ * that does not parse is KS_ERR_FORMAT naming line and column. */
+ks_status server_chat_setup(struct server *srv, const struct server_config *cfg);
+void server_chat_free(struct server *srv);
+/* The prompt text of a chat request (malloc'd NUL-terminated *out): its
+ * messages checked (400 naming the message), rendered with tools and
+ * chat_template_kwargs; a template error is a 400 with its message, a
+ * render limit a 413. */
+ks_status server_chat_prompt(struct server *srv, const cJSON *root, char **out, struct reply *r);
+
+enum server_tool_choice { SERVER_TOOL_AUTO, SERVER_TOOL_NONE, SERVER_TOOL_REQUIRED, SERVER_TOOL_NAMED };
+struct server_tool_opts {
+    enum server_tool_choice choice;
+    bool parallel;     /* parallel_tool_calls (default true) */
+    int n_tools;       /* entries of 'tools' */
+    char name[128];    /* SERVER_TOOL_NAMED: the function */
+};
+/* tools (OpenAI shape), tool_choice and parallel_tool_calls, checked: 400
+ * naming the bad field. */
+ks_status server_parse_tool_options(const cJSON *root, struct server_tool_opts *o, struct reply *r);
+
+/* server_tools.c: tool calls in a model's output (formats in the file's
+ * header). The format comes from the chat template's text, as llama.cpp's
+ * chat-format detection picks it. */
+struct server_tool_call {
+    char *name;
+    char *arguments;      /* JSON text of the arguments object */
+};
+struct server_tool_result {
+    size_t content_end;   /* text[0..content_end) is content (before the first call, or all) */
+    size_t tail_start;    /* text[tail_start..n) is content after the calls (final parses only) */
+    struct server_tool_call *calls;
+    int n_calls;          /* complete calls, in order */
+    char *response;       /* generic {"response": TEXT}: the content instead of the text, else NULL */
+};
+enum server_tool_format server_tool_format_detect(const char *tmpl, size_t len); /* NULL: generic */
+const char *server_tool_format_name(enum server_tool_format f);
+/* Parse text[0..n). Not final: content_end holds back a marker or a tail
+ * that may become one; only complete calls count; tail_start is n. Final:
+ * text that does not parse as calls is content. Errors: KS_ERR_NOMEM (r is
+ * then empty). Free r with server_tool_result_free. */
+ks_status server_tools_parse(enum server_tool_format f, const char *text, size_t n, bool final,
+                             struct server_tool_result *r);
+void server_tool_result_free(struct server_tool_result *r);
+
 /* The routes, one per file that serves them (see the table in server.c). */
 /* server_completion.c */
 ks_status server_route_chat(struct server *srv, const struct server_req *rq, struct reply *r);
@@ -119,6 +183,9 @@ struct call;
 ks_status server_completion_parse(struct server *srv, bool chat, const char *body, size_t len, struct call **out,
                                   struct sched_request *rq, struct reply *r);
 void server_completion_discard(struct call *c, struct sched_request *rq);
+
+/* server_chat.c: POST /apply-template, the prompt text of a chat request (llama-server's route) */
+ks_status server_route_apply_template(struct server *srv, const struct server_req *rq, struct reply *r);
 
 /* server_metrics.c */
 ks_status server_route_metrics(struct server *srv, const struct server_req *rq, struct reply *r);

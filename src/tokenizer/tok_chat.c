@@ -92,6 +92,13 @@ ks_status tok_chat_for(const struct tokenizer *t, const char *override_name, enu
     return tok_chat_detect(t->chat_template, t->chat_template_len, out);
 }
 
+const char *tok_chat_template(const struct tokenizer *t, size_t *len)
+{
+    if (len)
+        *len = t && t->chat_template ? t->chat_template_len : 0;
+    return t ? t->chat_template : NULL;
+}
+
 /* ---- rendering ---------------------------------------------------------- */
 
 static void put_trimmed(struct sbuf *b, const char *s)

@@ -35,6 +35,12 @@ ks_status tok_text(const struct tokenizer *t, int32_t id, const char **text, siz
     return KS_OK;
 }
 
+char *tok_text_dup(const struct tokenizer *t, int32_t id)
+{
+    bool valid = t && id >= 0 && id < t->n_vocab;
+    return strndup(valid ? tok_text_of(t, id) : "", valid ? t->tokens[id].text_len : 0);
+}
+
 /* ---- UTF-8 completeness ------------------------------------------------- */
 
 /* Can s[0..n) (n shorter than its lead byte says) still become a valid

@@ -105,6 +105,11 @@ ks_status tok_piece(const struct tokenizer *t, int32_t id, const char **bytes, s
  * by t. Errors: KS_ERR_RANGE. */
 ks_status tok_text(const struct tokenizer *t, int32_t id, const char **text, size_t *len);
 
+/* A malloc'd NUL-terminated copy of the token's vocabulary text (a chat
+ * template's bos_token / eos_token); "" for id -1 or an out-of-range id.
+ * NULL only when out of memory. */
+char *tok_text_dup(const struct tokenizer *t, int32_t id);
+
 /* Flags for tok_decode and tok_stream_create. */
 #define TOK_DECODE_SPECIAL 1u     /* render control tokens as their text (default: "") */
 #define TOK_DECODE_KEEP_SPACE 2u  /* SPM/WPM with add_space_prefix: keep the leading space
@@ -148,8 +153,9 @@ ks_status tok_stream_flush(struct tok_stream *s, const char **bytes, size_t *len
 
 /* ---- chat templates ---------------------------------------------------- */
 
-/* Full Jinja is out of scope: a template is recognised by its signature and
- * rendered by hand-written code for its family, as llama.cpp's built-ins do. */
+/* Hand-written renderings of common families, as llama.cpp's built-ins do.
+ * The server and `kvserve chat` render the model's own template with the
+ * jinja module; these are the fallbacks a user names (--chat-template NAME). */
 enum tok_chat_family {
     TOK_CHAT_CHATML,  /* "chatml":  <|im_start|>role\n...<|im_end|>\n  (Qwen, SmolLM) */
     TOK_CHAT_LLAMA3,  /* "llama3":  <|start_header_id|>role<|end_header_id|>\n\n...<|eot_id|> */
@@ -183,6 +189,11 @@ ks_status tok_chat_detect(const char *tmpl, size_t len, enum tok_chat_family *ou
  * template gets "chatml" (llama.cpp's fallback). Errors as above. */
 ks_status tok_chat_for(const struct tokenizer *t, const char *override_name,
                        enum tok_chat_family *out);
+
+/* The tokenizer.chat_template text the tokenizer was loaded with (owned by
+ * t, NUL-terminated; *len, which may be NULL, receives its length), or NULL
+ * when the vocabulary has none. */
+const char *tok_chat_template(const struct tokenizer *t, size_t *len);
 
 /* Render msgs[0..n) in the family's format, ending with the assistant header
  * when add_generation_prompt. BOS is NOT written: encode the result with

@@ -143,6 +143,38 @@ async function basic() {
     assert.ok(cold.usage.prompt_tokens_details.cached_tokens <= 1, JSON.stringify(cold.usage)); // BOS at most
     await assert.rejects(client.completions.create({ model: 'x', prompt: 'x '.repeat(600), max_tokens: 4 }),
       (e) => e.status === 400 && e.code === 'context_length_exceeded');
+    // tools: accepted with every tool_choice, bad shapes refused, and a tool result reaches the prompt
+    // (the model is random and writes no calls: the response side is tested in test_server_chat)
+    const tools = [{ type: 'function', function: { name: 'get_weather', description: 'Weather of a city',
+      parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] } } }];
+    const ask = [{ role: 'user', content: 'Weather in Paris?' }];
+    for (const tool_choice of [undefined, 'auto', 'none', 'required', { type: 'function', function: { name: 'get_weather' } }]) {
+      const r = await client.chat.completions.create({ model: 'x', messages: ask, tools, tool_choice, max_tokens: 4, temperature: 0 });
+      assert.equal(r.choices[0].message.role, 'assistant', JSON.stringify(tool_choice));
+    }
+    await assert.rejects(client.chat.completions.create({ model: 'x', messages: ask, tools, tool_choice: 'sometimes' }),
+      (e) => e.status === 400);
+    await assert.rejects(client.chat.completions.create({ model: 'x', messages: ask, tools,
+      tool_choice: { type: 'function', function: { name: 'nope' } } }), (e) => e.status === 400);
+    await assert.rejects(client.chat.completions.create({ model: 'x', messages: ask, tools: [{ type: 'function' }] }),
+      (e) => e.status === 400);
+    const withResult = (result) => [...ask,
+      { role: 'assistant', content: null, tool_calls: [{ id: 'call_1', type: 'function',
+        function: { name: 'get_weather', arguments: '{"city": "Paris"}' } }] },
+      { role: 'tool', tool_call_id: 'call_1', content: result }];
+    const short = await client.chat.completions.create({ model: 'x', messages: withResult('18'), tools, max_tokens: 1 });
+    const longer = await client.chat.completions.create({ model: 'x', messages: withResult('18 degrees, light rain, wind 20 km/h from the west'),
+      tools, max_tokens: 1 });
+    const plain = await client.chat.completions.create({ model: 'x', messages: ask, tools, max_tokens: 1 });
+    assert.ok(short.usage.prompt_tokens > plain.usage.prompt_tokens, `${short.usage.prompt_tokens} vs ${plain.usage.prompt_tokens}`);
+    assert.ok(longer.usage.prompt_tokens > short.usage.prompt_tokens + 5, `${longer.usage.prompt_tokens} vs ${short.usage.prompt_tokens}`);
+    const applied = await (await fetch(`http://127.0.0.1:${p.port}/apply-template`, { method: 'POST',
+      body: JSON.stringify({ messages: withResult('18 degrees, light rain'), tools }) })).json();
+    assert.ok(applied.prompt.includes('18 degrees, light rain'), applied.prompt);
+    assert.ok(applied.prompt.includes('get_weather'), applied.prompt);
+    await assert.rejects(client.chat.completions.create({ model: 'x', max_tokens: 1, messages: [...ask,
+      { role: 'assistant', tool_calls: [{ id: 'c', type: 'function', function: { name: 'f', arguments: '{bad' } }] }] }),
+      (e) => e.status === 400);
     console.log('basic: ok');
   } finally {
     const code = await stopServer(p);
