@@ -117,6 +117,21 @@ static void test_match_basics(void **state)
     assert_true(match(g, big));
     grammar_free(g);
 
+    /* a character cut where only a surrogate (or a code point over U+10FFFF) could follow is refused early */
+    g = compile("root ::= [^\"]*");
+    struct grammar_state *st;
+    assert_int_equal(grammar_state_create(g, NULL, -1, &st), KS_OK);
+    assert_int_equal(grammar_accept_text(st, "\xed", 1), KS_OK);
+    assert_int_equal(grammar_accept_text(st, "\xa0", 1), KS_ERR_INVALID_ARG);
+    assert_int_equal(grammar_accept_text(st, "\x9f", 1), KS_OK);
+    assert_false(grammar_complete(st));
+    assert_int_equal(grammar_accept_text(st, "\xbf", 1), KS_OK);
+    assert_true(grammar_complete(st));
+    assert_int_equal(grammar_accept_text(st, "\xf4\x90", 2), KS_ERR_INVALID_ARG);
+    assert_int_equal(grammar_accept_text(st, "\xe0\x80", 2), KS_ERR_INVALID_ARG); /* overlong */
+    grammar_state_free(st);
+    grammar_free(g);
+
     g = compile("root ::= x\nx ::= \"(\" x \")\" | \"\"");
     assert_true(match(g, "((()))"));
     assert_false(match(g, "(()"));

@@ -295,6 +295,7 @@ struct grammar_state {
     int prem, plen;           /* continuation bytes still expected; bytes of the whole character */
     int32_t remaining;        /* tokens the budget still allows (INT32_MAX: no limit) */
     bool done;                /* an EOG token was accepted */
+    uint64_t walks;           /* trie walks made (grammar_state_walks) */
     ks_status err;            /* the last failure of a helper */
     /* scratch */
     int32_t *tmp;
@@ -585,6 +586,8 @@ static void partial_range(uint32_t acc, int rem, int len, uint32_t *lo, uint32_t
         *lo = min_of[len];
     if (*hi > 0x10FFFF)
         *hi = 0x10FFFF;
+    if (*lo >= 0xD800 && *hi <= 0xDFFF) /* ED A0..BF: only surrogates can follow */
+        *hi = 0, *lo = 1;
 }
 
 /* Feed one byte to (acc, rem, len). Returns 1 with *cp when a character
@@ -739,6 +742,7 @@ static ks_status walk(struct grammar_state *st, int32_t budget, uint64_t *mask, 
     const struct grammar_vocab *v = st->v;
     size_t words = ((size_t)v->n_vocab + 63) / 64;
     memset(mask, 0, words * sizeof *mask);
+    st->walks++;
     int32_t worst = 0;
     st->w_set[0] = st->cur;
     st->w_acc[0] = st->pacc;
@@ -932,4 +936,9 @@ bool grammar_match(struct grammar *g, const char *text, size_t len)
     }
     grammar_state_free(st);
     return ok;
+}
+
+uint64_t grammar_state_walks(const struct grammar_state *st)
+{
+    return st->walks;
 }
