@@ -158,6 +158,10 @@ ks_status grammar_accept_text(struct grammar_state *st, const char *text, size_t
 /* May the text end here (the grammar is complete and no character is cut)? */
 bool grammar_complete(const struct grammar_state *st);
 
+/* Trie walks this state has made (masks not served from the cache), for
+ * benchmarks. */
+uint64_t grammar_state_walks(const struct grammar_state *st);
+
 /* Does g accept exactly text[0..len)? False with ks_errmsg() set when it
  * does not (or on out of memory). */
 bool grammar_match(struct grammar *g, const char *text, size_t len);
