@@ -9,6 +9,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "grammar/grammar.h"
 #include "sbuf/sbuf.h"
 #include "server/server.h"
 
@@ -17,6 +18,7 @@ struct server {
     char *host, *api_key, *model_name;
     struct sched *sched;
     const struct tokenizer *tok;
+    struct grammar_vocab *grammar_vocab; /* tok's pieces for constrained sampling; NULL without tok */
     enum tok_chat_family chat;
     struct MHD_Daemon *daemon;
     int port;
