@@ -3,6 +3,9 @@
 #include "grammar/grammar_internal.h"
 
 #include <math.h>
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
 #include <stdlib.h>
 #include <string.h>
 
@@ -850,10 +853,30 @@ ks_status grammar_mask(struct grammar_state *st, float *logits, int32_t n_logits
     if (!mask_any(mask, words))
         return ks_fail(KS_ERR_STATE, "grammar: no token of the vocabulary can continue the text (the vocabulary "
                                      "cannot spell what the grammar needs next)");
+    /* a word at a time: masks are mostly runs of all-allowed or all-refused tokens */
     int32_t n = n_logits < v->n_vocab ? n_logits : v->n_vocab;
-    for (int32_t i = 0; i < n; i++)
-        if (!((mask[i >> 6] >> (i & 63)) & 1))
-            logits[i] = -INFINITY;
+    for (int32_t base = 0; base < n; base += 64) {
+        uint64_t m = mask[base >> 6];
+        int32_t len = n - base < 64 ? n - base : 64;
+        if (m == ~0ull)
+            continue;
+        if (m == 0) {
+            for (int32_t j = 0; j < len; j++)
+                logits[base + j] = -INFINITY;
+            continue;
+        }
+#ifdef __AVX512F__
+        if (len == 64) {
+            const __m512 ninf = _mm512_set1_ps(-INFINITY);
+            for (int j = 0; j < 64; j += 16)
+                _mm512_mask_storeu_ps(logits + base + j, (__mmask16)(~(m >> j) & 0xFFFFu), ninf);
+            continue;
+        }
+#endif
+        for (int32_t j = 0; j < len; j++)
+            if (!((m >> j) & 1))
+                logits[base + j] = -INFINITY;
+    }
     for (int32_t i = n; i < n_logits; i++)
         logits[i] = -INFINITY;
     return KS_OK;
