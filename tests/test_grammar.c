@@ -71,6 +71,21 @@ static void test_parse_errors(void **state)
     expect_error("root ::= x*\nx ::= \"a\"?", KS_ERR_UNSUPPORTED, "left-recursive");
     expect_error("root ::= \"a\" root", KS_ERR_UNSUPPORTED, "can never end");
     expect_error("root ::= \"\xff\"", KS_ERR_FORMAT, "invalid UTF-8");
+    /* limits on untrusted text: nesting, and the size repetitions multiply to */
+    char deep[2000] = "root ::= ";
+    for (int i = 0; i < 300; i++)
+        strcat(deep, "(");
+    expect_error(deep, KS_ERR_FORMAT, "nested deeper than 256");
+    expect_error("root ::= ((\"ab\"{10000}){10000}){10000}", KS_ERR_UNSUPPORTED, "shortest text is over");
+    char *wide = malloc(8000);
+    strcpy(wide, "root ::= ");
+    for (int i = 0; i < 500; i++)
+        strcat(wide, "\"a\"{10000} ");
+    expect_error(wide, KS_ERR_RANGE, "over 4194304 elements");
+    free(wide);
+    struct grammar *big = compile("root ::= \"a\"{10000} \"b\"{10000} x\nx ::= \"c\"{0,10000}");
+    assert_int_equal(grammar_min_bytes(big), 20000);
+    grammar_free(big);
 }
 
 static void test_match_basics(void **state)

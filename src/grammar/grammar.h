@@ -20,7 +20,7 @@
  * must come from the next tokens. The state is a set of pushdown stacks, like
  * llama.cpp's, with bounded work: left recursion is refused at compile time,
  * a state holds at most GRAMMAR_MAX_STACKS stacks and one step expands at most
- * GRAMMAR_MAX_EXPAND rule references.
+ * GRAMMAR_MAX_EXPAND rule references, at most GRAMMAR_MAX_DEPTH deep.
  *
  * Budget: a state is created with the number of tokens it may still draw
  * (max_tokens). Every stack knows the fewest bytes that complete the grammar
@@ -57,6 +57,9 @@
 #define GRAMMAR_MAX_EXPAND 100000   /* rule references expanded by one step */
 #define GRAMMAR_MAX_REPEAT 10000    /* m and n of x{m,n} */
 #define GRAMMAR_MAX_SOURCE (1u << 24) /* bytes of GBNF */
+#define GRAMMAR_MAX_ELEMENTS (1 << 22) /* symbols after repetitions are expanded */
+#define GRAMMAR_MAX_NESTING 256     /* depth of parentheses */
+#define GRAMMAR_MAX_DEPTH 4096      /* nested rule references expanded without consuming a character */
 
 struct grammar;
 struct grammar_vocab;
@@ -73,6 +76,8 @@ struct grammar_state;
  *         or a root that can never end; KS_ERR_RANGE for text over
  *         GRAMMAR_MAX_SOURCE; KS_ERR_NOMEM. */
 ks_status grammar_compile(const char *gbnf, size_t len, struct grammar **out);
+/* (also KS_ERR_FORMAT for parentheses nested over GRAMMAR_MAX_NESTING and
+ * KS_ERR_RANGE for a grammar over GRAMMAR_MAX_ELEMENTS) */
 /* Take one more reference (a state takes its own). */
 void grammar_retain(struct grammar *g);
 /* Drop one reference; the last frees the grammar. NULL is a no-op. */

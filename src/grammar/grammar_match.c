@@ -372,8 +372,11 @@ static bool tmp_push(struct grammar_state *st, int32_t x)
  * down to a character element (or the empty stack). A reference followed by
  * the end of its alternative pushes nothing (a tail call), so right-recursive
  * repetition runs in constant stack depth. */
-static bool expand(struct grammar_state *st, int32_t pos, int32_t parent)
+static bool expand(struct grammar_state *st, int32_t pos, int32_t parent, int depth)
 {
+    if (depth > GRAMMAR_MAX_DEPTH)
+        return st->err = ks_fail(KS_ERR_RANGE, "grammar: rule references nest deeper than %d without a character",
+                                 GRAMMAR_MAX_DEPTH), false;
     const struct grammar *g = st->g;
     for (;;) {
         const struct gelem *e = &g->elems[pos];
@@ -396,7 +399,7 @@ static bool expand(struct grammar_state *st, int32_t pos, int32_t parent)
             return false;
         int32_t r = e->arg;
         for (int32_t a = g->rule_alt[r]; a < g->rule_alt[r + 1]; a++)
-            if (!expand(st, g->alt_start[a], cont))
+            if (!expand(st, g->alt_start[a], cont, depth + 1))
                 return false;
         return true;
     }
@@ -535,7 +538,7 @@ static int32_t step(struct grammar_state *st, int32_t set, uint32_t cp)
         if (m == COMPLETE)
             continue;
         int32_t pos = st->npos[m];
-        if (gclass_match(g, &g->classes[g->elems[pos].arg], cp) && !expand(st, pos + 1, st->nparent[m]))
+        if (gclass_match(g, &g->classes[g->elems[pos].arg], cp) && !expand(st, pos + 1, st->nparent[m], 0))
             return -1;
     }
     int32_t next = set_intern(st);
@@ -682,7 +685,7 @@ ks_status grammar_state_create(struct grammar *g, const struct grammar_vocab *v,
     st->expand_work = 0;
     bool ok = true;
     for (int32_t a = g->rule_alt[g->root]; ok && a < g->rule_alt[g->root + 1]; a++)
-        ok = expand(st, g->alt_start[a], COMPLETE);
+        ok = expand(st, g->alt_start[a], COMPLETE, 0);
     int32_t init = ok ? set_intern(st) : -1;
     if (init < 0) {
         ks_status s = st->err;

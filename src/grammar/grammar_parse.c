@@ -49,6 +49,8 @@ struct parser {
     int32_t n_classes, cap_classes;
     struct ivec ranges;   /* lo, hi pairs */
     int gen;              /* generated rule counter */
+    int depth;            /* nesting of parentheses */
+    int64_t n_elems;      /* elements emitted, all rules */
     ks_status err;
 };
 
@@ -153,6 +155,9 @@ static int32_t rule_generated(struct parser *p, int32_t parent)
 
 static bool emit(struct parser *p, int32_t rule, int32_t kind, int32_t arg)
 {
+    if (++p->n_elems > GRAMMAR_MAX_ELEMENTS)
+        return perr(p, KS_ERR_RANGE, p->pos, "the grammar expands to over %d elements (repetitions multiply)",
+                    GRAMMAR_MAX_ELEMENTS), false;
     struct ivec *v = &p->rules[rule].elems;
     if (!ivec_push(v, kind) || !ivec_push(v, arg))
         return nomem(p), false;
@@ -384,7 +389,10 @@ static bool parse_sequence(struct parser *p, int32_t rule, bool nested)
             if (cls < 0 || !emit(p, rule, GE_CHAR, cls))
                 return false;
         } else if (c == '(') {
+            if (p->depth >= GRAMMAR_MAX_NESTING)
+                return perr(p, KS_ERR_FORMAT, at, "parentheses nested deeper than %d", GRAMMAR_MAX_NESTING), false;
             p->pos++;
+            p->depth++;
             int32_t sub = rule_generated(p, rule);
             if (sub < 0 || !parse_alternates(p, sub, true))
                 return false;
@@ -392,6 +400,7 @@ static bool parse_sequence(struct parser *p, int32_t rule, bool nested)
             if (peek(p, 0) != ')')
                 return perr(p, KS_ERR_FORMAT, p->pos, "expected ')' to close the '(' at offset %zu", at), false;
             p->pos++;
+            p->depth--;
             if (!emit(p, rule, GE_REF, sub))
                 return false;
         } else if (is_name_char(c)) {
@@ -662,7 +671,8 @@ static ks_status analyse(struct grammar *g)
     for (int32_t p = g->n_elems - 1; p >= 0; p--)
         g->minrest[p] = g->elems[p].kind == GE_END ? 0 : gsat_add(elem_min(g, &g->elems[p]), g->minrest[p + 1]);
     if (g->rule_min[g->root] >= GRAMMAR_INF)
-        return ks_fail(KS_ERR_UNSUPPORTED, "grammar: 'root' can never end (every alternative recurses forever)");
+        return ks_fail(KS_ERR_UNSUPPORTED, "grammar: 'root' can never end (every alternative recurses forever), or "
+                                           "its shortest text is over %d bytes", GRAMMAR_INF);
     return KS_OK;
 }
 
