@@ -508,6 +508,55 @@ static void test_special_tokens(void **state)
     vocab_close(&v);
 }
 
+
+/* Mutated grammars and schemas, each in a buffer of exactly its length (no NUL
+ * after it), so ASan catches any read past the end: compile or fail cleanly. */
+static void test_mutations(void **state)
+{
+    (void)state;
+    uint64_t seed = 7;
+    const char *base = grammar_json_object_gbnf();
+    size_t n = strlen(base);
+    static const char alphabet[] = "()[]{}|*+?.\\\"#:=^-,0123456789 \nax";
+    int compiled = 0;
+    for (int iter = 0; iter < 3000; iter++) {
+        char *buf = malloc(n);
+        memcpy(buf, base, n);
+        int edits = 1 + (int)(rng_next(&seed) % 4);
+        for (int e = 0; e < edits; e++)
+            buf[rng_next(&seed) % n] = alphabet[rng_next(&seed) % (sizeof alphabet - 1)];
+        size_t len = iter % 5 == 0 ? (size_t)(rng_next(&seed) % n) : n; /* also truncated */
+        struct grammar *g = NULL;
+        if (grammar_compile(buf, len, &g) == KS_OK) {
+            compiled++;
+            assert_true(ks_errmsg() != NULL);
+            (void)grammar_match(g, "{\"a\": [1, \"x\"]}", 16);
+            (void)grammar_match(g, "", 0);
+            grammar_free(g);
+        } else {
+            assert_true(strlen(ks_errmsg()) > 0);
+        }
+        free(buf);
+    }
+    print_message("%d of 3000 mutated grammars compiled\n", compiled);
+    const char *schema = "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"array\",\"items\":{\"enum\":[1,\"x\"]}},"
+                         "\"b\":{\"anyOf\":[{\"$ref\":\"#\"},{\"type\":\"null\"}]}},\"required\":[\"a\"]}";
+    n = strlen(schema);
+    for (int iter = 0; iter < 2000; iter++) {
+        char *buf = malloc(n);
+        memcpy(buf, schema, n);
+        buf[rng_next(&seed) % n] = alphabet[rng_next(&seed) % (sizeof alphabet - 1)];
+        char *gbnf = NULL;
+        if (grammar_from_json_schema(buf, n, &gbnf) == KS_OK) {
+            struct grammar *g = NULL;
+            if (grammar_compile(gbnf, strlen(gbnf), &g) == KS_OK)
+                grammar_free(g);
+            free(gbnf);
+        }
+        free(buf);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -515,6 +564,7 @@ int main(void)
         cmocka_unit_test(test_json_object_grammar), cmocka_unit_test(test_schema_keywords),
         cmocka_unit_test(test_schema_errors),      cmocka_unit_test(test_special_tokens),
         cmocka_unit_test(test_mask_qwen3),         cmocka_unit_test(test_mask_llama_spm),
+        cmocka_unit_test(test_mutations),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
