@@ -496,6 +496,12 @@ static const struct route_case cases[] = {
     {"POST /v1/chat/completions stream", "POST", "/v1/chat/completions", NULL,
      "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"max_completion_tokens\":70,\"stream\":true,"
      "\"stream_options\":{\"include_usage\":true}}", true},
+    {"POST /v1/completions json_schema", "POST", "/v1/completions", NULL,
+     "{\"prompt\":\"Hi\",\"max_tokens\":8,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{"
+     "\"name\":\"n\",\"schema\":{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},"
+     "\"required\":[\"a\"],\"additionalProperties\":false}}}}", false},
+    {"POST /v1/completions grammar", "POST", "/v1/completions", NULL,
+     "{\"prompt\":\"Hi\",\"max_tokens\":8,\"grammar\":\"root ::= [a-z]+ (\\\" \\\" [0-9]{1,3})?\"}", false},
     {"POST /cache/requantize", "POST", "/cache/requantize", NULL,
      "{\"type_k\":\"q8_0\",\"type_v\":\"q4_0\",\"scope\":\"all\",\"dry_run\":true}", false},
     {"POST /cache/policy", "POST", "/cache/policy", NULL, "{\"policy\":\"dynamic\",\"high_watermark\":0.9}", false},
