@@ -16,7 +16,7 @@ enum {
     MAX_NODES = 1 << 22,
     MAX_SETS = 1 << 20,
     MAX_MEMBERS = 1 << 24,
-    MASK_CACHE_BYTES = 64 << 20,
+    MASK_CACHE_BYTES = 16 << 20, /* ~880 masks at 151k tokens; x parallel requests */
 };
 
 #define UNKNOWN (-2)
