@@ -57,9 +57,13 @@ static struct {
     struct threads_pool *pool;
     struct sched *sched;
     struct server *srv;
+    struct server *cur; /* the server post() talks to, NULL: srv */
     cJSON *schema;
     int32_t min_bytes;
 } F;
+
+static int start(size_t kv_budget, struct sched **sched, struct server **srv);
+static void stop(struct sched *sched, struct server *srv);
 
 /* ---- a validator for the supported subset ----------------------------------------- */
 
@@ -223,7 +227,7 @@ static struct answer post(const char *path, const char *body)
 {
     struct server_req rq = {.method = "POST", .path = path, .body = body, .len = strlen(body)};
     struct reply r = {0};
-    server_dispatch(F.srv, &rq, &r);
+    server_dispatch(F.cur ? F.cur : F.srv, &rq, &r);
     assert_null(r.stream_read);
     struct answer a = {r.status, cJSON_ParseWithLength(r.body, r.len)};
     if (r.status != 200 && r.status != 400)
@@ -266,19 +270,20 @@ static const char *finish(const cJSON *j)
 }
 
 struct tally {
+    int n_samples;
     int done, valid, stop, length, cut_runs;
     int first_bad;
     char bad[1024];
     pthread_mutex_t mu;
 };
 
-static struct tally T = {.first_bad = -1, .mu = PTHREAD_MUTEX_INITIALIZER};
+static struct tally T = {.n_samples = N_SAMPLES, .first_bad = -1, .mu = PTHREAD_MUTEX_INITIALIZER};
 static char *g_format;
 
 static void *worker(void *arg)
 {
     int w = (int)(intptr_t)arg;
-    for (int seed = w; seed < N_SAMPLES; seed += N_THREADS) {
+    for (int seed = w; seed < T.n_samples; seed += N_THREADS) {
         bool chat = seed % 2 == 1;
         /* every fourth run has a budget just above the shortest output: cut mid-object unless the grammar steers */
         bool cut = seed % 4 == 0;
@@ -332,6 +337,42 @@ static void test_json_schema_200_seeds(void **state)
     assert_int_equal(T.done, N_SAMPLES);
     assert_int_equal(T.valid, N_SAMPLES);
     free(g_format);
+}
+
+/* A KV budget far below the requests' contexts: sequences are preempted and
+ * recomputed mid-object, and their grammar state (kept in the sampler) must
+ * carry on where it was. */
+static void test_json_schema_under_preemption(void **state)
+{
+    (void)state;
+    struct sched *sched;
+    struct server *srv;
+    assert_int_equal(start(2u << 20, &sched, &srv), 0);
+    F.cur = srv;
+    size_t cap = sizeof schema_text + 128;
+    g_format = malloc(cap);
+    snprintf(g_format, cap, "{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"order\",\"schema\":%s}}",
+             schema_text);
+    memset(&T, 0, sizeof T);
+    T.n_samples = 48;
+    T.first_bad = -1;
+    pthread_mutex_init(&T.mu, NULL);
+    pthread_t th[N_THREADS];
+    for (int i = 0; i < N_THREADS; i++)
+        assert_int_equal(pthread_create(&th[i], NULL, worker, (void *)(intptr_t)i), 0);
+    for (int i = 0; i < N_THREADS; i++)
+        pthread_join(th[i], NULL);
+    struct sched_stats ss;
+    sched_get_stats(sched, &ss);
+    print_message("under preemption: %d/%d valid (%llu preemptions)\n", T.valid, T.done,
+                  (unsigned long long)ss.preemptions);
+    if (T.first_bad >= 0)
+        print_message("first failure: %s\n", T.bad);
+    assert_int_equal(T.valid, T.done);
+    assert_true(ss.preemptions > 0);
+    free(g_format);
+    F.cur = NULL;
+    stop(sched, srv);
 }
 
 static void test_json_object_and_gbnf(void **state)
@@ -404,16 +445,12 @@ static void test_errors(void **state)
 
 /* ---- setup ----------------------------------------------------------------------------- */
 
-static int setup(void **state)
+/* The real engine on the default model with a KV budget, its scheduler and a server. */
+static int start(size_t kv_budget, struct sched **sched, struct server **srv)
 {
-    (void)state;
-    const char *path = getenv("KVSERVE_DEFAULT_MODEL");
-    if (model_load(path, &F.model) || gguf_open(path, &F.f) || tok_load(F.f, &F.tok) ||
-        threads_create(2, &F.pool))
-        return -1;
     struct kv_config kc;
     model_kv_config(F.model, &kc);
-    kc.mem_budget = 128u << 20;
+    kc.mem_budget = kv_budget;
     struct sched_engine eng;
     if (sched_engine_model(F.model, &kc, 512, F.pool, &eng))
         return -1;
@@ -428,16 +465,37 @@ static int setup(void **state)
     sc.n_eog = n_eog;
     sc.parallel = N_THREADS;
     sc.ctx_size = 1024;
-    if (sched_create(&sc, &eng, &F.sched))
+    if (sched_create(&sc, &eng, sched))
         return -1;
     struct server_config cfg;
     server_config_default(&cfg);
     cfg.port = 0;
     cfg.ctx_size = 1024;
     cfg.model_name = "default";
-    if (server_start(&cfg, F.sched, F.tok, &F.srv))
+    if (server_start(&cfg, *sched, F.tok, srv))
         return -1;
-    server_set_ready(F.srv, true);
+    server_set_ready(*srv, true);
+    return 0;
+}
+
+static void stop(struct sched *sched, struct server *srv)
+{
+    sched_cancel_all(sched);
+    while (server_in_flight(srv) > 0)
+        usleep(1000);
+    server_stop(srv);
+    sched_free(sched);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    const char *path = getenv("KVSERVE_DEFAULT_MODEL");
+    if (model_load(path, &F.model) || gguf_open(path, &F.f) || tok_load(F.f, &F.tok) ||
+        threads_create(2, &F.pool))
+        return -1;
+    if (start(128u << 20, &F.sched, &F.srv))
+        return -1;
     F.schema = cJSON_Parse(schema_text);
     char *gbnf = NULL;
     struct grammar *g = NULL;
@@ -453,11 +511,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
-    sched_cancel_all(F.sched);
-    while (server_in_flight(F.srv) > 0)
-        usleep(1000);
-    server_stop(F.srv);
-    sched_free(F.sched);
+    stop(F.sched, F.srv);
     threads_free(F.pool);
     tok_free(F.tok);
     gguf_close(F.f);
@@ -478,6 +532,7 @@ int main(void)
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_json_object_and_gbnf),
         cmocka_unit_test(test_json_schema_200_seeds),
+        cmocka_unit_test(test_json_schema_under_preemption),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
