@@ -354,7 +354,7 @@ static void test_json_schema_under_preemption(void **state)
     snprintf(g_format, cap, "{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"order\",\"schema\":%s}}",
              schema_text);
     memset(&T, 0, sizeof T);
-    T.n_samples = 48;
+    T.n_samples = 24;
     T.first_bad = -1;
     pthread_mutex_init(&T.mu, NULL);
     pthread_t th[N_THREADS];
