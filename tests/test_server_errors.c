@@ -410,6 +410,12 @@ static const struct route_case cases[] = {
     {"POST /apply-template", "POST", "/apply-template", NULL,
      "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"Hi\"}]}],"
      "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]}", false},
+    {"POST /v1/completions json_schema", "POST", "/v1/completions", NULL,
+     "{\"prompt\":\"Hi\",\"max_tokens\":8,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{"
+     "\"name\":\"n\",\"schema\":{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},"
+     "\"required\":[\"a\"],\"additionalProperties\":false}}}}", false},
+    {"POST /v1/completions grammar", "POST", "/v1/completions", NULL,
+     "{\"prompt\":\"Hi\",\"max_tokens\":8,\"grammar\":\"root ::= [a-z]+ (\\\" \\\" [0-9]{1,3})?\"}", false},
     {"POST /cache/requantize", "POST", "/cache/requantize", NULL,
      "{\"type_k\":\"q8_0\",\"type_v\":\"q4_0\",\"scope\":\"all\",\"dry_run\":true}", false},
     {"POST /cache/policy", "POST", "/cache/policy", NULL, "{\"policy\":\"dynamic\",\"high_watermark\":0.9}", false},

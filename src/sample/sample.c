@@ -30,6 +30,7 @@ struct sampler {
     float *work;       /* (n_vocab) penalized logits of the current step */
     int32_t *counts;   /* (n_vocab) occurrences in the penalty window; all 0 between calls */
     struct cand *cands; /* (n_vocab) candidate set of the current step */
+    struct grammar_state *grammar; /* NULL: unconstrained */
 };
 
 /* ---- random numbers: xoshiro256**, seeded by splitmix64 ----------------- */
@@ -128,6 +129,18 @@ ks_status sample_create(const struct sample_params *p, int32_t n_vocab, struct s
         sample_free(s);
         return ks_fail(KS_ERR_NOMEM, "sampler: out of memory for a vocabulary of %d", (int)n_vocab);
     }
+    if (p->grammar) {
+        if (!p->grammar_vocab || grammar_vocab_size(p->grammar_vocab) > n_vocab) {
+            sample_free(s);
+            return ks_fail(KS_ERR_INVALID_ARG, "sampler: a grammar needs a vocabulary of at most %d tokens",
+                           (int)n_vocab);
+        }
+        if ((st = grammar_state_create(p->grammar, p->grammar_vocab, p->grammar_max_tokens, &s->grammar))) {
+            sample_free(s);
+            return st;
+        }
+    }
+    s->p.grammar = NULL; /* the state holds the reference; the params' copy is not one */
     uint64_t x = p->seed;
     for (int i = 0; i < 4; i++)
         s->rng[i] = splitmix64(&x);
@@ -142,6 +155,7 @@ void sample_free(struct sampler *s)
     free(s->work);
     free(s->counts);
     free(s->cands);
+    grammar_state_free(s->grammar);
     free(s);
 }
 
@@ -487,6 +501,11 @@ ks_status sample_next(struct sampler *s, const float *logits, const int32_t *his
         return ks_fail(KS_ERR_INVALID_ARG, "sample_next: history of %d tokens with %s pointer",
                        (int)n_history, history ? "a" : "a NULL");
     memcpy(s->work, logits, (size_t)s->n_vocab * sizeof *s->work);
+    if (s->grammar) {
+        ks_status st = grammar_mask(s->grammar, s->work, s->n_vocab);
+        if (st)
+            return st;
+    }
     if (penalties_active(&s->p) && n_history > 0) {
         ks_status st = apply_penalties(s, history, n_history);
         if (st)
@@ -505,5 +524,5 @@ ks_status sample_next(struct sampler *s, const float *logits, const int32_t *his
     else
         out->token = sample_stochastic(s, max);
     fill_logprobs(s, max, out);
-    return KS_OK;
+    return s->grammar ? grammar_accept(s->grammar, out->token) : KS_OK;
 }

@@ -4,13 +4,19 @@
  * frequency penalties over the recent history, then (unless greedy) top-k,
  * temperature, top-p and min-p, then a draw from a seeded xoshiro256** stream.
  * temp <= 0 is greedy (argmax after penalties). Logprobs, when asked, are the
- * log-softmax of the penalized logits before truncation, like OpenAI's. */
+ * log-softmax of the penalized logits before truncation, like OpenAI's.
+ *
+ * With a grammar (grammar/grammar.h), the logits of every token the grammar
+ * does not allow are set to -inf first, and each drawn token advances the
+ * grammar state; the sampler owns that state, so a sequence that is preempted
+ * and recomputed keeps it. */
 #ifndef KS_SAMPLE_H
 #define KS_SAMPLE_H
 
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "grammar/grammar.h"
 #include "status/status.h"
 
 #define SAMPLE_MAX_LOGPROBS 20
@@ -26,6 +32,13 @@ struct sample_params {
     float frequency_penalty;  /* 0: off */
     uint64_t seed;            /* default 0xC0FFEE; same seed + same logits = same tokens */
     int n_logprobs;           /* 0..SAMPLE_MAX_LOGPROBS top alternatives to report */
+    /* Optional constraint (NULL: none). sample_create takes its own reference
+     * on grammar; grammar_vocab is borrowed and must outlive the sampler.
+     * grammar_max_tokens: the tokens this sampler will draw at most (the
+     * request's max_tokens), so the grammar can finish within them; < 0: no limit. */
+    struct grammar *grammar;
+    const struct grammar_vocab *grammar_vocab;
+    int32_t grammar_max_tokens;
 };
 
 struct sample_logprob {
@@ -43,11 +56,17 @@ struct sample_result {
 struct sampler;
 
 void sample_params_default(struct sample_params *p);
-/* KS_ERR_INVALID_ARG names the bad parameter (e.g. top_p 1.5, n_logprobs 30). */
+/* KS_ERR_INVALID_ARG names the bad parameter (e.g. top_p 1.5, n_logprobs 30),
+ * or a grammar without a vocabulary or with one larger than n_vocab;
+ * grammar_state_create's errors (KS_ERR_RANGE: max_tokens below the shortest
+ * output). */
 ks_status sample_create(const struct sample_params *p, int32_t n_vocab, struct sampler **out);
 void sample_free(struct sampler *s);
 
-/* Pick the next token. logits (n_vocab floats) are not modified. history:
+/* Pick the next token. logits (n_vocab floats) are not modified. With a
+ * grammar, the draw is one the grammar allows and it is accepted into the
+ * grammar state; grammar_mask's errors (KS_ERR_STATE: nothing can continue)
+ * leave the sampler unchanged. history:
  * the tokens so far (prompt and generated) that the penalties look at; may be
  * NULL when n_history is 0. */
 ks_status sample_next(struct sampler *s, const float *logits, const int32_t *history,

@@ -446,6 +446,12 @@ ks_status server_start(const struct server_config *cfg, struct sched *sched, con
         server_stop(srv);
         return ks_fail(cst, "%s", msg);
     }
+    /* the vocabulary's trie for grammar-constrained requests, built once (~0.1 s at 151k tokens) */
+    ks_status gst = tok ? grammar_vocab_from_tokenizer(tok, &srv->grammar_vocab) : KS_OK;
+    if (gst) {
+        server_stop(srv);
+        return gst;
+    }
     static pthread_once_t hooks_once = PTHREAD_ONCE_INIT;
     pthread_once(&hooks_once, json_hooks_install);
     srv->daemon = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ITC,
@@ -501,6 +507,7 @@ void server_stop(struct server *srv)
     if (srv->daemon)
         MHD_stop_daemon(srv->daemon);
     pthread_mutex_destroy(&srv->mu);
+    grammar_vocab_free(srv->grammar_vocab);
     free(srv->host);
     free(srv->api_key);
     free(srv->model_name);

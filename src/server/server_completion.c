@@ -43,6 +43,7 @@ struct call {
     long created;
     int32_t n_prompt;
     int32_t n_cached;                  /* prompt tokens the prefix cache served (under mu) */
+    struct grammar *grammar;           /* response_format / grammar constraint, NULL: none */
     /* output state (HTTP thread only) */
     int consumed;
     struct tok_stream *detok;
@@ -82,6 +83,7 @@ static void call_unref(struct call *c)
     sbuf_free(&c->text);
     sbuf_free(&c->out);
     cJSON_Delete(c->lp);
+    grammar_free(c->grammar);
     free(c);
 }
 
@@ -945,6 +947,76 @@ static struct call *call_new(struct server *srv, bool chat)
     return c;
 }
 
+/* response_format ({"type":"text"|"json_object"|"json_schema", "json_schema":
+ * {"name","schema","strict"}}) or llama.cpp's "grammar" (GBNF text) -> the
+ * compiled grammar the sampler masks with, for at most max_tokens tokens. A
+ * bad schema or grammar is a 400 that names the keyword or line and column. */
+static ks_status parse_grammar(struct call *c, const cJSON *root, int32_t max_tokens, struct sample_params *p,
+                               struct reply *r)
+{
+    cJSON *rf = field(root, "response_format"), *gr = field(root, "grammar");
+    const char *type = "text";
+    if (rf) {
+        cJSON *t = cJSON_GetObjectItemCaseSensitive(rf, "type");
+        if (!cJSON_IsObject(rf) || !cJSON_IsString(t))
+            return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_type",
+                              "'response_format' must be an object with a string 'type'");
+        type = t->valuestring;
+        if (strcmp(type, "text") && strcmp(type, "json_object") && strcmp(type, "json_schema"))
+            return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value",
+                              "'response_format.type' must be text, json_object or json_schema (got '%.64s')", type);
+    }
+    if (gr && !cJSON_IsString(gr))
+        return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_type", "'grammar' must be a string of GBNF");
+    if (gr && strcmp(type, "text"))
+        return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value", "give 'grammar' or a JSON 'response_format', not both");
+    if (!gr && !strcmp(type, "text"))
+        return KS_OK;
+    if (!c->srv->grammar_vocab)
+        return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value",
+                          "constrained output needs the model's tokenizer, and this model has none");
+    char *gbnf = NULL;
+    const char *src = gr ? gr->valuestring : grammar_json_object_gbnf(), *what = gr ? "'grammar'" : "'response_format'";
+    ks_status st = KS_OK;
+    if (!strcmp(type, "json_schema")) {
+        cJSON *js = cJSON_GetObjectItemCaseSensitive(rf, "json_schema");
+        cJSON *schema = cJSON_GetObjectItemCaseSensitive(js, "schema");
+        cJSON *strict = cJSON_GetObjectItemCaseSensitive(js, "strict"), *name = cJSON_GetObjectItemCaseSensitive(js, "name");
+        if (!cJSON_IsObject(js) || !cJSON_IsObject(schema))
+            return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_type",
+                              "'response_format.json_schema' must be an object with an object 'schema'");
+        if ((strict && !cJSON_IsBool(strict) && !cJSON_IsNull(strict)) || (name && !cJSON_IsString(name)))
+            return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_type",
+                              "'response_format.json_schema': 'strict' must be a boolean and 'name' a string");
+        char *text = cJSON_PrintUnformatted(schema);
+        if (!text)
+            return reply_fail(r, KS_ERR_NOMEM, NULL, "out of memory while reading 'response_format'");
+        st = grammar_from_json_schema(text, strlen(text), &gbnf);
+        cJSON_free(text);
+        if (st == KS_ERR_FORMAT) /* cJSON printed it, so only an allocation can have failed to parse it */
+            st = KS_ERR_NOMEM;
+        src = gbnf;
+        what = "'response_format.json_schema.schema'";
+    }
+    if (!st)
+        st = grammar_compile(src, strlen(src), &c->grammar);
+    free(gbnf);
+    if (!st && max_tokens > 0 && grammar_min_bytes(c->grammar) > max_tokens)
+        st = ks_fail(KS_ERR_RANGE, "max_tokens %d is below the %d tokens the shortest valid output may need (one per "
+                                   "byte); raise it", (int)max_tokens, (int)grammar_min_bytes(c->grammar));
+    if (st) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", ks_errmsg());
+        if (st == KS_ERR_NOMEM)
+            return reply_fail(r, st, NULL, "out of memory while compiling %s", what);
+        return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value", "%s: %s", what, msg);
+    }
+    p->grammar = c->grammar;
+    p->grammar_vocab = c->srv->grammar_vocab;
+    p->grammar_max_tokens = max_tokens;
+    return KS_OK;
+}
+
 static ks_status parse_options(struct call *c, const cJSON *root, int32_t n_prompt, struct sched_request *rq,
                                struct reply *r)
 {
@@ -968,7 +1040,7 @@ static ks_status parse_options(struct call *c, const cJSON *root, int32_t n_prom
     if (mt && mt->valuedouble < (double)max_tokens)
         max_tokens = (int64_t)mt->valuedouble;
     rq->max_tokens = (int32_t)max_tokens;
-    return KS_OK;
+    return parse_grammar(c, root, rq->max_tokens, &rq->sampling, r);
 }
 
 ks_status server_completion_parse(struct server *srv, bool chat, const char *body, size_t len, struct call **out,

@@ -10,6 +10,7 @@
 #include <cjson/cJSON.h>
 
 #include "jinja/jinja.h"
+#include "grammar/grammar.h"
 #include "sbuf/sbuf.h"
 #include "server/server.h"
 
@@ -34,6 +35,7 @@ struct server {
     enum server_tool_format tool_format; /* how the template's model writes tool calls */
     int32_t tool_tokens[4];     /* control tokens of the tool-call markup, kept in the text */
     int n_tool_tokens;
+    struct grammar_vocab *grammar_vocab; /* tok's pieces for constrained sampling; NULL without tok */
     struct MHD_Daemon *daemon;
     int port;
     pthread_mutex_t mu;

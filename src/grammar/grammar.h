@@ -1,0 +1,174 @@
+/* grammar: grammar-constrained sampling. A GBNF grammar (llama.cpp's syntax)
+ * is compiled once per request; a grammar state follows the text generated so
+ * far and masks the logits of every step so that only tokens that keep the
+ * text a prefix of the grammar's language can be drawn.
+ *
+ * GBNF, as llama.cpp reads it:
+ *   name ::= alternatives           one rule per line; `root` is the start
+ *   a b                             sequence        a | b     alternation
+ *   ( ... )                         grouping (newlines allowed inside)
+ *   x* x+ x? x{m} x{m,} x{m,n}      repetition (m, n <= GRAMMAR_MAX_REPEAT)
+ *   "text"                          literal; escapes \n \r \t \\ \" \[ \] \- \/ \xHH \uHHHH \UHHHHHHHH
+ *   [a-z_] [^"\\]                   character class, negated class
+ *   .                               any character
+ *   # comment                       to the end of the line
+ * A rule may also continue on a new line that starts with `|` (llama.cpp
+ * needs the whole rule on one line outside parentheses).
+ *
+ * Matching is over Unicode code points decoded from the tokens' bytes; a token
+ * may end inside a character (byte-level BPE), and the rest of that character
+ * must come from the next tokens. The state is a set of pushdown stacks, like
+ * llama.cpp's, with bounded work: left recursion is refused at compile time,
+ * a state holds at most GRAMMAR_MAX_STACKS stacks and one step expands at most
+ * GRAMMAR_MAX_EXPAND rule references, at most GRAMMAR_MAX_DEPTH deep.
+ *
+ * Budget: a state is created with the number of tokens it may still draw
+ * (max_tokens). Every stack knows the fewest bytes that complete the grammar
+ * from it; a token is allowed only if after it the text can still complete
+ * within the tokens left, counting one byte per token (every vocabulary with
+ * byte tokens, i.e. byte-level BPE and SentencePiece with byte fallback, can
+ * spell any text that way). So the text always completes at or before the
+ * last token: generation ends by end-of-generation (EOG allowed only once the
+ * grammar is complete) or exactly at max_tokens with a complete text.
+ *
+ * Speed: the vocabulary is a trie in depth-first order, walked once per mask
+ * with one state per depth, so a prefix shared by many tokens is matched once
+ * and a rejected prefix skips its whole subtree. Each stack set is interned
+ * and its transitions are memoized (an array for ASCII), and the mask of a set
+ * is cached as a bitset: a later step in the same set (inside a string, say)
+ * costs one pass over the bitset.
+ *
+ * Threads: a compiled grammar and a vocabulary are immutable and may be shared
+ * by any number of threads (the grammar's reference count is atomic). A state
+ * belongs to one thread at a time.
+ *
+ * Errors follow status/status.h: on failure ks_errmsg() says what and where,
+ * and out-parameters are untouched. */
+#ifndef KS_GRAMMAR_H
+#define KS_GRAMMAR_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "status/status.h"
+
+#define GRAMMAR_MAX_STACKS 1024     /* stacks in one state (an ambiguous grammar fails here) */
+#define GRAMMAR_MAX_EXPAND 100000   /* rule references expanded by one step */
+#define GRAMMAR_MAX_REPEAT 10000    /* m and n of x{m,n} */
+#define GRAMMAR_MAX_SOURCE (1u << 24) /* bytes of GBNF */
+#define GRAMMAR_MAX_ELEMENTS (1 << 22) /* symbols after repetitions are expanded */
+#define GRAMMAR_MAX_NESTING 256     /* depth of parentheses */
+#define GRAMMAR_MAX_DEPTH 4096      /* nested rule references expanded without consuming a character */
+
+struct grammar;
+struct grammar_vocab;
+struct grammar_state;
+
+/* ---- compiling ------------------------------------------------------------ */
+
+/* Compile GBNF text gbnf[0..len) (need not be NUL-terminated).
+ *   out  receives the grammar with one reference; release it with grammar_free()
+ * Errors: KS_ERR_FORMAT "line L, column C: ..." for a syntax error, an
+ *         undefined rule (at its first use), a rule defined twice, an empty
+ *         class or a repetition over GRAMMAR_MAX_REPEAT; "no 'root' rule";
+ *         KS_ERR_UNSUPPORTED for a left-recursive rule (named, with the cycle)
+ *         or a root that can never end; KS_ERR_RANGE for text over
+ *         GRAMMAR_MAX_SOURCE; KS_ERR_NOMEM. */
+ks_status grammar_compile(const char *gbnf, size_t len, struct grammar **out);
+/* (also KS_ERR_FORMAT for parentheses nested over GRAMMAR_MAX_NESTING and
+ * KS_ERR_RANGE for a grammar over GRAMMAR_MAX_ELEMENTS) */
+/* Take one more reference (a state takes its own). */
+void grammar_retain(struct grammar *g);
+/* Drop one reference; the last frees the grammar. NULL is a no-op. */
+void grammar_free(struct grammar *g);
+/* The fewest bytes of text the grammar accepts (0 if it accepts ""). */
+int32_t grammar_min_bytes(const struct grammar *g);
+
+/* ---- JSON ----------------------------------------------------------------- */
+
+/* GBNF of any JSON object (llama.cpp's json.gbnf: an object at the root, runs
+ * of whitespace of at most 20 characters, numbers of at most 16 digits per
+ * part). Static, NUL-terminated. */
+const char *grammar_json_object_gbnf(void);
+
+/* Convert a JSON Schema (JSON text schema[0..len)) to GBNF, OpenAI's strict
+ * subset: type (object, array, string, number, integer, boolean, null, or a
+ * list of them), properties (in declared order), required (the others are
+ * optional), additionalProperties (false or absent), items, minItems,
+ * maxItems, minLength, maxLength, enum, const, anyOf, $defs/definitions with
+ * $ref ("#/$defs/NAME", "#/definitions/NAME", "#"), format (date, time,
+ * date-time, uuid; other formats are plain strings). Annotations (title,
+ * description, default, examples, $schema, $id, $comment, strict, name) are
+ * ignored.
+ *   gbnf  receives a malloc'd NUL-terminated grammar; the caller frees it
+ * Errors: KS_ERR_FORMAT the text is not JSON; KS_ERR_UNSUPPORTED a keyword
+ *         outside the subset (named, with its JSON pointer, e.g. "pattern at
+ *         /properties/zip"); KS_ERR_INVALID_ARG a keyword with a bad value
+ *         or an unresolved $ref; KS_ERR_NOMEM. */
+ks_status grammar_from_json_schema(const char *schema, size_t len, char **gbnf);
+
+/* ---- vocabulary ----------------------------------------------------------- */
+
+enum grammar_token_kind {
+    GRAMMAR_TOKEN_TEXT,    /* its bytes are text the grammar matches */
+    GRAMMAR_TOKEN_SPECIAL, /* control / unused tokens: never allowed */
+    GRAMMAR_TOKEN_EOG,     /* end of generation: allowed once the grammar is complete */
+};
+
+/* The bytes of token id (tokenizer.h's tok_piece) and its kind. */
+typedef ks_status (*grammar_piece_fn)(void *user, int32_t id, const char **bytes, size_t *len,
+                                      enum grammar_token_kind *kind);
+
+/* Build the trie of a vocabulary of n_vocab tokens; piece is called once per
+ * id (bytes are copied). A TEXT token with no bytes is never allowed.
+ * Errors: KS_ERR_INVALID_ARG n_vocab < 1; whatever piece returns; KS_ERR_NOMEM. */
+ks_status grammar_vocab_create(int32_t n_vocab, grammar_piece_fn piece, void *user, struct grammar_vocab **out);
+/* The vocabulary of a tokenizer (tokenizer/tokenizer.h): bytes from
+ * tok_piece, EOG from tok_is_eog, and control tokens, BOS, PAD and <unk> are
+ * special. t is only read during the call. Errors: as grammar_vocab_create. */
+struct tokenizer;
+ks_status grammar_vocab_from_tokenizer(const struct tokenizer *t, struct grammar_vocab **out);
+void grammar_vocab_free(struct grammar_vocab *v); /* NULL is a no-op */
+int32_t grammar_vocab_size(const struct grammar_vocab *v);
+
+/* ---- state ---------------------------------------------------------------- */
+
+/* A state at the start of g's text (takes a reference on g; v is borrowed and
+ * must outlive the state; v may be NULL for a state fed only with
+ * grammar_accept_text). max_tokens: tokens the state may draw (see Budget);
+ * negative means no limit.
+ * Errors: KS_ERR_RANGE max_tokens is below grammar_min_bytes() (no output
+ *         could complete; max_tokens 0 is allowed: nothing is drawn);
+ *         KS_ERR_NOMEM. */
+ks_status grammar_state_create(struct grammar *g, const struct grammar_vocab *v, int32_t max_tokens,
+                               struct grammar_state **out);
+void grammar_state_free(struct grammar_state *st); /* NULL is a no-op */
+
+/* Set logits[i] = -INFINITY for every token the grammar does not allow now
+ * (and for ids >= the vocabulary's size; n_logits may exceed it). At least one
+ * token is left.
+ * Errors: KS_ERR_STATE no vocabulary, or no token can continue (the
+ *         vocabulary cannot spell what the grammar needs, or the budget is
+ *         spent); KS_ERR_RANGE a limit above was reached; KS_ERR_NOMEM.
+ *         The state is unchanged on failure. */
+ks_status grammar_mask(struct grammar_state *st, float *logits, int32_t n_logits);
+/* Advance past a drawn token (one of the budget).
+ * Errors: KS_ERR_INVALID_ARG the token is not allowed (out of range, special,
+ *         EOG before the text is complete, or text the grammar refuses);
+ *         KS_ERR_RANGE a limit; KS_ERR_NOMEM. The state is unchanged on failure. */
+ks_status grammar_accept(struct grammar_state *st, int32_t token);
+/* Advance past raw text (no budget is spent). Same errors as grammar_accept. */
+ks_status grammar_accept_text(struct grammar_state *st, const char *text, size_t len);
+/* May the text end here (the grammar is complete and no character is cut)? */
+bool grammar_complete(const struct grammar_state *st);
+
+/* Trie walks this state has made (masks not served from the cache), for
+ * benchmarks. */
+uint64_t grammar_state_walks(const struct grammar_state *st);
+
+/* Does g accept exactly text[0..len)? False with ks_errmsg() set when it
+ * does not (or on out of memory). */
+bool grammar_match(struct grammar *g, const char *text, size_t len);
+
+#endif

@@ -1,0 +1,70 @@
+/* Internal to the grammar module: the compiled grammar's flat layout. */
+#ifndef KS_GRAMMAR_INTERNAL_H
+#define KS_GRAMMAR_INTERNAL_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "grammar/grammar.h"
+
+#define GRAMMAR_INF (1 << 29) /* "never completes" in byte counts; sums saturate here */
+
+enum gelem_kind {
+    GE_END,  /* end of an alternative */
+    GE_REF,  /* arg: rule index */
+    GE_CHAR, /* arg: class index */
+};
+
+struct gelem {
+    uint8_t kind;
+    int32_t arg;
+};
+
+/* A character class: ranges[first .. first+n) as (lo, hi) pairs, inclusive,
+ * negated or not; ascii is the class over 0..127 precomputed (negation
+ * applied) so the common case is one bit test. */
+struct gclass {
+    uint32_t ascii[4];
+    int32_t first, n;
+    bool neg;
+    int32_t minlen; /* UTF-8 bytes of the smallest code point in the class */
+};
+
+/* Rules are stored flat: the alternatives of rule r are alt_start[rule_alt[r]
+ * .. rule_alt[r+1]), each a run of elements ending with GE_END. minrest[p]:
+ * the fewest bytes from element p to the end of its alternative. */
+struct grammar {
+    atomic_int refs;
+    struct gelem *elems;      /* (n_elems) */
+    int32_t n_elems;
+    int32_t *minrest;         /* (n_elems) */
+    int32_t *alt_start;       /* (n_alts) */
+    int32_t *rule_alt;        /* (n_rules + 1) */
+    int32_t n_rules, root;
+    char **rule_names;        /* (n_rules) */
+    int32_t *rule_min;        /* (n_rules) fewest bytes a rule matches */
+    struct gclass *classes;   /* (n_classes) */
+    int32_t n_classes;
+    uint32_t *ranges;         /* (2 * n_ranges) */
+};
+
+static inline bool gclass_match(const struct grammar *g, const struct gclass *c, uint32_t cp)
+{
+    if (cp < 128)
+        return (c->ascii[cp >> 5] >> (cp & 31)) & 1u;
+    bool in = false;
+    for (int32_t i = 0; i < c->n && !in; i++)
+        in = cp >= g->ranges[2 * (c->first + i)] && cp <= g->ranges[2 * (c->first + i) + 1];
+    return in != c->neg;
+}
+
+/* Does the class hold any code point of [lo, hi]? */
+bool gclass_intersects(const struct grammar *g, const struct gclass *c, uint32_t lo, uint32_t hi);
+
+static inline int32_t gsat_add(int32_t a, int32_t b)
+{
+    int64_t s = (int64_t)a + b;
+    return s >= GRAMMAR_INF ? GRAMMAR_INF : (int32_t)s;
+}
+
+#endif

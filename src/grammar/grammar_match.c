@@ -1,0 +1,970 @@
+/* The matcher: interned pushdown stacks and stack sets, memoized transitions
+ * over code points, the vocabulary trie and the per-step mask. */
+#include "grammar/grammar_internal.h"
+
+#include <math.h>
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
+#include <stdlib.h>
+#include <string.h>
+
+/* Per-state limits beyond the per-step ones of grammar.h: the interned
+ * stacks, sets and transitions a request may accumulate, and the bytes of
+ * cached masks (dropped, not failed, when over). */
+enum {
+    MAX_NODES = 1 << 22,
+    MAX_SETS = 1 << 20,
+    MAX_MEMBERS = 1 << 24,
+    MASK_CACHE_BYTES = 16 << 20, /* ~880 masks at 151k tokens; x parallel requests */
+};
+
+#define UNKNOWN (-2)
+#define DEAD 0      /* the empty set: nothing can follow */
+#define COMPLETE 0  /* node 0: the empty stack, the grammar may end here */
+
+/* ---- open-addressing table: 64-bit key -> int32 ---------------------------------- */
+
+struct table {
+    uint64_t *keys;
+    int32_t *vals;
+    uint32_t cap, n; /* cap a power of two */
+};
+
+#define TABLE_EMPTY UINT64_MAX
+
+static uint64_t mix64(uint64_t x)
+{
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ull;
+    x ^= x >> 33;
+    return x;
+}
+
+static int32_t table_get(const struct table *t, uint64_t key)
+{
+    if (!t->cap)
+        return -1;
+    for (uint32_t i = (uint32_t)mix64(key) & (t->cap - 1);; i = (i + 1) & (t->cap - 1)) {
+        if (t->keys[i] == key)
+            return t->vals[i];
+        if (t->keys[i] == TABLE_EMPTY)
+            return -1;
+    }
+}
+
+static bool table_put(struct table *t, uint64_t key, int32_t val)
+{
+    if (2 * (t->n + 1) > t->cap) {
+        uint32_t cap = t->cap ? 2 * t->cap : 1024;
+        uint64_t *keys = malloc((size_t)cap * sizeof *keys);
+        int32_t *vals = malloc((size_t)cap * sizeof *vals);
+        if (!keys || !vals) {
+            free(keys);
+            free(vals);
+            return false;
+        }
+        memset(keys, 0xff, (size_t)cap * sizeof *keys);
+        for (uint32_t i = 0; i < t->cap; i++) {
+            if (t->keys[i] == TABLE_EMPTY)
+                continue;
+            uint32_t j = (uint32_t)mix64(t->keys[i]) & (cap - 1);
+            while (keys[j] != TABLE_EMPTY)
+                j = (j + 1) & (cap - 1);
+            keys[j] = t->keys[i];
+            vals[j] = t->vals[i];
+        }
+        free(t->keys);
+        free(t->vals);
+        t->keys = keys;
+        t->vals = vals;
+        t->cap = cap;
+    }
+    uint32_t i = (uint32_t)mix64(key) & (t->cap - 1);
+    while (t->keys[i] != TABLE_EMPTY)
+        i = (i + 1) & (t->cap - 1);
+    t->keys[i] = key;
+    t->vals[i] = val;
+    t->n++;
+    return true;
+}
+
+static void table_free(struct table *t)
+{
+    free(t->keys);
+    free(t->vals);
+}
+
+/* ---- vocabulary ------------------------------------------------------------------- */
+
+/* The trie in depth-first order: the subtree of node i is [i, end[i]); node 0
+ * is the root (the empty prefix). Tokens with the same bytes hang off one node
+ * through tok_next. */
+struct grammar_vocab {
+    int32_t n_vocab;
+    int32_t n_nodes;
+    uint8_t *byte;        /* (n_nodes) the byte that leads into the node */
+    uint16_t *depth;      /* (n_nodes) */
+    int32_t *end;         /* (n_nodes) */
+    int32_t *tok_head;    /* (n_nodes) first token ending here, -1 none */
+    int32_t *tok_next;    /* (n_vocab) */
+    uint8_t *kind;        /* (n_vocab) enum grammar_token_kind */
+    uint32_t *off;        /* (n_vocab + 1) token bytes in blob */
+    char *blob;
+    int32_t *eog;         /* (n_eog) */
+    int32_t n_eog;
+    int32_t max_len;      /* longest piece in bytes (the trie's depth) */
+};
+
+enum { MAX_PIECE = 4096 };
+
+static const struct grammar_vocab *sort_vocab; /* qsort context (vocab_create is not reentrant-sensitive: see lock) */
+
+static int cmp_piece(const void *a, const void *b)
+{
+    const struct grammar_vocab *v = sort_vocab;
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    uint32_t lx = v->off[x + 1] - v->off[x], ly = v->off[y + 1] - v->off[y];
+    int c = memcmp(v->blob + v->off[x], v->blob + v->off[y], lx < ly ? lx : ly);
+    if (c)
+        return c;
+    return lx < ly ? -1 : lx > ly ? 1 : (x > y) - (x < y);
+}
+
+void grammar_vocab_free(struct grammar_vocab *v)
+{
+    if (!v)
+        return;
+    free(v->byte);
+    free(v->depth);
+    free(v->end);
+    free(v->tok_head);
+    free(v->tok_next);
+    free(v->kind);
+    free(v->off);
+    free(v->blob);
+    free(v->eog);
+    free(v);
+}
+
+int32_t grammar_vocab_size(const struct grammar_vocab *v)
+{
+    return v->n_vocab;
+}
+
+static int32_t lcp(const char *a, uint32_t la, const char *b, uint32_t lb)
+{
+    uint32_t n = la < lb ? la : lb, i = 0;
+    while (i < n && a[i] == b[i])
+        i++;
+    return (int32_t)i;
+}
+
+ks_status grammar_vocab_create(int32_t n_vocab, grammar_piece_fn piece, void *user, struct grammar_vocab **out)
+{
+    static _Atomic int sorting; /* qsort has no context argument: serialize the one sort */
+    if (n_vocab < 1 || !piece || !out)
+        return ks_fail(KS_ERR_INVALID_ARG, "grammar_vocab_create: needs n_vocab >= 1 and a piece function");
+    struct grammar_vocab *v = calloc(1, sizeof *v);
+    int32_t *order = NULL, *path = NULL;
+    ks_status st = KS_OK;
+    if (!v)
+        return ks_fail(KS_ERR_NOMEM, "grammar: out of memory building the vocabulary trie");
+    v->n_vocab = n_vocab;
+    v->kind = malloc((size_t)n_vocab);
+    v->off = malloc((size_t)(n_vocab + 1) * sizeof *v->off);
+    v->tok_next = malloc((size_t)n_vocab * sizeof *v->tok_next);
+    v->eog = malloc((size_t)n_vocab * sizeof *v->eog);
+    order = malloc((size_t)n_vocab * sizeof *order);
+    size_t cap = 1 << 16, used = 0;
+    v->blob = malloc(cap);
+    if (!v->kind || !v->off || !v->tok_next || !v->eog || !order || !v->blob)
+        goto oom;
+    int32_t n_text = 0;
+    for (int32_t id = 0; id < n_vocab; id++) {
+        const char *b = NULL;
+        size_t n = 0;
+        enum grammar_token_kind k = GRAMMAR_TOKEN_SPECIAL;
+        if ((st = piece(user, id, &b, &n, &k)))
+            goto fail;
+        if (k == GRAMMAR_TOKEN_TEXT && (n == 0 || n > MAX_PIECE))
+            k = GRAMMAR_TOKEN_SPECIAL; /* never allowed: an empty piece makes no progress */
+        v->kind[id] = (uint8_t)k;
+        v->off[id] = (uint32_t)used;
+        if (k == GRAMMAR_TOKEN_EOG)
+            v->eog[v->n_eog++] = id;
+        if (k != GRAMMAR_TOKEN_TEXT)
+            continue;
+        if (used + n > cap) {
+            while (used + n > cap)
+                cap *= 2;
+            char *nb = realloc(v->blob, cap);
+            if (!nb)
+                goto oom;
+            v->blob = nb;
+        }
+        memcpy(v->blob + used, b, n);
+        used += n;
+        order[n_text++] = id;
+        if ((int32_t)n > v->max_len)
+            v->max_len = (int32_t)n;
+    }
+    v->off[n_vocab] = (uint32_t)used;
+    /* a non-text token appended nothing: its piece blob[off[id], off[id+1]) is empty */
+    int expected = 0;
+    while (!atomic_compare_exchange_weak(&sorting, &expected, 1))
+        expected = 0;
+    sort_vocab = v;
+    qsort(order, (size_t)n_text, sizeof *order, cmp_piece);
+    atomic_store(&sorting, 0);
+
+    /* nodes: at most 1 + total bytes */
+    size_t max_nodes = used + 1;
+    v->byte = malloc(max_nodes);
+    v->depth = malloc(max_nodes * sizeof *v->depth);
+    v->end = malloc(max_nodes * sizeof *v->end);
+    v->tok_head = malloc(max_nodes * sizeof *v->tok_head);
+    path = malloc((size_t)(v->max_len + 1) * sizeof *path);
+    if (!v->byte || !v->depth || !v->end || !v->tok_head || !path)
+        goto oom;
+    v->byte[0] = 0;
+    v->depth[0] = 0;
+    v->tok_head[0] = -1;
+    v->n_nodes = 1;
+    path[0] = 0;
+    int32_t top = 0; /* depth of the current path */
+    const char *prev = NULL;
+    uint32_t prev_len = 0;
+    for (int32_t i = 0; i < n_text; i++) {
+        int32_t id = order[i];
+        const char *s = v->blob + v->off[id];
+        uint32_t len = v->off[id + 1] - v->off[id];
+        int32_t common = prev ? lcp(prev, prev_len, s, len) : 0;
+        while (top > common)
+            v->end[path[top--]] = v->n_nodes;
+        for (int32_t d = common; d < (int32_t)len; d++) {
+            int32_t n = v->n_nodes++;
+            v->byte[n] = (uint8_t)s[d];
+            v->depth[n] = (uint16_t)(d + 1);
+            v->tok_head[n] = -1;
+            path[++top] = n;
+        }
+        v->tok_next[id] = v->tok_head[path[top]];
+        v->tok_head[path[top]] = id;
+        prev = s;
+        prev_len = len;
+    }
+    while (top >= 0)
+        v->end[path[top--]] = v->n_nodes;
+    free(order);
+    free(path);
+    *out = v;
+    return KS_OK;
+oom:
+    st = ks_fail(KS_ERR_NOMEM, "grammar: out of memory building the vocabulary trie");
+fail:
+    free(order);
+    free(path);
+    grammar_vocab_free(v);
+    return st;
+}
+
+/* ---- state ---------------------------------------------------------------------------- */
+
+struct grammar_state {
+    struct grammar *g;
+    const struct grammar_vocab *v;
+    /* stack nodes: (pos, parent); node 0 is the empty stack */
+    int32_t *npos, *nparent, *nD;
+    int32_t n_nodes, cap_nodes;
+    struct table node_tab;
+    /* sets: members[soff[s] .. soff[s+1]) sorted node ids; set 0 is empty */
+    int32_t *soff, *members;
+    int32_t n_sets, cap_sets, n_members, cap_members;
+    uint64_t *shash;
+    int32_t *sD;              /* fewest bytes to complete, GRAMMAR_INF for the empty set */
+    int32_t **sascii;         /* (128) transitions on ASCII, UNKNOWN until computed; NULL until first use */
+    uint64_t **smask;         /* cached mask (bitset over the vocabulary), NULL none */
+    int32_t *smaskD;          /* the largest D after any token the cached mask allows */
+    int32_t *set_slots;       /* set interning: open addressing over shash, -1 empty */
+    uint32_t set_cap;
+    struct table trans;       /* (set << 21 | cp) -> set, non-ASCII */
+    size_t mask_bytes;
+    /* where the text is */
+    int32_t cur;
+    uint32_t pacc;            /* partial character: bits so far */
+    int prem, plen;           /* continuation bytes still expected; bytes of the whole character */
+    int32_t remaining;        /* tokens the budget still allows (INT32_MAX: no limit) */
+    bool done;                /* an EOG token was accepted */
+    uint64_t walks;           /* trie walks made (grammar_state_walks) */
+    ks_status err;            /* the last failure of a helper */
+    /* scratch */
+    int32_t *tmp;
+    int32_t n_tmp, cap_tmp;
+    int32_t expand_work;
+    uint64_t *scratch;        /* a mask being built */
+    int32_t *w_set;           /* (max_len + 1) per-depth walk state */
+    uint32_t *w_acc;
+    int8_t *w_rem, *w_len;
+};
+
+static ks_status oom(void)
+{
+    return ks_fail(KS_ERR_NOMEM, "grammar: out of memory while matching");
+}
+
+/* Helpers below return -1 / false after recording the failure in st->err. */
+static void fail_oom(struct grammar_state *st)
+{
+    st->err = oom();
+}
+
+static int32_t node_get(struct grammar_state *st, int32_t pos, int32_t parent)
+{
+    uint64_t key = (uint64_t)(uint32_t)pos << 32 | (uint32_t)parent;
+    int32_t id = table_get(&st->node_tab, key);
+    if (id >= 0)
+        return id;
+    if (st->n_nodes >= MAX_NODES)
+        return st->err = ks_fail(KS_ERR_RANGE, "grammar: the state grew past %d stacks; the grammar is too "
+                                               "ambiguous for this output", MAX_NODES), -1;
+    if (st->n_nodes == st->cap_nodes) {
+        int32_t cap = st->cap_nodes ? 2 * st->cap_nodes : 1024;
+        int32_t *a = realloc(st->npos, (size_t)cap * sizeof *a);
+        if (a)
+            st->npos = a;
+        int32_t *b = a ? realloc(st->nparent, (size_t)cap * sizeof *b) : NULL;
+        if (b)
+            st->nparent = b;
+        int32_t *c = b ? realloc(st->nD, (size_t)cap * sizeof *c) : NULL;
+        if (!c)
+            return fail_oom(st), -1;
+        st->nD = c;
+        st->cap_nodes = cap;
+    }
+    id = st->n_nodes;
+    st->npos[id] = pos;
+    st->nparent[id] = parent;
+    st->nD[id] = gsat_add(st->g->minrest[pos], st->nD[parent]);
+    if (!table_put(&st->node_tab, key, id))
+        return fail_oom(st), -1;
+    st->n_nodes++;
+    return id;
+}
+
+static bool tmp_push(struct grammar_state *st, int32_t x)
+{
+    if (st->n_tmp == st->cap_tmp) {
+        int32_t cap = st->cap_tmp ? 2 * st->cap_tmp : 256;
+        int32_t *p = realloc(st->tmp, (size_t)cap * sizeof *p);
+        if (!p)
+            return fail_oom(st), false;
+        st->tmp = p;
+        st->cap_tmp = cap;
+    }
+    st->tmp[st->n_tmp++] = x;
+    return true;
+}
+
+/* Add to tmp every stack that continues at element pos with parent below it,
+ * down to a character element (or the empty stack). A reference followed by
+ * the end of its alternative pushes nothing (a tail call), so right-recursive
+ * repetition runs in constant stack depth. */
+static bool expand(struct grammar_state *st, int32_t pos, int32_t parent, int depth)
+{
+    if (depth > GRAMMAR_MAX_DEPTH)
+        return st->err = ks_fail(KS_ERR_RANGE, "grammar: rule references nest deeper than %d without a character",
+                                 GRAMMAR_MAX_DEPTH), false;
+    const struct grammar *g = st->g;
+    for (;;) {
+        const struct gelem *e = &g->elems[pos];
+        if (e->kind == GE_END) {
+            if (parent == COMPLETE)
+                return tmp_push(st, COMPLETE);
+            pos = st->npos[parent];
+            parent = st->nparent[parent];
+            continue;
+        }
+        if (e->kind == GE_CHAR) {
+            int32_t n = node_get(st, pos, parent);
+            return n >= 0 && tmp_push(st, n);
+        }
+        if (++st->expand_work > GRAMMAR_MAX_EXPAND)
+            return st->err = ks_fail(KS_ERR_RANGE, "grammar: one character needed over %d rule expansions; the "
+                                                   "grammar is too ambiguous", GRAMMAR_MAX_EXPAND), false;
+        int32_t cont = parent;
+        if (g->elems[pos + 1].kind != GE_END && (cont = node_get(st, pos + 1, parent)) < 0)
+            return false;
+        int32_t r = e->arg;
+        for (int32_t a = g->rule_alt[r]; a < g->rule_alt[r + 1]; a++)
+            if (!expand(st, g->alt_start[a], cont, depth + 1))
+                return false;
+        return true;
+    }
+}
+
+static int cmp_i32(const void *a, const void *b)
+{
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+static bool set_slots_grow(struct grammar_state *st)
+{
+    uint32_t cap = st->set_cap ? 2 * st->set_cap : 1024;
+    int32_t *slots = malloc((size_t)cap * sizeof *slots);
+    if (!slots)
+        return false;
+    memset(slots, 0xff, (size_t)cap * sizeof *slots);
+    for (uint32_t i = 0; i < st->set_cap; i++) {
+        int32_t s = st->set_slots[i];
+        if (s < 0)
+            continue;
+        uint32_t j = (uint32_t)st->shash[s] & (cap - 1);
+        while (slots[j] >= 0)
+            j = (j + 1) & (cap - 1);
+        slots[j] = s;
+    }
+    free(st->set_slots);
+    st->set_slots = slots;
+    st->set_cap = cap;
+    return true;
+}
+
+static bool sets_grow(struct grammar_state *st, int32_t need)
+{
+    if (need <= st->cap_sets)
+        return true;
+    int32_t cap = st->cap_sets ? 2 * st->cap_sets : 256;
+    while (cap < need)
+        cap *= 2;
+#define GROW(f)                                                                                                  \
+    do {                                                                                                         \
+        void *p_ = realloc(st->f, (size_t)cap * sizeof *st->f);                                                  \
+        if (!p_)                                                                                                 \
+            return fail_oom(st), false;                                                                          \
+        st->f = p_;                                                                                              \
+    } while (0)
+    GROW(soff);
+    GROW(shash);
+    GROW(sD);
+    GROW(sascii);
+    GROW(smask);
+    GROW(smaskD);
+#undef GROW
+    st->cap_sets = cap;
+    return true;
+}
+
+/* Intern the set in tmp[0..n_tmp) (sorted and deduplicated here). */
+static int32_t set_intern(struct grammar_state *st)
+{
+    int32_t n = st->n_tmp;
+    if (n == 0)
+        return DEAD;
+    qsort(st->tmp, (size_t)n, sizeof *st->tmp, cmp_i32);
+    int32_t k = 1;
+    for (int32_t i = 1; i < n; i++)
+        if (st->tmp[i] != st->tmp[k - 1])
+            st->tmp[k++] = st->tmp[i];
+    n = k;
+    if (n > GRAMMAR_MAX_STACKS)
+        return st->err = ks_fail(KS_ERR_RANGE, "grammar: %d stacks alive at once (limit %d); the grammar is too "
+                                               "ambiguous", n, GRAMMAR_MAX_STACKS), -1;
+    uint64_t h = 0x9E3779B97F4A7C15ull;
+    for (int32_t i = 0; i < n; i++)
+        h = mix64(h ^ (uint64_t)(uint32_t)st->tmp[i]);
+    if (2 * (uint32_t)(st->n_sets + 1) > st->set_cap && !set_slots_grow(st))
+        return fail_oom(st), -1;
+    uint32_t i = (uint32_t)h & (st->set_cap - 1);
+    for (; st->set_slots[i] >= 0; i = (i + 1) & (st->set_cap - 1)) {
+        int32_t s = st->set_slots[i];
+        if (st->shash[s] == h && st->soff[s + 1] - st->soff[s] == n &&
+            !memcmp(st->members + st->soff[s], st->tmp, (size_t)n * sizeof *st->tmp))
+            return s;
+    }
+    if (st->n_sets + 1 >= MAX_SETS || st->n_members + n > MAX_MEMBERS)
+        return st->err = ks_fail(KS_ERR_RANGE, "grammar: the state grew past %d stack sets; the grammar is too "
+                                               "ambiguous for this output", MAX_SETS), -1;
+    if (!sets_grow(st, st->n_sets + 2))
+        return -1;
+    if (st->n_members + n > st->cap_members) {
+        int32_t cap = st->cap_members ? st->cap_members : 1024;
+        while (cap < st->n_members + n)
+            cap *= 2;
+        int32_t *p = realloc(st->members, (size_t)cap * sizeof *p);
+        if (!p)
+            return fail_oom(st), -1;
+        st->members = p;
+        st->cap_members = cap;
+    }
+    int32_t s = st->n_sets++;
+    memcpy(st->members + st->n_members, st->tmp, (size_t)n * sizeof *st->tmp);
+    st->n_members += n;
+    st->soff[s + 1] = st->n_members;
+    st->shash[s] = h;
+    int32_t D = GRAMMAR_INF;
+    for (int32_t j = 0; j < n; j++)
+        if (st->nD[st->tmp[j]] < D)
+            D = st->nD[st->tmp[j]];
+    st->sD[s] = D;
+    st->sascii[s] = NULL;
+    st->smask[s] = NULL;
+    st->smaskD[s] = 0;
+    st->set_slots[i] = s;
+    return s;
+}
+
+/* The set after code point cp, memoized; DEAD when nothing accepts cp, -1 on error. */
+static int32_t step(struct grammar_state *st, int32_t set, uint32_t cp)
+{
+    if (set == DEAD)
+        return DEAD;
+    if (cp < 128 && st->sascii[set] && st->sascii[set][cp] != UNKNOWN)
+        return st->sascii[set][cp];
+    uint64_t key = (uint64_t)(uint32_t)set << 21 | cp;
+    if (cp >= 128) {
+        int32_t r = table_get(&st->trans, key);
+        if (r >= 0)
+            return r;
+    }
+    const struct grammar *g = st->g;
+    st->n_tmp = 0;
+    st->expand_work = 0;
+    for (int32_t i = st->soff[set]; i < st->soff[set + 1]; i++) {
+        int32_t m = st->members[i];
+        if (m == COMPLETE)
+            continue;
+        int32_t pos = st->npos[m];
+        if (gclass_match(g, &g->classes[g->elems[pos].arg], cp) && !expand(st, pos + 1, st->nparent[m], 0))
+            return -1;
+    }
+    int32_t next = set_intern(st);
+    if (next < 0)
+        return -1;
+    if (cp < 128) {
+        if (!st->sascii[set]) {
+            int32_t *a = malloc(128 * sizeof *a);
+            if (!a)
+                return fail_oom(st), -1;
+            for (int i = 0; i < 128; i++)
+                a[i] = UNKNOWN;
+            st->sascii[set] = a;
+        }
+        st->sascii[set][cp] = next;
+    } else if (!table_put(&st->trans, key, next)) {
+        return fail_oom(st), -1;
+    }
+    return next;
+}
+
+/* A character cut after some bytes can still become any code point in
+ * [lo, hi]: the fewest bytes to complete from set through such a character
+ * (its rem bytes, then the rest), GRAMMAR_INF if no stack takes any of them. */
+static int32_t partial_D(const struct grammar_state *st, int32_t set, uint32_t lo, uint32_t hi, int rem)
+{
+    const struct grammar *g = st->g;
+    int32_t best = GRAMMAR_INF;
+    for (int32_t i = st->soff[set]; i < st->soff[set + 1]; i++) {
+        int32_t m = st->members[i];
+        if (m == COMPLETE)
+            continue;
+        int32_t pos = st->npos[m];
+        if (!gclass_intersects(g, &g->classes[g->elems[pos].arg], lo, hi))
+            continue;
+        int32_t d = gsat_add(rem, gsat_add(g->minrest[pos + 1], st->nD[st->nparent[m]]));
+        if (d < best)
+            best = d;
+    }
+    return best;
+}
+
+/* The code points a character with `len` bytes whose first bits are acc and
+ * rem bytes still missing can become. */
+static void partial_range(uint32_t acc, int rem, int len, uint32_t *lo, uint32_t *hi)
+{
+    static const uint32_t min_of[5] = {0, 0, 0x80, 0x800, 0x10000};
+    *lo = acc << (6 * rem);
+    *hi = *lo | ((1u << (6 * rem)) - 1);
+    if (*lo < min_of[len])
+        *lo = min_of[len];
+    if (*hi > 0x10FFFF)
+        *hi = 0x10FFFF;
+    if (*lo >= 0xD800 && *hi <= 0xDFFF) /* ED A0..BF: only surrogates can follow */
+        *hi = 0, *lo = 1;
+}
+
+/* Feed one byte to (acc, rem, len). Returns 1 with *cp when a character
+ * completes, 0 when more bytes are needed, -1 for invalid UTF-8. */
+static int utf8_feed(uint32_t *acc, int *rem, int *len, uint8_t b, uint32_t *cp)
+{
+    if (*rem == 0) {
+        if (b < 0x80) {
+            *cp = b;
+            return 1;
+        }
+        if (b >= 0xC2 && b <= 0xDF) {
+            *acc = b & 0x1Fu;
+            *rem = 1;
+        } else if (b >= 0xE0 && b <= 0xEF) {
+            *acc = b & 0x0Fu;
+            *rem = 2;
+        } else if (b >= 0xF0 && b <= 0xF4) {
+            *acc = b & 0x07u;
+            *rem = 3;
+        } else {
+            return -1;
+        }
+        *len = *rem + 1;
+        return 0;
+    }
+    if ((b & 0xC0) != 0x80)
+        return -1;
+    *acc = (*acc << 6) | (b & 0x3Fu);
+    if (--*rem > 0) {
+        /* reject early what can no longer be valid: overlong 3/4-byte forms, surrogates, > U+10FFFF */
+        uint32_t lo, hi;
+        partial_range(*acc, *rem, *len, &lo, &hi);
+        return lo > hi ? -1 : 0;
+    }
+    static const uint32_t min_of[5] = {0, 0, 0x80, 0x800, 0x10000};
+    if (*acc < min_of[*len] || *acc > 0x10FFFF || (*acc >= 0xD800 && *acc <= 0xDFFF))
+        return -1;
+    *cp = *acc;
+    return 1;
+}
+
+ks_status grammar_state_create(struct grammar *g, const struct grammar_vocab *v, int32_t max_tokens,
+                               struct grammar_state **out)
+{
+    if (!g || !out)
+        return ks_fail(KS_ERR_INVALID_ARG, "grammar_state_create: NULL argument");
+    if (max_tokens > 0 && grammar_min_bytes(g) > max_tokens)
+        return ks_fail(KS_ERR_RANGE,
+                       "max_tokens %d is too small for the grammar: its shortest output is %d bytes, and completing it "
+                       "is only guaranteed at one token per byte; raise max_tokens to at least %d",
+                       max_tokens, grammar_min_bytes(g), grammar_min_bytes(g));
+    struct grammar_state *st = calloc(1, sizeof *st);
+    if (!st)
+        return ks_fail(KS_ERR_NOMEM, "grammar: out of memory while matching");
+    st->g = g;
+    grammar_retain(g);
+    st->v = v;
+    st->remaining = max_tokens < 0 ? INT32_MAX : max_tokens;
+    int32_t W = v ? v->max_len + 1 : 1;
+    st->w_set = malloc((size_t)W * sizeof *st->w_set);
+    st->w_acc = malloc((size_t)W * sizeof *st->w_acc);
+    st->w_rem = malloc((size_t)W);
+    st->w_len = malloc((size_t)W);
+    st->scratch = v ? calloc(((size_t)v->n_vocab + 63) / 64, sizeof *st->scratch) : NULL;
+    st->cap_nodes = 1024;
+    st->npos = malloc((size_t)st->cap_nodes * sizeof *st->npos);
+    st->nparent = malloc((size_t)st->cap_nodes * sizeof *st->nparent);
+    st->nD = malloc((size_t)st->cap_nodes * sizeof *st->nD);
+    if (!st->w_set || !st->w_acc || !st->w_rem || !st->w_len || (v && !st->scratch) || !st->npos || !st->nparent ||
+        !st->nD || !sets_grow(st, 2) || !set_slots_grow(st)) {
+        grammar_state_free(st);
+        return ks_fail(KS_ERR_NOMEM, "grammar: out of memory while matching");
+    }
+    /* node 0: the empty stack (not in the node table: (0, 0) is a real stack) */
+    st->npos[COMPLETE] = -1;
+    st->nparent[COMPLETE] = COMPLETE;
+    st->nD[COMPLETE] = 0;
+    st->n_nodes = 1;
+    /* set 0: the empty set (not in the set table: interning nothing gives DEAD) */
+    st->soff[0] = st->soff[1] = 0;
+    st->shash[0] = 0;
+    st->sD[0] = GRAMMAR_INF;
+    st->sascii[0] = NULL;
+    st->smask[0] = NULL;
+    st->smaskD[0] = 0;
+    st->n_sets = 1;
+    st->n_tmp = 0;
+    st->expand_work = 0;
+    bool ok = true;
+    for (int32_t a = g->rule_alt[g->root]; ok && a < g->rule_alt[g->root + 1]; a++)
+        ok = expand(st, g->alt_start[a], COMPLETE, 0);
+    int32_t init = ok ? set_intern(st) : -1;
+    if (init < 0) {
+        ks_status s = st->err;
+        grammar_state_free(st);
+        return s;
+    }
+    st->cur = init;
+    *out = st;
+    return KS_OK;
+}
+
+void grammar_state_free(struct grammar_state *st)
+{
+    if (!st)
+        return;
+    for (int32_t s = 0; s < st->n_sets; s++) {
+        free(st->sascii[s]);
+        free(st->smask[s]);
+    }
+    free(st->npos);
+    free(st->nparent);
+    free(st->nD);
+    table_free(&st->node_tab);
+    free(st->soff);
+    free(st->members);
+    free(st->shash);
+    free(st->sD);
+    free(st->sascii);
+    free(st->smask);
+    free(st->smaskD);
+    free(st->set_slots);
+    table_free(&st->trans);
+    free(st->tmp);
+    free(st->scratch);
+    free(st->w_set);
+    free(st->w_acc);
+    free(st->w_rem);
+    free(st->w_len);
+    grammar_free(st->g);
+    free(st);
+}
+
+static bool set_complete(const struct grammar_state *st, int32_t set)
+{
+    return set != DEAD && st->members[st->soff[set]] == COMPLETE; /* sorted: node 0 comes first */
+}
+
+bool grammar_complete(const struct grammar_state *st)
+{
+    return st->prem == 0 && set_complete(st, st->cur);
+}
+
+/* ---- masking ---------------------------------------------------------------------------- */
+
+/* Walk the trie from the current set and partial character; set the bit of
+ * every token allowed with at most `budget` bytes left to complete after it
+ * (GRAMMAR_INF: no budget). *maxD receives the largest such D. */
+static ks_status walk(struct grammar_state *st, int32_t budget, uint64_t *mask, int32_t *maxD)
+{
+    const struct grammar_vocab *v = st->v;
+    size_t words = ((size_t)v->n_vocab + 63) / 64;
+    memset(mask, 0, words * sizeof *mask);
+    st->walks++;
+    int32_t worst = 0;
+    st->w_set[0] = st->cur;
+    st->w_acc[0] = st->pacc;
+    st->w_rem[0] = (int8_t)st->prem;
+    st->w_len[0] = (int8_t)st->plen;
+    for (int32_t i = 1; i < v->n_nodes;) {
+        int d = v->depth[i];
+        int32_t set = st->w_set[d - 1];
+        uint32_t acc = st->w_acc[d - 1], cp = 0;
+        int rem = st->w_rem[d - 1], len = st->w_len[d - 1];
+        int r = utf8_feed(&acc, &rem, &len, v->byte[i], &cp);
+        int32_t D = GRAMMAR_INF;
+        if (r == 1) {
+            set = step(st, set, cp);
+            if (set < 0)
+                return st->err;
+            D = st->sD[set];
+        } else if (r == 0) {
+            uint32_t lo, hi;
+            partial_range(acc, rem, len, &lo, &hi);
+            D = partial_D(st, set, lo, hi, rem);
+        }
+        if (r < 0 || D >= GRAMMAR_INF) {
+            i = v->end[i]; /* nothing under this prefix */
+            continue;
+        }
+        st->w_set[d] = set;
+        st->w_acc[d] = acc;
+        st->w_rem[d] = (int8_t)rem;
+        st->w_len[d] = (int8_t)len;
+        if (v->tok_head[i] >= 0 && D <= budget) {
+            for (int32_t t = v->tok_head[i]; t >= 0; t = v->tok_next[t])
+                mask[t >> 6] |= 1ull << (t & 63);
+            if (D > worst)
+                worst = D;
+        }
+        i++;
+    }
+    if (grammar_complete(st))
+        for (int32_t k = 0; k < v->n_eog; k++)
+            mask[v->eog[k] >> 6] |= 1ull << (v->eog[k] & 63);
+    *maxD = worst;
+    return KS_OK;
+}
+
+static bool mask_any(const uint64_t *mask, size_t words)
+{
+    for (size_t i = 0; i < words; i++)
+        if (mask[i])
+            return true;
+    return false;
+}
+
+ks_status grammar_mask(struct grammar_state *st, float *logits, int32_t n_logits)
+{
+    if (!st->v)
+        return ks_fail(KS_ERR_STATE, "grammar_mask: the state has no vocabulary");
+    const struct grammar_vocab *v = st->v;
+    size_t words = ((size_t)v->n_vocab + 63) / 64;
+    const uint64_t *mask = NULL;
+    if (st->done) {
+        memset(st->scratch, 0, words * sizeof *st->scratch);
+        for (int32_t k = 0; k < v->n_eog; k++)
+            st->scratch[v->eog[k] >> 6] |= 1ull << (v->eog[k] & 63);
+        mask = st->scratch;
+    } else if (st->remaining <= 0) {
+        return ks_fail(KS_ERR_STATE, "grammar: the token budget is spent");
+    } else {
+        /* after this token, remaining - 1 tokens are left, one byte each at worst */
+        int32_t budget = st->remaining - 1;
+        if (st->prem == 0) {
+            int32_t set = st->cur;
+            if (!st->smask[set]) {
+                uint64_t *m = malloc(words * sizeof *m);
+                if (!m)
+                    return oom();
+                int32_t maxD = 0;
+                ks_status s = walk(st, GRAMMAR_INF, m, &maxD);
+                if (s) {
+                    free(m);
+                    return s;
+                }
+                if (st->mask_bytes + words * 8 > MASK_CACHE_BYTES) {
+                    for (int32_t k = 0; k < st->n_sets; k++) {
+                        free(st->smask[k]);
+                        st->smask[k] = NULL;
+                    }
+                    st->mask_bytes = 0;
+                }
+                st->smask[set] = m;
+                st->smaskD[set] = maxD;
+                st->mask_bytes += words * 8;
+            }
+            if (st->smaskD[set] <= budget)
+                mask = st->smask[set];
+        }
+        if (!mask) {
+            int32_t maxD;
+            ks_status s = walk(st, budget, st->scratch, &maxD);
+            if (s)
+                return s;
+            mask = st->scratch;
+        }
+    }
+    if (!mask_any(mask, words))
+        return ks_fail(KS_ERR_STATE, "grammar: no token of the vocabulary can continue the text (the vocabulary "
+                                     "cannot spell what the grammar needs next)");
+    /* a word at a time: masks are mostly runs of all-allowed or all-refused tokens */
+    int32_t n = n_logits < v->n_vocab ? n_logits : v->n_vocab;
+    for (int32_t base = 0; base < n; base += 64) {
+        uint64_t m = mask[base >> 6];
+        int32_t len = n - base < 64 ? n - base : 64;
+        if (m == ~0ull)
+            continue;
+        if (m == 0) {
+            for (int32_t j = 0; j < len; j++)
+                logits[base + j] = -INFINITY;
+            continue;
+        }
+#ifdef __AVX512F__
+        if (len == 64) {
+            const __m512 ninf = _mm512_set1_ps(-INFINITY);
+            for (int j = 0; j < 64; j += 16)
+                _mm512_mask_storeu_ps(logits + base + j, (__mmask16)(~(m >> j) & 0xFFFFu), ninf);
+            continue;
+        }
+#endif
+        for (int32_t j = 0; j < len; j++)
+            if (!((m >> j) & 1))
+                logits[base + j] = -INFINITY;
+    }
+    for (int32_t i = n; i < n_logits; i++)
+        logits[i] = -INFINITY;
+    return KS_OK;
+}
+
+/* ---- accepting -------------------------------------------------------------------------- */
+
+static ks_status feed(struct grammar_state *st, const char *text, size_t len)
+{
+    int32_t set = st->cur;
+    uint32_t acc = st->pacc;
+    int rem = st->prem, plen = st->plen;
+    for (size_t i = 0; i < len; i++) {
+        uint32_t cp;
+        int r = utf8_feed(&acc, &rem, &plen, (uint8_t)text[i], &cp);
+        if (r < 0)
+            return ks_fail(KS_ERR_INVALID_ARG, "grammar: invalid UTF-8 at byte %zu", i);
+        if (r == 0)
+            continue;
+        set = step(st, set, cp);
+        if (set < 0)
+            return st->err;
+        if (set == DEAD)
+            return ks_fail(KS_ERR_INVALID_ARG, "grammar: the text does not match at byte %zu (character U+%04X)", i,
+                           cp);
+    }
+    if (rem > 0) {
+        uint32_t lo, hi;
+        partial_range(acc, rem, plen, &lo, &hi);
+        if (partial_D(st, set, lo, hi, rem) >= GRAMMAR_INF)
+            return ks_fail(KS_ERR_INVALID_ARG, "grammar: the text ends in a character the grammar cannot take");
+    }
+    st->cur = set;
+    st->pacc = acc;
+    st->prem = rem;
+    st->plen = plen;
+    return KS_OK;
+}
+
+ks_status grammar_accept_text(struct grammar_state *st, const char *text, size_t len)
+{
+    if (st->done)
+        return ks_fail(KS_ERR_INVALID_ARG, "grammar: text after the end of generation");
+    return feed(st, text, len);
+}
+
+ks_status grammar_accept(struct grammar_state *st, int32_t token)
+{
+    const struct grammar_vocab *v = st->v;
+    if (!v || token < 0 || token >= v->n_vocab)
+        return ks_fail(KS_ERR_INVALID_ARG, "grammar: token %d is outside the vocabulary", token);
+    if (st->remaining <= 0 && !st->done)
+        return ks_fail(KS_ERR_INVALID_ARG, "grammar: token %d is past the token budget", token);
+    if (v->kind[token] == GRAMMAR_TOKEN_EOG) {
+        if (!st->done && !grammar_complete(st))
+            return ks_fail(KS_ERR_INVALID_ARG, "grammar: end of generation (token %d) before the text is complete",
+                           token);
+        st->done = true;
+        return KS_OK;
+    }
+    if (v->kind[token] != GRAMMAR_TOKEN_TEXT)
+        return ks_fail(KS_ERR_INVALID_ARG, "grammar: special token %d is never allowed", token);
+    if (st->done)
+        return ks_fail(KS_ERR_INVALID_ARG, "grammar: token %d after the end of generation", token);
+    ks_status s = feed(st, v->blob + v->off[token], v->off[token + 1] - v->off[token]);
+    if (!s)
+        st->remaining--;
+    return s;
+}
+
+bool grammar_match(struct grammar *g, const char *text, size_t len)
+{
+    struct grammar_state *st;
+    if (grammar_state_create(g, NULL, -1, &st))
+        return false;
+    bool ok = grammar_accept_text(st, text, len) == KS_OK;
+    if (ok && !grammar_complete(st)) {
+        ks_fail(KS_ERR_INVALID_ARG, "grammar: the text is a prefix of the language but does not complete it");
+        ok = false;
+    }
+    grammar_state_free(st);
+    return ok;
+}
+
+uint64_t grammar_state_walks(const struct grammar_state *st)
+{
+    return st->walks;
+}
