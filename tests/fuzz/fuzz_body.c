@@ -4,13 +4,16 @@
  * strings, sampling options, max_tokens), in process, without a daemon, a
  * scheduler or a model.
  *
- * Input: byte 0 picks the route (bit 0: chat), the chat template family
- * (bits 1-3) and a small or the default context (bit 4); the rest is the body.
+ * Input: byte 0 picks the route (bit 0: chat), a hand-written chat family
+ * (bits 1-3) or the Jinja template (bit 5 clear: the vocabulary's template as
+ * serve parses it), and a small or the default context (bit 4); the rest is
+ * the body (messages, tools, response_format, grammar, options).
  *
  * Oracle: no crash, over-read or leak (ASan), and either a request whose
- * fields hold their documented ranges, or a 400 whose body is OpenAI's error
- * shape. A 500 is a bug here: the only 500s are out of memory and tokenizer
- * failures, and neither may happen on a body this size. */
+ * fields hold their documented ranges, or a 4xx status with a message (the
+ * dispatcher writes OpenAI's error from it). A 500 is a bug here: the only
+ * 500s are out of memory and tokenizer failures, and neither may happen on a
+ * body this size. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,6 +39,12 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     /* the BPE vocabulary with the special tokens the chat templates write */
     srv.tok = fuzz_load_vocab("ggml-vocab-llama3.gguf");
     pthread_mutex_init(&srv.mu, NULL);
+    /* as serve sets it up: the vocabulary's chat template (else the built-in
+     * ChatML one) parsed once, and the grammar trie for response_format */
+    struct server_config cfg;
+    server_config_default(&cfg);
+    check(server_chat_setup(&srv, &cfg) == KS_OK, "chat template setup");
+    check(grammar_vocab_from_tokenizer(srv.tok, &srv.grammar_vocab) == KS_OK, "grammar vocabulary");
     return 0;
 }
 
@@ -43,7 +52,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
  * from the status and ks_errmsg(). */
 static void check_rejection(ks_status st, const struct reply *r)
 {
-    check(st == KS_ERR_INVALID_ARG && server_http_status(st) == 400, "a rejected body is a 400");
+    unsigned http = server_http_status(st);
+    check(http >= 400 && http < 500, "a rejected body is a 4xx");
     check(ks_errmsg()[0] != '\0', "the rejection says why");
     check(r->body == NULL, "the route leaves the error body to the dispatcher");
 }
@@ -72,6 +82,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     bool chat = data[0] & 1;
     srv.chat = (enum tok_chat_family)(((data[0] >> 1) & 7) % TOK_CHAT_COUNT);
+    srv.chat_family = data[0] & 32; /* a named hand-written family, else the Jinja template */
     srv.cfg.ctx_size = data[0] & 16 ? 64 : 4096;
     /* an exact-size copy, so ASan sees any read past the body's end */
     size_t len = size - 1;
