@@ -18,7 +18,7 @@ struct model_ctx {
     float *q;                    /* (B, n_head * head_dim) */
     float *k, *v;                /* (B, n_head_kv * head_dim) */
     float *att;                  /* (B, n_head * head_dim) attention output */
-    float *hb, *hb2;             /* (B, n_ff) gate and up; (B, n_ff_exp) of one expert */
+    float *hb, *hb2;             /* (B, n_ff) gate and up; MoE: (B * n_expert_used, n_ff_exp) grouped */
     /* mixture of experts (n_expert > 0) */
     float *router;               /* (B, n_expert) router logits, then probabilities */
     int32_t *sel;                /* (B, n_expert_used) selected experts of each token, in llama.cpp's order */
@@ -26,7 +26,7 @@ struct model_ctx {
     int32_t *exp_start;          /* (n_expert + 1) first grouped row of each expert */
     int32_t *grp_tok;            /* (B * n_expert_used) token of each grouped row */
     int32_t *row_of;             /* (B, n_expert_used) grouped row of each (token, slot) */
-    float *xg;                   /* (B * n_expert_used, n_embd) grouped inputs, then expert outputs */
+    float *xg;                   /* (B * n_expert_used, n_embd) expert outputs, grouped */
     float *rope_cs;              /* (B, n_rot / 2, 2) cos and sin of each token's angles */
     struct attn_query *queries;  /* (B) */
     int32_t *out_rows;           /* (B) batch index of each logits row */
@@ -63,6 +63,16 @@ static size_t max_work(const struct model *m, int32_t B)
             mats[0] = &L->wq, mats[1] = &L->wk, mats[2] = &L->wv, mats[3] = &L->wo;
             mats[4] = &L->w_router, mats[5] = &gate_e, mats[6] = &up_e, mats[7] = &down_e;
             n_mats = 8;
+        }
+        if (L && m->hp.n_expert > 0) {
+            /* grouped: gate/up read the B token rows, down its B * k grouped rows */
+            int64_t g = (int64_t)B * m->hp.n_expert_used;
+            size_t w = quant_matmul_experts_work_size(gate_e.type, gate_e.cols, B, g);
+            best = w > best ? w : best;
+            w = quant_matmul_experts_work_size(up_e.type, up_e.cols, B, g);
+            best = w > best ? w : best;
+            w = quant_matmul_experts_work_size(down_e.type, down_e.cols, g, g);
+            best = w > best ? w : best;
         }
         for (int i = 0; i < n_mats; i++) {
             int s = 0;
@@ -106,7 +116,8 @@ ks_status model_ctx_create(const struct model *m, int32_t max_batch_tokens, thre
     c->k = malloc(B * kv_dim * sizeof(float));
     c->v = malloc(B * kv_dim * sizeof(float));
     c->att = malloc(B * q_dim * sizeof(float));
-    size_t ff = (size_t)(hp->n_expert > 0 ? hp->n_ff_exp : hp->n_ff); /* a MoE file's n_ff is not run */
+    /* a MoE file's n_ff is not run; its experts' hidden rows are grouped, k per token */
+    size_t ff = hp->n_expert > 0 ? (size_t)hp->n_ff_exp * (size_t)hp->n_expert_used : (size_t)hp->n_ff;
     c->hb = malloc(B * ff * sizeof(float));
     c->hb2 = malloc(B * ff * sizeof(float));
     bool moe = hp->n_expert > 0;
@@ -492,18 +503,8 @@ static void group_by_expert(struct model_ctx *c, int64_t n)
 
 struct rows_job {
     struct model_ctx *c;
-    int64_t n;                   /* grouped rows (gather) or tokens (combine) */
+    int64_t n;                   /* tokens */
 };
-
-/* xg[r] = xb[grp_tok[r]] */
-static void gather_task(void *p, int ith, int nth)
-{
-    const struct rows_job *j = p;
-    int64_t D = j->c->m->hp.n_embd, lo, hi;
-    threads_split(j->n, ith, nth, &lo, &hi);
-    for (int64_t r = lo; r < hi; r++)
-        memcpy(j->c->xg + r * D, j->c->xb + (int64_t)j->c->grp_tok[r] * D, sizeof(float) * (size_t)D);
-}
 
 /* x[t] += sum over slots j of w[t][j] * expert output, the products rounded
  * and added in slot order as llama.cpp's chain of ggml_add does. */
@@ -543,24 +544,35 @@ static ks_status moe_block(struct model_ctx *c, int il, int64_t n)
     threads_run(elementwise_pool(c, n), route_task, &rj);
     /* group the tokens by expert, so each expert's weights stream once for all its tokens */
     group_by_expert(c, n);
+    /* every selected expert's SwiGLU, all experts in one parallel region per step:
+     * hb = silu(gate_e(xb[t])) * up_e(xb[t]) for each grouped (token t, expert e) */
+    struct quant_moe_mm gu = {
+        .wtype = L->gate_exps.type, .rows = F, .cols = D, .W = L->gate_exps.data, .W2 = L->up_exps.data,
+        .stride = L->gate_exps.stride, .n_expert = hp->n_expert, .start = c->exp_start, .X = c->xb,
+        .x_rows = c->grp_tok, .n_x = n, .Y = c->hb, .Y2 = c->hb2, .swiglu = true,
+    };
     int64_t n_rows = n * hp->n_expert_used;
-    struct rows_job gj = {c, n_rows};
-    threads_run(elementwise_pool(c, n_rows), gather_task, &gj);
-    /* each selected expert: SwiGLU over its tokens; the output replaces its input rows */
-    for (int e = 0; e < hp->n_expert; e++) {
-        int64_t cnt = c->exp_start[e + 1] - c->exp_start[e];
-        if (cnt == 0)
-            continue;
-        float *xe = c->xg + (int64_t)c->exp_start[e] * D;
-        struct model_mat gate = model_expert_mat(&L->gate_exps, e), up = model_expert_mat(&L->up_exps, e);
-        struct model_mat down = model_expert_mat(&L->down_exps, e);
-        if ((st = matmul(c, &gate, xe, cnt, c->hb)) || (st = matmul(c, &up, xe, cnt, c->hb2)))
+    if (L->up_exps.type == L->gate_exps.type) {
+        if ((st = quant_matmul_experts(c->pool, &gu, c->work, c->work_size)))
             return st;
-        struct swiglu_job sj = {c->hb, c->hb2, cnt * F};
-        threads_run(elementwise_pool(c, cnt), swiglu_task, &sj);
-        if ((st = matmul(c, &down, c->hb, cnt, xe)))
+    } else { /* a mix that quantized gate and up differently: one pass each */
+        struct quant_moe_mm up = gu;
+        gu.W2 = NULL, gu.Y2 = NULL, gu.swiglu = false;
+        up.wtype = L->up_exps.type, up.W = L->up_exps.data, up.stride = L->up_exps.stride, up.W2 = NULL;
+        up.Y = c->hb2, up.Y2 = NULL, up.swiglu = false;
+        if ((st = quant_matmul_experts(c->pool, &gu, c->work, c->work_size)) ||
+            (st = quant_matmul_experts(c->pool, &up, c->work, c->work_size)))
             return st;
+        struct swiglu_job sj = {c->hb, c->hb2, n_rows * F};
+        threads_run(elementwise_pool(c, n_rows), swiglu_task, &sj);
     }
+    /* xg = down_e(hb), grouped */
+    struct quant_moe_mm dn = {
+        .wtype = L->down_exps.type, .rows = D, .cols = F, .W = L->down_exps.data, .stride = L->down_exps.stride,
+        .n_expert = hp->n_expert, .start = c->exp_start, .X = c->hb, .n_x = n_rows, .Y = c->xg,
+    };
+    if ((st = quant_matmul_experts(c->pool, &dn, c->work, c->work_size)))
+        return st;
     /* weighted sum of each token's experts, residual */
     struct rows_job cj = {c, n};
     threads_run(elementwise_pool(c, n), combine_task, &cj);
