@@ -847,8 +847,10 @@ static void ex_pack_unit(struct ex_run *r, int64_t u)
         const struct ex_expert *x = &r->ex[i];
         if (x->pack != EX_PACK_OWN || u-- > 0)
             continue;
+#if defined(QUANT_HAVE_AVX512)
         const int32_t *idx = p->x_rows ? p->x_rows + x->t0 : NULL;
         const float *X = p->x_rows ? p->X : p->X + x->t0 * cols;
+#endif
         switch (x->path) {
 #if defined(QUANT_HAVE_AVX512)
         case MM_Q8_PREFILL:
@@ -940,6 +942,7 @@ static bool ex_rows(struct ex_run *r, const struct ex_expert *x, int mat, int64_
         return true;
 #endif
     default:
+        (void)sc;
         generic_chunks(&m, r0 / MM_ROW_CHUNK, ceil_div(r1, MM_ROW_CHUNK));
         return true;
     }
