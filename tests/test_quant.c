@@ -444,6 +444,109 @@ static void test_work_size_monotonic(void **state)
     assert_int_equal(quant_matmul_work_size(QUANT_Q4_0, 33, 1), 0);
 }
 
+/* quant_matmul_experts gives the bits of one quant_matmul per expert (and of
+ * quant_swiglu over its rows): token counts per expert 0..20 reach the decode
+ * and prefill kernels, grouped rows read X through x_rows (tokens shared by
+ * several experts) or directly. */
+static void check_experts(threads_pool *pool, enum quant_type wtype, int64_t rows, int64_t cols, int n_expert,
+                          const int *counts, bool pair)
+{
+    const struct quant_traits *wt = quant_traits(wtype);
+    size_t wrow = quant_row_size(wtype, cols), stride = wrow * (size_t)rows;
+    int32_t start[17] = {0};
+    for (int e = 0; e < n_expert; e++)
+        start[e + 1] = start[e] + counts[e];
+    int64_t G = start[n_expert], n_x = pair ? 23 : G;
+    uint8_t *W = malloc(stride * n_expert), *W2 = malloc(stride * n_expert);
+    float *wf = malloc(cols * sizeof(float)), *X = malloc(n_x * cols * sizeof(float));
+    float *xg = malloc(G * cols * sizeof(float));
+    float *Y = malloc(G * rows * sizeof(float)), *Y2 = malloc(G * rows * sizeof(float));
+    float *R = malloc(G * rows * sizeof(float)), *R2 = malloc(G * rows * sizeof(float));
+    int32_t *x_rows = malloc(G * sizeof(int32_t));
+    for (int64_t r = 0; r < rows * n_expert; r++) {
+        fill_random(wf, cols, 1.0f);
+        wt->from_float(wf, W + r * wrow, cols);
+        fill_random(wf, cols, 1.0f);
+        wt->from_float(wf, W2 + r * wrow, cols);
+    }
+    fill_random(X, n_x * cols, 3.0f);
+    for (int64_t g = 0; g < G; g++)
+        x_rows[g] = pair ? (int32_t)(rnd32() % n_x) : (int32_t)g;
+    size_t ws = quant_matmul_experts_work_size(wtype, cols, n_x, G);
+    for (int64_t n = 1; n <= G; n++) {
+        size_t w1 = quant_matmul_work_size(wtype, cols, n);
+        ws = w1 > ws ? w1 : ws;
+    }
+    void *work = malloc(ws);
+    struct quant_moe_mm p = {
+        .wtype = wtype, .rows = rows, .cols = cols, .W = W, .W2 = pair ? W2 : NULL, .stride = stride,
+        .n_expert = n_expert, .start = start, .X = X, .x_rows = pair ? x_rows : NULL, .n_x = n_x, .Y = Y,
+        .Y2 = pair ? Y2 : NULL, .swiglu = pair,
+    };
+    assert_int_equal(quant_matmul_experts(pool, &p, work, ws), KS_OK);
+    for (int64_t g = 0; g < G; g++)
+        memcpy(xg + g * cols, X + (int64_t)x_rows[g] * cols, cols * sizeof(float));
+    for (int e = 0; e < n_expert; e++) {
+        int64_t n = counts[e], t0 = start[e];
+        if (!n)
+            continue;
+        assert_int_equal(quant_matmul(pool, W + e * stride, wtype, rows, cols, xg + t0 * cols, n, R + t0 * rows,
+                                      work, ws), KS_OK);
+        if (pair) {
+            assert_int_equal(quant_matmul(pool, W2 + e * stride, wtype, rows, cols, xg + t0 * cols, n,
+                                          R2 + t0 * rows, work, ws), KS_OK);
+            quant_swiglu(R + t0 * rows, R2 + t0 * rows, n * rows);
+        }
+    }
+    for (int64_t i = 0; i < G * rows; i++)
+        if (memcmp(&Y[i], &R[i], sizeof(float)))
+            fail_msg("%s rows=%lld cols=%lld pair=%d: grouped row %lld col %lld = %.9g, per expert %.9g", wt->name,
+                     (long long)rows, (long long)cols, pair, (long long)(i / rows), (long long)(i % rows), Y[i], R[i]);
+    free(W), free(W2), free(wf), free(X), free(xg), free(Y), free(Y2), free(R), free(R2), free(x_rows), free(work);
+}
+
+static void test_matmul_experts_vs_per_expert(void **state)
+{
+    (void)state;
+    const int counts[][8] = {{1, 0, 0, 1, 0, 0, 0, 1}, {2, 3, 0, 7, 8, 1, 0, 5}, {9, 0, 16, 17, 20, 0, 4, 1}};
+    const enum quant_type types[] = {QUANT_F32, QUANT_F16, QUANT_BF16, QUANT_Q4_0, QUANT_Q4_1, QUANT_Q5_0,
+                                     QUANT_Q8_0, QUANT_Q4_K, QUANT_Q6_K};
+    for (int th = 1; th <= 2; th++) {
+        threads_pool *pool;
+        assert_int_equal(threads_create(th, &pool), KS_OK);
+        for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+            bool kq = types[ti] == QUANT_Q4_K || types[ti] == QUANT_Q6_K;
+            for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++)
+                for (int pair = 0; pair < 2; pair++) {
+                    check_experts(pool, types[ti], 80, kq ? 512 : 96, 8, counts[c], pair);
+                    check_experts(pool, types[ti], 144, kq ? 256 : 2048 + 32, 8, counts[c], pair);
+                }
+        }
+        threads_free(pool);
+    }
+}
+
+static void test_matmul_experts_rejects_bad_args(void **state)
+{
+    (void)state;
+    float x[64] = {0}, y[64];
+    uint8_t w[1024] = {0}, work[65536];
+    int32_t start[3] = {0, 1, 1};
+    struct quant_moe_mm p = {.wtype = QUANT_Q4_0, .rows = 2, .cols = 32, .W = w, .stride = 2 * sizeof(block_q4_0),
+                             .n_expert = 2, .start = start, .X = x, .n_x = 1, .Y = y};
+    assert_int_equal(quant_matmul_experts(NULL, &p, work, sizeof work), KS_OK);
+    p.swiglu = true; /* needs W2 */
+    assert_int_equal(quant_matmul_experts(NULL, &p, work, sizeof work), KS_ERR_INVALID_ARG);
+    p.swiglu = false, p.n_x = 2; /* without x_rows, one X row per grouped row */
+    assert_int_equal(quant_matmul_experts(NULL, &p, work, sizeof work), KS_ERR_INVALID_ARG);
+    p.n_x = 1, p.stride = 1;
+    assert_int_equal(quant_matmul_experts(NULL, &p, work, sizeof work), KS_ERR_INVALID_ARG);
+    p.stride = 2 * sizeof(block_q4_0);
+    assert_int_equal(quant_matmul_experts(NULL, &p, work, 1), KS_ERR_INVALID_ARG);
+    p.wtype = QUANT_Q8_1;
+    assert_int_equal(quant_matmul_experts(NULL, &p, work, sizeof work), KS_ERR_UNSUPPORTED);
+}
+
 /* The SIMD SwiGLU agrees with the libm reference over the whole useful range,
  * at every tail length. */
 static void test_swiglu_simd_vs_scalar(void **state)
@@ -499,6 +602,8 @@ int main(void)
         cmocka_unit_test(test_matmul_vs_naive),
         cmocka_unit_test(test_matmul_rejects_bad_args),
         cmocka_unit_test(test_work_size_monotonic),
+        cmocka_unit_test(test_matmul_experts_vs_per_expert),
+        cmocka_unit_test(test_matmul_experts_rejects_bad_args),
         cmocka_unit_test(test_get_row),
         cmocka_unit_test(test_swiglu_simd_vs_scalar),
     };

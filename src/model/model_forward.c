@@ -18,15 +18,16 @@ struct model_ctx {
     float *q;                    /* (B, n_head * head_dim) */
     float *k, *v;                /* (B, n_head_kv * head_dim) */
     float *att;                  /* (B, n_head * head_dim) attention output */
-    float *hb, *hb2;             /* (B, n_ff) gate and up; (B, n_ff_exp) of one expert */
+    float *hb, *hb2;             /* (B, n_ff) gate and up; MoE: (C * n_expert_used, n_ff_exp) grouped */
     /* mixture of experts (n_expert > 0) */
     float *router;               /* (B, n_expert) router logits, then probabilities */
     int32_t *sel;                /* (B, n_expert_used) selected experts of each token, in llama.cpp's order */
     float *sel_w;                /* (B, n_expert_used) their weights */
+    /* C = min(B, MOE_CHUNK_TOKENS) tokens run their experts together */
     int32_t *exp_start;          /* (n_expert + 1) first grouped row of each expert */
-    int32_t *grp_tok;            /* (B * n_expert_used) token of each grouped row */
-    int32_t *row_of;             /* (B, n_expert_used) grouped row of each (token, slot) */
-    float *xg;                   /* (B * n_expert_used, n_embd) grouped inputs, then expert outputs */
+    int32_t *grp_tok;            /* (C * n_expert_used) token of each grouped row, from the chunk's first */
+    int32_t *row_of;             /* (C, n_expert_used) grouped row of each (token, slot) */
+    float *xg;                   /* (C * n_expert_used, n_embd) expert outputs, grouped */
     float *rope_cs;              /* (B, n_rot / 2, 2) cos and sin of each token's angles */
     struct attn_query *queries;  /* (B) */
     int32_t *out_rows;           /* (B) batch index of each logits row */
@@ -36,6 +37,13 @@ struct model_ctx {
 };
 
 /* ---- context ------------------------------------------------------------ */
+
+/* Tokens whose experts run together: the grouped buffers (hb, hb2, xg) hold
+ * MOE_CHUNK_TOKENS * n_expert_used rows at most, whatever the batch. At 512
+ * (llama.cpp's default ubatch) a prefill reads each expert once per 512 tokens. */
+#define MOE_CHUNK_TOKENS 512
+
+static int64_t moe_chunk(int64_t B) { return B < MOE_CHUNK_TOKENS ? B : MOE_CHUNK_TOKENS; }
 
 /* The largest matmul scratch any batch of 1..B tokens needs: the quant
  * module's size is not monotonic in the token count (decode and prefill
@@ -63,6 +71,16 @@ static size_t max_work(const struct model *m, int32_t B)
             mats[0] = &L->wq, mats[1] = &L->wk, mats[2] = &L->wv, mats[3] = &L->wo;
             mats[4] = &L->w_router, mats[5] = &gate_e, mats[6] = &up_e, mats[7] = &down_e;
             n_mats = 8;
+        }
+        if (L && m->hp.n_expert > 0) {
+            /* grouped, a chunk of tokens at a time: gate/up read its token rows, down its k per token */
+            int64_t nt = moe_chunk(B), g = nt * m->hp.n_expert_used;
+            size_t w = quant_matmul_experts_work_size(gate_e.type, gate_e.cols, nt, g);
+            best = w > best ? w : best;
+            w = quant_matmul_experts_work_size(up_e.type, up_e.cols, nt, g);
+            best = w > best ? w : best;
+            w = quant_matmul_experts_work_size(down_e.type, down_e.cols, g, g);
+            best = w > best ? w : best;
         }
         for (int i = 0; i < n_mats; i++) {
             int s = 0;
@@ -106,9 +124,11 @@ ks_status model_ctx_create(const struct model *m, int32_t max_batch_tokens, thre
     c->k = malloc(B * kv_dim * sizeof(float));
     c->v = malloc(B * kv_dim * sizeof(float));
     c->att = malloc(B * q_dim * sizeof(float));
-    size_t ff = (size_t)(hp->n_expert > 0 ? hp->n_ff_exp : hp->n_ff); /* a MoE file's n_ff is not run */
-    c->hb = malloc(B * ff * sizeof(float));
-    c->hb2 = malloc(B * ff * sizeof(float));
+    /* a MoE file's n_ff is not run; its experts' hidden rows are grouped, k per token of a chunk */
+    size_t hrows = hp->n_expert > 0 ? (size_t)moe_chunk(max_batch_tokens) * (size_t)hp->n_expert_used : B;
+    size_t ff = (size_t)(hp->n_expert > 0 ? hp->n_ff_exp : hp->n_ff);
+    c->hb = malloc(hrows * ff * sizeof(float));
+    c->hb2 = malloc(hrows * ff * sizeof(float));
     bool moe = hp->n_expert > 0;
     if (moe) {
         size_t k = (size_t)hp->n_expert_used;
@@ -116,9 +136,9 @@ ks_status model_ctx_create(const struct model *m, int32_t max_batch_tokens, thre
         c->sel = malloc(B * k * sizeof(int32_t));
         c->sel_w = malloc(B * k * sizeof(float));
         c->exp_start = malloc(((size_t)hp->n_expert + 1) * sizeof(int32_t));
-        c->grp_tok = malloc(B * k * sizeof(int32_t));
-        c->row_of = malloc(B * k * sizeof(int32_t));
-        c->xg = malloc(B * k * (size_t)hp->n_embd * sizeof(float));
+        c->grp_tok = malloc(hrows * sizeof(int32_t));
+        c->row_of = malloc(hrows * sizeof(int32_t));
+        c->xg = malloc(hrows * (size_t)hp->n_embd * sizeof(float));
     }
     c->rope_cs = malloc(B * (size_t)(hp->n_rot > 0 ? hp->n_rot : 1) * sizeof(float));
     c->queries = malloc(B * sizeof *c->queries);
@@ -466,22 +486,24 @@ static void route_task(void *p, int ith, int nth)
         route_token(j->c->router + t * E, E, k, j->c->sel + t * k, j->c->sel_w + t * k);
 }
 
-/* Counting sort of the (token, slot) pairs by expert: expert e's tokens are
- * grouped rows exp_start[e] .. exp_start[e + 1], in token order. */
-static void group_by_expert(struct model_ctx *c, int64_t n)
+/* Counting sort of the (token, slot) pairs of tokens t0 .. t0 + n by expert:
+ * expert e's tokens are grouped rows exp_start[e] .. exp_start[e + 1], in
+ * token order; grp_tok and row_of count tokens from t0. */
+static void group_by_expert(struct model_ctx *c, int64_t t0, int64_t n)
 {
     const struct model_hparams *hp = &c->m->hp;
     int E = hp->n_expert, k = hp->n_expert_used;
     int32_t *start = c->exp_start;
+    const int32_t *sel = c->sel + t0 * k;
     memset(start, 0, ((size_t)E + 1) * sizeof *start);
     for (int64_t i = 0; i < n * k; i++)
-        start[c->sel[i] + 1]++;
+        start[sel[i] + 1]++;
     for (int e = 0; e < E; e++)
         start[e + 1] += start[e];
     /* fill with a running cursor per expert (start[e] advances, then shifts back) */
     for (int64_t t = 0; t < n; t++)
         for (int j = 0; j < k; j++) {
-            int32_t r = start[c->sel[t * k + j]]++;
+            int32_t r = start[sel[t * k + j]]++;
             c->grp_tok[r] = (int32_t)t;
             c->row_of[t * k + j] = r;
         }
@@ -492,18 +514,8 @@ static void group_by_expert(struct model_ctx *c, int64_t n)
 
 struct rows_job {
     struct model_ctx *c;
-    int64_t n;                   /* grouped rows (gather) or tokens (combine) */
+    int64_t t0, n;               /* tokens t0 .. t0 + n */
 };
-
-/* xg[r] = xb[grp_tok[r]] */
-static void gather_task(void *p, int ith, int nth)
-{
-    const struct rows_job *j = p;
-    int64_t D = j->c->m->hp.n_embd, lo, hi;
-    threads_split(j->n, ith, nth, &lo, &hi);
-    for (int64_t r = lo; r < hi; r++)
-        memcpy(j->c->xg + r * D, j->c->xb + (int64_t)j->c->grp_tok[r] * D, sizeof(float) * (size_t)D);
-}
 
 /* x[t] += sum over slots j of w[t][j] * expert output, the products rounded
  * and added in slot order as llama.cpp's chain of ggml_add does. */
@@ -515,8 +527,8 @@ static void combine_task(void *p, int ith, int nth)
     int k = c->m->hp.n_expert_used;
     threads_split(j->n, ith, nth, &lo, &hi);
     for (int64_t t = lo; t < hi; t++) {
-        float *x = c->x + t * D;
-        const float *w = c->sel_w + t * k;
+        float *x = c->x + (j->t0 + t) * D;
+        const float *w = c->sel_w + (j->t0 + t) * k;
         const int32_t *rows = c->row_of + t * k;
         for (int64_t i = 0; i < D; i++) {
             float acc = c->xg[(int64_t)rows[0] * D + i] * w[0];
@@ -529,11 +541,54 @@ static void combine_task(void *p, int ith, int nth)
     }
 }
 
+/* The experts of tokens t0 .. t0 + n (their routing done): grouped by
+ * expert, so each expert's weights stream once for all its tokens, then
+ * combined into the residual. */
+static ks_status moe_experts(struct model_ctx *c, const struct model_layer *L, int64_t t0, int64_t n)
+{
+    const struct model_hparams *hp = &c->m->hp;
+    int64_t D = hp->n_embd, F = hp->n_ff_exp, n_rows = n * hp->n_expert_used;
+    ks_status st;
+    group_by_expert(c, t0, n);
+    /* every selected expert's SwiGLU, all experts in one parallel region per step:
+     * hb = silu(gate_e(xb[t])) * up_e(xb[t]) for each grouped (token t, expert e) */
+    struct quant_moe_mm gu = {
+        .wtype = L->gate_exps.type, .rows = F, .cols = D, .W = L->gate_exps.data, .W2 = L->up_exps.data,
+        .stride = L->gate_exps.stride, .n_expert = hp->n_expert, .start = c->exp_start, .X = c->xb + t0 * D,
+        .x_rows = c->grp_tok, .n_x = n, .Y = c->hb, .Y2 = c->hb2, .swiglu = true,
+    };
+    if (L->up_exps.type == L->gate_exps.type) {
+        if ((st = quant_matmul_experts(c->pool, &gu, c->work, c->work_size)))
+            return st;
+    } else { /* a mix that quantized gate and up differently: one pass each */
+        struct quant_moe_mm up = gu;
+        gu.W2 = NULL, gu.Y2 = NULL, gu.swiglu = false;
+        up.wtype = L->up_exps.type, up.W = L->up_exps.data, up.stride = L->up_exps.stride, up.W2 = NULL;
+        up.Y = c->hb2, up.Y2 = NULL, up.swiglu = false;
+        if ((st = quant_matmul_experts(c->pool, &gu, c->work, c->work_size)) ||
+            (st = quant_matmul_experts(c->pool, &up, c->work, c->work_size)))
+            return st;
+        struct swiglu_job sj = {c->hb, c->hb2, n_rows * F};
+        threads_run(elementwise_pool(c, n_rows), swiglu_task, &sj);
+    }
+    /* xg = down_e(hb), grouped */
+    struct quant_moe_mm dn = {
+        .wtype = L->down_exps.type, .rows = D, .cols = F, .W = L->down_exps.data, .stride = L->down_exps.stride,
+        .n_expert = hp->n_expert, .start = c->exp_start, .X = c->hb, .n_x = n_rows, .Y = c->xg,
+    };
+    if ((st = quant_matmul_experts(c->pool, &dn, c->work, c->work_size)))
+        return st;
+    /* weighted sum of each token's experts, residual */
+    struct rows_job cj = {c, t0, n};
+    threads_run(elementwise_pool(c, n), combine_task, &cj);
+    return KS_OK;
+}
+
 static ks_status moe_block(struct model_ctx *c, int il, int64_t n)
 {
     const struct model_hparams *hp = &c->m->hp;
     const struct model_layer *L = &c->m->layers[il];
-    int64_t D = hp->n_embd, F = hp->n_ff_exp;
+    int64_t D = hp->n_embd;
     ks_status st;
     /* ffn rmsnorm, router logits (f32), per-token top-k routing */
     rmsnorm_rows(elementwise_pool(c, n), c->xb, c->x, L->ffn_norm, NULL, n, (int)D, hp->rms_eps);
@@ -541,29 +596,9 @@ static ks_status moe_block(struct model_ctx *c, int il, int64_t n)
         return st;
     struct route_job rj = {c, n};
     threads_run(elementwise_pool(c, n), route_task, &rj);
-    /* group the tokens by expert, so each expert's weights stream once for all its tokens */
-    group_by_expert(c, n);
-    int64_t n_rows = n * hp->n_expert_used;
-    struct rows_job gj = {c, n_rows};
-    threads_run(elementwise_pool(c, n_rows), gather_task, &gj);
-    /* each selected expert: SwiGLU over its tokens; the output replaces its input rows */
-    for (int e = 0; e < hp->n_expert; e++) {
-        int64_t cnt = c->exp_start[e + 1] - c->exp_start[e];
-        if (cnt == 0)
-            continue;
-        float *xe = c->xg + (int64_t)c->exp_start[e] * D;
-        struct model_mat gate = model_expert_mat(&L->gate_exps, e), up = model_expert_mat(&L->up_exps, e);
-        struct model_mat down = model_expert_mat(&L->down_exps, e);
-        if ((st = matmul(c, &gate, xe, cnt, c->hb)) || (st = matmul(c, &up, xe, cnt, c->hb2)))
+    for (int64_t t0 = 0; t0 < n; t0 += MOE_CHUNK_TOKENS)
+        if ((st = moe_experts(c, L, t0, n - t0 < MOE_CHUNK_TOKENS ? n - t0 : MOE_CHUNK_TOKENS)))
             return st;
-        struct swiglu_job sj = {c->hb, c->hb2, cnt * F};
-        threads_run(elementwise_pool(c, cnt), swiglu_task, &sj);
-        if ((st = matmul(c, &down, c->hb, cnt, xe)))
-            return st;
-    }
-    /* weighted sum of each token's experts, residual */
-    struct rows_job cj = {c, n};
-    threads_run(elementwise_pool(c, n), combine_task, &cj);
     return KS_OK;
 }
 

@@ -134,6 +134,41 @@ ks_status quant_matmul(threads_pool *pool, const void *W, enum quant_type wtype,
                        int64_t rows, int64_t cols, const float *X, int64_t n_tokens,
                        float *Y, void *work, size_t work_size);
 
+/* ---- matrix multiply grouped by expert (mixture of experts) ------------- */
+/* n_expert matrices of one type and shape (rows x cols each, stride bytes
+ * apart from W; likewise W2 if set), each applied to its own group of rows:
+ * grouped rows start[e] .. start[e + 1] go through expert e,
+ *   Y[g][r]  = sum_c W_e[r][c]  * X[xr(g)][c]
+ *   Y2[g][r] = sum_c W2_e[r][c] * X[xr(g)][c]      (if W2)
+ *   Y[g][r]  = silu(Y[g][r]) * Y2[g][r]            (if swiglu)
+ * where xr(g) = x_rows[g], or g when x_rows is NULL (then n_x = start[n_expert]).
+ * Each X row is quantized once, however many experts read it; every
+ * expert's rows (of W and W2) are work items of one parallel region, so a
+ * decode step is one region, not two per expert. Each expert runs the kernel
+ * quant_matmul picks for its token count: Y is bit-identical to quant_matmul
+ * per expert (and, if swiglu, to quant_swiglu over each expert's Y when rows
+ * is a multiple of 16). */
+struct quant_moe_mm {
+    enum quant_type wtype;
+    int64_t rows, cols;
+    const void *W, *W2;      /* expert e's matrix at W + e * stride; W2 NULL: one product */
+    size_t stride;           /* bytes per expert, >= rows * row bytes */
+    int n_expert;
+    const int32_t *start;    /* (n_expert + 1) grouped row ranges, non-decreasing from 0 */
+    const float *X;          /* (n_x, cols) */
+    const int32_t *x_rows;   /* (start[n_expert]) X row of each grouped row, or NULL */
+    int64_t n_x;
+    float *Y, *Y2;           /* (start[n_expert], rows) each; Y2 only with W2 */
+    bool swiglu;             /* needs W2 */
+};
+/* Scratch for quant_matmul_experts: enough for any grouping of n_grouped
+ * rows over n_x X rows (non-decreasing in both). */
+size_t quant_matmul_experts_work_size(enum quant_type wtype, int64_t cols, int64_t n_x, int64_t n_grouped);
+/* KS_ERR_UNSUPPORTED: no kernels for wtype; KS_ERR_INVALID_ARG: a bad shape,
+ * a NULL buffer or too small a work buffer; KS_ERR_NOMEM: out of memory for
+ * the per-call tables or a thread's weight panel. */
+ks_status quant_matmul_experts(threads_pool *pool, const struct quant_moe_mm *p, void *work, size_t work_size);
+
 /* gate[i] = silu(gate[i]) * up[i] for i < n (SwiGLU), with the best SIMD
  * path; the scalar reference uses libm expf. They agree within 1e-6
  * relative plus 1e-30 absolute. */

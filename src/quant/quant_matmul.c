@@ -127,6 +127,7 @@ struct mm {
     float *Y;
     uint8_t *work; /* aligned */
     size_t xrow;   /* bytes per packed token (or token group) */
+    const int32_t *xi; /* NULL, or token t's packed row (decode, generic) or X row (float decode) is xi[t] */
     int corr_shift; /* q8 decode: correction is -(sum << shift) */
     atomic_int failed;
     atomic_llong next_panel; /* prefill: panels are taken one at a time */
@@ -169,15 +170,20 @@ static void prefetch_row(const struct mm *m, int64_t r)
         __builtin_prefetch(p + off, 0, 3);
 }
 
-static void generic_compute(void *vctx, int ith, int nth)
+/* The k-quant kernel that unpacks each weight block once for several
+ * tokens (it reads them at a fixed stride), or NULL. */
+static quant_kq_dot_multi_fn generic_multi(enum quant_type wtype, int64_t n_tokens)
 {
-    struct mm *m = vctx;
+    bool kquant = wtype >= QUANT_Q2_K && wtype <= QUANT_Q8_K;
+    return kquant && n_tokens > 1 ? quant_kquants_dot_multi(wtype) : NULL;
+}
+
+/* Row chunks [lo, hi) of MM_ROW_CHUNK rows, all tokens. */
+static void generic_chunks(const struct mm *m, int64_t lo, int64_t hi)
+{
     int64_t ahead = MM_PREFETCH_BYTES / (int64_t)m->wrow + 1;
-    int64_t lo, hi;
-    threads_split(ceil_div(m->rows, MM_ROW_CHUNK), ith, nth, &lo, &hi);
     bool direct = m->path == MM_FLOAT_DECODE; /* float weights read X as is */
-    bool kquant = m->wtype >= QUANT_Q2_K && m->wtype <= QUANT_Q8_K;
-    quant_kq_dot_multi_fn multi = kquant && m->n_tokens > 1 ? quant_kquants_dot_multi(m->wtype) : NULL;
+    quant_kq_dot_multi_fn multi = generic_multi(m->wtype, m->n_tokens);
     if (multi) { /* k-quants unpack each weight block once for several tokens */
         for (int64_t c = lo; c < hi; c++) {
             int64_t r0 = c * MM_ROW_CHUNK, r1 = r0 + MM_ROW_CHUNK < m->rows ? r0 + MM_ROW_CHUNK : m->rows;
@@ -194,7 +200,8 @@ static void generic_compute(void *vctx, int ith, int nth)
     for (int64_t c = lo; c < hi; c++) {
         int64_t r0 = c * MM_ROW_CHUNK, r1 = r0 + MM_ROW_CHUNK < m->rows ? r0 + MM_ROW_CHUNK : m->rows;
         for (int64_t t = 0; t < m->n_tokens; t++) {
-            const void *x = direct ? (const void *)(m->X + t * m->cols) : (const void *)(m->work + t * m->xrow);
+            int64_t xt = m->xi ? m->xi[t] : t;
+            const void *x = direct ? (const void *)(m->X + xt * m->cols) : (const void *)(m->work + xt * m->xrow);
             for (int64_t r = r0; r < r1; r++) {
                 if (t == 0)
                     prefetch_row(m, r + ahead);
@@ -202,6 +209,14 @@ static void generic_compute(void *vctx, int ith, int nth)
             }
         }
     }
+}
+
+static void generic_compute(void *vctx, int ith, int nth)
+{
+    const struct mm *m = vctx;
+    int64_t lo, hi;
+    threads_split(ceil_div(m->rows, MM_ROW_CHUNK), ith, nth, &lo, &hi);
+    generic_chunks(m, lo, hi);
 }
 
 #if defined(QUANT_HAVE_AVX512)
@@ -367,7 +382,7 @@ static inline __attribute__((always_inline)) void dec_range(const struct mm *m, 
     int64_t ahead = DEC_AHEAD_BYTES / (int64_t)m->wrow;
     ahead = ahead < DEC_NR ? DEC_NR : ahead;
     for (int64_t t = 0; t < m->n_tokens; t++) {
-        const uint8_t *pk = m->work + t * m->xrow;
+        const uint8_t *pk = m->work + (m->xi ? m->xi[t] : t) * m->xrow;
         float *y = m->Y + t * m->rows;
         int64_t r = lo;
         for (; r + DEC_NR <= hi; r += DEC_NR)
@@ -390,32 +405,41 @@ static void dec_prime(const struct mm *m, int64_t lo, int64_t hi)
  * process, an interrupt), and with a static split the whole step waits for
  * it. Chunks are large enough (>= 64 rows, about 8 per thread) that each
  * stays a long sequential stream for the prefetcher. */
+#define DEC_ROW_BLOCK 64 /* a few tokens: rows in blocks of 64 stay in cache while the tokens pass */
+
+/* Rows [lo, hi); *prev_hi is where this thread's last chunk ended (a
+ * continuing stream needs no priming). */
+static void dec_chunk(const struct mm *m, int64_t lo, int64_t hi, int64_t *prev_hi)
+{
+    if (lo != *prev_hi)
+        dec_prime(m, lo, hi);
+    *prev_hi = hi;
+    for (int64_t r0 = lo; r0 < hi; r0 += DEC_ROW_BLOCK) {
+        int64_t r1 = r0 + DEC_ROW_BLOCK < hi ? r0 + DEC_ROW_BLOCK : hi;
+        if (m->wtype == QUANT_Q4_0)
+            dec_range(m, QUANT_Q4_0, r0, r1);
+        else
+            dec_range(m, QUANT_Q8_0, r0, r1);
+    }
+}
+
 static void dec_compute(void *vctx, int ith, int nth)
 {
     struct mm *m = vctx;
     (void)ith;
     int64_t chunk = m->rows / ((int64_t)nth * 8);
-    chunk = chunk < 64 ? 64 : (chunk + 63) / 64 * 64;
+    chunk = chunk < DEC_ROW_BLOCK ? DEC_ROW_BLOCK : (chunk + DEC_ROW_BLOCK - 1) / DEC_ROW_BLOCK * DEC_ROW_BLOCK;
     int64_t n_chunks = ceil_div(m->rows, chunk), prev_hi = -1;
     for (int64_t ci; (ci = take_panel(m, n_chunks)) >= 0;) {
         int64_t lo = ci * chunk, hi = lo + chunk < m->rows ? lo + chunk : m->rows;
-        if (lo != prev_hi)
-            dec_prime(m, lo, hi);
-        prev_hi = hi;
-        /* a few tokens: row blocks of 64 stay in cache while the tokens pass */
-        for (int64_t r0 = lo; r0 < hi; r0 += 64) {
-            int64_t r1 = r0 + 64 < hi ? r0 + 64 : hi;
-            if (m->wtype == QUANT_Q4_0)
-                dec_range(m, QUANT_Q4_0, r0, r1);
-            else
-                dec_range(m, QUANT_Q8_0, r0, r1);
-        }
+        dec_chunk(m, lo, hi, &prev_hi);
     }
 }
 
 /* ---- prefill: Q4_0 / Q8_0 micro-tiles ------------------------------------- */
 
-static void pre_pack_group(const float *X, int64_t cols, int64_t n, uint8_t *out)
+/* Tokens X[rows[t]] (rows NULL: X[t]) for t < n <= 16 into one packed group. */
+static void pre_pack_group(const float *X, const int32_t *rows, int64_t cols, int64_t n, uint8_t *out)
 {
     int64_t nb = cols / QB;
     for (int64_t b = 0; b < nb; b++) {
@@ -426,7 +450,7 @@ static void pre_pack_group(const float *X, int64_t cols, int64_t n, uint8_t *out
         for (int64_t t = 0; t < n; t++) {
             int8_t q[QB];
             int sum;
-            dy[t] = q8_block(X + t * cols + b * QB, q, &sum);
+            dy[t] = q8_block(X + (rows ? rows[t] : t) * cols + b * QB, q, &sum);
             for (int g = 0; g < 8; g++) {
                 uint32_t v;
                 memcpy(&v, q + 4 * g, 4);
@@ -445,7 +469,7 @@ static void pre_pack(void *vctx, int ith, int nth)
     for (int64_t g = lo; g < hi; g++) {
         int64_t t0 = g * MM_TOK_GROUP;
         int64_t n = m->n_tokens - t0 < MM_TOK_GROUP ? m->n_tokens - t0 : MM_TOK_GROUP;
-        pre_pack_group(m->X + t0 * m->cols, m->cols, n, m->work + g * m->xrow);
+        pre_pack_group(m->X + t0 * m->cols, NULL, m->cols, n, m->work + g * m->xrow);
     }
 }
 
@@ -541,68 +565,104 @@ static inline __attribute__((always_inline)) void q8_tile(const struct mm *m, co
 #define PRE_PANEL_BUDGET (256 * 1024)
 #define PRE_TOKEN_BUDGET (384 * 1024)
 
+/* A thread's unpacked weight panels: up to PRE_SUPER_PANELS of Q8_R rows. */
+struct pre_panels {
+    uint8_t *buf;
+    struct wpanel p[PRE_SUPER_PANELS];
+    int sp; /* panels per super-panel */
+};
+
+static size_t pre_panel_bytes(int64_t cols)
+{
+    return align_up((size_t)(Q8_R * cols)) + 2 * align_up((size_t)(Q8_R * (cols / QB)) * 4);
+}
+
+/* Panels per super-panel for this width: as many as fit PRE_PANEL_BUDGET. */
+static int pre_super_panels(int64_t cols)
+{
+    int sp = (int)(PRE_PANEL_BUDGET / pre_panel_bytes(cols));
+    return sp < 1 ? 1 : sp > PRE_SUPER_PANELS ? PRE_SUPER_PANELS : sp;
+}
+
+static bool pre_panels_alloc(struct pre_panels *pp, int64_t cols, int sp)
+{
+    size_t qbytes = align_up((size_t)(Q8_R * cols)), sbytes = align_up((size_t)(Q8_R * (cols / QB)) * 4);
+    size_t panel_bytes = pre_panel_bytes(cols);
+    pp->sp = sp;
+    pp->buf = aligned_alloc(MM_ALIGN, panel_bytes * (size_t)sp);
+    if (!pp->buf)
+        return false;
+    for (int k = 0; k < sp; k++) {
+        uint8_t *b = pp->buf + (size_t)k * panel_bytes;
+        pp->p[k] = (struct wpanel){(int8_t *)b, (float *)(b + qbytes), (int32_t *)(b + qbytes + sbytes)};
+    }
+    return true;
+}
+
+/* Rows [r_lo, r_hi) (r_lo a multiple of Q8_R, at most sp panels) against all tokens. */
+static void pre_rows(const struct mm *m, struct pre_panels *pp, int64_t r_lo, int64_t r_hi)
+{
+    int64_t ng = ceil_div(m->n_tokens, MM_TOK_GROUP);
+    int64_t tb = (int64_t)(PRE_TOKEN_BUDGET / pre_group_bytes(m->cols));
+    tb = tb < 1 ? 1 : tb;
+    int nr[PRE_SUPER_PANELS];
+    int np = (int)ceil_div(r_hi - r_lo, Q8_R);
+    for (int k = 0; k < np; k++) {
+        int64_t r0 = r_lo + k * Q8_R;
+        nr[k] = (int)(r_hi - r0 < Q8_R ? r_hi - r0 : Q8_R);
+        unpack_rows(m, r0, nr[k], &pp->p[k]);
+    }
+    for (int64_t g0 = 0; g0 < ng; g0 += tb) {
+        int64_t g1 = g0 + tb < ng ? g0 + tb : ng;
+        for (int k = 0; k < np; k++) {
+            int64_t r0 = r_lo + k * Q8_R, g = g0;
+            for (; g + Q8_TT <= g1; g += Q8_TT)
+                q8_tile(m, &pp->p[k], r0, nr[k], g, Q8_TT);
+            for (; g < g1; g++)
+                q8_tile(m, &pp->p[k], r0, nr[k], g, 1);
+        }
+    }
+}
+
 static void pre_compute(void *vctx, int ith, int nth)
 {
     struct mm *m = vctx;
-    int64_t nb = m->cols / QB, ng = ceil_div(m->n_tokens, MM_TOK_GROUP);
     (void)ith;
     (void)nth;
-    int64_t n_panels = ceil_div(m->rows, Q8_R);
-    size_t qbytes = align_up((size_t)(Q8_R * m->cols)), sbytes = align_up((size_t)(Q8_R * nb) * 4);
-    size_t panel_bytes = qbytes + 2 * sbytes;
-    int sp = (int)(PRE_PANEL_BUDGET / panel_bytes);
-    sp = sp < 1 ? 1 : sp > PRE_SUPER_PANELS ? PRE_SUPER_PANELS : sp;
-    int64_t tb = (int64_t)(PRE_TOKEN_BUDGET / pre_group_bytes(m->cols));
-    tb = tb < 1 ? 1 : tb;
-    uint8_t *buf = aligned_alloc(MM_ALIGN, panel_bytes * (size_t)sp);
-    if (!buf) {
+    struct pre_panels pp;
+    int sp = pre_super_panels(m->cols);
+    if (!pre_panels_alloc(&pp, m->cols, sp)) {
         atomic_store(&m->failed, 1);
         return;
     }
-    struct wpanel p[PRE_SUPER_PANELS];
-    int nr[PRE_SUPER_PANELS];
-    for (int k = 0; k < sp; k++) {
-        uint8_t *b = buf + (size_t)k * panel_bytes;
-        p[k] = (struct wpanel){(int8_t *)b, (float *)(b + qbytes), (int32_t *)(b + qbytes + sbytes)};
-    }
-    int64_t n_super = ceil_div(n_panels, sp);
+    int64_t super_rows = (int64_t)sp * Q8_R, n_super = ceil_div(m->rows, super_rows);
     for (int64_t si; (si = take_panel(m, n_super)) >= 0;) {
-        int64_t pi0 = si * sp;
-        int np = (int)(n_panels - pi0 < sp ? n_panels - pi0 : sp);
-        for (int k = 0; k < np; k++) {
-            int64_t r0 = (pi0 + k) * Q8_R;
-            nr[k] = (int)(m->rows - r0 < Q8_R ? m->rows - r0 : Q8_R);
-            unpack_rows(m, r0, nr[k], &p[k]);
-        }
-        for (int64_t g0 = 0; g0 < ng; g0 += tb) {
-            int64_t g1 = g0 + tb < ng ? g0 + tb : ng;
-            for (int k = 0; k < np; k++) {
-                int64_t r0 = (pi0 + k) * Q8_R, g = g0;
-                for (; g + Q8_TT <= g1; g += Q8_TT)
-                    q8_tile(m, &p[k], r0, nr[k], g, Q8_TT);
-                for (; g < g1; g++)
-                    q8_tile(m, &p[k], r0, nr[k], g, 1);
-            }
-        }
+        int64_t lo = si * super_rows, hi = lo + super_rows < m->rows ? lo + super_rows : m->rows;
+        pre_rows(m, &pp, lo, hi);
     }
-    free(buf);
+    free(pp.buf);
 }
 
 /* ---- prefill: float weights ----------------------------------------------- */
+
+/* Group g of 16 tokens (X rows rows[t], or t), transposed. */
+static void fpre_pack_group(const float *X, const int32_t *rows, int64_t cols, int64_t n_tokens, int64_t g,
+                            float *out)
+{
+    for (int64_t k = 0; k < cols; k++)
+        for (int64_t i = 0; i < MM_TOK_GROUP; i++) {
+            int64_t t = g * MM_TOK_GROUP + i;
+            out[k * MM_TOK_GROUP + i] = t < n_tokens ? X[(rows ? rows[t] : t) * cols + k] : 0.0f;
+        }
+}
 
 static void fpre_pack(void *vctx, int ith, int nth)
 {
     struct mm *m = vctx;
     int64_t lo, hi, ng = ceil_div(m->n_tokens, MM_TOK_GROUP);
     threads_split(ng, ith, nth, &lo, &hi);
-    for (int64_t g = lo; g < hi; g++) {
-        float *out = (float *)(m->work + g * m->xrow);
-        for (int64_t k = 0; k < m->cols; k++)
-            for (int64_t i = 0; i < MM_TOK_GROUP; i++) {
-                int64_t t = g * MM_TOK_GROUP + i;
-                out[k * MM_TOK_GROUP + i] = t < m->n_tokens ? m->X[t * m->cols + k] : 0.0f;
-            }
-    }
+    for (int64_t g = lo; g < hi; g++)
+        fpre_pack_group(m->X, NULL, m->cols, m->n_tokens, g, (float *)(m->work + g * m->xrow));
 }
 
 static inline __attribute__((always_inline)) void float_tile(const struct mm *m, const float *wf, int64_t r0,
@@ -630,6 +690,23 @@ static inline __attribute__((always_inline)) void float_tile(const struct mm *m,
             store_tile(m, acc[r][tt], r0 + r, (g0 + tt) * MM_TOK_GROUP);
 }
 
+/* Rows r0 .. r0 + FL_R (fewer at the end) against all token groups; wf holds FL_R x cols floats. */
+static void fpre_panel(const struct mm *m, float *wf, int64_t r0, int64_t ng)
+{
+    int nr = (int)(m->rows - r0 < FL_R ? m->rows - r0 : FL_R);
+    for (int r = 0; r < FL_R; r++) {
+        if (r < nr)
+            m->tr->to_float(m->W + (r0 + r) * m->wrow, wf + r * m->cols, m->cols);
+        else
+            memset(wf + r * m->cols, 0, (size_t)m->cols * sizeof(float));
+    }
+    int64_t g = 0;
+    for (; g + FL_TT <= ng; g += FL_TT)
+        float_tile(m, wf, r0, nr, g, FL_TT);
+    for (; g < ng; g++)
+        float_tile(m, wf, r0, nr, g, 1);
+}
+
 static void fpre_compute(void *vctx, int ith, int nth)
 {
     struct mm *m = vctx;
@@ -641,24 +718,386 @@ static void fpre_compute(void *vctx, int ith, int nth)
         atomic_store(&m->failed, 1);
         return;
     }
-    for (int64_t pi; (pi = take_panel(m, n_panels)) >= 0;) {
-        int64_t r0 = pi * FL_R;
-        int nr = (int)(m->rows - r0 < FL_R ? m->rows - r0 : FL_R);
-        for (int r = 0; r < FL_R; r++) {
-            if (r < nr)
-                m->tr->to_float(m->W + (r0 + r) * m->wrow, wf + r * m->cols, m->cols);
-            else
-                memset(wf + r * m->cols, 0, (size_t)m->cols * sizeof(float));
-        }
-        int64_t g = 0;
-        for (; g + FL_TT <= ng; g += FL_TT)
-            float_tile(m, wf, r0, nr, g, FL_TT);
-        for (; g < ng; g++)
-            float_tile(m, wf, r0, nr, g, 1);
-    }
+    for (int64_t pi; (pi = take_panel(m, n_panels)) >= 0;)
+        fpre_panel(m, wf, pi * FL_R, ng);
     free(wf);
 }
 #endif /* QUANT_HAVE_AVX512 */
+
+/* ---- grouped by expert ------------------------------------------------------- */
+/* quant_matmul_experts: every expert's product in one parallel region, work
+ * items (expert, block of rows) taken from one counter; activations packed
+ * once in one region before it. Each expert runs the kernel quant_matmul
+ * would pick for its token count, so the results are the same bits. */
+
+#define EX_ROWS 64              /* rows per work item of the decode and generic paths */
+#define EX_FL_PANELS 8          /* float prefill: FL_R-row panels per work item */
+#define EX_PACK_INLINE 32768    /* activation elements below which packing stays on the caller */
+
+enum ex_pack { EX_PACK_NONE, EX_PACK_TOKEN, EX_PACK_OWN, EX_PACK_AVX2 };
+
+struct ex_expert {
+    int e;
+    int64_t t0, n;      /* its grouped rows t0 .. t0 + n */
+    enum mm_path path;
+    enum ex_pack pack;  /* TOKEN: the shared per-X-row packs; OWN: packed here; AVX2: run after the region */
+    uint8_t *own;       /* OWN: its packed activations */
+    size_t own_xrow;
+    int64_t item0, item_rows, n_items;
+};
+
+struct ex_run {
+    const struct quant_moe_mm *p;
+    const struct quant_traits *tr;
+    size_t wrow;
+    struct ex_expert *ex;
+    int n_ex;
+    uint8_t *tokpack;   /* one packed row per X row that a TOKEN expert reads */
+    size_t tok_xrow;
+    bool tok_dec;       /* decode layout (else the vec_dot_type row) */
+    int32_t *tok_rows;  /* the X rows to pack */
+    int64_t n_tok_rows;
+    int64_t n_items;
+    atomic_llong next;
+    atomic_int failed;
+};
+
+/* X row of expert x's token t */
+static inline int64_t ex_xrow(const struct quant_moe_mm *p, const struct ex_expert *x, int64_t t)
+{
+    return p->x_rows ? p->x_rows[x->t0 + t] : x->t0 + t;
+}
+
+static size_t ex_tok_xrow(const struct quant_traits *tr, enum quant_type wtype, int64_t cols, bool *dec)
+{
+    *dec = false;
+#if defined(QUANT_HAVE_AVX512)
+    if (is_q8_family(wtype)) {
+        *dec = true;
+        return align_up(dec_token_bytes(cols));
+    }
+#endif
+    return is_float(wtype) ? 0 : quant_row_size(tr->vec_dot_type, cols);
+}
+
+/* Bytes of expert x's own packed activations (0 if it has none). */
+static size_t ex_own_bytes(const struct quant_traits *tr, enum quant_type wtype, int64_t cols, enum mm_path path,
+                           int64_t n)
+{
+    switch (path) {
+#if defined(QUANT_HAVE_AVX512)
+    case MM_Q8_PREFILL:
+        return align_up(pre_group_bytes(cols)) * (size_t)ceil_div(n, MM_TOK_GROUP);
+    case MM_FLOAT_PREFILL:
+        return (size_t)cols * MM_TOK_GROUP * sizeof(float) * (size_t)ceil_div(n, MM_TOK_GROUP);
+#endif
+    case MM_GENERIC:
+        return generic_multi(wtype, n) ? align_up(quant_row_size(tr->vec_dot_type, cols) * (size_t)n) : 0;
+    default:
+        return 0;
+    }
+}
+
+size_t quant_matmul_experts_work_size(enum quant_type wtype, int64_t cols, int64_t n_x, int64_t n_grouped)
+{
+    const struct quant_traits *tr = quant_traits(wtype);
+    if (!tr || cols <= 0 || n_x <= 0 || n_grouped <= 0 || quant_row_size(wtype, cols) == 0)
+        return 0;
+    bool dec;
+    size_t need = align_up(ex_tok_xrow(tr, wtype, cols, &dec) * (size_t)n_x) + MM_ALIGN;
+    /* own packs: an expert of n >= MM_PREFILL_MIN rows packs ceil(n / 16) <= n / 8 groups;
+     * a k-quant expert n rows; each rounded up to MM_ALIGN, and there are at most n_grouped experts */
+    size_t per_row = 0;
+#if defined(QUANT_HAVE_AVX512)
+    if (is_q8_family(wtype))
+        per_row = align_up(pre_group_bytes(cols)) / MM_PREFILL_MIN + 1;
+    else if (is_float(wtype))
+        per_row = (size_t)cols * MM_TOK_GROUP * sizeof(float) / MM_PREFILL_MIN + 1;
+#endif
+    if (generic_multi(wtype, 2))
+        per_row = quant_row_size(tr->vec_dot_type, cols);
+    need += per_row * (size_t)n_grouped + (size_t)n_grouped * MM_ALIGN;
+#if defined(QUANT_HAVE_AVX2) && !defined(QUANT_HAVE_AVX512)
+    if (is_q8_family(wtype)) /* experts run one at a time through the AVX2 tiles, on gathered rows */
+        need += quant_avx2_prefill_work(cols, n_grouped) + (size_t)n_grouped * (size_t)cols * sizeof(float) +
+                MM_ALIGN;
+#endif
+    return need;
+}
+
+/* Pack unit u: X rows of the shared packs first, then the experts with their own. */
+static void ex_pack_unit(struct ex_run *r, int64_t u)
+{
+    const struct quant_moe_mm *p = r->p;
+    int64_t cols = p->cols;
+    if (u < r->n_tok_rows) {
+        int64_t xr = r->tok_rows[u];
+        uint8_t *out = r->tokpack + xr * r->tok_xrow;
+#if defined(QUANT_HAVE_AVX512)
+        if (r->tok_dec) {
+            dec_pack_token(p->X + xr * cols, cols, p->wtype == QUANT_Q4_0 ? 3 : 7, out);
+            return;
+        }
+#endif
+        quant_traits(r->tr->vec_dot_type)->from_float(p->X + xr * cols, out, cols);
+        return;
+    }
+    u -= r->n_tok_rows;
+    for (int i = 0; i < r->n_ex; i++) {
+        const struct ex_expert *x = &r->ex[i];
+        if (x->pack != EX_PACK_OWN || u-- > 0)
+            continue;
+#if defined(QUANT_HAVE_AVX512)
+        const int32_t *idx = p->x_rows ? p->x_rows + x->t0 : NULL;
+        const float *X = p->x_rows ? p->X : p->X + x->t0 * cols;
+#endif
+        switch (x->path) {
+#if defined(QUANT_HAVE_AVX512)
+        case MM_Q8_PREFILL:
+            for (int64_t g = 0; g < ceil_div(x->n, MM_TOK_GROUP); g++) {
+                int64_t t0 = g * MM_TOK_GROUP, n = x->n - t0 < MM_TOK_GROUP ? x->n - t0 : MM_TOK_GROUP;
+                pre_pack_group(idx ? X : X + t0 * cols, idx ? idx + t0 : NULL, cols, n, x->own + g * x->own_xrow);
+            }
+            break;
+        case MM_FLOAT_PREFILL:
+            for (int64_t g = 0; g < ceil_div(x->n, MM_TOK_GROUP); g++)
+                fpre_pack_group(X, idx, cols, x->n, g, (float *)(x->own + g * x->own_xrow));
+            break;
+#endif
+        default: {
+            const struct quant_traits *dt = quant_traits(r->tr->vec_dot_type);
+            for (int64_t t = 0; t < x->n; t++)
+                dt->from_float(p->X + ex_xrow(p, x, t) * cols, x->own + t * x->own_xrow, cols);
+            break;
+        }
+        }
+        return;
+    }
+}
+
+static void ex_pack(void *vctx, int ith, int nth)
+{
+    struct ex_run *r = vctx;
+    (void)ith;
+    (void)nth;
+    int64_t n_units = r->n_tok_rows;
+    for (int i = 0; i < r->n_ex; i++)
+        n_units += r->ex[i].pack == EX_PACK_OWN;
+    for (int64_t u; (u = atomic_fetch_add_explicit(&r->next, 1, memory_order_relaxed)) < n_units;)
+        ex_pack_unit(r, u);
+}
+
+/* The struct mm of expert x's matrix (0: W, 1: W2). */
+static struct mm ex_mm(const struct ex_run *r, const struct ex_expert *x, int mat)
+{
+    const struct quant_moe_mm *p = r->p;
+    const uint8_t *W = (const uint8_t *)(mat ? p->W2 : p->W) + (size_t)x->e * p->stride;
+    struct mm m = {
+        .tr = r->tr, .wtype = p->wtype, .path = x->path, .W = W, .wrow = r->wrow, .rows = p->rows,
+        .cols = p->cols, .n_tokens = x->n, .Y = (mat ? p->Y2 : p->Y) + x->t0 * p->rows,
+    };
+    if (x->path == MM_FLOAT_DECODE) { /* reads X as is */
+        m.X = p->x_rows ? p->X : p->X + x->t0 * p->cols;
+        m.xi = p->x_rows ? p->x_rows + x->t0 : NULL;
+    } else if (x->pack == EX_PACK_TOKEN) {
+        m.work = p->x_rows ? r->tokpack : r->tokpack + x->t0 * r->tok_xrow;
+        m.xi = p->x_rows ? p->x_rows + x->t0 : NULL;
+        m.xrow = r->tok_xrow;
+    } else {
+        m.work = x->own;
+        m.xrow = x->own_xrow;
+    }
+    return m;
+}
+
+/* Per-thread scratch of the prefill tiles, allocated on first use. */
+struct ex_scratch {
+#if defined(QUANT_HAVE_AVX512)
+    struct pre_panels pp;
+#endif
+    float *wf;
+};
+
+static bool ex_rows(struct ex_run *r, const struct ex_expert *x, int mat, int64_t r0, int64_t r1,
+                    struct ex_scratch *sc)
+{
+    struct mm m = ex_mm(r, x, mat);
+    switch (x->path) {
+#if defined(QUANT_HAVE_AVX512)
+    case MM_Q8_DECODE: {
+        int64_t prev_hi = -1;
+        dec_chunk(&m, r0, r1, &prev_hi);
+        return true;
+    }
+    case MM_Q8_PREFILL:
+        if (!sc->pp.buf && !pre_panels_alloc(&sc->pp, m.cols, pre_super_panels(m.cols)))
+            return false;
+        pre_rows(&m, &sc->pp, r0, r1);
+        return true;
+    case MM_FLOAT_PREFILL:
+        if (!sc->wf && !(sc->wf = aligned_alloc(MM_ALIGN, align_up((size_t)(FL_R * m.cols) * sizeof(float)))))
+            return false;
+        for (int64_t rr = r0; rr < r1; rr += FL_R)
+            fpre_panel(&m, sc->wf, rr, ceil_div(m.n_tokens, MM_TOK_GROUP));
+        return true;
+#endif
+    default:
+        (void)sc;
+        generic_chunks(&m, r0 / MM_ROW_CHUNK, ceil_div(r1, MM_ROW_CHUNK));
+        return true;
+    }
+}
+
+static void ex_compute(void *vctx, int ith, int nth)
+{
+    struct ex_run *r = vctx;
+    const struct quant_moe_mm *p = r->p;
+    (void)ith;
+    (void)nth;
+    struct ex_scratch sc = {0};
+    int lo = 0;
+    for (int64_t it; (it = atomic_fetch_add_explicit(&r->next, 1, memory_order_relaxed)) < r->n_items;) {
+        while (r->ex[lo].item0 + r->ex[lo].n_items <= it) /* items are taken in increasing order */
+            lo++;
+        const struct ex_expert *x = &r->ex[lo];
+        int64_t r0 = (it - x->item0) * x->item_rows, r1 = r0 + x->item_rows < p->rows ? r0 + x->item_rows : p->rows;
+        if (!ex_rows(r, x, 0, r0, r1, &sc) || (p->W2 && !ex_rows(r, x, 1, r0, r1, &sc))) {
+            atomic_store(&r->failed, 1);
+            break;
+        }
+        if (p->swiglu) /* item_rows is a multiple of 16: the same vector lanes as one pass over the rows */
+            for (int64_t t = 0; t < x->n; t++)
+                quant_swiglu(p->Y + (x->t0 + t) * p->rows + r0, p->Y2 + (x->t0 + t) * p->rows + r0, r1 - r0);
+    }
+#if defined(QUANT_HAVE_AVX512)
+    free(sc.pp.buf);
+#endif
+    free(sc.wf);
+}
+
+/* Rows per work item of an expert on this path: multiples of 16, so the fused
+ * SwiGLU splits rows where the vector loop does. */
+static int64_t ex_item_rows(enum mm_path path, int64_t cols)
+{
+    switch (path) {
+#if defined(QUANT_HAVE_AVX512)
+    case MM_Q8_PREFILL: {
+        int sp = pre_super_panels(cols);
+        sp = sp > 1 ? sp & ~1 : sp;
+        return (int64_t)sp * Q8_R < 16 ? 16 : (int64_t)sp * Q8_R;
+    }
+    case MM_FLOAT_PREFILL:
+        return EX_FL_PANELS * FL_R;
+#endif
+    default:
+        (void)cols;
+        return EX_ROWS;
+    }
+}
+
+#if defined(QUANT_HAVE_AVX2) && !defined(QUANT_HAVE_AVX512)
+/* AVX2-only builds: an expert for the prefill tiles runs on its own, on gathered rows. */
+static ks_status ex_avx2_expert(threads_pool *pool, const struct ex_run *r, const struct ex_expert *x,
+                                uint8_t *work)
+{
+    const struct quant_moe_mm *p = r->p;
+    float *xg = (float *)work;
+    uint8_t *w2 = work + align_up((size_t)x->n * (size_t)p->cols * sizeof(float));
+    for (int64_t t = 0; t < x->n; t++)
+        memcpy(xg + t * p->cols, p->X + ex_xrow(p, x, t) * p->cols, (size_t)p->cols * sizeof(float));
+    for (int mat = 0; mat < (p->W2 ? 2 : 1); mat++) {
+        const uint8_t *W = (const uint8_t *)(mat ? p->W2 : p->W) + (size_t)x->e * p->stride;
+        ks_status st = quant_avx2_prefill(pool, W, p->wtype, p->rows, p->cols, xg, x->n,
+                                          (mat ? p->Y2 : p->Y) + x->t0 * p->rows, w2);
+        if (st)
+            return st;
+    }
+    if (p->swiglu)
+        for (int64_t t = 0; t < x->n; t++)
+            quant_swiglu(p->Y + (x->t0 + t) * p->rows, p->Y2 + (x->t0 + t) * p->rows, p->rows);
+    return KS_OK;
+}
+#endif
+
+ks_status quant_matmul_experts(threads_pool *pool, const struct quant_moe_mm *p, void *work, size_t work_size)
+{
+    const struct quant_traits *tr = quant_traits(p->wtype);
+    if (!tr || !tr->vec_dot)
+        return ks_fail(KS_ERR_UNSUPPORTED, "matmul: weight type %s has no kernels", quant_type_name(p->wtype));
+    size_t wrow = quant_row_size(p->wtype, p->cols);
+    int64_t n_grouped = p->n_expert > 0 ? p->start[p->n_expert] : 0;
+    if (wrow == 0 || p->rows <= 0 || p->n_expert <= 0 || p->n_x <= 0 || n_grouped <= 0 || p->cols > INT32_MAX ||
+        p->stride < wrow * (size_t)p->rows || (p->swiglu && !p->W2) || (!p->x_rows && p->n_x != n_grouped))
+        return ks_fail(KS_ERR_INVALID_ARG, "matmul_experts: bad shape rows=%lld cols=%lld experts=%d rows=%lld for %s",
+                       (long long)p->rows, (long long)p->cols, p->n_expert, (long long)n_grouped, tr->name);
+    if (!p->W || !p->X || !p->Y || (p->W2 && !p->Y2) || !work)
+        return ks_fail(KS_ERR_INVALID_ARG, "matmul_experts: NULL buffer");
+    size_t need = quant_matmul_experts_work_size(p->wtype, p->cols, p->n_x, n_grouped);
+    if (work_size < need)
+        return ks_fail(KS_ERR_INVALID_ARG, "matmul_experts: work buffer of %zu bytes, need %zu", work_size, need);
+
+    struct ex_run r = {.p = p, .tr = tr, .wrow = wrow};
+    r.ex = malloc(sizeof *r.ex * (size_t)(n_grouped < p->n_expert ? n_grouped : p->n_expert));
+    r.tok_rows = malloc(sizeof *r.tok_rows * (size_t)p->n_x);
+    uint8_t *need_row = calloc((size_t)p->n_x, 1);
+    if (!r.ex || !r.tok_rows || !need_row) {
+        free(r.ex), free(r.tok_rows), free(need_row);
+        return ks_fail(KS_ERR_NOMEM, "matmul_experts: out of memory for %lld rows", (long long)n_grouped);
+    }
+    uint8_t *base = (uint8_t *)(((uintptr_t)work + MM_ALIGN - 1) & ~(uintptr_t)(MM_ALIGN - 1));
+    r.tok_xrow = ex_tok_xrow(tr, p->wtype, p->cols, &r.tok_dec);
+    r.tokpack = base;
+    uint8_t *own = base + align_up(r.tok_xrow * (size_t)p->n_x);
+    int64_t pack_elems = 0;
+    for (int e = 0; e < p->n_expert; e++) {
+        int64_t n = p->start[e + 1] - p->start[e];
+        if (n <= 0)
+            continue;
+        struct ex_expert *x = &r.ex[r.n_ex++];
+        *x = (struct ex_expert){.e = e, .t0 = p->start[e], .n = n, .path = choose_path(p->wtype, n)};
+        size_t own_bytes = ex_own_bytes(tr, p->wtype, p->cols, x->path, n);
+        if (x->path == MM_FLOAT_DECODE) {
+            x->pack = EX_PACK_NONE;
+        } else if (x->path == MM_Q8_PREFILL_AVX2) {
+            x->pack = EX_PACK_AVX2;
+        } else if (own_bytes) {
+            x->pack = EX_PACK_OWN;
+            x->own = own;
+            x->own_xrow = x->path == MM_GENERIC ? quant_row_size(tr->vec_dot_type, p->cols)
+                                                : own_bytes / (size_t)ceil_div(n, MM_TOK_GROUP);
+            own += align_up(own_bytes);
+            pack_elems += n * p->cols;
+        } else {
+            x->pack = EX_PACK_TOKEN;
+            for (int64_t t = 0; t < n; t++)
+                need_row[ex_xrow(p, x, t)] = 1;
+        }
+        x->item_rows = ex_item_rows(x->path, p->cols);
+        x->n_items = x->pack == EX_PACK_AVX2 ? 0 : ceil_div(p->rows, x->item_rows);
+        x->item0 = r.n_items;
+        r.n_items += x->n_items;
+    }
+    for (int64_t i = 0; i < p->n_x; i++)
+        if (need_row[i])
+            r.tok_rows[r.n_tok_rows++] = (int32_t)i;
+    free(need_row);
+    pack_elems += r.n_tok_rows * p->cols;
+    /* quantize each activation row once; a decode step's few rows are not worth a region */
+    threads_run(pack_elems <= EX_PACK_INLINE ? NULL : pool, ex_pack, &r);
+    atomic_store_explicit(&r.next, 0, memory_order_relaxed);
+    if (r.n_items > 0)
+        threads_run(pool, ex_compute, &r);
+    ks_status st = KS_OK;
+    if (atomic_load(&r.failed))
+        st = ks_fail(KS_ERR_NOMEM, "matmul_experts: out of memory for a %lld-column weight panel", (long long)p->cols);
+#if defined(QUANT_HAVE_AVX2) && !defined(QUANT_HAVE_AVX512)
+    for (int i = 0; i < r.n_ex && !st; i++)
+        if (r.ex[i].pack == EX_PACK_AVX2)
+            st = ex_avx2_expert(pool, &r, &r.ex[i], own);
+#endif
+    free(r.ex), free(r.tok_rows);
+    return st;
+}
 
 /* ---- entry points ---------------------------------------------------------- */
 
