@@ -366,7 +366,9 @@ static void test_bad_requests(void **state)
     memset(huge, ' ', n);
     huge[0] = '{';
     huge[n - 1] = '}';
-    expect_error(http(F.srv, "POST", "/v1/completions", NULL, huge, n), 413, "request_too_large");
+    /* with 100-continue the server's early 413 arrives before the body is sent; without it the
+     * server's close could break the client's send before the answer is read */
+    expect_error(http(F.srv, "POST", "/v1/completions", "Expect: 100-continue", huge, n), 413, "request_too_large");
     free(huge);
     /* the server is still fine */
     struct httpc_response r = post(F.srv, "/v1/completions", "{\"prompt\": [1, 400, 401], \"max_tokens\": 3}");

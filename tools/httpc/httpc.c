@@ -58,7 +58,7 @@ ks_status httpc_easy_setup(CURL *e, const struct httpc_request *rq, struct curl_
         st = append(hdrs, "Connection: close");
     if (!st && rq->body && !has_header(rq->headers, "Content-Type"))
         st = append(hdrs, "Content-Type: application/json");
-    if (!st && rq->body) /* curl would hold bodies over 1 KiB back for a 100 Continue */
+    if (!st && rq->body && !has_header(rq->headers, "Expect")) /* curl would hold bodies over 1 KiB back */
         st = append(hdrs, "Expect:");
     if (st)
         return st;

@@ -70,7 +70,9 @@ struct httpc_request {
     double timeout_s;           /* > 0: the whole exchange fails (KS_ERR_IO) after this long */
 };
 /* A body goes out as "Content-Type: application/json" unless headers name another
- * type, and always in one piece with the headers (no "Expect: 100-continue" wait).
+ * type, and in one piece with the headers (no "Expect: 100-continue" wait) unless
+ * headers hold an Expect line: "Expect: 100-continue" waits for the server's go-ahead,
+ * so an early refusal (a 413) is read before any of the body is sent.
  * Redirects are not followed. The connection is closed afterwards. */
 
 struct httpc_header {
