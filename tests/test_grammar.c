@@ -328,6 +328,14 @@ static void vocab_close(struct vocab *v)
     gguf_close(v->f);
 }
 
+/* Release runs the full sweeps; Debug (ASan+UBSan, ~20x slower) a fifth of
+ * them, enough for memory safety. */
+#ifdef NDEBUG
+#define SWEEP 5
+#else
+#define SWEEP 1
+#endif
+
 static uint64_t rng_next(uint64_t *s)
 {
     *s += 0x9E3779B97F4A7C15ull;
@@ -365,7 +373,7 @@ static void walk_checks(struct vocab *v, struct grammar *g, int32_t budget, uint
         assert_true(k > 0);
         if (check_mask) {
             /* a sample of tokens: allowed by the mask iff their bytes can follow (budget aside) */
-            int32_t stride = n / 1000 + 1; /* ~1000 tokens per step */
+            int32_t stride = n / (200 * SWEEP) + 1; /* ~1000 tokens per step (200 in Debug) */
             for (int32_t t = (int32_t)(rng_next(&seed) % (uint64_t)stride); t < n; t += stride) {
                 const char *b;
                 size_t bl;
@@ -519,7 +527,7 @@ static void test_mutations(void **state)
     size_t n = strlen(base);
     static const char alphabet[] = "()[]{}|*+?.\\\"#:=^-,0123456789 \nax";
     int compiled = 0;
-    for (int iter = 0; iter < 3000; iter++) {
+    for (int iter = 0; iter < 600 * SWEEP; iter++) {
         char *buf = malloc(n);
         memcpy(buf, base, n);
         int edits = 1 + (int)(rng_next(&seed) % 4);
@@ -538,11 +546,11 @@ static void test_mutations(void **state)
         }
         free(buf);
     }
-    print_message("%d of 3000 mutated grammars compiled\n", compiled);
+    print_message("%d of %d mutated grammars compiled\n", compiled, 600 * SWEEP);
     const char *schema = "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"array\",\"items\":{\"enum\":[1,\"x\"]}},"
                          "\"b\":{\"anyOf\":[{\"$ref\":\"#\"},{\"type\":\"null\"}]}},\"required\":[\"a\"]}";
     n = strlen(schema);
-    for (int iter = 0; iter < 2000; iter++) {
+    for (int iter = 0; iter < 400 * SWEEP; iter++) {
         char *buf = malloc(n);
         memcpy(buf, schema, n);
         buf[rng_next(&seed) % n] = alphabet[rng_next(&seed) % (sizeof alphabet - 1)];
