@@ -18,6 +18,7 @@
 #include <cmocka.h>
 
 #include "jinja/jinja.h"
+#include "support/read_file.h"
 #include "support/skip.h"
 
 /* 2026-11-24 00:00:00 UTC, the date the corpus was rendered with. */
@@ -25,27 +26,6 @@
 
 /* ---- helpers ------------------------------------------------------------- */
 
-static char *read_all(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = n >= 0 ? malloc((size_t)n + 1) : NULL;
-    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        free(buf);
-        buf = NULL;
-    }
-    fclose(f);
-    if (buf) {
-        buf[n] = 0;
-        if (len)
-            *len = (size_t)n;
-    }
-    return buf;
-}
 
 static const char *shared_dir(void)
 {
@@ -542,7 +522,7 @@ static void test_fuzz_corpus(void **state)
         char path[2400];
         snprintf(path, sizeof path, "%s/%s.jinja", dir, names[t]);
         size_t len = 0;
-        char *src = read_all(path, &len);
+        char *src = ks_read_file(path, &len);
         assert_non_null(src);
         char *mut = malloc(len + 64);
         assert_non_null(mut);
@@ -611,7 +591,7 @@ static void test_cli_template(void **state)
     snprintf(vocab, sizeof vocab, "%s/models/vocab/ggml-vocab-qwen3.gguf", shared_dir());
     snprintf(tmpl, sizeof tmpl, "%s/templates/meta-llama-Llama-3.1-8B-Instruct.jinja", shared_dir());
     snprintf(ref_path, sizeof ref_path, "%s/templates/rendered/meta-llama-Llama-3.1-8B-Instruct.json", shared_dir());
-    char *ref_text = read_all(ref_path, NULL);
+    char *ref_text = ks_read_file(ref_path, NULL);
     if (!bin || access(bin, X_OK) || access(vocab, R_OK) || !ref_text) {
         free(ref_text);
         KS_SKIP("KVSERVE_BIN, %s or the corpus is missing", vocab);
@@ -706,10 +686,10 @@ static void corpus_template(const char *dir, const char *name, const cJSON *conv
     char path[2400];
     snprintf(path, sizeof path, "%s/%s.jinja", dir, name);
     size_t len = 0;
-    char *src = read_all(path, &len);
+    char *src = ks_read_file(path, &len);
     assert_non_null(src);
     snprintf(path, sizeof path, "%s/rendered/%s.json", dir, name);
-    char *ref_text = read_all(path, NULL);
+    char *ref_text = ks_read_file(path, NULL);
     assert_non_null(ref_text);
     cJSON *ref = cJSON_Parse(ref_text);
     assert_non_null(ref);
@@ -779,7 +759,7 @@ static void test_corpus(void **state)
     snprintf(dir, sizeof dir, "%s/templates", shared_dir());
     char path[1100];
     snprintf(path, sizeof path, "%s/conversations.json", dir);
-    char *text = read_all(path, NULL);
+    char *text = ks_read_file(path, NULL);
     if (!text)
         KS_SKIP("no %s", path);
     cJSON *convs = cJSON_Parse(text);

@@ -19,6 +19,7 @@ char *ks_read_file(const char *path, size_t *len)
     }
     buf[n] = 0;
     fclose(f);
-    *len = (size_t)n;
+    if (len)
+        *len = (size_t)n;
     return buf;
 }

@@ -5,7 +5,8 @@
 #include <stddef.h>
 
 /* The file's bytes plus a terminating NUL (malloc'd; free it), its size in
- * *len; NULL (and *len untouched) when it cannot be opened or read. */
+ * *len (len may be NULL); NULL (and *len untouched) when it cannot be opened or
+ * read. */
 char *ks_read_file(const char *path, size_t *len);
 
 #endif
