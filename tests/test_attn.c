@@ -150,7 +150,27 @@ static struct run_stats run_case(struct fixture *f, struct kv_cache *kv, threads
     return rs;
 }
 
-static const enum quant_type TYPES[] = {QUANT_F32, QUANT_F16, QUANT_Q8_0, QUANT_Q4_0};
+/* K/V pairs: every pair of f32, f16, q8_0 and q4_0, and each other KV type
+ * with itself and with f16 on the other half (every kernel of every type
+ * meets both a float and a quantized partner page). */
+struct type_pair {
+    enum quant_type k, v;
+};
+static const enum quant_type CORE[] = {QUANT_F32, QUANT_F16, QUANT_Q8_0, QUANT_Q4_0};
+static const enum quant_type OTHER[] = {QUANT_BF16, QUANT_Q5_1, QUANT_Q5_0, QUANT_Q4_1, QUANT_IQ4_NL};
+enum { N_CORE = 4, N_OTHER = 5, N_PAIRS = N_CORE * N_CORE + 3 * N_OTHER };
+
+static struct type_pair type_pair(int i)
+{
+    if (i < N_CORE * N_CORE)
+        return (struct type_pair){CORE[i / N_CORE], CORE[i % N_CORE]};
+    i -= N_CORE * N_CORE;
+    enum quant_type t = OTHER[i / 3];
+    return i % 3 == 0 ? (struct type_pair){t, t} : i % 3 == 1 ? (struct type_pair){t, QUANT_F16}
+                                                            : (struct type_pair){QUANT_F16, t};
+}
+
+static bool type_fits(enum quant_type t, int dim) { return dim % quant_traits(t)->block_elems == 0; }
 
 /* Stated error bounds on this data (q and v uniform in [-1, 1], keys with
  * outlier channels up to 8, scale 1/sqrt(dim)), per half: the bound of a
@@ -163,7 +183,9 @@ static struct bounds bound(enum quant_type t)
     switch (t) {
     case QUANT_F32: return (struct bounds){5e-6, 5e-6};
     case QUANT_F16: return (struct bounds){2e-3, 3e-4};
+    case QUANT_BF16: return (struct bounds){6e-3, 6e-4};
     case QUANT_Q8_0: return (struct bounds){2.5e-2, 3e-3};
+    case QUANT_Q5_0: case QUANT_Q5_1: return (struct bounds){0.12, 0.012};
     default: return (struct bounds){0.25, 0.025};
     }
 }
@@ -173,25 +195,24 @@ static void check_all_types(int dim, int n_head, int n_kv, int P, bool rotate, t
 {
     attn_set_kernels(k);
     int32_t lens[3] = {400, 37, 1}; /* 400 tokens at P=16: 25 pages, 4 page ranges with 2 threads */
-    for (int a = 0; a < 4; a++)
-        for (int b = 0; b < 4; b++) {
-            if (dim % 32 && (a >= 2 || b >= 2))
-                continue;
-            struct fixture f = {.n_layer = 2, .n_kv = n_kv, .n_head = n_head, .dim = dim, .P = P};
-            struct kv_cache *kv = make_cache(&f, TYPES[a], TYPES[b], rotate, lens, 3);
-            struct run_stats rs = run_case(&f, kv, pool, 1);
-            double lim = bound(TYPES[a]).max_abs + bound(TYPES[b]).max_abs;
-            double lim_rms = bound(TYPES[a]).rms + bound(TYPES[b]).rms;
-            if (getenv("ATTN_TEST_VERBOSE"))
-                print_message("%s K=%s V=%s dim %d rotate %d: max %.3g rms %.3g\n", k ? k->isa : "best",
-                              quant_type_name(TYPES[a]), quant_type_name(TYPES[b]), dim, rotate, rs.max_abs, rs.rms);
-            if (rs.max_abs > lim || rs.rms > lim_rms)
-                fail_msg("%s K=%s V=%s dim %d rotate %d: error max %g rms %g, bounds %g %g", k ? k->isa : "best",
-                         quant_type_name(TYPES[a]), quant_type_name(TYPES[b]), dim, rotate, rs.max_abs, rs.rms, lim,
-                         lim_rms);
-            kv_free(kv);
-            free_fixture(&f);
-        }
+    for (int i = 0; i < N_PAIRS; i++) {
+        struct type_pair tp = type_pair(i);
+        if (!type_fits(tp.k, dim) || !type_fits(tp.v, dim))
+            continue;
+        struct fixture f = {.n_layer = 2, .n_kv = n_kv, .n_head = n_head, .dim = dim, .P = P};
+        struct kv_cache *kv = make_cache(&f, tp.k, tp.v, rotate, lens, 3);
+        struct run_stats rs = run_case(&f, kv, pool, 1);
+        double lim = bound(tp.k).max_abs + bound(tp.v).max_abs;
+        double lim_rms = bound(tp.k).rms + bound(tp.v).rms;
+        if (getenv("ATTN_TEST_VERBOSE"))
+            print_message("%s K=%s V=%s dim %d rotate %d: max %.3g rms %.3g\n", k ? k->isa : "best",
+                          quant_type_name(tp.k), quant_type_name(tp.v), dim, rotate, rs.max_abs, rs.rms);
+        if (rs.max_abs > lim || rs.rms > lim_rms)
+            fail_msg("%s K=%s V=%s dim %d rotate %d: error max %g rms %g, bounds %g %g", k ? k->isa : "best",
+                     quant_type_name(tp.k), quant_type_name(tp.v), dim, rotate, rs.max_abs, rs.rms, lim, lim_rms);
+        kv_free(kv);
+        free_fixture(&f);
+    }
     attn_set_kernels(NULL);
 }
 
@@ -238,10 +259,10 @@ static void simd_matches_scalar(int dim, int n_head, int n_kv)
 {
     const struct attn_kernels *sets[] = {attn_kernels_avx2(), attn_kernels_avx512()};
     int32_t lens[2] = {300, 45};
-    for (int a = 0; a < 4; a++)
-        for (int b = 0; b < 4; b++) {
+    for (int pi = 0; pi < N_PAIRS; pi++) {
+        struct type_pair tp = type_pair(pi);
             struct fixture f = {.n_layer = 1, .n_kv = n_kv, .n_head = n_head, .dim = dim, .P = 32};
-            struct kv_cache *kv = make_cache(&f, TYPES[a], TYPES[b], true, lens, 2);
+            struct kv_cache *kv = make_cache(&f, tp.k, tp.v, true, lens, 2);
             struct attn_query qs[3] = {{f.seq[0], 299}, {f.seq[0], 100}, {f.seq[1], 44}};
             size_t w = (size_t)f.n_head * f.dim;
             float *q = malloc(3 * w * sizeof(float)), *ref = malloc(3 * w * sizeof(float)),
@@ -258,7 +279,7 @@ static void simd_matches_scalar(int dim, int n_head, int n_kv)
                 for (size_t i = 0; i < 3 * w; i++)
                     if (fabsf(got[i] - ref[i]) > 2e-5f)
                         fail_msg("%s K=%s V=%s dim %d: element %zu is %g, scalar %g", sets[k]->isa,
-                                 quant_type_name(TYPES[a]), quant_type_name(TYPES[b]), dim, i, got[i], ref[i]);
+                                 quant_type_name(tp.k), quant_type_name(tp.v), dim, i, got[i], ref[i]);
             }
             attn_set_kernels(NULL);
             free(q);

@@ -240,51 +240,83 @@ static void dequantize_page_rows(const struct kv_cache *kv, int32_t seq, float *
             }
 }
 
+enum { EDGE_TOKENS = 40 };
+
+/* A one-layer cache of head_dim d at (tk, tv) holding EDGE_TOKENS edge rows;
+ * stored gets what each row should hold (after the rotation). */
+static struct kv_cache *edge_cache(int d, bool rot, enum quant_type tk, enum quant_type tv, int32_t *seq,
+                                   float **stored)
+{
+    struct kv_config cfg;
+    base_config(&cfg, d, 1 << 24);
+    cfg.n_layer = 1;
+    cfg.page_tokens = 16;
+    cfg.rotate = rot;
+    cfg.type_k = tk;
+    cfg.type_v = tv;
+    struct kv_cache *kv;
+    assert_int_equal(kv_create(&cfg, &kv), KS_OK);
+    assert_int_equal(kv_seq_create(kv, seq), KS_OK);
+    assert_int_equal(kv_seq_grow(kv, *seq, EDGE_TOKENS), KS_OK);
+    size_t per_tok = 2 * (size_t)cfg.n_kv_head * d;
+    *stored = malloc((size_t)EDGE_TOKENS * per_tok * sizeof **stored);
+    for (int p = 0; p < EDGE_TOKENS; p++) {
+        float *k = *stored + (size_t)p * per_tok, *v = k + per_tok / 2;
+        for (int h = 0; h < 2 * cfg.n_kv_head; h++)
+            edge_row(k + (size_t)h * d, d, p + h);
+        assert_int_equal(kv_write(kv, 0, *seq, p, k, v), KS_OK);
+        for (int h = 0; rot && h < 2 * cfg.n_kv_head; h++)
+            kv_rotate(k + (size_t)h * d, d);
+    }
+    return kv;
+}
+
 static void test_rows_match_quant_reference(void **state)
 {
     (void)state;
-    static const enum quant_type types[] = {QUANT_F32, QUANT_F16, QUANT_Q8_0, QUANT_Q4_0};
     const int dims[] = {32, 64, 96, 128, 256};
-    const int n_tok = 40;
+    const int n_tok = EDGE_TOKENS, N = KV_N_TYPES;
     for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++)
         for (int rot = 0; rot < 2; rot++)
-            for (size_t ti = 0; ti < 4; ti++) {
-                int d = dims[di];
-                struct kv_config cfg;
-                base_config(&cfg, d, 1 << 24);
-                cfg.n_layer = 1;
-                cfg.page_tokens = 16;
-                cfg.rotate = rot;
-                cfg.type_k = types[ti];
-                cfg.type_v = types[(ti + 1) % 4];
-                struct kv_cache *kv;
-                assert_int_equal(kv_create(&cfg, &kv), KS_OK);
+            for (int ti = 0; ti < N; ti++) {
                 int32_t s;
-                assert_int_equal(kv_seq_create(kv, &s), KS_OK);
-                assert_int_equal(kv_seq_grow(kv, s, n_tok), KS_OK);
-                size_t per_tok = 2 * (size_t)cfg.n_kv_head * d;
-                float *stored = malloc((size_t)n_tok * per_tok * sizeof *stored);
-                for (int p = 0; p < n_tok; p++) {
-                    float *k = stored + (size_t)p * per_tok, *v = k + per_tok / 2;
-                    for (int h = 0; h < 2 * cfg.n_kv_head; h++)
-                        edge_row(k + (size_t)h * d, d, p + h);
-                    assert_int_equal(kv_write(kv, 0, s, p, k, v), KS_OK);
-                    for (int h = 0; rot && h < 2 * cfg.n_kv_head; h++)
-                        kv_rotate(k + (size_t)h * d, d);
-                }
+                float *stored;
+                struct kv_cache *kv = edge_cache(dims[di], rot, kv_type_at(ti), kv_type_at((ti + 1) % N), &s, &stored);
                 check_page_rows(kv, s, stored, n_tok);
                 /* requantize through every type and back */
                 struct kv_selector all = {.kind = KV_SELECT_ALL};
-                for (int step = 1; step <= 4; step++) {
+                for (int step = 1; step <= N; step++) {
                     dequantize_page_rows(kv, s, stored, n_tok);
-                    assert_int_equal(kv_requantize(kv, &all, types[(ti + step) % 4], types[(ti + 2 * step) % 4], false,
-                                                   NULL), KS_OK);
+                    assert_int_equal(kv_requantize(kv, &all, kv_type_at((ti + step) % N),
+                                                   kv_type_at((ti + 2 * step) % N), false, NULL), KS_OK);
                     check_page_rows(kv, s, stored, n_tok);
                 }
                 assert_int_equal(kv_check(kv), KS_OK);
                 free(stored);
                 kv_free(kv);
             }
+}
+
+/* Every ordered pair of KV types (K from a to b, V from b to a): the pages
+ * hold the reference's bytes of the dequantized rows and kv_check stays clean. */
+static void test_requantize_every_pair(void **state)
+{
+    (void)state;
+    for (int a = 0; a < KV_N_TYPES; a++)
+        for (int b = 0; b < KV_N_TYPES; b++) {
+            int32_t s;
+            float *stored;
+            struct kv_cache *kv = edge_cache(64, true, kv_type_at(a), kv_type_at(b), &s, &stored);
+            dequantize_page_rows(kv, s, stored, EDGE_TOKENS);
+            struct kv_selector all = {.kind = KV_SELECT_ALL};
+            struct kv_requant_result r;
+            assert_int_equal(kv_requantize(kv, &all, kv_type_at(b), kv_type_at(a), false, &r), KS_OK);
+            assert_int_equal(r.bytes_after, kv_page_bytes(kv_get_config(kv), kv_type_at(b), kv_type_at(a)) * 3);
+            assert_int_equal(kv_check(kv), KS_OK);
+            check_page_rows(kv, s, stored, EDGE_TOKENS);
+            free(stored);
+            kv_free(kv);
+        }
 }
 
 static void test_rotation_is_orthonormal(void **state)
@@ -608,6 +640,7 @@ int main(void)
         cmocka_unit_test(test_write_rotates_and_roundtrips),
         cmocka_unit_test(test_rotation_is_orthonormal),
         cmocka_unit_test(test_rows_match_quant_reference),
+        cmocka_unit_test(test_requantize_every_pair),
         cmocka_unit_test(test_fork_copy_on_write),
         cmocka_unit_test(test_copy_on_write_of_a_page_the_policy_demotes),
         cmocka_unit_test(test_requantize_dry_run_and_real),

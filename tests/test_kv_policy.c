@@ -250,7 +250,10 @@ static void test_bad_values_change_nothing(void **state)
         {{.set = KV_SET_FLOOR, .floor = QUANT_Q4_0}, "floor"},
         {{.set = KV_SET_FLOOR, .floor = QUANT_Q4_K}, "floor"},
         {{.set = KV_SET_TYPE_K, .type_k = QUANT_Q8_0}, "type_k"},
-        {{.set = KV_SET_TYPE_V, .type_v = QUANT_BF16}, "type_v"},
+        {{.set = KV_SET_TYPE_V, .type_v = QUANT_Q5_1}, "type_v"},
+        {{.set = KV_SET_TYPE_V, .type_v = QUANT_Q4_K}, "type_v"},
+        {{.set = KV_SET_LADDER, .n_ladder = 2, .ladder = {QUANT_F16, QUANT_F32}}, "--kv-ladder"},
+        {{.set = KV_SET_LADDER, .n_ladder = 1, .ladder = {QUANT_IQ4_NL}}, "--kv-ladder"},
         {{.set = KV_SET_TYPE_K | KV_SET_TYPE_V, .type_k = QUANT_F32, .type_v = QUANT_F32}, "budget"},
         {{.set = 1u << 20}, "unknown"},
         /* a valid field beside a bad one: still nothing changes */

@@ -10,8 +10,11 @@
  * vpdpbusd as unsigned bytes; the offset that makes them unsigned (8 for q4_0,
  * 128 for q8_0) is folded into the accumulator's start value, -offset times the
  * query's byte sums, computed once per page.
- * V: one block at a time is widened to f32 in registers (q4_0 through a 16-entry
- * table of (n - 8) * d) and FMA'd into the accumulators of every row. */
+ * V: one block at a time is widened to f32 in registers (the 4- and 5-bit
+ * types through a table of their levels times d, plus m) and FMA'd into the
+ * accumulators of every row.
+ * bf16, q4_1, q5_0, q5_1 and iq4_nl K: decoded the same way and scored against
+ * the f32 query with FMAs, through the float reduction. */
 #include "attn/attn_internal.h"
 #include "vmath/vmath.h"
 
@@ -92,16 +95,90 @@ ALWAYS_INLINE void store_scores(__m512 z, int nr, const struct attn_rows *rows, 
 
 /* ---- float K ----------------------------------------------------------------- */
 
-ALWAYS_INLINE __m512 load16(const void *p, bool f16)
+/* 16 values of a float type (f32, f16 or bf16, the high half of an f32) as f32. */
+ALWAYS_INLINE __m512 load16(const void *p, enum quant_type t)
 {
-    return f16 ? _mm512_cvtph_ps(_mm256_loadu_si256(p)) : _mm512_loadu_ps(p);
+    if (t == QUANT_F16)
+        return _mm512_cvtph_ps(_mm256_loadu_si256(p));
+    if (t == QUANT_BF16)
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(p)), 16));
+    return _mm512_loadu_ps(p);
+}
+
+ALWAYS_INLINE size_t elem_bytes(enum quant_type t) { return t == QUANT_F32 ? 4 : 2; }
+
+ALWAYS_INLINE bool is_block_type(enum quant_type t) { return t != QUANT_F32 && t != QUANT_F16 && t != QUANT_BF16; }
+
+/* Values 16h .. 16h+15 of block b of a q8_0, q4_0, q4_1, q5_0, q5_1 or iq4_nl
+ * row, dequantized: the 4-bit and 5-bit types through a table of their 16 or
+ * 32 levels times d (plus m) indexed by the values, q8_0 by widening. */
+ALWAYS_INLINE __m512 decode_half(const uint8_t *row, enum quant_type t, int b, int h)
+{
+    const __m512 lo16 = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512 sixteen = _mm512_set1_ps(16.0f);
+    if (t == QUANT_Q8_0) {
+        const block_q8_0 *blk = (const block_q8_0 *)row + b;
+        __m512 d = _mm512_cvtph_ps(_mm256_set1_epi16((short)blk->d));
+        __m512i x = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk->qs + h * LANES)));
+        return _mm512_mul_ps(d, _mm512_cvtepi32_ps(x));
+    }
+    /* every other type has a 2-byte d first and its 16 nibble bytes last */
+    const uint8_t *blk = row + (size_t)b * attn_row_bytes(t, QK8_0);
+    const uint8_t *qs = blk + attn_row_bytes(t, QK8_0) - QK8_0 / 2;
+    quant_f16 dh, mh = 0;
+    memcpy(&dh, blk, sizeof dh);
+    if (t == QUANT_Q4_1 || t == QUANT_Q5_1)
+        memcpy(&mh, blk + 2, sizeof mh);
+    __m512 d = _mm512_cvtph_ps(_mm256_set1_epi16((short)dh)), m = _mm512_cvtph_ps(_mm256_set1_epi16((short)mh));
+    __m512i x = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)qs));
+    __m512i idx = h ? _mm512_srli_epi32(x, 4) : x; /* permutexvar reads the low 4 bits */
+    if (t == QUANT_Q4_0)
+        return _mm512_permutexvar_ps(idx, _mm512_mul_ps(_mm512_sub_ps(lo16, _mm512_set1_ps(8.0f)), d));
+    if (t == QUANT_Q4_1)
+        return _mm512_permutexvar_ps(idx, _mm512_fmadd_ps(lo16, d, m));
+    if (t == QUANT_IQ4_NL) {
+        __m512 lv = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)quant_iq4nl_values)));
+        return _mm512_permutexvar_ps(idx, _mm512_mul_ps(lv, d));
+    }
+    /* q5_0 / q5_1: bit 4 of the index is the value's bit in qh, and permutex2var's table choice */
+    uint32_t qh;
+    memcpy(&qh, blk + (t == QUANT_Q5_1 ? 4 : 2), sizeof qh);
+    idx = _mm512_and_si512(idx, _mm512_set1_epi32(0x0F));
+    idx = _mm512_mask_or_epi32(idx, (__mmask16)(qh >> (LANES * h)), idx, _mm512_set1_epi32(0x10));
+    if (t == QUANT_Q5_0)
+        return _mm512_permutex2var_ps(_mm512_mul_ps(_mm512_sub_ps(lo16, sixteen), d), idx, _mm512_mul_ps(lo16, d));
+    return _mm512_permutex2var_ps(_mm512_fmadd_ps(lo16, d, m), idx, _mm512_fmadd_ps(_mm512_add_ps(lo16, sixteen), d, m));
+}
+
+/* v[i] = per-lane products of block-type K row kt with query row i, over
+ * every block; two partial sums per row halve the FMA dependency chain. */
+ALWAYS_INLINE void block_dots(const uint8_t *kt, enum quant_type t, const float *q, int d, int nr, __m512 *v)
+{
+    __m512 w[ROW_BLOCK];
+    for (int i = 0; i < nr; i++) {
+        v[i] = _mm512_setzero_ps();
+        w[i] = _mm512_setzero_ps();
+    }
+    for (int b = 0; b < d / QK8_0; b++) {
+        __m512 k0 = decode_half(kt, t, b, 0), k1 = decode_half(kt, t, b, 1);
+        for (int i = 0; i < nr; i++) {
+            v[i] = _mm512_fmadd_ps(_mm512_loadu_ps(q + (size_t)i * d + b * QK8_0), k0, v[i]);
+            w[i] = _mm512_fmadd_ps(_mm512_loadu_ps(q + (size_t)i * d + b * QK8_0 + LANES), k1, w[i]);
+        }
+    }
+    for (int i = 0; i < nr; i++)
+        v[i] = _mm512_add_ps(v[i], w[i]);
 }
 
 /* v[i] = elementwise products of K row kt with query row i, summed over
  * chunks; two partial sums per row halve the FMA dependency chain. */
-ALWAYS_INLINE void float_dots(const uint8_t *kt, bool f16, const float *q, int d, int nr, __m512 *v)
+ALWAYS_INLINE void float_dots(const uint8_t *kt, enum quant_type t, const float *q, int d, int nr, __m512 *v)
 {
-    size_t eb = f16 ? 2 : 4;
+    if (is_block_type(t)) {
+        block_dots(kt, t, q, d, nr, v);
+        return;
+    }
+    size_t eb = elem_bytes(t);
     __m512 w[ROW_BLOCK];
     for (int i = 0; i < nr; i++) {
         v[i] = _mm512_setzero_ps();
@@ -109,14 +186,14 @@ ALWAYS_INLINE void float_dots(const uint8_t *kt, bool f16, const float *q, int d
     }
     int c = 0;
     for (; c + 2 * LANES <= d; c += 2 * LANES) {
-        __m512 k0 = load16(kt + (size_t)c * eb, f16), k1 = load16(kt + (size_t)(c + LANES) * eb, f16);
+        __m512 k0 = load16(kt + (size_t)c * eb, t), k1 = load16(kt + (size_t)(c + LANES) * eb, t);
         for (int i = 0; i < nr; i++) {
             v[i] = _mm512_fmadd_ps(_mm512_loadu_ps(q + (size_t)i * d + c), k0, v[i]);
             w[i] = _mm512_fmadd_ps(_mm512_loadu_ps(q + (size_t)i * d + c + LANES), k1, w[i]);
         }
     }
     if (c < d) {
-        __m512 k0 = load16(kt + (size_t)c * eb, f16);
+        __m512 k0 = load16(kt + (size_t)c * eb, t);
         for (int i = 0; i < nr; i++)
             v[i] = _mm512_fmadd_ps(_mm512_loadu_ps(q + (size_t)i * d + c), k0, v[i]);
     }
@@ -124,11 +201,11 @@ ALWAYS_INLINE void float_dots(const uint8_t *kt, bool f16, const float *q, int d
         v[i] = _mm512_add_ps(v[i], w[i]);
 }
 
-ALWAYS_INLINE void float_score_block(const uint8_t *k, bool f16, int n_tok, const struct attn_rows *rows, int r0,
-                                     int nr)
+ALWAYS_INLINE void float_score_block(const uint8_t *k, enum quant_type f16, int n_tok, const struct attn_rows *rows,
+                                     int r0, int nr)
 {
     int d = rows->dim;
-    size_t rb = (size_t)d * (f16 ? 2 : 4);
+    size_t rb = attn_row_bytes(f16, d);
     const float *q = rows->q + (size_t)r0 * d;
     for (int t0 = 0; t0 < n_tok; t0 += LANES / nr) {
         __m512 z;
@@ -137,7 +214,7 @@ ALWAYS_INLINE void float_score_block(const uint8_t *k, bool f16, int n_tok, cons
     }
 }
 
-ALWAYS_INLINE void float_score(const uint8_t *k, bool f16, int n_tok, const struct attn_rows *rows)
+ALWAYS_INLINE void float_score(const uint8_t *k, enum quant_type f16, int n_tok, const struct attn_rows *rows)
 {
     int r = 0;
     for (; r + 4 <= rows->n; r += 4)
@@ -152,13 +229,25 @@ ALWAYS_INLINE void float_score(const uint8_t *k, bool f16, int n_tok, const stru
 
 static void score_f32_avx512(const uint8_t *k, int n_tok, const struct attn_rows *rows)
 {
-    float_score(k, false, n_tok, rows);
+    float_score(k, QUANT_F32, n_tok, rows);
 }
 
 static void score_f16_avx512(const uint8_t *k, int n_tok, const struct attn_rows *rows)
 {
-    float_score(k, true, n_tok, rows);
+    float_score(k, QUANT_F16, n_tok, rows);
 }
+
+/* bf16 and the block types without an integer kernel: products against the f32 query. */
+#define FLOAT_Q_SCORE(name, type)                                                                            \
+    static void score_##name##_avx512(const uint8_t *k, int n_tok, const struct attn_rows *rows)            \
+    {                                                                                                        \
+        float_score(k, type, n_tok, rows);                                                                   \
+    }
+FLOAT_Q_SCORE(bf16, QUANT_BF16)
+FLOAT_Q_SCORE(q5_1, QUANT_Q5_1)
+FLOAT_Q_SCORE(q5_0, QUANT_Q5_0)
+FLOAT_Q_SCORE(q4_1, QUANT_Q4_1)
+FLOAT_Q_SCORE(iq4_nl, QUANT_IQ4_NL)
 
 /* ---- quantized K --------------------------------------------------------------- */
 
@@ -398,11 +487,11 @@ ALWAYS_INLINE __m512 prob(const struct attn_rows *rows, int r, int t)
 
 /* Columns [c, c + 16 * w) of nr rows from r0, accumulators in registers
  * across the page's tokens. */
-ALWAYS_INLINE void float_accum_cols(const uint8_t *v, bool f16, int n_tok, const struct attn_rows *rows, int r0,
-                                    int nr, int c, int w)
+ALWAYS_INLINE void float_accum_cols(const uint8_t *v, enum quant_type f16, int n_tok, const struct attn_rows *rows,
+                                    int r0, int nr, int c, int w)
 {
     int d = rows->dim;
-    size_t rb = (size_t)d * (f16 ? 2 : 4), eb = f16 ? 2 : 4;
+    size_t rb = attn_row_bytes(f16, d), eb = elem_bytes(f16);
     __m512 acc[2][ROW_BLOCK];
     for (int h = 0; h < w; h++)
         for (int i = 0; i < nr; i++)
@@ -422,8 +511,8 @@ ALWAYS_INLINE void float_accum_cols(const uint8_t *v, bool f16, int n_tok, const
             _mm512_storeu_ps(rows->acc + (size_t)(r0 + i) * d + c + h * LANES, acc[h][i]);
 }
 
-ALWAYS_INLINE void float_accum_rows(const uint8_t *v, bool f16, int n_tok, const struct attn_rows *rows, int r0,
-                                    int nr)
+ALWAYS_INLINE void float_accum_rows(const uint8_t *v, enum quant_type f16, int n_tok, const struct attn_rows *rows,
+                                    int r0, int nr)
 {
     int c = 0;
     for (; c + 2 * LANES <= rows->dim; c += 2 * LANES)
@@ -432,7 +521,7 @@ ALWAYS_INLINE void float_accum_rows(const uint8_t *v, bool f16, int n_tok, const
         float_accum_cols(v, f16, n_tok, rows, r0, nr, c, 1);
 }
 
-ALWAYS_INLINE void float_accum(const uint8_t *v, bool f16, int n_tok, const struct attn_rows *rows)
+ALWAYS_INLINE void float_accum(const uint8_t *v, enum quant_type f16, int n_tok, const struct attn_rows *rows)
 {
     int r = 0;
     for (; r + 4 <= rows->n; r += 4)
@@ -443,40 +532,26 @@ ALWAYS_INLINE void float_accum(const uint8_t *v, bool f16, int n_tok, const stru
 
 static void accum_f32_avx512(const uint8_t *v, int n_tok, const struct attn_rows *rows)
 {
-    float_accum(v, false, n_tok, rows);
+    float_accum(v, QUANT_F32, n_tok, rows);
 }
 
 static void accum_f16_avx512(const uint8_t *v, int n_tok, const struct attn_rows *rows)
 {
-    float_accum(v, true, n_tok, rows);
+    float_accum(v, QUANT_F16, n_tok, rows);
 }
 
-/* 32 values of block b of one quantized V row, times the block's d, as two vectors. */
-ALWAYS_INLINE void dequant_block(const uint8_t *vt, bool q4, int b, __m512 *lo, __m512 *hi)
+static void accum_bf16_avx512(const uint8_t *v, int n_tok, const struct attn_rows *rows)
 {
-    if (q4) {
-        const __m512 lut = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
-        const block_q4_0 *blk = (const block_q4_0 *)vt + b;
-        __m512 tab = _mm512_mul_ps(lut, _mm512_cvtph_ps(_mm256_set1_epi16((short)blk->d)));
-        __m512i x = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)blk->qs));
-        *lo = _mm512_permutexvar_ps(x, tab); /* uses the low 4 bits of each index */
-        *hi = _mm512_permutexvar_ps(_mm512_srli_epi32(x, 4), tab);
-    } else {
-        const block_q8_0 *blk = (const block_q8_0 *)vt + b;
-        __m512 dv = _mm512_cvtph_ps(_mm256_set1_epi16((short)blk->d));
-        *lo = _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)blk->qs))));
-        *hi = _mm512_mul_ps(
-            dv, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk->qs + LANES)))));
-    }
+    float_accum(v, QUANT_BF16, n_tok, rows);
 }
 
 /* Blocks [b, b + nblk) (nblk 1 or 2) of nr rows, accumulators in registers
  * across the page's tokens; each probability is broadcast once per token. */
-ALWAYS_INLINE void quant_accum_block(const uint8_t *v, bool q4, int n_tok, const struct attn_rows *rows, int r0,
-                                     int nr, int b, int nblk)
+ALWAYS_INLINE void quant_accum_block(const uint8_t *v, enum quant_type type, int n_tok, const struct attn_rows *rows,
+                                     int r0, int nr, int b, int nblk)
 {
     int d = rows->dim;
-    size_t rb = attn_quant_row_bytes(q4, d);
+    size_t rb = attn_row_bytes(type, d);
     float *base = rows->acc + (size_t)b * QK8_0;
     __m512 a[4][ROW_BLOCK];
     for (int h = 0; h < 2 * nblk; h++)
@@ -484,8 +559,10 @@ ALWAYS_INLINE void quant_accum_block(const uint8_t *v, bool q4, int n_tok, const
             a[h][i] = _mm512_loadu_ps(base + (size_t)(r0 + i) * d + h * LANES);
     for (int t = 0; t < n_tok; t++) {
         __m512 x[4];
-        for (int k = 0; k < nblk; k++)
-            dequant_block(ATTN_ROW(rows, v, t, rb), q4, b + k, &x[2 * k], &x[2 * k + 1]);
+        for (int k = 0; k < nblk; k++) {
+            x[2 * k] = decode_half(ATTN_ROW(rows, v, t, rb), type, b + k, 0);
+            x[2 * k + 1] = decode_half(ATTN_ROW(rows, v, t, rb), type, b + k, 1);
+        }
         for (int i = 0; i < nr; i++) {
             __m512 p = prob(rows, r0 + i, t);
             for (int h = 0; h < 2 * nblk; h++)
@@ -497,7 +574,7 @@ ALWAYS_INLINE void quant_accum_block(const uint8_t *v, bool q4, int n_tok, const
             _mm512_storeu_ps(base + (size_t)(r0 + i) * d + h * LANES, a[h][i]);
 }
 
-ALWAYS_INLINE void quant_accum(const uint8_t *v, bool q4, int n_tok, const struct attn_rows *rows)
+ALWAYS_INLINE void quant_accum(const uint8_t *v, enum quant_type q4, int n_tok, const struct attn_rows *rows)
 {
     int nb = rows->dim / QK8_0, b = 0;
     for (; b + 2 <= nb; b += 2) {
@@ -518,13 +595,23 @@ ALWAYS_INLINE void quant_accum(const uint8_t *v, bool q4, int n_tok, const struc
 
 static void accum_q8_0_avx512(const uint8_t *v, int n_tok, const struct attn_rows *rows)
 {
-    quant_accum(v, false, n_tok, rows);
+    quant_accum(v, QUANT_Q8_0, n_tok, rows);
 }
 
 static void accum_q4_0_avx512(const uint8_t *v, int n_tok, const struct attn_rows *rows)
 {
-    quant_accum(v, true, n_tok, rows);
+    quant_accum(v, QUANT_Q4_0, n_tok, rows);
 }
+
+#define BLOCK_ACCUM(name, type)                                                                              \
+    static void accum_##name##_avx512(const uint8_t *v, int n_tok, const struct attn_rows *rows)            \
+    {                                                                                                        \
+        quant_accum(v, type, n_tok, rows);                                                                   \
+    }
+BLOCK_ACCUM(q5_1, QUANT_Q5_1)
+BLOCK_ACCUM(q5_0, QUANT_Q5_0)
+BLOCK_ACCUM(q4_1, QUANT_Q4_1)
+BLOCK_ACCUM(iq4_nl, QUANT_IQ4_NL)
 
 /* head_dim not a multiple of 16 goes to the AVX2 set (which falls back further). */
 #define WIDE_OR_AVX2(name, wide, kind, type)                                                                 \
@@ -539,6 +626,8 @@ WIDE_OR_AVX2(score_f32_g, score_f32_avx512, score, QUANT_F32)
 WIDE_OR_AVX2(score_f16_g, score_f16_avx512, score, QUANT_F16)
 WIDE_OR_AVX2(accum_f32_g, accum_f32_avx512, accum, QUANT_F32)
 WIDE_OR_AVX2(accum_f16_g, accum_f16_avx512, accum, QUANT_F16)
+WIDE_OR_AVX2(score_bf16_g, score_bf16_avx512, score, QUANT_BF16)
+WIDE_OR_AVX2(accum_bf16_g, accum_bf16_avx512, accum, QUANT_BF16)
 
 #if !defined(AVX512_QUANT_K)
 static void score_q8_0_avx512(const uint8_t *k, int n_tok, const struct attn_rows *rows)
@@ -644,10 +733,12 @@ static void rotate_avx512(float *x, int n)
 
 static const struct attn_kernels AVX512 = {
     "avx512",
-    {[KV_INDEX_F32] = score_f32_g, [KV_INDEX_F16] = score_f16_g, [KV_INDEX_Q8_0] = score_q8_0_avx512,
-     [KV_INDEX_Q4_0] = score_q4_0_avx512},
-    {[KV_INDEX_F32] = accum_f32_g, [KV_INDEX_F16] = accum_f16_g, [KV_INDEX_Q8_0] = accum_q8_0_avx512,
-     [KV_INDEX_Q4_0] = accum_q4_0_avx512},
+    {[KV_INDEX_F32] = score_f32_g, [KV_INDEX_F16] = score_f16_g, [KV_INDEX_BF16] = score_bf16_g,
+     [KV_INDEX_Q8_0] = score_q8_0_avx512, [KV_INDEX_Q5_1] = score_q5_1_avx512, [KV_INDEX_Q5_0] = score_q5_0_avx512,
+     [KV_INDEX_Q4_1] = score_q4_1_avx512, [KV_INDEX_IQ4_NL] = score_iq4_nl_avx512, [KV_INDEX_Q4_0] = score_q4_0_avx512},
+    {[KV_INDEX_F32] = accum_f32_g, [KV_INDEX_F16] = accum_f16_g, [KV_INDEX_BF16] = accum_bf16_g,
+     [KV_INDEX_Q8_0] = accum_q8_0_avx512, [KV_INDEX_Q5_1] = accum_q5_1_avx512, [KV_INDEX_Q5_0] = accum_q5_0_avx512,
+     [KV_INDEX_Q4_1] = accum_q4_1_avx512, [KV_INDEX_IQ4_NL] = accum_iq4_nl_avx512, [KV_INDEX_Q4_0] = accum_q4_0_avx512},
     exp_sum_avx512,
     softmax_avx512,
     rotate_avx512,

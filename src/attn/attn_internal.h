@@ -94,6 +94,24 @@ static inline size_t attn_quant_row_bytes(bool q4, int dim)
     return (size_t)(dim / QK8_0) * (q4 ? sizeof(block_q4_0) : sizeof(block_q8_0));
 }
 
+/* Bytes of one row of dim values of KV type t, quant_row_size() inline (a
+ * constant per type when t is one) for the kernels' token loops. */
+static inline size_t attn_row_bytes(enum quant_type t, int dim)
+{
+    switch (t) {
+    case QUANT_F32: return (size_t)dim * sizeof(float);
+    case QUANT_F16: return (size_t)dim * sizeof(quant_f16);
+    case QUANT_BF16: return (size_t)dim * sizeof(quant_bf16);
+    case QUANT_Q8_0: return (size_t)(dim / QK8_0) * sizeof(block_q8_0);
+    case QUANT_Q5_1: return (size_t)(dim / QK5_1) * sizeof(block_q5_1);
+    case QUANT_Q5_0: return (size_t)(dim / QK5_0) * sizeof(block_q5_0);
+    case QUANT_Q4_1: return (size_t)(dim / QK4_1) * sizeof(block_q4_1);
+    case QUANT_IQ4_NL: return (size_t)(dim / QK4_NL) * sizeof(block_iq4_nl);
+    case QUANT_Q4_0: return (size_t)(dim / QK4_0) * sizeof(block_q4_0);
+    default: return quant_row_size(t, dim);
+    }
+}
+
 /* The reference page softmax over any exp_sum kernel (scalar and AVX2 sets). */
 void attn_softmax_with(const struct attn_rows *rows, int page_start, int n_tok, attn_exp_sum_fn exp_sum);
 

@@ -137,6 +137,73 @@ static void accum_q4_0(const uint8_t *v, int n_tok, const struct attn_rows *rows
     }
 }
 
+/* The other types (bf16, q4_1, q5_0, q5_1, iq4_nl) are scored against the f32
+ * query: each row is dequantized a chunk of DECODE values at a time by
+ * quant's reference dequantizer, the obviously correct decoding. */
+enum { DECODE = 32 };
+
+static int decode_chunk(enum quant_type t, const uint8_t *row, int c, int d, float *out)
+{
+    int n = d - c < DECODE ? d - c : DECODE;
+    quant_traits_scalar(t)->to_float(row + quant_row_size(t, c), out, n);
+    return n;
+}
+
+static void score_decoded(enum quant_type type, const uint8_t *k, int n_tok, const struct attn_rows *rows)
+{
+    int d = rows->dim;
+    size_t rb = quant_row_size(type, d);
+    float x[DECODE];
+    for (int t = 0; t < n_tok; t++) {
+        const uint8_t *kt = ATTN_ROW(rows, k, t, rb);
+        for (int r = 0; r < rows->n; r++) {
+            const float *q = rows->q + (size_t)r * d;
+            float s = 0.0f;
+            for (int c = 0; c < d;) {
+                int n = decode_chunk(type, kt, c, d, x);
+                for (int i = 0; i < n; i++)
+                    s += q[c + i] * x[i];
+                c += n;
+            }
+            rows->s[(size_t)r * rows->stride + t] = s;
+        }
+    }
+}
+
+static void accum_decoded(enum quant_type type, const uint8_t *v, int n_tok, const struct attn_rows *rows)
+{
+    int d = rows->dim;
+    size_t rb = quant_row_size(type, d);
+    float x[DECODE];
+    for (int t = 0; t < n_tok; t++) {
+        const uint8_t *vt = ATTN_ROW(rows, v, t, rb);
+        for (int c = 0; c < d;) {
+            int n = decode_chunk(type, vt, c, d, x);
+            for (int r = 0; r < rows->n; r++) {
+                float p = rows->s[(size_t)r * rows->stride + t], *acc = rows->acc + (size_t)r * d + c;
+                for (int i = 0; p != 0.0f && i < n; i++)
+                    acc[i] += p * x[i];
+            }
+            c += n;
+        }
+    }
+}
+
+#define DECODED_KERNELS(name, type)                                                                          \
+    static void score_##name(const uint8_t *k, int n_tok, const struct attn_rows *rows)                     \
+    {                                                                                                        \
+        score_decoded(type, k, n_tok, rows);                                                                 \
+    }                                                                                                        \
+    static void accum_##name(const uint8_t *v, int n_tok, const struct attn_rows *rows)                     \
+    {                                                                                                        \
+        accum_decoded(type, v, n_tok, rows);                                                                 \
+    }
+DECODED_KERNELS(bf16, QUANT_BF16)
+DECODED_KERNELS(q5_1, QUANT_Q5_1)
+DECODED_KERNELS(q5_0, QUANT_Q5_0)
+DECODED_KERNELS(q4_1, QUANT_Q4_1)
+DECODED_KERNELS(iq4_nl, QUANT_IQ4_NL)
+
 /* roundf (halves away from zero) for |v| < 2^31, without a libm call: the
  * query is quantized on every step, and roundf/fmaxf calls showed up at
  * 7% of a short-context decode. */
@@ -206,8 +273,12 @@ static void softmax(const struct attn_rows *rows, int page_start, int n_tok)
 
 static const struct attn_kernels SCALAR = {
     "scalar",
-    {[KV_INDEX_F32] = score_f32, [KV_INDEX_F16] = score_f16, [KV_INDEX_Q8_0] = score_q8_0, [KV_INDEX_Q4_0] = score_q4_0},
-    {[KV_INDEX_F32] = accum_f32, [KV_INDEX_F16] = accum_f16, [KV_INDEX_Q8_0] = accum_q8_0, [KV_INDEX_Q4_0] = accum_q4_0},
+    {[KV_INDEX_F32] = score_f32, [KV_INDEX_F16] = score_f16, [KV_INDEX_BF16] = score_bf16,
+     [KV_INDEX_Q8_0] = score_q8_0, [KV_INDEX_Q5_1] = score_q5_1, [KV_INDEX_Q5_0] = score_q5_0,
+     [KV_INDEX_Q4_1] = score_q4_1, [KV_INDEX_IQ4_NL] = score_iq4_nl, [KV_INDEX_Q4_0] = score_q4_0},
+    {[KV_INDEX_F32] = accum_f32, [KV_INDEX_F16] = accum_f16, [KV_INDEX_BF16] = accum_bf16,
+     [KV_INDEX_Q8_0] = accum_q8_0, [KV_INDEX_Q5_1] = accum_q5_1, [KV_INDEX_Q5_0] = accum_q5_0,
+     [KV_INDEX_Q4_1] = accum_q4_1, [KV_INDEX_IQ4_NL] = accum_iq4_nl, [KV_INDEX_Q4_0] = accum_q4_0},
     exp_sum,
     softmax,
     kv_rotate,

@@ -1,5 +1,6 @@
 /* AVX2 (+FMA, F16C) kernel set: 8-wide floats, 32-byte q8_0/q4_0 blocks as
- * one 256-bit integer dot (VNNI when present). Kernels fall back to the
+ * one 256-bit integer dot (VNNI when present), the other block types widened
+ * to f32 in registers. Kernels fall back to the
  * scalar reference for head_dim they cannot tile. The AVX-512 set is in
  * attn_avx512.c and uses this one for what it does not cover. */
 #include "attn/attn_internal.h"
@@ -7,6 +8,7 @@
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
+#include <string.h>
 
 #define AVX2_ON 1
 /* Query rows scored or accumulated together: their accumulators stay in
@@ -25,6 +27,11 @@ ALWAYS_INLINE float hsum8(__m256 v)
 
 ALWAYS_INLINE __m256 load8_f32(const void *p) { return _mm256_loadu_ps(p); }
 ALWAYS_INLINE __m256 load8_f16(const void *p) { return _mm256_cvtph_ps(_mm_loadu_si128(p)); }
+/* bf16 is the high half of an f32 */
+ALWAYS_INLINE __m256 load8_bf16(const void *p)
+{
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(p)), 16));
+}
 
 /* sum(u * s) over 32 bytes in 8 int32 lanes: u unsigned, s signed; no
  * saturation because |u| <= 127 for q8_0 and <= 15 for q4_0 nibbles. */
@@ -79,8 +86,10 @@ ALWAYS_INLINE __m256i unpack_q4_0(const uint8_t *qs)
 
 #define load8_f32_q load8_f32
 #define load8_f16_q load8_f32
+#define load8_bf16_q load8_f32
 FLOAT_SCORE_ROWS(score_f32_avx2, float, load8_f32, 8, __m256, _mm256_fmadd_ps, _mm256_setzero_ps, hsum8)
 FLOAT_SCORE_ROWS(score_f16_avx2, quant_f16, load8_f16, 8, __m256, _mm256_fmadd_ps, _mm256_setzero_ps, hsum8)
+FLOAT_SCORE_ROWS(score_bf16_avx2, quant_bf16, load8_bf16, 8, __m256, _mm256_fmadd_ps, _mm256_setzero_ps, hsum8)
 
 /* One quantized K row against nr int8 query rows; q4 selects the q4_0 layout. */
 ALWAYS_INLINE void quant_score_rows(const uint8_t *kt, bool q4, const struct attn_rows *rows, int r0, int nr,
@@ -172,6 +181,8 @@ FLOAT_ACCUM(accum_f32_avx2, float, load8_f32, 8, __m256, _mm256_fmadd_ps, _mm256
             _mm256_storeu_ps)
 FLOAT_ACCUM(accum_f16_avx2, quant_f16, load8_f16, 8, __m256, _mm256_fmadd_ps, _mm256_set1_ps, _mm256_loadu_ps,
             _mm256_storeu_ps)
+FLOAT_ACCUM(accum_bf16_avx2, quant_bf16, load8_bf16, 8, __m256, _mm256_fmadd_ps, _mm256_set1_ps, _mm256_loadu_ps,
+            _mm256_storeu_ps)
 
 /* 16 values (half h of block b) of a quantized V row as two 8-float vectors. */
 ALWAYS_INLINE void quant_half8(const uint8_t *vt, bool q4, int b, int h, __m256 *lo, __m256 *hi, float *d)
@@ -240,6 +251,150 @@ static void accum_q4_0_avx2(const uint8_t *v, int n_tok, const struct attn_rows 
     quant_accum(v, n_tok, rows, true);
 }
 
+/* ---- q4_1, q5_0, q5_1, iq4_nl: blocks widened to f32 in registers ---------- *
+ * K is scored against the f32 query with FMAs and V accumulated likewise;
+ * each block is decoded half (16 values) at a time, scale (and minimum)
+ * applied, so a value costs one FMA per query row. */
+
+/* 16 bytes as two 8-float vectors, times d plus m. */
+ALWAYS_INLINE void widen16(__m128i x, bool is_signed, float d, float m, __m256 *lo, __m256 *hi)
+{
+    __m256i a = is_signed ? _mm256_cvtepi8_epi32(x) : _mm256_cvtepu8_epi32(x);
+    __m256i b = is_signed ? _mm256_cvtepi8_epi32(_mm_srli_si128(x, 8)) : _mm256_cvtepu8_epi32(_mm_srli_si128(x, 8));
+    __m256 dv = _mm256_set1_ps(d), mv = _mm256_set1_ps(m);
+    *lo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a), dv, mv);
+    *hi = _mm256_fmadd_ps(_mm256_cvtepi32_ps(b), dv, mv);
+}
+
+/* The nibbles of half h of a block's 16 bytes: low nibbles are values 0-15, high ones 16-31. */
+ALWAYS_INLINE __m128i nibbles(const uint8_t *qs, int h)
+{
+    __m128i raw = _mm_loadu_si128((const __m128i *)qs);
+    return _mm_and_si128(h ? _mm_srli_epi16(raw, 4) : raw, _mm_set1_epi8(0x0F));
+}
+
+/* 0x10 in byte j where bit j of bits (16 bits) is set: the q5 fifth bits. */
+ALWAYS_INLINE __m128i fifth_bits(uint32_t bits)
+{
+    const __m128i spread = _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    const __m128i sel = _mm_setr_epi8(1, 2, 4, 8, 16, 32, 64, -128, 1, 2, 4, 8, 16, 32, 64, -128);
+    __m128i v = _mm_and_si128(_mm_shuffle_epi8(_mm_set1_epi16((short)bits), spread), sel);
+    return _mm_and_si128(_mm_cmpeq_epi8(v, sel), _mm_set1_epi8(0x10));
+}
+
+ALWAYS_INLINE uint32_t load_qh(const uint8_t *qh)
+{
+    uint32_t v;
+    memcpy(&v, qh, sizeof v);
+    return v;
+}
+
+/* Values 16h .. 16h+15 of block b of a row of type t, dequantized. */
+ALWAYS_INLINE void decode_half(const uint8_t *row, enum quant_type t, int b, int h, __m256 *lo, __m256 *hi)
+{
+    if (t == QUANT_Q4_1) {
+        const block_q4_1 *blk = (const block_q4_1 *)row + b;
+        widen16(nibbles(blk->qs, h), false, _cvtsh_ss(blk->d), _cvtsh_ss(blk->m), lo, hi);
+    } else if (t == QUANT_Q5_0) {
+        const block_q5_0 *blk = (const block_q5_0 *)row + b;
+        __m128i x = _mm_or_si128(nibbles(blk->qs, h), fifth_bits(load_qh(blk->qh) >> (16 * h)));
+        widen16(_mm_sub_epi8(x, _mm_set1_epi8(16)), true, _cvtsh_ss(blk->d), 0.0f, lo, hi);
+    } else if (t == QUANT_Q5_1) {
+        const block_q5_1 *blk = (const block_q5_1 *)row + b;
+        __m128i x = _mm_or_si128(nibbles(blk->qs, h), fifth_bits(load_qh(blk->qh) >> (16 * h)));
+        widen16(x, false, _cvtsh_ss(blk->d), _cvtsh_ss(blk->m), lo, hi);
+    } else {
+        const block_iq4_nl *blk = (const block_iq4_nl *)row + b;
+        __m128i lut = _mm_loadu_si128((const __m128i *)quant_iq4nl_values);
+        widen16(_mm_shuffle_epi8(lut, nibbles(blk->qs, h)), true, _cvtsh_ss(blk->d), 0.0f, lo, hi);
+    }
+}
+
+ALWAYS_INLINE void block_score_rows(const uint8_t *kt, enum quant_type t, const struct attn_rows *rows, int r0,
+                                    int nr, int tok)
+{
+    int d = rows->dim;
+    __m256 acc[ROW_BLOCK];
+    for (int i = 0; i < nr; i++)
+        acc[i] = _mm256_setzero_ps();
+    for (int b = 0; b < d / QK8_0; b++)
+        for (int h = 0; h < 2; h++) {
+            __m256 lo, hi;
+            decode_half(kt, t, b, h, &lo, &hi);
+            for (int i = 0; i < nr; i++) {
+                const float *q = rows->q + (size_t)(r0 + i) * d + b * QK8_0 + h * HALF_BLOCK;
+                acc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(q), lo, acc[i]);
+                acc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(q + 8), hi, acc[i]);
+            }
+        }
+    for (int i = 0; i < nr; i++)
+        rows->s[(size_t)(r0 + i) * rows->stride + tok] = hsum8(acc[i]);
+}
+
+ALWAYS_INLINE void block_score(const uint8_t *k, int n_tok, const struct attn_rows *rows, enum quant_type type)
+{
+    size_t rb = attn_row_bytes(type, rows->dim);
+    for (int t = 0; t < n_tok; t++) {
+        const uint8_t *kt = ATTN_ROW(rows, k, t, rb);
+        int r = 0;
+        for (; r + ROW_BLOCK <= rows->n; r += ROW_BLOCK)
+            block_score_rows(kt, type, rows, r, ROW_BLOCK, t);
+        for (; r < rows->n; r++)
+            block_score_rows(kt, type, rows, r, 1, t);
+    }
+}
+
+ALWAYS_INLINE void block_accum_rows(const uint8_t *v, size_t rb, enum quant_type type, int n_tok,
+                                    const struct attn_rows *rows, int r0, int nr, int b, int h)
+{
+    float *base = rows->acc + b * QK8_0 + h * HALF_BLOCK;
+    __m256 a0[ROW_BLOCK], a1[ROW_BLOCK];
+    for (int i = 0; i < nr; i++) {
+        a0[i] = _mm256_loadu_ps(base + (size_t)(r0 + i) * rows->dim);
+        a1[i] = _mm256_loadu_ps(base + (size_t)(r0 + i) * rows->dim + 8);
+    }
+    for (int t = 0; t < n_tok; t++) {
+        __m256 lo, hi;
+        decode_half(ATTN_ROW(rows, v, t, rb), type, b, h, &lo, &hi);
+        for (int i = 0; i < nr; i++) {
+            __m256 p = _mm256_set1_ps(rows->s[(size_t)(r0 + i) * rows->stride + t]);
+            a0[i] = _mm256_fmadd_ps(p, lo, a0[i]);
+            a1[i] = _mm256_fmadd_ps(p, hi, a1[i]);
+        }
+    }
+    for (int i = 0; i < nr; i++) {
+        _mm256_storeu_ps(base + (size_t)(r0 + i) * rows->dim, a0[i]);
+        _mm256_storeu_ps(base + (size_t)(r0 + i) * rows->dim + 8, a1[i]);
+    }
+}
+
+ALWAYS_INLINE void block_accum(const uint8_t *v, int n_tok, const struct attn_rows *rows, enum quant_type type)
+{
+    size_t rb = attn_row_bytes(type, rows->dim);
+    for (int b = 0; b < rows->dim / QK8_0; b++)
+        for (int h = 0; h < 2; h++) {
+            int r = 0;
+            for (; r + ROW_BLOCK <= rows->n; r += ROW_BLOCK)
+                block_accum_rows(v, rb, type, n_tok, rows, r, ROW_BLOCK, b, h);
+            for (; r < rows->n; r++)
+                block_accum_rows(v, rb, type, n_tok, rows, r, 1, b, h);
+        }
+}
+
+#define BLOCK_KERNELS(name, type)                                                                            \
+    static void score_##name##_avx2(const uint8_t *k, int n_tok, const struct attn_rows *rows)              \
+    {                                                                                                        \
+        block_score(k, n_tok, rows, type);                                                                   \
+    }                                                                                                        \
+    static void accum_##name##_avx2(const uint8_t *v, int n_tok, const struct attn_rows *rows)              \
+    {                                                                                                        \
+        block_accum(v, n_tok, rows, type);                                                                   \
+    }
+BLOCK_KERNELS(q5_1, QUANT_Q5_1)
+BLOCK_KERNELS(q5_0, QUANT_Q5_0)
+BLOCK_KERNELS(q4_1, QUANT_Q4_1)
+BLOCK_KERNELS(iq4_nl, QUANT_IQ4_NL)
+
 static float exp_sum_avx2(float *s, int n, float mx)
 {
     __m256 m = _mm256_set1_ps(mx), sum = _mm256_setzero_ps();
@@ -277,6 +432,8 @@ GUARDED(score_f32_avx2_g, score_f32_avx2, score, QUANT_F32, 8)
 GUARDED(score_f16_avx2_g, score_f16_avx2, score, QUANT_F16, 8)
 GUARDED(accum_f32_avx2_g, accum_f32_avx2, accum, QUANT_F32, 8)
 GUARDED(accum_f16_avx2_g, accum_f16_avx2, accum, QUANT_F16, 8)
+GUARDED(score_bf16_avx2_g, score_bf16_avx2, score, QUANT_BF16, 8)
+GUARDED(accum_bf16_avx2_g, accum_bf16_avx2, accum, QUANT_BF16, 8)
 
 static void softmax_avx2(const struct attn_rows *rows, int page_start, int n_tok)
 {
@@ -285,10 +442,12 @@ static void softmax_avx2(const struct attn_rows *rows, int page_start, int n_tok
 
 static const struct attn_kernels AVX2 = {
     "avx2",
-    {[KV_INDEX_F32] = score_f32_avx2_g, [KV_INDEX_F16] = score_f16_avx2_g, [KV_INDEX_Q8_0] = score_q8_0_avx2,
-     [KV_INDEX_Q4_0] = score_q4_0_avx2},
-    {[KV_INDEX_F32] = accum_f32_avx2_g, [KV_INDEX_F16] = accum_f16_avx2_g, [KV_INDEX_Q8_0] = accum_q8_0_avx2,
-     [KV_INDEX_Q4_0] = accum_q4_0_avx2},
+    {[KV_INDEX_F32] = score_f32_avx2_g, [KV_INDEX_F16] = score_f16_avx2_g, [KV_INDEX_BF16] = score_bf16_avx2_g,
+     [KV_INDEX_Q8_0] = score_q8_0_avx2, [KV_INDEX_Q5_1] = score_q5_1_avx2, [KV_INDEX_Q5_0] = score_q5_0_avx2,
+     [KV_INDEX_Q4_1] = score_q4_1_avx2, [KV_INDEX_IQ4_NL] = score_iq4_nl_avx2, [KV_INDEX_Q4_0] = score_q4_0_avx2},
+    {[KV_INDEX_F32] = accum_f32_avx2_g, [KV_INDEX_F16] = accum_f16_avx2_g, [KV_INDEX_BF16] = accum_bf16_avx2_g,
+     [KV_INDEX_Q8_0] = accum_q8_0_avx2, [KV_INDEX_Q5_1] = accum_q5_1_avx2, [KV_INDEX_Q5_0] = accum_q5_0_avx2,
+     [KV_INDEX_Q4_1] = accum_q4_1_avx2, [KV_INDEX_IQ4_NL] = accum_iq4_nl_avx2, [KV_INDEX_Q4_0] = accum_q4_0_avx2},
     exp_sum_avx2,
     softmax_avx2,
     kv_rotate,

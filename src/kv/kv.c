@@ -21,38 +21,107 @@ void kv_config_default(struct kv_config *cfg)
     cfg->high_watermark = 0.90f;
     cfg->low_watermark = 0.80f;
     cfg->floor = QUANT_Q4_0;
+    cfg->ladder[0] = QUANT_Q8_0;
+    cfg->ladder[1] = QUANT_Q4_0;
+    cfg->n_ladder = 2;
     cfg->prefix_cache = true;
 }
 
+/* By KV_INDEX_*: falling precision. */
+static const enum quant_type KV_TYPES[KV_N_TYPES] = {
+    [KV_INDEX_F32] = QUANT_F32,   [KV_INDEX_F16] = QUANT_F16,   [KV_INDEX_BF16] = QUANT_BF16,
+    [KV_INDEX_Q8_0] = QUANT_Q8_0, [KV_INDEX_Q5_1] = QUANT_Q5_1, [KV_INDEX_Q5_0] = QUANT_Q5_0,
+    [KV_INDEX_Q4_1] = QUANT_Q4_1, [KV_INDEX_IQ4_NL] = QUANT_IQ4_NL, [KV_INDEX_Q4_0] = QUANT_Q4_0,
+};
+
 int kv_type_index(enum quant_type t)
 {
-    switch (t) {
-    case QUANT_F32: return KV_INDEX_F32;
-    case QUANT_F16: return KV_INDEX_F16;
-    case QUANT_Q8_0: return KV_INDEX_Q8_0;
-    case QUANT_Q4_0: return KV_INDEX_Q4_0;
-    default: return -1;
-    }
+    for (int i = 0; i < KV_N_TYPES; i++)
+        if (KV_TYPES[i] == t)
+            return i;
+    return -1;
 }
 
-enum quant_type kv_type_at(int index)
+enum quant_type kv_type_at(int index) { return index >= 0 && index < KV_N_TYPES ? KV_TYPES[index] : QUANT_F32; }
+
+const char *kv_type_names(void)
 {
-    static const enum quant_type types[KV_N_TYPES] = {
-        [KV_INDEX_F32] = QUANT_F32, [KV_INDEX_F16] = QUANT_F16, [KV_INDEX_Q8_0] = QUANT_Q8_0, [KV_INDEX_Q4_0] = QUANT_Q4_0,
-    };
-    return index >= 0 && index < KV_N_TYPES ? types[index] : QUANT_F32;
+    static char names[128];
+    if (!names[0]) {
+        size_t n = 0;
+        for (int i = 0; i < KV_N_TYPES; i++)
+            n += (size_t)snprintf(names + n, sizeof names - n, "%s%s", i ? ", " : "", quant_type_name(KV_TYPES[i]));
+    }
+    return names;
 }
 
 ks_status kv_check_type(const struct kv_config *cfg, enum quant_type t, const char *what)
 {
     if (kv_type_index(t) < 0)
-        return ks_fail(KS_ERR_INVALID_ARG, "%s: KV cache type %s is not supported (use f32, f16, q8_0 or q4_0)",
-                       what, quant_type_name(t));
-    if ((t == QUANT_Q8_0 || t == QUANT_Q4_0) && cfg->head_dim % QK8_0 != 0)
+        return ks_fail(KS_ERR_INVALID_ARG, "%s: KV cache type %s is not supported (use one of %s)", what,
+                       quant_type_name(t), kv_type_names());
+    int block = quant_traits(t)->block_elems;
+    if (cfg->head_dim % block != 0)
         return ks_fail(KS_ERR_INVALID_ARG,
-                       "%s: KV cache type %s needs head_dim to be a multiple of 32, this model has head_dim %d "
-                       "(use f16)", what, quant_type_name(t), cfg->head_dim);
+                       "%s: KV cache type %s needs head_dim to be a multiple of %d, this model has head_dim %d "
+                       "(use f16, bf16 or f32)", what, quant_type_name(t), block, cfg->head_dim);
     return KS_OK;
+}
+
+/* Levels in falling precision, each a KV type; usability is the caller's. */
+static ks_status check_ladder_order(const enum quant_type *ladder, int n)
+{
+    if (n < 1 || n > KV_LADDER_MAX)
+        return ks_fail(KS_ERR_INVALID_ARG, "--kv-ladder: give 1 to %d types (got %d)", KV_LADDER_MAX, n);
+    for (int i = 0; i < n; i++) {
+        if (kv_type_index(ladder[i]) < 0)
+            return ks_fail(KS_ERR_INVALID_ARG, "--kv-ladder: %s is not a KV cache type (use %s)",
+                           quant_type_name(ladder[i]), kv_type_names());
+        if (i && kv_type_index(ladder[i]) <= kv_type_index(ladder[i - 1]))
+            return ks_fail(KS_ERR_INVALID_ARG,
+                           "--kv-ladder: %s after %s does not lower the precision (the order is %s)",
+                           quant_type_name(ladder[i]), quant_type_name(ladder[i - 1]), kv_type_names());
+    }
+    return KS_OK;
+}
+
+ks_status kv_parse_ladder(const char *text, struct kv_config *cfg)
+{
+    enum quant_type ladder[KV_LADDER_MAX];
+    int n = 0;
+    const char *p = text;
+    while (p && *p) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        char name[16];
+        if (n == KV_LADDER_MAX)
+            return ks_fail(KS_ERR_INVALID_ARG, "--kv-ladder: at most %d types", KV_LADDER_MAX);
+        if (len == 0 || len >= sizeof name)
+            return ks_fail(KS_ERR_INVALID_ARG, "--kv-ladder '%s': expected types separated by commas", text);
+        memcpy(name, p, len);
+        name[len] = '\0';
+        if (quant_type_from_name(name, &ladder[n]) != KS_OK || kv_type_index(ladder[n]) < 0)
+            return ks_fail(KS_ERR_INVALID_ARG, "--kv-ladder: '%s' is not a KV cache type (use %s)", name,
+                           kv_type_names());
+        n++;
+        p = end ? end + 1 : NULL;
+    }
+    ks_status st = check_ladder_order(ladder, n);
+    if (st)
+        return st;
+    memcpy(cfg->ladder, ladder, sizeof ladder);
+    cfg->n_ladder = n;
+    return KS_OK;
+}
+
+ks_status kv_check_ladder(const struct kv_config *cfg, bool usable)
+{
+    if (cfg->n_ladder == 0)
+        return KS_OK;
+    ks_status st = check_ladder_order(cfg->ladder, cfg->n_ladder);
+    for (int i = 0; usable && i < cfg->n_ladder && !st; i++)
+        st = kv_check_type(cfg, cfg->ladder[i], "--kv-ladder");
+    return st;
 }
 
 size_t kv_half_bytes(const struct kv_config *cfg, enum quant_type t)
@@ -80,7 +149,10 @@ static ks_status check_config(const struct kv_config *c)
         return ks_fail(KS_ERR_INVALID_ARG, "--kv-policy: unknown policy %d", (int)c->policy);
     if (c->policy == KV_POLICY_DYNAMIC) {
         if (kv_type_index(c->floor) < 0)
-            return ks_fail(KS_ERR_INVALID_ARG, "--kv-floor %s: use f16, q8_0 or q4_0", quant_type_name(c->floor));
+            return ks_fail(KS_ERR_INVALID_ARG, "--kv-floor %s: use one of %s", quant_type_name(c->floor),
+                           kv_type_names());
+        if ((st = kv_check_ladder(c, false)))
+            return st;
         if (c->sink_tokens < 0 || c->hot_tokens < 0)
             return ks_fail(KS_ERR_INVALID_ARG, "--kv-sink and --kv-hot must not be negative");
         if (!(c->low_watermark > 0.0f && c->low_watermark <= c->high_watermark && c->high_watermark <= 1.0f))

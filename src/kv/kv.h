@@ -1,6 +1,7 @@
 /* kv: the elastic KV cache. A pool of fixed-size pages (P tokens of one
  * sequence, K and V for every layer) allocated on demand from one memory
- * budget. Each page has its own K and V precision (f32, f16, q8_0, q4_0);
+ * budget. Each page has its own K and V precision (f32, f16, bf16, q8_0,
+ * q5_1, q5_0, q4_1, iq4_nl, q4_0: ggml's block formats, bit for bit);
  * pages can be requantized live, and a dynamic policy demotes old pages as
  * the pool fills. The kv module knows nothing about HTTP or the model.
  *
@@ -29,6 +30,8 @@
 
 struct kv_cache;
 
+enum { KV_LADDER_MAX = 8 };
+
 enum kv_policy {
     KV_POLICY_STATIC = 0,  /* every page at type_k / type_v, like llama.cpp -ctk/-ctv */
     KV_POLICY_DYNAMIC = 1, /* sinks + hot window at type_k/type_v, older pages step down */
@@ -40,7 +43,7 @@ struct kv_config {
     int head_dim;
     size_t mem_budget;        /* bytes for page storage; exact accounting */
     int page_tokens;          /* P: power of two in [16, 256]; default 32 */
-    enum quant_type type_k;   /* start precision of new pages: F32, F16, Q8_0, Q4_0 */
+    enum quant_type type_k;   /* start precision of new pages: any KV type (kv_type_index() >= 0) */
     enum quant_type type_v;
     bool rotate;              /* Walsh-Hadamard rotation of K/V over head_dim (default on) */
     enum kv_policy policy;
@@ -49,16 +52,23 @@ struct kv_config {
     float high_watermark;     /* dynamic: start demoting above this usage ratio (0.90) */
     float low_watermark;      /* dynamic: stop demoting below this (0.80) */
     enum quant_type floor;    /* dynamic: lowest precision (Q4_0) */
+    /* dynamic: the precisions old pages step down through, highest first
+     * (q8_0, q4_0; n_ladder 0 means that default); the floor ends the ladder
+     * (levels below it are skipped, and a floor not on it is its last step).
+     * See kv_policy.c. */
+    enum quant_type ladder[KV_LADDER_MAX];
+    int n_ladder;
     bool prefix_cache;        /* keep full pages keyed by content after their sequences end (on) */
     uint8_t fingerprint[16];  /* the model's identity, part of every page key (model_fingerprint) */
 };
 
 /* Fill defaults: P=32, f16/f16, rotate on, static policy, S=32, W=512,
- * watermarks 0.90/0.80, floor q4_0, prefix cache on. Shape, budget and
+ * watermarks 0.90/0.80, floor q4_0, ladder q8_0,q4_0, prefix cache on. Shape, budget and
  * fingerprint are left for the caller. */
 void kv_config_default(struct kv_config *cfg);
 
-/* KS_ERR_INVALID_ARG names the bad field (e.g. q4_0 with head_dim 8). */
+/* KS_ERR_INVALID_ARG names the bad field (e.g. q4_0 with head_dim 8, a
+ * ladder not in falling precision). */
 ks_status kv_create(const struct kv_config *cfg, struct kv_cache **out);
 void kv_free(struct kv_cache *kv);
 const struct kv_config *kv_get_config(const struct kv_cache *kv);
@@ -120,8 +130,8 @@ struct kv_requant_result {
  * storage, convert (dequantize + quantize the stored, already rotated rows),
  * swap, free. Positions and sequence lengths are untouched. Pages shared by
  * several sequences change for all of them.
- * Errors: KS_ERR_INVALID_ARG (type not f32/f16/q8_0/q4_0, quantized type with
- * head_dim % 32 != 0, bad selector), KS_ERR_NOT_FOUND (no such sequence),
+ * Errors: KS_ERR_INVALID_ARG (not a KV type, a block type whose block does
+ * not divide head_dim, bad selector), KS_ERR_NOT_FOUND (no such sequence),
  * KS_ERR_KV_FULL (the result would exceed the budget), KS_ERR_NOMEM. On any
  * error every page is left exactly as it was. result may be NULL. */
 ks_status kv_requantize(struct kv_cache *kv, const struct kv_selector *sel, enum quant_type type_k,
@@ -278,12 +288,30 @@ static inline const uint8_t *kv_view_run(const struct kv_config *c, const uint8_
 
 /* ---- usage and fit ------------------------------------------------------- */
 
-/* Index into the per-type arrays below (and attn's kernel tables): f32, f16,
- * q8_0, q4_0; KV_INDEX_* name each as a constant. */
-enum { KV_N_TYPES = 4 };
-enum { KV_INDEX_F32 = 0, KV_INDEX_F16 = 1, KV_INDEX_Q8_0 = 2, KV_INDEX_Q4_0 = 3 };
+/* Index into the per-type arrays below (and attn's kernel tables), in falling
+ * precision: a higher index is a lower precision (the dynamic policy only
+ * steps to higher indexes). KV_INDEX_* name each as a constant. Block types
+ * (all but f32, f16, bf16) need head_dim to be a multiple of their 32. */
+enum {
+    KV_INDEX_F32 = 0,
+    KV_INDEX_F16 = 1,
+    KV_INDEX_BF16 = 2,
+    KV_INDEX_Q8_0 = 3,
+    KV_INDEX_Q5_1 = 4,
+    KV_INDEX_Q5_0 = 5,
+    KV_INDEX_Q4_1 = 6,
+    KV_INDEX_IQ4_NL = 7,
+    KV_INDEX_Q4_0 = 8,
+    KV_N_TYPES = 9,
+};
 int kv_type_index(enum quant_type t);           /* -1 if not a KV type */
 enum quant_type kv_type_at(int index);
+/* The KV types' names, comma-separated in index order ("f32, f16, ..."), for messages. */
+const char *kv_type_names(void);
+/* Parse a comma-separated ladder ("f16,q8_0,q5_0,q4_0") into cfg->ladder:
+ * known KV types in falling precision, at most KV_LADDER_MAX. Usability with
+ * head_dim is checked by kv_create. KS_ERR_INVALID_ARG names the bad entry. */
+ks_status kv_parse_ladder(const char *text, struct kv_config *cfg);
 
 struct kv_usage {
     size_t budget, used, free;
@@ -321,7 +349,7 @@ ks_status kv_seq_usage(const struct kv_cache *kv, int32_t seq, struct kv_seq_usa
  * under the dynamic policy for one new sequence (sinks and hot window at the
  * start precision, the rest at the floor, after demoting every demotable page
  * already in the cache).
- * When the floor cannot be used (head_dim % 32 != 0) the dynamic figure
+ * When the floor cannot be used (head_dim not a multiple of its block) the dynamic figure
  * equals the start-precision one: the policy then keeps everything there. */
 struct kv_fit {
     int64_t tokens[KV_N_TYPES]; /* by kv_type_index; -1 where the type is not allowed */
@@ -350,6 +378,7 @@ enum {
     KV_SET_FLOOR = 1 << 5,
     KV_SET_TYPE_K = 1 << 6,
     KV_SET_TYPE_V = 1 << 7,
+    KV_SET_LADDER = 1 << 8,
 };
 
 struct kv_policy_update {
@@ -359,13 +388,15 @@ struct kv_policy_update {
     int32_t hot_tokens, sink_tokens;
     enum quant_type floor;
     enum quant_type type_k, type_v; /* start precision of pages allocated from now on */
+    enum quant_type ladder[KV_LADDER_MAX];
+    int n_ladder;
 };
 
 /* Change the policy fields of the configuration at run time, all or nothing:
  * the fields named in u->set are merged into the current configuration and
  * the result is validated as a whole (policy static|dynamic, 0 < low <= high
- * <= 1, sinks and hot window in 0..2^24, floor and start types f32/f16/q8_0/
- * q4_0 usable with this head_dim, one page at the start types within the
+ * <= 1, sinks and hot window in 0..2^24, floor, ladder and start types KV
+ * types usable with this head_dim, the ladder in falling precision, one page at the start types within the
  * budget); KS_ERR_INVALID_ARG names the first bad field and nothing changes.
  * Pages already stored keep their types; the new values apply from the next
  * allocation (a dynamic policy whose high watermark is now below the usage

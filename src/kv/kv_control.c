@@ -36,6 +36,11 @@ static void merge(struct kv_config *c, const struct kv_policy_update *u)
     if (u->set & KV_SET_FLOOR) c->floor = u->floor;
     if (u->set & KV_SET_TYPE_K) c->type_k = u->type_k;
     if (u->set & KV_SET_TYPE_V) c->type_v = u->type_v;
+    if (u->set & KV_SET_LADDER) {
+        c->n_ladder = u->n_ladder;
+        for (int i = 0; i < KV_LADDER_MAX; i++)
+            c->ladder[i] = i < u->n_ladder ? u->ladder[i] : QUANT_F32;
+    }
 }
 
 static ks_status check_merged(const struct kv_config *c, unsigned set)
@@ -54,6 +59,8 @@ static ks_status check_merged(const struct kv_config *c, unsigned set)
      * one asked for now is refused so the caller learns it would do nothing. */
     if ((set & KV_SET_FLOOR) && (st = kv_check_type(c, c->floor, "floor")))
         return st;
+    if ((set & KV_SET_LADDER) && (st = kv_check_ladder(c, true)))
+        return st;
     if ((st = kv_check_type(c, c->type_k, "type_k")) || (st = kv_check_type(c, c->type_v, "type_v")))
         return st;
     size_t page = kv_page_bytes(c, c->type_k, c->type_v);
@@ -68,7 +75,7 @@ ks_status kv_set_policy(struct kv_cache *kv, const struct kv_policy_update *u)
     if (!kv || !u)
         return ks_fail(KS_ERR_INVALID_ARG, "kv_set_policy: cache and update must not be NULL");
     unsigned known = KV_SET_POLICY | KV_SET_HIGH_WATERMARK | KV_SET_LOW_WATERMARK | KV_SET_HOT_TOKENS |
-                     KV_SET_SINK_TOKENS | KV_SET_FLOOR | KV_SET_TYPE_K | KV_SET_TYPE_V;
+                     KV_SET_SINK_TOKENS | KV_SET_FLOOR | KV_SET_TYPE_K | KV_SET_TYPE_V | KV_SET_LADDER;
     if (u->set & ~known)
         return ks_fail(KS_ERR_INVALID_ARG, "kv_set_policy: unknown field bits 0x%x", u->set & ~known);
     struct kv_config next = kv->cfg;

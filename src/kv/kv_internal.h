@@ -122,6 +122,11 @@ static inline int32_t kv_seq_page_id(const struct kv_cache *kv, const struct kv_
 
 /* KS_ERR_INVALID_ARG unless t is a KV type usable with this head_dim. */
 ks_status kv_check_type(const struct kv_config *cfg, enum quant_type t, const char *what);
+/* KS_ERR_INVALID_ARG unless cfg's ladder is in falling precision and, when
+ * usable, every level works with this head_dim (kv_create tolerates levels
+ * that do not, as it tolerates such a floor: the policy skips them). An empty
+ * ladder (n_ladder 0) means the default one. */
+ks_status kv_check_ladder(const struct kv_config *cfg, bool usable);
 size_t kv_half_bytes(const struct kv_config *cfg, enum quant_type t);
 /* Zeroed storage for one half of a page; NULL when the host is out of memory. */
 void *kv_half_alloc(const struct kv_cache *kv, enum quant_type t);

@@ -3,9 +3,10 @@
  * bytes, and a full budget is KS_ERR_KV_FULL. Dynamic: as usage crosses the
  * high watermark, idle cached pages step down first, then they are evicted,
  * then the oldest pages in use outside each sequence's sinks and hot window
- * step down, V before K and one precision level at a time (V q8_0, K q8_0,
- * V q4_0, K q4_0), never below the floor, until usage is under the low
- * watermark. Idle pages go first because no running request reads them. */
+ * step down, V before K and one level of the ladder at a time (by default
+ * V q8_0, K q8_0, V q4_0, K q4_0), never below the floor, until usage is
+ * under the low watermark. Idle pages go first because no running request
+ * reads them. */
 #include <stdlib.h>
 
 #include "kv/kv_internal.h"
@@ -15,12 +16,27 @@ struct demotion_stage {
     enum quant_type to;
 };
 
-static const struct demotion_stage STAGES[] = {
-    {false, QUANT_Q8_0},
-    {true, QUANT_Q8_0},
-    {false, QUANT_Q4_0},
-    {true, QUANT_Q4_0},
-};
+enum { MAX_STAGES = 2 * (KV_LADDER_MAX + 1) };
+
+/* V then K for each ladder level down to the floor, then the floor itself
+ * when the ladder does not reach it. */
+static int ladder_stages(const struct kv_config *c, struct demotion_stage *out)
+{
+    static const enum quant_type default_ladder[] = {QUANT_Q8_0, QUANT_Q4_0};
+    const enum quant_type *ladder = c->n_ladder ? c->ladder : default_ladder;
+    int n_ladder = c->n_ladder ? c->n_ladder : 2, n = 0, floor = kv_type_index(c->floor);
+    enum quant_type levels[KV_LADDER_MAX + 1];
+    int n_levels = 0;
+    for (int i = 0; i < n_ladder && kv_type_index(ladder[i]) <= floor; i++)
+        levels[n_levels++] = ladder[i];
+    if (n_levels == 0 || levels[n_levels - 1] != c->floor)
+        levels[n_levels++] = c->floor;
+    for (int i = 0; i < n_levels; i++) {
+        out[n++] = (struct demotion_stage){false, levels[i]};
+        out[n++] = (struct demotion_stage){true, levels[i]};
+    }
+    return n;
+}
 
 struct candidate {
     uint64_t birth;
@@ -58,7 +74,7 @@ static int32_t collect_candidates(const struct kv_cache *kv, bool idle, struct c
 
 static bool stage_allowed(const struct kv_config *c, const struct demotion_stage *st)
 {
-    return kv_type_index(st->to) <= kv_type_index(c->floor) && kv_check_type(c, st->to, "") == KS_OK;
+    return kv_check_type(c, st->to, "") == KS_OK;
 }
 
 /* Demote idle or in-use pages until used + bytes <= goal or none is left. */
@@ -72,17 +88,19 @@ static ks_status demote(struct kv_cache *kv, bool idle, size_t bytes, size_t goa
         return ks_fail(KS_ERR_NOMEM, "kv policy: out of host memory");
     }
     int32_t n = collect_candidates(kv, idle, cand, protect);
+    struct demotion_stage stages[MAX_STAGES];
+    int n_stages = ladder_stages(&kv->cfg, stages);
     ks_status st = KS_OK;
-    for (size_t s = 0; s < sizeof STAGES / sizeof STAGES[0] && kv->used + bytes > goal && !st; s++) {
-        if (!stage_allowed(&kv->cfg, &STAGES[s]))
+    for (int s = 0; s < n_stages && kv->used + bytes > goal && !st; s++) {
+        if (!stage_allowed(&kv->cfg, &stages[s]))
             continue;
         for (int32_t i = 0; i < n && kv->used + bytes > goal && !st; i++) {
             const struct kv_page *pg = &kv->pages[cand[i].id];
-            enum quant_type have = STAGES[s].is_k ? pg->tk : pg->tv;
-            if (kv_type_index(have) >= kv_type_index(STAGES[s].to))
+            enum quant_type have = stages[s].is_k ? pg->tk : pg->tv;
+            if (kv_type_index(have) >= kv_type_index(stages[s].to))
                 continue;
-            st = kv_convert_pages(kv, &cand[i].id, 1, STAGES[s].is_k ? STAGES[s].to : KV_TYPE_KEEP,
-                                  STAGES[s].is_k ? KV_TYPE_KEEP : STAGES[s].to);
+            st = kv_convert_pages(kv, &cand[i].id, 1, stages[s].is_k ? stages[s].to : KV_TYPE_KEEP,
+                                  stages[s].is_k ? KV_TYPE_KEEP : stages[s].to);
             if (!st)
                 kv->demotions++;
         }

@@ -112,6 +112,7 @@ static const struct layout g_layouts[] = {
     {QUANT_Q5_1, "q5_1", QK5_1, sizeof(block_q5_1), true, QUANT_Q8_1},
     {QUANT_Q8_0, "q8_0", QK8_0, sizeof(block_q8_0), true, QUANT_Q8_0},
     {QUANT_Q8_1, "q8_1", QK8_1, sizeof(block_q8_1), true, QUANT_Q8_1},
+    {QUANT_IQ4_NL, "iq4_nl", QK4_NL, sizeof(block_iq4_nl), true, QUANT_Q8_0},
 };
 
 static void tables_init(void)
@@ -180,7 +181,7 @@ ks_status quant_type_from_name(const char *name, enum quant_type *out)
     }
     return ks_fail(KS_ERR_INVALID_ARG,
                    "unknown tensor type '%s' (expected one of f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, "
-                   "q8_0, q8_1, q2_K, q3_K, q4_K, q5_K, q6_K, q8_K)",
+                   "q8_0, q8_1, q2_K, q3_K, q4_K, q5_K, q6_K, q8_K, iq4_nl)",
                    name);
 }
 

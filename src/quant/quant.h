@@ -35,6 +35,7 @@ enum quant_type {
     QUANT_Q5_K = 13,
     QUANT_Q6_K = 14,
     QUANT_Q8_K = 15,
+    QUANT_IQ4_NL = 20,
     QUANT_BF16 = 30,
     QUANT_TYPE_COUNT = 31, /* one past the largest id; ids in between are unknown */
 };
@@ -48,6 +49,7 @@ typedef uint16_t quant_bf16;
 #define QK5_1 32
 #define QK8_0 32
 #define QK8_1 32
+#define QK4_NL 32
 #define QK_K 256
 #define K_SCALE_SIZE 12
 
@@ -63,6 +65,11 @@ typedef struct { quant_f16 d; int8_t qs[QK8_0]; } block_q8_0;
 static_assert(sizeof(block_q8_0) == 2 + QK8_0, "block_q8_0 size");
 typedef struct { quant_f16 d, s; int8_t qs[QK8_1]; } block_q8_1; /* s = d * sum(qs) */
 static_assert(sizeof(block_q8_1) == 4 + QK8_1, "block_q8_1 size");
+/* IQ4_NL: 4-bit indices into quant_iq4nl_values (non-linear levels), times d. */
+typedef struct { quant_f16 d; uint8_t qs[QK4_NL / 2]; } block_iq4_nl;
+static_assert(sizeof(block_iq4_nl) == 2 + QK4_NL / 2, "block_iq4_nl size");
+/* ggml's kvalues_iq4nl: the 16 levels an IQ4_NL index selects. */
+extern const int8_t quant_iq4nl_values[16];
 
 typedef struct { uint8_t scales[QK_K / 16]; uint8_t qs[QK_K / 4]; quant_f16 d, dmin; } block_q2_K;
 static_assert(sizeof(block_q2_K) == 2 * 2 + QK_K / 16 + QK_K / 4, "block_q2_K size");

@@ -17,6 +17,7 @@ void quant_simd_fill(struct quant_traits *best);
 
 /* ---- kernels, exposed so tests can compare every variant ----------------- */
 void quant_q8_0_from_float_ref(const float *x, void *y, int64_t n);
+void quant_vec_dot_iq4_nl_q8_0_ref(int n, float *s, const void *x, const void *y);
 
 #define QUANT_DECLARE_DOTS(isa)                                                       \
     void quant_vec_dot_f32_##isa(int n, float *s, const void *x, const void *y);       \

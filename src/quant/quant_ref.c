@@ -174,6 +174,78 @@ static void q5_1_from_float(const float *x, void *vy, int64_t n)
     }
 }
 
+/* ---- IQ4_NL (ggml's quantize_iq4_nl without an importance matrix) -------- */
+
+const int8_t quant_iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+/* Index of the level nearest to v; a tie goes to the upper level. */
+static int iq4nl_nearest(float v)
+{
+    const int8_t *lv = quant_iq4nl_values;
+    if (v <= lv[0])
+        return 0;
+    if (v >= lv[15])
+        return 15;
+    int up = 1;
+    while (v >= lv[up])
+        up++;
+    return v - lv[up - 1] < lv[up] - v ? up - 1 : up;
+}
+
+/* Sums of a least-squares fit of the levels inv_scale maps x to, weighted by
+ * x^2: the best scale for them is qx / q2. */
+struct iq4nl_sums {
+    float qx, q2;
+};
+
+static struct iq4nl_sums iq4nl_fit(const float *x, float inv_scale)
+{
+    struct iq4nl_sums s = {0, 0};
+    for (int j = 0; j < QK4_NL; j++) {
+        float q = quant_iq4nl_values[iq4nl_nearest(inv_scale * x[j])], w = x[j] * x[j];
+        s.qx += w * q * x[j];
+        s.q2 += w * q * q;
+    }
+    return s;
+}
+
+/* The scale of one block: the fit at max / -127, then the best of 15 fits
+ * that map the block's extreme near the outer level. */
+static float iq4nl_block_scale(const float *x)
+{
+    enum { TRIES = 7 };
+    float amax = 0, max = 0;
+    for (int j = 0; j < QK4_NL; j++)
+        if (fabsf(x[j]) > amax) {
+            amax = fabsf(x[j]);
+            max = x[j];
+        }
+    if (amax < 1e-15f)
+        return 0.0f;
+    float d0 = -max / quant_iq4nl_values[0];
+    struct iq4nl_sums s = iq4nl_fit(x, 1 / d0);
+    float d = s.qx / s.q2, best = d * s.qx;
+    for (int t = -TRIES; t <= TRIES; t++) {
+        s = iq4nl_fit(x, (t + quant_iq4nl_values[0]) / max);
+        if (s.q2 > 0 && s.qx * s.qx > best * s.q2) {
+            d = s.qx / s.q2;
+            best = d * s.qx;
+        }
+    }
+    return d;
+}
+
+static void iq4_nl_from_float(const float *x, void *vy, int64_t n)
+{
+    block_iq4_nl *y = vy;
+    for (int64_t i = 0; i < n / QK4_NL; i++, x += QK4_NL) {
+        float d = iq4nl_block_scale(x), id = d ? 1.0f / d : 0.0f;
+        y[i].d = quant_f32_to_f16(d);
+        for (int j = 0; j < QK4_NL / 2; j++)
+            y[i].qs[j] = (uint8_t)(iq4nl_nearest(id * x[j]) | iq4nl_nearest(id * x[j + QK4_NL / 2]) << 4);
+    }
+}
+
 static float absmax(const float *x, int n)
 {
     float amax = 0;
@@ -267,6 +339,18 @@ static void q5_1_to_float(const void *vx, float *y, int64_t n)
     }
 }
 
+static void iq4_nl_to_float(const void *vx, float *y, int64_t n)
+{
+    const block_iq4_nl *x = vx;
+    for (int64_t i = 0; i < n / QK4_NL; i++, y += QK4_NL) {
+        const float d = F16(x[i].d);
+        for (int j = 0; j < QK4_NL / 2; j++) {
+            y[j] = d * quant_iq4nl_values[x[i].qs[j] & 0x0f];
+            y[j + QK4_NL / 2] = d * quant_iq4nl_values[x[i].qs[j] >> 4];
+        }
+    }
+}
+
 static void q8_0_to_float(const void *vx, float *y, int64_t n)
 {
     const block_q8_0 *x = vx;
@@ -356,6 +440,22 @@ void quant_vec_dot_q5_1_q8_1_ref(int n, float *s, const void *vx, const void *vy
     *s = sum;
 }
 
+void quant_vec_dot_iq4_nl_q8_0_ref(int n, float *s, const void *vx, const void *vy)
+{
+    const block_iq4_nl *x = vx;
+    const block_q8_0 *y = vy;
+    float sum = 0;
+    for (int i = 0; i < n / QK8_0; i++) {
+        int sumi = 0;
+        for (int j = 0; j < QK4_NL / 2; j++) {
+            sumi += quant_iq4nl_values[x[i].qs[j] & 0x0f] * y[i].qs[j];
+            sumi += quant_iq4nl_values[x[i].qs[j] >> 4] * y[i].qs[j + QK4_NL / 2];
+        }
+        sum += (float)sumi * (F16(x[i].d) * F16(y[i].d));
+    }
+    *s = sum;
+}
+
 void quant_vec_dot_q8_0_q8_0_ref(int n, float *s, const void *vx, const void *vy)
 {
     const block_q8_0 *x = vx;
@@ -390,4 +490,5 @@ void quant_ref_fill(struct quant_traits *t)
     set(&t[QUANT_Q5_1], q5_1_to_float, q5_1_from_float, quant_vec_dot_q5_1_q8_1_ref);
     set(&t[QUANT_Q8_0], q8_0_to_float, quant_q8_0_from_float_ref, quant_vec_dot_q8_0_q8_0_ref);
     set(&t[QUANT_Q8_1], q8_1_to_float, q8_1_from_float, NULL);
+    set(&t[QUANT_IQ4_NL], iq4_nl_to_float, iq4_nl_from_float, quant_vec_dot_iq4_nl_q8_0_ref);
 }

@@ -1,0 +1,302 @@
+/* The KV cache types beyond f32/f16/q8_0/q4_0 (bf16, q4_1, q5_0, q5_1,
+ * iq4_nl): quant's reference quantizers make llama.cpp's bytes, its
+ * dequantizers agree with a decoder written here from the block formats, and
+ * the dynamic policy steps down a 4-level ladder V before K. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "kv/kv.h"
+#include "kv_type_blocks.h"
+
+static void blocks_input(float *x)
+{
+    for (int i = 0; i < KV_BLOCKS_N; i++)
+        memcpy(&x[i], &kv_blocks_input[i], sizeof x[i]);
+}
+
+/* llama.cpp's reference quantizers (ggml_quantize_chunk, build b10470) made
+ * these bytes of the same input: every block, byte for byte. */
+static void expect_llamacpp_bytes(enum quant_type t, const uint8_t *want, size_t n)
+{
+    static float x[KV_BLOCKS_N];
+    static uint8_t got[KV_BLOCKS_N * 4];
+    blocks_input(x);
+    assert_int_equal(quant_row_size(t, KV_BLOCKS_N), n);
+    quant_traits_scalar(t)->from_float(x, got, KV_BLOCKS_N);
+    for (size_t i = 0; i < n; i++)
+        if (got[i] != want[i])
+            fail_msg("%s: byte %zu (block %zu) is 0x%02x, llama.cpp's 0x%02x", quant_type_name(t), i,
+                     i / quant_traits(t)->block_bytes, got[i], want[i]);
+    /* the best table quantizes KV rows the same way */
+    memset(got, 0, sizeof got);
+    quant_traits(t)->from_float(x, got, KV_BLOCKS_N);
+    assert_memory_equal(got, want, n);
+}
+
+static void test_bytes_match_llamacpp(void **state)
+{
+    (void)state;
+    expect_llamacpp_bytes(QUANT_BF16, kv_blocks_bf16, sizeof kv_blocks_bf16);
+    expect_llamacpp_bytes(QUANT_Q4_1, kv_blocks_q4_1, sizeof kv_blocks_q4_1);
+    expect_llamacpp_bytes(QUANT_Q5_0, kv_blocks_q5_0, sizeof kv_blocks_q5_0);
+    expect_llamacpp_bytes(QUANT_Q5_1, kv_blocks_q5_1, sizeof kv_blocks_q5_1);
+    expect_llamacpp_bytes(QUANT_IQ4_NL, kv_blocks_iq4_nl, sizeof kv_blocks_iq4_nl);
+    expect_llamacpp_bytes(QUANT_Q4_0, kv_blocks_q4_0, sizeof kv_blocks_q4_0);
+    expect_llamacpp_bytes(QUANT_Q8_0, kv_blocks_q8_0, sizeof kv_blocks_q8_0);
+}
+
+/* ---- an independent decoder, from the block formats ------------------------ */
+
+static float half(const uint8_t *p)
+{
+    uint16_t h = (uint16_t)(p[0] | p[1] << 8);
+    int e = (h >> 10) & 31, m = h & 1023;
+    float v = e == 0 ? ldexpf((float)m, -24) : ldexpf((float)(m | 1024), e - 25);
+    return h & 0x8000 ? -v : v;
+}
+
+static uint32_t le32(const uint8_t *p) { return (uint32_t)p[0] | p[1] << 8 | p[2] << 16 | (uint32_t)p[3] << 24; }
+
+/* Value j of the 32 of one block: byte layouts as ggml-common.h defines them. */
+static float decode_value(enum quant_type t, const uint8_t *blk, int j)
+{
+    static const int iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+    int nib_at = t == QUANT_Q4_1 ? 4 : t == QUANT_Q5_0 ? 6 : t == QUANT_Q5_1 ? 8 : 2;
+    int nib = j < 16 ? blk[nib_at + j] & 15 : blk[nib_at + j - 16] >> 4;
+    float d = half(blk);
+    switch (t) {
+    case QUANT_Q4_1: return d * nib + half(blk + 2);
+    case QUANT_Q5_0: return d * ((nib | (int)((le32(blk + 2) >> j) & 1) << 4) - 16);
+    case QUANT_Q5_1: return d * (nib | (int)((le32(blk + 4) >> j) & 1) << 4) + half(blk + 2);
+    case QUANT_IQ4_NL: return d * iq4nl[nib];
+    default: fail_msg("not a 32-block type here"); return 0;
+    }
+}
+
+/* Dequantization matches the decoder, and the round trip error is within the
+ * format's step: half a level for the _1 types; a level for q5_0 (its
+ * positive end, 15 d, clips a value at -max); for iq4_nl, 14 d (its levels
+ * end at 113 on the side opposite -127, and are up to 24 apart); plus 1e-6
+ * for scales that f16 cannot hold (the 1e-7 block: d and m round to
+ * subnormals or zero). */
+static void test_dequantize_matches_format(void **state)
+{
+    (void)state;
+    const enum quant_type types[] = {QUANT_Q4_1, QUANT_Q5_0, QUANT_Q5_1, QUANT_IQ4_NL};
+    static float x[KV_BLOCKS_N], y[KV_BLOCKS_N];
+    static uint8_t q[KV_BLOCKS_N * 4];
+    blocks_input(x);
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        enum quant_type t = types[ti];
+        size_t bb = quant_traits(t)->block_bytes;
+        quant_traits_scalar(t)->from_float(x, q, KV_BLOCKS_N);
+        quant_traits_scalar(t)->to_float(q, y, KV_BLOCKS_N);
+        for (int b = 0; b < KV_BLOCKS_N / 32; b++) {
+            float d = half(q + b * bb);
+            float step = fabsf(d) * (t == QUANT_IQ4_NL ? 14.0f : t == QUANT_Q5_0 ? 1.0f : 0.5f);
+            for (int j = 0; j < 32; j++) {
+                float want = decode_value(t, q + b * bb, j), xi = x[b * 32 + j];
+                assert_float_equal(y[b * 32 + j], want, 1e-6f * fabsf(want));
+                if (fabsf(y[b * 32 + j] - xi) > step * 1.01f + 1e-3f * fabsf(xi) + 1e-6f)
+                    fail_msg("%s block %d value %d: %g became %g (d %g)", quant_type_name(t), b, j, xi,
+                             y[b * 32 + j], d);
+            }
+        }
+    }
+    /* bf16: the top half of the f32, rounded to nearest even */
+    quant_traits_scalar(QUANT_BF16)->from_float(x, q, KV_BLOCKS_N);
+    for (int i = 0; i < KV_BLOCKS_N; i++) {
+        uint32_t u;
+        memcpy(&u, &x[i], sizeof u);
+        uint16_t want = (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+        assert_int_equal(q[2 * i] | q[2 * i + 1] << 8, want);
+    }
+}
+
+/* ---- the type list and the ladder ----------------------------------------- */
+
+static void test_type_order_and_names(void **state)
+{
+    (void)state;
+    const char *names[KV_N_TYPES] = {"f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "iq4_nl", "q4_0"};
+    for (int i = 0; i < KV_N_TYPES; i++) {
+        assert_string_equal(quant_type_name(kv_type_at(i)), names[i]);
+        assert_int_equal(kv_type_index(kv_type_at(i)), i);
+    }
+    assert_int_equal(kv_type_index(QUANT_Q4_K), -1);
+    assert_string_equal(kv_type_names(), "f32, f16, bf16, q8_0, q5_1, q5_0, q4_1, iq4_nl, q4_0");
+}
+
+static void shape(struct kv_config *cfg, int head_dim)
+{
+    kv_config_default(cfg);
+    cfg->n_layer = 2;
+    cfg->n_kv_head = 2;
+    cfg->head_dim = head_dim;
+    cfg->mem_budget = 1 << 24;
+}
+
+static void test_parse_ladder(void **state)
+{
+    (void)state;
+    struct kv_config cfg;
+    shape(&cfg, 64);
+    assert_int_equal(cfg.n_ladder, 2);
+    assert_int_equal(kv_parse_ladder("f16,q8_0,q5_0,q4_0", &cfg), KS_OK);
+    assert_int_equal(cfg.n_ladder, 4);
+    assert_int_equal(cfg.ladder[2], QUANT_Q5_0);
+    const char *bad[] = {"q4_0,q8_0", "q8_0,q8_0", "q8_0,,q4_0", "q8_0,q4_k", "", "f32,f16,bf16,q8_0,q5_1,q5_0,q4_1,iq4_nl,q4_0"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        assert_int_equal(kv_parse_ladder(bad[i], &cfg), KS_ERR_INVALID_ARG);
+        assert_non_null(strstr(ks_errmsg(), "--kv-ladder"));
+        assert_int_equal(cfg.n_ladder, 4); /* unchanged */
+    }
+    /* a block type on a head_dim it does not divide is refused by name */
+    shape(&cfg, 48);
+    cfg.type_k = QUANT_Q5_1;
+    struct kv_cache *kv;
+    assert_int_equal(kv_create(&cfg, &kv), KS_ERR_INVALID_ARG);
+    assert_non_null(strstr(ks_errmsg(), "q5_1 needs head_dim to be a multiple of 32"));
+    /* bf16 has no block: any head_dim */
+    cfg.type_k = QUANT_BF16;
+    assert_int_equal(kv_create(&cfg, &kv), KS_OK);
+    struct kv_policy_update u = {.set = KV_SET_LADDER, .n_ladder = 2, .ladder = {QUANT_Q8_0, QUANT_IQ4_NL}};
+    assert_int_equal(kv_set_policy(kv, &u), KS_ERR_INVALID_ARG); /* not usable at head_dim 48 */
+    u.ladder[0] = QUANT_F16;
+    u.ladder[1] = QUANT_BF16;
+    assert_int_equal(kv_set_policy(kv, &u), KS_OK);
+    assert_int_equal(kv_get_config(kv)->ladder[1], QUANT_BF16);
+    kv_free(kv);
+}
+
+static void fill(struct kv_cache *kv, int32_t seq, int32_t from, int32_t to)
+{
+    const struct kv_config *c = kv_get_config(kv);
+    size_t n = (size_t)c->n_kv_head * c->head_dim;
+    float *k = malloc(n * sizeof *k), *v = malloc(n * sizeof *v);
+    for (int32_t p = from; p < to; p++)
+        for (int l = 0; l < c->n_layer; l++) {
+            for (size_t i = 0; i < n; i++) {
+                k[i] = sinf((float)(p * 31 + i));
+                v[i] = cosf((float)(p * 17 + i));
+            }
+            assert_int_equal(kv_write(kv, l, seq, p, k, v), KS_OK);
+        }
+    free(k);
+    free(v);
+}
+
+/* The lowest precision (highest index) among the pages' K or V halves. */
+static int lowest(const struct kv_usage *u, bool k)
+{
+    int lo = -1;
+    for (int i = 0; i < KV_N_TYPES; i++)
+        if ((k ? u->pages_k[i] : u->pages_v[i]) > 0)
+            lo = i;
+    return lo;
+}
+
+/* Start f32, ladder f16 -> q8_0 -> q5_0 -> q4_0: as one sequence grows past
+ * the budget, every level is reached, V is never behind K, no page leaves
+ * the ladder, and at the end every page outside the sinks and hot window is
+ * at q4_0 on both halves. */
+static void test_dynamic_policy_four_step_ladder(void **state)
+{
+    (void)state;
+    struct kv_config cfg;
+    shape(&cfg, 64);
+    cfg.type_k = cfg.type_v = QUANT_F32;
+    cfg.policy = KV_POLICY_DYNAMIC;
+    cfg.sink_tokens = 32;
+    cfg.hot_tokens = 64;
+    assert_int_equal(kv_parse_ladder("f16,q8_0,q5_0,q4_0", &cfg), KS_OK);
+    cfg.mem_budget = 12 * kv_page_bytes(&cfg, QUANT_F32, QUANT_F32);
+    struct kv_cache *kv;
+    assert_int_equal(kv_create(&cfg, &kv), KS_OK);
+    int32_t s, len = 0;
+    assert_int_equal(kv_seq_create(kv, &s), KS_OK);
+    const int on_ladder[] = {KV_INDEX_F32, KV_INDEX_F16, KV_INDEX_Q8_0, KV_INDEX_Q5_0, KV_INDEX_Q4_0};
+    bool seen[KV_N_TYPES] = {false};
+    struct kv_usage u;
+    for (;;) {
+        ks_status st = kv_seq_grow(kv, s, 32);
+        if (st == KS_ERR_KV_FULL)
+            break;
+        assert_int_equal(st, KS_OK);
+        fill(kv, s, len, len + 32);
+        len += 32;
+        assert_int_equal(kv_check(kv), KS_OK);
+        kv_usage(kv, &u);
+        assert_true(lowest(&u, false) >= lowest(&u, true));
+        for (int i = 0; i < KV_N_TYPES; i++) {
+            bool allowed = false;
+            for (size_t j = 0; j < sizeof on_ladder / sizeof on_ladder[0]; j++)
+                allowed |= on_ladder[j] == i;
+            if (u.pages_k[i] || u.pages_v[i]) {
+                assert_true(allowed);
+                seen[i] = true;
+            }
+        }
+        assert_true(len < 100000);
+    }
+    for (size_t j = 0; j < sizeof on_ladder / sizeof on_ladder[0]; j++)
+        assert_true(seen[on_ladder[j]]);
+    int32_t n_pages = len / 32;
+    kv_usage(kv, &u);
+    assert_int_equal(u.pages_k[KV_INDEX_Q4_0], n_pages - 3);
+    assert_int_equal(u.pages_v[KV_INDEX_Q4_0], n_pages - 3);
+    assert_true(n_pages > 12 * 4); /* q4_0 pages are about a seventh of f32 ones */
+    kv_free(kv);
+}
+
+/* A floor above the ladder's end stops it there; a floor not on the ladder is
+ * its last step. */
+static void test_floor_ends_the_ladder(void **state)
+{
+    (void)state;
+    const enum quant_type floors[] = {QUANT_Q5_0, QUANT_Q4_1};
+    for (int f = 0; f < 2; f++) {
+        struct kv_config cfg;
+        shape(&cfg, 64);
+        cfg.policy = KV_POLICY_DYNAMIC;
+        cfg.sink_tokens = 0;
+        cfg.hot_tokens = 32;
+        cfg.floor = floors[f];
+        assert_int_equal(kv_parse_ladder("q8_0,q5_0,q4_0", &cfg), KS_OK);
+        cfg.mem_budget = 8 * kv_page_bytes(&cfg, QUANT_F16, QUANT_F16);
+        struct kv_cache *kv;
+        assert_int_equal(kv_create(&cfg, &kv), KS_OK);
+        int32_t s, len = 0;
+        assert_int_equal(kv_seq_create(kv, &s), KS_OK);
+        while (kv_seq_grow(kv, s, 32) == KS_OK) {
+            fill(kv, s, len, len + 32);
+            len += 32;
+        }
+        struct kv_usage u;
+        kv_usage(kv, &u);
+        assert_int_equal(u.pages_k[kv_type_index(floors[f])], len / 32 - 1);
+        assert_int_equal(u.pages_k[KV_INDEX_Q4_0], 0);
+        assert_int_equal(kv_check(kv), KS_OK);
+        kv_free(kv);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bytes_match_llamacpp),
+        cmocka_unit_test(test_dequantize_matches_format),
+        cmocka_unit_test(test_type_order_and_names),
+        cmocka_unit_test(test_parse_ladder),
+        cmocka_unit_test(test_dynamic_policy_four_step_ladder),
+        cmocka_unit_test(test_floor_ends_the_ladder),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
