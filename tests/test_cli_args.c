@@ -44,6 +44,10 @@ static void every_flag_sets_its_field(void **state)
     assert_true(parse(&f, "--kv-sink", "4"));
     assert_true(parse(&f, "--kv-hot", "128"));
     assert_true(parse(&f, "--kv-floor", "q8_0"));
+    assert_true(parse(&f, "--kv-ladder", "f16,q8_0,q5_0,q4_0"));
+    assert_true(parse(&f, "-ctv", "iq4_nl"));
+    assert_int_equal(f.cfg.type_v, QUANT_IQ4_NL);
+    assert_true(parse(&f, "-ctv", "Q4_0"));
     assert_true(parse(&f, "--kv-high", "0.7"));
     assert_true(parse(&f, "--kv-low", "0.5"));
     assert_int_equal(f.cfg.sink_tokens, 4);
@@ -65,6 +69,8 @@ static void every_flag_sets_its_field(void **state)
     assert_false(cfg.rotate);
     assert_int_equal(cfg.policy, KV_POLICY_DYNAMIC);
     assert_int_equal(cfg.floor, QUANT_Q8_0);
+    assert_int_equal(cfg.n_ladder, 4);
+    assert_int_equal(cfg.ladder[2], QUANT_Q5_0);
 }
 
 static void bad_values_are_refused(void **state)
@@ -75,7 +81,9 @@ static void bad_values_are_refused(void **state)
     assert_false(parse(&f, "--kv-page", "48"));  /* not a power of two */
     assert_false(parse(&f, "--kv-page", "8"));   /* below 16 */
     assert_false(parse(&f, "--kv-page", "512")); /* above 256 */
-    assert_false(parse(&f, "-ctk", "q5_0"));
+    assert_false(parse(&f, "-ctk", "q5_k"));  /* a weight type, not a KV type */
+    assert_false(parse(&f, "--kv-ladder", "q4_0,q8_0")); /* not in falling precision */
+    assert_false(parse(&f, "--kv-ladder", "q8_0,,q4_0"));
     assert_false(parse(&f, "--kv-rotate", "yes"));
     assert_false(parse(&f, "--kv-policy", "auto"));
     assert_false(parse(&f, "--kv-high", "1.5"));
@@ -86,7 +94,7 @@ static void bad_values_are_refused(void **state)
     assert_false(parse(&f, "--kv-low", "0.5x"));
     assert_false(parse(&f, "--kv-sink", "-1"));
     assert_false(parse(&f, "--kv-hot", "lots"));
-    assert_false(parse(&f, "--kv-floor", "q4_1"));
+    assert_false(parse(&f, "--kv-floor", "q4_k"));
     assert_false(parse(&f, "--kv-mem", "12Q"));
     bool ok = true;
     assert_false(cli_parse_kv_flag("--threads", "2", &f, &ok));
@@ -197,7 +205,7 @@ static void a_bad_command_line_is_a_usage_error(void **state)
     struct fake_opts o;
     struct cli_model_flags m;
     char *bad_page[] = {"fake", "--kv-page", "48"};
-    char *bad_type[] = {"fake", "-ctv", "q5_1"};
+    char *bad_type[] = {"fake", "-ctv", "q6_k"};
     char *bad_high[] = {"fake", "--kv-high", "1.2"};
     char *missing[] = {"fake", "--kv-mem"};
     char *unknown[] = {"fake", "--kv-pages", "32"};

@@ -126,7 +126,7 @@ static void a_bad_kv_value_is_a_usage_error(void **state)
 {
     (void)state;
     static const char *const bad[][2] = {
-        {"--kv-page", "48"}, {"-ctk", "q5_0"}, {"--kv-high", "1.5"}, {"--kv-rotate", "yes"}, {"--kv-sinks", "-1"}};
+        {"--kv-page", "48"}, {"-ctk", "q5_k"}, {"--kv-high", "1.5"}, {"--kv-rotate", "yes"}, {"--kv-sinks", "-1"}};
     for (int i = 0; i < N_COMMANDS; i++)
         for (size_t j = 0; j < sizeof bad / sizeof bad[0]; j++) {
             char args[8192], want[128], usage[64];
@@ -156,6 +156,15 @@ static void a_quantized_cache_needs_head_dim_32(void **state)
         assert_non_null(strstr(g_out, want));
         assert_non_null(strstr(g_out, "--cache-type-k: KV cache type q4_0 needs head_dim to be a multiple of 32"));
     }
+    /* every block type says so too; bf16 has no block and runs */
+    char args[8192];
+    fmt(args, sizeof args, "generate -m '%s' %s -ctv iq4_nl", g_model, needs("generate"));
+    assert_int_equal(run(args, g_out, sizeof g_out), 1);
+    assert_non_null(strstr(g_out, "--cache-type-v: KV cache type iq4_nl needs head_dim to be a multiple of 32"));
+    fmt(args, sizeof args, "bench -m '%s' -p 8 -n 4 -r 1 -t 1 -ctk bf16 -ctv bf16,f16 -o csv", g_model);
+    assert_int_equal(run(args, g_out, sizeof g_out), 0);
+    assert_non_null(strstr(g_out, ",bf16,bf16,"));
+    assert_non_null(strstr(g_out, ",bf16,f16,"));
 }
 
 static void older_spellings_and_mmap_run(void **state)

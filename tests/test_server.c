@@ -560,7 +560,7 @@ static void test_cache_policy(void **state)
 
     struct httpc_response r = post(F.srv, "/cache/policy",
                          "{\"policy\": \"dynamic\", \"high_watermark\": 0.7, \"low_watermark\": 0.5, \"hot_tokens\": 64,"
-                         " \"sink_tokens\": 8, \"floor\": \"q8_0\", \"type_k\": \"q8_0\"}");
+                         " \"sink_tokens\": 8, \"floor\": \"q5_0\", \"type_k\": \"q8_0\", \"ladder\": \"q8_0,q5_1,q5_0\"}");
     if (r.status != 200)
         print_message("%s\n", r.body);
     assert_int_equal(r.status, 200);
@@ -571,7 +571,8 @@ static void test_cache_policy(void **state)
     assert_true(json_num(j, "low_watermark") == 0.5);
     assert_true(json_num(j, "hot_tokens") == 64);
     assert_true(json_num(j, "sink_tokens") == 8);
-    assert_string_equal(json_str(j, "floor"), "q8_0");
+    assert_string_equal(json_str(j, "floor"), "q5_0");
+    assert_string_equal(json_str(j, "ladder"), "q8_0,q5_1,q5_0");
     assert_string_equal(json_str(j, "type_k"), "q8_0");
     assert_string_equal(json_str(j, "type_v"), "f16");
     /* /cache/usage reports the same effective policy */
@@ -592,6 +593,8 @@ static void test_cache_policy(void **state)
     expect_error(post(F.srv, "/cache/policy", "{\"sink_tokens\": 2.5}"), 400, "invalid_value");
     expect_error(post(F.srv, "/cache/policy", "{\"floor\": \"q3_k\"}"), 400, "invalid_value");
     expect_error(post(F.srv, "/cache/policy", "{\"hot\": 5}"), 400, "unknown_field");
+    expect_error(post(F.srv, "/cache/policy", "{\"ladder\": \"q4_0,q8_0\"}"), 400, "invalid_value");
+    expect_error(post(F.srv, "/cache/policy", "{\"ladder\": [\"q8_0\"]}"), 400, "invalid_value");
     expect_error(post(F.srv, "/cache/policy", "{\"policy\": "), 400, "invalid_json");
     expect_error(http(F.srv, "GET", "/cache/policy", NULL, NULL, 0), 405, NULL);
     r = post(F.srv, "/cache/policy", "{\"policy\": \"static\", \"low_watermark\": 0.8}"); /* above high 0.7 */
@@ -611,7 +614,7 @@ static void test_cache_policy(void **state)
     cJSON_Delete(j);
     httpc_response_free(&r);
     r = post(F.srv, "/cache/policy", "{\"policy\": \"static\", \"high_watermark\": 0.9, \"low_watermark\": 0.8,"
-                                     " \"type_k\": \"f16\"}");
+                                     " \"type_k\": \"f16\", \"floor\": \"q4_0\", \"ladder\": \"q8_0,q4_0\"}");
     assert_int_equal(r.status, 200);
     httpc_response_free(&r);
 }

@@ -106,11 +106,9 @@ bool cli_parse_mem(const char *s, size_t *bytes)
 
 bool cli_parse_kv_type(const char *s, enum quant_type *out)
 {
-    static const struct { const char *name; enum quant_type t; } types[] = {
-        {"f32", QUANT_F32}, {"f16", QUANT_F16}, {"q8_0", QUANT_Q8_0}, {"q4_0", QUANT_Q4_0}};
-    for (size_t i = 0; s && i < sizeof types / sizeof types[0]; i++)
-        if (!strcasecmp(s, types[i].name)) {
-            *out = types[i].t;
+    for (int i = 0; s && i < KV_N_TYPES; i++)
+        if (!strcasecmp(s, quant_type_name(kv_type_at(i)))) {
+            *out = kv_type_at(i);
             return true;
         }
     return false;
@@ -181,6 +179,8 @@ bool cli_parse_kv_flag(const char *a, const char *v, struct cli_kv_flags *f, boo
         *ok = cli_parse_int(v, 0, 1 << 24, &c->hot_tokens);
     else if (is_flag(a, "--kv-floor", NULL))
         *ok = cli_parse_kv_type(v, &c->floor);
+    else if (is_flag(a, "--kv-ladder", NULL))
+        *ok = v && kv_parse_ladder(v, c) == KS_OK;
     else if (is_flag(a, "--kv-high", NULL))
         *ok = parse_watermark(v, &c->high_watermark);
     else if (is_flag(a, "--kv-low", NULL))
@@ -210,6 +210,8 @@ void cli_kv_flags_apply(const struct cli_kv_flags *f, struct kv_config *cfg)
     cfg->sink_tokens = u->sink_tokens;
     cfg->hot_tokens = u->hot_tokens;
     cfg->floor = u->floor;
+    memcpy(cfg->ladder, u->ladder, sizeof cfg->ladder);
+    cfg->n_ladder = u->n_ladder;
     cfg->high_watermark = u->high_watermark;
     cfg->low_watermark = u->low_watermark;
 }
@@ -226,8 +228,9 @@ const char cli_model_flags_help[] =
     "                           (page cache shared between processes, faster start, slower decode)\n"
     "      --kv-mem SIZE        cache budget, e.g. 512M, 2G, 25% (default: room for the run;\n"
     "                           serve: parallel x ctx-size tokens, at most 25% of RAM)\n"
-    "  -ctk, --cache-type-k T   start precision of K: f32 f16 q8_0 q4_0 (default f16;\n"
-    "                           q8_0 and q4_0 need a head_dim that is a multiple of 32)\n"
+    "  -ctk, --cache-type-k T   start precision of K: f32 f16 bf16 q8_0 q5_1 q5_0 q4_1 iq4_nl\n"
+    "                           q4_0 (default f16; all but f32/f16/bf16 need a head_dim that\n"
+    "                           is a multiple of 32)\n"
     "  -ctv, --cache-type-v T   start precision of V (default f16)\n"
     "      --kv-policy P        static | dynamic (default static)\n"
     "      --kv-page P          tokens per page, power of two 16..256 (default 32)\n"
@@ -235,6 +238,8 @@ const char cli_model_flags_help[] =
     "      --kv-sink N          dynamic: first tokens kept at start precision (default 32)\n"
     "      --kv-hot N           dynamic: recent tokens kept at start precision (default 512)\n"
     "      --kv-floor T         dynamic: lowest precision (default q4_0)\n"
+    "      --kv-ladder T,T,...  dynamic: the precisions old pages step down through, V then K\n"
+    "                           at each, highest first, ending at the floor (default q8_0,q4_0)\n"
     "      --kv-high R          dynamic: demote old pages above this usage ratio (default 0.90)\n"
     "      --kv-low R           dynamic: until usage is below this ratio (default 0.80)\n";
 

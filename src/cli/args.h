@@ -41,7 +41,7 @@ size_t cli_kv_budget_for(const struct kv_config *cfg, int64_t n_tokens);
  * choices over kv_config_default(), and the budget (0: the command sizes it).
  *   --kv-mem SIZE, -ctk/--cache-type-k T, -ctv/--cache-type-v T,
  *   --kv-policy static|dynamic, --kv-page P, --kv-rotate on|off,
- *   --kv-sink N, --kv-hot N, --kv-floor T, --kv-high R, --kv-low R
+ *   --kv-sink N, --kv-hot N, --kv-floor T, --kv-ladder T,T,..., --kv-high R, --kv-low R
  * --kv-page-tokens and --kv-sinks are accepted as older spellings. */
 struct cli_kv_flags {
     struct kv_config cfg;

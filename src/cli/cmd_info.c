@@ -216,9 +216,12 @@ static uint64_t kv_bytes_per_token(const struct info_kv_shape *s, enum quant_typ
     return (uint64_t)s->n_layer * s->n_head_kv * (k + v);
 }
 
+/* The KV types info prints: every one but f32 (a test type), highest precision first. */
+static enum quant_type info_kv_type(int i) { return kv_type_at(KV_INDEX_F16 + i); }
+enum { INFO_KV_TYPES = KV_N_TYPES - KV_INDEX_F16 };
+
 static void print_kv_memory(const struct info_kv_shape *s)
 {
-    static const enum quant_type types[] = {QUANT_F16, QUANT_Q8_0, QUANT_Q4_0};
     char a[32], b[32], c[32];
     printf("  KV cache (%s: %u layers, %u KV heads, head_dim k %u / v %u):\n", s->arch, s->n_layer, s->n_head_kv,
            s->head_dim_k, s->head_dim_v);
@@ -226,15 +229,16 @@ static void print_kv_memory(const struct info_kv_shape *s)
     if (s->n_ctx_train)
         printf(" %16s", "per context");
     printf("\n");
-    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
-        uint64_t per_tok = kv_bytes_per_token(s, types[i]);
+    for (int i = 0; i < INFO_KV_TYPES; i++) {
+        enum quant_type t = info_kv_type(i);
+        uint64_t per_tok = kv_bytes_per_token(s, t);
         if (!per_tok) {
-            uint32_t bad = quant_row_size(types[i], s->head_dim_k) ? s->head_dim_v : s->head_dim_k;
-            printf("    %-6s n/a (head_dim %u not a multiple of %d)\n", quant_type_name(types[i]), bad,
-                   quant_traits(types[i])->block_elems);
+            uint32_t bad = quant_row_size(t, s->head_dim_k) ? s->head_dim_v : s->head_dim_k;
+            printf("    %-6s n/a (head_dim %u not a multiple of %d)\n", quant_type_name(t), bad,
+                   quant_traits(t)->block_elems);
             continue;
         }
-        printf("    %-6s %12s %14s", quant_type_name(types[i]), human_bytes((double)per_tok, a, sizeof a),
+        printf("    %-6s %12s %14s", quant_type_name(t), human_bytes((double)per_tok, a, sizeof a),
                human_bytes((double)per_tok * 1000, b, sizeof b));
         if (s->n_ctx_train)
             printf(" %16s", human_bytes((double)per_tok * s->n_ctx_train, c, sizeof c));
@@ -266,14 +270,14 @@ static void print_kv_fit(const struct info_kv_shape *s, size_t budget)
         printf("    n/a (%s)\n", ks_errmsg());
         return;
     }
-    static const enum quant_type types[] = {QUANT_F16, QUANT_Q8_0, QUANT_Q4_0};
-    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
-        int64_t n = fit.tokens[kv_type_index(types[i])];
+    for (int i = 0; i < INFO_KV_TYPES; i++) {
+        enum quant_type t = info_kv_type(i);
+        int64_t n = fit.tokens[kv_type_index(t)];
         if (n < 0)
-            printf("    %-8s n/a (head_dim %u not a multiple of %d)\n", quant_type_name(types[i]), s->head_dim_k,
-                   quant_traits(types[i])->block_elems);
+            printf("    %-8s n/a (head_dim %u not a multiple of %d)\n", quant_type_name(t), s->head_dim_k,
+                   quant_traits(t)->block_elems);
         else
-            printf("    %-8s %12" PRId64 " tokens\n", quant_type_name(types[i]), n);
+            printf("    %-8s %12" PRId64 " tokens\n", quant_type_name(t), n);
     }
     printf("    %-8s %12" PRId64 " tokens (one sequence: first %d and last %d tokens at f16, the rest at %s)\n",
            "dynamic", fit.dynamic, cfg.sink_tokens, cfg.hot_tokens,

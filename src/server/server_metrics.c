@@ -104,19 +104,17 @@ static cJSON *types_json(const int32_t *pages)
     return o;
 }
 
+/* One character per KV type, by kv_type_index: F f32, H f16, B bf16, 8 q8_0,
+ * R q5_1, 5 q5_0, S q4_1, N iq4_nl, 4 q4_0 (the page's TYPES table reads them). */
 static char type_code(enum quant_type t)
 {
-    switch (t) {
-    case QUANT_F32: return 'F';
-    case QUANT_F16: return 'H';
-    case QUANT_Q8_0: return '8';
-    case QUANT_Q4_0: return '4';
-    default: return '?';
-    }
+    static const char codes[KV_N_TYPES + 1] = "FHB8R5SN4";
+    int i = kv_type_index(t);
+    return i < 0 ? '?' : codes[i];
 }
 
 /* The sequence's pages in token order as strings, one character per page:
- * page_map_k / page_map_v (F f32, H f16, 8 q8_0, 4 q4_0) and page_shared
+ * page_map_k / page_map_v (type_code) and page_shared
  * (1 when other sequences hold the page too). Compact for the live page. */
 static bool add_page_map(cJSON *e, const struct kv_cache *kv, int32_t seq)
 {
@@ -294,7 +292,7 @@ static ks_status parse_type(cJSON *root, const char *key, enum quant_type *out, 
     if (!v || cJSON_IsNull(v))
         return KS_OK;
     if (!cJSON_IsString(v) || quant_type_from_name(v->valuestring, out) != KS_OK || kv_type_index(*out) < 0)
-        return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value", "'%s' must be one of f32, f16, q8_0, q4_0", key);
+        return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value", "'%s' must be one of %s", key, kv_type_names());
     return KS_OK;
 }
 
@@ -382,6 +380,10 @@ static cJSON *policy_json(const struct kv_config *c)
     cJSON_AddNumberToObject(o, "hot_tokens", c->hot_tokens);
     cJSON_AddNumberToObject(o, "sink_tokens", c->sink_tokens);
     cJSON_AddStringToObject(o, "floor", quant_type_name(c->floor));
+    char ladder[KV_LADDER_MAX * 8] = "q8_0,q4_0";
+    for (int i = 0, n = 0; i < c->n_ladder; i++)
+        n += snprintf(ladder + n, sizeof ladder - (size_t)n, "%s%s", i ? "," : "", quant_type_name(c->ladder[i]));
+    cJSON_AddStringToObject(o, "ladder", ladder);
     cJSON_AddStringToObject(o, "type_k", quant_type_name(c->type_k));
     cJSON_AddStringToObject(o, "type_v", quant_type_name(c->type_v));
     return o;
@@ -437,7 +439,7 @@ static ks_status parse_policy_field(const cJSON *v, struct kv_policy_update *u, 
     } else if (!strcmp(k, "floor") || !strcmp(k, "type_k") || !strcmp(k, "type_v")) {
         enum quant_type t;
         if (!cJSON_IsString(v) || quant_type_from_name(v->valuestring, &t) != KS_OK || kv_type_index(t) < 0)
-            return bad_field(r, k, "one of f32, f16, q8_0, q4_0");
+            return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value", "'%s' must be one of %s", k, kv_type_names());
         if (!strcmp(k, "floor")) {
             u->floor = t;
             u->set |= KV_SET_FLOOR;
@@ -448,10 +450,20 @@ static ks_status parse_policy_field(const cJSON *v, struct kv_policy_update *u, 
             u->type_v = t;
             u->set |= KV_SET_TYPE_V;
         }
+    } else if (!strcmp(k, "ladder")) {
+        struct kv_config parsed;
+        kv_config_default(&parsed);
+        if (!cJSON_IsString(v) || kv_parse_ladder(v->valuestring, &parsed) != KS_OK)
+            return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value",
+                              "'ladder' must be KV types in falling precision separated by commas, e.g. "
+                              "\"f16,q8_0,q5_0,q4_0\" (the order is %s)", kv_type_names());
+        memcpy(u->ladder, parsed.ladder, sizeof u->ladder);
+        u->n_ladder = parsed.n_ladder;
+        u->set |= KV_SET_LADDER;
     } else {
         return reply_fail(r, KS_ERR_INVALID_ARG, "unknown_field",
                           "unknown field '%s' (known: policy, high_watermark, low_watermark, hot_tokens, "
-                          "sink_tokens, floor, type_k, type_v)", k);
+                          "sink_tokens, floor, ladder, type_k, type_v)", k);
     }
     return KS_OK;
 }
