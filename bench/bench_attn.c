@@ -195,6 +195,11 @@ int main(int argc, char **argv)
         {"q8_0", QUANT_Q8_0, QUANT_Q8_0, false},
         {"q4_0", QUANT_Q4_0, QUANT_Q4_0, false},
         {"mixed(q4/f16)", QUANT_F16, QUANT_F16, true},
+        {"bf16", QUANT_BF16, QUANT_BF16, false},
+        {"q5_1", QUANT_Q5_1, QUANT_Q5_1, false},
+        {"q5_0", QUANT_Q5_0, QUANT_Q5_0, false},
+        {"q4_1", QUANT_Q4_1, QUANT_Q4_1, false},
+        {"iq4_nl", QUANT_IQ4_NL, QUANT_IQ4_NL, false},
     };
     float *x = malloc(N_HEAD * DIM * sizeof(float)), *out = malloc(N_HEAD * DIM * sizeof(float));
     for (int i = 0; i < N_HEAD * DIM; i++)

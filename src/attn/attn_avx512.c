@@ -109,45 +109,60 @@ ALWAYS_INLINE size_t elem_bytes(enum quant_type t) { return t == QUANT_F32 ? 4 :
 
 ALWAYS_INLINE bool is_block_type(enum quant_type t) { return t != QUANT_F32 && t != QUANT_F16 && t != QUANT_BF16; }
 
-/* Values 16h .. 16h+15 of block b of a q8_0, q4_0, q4_1, q5_0, q5_1 or iq4_nl
- * row, dequantized: the 4-bit and 5-bit types through a table of their 16 or
- * 32 levels times d (plus m) indexed by the values, q8_0 by widening. */
-ALWAYS_INLINE __m512 decode_half(const uint8_t *row, enum quant_type t, int b, int h)
+/* The 32 values of block b of a q8_0, q4_0, q4_1, q5_0, q5_1 or iq4_nl row,
+ * dequantized, values 0-15 in *x0 and 16-31 in *x1: the 4-bit and 5-bit
+ * types through a table of their 16 or 32 levels times d (plus m) indexed by
+ * the values, built once per block; q8_0 by widening. */
+ALWAYS_INLINE void decode_block(const uint8_t *row, enum quant_type t, int b, __m512 *x0, __m512 *x1)
 {
     const __m512 lo16 = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     const __m512 sixteen = _mm512_set1_ps(16.0f);
     if (t == QUANT_Q8_0) {
         const block_q8_0 *blk = (const block_q8_0 *)row + b;
         __m512 d = _mm512_cvtph_ps(_mm256_set1_epi16((short)blk->d));
-        __m512i x = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk->qs + h * LANES)));
-        return _mm512_mul_ps(d, _mm512_cvtepi32_ps(x));
+        *x0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)blk->qs))));
+        *x1 = _mm512_mul_ps(
+            d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk->qs + LANES)))));
+        return;
     }
     /* every other type has a 2-byte d first and its 16 nibble bytes last */
-    const uint8_t *blk = row + (size_t)b * attn_row_bytes(t, QK8_0);
-    const uint8_t *qs = blk + attn_row_bytes(t, QK8_0) - QK8_0 / 2;
+    size_t bb = attn_row_bytes(t, QK8_0);
+    const uint8_t *blk = row + (size_t)b * bb, *qs = blk + bb - QK8_0 / 2;
     quant_f16 dh, mh = 0;
     memcpy(&dh, blk, sizeof dh);
     if (t == QUANT_Q4_1 || t == QUANT_Q5_1)
         memcpy(&mh, blk + 2, sizeof mh);
     __m512 d = _mm512_cvtph_ps(_mm256_set1_epi16((short)dh)), m = _mm512_cvtph_ps(_mm256_set1_epi16((short)mh));
     __m512i x = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)qs));
-    __m512i idx = h ? _mm512_srli_epi32(x, 4) : x; /* permutexvar reads the low 4 bits */
-    if (t == QUANT_Q4_0)
-        return _mm512_permutexvar_ps(idx, _mm512_mul_ps(_mm512_sub_ps(lo16, _mm512_set1_ps(8.0f)), d));
-    if (t == QUANT_Q4_1)
-        return _mm512_permutexvar_ps(idx, _mm512_fmadd_ps(lo16, d, m));
-    if (t == QUANT_IQ4_NL) {
-        __m512 lv = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)quant_iq4nl_values)));
-        return _mm512_permutexvar_ps(idx, _mm512_mul_ps(lv, d));
+    __m512i i0 = x, i1 = _mm512_srli_epi32(x, 4); /* permutexvar reads the low 4 bits */
+    if (t == QUANT_Q4_0 || t == QUANT_Q4_1 || t == QUANT_IQ4_NL) {
+        __m512 tab;
+        if (t == QUANT_Q4_0)
+            tab = _mm512_mul_ps(_mm512_sub_ps(lo16, _mm512_set1_ps(8.0f)), d);
+        else if (t == QUANT_Q4_1)
+            tab = _mm512_fmadd_ps(lo16, d, m);
+        else
+            tab = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)quant_iq4nl_values))), d);
+        *x0 = _mm512_permutexvar_ps(i0, tab);
+        *x1 = _mm512_permutexvar_ps(i1, tab);
+        return;
     }
     /* q5_0 / q5_1: bit 4 of the index is the value's bit in qh, and permutex2var's table choice */
     uint32_t qh;
     memcpy(&qh, blk + (t == QUANT_Q5_1 ? 4 : 2), sizeof qh);
-    idx = _mm512_and_si512(idx, _mm512_set1_epi32(0x0F));
-    idx = _mm512_mask_or_epi32(idx, (__mmask16)(qh >> (LANES * h)), idx, _mm512_set1_epi32(0x10));
-    if (t == QUANT_Q5_0)
-        return _mm512_permutex2var_ps(_mm512_mul_ps(_mm512_sub_ps(lo16, sixteen), d), idx, _mm512_mul_ps(lo16, d));
-    return _mm512_permutex2var_ps(_mm512_fmadd_ps(lo16, d, m), idx, _mm512_fmadd_ps(_mm512_add_ps(lo16, sixteen), d, m));
+    const __m512i low4 = _mm512_set1_epi32(0x0F), bit4 = _mm512_set1_epi32(0x10);
+    i0 = _mm512_mask_or_epi32(_mm512_and_si512(i0, low4), (__mmask16)qh, _mm512_and_si512(i0, low4), bit4);
+    i1 = _mm512_mask_or_epi32(i1, (__mmask16)(qh >> LANES), i1, bit4);
+    __m512 ta, tb;
+    if (t == QUANT_Q5_0) {
+        ta = _mm512_mul_ps(_mm512_sub_ps(lo16, sixteen), d);
+        tb = _mm512_mul_ps(lo16, d);
+    } else {
+        ta = _mm512_fmadd_ps(lo16, d, m);
+        tb = _mm512_fmadd_ps(_mm512_add_ps(lo16, sixteen), d, m);
+    }
+    *x0 = _mm512_permutex2var_ps(ta, i0, tb);
+    *x1 = _mm512_permutex2var_ps(ta, i1, tb);
 }
 
 /* v[i] = per-lane products of block-type K row kt with query row i, over
@@ -160,7 +175,8 @@ ALWAYS_INLINE void block_dots(const uint8_t *kt, enum quant_type t, const float 
         w[i] = _mm512_setzero_ps();
     }
     for (int b = 0; b < d / QK8_0; b++) {
-        __m512 k0 = decode_half(kt, t, b, 0), k1 = decode_half(kt, t, b, 1);
+        __m512 k0, k1;
+        decode_block(kt, t, b, &k0, &k1);
         for (int i = 0; i < nr; i++) {
             v[i] = _mm512_fmadd_ps(_mm512_loadu_ps(q + (size_t)i * d + b * QK8_0), k0, v[i]);
             w[i] = _mm512_fmadd_ps(_mm512_loadu_ps(q + (size_t)i * d + b * QK8_0 + LANES), k1, w[i]);
@@ -559,10 +575,8 @@ ALWAYS_INLINE void quant_accum_block(const uint8_t *v, enum quant_type type, int
             a[h][i] = _mm512_loadu_ps(base + (size_t)(r0 + i) * d + h * LANES);
     for (int t = 0; t < n_tok; t++) {
         __m512 x[4];
-        for (int k = 0; k < nblk; k++) {
-            x[2 * k] = decode_half(ATTN_ROW(rows, v, t, rb), type, b + k, 0);
-            x[2 * k + 1] = decode_half(ATTN_ROW(rows, v, t, rb), type, b + k, 1);
-        }
+        for (int k = 0; k < nblk; k++)
+            decode_block(ATTN_ROW(rows, v, t, rb), type, b + k, &x[2 * k], &x[2 * k + 1]);
         for (int i = 0; i < nr; i++) {
             __m512 p = prob(rows, r0 + i, t);
             for (int h = 0; h < 2 * nblk; h++)

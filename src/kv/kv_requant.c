@@ -1,4 +1,4 @@
-/* Live requantization: convert pages between f32/f16/q8_0/q4_0 in place.
+/* Live requantization: convert pages between any two KV types in place.
  * Rows are stored rotated whatever their type, so a conversion is a plain
  * dequantize + quantize of each row. */
 #include <assert.h>

@@ -1,5 +1,5 @@
 /* The Walsh-Hadamard rotation of K/V rows. Rows are then quantized by
- * quant's traits (ggml's reference quantizers, so a q8_0/q4_0 page holds the
+ * quant's traits (ggml's reference quantizers, so a page of any block type holds the
  * bytes llama.cpp would store). */
 #include <math.h>
 
