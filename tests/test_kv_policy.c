@@ -1,6 +1,7 @@
 /* kv_set_policy(): a cache switched at run time behaves exactly like one
  * created with the new policy; bad values are refused with the field named
- * and leave the configuration untouched. */
+ * and leave the configuration untouched. The demotion ladder: parsing, its
+ * checks, and the dynamic policy stepping down a 4-level one. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -277,6 +278,137 @@ static void test_bad_values_change_nothing(void **state)
     kv_free(kv);
 }
 
+/* ---- the demotion ladder -------------------------------------------------- */
+
+static void test_parse_ladder(void **state)
+{
+    (void)state;
+    struct kv_config cfg;
+    base_config(&cfg, 64, 64);
+    assert_int_equal(cfg.n_ladder, 2);
+    assert_int_equal(kv_parse_ladder("f16,q8_0,q5_0,q4_0", &cfg), KS_OK);
+    assert_int_equal(cfg.n_ladder, 4);
+    assert_int_equal(cfg.ladder[2], QUANT_Q5_0);
+    const char *bad[] = {"q4_0,q8_0", "q8_0,q8_0", "q8_0,,q4_0", "q8_0,q4_k", "", "f32,f16,bf16,q8_0,q5_1,q5_0,q4_1,iq4_nl,q4_0"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        assert_int_equal(kv_parse_ladder(bad[i], &cfg), KS_ERR_INVALID_ARG);
+        assert_non_null(strstr(ks_errmsg(), "--kv-ladder"));
+        assert_int_equal(cfg.n_ladder, 4); /* unchanged */
+    }
+    /* a block type on a head_dim it does not divide is refused by name */
+    base_config(&cfg, 48, 64);
+    cfg.type_k = QUANT_Q5_1;
+    struct kv_cache *kv;
+    assert_int_equal(kv_create(&cfg, &kv), KS_ERR_INVALID_ARG);
+    assert_non_null(strstr(ks_errmsg(), "q5_1 needs head_dim to be a multiple of 32"));
+    /* bf16 has no block: any head_dim */
+    cfg.type_k = QUANT_BF16;
+    assert_int_equal(kv_create(&cfg, &kv), KS_OK);
+    struct kv_policy_update u = {.set = KV_SET_LADDER, .n_ladder = 2, .ladder = {QUANT_Q8_0, QUANT_IQ4_NL}};
+    assert_int_equal(kv_set_policy(kv, &u), KS_ERR_INVALID_ARG); /* not usable at head_dim 48 */
+    u.ladder[0] = QUANT_F16;
+    u.ladder[1] = QUANT_BF16;
+    assert_int_equal(kv_set_policy(kv, &u), KS_OK);
+    assert_int_equal(kv_get_config(kv)->ladder[1], QUANT_BF16);
+    kv_free(kv);
+}
+
+/* A dynamic cache of cfg with this ladder, pages of 32 tokens, room for
+ * pages pages at the start types, and one sequence. */
+static struct kv_cache *ladder_cache(struct kv_config *cfg, const char *ladder, int pages, int32_t *seq)
+{
+    cfg->page_tokens = 32;
+    cfg->policy = KV_POLICY_DYNAMIC;
+    assert_int_equal(kv_parse_ladder(ladder, cfg), KS_OK);
+    cfg->mem_budget = (size_t)pages * kv_page_bytes(cfg, cfg->type_k, cfg->type_v);
+    struct kv_cache *kv;
+    assert_int_equal(kv_create(cfg, &kv), KS_OK);
+    assert_int_equal(kv_seq_create(kv, seq), KS_OK);
+    return kv;
+}
+
+/* The lowest precision (highest index) among the pages' K or V halves. */
+static int lowest(const struct kv_usage *u, bool k)
+{
+    int lo = -1;
+    for (int i = 0; i < KV_N_TYPES; i++)
+        if ((k ? u->pages_k[i] : u->pages_v[i]) > 0)
+            lo = i;
+    return lo;
+}
+
+/* Start f32, ladder f16 -> q8_0 -> q5_0 -> q4_0: as one sequence grows past
+ * the budget, every level is reached, V is never behind K, no page leaves
+ * the ladder, and at the end every page outside the sinks and hot window is
+ * at q4_0 on both halves. */
+static void test_dynamic_policy_four_step_ladder(void **state)
+{
+    (void)state;
+    struct kv_config cfg;
+    base_config(&cfg, 64, 64);
+    cfg.type_k = cfg.type_v = QUANT_F32;
+    cfg.sink_tokens = 32;
+    cfg.hot_tokens = 64;
+    int32_t s, len = 0;
+    struct kv_cache *kv = ladder_cache(&cfg, "f16,q8_0,q5_0,q4_0", 12, &s);
+    const int on_ladder[] = {KV_INDEX_F32, KV_INDEX_F16, KV_INDEX_Q8_0, KV_INDEX_Q5_0, KV_INDEX_Q4_0};
+    bool seen[KV_N_TYPES] = {false};
+    struct kv_usage u;
+    for (;;) {
+        ks_status st = grow(kv, s, 32);
+        if (st == KS_ERR_KV_FULL)
+            break;
+        assert_int_equal(st, KS_OK);
+        len += 32;
+        assert_int_equal(kv_check(kv), KS_OK);
+        kv_usage(kv, &u);
+        assert_true(lowest(&u, false) >= lowest(&u, true));
+        for (int i = 0; i < KV_N_TYPES; i++) {
+            bool allowed = false;
+            for (size_t j = 0; j < sizeof on_ladder / sizeof on_ladder[0]; j++)
+                allowed |= on_ladder[j] == i;
+            if (u.pages_k[i] || u.pages_v[i]) {
+                assert_true(allowed);
+                seen[i] = true;
+            }
+        }
+        assert_true(len < 100000);
+    }
+    for (size_t j = 0; j < sizeof on_ladder / sizeof on_ladder[0]; j++)
+        assert_true(seen[on_ladder[j]]);
+    int32_t n_pages = len / 32;
+    kv_usage(kv, &u);
+    assert_int_equal(u.pages_k[KV_INDEX_Q4_0], n_pages - 3);
+    assert_int_equal(u.pages_v[KV_INDEX_Q4_0], n_pages - 3);
+    assert_true(n_pages > 12 * 4); /* q4_0 pages are about a seventh of f32 ones */
+    kv_free(kv);
+}
+
+/* A floor above the ladder's end stops it there; a floor not on the ladder is
+ * its last step. */
+static void test_floor_ends_the_ladder(void **state)
+{
+    (void)state;
+    const enum quant_type floors[] = {QUANT_Q5_0, QUANT_Q4_1};
+    for (int f = 0; f < 2; f++) {
+        struct kv_config cfg;
+        base_config(&cfg, 64, 64);
+        cfg.sink_tokens = 0;
+        cfg.hot_tokens = 32;
+        cfg.floor = floors[f];
+        int32_t s, len = 0;
+        struct kv_cache *kv = ladder_cache(&cfg, "q8_0,q5_0,q4_0", 8, &s);
+        while (grow(kv, s, 32) == KS_OK)
+            len += 32;
+        struct kv_usage u;
+        kv_usage(kv, &u);
+        assert_int_equal(u.pages_k[kv_type_index(floors[f])], len / 32 - 1);
+        assert_int_equal(u.pages_k[KV_INDEX_Q4_0], 0);
+        assert_int_equal(kv_check(kv), KS_OK);
+        kv_free(kv);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -285,6 +417,9 @@ int main(void)
         cmocka_unit_test(test_lower_high_watermark_demotes_at_next_allocation),
         cmocka_unit_test(test_start_types_apply_to_new_pages_only),
         cmocka_unit_test(test_bad_values_change_nothing),
+        cmocka_unit_test(test_parse_ladder),
+        cmocka_unit_test(test_dynamic_policy_four_step_ladder),
+        cmocka_unit_test(test_floor_ends_the_ladder),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

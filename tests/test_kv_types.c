@@ -1,7 +1,8 @@
 /* The KV cache types beyond f32/f16/q8_0/q4_0 (bf16, q4_1, q5_0, q5_1,
  * iq4_nl): quant's reference quantizers make llama.cpp's bytes, its
  * dequantizers agree with a decoder written here from the block formats, and
- * the dynamic policy steps down a 4-level ladder V before K. */
+ * kv lists the types in falling precision. (The ladder's tests are in
+ * test_kv_policy.c.) */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -120,7 +121,7 @@ static void test_dequantize_matches_format(void **state)
     }
 }
 
-/* ---- the type list and the ladder ----------------------------------------- */
+/* ---- the type list ---------------------------------------------------------- */
 
 static void test_type_order_and_names(void **state)
 {
@@ -134,169 +135,12 @@ static void test_type_order_and_names(void **state)
     assert_string_equal(kv_type_names(), "f32, f16, bf16, q8_0, q5_1, q5_0, q4_1, iq4_nl, q4_0");
 }
 
-static void shape(struct kv_config *cfg, int head_dim)
-{
-    kv_config_default(cfg);
-    cfg->n_layer = 2;
-    cfg->n_kv_head = 2;
-    cfg->head_dim = head_dim;
-    cfg->mem_budget = 1 << 24;
-}
-
-static void test_parse_ladder(void **state)
-{
-    (void)state;
-    struct kv_config cfg;
-    shape(&cfg, 64);
-    assert_int_equal(cfg.n_ladder, 2);
-    assert_int_equal(kv_parse_ladder("f16,q8_0,q5_0,q4_0", &cfg), KS_OK);
-    assert_int_equal(cfg.n_ladder, 4);
-    assert_int_equal(cfg.ladder[2], QUANT_Q5_0);
-    const char *bad[] = {"q4_0,q8_0", "q8_0,q8_0", "q8_0,,q4_0", "q8_0,q4_k", "", "f32,f16,bf16,q8_0,q5_1,q5_0,q4_1,iq4_nl,q4_0"};
-    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        assert_int_equal(kv_parse_ladder(bad[i], &cfg), KS_ERR_INVALID_ARG);
-        assert_non_null(strstr(ks_errmsg(), "--kv-ladder"));
-        assert_int_equal(cfg.n_ladder, 4); /* unchanged */
-    }
-    /* a block type on a head_dim it does not divide is refused by name */
-    shape(&cfg, 48);
-    cfg.type_k = QUANT_Q5_1;
-    struct kv_cache *kv;
-    assert_int_equal(kv_create(&cfg, &kv), KS_ERR_INVALID_ARG);
-    assert_non_null(strstr(ks_errmsg(), "q5_1 needs head_dim to be a multiple of 32"));
-    /* bf16 has no block: any head_dim */
-    cfg.type_k = QUANT_BF16;
-    assert_int_equal(kv_create(&cfg, &kv), KS_OK);
-    struct kv_policy_update u = {.set = KV_SET_LADDER, .n_ladder = 2, .ladder = {QUANT_Q8_0, QUANT_IQ4_NL}};
-    assert_int_equal(kv_set_policy(kv, &u), KS_ERR_INVALID_ARG); /* not usable at head_dim 48 */
-    u.ladder[0] = QUANT_F16;
-    u.ladder[1] = QUANT_BF16;
-    assert_int_equal(kv_set_policy(kv, &u), KS_OK);
-    assert_int_equal(kv_get_config(kv)->ladder[1], QUANT_BF16);
-    kv_free(kv);
-}
-
-static void fill(struct kv_cache *kv, int32_t seq, int32_t from, int32_t to)
-{
-    const struct kv_config *c = kv_get_config(kv);
-    size_t n = (size_t)c->n_kv_head * c->head_dim;
-    float *k = malloc(n * sizeof *k), *v = malloc(n * sizeof *v);
-    for (int32_t p = from; p < to; p++)
-        for (int l = 0; l < c->n_layer; l++) {
-            for (size_t i = 0; i < n; i++) {
-                k[i] = sinf((float)(p * 31 + i));
-                v[i] = cosf((float)(p * 17 + i));
-            }
-            assert_int_equal(kv_write(kv, l, seq, p, k, v), KS_OK);
-        }
-    free(k);
-    free(v);
-}
-
-/* The lowest precision (highest index) among the pages' K or V halves. */
-static int lowest(const struct kv_usage *u, bool k)
-{
-    int lo = -1;
-    for (int i = 0; i < KV_N_TYPES; i++)
-        if ((k ? u->pages_k[i] : u->pages_v[i]) > 0)
-            lo = i;
-    return lo;
-}
-
-/* Start f32, ladder f16 -> q8_0 -> q5_0 -> q4_0: as one sequence grows past
- * the budget, every level is reached, V is never behind K, no page leaves
- * the ladder, and at the end every page outside the sinks and hot window is
- * at q4_0 on both halves. */
-static void test_dynamic_policy_four_step_ladder(void **state)
-{
-    (void)state;
-    struct kv_config cfg;
-    shape(&cfg, 64);
-    cfg.type_k = cfg.type_v = QUANT_F32;
-    cfg.policy = KV_POLICY_DYNAMIC;
-    cfg.sink_tokens = 32;
-    cfg.hot_tokens = 64;
-    assert_int_equal(kv_parse_ladder("f16,q8_0,q5_0,q4_0", &cfg), KS_OK);
-    cfg.mem_budget = 12 * kv_page_bytes(&cfg, QUANT_F32, QUANT_F32);
-    struct kv_cache *kv;
-    assert_int_equal(kv_create(&cfg, &kv), KS_OK);
-    int32_t s, len = 0;
-    assert_int_equal(kv_seq_create(kv, &s), KS_OK);
-    const int on_ladder[] = {KV_INDEX_F32, KV_INDEX_F16, KV_INDEX_Q8_0, KV_INDEX_Q5_0, KV_INDEX_Q4_0};
-    bool seen[KV_N_TYPES] = {false};
-    struct kv_usage u;
-    for (;;) {
-        ks_status st = kv_seq_grow(kv, s, 32);
-        if (st == KS_ERR_KV_FULL)
-            break;
-        assert_int_equal(st, KS_OK);
-        fill(kv, s, len, len + 32);
-        len += 32;
-        assert_int_equal(kv_check(kv), KS_OK);
-        kv_usage(kv, &u);
-        assert_true(lowest(&u, false) >= lowest(&u, true));
-        for (int i = 0; i < KV_N_TYPES; i++) {
-            bool allowed = false;
-            for (size_t j = 0; j < sizeof on_ladder / sizeof on_ladder[0]; j++)
-                allowed |= on_ladder[j] == i;
-            if (u.pages_k[i] || u.pages_v[i]) {
-                assert_true(allowed);
-                seen[i] = true;
-            }
-        }
-        assert_true(len < 100000);
-    }
-    for (size_t j = 0; j < sizeof on_ladder / sizeof on_ladder[0]; j++)
-        assert_true(seen[on_ladder[j]]);
-    int32_t n_pages = len / 32;
-    kv_usage(kv, &u);
-    assert_int_equal(u.pages_k[KV_INDEX_Q4_0], n_pages - 3);
-    assert_int_equal(u.pages_v[KV_INDEX_Q4_0], n_pages - 3);
-    assert_true(n_pages > 12 * 4); /* q4_0 pages are about a seventh of f32 ones */
-    kv_free(kv);
-}
-
-/* A floor above the ladder's end stops it there; a floor not on the ladder is
- * its last step. */
-static void test_floor_ends_the_ladder(void **state)
-{
-    (void)state;
-    const enum quant_type floors[] = {QUANT_Q5_0, QUANT_Q4_1};
-    for (int f = 0; f < 2; f++) {
-        struct kv_config cfg;
-        shape(&cfg, 64);
-        cfg.policy = KV_POLICY_DYNAMIC;
-        cfg.sink_tokens = 0;
-        cfg.hot_tokens = 32;
-        cfg.floor = floors[f];
-        assert_int_equal(kv_parse_ladder("q8_0,q5_0,q4_0", &cfg), KS_OK);
-        cfg.mem_budget = 8 * kv_page_bytes(&cfg, QUANT_F16, QUANT_F16);
-        struct kv_cache *kv;
-        assert_int_equal(kv_create(&cfg, &kv), KS_OK);
-        int32_t s, len = 0;
-        assert_int_equal(kv_seq_create(kv, &s), KS_OK);
-        while (kv_seq_grow(kv, s, 32) == KS_OK) {
-            fill(kv, s, len, len + 32);
-            len += 32;
-        }
-        struct kv_usage u;
-        kv_usage(kv, &u);
-        assert_int_equal(u.pages_k[kv_type_index(floors[f])], len / 32 - 1);
-        assert_int_equal(u.pages_k[KV_INDEX_Q4_0], 0);
-        assert_int_equal(kv_check(kv), KS_OK);
-        kv_free(kv);
-    }
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bytes_match_llamacpp),
         cmocka_unit_test(test_dequantize_matches_format),
         cmocka_unit_test(test_type_order_and_names),
-        cmocka_unit_test(test_parse_ladder),
-        cmocka_unit_test(test_dynamic_policy_four_step_ladder),
-        cmocka_unit_test(test_floor_ends_the_ladder),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -253,18 +253,6 @@ static void score_f16_avx512(const uint8_t *k, int n_tok, const struct attn_rows
     float_score(k, QUANT_F16, n_tok, rows);
 }
 
-/* bf16 and the block types without an integer kernel: products against the f32 query. */
-#define FLOAT_Q_SCORE(name, type)                                                                            \
-    static void score_##name##_avx512(const uint8_t *k, int n_tok, const struct attn_rows *rows)            \
-    {                                                                                                        \
-        float_score(k, type, n_tok, rows);                                                                   \
-    }
-FLOAT_Q_SCORE(bf16, QUANT_BF16)
-FLOAT_Q_SCORE(q5_1, QUANT_Q5_1)
-FLOAT_Q_SCORE(q5_0, QUANT_Q5_0)
-FLOAT_Q_SCORE(q4_1, QUANT_Q4_1)
-FLOAT_Q_SCORE(iq4_nl, QUANT_IQ4_NL)
-
 /* ---- quantized K --------------------------------------------------------------- */
 
 #if defined(__AVX512VNNI__) && defined(__AVX512VBMI__)
@@ -556,11 +544,6 @@ static void accum_f16_avx512(const uint8_t *v, int n_tok, const struct attn_rows
     float_accum(v, QUANT_F16, n_tok, rows);
 }
 
-static void accum_bf16_avx512(const uint8_t *v, int n_tok, const struct attn_rows *rows)
-{
-    float_accum(v, QUANT_BF16, n_tok, rows);
-}
-
 /* Blocks [b, b + nblk) (nblk 1 or 2) of nr rows, accumulators in registers
  * across the page's tokens; each probability is broadcast once per token. */
 ALWAYS_INLINE void quant_accum_block(const uint8_t *v, enum quant_type type, int n_tok, const struct attn_rows *rows,
@@ -617,15 +600,25 @@ static void accum_q4_0_avx512(const uint8_t *v, int n_tok, const struct attn_row
     quant_accum(v, QUANT_Q4_0, n_tok, rows);
 }
 
-#define BLOCK_ACCUM(name, type)                                                                              \
+/* bf16 and the block types without an integer K kernel: K scored against the
+ * f32 query through the float reduction, V decoded in registers. */
+#define DECODED_KERNELS(name, type)                                                                          \
+    static void score_##name##_avx512(const uint8_t *k, int n_tok, const struct attn_rows *rows)            \
+    {                                                                                                        \
+        float_score(k, type, n_tok, rows);                                                                   \
+    }                                                                                                        \
     static void accum_##name##_avx512(const uint8_t *v, int n_tok, const struct attn_rows *rows)            \
     {                                                                                                        \
-        quant_accum(v, type, n_tok, rows);                                                                   \
+        if (is_block_type(type))                                                                             \
+            quant_accum(v, type, n_tok, rows);                                                               \
+        else                                                                                                 \
+            float_accum(v, type, n_tok, rows);                                                               \
     }
-BLOCK_ACCUM(q5_1, QUANT_Q5_1)
-BLOCK_ACCUM(q5_0, QUANT_Q5_0)
-BLOCK_ACCUM(q4_1, QUANT_Q4_1)
-BLOCK_ACCUM(iq4_nl, QUANT_IQ4_NL)
+DECODED_KERNELS(bf16, QUANT_BF16)
+DECODED_KERNELS(q5_1, QUANT_Q5_1)
+DECODED_KERNELS(q5_0, QUANT_Q5_0)
+DECODED_KERNELS(q4_1, QUANT_Q4_1)
+DECODED_KERNELS(iq4_nl, QUANT_IQ4_NL)
 
 /* head_dim not a multiple of 16 goes to the AVX2 set (which falls back further). */
 #define WIDE_OR_AVX2(name, wide, kind, type)                                                                 \

@@ -123,29 +123,6 @@ ALWAYS_INLINE void quant_score_rows(const uint8_t *kt, bool q4, const struct att
         rows->s[(size_t)(r0 + i) * rows->stride + t] = hsum8(acc[i]);
 }
 
-ALWAYS_INLINE void quant_score(const uint8_t *k, int n_tok, const struct attn_rows *rows, bool q4)
-{
-    size_t rb = attn_quant_row_bytes(q4, rows->dim);
-    for (int t = 0; t < n_tok; t++) {
-        const uint8_t *kt = ATTN_ROW(rows, k, t, rb);
-        int r = 0;
-        for (; r + ROW_BLOCK <= rows->n; r += ROW_BLOCK)
-            quant_score_rows(kt, q4, rows, r, ROW_BLOCK, t);
-        for (; r < rows->n; r++)
-            quant_score_rows(kt, q4, rows, r, 1, t);
-    }
-}
-
-static void score_q8_0_avx2(const uint8_t *k, int n_tok, const struct attn_rows *rows)
-{
-    quant_score(k, n_tok, rows, false);
-}
-
-static void score_q4_0_avx2(const uint8_t *k, int n_tok, const struct attn_rows *rows)
-{
-    quant_score(k, n_tok, rows, true);
-}
-
 /* ---- V accumulation ---------------------------------------------------------- */
 
 /* acc[r][c .. c+W) += sum_t p[r][t] * v_t[c .. c+W) for nr rows, with the
@@ -201,54 +178,6 @@ ALWAYS_INLINE void quant_half8(const uint8_t *vt, bool q4, int b, int h, __m256 
     }
     *lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(x));
     *hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(x, 8)));
-}
-
-ALWAYS_INLINE void quant_accum_rows(const uint8_t *v, size_t rb, bool q4, int n_tok, const struct attn_rows *rows,
-                                    int r0, int nr, int b, int h)
-{
-    float *base = rows->acc + b * QK8_0 + h * HALF_BLOCK;
-    __m256 a0[ROW_BLOCK], a1[ROW_BLOCK];
-    for (int i = 0; i < nr; i++) {
-        a0[i] = _mm256_loadu_ps(base + (size_t)(r0 + i) * rows->dim);
-        a1[i] = _mm256_loadu_ps(base + (size_t)(r0 + i) * rows->dim + 8);
-    }
-    for (int t = 0; t < n_tok; t++) {
-        __m256 lo, hi;
-        float d;
-        quant_half8(ATTN_ROW(rows, v, t, rb), q4, b, h, &lo, &hi, &d);
-        for (int i = 0; i < nr; i++) {
-            __m256 w = _mm256_set1_ps(rows->s[(size_t)(r0 + i) * rows->stride + t] * d);
-            a0[i] = _mm256_fmadd_ps(w, lo, a0[i]);
-            a1[i] = _mm256_fmadd_ps(w, hi, a1[i]);
-        }
-    }
-    for (int i = 0; i < nr; i++) {
-        _mm256_storeu_ps(base + (size_t)(r0 + i) * rows->dim, a0[i]);
-        _mm256_storeu_ps(base + (size_t)(r0 + i) * rows->dim + 8, a1[i]);
-    }
-}
-
-ALWAYS_INLINE void quant_accum(const uint8_t *v, int n_tok, const struct attn_rows *rows, bool q4)
-{
-    size_t rb = attn_quant_row_bytes(q4, rows->dim);
-    for (int b = 0; b < rows->dim / QK8_0; b++)
-        for (int h = 0; h < 2; h++) {
-            int r = 0;
-            for (; r + ROW_BLOCK <= rows->n; r += ROW_BLOCK)
-                quant_accum_rows(v, rb, q4, n_tok, rows, r, ROW_BLOCK, b, h);
-            for (; r < rows->n; r++)
-                quant_accum_rows(v, rb, q4, n_tok, rows, r, 1, b, h);
-        }
-}
-
-static void accum_q8_0_avx2(const uint8_t *v, int n_tok, const struct attn_rows *rows)
-{
-    quant_accum(v, n_tok, rows, false);
-}
-
-static void accum_q4_0_avx2(const uint8_t *v, int n_tok, const struct attn_rows *rows)
-{
-    quant_accum(v, n_tok, rows, true);
 }
 
 /* ---- q4_1, q5_0, q5_1, iq4_nl: blocks widened to f32 in registers ---------- *
@@ -331,20 +260,44 @@ ALWAYS_INLINE void block_score_rows(const uint8_t *kt, enum quant_type t, const 
         rows->s[(size_t)(r0 + i) * rows->stride + tok] = hsum8(acc[i]);
 }
 
-ALWAYS_INLINE void block_score(const uint8_t *k, int n_tok, const struct attn_rows *rows, enum quant_type type)
+/* One K row against nr query rows: q4_0/q8_0 by integer dots against the
+ * int8 query, the other block types decoded against the f32 query. */
+ALWAYS_INLINE void score_rows(const uint8_t *kt, enum quant_type type, const struct attn_rows *rows, int r0, int nr,
+                              int tok)
+{
+    if (type == QUANT_Q4_0 || type == QUANT_Q8_0)
+        quant_score_rows(kt, type == QUANT_Q4_0, rows, r0, nr, tok);
+    else
+        block_score_rows(kt, type, rows, r0, nr, tok);
+}
+
+ALWAYS_INLINE void quant_score(const uint8_t *k, int n_tok, const struct attn_rows *rows, enum quant_type type)
 {
     size_t rb = attn_row_bytes(type, rows->dim);
     for (int t = 0; t < n_tok; t++) {
         const uint8_t *kt = ATTN_ROW(rows, k, t, rb);
         int r = 0;
         for (; r + ROW_BLOCK <= rows->n; r += ROW_BLOCK)
-            block_score_rows(kt, type, rows, r, ROW_BLOCK, t);
+            score_rows(kt, type, rows, r, ROW_BLOCK, t);
         for (; r < rows->n; r++)
-            block_score_rows(kt, type, rows, r, 1, t);
+            score_rows(kt, type, rows, r, 1, t);
     }
 }
 
-ALWAYS_INLINE void block_accum_rows(const uint8_t *v, size_t rb, enum quant_type type, int n_tok,
+/* Values 16h .. 16h+15 of block b of a V row over *d: q4_0/q8_0 as integers
+ * with their scale in *d (folded into the probability), the other types
+ * already scaled (*d = 1). */
+ALWAYS_INLINE void accum_half(const uint8_t *vt, enum quant_type type, int b, int h, __m256 *lo, __m256 *hi, float *d)
+{
+    if (type == QUANT_Q4_0 || type == QUANT_Q8_0) {
+        quant_half8(vt, type == QUANT_Q4_0, b, h, lo, hi, d);
+    } else {
+        decode_half(vt, type, b, h, lo, hi);
+        *d = 1.0f;
+    }
+}
+
+ALWAYS_INLINE void quant_accum_rows(const uint8_t *v, size_t rb, enum quant_type type, int n_tok,
                                     const struct attn_rows *rows, int r0, int nr, int b, int h)
 {
     float *base = rows->acc + b * QK8_0 + h * HALF_BLOCK;
@@ -355,11 +308,12 @@ ALWAYS_INLINE void block_accum_rows(const uint8_t *v, size_t rb, enum quant_type
     }
     for (int t = 0; t < n_tok; t++) {
         __m256 lo, hi;
-        decode_half(ATTN_ROW(rows, v, t, rb), type, b, h, &lo, &hi);
+        float d;
+        accum_half(ATTN_ROW(rows, v, t, rb), type, b, h, &lo, &hi, &d);
         for (int i = 0; i < nr; i++) {
-            __m256 p = _mm256_set1_ps(rows->s[(size_t)(r0 + i) * rows->stride + t]);
-            a0[i] = _mm256_fmadd_ps(p, lo, a0[i]);
-            a1[i] = _mm256_fmadd_ps(p, hi, a1[i]);
+            __m256 w = _mm256_set1_ps(rows->s[(size_t)(r0 + i) * rows->stride + t] * d);
+            a0[i] = _mm256_fmadd_ps(w, lo, a0[i]);
+            a1[i] = _mm256_fmadd_ps(w, hi, a1[i]);
         }
     }
     for (int i = 0; i < nr; i++) {
@@ -368,28 +322,30 @@ ALWAYS_INLINE void block_accum_rows(const uint8_t *v, size_t rb, enum quant_type
     }
 }
 
-ALWAYS_INLINE void block_accum(const uint8_t *v, int n_tok, const struct attn_rows *rows, enum quant_type type)
+ALWAYS_INLINE void quant_accum(const uint8_t *v, int n_tok, const struct attn_rows *rows, enum quant_type type)
 {
     size_t rb = attn_row_bytes(type, rows->dim);
     for (int b = 0; b < rows->dim / QK8_0; b++)
         for (int h = 0; h < 2; h++) {
             int r = 0;
             for (; r + ROW_BLOCK <= rows->n; r += ROW_BLOCK)
-                block_accum_rows(v, rb, type, n_tok, rows, r, ROW_BLOCK, b, h);
+                quant_accum_rows(v, rb, type, n_tok, rows, r, ROW_BLOCK, b, h);
             for (; r < rows->n; r++)
-                block_accum_rows(v, rb, type, n_tok, rows, r, 1, b, h);
+                quant_accum_rows(v, rb, type, n_tok, rows, r, 1, b, h);
         }
 }
 
 #define BLOCK_KERNELS(name, type)                                                                            \
     static void score_##name##_avx2(const uint8_t *k, int n_tok, const struct attn_rows *rows)              \
     {                                                                                                        \
-        block_score(k, n_tok, rows, type);                                                                   \
+        quant_score(k, n_tok, rows, type);                                                                   \
     }                                                                                                        \
     static void accum_##name##_avx2(const uint8_t *v, int n_tok, const struct attn_rows *rows)              \
     {                                                                                                        \
-        block_accum(v, n_tok, rows, type);                                                                   \
+        quant_accum(v, n_tok, rows, type);                                                                   \
     }
+BLOCK_KERNELS(q8_0, QUANT_Q8_0)
+BLOCK_KERNELS(q4_0, QUANT_Q4_0)
 BLOCK_KERNELS(q5_1, QUANT_Q5_1)
 BLOCK_KERNELS(q5_0, QUANT_Q5_0)
 BLOCK_KERNELS(q4_1, QUANT_Q4_1)
