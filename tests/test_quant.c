@@ -32,7 +32,7 @@ static void fill_random(float *x, int64_t n, float scale)
 }
 
 static const enum quant_type k_basic[] = {QUANT_F32, QUANT_F16, QUANT_BF16, QUANT_Q4_0, QUANT_Q4_1,
-                                          QUANT_Q5_0, QUANT_Q5_1, QUANT_Q8_0};
+                                          QUANT_Q5_0, QUANT_Q5_1, QUANT_Q8_0, QUANT_IQ4_NL};
 #define N_BASIC (sizeof k_basic / sizeof k_basic[0])
 
 /* ---- conversions ----------------------------------------------------------- */
@@ -125,6 +125,9 @@ static float error_bound(enum quant_type t, const float *x, int n)
     case QUANT_Q5_0: return amax / 16 * (1.0f + 32 * f16eps) + sub;
     case QUANT_Q4_1: return (mx - mn) / 15 * (0.5f + 16 * f16eps) + fabsf(mn) * f16eps + sub;
     case QUANT_Q5_1: return (mx - mn) / 31 * (0.5f + 32 * f16eps) + fabsf(mn) * f16eps + sub;
+    /* the fitted scale maps amax within a level or so of +-127 or 113; the
+     * levels are up to 24 apart, and the far end (113) clips up to 14 levels */
+    case QUANT_IQ4_NL: return amax * (14.0f / 100) * (1.0f + 16 * f16eps) + sub;
     default: return INFINITY;
     }
 }
