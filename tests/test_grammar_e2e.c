@@ -27,6 +27,7 @@
 #include "kv/kv.h"
 #include "model/model.h"
 #include "server/server_internal.h"
+#include "support/model_server.h"
 #include "threads/threads.h"
 
 /* The issue's check is 200 seeds (Release); the sanitizer builds, ~20x slower,
@@ -454,43 +455,14 @@ static void test_errors(void **state)
 /* The real engine on the default model with a KV budget, its scheduler and a server. */
 static int start(size_t kv_budget, struct sched **sched, struct server **srv)
 {
-    struct kv_config kc;
-    model_kv_config(F.model, &kc);
-    kc.mem_budget = kv_budget;
-    struct sched_engine eng;
-    if (sched_engine_model(F.model, &kc, 512, F.pool, &eng))
-        return -1;
-    struct sched_config sc;
-    sched_config_default(&sc);
-    int32_t eog[16];
-    int n_eog = 0;
-    for (int32_t id = 0; id < tok_n_vocab(F.tok) && n_eog < 16; id++)
-        if (tok_is_eog(F.tok, id))
-            eog[n_eog++] = id;
-    sc.eog = eog;
-    sc.n_eog = n_eog;
-    sc.parallel = N_THREADS;
-    sc.ctx_size = 1024;
-    if (sched_create(&sc, &eng, sched))
-        return -1;
-    struct server_config cfg;
-    server_config_default(&cfg);
-    cfg.port = 0;
-    cfg.ctx_size = 1024;
-    cfg.model_name = "default";
-    if (server_start(&cfg, *sched, F.tok, srv))
-        return -1;
-    server_set_ready(*srv, true);
-    return 0;
+    struct model_server_config mc = {.model = F.model, .tok = F.tok, .pool = F.pool, .kv_budget = kv_budget,
+                                     .parallel = N_THREADS, .ctx_size = 1024};
+    return model_server_start(&mc, sched, srv);
 }
 
 static void stop(struct sched *sched, struct server *srv)
 {
-    sched_cancel_all(sched);
-    while (server_in_flight(srv) > 0)
-        usleep(1000);
-    server_stop(srv);
-    sched_free(sched);
+    model_server_stop(sched, srv);
 }
 
 static int setup(void **state)

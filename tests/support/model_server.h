@@ -1,0 +1,36 @@
+/* The real engine (sched_engine_model) on a loaded model, its scheduler and
+ * a server whose routes tests drive in-process with server_dispatch:
+ * test_grammar_e2e and test_server_n run the built-in default model
+ * (KVSERVE_DEFAULT_MODEL) through it.
+ *
+ *   struct model_server_config mc = {.model = m, .tok = tok, .pool = pool, .kv_budget = 128u << 20,
+ *                                    .parallel = 8, .ctx_size = 1024};
+ *   model_server_start(&mc, &sched, &srv);  ...  model_server_stop(sched, srv);
+ */
+#ifndef KS_TEST_MODEL_SERVER_H
+#define KS_TEST_MODEL_SERVER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct model;
+struct tokenizer;
+struct threads_pool;
+struct sched;
+struct server;
+
+struct model_server_config {
+    struct model *model;          /* borrowed; outlives the server */
+    const struct tokenizer *tok;  /* borrowed; its end-of-generation tokens stop requests */
+    struct threads_pool *pool;    /* borrowed */
+    size_t kv_budget;             /* bytes of KV pages */
+    int parallel;                 /* sequences at once */
+    int32_t ctx_size;
+};
+
+/* 0 on success, -1 (with the reason printed) on failure. */
+int model_server_start(const struct model_server_config *mc, struct sched **sched, struct server **srv);
+/* Cancel what runs, wait for the requests in flight, stop both. */
+void model_server_stop(struct sched *sched, struct server *srv);
+
+#endif
