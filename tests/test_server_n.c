@@ -25,6 +25,7 @@
 #include "sched/sched.h"
 #include "server/server_internal.h"
 #include "kv/kv.h"
+#include "support/deadline.h"
 #include "support/model_server.h"
 #include "support/skip.h"
 #include "threads/threads.h"
@@ -270,6 +271,26 @@ static void test_choices_each_follow_the_grammar(void **state)
     cJSON_Delete(a.json);
 }
 
+/* A client that goes away mid-stream cancels every choice. */
+static void test_disconnect_cancels_all(void **state)
+{
+    (void)state;
+    struct sched_stats before = stats();
+    char *body = completion_body("Keep going", 3, 1, 1.0, 900, ",\"stream\":true,\"ignore_eos\":true");
+    struct server_req rq = {.method = "POST", .path = "/v1/completions", .body = body, .len = strlen(body)};
+    struct reply r = {0};
+    server_dispatch(F.srv, &rq, &r);
+    assert_non_null(r.stream_read);
+    char buf[256];
+    for (int i = 0; i < 12; i++) /* the role-less first chunks of each choice, some tokens */
+        assert_true(r.stream_read(r.stream_cls, 0, buf, sizeof buf) > 0);
+    reply_free(&r); /* the HTTP side lets go, as when the connection drops */
+    free(body);
+    KS_WAIT_UNTIL(stats().n_running == 0 && stats().n_waiting == 0 && server_in_flight(F.srv) == 0,
+                  "every choice to be cancelled");
+    assert_true(stats().generated_tokens - before.generated_tokens < 3 * 900);
+}
+
 static void expect_400(const char *body, const char *fragment)
 {
     struct answer a = post("/v1/completions", body);
@@ -383,6 +404,7 @@ int main(void)
         cmocka_unit_test(test_temperature_zero_all_equal),
         cmocka_unit_test(test_stream_agrees_with_whole),
         cmocka_unit_test(test_choices_each_follow_the_grammar),
+        cmocka_unit_test(test_disconnect_cancels_all),
         cmocka_unit_test(test_choices_under_preemption),
     };
     return ks_run_tests(tests, setup, teardown);
