@@ -58,12 +58,7 @@ static const char schema_text[] =
     "\"additionalProperties\":false}";
 
 static struct {
-    struct model *model;
-    struct gguf_file *f;
-    struct tokenizer *tok;
-    struct threads_pool *pool;
-    struct sched *sched;
-    struct server *srv;
+    struct model_server ms;
     struct server *cur; /* the server post() talks to, NULL: srv */
     cJSON *schema;
     int32_t min_bytes;
@@ -234,7 +229,7 @@ static struct answer post(const char *path, const char *body)
 {
     struct server_req rq = {.method = "POST", .path = path, .body = body, .len = strlen(body)};
     struct reply r = {0};
-    server_dispatch(F.cur ? F.cur : F.srv, &rq, &r);
+    server_dispatch(F.cur ? F.cur : F.ms.srv, &rq, &r);
     assert_null(r.stream_read);
     struct answer a = {r.status, cJSON_ParseWithLength(r.body, r.len)};
     if (r.status != 200 && r.status != 400)
@@ -455,7 +450,7 @@ static void test_errors(void **state)
 /* The real engine on the default model with a KV budget, its scheduler and a server. */
 static int start(size_t kv_budget, struct sched **sched, struct server **srv)
 {
-    struct model_server_config mc = {.model = F.model, .tok = F.tok, .pool = F.pool, .kv_budget = kv_budget,
+    struct model_server_config mc = {.model = F.ms.model, .tok = F.ms.tok, .pool = F.ms.pool, .kv_budget = kv_budget,
                                      .parallel = N_THREADS, .ctx_size = 1024};
     return model_server_start(&mc, sched, srv);
 }
@@ -469,10 +464,9 @@ static int setup(void **state)
 {
     (void)state;
     const char *path = getenv("KVSERVE_DEFAULT_MODEL");
-    if (model_load(path, &F.model) || gguf_open(path, &F.f) || tok_load(F.f, &F.tok) ||
-        threads_create(2, &F.pool))
+    if (model_server_load(path, &F.ms))
         return -1;
-    if (start(128u << 20, &F.sched, &F.srv))
+    if (start(128u << 20, &F.ms.sched, &F.ms.srv))
         return -1;
     F.schema = cJSON_Parse(schema_text);
     char *gbnf = NULL;
@@ -489,11 +483,8 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
-    stop(F.sched, F.srv);
-    threads_free(F.pool);
-    tok_free(F.tok);
-    gguf_close(F.f);
-    model_free(F.model);
+    stop(F.ms.sched, F.ms.srv);
+    model_server_unload(&F.ms);
     cJSON_Delete(F.schema);
     return 0;
 }

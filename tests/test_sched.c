@@ -153,6 +153,28 @@ static struct sched *start(struct mock_engine *m, int parallel, int32_t max_batc
     return s;
 }
 
+/* Wait for r, which must have run to max_tokens GEN alone-equal tokens, and free it. */
+static void expect_alone_result(struct result *r, const int32_t *prompt, int32_t n_prompt, int32_t n_gen)
+{
+    int32_t want[4096];
+    reference(prompt, n_prompt, n_gen, want);
+    result_wait(r);
+    assert_int_equal(r->finish, SCHED_FINISH_LENGTH);
+    assert_int_equal(r->n, n_gen);
+    assert_memory_equal(r->tokens, want, (size_t)n_gen * sizeof *want);
+    result_free(r);
+}
+
+/* Stop the scheduler; every sequence is freed and every position was right. */
+static void stop_clean(struct sched *s, struct mock_engine *m)
+{
+    sched_free(s);
+    assert_int_equal(mock_stats(m).bad_positions, 0);
+    assert_int_equal(mock_stats(m).n_live, 0);
+    assert_int_equal(mock_stats(m).used, 0);
+    mock_engine_free(m);
+}
+
 /* ---- tests ------------------------------------------------------------------ */
 
 /* n choices compute the prompt once: the others fork the first's sequence,
@@ -163,22 +185,17 @@ static void test_choices_share_prompt(void **state)
     enum { N = 4, P = 100, GEN = 30 };
     struct mock_engine *m = mock_new(100000, 1024);
     struct sched *s = start(m, 8, 64, 16, 1024);
-    int32_t prompt[P], want[GEN];
+    int32_t prompt[P];
     make_prompt(prompt, P, 9);
-    reference(prompt, P, GEN, want);
     struct result *res[N];
     uint64_t ids[N];
     for (int i = 0; i < N; i++)
         res[i] = result_new(m);
     submit_n(s, prompt, P, GEN, N, res, ids);
     for (int i = 0; i < N; i++) {
-        result_wait(res[i]);
-        assert_int_equal(res[i]->finish, SCHED_FINISH_LENGTH);
-        assert_int_equal(res[i]->n, GEN);
-        assert_memory_equal(res[i]->tokens, want, sizeof want);
+        expect_alone_result(res[i], prompt, P, GEN);
         for (int j = 0; j < i; j++)
             assert_true(ids[i] != ids[j]);
-        result_free(res[i]);
     }
     struct sched_stats st;
     sched_get_stats(s, &st);
@@ -212,26 +229,14 @@ static void test_choices_under_preemption(void **state)
         submit_n(s, prompts[g], P, GEN, N, res[g], NULL);
     }
     mock_engine_hold(m, false);
-    for (int g = 0; g < G; g++) {
-        int32_t want[GEN];
-        reference(prompts[g], P, GEN, want);
-        for (int i = 0; i < N; i++) {
-            result_wait(res[g][i]);
-            assert_int_equal(res[g][i]->finish, SCHED_FINISH_LENGTH);
-            assert_int_equal(res[g][i]->n, GEN);
-            assert_memory_equal(res[g][i]->tokens, want, sizeof want);
-            result_free(res[g][i]);
-        }
-    }
+    for (int g = 0; g < G; g++)
+        for (int i = 0; i < N; i++)
+            expect_alone_result(res[g][i], prompts[g], P, GEN);
     struct sched_stats st;
     sched_get_stats(s, &st);
     assert_true(st.preemptions > 0);
     assert_true(st.forked_choices > 0);
-    sched_free(s);
-    assert_int_equal(mock_stats(m).bad_positions, 0);
-    assert_int_equal(mock_stats(m).n_live, 0);
-    assert_int_equal(mock_stats(m).used, 0);
-    mock_engine_free(m);
+    stop_clean(s, m);
 }
 
 /* Cancelling choices before the fork ends only them, the first choice
@@ -404,24 +409,13 @@ static void test_preemption_keeps_tokens(void **state)
         submit(s, prompts[i], P, GEN, res[i]);
     }
     mock_engine_hold(m, false);
-    for (int i = 0; i < N; i++) {
-        int32_t want[GEN];
-        reference(prompts[i], P, GEN, want);
-        result_wait(res[i]);
-        assert_int_equal(res[i]->finish, SCHED_FINISH_LENGTH);
-        assert_int_equal(res[i]->n, GEN);
-        assert_memory_equal(res[i]->tokens, want, sizeof want);
-        result_free(res[i]);
-    }
+    for (int i = 0; i < N; i++)
+        expect_alone_result(res[i], prompts[i], P, GEN);
     struct sched_stats st;
     sched_get_stats(s, &st);
     assert_true(st.preemptions > 0);
     assert_true(st.kv_full_events > 0);
-    sched_free(s);
-    assert_int_equal(mock_stats(m).bad_positions, 0);
-    assert_int_equal(mock_stats(m).n_live, 0);
-    assert_int_equal(mock_stats(m).used, 0);
-    mock_engine_free(m);
+    stop_clean(s, m);
 }
 
 static void test_cancel_frees_pages(void **state)

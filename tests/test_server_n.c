@@ -33,12 +33,7 @@
 #define PARALLEL 8
 
 static struct {
-    struct model *model;
-    struct gguf_file *f;
-    struct tokenizer *tok;
-    struct threads_pool *pool;
-    struct sched *sched;
-    struct server *srv;
+    struct model_server ms;
 } F;
 
 /* ---- requests ------------------------------------------------------------------------- */
@@ -82,9 +77,12 @@ static struct answer post_on(struct server *srv, const char *path, const char *b
     return a;
 }
 
-static struct answer post(const char *path, const char *body)
+/* Post a malloc'd body to the test's server, and free it. */
+static struct answer post(const char *path, char *body)
 {
-    return post_on(F.srv, path, body);
+    struct answer a = post_on(F.ms.srv, path, body);
+    free(body);
+    return a;
 }
 
 static const cJSON *choice(const cJSON *j, int i)
@@ -128,10 +126,16 @@ static char *chat_body(const char *user, int n, int seed, double temp, int max_t
     return b;
 }
 
+static char *request_body(bool chat, const char *text, int n, int seed, double temp, int max_tokens, const char *extra)
+{
+    return chat ? chat_body(text, n, seed, temp, max_tokens, extra)
+                : completion_body(text, n, seed, temp, max_tokens, extra);
+}
+
 static struct sched_stats stats(void)
 {
     struct sched_stats st;
-    sched_get_stats(F.sched, &st);
+    sched_get_stats(F.ms.sched, &st);
     return st;
 }
 
@@ -146,9 +150,7 @@ static void check_choices_match_single(bool chat)
     const char *extra = chat ? ",\"logprobs\":true,\"top_logprobs\":2" : ",\"logprobs\":2";
     const char *prompt = chat ? "Tell me a story about forks" : "Three bears went to a fork in the road";
     struct sched_stats before = stats();
-    char *body = chat ? chat_body(prompt, N, SEED, 1.0, 40, extra) : completion_body(prompt, N, SEED, 1.0, 40, extra);
-    struct answer all = post(path, body);
-    free(body);
+    struct answer all = post(path, request_body(chat, prompt, N, SEED, 1.0, 40, extra));
     struct sched_stats after = stats();
     assert_int_equal(all.status, 200);
     assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(all.json, "choices")), N);
@@ -158,9 +160,7 @@ static void check_choices_match_single(bool chat)
     for (int i = 0; i < N; i++) {
         const cJSON *ch = choice(all.json, i);
         assert_int_equal((int)cJSON_GetObjectItem(ch, "index")->valuedouble, i);
-        body = chat ? chat_body(prompt, 1, SEED + i, 1.0, 40, extra) : completion_body(prompt, 1, SEED + i, 1.0, 40, extra);
-        struct answer one = post(path, body);
-        free(body);
+        struct answer one = post(path, request_body(chat, prompt, 1, SEED + i, 1.0, 40, extra));
         assert_int_equal(one.status, 200);
         const cJSON *ch1 = choice(one.json, 0);
         if (strcmp(text_of(ch, chat), text_of(ch1, chat)))
@@ -186,9 +186,7 @@ static void test_choices_match_single_requests(void **state)
 static void test_temperature_zero_all_equal(void **state)
 {
     (void)state;
-    char *body = completion_body("Once upon a time", 4, 5, 0.0, 30, "");
-    struct answer a = post("/v1/completions", body);
-    free(body);
+    struct answer a = post("/v1/completions", completion_body("Once upon a time", 4, 5, 0.0, 30, ""));
     assert_int_equal(a.status, 200);
     for (int i = 1; i < 4; i++)
         assert_string_equal(text_of(choice(a.json, i), false), text_of(choice(a.json, 0), false));
@@ -202,12 +200,9 @@ static void check_stream_agrees(bool chat)
 {
     enum { N = 3 };
     const char *path = chat ? "/v1/chat/completions" : "/v1/completions";
-    char *whole_body = chat ? chat_body("Hi there", N, 9, 1.0, 30, "") : completion_body("Hi there", N, 9, 1.0, 30, "");
-    char *stream_body = chat ? chat_body("Hi there", N, 9, 1.0, 30, ",\"stream\":true,\"stream_options\":{\"include_usage\":true}")
-                             : completion_body("Hi there", N, 9, 1.0, 30, ",\"stream\":true,\"stream_options\":{\"include_usage\":true}");
-    struct answer whole = post(path, whole_body), stream = post(path, stream_body);
-    free(whole_body);
-    free(stream_body);
+    struct answer whole = post(path, request_body(chat, "Hi there", N, 9, 1.0, 30, ""));
+    const char *streaming = ",\"stream\":true,\"stream_options\":{\"include_usage\":true}";
+    struct answer stream = post(path, request_body(chat, "Hi there", N, 9, 1.0, 30, streaming));
     assert_int_equal(whole.status, 200);
     assert_int_equal(stream.status, 200);
     assert_int_equal(stream.n_done, 1);
@@ -257,9 +252,8 @@ static void test_stream_agrees_with_whole(void **state)
 static void test_choices_each_follow_the_grammar(void **state)
 {
     (void)state;
-    char *body = chat_body("An object please", 4, 3, 1.0, 200, ",\"response_format\":{\"type\":\"json_object\"}");
-    struct answer a = post("/v1/chat/completions", body);
-    free(body);
+    const char *json_object = ",\"response_format\":{\"type\":\"json_object\"}";
+    struct answer a = post("/v1/chat/completions", chat_body("An object please", 4, 3, 1.0, 200, json_object));
     assert_int_equal(a.status, 200);
     for (int i = 0; i < 4; i++) {
         cJSON *out = cJSON_Parse(text_of(choice(a.json, i), true));
@@ -279,35 +273,37 @@ static void test_disconnect_cancels_all(void **state)
     char *body = completion_body("Keep going", 3, 1, 1.0, 900, ",\"stream\":true,\"ignore_eos\":true");
     struct server_req rq = {.method = "POST", .path = "/v1/completions", .body = body, .len = strlen(body)};
     struct reply r = {0};
-    server_dispatch(F.srv, &rq, &r);
+    server_dispatch(F.ms.srv, &rq, &r);
     assert_non_null(r.stream_read);
     char buf[256];
     for (int i = 0; i < 12; i++) /* the role-less first chunks of each choice, some tokens */
         assert_true(r.stream_read(r.stream_cls, 0, buf, sizeof buf) > 0);
     reply_free(&r); /* the HTTP side lets go, as when the connection drops */
     free(body);
-    KS_WAIT_UNTIL(stats().n_running == 0 && stats().n_waiting == 0 && server_in_flight(F.srv) == 0,
+    KS_WAIT_UNTIL(stats().n_running == 0 && stats().n_waiting == 0 && server_in_flight(F.ms.srv) == 0,
                   "every choice to be cancelled");
     assert_true(stats().generated_tokens - before.generated_tokens < 3 * 900);
-}
-
-static void expect_400(const char *body, const char *fragment)
-{
-    struct answer a = post("/v1/completions", body);
-    const cJSON *msg = cJSON_GetObjectItem(cJSON_GetObjectItem(a.json, "error"), "message");
-    if (a.status != 400 || !cJSON_IsString(msg) || !strstr(msg->valuestring, fragment))
-        print_message("%s -> %u %s\n", body, a.status, cJSON_IsString(msg) ? msg->valuestring : "");
-    assert_int_equal(a.status, 400);
-    assert_non_null(strstr(msg->valuestring, fragment));
-    cJSON_Delete(a.json);
 }
 
 static void test_limits(void **state)
 {
     (void)state;
-    expect_400("{\"prompt\":\"x\",\"n\":17}", "'n' must be in [1, 16]");
-    expect_400("{\"prompt\":\"x\",\"n\":0}", "'n' must be in [1, 16]");
-    expect_400("{\"prompt\":\"x\",\"n\":9}", "--parallel (8)"); /* more than run at once */
+    static const struct {
+        const char *body, *says;
+    } bad[] = {
+        {"{\"prompt\":\"x\",\"n\":17}", "'n' must be in [1, 16]"},
+        {"{\"prompt\":\"x\",\"n\":0}", "'n' must be in [1, 16]"},
+        {"{\"prompt\":\"x\",\"n\":9}", "--parallel (8)"}, /* more than run at once */
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        struct answer a = post_on(F.ms.srv, "/v1/completions", bad[i].body);
+        const char *msg = cJSON_GetStringValue(cJSON_GetObjectItem(cJSON_GetObjectItem(a.json, "error"), "message"));
+        if (a.status != 400 || !msg || !strstr(msg, bad[i].says))
+            print_message("%s -> %u %s\n", bad[i].body, a.status, msg ? msg : "");
+        assert_int_equal(a.status, 400);
+        assert_non_null(strstr(msg, bad[i].says));
+        cJSON_Delete(a.json);
+    }
 }
 
 /* Several n=4 requests on a cache too small for all of them: choices are
@@ -339,10 +335,10 @@ static void test_choices_under_preemption(void **state)
     enum { JOBS = 2 };
     struct sched *small_sched;
     struct server *small;
-    struct model_server_config mc = {.model = F.model, .tok = F.tok, .pool = F.pool, .kv_budget = 0,
+    struct model_server_config mc = {.model = F.ms.model, .tok = F.ms.tok, .pool = F.ms.pool, .kv_budget = 0,
                                      .parallel = PARALLEL, .ctx_size = 1024};
     struct kv_config kc;
-    model_kv_config(F.model, &kc);
+    model_kv_config(F.ms.model, &kc);
     mc.kv_budget = (size_t)14 * kv_page_bytes(&kc, kc.type_k, kc.type_v); /* 8 sequences need more */
     assert_int_equal(model_server_start(&mc, &small_sched, &small), 0);
     struct pressure_job jobs[JOBS];
@@ -375,21 +371,18 @@ static int setup(void **state)
 {
     (void)state;
     const char *path = getenv("KVSERVE_DEFAULT_MODEL");
-    if (model_load(path, &F.model) || gguf_open(path, &F.f) || tok_load(F.f, &F.tok) || threads_create(2, &F.pool))
+    if (model_server_load(path, &F.ms))
         return -1;
-    struct model_server_config mc = {.model = F.model, .tok = F.tok, .pool = F.pool, .kv_budget = 128u << 20,
+    struct model_server_config mc = {.model = F.ms.model, .tok = F.ms.tok, .pool = F.ms.pool, .kv_budget = 128u << 20,
                                      .parallel = PARALLEL, .ctx_size = 1024};
-    return model_server_start(&mc, &F.sched, &F.srv);
+    return model_server_start(&mc, &F.ms.sched, &F.ms.srv);
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    model_server_stop(F.sched, F.srv);
-    threads_free(F.pool);
-    tok_free(F.tok);
-    gguf_close(F.f);
-    model_free(F.model);
+    model_server_stop(F.ms.sched, F.ms.srv);
+    model_server_unload(&F.ms);
     return 0;
 }
 

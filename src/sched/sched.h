@@ -73,7 +73,8 @@ struct sched_engine {
 
     /* Optional prefix cache (attach and publish, or none; page_tokens >= 1
      * with them). page_tokens: the size of a shareable page (also what
-     * admission counts per fork for its copy-on-write; 0: count 1 token). prefix_attach: seq holds tokens[0, len); map the cached
+     * admission counts per fork for its copy-on-write; 0: count 1 token).
+     * prefix_attach: seq holds tokens[0, len); map the cached
      * K/V that continue it along tokens, never past max_tokens; with use_disk
      * also read pages back from the SSD tier when reading is estimated faster
      * than computing (prefill_token_s: measured seconds per prefill token, 0

@@ -206,7 +206,8 @@ ks_status sched_engine_model(struct model *m, const struct kv_config *kv_cfg, in
     }
     *out = (struct sched_engine){
         .ctx = e, .n_vocab = e->n_vocab, .seq_create = me_seq_create, .seq_free = me_seq_free,
-        .seq_fork = me_seq_fork, .page_tokens = kv_cfg->page_tokens, .forward = me_forward, .sampler_create = me_sampler_create, .sampler_next = me_sampler_next,
+        .seq_fork = me_seq_fork, .page_tokens = kv_cfg->page_tokens, .forward = me_forward,
+        .sampler_create = me_sampler_create, .sampler_next = me_sampler_next,
         .sampler_free = me_sampler_free, .can_admit = me_can_admit, .cache = me_cache, .destroy = me_destroy,
     };
     if (kv_cfg->prefix_cache) {

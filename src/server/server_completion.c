@@ -1171,7 +1171,8 @@ static ks_status parse_options(struct call *c, const cJSON *root, int32_t n_prom
 {
     ks_status st;
     if ((st = get_bool(root, "stream", &c->stream, r)) || (st = get_bool(root, "ignore_eos", &rq->ignore_eog, r)) ||
-        (st = parse_stop(c, root, r)) || (st = parse_sampling(root, c->chat, &rq->sampling, &c->logprobs, &c->n_choices, r)))
+        (st = parse_stop(c, root, r)) ||
+        (st = parse_sampling(root, c->chat, &rq->sampling, &c->logprobs, &c->n_choices, r)))
         return st;
     cJSON *so = field(root, "stream_options");
     if (so && !cJSON_IsObject(so))

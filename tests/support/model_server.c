@@ -3,11 +3,31 @@
 #include <stdio.h>
 #include <unistd.h>
 
+#include "gguf/gguf.h"
 #include "kv/kv.h"
 #include "model/model.h"
 #include "sched/sched.h"
 #include "server/server.h"
+#include "threads/threads.h"
 #include "tokenizer/tokenizer.h"
+
+int model_server_load(const char *path, struct model_server *ms)
+{
+    if (model_load(path, &ms->model) || gguf_open(path, &ms->f) || tok_load(ms->f, &ms->tok) ||
+        threads_create(2, &ms->pool)) {
+        fprintf(stderr, "model_server: %s: %s\n", path, ks_errmsg());
+        return -1;
+    }
+    return 0;
+}
+
+void model_server_unload(struct model_server *ms)
+{
+    threads_free(ms->pool);
+    tok_free(ms->tok);
+    gguf_close(ms->f);
+    model_free(ms->model);
+}
 
 int model_server_start(const struct model_server_config *mc, struct sched **sched, struct server **srv)
 {

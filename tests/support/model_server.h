@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 struct model;
+struct gguf_file;
 struct tokenizer;
 struct threads_pool;
 struct sched;
@@ -27,6 +28,21 @@ struct model_server_config {
     int parallel;                 /* sequences at once */
     int32_t ctx_size;
 };
+
+/* A loaded model with what a server on it needs, and the server. */
+struct model_server {
+    struct model *model;
+    struct gguf_file *f;          /* the model's GGUF, for the tokenizer */
+    struct tokenizer *tok;
+    struct threads_pool *pool;    /* 2 threads */
+    struct sched *sched;          /* set by model_server_start */
+    struct server *srv;
+};
+
+/* Load ms's model, tokenizer and pool from path: 0 on success, -1 on
+ * failure. unload frees them. */
+int model_server_load(const char *path, struct model_server *ms);
+void model_server_unload(struct model_server *ms);
 
 /* 0 on success, -1 (with the reason printed) on failure. */
 int model_server_start(const struct model_server_config *mc, struct sched **sched, struct server **srv);
