@@ -6,6 +6,7 @@
 #ifdef __AVX512F__
 #include <immintrin.h>
 #endif
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,6 +19,10 @@ enum {
     MAX_MEMBERS = 1 << 24,
     MASK_CACHE_BYTES = 16 << 20, /* ~880 masks at 151k tokens; x parallel requests */
 };
+
+/* The vocabulary's cache of masks shared by every state over it (see
+ * grammar_vocab_set_mask_cache), ~3500 masks at 151k tokens. */
+#define SHARED_MASK_BYTES ((size_t)64 << 20)
 
 #define UNKNOWN (-2)
 #define DEAD 0      /* the empty set: nothing can follow */
@@ -116,9 +121,131 @@ struct grammar_vocab {
     int32_t *eog;         /* (n_eog) */
     int32_t n_eog;
     int32_t max_len;      /* longest piece in bytes (the trie's depth) */
+    struct mask_cache *masks; /* shared by the states over this vocabulary (mutable behind its lock) */
 };
 
 enum { MAX_PIECE = 4096 };
+
+/* ---- the shared mask cache ------------------------------------------------------------ */
+
+/* A set's mask depends only on the grammar's content and the set's stacks'
+ * content, so states of separately compiled copies of one grammar (one per
+ * request) share it. Keys are 192-bit hashes: a grammar fingerprint and a
+ * 128-bit canonical hash of the set. Full: everything is dropped and the cache
+ * starts over (bounded memory, no bookkeeping per use). */
+struct mask_key {
+    uint64_t grammar, lo, hi;
+};
+
+struct shared_mask {
+    struct mask_key key;
+    int32_t maxD;
+    uint64_t *bits;           /* NULL: empty slot */
+};
+
+struct mask_cache {
+    pthread_mutex_t mu;
+    struct shared_mask *slots;
+    uint32_t cap, n;          /* cap a power of two, at most half full */
+    size_t bytes, limit;
+    uint64_t hits, misses;
+};
+
+static void mask_cache_clear(struct mask_cache *c)
+{
+    for (uint32_t i = 0; i < c->cap; i++) {
+        free(c->slots[i].bits);
+        c->slots[i].bits = NULL;
+    }
+    c->n = 0;
+    c->bytes = 0;
+}
+
+static void mask_cache_free(struct mask_cache *c)
+{
+    if (!c)
+        return;
+    mask_cache_clear(c);
+    free(c->slots);
+    pthread_mutex_destroy(&c->mu);
+    free(c);
+}
+
+static struct mask_cache *mask_cache_new(size_t limit)
+{
+    struct mask_cache *c = calloc(1, sizeof *c);
+    if (!c)
+        return NULL;
+    pthread_mutex_init(&c->mu, NULL);
+    c->limit = limit;
+    return c;
+}
+
+static bool key_equal(const struct mask_key *a, const struct mask_key *b)
+{
+    return a->grammar == b->grammar && a->lo == b->lo && a->hi == b->hi;
+}
+
+static uint32_t key_slot(const struct mask_cache *c, const struct mask_key *k)
+{
+    uint32_t i = (uint32_t)(k->lo ^ k->grammar) & (c->cap - 1);
+    while (c->slots[i].bits && !key_equal(&c->slots[i].key, k))
+        i = (i + 1) & (c->cap - 1);
+    return i;
+}
+
+/* Copy the cached mask of k into bits (words long); false when absent. */
+static bool mask_cache_get(struct mask_cache *c, const struct mask_key *k, uint64_t *bits, size_t words,
+                           int32_t *maxD)
+{
+    pthread_mutex_lock(&c->mu);
+    struct shared_mask *e = c->cap ? &c->slots[key_slot(c, k)] : NULL;
+    bool hit = e && e->bits;
+    if (hit) {
+        memcpy(bits, e->bits, words * sizeof *bits);
+        *maxD = e->maxD;
+        c->hits++;
+    } else {
+        c->misses++;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return hit;
+}
+
+/* Keep a copy of a mask (an allocation failure only means it is not kept). */
+static void mask_cache_put(struct mask_cache *c, const struct mask_key *k, const uint64_t *bits, size_t words,
+                           int32_t maxD)
+{
+    size_t size = words * sizeof *bits;
+    pthread_mutex_lock(&c->mu);
+    if (c->bytes + size > c->limit)
+        mask_cache_clear(c);
+    if (size <= c->limit && 2 * (c->n + 1) > c->cap) {
+        uint32_t cap = c->cap ? 2 * c->cap : 64;
+        struct shared_mask *slots = calloc(cap, sizeof *slots);
+        if (slots) {
+            struct shared_mask *old = c->slots;
+            uint32_t old_cap = c->cap;
+            c->slots = slots;
+            c->cap = cap;
+            for (uint32_t i = 0; i < old_cap; i++)
+                if (old[i].bits)
+                    c->slots[key_slot(c, &old[i].key)] = old[i];
+            free(old);
+        }
+    }
+    uint64_t *copy = size <= c->limit && 2 * (c->n + 1) <= c->cap ? malloc(size) : NULL;
+    struct shared_mask *e = copy ? &c->slots[key_slot(c, k)] : NULL;
+    if (e && !e->bits) {
+        memcpy(copy, bits, size);
+        *e = (struct shared_mask){*k, maxD, copy};
+        c->n++;
+        c->bytes += size;
+    } else {
+        free(copy); /* another state put it first */
+    }
+    pthread_mutex_unlock(&c->mu);
+}
 
 static const struct grammar_vocab *sort_vocab; /* qsort context (vocab_create is not reentrant-sensitive: see lock) */
 
@@ -146,12 +273,31 @@ void grammar_vocab_free(struct grammar_vocab *v)
     free(v->off);
     free(v->blob);
     free(v->eog);
+    mask_cache_free(v->masks);
     free(v);
 }
 
 int32_t grammar_vocab_size(const struct grammar_vocab *v)
 {
     return v->n_vocab;
+}
+
+void grammar_vocab_set_mask_cache(struct grammar_vocab *v, size_t bytes)
+{
+    pthread_mutex_lock(&v->masks->mu);
+    mask_cache_clear(v->masks);
+    v->masks->limit = bytes;
+    pthread_mutex_unlock(&v->masks->mu);
+}
+
+void grammar_vocab_mask_cache_stats(const struct grammar_vocab *v, struct grammar_mask_cache_stats *out)
+{
+    pthread_mutex_lock(&v->masks->mu);
+    *out = (struct grammar_mask_cache_stats){
+        .hits = v->masks->hits, .misses = v->masks->misses, .masks = v->masks->n, .bytes = v->masks->bytes,
+        .limit = v->masks->limit,
+    };
+    pthread_mutex_unlock(&v->masks->mu);
 }
 
 static int32_t lcp(const char *a, uint32_t la, const char *b, uint32_t lb)
@@ -180,7 +326,8 @@ ks_status grammar_vocab_create(int32_t n_vocab, grammar_piece_fn piece, void *us
     order = malloc((size_t)n_vocab * sizeof *order);
     size_t cap = 1 << 16, used = 0;
     v->blob = malloc(cap);
-    if (!v->kind || !v->off || !v->tok_next || !v->eog || !order || !v->blob)
+    v->masks = mask_cache_new(SHARED_MASK_BYTES);
+    if (!v->kind || !v->off || !v->tok_next || !v->eog || !order || !v->blob || !v->masks)
         goto oom;
     int32_t n_text = 0;
     for (int32_t id = 0; id < n_vocab; id++) {
@@ -276,8 +423,12 @@ fail:
 struct grammar_state {
     struct grammar *g;
     const struct grammar_vocab *v;
-    /* stack nodes: (pos, parent); node 0 is the empty stack */
+    /* stack nodes: (pos, parent); node 0 is the empty stack. nh1, nh2: two
+     * hashes of the stack's content (positions down to the bottom), the
+     * same in every state of the same grammar */
     int32_t *npos, *nparent, *nD;
+    uint64_t *nh1, *nh2;
+    uint64_t gkey;            /* the grammar's content (grammar_fingerprint) */
     int32_t n_nodes, cap_nodes;
     struct table node_tab;
     /* sets: members[soff[s] .. soff[s+1]) sorted node ids; set 0 is empty */
@@ -291,6 +442,7 @@ struct grammar_state {
     int32_t *set_slots;       /* set interning: open addressing over shash, -1 empty */
     uint32_t set_cap;
     struct table trans;       /* (set << 21 | cp) -> set, non-ASCII */
+    struct table cut_D;       /* (set, a cut character's bits) -> partial_D, for the walk */
     size_t mask_bytes;
     /* where the text is */
     int32_t cur;
@@ -299,6 +451,7 @@ struct grammar_state {
     int32_t remaining;        /* tokens the budget still allows (INT32_MAX: no limit) */
     bool done;                /* an EOG token was accepted */
     uint64_t walks;           /* trie walks made (grammar_state_walks) */
+    uint64_t shared_hits;     /* masks taken from the vocabulary's cache (grammar_state_shared_hits) */
     ks_status err;            /* the last failure of a helper */
     /* scratch */
     int32_t *tmp;
@@ -339,15 +492,23 @@ static int32_t node_get(struct grammar_state *st, int32_t pos, int32_t parent)
         if (b)
             st->nparent = b;
         int32_t *c = b ? realloc(st->nD, (size_t)cap * sizeof *c) : NULL;
-        if (!c)
+        if (c)
+            st->nD = c;
+        uint64_t *h1 = c ? realloc(st->nh1, (size_t)cap * sizeof *h1) : NULL;
+        if (h1)
+            st->nh1 = h1;
+        uint64_t *h2 = h1 ? realloc(st->nh2, (size_t)cap * sizeof *h2) : NULL;
+        if (!h2)
             return fail_oom(st), -1;
-        st->nD = c;
+        st->nh2 = h2;
         st->cap_nodes = cap;
     }
     id = st->n_nodes;
     st->npos[id] = pos;
     st->nparent[id] = parent;
     st->nD[id] = gsat_add(st->g->minrest[pos], st->nD[parent]);
+    st->nh1[id] = mix64(st->nh1[parent] * 0x9E3779B97F4A7C15ull + (uint64_t)(uint32_t)pos);
+    st->nh2[id] = mix64((st->nh2[parent] ^ 0xD6E8FEB86659FD93ull) + (uint64_t)(uint32_t)pos * 0xA0761D6478BD642Full);
     if (!table_put(&st->node_tab, key, id))
         return fail_oom(st), -1;
     st->n_nodes++;
@@ -581,6 +742,24 @@ static int32_t partial_D(const struct grammar_state *st, int32_t set, uint32_t l
     return best;
 }
 
+static void partial_range(uint32_t acc, int rem, int len, uint32_t *lo, uint32_t *hi);
+
+/* partial_D of the character cut at (acc, rem, len), memoized: a walk meets
+ * the same cut (the first bytes of a CJK character, say) under thousands of
+ * tokens. A failed insert only costs the next lookup. */
+static int32_t cut_D(struct grammar_state *st, int32_t set, uint32_t acc, int rem, int len)
+{
+    uint64_t key = (uint64_t)(uint32_t)set << 32 | (uint32_t)len << 28 | (uint32_t)rem << 24 | acc;
+    int32_t D = table_get(&st->cut_D, key);
+    if (D >= 0)
+        return D;
+    uint32_t lo, hi;
+    partial_range(acc, rem, len, &lo, &hi);
+    D = partial_D(st, set, lo, hi, rem);
+    table_put(&st->cut_D, key, D);
+    return D;
+}
+
 /* The code points a character with `len` bytes whose first bits are acc and
  * rem bytes still missing can become. */
 static void partial_range(uint32_t acc, int rem, int len, uint32_t *lo, uint32_t *hi)
@@ -636,6 +815,44 @@ static int utf8_feed(uint32_t *acc, int *rem, int *len, uint8_t b, uint32_t *cp)
     return 1;
 }
 
+static uint64_t hash_words(uint64_t h, const void *p, size_t bytes)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < bytes; i++)
+        h = (h ^ b[i]) * 0x100000001B3ull;
+    return mix64(h);
+}
+
+/* What the masks of g's stack sets depend on: its elements, rules and
+ * classes (not its rule names). Two compilations of one text are equal. */
+static uint64_t grammar_fingerprint(const struct grammar *g)
+{
+    uint64_t h = 0xCBF29CE484222325ull;
+    for (int32_t i = 0; i < g->n_elems; i++)
+        h = mix64(h ^ ((uint64_t)g->elems[i].kind << 32 | (uint32_t)g->elems[i].arg));
+    h = hash_words(h, g->alt_start, (size_t)g->rule_alt[g->n_rules] * sizeof *g->alt_start);
+    h = hash_words(h, g->rule_alt, (size_t)(g->n_rules + 1) * sizeof *g->rule_alt);
+    for (int32_t i = 0; i < g->n_classes; i++) {
+        const struct gclass *c = &g->classes[i];
+        h = hash_words(h, c->ascii, sizeof c->ascii);
+        h = mix64(h ^ ((uint64_t)(uint32_t)c->n << 32) ^ ((uint64_t)c->neg << 63));
+        h = hash_words(h, g->ranges + 2 * (size_t)c->first, (size_t)c->n * 2 * sizeof *g->ranges);
+    }
+    return mix64(h ^ (uint64_t)(uint32_t)g->root);
+}
+
+/* The key of set in the shared cache: the set's stacks by content, in any
+ * order (node ids differ between states). */
+static struct mask_key set_key(const struct grammar_state *st, int32_t set)
+{
+    struct mask_key k = {st->gkey, 0, 0};
+    for (int32_t i = st->soff[set]; i < st->soff[set + 1]; i++) {
+        k.lo += mix64(st->nh1[st->members[i]]);
+        k.hi += mix64(st->nh2[st->members[i]] ^ 0x5851F42D4C957F2Dull);
+    }
+    return k;
+}
+
 ks_status grammar_state_create(struct grammar *g, const struct grammar_vocab *v, int32_t max_tokens,
                                struct grammar_state **out)
 {
@@ -663,8 +880,10 @@ ks_status grammar_state_create(struct grammar *g, const struct grammar_vocab *v,
     st->npos = malloc((size_t)st->cap_nodes * sizeof *st->npos);
     st->nparent = malloc((size_t)st->cap_nodes * sizeof *st->nparent);
     st->nD = malloc((size_t)st->cap_nodes * sizeof *st->nD);
+    st->nh1 = malloc((size_t)st->cap_nodes * sizeof *st->nh1);
+    st->nh2 = malloc((size_t)st->cap_nodes * sizeof *st->nh2);
     if (!st->w_set || !st->w_acc || !st->w_rem || !st->w_len || (v && !st->scratch) || !st->npos || !st->nparent ||
-        !st->nD || !sets_grow(st, 2) || !set_slots_grow(st)) {
+        !st->nD || !st->nh1 || !st->nh2 || !sets_grow(st, 2) || !set_slots_grow(st)) {
         grammar_state_free(st);
         return ks_fail(KS_ERR_NOMEM, "grammar: out of memory while matching");
     }
@@ -672,7 +891,9 @@ ks_status grammar_state_create(struct grammar *g, const struct grammar_vocab *v,
     st->npos[COMPLETE] = -1;
     st->nparent[COMPLETE] = COMPLETE;
     st->nD[COMPLETE] = 0;
+    st->nh1[COMPLETE] = st->nh2[COMPLETE] = 0;
     st->n_nodes = 1;
+    st->gkey = v ? grammar_fingerprint(g) : 0;
     /* set 0: the empty set (not in the set table: interning nothing gives DEAD) */
     st->soff[0] = st->soff[1] = 0;
     st->shash[0] = 0;
@@ -708,6 +929,8 @@ void grammar_state_free(struct grammar_state *st)
     free(st->npos);
     free(st->nparent);
     free(st->nD);
+    free(st->nh1);
+    free(st->nh2);
     table_free(&st->node_tab);
     free(st->soff);
     free(st->members);
@@ -718,6 +941,7 @@ void grammar_state_free(struct grammar_state *st)
     free(st->smaskD);
     free(st->set_slots);
     table_free(&st->trans);
+    table_free(&st->cut_D);
     free(st->tmp);
     free(st->scratch);
     free(st->w_set);
@@ -767,9 +991,7 @@ static ks_status walk(struct grammar_state *st, int32_t budget, uint64_t *mask, 
                 return st->err;
             D = st->sD[set];
         } else if (r == 0) {
-            uint32_t lo, hi;
-            partial_range(acc, rem, len, &lo, &hi);
-            D = partial_D(st, set, lo, hi, rem);
+            D = cut_D(st, set, acc, rem, len);
         }
         if (r < 0 || D >= GRAMMAR_INF) {
             i = v->end[i]; /* nothing under this prefix */
@@ -792,6 +1014,23 @@ static ks_status walk(struct grammar_state *st, int32_t budget, uint64_t *mask, 
             mask[v->eog[k] >> 6] |= 1ull << (v->eog[k] & 63);
     *maxD = worst;
     return KS_OK;
+}
+
+/* The full mask (no budget) of the current set: another state's copy from
+ * the vocabulary's cache, or a walk whose result goes there. */
+static ks_status shared_or_walk(struct grammar_state *st, int32_t set, uint64_t *mask, int32_t *maxD)
+{
+    const struct grammar_vocab *v = st->v;
+    size_t words = ((size_t)v->n_vocab + 63) / 64;
+    struct mask_key key = set_key(st, set);
+    if (mask_cache_get(v->masks, &key, mask, words, maxD)) {
+        st->shared_hits++;
+        return KS_OK;
+    }
+    ks_status s = walk(st, GRAMMAR_INF, mask, maxD);
+    if (!s)
+        mask_cache_put(v->masks, &key, mask, words, *maxD);
+    return s;
 }
 
 static bool mask_any(const uint64_t *mask, size_t words)
@@ -826,7 +1065,7 @@ ks_status grammar_mask(struct grammar_state *st, float *logits, int32_t n_logits
                 if (!m)
                     return oom();
                 int32_t maxD = 0;
-                ks_status s = walk(st, GRAMMAR_INF, m, &maxD);
+                ks_status s = shared_or_walk(st, set, m, &maxD);
                 if (s) {
                     free(m);
                     return s;
@@ -967,4 +1206,9 @@ bool grammar_match(struct grammar *g, const char *text, size_t len)
 uint64_t grammar_state_walks(const struct grammar_state *st)
 {
     return st->walks;
+}
+
+uint64_t grammar_state_shared_hits(const struct grammar_state *st)
+{
+    return st->shared_hits;
 }
