@@ -18,6 +18,11 @@ enum {
     MAX_SETS = 1 << 20,
     MAX_MEMBERS = 1 << 24,
     MASK_CACHE_BYTES = 16 << 20, /* ~880 masks at 151k tokens; x parallel requests */
+    /* A cached mask is a block: the bitset's words, a count n, then n
+     * (token << 32 | D) for the allowed tokens whose D after them differs
+     * from the set's own (at most LIST_MAX; a larger n keeps none): the rest
+     * keep it, so the mask under any budget follows without a walk. */
+    LIST_MAX = 8192,
 };
 
 /* The vocabulary's cache of masks shared by every state over it (see
@@ -140,7 +145,8 @@ struct mask_key {
 struct shared_mask {
     struct mask_key key;
     int32_t maxD;
-    uint64_t *bits;           /* NULL: empty slot */
+    uint64_t *bits;           /* the block (see LIST_MAX), NULL: empty slot */
+    size_t n_words;
 };
 
 struct mask_cache {
@@ -194,15 +200,15 @@ static uint32_t key_slot(const struct mask_cache *c, const struct mask_key *k)
     return i;
 }
 
-/* Copy the cached mask of k into bits (words long); false when absent. */
-static bool mask_cache_get(struct mask_cache *c, const struct mask_key *k, uint64_t *bits, size_t words,
-                           int32_t *maxD)
+/* Copy the cached block of k into bits (room for a whole block); false
+ * when absent. */
+static bool mask_cache_get(struct mask_cache *c, const struct mask_key *k, uint64_t *bits, int32_t *maxD)
 {
     pthread_mutex_lock(&c->mu);
     struct shared_mask *e = c->cap ? &c->slots[key_slot(c, k)] : NULL;
     bool hit = e && e->bits;
     if (hit) {
-        memcpy(bits, e->bits, words * sizeof *bits);
+        memcpy(bits, e->bits, e->n_words * sizeof *bits);
         *maxD = e->maxD;
         c->hits++;
     } else {
@@ -238,7 +244,7 @@ static void mask_cache_put(struct mask_cache *c, const struct mask_key *k, const
     struct shared_mask *e = copy ? &c->slots[key_slot(c, k)] : NULL;
     if (e && !e->bits) {
         memcpy(copy, bits, size);
-        *e = (struct shared_mask){*k, maxD, copy};
+        *e = (struct shared_mask){*k, maxD, copy, words};
         c->n++;
         c->bytes += size;
     } else {
@@ -966,14 +972,17 @@ bool grammar_complete(const struct grammar_state *st)
 
 /* Walk the trie from the current set and partial character; set the bit of
  * every token allowed with at most `budget` bytes left to complete after it
- * (GRAMMAR_INF: no budget). *maxD receives the largest such D. */
-static ks_status walk(struct grammar_state *st, int32_t budget, uint64_t *mask, int32_t *maxD)
+ * (GRAMMAR_INF: no budget). *maxD receives the largest such D. With list
+ * (a whole character, no budget), mask is a block (see LIST_MAX) and its list
+ * is filled too. */
+static ks_status walk(struct grammar_state *st, int32_t budget, uint64_t *mask, int32_t *maxD, bool list)
 {
     const struct grammar_vocab *v = st->v;
     size_t words = ((size_t)v->n_vocab + 63) / 64;
     memset(mask, 0, words * sizeof *mask);
     st->walks++;
-    int32_t worst = 0;
+    int32_t worst = 0, base = st->sD[st->cur];
+    uint64_t n_list = 0, *entries = list ? mask + words + 1 : NULL;
     st->w_set[0] = st->cur;
     st->w_acc[0] = st->pacc;
     st->w_rem[0] = (int8_t)st->prem;
@@ -1002,8 +1011,11 @@ static ks_status walk(struct grammar_state *st, int32_t budget, uint64_t *mask, 
         st->w_rem[d] = (int8_t)rem;
         st->w_len[d] = (int8_t)len;
         if (v->tok_head[i] >= 0 && D <= budget) {
-            for (int32_t t = v->tok_head[i]; t >= 0; t = v->tok_next[t])
+            for (int32_t t = v->tok_head[i]; t >= 0; t = v->tok_next[t]) {
                 mask[t >> 6] |= 1ull << (t & 63);
+                if (list && D != base && n_list++ < LIST_MAX)
+                    entries[n_list - 1] = (uint64_t)(uint32_t)t << 32 | (uint32_t)D;
+            }
             if (D > worst)
                 worst = D;
         }
@@ -1011,9 +1023,40 @@ static ks_status walk(struct grammar_state *st, int32_t budget, uint64_t *mask, 
     }
     if (grammar_complete(st))
         for (int32_t k = 0; k < v->n_eog; k++)
-            mask[v->eog[k] >> 6] |= 1ull << (v->eog[k] & 63);
+            mask[v->eog[k] >> 6] |= 1ull << (v->eog[k] & 63); /* D 0 = base: complete */
+    if (list)
+        mask[words] = n_list;
     *maxD = worst;
     return KS_OK;
+}
+
+/* Words of a block whose bitset has `words` words. */
+static size_t block_words(const uint64_t *block, size_t words)
+{
+    return words + 1 + (block[words] <= LIST_MAX ? block[words] : 0);
+}
+
+/* The mask under budget from set's block: the tokens off the list keep the
+ * set's own D (base). False when the list overflowed (walk instead). */
+static bool budget_mask(const uint64_t *block, size_t words, int32_t base, int32_t budget, uint64_t *out)
+{
+    uint64_t n = block[words];
+    const uint64_t *entries = block + words + 1;
+    if (n > LIST_MAX)
+        return false;
+    if (budget >= base)
+        memcpy(out, block, words * sizeof *out);
+    else
+        memset(out, 0, words * sizeof *out);
+    for (uint64_t i = 0; i < n; i++) {
+        uint32_t t = (uint32_t)(entries[i] >> 32);
+        int32_t D = (int32_t)(uint32_t)entries[i];
+        if (D > budget)
+            out[t >> 6] &= ~(1ull << (t & 63));
+        else
+            out[t >> 6] |= 1ull << (t & 63);
+    }
+    return true;
 }
 
 /* The full mask (no budget) of the current set: another state's copy from
@@ -1023,13 +1066,13 @@ static ks_status shared_or_walk(struct grammar_state *st, int32_t set, uint64_t 
     const struct grammar_vocab *v = st->v;
     size_t words = ((size_t)v->n_vocab + 63) / 64;
     struct mask_key key = set_key(st, set);
-    if (mask_cache_get(v->masks, &key, mask, words, maxD)) {
+    if (mask_cache_get(v->masks, &key, mask, maxD)) {
         st->shared_hits++;
         return KS_OK;
     }
-    ks_status s = walk(st, GRAMMAR_INF, mask, maxD);
+    ks_status s = walk(st, GRAMMAR_INF, mask, maxD, true);
     if (!s)
-        mask_cache_put(v->masks, &key, mask, words, *maxD);
+        mask_cache_put(v->masks, &key, mask, block_words(mask, words), *maxD);
     return s;
 }
 
@@ -1061,7 +1104,7 @@ ks_status grammar_mask(struct grammar_state *st, float *logits, int32_t n_logits
         if (st->prem == 0) {
             int32_t set = st->cur;
             if (!st->smask[set]) {
-                uint64_t *m = malloc(words * sizeof *m);
+                uint64_t *m = malloc((words + 1 + LIST_MAX) * sizeof *m);
                 if (!m)
                     return oom();
                 int32_t maxD = 0;
@@ -1070,7 +1113,10 @@ ks_status grammar_mask(struct grammar_state *st, float *logits, int32_t n_logits
                     free(m);
                     return s;
                 }
-                if (st->mask_bytes + words * 8 > MASK_CACHE_BYTES) {
+                size_t size = block_words(m, words) * sizeof *m;
+                uint64_t *fit = realloc(m, size);
+                m = fit ? fit : m;
+                if (st->mask_bytes + size > MASK_CACHE_BYTES) {
                     for (int32_t k = 0; k < st->n_sets; k++) {
                         free(st->smask[k]);
                         st->smask[k] = NULL;
@@ -1079,14 +1125,16 @@ ks_status grammar_mask(struct grammar_state *st, float *logits, int32_t n_logits
                 }
                 st->smask[set] = m;
                 st->smaskD[set] = maxD;
-                st->mask_bytes += words * 8;
+                st->mask_bytes += size;
             }
             if (st->smaskD[set] <= budget)
                 mask = st->smask[set];
+            else if (budget_mask(st->smask[set], words, st->sD[set], budget, st->scratch))
+                mask = st->scratch;
         }
         if (!mask) {
             int32_t maxD;
-            ks_status s = walk(st, budget, st->scratch, &maxD);
+            ks_status s = walk(st, budget, st->scratch, &maxD, false);
             if (s)
                 return s;
             mask = st->scratch;
