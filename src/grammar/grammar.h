@@ -36,7 +36,9 @@
  * and a rejected prefix skips its whole subtree. Each stack set is interned
  * and its transitions are memoized (an array for ASCII), and the mask of a set
  * is cached as a bitset: a later step in the same set (inside a string, say)
- * costs one pass over the bitset. The vocabulary shares those bitsets
+ * costs one pass over the bitset (and, under a tight budget, a pass over the
+ * few tokens whose completion distance differs from the set's, kept with
+ * it). The vocabulary shares those bitsets
  * between states (grammar_vocab_set_mask_cache), so a set another request
  * has already walked is a copy, not a walk.
  *
