@@ -480,6 +480,28 @@ static void fail_oom(struct grammar_state *st)
     st->err = oom();
 }
 
+/* realloc st->f to cap elements (the caller's `cap`), or fail the calling
+ * bool function with the out-of-memory status. */
+#define GROW(f)                                                                                                  \
+    do {                                                                                                         \
+        void *p_ = realloc(st->f, (size_t)cap * sizeof *st->f);                                                  \
+        if (!p_)                                                                                                 \
+            return fail_oom(st), false;                                                                          \
+        st->f = p_;                                                                                              \
+    } while (0)
+
+static bool nodes_grow(struct grammar_state *st)
+{
+    int32_t cap = st->cap_nodes ? 2 * st->cap_nodes : 1024;
+    GROW(npos);
+    GROW(nparent);
+    GROW(nD);
+    GROW(nh1);
+    GROW(nh2);
+    st->cap_nodes = cap;
+    return true;
+}
+
 static int32_t node_get(struct grammar_state *st, int32_t pos, int32_t parent)
 {
     uint64_t key = (uint64_t)(uint32_t)pos << 32 | (uint32_t)parent;
@@ -489,26 +511,8 @@ static int32_t node_get(struct grammar_state *st, int32_t pos, int32_t parent)
     if (st->n_nodes >= MAX_NODES)
         return st->err = ks_fail(KS_ERR_RANGE, "grammar: the state grew past %d stacks; the grammar is too "
                                                "ambiguous for this output", MAX_NODES), -1;
-    if (st->n_nodes == st->cap_nodes) {
-        int32_t cap = st->cap_nodes ? 2 * st->cap_nodes : 1024;
-        int32_t *a = realloc(st->npos, (size_t)cap * sizeof *a);
-        if (a)
-            st->npos = a;
-        int32_t *b = a ? realloc(st->nparent, (size_t)cap * sizeof *b) : NULL;
-        if (b)
-            st->nparent = b;
-        int32_t *c = b ? realloc(st->nD, (size_t)cap * sizeof *c) : NULL;
-        if (c)
-            st->nD = c;
-        uint64_t *h1 = c ? realloc(st->nh1, (size_t)cap * sizeof *h1) : NULL;
-        if (h1)
-            st->nh1 = h1;
-        uint64_t *h2 = h1 ? realloc(st->nh2, (size_t)cap * sizeof *h2) : NULL;
-        if (!h2)
-            return fail_oom(st), -1;
-        st->nh2 = h2;
-        st->cap_nodes = cap;
-    }
+    if (st->n_nodes == st->cap_nodes && !nodes_grow(st))
+        return -1;
     id = st->n_nodes;
     st->npos[id] = pos;
     st->nparent[id] = parent;
@@ -607,20 +611,12 @@ static bool sets_grow(struct grammar_state *st, int32_t need)
     int32_t cap = st->cap_sets ? 2 * st->cap_sets : 256;
     while (cap < need)
         cap *= 2;
-#define GROW(f)                                                                                                  \
-    do {                                                                                                         \
-        void *p_ = realloc(st->f, (size_t)cap * sizeof *st->f);                                                  \
-        if (!p_)                                                                                                 \
-            return fail_oom(st), false;                                                                          \
-        st->f = p_;                                                                                              \
-    } while (0)
     GROW(soff);
     GROW(shash);
     GROW(sD);
     GROW(sascii);
     GROW(smask);
     GROW(smaskD);
-#undef GROW
     st->cap_sets = cap;
     return true;
 }
