@@ -4,13 +4,21 @@
  * usage: bench_grammar [-r REQUESTS] [-n TOKENS] [-s SCHEMA_JSON | -j] [VOCAB.gguf]
  * Default vocabulary: qwen3 (151k tokens) from the shared dir (KVSERVE_SHARED
  * or ../shared); default grammar: a json_schema of four properties (-j: the
- * json_object grammar). Each request starts a fresh grammar state and draws
- * up to -n tokens (its max_tokens) from random logits through the mask, so the
- * walk covers object keys, strings, numbers, arrays and the budget's endgame.
+ * json_object grammar). Each request compiles the grammar (as the server
+ * does), starts a fresh grammar state and draws up to -n tokens (its
+ * max_tokens) from random logits through the mask, so the walk covers object
+ * keys, strings, numbers, arrays and the budget's endgame.
+ *
+ * The requests alternate between two vocabularies built from the same
+ * tokenizer: one without the shared mask cache (grammar_vocab_set_mask_cache
+ * 0: every request starts with no masks, as before the cache) and one with
+ * it; request pairs draw the same tokens, so the two columns are the same
+ * work interleaved in time on the same machine.
  *
  * A step's mask is "cold" when it walks the vocabulary trie (the first time
- * its stack set is seen in a request, or near the end of the budget) and
- * "warm" when it applies the set's cached bitset.
+ * its stack set is seen, or near the end of the budget), "shared" when it
+ * copies another request's mask from the vocabulary's cache, and "warm" when
+ * it applies the state's own cached bitset.
  * Printed: medians and means per step of the mask, the accept, the
  * unconstrained sample_next (default llama.cpp sampling: top-k 40, top-p 0.95,
  * min-p 0.05, temp 0.8), and the grammar's total per step as a share of it. */
@@ -86,6 +94,100 @@ static uint64_t rng_next(uint64_t *s)
     return z ^ (z >> 31);
 }
 
+/* The per-step timings of one column. */
+struct run {
+    const char *name;
+    struct series unc, all, cold, shared, warm, acc;
+    int completed;
+};
+
+static int run_alloc(struct run *r, size_t cap)
+{
+    struct series *all[] = {&r->unc, &r->all, &r->cold, &r->shared, &r->warm, &r->acc};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        if (!(all[i]->v = malloc(cap * sizeof(double)))) {
+            fprintf(stderr, "bench_grammar: out of memory\n");
+            return 1;
+        }
+    return 0;
+}
+
+static void run_free(struct run *r)
+{
+    struct series *all[] = {&r->unc, &r->all, &r->cold, &r->shared, &r->warm, &r->acc};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        free(all[i]->v);
+}
+
+static void run_report(struct run *r)
+{
+    printf("-- %s (%d ended by EOG, the rest complete at max_tokens)\n", r->name, r->completed);
+    report("unconstrained sample_next", &r->unc);
+    double m_all = mean(&r->all), m_acc = mean(&r->acc), m_unc = mean(&r->unc);
+    report("grammar_mask, all steps", &r->all);
+    report("  cold (walked the trie)", &r->cold);
+    report("  shared (another's mask)", &r->shared);
+    report("  warm (own cached bitset)", &r->warm);
+    report("grammar_accept", &r->acc);
+    printf("grammar per step (mask + accept), mean: %.3f ms = %.2fx the unconstrained sample step\n",
+           1e3 * (m_all + m_acc), (m_all + m_acc) / m_unc);
+}
+
+/* One request: compile the grammar, then up to `tokens` draws from random
+ * logits through the mask. Returns nonzero on failure (printed). */
+static int run_request(struct run *run, const struct grammar_vocab *gv, const struct tokenizer *tok, const char *gbnf,
+                       int tokens, uint64_t seed, float *logits, float *masked)
+{
+    int32_t n_vocab = tok_n_vocab(tok);
+    struct grammar *g = NULL;
+    struct grammar_state *st = NULL;
+    struct sample_params sp;
+    sample_params_default(&sp);
+    sp.seed = seed;
+    struct sampler *plain = NULL;
+    if (sample_create(&sp, n_vocab, &plain) || grammar_compile(gbnf, strlen(gbnf), &g) ||
+        grammar_state_create(g, gv, tokens, &st)) {
+        fprintf(stderr, "bench_grammar: %s\n", ks_errmsg());
+        return 1;
+    }
+    grammar_free(g); /* the state holds it */
+    for (int i = 0; i < tokens; i++) {
+        for (int32_t k = 0; k < n_vocab; k++) /* a spread like a real model's logits */
+            logits[k] = (float)((double)(rng_next(&seed) >> 11) * 0x1.0p-53 * 12.0 - 6.0);
+        struct sample_result res;
+        double a = now();
+        uint64_t walks = grammar_state_walks(st), hits = grammar_state_shared_hits(st);
+        sample_next(plain, logits, NULL, 0, &res);
+        add(&run->unc, now() - a);
+        memcpy(masked, logits, (size_t)n_vocab * sizeof *masked);
+        a = now();
+        ks_status s = grammar_mask(st, masked, n_vocab);
+        double t_mask = now() - a;
+        if (s) {
+            fprintf(stderr, "bench_grammar: mask: %s\n", ks_errmsg());
+            return 1;
+        }
+        add(&run->all, t_mask);
+        add(grammar_state_walks(st) > walks ? &run->cold : grammar_state_shared_hits(st) > hits ? &run->shared
+                                                                                                 : &run->warm,
+            t_mask);
+        sample_next(plain, masked, NULL, 0, &res);
+        if (tok_is_eog(tok, res.token)) {
+            run->completed++;
+            break;
+        }
+        a = now();
+        if (grammar_accept(st, res.token)) {
+            fprintf(stderr, "bench_grammar: accept: %s\n", ks_errmsg());
+            return 1;
+        }
+        add(&run->acc, now() - a);
+    }
+    grammar_state_free(st);
+    sample_free(plain);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     int requests = 8, tokens = 256;
@@ -143,80 +245,33 @@ int main(int argc, char **argv)
     printf("vocabulary %s: %d tokens, trie built once in %.1f ms; grammar (%s) compiled in %.3f ms\n", path,
            (int)n_vocab, 1e3 * t_trie, json_object ? "json_object" : "json_schema", 1e3 * t_compile);
 
-    struct sample_params sp;
-    sample_params_default(&sp);
-    struct sampler *plain = NULL;
-    if (sample_create(&sp, n_vocab, &plain)) {
+    struct grammar_vocab *gv_plain = NULL;
+    if (grammar_vocab_from_tokenizer(tok, &gv_plain)) {
         fprintf(stderr, "bench_grammar: %s\n", ks_errmsg());
         return 1;
     }
+    grammar_vocab_set_mask_cache(gv_plain, 0);
     size_t cap = (size_t)requests * (size_t)tokens + 1;
-    struct series cold = {malloc(cap * sizeof(double)), 0}, warm = {malloc(cap * sizeof(double)), 0};
-    struct series all = {malloc(cap * sizeof(double)), 0}, acc = {malloc(cap * sizeof(double)), 0};
-    struct series unc = {malloc(cap * sizeof(double)), 0};
-    float *logits = malloc((size_t)n_vocab * sizeof *logits), *masked = malloc((size_t)n_vocab * sizeof *masked);
-    uint64_t seed = 42;
-    int completed = 0;
-    for (int r = 0; r < requests; r++) {
-        struct grammar_state *st = NULL;
-        if (grammar_state_create(g, gv, tokens, &st)) {
-            fprintf(stderr, "bench_grammar: %s\n", ks_errmsg());
+    struct run runs[2] = {{.name = "no shared cache"}, {.name = "shared mask cache"}};
+    for (int k = 0; k < 2; k++)
+        if (run_alloc(&runs[k], cap))
             return 1;
-        }
-        for (int i = 0; i < tokens; i++) {
-            for (int32_t k = 0; k < n_vocab; k++) /* a spread like a real model's logits */
-                logits[k] = (float)((double)(rng_next(&seed) >> 11) * 0x1.0p-53 * 12.0 - 6.0);
-            struct sample_result res;
-            double a = now();
-            uint64_t walks = grammar_state_walks(st);
-            sample_next(plain, logits, NULL, 0, &res);
-            add(&unc, now() - a);
-            memcpy(masked, logits, (size_t)n_vocab * sizeof *masked);
-            a = now();
-            ks_status s = grammar_mask(st, masked, n_vocab);
-            double t_mask = now() - a;
-            if (s) {
-                fprintf(stderr, "bench_grammar: mask: %s\n", ks_errmsg());
-                return 1;
-            }
-            add(&all, t_mask);
-            sample_next(plain, masked, NULL, 0, &res);
-            if (tok_is_eog(tok, res.token)) {
-                completed++;
-                break;
-            }
-            a = now();
-            if (grammar_accept(st, res.token)) {
-                fprintf(stderr, "bench_grammar: accept: %s\n", ks_errmsg());
-                return 1;
-            }
-            add(&acc, now() - a);
-            if (grammar_state_walks(st) > walks)
-                add(&cold, t_mask);
-            else
-                add(&warm, t_mask);
-        }
-        grammar_state_free(st);
+    float *logits = malloc((size_t)n_vocab * sizeof *logits), *masked = malloc((size_t)n_vocab * sizeof *masked);
+    for (int r = 0; r < 2 * requests; r++) {
+        struct run *run = &runs[r % 2];
+        uint64_t seed = 42 + (uint64_t)(r / 2) * 1000003u; /* a pair draws the same tokens */
+        if (run_request(run, r % 2 ? gv : gv_plain, tok, text, tokens, seed, logits, masked))
+            return 1;
     }
-    printf("%d requests of up to %d tokens (%d ended by EOG, the rest complete at max_tokens)\n", requests, tokens,
-           completed);
-    report("unconstrained sample_next", &unc);
-    double m_all = mean(&all), m_acc = mean(&acc), m_unc = mean(&unc);
-    report("grammar_mask, all steps", &all);
-    report("  cold (walked the trie)", &cold);
-    report("  warm (cached bitset)", &warm);
-    report("grammar_accept", &acc);
-    printf("grammar per step (mask + accept), mean: %.3f ms = %.2fx the unconstrained sample step\n",
-           1e3 * (m_all + m_acc), (m_all + m_acc) / m_unc);
+    printf("%d request pairs of up to %d tokens, alternating\n", requests, tokens);
+    for (int k = 0; k < 2; k++)
+        run_report(&runs[k]);
+    for (int k = 0; k < 2; k++)
+        run_free(&runs[k]);
+    grammar_vocab_free(gv_plain);
     free(logits);
     free(masked);
-    free(cold.v);
-    free(warm.v);
-    free(all.v);
-    free(acc.v);
-    free(unc.v);
     free(gbnf);
-    sample_free(plain);
     grammar_free(g);
     grammar_vocab_free(gv);
     tok_free(tok);

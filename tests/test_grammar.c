@@ -19,6 +19,7 @@
 
 #include "gguf/gguf.h"
 #include "grammar/grammar.h"
+#include "support/skip.h"
 #include "tokenizer/tokenizer.h"
 
 static struct grammar *compile(const char *gbnf)
@@ -481,6 +482,78 @@ static void test_mask_llama_spm(void **state)
     test_mask_vocab("ggml-vocab-llama-spm.gguf");
 }
 
+/* Walk one state over the shared-cache vocabulary and one over a copy
+ * without the cache, on the same draws: their masks must be equal. Returns
+ * the shared state's walks and shared hits. */
+static void walk_twins(struct vocab *shared, struct vocab *plain, const char *gbnf, int32_t steps, uint64_t seed,
+                       uint64_t *walks, uint64_t *hits)
+{
+    struct grammar *g1 = compile(gbnf), *g2 = compile(gbnf); /* two compilations, as two requests make */
+    int32_t n = tok_n_vocab(shared->tok);
+    float *l1 = calloc((size_t)n, sizeof *l1), *l2 = calloc((size_t)n, sizeof *l2);
+    struct grammar_state *a, *b;
+    assert_int_equal(grammar_state_create(g1, shared->gv, -1, &a), KS_OK);
+    assert_int_equal(grammar_state_create(g2, plain->gv, -1, &b), KS_OK);
+    for (int32_t step = 0; step < steps; step++) {
+        memset(l1, 0, (size_t)n * sizeof *l1);
+        memset(l2, 0, (size_t)n * sizeof *l2);
+        assert_int_equal(grammar_mask(a, l1, n), KS_OK);
+        assert_int_equal(grammar_mask(b, l2, n), KS_OK);
+        assert_memory_equal(l1, l2, (size_t)n * sizeof *l1);
+        int32_t t = (int32_t)(rng_next(&seed) % (uint64_t)n), tries = 0;
+        while ((l1[t] != 0.0f || tok_is_eog(shared->tok, t)) && ++tries < n)
+            t = t + 1 < n ? t + 1 : 0;
+        if (tries == n) /* only EOG is left: the text is complete */
+            break;
+        assert_int_equal(grammar_accept(a, t), KS_OK);
+        assert_int_equal(grammar_accept(b, t), KS_OK);
+    }
+    *walks = grammar_state_walks(a);
+    *hits = grammar_state_shared_hits(a);
+    grammar_state_free(a);
+    grammar_state_free(b);
+    grammar_free(g1);
+    grammar_free(g2);
+    free(l1);
+    free(l2);
+}
+
+/* The vocabulary's shared mask cache: a second request's copy of a grammar
+ * takes the first's masks instead of walking, the masks are those a walk
+ * gives, and another grammar never gets the first's masks. */
+static void test_shared_mask_cache(void **state)
+{
+    (void)state;
+    const char *dir = getenv("KVSERVE_SHARED");
+    char path[1024];
+    snprintf(path, sizeof path, "%s/models/vocab/ggml-vocab-qwen3.gguf", dir ? dir : "../shared");
+    if (access(path, R_OK) != 0)
+        KS_SKIP("no vocabulary at %s", path);
+    struct vocab shared, plain;
+    assert_true(vocab_open("ggml-vocab-qwen3.gguf", &shared));
+    assert_true(vocab_open("ggml-vocab-qwen3.gguf", &plain));
+    grammar_vocab_set_mask_cache(plain.gv, 0);
+    uint64_t walks, hits, walks2, hits2;
+    walk_twins(&shared, &plain, grammar_json_object_gbnf(), 12 * SWEEP, 3, &walks, &hits);
+    assert_true(walks > 0);
+    assert_int_equal(hits, 0);
+    /* the same draws: every set was walked by the first (only a character cut
+     * inside a token, never cached, walks again) */
+    walk_twins(&shared, &plain, grammar_json_object_gbnf(), 12 * SWEEP, 3, &walks2, &hits2);
+    assert_true(hits2 > 0);
+    assert_true(walks2 < walks);
+    assert_int_equal(walks2 + hits2, walks);
+    walk_twins(&shared, &plain, "root ::= \"{\" [a-z ]* \"}\"", 12 * SWEEP, 3, &walks, &hits);
+    assert_int_equal(hits, 0);
+    struct grammar_mask_cache_stats cs;
+    grammar_vocab_mask_cache_stats(shared.gv, &cs);
+    assert_true(cs.masks > 0 && cs.bytes <= cs.limit && cs.hits > 0);
+    grammar_vocab_mask_cache_stats(plain.gv, &cs);
+    assert_int_equal(cs.masks, 0);
+    vocab_close(&shared);
+    vocab_close(&plain);
+}
+
 /* Special tokens are never drawn; EOG only once the text is complete. */
 static void test_special_tokens(void **state)
 {
@@ -572,7 +645,7 @@ int main(void)
         cmocka_unit_test(test_json_object_grammar), cmocka_unit_test(test_schema_keywords),
         cmocka_unit_test(test_schema_errors),      cmocka_unit_test(test_special_tokens),
         cmocka_unit_test(test_mask_qwen3),         cmocka_unit_test(test_mask_llama_spm),
-        cmocka_unit_test(test_mutations),
+        cmocka_unit_test(test_mutations),          cmocka_unit_test(test_shared_mask_cache),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return ks_run_tests(tests, NULL, NULL);
 }

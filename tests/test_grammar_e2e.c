@@ -27,6 +27,7 @@
 #include "kv/kv.h"
 #include "model/model.h"
 #include "server/server_internal.h"
+#include "support/model_server.h"
 #include "threads/threads.h"
 
 /* The issue's check is 200 seeds (Release); the sanitizer builds, ~20x slower,
@@ -57,12 +58,7 @@ static const char schema_text[] =
     "\"additionalProperties\":false}";
 
 static struct {
-    struct model *model;
-    struct gguf_file *f;
-    struct tokenizer *tok;
-    struct threads_pool *pool;
-    struct sched *sched;
-    struct server *srv;
+    struct model_server ms;
     struct server *cur; /* the server post() talks to, NULL: srv */
     cJSON *schema;
     int32_t min_bytes;
@@ -233,7 +229,7 @@ static struct answer post(const char *path, const char *body)
 {
     struct server_req rq = {.method = "POST", .path = path, .body = body, .len = strlen(body)};
     struct reply r = {0};
-    server_dispatch(F.cur ? F.cur : F.srv, &rq, &r);
+    server_dispatch(F.cur ? F.cur : F.ms.srv, &rq, &r);
     assert_null(r.stream_read);
     struct answer a = {r.status, cJSON_ParseWithLength(r.body, r.len)};
     if (r.status != 200 && r.status != 400)
@@ -454,53 +450,23 @@ static void test_errors(void **state)
 /* The real engine on the default model with a KV budget, its scheduler and a server. */
 static int start(size_t kv_budget, struct sched **sched, struct server **srv)
 {
-    struct kv_config kc;
-    model_kv_config(F.model, &kc);
-    kc.mem_budget = kv_budget;
-    struct sched_engine eng;
-    if (sched_engine_model(F.model, &kc, 512, F.pool, &eng))
-        return -1;
-    struct sched_config sc;
-    sched_config_default(&sc);
-    int32_t eog[16];
-    int n_eog = 0;
-    for (int32_t id = 0; id < tok_n_vocab(F.tok) && n_eog < 16; id++)
-        if (tok_is_eog(F.tok, id))
-            eog[n_eog++] = id;
-    sc.eog = eog;
-    sc.n_eog = n_eog;
-    sc.parallel = N_THREADS;
-    sc.ctx_size = 1024;
-    if (sched_create(&sc, &eng, sched))
-        return -1;
-    struct server_config cfg;
-    server_config_default(&cfg);
-    cfg.port = 0;
-    cfg.ctx_size = 1024;
-    cfg.model_name = "default";
-    if (server_start(&cfg, *sched, F.tok, srv))
-        return -1;
-    server_set_ready(*srv, true);
-    return 0;
+    struct model_server_config mc = {.model = F.ms.model, .tok = F.ms.tok, .pool = F.ms.pool, .kv_budget = kv_budget,
+                                     .parallel = N_THREADS, .ctx_size = 1024};
+    return model_server_start(&mc, sched, srv);
 }
 
 static void stop(struct sched *sched, struct server *srv)
 {
-    sched_cancel_all(sched);
-    while (server_in_flight(srv) > 0)
-        usleep(1000);
-    server_stop(srv);
-    sched_free(sched);
+    model_server_stop(sched, srv);
 }
 
 static int setup(void **state)
 {
     (void)state;
     const char *path = getenv("KVSERVE_DEFAULT_MODEL");
-    if (model_load(path, &F.model) || gguf_open(path, &F.f) || tok_load(F.f, &F.tok) ||
-        threads_create(2, &F.pool))
+    if (model_server_load(path, &F.ms))
         return -1;
-    if (start(128u << 20, &F.sched, &F.srv))
+    if (start(128u << 20, &F.ms.sched, &F.ms.srv))
         return -1;
     F.schema = cJSON_Parse(schema_text);
     char *gbnf = NULL;
@@ -517,11 +483,8 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
-    stop(F.sched, F.srv);
-    threads_free(F.pool);
-    tok_free(F.tok);
-    gguf_close(F.f);
-    model_free(F.model);
+    stop(F.ms.sched, F.ms.srv);
+    model_server_unload(&F.ms);
     cJSON_Delete(F.schema);
     return 0;
 }

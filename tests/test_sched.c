@@ -127,6 +127,18 @@ static uint64_t submit(struct sched *s, const int32_t *prompt, int32_t n, int32_
     return id;
 }
 
+/* n choices of one prompt; ids_out[i] names choice i. */
+static void submit_n(struct sched *s, const int32_t *prompt, int32_t n_prompt, int32_t max_tokens, int n,
+                     struct result **res, uint64_t *ids_out)
+{
+    struct sched_request rq = {.prompt = prompt, .n_prompt = n_prompt, .max_tokens = max_tokens, .on_event = on_event};
+    struct sched_choice ch[16];
+    assert_true(n <= 16);
+    for (int i = 0; i < n; i++)
+        ch[i] = (struct sched_choice){.user = res[i]};
+    assert_int_equal(sched_submit_n(s, &rq, ch, n, ids_out), KS_OK);
+}
+
 static struct sched *start(struct mock_engine *m, int parallel, int32_t max_batch, int32_t chunk, int32_t ctx)
 {
     struct sched_config cfg;
@@ -141,7 +153,141 @@ static struct sched *start(struct mock_engine *m, int parallel, int32_t max_batc
     return s;
 }
 
+/* Wait for r, which must have run to max_tokens GEN alone-equal tokens, and free it. */
+static void expect_alone_result(struct result *r, const int32_t *prompt, int32_t n_prompt, int32_t n_gen)
+{
+    int32_t want[4096];
+    reference(prompt, n_prompt, n_gen, want);
+    result_wait(r);
+    assert_int_equal(r->finish, SCHED_FINISH_LENGTH);
+    assert_int_equal(r->n, n_gen);
+    assert_memory_equal(r->tokens, want, (size_t)n_gen * sizeof *want);
+    result_free(r);
+}
+
+/* Stop the scheduler; every sequence is freed and every position was right. */
+static void stop_clean(struct sched *s, struct mock_engine *m)
+{
+    sched_free(s);
+    assert_int_equal(mock_stats(m).bad_positions, 0);
+    assert_int_equal(mock_stats(m).n_live, 0);
+    assert_int_equal(mock_stats(m).used, 0);
+    mock_engine_free(m);
+}
+
 /* ---- tests ------------------------------------------------------------------ */
+
+/* n choices compute the prompt once: the others fork the first's sequence,
+ * and each continues exactly as a request of its own would. */
+static void test_choices_share_prompt(void **state)
+{
+    (void)state;
+    enum { N = 4, P = 100, GEN = 30 };
+    struct mock_engine *m = mock_new(100000, 1024);
+    struct sched *s = start(m, 8, 64, 16, 1024);
+    int32_t prompt[P];
+    make_prompt(prompt, P, 9);
+    struct result *res[N];
+    uint64_t ids[N];
+    for (int i = 0; i < N; i++)
+        res[i] = result_new(m);
+    submit_n(s, prompt, P, GEN, N, res, ids);
+    for (int i = 0; i < N; i++) {
+        expect_alone_result(res[i], prompt, P, GEN);
+        for (int j = 0; j < i; j++)
+            assert_true(ids[i] != ids[j]);
+    }
+    struct sched_stats st;
+    sched_get_stats(s, &st);
+    assert_int_equal(st.prompt_tokens, P);
+    assert_int_equal(st.forked_choices, N - 1);
+    sched_free(s);
+    struct mock_engine_stats ms = mock_stats(m);
+    assert_int_equal(ms.forks, N - 1);
+    assert_int_equal(ms.fed, P + N * (GEN - 1)); /* the prompt once, then each choice's own tokens */
+    assert_int_equal(ms.bad_positions, 0);
+    assert_int_equal(ms.n_live, 0);
+    assert_int_equal(ms.used, 0);
+    mock_engine_free(m);
+}
+
+/* Groups under memory pressure: forked choices are preempted and recomputed
+ * like any request, and every choice still gets its exact tokens. */
+static void test_choices_under_preemption(void **state)
+{
+    (void)state;
+    enum { G = 4, N = 4, P = 50, GEN = 100 };
+    struct mock_engine *m = mock_new(900, 1024);
+    mock_engine_hold(m, true);
+    struct sched *s = start(m, 16, 128, 32, 1024);
+    static int32_t prompts[G][P];
+    struct result *res[G][N];
+    for (int g = 0; g < G; g++) {
+        make_prompt(prompts[g], P, 70 + g);
+        for (int i = 0; i < N; i++)
+            res[g][i] = result_new(m);
+        submit_n(s, prompts[g], P, GEN, N, res[g], NULL);
+    }
+    mock_engine_hold(m, false);
+    for (int g = 0; g < G; g++)
+        for (int i = 0; i < N; i++)
+            expect_alone_result(res[g][i], prompts[g], P, GEN);
+    struct sched_stats st;
+    sched_get_stats(s, &st);
+    assert_true(st.preemptions > 0);
+    assert_true(st.forked_choices > 0);
+    stop_clean(s, m);
+}
+
+/* Cancelling choices before the fork ends only them, the first choice
+ * included: a remaining choice takes over its pages and finishes. */
+static void test_cancel_choices_before_fork(void **state)
+{
+    (void)state;
+    enum { N = 3, P = 40, GEN = 12 };
+    struct mock_engine *m = mock_new(100000, 1024);
+    mock_engine_hold(m, true);
+    struct sched *s = start(m, 4, 64, 8, 1024);
+    int32_t prompt[P], want[GEN];
+    make_prompt(prompt, P, 21);
+    reference(prompt, P, GEN, want);
+    struct result *res[N];
+    uint64_t ids[N];
+    for (int i = 0; i < N; i++)
+        res[i] = result_new(m);
+    submit_n(s, prompt, P, GEN, N, res, ids);
+    sched_cancel(s, ids[0]);
+    sched_cancel(s, ids[2]);
+    mock_engine_hold(m, false);
+    for (int i = 0; i < N; i++)
+        result_wait(res[i]);
+    assert_int_equal(res[0]->finish, SCHED_FINISH_CANCELLED);
+    assert_int_equal(res[2]->finish, SCHED_FINISH_CANCELLED);
+    assert_int_equal(res[1]->finish, SCHED_FINISH_LENGTH);
+    assert_int_equal(res[1]->n, GEN);
+    assert_memory_equal(res[1]->tokens, want, sizeof want);
+    /* a whole group cancelled while it prefills */
+    mock_engine_hold(m, true);
+    submit_n(s, prompt, P, GEN, N, res, ids);
+    for (int i = 0; i < N; i++)
+        res[i]->done = false, res[i]->n = 0;
+    for (int i = 0; i < N; i++)
+        sched_cancel(s, ids[i]);
+    mock_engine_hold(m, false);
+    for (int i = 0; i < N; i++) {
+        result_wait(res[i]);
+        assert_int_equal(res[i]->finish, SCHED_FINISH_CANCELLED);
+        result_free(res[i]);
+    }
+    /* more choices than sequences run at once */
+    struct sched_request rq = {.prompt = prompt, .n_prompt = P, .max_tokens = 1, .on_event = on_event};
+    struct sched_choice five[5] = {{.user = NULL}};
+    assert_int_equal(sched_submit_n(s, &rq, five, 5, NULL), KS_ERR_RANGE);
+    sched_free(s);
+    assert_int_equal(mock_stats(m).n_live, 0);
+    assert_int_equal(mock_stats(m).used, 0);
+    mock_engine_free(m);
+}
 
 static void test_single_request(void **state)
 {
@@ -263,24 +409,13 @@ static void test_preemption_keeps_tokens(void **state)
         submit(s, prompts[i], P, GEN, res[i]);
     }
     mock_engine_hold(m, false);
-    for (int i = 0; i < N; i++) {
-        int32_t want[GEN];
-        reference(prompts[i], P, GEN, want);
-        result_wait(res[i]);
-        assert_int_equal(res[i]->finish, SCHED_FINISH_LENGTH);
-        assert_int_equal(res[i]->n, GEN);
-        assert_memory_equal(res[i]->tokens, want, sizeof want);
-        result_free(res[i]);
-    }
+    for (int i = 0; i < N; i++)
+        expect_alone_result(res[i], prompts[i], P, GEN);
     struct sched_stats st;
     sched_get_stats(s, &st);
     assert_true(st.preemptions > 0);
     assert_true(st.kv_full_events > 0);
-    sched_free(s);
-    assert_int_equal(mock_stats(m).bad_positions, 0);
-    assert_int_equal(mock_stats(m).n_live, 0);
-    assert_int_equal(mock_stats(m).used, 0);
-    mock_engine_free(m);
+    stop_clean(s, m);
 }
 
 static void test_cancel_frees_pages(void **state)
@@ -459,6 +594,9 @@ int main(void)
         cmocka_unit_test(test_hooks_run_between_steps),
         cmocka_unit_test(test_request_too_big_for_cache),
         cmocka_unit_test(test_eog_stops),
+        cmocka_unit_test(test_choices_share_prompt),
+        cmocka_unit_test(test_choices_under_preemption),
+        cmocka_unit_test(test_cancel_choices_before_fork),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

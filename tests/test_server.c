@@ -344,7 +344,7 @@ static void test_bad_requests(void **state)
     expect_error(post(F.srv, "/v1/completions", "{\"prompt\": \"hi\", \"temperature\": \"hot\"}"), 400, "invalid_type");
     expect_error(post(F.srv, "/v1/completions", "{\"prompt\": \"hi\", \"max_tokens\": -3}"), 400, "invalid_value");
     expect_error(post(F.srv, "/v1/completions", "{\"prompt\": \"hi\", \"max_tokens\": 1.5}"), 400, "invalid_type");
-    expect_error(post(F.srv, "/v1/completions", "{\"prompt\": \"hi\", \"n\": 2}"), 400, "invalid_value");
+    expect_error(post(F.srv, "/v1/completions", "{\"prompt\": \"hi\", \"n\": 17}"), 400, "invalid_value");
     /* positive, but 0 as the sampler's float (found by fuzz_body) */
     expect_error(post(F.srv, "/v1/completions", "{\"prompt\": \"hi\", \"top_p\": 1e-50}"), 400, "invalid_value");
     expect_error(post(F.srv, "/v1/completions", "{\"prompt\": \"hi\", \"stop\": 3}"), 400, "invalid_type");

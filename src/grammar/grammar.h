@@ -36,10 +36,15 @@
  * and a rejected prefix skips its whole subtree. Each stack set is interned
  * and its transitions are memoized (an array for ASCII), and the mask of a set
  * is cached as a bitset: a later step in the same set (inside a string, say)
- * costs one pass over the bitset.
+ * costs one pass over the bitset (and, under a tight budget, a pass over the
+ * few tokens whose completion distance differs from the set's, kept with
+ * it). The vocabulary shares those bitsets
+ * between states (grammar_vocab_set_mask_cache), so a set another request
+ * has already walked is a copy, not a walk.
  *
- * Threads: a compiled grammar and a vocabulary are immutable and may be shared
- * by any number of threads (the grammar's reference count is atomic). A state
+ * Threads: a compiled grammar and a vocabulary are immutable (but for the
+ * vocabulary's mask cache, behind its lock) and may be shared by any number
+ * of threads (the grammar's reference count is atomic). A state
  * belongs to one thread at a time.
  *
  * Errors follow status/status.h: on failure ks_errmsg() says what and where,
@@ -132,6 +137,22 @@ ks_status grammar_vocab_from_tokenizer(const struct tokenizer *t, struct grammar
 void grammar_vocab_free(struct grammar_vocab *v); /* NULL is a no-op */
 int32_t grammar_vocab_size(const struct grammar_vocab *v);
 
+/* The vocabulary keeps the masks its states compute (a stack set's full
+ * mask, before the budget), keyed by the grammar's content and the set's, so
+ * a request whose grammar another request compiled from the same text (the
+ * same json_schema, json_object) reuses the masks instead of walking the
+ * trie. Thread-safe (one lock, held for a lookup or an insert: a copy of
+ * n_vocab / 8 bytes); bounded: past the limit it drops every mask and starts
+ * over. set_mask_cache drops them and sets the limit in bytes (0: off;
+ * default 64 MiB); call it while no state uses v. */
+void grammar_vocab_set_mask_cache(struct grammar_vocab *v, size_t bytes);
+struct grammar_mask_cache_stats {
+    uint64_t hits, misses;    /* lookups answered, and not */
+    uint32_t masks;           /* masks held */
+    size_t bytes, limit;
+};
+void grammar_vocab_mask_cache_stats(const struct grammar_vocab *v, struct grammar_mask_cache_stats *out);
+
 /* ---- state ---------------------------------------------------------------- */
 
 /* A state at the start of g's text (takes a reference on g; v is borrowed and
@@ -163,9 +184,10 @@ ks_status grammar_accept_text(struct grammar_state *st, const char *text, size_t
 /* May the text end here (the grammar is complete and no character is cut)? */
 bool grammar_complete(const struct grammar_state *st);
 
-/* Trie walks this state has made (masks not served from the cache), for
- * benchmarks. */
+/* Trie walks this state has made (masks not served from a cache), and masks
+ * it took from the vocabulary's shared cache, for tests and benchmarks. */
 uint64_t grammar_state_walks(const struct grammar_state *st);
+uint64_t grammar_state_shared_hits(const struct grammar_state *st);
 
 /* Does g accept exactly text[0..len)? False with ks_errmsg() set when it
  * does not (or on out of memory). */

@@ -6,6 +6,7 @@
 #ifdef __AVX512F__
 #include <immintrin.h>
 #endif
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,7 +18,16 @@ enum {
     MAX_SETS = 1 << 20,
     MAX_MEMBERS = 1 << 24,
     MASK_CACHE_BYTES = 16 << 20, /* ~880 masks at 151k tokens; x parallel requests */
+    /* A cached mask is a block: the bitset's words, a count n, then n
+     * (token << 32 | D) for the allowed tokens whose D after them differs
+     * from the set's own (at most LIST_MAX; a larger n keeps none): the rest
+     * keep it, so the mask under any budget follows without a walk. */
+    LIST_MAX = 8192,
 };
+
+/* The vocabulary's cache of masks shared by every state over it (see
+ * grammar_vocab_set_mask_cache), ~3500 masks at 151k tokens. */
+#define SHARED_MASK_BYTES ((size_t)64 << 20)
 
 #define UNKNOWN (-2)
 #define DEAD 0      /* the empty set: nothing can follow */
@@ -116,9 +126,132 @@ struct grammar_vocab {
     int32_t *eog;         /* (n_eog) */
     int32_t n_eog;
     int32_t max_len;      /* longest piece in bytes (the trie's depth) */
+    struct mask_cache *masks; /* shared by the states over this vocabulary (mutable behind its lock) */
 };
 
 enum { MAX_PIECE = 4096 };
+
+/* ---- the shared mask cache ------------------------------------------------------------ */
+
+/* A set's mask depends only on the grammar's content and the set's stacks'
+ * content, so states of separately compiled copies of one grammar (one per
+ * request) share it. Keys are 192-bit hashes: a grammar fingerprint and a
+ * 128-bit canonical hash of the set. Full: everything is dropped and the cache
+ * starts over (bounded memory, no bookkeeping per use). */
+struct mask_key {
+    uint64_t grammar, lo, hi;
+};
+
+struct shared_mask {
+    struct mask_key key;
+    int32_t maxD;
+    uint64_t *bits;           /* the block (see LIST_MAX), NULL: empty slot */
+    size_t n_words;
+};
+
+struct mask_cache {
+    pthread_mutex_t mu;
+    struct shared_mask *slots;
+    uint32_t cap, n;          /* cap a power of two, at most half full */
+    size_t bytes, limit;
+    uint64_t hits, misses;
+};
+
+static void mask_cache_clear(struct mask_cache *c)
+{
+    for (uint32_t i = 0; i < c->cap; i++) {
+        free(c->slots[i].bits);
+        c->slots[i].bits = NULL;
+    }
+    c->n = 0;
+    c->bytes = 0;
+}
+
+static void mask_cache_free(struct mask_cache *c)
+{
+    if (!c)
+        return;
+    mask_cache_clear(c);
+    free(c->slots);
+    pthread_mutex_destroy(&c->mu);
+    free(c);
+}
+
+static struct mask_cache *mask_cache_new(size_t limit)
+{
+    struct mask_cache *c = calloc(1, sizeof *c);
+    if (!c)
+        return NULL;
+    pthread_mutex_init(&c->mu, NULL);
+    c->limit = limit;
+    return c;
+}
+
+static bool key_equal(const struct mask_key *a, const struct mask_key *b)
+{
+    return a->grammar == b->grammar && a->lo == b->lo && a->hi == b->hi;
+}
+
+static uint32_t key_slot(const struct mask_cache *c, const struct mask_key *k)
+{
+    uint32_t i = (uint32_t)(k->lo ^ k->grammar) & (c->cap - 1);
+    while (c->slots[i].bits && !key_equal(&c->slots[i].key, k))
+        i = (i + 1) & (c->cap - 1);
+    return i;
+}
+
+/* Copy the cached block of k into bits (room for a whole block); false
+ * when absent. */
+static bool mask_cache_get(struct mask_cache *c, const struct mask_key *k, uint64_t *bits, int32_t *maxD)
+{
+    pthread_mutex_lock(&c->mu);
+    struct shared_mask *e = c->cap ? &c->slots[key_slot(c, k)] : NULL;
+    bool hit = e && e->bits;
+    if (hit) {
+        memcpy(bits, e->bits, e->n_words * sizeof *bits);
+        *maxD = e->maxD;
+        c->hits++;
+    } else {
+        c->misses++;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return hit;
+}
+
+/* Keep a copy of a mask (an allocation failure only means it is not kept). */
+static void mask_cache_put(struct mask_cache *c, const struct mask_key *k, const uint64_t *bits, size_t words,
+                           int32_t maxD)
+{
+    size_t size = words * sizeof *bits;
+    pthread_mutex_lock(&c->mu);
+    if (c->bytes + size > c->limit)
+        mask_cache_clear(c);
+    if (size <= c->limit && 2 * (c->n + 1) > c->cap) {
+        uint32_t cap = c->cap ? 2 * c->cap : 64;
+        struct shared_mask *slots = calloc(cap, sizeof *slots);
+        if (slots) {
+            struct shared_mask *old = c->slots;
+            uint32_t old_cap = c->cap;
+            c->slots = slots;
+            c->cap = cap;
+            for (uint32_t i = 0; i < old_cap; i++)
+                if (old[i].bits)
+                    c->slots[key_slot(c, &old[i].key)] = old[i];
+            free(old);
+        }
+    }
+    uint64_t *copy = size <= c->limit && 2 * (c->n + 1) <= c->cap ? malloc(size) : NULL;
+    struct shared_mask *e = copy ? &c->slots[key_slot(c, k)] : NULL;
+    if (e && !e->bits) {
+        memcpy(copy, bits, size);
+        *e = (struct shared_mask){*k, maxD, copy, words};
+        c->n++;
+        c->bytes += size;
+    } else {
+        free(copy); /* another state put it first */
+    }
+    pthread_mutex_unlock(&c->mu);
+}
 
 static const struct grammar_vocab *sort_vocab; /* qsort context (vocab_create is not reentrant-sensitive: see lock) */
 
@@ -146,12 +279,31 @@ void grammar_vocab_free(struct grammar_vocab *v)
     free(v->off);
     free(v->blob);
     free(v->eog);
+    mask_cache_free(v->masks);
     free(v);
 }
 
 int32_t grammar_vocab_size(const struct grammar_vocab *v)
 {
     return v->n_vocab;
+}
+
+void grammar_vocab_set_mask_cache(struct grammar_vocab *v, size_t bytes)
+{
+    pthread_mutex_lock(&v->masks->mu);
+    mask_cache_clear(v->masks);
+    v->masks->limit = bytes;
+    pthread_mutex_unlock(&v->masks->mu);
+}
+
+void grammar_vocab_mask_cache_stats(const struct grammar_vocab *v, struct grammar_mask_cache_stats *out)
+{
+    pthread_mutex_lock(&v->masks->mu);
+    *out = (struct grammar_mask_cache_stats){
+        .hits = v->masks->hits, .misses = v->masks->misses, .masks = v->masks->n, .bytes = v->masks->bytes,
+        .limit = v->masks->limit,
+    };
+    pthread_mutex_unlock(&v->masks->mu);
 }
 
 static int32_t lcp(const char *a, uint32_t la, const char *b, uint32_t lb)
@@ -180,7 +332,8 @@ ks_status grammar_vocab_create(int32_t n_vocab, grammar_piece_fn piece, void *us
     order = malloc((size_t)n_vocab * sizeof *order);
     size_t cap = 1 << 16, used = 0;
     v->blob = malloc(cap);
-    if (!v->kind || !v->off || !v->tok_next || !v->eog || !order || !v->blob)
+    v->masks = mask_cache_new(SHARED_MASK_BYTES);
+    if (!v->kind || !v->off || !v->tok_next || !v->eog || !order || !v->blob || !v->masks)
         goto oom;
     int32_t n_text = 0;
     for (int32_t id = 0; id < n_vocab; id++) {
@@ -276,8 +429,12 @@ fail:
 struct grammar_state {
     struct grammar *g;
     const struct grammar_vocab *v;
-    /* stack nodes: (pos, parent); node 0 is the empty stack */
+    /* stack nodes: (pos, parent); node 0 is the empty stack. nh1, nh2: two
+     * hashes of the stack's content (positions down to the bottom), the
+     * same in every state of the same grammar */
     int32_t *npos, *nparent, *nD;
+    uint64_t *nh1, *nh2;
+    uint64_t gkey;            /* the grammar's content (grammar_fingerprint) */
     int32_t n_nodes, cap_nodes;
     struct table node_tab;
     /* sets: members[soff[s] .. soff[s+1]) sorted node ids; set 0 is empty */
@@ -291,6 +448,7 @@ struct grammar_state {
     int32_t *set_slots;       /* set interning: open addressing over shash, -1 empty */
     uint32_t set_cap;
     struct table trans;       /* (set << 21 | cp) -> set, non-ASCII */
+    struct table cut_D;       /* (set, a cut character's bits) -> partial_D, for the walk */
     size_t mask_bytes;
     /* where the text is */
     int32_t cur;
@@ -299,6 +457,7 @@ struct grammar_state {
     int32_t remaining;        /* tokens the budget still allows (INT32_MAX: no limit) */
     bool done;                /* an EOG token was accepted */
     uint64_t walks;           /* trie walks made (grammar_state_walks) */
+    uint64_t shared_hits;     /* masks taken from the vocabulary's cache (grammar_state_shared_hits) */
     ks_status err;            /* the last failure of a helper */
     /* scratch */
     int32_t *tmp;
@@ -321,6 +480,28 @@ static void fail_oom(struct grammar_state *st)
     st->err = oom();
 }
 
+/* realloc st->f to cap elements (the caller's `cap`), or fail the calling
+ * bool function with the out-of-memory status. */
+#define GROW(f)                                                                                                  \
+    do {                                                                                                         \
+        void *p_ = realloc(st->f, (size_t)cap * sizeof *st->f);                                                  \
+        if (!p_)                                                                                                 \
+            return fail_oom(st), false;                                                                          \
+        st->f = p_;                                                                                              \
+    } while (0)
+
+static bool nodes_grow(struct grammar_state *st)
+{
+    int32_t cap = st->cap_nodes ? 2 * st->cap_nodes : 1024;
+    GROW(npos);
+    GROW(nparent);
+    GROW(nD);
+    GROW(nh1);
+    GROW(nh2);
+    st->cap_nodes = cap;
+    return true;
+}
+
 static int32_t node_get(struct grammar_state *st, int32_t pos, int32_t parent)
 {
     uint64_t key = (uint64_t)(uint32_t)pos << 32 | (uint32_t)parent;
@@ -330,24 +511,14 @@ static int32_t node_get(struct grammar_state *st, int32_t pos, int32_t parent)
     if (st->n_nodes >= MAX_NODES)
         return st->err = ks_fail(KS_ERR_RANGE, "grammar: the state grew past %d stacks; the grammar is too "
                                                "ambiguous for this output", MAX_NODES), -1;
-    if (st->n_nodes == st->cap_nodes) {
-        int32_t cap = st->cap_nodes ? 2 * st->cap_nodes : 1024;
-        int32_t *a = realloc(st->npos, (size_t)cap * sizeof *a);
-        if (a)
-            st->npos = a;
-        int32_t *b = a ? realloc(st->nparent, (size_t)cap * sizeof *b) : NULL;
-        if (b)
-            st->nparent = b;
-        int32_t *c = b ? realloc(st->nD, (size_t)cap * sizeof *c) : NULL;
-        if (!c)
-            return fail_oom(st), -1;
-        st->nD = c;
-        st->cap_nodes = cap;
-    }
+    if (st->n_nodes == st->cap_nodes && !nodes_grow(st))
+        return -1;
     id = st->n_nodes;
     st->npos[id] = pos;
     st->nparent[id] = parent;
     st->nD[id] = gsat_add(st->g->minrest[pos], st->nD[parent]);
+    st->nh1[id] = mix64(st->nh1[parent] * 0x9E3779B97F4A7C15ull + (uint64_t)(uint32_t)pos);
+    st->nh2[id] = mix64((st->nh2[parent] ^ 0xD6E8FEB86659FD93ull) + (uint64_t)(uint32_t)pos * 0xA0761D6478BD642Full);
     if (!table_put(&st->node_tab, key, id))
         return fail_oom(st), -1;
     st->n_nodes++;
@@ -440,20 +611,12 @@ static bool sets_grow(struct grammar_state *st, int32_t need)
     int32_t cap = st->cap_sets ? 2 * st->cap_sets : 256;
     while (cap < need)
         cap *= 2;
-#define GROW(f)                                                                                                  \
-    do {                                                                                                         \
-        void *p_ = realloc(st->f, (size_t)cap * sizeof *st->f);                                                  \
-        if (!p_)                                                                                                 \
-            return fail_oom(st), false;                                                                          \
-        st->f = p_;                                                                                              \
-    } while (0)
     GROW(soff);
     GROW(shash);
     GROW(sD);
     GROW(sascii);
     GROW(smask);
     GROW(smaskD);
-#undef GROW
     st->cap_sets = cap;
     return true;
 }
@@ -581,6 +744,24 @@ static int32_t partial_D(const struct grammar_state *st, int32_t set, uint32_t l
     return best;
 }
 
+static void partial_range(uint32_t acc, int rem, int len, uint32_t *lo, uint32_t *hi);
+
+/* partial_D of the character cut at (acc, rem, len), memoized: a walk meets
+ * the same cut (the first bytes of a CJK character, say) under thousands of
+ * tokens. A failed insert only costs the next lookup. */
+static int32_t cut_D(struct grammar_state *st, int32_t set, uint32_t acc, int rem, int len)
+{
+    uint64_t key = (uint64_t)(uint32_t)set << 32 | (uint32_t)len << 28 | (uint32_t)rem << 24 | acc;
+    int32_t D = table_get(&st->cut_D, key);
+    if (D >= 0)
+        return D;
+    uint32_t lo, hi;
+    partial_range(acc, rem, len, &lo, &hi);
+    D = partial_D(st, set, lo, hi, rem);
+    table_put(&st->cut_D, key, D);
+    return D;
+}
+
 /* The code points a character with `len` bytes whose first bits are acc and
  * rem bytes still missing can become. */
 static void partial_range(uint32_t acc, int rem, int len, uint32_t *lo, uint32_t *hi)
@@ -636,6 +817,44 @@ static int utf8_feed(uint32_t *acc, int *rem, int *len, uint8_t b, uint32_t *cp)
     return 1;
 }
 
+static uint64_t hash_words(uint64_t h, const void *p, size_t bytes)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < bytes; i++)
+        h = (h ^ b[i]) * 0x100000001B3ull;
+    return mix64(h);
+}
+
+/* What the masks of g's stack sets depend on: its elements, rules and
+ * classes (not its rule names). Two compilations of one text are equal. */
+static uint64_t grammar_fingerprint(const struct grammar *g)
+{
+    uint64_t h = 0xCBF29CE484222325ull;
+    for (int32_t i = 0; i < g->n_elems; i++)
+        h = mix64(h ^ ((uint64_t)g->elems[i].kind << 32 | (uint32_t)g->elems[i].arg));
+    h = hash_words(h, g->alt_start, (size_t)g->rule_alt[g->n_rules] * sizeof *g->alt_start);
+    h = hash_words(h, g->rule_alt, (size_t)(g->n_rules + 1) * sizeof *g->rule_alt);
+    for (int32_t i = 0; i < g->n_classes; i++) {
+        const struct gclass *c = &g->classes[i];
+        h = hash_words(h, c->ascii, sizeof c->ascii);
+        h = mix64(h ^ ((uint64_t)(uint32_t)c->n << 32) ^ ((uint64_t)c->neg << 63));
+        h = hash_words(h, g->ranges + 2 * (size_t)c->first, (size_t)c->n * 2 * sizeof *g->ranges);
+    }
+    return mix64(h ^ (uint64_t)(uint32_t)g->root);
+}
+
+/* The key of set in the shared cache: the set's stacks by content, in any
+ * order (node ids differ between states). */
+static struct mask_key set_key(const struct grammar_state *st, int32_t set)
+{
+    struct mask_key k = {st->gkey, 0, 0};
+    for (int32_t i = st->soff[set]; i < st->soff[set + 1]; i++) {
+        k.lo += mix64(st->nh1[st->members[i]]);
+        k.hi += mix64(st->nh2[st->members[i]] ^ 0x5851F42D4C957F2Dull);
+    }
+    return k;
+}
+
 ks_status grammar_state_create(struct grammar *g, const struct grammar_vocab *v, int32_t max_tokens,
                                struct grammar_state **out)
 {
@@ -663,8 +882,10 @@ ks_status grammar_state_create(struct grammar *g, const struct grammar_vocab *v,
     st->npos = malloc((size_t)st->cap_nodes * sizeof *st->npos);
     st->nparent = malloc((size_t)st->cap_nodes * sizeof *st->nparent);
     st->nD = malloc((size_t)st->cap_nodes * sizeof *st->nD);
+    st->nh1 = malloc((size_t)st->cap_nodes * sizeof *st->nh1);
+    st->nh2 = malloc((size_t)st->cap_nodes * sizeof *st->nh2);
     if (!st->w_set || !st->w_acc || !st->w_rem || !st->w_len || (v && !st->scratch) || !st->npos || !st->nparent ||
-        !st->nD || !sets_grow(st, 2) || !set_slots_grow(st)) {
+        !st->nD || !st->nh1 || !st->nh2 || !sets_grow(st, 2) || !set_slots_grow(st)) {
         grammar_state_free(st);
         return ks_fail(KS_ERR_NOMEM, "grammar: out of memory while matching");
     }
@@ -672,7 +893,9 @@ ks_status grammar_state_create(struct grammar *g, const struct grammar_vocab *v,
     st->npos[COMPLETE] = -1;
     st->nparent[COMPLETE] = COMPLETE;
     st->nD[COMPLETE] = 0;
+    st->nh1[COMPLETE] = st->nh2[COMPLETE] = 0;
     st->n_nodes = 1;
+    st->gkey = v ? grammar_fingerprint(g) : 0;
     /* set 0: the empty set (not in the set table: interning nothing gives DEAD) */
     st->soff[0] = st->soff[1] = 0;
     st->shash[0] = 0;
@@ -708,6 +931,8 @@ void grammar_state_free(struct grammar_state *st)
     free(st->npos);
     free(st->nparent);
     free(st->nD);
+    free(st->nh1);
+    free(st->nh2);
     table_free(&st->node_tab);
     free(st->soff);
     free(st->members);
@@ -718,6 +943,7 @@ void grammar_state_free(struct grammar_state *st)
     free(st->smaskD);
     free(st->set_slots);
     table_free(&st->trans);
+    table_free(&st->cut_D);
     free(st->tmp);
     free(st->scratch);
     free(st->w_set);
@@ -742,14 +968,17 @@ bool grammar_complete(const struct grammar_state *st)
 
 /* Walk the trie from the current set and partial character; set the bit of
  * every token allowed with at most `budget` bytes left to complete after it
- * (GRAMMAR_INF: no budget). *maxD receives the largest such D. */
-static ks_status walk(struct grammar_state *st, int32_t budget, uint64_t *mask, int32_t *maxD)
+ * (GRAMMAR_INF: no budget). *maxD receives the largest such D. With list
+ * (a whole character, no budget), mask is a block (see LIST_MAX) and its list
+ * is filled too. */
+static ks_status walk(struct grammar_state *st, int32_t budget, uint64_t *mask, int32_t *maxD, bool list)
 {
     const struct grammar_vocab *v = st->v;
     size_t words = ((size_t)v->n_vocab + 63) / 64;
     memset(mask, 0, words * sizeof *mask);
     st->walks++;
-    int32_t worst = 0;
+    int32_t worst = 0, base = st->sD[st->cur];
+    uint64_t n_list = 0, *entries = list ? mask + words + 1 : NULL;
     st->w_set[0] = st->cur;
     st->w_acc[0] = st->pacc;
     st->w_rem[0] = (int8_t)st->prem;
@@ -767,9 +996,7 @@ static ks_status walk(struct grammar_state *st, int32_t budget, uint64_t *mask, 
                 return st->err;
             D = st->sD[set];
         } else if (r == 0) {
-            uint32_t lo, hi;
-            partial_range(acc, rem, len, &lo, &hi);
-            D = partial_D(st, set, lo, hi, rem);
+            D = cut_D(st, set, acc, rem, len);
         }
         if (r < 0 || D >= GRAMMAR_INF) {
             i = v->end[i]; /* nothing under this prefix */
@@ -780,8 +1007,11 @@ static ks_status walk(struct grammar_state *st, int32_t budget, uint64_t *mask, 
         st->w_rem[d] = (int8_t)rem;
         st->w_len[d] = (int8_t)len;
         if (v->tok_head[i] >= 0 && D <= budget) {
-            for (int32_t t = v->tok_head[i]; t >= 0; t = v->tok_next[t])
+            for (int32_t t = v->tok_head[i]; t >= 0; t = v->tok_next[t]) {
                 mask[t >> 6] |= 1ull << (t & 63);
+                if (list && D != base && n_list++ < LIST_MAX)
+                    entries[n_list - 1] = (uint64_t)(uint32_t)t << 32 | (uint32_t)D;
+            }
             if (D > worst)
                 worst = D;
         }
@@ -789,9 +1019,57 @@ static ks_status walk(struct grammar_state *st, int32_t budget, uint64_t *mask, 
     }
     if (grammar_complete(st))
         for (int32_t k = 0; k < v->n_eog; k++)
-            mask[v->eog[k] >> 6] |= 1ull << (v->eog[k] & 63);
+            mask[v->eog[k] >> 6] |= 1ull << (v->eog[k] & 63); /* D 0 = base: complete */
+    if (list)
+        mask[words] = n_list;
     *maxD = worst;
     return KS_OK;
+}
+
+/* Words of a block whose bitset has `words` words. */
+static size_t block_words(const uint64_t *block, size_t words)
+{
+    return words + 1 + (block[words] <= LIST_MAX ? block[words] : 0);
+}
+
+/* The mask under budget from set's block: the tokens off the list keep the
+ * set's own D (base). False when the list overflowed (walk instead). */
+static bool budget_mask(const uint64_t *block, size_t words, int32_t base, int32_t budget, uint64_t *out)
+{
+    uint64_t n = block[words];
+    const uint64_t *entries = block + words + 1;
+    if (n > LIST_MAX)
+        return false;
+    if (budget >= base)
+        memcpy(out, block, words * sizeof *out);
+    else
+        memset(out, 0, words * sizeof *out);
+    for (uint64_t i = 0; i < n; i++) {
+        uint32_t t = (uint32_t)(entries[i] >> 32);
+        int32_t D = (int32_t)(uint32_t)entries[i];
+        if (D > budget)
+            out[t >> 6] &= ~(1ull << (t & 63));
+        else
+            out[t >> 6] |= 1ull << (t & 63);
+    }
+    return true;
+}
+
+/* The full mask (no budget) of the current set: another state's copy from
+ * the vocabulary's cache, or a walk whose result goes there. */
+static ks_status shared_or_walk(struct grammar_state *st, int32_t set, uint64_t *mask, int32_t *maxD)
+{
+    const struct grammar_vocab *v = st->v;
+    size_t words = ((size_t)v->n_vocab + 63) / 64;
+    struct mask_key key = set_key(st, set);
+    if (mask_cache_get(v->masks, &key, mask, maxD)) {
+        st->shared_hits++;
+        return KS_OK;
+    }
+    ks_status s = walk(st, GRAMMAR_INF, mask, maxD, true);
+    if (!s)
+        mask_cache_put(v->masks, &key, mask, block_words(mask, words), *maxD);
+    return s;
 }
 
 static bool mask_any(const uint64_t *mask, size_t words)
@@ -822,16 +1100,19 @@ ks_status grammar_mask(struct grammar_state *st, float *logits, int32_t n_logits
         if (st->prem == 0) {
             int32_t set = st->cur;
             if (!st->smask[set]) {
-                uint64_t *m = malloc(words * sizeof *m);
+                uint64_t *m = malloc((words + 1 + LIST_MAX) * sizeof *m);
                 if (!m)
                     return oom();
                 int32_t maxD = 0;
-                ks_status s = walk(st, GRAMMAR_INF, m, &maxD);
+                ks_status s = shared_or_walk(st, set, m, &maxD);
                 if (s) {
                     free(m);
                     return s;
                 }
-                if (st->mask_bytes + words * 8 > MASK_CACHE_BYTES) {
+                size_t size = block_words(m, words) * sizeof *m;
+                uint64_t *fit = realloc(m, size);
+                m = fit ? fit : m;
+                if (st->mask_bytes + size > MASK_CACHE_BYTES) {
                     for (int32_t k = 0; k < st->n_sets; k++) {
                         free(st->smask[k]);
                         st->smask[k] = NULL;
@@ -840,14 +1121,16 @@ ks_status grammar_mask(struct grammar_state *st, float *logits, int32_t n_logits
                 }
                 st->smask[set] = m;
                 st->smaskD[set] = maxD;
-                st->mask_bytes += words * 8;
+                st->mask_bytes += size;
             }
             if (st->smaskD[set] <= budget)
                 mask = st->smask[set];
+            else if (budget_mask(st->smask[set], words, st->sD[set], budget, st->scratch))
+                mask = st->scratch;
         }
         if (!mask) {
             int32_t maxD;
-            ks_status s = walk(st, budget, st->scratch, &maxD);
+            ks_status s = walk(st, budget, st->scratch, &maxD, false);
             if (s)
                 return s;
             mask = st->scratch;
@@ -967,4 +1250,9 @@ bool grammar_match(struct grammar *g, const char *text, size_t len)
 uint64_t grammar_state_walks(const struct grammar_state *st)
 {
     return st->walks;
+}
+
+uint64_t grammar_state_shared_hits(const struct grammar_state *st)
+{
+    return st->shared_hits;
 }

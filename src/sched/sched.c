@@ -37,6 +37,8 @@ struct req {
     bool dedup_wait;          /* an older request is computing this one's next page */
     enum sched_finish finish; /* set when done */
     const char *error;
+    struct req **forks;       /* the other choices of sched_submit_n, until they fork this one */
+    int n_forks;
 };
 
 struct hook {
@@ -76,6 +78,7 @@ struct sched {
     int32_t *b_tokens, *b_pos, *b_seq;
     bool *b_logits;
     struct req **b_owner;     /* request of each entry with logits */
+    struct req **forked;      /* (parallel) the choices one fork_choices started */
     float *logits;
 
     struct sched_stats st;
@@ -119,10 +122,15 @@ static void req_free(struct sched *s, struct req *r)
         s->eng.seq_free(s->eng.ctx, r->seq);
     if (r->sampler)
         s->eng.sampler_free(s->eng.ctx, r->sampler);
+    for (int i = 0; i < r->n_forks; i++)
+        req_free(s, r->forks[i]);
+    free(r->forks);
     free(r->tokens);
     free(r);
 }
 
+/* The final event of r, and of the choices still waiting to fork it: they
+ * end as it does. */
 static void req_emit_final(struct req *r)
 {
     struct sched_event ev = {
@@ -130,6 +138,13 @@ static void req_emit_final(struct req *r)
         .n_generated = r->n_generated, .n_cached = r->n_cached, .error = r->error,
     };
     r->on_event(r->user, &ev);
+    for (int i = 0; i < r->n_forks; i++) {
+        struct req *f = r->forks[i];
+        f->finish = r->finish;
+        f->error = r->error;
+        f->n_cached = r->n_cached;
+        req_emit_final(f);
+    }
 }
 
 static void list_remove(struct req **list, int *n, int i)
@@ -160,7 +175,7 @@ static ks_status waiting_push(struct sched *s, struct req *r, bool front)
 
 /* ---- submission API (any thread) ----------------------------------------- */
 
-ks_status sched_submit(struct sched *s, const struct sched_request *rq, uint64_t *id_out)
+static ks_status check_request(const struct sched *s, const struct sched_request *rq)
 {
     if (!rq || !rq->prompt || rq->n_prompt < 1 || !rq->on_event)
         return ks_fail(KS_ERR_INVALID_ARG, "request needs a non-empty prompt and an event callback");
@@ -173,7 +188,12 @@ ks_status sched_submit(struct sched *s, const struct sched_request *rq, uint64_t
         if (rq->prompt[i] < 0 || rq->prompt[i] >= s->eng.n_vocab)
             return ks_fail(KS_ERR_INVALID_ARG, "prompt token %d at index %d is outside the vocabulary (0..%d)",
                            rq->prompt[i], i, s->eng.n_vocab - 1);
+    return KS_OK;
+}
 
+static ks_status req_new(struct sched *s, const struct sched_request *rq, const struct sched_choice *ch,
+                         struct req **out)
+{
     struct req *r = calloc(1, sizeof *r);
     if (!r)
         return ks_fail(KS_ERR_NOMEM, "request: out of memory");
@@ -190,13 +210,46 @@ ks_status sched_submit(struct sched *s, const struct sched_request *rq, uint64_t
     r->ignore_eog = rq->ignore_eog;
     r->seq = -1;
     r->on_event = rq->on_event;
-    r->user = rq->user;
+    r->user = ch->user;
     r->t_submit = now_seconds();
-    ks_status st = s->eng.sampler_create(s->eng.ctx, &rq->sampling, &r->sampler);
+    ks_status st = s->eng.sampler_create(s->eng.ctx, &ch->sampling, &r->sampler);
     if (st) {
         req_free(s, r);
         return st;
     }
+    *out = r;
+    return KS_OK;
+}
+
+/* The first choice, holding the other n - 1 as its forks. */
+static ks_status group_new(struct sched *s, const struct sched_request *rq, const struct sched_choice *choices, int n,
+                           struct req **out)
+{
+    struct req *lead = NULL;
+    ks_status st = req_new(s, rq, &choices[0], &lead);
+    if (!st && n > 1 && !(lead->forks = malloc((size_t)(n - 1) * sizeof *lead->forks)))
+        st = ks_fail(KS_ERR_NOMEM, "request: out of memory");
+    for (int i = 1; !st && i < n; i++)
+        if (!(st = req_new(s, rq, &choices[i], &lead->forks[lead->n_forks])))
+            lead->n_forks++;
+    if (st) {
+        req_free(s, lead);
+        return st;
+    }
+    *out = lead;
+    return KS_OK;
+}
+
+ks_status sched_submit_n(struct sched *s, const struct sched_request *rq, const struct sched_choice *choices, int n,
+                         uint64_t *ids_out)
+{
+    if (!choices || n < 1 || n > s->cfg.parallel)
+        return ks_fail(KS_ERR_RANGE, "%d choices cannot run: between 1 and --parallel (%d) sequences run at once", n,
+                       s->cfg.parallel);
+    ks_status st = check_request(s, rq);
+    struct req *r = NULL;
+    if (st || (st = group_new(s, rq, choices, n, &r)))
+        return st;
 
     pthread_mutex_lock(&s->mu);
     if (s->draining || s->stop)
@@ -207,8 +260,10 @@ ks_status sched_submit(struct sched *s, const struct sched_request *rq, uint64_t
         st = waiting_push(s, r, false);
     if (!st) {
         r->id = ++s->next_id;
-        if (id_out)
-            *id_out = r->id;
+        for (int i = 0; i < r->n_forks; i++)
+            r->forks[i]->id = ++s->next_id;
+        for (int i = 0; ids_out && i < n; i++)
+            ids_out[i] = i == 0 ? r->id : r->forks[i - 1]->id;
         pthread_cond_signal(&s->work);
     }
     pthread_mutex_unlock(&s->mu);
@@ -217,15 +272,31 @@ ks_status sched_submit(struct sched *s, const struct sched_request *rq, uint64_t
     return st;
 }
 
+ks_status sched_submit(struct sched *s, const struct sched_request *rq, uint64_t *id_out)
+{
+    if (!rq)
+        return check_request(s, rq);
+    struct sched_choice one = {rq->sampling, rq->user};
+    return sched_submit_n(s, rq, &one, 1, id_out);
+}
+
+/* Mark request id cancelled if r or one of its forks is it. */
+static void mark_cancelled(struct req *r, uint64_t id)
+{
+    if (r->id == id)
+        r->cancelled = true;
+    for (int i = 0; i < r->n_forks; i++)
+        if (r->forks[i]->id == id)
+            r->forks[i]->cancelled = true;
+}
+
 void sched_cancel(struct sched *s, uint64_t id)
 {
     pthread_mutex_lock(&s->mu);
     for (int i = 0; i < s->n_waiting; i++)
-        if (s->waiting[i]->id == id)
-            s->waiting[i]->cancelled = true;
+        mark_cancelled(s->waiting[i], id);
     for (int i = 0; i < s->n_active; i++)
-        if (s->active[i]->id == id)
-            s->active[i]->cancelled = true;
+        mark_cancelled(s->active[i], id);
     pthread_cond_signal(&s->work);
     pthread_mutex_unlock(&s->mu);
 }
@@ -311,26 +382,79 @@ static void release_seq(struct sched *s, struct req *r)
     r->seq = -1;
 }
 
-/* Move requests that are cancelled (or all, on cancel_all) out of the lists
- * into done[], freeing their pages now. */
+/* Choices cancelled before they forked leave their group now. */
+static int collect_cancelled_forks(struct sched *s, struct req *lead, struct req **done, int cap)
+{
+    int n = 0;
+    for (int i = lead->n_forks - 1; i >= 0 && n < cap && !s->cancel_all; i--) {
+        struct req *f = lead->forks[i];
+        if (f->cancelled) {
+            f->finish = SCHED_FINISH_CANCELLED;
+            f->n_cached = lead->n_cached;
+            done[n++] = f;
+            list_remove(lead->forks, &lead->n_forks, i);
+        }
+    }
+    return n;
+}
+
+/* A cancelled first choice whose forks still want the prompt hands them its
+ * pages: forks[0] takes its place (nothing is generated before the fork, so
+ * the two differ only in who they are). Returns the request to end. */
+static struct req *pass_lead(struct req *lead)
+{
+    struct req *f = lead->forks[0];
+    struct req who = *lead;
+    lead->id = f->id;
+    lead->sampler = f->sampler;
+    lead->on_event = f->on_event;
+    lead->user = f->user;
+    lead->cancelled = f->cancelled;
+    lead->t_submit = f->t_submit;
+    f->id = who.id;
+    f->sampler = who.sampler;
+    f->on_event = who.on_event;
+    f->user = who.user;
+    f->cancelled = who.cancelled;
+    f->finish = SCHED_FINISH_CANCELLED;
+    f->n_cached = lead->n_cached;
+    list_remove(lead->forks, &lead->n_forks, 0);
+    return f;
+}
+
+/* Should r leave its list (moved into done[])? Then its finish is set. */
+static bool leaves(struct sched *s, struct req *r, struct req **done, int *n)
+{
+    if (!r->cancelled && !s->cancel_all && r->finish == SCHED_FINISH_NONE)
+        return false;
+    if (r->finish == SCHED_FINISH_NONE && !s->cancel_all && r->n_forks > 0) {
+        done[(*n)++] = pass_lead(r);
+        return false;
+    }
+    if (r->finish == SCHED_FINISH_NONE)
+        r->finish = SCHED_FINISH_CANCELLED;
+    else
+        s->st.requests_done++;
+    return true;
+}
+
+/* Move requests that are cancelled (or all, on cancel_all) or finished out
+ * of the lists into done[], freeing their pages now. */
 static int collect_cancelled(struct sched *s, struct req **done, int cap)
 {
     int n = 0;
     for (int i = s->n_waiting - 1; i >= 0 && n < cap; i--) {
         struct req *r = s->waiting[i];
-        if (r->cancelled || s->cancel_all) {
-            r->finish = SCHED_FINISH_CANCELLED;
+        n += collect_cancelled_forks(s, r, done + n, cap - n);
+        if (n < cap && leaves(s, r, done, &n)) {
             done[n++] = r;
             list_remove(s->waiting, &s->n_waiting, i);
         }
     }
     for (int i = s->n_active - 1; i >= 0 && n < cap; i--) {
         struct req *r = s->active[i];
-        if (r->cancelled || s->cancel_all || r->finish != SCHED_FINISH_NONE) {
-            if (r->finish == SCHED_FINISH_NONE)
-                r->finish = SCHED_FINISH_CANCELLED;
-            else
-                s->st.requests_done++;
+        n += collect_cancelled_forks(s, r, done + n, cap - n);
+        if (n < cap && leaves(s, r, done, &n)) {
             release_seq(s, r);
             done[n++] = r;
             list_remove(s->active, &s->n_active, i);
@@ -360,11 +484,30 @@ static int32_t next_chunk(const struct sched *s, const struct req *r)
     return left < s->cfg.prefill_chunk ? left : s->cfg.prefill_chunk;
 }
 
+/* Active slots promised to the forks of admitted first choices. */
+static int reserved_slots(const struct sched *s)
+{
+    int n = 0;
+    for (int i = 0; i < s->n_active; i++)
+        n += s->active[i]->n_forks;
+    return n;
+}
+
+/* A group needs a slot per choice, and room for the first chunk plus the
+ * page each fork copies on its first write. */
+static bool group_fits(const struct sched *s, const struct req *r)
+{
+    if (s->n_active + reserved_slots(s) + 1 + r->n_forks > s->cfg.parallel)
+        return false;
+    int32_t page = s->eng.page_tokens > 0 ? s->eng.page_tokens : 1;
+    return s->n_active == 0 || !s->eng.can_admit || s->eng.can_admit(s->eng.ctx, next_chunk(s, r) + r->n_forks * page);
+}
+
 static void admit(struct sched *s)
 {
     while (s->n_waiting > 0 && s->n_active < s->cfg.parallel) {
         struct req *r = s->waiting[0];
-        if (s->n_active > 0 && s->eng.can_admit && !s->eng.can_admit(s->eng.ctx, next_chunk(s, r)))
+        if (!group_fits(s, r))
             break;
         if (s->eng.seq_create(s->eng.ctx, &r->seq) != KS_OK) {
             r->seq = -1;
@@ -626,6 +769,79 @@ static bool is_eog(const struct sched *s, int32_t tok)
     return false;
 }
 
+/* Sample r's next token from its logits row and deliver the event. */
+static void sample_row(struct sched *s, struct req *r, const float *logits, double t)
+{
+    struct sample_result res;
+    ks_status st = s->eng.sampler_next(s->eng.ctx, r->sampler, logits, r->tokens, r->n_tokens, &res);
+    pthread_mutex_lock(&s->mu);
+    bool emit = !st && !r->cancelled;
+    if (st) {
+        r->finish = SCHED_FINISH_ERROR;
+        r->error = "sampling failed";
+    } else if (!r->ignore_eog && is_eog(s, res.token)) {
+        r->finish = SCHED_FINISH_STOP;
+        emit = false;
+    } else {
+        r->tokens[r->n_tokens++] = res.token;
+        r->n_generated++;
+        s->st.generated_tokens++;
+        if (r->n_generated == 1)
+            hist_add(&s->st.ttft, t - r->t_submit);
+        else
+            hist_add(&s->st.itl, t - r->t_last);
+        r->t_last = t;
+        if (r->n_generated >= r->max_tokens || r->n_tokens >= r->cap)
+            r->finish = SCHED_FINISH_LENGTH;
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (emit) {
+        struct sched_event ev = {
+            .id = r->id, .token = res.token, .sample = &res, .n_prompt = r->n_prompt,
+            .n_generated = r->n_generated, .n_cached = r->n_cached,
+        };
+        r->on_event(r->user, &ev);
+    }
+}
+
+/* A fork that could not share lead's pages computes the prompt itself (the
+ * prefix cache may serve it); without even a queue slot it fails. */
+static void fork_fallback(struct sched *s, struct req *f)
+{
+    if (waiting_push(s, f, true) == KS_OK)
+        return;
+    f->finish = SCHED_FINISH_ERROR;
+    f->error = "out of memory while starting a choice";
+    s->active[s->n_active++] = f; /* a reserved slot; collected as finished next step */
+}
+
+/* lead's prompt is computed and its first logits row is ready: its forks
+ * become active requests on its pages, to sample from the same row. Returns
+ * how many did (in s->forked). */
+static int fork_choices(struct sched *s, struct req *lead)
+{
+    int n = 0;
+    pthread_mutex_lock(&s->mu);
+    for (int i = 0; i < lead->n_forks; i++) {
+        struct req *f = lead->forks[i];
+        if (!s->eng.seq_fork || s->eng.seq_fork(s->eng.ctx, lead->seq, &f->seq) != KS_OK) {
+            f->seq = -1;
+            fork_fallback(s, f);
+            continue;
+        }
+        f->n_computed = lead->n_computed;
+        f->n_cached = lead->n_cached;
+        f->looked_up = true;
+        f->admit_order = ++s->next_admit;
+        s->active[s->n_active++] = f;
+        s->forked[n++] = f;
+        s->st.forked_choices++;
+    }
+    lead->n_forks = 0;
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}
+
 /* Advance n_computed for what ran, sample every row and deliver events. */
 static void finish_step(struct sched *s, int32_t n, int32_t n_rows)
 {
@@ -645,37 +861,11 @@ static void finish_step(struct sched *s, int32_t n, int32_t n_rows)
 
     for (int32_t row = 0; row < n_rows; row++) {
         struct req *r = s->b_owner[row];
-        struct sample_result res;
-        ks_status st = s->eng.sampler_next(s->eng.ctx, r->sampler, s->logits + (size_t)row * s->eng.n_vocab,
-                                           r->tokens, r->n_tokens, &res);
-        pthread_mutex_lock(&s->mu);
-        bool emit = !st && !r->cancelled;
-        if (st) {
-            r->finish = SCHED_FINISH_ERROR;
-            r->error = "sampling failed";
-        } else if (!r->ignore_eog && is_eog(s, res.token)) {
-            r->finish = SCHED_FINISH_STOP;
-            emit = false;
-        } else {
-            r->tokens[r->n_tokens++] = res.token;
-            r->n_generated++;
-            s->st.generated_tokens++;
-            if (r->n_generated == 1)
-                hist_add(&s->st.ttft, t - r->t_submit);
-            else
-                hist_add(&s->st.itl, t - r->t_last);
-            r->t_last = t;
-            if (r->n_generated >= r->max_tokens || r->n_tokens >= r->cap)
-                r->finish = SCHED_FINISH_LENGTH;
-        }
-        pthread_mutex_unlock(&s->mu);
-        if (emit) {
-            struct sched_event ev = {
-                .id = r->id, .token = res.token, .sample = &res, .n_prompt = r->n_prompt,
-                .n_generated = r->n_generated, .n_cached = r->n_cached,
-            };
-            r->on_event(r->user, &ev);
-        }
+        const float *logits = s->logits + (size_t)row * s->eng.n_vocab;
+        int n_forked = r->n_forks > 0 ? fork_choices(s, r) : 0;
+        sample_row(s, r, logits, t);
+        for (int i = 0; i < n_forked; i++)
+            sample_row(s, s->forked[i], logits, t);
     }
 }
 
@@ -771,9 +961,10 @@ static ks_status alloc_scratch(struct sched *s)
     s->b_seq = malloc((size_t)n * sizeof *s->b_seq);
     s->b_logits = malloc((size_t)n * sizeof *s->b_logits);
     s->b_owner = malloc((size_t)n * sizeof *s->b_owner);
+    s->forked = malloc((size_t)s->cfg.parallel * sizeof *s->forked);
     s->logits = malloc((size_t)s->cfg.parallel * (size_t)s->eng.n_vocab * sizeof *s->logits);
     s->active = malloc((size_t)s->cfg.parallel * sizeof *s->active);
-    if (!s->b_tokens || !s->b_pos || !s->b_seq || !s->b_logits || !s->b_owner || !s->logits || !s->active)
+    if (!s->b_tokens || !s->b_pos || !s->b_seq || !s->b_logits || !s->b_owner || !s->forked || !s->logits || !s->active)
         return ks_fail(KS_ERR_NOMEM, "scheduler scratch: out of memory");
     return KS_OK;
 }
@@ -785,6 +976,7 @@ static void free_scratch(struct sched *s)
     free(s->b_seq);
     free(s->b_logits);
     free(s->b_owner);
+    free(s->forked);
     free(s->logits);
     free(s->active);
     free(s->waiting);

@@ -55,6 +55,10 @@ struct sched_engine {
     int32_t n_vocab;
     ks_status (*seq_create)(void *ctx, int32_t *seq_out);
     void (*seq_free)(void *ctx, int32_t seq);
+    /* Optional: a new sequence sharing every computed token of src (no copy;
+     * a later write into a shared page copies it). Without it, the extra
+     * choices of sched_submit_n compute the prompt themselves. */
+    ks_status (*seq_fork)(void *ctx, int32_t src, int32_t *seq_out);
     /* All or nothing: KS_ERR_KV_FULL leaves every sequence unchanged. */
     ks_status (*forward)(void *ctx, const struct sched_batch *b, float *logits);
     ks_status (*sampler_create)(void *ctx, const struct sample_params *p, void **out);
@@ -67,8 +71,10 @@ struct sched_engine {
     struct kv_cache *(*cache)(void *ctx);
     void (*destroy)(void *ctx);
 
-    /* Optional prefix cache (all three or none). page_tokens: the size of a
-     * shareable page. prefix_attach: seq holds tokens[0, len); map the cached
+    /* Optional prefix cache (attach and publish, or none; page_tokens >= 1
+     * with them). page_tokens: the size of a shareable page (also what
+     * admission counts per fork for its copy-on-write; 0: count 1 token).
+     * prefix_attach: seq holds tokens[0, len); map the cached
      * K/V that continue it along tokens, never past max_tokens; with use_disk
      * also read pages back from the SSD tier when reading is estimated faster
      * than computing (prefill_token_s: measured seconds per prefill token, 0
@@ -147,6 +153,13 @@ struct sched_request {
     void *user;
 };
 
+/* One choice of sched_submit_n: its own sampling (seed, grammar) and the
+ * user pointer its events carry. */
+struct sched_choice {
+    struct sample_params sampling;
+    void *user;
+};
+
 struct sched;
 
 ks_status sched_create(const struct sched_config *cfg, const struct sched_engine *engine, struct sched **out);
@@ -158,6 +171,18 @@ void sched_free(struct sched *s);
  * prompt that does not fit ctx_size, KS_ERR_STATE when the queue is full or
  * the scheduler is shutting down. *id_out names the request. */
 ks_status sched_submit(struct sched *s, const struct sched_request *r, uint64_t *id_out);
+/* n choices continuing one prompt (r->sampling and r->user are ignored;
+ * choice i uses choices[i]). The prompt is computed once, by the first
+ * choice; when its last token's logits are ready, the others fork its
+ * sequence (engine seq_fork: the pages are shared) and all n sample from
+ * that row, each with its own sampler. From then on each choice is a request
+ * of its own (its own events, preemption and finish). The group is admitted
+ * only when n sequences fit under `parallel` and the cache can take the first
+ * chunk plus a page per extra choice. ids_out[i] names choice i. Errors as
+ * sched_submit, and KS_ERR_RANGE when n is not in 1..parallel. Cancelling a
+ * choice before the fork cancels only that choice. */
+ks_status sched_submit_n(struct sched *s, const struct sched_request *r, const struct sched_choice *choices, int n,
+                         uint64_t *ids_out);
 /* Thread-safe; frees the request's pages at the next step boundary. Unknown
  * or finished ids are ignored. */
 void sched_cancel(struct sched *s, uint64_t id);
@@ -199,6 +224,7 @@ struct sched_stats {
     uint64_t generated_tokens;
     uint64_t steps;
     uint64_t preemptions;
+    uint64_t forked_choices;             /* choices of sched_submit_n started on the first choice's pages */
     uint64_t kv_full_events;             /* steps that did not fit at first */
     double max_step_seconds;
     /* prefix cache */

@@ -36,6 +36,12 @@ static void me_seq_free(void *ctx, int32_t seq)
     kv_seq_free(e->kv, seq);
 }
 
+static ks_status me_seq_fork(void *ctx, int32_t src, int32_t *seq_out)
+{
+    struct model_engine *e = ctx;
+    return kv_seq_fork(e->kv, src, seq_out);
+}
+
 static ks_status me_forward(void *ctx, const struct sched_batch *b, float *logits)
 {
     struct model_engine *e = ctx;
@@ -200,11 +206,11 @@ ks_status sched_engine_model(struct model *m, const struct kv_config *kv_cfg, in
     }
     *out = (struct sched_engine){
         .ctx = e, .n_vocab = e->n_vocab, .seq_create = me_seq_create, .seq_free = me_seq_free,
-        .forward = me_forward, .sampler_create = me_sampler_create, .sampler_next = me_sampler_next,
+        .seq_fork = me_seq_fork, .page_tokens = kv_cfg->page_tokens, .forward = me_forward,
+        .sampler_create = me_sampler_create, .sampler_next = me_sampler_next,
         .sampler_free = me_sampler_free, .can_admit = me_can_admit, .cache = me_cache, .destroy = me_destroy,
     };
     if (kv_cfg->prefix_cache) {
-        out->page_tokens = kv_cfg->page_tokens;
         out->prefix_attach = me_prefix_attach;
         out->prefix_publish = me_prefix_publish;
     }

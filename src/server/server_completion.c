@@ -12,14 +12,15 @@
 
 #define MAX_STOP 4
 #define MAX_STOP_LEN 256
+#define MAX_CHOICES 16
 
 struct item {
     int32_t token;
     struct sample_result res;
 };
 
-/* One request, shared by its HTTP thread and the scheduler thread (which
- * holds a reference until the final event). */
+/* One choice of a request, shared by its HTTP thread and the scheduler
+ * thread (which holds a reference until the final event). */
 struct call {
     struct server *srv;
     pthread_mutex_t mu;
@@ -41,6 +42,8 @@ struct call {
     size_t max_stop;
     char id[48];
     long created;
+    int index;                         /* the choice's index in 'choices' */
+    int n_choices;                     /* 'n' of the request */
     int32_t n_prompt;
     int32_t n_cached;                  /* prompt tokens the prefix cache served (under mu) */
     struct grammar *grammar;           /* response_format / grammar constraint, NULL: none */
@@ -50,18 +53,29 @@ struct call {
     struct sbuf text;                  /* generated text, cut at a stop string */
     size_t sent;                       /* bytes of text already streamed */
     bool stopped;                      /* a stop string matched */
-    cJSON *lp;                         /* accumulated logprobs (non-streaming) */
+    cJSON *lp;                         /* accumulated logprobs (non-streaming), NULL: none asked */
     bool oom;                          /* output was lost to an allocation failure */
     struct sbuf out;                   /* pending SSE bytes */
     size_t out_pos;
     const char *tail;                  /* static SSE bytes sent after out (the out-of-memory error) */
     size_t tail_pos;
-    bool role_sent, done;
+    bool role_sent, done;              /* done: the choice's last chunk is in out */
     /* tool calling (chat) */
     struct server_tool_opts tools;
     enum server_tool_format tool_fmt;  /* SERVER_TOOLS_NONE: the output is all content */
     int calls_sent;                    /* tool calls already streamed */
     int n_calls;                       /* tool calls in the answer (set by the final parse) */
+};
+
+/* The n choices of one request (HTTP thread). A stream serves them in
+ * turn, a choice's chunks in order; it ends with one usage chunk and one
+ * [DONE]. */
+struct group {
+    struct server *srv;
+    struct call *calls[MAX_CHOICES];
+    int n;
+    int turn;                          /* the choice the stream serves next */
+    bool ended;                        /* [DONE] (or a failure's end) is in calls[turn]'s out */
 };
 
 #define DROPPED_MSG "out of memory: a generated token could not be kept; the request was cancelled"
@@ -207,7 +221,8 @@ static ks_status parse_stop(struct call *c, const cJSON *root, struct reply *r)
     return KS_OK;
 }
 
-static ks_status parse_sampling(const cJSON *root, bool chat, struct sample_params *p, int *logprobs, struct reply *r)
+static ks_status parse_sampling(const cJSON *root, bool chat, struct sample_params *p, int *logprobs, int *n_choices,
+                                struct reply *r)
 {
     static uint64_t seed_counter;
     double temp = 1.0, top_p = 1.0, min_p = 0.0, pres = 0.0, freq = 0.0, rep = 1.0;
@@ -218,8 +233,9 @@ static ks_status parse_sampling(const cJSON *root, bool chat, struct sample_para
         (st = get_number(root, "presence_penalty", -2, 2, &pres, r)) ||
         (st = get_number(root, "frequency_penalty", -2, 2, &freq, r)) ||
         (st = get_number(root, "repeat_penalty", 0, 10, &rep, r)) || (st = get_int(root, "top_k", 0, 1e9, &top_k, r)) ||
-        (st = get_int(root, "seed", -9.2e18, 9.2e18, &seed, r)) || (st = get_int(root, "n", 1, 1, &n, r)))
+        (st = get_int(root, "seed", -9.2e18, 9.2e18, &seed, r)) || (st = get_int(root, "n", 1, MAX_CHOICES, &n, r)))
         return st;
+    *n_choices = (int)n;
     *logprobs = -1;
     if (chat) {
         bool lp = false;
@@ -423,8 +439,12 @@ static ks_status push_markup(struct call *c, int32_t token)
 
 static cJSON *tool_call_json(const struct call *c, int index, const struct server_tool_call *tc, bool whole)
 {
-    char id[64];
-    snprintf(id, sizeof id, "call_%s_%d", strchr(c->id, '-') ? strchr(c->id, '-') + 1 : c->id, index);
+    char id[80];
+    const char *num = strchr(c->id, '-') ? strchr(c->id, '-') + 1 : c->id;
+    if (c->index > 0) /* unique across the choices */
+        snprintf(id, sizeof id, "call_%s_%d_%d", num, c->index, index);
+    else
+        snprintf(id, sizeof id, "call_%s_%d", num, index);
     cJSON *o = cJSON_CreateObject();
     if (!whole)
         cJSON_AddNumberToObject(o, "index", index);
@@ -529,15 +549,20 @@ static const char *finish_reason(const struct call *c)
     return "length";
 }
 
-static cJSON *usage_json(struct call *c)
+/* The prompt counts once (the choices share it), completions add up. */
+static cJSON *usage_json(const struct group *g)
 {
+    struct call *c = g->calls[0];
     pthread_mutex_lock(&c->mu);
     int32_t cached = c->n_cached;
     pthread_mutex_unlock(&c->mu);
+    int completion = 0;
+    for (int i = 0; i < g->n; i++)
+        completion += g->calls[i]->consumed;
     cJSON *u = cJSON_CreateObject();
     cJSON_AddNumberToObject(u, "prompt_tokens", c->n_prompt);
-    cJSON_AddNumberToObject(u, "completion_tokens", c->consumed);
-    cJSON_AddNumberToObject(u, "total_tokens", c->n_prompt + c->consumed);
+    cJSON_AddNumberToObject(u, "completion_tokens", completion);
+    cJSON_AddNumberToObject(u, "total_tokens", c->n_prompt + completion);
     cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
     cJSON_AddNumberToObject(d, "cached_tokens", cached);
     return u;
@@ -565,39 +590,38 @@ static bool call_dropped(struct call *c)
     return dropped;
 }
 
-static ks_status respond_whole(struct call *c, struct reply *r)
+/* Wait for the choice's end; a failed choice fails the request. */
+static ks_status choice_wait(struct call *c, struct reply *r)
 {
-    cJSON *lp = c->logprobs >= 0 ? lp_new(c->chat) : NULL;
+    c->lp = c->logprobs >= 0 ? lp_new(c->chat) : NULL;
     int n;
-    while (!pull(c, lp, &n))
+    while (!pull(c, c->lp, &n))
         ;
     if (!c->stopped && !c->oom)
         flush_detok(c);
-    if (call_dropped(c) || c->oom) { /* http_side_done cancels the request */
-        cJSON_Delete(lp);
+    if (call_dropped(c) || c->oom) /* group_done cancels the request */
         return reply_fail(r, KS_ERR_NOMEM, NULL, "%s", call_dropped(c) ? DROPPED_MSG : OOM_MSG);
-    }
-    if (!c->stopped && c->finish == SCHED_FINISH_ERROR) {
-        cJSON_Delete(lp);
+    if (!c->stopped && c->finish == SCHED_FINISH_ERROR)
         return reply_fail(r, KS_ERR_INTERNAL, NULL, "%s", c->error[0] ? c->error : "generation failed");
-    }
-    if (!c->stopped && c->finish == SCHED_FINISH_CANCELLED) {
-        cJSON_Delete(lp);
+    if (!c->stopped && c->finish == SCHED_FINISH_CANCELLED)
         return reply_fail(r, KS_ERR_STATE, "shutting_down", "the request was cancelled (server shutting down)");
-    }
+    return KS_OK;
+}
+
+/* choices[] gets the finished choice c: its text or message (with
+ * tool_calls), logprobs and finish_reason. */
+static ks_status choice_json(struct call *c, cJSON *choices, struct reply *r)
+{
     cJSON *tool_calls = NULL;
     char *text = NULL;
     if (c->tool_fmt != SERVER_TOOLS_NONE ? tool_answer(c, &text, &tool_calls) != KS_OK
                                          : !(text = utf8_clean(c->text.p ? c->text.p : "", c->text.n))) {
-        cJSON_Delete(lp);
         free(text);
         cJSON_Delete(tool_calls);
         return reply_fail(r, KS_ERR_NOMEM, NULL, "%s", OOM_MSG);
     }
-    cJSON *o = response_head(c, c->chat ? "chat.completion" : "text_completion");
-    cJSON *choices = cJSON_AddArrayToObject(o, "choices");
     cJSON *ch = cJSON_CreateObject();
-    cJSON_AddNumberToObject(ch, "index", 0);
+    cJSON_AddNumberToObject(ch, "index", c->index);
     if (c->chat) {
         cJSON *msg = cJSON_AddObjectToObject(ch, "message");
         cJSON_AddStringToObject(msg, "role", "assistant");
@@ -610,14 +634,34 @@ static ks_status respond_whole(struct call *c, struct reply *r)
     } else {
         cJSON_AddStringToObject(ch, "text", text);
     }
-    if (lp)
-        server_json_add(ch, "logprobs", lp);
+    if (c->lp)
+        server_json_add(ch, "logprobs", c->lp);
     else
         cJSON_AddNullToObject(ch, "logprobs");
+    c->lp = NULL;
     cJSON_AddStringToObject(ch, "finish_reason", finish_reason(c));
     server_json_push(choices, ch);
-    server_json_add(o, "usage", usage_json(c));
     free(text);
+    return KS_OK;
+}
+
+static ks_status respond_whole(struct group *g, struct reply *r)
+{
+    ks_status st = KS_OK;
+    for (int i = 0; i < g->n && !st; i++)
+        st = choice_wait(g->calls[i], r);
+    if (st)
+        return st;
+    struct call *c = g->calls[0];
+    cJSON *o = response_head(c, c->chat ? "chat.completion" : "text_completion");
+    cJSON *choices = cJSON_AddArrayToObject(o, "choices");
+    for (int i = 0; i < g->n && !st; i++)
+        st = choice_json(g->calls[i], choices, r);
+    if (st) {
+        cJSON_Delete(o);
+        return st;
+    }
+    server_json_add(o, "usage", usage_json(g));
     return reply_json(r, 200, o);
 }
 
@@ -650,7 +694,7 @@ static cJSON *chunk_new(struct call *c, const char *delta_text, bool with_role, 
     cJSON *o = response_head(c, c->chat ? "chat.completion.chunk" : "text_completion");
     cJSON *choices = cJSON_AddArrayToObject(o, "choices");
     cJSON *ch = cJSON_CreateObject();
-    cJSON_AddNumberToObject(ch, "index", 0);
+    cJSON_AddNumberToObject(ch, "index", c->index);
     if (c->chat) {
         cJSON *d = cJSON_AddObjectToObject(ch, "delta");
         if (with_role)
@@ -790,6 +834,8 @@ static void stream_fail(struct call *c)
     sched_cancel(c->srv->sched, c->sched_id);
 }
 
+/* The choice's last chunk: its finish_reason, or an error event when the
+ * scheduler failed or cancelled it. */
 static void stream_end(struct call *c)
 {
     if (call_dropped(c) || c->oom)
@@ -808,13 +854,23 @@ static void stream_end(struct call *c)
         stream_text(c, true, NULL);
         if (c->oom || !sse_send(c, chunk_new(c, c->chat ? NULL : "", false, NULL, finish_reason(c))))
             return stream_fail(c);
-        if (c->include_usage) {
-            cJSON *o = response_head(c, c->chat ? "chat.completion.chunk" : "text_completion");
-            cJSON_AddArrayToObject(o, "choices");
-            server_json_add(o, "usage", usage_json(c));
-            if (!sse_send(c, o))
-                return stream_fail(c);
-        }
+    }
+    c->done = true;
+}
+
+/* Every choice has ended: the usage chunk (if asked) and [DONE], written to
+ * the out of the choice served last (already sent). */
+static void stream_finish(struct group *g)
+{
+    struct call *c = g->calls[g->turn];
+    g->ended = true;
+    server_json_reset();
+    if (c->include_usage) {
+        cJSON *o = response_head(c, c->chat ? "chat.completion.chunk" : "text_completion");
+        cJSON_AddArrayToObject(o, "choices");
+        server_json_add(o, "usage", usage_json(g));
+        if (!sse_send(c, o))
+            return stream_fail(c);
     }
     sbuf_append(&c->out, "data: [DONE]\n\n", 14);
     if (c->out.oom) {
@@ -822,7 +878,6 @@ static void stream_end(struct call *c)
         c->tail = "data: [DONE]\n\n";
         c->tail_pos = 0;
     }
-    c->done = true;
 }
 
 /* Wait for tokens or the end, consume what arrived (at most PULL_MAX at a
@@ -876,56 +931,89 @@ static void stream_fill(struct call *c)
         stream_end(c);
 }
 
+/* Copy c's pending SSE bytes (out, then a failure's tail) into buf; 0: none. */
+static size_t stream_drain(struct call *c, char *buf, size_t max)
+{
+    size_t n = c->out.n - c->out_pos;
+    const char *src = n ? c->out.p + c->out_pos : "";
+    size_t *at = &c->out_pos;
+    if (n == 0 && c->tail) {
+        src = c->tail + c->tail_pos;
+        n = strlen(src);
+        at = &c->tail_pos;
+    }
+    if (n == 0) {
+        c->out.n = 0;
+        c->out_pos = 0;
+        return 0;
+    }
+    if (n > max)
+        n = max;
+    memcpy(buf, src, n);
+    *at += n;
+    return n;
+}
+
+/* Serve the next choice that has not ended (round robin, so the choices
+ * advance together); once none is left, the stream's end. */
+static void stream_next(struct group *g)
+{
+    for (int k = 1; k <= g->n; k++) {
+        int i = (g->turn + k) % g->n;
+        if (!g->calls[i]->done) {
+            g->turn = i;
+            return stream_fill(g->calls[i]);
+        }
+    }
+    stream_finish(g);
+}
+
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 {
     (void)pos;
-    struct call *c = cls;
+    struct group *g = cls;
     for (;;) {
-        size_t n = c->out.n - c->out_pos;
-        const char *src = n ? c->out.p + c->out_pos : "";
-        size_t *at = &c->out_pos;
-        if (n == 0 && c->tail) {
-            src = c->tail + c->tail_pos;
-            n = strlen(src);
-            at = &c->tail_pos;
-        }
-        if (n > 0) {
-            if (n > max)
-                n = max;
-            memcpy(buf, src, n);
-            *at += n;
+        struct call *c = g->calls[g->turn];
+        size_t n = stream_drain(c, buf, max);
+        if (n > 0)
             return (ssize_t)n;
-        }
-        c->out.n = 0;
-        c->out_pos = 0;
-        if (c->done)
+        if (g->ended || c->tail) /* a failure's tail ends the stream; group_done cancels the rest */
             return MHD_CONTENT_READER_END_OF_STREAM;
-        stream_fill(c);
+        stream_next(g);
     }
 }
 
-static void http_side_done(struct call *c)
+/* The HTTP side lets go of c: a choice still running is cancelled (the
+ * client went away, or another choice failed). */
+static void call_release(struct call *c)
 {
     pthread_mutex_lock(&c->mu);
     bool finished = c->finished;
     pthread_mutex_unlock(&c->mu);
     if (!finished)
-        sched_cancel(c->srv->sched, c->sched_id); /* client went away */
-    struct server *srv = c->srv;
+        sched_cancel(c->srv->sched, c->sched_id);
+    call_unref(c);
+}
+
+static void group_done(struct group *g)
+{
+    struct server *srv = g->srv;
+    for (int i = 0; i < g->n; i++)
+        call_release(g->calls[i]);
     pthread_mutex_lock(&srv->mu);
     srv->in_flight--;
     pthread_mutex_unlock(&srv->mu);
-    call_unref(c);
+    free(g);
 }
 
 static void stream_free(void *cls)
 {
-    http_side_done(cls);
+    group_done(cls);
 }
 
 /* ---- entry --------------------------------------------------------------------------- */
 
-static struct call *call_new(struct server *srv, bool chat)
+static struct call *call_alloc(struct server *srv, bool chat)
 {
     struct call *c = calloc(1, sizeof *c);
     if (!c)
@@ -940,11 +1028,72 @@ static struct call *call_new(struct server *srv, bool chat)
         call_unref(c);
         return NULL;
     }
+    return c;
+}
+
+static struct call *call_new(struct server *srv, bool chat)
+{
+    struct call *c = call_alloc(srv, chat);
+    if (!c)
+        return NULL;
     pthread_mutex_lock(&srv->mu);
     uint64_t n = ++srv->next_call;
     pthread_mutex_unlock(&srv->mu);
     snprintf(c->id, sizeof c->id, "%s-%llu", chat ? "chatcmpl" : "cmpl", (unsigned long long)n);
     return c;
+}
+
+/* Choice index of the request c0 parsed: the same options and id, its own
+ * output state (the compiled grammar stays c0's; each sampler holds it). */
+static struct call *call_clone(const struct call *c0, int index)
+{
+    struct call *c = call_alloc(c0->srv, c0->chat);
+    if (!c)
+        return NULL;
+    memcpy(c->id, c0->id, sizeof c->id);
+    c->created = c0->created;
+    c->index = index;
+    c->n_choices = c0->n_choices;
+    c->stream = c0->stream;
+    c->include_usage = c0->include_usage;
+    c->logprobs = c0->logprobs;
+    c->n_prompt = c0->n_prompt;
+    c->max_stop = c0->max_stop;
+    c->tools = c0->tools;
+    c->tool_fmt = c0->tool_fmt;
+    for (int i = 0; i < c0->n_stop; i++, c->n_stop++)
+        if (!(c->stop[i] = strdup(c0->stop[i]))) {
+            call_unref(c);
+            return NULL;
+        }
+    return c;
+}
+
+/* The request's n choices: c0 and its clones (NULL when out of memory; c0
+ * is then released). */
+static struct group *group_new(struct call *c0)
+{
+    struct group *g = calloc(1, sizeof *g);
+    if (g) {
+        g->srv = c0->srv;
+        g->calls[g->n++] = c0;
+    }
+    while (g && g->n < c0->n_choices) {
+        struct call *c = call_clone(c0, g->n);
+        if (!c)
+            break;
+        g->calls[g->n++] = c;
+    }
+    if (g && g->n == c0->n_choices) {
+        g->turn = g->n - 1; /* the stream starts with choice 0 */
+        return g;
+    }
+    for (int i = 0; g && i < g->n; i++)
+        call_unref(g->calls[i]);
+    if (!g)
+        call_unref(c0);
+    free(g);
+    return NULL;
 }
 
 /* response_format ({"type":"text"|"json_object"|"json_schema", "json_schema":
@@ -1022,7 +1171,8 @@ static ks_status parse_options(struct call *c, const cJSON *root, int32_t n_prom
 {
     ks_status st;
     if ((st = get_bool(root, "stream", &c->stream, r)) || (st = get_bool(root, "ignore_eos", &rq->ignore_eog, r)) ||
-        (st = parse_stop(c, root, r)) || (st = parse_sampling(root, c->chat, &rq->sampling, &c->logprobs, r)))
+        (st = parse_stop(c, root, r)) ||
+        (st = parse_sampling(root, c->chat, &rq->sampling, &c->logprobs, &c->n_choices, r)))
         return st;
     cJSON *so = field(root, "stream_options");
     if (so && !cJSON_IsObject(so))
@@ -1095,6 +1245,30 @@ void server_completion_discard(struct call *c, struct sched_request *rq)
     call_unref(c);
 }
 
+/* Submit the group's choices, choice i sampling with the request's seed + i.
+ * The calls' locks are held so the scheduler cannot deliver events before
+ * their sched_id is set. */
+static ks_status group_submit(struct group *g, const struct sched_request *rq)
+{
+    struct sched_choice choices[MAX_CHOICES];
+    uint64_t ids[MAX_CHOICES];
+    for (int i = 0; i < g->n; i++) {
+        choices[i] = (struct sched_choice){rq->sampling, g->calls[i]};
+        choices[i].sampling.seed += (uint64_t)i;
+        g->calls[i]->refs = 2; /* HTTP side + scheduler side until the final event */
+        pthread_mutex_lock(&g->calls[i]->mu);
+    }
+    ks_status st = sched_submit_n(g->srv->sched, rq, choices, g->n, ids);
+    for (int i = 0; i < g->n; i++) {
+        if (st)
+            g->calls[i]->refs = 1;
+        else
+            g->calls[i]->sched_id = ids[i];
+        pthread_mutex_unlock(&g->calls[i]->mu);
+    }
+    return st;
+}
+
 static ks_status completion(struct server *srv, bool chat, const struct server_req *req, struct reply *r)
 {
     struct call *c = NULL;
@@ -1103,34 +1277,34 @@ static ks_status completion(struct server *srv, bool chat, const struct server_r
     if (st)
         return st;
     int32_t *ids = (int32_t *)rq.prompt;
-    c->refs = 2; /* HTTP side + scheduler side until the final event */
+    struct group *g = group_new(c);
+    if (!g) {
+        free(ids);
+        return reply_fail(r, KS_ERR_NOMEM, NULL, "out of memory while starting the request's choices");
+    }
     pthread_mutex_lock(&srv->mu);
     srv->in_flight++;
     pthread_mutex_unlock(&srv->mu);
-    /* hold the lock so the scheduler cannot deliver events before sched_id is set */
-    pthread_mutex_lock(&c->mu);
-    st = sched_submit(srv->sched, &rq, &c->sched_id);
-    pthread_mutex_unlock(&c->mu);
+    st = group_submit(g, &rq);
     free(ids);
     if (st) {
-        c->refs = 1;
         if (st == KS_ERR_STATE) {
             r->retry_after = 1;
             st = reply_fail(r, st, "overloaded", "%s", ks_errmsg());
         }
-        http_side_done(c);
-        return st; /* 400 a prompt the scheduler refuses, 500 out of memory */
+        group_done(g);
+        return st; /* 400 a prompt (or n) the scheduler refuses, 500 out of memory */
     }
     if (!c->stream) {
-        st = respond_whole(c, r);
-        http_side_done(c);
+        st = respond_whole(g, r);
+        group_done(g);
         return st;
     }
     r->status = 200;
     r->content_type = "text/event-stream";
     r->stream_read = stream_read;
     r->stream_free = stream_free;
-    r->stream_cls = c;
+    r->stream_cls = g;
     return KS_OK;
 }
 

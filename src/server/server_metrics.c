@@ -62,8 +62,21 @@ ks_status server_route_metrics(struct server *srv, const struct server_req *rq, 
     server_metric(&b, "kvserve_generated_tokens_total", "counter", "Tokens generated.", (double)st.generated_tokens);
     server_metric(&b, "kvserve_steps_total", "counter", "Scheduler steps (batches) run.", (double)st.steps);
     server_metric(&b, "kvserve_preemptions_total", "counter", "Sequences preempted (pages freed, recomputed later).", (double)st.preemptions);
+    server_metric(&b, "kvserve_forked_choices_total", "counter",
+                  "Choices of n > 1 requests started on the first choice's prompt pages (not recomputed).",
+                  (double)st.forked_choices);
     server_metric(&b, "kvserve_kv_full_events_total", "counter", "Steps that did not fit the KV cache at first.", (double)st.kv_full_events);
     server_metric(&b, "kvserve_max_step_seconds", "gauge", "Longest scheduler step so far.", st.max_step_seconds);
+    if (srv->grammar_vocab) {
+        struct grammar_mask_cache_stats gc;
+        grammar_vocab_mask_cache_stats(srv->grammar_vocab, &gc);
+        server_metric(&b, "kvserve_grammar_mask_cache_hits_total", "counter",
+                      "Grammar masks a request took from another request's walk of the vocabulary.", (double)gc.hits);
+        server_metric(&b, "kvserve_grammar_mask_cache_misses_total", "counter",
+                      "Grammar masks a request had to walk the vocabulary for.", (double)gc.misses);
+        server_metric(&b, "kvserve_grammar_mask_cache_bytes", "gauge", "Bytes of shared grammar masks held.",
+                      (double)gc.bytes);
+    }
     pthread_mutex_lock(&srv->mu);
     double http = (double)srv->http_requests, http_err = (double)srv->http_errors;
     pthread_mutex_unlock(&srv->mu);

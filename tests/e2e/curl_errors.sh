@@ -42,7 +42,7 @@ check prompt-type 400 "${auth[@]}" -d '{"prompt": {"a": 1}}' "$url/v1/completion
 check messages-type 400 "${auth[@]}" -d '{"messages": "hi"}' "$url/v1/chat/completions"
 check max-completion-tokens-negative 400 "${auth[@]}" -d '{"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": -2}' "$url/v1/chat/completions"
 check max-tokens-negative 400 "${auth[@]}" -d '{"prompt": "hi", "max_tokens": -1}' "$url/v1/completions"
-check n-two 400 "${auth[@]}" -d '{"prompt": "hi", "n": 2}' "$url/v1/completions"
+check n-too-many 400 "${auth[@]}" -d '{"prompt": "hi", "n": 17}' "$url/v1/completions"
 check over-context 400 "${auth[@]}" -d "{\"prompt\": \"$(printf 'once upon a time %.0s' $(seq 40))\"}" "$url/v1/completions"
 head -c 8192 /dev/zero | tr '\0' ' ' > "$tmp/big"
 check body-too-large 413 "${auth[@]}" --data-binary @"$tmp/big" "$url/v1/completions"

@@ -127,6 +127,39 @@ async function basic() {
     const b = await client.completions.create({ model: 'x', prompt, max_tokens: 12, temperature: 0.9, top_p: 0.9, seed: 42 });
     assert.equal(a.choices[0].text, b.choices[0].text);
 
+    // n = 3: the prompt is computed once (two choices fork it), choice i equals an n = 1 request with seed + i
+    const forksBefore = (await metrics(p)).get('kvserve_forked_choices_total');
+    const three = await client.completions.create({ model: 'x', prompt, n: 3, max_tokens: 12, temperature: 0.9, seed: 7 });
+    assert.deepEqual(three.choices.map((c) => c.index), [0, 1, 2]);
+    assert.equal((await metrics(p)).get('kvserve_forked_choices_total') - forksBefore, 2);
+    let completionSum = 0;
+    for (const c of three.choices) {
+      const one = await client.completions.create({ model: 'x', prompt, max_tokens: 12, temperature: 0.9, seed: 7 + c.index });
+      assert.equal(c.text, one.choices[0].text);
+      assert.equal(c.finish_reason, one.choices[0].finish_reason);
+      completionSum += one.usage.completion_tokens;
+    }
+    assert.equal(three.usage.completion_tokens, completionSum);
+    assert.equal(three.usage.prompt_tokens, whole.usage.prompt_tokens);
+    // n = 3 streamed: every chunk names its choice, each choice ends once, one usage; the same as the whole answer
+    const nChat = { model: 'x', messages: [{ role: 'user', content: 'Tell me about the moon' }], n: 3, max_tokens: 12,
+      temperature: 0.9, seed: 11 };
+    const nWhole = await client.chat.completions.create(nChat);
+    const nStream = await client.chat.completions.create({ ...nChat, stream: true, stream_options: { include_usage: true } });
+    const texts = ['', '', ''], ends = [0, 0, 0];
+    let nUsage = null;
+    for await (const chunk of nStream) {
+      if (chunk.usage) { assert.equal(nUsage, null); nUsage = chunk.usage; }
+      for (const c of chunk.choices) {
+        texts[c.index] += c.delta?.content ?? '';
+        if (c.finish_reason) { ends[c.index]++; assert.equal(c.finish_reason, nWhole.choices[c.index].finish_reason); }
+      }
+    }
+    assert.deepEqual(ends, [1, 1, 1]);
+    assert.deepEqual(texts, nWhole.choices.map((c) => c.message.content));
+    assert.equal(nUsage.completion_tokens, nWhole.usage.completion_tokens);
+    await assert.rejects(client.completions.create({ model: 'x', prompt, n: 17 }), (e) => e.status === 400);
+
     // errors reach the client as APIError with OpenAI's shape
     await assert.rejects(client.completions.create({ model: 'x', prompt, max_tokens: -1 }), (e) => e.status === 400);
 

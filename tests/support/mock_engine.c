@@ -20,6 +20,7 @@ struct mock_engine {
     pthread_mutex_t mu;
     int32_t **hist;            /* (max_seqs, max_ctx): the tokens fed to each sequence */
     int32_t *len;              /* (max_seqs) */
+    int32_t *shared;           /* (max_seqs) tokens a fork shares with its source (not counted in used) */
     int32_t *add;              /* (max_seqs) a step's tokens per sequence, scratch */
     bool *live;                /* (max_seqs) */
     struct mock_engine_stats st;
@@ -71,10 +72,25 @@ static void m_seq_free(void *ctx, int32_t seq)
     pthread_mutex_lock(&m->mu);
     assert_true(seq >= 0 && seq < m->cfg.max_seqs && m->live[seq]);
     m->live[seq] = false;
-    m->st.used -= m->len[seq];
-    m->len[seq] = 0;
+    m->st.used -= m->len[seq] - m->shared[seq];
+    m->len[seq] = m->shared[seq] = 0;
     m->st.n_live--;
     pthread_mutex_unlock(&m->mu);
+}
+
+static ks_status m_seq_fork(void *ctx, int32_t src, int32_t *out)
+{
+    struct mock_engine *m = ctx;
+    ks_status st = m_seq_create(ctx, out);
+    if (st)
+        return st;
+    pthread_mutex_lock(&m->mu);
+    assert_true(src >= 0 && src < m->cfg.max_seqs && m->live[src]);
+    memcpy(m->hist[*out], m->hist[src], (size_t)m->len[src] * sizeof *m->hist[src]);
+    m->len[*out] = m->shared[*out] = m->len[src];
+    m->st.forks++;
+    pthread_mutex_unlock(&m->mu);
+    return KS_OK;
 }
 
 /* One step of the "model", with m->mu held. All or nothing: a step that does
@@ -105,6 +121,7 @@ static ks_status m_forward_locked(struct mock_engine *m, const struct sched_batc
         int32_t s = b->seq[i];
         m->hist[s][m->len[s]++] = b->tokens[i];
         m->st.used++;
+        m->st.fed++;
         if (b->want_logits[i]) {
             float *l = logits + (size_t)row++ * V;
             memset(l, 0, (size_t)V * sizeof *l);
@@ -207,9 +224,10 @@ ks_status mock_engine_create(const struct mock_engine_config *cfg, struct mock_e
     size_t n = (size_t)cfg->max_seqs;
     m->hist = calloc(n, sizeof *m->hist);
     m->len = calloc(n, sizeof *m->len);
+    m->shared = calloc(n, sizeof *m->shared);
     m->add = calloc(n, sizeof *m->add);
     m->live = calloc(n, sizeof *m->live);
-    bool ok = m->hist && m->len && m->add && m->live;
+    bool ok = m->hist && m->len && m->shared && m->add && m->live;
     for (size_t i = 0; ok && i < n; i++)
         ok = (m->hist[i] = calloc((size_t)cfg->max_ctx, sizeof(int32_t))) != NULL;
     if (!ok) {
@@ -242,6 +260,7 @@ void mock_engine_free(struct mock_engine *m)
         free(m->hist[i]);
     free(m->hist);
     free(m->len);
+    free(m->shared);
     free(m->add);
     free(m->live);
     pthread_mutex_destroy(&m->mu);
@@ -252,7 +271,7 @@ struct sched_engine mock_engine_sched(struct mock_engine *m, bool owned)
 {
     struct sched_engine e = {
         .ctx = m, .n_vocab = m->cfg.n_vocab, .seq_create = m_seq_create, .seq_free = m_seq_free,
-        .forward = m_forward, .sampler_create = m_sampler_create, .sampler_next = m_sampler_next,
+        .seq_fork = m_seq_fork, .forward = m_forward, .sampler_create = m_sampler_create, .sampler_next = m_sampler_next,
         .sampler_free = m_sampler_free, .cache = m->kv ? m_cache : NULL, .destroy = owned ? m_destroy : NULL,
     };
     return e;

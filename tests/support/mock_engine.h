@@ -40,11 +40,13 @@ struct mock_engine_config {
 
 struct mock_engine_stats {
     int n_live;             /* sequences created and not freed */
-    int32_t used;           /* tokens held, against capacity */
+    int32_t used;           /* tokens held, against capacity (a fork's shared tokens count once) */
     int32_t max_batch_seen; /* most tokens in one step */
     int32_t max_chunk_seen; /* most tokens of one sequence in one step */
     int bad_positions;      /* batch entries whose position was not the sequence's next */
     uint64_t steps;         /* successful forwards */
+    uint64_t fed;           /* tokens computed by successful forwards */
+    int forks;              /* sequences made by seq_fork */
     int watch_steps;        /* steps that fed the watched prompt (mock_engine_watch) */
     int watch_idle_steps;   /* steps that did not while it was still in prefill */
 };
