@@ -290,7 +290,7 @@ struct grammar_state {
     int32_t *smaskD;          /* the largest D after any token the cached mask allows */
     int32_t *set_slots;       /* set interning: open addressing over shash, -1 empty */
     uint32_t set_cap;
-    struct table trans;       /* (set << 21 | cp) -> set, non-ASCII */
+    struct table trans;       /* (set << GRAMMAR_CP_BITS | cp) -> set, non-ASCII */
     size_t mask_bytes;
     /* where the text is */
     int32_t cur;
@@ -524,7 +524,7 @@ static int32_t step(struct grammar_state *st, int32_t set, uint32_t cp)
         return DEAD;
     if (cp < 128 && st->sascii[set] && st->sascii[set][cp] != UNKNOWN)
         return st->sascii[set][cp];
-    uint64_t key = (uint64_t)(uint32_t)set << 21 | cp;
+    uint64_t key = (uint64_t)(uint32_t)set << GRAMMAR_CP_BITS | cp;
     if (cp >= 128) {
         int32_t r = table_get(&st->trans, key);
         if (r >= 0)
@@ -740,6 +740,38 @@ bool grammar_complete(const struct grammar_state *st)
 
 /* ---- masking ---------------------------------------------------------------------------- */
 
+/* The set after drawing token id as a token terminal <[id]>: DEAD when no
+ * stack takes it here (or a character is cut), -1 on error. */
+static int32_t step_token(struct grammar_state *st, int32_t id)
+{
+    bool terminal = false;
+    for (int32_t k = 0; k < st->g->n_tokens && !terminal; k++)
+        terminal = st->g->tokens[k] == id;
+    return terminal && !st->prem ? step(st, st->cur, GRAMMAR_TOKEN_CP(id)) : DEAD;
+}
+
+/* Allow the tokens of the <[N]> terminals that may come next within budget
+ * (the trie holds only text tokens). *worst grows to their D. */
+static ks_status allow_token_terminals(struct grammar_state *st, int32_t budget, uint64_t *mask, int32_t *worst)
+{
+    const struct grammar_vocab *v = st->v;
+    for (int32_t k = 0; k < st->g->n_tokens; k++) {
+        int32_t id = st->g->tokens[k];
+        if (id >= v->n_vocab || v->kind[id] == GRAMMAR_TOKEN_EOG)
+            continue;
+        int32_t set = step_token(st, id);
+        if (set < 0)
+            return st->err;
+        int32_t D = st->sD[set];
+        if (set == DEAD || D > budget)
+            continue;
+        mask[id >> 6] |= 1ull << (id & 63);
+        if (D > *worst)
+            *worst = D;
+    }
+    return KS_OK;
+}
+
 /* Walk the trie from the current set and partial character; set the bit of
  * every token allowed with at most `budget` bytes left to complete after it
  * (GRAMMAR_INF: no budget). *maxD receives the largest such D. */
@@ -790,8 +822,9 @@ static ks_status walk(struct grammar_state *st, int32_t budget, uint64_t *mask, 
     if (grammar_complete(st))
         for (int32_t k = 0; k < v->n_eog; k++)
             mask[v->eog[k] >> 6] |= 1ull << (v->eog[k] & 63);
+    ks_status s = allow_token_terminals(st, budget, mask, &worst);
     *maxD = worst;
-    return KS_OK;
+    return s;
 }
 
 static bool mask_any(const uint64_t *mask, size_t words)
@@ -940,10 +973,19 @@ ks_status grammar_accept(struct grammar_state *st, int32_t token)
         st->done = true;
         return KS_OK;
     }
-    if (v->kind[token] != GRAMMAR_TOKEN_TEXT)
-        return ks_fail(KS_ERR_INVALID_ARG, "grammar: special token %d is never allowed", token);
     if (st->done)
         return ks_fail(KS_ERR_INVALID_ARG, "grammar: token %d after the end of generation", token);
+    int32_t as_terminal = step_token(st, token);
+    if (as_terminal < 0)
+        return st->err;
+    if (as_terminal != DEAD) { /* a <[token]> terminal comes next */
+        st->cur = as_terminal;
+        st->remaining--;
+        return KS_OK;
+    }
+    if (v->kind[token] != GRAMMAR_TOKEN_TEXT)
+        return ks_fail(KS_ERR_INVALID_ARG, "grammar: special token %d is not allowed here (only a <[%d]> terminal "
+                                           "takes it)", token, token);
     ks_status s = feed(st, v->blob + v->off[token], v->off[token + 1] - v->off[token]);
     if (!s)
         st->remaining--;
