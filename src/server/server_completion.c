@@ -522,7 +522,7 @@ static void flush_detok(struct call *c)
 
 static const char *finish_reason(const struct call *c)
 {
-    if (c->n_calls > 0 && (c->stopped || c->finish == SCHED_FINISH_STOP))
+    if (c->n_calls > 0) /* also when max_tokens cut the text after complete calls */
         return "tool_calls";
     if (c->stopped || c->finish == SCHED_FINISH_STOP)
         return "stop";
@@ -948,9 +948,10 @@ static struct call *call_new(struct server *srv, bool chat)
 }
 
 /* response_format ({"type":"text"|"json_object"|"json_schema", "json_schema":
- * {"name","schema","strict"}}) or llama.cpp's "grammar" (GBNF text) -> the
- * compiled grammar the sampler masks with, for at most max_tokens tokens. A
- * bad schema or grammar is a 400 that names the keyword or line and column. */
+ * {"name","schema","strict"}}), llama.cpp's "grammar" (GBNF text) or the tool
+ * calls tool_choice requires -> the compiled grammar the sampler masks with,
+ * for at most max_tokens tokens. A bad schema or grammar is a 400 that names
+ * the keyword or line and column. */
 static ks_status parse_grammar(struct call *c, const cJSON *root, int32_t max_tokens, struct sample_params *p,
                                struct reply *r)
 {
@@ -970,7 +971,14 @@ static ks_status parse_grammar(struct call *c, const cJSON *root, int32_t max_to
         return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_type", "'grammar' must be a string of GBNF");
     if (gr && strcmp(type, "text"))
         return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value", "give 'grammar' or a JSON 'response_format', not both");
-    if (!gr && !strcmp(type, "text"))
+    bool tool_calls = c->tool_fmt != SERVER_TOOLS_NONE &&
+                      (c->tools.choice == SERVER_TOOL_REQUIRED || c->tools.choice == SERVER_TOOL_NAMED);
+    if (tool_calls && (gr || strcmp(type, "text")))
+        return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value",
+                          "'tool_choice' %s constrains the output to tool calls; it cannot be combined with %s",
+                          c->tools.choice == SERVER_TOOL_NAMED ? "naming a function" : "\"required\"",
+                          gr ? "'grammar'" : "a JSON 'response_format'");
+    if (!gr && !strcmp(type, "text") && !tool_calls)
         return KS_OK;
     if (!c->srv->grammar_vocab)
         return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value",
@@ -978,7 +986,12 @@ static ks_status parse_grammar(struct call *c, const cJSON *root, int32_t max_to
     char *gbnf = NULL;
     const char *src = gr ? gr->valuestring : grammar_json_object_gbnf(), *what = gr ? "'grammar'" : "'response_format'";
     ks_status st = KS_OK;
-    if (!strcmp(type, "json_schema")) {
+    if (tool_calls) {
+        bool fell_back;
+        st = server_tools_grammar(c->tool_fmt, c->srv->tok, field(root, "tools"), &c->tools, &gbnf, &fell_back);
+        src = gbnf;
+        what = "the tool-call grammar";
+    } else if (!strcmp(type, "json_schema")) {
         cJSON *js = cJSON_GetObjectItemCaseSensitive(rf, "json_schema");
         cJSON *schema = cJSON_GetObjectItemCaseSensitive(js, "schema");
         cJSON *strict = cJSON_GetObjectItemCaseSensitive(js, "strict"), *name = cJSON_GetObjectItemCaseSensitive(js, "name");
