@@ -27,6 +27,9 @@
 #include "kv/kv.h"
 #include "model/model.h"
 #include "server/server_internal.h"
+#include "support/read_file.h"
+#include "support/schema_check.h"
+#include "support/skip.h"
 #include "threads/threads.h"
 
 /* The issue's check is 200 seeds (Release); the sanitizer builds, ~20x slower,
@@ -68,143 +71,8 @@ static struct {
     int32_t min_bytes;
 } F;
 
-static int start(size_t kv_budget, struct sched **sched, struct server **srv);
+static int start(size_t kv_budget, const char *chat_template, struct sched **sched, struct server **srv);
 static void stop(struct sched *sched, struct server *srv);
-
-/* ---- a validator for the supported subset ----------------------------------------- */
-
-static size_t utf8_chars(const char *s)
-{
-    size_t n = 0;
-    for (; *s; s++)
-        n += ((unsigned char)*s & 0xC0) != 0x80;
-    return n;
-}
-
-static bool validate(const cJSON *v, const cJSON *s, char *why, size_t cap);
-
-static bool type_ok(const cJSON *v, const cJSON *s, const char *t, char *why, size_t cap)
-{
-    if (!strcmp(t, "null"))
-        return cJSON_IsNull(v);
-    if (!strcmp(t, "boolean"))
-        return cJSON_IsBool(v);
-    if (!strcmp(t, "number"))
-        return cJSON_IsNumber(v);
-    if (!strcmp(t, "integer"))
-        return cJSON_IsNumber(v) && v->valuedouble == floor(v->valuedouble);
-    if (!strcmp(t, "string")) {
-        if (!cJSON_IsString(v))
-            return false;
-        const cJSON *mx = cJSON_GetObjectItem(s, "maxLength"), *mn = cJSON_GetObjectItem(s, "minLength");
-        size_t n = utf8_chars(v->valuestring);
-        if ((mx && n > (size_t)mx->valuedouble) || (mn && n < (size_t)mn->valuedouble)) {
-            snprintf(why, cap, "string length %zu out of bounds", n);
-            return false;
-        }
-        return true;
-    }
-    if (!strcmp(t, "array")) {
-        if (!cJSON_IsArray(v))
-            return false;
-        const cJSON *mx = cJSON_GetObjectItem(s, "maxItems"), *items = cJSON_GetObjectItem(s, "items");
-        if (mx && cJSON_GetArraySize(v) > (int)mx->valuedouble) {
-            snprintf(why, cap, "too many items");
-            return false;
-        }
-        const cJSON *e;
-        cJSON_ArrayForEach(e, v) if (items && !validate(e, items, why, cap)) return false;
-        return true;
-    }
-    if (!strcmp(t, "object")) {
-        if (!cJSON_IsObject(v))
-            return false;
-        const cJSON *props = cJSON_GetObjectItem(s, "properties"), *req = cJSON_GetObjectItem(s, "required");
-        const cJSON *r;
-        cJSON_ArrayForEach(r, req) if (!cJSON_GetObjectItemCaseSensitive(v, r->valuestring)) {
-            snprintf(why, cap, "required property '%s' missing", r->valuestring);
-            return false;
-        }
-        int last = -1;
-        const cJSON *m;
-        cJSON_ArrayForEach(m, v) {
-            int idx = 0;
-            const cJSON *p;
-            bool found = false;
-            cJSON_ArrayForEach(p, props) {
-                if (!strcmp(p->string, m->string)) {
-                    found = true;
-                    break;
-                }
-                idx++;
-            }
-            if (!found) {
-                snprintf(why, cap, "property '%s' not in the schema", m->string);
-                return false;
-            }
-            if (idx <= last) {
-                snprintf(why, cap, "property '%s' out of the declared order (or repeated)", m->string);
-                return false;
-            }
-            last = idx;
-            if (!validate(m, cJSON_GetObjectItem(props, m->string), why, cap))
-                return false;
-        }
-        return true;
-    }
-    snprintf(why, cap, "unknown type %s", t);
-    return false;
-}
-
-static bool validate(const cJSON *v, const cJSON *s, char *why, size_t cap)
-{
-    const cJSON *ref = cJSON_GetObjectItem(s, "$ref");
-    if (ref) {
-        const char *name = ref->valuestring + strlen("#/$defs/");
-        return validate(v, cJSON_GetObjectItem(cJSON_GetObjectItem(F.schema, "$defs"), name), why, cap);
-    }
-    const cJSON *c = cJSON_GetObjectItem(s, "const");
-    if (c && !cJSON_Compare(v, c, true)) {
-        snprintf(why, cap, "not the const");
-        return false;
-    }
-    const cJSON *en = cJSON_GetObjectItem(s, "enum");
-    if (en) {
-        const cJSON *e;
-        bool any = false;
-        cJSON_ArrayForEach(e, en) any |= cJSON_Compare(v, e, true);
-        if (!any) {
-            snprintf(why, cap, "not in the enum");
-            return false;
-        }
-    }
-    const cJSON *anyof = cJSON_GetObjectItem(s, "anyOf");
-    if (anyof) {
-        const cJSON *e;
-        bool any = false;
-        cJSON_ArrayForEach(e, anyof) any |= validate(v, e, why, cap);
-        if (!any) {
-            snprintf(why, cap, "matches no anyOf branch");
-            return false;
-        }
-    }
-    const cJSON *type = cJSON_GetObjectItem(s, "type");
-    if (cJSON_IsString(type) && !type_ok(v, s, type->valuestring, why, cap)) {
-        if (!*why)
-            snprintf(why, cap, "not of type %s", type->valuestring);
-        return false;
-    }
-    if (cJSON_IsArray(type)) {
-        const cJSON *t;
-        bool any = false;
-        cJSON_ArrayForEach(t, type) any |= type_ok(v, s, t->valuestring, why, cap);
-        if (!any) {
-            snprintf(why, cap, "of none of the types");
-            return false;
-        }
-    }
-    return true;
-}
 
 static void test_validator_rejects(void **state)
 {
@@ -213,12 +81,12 @@ static void test_validator_rejects(void **state)
     cJSON *ok = cJSON_Parse("{\"name\":\"a\",\"age\":1,\"score\":1.5,\"active\":true,\"color\":\"red\",\"nick\":null,"
                             "\"kind\":\"order\",\"id\":\"ab\",\"items\":[{\"sku\":\"x\",\"qty\":2}],"
                             "\"address\":{\"city\":\"c\",\"zip\":\"1\"}}");
-    assert_true(validate(ok, F.schema, why, sizeof why));
+    assert_true(ks_schema_valid(ok, F.schema, F.schema, why, sizeof why));
     cJSON_ReplaceItemInObject(ok, "age", cJSON_CreateNumber(1.5));
-    assert_false(validate(ok, F.schema, why, sizeof why));
+    assert_false(ks_schema_valid(ok, F.schema, F.schema, why, sizeof why));
     cJSON_Delete(ok);
     cJSON *bad = cJSON_Parse("{\"age\":1,\"name\":\"a\"}");
-    assert_false(validate(bad, F.schema, why, sizeof why));
+    assert_false(ks_schema_valid(bad, F.schema, F.schema, why, sizeof why));
     cJSON_Delete(bad);
 }
 
@@ -302,7 +170,7 @@ static void *worker(void *arg)
         int completion_tokens = (int)cJSON_GetObjectItem(usage, "completion_tokens")->valuedouble;
         char why[256] = "";
         cJSON *out = text ? cJSON_Parse(text) : NULL;
-        bool valid = a.status == 200 && out && validate(out, F.schema, why, sizeof why);
+        bool valid = a.status == 200 && out && ks_schema_valid(out, F.schema, F.schema, why, sizeof why);
         const char *fr = finish(a.json);
         bool fin_ok = !strcmp(fr, "stop") || (!strcmp(fr, "length") && completion_tokens == max_tokens);
         pthread_mutex_lock(&T.mu);
@@ -353,7 +221,7 @@ static void test_json_schema_under_preemption(void **state)
     (void)state;
     struct sched *sched;
     struct server *srv;
-    assert_int_equal(start(2u << 20, &sched, &srv), 0);
+    assert_int_equal(start(2u << 20, NULL, &sched, &srv), 0);
     F.cur = srv;
     size_t cap = sizeof schema_text + 128;
     g_format = malloc(cap);
@@ -449,10 +317,170 @@ static void test_errors(void **state)
     cJSON_Delete(a.json);
 }
 
+/* ---- tool_choice ------------------------------------------------------------------ */
+
+/* get_weather and search have schemas in the subset; lookup's 'pattern' is
+ * not, so its arguments are any object; ping has no parameters. */
+static const char tools_text[] =
+    "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{\"type\":\"object\","
+    "\"properties\":{\"city\":{\"type\":\"string\",\"maxLength\":12},\"unit\":{\"enum\":[\"c\",\"f\"]},"
+    "\"days\":{\"type\":\"integer\"}},\"required\":[\"city\",\"unit\"],\"additionalProperties\":false}}},"
+    "{\"type\":\"function\",\"function\":{\"name\":\"search\",\"parameters\":{\"type\":\"object\","
+    "\"properties\":{\"query\":{\"type\":\"string\",\"minLength\":1,\"maxLength\":20},\"limit\":{\"type\":"
+    "[\"integer\",\"null\"]},\"tags\":{\"type\":\"array\",\"items\":{\"type\":\"string\",\"maxLength\":6},"
+    "\"maxItems\":2}},\"required\":[\"query\",\"limit\"]}}},"
+    "{\"type\":\"function\",\"function\":{\"name\":\"lookup\",\"parameters\":{\"type\":\"object\","
+    "\"properties\":{\"id\":{\"type\":\"string\",\"pattern\":\"^[0-9]+$\"}}}}},"
+    "{\"type\":\"function\",\"function\":{\"name\":\"ping\"}}]";
+
+struct family {
+    const char *template_file; /* in ../shared/templates */
+    enum server_tool_format format;
+};
+
+static const struct family families[] = {
+    {"Qwen-Qwen2.5-7B-Instruct.jinja", SERVER_TOOLS_HERMES},
+    {"meta-llama-Llama-3.1-8B-Instruct.jinja", SERVER_TOOLS_LLAMA3},
+    {"mistralai-Mistral-Nemo-Instruct-2407.jinja", SERVER_TOOLS_MISTRAL},
+    {"ibm-granite-granite-3.3-2B-Instruct.jinja", SERVER_TOOLS_GENERIC},
+};
+
+#ifdef NDEBUG
+#define N_TOOL_SEEDS 48
+#else
+#define N_TOOL_SEEDS 12
+#endif
+
+/* The request's options for a seed: required (parallel or not) or a named function. */
+static struct server_tool_opts tool_opts_for(int seed, const cJSON *tools)
+{
+    struct server_tool_opts o = {.choice = SERVER_TOOL_REQUIRED, .parallel = seed % 3 != 1,
+                                 .n_tools = cJSON_GetArraySize(tools)};
+    if (seed % 3 == 2) {
+        o.choice = SERVER_TOOL_NAMED;
+        const cJSON *fn = cJSON_GetObjectItem(cJSON_GetArrayItem(tools, seed / 3 % o.n_tools), "function");
+        snprintf(o.name, sizeof o.name, "%s", cJSON_GetObjectItem(fn, "name")->valuestring);
+    }
+    return o;
+}
+
+/* The shortest output of the tool grammar, in bytes. */
+static int32_t tool_min_bytes(struct server *srv, const cJSON *tools, const struct server_tool_opts *o)
+{
+    char *gbnf = NULL;
+    bool fell_back = false;
+    assert_int_equal(server_tools_grammar(srv->tool_format, F.tok, tools, o, &gbnf, &fell_back), KS_OK);
+    assert_true(fell_back); /* lookup's pattern */
+    struct grammar *g = NULL;
+    assert_int_equal(grammar_compile(gbnf, strlen(gbnf), &g), KS_OK);
+    int32_t min = grammar_min_bytes(g);
+    grammar_free(g);
+    free(gbnf);
+    return min;
+}
+
+/* One call of the answer: a tool of the request (the named one), arguments
+ * that parse and validate against its schema (any object for lookup). */
+static bool call_valid(const cJSON *call, const cJSON *tools, const struct server_tool_opts *o, char *why, size_t cap)
+{
+    const cJSON *fn = cJSON_GetObjectItem(call, "function");
+    const cJSON *name = cJSON_GetObjectItem(fn, "name"), *args = cJSON_GetObjectItem(fn, "arguments");
+    if (!cJSON_IsString(name) || !cJSON_IsString(args) || !cJSON_IsString(cJSON_GetObjectItem(call, "id")))
+        return snprintf(why, cap, "malformed call"), false;
+    if (o->choice == SERVER_TOOL_NAMED && strcmp(name->valuestring, o->name))
+        return snprintf(why, cap, "called %s, not the named %s", name->valuestring, o->name), false;
+    const cJSON *schema = NULL, *t;
+    bool known = false;
+    cJSON_ArrayForEach(t, tools) {
+        const cJSON *f = cJSON_GetObjectItem(t, "function");
+        if (!strcmp(cJSON_GetObjectItem(f, "name")->valuestring, name->valuestring)) {
+            known = true;
+            schema = cJSON_GetObjectItem(f, "parameters");
+        }
+    }
+    if (!known)
+        return snprintf(why, cap, "unknown function %s", name->valuestring), false;
+    cJSON *a = cJSON_Parse(args->valuestring);
+    bool ok = cJSON_IsObject(a);
+    if (!ok)
+        snprintf(why, cap, "arguments are not a JSON object: %s", args->valuestring);
+    else if (schema && strcmp(name->valuestring, "lookup"))
+        ok = ks_schema_valid(a, schema, schema, why, cap);
+    cJSON_Delete(a);
+    return ok;
+}
+
+/* Every answer to tool_choice required / named is a tool_calls message whose
+ * calls validate, with finish_reason tool_calls, also when max_tokens is
+ * just above the shortest call. */
+static void check_family(const struct family *fam, const char *tmpl)
+{
+    struct sched *sched;
+    struct server *srv;
+    assert_int_equal(start(128u << 20, tmpl, &sched, &srv), 0);
+    assert_int_equal(srv->tool_format, fam->format);
+    F.cur = srv;
+    cJSON *tools = cJSON_Parse(tools_text);
+    int valid = 0, cut = 0;
+    for (int seed = 0; seed < N_TOOL_SEEDS; seed++) {
+        struct server_tool_opts o = tool_opts_for(seed, tools);
+        int32_t max_tokens = seed % 4 == 0 ? tool_min_bytes(srv, tools, &o) + seed % 16 : 400;
+        cut += seed % 4 == 0;
+        char choice[200] = "\"required\"";
+        if (o.choice == SERVER_TOOL_NAMED)
+            snprintf(choice, sizeof choice, "{\"type\":\"function\",\"function\":{\"name\":\"%s\"}}", o.name);
+        char *body = malloc(sizeof tools_text + 512);
+        sprintf(body,
+                "{\"messages\":[{\"role\":\"user\",\"content\":\"What is the weather in Paris? (%d)\"}],"
+                "\"tools\":%s,\"tool_choice\":%s,\"parallel_tool_calls\":%s,\"max_tokens\":%d,\"seed\":%d,"
+                "\"temperature\":1.0}",
+                seed, tools_text, choice, o.parallel ? "true" : "false", max_tokens, seed);
+        struct answer a = post("/v1/chat/completions", body);
+        free(body);
+        const cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(a.json, "choices"), 0);
+        const cJSON *calls = cJSON_GetObjectItem(cJSON_GetObjectItem(ch, "message"), "tool_calls");
+        int n = cJSON_GetArraySize(calls);
+        char why[256] = "";
+        bool ok = a.status == 200 && !strcmp(finish(a.json), "tool_calls") && n >= 1 && (o.parallel || n == 1);
+        if (!ok)
+            snprintf(why, sizeof why, "status %u, finish %s, %d calls", a.status, finish(a.json), n);
+        const cJSON *call;
+        cJSON_ArrayForEach(call, calls) ok = ok && call_valid(call, tools, &o, why, sizeof why);
+        if (!ok) {
+            char *text = cJSON_PrintUnformatted(a.json);
+            print_message("%s seed %d: %s\n%s\n", fam->template_file, seed, why, text);
+            free(text);
+        }
+        valid += ok;
+        cJSON_Delete(a.json);
+    }
+    print_message("%s (%s): %d/%d answers are valid tool calls (%d with max_tokens just above the shortest call)\n",
+                  fam->template_file, server_tool_format_name(fam->format), valid, N_TOOL_SEEDS, cut);
+    assert_int_equal(valid, N_TOOL_SEEDS);
+    cJSON_Delete(tools);
+    F.cur = NULL;
+    stop(sched, srv);
+}
+
+static void test_tool_choice_families(void **state)
+{
+    (void)state;
+    const char *dir = getenv("KVSERVE_SHARED");
+    for (size_t i = 0; i < sizeof families / sizeof families[0]; i++) {
+        char path[1024];
+        snprintf(path, sizeof path, "%s/templates/%s", dir ? dir : "../shared", families[i].template_file);
+        char *tmpl = ks_read_file(path, NULL);
+        if (!tmpl)
+            KS_SKIP("no template %s", path);
+        check_family(&families[i], tmpl);
+        free(tmpl);
+    }
+}
+
 /* ---- setup ----------------------------------------------------------------------------- */
 
 /* The real engine on the default model with a KV budget, its scheduler and a server. */
-static int start(size_t kv_budget, struct sched **sched, struct server **srv)
+static int start(size_t kv_budget, const char *chat_template, struct sched **sched, struct server **srv)
 {
     struct kv_config kc;
     model_kv_config(F.model, &kc);
@@ -470,14 +498,15 @@ static int start(size_t kv_budget, struct sched **sched, struct server **srv)
     sc.eog = eog;
     sc.n_eog = n_eog;
     sc.parallel = N_THREADS;
-    sc.ctx_size = 1024;
+    sc.ctx_size = 4096;
     if (sched_create(&sc, &eng, sched))
         return -1;
     struct server_config cfg;
     server_config_default(&cfg);
     cfg.port = 0;
-    cfg.ctx_size = 1024;
+    cfg.ctx_size = 4096;
     cfg.model_name = "default";
+    cfg.chat_template_jinja = chat_template;
     if (server_start(&cfg, *sched, F.tok, srv))
         return -1;
     server_set_ready(*srv, true);
@@ -500,7 +529,7 @@ static int setup(void **state)
     if (model_load(path, &F.model) || gguf_open(path, &F.f) || tok_load(F.f, &F.tok) ||
         threads_create(2, &F.pool))
         return -1;
-    if (start(128u << 20, &F.sched, &F.srv))
+    if (start(128u << 20, NULL, &F.sched, &F.srv))
         return -1;
     F.schema = cJSON_Parse(schema_text);
     char *gbnf = NULL;
@@ -539,6 +568,7 @@ int main(void)
         cmocka_unit_test(test_json_object_and_gbnf),
         cmocka_unit_test(test_json_schema_200_seeds),
         cmocka_unit_test(test_json_schema_under_preemption),
+        cmocka_unit_test(test_tool_choice_families),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return ks_run_tests(tests, setup, teardown);
 }
