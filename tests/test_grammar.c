@@ -597,6 +597,97 @@ static void test_token_terminals(void **state)
     grammar_vocab_free(v);
 }
 
+static void accept_bytes(struct grammar_state *st, const char *text)
+{
+    for (; *text; text++)
+        assert_int_equal(grammar_accept(st, (unsigned char)*text), KS_OK);
+}
+
+static struct grammar_state *lazy_state(struct grammar *g, struct grammar_vocab *v, int32_t max_tokens,
+                                        const char *word, int32_t token, bool at_start)
+{
+    struct grammar_triggers tr = {.n = 1};
+    snprintf(tr.t[0].word, sizeof tr.t[0].word, "%s", word);
+    tr.t[0].token = token;
+    tr.t[0].at_start = at_start;
+    struct grammar_state *st = NULL;
+    assert_int_equal(grammar_state_create_lazy(g, v, max_tokens, &tr, &st), KS_OK);
+    return st;
+}
+
+/* Lazy states: free until the trigger word (anywhere, or only first) or
+ * token, then constrained with the tokens left; a trigger that cannot finish
+ * in them stays text. */
+static void test_lazy_triggers(void **state)
+{
+    (void)state;
+    struct grammar_vocab *v;
+    assert_int_equal(grammar_vocab_create(258, byte_piece, NULL, &v), KS_OK);
+    float logits[258];
+    int32_t first;
+    struct grammar *g = compile("root ::= \"<call>\" [a-z]+ \"</call>\"");
+    struct grammar_state *st = lazy_state(g, v, 40, "<call>", -1, false);
+    assert_int_equal(n_allowed(st, logits, 258, &first), 258);
+    accept_bytes(st, "hi <ca");
+    assert_false(grammar_triggered(st));
+    accept_bytes(st, "ll>");
+    assert_true(grammar_triggered(st));
+    assert_int_equal(n_allowed(st, logits, 258, &first), 26);
+    assert_int_equal(first, 'a');
+    accept_bytes(st, "xy</call>");
+    assert_true(grammar_complete(st));
+    assert_int_equal(n_allowed(st, logits, 258, &first), 1);
+    assert_int_equal(first, END);
+    grammar_state_free(st);
+
+    /* budget: 20 - 9 drawn leaves 11 tokens, so the call must close within them */
+    st = lazy_state(g, v, 20, "<call>", -1, false);
+    accept_bytes(st, "abc<call>");
+    assert_true(grammar_triggered(st));
+    accept_bytes(st, "ab");
+    assert_int_equal(n_allowed(st, logits, 258, &first), 27); /* 9 left: [a-z] or the '<' of "</call>" */
+    accept_bytes(st, "cd");
+    assert_int_equal(n_allowed(st, logits, 258, &first), 1); /* 7 left: "</call>" now */
+    assert_int_equal(first, '<');
+    grammar_state_free(st);
+    grammar_free(g);
+
+    /* too late to finish: the trigger stays text */
+    g = compile("root ::= \"<call>\" [a-z]{20}");
+    st = lazy_state(g, v, 16, "<call>", -1, false);
+    accept_bytes(st, "<call>");
+    assert_false(grammar_triggered(st));
+    assert_int_equal(n_allowed(st, logits, 258, &first), 258);
+    grammar_state_free(st);
+    grammar_free(g);
+
+    /* at_start: only after whitespace alone */
+    g = compile("root ::= \"{\\\"n\\\"\" [0-9]");
+    st = lazy_state(g, v, -1, "{\"n\"", -1, true);
+    accept_bytes(st, "so {\"n\"");
+    assert_false(grammar_triggered(st));
+    grammar_state_free(st);
+    st = lazy_state(g, v, -1, "{\"n\"", -1, true);
+    accept_bytes(st, " \n{\"n\"");
+    assert_true(grammar_triggered(st));
+    assert_int_equal(n_allowed(st, logits, 258, &first), 10);
+    grammar_state_free(st);
+    grammar_free(g);
+
+    /* a trigger token, drawn as the grammar's first terminal */
+    g = compile("root ::= <[256]> \"[\" [a-z]+ \"]\"");
+    st = lazy_state(g, v, 30, "", MARK, false);
+    accept_bytes(st, "text [TOOL_CALLS]"); /* its text is not the token */
+    assert_false(grammar_triggered(st));
+    assert_int_equal(grammar_accept(st, MARK), KS_OK);
+    assert_true(grammar_triggered(st));
+    assert_int_equal(n_allowed(st, logits, 258, &first), 1);
+    assert_int_equal(first, '[');
+    grammar_state_free(st);
+    grammar_free(g);
+    grammar_vocab_free(v);
+}
+
 /* A real control token (Llama 3's <|start_header_id|>) is drawn only as itself. */
 static void test_token_terminal_llama3(void **state)
 {
@@ -704,6 +795,7 @@ int main(void)
         cmocka_unit_test(test_mask_qwen3),         cmocka_unit_test(test_mask_llama_spm),
         cmocka_unit_test(test_mutations),          cmocka_unit_test(test_token_terminals),
         cmocka_unit_test(test_token_terminal_llama3), cmocka_unit_test(test_schema_rules_compose),
+        cmocka_unit_test(test_lazy_triggers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

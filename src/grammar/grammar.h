@@ -161,7 +161,34 @@ ks_status grammar_state_create(struct grammar *g, const struct grammar_vocab *v,
                                struct grammar_state **out);
 void grammar_state_free(struct grammar_state *st); /* NULL is a no-op */
 
+/* Lazy constraint (tool_choice auto): the text is free until a trigger
+ * appears, a trigger word in the generated text or a trigger token drawn;
+ * from the trigger on (the word's text, or the token, is the grammar's first
+ * input) every token is constrained as above. An at_start word counts only
+ * when no text but whitespace came before it. Budget: max_tokens is the whole
+ * generation's; the constrained part gets the tokens left when it starts,
+ * and a trigger whose text already cannot complete in them (or that the
+ * grammar refuses) stays free text. */
+#define GRAMMAR_MAX_TRIGGERS 4
+#define GRAMMAR_MAX_TRIGGER_LEN 32
+struct grammar_trigger {
+    char word[GRAMMAR_MAX_TRIGGER_LEN]; /* NUL-terminated, when token < 0 */
+    int32_t token;                      /* a trigger token, or -1 */
+    bool at_start;
+};
+struct grammar_triggers {
+    int n; /* 1..GRAMMAR_MAX_TRIGGERS */
+    struct grammar_trigger t[GRAMMAR_MAX_TRIGGERS];
+};
+/* A lazy state (trig is copied). Errors: KS_ERR_INVALID_ARG a bad trigger
+ * list; KS_ERR_NOMEM. No KS_ERR_RANGE: the grammar may never start. */
+ks_status grammar_state_create_lazy(struct grammar *g, const struct grammar_vocab *v, int32_t max_tokens,
+                                    const struct grammar_triggers *trig, struct grammar_state **out);
+/* Has the constrained part started (always true for a state that is not lazy)? */
+bool grammar_triggered(const struct grammar_state *st);
+
 /* Set logits[i] = -INFINITY for every token the grammar does not allow now
+ * (a lazy state before its trigger allows everything)
  * (a token is allowed by its bytes, or where a <[N]> terminal may come next
  * by its id; an EOG token never by <[N]>)
  * (and for ids >= the vocabulary's size; n_logits may exceed it). At least one
