@@ -26,6 +26,7 @@
 #include "gguf/gguf.h"
 #include "kv/kv.h"
 #include "model/model.h"
+#include "sample/sample.h"
 #include "server/server_internal.h"
 #include "support/read_file.h"
 #include "support/schema_check.h"
@@ -477,6 +478,94 @@ static void test_tool_choice_families(void **state)
     }
 }
 
+/* tool_choice auto: the sampler with the lazy tool grammar of each format,
+ * the first tokens forced to spell some text and the format's trigger, then
+ * random logits: whatever follows the trigger is calls that parse and
+ * validate (a random model would almost never start a call by itself). */
+static void test_tool_choice_auto_lazy(void **state)
+{
+    (void)state;
+    cJSON *tools = cJSON_Parse(tools_text);
+    struct server_tool_opts o = {.choice = SERVER_TOOL_AUTO, .parallel = true, .n_tools = cJSON_GetArraySize(tools)};
+    int32_t n_vocab = tok_n_vocab(F.tok);
+    float *logits = malloc((size_t)n_vocab * sizeof *logits);
+    static const char *const words[] = {[SERVER_TOOLS_HERMES] = "Let me check. <tool_call>",
+                                        [SERVER_TOOLS_LLAMA3] = " {\"name\"",
+                                        [SERVER_TOOLS_MISTRAL] = "Sure.[TOOL_CALLS]",
+                                        [SERVER_TOOLS_GENERIC] = "{\"tool_calls\""};
+    int valid = 0, total = 0;
+    for (enum server_tool_format f = SERVER_TOOLS_HERMES; f <= SERVER_TOOLS_GENERIC; f++) {
+        char *gbnf = NULL;
+        bool fell_back;
+        struct grammar *g = NULL;
+        assert_int_equal(server_tools_grammar(f, F.tok, tools, &o, &gbnf, &fell_back), KS_OK);
+        assert_int_equal(grammar_compile(gbnf, strlen(gbnf), &g), KS_OK);
+        free(gbnf);
+        int32_t *ids = NULL;
+        size_t n_ids = 0;
+        assert_int_equal(tok_encode(F.tok, words[f], strlen(words[f]), 0, &ids, &n_ids), KS_OK);
+        for (int seed = 0; seed < N_TOOL_SEEDS; seed++) {
+            struct sample_params p;
+            sample_params_default(&p);
+            p.seed = (uint64_t)seed;
+            p.temp = 1.0f;
+            p.top_k = 0;
+            p.min_p = 0.0f;
+            p.top_p = 1.0f;
+            p.grammar = g;
+            p.grammar_vocab = F.srv->grammar_vocab;
+            p.grammar_max_tokens = 300;
+            server_tools_triggers(f, F.tok, &p.grammar_triggers);
+            struct sampler *smp;
+            assert_int_equal(sample_create(&p, n_vocab, &smp), KS_OK);
+            struct sbuf text = {0};
+            uint64_t rng = (uint64_t)seed * 0x9E3779B97F4A7C15ull + 1;
+            for (int32_t step = 0; step < 300; step++) {
+                for (int32_t i = 0; i < n_vocab; i++) {
+                    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+                    logits[i] = (float)(rng >> 40) / (float)(1 << 24) * 4.0f;
+                }
+                if ((size_t)step < n_ids)
+                    logits[ids[step]] = 100.0f;
+                struct sample_result res;
+                assert_int_equal(sample_next(smp, logits, NULL, 0, &res), KS_OK);
+                if (tok_is_eog(F.tok, res.token))
+                    break;
+                const char *b;
+                size_t bl;
+                assert_int_equal(tok_piece(F.tok, res.token, &b, &bl), KS_OK);
+                sbuf_append(&text, b, bl);
+            }
+            struct server_tool_result r;
+            assert_int_equal(server_tools_parse(f, text.p, text.n, true, &r), KS_OK);
+            bool ok = r.n_calls >= 1;
+            char why[256] = "no call";
+            for (int i = 0; i < r.n_calls && ok; i++) {
+                cJSON *call = cJSON_CreateObject();
+                cJSON_AddStringToObject(call, "id", "x");
+                cJSON *fn = cJSON_AddObjectToObject(call, "function");
+                cJSON_AddStringToObject(fn, "name", r.calls[i].name);
+                cJSON_AddStringToObject(fn, "arguments", r.calls[i].arguments);
+                ok = call_valid(call, tools, &o, why, sizeof why);
+                cJSON_Delete(call);
+            }
+            if (!ok)
+                print_message("%s seed %d: %s\n%.*s\n", server_tool_format_name(f), seed, why, (int)text.n, text.p);
+            valid += ok;
+            total++;
+            server_tool_result_free(&r);
+            sbuf_free(&text);
+            sample_free(smp);
+        }
+        free(ids);
+        grammar_free(g);
+    }
+    print_message("tool_choice auto: %d/%d outputs that started a call hold only valid calls after it\n", valid, total);
+    assert_int_equal(valid, total);
+    free(logits);
+    cJSON_Delete(tools);
+}
+
 /* ---- setup ----------------------------------------------------------------------------- */
 
 /* The real engine on the default model with a KV budget, its scheduler and a server. */
@@ -569,6 +658,7 @@ int main(void)
         cmocka_unit_test(test_json_schema_200_seeds),
         cmocka_unit_test(test_json_schema_under_preemption),
         cmocka_unit_test(test_tool_choice_families),
+        cmocka_unit_test(test_tool_choice_auto_lazy),
     };
     return ks_run_tests(tests, setup, teardown);
 }

@@ -978,6 +978,10 @@ static ks_status parse_grammar(struct call *c, const cJSON *root, int32_t max_to
                           "'tool_choice' %s constrains the output to tool calls; it cannot be combined with %s",
                           c->tools.choice == SERVER_TOOL_NAMED ? "naming a function" : "\"required\"",
                           gr ? "'grammar'" : "a JSON 'response_format'");
+    /* auto: free text, but a call the model starts is constrained from its trigger on */
+    bool lazy = c->tool_fmt != SERVER_TOOLS_NONE && c->tools.choice == SERVER_TOOL_AUTO && !gr &&
+                !strcmp(type, "text") && c->srv->grammar_vocab;
+    tool_calls = tool_calls || lazy;
     if (!gr && !strcmp(type, "text") && !tool_calls)
         return KS_OK;
     if (!c->srv->grammar_vocab)
@@ -1014,7 +1018,7 @@ static ks_status parse_grammar(struct call *c, const cJSON *root, int32_t max_to
     if (!st)
         st = grammar_compile(src, strlen(src), &c->grammar);
     free(gbnf);
-    if (!st && max_tokens > 0 && grammar_min_bytes(c->grammar) > max_tokens)
+    if (!st && !lazy && max_tokens > 0 && grammar_min_bytes(c->grammar) > max_tokens)
         st = ks_fail(KS_ERR_RANGE, "max_tokens %d is below the %d tokens the shortest valid output may need (one per "
                                    "byte); raise it", (int)max_tokens, (int)grammar_min_bytes(c->grammar));
     if (st) {
@@ -1027,6 +1031,8 @@ static ks_status parse_grammar(struct call *c, const cJSON *root, int32_t max_to
     p->grammar = c->grammar;
     p->grammar_vocab = c->srv->grammar_vocab;
     p->grammar_max_tokens = max_tokens;
+    if (lazy)
+        server_tools_triggers(c->tool_fmt, c->srv->tok, &p->grammar_triggers);
     return KS_OK;
 }
 

@@ -177,6 +177,11 @@ void server_tool_result_free(struct server_tool_result *r);
  * Errors: KS_ERR_INVALID_ARG f is SERVER_TOOLS_NONE; KS_ERR_NOMEM. */
 ks_status server_tools_grammar(enum server_tool_format f, const struct tokenizer *tok, const cJSON *tools,
                                const struct server_tool_opts *o, char **gbnf, bool *fell_back);
+/* The triggers of that grammar used lazily (tool_choice auto): the markup
+ * that starts a call in format f (a control token of tok as a token
+ * trigger), or for llama3 and generic the call's opening JSON as the first
+ * text of the answer. */
+void server_tools_triggers(enum server_tool_format f, const struct tokenizer *tok, struct grammar_triggers *t);
 
 /* The routes, one per file that serves them (see the table in server.c). */
 /* server_completion.c */

@@ -157,3 +157,26 @@ ks_status server_tools_grammar(enum server_tool_format f, const struct tokenizer
     *gbnf = b.p;
     return KS_OK;
 }
+
+void server_tools_triggers(enum server_tool_format f, const struct tokenizer *tok, struct grammar_triggers *t)
+{
+    static const struct {
+        const char *word;
+        bool at_start;
+    } starts[] = {
+        [SERVER_TOOLS_HERMES] = {"<tool_call>", false},
+        [SERVER_TOOLS_LLAMA3] = {"{\"name\"", true},
+        [SERVER_TOOLS_MISTRAL] = {"[TOOL_CALLS]", false},
+        [SERVER_TOOLS_GENERIC] = {"{\"tool_calls\"", true},
+    };
+    memset(t, 0, sizeof *t);
+    if (f <= SERVER_TOOLS_NONE || f > SERVER_TOOLS_GENERIC)
+        return;
+    const char *w = starts[f].word;
+    int32_t id = tok ? tok_find(tok, w, strlen(w)) : -1;
+    t->n = 1;
+    t->t[0].token = id >= 0 && tok_is_control(tok, id) ? id : -1;
+    t->t[0].at_start = starts[f].at_start;
+    if (t->t[0].token < 0)
+        snprintf(t->t[0].word, sizeof t->t[0].word, "%s", w);
+}
