@@ -346,6 +346,14 @@ async function tools() {
       assert.deepEqual(st.tool_calls.map((c) => [c.function.name, c.function.arguments]),
         msg.tool_calls.map((c) => [c.function.name, c.function.arguments]), `stream seed ${seed}`);
     }
+    // auto: free text (the random model rarely opens a call); any call it starts must validate
+    for (const seed of [1, 2, 3]) {
+      const auto = await client.chat.completions.create(body(seed, { tool_choice: 'auto', max_tokens: 24 }));
+      const m = auto.choices[0].message;
+      if (m.tool_calls) checkCalls(m.tool_calls, names, `auto seed ${seed}`);
+      else assert.equal(typeof m.content, 'string');
+      assert.ok(['stop', 'length', 'tool_calls'].includes(auto.choices[0].finish_reason));
+    }
     // a call cut by max_tokens still parses: the grammar completes it within the budget
     const tight = await client.chat.completions.create(body(9, { tool_choice: { type: 'function', function: { name: 'get_weather' } },
       parallel_tool_calls: false, max_tokens: 120 }));
