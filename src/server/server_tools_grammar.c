@@ -63,13 +63,19 @@ static void put_markup(struct sbuf *b, const struct tokenizer *tok, const char *
 /* The rules of one schema (JSON value) under name; the caller's out. */
 static ks_status put_schema(struct sbuf *b, const cJSON *schema, const char *name, bool *fell_back)
 {
-    char *text = cJSON_PrintUnformatted(schema), *rules = NULL;
-    if (!text)
+    char *printed = cJSON_PrintUnformatted(schema), *typed = NULL, *rules = NULL;
+    /* {"properties": ...} without a type: arguments are an object all the same */
+    bool untyped = !cJSON_HasObjectItem(schema, "type") && cJSON_HasObjectItem(schema, "properties");
+    size_t n = printed ? strlen(printed) : 0;
+    if (printed && untyped && (typed = malloc(n + 18)))
+        snprintf(typed, n + 18, "{\"type\":\"object\",%s", printed + 1);
+    ks_status st = !printed || (untyped && !typed) ? KS_ERR_NOMEM
+                                                   : grammar_json_schema_rules(typed ? typed : printed,
+                                                                               strlen(typed ? typed : printed), name, &rules);
+    cJSON_free(printed);
+    free(typed);
+    if (st == KS_ERR_NOMEM || st == KS_ERR_FORMAT) /* cJSON printed it: only an allocation can fail to parse it */
         return ks_fail(KS_ERR_NOMEM, "out of memory building the tool-call grammar");
-    ks_status st = grammar_json_schema_rules(text, strlen(text), name, &rules);
-    cJSON_free(text);
-    if (st == KS_ERR_NOMEM)
-        return st;
     if (st) { /* a keyword outside the subset: any object, as the request is still served */
         sbuf_printf(b, "%s ::= object\n", name);
         *fell_back = true;
@@ -98,9 +104,9 @@ static ks_status put_function(struct sbuf *b, const cJSON *fn, int i, const char
     cJSON_Delete(name_schema);
     if (st)
         return st;
-    if (cJSON_IsObject(params))
+    if (cJSON_IsObject(params) && cJSON_GetArraySize(params) > 0)
         st = put_schema(b, params, args, fell_back);
-    else
+    else /* none, or {}: any object */
         sbuf_printf(b, "%s ::= object\n", args);
     sbuf_printf(b, "fn%d ::= %s \", \\\"%s\\\": \" %s\n", i, name, args_key, args);
     return st;
