@@ -424,7 +424,11 @@ static ks_status push_markup(struct call *c, int32_t token)
 static cJSON *tool_call_json(const struct call *c, int index, const struct server_tool_call *tc, bool whole)
 {
     char id[64];
-    snprintf(id, sizeof id, "call_%s_%d", strchr(c->id, '-') ? strchr(c->id, '-') + 1 : c->id, index);
+    const char *serial = strchr(c->id, '-') ? strchr(c->id, '-') + 1 : c->id;
+    if (c->tool_fmt == SERVER_TOOLS_MISTRAL) /* its templates refuse ids that are not 9 alphanumerics */
+        snprintf(id, sizeof id, "%09llu", (strtoull(serial, NULL, 10) * 100 + (unsigned)index) % 1000000000ull);
+    else
+        snprintf(id, sizeof id, "call_%s_%d", serial, index);
     cJSON *o = cJSON_CreateObject();
     if (!whole)
         cJSON_AddNumberToObject(o, "index", index);

@@ -169,7 +169,8 @@ ks_status server_tools_parse(enum server_tool_format f, const char *text, size_t
 void server_tool_result_free(struct server_tool_result *r);
 /* server_tools_grammar.c: the GBNF (malloc'd *gbnf) whose language is
  * exactly the calls o requires (tool_choice required: one call of any tool,
- * a named one: of that tool; more than one only with o->parallel) in format
+ * a named one: of that tool; more than one only with o->parallel, and never
+ * in the llama3 format, whose templates refuse several) in format
  * f, each call's arguments valid against its function's 'parameters' (tools
  * as server_parse_tool_options checked them). Markup that is a control token
  * of tok (NULL: none) is a <[id]> terminal. *fell_back: some tool's schema

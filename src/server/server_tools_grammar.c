@@ -3,7 +3,7 @@
  * template's format, with each function's arguments constrained by its
  * 'parameters' schema:
  *   hermes   <tool_call>\n{"name": N, "arguments": A}\n</tool_call>, "\n" between calls
- *   llama3   {"name": N, "parameters": A}, "; " between calls
+ *   llama3   {"name": N, "parameters": A}, one call (the templates refuse more)
  *   mistral  [TOOL_CALLS][{"name": N, "arguments": A}, ...]
  *   generic  {"tool_calls": [{"name": N, "arguments": A}, ...]}
  * Markup that is one control token of the vocabulary is the terminal <[id]>
@@ -123,7 +123,9 @@ ks_status server_tools_grammar(enum server_tool_format f, const struct tokenizer
     sbuf_puts(&b, "root ::=");
     put_markup(&b, tok, sx->markup);
     put_text(&b, sx->open);
-    sbuf_puts(&b, o->parallel ? " call more*" : " call");
+    /* Llama 3.x templates refuse several calls in the history: one, as they teach */
+    bool several = o->parallel && f != SERVER_TOOLS_LLAMA3;
+    sbuf_puts(&b, several ? " call more*" : " call");
     put_text(&b, sx->close);
     sbuf_puts(&b, "\nmore ::=");
     put_markup(&b, tok, sx->sep);
