@@ -260,16 +260,17 @@ static bool read_char(struct parser *p, uint32_t *cp)
 
 static bool parse_alternates(struct parser *p, int32_t rule, bool nested);
 
-static bool parse_int(struct parser *p, int32_t *out)
+/* A decimal number of at most max; what names it in errors. */
+static bool parse_int(struct parser *p, int32_t max, const char *what, int32_t *out)
 {
     size_t at = p->pos;
     int64_t v = 0;
     if (peek(p, 0) < '0' || peek(p, 0) > '9')
-        return perr(p, KS_ERR_FORMAT, at, "expected a number"), false;
+        return perr(p, KS_ERR_FORMAT, at, "expected a %s", what), false;
     while (peek(p, 0) >= '0' && peek(p, 0) <= '9') {
         v = v * 10 + (peek(p, 0) - '0');
-        if (v > GRAMMAR_MAX_REPEAT)
-            return perr(p, KS_ERR_FORMAT, at, "repetition count over %d", GRAMMAR_MAX_REPEAT), false;
+        if (v > max)
+            return perr(p, KS_ERR_FORMAT, at, "%s over %d", what, max), false;
         p->pos++;
     }
     *out = (int32_t)v;
@@ -359,19 +360,12 @@ static bool parse_class(struct parser *p, int32_t rule)
  * token's markup, say), never by text. */
 static bool parse_token(struct parser *p, int32_t rule)
 {
-    size_t at = p->pos;
     p->pos += 2; /* "<[" */
-    int64_t id = 0;
-    if (peek(p, 0) < '0' || peek(p, 0) > '9')
-        return perr(p, KS_ERR_FORMAT, at, "expected a token id in <[N]>"), false;
-    while (peek(p, 0) >= '0' && peek(p, 0) <= '9') {
-        id = id * 10 + (peek(p, 0) - '0');
-        if (id > GRAMMAR_MAX_TOKEN_ID)
-            return perr(p, KS_ERR_FORMAT, at, "token id over %d", GRAMMAR_MAX_TOKEN_ID), false;
-        p->pos++;
-    }
+    int32_t id;
+    if (!parse_int(p, GRAMMAR_MAX_TOKEN_ID, "token id", &id))
+        return false;
     if (peek(p, 0) != ']' || peek(p, 1) != '>')
-        return perr(p, KS_ERR_FORMAT, p->pos, "expected ']>' to end the token <[%lld]>", (long long)id), false;
+        return perr(p, KS_ERR_FORMAT, p->pos, "expected ']>' to end the token <[%d]>", id), false;
     p->pos += 2;
     int32_t cls = class_new(p, false);
     if (cls < 0 || !class_add(p, cls, GRAMMAR_TOKEN_CP(id), GRAMMAR_TOKEN_CP(id)))
@@ -454,7 +448,7 @@ static bool parse_sequence(struct parser *p, int32_t rule, bool nested)
         } else if (c == '{') {
             p->pos++;
             skip_space(p, true);
-            if (!parse_int(p, &lo))
+            if (!parse_int(p, GRAMMAR_MAX_REPEAT, "repetition count", &lo))
                 return false;
             skip_space(p, true);
             hi = lo;
@@ -462,7 +456,7 @@ static bool parse_sequence(struct parser *p, int32_t rule, bool nested)
                 p->pos++;
                 skip_space(p, true);
                 hi = -1;
-                if (peek(p, 0) != '}' && !parse_int(p, &hi))
+                if (peek(p, 0) != '}' && !parse_int(p, GRAMMAR_MAX_REPEAT, "repetition count", &hi))
                     return false;
                 skip_space(p, true);
             }

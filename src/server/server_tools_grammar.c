@@ -158,12 +158,11 @@ ks_status server_tools_grammar(enum server_tool_format f, const struct tokenizer
     sbuf_puts(&b, grammar_json_primitives_gbnf());
     if (!st && b.oom)
         st = ks_fail(KS_ERR_NOMEM, "out of memory building the tool-call grammar");
-    if (st) {
+    if (st)
         sbuf_free(&b);
-        return st;
-    }
-    *gbnf = b.p;
-    return KS_OK;
+    else
+        *gbnf = b.p; /* the buffer's string is the caller's now */
+    return st;
 }
 
 void server_tools_triggers(enum server_tool_format f, const struct tokenizer *tok, struct grammar_triggers *t)
