@@ -88,6 +88,15 @@ static bool type_ok(const cJSON *v, const cJSON *s, const cJSON *root, const cha
     return false;
 }
 
+/* Is v one of options (enum: equal to one; anyOf, by_schema: valid against one)? */
+static bool matches_one(const cJSON *v, const cJSON *options, bool by_schema, const cJSON *root, char *why, size_t cap)
+{
+    const cJSON *e;
+    bool any = false;
+    cJSON_ArrayForEach(e, options) any |= by_schema ? validate(v, e, root, why, cap) : cJSON_Compare(v, e, true);
+    return any;
+}
+
 static bool validate(const cJSON *v, const cJSON *s, const cJSON *root, char *why, size_t cap)
 {
     const cJSON *ref = cJSON_GetObjectItem(s, "$ref");
@@ -101,24 +110,14 @@ static bool validate(const cJSON *v, const cJSON *s, const cJSON *root, char *wh
         return false;
     }
     const cJSON *en = cJSON_GetObjectItem(s, "enum");
-    if (en) {
-        const cJSON *e;
-        bool any = false;
-        cJSON_ArrayForEach(e, en) any |= cJSON_Compare(v, e, true);
-        if (!any) {
-            snprintf(why, cap, "not in the enum");
-            return false;
-        }
+    if (en && !matches_one(v, en, false, root, why, cap)) {
+        snprintf(why, cap, "not in the enum");
+        return false;
     }
     const cJSON *anyof = cJSON_GetObjectItem(s, "anyOf");
-    if (anyof) {
-        const cJSON *e;
-        bool any = false;
-        cJSON_ArrayForEach(e, anyof) any |= validate(v, e, root, why, cap);
-        if (!any) {
-            snprintf(why, cap, "matches no anyOf branch");
-            return false;
-        }
+    if (anyof && !matches_one(v, anyof, true, root, why, cap)) {
+        snprintf(why, cap, "matches no anyOf branch");
+        return false;
     }
     const cJSON *type = cJSON_GetObjectItem(s, "type");
     if (cJSON_IsString(type) && !type_ok(v, s, root, type->valuestring, why, cap)) {
