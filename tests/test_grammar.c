@@ -589,6 +589,225 @@ static void test_special_tokens(void **state)
     vocab_close(&v);
 }
 
+/* A vocabulary of the 256 bytes, then MARK (a control token, "[TOOL_CALLS]")
+ * and END (end of generation). */
+enum { MARK = 256, END = 257 };
+
+static ks_status byte_piece(void *user, int32_t id, const char **bytes, size_t *len, enum grammar_token_kind *kind)
+{
+    static char all[256];
+    (void)user;
+    for (int i = 0; i < 256; i++)
+        all[i] = (char)i;
+    *kind = id == MARK ? GRAMMAR_TOKEN_SPECIAL : id == END ? GRAMMAR_TOKEN_EOG : GRAMMAR_TOKEN_TEXT;
+    *bytes = id < 256 ? all + id : "[TOOL_CALLS]";
+    *len = id < 256 ? 1 : id == MARK ? 12 : 0;
+    return KS_OK;
+}
+
+/* How many ids the state's mask allows; *first the lowest. */
+static int32_t n_allowed(struct grammar_state *st, float *logits, int32_t n, int32_t *first)
+{
+    for (int32_t i = 0; i < n; i++)
+        logits[i] = 0.0f;
+    assert_int_equal(grammar_mask(st, logits, n), KS_OK);
+    int32_t k = 0;
+    for (int32_t i = 0; i < n; i++)
+        if (logits[i] == 0.0f && k++ == 0)
+            *first = i;
+    return k;
+}
+
+/* <[N]>: only drawing token N passes it (its text does not), it counts one
+ * token of the budget, and the parse errors name the position. */
+static void test_token_terminals(void **state)
+{
+    (void)state;
+    expect_error("root ::= <[abc]>", KS_ERR_FORMAT, "expected a token id");
+    expect_error("root ::= <[12", KS_ERR_FORMAT, "expected ']>'");
+    expect_error("root ::= <[99999999]>", KS_ERR_FORMAT, "token id over");
+    struct grammar_vocab *v;
+    assert_int_equal(grammar_vocab_create(258, byte_piece, NULL, &v), KS_OK);
+    struct grammar *g = compile("root ::= <[256]> \"[\" [a-z]+ \"]\" (\"; \" <[256]>)?");
+    assert_int_equal(grammar_min_bytes(g), 4);
+    assert_false(match(g, "[TOOL_CALLS][ab]")); /* text never stands for the token */
+    float logits[258];
+    int32_t first = -1;
+    struct grammar_state *st;
+    assert_int_equal(grammar_state_create(g, v, 6, &st), KS_OK);
+    assert_int_equal(n_allowed(st, logits, 258, &first), 1);
+    assert_int_equal(first, MARK);
+    assert_int_equal(grammar_accept(st, '['), KS_ERR_INVALID_ARG);
+    assert_int_equal(grammar_accept(st, MARK), KS_OK);
+    assert_int_equal(grammar_accept(st, MARK), KS_ERR_INVALID_ARG);
+    assert_int_equal(grammar_accept(st, '['), KS_OK);
+    assert_int_equal(grammar_accept(st, 'x'), KS_OK);
+    assert_int_equal(grammar_accept(st, ']'), KS_OK);
+    assert_true(grammar_complete(st));
+    /* 2 tokens left: "; " then the token would need 3, so only the end remains */
+    assert_int_equal(n_allowed(st, logits, 258, &first), 1);
+    assert_int_equal(first, END);
+    grammar_state_free(st);
+
+    assert_int_equal(grammar_state_create(g, v, -1, &st), KS_OK);
+    const int32_t walk[] = {MARK, '[', 'q', ']', ';', ' '};
+    for (size_t i = 0; i < sizeof walk / sizeof walk[0]; i++)
+        assert_int_equal(grammar_accept(st, walk[i]), KS_OK);
+    assert_int_equal(n_allowed(st, logits, 258, &first), 1);
+    assert_int_equal(first, MARK);
+    assert_int_equal(grammar_accept(st, MARK), KS_OK);
+    assert_true(grammar_complete(st));
+    grammar_state_free(st);
+    grammar_free(g);
+
+    /* an EOG token is never drawn through <[N]>, and a token outside the vocabulary is never allowed */
+    g = compile("root ::= \"a\" | <[257]> | <[4000]>");
+    assert_int_equal(grammar_state_create(g, v, -1, &st), KS_OK);
+    assert_int_equal(n_allowed(st, logits, 258, &first), 1);
+    assert_int_equal(first, 'a');
+    grammar_state_free(st);
+    grammar_free(g);
+    grammar_vocab_free(v);
+}
+
+static void accept_bytes(struct grammar_state *st, const char *text)
+{
+    for (; *text; text++)
+        assert_int_equal(grammar_accept(st, (unsigned char)*text), KS_OK);
+}
+
+static struct grammar_state *lazy_state(struct grammar *g, struct grammar_vocab *v, int32_t max_tokens,
+                                        const char *word, int32_t token, bool at_start)
+{
+    struct grammar_triggers tr = {.n = 1};
+    snprintf(tr.t[0].word, sizeof tr.t[0].word, "%s", word);
+    tr.t[0].token = token;
+    tr.t[0].at_start = at_start;
+    struct grammar_state *st = NULL;
+    assert_int_equal(grammar_state_create_lazy(g, v, max_tokens, &tr, &st), KS_OK);
+    return st;
+}
+
+/* Lazy states: free until the trigger word (anywhere, or only first) or
+ * token, then constrained with the tokens left; a trigger that cannot finish
+ * in them stays text. */
+static void test_lazy_triggers(void **state)
+{
+    (void)state;
+    struct grammar_vocab *v;
+    assert_int_equal(grammar_vocab_create(258, byte_piece, NULL, &v), KS_OK);
+    float logits[258];
+    int32_t first;
+    struct grammar *g = compile("root ::= \"<call>\" [a-z]+ \"</call>\"");
+    struct grammar_state *st = lazy_state(g, v, 40, "<call>", -1, false);
+    assert_int_equal(n_allowed(st, logits, 258, &first), 258);
+    accept_bytes(st, "hi <ca");
+    assert_false(grammar_triggered(st));
+    accept_bytes(st, "ll>");
+    assert_true(grammar_triggered(st));
+    assert_int_equal(n_allowed(st, logits, 258, &first), 26);
+    assert_int_equal(first, 'a');
+    accept_bytes(st, "xy</call>");
+    assert_true(grammar_complete(st));
+    assert_int_equal(n_allowed(st, logits, 258, &first), 1);
+    assert_int_equal(first, END);
+    grammar_state_free(st);
+
+    /* budget: 20 - 9 drawn leaves 11 tokens, so the call must close within them */
+    st = lazy_state(g, v, 20, "<call>", -1, false);
+    accept_bytes(st, "abc<call>");
+    assert_true(grammar_triggered(st));
+    accept_bytes(st, "ab");
+    assert_int_equal(n_allowed(st, logits, 258, &first), 27); /* 9 left: [a-z] or the '<' of "</call>" */
+    accept_bytes(st, "cd");
+    assert_int_equal(n_allowed(st, logits, 258, &first), 1); /* 7 left: "</call>" now */
+    assert_int_equal(first, '<');
+    grammar_state_free(st);
+    grammar_free(g);
+
+    /* too late to finish: the trigger stays text */
+    g = compile("root ::= \"<call>\" [a-z]{20}");
+    st = lazy_state(g, v, 16, "<call>", -1, false);
+    accept_bytes(st, "<call>");
+    assert_false(grammar_triggered(st));
+    assert_int_equal(n_allowed(st, logits, 258, &first), 258);
+    grammar_state_free(st);
+    grammar_free(g);
+
+    /* at_start: only after whitespace alone */
+    g = compile("root ::= \"{\\\"n\\\"\" [0-9]");
+    for (int blank = 0; blank < 2; blank++) {
+        st = lazy_state(g, v, -1, "{\"n\"", -1, true);
+        accept_bytes(st, blank ? " \n{\"n\"" : "so {\"n\"");
+        assert_int_equal(grammar_triggered(st), blank);
+        assert_int_equal(n_allowed(st, logits, 258, &first), blank ? 10 : 258);
+        grammar_state_free(st);
+    }
+    grammar_free(g);
+
+    /* a trigger token, drawn as the grammar's first terminal */
+    g = compile("root ::= <[256]> \"[\" [a-z]+ \"]\"");
+    st = lazy_state(g, v, 30, "", MARK, false);
+    accept_bytes(st, "text [TOOL_CALLS]"); /* its text is not the token */
+    assert_false(grammar_triggered(st));
+    assert_int_equal(grammar_accept(st, MARK), KS_OK);
+    assert_true(grammar_triggered(st));
+    assert_int_equal(n_allowed(st, logits, 258, &first), 1);
+    assert_int_equal(first, '[');
+    grammar_state_free(st);
+    grammar_free(g);
+    grammar_vocab_free(v);
+}
+
+/* A real control token (Llama 3's <|start_header_id|>) is drawn only as itself. */
+static void test_token_terminal_llama3(void **state)
+{
+    (void)state;
+    struct vocab v;
+    if (!vocab_open("ggml-vocab-llama3.gguf", &v))
+        return;
+    int32_t tag = tok_find(v.tok, "<|start_header_id|>", 19);
+    assert_true(tag >= 0 && tok_is_control(v.tok, tag));
+    char gbnf[128];
+    snprintf(gbnf, sizeof gbnf, "root ::= <[%d]> \"{}\"", tag);
+    struct grammar *g = compile(gbnf);
+    struct grammar_state *st;
+    assert_int_equal(grammar_state_create(g, v.gv, 8, &st), KS_OK);
+    int32_t n = tok_n_vocab(v.tok), first = -1;
+    float *logits = malloc((size_t)n * sizeof *logits);
+    assert_int_equal(n_allowed(st, logits, n, &first), 1);
+    assert_int_equal(first, tag);
+    assert_int_equal(grammar_accept(st, tag), KS_OK);
+    assert_int_equal(grammar_accept(st, tok_find(v.tok, "{}", 2)), KS_OK);
+    assert_true(grammar_complete(st));
+    free(logits);
+    grammar_state_free(st);
+    grammar_free(g);
+    vocab_close(&v);
+}
+
+/* Schemas composed under names beside each other share the primitives. */
+static void test_schema_rules_compose(void **state)
+{
+    (void)state;
+    const char *a = "{\"type\":\"object\",\"properties\":{\"n\":{\"type\":\"integer\"}},\"required\":[\"n\"]}";
+    const char *b = "{\"type\":\"array\",\"items\":{\"$ref\":\"#\"},\"maxItems\":2}";
+    char *ra = NULL, *rb = NULL;
+    assert_int_equal(grammar_json_schema_rules(a, strlen(a), "tool_a", &ra), KS_OK);
+    assert_int_equal(grammar_json_schema_rules(b, strlen(b), "tool_b", &rb), KS_OK);
+    char *all = malloc(strlen(ra) + strlen(rb) + strlen(grammar_json_primitives_gbnf()) + 64);
+    sprintf(all, "root ::= tool_a \" \" tool_b\n%s%s%s", ra, rb, grammar_json_primitives_gbnf());
+    struct grammar *g = compile(all);
+    assert_true(match(g, "{\"n\": 3} [[], [[]]]"));
+    assert_false(match(g, "{\"n\": \"3\"} []"));
+    assert_false(match(g, "{\"n\": 3} [[], [], []]"));
+    grammar_free(g);
+    assert_int_equal(grammar_json_schema_rules(a, strlen(a), "bad name", &ra), KS_ERR_INVALID_ARG);
+    assert_int_equal(grammar_json_schema_rules("{\"pattern\":\"x\"}", 15, "t", &rb), KS_ERR_UNSUPPORTED);
+    free(ra);
+    free(rb);
+    free(all);
+}
 
 /* Mutated grammars and schemas, each in a buffer of exactly its length (no NUL
  * after it), so ASan catches any read past the end: compile or fail cleanly. */
@@ -646,6 +865,8 @@ int main(void)
         cmocka_unit_test(test_schema_errors),      cmocka_unit_test(test_special_tokens),
         cmocka_unit_test(test_mask_qwen3),         cmocka_unit_test(test_mask_llama_spm),
         cmocka_unit_test(test_mutations),          cmocka_unit_test(test_shared_mask_cache),
+        cmocka_unit_test(test_token_terminals),    cmocka_unit_test(test_token_terminal_llama3),
+        cmocka_unit_test(test_schema_rules_compose), cmocka_unit_test(test_lazy_triggers),
     };
     return ks_run_tests(tests, NULL, NULL);
 }

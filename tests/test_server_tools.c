@@ -1,8 +1,9 @@
 /* Tool calls in model output (src/server/server_tools.c): each format whole,
  * at every split point of a stream (what was released as content is a prefix
  * of the final content and never holds markup; calls found early are the
- * final ones), malformed markup staying content, and the format detection on
- * the corpus templates' markers. */
+ * final ones), malformed markup staying content, the format detection on
+ * the corpus templates' markers, and each format's tool-call grammar
+ * (src/server/server_tools_grammar.c) against the parser. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -210,6 +211,116 @@ static void test_fuzz(void **state)
     }
 }
 
+/* ---- the tool-call grammar ------------------------------------------------------------- */
+
+static const char grammar_tools[] =
+    "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{\"type\":\"object\","
+    "\"properties\":{\"city\":{\"type\":\"string\"}},\"required\":[\"city\"],\"additionalProperties\":false}}},"
+    "{\"type\":\"function\",\"function\":{\"name\":\"say \\\"hi\\\"\",\"parameters\":{\"properties\":{\"n\":"
+    "{\"type\":\"integer\"}},\"required\":[\"n\"]}}},"
+    "{\"type\":\"function\",\"function\":{\"name\":\"ping\",\"parameters\":{}}},"
+    "{\"type\":\"function\",\"function\":{\"name\":\"grep\",\"parameters\":{\"type\":\"object\","
+    "\"properties\":{\"re\":{\"type\":\"string\",\"pattern\":\"a+\"}}}}}]";
+
+static struct grammar *tool_grammar(enum server_tool_format f, const struct server_tool_opts *o, bool *fell_back)
+{
+    cJSON *tools = cJSON_Parse(grammar_tools);
+    char *gbnf = NULL;
+    assert_int_equal(server_tools_grammar(f, NULL, tools, o, &gbnf, fell_back), KS_OK);
+    struct grammar *g = NULL;
+    ks_status st = grammar_compile(gbnf, strlen(gbnf), &g);
+    if (st)
+        fprintf(stderr, "%s\n%s\n", ks_errmsg(), gbnf);
+    assert_int_equal(st, KS_OK);
+    free(gbnf);
+    cJSON_Delete(tools);
+    return g;
+}
+
+/* The text a grammar accepts, and what the parser reads from it. */
+static void expect_calls(struct grammar *g, enum server_tool_format f, const char *text, int n_calls)
+{
+    bool ok = grammar_match(g, text, strlen(text));
+    if ((n_calls > 0) != ok)
+        fprintf(stderr, "%s: '%s' %s\n", server_tool_format_name(f), text, ok ? "matches" : ks_errmsg());
+    assert_int_equal(ok, n_calls > 0);
+    if (!ok)
+        return;
+    struct server_tool_result r;
+    assert_int_equal(server_tools_parse(f, text, strlen(text), true, &r), KS_OK);
+    assert_int_equal(r.n_calls, n_calls);
+    assert_int_equal(r.content_end, 0);
+    server_tool_result_free(&r);
+}
+
+/* Each format's grammar accepts exactly its calls (any tool, the named one,
+ * one or several), which the parser reads back; arguments follow the schema,
+ * {} and an untyped schema take objects, a schema outside the subset any object. */
+static void test_grammar_formats(void **state)
+{
+    (void)state;
+    struct server_tool_opts req = {.choice = SERVER_TOOL_REQUIRED, .parallel = true, .n_tools = 4};
+    struct server_tool_opts one = req, named = req;
+    one.parallel = false;
+    named.choice = SERVER_TOOL_NAMED;
+    strcpy(named.name, "ping");
+    static const struct {
+        enum server_tool_format f;
+        const char *call_a, *call_b, *bad_args, *join;
+    } forms[] = {
+        {SERVER_TOOLS_HERMES, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}\n</tool_call>",
+         "<tool_call>\n{\"name\": \"ping\", \"arguments\": {\"x\": [1]}}\n</tool_call>",
+         "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"town\": \"Rome\"}}\n</tool_call>", "\n"},
+        {SERVER_TOOLS_LLAMA3, "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Rome\"}}",
+         "{\"name\": \"ping\", \"parameters\": {}}", "{\"name\": \"get_weather\", \"parameters\": {}}", "; "},
+        {SERVER_TOOLS_MISTRAL, "{\"name\": \"get_weather\", \"arguments\": {\"city\":\"Rome\"}}",
+         "{\"name\": \"ping\", \"arguments\": {}}", "{\"name\": \"say \\\"hi\\\"\", \"arguments\": {\"n\": 1.5}}", ", "},
+        {SERVER_TOOLS_GENERIC, "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}",
+         "{\"name\": \"ping\", \"arguments\": {}}", "{\"name\": \"grep\", \"arguments\": 5}", ", "},
+    };
+    for (size_t i = 0; i < sizeof forms / sizeof forms[0]; i++) {
+        enum server_tool_format f = forms[i].f;
+        const char *pre = f == SERVER_TOOLS_MISTRAL ? "[TOOL_CALLS][" : f == SERVER_TOOLS_GENERIC ? "{\"tool_calls\": [" : "";
+        const char *post = f == SERVER_TOOLS_MISTRAL ? "]" : f == SERVER_TOOLS_GENERIC ? "]}" : "";
+        char a[512], b[512], two[1024], bad[512];
+        snprintf(a, sizeof a, "%s%s%s", pre, forms[i].call_a, post);
+        snprintf(b, sizeof b, "%s%s%s", pre, forms[i].call_b, post);
+        snprintf(two, sizeof two, "%s%s%s%s%s", pre, forms[i].call_a, forms[i].join, forms[i].call_b, post);
+        snprintf(bad, sizeof bad, "%s%s%s", pre, forms[i].bad_args, post);
+        bool fell_back = false;
+        struct grammar *g = tool_grammar(f, &req, &fell_back);
+        assert_true(fell_back); /* grep's pattern */
+        expect_calls(g, f, a, 1);
+        expect_calls(g, f, two, f == SERVER_TOOLS_LLAMA3 ? 0 : 2);
+        expect_calls(g, f, bad, 0);
+        expect_calls(g, f, "Sure.", 0);
+        grammar_free(g);
+        g = tool_grammar(f, &one, &fell_back);
+        expect_calls(g, f, a, 1);
+        expect_calls(g, f, two, 0);
+        grammar_free(g);
+        g = tool_grammar(f, &named, &fell_back);
+        expect_calls(g, f, a, 0);
+        expect_calls(g, f, b, 1);
+        grammar_free(g);
+    }
+    /* the generic grammar in full: a quoted name, an untyped schema's object, the fallback's any object */
+    struct grammar *g = tool_grammar(SERVER_TOOLS_GENERIC, &req, &(bool){false});
+    expect_calls(g, SERVER_TOOLS_GENERIC,
+                 "{\"tool_calls\": [{\"name\": \"say \\\"hi\\\"\", \"arguments\": {\"n\": 3}}, {\"name\": \"grep\", "
+                 "\"arguments\": {\"re\": 1, \"more\": [true]}}]}",
+                 2);
+    grammar_free(g);
+    struct grammar_triggers t;
+    server_tools_triggers(SERVER_TOOLS_LLAMA3, NULL, &t);
+    assert_int_equal(t.n, 1);
+    assert_string_equal(t.t[0].word, "{\"name\"");
+    assert_true(t.t[0].at_start);
+    server_tools_triggers(SERVER_TOOLS_HERMES, NULL, &t);
+    assert_string_equal(t.t[0].word, "<tool_call>");
+    assert_false(t.t[0].at_start);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -218,6 +329,7 @@ int main(void)
         cmocka_unit_test(test_bad_utf8),
         cmocka_unit_test(test_detect),
         cmocka_unit_test(test_fuzz),
+        cmocka_unit_test(test_grammar_formats),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -11,6 +11,10 @@
  *   "text"                          literal; escapes \n \r \t \\ \" \[ \] \- \/ \xHH \uHHHH \UHHHHHHHH
  *   [a-z_] [^"\\]                   character class, negated class
  *   .                               any character
+ *   <[N]>                           the token with id N, drawn as itself (e.g.
+ *                                   a control token of a tool-call markup); text
+ *                                   never matches it, and its id is checked
+ *                                   against the vocabulary only when drawn
  *   # comment                       to the end of the line
  * A rule may also continue on a new line that starts with `|` (llama.cpp
  * needs the whole rule on one line outside parentheses).
@@ -113,11 +117,23 @@ const char *grammar_json_object_gbnf(void);
  *         or an unresolved $ref; KS_ERR_NOMEM. */
 ks_status grammar_from_json_schema(const char *schema, size_t len, char **gbnf);
 
+/* Compose a schema into a larger grammar: the GBNF rules of the JSON Schema
+ * schema[0..len) (the subset above) under the rule `name` ([A-Za-z0-9_], 1 to
+ * 62 bytes), its helper rules named "name-r1", "name-r2", ... They use the
+ * JSON primitive rules of grammar_json_primitives_gbnf() (value, object, array,
+ * string, char, hex4, integer, number, boolean, null, ws), which the caller
+ * appends once to the whole grammar and must not define otherwise.
+ *   gbnf  receives malloc'd NUL-terminated rules; the caller frees them
+ * Errors: those of grammar_from_json_schema; KS_ERR_INVALID_ARG a bad name. */
+ks_status grammar_json_schema_rules(const char *schema, size_t len, const char *name, char **gbnf);
+/* The JSON primitive rules (static, NUL-terminated), without a root. */
+const char *grammar_json_primitives_gbnf(void);
+
 /* ---- vocabulary ----------------------------------------------------------- */
 
 enum grammar_token_kind {
     GRAMMAR_TOKEN_TEXT,    /* its bytes are text the grammar matches */
-    GRAMMAR_TOKEN_SPECIAL, /* control / unused tokens: never allowed */
+    GRAMMAR_TOKEN_SPECIAL, /* control / unused tokens: allowed only where a <[N]> terminal names them */
     GRAMMAR_TOKEN_EOG,     /* end of generation: allowed once the grammar is complete */
 };
 
@@ -166,7 +182,36 @@ ks_status grammar_state_create(struct grammar *g, const struct grammar_vocab *v,
                                struct grammar_state **out);
 void grammar_state_free(struct grammar_state *st); /* NULL is a no-op */
 
+/* Lazy constraint (tool_choice auto): the text is free until a trigger
+ * appears, a trigger word in the generated text or a trigger token drawn;
+ * from the trigger on (the word's text, or the token, is the grammar's first
+ * input) every token is constrained as above. An at_start word counts only
+ * when no text but whitespace came before it. Budget: max_tokens is the whole
+ * generation's; the constrained part gets the tokens left when it starts,
+ * and a trigger whose text already cannot complete in them (or that the
+ * grammar refuses) stays free text. */
+#define GRAMMAR_MAX_TRIGGERS 4
+#define GRAMMAR_MAX_TRIGGER_LEN 32
+struct grammar_trigger {
+    char word[GRAMMAR_MAX_TRIGGER_LEN]; /* NUL-terminated, when token < 0 */
+    int32_t token;                      /* a trigger token, or -1 */
+    bool at_start;
+};
+struct grammar_triggers {
+    int n; /* 1..GRAMMAR_MAX_TRIGGERS */
+    struct grammar_trigger t[GRAMMAR_MAX_TRIGGERS];
+};
+/* A lazy state (trig is copied). Errors: KS_ERR_INVALID_ARG a bad trigger
+ * list; KS_ERR_NOMEM. No KS_ERR_RANGE: the grammar may never start. */
+ks_status grammar_state_create_lazy(struct grammar *g, const struct grammar_vocab *v, int32_t max_tokens,
+                                    const struct grammar_triggers *trig, struct grammar_state **out);
+/* Has the constrained part started (always true for a state that is not lazy)? */
+bool grammar_triggered(const struct grammar_state *st);
+
 /* Set logits[i] = -INFINITY for every token the grammar does not allow now
+ * (a lazy state before its trigger allows everything)
+ * (a token is allowed by its bytes, or where a <[N]> terminal may come next
+ * by its id; an EOG token never by <[N]>)
  * (and for ids >= the vocabulary's size; n_logits may exceed it). At least one
  * token is left.
  * Errors: KS_ERR_STATE no vocabulary, or no token can continue (the
@@ -175,7 +220,8 @@ void grammar_state_free(struct grammar_state *st); /* NULL is a no-op */
  *         The state is unchanged on failure. */
 ks_status grammar_mask(struct grammar_state *st, float *logits, int32_t n_logits);
 /* Advance past a drawn token (one of the budget).
- * Errors: KS_ERR_INVALID_ARG the token is not allowed (out of range, special,
+ * Errors: KS_ERR_INVALID_ARG the token is not allowed (out of range, special
+ *         where no <[N]> terminal takes it,
  *         EOG before the text is complete, or text the grammar refuses);
  *         KS_ERR_RANGE a limit; KS_ERR_NOMEM. The state is unchanged on failure. */
 ks_status grammar_accept(struct grammar_state *st, int32_t token);

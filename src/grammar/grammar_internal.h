@@ -27,8 +27,16 @@ struct gclass {
     uint32_t ascii[4];
     int32_t first, n;
     bool neg;
-    int32_t minlen; /* UTF-8 bytes of the smallest code point in the class */
+    int32_t minlen; /* UTF-8 bytes of the smallest code point in the class (1 for a token) */
+    bool token;     /* <[N]>: the one range is (GRAMMAR_TOKEN_CP(N), same) */
 };
+
+/* A token terminal <[N]> is matched as a code point above Unicode, which no
+ * text can produce: only drawing token N itself steps over it. Transitions
+ * are keyed (set << GRAMMAR_CP_BITS | cp). */
+#define GRAMMAR_CP_BITS 24
+#define GRAMMAR_TOKEN_CP(id) (0x110000u + (uint32_t)(id))
+#define GRAMMAR_MAX_TOKEN_ID ((int32_t)((1u << GRAMMAR_CP_BITS) - 1 - 0x110000u))
 
 /* Rules are stored flat: the alternatives of rule r are alt_start[rule_alt[r]
  * .. rule_alt[r+1]), each a run of elements ending with GE_END. minrest[p]:
@@ -46,10 +54,14 @@ struct grammar {
     struct gclass *classes;   /* (n_classes) */
     int32_t n_classes;
     uint32_t *ranges;         /* (2 * n_ranges) */
+    int32_t *tokens;          /* (n_tokens) distinct ids of the <[N]> terminals */
+    int32_t n_tokens;
 };
 
 static inline bool gclass_match(const struct grammar *g, const struct gclass *c, uint32_t cp)
 {
+    if (cp > 0x10FFFF || c->token)
+        return c->token && cp == g->ranges[2 * c->first];
     if (cp < 128)
         return (c->ascii[cp >> 5] >> (cp & 31)) & 1u;
     bool in = false;

@@ -39,13 +39,17 @@ const char *grammar_json_object_gbnf(void)
 
 /* ---- JSON Schema -> GBNF ---------------------------------------------------------- */
 
+/* Rule names: a prefix of at most RULE_PREFIX - 1 bytes, then rN. */
+enum { RULE_PREFIX = 64, RULE_NAME = RULE_PREFIX + 16 };
+
 struct conv {
     const cJSON *root;
     struct sbuf out;
     int n_rules;
     char path[512];      /* JSON pointer of the schema being converted, for errors */
     const cJSON *defs[256];
-    char def_rule[256][24];
+    char def_rule[256][RULE_NAME];
+    char pre[RULE_PREFIX]; /* prefix of every rule name ("" alone, "NAME-" composed) */
     int n_defs;
     int depth;
     ks_status err;
@@ -162,7 +166,7 @@ static bool gen_object(struct conv *c, const cJSON *s, int id)
                false;
     int n = props ? cJSON_GetArraySize(props) : 0;
     if (n == 0 && !addl) { /* {"type":"object"}: any object */
-        sbuf_printf(&c->out, "r%d ::= object\n", id);
+        sbuf_printf(&c->out, "%sr%d ::= object\n", c->pre, id);
         return true;
     }
     const cJSON *r;
@@ -174,7 +178,7 @@ static bool gen_object(struct conv *c, const cJSON *s, int id)
                    false;
     }
     if (n == 0) {
-        sbuf_printf(&c->out, "r%d ::= \"{\" ws \"}\"\n", id);
+        sbuf_printf(&c->out, "%sr%d ::= \"{\" ws \"}\"\n", c->pre, id);
         return true;
     }
     /* kv_i rules, then first_i / after_i as rules (first_{n} and after_{n} are empty) */
@@ -183,12 +187,12 @@ static bool gen_object(struct conv *c, const cJSON *s, int id)
     int i = 0;
     const cJSON *p;
     cJSON_ArrayForEach(p, props) {
-        char vname[24];
+        char vname[RULE_NAME];
         char suffix[300];
         snprintf(suffix, sizeof suffix, "/properties/%.250s", p->string);
         if (!gen_at(c, p, suffix, vname, sizeof vname))
             return false;
-        sbuf_printf(&c->out, "r%d ::= ", base + 3 * i);
+        sbuf_printf(&c->out, "%sr%d ::= ", c->pre, base + 3 * i);
         cJSON *key = cJSON_CreateString(p->string);
         if (!key)
             return conv_fail(c, KS_ERR_NOMEM, "out of memory"), false;
@@ -205,24 +209,24 @@ static bool gen_object(struct conv *c, const cJSON *s, int id)
         cJSON_ArrayForEach(r, req) if (!strcmp(r->valuestring, p->string)) required = true;
         int kv = base + 3 * i, first = kv + 1, after = kv + 2;
         bool last = i == n - 1;
-        char next_after[24] = "", next_first[24] = "";
+        char next_after[RULE_NAME + 2] = "", next_first[RULE_NAME] = "";
         if (!last) {
-            snprintf(next_after, sizeof next_after, " r%d", after + 3);
-            snprintf(next_first, sizeof next_first, "r%d", first + 3);
+            snprintf(next_after, sizeof next_after, " %sr%d", c->pre, after + 3);
+            snprintf(next_first, sizeof next_first, "%sr%d", c->pre, first + 3);
         }
         if (required) {
-            sbuf_printf(&c->out, "r%d ::= r%d%s\n", first, kv, next_after);
-            sbuf_printf(&c->out, "r%d ::= ws \",\" ws r%d%s\n", after, kv, next_after);
+            sbuf_printf(&c->out, "%sr%d ::= %sr%d%s\n", c->pre, first, c->pre, kv, next_after);
+            sbuf_printf(&c->out, "%sr%d ::= ws \",\" ws %sr%d%s\n", c->pre, after, c->pre, kv, next_after);
         } else {
             if (last)
-                sbuf_printf(&c->out, "r%d ::= ( r%d )?\n", first, kv);
+                sbuf_printf(&c->out, "%sr%d ::= ( %sr%d )?\n", c->pre, first, c->pre, kv);
             else
-                sbuf_printf(&c->out, "r%d ::= r%d%s | %s\n", first, kv, next_after, next_first);
-            sbuf_printf(&c->out, "r%d ::= ( ws \",\" ws r%d )?%s\n", after, kv, next_after);
+                sbuf_printf(&c->out, "%sr%d ::= %sr%d%s | %s\n", c->pre, first, c->pre, kv, next_after, next_first);
+            sbuf_printf(&c->out, "%sr%d ::= ( ws \",\" ws %sr%d )?%s\n", c->pre, after, c->pre, kv, next_after);
         }
         i++;
     }
-    sbuf_printf(&c->out, "r%d ::= \"{\" ws r%d ws \"}\"\n", id, base + 1);
+    sbuf_printf(&c->out, "%sr%d ::= \"{\" ws %sr%d ws \"}\"\n", c->pre, id, c->pre, base + 1);
     return true;
 }
 
@@ -234,14 +238,14 @@ static bool gen_array(struct conv *c, const cJSON *s, int id)
         return false;
     if (hi >= 0 && hi < lo)
         return conv_fail(c, KS_ERR_INVALID_ARG, "'maxItems' is below 'minItems'"), false;
-    char item[24] = "value";
+    char item[RULE_NAME] = "value";
     if (items && !gen_at(c, items, "/items", item, sizeof item))
         return false;
     if (hi == 0) {
-        sbuf_printf(&c->out, "r%d ::= \"[\" ws \"]\"\n", id);
+        sbuf_printf(&c->out, "%sr%d ::= \"[\" ws \"]\"\n", c->pre, id);
         return true;
     }
-    sbuf_printf(&c->out, "r%d ::= \"[\" ws %s%s ( ws \",\" ws %s )", id, lo == 0 ? "( " : "", item, item);
+    sbuf_printf(&c->out, "%sr%d ::= \"[\" ws %s%s ( ws \",\" ws %s )", c->pre, id, lo == 0 ? "( " : "", item, item);
     put_repeat(&c->out, lo > 0 ? lo - 1 : 0, hi > 0 ? hi - 1 : -1);
     sbuf_printf(&c->out, "%s ws \"]\"\n", lo == 0 ? " )?" : "");
     return true;
@@ -262,20 +266,20 @@ static bool gen_string(struct conv *c, const cJSON *s, int id)
     static const char time[] = "( [01] [0-9] | \"2\" [0-3] ) \":\" [0-5] [0-9] \":\" [0-5] [0-9] ( \".\" [0-9]{1,6} )? "
                                "( \"Z\" | [+-] ( [01] [0-9] | \"2\" [0-3] ) \":\" [0-5] [0-9] )";
     if (!strcmp(f, "date"))
-        sbuf_printf(&c->out, "r%d ::= \"\\\"\" %s \"\\\"\"\n", id, date);
+        sbuf_printf(&c->out, "%sr%d ::= \"\\\"\" %s \"\\\"\"\n", c->pre, id, date);
     else if (!strcmp(f, "time"))
-        sbuf_printf(&c->out, "r%d ::= \"\\\"\" %s \"\\\"\"\n", id, time);
+        sbuf_printf(&c->out, "%sr%d ::= \"\\\"\" %s \"\\\"\"\n", c->pre, id, time);
     else if (!strcmp(f, "date-time"))
-        sbuf_printf(&c->out, "r%d ::= \"\\\"\" %s \"T\" %s \"\\\"\"\n", id, date, time);
+        sbuf_printf(&c->out, "%sr%d ::= \"\\\"\" %s \"T\" %s \"\\\"\"\n", c->pre, id, date, time);
     else if (!strcmp(f, "uuid"))
         sbuf_printf(&c->out,
-                    "r%d ::= \"\\\"\" [0-9a-fA-F]{8} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} "
+                    "%sr%d ::= \"\\\"\" [0-9a-fA-F]{8} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} "
                     "\"-\" [0-9a-fA-F]{12} \"\\\"\"\n",
-                    id);
+                    c->pre, id);
     else if (lo == 0 && hi < 0)
-        sbuf_printf(&c->out, "r%d ::= string\n", id);
+        sbuf_printf(&c->out, "%sr%d ::= string\n", c->pre, id);
     else {
-        sbuf_printf(&c->out, "r%d ::= \"\\\"\" char", id);
+        sbuf_printf(&c->out, "%sr%d ::= \"\\\"\" char", c->pre, id);
         put_repeat(&c->out, lo, hi);
         sbuf_puts(&c->out, " \"\\\"\"\n");
     }
@@ -292,7 +296,7 @@ static bool gen_type(struct conv *c, const cJSON *s, const char *t, int id)
     if (!strcmp(t, "string"))
         return gen_string(c, s, id);
     if (!strcmp(t, "number") || !strcmp(t, "integer") || !strcmp(t, "boolean") || !strcmp(t, "null")) {
-        sbuf_printf(&c->out, "r%d ::= %s\n", id, t);
+        sbuf_printf(&c->out, "%sr%d ::= %s\n", c->pre, id, t);
         return true;
     }
     return conv_fail(c, KS_ERR_INVALID_ARG,
@@ -302,7 +306,7 @@ static bool gen_type(struct conv *c, const cJSON *s, const char *t, int id)
 static bool gen_ref(struct conv *c, const char *ref, char *name, size_t cap)
 {
     if (!strcmp(ref, "#")) {
-        snprintf(name, cap, "r1");
+        snprintf(name, cap, "%sr1", c->pre);
         return true;
     }
     const char *key = NULL, *rest = NULL;
@@ -330,16 +334,16 @@ static bool gen_ref(struct conv *c, const char *ref, char *name, size_t cap)
         return conv_fail(c, KS_ERR_UNSUPPORTED, "more than 256 referenced definitions"), false;
     int id = new_rule(c), k = c->n_defs++;
     c->defs[k] = target;
-    snprintf(c->def_rule[k], sizeof c->def_rule[k], "r%d", id);
-    snprintf(name, cap, "r%d", id);
+    snprintf(c->def_rule[k], sizeof c->def_rule[k], "%sr%d", c->pre, id);
+    snprintf(name, cap, "%sr%d", c->pre, id);
     /* the definition's rule is reserved before its body, so it may refer to itself */
-    char body[24], saved[512];
+    char body[RULE_NAME], saved[512];
     memcpy(saved, c->path, sizeof saved);
     snprintf(c->path, sizeof c->path, "/%s/%.400s", key, rest);
     if (!gen(c, target, body, sizeof body))
         return false;
     memcpy(c->path, saved, sizeof saved);
-    sbuf_printf(&c->out, "r%d ::= %s\n", id, body);
+    sbuf_printf(&c->out, "%sr%d ::= %s\n", c->pre, id, body);
     return true;
 }
 
@@ -352,9 +356,9 @@ static bool gen(struct conv *c, const cJSON *s, char *name, size_t cap)
     }
     bool ok = false;
     int id = new_rule(c);
-    snprintf(name, cap, "r%d", id);
+    snprintf(name, cap, "%sr%d", c->pre, id);
     if (cJSON_IsTrue(s)) {
-        sbuf_printf(&c->out, "r%d ::= value\n", id);
+        sbuf_printf(&c->out, "%sr%d ::= value\n", c->pre, id);
         ok = true;
         goto out;
     }
@@ -379,16 +383,16 @@ static bool gen(struct conv *c, const cJSON *s, char *name, size_t cap)
     const cJSON *any = cJSON_GetObjectItemCaseSensitive(s, "anyOf");
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(s, "type");
     if (ref) {
-        char target[24];
+        char target[RULE_NAME];
         if (!cJSON_IsString(ref)) {
             conv_fail(c, KS_ERR_INVALID_ARG, "'$ref' must be a string");
             goto out;
         }
         if (!gen_ref(c, ref->valuestring, target, sizeof target))
             goto out;
-        sbuf_printf(&c->out, "r%d ::= %s\n", id, target);
+        sbuf_printf(&c->out, "%sr%d ::= %s\n", c->pre, id, target);
     } else if (cn) {
-        sbuf_printf(&c->out, "r%d ::= ", id);
+        sbuf_printf(&c->out, "%sr%d ::= ", c->pre, id);
         if (!put_json_literal(c, cn))
             goto out;
         sbuf_puts(&c->out, "\n");
@@ -397,7 +401,7 @@ static bool gen(struct conv *c, const cJSON *s, char *name, size_t cap)
             conv_fail(c, KS_ERR_INVALID_ARG, "'enum' must be a non-empty array");
             goto out;
         }
-        sbuf_printf(&c->out, "r%d ::= ", id);
+        sbuf_printf(&c->out, "%sr%d ::= ", c->pre, id);
         const cJSON *v;
         bool first = true;
         cJSON_ArrayForEach(v, en) {
@@ -413,7 +417,7 @@ static bool gen(struct conv *c, const cJSON *s, char *name, size_t cap)
             conv_fail(c, KS_ERR_INVALID_ARG, "'anyOf' must be a non-empty array of schemas");
             goto out;
         }
-        char alts[64][24];
+        char alts[64][RULE_NAME];
         int n = 0;
         const cJSON *v;
         cJSON_ArrayForEach(v, any) {
@@ -427,7 +431,7 @@ static bool gen(struct conv *c, const cJSON *s, char *name, size_t cap)
                 goto out;
             n++;
         }
-        sbuf_printf(&c->out, "r%d ::= ", id);
+        sbuf_printf(&c->out, "%sr%d ::= ", c->pre, id);
         for (int i = 0; i < n; i++)
             sbuf_printf(&c->out, "%s%s", i ? " | " : "", alts[i]);
         sbuf_puts(&c->out, "\n");
@@ -448,15 +452,15 @@ static bool gen(struct conv *c, const cJSON *s, char *name, size_t cap)
                 goto out;
             i++;
         }
-        sbuf_printf(&c->out, "r%d ::= ", id);
+        sbuf_printf(&c->out, "%sr%d ::= ", c->pre, id);
         for (i = 0; i < n; i++)
-            sbuf_printf(&c->out, "%sr%d", i ? " | " : "", base + i);
+            sbuf_printf(&c->out, "%s%sr%d", i ? " | " : "", c->pre, base + i);
         sbuf_puts(&c->out, "\n");
     } else if (type) {
         conv_fail(c, KS_ERR_INVALID_ARG, "'type' must be a string or an array of strings");
         goto out;
     } else {
-        sbuf_printf(&c->out, "r%d ::= value\n", id);
+        sbuf_printf(&c->out, "%sr%d ::= value\n", c->pre, id);
     }
     ok = true;
 out:
@@ -464,10 +468,10 @@ out:
     return ok;
 }
 
-ks_status grammar_from_json_schema(const char *schema, size_t len, char **gbnf)
+/* The rules of schema[0..len) into out: `name ::= <its top rule>` and the
+ * rules it needs, each named with prefix pre. */
+static ks_status schema_rules(const char *schema, size_t len, const char *name, const char *pre, struct sbuf *out)
 {
-    if (!schema || !gbnf)
-        return ks_fail(KS_ERR_INVALID_ARG, "grammar_from_json_schema: NULL argument");
     cJSON *root = cJSON_ParseWithLength(schema, len);
     if (!root)
         return ks_fail(KS_ERR_FORMAT, "json_schema: the schema is not valid JSON");
@@ -477,22 +481,75 @@ ks_status grammar_from_json_schema(const char *schema, size_t len, char **gbnf)
         return ks_fail(KS_ERR_NOMEM, "json_schema: out of memory");
     }
     c->root = root;
-    sbuf_puts(&c->out, "root ::= r1\n");
-    char name[24];
+    snprintf(c->pre, sizeof c->pre, "%s", pre);
+    sbuf_printf(&c->out, "%s ::= %sr1\n", name, c->pre);
+    char top[RULE_NAME];
     ks_status st = KS_OK;
-    if (!gen(c, root, name, sizeof name))
+    if (!gen(c, root, top, sizeof top))
         st = c->err ? c->err : ks_fail(KS_ERR_INTERNAL, "json_schema: conversion failed");
-    if (!st) {
-        sbuf_puts(&c->out, JSON_PRIMITIVES);
-        if (c->out.oom)
-            st = ks_fail(KS_ERR_NOMEM, "json_schema: out of memory");
-    }
-    if (!st) {
-        *gbnf = c->out.p;
-        c->out = (struct sbuf){0};
-    }
+    if (!st && c->out.oom)
+        st = ks_fail(KS_ERR_NOMEM, "json_schema: out of memory");
+    if (!st)
+        sbuf_append(out, c->out.p, c->out.n);
     sbuf_free(&c->out);
     cJSON_Delete(root);
     free(c);
     return st;
+}
+
+ks_status grammar_from_json_schema(const char *schema, size_t len, char **gbnf)
+{
+    if (!schema || !gbnf)
+        return ks_fail(KS_ERR_INVALID_ARG, "grammar_from_json_schema: NULL argument");
+    struct sbuf out = {0};
+    ks_status st = schema_rules(schema, len, "root", "", &out);
+    if (!st) { /* (an append that failed in schema_rules leaves out.oom set too) */
+        sbuf_puts(&out, JSON_PRIMITIVES);
+        if (out.oom)
+            st = ks_fail(KS_ERR_NOMEM, "json_schema: out of memory");
+    }
+    if (st) {
+        sbuf_free(&out);
+        return st;
+    }
+    *gbnf = out.p;
+    return KS_OK;
+}
+
+const char *grammar_json_primitives_gbnf(void)
+{
+    return JSON_PRIMITIVES;
+}
+
+static bool rule_name_ok(const char *name)
+{
+    size_t n = strlen(name);
+    if (n == 0 || n > RULE_PREFIX - 2)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (!((name[i] >= 'a' && name[i] <= 'z') || (name[i] >= 'A' && name[i] <= 'Z') ||
+              (name[i] >= '0' && name[i] <= '9') || name[i] == '_'))
+            return false;
+    return true;
+}
+
+ks_status grammar_json_schema_rules(const char *schema, size_t len, const char *name, char **gbnf)
+{
+    if (!schema || !name || !gbnf)
+        return ks_fail(KS_ERR_INVALID_ARG, "grammar_json_schema_rules: NULL argument");
+    if (!rule_name_ok(name))
+        return ks_fail(KS_ERR_INVALID_ARG, "grammar_json_schema_rules: rule name '%.80s' must be 1 to %d of [A-Za-z0-9_]",
+                       name, RULE_PREFIX - 2);
+    char pre[RULE_PREFIX];
+    snprintf(pre, sizeof pre, "%s-", name);
+    struct sbuf out = {0};
+    ks_status st = schema_rules(schema, len, name, pre, &out);
+    if (!st && out.oom)
+        st = ks_fail(KS_ERR_NOMEM, "json_schema: out of memory");
+    if (st) {
+        sbuf_free(&out);
+        return st;
+    }
+    *gbnf = out.p;
+    return KS_OK;
 }

@@ -426,6 +426,18 @@ fail:
 
 /* ---- state ---------------------------------------------------------------------------- */
 
+/* A lazy state's wait for its trigger: the text since the last check (the
+ * tail that may still begin a trigger word, then the newest token's bytes). */
+struct lazy {
+    struct grammar_triggers trig;
+    bool waiting;
+    bool text_seen;           /* non-whitespace text came before pending */
+    int32_t max_tokens;       /* the whole budget (< 0: none) */
+    int32_t drawn;            /* tokens accepted so far */
+    char *pending;            /* (GRAMMAR_MAX_TRIGGER_LEN + MAX_PIECE) */
+    size_t n_pending;
+};
+
 struct grammar_state {
     struct grammar *g;
     const struct grammar_vocab *v;
@@ -447,15 +459,17 @@ struct grammar_state {
     int32_t *smaskD;          /* the largest D after any token the cached mask allows */
     int32_t *set_slots;       /* set interning: open addressing over shash, -1 empty */
     uint32_t set_cap;
-    struct table trans;       /* (set << 21 | cp) -> set, non-ASCII */
+    struct table trans;       /* (set << GRAMMAR_CP_BITS | cp) -> set, non-ASCII */
     struct table cut_D;       /* (set, a cut character's bits) -> partial_D, for the walk */
     size_t mask_bytes;
     /* where the text is */
     int32_t cur;
+    int32_t init;             /* the set at the start of the text */
     uint32_t pacc;            /* partial character: bits so far */
     int prem, plen;           /* continuation bytes still expected; bytes of the whole character */
     int32_t remaining;        /* tokens the budget still allows (INT32_MAX: no limit) */
     bool done;                /* an EOG token was accepted */
+    struct lazy *lazy;        /* grammar_state_create_lazy: free text until a trigger, NULL: none */
     uint64_t walks;           /* trie walks made (grammar_state_walks) */
     uint64_t shared_hits;     /* masks taken from the vocabulary's cache (grammar_state_shared_hits) */
     ks_status err;            /* the last failure of a helper */
@@ -687,7 +701,7 @@ static int32_t step(struct grammar_state *st, int32_t set, uint32_t cp)
         return DEAD;
     if (cp < 128 && st->sascii[set] && st->sascii[set][cp] != UNKNOWN)
         return st->sascii[set][cp];
-    uint64_t key = (uint64_t)(uint32_t)set << 21 | cp;
+    uint64_t key = (uint64_t)(uint32_t)set << GRAMMAR_CP_BITS | cp;
     if (cp >= 128) {
         int32_t r = table_get(&st->trans, key);
         if (r >= 0)
@@ -915,7 +929,7 @@ ks_status grammar_state_create(struct grammar *g, const struct grammar_vocab *v,
         grammar_state_free(st);
         return s;
     }
-    st->cur = init;
+    st->cur = st->init = init;
     *out = st;
     return KS_OK;
 }
@@ -950,6 +964,9 @@ void grammar_state_free(struct grammar_state *st)
     free(st->w_acc);
     free(st->w_rem);
     free(st->w_len);
+    if (st->lazy)
+        free(st->lazy->pending);
+    free(st->lazy);
     grammar_free(st->g);
     free(st);
 }
@@ -965,6 +982,43 @@ bool grammar_complete(const struct grammar_state *st)
 }
 
 /* ---- masking ---------------------------------------------------------------------------- */
+
+/* The set after drawing token id as a token terminal <[id]>: DEAD when no
+ * stack takes it here (or a character is cut), -1 on error. */
+static int32_t step_token(struct grammar_state *st, int32_t id)
+{
+    bool terminal = false;
+    for (int32_t k = 0; k < st->g->n_tokens && !terminal; k++)
+        terminal = st->g->tokens[k] == id;
+    return terminal && !st->prem ? step(st, st->cur, GRAMMAR_TOKEN_CP(id)) : DEAD;
+}
+
+/* Allow the tokens of the <[N]> terminals that may come next within budget
+ * (the trie holds only text tokens). *worst grows to their D; with entries,
+ * those whose D is not the current set's join the block's list (see walk). */
+static ks_status allow_token_terminals(struct grammar_state *st, int32_t budget, uint64_t *mask, int32_t *worst,
+                                       uint64_t *entries, uint64_t *n_list)
+{
+    const struct grammar_vocab *v = st->v;
+    int32_t base = st->sD[st->cur];
+    for (int32_t k = 0; k < st->g->n_tokens; k++) {
+        int32_t id = st->g->tokens[k];
+        if (id >= v->n_vocab || v->kind[id] == GRAMMAR_TOKEN_EOG)
+            continue;
+        int32_t set = step_token(st, id);
+        if (set < 0)
+            return st->err;
+        int32_t D = st->sD[set];
+        if (set == DEAD || D > budget)
+            continue;
+        mask[id >> 6] |= 1ull << (id & 63);
+        if (entries && D != base && (*n_list)++ < LIST_MAX)
+            entries[*n_list - 1] = (uint64_t)(uint32_t)id << 32 | (uint32_t)D;
+        if (D > *worst)
+            *worst = D;
+    }
+    return KS_OK;
+}
 
 /* Walk the trie from the current set and partial character; set the bit of
  * every token allowed with at most `budget` bytes left to complete after it
@@ -1020,10 +1074,11 @@ static ks_status walk(struct grammar_state *st, int32_t budget, uint64_t *mask, 
     if (grammar_complete(st))
         for (int32_t k = 0; k < v->n_eog; k++)
             mask[v->eog[k] >> 6] |= 1ull << (v->eog[k] & 63); /* D 0 = base: complete */
+    ks_status s = allow_token_terminals(st, budget, mask, &worst, entries, &n_list);
     if (list)
         mask[words] = n_list;
     *maxD = worst;
-    return KS_OK;
+    return s;
 }
 
 /* Words of a block whose bitset has `words` words. */
@@ -1084,6 +1139,8 @@ ks_status grammar_mask(struct grammar_state *st, float *logits, int32_t n_logits
 {
     if (!st->v)
         return ks_fail(KS_ERR_STATE, "grammar_mask: the state has no vocabulary");
+    if (st->lazy && st->lazy->waiting)
+        return KS_OK; /* free text until a trigger */
     const struct grammar_vocab *v = st->v;
     size_t words = ((size_t)v->n_vocab + 63) / 64;
     const uint64_t *mask = NULL;
@@ -1209,11 +1266,15 @@ ks_status grammar_accept_text(struct grammar_state *st, const char *text, size_t
     return feed(st, text, len);
 }
 
+static ks_status lazy_accept(struct grammar_state *st, int32_t token);
+
 ks_status grammar_accept(struct grammar_state *st, int32_t token)
 {
     const struct grammar_vocab *v = st->v;
     if (!v || token < 0 || token >= v->n_vocab)
         return ks_fail(KS_ERR_INVALID_ARG, "grammar: token %d is outside the vocabulary", token);
+    if (st->lazy && st->lazy->waiting)
+        return lazy_accept(st, token);
     if (st->remaining <= 0 && !st->done)
         return ks_fail(KS_ERR_INVALID_ARG, "grammar: token %d is past the token budget", token);
     if (v->kind[token] == GRAMMAR_TOKEN_EOG) {
@@ -1223,10 +1284,19 @@ ks_status grammar_accept(struct grammar_state *st, int32_t token)
         st->done = true;
         return KS_OK;
     }
-    if (v->kind[token] != GRAMMAR_TOKEN_TEXT)
-        return ks_fail(KS_ERR_INVALID_ARG, "grammar: special token %d is never allowed", token);
     if (st->done)
         return ks_fail(KS_ERR_INVALID_ARG, "grammar: token %d after the end of generation", token);
+    int32_t as_terminal = step_token(st, token);
+    if (as_terminal < 0)
+        return st->err;
+    if (as_terminal != DEAD) { /* a <[token]> terminal comes next */
+        st->cur = as_terminal;
+        st->remaining--;
+        return KS_OK;
+    }
+    if (v->kind[token] != GRAMMAR_TOKEN_TEXT)
+        return ks_fail(KS_ERR_INVALID_ARG, "grammar: special token %d is not allowed here (only a <[%d]> terminal "
+                                           "takes it)", token, token);
     ks_status s = feed(st, v->blob + v->off[token], v->off[token + 1] - v->off[token]);
     if (!s)
         st->remaining--;
@@ -1255,4 +1325,129 @@ uint64_t grammar_state_walks(const struct grammar_state *st)
 uint64_t grammar_state_shared_hits(const struct grammar_state *st)
 {
     return st->shared_hits;
+}
+
+/* ---- lazy: free text until a trigger ------------------------------------------------------ */
+
+ks_status grammar_state_create_lazy(struct grammar *g, const struct grammar_vocab *v, int32_t max_tokens,
+                                    const struct grammar_triggers *trig, struct grammar_state **out)
+{
+    if (!trig || trig->n < 1 || trig->n > GRAMMAR_MAX_TRIGGERS)
+        return ks_fail(KS_ERR_INVALID_ARG, "grammar_state_create_lazy: 1 to %d triggers", GRAMMAR_MAX_TRIGGERS);
+    for (int i = 0; i < trig->n; i++)
+        if (trig->t[i].token < 0 && !memchr(trig->t[i].word, 0, GRAMMAR_MAX_TRIGGER_LEN))
+            return ks_fail(KS_ERR_INVALID_ARG, "grammar_state_create_lazy: trigger %d is not a NUL-terminated word", i);
+    struct grammar_state *st;
+    ks_status s = grammar_state_create(g, v, -1, &st);
+    if (s)
+        return s;
+    st->lazy = calloc(1, sizeof *st->lazy);
+    if (!st->lazy || !(st->lazy->pending = malloc(GRAMMAR_MAX_TRIGGER_LEN + MAX_PIECE))) {
+        grammar_state_free(st);
+        return oom();
+    }
+    st->lazy->trig = *trig;
+    st->lazy->waiting = true;
+    st->lazy->max_tokens = max_tokens;
+    *out = st;
+    return KS_OK;
+}
+
+bool grammar_triggered(const struct grammar_state *st)
+{
+    return !st->lazy || !st->lazy->waiting;
+}
+
+/* Start constraining: the tokens left are the budget; false (still
+ * waiting) when what is already there does not fit in it. */
+static bool lazy_start(struct grammar_state *st)
+{
+    struct lazy *lz = st->lazy;
+    st->remaining = lz->max_tokens < 0 ? INT32_MAX : lz->max_tokens - lz->drawn;
+    if (st->remaining < 0 || st->sD[st->cur] > st->remaining)
+        return false;
+    lz->waiting = false;
+    return true;
+}
+
+static bool is_trigger_token(const struct lazy *lz, int32_t token)
+{
+    for (int i = 0; i < lz->trig.n; i++)
+        if (lz->trig.t[i].token == token)
+            return true;
+    return false;
+}
+
+/* The earliest trigger word in pending (an at_start word only after
+ * whitespace alone), its offset in *at. */
+static bool find_trigger_word(const struct lazy *lz, size_t *at)
+{
+    bool found = false;
+    for (int i = 0; i < lz->trig.n; i++) {
+        const char *w = lz->trig.t[i].word;
+        size_t wl = lz->trig.t[i].token < 0 ? strlen(w) : 0;
+        for (size_t k = 0; wl && k + wl <= lz->n_pending && (!found || k < *at); k++) {
+            if (memcmp(lz->pending + k, w, wl))
+                continue;
+            bool blank = !lz->text_seen;
+            for (size_t j = 0; j < k && blank; j++)
+                blank = strchr(" \t\r\n", lz->pending[j]) != NULL;
+            if (lz->trig.t[i].at_start && !blank)
+                break;
+            *at = k;
+            found = true;
+            break;
+        }
+    }
+    return found;
+}
+
+/* Keep the tail of pending that may still begin a trigger word. */
+static void lazy_trim(struct lazy *lz)
+{
+    size_t keep = GRAMMAR_MAX_TRIGGER_LEN - 1;
+    if (lz->n_pending <= keep)
+        return;
+    size_t cut = lz->n_pending - keep;
+    for (size_t j = 0; j < cut && !lz->text_seen; j++)
+        lz->text_seen = !strchr(" \t\r\n", lz->pending[j]);
+    memmove(lz->pending, lz->pending + cut, keep);
+    lz->n_pending = keep;
+}
+
+static ks_status lazy_accept(struct grammar_state *st, int32_t token)
+{
+    struct lazy *lz = st->lazy;
+    const struct grammar_vocab *v = st->v;
+    if (v->kind[token] == GRAMMAR_TOKEN_EOG) {
+        st->done = true;
+        return KS_OK;
+    }
+    if (is_trigger_token(lz, token)) {
+        if (lazy_start(st) && grammar_accept(st, token) == KS_OK)
+            return KS_OK;
+        lz->waiting = true; /* the grammar does not start with it (or the budget is short): free text goes on */
+        lz->drawn++;
+        return KS_OK;
+    }
+    lz->drawn++;
+    if (v->kind[token] != GRAMMAR_TOKEN_TEXT)
+        return KS_OK; /* control tokens are no text */
+    size_t n = v->off[token + 1] - v->off[token];
+    memcpy(lz->pending + lz->n_pending, v->blob + v->off[token], n);
+    lz->n_pending += n;
+    size_t at = 0;
+    if (find_trigger_word(lz, &at)) {
+        /* the text from the trigger on is the grammar's first text */
+        if (feed(st, lz->pending + at, lz->n_pending - at) == KS_OK && lazy_start(st))
+            return KS_OK;
+        st->cur = st->init;
+        st->pacc = 0;
+        st->prem = st->plen = 0;
+        lz->text_seen = true; /* that occurrence stays text */
+        lz->n_pending = 0;
+        return KS_OK;
+    }
+    lazy_trim(lz);
+    return KS_OK;
 }

@@ -260,16 +260,17 @@ static bool read_char(struct parser *p, uint32_t *cp)
 
 static bool parse_alternates(struct parser *p, int32_t rule, bool nested);
 
-static bool parse_int(struct parser *p, int32_t *out)
+/* A decimal number of at most max; what names it in errors. */
+static bool parse_int(struct parser *p, int32_t max, const char *what, int32_t *out)
 {
     size_t at = p->pos;
     int64_t v = 0;
     if (peek(p, 0) < '0' || peek(p, 0) > '9')
-        return perr(p, KS_ERR_FORMAT, at, "expected a number"), false;
+        return perr(p, KS_ERR_FORMAT, at, "expected a %s", what), false;
     while (peek(p, 0) >= '0' && peek(p, 0) <= '9') {
         v = v * 10 + (peek(p, 0) - '0');
-        if (v > GRAMMAR_MAX_REPEAT)
-            return perr(p, KS_ERR_FORMAT, at, "repetition count over %d", GRAMMAR_MAX_REPEAT), false;
+        if (v > max)
+            return perr(p, KS_ERR_FORMAT, at, "%s over %d", what, max), false;
         p->pos++;
     }
     *out = (int32_t)v;
@@ -355,6 +356,24 @@ static bool parse_class(struct parser *p, int32_t rule)
     return emit(p, rule, GE_CHAR, cls);
 }
 
+/* <[N]>: the token with id N, matched by drawing that token (a control
+ * token's markup, say), never by text. */
+static bool parse_token(struct parser *p, int32_t rule)
+{
+    p->pos += 2; /* "<[" */
+    int32_t id;
+    if (!parse_int(p, GRAMMAR_MAX_TOKEN_ID, "token id", &id))
+        return false;
+    if (peek(p, 0) != ']' || peek(p, 1) != '>')
+        return perr(p, KS_ERR_FORMAT, p->pos, "expected ']>' to end the token <[%d]>", id), false;
+    p->pos += 2;
+    int32_t cls = class_new(p, false);
+    if (cls < 0 || !class_add(p, cls, GRAMMAR_TOKEN_CP(id), GRAMMAR_TOKEN_CP(id)))
+        return false;
+    p->classes[cls].token = true;
+    return emit(p, rule, GE_CHAR, cls);
+}
+
 static bool parse_sequence(struct parser *p, int32_t rule, bool nested)
 {
     for (;;) {
@@ -382,6 +401,9 @@ static bool parse_sequence(struct parser *p, int32_t rule, bool nested)
             }
         } else if (c == '[') {
             if (!parse_class(p, rule))
+                return false;
+        } else if (c == '<' && peek(p, 1) == '[') {
+            if (!parse_token(p, rule))
                 return false;
         } else if (c == '.') {
             p->pos++;
@@ -426,7 +448,7 @@ static bool parse_sequence(struct parser *p, int32_t rule, bool nested)
         } else if (c == '{') {
             p->pos++;
             skip_space(p, true);
-            if (!parse_int(p, &lo))
+            if (!parse_int(p, GRAMMAR_MAX_REPEAT, "repetition count", &lo))
                 return false;
             skip_space(p, true);
             hi = lo;
@@ -434,7 +456,7 @@ static bool parse_sequence(struct parser *p, int32_t rule, bool nested)
                 p->pos++;
                 skip_space(p, true);
                 hi = -1;
-                if (peek(p, 0) != '}' && !parse_int(p, &hi))
+                if (peek(p, 0) != '}' && !parse_int(p, GRAMMAR_MAX_REPEAT, "repetition count", &hi))
                     return false;
                 skip_space(p, true);
             }
@@ -527,6 +549,10 @@ bool gclass_intersects(const struct grammar *g, const struct gclass *c, uint32_t
 
 static void class_finish(const struct grammar *g, struct gclass *c)
 {
+    if (c->token) { /* one token: one of the budget, like one byte */
+        c->minlen = 1;
+        return;
+    }
     for (uint32_t cp = 0; cp < 128; cp++) {
         bool in = false;
         for (int32_t i = 0; i < c->n && !in; i++)
@@ -646,11 +672,33 @@ out:
     return st;
 }
 
+/* The distinct ids of the token terminals, which the mask tries besides the trie. */
+static ks_status collect_tokens(struct grammar *g)
+{
+    for (int32_t c = 0; c < g->n_classes; c++) {
+        if (!g->classes[c].token)
+            continue;
+        int32_t id = (int32_t)(g->ranges[2 * g->classes[c].first] - GRAMMAR_TOKEN_CP(0)), k = 0;
+        while (k < g->n_tokens && g->tokens[k] != id)
+            k++;
+        if (k < g->n_tokens)
+            continue;
+        int32_t *t = realloc(g->tokens, (size_t)(g->n_tokens + 1) * sizeof *t);
+        if (!t)
+            return ks_fail(KS_ERR_NOMEM, "grammar: out of memory while compiling");
+        g->tokens = t;
+        g->tokens[g->n_tokens++] = id;
+    }
+    return KS_OK;
+}
+
 static ks_status analyse(struct grammar *g)
 {
     for (int32_t c = 0; c < g->n_classes; c++)
         class_finish(g, &g->classes[c]);
-    ks_status st = check_left_recursion(g);
+    ks_status st = collect_tokens(g);
+    if (!st)
+        st = check_left_recursion(g);
     if (st)
         return st;
     for (int32_t r = 0; r < g->n_rules; r++)
@@ -748,6 +796,7 @@ static void grammar_destroy(struct grammar *g)
     free(g->rule_min);
     free(g->classes);
     free(g->ranges);
+    free(g->tokens);
     free(g);
 }
 

@@ -135,7 +135,11 @@ ks_status sample_create(const struct sample_params *p, int32_t n_vocab, struct s
             return ks_fail(KS_ERR_INVALID_ARG, "sampler: a grammar needs a vocabulary of at most %d tokens",
                            (int)n_vocab);
         }
-        if ((st = grammar_state_create(p->grammar, p->grammar_vocab, p->grammar_max_tokens, &s->grammar))) {
+        st = p->grammar_triggers.n > 0 ? grammar_state_create_lazy(p->grammar, p->grammar_vocab, p->grammar_max_tokens,
+                                                                   &p->grammar_triggers, &s->grammar)
+                                       : grammar_state_create(p->grammar, p->grammar_vocab, p->grammar_max_tokens,
+                                                              &s->grammar);
+        if (st) {
             sample_free(s);
             return st;
         }

@@ -39,6 +39,9 @@ struct sample_params {
     struct grammar *grammar;
     const struct grammar_vocab *grammar_vocab;
     int32_t grammar_max_tokens;
+    /* n > 0: the grammar is lazy (grammar_state_create_lazy): sampling is
+     * free until one of these triggers; n == 0: it applies from the first token. */
+    struct grammar_triggers grammar_triggers;
 };
 
 struct sample_logprob {

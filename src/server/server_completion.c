@@ -440,11 +440,14 @@ static ks_status push_markup(struct call *c, int32_t token)
 static cJSON *tool_call_json(const struct call *c, int index, const struct server_tool_call *tc, bool whole)
 {
     char id[80];
-    const char *num = strchr(c->id, '-') ? strchr(c->id, '-') + 1 : c->id;
-    if (c->index > 0) /* unique across the choices */
-        snprintf(id, sizeof id, "call_%s_%d_%d", num, c->index, index);
+    const char *serial = strchr(c->id, '-') ? strchr(c->id, '-') + 1 : c->id;
+    if (c->tool_fmt == SERVER_TOOLS_MISTRAL) /* its templates refuse ids that are not 9 alphanumerics */
+        snprintf(id, sizeof id, "%09llu",
+                 (strtoull(serial, NULL, 10) * 10000 + (unsigned)c->index * 100 + (unsigned)index) % 1000000000ull);
+    else if (c->index > 0) /* unique across the choices */
+        snprintf(id, sizeof id, "call_%s_%d_%d", serial, c->index, index);
     else
-        snprintf(id, sizeof id, "call_%s_%d", num, index);
+        snprintf(id, sizeof id, "call_%s_%d", serial, index);
     cJSON *o = cJSON_CreateObject();
     if (!whole)
         cJSON_AddNumberToObject(o, "index", index);
@@ -542,7 +545,7 @@ static void flush_detok(struct call *c)
 
 static const char *finish_reason(const struct call *c)
 {
-    if (c->n_calls > 0 && (c->stopped || c->finish == SCHED_FINISH_STOP))
+    if (c->n_calls > 0) /* also when max_tokens cut the text after complete calls */
         return "tool_calls";
     if (c->stopped || c->finish == SCHED_FINISH_STOP)
         return "stop";
@@ -1097,9 +1100,10 @@ static struct group *group_new(struct call *c0)
 }
 
 /* response_format ({"type":"text"|"json_object"|"json_schema", "json_schema":
- * {"name","schema","strict"}}) or llama.cpp's "grammar" (GBNF text) -> the
- * compiled grammar the sampler masks with, for at most max_tokens tokens. A
- * bad schema or grammar is a 400 that names the keyword or line and column. */
+ * {"name","schema","strict"}}), llama.cpp's "grammar" (GBNF text) or the tool
+ * calls tool_choice requires -> the compiled grammar the sampler masks with,
+ * for at most max_tokens tokens. A bad schema or grammar is a 400 that names
+ * the keyword or line and column. */
 static ks_status parse_grammar(struct call *c, const cJSON *root, int32_t max_tokens, struct sample_params *p,
                                struct reply *r)
 {
@@ -1119,7 +1123,18 @@ static ks_status parse_grammar(struct call *c, const cJSON *root, int32_t max_to
         return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_type", "'grammar' must be a string of GBNF");
     if (gr && strcmp(type, "text"))
         return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value", "give 'grammar' or a JSON 'response_format', not both");
-    if (!gr && !strcmp(type, "text"))
+    bool tool_calls = c->tool_fmt != SERVER_TOOLS_NONE &&
+                      (c->tools.choice == SERVER_TOOL_REQUIRED || c->tools.choice == SERVER_TOOL_NAMED);
+    if (tool_calls && (gr || strcmp(type, "text")))
+        return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value",
+                          "'tool_choice' %s constrains the output to tool calls; it cannot be combined with %s",
+                          c->tools.choice == SERVER_TOOL_NAMED ? "naming a function" : "\"required\"",
+                          gr ? "'grammar'" : "a JSON 'response_format'");
+    /* auto: free text, but a call the model starts is constrained from its trigger on */
+    bool lazy = c->tool_fmt != SERVER_TOOLS_NONE && c->tools.choice == SERVER_TOOL_AUTO && !gr &&
+                !strcmp(type, "text") && c->srv->grammar_vocab;
+    tool_calls = tool_calls || lazy;
+    if (!gr && !strcmp(type, "text") && !tool_calls)
         return KS_OK;
     if (!c->srv->grammar_vocab)
         return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value",
@@ -1127,7 +1142,12 @@ static ks_status parse_grammar(struct call *c, const cJSON *root, int32_t max_to
     char *gbnf = NULL;
     const char *src = gr ? gr->valuestring : grammar_json_object_gbnf(), *what = gr ? "'grammar'" : "'response_format'";
     ks_status st = KS_OK;
-    if (!strcmp(type, "json_schema")) {
+    if (tool_calls) {
+        bool fell_back;
+        st = server_tools_grammar(c->tool_fmt, c->srv->tok, field(root, "tools"), &c->tools, &gbnf, &fell_back);
+        src = gbnf;
+        what = "the tool-call grammar";
+    } else if (!strcmp(type, "json_schema")) {
         cJSON *js = cJSON_GetObjectItemCaseSensitive(rf, "json_schema");
         cJSON *schema = cJSON_GetObjectItemCaseSensitive(js, "schema");
         cJSON *strict = cJSON_GetObjectItemCaseSensitive(js, "strict"), *name = cJSON_GetObjectItemCaseSensitive(js, "name");
@@ -1150,7 +1170,7 @@ static ks_status parse_grammar(struct call *c, const cJSON *root, int32_t max_to
     if (!st)
         st = grammar_compile(src, strlen(src), &c->grammar);
     free(gbnf);
-    if (!st && max_tokens > 0 && grammar_min_bytes(c->grammar) > max_tokens)
+    if (!st && !lazy && max_tokens > 0 && grammar_min_bytes(c->grammar) > max_tokens)
         st = ks_fail(KS_ERR_RANGE, "max_tokens %d is below the %d tokens the shortest valid output may need (one per "
                                    "byte); raise it", (int)max_tokens, (int)grammar_min_bytes(c->grammar));
     if (st) {
@@ -1163,6 +1183,8 @@ static ks_status parse_grammar(struct call *c, const cJSON *root, int32_t max_to
     p->grammar = c->grammar;
     p->grammar_vocab = c->srv->grammar_vocab;
     p->grammar_max_tokens = max_tokens;
+    if (lazy)
+        server_tools_triggers(c->tool_fmt, c->srv->tok, &p->grammar_triggers);
     return KS_OK;
 }
 

@@ -167,6 +167,22 @@ const char *server_tool_format_name(enum server_tool_format f);
 ks_status server_tools_parse(enum server_tool_format f, const char *text, size_t n, bool final,
                              struct server_tool_result *r);
 void server_tool_result_free(struct server_tool_result *r);
+/* server_tools_grammar.c: the GBNF (malloc'd *gbnf) whose language is
+ * exactly the calls o requires (tool_choice required: one call of any tool,
+ * a named one: of that tool; more than one only with o->parallel, and never
+ * in the llama3 format, whose templates refuse several) in format
+ * f, each call's arguments valid against its function's 'parameters' (tools
+ * as server_parse_tool_options checked them). Markup that is a control token
+ * of tok (NULL: none) is a <[id]> terminal. *fell_back: some tool's schema
+ * is outside the grammar's subset and its arguments are any JSON object.
+ * Errors: KS_ERR_INVALID_ARG f is SERVER_TOOLS_NONE; KS_ERR_NOMEM. */
+ks_status server_tools_grammar(enum server_tool_format f, const struct tokenizer *tok, const cJSON *tools,
+                               const struct server_tool_opts *o, char **gbnf, bool *fell_back);
+/* The triggers of that grammar used lazily (tool_choice auto): the markup
+ * that starts a call in format f (a control token of tok as a token
+ * trigger), or for llama3 and generic the call's opening JSON as the first
+ * text of the answer. */
+void server_tools_triggers(enum server_tool_format f, const struct tokenizer *tok, struct grammar_triggers *t);
 
 /* The routes, one per file that serves them (see the table in server.c). */
 /* server_completion.c */

@@ -1,25 +1,30 @@
 // End-to-end: real `kvserve serve` processes on loopback, driven by the
 // official `openai` npm client. Exit 77 = skipped (no model or no npm deps).
-//   node e2e.mjs [basic|concurrency|pressure]...   (default: all)
+//   node e2e.mjs [basic|concurrency|pressure|tools]...   (default: all)
 import { spawn } from 'node:child_process';
 import { existsSync } from 'node:fs';
+import { dirname } from 'node:path';
 import assert from 'node:assert/strict';
 
 const SKIP = 77;
 const bin = process.env.KVSERVE_BIN;
 const shared = process.env.KVSERVE_SHARED || '../shared';
-const model = `${shared}/models/trained/tiny-llama-gqa-hd64-f32.gguf`;
+const trained = `${shared}/models/trained/tiny-llama-gqa-hd64-f32.gguf`;
 if (!bin || !existsSync(bin)) { console.log('skipped: KVSERVE_BIN not set or missing'); process.exit(SKIP); }
-if (!existsSync(model)) { console.log(`skipped: ${model} not found`); process.exit(SKIP); }
+// the built-in default model (random weights) sits beside the executable
+const builtin = `${dirname(bin)}/default-model.gguf`;
+const parts = process.argv.slice(2);
+for (const m of new Set((parts.length ? parts : ['basic', 'tools']).map((p) => (p === 'tools' ? builtin : trained))))
+  if (!existsSync(m)) { console.log(`skipped: ${m} not found`); process.exit(SKIP); }
 let OpenAI;
 try { OpenAI = (await import('openai')).default; } catch (e) {
   console.log('skipped: the openai package is not installed (npm ci in tests/e2e)'); process.exit(SKIP);
 }
 
 // Start a server on a free port; resolves once it prints its address.
-function startServer(args) {
+function startServer(args, model = trained, ctx = 512) {
   return new Promise((resolve, reject) => {
-    const p = spawn(bin, ['serve', '-m', model, '--port', '0', '-c', '512', ...args], { stdio: ['ignore', 'ignore', 'pipe'] });
+    const p = spawn(bin, ['serve', '-m', model, '--port', '0', '-c', String(ctx), ...args], { stdio: ['ignore', 'ignore', 'pipe'] });
     let log = '';
     const timer = setTimeout(() => reject(new Error('server did not start:\n' + log)), 60000);
     p.stderr.on('data', (d) => {
@@ -177,14 +182,18 @@ async function basic() {
     await assert.rejects(client.completions.create({ model: 'x', prompt: 'x '.repeat(600), max_tokens: 4 }),
       (e) => e.status === 400 && e.code === 'context_length_exceeded');
     // tools: accepted with every tool_choice, bad shapes refused, and a tool result reaches the prompt
-    // (the model is random and writes no calls: the response side is tested in test_server_chat)
+    // (calls enforced by tool_choice: the tools part)
     const tools = [{ type: 'function', function: { name: 'get_weather', description: 'Weather of a city',
       parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] } } }];
     const ask = [{ role: 'user', content: 'Weather in Paris?' }];
-    for (const tool_choice of [undefined, 'auto', 'none', 'required', { type: 'function', function: { name: 'get_weather' } }]) {
+    for (const tool_choice of [undefined, 'auto', 'none']) {
       const r = await client.chat.completions.create({ model: 'x', messages: ask, tools, tool_choice, max_tokens: 4, temperature: 0 });
       assert.equal(r.choices[0].message.role, 'assistant', JSON.stringify(tool_choice));
     }
+    // an enforced call cannot fit in 4 tokens: the 400 says how many it needs
+    for (const tool_choice of ['required', { type: 'function', function: { name: 'get_weather' } }])
+      await assert.rejects(client.chat.completions.create({ model: 'x', messages: ask, tools, tool_choice, max_tokens: 4 }),
+        (e) => e.status === 400 && /max_tokens 4 is below/.test(e.message));
     await assert.rejects(client.chat.completions.create({ model: 'x', messages: ask, tools, tool_choice: 'sometimes' }),
       (e) => e.status === 400);
     await assert.rejects(client.chat.completions.create({ model: 'x', messages: ask, tools,
@@ -276,6 +285,138 @@ async function pressure() {
   }
 }
 
-const all = { basic, concurrency, pressure };
-const which = process.argv.slice(2).length ? process.argv.slice(2) : Object.keys(all);
+// ---- tools: tool_choice enforced on the random default model --------------------
+// The built-in model has random weights: a call can only come from the grammar.
+const weather = { type: 'function', function: { name: 'get_weather', description: 'Weather of a city',
+  parameters: { type: 'object', properties: { city: { type: 'string', minLength: 1, maxLength: 16 },
+    unit: { type: 'string', enum: ['celsius', 'fahrenheit'] }, days: { type: 'integer' } },
+  required: ['city', 'unit'], additionalProperties: false } } };
+const search = { type: 'function', function: { name: 'search', description: 'Search the web',
+  parameters: { type: 'object', properties: { query: { type: 'string', maxLength: 24 }, limit: { type: 'integer' },
+    safe: { type: 'boolean' } }, required: ['query', 'limit', 'safe'], additionalProperties: false } } };
+const toolList = [weather, search];
+
+// The keys and types of the schema: required present, nothing else, each value of its type.
+function checkArgs(args, schema, where) {
+  assert.equal(typeof args, 'object', where);
+  assert.ok(args !== null && !Array.isArray(args), where);
+  for (const k of schema.required) assert.ok(k in args, `${where}: required '${k}' missing`);
+  for (const [k, v] of Object.entries(args)) {
+    const prop = schema.properties[k];
+    assert.ok(prop, `${where}: unexpected key '${k}'`);
+    if (prop.type === 'string') {
+      assert.equal(typeof v, 'string', `${where}.${k}`);
+      const n = [...v].length;
+      assert.ok(n >= (prop.minLength ?? 0) && n <= (prop.maxLength ?? Infinity), `${where}.${k}: length ${n}`);
+    }
+    if (prop.type === 'integer') assert.ok(Number.isInteger(v), `${where}.${k}: ${v}`);
+    if (prop.type === 'boolean') assert.equal(typeof v, 'boolean', `${where}.${k}`);
+    if (prop.enum) assert.ok(prop.enum.includes(v), `${where}.${k}: ${v}`);
+  }
+}
+
+function checkCalls(calls, allowed, where) {
+  assert.ok(Array.isArray(calls) && calls.length >= 1, `${where}: no tool_calls`);
+  for (const c of calls) {
+    assert.equal(c.type, 'function', where);
+    assert.ok(typeof c.id === 'string' && c.id.length > 0, where);
+    assert.ok(allowed.includes(c.function.name), `${where}: called ${c.function.name}`);
+    const tool = toolList.find((t) => t.function.name === c.function.name);
+    checkArgs(JSON.parse(c.function.arguments), tool.function.parameters, `${where} ${c.function.name}`);
+  }
+}
+
+// A streamed chat assembled from its deltas: {content, tool_calls, finish}.
+async function streamChat(client, body) {
+  const stream = await client.chat.completions.create({ ...body, stream: true });
+  let content = '', finish = null;
+  const calls = [];
+  for await (const chunk of stream) {
+    const ch = chunk.choices[0];
+    if (!ch) continue;
+    content += ch.delta?.content ?? '';
+    for (const d of ch.delta?.tool_calls ?? []) {
+      const c = calls[d.index] ??= { id: '', type: 'function', function: { name: '', arguments: '' } };
+      if (d.id) c.id = d.id;
+      if (d.type) c.type = d.type;
+      c.function.name += d.function?.name ?? '';
+      c.function.arguments += d.function?.arguments ?? '';
+    }
+    finish = ch.finish_reason ?? finish;
+  }
+  return { content, tool_calls: calls, finish };
+}
+
+async function tools() {
+  const p = await startServer(['--parallel', '4'], builtin, 2048);
+  try {
+    const client = clientFor(p);
+    const ask = [{ role: 'user', content: 'What is the weather in Paris, and what does the web say about it?' }];
+    const body = (seed, extra) => ({ model: 'x', messages: ask, tools: toolList, seed, temperature: 1, max_tokens: 400, ...extra });
+    const names = toolList.map((t) => t.function.name);
+    let nCalls = 0;
+    for (const seed of [1, 2, 3, 4, 5, 6]) {
+      const req = await client.chat.completions.create(body(seed, { tool_choice: 'required' }));
+      const msg = req.choices[0].message;
+      assert.equal(req.choices[0].finish_reason, 'tool_calls', `seed ${seed}`);
+      assert.equal(msg.content, null);
+      checkCalls(msg.tool_calls, names, `required seed ${seed}`);
+      nCalls += msg.tool_calls.length;
+
+      const named = await client.chat.completions.create(body(seed, { tool_choice: { type: 'function', function: { name: 'search' } } }));
+      assert.equal(named.choices[0].finish_reason, 'tool_calls');
+      checkCalls(named.choices[0].message.tool_calls, ['search'], `named seed ${seed}`);
+
+      const one = await client.chat.completions.create(body(seed, { tool_choice: 'required', parallel_tool_calls: false }));
+      assert.equal(one.choices[0].message.tool_calls.length, 1, `parallel_tool_calls false, seed ${seed}`);
+      checkCalls(one.choices[0].message.tool_calls, names, `single seed ${seed}`);
+
+      // the stream's deltas assemble into the same calls as the whole answer of the same seed
+      const st = await streamChat(client, body(seed, { tool_choice: 'required' }));
+      assert.equal(st.finish, 'tool_calls');
+      assert.equal(st.content, '');
+      checkCalls(st.tool_calls, names, `stream seed ${seed}`);
+      assert.deepEqual(st.tool_calls.map((c) => [c.function.name, c.function.arguments]),
+        msg.tool_calls.map((c) => [c.function.name, c.function.arguments]), `stream seed ${seed}`);
+    }
+    // auto: free text (the random model rarely opens a call); any call it starts must validate
+    for (const seed of [1, 2, 3]) {
+      const auto = await client.chat.completions.create(body(seed, { tool_choice: 'auto', max_tokens: 24 }));
+      const m = auto.choices[0].message;
+      if (m.tool_calls) checkCalls(m.tool_calls, names, `auto seed ${seed}`);
+      else assert.equal(typeof m.content, 'string');
+      assert.ok(['stop', 'length', 'tool_calls'].includes(auto.choices[0].finish_reason));
+    }
+    // a call cut by max_tokens still parses: the grammar completes it within the budget
+    const tight = await client.chat.completions.create(body(9, { tool_choice: { type: 'function', function: { name: 'get_weather' } },
+      parallel_tool_calls: false, max_tokens: 120 }));
+    assert.equal(tight.choices[0].finish_reason, 'tool_calls');
+    assert.ok(tight.usage.completion_tokens <= 120);
+    checkCalls(tight.choices[0].message.tool_calls, ['get_weather'], 'max_tokens 120');
+
+    // the round trip: the assistant's calls and the tool's result go back, the model answers,
+    // and the rendered prompt holds the result
+    const first = await client.chat.completions.create(body(11, { tool_choice: 'required', parallel_tool_calls: false }));
+    const assistant = first.choices[0].message;
+    const call = assistant.tool_calls[0];
+    const result = 'RESULT-7431: 18 degrees, light rain';
+    const thread = [...ask, assistant, { role: 'tool', tool_call_id: call.id, content: result }];
+    const reply = await client.chat.completions.create({ model: 'x', messages: thread, tools: toolList, max_tokens: 8, seed: 3 });
+    assert.equal(reply.choices[0].message.role, 'assistant');
+    assert.equal(typeof reply.choices[0].message.content, 'string');
+    assert.ok(['stop', 'length', 'tool_calls'].includes(reply.choices[0].finish_reason));
+    const applied = await (await fetch(`http://127.0.0.1:${p.port}/apply-template`, { method: 'POST',
+      body: JSON.stringify({ messages: thread, tools: toolList }) })).json();
+    assert.ok(applied.prompt.includes(result), applied.prompt);
+    assert.ok(applied.prompt.includes(call.function.name), applied.prompt);
+    console.log(`tools: ok (6 seeds x required, named, single, streamed: ${nCalls} calls from 'required'; round trip with ${call.function.name})`);
+  } finally {
+    const code = await stopServer(p);
+    if (code !== 0) console.log(p.log());
+    assert.equal(code, 0);
+  }
+}
+
+const all = { basic, concurrency, pressure, tools };
+const which = parts.length ? parts : Object.keys(all);
 for (const name of which) await all[name]();

@@ -60,6 +60,7 @@ int model_server_start(const struct model_server_config *mc, struct sched **sche
     cfg.port = 0;
     cfg.ctx_size = mc->ctx_size;
     cfg.model_name = "default";
+    cfg.chat_template_jinja = mc->chat_template_jinja;
     if (server_start(&cfg, *sched, mc->tok, srv)) {
         fprintf(stderr, "model_server: server: %s\n", ks_errmsg());
         sched_free(*sched);

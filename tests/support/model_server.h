@@ -27,6 +27,7 @@ struct model_server_config {
     size_t kv_budget;             /* bytes of KV pages */
     int parallel;                 /* sequences at once */
     int32_t ctx_size;
+    const char *chat_template_jinja; /* overrides the model's template; NULL: the model's */
 };
 
 /* A loaded model with what a server on it needs, and the server. */
