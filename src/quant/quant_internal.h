@@ -39,6 +39,51 @@ QUANT_DECLARE_DOTS(avx2)
 QUANT_DECLARE_DOTS(avx512)
 #endif
 
+/* ---- repacked Q4_0 / Q8_0 weights (quant_repack.c) ------------------------ */
+/* Rows per interleaved group and the bias of stored Q8_0 quants in this
+ * build's layout: what the build's fastest kernel reads. */
+#if defined(QUANT_HAVE_AVX512)
+#define QUANT_RP_ROWS 16
+#define QUANT_RP_Q8_BIAS 0x80
+#else
+#define QUANT_RP_ROWS 8
+#define QUANT_RP_Q8_BIAS 0
+#endif
+
+/* One activation block quantized to Q8_0 as the repacked kernels read it. */
+struct quant_rp_act {
+    int8_t qs[QK8_0];
+    float d;     /* the f16 scale, widened */
+    int32_t sum; /* sum(qs): the correction of unsigned weight operands */
+};
+void quant_rp_pack_token(const float *x, int64_t cols, struct quant_rp_act *out);
+
+/* Rows of a repacked matrix against n_tokens packed tokens. */
+struct quant_rp_job {
+    enum quant_type wtype;
+    const uint8_t *W;
+    int64_t nb;                     /* blocks per row */
+    const struct quant_rp_act *act; /* token t's blocks at act + t * nb */
+    int64_t n_tokens;
+    float *Y;                       /* Y[t * ldy + r] */
+    int64_t ldy;
+};
+/* Groups [g0, g1) of rows: the build's best kernel; its scalar twin for any
+ * group size and bias; the SIMD kernels (layouts of 16 rows +128, 8 rows +0). */
+void quant_rp_rows(const struct quant_rp_job *j, int64_t g0, int64_t g1);
+void quant_rp_rows_ref(const struct quant_rp_job *j, int R, int q8_bias, int64_t g0, int64_t g1);
+#if defined(QUANT_HAVE_AVX512)
+void quant_rp_rows_avx512(const struct quant_rp_job *j, int64_t g0, int64_t g1);
+#endif
+#if defined(QUANT_HAVE_AVX2)
+void quant_rp_rows_avx2(const struct quant_rp_job *j, int64_t g0, int64_t g1);
+#endif
+/* quant_repack with any group size and Q8_0 bias (tests of the other layouts). */
+ks_status quant_rp_repack_as(enum quant_type t, int64_t rows, int64_t cols, void *W, int R, int q8_bias);
+/* Row r's block b of a matrix in this build's layout, back in ggml's block
+ * layout (a block_q4_0 or block_q8_0 at out): what the prefill tiles unpack. */
+void quant_rp_get_block(const void *W, enum quant_type t, int64_t nb, int64_t r, int64_t b, void *out);
+
 #if defined(QUANT_HAVE_AVX2)
 #include <immintrin.h>
 /* The 32 values of a Q4_0 or Q8_0 block as signed bytes in element order, and
@@ -56,6 +101,14 @@ static inline __m256i quant_block_bytes(const uint8_t *row, enum quant_type t, i
     *d = _cvtsh_ss(blk->d);
     return _mm256_loadu_si256((const __m256i *)blk->qs);
 }
+
+/* The same for row r's block b of a matrix in this build's repacked layout. */
+static inline __m256i quant_rp_block_bytes(const void *W, enum quant_type t, int64_t nb, int64_t r, int64_t b, float *d)
+{
+    uint8_t blk[sizeof(block_q8_0)];
+    quant_rp_get_block(W, t, nb, r, b, blk);
+    return quant_block_bytes(blk, t, 0, d);
+}
 #endif
 
 #if defined(QUANT_HAVE_AVX2) && !defined(QUANT_HAVE_AVX512)
@@ -63,8 +116,8 @@ static inline __m256i quant_block_bytes(const uint8_t *row, enum quant_type t, i
  * holds at least quant_avx2_prefill_work(cols, n_tokens) bytes. */
 #include "threads/threads.h"
 size_t quant_avx2_prefill_work(int64_t cols, int64_t n_tokens);
-ks_status quant_avx2_prefill(threads_pool *pool, const void *W, enum quant_type wtype, int64_t rows, int64_t cols,
-                             const float *X, int64_t n_tokens, float *Y, void *work);
+ks_status quant_avx2_prefill(threads_pool *pool, const void *W, enum quant_type wtype, bool repacked, int64_t rows,
+                             int64_t cols, const float *X, int64_t n_tokens, float *Y, void *work);
 #endif
 
 #endif
