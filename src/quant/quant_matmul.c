@@ -72,6 +72,7 @@ static enum mm_path choose_path(enum quant_type wtype, int64_t n_tokens)
  * (quant_repack.c); larger ones the prefill tiles, which unpack the rows.
  * Without SIMD prefill tiles every batch runs the group kernels. */
 #define RP_GEMM_MAX 16
+#define RP_MIN_CHUNK_ROWS 64 /* rows per work item at least: a long sequential stream */
 #if defined(QUANT_HAVE_AVX2)
 #define RP_HAVE_TILES 1
 #endif
@@ -1042,7 +1043,7 @@ static ks_status ex_avx2_expert(threads_pool *pool, const struct ex_run *r, cons
         memcpy(xg + t * p->cols, p->X + ex_xrow(p, x, t) * p->cols, (size_t)p->cols * sizeof(float));
     for (int mat = 0; mat < (p->W2 ? 2 : 1); mat++) {
         const uint8_t *W = (const uint8_t *)(mat ? p->W2 : p->W) + (size_t)x->e * p->stride;
-        ks_status st = quant_avx2_prefill(pool, W, p->wtype, p->rows, p->cols, xg, x->n,
+        ks_status st = quant_avx2_prefill(pool, W, p->wtype, false, p->rows, p->cols, xg, x->n,
                                           (mat ? p->Y2 : p->Y) + x->t0 * p->rows, w2);
         if (st)
             return st;
@@ -1153,7 +1154,7 @@ static void rp_compute(void *vctx, int ith, int nth)
     (void)ith;
     int64_t n_groups = m->rows / QUANT_RP_ROWS;
     int64_t chunk = n_groups / ((int64_t)nth * 8);
-    chunk = chunk < DEC_ROW_BLOCK / QUANT_RP_ROWS ? DEC_ROW_BLOCK / QUANT_RP_ROWS : chunk;
+    chunk = chunk < RP_MIN_CHUNK_ROWS / QUANT_RP_ROWS ? RP_MIN_CHUNK_ROWS / QUANT_RP_ROWS : chunk;
     struct quant_rp_job j = {.wtype = m->wtype, .W = m->W, .nb = m->cols / QB,
                              .act = (const struct quant_rp_act *)m->work, .n_tokens = m->n_tokens, .Y = m->Y,
                              .ldy = m->rows};
