@@ -234,9 +234,10 @@ int main(int argc, char **argv)
                 if (!strcmp(models[mi], k_shapes[s].model))
                     if (run_shape(pool, t, &k_shapes[s], reps, ntok, ndec, &tot))
                         return 1;
-            printf("== %s %s t=%d, all weight matmuls of one token: decode %.2f ms = %.1f tok/s at %.1f GB/s; "
+            printf("== %s %s t=%d, all weight matmuls of one decode step of %lld token(s): %.2f ms = %.1f tok/s at %.1f GB/s; "
                    "prefill %lld tokens %.1f tok/s (matmuls only, output layer for the last token)\n",
-                   models[mi], tok, threads, tot.dec_s * 1e3, 1.0 / tot.dec_s, tot.dec_bytes / tot.dec_s / 1e9,
+                   models[mi], tok, threads, (long long)ndec, tot.dec_s * 1e3, (double)ndec / tot.dec_s,
+                   tot.dec_bytes / tot.dec_s / 1e9,
                    (long long)ntok, tot.pre_tokens / tot.pre_s_no_output);
         }
     }

@@ -96,6 +96,14 @@ static void test_repack_keeps_every_block(void **state)
                 uint8_t blk[sizeof(block_q8_0)];
                 quant_rp_get_block(P, t, nb, r, b, blk);
                 assert_memory_equal(blk, W + r * wrow + b * bb, bb);
+#if defined(QUANT_HAVE_AVX2)
+                /* the prefill tiles' gather of a repacked row */
+                float d_rp, d_rows;
+                __m256i v_rp = quant_rp_block_bytes(P, t, nb, r, b, &d_rp);
+                __m256i v_rows = quant_block_bytes(W + r * wrow, t, b, &d_rows);
+                assert_memory_equal(&v_rp, &v_rows, sizeof v_rp);
+                assert_memory_equal(&d_rp, &d_rows, sizeof d_rp);
+#endif
             }
         free(W);
         free(P);

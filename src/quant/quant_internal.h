@@ -3,6 +3,8 @@
 #ifndef KS_QUANT_INTERNAL_H
 #define KS_QUANT_INTERNAL_H
 
+#include <string.h>
+
 #include "quant/quant.h"
 
 /* Portable bit-exact conversions (round to nearest even, NaN kept quiet). The
@@ -86,28 +88,42 @@ void quant_rp_get_block(const void *W, enum quant_type t, int64_t nb, int64_t r,
 
 #if defined(QUANT_HAVE_AVX2)
 #include <immintrin.h>
+/* 16 bytes of Q4_0 nibbles -> the block's 32 values as signed bytes. */
+static inline __m256i quant_q4_0_values(__m128i x)
+{
+    __m256i v = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(x, 4), x), _mm256_set1_epi8(0x0f));
+    return _mm256_sub_epi8(v, _mm256_set1_epi8(8));
+}
+
 /* The 32 values of a Q4_0 or Q8_0 block as signed bytes in element order, and
  * its scale: what the prefill tiles unpack weight rows into. */
 static inline __m256i quant_block_bytes(const uint8_t *row, enum quant_type t, int64_t b, float *d)
 {
     if (t == QUANT_Q4_0) {
         const block_q4_0 *blk = (const block_q4_0 *)row + b;
-        __m128i x = _mm_loadu_si128((const __m128i *)blk->qs);
-        __m256i v = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(x, 4), x), _mm256_set1_epi8(0x0f));
         *d = _cvtsh_ss(blk->d);
-        return _mm256_sub_epi8(v, _mm256_set1_epi8(8));
+        return quant_q4_0_values(_mm_loadu_si128((const __m128i *)blk->qs));
     }
     const block_q8_0 *blk = (const block_q8_0 *)row + b;
     *d = _cvtsh_ss(blk->d);
     return _mm256_loadu_si256((const __m256i *)blk->qs);
 }
 
-/* The same for row r's block b of a matrix in this build's repacked layout. */
+/* The same for row r's block b of a matrix in this build's repacked layout:
+ * the row's 4-byte chunks lie QUANT_RP_ROWS dwords apart (quant_repack.c). */
 static inline __m256i quant_rp_block_bytes(const void *W, enum quant_type t, int64_t nb, int64_t r, int64_t b, float *d)
 {
-    uint8_t blk[sizeof(block_q8_0)];
-    quant_rp_get_block(W, t, nb, r, b, blk);
-    return quant_block_bytes(blk, t, 0, d);
+    const int R = QUANT_RP_ROWS, l = (int)(r % R);
+    size_t bb = t == QUANT_Q4_0 ? sizeof(block_q4_0) : sizeof(block_q8_0);
+    const uint8_t *gb = (const uint8_t *)W + (size_t)((r / R) * nb + b) * (size_t)R * bb;
+    quant_f16 h;
+    memcpy(&h, gb + 2 * l, sizeof h);
+    *d = _cvtsh_ss(h);
+    const int *chunks = (const int *)(const void *)(gb + 2 * R + 4 * l);
+    __m256i at = _mm256_setr_epi32(0, R, 2 * R, 3 * R, 4 * R, 5 * R, 6 * R, 7 * R);
+    if (t == QUANT_Q4_0)
+        return quant_q4_0_values(_mm_i32gather_epi32(chunks, _mm256_castsi256_si128(at), 4));
+    return _mm256_xor_si256(_mm256_i32gather_epi32(chunks, at, 4), _mm256_set1_epi8((char)QUANT_RP_Q8_BIAS));
 }
 #endif
 
