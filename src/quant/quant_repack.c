@@ -117,12 +117,36 @@ void quant_rp_pack_token(const float *x, int64_t cols, struct quant_rp_act *out)
     }
 }
 
+#if defined(QUANT_HAVE_AVX2)
+/* Chunk k of an activation block: what a SIMD kernel broadcasts. */
 static int32_t act_dword(const struct quant_rp_act *a, int k)
 {
     int32_t v;
     memcpy(&v, a->qs + k * RP_CHUNK, sizeof v);
     return v;
 }
+
+/* One tile: a group's rows against tokens t0 .. t0 + T over all blocks. */
+typedef void (*rp_tile_fn)(const struct quant_rp_job *j, int64_t g, int64_t t0);
+
+/* Groups [g0, g1), the tokens in tiles of RP_TT and one narrower last tile;
+ * tiles[T] is the kernel compiled for T tokens, a constant width that keeps
+ * its accumulators in registers. */
+static void rp_rows(const struct quant_rp_job *j, int64_t g0, int64_t g1, const rp_tile_fn tiles[RP_TT + 1])
+{
+    for (int64_t g = g0; g < g1; g++)
+        for (int64_t t = 0; t < j->n_tokens; t += RP_TT)
+            tiles[j->n_tokens - t < RP_TT ? j->n_tokens - t : RP_TT](j, g, t);
+}
+
+/* tiles[1..RP_TT] of an always-inline tile(j, g, t0, T). */
+#define RP_TILE_WIDTHS(tile)                                                                         \
+    static void tile##_1(const struct quant_rp_job *j, int64_t g, int64_t t0) { tile(j, g, t0, 1); } \
+    static void tile##_2(const struct quant_rp_job *j, int64_t g, int64_t t0) { tile(j, g, t0, 2); } \
+    static void tile##_3(const struct quant_rp_job *j, int64_t g, int64_t t0) { tile(j, g, t0, 3); } \
+    static void tile##_4(const struct quant_rp_job *j, int64_t g, int64_t t0) { tile(j, g, t0, 4); } \
+    static const rp_tile_fn tile##_widths[RP_TT + 1] = {NULL, tile##_1, tile##_2, tile##_3, tile##_4};
+#endif
 
 /* ---- scalar twin: any R and Q8_0 bias ---------------------------------------- */
 
@@ -206,19 +230,11 @@ static inline __attribute__((always_inline)) void rp512_tile(const struct quant_
         _mm512_storeu_ps(j->Y + (t0 + t) * j->ldy + g * R, acc[t]);
 }
 
+RP_TILE_WIDTHS(rp512_tile)
+
 void quant_rp_rows_avx512(const struct quant_rp_job *j, int64_t g0, int64_t g1)
 {
-    for (int64_t g = g0; g < g1; g++) {
-        int64_t t = 0;
-        for (; t + RP_TT <= j->n_tokens; t += RP_TT)
-            rp512_tile(j, g, t, RP_TT);
-        switch (j->n_tokens - t) { /* constant tile widths keep the accumulators in registers */
-        case 3: rp512_tile(j, g, t, 3); break;
-        case 2: rp512_tile(j, g, t, 2); break;
-        case 1: rp512_tile(j, g, t, 1); break;
-        default: break;
-        }
-    }
+    rp_rows(j, g0, g1, rp512_tile_widths);
 }
 #endif
 
@@ -281,19 +297,11 @@ static inline __attribute__((always_inline)) void rp2_tile(const struct quant_rp
         _mm256_storeu_ps(j->Y + (t0 + t) * j->ldy + g * R, acc[t]);
 }
 
+RP_TILE_WIDTHS(rp2_tile)
+
 void quant_rp_rows_avx2(const struct quant_rp_job *j, int64_t g0, int64_t g1)
 {
-    for (int64_t g = g0; g < g1; g++) {
-        int64_t t = 0;
-        for (; t + RP_TT <= j->n_tokens; t += RP_TT)
-            rp2_tile(j, g, t, RP_TT);
-        switch (j->n_tokens - t) {
-        case 3: rp2_tile(j, g, t, 3); break;
-        case 2: rp2_tile(j, g, t, 2); break;
-        case 1: rp2_tile(j, g, t, 1); break;
-        default: break;
-        }
-    }
+    rp_rows(j, g0, g1, rp2_tile_widths);
 }
 #endif
 
