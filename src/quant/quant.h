@@ -142,7 +142,8 @@ ks_status quant_matmul(threads_pool *pool, const void *W, enum quant_type wtype,
  * quant_matmul_repacked. Decode and small batches (up to 16 tokens) run
  * GEMV/GEMM kernels on the layout: one sequential stream per group instead
  * of one per row, and per row and token the same bits as the scalar
- * reference vec_dot. Larger batches unpack rows into the prefill tiles. */
+ * reference vec_dot. Larger batches unpack rows into the prefill tiles (a
+ * portable build, which has none, runs every batch on the group kernels). */
 int quant_repack_rows(void);
 /* Q4_0 / Q8_0, rows a multiple of quant_repack_rows(), cols of whole blocks. */
 bool quant_repack_fits(enum quant_type t, int64_t rows, int64_t cols);

@@ -52,7 +52,7 @@ static uint8_t *rp_group_block(const uint8_t *W, enum quant_type t, int64_t nb, 
     return (uint8_t *)W + (size_t)(g * nb + b) * (size_t)R * rp_block_bytes(t);
 }
 
-/* Lane l's bytes of chunk k, and its scale, in a group-block of R rows. */
+/* Lane (row) l's 4 bytes of chunk k in a group-block of R rows; its scale is at gb + 2 * l. */
 static uint8_t *rp_chunk(uint8_t *gb, int R, int l, int k) { return gb + 2 * R + (size_t)k * RP_CHUNK * R + 4 * l; }
 
 static void rp_put(uint8_t *gb, enum quant_type t, int R, int q8_bias, int l, const uint8_t *blk)
