@@ -11,7 +11,11 @@
  *    weight byte is loaded once per 32 tokens.
  *  - prefill, F32/F16/BF16: the same tiling with f32 FMAs on f32 activations.
  *  - everything else: activations to the vec_dot_type, then traits vec_dot
- *    over row chunks x all tokens, so a chunk of weights stays in cache. */
+ *    over row chunks x all tokens, so a chunk of weights stays in cache.
+ *  - repacked Q4_0/Q8_0 weights (quant_matmul_repacked): up to RP_GEMM_MAX
+ *    tokens, the group kernels of quant_repack.c over row groups taken from
+ *    a shared counter; more, the prefill tiles above, unpacking rows from
+ *    the layout. */
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
