@@ -75,7 +75,9 @@ static enum mm_path choose_path(enum quant_type wtype, int64_t n_tokens)
 /* Repacked weights: batches up to RP_GEMM_MAX tokens run the group kernels
  * (quant_repack.c); larger ones the prefill tiles, which unpack the rows.
  * Without SIMD prefill tiles every batch runs the group kernels. */
-#define RP_GEMM_MAX 16
+#ifndef RP_GEMM_MAX
+#define RP_GEMM_MAX 16 /* at 16 tokens the group kernels beat the tiles by 23-30%; at 64 and 512 they lost 7-30% */
+#endif
 #define RP_MIN_CHUNK_ROWS 64 /* rows per work item at least: a long sequential stream */
 #if defined(QUANT_HAVE_AVX2)
 #define RP_HAVE_TILES 1
