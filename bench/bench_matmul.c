@@ -1,12 +1,16 @@
 /* bench_matmul: quant_matmul speed on the weight shapes of real models.
  *
- *   bench_matmul [-t THREADS] [-r REPS] [-p PREFILL_TOKENS] [--type q4_0,q8_0,f16,q4_K]
- *                [--model llama-1b|qwen3-0.6b] [--cpu]
+ *   bench_matmul [-t THREADS] [-r REPS] [-p PREFILL_TOKENS] [-n DECODE_TOKENS] [--type q4_0,q8_0,f16,q4_K]
+ *                [--model llama-1b|qwen3-0.6b] [--cpu] [--no-repack]
  *
- * Decode (1 token) reports GB/s of weight bytes read; the weights are cycled
+ * Q4_0 / Q8_0 weights are repacked as the model loader repacks them
+ * (quant_repack) where the shape allows; --no-repack keeps them row-major.
+ * Decode (-n tokens, default 1: one decode stream; 2-16: as many streams
+ * batched) reports GB/s of weight bytes read; the weights are cycled
  * through enough copies (>= 512 MB) that they come from DRAM, as in a real
  * forward pass. Prefill (-p tokens, default 512) reports GFLOP/s (2 per
  * multiply-add) and tokens/s. Each figure is the median of REPS runs. */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
@@ -45,6 +49,20 @@ struct totals {
 /* --cpu: time by process CPU time instead of wall time, to compare kernels
  * on a machine shared with other jobs (meaningful with -t 1 only). */
 static clockid_t g_clock = CLOCK_MONOTONIC;
+static bool g_repack = true;
+
+static bool repacked(enum quant_type t, const struct shape *s)
+{
+    return g_repack && quant_repack_fits(t, s->rows, s->cols);
+}
+
+static ks_status matmul(threads_pool *pool, const void *W, enum quant_type t, const struct shape *s, const float *X,
+                        int64_t n, float *Y, void *work, size_t ws)
+{
+    if (repacked(t, s))
+        return quant_matmul_repacked(pool, W, t, s->rows, s->cols, X, n, Y, work, ws);
+    return quant_matmul(pool, W, t, s->rows, s->cols, X, n, Y, work, ws);
+}
 
 static double now_s(void)
 {
@@ -96,7 +114,7 @@ static void *make_weights(enum quant_type t, int64_t rows, int64_t cols, size_t 
 }
 
 static int run_shape(threads_pool *pool, enum quant_type t, const struct shape *s, int reps, int64_t ntok,
-                     struct totals *tot)
+                     int64_t ndec, struct totals *tot)
 {
     size_t bytes;
     int ncopies = 1;
@@ -104,13 +122,15 @@ static int run_shape(threads_pool *pool, enum quant_type t, const struct shape *
         ncopies++;
     void **w = calloc((size_t)ncopies, sizeof *w);
     for (int i = 0; i < ncopies; i++)
-        if (!(w[i] = make_weights(t, s->rows, s->cols, &bytes)))
+        if (!(w[i] = make_weights(t, s->rows, s->cols, &bytes)) ||
+            (repacked(t, s) && quant_repack(t, s->rows, s->cols, w[i]) != KS_OK))
             return fprintf(stderr, "out of memory for %s\n", s->name), 1;
-    float *X = malloc((size_t)(ntok * s->cols) * sizeof(float)), *Y = malloc((size_t)(ntok * s->rows) * sizeof(float));
+    int64_t nmax = ntok > ndec ? ntok : ndec;
+    float *X = malloc((size_t)(nmax * s->cols) * sizeof(float)), *Y = malloc((size_t)(nmax * s->rows) * sizeof(float));
     size_t ws = quant_matmul_work_size(t, s->cols, ntok);
-    size_t ws1 = quant_matmul_work_size(t, s->cols, 1);
+    size_t ws1 = quant_matmul_work_size(t, s->cols, ndec);
     void *work = malloc(ws > ws1 ? ws : ws1);
-    for (int64_t i = 0; i < ntok * s->cols; i++)
+    for (int64_t i = 0; i < nmax * s->cols; i++)
         X[i] = (float)rand() / RAND_MAX - 0.5f;
 
     /* decode: several passes over all copies per rep */
@@ -119,7 +139,7 @@ static int run_shape(threads_pool *pool, enum quant_type t, const struct shape *
     for (int rep = -1; rep < reps; rep++) {
         double t0 = now_s();
         for (int i = 0; i < passes; i++)
-            if (quant_matmul(pool, w[i % ncopies], t, s->rows, s->cols, X, 1, Y, work, ws1) != KS_OK)
+            if (matmul(pool, w[i % ncopies], t, s, X, ndec, Y, work, ws1) != KS_OK)
                 return fprintf(stderr, "matmul: %s\n", ks_errmsg()), 1;
         if (rep >= 0)
             tv[rep] = (now_s() - t0) / passes;
@@ -129,7 +149,7 @@ static int run_shape(threads_pool *pool, enum quant_type t, const struct shape *
     int preps = s->rows > 65536 ? (reps < 3 ? reps : 3) : reps;
     for (int rep = -1; rep < preps; rep++) {
         double t0 = now_s();
-        if (quant_matmul(pool, w[0], t, s->rows, s->cols, X, ntok, Y, work, ws) != KS_OK)
+        if (matmul(pool, w[0], t, s, X, ntok, Y, work, ws) != KS_OK)
             return fprintf(stderr, "matmul: %s\n", ks_errmsg()), 1;
         if (rep >= 0)
             tv[rep] = now_s() - t0;
@@ -162,7 +182,7 @@ static int run_shape(threads_pool *pool, enum quant_type t, const struct shape *
 int main(int argc, char **argv)
 {
     int threads = 1, reps = 5;
-    int64_t ntok = 512;
+    int64_t ntok = 512, ndec = 1;
     const char *types = "q4_0,q8_0,f16,q4_K", *model = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-t") && i + 1 < argc)
@@ -171,6 +191,10 @@ int main(int argc, char **argv)
             reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-p") && i + 1 < argc)
             ntok = atoll(argv[++i]);
+        else if (!strcmp(argv[i], "-n") && i + 1 < argc)
+            ndec = atoll(argv[++i]);
+        else if (!strcmp(argv[i], "--no-repack"))
+            g_repack = false;
         else if (!strcmp(argv[i], "--type") && i + 1 < argc)
             types = argv[++i];
         else if (!strcmp(argv[i], "--cpu"))
@@ -178,17 +202,18 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--model") && i + 1 < argc)
             model = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [-t THREADS] [-r REPS] [-p TOKENS] [--type q4_0,q8_0,f16,q4_K] "
-                            "[--model llama-1b|qwen3-0.6b] [--cpu]\n", argv[0]);
+            fprintf(stderr, "usage: %s [-t THREADS] [-r REPS] [-p TOKENS] [-n DECODE_TOKENS] [--type q4_0,q8_0,f16,q4_K] "
+                            "[--model llama-1b|qwen3-0.6b] [--cpu] [--no-repack]\n", argv[0]);
             return 2;
         }
     }
-    if (threads < 1 || reps < 1 || ntok < 1)
-        return fprintf(stderr, "bad -t/-r/-p\n"), 2;
+    if (threads < 1 || reps < 1 || ntok < 1 || ndec < 1)
+        return fprintf(stderr, "bad -t/-r/-p/-n\n"), 2;
     threads_pool *pool;
     if (threads_create(threads, &pool) != KS_OK)
         return fprintf(stderr, "threads: %s\n", ks_errmsg()), 1;
-    printf("# bench_matmul isa=%s threads=%d reps=%d (medians)\n", quant_isa(), threads, reps);
+    printf("# bench_matmul isa=%s threads=%d reps=%d decode tokens=%lld weights %s (medians)\n", quant_isa(), threads,
+           reps, (long long)ndec, g_repack ? "repacked where they fit" : "row-major");
     char list[256];
     snprintf(list, sizeof list, "%s", types);
     for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) {
@@ -207,11 +232,12 @@ int main(int argc, char **argv)
             struct totals tot = {0};
             for (size_t s = 0; s < sizeof k_shapes / sizeof k_shapes[0]; s++)
                 if (!strcmp(models[mi], k_shapes[s].model))
-                    if (run_shape(pool, t, &k_shapes[s], reps, ntok, &tot))
+                    if (run_shape(pool, t, &k_shapes[s], reps, ntok, ndec, &tot))
                         return 1;
-            printf("== %s %s t=%d, all weight matmuls of one token: decode %.2f ms = %.1f tok/s at %.1f GB/s; "
+            printf("== %s %s t=%d, all weight matmuls of one decode step of %lld token(s): %.2f ms = %.1f tok/s at %.1f GB/s; "
                    "prefill %lld tokens %.1f tok/s (matmuls only, output layer for the last token)\n",
-                   models[mi], tok, threads, tot.dec_s * 1e3, 1.0 / tot.dec_s, tot.dec_bytes / tot.dec_s / 1e9,
+                   models[mi], tok, threads, (long long)ndec, tot.dec_s * 1e3, (double)ndec / tot.dec_s,
+                   tot.dec_bytes / tot.dec_s / 1e9,
                    (long long)ntok, tot.pre_tokens / tot.pre_s_no_output);
         }
     }

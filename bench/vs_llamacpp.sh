@@ -10,6 +10,10 @@
 # measured bandwidth. The CPU and its vector extensions head the table.
 #
 # Env: THREADS (2), PP (512), TG (128), ROUNDS (3), ANCHOR (../shared/anchor/bin), NICE ("").
+#   AB_FLAGS: each round also runs kvserve bench with these flags (e.g. --no-repack) right after the
+#             plain run; the table gets a second kvserve row per model, "MODEL [AB_FLAGS]".
+#   LLAMA_CPU: run llama.cpp's CPU variant of that name only (haswell = AVX2; icelake, zen4 =
+#             AVX-512), e.g. haswell beside an AVX2-only kvserve build on an AVX-512 machine.
 # Needs node (installed by scripts/deps.sh) to read both programs' JSON.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -17,6 +21,7 @@ build=$here/build
 if [ $# -gt 0 ] && [ -d "$1" ]; then build=$(cd "$1" && pwd); shift; fi
 [ $# -gt 0 ] || { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 THREADS=${THREADS:-2} PP=${PP:-512} TG=${TG:-128} ROUNDS=${ROUNDS:-3} NICE=${NICE:-}
+AB_FLAGS=${AB_FLAGS:-} LLAMA_CPU=${LLAMA_CPU:-}
 anchor=${ANCHOR:-$here/../shared/anchor/bin}
 kvserve=$build/kvserve membw=$build/bench_membw
 for f in "$kvserve" "$membw" "$anchor/llama-bench"; do
@@ -31,6 +36,7 @@ trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp/anchor"
 for f in "$anchor"/*; do
   n=$(basename "$f")
+  if [ -n "$LLAMA_CPU" ] && [[ $n == libggml-cpu-* ]] && [ "$n" != "libggml-cpu-$LLAMA_CPU.so" ]; then continue; fi
   if [ "$(stat -c %s "$f")" -lt 64 ] && grep -qx '[A-Za-z0-9._-]*' "$f"; then ln -sf "$(cat "$f")" "$tmp/anchor/$n"
   elif [ -x "$f" ] && [[ $n != *.so* ]]; then cp "$f" "$tmp/anchor/$n" # $ORIGIN must be the mirror
   else ln -sf "$f" "$tmp/anchor/$n"; fi
@@ -46,20 +52,28 @@ one_round() {
   echo >>"$tmp/ll.json"
   $NICE "$kvserve" bench -m "$m" -p "$PP" -n "$TG" -r 1 -t "$THREADS" -o json 2>/dev/null | tr -d '\n' >>"$tmp/ks.json"
   echo >>"$tmp/ks.json"
+  [ -n "$AB_FLAGS" ] || return 0
+  # shellcheck disable=SC2086 # AB_FLAGS is a list of flags
+  $NICE "$kvserve" bench -m "$m" -p "$PP" -n "$TG" -r 1 -t "$THREADS" -o json $AB_FLAGS 2>/dev/null | tr -d '\n' >>"$tmp/ab.json"
+  echo >>"$tmp/ab.json"
 }
 
 cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)
 isa=$(grep -qw avx512f /proc/cpuinfo && echo AVX-512 || (grep -qw avx2 /proc/cpuinfo && echo AVX2 || echo scalar))
 echo "CPU: $cpu ($isa), $(nproc) cores; -t $THREADS, pp$PP / tg$TG, median of $ROUNDS interleaved rounds"
+echo "kvserve: $("$kvserve" version 2>/dev/null | head -1); llama.cpp CPU variant: ${LLAMA_CPU:-best available}"
 echo
 echo "| model | pp$PP llama.cpp | pp$PP kvserve | ratio | tg$TG llama.cpp | tg$TG kvserve | ratio | kvserve tg GB/s | membw GB/s | tg % of membw |"
 echo "|---|---|---|---|---|---|---|---|---|---|"
 for m in "$@"; do
-  : >"$tmp/ll.json"; : >"$tmp/ks.json"
+  : >"$tmp/ll.json"; : >"$tmp/ks.json"; : >"$tmp/ab.json"
   bw1=$(membw_gbs)
   for _ in $(seq "$ROUNDS"); do one_round "$m"; done
   bw2=$(membw_gbs)
-  node - "$tmp/ll.json" "$tmp/ks.json" "$(basename "$m")" "$bw1" "$bw2" "$PP" "$TG" <<'EOF'
+  for variant in ks ab; do
+  [ "$variant" = ks ] || [ -n "$AB_FLAGS" ] || continue
+  label=$(basename "$m"); [ "$variant" = ks ] || label="$label [$AB_FLAGS]"
+  node - "$tmp/ll.json" "$tmp/$variant.json" "$label" "$bw1" "$bw2" "$PP" "$TG" <<'EOF'
 const fs = require('fs');
 const [llFile, ksFile, name, bw1, bw2, pp, tg] = process.argv.slice(2);
 const rows = f => fs.readFileSync(f, 'utf8').split('\n').filter(l => l.trim()).flatMap(l => JSON.parse(l));
@@ -74,4 +88,5 @@ const r = (a, b) => Number.isFinite(a / b) ? (a / b).toFixed(2) + 'x' : 'n/a';
 const [lp, kp, lt, kt] = [llTs(pp, 0), ksTs(pp, 0), llTs(0, tg), ksTs(0, tg)];
 console.log(`| ${name} | ${f(lp)} | ${f(kp)} | ${r(kp, lp)} | ${f(lt)} | ${f(kt)} | ${r(kt, lt)} | ${f(ksGbs)} | ${f(bw)} | ${f(100 * ksGbs / bw, 0)}% |`);
 EOF
+  done
 done

@@ -179,9 +179,11 @@ static void a_command_line_takes_the_shared_flags(void **state)
     (void)state;
     struct fake_opts o;
     struct cli_model_flags m;
-    char *ok_argv[] = {"fake", "--mmap", "-n", "3", "--kv-page", "64", "-v", "--kv-sinks", "8", "-ctk", "q8_0"};
-    assert_int_equal(run(&o, &m, 11, ok_argv), 0);
+    char *ok_argv[] = {"fake", "--mmap", "-n", "3", "--kv-page", "64", "-v", "--kv-sinks", "8", "-ctk", "q8_0",
+                       "--no-repack"};
+    assert_int_equal(run(&o, &m, 12, ok_argv), 0);
     assert_true(m.mmap);
+    assert_true(m.no_repack);
     assert_true(o.verbose);
     assert_int_equal(o.n, 3);
     assert_int_equal(m.kv.cfg.page_tokens, 64);
@@ -192,6 +194,7 @@ static void a_command_line_takes_the_shared_flags(void **state)
     char *plain[] = {"fake"};
     assert_int_equal(run(&o, &m, 1, plain), 0);
     assert_false(m.mmap);
+    assert_false(m.no_repack);
     assert_int_equal(m.kv.cfg.page_tokens, 32);
 
     char *help[] = {"fake", "--kv-page", "64", "--help"};

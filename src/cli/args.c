@@ -219,13 +219,17 @@ void cli_kv_flags_apply(const struct cli_kv_flags *f, struct kv_config *cfg)
 void cli_model_flags_init(struct cli_model_flags *f)
 {
     f->mmap = false;
+    f->no_repack = false;
     cli_kv_flags_init(&f->kv);
 }
 
 const char cli_model_flags_help[] =
     "model loading and KV cache (the same flags in serve, bench, generate, chat and perplexity):\n"
     "      --mmap               map the model file instead of reading it into huge pages\n"
-    "                           (page cache shared between processes, faster start, slower decode)\n"
+    "                           (page cache shared between processes, faster start, slower decode;\n"
+    "                           the weights stay row-major: no repacking)\n"
+    "      --no-repack          keep Q4_0/Q8_0 weights row-major instead of repacking them at load\n"
+    "                           into interleaved row groups for this CPU's kernels (A/B runs)\n"
     "      --kv-mem SIZE        cache budget, e.g. 512M, 2G, 25% (default: room for the run;\n"
     "                           serve: parallel x ctx-size tokens, at most 25% of RAM)\n"
     "  -ctk, --cache-type-k T   start precision of K: f32 f16 bf16 q8_0 q5_1 q5_0 q4_1 iq4_nl\n"
@@ -261,6 +265,8 @@ static bool parse_switch(const struct cli_command *c, const char *a)
 {
     if (c->model && !strcmp(a, "--mmap"))
         return c->model->mmap = true;
+    if (c->model && !strcmp(a, "--no-repack"))
+        return c->model->no_repack = true;
     return c->switch_flag && c->switch_flag(a, c->opts);
 }
 

@@ -15,7 +15,8 @@ const char *cli_model_path(const char *cmd, const char *given, char *buf, size_t
 
 ks_status cli_load_model(const char *path, const struct cli_model_flags *f, struct model **out)
 {
-    return model_load_flags(path, f->mmap ? MODEL_LOAD_MMAP : 0, out);
+    unsigned flags = (f->mmap ? MODEL_LOAD_MMAP : 0) | (f->no_repack ? MODEL_LOAD_NO_REPACK : 0);
+    return model_load_flags(path, flags, out);
 }
 
 void cli_kv_config(const struct model *m, const struct cli_kv_flags *f, int64_t n_tokens, struct kv_config *cfg)

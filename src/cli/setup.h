@@ -18,7 +18,8 @@
  * MODEL ..." on stderr, when there is neither. */
 const char *cli_model_path(const char *cmd, const char *given, char *buf, size_t cap);
 
-/* model_load_flags() with MODEL_LOAD_MMAP when --mmap was given. */
+/* model_load_flags() with MODEL_LOAD_MMAP when --mmap was given and
+ * MODEL_LOAD_NO_REPACK when --no-repack was. */
 ks_status cli_load_model(const char *path, const struct cli_model_flags *f, struct model **out);
 
 /* The model's KV shape with the user's KV flags; the budget is --kv-mem,

@@ -74,6 +74,11 @@ ks_status gguf_open(const char *path, struct gguf_file **out);
  * threads). Falls back to gguf_open's mapping when the memory is refused or the
  * file is over 3/4 of physical RAM (a private copy could not be paged out). */
 ks_status gguf_open_private(const char *path, struct gguf_file **out);
+/* p .. p + n inside the private copy of gguf_open_private, writable: for a
+ * loader that transforms tensors in place (the file is never written). NULL
+ * when the file is mapped (gguf_open, or gguf_open_private's fallback), for
+ * gguf_open_memory, or when the range is not inside the handle's bytes. */
+void *gguf_private_bytes(struct gguf_file *f, const void *p, size_t n);
 /* Validate a caller-owned buffer (fuzzing, tests); it must outlive the handle. */
 ks_status gguf_open_memory(const void *data, size_t size, struct gguf_file **out);
 void gguf_close(struct gguf_file *f);

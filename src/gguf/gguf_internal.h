@@ -31,6 +31,7 @@ struct gguf_file {
     const uint8_t *base;
     size_t size;
     bool mapped;                /* munmap on close */
+    bool private_copy;          /* base is gguf_open_private's writable copy */
     uint32_t version;
     uint64_t alignment;
     uint64_t data_offset;

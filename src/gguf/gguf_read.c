@@ -661,6 +661,7 @@ static bool copy_file(int fd, size_t size, struct gguf_file *f)
     f->base = p;
     f->size = size;
     f->mapped = true;
+    f->private_copy = true;
     return true;
 }
 
@@ -712,6 +713,16 @@ static ks_status open_path(const char *path, bool private_copy, struct gguf_file
 ks_status gguf_open(const char *path, struct gguf_file **out) { return open_path(path, false, out); }
 
 ks_status gguf_open_private(const char *path, struct gguf_file **out) { return open_path(path, true, out); }
+
+void *gguf_private_bytes(struct gguf_file *f, const void *p, size_t n)
+{
+    if (!f || !f->private_copy || !p)
+        return NULL;
+    uintptr_t lo = (uintptr_t)f->base, at = (uintptr_t)p;
+    if (at < lo || at - lo > f->size || n > f->size - (at - lo))
+        return NULL;
+    return (uint8_t *)f->base + (at - lo); /* the copy was allocated writable; base is const for readers */
+}
 
 void gguf_close(struct gguf_file *f)
 {

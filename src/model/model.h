@@ -61,14 +61,22 @@ struct model;
  * supported type. Errors name the tensor and what is wrong. The weights are
  * read into private huge-page memory (gguf_open_private), which decodes
  * faster than a file mapping; MODEL_LOAD_MMAP maps the file instead, sharing
- * the page cache between processes and starting faster. */
-enum model_load_flags { MODEL_LOAD_MMAP = 1 };
+ * the page cache between processes and starting faster. In the private copy,
+ * the Q4_0 / Q8_0 matrices the forward pass multiplies (not the token
+ * embeddings) are repacked in place for this build's kernels (quant_repack;
+ * the file is untouched); MODEL_LOAD_NO_REPACK keeps them row-major (A/B
+ * runs). A mapped file is never repacked. */
+enum model_load_flags { MODEL_LOAD_MMAP = 1, MODEL_LOAD_NO_REPACK = 2 };
 ks_status model_load(const char *path, struct model **out);
 ks_status model_load_flags(const char *path, unsigned flags, struct model **out);
 void model_free(struct model *m);
 const struct model_hparams *model_hparams(const struct model *m);
-/* The underlying file, for the tokenizer and `kvserve info`. */
+/* The underlying file, for the tokenizer and `kvserve info`: its metadata and
+ * tensor table. The bytes of repacked matrices are in quant_repack's layout,
+ * not the file's; open model_file_path() again for the file's bytes. */
 const struct gguf_file *model_gguf(const struct model *m);
+/* The path the model was loaded from. */
+const char *model_file_path(const struct model *m);
 /* Bytes of the matrices a forward pass can read: every layer matrix (all
  * experts), the output matrix; not the token embeddings (one row per token). */
 uint64_t model_weight_bytes(const struct model *m);

@@ -381,6 +381,8 @@ static threads_pool *elementwise_pool(const struct model_ctx *c, int64_t n) { re
 
 static ks_status matmul(struct model_ctx *c, const struct model_mat *w, const float *x, int64_t n, float *y)
 {
+    if (w->repacked)
+        return quant_matmul_repacked(c->pool, w->data, w->type, w->rows, w->cols, x, n, y, c->work, c->work_size);
     return quant_matmul(c->pool, w->data, w->type, w->rows, w->cols, x, n, y, c->work, c->work_size);
 }
 

@@ -14,6 +14,7 @@ struct model_mat {
     const void *data;
     enum quant_type type;
     int64_t rows, cols;
+    bool repacked;           /* data is in quant_repack's layout: multiply with quant_matmul_repacked */
 };
 
 /* The experts of one layer: a GGUF 3-D tensor [cols, rows, n_expert], so
@@ -55,6 +56,7 @@ void model_argsort_desc(const float *v, int n, int32_t *idx);
 
 struct model {
     struct gguf_file *file;
+    char *path;
     struct model_hparams hp;
     struct model_mat tok_embd;               /* (n_vocab, n_embd) */
     struct model_mat output;                 /* (n_vocab, n_embd); tok_embd when tied */

@@ -482,6 +482,37 @@ static ks_status load_tensors(struct model *m, const struct arch_info *ai)
     return KS_OK;
 }
 
+/* ---- repacking ------------------------------------------------------------ */
+
+/* A Q4_0 / Q8_0 matrix of the private copy goes into quant_repack's layout in
+ * place; a mapped file (--mmap, or a copy that was refused) stays row-major,
+ * since its pages are the page cache's. */
+static ks_status repack_mat(struct model *m, struct model_mat *w)
+{
+    if (!w->data || !quant_repack_fits(w->type, w->rows, w->cols))
+        return KS_OK;
+    void *p = gguf_private_bytes(m->file, w->data, quant_row_size(w->type, w->cols) * (size_t)w->rows);
+    if (!p)
+        return KS_OK;
+    ks_status st = quant_repack(w->type, w->rows, w->cols, p);
+    w->repacked = st == KS_OK;
+    return st;
+}
+
+/* Every matrix the forward pass multiplies, but not the token embeddings,
+ * which are read a row at a time (nor the output matrix when it is them). */
+static ks_status repack_weights(struct model *m)
+{
+    ks_status st = m->hp.tied_embeddings ? KS_OK : repack_mat(m, &m->output);
+    for (int il = 0; il < m->hp.n_layer && !st; il++) {
+        struct model_layer *L = &m->layers[il];
+        struct model_mat *mats[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down, &L->w_router};
+        for (size_t i = 0; i < sizeof mats / sizeof mats[0] && !st; i++)
+            st = repack_mat(m, mats[i]);
+    }
+    return st;
+}
+
 /* ---- public ------------------------------------------------------------- */
 
 static ks_status load_file(struct model *m)
@@ -511,10 +542,12 @@ ks_status model_load_flags(const char *path, unsigned flags, struct model **out)
 {
     *out = NULL;
     struct model *m = calloc(1, sizeof *m);
+    if (m && !(m->path = strdup(path)))
+        free(m), m = NULL;
     if (!m)
         return ks_fail(KS_ERR_NOMEM, "out of memory loading %s", path);
     ks_status st = flags & MODEL_LOAD_MMAP ? gguf_open(path, &m->file) : gguf_open_private(path, &m->file);
-    if (!st && (st = load_file(m)))
+    if (!st && ((st = load_file(m)) || (!(flags & MODEL_LOAD_NO_REPACK) && (st = repack_weights(m)))))
         ks_errmsg_prefix("%s", path); /* gguf_open's messages already name the file */
     if (st) {
         ks_errmsg_prefix("loading model");
@@ -530,6 +563,7 @@ void model_free(struct model *m)
     if (!m)
         return;
     gguf_close(m->file);
+    free(m->path);
     free(m->layers);
     free(m->vec_store);
     free(m->rope_freq_factors);
@@ -538,6 +572,7 @@ void model_free(struct model *m)
 
 const struct model_hparams *model_hparams(const struct model *m) { return &m->hp; }
 const struct gguf_file *model_gguf(const struct model *m) { return m->file; }
+const char *model_file_path(const struct model *m) { return m->path; }
 uint64_t model_weight_bytes(const struct model *m) { return m->weight_bytes; }
 uint64_t model_active_weight_bytes(const struct model *m) { return m->active_weight_bytes; }
 

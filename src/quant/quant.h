@@ -141,6 +141,26 @@ ks_status quant_matmul(threads_pool *pool, const void *W, enum quant_type wtype,
                        int64_t rows, int64_t cols, const float *X, int64_t n_tokens,
                        float *Y, void *work, size_t work_size);
 
+/* ---- repacked weights ---------------------------------------------------- */
+/* Q4_0 and Q8_0 matrices can be repacked once, at load time, into groups of
+ * quant_repack_rows() rows whose blocks are interleaved with their scales
+ * (the layout this build's kernels read best: 16 rows with AVX-512, 8 with
+ * AVX2 or scalar). A repacked matrix has the same size and is read only by
+ * quant_matmul_repacked. Decode and small batches (up to 16 tokens) run
+ * GEMV/GEMM kernels on the layout: one sequential stream per group instead
+ * of one per row, and per row and token the same bits as the scalar
+ * reference vec_dot. Larger batches unpack rows into the prefill tiles (a
+ * portable build, which has none, runs every batch on the group kernels). */
+int quant_repack_rows(void);
+/* Q4_0 / Q8_0, rows a multiple of quant_repack_rows(), cols of whole blocks. */
+bool quant_repack_fits(enum quant_type t, int64_t rows, int64_t cols);
+/* In place. KS_ERR_INVALID_ARG if it does not fit; KS_ERR_NOMEM (W unchanged)
+ * without memory for one group of rows. */
+ks_status quant_repack(enum quant_type t, int64_t rows, int64_t cols, void *W);
+/* quant_matmul on a repacked W; work as quant_matmul_work_size says. */
+ks_status quant_matmul_repacked(threads_pool *pool, const void *W, enum quant_type wtype, int64_t rows, int64_t cols,
+                                const float *X, int64_t n_tokens, float *Y, void *work, size_t work_size);
+
 /* ---- matrix multiply grouped by expert (mixture of experts) ------------- */
 /* n_expert matrices of one type and shape (rows x cols each, stride bytes
  * apart from W; likewise W2 if set), each applied to its own group of rows:

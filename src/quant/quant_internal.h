@@ -3,6 +3,8 @@
 #ifndef KS_QUANT_INTERNAL_H
 #define KS_QUANT_INTERNAL_H
 
+#include <string.h>
+
 #include "quant/quant.h"
 
 /* Portable bit-exact conversions (round to nearest even, NaN kept quiet). The
@@ -40,22 +42,89 @@ QUANT_DECLARE_DOTS(avx2)
 QUANT_DECLARE_DOTS(avx512)
 #endif
 
+/* ---- repacked Q4_0 / Q8_0 weights (quant_repack.c) ------------------------ */
+/* Rows per interleaved group and the bias of stored Q8_0 quants in this
+ * build's layout: what the build's fastest kernel reads. */
+#if defined(QUANT_HAVE_AVX512)
+#define QUANT_RP_ROWS 16
+#define QUANT_RP_Q8_BIAS 0x80
+#else
+#define QUANT_RP_ROWS 8
+#define QUANT_RP_Q8_BIAS 0
+#endif
+
+/* One activation block quantized to Q8_0 as the repacked kernels read it. */
+struct quant_rp_act {
+    int8_t qs[QK8_0];
+    float d;     /* the f16 scale, widened */
+    int32_t sum; /* sum(qs): the correction of unsigned weight operands */
+};
+void quant_rp_pack_token(const float *x, int64_t cols, struct quant_rp_act *out);
+
+/* Rows of a repacked matrix against n_tokens packed tokens. */
+struct quant_rp_job {
+    enum quant_type wtype;
+    const uint8_t *W;
+    int64_t nb;                     /* blocks per row */
+    const struct quant_rp_act *act; /* token t's blocks at act + t * nb */
+    int64_t n_tokens;
+    float *Y;                       /* Y[t * ldy + r] */
+    int64_t ldy;
+};
+/* Groups [g0, g1) of rows: the build's best kernel; its scalar twin for any
+ * group size and bias; the SIMD kernels (layouts of 16 rows +128, 8 rows +0). */
+void quant_rp_rows(const struct quant_rp_job *j, int64_t g0, int64_t g1);
+void quant_rp_rows_ref(const struct quant_rp_job *j, int R, int q8_bias, int64_t g0, int64_t g1);
+#if defined(QUANT_HAVE_AVX512)
+void quant_rp_rows_avx512(const struct quant_rp_job *j, int64_t g0, int64_t g1);
+#endif
+#if defined(QUANT_HAVE_AVX2)
+void quant_rp_rows_avx2(const struct quant_rp_job *j, int64_t g0, int64_t g1);
+#endif
+/* quant_repack with any group size and Q8_0 bias (tests of the other layouts). */
+ks_status quant_rp_repack_as(enum quant_type t, int64_t rows, int64_t cols, void *W, int R, int q8_bias);
+/* Row r's block b of a matrix in this build's layout, back in ggml's block
+ * layout (a block_q4_0 or block_q8_0 at out): what the prefill tiles unpack. */
+void quant_rp_get_block(const void *W, enum quant_type t, int64_t nb, int64_t r, int64_t b, void *out);
+
 #if defined(QUANT_HAVE_AVX2)
 #include <immintrin.h>
+/* 16 bytes of Q4_0 nibbles -> the block's 32 values as signed bytes. */
+static inline __m256i quant_q4_0_values(__m128i x)
+{
+    __m256i v = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(x, 4), x), _mm256_set1_epi8(0x0f));
+    return _mm256_sub_epi8(v, _mm256_set1_epi8(8));
+}
+
 /* The 32 values of a Q4_0 or Q8_0 block as signed bytes in element order, and
  * its scale: what the prefill tiles unpack weight rows into. */
 static inline __m256i quant_block_bytes(const uint8_t *row, enum quant_type t, int64_t b, float *d)
 {
     if (t == QUANT_Q4_0) {
         const block_q4_0 *blk = (const block_q4_0 *)row + b;
-        __m128i x = _mm_loadu_si128((const __m128i *)blk->qs);
-        __m256i v = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(x, 4), x), _mm256_set1_epi8(0x0f));
         *d = _cvtsh_ss(blk->d);
-        return _mm256_sub_epi8(v, _mm256_set1_epi8(8));
+        return quant_q4_0_values(_mm_loadu_si128((const __m128i *)blk->qs));
     }
     const block_q8_0 *blk = (const block_q8_0 *)row + b;
     *d = _cvtsh_ss(blk->d);
     return _mm256_loadu_si256((const __m256i *)blk->qs);
+}
+
+/* The same for row r's block b of a matrix in this build's repacked layout:
+ * the row's 4-byte chunks lie QUANT_RP_ROWS dwords apart (quant_repack.c). */
+static inline __m256i quant_rp_block_bytes(const void *W, enum quant_type t, int64_t nb, int64_t r, int64_t b, float *d)
+{
+    const int R = QUANT_RP_ROWS, l = (int)(r % R);
+    size_t bb = t == QUANT_Q4_0 ? sizeof(block_q4_0) : sizeof(block_q8_0);
+    const uint8_t *gb = (const uint8_t *)W + (size_t)((r / R) * nb + b) * (size_t)R * bb;
+    quant_f16 h;
+    memcpy(&h, gb + 2 * l, sizeof h);
+    *d = _cvtsh_ss(h);
+    const int *chunks = (const int *)(const void *)(gb + 2 * R + 4 * l);
+    __m256i at = _mm256_setr_epi32(0, R, 2 * R, 3 * R, 4 * R, 5 * R, 6 * R, 7 * R);
+    if (t == QUANT_Q4_0)
+        return quant_q4_0_values(_mm_i32gather_epi32(chunks, _mm256_castsi256_si128(at), 4));
+    return _mm256_xor_si256(_mm256_i32gather_epi32(chunks, at, 4), _mm256_set1_epi8((char)QUANT_RP_Q8_BIAS));
 }
 #endif
 
@@ -64,8 +133,8 @@ static inline __m256i quant_block_bytes(const uint8_t *row, enum quant_type t, i
  * holds at least quant_avx2_prefill_work(cols, n_tokens) bytes. */
 #include "threads/threads.h"
 size_t quant_avx2_prefill_work(int64_t cols, int64_t n_tokens);
-ks_status quant_avx2_prefill(threads_pool *pool, const void *W, enum quant_type wtype, int64_t rows, int64_t cols,
-                             const float *X, int64_t n_tokens, float *Y, void *work);
+ks_status quant_avx2_prefill(threads_pool *pool, const void *W, enum quant_type wtype, bool repacked, int64_t rows,
+                             int64_t cols, const float *X, int64_t n_tokens, float *Y, void *work);
 #endif
 
 #endif

@@ -11,7 +11,11 @@
  *    weight byte is loaded once per 32 tokens.
  *  - prefill, F32/F16/BF16: the same tiling with f32 FMAs on f32 activations.
  *  - everything else: activations to the vec_dot_type, then traits vec_dot
- *    over row chunks x all tokens, so a chunk of weights stays in cache. */
+ *    over row chunks x all tokens, so a chunk of weights stays in cache.
+ *  - repacked Q4_0/Q8_0 weights (quant_matmul_repacked): up to RP_GEMM_MAX
+ *    tokens, the group kernels of quant_repack.c over row groups taken from
+ *    a shared counter; more, the prefill tiles above, unpacking rows from
+ *    the layout. */
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,7 +47,7 @@
 static size_t align_up(size_t n) { return (n + MM_ALIGN - 1) / MM_ALIGN * MM_ALIGN; }
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-enum mm_path { MM_GENERIC, MM_Q8_DECODE, MM_Q8_PREFILL, MM_FLOAT_DECODE, MM_FLOAT_PREFILL, MM_Q8_PREFILL_AVX2 };
+enum mm_path { MM_GENERIC, MM_Q8_DECODE, MM_Q8_PREFILL, MM_FLOAT_DECODE, MM_FLOAT_PREFILL, MM_Q8_PREFILL_AVX2, MM_REPACKED };
 
 static inline bool is_q8_family(enum quant_type t) { return t == QUANT_Q4_0 || t == QUANT_Q8_0; }
 static bool is_float(enum quant_type t) { return t == QUANT_F32 || t == QUANT_F16 || t == QUANT_BF16; }
@@ -66,6 +70,36 @@ static enum mm_path choose_path(enum quant_type wtype, int64_t n_tokens)
         return MM_FLOAT_DECODE;
 #endif
     return MM_GENERIC;
+}
+
+/* Repacked weights: batches up to RP_GEMM_MAX tokens run the group kernels
+ * (quant_repack.c); larger ones the prefill tiles, which unpack the rows.
+ * Without SIMD prefill tiles every batch runs the group kernels. */
+#ifndef RP_GEMM_MAX
+#define RP_GEMM_MAX 16 /* at 16 tokens the group kernels beat the tiles by 23-30%; at 64 and 512 they lost 7-30% */
+#endif
+#define RP_MIN_CHUNK_ROWS 64 /* rows per work item at least: a long sequential stream */
+#if defined(QUANT_HAVE_AVX2)
+#define RP_HAVE_TILES 1
+#endif
+
+static enum mm_path choose_repacked_path(enum quant_type wtype, int64_t n_tokens)
+{
+#if defined(RP_HAVE_TILES)
+    if (n_tokens > RP_GEMM_MAX)
+        return choose_path(wtype, n_tokens);
+#endif
+    (void)wtype;
+    (void)n_tokens;
+    return MM_REPACKED;
+}
+
+static size_t rp_work(int64_t cols, int64_t n_tokens)
+{
+#if defined(RP_HAVE_TILES)
+    n_tokens = n_tokens < RP_GEMM_MAX ? n_tokens : RP_GEMM_MAX;
+#endif
+    return sizeof(struct quant_rp_act) * (size_t)(cols / QB) * (size_t)n_tokens + MM_ALIGN;
 }
 
 /* decode pack, per token: per pair of blocks 64 bytes of q8 values, 16 int32
@@ -95,6 +129,8 @@ static size_t work_for_path(const struct quant_traits *tr, enum quant_type wtype
 #else
         break;
 #endif
+    case MM_REPACKED:
+        return rp_work(cols, n_tokens);
     case MM_GENERIC:
         break;
     }
@@ -113,6 +149,10 @@ size_t quant_matmul_work_size(enum quant_type wtype, int64_t cols, int64_t n_tok
         size_t small = work_for_path(tr, wtype, cols, MM_PREFILL_MIN - 1);
         need = need > small ? need : small;
     }
+    if (is_q8_family(wtype)) { /* the same buffer serves the repacked kernels */
+        size_t rp = rp_work(cols, n_tokens);
+        need = need > rp ? need : rp;
+    }
     return need;
 }
 
@@ -129,6 +169,7 @@ struct mm {
     size_t xrow;   /* bytes per packed token (or token group) */
     const int32_t *xi; /* NULL, or token t's packed row (decode, generic) or X row (float decode) is xi[t] */
     int corr_shift; /* q8 decode: correction is -(sum << shift) */
+    bool repacked;  /* W is in quant_repack's layout */
     atomic_int failed;
     atomic_llong next_panel; /* prefill: panels are taken one at a time */
 };
@@ -494,7 +535,8 @@ static void unpack_rows(const struct mm *m, int64_t r0, int nr, struct wpanel *p
         }
         const uint8_t *w = m->W + (r0 + r) * m->wrow;
         for (int64_t b = 0; b < nb; b++) {
-            __m256i v = quant_block_bytes(w, m->wtype, b, &p->d[r * nb + b]);
+            __m256i v = m->repacked ? quant_rp_block_bytes(m->W, m->wtype, nb, r0 + r, b, &p->d[r * nb + b])
+                                    : quant_block_bytes(w, m->wtype, b, &p->d[r * nb + b]);
             _mm256_storeu_si256((__m256i *)(q + b * QB), v);
             __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), v);
             __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
@@ -1007,7 +1049,7 @@ static ks_status ex_avx2_expert(threads_pool *pool, const struct ex_run *r, cons
         memcpy(xg + t * p->cols, p->X + ex_xrow(p, x, t) * p->cols, (size_t)p->cols * sizeof(float));
     for (int mat = 0; mat < (p->W2 ? 2 : 1); mat++) {
         const uint8_t *W = (const uint8_t *)(mat ? p->W2 : p->W) + (size_t)x->e * p->stride;
-        ks_status st = quant_avx2_prefill(pool, W, p->wtype, p->rows, p->cols, xg, x->n,
+        ks_status st = quant_avx2_prefill(pool, W, p->wtype, false, p->rows, p->cols, xg, x->n,
                                           (mat ? p->Y2 : p->Y) + x->t0 * p->rows, w2);
         if (st)
             return st;
@@ -1099,10 +1141,57 @@ ks_status quant_matmul_experts(threads_pool *pool, const struct quant_moe_mm *p,
     return st;
 }
 
+/* ---- repacked weights: the group kernels ---------------------------------- */
+
+static void rp_pack(void *vctx, int ith, int nth)
+{
+    struct mm *m = vctx;
+    int64_t lo, hi;
+    threads_split(m->n_tokens, ith, nth, &lo, &hi);
+    for (int64_t t = lo; t < hi; t++)
+        quant_rp_pack_token(m->X + t * m->cols, m->cols, (struct quant_rp_act *)(m->work + t * m->xrow));
+}
+
+/* Groups are handed out in chunks from a shared counter, as dec_compute's
+ * rows are, and for the same reason. */
+static void rp_compute(void *vctx, int ith, int nth)
+{
+    struct mm *m = vctx;
+    (void)ith;
+    int64_t n_groups = m->rows / QUANT_RP_ROWS;
+    int64_t chunk = n_groups / ((int64_t)nth * 8);
+    chunk = chunk < RP_MIN_CHUNK_ROWS / QUANT_RP_ROWS ? RP_MIN_CHUNK_ROWS / QUANT_RP_ROWS : chunk;
+    struct quant_rp_job j = {.wtype = m->wtype, .W = m->W, .nb = m->cols / QB,
+                             .act = (const struct quant_rp_act *)m->work, .n_tokens = m->n_tokens, .Y = m->Y,
+                             .ldy = m->rows};
+    for (int64_t ci; (ci = take_panel(m, ceil_div(n_groups, chunk))) >= 0;) {
+        int64_t g0 = ci * chunk, g1 = g0 + chunk < n_groups ? g0 + chunk : n_groups;
+        quant_rp_rows(&j, g0, g1);
+    }
+}
+
 /* ---- entry points ---------------------------------------------------------- */
+
+static ks_status matmul_run(threads_pool *pool, const void *W, enum quant_type wtype, bool repacked, int64_t rows,
+                            int64_t cols, const float *X, int64_t n_tokens, float *Y, void *work, size_t work_size);
 
 ks_status quant_matmul(threads_pool *pool, const void *W, enum quant_type wtype, int64_t rows, int64_t cols,
                        const float *X, int64_t n_tokens, float *Y, void *work, size_t work_size)
+{
+    return matmul_run(pool, W, wtype, false, rows, cols, X, n_tokens, Y, work, work_size);
+}
+
+ks_status quant_matmul_repacked(threads_pool *pool, const void *W, enum quant_type wtype, int64_t rows, int64_t cols,
+                                const float *X, int64_t n_tokens, float *Y, void *work, size_t work_size)
+{
+    if (!quant_repack_fits(wtype, rows, cols))
+        return ks_fail(KS_ERR_INVALID_ARG, "matmul: a repacked %s matrix of %lld x %lld cannot exist (groups of %d rows)",
+                       quant_type_name(wtype), (long long)rows, (long long)cols, QUANT_RP_ROWS);
+    return matmul_run(pool, W, wtype, true, rows, cols, X, n_tokens, Y, work, work_size);
+}
+
+static ks_status matmul_run(threads_pool *pool, const void *W, enum quant_type wtype, bool repacked, int64_t rows,
+                            int64_t cols, const float *X, int64_t n_tokens, float *Y, void *work, size_t work_size)
 {
     const struct quant_traits *tr = quant_traits(wtype);
     if (!tr || !tr->vec_dot)
@@ -1118,11 +1207,17 @@ ks_status quant_matmul(threads_pool *pool, const void *W, enum quant_type wtype,
         return ks_fail(KS_ERR_INVALID_ARG, "matmul: work buffer of %zu bytes, need %zu", work_size, need);
 
     struct mm m = {
-        .tr = tr, .wtype = wtype, .path = choose_path(wtype, n_tokens), .W = W, .wrow = wrow,
-        .rows = rows, .cols = cols, .n_tokens = n_tokens, .X = X, .Y = Y,
-        .work = (uint8_t *)(((uintptr_t)work + MM_ALIGN - 1) & ~(uintptr_t)(MM_ALIGN - 1)),
+        .tr = tr, .wtype = wtype, .W = W, .wrow = wrow, .rows = rows, .cols = cols, .n_tokens = n_tokens,
+        .X = X, .Y = Y, .work = (uint8_t *)(((uintptr_t)work + MM_ALIGN - 1) & ~(uintptr_t)(MM_ALIGN - 1)),
+        .repacked = repacked,
+        .path = repacked ? choose_repacked_path(wtype, n_tokens) : choose_path(wtype, n_tokens),
     };
     switch (m.path) {
+    case MM_REPACKED:
+        m.xrow = sizeof(struct quant_rp_act) * (size_t)(cols / QB); /* tokens back to back, as the job reads them */
+        threads_run(n_tokens <= 2 ? NULL : pool, rp_pack, &m);
+        threads_run(pool, rp_compute, &m);
+        break;
 #if defined(QUANT_HAVE_AVX512)
     case MM_Q8_DECODE:
         m.xrow = align_up(dec_token_bytes(cols));
@@ -1149,7 +1244,7 @@ ks_status quant_matmul(threads_pool *pool, const void *W, enum quant_type wtype,
         break;
 #if defined(QUANT_HAVE_AVX2) && !defined(QUANT_HAVE_AVX512)
     case MM_Q8_PREFILL_AVX2:
-        return quant_avx2_prefill(pool, W, wtype, rows, cols, X, n_tokens, Y, work);
+        return quant_avx2_prefill(pool, W, wtype, repacked, rows, cols, X, n_tokens, Y, work);
 #endif
     default:
         m.xrow = quant_row_size(tr->vec_dot_type, cols);

@@ -34,6 +34,7 @@ struct ref_layer {
 };
 
 struct ref_model {
+    struct gguf_file *file;   /* the model's file, mapped again */
     struct model_hparams hp;
     bool quantize_acts;
     bool llamacpp;            /* REF_LLAMACPP_FA: ggml-cpu arithmetic throughout */
@@ -170,8 +171,16 @@ static ks_status load_layer(struct ref_model *r, const struct gguf_file *f, int 
 ks_status ref_model_create(const struct model *m, int max_seqs, int max_ctx, unsigned flags,
                            struct ref_model **out)
 {
-    const struct gguf_file *f = model_gguf(m);
     struct ref_model *r = calloc(1, sizeof *r);
+    if (!r)
+        return ks_fail(KS_ERR_NOMEM, "ref: out of memory");
+    /* the file's own bytes: the loader may have repacked its copy */
+    ks_status open_st = gguf_open(model_file_path(m), &r->file);
+    if (open_st) {
+        free(r);
+        return open_st;
+    }
+    const struct gguf_file *f = r->file;
     r->hp = *model_hparams(m);
     r->quantize_acts = flags & REF_QUANTIZE_ACTS;
     r->llamacpp = flags & REF_LLAMACPP_FA;
@@ -245,6 +254,7 @@ void ref_model_free(struct ref_model *r)
     free(r->key_cache), free(r->value_cache), free(r->seq_len);
     free(r->x), free(r->xb), free(r->xb2), free(r->q), free(r->k), free(r->v), free(r->att);
     free(r->hb), free(r->hb2), free(r->scores), free(r->tmp), free(r->probs), free(r->moe_out);
+    gguf_close(r->file);
     free(r);
 }
 

@@ -4,7 +4,8 @@
  * The optimized model_forward() is checked against it.
  *
  * Hyper-parameters come from model_hparams(); tensors are read by name from
- * the model's GGUF, independently of the model module's loader. */
+ * the model's file (model_file_path(), mapped again: the loader repacks its own
+ * copy), independently of the model module's loader. */
 #ifndef KS_TEST_REF_FORWARD_H
 #define KS_TEST_REF_FORWARD_H
 
