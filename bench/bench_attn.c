@@ -15,6 +15,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_util.h"
 #include "attn/attn.h"
 #include "attn/attn_internal.h"
 
@@ -32,12 +33,6 @@ static float frand(void)
 {
     rng = rng * 6364136223846793005ull + 1442695040888963407ull;
     return (float)((rng >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
 }
 
 struct timing {
@@ -59,8 +54,8 @@ static struct timing median_time(void (*fn)(void *), void *ctx, int reps)
         w[r] = (clock_s(CLOCK_MONOTONIC) - w0) / iters;
         c[r] = el / iters;
     }
-    qsort(w, (size_t)reps, sizeof w[0], cmp_double);
-    qsort(c, (size_t)reps, sizeof c[0], cmp_double);
+    qsort(w, (size_t)reps, sizeof w[0], bench_cmp_double);
+    qsort(c, (size_t)reps, sizeof c[0], bench_cmp_double);
     return (struct timing){w[reps / 2], c[reps / 2]};
 }
 

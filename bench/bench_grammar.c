@@ -28,6 +28,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_util.h"
 #include "gguf/gguf.h"
 #include "grammar/grammar.h"
 #include "sample/sample.h"
@@ -45,12 +46,6 @@ static double now(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
 }
 
 struct series {
@@ -72,7 +67,7 @@ static void report(const char *name, struct series *s)
     double sum = 0;
     for (int i = 0; i < s->n; i++)
         sum += s->v[i];
-    qsort(s->v, (size_t)s->n, sizeof *s->v, cmp_double);
+    qsort(s->v, (size_t)s->n, sizeof *s->v, bench_cmp_double);
     printf("%-28s %6d steps  median %8.3f ms  mean %8.3f ms  p90 %8.3f ms  max %8.3f ms\n", name, s->n,
            1e3 * s->v[s->n / 2], 1e3 * sum / s->n, 1e3 * s->v[(int)(s->n * 0.9)], 1e3 * s->v[s->n - 1]);
 }

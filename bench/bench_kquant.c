@@ -13,14 +13,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_util.h"
 #include "quant/kquants.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static uint64_t rng = 88172645463325252ull;
 static uint64_t next_rand(void)
@@ -75,22 +69,16 @@ static double time_read(const uint8_t *w, size_t bytes, int reps, float *sink)
 {
     double best = 1e30;
     for (int r = 0; r < reps; r++) {
-        const double t0 = now_s();
+        const double t0 = bench_seconds(CLOCK_MONOTONIC);
         uint64_t acc[8] = {0};
         const uint64_t *p = (const uint64_t *)w;
         for (size_t i = 0; i + 8 <= bytes / 8; i += 8)
             for (int j = 0; j < 8; j++) acc[j] += p[i + j];
-        const double t = now_s() - t0;
+        const double t = bench_seconds(CLOCK_MONOTONIC) - t0;
         if (t < best) best = t;
         for (int j = 0; j < 8; j++) *sink += (float)acc[j];
     }
     return best;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    const double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
 }
 
 /* Median seconds for one pass of `passes` matrix-vector products over the
@@ -101,7 +89,7 @@ static double time_matvec(quant_vec_dot_fn fn, const uint8_t *w, int n_mats, int
     double t[32];
     if (reps > 32) reps = 32;
     for (int r = 0; r < reps; r++) {
-        const double t0 = now_s();
+        const double t0 = bench_seconds(CLOCK_MONOTONIC);
         for (int m = 0; m < n_mats; m++) {
             const uint8_t *mat = w + (size_t)m * rows * row_bytes;
             for (int i = 0; i < rows; i++) {
@@ -110,9 +98,9 @@ static double time_matvec(quant_vec_dot_fn fn, const uint8_t *w, int n_mats, int
                 *sink += s;
             }
         }
-        t[r] = (now_s() - t0) / n_mats;
+        t[r] = (bench_seconds(CLOCK_MONOTONIC) - t0) / n_mats;
     }
-    qsort(t, (size_t)reps, sizeof t[0], cmp_double);
+    qsort(t, (size_t)reps, sizeof t[0], bench_cmp_double);
     return t[reps / 2];
 }
 
@@ -124,15 +112,15 @@ static void print_multi(const struct btype *bt, quant_kq_dot_multi_fn multi, con
     const int reps = 15, nt = KQ_DOT_MAX_TOKENS;
     const size_t y_stride = sizeof(block_q8_K) * (size_t)(cols / QK_K);
     for (int r = 0; r < reps; r++) {
-        const double t0 = now_s();
+        const double t0 = bench_seconds(CLOCK_MONOTONIC);
         for (int i = 0; i < rows; i++) {
             float s[KQ_DOT_MAX_TOKENS];
             multi(cols, nt, s, 1, w + (size_t)i * row_bytes, y, y_stride);
             *sink += s[0];
         }
-        t[r] = now_s() - t0;
+        t[r] = bench_seconds(CLOCK_MONOTONIC) - t0;
     }
-    qsort(t, (size_t)reps, sizeof t[0], cmp_double);
+    qsort(t, (size_t)reps, sizeof t[0], bench_cmp_double);
     const double blocks = (double)rows * (cols / QK_K) * nt;
     printf("%-6s %-7s %10s %10s %12.2f   (prefill, x%d tokens, ns per block-token)\n", bt->name, "multi", "-", "-",
            t[reps / 2] / blocks * 1e9, nt);

@@ -17,6 +17,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_util.h"
 #include "quant/quant.h"
 #include "threads/threads.h"
 
@@ -62,26 +63,6 @@ static ks_status matmul(threads_pool *pool, const void *W, enum quant_type t, co
     if (repacked(t, s))
         return quant_matmul_repacked(pool, W, t, s->rows, s->cols, X, n, Y, work, ws);
     return quant_matmul(pool, W, t, s->rows, s->cols, X, n, Y, work, ws);
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(g_clock, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* Sorts v; v[0] is then the best run. */
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 /* One random row quantized, then replicated: speed does not depend on values. */
@@ -137,24 +118,24 @@ static int run_shape(threads_pool *pool, enum quant_type t, const struct shape *
     double *tv = malloc(sizeof(double) * (size_t)(reps > 0 ? reps : 1));
     int passes = ncopies < 8 ? 8 : ncopies;
     for (int rep = -1; rep < reps; rep++) {
-        double t0 = now_s();
+        double t0 = bench_seconds(g_clock);
         for (int i = 0; i < passes; i++)
             if (matmul(pool, w[i % ncopies], t, s, X, ndec, Y, work, ws1) != KS_OK)
                 return fprintf(stderr, "matmul: %s\n", ks_errmsg()), 1;
         if (rep >= 0)
-            tv[rep] = (now_s() - t0) / passes;
+            tv[rep] = (bench_seconds(g_clock) - t0) / passes;
     }
-    double dec = median(tv, reps), dec_best = tv[0];
+    double dec = bench_median(tv, reps), dec_best = tv[0];
     /* prefill: the big output layer gets fewer reps */
     int preps = s->rows > 65536 ? (reps < 3 ? reps : 3) : reps;
     for (int rep = -1; rep < preps; rep++) {
-        double t0 = now_s();
+        double t0 = bench_seconds(g_clock);
         if (matmul(pool, w[0], t, s, X, ntok, Y, work, ws) != KS_OK)
             return fprintf(stderr, "matmul: %s\n", ks_errmsg()), 1;
         if (rep >= 0)
-            tv[rep] = now_s() - t0;
+            tv[rep] = bench_seconds(g_clock) - t0;
     }
-    double pre = median(tv, preps), pre_best = tv[0];
+    double pre = bench_median(tv, preps), pre_best = tv[0];
     double flops = 2.0 * (double)s->rows * (double)s->cols * (double)ntok;
     printf("%-10s %-5s %-24s t=%d decode %8.1f us %5.1f GB/s (best %5.1f) | pp%lld %8.2f ms %6.1f GFLOP/s "
            "%8.0f tok/s (best %8.0f)\n",

@@ -15,6 +15,7 @@
 #include <immintrin.h>
 #endif
 
+#include "bench_util.h"
 #include "threads/threads.h"
 
 struct sum_ctx {
@@ -22,13 +23,6 @@ struct sum_ctx {
     int64_t n;
     float partial[64 * 16];
 };
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static float sum_range(const float *p, int64_t n)
 {
@@ -69,12 +63,6 @@ static void sum_task(void *vctx, int ith, int nth)
     c->partial[ith * 16] = sum_range(c->buf + lo, hi - lo);
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 int main(int argc, char **argv)
 {
     int n_threads = threads_default_count();
@@ -102,13 +90,13 @@ int main(int argc, char **argv)
     enum { PASSES = 7 };
     double gbs[PASSES], check = 0;
     for (int r = 0; r < PASSES; r++) {
-        double t0 = now_s();
+        double t0 = bench_seconds(CLOCK_MONOTONIC);
         threads_run(pool, sum_task, &c);
-        gbs[r] = (double)c.n * sizeof(float) / (now_s() - t0) / 1e9;
+        gbs[r] = (double)c.n * sizeof(float) / (bench_seconds(CLOCK_MONOTONIC) - t0) / 1e9;
         for (int i = 0; i < n_threads; i++)
             check += c.partial[i * 16];
     }
-    qsort(gbs, PASSES, sizeof gbs[0], cmp_double);
+    qsort(gbs, PASSES, sizeof gbs[0], bench_cmp_double);
     printf("memory read: %.1f GB/s (threads %d, %ld MiB, best %.1f; checksum %g)\n", gbs[PASSES / 2], n_threads,
            mib, gbs[PASSES - 1], check);
     threads_free(pool);

@@ -18,6 +18,7 @@
 #include <sys/mman.h>
 #include <time.h>
 
+#include "bench_util.h"
 #include "quant/quant.h"
 #include "threads/threads.h"
 
@@ -33,25 +34,6 @@ static const struct moe_shape k_models[] = {
 };
 
 static clockid_t g_clock = CLOCK_MONOTONIC;
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(g_clock, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 /* rows x cols of t for each of n experts: four random rows quantized, then
  * replicated (speed does not depend on the values). */
@@ -218,9 +200,9 @@ static int run(threads_pool *pool, enum quant_type t, const struct moe_shape *s,
                 for (int i = 0; i < steps; i++) {
                     int distinct = route(s, T, &b);
                     const struct layer *l = &L[copy++ % n_copies];
-                    double t0 = now_s();
+                    double t0 = bench_seconds(g_clock);
                     ks_status st = way ? layer_grouped(pool, t, s, l, &b, T) : layer_per_expert(pool, t, s, l, &b);
-                    sum += now_s() - t0;
+                    sum += bench_seconds(g_clock) - t0;
                     bytes += (double)distinct * (double)expert_bytes;
                     if (st)
                         return fprintf(stderr, "moe layer: %s\n", ks_errmsg()), 1;
@@ -230,8 +212,8 @@ static int run(threads_pool *pool, enum quant_type t, const struct moe_shape *s,
                     gb[way][rep] = bytes / sum / 1e9;
                 }
             }
-        double m0 = median(tv[0], reps), m1 = median(tv[1], reps);
-        double g0 = median(gb[0], reps), g1 = median(gb[1], reps);
+        double m0 = bench_median(tv[0], reps), m1 = bench_median(tv[1], reps);
+        double g0 = bench_median(gb[0], reps), g1 = bench_median(gb[1], reps);
         printf("%-16s %-5s t=%d batch %4lld: per-expert %9.1f us (%6.1f GB/s %8.0f tok/s) | grouped %9.1f us "
                "(%6.1f GB/s %8.0f tok/s) | %.2fx\n",
                s->name, quant_type_name(t), threads_count(pool), (long long)T, m0 * 1e6, g0, (double)T / m0,

@@ -23,6 +23,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "bench_util.h"
 #include "cli/args.h"
 #include "httpc/httpc.h"
 
@@ -259,12 +260,6 @@ static ks_status run_requests(struct bs_run *run)
     }
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 static double pct(const double *sorted, int n, double p)
 {
     if (n == 0)
@@ -323,7 +318,7 @@ static void collect(const struct bs_run *run, const struct bs_result *r, struct 
 static void lat_sort(struct bs_lat *l)
 {
     if (l->n > 1) /* gap is NULL while empty */
-        qsort(l->gap, (size_t)l->n, sizeof *l->gap, cmp_double);
+        qsort(l->gap, (size_t)l->n, sizeof *l->gap, bench_cmp_double);
 }
 
 static void lat_row(const char *name, const struct bs_lat *l)
@@ -387,7 +382,7 @@ static void report(const struct bs_run *run, double wall)
         ttft[n_ttft++] = r->ttft;
         collect(run, r, &all, phase);
     }
-    qsort(ttft, (size_t)n_ttft, sizeof *ttft, cmp_double);
+    qsort(ttft, (size_t)n_ttft, sizeof *ttft, bench_cmp_double);
     lat_sort(&all);
     printf("| clients | prompt | gen | prefix | rate | done | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | worst stall ms | batched tok %% | tok/s |\n");
     printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");

@@ -12,14 +12,8 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "bench_util.h"
 #include "threads/threads.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static void empty_region(void *ctx, int ith, int nth)
 {
@@ -38,23 +32,17 @@ static void work_region(void *ctx, int ith, int nth)
     sink[ith * 16] = acc;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 static double us_per_region(threads_pool *pool, threads_fn fn, void *ctx, int regions)
 {
     enum { REPS = 5 };
     double t[REPS];
     for (int r = 0; r < REPS; r++) {
-        double t0 = now_s();
+        double t0 = bench_seconds(CLOCK_MONOTONIC);
         for (int i = 0; i < regions; i++)
             threads_run(pool, fn, ctx);
-        t[r] = (now_s() - t0) * 1e6 / regions;
+        t[r] = (bench_seconds(CLOCK_MONOTONIC) - t0) * 1e6 / regions;
     }
-    qsort(t, REPS, sizeof t[0], cmp_double);
+    qsort(t, REPS, sizeof t[0], bench_cmp_double);
     return t[REPS / 2];
 }
 

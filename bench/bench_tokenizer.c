@@ -9,6 +9,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_util.h"
 #include "gguf/gguf.h"
 #include "tokenizer/tokenizer.h"
 
@@ -19,12 +20,6 @@ static double now(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
 }
 
 static char *load_text(const char *path, size_t *len)
@@ -75,7 +70,7 @@ static int bench_one(const char *path, const char *text, size_t len, int runs)
         secs[r] = now() - t0;
         free(ids);
     }
-    qsort(secs, (size_t)runs, sizeof *secs, cmp_double);
+    qsort(secs, (size_t)runs, sizeof *secs, bench_cmp_double);
     double med = secs[runs / 2];
     const char *name = strrchr(path, '/');
     const char *fam = tok_family(t) == TOK_FAMILY_SPM ? "SPM" : tok_family(t) == TOK_FAMILY_BPE ? "BPE" : "WPM";
