@@ -13,11 +13,16 @@
 
 #include "quant/quant_internal.h"
 
+#ifndef SEARCH_STEPS
+#define SEARCH_STEPS 6    /* trial targets anchor * (1 + s / SEARCH_DIVISOR), |s| <= SEARCH_STEPS */
+#endif
+#ifndef REFITS
+#define REFITS 2          /* rounds at the winner's refitted scale */
+#endif
 enum {
-    SEARCH_STEPS = 6,    /* trial targets anchor * (1 + s / SEARCH_DIVISOR), |s| <= SEARCH_STEPS */
     SEARCH_DIVISOR = 64, /* about 0.1 level apart at q4_0's -8, as make_qx_quants steps */
-    REFITS = 2,          /* round, refit the scale, and round again with it */
     MAX_BLOCK = 32,
+    LANES = 8, /* divides every block size */
 };
 
 /* A block format as the search sees it: integer levels lo..hi times an f16
@@ -80,20 +85,9 @@ static float signed_absmax(const float *x, int n)
 static void round_levels(const float *x, int n, float inv_d, const struct kv_grid *g, int8_t *level)
 {
     for (int j = 0; j < n; j++) {
-        float l = roundf(x[j] * inv_d);
+        float l = nearbyintf(x[j] * inv_d);
         level[j] = (int8_t)(l < (float)g->lo ? g->lo : l > (float)g->hi ? g->hi : l);
     }
-}
-
-/* The scale minimizing sum (x - d * level)^2 for these levels. */
-static float fit_scale(const float *x, int n, const int8_t *level)
-{
-    float xl = 0.0f, ll = 0.0f;
-    for (int j = 0; j < n; j++) {
-        xl += x[j] * level[j];
-        ll += (float)(level[j] * level[j]);
-    }
-    return ll > 0.0f ? xl / ll : 0.0f;
 }
 
 static float block_error(const float *x, int n, const int8_t *level, float d)
@@ -106,44 +100,73 @@ static float block_error(const float *x, int n, const int8_t *level, float d)
     return e;
 }
 
-struct candidate {
-    int8_t level[MAX_BLOCK];
+/* At trial scale d: the levels' sums of x * level and level^2, the refitted
+ * f16 scale, and the error it leaves (sum x^2 - 2 d sum(x l) + d^2 sum(l^2),
+ * in double: for q8_0 it is a small difference of large terms). */
+struct trial {
     quant_f16 d;
-    float err;
+    double err;
 };
 
-/* Round x at trial scale d, then refit: keep into best whatever beats it. */
-static void try_scale(const float *x, int n, float d, const struct kv_grid *g, struct candidate *best)
+static struct trial try_scale(const float *x, int n, float d, double xx, const struct kv_grid *g)
 {
-    struct candidate c;
-    for (int r = 0; r < REFITS && d != 0.0f && isfinite(d); r++) {
-        round_levels(x, n, 1.0f / d, g, c.level);
-        c.d = quant_f32_to_f16(fit_scale(x, n, c.level));
-        d = quant_f16_to_f32(c.d);
-        c.err = block_error(x, n, c.level, d);
-        if (c.err < best->err)
-            *best = c;
+    struct trial t = {0, INFINITY};
+    if (d == 0.0f || !isfinite(d))
+        return t;
+    /* LANES partial sums: one running sum would wait on each add */
+    float inv = 1.0f / d, lo = (float)g->lo, hi = (float)g->hi, xls[LANES] = {0}, lls[LANES] = {0};
+    for (int j = 0; j < n; j += LANES)
+        for (int i = 0; i < LANES; i++) {
+            float l = nearbyintf(x[j + i] * inv);
+            l = l < lo ? lo : l > hi ? hi : l; /* not fminf: a libm call that keeps NaN rules */
+            xls[i] += x[j + i] * l;
+            lls[i] += l * l;
+        }
+    float xl = 0.0f, ll = 0.0f;
+    for (int i = 0; i < LANES; i++) {
+        xl += xls[i];
+        ll += lls[i];
     }
+    if (ll == 0.0f)
+        return t;
+    t.d = quant_f32_to_f16(xl / ll);
+    double dh = quant_f16_to_f32(t.d);
+    t.err = xx - 2.0 * dh * xl + dh * dh * ll;
+    return t;
 }
 
 static void search_block(const float *x, int n, const struct kv_grid *g, quant_from_float_fn plain, void *block)
 {
     plain(x, block, n);
-    struct candidate best;
-    float d0;
-    g->decode(block, best.level, &d0);
-    best.err = block_error(x, n, best.level, d0);
+    int8_t level[MAX_BLOCK];
+    float d;
+    g->decode(block, level, &d);
+    float plain_err = block_error(x, n, level, d);
     float m = signed_absmax(x, n);
-    if (m == 0.0f || !isfinite(best.err))
+    if (m == 0.0f || !isfinite(plain_err))
         return;
-    float plain_err = best.err;
+    double xx = 0.0;
+    for (int j = 0; j < n; j++)
+        xx += (double)x[j] * x[j];
+    struct trial best = {0, INFINITY};
     for (int a = 0; a < g->n_anchors; a++)
         for (int s = -SEARCH_STEPS; s <= SEARCH_STEPS; s++) {
             float target = (float)g->anchors[a] * (1.0f + (float)s / SEARCH_DIVISOR);
-            try_scale(x, n, m / target, g, &best);
+            struct trial t = try_scale(x, n, m / target, xx, g);
+            if (t.err < best.err)
+                best = t;
         }
-    if (best.err < plain_err)
-        g->encode(best.level, best.d, block);
+    /* round once more at the winner's own scale; keep what the exact error says is better */
+    for (int r = 0; r < REFITS && isfinite(best.err); r++) {
+        float dh = quant_f16_to_f32(best.d);
+        round_levels(x, n, 1.0f / dh, g, level);
+        float err = block_error(x, n, level, dh);
+        if (!(err < plain_err))
+            break;
+        plain_err = err;
+        g->encode(level, best.d, block);
+        best = try_scale(x, n, dh, xx, g);
+    }
 }
 
 static void search_row(const float *x, void *vy, int64_t n, const struct kv_grid *g, int block_elems,
