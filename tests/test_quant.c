@@ -63,6 +63,36 @@ static void fill_kv_block(float *x, int n, int shape)
         x[rnd32() % (uint32_t)n] *= 4.0f;
 }
 
+/* Scales at the ends of f16's range (underflow to subnormals or 0,
+ * overflow to inf): the search never turns a finite block non-finite and
+ * stays no worse than the plain block. */
+static void check_kv_search_extremes(void)
+{
+    static const float scales[] = {1e-9f, 1e-7f, 3e-5f, 6e4f, 1e5f};
+    for (int t = 0; t < QUANT_TYPE_COUNT; t++) {
+        const struct quant_traits *tr = quant_traits((enum quant_type)t);
+        if (!tr || !tr->kv_from_float)
+            continue;
+        for (size_t i = 0; i < sizeof scales / sizeof scales[0]; i++) {
+            float x[QK_K], yp[QK_K], ys[QK_K];
+            uint8_t plain[256], search[256];
+            int n = tr->block_elems;
+            fill_random(x, n, scales[i]);
+            tr->from_float(x, plain, n);
+            tr->kv_from_float(x, search, n);
+            tr->to_float(plain, yp, n);
+            tr->to_float(search, ys, n);
+            double ep = row_error((enum quant_type)t, x, plain, n), es = row_error((enum quant_type)t, x, search, n);
+            for (int j = 0; j < n; j++)
+                if (isfinite(yp[j]) && !isfinite(ys[j]))
+                    fail_msg("%s scale %g: element %d is finite in the plain block, %g with the search", tr->name,
+                             (double)scales[i], j, (double)ys[j]);
+            if (isfinite(ep) && es > ep * (1.0 + 1e-6))
+                fail_msg("%s scale %g: search error %g > plain %g", tr->name, (double)scales[i], es, ep);
+        }
+    }
+}
+
 static void test_kv_scale_search_never_worse(void **state)
 {
     (void)state;
@@ -92,6 +122,7 @@ static void test_kv_scale_search_never_worse(void **state)
             fail_msg("%s: search error %g is not below 0.97 x plain %g", tr->name, search_sum, plain_sum);
     }
     assert_true(n_types >= 2); /* q8_0 and q4_0 at least */
+    check_kv_search_extremes();
     float zero[QK8_0] = {0};
     block_q8_0 z;
     quant_traits(QUANT_Q8_0)->kv_from_float(zero, &z, QK8_0);

@@ -5,7 +5,8 @@
  * scale reconstructs it best, in the same block format (the attention kernels
  * do not change). As in k-quants' make_qx_quants, a few trial scales map the
  * block's largest value to levels near the grid's end; for each, the levels
- * are rounded and the scale refitted by least squares, twice. The reference
+ * are rounded and the scale refitted by least squares, and the winner is
+ * rounded again at its own f16 scale (REFITS times). The reference
  * quantizer's own block is candidate zero, so the chosen block's error is
  * never larger than the plain one's. */
 #include <math.h>
@@ -13,16 +14,12 @@
 
 #include "quant/quant_internal.h"
 
-#ifndef SEARCH_STEPS
-#define SEARCH_STEPS 6    /* trial targets anchor * (1 + s / SEARCH_DIVISOR), |s| <= SEARCH_STEPS */
-#endif
-#ifndef REFITS
-#define REFITS 2          /* rounds at the winner's refitted scale */
-#endif
 enum {
+    SEARCH_STEPS = 6,    /* trial targets anchor * (1 + s / SEARCH_DIVISOR), |s| <= SEARCH_STEPS */
     SEARCH_DIVISOR = 64, /* about 0.1 level apart at q4_0's -8, as make_qx_quants steps */
+    REFITS = 2,          /* rounds at the winner's refitted scale */
     MAX_BLOCK = 32,
-    LANES = 8, /* divides every block size */
+    LANES = 8,           /* divides every block size */
 };
 
 /* A block format as the search sees it: integer levels lo..hi times an f16
@@ -159,6 +156,8 @@ static void search_block(const float *x, int n, const struct kv_grid *g, quant_f
     /* round once more at the winner's own scale; keep what the exact error says is better */
     for (int r = 0; r < REFITS && isfinite(best.err); r++) {
         float dh = quant_f16_to_f32(best.d);
+        if (dh == 0.0f || !isfinite(dh)) /* the f16 scale underflowed or overflowed */
+            break;
         round_levels(x, n, 1.0f / dh, g, level);
         float err = block_error(x, n, level, dh);
         if (!(err < plain_err))
