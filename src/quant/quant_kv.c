@@ -15,9 +15,9 @@
 #include "quant/quant_internal.h"
 
 enum {
-    SEARCH_STEPS = 6,    /* trial targets anchor * (1 + s / SEARCH_DIVISOR), |s| <= SEARCH_STEPS */
+    SEARCH_STEPS = 3,    /* trial targets anchor * (1 + s / SEARCH_DIVISOR), |s| <= SEARCH_STEPS */
     SEARCH_DIVISOR = 64, /* about 0.1 level apart at q4_0's -8, as make_qx_quants steps */
-    REFITS = 2,          /* rounds at the winner's refitted scale */
+    REFITS = 1,          /* rounds at the winner's refitted scale */
     MAX_BLOCK = 32,
     LANES = 8,           /* divides every block size */
 };
