@@ -29,6 +29,7 @@ static void every_flag_sets_its_field(void **state)
     assert_int_equal(f.mem, 0);
     assert_int_equal(f.cfg.type_k, QUANT_F16);
     assert_true(f.cfg.rotate);
+    assert_true(f.cfg.scale_search);
     assert_true(parse(&f, "--kv-mem", "2M"));
     assert_int_equal(f.mem, 2u << 20);
     assert_true(parse(&f, "-ctk", "q8_0"));
@@ -41,6 +42,8 @@ static void every_flag_sets_its_field(void **state)
     assert_int_equal(f.cfg.page_tokens, 64);
     assert_true(parse(&f, "--kv-rotate", "off"));
     assert_false(f.cfg.rotate);
+    assert_true(parse(&f, "--kv-scale-search", "off"));
+    assert_false(f.cfg.scale_search);
     assert_true(parse(&f, "--kv-sink", "4"));
     assert_true(parse(&f, "--kv-hot", "128"));
     assert_true(parse(&f, "--kv-floor", "q8_0"));
@@ -67,6 +70,7 @@ static void every_flag_sets_its_field(void **state)
     assert_int_equal(cfg.type_k, QUANT_Q8_0);
     assert_int_equal(cfg.page_tokens, 64);
     assert_false(cfg.rotate);
+    assert_false(cfg.scale_search);
     assert_int_equal(cfg.policy, KV_POLICY_DYNAMIC);
     assert_int_equal(cfg.floor, QUANT_Q8_0);
     assert_int_equal(cfg.n_ladder, 4);
@@ -85,6 +89,7 @@ static void bad_values_are_refused(void **state)
     assert_false(parse(&f, "--kv-ladder", "q4_0,q8_0")); /* not in falling precision */
     assert_false(parse(&f, "--kv-ladder", "q8_0,,q4_0"));
     assert_false(parse(&f, "--kv-rotate", "yes"));
+    assert_false(parse(&f, "--kv-scale-search", "maybe"));
     assert_false(parse(&f, "--kv-policy", "auto"));
     assert_false(parse(&f, "--kv-high", "1.5"));
     assert_false(parse(&f, "--kv-mem", "0"));

@@ -201,11 +201,12 @@ static const uint8_t *page_row(const struct kv_cache *kv, int32_t seq, int p, in
     return kv_page_rows(kv, kind ? pg->v : pg->k, *type, 0, h) + (size_t)(p % c->page_tokens) * rb;
 }
 
-/* The bytes a page holds are the bytes quant's scalar reference quantizer
- * makes of the stored row, for every KV type, with and without the rotation,
+/* The bytes a page holds are the bytes quant's scalar quantizer makes of the
+ * stored row (the reference from_float, or kv_from_float's scale search with
+ * cfg.scale_search), for every KV type, with and without the rotation,
  * through kv_write and through kv_requantize (the reference dequantizer, then
- * the reference quantizer). The prefix cache's SSD tier keeps these bytes, so
- * they must never drift from the reference. stored: (n_tok, K|V, n_kv_head,
+ * the quantizer). The prefix cache's SSD tier keeps these bytes, so they must
+ * never drift from quant's. stored: (n_tok, K|V, n_kv_head,
  * head_dim) the values each row should hold, after the rotation. */
 static void check_page_rows(const struct kv_cache *kv, int32_t seq, const float *stored, int n_tok)
 {
@@ -217,10 +218,12 @@ static void check_page_rows(const struct kv_cache *kv, int32_t seq, const float 
             for (int h = 0; h < c->n_kv_head; h++) {
                 enum quant_type t;
                 const uint8_t *row = page_row(kv, seq, p, kind, h, &t);
-                quant_traits_scalar(t)->from_float(stored + (((size_t)p * 2 + kind) * c->n_kv_head + h) * d, want, d);
+                const struct quant_traits *tr = quant_traits_scalar(t);
+                quant_from_float_fn quantize = c->scale_search && tr->kv_from_float ? tr->kv_from_float : tr->from_float;
+                quantize(stored + (((size_t)p * 2 + kind) * c->n_kv_head + h) * d, want, d);
                 if (memcmp(row, want, quant_row_size(t, d)) != 0)
-                    fail_msg("head_dim %d rotate %d %s %s: token %d head %d differs from quant's reference", d,
-                             c->rotate, kind ? "V" : "K", quant_type_name(t), p, h);
+                    fail_msg("head_dim %d rotate %d search %d %s %s: token %d head %d differs from quant's", d,
+                             c->rotate, c->scale_search, kind ? "V" : "K", quant_type_name(t), p, h);
             }
     free(want);
 }
@@ -242,16 +245,17 @@ static void dequantize_page_rows(const struct kv_cache *kv, int32_t seq, float *
 
 enum { EDGE_TOKENS = 40 };
 
-/* A one-layer cache of head_dim d at (tk, tv) holding EDGE_TOKENS edge rows;
+/* A one-layer cache of head_dim d at (tk, tv), scale search on or off, holding EDGE_TOKENS edge rows;
  * stored gets what each row should hold (after the rotation). */
-static struct kv_cache *edge_cache(int d, bool rot, enum quant_type tk, enum quant_type tv, int32_t *seq,
-                                   float **stored)
+static struct kv_cache *edge_cache(int d, bool rot, bool search, enum quant_type tk, enum quant_type tv,
+                                   int32_t *seq, float **stored)
 {
     struct kv_config cfg;
     base_config(&cfg, d, 1 << 24);
     cfg.n_layer = 1;
     cfg.page_tokens = 16;
     cfg.rotate = rot;
+    cfg.scale_search = search;
     cfg.type_k = tk;
     cfg.type_v = tv;
     struct kv_cache *kv;
@@ -277,11 +281,12 @@ static void test_rows_match_quant_reference(void **state)
     const int dims[] = {32, 64, 96, 128, 256};
     const int n_tok = EDGE_TOKENS, N = KV_N_TYPES;
     for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++)
-        for (int rot = 0; rot < 2; rot++)
+        for (int rot = 0; rot < 4; rot++) /* bit 0: rotation, bit 1: scale search */
             for (int ti = 0; ti < N; ti++) {
                 int32_t s;
                 float *stored;
-                struct kv_cache *kv = edge_cache(dims[di], rot, kv_type_at(ti), kv_type_at((ti + 1) % N), &s, &stored);
+                struct kv_cache *kv = edge_cache(dims[di], rot & 1, rot >> 1, kv_type_at(ti), kv_type_at((ti + 1) % N),
+                                                 &s, &stored);
                 check_page_rows(kv, s, stored, n_tok);
                 /* requantize through every type and back */
                 struct kv_selector all = {.kind = KV_SELECT_ALL};
@@ -307,7 +312,7 @@ static void test_requantize_every_pair(void **state)
         for (int b = 0; b < KV_N_TYPES; b++) {
             int32_t s;
             float *stored;
-            struct kv_cache *kv = edge_cache(64, true, kv_type_at(a), kv_type_at(b), &s, &stored);
+            struct kv_cache *kv = edge_cache(64, true, true, kv_type_at(a), kv_type_at(b), &s, &stored);
             dequantize_page_rows(kv, s, stored, EDGE_TOKENS);
             struct kv_selector all = {.kind = KV_SELECT_ALL};
             struct kv_requant_result r;

@@ -35,6 +35,100 @@ static const enum quant_type k_basic[] = {QUANT_F32, QUANT_F16, QUANT_BF16, QUAN
                                           QUANT_Q5_0, QUANT_Q5_1, QUANT_Q8_0, QUANT_IQ4_NL};
 #define N_BASIC (sizeof k_basic / sizeof k_basic[0])
 
+/* ---- KV quantizers with a scale search ------------------------------------- */
+
+static double row_error(enum quant_type t, const float *x, const void *q, int64_t n)
+{
+    float y[QK_K];
+    assert_true(n <= QK_K);
+    quant_traits_scalar(t)->to_float(q, y, n);
+    double e = 0.0;
+    for (int64_t i = 0; i < n; i++)
+        e += ((double)x[i] - y[i]) * ((double)x[i] - y[i]);
+    return e;
+}
+
+/* One block of a shape KV rows take: uniform, heavy-tailed with an outlier,
+ * or offset by a constant (the channel means rotation leaves behind). */
+static void fill_kv_block(float *x, int n, int shape)
+{
+    float scale = 1.0f + (float)(rnd32() % 100);
+    fill_random(x, n, 1.0f);
+    for (int i = 0; i < n; i++) {
+        if (shape == 1)
+            x[i] = x[i] * x[i] * x[i];
+        x[i] = x[i] * scale + (shape == 2 ? 0.7f * scale : 0.0f);
+    }
+    if (shape == 1)
+        x[rnd32() % (uint32_t)n] *= 4.0f;
+}
+
+/* Scales at the ends of f16's range (underflow to subnormals or 0,
+ * overflow to inf): the search never turns a finite block non-finite and
+ * stays no worse than the plain block. */
+static void check_kv_search_extremes(void)
+{
+    static const float scales[] = {1e-9f, 1e-7f, 3e-5f, 6e4f, 1e5f};
+    for (int t = 0; t < QUANT_TYPE_COUNT; t++) {
+        const struct quant_traits *tr = quant_traits((enum quant_type)t);
+        if (!tr || !tr->kv_from_float)
+            continue;
+        for (size_t i = 0; i < sizeof scales / sizeof scales[0]; i++) {
+            float x[QK_K], yp[QK_K], ys[QK_K];
+            uint8_t plain[256], search[256];
+            int n = tr->block_elems;
+            fill_random(x, n, scales[i]);
+            tr->from_float(x, plain, n);
+            tr->kv_from_float(x, search, n);
+            tr->to_float(plain, yp, n);
+            tr->to_float(search, ys, n);
+            double ep = row_error((enum quant_type)t, x, plain, n), es = row_error((enum quant_type)t, x, search, n);
+            for (int j = 0; j < n; j++)
+                if (isfinite(yp[j]) && !isfinite(ys[j]))
+                    fail_msg("%s scale %g: element %d is finite in the plain block, %g with the search", tr->name,
+                             (double)scales[i], j, (double)ys[j]);
+            if (isfinite(ep) && es > ep * (1.0 + 1e-6))
+                fail_msg("%s scale %g: search error %g > plain %g", tr->name, (double)scales[i], es, ep);
+        }
+    }
+}
+
+static void test_kv_scale_search_never_worse(void **state)
+{
+    (void)state;
+    int n_types = 0;
+    for (int t = 0; t < QUANT_TYPE_COUNT; t++) {
+        const struct quant_traits *tr = quant_traits((enum quant_type)t);
+        if (!tr || !tr->kv_from_float)
+            continue;
+        n_types++;
+        assert_ptr_equal(quant_traits_scalar((enum quant_type)t)->kv_from_float, tr->kv_from_float);
+        int n = tr->block_elems;
+        double plain_sum = 0.0, search_sum = 0.0;
+        for (int rep = 0; rep < 3000; rep++) {
+            float x[QK_K];
+            uint8_t plain[256], search[256];
+            fill_kv_block(x, n, rep % 3);
+            tr->from_float(x, plain, n);
+            tr->kv_from_float(x, search, n);
+            double ep = row_error((enum quant_type)t, x, plain, n), es = row_error((enum quant_type)t, x, search, n);
+            if (es > ep * (1.0 + 1e-6)) /* f32 sums in the search, f64 here */
+                fail_msg("%s block %d: search error %g > plain %g", tr->name, rep, es, ep);
+            plain_sum += ep;
+            search_sum += es;
+        }
+        /* the search must actually help, not only do no harm */
+        if (!(search_sum < 0.97 * plain_sum))
+            fail_msg("%s: search error %g is not below 0.97 x plain %g", tr->name, search_sum, plain_sum);
+    }
+    assert_true(n_types >= 2); /* q8_0 and q4_0 at least */
+    check_kv_search_extremes();
+    float zero[QK8_0] = {0};
+    block_q8_0 z;
+    quant_traits(QUANT_Q8_0)->kv_from_float(zero, &z, QK8_0);
+    assert_int_equal(z.d, 0);
+}
+
 /* ---- conversions ----------------------------------------------------------- */
 
 static void test_f16_roundtrip_all(void **state)
@@ -599,6 +693,7 @@ int main(void)
         cmocka_unit_test(test_names),
         cmocka_unit_test(test_quantize_error_bounds),
         cmocka_unit_test(test_q8_0_exact_values),
+        cmocka_unit_test(test_kv_scale_search_never_worse),
         cmocka_unit_test(test_best_conversions_match_scalar),
         cmocka_unit_test(test_vec_dot_simd_vs_scalar),
         cmocka_unit_test(test_vec_dot_ref_vs_dequantized),

@@ -15,6 +15,7 @@ void kv_config_default(struct kv_config *cfg)
     cfg->type_k = QUANT_F16;
     cfg->type_v = QUANT_F16;
     cfg->rotate = true;
+    cfg->scale_search = true;
     cfg->policy = KV_POLICY_STATIC;
     cfg->sink_tokens = 32;
     cfg->hot_tokens = 512;
@@ -545,7 +546,7 @@ ks_status kv_write(struct kv_cache *kv, int layer, int32_t seq, int32_t pos, con
     void *half[2] = {pg->k, pg->v};
     enum quant_type type[2] = {pg->tk, pg->tv};
     for (int kind = 0; kind < 2; kind++) {
-        quant_from_float_fn store = quant_traits(type[kind])->from_float;
+        quant_from_float_fn store = kv_row_quantizer(kv, type[kind]);
         size_t rb = kv->row_bytes[type[kind]];
         for (int h = 0; h < c->n_kv_head; h++) {
             const float *x = src[kind] + (size_t)h * c->head_dim;

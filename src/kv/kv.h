@@ -46,6 +46,8 @@ struct kv_config {
     enum quant_type type_k;   /* start precision of new pages: any KV type (kv_type_index() >= 0) */
     enum quant_type type_v;
     bool rotate;              /* Walsh-Hadamard rotation of K/V over head_dim (default on) */
+    bool scale_search;        /* quantized rows take quant's kv_from_float: each block's scale by least
+                                 squared error, same block format (default on) */
     enum kv_policy policy;
     int sink_tokens;          /* dynamic: first S tokens kept at start precision (32) */
     int hot_tokens;           /* dynamic: most recent W tokens kept (512) */
@@ -62,7 +64,7 @@ struct kv_config {
     uint8_t fingerprint[16];  /* the model's identity, part of every page key (model_fingerprint) */
 };
 
-/* Fill defaults: P=32, f16/f16, rotate on, static policy, S=32, W=512,
+/* Fill defaults: P=32, f16/f16, rotate on, scale search on, static policy, S=32, W=512,
  * watermarks 0.90/0.80, floor q4_0, ladder q8_0,q4_0, prefix cache on. Shape, budget and
  * fingerprint are left for the caller. */
 void kv_config_default(struct kv_config *cfg);

@@ -166,8 +166,16 @@ ks_status kv_policy_make_room(struct kv_cache *kv, size_t bytes);
 ks_status kv_convert_pages(struct kv_cache *kv, const int32_t *ids, int32_t n, enum quant_type tk,
                            enum quant_type tv);
 
-/* Rows are (de)quantized by quant's traits (quant_traits(t)->from_float and
- * ->to_float): the page bytes are quant's reference quantizers' bytes. The
+/* Rows are dequantized by quant's traits (quant_traits(t)->to_float) and
+ * quantized by kv_row_quantizer: quant's reference quantizers' bytes (what
+ * llama.cpp would store) without cfg.scale_search, its KV quantizers (the same
+ * block format, a scale chosen per block by least squared error) with it. The
  * rotation, kv_rotate (kv.h), is in kv_rotate.c. */
+static inline quant_from_float_fn kv_row_quantizer(const struct kv_cache *kv, enum quant_type t)
+{
+    const struct quant_traits *tr = quant_traits(t);
+    assert(tr && tr->from_float);
+    return kv->cfg.scale_search && tr->kv_from_float ? tr->kv_from_float : tr->from_float;
+}
 
 #endif

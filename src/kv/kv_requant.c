@@ -15,7 +15,7 @@ static void convert_half(const struct kv_cache *kv, const void *src, enum quant_
     size_t n_rows = (size_t)c->n_layer * (size_t)c->n_kv_head * (size_t)c->page_tokens;
     size_t rs = kv->row_bytes[ts], rd = kv->row_bytes[td];
     quant_to_float_fn load = quant_traits(ts)->to_float;
-    quant_from_float_fn store = quant_traits(td)->from_float;
+    quant_from_float_fn store = kv_row_quantizer(kv, td);
     for (size_t r = 0; r < n_rows; r++) {
         load((const uint8_t *)src + r * rs, row, c->head_dim);
         store(row, (uint8_t *)dst + r * rd, c->head_dim);

@@ -140,6 +140,8 @@ static void tables_init(void)
         g_best[i].vec_dot = g_scalar[i].vec_dot;
     }
     quant_simd_fill(g_best);
+    quant_kv_fill(g_best);
+    quant_kv_fill(g_scalar);
 }
 
 static const struct quant_traits *lookup(const struct quant_traits *table, enum quant_type t)

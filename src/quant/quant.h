@@ -99,6 +99,11 @@ struct quant_traits {
     bool is_quantized;
     quant_to_float_fn to_float;    /* NULL only for types with no kernels */
     quant_from_float_fn from_float;/* NULL if kvserve cannot quantize to it */
+    /* KV cache rows only: the same block format with each block's scale
+     * chosen by least squared error over candidate scales (never a larger
+     * error than from_float's block); NULL: the type has none, use from_float.
+     * Weights always take from_float, which is bit-exact with ggml. */
+    quant_from_float_fn kv_from_float;
     enum quant_type vec_dot_type;  /* activations are quantized to this */
     quant_vec_dot_fn vec_dot;      /* NULL if not usable as a weight */
 };

@@ -15,9 +15,12 @@ quant_f16 quant_f32_to_f16_soft(float f);
 /* Fill the non-k-quant entries of both tables (see quant_ref.c, quant_simd.c). */
 void quant_ref_fill(struct quant_traits *scalar);
 void quant_simd_fill(struct quant_traits *best);
+/* The KV quantizers with a scale search (quant_kv.c), the same in both tables. */
+void quant_kv_fill(struct quant_traits *t);
 
 
 /* ---- kernels, exposed so tests can compare every variant ----------------- */
+void quant_q4_0_from_float_ref(const float *x, void *y, int64_t n);
 void quant_q8_0_from_float_ref(const float *x, void *y, int64_t n);
 void quant_vec_dot_iq4_nl_q8_0_ref(int n, float *s, const void *x, const void *y);
 

@@ -100,7 +100,7 @@ static void min_max(const float *x, int n, float *min, float *max)
 
 static int imin(int a, int b) { return a < b ? a : b; }
 
-static void q4_0_from_float(const float *x, void *vy, int64_t n)
+void quant_q4_0_from_float_ref(const float *x, void *vy, int64_t n)
 {
     block_q4_0 *y = vy;
     for (int64_t i = 0; i < n / QK4_0; i++, x += QK4_0) {
@@ -484,7 +484,7 @@ void quant_ref_fill(struct quant_traits *t)
     set(&t[QUANT_F32], f32_to_float, f32_from_float, quant_vec_dot_f32_ref);
     set(&t[QUANT_F16], f16_to_float, f16_from_float, quant_vec_dot_f16_ref);
     set(&t[QUANT_BF16], bf16_to_float, bf16_from_float, quant_vec_dot_bf16_ref);
-    set(&t[QUANT_Q4_0], q4_0_to_float, q4_0_from_float, quant_vec_dot_q4_0_q8_0_ref);
+    set(&t[QUANT_Q4_0], q4_0_to_float, quant_q4_0_from_float_ref, quant_vec_dot_q4_0_q8_0_ref);
     set(&t[QUANT_Q4_1], q4_1_to_float, q4_1_from_float, quant_vec_dot_q4_1_q8_1_ref);
     set(&t[QUANT_Q5_0], q5_0_to_float, q5_0_from_float, quant_vec_dot_q5_0_q8_0_ref);
     set(&t[QUANT_Q5_1], q5_1_to_float, q5_1_from_float, quant_vec_dot_q5_1_q8_1_ref);
