@@ -511,7 +511,7 @@ static void test_dynamic_policy_demotes_in_order(void **state)
     int32_t s;
     assert_int_equal(kv_seq_create(kv, &s), KS_OK);
     int32_t len = 0;
-    int steps_v_q8 = 0;
+    int steps_v_q8 = 0, longest_protected = 0;
     struct kv_usage u;
     /* grow one page at a time until the cache is really full */
     for (;;) {
@@ -527,19 +527,25 @@ static void test_dynamic_policy_demotes_in_order(void **state)
         /* V goes to q8_0 before any K is touched */
         if (u.pages_k[kv_type_index(QUANT_Q8_0)] == 0 && u.pages_v[kv_type_index(QUANT_Q8_0)] > 0)
             steps_v_q8++;
+        /* sink page 0 and the 2 hot pages at f16, everything else at the floor */
+        int32_t n = len / 32;
+        const struct kv_page *pg = kv->pages;
+        const int32_t *ids = kv->seqs[s].pages;
+        if (n > 3 && pg[ids[0]].tk == QUANT_F16 && pg[ids[n - 1]].tv == QUANT_F16 && pg[ids[n - 2]].tk == QUANT_F16 &&
+            u.pages_k[kv_type_index(QUANT_Q4_0)] == n - 3 && u.pages_v[kv_type_index(QUANT_Q4_0)] == n - 3)
+            longest_protected = n;
         assert_true(len < 10000);
     }
     assert_true(steps_v_q8 > 0);
+    assert_true(longest_protected > 20); /* far more than the 10 pages that fit at f16 */
     kv_usage(kv, &u);
     int32_t n_pages = len / 32;
-    /* sink page 0 and the 2 hot pages stay f16; everything else reached the floor */
-    assert_int_equal(u.pages_k[kv_type_index(QUANT_Q4_0)], n_pages - 3);
-    assert_int_equal(u.pages_v[kv_type_index(QUANT_Q4_0)], n_pages - 3);
-    assert_int_equal(kv->pages[kv->seqs[s].pages[0]].tk, QUANT_F16);
-    assert_int_equal(kv->pages[kv->seqs[s].pages[n_pages - 1]].tk, QUANT_F16);
-    assert_int_equal(kv->pages[kv->seqs[s].pages[n_pages - 2]].tv, QUANT_F16);
+    /* past that the sinks and hot window gave way: full means every page at the floor */
+    assert_true(n_pages > longest_protected);
+    assert_int_equal(u.pages_k[kv_type_index(QUANT_Q4_0)], n_pages);
+    assert_int_equal(u.pages_v[kv_type_index(QUANT_Q4_0)], n_pages);
+    assert_true(u.used + kv_page_bytes(&cfg, QUANT_Q4_0, QUANT_Q4_0) > u.budget);
     assert_true(u.demotions > 0);
-    assert_true(n_pages > 20); /* far more than the 10 pages that fit at f16 */
     assert_int_equal(kv_seq_len(kv, s), len);
     kv_free(kv);
 }
