@@ -550,6 +550,64 @@ static void test_dynamic_policy_demotes_in_order(void **state)
     kv_free(kv);
 }
 
+/* The K (k) or V type of page i of seq. */
+static enum quant_type page_type(const struct kv_cache *kv, int32_t s, int32_t i, bool k)
+{
+    const struct kv_page *pg = &kv->pages[kv->seqs[s].pages[i]];
+    return k ? pg->tk : pg->tv;
+}
+
+/* One batch of 16 pages into an empty dynamic cache that holds 8 at f16: the
+ * pages outside the sinks and hot window are created at lower precision (no
+ * page is converted), and a budget one byte short of every page at the floor
+ * fails without changing anything. */
+static void test_dynamic_policy_plans_new_pages(void **state)
+{
+    (void)state;
+    struct kv_config cfg;
+    base_config(&cfg, 64, 1);
+    cfg.policy = KV_POLICY_DYNAMIC;
+    cfg.sink_tokens = 32;
+    cfg.hot_tokens = 64;
+    size_t f16 = kv_page_bytes(&cfg, QUANT_F16, QUANT_F16), q4 = kv_page_bytes(&cfg, QUANT_Q4_0, QUANT_Q4_0);
+    cfg.mem_budget = 8 * f16;
+    struct kv_cache *kv;
+    int32_t s;
+    assert_int_equal(kv_create(&cfg, &kv), KS_OK);
+    assert_int_equal(kv_seq_create(kv, &s), KS_OK);
+    assert_int_equal(kv_seq_grow(kv, s, 16 * 32), KS_OK);
+    fill(kv, s, 0, 16 * 32);
+    struct kv_usage u;
+    kv_usage(kv, &u);
+    assert_int_equal(u.demotions, 0);
+    assert_true(u.used <= (size_t)(cfg.low_watermark * (float)cfg.mem_budget) + 3 * f16);
+    for (int32_t i = 0; i < 16; i++) {
+        bool protected = i == 0 || i >= 14;
+        assert_int_equal(page_type(kv, s, i, true), protected ? QUANT_F16 : QUANT_Q4_0);
+        assert_int_equal(page_type(kv, s, i, false), protected ? QUANT_F16 : QUANT_Q4_0);
+    }
+    assert_int_equal(kv_check(kv), KS_OK);
+    kv_free(kv);
+
+    /* every page at the floor, sinks and hot window included, fits exactly */
+    cfg.mem_budget = 16 * q4;
+    assert_int_equal(kv_create(&cfg, &kv), KS_OK);
+    assert_int_equal(kv_seq_create(kv, &s), KS_OK);
+    assert_int_equal(kv_seq_grow(kv, s, 16 * 32), KS_OK);
+    kv_usage(kv, &u);
+    assert_int_equal(u.used, 16 * q4);
+    kv_free(kv);
+
+    cfg.mem_budget = 16 * q4 - 1;
+    assert_int_equal(kv_create(&cfg, &kv), KS_OK);
+    assert_int_equal(kv_seq_create(kv, &s), KS_OK);
+    assert_int_equal(kv_seq_grow(kv, s, 16 * 32), KS_ERR_KV_FULL);
+    kv_usage(kv, &u);
+    assert_int_equal(u.used, 0);
+    assert_int_equal(kv_seq_len(kv, s), 0);
+    kv_free(kv);
+}
+
 static void test_dynamic_policy_head_dim_8_stays_f16(void **state)
 {
     (void)state;
@@ -619,6 +677,7 @@ int main(void)
         cmocka_unit_test(test_requantize_dry_run_and_real),
         cmocka_unit_test(test_requantize_failure_leaves_pages),
         cmocka_unit_test(test_dynamic_policy_demotes_in_order),
+        cmocka_unit_test(test_dynamic_policy_plans_new_pages),
         cmocka_unit_test(test_dynamic_policy_head_dim_8_stays_f16),
         cmocka_unit_test(test_fit),
     };
