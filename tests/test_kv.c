@@ -496,16 +496,22 @@ static void test_requantize_failure_leaves_pages(void **state)
     kv_free(kv);
 }
 
+/* Dynamic policy, head_dim 64, one page of sinks, two hot pages, a budget of
+ * f16_pages pages at f16. */
+static void dynamic_config(struct kv_config *cfg, int f16_pages)
+{
+    base_config(cfg, 64, 1);
+    cfg->policy = KV_POLICY_DYNAMIC;
+    cfg->sink_tokens = 32;
+    cfg->hot_tokens = 64;
+    cfg->mem_budget = (size_t)f16_pages * kv_page_bytes(cfg, QUANT_F16, QUANT_F16);
+}
+
 static void test_dynamic_policy_demotes_in_order(void **state)
 {
     (void)state;
     struct kv_config cfg;
-    base_config(&cfg, 64, 1);
-    cfg.policy = KV_POLICY_DYNAMIC;
-    cfg.sink_tokens = 32;
-    cfg.hot_tokens = 64;
-    size_t f16 = kv_page_bytes(&cfg, QUANT_F16, QUANT_F16);
-    cfg.mem_budget = 10 * f16;
+    dynamic_config(&cfg, 10);
     struct kv_cache *kv;
     assert_int_equal(kv_create(&cfg, &kv), KS_OK);
     int32_t s;
@@ -565,12 +571,8 @@ static void test_dynamic_policy_plans_new_pages(void **state)
 {
     (void)state;
     struct kv_config cfg;
-    base_config(&cfg, 64, 1);
-    cfg.policy = KV_POLICY_DYNAMIC;
-    cfg.sink_tokens = 32;
-    cfg.hot_tokens = 64;
+    dynamic_config(&cfg, 8);
     size_t f16 = kv_page_bytes(&cfg, QUANT_F16, QUANT_F16), q4 = kv_page_bytes(&cfg, QUANT_Q4_0, QUANT_Q4_0);
-    cfg.mem_budget = 8 * f16;
     struct kv_cache *kv;
     int32_t s;
     assert_int_equal(kv_create(&cfg, &kv), KS_OK);
