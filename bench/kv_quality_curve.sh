@@ -13,6 +13,9 @@
 #   FRACTIONS  the dynamic budgets as fractions of a chunk's f16 bytes;
 #   ONE_BATCH (1)  also run the dynamic policy with -b CTX (the whole chunk at
 #   once);   CHUNKS (all)  --chunks;   THREADS (2);   TITLE  the plot's title;
+#   BASE  an f32-cache --save-logits file of the same text and -c to reuse
+#   (skips that run);   STATIC (1)  0 skips the static rows;   APPEND (0)  1
+#   adds rows to an existing TSV (e.g. more fractions) instead of starting it;
 #   REFS  reference lines, "LABEL=KLD;LABEL=KLD" (default for the trained
 #   model: llama.cpp's values from ../shared/ref/quality.md).
 set -eu
@@ -42,18 +45,19 @@ ppl() {
 }
 field() { python3 -c "import json,sys; d=json.loads(sys.stdin.read()); print($1)"; }
 
-ppl -ctk f32 -ctv f32 -b "$BATCH" --save-logits "$WORK/base.bin" > "$WORK/base.json"
+BASE_FILE=${BASE:-$WORK/base.bin}
+[ -n "${BASE:-}" ] || ppl -ctk f32 -ctv f32 -b "$BATCH" --save-logits "$BASE_FILE" > /dev/null
 # a static run's default budget is the chunk's pages plus one spare page
 PAGES=$(python3 -c "print(-(-$CTX // $(ppl -ctk f16 -ctv f16 --chunks 1 | field "d['cache']['page']")))")
 F16_BYTES=$(ppl -ctk f16 -ctv f16 --chunks 1 | field "d['cache']['mem'] * $PAGES // ($PAGES + 1)")
 echo "one chunk of $CTX tokens at f16: $F16_BYTES bytes" >&2
 
-printf 'series\tk\tv\tfraction\tbytes\tppl\tkld_mean\tkld_p99\ttop1\n' > "$TSV"
+[ "${APPEND:-0}" = 1 ] || printf 'series\tk\tv\tfraction\tbytes\tppl\tkld_mean\tkld_p99\ttop1\n' > "$TSV"
 # row SERIES K V ARGS...: run against the base and append a TSV row
 row() {
     series=$1 k=$2 v=$3
     shift 3
-    if ! out=$(ppl --kl-base "$WORK/base.bin" -ctk "$k" -ctv "$v" "$@" 2> "$WORK/err"); then
+    if ! out=$(ppl --kl-base "$BASE_FILE" -ctk "$k" -ctv "$v" "$@" 2> "$WORK/err"); then
         echo "$series $k/$v $*: $(tail -1 "$WORK/err")" >&2
         return 0
     fi
@@ -62,7 +66,7 @@ row() {
         d['ppl'], d['kld_mean'], d['kld_p99'], d['top1']]))" >> "$TSV"
 }
 
-for kv in f16/f16 q8_0/q8_0 q8_0/q4_0 q4_0/q4_0; do
+[ "${STATIC:-1}" = 0 ] || for kv in f16/f16 q8_0/q8_0 q8_0/q4_0 q4_0/q4_0; do
     row static "${kv%/*}" "${kv#*/}" -b "$BATCH"
 done
 for f in $FRACTIONS; do
