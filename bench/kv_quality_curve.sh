@@ -14,7 +14,9 @@
 #   ONE_BATCH (1)  also run the dynamic policy with -b CTX (the whole chunk at
 #   once);   CHUNKS (all)  --chunks;   THREADS (2);   TITLE  the plot's title;
 #   BASE  an f32-cache --save-logits file of the same text and -c to reuse
-#   (skips that run);   STATIC (1)  0 skips the static rows;   APPEND (0)  1
+#   (skips that run);   F16_BYTES  one chunk's bytes at f16 (skips the run
+#   that measures it; PAGE (32) is then the --kv-page);   STATIC_TYPES  the
+#   static K/V pairs;   STATIC (1)  0 skips the static rows;   APPEND (0)  1
 #   adds rows to an existing TSV (e.g. more fractions) instead of starting it;
 #   REFS  reference lines, "LABEL=KLD;LABEL=KLD" (default for the trained
 #   model: llama.cpp's values from ../shared/ref/quality.md).
@@ -24,7 +26,7 @@ MODEL=${2:-../shared/models/trained/tiny-llama-gqa-hd64-f32.gguf}
 TEXT=${3:-../shared/models/trained/sample.txt}
 SVG=${4:-docs/kv_quality_curve.svg}
 CTX=${CTX:-512} BATCH=${BATCH:-64} SINK=${SINK:-32} HOT=${HOT:-64} THREADS=${THREADS:-2}
-FRACTIONS=${FRACTIONS:-"0.28125 0.30 0.325 0.35 0.40 0.45 0.50 0.55 0.60 0.70 0.80"}
+FRACTIONS=${FRACTIONS:-"0.28125 0.30 0.35 0.40 0.45 0.50 0.60 0.70"}
 ONE_BATCH=${ONE_BATCH:-1}
 TITLE=${TITLE:-"$(basename "$MODEL"), c=$CTX, sinks $SINK, hot $HOT"}
 case $MODEL in
@@ -48,8 +50,12 @@ field() { python3 -c "import json,sys; d=json.loads(sys.stdin.read()); print($1)
 BASE_FILE=${BASE:-$WORK/base.bin}
 [ -n "${BASE:-}" ] || ppl -ctk f32 -ctv f32 -b "$BATCH" --save-logits "$BASE_FILE" > /dev/null
 # a static run's default budget is the chunk's pages plus one spare page
-PAGES=$(python3 -c "print(-(-$CTX // $(ppl -ctk f16 -ctv f16 --chunks 1 | field "d['cache']['page']")))")
-F16_BYTES=$(ppl -ctk f16 -ctv f16 --chunks 1 | field "d['cache']['mem'] * $PAGES // ($PAGES + 1)")
+if [ -z "${F16_BYTES:-}" ]; then
+    probe=$(ppl -ctk f16 -ctv f16 --chunks 1)
+    PAGE=$(echo "$probe" | field "d['cache']['page']")
+    F16_BYTES=$(echo "$probe" | field "d['cache']['mem'] * -(-$CTX // $PAGE) // (-(-$CTX // $PAGE) + 1)")
+fi
+PAGES=$(python3 -c "print(-(-$CTX // ${PAGE:-32}))")
 echo "one chunk of $CTX tokens at f16: $F16_BYTES bytes" >&2
 
 [ "${APPEND:-0}" = 1 ] || printf 'series\tk\tv\tfraction\tbytes\tppl\tkld_mean\tkld_p99\ttop1\n' > "$TSV"
@@ -66,7 +72,7 @@ row() {
         d['ppl'], d['kld_mean'], d['kld_p99'], d['top1']]))" >> "$TSV"
 }
 
-[ "${STATIC:-1}" = 0 ] || for kv in f16/f16 q8_0/q8_0 q8_0/q4_0 q4_0/q4_0; do
+[ "${STATIC:-1}" = 0 ] || for kv in ${STATIC_TYPES:-f16/f16 q8_0/q8_0 q8_0/q4_0 q4_0/q4_0}; do
     row static "${kv%/*}" "${kv#*/}" -b "$BATCH"
 done
 for f in $FRACTIONS; do
