@@ -536,22 +536,28 @@ static void test_requantize_failure_leaves_pages(void **state)
     kv_free(kv);
 }
 
+/* Dynamic policy, head_dim 64, one page of sinks, two hot pages, a budget of
+ * f16_pages pages at f16. */
+static void dynamic_config(struct kv_config *cfg, int f16_pages)
+{
+    base_config(cfg, 64, 1);
+    cfg->policy = KV_POLICY_DYNAMIC;
+    cfg->sink_tokens = 32;
+    cfg->hot_tokens = 64;
+    cfg->mem_budget = (size_t)f16_pages * kv_page_bytes(cfg, QUANT_F16, QUANT_F16);
+}
+
 static void test_dynamic_policy_demotes_in_order(void **state)
 {
     (void)state;
     struct kv_config cfg;
-    base_config(&cfg, 64, 1);
-    cfg.policy = KV_POLICY_DYNAMIC;
-    cfg.sink_tokens = 32;
-    cfg.hot_tokens = 64;
-    size_t f16 = kv_page_bytes(&cfg, QUANT_F16, QUANT_F16);
-    cfg.mem_budget = 10 * f16;
+    dynamic_config(&cfg, 10);
     struct kv_cache *kv;
     assert_int_equal(kv_create(&cfg, &kv), KS_OK);
     int32_t s;
     assert_int_equal(kv_seq_create(kv, &s), KS_OK);
     int32_t len = 0;
-    int steps_v_q8 = 0;
+    int steps_v_q8 = 0, longest_protected = 0;
     struct kv_usage u;
     /* grow one page at a time until the cache is really full */
     for (;;) {
@@ -567,20 +573,80 @@ static void test_dynamic_policy_demotes_in_order(void **state)
         /* V goes to q8_0 before any K is touched */
         if (u.pages_k[kv_type_index(QUANT_Q8_0)] == 0 && u.pages_v[kv_type_index(QUANT_Q8_0)] > 0)
             steps_v_q8++;
+        /* sink page 0 and the 2 hot pages at f16, everything else at the floor */
+        int32_t n = len / 32;
+        const struct kv_page *pg = kv->pages;
+        const int32_t *ids = kv->seqs[s].pages;
+        if (n > 3 && pg[ids[0]].tk == QUANT_F16 && pg[ids[n - 1]].tv == QUANT_F16 && pg[ids[n - 2]].tk == QUANT_F16 &&
+            u.pages_k[kv_type_index(QUANT_Q4_0)] == n - 3 && u.pages_v[kv_type_index(QUANT_Q4_0)] == n - 3)
+            longest_protected = n;
         assert_true(len < 10000);
     }
     assert_true(steps_v_q8 > 0);
+    assert_true(longest_protected > 20); /* far more than the 10 pages that fit at f16 */
     kv_usage(kv, &u);
     int32_t n_pages = len / 32;
-    /* sink page 0 and the 2 hot pages stay f16; everything else reached the floor */
-    assert_int_equal(u.pages_k[kv_type_index(QUANT_Q4_0)], n_pages - 3);
-    assert_int_equal(u.pages_v[kv_type_index(QUANT_Q4_0)], n_pages - 3);
-    assert_int_equal(kv->pages[kv->seqs[s].pages[0]].tk, QUANT_F16);
-    assert_int_equal(kv->pages[kv->seqs[s].pages[n_pages - 1]].tk, QUANT_F16);
-    assert_int_equal(kv->pages[kv->seqs[s].pages[n_pages - 2]].tv, QUANT_F16);
+    /* past that the sinks and hot window gave way: full means every page at the floor */
+    assert_true(n_pages > longest_protected);
+    assert_int_equal(u.pages_k[kv_type_index(QUANT_Q4_0)], n_pages);
+    assert_int_equal(u.pages_v[kv_type_index(QUANT_Q4_0)], n_pages);
+    assert_true(u.used + kv_page_bytes(&cfg, QUANT_Q4_0, QUANT_Q4_0) > u.budget);
     assert_true(u.demotions > 0);
-    assert_true(n_pages > 20); /* far more than the 10 pages that fit at f16 */
     assert_int_equal(kv_seq_len(kv, s), len);
+    kv_free(kv);
+}
+
+/* The K (k) or V type of page i of seq. */
+static enum quant_type page_type(const struct kv_cache *kv, int32_t s, int32_t i, bool k)
+{
+    const struct kv_page *pg = &kv->pages[kv->seqs[s].pages[i]];
+    return k ? pg->tk : pg->tv;
+}
+
+/* One batch of 16 pages into an empty dynamic cache that holds 8 at f16: the
+ * pages outside the sinks and hot window are created at lower precision (no
+ * page is converted), and a budget one byte short of every page at the floor
+ * fails without changing anything. */
+static void test_dynamic_policy_plans_new_pages(void **state)
+{
+    (void)state;
+    struct kv_config cfg;
+    dynamic_config(&cfg, 8);
+    size_t f16 = kv_page_bytes(&cfg, QUANT_F16, QUANT_F16), q4 = kv_page_bytes(&cfg, QUANT_Q4_0, QUANT_Q4_0);
+    struct kv_cache *kv;
+    int32_t s;
+    assert_int_equal(kv_create(&cfg, &kv), KS_OK);
+    assert_int_equal(kv_seq_create(kv, &s), KS_OK);
+    assert_int_equal(kv_seq_grow(kv, s, 16 * 32), KS_OK);
+    fill(kv, s, 0, 16 * 32);
+    struct kv_usage u;
+    kv_usage(kv, &u);
+    assert_int_equal(u.demotions, 0);
+    assert_true(u.used <= (size_t)(cfg.low_watermark * (float)cfg.mem_budget) + 3 * f16);
+    for (int32_t i = 0; i < 16; i++) {
+        bool protected = i == 0 || i >= 14;
+        assert_int_equal(page_type(kv, s, i, true), protected ? QUANT_F16 : QUANT_Q4_0);
+        assert_int_equal(page_type(kv, s, i, false), protected ? QUANT_F16 : QUANT_Q4_0);
+    }
+    assert_int_equal(kv_check(kv), KS_OK);
+    kv_free(kv);
+
+    /* every page at the floor, sinks and hot window included, fits exactly */
+    cfg.mem_budget = 16 * q4;
+    assert_int_equal(kv_create(&cfg, &kv), KS_OK);
+    assert_int_equal(kv_seq_create(kv, &s), KS_OK);
+    assert_int_equal(kv_seq_grow(kv, s, 16 * 32), KS_OK);
+    kv_usage(kv, &u);
+    assert_int_equal(u.used, 16 * q4);
+    kv_free(kv);
+
+    cfg.mem_budget = 16 * q4 - 1;
+    assert_int_equal(kv_create(&cfg, &kv), KS_OK);
+    assert_int_equal(kv_seq_create(kv, &s), KS_OK);
+    assert_int_equal(kv_seq_grow(kv, s, 16 * 32), KS_ERR_KV_FULL);
+    kv_usage(kv, &u);
+    assert_int_equal(u.used, 0);
+    assert_int_equal(kv_seq_len(kv, s), 0);
     kv_free(kv);
 }
 
@@ -654,6 +720,7 @@ int main(void)
         cmocka_unit_test(test_requantize_dry_run_and_real),
         cmocka_unit_test(test_requantize_failure_leaves_pages),
         cmocka_unit_test(test_dynamic_policy_demotes_in_order),
+        cmocka_unit_test(test_dynamic_policy_plans_new_pages),
         cmocka_unit_test(test_dynamic_policy_head_dim_8_stays_f16),
         cmocka_unit_test(test_fit),
     };

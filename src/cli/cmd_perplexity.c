@@ -18,7 +18,7 @@
 
 struct ppl_opts {
     const char *model, *text, *kl_base, *save_logits;
-    int n_ctx, n_threads, max_chunks;
+    int n_ctx, n_batch, n_threads, max_chunks; /* n_batch 0: one batch per chunk */
     bool json;
     struct cli_model_flags load; /* --mmap and the KV flags; kv.mem 0: one chunk */
 };
@@ -31,6 +31,8 @@ static void ppl_usage(FILE *out)
             "  -m, --model PATH        GGUF model (required)\n"
             "  -f, --file TEXT         text file to score (required)\n"
             "  -c, --ctx-size N        tokens per chunk (default 512); the second half of each is scored\n"
+            "  -b, --batch-size N      evaluate each chunk in batches of N tokens, as a server prefills\n"
+            "                          (default: the whole chunk at once); the KV policy acts between them\n"
             "      --chunks N          score at most N chunks (default: all)\n"
             "      --save-logits FILE  write the scored logits (the KL baseline, run it with -ctk f32 -ctv f32)\n"
             "      --kl-base FILE      compare with saved logits: mean and p99 KL divergence, top-1 agreement\n"
@@ -51,6 +53,8 @@ static bool parse_value(const char *a, const char *v, void *opts, bool *ok)
         *ok = (o->text = v) != NULL;
     else if (flag(a, "-c", "--ctx-size"))
         *ok = cli_parse_int(v, 4, 1 << 20, &o->n_ctx);
+    else if (flag(a, "-b", "--batch-size"))
+        *ok = cli_parse_int(v, 1, 1 << 20, &o->n_batch);
     else if (flag(a, NULL, "--chunks"))
         *ok = cli_parse_int(v, 1, 1 << 30, &o->max_chunks);
     else if (flag(a, NULL, "--kl-base"))
@@ -90,6 +94,8 @@ static int parse_args(int argc, char **argv, struct ppl_opts *o)
         fprintf(stderr, "kvserve perplexity: use --kl-base or --save-logits, not both\n");
         return 2;
     }
+    if (o->n_batch == 0 || o->n_batch > o->n_ctx)
+        o->n_batch = o->n_ctx;
     return 0;
 }
 
@@ -153,27 +159,36 @@ struct ppl_state {
     double *lp, *lq;
 };
 
-static ks_status score_chunk(struct ppl_state *s, const int32_t *tokens, int n_ctx, int32_t bos)
+/* Run tok[0, n_ctx) of seq through the model in batches of n_batch tokens;
+ * the logits of positions [first, n_ctx - 1) land in s->logits in order. */
+static ks_status eval_chunk(struct ppl_state *s, int32_t seq, const int32_t *tok, int n_ctx, int n_batch)
 {
     int first = n_ctx / 2;
-    int32_t seq;
-    ks_status st = kv_seq_create(s->e.kv, &seq);
-    if (st)
-        return st;
-    int32_t *tok = malloc((size_t)n_ctx * sizeof *tok), *pos = malloc((size_t)n_ctx * sizeof *pos),
-            *sq = malloc((size_t)n_ctx * sizeof *sq);
-    bool *want = malloc((size_t)n_ctx * sizeof *want);
-    if (!tok || !pos || !sq || !want)
-        st = ks_fail(KS_ERR_NOMEM, "out of memory");
-    for (int i = 0; !st && i < n_ctx; i++) {
-        tok[i] = i == 0 && bos >= 0 ? bos : tokens[i];
-        pos[i] = i;
-        sq[i] = seq;
-        want[i] = i >= first && i < n_ctx - 1;
+    int32_t *pos = malloc((size_t)n_batch * sizeof *pos), *sq = malloc((size_t)n_batch * sizeof *sq);
+    bool *want = malloc((size_t)n_batch * sizeof *want);
+    ks_status st = pos && sq && want ? KS_OK : ks_fail(KS_ERR_NOMEM, "out of memory");
+    for (int b0 = 0; !st && b0 < n_ctx; b0 += n_batch) {
+        int n = n_ctx - b0 < n_batch ? n_ctx - b0 : n_batch;
+        for (int i = 0; i < n; i++) {
+            pos[i] = b0 + i;
+            sq[i] = seq;
+            want[i] = b0 + i >= first && b0 + i < n_ctx - 1;
+        }
+        int out_row = b0 > first ? b0 - first : 0;
+        struct model_batch b = {.n_tokens = n, .tokens = tok + b0, .pos = pos, .seq = sq, .want_logits = want};
+        st = model_forward(s->e.ctx, s->e.kv, &b, s->logits + (size_t)out_row * s->n_vocab, NULL);
     }
-    struct model_batch b = {.n_tokens = n_ctx, .tokens = tok, .pos = pos, .seq = sq, .want_logits = want};
-    if (!st)
-        st = model_forward(s->e.ctx, s->e.kv, &b, s->logits, NULL);
+    free(pos);
+    free(sq);
+    free(want);
+    return st;
+}
+
+/* Accumulate NLL (and against --kl-base, KL and top-1) of the scored rows. */
+static ks_status score_rows(struct ppl_state *s, const int32_t *tokens, int n_ctx)
+{
+    ks_status st = KS_OK;
+    int first = n_ctx / 2;
     for (int i = first; !st && i < n_ctx - 1; i++) {
         const float *row = s->logits + (size_t)(i - first) * s->n_vocab;
         log_softmax(row, s->n_vocab, s->lq);
@@ -181,10 +196,8 @@ static ks_status score_chunk(struct ppl_state *s, const int32_t *tokens, int n_c
         if (s->save && fwrite(row, sizeof(float), (size_t)s->n_vocab, s->save) != (size_t)s->n_vocab)
             st = ks_fail(KS_ERR_IO, "cannot write the logits file");
         if (!st && s->base) {
-            if (fread(s->base_row, sizeof(float), (size_t)s->n_vocab, s->base) != (size_t)s->n_vocab) {
-                st = ks_fail(KS_ERR_FORMAT, "--kl-base: the file has fewer rows than this run scores (same -c and text?)");
-                break;
-            }
+            if (fread(s->base_row, sizeof(float), (size_t)s->n_vocab, s->base) != (size_t)s->n_vocab)
+                return ks_fail(KS_ERR_FORMAT, "--kl-base: the file has fewer rows than this run scores (same -c and text?)");
             log_softmax(s->base_row, s->n_vocab, s->lp);
             double kl = 0.0;
             for (int v = 0; v < s->n_vocab; v++)
@@ -194,11 +207,26 @@ static ks_status score_chunk(struct ppl_state *s, const int32_t *tokens, int n_c
         }
         s->n_scored++;
     }
+    return st;
+}
+
+static ks_status score_chunk(struct ppl_state *s, const int32_t *tokens, int n_ctx, int n_batch, int32_t bos)
+{
+    int32_t seq;
+    ks_status st = kv_seq_create(s->e.kv, &seq);
+    if (st)
+        return st;
+    int32_t *tok = malloc((size_t)n_ctx * sizeof *tok);
+    if (!tok)
+        st = ks_fail(KS_ERR_NOMEM, "out of memory");
+    for (int i = 0; !st && i < n_ctx; i++)
+        tok[i] = i == 0 && bos >= 0 ? bos : tokens[i];
+    if (!st)
+        st = eval_chunk(s, seq, tok, n_ctx, n_batch);
+    if (!st)
+        st = score_rows(s, tokens, n_ctx);
     kv_seq_free(s->e.kv, seq);
     free(tok);
-    free(pos);
-    free(sq);
-    free(want);
     return st;
 }
 
@@ -243,7 +271,7 @@ static ks_status ppl_setup(struct ppl_state *s, const struct ppl_opts *o, int32_
     s->lq = malloc((size_t)s->n_vocab * sizeof(double));
     if (!s->logits || !s->base_row || !s->lp || !s->lq)
         return ks_fail(KS_ERR_NOMEM, "out of memory for logits");
-    return cli_engine_start(&s->e, &cfg, o->n_threads, o->n_ctx);
+    return cli_engine_start(&s->e, &cfg, o->n_threads, o->n_batch);
 }
 
 static void print_result(const struct ppl_state *s, const struct ppl_opts *o, double ppl, double kmean, double kp99,
@@ -310,7 +338,7 @@ int cli_perplexity(int argc, char **argv)
         st = ks_fail(KS_ERR_NOMEM, "out of memory");
     int32_t bos = st ? -1 : tok_special(s.tok)->bos;
     for (int64_t c = 0; !st && c < n_chunks; c++)
-        st = score_chunk(&s, ids + c * o.n_ctx, o.n_ctx, bos);
+        st = score_chunk(&s, ids + c * o.n_ctx, o.n_ctx, o.n_batch, bos);
     if (!st) {
         double ppl = exp(s.nll / (double)s.n_scored), kmean = 0.0, kp99 = 0.0, top1 = 1.0;
         if (s.base) {

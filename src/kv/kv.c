@@ -416,6 +416,37 @@ ks_status kv_seq_reserve_table(struct kv_seq *s, int32_t n_pages)
     return KS_OK;
 }
 
+/* Append add pages to seq, which grows to len tokens, at the types the
+ * policy plans for them (all or nothing). */
+static ks_status seq_add_pages(struct kv_cache *kv, int32_t seq, int32_t len, int32_t add)
+{
+    struct kv_seq *s = &kv->seqs[seq];
+    enum quant_type *types = malloc(2 * (size_t)add * sizeof *types);
+    if (!types)
+        return ks_fail(KS_ERR_NOMEM, "kv cache: out of host memory for a page plan");
+    int32_t first = s->n_pages;
+    struct kv_grow_plan plan = {.seq = seq, .new_len = len, .first_page = first, .n_pages = add,
+                                .tk = types, .tv = types + add};
+    for (int32_t i = 0; i < add; i++) {
+        plan.tk[i] = kv->cfg.type_k;
+        plan.tv[i] = kv->cfg.type_v;
+    }
+    /* the policy may requantize pages of this very sequence; s stays valid
+     * because it only touches pages, never page tables */
+    ks_status st = kv_policy_plan_grow(kv, &plan);
+    for (int32_t i = 0; i < add && !st; i++) {
+        int32_t id = -1;
+        if ((st = kv_page_new(kv, plan.tk[i], plan.tv[i], &id)))
+            seq_drop_pages(kv, s, first);
+        else {
+            assert(s->n_pages < s->cap_pages);
+            s->pages[s->n_pages++] = id;
+        }
+    }
+    free(types);
+    return st;
+}
+
 static ks_status seq_grow(struct kv_cache *kv, int32_t seq, int32_t n_tokens)
 {
     if (!seq_valid(kv, seq))
@@ -430,23 +461,8 @@ static ks_status seq_grow(struct kv_cache *kv, int32_t seq, int32_t n_tokens)
     ks_status st = kv_seq_reserve_table(s, need);
     if (st)
         return st;
-    if (add > 0) {
-        size_t bytes = (size_t)add * kv_page_bytes(&kv->cfg, kv->cfg.type_k, kv->cfg.type_v);
-        /* the policy may requantize pages of this very sequence; s stays valid
-         * because it only touches pages, never page tables */
-        if ((st = kv_policy_make_room(kv, bytes)))
-            return st;
-    }
-    int32_t first = s->n_pages;
-    for (int32_t i = 0; i < add; i++) {
-        int32_t id = -1;
-        if ((st = kv_page_new(kv, kv->cfg.type_k, kv->cfg.type_v, &id))) {
-            seq_drop_pages(kv, s, first);
-            return st;
-        }
-        assert(s->n_pages < s->cap_pages);
-        s->pages[s->n_pages++] = id;
-    }
+    if (add > 0 && (st = seq_add_pages(kv, seq, len, add)))
+        return st;
     s->len = len;
     assert(s->n_pages == need && (int64_t)s->n_pages * kv->cfg.page_tokens >= s->len);
     return KS_OK;

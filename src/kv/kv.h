@@ -12,7 +12,10 @@
  * Sequence protocol, used by model_forward():
  *   kv_seq_grow(seq, n)  make positions [len, len+n) writable and set len += n
  *                        (all or nothing; KS_ERR_KV_FULL when the budget and
- *                        the precision floor are exhausted)
+ *                        the precision floor are exhausted). Under the dynamic
+ *                        policy, new pages that lie outside the sinks and hot
+ *                        window at len + n get the precision the policy gives
+ *                        them at once, so their tokens are written once.
  *   kv_write(layer, seq, pos, k, v)  for every pos < len and every layer
  *   kv_seq_truncate(seq, len)        drop tokens at the end (chat edits)
  * A cache is not thread-safe: one caller (the scheduler thread) uses it; the
@@ -49,8 +52,8 @@ struct kv_config {
     bool scale_search;        /* quantized rows take quant's kv_from_float: each block's scale by least
                                  squared error, same block format (default on) */
     enum kv_policy policy;
-    int sink_tokens;          /* dynamic: first S tokens kept at start precision (32) */
-    int hot_tokens;           /* dynamic: most recent W tokens kept (512) */
+    int sink_tokens;          /* dynamic: first S tokens kept at start precision (32), unless the cache is full otherwise */
+    int hot_tokens;           /* dynamic: most recent W tokens kept (512), likewise */
     float high_watermark;     /* dynamic: start demoting above this usage ratio (0.90) */
     float low_watermark;      /* dynamic: stop demoting below this (0.80) */
     enum quant_type floor;    /* dynamic: lowest precision (Q4_0) */
@@ -352,7 +355,9 @@ ks_status kv_seq_usage(const struct kv_cache *kv, int32_t seq, struct kv_seq_usa
  * start precision, the rest at the floor, after demoting every demotable page
  * already in the cache).
  * When the floor cannot be used (head_dim not a multiple of its block) the dynamic figure
- * equals the start-precision one: the policy then keeps everything there. */
+ * equals the start-precision one: the policy then keeps everything there.
+ * Past the dynamic figure the policy lowers sinks and hot windows too, so a
+ * sequence can reach the floor's figure. */
 struct kv_fit {
     int64_t tokens[KV_N_TYPES]; /* by kv_type_index; -1 where the type is not allowed */
     int64_t dynamic;

@@ -160,6 +160,23 @@ ks_status kv_prefix_check(const struct kv_cache *kv);
  * bytes still exceeds the budget. */
 ks_status kv_policy_make_room(struct kv_cache *kv, size_t bytes);
 
+/* The pages a sequence is about to grow by: page first_page + i gets types
+ * tk[i] / tv[i] (the start precision on entry). */
+struct kv_grow_plan {
+    int32_t seq;
+    int32_t new_len;          /* the sequence's length after the growth */
+    int32_t first_page, n_pages;
+    enum quant_type *tk, *tv; /* (n_pages) */
+};
+/* kv_policy_make_room() for the plan's pages. The dynamic policy treats the
+ * planned pages that lie outside the sinks and hot window at new_len as its
+ * newest candidates and lowers their types in the plan, so they are created
+ * at the precision it would give them; pages of seq that leave the hot window
+ * with this growth are candidates too. */
+ks_status kv_policy_plan_grow(struct kv_cache *kv, struct kv_grow_plan *plan);
+/* Page `page` of a sequence of len tokens lies in its sinks or hot window. */
+bool kv_policy_page_protected(const struct kv_config *c, int32_t page, int32_t len);
+
 /* Convert the halves of n pages (ids) to tk / tv (KV_TYPE_KEEP: unchanged),
  * all or nothing: new storage for every page is allocated before any page
  * changes. The caller has checked types and the budget. */
