@@ -359,7 +359,7 @@ struct affine_trial {
     double err;
 };
 
-/* Sums over the block a fit needs: x, x^2 (fixed), and per trial the levels'. */
+/* The block's sums of x and x^2: the same for every trial. */
 struct affine_sums {
     double x, xx;
 };
