@@ -58,7 +58,7 @@ int main(int argc, char **argv)
         return 1;
     for (size_t i = 0; i < (size_t)1024 * (size_t)head_dim; i++)
         x[i] = next_value();
-    const enum quant_type types[] = {QUANT_Q8_0, QUANT_Q4_0};
+    const enum quant_type types[] = {QUANT_Q8_0, QUANT_Q5_1, QUANT_Q5_0, QUANT_Q4_1, QUANT_IQ4_NL, QUANT_Q4_0};
     printf("head_dim %d, %d rows, single thread\n", head_dim, rows);
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
         const struct quant_traits *tr = quant_traits(types[i]);
@@ -66,7 +66,7 @@ int main(int argc, char **argv)
         double plain = ns_per_row(tr->from_float, x, y, head_dim, rows, rb);
         double search = ns_per_row(tr->kv_from_float, x, y, head_dim, rows, rb);
         double per_token_us = (search - plain) * 2.0 * BENCH_LAYERS * BENCH_KV_HEADS / 1e3;
-        printf("%-5s plain %7.1f ns/row  search %7.1f ns/row  (+%.0f us per token at %d layers x %d KV heads)\n",
+        printf("%-6s plain %7.1f ns/row  search %7.1f ns/row  (+%.0f us per token at %d layers x %d KV heads)\n",
                tr->name, plain, search, per_token_us, BENCH_LAYERS, BENCH_KV_HEADS);
     }
     free(x);

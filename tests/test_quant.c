@@ -121,12 +121,20 @@ static void test_kv_scale_search_never_worse(void **state)
         if (!(search_sum < 0.97 * plain_sum))
             fail_msg("%s: search error %g is not below 0.97 x plain %g", tr->name, search_sum, plain_sum);
     }
-    assert_true(n_types >= 2); /* q8_0 and q4_0 at least */
+    assert_true(n_types >= 6); /* q8_0, q5_1, q5_0, q4_1, iq4_nl and q4_0 */
     check_kv_search_extremes();
     float zero[QK8_0] = {0};
     block_q8_0 z;
     quant_traits(QUANT_Q8_0)->kv_from_float(zero, &z, QK8_0);
     assert_int_equal(z.d, 0);
+    /* a constant block: the affine search has no range to fit and keeps d = 0, m = the value */
+    float flat[QK4_1];
+    for (int j = 0; j < QK4_1; j++)
+        flat[j] = 0.375f;
+    block_q4_1 f;
+    quant_traits(QUANT_Q4_1)->kv_from_float(flat, &f, QK4_1);
+    assert_int_equal(f.d, 0);
+    assert_float_equal(quant_f16_to_f32(f.m), 0.375f, 0.0f);
 }
 
 /* ---- conversions ----------------------------------------------------------- */

@@ -22,6 +22,10 @@ void quant_kv_fill(struct quant_traits *t);
 /* ---- kernels, exposed so tests can compare every variant ----------------- */
 void quant_q4_0_from_float_ref(const float *x, void *y, int64_t n);
 void quant_q8_0_from_float_ref(const float *x, void *y, int64_t n);
+void quant_q4_1_from_float_ref(const float *x, void *y, int64_t n);
+void quant_q5_0_from_float_ref(const float *x, void *y, int64_t n);
+void quant_q5_1_from_float_ref(const float *x, void *y, int64_t n);
+void quant_iq4_nl_from_float_ref(const float *x, void *y, int64_t n);
 void quant_vec_dot_iq4_nl_q8_0_ref(int n, float *s, const void *x, const void *y);
 
 #define QUANT_DECLARE_DOTS(isa)                                                       \

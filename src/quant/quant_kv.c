@@ -15,8 +15,7 @@
 #include "quant/quant_internal.h"
 
 enum {
-    SEARCH_STEPS = 3,    /* trial targets anchor * (1 + s / SEARCH_DIVISOR), |s| <= SEARCH_STEPS */
-    SEARCH_DIVISOR = 64, /* about 0.1 level apart at q4_0's -8, as make_qx_quants steps */
+    SEARCH_DIVISOR = 64, /* trial targets anchor * (1 + s / SEARCH_DIVISOR), |s| <= the grid's steps */
     REFITS = 1,          /* rounds at the winner's refitted scale */
     MAX_BLOCK = 32,
     LANES = 8,           /* divides every block size */
@@ -26,6 +25,8 @@ enum {
  * scale. */
 struct kv_grid {
     int lo, hi;
+    const float *cuts;   /* NULL: levels lo..hi; else the 15 midpoints between iq4_nl's levels */
+    int steps;           /* trial targets per side of each anchor: about 0.1 level apart at 4 bits */
     int n_anchors;
     int anchors[2];      /* levels the largest value is aimed at */
     size_t block_bytes;
@@ -65,10 +66,86 @@ static void q8_0_decode(const void *vb, int8_t *level, float *d)
     memcpy(level, b->qs, QK8_0);
 }
 
-/* q4_0 is asymmetric (-8..7): the largest value may sit on either end.
- * q8_0 stays symmetric (-127..127) as the reference keeps it. */
-static const struct kv_grid g_q4_0 = {-8, 7, 2, {-8, 7}, sizeof(block_q4_0), q4_0_encode, q4_0_decode};
-static const struct kv_grid g_q8_0 = {-127, 127, 1, {127, 0}, sizeof(block_q8_0), q8_0_encode, q8_0_decode};
+/* The 5th bits: bit j of qh belongs to element j, as in q5_0_to_float. */
+static void q5_encode_bits(const uint8_t *u, uint8_t *qs, uint8_t *qh_bytes)
+{
+    uint32_t qh = 0;
+    for (int j = 0; j < 16; j++) {
+        qs[j] = (uint8_t)((u[j] & 0x0f) | (u[j + 16] & 0x0f) << 4);
+        qh |= (uint32_t)(u[j] >> 4) << j | (uint32_t)(u[j + 16] >> 4) << (j + 16);
+    }
+    memcpy(qh_bytes, &qh, sizeof qh);
+}
+
+static void q5_decode_bits(const uint8_t *qs, const uint8_t *qh_bytes, uint8_t *u)
+{
+    uint32_t qh;
+    memcpy(&qh, qh_bytes, sizeof qh);
+    for (int j = 0; j < 16; j++) {
+        u[j] = (uint8_t)((qs[j] & 0x0f) | ((qh >> j) & 1) << 4);
+        u[j + 16] = (uint8_t)((qs[j] >> 4) | ((qh >> (j + 16)) & 1) << 4);
+    }
+}
+
+static void q5_0_encode(const int8_t *level, quant_f16 d, void *vb)
+{
+    block_q5_0 *b = vb;
+    uint8_t u[QK5_0];
+    for (int j = 0; j < QK5_0; j++)
+        u[j] = (uint8_t)(level[j] + 16);
+    b->d = d;
+    q5_encode_bits(u, b->qs, b->qh);
+}
+
+static void q5_0_decode(const void *vb, int8_t *level, float *d)
+{
+    const block_q5_0 *b = vb;
+    uint8_t u[QK5_0];
+    q5_decode_bits(b->qs, b->qh, u);
+    *d = quant_f16_to_f32(b->d);
+    for (int j = 0; j < QK5_0; j++)
+        level[j] = (int8_t)(u[j] - 16);
+}
+
+static const float g_iq4nl_cuts[15] = {-115.5f, -93.5f, -74.0f, -57.0f, -42.0f, -28.5f, -16.0f, -4.5f,
+                                       7.0f,    19.0f,  31.5f,  45.5f,  61.0f,  79.0f,  101.0f};
+
+/* Index of the iq4_nl level nearest v: how many midpoints lie at or below it. */
+static int iq4nl_index(float v)
+{
+    int i = 0;
+    for (int k = 0; k < 15; k++)
+        i += v >= g_iq4nl_cuts[k];
+    return i;
+}
+
+static void iq4_nl_encode(const int8_t *level, quant_f16 d, void *vb)
+{
+    block_iq4_nl *b = vb;
+    b->d = d;
+    for (int j = 0; j < QK4_NL / 2; j++)
+        b->qs[j] = (uint8_t)(iq4nl_index(level[j]) | iq4nl_index(level[j + QK4_NL / 2]) << 4);
+}
+
+static void iq4_nl_decode(const void *vb, int8_t *level, float *d)
+{
+    const block_iq4_nl *b = vb;
+    *d = quant_f16_to_f32(b->d);
+    for (int j = 0; j < QK4_NL / 2; j++) {
+        level[j] = quant_iq4nl_values[b->qs[j] & 0x0f];
+        level[j + QK4_NL / 2] = quant_iq4nl_values[b->qs[j] >> 4];
+    }
+}
+
+/* q4_0 and q5_0 are asymmetric (-8..7, -16..15): the largest value may sit
+ * on either end. q8_0 stays symmetric (-127..127) as the reference keeps it.
+ * iq4_nl's levels run -127..113 unevenly; it gets twice the trials, since
+ * llama.cpp's reference already tries 15 scales. */
+static const struct kv_grid g_q4_0 = {-8, 7, NULL, 3, 2, {-8, 7}, sizeof(block_q4_0), q4_0_encode, q4_0_decode};
+static const struct kv_grid g_q5_0 = {-16, 15, NULL, 3, 2, {-16, 15}, sizeof(block_q5_0), q5_0_encode, q5_0_decode};
+static const struct kv_grid g_q8_0 = {-127, 127, NULL, 3, 1, {127, 0}, sizeof(block_q8_0), q8_0_encode, q8_0_decode};
+static const struct kv_grid g_iq4_nl = {-127, 113, g_iq4nl_cuts, 6, 2, {-127, 113}, sizeof(block_iq4_nl),
+                                        iq4_nl_encode, iq4_nl_decode};
 
 static float signed_absmax(const float *x, int n)
 {
@@ -79,12 +156,19 @@ static float signed_absmax(const float *x, int n)
     return m;
 }
 
+/* The grid's level nearest v (v in units of the scale). */
+static inline float snap(const struct kv_grid *g, float v)
+{
+    if (g->cuts)
+        return (float)quant_iq4nl_values[iq4nl_index(v)];
+    float l = nearbyintf(v), lo = (float)g->lo, hi = (float)g->hi;
+    return l < lo ? lo : l > hi ? hi : l; /* not fminf: a libm call that keeps NaN rules */
+}
+
 static void round_levels(const float *x, int n, float inv_d, const struct kv_grid *g, int8_t *level)
 {
-    for (int j = 0; j < n; j++) {
-        float l = nearbyintf(x[j] * inv_d);
-        level[j] = (int8_t)(l < (float)g->lo ? g->lo : l > (float)g->hi ? g->hi : l);
-    }
+    for (int j = 0; j < n; j++)
+        level[j] = (int8_t)snap(g, x[j] * inv_d);
 }
 
 static float block_error(const float *x, int n, const int8_t *level, float d)
@@ -111,11 +195,10 @@ static struct trial try_scale(const float *x, int n, float d, double xx, const s
     if (d == 0.0f || !isfinite(d))
         return t;
     /* LANES partial sums: one running sum would wait on each add */
-    float inv = 1.0f / d, lo = (float)g->lo, hi = (float)g->hi, xls[LANES] = {0}, lls[LANES] = {0};
+    float inv = 1.0f / d, xls[LANES] = {0}, lls[LANES] = {0};
     for (int j = 0; j < n; j += LANES)
         for (int i = 0; i < LANES; i++) {
-            float l = nearbyintf(x[j + i] * inv);
-            l = l < lo ? lo : l > hi ? hi : l; /* not fminf: a libm call that keeps NaN rules */
+            float l = snap(g, x[j + i] * inv);
             xls[i] += x[j + i] * l;
             lls[i] += l * l;
         }
@@ -147,7 +230,7 @@ static void search_block(const float *x, int n, const struct kv_grid *g, quant_f
         xx += (double)x[j] * x[j];
     struct trial best = {0, INFINITY};
     for (int a = 0; a < g->n_anchors; a++)
-        for (int s = -SEARCH_STEPS; s <= SEARCH_STEPS; s++) {
+        for (int s = -g->steps; s <= g->steps; s++) {
             float target = (float)g->anchors[a] * (1.0f + (float)s / SEARCH_DIVISOR);
             struct trial t = try_scale(x, n, m / target, xx, g);
             if (t.err < best.err)
@@ -186,8 +269,189 @@ static void q8_0_kv_from_float(const float *x, void *y, int64_t n)
     search_row(x, y, n, &g_q8_0, QK8_0, quant_q8_0_from_float_ref);
 }
 
+static void q5_0_kv_from_float(const float *x, void *y, int64_t n)
+{
+    search_row(x, y, n, &g_q5_0, QK5_0, quant_q5_0_from_float_ref);
+}
+
+static void iq4_nl_kv_from_float(const float *x, void *y, int64_t n)
+{
+    search_row(x, y, n, &g_iq4_nl, QK4_NL, quant_iq4_nl_from_float_ref);
+}
+
+/* ---- q4_1 and q5_1: x = d * level + m, levels 0..nmax -------------------
+ * As k-quants' make_qkx quantizers: trial scales map the block's range
+ * [min, max] onto nmax +- AFFINE_SPREAD levels; for each, the levels are
+ * rounded from min and both d and m refitted by least squares. */
+
+enum {
+    AFFINE_STEPS = 8,   /* trials per side: nmax + s / AFFINE_DIVISOR levels over the range */
+    AFFINE_DIVISOR = 8, /* spread +-1 level, as make_qkx2_quants' rmin -1, rdelta 0.1 */
+};
+
+struct kv_affine_grid {
+    int nmax;
+    size_t block_bytes;
+    void (*encode)(const uint8_t *level, quant_f16 d, quant_f16 m, void *block);
+    void (*decode)(const void *block, uint8_t *level, float *d, float *m);
+};
+
+static void q4_1_encode(const uint8_t *level, quant_f16 d, quant_f16 m, void *vb)
+{
+    block_q4_1 *b = vb;
+    b->d = d;
+    b->m = m;
+    for (int j = 0; j < QK4_1 / 2; j++)
+        b->qs[j] = (uint8_t)(level[j] | level[j + QK4_1 / 2] << 4);
+}
+
+static void q4_1_decode(const void *vb, uint8_t *level, float *d, float *m)
+{
+    const block_q4_1 *b = vb;
+    *d = quant_f16_to_f32(b->d);
+    *m = quant_f16_to_f32(b->m);
+    for (int j = 0; j < QK4_1 / 2; j++) {
+        level[j] = b->qs[j] & 0x0f;
+        level[j + QK4_1 / 2] = b->qs[j] >> 4;
+    }
+}
+
+static void q5_1_encode(const uint8_t *level, quant_f16 d, quant_f16 m, void *vb)
+{
+    block_q5_1 *b = vb;
+    b->d = d;
+    b->m = m;
+    q5_encode_bits(level, b->qs, b->qh);
+}
+
+static void q5_1_decode(const void *vb, uint8_t *level, float *d, float *m)
+{
+    const block_q5_1 *b = vb;
+    *d = quant_f16_to_f32(b->d);
+    *m = quant_f16_to_f32(b->m);
+    q5_decode_bits(b->qs, b->qh, level);
+}
+
+static const struct kv_affine_grid g_q4_1 = {15, sizeof(block_q4_1), q4_1_encode, q4_1_decode};
+static const struct kv_affine_grid g_q5_1 = {31, sizeof(block_q5_1), q5_1_encode, q5_1_decode};
+
+static void round_affine(const float *x, int n, float d, float m, int nmax, uint8_t *level)
+{
+    float inv = 1.0f / d;
+    for (int j = 0; j < n; j++) {
+        float l = nearbyintf((x[j] - m) * inv);
+        level[j] = (uint8_t)(l < 0.0f ? 0.0f : l > (float)nmax ? (float)nmax : l);
+    }
+}
+
+static float affine_error(const float *x, int n, const uint8_t *level, float d, float m)
+{
+    float e = 0.0f;
+    for (int j = 0; j < n; j++) {
+        float r = x[j] - (d * (float)level[j] + m);
+        e += r * r;
+    }
+    return e;
+}
+
+struct affine_trial {
+    quant_f16 d, m;
+    double err;
+};
+
+/* The block's sums of x and x^2: the same for every trial. */
+struct affine_sums {
+    double x, xx;
+};
+
+/* Levels rounded at inverse scale inv from lo; d and m solved from the 2x2
+ * normal equations, rounded to f16, and the error they leave. */
+static struct affine_trial try_affine(const float *x, int n, float lo, float inv, int nmax, struct affine_sums s)
+{
+    struct affine_trial t = {0, 0, INFINITY};
+    float top = (float)nmax, xls[LANES] = {0}, lls[LANES] = {0}, ls[LANES] = {0};
+    for (int j = 0; j < n; j += LANES)
+        for (int i = 0; i < LANES; i++) {
+            float l = nearbyintf((x[j + i] - lo) * inv);
+            l = l < 0.0f ? 0.0f : l > top ? top : l;
+            xls[i] += x[j + i] * l;
+            lls[i] += l * l;
+            ls[i] += l;
+        }
+    double xl = 0.0, ll = 0.0, l1 = 0.0;
+    for (int i = 0; i < LANES; i++) {
+        xl += xls[i];
+        ll += lls[i];
+        l1 += ls[i];
+    }
+    double det = n * ll - l1 * l1;
+    if (!(det > 0.0))
+        return t;
+    t.d = quant_f32_to_f16((float)((n * xl - l1 * s.x) / det));
+    t.m = quant_f32_to_f16((float)((ll * s.x - l1 * xl) / det));
+    double d = quant_f16_to_f32(t.d), m = quant_f16_to_f32(t.m);
+    t.err = s.xx + d * d * ll + n * m * m - 2.0 * d * xl - 2.0 * m * s.x + 2.0 * d * m * l1;
+    return t;
+}
+
+static void search_affine_block(const float *x, int n, const struct kv_affine_grid *g, quant_from_float_fn plain,
+                                void *block)
+{
+    plain(x, block, n);
+    uint8_t level[MAX_BLOCK];
+    float d, m;
+    g->decode(block, level, &d, &m);
+    float plain_err = affine_error(x, n, level, d, m);
+    float lo = x[0], hi = x[0];
+    struct affine_sums s = {0.0, 0.0};
+    for (int j = 0; j < n; j++) {
+        lo = x[j] < lo ? x[j] : lo;
+        hi = x[j] > hi ? x[j] : hi;
+        s.x += x[j];
+        s.xx += (double)x[j] * x[j];
+    }
+    if (!(hi > lo) || !isfinite(plain_err) || !isfinite(hi - lo))
+        return;
+    struct affine_trial best = {0, 0, INFINITY};
+    for (int k = -AFFINE_STEPS; k <= AFFINE_STEPS; k++) {
+        float inv = ((float)g->nmax + (float)k / AFFINE_DIVISOR) / (hi - lo);
+        struct affine_trial t = try_affine(x, n, lo, inv, g->nmax, s);
+        if (t.err < best.err)
+            best = t;
+    }
+    /* the sums' error is in double; the rounded winner is checked exactly */
+    float dh = quant_f16_to_f32(best.d), mh = quant_f16_to_f32(best.m);
+    if (!isfinite(best.err) || dh <= 0.0f || !isfinite(dh) || !isfinite(mh))
+        return;
+    round_affine(x, n, dh, mh, g->nmax, level);
+    if (affine_error(x, n, level, dh, mh) < plain_err)
+        g->encode(level, best.d, best.m, block);
+}
+
+static void search_affine_row(const float *x, void *vy, int64_t n, const struct kv_affine_grid *g,
+                              quant_from_float_fn plain)
+{
+    uint8_t *y = vy;
+    for (int64_t i = 0; i < n / MAX_BLOCK; i++)
+        search_affine_block(x + i * MAX_BLOCK, MAX_BLOCK, g, plain, y + i * g->block_bytes);
+}
+
+static void q4_1_kv_from_float(const float *x, void *y, int64_t n)
+{
+    search_affine_row(x, y, n, &g_q4_1, quant_q4_1_from_float_ref);
+}
+
+static void q5_1_kv_from_float(const float *x, void *y, int64_t n)
+{
+    search_affine_row(x, y, n, &g_q5_1, quant_q5_1_from_float_ref);
+}
+
 void quant_kv_fill(struct quant_traits *t)
 {
     t[QUANT_Q4_0].kv_from_float = q4_0_kv_from_float;
+    t[QUANT_Q4_1].kv_from_float = q4_1_kv_from_float;
+    t[QUANT_Q5_1].kv_from_float = q5_1_kv_from_float;
+    t[QUANT_Q5_0].kv_from_float = q5_0_kv_from_float;
     t[QUANT_Q8_0].kv_from_float = q8_0_kv_from_float;
+    t[QUANT_IQ4_NL].kv_from_float = iq4_nl_kv_from_float;
 }

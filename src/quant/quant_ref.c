@@ -115,7 +115,7 @@ void quant_q4_0_from_float_ref(const float *x, void *vy, int64_t n)
     }
 }
 
-static void q4_1_from_float(const float *x, void *vy, int64_t n)
+void quant_q4_1_from_float_ref(const float *x, void *vy, int64_t n)
 {
     block_q4_1 *y = vy;
     for (int64_t i = 0; i < n / QK4_1; i++, x += QK4_1) {
@@ -133,7 +133,7 @@ static void q4_1_from_float(const float *x, void *vy, int64_t n)
     }
 }
 
-static void q5_0_from_float(const float *x, void *vy, int64_t n)
+void quant_q5_0_from_float_ref(const float *x, void *vy, int64_t n)
 {
     block_q5_0 *y = vy;
     for (int64_t i = 0; i < n / QK5_0; i++, x += QK5_0) {
@@ -152,7 +152,7 @@ static void q5_0_from_float(const float *x, void *vy, int64_t n)
     }
 }
 
-static void q5_1_from_float(const float *x, void *vy, int64_t n)
+void quant_q5_1_from_float_ref(const float *x, void *vy, int64_t n)
 {
     block_q5_1 *y = vy;
     for (int64_t i = 0; i < n / QK5_1; i++, x += QK5_1) {
@@ -235,7 +235,7 @@ static float iq4nl_block_scale(const float *x)
     return d;
 }
 
-static void iq4_nl_from_float(const float *x, void *vy, int64_t n)
+void quant_iq4_nl_from_float_ref(const float *x, void *vy, int64_t n)
 {
     block_iq4_nl *y = vy;
     for (int64_t i = 0; i < n / QK4_NL; i++, x += QK4_NL) {
@@ -485,10 +485,10 @@ void quant_ref_fill(struct quant_traits *t)
     set(&t[QUANT_F16], f16_to_float, f16_from_float, quant_vec_dot_f16_ref);
     set(&t[QUANT_BF16], bf16_to_float, bf16_from_float, quant_vec_dot_bf16_ref);
     set(&t[QUANT_Q4_0], q4_0_to_float, quant_q4_0_from_float_ref, quant_vec_dot_q4_0_q8_0_ref);
-    set(&t[QUANT_Q4_1], q4_1_to_float, q4_1_from_float, quant_vec_dot_q4_1_q8_1_ref);
-    set(&t[QUANT_Q5_0], q5_0_to_float, q5_0_from_float, quant_vec_dot_q5_0_q8_0_ref);
-    set(&t[QUANT_Q5_1], q5_1_to_float, q5_1_from_float, quant_vec_dot_q5_1_q8_1_ref);
+    set(&t[QUANT_Q4_1], q4_1_to_float, quant_q4_1_from_float_ref, quant_vec_dot_q4_1_q8_1_ref);
+    set(&t[QUANT_Q5_0], q5_0_to_float, quant_q5_0_from_float_ref, quant_vec_dot_q5_0_q8_0_ref);
+    set(&t[QUANT_Q5_1], q5_1_to_float, quant_q5_1_from_float_ref, quant_vec_dot_q5_1_q8_1_ref);
     set(&t[QUANT_Q8_0], q8_0_to_float, quant_q8_0_from_float_ref, quant_vec_dot_q8_0_q8_0_ref);
     set(&t[QUANT_Q8_1], q8_1_to_float, q8_1_from_float, NULL);
-    set(&t[QUANT_IQ4_NL], iq4_nl_to_float, iq4_nl_from_float, quant_vec_dot_iq4_nl_q8_0_ref);
+    set(&t[QUANT_IQ4_NL], iq4_nl_to_float, quant_iq4_nl_from_float_ref, quant_vec_dot_iq4_nl_q8_0_ref);
 }
