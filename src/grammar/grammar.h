@@ -169,6 +169,15 @@ struct grammar_mask_cache_stats {
 };
 void grammar_vocab_mask_cache_stats(const struct grammar_vocab *v, struct grammar_mask_cache_stats *out);
 
+/* A stack set that every plain string character (valid UTF-8, no '"', no
+ * '\\', no control byte, no DEL) leads back to itself, such as the inside of
+ * a JSON string, allows the vocabulary's plain tokens (found once, at
+ * create) at its own completion distance: its walk marks them at once and
+ * visits only the subtrees of the trie that hold other tokens. The masks are
+ * the same either way; set_plain_skip(v, false) turns the shortcut off (for
+ * tests and benchmarks to compare against). Call it while no state uses v. */
+void grammar_vocab_set_plain_skip(struct grammar_vocab *v, bool on);
+
 /* ---- state ---------------------------------------------------------------- */
 
 /* A state at the start of g's text (takes a reference on g; v is borrowed and
