@@ -44,7 +44,10 @@
  * few tokens whose completion distance differs from the set's, kept with
  * it). The vocabulary shares those bitsets
  * between states (grammar_vocab_set_mask_cache), so a set another request
- * has already walked is a copy, not a walk.
+ * has already walked is a copy, not a walk. A set that loops on every plain
+ * string character (the inside of a JSON string, where nearly every token is
+ * allowed) walks only the tokens that are not plain string content
+ * (grammar_vocab_set_plain_skip).
  *
  * Threads: a compiled grammar and a vocabulary are immutable (but for the
  * vocabulary's mask cache, behind its lock) and may be shared by any number
