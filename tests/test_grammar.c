@@ -483,18 +483,18 @@ static void test_mask_llama_spm(void **state)
 }
 
 /* Walk one state over the shared-cache vocabulary and one over a copy
- * without the cache, on the same draws: their masks must be equal. Returns
- * the shared state's walks and shared hits. */
-static void walk_twins(struct vocab *shared, struct vocab *plain, const char *gbnf, int32_t steps, uint64_t seed,
-                       uint64_t *walks, uint64_t *hits)
+ * without the cache, on the same draws and budget (-1: none): their masks
+ * must be equal. Returns the shared state's walks and shared hits. */
+static void walk_twins(struct vocab *shared, struct vocab *plain, const char *gbnf, int32_t budget, int32_t steps,
+                       uint64_t seed, uint64_t *walks, uint64_t *hits)
 {
     struct grammar *g1 = compile(gbnf), *g2 = compile(gbnf); /* two compilations, as two requests make */
     int32_t n = tok_n_vocab(shared->tok);
     float *l1 = calloc((size_t)n, sizeof *l1), *l2 = calloc((size_t)n, sizeof *l2);
     struct grammar_state *a, *b;
-    assert_int_equal(grammar_state_create(g1, shared->gv, -1, &a), KS_OK);
-    assert_int_equal(grammar_state_create(g2, plain->gv, -1, &b), KS_OK);
-    for (int32_t step = 0; step < steps; step++) {
+    assert_int_equal(grammar_state_create(g1, shared->gv, budget, &a), KS_OK);
+    assert_int_equal(grammar_state_create(g2, plain->gv, budget, &b), KS_OK);
+    for (int32_t step = 0; step < steps && (budget < 0 || step < budget); step++) {
         memset(l1, 0, (size_t)n * sizeof *l1);
         memset(l2, 0, (size_t)n * sizeof *l2);
         assert_int_equal(grammar_mask(a, l1, n), KS_OK);
@@ -534,16 +534,16 @@ static void test_shared_mask_cache(void **state)
     assert_true(vocab_open("ggml-vocab-qwen3.gguf", &plain));
     grammar_vocab_set_mask_cache(plain.gv, 0);
     uint64_t walks, hits, walks2, hits2;
-    walk_twins(&shared, &plain, grammar_json_object_gbnf(), 12 * SWEEP, 3, &walks, &hits);
+    walk_twins(&shared, &plain, grammar_json_object_gbnf(), -1, 12 * SWEEP, 3, &walks, &hits);
     assert_true(walks > 0);
     assert_int_equal(hits, 0);
     /* the same draws: every set was walked by the first (only a character cut
      * inside a token, never cached, walks again) */
-    walk_twins(&shared, &plain, grammar_json_object_gbnf(), 12 * SWEEP, 3, &walks2, &hits2);
+    walk_twins(&shared, &plain, grammar_json_object_gbnf(), -1, 12 * SWEEP, 3, &walks2, &hits2);
     assert_true(hits2 > 0);
     assert_true(walks2 < walks);
     assert_int_equal(walks2 + hits2, walks);
-    walk_twins(&shared, &plain, "root ::= \"{\" [a-z ]* \"}\"", 12 * SWEEP, 3, &walks, &hits);
+    walk_twins(&shared, &plain, "root ::= \"{\" [a-z ]* \"}\"", -1, 12 * SWEEP, 3, &walks, &hits);
     assert_int_equal(hits, 0);
     struct grammar_mask_cache_stats cs;
     grammar_vocab_mask_cache_stats(shared.gv, &cs);
@@ -552,6 +552,59 @@ static void test_shared_mask_cache(void **state)
     assert_int_equal(cs.masks, 0);
     vocab_close(&shared);
     vocab_close(&plain);
+}
+
+/* The plain-string shortcut (a set that loops on every plain character
+ * marks the plain tokens at once) gives the masks of the full walk, token by
+ * token: inside strings, keys, numbers and escapes, with and without budgets,
+ * and for classes that take only some plain characters (no shortcut). */
+static bool plain_skip_vocab(const char *name)
+{
+    struct vocab fast, slow;
+    if (!vocab_open(name, &fast))
+        return false;
+    assert_true(vocab_open(name, &slow));
+    grammar_vocab_set_mask_cache(fast.gv, 0); /* every mask walked, none copied */
+    grammar_vocab_set_mask_cache(slow.gv, 0);
+    grammar_vocab_set_plain_skip(slow.gv, false);
+    const char *schema = "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},\"n\":{\"type\":"
+                         "\"number\"},\"tags\":{\"type\":\"array\",\"items\":{\"type\":\"string\"}}},"
+                         "\"required\":[\"name\",\"n\",\"tags\"]}";
+    char *schema_gbnf = NULL;
+    assert_int_equal(grammar_from_json_schema(schema, strlen(schema), &schema_gbnf), KS_OK);
+    struct grammar *g = compile(schema_gbnf);
+    int32_t min = grammar_min_bytes(g);
+    grammar_free(g);
+    const char *gbnfs[] = {grammar_json_object_gbnf(), schema_gbnf,
+                           "root ::= \"\\\"\" [^\"]* \"\\\"\"",     /* backslash too: a loop with other escapes */
+                           "root ::= \"\\\"\" [^\"\\\\\\x7F\\x00-\\x1F]{0,6} \"\\\"\"", /* bounded: no loop */
+                           "root ::= \"<\" [a-z ]* \">\""};                /* some plain characters only */
+    const int32_t budgets[] = {-1, min + 2, min + 9, 40};
+    uint64_t walks, hits;
+    for (size_t k = 0; k < sizeof gbnfs / sizeof *gbnfs; k++)
+        for (size_t b = 0; b < sizeof budgets / sizeof *budgets; b++)
+            for (uint64_t seed = 0; seed < (SWEEP > 1 ? 2u : 1u); seed++) {
+                walk_twins(&fast, &slow, gbnfs[k], budgets[b], 24, seed * 31 + k * 7 + b, &walks, &hits);
+                assert_true(walks > 0);
+            }
+    free(schema_gbnf);
+    vocab_close(&fast);
+    vocab_close(&slow);
+    return true;
+}
+
+static void test_plain_skip_qwen3(void **state)
+{
+    (void)state;
+    if (!plain_skip_vocab("ggml-vocab-qwen3.gguf"))
+        KS_SKIP("no ggml-vocab-qwen3.gguf under ../shared/models/vocab");
+}
+
+static void test_plain_skip_llama_spm(void **state)
+{
+    (void)state;
+    if (!plain_skip_vocab("ggml-vocab-llama-spm.gguf"))
+        KS_SKIP("no ggml-vocab-llama-spm.gguf under ../shared/models/vocab");
 }
 
 /* Special tokens are never drawn; EOG only once the text is complete. */
@@ -867,6 +920,7 @@ int main(void)
         cmocka_unit_test(test_mutations),          cmocka_unit_test(test_shared_mask_cache),
         cmocka_unit_test(test_token_terminals),    cmocka_unit_test(test_token_terminal_llama3),
         cmocka_unit_test(test_schema_rules_compose), cmocka_unit_test(test_lazy_triggers),
+        cmocka_unit_test(test_plain_skip_qwen3),   cmocka_unit_test(test_plain_skip_llama_spm),
     };
     return ks_run_tests(tests, NULL, NULL);
 }

@@ -44,7 +44,10 @@
  * few tokens whose completion distance differs from the set's, kept with
  * it). The vocabulary shares those bitsets
  * between states (grammar_vocab_set_mask_cache), so a set another request
- * has already walked is a copy, not a walk.
+ * has already walked is a copy, not a walk. A set that loops on every plain
+ * string character (the inside of a JSON string, where nearly every token is
+ * allowed) walks only the tokens that are not plain string content
+ * (grammar_vocab_set_plain_skip).
  *
  * Threads: a compiled grammar and a vocabulary are immutable (but for the
  * vocabulary's mask cache, behind its lock) and may be shared by any number
@@ -168,6 +171,15 @@ struct grammar_mask_cache_stats {
     size_t bytes, limit;
 };
 void grammar_vocab_mask_cache_stats(const struct grammar_vocab *v, struct grammar_mask_cache_stats *out);
+
+/* A stack set that every plain string character (valid UTF-8, no '"', no
+ * '\\', no control byte, no DEL) leads back to itself, such as the inside of
+ * a JSON string, allows the vocabulary's plain tokens (found once, at
+ * create) at its own completion distance: its walk marks them at once and
+ * visits only the subtrees of the trie that hold other tokens. The masks are
+ * the same either way; set_plain_skip(v, false) turns the shortcut off (for
+ * tests and benchmarks to compare against). Call it while no state uses v. */
+void grammar_vocab_set_plain_skip(struct grammar_vocab *v, bool on);
 
 /* ---- state ---------------------------------------------------------------- */
 

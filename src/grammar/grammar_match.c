@@ -126,6 +126,14 @@ struct grammar_vocab {
     int32_t *eog;         /* (n_eog) */
     int32_t n_eog;
     int32_t max_len;      /* longest piece in bytes (the trie's depth) */
+    /* Plain string content: whole valid UTF-8 of code points in PLAIN_RANGES
+     * (no quote, backslash or control). plain: the tokens; plain_sub[i]: every
+     * token under node i is plain. A set that loops on every plain code
+     * point allows them all at its own D without walking them. */
+    uint64_t *plain;      /* (n_vocab / 64 words) */
+    uint8_t *plain_sub;   /* (n_nodes) */
+    int32_t n_plain;
+    bool plain_skip;      /* grammar_vocab_set_plain_skip */
     struct mask_cache *masks; /* shared by the states over this vocabulary (mutable behind its lock) */
 };
 
@@ -279,6 +287,8 @@ void grammar_vocab_free(struct grammar_vocab *v)
     free(v->off);
     free(v->blob);
     free(v->eog);
+    free(v->plain);
+    free(v->plain_sub);
     mask_cache_free(v->masks);
     free(v);
 }
@@ -304,6 +314,65 @@ void grammar_vocab_mask_cache_stats(const struct grammar_vocab *v, struct gramma
         .limit = v->masks->limit,
     };
     pthread_mutex_unlock(&v->masks->mu);
+}
+
+void grammar_vocab_set_plain_skip(struct grammar_vocab *v, bool on)
+{
+    v->plain_skip = on;
+}
+
+/* The code points of JSON string content that need no escape (DEL too is
+ * left out, as json_object's char class does), as inclusive ranges. */
+static const uint32_t PLAIN_RANGES[][2] = {{0x20, 0x21}, {0x23, 0x5B}, {0x5D, 0x7E}, {0x80, 0xD7FF}, {0xE000, 0x10FFFF}};
+enum { N_PLAIN_RANGES = sizeof PLAIN_RANGES / sizeof PLAIN_RANGES[0] };
+
+static int utf8_feed(uint32_t *acc, int *rem, int *len, uint8_t b, uint32_t *cp);
+
+static bool is_plain_cp(uint32_t cp)
+{
+    for (int i = 0; i < N_PLAIN_RANGES; i++)
+        if (cp >= PLAIN_RANGES[i][0] && cp <= PLAIN_RANGES[i][1])
+            return true;
+    return false;
+}
+
+static bool is_plain_piece(const char *s, uint32_t n)
+{
+    uint32_t acc = 0, cp = 0;
+    int rem = 0, len = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        int r = utf8_feed(&acc, &rem, &len, (uint8_t)s[i], &cp);
+        if (r < 0 || (r == 1 && !is_plain_cp(cp)))
+            return false;
+    }
+    return rem == 0;
+}
+
+/* Mark the plain tokens and the subtrees holding only plain tokens (children
+ * come after their parent in depth-first order, so a backward pass sees
+ * every child first). */
+static bool mark_plain(struct grammar_vocab *v)
+{
+    v->plain = calloc(((size_t)v->n_vocab + 63) / 64, sizeof *v->plain);
+    v->plain_sub = malloc((size_t)v->n_nodes);
+    if (!v->plain || !v->plain_sub)
+        return false;
+    for (int32_t i = v->n_nodes - 1; i > 0; i--) {
+        bool all = true;
+        int32_t t = v->tok_head[i];
+        if (t >= 0 && !is_plain_piece(v->blob + v->off[t], v->off[t + 1] - v->off[t]))
+            all = false;
+        for (; t >= 0 && all; t = v->tok_next[t]) {
+            v->plain[t >> 6] |= 1ull << (t & 63);
+            v->n_plain++;
+        }
+        for (int32_t c = i + 1; c < v->end[i] && all; c = v->end[c])
+            all = v->plain_sub[c];
+        v->plain_sub[i] = all;
+    }
+    v->plain_sub[0] = 0;
+    v->plain_skip = true;
+    return true;
 }
 
 static int32_t lcp(const char *a, uint32_t la, const char *b, uint32_t lb)
@@ -411,6 +480,8 @@ ks_status grammar_vocab_create(int32_t n_vocab, grammar_piece_fn piece, void *us
     }
     while (top >= 0)
         v->end[path[top--]] = v->n_nodes;
+    if (!mark_plain(v))
+        goto oom;
     free(order);
     free(path);
     *out = v;
@@ -457,6 +528,7 @@ struct grammar_state {
     int32_t **sascii;         /* (128) transitions on ASCII, UNKNOWN until computed; NULL until first use */
     uint64_t **smask;         /* cached mask (bitset over the vocabulary), NULL none */
     int32_t *smaskD;          /* the largest D after any token the cached mask allows */
+    int8_t *sloop;            /* every plain character leads back to the set: 1 yes, 0 no, -1 unknown */
     int32_t *set_slots;       /* set interning: open addressing over shash, -1 empty */
     uint32_t set_cap;
     struct table trans;       /* (set << GRAMMAR_CP_BITS | cp) -> set, non-ASCII */
@@ -631,6 +703,7 @@ static bool sets_grow(struct grammar_state *st, int32_t need)
     GROW(sascii);
     GROW(smask);
     GROW(smaskD);
+    GROW(sloop);
     st->cap_sets = cap;
     return true;
 }
@@ -690,6 +763,7 @@ static int32_t set_intern(struct grammar_state *st)
     st->sascii[s] = NULL;
     st->smask[s] = NULL;
     st->smaskD[s] = 0;
+    st->sloop[s] = -1;
     st->set_slots[i] = s;
     return s;
 }
@@ -917,6 +991,7 @@ ks_status grammar_state_create(struct grammar *g, const struct grammar_vocab *v,
     st->sascii[0] = NULL;
     st->smask[0] = NULL;
     st->smaskD[0] = 0;
+    st->sloop[0] = 0;
     st->n_sets = 1;
     st->n_tmp = 0;
     st->expand_work = 0;
@@ -955,6 +1030,7 @@ void grammar_state_free(struct grammar_state *st)
     free(st->sascii);
     free(st->smask);
     free(st->smaskD);
+    free(st->sloop);
     free(st->set_slots);
     table_free(&st->trans);
     table_free(&st->cut_D);
@@ -1020,6 +1096,40 @@ static ks_status allow_token_terminals(struct grammar_state *st, int32_t budget,
     return KS_OK;
 }
 
+/* Does class c treat every plain code point alike: all in (1), all out (0),
+ * or mixed (-1)? */
+static int plain_uniform(const struct grammar *g, const struct gclass *c)
+{
+    struct gclass complement = *c;
+    complement.neg = !c->neg;
+    bool some_in = false, some_out = false;
+    for (int i = 0; i < N_PLAIN_RANGES; i++) {
+        some_in |= gclass_intersects(g, c, PLAIN_RANGES[i][0], PLAIN_RANGES[i][1]);
+        some_out |= c->token || gclass_intersects(g, &complement, PLAIN_RANGES[i][0], PLAIN_RANGES[i][1]);
+    }
+    return some_in && some_out ? -1 : some_in;
+}
+
+/* Is set a loop on plain characters (every one of them leads back to it)?
+ * When each stack's class takes all or none of them, every plain character
+ * steps to the same set, so one step decides. Memoized; -1 on error. */
+static int plain_loop(struct grammar_state *st, int32_t set)
+{
+    if (st->sloop[set] >= 0)
+        return st->sloop[set];
+    const struct grammar *g = st->g;
+    bool uniform = true;
+    for (int32_t i = st->soff[set]; i < st->soff[set + 1] && uniform; i++) {
+        int32_t m = st->members[i];
+        uniform = m == COMPLETE || plain_uniform(g, &g->classes[g->elems[st->npos[m]].arg]) >= 0;
+    }
+    int32_t next = uniform ? step(st, set, 'a') : DEAD;
+    if (next < 0)
+        return -1;
+    st->sloop[set] = (int8_t)(next == set);
+    return st->sloop[set];
+}
+
 /* Walk the trie from the current set and partial character; set the bit of
  * every token allowed with at most `budget` bytes left to complete after it
  * (GRAMMAR_INF: no budget). *maxD receives the largest such D. With list
@@ -1037,7 +1147,19 @@ static ks_status walk(struct grammar_state *st, int32_t budget, uint64_t *mask, 
     st->w_acc[0] = st->pacc;
     st->w_rem[0] = (int8_t)st->prem;
     st->w_len[0] = (int8_t)st->plen;
+    int loop = v->plain_skip && st->prem == 0 ? plain_loop(st, st->cur) : 0;
+    if (loop < 0)
+        return st->err;
+    if (loop && base < GRAMMAR_INF && base <= budget) {
+        for (size_t w = 0; w < words; w++)
+            mask[w] |= v->plain[w];
+        worst = v->n_plain ? base : 0; /* D of a plain token: the set's own, so off the list */
+    }
     for (int32_t i = 1; i < v->n_nodes;) {
+        if (loop && v->plain_sub[i]) {
+            i = v->end[i];
+            continue;
+        }
         int d = v->depth[i];
         int32_t set = st->w_set[d - 1];
         uint32_t acc = st->w_acc[d - 1], cp = 0;
