@@ -5,6 +5,7 @@
 #include "sched/sched_cost.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -29,7 +30,6 @@ struct req {
     sched_event_fn on_event;
     void *user;
     double t_submit, t_last;
-    bool cancelled;
     bool ignore_eog;
     bool skip_step;           /* this step's prefill chunk was dropped */
     bool needs_lookup;        /* admitted, the prefix cache not asked yet */
@@ -39,6 +39,11 @@ struct req {
     const char *error;
     struct req **forks;       /* the other choices of sched_submit_n, until they fork this one */
     int n_forks;
+    /* Written by sched_cancel's thread under mu, read by the scheduler's. Atomic
+     * and apart from the flags above: build_batch reads those off the lock
+     * during a step, and the compiler merges such reads of neighbouring bools
+     * into one wide load. */
+    _Atomic bool cancelled;
 };
 
 struct hook {
