@@ -24,6 +24,7 @@
 #include "httpc/httpc.h"
 #include "server/server.h"
 #include "support/deadline.h"
+#include "support/read_file.h"
 #include "support/skip.h"
 
 #define MAX_SEQ 8
@@ -196,27 +197,6 @@ static struct server *start_with(const char *jinja_src, const char *family)
     return srv;
 }
 
-static char *slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    if (fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        free(buf);
-        buf = NULL;
-    } else {
-        buf[n] = 0;
-        if (len)
-            *len = (size_t)n;
-    }
-    fclose(f);
-    return buf;
-}
-
 static int setup(void **state)
 {
     (void)state;
@@ -229,7 +209,7 @@ static int setup(void **state)
     M.eos = tok_special(F.tok)->eos;
     F.sched = mock_sched(tok_n_vocab(F.tok), M.eos);
     snprintf(path, sizeof path, "%s/templates/conversations.json", F.dir);
-    char *text = slurp(path, NULL);
+    char *text = ks_read_file(path, NULL);
     F.conversations = text ? cJSON_Parse(text) : NULL;
     free(text);
     return F.conversations ? 0 : -1;
@@ -307,9 +287,9 @@ static void test_corpus_prompts(void **state)
             continue;
         char path[8400];
         snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-        char *src = slurp(path, NULL);
+        char *src = ks_read_file(path, NULL);
         snprintf(path, sizeof path, "%s/rendered/%.*s.json", dir, (int)(nl - 6), e->d_name);
-        char *rtext = slurp(path, NULL);
+        char *rtext = ks_read_file(path, NULL);
         assert_non_null(src);
         assert_non_null(rtext);
         cJSON *rendered = cJSON_Parse(rtext);
@@ -543,7 +523,7 @@ static void check_tool_case(const struct tool_case *tc)
 {
     char path[4400];
     snprintf(path, sizeof path, "%s/templates/%s", F.dir, tc->tmpl);
-    char *src = slurp(path, NULL);
+    char *src = ks_read_file(path, NULL);
     assert_non_null(src);
     struct server *srv = start_with(src, NULL);
     set_script(tc->script);
