@@ -261,9 +261,9 @@ static void test_corrupt_and_foreign_entries(void **state)
     remove_dir();
 }
 
-static void test_full_map(void **state)
+/* Fill a 1 MiB map with ~3 MiB of pages, flushing every flush_every puts. */
+static struct store *fill_small_map(uint64_t flush_every)
 {
-    (void)state;
     fresh_dir();
     /* the limit says 64 MiB but the map holds 1 MiB: LMDB reports MAP_FULL */
     struct store_config c = config(64u << 20);
@@ -272,7 +272,7 @@ static void test_full_map(void **state)
     assert_int_equal(store_open(&c, &s), KS_OK);
     for (uint64_t i = 0; i < 200; i++) {
         put(s, i);
-        if (i % 10 == 9)
+        if (i % flush_every == flush_every - 1)
             store_flush(s);
     }
     store_flush(s);
@@ -282,12 +282,20 @@ static void test_full_map(void **state)
     assert_true(st.failures > 0);
     assert_true(st.evictions > 0);
     assert_true(get_ok(s, 199));
+    return s;
+}
+
+static void test_full_map(void **state)
+{
+    (void)state;
+    struct store *s = fill_small_map(10);
     /* a page larger than the whole map can never be written: the tier gives up */
     size_t big = 2u << 20;
     uint8_t *b = calloc(1, big);
     assert_int_equal(store_put(s, key_of(1000), key_of(0), 32, b, big), KS_OK);
     store_flush(s);
     free(b);
+    struct store_stats st;
     store_stats(s, &st);
     assert_true(st.disabled);
     assert_int_equal(store_put(s, key_of(1001), key_of(0), 32, "x", 1), KS_ERR_STATE);
@@ -295,6 +303,16 @@ static void test_full_map(void **state)
     void *blob = NULL;
     size_t len = 0;
     assert_int_equal(store_get(s, key_of(199), &blob, &len), KS_ERR_NOT_FOUND);
+    store_close(s);
+    remove_dir();
+}
+
+/* One batch of pages (~3 MiB queued before the writer catches up, at most)
+ * larger than the map is written in parts, not refused. */
+static void test_batch_larger_than_map(void **state)
+{
+    (void)state;
+    struct store *s = fill_small_map(200);
     store_close(s);
     remove_dir();
 }
@@ -395,6 +413,7 @@ int main(void)
         cmocka_unit_test(test_lru_eviction),
         cmocka_unit_test(test_corrupt_and_foreign_entries),
         cmocka_unit_test(test_full_map),
+        cmocka_unit_test(test_batch_larger_than_map),
         cmocka_unit_test(test_bad_directory),
         cmocka_unit_test(test_kill9_keeps_committed_entries),
     };

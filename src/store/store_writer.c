@@ -232,8 +232,29 @@ static int write_unlocked(struct store *s, const struct batch *b, bool with_item
     return rc;
 }
 
+/* Move the second half of b's items into rest, which carries nothing else. */
+static void split_batch(struct batch *b, struct batch *rest)
+{
+    memset(rest, 0, sizeof *rest);
+    uint32_t keep = b->n_items / 2;
+    uint64_t kept = 0;
+    struct store_item **cut = &b->items;
+    for (uint32_t i = 0; i < keep; i++, cut = &(*cut)->next)
+        kept += (*cut)->meta.bytes;
+    rest->items = *cut;
+    *cut = NULL;
+    rest->n_items = b->n_items - keep;
+    rest->need = b->need - kept;
+    b->n_items = keep;
+    b->need = kept;
+}
+
 /* Write a batch. After a full map or disk, commit evictions alone first (LMDB
- * reuses freed pages only after their transaction commits), then retry. */
+ * reuses freed pages only after their transaction commits), then retry. A
+ * batch that still does not fit is written in halves: the map can be smaller
+ * than a batch (a small --prefix-disk), and each commit also lets LMDB reuse
+ * the pages the one before it freed. Only a single page that fits nowhere
+ * disables the tier. */
 static void commit_batch(struct store *s, struct batch *b)
 {
     for (int tries = 0;; tries++) {
@@ -250,6 +271,15 @@ static void commit_batch(struct store *s, struct batch *b)
                 apply_deletions(s, b);
                 continue;
             }
+        }
+        if (out_of_room(rc) && b->n_items > 1) {
+            struct batch rest;
+            split_batch(b, &rest);
+            commit_batch(s, b);
+            if (!s->st.disabled)
+                commit_batch(s, &rest);
+            free_batch(&rest);
+            return;
         }
         if (out_of_room(rc) || ++s->consecutive_failures >= MAX_FAILED_BATCHES)
             store_disable(s, mdb_strerror(rc));
@@ -279,8 +309,9 @@ void *store_writer_main(void *arg)
         }
         struct batch b;
         take_batch(s, &b);
+        uint32_t n_items = b.n_items; /* commit_batch may split the batch */
         commit_batch(s, &b);
-        s->done_seq += b.n_items;
+        s->done_seq += n_items;
         free_batch(&b);
         pthread_cond_broadcast(&s->done);
     }
