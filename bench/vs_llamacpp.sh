@@ -31,17 +31,9 @@ command -v node >/dev/null || { echo "vs_llamacpp.sh: node is needed to read the
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-# The anchor's shared-library links may arrive as small text files naming their target (a copy that
-# lost its symlinks): run llama.cpp from a mirror with real links, the executables copied beside them.
-mkdir -p "$tmp/anchor"
-for f in "$anchor"/*; do
-  n=$(basename "$f")
-  if [ -n "$LLAMA_CPU" ] && [[ $n == libggml-cpu-* ]] && [ "$n" != "libggml-cpu-$LLAMA_CPU.so" ]; then continue; fi
-  if [ "$(stat -c %s "$f")" -lt 64 ] && grep -qx '[A-Za-z0-9._-]*' "$f"; then ln -sf "$(cat "$f")" "$tmp/anchor/$n"
-  elif [ -x "$f" ] && [[ $n != *.so* ]]; then cp "$f" "$tmp/anchor/$n" # $ORIGIN must be the mirror
-  else ln -sf "$f" "$tmp/anchor/$n"; fi
-done
-anchor=$tmp/anchor
+# shellcheck source=bench/servers.sh
+. "$here/bench/servers.sh"
+anchor_mirror
 
 membw_gbs() { $NICE "$membw" -t "$THREADS" | sed -n 's/^memory read: \([0-9.]*\) GB\/s.*/\1/p'; }
 
