@@ -68,14 +68,10 @@ bench_shared() {
   echo "| K | naive prompt tokens | kvserve computed | computed / naive | kvserve wall s | llama-server computed | llama-server wall s | wall llama / kvserve |"
   echo "|---|---|---|---|---|---|---|---|"
   for k in "${ks[@]}"; do
-    : >"$tmp/kv"; : >"$tmp/ll"
-    for _ in $(seq "$REPS"); do
-      shared_run kvserve "$k" >>"$tmp/kv"
-      shared_run llama "$k" >>"$tmp/ll"
-    done
+    interleave shared_run "$k"
     local naive=$((k * (PREFIX + SUFFIX))) kw kc lw lc
-    kw=$(cut -d' ' -f1 "$tmp/kv" | median); kc=$(cut -d' ' -f2 "$tmp/kv" | median)
-    lw=$(cut -d' ' -f1 "$tmp/ll" | median); lc=$(cut -d' ' -f2 "$tmp/ll" | median)
+    kw=$(col_median "$tmp/kv" 1); kc=$(col_median "$tmp/kv" 2)
+    lw=$(col_median "$tmp/ll" 1); lc=$(col_median "$tmp/ll" 2)
     printf '| %d | %d | %s | 1/%.1f | %.2f | %s | %.2f | %.1fx |\n' "$k" "$naive" "$kc" \
       "$(echo "$naive / $kc" | bc -l)" "$kw" "$lc" "$lw" "$(echo "$lw / $kw" | bc -l)"
   done

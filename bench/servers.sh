@@ -43,3 +43,12 @@ metric() { # name -> value (0 if absent)
 median() { sort -g | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
 now() { date +%s.%N; }
 cpu() { echo "CPU: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores, $(grep -o -m1 'avx512f' /proc/cpuinfo || echo 'no avx512')"; }
+# REPS rounds of "FN kvserve K" then "FN llama K"; their lines go to $tmp/kv and $tmp/ll.
+interleave() { # fn k
+  : >"$tmp/kv"; : >"$tmp/ll"
+  for _ in $(seq "$REPS"); do
+    "$1" kvserve "$2" >>"$tmp/kv"
+    "$1" llama "$2" >>"$tmp/ll"
+  done
+}
+col_median() { cut -d' ' -f"$2" "$1" | median; } # file column

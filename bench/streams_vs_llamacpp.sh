@@ -53,12 +53,8 @@ echo
 echo "| streams | kvserve tok/s | llama-server tok/s | ratio | kvserve ITL p50 ms | llama-server ITL p50 ms |"
 echo "|---|---|---|---|---|---|"
 for k in "${ks[@]}"; do
-  : >"$tmp/kv"; : >"$tmp/ll"
-  for _ in $(seq "$REPS"); do
-    one_server kvserve "$k" >>"$tmp/kv"
-    one_server llama "$k" >>"$tmp/ll"
-  done
-  kt=$(cut -d' ' -f1 "$tmp/kv" | median); lt=$(cut -d' ' -f1 "$tmp/ll" | median)
-  ki=$(cut -d' ' -f2 "$tmp/kv" | median); li=$(cut -d' ' -f2 "$tmp/ll" | median)
+  interleave one_server "$k"
+  kt=$(col_median "$tmp/kv" 1); lt=$(col_median "$tmp/ll" 1)
+  ki=$(col_median "$tmp/kv" 2); li=$(col_median "$tmp/ll" 2)
   printf '| %d | %.1f | %.1f | %.2fx | %.1f | %.1f |\n' "$k" "$kt" "$lt" "$(echo "$kt / $lt" | bc -l)" "$ki" "$li"
 done
