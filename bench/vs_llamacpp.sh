@@ -14,14 +14,16 @@
 #             plain run; the table gets a second kvserve row per model, "MODEL [AB_FLAGS]".
 #   LLAMA_CPU: run llama.cpp's CPU variant of that name only (haswell = AVX2; icelake, zen4 =
 #             AVX-512), e.g. haswell beside an AVX2-only kvserve build on an AVX-512 machine.
+#   BUSY: that many processes spin on the CPU for the whole run (another program taking cores), to
+#         see how both programs' threads cope when the machine is not theirs alone.
 # Needs node (installed by scripts/deps.sh) to read both programs' JSON.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 build=$here/build
 if [ $# -gt 0 ] && [ -d "$1" ]; then build=$(cd "$1" && pwd); shift; fi
-[ $# -gt 0 ] || { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[ $# -gt 0 ] || { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 THREADS=${THREADS:-2} PP=${PP:-512} TG=${TG:-128} ROUNDS=${ROUNDS:-3} NICE=${NICE:-}
-AB_FLAGS=${AB_FLAGS:-} LLAMA_CPU=${LLAMA_CPU:-}
+AB_FLAGS=${AB_FLAGS:-} LLAMA_CPU=${LLAMA_CPU:-} BUSY=${BUSY:-0}
 anchor=${ANCHOR:-$here/../shared/anchor/bin}
 kvserve=$build/kvserve membw=$build/bench_membw
 for f in "$kvserve" "$membw" "$anchor/llama-bench"; do
@@ -29,11 +31,13 @@ for f in "$kvserve" "$membw" "$anchor/llama-bench"; do
 done
 command -v node >/dev/null || { echo "vs_llamacpp.sh: node is needed to read the JSON" >&2; exit 2; }
 tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+spinners=()
+trap '[ ${#spinners[@]} -eq 0 ] || kill "${spinners[@]}" 2>/dev/null; rm -rf "$tmp"' EXIT
 
 # shellcheck source=bench/servers.sh
 . "$here/bench/servers.sh"
 anchor_mirror
+for _ in $(seq "$BUSY"); do (while :; do :; done) & spinners+=($!); done
 
 membw_gbs() { $NICE "$membw" -t "$THREADS" | sed -n 's/^memory read: \([0-9.]*\) GB\/s.*/\1/p'; }
 
@@ -52,7 +56,7 @@ one_round() {
 
 cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)
 isa=$(grep -qw avx512f /proc/cpuinfo && echo AVX-512 || (grep -qw avx2 /proc/cpuinfo && echo AVX2 || echo scalar))
-echo "CPU: $cpu ($isa), $(nproc) cores; -t $THREADS, pp$PP / tg$TG, median of $ROUNDS interleaved rounds"
+echo "CPU: $cpu ($isa), $(nproc) cores; -t $THREADS, pp$PP / tg$TG, median of $ROUNDS interleaved rounds${spinners:+; $BUSY other process(es) spinning}"
 echo "kvserve: $("$kvserve" version 2>/dev/null | head -1); llama.cpp CPU variant: ${LLAMA_CPU:-best available}"
 echo
 echo "| model | pp$PP llama.cpp | pp$PP kvserve | ratio | tg$TG llama.cpp | tg$TG kvserve | ratio | kvserve tg GB/s | membw GB/s | tg % of membw |"

@@ -31,17 +31,16 @@ struct threads_pool {
     threads_fn fn;
     void *ctx;
 
+    /* The region's calls (one per index) go to whichever thread claims them
+     * first: region number << 32 | the next index to hand out. */
+    _Atomic uint64_t claim;
+
     /* Futex words (32-bit, as the kernel wants). */
-    atomic_uint generation;    /* bumped once per region */
-    atomic_uint pending;       /* workers still inside the region */
+    atomic_uint generation;    /* the region number, bumped once per region */
+    atomic_uint unfinished;    /* calls of the region that have not returned */
     atomic_uint stop;
     atomic_int workers_asleep; /* workers inside futex_wait on generation */
-    atomic_int caller_asleep;  /* the caller is in futex_wait on pending */
-};
-
-struct worker_arg {
-    threads_pool *pool;
-    int ith;
+    atomic_int caller_asleep;  /* the caller is in futex_wait on unfinished */
 };
 
 static void futex_wait(atomic_uint *word, unsigned expected)
@@ -83,37 +82,63 @@ static unsigned wait_for_generation(threads_pool *p, unsigned seen)
     return atomic_load_explicit(&p->generation, memory_order_acquire);
 }
 
-/* Spin through each worker's finish (the spin budget restarts whenever one
- * leaves), then sleep until the last one wakes us. */
-static void wait_for_workers(threads_pool *p)
+/* The next index of region gen, or -1 when all are taken or the region is over. */
+static int claim_call(threads_pool *p, unsigned gen)
+{
+    uint64_t c = atomic_load_explicit(&p->claim, memory_order_acquire);
+    for (;;) {
+        if ((unsigned)(c >> 32) != gen || (uint32_t)c >= (uint32_t)p->n_threads)
+            return -1;
+        if (atomic_compare_exchange_weak_explicit(&p->claim, &c, c + 1, memory_order_acq_rel, memory_order_acquire))
+            return (int)(uint32_t)c;
+    }
+}
+
+/* fn and ctx are read after the claim: the region cannot end, and the caller
+ * cannot replace them, before this call returns. */
+static void run_call(threads_pool *p, int ith)
+{
+    p->fn(p->ctx, ith, p->n_threads);
+    /* The last call out wakes a sleeping caller (seq_cst, see finish_region:
+     * it publishes caller_asleep before re-reading). */
+    if (atomic_fetch_sub(&p->unfinished, 1) == 1 && atomic_load(&p->caller_asleep))
+        futex_wake_all(&p->unfinished);
+}
+
+/* Wait for the region's calls to return. The spin budget restarts whenever
+ * one returns. A call that no worker has taken when the budget runs out is
+ * run here: a worker the OS has descheduled (another program on its core)
+ * would otherwise hold every region for a scheduler slice. Taking it only
+ * then keeps a worker that is merely a little late from losing its share. */
+static void finish_region(threads_pool *p, unsigned gen)
 {
     unsigned left;
-    while ((left = atomic_load_explicit(&p->pending, memory_order_acquire)) != 0)
-        if (!spin_until_changed(&p->pending, left))
+    while ((left = atomic_load_explicit(&p->unfinished, memory_order_acquire)) != 0) {
+        if (spin_until_changed(&p->unfinished, left))
+            continue;
+        int ith = claim_call(p, gen);
+        if (ith < 0)
             break;
-    if (left == 0)
+        run_call(p, ith);
+    }
+    if (atomic_load(&p->unfinished) == 0)
         return;
     atomic_store(&p->caller_asleep, 1);
-    while ((left = atomic_load(&p->pending)) != 0)
-        futex_wait(&p->pending, left);
+    while ((left = atomic_load(&p->unfinished)) != 0)
+        futex_wait(&p->unfinished, left);
     atomic_store(&p->caller_asleep, 0);
 }
 
-static void *worker_main(void *argp)
+static void *worker_main(void *arg)
 {
-    struct worker_arg arg = *(struct worker_arg *)argp;
-    free(argp);
-    threads_pool *p = arg.pool;
+    threads_pool *p = arg;
     unsigned seen = 0;
     for (;;) {
         seen = wait_for_generation(p, seen);
         if (atomic_load(&p->stop))
             return NULL;
-        p->fn(p->ctx, arg.ith, p->n_threads);
-        /* The last worker out wakes a sleeping caller (seq_cst, see
-         * wait_for_workers: it publishes caller_asleep before re-reading). */
-        if (atomic_fetch_sub(&p->pending, 1) == 1 && atomic_load(&p->caller_asleep))
-            futex_wake_all(&p->pending);
+        for (int ith; (ith = claim_call(p, seen)) >= 0;)
+            run_call(p, ith);
     }
 }
 
@@ -132,13 +157,7 @@ ks_status threads_create(int n_threads, threads_pool **out)
         return ks_fail(KS_ERR_NOMEM, "allocating the thread pool");
     }
     for (int i = 1; i < n_threads; i++) {
-        struct worker_arg *arg = malloc(sizeof *arg);
-        if (arg) {
-            arg->pool = p;
-            arg->ith = i;
-        }
-        if (!arg || pthread_create(&p->workers[i], NULL, worker_main, arg) != 0) {
-            free(arg);
+        if (pthread_create(&p->workers[i], NULL, worker_main, p) != 0) {
             p->n_threads = i; /* join only the ones that started */
             threads_free(p);
             return ks_fail(KS_ERR_NOMEM, "starting worker thread %d of %d", i, n_threads);
@@ -178,12 +197,16 @@ void threads_run(threads_pool *p, threads_fn fn, void *ctx)
         fn(ctx, 0, 1);
         return;
     }
+    unsigned gen = atomic_load_explicit(&p->generation, memory_order_relaxed) + 1;
     p->fn = fn;
     p->ctx = ctx;
-    atomic_store_explicit(&p->pending, (unsigned)(p->n_threads - 1), memory_order_relaxed);
+    atomic_store_explicit(&p->unfinished, (unsigned)p->n_threads, memory_order_relaxed);
+    atomic_store_explicit(&p->claim, (uint64_t)gen << 32, memory_order_release);
     start_generation(p);
-    fn(ctx, 0, p->n_threads);
-    wait_for_workers(p);
+    int ith = claim_call(p, gen); /* one call, whichever index is left */
+    if (ith >= 0)
+        run_call(p, ith);
+    finish_region(p, gen);
 }
 
 int threads_default_count(void)

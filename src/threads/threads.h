@@ -2,12 +2,16 @@
  * attention, requantization) as one parallel region at a time.
  *
  * A region is threads_run(pool, fn, ctx): fn(ctx, ith, nth) runs once for each
- * ith in [0, nth) and threads_run returns when all calls have returned. The
- * caller's thread is ith 0, so a pool of 1 thread runs fn inline. Waiters (idle
- * workers, and the caller waiting for the last worker) spin briefly, since
- * decode issues hundreds of regions per token, yielding the core every few
- * spins so an oversubscribed machine still makes progress, then sleep on a
- * futex (Linux).
+ * ith in [0, nth) and threads_run returns when all calls have returned. Each
+ * call goes to whichever thread claims it first: the caller runs one, then
+ * waits, and runs itself any call no worker has started by the end of its
+ * spin, so a worker that another program keeps off its core does not hold the
+ * region. fn must therefore not depend on which thread runs an index, nor on
+ * two indices running at the same time (no barriers inside a region). A pool
+ * of 1 thread runs fn inline. Waiters (idle workers, and the caller waiting
+ * for the last call) spin briefly, since decode issues hundreds of regions per
+ * token, yielding the core every few spins so an oversubscribed machine still
+ * makes progress, then sleep on a futex (Linux).
  *
  * A pool is used by one caller thread at a time; regions do not nest. */
 #ifndef KS_THREADS_H
