@@ -195,6 +195,7 @@ int main(int argc, char **argv)
         {"q5_0", QUANT_Q5_0, QUANT_Q5_0, false},
         {"q4_1", QUANT_Q4_1, QUANT_Q4_1, false},
         {"iq4_nl", QUANT_IQ4_NL, QUANT_IQ4_NL, false},
+        {"iq3_nl", QUANT_IQ3_NL, QUANT_IQ3_NL, false},
     };
     float *x = malloc(N_HEAD * DIM * sizeof(float)), *out = malloc(N_HEAD * DIM * sizeof(float));
     for (int i = 0; i < N_HEAD * DIM; i++)

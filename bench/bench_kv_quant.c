@@ -58,7 +58,8 @@ int main(int argc, char **argv)
         return 1;
     for (size_t i = 0; i < (size_t)1024 * (size_t)head_dim; i++)
         x[i] = next_value();
-    const enum quant_type types[] = {QUANT_Q8_0, QUANT_Q5_1, QUANT_Q5_0, QUANT_Q4_1, QUANT_IQ4_NL, QUANT_Q4_0};
+    const enum quant_type types[] = {QUANT_Q8_0, QUANT_Q5_1, QUANT_Q5_0, QUANT_Q4_1, QUANT_IQ4_NL, QUANT_Q4_0,
+                                     QUANT_IQ3_NL};
     printf("head_dim %d, %d rows, single thread\n", head_dim, rows);
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
         const struct quant_traits *tr = quant_traits(types[i]);

@@ -16,7 +16,9 @@
 #   BASE  an f32-cache --save-logits file of the same text and -c to reuse
 #   (skips that run);   F16_BYTES  one chunk's bytes at f16 (skips the run
 #   that measures it; PAGE (32) is then the --kv-page);   STATIC_TYPES  the
-#   static K/V pairs;   STATIC (1)  0 skips the static rows;   APPEND (0)  1
+#   static K/V pairs;   LADDER  --kv-ladder of the dynamic runs, its last type
+#   their --kv-floor too (e.g. q8_0,q4_0,iq3_nl; the series is named "... to
+#   iq3_nl");   STATIC (1)  0 skips the static rows;   APPEND (0)  1
 #   adds rows to an existing TSV (e.g. more fractions) instead of starting it;
 #   REFS  reference lines, "LABEL=KLD;LABEL=KLD" (default for the trained
 #   model: llama.cpp's values from ../shared/ref/quality.md).
@@ -75,11 +77,19 @@ row() {
 [ "${STATIC:-1}" = 0 ] || for kv in ${STATIC_TYPES:-f16/f16 q8_0/q8_0 q8_0/q4_0 q4_0/q4_0}; do
     row static "${kv%/*}" "${kv#*/}" -b "$BATCH"
 done
+LADDER_FLAGS="" SUFFIX=""
+if [ -n "${LADDER:-}" ]; then
+    LADDER_FLAGS="--kv-ladder $LADDER --kv-floor ${LADDER##*,}" SUFFIX=" to ${LADDER##*,}"
+fi
 for f in $FRACTIONS; do
     bytes=$(python3 -c "print(int($f * $F16_BYTES))")
-    row "dynamic -b $BATCH" f16 f16 -b "$BATCH" --kv-policy dynamic --kv-mem "$bytes" --kv-sink "$SINK" --kv-hot "$HOT"
+    # shellcheck disable=SC2086
+    row "dynamic -b $BATCH$SUFFIX" f16 f16 -b "$BATCH" --kv-policy dynamic --kv-mem "$bytes" --kv-sink "$SINK" \
+        --kv-hot "$HOT" $LADDER_FLAGS
     if [ "$ONE_BATCH" = 1 ]; then
-        row "dynamic -b $CTX" f16 f16 -b "$CTX" --kv-policy dynamic --kv-mem "$bytes" --kv-sink "$SINK" --kv-hot "$HOT"
+        # shellcheck disable=SC2086
+        row "dynamic -b $CTX$SUFFIX" f16 f16 -b "$CTX" --kv-policy dynamic --kv-mem "$bytes" --kv-sink "$SINK" \
+            --kv-hot "$HOT" $LADDER_FLAGS
     fi
 done
 

@@ -27,7 +27,7 @@ def scales(rows, refs):
     ys = [r['kld_mean'] for r in rows] + [v for _, v in refs]
     y_lo = 10 ** math.floor(math.log10(min(ys)))
     y_hi = 10 ** math.ceil(math.log10(max(ys)))
-    x_lo, x_hi = 0.2, 1.05
+    x_lo, x_hi = 0.15, 1.05
 
     def x(f):
         return LEFT + (f - x_lo) / (x_hi - x_lo) * (W - LEFT - RIGHT)

@@ -157,8 +157,8 @@ struct type_pair {
     enum quant_type k, v;
 };
 static const enum quant_type CORE[] = {QUANT_F32, QUANT_F16, QUANT_Q8_0, QUANT_Q4_0};
-static const enum quant_type OTHER[] = {QUANT_BF16, QUANT_Q5_1, QUANT_Q5_0, QUANT_Q4_1, QUANT_IQ4_NL};
-enum { N_CORE = 4, N_OTHER = 5, N_PAIRS = N_CORE * N_CORE + 3 * N_OTHER };
+static const enum quant_type OTHER[] = {QUANT_BF16, QUANT_Q5_1, QUANT_Q5_0, QUANT_Q4_1, QUANT_IQ4_NL, QUANT_IQ3_NL};
+enum { N_CORE = 4, N_OTHER = 6, N_PAIRS = N_CORE * N_CORE + 3 * N_OTHER };
 
 static struct type_pair type_pair(int i)
 {
@@ -186,6 +186,7 @@ static struct bounds bound(enum quant_type t)
     case QUANT_BF16: return (struct bounds){6e-3, 6e-4};
     case QUANT_Q8_0: return (struct bounds){2.5e-2, 3e-3};
     case QUANT_Q5_0: case QUANT_Q5_1: return (struct bounds){0.12, 0.012};
+    case QUANT_IQ3_NL: return (struct bounds){0.5, 0.05}; /* 8 levels: twice a 4-bit type's step */
     default: return (struct bounds){0.25, 0.025};
     }
 }

@@ -56,6 +56,9 @@ static void every_flag_sets_its_field(void **state)
     assert_int_equal(f.cfg.sink_tokens, 4);
     assert_int_equal(f.cfg.hot_tokens, 128);
     assert_int_equal(f.cfg.floor, QUANT_Q8_0);
+    assert_true(parse(&f, "--kv-floor", "iq3_nl"));
+    assert_int_equal(f.cfg.floor, QUANT_IQ3_NL);
+    assert_true(parse(&f, "--kv-floor", "q8_0"));
     assert_float_equal(f.cfg.high_watermark, 0.7f, 1e-6f);
     assert_float_equal(f.cfg.low_watermark, 0.5f, 1e-6f);
 

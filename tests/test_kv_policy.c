@@ -337,21 +337,21 @@ static int lowest(const struct kv_usage *u, bool k)
     return lo;
 }
 
-/* Start f32, ladder f16 -> q8_0 -> q5_0 -> q4_0: as one sequence grows past
- * the budget, every level is reached, V is never behind K, no page leaves
- * the ladder, and at the end, the cache full, every page is at q4_0 on both
- * halves (the sinks and hot window step down last, when nothing else can). */
-static void test_dynamic_policy_four_step_ladder(void **state)
+/* Start f32, then the ladder (its levels' indexes in on_ladder, the floor
+ * last): as one sequence grows past the budget, every level is reached, V is
+ * never behind K, no page leaves the ladder, and at the end, the cache full,
+ * every page is at the floor on both halves (the sinks and hot window step
+ * down last, when nothing else can). Returns the pages that fit. */
+static int32_t check_ladder_to_floor(const char *ladder, enum quant_type floor, const int *on_ladder, int n_on)
 {
-    (void)state;
     struct kv_config cfg;
     base_config(&cfg, 64, 64);
     cfg.type_k = cfg.type_v = QUANT_F32;
     cfg.sink_tokens = 32;
     cfg.hot_tokens = 64;
+    cfg.floor = floor;
     int32_t s, len = 0;
-    struct kv_cache *kv = ladder_cache(&cfg, "f16,q8_0,q5_0,q4_0", 12, &s);
-    const int on_ladder[] = {KV_INDEX_F32, KV_INDEX_F16, KV_INDEX_Q8_0, KV_INDEX_Q5_0, KV_INDEX_Q4_0};
+    struct kv_cache *kv = ladder_cache(&cfg, ladder, 12, &s);
     bool seen[KV_N_TYPES] = {false};
     struct kv_usage u;
     for (;;) {
@@ -365,7 +365,7 @@ static void test_dynamic_policy_four_step_ladder(void **state)
         assert_true(lowest(&u, false) >= lowest(&u, true));
         for (int i = 0; i < KV_N_TYPES; i++) {
             bool allowed = false;
-            for (size_t j = 0; j < sizeof on_ladder / sizeof on_ladder[0]; j++)
+            for (int j = 0; j < n_on; j++)
                 allowed |= on_ladder[j] == i;
             if (u.pages_k[i] || u.pages_v[i]) {
                 assert_true(allowed);
@@ -374,14 +374,33 @@ static void test_dynamic_policy_four_step_ladder(void **state)
         }
         assert_true(len < 100000);
     }
-    for (size_t j = 0; j < sizeof on_ladder / sizeof on_ladder[0]; j++)
+    for (int j = 0; j < n_on; j++)
         assert_true(seen[on_ladder[j]]);
     int32_t n_pages = len / 32;
     kv_usage(kv, &u);
-    assert_int_equal(u.pages_k[KV_INDEX_Q4_0], n_pages);
-    assert_int_equal(u.pages_v[KV_INDEX_Q4_0], n_pages);
-    assert_true(n_pages > 12 * 4); /* q4_0 pages are about a seventh of f32 ones */
+    assert_int_equal(u.pages_k[kv_type_index(floor)], n_pages);
+    assert_int_equal(u.pages_v[kv_type_index(floor)], n_pages);
     kv_free(kv);
+    return n_pages;
+}
+
+static void test_dynamic_policy_four_step_ladder(void **state)
+{
+    (void)state;
+    const int on_ladder[] = {KV_INDEX_F32, KV_INDEX_F16, KV_INDEX_Q8_0, KV_INDEX_Q5_0, KV_INDEX_Q4_0};
+    int32_t n_pages = check_ladder_to_floor("f16,q8_0,q5_0,q4_0", QUANT_Q4_0, on_ladder, 5);
+    assert_true(n_pages > 12 * 4); /* q4_0 pages are about a seventh of f32 ones */
+}
+
+/* A ladder ending at kvserve's 3.5-bit iq3_nl: more pages fit than at q4_0
+ * (an iq3_nl page is 28/36 of a q4_0 one at head_dim 64). */
+static void test_dynamic_policy_ladder_to_iq3_nl(void **state)
+{
+    (void)state;
+    const int on_ladder[] = {KV_INDEX_F32, KV_INDEX_Q8_0, KV_INDEX_Q4_0, KV_INDEX_IQ3_NL};
+    int32_t n_pages = check_ladder_to_floor("q8_0,q4_0,iq3_nl", QUANT_IQ3_NL, on_ladder, 4);
+    const int q4_on[] = {KV_INDEX_F32, KV_INDEX_Q8_0, KV_INDEX_Q4_0};
+    assert_true(n_pages > check_ladder_to_floor("q8_0,q4_0", QUANT_Q4_0, q4_on, 3));
 }
 
 /* A floor above the ladder's end stops it there; a floor not on the ladder is
@@ -419,6 +438,7 @@ int main(void)
         cmocka_unit_test(test_bad_values_change_nothing),
         cmocka_unit_test(test_parse_ladder),
         cmocka_unit_test(test_dynamic_policy_four_step_ladder),
+        cmocka_unit_test(test_dynamic_policy_ladder_to_iq3_nl),
         cmocka_unit_test(test_floor_ends_the_ladder),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

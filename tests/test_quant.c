@@ -34,6 +34,9 @@ static void fill_random(float *x, int64_t n, float scale)
 static const enum quant_type k_basic[] = {QUANT_F32, QUANT_F16, QUANT_BF16, QUANT_Q4_0, QUANT_Q4_1,
                                           QUANT_Q5_0, QUANT_Q5_1, QUANT_Q8_0, QUANT_IQ4_NL};
 #define N_BASIC (sizeof k_basic / sizeof k_basic[0])
+/* The row conversions' tests also cover kvserve's KV-only iq3_nl (it has no matmul). */
+#define N_ROW_TYPES (N_BASIC + 1)
+static enum quant_type row_type(size_t i) { return i < N_BASIC ? k_basic[i] : QUANT_IQ3_NL; }
 
 /* ---- KV quantizers with a scale search ------------------------------------- */
 
@@ -121,7 +124,7 @@ static void test_kv_scale_search_never_worse(void **state)
         if (!(search_sum < 0.97 * plain_sum))
             fail_msg("%s: search error %g is not below 0.97 x plain %g", tr->name, search_sum, plain_sum);
     }
-    assert_true(n_types >= 6); /* q8_0, q5_1, q5_0, q4_1, iq4_nl and q4_0 */
+    assert_true(n_types >= 7); /* q8_0, q5_1, q5_0, q4_1, iq4_nl, q4_0 and iq3_nl */
     check_kv_search_extremes();
     float zero[QK8_0] = {0};
     block_q8_0 z;
@@ -196,6 +199,14 @@ static void test_names(void **state)
     assert_false(quant_type_known(4));
     assert_false(quant_type_known(1000));
     assert_true(quant_type_known(QUANT_Q6_K));
+    /* kvserve's own KV type: found by name, but never a GGUF tensor type */
+    assert_int_equal(quant_type_from_name("iq3_nl", &t), KS_OK);
+    assert_int_equal(t, QUANT_IQ3_NL);
+    assert_false(quant_type_known(QUANT_IQ3_NL));
+    assert_true(quant_traits(QUANT_IQ3_NL)->kv_only);
+    assert_false(quant_traits(QUANT_Q4_0)->kv_only);
+    assert_null(quant_traits(QUANT_IQ3_NL)->vec_dot);
+    assert_int_equal(quant_row_size(QUANT_IQ3_NL, 64), 28); /* 3.5 bits per value */
     assert_int_equal(quant_row_size(QUANT_Q4_0, 64), 36);
     assert_int_equal(quant_row_size(QUANT_Q4_0, 65), 0);
     assert_int_equal(quant_row_size(QUANT_F16, 3), 6);
@@ -230,6 +241,8 @@ static float error_bound(enum quant_type t, const float *x, int n)
     /* the fitted scale maps amax within a level or so of +-127 or 113; the
      * levels are up to 24 apart, and the far end (113) clips up to 14 levels */
     case QUANT_IQ4_NL: return amax * (14.0f / 100) * (1.0f + 16 * f16eps) + sub;
+    /* the plain quantizer maps amax onto +-127; the widest gap (79..127) is 48 levels */
+    case QUANT_IQ3_NL: return amax * (24.0f / 127) * (1.0f + 16 * f16eps) + amax * f16eps + sub;
     default: return INFINITY;
     }
 }
@@ -240,8 +253,8 @@ static void test_quantize_error_bounds(void **state)
     const int n = 4096;
     float *x = malloc(n * sizeof(float)), *y = malloc(n * sizeof(float));
     void *q = malloc(n * 4);
-    for (size_t ti = 0; ti < N_BASIC; ti++) {
-        const struct quant_traits *tr = quant_traits_scalar(k_basic[ti]);
+    for (size_t ti = 0; ti < N_ROW_TYPES; ti++) {
+        const struct quant_traits *tr = quant_traits_scalar(row_type(ti));
         for (int rep = 0; rep < 3; rep++) {
             fill_random(x, n, rep == 0 ? 1.0f : rep == 1 ? 100.0f : 1e-3f);
             if (rep == 2)
@@ -251,7 +264,7 @@ static void test_quantize_error_bounds(void **state)
             tr->to_float(q, y, n);
             const int bs = tr->block_elems > 1 ? tr->block_elems : 32;
             for (int b = 0; b < n / bs; b++) {
-                float bound = error_bound(k_basic[ti], x + b * bs, bs);
+                float bound = error_bound(row_type(ti), x + b * bs, bs);
                 for (int i = b * bs; i < (b + 1) * bs; i++) {
                     if (!(fabsf(x[i] - y[i]) <= bound))
                         fail_msg("%s: x[%d]=%g back as %g, bound %g", tr->name, i, x[i], y[i], bound);
@@ -272,12 +285,12 @@ static void test_best_conversions_match_scalar(void **state)
     const int64_t sizes[] = {32, 96, 4096 + 32};
     float x[4096 + 64], a[4096 + 64], b[4096 + 64];
     uint8_t qa[4 * (4096 + 64)], qb[4 * (4096 + 64)];
-    for (size_t ti = 0; ti < N_BASIC; ti++) {
-        const struct quant_traits *best = quant_traits(k_basic[ti]), *ref = quant_traits_scalar(k_basic[ti]);
+    for (size_t ti = 0; ti < N_ROW_TYPES; ti++) {
+        const struct quant_traits *best = quant_traits(row_type(ti)), *ref = quant_traits_scalar(row_type(ti));
         for (size_t si = 0; si < 3; si++) {
             int64_t n = sizes[si] + (best->block_elems == 1 ? 7 : 0);
             fill_random(x, n, 10.0f);
-            size_t bytes = quant_row_size(k_basic[ti], n);
+            size_t bytes = quant_row_size(row_type(ti), n);
             best->from_float(x, qa, n);
             ref->from_float(x, qb, n);
             assert_memory_equal(qa, qb, bytes);

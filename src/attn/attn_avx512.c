@@ -13,7 +13,7 @@
  * V: one block at a time is widened to f32 in registers (the 4- and 5-bit
  * types through a table of their levels times d, plus m) and FMA'd into the
  * accumulators of every row.
- * bf16, q4_1, q5_0, q5_1 and iq4_nl K: decoded the same way and scored against
+ * bf16, q4_1, q5_0, q5_1, iq4_nl and iq3_nl K: decoded the same way and scored against
  * the f32 query with FMAs, through the float reduction. */
 #include "attn/attn_internal.h"
 #include "vmath/vmath.h"
@@ -109,7 +109,30 @@ ALWAYS_INLINE size_t elem_bytes(enum quant_type t) { return t == QUANT_F32 ? 4 :
 
 ALWAYS_INLINE bool is_block_type(enum quant_type t) { return t != QUANT_F32 && t != QUANT_F16 && t != QUANT_BF16; }
 
-/* The 32 values of block b of a q8_0, q4_0, q4_1, q5_0, q5_1 or iq4_nl row,
+/* An iq3_nl block through a table of its 8 levels times d: lane i of the
+ * index vectors takes qs[i % 8] shifted by the two bits of value i's (and
+ * i + 16's) eighth, and the third bit from qh. */
+ALWAYS_INLINE void decode_iq3_nl(const block_iq3_nl *blk, __m512 *x0, __m512 *x1)
+{
+    const __m512i shift0 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2);
+    const __m512i three = _mm512_set1_epi32(3), four = _mm512_set1_epi32(4);
+    uint64_t q;
+    uint32_t qh;
+    memcpy(&q, blk->qs, sizeof q);
+    memcpy(&qh, blk->qh, sizeof qh);
+    __m512 d = _mm512_cvtph_ps(_mm256_set1_epi16((short)blk->d));
+    __m128i levels = _mm_loadl_epi64((const __m128i *)quant_iq3nl_values);
+    __m512 tab = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(levels)), d);
+    __m512i x = _mm512_cvtepu8_epi32(_mm_set1_epi64x((long long)q));
+    __m512i i0 = _mm512_and_si512(_mm512_srlv_epi32(x, shift0), three);
+    __m512i i1 = _mm512_and_si512(_mm512_srlv_epi32(x, _mm512_add_epi32(shift0, four)), three);
+    i0 = _mm512_mask_or_epi32(i0, (__mmask16)qh, i0, four);
+    i1 = _mm512_mask_or_epi32(i1, (__mmask16)(qh >> LANES), i1, four);
+    *x0 = _mm512_permutexvar_ps(i0, tab);
+    *x1 = _mm512_permutexvar_ps(i1, tab);
+}
+
+/* The 32 values of block b of a q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl or iq3_nl row,
  * dequantized, values 0-15 in *x0 and 16-31 in *x1: the 4-bit and 5-bit
  * types through a table of their 16 or 32 levels times d (plus m) indexed by
  * the values, built once per block; q8_0 by widening. */
@@ -123,6 +146,10 @@ ALWAYS_INLINE void decode_block(const uint8_t *row, enum quant_type t, int b, __
         *x0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)blk->qs))));
         *x1 = _mm512_mul_ps(
             d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk->qs + LANES)))));
+        return;
+    }
+    if (t == QUANT_IQ3_NL) {
+        decode_iq3_nl((const block_iq3_nl *)row + b, x0, x1);
         return;
     }
     /* every other type has a 2-byte d first and its 16 nibble bytes last */
@@ -619,6 +646,7 @@ DECODED_KERNELS(q5_1, QUANT_Q5_1)
 DECODED_KERNELS(q5_0, QUANT_Q5_0)
 DECODED_KERNELS(q4_1, QUANT_Q4_1)
 DECODED_KERNELS(iq4_nl, QUANT_IQ4_NL)
+DECODED_KERNELS(iq3_nl, QUANT_IQ3_NL)
 
 /* head_dim not a multiple of 16 goes to the AVX2 set (which falls back further). */
 #define WIDE_OR_AVX2(name, wide, kind, type)                                                                 \
@@ -742,10 +770,12 @@ static const struct attn_kernels AVX512 = {
     "avx512",
     {[KV_INDEX_F32] = score_f32_g, [KV_INDEX_F16] = score_f16_g, [KV_INDEX_BF16] = score_bf16_g,
      [KV_INDEX_Q8_0] = score_q8_0_avx512, [KV_INDEX_Q5_1] = score_q5_1_avx512, [KV_INDEX_Q5_0] = score_q5_0_avx512,
-     [KV_INDEX_Q4_1] = score_q4_1_avx512, [KV_INDEX_IQ4_NL] = score_iq4_nl_avx512, [KV_INDEX_Q4_0] = score_q4_0_avx512},
+     [KV_INDEX_Q4_1] = score_q4_1_avx512, [KV_INDEX_IQ4_NL] = score_iq4_nl_avx512, [KV_INDEX_Q4_0] = score_q4_0_avx512,
+     [KV_INDEX_IQ3_NL] = score_iq3_nl_avx512},
     {[KV_INDEX_F32] = accum_f32_g, [KV_INDEX_F16] = accum_f16_g, [KV_INDEX_BF16] = accum_bf16_g,
      [KV_INDEX_Q8_0] = accum_q8_0_avx512, [KV_INDEX_Q5_1] = accum_q5_1_avx512, [KV_INDEX_Q5_0] = accum_q5_0_avx512,
-     [KV_INDEX_Q4_1] = accum_q4_1_avx512, [KV_INDEX_IQ4_NL] = accum_iq4_nl_avx512, [KV_INDEX_Q4_0] = accum_q4_0_avx512},
+     [KV_INDEX_Q4_1] = accum_q4_1_avx512, [KV_INDEX_IQ4_NL] = accum_iq4_nl_avx512, [KV_INDEX_Q4_0] = accum_q4_0_avx512,
+     [KV_INDEX_IQ3_NL] = accum_iq3_nl_avx512},
     exp_sum_avx512,
     softmax_avx512,
     rotate_avx512,

@@ -108,6 +108,7 @@ static inline size_t attn_row_bytes(enum quant_type t, int dim)
     case QUANT_Q4_1: return (size_t)(dim / QK4_1) * sizeof(block_q4_1);
     case QUANT_IQ4_NL: return (size_t)(dim / QK4_NL) * sizeof(block_iq4_nl);
     case QUANT_Q4_0: return (size_t)(dim / QK4_0) * sizeof(block_q4_0);
+    case QUANT_IQ3_NL: return (size_t)(dim / QK3_NL) * sizeof(block_iq3_nl);
     default: return quant_row_size(t, dim);
     }
 }

@@ -137,7 +137,7 @@ static void accum_q4_0(const uint8_t *v, int n_tok, const struct attn_rows *rows
     }
 }
 
-/* The other types (bf16, q4_1, q5_0, q5_1, iq4_nl) are scored against the f32
+/* The other types (bf16, q4_1, q5_0, q5_1, iq4_nl, iq3_nl) are scored against the f32
  * query: each row is dequantized a chunk of DECODE values at a time by
  * quant's reference dequantizer, the obviously correct decoding. */
 enum { DECODE = 32 };
@@ -203,6 +203,7 @@ DECODED_KERNELS(q5_1, QUANT_Q5_1)
 DECODED_KERNELS(q5_0, QUANT_Q5_0)
 DECODED_KERNELS(q4_1, QUANT_Q4_1)
 DECODED_KERNELS(iq4_nl, QUANT_IQ4_NL)
+DECODED_KERNELS(iq3_nl, QUANT_IQ3_NL)
 
 /* roundf (halves away from zero) for |v| < 2^31, without a libm call: the
  * query is quantized on every step, and roundf/fmaxf calls showed up at
@@ -275,10 +276,12 @@ static const struct attn_kernels SCALAR = {
     "scalar",
     {[KV_INDEX_F32] = score_f32, [KV_INDEX_F16] = score_f16, [KV_INDEX_BF16] = score_bf16,
      [KV_INDEX_Q8_0] = score_q8_0, [KV_INDEX_Q5_1] = score_q5_1, [KV_INDEX_Q5_0] = score_q5_0,
-     [KV_INDEX_Q4_1] = score_q4_1, [KV_INDEX_IQ4_NL] = score_iq4_nl, [KV_INDEX_Q4_0] = score_q4_0},
+     [KV_INDEX_Q4_1] = score_q4_1, [KV_INDEX_IQ4_NL] = score_iq4_nl, [KV_INDEX_Q4_0] = score_q4_0,
+     [KV_INDEX_IQ3_NL] = score_iq3_nl},
     {[KV_INDEX_F32] = accum_f32, [KV_INDEX_F16] = accum_f16, [KV_INDEX_BF16] = accum_bf16,
      [KV_INDEX_Q8_0] = accum_q8_0, [KV_INDEX_Q5_1] = accum_q5_1, [KV_INDEX_Q5_0] = accum_q5_0,
-     [KV_INDEX_Q4_1] = accum_q4_1, [KV_INDEX_IQ4_NL] = accum_iq4_nl, [KV_INDEX_Q4_0] = accum_q4_0},
+     [KV_INDEX_Q4_1] = accum_q4_1, [KV_INDEX_IQ4_NL] = accum_iq4_nl, [KV_INDEX_Q4_0] = accum_q4_0,
+     [KV_INDEX_IQ3_NL] = accum_iq3_nl},
     exp_sum,
     softmax,
     kv_rotate,

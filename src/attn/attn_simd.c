@@ -180,7 +180,7 @@ ALWAYS_INLINE void quant_half8(const uint8_t *vt, bool q4, int b, int h, __m256 
     *hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(x, 8)));
 }
 
-/* ---- q4_1, q5_0, q5_1, iq4_nl: blocks widened to f32 in registers ---------- *
+/* ---- q4_1, q5_0, q5_1, iq4_nl, iq3_nl: blocks widened to f32 in registers -- *
  * K is scored against the f32 query with FMAs and V accumulated likewise;
  * each block is decoded half (16 values) at a time, scale (and minimum)
  * applied, so a value costs one FMA per query row. */
@@ -202,20 +202,34 @@ ALWAYS_INLINE __m128i nibbles(const uint8_t *qs, int h)
     return _mm_and_si128(h ? _mm_srli_epi16(raw, 4) : raw, _mm_set1_epi8(0x0F));
 }
 
-/* 0x10 in byte j where bit j of bits (16 bits) is set: the q5 fifth bits. */
-ALWAYS_INLINE __m128i fifth_bits(uint32_t bits)
+/* value in byte j where bit j of bits (16 bits) is set, else 0: the q5 fifth
+ * bits (0x10), iq3_nl's third (0x04). */
+ALWAYS_INLINE __m128i bits_as_bytes(uint32_t bits, char value)
 {
     const __m128i spread = _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
     const __m128i sel = _mm_setr_epi8(1, 2, 4, 8, 16, 32, 64, -128, 1, 2, 4, 8, 16, 32, 64, -128);
     __m128i v = _mm_and_si128(_mm_shuffle_epi8(_mm_set1_epi16((short)bits), spread), sel);
-    return _mm_and_si128(_mm_cmpeq_epi8(v, sel), _mm_set1_epi8(0x10));
+    return _mm_and_si128(_mm_cmpeq_epi8(v, sel), _mm_set1_epi8(value));
 }
+
+ALWAYS_INLINE __m128i fifth_bits(uint32_t bits) { return bits_as_bytes(bits, 0x10); }
 
 ALWAYS_INLINE uint32_t load_qh(const uint8_t *qh)
 {
     uint32_t v;
     memcpy(&v, qh, sizeof v);
     return v;
+}
+
+/* The 3-bit indices of values 16h .. 16h+15 of an iq3_nl block: the low two
+ * bits of values 16h + i and 16h + 8 + i sit at bits 4h and 4h + 2 of qs[i]. */
+ALWAYS_INLINE __m128i iq3_indices(const block_iq3_nl *blk, int h)
+{
+    uint64_t q;
+    memcpy(&q, blk->qs, sizeof q);
+    __m128i low = _mm_set_epi64x((long long)(q >> (4 * h + 2)), (long long)(q >> (4 * h)));
+    low = _mm_and_si128(low, _mm_set1_epi8(3));
+    return _mm_or_si128(low, bits_as_bytes(load_qh(blk->qh) >> (16 * h), 0x04));
 }
 
 /* Values 16h .. 16h+15 of block b of a row of type t, dequantized. */
@@ -232,6 +246,10 @@ ALWAYS_INLINE void decode_half(const uint8_t *row, enum quant_type t, int b, int
         const block_q5_1 *blk = (const block_q5_1 *)row + b;
         __m128i x = _mm_or_si128(nibbles(blk->qs, h), fifth_bits(load_qh(blk->qh) >> (16 * h)));
         widen16(x, false, _cvtsh_ss(blk->d), _cvtsh_ss(blk->m), lo, hi);
+    } else if (t == QUANT_IQ3_NL) {
+        const block_iq3_nl *blk = (const block_iq3_nl *)row + b;
+        __m128i lut = _mm_loadl_epi64((const __m128i *)quant_iq3nl_values);
+        widen16(_mm_shuffle_epi8(lut, iq3_indices(blk, h)), true, _cvtsh_ss(blk->d), 0.0f, lo, hi);
     } else {
         const block_iq4_nl *blk = (const block_iq4_nl *)row + b;
         __m128i lut = _mm_loadu_si128((const __m128i *)quant_iq4nl_values);
@@ -350,6 +368,7 @@ BLOCK_KERNELS(q5_1, QUANT_Q5_1)
 BLOCK_KERNELS(q5_0, QUANT_Q5_0)
 BLOCK_KERNELS(q4_1, QUANT_Q4_1)
 BLOCK_KERNELS(iq4_nl, QUANT_IQ4_NL)
+BLOCK_KERNELS(iq3_nl, QUANT_IQ3_NL)
 
 static float exp_sum_avx2(float *s, int n, float mx)
 {
@@ -400,10 +419,12 @@ static const struct attn_kernels AVX2 = {
     "avx2",
     {[KV_INDEX_F32] = score_f32_avx2_g, [KV_INDEX_F16] = score_f16_avx2_g, [KV_INDEX_BF16] = score_bf16_avx2_g,
      [KV_INDEX_Q8_0] = score_q8_0_avx2, [KV_INDEX_Q5_1] = score_q5_1_avx2, [KV_INDEX_Q5_0] = score_q5_0_avx2,
-     [KV_INDEX_Q4_1] = score_q4_1_avx2, [KV_INDEX_IQ4_NL] = score_iq4_nl_avx2, [KV_INDEX_Q4_0] = score_q4_0_avx2},
+     [KV_INDEX_Q4_1] = score_q4_1_avx2, [KV_INDEX_IQ4_NL] = score_iq4_nl_avx2, [KV_INDEX_Q4_0] = score_q4_0_avx2,
+     [KV_INDEX_IQ3_NL] = score_iq3_nl_avx2},
     {[KV_INDEX_F32] = accum_f32_avx2_g, [KV_INDEX_F16] = accum_f16_avx2_g, [KV_INDEX_BF16] = accum_bf16_avx2_g,
      [KV_INDEX_Q8_0] = accum_q8_0_avx2, [KV_INDEX_Q5_1] = accum_q5_1_avx2, [KV_INDEX_Q5_0] = accum_q5_0_avx2,
-     [KV_INDEX_Q4_1] = accum_q4_1_avx2, [KV_INDEX_IQ4_NL] = accum_iq4_nl_avx2, [KV_INDEX_Q4_0] = accum_q4_0_avx2},
+     [KV_INDEX_Q4_1] = accum_q4_1_avx2, [KV_INDEX_IQ4_NL] = accum_iq4_nl_avx2, [KV_INDEX_Q4_0] = accum_q4_0_avx2,
+     [KV_INDEX_IQ3_NL] = accum_iq3_nl_avx2},
     exp_sum_avx2,
     softmax_avx2,
     kv_rotate,

@@ -33,6 +33,7 @@ static const enum quant_type KV_TYPES[KV_N_TYPES] = {
     [KV_INDEX_F32] = QUANT_F32,   [KV_INDEX_F16] = QUANT_F16,   [KV_INDEX_BF16] = QUANT_BF16,
     [KV_INDEX_Q8_0] = QUANT_Q8_0, [KV_INDEX_Q5_1] = QUANT_Q5_1, [KV_INDEX_Q5_0] = QUANT_Q5_0,
     [KV_INDEX_Q4_1] = QUANT_Q4_1, [KV_INDEX_IQ4_NL] = QUANT_IQ4_NL, [KV_INDEX_Q4_0] = QUANT_Q4_0,
+    [KV_INDEX_IQ3_NL] = QUANT_IQ3_NL,
 };
 
 int kv_type_index(enum quant_type t)
@@ -47,7 +48,7 @@ enum quant_type kv_type_at(int index) { return index >= 0 && index < KV_N_TYPES 
 
 /* A literal, not built from KV_TYPES, so that threads may read it at any
  * time; test_kv_types checks it against the table. */
-const char *kv_type_names(void) { return "f32, f16, bf16, q8_0, q5_1, q5_0, q4_1, iq4_nl, q4_0"; }
+const char *kv_type_names(void) { return "f32, f16, bf16, q8_0, q5_1, q5_0, q4_1, iq4_nl, q4_0, iq3_nl"; }
 
 ks_status kv_check_type(const struct kv_config *cfg, enum quant_type t, const char *what)
 {

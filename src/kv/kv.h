@@ -1,7 +1,8 @@
 /* kv: the elastic KV cache. A pool of fixed-size pages (P tokens of one
  * sequence, K and V for every layer) allocated on demand from one memory
  * budget. Each page has its own K and V precision (f32, f16, bf16, q8_0,
- * q5_1, q5_0, q4_1, iq4_nl, q4_0: ggml's block formats, bit for bit);
+ * q5_1, q5_0, q4_1, iq4_nl, q4_0: ggml's block formats, bit for bit; and
+ * iq3_nl, kvserve's own 3.5-bit type);
  * pages can be requantized live, and a dynamic policy demotes old pages as
  * the pool fills. The kv module knows nothing about HTTP or the model.
  *
@@ -307,7 +308,8 @@ enum {
     KV_INDEX_Q4_1 = 6,
     KV_INDEX_IQ4_NL = 7,
     KV_INDEX_Q4_0 = 8,
-    KV_N_TYPES = 9,
+    KV_INDEX_IQ3_NL = 9, /* kvserve's own, not a ggml type */
+    KV_N_TYPES = 10,
 };
 int kv_type_index(enum quant_type t);           /* -1 if not a KV type */
 enum quant_type kv_type_at(int index);

@@ -113,6 +113,7 @@ static const struct layout g_layouts[] = {
     {QUANT_Q8_0, "q8_0", QK8_0, sizeof(block_q8_0), true, QUANT_Q8_0},
     {QUANT_Q8_1, "q8_1", QK8_1, sizeof(block_q8_1), true, QUANT_Q8_1},
     {QUANT_IQ4_NL, "iq4_nl", QK4_NL, sizeof(block_iq4_nl), true, QUANT_Q8_0},
+    {QUANT_IQ3_NL, "iq3_nl", QK3_NL, sizeof(block_iq3_nl), true, QUANT_Q8_0},
 };
 
 static void tables_init(void)
@@ -121,6 +122,7 @@ static void tables_init(void)
         const struct layout *l = &g_layouts[i];
         struct quant_traits t = {
             .name = l->name,
+            .kv_only = l->type >= QUANT_KV_ONLY_FIRST,
             .block_elems = l->block_elems,
             .block_bytes = l->block_bytes,
             .is_quantized = l->is_quantized,
@@ -157,7 +159,8 @@ const struct quant_traits *quant_traits_scalar(enum quant_type t) { return looku
 
 bool quant_type_known(uint32_t id)
 {
-    return id < QUANT_TYPE_COUNT && quant_traits((enum quant_type)id) != NULL;
+    const struct quant_traits *tr = id < QUANT_TYPE_COUNT ? quant_traits((enum quant_type)id) : NULL;
+    return tr && !tr->kv_only;
 }
 
 const char *quant_type_name(enum quant_type t)

@@ -4,7 +4,9 @@
  *
  * Layouts are contracts: each block is a named struct with a static assert on
  * its size, so the on-disk GGUF layout is checked by the compiler. The
- * numeric values of enum quant_type are ggml's type ids as stored in GGUF.
+ * numeric values of enum quant_type are ggml's type ids as stored in GGUF,
+ * but for kvserve's own KV-only types (from QUANT_KV_ONLY_FIRST on, beyond
+ * ggml's ids), which no GGUF file holds and no weight uses.
  *
  * Dispatch goes through one traits table (quant_traits()). The table's
  * vec_dot/matmul entries are the best kernels compiled into this build; the
@@ -37,7 +39,9 @@ enum quant_type {
     QUANT_Q8_K = 15,
     QUANT_IQ4_NL = 20,
     QUANT_BF16 = 30,
-    QUANT_TYPE_COUNT = 31, /* one past the largest id; ids in between are unknown */
+    QUANT_KV_ONLY_FIRST = 64, /* kvserve's own types, KV cache rows only (ggml's largest id is 39) */
+    QUANT_IQ3_NL = 64,
+    QUANT_TYPE_COUNT = 65, /* one past the largest id; ids in between are unknown */
 };
 
 typedef uint16_t quant_f16; /* IEEE half, stored as bits */
@@ -50,6 +54,7 @@ typedef uint16_t quant_bf16;
 #define QK8_0 32
 #define QK8_1 32
 #define QK4_NL 32
+#define QK3_NL 32
 #define QK_K 256
 #define K_SCALE_SIZE 12
 
@@ -70,6 +75,15 @@ typedef struct { quant_f16 d; uint8_t qs[QK4_NL / 2]; } block_iq4_nl;
 static_assert(sizeof(block_iq4_nl) == 2 + QK4_NL / 2, "block_iq4_nl size");
 /* ggml's kvalues_iq4nl: the 16 levels an IQ4_NL index selects. */
 extern const int8_t quant_iq4nl_values[16];
+/* IQ3_NL, kvserve's own 3.5-bit KV type (not a ggml or llama.cpp type): 3-bit
+ * indices into quant_iq3nl_values, times d. Element j's index has its low two
+ * bits at bits 2 * (j / 8) of qs[j % 8] and its third bit at bit j of qh
+ * (little-endian, as q5_0 keeps its fifth bits). */
+typedef struct { quant_f16 d; uint8_t qs[QK3_NL / 4]; uint8_t qh[QK3_NL / 8]; } block_iq3_nl;
+static_assert(sizeof(block_iq3_nl) == 2 + QK3_NL / 4 + QK3_NL / 8, "block_iq3_nl size");
+/* The 8 levels an IQ3_NL index selects: Lloyd-Max levels for a Gaussian
+ * (rows are stored after the Hadamard rotation), the outer at 127. */
+extern const int8_t quant_iq3nl_values[8];
 
 typedef struct { uint8_t scales[QK_K / 16]; uint8_t qs[QK_K / 4]; quant_f16 d, dmin; } block_q2_K;
 static_assert(sizeof(block_q2_K) == 2 * 2 + QK_K / 16 + QK_K / 4, "block_q2_K size");
@@ -94,6 +108,7 @@ typedef void (*quant_vec_dot_fn)(int n, float *s, const void *x, const void *y);
 
 struct quant_traits {
     const char *name;              /* "q4_0", as llama.cpp spells it */
+    bool kv_only;                  /* kvserve's own KV cache type: never in a GGUF file, never a weight */
     int block_elems;               /* elements per block */
     size_t block_bytes;            /* bytes per block */
     bool is_quantized;
@@ -113,10 +128,12 @@ const struct quant_traits *quant_traits(enum quant_type t);
 /* The same table with only scalar reference kernels, for tests. */
 const struct quant_traits *quant_traits_scalar(enum quant_type t);
 
+/* A ggml type id kvserve implements (the ids a GGUF tensor may have); false
+ * for the KV-only types. */
 bool quant_type_known(uint32_t id);
 /* "q4_0" etc., or "unknown(N)" in a static buffer for unknown ids. */
 const char *quant_type_name(enum quant_type t);
-/* Parse a name (case-insensitive: "f16", "q8_0", "Q4_K"). */
+/* Parse a name (case-insensitive: "f16", "q8_0", "Q4_K"), KV-only types included. */
 ks_status quant_type_from_name(const char *name, enum quant_type *out);
 /* Bytes of a row of n elements; 0 if n is not a multiple of the block size. */
 size_t quant_row_size(enum quant_type t, int64_t n);

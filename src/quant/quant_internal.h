@@ -26,6 +26,33 @@ void quant_q4_1_from_float_ref(const float *x, void *y, int64_t n);
 void quant_q5_0_from_float_ref(const float *x, void *y, int64_t n);
 void quant_q5_1_from_float_ref(const float *x, void *y, int64_t n);
 void quant_iq4_nl_from_float_ref(const float *x, void *y, int64_t n);
+void quant_iq3_nl_from_float_ref(const float *x, void *y, int64_t n);
+
+/* Index of the level of values (n of them, ascending) nearest v: how many
+ * midpoints between neighbours lie at or below it (a tie goes up). */
+static inline int quant_nearest_level(const int8_t *values, int n, float v)
+{
+    int i = 0;
+    for (int k = 0; k + 1 < n; k++)
+        i += v >= 0.5f * (float)(values[k] + values[k + 1]);
+    return i;
+}
+
+/* IQ3_NL: element j's 3-bit index, and a block's indices packed from idx[32]. */
+static inline int quant_iq3nl_index(const block_iq3_nl *b, int j)
+{
+    return ((b->qs[j % 8] >> (2 * (j / 8))) & 3) | ((b->qh[j / 8] >> (j % 8)) & 1) << 2;
+}
+
+static inline void quant_iq3nl_pack(const uint8_t *idx, block_iq3_nl *b)
+{
+    memset(b->qs, 0, sizeof b->qs);
+    memset(b->qh, 0, sizeof b->qh);
+    for (int j = 0; j < QK3_NL; j++) {
+        b->qs[j % 8] |= (uint8_t)((idx[j] & 3) << (2 * (j / 8)));
+        b->qh[j / 8] |= (uint8_t)((idx[j] >> 2) << (j % 8));
+    }
+}
 void quant_vec_dot_iq4_nl_q8_0_ref(int n, float *s, const void *x, const void *y);
 
 #define QUANT_DECLARE_DOTS(isa)                                                       \

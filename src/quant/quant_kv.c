@@ -25,7 +25,8 @@ enum {
  * scale. */
 struct kv_grid {
     int lo, hi;
-    const float *cuts;   /* NULL: levels lo..hi; else the 15 midpoints between iq4_nl's levels */
+    const int8_t *values; /* NULL: levels lo..hi; else the table of levels (iq4_nl, iq3_nl) */
+    int n_values;
     int steps;           /* trial targets per side of each anchor: about 0.1 level apart at 4 bits */
     int n_anchors;
     int anchors[2];      /* levels the largest value is aimed at */
@@ -107,24 +108,13 @@ static void q5_0_decode(const void *vb, int8_t *level, float *d)
         level[j] = (int8_t)(u[j] - 16);
 }
 
-static const float g_iq4nl_cuts[15] = {-115.5f, -93.5f, -74.0f, -57.0f, -42.0f, -28.5f, -16.0f, -4.5f,
-                                       7.0f,    19.0f,  31.5f,  45.5f,  61.0f,  79.0f,  101.0f};
-
-/* Index of the iq4_nl level nearest v: how many midpoints lie at or below it. */
-static int iq4nl_index(float v)
-{
-    int i = 0;
-    for (int k = 0; k < 15; k++)
-        i += v >= g_iq4nl_cuts[k];
-    return i;
-}
-
 static void iq4_nl_encode(const int8_t *level, quant_f16 d, void *vb)
 {
     block_iq4_nl *b = vb;
     b->d = d;
     for (int j = 0; j < QK4_NL / 2; j++)
-        b->qs[j] = (uint8_t)(iq4nl_index(level[j]) | iq4nl_index(level[j + QK4_NL / 2]) << 4);
+        b->qs[j] = (uint8_t)(quant_nearest_level(quant_iq4nl_values, 16, level[j]) |
+                             quant_nearest_level(quant_iq4nl_values, 16, level[j + QK4_NL / 2]) << 4);
 }
 
 static void iq4_nl_decode(const void *vb, int8_t *level, float *d)
@@ -137,15 +127,40 @@ static void iq4_nl_decode(const void *vb, int8_t *level, float *d)
     }
 }
 
+static void iq3_nl_encode(const int8_t *level, quant_f16 d, void *vb)
+{
+    block_iq3_nl *b = vb;
+    uint8_t idx[QK3_NL];
+    for (int j = 0; j < QK3_NL; j++)
+        idx[j] = (uint8_t)quant_nearest_level(quant_iq3nl_values, 8, level[j]);
+    b->d = d;
+    quant_iq3nl_pack(idx, b);
+}
+
+static void iq3_nl_decode(const void *vb, int8_t *level, float *d)
+{
+    const block_iq3_nl *b = vb;
+    *d = quant_f16_to_f32(b->d);
+    for (int j = 0; j < QK3_NL; j++)
+        level[j] = quant_iq3nl_values[quant_iq3nl_index(b, j)];
+}
+
 /* q4_0 and q5_0 are asymmetric (-8..7, -16..15): the largest value may sit
  * on either end. q8_0 stays symmetric (-127..127) as the reference keeps it.
  * iq4_nl's levels run -127..113 unevenly; it gets twice the trials, since
  * llama.cpp's reference already tries 15 scales. */
-static const struct kv_grid g_q4_0 = {-8, 7, NULL, 3, 2, {-8, 7}, sizeof(block_q4_0), q4_0_encode, q4_0_decode};
-static const struct kv_grid g_q5_0 = {-16, 15, NULL, 3, 2, {-16, 15}, sizeof(block_q5_0), q5_0_encode, q5_0_decode};
-static const struct kv_grid g_q8_0 = {-127, 127, NULL, 3, 1, {127, 0}, sizeof(block_q8_0), q8_0_encode, q8_0_decode};
-static const struct kv_grid g_iq4_nl = {-127, 113, g_iq4nl_cuts, 6, 2, {-127, 113}, sizeof(block_iq4_nl),
+static const struct kv_grid g_q4_0 = {-8, 7, NULL, 0, 3, 2, {-8, 7}, sizeof(block_q4_0), q4_0_encode, q4_0_decode};
+static const struct kv_grid g_q5_0 = {-16, 15, NULL, 0, 3, 2, {-16, 15}, sizeof(block_q5_0), q5_0_encode,
+                                      q5_0_decode};
+static const struct kv_grid g_q8_0 = {-127, 127, NULL, 0, 3, 1, {127, 0}, sizeof(block_q8_0), q8_0_encode,
+                                      q8_0_decode};
+static const struct kv_grid g_iq4_nl = {-127, 113, quant_iq4nl_values, 16, 6, 2, {-127, 113}, sizeof(block_iq4_nl),
                                         iq4_nl_encode, iq4_nl_decode};
+/* iq3_nl's levels are symmetric, so one end is enough; with 8 levels the
+ * best scale lies further from max / 127 than at 4 bits (clipping the
+ * largest value often pays), hence twice iq4_nl's spread (+-19%). */
+static const struct kv_grid g_iq3_nl = {-127, 127, quant_iq3nl_values, 8, 12, 1, {127, 0}, sizeof(block_iq3_nl),
+                                        iq3_nl_encode, iq3_nl_decode};
 
 static float signed_absmax(const float *x, int n)
 {
@@ -159,8 +174,8 @@ static float signed_absmax(const float *x, int n)
 /* The grid's level nearest v (v in units of the scale). */
 static inline float snap(const struct kv_grid *g, float v)
 {
-    if (g->cuts)
-        return (float)quant_iq4nl_values[iq4nl_index(v)];
+    if (g->values)
+        return (float)g->values[quant_nearest_level(g->values, g->n_values, v)];
     float l = nearbyintf(v), lo = (float)g->lo, hi = (float)g->hi;
     return l < lo ? lo : l > hi ? hi : l; /* not fminf: a libm call that keeps NaN rules */
 }
@@ -277,6 +292,11 @@ static void q5_0_kv_from_float(const float *x, void *y, int64_t n)
 static void iq4_nl_kv_from_float(const float *x, void *y, int64_t n)
 {
     search_row(x, y, n, &g_iq4_nl, QK4_NL, quant_iq4_nl_from_float_ref);
+}
+
+static void iq3_nl_kv_from_float(const float *x, void *y, int64_t n)
+{
+    search_row(x, y, n, &g_iq3_nl, QK3_NL, quant_iq3_nl_from_float_ref);
 }
 
 /* ---- q4_1 and q5_1: x = d * level + m, levels 0..nmax -------------------
@@ -454,4 +474,5 @@ void quant_kv_fill(struct quant_traits *t)
     t[QUANT_Q5_0].kv_from_float = q5_0_kv_from_float;
     t[QUANT_Q8_0].kv_from_float = q8_0_kv_from_float;
     t[QUANT_IQ4_NL].kv_from_float = iq4_nl_kv_from_float;
+    t[QUANT_IQ3_NL].kv_from_float = iq3_nl_kv_from_float;
 }

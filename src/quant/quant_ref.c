@@ -246,6 +246,41 @@ void quant_iq4_nl_from_float_ref(const float *x, void *vy, int64_t n)
     }
 }
 
+/* ---- IQ3_NL (kvserve's own KV type) --------------------------------------- */
+
+/* Lloyd-Max reconstruction levels of 8 for a unit Gaussian (+-0.2451,
+ * +-0.7560, +-1.3440, +-2.1520), times 127 / 2.1520. */
+const int8_t quant_iq3nl_values[8] = {-127, -79, -45, -14, 14, 45, 79, 127};
+
+/* The plain quantizer: the block's largest magnitude on the first level,
+ * every value to its nearest level. The KV rows' least-squares search
+ * (quant_kv.c) starts from this block. */
+void quant_iq3_nl_from_float_ref(const float *x, void *vy, int64_t n)
+{
+    block_iq3_nl *y = vy;
+    for (int64_t i = 0; i < n / QK3_NL; i++, x += QK3_NL) {
+        float max = 0;
+        for (int j = 0; j < QK3_NL; j++)
+            max = fabsf(x[j]) > fabsf(max) ? x[j] : max;
+        float d = max / quant_iq3nl_values[0], id = d ? 1.0f / d : 0.0f;
+        uint8_t idx[QK3_NL];
+        for (int j = 0; j < QK3_NL; j++)
+            idx[j] = (uint8_t)quant_nearest_level(quant_iq3nl_values, 8, id * x[j]);
+        y[i].d = quant_f32_to_f16(d);
+        quant_iq3nl_pack(idx, &y[i]);
+    }
+}
+
+static void iq3_nl_to_float(const void *vx, float *y, int64_t n)
+{
+    const block_iq3_nl *x = vx;
+    for (int64_t i = 0; i < n / QK3_NL; i++, y += QK3_NL) {
+        const float d = F16(x[i].d);
+        for (int j = 0; j < QK3_NL; j++)
+            y[j] = d * quant_iq3nl_values[quant_iq3nl_index(&x[i], j)];
+    }
+}
+
 static float absmax(const float *x, int n)
 {
     float amax = 0;
@@ -491,4 +526,5 @@ void quant_ref_fill(struct quant_traits *t)
     set(&t[QUANT_Q8_0], q8_0_to_float, quant_q8_0_from_float_ref, quant_vec_dot_q8_0_q8_0_ref);
     set(&t[QUANT_Q8_1], q8_1_to_float, q8_1_from_float, NULL);
     set(&t[QUANT_IQ4_NL], iq4_nl_to_float, quant_iq4_nl_from_float_ref, quant_vec_dot_iq4_nl_q8_0_ref);
+    set(&t[QUANT_IQ3_NL], iq3_nl_to_float, quant_iq3_nl_from_float_ref, NULL); /* KV only: no weight dot */
 }

@@ -118,10 +118,10 @@ static cJSON *types_json(const int32_t *pages)
 }
 
 /* One character per KV type, by kv_type_index: F f32, H f16, B bf16, 8 q8_0,
- * R q5_1, 5 q5_0, S q4_1, N iq4_nl, 4 q4_0 (the page's TYPES table reads them). */
+ * R q5_1, 5 q5_0, S q4_1, N iq4_nl, 4 q4_0, 3 iq3_nl (the page's TYPES table reads them). */
 static char type_code(enum quant_type t)
 {
-    static const char codes[KV_N_TYPES + 1] = "FHB8R5SN4";
+    static const char codes[KV_N_TYPES + 1] = "FHB8R5SN43";
     int i = kv_type_index(t);
     return i < 0 ? '?' : codes[i];
 }
