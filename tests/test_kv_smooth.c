@@ -99,16 +99,37 @@ static struct two_seqs build(enum quant_type t, enum kv_smooth smooth, const flo
     return s;
 }
 
-/* Every position of both sequences (prefill tiles with the causal mask, and
- * page ranges split across threads), for one layer. */
-static int queries(const struct two_seqs *s, struct attn_query *qs)
+/* Queries at every position of both sequences (prefill tiles with the causal
+ * mask, and page ranges split across threads), random query rows, and room
+ * for two outputs. */
+struct attn_io {
+    struct attn_query qs[LEN_A + LEN_B];
+    int nq;
+    size_t width;       /* floats of one query's rows: N_HEAD * DIM */
+    float *q, *ref, *got;
+};
+
+static void io_init(struct attn_io *io, const struct two_seqs *s)
 {
-    int n = 0;
+    io->nq = 0;
     for (int32_t p = 0; p < LEN_A; p++)
-        qs[n++] = (struct attn_query){s->a, p};
+        io->qs[io->nq++] = (struct attn_query){s->a, p};
     for (int32_t p = 0; p < LEN_B; p++)
-        qs[n++] = (struct attn_query){s->b, p};
-    return n;
+        io->qs[io->nq++] = (struct attn_query){s->b, p};
+    io->width = (size_t)N_HEAD * DIM;
+    size_t n = io->nq * io->width;
+    io->q = malloc(n * sizeof(float));
+    io->ref = malloc(n * sizeof(float));
+    io->got = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++)
+        io->q[i] = 2.0f * frand();
+}
+
+static void io_free(struct attn_io *io)
+{
+    free(io->q);
+    free(io->ref);
+    free(io->got);
 }
 
 static void build_rows(float **ka, float **va, float **kb, float **vb)
@@ -140,13 +161,9 @@ static void test_f32_attention_exact(void **state)
     assert_null(kv_seq_mean(off.kv, off.a, 0, true));
     assert_non_null(kv_seq_mean(on.kv, on.a, 1, false));
     assert_ptr_equal(kv_seq_mean(on.kv, on.a, 1, true), kv_seq_mean(on.kv, on.b, 1, true));
-    struct attn_query qs[LEN_A + LEN_B];
-    int nq = queries(&on, qs);
-    size_t w = (size_t)N_HEAD * DIM;
-    float *q = malloc(nq * w * sizeof(float)), *ref = malloc(nq * w * sizeof(float)),
-          *got = malloc(nq * w * sizeof(float));
-    for (size_t i = 0; i < nq * w; i++)
-        q[i] = 2.0f * frand();
+    static struct attn_io io;
+    io_init(&io, &on);
+    size_t n = io.nq * io.width;
     threads_pool *pool = NULL;
     assert_int_equal(threads_create(2, &pool), KS_OK);
     const struct attn_kernels *sets[] = {attn_kernels_scalar(), attn_kernels_avx2(), attn_kernels_avx512()};
@@ -155,20 +172,18 @@ static void test_f32_attention_exact(void **state)
             continue;
         attn_set_kernels(sets[k]);
         for (int l = 0; l < N_LAYER; l++) {
-            assert_int_equal(attn_forward(pool, off.kv, l, qs, nq, q, ref, N_HEAD, 0.125f), KS_OK);
-            assert_int_equal(attn_forward(pool, on.kv, l, qs, nq, q, got, N_HEAD, 0.125f), KS_OK);
+            assert_int_equal(attn_forward(pool, off.kv, l, io.qs, io.nq, io.q, io.ref, N_HEAD, 0.125f), KS_OK);
+            assert_int_equal(attn_forward(pool, on.kv, l, io.qs, io.nq, io.q, io.got, N_HEAD, 0.125f), KS_OK);
             double worst = 0.0;
-            for (size_t i = 0; i < nq * w; i++)
-                worst = fmax(worst, fabs((double)got[i] - ref[i]));
+            for (size_t i = 0; i < n; i++)
+                worst = fmax(worst, fabs((double)io.got[i] - io.ref[i]));
             if (worst > 1e-5)
                 fail_msg("%s layer %d: smoothed attention is %g from the plain one", sets[k]->isa, l, worst);
         }
     }
     attn_set_kernels(NULL);
     threads_free(pool);
-    free(q);
-    free(ref);
-    free(got);
+    io_free(&io);
     kv_free(off.kv);
     kv_free(on.kv);
     free(ka);
@@ -187,30 +202,24 @@ static void test_quantized_simd_matches_scalar(void **state)
     enum quant_type types[] = {QUANT_Q8_0, QUANT_Q4_0, QUANT_IQ4_NL};
     for (int ti = 0; ti < 3; ti++) {
         struct two_seqs on = build(types[ti], KV_SMOOTH_KV, ka, va, kb, vb);
-        struct attn_query qs[LEN_A + LEN_B];
-        int nq = queries(&on, qs);
-        size_t w = (size_t)N_HEAD * DIM;
-        float *q = malloc(nq * w * sizeof(float)), *ref = malloc(nq * w * sizeof(float)),
-              *got = malloc(nq * w * sizeof(float));
-        for (size_t i = 0; i < nq * w; i++)
-            q[i] = 2.0f * frand();
+        static struct attn_io io;
+        io_init(&io, &on);
+        size_t n = io.nq * io.width;
         attn_set_kernels(attn_kernels_scalar());
-        assert_int_equal(attn_forward(NULL, on.kv, 1, qs, nq, q, ref, N_HEAD, 0.125f), KS_OK);
+        assert_int_equal(attn_forward(NULL, on.kv, 1, io.qs, io.nq, io.q, io.ref, N_HEAD, 0.125f), KS_OK);
         const struct attn_kernels *sets[] = {attn_kernels_avx2(), attn_kernels_avx512()};
         for (int k = 0; k < 2; k++) {
             if (!sets[k])
                 continue;
             attn_set_kernels(sets[k]);
-            assert_int_equal(attn_forward(NULL, on.kv, 1, qs, nq, q, got, N_HEAD, 0.125f), KS_OK);
-            for (size_t i = 0; i < nq * w; i++)
-                if (fabsf(got[i] - ref[i]) > 2e-5f * fmaxf(1.0f, fabsf(ref[i])))
+            assert_int_equal(attn_forward(NULL, on.kv, 1, io.qs, io.nq, io.q, io.got, N_HEAD, 0.125f), KS_OK);
+            for (size_t i = 0; i < n; i++)
+                if (fabsf(io.got[i] - io.ref[i]) > 2e-5f * fmaxf(1.0f, fabsf(io.ref[i])))
                     fail_msg("%s %s: element %zu is %g, scalar %g", sets[k]->isa, quant_type_name(types[ti]), i,
-                             got[i], ref[i]);
+                             io.got[i], io.ref[i]);
         }
         attn_set_kernels(NULL);
-        free(q);
-        free(ref);
-        free(got);
+        io_free(&io);
         kv_free(on.kv);
     }
     free(ka);
