@@ -44,6 +44,9 @@ static void every_flag_sets_its_field(void **state)
     assert_false(f.cfg.rotate);
     assert_true(parse(&f, "--kv-scale-search", "off"));
     assert_false(f.cfg.scale_search);
+    assert_int_equal(f.cfg.smooth, KV_SMOOTH_OFF);
+    assert_true(parse(&f, "--kv-smooth", "kv"));
+    assert_int_equal(f.cfg.smooth, KV_SMOOTH_KV);
     assert_true(parse(&f, "--kv-sink", "4"));
     assert_true(parse(&f, "--kv-hot", "128"));
     assert_true(parse(&f, "--kv-floor", "q8_0"));
@@ -74,6 +77,7 @@ static void every_flag_sets_its_field(void **state)
     assert_int_equal(cfg.page_tokens, 64);
     assert_false(cfg.rotate);
     assert_false(cfg.scale_search);
+    assert_int_equal(cfg.smooth, KV_SMOOTH_KV);
     assert_int_equal(cfg.policy, KV_POLICY_DYNAMIC);
     assert_int_equal(cfg.floor, QUANT_Q8_0);
     assert_int_equal(cfg.n_ladder, 4);
@@ -93,6 +97,7 @@ static void bad_values_are_refused(void **state)
     assert_false(parse(&f, "--kv-ladder", "q8_0,,q4_0"));
     assert_false(parse(&f, "--kv-rotate", "yes"));
     assert_false(parse(&f, "--kv-scale-search", "maybe"));
+    assert_false(parse(&f, "--kv-smooth", "on"));
     assert_false(parse(&f, "--kv-policy", "auto"));
     assert_false(parse(&f, "--kv-high", "1.5"));
     assert_false(parse(&f, "--kv-mem", "0"));

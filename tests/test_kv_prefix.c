@@ -365,7 +365,7 @@ static void test_blob_round_trip_and_rejects(void **state)
     /* a flipped token, a truncated blob, another fingerprint: refused */
     uint8_t *bad = malloc(log.len[0]);
     memcpy(bad, log.blob[0], log.len[0]);
-    bad[88] ^= 1;
+    bad[96] ^= 1; /* the first token, after the 96-byte header */
     assert_int_equal(kv_seq_import_page(fresh, s, t, bad, log.len[0]), KS_ERR_FORMAT);
     assert_int_equal(kv_seq_import_page(fresh, s, t, log.blob[0], log.len[0] - 1), KS_ERR_FORMAT);
     memcpy(bad, log.blob[0], log.len[0]);

@@ -28,6 +28,7 @@
 enum { MAX_GEN = 64, N_REQ = 16, P = 32 };
 
 static struct model *g_model;
+static enum kv_smooth g_smooth; /* the caches' smoothing, per case */
 static threads_pool *g_pool;
 static char g_model_path[4096];
 
@@ -101,6 +102,7 @@ static struct sched *make_sched(bool prefix_cache, enum quant_type type, int par
     kc.mem_budget = 64u << 20;
     kc.type_k = kc.type_v = type;
     kc.prefix_cache = prefix_cache;
+    kc.smooth = g_smooth;
     struct sched_engine eng;
     assert_int_equal(sched_engine_model(g_model, &kc, 512, g_pool, &eng), KS_OK);
     struct sched_config sc;
@@ -117,6 +119,7 @@ static struct sched *make_sched_store(struct store *st, size_t budget)
     struct kv_config kc;
     model_kv_config(g_model, &kc);
     kc.mem_budget = budget;
+    kc.smooth = g_smooth;
     struct sched_engine eng;
     assert_int_equal(sched_engine_model(g_model, &kc, 512, g_pool, &eng), KS_OK);
     sched_engine_model_set_store(&eng, st);
@@ -139,12 +142,15 @@ static void prompt_of(int32_t *t, int32_t n, int32_t salt)
 /* ---- tests -------------------------------------------------------------------- */
 
 /* Exact results: the tokens with a hit equal the tokens computed cold, at f16
- * and at q8_0 pages. */
+ * and at q8_0 pages, and at q8_0 pages smoothed (the hit maps page 0 with its
+ * channel means). */
 static void test_hit_gives_same_tokens(void **state)
 {
     (void)state;
-    enum quant_type types[2] = {QUANT_F16, QUANT_Q8_0};
-    for (int t = 0; t < 2; t++) {
+    enum quant_type types[3] = {QUANT_F16, QUANT_Q8_0, QUANT_Q8_0};
+    enum kv_smooth smooth[3] = {KV_SMOOTH_OFF, KV_SMOOTH_OFF, KV_SMOOTH_KV};
+    for (int t = 0; t < 3; t++) {
+        g_smooth = smooth[t];
         int32_t prompt[300];
         prompt_of(prompt, 300, 1);
         struct sched *cold = make_sched(false, types[t], 4);
@@ -177,6 +183,7 @@ static void test_hit_gives_same_tokens(void **state)
         free(branch);
         free(branch_ref);
     }
+    g_smooth = KV_SMOOTH_OFF;
 }
 
 /* Sixteen requests with one 600-token prefix, submitted together: the prefix
@@ -264,9 +271,8 @@ static void test_warm_up(void **state)
 /* The SSD tier: pages persisted when an engine stops are read back by the
  * next engine over the same store, with the same tokens as a cold run; pages
  * evicted from a small RAM budget are written behind and read back too. */
-static void test_disk_tier_restart(void **state)
+static void disk_tier_restart(void)
 {
-    (void)state;
     char dir[] = "/tmp/kvserve-prefix-XXXXXX";
     assert_non_null(mkdtemp(dir));
     struct kv_config kc;
@@ -325,6 +331,16 @@ static void test_disk_tier_restart(void **state)
     char cmd[256];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     assert_int_equal(system(cmd), 0);
+}
+
+/* Without and with smoothing: page 0's blob carries the channel means. */
+static void test_disk_tier_restart(void **state)
+{
+    (void)state;
+    disk_tier_restart();
+    g_smooth = KV_SMOOTH_KV;
+    disk_tier_restart();
+    g_smooth = KV_SMOOTH_OFF;
 }
 
 /* ---- setup -------------------------------------------------------------------- */

@@ -224,11 +224,13 @@ static void phase_items(void *ctx, int ith, int nth)
         run_item(j, (int32_t)i, j->scratch + (size_t)ith * j->scratch_bytes);
 }
 
-/* Merge the chunks of one (tile, head), normalize, rotate back, store. */
+/* Merge the chunks of one (tile, head), normalize, add the V means back
+ * (smoothing: the weights sum to 1), rotate back, store. */
 static void finish(const struct job *j, const struct tile *t, int head)
 {
     const struct kv_config *c = kv_get_config(j->kv);
     int R = tile_rows(j, t), d = j->dim;
+    const float *mean_v = kv_seq_mean(j->kv, t->seq, j->layer, true);
     float *base = item_state(j, t, 0, head);
     for (int ch = 1; ch < t->n_chunks; ch++) {
         float *o = item_state(j, t, ch, head);
@@ -251,6 +253,8 @@ static void finish(const struct job *j, const struct tile *t, int head)
             float inv = base[R + r] > 0.0f ? 1.0f / base[R + r] : 0.0f;
             for (int e = 0; e < d; e++)
                 acc[e] *= inv;
+            for (int e = 0; mean_v && e < d; e++)
+                acc[e] += mean_v[(size_t)head * d + e];
             if (c->rotate)
                 j->k->rotate(acc, d);
             float *dst = j->out + ((size_t)(t->first + i) * j->n_head + (size_t)head * j->group + g) * d;

@@ -175,6 +175,8 @@ bool cli_parse_kv_flag(const char *a, const char *v, struct cli_kv_flags *f, boo
         *ok = cli_parse_on_off(v, &c->rotate);
     else if (is_flag(a, "--kv-scale-search", NULL))
         *ok = cli_parse_on_off(v, &c->scale_search);
+    else if (is_flag(a, "--kv-smooth", NULL))
+        *ok = kv_parse_smooth(v, &c->smooth) == KS_OK;
     else if (is_flag(a, "--kv-sink", "--kv-sinks")) /* the second: an older spelling */
         *ok = cli_parse_int(v, 0, 1 << 24, &c->sink_tokens);
     else if (is_flag(a, "--kv-hot", NULL))
@@ -210,6 +212,7 @@ void cli_kv_flags_apply(const struct cli_kv_flags *f, struct kv_config *cfg)
     cfg->page_tokens = u->page_tokens;
     cfg->rotate = u->rotate;
     cfg->scale_search = u->scale_search;
+    cfg->smooth = u->smooth;
     cfg->sink_tokens = u->sink_tokens;
     cfg->hot_tokens = u->hot_tokens;
     cfg->floor = u->floor;
@@ -245,6 +248,9 @@ const char cli_model_flags_help[] =
     "      --kv-scale-search on|off\n"
     "                           quantized rows: each block's scale by least squared error\n"
     "                           (default on; off: llama.cpp's max-based scale)\n"
+    "      --kv-smooth off|k|v|kv\n"
+    "                           store K and/or V minus each sequence's channel means, fixed\n"
+    "                           from its first page and added back exactly (default off)\n"
     "      --kv-sink N          dynamic: first tokens kept at start precision (default 32)\n"
     "      --kv-hot N           dynamic: recent tokens kept at start precision (default 512)\n"
     "      --kv-floor T         dynamic: lowest precision (default q4_0)\n"

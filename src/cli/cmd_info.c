@@ -246,6 +246,9 @@ static void print_kv_memory(const struct info_kv_shape *s)
     }
     if (s->n_ctx_train)
         printf("    (per context = %u tokens, the trained context length)\n", s->n_ctx_train);
+    uint64_t means = 2ull * s->n_layer * s->n_head_kv * s->head_dim_k * sizeof(float);
+    printf("    smoothing (--kv-smooth, default %s): channel means of %s per sequence, outside the budget\n",
+           kv_smooth_name(KV_SMOOTH_OFF), human_bytes((double)means, a, sizeof a));
 }
 
 /* Tokens that fit in budget bytes: kv_fit_config over an empty cache with

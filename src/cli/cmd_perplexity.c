@@ -285,17 +285,17 @@ static void print_result(const struct ppl_state *s, const struct ppl_opts *o, do
             snprintf(kl, sizeof kl, "\"kld_mean\": %.8f, \"kld_p99\": %.8f, \"top1\": %.6f", kmean, kp99, top1);
         printf("{\"ppl\": %.6f, %s, \"n_tokens\": %lld, "
                "\"n_ctx\": %d, \"cache\": {\"type_k\": \"%s\", \"type_v\": \"%s\", \"rotate\": %s, "
-               "\"scale_search\": %s, \"page\": %d, "
+               "\"scale_search\": %s, \"smooth\": \"%s\", \"page\": %d, "
                "\"policy\": \"%s\", \"mem\": %zu}}\n",
                ppl, kl, (long long)s->n_scored, o->n_ctx, quant_type_name(c->type_k),
                quant_type_name(c->type_v), c->rotate ? "true" : "false", c->scale_search ? "true" : "false",
-               c->page_tokens,
+               kv_smooth_name(c->smooth), c->page_tokens,
                c->policy == KV_POLICY_DYNAMIC ? "dynamic" : "static", c->mem_budget);
         return;
     }
-    printf("cache %s/%s rotate %s scale search %s, c=%d, %lld scored tokens\n", quant_type_name(c->type_k),
-           quant_type_name(c->type_v), c->rotate ? "on" : "off", c->scale_search ? "on" : "off", o->n_ctx,
-           (long long)s->n_scored);
+    printf("cache %s/%s rotate %s scale search %s smooth %s, c=%d, %lld scored tokens\n",
+           quant_type_name(c->type_k), quant_type_name(c->type_v), c->rotate ? "on" : "off",
+           c->scale_search ? "on" : "off", kv_smooth_name(c->smooth), o->n_ctx, (long long)s->n_scored);
     printf("PPL = %.4f\n", ppl);
     if (o->kl_base)
         printf("mean KLD = %.6f   KLD p99 = %.6f   same top-1 = %.2f%%\n", kmean, kp99, top1 * 100.0);

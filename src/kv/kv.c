@@ -16,6 +16,7 @@ void kv_config_default(struct kv_config *cfg)
     cfg->type_v = QUANT_F16;
     cfg->rotate = true;
     cfg->scale_search = true;
+    cfg->smooth = KV_SMOOTH_OFF;
     cfg->policy = KV_POLICY_STATIC;
     cfg->sink_tokens = 32;
     cfg->hot_tokens = 512;
@@ -140,6 +141,8 @@ static ks_status check_config(const struct kv_config *c)
     ks_status st;
     if ((st = kv_check_type(c, c->type_k, "--cache-type-k")) || (st = kv_check_type(c, c->type_v, "--cache-type-v")))
         return st;
+    if ((unsigned)c->smooth > KV_SMOOTH_KV)
+        return ks_fail(KS_ERR_INVALID_ARG, "--kv-smooth: unknown mode %d (use off, k, v or kv)", (int)c->smooth);
     if (c->policy != KV_POLICY_STATIC && c->policy != KV_POLICY_DYNAMIC)
         return ks_fail(KS_ERR_INVALID_ARG, "--kv-policy: unknown policy %d", (int)c->policy);
     if (c->policy == KV_POLICY_DYNAMIC) {
@@ -195,6 +198,7 @@ void kv_free(struct kv_cache *kv)
         free(kv->pages[i].k);
         free(kv->pages[i].v);
         free(kv->pages[i].tokens);
+        kv_mean_free(kv->pages[i].mean);
     }
     for (int32_t s = 0; s < kv->n_seq_slots; s++) {
         free(kv->seqs[s].pages);
@@ -273,6 +277,8 @@ ks_status kv_page_new(struct kv_cache *kv, enum quant_type tk, enum quant_type t
     }
     pg->tk = tk;
     pg->tv = tv;
+    pg->mean = NULL;
+    pg->mean_tag = 0;
     pg->ref = 1;
     pg->birth = kv->next_birth++;
     pg->keyed = pg->on_disk = false;
@@ -296,7 +302,9 @@ void kv_page_release(struct kv_cache *kv, int32_t id)
     kv->used -= bytes;
     free(pg->k);
     free(pg->v);
+    kv_mean_free(pg->mean);
     pg->k = pg->v = NULL;
+    pg->mean = NULL;
     release_slot(kv, id);
 }
 
@@ -521,8 +529,8 @@ ks_status kv_seq_fork(struct kv_cache *kv, int32_t src, int32_t *seq_out)
 /* ---- writing tokens --------------------------------------------------------- */
 
 /* Give seq its own copy of a shared or keyed (immutable) page before writing
- * into it. */
-static ks_status page_make_private(struct kv_cache *kv, struct kv_seq *s, int32_t idx)
+ * into it; a page 0 keeps its channel means. */
+ks_status kv_page_make_private(struct kv_cache *kv, struct kv_seq *s, int32_t idx)
 {
     int32_t old = kv_seq_page_id(kv, s, idx);
     if (kv->pages[old].ref == 1 && !kv->pages[old].keyed)
@@ -531,50 +539,125 @@ static ks_status page_make_private(struct kv_cache *kv, struct kv_seq *s, int32_
      * lies outside every holder's sinks and hot window): read its types after */
     ks_status st = kv_policy_make_room(kv, kv_page_bytes(&kv->cfg, kv->pages[old].tk, kv->pages[old].tv));
     enum quant_type tk = kv->pages[old].tk, tv = kv->pages[old].tv;
+    const struct kv_mean *mean = kv->pages[old].mean;
     int32_t id = -1;
     if (!st && !(st = kv_page_new(kv, tk, tv, &id))) {
-        memcpy(kv->pages[id].k, kv->pages[old].k, kv_half_bytes(&kv->cfg, tk));
-        memcpy(kv->pages[id].v, kv->pages[old].v, kv_half_bytes(&kv->cfg, tv));
-        s->pages[idx] = id;
-        page_unref(kv, old);
+        struct kv_page *pg = &kv->pages[id];
+        if (mean && !(pg->mean = kv_mean_clone(&kv->cfg, mean))) {
+            pg->ref = 0;
+            kv->n_live_pages--;
+            kv_page_release(kv, id);
+            st = ks_fail(KS_ERR_NOMEM, "kv cache: out of host memory for a sequence's channel means");
+        } else {
+            memcpy(pg->k, kv->pages[old].k, kv_half_bytes(&kv->cfg, tk));
+            memcpy(pg->v, kv->pages[old].v, kv_half_bytes(&kv->cfg, tv));
+            s->pages[idx] = id;
+            page_unref(kv, old);
+        }
     }
     KV_DEBUG_CHECK(kv, "kv_write (copy on write)");
     return st;
 }
 
-ks_status kv_write(struct kv_cache *kv, int layer, int32_t seq, int32_t pos, const float *k, const float *v)
+/* Rotate x into the scratch row, subtract the channel means (NULL: none) and
+ * quantize it to dst. */
+static void store_row(struct kv_cache *kv, enum quant_type t, const float *x, const float *mu, uint8_t *dst)
 {
-    if (!seq_valid(kv, seq))
-        return seq_not_found(seq);
-    struct kv_seq *s = &kv->seqs[seq];
     const struct kv_config *c = &kv->cfg;
-    if (layer < 0 || layer >= c->n_layer)
-        return ks_fail(KS_ERR_RANGE, "kv_write: layer %d out of [0, %d)", layer, c->n_layer);
-    if (pos < 0 || pos >= s->len)
-        return ks_fail(KS_ERR_RANGE, "kv_write: position %d outside sequence %d of %d tokens (grow it first)",
-                       (int)pos, (int)seq, (int)s->len);
+    memcpy(kv->scratch, x, (size_t)c->head_dim * sizeof(float));
+    if (c->rotate)
+        kv_rotate(kv->scratch, c->head_dim);
+    for (int e = 0; mu && e < c->head_dim; e++)
+        kv->scratch[e] -= mu[e];
+    kv_row_quantizer(kv, t)(kv->scratch, dst, c->head_dim);
+}
+
+static ks_status write_token(struct kv_cache *kv, struct kv_seq *s, int layer, int32_t pos, const float *k,
+                             const float *v)
+{
+    const struct kv_config *c = &kv->cfg;
     int32_t idx = pos >> kv->page_shift, t = pos & (c->page_tokens - 1);
-    ks_status st = page_make_private(kv, s, idx);
+    ks_status st = kv_page_make_private(kv, s, idx);
     if (st)
         return st;
     struct kv_page *pg = &kv->pages[kv_seq_page_id(kv, s, idx)];
     assert(pg->ref == 1 && !pg->keyed && s->n_keyed <= idx);
+    const struct kv_mean *mean = kv_seq_means(kv, s);
+    assert(!mean || mean->fixed[layer]);
     const float *src[2] = {k, v};
     void *half[2] = {pg->k, pg->v};
     enum quant_type type[2] = {pg->tk, pg->tv};
     for (int kind = 0; kind < 2; kind++) {
-        quant_from_float_fn store = kv_row_quantizer(kv, type[kind]);
         size_t rb = kv->row_bytes[type[kind]];
-        for (int h = 0; h < c->n_kv_head; h++) {
-            const float *x = src[kind] + (size_t)h * c->head_dim;
-            if (c->rotate) {
-                memcpy(kv->scratch, x, (size_t)c->head_dim * sizeof(float));
-                kv_rotate(kv->scratch, c->head_dim);
-                x = kv->scratch;
-            }
-            store(x, (uint8_t *)kv_page_rows(kv, half[kind], type[kind], layer, h) + (size_t)t * rb, c->head_dim);
-        }
+        for (int h = 0; h < c->n_kv_head; h++)
+            store_row(kv, type[kind], src[kind] + (size_t)h * c->head_dim, kv_mean_row(c, mean, layer, kind, h),
+                      (uint8_t *)kv_page_rows(kv, half[kind], type[kind], layer, h) + (size_t)t * rb);
     }
+    return KS_OK;
+}
+
+static ks_status check_rows(const struct kv_cache *kv, int layer, int32_t seq, int32_t pos, int32_t n)
+{
+    if (!seq_valid(kv, seq))
+        return seq_not_found(seq);
+    const struct kv_seq *s = &kv->seqs[seq];
+    if (layer < 0 || layer >= kv->cfg.n_layer)
+        return ks_fail(KS_ERR_RANGE, "kv_write: layer %d out of [0, %d)", layer, kv->cfg.n_layer);
+    if (n < 1 || pos < 0 || pos > s->len - n)
+        return ks_fail(KS_ERR_RANGE, "kv_write: positions [%d, %d) outside sequence %d of %d tokens (grow it first)",
+                       (int)pos, (int)pos + (int)n, (int)seq, (int)s->len);
+    return KS_OK;
+}
+
+ks_status kv_write_rows(struct kv_cache *kv, int layer, int32_t seq, int32_t pos, int32_t n, const float *k,
+                        const float *v)
+{
+    ks_status st = check_rows(kv, layer, seq, pos, n);
+    if (st)
+        return st;
+    struct kv_seq *s = &kv->seqs[seq];
+    size_t kv_dim = (size_t)kv->cfg.n_kv_head * kv->cfg.head_dim;
+    if ((st = kv_seq_fix_means(kv, s, layer, pos, n, k, v)))
+        return st;
+    for (int32_t i = 0; i < n && !st; i++)
+        st = write_token(kv, s, layer, pos + i, k + i * kv_dim, v + i * kv_dim);
+    return st;
+}
+
+ks_status kv_write(struct kv_cache *kv, int layer, int32_t seq, int32_t pos, const float *k, const float *v)
+{
+    return kv_write_rows(kv, layer, seq, pos, 1, k, v);
+}
+
+/* Dequantize one stored row, add the channel means back and undo the rotation. */
+static void load_row(const struct kv_cache *kv, const void *half, enum quant_type t, int layer, int head, int32_t tok,
+                     const float *mu, float *out)
+{
+    const struct kv_config *c = &kv->cfg;
+    const uint8_t *row = kv_page_rows(kv, half, t, layer, head) + (size_t)tok * kv->row_bytes[t];
+    quant_traits(t)->to_float(row, out, c->head_dim);
+    for (int e = 0; mu && e < c->head_dim; e++)
+        out[e] += mu[e];
+    if (c->rotate)
+        kv_rotate(out, c->head_dim);
+}
+
+ks_status kv_read(const struct kv_cache *kv, int layer, int32_t seq, int32_t pos, float *k, float *v)
+{
+    ks_status st = check_rows(kv, layer, seq, pos, 1);
+    if (st)
+        return st;
+    const struct kv_config *c = &kv->cfg;
+    const struct kv_seq *s = &kv->seqs[seq];
+    const struct kv_page *pg = &kv->pages[kv_seq_page_id(kv, s, pos >> kv->page_shift)];
+    const struct kv_mean *mean = kv_seq_means(kv, s);
+    float *dst[2] = {k, v};
+    const void *half[2] = {pg->k, pg->v};
+    enum quant_type type[2] = {pg->tk, pg->tv};
+    for (int kind = 0; kind < 2; kind++)
+        for (int h = 0; dst[kind] && h < c->n_kv_head; h++)
+            load_row(kv, half[kind], type[kind], layer, h, pos & (c->page_tokens - 1),
+                     kv_mean_row(c, mean, layer, kind, h), dst[kind] + (size_t)h * c->head_dim);
     return KS_OK;
 }
 
@@ -615,6 +698,8 @@ ks_status kv_check(const struct kv_cache *kv)
             if (id < 0 || id >= kv->n_page_slots || kv->pages[id].ref <= 0)
                 st = ks_fail(KS_ERR_INTERNAL, "kv: sequence %d page %d is %d, not a live page", (int)q, (int)i,
                              (int)id);
+            else if (i > 0 && kv->pages[id].mean) /* the means belong to page 0 only */
+                st = ks_fail(KS_ERR_INTERNAL, "kv: sequence %d page %d holds channel means", (int)q, (int)i);
             else
                 refs[id]++;
         }

@@ -41,6 +41,20 @@ enum kv_policy {
     KV_POLICY_DYNAMIC = 1, /* sinks + hot window at type_k/type_v, older pages step down */
 };
 
+/* Smoothing: which halves a new sequence stores minus its per-channel means
+ * (a bit mask). Exact by construction: every key a query sees is shifted by
+ * the same mu_k, which shifts all its scores equally (softmax unchanged), and
+ * the weights sum to 1, so attention adds mu_v back once to its output. The
+ * means of a sequence, per layer and KV head, come from the tokens of its first
+ * write that land in page 0 and never change; page 0 owns them, so a sequence
+ * that maps a cached page 0 (RAM, disk, fork) takes its means with it. */
+enum kv_smooth {
+    KV_SMOOTH_OFF = 0,
+    KV_SMOOTH_K = 1,
+    KV_SMOOTH_V = 2,
+    KV_SMOOTH_KV = 3,
+};
+
 struct kv_config {
     int n_layer;
     int n_kv_head;
@@ -52,6 +66,7 @@ struct kv_config {
     bool rotate;              /* Walsh-Hadamard rotation of K/V over head_dim (default on) */
     bool scale_search;        /* quantized rows take quant's kv_from_float: each block's scale by least
                                  squared error, same block format (default on) */
+    enum kv_smooth smooth;    /* halves stored minus the sequence's channel means (default off) */
     enum kv_policy policy;
     int sink_tokens;          /* dynamic: first S tokens kept at start precision (32), unless the cache is full otherwise */
     int hot_tokens;           /* dynamic: most recent W tokens kept (512), likewise */
@@ -68,7 +83,7 @@ struct kv_config {
     uint8_t fingerprint[16];  /* the model's identity, part of every page key (model_fingerprint) */
 };
 
-/* Fill defaults: P=32, f16/f16, rotate on, scale search on, static policy, S=32, W=512,
+/* Fill defaults: P=32, f16/f16, rotate on, scale search on, smoothing off, static policy, S=32, W=512,
  * watermarks 0.90/0.80, floor q4_0, ladder q8_0,q4_0, prefix cache on. Shape, budget and
  * fingerprint are left for the caller. */
 void kv_config_default(struct kv_config *cfg);
@@ -88,10 +103,31 @@ ks_status kv_seq_grow(struct kv_cache *kv, int32_t seq, int32_t n_tokens);
 ks_status kv_seq_truncate(struct kv_cache *kv, int32_t seq, int32_t len);
 
 /* Store one token's K and V for one layer: k and v hold n_kv_head * head_dim
- * f32 values (head-major). pos < kv_seq_len(seq). Rotation and quantization
- * happen here. */
+ * f32 values (head-major). pos < kv_seq_len(seq). Rotation, smoothing and
+ * quantization happen here. kv_write_rows(..., pos, 1, k, v). */
 ks_status kv_write(struct kv_cache *kv, int layer, int32_t seq, int32_t pos,
                    const float *k, const float *v);
+
+/* Store n consecutive tokens [pos, pos + n) of seq for one layer: k and v hold
+ * n rows of n_kv_head * head_dim f32 values. With cfg.smooth, the write that
+ * starts a new sequence's page 0 (pos 0) fixes the layer's channel means from
+ * its rows in page 0 (at most P of them), so write a prefill batch with one
+ * call. KS_ERR_RANGE (positions outside [0, len), n < 1, bad layer),
+ * KS_ERR_NOT_FOUND (no such sequence), KS_ERR_KV_FULL or KS_ERR_NOMEM (a copy
+ * on write of a shared page, the means' storage). */
+ks_status kv_write_rows(struct kv_cache *kv, int layer, int32_t seq, int32_t pos, int32_t n,
+                        const float *k, const float *v);
+
+/* The K and V rows of one token as kv_write received them, up to the stored
+ * precision: dequantized, the channel means added back, the rotation undone
+ * (n_kv_head * head_dim f32 each; NULL skips that half). For tests and
+ * diagnostics. KS_ERR_NOT_FOUND, KS_ERR_RANGE as kv_write. */
+ks_status kv_read(const struct kv_cache *kv, int layer, int32_t seq, int32_t pos, float *k, float *v);
+
+/* Smoothing's names: "off", "k", "v", "kv". kv_parse_smooth: KS_ERR_INVALID_ARG
+ * for another word. */
+const char *kv_smooth_name(enum kv_smooth s);
+ks_status kv_parse_smooth(const char *text, enum kv_smooth *out);
 
 /* ---- additions beyond the first contract (all purely additive) ---------- */
 
@@ -149,6 +185,10 @@ ks_status kv_requantize(struct kv_cache *kv, const struct kv_selector *sel, enum
  * with key_{-1} = 0. Precision is not in the key, so a demoted page still
  * matches. A keyed page is immutable: a write into it (after a truncation,
  * or into a page mapped by kv_seq_attach_partial) goes to a private copy.
+ * Nor are smoothing's channel means in the key: page 0 carries its own, and a
+ * later page is mapped only into a sequence whose means are the ones its rows
+ * were stored against (each keyed page records their tag), so sharing stays
+ * exact whichever write fixed them.
  *
  * When the last sequence holding a keyed page lets go of it, the page stays
  * allocated ("idle") on an LRU list and still counts as used. Idle pages are
@@ -209,8 +249,9 @@ ks_status kv_seq_publish(struct kv_cache *kv, int32_t seq, const int32_t *tokens
  * full page, and stays in RAM (the SSD tier keeps full pages only). */
 ks_status kv_seq_publish_tail(struct kv_cache *kv, int32_t seq, const int32_t *tokens, int32_t n_computed);
 
-/* Pages as bytes for the SSD tier: a header (layout, types, key, parent), the
- * P token ids, then the K and V halves. */
+/* Pages as bytes for the SSD tier: a header (layout, types, key, parent, the
+ * tag of the channel means its rows are stored against), the P token ids, the
+ * K and V halves, then, for a smoothed sequence's page 0, its channel means. */
 struct kv_page_blob {
     struct kv_key key, parent;
     int32_t n_tokens;         /* P */
@@ -225,8 +266,10 @@ void kv_set_evict_hook(struct kv_cache *kv, kv_evict_fn fn, void *user);
 
 /* Append a page read back from the SSD tier to seq (len a multiple of P).
  * The blob must match this cache's layout, and its key must be the next key
- * of seq's chain along tokens (tokens[0, len + P) are the prompt); anything
- * else is KS_ERR_FORMAT and changes nothing. KS_ERR_KV_FULL when no room. */
+ * of seq's chain along tokens (tokens[0, len + P) are the prompt); past page
+ * 0 it must be stored against seq's channel means (smoothing); anything else
+ * is KS_ERR_FORMAT and changes nothing. A page 0 brings its means along.
+ * KS_ERR_KV_FULL when no room. */
 ks_status kv_seq_import_page(struct kv_cache *kv, int32_t seq, const int32_t *tokens, const void *blob, size_t len);
 
 /* Hand every keyed page not yet on disk to the eviction hook (at shutdown).
@@ -277,6 +320,13 @@ int32_t kv_seq_n_pages(const struct kv_cache *kv, int32_t seq);
 /* The view of page p (0 <= p < kv_seq_n_pages) of live sequence seq. The
  * arguments are the caller's to check; Debug builds assert them. */
 void kv_seq_page_view(const struct kv_cache *kv, int32_t seq, int32_t p, struct kv_page_view *out);
+
+/* The channel means seq's rows of one layer are stored against (smoothing):
+ * n_kv_head * head_dim floats, head-major, in the stored (rotated) space, to be
+ * added to a row read from any of its pages (attention adds the V means to its
+ * output). NULL when that half (v: V, else K) is stored as it is. Valid like a
+ * page view; the arguments are the caller's to check. */
+const float *kv_seq_mean(const struct kv_cache *kv, int32_t seq, int layer, bool v);
 
 /* The rotation rows are stored under when cfg.rotate is set: a normalized
  * Walsh-Hadamard transform in place over blocks of the largest power of two

@@ -25,11 +25,23 @@
 #endif
 #endif
 
+/* A smoothed sequence's channel means, owned by its page 0 (kv_smooth.c).
+ * Outside the budget, like the rest of a page's metadata. */
+struct kv_mean {
+    bool has_k, has_v;       /* which halves are stored minus their means */
+    int32_t n_fixed;         /* layers whose means are fixed */
+    uint64_t tag;            /* nonzero hash of mu once every layer is fixed, 0 before */
+    bool *fixed;             /* (n_layer) */
+    float *mu;               /* (n_layer, 2: K then V, n_kv_head, head_dim), stored (rotated) space */
+};
+
 /* A page slot is free (no storage), live (ref > 0) or idle (ref 0, keyed,
  * on the LRU list). */
 struct kv_page {
     void *k, *v;             /* storage, NULL for a free slot */
     enum quant_type tk, tv;
+    struct kv_mean *mean;    /* the sequence's channel means, on a smoothed sequence's page 0 only */
+    uint64_t mean_tag;       /* keyed pages: the tag of the means its rows are stored against (0: none) */
     int32_t ref;             /* sequences whose table holds this page */
     uint64_t birth;          /* allocation order: the dynamic policy demotes oldest first */
     /* prefix cache; a keyed page is immutable */
@@ -138,6 +150,33 @@ ks_status kv_page_new(struct kv_cache *kv, enum quant_type tk, enum quant_type t
 /* Free an unreferenced page's storage and slot (its key must be gone). */
 void kv_page_release(struct kv_cache *kv, int32_t id);
 ks_status kv_seq_reserve_table(struct kv_seq *s, int32_t n_pages);
+
+/* Copy-on-write: give seq its own copy of page idx when it is shared or keyed. */
+ks_status kv_page_make_private(struct kv_cache *kv, struct kv_seq *s, int32_t idx);
+
+/* ---- smoothing, kv_smooth.c ------------------------------------------------ */
+
+size_t kv_mean_floats(const struct kv_config *cfg);
+/* Zeroed means, none fixed; NULL when the host is out of memory. */
+struct kv_mean *kv_mean_new(const struct kv_config *cfg, bool has_k, bool has_v);
+struct kv_mean *kv_mean_clone(const struct kv_config *cfg, const struct kv_mean *m);
+void kv_mean_free(struct kv_mean *m);
+/* Means of every layer given (from a blob): all fixed, tag computed. */
+void kv_mean_fix_all(const struct kv_config *cfg, struct kv_mean *m);
+/* The head_dim means of (layer, half, head); NULL when that half is not smoothed. */
+const float *kv_mean_row(const struct kv_config *cfg, const struct kv_mean *m, int layer, int half, int head);
+/* The means seq's pages are stored against (its page 0's), NULL for none. */
+const struct kv_mean *kv_seq_means(const struct kv_cache *kv, const struct kv_seq *s);
+/* Their tag, 0 for none: a keyed page is mapped past page 0 only into a
+ * sequence with its tag. */
+uint64_t kv_seq_mean_tag(const struct kv_cache *kv, const struct kv_seq *s);
+/* Before writing rows [pos, pos + n) of one layer (k, v as kv_write_rows):
+ * fix the layer's means on page 0 if they are not yet, from the rows that
+ * land in page 0 when pos is 0 (a new sequence's first write), as zeros
+ * otherwise. Nothing for a sequence without means unless cfg.smooth starts
+ * them at pos 0. KS_ERR_NOMEM, or a copy-on-write's error. */
+ks_status kv_seq_fix_means(struct kv_cache *kv, struct kv_seq *s, int layer, int32_t pos, int32_t n, const float *k,
+                           const float *v);
 
 /* ---- prefix cache, kv_prefix.c ------------------------------------------- */
 

@@ -9,7 +9,7 @@
 
 #include "kv/kv_internal.h"
 
-enum { MAP_MIN_CAP = 64, BLOB_MAGIC = 0x4750564B /* "KVPG" */, BLOB_VERSION = 1 };
+enum { MAP_MIN_CAP = 64, BLOB_MAGIC = 0x4750564B /* "KVPG" */, BLOB_VERSION = 2 };
 
 static const struct kv_key ZERO_KEY = {0, 0};
 
@@ -125,7 +125,7 @@ static void map_remove(struct kv_cache *kv, int32_t id)
 }
 
 static ks_status page_set_key(struct kv_cache *kv, int32_t id, struct kv_key key, struct kv_key parent,
-                              const int32_t *tokens, int32_t n_valid)
+                              const int32_t *tokens, int32_t n_valid, uint64_t mean_tag)
 {
     size_t n = (size_t)kv->cfg.page_tokens * sizeof(int32_t);
     int32_t *copy = calloc(1, n);
@@ -141,6 +141,7 @@ static ks_status page_set_key(struct kv_cache *kv, int32_t id, struct kv_key key
     pg->n_valid = n_valid;
     pg->key = key;
     pg->parent = parent;
+    pg->mean_tag = mean_tag;
     pg->keyed = true;
     pg->hits = 0;
     pg->last_use_ms = unix_ms();
@@ -214,25 +215,30 @@ void kv_prefix_take(struct kv_cache *kv, int32_t id)
 
 /* ---- pages as bytes ------------------------------------------------------------ */
 
+/* Version 2 added the channel means (smoothing); a version 1 entry is a miss. */
 struct blob_header {
     uint32_t magic, version;
     uint32_t page_tokens, n_layer, n_kv_head, head_dim, rotate;
-    uint32_t type_k, type_v, reserved;
+    uint32_t type_k, type_v;
+    uint32_t mean_halves;     /* page 0 of a smoothed sequence: bit 0 K, bit 1 V; its means follow the V half */
     struct kv_key key, parent;
     uint8_t fingerprint[16];
+    uint64_t mean_tag;        /* the means the rows are stored against, 0 for none */
 };
-_Static_assert(sizeof(struct blob_header) == 88, "the page blob header is an on-disk format");
+_Static_assert(sizeof(struct blob_header) == 96, "the page blob header is an on-disk format");
 
-static size_t blob_size(const struct kv_cache *kv, enum quant_type tk, enum quant_type tv)
+static size_t blob_size(const struct kv_cache *kv, enum quant_type tk, enum quant_type tv, bool means)
 {
     return sizeof(struct blob_header) + (size_t)kv->cfg.page_tokens * sizeof(int32_t) +
-           kv_half_bytes(&kv->cfg, tk) + kv_half_bytes(&kv->cfg, tv);
+           kv_half_bytes(&kv->cfg, tk) + kv_half_bytes(&kv->cfg, tv) +
+           (means ? kv_mean_floats(&kv->cfg) * sizeof(float) : 0);
 }
 
 static void *blob_pack(const struct kv_cache *kv, const struct kv_page *pg, size_t *len_out)
 {
     const struct kv_config *c = &kv->cfg;
-    size_t len = blob_size(kv, pg->tk, pg->tv), n_tok = (size_t)c->page_tokens * sizeof(int32_t);
+    size_t len = blob_size(kv, pg->tk, pg->tv, pg->mean != NULL);
+    size_t n_tok = (size_t)c->page_tokens * sizeof(int32_t);
     uint8_t *b = malloc(len);
     if (!b)
         return NULL;
@@ -240,13 +246,17 @@ static void *blob_pack(const struct kv_cache *kv, const struct kv_page *pg, size
         .magic = BLOB_MAGIC, .version = BLOB_VERSION, .page_tokens = (uint32_t)c->page_tokens,
         .n_layer = (uint32_t)c->n_layer, .n_kv_head = (uint32_t)c->n_kv_head, .head_dim = (uint32_t)c->head_dim,
         .rotate = c->rotate, .type_k = (uint32_t)pg->tk, .type_v = (uint32_t)pg->tv, .key = pg->key,
-        .parent = pg->parent,
+        .parent = pg->parent, .mean_tag = pg->mean_tag,
+        .mean_halves = pg->mean ? (uint32_t)pg->mean->has_k | (uint32_t)pg->mean->has_v << 1 : 0,
     };
     memcpy(h.fingerprint, c->fingerprint, sizeof h.fingerprint);
+    size_t at = sizeof h;
     memcpy(b, &h, sizeof h);
-    memcpy(b + sizeof h, pg->tokens, n_tok);
-    memcpy(b + sizeof h + n_tok, pg->k, kv_half_bytes(c, pg->tk));
-    memcpy(b + sizeof h + n_tok + kv_half_bytes(c, pg->tk), pg->v, kv_half_bytes(c, pg->tv));
+    memcpy(b + at, pg->tokens, n_tok);
+    memcpy(b + (at += n_tok), pg->k, kv_half_bytes(c, pg->tk));
+    memcpy(b + (at += kv_half_bytes(c, pg->tk)), pg->v, kv_half_bytes(c, pg->tv));
+    if (pg->mean)
+        memcpy(b + at + kv_half_bytes(c, pg->tv), pg->mean->mu, kv_mean_floats(c) * sizeof(float));
     *len_out = len;
     return b;
 }
@@ -346,6 +356,12 @@ bool kv_seq_next_key(const struct kv_cache *kv, int32_t seq, const int32_t *toke
     return true;
 }
 
+/* Page 0 brings its means; a later page must be stored against seq's. */
+static bool stored_against_seq_means(const struct kv_cache *kv, const struct kv_seq *s, int32_t id)
+{
+    return s->n_pages == 0 || kv->pages[id].mean_tag == kv_seq_mean_tag(kv, s);
+}
+
 static void seq_map(struct kv_cache *kv, struct kv_seq *s, int32_t id, int32_t n_tokens)
 {
     struct kv_page *pg = &kv->pages[id];
@@ -372,7 +388,8 @@ static ks_status attach_pages(struct kv_cache *kv, int32_t seq, const int32_t *t
         struct kv_key key = chain_key(kv, last_key(s), page_tokens);
         int32_t id = map_find(kv, key);
         if (id < 0 || kv->pages[id].n_valid != P ||
-            memcmp(kv->pages[id].tokens, page_tokens, (size_t)P * sizeof *page_tokens) != 0)
+            memcmp(kv->pages[id].tokens, page_tokens, (size_t)P * sizeof *page_tokens) != 0 ||
+            !stored_against_seq_means(kv, s, id))
             break;
         if ((st = kv_seq_reserve_table(s, s->n_pages + 1)))
             return st;
@@ -405,7 +422,7 @@ static ks_status attach_partial(struct kv_cache *kv, int32_t seq, const int32_t 
     int32_t best = -1, best_run = 0;
     for (int32_t id = 0; id < kv->n_page_slots; id++) {
         const struct kv_page *pg = &kv->pages[id];
-        if (!pg->keyed || !kv_key_equal(pg->parent, parent))
+        if (!pg->keyed || !kv_key_equal(pg->parent, parent) || !stored_against_seq_means(kv, s, id))
             continue;
         int32_t run = common_run(pg->tokens, tokens + s->len, want < pg->n_valid ? want : pg->n_valid);
         if (run > best_run) {
@@ -438,7 +455,7 @@ static ks_status publish(struct kv_cache *kv, int32_t seq, const int32_t *tokens
         assert(!kv->pages[id].keyed || kv_key_equal(kv->pages[id].key, key));
         /* a page whose key another page already has stays private: one copy is cached */
         if (!kv->pages[id].keyed && map_find(kv, key) < 0 &&
-            (st = page_set_key(kv, id, key, parent, page_tokens, P)))
+            (st = page_set_key(kv, id, key, parent, page_tokens, P, kv_seq_mean_tag(kv, s))))
             return st;
         s->keys[i] = key;
         s->n_keyed = i + 1;
@@ -470,7 +487,7 @@ static ks_status publish_tail(struct kv_cache *kv, int32_t seq, const int32_t *t
     struct kv_key parent = last_key(s), key = tail_key(kv, parent, tail, n);
     if (map_find(kv, key) >= 0)
         return KS_OK;
-    return page_set_key(kv, id, key, parent, tail, n);
+    return page_set_key(kv, id, key, parent, tail, n, kv_seq_mean_tag(kv, s));
 }
 
 /* ---- reading a page back from the SSD tier ------------------------------------ */
@@ -488,8 +505,24 @@ static ks_status blob_check(const struct kv_cache *kv, const struct blob_header 
         kv_check_type(c, (enum quant_type)h->type_k, "kv page blob") ||
         kv_check_type(c, (enum quant_type)h->type_v, "kv page blob"))
         return ks_fail(KS_ERR_FORMAT, "kv page blob: bad K/V types %u/%u", h->type_k, h->type_v);
-    if (len != blob_size(kv, (enum quant_type)h->type_k, (enum quant_type)h->type_v))
+    if (h->mean_halves > (KV_SMOOTH_K | KV_SMOOTH_V) || (h->mean_halves && !kv_key_equal(h->parent, ZERO_KEY)))
+        return ks_fail(KS_ERR_FORMAT, "kv page blob: channel means %u on a page that is not a sequence's first",
+                       h->mean_halves);
+    if (len != blob_size(kv, (enum quant_type)h->type_k, (enum quant_type)h->type_v, h->mean_halves != 0))
         return ks_fail(KS_ERR_FORMAT, "kv page blob: %zu bytes, its header says otherwise", len);
+    return KS_OK;
+}
+
+/* A page 0's channel means, as the blob carries them after its V half. */
+static ks_status import_means(struct kv_cache *kv, struct kv_page *pg, const struct blob_header *h, const uint8_t *mu)
+{
+    if (!h->mean_halves)
+        return KS_OK;
+    pg->mean = kv_mean_new(&kv->cfg, h->mean_halves & KV_SMOOTH_K, h->mean_halves & KV_SMOOTH_V);
+    if (!pg->mean)
+        return ks_fail(KS_ERR_NOMEM, "kv cache: out of host memory for a sequence's channel means");
+    memcpy(pg->mean->mu, mu, kv_mean_floats(&kv->cfg) * sizeof(float));
+    kv_mean_fix_all(&kv->cfg, pg->mean);
     return KS_OK;
 }
 
@@ -514,9 +547,13 @@ static ks_status import_page(struct kv_cache *kv, int32_t seq, const int32_t *to
     struct kv_key parent = last_key(s), key = chain_key(kv, parent, page_tokens);
     if (!kv_key_equal(h.key, key) || !kv_key_equal(h.parent, parent) || memcmp(b, page_tokens, n_tok) != 0)
         return ks_fail(KS_ERR_FORMAT, "kv page blob: its key or tokens are not the next page of this prompt");
+    if (s->n_pages > 0 && h.mean_tag != kv_seq_mean_tag(kv, s))
+        return ks_fail(KS_ERR_FORMAT, "kv page blob: stored against other channel means than this sequence's");
     if ((st = kv_seq_reserve_table(s, s->n_pages + 1)))
         return st;
     int32_t id = map_find(kv, key);
+    if (id >= 0 && !stored_against_seq_means(kv, s, id))
+        return ks_fail(KS_ERR_FORMAT, "kv page blob: its key is cached in RAM against other channel means");
     if (id >= 0) { /* published in RAM meanwhile */
         s->keys[s->n_keyed++] = key;
         kv_prefix_take(kv, id);
@@ -529,7 +566,8 @@ static ks_status import_page(struct kv_cache *kv, int32_t seq, const int32_t *to
     struct kv_page *pg = &kv->pages[id];
     memcpy(pg->k, b + n_tok, kv_half_bytes(c, tk));
     memcpy(pg->v, b + n_tok + kv_half_bytes(c, tk), kv_half_bytes(c, tv));
-    if ((st = page_set_key(kv, id, key, parent, page_tokens, c->page_tokens))) {
+    if ((st = import_means(kv, pg, &h, b + n_tok + kv_half_bytes(c, tk) + kv_half_bytes(c, tv))) ||
+        (st = page_set_key(kv, id, key, parent, page_tokens, c->page_tokens, pg->mean ? pg->mean->tag : h.mean_tag))) {
         pg->ref = 0;
         kv->n_live_pages--;
         kv_page_release(kv, id);

@@ -341,6 +341,15 @@ static ks_status batch_prepare(struct model_ctx *c, struct kv_cache *kv, const s
     return KS_OK;
 }
 
+/* Entries from t on that continue one sequence position by position. */
+static int32_t same_seq_run(const struct model_batch *b, int32_t t)
+{
+    int32_t run = 1;
+    while (t + run < b->n_tokens && b->seq[t + run] == b->seq[t] && b->pos[t + run] == b->pos[t] + run)
+        run++;
+    return run;
+}
+
 static void batch_rollback(struct model_ctx *c, struct kv_cache *kv, int32_t n_seqs)
 {
     for (int32_t s = 0; s < n_seqs; s++)
@@ -401,10 +410,14 @@ static ks_status attention_block(struct model_ctx *c, struct kv_cache *kv, int i
     /* biases, Q/K norm, RoPE */
     struct qk_job qj = {m, L, c->q, c->k, c->v, c->rope_cs, n};
     threads_run(elementwise_pool(c, n), qk_task, &qj);
-    /* K/V of the whole batch go to the cache first: causal attention within the batch */
-    for (int64_t t = 0; t < n; t++)
-        if ((st = kv_write(kv, il, b->seq[t], b->pos[t], c->k + t * kv_dim, c->v + t * kv_dim)))
+    /* K/V of the whole batch go to the cache first: causal attention within the batch. One
+     * write per run of a sequence's consecutive tokens, so that the first one fixes its
+     * smoothing means from all its tokens in page 0 */
+    for (int32_t t = 0, run; t < b->n_tokens; t += run) {
+        run = same_seq_run(b, t);
+        if ((st = kv_write_rows(kv, il, b->seq[t], b->pos[t], run, c->k + t * kv_dim, c->v + t * kv_dim)))
             return st;
+    }
     float scale = 1.0f / sqrtf((float)hp->head_dim_k);
     if ((st = attn_forward(c->pool, kv, il, c->queries, (int32_t)n, c->q, c->att, hp->n_head, scale)))
         return st;

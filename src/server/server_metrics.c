@@ -192,6 +192,9 @@ static void usage_hook(void *user, struct kv_cache *kv)
         cJSON_AddNumberToObject(o, "page_bytes", (double)kv_page_bytes(cfg, cfg->type_k, cfg->type_v));
         cJSON_AddStringToObject(o, "type_k", quant_type_name(cfg->type_k));
         cJSON_AddStringToObject(o, "type_v", quant_type_name(cfg->type_v));
+        cJSON_AddBoolToObject(o, "rotate", cfg->rotate);
+        cJSON_AddBoolToObject(o, "scale_search", cfg->scale_search);
+        cJSON_AddStringToObject(o, "smooth", kv_smooth_name(cfg->smooth));
         cJSON_AddStringToObject(o, "policy", cfg->policy == KV_POLICY_DYNAMIC ? "dynamic" : "static");
         server_json_add(o, "kv_policy", policy_json(cfg));
         server_json_add(o, "pages_k", types_json(us.pages_k));
