@@ -14,7 +14,8 @@
  *
  * Models: tiny llamas written by synth at q4_0 and q8_0 with every matrix
  * (the untied output too) at that type, the trained q4_0 model in ../shared
- * when present, repacked (the default); the build's default model (tiny
+ * when present, repacked (the default); a tiny q4_k llama (k-quants keep
+ * their layout); the build's default model (tiny
  * llama, q8_0, KVSERVE_DEFAULT_MODEL), whose output is its tied q8_0 token
  * embeddings, left row-major; and a row-major model (MODEL_LOAD_NO_REPACK).
  * The last two are held only to what the README promises for row-major
@@ -46,8 +47,6 @@ enum {
     MAX_DECODE = 16,    /* decode batches of 1..16 tokens: the repacked group kernels' range */
     ROW_MAJOR_DECODE_MAX = 7, /* row-major Q4_0/Q8_0: 8 tokens and more take the prefill tiles */
 };
-
-static char g_dir[64];
 
 /* ---- an engine: a model, a pool, a cache with the probes' and others' contexts ---- */
 
@@ -271,17 +270,14 @@ struct promise {
     bool prefill_too;
 };
 
-static const struct promise k_repacked = {MAX_DECODE, true};
+static const struct promise k_any_batch = {MAX_DECODE, true};
 static const struct promise k_row_major_output = {ROW_MAJOR_DECODE_MAX, true};
 static const struct promise k_row_major = {ROW_MAJOR_DECODE_MAX, false};
 
 /* Every trial of both probes on 1 and 2 threads against the probes decoded
  * alone on one thread; returns the number of trials that differ. */
-static int check_model(const char *path, unsigned flags, struct promise pr, const char *label)
+static int check_loaded(const struct model *m, struct promise pr, const char *label)
 {
-    struct model *m;
-    if (model_load_flags(path, flags, &m))
-        fail_msg("load %s: %s", path, ks_errmsg());
     int n_vocab = model_hparams(m)->n_vocab;
     float *ref[2];
     struct tally t = {.label = label};
@@ -306,11 +302,25 @@ static int check_model(const char *path, unsigned flags, struct promise pr, cons
                   t.trials, (double)t.worst);
     free(ref[0]);
     free(ref[1]);
-    model_free(m);
     return t.differ;
 }
 
-/* A tiny llama with every matrix at type (the output untied, so it is repacked too). */
+/* remove_file: a file of this test's, gone once loaded (the model keeps its
+ * own copy of the weights). */
+static int check_model(const char *path, unsigned flags, bool remove_file, struct promise pr, const char *label)
+{
+    struct model *m;
+    if (model_load_flags(path, flags, &m))
+        fail_msg("load %s: %s", path, ks_errmsg());
+    if (remove_file)
+        unlink(path);
+    int differ = check_loaded(m, pr, label);
+    model_free(m);
+    return differ;
+}
+
+/* A tiny llama with every matrix at type (the output untied, so it is
+ * repacked too), written to a file of this process in /tmp. */
 static void synth_tiny(const char *type, char *path, size_t cap)
 {
     struct model_synth_spec spec;
@@ -318,48 +328,65 @@ static void synth_tiny(const char *type, char *path, size_t cap)
     spec.n_layer = 2;
     spec.pure = true;
     spec.untied = true;
-    snprintf(path, cap, "%s/tiny-%s.gguf", g_dir, type);
+    snprintf(path, cap, "/tmp/kvserve-test-bits-%d-%s.gguf", (int)getpid(), type);
     if (model_synth(&spec, type, NULL, path, NULL))
         fail_msg("synth %s: %s", type, ks_errmsg());
 }
 
+/* check_model on a tiny synthetic model of type. */
+static int check_synth(const char *type, unsigned flags, struct promise pr, const char *label)
+{
+    char path[128];
+    synth_tiny(type, path, sizeof path);
+    return check_model(path, flags, true, pr, label);
+}
+
+static void trained_model_path(char *buf, size_t cap)
+{
+    const char *shared = getenv("KVSERVE_SHARED");
+    snprintf(buf, cap, "%s/models/trained/tiny-llama-gqa-hd64-q4_0.gguf", shared ? shared : "../shared");
+}
+
 /* ---- cases ------------------------------------------------------------------------- */
 
-static void test_default_model_repacked(void **state)
+static void test_default_model(void **state)
 {
     (void)state;
     const char *path = getenv("KVSERVE_DEFAULT_MODEL");
     if (!path || access(path, R_OK) != 0)
         KS_SKIP("the default model (KVSERVE_DEFAULT_MODEL=%s) is not built", path ? path : "");
     /* its output is the tied q8_0 token embeddings, which stay row-major */
-    assert_int_equal(check_model(path, 0, k_row_major_output, "default q8_0"), 0);
+    assert_int_equal(check_model(path, 0, false, k_row_major_output, "default q8_0"), 0);
 }
 
 static void test_q4_0_repacked(void **state)
 {
     (void)state;
-    char path[128];
-    synth_tiny("q4_0", path, sizeof path);
-    assert_int_equal(check_model(path, 0, k_repacked, "tiny q4_0"), 0);
+    assert_int_equal(check_synth("q4_0", 0, k_any_batch, "tiny q4_0"), 0);
 }
 
 static void test_q8_0_repacked(void **state)
 {
     (void)state;
-    char path[128];
-    synth_tiny("q8_0", path, sizeof path);
-    assert_int_equal(check_model(path, 0, k_repacked, "tiny q8_0"), 0);
+    assert_int_equal(check_synth("q8_0", 0, k_any_batch, "tiny q8_0"), 0);
+}
+
+/* k-quants are not repacked: decode runs the one-token vec_dot, batches its
+ * multi-token twin, which must stay bit-identical to it. */
+static void test_q4_k(void **state)
+{
+    (void)state;
+    assert_int_equal(check_synth("q4_k", 0, k_any_batch, "tiny q4_k"), 0);
 }
 
 static void test_trained_q4_0_repacked(void **state)
 {
     (void)state;
-    const char *shared = getenv("KVSERVE_SHARED");
     char path[4096];
-    snprintf(path, sizeof path, "%s/models/trained/tiny-llama-gqa-hd64-q4_0.gguf", shared ? shared : "../shared");
+    trained_model_path(path, sizeof path);
     if (access(path, R_OK) != 0)
         KS_SKIP("%s is missing", path);
-    assert_int_equal(check_model(path, 0, k_repacked, "trained q4_0"), 0);
+    assert_int_equal(check_model(path, 0, false, k_any_batch, "trained q4_0"), 0);
 }
 
 /* The exception the README states: row-major Q4_0/Q8_0 weights decode fewer
@@ -368,34 +395,18 @@ static void test_trained_q4_0_repacked(void **state)
 static void test_row_major(void **state)
 {
     (void)state;
-    char path[128];
-    synth_tiny("q4_0", path, sizeof path);
-    assert_int_equal(check_model(path, MODEL_LOAD_NO_REPACK, k_row_major, "tiny q4_0 row-major"), 0);
-}
-
-static int setup(void **state)
-{
-    (void)state;
-    snprintf(g_dir, sizeof g_dir, "/tmp/kvserve-test-bits-XXXXXX");
-    return mkdtemp(g_dir) ? 0 : -1;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-    return system(cmd) == 0 ? 0 : -1;
+    assert_int_equal(check_synth("q4_0", MODEL_LOAD_NO_REPACK, k_row_major, "tiny q4_0 row-major"), 0);
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_default_model_repacked),
+        cmocka_unit_test(test_default_model),
         cmocka_unit_test(test_q4_0_repacked),
         cmocka_unit_test(test_q8_0_repacked),
+        cmocka_unit_test(test_q4_k),
         cmocka_unit_test(test_trained_q4_0_repacked),
         cmocka_unit_test(test_row_major),
     };
-    return ks_run_tests(tests, setup, teardown);
+    return ks_run_tests(tests, NULL, NULL);
 }
