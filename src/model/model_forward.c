@@ -215,12 +215,19 @@ struct swiglu_job {
     int64_t n;
 };
 
+/* Threads split SwiGLU's values in runs of this many: quant_swiglu's vector
+ * loop and its scalar tail (libm expf) round differently, so a split inside a
+ * run would give a value other bits for another thread count or batch size. */
+#define SWIGLU_RUN 16
+
 /* gate = silu(gate) * up */
 static void swiglu_task(void *p, int ith, int nth)
 {
     const struct swiglu_job *j = p;
     int64_t lo, hi;
-    threads_split(j->n, ith, nth, &lo, &hi);
+    threads_split((j->n + SWIGLU_RUN - 1) / SWIGLU_RUN, ith, nth, &lo, &hi);
+    lo = lo * SWIGLU_RUN < j->n ? lo * SWIGLU_RUN : j->n;
+    hi = hi * SWIGLU_RUN < j->n ? hi * SWIGLU_RUN : j->n;
     quant_swiglu(j->gate + lo, j->up + lo, hi - lo);
 }
 

@@ -587,8 +587,11 @@ static inline __attribute__((always_inline)) void q8_tile(const struct mm *m, co
         for (int tt = 0; tt < TT; tt++) {
             __m512 dy = _mm512_load_ps(yb[tt] + 8 * 64);
             for (int r = 0; r < Q8_R; r++) {
+                /* rounded as the reference vec_dot rounds (no fma; this file is built with
+                 * -ffp-contract=off): the group kernels' bits, so a repacked row gives a token the
+                 * same logits in a batch of 16 tokens and of 17 */
                 __m512 s = _mm512_mul_ps(dy, _mm512_set1_ps(p->d[r * nb + b]));
-                facc[r][tt] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[r][tt]), s, facc[r][tt]);
+                facc[r][tt] = _mm512_add_ps(facc[r][tt], _mm512_mul_ps(_mm512_cvtepi32_ps(iacc[r][tt]), s));
             }
         }
     }

@@ -125,8 +125,8 @@ static void a2_tile(const struct a2 *c, const int8_t *q, const float *d, int64_t
         }
         __m256 dx = _mm256_load_ps((const float *)(blk + 8 * 32));
         for (int r = 0; r < A2_ROWS; r++)
-            facc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[r]), _mm256_mul_ps(dx, _mm256_set1_ps(d[r * nb + b])),
-                                      facc[r]);
+            facc[r] = _mm256_add_ps(facc[r], /* as the reference rounds: the group kernels' bits (no fma) */
+                                    _mm256_mul_ps(_mm256_cvtepi32_ps(iacc[r]), _mm256_mul_ps(dx, _mm256_set1_ps(d[r * nb + b]))));
     }
     for (int r = 0; r < nr; r++) {
         float out[A2_TOK];
