@@ -51,6 +51,9 @@ static const struct arch_case g_qwen3 = {"qwen3", 2, 1, 128, true, 0, 0, 0, NULL
 static const struct arch_case g_qwen3moe = {"qwen3moe", 2, 1, 128, true, 8, 3, 256, NULL};
 /* llama's experts are n_ff (512) wide */
 static const struct arch_case g_mixtral = {"llama", 4, 2, 64, true, 8, 2, 0, "mixtral"};
+/* tied embeddings: the output matrix is token_embd, repacked (300 rows: whole groups and a row-major tail),
+ * and the embedding lookup reads its rows back out of the layout */
+static const struct arch_case g_tied = {"llama", 4, 2, 64, false, 0, 0, 0, "llama-tied"};
 
 static const char *case_name(const struct arch_case *ac) { return ac->name ? ac->name : ac->arch; }
 
@@ -247,6 +250,9 @@ static void run_case(const struct arch_case *ac, const char *type, struct tol to
 static const struct tol TOL_FLOAT = {1e-4f};
 static const struct tol TOL_Q8 = {0.1f};
 static const struct tol TOL_QK = {0.15f};
+/* Tied: the output matrix is the embeddings (std embd_std = 1 where an untied output has init_std = 0.06),
+ * so the logits and their rounding errors are 1 / 0.06 times TOL_Q8's (measured 0.70-0.78). */
+static const struct tol TOL_TIED = {0.1f / 0.06f};
 
 #define CASE(arch, type, tol)                                              \
     static void test_##arch##_##type(void **state)                         \
@@ -270,6 +276,18 @@ static void test_moe_single_thread(void **state)
 {
     (void)state;
     run_case(&g_qwen3moe, "q8_0", TOL_Q8, 1);
+}
+
+static void test_tied_q8_0(void **state)
+{
+    (void)state;
+    run_case(&g_tied, "q8_0", TOL_TIED, 2);
+}
+
+static void test_tied_q4_0(void **state)
+{
+    (void)state;
+    run_case(&g_tied, "q4_0", TOL_TIED, 2);
 }
 
 static void test_single_thread(void **state)
@@ -678,6 +696,8 @@ int main(void)
         cmocka_unit_test(test_qwen3moe_q4_0), cmocka_unit_test(test_qwen3moe_q4_k), cmocka_unit_test(test_mixtral_f32),
         cmocka_unit_test(test_mixtral_f16), cmocka_unit_test(test_mixtral_q8_0), cmocka_unit_test(test_mixtral_q4_0),
         cmocka_unit_test(test_mixtral_q4_k),
+        cmocka_unit_test(test_tied_q8_0),
+        cmocka_unit_test(test_tied_q4_0),
         cmocka_unit_test(test_single_thread),
         cmocka_unit_test(test_moe_single_thread),
         cmocka_unit_test(test_hparams),

@@ -1,8 +1,10 @@
 /* quant: repacked Q4_0 / Q8_0 weights. The repack keeps every block
- * (unpacking gives the original bytes back), quant_matmul_repacked gives the
- * scalar reference vec_dot's bits at every batch size (the group kernels up
- * to 16 tokens, the prefill tiles above, which round as the reference does),
- * and every SIMD group kernel gives its scalar twin's bits. Run in each build
+ * (unpacking gives the original bytes back; the tail rows past the last
+ * whole group keep their bytes in place), a row looked up in the layout is
+ * the row-major row's floats, quant_matmul_repacked gives the scalar
+ * reference vec_dot's bits at every batch size (the group kernels up to 16
+ * tokens, the prefill tiles above, which round as the reference does), and
+ * every SIMD group kernel gives its scalar twin's bits. Run in each build
  * (AVX-512, AVX2-only, portable), this compares the repacked kernels that
  * build uses against the unrepacked reference. */
 #include <math.h>
@@ -84,22 +86,25 @@ static void test_repack_keeps_every_block(void **state)
     const int R = quant_repack_rows();
     for (size_t ti = 0; ti < sizeof k_types / sizeof k_types[0]; ti++) {
         enum quant_type t = k_types[ti];
-        int64_t rows = 3 * R, cols = 160, nb = cols / QK8_0;
+        int64_t rows = 3 * R + 5, grouped = 3 * R, cols = 160, nb = cols / QK8_0;
         size_t wrow = quant_row_size(t, cols), bb = wrow / (size_t)nb;
         uint8_t *W = random_matrix(t, rows, cols), *P = malloc(wrow * (size_t)rows);
         assert_non_null(P);
         memcpy(P, W, wrow * (size_t)rows);
         assert_int_equal(quant_repack(t, rows, cols, P), KS_OK);
-        assert_memory_not_equal(P, W, wrow * (size_t)rows);
+        assert_memory_not_equal(P, W, wrow * (size_t)grouped);
+        assert_memory_equal(P + grouped * wrow, W + grouped * wrow, wrow * (size_t)(rows - grouped));
         for (int64_t r = 0; r < rows; r++)
             for (int64_t b = 0; b < nb; b++) {
                 uint8_t blk[sizeof(block_q8_0)];
-                quant_rp_get_block(P, t, nb, r, b, blk);
-                assert_memory_equal(blk, W + r * wrow + b * bb, bb);
+                if (r < grouped) {
+                    quant_rp_get_block(P, t, nb, r, b, blk);
+                    assert_memory_equal(blk, W + r * wrow + b * bb, bb);
+                }
 #if defined(QUANT_HAVE_AVX2)
-                /* the prefill tiles' gather of a repacked row */
+                /* the prefill tiles' read of a repacked row, gathered or from the tail */
                 float d_rp, d_rows;
-                __m256i v_rp = quant_rp_block_bytes(P, t, nb, r, b, &d_rp);
+                __m256i v_rp = quant_weight_block_bytes(P, t, true, rows, nb, r, b, &d_rp);
                 __m256i v_rows = quant_block_bytes(W + r * wrow, t, b, &d_rows);
                 assert_memory_equal(&v_rp, &v_rows, sizeof v_rp);
                 assert_memory_equal(&d_rp, &d_rows, sizeof d_rp);
@@ -117,15 +122,21 @@ static void test_repack_refuses_what_does_not_fit(void **state)
     uint8_t buf[64 * sizeof(block_q8_0)] = {0};
     assert_true(R == 8 || R == 16);
     assert_true(quant_repack_fits(QUANT_Q4_0, R, 64));
-    assert_false(quant_repack_fits(QUANT_Q4_0, R + 1, 64));
+    assert_true(quant_repack_fits(QUANT_Q4_0, R + 1, 64)); /* one tail row */
+    assert_false(quant_repack_fits(QUANT_Q8_0, R - 1, 64)); /* no whole group: row-major kernels */
+    assert_false(quant_repack_fits(QUANT_Q8_0, 0, 64));
     assert_false(quant_repack_fits(QUANT_Q4_1, R, 64));
     assert_false(quant_repack_fits(QUANT_Q8_0, R, 48));
     assert_false(quant_repack_fits(QUANT_F16, R, 64));
-    assert_int_equal(quant_repack(QUANT_Q8_0, R / 2, 32, buf), KS_ERR_INVALID_ARG);
+    assert_int_equal(quant_repack(QUANT_Q8_0, R, 48, buf), KS_ERR_INVALID_ARG);
     assert_int_equal(quant_repack(QUANT_Q8_0, R, 32, NULL), KS_ERR_INVALID_ARG);
     float x[32] = {0}, y[16];
-    assert_int_equal(quant_matmul_repacked(NULL, buf, QUANT_Q8_0, R + 1, 32, x, 1, y, buf, sizeof buf),
+    assert_int_equal(quant_matmul_repacked(NULL, buf, QUANT_Q4_1, R, 32, x, 1, y, buf, sizeof buf),
                      KS_ERR_INVALID_ARG);
+    assert_int_equal(quant_get_row_repacked(buf, QUANT_Q8_0, R, 32, R, y), KS_ERR_INVALID_ARG);
+    assert_int_equal(quant_get_row_repacked(buf, QUANT_Q8_0, R, 32, -1, y), KS_ERR_INVALID_ARG);
+    assert_int_equal(quant_get_row_repacked(buf, QUANT_Q4_1, R, 32, 0, y), KS_ERR_INVALID_ARG);
+    assert_int_equal(quant_get_row_repacked(NULL, QUANT_Q8_0, R, 32, 0, y), KS_ERR_INVALID_ARG);
 }
 
 /* quant_matmul_repacked on threads x shapes x batch sizes: the reference's
@@ -165,7 +176,9 @@ static void test_repacked_matmul_matches_reference(void **state)
 {
     (void)state;
     const int R = quant_repack_rows();
-    const int64_t shapes[][2] = {{R, 32}, {3 * R, 96}, {8 * R, 512}, {2 * R, 2048}};
+    /* and with tail rows past the last group (1 to R - 1 of them) */
+    const int64_t shapes[][2] = {{R, 32}, {3 * R, 96}, {8 * R, 512}, {2 * R, 2048},
+                                 {R + 5, 96}, {3 * R + 1, 256}, {2 * R + R - 1, 64}};
     const int64_t batches[] = {1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 33};
     for (int th = 1; th <= 2; th++) {
         threads_pool *pool;
@@ -178,6 +191,36 @@ static void test_repacked_matmul_matches_reference(void **state)
     }
     print_message("repacked kernels of this build (isa %s, groups of %d rows) checked\n", quant_isa(),
                   quant_repack_rows());
+}
+
+/* Every row of a repacked matrix (groups and tail) looked up as floats: the
+ * row-major row's floats from the scalar to_float, by the build's kernel and
+ * by the scalar reference. */
+static void test_row_lookup_reads_the_layout(void **state)
+{
+    (void)state;
+    const int R = quant_repack_rows();
+    for (size_t ti = 0; ti < sizeof k_types / sizeof k_types[0]; ti++) {
+        enum quant_type t = k_types[ti];
+        int64_t rows = 4 * R + 3, cols = 192, nb = cols / QK8_0;
+        size_t wrow = quant_row_size(t, cols);
+        uint8_t *W = random_matrix(t, rows, cols), *P = malloc(wrow * (size_t)rows);
+        float *want = malloc((size_t)cols * sizeof(float)), *got = malloc((size_t)cols * sizeof(float));
+        float *ref = malloc((size_t)cols * sizeof(float));
+        assert_true(P && want && got && ref);
+        memcpy(P, W, wrow * (size_t)rows);
+        assert_int_equal(quant_repack(t, rows, cols, P), KS_OK);
+        for (int64_t r = 0; r < rows; r++) {
+            quant_traits_scalar(t)->to_float(W + r * wrow, want, cols);
+            assert_int_equal(quant_get_row_repacked(P, t, rows, cols, r, got), KS_OK);
+            assert_memory_equal(got, want, (size_t)cols * sizeof(float));
+            if (r < 4 * R) {
+                quant_rp_row_to_float_ref(P, t, nb, r, ref);
+                assert_memory_equal(ref, want, (size_t)cols * sizeof(float));
+            }
+        }
+        free(W), free(P), free(want), free(got), free(ref);
+    }
 }
 
 typedef void (*rp_kernel_fn)(const struct quant_rp_job *j, int64_t g0, int64_t g1);
@@ -237,6 +280,7 @@ int main(void)
         cmocka_unit_test(test_repack_keeps_every_block),
         cmocka_unit_test(test_repack_refuses_what_does_not_fit),
         cmocka_unit_test(test_repacked_matmul_matches_reference),
+        cmocka_unit_test(test_row_lookup_reads_the_layout),
         cmocka_unit_test(test_simd_kernels_match_scalar_twin),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

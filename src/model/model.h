@@ -62,10 +62,11 @@ struct model;
  * read into private huge-page memory (gguf_open_private), which decodes
  * faster than a file mapping; MODEL_LOAD_MMAP maps the file instead, sharing
  * the page cache between processes and starting faster. In the private copy,
- * the Q4_0 / Q8_0 matrices the forward pass multiplies (not the token
- * embeddings) are repacked in place for this build's kernels (quant_repack;
- * the file is untouched); MODEL_LOAD_NO_REPACK keeps them row-major (A/B
- * runs). A mapped file is never repacked. */
+ * the Q4_0 / Q8_0 matrices the forward pass multiplies (tied token
+ * embeddings too, as the output matrix; untied ones stay row-major) are
+ * repacked in place for this build's kernels (quant_repack; the file is
+ * untouched); MODEL_LOAD_NO_REPACK keeps them row-major (A/B runs). A mapped
+ * file is never repacked. */
 enum model_load_flags { MODEL_LOAD_MMAP = 1, MODEL_LOAD_NO_REPACK = 2 };
 ks_status model_load(const char *path, struct model **out);
 ks_status model_load_flags(const char *path, unsigned flags, struct model **out);

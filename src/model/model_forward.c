@@ -402,6 +402,16 @@ static ks_status matmul(struct model_ctx *c, const struct model_mat *w, const fl
     return quant_matmul(c->pool, w->data, w->type, w->rows, w->cols, x, n, y, c->work, c->work_size);
 }
 
+/* Tied embeddings are repacked as the output matrix: their rows are read back
+ * out of the layout. */
+static ks_status embed_token(const struct model *m, int32_t token, float *y)
+{
+    const struct model_mat *e = &m->tok_embd;
+    if (e->repacked)
+        return quant_get_row_repacked(e->data, e->type, e->rows, e->cols, token, y);
+    return quant_get_row(e->data, e->type, e->cols, token, y);
+}
+
 static ks_status attention_block(struct model_ctx *c, struct kv_cache *kv, int il, const struct model_batch *b)
 {
     const struct model *m = c->m;
@@ -633,8 +643,7 @@ static ks_status run_layers(struct model_ctx *c, struct kv_cache *kv, const stru
     ks_status st;
     /* token embeddings */
     for (int64_t t = 0; t < n; t++)
-        if ((st = quant_get_row(m->tok_embd.data, m->tok_embd.type, hp->n_embd, b->tokens[t],
-                                c->x + t * hp->n_embd)))
+        if ((st = embed_token(m, b->tokens[t], c->x + t * hp->n_embd)))
             return st;
     for (int64_t t = 0; t < n; t++) {
         rope_angles(m, b->pos[t], c->rope_cs + t * hp->n_rot);

@@ -499,11 +499,18 @@ static ks_status repack_mat(struct model *m, struct model_mat *w)
     return st;
 }
 
-/* Every matrix the forward pass multiplies, but not the token embeddings,
- * which are read a row at a time (nor the output matrix when it is them). */
+/* Every matrix the forward pass multiplies. Untied token embeddings are only
+ * looked up a row at a time and stay row-major; tied ones are the output
+ * matrix, read whole every token, so they are repacked and looked up in the
+ * layout (quant_get_row_repacked). */
 static ks_status repack_weights(struct model *m)
 {
-    ks_status st = m->hp.tied_embeddings ? KS_OK : repack_mat(m, &m->output);
+    ks_status st;
+    if (m->hp.tied_embeddings) {
+        st = repack_mat(m, &m->tok_embd);
+        m->output = m->tok_embd;
+    } else
+        st = repack_mat(m, &m->output);
     for (int il = 0; il < m->hp.n_layer && !st; il++) {
         struct model_layer *L = &m->layers[il];
         struct model_mat *mats[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down, &L->w_router};

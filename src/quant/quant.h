@@ -167,14 +167,16 @@ ks_status quant_matmul(threads_pool *pool, const void *W, enum quant_type wtype,
 /* Q4_0 and Q8_0 matrices can be repacked once, at load time, into groups of
  * quant_repack_rows() rows whose blocks are interleaved with their scales
  * (the layout this build's kernels read best: 16 rows with AVX-512, 8 with
- * AVX2 or scalar). A repacked matrix has the same size and is read only by
- * quant_matmul_repacked. Decode and small batches (up to 16 tokens) run
+ * AVX2 or scalar). The last rows % quant_repack_rows() rows stay row-major,
+ * where they were. A repacked matrix has the same size and is read only by
+ * quant_matmul_repacked and quant_get_row_repacked. Decode and small batches
+ * (up to 16 tokens) run
  * GEMV/GEMM kernels on the layout: one sequential stream per group instead
  * of one per row, and per row and token the same bits as the scalar
  * reference vec_dot. Larger batches unpack rows into the prefill tiles (a
  * portable build, which has none, runs every batch on the group kernels). */
 int quant_repack_rows(void);
-/* Q4_0 / Q8_0, rows a multiple of quant_repack_rows(), cols of whole blocks. */
+/* Q4_0 / Q8_0, at least one whole group of rows, cols of whole blocks. */
 bool quant_repack_fits(enum quant_type t, int64_t rows, int64_t cols);
 /* In place. KS_ERR_INVALID_ARG if it does not fit; KS_ERR_NOMEM (W unchanged)
  * without memory for one group of rows. */
@@ -226,5 +228,10 @@ void quant_swiglu_scalar(float *gate, const float *up, int64_t n);
 
 /* Copy row r of W (wtype, cols wide) into y as f32: embedding lookup. */
 ks_status quant_get_row(const void *W, enum quant_type wtype, int64_t cols, int64_t r, float *y);
+/* The same for a repacked W of rows x cols (tied embeddings, which are the
+ * output matrix): the floats quant_get_row gives on the row-major matrix.
+ * KS_ERR_INVALID_ARG: r outside [0, rows), a NULL buffer, or a shape that
+ * cannot be repacked. */
+ks_status quant_get_row_repacked(const void *W, enum quant_type wtype, int64_t rows, int64_t cols, int64_t r, float *y);
 
 #endif

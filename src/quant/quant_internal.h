@@ -87,6 +87,11 @@ QUANT_DECLARE_DOTS(avx512)
 #define QUANT_RP_Q8_BIAS 0
 #endif
 
+/* Rows [0, quant_rp_grouped_rows(rows)) of a repacked matrix are in groups;
+ * the rows past them stay row-major, row r at r * row bytes as in the file
+ * (a group takes exactly the bytes of its rows). */
+static inline int64_t quant_rp_grouped_rows(int64_t rows) { return rows / QUANT_RP_ROWS * QUANT_RP_ROWS; }
+
 /* One activation block quantized to Q8_0 as the repacked kernels read it. */
 struct quant_rp_act {
     int8_t qs[QK8_0];
@@ -109,6 +114,9 @@ struct quant_rp_job {
  * group size and bias; the SIMD kernels (layouts of 16 rows +128, 8 rows +0). */
 void quant_rp_rows(const struct quant_rp_job *j, int64_t g0, int64_t g1);
 void quant_rp_rows_ref(const struct quant_rp_job *j, int R, int q8_bias, int64_t g0, int64_t g1);
+/* The row-major tail rows of a repacked matrix of rows rows (none if rows is
+ * a multiple of the group): the scalar twin, the reference's bits. */
+void quant_rp_tail_rows(const struct quant_rp_job *j, int64_t rows);
 #if defined(QUANT_HAVE_AVX512)
 void quant_rp_rows_avx512(const struct quant_rp_job *j, int64_t g0, int64_t g1);
 #endif
@@ -117,9 +125,12 @@ void quant_rp_rows_avx2(const struct quant_rp_job *j, int64_t g0, int64_t g1);
 #endif
 /* quant_repack with any group size and Q8_0 bias (tests of the other layouts). */
 ks_status quant_rp_repack_as(enum quant_type t, int64_t rows, int64_t cols, void *W, int R, int q8_bias);
-/* Row r's block b of a matrix in this build's layout, back in ggml's block
- * layout (a block_q4_0 or block_q8_0 at out): what the prefill tiles unpack. */
+/* Row r's block b of a matrix in this build's layout (r in the groups), back
+ * in ggml's block layout (a block_q4_0 or block_q8_0 at out). */
 void quant_rp_get_block(const void *W, enum quant_type t, int64_t nb, int64_t r, int64_t b, void *out);
+/* Row r (in the groups) as f32 through quant_rp_get_block and the scalar
+ * to_float: the reference of quant_get_row_repacked. */
+void quant_rp_row_to_float_ref(const void *W, enum quant_type t, int64_t nb, int64_t r, float *y);
 
 #if defined(QUANT_HAVE_AVX2)
 #include <immintrin.h>
@@ -159,6 +170,17 @@ static inline __m256i quant_rp_block_bytes(const void *W, enum quant_type t, int
     if (t == QUANT_Q4_0)
         return quant_q4_0_values(_mm_i32gather_epi32(chunks, _mm256_castsi256_si128(at), 4));
     return _mm256_xor_si256(_mm256_i32gather_epi32(chunks, at, 4), _mm256_set1_epi8((char)QUANT_RP_Q8_BIAS));
+}
+
+/* Row r's block b of W (rows x nb blocks), row-major or repacked (whose tail
+ * rows are row-major): what the prefill tiles unpack weight rows from. */
+static inline __m256i quant_weight_block_bytes(const uint8_t *W, enum quant_type t, bool repacked, int64_t rows,
+                                               int64_t nb, int64_t r, int64_t b, float *d)
+{
+    if (repacked && r < quant_rp_grouped_rows(rows))
+        return quant_rp_block_bytes(W, t, nb, r, b, d);
+    size_t bb = t == QUANT_Q4_0 ? sizeof(block_q4_0) : sizeof(block_q8_0);
+    return quant_block_bytes(W + (size_t)r * (size_t)nb * bb, t, b, d);
 }
 #endif
 

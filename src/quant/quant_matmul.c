@@ -533,10 +533,8 @@ static void unpack_rows(const struct mm *m, int64_t r0, int nr, struct wpanel *p
             memset(p->corr + r * nb, 0, (size_t)nb * sizeof(int32_t));
             continue;
         }
-        const uint8_t *w = m->W + (r0 + r) * m->wrow;
         for (int64_t b = 0; b < nb; b++) {
-            __m256i v = m->repacked ? quant_rp_block_bytes(m->W, m->wtype, nb, r0 + r, b, &p->d[r * nb + b])
-                                    : quant_block_bytes(w, m->wtype, b, &p->d[r * nb + b]);
+            __m256i v = quant_weight_block_bytes(m->W, m->wtype, m->repacked, m->rows, nb, r0 + r, b, &p->d[r * nb + b]);
             _mm256_storeu_si256((__m256i *)(q + b * QB), v);
             __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), v);
             __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
@@ -1164,10 +1162,16 @@ static void rp_compute(void *vctx, int ith, int nth)
     int64_t n_groups = m->rows / QUANT_RP_ROWS;
     int64_t chunk = n_groups / ((int64_t)nth * 8);
     chunk = chunk < RP_MIN_CHUNK_ROWS / QUANT_RP_ROWS ? RP_MIN_CHUNK_ROWS / QUANT_RP_ROWS : chunk;
+    int64_t n_chunks = ceil_div(n_groups, chunk);
+    bool tail = m->rows % QUANT_RP_ROWS != 0; /* the row-major tail rows are one more work item */
     struct quant_rp_job j = {.wtype = m->wtype, .W = m->W, .nb = m->cols / QB,
                              .act = (const struct quant_rp_act *)m->work, .n_tokens = m->n_tokens, .Y = m->Y,
                              .ldy = m->rows};
-    for (int64_t ci; (ci = take_panel(m, ceil_div(n_groups, chunk))) >= 0;) {
+    for (int64_t ci; (ci = take_panel(m, n_chunks + tail)) >= 0;) {
+        if (ci == n_chunks) {
+            quant_rp_tail_rows(&j, m->rows);
+            continue;
+        }
         int64_t g0 = ci * chunk, g1 = g0 + chunk < n_groups ? g0 + chunk : n_groups;
         quant_rp_rows(&j, g0, g1);
     }
@@ -1188,8 +1192,9 @@ ks_status quant_matmul_repacked(threads_pool *pool, const void *W, enum quant_ty
                                 const float *X, int64_t n_tokens, float *Y, void *work, size_t work_size)
 {
     if (!quant_repack_fits(wtype, rows, cols))
-        return ks_fail(KS_ERR_INVALID_ARG, "matmul: a repacked %s matrix of %lld x %lld cannot exist (groups of %d rows)",
-                       quant_type_name(wtype), (long long)rows, (long long)cols, QUANT_RP_ROWS);
+        return ks_fail(KS_ERR_INVALID_ARG, "matmul: a repacked %s matrix of %lld x %lld cannot exist (Q4_0 or Q8_0, "
+                       "whole blocks, at least %d rows)", quant_type_name(wtype), (long long)rows, (long long)cols,
+                       QUANT_RP_ROWS);
     return matmul_run(pool, W, wtype, true, rows, cols, X, n_tokens, Y, work, work_size);
 }
 

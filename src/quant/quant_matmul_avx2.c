@@ -37,7 +37,6 @@ struct a2 {
     const uint8_t *W;
     enum quant_type wtype;
     bool repacked; /* W in quant_repack's layout */
-    size_t wrow;
     int64_t rows, cols, n_tokens;
     const float *X;
     float *Y;
@@ -87,10 +86,8 @@ static void a2_unpack(const struct a2 *c, int64_t r0, int nr, int8_t *q, float *
             memset(d + r * nb, 0, (size_t)nb * sizeof(float));
             continue;
         }
-        const uint8_t *w = c->W + (size_t)(r0 + r) * c->wrow;
         for (int64_t b = 0; b < nb; b++) {
-            __m256i v = c->repacked ? quant_rp_block_bytes(c->W, c->wtype, nb, r0 + r, b, &d[r * nb + b])
-                                    : quant_block_bytes(w, c->wtype, b, &d[r * nb + b]);
+            __m256i v = quant_weight_block_bytes(c->W, c->wtype, c->repacked, c->rows, nb, r0 + r, b, &d[r * nb + b]);
             _mm256_storeu_si256((__m256i *)(qr + b * QK8_0), v);
         }
     }
@@ -165,7 +162,7 @@ ks_status quant_avx2_prefill(threads_pool *pool, const void *W, enum quant_type 
                              int64_t cols, const float *X, int64_t n_tokens, float *Y, void *work)
 {
     uint8_t *aligned = (uint8_t *)(((uintptr_t)work + A2_ALIGN - 1) / A2_ALIGN * A2_ALIGN);
-    struct a2 c = {.W = W, .wtype = wtype, .repacked = repacked, .wrow = quant_row_size(wtype, cols), .rows = rows, .cols = cols,
+    struct a2 c = {.W = W, .wtype = wtype, .repacked = repacked, .rows = rows, .cols = cols,
                    .n_tokens = n_tokens, .X = X, .Y = Y, .work = aligned};
     threads_run(pool, a2_pack, &c);
     if (!atomic_load(&c.failed))

@@ -10,6 +10,11 @@
  * block with that row's exact integer block dot, no horizontal sums. A group
  * is one sequential stream where the row-major layout was R streams.
  *
+ * A matrix whose rows are not a multiple of R keeps its last rows % R rows
+ * row-major: each group takes exactly the bytes of its rows, so the tail rows
+ * stay where the file had them, and they run the scalar twin as groups of one
+ * row (a row-major row is a group of 1 with unbiased Q8_0 quants).
+ *
  * R is 16 with AVX-512 (a 512-bit register) and 8 with AVX2 and scalar. With
  * AVX-512 the Q8_0 quants are stored +128 (as u8) for vpdpbusd's unsigned
  * operand; Q4_0 nibbles are unsigned already (their -8 and the +128 become a
@@ -42,8 +47,8 @@ int quant_repack_rows(void) { return QUANT_RP_ROWS; }
 
 bool quant_repack_fits(enum quant_type t, int64_t rows, int64_t cols)
 {
-    return (t == QUANT_Q4_0 || t == QUANT_Q8_0) && rows > 0 && rows % QUANT_RP_ROWS == 0 && cols > 0 &&
-           cols % QK8_0 == 0 && cols <= INT32_MAX;
+    return (t == QUANT_Q4_0 || t == QUANT_Q8_0) && rows >= QUANT_RP_ROWS && cols > 0 && cols % QK8_0 == 0 &&
+           cols <= INT32_MAX;
 }
 
 /* Group-block (g, b): R scales, then the chunks. */
@@ -79,8 +84,8 @@ void quant_rp_get_block(const void *W, enum quant_type t, int64_t nb, int64_t r,
 ks_status quant_repack(enum quant_type t, int64_t rows, int64_t cols, void *W)
 {
     if (!W || !quant_repack_fits(t, rows, cols))
-        return ks_fail(KS_ERR_INVALID_ARG, "repack: %s matrix of %lld x %lld does not fit groups of %d rows",
-                       quant_type_name(t), (long long)rows, (long long)cols, QUANT_RP_ROWS);
+        return ks_fail(KS_ERR_INVALID_ARG, "repack: %s matrix of %lld x %lld cannot be repacked (Q4_0 or Q8_0, whole blocks, "
+                       "at least %d rows)", quant_type_name(t), (long long)rows, (long long)cols, QUANT_RP_ROWS);
     return quant_rp_repack_as(t, rows, cols, W, QUANT_RP_ROWS, QUANT_RP_Q8_BIAS);
 }
 
@@ -115,6 +120,49 @@ void quant_rp_pack_token(const float *x, int64_t cols, struct quant_rp_act *out)
             sum += q.qs[i];
         out[b].sum = sum;
     }
+}
+
+/* ---- one row back as floats: the lookup of tied token embeddings ----------- */
+
+void quant_rp_row_to_float_ref(const void *W, enum quant_type t, int64_t nb, int64_t r, float *y)
+{
+    quant_to_float_fn to_float = quant_traits_scalar(t)->to_float;
+    uint8_t blk[sizeof(block_q8_0)];
+    for (int64_t b = 0; b < nb; b++) {
+        quant_rp_get_block(W, t, nb, r, b, blk);
+        to_float(blk, y + b * QK8_0, QK8_0);
+    }
+}
+
+#if defined(QUANT_HAVE_AVX2)
+static void rp_row_to_float_avx2(const void *W, enum quant_type t, int64_t nb, int64_t r, float *y)
+{
+    for (int64_t b = 0; b < nb; b++, y += QK8_0) {
+        float d;
+        __m256i v = quant_rp_block_bytes(W, t, nb, r, b, &d);
+        __m128i half[2] = {_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)};
+        for (int i = 0; i < 4; i++) {
+            __m128i q = i % 2 ? _mm_srli_si128(half[i / 2], 8) : half[i / 2];
+            __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
+            _mm256_storeu_ps(y + 8 * i, _mm256_mul_ps(f, _mm256_set1_ps(d)));
+        }
+    }
+}
+#endif
+
+ks_status quant_get_row_repacked(const void *W, enum quant_type t, int64_t rows, int64_t cols, int64_t r, float *y)
+{
+    if (!W || !y || !quant_repack_fits(t, rows, cols) || r < 0 || r >= rows)
+        return ks_fail(KS_ERR_INVALID_ARG, "get_row: no row %lld in a repacked %s matrix of %lld x %lld", (long long)r,
+                       quant_type_name(t), (long long)rows, (long long)cols);
+    if (r >= quant_rp_grouped_rows(rows))
+        return quant_get_row(W, t, cols, r, y);
+#if defined(QUANT_HAVE_AVX2)
+    rp_row_to_float_avx2(W, t, cols / QK8_0, r, y);
+#else
+    quant_rp_row_to_float_ref(W, t, cols / QK8_0, r, y);
+#endif
+    return KS_OK;
 }
 
 #if defined(QUANT_HAVE_AVX2)
@@ -183,6 +231,15 @@ void quant_rp_rows_ref(const struct quant_rp_job *j, int R, int q8_bias, int64_t
         }
 }
 
+void quant_rp_tail_rows(const struct quant_rp_job *j, int64_t rows)
+{
+    int64_t r0 = quant_rp_grouped_rows(rows);
+    struct quant_rp_job tail = *j;
+    tail.W = j->W + (size_t)r0 * (size_t)j->nb * rp_block_bytes(j->wtype);
+    tail.Y = j->Y + r0;
+    quant_rp_rows_ref(&tail, 1, 0, 0, rows - r0);
+}
+
 #if defined(QUANT_HAVE_AVX512)
 /* ---- AVX-512: 16 rows per lane set ------------------------------------------- */
 
@@ -205,15 +262,23 @@ static inline __attribute__((always_inline)) void rp512_tile(const struct quant_
         for (int t = 0; t < T; t++)
             isum[t] = _mm512_set1_epi32(-bias * a[t][b].sum);
         if (j->wtype == QUANT_Q4_0) {
+            /* High nibbles stay in place (raw & 0xf0 = 16 x nibble) with sums of their own, shifted back
+             * once per block (exact: every product is a multiple of 16): one AND per load instead of a
+             * shift and an AND, and two dependency chains instead of one. */
+            __m512i hsum[RP_TT];
+            for (int t = 0; t < T; t++)
+                hsum[t] = _mm512_setzero_si512();
             for (int k = 0; k < 4; k++) {
                 __m512i raw = _mm512_loadu_si512(gb + 2 * R + 64 * k);
                 __m512i lo = _mm512_and_si512(raw, _mm512_set1_epi8(0x0f));
-                __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), _mm512_set1_epi8(0x0f));
+                __m512i hi16 = _mm512_and_si512(raw, _mm512_set1_epi8((char)0xf0));
                 for (int t = 0; t < T; t++) {
                     isum[t] = _mm512_dpbusd_epi32(isum[t], lo, _mm512_set1_epi32(act_dword(&a[t][b], k)));
-                    isum[t] = _mm512_dpbusd_epi32(isum[t], hi, _mm512_set1_epi32(act_dword(&a[t][b], k + 4)));
+                    hsum[t] = _mm512_dpbusd_epi32(hsum[t], hi16, _mm512_set1_epi32(act_dword(&a[t][b], k + 4)));
                 }
             }
+            for (int t = 0; t < T; t++)
+                isum[t] = _mm512_add_epi32(isum[t], _mm512_srai_epi32(hsum[t], 4));
         } else {
             for (int k = 0; k < 8; k++) {
                 __m512i w = _mm512_loadu_si512(gb + 2 * R + 64 * k);
@@ -266,19 +331,24 @@ static inline __attribute__((always_inline)) void rp2_tile(const struct quant_rp
             _mm_prefetch((const char *)gb + RP_AHEAD + off, _MM_HINT_T0);
         __m256i isum[RP_TT];
         if (j->wtype == QUANT_Q4_0) {
+            /* A block's products are summed in int16 and widened once: each int16 lane sums 16 products
+             * of a nibble (<= 15) and an activation (|x| <= 128), at most 30720 < 32767. */
+            __m256i p16[RP_TT];
             for (int t = 0; t < T; t++)
-                isum[t] = _mm256_set1_epi32(-8 * a[t][b].sum);
+                p16[t] = _mm256_setzero_si256();
             for (int k = 0; k < 4; k++) {
                 __m256i raw = _mm256_loadu_si256((const __m256i *)(gb + 2 * R + 32 * k));
                 __m256i lo = _mm256_and_si256(raw, _mm256_set1_epi8(0x0f));
                 __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), _mm256_set1_epi8(0x0f));
                 for (int t = 0; t < T; t++) {
-                    __m256i p = _mm256_add_epi16(
-                        _mm256_maddubs_epi16(lo, _mm256_set1_epi32(act_dword(&a[t][b], k))),
-                        _mm256_maddubs_epi16(hi, _mm256_set1_epi32(act_dword(&a[t][b], k + 4))));
-                    isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+                    p16[t] = _mm256_add_epi16(p16[t], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(act_dword(&a[t][b], k))));
+                    p16[t] = _mm256_add_epi16(p16[t],
+                                              _mm256_maddubs_epi16(hi, _mm256_set1_epi32(act_dword(&a[t][b], k + 4))));
                 }
             }
+            for (int t = 0; t < T; t++)
+                isum[t] = _mm256_add_epi32(_mm256_set1_epi32(-8 * a[t][b].sum),
+                                           _mm256_madd_epi16(p16[t], _mm256_set1_epi16(1)));
         } else {
             for (int t = 0; t < T; t++)
                 isum[t] = _mm256_setzero_si256();
