@@ -56,15 +56,24 @@ enum mm_path { MM_GENERIC, MM_Q8_DECODE, MM_Q8_PREFILL, MM_FLOAT_DECODE, MM_FLOA
 static inline bool is_q8_family(enum quant_type t) { return t == QUANT_Q4_0 || t == QUANT_Q8_0; }
 static bool is_float(enum quant_type t) { return t == QUANT_F32 || t == QUANT_F16 || t == QUANT_BF16; }
 
-/* k-quant batches from this many tokens run the tiles of kq_gemm*.c */
+/* k-quant batches from this many tokens run the tiles of kq_gemm*.c; from
+ * MM_KQ_GEMM_MULTI_MIN for a type with a multi-token vec_dot, which unpacks
+ * in registers: the tiles unpack rows into memory once per matmul, which
+ * costs about what 30 tokens of q4_K tiles do (llama-1b shapes, AVX-512:
+ * tiles 1.7x slower than multi at 16 tokens, 1.5x faster at 64). */
 #ifndef MM_KQ_GEMM_MIN
 #define MM_KQ_GEMM_MIN MM_PREFILL_MIN
+#endif
+#ifndef MM_KQ_GEMM_MULTI_MIN
+#define MM_KQ_GEMM_MULTI_MIN 32
 #endif
 
 static bool kq_gemm_fits(enum quant_type wtype, int64_t n_tokens)
 {
     bool kquant = wtype >= QUANT_Q2_K && wtype <= QUANT_Q6_K;
-    return kquant && n_tokens >= MM_KQ_GEMM_MIN && quant_kq_tiles_best() != NULL;
+    if (!kquant || !quant_kq_tiles_best())
+        return false;
+    return n_tokens >= (quant_kquants_dot_multi(wtype) ? MM_KQ_GEMM_MULTI_MIN : MM_KQ_GEMM_MIN);
 }
 
 static enum mm_path choose_path(enum quant_type wtype, int64_t n_tokens)
