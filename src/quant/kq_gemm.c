@@ -182,6 +182,14 @@ void quant_kq_gemm_rows(const struct quant_kq_gemm *g, quant_kq_tiles_fn tiles, 
     }
 }
 
+void quant_kq_tile_tokens(const struct quant_kq_gemm *g, int64_t t0, int n, int T, const block_q8_K **y)
+{
+    for (int t = 0; t < T; t++) {
+        int64_t tt = t0 + (t < n ? t : n - 1);
+        y[t] = (const block_q8_K *)(g->X + (g->xi ? g->xi[tt] : tt) * g->xrow);
+    }
+}
+
 /* ---- the scalar twin -------------------------------------------------------- */
 
 static int32_t lane_i32(const uint8_t *p, int lane)

@@ -18,26 +18,13 @@
 #define KQ_T2 4 /* tokens per tile */
 #endif
 
-static inline __m256i bcast_dword(const void *p)
-{
-    int32_t v;
-    memcpy(&v, p, 4);
-    return _mm256_set1_epi32(v);
-}
+static inline __m256i bcast_dword(const void *p) { return _mm256_set1_epi32(kq_dword(p)); }
 
 /* int32 scales -> the int16 pair (sc, sc) in each lane, for madd. */
 static inline __m256i scale_pairs(const uint8_t *p)
 {
     const __m256i sc = _mm256_load_si256((const __m256i *)p);
     return _mm256_blend_epi16(sc, _mm256_slli_epi32(sc, 16), 0xAA);
-}
-
-static void tile_tokens(const struct quant_kq_gemm *g, int64_t t0, int n, const block_q8_K **y)
-{
-    for (int t = 0; t < KQ_T2; t++) {
-        int64_t tt = t0 + (t < n ? t : n - 1);
-        y[t] = (const block_q8_K *)(g->X + (g->xi ? g->xi[tt] : tt) * g->xrow);
-    }
 }
 
 /* One panel (two halves of 8 rows) x KQ_T2 tokens; SUB dwords per scale. */
@@ -96,7 +83,7 @@ static void panel_tiles(const struct quant_kq_gemm *g, const uint8_t *panel, int
     for (int64_t t0 = 0; t0 < g->n_tokens; t0 += KQ_T2) {
         const int n = (int)(g->n_tokens - t0 < KQ_T2 ? g->n_tokens - t0 : KQ_T2);
         const block_q8_K *y[KQ_T2];
-        tile_tokens(g, t0, n, y);
+        quant_kq_tile_tokens(g, t0, n, KQ_T2, y);
         __m256 facc[2][KQ_T2];
         if (SUB == 8) /* q4_K, q5_K */
             tile(g, panel, y, 8, true, facc);

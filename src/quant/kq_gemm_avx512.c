@@ -22,21 +22,7 @@
 #define KQ_T 4 /* tokens per tile */
 #endif
 
-static inline __m512i bcast_dword(const void *p)
-{
-    int32_t v;
-    memcpy(&v, p, 4);
-    return _mm512_set1_epi32(v);
-}
-
-/* Token rows of one tile; past n, the last token again (computed, not stored). */
-static void tile_tokens(const struct quant_kq_gemm *g, int64_t t0, int n, const block_q8_K **y)
-{
-    for (int t = 0; t < KQ_T; t++) {
-        int64_t tt = t0 + (t < n ? t : n - 1);
-        y[t] = (const block_q8_K *)(g->X + (g->xi ? g->xi[tt] : tt) * g->xrow);
-    }
-}
+static inline __m512i bcast_dword(const void *p) { return _mm512_set1_epi32(kq_dword(p)); }
 
 /* 2 panels x KQ_T tokens over every super-block; SUB dwords per scale. */
 static inline __attribute__((always_inline)) void tile(const struct quant_kq_gemm *g, const uint8_t *p0,
@@ -106,7 +92,7 @@ static void tiles_of(const struct quant_kq_gemm *g, const uint8_t *panels, int n
     for (int64_t t0 = 0; t0 < g->n_tokens; t0 += KQ_T) {
         const int n = (int)(g->n_tokens - t0 < KQ_T ? g->n_tokens - t0 : KQ_T);
         const block_q8_K *y[KQ_T];
-        tile_tokens(g, t0, n, y);
+        quant_kq_tile_tokens(g, t0, n, KQ_T, y);
         __m512 facc[2][KQ_T];
         if (SUB == 8) /* q4_K, q5_K */
             tile(g, panels, p1, y, 8, true, facc);

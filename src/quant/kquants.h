@@ -142,7 +142,17 @@ void quant_kq_gemm_rows(const struct quant_kq_gemm *g, quant_kq_tiles_fn tiles, 
 /* The scalar twin, and the SIMD tiles this build has (NULL: none; the
  * traits vec_dot is then as fast and gives the same bits). */
 void quant_kq_tiles_scalar(const struct quant_kq_gemm *g, const uint8_t *panels, int np, int64_t r0, int nr);
+/* y[t] = token t0 + t's Q8_K row for t < T; past n tokens, the last one
+ * again (a tile's tail computes it and does not store it). */
+void quant_kq_tile_tokens(const struct quant_kq_gemm *g, int64_t t0, int n, int T, const block_q8_K **y);
 quant_kq_tiles_fn quant_kq_tiles_best(void);
+/* 4 bytes at p (any alignment) as the dword the tiles broadcast. */
+static inline int32_t kq_dword(const void *p)
+{
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
 /* Dwords of quants per scale: 8 (32 quants) for Q4_K/Q5_K, 4 for the others. */
 static inline int kq_sub_dwords(enum quant_type t) { return t == QUANT_Q4_K || t == QUANT_Q5_K ? 8 : 4; }
 /* Formats with a dmin term; the others fold their offset into the integer sum. */
