@@ -522,13 +522,14 @@ static void test_matmul_vs_naive(void **state)
             }
             check_matmul(pool, k_basic[ti], 33, 2048 + 32, 35);
         }
-        /* k-quants go through the generic path (traits vec_dot / multi-token kernels) */
-        const enum quant_type kq[] = {QUANT_Q4_K, QUANT_Q6_K};
-        for (size_t ti = 0; ti < 2; ti++) {
+        /* k-quants: traits vec_dot / multi-token kernels below 8 tokens, the prefill tiles from 8 */
+        const enum quant_type kq[] = {QUANT_Q2_K, QUANT_Q3_K, QUANT_Q4_K, QUANT_Q5_K, QUANT_Q6_K};
+        for (size_t ti = 0; ti < sizeof kq / sizeof kq[0]; ti++) {
             for (int64_t nt = 1; nt <= 17; nt++)
                 check_matmul(pool, kq[ti], 19, 512, nt);
             check_matmul(pool, kq[ti], 33, 256, 64);
             check_matmul(pool, kq[ti], 5, 768, 70);
+            check_matmul(pool, kq[ti], 37, 256, 512);
         }
         threads_free(pool);
     }
@@ -550,7 +551,7 @@ static void test_work_size_monotonic(void **state)
 {
     (void)state;
     const enum quant_type types[] = {QUANT_F32, QUANT_F16, QUANT_BF16, QUANT_Q4_0, QUANT_Q4_1, QUANT_Q5_0,
-                                     QUANT_Q5_1, QUANT_Q8_0, QUANT_Q4_K, QUANT_Q6_K};
+                                     QUANT_Q5_1, QUANT_Q8_0, QUANT_Q2_K, QUANT_Q4_K, QUANT_Q6_K};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
         size_t prev = 0;
         for (int64_t nt = 1; nt <= 600; nt++) {
@@ -628,12 +629,12 @@ static void test_matmul_experts_vs_per_expert(void **state)
     (void)state;
     const int counts[][8] = {{1, 0, 0, 1, 0, 0, 0, 1}, {2, 3, 0, 7, 8, 1, 0, 5}, {9, 0, 16, 17, 20, 0, 4, 1}};
     const enum quant_type types[] = {QUANT_F32, QUANT_F16, QUANT_BF16, QUANT_Q4_0, QUANT_Q4_1, QUANT_Q5_0,
-                                     QUANT_Q8_0, QUANT_Q4_K, QUANT_Q6_K};
+                                     QUANT_Q8_0, QUANT_Q2_K, QUANT_Q3_K, QUANT_Q4_K, QUANT_Q5_K, QUANT_Q6_K};
     for (int th = 1; th <= 2; th++) {
         threads_pool *pool;
         assert_int_equal(threads_create(th, &pool), KS_OK);
         for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
-            bool kq = types[ti] == QUANT_Q4_K || types[ti] == QUANT_Q6_K;
+            bool kq = types[ti] >= QUANT_Q2_K && types[ti] <= QUANT_Q6_K;
             for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++)
                 for (int pair = 0; pair < 2; pair++) {
                     check_experts(pool, types[ti], 80, kq ? 512 : 96, 8, counts[c], pair);

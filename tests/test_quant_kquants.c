@@ -487,6 +487,132 @@ static void test_vec_dot_multi(void **state)
         KS_SKIP("no k-quant type has a multi-token dot kernel in this build");
 }
 
+/* ---- prefill GEMM tiles ---------------------------------------------------- */
+
+struct tiles_kernel {
+    const char *name;
+    quant_kq_tiles_fn fn;
+};
+static const struct tiles_kernel k_tiles[] = {
+    {"scalar", quant_kq_tiles_scalar},
+#if defined(KQ_HAVE_AVX2)
+    {"avx2", quant_kq_tiles_avx2},
+#endif
+#if defined(KQ_HAVE_GEMM_AVX512)
+    {"avx512", quant_kq_tiles_avx512},
+#endif
+};
+
+#define GUARD (-12345.0f)
+
+/* Rows [lo, hi) of a random rows x cols matrix against nt random Q8_K rows
+ * (read through an index into fewer rows when indexed) with one tile kernel:
+ * every result has the scalar reference vec_dot's bits, and Y outside those
+ * rows (and past the last row, ldy = rows + 1) keeps its guard value. */
+static void check_gemm(const struct ktype *kt, const struct tiles_kernel *tk, int64_t rows, int64_t cols, int64_t nt,
+                       int64_t lo, int64_t hi, bool indexed)
+{
+    const int64_t nb = cols / QK_K, nx = indexed ? nt / 2 + 1 : nt, ldy = rows + 1;
+    const size_t wrow = kt->bytes * (size_t)nb;
+    uint8_t *W = malloc(wrow * (size_t)rows);
+    block_q8_K *X = malloc(sizeof(block_q8_K) * (size_t)(nb * nx));
+    int32_t *xi = malloc(sizeof(int32_t) * (size_t)nt);
+    float *Y = malloc(sizeof(float) * (size_t)(nt * ldy));
+    size_t sbytes = (quant_kq_scratch_bytes(cols) + 63) / 64 * 64;
+    uint8_t *scratch = aligned_alloc(64, sbytes);
+    assert_non_null(W), assert_non_null(X), assert_non_null(xi), assert_non_null(Y), assert_non_null(scratch);
+    random_blocks(kt, W, (int)(nb * rows));
+    random_q8(X, (int)(nb * nx), 128, 0);
+    for (int64_t t = 0; t < nt; t++)
+        xi[t] = indexed ? (int32_t)(rng_next() % (uint64_t)nx) : (int32_t)t;
+    for (int64_t i = 0; i < nt * ldy; i++)
+        Y[i] = GUARD;
+    const struct quant_kq_gemm g = {
+        .wtype = kt->type, .W = W, .wrow = wrow, .cols = cols, .X = (const uint8_t *)X,
+        .xrow = sizeof(block_q8_K) * (size_t)nb, .xi = indexed ? xi : NULL, .n_tokens = nt, .Y = Y, .ldy = ldy,
+    };
+    quant_kq_gemm_rows(&g, tk->fn, lo, hi, scratch);
+    for (int64_t t = 0; t < nt; t++)
+        for (int64_t r = 0; r < ldy; r++) {
+            float want = GUARD;
+            if (r >= lo && r < hi)
+                kt->scalar((int)cols, &want, W + r * wrow, X + xi[t] * nb);
+            const float got = Y[t * ldy + r];
+            if (memcmp(&got, &want, sizeof got))
+                fail_msg("%s %s rows=%lld [%lld, %lld) cols=%lld tokens=%lld%s: Y[%lld][%lld] = %.9g, want %.9g",
+                         kt->name, tk->name, (long long)rows, (long long)lo, (long long)hi, (long long)cols,
+                         (long long)nt, indexed ? " indexed" : "", (long long)t, (long long)r, got, want);
+        }
+    free(W), free(X), free(xi), free(Y), free(scratch);
+}
+
+/* Every tile kernel (the scalar twin and each SIMD one this build has) gives
+ * the scalar reference vec_dot's bits: rows not a multiple of a panel or of a
+ * work item, 1..17 (the tile's token tails), 64 and 512 tokens, tokens read
+ * through an index. */
+static void test_gemm_tiles_vs_reference(void **state)
+{
+    (void)state;
+    for (size_t k = 0; k < N_KTYPES; k++)
+        for (size_t i = 0; i < sizeof k_tiles / sizeof k_tiles[0]; i++) {
+            const struct ktype *kt = &ktypes[k];
+            const struct tiles_kernel *tk = &k_tiles[i];
+            for (int64_t nt = 1; nt <= 17; nt++)
+                check_gemm(kt, tk, 37, 512, nt, 0, 37, false);
+            check_gemm(kt, tk, 16, 768, 9, 0, 16, true);
+            check_gemm(kt, tk, 19, 256, 64, 0, 19, true);
+            check_gemm(kt, tk, 70, 256, 512, 5, 61, false);
+            check_gemm(kt, tk, 64, 1024, 13, 32, 64, false);
+        }
+    print_message("checked %zu tile kernels against the reference\n", sizeof k_tiles / sizeof k_tiles[0]);
+}
+
+/* The panel holds what the reference dequantizer reads: d * scale * q - dmin
+ * * min, element by element, with the zero rows past nr. */
+static void test_gemm_panel_layout(void **state)
+{
+    (void)state;
+    for (size_t k = 0; k < N_KTYPES; k++) {
+        const struct ktype *kt = &ktypes[k];
+        const int64_t cols = 512, nb = cols / QK_K, nr = 11;
+        const size_t wrow = kt->bytes * (size_t)nb;
+        uint8_t *W = malloc(wrow * (size_t)nr), *panel = aligned_alloc(64, quant_kq_panel_bytes(cols));
+        float *deq = malloc(sizeof(float) * (size_t)cols);
+        random_blocks(kt, W, (int)(nb * nr));
+        quant_kq_unpack_panel(kt->type, W, wrow, (int)nr, cols, panel);
+        const int sub = 4 * kq_sub_dwords(kt->type);
+        const int offset = kt->type == QUANT_Q3_K ? 4 : kt->type == QUANT_Q6_K ? 32 : 0;
+        for (int r = 0; r < KQ_PANEL_ROWS; r++) {
+            if (r < nr)
+                kt->deq(W + r * wrow, deq, cols);
+            for (int64_t e = 0; e < cols; e++) {
+                const uint8_t *pb = panel + (e / QK_K) * KQ_PB_BYTES;
+                const int el = (int)(e % QK_K), j = el / sub;
+                int32_t sc;
+                int16_t pair[2];
+                float d, dmin;
+                memcpy(&sc, pb + KQ_PB_SC + 64 * j + 4 * r, 4);
+                memcpy(pair, pb + KQ_PB_PAIRS + 64 * (el / 32) + 4 * r, 4);
+                memcpy(&d, pb + KQ_PB_D + 4 * r, 4);
+                memcpy(&dmin, pb + KQ_PB_DMIN + 4 * r, 4);
+                const int u = pb[KQ_PB_Q + 64 * (el / 4) + 4 * r + el % 4];
+                /* the min of element el's 16 weighs bsum el / 16: pair half (el / 16) % 2 */
+                const int m = kq_has_dmin(kt->type) ? pair[(el / 16) % 2] : 0;
+                if (!kq_has_dmin(kt->type) && pair[(el / 16) % 2] != offset * sc)
+                    fail_msg("%s row %d element %lld: bsum weight %d, want %d * %d", kt->name, r, (long long)e,
+                             pair[(el / 16) % 2], offset, sc);
+                const float scaled = d * (float)(sc * (u - offset)), min = dmin * (float)m;
+                const float got = scaled - min;
+                const float want = r < nr ? deq[e] : 0.0f;
+                if (!(fabsf(got - want) <= 1e-6f * (fabsf(scaled) + fabsf(min))))
+                    fail_msg("%s row %d element %lld: panel %.9g, dequantized %.9g", kt->name, r, (long long)e, got,
+                             want);
+            }
+        }
+        free(W), free(panel), free(deq);
+    }
+}
+
 static void test_traits_fill(void **state)
 {
     (void)state;
@@ -529,6 +655,8 @@ int main(void)
         cmocka_unit_test(test_vec_dot_simd_vs_scalar),
         cmocka_unit_test(test_vec_dot_quantized_accuracy),
         cmocka_unit_test(test_vec_dot_multi),
+        cmocka_unit_test(test_gemm_tiles_vs_reference),
+        cmocka_unit_test(test_gemm_panel_layout),
         cmocka_unit_test(test_traits_fill),
     };
     return ks_run_tests(tests, NULL, NULL);

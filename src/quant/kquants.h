@@ -92,6 +92,79 @@ void quant_vec_dot_q6_K_q8_K_multi_avx512(int n, int nt, float *s, size_t s_stri
                                           const void *y, size_t y_stride);
 #endif
 
+/* ---- prefill: register-tiled GEMM over unpacked row panels (kq_gemm*.c) -- */
+/* A panel is KQ_PANEL_ROWS weight rows unpacked once, super-block by
+ * super-block, into the layout the tiles read with one vector load per step:
+ * the rows' quants as unsigned bytes (offset formats shifted up: Q3_K + 4,
+ * Q6_K + 32), dword k of every row side by side (row r's bytes 4k..4k+3 at
+ * KQ_PB_Q + 64k + 4r), then per sub-block one int32 scale per row, per pair
+ * of Q8_K bsums one int16 pair per row (the mins, or the offset times the
+ * scales), and d / dmin as f32. A tile broadcasts a dword of a token's Q8_K
+ * quants against a dword of every row (rows in lanes), keeps exact int32 sums
+ * per sub-block, applies the scales in int32 and turns each super-block into
+ * floats once, with the scalar reference vec_dot's operations in its order:
+ * every tile kernel gives the reference's bits, for any batch and ISA. */
+#define KQ_PANEL_ROWS 16
+#define KQ_GEMM_PANELS 2 /* panels a tile reads together: rows per work item = 32 */
+#define KQ_GEMM_ROWS (KQ_GEMM_PANELS * KQ_PANEL_ROWS)
+#define KQ_PB_Q 0                                  /* [64 dwords][16 rows] x 4 quants */
+#define KQ_PB_SC (KQ_PB_Q + QK_K / 4 * 64)         /* [16 sub-blocks][16 rows] int32 scales */
+#define KQ_PB_PAIRS (KQ_PB_SC + 16 * 64)           /* [8 bsum pairs][16 rows] 2 x int16 */
+#define KQ_PB_D (KQ_PB_PAIRS + 8 * 64)             /* [16 rows] f32 d */
+#define KQ_PB_DMIN (KQ_PB_D + 64)                  /* [16 rows] f32 dmin (0: an offset format) */
+#define KQ_PB_BYTES (KQ_PB_DMIN + 64)              /* per super-block of a panel */
+
+/* Rows [r0, r0 + nr) of a matrix against n_tokens Q8_K rows. */
+struct quant_kq_gemm {
+    enum quant_type wtype; /* Q2_K .. Q6_K */
+    const uint8_t *W;      /* (rows, cols) of wtype, wrow bytes per row */
+    size_t wrow;
+    int64_t cols;
+    const uint8_t *X;      /* token t's Q8_K row at X + (xi ? xi[t] : t) * xrow */
+    size_t xrow;
+    const int32_t *xi;
+    int64_t n_tokens;
+    float *Y;              /* Y[t * ldy + r] */
+    int64_t ldy;
+};
+/* Computes Y for rows r0 .. r0 + nr (nr <= np * KQ_PANEL_ROWS) and every
+ * token from np (1 or 2) unpacked panels, quant_kq_panel_bytes() apart. */
+typedef void (*quant_kq_tiles_fn)(const struct quant_kq_gemm *g, const uint8_t *panels, int np, int64_t r0, int nr);
+
+size_t quant_kq_panel_bytes(int64_t cols);
+/* Scratch of quant_kq_gemm_rows: KQ_GEMM_PANELS panels, 64-byte aligned. */
+size_t quant_kq_scratch_bytes(int64_t cols);
+/* nr (<= KQ_PANEL_ROWS) rows starting at w into one panel; rows past nr are zero. */
+void quant_kq_unpack_panel(enum quant_type t, const uint8_t *w, size_t wrow, int nr, int64_t cols, uint8_t *panel);
+/* Rows [r0, r1) x every token: unpack KQ_GEMM_ROWS rows at a time, run tiles. */
+void quant_kq_gemm_rows(const struct quant_kq_gemm *g, quant_kq_tiles_fn tiles, int64_t r0, int64_t r1,
+                        uint8_t *scratch);
+/* The scalar twin, and the SIMD tiles this build has (NULL: none; the
+ * traits vec_dot is then as fast and gives the same bits). */
+void quant_kq_tiles_scalar(const struct quant_kq_gemm *g, const uint8_t *panels, int np, int64_t r0, int nr);
+/* y[t] = token t0 + t's Q8_K row for t < T; past n tokens, the last one
+ * again (a tile's tail computes it and does not store it). */
+void quant_kq_tile_tokens(const struct quant_kq_gemm *g, int64_t t0, int n, int T, const block_q8_K **y);
+quant_kq_tiles_fn quant_kq_tiles_best(void);
+/* 4 bytes at p (any alignment) as the dword the tiles broadcast. */
+static inline int32_t kq_dword(const void *p)
+{
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+/* Dwords of quants per scale: 8 (32 quants) for Q4_K/Q5_K, 4 for the others. */
+static inline int kq_sub_dwords(enum quant_type t) { return t == QUANT_Q4_K || t == QUANT_Q5_K ? 8 : 4; }
+/* Formats with a dmin term; the others fold their offset into the integer sum. */
+static inline bool kq_has_dmin(enum quant_type t) { return t == QUANT_Q2_K || t == QUANT_Q4_K || t == QUANT_Q5_K; }
+#if defined(KQ_HAVE_AVX2)
+void quant_kq_tiles_avx2(const struct quant_kq_gemm *g, const uint8_t *panels, int np, int64_t r0, int nr);
+#endif
+#if defined(KQ_HAVE_AVX512) && defined(__AVX512VNNI__)
+#define KQ_HAVE_GEMM_AVX512 1
+void quant_kq_tiles_avx512(const struct quant_kq_gemm *g, const uint8_t *panels, int np, int64_t r0, int nr);
+#endif
+
 /* ---- helpers shared by the kq_*.c files --------------------------------- */
 
 /* IEEE half <-> float, kept inline here because every kernel converts a

@@ -10,6 +10,9 @@
  *    Q8_R rows x 16*Q8_TT tokens keeps its accumulators in registers and each
  *    weight byte is loaded once per 32 tokens.
  *  - prefill, F32/F16/BF16: the same tiling with f32 FMAs on f32 activations.
+ *  - prefill, k-quants (Q2_K..Q6_K): activations to Q8_K rows; weight rows
+ *    unpacked 32 at a time into panels for the register tiles of
+ *    kq_gemm*.c (rows in lanes, a token's dword broadcast against them).
  *  - everything else: activations to the vec_dot_type, then traits vec_dot
  *    over row chunks x all tokens, so a chunk of weights stays in cache.
  *  - repacked Q4_0/Q8_0 weights (quant_matmul_repacked): up to RP_GEMM_MAX
@@ -47,13 +50,36 @@
 static size_t align_up(size_t n) { return (n + MM_ALIGN - 1) / MM_ALIGN * MM_ALIGN; }
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-enum mm_path { MM_GENERIC, MM_Q8_DECODE, MM_Q8_PREFILL, MM_FLOAT_DECODE, MM_FLOAT_PREFILL, MM_Q8_PREFILL_AVX2, MM_REPACKED };
+enum mm_path { MM_GENERIC, MM_Q8_DECODE, MM_Q8_PREFILL, MM_FLOAT_DECODE, MM_FLOAT_PREFILL, MM_Q8_PREFILL_AVX2, MM_REPACKED,
+               MM_KQ_PREFILL };
 
 static inline bool is_q8_family(enum quant_type t) { return t == QUANT_Q4_0 || t == QUANT_Q8_0; }
 static bool is_float(enum quant_type t) { return t == QUANT_F32 || t == QUANT_F16 || t == QUANT_BF16; }
 
+/* k-quant batches from this many tokens run the tiles of kq_gemm*.c; from
+ * MM_KQ_GEMM_MULTI_MIN for a type with a multi-token vec_dot, which unpacks
+ * in registers: the tiles unpack rows into memory once per matmul, which
+ * costs about what 30 tokens of q4_K tiles do (llama-1b shapes, AVX-512:
+ * tiles 1.7x slower than multi at 16 tokens, 1.5x faster at 64). */
+#ifndef MM_KQ_GEMM_MIN
+#define MM_KQ_GEMM_MIN MM_PREFILL_MIN
+#endif
+#ifndef MM_KQ_GEMM_MULTI_MIN
+#define MM_KQ_GEMM_MULTI_MIN 32
+#endif
+
+static bool kq_gemm_fits(enum quant_type wtype, int64_t n_tokens)
+{
+    bool kquant = wtype >= QUANT_Q2_K && wtype <= QUANT_Q6_K;
+    if (!kquant || !quant_kq_tiles_best())
+        return false;
+    return n_tokens >= (quant_kquants_dot_multi(wtype) ? MM_KQ_GEMM_MULTI_MIN : MM_KQ_GEMM_MIN);
+}
+
 static enum mm_path choose_path(enum quant_type wtype, int64_t n_tokens)
 {
+    if (kq_gemm_fits(wtype, n_tokens))
+        return MM_KQ_PREFILL;
 #if defined(QUANT_HAVE_AVX512)
     bool prefill = n_tokens >= MM_PREFILL_MIN;
     if (is_q8_family(wtype))
@@ -131,6 +157,7 @@ static size_t work_for_path(const struct quant_traits *tr, enum quant_type wtype
 #endif
     case MM_REPACKED:
         return rp_work(cols, n_tokens);
+    case MM_KQ_PREFILL: /* the Q8_K rows of the generic path */
     case MM_GENERIC:
         break;
     }
@@ -258,6 +285,38 @@ static void generic_compute(void *vctx, int ith, int nth)
     int64_t lo, hi;
     threads_split(ceil_div(m->rows, MM_ROW_CHUNK), ith, nth, &lo, &hi);
     generic_chunks(m, lo, hi);
+}
+
+/* ---- prefill: k-quant tiles (kq_gemm*.c) ------------------------------------ */
+
+/* Rows [r0, r1) x all tokens on the Q8_K rows the generic quantizer wrote. */
+static void kq_rows(const struct mm *m, int64_t r0, int64_t r1, uint8_t *scratch)
+{
+    const struct quant_kq_gemm g = {
+        .wtype = m->wtype, .W = m->W, .wrow = m->wrow, .cols = m->cols, .X = m->work, .xrow = m->xrow,
+        .xi = m->xi, .n_tokens = m->n_tokens, .Y = m->Y, .ldy = m->rows,
+    };
+    quant_kq_gemm_rows(&g, quant_kq_tiles_best(), r0, r1, scratch);
+}
+
+static uint8_t *kq_scratch(int64_t cols) { return aligned_alloc(MM_ALIGN, align_up(quant_kq_scratch_bytes(cols))); }
+
+static void kq_compute(void *vctx, int ith, int nth)
+{
+    struct mm *m = vctx;
+    (void)ith;
+    (void)nth;
+    uint8_t *scratch = kq_scratch(m->cols);
+    if (!scratch) {
+        atomic_store(&m->failed, 1);
+        return;
+    }
+    int64_t n_items = ceil_div(m->rows, KQ_GEMM_ROWS);
+    for (int64_t it; (it = take_panel(m, n_items)) >= 0;) {
+        int64_t r0 = it * KQ_GEMM_ROWS;
+        kq_rows(m, r0, r0 + KQ_GEMM_ROWS < m->rows ? r0 + KQ_GEMM_ROWS : m->rows, scratch);
+    }
+    free(scratch);
 }
 
 #if defined(QUANT_HAVE_AVX512)
@@ -959,6 +1018,7 @@ struct ex_scratch {
     struct pre_panels pp;
 #endif
     float *wf;
+    uint8_t *kq;
 };
 
 static bool ex_rows(struct ex_run *r, const struct ex_expert *x, int mat, int64_t r0, int64_t r1,
@@ -984,8 +1044,12 @@ static bool ex_rows(struct ex_run *r, const struct ex_expert *x, int mat, int64_
             fpre_panel(&m, sc->wf, rr, ceil_div(m.n_tokens, MM_TOK_GROUP));
         return true;
 #endif
+    case MM_KQ_PREFILL:
+        if (!sc->kq && !(sc->kq = kq_scratch(m.cols)))
+            return false;
+        kq_rows(&m, r0, r1, sc->kq);
+        return true;
     default:
-        (void)sc;
         generic_chunks(&m, r0 / MM_ROW_CHUNK, ceil_div(r1, MM_ROW_CHUNK));
         return true;
     }
@@ -1016,6 +1080,7 @@ static void ex_compute(void *vctx, int ith, int nth)
     free(sc.pp.buf);
 #endif
     free(sc.wf);
+    free(sc.kq);
 }
 
 /* Rows per work item of an expert on this path: multiples of 16, so the fused
@@ -1249,6 +1314,11 @@ static ks_status matmul_run(threads_pool *pool, const void *W, enum quant_type w
 #endif
     case MM_FLOAT_DECODE:
         threads_run(pool, generic_compute, &m);
+        break;
+    case MM_KQ_PREFILL:
+        m.xrow = quant_row_size(QUANT_Q8_K, cols);
+        threads_run(pool, generic_quantize, &m);
+        threads_run(pool, kq_compute, &m);
         break;
 #if defined(QUANT_HAVE_AVX2) && !defined(QUANT_HAVE_AVX512)
     case MM_Q8_PREFILL_AVX2:
