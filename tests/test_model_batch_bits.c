@@ -386,7 +386,15 @@ static void test_trained_q4_0_repacked(void **state)
     trained_model_path(path, sizeof path);
     if (access(path, R_OK) != 0)
         KS_SKIP("%s is missing", path);
-    assert_int_equal(check_model(path, 0, false, k_any_batch, "trained q4_0"), 0);
+    /* its output is the tied q6_K token embeddings: a k-quant, whose tiles
+     * start at 8 tokens in the AVX2 build (32 with AVX-512, beyond any batch
+     * here), so there it is held to the row-major rule */
+#if defined(__AVX2__) && !defined(__AVX512F__)
+    struct promise pr = k_row_major;
+#else
+    struct promise pr = k_any_batch;
+#endif
+    assert_int_equal(check_model(path, 0, false, pr, "trained q4_0"), 0);
 }
 
 /* The exception the README states: row-major Q4_0/Q8_0 weights decode fewer

@@ -469,22 +469,12 @@ static void naive_matmul(enum quant_type wtype, const void *W, int64_t rows, int
     free(xq);
 }
 
-static void check_matmul(threads_pool *pool, enum quant_type wtype, int64_t rows, int64_t cols, int64_t nt)
+/* Y (nt x rows) against the naive matmul of row-major W. */
+static void expect_near_naive(enum quant_type wtype, const void *W, int64_t rows, int64_t cols, const float *X,
+                              int64_t nt, const float *Y)
 {
     const struct quant_traits *wt = quant_traits(wtype);
-    float *wf = malloc(rows * cols * sizeof(float)), *X = malloc(nt * cols * sizeof(float));
-    float *Y = malloc(nt * rows * sizeof(float));
     double *want = malloc(nt * rows * sizeof(double)), *wabs = malloc(nt * rows * sizeof(double));
-    size_t wrow = quant_row_size(wtype, cols);
-    void *W = malloc(wrow * rows);
-    fill_random(wf, rows * cols, 1.0f);
-    fill_random(X, nt * cols, 3.0f);
-    for (int64_t r = 0; r < rows; r++)
-        wt->from_float(wf + r * cols, (uint8_t *)W + r * wrow, cols);
-    size_t ws = quant_matmul_work_size(wtype, cols, nt);
-    assert_true(ws > 0);
-    void *work = malloc(ws);
-    assert_int_equal(quant_matmul(pool, W, wtype, rows, cols, X, nt, Y, work, ws), KS_OK);
     naive_matmul(wtype, W, rows, cols, X, nt, want, wabs);
     /* exact integer block dots; float accumulation over cols/32 block terms
      * (or cols terms for float weights) in some order: (cols/16 + 8) * 2^-24
@@ -498,13 +488,113 @@ static void check_matmul(threads_pool *pool, enum quant_type wtype, int64_t rows
                      (long long)rows, (long long)cols, (long long)nt, (long long)(i / rows), (long long)(i % rows),
                      Y[i], want[i], tol);
     }
-    free(wf);
-    free(X);
-    free(Y);
     free(want);
     free(wabs);
+}
+
+/* rows x cols random weights of type wtype, row-major. */
+static void *random_weights(enum quant_type wtype, int64_t rows, int64_t cols)
+{
+    const struct quant_traits *wt = quant_traits(wtype);
+    size_t wrow = quant_row_size(wtype, cols);
+    float *wf = malloc(rows * cols * sizeof(float));
+    uint8_t *W = malloc(wrow * rows);
+    assert_true(wf && W);
+    fill_random(wf, rows * cols, 1.0f);
+    for (int64_t r = 0; r < rows; r++)
+        wt->from_float(wf + r * cols, W + r * wrow, cols);
+    free(wf);
+    return W;
+}
+
+static void check_matmul(threads_pool *pool, enum quant_type wtype, int64_t rows, int64_t cols, int64_t nt)
+{
+    float *X = malloc(nt * cols * sizeof(float)), *Y = malloc(nt * rows * sizeof(float));
+    void *W = random_weights(wtype, rows, cols);
+    fill_random(X, nt * cols, 3.0f);
+    size_t ws = quant_matmul_work_size(wtype, cols, nt);
+    assert_true(ws > 0);
+    void *work = malloc(ws);
+    assert_int_equal(quant_matmul(pool, W, wtype, rows, cols, X, nt, Y, work, ws), KS_OK);
+    expect_near_naive(wtype, W, rows, cols, X, nt, Y);
+    free(X);
+    free(Y);
     free(W);
     free(work);
+}
+
+/* Extremes of the AVX2 tiles' int16 sums: Q8_0 -128 (which the quantizer
+ * never writes) and Q4_0 nibbles 0 and 15 in row 0, against tokens 0 and 1
+ * quantized to all +127 and all -127. */
+static void put_extremes(enum quant_type wtype, uint8_t *W, int64_t cols, float *X)
+{
+    if (wtype == QUANT_Q8_0)
+        memset(((block_q8_0 *)W)->qs, 0x80, QK8_0);
+    else
+        for (int i = 0; i < QK4_0 / 2; i++)
+            ((block_q4_0 *)W)->qs[i] = i % 2 ? 0xff : 0x0f;
+    for (int64_t c = 0; c < 2 * cols; c++)
+        X[c] = c < cols ? 1.0f : -1.0f;
+}
+
+/* The AVX2 prefill tiles give their scalar twin's bits (AVX2-only build); the
+ * twin is near the naive matmul (every build). */
+static void check_avx2_twin(threads_pool *pool, enum quant_type wtype, int64_t rows, int64_t cols, int64_t nt)
+{
+    size_t bytes = quant_row_size(wtype, cols) * rows;
+    uint8_t *W = random_weights(wtype, rows, cols), *P = malloc(bytes);
+    float *X = malloc(nt * cols * sizeof(float)), *Yt = malloc(nt * rows * sizeof(float));
+    float *Ys = malloc(nt * rows * sizeof(float));
+    assert_true(P && X && Yt && Ys);
+    fill_random(X, nt * cols, 3.0f);
+    put_extremes(wtype, W, cols, X);
+    memcpy(P, W, bytes);
+    bool repacked = quant_repack_fits(wtype, rows, cols) && quant_repack(wtype, rows, cols, P) == KS_OK;
+    assert_int_equal(quant_avx2_prefill_twin(W, wtype, false, rows, cols, X, nt, Yt), KS_OK);
+    expect_near_naive(wtype, W, rows, cols, X, nt, Yt);
+    if (repacked) {
+        assert_int_equal(quant_avx2_prefill_twin(P, wtype, true, rows, cols, X, nt, Ys), KS_OK);
+        assert_memory_equal(Ys, Yt, nt * rows * sizeof(float));
+    }
+#if defined(QUANT_HAVE_AVX2) && !defined(QUANT_HAVE_AVX512)
+    void *work = malloc(quant_avx2_prefill_work(cols, nt));
+    assert_non_null(work);
+    for (int layout = 0; layout <= (repacked ? 1 : 0); layout++) {
+        memset(Ys, 0xff, nt * rows * sizeof(float));
+        assert_int_equal(quant_avx2_prefill(pool, layout ? P : W, wtype, layout, rows, cols, X, nt, Ys, work), KS_OK);
+        if (memcmp(Ys, Yt, nt * rows * sizeof(float)) != 0)
+            for (int64_t i = 0; i < nt * rows; i++)
+                if (Ys[i] != Yt[i])
+                    fail_msg("%s %lld x %lld, %lld tokens, %s: Y[%lld][%lld] = %.9g, twin %.9g", quant_type_name(wtype),
+                             (long long)rows, (long long)cols, (long long)nt, layout ? "repacked" : "row-major",
+                             (long long)(i / rows), (long long)(i % rows), Ys[i], Yt[i]);
+    }
+    free(work);
+#else
+    (void)pool;
+#endif
+    free(W), free(P), free(X), free(Yt), free(Ys);
+}
+
+static void test_avx2_prefill_matches_twin(void **state)
+{
+    (void)state;
+    const int64_t shapes[][2] = {{5, 32}, {37, 96}, {64, 256}, {130, 64}, {72, 4096 + 32}};
+    const int64_t tokens[] = {8, 9, 16, 17, 24, 33, 64};
+    for (int th = 1; th <= 2; th++) {
+        threads_pool *pool;
+        assert_int_equal(threads_create(th, &pool), KS_OK);
+        for (int ti = 0; ti < 2; ti++)
+            for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+                for (size_t n = 0; n < sizeof tokens / sizeof tokens[0]; n++)
+                    check_avx2_twin(pool, ti ? QUANT_Q8_0 : QUANT_Q4_0, shapes[s][0], shapes[s][1], tokens[n]);
+        threads_free(pool);
+    }
+#if defined(QUANT_HAVE_AVX2) && !defined(QUANT_HAVE_AVX512)
+    print_message("AVX2 prefill tiles checked against their scalar twin\n");
+#else
+    print_message("the AVX2 tiles' scalar twin checked (the tiles are compiled in AVX2-only builds)\n");
+#endif
 }
 
 static void test_matmul_vs_naive(void **state)
@@ -720,6 +810,7 @@ int main(void)
         cmocka_unit_test(test_vec_dot_simd_vs_scalar),
         cmocka_unit_test(test_vec_dot_ref_vs_dequantized),
         cmocka_unit_test(test_matmul_vs_naive),
+        cmocka_unit_test(test_avx2_prefill_matches_twin),
         cmocka_unit_test(test_matmul_rejects_bad_args),
         cmocka_unit_test(test_work_size_monotonic),
         cmocka_unit_test(test_matmul_experts_vs_per_expert),

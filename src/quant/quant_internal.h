@@ -184,6 +184,13 @@ static inline __m256i quant_weight_block_bytes(const uint8_t *W, enum quant_type
 }
 #endif
 
+/* quant_matmul_avx2.c: the scalar twin of the AVX2 prefill tiles, in every
+ * build: Y[t * rows + r] = fma((float)isum_b, d_x * d_w, .) block after block,
+ * activations quantized by the Q8_0 traits; W row-major or in this build's
+ * repacked layout. The tiles give its bits. */
+ks_status quant_avx2_prefill_twin(const void *W, enum quant_type wtype, bool repacked, int64_t rows, int64_t cols,
+                                  const float *X, int64_t n_tokens, float *Y);
+
 #if defined(QUANT_HAVE_AVX2) && !defined(QUANT_HAVE_AVX512)
 /* quant_matmul_avx2.c: Q4_0/Q8_0 prefill tiles for AVX2-only CPUs. work
  * holds at least quant_avx2_prefill_work(cols, n_tokens) bytes. */
