@@ -63,8 +63,9 @@ struct model;
  * faster than a file mapping; MODEL_LOAD_MMAP maps the file instead, sharing
  * the page cache between processes and starting faster. In the private copy,
  * the Q4_0 / Q8_0 matrices the forward pass multiplies (not the token
- * embeddings) are repacked in place for this build's kernels (quant_repack;
- * the file is untouched); MODEL_LOAD_NO_REPACK keeps them row-major (A/B
+ * embeddings; each expert of a 3-D expert tensor as a matrix of its own) are
+ * repacked in place for this build's kernels (quant_repack; the file is
+ * untouched); MODEL_LOAD_NO_REPACK keeps them row-major (A/B
  * runs). A mapped file is never repacked. */
 enum model_load_flags { MODEL_LOAD_MMAP = 1, MODEL_LOAD_NO_REPACK = 2 };
 ks_status model_load(const char *path, struct model **out);
