@@ -3,8 +3,10 @@
  * (quant_matmul_experts) against one quant_matmul per expert and matrix.
  *
  *   bench_moe [-t THREADS] [-r REPS] [-b 1,16,512] [--type q4_0,q8_0,q4_K]
- *             [--model qwen3moe-30b-a3b|mixtral-8x7b] [--cpu]
+ *             [--model qwen3moe-30b-a3b|mixtral-8x7b] [--cpu] [--no-repack]
  *
+ * Q4_0 / Q8_0 experts are repacked as the model loader repacks them (each
+ * expert's slice on its own) unless --no-repack keeps them row-major.
  * Routing is random (k distinct experts per token, a new draw per rep), and
  * each rep reads the next of several copies of the layer's experts, so a
  * decode step's experts come from DRAM as in a real forward pass. Printed
@@ -34,10 +36,12 @@ static const struct moe_shape k_models[] = {
 };
 
 static clockid_t g_clock = CLOCK_MONOTONIC;
+static bool g_repack = true;
 
 /* rows x cols of t for each of n experts: four random rows quantized, then
- * replicated (speed does not depend on the values). */
-static uint8_t *make_experts(enum quant_type t, int64_t rows, int64_t cols, int n, size_t *stride)
+ * replicated (speed does not depend on the values); each expert repacked
+ * where it fits, unless --no-repack. */
+static uint8_t *make_experts(enum quant_type t, int64_t rows, int64_t cols, int n, size_t *stride, bool *repacked)
 {
     const struct quant_traits *tr = quant_traits(t);
     size_t wrow = quant_row_size(t, cols), bytes = wrow * (size_t)rows * (size_t)n;
@@ -58,12 +62,19 @@ static uint8_t *make_experts(enum quant_type t, int64_t rows, int64_t cols, int 
         memcpy(w + r * wrow, w + (r % 4) * wrow, wrow);
     free(x);
     *stride = wrow * (size_t)rows;
+    *repacked = g_repack && quant_repack_fits(t, rows, cols);
+    for (int e = 0; e < n && *repacked; e++)
+        if (quant_repack(t, rows, cols, w + (size_t)e * *stride) != KS_OK) {
+            free(w);
+            return NULL;
+        }
     return w;
 }
 
 struct layer {
     uint8_t *gate, *up, *down;
     size_t s_gu, s_down;
+    bool rp_gu, rp_down; /* repacked */
 };
 
 struct bufs {
@@ -105,6 +116,14 @@ static int route(const struct moe_shape *s, int64_t T, struct bufs *b)
     return distinct;
 }
 
+static ks_status matmul(threads_pool *pool, const void *W, bool repacked, enum quant_type t, int64_t rows,
+                        int64_t cols, const float *X, int64_t n, float *Y, const struct bufs *b)
+{
+    if (repacked)
+        return quant_matmul_repacked(pool, W, t, rows, cols, X, n, Y, b->work, b->work_size);
+    return quant_matmul(pool, W, t, rows, cols, X, n, Y, b->work, b->work_size);
+}
+
 /* Before quant_matmul_experts: gather each expert's rows, then gate, up,
  * SwiGLU and down as one quant_matmul each, expert after expert. */
 static ks_status layer_per_expert(threads_pool *pool, enum quant_type t, const struct moe_shape *s,
@@ -119,11 +138,11 @@ static ks_status layer_per_expert(threads_pool *pool, enum quant_type t, const s
             continue;
         float *xe = b->xg + (int64_t)b->start[e] * D;
         ks_status st;
-        if ((st = quant_matmul(pool, L->gate + (size_t)e * L->s_gu, t, F, D, xe, n, b->hb, b->work, b->work_size)) ||
-            (st = quant_matmul(pool, L->up + (size_t)e * L->s_gu, t, F, D, xe, n, b->hb2, b->work, b->work_size)))
+        if ((st = matmul(pool, L->gate + (size_t)e * L->s_gu, L->rp_gu, t, F, D, xe, n, b->hb, b)) ||
+            (st = matmul(pool, L->up + (size_t)e * L->s_gu, L->rp_gu, t, F, D, xe, n, b->hb2, b)))
             return st;
         quant_swiglu(b->hb, b->hb2, n * F);
-        if ((st = quant_matmul(pool, L->down + (size_t)e * L->s_down, t, D, F, b->hb, n, xe, b->work, b->work_size)))
+        if ((st = matmul(pool, L->down + (size_t)e * L->s_down, L->rp_down, t, D, F, b->hb, n, xe, b)))
             return st;
     }
     return KS_OK;
@@ -136,10 +155,11 @@ static ks_status layer_grouped(threads_pool *pool, enum quant_type t, const stru
     struct quant_moe_mm gu = {
         .wtype = t, .rows = F, .cols = D, .W = L->gate, .W2 = L->up, .stride = L->s_gu, .n_expert = s->n_expert,
         .start = b->start, .X = b->x, .x_rows = b->grp_tok, .n_x = T, .Y = b->hb, .Y2 = b->hb2, .swiglu = true,
+        .repacked = L->rp_gu,
     };
     struct quant_moe_mm dn = {
         .wtype = t, .rows = D, .cols = F, .W = L->down, .stride = L->s_down, .n_expert = s->n_expert,
-        .start = b->start, .X = b->hb, .n_x = G, .Y = b->out,
+        .start = b->start, .X = b->hb, .n_x = G, .Y = b->out, .repacked = L->rp_down,
     };
     ks_status st = quant_matmul_experts(pool, &gu, b->work, b->work_size);
     return st ? st : quant_matmul_experts(pool, &dn, b->work, b->work_size);
@@ -156,9 +176,9 @@ static int run(threads_pool *pool, enum quant_type t, const struct moe_shape *s,
     n_copies = n_copies > 8 ? 8 : n_copies;
     struct layer *L = calloc((size_t)n_copies, sizeof *L);
     for (int i = 0; i < n_copies; i++) {
-        L[i].gate = make_experts(t, F, D, s->n_expert, &L[i].s_gu);
-        L[i].up = make_experts(t, F, D, s->n_expert, &L[i].s_gu);
-        L[i].down = make_experts(t, D, F, s->n_expert, &L[i].s_down);
+        L[i].gate = make_experts(t, F, D, s->n_expert, &L[i].s_gu, &L[i].rp_gu);
+        L[i].up = make_experts(t, F, D, s->n_expert, &L[i].s_gu, &L[i].rp_gu);
+        L[i].down = make_experts(t, D, F, s->n_expert, &L[i].s_down, &L[i].rp_down);
         if (!L[i].gate || !L[i].up || !L[i].down)
             return fprintf(stderr, "out of memory for %d copies of a %s layer\n", n_copies, s->name), 1;
     }
@@ -244,9 +264,11 @@ int main(int argc, char **argv)
             model = argv[++i];
         else if (!strcmp(argv[i], "--cpu"))
             g_clock = CLOCK_PROCESS_CPUTIME_ID;
+        else if (!strcmp(argv[i], "--no-repack"))
+            g_repack = false;
         else {
             fprintf(stderr, "usage: %s [-t THREADS] [-r REPS] [-b 1,16,512] [--type q4_0,q8_0,q4_K] "
-                            "[--model qwen3moe-30b-a3b|mixtral-8x7b] [--cpu]\n", argv[0]);
+                            "[--model qwen3moe-30b-a3b|mixtral-8x7b] [--cpu] [--no-repack]\n", argv[0]);
             return 2;
         }
     }
@@ -268,8 +290,8 @@ int main(int argc, char **argv)
     threads_pool *pool;
     if (threads_create(threads, &pool) != KS_OK)
         return fprintf(stderr, "threads: %s\n", ks_errmsg()), 1;
-    printf("# bench_moe isa=%s threads=%d reps=%d (medians; GB/s of the distinct experts' weights)\n", quant_isa(),
-           threads, reps);
+    printf("# bench_moe isa=%s threads=%d reps=%d %s (medians; GB/s of the distinct experts' weights)\n", quant_isa(),
+           threads, reps, g_repack ? "repacked where they fit" : "row-major");
     snprintf(list, sizeof list, "%s", types);
     for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) {
         enum quant_type t;

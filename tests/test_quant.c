@@ -653,12 +653,23 @@ static void test_work_size_monotonic(void **state)
     assert_int_equal(quant_matmul_work_size(QUANT_Q4_0, 33, 1), 0);
 }
 
+/* One expert's product the way a dense matrix of its kind is multiplied. */
+static ks_status expert_matmul(threads_pool *pool, const void *W, enum quant_type wtype, bool repacked, int64_t rows,
+                               int64_t cols, const float *X, int64_t n, float *Y, void *work, size_t ws)
+{
+    if (repacked)
+        return quant_matmul_repacked(pool, W, wtype, rows, cols, X, n, Y, work, ws);
+    return quant_matmul(pool, W, wtype, rows, cols, X, n, Y, work, ws);
+}
+
 /* quant_matmul_experts gives the bits of one quant_matmul per expert (and of
  * quant_swiglu over its rows): token counts per expert 0..20 reach the decode
  * and prefill kernels, grouped rows read X through x_rows (tokens shared by
- * several experts) or directly. */
+ * several experts) or directly. Repacked (each expert's slice repacked on its
+ * own), the bits of one quant_matmul_repacked per expert: the group kernels
+ * up to 16 tokens, the prefill tiles above. */
 static void check_experts(threads_pool *pool, enum quant_type wtype, int64_t rows, int64_t cols, int n_expert,
-                          const int *counts, bool pair)
+                          const int *counts, bool pair, bool repacked)
 {
     const struct quant_traits *wt = quant_traits(wtype);
     size_t wrow = quant_row_size(wtype, cols), stride = wrow * (size_t)rows;
@@ -678,6 +689,10 @@ static void check_experts(threads_pool *pool, enum quant_type wtype, int64_t row
         fill_random(wf, cols, 1.0f);
         wt->from_float(wf, W2 + r * wrow, cols);
     }
+    for (int e = 0; e < n_expert && repacked; e++) {
+        assert_int_equal(quant_repack(wtype, rows, cols, W + e * stride), KS_OK);
+        assert_int_equal(quant_repack(wtype, rows, cols, W2 + e * stride), KS_OK);
+    }
     fill_random(X, n_x * cols, 3.0f);
     for (int64_t g = 0; g < G; g++)
         x_rows[g] = pair ? (int32_t)(rnd32() % n_x) : (int32_t)g;
@@ -690,7 +705,7 @@ static void check_experts(threads_pool *pool, enum quant_type wtype, int64_t row
     struct quant_moe_mm p = {
         .wtype = wtype, .rows = rows, .cols = cols, .W = W, .W2 = pair ? W2 : NULL, .stride = stride,
         .n_expert = n_expert, .start = start, .X = X, .x_rows = pair ? x_rows : NULL, .n_x = n_x, .Y = Y,
-        .Y2 = pair ? Y2 : NULL, .swiglu = pair,
+        .Y2 = pair ? Y2 : NULL, .swiglu = pair, .repacked = repacked,
     };
     assert_int_equal(quant_matmul_experts(pool, &p, work, ws), KS_OK);
     for (int64_t g = 0; g < G; g++)
@@ -699,18 +714,19 @@ static void check_experts(threads_pool *pool, enum quant_type wtype, int64_t row
         int64_t n = counts[e], t0 = start[e];
         if (!n)
             continue;
-        assert_int_equal(quant_matmul(pool, W + e * stride, wtype, rows, cols, xg + t0 * cols, n, R + t0 * rows,
-                                      work, ws), KS_OK);
+        assert_int_equal(expert_matmul(pool, W + e * stride, wtype, repacked, rows, cols, xg + t0 * cols, n,
+                                       R + t0 * rows, work, ws), KS_OK);
         if (pair) {
-            assert_int_equal(quant_matmul(pool, W2 + e * stride, wtype, rows, cols, xg + t0 * cols, n,
-                                          R2 + t0 * rows, work, ws), KS_OK);
+            assert_int_equal(expert_matmul(pool, W2 + e * stride, wtype, repacked, rows, cols, xg + t0 * cols, n,
+                                           R2 + t0 * rows, work, ws), KS_OK);
             quant_swiglu(R + t0 * rows, R2 + t0 * rows, n * rows);
         }
     }
     for (int64_t i = 0; i < G * rows; i++)
         if (memcmp(&Y[i], &R[i], sizeof(float)))
-            fail_msg("%s rows=%lld cols=%lld pair=%d: grouped row %lld col %lld = %.9g, per expert %.9g", wt->name,
-                     (long long)rows, (long long)cols, pair, (long long)(i / rows), (long long)(i % rows), Y[i], R[i]);
+            fail_msg("%s rows=%lld cols=%lld pair=%d repacked=%d: grouped row %lld col %lld = %.9g, per expert %.9g",
+                     wt->name, (long long)rows, (long long)cols, pair, repacked, (long long)(i / rows),
+                     (long long)(i % rows), Y[i], R[i]);
     free(W), free(W2), free(wf), free(X), free(xg), free(Y), free(Y2), free(R), free(R2), free(x_rows), free(work);
 }
 
@@ -727,10 +743,30 @@ static void test_matmul_experts_vs_per_expert(void **state)
             bool kq = types[ti] >= QUANT_Q2_K && types[ti] <= QUANT_Q6_K;
             for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++)
                 for (int pair = 0; pair < 2; pair++) {
-                    check_experts(pool, types[ti], 80, kq ? 512 : 96, 8, counts[c], pair);
-                    check_experts(pool, types[ti], 144, kq ? 256 : 2048 + 32, 8, counts[c], pair);
+                    check_experts(pool, types[ti], 80, kq ? 512 : 96, 8, counts[c], pair, false);
+                    check_experts(pool, types[ti], 144, kq ? 256 : 2048 + 32, 8, counts[c], pair, false);
                 }
         }
+        threads_free(pool);
+    }
+}
+
+/* Repacked Q4_0 / Q8_0 experts, as the model loader makes them. */
+static void test_matmul_experts_repacked_vs_per_expert(void **state)
+{
+    (void)state;
+    const int counts[][8] = {{1, 0, 0, 1, 0, 0, 0, 1}, {2, 3, 0, 7, 8, 1, 0, 5}, {9, 0, 16, 17, 20, 0, 4, 1}};
+    const enum quant_type types[] = {QUANT_Q4_0, QUANT_Q8_0};
+    const int R = quant_repack_rows();
+    for (int th = 1; th <= 2; th++) {
+        threads_pool *pool;
+        assert_int_equal(threads_create(th, &pool), KS_OK);
+        for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
+            for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++)
+                for (int pair = 0; pair < 2; pair++) {
+                    check_experts(pool, types[ti], 5 * R, 96, 8, counts[c], pair, true);
+                    check_experts(pool, types[ti], 9 * R, 2048 + 32, 8, counts[c], pair, true);
+                }
         threads_free(pool);
     }
 }
@@ -752,7 +788,9 @@ static void test_matmul_experts_rejects_bad_args(void **state)
     assert_int_equal(quant_matmul_experts(NULL, &p, work, sizeof work), KS_ERR_INVALID_ARG);
     p.stride = 2 * sizeof(block_q4_0);
     assert_int_equal(quant_matmul_experts(NULL, &p, work, 1), KS_ERR_INVALID_ARG);
-    p.wtype = QUANT_Q8_1;
+    p.repacked = true; /* 2 rows cannot be a repacked group */
+    assert_int_equal(quant_matmul_experts(NULL, &p, work, sizeof work), KS_ERR_INVALID_ARG);
+    p.repacked = false, p.wtype = QUANT_Q8_1;
     assert_int_equal(quant_matmul_experts(NULL, &p, work, sizeof work), KS_ERR_UNSUPPORTED);
 }
 
@@ -814,6 +852,7 @@ int main(void)
         cmocka_unit_test(test_matmul_rejects_bad_args),
         cmocka_unit_test(test_work_size_monotonic),
         cmocka_unit_test(test_matmul_experts_vs_per_expert),
+        cmocka_unit_test(test_matmul_experts_repacked_vs_per_expert),
         cmocka_unit_test(test_matmul_experts_rejects_bad_args),
         cmocka_unit_test(test_get_row),
         cmocka_unit_test(test_swiglu_simd_vs_scalar),

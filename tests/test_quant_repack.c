@@ -4,7 +4,8 @@
  * the row-major row's floats, quant_matmul_repacked gives the scalar
  * reference vec_dot's bits at every batch size (the group kernels up to 16
  * tokens, the prefill tiles above, which round as the reference does), and
- * every SIMD group kernel gives its scalar twin's bits. Run in each build
+ * every SIMD group kernel gives its scalar twin's bits (tokens read in order
+ * or through act_rows, as experts read shared rows). Run in each build
  * (AVX-512, AVX2-only, portable), this compares the repacked kernels that
  * build uses against the unrepacked reference. */
 #include <math.h>
@@ -251,7 +252,18 @@ static void check_twin(rp_kernel_fn kernel, int R, int q8_bias)
             reference_matmul(t, W, rows, cols, X, n, Yr);
             assert_memory_equal(Ys, Yt, (size_t)(n * rows) * sizeof(float));
             assert_memory_equal(Yt, Yr, (size_t)(n * rows) * sizeof(float));
-            free(W), free(P), free(X), free(act), free(Ys), free(Yt), free(Yr);
+            /* tokens read through act_rows (experts share packed rows): here packed in reverse order */
+            struct quant_rp_act *rev = malloc((size_t)(n * nb) * sizeof *rev);
+            int32_t *act_rows = malloc((size_t)n * sizeof *act_rows);
+            assert_true(rev && act_rows);
+            for (int64_t i = 0; i < n; i++) {
+                act_rows[i] = (int32_t)(n - 1 - i);
+                memcpy(rev + act_rows[i] * nb, act + i * nb, (size_t)nb * sizeof *act);
+            }
+            j.act = rev, j.act_rows = act_rows, j.Y = Yt;
+            kernel(&j, 0, rows / R);
+            assert_memory_equal(Ys, Yt, (size_t)(n * rows) * sizeof(float));
+            free(W), free(P), free(X), free(act), free(Ys), free(Yt), free(Yr), free(rev), free(act_rows);
         }
     }
 }

@@ -63,10 +63,11 @@ struct model;
  * faster than a file mapping; MODEL_LOAD_MMAP maps the file instead, sharing
  * the page cache between processes and starting faster. In the private copy,
  * the Q4_0 / Q8_0 matrices the forward pass multiplies (tied token
- * embeddings too, as the output matrix; untied ones stay row-major) are
- * repacked in place for this build's kernels (quant_repack; the file is
- * untouched); MODEL_LOAD_NO_REPACK keeps them row-major (A/B runs). A mapped
- * file is never repacked. */
+ * embeddings too, as the output matrix; untied ones stay row-major; each
+ * expert of a 3-D expert tensor as a matrix of its own) are repacked in place
+ * for this build's kernels (quant_repack; the file is untouched);
+ * MODEL_LOAD_NO_REPACK keeps them row-major (A/B runs). A mapped file is
+ * never repacked. */
 enum model_load_flags { MODEL_LOAD_MMAP = 1, MODEL_LOAD_NO_REPACK = 2 };
 ks_status model_load(const char *path, struct model **out);
 ks_status model_load_flags(const char *path, unsigned flags, struct model **out);

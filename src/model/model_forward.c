@@ -587,15 +587,16 @@ static ks_status moe_experts(struct model_ctx *c, const struct model_layer *L, i
     struct quant_moe_mm gu = {
         .wtype = L->gate_exps.type, .rows = F, .cols = D, .W = L->gate_exps.data, .W2 = L->up_exps.data,
         .stride = L->gate_exps.stride, .n_expert = hp->n_expert, .start = c->exp_start, .X = c->xb + t0 * D,
-        .x_rows = c->grp_tok, .n_x = n, .Y = c->hb, .Y2 = c->hb2, .swiglu = true,
+        .x_rows = c->grp_tok, .n_x = n, .Y = c->hb, .Y2 = c->hb2, .swiglu = true, .repacked = L->gate_exps.repacked,
     };
-    if (L->up_exps.type == L->gate_exps.type) {
+    if (L->up_exps.type == L->gate_exps.type && L->up_exps.repacked == L->gate_exps.repacked) {
         if ((st = quant_matmul_experts(c->pool, &gu, c->work, c->work_size)))
             return st;
-    } else { /* a mix that quantized gate and up differently: one pass each */
+    } else { /* a mix that quantized (or repacked) gate and up differently: one pass each */
         struct quant_moe_mm up = gu;
         gu.W2 = NULL, gu.Y2 = NULL, gu.swiglu = false;
         up.wtype = L->up_exps.type, up.W = L->up_exps.data, up.stride = L->up_exps.stride, up.W2 = NULL;
+        up.repacked = L->up_exps.repacked;
         up.Y = c->hb2, up.Y2 = NULL, up.swiglu = false;
         if ((st = quant_matmul_experts(c->pool, &gu, c->work, c->work_size)) ||
             (st = quant_matmul_experts(c->pool, &up, c->work, c->work_size)))
@@ -607,6 +608,7 @@ static ks_status moe_experts(struct model_ctx *c, const struct model_layer *L, i
     struct quant_moe_mm dn = {
         .wtype = L->down_exps.type, .rows = D, .cols = F, .W = L->down_exps.data, .stride = L->down_exps.stride,
         .n_expert = hp->n_expert, .start = c->exp_start, .X = c->hb, .n_x = n_rows, .Y = c->xg,
+        .repacked = L->down_exps.repacked,
     };
     if ((st = quant_matmul_experts(c->pool, &dn, c->work, c->work_size)))
         return st;

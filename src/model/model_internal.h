@@ -24,11 +24,13 @@ struct model_experts {
     enum quant_type type;
     int64_t rows, cols;
     size_t stride;                           /* bytes per expert */
+    bool repacked;                           /* each expert's slice is in quant_repack's layout */
 };
 
 static inline struct model_mat model_expert_mat(const struct model_experts *x, int e)
 {
-    return (struct model_mat){.data = x->data + (size_t)e * x->stride, .type = x->type, .rows = x->rows, .cols = x->cols};
+    return (struct model_mat){.data = x->data + (size_t)e * x->stride, .type = x->type, .rows = x->rows,
+                              .cols = x->cols, .repacked = x->repacked};
 }
 
 struct model_layer {

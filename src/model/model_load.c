@@ -499,6 +499,27 @@ static ks_status repack_mat(struct model *m, struct model_mat *w)
     return st;
 }
 
+/* Each expert's slice of a 3-D expert tensor is a matrix of its own, repacked
+ * on its own, so an expert's rows stay one contiguous stream. */
+static ks_status repack_experts(struct model *m, struct model_experts *x)
+{
+    int n_expert = m->hp.n_expert;
+    if (!x->data || !quant_repack_fits(x->type, x->rows, x->cols))
+        return KS_OK;
+    uint8_t *p = gguf_private_bytes(m->file, x->data, x->stride * (size_t)n_expert);
+    if (!p)
+        return KS_OK;
+    for (int e = 0; e < n_expert; e++) {
+        ks_status st = quant_repack(x->type, x->rows, x->cols, p + (size_t)e * x->stride);
+        if (st) {
+            ks_errmsg_prefix("expert %d of %d", e, n_expert);
+            return st;
+        }
+    }
+    x->repacked = true;
+    return KS_OK;
+}
+
 /* Every matrix the forward pass multiplies. Untied token embeddings are only
  * looked up a row at a time and stay row-major; tied ones are the output
  * matrix, read whole every token, so they are repacked and looked up in the
@@ -516,6 +537,9 @@ static ks_status repack_weights(struct model *m)
         struct model_mat *mats[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down, &L->w_router};
         for (size_t i = 0; i < sizeof mats / sizeof mats[0] && !st; i++)
             st = repack_mat(m, mats[i]);
+        struct model_experts *exps[] = {&L->gate_exps, &L->up_exps, &L->down_exps};
+        for (size_t i = 0; i < sizeof exps / sizeof exps[0] && !st; i++)
+            st = repack_experts(m, exps[i]);
     }
     return st;
 }

@@ -198,7 +198,10 @@ ks_status quant_matmul_repacked(threads_pool *pool, const void *W, enum quant_ty
  * decode step is one region, not two per expert. Each expert runs the kernel
  * quant_matmul picks for its token count: Y is bit-identical to quant_matmul
  * per expert (and, if swiglu, to quant_swiglu over each expert's Y when rows
- * is a multiple of 16). */
+ * is a multiple of 16). With repacked, every expert's slice of W and W2 is a
+ * matrix quant_repack rewrote on its own (rows a multiple of
+ * quant_repack_rows()), and Y is bit-identical to quant_matmul_repacked per
+ * expert: the group kernels up to 16 tokens, the prefill tiles above. */
 struct quant_moe_mm {
     enum quant_type wtype;
     int64_t rows, cols;
@@ -211,12 +214,14 @@ struct quant_moe_mm {
     int64_t n_x;
     float *Y, *Y2;           /* (start[n_expert], rows) each; Y2 only with W2 */
     bool swiglu;             /* needs W2 */
+    bool repacked;           /* each expert's W (and W2) is in quant_repack's layout */
 };
 /* Scratch for quant_matmul_experts: enough for any grouping of n_grouped
- * rows over n_x X rows (non-decreasing in both). */
+ * rows over n_x X rows, repacked or not (non-decreasing in both). */
 size_t quant_matmul_experts_work_size(enum quant_type wtype, int64_t cols, int64_t n_x, int64_t n_grouped);
-/* KS_ERR_UNSUPPORTED: no kernels for wtype; KS_ERR_INVALID_ARG: a bad shape,
- * a NULL buffer or too small a work buffer; KS_ERR_NOMEM: out of memory for
+/* KS_ERR_UNSUPPORTED: no kernels for wtype; KS_ERR_INVALID_ARG: a bad shape
+ * (or, repacked, one quant_repack_fits refuses), a NULL buffer or too small
+ * a work buffer; KS_ERR_NOMEM: out of memory for
  * the per-call tables or a thread's weight panel. */
 ks_status quant_matmul_experts(threads_pool *pool, const struct quant_moe_mm *p, void *work, size_t work_size);
 

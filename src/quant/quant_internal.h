@@ -105,7 +105,8 @@ struct quant_rp_job {
     enum quant_type wtype;
     const uint8_t *W;
     int64_t nb;                     /* blocks per row */
-    const struct quant_rp_act *act; /* token t's blocks at act + t * nb */
+    const struct quant_rp_act *act; /* token t's blocks at act + t * nb, or act + act_rows[t] * nb */
+    const int32_t *act_rows;        /* NULL, or (n_tokens) packed row of each token: experts read shared rows */
     int64_t n_tokens;
     float *Y;                       /* Y[t * ldy + r] */
     int64_t ldy;
@@ -113,6 +114,11 @@ struct quant_rp_job {
 /* Groups [g0, g1) of rows: the build's best kernel; its scalar twin for any
  * group size and bias; the SIMD kernels (layouts of 16 rows +128, 8 rows +0). */
 void quant_rp_rows(const struct quant_rp_job *j, int64_t g0, int64_t g1);
+/* Token t's packed blocks. */
+static inline const struct quant_rp_act *quant_rp_token(const struct quant_rp_job *j, int64_t t)
+{
+    return j->act + (j->act_rows ? j->act_rows[t] : t) * j->nb;
+}
 void quant_rp_rows_ref(const struct quant_rp_job *j, int R, int q8_bias, int64_t g0, int64_t g1);
 /* The row-major tail rows of a repacked matrix of rows rows (none if rows is
  * a multiple of the group): the scalar twin, the reference's bits. */

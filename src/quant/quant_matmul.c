@@ -120,12 +120,16 @@ static enum mm_path choose_repacked_path(enum quant_type wtype, int64_t n_tokens
     return MM_REPACKED;
 }
 
+/* Bytes of one token packed for the group kernels: its blocks back to back,
+ * as a job reads them. */
+static size_t rp_token_bytes(int64_t cols) { return sizeof(struct quant_rp_act) * (size_t)(cols / QB); }
+
 static size_t rp_work(int64_t cols, int64_t n_tokens)
 {
 #if defined(RP_HAVE_TILES)
     n_tokens = n_tokens < RP_GEMM_MAX ? n_tokens : RP_GEMM_MAX;
 #endif
-    return sizeof(struct quant_rp_act) * (size_t)(cols / QB) * (size_t)n_tokens + MM_ALIGN;
+    return rp_token_bytes(cols) * (size_t)n_tokens + MM_ALIGN;
 }
 
 /* decode pack, per token: per pair of blocks 64 bytes of q8 values, 16 int32
@@ -207,6 +211,15 @@ static inline int64_t take_panel(struct mm *m, int64_t n_panels)
 {
     int64_t p = atomic_fetch_add_explicit(&m->next_panel, 1, memory_order_relaxed);
     return p < n_panels ? p : -1;
+}
+
+/* The group kernels' job for m: tokens packed by quant_rp_pack_token at
+ * m->work, read through m->xi when set. */
+static struct quant_rp_job rp_job(const struct mm *m)
+{
+    return (struct quant_rp_job){.wtype = m->wtype, .W = m->W, .nb = m->cols / QB,
+                                 .act = (const struct quant_rp_act *)m->work, .act_rows = m->xi,
+                                 .n_tokens = m->n_tokens, .Y = m->Y, .ldy = m->rows};
 }
 
 /* ---- generic path --------------------------------------------------------- */
@@ -829,14 +842,18 @@ static void fpre_compute(void *vctx, int ith, int nth)
 /* ---- grouped by expert ------------------------------------------------------- */
 /* quant_matmul_experts: every expert's product in one parallel region, work
  * items (expert, block of rows) taken from one counter; activations packed
- * once in one region before it. Each expert runs the kernel quant_matmul
- * would pick for its token count, so the results are the same bits. */
+ * once in one region before it. Each expert runs the kernel quant_matmul (or,
+ * repacked, quant_matmul_repacked) would pick for its token count, so the
+ * results are the same bits. */
 
 #define EX_ROWS 64              /* rows per work item of the decode and generic paths */
 #define EX_FL_PANELS 8          /* float prefill: FL_R-row panels per work item */
 #define EX_PACK_INLINE 32768    /* activation elements below which packing stays on the caller */
 
 enum ex_pack { EX_PACK_NONE, EX_PACK_TOKEN, EX_PACK_OWN, EX_PACK_AVX2 };
+/* Layout of the shared per-X-row packs: the vec_dot_type row, the decode
+ * kernel's, or the group kernels' (repacked experts). */
+enum ex_tok { EX_TOK_VEC_DOT, EX_TOK_DEC, EX_TOK_RP };
 
 struct ex_expert {
     int e;
@@ -856,7 +873,7 @@ struct ex_run {
     int n_ex;
     uint8_t *tokpack;   /* one packed row per X row that a TOKEN expert reads */
     size_t tok_xrow;
-    bool tok_dec;       /* decode layout (else the vec_dot_type row) */
+    enum ex_tok tok_layout;
     int32_t *tok_rows;  /* the X rows to pack */
     int64_t n_tok_rows;
     int64_t n_items;
@@ -870,12 +887,17 @@ static inline int64_t ex_xrow(const struct quant_moe_mm *p, const struct ex_expe
     return p->x_rows ? p->x_rows[x->t0 + t] : x->t0 + t;
 }
 
-static size_t ex_tok_xrow(const struct quant_traits *tr, enum quant_type wtype, int64_t cols, bool *dec)
+static size_t ex_tok_xrow(const struct quant_traits *tr, enum quant_type wtype, int64_t cols, bool repacked,
+                          enum ex_tok *layout)
 {
-    *dec = false;
+    *layout = EX_TOK_VEC_DOT;
+    if (repacked) {
+        *layout = EX_TOK_RP;
+        return rp_token_bytes(cols);
+    }
 #if defined(QUANT_HAVE_AVX512)
     if (is_q8_family(wtype)) {
-        *dec = true;
+        *layout = EX_TOK_DEC;
         return align_up(dec_token_bytes(cols));
     }
 #endif
@@ -905,8 +927,13 @@ size_t quant_matmul_experts_work_size(enum quant_type wtype, int64_t cols, int64
     const struct quant_traits *tr = quant_traits(wtype);
     if (!tr || cols <= 0 || n_x <= 0 || n_grouped <= 0 || quant_row_size(wtype, cols) == 0)
         return 0;
-    bool dec;
-    size_t need = align_up(ex_tok_xrow(tr, wtype, cols, &dec) * (size_t)n_x) + MM_ALIGN;
+    enum ex_tok layout;
+    size_t tok = ex_tok_xrow(tr, wtype, cols, false, &layout);
+    if (is_q8_family(wtype)) { /* repacked experts pack the X rows for the group kernels */
+        size_t rp = ex_tok_xrow(tr, wtype, cols, true, &layout);
+        tok = rp > tok ? rp : tok;
+    }
+    size_t need = align_up(tok * (size_t)n_x) + MM_ALIGN;
     /* own packs: an expert of n >= MM_PREFILL_MIN rows packs ceil(n / 16) <= n / 8 groups;
      * a k-quant expert n rows; each rounded up to MM_ALIGN, and there are at most n_grouped experts */
     size_t per_row = 0;
@@ -935,14 +962,19 @@ static void ex_pack_unit(struct ex_run *r, int64_t u)
     if (u < r->n_tok_rows) {
         int64_t xr = r->tok_rows[u];
         uint8_t *out = r->tokpack + xr * r->tok_xrow;
+        switch (r->tok_layout) {
+        case EX_TOK_RP:
+            quant_rp_pack_token(p->X + xr * cols, cols, (struct quant_rp_act *)(void *)out);
+            return;
 #if defined(QUANT_HAVE_AVX512)
-        if (r->tok_dec) {
+        case EX_TOK_DEC:
             dec_pack_token(p->X + xr * cols, cols, p->wtype == QUANT_Q4_0 ? 3 : 7, out);
             return;
-        }
 #endif
-        quant_traits(r->tr->vec_dot_type)->from_float(p->X + xr * cols, out, cols);
-        return;
+        default:
+            quant_traits(r->tr->vec_dot_type)->from_float(p->X + xr * cols, out, cols);
+            return;
+        }
     }
     u -= r->n_tok_rows;
     for (int i = 0; i < r->n_ex; i++) {
@@ -996,7 +1028,7 @@ static struct mm ex_mm(const struct ex_run *r, const struct ex_expert *x, int ma
     const uint8_t *W = (const uint8_t *)(mat ? p->W2 : p->W) + (size_t)x->e * p->stride;
     struct mm m = {
         .tr = r->tr, .wtype = p->wtype, .path = x->path, .W = W, .wrow = r->wrow, .rows = p->rows,
-        .cols = p->cols, .n_tokens = x->n, .Y = (mat ? p->Y2 : p->Y) + x->t0 * p->rows,
+        .cols = p->cols, .n_tokens = x->n, .Y = (mat ? p->Y2 : p->Y) + x->t0 * p->rows, .repacked = p->repacked,
     };
     if (x->path == MM_FLOAT_DECODE) { /* reads X as is */
         m.X = p->x_rows ? p->X : p->X + x->t0 * p->cols;
@@ -1026,6 +1058,11 @@ static bool ex_rows(struct ex_run *r, const struct ex_expert *x, int mat, int64_
 {
     struct mm m = ex_mm(r, x, mat);
     switch (x->path) {
+    case MM_REPACKED: {
+        struct quant_rp_job j = rp_job(&m);
+        quant_rp_rows(&j, r0 / QUANT_RP_ROWS, r1 / QUANT_RP_ROWS);
+        return true;
+    }
 #if defined(QUANT_HAVE_AVX512)
     case MM_Q8_DECODE: {
         int64_t prev_hi = -1;
@@ -1115,7 +1152,7 @@ static ks_status ex_avx2_expert(threads_pool *pool, const struct ex_run *r, cons
         memcpy(xg + t * p->cols, p->X + ex_xrow(p, x, t) * p->cols, (size_t)p->cols * sizeof(float));
     for (int mat = 0; mat < (p->W2 ? 2 : 1); mat++) {
         const uint8_t *W = (const uint8_t *)(mat ? p->W2 : p->W) + (size_t)x->e * p->stride;
-        ks_status st = quant_avx2_prefill(pool, W, p->wtype, false, p->rows, p->cols, xg, x->n,
+        ks_status st = quant_avx2_prefill(pool, W, p->wtype, p->repacked, p->rows, p->cols, xg, x->n,
                                           (mat ? p->Y2 : p->Y) + x->t0 * p->rows, w2);
         if (st)
             return st;
@@ -1138,6 +1175,10 @@ ks_status quant_matmul_experts(threads_pool *pool, const struct quant_moe_mm *p,
         p->stride < wrow * (size_t)p->rows || (p->swiglu && !p->W2) || (!p->x_rows && p->n_x != n_grouped))
         return ks_fail(KS_ERR_INVALID_ARG, "matmul_experts: bad shape rows=%lld cols=%lld experts=%d rows=%lld for %s",
                        (long long)p->rows, (long long)p->cols, p->n_expert, (long long)n_grouped, tr->name);
+    if (p->repacked && !quant_repack_fits(p->wtype, p->rows, p->cols))
+        return ks_fail(KS_ERR_INVALID_ARG,
+                       "matmul_experts: repacked %s experts of %lld x %lld cannot exist (groups of %d rows)", tr->name,
+                       (long long)p->rows, (long long)p->cols, QUANT_RP_ROWS);
     if (!p->W || !p->X || !p->Y || (p->W2 && !p->Y2) || !work)
         return ks_fail(KS_ERR_INVALID_ARG, "matmul_experts: NULL buffer");
     size_t need = quant_matmul_experts_work_size(p->wtype, p->cols, p->n_x, n_grouped);
@@ -1153,7 +1194,7 @@ ks_status quant_matmul_experts(threads_pool *pool, const struct quant_moe_mm *p,
         return ks_fail(KS_ERR_NOMEM, "matmul_experts: out of memory for %lld rows", (long long)n_grouped);
     }
     uint8_t *base = (uint8_t *)(((uintptr_t)work + MM_ALIGN - 1) & ~(uintptr_t)(MM_ALIGN - 1));
-    r.tok_xrow = ex_tok_xrow(tr, p->wtype, p->cols, &r.tok_dec);
+    r.tok_xrow = ex_tok_xrow(tr, p->wtype, p->cols, p->repacked, &r.tok_layout);
     r.tokpack = base;
     uint8_t *own = base + align_up(r.tok_xrow * (size_t)p->n_x);
     int64_t pack_elems = 0;
@@ -1162,7 +1203,8 @@ ks_status quant_matmul_experts(threads_pool *pool, const struct quant_moe_mm *p,
         if (n <= 0)
             continue;
         struct ex_expert *x = &r.ex[r.n_ex++];
-        *x = (struct ex_expert){.e = e, .t0 = p->start[e], .n = n, .path = choose_path(p->wtype, n)};
+        enum mm_path path = p->repacked ? choose_repacked_path(p->wtype, n) : choose_path(p->wtype, n);
+        *x = (struct ex_expert){.e = e, .t0 = p->start[e], .n = n, .path = path};
         size_t own_bytes = ex_own_bytes(tr, p->wtype, p->cols, x->path, n);
         if (x->path == MM_FLOAT_DECODE) {
             x->pack = EX_PACK_NONE;
@@ -1229,9 +1271,7 @@ static void rp_compute(void *vctx, int ith, int nth)
     chunk = chunk < RP_MIN_CHUNK_ROWS / QUANT_RP_ROWS ? RP_MIN_CHUNK_ROWS / QUANT_RP_ROWS : chunk;
     int64_t n_chunks = ceil_div(n_groups, chunk);
     bool tail = m->rows % QUANT_RP_ROWS != 0; /* the row-major tail rows are one more work item */
-    struct quant_rp_job j = {.wtype = m->wtype, .W = m->W, .nb = m->cols / QB,
-                             .act = (const struct quant_rp_act *)m->work, .n_tokens = m->n_tokens, .Y = m->Y,
-                             .ldy = m->rows};
+    struct quant_rp_job j = rp_job(m);
     for (int64_t ci; (ci = take_panel(m, n_chunks + tail)) >= 0;) {
         if (ci == n_chunks) {
             quant_rp_tail_rows(&j, m->rows);
@@ -1287,7 +1327,7 @@ static ks_status matmul_run(threads_pool *pool, const void *W, enum quant_type w
     };
     switch (m.path) {
     case MM_REPACKED:
-        m.xrow = sizeof(struct quant_rp_act) * (size_t)(cols / QB); /* tokens back to back, as the job reads them */
+        m.xrow = rp_token_bytes(cols);
         threads_run(n_tokens <= 2 ? NULL : pool, rp_pack, &m);
         threads_run(pool, rp_compute, &m);
         break;

@@ -217,7 +217,7 @@ void quant_rp_rows_ref(const struct quant_rp_job *j, int R, int q8_bias, int64_t
 {
     for (int64_t g = g0; g < g1; g++)
         for (int64_t t = 0; t < j->n_tokens; t++) {
-            const struct quant_rp_act *a = j->act + t * j->nb;
+            const struct quant_rp_act *a = quant_rp_token(j, t);
             for (int l = 0; l < R; l++) {
                 float sum = 0;
                 for (int64_t b = 0; b < j->nb; b++) {
@@ -251,7 +251,7 @@ static inline __attribute__((always_inline)) void rp512_tile(const struct quant_
     const struct quant_rp_act *a[RP_TT];
     __m512 acc[RP_TT];
     for (int t = 0; t < T; t++) {
-        a[t] = j->act + (t0 + t) * j->nb;
+        a[t] = quant_rp_token(j, t0 + t);
         acc[t] = _mm512_setzero_ps();
     }
     const uint8_t *gb = rp_group_block(j->W, j->wtype, j->nb, R, g, 0);
@@ -322,7 +322,7 @@ static inline __attribute__((always_inline)) void rp2_tile(const struct quant_rp
     const struct quant_rp_act *a[RP_TT];
     __m256 acc[RP_TT];
     for (int t = 0; t < T; t++) {
-        a[t] = j->act + (t0 + t) * j->nb;
+        a[t] = quant_rp_token(j, t0 + t);
         acc[t] = _mm256_setzero_ps();
     }
     const uint8_t *gb = rp_group_block(j->W, j->wtype, j->nb, R, g, 0);
