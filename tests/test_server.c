@@ -639,6 +639,36 @@ static void make_idle_chain(void *user, struct kv_cache *kv)
     kv_seq_free(kv, seq);
 }
 
+/* Every page requantized to iq3_nl (kvserve's own 3.5-bit type) over HTTP:
+ * the pages convert and /cache/usage counts them under that name. */
+static void test_requantize_to_iq3_nl(void **state)
+{
+    (void)state;
+    struct httpc_response r = post(F.srv, "/cache/clear", "{\"tier\": \"all\"}");
+    httpc_response_free(&r);
+    int32_t first = 5000;
+    assert_int_equal(sched_between_steps(F.sched, make_idle_chain, &first), KS_OK);
+    r = post(F.srv, "/cache/requantize", "{\"type_k\": \"iq3_nl\", \"type_v\": \"iq3_nl\", \"scope\": \"all\"}");
+    if (r.status != 200)
+        print_message("%s\n", r.body);
+    assert_int_equal(r.status, 200);
+    cJSON *j = json_of(&r);
+    httpc_response_free(&r);
+    assert_true(json_num(j, "pages_converted") >= 2);
+    assert_true(json_num(j, "bytes_freed") > 0);
+    cJSON_Delete(j);
+    r = http(F.srv, "GET", "/cache/usage", NULL, NULL, 0);
+    assert_int_equal(r.status, 200);
+    j = json_of(&r);
+    httpc_response_free(&r);
+    assert_true(json_num(cJSON_GetObjectItem(j, "pages_k"), "iq3_nl") >= 2);
+    assert_true(json_num(cJSON_GetObjectItem(j, "pages_v"), "iq3_nl") >= 2);
+    cJSON_Delete(j);
+    r = post(F.srv, "/cache/clear", "{\"tier\": \"all\"}");
+    assert_int_equal(r.status, 200);
+    httpc_response_free(&r);
+}
+
 static void test_prefix_cache_routes(void **state)
 {
     (void)state;
@@ -772,6 +802,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_prefix_cache_routes),
+        cmocka_unit_test(test_requantize_to_iq3_nl),
         cmocka_unit_test(test_health_models_404),
         cmocka_unit_test(test_bad_requests),
         cmocka_unit_test(test_api_key_and_overload),
