@@ -386,9 +386,16 @@ static void test_long_prefill_does_not_stall_decode(void **state)
     sched_free(s);
     assert_true(mock_stats(m).max_batch_seen <= 64);
     /* the long prompt advanced in every step after its first chunk (floor of
-     * one token) but the decode-only steps that refresh the cost model */
+     * one token) but the decode-only steps that refresh the cost model: one
+     * every SCHED_COST_REFRESH steps, and one for each new decoder count (the
+     * four decoders were admitted in different steps, so they may finish one
+     * by one while the prompt is still being computed; under a slow build,
+     * TSan, that happened and cost up to one more refresh each) */
     assert_true(mock_stats(m).watch_steps > 0);
-    assert_true(mock_stats(m).watch_idle_steps <= mock_stats(m).watch_steps / (SCHED_COST_REFRESH - 1) + 1);
+    if (mock_stats(m).watch_idle_steps > mock_stats(m).watch_steps / (SCHED_COST_REFRESH - 1) + 1 + 4)
+        print_message("long prompt: %d idle steps, %d with tokens\n", mock_stats(m).watch_idle_steps,
+                      mock_stats(m).watch_steps);
+    assert_true(mock_stats(m).watch_idle_steps <= mock_stats(m).watch_steps / (SCHED_COST_REFRESH - 1) + 1 + 4);
     mock_engine_free(m);
 }
 
