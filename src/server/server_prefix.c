@@ -413,7 +413,7 @@ void server_prefix_metrics(struct server *srv, struct sbuf *b, const struct sche
     server_metric(b, "kvserve_disk_cache_corrupt_total", "counter", "Corrupt, truncated or foreign entries found and deleted.",
          (double)d.corrupt);
     server_metric(b, "kvserve_disk_cache_evictions_total", "counter", "Entries deleted for room.", (double)d.evictions);
-    server_metric(b, "kvserve_disk_cache_dropped_total", "counter", "Pages not written: the write queue was full.", (double)d.dropped);
+    server_metric(b, "kvserve_disk_cache_dropped_total", "counter", "Pages not written: the write queue was full, or a full disk refused them.", (double)d.dropped);
     server_metric(b, "kvserve_disk_cache_failures_total", "counter", "Write transactions that failed.", (double)d.failures);
     server_metric(b, "kvserve_disk_cache_disabled", "gauge", "1 when the SSD tier gave up after write failures.", d.disabled);
     server_metric(b, "kvserve_disk_cache_read_gbs", "gauge", "Measured read throughput of the SSD tier, GB/s.", d.read_gbs);

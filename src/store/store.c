@@ -95,10 +95,11 @@ static uint64_t tenth_of_free(const char *dir)
 static ks_status open_env(struct store *s)
 {
     uint64_t map = s->cfg.map_bytes ? s->cfg.map_bytes : s->limit + s->limit / 2 + (64u << 20);
+    s->map_bytes = map;
     int rc;
     if ((rc = mdb_env_create(&s->env)))
         return lmdb_fail(s, "cannot create the environment", rc);
-    if ((rc = mdb_env_set_maxdbs(s->env, 2)) || (rc = mdb_env_set_mapsize(s->env, (size_t)map)))
+    if ((rc = mdb_env_set_maxdbs(s->env, 3)) || (rc = mdb_env_set_mapsize(s->env, (size_t)map)))
         return lmdb_fail(s, "cannot size the environment", rc);
     /* NOTLS: read transactions run on HTTP and scheduler threads alike */
     if ((rc = mdb_env_open(s->env, s->dir, MDB_NOTLS | MDB_NOMETASYNC, 0600)))
@@ -107,7 +108,8 @@ static ks_status open_env(struct store *s)
     if ((rc = mdb_txn_begin(s->env, NULL, 0, &txn)))
         return lmdb_fail(s, "cannot begin a transaction", rc);
     if ((rc = mdb_dbi_open(txn, "entries", MDB_CREATE, &s->entries)) ||
-        (rc = mdb_dbi_open(txn, "meta", MDB_CREATE, &s->metas)) || (rc = mdb_txn_commit(txn))) {
+        (rc = mdb_dbi_open(txn, "meta", MDB_CREATE, &s->metas)) ||
+        (rc = mdb_dbi_open(txn, "clock", MDB_CREATE, &s->clock)) || (rc = mdb_txn_commit(txn))) {
         if (rc != MDB_SUCCESS)
             mdb_txn_abort(txn);
         return lmdb_fail(s, "cannot open its databases", rc);

@@ -96,7 +96,7 @@ struct store_stats {
     uint64_t hits, misses;          /* store_get outcomes */
     uint64_t corrupt;               /* corrupt, truncated or foreign entries found (and deleted) */
     uint64_t evictions;             /* entries deleted for room */
-    uint64_t dropped;               /* puts dropped on a full queue */
+    uint64_t dropped;               /* puts dropped: a full queue, or a page a full map could not take */
     uint64_t deduplicated;          /* puts of a key already stored */
     uint64_t failures;              /* write transactions that failed */
     bool disabled;

@@ -62,6 +62,8 @@ struct store {
     char *dir;
     MDB_env *env;
     MDB_dbi entries, metas;
+    MDB_dbi clock;                 /* one counter, rewritten to advance LMDB's txn id */
+    uint64_t map_bytes;
     uint64_t limit;
 
     pthread_mutex_t mu;

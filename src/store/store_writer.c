@@ -249,12 +249,61 @@ static void split_batch(struct batch *b, struct batch *rest)
     b->need = kept;
 }
 
-/* Write a batch. After a full map or disk, commit evictions alone first (LMDB
- * reuses freed pages only after their transaction commits), then retry. A
- * batch that still does not fit is written in halves: the map can be smaller
- * than a batch (a small --prefix-disk), and each commit also lets LMDB reuse
- * the pages the one before it freed. Only a single page that fits nowhere
- * disables the tier. */
+/* LMDB reuses the pages a transaction frees only from the second commit
+ * after it (a reader may still hold the snapshot before). Rewriting one
+ * counter is that second commit. */
+static int advance_txn(struct store *s)
+{
+    static const char name[] = "commits";
+    MDB_txn *txn;
+    int rc = mdb_txn_begin(s->env, NULL, 0, &txn);
+    if (rc)
+        return rc;
+    MDB_val k = {sizeof name, (void *)name}, v;
+    uint64_t n = 0;
+    if (mdb_get(txn, s->clock, &k, &v) == 0 && v.mv_size == sizeof n)
+        memcpy(&n, v.mv_data, sizeof n);
+    n++;
+    v = (MDB_val){sizeof n, &n};
+    if ((rc = mdb_put(txn, s->clock, &k, &v, 0))) {
+        mdb_txn_abort(txn);
+        return rc;
+    }
+    return mdb_txn_commit(txn);
+}
+
+/* Make room after a full map or disk: commit evictions alone (aiming at half
+ * of what is stored, as the map holds less than the limit says), then the
+ * commit that lets LMDB reuse their pages. */
+static bool make_room(struct store *s, struct batch *b)
+{
+    if (s->ix.n > 0)
+        choose_victims(s, b, (s->ix.bytes + b->need) / 2);
+    if (write_unlocked(s, b, false) != 0)
+        return false;
+    apply_deletions(s, b);
+    pthread_mutex_unlock(&s->mu);
+    int rc = advance_txn(s);
+    pthread_mutex_lock(&s->mu);
+    return rc == 0;
+}
+
+/* A single page that a full map still refuses. A page bigger than half the
+ * map can never be stored reliably: the tier gives up. A smaller one is
+ * dropped (the map may be fragmented, or the disk full for now); only
+ * MAX_FAILED_BATCHES such pages in a row disable the tier. */
+static void give_up_page(struct store *s, const struct batch *b, int rc)
+{
+    bool hopeless = b->n_items == 1 && b->items->meta.bytes > s->map_bytes / 2;
+    s->st.dropped += b->n_items;
+    if (hopeless || ++s->consecutive_failures >= MAX_FAILED_BATCHES)
+        store_disable(s, mdb_strerror(rc));
+}
+
+/* Write a batch. A full map or disk makes room and retries. A batch that
+ * still does not fit is written in halves: the map can be smaller than a
+ * batch (a small --prefix-disk), and each commit also lets LMDB reuse the
+ * pages freed two commits before. */
 static void commit_batch(struct store *s, struct batch *b)
 {
     for (int tries = 0;; tries++) {
@@ -264,14 +313,8 @@ static void commit_batch(struct store *s, struct batch *b)
             return;
         }
         s->st.failures++;
-        if (out_of_room(rc) && tries + 1 < MAX_TRIES && s->ix.n > 0) {
-            /* the map holds less than the limit says: aim at half of what is stored */
-            choose_victims(s, b, (s->ix.bytes + b->need) / 2);
-            if ((rc = write_unlocked(s, b, false)) == 0) {
-                apply_deletions(s, b);
-                continue;
-            }
-        }
+        if (out_of_room(rc) && tries + 1 < MAX_TRIES && make_room(s, b))
+            continue;
         if (out_of_room(rc) && b->n_items > 1) {
             struct batch rest;
             split_batch(b, &rest);
@@ -281,7 +324,9 @@ static void commit_batch(struct store *s, struct batch *b)
             free_batch(&rest);
             return;
         }
-        if (out_of_room(rc) || ++s->consecutive_failures >= MAX_FAILED_BATCHES)
+        if (out_of_room(rc))
+            give_up_page(s, b, rc);
+        else if (++s->consecutive_failures >= MAX_FAILED_BATCHES)
             store_disable(s, mdb_strerror(rc));
         if (b->clear) {
             s->clear_all = false;
