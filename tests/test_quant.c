@@ -316,6 +316,39 @@ static void test_q8_0_exact_values(void **state)
     assert_int_equal(b.qs[8], -64);
 }
 
+/* The SIMD Q8_0 quantizers on the inputs where rounding is delicate: exact
+ * ties (k + 0.5 after the scale), values just below a tie, zeros, negative
+ * zeros, a spread of magnitudes. (No NaN: the reference's cast of it is
+ * undefined.) */
+static void check_q8_0_quantizer(quant_from_float_fn q)
+{
+    enum { N = 32 * 8 };
+    float x[N];
+    for (int i = 0; i < 32; i++) {
+        x[i] = (float)(i - 16) / 16.0f;                      /* ties at 63.5 */
+        x[32 + i] = (float)(2 * i - 31) * 0.5f;              /* +-0.5 steps, amax 15.5 */
+        x[64 + i] = i == 0 ? 127.0f : nextafterf((float)(i - 16) + 0.5f, 0.0f);
+        x[96 + i] = 0.0f;
+        x[128 + i] = (float)i * 0.25f;
+        x[160 + i] = ldexpf((float)(i + 1), i - 16) * (i % 2 ? -1.0f : 1.0f);
+        x[192 + i] = i == 31 ? -2.0f : 1.0f;
+        x[224 + i] = -0.0f;
+    }
+    block_q8_0 got[N / 32], want[N / 32];
+    q(x, got, N);
+    quant_q8_0_from_float_ref(x, want, N);
+    assert_memory_equal(got, want, sizeof got);
+}
+
+static void test_q8_0_simd_quantizer_edges(void **state)
+{
+    (void)state;
+    check_q8_0_quantizer(quant_traits(QUANT_Q8_0)->from_float);
+#if defined(QUANT_HAVE_AVX2)
+    check_q8_0_quantizer(quant_q8_0_from_float_avx2);
+#endif
+}
+
 /* ---- vec_dot: SIMD vs scalar --------------------------------------------------- */
 
 typedef void (*dot_fn)(int, float *, const void *, const void *);
@@ -843,6 +876,7 @@ int main(void)
         cmocka_unit_test(test_names),
         cmocka_unit_test(test_quantize_error_bounds),
         cmocka_unit_test(test_q8_0_exact_values),
+        cmocka_unit_test(test_q8_0_simd_quantizer_edges),
         cmocka_unit_test(test_kv_scale_search_never_worse),
         cmocka_unit_test(test_best_conversions_match_scalar),
         cmocka_unit_test(test_vec_dot_simd_vs_scalar),

@@ -124,9 +124,15 @@ void quant_rp_rows_ref(const struct quant_rp_job *j, int R, int q8_bias, int64_t
  * a multiple of the group): the scalar twin, the reference's bits. */
 void quant_rp_tail_rows(const struct quant_rp_job *j, int64_t rows);
 #if defined(QUANT_HAVE_AVX512)
+/* One Q8_0 block of 32 floats into q, bit-exact with the reference; returns
+ * the f32 scale (before its f16 rounding), *sum = sum of q. */
+float quant_q8_0_block_avx512(const float *x, int8_t *q, int *sum);
 void quant_rp_rows_avx512(const struct quant_rp_job *j, int64_t g0, int64_t g1);
 #endif
 #if defined(QUANT_HAVE_AVX2)
+/* The Q8_0 quantizer of AVX2 builds, bit-exact with the reference (tested in
+ * AVX-512 builds too). */
+void quant_q8_0_from_float_avx2(const float *x, void *y, int64_t n);
 void quant_rp_rows_avx2(const struct quant_rp_job *j, int64_t g0, int64_t g1);
 #endif
 /* quant_repack with any group size and Q8_0 bias (tests of the other layouts). */

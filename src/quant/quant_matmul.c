@@ -335,29 +335,10 @@ static void kq_compute(void *vctx, int ith, int nth)
 #if defined(QUANT_HAVE_AVX512)
 /* ---- Q8_0 quantization of activations (bit-exact with the reference) ------ */
 
-/* roundf: nearest, ties away from zero. */
-static inline __m512 round_away(__m512 v)
-{
-    __m512 t = _mm512_roundscale_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
-    __m512 frac = _mm512_abs_ps(_mm512_sub_ps(v, t));
-    __mmask16 up = _mm512_cmp_ps_mask(frac, _mm512_set1_ps(0.5f), _CMP_GE_OQ);
-    __m512 one = _mm512_or_ps(_mm512_set1_ps(1.0f), _mm512_and_ps(v, _mm512_set1_ps(-0.0f)));
-    return _mm512_mask_add_ps(t, up, t, one);
-}
-
 /* One block of 32: q[32] int8, returns the f16-rounded scale, *sum = sum(q). */
 static inline float q8_block(const float *x, int8_t *q, int *sum)
 {
-    __m512 a = _mm512_loadu_ps(x), b = _mm512_loadu_ps(x + 16);
-    float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
-    const float d = amax / 127;
-    const float id = d ? 1.0f / d : 0.0f;
-    __m512i qa = _mm512_cvtps_epi32(round_away(_mm512_mul_ps(a, _mm512_set1_ps(id))));
-    __m512i qb = _mm512_cvtps_epi32(round_away(_mm512_mul_ps(b, _mm512_set1_ps(id))));
-    _mm_storeu_si128((__m128i *)q, _mm512_cvtsepi32_epi8(qa));
-    _mm_storeu_si128((__m128i *)(q + 16), _mm512_cvtsepi32_epi8(qb));
-    *sum = _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
-    return quant_f16_to_f32(quant_f32_to_f16(d));
+    return quant_f16_to_f32(quant_f32_to_f16(quant_q8_0_block_avx512(x, q, sum)));
 }
 
 /* ---- decode: Q4_0 / Q8_0 rows against one packed token -------------------- */

@@ -206,6 +206,57 @@ static inline __m256 load8_bf16(const void *p, int i)
 FLOAT_DOT_AVX2(quant_vec_dot_f32_avx2, load8_f32, ((const float *)vx)[i])
 FLOAT_DOT_AVX2(quant_vec_dot_f16_avx2, load8_f16, quant_f16_to_f32(((const quant_f16 *)vx)[i]))
 FLOAT_DOT_AVX2(quant_vec_dot_bf16_avx2, load8_bf16, quant_bf16_to_f32(((const quant_bf16 *)vx)[i]))
+
+/* ---- Q8_0 quantization (bit-exact with quant_q8_0_from_float_ref) ---------- */
+
+/* roundf: nearest, ties away from zero (v - trunc(v) is exact). */
+static inline __m256 round_away_256(__m256 v)
+{
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    const __m256 frac = _mm256_andnot_ps(sign, _mm256_sub_ps(v, t));
+    const __m256 up = _mm256_cmp_ps(frac, _mm256_set1_ps(0.5f), _CMP_GE_OQ);
+    const __m256 one = _mm256_or_ps(_mm256_set1_ps(1.0f), _mm256_and_ps(v, sign));
+    return _mm256_add_ps(t, _mm256_and_ps(up, one));
+}
+
+static inline float hmax_256(__m256 v)
+{
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+
+void quant_q8_0_from_float_avx2(const float *x, void *vy, int64_t n)
+{
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    block_q8_0 *y = vy;
+    for (int64_t i = 0; i < n / QK8_0; i++, x += QK8_0) {
+        __m256 v[4], m = _mm256_setzero_ps();
+        for (int k = 0; k < 4; k++) {
+            v[k] = _mm256_loadu_ps(x + 8 * k);
+            m = _mm256_max_ps(_mm256_andnot_ps(sign, v[k]), m); /* a NaN lane keeps m, as fmaxf */
+        }
+        const float d = hmax_256(m) / ((1 << 7) - 1);
+        const __m256 id = _mm256_set1_ps(d ? 1.0f / d : 0.0f);
+        __m256i q[4];
+        for (int k = 0; k < 4; k++)
+            q[k] = _mm256_cvtps_epi32(round_away_256(_mm256_mul_ps(v[k], id)));
+        /* the low byte of each int32, as the reference's cast keeps it (a NaN
+         * from an infinite input becomes 0, not -128): mask, then packs that
+         * cannot saturate; they interleave the 128-bit lanes, and dwords
+         * 0 4 1 5 2 6 3 7 put them back */
+        const __m256i lo = _mm256_set1_epi32(0xFF);
+        for (int k = 0; k < 4; k++)
+            q[k] = _mm256_and_si256(q[k], lo);
+        const __m256i b = _mm256_packus_epi16(_mm256_packus_epi32(q[0], q[1]), _mm256_packus_epi32(q[2], q[3]));
+        _mm256_storeu_si256((__m256i *)y[i].qs,
+                            _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+        y[i].d = quant_f32_to_f16(d);
+    }
+}
+
 #endif /* QUANT_HAVE_AVX2 */
 
 #if defined(QUANT_HAVE_AVX512)
@@ -324,6 +375,44 @@ static inline __m512 load16_bf16(const void *p, int i)
 FLOAT_DOT_AVX512(quant_vec_dot_f32_avx512, load16_f32, ((const float *)vx)[i])
 FLOAT_DOT_AVX512(quant_vec_dot_f16_avx512, load16_f16, quant_f16_to_f32(((const quant_f16 *)vx)[i]))
 FLOAT_DOT_AVX512(quant_vec_dot_bf16_avx512, load16_bf16, quant_bf16_to_f32(((const quant_bf16 *)vx)[i]))
+
+/* ---- Q8_0 quantization (bit-exact with quant_q8_0_from_float_ref) ---------- */
+
+/* roundf: nearest, ties away from zero (v - trunc(v) is exact). */
+static inline __m512 round_away(__m512 v)
+{
+    __m512 t = _mm512_roundscale_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    __m512 frac = _mm512_abs_ps(_mm512_sub_ps(v, t));
+    __mmask16 up = _mm512_cmp_ps_mask(frac, _mm512_set1_ps(0.5f), _CMP_GE_OQ);
+    __m512 one = _mm512_or_ps(_mm512_set1_ps(1.0f), _mm512_and_ps(v, _mm512_set1_ps(-0.0f)));
+    return _mm512_mask_add_ps(t, up, t, one);
+}
+
+float quant_q8_0_block_avx512(const float *x, int8_t *q, int *sum)
+{
+    __m512 a = _mm512_loadu_ps(x), b = _mm512_loadu_ps(x + 16);
+    /* a NaN lane keeps the other operand, as fmaxf does */
+    float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+    const float d = amax / 127;
+    const float id = d ? 1.0f / d : 0.0f;
+    __m512i qa = _mm512_cvtps_epi32(round_away(_mm512_mul_ps(a, _mm512_set1_ps(id))));
+    __m512i qb = _mm512_cvtps_epi32(round_away(_mm512_mul_ps(b, _mm512_set1_ps(id))));
+    /* the low byte, as the reference's cast keeps it (NaN from an infinite input: 0) */
+    _mm_storeu_si128((__m128i *)q, _mm512_cvtepi32_epi8(qa));
+    _mm_storeu_si128((__m128i *)(q + 16), _mm512_cvtepi32_epi8(qb));
+    *sum = _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
+    return d;
+}
+
+static void q8_0_from_float_avx512(const float *x, void *vy, int64_t n)
+{
+    block_q8_0 *y = vy;
+    for (int64_t i = 0; i < n / QK8_0; i++) {
+        int sum;
+        y[i].d = quant_f32_to_f16(quant_q8_0_block_avx512(x + i * QK8_0, y[i].qs, &sum));
+    }
+}
+
 #endif /* QUANT_HAVE_AVX512 */
 
 #if defined(QUANT_HAVE_AVX512)
@@ -382,8 +471,10 @@ void quant_simd_fill(struct quant_traits *best)
     best[QUANT_F16].to_float = f16_to_float_avx512;
     best[QUANT_F16].from_float = f16_from_float_avx512;
     best[QUANT_BF16].to_float = bf16_to_float_avx512;
+    best[QUANT_Q8_0].from_float = q8_0_from_float_avx512;
 #elif defined(QUANT_HAVE_AVX2)
     SET_DOTS(best, avx2);
+    best[QUANT_Q8_0].from_float = quant_q8_0_from_float_avx2;
 #else
     (void)best;
 #endif
