@@ -251,6 +251,48 @@ static void test_all_types_simd_threads(void **state)
     threads_free(pool);
 }
 
+/* A sequence whose pages differ in precision, in both orders (quantized
+ * pages first, as the policy demotes old ones, and float pages first): each
+ * page takes its own kernel, and the int8 query rows the quantized K
+ * kernels need are made at the first such page. */
+static void mixed_pages(enum quant_type base_k, enum quant_type base_v, enum quant_type old_k, enum quant_type old_v,
+                        threads_pool *pool, const struct attn_kernels *k)
+{
+    attn_set_kernels(k);
+    int32_t lens[2] = {400, 37};
+    struct fixture f = {.n_layer = 2, .n_kv = 2, .n_head = 8, .dim = 64, .P = 16};
+    struct kv_cache *kv = make_cache(&f, base_k, base_v, true, lens, 2);
+    struct kv_selector sel = {.kind = KV_SELECT_OLDER_THAN, .keep_recent = 150};
+    assert_int_equal(kv_requantize(kv, &sel, old_k, old_v, false, NULL), KS_OK);
+    assert_int_equal(kv_check(kv), KS_OK);
+    struct run_stats rs = run_case(&f, kv, pool, 1);
+    double lim = bound(base_k).max_abs + bound(base_v).max_abs + bound(old_k).max_abs + bound(old_v).max_abs;
+    double lim_rms = bound(base_k).rms + bound(base_v).rms + bound(old_k).rms + bound(old_v).rms;
+    if (rs.max_abs > lim || rs.rms > lim_rms)
+        fail_msg("%s mixed %s/%s then %s/%s: error max %g rms %g, bounds %g %g", k ? k->isa : "best",
+                 quant_type_name(old_k), quant_type_name(old_v), quant_type_name(base_k), quant_type_name(base_v),
+                 rs.max_abs, rs.rms, lim, lim_rms);
+    kv_free(kv);
+    free_fixture(&f);
+    attn_set_kernels(NULL);
+}
+
+static void test_mixed_precision_pages(void **state)
+{
+    (void)state;
+    threads_pool *pool;
+    assert_int_equal(threads_create(2, &pool), KS_OK);
+    const struct attn_kernels *sets[] = {attn_kernels_scalar(), attn_kernels_avx2(), attn_kernels_avx512()};
+    for (int i = 0; i < 3; i++) {
+        if (!sets[i])
+            continue;
+        mixed_pages(QUANT_F16, QUANT_F16, QUANT_Q4_0, QUANT_Q8_0, pool, sets[i]);
+        mixed_pages(QUANT_Q8_0, QUANT_Q4_0, QUANT_F16, QUANT_F32, pool, sets[i]);
+        mixed_pages(QUANT_F32, QUANT_BF16, QUANT_IQ4_NL, QUANT_Q5_1, pool, sets[i]);
+    }
+    threads_free(pool);
+}
+
 /* Each SIMD set against the scalar reference on the same cache: the integer
  * dots are exact, so only float summation order and exp differ. Shapes cover
  * every row block (G = 4, and G = 3 as 2 + 1) and every chunking of the
@@ -376,6 +418,7 @@ int main(void)
         cmocka_unit_test(test_f32_f16_small_head),
         cmocka_unit_test(test_all_types_scalar),
         cmocka_unit_test(test_all_types_simd_threads),
+        cmocka_unit_test(test_mixed_precision_pages),
         cmocka_unit_test(test_simd_matches_scalar),
         cmocka_unit_test(test_rotate_matches_kv_rotate),
         cmocka_unit_test(test_quantize_q8_rounding),

@@ -93,12 +93,12 @@ static size_t scratch_layout(const struct job *j, uint8_t *base, struct scratch 
     return (end + 63) / 64 * 64;
 }
 
-/* Scaled, rotated query rows of one tile for one KV head, their int8 copy,
- * their limits, and an empty softmax state. */
+/* Scaled, rotated query rows of one tile for one KV head, their limits, and
+ * an empty softmax state. */
 static void load_rows(const struct job *j, const struct tile *t, int head, const struct scratch *sc)
 {
     const struct kv_config *c = kv_get_config(j->kv);
-    int d = j->dim, nb = d / QK8_0, R = tile_rows(j, t);
+    int d = j->dim, R = tile_rows(j, t);
     for (int i = 0; i < t->n_q; i++)
         for (int g = 0; g < j->group; g++) {
             int r = i * j->group + g;
@@ -109,14 +109,21 @@ static void load_rows(const struct job *j, const struct tile *t, int head, const
                 dst[e] = src[e] * j->scale;
             if (c->rotate)
                 j->k->rotate(dst, d);
-            if (sc->q8)
-                attn_quantize_q8(dst, sc->q8 + (size_t)r * nb, sc->q8d + (size_t)r * nb, d);
         }
     for (int r = 0; r < R; r++) {
         sc->m[r] = -INFINITY;
         sc->l[r] = 0.0f;
     }
     memset(sc->acc, 0, (size_t)R * d * sizeof(float));
+}
+
+/* The int8 copy of the query rows, for the integer kernels of quantized K
+ * pages: made at the first such page, so a float cache never pays for it. */
+static void quantize_rows(const struct job *j, const struct tile *t, const struct scratch *sc)
+{
+    int d = j->dim, nb = d / QK8_0, R = tile_rows(j, t);
+    for (int r = 0; r < R; r++)
+        attn_quantize_q8(sc->q + (size_t)r * d, sc->q8 + (size_t)r * nb, sc->q8d + (size_t)r * nb, d);
 }
 
 /* Pages are separate allocations, so the hardware prefetcher loses the
@@ -179,6 +186,7 @@ static void run_item(const struct job *j, int32_t item, uint8_t *scratch)
     struct attn_rows rows = {.n = R, .dim = d, .stride = P, .s = sc.s, .limit = sc.limit, .q = sc.q, .q8 = sc.q8,
                              .q8d = sc.q8d, .m = sc.m, .l = sc.l, .acc = sc.acc};
     struct kv_page_view page, next;
+    bool q8_ready = false;
     kv_seq_page_view(kv, t->seq, 0, &next);
     for (int32_t p = 0; p < t->n_pages; p++) {
         page = next;
@@ -189,6 +197,10 @@ static void run_item(const struct job *j, int32_t item, uint8_t *scratch)
         int page_start = p * P;
         int n_tok = max_limit - page_start < P ? max_limit - page_start : P;
         assert(n_tok > 0 && n_tok <= P && kv_type_index(page.tk) >= 0 && kv_type_index(page.tv) >= 0);
+        if (sc.q8 && !q8_ready && quant_traits(page.tk)->is_quantized) {
+            quantize_rows(j, t, &sc);
+            q8_ready = true;
+        }
         const uint8_t *k_rows = kv_view_run(c, page.k, page.k_row_bytes, j->layer, h);
         attn_set_bounds(&rows, k_rows, (size_t)P * page.k_row_bytes);
         j->k->score[kv_type_index(page.tk)](k_rows, n_tok, &rows);
