@@ -288,10 +288,8 @@ static void test_q8_K_quantize(void **state)
 }
 
 /* The SIMD Q8_K quantizer is bit-identical to the reference, ties included. */
-static void test_q8_K_quantize_simd(void **state)
+static void check_q8_K_quantizer(quant_from_float_fn simd)
 {
-    (void)state;
-#if defined(KQ_HAVE_AVX512)
     const int nb = 32;
     float *x = malloc(sizeof(float) * QK_K * nb);
     block_q8_K *a = malloc(sizeof(block_q8_K) * nb), *b = malloc(sizeof(block_q8_K) * nb);
@@ -306,14 +304,24 @@ static void test_q8_K_quantize_simd(void **state)
     memset(a, 0x55, sizeof(block_q8_K) * nb);
     memset(b, 0xAA, sizeof(block_q8_K) * nb);
     quant_quantize_row_q8_K(x, a, QK_K * nb);
-    quant_quantize_row_q8_K_avx512(x, b, QK_K * nb);
+    simd(x, b, QK_K * nb);
     assert_memory_equal(a, b, sizeof(block_q8_K) * nb);
     assert_true(a[6].d > 0); /* max was -2 first: d = -(-2)/127 */
     free(x);
     free(a);
     free(b);
+}
+
+static void test_q8_K_quantize_simd(void **state)
+{
+    (void)state;
+#if defined(KQ_HAVE_AVX512)
+    check_q8_K_quantizer(quant_quantize_row_q8_K_avx512);
+#endif
+#if defined(KQ_HAVE_AVX2)
+    check_q8_K_quantizer(quant_quantize_row_q8_K_avx2);
 #else
-    KS_SKIP("this build has no AVX-512 kernels (KQ_HAVE_AVX512 unset)");
+    KS_SKIP("this build has no AVX2 or AVX-512 kernels");
 #endif
 }
 

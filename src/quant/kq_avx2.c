@@ -5,6 +5,8 @@
  * no saturation since |u| <= 63) and then with the per-16 scales (madd ->
  * s32). Signed formats (Q3_K, Q6_K) are unpacked with an offset (u = q + 4
  * or q + 32) that is taken back out exactly with the Q8_K bsums. */
+#include <string.h>
+
 #include "quant/kquants.h"
 
 #if defined(KQ_HAVE_AVX2)
@@ -226,6 +228,58 @@ void quant_vec_dot_q6_K_q8_K_avx2(int n, float *s, const void *vx, const void *v
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
     *s = hsum256(acc);
+}
+
+/* ==== Q8_K activations ==================================================== */
+
+/* The first element of largest magnitude, as the reference picks it (a NaN
+ * lane keeps the running maximum, as its strict > does). */
+static float signed_absmax(const float *x, float *amax_out)
+{
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 m = _mm256_setzero_ps();
+    for (int j = 0; j < QK_K; j += 8) m = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(x + j), absmask), m);
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    const float amax = _mm_cvtss_f32(h);
+    *amax_out = amax;
+    const __m256 va = _mm256_set1_ps(amax);
+    for (int j = 0; j < QK_K; j += 8) {
+        const int k = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_and_ps(_mm256_loadu_ps(x + j), absmask), va, _CMP_EQ_OQ));
+        if (k) return x[j + __builtin_ctz((unsigned)k)];
+    }
+    return 0.f;
+}
+
+void quant_quantize_row_q8_K_avx2(const float *x, void *vy, int64_t n)
+{
+    block_q8_K *y = vy;
+    const __m256i lim = _mm256_set1_epi32(127);
+    for (int64_t i = 0; i < n / QK_K; i++, x += QK_K) {
+        float amax;
+        const float max = signed_absmax(x, &amax);
+        if (!amax) {
+            memset(&y[i], 0, sizeof y[i]);
+            continue;
+        }
+        const __m256 vs = _mm256_set1_ps(-127.f / max);
+        for (int g = 0; g < QK_K / 16; g++) {
+            /* default MXCSR rounding = nearest even, as the reference */
+            const __m256i a = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 16 * g), vs)), lim);
+            const __m256i b = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 16 * g + 8), vs)), lim);
+            /* |q| <= 127: the packs do not saturate; 0 2 1 3 undoes their lane interleave */
+            const __m256i w = _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xD8);
+            const __m128i q8 = _mm_packs_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+            _mm_storeu_si128((__m128i *)(y[i].qs + 16 * g), q8);
+            __m256i sum = _mm256_add_epi32(a, b);
+            __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+            y[i].bsums[g] = (int16_t)_mm_cvtsi128_si32(s4);
+        }
+        y[i].d = 1 / (-127.f / max);
+    }
 }
 
 #endif

@@ -24,6 +24,8 @@ struct kq_kernels {
 
 #if defined(KQ_HAVE_AVX512)
 #define KQ_Q8_K_FROM_FLOAT quant_quantize_row_q8_K_avx512
+#elif defined(KQ_HAVE_AVX2)
+#define KQ_Q8_K_FROM_FLOAT quant_quantize_row_q8_K_avx2
 #else
 #define KQ_Q8_K_FROM_FLOAT quant_quantize_row_q8_K
 #endif

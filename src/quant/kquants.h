@@ -63,6 +63,8 @@ void quant_vec_dot_q3_K_q8_K_avx2(int n, float *s, const void *x, const void *y)
 void quant_vec_dot_q4_K_q8_K_avx2(int n, float *s, const void *x, const void *y);
 void quant_vec_dot_q5_K_q8_K_avx2(int n, float *s, const void *x, const void *y);
 void quant_vec_dot_q6_K_q8_K_avx2(int n, float *s, const void *x, const void *y);
+/* Q8_K activations, bit-exact with quant_quantize_row_q8_K. */
+void quant_quantize_row_q8_K_avx2(const float *x, void *y, int64_t n);
 #endif
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
