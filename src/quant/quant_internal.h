@@ -125,7 +125,7 @@ void quant_rp_rows_ref(const struct quant_rp_job *j, int R, int q8_bias, int64_t
 void quant_rp_tail_rows(const struct quant_rp_job *j, int64_t rows);
 #if defined(QUANT_HAVE_AVX512)
 /* One Q8_0 block of 32 floats into q, bit-exact with the reference; returns
- * the f32 scale (before its f16 rounding), *sum = sum of q. */
+ * the f32 scale (before its f16 rounding), and, if sum is not NULL, *sum = sum of q. */
 float quant_q8_0_block_avx512(const float *x, int8_t *q, int *sum);
 void quant_rp_rows_avx512(const struct quant_rp_job *j, int64_t g0, int64_t g1);
 #endif

@@ -388,6 +388,16 @@ static inline __m512 round_away(__m512 v)
     return _mm512_mask_add_ps(t, up, t, one);
 }
 
+/* The sum of 16 int32 lanes with wrapping vector adds (no signed overflow). */
+static inline int hsum_epi32_wrap(__m512i v)
+{
+    __m256i h = _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+    __m128i q = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+    q = _mm_add_epi32(q, _mm_shuffle_epi32(q, 0x4E));
+    q = _mm_add_epi32(q, _mm_shuffle_epi32(q, 0xB1));
+    return _mm_cvtsi128_si32(q);
+}
+
 float quant_q8_0_block_avx512(const float *x, int8_t *q, int *sum)
 {
     __m512 a = _mm512_loadu_ps(x), b = _mm512_loadu_ps(x + 16);
@@ -400,17 +410,16 @@ float quant_q8_0_block_avx512(const float *x, int8_t *q, int *sum)
     /* the low byte, as the reference's cast keeps it (NaN from an infinite input: 0) */
     _mm_storeu_si128((__m128i *)q, _mm512_cvtepi32_epi8(qa));
     _mm_storeu_si128((__m128i *)(q + 16), _mm512_cvtepi32_epi8(qb));
-    *sum = _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
+    if (sum) /* wrapping adds: an infinite input's lanes hold INT_MIN */
+        *sum = hsum_epi32_wrap(_mm512_add_epi32(qa, qb));
     return d;
 }
 
 static void q8_0_from_float_avx512(const float *x, void *vy, int64_t n)
 {
     block_q8_0 *y = vy;
-    for (int64_t i = 0; i < n / QK8_0; i++) {
-        int sum;
-        y[i].d = quant_f32_to_f16(quant_q8_0_block_avx512(x + i * QK8_0, y[i].qs, &sum));
-    }
+    for (int64_t i = 0; i < n / QK8_0; i++)
+        y[i].d = quant_f32_to_f16(quant_q8_0_block_avx512(x + i * QK8_0, y[i].qs, NULL));
 }
 
 #endif /* QUANT_HAVE_AVX512 */
