@@ -288,6 +288,7 @@ static void test_q8_K_quantize(void **state)
 }
 
 /* The SIMD Q8_K quantizer is bit-identical to the reference, ties included. */
+#if defined(KQ_HAVE_AVX2)
 static void check_q8_K_quantizer(quant_from_float_fn simd)
 {
     const int nb = 32;
@@ -311,6 +312,7 @@ static void check_q8_K_quantizer(quant_from_float_fn simd)
     free(a);
     free(b);
 }
+#endif
 
 static void test_q8_K_quantize_simd(void **state)
 {
