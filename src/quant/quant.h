@@ -199,8 +199,8 @@ ks_status quant_matmul_repacked(threads_pool *pool, const void *W, enum quant_ty
  * quant_matmul picks for its token count: Y is bit-identical to quant_matmul
  * per expert (and, if swiglu, to quant_swiglu over each expert's Y when rows
  * is a multiple of 16). With repacked, every expert's slice of W and W2 is a
- * matrix quant_repack rewrote on its own (rows a multiple of
- * quant_repack_rows()), and Y is bit-identical to quant_matmul_repacked per
+ * matrix quant_repack rewrote on its own (row-major tail rows past the last
+ * whole group included), and Y is bit-identical to quant_matmul_repacked per
  * expert: the group kernels up to 16 tokens, the prefill tiles above. */
 struct quant_moe_mm {
     enum quant_type wtype;

@@ -1042,6 +1042,8 @@ static bool ex_rows(struct ex_run *r, const struct ex_expert *x, int mat, int64_
     case MM_REPACKED: {
         struct quant_rp_job j = rp_job(&m);
         quant_rp_rows(&j, r0 / QUANT_RP_ROWS, r1 / QUANT_RP_ROWS);
+        if (r1 == m.rows && m.rows % QUANT_RP_ROWS) /* the row-major tail, with the last item */
+            quant_rp_tail_rows(&j, m.rows);
         return true;
     }
 #if defined(QUANT_HAVE_AVX512)
