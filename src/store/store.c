@@ -96,6 +96,7 @@ static ks_status open_env(struct store *s)
 {
     uint64_t map = s->cfg.map_bytes ? s->cfg.map_bytes : s->limit + s->limit / 2 + (64u << 20);
     s->map_bytes = map;
+    store_size_budget(s->limit, map, &s->budget, &s->batch_bytes);
     int rc;
     if ((rc = mdb_env_create(&s->env)))
         return lmdb_fail(s, "cannot create the environment", rc);

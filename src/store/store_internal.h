@@ -57,6 +57,22 @@ struct store_item {
     size_t len;
 };
 
+enum { STORE_BATCH_BYTES = 64 << 20 };
+
+/* An eviction commit needs free pages too (LMDB copies the pages it
+ * changes), and pages a commit frees are reusable only two commits later,
+ * so a map that data fills completely cannot even evict. The writer keeps
+ * the stored bytes under a budget that leaves room for the pages of three
+ * batches in flight: the default map (the limit and a half, plus a batch)
+ * gives the whole limit; a map set smaller gets two thirds of what is left
+ * after one batch, with batches of an eighth of the map. */
+static inline void store_size_budget(uint64_t limit, uint64_t map, uint64_t *budget, uint64_t *batch)
+{
+    *batch = map / 8 < STORE_BATCH_BYTES ? map / 8 : STORE_BATCH_BYTES;
+    uint64_t fits = (map - *batch) / 3 * 2;
+    *budget = limit < fits ? limit : fits;
+}
+
 struct store {
     struct store_config cfg;
     char *dir;
@@ -65,6 +81,10 @@ struct store {
     MDB_dbi clock;                 /* one counter, rewritten to advance LMDB's txn id */
     uint64_t map_bytes;
     uint64_t limit;
+    /* What the writer keeps stored, and the most one batch writes: the limit
+     * and STORE_BATCH_BYTES, or less when the map is too small for them
+     * (store_size_budget). */
+    uint64_t budget, batch_bytes;
 
     pthread_mutex_t mu;
     pthread_cond_t wake, done;

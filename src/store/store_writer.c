@@ -9,8 +9,8 @@
 
 #include "store/store_internal.h"
 
-enum { BATCH_BYTES = 64 << 20, MAX_TRIES = 4, MAX_FAILED_BATCHES = 3 };
-/* After an eviction the store is filled to this share of its limit, so the
+enum { MAX_TRIES = 4, MAX_FAILED_BATCHES = 3 };
+/* After an eviction the store is filled to this share of its budget, so the
  * next batches do not evict one entry at a time. */
 static const double REFILL = 0.95;
 
@@ -145,7 +145,7 @@ static void take_batch(struct store *s, struct batch *b)
 {
     memset(b, 0, sizeof *b);
     struct store_item **tail = &b->items;
-    while (s->queue && (b->n_items == 0 || b->need + s->queue->meta.bytes <= BATCH_BYTES)) {
+    while (s->queue && (b->n_items == 0 || b->need + s->queue->meta.bytes <= s->batch_bytes)) {
         struct store_item *it = s->queue;
         s->queue = it->next;
         s->queue_bytes -= it->len;
@@ -177,7 +177,7 @@ static void take_batch(struct store *s, struct batch *b)
             }
     s->n_dirty = 0;
     if (!b->clear)
-        choose_victims(s, b, s->ix.bytes + b->need > s->limit ? (uint64_t)(REFILL * (double)s->limit) : s->limit);
+        choose_victims(s, b, s->ix.bytes + b->need > s->budget ? (uint64_t)(REFILL * (double)s->budget) : s->budget);
 }
 
 static void free_batch(struct batch *b)
