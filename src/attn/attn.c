@@ -188,6 +188,7 @@ static void run_item(const struct job *j, int32_t item, uint8_t *scratch)
     struct kv_page_view page, next;
     bool q8_ready = false;
     kv_seq_page_view(kv, t->seq, 0, &next);
+    prefetch_page(c, &next, j->layer, h); /* decode's short contexts are a page or three */
     for (int32_t p = 0; p < t->n_pages; p++) {
         page = next;
         if (p + 1 < t->n_pages) {

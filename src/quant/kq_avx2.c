@@ -64,6 +64,7 @@ void quant_vec_dot_q2_K_q8_K_avx2(int n, float *s, const void *vx, const void *v
     const __m128i m4 = _mm_set1_epi8(0xF);
     __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
     for (int i = 0; i < n / QK_K; i++) {
+        kq_prefetch_block(&x[i], sizeof x[i]);
         const __m128i scb = _mm_loadu_si128((const __m128i *)x[i].scales);
         const __m256i sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(scb, m4));
         const __m256i m16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(scb, 4), m4));
@@ -93,6 +94,7 @@ void quant_vec_dot_q3_K_q8_K_avx2(int n, float *s, const void *vx, const void *v
     const __m256i m3 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
     __m256 acc = _mm256_setzero_ps();
     for (int i = 0; i < n / QK_K; i++) {
+        kq_prefetch_block(&x[i], sizeof x[i]);
         int8_t sc8[16];
         kq_unpack_scales_q3(x[i].scales, sc8);
         const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc8));
@@ -145,6 +147,7 @@ void quant_vec_dot_q4_K_q8_K_avx2(int n, float *s, const void *vx, const void *v
     __m256 acc = _mm256_setzero_ps();
     __m128 accm = _mm_setzero_ps();
     for (int i = 0; i < n / QK_K; i++) {
+        kq_prefetch_block(&x[i], sizeof x[i]);
         __m256i sc;
         const __m128i mins = k4_scales(&y[i], x[i].scales, &sc);
         __m256i sumi = _mm256_setzero_si256();
@@ -172,6 +175,7 @@ void quant_vec_dot_q5_K_q8_K_avx2(int n, float *s, const void *vx, const void *v
     __m256 acc = _mm256_setzero_ps();
     __m128 accm = _mm_setzero_ps();
     for (int i = 0; i < n / QK_K; i++) {
+        kq_prefetch_block(&x[i], sizeof x[i]);
         __m256i sc;
         const __m128i mins = k4_scales(&y[i], x[i].scales, &sc);
         const __m256i hbits = load256(x[i].qh);
@@ -202,6 +206,7 @@ void quant_vec_dot_q6_K_q8_K_avx2(int n, float *s, const void *vx, const void *v
     const __m256i m4 = _mm256_set1_epi8(0xF), m30 = _mm256_set1_epi8(0x30);
     __m256 acc = _mm256_setzero_ps();
     for (int i = 0; i < n / QK_K; i++) {
+        kq_prefetch_block(&x[i], sizeof x[i]);
         const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales));
         /* u = q + 32 in [0, 63]: take 32 * sum(scale * bsums) back out */
         const __m256i bias = _mm256_slli_epi32(_mm256_madd_epi16(load256(y[i].bsums), sc16), 5);

@@ -84,6 +84,7 @@ void quant_vec_dot_q2_K_q8_K_avx512(int n, float *s, const void *vx, const void 
     __m512 acc = _mm512_setzero_ps();
     __m256 accm = _mm256_setzero_ps();
     for (int i = 0; i < n / QK_K; i++) {
+        kq_prefetch_block(&x[i], sizeof x[i]);
         const __m128i scb = _mm_loadu_si128((const __m128i *)x[i].scales);
         const __m512i sc16 = _mm512_zextsi256_si512(_mm256_cvtepu8_epi16(_mm_and_si128(scb, m4)));
         const __m256i m16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(scb, 4), m4));
@@ -111,6 +112,7 @@ void quant_vec_dot_q3_K_q8_K_avx512(int n, float *s, const void *vx, const void 
     const __m512i cnt_lo = half_counts(0, 2), cnt_hi = half_counts(4, 6);
     __m512 acc = _mm512_setzero_ps();
     for (int i = 0; i < n / QK_K; i++) {
+        kq_prefetch_block(&x[i], sizeof x[i]);
         int8_t sc8[16];
         kq_unpack_scales_q3(x[i].scales, sc8);
         const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc8));
@@ -155,6 +157,7 @@ void quant_vec_dot_q4_K_q8_K_avx512(int n, float *s, const void *vx, const void 
     __m512 acc = _mm512_setzero_ps();
     __m256 accm = _mm256_setzero_ps();
     for (int i = 0; i < n / QK_K; i++) {
+        kq_prefetch_block(&x[i], sizeof x[i]);
         __m256i m16;
         const __m512i sc16 = k4_scales(x[i].scales, &m16);
         const __m256i mins = _mm256_madd_epi16(load256(y[i].bsums), m16);
@@ -179,6 +182,7 @@ void quant_vec_dot_q5_K_q8_K_avx512(int n, float *s, const void *vx, const void 
     __m512 acc = _mm512_setzero_ps();
     __m256 accm = _mm256_setzero_ps();
     for (int i = 0; i < n / QK_K; i++) {
+        kq_prefetch_block(&x[i], sizeof x[i]);
         __m256i m16;
         const __m512i sc16 = k4_scales(x[i].scales, &m16);
         const __m256i mins = _mm256_madd_epi16(load256(y[i].bsums), m16);
@@ -204,6 +208,7 @@ void quant_vec_dot_q6_K_q8_K_avx512(int n, float *s, const void *vx, const void 
     const __m512i up = half_counts(4, 2), down = half_counts(0, 2);
     __m512 acc = _mm512_setzero_ps();
     for (int i = 0; i < n / QK_K; i++) {
+        kq_prefetch_block(&x[i], sizeof x[i]);
         const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales));
         const __m512i sc16 = _mm512_zextsi256_si512(sc);
         /* u = q + 32 in [0, 63]: take 32 * sum(scale * bsums) back out */
@@ -243,6 +248,7 @@ static inline __attribute__((always_inline)) void q4_K_multi(int n, int nt, floa
         accm[t] = _mm256_setzero_ps();
     }
     for (int i = 0; i < n / QK_K; i++) {
+        kq_prefetch_block(&x[i], sizeof x[i]);
         __m256i m16;
         const __m512i sc16 = k4_scales(x[i].scales, &m16);
         __m512i u[4], sc[4];
@@ -272,6 +278,7 @@ static inline __attribute__((always_inline)) void q6_K_multi(int n, int nt, floa
     __m512 acc[KQ_DOT_MAX_TOKENS];
     for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
     for (int i = 0; i < n / QK_K; i++) {
+        kq_prefetch_block(&x[i], sizeof x[i]);
         const __m256i scv = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales));
         const __m512i sc16 = _mm512_zextsi256_si512(scv);
         __m512i u[4], sc[4];

@@ -134,6 +134,7 @@ void quant_vec_dot_q2_K_q8_K_scalar(int n, float *s, const void *vx, const void 
     const block_q8_K *y = vy;
     float sumf = 0;
     for (int i = 0; i < n / QK_K; i++) {
+        kq_prefetch_block(&x[i], sizeof x[i]);
         uint8_t q[QK_K];
         unpack_q2_K(&x[i], q);
         int32_t isum = 0, summs = 0;
@@ -165,6 +166,7 @@ void quant_vec_dot_q3_K_q8_K_scalar(int n, float *s, const void *vx, const void 
     const block_q8_K *y = vy;
     float sumf = 0;
     for (int i = 0; i < n / QK_K; i++) {
+        kq_prefetch_block(&x[i], sizeof x[i]);
         int8_t q[QK_K];
         unpack_q3_K(&x[i], q);
         int32_t isum = 0;
@@ -200,6 +202,7 @@ void quant_vec_dot_q4_K_q8_K_scalar(int n, float *s, const void *vx, const void 
     const block_q8_K *y = vy;
     float sumf = 0;
     for (int i = 0; i < n / QK_K; i++) {
+        kq_prefetch_block(&x[i], sizeof x[i]);
         uint8_t q[QK_K];
         for (int j = 0; j < QK_K / 64; j++)
             for (int l = 0; l < 32; l++) {
@@ -217,6 +220,7 @@ void quant_vec_dot_q5_K_q8_K_scalar(int n, float *s, const void *vx, const void 
     const block_q8_K *y = vy;
     float sumf = 0;
     for (int i = 0; i < n / QK_K; i++) {
+        kq_prefetch_block(&x[i], sizeof x[i]);
         uint8_t q[QK_K];
         for (int j = 0; j < QK_K / 64; j++)
             for (int l = 0; l < 32; l++) {
@@ -235,6 +239,7 @@ void quant_vec_dot_q6_K_q8_K_scalar(int n, float *s, const void *vx, const void 
     const block_q8_K *y = vy;
     float sumf = 0;
     for (int i = 0; i < n / QK_K; i++) {
+        kq_prefetch_block(&x[i], sizeof x[i]);
         int8_t q[QK_K];
         for (int half = 0; half < 2; half++) {
             const uint8_t *ql = x[i].ql + 64 * half, *qh = x[i].qh + 32 * half;
