@@ -190,6 +190,14 @@ size_t quant_matmul_work_size(enum quant_type wtype, int64_t cols, int64_t n_tok
     return need;
 }
 
+/* Work split into one contiguous range per call index (take_own_chunk). */
+struct mm_ranges {
+    struct {
+        alignas(64) atomic_llong next; /* chunks of range i taken so far */
+    } range[MM_RANGES];
+    atomic_llong shared; /* more call indices than ranges: one counter */
+};
+
 struct mm {
     const struct quant_traits *tr;
     enum quant_type wtype;
@@ -206,9 +214,7 @@ struct mm {
     bool repacked;  /* W is in quant_repack's layout */
     atomic_int failed;
     atomic_llong next_panel; /* prefill: panels are taken one at a time */
-    struct {
-        alignas(64) atomic_llong next; /* chunks of range i taken so far */
-    } range[MM_RANGES];                /* decode: take_own_chunk */
+    struct mm_ranges own;    /* decode: take_own_chunk */
 };
 
 /* Prefill panels are handed out dynamically: a thread that loses its core
@@ -225,17 +231,19 @@ static inline int64_t take_panel(struct mm *m, int64_t n_panels)
  * static split would, then takes the chunks left in the others' ranges, so
  * a thread that loses its core for a while does not hold the step up.
  * Returns -1 when none is left. */
-static int64_t take_own_chunk(struct mm *m, int ith, int nth, int64_t n_chunks)
+static int64_t take_own_chunk(struct mm_ranges *w, int ith, int nth, int64_t n_chunks)
 {
-    if (nth > MM_RANGES)
-        return take_panel(m, n_chunks);
+    if (nth > MM_RANGES) {
+        int64_t c = atomic_fetch_add_explicit(&w->shared, 1, memory_order_relaxed);
+        return c < n_chunks ? c : -1;
+    }
     for (int k = 0; k < nth; k++) {
         int r = (ith + k) % nth;
         int64_t lo, hi;
         threads_split(n_chunks, r, nth, &lo, &hi);
-        if (atomic_load_explicit(&m->range[r].next, memory_order_relaxed) >= hi - lo)
+        if (atomic_load_explicit(&w->range[r].next, memory_order_relaxed) >= hi - lo)
             continue;
-        int64_t c = atomic_fetch_add_explicit(&m->range[r].next, 1, memory_order_relaxed);
+        int64_t c = atomic_fetch_add_explicit(&w->range[r].next, 1, memory_order_relaxed);
         if (c < hi - lo)
             return lo + c;
     }
@@ -340,7 +348,7 @@ static void generic_compute(void *vctx, int ith, int nth)
     int64_t per = ceil_div(units, (int64_t)nth * 8), min_per = ceil_div(64, MM_ROW_CHUNK);
     per = per < min_per ? min_per : per;
     int64_t n_chunks = ceil_div(units, per), prev_hi = -1;
-    for (int64_t ci; (ci = take_own_chunk(m, ith, nth, n_chunks)) >= 0;) {
+    for (int64_t ci; (ci = take_own_chunk(&m->own, ith, nth, n_chunks)) >= 0;) {
         int64_t lo = ci * per, hi = lo + per < units ? lo + per : units;
         if (lo != prev_hi)
             generic_prime(m, lo * MM_ROW_CHUNK, hi * MM_ROW_CHUNK < m->rows ? hi * MM_ROW_CHUNK : m->rows);
@@ -572,7 +580,7 @@ static void dec_compute(void *vctx, int ith, int nth)
     int64_t chunk = m->rows / ((int64_t)nth * 8);
     chunk = chunk < DEC_ROW_BLOCK ? DEC_ROW_BLOCK : (chunk + DEC_ROW_BLOCK - 1) / DEC_ROW_BLOCK * DEC_ROW_BLOCK;
     int64_t n_chunks = ceil_div(m->rows, chunk), prev_hi = -1;
-    for (int64_t ci; (ci = take_own_chunk(m, ith, nth, n_chunks)) >= 0;) {
+    for (int64_t ci; (ci = take_own_chunk(&m->own, ith, nth, n_chunks)) >= 0;) {
         int64_t lo = ci * chunk, hi = lo + chunk < m->rows ? lo + chunk : m->rows;
         dec_chunk(m, lo, hi, &prev_hi);
     }
@@ -906,7 +914,8 @@ struct ex_run {
     int32_t *tok_rows;  /* the X rows to pack */
     int64_t n_tok_rows;
     int64_t n_items;
-    atomic_llong next;
+    atomic_llong next;       /* packing: units taken */
+    struct mm_ranges items;  /* compute: take_own_chunk */
     atomic_int failed;
 };
 
@@ -1123,18 +1132,29 @@ static bool ex_rows(struct ex_run *r, const struct ex_expert *x, int mat, int64_
     }
 }
 
+/* The expert whose items include it (experts' items are in increasing order). */
+static const struct ex_expert *ex_of_item(const struct ex_run *r, int64_t it)
+{
+    int lo = 0, hi = r->n_ex - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (r->ex[mid].item0 <= it)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return &r->ex[lo];
+}
+
 static void ex_compute(void *vctx, int ith, int nth)
 {
     struct ex_run *r = vctx;
     const struct quant_moe_mm *p = r->p;
-    (void)ith;
-    (void)nth;
     struct ex_scratch sc = {0};
-    int lo = 0;
-    for (int64_t it; (it = atomic_fetch_add_explicit(&r->next, 1, memory_order_relaxed)) < r->n_items;) {
-        while (r->ex[lo].item0 + r->ex[lo].n_items <= it) /* items are taken in increasing order */
-            lo++;
-        const struct ex_expert *x = &r->ex[lo];
+    /* each thread's own items first: its experts' rows are one stream, which
+     * the kernels' prefetches follow from one item into the next */
+    for (int64_t it; (it = take_own_chunk(&r->items, ith, nth, r->n_items)) >= 0;) {
+        const struct ex_expert *x = ex_of_item(r, it);
         int64_t r0 = (it - x->item0) * x->item_rows, r1 = r0 + x->item_rows < p->rows ? r0 + x->item_rows : p->rows;
         if (!ex_rows(r, x, 0, r0, r1, &sc) || (p->W2 && !ex_rows(r, x, 1, r0, r1, &sc))) {
             atomic_store(&r->failed, 1);
@@ -1265,7 +1285,6 @@ ks_status quant_matmul_experts(threads_pool *pool, const struct quant_moe_mm *p,
     pack_elems += r.n_tok_rows * p->cols;
     /* quantize each activation row once; a decode step's few rows are not worth a region */
     threads_run(pack_elems <= EX_PACK_INLINE ? NULL : pool, ex_pack, &r);
-    atomic_store_explicit(&r.next, 0, memory_order_relaxed);
     if (r.n_items > 0)
         threads_run(pool, ex_compute, &r);
     ks_status st = KS_OK;
@@ -1304,7 +1323,7 @@ static void rp_compute(void *vctx, int ith, int nth)
     int64_t n_chunks = ceil_div(n_groups, chunk);
     bool tail = m->rows % QUANT_RP_ROWS != 0; /* the row-major tail rows are one more work item */
     struct quant_rp_job j = rp_job(m);
-    for (int64_t ci; (ci = take_own_chunk(m, ith, nth, n_chunks + tail)) >= 0;) {
+    for (int64_t ci; (ci = take_own_chunk(&m->own, ith, nth, n_chunks + tail)) >= 0;) {
         if (ci == n_chunks) {
             quant_rp_tail_rows(&j, m->rows);
             continue;
