@@ -402,6 +402,26 @@ static ks_status matmul(struct model_ctx *c, const struct model_mat *w, const fl
     return quant_matmul(c->pool, w->data, w->type, w->rows, w->cols, x, n, y, c->work, c->work_size);
 }
 
+/* y[i] = w[i] x for matrices that read the same x: each run of them with one
+ * type and width is one quant_matmul_set (one parallel region when decoding). */
+static ks_status matmul_same_input(struct model_ctx *c, const struct model_mat *const *w, float *const *y, int n,
+                                   const float *x, int64_t nt)
+{
+    for (int i = 0, k; i < n; i += k) {
+        struct quant_mm_out outs[QUANT_MM_SET_MAX];
+        for (k = 0; i + k < n && k < QUANT_MM_SET_MAX; k++) {
+            const struct model_mat *m = w[i + k];
+            if (k > 0 && (m->type != w[i]->type || m->cols != w[i]->cols))
+                break;
+            outs[k] = (struct quant_mm_out){.W = m->data, .rows = m->rows, .repacked = m->repacked, .Y = y[i + k]};
+        }
+        ks_status st = quant_matmul_set(c->pool, w[i]->type, w[i]->cols, outs, k, x, nt, c->work, c->work_size);
+        if (st)
+            return st;
+    }
+    return KS_OK;
+}
+
 /* Tied embeddings are repacked as the output matrix: their rows are read back
  * out of the layout. */
 static ks_status embed_token(const struct model *m, int32_t token, float *y)
@@ -421,8 +441,9 @@ static ks_status attention_block(struct model_ctx *c, struct kv_cache *kv, int i
     ks_status st;
     /* attention rmsnorm, then Q, K, V projections of the whole batch */
     rmsnorm_rows(elementwise_pool(c, n), c->xb, c->x, L->attn_norm, NULL, n, hp->n_embd, hp->rms_eps);
-    if ((st = matmul(c, &L->wq, c->xb, n, c->q)) || (st = matmul(c, &L->wk, c->xb, n, c->k)) ||
-        (st = matmul(c, &L->wv, c->xb, n, c->v)))
+    const struct model_mat *qkv[] = {&L->wq, &L->wk, &L->wv};
+    float *const qkv_out[] = {c->q, c->k, c->v};
+    if ((st = matmul_same_input(c, qkv, qkv_out, 3, c->xb, n)))
         return st;
     /* biases, Q/K norm, RoPE */
     struct qk_job qj = {m, L, c->q, c->k, c->v, c->rope_cs, n};
@@ -453,7 +474,9 @@ static ks_status ffn_block(struct model_ctx *c, int il, int64_t n)
     ks_status st;
     /* ffn rmsnorm, SwiGLU: down(silu(gate(x)) * up(x)), residual */
     rmsnorm_rows(elementwise_pool(c, n), c->xb, c->x, L->ffn_norm, NULL, n, hp->n_embd, hp->rms_eps);
-    if ((st = matmul(c, &L->w_gate, c->xb, n, c->hb)) || (st = matmul(c, &L->w_up, c->xb, n, c->hb2)))
+    const struct model_mat *gate_up[] = {&L->w_gate, &L->w_up};
+    float *const gate_up_out[] = {c->hb, c->hb2};
+    if ((st = matmul_same_input(c, gate_up, gate_up_out, 2, c->xb, n)))
         return st;
     struct swiglu_job sj = {c->hb, c->hb2, n * hp->n_ff};
     threads_run(elementwise_pool(c, n), swiglu_task, &sj);

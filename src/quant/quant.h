@@ -185,6 +185,25 @@ ks_status quant_repack(enum quant_type t, int64_t rows, int64_t cols, void *W);
 ks_status quant_matmul_repacked(threads_pool *pool, const void *W, enum quant_type wtype, int64_t rows, int64_t cols,
                                 const float *X, int64_t n_tokens, float *Y, void *work, size_t work_size);
 
+/* ---- several matrices on one input ---------------------------------------- */
+/* Y_i = W_i X for n (1 to QUANT_MM_SET_MAX) matrices of one weight type and
+ * width: the Q, K and V projections, or a feed-forward block's gate and up.
+ * Each Y_i has the bits quant_matmul (or, repacked, quant_matmul_repacked)
+ * gives. A decode step or a small batch quantizes X once and runs all of
+ * them in one parallel region, so a thread that ends its share of one
+ * matrix goes on to the next instead of waiting for the others; larger
+ * batches, or matrices whose kernels differ, run one by one. work as
+ * quant_matmul_work_size says for (wtype, cols, n_tokens). */
+#define QUANT_MM_SET_MAX 4
+struct quant_mm_out {
+    const void *W;
+    int64_t rows;
+    bool repacked; /* W is in quant_repack's layout */
+    float *Y;      /* n_tokens x rows */
+};
+ks_status quant_matmul_set(threads_pool *pool, enum quant_type wtype, int64_t cols, const struct quant_mm_out *outs,
+                           int n, const float *X, int64_t n_tokens, void *work, size_t work_size);
+
 /* ---- matrix multiply grouped by expert (mixture of experts) ------------- */
 /* n_expert matrices of one type and shape (rows x cols each, stride bytes
  * apart from W; likewise W2 if set), each applied to its own group of rows:

@@ -1347,15 +1347,12 @@ ks_status quant_matmul(threads_pool *pool, const void *W, enum quant_type wtype,
 ks_status quant_matmul_repacked(threads_pool *pool, const void *W, enum quant_type wtype, int64_t rows, int64_t cols,
                                 const float *X, int64_t n_tokens, float *Y, void *work, size_t work_size)
 {
-    if (!quant_repack_fits(wtype, rows, cols))
-        return ks_fail(KS_ERR_INVALID_ARG, "matmul: a repacked %s matrix of %lld x %lld cannot exist (Q4_0 or Q8_0, "
-                       "whole blocks, at least %d rows)", quant_type_name(wtype), (long long)rows, (long long)cols,
-                       QUANT_RP_ROWS);
     return matmul_run(pool, W, wtype, true, rows, cols, X, n_tokens, Y, work, work_size);
 }
 
-static ks_status matmul_run(threads_pool *pool, const void *W, enum quant_type wtype, bool repacked, int64_t rows,
-                            int64_t cols, const float *X, int64_t n_tokens, float *Y, void *work, size_t work_size)
+/* m for one matrix, checked, with its path chosen. */
+static ks_status mm_init(struct mm *m, const void *W, enum quant_type wtype, bool repacked, int64_t rows, int64_t cols,
+                         const float *X, int64_t n_tokens, float *Y, void *work, size_t work_size)
 {
     const struct quant_traits *tr = quant_traits(wtype);
     if (!tr || !tr->vec_dot)
@@ -1364,68 +1361,177 @@ static ks_status matmul_run(threads_pool *pool, const void *W, enum quant_type w
     if (wrow == 0 || rows <= 0 || n_tokens <= 0 || cols > INT32_MAX)
         return ks_fail(KS_ERR_INVALID_ARG, "matmul: bad shape rows=%lld cols=%lld tokens=%lld for %s",
                        (long long)rows, (long long)cols, (long long)n_tokens, tr->name);
+    if (repacked && !quant_repack_fits(wtype, rows, cols))
+        return ks_fail(KS_ERR_INVALID_ARG, "matmul: a repacked %s matrix of %lld x %lld cannot exist (Q4_0 or Q8_0, "
+                       "whole blocks, at least %d rows)", quant_type_name(wtype), (long long)rows, (long long)cols,
+                       QUANT_RP_ROWS);
     if (!W || !X || !Y || !work)
         return ks_fail(KS_ERR_INVALID_ARG, "matmul: NULL buffer");
     size_t need = quant_matmul_work_size(wtype, cols, n_tokens);
     if (work_size < need)
         return ks_fail(KS_ERR_INVALID_ARG, "matmul: work buffer of %zu bytes, need %zu", work_size, need);
+    memset(m, 0, sizeof *m);
+    m->tr = tr;
+    m->wtype = wtype;
+    m->W = W;
+    m->wrow = wrow;
+    m->rows = rows;
+    m->cols = cols;
+    m->n_tokens = n_tokens;
+    m->X = X;
+    m->Y = Y;
+    m->work = (uint8_t *)(((uintptr_t)work + MM_ALIGN - 1) & ~(uintptr_t)(MM_ALIGN - 1));
+    m->repacked = repacked;
+    m->path = repacked ? choose_repacked_path(wtype, n_tokens) : choose_path(wtype, n_tokens);
+    return KS_OK;
+}
 
-    struct mm m = {
-        .tr = tr, .wtype = wtype, .W = W, .wrow = wrow, .rows = rows, .cols = cols, .n_tokens = n_tokens,
-        .X = X, .Y = Y, .work = (uint8_t *)(((uintptr_t)work + MM_ALIGN - 1) & ~(uintptr_t)(MM_ALIGN - 1)),
-        .repacked = repacked,
-        .path = repacked ? choose_repacked_path(wtype, n_tokens) : choose_path(wtype, n_tokens),
-    };
-    switch (m.path) {
+/* The compute region of a decode path, whose packed activations any matrix
+ * of the same type and width reads; NULL for the prefill paths. */
+static threads_fn decode_compute(enum mm_path path)
+{
+    switch (path) {
     case MM_REPACKED:
-        m.xrow = rp_token_bytes(cols);
-        threads_run(n_tokens <= 2 ? NULL : pool, rp_pack, &m);
-        threads_run(pool, rp_compute, &m);
+        return rp_compute;
+#if defined(QUANT_HAVE_AVX512)
+    case MM_Q8_DECODE:
+        return dec_compute;
+#endif
+    case MM_FLOAT_DECODE:
+    case MM_GENERIC:
+        return generic_compute;
+    default:
+        return NULL;
+    }
+}
+
+/* A decode path's packed activations; a region costs more than packing a
+ * token or two, so those stay on the caller. */
+static void decode_pack(threads_pool *pool, struct mm *m)
+{
+    threads_pool *packers = m->n_tokens <= 2 ? NULL : pool;
+    switch (m->path) {
+    case MM_REPACKED:
+        m->xrow = rp_token_bytes(m->cols);
+        threads_run(packers, rp_pack, m);
         break;
 #if defined(QUANT_HAVE_AVX512)
     case MM_Q8_DECODE:
-        m.xrow = align_up(dec_token_bytes(cols));
-        m.corr_shift = wtype == QUANT_Q4_0 ? 3 : 7;
-        if (n_tokens <= 2) /* a parallel region costs more than packing a token */
-            dec_pack(&m, 0, 1);
-        else
-            threads_run(pool, dec_pack, &m);
-        threads_run(pool, dec_compute, &m);
-        break;
-    case MM_Q8_PREFILL:
-        m.xrow = align_up(pre_group_bytes(cols));
-        threads_run(pool, pre_pack, &m);
-        threads_run(pool, pre_compute, &m);
-        break;
-    case MM_FLOAT_PREFILL:
-        m.xrow = (size_t)cols * MM_TOK_GROUP * sizeof(float);
-        threads_run(pool, fpre_pack, &m);
-        threads_run(pool, fpre_compute, &m);
+        m->xrow = align_up(dec_token_bytes(m->cols));
+        m->corr_shift = m->wtype == QUANT_Q4_0 ? 3 : 7;
+        threads_run(packers, dec_pack, m);
         break;
 #endif
-    case MM_FLOAT_DECODE:
-        threads_run(pool, generic_compute, &m);
+    case MM_FLOAT_DECODE: /* reads X as is */
         break;
+    default:
+        m->xrow = quant_row_size(m->tr->vec_dot_type, m->cols);
+        threads_run(packers, generic_quantize, m);
+        break;
+    }
+}
+
+static ks_status mm_failed(const struct mm *m)
+{
+    if (atomic_load(&m->failed))
+        return ks_fail(KS_ERR_NOMEM, "matmul: out of memory for a %lld-column weight panel", (long long)m->cols);
+    return KS_OK;
+}
+
+static ks_status mm_run(threads_pool *pool, struct mm *m)
+{
+    threads_fn compute = decode_compute(m->path);
+    if (compute) {
+        decode_pack(pool, m);
+        threads_run(pool, compute, m);
+        return mm_failed(m);
+    }
+    switch (m->path) {
+#if defined(QUANT_HAVE_AVX512)
+    case MM_Q8_PREFILL:
+        m->xrow = align_up(pre_group_bytes(m->cols));
+        threads_run(pool, pre_pack, m);
+        threads_run(pool, pre_compute, m);
+        break;
+    case MM_FLOAT_PREFILL:
+        m->xrow = (size_t)m->cols * MM_TOK_GROUP * sizeof(float);
+        threads_run(pool, fpre_pack, m);
+        threads_run(pool, fpre_compute, m);
+        break;
+#endif
     case MM_KQ_PREFILL:
-        m.xrow = quant_row_size(QUANT_Q8_K, cols);
-        threads_run(pool, generic_quantize, &m);
-        threads_run(pool, kq_compute, &m);
+        m->xrow = quant_row_size(QUANT_Q8_K, m->cols);
+        threads_run(pool, generic_quantize, m);
+        threads_run(pool, kq_compute, m);
         break;
 #if defined(QUANT_HAVE_AVX2) && !defined(QUANT_HAVE_AVX512)
     case MM_Q8_PREFILL_AVX2:
-        return quant_avx2_prefill(pool, W, wtype, repacked, rows, cols, X, n_tokens, Y, work);
+        return quant_avx2_prefill(pool, m->W, m->wtype, m->repacked, m->rows, m->cols, m->X, m->n_tokens, m->Y,
+                                  m->work);
 #endif
     default:
-        m.xrow = quant_row_size(tr->vec_dot_type, cols);
-        if (n_tokens <= 2)
-            generic_quantize(&m, 0, 1);
-        else
-            threads_run(pool, generic_quantize, &m);
-        threads_run(pool, generic_compute, &m);
         break;
     }
-    if (atomic_load(&m.failed))
-        return ks_fail(KS_ERR_NOMEM, "matmul: out of memory for a %lld-column weight panel", (long long)cols);
+    return mm_failed(m);
+}
+
+static ks_status matmul_run(threads_pool *pool, const void *W, enum quant_type wtype, bool repacked, int64_t rows,
+                            int64_t cols, const float *X, int64_t n_tokens, float *Y, void *work, size_t work_size)
+{
+    struct mm m;
+    ks_status st = mm_init(&m, W, wtype, repacked, rows, cols, X, n_tokens, Y, work, work_size);
+    return st ? st : mm_run(pool, &m);
+}
+
+/* ---- several matrices on one input ------------------------------------------- */
+
+struct mm_set {
+    struct mm *m;
+    int n;
+    threads_fn compute;
+};
+
+static void set_compute(void *ctx, int ith, int nth)
+{
+    struct mm_set *s = ctx;
+    for (int i = 0; i < s->n; i++)
+        s->compute(&s->m[i], ith, nth);
+}
+
+ks_status quant_matmul_set(threads_pool *pool, enum quant_type wtype, int64_t cols, const struct quant_mm_out *outs,
+                           int n, const float *X, int64_t n_tokens, void *work, size_t work_size)
+{
+    if (n < 1 || n > QUANT_MM_SET_MAX || !outs)
+        return ks_fail(KS_ERR_INVALID_ARG, "matmul_set: %d matrices, not 1 to %d", n, QUANT_MM_SET_MAX);
+    struct mm m[QUANT_MM_SET_MAX];
+    bool together = true;
+    for (int i = 0; i < n; i++) {
+        ks_status st = mm_init(&m[i], outs[i].W, wtype, outs[i].repacked, outs[i].rows, cols, X, n_tokens, outs[i].Y,
+                               work, work_size);
+        if (st)
+            return st;
+        together = together && m[i].path == m[0].path;
+    }
+    struct mm_set s = {m, n, decode_compute(m[0].path)};
+    if (!together || !s.compute) { /* a prefill packs per matrix: one by one */
+        for (int i = 0; i < n; i++) {
+            ks_status st = mm_run(pool, &m[i]);
+            if (st)
+                return st;
+        }
+        return KS_OK;
+    }
+    decode_pack(pool, &m[0]);
+    for (int i = 1; i < n; i++) {
+        m[i].xrow = m[0].xrow;
+        m[i].corr_shift = m[0].corr_shift;
+    }
+    threads_run(pool, set_compute, &s);
+    for (int i = 0; i < n; i++) {
+        ks_status st = mm_failed(&m[i]);
+        if (st)
+            return st;
+    }
     return KS_OK;
 }
 
