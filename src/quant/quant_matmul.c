@@ -1370,19 +1370,12 @@ static ks_status mm_init(struct mm *m, const void *W, enum quant_type wtype, boo
     size_t need = quant_matmul_work_size(wtype, cols, n_tokens);
     if (work_size < need)
         return ks_fail(KS_ERR_INVALID_ARG, "matmul: work buffer of %zu bytes, need %zu", work_size, need);
-    memset(m, 0, sizeof *m);
-    m->tr = tr;
-    m->wtype = wtype;
-    m->W = W;
-    m->wrow = wrow;
-    m->rows = rows;
-    m->cols = cols;
-    m->n_tokens = n_tokens;
-    m->X = X;
-    m->Y = Y;
-    m->work = (uint8_t *)(((uintptr_t)work + MM_ALIGN - 1) & ~(uintptr_t)(MM_ALIGN - 1));
-    m->repacked = repacked;
-    m->path = repacked ? choose_repacked_path(wtype, n_tokens) : choose_path(wtype, n_tokens);
+    *m = (struct mm){
+        .tr = tr, .wtype = wtype, .W = W, .wrow = wrow, .rows = rows, .cols = cols, .n_tokens = n_tokens,
+        .X = X, .Y = Y, .work = (uint8_t *)(((uintptr_t)work + MM_ALIGN - 1) & ~(uintptr_t)(MM_ALIGN - 1)),
+        .repacked = repacked,
+        .path = repacked ? choose_repacked_path(wtype, n_tokens) : choose_path(wtype, n_tokens),
+    };
     return KS_OK;
 }
 
