@@ -329,10 +329,10 @@ static void generic_chunks(const struct mm *m, int64_t lo, int64_t hi)
     }
 }
 
-/* The first bytes of rows [lo, hi): the row loop then prefetches ahead of itself. */
-static void generic_prime(const struct mm *m, int64_t lo, int64_t hi)
+/* Start a stream: the first `ahead` bytes of rows [lo, hi), after which the
+ * row loop prefetches that far ahead of itself. */
+static void prime_rows(const struct mm *m, int64_t lo, int64_t hi, size_t ahead)
 {
-    size_t ahead = is_kquant(m->wtype) ? KQ_PREFETCH_BYTES : MM_PREFETCH_BYTES;
     size_t bytes = (size_t)(hi - lo) * m->wrow;
     const uint8_t *p = m->W + lo * m->wrow;
     for (size_t off = 0; off < bytes && off < ahead; off += 64)
@@ -351,7 +351,8 @@ static void generic_compute(void *vctx, int ith, int nth)
     for (int64_t ci; (ci = take_own_chunk(&m->own, ith, nth, n_chunks)) >= 0;) {
         int64_t lo = ci * per, hi = lo + per < units ? lo + per : units;
         if (lo != prev_hi)
-            generic_prime(m, lo * MM_ROW_CHUNK, hi * MM_ROW_CHUNK < m->rows ? hi * MM_ROW_CHUNK : m->rows);
+            prime_rows(m, lo * MM_ROW_CHUNK, hi * MM_ROW_CHUNK < m->rows ? hi * MM_ROW_CHUNK : m->rows,
+                       is_kquant(m->wtype) ? KQ_PREFETCH_BYTES : MM_PREFETCH_BYTES);
         prev_hi = hi;
         generic_chunks(m, lo, hi);
     }
@@ -543,14 +544,6 @@ static inline __attribute__((always_inline)) void dec_range(const struct mm *m, 
     }
 }
 
-static void dec_prime(const struct mm *m, int64_t lo, int64_t hi)
-{
-    /* start the stream: the row loop prefetches DEC_AHEAD_BYTES ahead of itself */
-    const uint8_t *start = m->W + lo * m->wrow, *end = m->W + hi * m->wrow;
-    for (const uint8_t *p = start; p < end && p < start + DEC_AHEAD_BYTES; p += 64)
-        _mm_prefetch((const char *)p, _MM_HINT_T0);
-}
-
 /* Rows are handed out in chunks (take_own_chunk) rather than split
  * statically: on a shared machine one thread is often slowed (another
  * process, an interrupt), and with a static split the whole step waits for
@@ -563,7 +556,7 @@ static void dec_prime(const struct mm *m, int64_t lo, int64_t hi)
 static void dec_chunk(const struct mm *m, int64_t lo, int64_t hi, int64_t *prev_hi)
 {
     if (lo != *prev_hi)
-        dec_prime(m, lo, hi);
+        prime_rows(m, lo, hi, DEC_AHEAD_BYTES);
     *prev_hi = hi;
     for (int64_t r0 = lo; r0 < hi; r0 += DEC_ROW_BLOCK) {
         int64_t r1 = r0 + DEC_ROW_BLOCK < hi ? r0 + DEC_ROW_BLOCK : hi;
