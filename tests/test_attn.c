@@ -341,31 +341,6 @@ static void test_simd_matches_scalar(void **state)
     simd_matches_scalar(256, 8, 2);
 }
 
-/* The rotation kernels reproduce kv_rotate bit for bit (the cache stores
- * kv_rotate's output, so queries must be rotated identically). */
-static void test_rotate_matches_kv_rotate(void **state)
-{
-    (void)state;
-    const struct attn_kernels *sets[] = {attn_kernels_scalar(), attn_kernels_avx2(), attn_kernels_avx512()};
-    const int dims[] = {8, 16, 24, 32, 48, 64, 80, 96, 128, 256, 512};
-    float x[512], want[512], got[512];
-    for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
-        int n = dims[di];
-        for (int i = 0; i < n; i++)
-            x[i] = frand() * (i % 7 == 0 ? 30.0f : 1.0f);
-        memcpy(want, x, (size_t)n * sizeof(float));
-        kv_rotate(want, n);
-        for (int k = 0; k < 3; k++) {
-            if (!sets[k])
-                continue;
-            memcpy(got, x, (size_t)n * sizeof(float));
-            sets[k]->rotate(got, n);
-            if (memcmp(got, want, (size_t)n * sizeof(float)))
-                fail_msg("%s rotate differs from kv_rotate at n = %d", sets[k]->isa, n);
-        }
-    }
-}
-
 /* The query's int8 copy rounds like ggml's quantize_row_q8_0 (roundf, halves
  * away from zero) against the f16-rounded scale. */
 static void test_quantize_q8_rounding(void **state)
@@ -420,7 +395,6 @@ int main(void)
         cmocka_unit_test(test_all_types_simd_threads),
         cmocka_unit_test(test_mixed_precision_pages),
         cmocka_unit_test(test_simd_matches_scalar),
-        cmocka_unit_test(test_rotate_matches_kv_rotate),
         cmocka_unit_test(test_quantize_q8_rounding),
         cmocka_unit_test(test_rotation_lowers_q4_0_error),
     };

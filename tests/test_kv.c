@@ -350,6 +350,26 @@ static void test_rotation_is_orthonormal(void **state)
     }
 }
 
+/* kv_rotate (SIMD when the build has it) gives its scalar twin's bits: rows
+ * are stored rotated by one and queries rotated by the other. */
+static void test_rotate_matches_scalar_twin(void **state)
+{
+    (void)state;
+    const int dims[] = {4, 8, 16, 24, 32, 48, 64, 80, 96, 128, 256, 512};
+    float x[512], want[512], got[512];
+    for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
+        int n = dims[di];
+        for (int i = 0; i < n; i++)
+            x[i] = frand() * (i % 7 == 0 ? 30.0f : 1.0f);
+        memcpy(want, x, (size_t)n * sizeof(float));
+        kv_rotate_ref(want, n);
+        memcpy(got, x, (size_t)n * sizeof(float));
+        kv_rotate(got, n);
+        if (memcmp(got, want, (size_t)n * sizeof(float)))
+            fail_msg("kv_rotate differs from kv_rotate_ref at n = %d", n);
+    }
+}
+
 /* A cache of cfg with sequence *a holding len random tokens and *b forked
  * from it (sharing every page). */
 static struct kv_cache *forked_cache(const struct kv_config *cfg, int32_t len, int32_t *a, int32_t *b)
@@ -713,6 +733,7 @@ int main(void)
         cmocka_unit_test(test_grow_truncate_accounting),
         cmocka_unit_test(test_write_rotates_and_roundtrips),
         cmocka_unit_test(test_rotation_is_orthonormal),
+        cmocka_unit_test(test_rotate_matches_scalar_twin),
         cmocka_unit_test(test_rows_match_quant_reference),
         cmocka_unit_test(test_requantize_every_pair),
         cmocka_unit_test(test_fork_copy_on_write),

@@ -108,7 +108,7 @@ static void load_rows(const struct job *j, const struct tile *t, int head, const
             for (int e = 0; e < d; e++)
                 dst[e] = src[e] * j->scale;
             if (c->rotate)
-                j->k->rotate(dst, d);
+                kv_rotate(dst, d);
         }
     for (int r = 0; r < R; r++) {
         sc->m[r] = -INFINITY;
@@ -161,7 +161,7 @@ static void store_rows(const struct job *j, const struct tile *t, int head, cons
             for (int e = 0; mean_v && e < d; e++)
                 acc[e] += mean_v[(size_t)head * d + e];
             if (c->rotate)
-                j->k->rotate(acc, d);
+                kv_rotate(acc, d);
             float *dst = j->out + ((size_t)(t->first + i) * j->n_head + (size_t)head * j->group + g) * d;
             memcpy(dst, acc, (size_t)d * sizeof(float));
         }

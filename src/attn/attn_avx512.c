@@ -721,51 +721,6 @@ static void softmax_avx512(const struct attn_rows *rows, int page_start, int n_t
     }
 }
 
-/* ---- rotation ---------------------------------------------------------------- */
-
-/* One butterfly level of stride h < 16 inside a vector: lane i becomes
- * x[i] + x[i ^ h] without bit h, x[i ^ h] - x[i] with it (the fma by +-1 is
- * exact), the same values kv_rotate computes. */
-ALWAYS_INLINE __m512 butterfly_in(__m512 x, __m512 swapped, int h)
-{
-    __m512 sign = _mm512_mask_blend_ps((__mmask16)(h == 1 ? 0xAAAA : h == 2 ? 0xCCCC : h == 4 ? 0xF0F0 : 0xFF00),
-                                       _mm512_set1_ps(1.0f), _mm512_set1_ps(-1.0f));
-    return _mm512_fmadd_ps(x, sign, swapped);
-}
-
-/* kv_rotate with the same level order and operations, so bit-exact. */
-static void rotate_avx512(float *x, int n)
-{
-    int b = n & -n;
-    if (b < LANES) {
-        kv_rotate(x, n);
-        return;
-    }
-    __m512 norm = _mm512_set1_ps(1.0f / sqrtf((float)b));
-    for (int c = 0; c < n; c += LANES) {
-        __m512 v = _mm512_loadu_ps(x + c);
-        v = butterfly_in(v, _mm512_permute_ps(v, 0xB1), 1);
-        v = butterfly_in(v, _mm512_permute_ps(v, 0x4E), 2);
-        v = butterfly_in(v, _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(2, 3, 0, 1)), 4);
-        v = butterfly_in(v, _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(1, 0, 3, 2)), 8);
-        _mm512_storeu_ps(x + c, b == LANES ? _mm512_mul_ps(v, norm) : v);
-    }
-    if (b == LANES)
-        return;
-    for (int base = 0; base < n; base += b) {
-        float *y = x + base;
-        for (int h = LANES; h < b; h <<= 1)
-            for (int i = 0; i < b; i += h << 1)
-                for (int j = i; j < i + h; j += LANES) {
-                    __m512 a = _mm512_loadu_ps(y + j), c = _mm512_loadu_ps(y + j + h);
-                    _mm512_storeu_ps(y + j, _mm512_add_ps(a, c));
-                    _mm512_storeu_ps(y + j + h, _mm512_sub_ps(a, c));
-                }
-        for (int i = 0; i < b; i += LANES)
-            _mm512_storeu_ps(y + i, _mm512_mul_ps(_mm512_loadu_ps(y + i), norm));
-    }
-}
-
 static const struct attn_kernels AVX512 = {
     "avx512",
     {[KV_INDEX_F32] = score_f32_g, [KV_INDEX_F16] = score_f16_g, [KV_INDEX_BF16] = score_bf16_g,
@@ -778,7 +733,6 @@ static const struct attn_kernels AVX512 = {
      [KV_INDEX_IQ3_NL] = accum_iq3_nl_avx512},
     exp_sum_avx512,
     softmax_avx512,
-    rotate_avx512,
 };
 
 const struct attn_kernels *attn_kernels_avx512(void) { return attn_kernels_avx2() ? &AVX512 : NULL; }

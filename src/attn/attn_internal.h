@@ -83,8 +83,6 @@ struct attn_kernels {
     attn_accum_fn accum[KV_N_TYPES];
     attn_exp_sum_fn exp_sum;
     attn_softmax_fn softmax;
-    /* kv_rotate(x, n), bit-exact: the query before scoring, the output after */
-    void (*rotate)(float *x, int n);
 };
 
 /* Bytes of one q4_0 (q4) or q8_0 row of dim values, quant_row_size() inline

@@ -284,7 +284,6 @@ static const struct attn_kernels SCALAR = {
      [KV_INDEX_IQ3_NL] = accum_iq3_nl},
     exp_sum,
     softmax,
-    kv_rotate,
 };
 
 const struct attn_kernels *attn_kernels_scalar(void) { return &SCALAR; }

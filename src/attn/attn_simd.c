@@ -427,7 +427,6 @@ static const struct attn_kernels AVX2 = {
      [KV_INDEX_IQ3_NL] = accum_iq3_nl_avx2},
     exp_sum_avx2,
     softmax_avx2,
-    kv_rotate,
 };
 #endif
 

@@ -331,8 +331,10 @@ const float *kv_seq_mean(const struct kv_cache *kv, int32_t seq, int layer, bool
 /* The rotation rows are stored under when cfg.rotate is set: a normalized
  * Walsh-Hadamard transform in place over blocks of the largest power of two
  * dividing n (n itself when n is a power of two). Orthogonal and its own
- * inverse, so q.k is unchanged when q is rotated the same way. */
+ * inverse, so q.k is unchanged when q is rotated the same way. SIMD when the
+ * build has AVX2 or AVX-512, with the bits of kv_rotate_ref, its scalar twin. */
 void kv_rotate(float *x, int n);
+void kv_rotate_ref(float *x, int n);
 
 /* First of the page_tokens rows of (layer, KV head) in one half of a page. */
 static inline const uint8_t *kv_view_run(const struct kv_config *c, const uint8_t *half, size_t row_bytes, int layer,
