@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "quant/quant.h"
+#include "quant/quant_internal.h"
 
 /* Fill entries QUANT_Q2_K..QUANT_Q8_K of both tables (indexed by type id):
  * `best` gets the fastest kernels compiled in, `scalar` the references. */
@@ -175,7 +176,8 @@ void quant_kq_tiles_avx512(const struct quant_kq_gemm *g, const uint8_t *panels,
  * of the one it reads; past the row that is the next row's. Whole-row
  * prefetches issued between vec_dots were 10-20% slower: they come in
  * bursts. 8 KiB beat 2 and 4 KiB by 2-6% (bench_matmul q6_K, llama-1b shapes,
- * 2 threads, AVX-512). A prefetch never faults, even past the allocation. */
+ * 2 threads, AVX-512). A prefetch never faults, even past the allocation.
+ * Into L2 only: QUANT_WEIGHT_PREFETCH (quant_internal.h). */
 #ifndef KQ_PREFETCH_BYTES
 #define KQ_PREFETCH_BYTES 8192
 #endif
@@ -183,8 +185,8 @@ static inline void kq_prefetch_block(const void *block, size_t bytes)
 {
     const char *p = (const char *)block + KQ_PREFETCH_BYTES;
     for (size_t off = 0; off < bytes; off += 64)
-        __builtin_prefetch(p + off, 0, 3);
-    __builtin_prefetch(p + bytes - 1, 0, 3);
+        __builtin_prefetch(p + off, 0, QUANT_WEIGHT_PREFETCH);
+    __builtin_prefetch(p + bytes - 1, 0, QUANT_WEIGHT_PREFETCH);
 }
 
 /* IEEE half <-> float, kept inline here because every kernel converts a

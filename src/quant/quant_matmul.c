@@ -285,7 +285,7 @@ static void prefetch_row(const struct mm *m, int64_t r)
         return;
     const uint8_t *p = m->W + r * m->wrow;
     for (size_t off = 0; off < m->wrow; off += 64)
-        __builtin_prefetch(p + off, 0, 3);
+        __builtin_prefetch(p + off, 0, QUANT_WEIGHT_PREFETCH);
 }
 
 /* The k-quant kernel that unpacks each weight block once for several
@@ -336,7 +336,7 @@ static void prime_rows(const struct mm *m, int64_t lo, int64_t hi, size_t ahead)
     size_t bytes = (size_t)(hi - lo) * m->wrow;
     const uint8_t *p = m->W + lo * m->wrow;
     for (size_t off = 0; off < bytes && off < ahead; off += 64)
-        __builtin_prefetch(p + off, 0, 3);
+        __builtin_prefetch(p + off, 0, QUANT_WEIGHT_PREFETCH);
 }
 
 /* About 8 chunks of rows per thread (take_own_chunk), each a multiple of
@@ -513,9 +513,9 @@ static inline __attribute__((always_inline)) void dec_rows(enum quant_type wt, c
             /* the same bytes `ahead` rows on: the hardware prefetcher alone
              * leaves decode latency-bound at a third of bandwidth */
             const char *pf = (const char *)(w + (r + ahead) * wrow + c * (wt == QUANT_Q4_0 ? 36 : 68));
-            _mm_prefetch(pf, _MM_HINT_T0);
+            __builtin_prefetch(pf, 0, QUANT_WEIGHT_PREFETCH);
             if (wt == QUANT_Q8_0) /* 68 bytes a pair: every 16th pair starts a line past the one before */
-                _mm_prefetch(pf + 67, _MM_HINT_T0);
+                __builtin_prefetch(pf + 67, 0, QUANT_WEIGHT_PREFETCH);
             __m512 dx;
             __m512i q = dec_load(wt, w + r * wrow, c, nb, &dx);
             __m512i dot = _mm512_dpbusd_epi32(corr, q, y);

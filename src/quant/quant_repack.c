@@ -257,7 +257,7 @@ static inline __attribute__((always_inline)) void rp512_tile(const struct quant_
     const uint8_t *gb = rp_group_block(j->W, j->wtype, j->nb, R, g, 0);
     for (int64_t b = 0; b < j->nb; b++, gb += gbb) {
         for (size_t off = 0; off < gbb; off += 64)
-            _mm_prefetch((const char *)gb + RP_AHEAD + off, _MM_HINT_T0);
+            __builtin_prefetch((const char *)gb + RP_AHEAD + off, 0, QUANT_WEIGHT_PREFETCH);
         __m512i isum[RP_TT];
         for (int t = 0; t < T; t++)
             isum[t] = _mm512_set1_epi32(-bias * a[t][b].sum);
@@ -328,7 +328,7 @@ static inline __attribute__((always_inline)) void rp2_tile(const struct quant_rp
     const uint8_t *gb = rp_group_block(j->W, j->wtype, j->nb, R, g, 0);
     for (int64_t b = 0; b < j->nb; b++, gb += gbb) {
         for (size_t off = 0; off < gbb; off += 64)
-            _mm_prefetch((const char *)gb + RP_AHEAD + off, _MM_HINT_T0);
+            __builtin_prefetch((const char *)gb + RP_AHEAD + off, 0, QUANT_WEIGHT_PREFETCH);
         __m256i isum[RP_TT];
         if (j->wtype == QUANT_Q4_0) {
             /* A block's products are summed in int16 and widened once: each int16 lane sums 16 products
