@@ -171,11 +171,31 @@ void model_ctx_free(struct model_ctx *c)
 
 /* ---- row-parallel helpers ------------------------------------------------- */
 
+/* The sum of squares in double. One chain of dependent double additions
+ * costs 4 cycles a value (1.3 us for a 1024-wide row, about 8 us per
+ * qwen3-0.6b layer with its per-head Q/K norms); RMSNORM_LANES independent
+ * partial sums vectorize and differ from that chain only in a double's last
+ * bits, far below the float mean's rounding. */
+#define RMSNORM_LANES 8
+
+static double sum_squares(const float *x, int n)
+{
+    double part[RMSNORM_LANES] = {0};
+    int i = 0;
+    for (; i + RMSNORM_LANES <= n; i += RMSNORM_LANES)
+        for (int k = 0; k < RMSNORM_LANES; k++)
+            part[k] += (double)x[i + k] * x[i + k];
+    double ss = 0.0;
+    for (int k = 0; k < RMSNORM_LANES; k++)
+        ss += part[k];
+    for (; i < n; i++)
+        ss += (double)x[i] * x[i];
+    return ss;
+}
+
 static void rmsnorm_row(float *out, const float *x, const float *w, int n, float eps)
 {
-    double ss = 0.0;
-    for (int i = 0; i < n; i++)
-        ss += (double)x[i] * x[i];
+    double ss = sum_squares(x, n);
     float scale = 1.0f / sqrtf((float)(ss / n) + eps);
     for (int i = 0; i < n; i++)
         out[i] = (x[i] * scale) * w[i];
