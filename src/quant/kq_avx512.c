@@ -259,26 +259,6 @@ static inline __attribute__((always_inline)) void k4_block_dot(const struct k4_b
     *accm = _mm256_fmadd_ps(_mm256_set1_ps(y->d * k->dmin), _mm256_cvtepi32_ps(mins), *accm);
 }
 
-void quant_vec_dot_q4_K_q8_K_avx512(int n, float *s, const void *vx, const void *vy)
-{
-    const block_q4_K *x = vx;
-    const block_q8_K *y = vy;
-    const int nb = n / QK_K;
-    __m512 acc = _mm512_setzero_ps();
-    __m256 accm = _mm256_setzero_ps();
-    for (int i0 = 0; i0 < nb; i0 += 4) {
-        __m512i w[2];
-        k4_scales4(x + i0, nb - i0 < 4 ? nb - i0 : 4, w);
-        for (int i = i0; i < nb && i < i0 + 4; i++) {
-            kq_prefetch_block(&x[i], sizeof x[i]);
-            struct k4_block k;
-            k4_block_load(&x[i], w, i - i0, &k);
-            k4_block_dot(&k, &y[i], &acc, &accm);
-        }
-    }
-    *s = _mm512_reduce_add_ps(acc) - hsum256(accm);
-}
-
 void quant_vec_dot_q5_K_q8_K_avx512(int n, float *s, const void *vx, const void *vy)
 {
     const block_q5_K *x = vx;
@@ -355,24 +335,11 @@ static inline __attribute__((always_inline)) void k6_block_dot(const struct k6_b
     *acc = _mm512_fmadd_ps(_mm512_set1_ps(y->d * k->d), _mm512_cvtepi32_ps(sumi), *acc);
 }
 
-void quant_vec_dot_q6_K_q8_K_avx512(int n, float *s, const void *vx, const void *vy)
-{
-    const block_q6_K *x = vx;
-    const block_q8_K *y = vy;
-    __m512 acc = _mm512_setzero_ps();
-    for (int i = 0; i < n / QK_K; i++) {
-        kq_prefetch_block(&x[i], sizeof x[i]);
-        struct k6_block k;
-        k6_block_load(&x[i], &k);
-        k6_block_dot(&k, &y[i], &acc);
-    }
-    *s = _mm512_reduce_add_ps(acc);
-}
-
-/* ==== prefill: one weight row x several tokens ============================ */
-/* Each block is unpacked once and multiplied with every token's Q8_K row.
- * Per token the operations and their order are those of the single-token
- * kernels above, so the results are bit-identical to them. */
+/* ==== one weight row x several tokens ===================================== */
+/* Each block is unpacked once and multiplied with every token's Q8_K row,
+ * with the per-block code of k4_block_* / k6_block_*; the one-token Q4_K and
+ * Q6_K vec_dots are these kernels at nt = 1, so a token gets the same bits
+ * alone and in a batch. */
 
 static inline __attribute__((always_inline)) void q4_K_multi(int n, int nt, float *s, size_t s_stride,
                                                              const block_q4_K *x, const uint8_t *y,
@@ -412,6 +379,17 @@ static inline __attribute__((always_inline)) void q6_K_multi(int n, int nt, floa
         for (int t = 0; t < nt; t++) k6_block_dot(&k, (const block_q8_K *)(y + t * y_stride) + i, &acc[t]);
     }
     for (int t = 0; t < nt; t++) s[t * s_stride] = _mm512_reduce_add_ps(acc[t]);
+}
+
+/* One token: the multi kernel at nt = 1 (a constant), the same code and bits. */
+void quant_vec_dot_q4_K_q8_K_avx512(int n, float *s, const void *vx, const void *vy)
+{
+    q4_K_multi(n, 1, s, 0, vx, vy, 0);
+}
+
+void quant_vec_dot_q6_K_q8_K_avx512(int n, float *s, const void *vx, const void *vy)
+{
+    q6_K_multi(n, 1, s, 0, vx, vy, 0);
 }
 
 /* nt is dispatched to constants so the token loops unroll; more than
