@@ -350,8 +350,8 @@ static void test_rotation_is_orthonormal(void **state)
     }
 }
 
-/* kv_rotate (SIMD when the build has it) gives its scalar twin's bits: rows
- * are stored rotated by one and queries rotated by the other. */
+/* kv_rotate (SIMD when the build has it) gives its scalar twin's bits, so a
+ * SIMD build and the portable one store and query the same rotated rows. */
 static void test_rotate_matches_scalar_twin(void **state)
 {
     (void)state;
