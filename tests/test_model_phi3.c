@@ -40,6 +40,7 @@
 
 #include "model/model.h"
 #include "support/llamacpp_ref.h"
+#include "support/run_kvserve.h"
 
 #define LOGIT_TOL 1e-4f
 #define MAX_IDS 256
@@ -244,6 +245,23 @@ static void test_hparams_and_fingerprint(void **state)
     model_free(m);
 }
 
+/* `kvserve info` names phi3's features from the file alone. */
+static void test_info_features(void **state)
+{
+    (void)state;
+    KS_NEED_KVSERVE();
+    enum { OUT_CAP = 1 << 16 };
+    char *out = malloc(OUT_CAP), path[128], args[256];
+    model_path(&g_cases[2], path, sizeof path);
+    snprintf(args, sizeof args, "-m %s --no-tensors", path);
+    assert_int_equal(ks_run_kvserve("info", args, out, OUT_CAP), 0);
+    ks_expect_text(out, "rope scaling: longrope (rope_factors_short/long, 24 factors each: the long ones when the "
+                        "context per sequence exceeds 64 tokens; cos and sin scaled by attn_factor 1.41421)");
+    ks_expect_text(out, "fused projections: attn_qkv (Q, K, V rows), ffn_up (gate rows, then up rows)");
+    ks_expect_text(out, "sliding window: 2047 tokens in the file, not applied");
+    free(out);
+}
+
 static void test_f32(void **state) { (void)state; run_case(&g_cases[0], 2, MAX_IDS); }
 static void test_f32_chunked(void **state) { (void)state; run_case(&g_cases[0], 1, 5); }
 static void test_q8_0(void **state) { (void)state; run_case(&g_cases[1], 2, MAX_IDS); }
@@ -300,6 +318,7 @@ int main(void)
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_hparams_and_fingerprint),
+        cmocka_unit_test(test_info_features),
         cmocka_unit_test(test_f32),
         cmocka_unit_test(test_f32_chunked),
         cmocka_unit_test(test_q8_0),
@@ -313,7 +332,7 @@ int main(void)
         cmocka_unit_test(test_two_streams),
         cmocka_unit_test(test_two_streams_q8_0),
     };
-    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    int rc = ks_run_tests(tests, NULL, NULL);
     remove_dir();
     return rc;
 }
