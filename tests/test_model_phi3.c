@@ -1,7 +1,7 @@
 /* phi3 (Phi-3/3.5-mini, Phi-4-mini, Phi-4) against llama.cpp itself: tiny
  * files from `kvserve synth` with phi3's fused attn_qkv and gate/up ffn_up,
  * partial rotation and LongRoPE (rope_factors_long/short with
- * rope.scaling.attn_factor), F32, Q8_0 and Q4_0 weights, F32 cache,
+ * rope.scaling.attn_factor), F32, Q8_0, Q4_0 and Q4_K_M weights, F32 cache,
  * llama.cpp's plain F32 attention (dumpref's default). The references in
  * tests/data were made by ../shared/anchor/bin/dumpref from files this tree's
  * synth writes; the test writes the same files again and holds:
@@ -17,7 +17,7 @@
  *   - phi3's stored sliding window (2047 here) is not applied, as llama.cpp.
  *
  * The prompt (24 ids, Python's random.Random(3) over 3..511 after BOS) is one
- * on which no Q8_0 activation of either quantized file sits on a rounding
+ * on which no Q8_0 activation of any quantized file sits on a rounding
  * tie. On such a tie a last-bit difference upstream rounds a value the other
  * way and moves logits by ~1e-2 from that row on: on 8 random prompts, half
  * of them showed it for tiny-phi3-q8_0, and as many for the llama-arch
@@ -61,6 +61,8 @@ static const struct phi3_case g_cases[] = {
     {"tiny-phi3-q8_0", "tiny-phi3", "q8_0", true},
     {"tiny-phi3-q4_0", "tiny-phi3", "q4_0", true},
     {"tiny-phi3-short-f32", "tiny-phi3-short", "f32", false},
+    /* llama-quantize's mix: attn_qkv takes attn_v's Q6_K layers, ffn_down's too */
+    {"tiny-phi3-q4_k_m", "tiny-phi3", "q4_k_m", true},
 };
 #define N_CASES (int)(sizeof g_cases / sizeof g_cases[0])
 
@@ -266,6 +268,7 @@ static void test_f32(void **state) { (void)state; run_case(&g_cases[0], 2, MAX_I
 static void test_f32_chunked(void **state) { (void)state; run_case(&g_cases[0], 1, 5); }
 static void test_q8_0(void **state) { (void)state; run_case(&g_cases[1], 2, MAX_IDS); }
 static void test_q4_0(void **state) { (void)state; run_case(&g_cases[2], 2, MAX_IDS); }
+static void test_q4_k_m(void **state) { (void)state; run_case(&g_cases[4], 2, MAX_IDS); }
 static void test_q8_0_chunked(void **state) { (void)state; run_case(&g_cases[1], 1, 5); }
 static void test_q4_0_chunked(void **state) { (void)state; run_case(&g_cases[2], 1, 3); }
 static void test_short_f32(void **state) { (void)state; run_case(&g_cases[3], 2, MAX_IDS); }
@@ -323,6 +326,7 @@ int main(void)
         cmocka_unit_test(test_f32_chunked),
         cmocka_unit_test(test_q8_0),
         cmocka_unit_test(test_q4_0),
+        cmocka_unit_test(test_q4_k_m),
         cmocka_unit_test(test_q8_0_chunked),
         cmocka_unit_test(test_q4_0_chunked),
         cmocka_unit_test(test_short_f32),

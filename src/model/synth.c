@@ -127,7 +127,7 @@ struct type_plan {
     int n_expert;
 };
 
-enum tensor_role { ROLE_EMBD, ROLE_OUTPUT, ROLE_ATTN_K, ROLE_ATTN_V, ROLE_FFN_DOWN, ROLE_MATRIX, ROLE_ATTN_QKV };
+enum tensor_role { ROLE_EMBD, ROLE_OUTPUT, ROLE_ATTN_K, ROLE_ATTN_V, ROLE_FFN_DOWN, ROLE_MATRIX };
 
 static ks_status plan_parse(const char *name, struct type_plan *p)
 {
@@ -181,8 +181,6 @@ static enum quant_type plan_type(const struct type_plan *p, enum tensor_role rol
     enum quant_type t = p->base;
     if (p->q4_k_m && (role == ROLE_ATTN_V || role == ROLE_FFN_DOWN) && use_more_bits(layer, p->n_layer))
         t = QUANT_Q6_K;
-    if (p->q4_k_m && role == ROLE_ATTN_QKV) /* llama-quantize: a fused attn_qkv is Q5_K in Q4_K_M */
-        t = QUANT_Q5_K;
     const struct quant_traits *tr = quant_traits(p->base);
     /* llama-quantize: "for the 8-expert model, bumping this to Q8_0 trades just ~128MB" */
     if (!p->pure && tr->is_quantized && p->n_expert == 8 && (role == ROLE_ATTN_K || role == ROLE_ATTN_V))
@@ -334,7 +332,8 @@ static ks_status add_phi3_layer(struct synth *s, int il)
     ks_status st;
 #define NAME(x) (snprintf(n, sizeof n, "blk.%d." x, il), n)
     if ((st = add_vector(s, NAME("attn_norm.weight"), E, norm)) ||
-        (st = add_matrix(s, NAME("attn_qkv.weight"), ROLE_ATTN_QKV, il, q_dim + 2 * kv_dim, E)) ||
+        /* llama-quantize's category_is_attn_v() takes attn_qkv in with attn_v */
+        (st = add_matrix(s, NAME("attn_qkv.weight"), ROLE_ATTN_V, il, q_dim + 2 * kv_dim, E)) ||
         (st = add_matrix(s, NAME("attn_output.weight"), ROLE_MATRIX, il, E, q_dim)) ||
         (st = add_vector(s, NAME("ffn_norm.weight"), E, norm)) ||
         (st = add_matrix(s, NAME("ffn_up.weight"), ROLE_MATRIX, il, 2 * (int64_t)sp->n_ff, E)) ||
