@@ -38,7 +38,9 @@
 
 #include <cmocka.h>
 
+#include "gguf/gguf.h"
 #include "model/model.h"
+#include "quant/quant.h"
 #include "support/llamacpp_ref.h"
 #include "support/run_kvserve.h"
 
@@ -264,6 +266,64 @@ static void test_info_features(void **state)
     free(out);
 }
 
+/* A copy of src with one tensor dropped, or shortened by one element along
+ * its last dimension (its bytes zero); false when the copy cannot be made. */
+static bool write_variant(const char *src, const char *dst, const char *name, bool drop)
+{
+    struct gguf_file *f;
+    struct gguf_writer *w;
+    if (gguf_open(src, &f))
+        return false;
+    bool ok = !gguf_writer_create(&w) && !gguf_writer_copy_kv(w, f, "");
+    for (int64_t i = 0; ok && i < gguf_n_tensors(f); i++) {
+        const struct gguf_tensor_info *t = gguf_tensor_at(f, i);
+        int64_t ne[4] = {t->ne[0], t->ne[1], t->ne[2], t->ne[3]};
+        if (strcmp(t->name, name)) {
+            ok = !gguf_writer_add_tensor(w, t->name, t->n_dims, ne, t->type, t->data, t->nbytes);
+            continue;
+        }
+        if (drop)
+            continue;
+        ne[t->n_dims - 1]--;
+        uint64_t rows = t->n_dims == 1 ? 1 : (uint64_t)ne[1];
+        ok = !gguf_writer_add_tensor(w, t->name, t->n_dims, ne, t->type, NULL, quant_row_size(t->type, ne[0]) * rows);
+    }
+    ok = ok && !gguf_writer_write(w, dst);
+    gguf_writer_free(w);
+    gguf_close(f);
+    return ok;
+}
+
+/* Files phi3's loader must refuse, each with a message naming what is wrong. */
+static void test_bad_files(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *tensor;
+        bool drop;
+        const char *want;
+    } cases[] = {
+        {"rope_factors_short.weight", true, "rope_factors_long.weight is present but rope_factors_short.weight is missing"},
+        {"rope_factors_long.weight", false, "tensor rope_factors_long.weight must be a vector of 24 f32 (n_rot / 2)"},
+        {"blk.1.attn_qkv.weight", false, "tensor 'blk.1.attn_qkv.weight' has shape [256, 511, 1, 1], expected [256, 512]"},
+        {"blk.0.attn_qkv.weight", true, "tensor 'blk.0.attn_q.weight' is missing"},
+        {"blk.0.ffn_up.weight", false, "tensor 'blk.0.ffn_up.weight' has shape [256, 511, 1, 1], expected [256, 512]"},
+    };
+    char src[128], dst[160];
+    model_path(&g_cases[0], src, sizeof src);
+    snprintf(dst, sizeof dst, "%s/bad.gguf", g_dir);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        assert_true(write_variant(src, dst, cases[i].tensor, cases[i].drop));
+        struct model *m = NULL;
+        ks_status st = model_load(dst, &m);
+        if (st == KS_OK || !strstr(ks_errmsg(), cases[i].want))
+            fail_msg("%s %s: status %d, message '%s', expected '%s'", cases[i].drop ? "dropping" : "shortening",
+                     cases[i].tensor, (int)st, st ? ks_errmsg() : "", cases[i].want);
+        assert_null(m);
+    }
+    unlink(dst);
+}
+
 static void test_f32(void **state) { (void)state; run_case(&g_cases[0], 2, MAX_IDS); }
 static void test_f32_chunked(void **state) { (void)state; run_case(&g_cases[0], 1, 5); }
 static void test_q8_0(void **state) { (void)state; run_case(&g_cases[1], 2, MAX_IDS); }
@@ -322,6 +382,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_hparams_and_fingerprint),
         cmocka_unit_test(test_info_features),
+        cmocka_unit_test(test_bad_files),
         cmocka_unit_test(test_f32),
         cmocka_unit_test(test_f32_chunked),
         cmocka_unit_test(test_q8_0),
