@@ -9,6 +9,7 @@
  *     in one batch, and in chunks of 5 with one thread);
  *   - llama.cpp's 64 greedy ids exactly, one token per batch, and again with
  *     two sequences prefilling and decoding in the same batches;
+ *   - the naive reference forward (tests/support) within 1e-4 of the engine;
  *   - both factor sets: dumpref's context (256 tokens per sequence) is over
  *     tiny-phi3's original context of 64, so llama.cpp rotates with the long
  *     factors, and under tiny-phi3-short's 1024, so with the short ones; the
@@ -42,6 +43,7 @@
 #include "model/model.h"
 #include "quant/quant.h"
 #include "support/llamacpp_ref.h"
+#include "support/ref_forward.h"
 #include "support/run_kvserve.h"
 
 #define LOGIT_TOL 1e-4f
@@ -121,6 +123,29 @@ static void engine_free(struct engine *e)
     model_free(e->m);
 }
 
+/* The naive reference (tests/support/ref_forward.c: the fused matrices split
+ * into copies, the factor set the model chose) on the prompt, rounding
+ * activations as the engine does for quantized weights: within LOGIT_TOL of
+ * the engine's rows. */
+static void check_naive_reference(const struct phi3_case *pc, const struct model *m, const struct llamacpp_ref *r,
+                                  const float *logits)
+{
+    size_t V = (size_t)r->n_vocab;
+    unsigned flags = strcmp(pc->type, "f32") ? REF_QUANTIZE_ACTS : 0;
+    struct ref_model *ref;
+    assert_int_equal(ref_model_create(m, 1, r->n_prompt, flags, &ref), KS_OK);
+    float *row = malloc(sizeof(float) * V), worst = 0;
+    for (int i = 0; i < r->n_prompt; i++) {
+        assert_int_equal(ref_forward(ref, 0, r->prompt[i], i, row), KS_OK);
+        float d = llamacpp_max_diff(row, logits + (size_t)i * V, V);
+        worst = d > worst ? d : worst;
+    }
+    print_message("%-20s engine vs naive reference %.2e\n", pc->name, (double)worst);
+    assert_true(worst <= LOGIT_TOL);
+    free(row);
+    ref_model_free(ref);
+}
+
 /* The prompt's logits with the engine given context n_ctx; the max diff from llama.cpp's. */
 static float prompt_diff(const struct phi3_case *pc, const struct llamacpp_ref *r, int n_threads, int chunk,
                          int32_t n_ctx, bool check_greedy)
@@ -139,6 +164,8 @@ static float prompt_diff(const struct phi3_case *pc, const struct llamacpp_ref *
     assert_int_equal(kv_seq_create(e.kv, &seq), KS_OK);
     llamacpp_ref_prefill(r, e.ctx, e.kv, seq, chunk, logits);
     float d = llamacpp_max_diff(logits, r->logits, (size_t)r->n_prompt * V);
+    if (check_greedy)
+        check_naive_reference(pc, e.m, r, logits);
     if (check_greedy && d <= LOGIT_TOL)
         llamacpp_ref_check_greedy(r, pc->name, e.ctx, e.kv, seq, logits);
     free(logits);
