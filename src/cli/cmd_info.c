@@ -405,8 +405,10 @@ static void print_phi3_features(const struct gguf_file *f, const char *arch)
 {
     if (strcmp(arch, "phi3"))
         return;
-    printf("  fused projections: %sffn_up (gate rows, then up rows)\n",
-           gguf_find_tensor(f, "blk.0.attn_qkv.weight") ? "attn_qkv (Q, K, V rows), " : "");
+    bool qkv = gguf_find_tensor(f, "blk.0.attn_qkv.weight"), up = gguf_find_tensor(f, "blk.0.ffn_up.weight");
+    if (qkv || up)
+        printf("  fused projections: %s%s%s\n", qkv ? "attn_qkv (Q, K, V rows)" : "", qkv && up ? ", " : "",
+               up ? "ffn_up (gate rows, then up rows)" : "");
     uint32_t swa = 0;
     if (arch_u32(f, arch, "attention.sliding_window", &swa) == KS_OK && swa > 0)
         printf("  sliding window: %u tokens in the file, not applied (llama.cpp turns phi3's window off; "
