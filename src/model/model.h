@@ -64,8 +64,8 @@ struct model_hparams {
     int rope_n_ctx_orig;       /* rope.scaling.original_context_length, else n_ctx_train: LongRoPE's
                                   long factors apply to contexts longer than this */
     float rope_attn_factor;    /* rope.scaling.attn_factor, else 1: cos and sin are scaled by it */
-    int n_swa_stored;          /* attention.sliding_window as the file says (0: none); phi3 does not
-                                  apply it, as llama.cpp does not */
+    int n_swa_stored;          /* phi3.attention.sliding_window as the file says (0: none); not
+                                  applied, as llama.cpp does not apply it */
 };
 
 struct model;

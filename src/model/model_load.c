@@ -678,7 +678,7 @@ static ks_status load_file(struct model *m)
     m->hp.rope_type = ai->rope_type;
     if ((st = read_shape(m->file, ai->name, &m->hp)) ||
         (st = read_experts(m->file, ai->name, ai->needs_experts, &m->hp)) || (st = read_rope(m, ai->name)) ||
-        (st = read_stored_window(m->file, ai->name, &m->hp)) ||
+        (ai->arch == MODEL_ARCH_PHI3 && (st = read_stored_window(m->file, ai->name, &m->hp))) ||
         (st = read_vocab_size(m->file, ai->name, &m->hp.n_vocab)))
         return st;
     return load_tensors(m, ai);
@@ -715,7 +715,7 @@ void model_free(struct model *m)
     free(m->layers);
     free(m->vec_store);
     free(m->rope_freq_factors);
-    free((float *)m->rope_factors_short); /* one block with rope_factors_long */
+    free(m->rope_factors_short); /* one block with rope_factors_long */
     free(m);
 }
 
