@@ -136,7 +136,6 @@ ks_status model_ctx_create(const struct model *m, int32_t max_batch_tokens, thre
                            struct model_ctx **out);
 void model_ctx_free(struct model_ctx *c);
 
-
 /* Run one batch. For every sequence in the batch, its tokens must have
  * consecutive positions starting at kv_seq_len(seq); the model grows each
  * sequence in the cache first (all or nothing, so KS_ERR_KV_FULL leaves the

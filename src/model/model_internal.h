@@ -72,7 +72,7 @@ struct model {
     float rope_freq_scale;
     float *rope_freq_factors;                /* (n_rot / 2); NULL: all 1. LongRoPE: the set in use */
     float rope_mscale;                       /* cos and sin are scaled by it (LongRoPE's attn_factor), else 1 */
-    /* phi3 LongRoPE: both sets, (n_rot / 2) each; rope_freq_factors points at one */
+    /* phi3 LongRoPE: both sets, (n_rot / 2) each, one allocation; rope_freq_factors holds a copy of one */
     float *rope_factors_short, *rope_factors_long;
     bool rope_long;                          /* model_set_n_ctx chose the long set */
     uint64_t weight_bytes;
