@@ -259,17 +259,6 @@ void quant_geglu_scalar(float *gate, const float *up, int64_t n);
 /* The table's entry for f16 bits h (tests compare it with ggml's). */
 quant_f16 quant_gelu_table_entry(quant_f16 h);
 
-/* One output of a Q8_0 matmul in ggml-cpu's x86 arithmetic, which the fast
- * kernels do not follow to the last bit (quant_ggml_dot.c says how each
- * rounds): for values that a later op rounds coarsely (Gemma's GeGLU).
- * quant_q8_0_quantize_ggml: x (cols, a multiple of 32) into cols / 32
- * block_q8_0 as ggml's x86 quantize_row_q8_0 does. quant_q8_0_dot_ggml: row r
- * of W (rows x cols Q8_0, row-major or repacked) against such blocks xq.
- * KS_ERR_INVALID_ARG: a bad shape, row or NULL pointer. */
-void quant_q8_0_quantize_ggml(const float *x, void *xq, int64_t cols);
-ks_status quant_q8_0_dot_ggml(const void *W, bool repacked, int64_t rows, int64_t cols, int64_t r, const void *xq,
-                              float *out);
-
 /* Copy row r of W (wtype, cols wide) into y as f32: embedding lookup. */
 ks_status quant_get_row(const void *W, enum quant_type wtype, int64_t cols, int64_t r, float *y);
 /* The same for a repacked W of rows x cols (tied embeddings, which are the
