@@ -303,12 +303,12 @@ static ks_status meta_u32_opt(const struct gguf_file *f, const char *a, const ch
     return KS_OK;
 }
 
-/* A soft-capping value: positive and finite, def when absent. */
+/* A soft-capping value: finite, not negative (0: off), def when absent. */
 static ks_status read_softcap(const struct gguf_file *f, const char *a, const char *suffix, float def, float *out)
 {
     ks_status st = meta_float(f, a, suffix, false, def, out);
-    if (!st && !(*out > 0))
-        return ks_fail(KS_ERR_FORMAT, "metadata %s.%s must be positive", a, suffix);
+    if (!st && !(*out >= 0))
+        return ks_fail(KS_ERR_FORMAT, "metadata %s.%s must not be negative", a, suffix);
     return st;
 }
 
@@ -320,7 +320,7 @@ static ks_status read_softcap(const struct gguf_file *f, const char *a, const ch
  * default). gemma3: a window from attention.sliding_window on 5 of every 6
  * layers (attention.sliding_window_pattern), window layers at RoPE base
  * rope.freq_base_swa (10000) without scaling; a file without a window gets
- * final logit soft-capping instead (30 by default). */
+ * final logit soft-capping instead when it has final_logit_softcapping. */
 static ks_status read_gemma(struct model *m, const char *a, int gemma)
 {
     struct model_hparams *hp = &m->hp;
@@ -344,8 +344,8 @@ static ks_status read_gemma(struct model *m, const char *a, int gemma)
     }
     if ((st = meta_u32_opt(f, a, "attention.sliding_window", 0, &n_swa)))
         return st;
-    if (n_swa == 0)
-        return read_softcap(f, a, "final_logit_softcapping", 30.0f, &hp->final_softcap);
+    if (n_swa == 0) /* llama.cpp's gemma3 graph without window layers caps the logits, if the file says by what */
+        return read_softcap(f, a, "final_logit_softcapping", 0.0f, &hp->final_softcap);
     if ((st = meta_u32_opt(f, a, "attention.sliding_window_pattern", 6, &pattern)) ||
         (st = meta_float(f, a, "rope.freq_base_swa", false, 10000.0f, &hp->rope_freq_base_swa)))
         return st;
