@@ -31,8 +31,9 @@
  *     modelled), which a wrong window or RoPE base exceeds by far (about 1),
  *     and its greedy ids are not held (they leave llama.cpp's at tokens 53,
  *     43 and 26) until the Q8_0 / Q4_0 kernels sum in ggml's order;
- *   - on those files the engine gives the same bits in one batch, in chunks
- *     and one token at a time.
+ *   - on those models with every matrix at the type (the output too) the
+ *     engine gives the same bits in one batch, in chunks and one token at a
+ *     time.
  * Exits 77 (skipped) when tests/data or a model cannot be had. */
 #include <dlfcn.h>
 #include <math.h>
@@ -103,10 +104,8 @@ struct engine {
     struct model_ctx *ctx;
 };
 
-static void engine_init(struct engine *e, const struct gemma_case *gc, int n_threads, int max_batch)
+static void engine_init_path(struct engine *e, const char *path, int n_threads, int max_batch)
 {
-    char path[128];
-    model_path(gc, path, sizeof path);
     if (model_load(path, &e->m))
         fail_msg("load %s: %s", path, ks_errmsg());
     assert_int_equal(threads_create(n_threads, &e->pool), KS_OK);
@@ -117,6 +116,13 @@ static void engine_init(struct engine *e, const struct gemma_case *gc, int n_thr
     cfg.mem_budget = 16u << 20;
     assert_int_equal(kv_create(&cfg, &e->kv), KS_OK);
     assert_int_equal(model_ctx_create(e->m, max_batch, e->pool, &e->ctx), KS_OK);
+}
+
+static void engine_init(struct engine *e, const struct gemma_case *gc, int n_threads, int max_batch)
+{
+    char path[128];
+    model_path(gc, path, sizeof path);
+    engine_init_path(e, path, n_threads, max_batch);
 }
 
 static void engine_free(struct engine *e)
@@ -234,20 +240,29 @@ static void run_two_streams(const struct gemma_case *gc)
     engine_free(&e);
 }
 
-/* The engine's own consistency, llama.cpp aside: with Q8_0 / Q4_0 weights
- * (repacked; README, "Exactness") a prompt's logits are the same bits in one
- * batch on 2 threads, in chunks of 5 on 1 and one token at a time, through
- * the window layers, the soft-caps and the GeGLU table alike. */
+/* The engine's own consistency, llama.cpp aside: with every matrix Q8_0 /
+ * Q4_0 (repacked; README, "Batch invariance": a k-quant output, as
+ * llama-quantize's rule gives the reference files, keeps it only on one side
+ * of its tiles' threshold) a prompt's logits are the same bits in one batch
+ * on 2 threads, in chunks of 5 on 1 and one token at a time, through the
+ * window layers, the soft-caps and the GeGLU table alike. */
 static void run_batch_invariance(const struct gemma_case *gc)
 {
     struct llamacpp_ref r;
     load_reference(gc, &r);
+    char path[160];
+    snprintf(path, sizeof path, "%s/%s-%s-pure.gguf", g_dir, gc->preset, gc->type);
+    struct model_synth_spec spec;
+    assert_int_equal(model_synth_preset(gc->preset, &spec), KS_OK);
+    spec.pure = true;
+    if (access(path, R_OK) && model_synth(&spec, gc->type, NULL, path, NULL))
+        fail_msg("cannot write %s: %s", path, ks_errmsg());
     size_t n = (size_t)r.n_prompt * (size_t)r.n_vocab;
     float *rows[3];
     static const int chunks[3] = {MAX_IDS, 5, 1}, threads[3] = {2, 1, 2};
     for (int k = 0; k < 3; k++) {
         struct engine e;
-        engine_init(&e, gc, threads[k], 2 * MAX_IDS);
+        engine_init_path(&e, path, threads[k], 2 * MAX_IDS);
         int32_t seq;
         assert_int_equal(kv_seq_create(e.kv, &seq), KS_OK);
         rows[k] = malloc(sizeof(float) * n);
@@ -257,7 +272,8 @@ static void run_batch_invariance(const struct gemma_case *gc)
     for (int k = 1; k < 3; k++)
         if (memcmp(rows[0], rows[k], sizeof(float) * n))
             fail_msg("%s: the prompt's logits in chunks of %d differ from one batch", gc->name, chunks[k]);
-    print_message("%-17s one batch, chunks of 5, one token at a time: the same bits\n", gc->name);
+    print_message("%-17s (every matrix %s) one batch, chunks of 5, one token at a time: the same bits\n", gc->name,
+                  gc->type);
     for (int k = 0; k < 3; k++)
         free(rows[k]);
     llamacpp_ref_free(&r);
