@@ -12,6 +12,7 @@
 #include "cli/cli.h"
 #include "gguf/gguf.h"
 #include "kv/kv.h"
+#include "model/model.h"
 #include "quant/quant.h"
 
 struct info_opts {
@@ -35,8 +36,9 @@ static void info_usage(FILE *out)
             "usage: kvserve info -m MODEL.gguf [--no-tensors] [--kv-mem SIZE]\n"
             "\n"
             "Print a GGUF file's metadata (arrays abbreviated), its tensor table (name, type,\n"
-            "shape, bytes), totals by tensor type, and the memory it needs: weight bytes and\n"
-            "KV cache bytes per token at f16, q8_0 and q4_0.\n"
+            "shape, bytes), totals by tensor type, the architecture's features as kvserve runs\n"
+            "them (sliding window and layer pattern, RoPE bases, soft-caps), and the memory it\n"
+            "needs: weight bytes and KV cache bytes per token at f16, q8_0 and q4_0.\n"
             "\n"
             "  -m, --model PATH   the GGUF file\n"
             "      --no-tensors   skip the per-tensor table\n"
@@ -415,6 +417,42 @@ static void print_phi3_features(const struct gguf_file *f, const char *arch)
                "every layer attends to the whole context)\n", swa);
 }
 
+/* The features the forward pass runs beyond a plain llama block, as the
+ * model loader reads them (so exactly what `serve` would run): sliding
+ * windows and their layer pattern, RoPE bases, query scaling, soft-capping.
+ * Files kvserve cannot load say why. */
+static void print_arch_features(const char *path)
+{
+    struct model *m;
+    if (model_load_flags(path, MODEL_LOAD_MMAP | MODEL_LOAD_NO_REPACK, &m)) {
+        printf("architecture: n/a (%s)\n", ks_errmsg());
+        return;
+    }
+    const struct model_hparams *hp = model_hparams(m);
+    printf("architecture: %s, %d layers, RoPE %s base %g", hp->arch_name, hp->n_layer,
+           hp->rope_type == MODEL_ROPE_NEOX ? "neox" : "normal", (double)hp->rope_freq_base);
+    if (hp->n_swa > 0) {
+        int n_swa_layers = 0;
+        for (int il = 0; il < hp->n_layer; il++)
+            n_swa_layers += model_layer_is_swa(hp, il);
+        printf("\n  sliding window: %d tokens on %d of %d layers", hp->n_swa, n_swa_layers, hp->n_layer);
+        if (hp->swa_pattern > 1)
+            printf(" (pattern %d: the last of every %d is global)", hp->swa_pattern, hp->swa_pattern);
+        printf(", their RoPE base %g%s", (double)hp->rope_freq_base_swa,
+               hp->arch == MODEL_ARCH_GEMMA3 ? " unscaled" : "");
+    }
+    if (hp->embd_scale > 0)
+        printf("\n  embeddings x %g, post-attention and post-FFN norms, %s FFN, queries x %g (attention scale 1)",
+               (double)hp->embd_scale, hp->ffn_act == MODEL_FFN_GEGLU ? "GeGLU (gelu-tanh)" : "SwiGLU",
+               (double)hp->attn_q_scale);
+    if (hp->attn_softcap > 0)
+        printf("\n  attention logit soft-cap %g", (double)hp->attn_softcap);
+    if (hp->final_softcap > 0)
+        printf("\n  final logit soft-cap %g", (double)hp->final_softcap);
+    printf("\n");
+    model_free(m);
+}
+
 static void print_memory(const struct gguf_file *f, uint64_t weight_bytes, size_t kv_mem)
 {
     char h[32];
@@ -456,6 +494,7 @@ int cli_info(int argc, char **argv)
     if (o.tensors)
         print_tensors(f);
     uint64_t weight_bytes = print_type_totals(f);
+    print_arch_features(o.model);
     print_memory(f, weight_bytes, o.kv_mem);
     gguf_close(f);
     return 0;

@@ -29,6 +29,7 @@ struct model_ctx {
     int32_t *row_of;             /* (C, n_expert_used) grouped row of each (token, slot) */
     float *xg;                   /* (C * n_expert_used, n_embd) expert outputs, grouped */
     float *rope_cs;              /* (B, n_rot / 2, 2) cos and sin of each token's angles */
+    float *rope_cs_swa;          /* (B, n_rot / 2, 2) the same for window layers with their own RoPE (gemma3) */
     struct attn_query *queries;  /* (B) */
     int32_t *out_rows;           /* (B) batch index of each logits row */
     int32_t *seqs, *seq_start, *seq_count; /* (B) distinct sequences of the batch */
@@ -141,6 +142,8 @@ ks_status model_ctx_create(const struct model *m, int32_t max_batch_tokens, thre
         c->xg = malloc(hrows * (size_t)hp->n_embd * sizeof(float));
     }
     c->rope_cs = malloc(B * (size_t)(hp->n_rot > 0 ? hp->n_rot : 1) * sizeof(float));
+    if (m->rope_swa_own)
+        c->rope_cs_swa = malloc(B * (size_t)(hp->n_rot > 0 ? hp->n_rot : 1) * sizeof(float));
     c->queries = malloc(B * sizeof *c->queries);
     c->out_rows = malloc(B * sizeof(int32_t));
     c->seqs = malloc(B * sizeof(int32_t));
@@ -150,7 +153,8 @@ ks_status model_ctx_create(const struct model *m, int32_t max_batch_tokens, thre
     c->work = malloc(c->work_size ? c->work_size : 1);
     if (!c->x || !c->xb || !c->xb2 || !c->q || !c->k || !c->v || !c->att || !c->hb || !c->hb2 || !c->rope_cs ||
         !c->queries || !c->out_rows || !c->seqs || !c->seq_start || !c->seq_count || !c->work ||
-        (moe && (!c->router || !c->sel || !c->sel_w || !c->exp_start || !c->grp_tok || !c->row_of || !c->xg))) {
+        (moe && (!c->router || !c->sel || !c->sel_w || !c->exp_start || !c->grp_tok || !c->row_of || !c->xg)) ||
+        (m->rope_swa_own && !c->rope_cs_swa)) {
         model_ctx_free(c);
         return ks_fail(KS_ERR_NOMEM, "out of memory for a model context of %d batch tokens", max_batch_tokens);
     }
@@ -163,7 +167,7 @@ void model_ctx_free(struct model_ctx *c)
     if (!c)
         return;
     free(c->x), free(c->xb), free(c->xb2), free(c->q), free(c->k), free(c->v), free(c->att);
-    free(c->hb), free(c->hb2), free(c->rope_cs), free(c->queries), free(c->out_rows);
+    free(c->hb), free(c->hb2), free(c->rope_cs), free(c->rope_cs_swa), free(c->queries), free(c->out_rows);
     free(c->seqs), free(c->seq_start), free(c->seq_count), free(c->work);
     free(c->router), free(c->sel), free(c->sel_w), free(c->exp_start), free(c->grp_tok), free(c->row_of), free(c->xg);
     free(c);
@@ -240,31 +244,54 @@ struct swiglu_job {
  * run would give a value other bits for another thread count or batch size. */
 #define SWIGLU_RUN 16
 
-/* gate = silu(gate) * up */
-static void swiglu_task(void *p, int ith, int nth)
+static void glu_split(const struct swiglu_job *j, void (*act)(float *, const float *, int64_t), int ith, int nth)
 {
-    const struct swiglu_job *j = p;
     int64_t lo, hi;
     threads_split((j->n + SWIGLU_RUN - 1) / SWIGLU_RUN, ith, nth, &lo, &hi);
     lo = lo * SWIGLU_RUN < j->n ? lo * SWIGLU_RUN : j->n;
     hi = hi * SWIGLU_RUN < j->n ? hi * SWIGLU_RUN : j->n;
-    quant_swiglu(j->gate + lo, j->up + lo, hi - lo);
+    act(j->gate + lo, j->up + lo, hi - lo);
+}
+
+/* gate = silu(gate) * up */
+static void swiglu_task(void *p, int ith, int nth) { glu_split(p, quant_swiglu, ith, nth); }
+
+/* gate = gelu_tanh(gate) * up (gemma) */
+static void geglu_task(void *p, int ith, int nth) { glu_split(p, quant_geglu, ith, nth); }
+
+struct softcap_job {
+    float *x;
+    int64_t n;
+    float cap;
+};
+
+/* gemma2's final logit soft-capping as llama.cpp's graph has it: scale by
+ * 1 / cap, tanh, scale by cap, each rounded to float */
+static void softcap_task(void *p, int ith, int nth)
+{
+    const struct softcap_job *j = p;
+    float inv = 1.0f / j->cap;
+    int64_t lo, hi;
+    threads_split(j->n, ith, nth, &lo, &hi);
+    for (int64_t i = lo; i < hi; i++)
+        j->x[i] = tanhf(j->x[i] * inv) * j->cap;
 }
 
 /* ---- RoPE ------------------------------------------------------------------ */
 
 /* Angles as llama.cpp computes them: theta_i = p * theta_scale^i by repeated
- * multiplication, divided by the per-frequency factor, times freq_scale; cos
- * and sin scaled by its attn_factor (mscale: 1 but for LongRoPE). */
-static void rope_angles(const struct model *m, int32_t pos, float *cs)
+ * multiplication, divided by the per-frequency factor (ff NULL: 1), times
+ * freq_scale; cos and sin scaled by mscale (rope.scaling.attn_factor, as
+ * llama.cpp's attn_factor scales every layer's, window layers' too). */
+static void rope_angles(int n_rot, float theta_scale, float freq_scale, const float *ff, float mscale, int32_t pos,
+                        float *cs)
 {
-    float theta = (float)pos, mscale = m->rope_mscale;
-    for (int i = 0; i < m->hp.n_rot / 2; i++) {
-        float ff = m->rope_freq_factors ? m->rope_freq_factors[i] : 1.0f;
-        float t = m->rope_freq_scale * (theta / ff);
+    float theta = (float)pos;
+    for (int i = 0; i < n_rot / 2; i++) {
+        float t = freq_scale * (theta / (ff ? ff[i] : 1.0f));
         cs[2 * i] = cosf(t) * mscale;
         cs[2 * i + 1] = sinf(t) * mscale;
-        theta *= m->rope_theta_scale;
+        theta *= theta_scale;
     }
 }
 
@@ -296,7 +323,8 @@ struct qk_job {
     int64_t n_tokens;
 };
 
-/* Per token: QKV bias, per-head Q/K RMSNorm, then RoPE on Q and K. */
+/* Per token: QKV bias, per-head Q/K RMSNorm, then RoPE on Q and K; gemma
+ * then scales Q (attn_q_scale). */
 static void qk_task(void *p, int ith, int nth)
 {
     const struct qk_job *j = p;
@@ -317,6 +345,9 @@ static void qk_task(void *p, int ith, int nth)
                 rmsnorm_row(q + h * hd, q + h * hd, j->L->q_norm, hd, hp->rms_eps);
             rope_head(q + h * hd, cs, hp->n_rot, hp->rope_type);
         }
+        if (hp->attn_q_scale > 0)
+            for (int i = 0; i < q_dim; i++)
+                q[i] *= hp->attn_q_scale;
         for (int h = 0; h < hp->n_head_kv; h++) {
             if (j->L->k_norm)
                 rmsnorm_row(k + h * hd, k + h * hd, j->L->k_norm, hd, hp->rms_eps);
@@ -467,7 +498,8 @@ static ks_status attention_block(struct model_ctx *c, struct kv_cache *kv, int i
     if ((st = matmul_same_input(c, qkv, qkv_out, 3, c->xb, n)))
         return st;
     /* biases, Q/K norm, RoPE */
-    struct qk_job qj = {m, L, c->q, c->k, c->v, c->rope_cs, n};
+    bool swa = model_layer_is_swa(hp, il);
+    struct qk_job qj = {m, L, c->q, c->k, c->v, swa && m->rope_swa_own ? c->rope_cs_swa : c->rope_cs, n};
     threads_run(elementwise_pool(c, n), qk_task, &qj);
     /* K/V of the whole batch go to the cache first: causal attention within the batch. One
      * write per run of a sequence's consecutive tokens, so that the first one fixes its
@@ -477,12 +509,18 @@ static ks_status attention_block(struct model_ctx *c, struct kv_cache *kv, int i
         if ((st = kv_write_rows(kv, il, b->seq[t], b->pos[t], run, c->k + t * kv_dim, c->v + t * kv_dim)))
             return st;
     }
-    float scale = 1.0f / sqrtf((float)hp->head_dim_k);
-    if ((st = attn_forward(c->pool, kv, il, c->queries, (int32_t)n, c->q, c->att, hp->n_head, scale)))
+    struct attn_params ap = {
+        .scale = hp->attn_q_scale > 0 ? 1.0f : 1.0f / sqrtf((float)hp->head_dim_k),
+        .window = swa ? hp->n_swa : 0,
+        .softcap = hp->attn_softcap,
+    };
+    if ((st = attn_forward_ex(c->pool, kv, il, c->queries, (int32_t)n, c->q, c->att, hp->n_head, &ap)))
         return st;
-    /* output projection and residual */
+    /* output projection, gemma's post-attention rmsnorm, residual */
     if ((st = matmul(c, &L->wo, c->att, n, c->xb2)))
         return st;
+    if (L->post_attn_norm)
+        rmsnorm_rows(elementwise_pool(c, n), c->xb2, c->xb2, L->post_attn_norm, NULL, n, hp->n_embd, hp->rms_eps);
     for (int64_t i = 0; i < n * hp->n_embd; i++)
         c->x[i] += c->xb2[i];
     return KS_OK;
@@ -493,16 +531,18 @@ static ks_status ffn_block(struct model_ctx *c, int il, int64_t n)
     const struct model_hparams *hp = &c->m->hp;
     const struct model_layer *L = &c->m->layers[il];
     ks_status st;
-    /* ffn rmsnorm, SwiGLU: down(silu(gate(x)) * up(x)), residual */
+    /* ffn rmsnorm, SwiGLU: down(silu(gate(x)) * up(x)) (gemma: GeGLU, then its post-ffn rmsnorm), residual */
     rmsnorm_rows(elementwise_pool(c, n), c->xb, c->x, L->ffn_norm, NULL, n, hp->n_embd, hp->rms_eps);
     const struct model_mat *gate_up[] = {&L->w_gate, &L->w_up};
     float *const gate_up_out[] = {c->hb, c->hb2};
     if ((st = matmul_same_input(c, gate_up, gate_up_out, 2, c->xb, n)))
         return st;
     struct swiglu_job sj = {c->hb, c->hb2, n * hp->n_ff};
-    threads_run(elementwise_pool(c, n), swiglu_task, &sj);
+    threads_run(elementwise_pool(c, n), hp->ffn_act == MODEL_FFN_GEGLU ? geglu_task : swiglu_task, &sj);
     if ((st = matmul(c, &L->w_down, c->hb, n, c->xb2)))
         return st;
+    if (L->post_ffn_norm)
+        rmsnorm_rows(elementwise_pool(c, n), c->xb2, c->xb2, L->post_ffn_norm, NULL, n, hp->n_embd, hp->rms_eps);
     for (int64_t i = 0; i < n * hp->n_embd; i++)
         c->x[i] += c->xb2[i];
     return KS_OK;
@@ -691,8 +731,15 @@ static ks_status run_layers(struct model_ctx *c, struct kv_cache *kv, const stru
     for (int64_t t = 0; t < n; t++)
         if ((st = embed_token(m, b->tokens[t], c->x + t * hp->n_embd)))
             return st;
+    if (hp->embd_scale > 0) /* gemma: times sqrt(n_embd) */
+        for (int64_t i = 0; i < n * hp->n_embd; i++)
+            c->x[i] *= hp->embd_scale;
     for (int64_t t = 0; t < n; t++) {
-        rope_angles(m, b->pos[t], c->rope_cs + t * hp->n_rot);
+        rope_angles(hp->n_rot, m->rope_theta_scale, m->rope_freq_scale, m->rope_freq_factors, m->rope_mscale, b->pos[t],
+                    c->rope_cs + t * hp->n_rot);
+        if (m->rope_swa_own) /* gemma3's window layers: their own base, unscaled */
+            rope_angles(hp->n_rot, m->rope_theta_scale_swa, 1.0f, NULL, m->rope_mscale, b->pos[t],
+                        c->rope_cs_swa + t * hp->n_rot);
         c->queries[t] = (struct attn_query){.seq = b->seq[t], .pos = b->pos[t]};
     }
     for (int il = 0; il < hp->n_layer; il++)
@@ -703,7 +750,13 @@ static ks_status run_layers(struct model_ctx *c, struct kv_cache *kv, const stru
         return KS_OK;
     /* final rmsnorm of the rows that want logits, then the classifier */
     rmsnorm_rows(elementwise_pool(c, n_out), c->xb2, c->x, m->output_norm, c->out_rows, n_out, hp->n_embd, hp->rms_eps);
-    return matmul(c, &m->output, c->xb2, n_out, logits);
+    if ((st = matmul(c, &m->output, c->xb2, n_out, logits)))
+        return st;
+    if (hp->final_softcap > 0) {
+        struct softcap_job sj = {logits, (int64_t)n_out * hp->n_vocab, hp->final_softcap};
+        threads_run(c->pool, softcap_task, &sj);
+    }
+    return KS_OK;
 }
 
 ks_status model_forward(struct model_ctx *c, struct kv_cache *kv, const struct model_batch *b, float *logits,

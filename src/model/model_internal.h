@@ -53,6 +53,9 @@ struct model_layer {
     struct model_experts gate_exps;          /* (n_expert, n_ff_exp, n_embd) */
     struct model_experts up_exps;            /* (n_expert, n_ff_exp, n_embd) */
     struct model_experts down_exps;          /* (n_expert, n_embd, n_ff_exp) */
+    /* gemma2 / gemma3: RMSNorms of the attention and FFN outputs, before their residuals */
+    const float *post_attn_norm;             /* (n_embd) post_attention_norm */
+    const float *post_ffn_norm;              /* (n_embd) post_ffw_norm */
 };
 
 /* idx = 0..n-1 ordered by descending v, equal values in the order ggml's CPU
@@ -75,6 +78,10 @@ struct model {
     /* phi3 LongRoPE: both sets, (n_rot / 2) each, one allocation; rope_freq_factors holds a copy of one */
     float *rope_factors_short, *rope_factors_long;
     bool rope_long;                          /* model_set_n_ctx chose the long set */
+    /* sliding-window layers (hp.n_swa > 0) rotate with their own base and no
+     * scaling when rope_swa_own is set (gemma3), else as the other layers */
+    bool rope_swa_own;
+    float rope_theta_scale_swa;              /* rope_freq_base_swa^(-2 / n_rot) */
     uint64_t weight_bytes;
     uint64_t active_weight_bytes;            /* per decode token: experts counted used / n_expert */
     /* Small 1-D tensors (norms, biases) converted to f32 at load, in one block. */

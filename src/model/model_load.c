@@ -1,5 +1,5 @@
-/* model: load a llama / qwen2 / qwen3 / qwen3moe / phi3 GGUF (llama with
- * experts is Mixtral). Hyper-parameters come from the metadata; every tensor is checked
+/* model: load a llama / qwen2 / qwen3 / qwen3moe / phi3 / gemma2 / gemma3 GGUF
+ * (llama with experts is Mixtral). Hyper-parameters come from the metadata; every tensor is checked
  * for presence, shape and a usable type, and matrices are used in place from
  * the mapping. */
 #include <math.h>
@@ -28,6 +28,8 @@ static const struct arch_info g_archs[] = {
     {"qwen3", MODEL_ARCH_QWEN3, MODEL_ROPE_NEOX, false, true, false, false},
     {"qwen3moe", MODEL_ARCH_QWEN3MOE, MODEL_ROPE_NEOX, false, true, true, false},
     {"phi3", MODEL_ARCH_PHI3, MODEL_ROPE_NEOX, false, false, false, true},
+    {"gemma2", MODEL_ARCH_GEMMA2, MODEL_ROPE_NEOX, false, false, false, false},
+    {"gemma3", MODEL_ARCH_GEMMA3, MODEL_ROPE_NEOX, false, true, false, false},
 };
 
 static const struct arch_info *arch_find(const struct gguf_str *s)
@@ -342,6 +344,92 @@ static ks_status read_rope(struct model *m, const char *a)
     return KS_OK;
 }
 
+/* ---- gemma2 / gemma3 ------------------------------------------------------- */
+
+/* 2 or 3 for Gemma 2 / Gemma 3 (read_gemma), else 0 */
+static int gemma_version(enum model_arch arch)
+{
+    return arch == MODEL_ARCH_GEMMA2 ? 2 : arch == MODEL_ARCH_GEMMA3 ? 3 : 0;
+}
+
+/* An optional u32 key that may be 0; def when absent. */
+static ks_status meta_u32_opt(const struct gguf_file *f, const char *a, const char *suffix, uint32_t def,
+                              uint32_t *out)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", a, suffix);
+    ks_status st = gguf_get_u32(f, key, out);
+    if (st == KS_ERR_NOT_FOUND) {
+        *out = def;
+        return KS_OK;
+    }
+    if (st)
+        return ks_fail(KS_ERR_UNSUPPORTED, "metadata %s must be one unsigned integer: %s", key, ks_errmsg());
+    if (*out > (1u << 30))
+        return ks_fail(KS_ERR_FORMAT, "metadata %s = %u is out of range", key, *out);
+    return KS_OK;
+}
+
+/* A soft-capping value: finite, not negative (0: off), def when absent. */
+static ks_status read_softcap(const struct gguf_file *f, const char *a, const char *suffix, float def, float *out)
+{
+    ks_status st = meta_float(f, a, suffix, false, def, out);
+    if (!st && !(*out >= 0))
+        return ks_fail(KS_ERR_FORMAT, "metadata %s.%s must not be negative", a, suffix);
+    return st;
+}
+
+/* Gemma's hyper-parameters as llama.cpp sets them: embeddings scaled by
+ * sqrt(n_embd), post-norms, GeGLU, queries scaled by 1/sqrt(head_dim) (the
+ * 27B sizes, 46 layers for gemma2 and 62 for gemma3, by
+ * 1/sqrt(n_embd / n_head)) with attention scale 1. gemma2: a 4096 window on
+ * even layers (pattern 2), attention and final logit soft-capping (50, 30 by
+ * default). gemma3: a window from attention.sliding_window on 5 of every 6
+ * layers (attention.sliding_window_pattern), window layers at RoPE base
+ * rope.freq_base_swa (10000) without scaling; a file without a window gets
+ * final logit soft-capping instead when it has final_logit_softcapping. */
+static ks_status read_gemma(struct model *m, const char *a, int gemma)
+{
+    struct model_hparams *hp = &m->hp;
+    const struct gguf_file *f = m->file;
+    hp->embd_scale = sqrtf((float)hp->n_embd);
+    hp->has_post_norms = true;
+    hp->ffn_act = MODEL_FFN_GEGLU;
+    bool is_27b = hp->n_layer == (gemma == 2 ? 46 : 62);
+    hp->attn_q_scale = is_27b ? 1.0f / sqrtf((float)(hp->n_embd / hp->n_head)) : 1.0f / sqrtf((float)hp->head_dim_k);
+    uint32_t n_swa = 0, pattern = 0;
+    ks_status st;
+    if (gemma == 2) {
+        hp->swa_pattern = 2;
+        hp->rope_freq_base_swa = hp->rope_freq_base;
+        if ((st = meta_u32_opt(f, a, "attention.sliding_window", 4096, &n_swa)) ||
+            (st = read_softcap(f, a, "attn_logit_softcapping", 50.0f, &hp->attn_softcap)) ||
+            (st = read_softcap(f, a, "final_logit_softcapping", 30.0f, &hp->final_softcap)))
+            return st;
+        hp->n_swa = (int)n_swa;
+        return KS_OK;
+    }
+    if ((st = meta_u32_opt(f, a, "attention.sliding_window", 0, &n_swa)))
+        return st;
+    if (n_swa == 0) /* llama.cpp's gemma3 graph without window layers caps the logits, if the file says by what */
+        return read_softcap(f, a, "final_logit_softcapping", 0.0f, &hp->final_softcap);
+    if ((st = meta_u32_opt(f, a, "attention.sliding_window_pattern", 6, &pattern)) ||
+        (st = meta_float(f, a, "rope.freq_base_swa", false, 10000.0f, &hp->rope_freq_base_swa)))
+        return st;
+    if (!(hp->rope_freq_base_swa > 0))
+        return ks_fail(KS_ERR_FORMAT, "metadata %s.rope.freq_base_swa must be positive", a);
+    hp->n_swa = (int)n_swa;
+    hp->swa_pattern = (int)pattern;
+    m->rope_swa_own = true;
+    m->rope_theta_scale_swa = powf(hp->rope_freq_base_swa, -2.0f / (float)hp->n_rot);
+    return KS_OK;
+}
+
+bool model_layer_is_swa(const struct model_hparams *hp, int il)
+{
+    return hp->n_swa > 0 && (hp->swa_pattern == 0 || il % hp->swa_pattern < hp->swa_pattern - 1);
+}
+
 /* ---- tensors ------------------------------------------------------------- */
 
 struct loader {
@@ -512,6 +600,10 @@ static ks_status load_layer(struct loader *ld, int il, const struct arch_info *a
         ((st = load_vec(ld, NAME("attn_q_norm.weight"), hp->head_dim_k, true, &L->q_norm)) ||
          (st = load_vec(ld, NAME("attn_k_norm.weight"), hp->head_dim_k, true, &L->k_norm))))
         return st;
+    if (hp->has_post_norms &&
+        ((st = load_vec(ld, NAME("post_attention_norm.weight"), E, true, &L->post_attn_norm)) ||
+         (st = load_vec(ld, NAME("post_ffw_norm.weight"), E, true, &L->post_ffn_norm))))
+        return st;
     uint64_t attn = mat_bytes(&L->wq) + mat_bytes(&L->wk) + mat_bytes(&L->wv) + mat_bytes(&L->wo);
     if (hp->n_expert == 0) {
         if (!gguf_find_tensor(ld->m->file, NAME("ffn_gate.weight")) &&
@@ -567,6 +659,7 @@ static ks_status load_tensors(struct model *m, const struct arch_info *ai)
 {
     const struct model_hparams *hp = &m->hp;
     size_t per_layer = 2 * (size_t)hp->n_embd + 3 * (size_t)hp->n_head * hp->head_dim_k + 2 * (size_t)hp->head_dim_k;
+    per_layer += hp->has_post_norms ? 2 * (size_t)hp->n_embd : 0;
     size_t n_vec = (size_t)hp->n_layer * per_layer + (size_t)hp->n_embd;
     m->vec_store = malloc(n_vec * sizeof(float));
     m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
@@ -671,7 +764,8 @@ static ks_status load_file(struct model *m)
     const struct arch_info *ai = arch_find(&s);
     if (!ai)
         return ks_fail(KS_ERR_UNSUPPORTED,
-                       "architecture '%.*s' is not supported (kvserve runs llama, qwen2, qwen3, qwen3moe, phi3)",
+                       "architecture '%.*s' is not supported (kvserve runs llama, qwen2, qwen3, qwen3moe, phi3, "
+                       "gemma2, gemma3)",
                        (int)(s.len > 64 ? 64 : s.len), s.data);
     m->hp.arch = ai->arch;
     m->hp.arch_name = ai->name;
@@ -679,7 +773,8 @@ static ks_status load_file(struct model *m)
     if ((st = read_shape(m->file, ai->name, &m->hp)) ||
         (st = read_experts(m->file, ai->name, ai->needs_experts, &m->hp)) || (st = read_rope(m, ai->name)) ||
         (ai->arch == MODEL_ARCH_PHI3 && (st = read_stored_window(m->file, ai->name, &m->hp))) ||
-        (st = read_vocab_size(m->file, ai->name, &m->hp.n_vocab)))
+        (st = read_vocab_size(m->file, ai->name, &m->hp.n_vocab)) ||
+        (gemma_version(ai->arch) && (st = read_gemma(m, ai->name, gemma_version(ai->arch)))))
         return st;
     return load_tensors(m, ai);
 }

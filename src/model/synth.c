@@ -42,6 +42,28 @@ static const struct preset g_presets[] = {
     /* 32 experts whose router rows repeat every 4: every probability is an
      * 8-way tie, and which 4 of the 8 a token gets is the sort's tie order */
     {"tiny-qwen3moe-ties", "qwen3moe", 256, 2, 4, 2, 64, 512, 2048, 1000000.0f, 1e-6f, 32, 4, 64, 0.06f, 1.0f, true, 4},
+    /* Gemma 3 1B: 5 of every 6 layers in a 512 window (g_windows below) */
+    {"gemma3-1b", "gemma3", 1152, 26, 4, 1, 256, 6912, 32768, 1000000.0f, 1e-6f, 0, 0, 0, 0, 0, false, 0},
+    /* for tests against llama.cpp: 6 layers so both layer kinds occur (0-4 in a
+     * window of 16, 5 global); an untied output keeps greedy decoding from
+     * echoing the last token (the real models tie it) */
+    {"tiny-gemma3", "gemma3", 256, 6, 4, 2, 64, 512, 2048, 1000000.0f, 1e-6f, 0, 0, 0, 0.06f, 0.06f, true, 0},
+    /* llama.cpp's gemma2 always ties the output; small embeddings keep the
+     * residual stream from echoing the last token */
+    {"tiny-gemma2", "gemma2", 256, 4, 4, 2, 64, 512, 2048, 10000.0f, 1e-6f, 0, 0, 0, 0.06f, 0.01f, false, 0},
+};
+
+/* The window and soft-capping of the gemma presets. tiny-gemma2's caps are
+ * far below the real 50 / 30 so that tanh bends the synthetic model's small
+ * scores and logits. */
+static const struct {
+    const char *name;
+    int n_swa, swa_pattern;
+    float attn_softcap, final_softcap;
+} g_windows[] = {
+    {"gemma3-1b", 512, 0, 0, 0},
+    {"tiny-gemma3", 16, 0, 0, 0},
+    {"tiny-gemma2", 16, 0, 1.5f, 1.0f},
 };
 
 /* phi3 presets: a preset's shapes plus the vocabulary size, the rotated
@@ -77,7 +99,7 @@ static const struct phi3_preset g_phi3_presets[] = {
 const char *model_synth_preset_names(void)
 {
     return "llama-1b smollm2-135m qwen3-0.6b tiny qwen3moe-30b-a3b mixtral-8x7b tiny-qwen3moe tiny-mixtral "
-           "tiny-qwen3moe-ties phi3-mini phi4-mini tiny-phi3 tiny-phi3-short";
+           "tiny-qwen3moe-ties phi3-mini phi4-mini tiny-phi3 tiny-phi3-short gemma3-1b tiny-gemma3 tiny-gemma2";
 }
 
 static void spec_from_preset(const struct preset *p, struct model_synth_spec *spec)
@@ -110,6 +132,11 @@ ks_status model_synth_preset(const char *name, struct model_synth_spec *spec)
         if (strcmp(p->name, name))
             continue;
         spec_from_preset(p, spec);
+        for (size_t w = 0; w < sizeof g_windows / sizeof g_windows[0]; w++)
+            if (!strcmp(g_windows[w].name, name)) {
+                spec->n_swa = g_windows[w].n_swa, spec->swa_pattern = g_windows[w].swa_pattern;
+                spec->attn_softcap = g_windows[w].attn_softcap, spec->final_softcap = g_windows[w].final_softcap;
+            }
         return KS_OK;
     }
     return ks_fail(KS_ERR_INVALID_ARG, "unknown preset '%s' (expected one of: %s)", name,
@@ -352,6 +379,7 @@ static ks_status add_longrope_factors(struct synth *s)
     ks_status st = add_vector(s, "rope_factors_long.weight", half, (struct fill){8.0f, 7.0f});
     return st ? st : add_vector(s, "rope_factors_short.weight", half, (struct fill){1.05f, 0.05f});
 }
+static bool is_gemma(const char *arch) { return !strcmp(arch, "gemma2") || !strcmp(arch, "gemma3"); }
 
 static ks_status add_layer(struct synth *s, int il, bool qkv_bias, bool qk_norm)
 {
@@ -395,6 +423,10 @@ static ks_status add_layer(struct synth *s, int il, bool qkv_bias, bool qk_norm)
         return st;
     if (qk_norm && ((st = add_vector(s, NAME("attn_q_norm.weight"), sp->head_dim, norm)) ||
                     (st = add_vector(s, NAME("attn_k_norm.weight"), sp->head_dim, norm))))
+        return st;
+    /* gemma's post-norms (the converter has already added Gemma's +1 to every norm weight) */
+    if (is_gemma(sp->arch) && ((st = add_vector(s, NAME("post_attention_norm.weight"), E, norm)) ||
+                               (st = add_vector(s, NAME("post_ffw_norm.weight"), E, norm))))
         return st;
 #undef NAME
     return KS_OK;
@@ -538,6 +570,26 @@ static ks_status add_phi3_hparams(struct synth *s)
     return gguf_writer_set_f32(s->w, "phi3.rope.scaling.attn_factor", (float)attn_factor);
 }
 
+/* The keys llama.cpp's converter writes for Gemma 2 / 3 beyond the common ones. */
+static ks_status add_gemma_hparams(struct synth *s)
+{
+    const struct model_synth_spec *sp = s->spec;
+    char k[128];
+    ks_status st = KS_OK;
+#define KEY(x) (snprintf(k, sizeof k, "%s." x, sp->arch), k)
+    if (sp->n_swa > 0 && (st = gguf_writer_set_u32(s->w, KEY("attention.sliding_window"), (uint32_t)sp->n_swa)))
+        return st;
+    if (sp->swa_pattern > 0 &&
+        (st = gguf_writer_set_u32(s->w, KEY("attention.sliding_window_pattern"), (uint32_t)sp->swa_pattern)))
+        return st;
+    if (sp->attn_softcap > 0 && (st = gguf_writer_set_f32(s->w, KEY("attn_logit_softcapping"), sp->attn_softcap)))
+        return st;
+    if (sp->final_softcap > 0)
+        st = gguf_writer_set_f32(s->w, KEY("final_logit_softcapping"), sp->final_softcap);
+    return st;
+#undef KEY
+}
+
 static ks_status add_hparams(struct synth *s, int n_vocab)
 {
     const struct model_synth_spec *sp = s->spec;
@@ -569,6 +621,8 @@ static ks_status add_hparams(struct synth *s, int n_vocab)
         ((st = gguf_writer_set_u32(s->w, KEY("expert_count"), (uint32_t)sp->n_expert)) ||
          (st = gguf_writer_set_u32(s->w, KEY("expert_used_count"), (uint32_t)sp->n_expert_used))))
         return st;
+    if (is_gemma(sp->arch) && (st = add_gemma_hparams(s)))
+        return st;
     /* llama.cpp reads expert_feed_forward_length for qwen3moe; llama's experts are n_ff wide */
     if (sp->n_expert > 0 && !strcmp(sp->arch, "qwen3moe") &&
         (st = gguf_writer_set_u32(s->w, KEY("expert_feed_forward_length"),
@@ -581,8 +635,8 @@ static ks_status add_hparams(struct synth *s, int n_vocab)
 static ks_status check_spec(const struct model_synth_spec *sp, bool *qkv_bias, bool *qk_norm)
 {
     if (!sp->arch || (strcmp(sp->arch, "llama") && strcmp(sp->arch, "qwen2") && strcmp(sp->arch, "qwen3") &&
-                      strcmp(sp->arch, "qwen3moe") && strcmp(sp->arch, "phi3")))
-        return ks_fail(KS_ERR_INVALID_ARG, "synth: arch must be llama, qwen2, qwen3, qwen3moe or phi3");
+                      strcmp(sp->arch, "qwen3moe") && strcmp(sp->arch, "phi3") && !is_gemma(sp->arch)))
+        return ks_fail(KS_ERR_INVALID_ARG, "synth: arch must be llama, qwen2, qwen3, qwen3moe, phi3, gemma2 or gemma3");
     /* llama.cpp's phi3 loader: attn_output is (n_embd, n_embd), no experts */
     if (!strcmp(sp->arch, "phi3") && (sp->n_expert != 0 || sp->n_head * sp->head_dim != sp->n_embd))
         return ks_fail(KS_ERR_INVALID_ARG, "synth: phi3 needs n_head * head_dim == n_embd and no experts");
@@ -591,7 +645,11 @@ static ks_status check_spec(const struct model_synth_spec *sp, bool *qkv_bias, b
         return ks_fail(KS_ERR_INVALID_ARG, "synth: n_rot must be even and at most head_dim; n_ctx_orig and "
                                            "sliding_window not negative");
     *qkv_bias = !strcmp(sp->arch, "qwen2");
-    *qk_norm = !strcmp(sp->arch, "qwen3") || !strcmp(sp->arch, "qwen3moe");
+    *qk_norm = !strcmp(sp->arch, "qwen3") || !strcmp(sp->arch, "qwen3moe") || !strcmp(sp->arch, "gemma3");
+    if (sp->n_swa < 0 || sp->swa_pattern < 0 || !(sp->attn_softcap >= 0) || !(sp->final_softcap >= 0) ||
+        ((sp->n_swa || sp->swa_pattern || sp->attn_softcap || sp->final_softcap) && !is_gemma(sp->arch)))
+        return ks_fail(KS_ERR_INVALID_ARG, "synth: sliding windows and soft-capping are gemma2 / gemma3 features "
+                                           "(and must not be negative)");
     bool moe_arch = !strcmp(sp->arch, "qwen3moe");
     if (moe_arch && sp->n_expert <= 0)
         return ks_fail(KS_ERR_INVALID_ARG, "synth: qwen3moe needs n_expert > 0");

@@ -250,6 +250,15 @@ ks_status quant_matmul_experts(threads_pool *pool, const struct quant_moe_mm *p,
 void quant_swiglu(float *gate, const float *up, int64_t n);
 void quant_swiglu_scalar(float *gate, const float *up, int64_t n);
 
+/* GeGLU (Gemma): gate[i] = gelu_tanh(gate[i]) * up[i] for i < n, with ggml's
+ * CPU arithmetic: the input rounded to f16 and looked up in a table of
+ * f16(gelu(h)) over every f16 h (0 at or below -10, the input itself at or
+ * above 10). The SIMD path and the scalar twin give the same bits. */
+void quant_geglu(float *gate, const float *up, int64_t n);
+void quant_geglu_scalar(float *gate, const float *up, int64_t n);
+/* The table's entry for f16 bits h (tests compare it with ggml's). */
+quant_f16 quant_gelu_table_entry(quant_f16 h);
+
 /* Copy row r of W (wtype, cols wide) into y as f32: embedding lookup. */
 ks_status quant_get_row(const void *W, enum quant_type wtype, int64_t cols, int64_t r, float *y);
 /* The same for a repacked W of rows x cols (tied embeddings, which are the

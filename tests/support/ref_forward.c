@@ -12,6 +12,7 @@ struct ref_mat {
     float *w;                 /* (rows, cols) */
     int rows, cols;
     enum quant_type type;     /* the file's type, for activation rounding */
+    const void *raw;          /* the file's bytes (REF_GGML_Q8_0), NULL for expert views */
 };
 
 struct ref_layer {
@@ -31,6 +32,8 @@ struct ref_layer {
     struct ref_mat *e1;       /* (n_expert) gate (ff_exp, dim), views of one buffer */
     struct ref_mat *e3;       /* (n_expert) up (ff_exp, dim) */
     struct ref_mat *e2;       /* (n_expert) down (dim, ff_exp) */
+    float *post_attn_norm;    /* gemma (dim) or NULL */
+    float *post_ffn_norm;     /* gemma (dim) or NULL */
 };
 
 struct ref_model {
@@ -38,6 +41,7 @@ struct ref_model {
     struct model_hparams hp;
     bool quantize_acts;
     bool llamacpp;            /* REF_LLAMACPP_FA: ggml-cpu arithmetic throughout */
+    bool ggml_q8_0;           /* REF_GGML_Q8_0 */
     float *rope_ff;           /* (n_rot / 2) rope_freqs.weight (phi3: rope_factors_long/short), or NULL */
     bool one_token_batch;     /* llama.cpp ran this token alone: no tinyBLAS */
     float *tok_embd;          /* (vocab, dim) */
@@ -45,6 +49,7 @@ struct ref_model {
     float *output_norm;       /* (dim) */
     struct ref_layer *layers; /* (n_layer) */
     float *inv_freq;          /* (n_rot / 2) angle per position of each rotated pair */
+    float *inv_freq_swa;      /* (n_rot / 2) the same for sliding-window layers */
     int max_seqs, max_ctx;
     float *key_cache;         /* (seq, layer, ctx, n_kv * hd) */
     float *value_cache;       /* (seq, layer, ctx, n_kv * hd) */
@@ -78,6 +83,7 @@ static ks_status load_mat(const struct gguf_file *f, const char *name, int rows,
 {
     m->rows = rows, m->cols = cols;
     m->w = dequant(f, name, (int64_t)rows * cols, &m->type);
+    m->raw = gguf_find_tensor(f, name) ? gguf_find_tensor(f, name)->data : NULL;
     return m->w ? KS_OK : ks_fail(KS_ERR_FORMAT, "ref: tensor %s missing or wrong size", name);
 }
 
@@ -91,7 +97,7 @@ static ks_status load_experts(const struct gguf_file *f, const char *name, int n
         return st;
     *out = calloc((size_t)n, sizeof **out);
     for (int e = 0; e < n; e++)
-        (*out)[e] = (struct ref_mat){all.w + (size_t)e * rows * cols, rows, cols, all.type};
+        (*out)[e] = (struct ref_mat){all.w + (size_t)e * rows * cols, rows, cols, all.type, NULL};
     return KS_OK;
 }
 
@@ -133,6 +139,9 @@ static void rope_freqs(struct ref_model *r, const struct gguf_tensor_info *ff)
             }
         }
         r->inv_freq[i] = (float)freq;
+        /* gemma3's window layers: their own base, no scaling; gemma2's: as the others */
+        r->inv_freq_swa[i] = hp->arch == MODEL_ARCH_GEMMA3 ? (float)pow(hp->rope_freq_base_swa, -2.0 * i / hp->n_rot)
+                                                          : r->inv_freq[i];
     }
 }
 
@@ -147,7 +156,7 @@ static ks_status load_split(const struct gguf_file *f, const char *name, int col
     ks_status st = load_mat(f, name, total, cols, &all);
     for (int i = 0, first = 0; !st && i < n; first += rows[i], i++) {
         size_t bytes = sizeof(float) * (size_t)rows[i] * (size_t)cols;
-        *outs[i] = (struct ref_mat){malloc(bytes), rows[i], cols, all.type};
+        *outs[i] = (struct ref_mat){malloc(bytes), rows[i], cols, all.type, NULL}; /* a copy: no raw view */
         memcpy(outs[i]->w, all.w + (size_t)first * cols, bytes);
     }
     free(all.w);
@@ -202,6 +211,12 @@ static ks_status load_layer(struct ref_model *r, const struct gguf_file *f, int 
     if (hp->has_qk_norm &&
         ((st = load_vec(f, n[12], hd, true, &L->q_norm)) || (st = load_vec(f, kn, hd, true, &L->k_norm))))
         return st;
+    char pa[96], pf[96];
+    snprintf(pa, sizeof pa, "blk.%d.post_attention_norm.weight", l);
+    snprintf(pf, sizeof pf, "blk.%d.post_ffw_norm.weight", l);
+    if (hp->has_post_norms &&
+        ((st = load_vec(f, pa, dim, true, &L->post_attn_norm)) || (st = load_vec(f, pf, dim, true, &L->post_ffn_norm))))
+        return st;
     return KS_OK;
 }
 
@@ -221,6 +236,7 @@ ks_status ref_model_create(const struct model *m, int max_seqs, int max_ctx, uns
     r->hp = *model_hparams(m);
     r->quantize_acts = flags & REF_QUANTIZE_ACTS;
     r->llamacpp = flags & REF_LLAMACPP_FA;
+    r->ggml_q8_0 = flags & REF_GGML_Q8_0;
     const struct model_hparams *hp = &r->hp;
     int dim = hp->n_embd, hd = hp->head_dim_k, qd = hp->n_head * hd, kvd = hp->n_head_kv * hd;
     ks_status st = KS_OK;
@@ -239,6 +255,7 @@ ks_status ref_model_create(const struct model *m, int max_seqs, int max_ctx, uns
     for (int l = 0; l < hp->n_layer && !st; l++)
         st = load_layer(r, f, l);
     r->inv_freq = calloc((size_t)hp->n_rot / 2 + 1, sizeof(float));
+    r->inv_freq_swa = calloc((size_t)hp->n_rot / 2 + 1, sizeof(float));
     const struct gguf_tensor_info *ff = factors_tensor(m, f);
     rope_freqs(r, ff);
     if (ff && ff->type == QUANT_F32 && ff->ne[0] == hp->n_rot / 2)
@@ -281,13 +298,14 @@ void ref_model_free(struct ref_model *r)
     for (int l = 0; r->layers && l < r->hp.n_layer; l++) {
         struct ref_layer *L = &r->layers[l];
         free(L->attn_norm), free(L->ffn_norm), free(L->bq), free(L->bk), free(L->bv), free(L->q_norm), free(L->k_norm);
+        free(L->post_attn_norm), free(L->post_ffn_norm);
         free_mat(&L->wq), free_mat(&L->wk), free_mat(&L->wv), free_mat(&L->wo);
         free_mat(&L->w1), free_mat(&L->w2), free_mat(&L->w3), free_mat(&L->router);
         if (L->e1)
             free(L->e1[0].w), free(L->e2[0].w), free(L->e3[0].w);
         free(L->e1), free(L->e2), free(L->e3);
     }
-    free(r->layers), free(r->tok_embd), free_mat(&r->output), free(r->output_norm), free(r->inv_freq);
+    free(r->layers), free(r->tok_embd), free_mat(&r->output), free(r->output_norm), free(r->inv_freq), free(r->inv_freq_swa);
     free(r->key_cache), free(r->value_cache), free(r->seq_len);
     free(r->x), free(r->xb), free(r->xb2), free(r->q), free(r->k), free(r->v), free(r->att);
     free(r->hb), free(r->hb2), free(r->scores), free(r->tmp), free(r->probs), free(r->moe_out);
@@ -332,9 +350,51 @@ static void round_activations(const struct ref_model *r, enum quant_type wtype, 
 
 static float dot_ggml(const float *w, const float *x, int n, bool one_token_batch);
 
+/* ggml's x86 quantize_row_q8_0 (REF_GGML_Q8_0) */
+void ref_q8_0_quantize_ggml(const float *x, block_q8_0 *y, int n)
+{
+    for (int b = 0; b < n / QK8_0; b++, x += QK8_0) {
+        float amax = 0.0f;
+        for (int j = 0; j < QK8_0; j++)
+            amax = fmaxf(amax, fabsf(x[j]));
+        float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        y[b].d = quant_f32_to_f16(amax / 127.0f);
+        for (int j = 0; j < QK8_0; j++)
+            y[b].qs[j] = (int8_t)rintf(x[j] * id);
+    }
+}
+
+/* ggml's x86 Q8_0 x Q8_0 dot (REF_GGML_Q8_0): 8 lanes, then hsum */
+float ref_q8_0_dot_ggml(const block_q8_0 *w, const block_q8_0 *x, int nb)
+{
+    float lane[8] = {0};
+    for (int b = 0; b < nb; b++) {
+        float d = quant_f16_to_f32(w[b].d) * quant_f16_to_f32(x[b].d);
+        for (int l = 0; l < 8; l++) {
+            int sum = 0;
+            for (int k = 4 * l; k < 4 * l + 4; k++)
+                sum += w[b].qs[k] * x[b].qs[k];
+            lane[l] = fmaf(d, (float)sum, lane[l]);
+        }
+    }
+    float half[4];
+    for (int i = 0; i < 4; i++)
+        half[i] = lane[4 + i] + lane[i];
+    return (half[0] + half[2]) + (half[1] + half[3]);
+}
+
 /* o = W x, W (rows, cols) */
 static void matmul(const struct ref_model *r, float *o, const float *x, const struct ref_mat *W, float *tmp)
 {
+    if (r->ggml_q8_0 && W->type == QUANT_Q8_0 && W->raw) {
+        int nb = W->cols / QK8_0;
+        block_q8_0 *xq = malloc(sizeof(block_q8_0) * (size_t)nb);
+        ref_q8_0_quantize_ggml(x, xq, W->cols);
+        for (int i = 0; i < W->rows; i++)
+            o[i] = ref_q8_0_dot_ggml((const block_q8_0 *)W->raw + (size_t)i * nb, xq, nb);
+        free(xq);
+        return;
+    }
     round_activations(r, W->type, x, tmp, W->cols);
     for (int i = 0; i < W->rows && r->llamacpp; i++)
         o[i] = dot_ggml(W->w + (size_t)i * W->cols, tmp, W->cols, r->one_token_batch);
@@ -346,12 +406,12 @@ static void matmul(const struct ref_model *r, float *o, const float *x, const st
     }
 }
 
-static void rope(float *head, const struct ref_model *r, int pos)
+static void rope(float *head, const struct ref_model *r, const float *inv_freq, int pos)
 {
     const struct model_hparams *hp = &r->hp;
     int half = hp->n_rot / 2;
     for (int i = 0; i < half; i++) {
-        float theta = (float)pos * r->inv_freq[i];
+        float theta = (float)pos * inv_freq[i];
         float c = cosf(theta) * hp->rope_attn_factor, s = sinf(theta) * hp->rope_attn_factor;
         int a = hp->rope_type == MODEL_ROPE_NEOX ? i : 2 * i;
         int b = hp->rope_type == MODEL_ROPE_NEOX ? i + half : 2 * i + 1;
@@ -375,22 +435,32 @@ static void softmax(float *x, int n)
         x[i] = (float)(x[i] / sum);
 }
 
-/* out = softmax(q . K^T / sqrt(hd)) V over positions 0..pos; K and V rows
- * are stride floats apart. */
+/* How a layer's attention scores: score = scale * (q . k), soft-capped to
+ * softcap * tanh(score / softcap) when softcap > 0, over the keys at
+ * positions first..pos. */
+struct ref_attn {
+    float scale, softcap;
+    int first;
+};
+
+/* out = softmax(scores) V; K and V rows are stride floats apart. */
 static void attention(float *out, const float *q, const float *k, const float *v, int stride, int pos, int hd,
-                      float *scores)
+                      float *scores, const struct ref_attn *a)
 {
-    for (int t = 0; t <= pos; t++) {
+    int n = pos + 1 - a->first;
+    for (int t = 0; t < n; t++) {
         double s = 0;
         for (int i = 0; i < hd; i++)
-            s += (double)q[i] * k[(size_t)t * stride + i];
-        scores[t] = (float)(s / sqrt((double)hd));
+            s += (double)q[i] * k[(size_t)(a->first + t) * stride + i];
+        scores[t] = (float)(s * a->scale);
+        if (a->softcap > 0)
+            scores[t] = a->softcap * tanhf(scores[t] / a->softcap);
     }
-    softmax(scores, pos + 1);
+    softmax(scores, n);
     for (int i = 0; i < hd; i++) {
         double acc = 0;
-        for (int t = 0; t <= pos; t++)
-            acc += (double)scores[t] * v[(size_t)t * stride + i];
+        for (int t = 0; t < n; t++)
+            acc += (double)scores[t] * v[(size_t)(a->first + t) * stride + i];
         out[i] = (float)acc;
     }
 }
@@ -568,9 +638,12 @@ static void norm(const struct ref_model *r, float *o, const float *x, const floa
     (r->llamacpp ? rmsnorm_ggml : rmsnorm_plain)(o, x, w, n, r->hp.rms_eps);
 }
 
-static void rotate(const struct ref_model *r, float *head, int pos)
+static void rotate(const struct ref_model *r, float *head, const float *inv_freq, int pos)
 {
-    (r->llamacpp ? rope_ggml : rope)(head, r, pos);
+    if (r->llamacpp)
+        rope_ggml(head, r, pos);
+    else
+        rope(head, r, inv_freq, pos);
 }
 
 static void swiglu(const struct ref_model *r, float *gate, const float *up, int n)
@@ -583,13 +656,36 @@ static void swiglu(const struct ref_model *r, float *gate, const float *up, int 
         gate[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
 }
 
-/* SwiGLU FFN: out = down(silu(gate(x)) * up(x)) */
+/* GeGLU as ggml's CPU backend computes it: gelu_tanh of the gate rounded to
+ * f16, the result rounded to f16 (its lookup table), times up; 0 at or below
+ * -10, the gate itself at or above 10. */
+static void geglu(float *gate, const float *up, int n)
+{
+    for (int i = 0; i < n; i++) {
+        float x = gate[i];
+        if (x <= -10.0f) {
+            gate[i] = 0.0f;
+        } else if (x >= 10.0f) {
+            gate[i] = x * up[i];
+        } else {
+            float h = f16_round(x);
+            float inner = fmaf(0.044715f * h, h, 1.0f);
+            float g = (0.5f * h) * (1.0f + tanhf((0.79788456080286535587989211986876f * h) * inner));
+            gate[i] = f16_round(g) * up[i];
+        }
+    }
+}
+
+/* Gated FFN: out = down(act(gate(x)) * up(x)), act silu (SwiGLU) or gelu (GeGLU) */
 static void ffn(struct ref_model *r, float *out, const float *x, const struct ref_mat *w1, const struct ref_mat *w3,
                 const struct ref_mat *w2)
 {
     matmul(r, r->hb, x, w1, r->tmp);
     matmul(r, r->hb2, x, w3, r->tmp);
-    swiglu(r, r->hb, r->hb2, w1->rows);
+    if (r->hp.ffn_act == MODEL_FFN_GEGLU)
+        geglu(r->hb, r->hb2, w1->rows);
+    else
+        swiglu(r, r->hb, r->hb2, w1->rows);
     matmul(r, out, r->hb, w2, r->tmp);
 }
 
@@ -639,11 +735,20 @@ ks_status ref_forward(struct ref_model *r, int seq, int32_t token, int32_t pos, 
         token >= hp->n_vocab)
         return ks_fail(KS_ERR_INVALID_ARG, "ref_forward: bad seq %d / pos %d / token %d", seq, pos, token);
     memcpy(r->x, r->tok_embd + (size_t)token * dim, sizeof(float) * (size_t)dim);
+    for (int i = 0; hp->embd_scale > 0 && i < dim; i++) /* gemma */
+        r->x[i] *= hp->embd_scale;
 
     for (int l = 0; l < hp->n_layer; l++) {
         const struct ref_layer *L = &r->layers[l];
         size_t off = (((size_t)seq * hp->n_layer + l) * r->max_ctx) * kvd;
         float *kc = r->key_cache + off, *vc = r->value_cache + off;
+        bool swa = model_layer_is_swa(hp, l);
+        const float *inv_freq = swa ? r->inv_freq_swa : r->inv_freq;
+        struct ref_attn a = {
+            .scale = hp->attn_q_scale > 0 ? hp->attn_q_scale : 1.0f / sqrtf((float)hd),
+            .softcap = hp->attn_softcap,
+            .first = swa && pos >= hp->n_swa ? pos - hp->n_swa + 1 : 0,
+        };
 
         /* attention rmsnorm */
         norm(r, r->xb, r->x, L->attn_norm, dim);
@@ -659,12 +764,12 @@ ks_status ref_forward(struct ref_model *r, int seq, int32_t token, int32_t pos, 
         for (int h = 0; h < hp->n_head; h++) {
             if (L->q_norm)
                 norm(r, r->q + h * hd, r->q + h * hd, L->q_norm, hd);
-            rotate(r, r->q + h * hd, pos);
+            rotate(r, r->q + h * hd, inv_freq, pos);
         }
         for (int h = 0; h < hp->n_head_kv; h++) {
             if (L->k_norm)
                 norm(r, r->k + h * hd, r->k + h * hd, L->k_norm, hd);
-            rotate(r, r->k + h * hd, pos);
+            rotate(r, r->k + h * hd, inv_freq, pos);
         }
         /* cache k, v at pos */
         memcpy(kc + (size_t)pos * kvd, r->k, sizeof(float) * (size_t)kvd);
@@ -675,10 +780,12 @@ ks_status ref_forward(struct ref_model *r, int seq, int32_t token, int32_t pos, 
             if (r->llamacpp)
                 attention_ggml(r->att + h * hd, r->q + h * hd, kh, vh, kvd, pos, hd);
             else
-                attention(r->att + h * hd, r->q + h * hd, kh, vh, kvd, pos, hd, r->scores);
+                attention(r->att + h * hd, r->q + h * hd, kh, vh, kvd, pos, hd, r->scores, &a);
         }
-        /* output projection, residual */
+        /* output projection, gemma's post-attention rmsnorm, residual */
         matmul(r, r->xb2, r->att, &L->wo, r->tmp);
+        if (L->post_attn_norm)
+            norm(r, r->xb2, r->xb2, L->post_attn_norm, dim);
         for (int i = 0; i < dim; i++)
             r->x[i] += r->xb2[i];
         /* ffn rmsnorm, SwiGLU (or the mixture of experts), residual */
@@ -689,6 +796,8 @@ ks_status ref_forward(struct ref_model *r, int seq, int32_t token, int32_t pos, 
                 r->x[i] += r->moe_out[i];
         } else {
             ffn(r, r->xb2, r->xb, &L->w1, &L->w3, &L->w2);
+            if (L->post_ffn_norm)
+                norm(r, r->xb2, r->xb2, L->post_ffn_norm, dim);
             for (int i = 0; i < dim; i++)
                 r->x[i] += r->xb2[i];
         }
@@ -697,5 +806,7 @@ ks_status ref_forward(struct ref_model *r, int seq, int32_t token, int32_t pos, 
     /* final rmsnorm, classifier */
     norm(r, r->xb, r->x, r->output_norm, dim);
     matmul(r, logits, r->xb, &r->output, r->tmp);
+    for (int i = 0; hp->final_softcap > 0 && i < hp->n_vocab; i++) /* gemma2 */
+        logits[i] = hp->final_softcap * tanhf(logits[i] / hp->final_softcap);
     return KS_OK;
 }

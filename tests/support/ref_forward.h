@@ -1,7 +1,8 @@
 /* A deliberately naive f32 forward pass (llama2.c style) for llama, qwen2,
  * qwen3, phi3 (its fused matrices split into copies, LongRoPE's factor set
- * as the model chose it) and the mixture-of-experts forms (qwen3moe, llama
- * with experts): every weight dequantized to f32 with the scalar reference to_float,
+ * as the model chose it), their mixture-of-experts forms (qwen3moe, llama with
+ * experts), gemma2 and gemma3 (sliding windows, soft-capping, GeGLU with ggml's
+ * f16 rounding): every weight dequantized to f32 with the scalar reference to_float,
  * a contiguous f32 KV cache per sequence, plain loops, one token at a time.
  * The optimized model_forward() is checked against it.
  *
@@ -15,6 +16,7 @@
 #include <stdint.h>
 
 #include "model/model.h"
+#include "quant/quant.h"
 
 struct ref_model;
 
@@ -30,6 +32,16 @@ enum ref_flags {
      * flash attention, which casts an F32 cache to F16, rounds Q to F16 and
      * keeps the V accumulator in F16. ../shared/ref was made that way. */
     REF_LLAMACPP_FA = 2,
+    /* Q8_0 weights multiplied as ggml-cpu does on x86 (AVX2 / AVX-512 builds,
+     * vec_dot and llamafile's tinyBLAS alike): activations quantized by its
+     * x86 quantize_row_q8_0 (id = 127 / amax, rounding half to even), and per
+     * 32-block the products summed in 8 integer lanes of 4 bytes, each lane
+     * FMA'd with d = d_w * d_x into a float lane, the 8 lanes added at the end
+     * (high 128 bits + low, movehl, movehdup). Gemma's GeGLU rounds its input
+     * to f16, so a last-bit difference in the gate can move the output by an
+     * f16 step; in this order the reference gives llama.cpp's gemma3 logits
+     * bit for bit. */
+    REF_GGML_Q8_0 = 4,
 };
 
 /* max_seqs sequence slots of max_ctx tokens each; flags from enum ref_flags. */
@@ -48,5 +60,11 @@ void ref_set_batch_size(struct ref_model *r, int n_tokens);
 
 /* Reset slot seq to empty. */
 void ref_seq_clear(struct ref_model *r, int seq);
+
+/* REF_GGML_Q8_0's two steps, for checking them against ggml itself: x (n, a
+ * multiple of 32) into n / 32 blocks as ggml's x86 quantize_row_q8_0 does,
+ * and the dot of nb weight blocks with such blocks in ggml's x86 order. */
+void ref_q8_0_quantize_ggml(const float *x, block_q8_0 *y, int n);
+float ref_q8_0_dot_ggml(const block_q8_0 *w, const block_q8_0 *x, int nb);
 
 #endif
