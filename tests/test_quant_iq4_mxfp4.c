@@ -5,9 +5,13 @@
  *    quantizers against ggml_quantize_chunk (no importance matrix): the same
  *    bytes;
  *  - quantize round-trip error on N(0,1) rows below a per-type bound;
- *  - every SIMD vec_dot against its scalar twin within the bound test_quant
- *    uses ((n/32 + 2) * 2^-23 * sum |x_i y_i|), and the multi-token kernels
- *    bit-identical to their ISA's vec_dot for every token of a batch;
+ *  - every SIMD vec_dot against its scalar twin: bit-identical for IQ4_NL
+ *    and MXFP4 (the same fma chain), within the bound test_quant uses
+ *    ((n/32 + 2) * 2^-23 * sum |x_i y_i|) for IQ4_XS; the multi-token
+ *    kernels bit-identical to their ISA's vec_dot for every token of a
+ *    batch (up to 37 tokens: the 8- and 16-token passes and the rest);
+ *  - against llama.cpp's AVX2 CPU backend (libggml-cpu-haswell.so): the
+ *    activation quantizers byte for byte and the IQ4_XS vec_dot bit for bit;
  *  - quant_matmul (decode and prefill paths) bit-identical to the traits
  *    vec_dot per row and token, and quant_get_row to to_float. */
 #include <dlfcn.h>
@@ -100,7 +104,7 @@ static bool ggml_load(void)
     const char *shared = getenv("KVSERVE_SHARED");
     char path[1024];
     snprintf(path, sizeof path, "%s/anchor/bin/libggml-base.so.0", shared ? shared : "../shared");
-    void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    void *lib = dlopen(path, RTLD_NOW | RTLD_GLOBAL); /* the CPU backend below links against it */
     if (!lib)
         return false;
     *(void **)&g_ggml.get_traits = dlsym(lib, "ggml_get_type_traits");
@@ -280,7 +284,7 @@ static void test_simd_vs_scalar(void **state)
     (void)state;
     if (!g_isas[0].isa)
         KS_SKIP("no SIMD kernels in this build");
-    enum { NMAX = 4096, TOK = 13 };
+    enum { NMAX = 4096, TOK = 37 };
     static const int sizes[] = {256, 512, 768, 2048, 4096, 32, 96, 224, 480};
     float *xf = malloc(sizeof(float) * NMAX), *yf = malloc(sizeof(float) * NMAX * TOK);
     float *xd = malloc(sizeof(float) * NMAX), *yd = malloc(sizeof(float) * NMAX);
@@ -312,6 +316,9 @@ static void test_simd_vs_scalar(void **state)
                     for (const struct dot_kernels *d = g_isas; d->isa; d++) {
                         float got;
                         d->dot[ti](n, &got, xq, yq + k * yrow);
+                        if (t != QUANT_IQ4_XS && memcmp(&got, &want, sizeof got)) /* the same fma chain */
+                            fail_msg("%s %s n=%d token %d: got %.9g, scalar %.9g (must be equal)", tr->name, d->isa, n,
+                                     k, (double)got, (double)want);
                         if (!(fabs((double)got - want) <= tol))
                             fail_msg("%s %s n=%d token %d: got %.9g want %.9g (tol %.3g)", tr->name, d->isa, n, k,
                                      (double)got, (double)want, tol);
@@ -339,6 +346,79 @@ static void test_simd_vs_scalar(void **state)
         }
     }
     free(xf), free(yf), free(xd), free(yd), free(xq), free(yq);
+}
+
+/* ggml-cpu.h's struct ggml_type_traits_cpu. */
+struct ggml_cpu_traits {
+    void (*from_float)(const float *x, void *y, int64_t k);
+    void (*vec_dot)(int n, float *s, size_t bs, const void *x, size_t bx, const void *y, size_t by, int nrc);
+    int vec_dot_type;
+    int64_t nrows;
+};
+
+/* llama.cpp's AVX2 CPU backend (libggml-cpu-haswell.so): the kernels it runs
+ * on an AVX2 machine, and on AVX-512 ones for IQ4_XS, which has no wider
+ * path. Our activation quantizers give its bytes, and our SIMD IQ4_XS
+ * vec_dots its bits. (Its IQ4_NL and MXFP4 vec_dots are not what llama.cpp
+ * runs on these weights: it repacks them, see iq4_mxfp4.h.) */
+static void test_against_ggml_cpu(void **state)
+{
+    (void)state;
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") || !__builtin_cpu_supports("f16c"))
+        KS_SKIP("the CPU has no AVX2/FMA/F16C for libggml-cpu-haswell.so");
+    if (!ggml_load())
+        KS_SKIP("libggml-base.so.0 not found under $KVSERVE_SHARED/anchor/bin");
+    const char *shared = getenv("KVSERVE_SHARED");
+    char path[1024];
+    snprintf(path, sizeof path, "%s/anchor/bin/libggml-cpu-haswell.so", shared ? shared : "../shared");
+    void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!lib)
+        KS_SKIP("%s cannot be loaded: %s", path, dlerror());
+    void (*cpu_init)(void);
+    const struct ggml_cpu_traits *(*cpu_traits)(int type);
+    *(void **)&cpu_init = dlsym(lib, "ggml_cpu_init");
+    *(void **)&cpu_traits = dlsym(lib, "ggml_get_type_traits_cpu");
+    assert_true(cpu_init && cpu_traits);
+    cpu_init(); /* its f16 tables */
+    enum { N = 2048 };
+    float *x = malloc(sizeof(float) * N), *y = malloc(sizeof(float) * N);
+    uint8_t *wq = malloc(N), *ya = malloc(2 * N), *yb = malloc(2 * N);
+    assert_true(x && y && wq && ya && yb);
+    for (int ti = 0; ti < N_TYPES; ti++) {
+        enum quant_type t = g_types[ti];
+        const struct quant_traits *tr = quant_traits(t);
+        const struct ggml_cpu_traits *g = cpu_traits((int)t), *gy = cpu_traits(g->vec_dot_type);
+        assert_int_equal(g->vec_dot_type, tr->vec_dot_type);
+        quant_from_float_fn act = quant_iq4_act_quantizer(t);
+        act = act ? act : quant_traits(tr->vec_dot_type)->from_float;
+        size_t yrow = quant_row_size(tr->vec_dot_type, N);
+        for (int rep = 0; rep < 50; rep++) {
+            fill_normal(x, N, 1.0f);
+            fill_normal(y, N, rep % 2 ? 1.0f : 30.0f);
+            if (rep % 5 == 0) /* activations in exact binary ratios: rounding ties */
+                for (int i = 0; i < N; i++)
+                    y[i] = (float)((int)(y[i] * 4)) * 0.125f;
+            tr->from_float(x, wq, N);
+            gy->from_float(y, ya, N);
+            act(y, yb, N);
+            if (memcmp(ya, yb, yrow))
+                fail_msg("%s rep %d: our activations differ from ggml-cpu's %s from_float", tr->name, rep,
+                         quant_type_name(tr->vec_dot_type));
+            if (t != QUANT_IQ4_XS)
+                continue;
+            float want;
+            g->vec_dot(N, &want, 0, wq, 0, ya, 0, 1);
+            for (const struct dot_kernels *d = g_isas; d->isa; d++) {
+                float got;
+                d->dot[ti](N, &got, wq, ya);
+                if (memcmp(&got, &want, sizeof got))
+                    fail_msg("%s %s rep %d: %.9g, ggml-cpu's AVX2 vec_dot %.9g", tr->name, d->isa, rep, (double)got,
+                             (double)want);
+            }
+        }
+    }
+    free(x), free(y), free(wq), free(ya), free(yb);
+    dlclose(lib);
 }
 
 /* ---- matmul and get_row ------------------------------------------------------- */
@@ -370,7 +450,8 @@ static void test_matmul(void **state)
             assert_non_null(work);
             assert_int_equal(quant_matmul(pool, W, t, rows, cols, X, nt, Y, work, ws), KS_OK);
             for (int64_t k = 0; k < nt; k++) {
-                dt->from_float(X + k * cols, xq, cols);
+                quant_from_float_fn act = quant_iq4_act_quantizer(t);
+                (act ? act : dt->from_float)(X + k * cols, xq, cols);
                 for (int64_t r = 0; r < rows; r++) {
                     float want;
                     tr->vec_dot((int)cols, &want, W + r * wrow, xq);
@@ -393,7 +474,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_layouts),     cmocka_unit_test(test_against_ggml), cmocka_unit_test(test_round_trip),
-        cmocka_unit_test(test_simd_vs_scalar), cmocka_unit_test(test_matmul),
+        cmocka_unit_test(test_simd_vs_scalar), cmocka_unit_test(test_against_ggml_cpu), cmocka_unit_test(test_matmul),
     };
     return ks_run_tests(tests, NULL, NULL);
 }

@@ -10,11 +10,20 @@
  * entries, as kquants.h does for the k-quants.
  *
  * The scalar references (iq4_mxfp4_scalar.c) dequantize bit for bit as ggml
- * does and take their float operations in the order of ggml's generic
- * vec_dots. The SIMD kernels keep every integer sum exact and differ from
- * them only in the order of float additions (tests/test_quant_iq4_mxfp4.c
- * holds the bound). Each SIMD vec_dot is its multi-token kernel at nt = 1,
- * so a token gets the same bits in a batch as alone. */
+ * does. Every integer sum is exact; the float operations follow what
+ * llama.cpp's CPU backend runs on x86, so that logits agree to the last bits
+ * where they can and a near tie upstream goes the same way:
+ *  - IQ4_NL and MXFP4 matrices are repacked by llama.cpp (iq4_nl_8x8,
+ *    mxfp4_8x8; rows a multiple of 8) and each output is one chain over the
+ *    blocks, acc = fma((float)isum, d_w * d_y, acc). The scalar references
+ *    and every SIMD kernel compute exactly that: the same bits in every ISA.
+ *  - IQ4_XS runs ggml's AVX2 vec_dot: per super-block the 6-bit scales are
+ *    applied in int32 over 8 lanes, one fma per super-block into 8 float
+ *    lanes, a horizontal sum at the end. The SIMD kernels do that; the
+ *    scalar reference keeps ggml's generic order (a float step per block of
+ *    32), within the bound tests/test_quant_iq4_mxfp4.c holds.
+ * Each SIMD vec_dot is its multi-token kernel at nt = 1 with the same
+ * operations, so a token gets the same bits in a batch as alone. */
 #ifndef KS_QUANT_IQ4_MXFP4_H
 #define KS_QUANT_IQ4_MXFP4_H
 
@@ -32,6 +41,22 @@ void quant_iq4_fill(struct quant_traits *best, struct quant_traits *scalar);
  * contract of quant_kq_dot_multi_fn, on this type's vec_dot_type rows), or
  * NULL for any other type or a build without SIMD. */
 quant_kq_dot_multi_fn quant_iq4_dot_multi(enum quant_type t);
+
+/* The activation quantizer of IQ4_NL and MXFP4 matmuls, or NULL for other
+ * weight types (they quantize to their vec_dot_type's from_float). It is
+ * ggml-cpu's x86 quantize_row_q8_0 (and the q8_0 packing of its repacked
+ * iq4_nl_8x8 / mxfp4_8x8 kernels), which llama.cpp runs on activations,
+ * not ggml's reference: d = amax / 127 stored as f16, and x * (127 / amax)
+ * rounded to nearest even instead of x * (1 / d) rounded half away from
+ * zero. The two differ on ties, which MXFP4 weights make common: a token
+ * embedding of MXFP4 levels (small integers times a power of two) gives
+ * activations in exact binary ratios, and x * id lands on k + 0.5. With the
+ * reference rounding, tiny-mixtral mxfp4 (every matrix MXFP4) leaves
+ * llama.cpp's greedy ids at token 30 (logits 3e-2 off from the first
+ * generated token, an MXFP4 embedding); with this one it keeps all 32
+ * (tests/test_model_iq4_mxfp4.c). */
+quant_from_float_fn quant_iq4_act_quantizer(enum quant_type wtype);
+void quant_q8_0_from_float_cpu(const float *x, void *y, int64_t n);
 
 /* ggml's GGML_E8M0_TO_FP32_HALF: 2^(e - 128), exact (e = 0 and 1 give the
  * subnormals 2^-128 and 2^-127). */

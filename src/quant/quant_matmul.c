@@ -265,14 +265,23 @@ static struct quant_rp_job rp_job(const struct mm *m)
 
 /* ---- generic path --------------------------------------------------------- */
 
+/* The quantizer of wtype's activations: its vec_dot_type's from_float, but
+ * for IQ4_NL and MXFP4, whose activations are rounded as llama.cpp's CPU
+ * backend rounds them (iq4_mxfp4.h says why). */
+static quant_from_float_fn act_quantizer(const struct quant_traits *tr, enum quant_type wtype)
+{
+    quant_from_float_fn f = quant_iq4_act_quantizer(wtype);
+    return f ? f : quant_traits(tr->vec_dot_type)->from_float;
+}
+
 static void generic_quantize(void *vctx, int ith, int nth)
 {
     struct mm *m = vctx;
-    const struct quant_traits *dt = quant_traits(m->tr->vec_dot_type);
+    quant_from_float_fn quantize = act_quantizer(m->tr, m->wtype);
     int64_t lo, hi;
     threads_split(m->n_tokens, ith, nth, &lo, &hi);
     for (int64_t t = lo; t < hi; t++)
-        dt->from_float(m->X + t * m->cols, m->work + t * m->xrow, m->cols);
+        quantize(m->X + t * m->cols, m->work + t * m->xrow, m->cols);
 }
 
 /* Software prefetch of a whole row some way ahead: without it the
@@ -1009,7 +1018,7 @@ static void ex_pack_unit(struct ex_run *r, int64_t u)
             return;
 #endif
         default:
-            quant_traits(r->tr->vec_dot_type)->from_float(p->X + xr * cols, out, cols);
+            act_quantizer(r->tr, p->wtype)(p->X + xr * cols, out, cols);
             return;
         }
     }
@@ -1036,9 +1045,9 @@ static void ex_pack_unit(struct ex_run *r, int64_t u)
             break;
 #endif
         default: {
-            const struct quant_traits *dt = quant_traits(r->tr->vec_dot_type);
+            quant_from_float_fn quantize = act_quantizer(r->tr, p->wtype);
             for (int64_t t = 0; t < x->n; t++)
-                dt->from_float(p->X + ex_xrow(p, x, t) * cols, x->own + t * x->own_xrow, cols);
+                quantize(p->X + ex_xrow(p, x, t) * cols, x->own + t * x->own_xrow, cols);
             break;
         }
         }

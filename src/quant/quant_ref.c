@@ -475,6 +475,8 @@ void quant_vec_dot_q5_1_q8_1_ref(int n, float *s, const void *vx, const void *vy
     *s = sum;
 }
 
+/* One fused multiply-add per block, in block order: what llama.cpp's
+ * repacked iq4_nl_8x8 kernels compute per row (iq4_mxfp4.h). */
 void quant_vec_dot_iq4_nl_q8_0_ref(int n, float *s, const void *vx, const void *vy)
 {
     const block_iq4_nl *x = vx;
@@ -486,7 +488,7 @@ void quant_vec_dot_iq4_nl_q8_0_ref(int n, float *s, const void *vx, const void *
             sumi += quant_iq4nl_values[x[i].qs[j] & 0x0f] * y[i].qs[j];
             sumi += quant_iq4nl_values[x[i].qs[j] >> 4] * y[i].qs[j + QK4_NL / 2];
         }
-        sum += (float)sumi * (F16(x[i].d) * F16(y[i].d));
+        sum = fmaf((float)sumi, F16(x[i].d) * F16(y[i].d), sum);
     }
     *s = sum;
 }
