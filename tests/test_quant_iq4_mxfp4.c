@@ -389,8 +389,7 @@ static void test_against_ggml_cpu(void **state)
         const struct quant_traits *tr = quant_traits(t);
         const struct ggml_cpu_traits *g = cpu_traits((int)t), *gy = cpu_traits(g->vec_dot_type);
         assert_int_equal(g->vec_dot_type, tr->vec_dot_type);
-        quant_from_float_fn act = quant_iq4_act_quantizer(t);
-        act = act ? act : quant_traits(tr->vec_dot_type)->from_float;
+        quant_from_float_fn act = quant_act_quantizer(t);
         size_t yrow = quant_row_size(tr->vec_dot_type, N);
         for (int rep = 0; rep < 50; rep++) {
             fill_normal(x, N, 1.0f);
@@ -431,7 +430,7 @@ static void test_matmul(void **state)
     static const int64_t token_counts[] = {1, 3, 8, 20, 70};
     for (int ti = 0; ti < N_TYPES; ti++) {
         enum quant_type t = g_types[ti];
-        const struct quant_traits *tr = quant_traits(t), *dt = quant_traits(tr->vec_dot_type);
+        const struct quant_traits *tr = quant_traits(t);
         const int64_t rows = 67, cols = 512;
         size_t wrow = quant_row_size(t, cols), yrow = quant_row_size(tr->vec_dot_type, cols);
         float *wf = malloc(sizeof(float) * rows * cols), *X = malloc(sizeof(float) * 70 * cols);
@@ -450,8 +449,7 @@ static void test_matmul(void **state)
             assert_non_null(work);
             assert_int_equal(quant_matmul(pool, W, t, rows, cols, X, nt, Y, work, ws), KS_OK);
             for (int64_t k = 0; k < nt; k++) {
-                quant_from_float_fn act = quant_iq4_act_quantizer(t);
-                (act ? act : dt->from_float)(X + k * cols, xq, cols);
+                quant_act_quantizer(t)(X + k * cols, xq, cols);
                 for (int64_t r = 0; r < rows; r++) {
                     float want;
                     tr->vec_dot((int)cols, &want, W + r * wrow, xq);

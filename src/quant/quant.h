@@ -176,6 +176,11 @@ quant_bf16 quant_f32_to_bf16(float f);
  * quant_matmul_work_size(wtype, cols, n_tokens) bytes. The size never
  * decreases with n_tokens: a buffer sized for the largest batch fits all. */
 size_t quant_matmul_work_size(enum quant_type wtype, int64_t cols, int64_t n_tokens);
+/* The quantizer quant_matmul applies to wtype's activations (a row of its
+ * vec_dot_type): that type's from_float, but for IQ4_NL and MXFP4, whose Q8_0
+ * activations are rounded as llama.cpp's CPU backend rounds them
+ * (127 / amax, nearest even). NULL for float weights and unknown types. */
+quant_from_float_fn quant_act_quantizer(enum quant_type wtype);
 ks_status quant_matmul(threads_pool *pool, const void *W, enum quant_type wtype,
                        int64_t rows, int64_t cols, const float *X, int64_t n_tokens,
                        float *Y, void *work, size_t work_size);

@@ -265,11 +265,12 @@ static struct quant_rp_job rp_job(const struct mm *m)
 
 /* ---- generic path --------------------------------------------------------- */
 
-/* The quantizer of wtype's activations: its vec_dot_type's from_float, but
- * for IQ4_NL and MXFP4, whose activations are rounded as llama.cpp's CPU
- * backend rounds them (iq4_mxfp4.h says why). */
-static quant_from_float_fn act_quantizer(const struct quant_traits *tr, enum quant_type wtype)
+/* IQ4_NL and MXFP4 take ggml-cpu's activation rounding: iq4_mxfp4.h says why. */
+quant_from_float_fn quant_act_quantizer(enum quant_type wtype)
 {
+    const struct quant_traits *tr = quant_traits(wtype);
+    if (!tr || !tr->is_quantized)
+        return NULL;
     quant_from_float_fn f = quant_iq4_act_quantizer(wtype);
     return f ? f : quant_traits(tr->vec_dot_type)->from_float;
 }
@@ -277,7 +278,7 @@ static quant_from_float_fn act_quantizer(const struct quant_traits *tr, enum qua
 static void generic_quantize(void *vctx, int ith, int nth)
 {
     struct mm *m = vctx;
-    quant_from_float_fn quantize = act_quantizer(m->tr, m->wtype);
+    quant_from_float_fn quantize = quant_act_quantizer(m->wtype);
     int64_t lo, hi;
     threads_split(m->n_tokens, ith, nth, &lo, &hi);
     for (int64_t t = lo; t < hi; t++)
@@ -1018,7 +1019,7 @@ static void ex_pack_unit(struct ex_run *r, int64_t u)
             return;
 #endif
         default:
-            act_quantizer(r->tr, p->wtype)(p->X + xr * cols, out, cols);
+            quant_act_quantizer(p->wtype)(p->X + xr * cols, out, cols);
             return;
         }
     }
@@ -1045,7 +1046,7 @@ static void ex_pack_unit(struct ex_run *r, int64_t u)
             break;
 #endif
         default: {
-            quant_from_float_fn quantize = act_quantizer(r->tr, p->wtype);
+            quant_from_float_fn quantize = quant_act_quantizer(p->wtype);
             for (int64_t t = 0; t < x->n; t++)
                 quantize(p->X + ex_xrow(p, x, t) * cols, x->own + t * x->own_xrow, cols);
             break;
