@@ -51,10 +51,11 @@ quant_kq_dot_multi_fn quant_iq4_dot_multi(enum quant_type t);
  * zero. The two differ on ties, which MXFP4 weights make common: a token
  * embedding of MXFP4 levels (small integers times a power of two) gives
  * activations in exact binary ratios, and x * id lands on k + 0.5. With the
- * reference rounding, tiny-mixtral mxfp4 (every matrix MXFP4) leaves
- * llama.cpp's greedy ids at token 30 (logits 3e-2 off from the first
- * generated token, an MXFP4 embedding); with this one it keeps all 32
- * (tests/test_model_iq4_mxfp4.c). */
+ * reference rounding (and an earlier order of the float sums), tiny-mixtral
+ * mxfp4 (every matrix MXFP4) left llama.cpp's greedy ids at token 30, its
+ * logits 3e-2 off from the first generated token on (an MXFP4 embedding);
+ * with this rounding it kept them all, and with the fma chain below its
+ * logits are llama.cpp's bits (tests/test_model_iq4_mxfp4.c). */
 quant_from_float_fn quant_iq4_act_quantizer(enum quant_type wtype);
 void quant_q8_0_from_float_cpu(const float *x, void *y, int64_t n);
 

@@ -156,6 +156,7 @@ static int lut_dot32(const uint8_t *qs, const int8_t *lut, const int8_t *q8)
     return sumi1 + sumi2;
 }
 
+/* ggml's generic order: a float multiply and add per block of 32. */
 void quant_vec_dot_iq4_xs_q8_K_scalar(int n, float *s, const void *vx, const void *vy)
 {
     const block_iq4_xs *x = vx;
@@ -171,6 +172,8 @@ void quant_vec_dot_iq4_xs_q8_K_scalar(int n, float *s, const void *vx, const voi
     *s = sumf;
 }
 
+/* One fused multiply-add per block, in block order: what llama.cpp's
+ * repacked mxfp4_8x8 kernels compute per row (iq4_mxfp4.h). */
 void quant_vec_dot_mxfp4_q8_0_scalar(int n, float *s, const void *vx, const void *vy)
 {
     const block_mxfp4 *x = vx;
