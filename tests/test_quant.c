@@ -484,8 +484,9 @@ static void naive_matmul(enum quant_type wtype, const void *W, int64_t rows, int
     size_t wrow = quant_row_size(wtype, cols);
     for (int64_t r = 0; r < rows; r++)
         wt->to_float((const uint8_t *)W + r * wrow, w + r * cols, cols);
+    quant_from_float_fn quantize = quant_act_quantizer(wtype); /* as quant_matmul rounds them */
     for (int64_t t = 0; t < nt; t++) {
-        at->from_float(X + t * cols, xq, cols);
+        (quantize ? quantize : at->from_float)(X + t * cols, xq, cols);
         at->to_float(xq, x, cols);
         for (int64_t r = 0; r < rows; r++) {
             double s = 0, a = 0;

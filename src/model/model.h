@@ -209,7 +209,7 @@ ks_status model_synth_preset(const char *name, struct model_synth_spec *spec);
 const char *model_synth_preset_names(void);
 
 /* Write the model to out_path. type: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0,
- * q5_1, q4_k, q5_k, q6_k or q4_k_m (llama.cpp's Q4_K_M mix). A matrix whose row
+ * q5_1, q4_k, q5_k, q6_k, q4_k_m (llama.cpp's Q4_K_M mix), iq4_nl, iq4_xs or mxfp4. A matrix whose row
  * is not a multiple of the type's block falls back like llama-quantize does.
  * vocab_path: a GGUF whose tokenizer.* metadata is copied (NULL: a small
  * byte-fallback SentencePiece vocab of spec->n_vocab tokens). pool may be NULL. */

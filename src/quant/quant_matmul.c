@@ -14,7 +14,10 @@
  *    unpacked 32 at a time into panels for the register tiles of
  *    kq_gemm*.c (rows in lanes, a token's dword broadcast against them).
  *  - everything else: activations to the vec_dot_type, then traits vec_dot
- *    over row chunks x all tokens, so a chunk of weights stays in cache.
+ *    over row chunks x all tokens, so a chunk of weights stays in cache;
+ *    batches of k-quants below the tiles and of IQ4_NL, IQ4_XS and MXFP4
+ *    run a multi-token vec_dot that unpacks each weight block once for
+ *    several tokens (kquants.h, iq4_mxfp4.h).
  *  - repacked Q4_0/Q8_0 weights (quant_matmul_repacked): up to RP_GEMM_MAX
  *    tokens, the group kernels of quant_repack.c over row groups taken from
  *    a shared counter; more, the prefill tiles above, unpacking rows from
@@ -24,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "quant/iq4_mxfp4.h"
 #include "quant/kquants.h"
 #include "quant/quant_internal.h"
 
@@ -261,14 +265,24 @@ static struct quant_rp_job rp_job(const struct mm *m)
 
 /* ---- generic path --------------------------------------------------------- */
 
+/* IQ4_NL and MXFP4 take ggml-cpu's activation rounding: iq4_mxfp4.h says why. */
+quant_from_float_fn quant_act_quantizer(enum quant_type wtype)
+{
+    const struct quant_traits *tr = quant_traits(wtype);
+    if (!tr || !tr->is_quantized)
+        return NULL;
+    quant_from_float_fn f = quant_iq4_act_quantizer(wtype);
+    return f ? f : quant_traits(tr->vec_dot_type)->from_float;
+}
+
 static void generic_quantize(void *vctx, int ith, int nth)
 {
     struct mm *m = vctx;
-    const struct quant_traits *dt = quant_traits(m->tr->vec_dot_type);
+    quant_from_float_fn quantize = quant_act_quantizer(m->wtype);
     int64_t lo, hi;
     threads_split(m->n_tokens, ith, nth, &lo, &hi);
     for (int64_t t = lo; t < hi; t++)
-        dt->from_float(m->X + t * m->cols, m->work + t * m->xrow, m->cols);
+        quantize(m->X + t * m->cols, m->work + t * m->xrow, m->cols);
 }
 
 /* Software prefetch of a whole row some way ahead: without it the
@@ -292,7 +306,9 @@ static void prefetch_row(const struct mm *m, int64_t r)
  * tokens (it reads them at a fixed stride), or NULL. */
 static quant_kq_dot_multi_fn generic_multi(enum quant_type wtype, int64_t n_tokens)
 {
-    return is_kquant(wtype) && n_tokens > 1 ? quant_kquants_dot_multi(wtype) : NULL;
+    if (n_tokens <= 1)
+        return NULL;
+    return is_kquant(wtype) ? quant_kquants_dot_multi(wtype) : quant_iq4_dot_multi(wtype);
 }
 
 /* Row chunks [lo, hi) of MM_ROW_CHUNK rows, all tokens. */
@@ -1003,7 +1019,7 @@ static void ex_pack_unit(struct ex_run *r, int64_t u)
             return;
 #endif
         default:
-            quant_traits(r->tr->vec_dot_type)->from_float(p->X + xr * cols, out, cols);
+            quant_act_quantizer(p->wtype)(p->X + xr * cols, out, cols);
             return;
         }
     }
@@ -1030,9 +1046,9 @@ static void ex_pack_unit(struct ex_run *r, int64_t u)
             break;
 #endif
         default: {
-            const struct quant_traits *dt = quant_traits(r->tr->vec_dot_type);
+            quant_from_float_fn quantize = quant_act_quantizer(p->wtype);
             for (int64_t t = 0; t < x->n; t++)
-                dt->from_float(p->X + ex_xrow(p, x, t) * cols, x->own + t * x->own_xrow, cols);
+                quantize(p->X + ex_xrow(p, x, t) * cols, x->own + t * x->own_xrow, cols);
             break;
         }
         }
