@@ -1,5 +1,6 @@
 /* model: Llama-family transformers (llama, qwen2, qwen3) and their
- * mixture-of-experts forms (qwen3moe; llama with experts, i.e. Mixtral) loaded
+ * mixture-of-experts forms (qwen3moe; llama with experts, i.e. Mixtral;
+ * gpt-oss, with sinks, sliding windows, biases and YaRN) loaded
  * from GGUF and run on the CPU. Every hyper-parameter comes from the file's
  * metadata.
  *
@@ -19,9 +20,11 @@
 #include "status/status.h"
 #include "threads/threads.h"
 
-enum model_arch { MODEL_ARCH_LLAMA, MODEL_ARCH_QWEN2, MODEL_ARCH_QWEN3, MODEL_ARCH_QWEN3MOE };
+enum model_arch { MODEL_ARCH_LLAMA, MODEL_ARCH_QWEN2, MODEL_ARCH_QWEN3, MODEL_ARCH_QWEN3MOE, MODEL_ARCH_GPT_OSS };
 enum model_rope_type { MODEL_ROPE_NORMAL, MODEL_ROPE_NEOX };
-enum model_rope_scaling { MODEL_ROPE_SCALING_NONE, MODEL_ROPE_SCALING_LINEAR, MODEL_ROPE_SCALING_LLAMA3 };
+enum model_rope_scaling {
+    MODEL_ROPE_SCALING_NONE, MODEL_ROPE_SCALING_LINEAR, MODEL_ROPE_SCALING_LLAMA3, MODEL_ROPE_SCALING_YARN
+};
 
 struct model_hparams {
     enum model_arch arch;
@@ -53,7 +56,30 @@ struct model_hparams {
     int n_expert;              /* expert_count; 0: dense */
     int n_expert_used;         /* expert_used_count */
     int n_ff_exp;              /* expert_feed_forward_length (qwen3moe), else n_ff */
+    /* gpt-oss's features, as llama.cpp's openai-moe runs them (0 / false: off) */
+    struct {
+        int n_swa;                 /* attention.sliding_window: the window of sliding layers */
+        int swa_pattern;           /* attention.sliding_window_pattern (default 2): layer il slides
+                                      when il % pattern < pattern - 1 (llama.cpp's set_swa_pattern) */
+        bool attn_sinks;           /* attn_sinks: a learned per-head logit in each softmax */
+        bool attn_out_bias;        /* attn_output.bias */
+        bool post_attn_norm;       /* the FFN's norm is named post_attention_norm */
+        bool expert_bias;          /* ffn_gate_inp.bias and every expert matrix's bias */
+        bool softmax_after_topk;   /* routing: top-k of the logits, softmax over those k */
+        bool swiglu_oai;           /* experts' activation: quant_swiglu_oai (alpha 1.702, limit 7) */
+    } oai;
+    /* YaRN (rope_scaling YARN): rope.scaling.original_context_length, the
+     * ramp's beta_fast / beta_slow, and the magnitude scale of cos and sin */
+    int rope_yarn_orig_ctx;
+    float rope_yarn_beta_fast, rope_yarn_beta_slow, rope_yarn_mscale;
 };
+
+/* Does layer il use the sliding window (hp->oai.n_swa > 0)? */
+static inline bool model_layer_is_swa(const struct model_hparams *hp, int il)
+{
+    int p = hp->oai.swa_pattern;
+    return hp->oai.n_swa > 0 && (p == 0 || il % p < p - 1);
+}
 
 struct model;
 
@@ -125,7 +151,7 @@ ks_status model_forward(struct model_ctx *c, struct kv_cache *kv, const struct m
 /* A deterministic random model of a real architecture's shapes, for benchmarks,
  * the built-in default model and tests. Same spec and seed give the same file. */
 struct model_synth_spec {
-    const char *arch;          /* "llama", "qwen2" (QKV bias), "qwen3" (Q/K norm) or "qwen3moe" */
+    const char *arch;          /* "llama", "qwen2" (QKV bias), "qwen3" (Q/K norm), "qwen3moe" or "gpt-oss" */
     int n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff;
     int n_expert, n_expert_used; /* n_expert > 0: MoE FFN (llama: Mixtral; qwen3moe needs it) */
     int n_ff_exp;              /* each expert's FFN width (0: n_ff) */
@@ -139,11 +165,15 @@ struct model_synth_spec {
     uint64_t seed;
     float init_std;            /* std of the matrices (0: 0.02) */
     float embd_std;            /* std of token_embd (0: init_std) */
+    /* gpt-oss */
+    int n_swa;                 /* sliding window of the even layers */
+    float rope_yarn_factor;    /* > 1: YaRN rope.scaling.factor */
+    int rope_yarn_orig_ctx;    /* rope.scaling.original_context_length */
 };
 
 /* Fill spec from a preset name: llama-1b, smollm2-135m, qwen3-0.6b, tiny,
  * qwen3moe-30b-a3b, mixtral-8x7b, tiny-qwen3moe, tiny-mixtral,
- * tiny-qwen3moe-ties. */
+ * tiny-qwen3moe-ties, gpt-oss-20b, tiny-gpt-oss. */
 ks_status model_synth_preset(const char *name, struct model_synth_spec *spec);
 /* Space-separated preset names, for help text. */
 const char *model_synth_preset_names(void);

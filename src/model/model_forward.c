@@ -233,6 +233,7 @@ struct swiglu_job {
     float *gate;
     const float *up;
     int64_t n;
+    bool oai;            /* quant_swiglu_oai */
 };
 
 /* Threads split SwiGLU's values in runs of this many: quant_swiglu's vector
@@ -248,21 +249,43 @@ static void swiglu_task(void *p, int ith, int nth)
     threads_split((j->n + SWIGLU_RUN - 1) / SWIGLU_RUN, ith, nth, &lo, &hi);
     lo = lo * SWIGLU_RUN < j->n ? lo * SWIGLU_RUN : j->n;
     hi = hi * SWIGLU_RUN < j->n ? hi * SWIGLU_RUN : j->n;
-    quant_swiglu(j->gate + lo, j->up + lo, hi - lo);
+    if (j->oai)
+        quant_swiglu_oai(j->gate + lo, j->up + lo, hi - lo);
+    else
+        quant_swiglu(j->gate + lo, j->up + lo, hi - lo);
 }
 
 /* ---- RoPE ------------------------------------------------------------------ */
 
+/* YaRN's angle for pair i, as ggml's rope_yarn: the interpolated angle
+ * (times freq_scale) and the extrapolated one mixed by a ramp that is 1 below
+ * the low corr dim and 0 above the high one. */
+static float yarn_angle(const struct model *m, int i, float theta_extrap)
+{
+    float theta_interp = m->rope_freq_scale * theta_extrap;
+    float lo = m->rope_yarn_corr[0], hi = m->rope_yarn_corr[1];
+    float y = ((float)i - lo) / (hi - lo > 0.001f ? hi - lo : 0.001f);
+    float ramp_mix = (1 - (y < 0 ? 0 : y > 1 ? 1 : y)) * m->rope_ext_factor;
+    return theta_interp * (1 - ramp_mix) + theta_extrap * ramp_mix;
+}
+
 /* Angles as llama.cpp computes them: theta_i = p * theta_scale^i by repeated
- * multiplication, divided by the per-frequency factor, times freq_scale. */
+ * multiplication, divided by the per-frequency factor, times freq_scale (or
+ * YaRN's mix, with cos and sin scaled by its magnitude). */
 static void rope_angles(const struct model *m, int32_t pos, float *cs)
 {
     float theta = (float)pos;
     for (int i = 0; i < m->hp.n_rot / 2; i++) {
         float ff = m->rope_freq_factors ? m->rope_freq_factors[i] : 1.0f;
-        float t = m->rope_freq_scale * (theta / ff);
-        cs[2 * i] = cosf(t);
-        cs[2 * i + 1] = sinf(t);
+        if (m->rope_ext_factor != 0.0f) {
+            float t = yarn_angle(m, i, theta / ff);
+            cs[2 * i] = cosf(t) * m->hp.rope_yarn_mscale;
+            cs[2 * i + 1] = sinf(t) * m->hp.rope_yarn_mscale;
+        } else {
+            float t = m->rope_freq_scale * (theta / ff);
+            cs[2 * i] = cosf(t);
+            cs[2 * i + 1] = sinf(t);
+        }
         theta *= m->rope_theta_scale;
     }
 }
@@ -476,12 +499,14 @@ static ks_status attention_block(struct model_ctx *c, struct kv_cache *kv, int i
         if ((st = kv_write_rows(kv, il, b->seq[t], b->pos[t], run, c->k + t * kv_dim, c->v + t * kv_dim)))
             return st;
     }
-    float scale = 1.0f / sqrtf((float)hp->head_dim_k);
-    if ((st = attn_forward(c->pool, kv, il, c->queries, (int32_t)n, c->q, c->att, hp->n_head, scale)))
+    struct attn_params ap = {.scale = 1.0f / sqrtf((float)hp->head_dim_k), .window = L->window, .sinks = L->sinks};
+    if ((st = attn_forward_ex(c->pool, kv, il, c->queries, (int32_t)n, c->q, c->att, hp->n_head, &ap)))
         return st;
-    /* output projection and residual */
+    /* output projection (and its bias), residual */
     if ((st = matmul(c, &L->wo, c->att, n, c->xb2)))
         return st;
+    for (int64_t t = 0; t < n && L->bo; t++)
+        add_bias(c->xb2 + t * hp->n_embd, L->bo, hp->n_embd);
     for (int64_t i = 0; i < n * hp->n_embd; i++)
         c->x[i] += c->xb2[i];
     return KS_OK;
@@ -498,7 +523,7 @@ static ks_status ffn_block(struct model_ctx *c, int il, int64_t n)
     float *const gate_up_out[] = {c->hb, c->hb2};
     if ((st = matmul_same_input(c, gate_up, gate_up_out, 2, c->xb, n)))
         return st;
-    struct swiglu_job sj = {c->hb, c->hb2, n * hp->n_ff};
+    struct swiglu_job sj = {c->hb, c->hb2, n * hp->n_ff, false};
     threads_run(elementwise_pool(c, n), swiglu_task, &sj);
     if ((st = matmul(c, &L->w_down, c->hb, n, c->xb2)))
         return st;
@@ -545,8 +570,30 @@ static void route_token(float *p, int n_expert, int k, int32_t *sel, float *w)
         w[j] /= s;
 }
 
+/* gpt-oss's routing, as llama.cpp's SOFTMAX_WEIGHT gating: the router bias
+ * added to the logits, the first k of their descending argsort (ggml's order
+ * for ties), weights = softmax over those k logits (as route_token's softmax). */
+static void route_token_topk_softmax(float *p, const float *bias, int n_expert, int k, int32_t *sel, float *w)
+{
+    int32_t order[MODEL_MAX_EXPERTS];
+    for (int i = 0; i < n_expert && bias; i++)
+        p[i] += bias[i];
+    model_argsort_desc(p, n_expert, order);
+    float mx = p[order[0]];
+    double sum = 0.0;
+    for (int j = 0; j < k; j++) {
+        sel[j] = order[j];
+        w[j] = expf(p[order[j]] - mx);
+        sum += w[j];
+    }
+    float inv = (float)(1.0 / sum);
+    for (int j = 0; j < k; j++)
+        w[j] *= inv;
+}
+
 struct route_job {
     struct model_ctx *c;
+    const struct model_layer *L;
     int64_t n_tokens;
 };
 
@@ -558,7 +605,11 @@ static void route_task(void *p, int ith, int nth)
     int64_t lo, hi;
     threads_split(j->n_tokens, ith, nth, &lo, &hi);
     for (int64_t t = lo; t < hi; t++)
-        route_token(j->c->router + t * E, E, k, j->c->sel + t * k, j->c->sel_w + t * k);
+        if (hp->oai.softmax_after_topk)
+            route_token_topk_softmax(j->c->router + t * E, j->L->b_router, E, k, j->c->sel + t * k,
+                                     j->c->sel_w + t * k);
+        else
+            route_token(j->c->router + t * E, E, k, j->c->sel + t * k, j->c->sel_w + t * k);
 }
 
 /* Counting sort of the (token, slot) pairs of tokens t0 .. t0 + n by expert:
@@ -631,27 +682,28 @@ static ks_status moe_experts(struct model_ctx *c, const struct model_layer *L, i
         .wtype = L->gate_exps.type, .rows = F, .cols = D, .W = L->gate_exps.data, .W2 = L->up_exps.data,
         .stride = L->gate_exps.stride, .n_expert = hp->n_expert, .start = c->exp_start, .X = c->xb + t0 * D,
         .x_rows = c->grp_tok, .n_x = n, .Y = c->hb, .Y2 = c->hb2, .swiglu = true, .repacked = L->gate_exps.repacked,
+        .B = L->b_gate_exps, .B2 = L->b_up_exps, .glu = hp->oai.swiglu_oai ? QUANT_GLU_OAI : QUANT_GLU_SILU,
     };
     if (L->up_exps.type == L->gate_exps.type && L->up_exps.repacked == L->gate_exps.repacked) {
         if ((st = quant_matmul_experts(c->pool, &gu, c->work, c->work_size)))
             return st;
     } else { /* a mix that quantized (or repacked) gate and up differently: one pass each */
         struct quant_moe_mm up = gu;
-        gu.W2 = NULL, gu.Y2 = NULL, gu.swiglu = false;
+        gu.W2 = NULL, gu.Y2 = NULL, gu.swiglu = false, gu.B2 = NULL, gu.glu = QUANT_GLU_SILU;
         up.wtype = L->up_exps.type, up.W = L->up_exps.data, up.stride = L->up_exps.stride, up.W2 = NULL;
         up.repacked = L->up_exps.repacked;
-        up.Y = c->hb2, up.Y2 = NULL, up.swiglu = false;
+        up.Y = c->hb2, up.Y2 = NULL, up.swiglu = false, up.B = L->b_up_exps, up.B2 = NULL, up.glu = QUANT_GLU_SILU;
         if ((st = quant_matmul_experts(c->pool, &gu, c->work, c->work_size)) ||
             (st = quant_matmul_experts(c->pool, &up, c->work, c->work_size)))
             return st;
-        struct swiglu_job sj = {c->hb, c->hb2, n_rows * F};
+        struct swiglu_job sj = {c->hb, c->hb2, n_rows * F, hp->oai.swiglu_oai};
         threads_run(elementwise_pool(c, n_rows), swiglu_task, &sj);
     }
     /* xg = down_e(hb), grouped */
     struct quant_moe_mm dn = {
         .wtype = L->down_exps.type, .rows = D, .cols = F, .W = L->down_exps.data, .stride = L->down_exps.stride,
         .n_expert = hp->n_expert, .start = c->exp_start, .X = c->hb, .n_x = n_rows, .Y = c->xg,
-        .repacked = L->down_exps.repacked,
+        .repacked = L->down_exps.repacked, .B = L->b_down_exps,
     };
     if ((st = quant_matmul_experts(c->pool, &dn, c->work, c->work_size)))
         return st;
@@ -671,7 +723,7 @@ static ks_status moe_block(struct model_ctx *c, int il, int64_t n)
     rmsnorm_rows(elementwise_pool(c, n), c->xb, c->x, L->ffn_norm, NULL, n, (int)D, hp->rms_eps);
     if ((st = matmul(c, &L->w_router, c->xb, n, c->router)))
         return st;
-    struct route_job rj = {c, n};
+    struct route_job rj = {c, L, n};
     threads_run(elementwise_pool(c, n), route_task, &rj);
     for (int64_t t0 = 0; t0 < n; t0 += MOE_CHUNK_TOKENS)
         if ((st = moe_experts(c, L, t0, n - t0 < MOE_CHUNK_TOKENS ? n - t0 : MOE_CHUNK_TOKENS)))

@@ -50,6 +50,13 @@ struct model_layer {
     struct model_experts gate_exps;          /* (n_expert, n_ff_exp, n_embd) */
     struct model_experts up_exps;            /* (n_expert, n_ff_exp, n_embd) */
     struct model_experts down_exps;          /* (n_expert, n_embd, n_ff_exp) */
+    /* gpt-oss */
+    const float *bo;                         /* (n_embd) attn_output.bias */
+    const float *sinks;                      /* (n_head) attn_sinks */
+    const float *b_router;                   /* (n_expert) ffn_gate_inp.bias */
+    const float *b_gate_exps, *b_up_exps;    /* (n_expert, n_ff_exp) each */
+    const float *b_down_exps;                /* (n_expert, n_embd) */
+    int32_t window;                          /* attention window of this layer; 0: all */
 };
 
 /* idx = 0..n-1 ordered by descending v, equal values in the order ggml's CPU
@@ -68,6 +75,10 @@ struct model {
     float rope_theta_scale;
     float rope_freq_scale;
     float *rope_freq_factors;                /* (n_rot / 2); NULL: all 1 */
+    /* YaRN: pair i mixes extrapolated and interpolated angles by the ramp
+     * between the corr dims; cos and sin are scaled by hp.rope_yarn_mscale */
+    float rope_ext_factor;                   /* 0: off */
+    float rope_yarn_corr[2];
     uint64_t weight_bytes;
     uint64_t active_weight_bytes;            /* per decode token: experts counted used / n_expert */
     /* Small 1-D tensors (norms, biases) converted to f32 at load, in one block. */

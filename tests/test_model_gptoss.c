@@ -1,0 +1,240 @@
+/* gpt-oss against llama.cpp itself: tiny `kvserve synth` files of the
+ * gpt-oss architecture (attention sinks, a 16-token sliding window on every
+ * other layer, biases on attention and experts, router bias with softmax
+ * after top-k, the clamped SwiGLU, YaRN RoPE) at F32, Q8_0 and Q4_0 weights,
+ * F32 cache, llama.cpp's plain F32 attention (dumpref's default, flash
+ * attention off). The references in tests/data were made by
+ * ../shared/anchor/bin/dumpref from files this tree's synth writes (README,
+ * "Correctness against llama.cpp"); the test writes the same files again and
+ * holds:
+ *   - every logit of every prompt row within 1e-4 of llama.cpp's (the prompt
+ *     in one batch, and in chunks of 5 with one thread);
+ *   - llama.cpp's 64 greedy ids exactly, decoding one token per batch (12
+ *     prompt tokens + 64: the window matters on the sliding layers), and
+ *     again with two sequences decoding in the same batch.
+ * Exits 77 (skipped) when tests/data or a model cannot be had. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "model/model.h"
+#include "support/llamacpp_ref.h"
+
+#define LOGIT_TOL 1e-4f
+#define MAX_IDS 256
+
+static char g_dir[64];
+
+struct oai_case {
+    const char *name; /* tests/data/NAME.{json,logits.f32} */
+    const char *preset;
+    const char *type;
+};
+
+static const struct oai_case g_cases[] = {
+    {"tiny-gpt-oss-f32", "tiny-gpt-oss", "f32"},
+    {"tiny-gpt-oss-q8_0", "tiny-gpt-oss", "q8_0"},
+    {"tiny-gpt-oss-q4_0", "tiny-gpt-oss", "q4_0"},
+};
+#define N_CASES (int)(sizeof g_cases / sizeof g_cases[0])
+
+static const char *data_dir(void)
+{
+    static char dir[1024];
+    const char *src = getenv("KVSERVE_SOURCE");
+    snprintf(dir, sizeof dir, "%s/tests/data", src ? src : ".");
+    return dir;
+}
+
+static void model_path(const struct oai_case *oc, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "%s/%s-%s.gguf", g_dir, oc->preset, oc->type);
+}
+
+static void load_reference(const struct oai_case *oc, struct llamacpp_ref *r)
+{
+    llamacpp_ref_load(data_dir(), oc->name, r);
+    assert_false(r->flash_attn);
+    assert_true(r->n_prompt > 0 && r->n_prompt <= MAX_IDS);
+    assert_true(r->n_greedy > 0 && r->n_greedy <= MAX_IDS);
+}
+
+struct engine {
+    struct model *m;
+    threads_pool *pool;
+    struct kv_cache *kv;
+    struct model_ctx *ctx;
+};
+
+static void engine_init(struct engine *e, const struct oai_case *oc, int n_threads, int max_batch)
+{
+    char path[128];
+    model_path(oc, path, sizeof path);
+    if (model_load(path, &e->m))
+        fail_msg("load %s: %s", path, ks_errmsg());
+    assert_int_equal(threads_create(n_threads, &e->pool), KS_OK);
+    struct kv_config cfg;
+    model_kv_config(e->m, &cfg);
+    cfg.type_k = cfg.type_v = QUANT_F32;
+    cfg.rotate = false;
+    cfg.mem_budget = 16u << 20;
+    assert_int_equal(kv_create(&cfg, &e->kv), KS_OK);
+    assert_int_equal(model_ctx_create(e->m, max_batch, e->pool, &e->ctx), KS_OK);
+}
+
+static void engine_free(struct engine *e)
+{
+    model_ctx_free(e->ctx);
+    kv_free(e->kv);
+    threads_free(e->pool);
+    model_free(e->m);
+}
+
+/* The file is what the test means it to be: every gpt-oss feature on, and a
+ * window shorter than the prompt and its generation. */
+static void check_features(const struct model_hparams *hp, const struct llamacpp_ref *r)
+{
+    assert_int_equal(hp->arch, MODEL_ARCH_GPT_OSS);
+    assert_true(hp->oai.attn_sinks && hp->oai.attn_out_bias && hp->oai.expert_bias);
+    assert_true(hp->oai.softmax_after_topk && hp->oai.swiglu_oai && hp->has_qkv_bias);
+    assert_int_equal(hp->rope_scaling, MODEL_ROPE_SCALING_YARN);
+    assert_true(hp->oai.n_swa > 0 && hp->oai.n_swa < r->n_prompt + r->n_greedy);
+    assert_true(model_layer_is_swa(hp, 0) && !model_layer_is_swa(hp, 1));
+}
+
+static void run_case(const struct oai_case *oc, int n_threads, int chunk)
+{
+    struct llamacpp_ref r;
+    load_reference(oc, &r);
+    struct engine e;
+    engine_init(&e, oc, n_threads, 2 * MAX_IDS);
+    const struct model_hparams *hp = model_hparams(e.m);
+    assert_int_equal(hp->n_vocab, r.n_vocab);
+    check_features(hp, &r);
+    size_t V = (size_t)r.n_vocab;
+    float *logits = malloc(sizeof(float) * (size_t)r.n_prompt * V);
+    int32_t seq;
+    assert_int_equal(kv_seq_create(e.kv, &seq), KS_OK);
+    llamacpp_ref_prefill(&r, e.ctx, e.kv, seq, chunk, logits);
+    float vs_llama = llamacpp_max_diff(logits, r.logits, (size_t)r.n_prompt * V);
+    if (getenv("GPTOSS_TEST_VERBOSE"))
+        for (int i = 0; i < r.n_prompt; i++)
+            print_message("  row %d: %.2e\n", i, (double)llamacpp_max_diff(logits + i * V, r.logits + i * V, V));
+    print_message("%-18s (%d threads, chunks of %d): engine vs llama.cpp %.2e (tol %.0e)\n", oc->name, n_threads,
+                  chunk, (double)vs_llama, (double)LOGIT_TOL);
+    assert_true(vs_llama <= LOGIT_TOL);
+    llamacpp_ref_check_greedy(&r, oc->name, e.ctx, e.kv, seq, logits);
+    free(logits);
+    llamacpp_ref_free(&r);
+    engine_free(&e);
+}
+
+/* Two sequences: both prompts in one batch, then both decoding in the same
+ * batch; each must follow llama.cpp's greedy ids. */
+static void run_two_streams(const struct oai_case *oc)
+{
+    struct llamacpp_ref r;
+    load_reference(oc, &r);
+    struct engine e;
+    engine_init(&e, oc, 2, 2 * MAX_IDS);
+    size_t V = (size_t)r.n_vocab;
+    int32_t s[2];
+    assert_int_equal(kv_seq_create(e.kv, &s[0]), KS_OK);
+    assert_int_equal(kv_seq_create(e.kv, &s[1]), KS_OK);
+    int n = r.n_prompt;
+    int32_t tok[2 * MAX_IDS], pos[2 * MAX_IDS], seqs[2 * MAX_IDS];
+    for (int i = 0; i < n; i++)
+        for (int q = 0; q < 2; q++)
+            tok[2 * i + q] = r.prompt[i], pos[2 * i + q] = i, seqs[2 * i + q] = s[q];
+    float *logits = malloc(sizeof(float) * 2 * V);
+    struct model_batch b = {2 * n, tok, pos, seqs, NULL};
+    int32_t n_out = 0;
+    assert_int_equal(model_forward(e.ctx, e.kv, &b, logits, &n_out), KS_OK);
+    assert_int_equal(n_out, 2);
+    float worst = 0;
+    for (int q = 0; q < 2; q++) {
+        float d = llamacpp_max_diff(logits + q * V, r.logits + (size_t)(n - 1) * V, V);
+        worst = d > worst ? d : worst;
+    }
+    for (int i = 0; i < r.n_greedy; i++) {
+        int32_t t2[2], p2[2] = {n + i, n + i};
+        for (int q = 0; q < 2; q++) {
+            t2[q] = llamacpp_argmax(logits + q * V, r.n_vocab);
+            if (t2[q] != r.greedy[i])
+                fail_msg("%s: stream %d: greedy token %d is %d, llama.cpp picked %d", oc->name, q, i, t2[q],
+                         r.greedy[i]);
+        }
+        struct model_batch d = {2, t2, p2, s, NULL};
+        assert_int_equal(model_forward(e.ctx, e.kv, &d, logits, &n_out), KS_OK);
+        assert_int_equal(n_out, 2);
+    }
+    print_message("%-18s two streams in one batch: last prompt row vs llama.cpp %.2e, %d greedy ids equal\n",
+                  oc->name, (double)worst, r.n_greedy);
+    assert_true(worst <= LOGIT_TOL);
+    free(logits);
+    llamacpp_ref_free(&r);
+    engine_free(&e);
+}
+
+static void test_f32(void **state) { (void)state; run_case(&g_cases[0], 2, MAX_IDS); }
+static void test_f32_chunked(void **state) { (void)state; run_case(&g_cases[0], 1, 5); }
+static void test_q8_0(void **state) { (void)state; run_case(&g_cases[1], 2, MAX_IDS); }
+static void test_q4_0(void **state) { (void)state; run_case(&g_cases[2], 2, MAX_IDS); }
+static void test_q8_0_two_streams(void **state) { (void)state; run_two_streams(&g_cases[1]); }
+
+/* ---- main ------------------------------------------------------------------ */
+
+static bool make_models(void)
+{
+    for (int i = 0; i < N_CASES; i++) {
+        const struct oai_case *oc = &g_cases[i];
+        char path[128], ref[1200];
+        snprintf(ref, sizeof ref, "%s/%s.json", data_dir(), oc->name);
+        if (access(ref, R_OK)) {
+            fprintf(stderr, "test_model_gptoss: %s is missing (set KVSERVE_SOURCE to the source tree)\n", ref);
+            return false;
+        }
+        model_path(oc, path, sizeof path);
+        if (!access(path, R_OK))
+            continue;
+        struct model_synth_spec spec;
+        if (model_synth_preset(oc->preset, &spec) || model_synth(&spec, oc->type, NULL, path, NULL)) {
+            fprintf(stderr, "test_model_gptoss: cannot write %s: %s\n", path, ks_errmsg());
+            return false;
+        }
+    }
+    return true;
+}
+
+static void remove_dir(void)
+{
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "test_model_gptoss: could not remove %s\n", g_dir);
+}
+
+int main(void)
+{
+    snprintf(g_dir, sizeof g_dir, "/tmp/kvserve-test-gptoss-XXXXXX");
+    if (!mkdtemp(g_dir))
+        return 77;
+    if (!make_models()) {
+        remove_dir();
+        return 77;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_f32),  cmocka_unit_test(test_f32_chunked),      cmocka_unit_test(test_q8_0),
+        cmocka_unit_test(test_q4_0), cmocka_unit_test(test_q8_0_two_streams),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    remove_dir();
+    return rc;
+}
