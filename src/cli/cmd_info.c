@@ -1,6 +1,7 @@
 /* kvserve info: what is inside a GGUF and how much memory it needs.
  *
- * Sections print in order: file, metadata, tensors, totals by type, memory.
+ * Sections print in order: file, metadata, tensors, totals by type,
+ * architecture features (as the model loader reads them), memory.
  * The memory section works from struct info_kv_shape, read once from the
  * metadata, so further KV tables (e.g. a fit table per budget) can be added
  * as one more print_* function over the same shape. */
@@ -12,6 +13,7 @@
 #include "cli/cli.h"
 #include "gguf/gguf.h"
 #include "kv/kv.h"
+#include "model/model.h"
 #include "quant/quant.h"
 
 struct info_opts {
@@ -376,6 +378,69 @@ static void print_memory(const struct gguf_file *f, uint64_t weight_bytes, size_
         print_kv_fit(&shape, kv_mem);
 }
 
+/* ---- architecture features ------------------------------------------------ */
+
+/* Layers il of the given kind, as "0, 2, 4" (at most a few, then "..."). */
+static void print_layer_list(const struct model_hparams *hp, bool swa)
+{
+    int shown = 0, total = 0;
+    for (int il = 0; il < hp->n_layer; il++) {
+        if (model_layer_is_swa(hp, il) != swa)
+            continue;
+        if (shown < 6)
+            printf("%s%d", shown ? ", " : "", il), shown++;
+        total++;
+    }
+    if (total > shown)
+        printf(", ... (%d layers)", total);
+}
+
+static void print_rope(const struct model_hparams *hp)
+{
+    static const char *const scaling[] = {"none", "linear", "llama3", "YaRN"};
+    printf("  rope: %s, base %g, %d of %d dims, scaling %s", hp->rope_type == MODEL_ROPE_NEOX ? "neox" : "normal",
+           (double)hp->rope_freq_base, hp->n_rot, hp->head_dim_k, scaling[hp->rope_scaling]);
+    if (hp->rope_scaling == MODEL_ROPE_SCALING_YARN)
+        printf(" (factor %g over an original context of %d, beta %g / %g, magnitude %.4f)",
+               (double)hp->rope_scale_factor, hp->rope_yarn_orig_ctx, (double)hp->rope_yarn_beta_fast,
+               (double)hp->rope_yarn_beta_slow, (double)hp->rope_yarn_mscale);
+    else if (hp->rope_scaling != MODEL_ROPE_SCALING_NONE)
+        printf(" (factor %g)", (double)hp->rope_scale_factor);
+    printf("\n");
+}
+
+/* What the model loader makes of the file (a mapped load, not repacked):
+ * the attention kinds per layer, sinks, biases, RoPE and the MoE gating. */
+static void print_features(const char *path)
+{
+    struct model *m;
+    printf("architecture features:\n");
+    if (model_load_flags(path, MODEL_LOAD_MMAP | MODEL_LOAD_NO_REPACK, &m)) {
+        printf("  n/a (%s)\n", ks_errmsg());
+        return;
+    }
+    const struct model_hparams *hp = model_hparams(m);
+    printf("  attention: %d heads, %d KV heads of %d", hp->n_head, hp->n_head_kv, hp->head_dim_k);
+    if (hp->oai.n_swa > 0) {
+        printf("; sliding window %d (pattern %d) on layers ", hp->oai.n_swa, hp->oai.swa_pattern);
+        print_layer_list(hp, true);
+        printf("; full on layers ");
+        print_layer_list(hp, false);
+    }
+    printf("%s%s%s\n", hp->oai.attn_sinks ? "; sinks (a learned logit per head)" : "",
+           hp->has_qk_norm ? "; Q/K norm" : "", hp->oai.post_attn_norm ? "; FFN norm post_attention_norm" : "");
+    if (hp->has_qkv_bias || hp->oai.attn_out_bias || hp->oai.expert_bias)
+        printf("  biases: %s%s%s\n", hp->has_qkv_bias ? "Q/K/V" : "", hp->oai.attn_out_bias ? ", attention output" : "",
+               hp->oai.expert_bias ? ", router and every expert matrix" : "");
+    print_rope(hp);
+    if (hp->n_expert > 0)
+        printf("  experts: %d of %d per token, %s, %s\n", hp->n_expert_used, hp->n_expert,
+               hp->oai.softmax_after_topk ? "weights softmax over the top-k router logits"
+                                          : "weights from softmax over all experts, top-k renormalized",
+               hp->oai.swiglu_oai ? "clamped SwiGLU (alpha 1.702, limit 7)" : "SwiGLU");
+    model_free(m);
+}
+
 int cli_info(int argc, char **argv)
 {
     struct info_opts o;
@@ -392,6 +457,7 @@ int cli_info(int argc, char **argv)
     if (o.tensors)
         print_tensors(f);
     uint64_t weight_bytes = print_type_totals(f);
+    print_features(o.model);
     print_memory(f, weight_bytes, o.kv_mem);
     gguf_close(f);
     return 0;

@@ -262,31 +262,35 @@ static float yarn_get_mscale(float scale, float mscale)
     return scale <= 1.0f ? 1.0f : 0.1f * mscale * logf(scale) + 1.0f;
 }
 
+/* llama.cpp's YaRN ramp bounds. Its loader reads no rope.scaling.yarn_beta_*
+ * keys, nor yarn_log_multiplier, for the architectures kvserve runs
+ * (measured on the anchor build: a gpt-oss file saying beta 4 / 2 and log
+ * multiplier 0.5 runs as one without them), so neither does kvserve; it does
+ * read rope.scaling.attn_factor. */
+#define YARN_BETA_FAST 32.0f
+#define YARN_BETA_SLOW 1.0f
+
 /* YaRN as llama.cpp sets it up: ext_factor 1; the attention factor from the
- * scale (and yarn_log_multiplier), divided by the magnitude ggml's rope
+ * scale, divided by the magnitude ggml's rope
  * multiplies back in, times rope.scaling.attn_factor; the corr dims from
- * beta_fast / beta_slow and the original context. */
+ * the beta bounds and the original context. */
 static ks_status read_yarn(struct model *m, const char *a, float factor)
 {
     struct model_hparams *hp = &m->hp;
     const struct gguf_file *f = m->file;
-    float log_mul = 0.0f, attn_factor = 1.0f;
+    float attn_factor = 1.0f;
     ks_status st;
     if ((st = meta_int(f, a, "rope.scaling.original_context_length", false, hp->n_ctx_train,
                        &hp->rope_yarn_orig_ctx)) ||
-        (st = meta_float(f, a, "rope.scaling.yarn_beta_fast", false, 32.0f, &hp->rope_yarn_beta_fast)) ||
-        (st = meta_float(f, a, "rope.scaling.yarn_beta_slow", false, 1.0f, &hp->rope_yarn_beta_slow)) ||
-        (st = meta_float(f, a, "rope.scaling.yarn_log_multiplier", false, 0.0f, &log_mul)) ||
         (st = meta_float(f, a, "rope.scaling.attn_factor", false, 1.0f, &attn_factor)))
         return st;
-    if (!(hp->rope_yarn_beta_fast > 0) || !(hp->rope_yarn_beta_slow > 0))
-        return ks_fail(KS_ERR_FORMAT, "%s.rope.scaling.yarn_beta_fast / yarn_beta_slow must be positive", a);
+    hp->rope_yarn_beta_fast = YARN_BETA_FAST;
+    hp->rope_yarn_beta_slow = YARN_BETA_SLOW;
     hp->rope_scaling = MODEL_ROPE_SCALING_YARN;
     m->rope_freq_scale = 1.0f / factor;
     m->rope_ext_factor = 1.0f;
     float scale = 1.0f / m->rope_freq_scale;
-    float attn = log_mul != 0.0f ? yarn_get_mscale(scale, 1.0f) / yarn_get_mscale(scale, log_mul)
-                                 : yarn_get_mscale(scale, 1.0f);
+    float attn = yarn_get_mscale(scale, 1.0f);
     attn *= 1.0f / (1.0f + 0.1f * logf(scale));
     attn *= attn_factor;
     hp->rope_yarn_mscale = attn * (1.0f + 0.1f * logf(1.0f / m->rope_freq_scale));
