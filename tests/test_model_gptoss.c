@@ -24,6 +24,7 @@
 
 #include <cmocka.h>
 
+#include "gguf/gguf.h"
 #include "model/model.h"
 #include "support/llamacpp_ref.h"
 
@@ -189,6 +190,71 @@ static void test_q8_0(void **state) { (void)state; run_case(&g_cases[1], 2, MAX_
 static void test_q4_0(void **state) { (void)state; run_case(&g_cases[2], 2, MAX_IDS); }
 static void test_q8_0_two_streams(void **state) { (void)state; run_two_streams(&g_cases[1]); }
 
+/* ---- loader errors ------------------------------------------------------------ */
+
+/* Copy src to dst with every key (then one more, if key) and every tensor but
+ * `drop` (NULL: none); `halve` (NULL: none) gets half its rows. */
+static void rewrite(const char *src, const char *dst, const char *drop, const char *halve, const char *key,
+                    const char *str_value, float f32_value)
+{
+    struct gguf_file *f;
+    assert_int_equal(gguf_open(src, &f), KS_OK);
+    struct gguf_writer *w;
+    assert_int_equal(gguf_writer_create(&w), KS_OK);
+    assert_int_equal(gguf_writer_copy_kv(w, f, ""), KS_OK);
+    if (key && str_value)
+        assert_int_equal(gguf_writer_set_str(w, key, str_value), KS_OK);
+    else if (key)
+        assert_int_equal(gguf_writer_set_f32(w, key, f32_value), KS_OK);
+    for (int64_t i = 0; i < gguf_n_tensors(f); i++) {
+        const struct gguf_tensor_info *t = gguf_tensor_at(f, i);
+        int64_t ne[GGUF_MAX_DIMS];
+        memcpy(ne, t->ne, sizeof ne);
+        size_t bytes = t->nbytes;
+        if (drop && !strcmp(t->name, drop))
+            continue;
+        if (halve && !strcmp(t->name, halve))
+            ne[1] /= 2, bytes /= 2;
+        assert_int_equal(gguf_writer_add_tensor(w, t->name, t->n_dims, ne, t->type, t->data, bytes), KS_OK);
+    }
+    assert_int_equal(gguf_writer_write(w, dst), KS_OK);
+    gguf_writer_free(w);
+    gguf_close(f);
+}
+
+static void expect_load_error(const char *path, ks_status want, const char *needle)
+{
+    struct model *m = NULL;
+    ks_status st = model_load(path, &m);
+    if (st != want || !strstr(ks_errmsg(), needle))
+        fail_msg("loading %s: got status %d '%s', wanted %d mentioning '%s'", path, st, ks_errmsg(), want, needle);
+    assert_null(m);
+}
+
+/* A gpt-oss file without one of its tensors, with a bias of the wrong shape,
+ * or with metadata kvserve does not run, is refused by name. */
+static void test_load_errors(void **state)
+{
+    (void)state;
+    char src[128], dst[160];
+    model_path(&g_cases[1], src, sizeof src);
+    snprintf(dst, sizeof dst, "%s/broken.gguf", g_dir);
+    rewrite(src, dst, "blk.1.attn_sinks.weight", NULL, NULL, NULL, 0);
+    expect_load_error(dst, KS_ERR_FORMAT, "'blk.1.attn_sinks.weight' is missing");
+    rewrite(src, dst, "blk.0.ffn_up_exps.bias", NULL, NULL, NULL, 0);
+    expect_load_error(dst, KS_ERR_FORMAT, "'blk.0.ffn_up_exps.bias' is missing");
+    rewrite(src, dst, "blk.2.attn_output.bias", NULL, NULL, NULL, 0);
+    expect_load_error(dst, KS_ERR_FORMAT, "'blk.2.attn_output.bias' is missing");
+    rewrite(src, dst, "blk.0.post_attention_norm.weight", NULL, NULL, NULL, 0);
+    expect_load_error(dst, KS_ERR_FORMAT, "'blk.0.post_attention_norm.weight' is missing");
+    rewrite(src, dst, NULL, "blk.3.ffn_down_exps.bias", NULL, NULL, 0);
+    expect_load_error(dst, KS_ERR_FORMAT, "'blk.3.ffn_down_exps.bias' has shape [256, 8], expected [256, 16]");
+    rewrite(src, dst, NULL, NULL, "gpt-oss.rope.freq_base_swa", NULL, 10000.0f);
+    expect_load_error(dst, KS_ERR_UNSUPPORTED, "gpt-oss.rope.freq_base_swa");
+    rewrite(src, dst, NULL, NULL, "gpt-oss.rope.scaling.type", "longrope", 0);
+    expect_load_error(dst, KS_ERR_UNSUPPORTED, "'longrope' is not supported");
+}
+
 /* ---- main ------------------------------------------------------------------ */
 
 static bool make_models(void)
@@ -232,7 +298,7 @@ int main(void)
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_f32),  cmocka_unit_test(test_f32_chunked),      cmocka_unit_test(test_q8_0),
-        cmocka_unit_test(test_q4_0), cmocka_unit_test(test_q8_0_two_streams),
+        cmocka_unit_test(test_q4_0), cmocka_unit_test(test_q8_0_two_streams), cmocka_unit_test(test_load_errors),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     remove_dir();
