@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "quant/iq4_mxfp4.h"
 #include "quant/kquants.h"
 #include "quant/quant_internal.h"
 
@@ -113,6 +114,8 @@ static const struct layout g_layouts[] = {
     {QUANT_Q8_0, "q8_0", QK8_0, sizeof(block_q8_0), true, QUANT_Q8_0},
     {QUANT_Q8_1, "q8_1", QK8_1, sizeof(block_q8_1), true, QUANT_Q8_1},
     {QUANT_IQ4_NL, "iq4_nl", QK4_NL, sizeof(block_iq4_nl), true, QUANT_Q8_0},
+    {QUANT_IQ4_XS, "iq4_xs", QK_K, sizeof(block_iq4_xs), true, QUANT_Q8_K},
+    {QUANT_MXFP4, "mxfp4", QK_MXFP4, sizeof(block_mxfp4), true, QUANT_Q8_0},
     {QUANT_IQ3_NL, "iq3_nl", QK3_NL, sizeof(block_iq3_nl), true, QUANT_Q8_0},
 };
 
@@ -142,6 +145,7 @@ static void tables_init(void)
         g_best[i].vec_dot = g_scalar[i].vec_dot;
     }
     quant_simd_fill(g_best);
+    quant_iq4_fill(g_best, g_scalar);
     quant_kv_fill(g_best);
     quant_kv_fill(g_scalar);
 }
@@ -186,7 +190,7 @@ ks_status quant_type_from_name(const char *name, enum quant_type *out)
     }
     return ks_fail(KS_ERR_INVALID_ARG,
                    "unknown tensor type '%s' (expected one of f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, "
-                   "q8_0, q8_1, q2_K, q3_K, q4_K, q5_K, q6_K, q8_K, iq4_nl)",
+                   "q8_0, q8_1, q2_K, q3_K, q4_K, q5_K, q6_K, q8_K, iq4_nl, iq4_xs, mxfp4)",
                    name);
 }
 

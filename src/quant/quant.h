@@ -38,7 +38,9 @@ enum quant_type {
     QUANT_Q6_K = 14,
     QUANT_Q8_K = 15,
     QUANT_IQ4_NL = 20,
+    QUANT_IQ4_XS = 23,
     QUANT_BF16 = 30,
+    QUANT_MXFP4 = 39,
     QUANT_KV_ONLY_FIRST = 64, /* kvserve's own types, KV cache rows only (ggml's largest id is 39) */
     QUANT_IQ3_NL = 64,
     QUANT_TYPE_COUNT = 65, /* one past the largest id; ids in between are unknown */
@@ -55,6 +57,7 @@ typedef uint16_t quant_bf16;
 #define QK8_1 32
 #define QK4_NL 32
 #define QK3_NL 32
+#define QK_MXFP4 32
 #define QK_K 256
 #define K_SCALE_SIZE 12
 
@@ -75,6 +78,20 @@ typedef struct { quant_f16 d; uint8_t qs[QK4_NL / 2]; } block_iq4_nl;
 static_assert(sizeof(block_iq4_nl) == 2 + QK4_NL / 2, "block_iq4_nl size");
 /* ggml's kvalues_iq4nl: the 16 levels an IQ4_NL index selects. */
 extern const int8_t quant_iq4nl_values[16];
+/* IQ4_XS: IQ4_NL's levels in super-blocks of QK_K, eight blocks of 32 with a
+ * 6-bit scale each: block ib's scale is ((scales_l[ib / 2] >> 4 * (ib % 2)) & 15)
+ * | ((scales_h >> 2 * ib) & 3) << 4, minus 32, times d. qs as IQ4_NL's, per
+ * block of 32: byte j holds element j (low nibble) and j + 16 (high). */
+typedef struct { quant_f16 d; uint16_t scales_h; uint8_t scales_l[QK_K / 64]; uint8_t qs[QK_K / 2]; } block_iq4_xs;
+static_assert(sizeof(block_iq4_xs) == 2 + 2 + QK_K / 64 + QK_K / 2, "block_iq4_xs size");
+/* MXFP4 (OCP microscaling FP4): 4-bit E2M1 codes, times 2^(e - 127) with e an
+ * E8M0 exponent. Stored as ggml does: the codes index quant_mxfp4_values,
+ * which are twice the E2M1 values, and the scale is taken at half,
+ * 2^(e - 128). Nibbles as IQ4_NL's. */
+typedef struct { uint8_t e; uint8_t qs[QK_MXFP4 / 2]; } block_mxfp4;
+static_assert(sizeof(block_mxfp4) == 1 + QK_MXFP4 / 2, "block_mxfp4 size");
+/* ggml's kvalues_mxfp4: the E2M1 values doubled (0, 0.5, 1, ... 6 -> 0, 1, 2, ... 12). */
+extern const int8_t quant_mxfp4_values[16];
 /* IQ3_NL, kvserve's own 3.5-bit KV type (not a ggml or llama.cpp type): 3-bit
  * indices into quant_iq3nl_values, times d. Element j's index has its low two
  * bits at bits 2 * (j / 8) of qs[j % 8] and its third bit at bit j of qh

@@ -37,6 +37,11 @@ void quant_q5_0_from_float_ref(const float *x, void *y, int64_t n);
 void quant_q5_1_from_float_ref(const float *x, void *y, int64_t n);
 void quant_iq4_nl_from_float_ref(const float *x, void *y, int64_t n);
 void quant_iq3_nl_from_float_ref(const float *x, void *y, int64_t n);
+/* IQ4_NL's quantizer in parts, which IQ4_XS's reuses: the index of the level
+ * of quant_iq4nl_values nearest v (a tie goes up), and the least-squares
+ * scale of one block of 32 (0 for a block of zeros). */
+int quant_iq4nl_nearest(float v);
+float quant_iq4nl_block_scale(const float *x);
 
 /* Index of the level of values (n of them, ascending) nearest v: how many
  * midpoints between neighbours lie at or below it (a tie goes up). */

@@ -179,7 +179,7 @@ void quant_q5_1_from_float_ref(const float *x, void *vy, int64_t n)
 const int8_t quant_iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
 /* Index of the level nearest to v; a tie goes to the upper level. */
-static int iq4nl_nearest(float v)
+int quant_iq4nl_nearest(float v)
 {
     const int8_t *lv = quant_iq4nl_values;
     if (v <= lv[0])
@@ -202,7 +202,7 @@ static struct iq4nl_sums iq4nl_fit(const float *x, float inv_scale)
 {
     struct iq4nl_sums s = {0, 0};
     for (int j = 0; j < QK4_NL; j++) {
-        float q = quant_iq4nl_values[iq4nl_nearest(inv_scale * x[j])], w = x[j] * x[j];
+        float q = quant_iq4nl_values[quant_iq4nl_nearest(inv_scale * x[j])], w = x[j] * x[j];
         s.qx += w * q * x[j];
         s.q2 += w * q * q;
     }
@@ -211,7 +211,7 @@ static struct iq4nl_sums iq4nl_fit(const float *x, float inv_scale)
 
 /* The scale of one block: the fit at max / -127, then the best of 15 fits
  * that map the block's extreme near the outer level. */
-static float iq4nl_block_scale(const float *x)
+float quant_iq4nl_block_scale(const float *x)
 {
     enum { TRIES = 7 };
     float amax = 0, max = 0;
@@ -239,10 +239,10 @@ void quant_iq4_nl_from_float_ref(const float *x, void *vy, int64_t n)
 {
     block_iq4_nl *y = vy;
     for (int64_t i = 0; i < n / QK4_NL; i++, x += QK4_NL) {
-        float d = iq4nl_block_scale(x), id = d ? 1.0f / d : 0.0f;
+        float d = quant_iq4nl_block_scale(x), id = d ? 1.0f / d : 0.0f;
         y[i].d = quant_f32_to_f16(d);
         for (int j = 0; j < QK4_NL / 2; j++)
-            y[i].qs[j] = (uint8_t)(iq4nl_nearest(id * x[j]) | iq4nl_nearest(id * x[j + QK4_NL / 2]) << 4);
+            y[i].qs[j] = (uint8_t)(quant_iq4nl_nearest(id * x[j]) | quant_iq4nl_nearest(id * x[j + QK4_NL / 2]) << 4);
     }
 }
 
