@@ -2,7 +2,8 @@
  * gpt-oss architecture (attention sinks, a 16-token sliding window on every
  * other layer, biases on attention and experts, router bias with softmax
  * after top-k, the clamped SwiGLU, YaRN RoPE) at F32, Q8_0 and Q4_0 weights,
- * F32 cache, llama.cpp's plain F32 attention (dumpref's default, flash
+ * and MXFP4 experts (llama-quantize's MXFP4_MOE of the F32 file, as real
+ * gpt-oss files have them; skipped without ../shared/anchor), F32 cache, llama.cpp's plain F32 attention (dumpref's default, flash
  * attention off). The references in tests/data were made by
  * ../shared/anchor/bin/dumpref from files this tree's synth writes (README,
  * "Correctness against llama.cpp"); the test writes the same files again and
@@ -11,7 +12,13 @@
  *     in one batch, and in chunks of 5 with one thread);
  *   - llama.cpp's 64 greedy ids exactly, decoding one token per batch (12
  *     prompt tokens + 64: the window matters on the sliding layers), and
- *     again with two sequences decoding in the same batch.
+ *     again with two sequences decoding in the same batch;
+ *   - the loader's errors on broken gpt-oss files.
+ * The prompt is the third one tried: on the first two, q8_0 weights put an
+ * activation within 3 ulp of a q8_0 rounding tie (an attention output of
+ * position 12 at -25.4999943 block-scale units), which a last-bit difference
+ * upstream rounds the other way (rows 0-11 within 4.8e-7, later rows ~2e-2
+ * off); README, "Correctness against llama.cpp".
  * Exits 77 (skipped) when tests/data or a model cannot be had. */
 #include <math.h>
 #include <setjmp.h>
@@ -27,6 +34,7 @@
 #include "gguf/gguf.h"
 #include "model/model.h"
 #include "support/llamacpp_ref.h"
+#include "support/skip.h"
 
 #define LOGIT_TOL 1e-4f
 #define MAX_IDS 256
@@ -34,16 +42,19 @@
 static char g_dir[64];
 
 struct oai_case {
-    const char *name; /* tests/data/NAME.{json,logits.f32} */
+    const char *name;     /* tests/data/NAME.{json,logits.f32} */
     const char *preset;
-    const char *type;
+    const char *type;     /* synth's type, or a llama-quantize type made from the f32 file */
+    bool llama_quantize;
 };
 
 static const struct oai_case g_cases[] = {
-    {"tiny-gpt-oss-f32", "tiny-gpt-oss", "f32"},
-    {"tiny-gpt-oss-q8_0", "tiny-gpt-oss", "q8_0"},
-    {"tiny-gpt-oss-q4_0", "tiny-gpt-oss", "q4_0"},
+    {"tiny-gpt-oss-f32", "tiny-gpt-oss", "f32", false},
+    {"tiny-gpt-oss-q8_0", "tiny-gpt-oss", "q8_0", false},
+    {"tiny-gpt-oss-q4_0", "tiny-gpt-oss", "q4_0", false},
+    {"tiny-gpt-oss-mxfp4_moe", "tiny-gpt-oss", "mxfp4_moe", true},
 };
+static bool g_have[sizeof g_cases / sizeof g_cases[0]]; /* the case's model was made */
 #define N_CASES (int)(sizeof g_cases / sizeof g_cases[0])
 
 static const char *data_dir(void)
@@ -189,6 +200,20 @@ static void test_f32_chunked(void **state) { (void)state; run_case(&g_cases[0], 
 static void test_q8_0(void **state) { (void)state; run_case(&g_cases[1], 2, MAX_IDS); }
 static void test_q4_0(void **state) { (void)state; run_case(&g_cases[2], 2, MAX_IDS); }
 static void test_q8_0_two_streams(void **state) { (void)state; run_two_streams(&g_cases[1]); }
+static void test_mxfp4_experts(void **state)
+{
+    (void)state;
+    if (!g_have[3])
+        KS_SKIP("needs llama-quantize under $KVSERVE_SHARED/anchor/bin to make the MXFP4_MOE file");
+    run_case(&g_cases[3], 2, MAX_IDS);
+}
+static void test_mxfp4_experts_chunked(void **state)
+{
+    (void)state;
+    if (!g_have[3])
+        KS_SKIP("needs llama-quantize under $KVSERVE_SHARED/anchor/bin to make the MXFP4_MOE file");
+    run_case(&g_cases[3], 1, 5);
+}
 
 /* ---- loader errors ------------------------------------------------------------ */
 
@@ -257,6 +282,24 @@ static void test_load_errors(void **state)
 
 /* ---- main ------------------------------------------------------------------ */
 
+/* llama-quantize's TYPE (upper case) of the case's f32 file, which
+ * make_models wrote first; false when the anchor build is absent or fails. */
+static bool llama_quantize(const struct oai_case *oc, const char *path)
+{
+    const char *shared = getenv("KVSERVE_SHARED");
+    char tool[1024], f32[128], cmd[2400], type[32];
+    snprintf(tool, sizeof tool, "%s/anchor/bin/llama-quantize", shared ? shared : "");
+    if (!shared || access(tool, X_OK))
+        return false;
+    snprintf(f32, sizeof f32, "%s/%s-f32.gguf", g_dir, oc->preset);
+    size_t i = 0;
+    for (; oc->type[i] && i + 1 < sizeof type; i++)
+        type[i] = (char)(oc->type[i] >= 'a' && oc->type[i] <= 'z' ? oc->type[i] - 32 : oc->type[i]);
+    type[i] = 0;
+    snprintf(cmd, sizeof cmd, "'%s' '%s' '%s' %s > /dev/null 2>&1", tool, f32, path, type);
+    return system(cmd) == 0;
+}
+
 static bool make_models(void)
 {
     for (int i = 0; i < N_CASES; i++) {
@@ -268,6 +311,11 @@ static bool make_models(void)
             return false;
         }
         model_path(oc, path, sizeof path);
+        if (oc->llama_quantize) {
+            g_have[i] = llama_quantize(oc, path);
+            continue;
+        }
+        g_have[i] = true;
         if (!access(path, R_OK))
             continue;
         struct model_synth_spec spec;
@@ -299,8 +347,9 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_f32),  cmocka_unit_test(test_f32_chunked),      cmocka_unit_test(test_q8_0),
         cmocka_unit_test(test_q4_0), cmocka_unit_test(test_q8_0_two_streams), cmocka_unit_test(test_load_errors),
+        cmocka_unit_test(test_mxfp4_experts), cmocka_unit_test(test_mxfp4_experts_chunked),
     };
-    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    int rc = ks_run_tests(tests, NULL, NULL);
     remove_dir();
     return rc;
 }
