@@ -46,7 +46,7 @@
 #include "support/skip.h"
 
 #define LOGIT_TOL 1e-4f
-#define FLIP_TOL 0.5f   /* quantized rows after q8_0 rounding flips (measured up to 0.17) */
+#define FLIP_TOL 1.0f   /* quantized rows after q8_0 rounding flips (measured up to 0.38, -O0 MXFP4) */
 #define N_PROMPT 12     /* the references' prompt; their other ids are llama.cpp's greedy ids */
 #define MAX_IDS 256
 
