@@ -171,12 +171,35 @@ static void test_info_moe(void **state)
     free(out);
 }
 
+/* gpt-oss's features as the loader reads them: which layers slide, sinks,
+ * biases, YaRN and the gating (a tiny synth file: window 16 on layers 0 and 2). */
+static void test_info_gpt_oss_features(void **state)
+{
+    (void)state;
+    KS_NEED_KVSERVE();
+    char *out = malloc(OUT_CAP);
+    char path[] = "/tmp/test_gguf_info_XXXXXX";
+    close(mkstemp(path));
+    char args[512];
+    snprintf(args, sizeof args, "--preset tiny-gpt-oss --type q8_0 -t 1 -o %s", path);
+    assert_int_equal(ks_run_kvserve("synth", args, out, OUT_CAP), 0);
+    snprintf(args, sizeof args, "-m %s --no-tensors", path);
+    assert_int_equal(ks_run_kvserve("info", args, out, OUT_CAP), 0);
+    ks_expect_text(out, "sliding window 16 (pattern 2) on layers 0, 2; full on layers 1, 3; sinks");
+    ks_expect_text(out, "biases: Q/K/V, attention output, router and every expert matrix");
+    ks_expect_text(out, "scaling YaRN (factor 32 over an original context of 4096, beta 32 / 1, magnitude 1.3466)");
+    ks_expect_text(out, "experts: 4 of 16 per token, weights softmax over the top-k router logits, clamped SwiGLU");
+    unlink(path);
+    free(out);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_info_kv_numbers),
         cmocka_unit_test(test_info_stories260k),
         cmocka_unit_test(test_info_moe),
+        cmocka_unit_test(test_info_gpt_oss_features),
     };
     return ks_run_tests(tests, NULL, NULL);
 }

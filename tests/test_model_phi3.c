@@ -286,8 +286,8 @@ static void test_info_features(void **state)
     model_path(&g_cases[2], path, sizeof path);
     snprintf(args, sizeof args, "-m %s --no-tensors", path);
     assert_int_equal(ks_run_kvserve("info", args, out, OUT_CAP), 0);
-    ks_expect_text(out, "rope scaling: longrope (rope_factors_short/long, 24 factors each: the long ones when the "
-                        "context per sequence exceeds 64 tokens; cos and sin scaled by attn_factor 1.41421)");
+    ks_expect_text(out, "scaling LongRoPE (rope_factors_short/long, 24 factors each: the long ones when the "
+                        "context per sequence exceeds 64 tokens); cos and sin scaled by attn_factor 1.41421");
     ks_expect_text(out, "fused projections: attn_qkv (Q, K, V rows), ffn_up (gate rows, then up rows)");
     ks_expect_text(out, "sliding window: 2047 tokens in the file, not applied");
     free(out);

@@ -702,8 +702,8 @@ static ks_status expert_matmul(threads_pool *pool, const void *W, enum quant_typ
  * several experts) or directly. Repacked (each expert's slice repacked on its
  * own), the bits of one quant_matmul_repacked per expert: the group kernels
  * up to 16 tokens, the prefill tiles above. */
-static void check_experts(threads_pool *pool, enum quant_type wtype, int64_t rows, int64_t cols, int n_expert,
-                          const int *counts, bool pair, bool repacked)
+static void check_experts_glu(threads_pool *pool, enum quant_type wtype, int64_t rows, int64_t cols, int n_expert,
+                              const int *counts, bool pair, bool repacked, bool bias, enum quant_glu glu)
 {
     const struct quant_traits *wt = quant_traits(wtype);
     size_t wrow = quant_row_size(wtype, cols), stride = wrow * (size_t)rows;
@@ -739,8 +739,13 @@ static void check_experts(threads_pool *pool, enum quant_type wtype, int64_t row
     struct quant_moe_mm p = {
         .wtype = wtype, .rows = rows, .cols = cols, .W = W, .W2 = pair ? W2 : NULL, .stride = stride,
         .n_expert = n_expert, .start = start, .X = X, .x_rows = pair ? x_rows : NULL, .n_x = n_x, .Y = Y,
-        .Y2 = pair ? Y2 : NULL, .swiglu = pair, .repacked = repacked,
+        .Y2 = pair ? Y2 : NULL, .swiglu = pair, .repacked = repacked, .glu = pair ? glu : QUANT_GLU_SILU,
     };
+    float *B = malloc(n_expert * rows * sizeof(float)), *B2 = malloc(n_expert * rows * sizeof(float));
+    fill_random(B, n_expert * rows, 2.0f);
+    fill_random(B2, n_expert * rows, 2.0f);
+    if (bias)
+        p.B = B, p.B2 = pair ? B2 : NULL;
     assert_int_equal(quant_matmul_experts(pool, &p, work, ws), KS_OK);
     for (int64_t g = 0; g < G; g++)
         memcpy(xg + g * cols, X + (int64_t)x_rows[g] * cols, cols * sizeof(float));
@@ -750,10 +755,17 @@ static void check_experts(threads_pool *pool, enum quant_type wtype, int64_t row
             continue;
         assert_int_equal(expert_matmul(pool, W + e * stride, wtype, repacked, rows, cols, xg + t0 * cols, n,
                                        R + t0 * rows, work, ws), KS_OK);
+        for (int64_t i = 0; i < n * rows && bias; i++)
+            R[t0 * rows + i] += B[e * rows + i % rows];
         if (pair) {
             assert_int_equal(expert_matmul(pool, W2 + e * stride, wtype, repacked, rows, cols, xg + t0 * cols, n,
                                            R2 + t0 * rows, work, ws), KS_OK);
-            quant_swiglu(R + t0 * rows, R2 + t0 * rows, n * rows);
+            for (int64_t i = 0; i < n * rows && bias; i++)
+                R2[t0 * rows + i] += B2[e * rows + i % rows];
+            if (glu == QUANT_GLU_OAI)
+                quant_swiglu_oai(R + t0 * rows, R2 + t0 * rows, n * rows);
+            else
+                quant_swiglu(R + t0 * rows, R2 + t0 * rows, n * rows);
         }
     }
     for (int64_t i = 0; i < G * rows; i++)
@@ -762,6 +774,37 @@ static void check_experts(threads_pool *pool, enum quant_type wtype, int64_t row
                      wt->name, (long long)rows, (long long)cols, pair, repacked, (long long)(i / rows),
                      (long long)(i % rows), Y[i], R[i]);
     free(W), free(W2), free(wf), free(X), free(xg), free(Y), free(Y2), free(R), free(R2), free(x_rows), free(work);
+    free(B), free(B2);
+}
+
+static void check_experts(threads_pool *pool, enum quant_type wtype, int64_t rows, int64_t cols, int n_expert,
+                          const int *counts, bool pair, bool repacked)
+{
+    check_experts_glu(pool, wtype, rows, cols, n_expert, counts, pair, repacked, false, QUANT_GLU_SILU);
+}
+
+/* gpt-oss's experts: per-expert biases before the activation, its clamped
+ * SwiGLU, and the down projection's bias alone (no pair). */
+static void test_matmul_experts_bias_oai(void **state)
+{
+    (void)state;
+    const int counts[][8] = {{1, 0, 0, 1, 0, 0, 0, 1}, {9, 0, 16, 17, 20, 0, 4, 1}};
+    const enum quant_type types[] = {QUANT_F32, QUANT_Q8_0, QUANT_Q4_0};
+    const int R = quant_repack_rows();
+    for (int th = 1; th <= 2; th++) {
+        threads_pool *pool;
+        assert_int_equal(threads_create(th, &pool), KS_OK);
+        for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
+            for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++)
+                for (int pair = 0; pair < 2; pair++) {
+                    check_experts_glu(pool, types[ti], 80, 96, 8, counts[c], pair, false, true, QUANT_GLU_OAI);
+                    check_experts_glu(pool, types[ti], 144, 2048 + 32, 8, counts[c], pair, false, true,
+                                      pair ? QUANT_GLU_OAI : QUANT_GLU_SILU);
+                    if (types[ti] != QUANT_F32)
+                        check_experts_glu(pool, types[ti], 5 * R, 96, 8, counts[c], pair, true, true, QUANT_GLU_OAI);
+                }
+        threads_free(pool);
+    }
 }
 
 static void test_matmul_experts_vs_per_expert(void **state)
@@ -821,7 +864,10 @@ static void test_matmul_experts_rejects_bad_args(void **state)
     assert_int_equal(quant_matmul_experts(NULL, &p, work, sizeof work), KS_OK);
     p.swiglu = true; /* needs W2 */
     assert_int_equal(quant_matmul_experts(NULL, &p, work, sizeof work), KS_ERR_INVALID_ARG);
-    p.swiglu = false, p.n_x = 2; /* without x_rows, one X row per grouped row */
+    p.swiglu = false, p.glu = QUANT_GLU_OAI; /* the clamped SwiGLU needs swiglu */
+    assert_int_equal(quant_matmul_experts(NULL, &p, work, sizeof work), KS_ERR_INVALID_ARG);
+    p.glu = QUANT_GLU_SILU;
+    p.n_x = 2; /* without x_rows, one X row per grouped row */
     assert_int_equal(quant_matmul_experts(NULL, &p, work, sizeof work), KS_ERR_INVALID_ARG);
     p.n_x = 1, p.stride = 1;
     assert_int_equal(quant_matmul_experts(NULL, &p, work, sizeof work), KS_ERR_INVALID_ARG);
@@ -929,6 +975,38 @@ static void test_swiglu_simd_vs_scalar(void **state)
     }
 }
 
+/* The SIMD clamped SwiGLU agrees with the libm reference across and beyond
+ * its clamps, at every tail length. */
+static void test_swiglu_oai_simd_vs_scalar(void **state)
+{
+    (void)state;
+    enum { N = 4099 };
+    static float g[N], up[N], want[N], got[N];
+    for (int i = 0; i < N; i++) {
+        g[i] = -100.0f + 200.0f * (float)i / N;
+        up[i] = -12.0f + 24.0f * (float)((i * 37) % N) / N;
+    }
+    g[0] = 0.0f, g[1] = -0.0f, g[2] = 1e-20f, g[3] = -51.5f, g[4] = 52.5f, g[5] = 7.0f, g[6] = 6.999f;
+    up[7] = 7.0f, up[8] = -7.0f, up[9] = -1.0f;
+    for (int n = 0; n <= N; n += n < 40 ? 1 : 613) {
+        memcpy(want, g, sizeof g);
+        memcpy(got, g, sizeof g);
+        quant_swiglu_oai_scalar(want, up, n);
+        quant_swiglu_oai(got, up, n);
+        for (int i = 0; i < N; i++) {
+            float tol = 1e-6f * fabsf(want[i]) + 1e-30f;
+            if (!(fabsf(got[i] - want[i]) <= tol))
+                fail_msg("n=%d i=%d g=%g up=%g: simd %.9g, scalar %.9g", n, i, (double)g[i], (double)up[i],
+                         (double)got[i], (double)want[i]);
+        }
+    }
+    /* the clamps: gate at 7 and up at +-7 */
+    float g1[2] = {100.0f, 3.0f}, u1[2] = {100.0f, -100.0f};
+    quant_swiglu_oai_scalar(g1, u1, 2);
+    assert_float_equal(g1[0], 7.0f / (1.0f + expf(-1.702f * 7.0f)) * 8.0f, 0);
+    assert_float_equal(g1[1], 3.0f / (1.0f + expf(-1.702f * 3.0f)) * -6.0f, 0);
+}
+
 static void test_get_row(void **state)
 {
     (void)state;
@@ -967,6 +1045,8 @@ int main(void)
         cmocka_unit_test(test_matmul_set_is_each_matmul),
         cmocka_unit_test(test_get_row),
         cmocka_unit_test(test_swiglu_simd_vs_scalar),
+        cmocka_unit_test(test_swiglu_oai_simd_vs_scalar),
+        cmocka_unit_test(test_matmul_experts_bias_oai),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,6 +1,7 @@
 /* kvserve info: what is inside a GGUF and how much memory it needs.
  *
- * Sections print in order: file, metadata, tensors, totals by type, memory.
+ * Sections print in order: file, metadata, tensors, totals by type,
+ * architecture features (as the model loader reads them), memory.
  * The memory section works from struct info_kv_shape, read once from the
  * metadata, so further KV tables (e.g. a fit table per budget) can be added
  * as one more print_* function over the same shape. */
@@ -357,102 +358,6 @@ static void print_weights(const struct gguf_file *f, const char *arch)
            w.n_expert ? ", experts counted used / count" : "");
 }
 
-/* ---- RoPE scaling and phi3's features -------------------------------------- */
-
-/* The RoPE scaling a file asks for, as the loader reads it: rope.scaling.type
- * when present, else LongRoPE for rope_factors_long/short (phi3), llama3-style
- * factors for rope_freqs, linear for a bare scaling factor. */
-static void print_rope_scaling(const struct gguf_file *f, const char *arch)
-{
-    char key[160];
-    struct gguf_str type;
-    uint32_t orig = 0;
-    float attn = 1.0f, factor = 0.0f;
-    snprintf(key, sizeof key, "%s.rope.scaling.original_context_length", arch);
-    bool has_orig = gguf_get_u32(f, key, &orig) == KS_OK;
-    snprintf(key, sizeof key, "%s.rope.scaling.attn_factor", arch);
-    bool has_attn = gguf_get_f32(f, key, &attn) == KS_OK;
-    snprintf(key, sizeof key, "%s.rope.scaling.factor", arch);
-    bool has_factor = gguf_get_f32(f, key, &factor) == KS_OK && factor != 1.0f && factor != 0.0f;
-    snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
-    const struct gguf_tensor_info *longf = gguf_find_tensor(f, "rope_factors_long.weight");
-    printf("  rope scaling: ");
-    if (longf && gguf_find_tensor(f, "rope_factors_short.weight")) {
-        printf("longrope (rope_factors_short/long, %" PRId64 " factors each: the long ones when the context per "
-               "sequence exceeds ",
-               longf->ne[0]);
-        if (has_orig)
-            printf("%u tokens", orig);
-        else
-            printf("the trained context");
-        printf("; cos and sin scaled by attn_factor %g)\n", (double)attn);
-        return;
-    }
-    if (gguf_get_str(f, key, &type) == KS_OK)
-        printf("%.*s", (int)(type.len > 32 ? 32 : type.len), type.data);
-    else if (gguf_find_tensor(f, "rope_freqs.weight"))
-        printf("per-dimension factors (rope_freqs)");
-    else
-        printf(has_factor ? "linear" : "none");
-    if (has_factor)
-        printf(", factor %g", (double)factor);
-    if (has_attn)
-        printf(", attn_factor %g", (double)attn);
-    printf("\n");
-}
-
-/* phi3: fused projections, and the sliding window its file stores but
- * llama.cpp (so kvserve) does not apply. */
-static void print_phi3_features(const struct gguf_file *f, const char *arch)
-{
-    if (strcmp(arch, "phi3"))
-        return;
-    bool qkv = gguf_find_tensor(f, "blk.0.attn_qkv.weight"), up = gguf_find_tensor(f, "blk.0.ffn_up.weight");
-    if (qkv || up)
-        printf("  fused projections: %s%s%s\n", qkv ? "attn_qkv (Q, K, V rows)" : "", qkv && up ? ", " : "",
-               up ? "ffn_up (gate rows, then up rows)" : "");
-    uint32_t swa = 0;
-    if (arch_u32(f, arch, "attention.sliding_window", &swa) == KS_OK && swa > 0)
-        printf("  sliding window: %u tokens in the file, not applied (llama.cpp turns phi3's window off; "
-               "every layer attends to the whole context)\n", swa);
-}
-
-/* The features the forward pass runs beyond a plain llama block, as the
- * model loader reads them (so exactly what `serve` would run): sliding
- * windows and their layer pattern, RoPE bases, query scaling, soft-capping.
- * Files kvserve cannot load say why. */
-static void print_arch_features(const char *path)
-{
-    struct model *m;
-    if (model_load_flags(path, MODEL_LOAD_MMAP | MODEL_LOAD_NO_REPACK, &m)) {
-        printf("architecture: n/a (%s)\n", ks_errmsg());
-        return;
-    }
-    const struct model_hparams *hp = model_hparams(m);
-    printf("architecture: %s, %d layers, RoPE %s base %g", hp->arch_name, hp->n_layer,
-           hp->rope_type == MODEL_ROPE_NEOX ? "neox" : "normal", (double)hp->rope_freq_base);
-    if (hp->n_swa > 0) {
-        int n_swa_layers = 0;
-        for (int il = 0; il < hp->n_layer; il++)
-            n_swa_layers += model_layer_is_swa(hp, il);
-        printf("\n  sliding window: %d tokens on %d of %d layers", hp->n_swa, n_swa_layers, hp->n_layer);
-        if (hp->swa_pattern > 1)
-            printf(" (pattern %d: the last of every %d is global)", hp->swa_pattern, hp->swa_pattern);
-        printf(", their RoPE base %g%s", (double)hp->rope_freq_base_swa,
-               hp->arch == MODEL_ARCH_GEMMA3 ? " unscaled" : "");
-    }
-    if (hp->embd_scale > 0)
-        printf("\n  embeddings x %g, post-attention and post-FFN norms, %s FFN, queries x %g (attention scale 1)",
-               (double)hp->embd_scale, hp->ffn_act == MODEL_FFN_GEGLU ? "GeGLU (gelu-tanh)" : "SwiGLU",
-               (double)hp->attn_q_scale);
-    if (hp->attn_softcap > 0)
-        printf("\n  attention logit soft-cap %g", (double)hp->attn_softcap);
-    if (hp->final_softcap > 0)
-        printf("\n  final logit soft-cap %g", (double)hp->final_softcap);
-    printf("\n");
-    model_free(m);
-}
-
 static void print_memory(const struct gguf_file *f, uint64_t weight_bytes, size_t kv_mem)
 {
     char h[32];
@@ -464,10 +369,6 @@ static void print_memory(const struct gguf_file *f, uint64_t weight_bytes, size_
         !memchr(arch.data, '\0', (size_t)arch.len))
         memcpy(arch_name, arch.data, (size_t)arch.len);
     print_weights(f, arch_name);
-    if (arch_name[0]) {
-        print_rope_scaling(f, arch_name);
-        print_phi3_features(f, arch_name);
-    }
     struct info_kv_shape shape;
     if (read_kv_shape(f, &shape)) {
         printf("  KV cache: n/a (%s)\n", ks_errmsg());
@@ -476,6 +377,109 @@ static void print_memory(const struct gguf_file *f, uint64_t weight_bytes, size_
     print_kv_memory(&shape);
     if (kv_mem)
         print_kv_fit(&shape, kv_mem);
+}
+
+/* ---- architecture features ------------------------------------------------ */
+
+/* Layers il of the given kind, as "0, 2, 4" (at most a few, then "..."). */
+static void print_layer_list(const struct model_hparams *hp, bool swa)
+{
+    int shown = 0, total = 0;
+    for (int il = 0; il < hp->n_layer; il++) {
+        if (model_layer_is_swa(hp, il) != swa)
+            continue;
+        if (shown < 6)
+            printf("%s%d", shown ? ", " : "", il), shown++;
+        total++;
+    }
+    if (total > shown)
+        printf(", ... (%d layers)", total);
+}
+
+static void print_rope(const struct model_hparams *hp)
+{
+    static const char *const scaling[] = {"none", "linear", "llama3", "LongRoPE", "YaRN"};
+    printf("  rope: %s, base %g, %d of %d dims, scaling %s", hp->rope_type == MODEL_ROPE_NEOX ? "neox" : "normal",
+           (double)hp->rope_freq_base, hp->n_rot, hp->head_dim_k, scaling[hp->rope_scaling]);
+    if (hp->rope_scaling == MODEL_ROPE_SCALING_YARN)
+        printf(" (factor %g over an original context of %d, beta %g / %g, magnitude %.4f)",
+               (double)hp->rope_scale_factor, hp->rope_yarn_orig_ctx, (double)hp->rope_yarn_beta_fast,
+               (double)hp->rope_yarn_beta_slow, (double)hp->rope_yarn_mscale);
+    else if (hp->rope_scaling == MODEL_ROPE_SCALING_LONGROPE)
+        printf(" (rope_factors_short/long, %d factors each: the long ones when the context per sequence exceeds "
+               "%d tokens)", hp->n_rot / 2, hp->rope_n_ctx_orig);
+    else if (hp->rope_scaling != MODEL_ROPE_SCALING_NONE)
+        printf(" (factor %g)", (double)hp->rope_scale_factor);
+    if (hp->rope_attn_factor != 1.0f)
+        printf("; cos and sin scaled by attn_factor %g", (double)hp->rope_attn_factor);
+    printf("\n");
+}
+
+/* gemma2 / gemma3: the block's extra steps and the soft-caps. */
+static void print_gemma(const struct model_hparams *hp)
+{
+    if (hp->embd_scale > 0)
+        printf("  embeddings x %g, post-attention and post-FFN norms, %s FFN, queries x %g (attention scale 1)\n",
+               (double)hp->embd_scale, hp->ffn_act == MODEL_FFN_GEGLU ? "GeGLU (gelu-tanh)" : "SwiGLU",
+               (double)hp->attn_q_scale);
+    if (hp->attn_softcap > 0)
+        printf("  attention logit soft-cap %g\n", (double)hp->attn_softcap);
+    if (hp->final_softcap > 0)
+        printf("  final logit soft-cap %g\n", (double)hp->final_softcap);
+}
+
+/* phi3: fused projections, and the sliding window its file stores but
+ * llama.cpp (so kvserve) does not apply. */
+static void print_phi3(const struct gguf_file *f, const struct model_hparams *hp)
+{
+    if (hp->arch != MODEL_ARCH_PHI3)
+        return;
+    bool qkv = gguf_find_tensor(f, "blk.0.attn_qkv.weight"), up = gguf_find_tensor(f, "blk.0.ffn_up.weight");
+    if (qkv || up)
+        printf("  fused projections: %s%s%s\n", qkv ? "attn_qkv (Q, K, V rows)" : "", qkv && up ? ", " : "",
+               up ? "ffn_up (gate rows, then up rows)" : "");
+    if (hp->n_swa_stored > 0)
+        printf("  sliding window: %d tokens in the file, not applied (llama.cpp turns phi3's window off; "
+               "every layer attends to the whole context)\n", hp->n_swa_stored);
+}
+
+/* What the model loader makes of the file (a mapped load, not repacked, so
+ * exactly what `serve` would run): the attention kinds per layer (sliding
+ * windows, their pattern and RoPE base), sinks, biases, RoPE, gemma's and
+ * phi3's extra steps and the MoE gating. Files kvserve cannot load say why. */
+static void print_features(const char *path, const struct gguf_file *f)
+{
+    struct model *m;
+    printf("architecture features:\n");
+    if (model_load_flags(path, MODEL_LOAD_MMAP | MODEL_LOAD_NO_REPACK, &m)) {
+        printf("  n/a (%s)\n", ks_errmsg());
+        return;
+    }
+    const struct model_hparams *hp = model_hparams(m);
+    printf("  %s, %d layers\n", hp->arch_name, hp->n_layer);
+    printf("  attention: %d heads, %d KV heads of %d", hp->n_head, hp->n_head_kv, hp->head_dim_k);
+    if (hp->n_swa > 0) {
+        printf("; sliding window %d (pattern %d) on layers ", hp->n_swa, hp->swa_pattern);
+        print_layer_list(hp, true);
+        printf("; full on layers ");
+        print_layer_list(hp, false);
+    }
+    printf("%s%s%s\n", hp->oai.attn_sinks ? "; sinks (a learned logit per head)" : "",
+           hp->has_qk_norm ? "; Q/K norm" : "", hp->oai.post_attn_norm ? "; FFN norm post_attention_norm" : "");
+    if (hp->n_swa > 0 && hp->rope_freq_base_swa != hp->rope_freq_base)
+        printf("  window layers' RoPE: base %g, unscaled\n", (double)hp->rope_freq_base_swa);
+    if (hp->has_qkv_bias || hp->oai.attn_out_bias || hp->oai.expert_bias)
+        printf("  biases: %s%s%s\n", hp->has_qkv_bias ? "Q/K/V" : "", hp->oai.attn_out_bias ? ", attention output" : "",
+               hp->oai.expert_bias ? ", router and every expert matrix" : "");
+    print_rope(hp);
+    print_gemma(hp);
+    print_phi3(f, hp);
+    if (hp->n_expert > 0)
+        printf("  experts: %d of %d per token, %s, %s\n", hp->n_expert_used, hp->n_expert,
+               hp->oai.softmax_after_topk ? "weights softmax over the top-k router logits"
+                                          : "weights from softmax over all experts, top-k renormalized",
+               hp->oai.swiglu_oai ? "clamped SwiGLU (alpha 1.702, limit 7)" : "SwiGLU");
+    model_free(m);
 }
 
 int cli_info(int argc, char **argv)
@@ -494,7 +498,7 @@ int cli_info(int argc, char **argv)
     if (o.tensors)
         print_tensors(f);
     uint64_t weight_bytes = print_type_totals(f);
-    print_arch_features(o.model);
+    print_features(o.model, f);
     print_memory(f, weight_bytes, o.kv_mem);
     gguf_close(f);
     return 0;

@@ -1,6 +1,7 @@
 /* model: Llama-family transformers (llama, qwen2, qwen3, phi3), their
- * mixture-of-experts forms (qwen3moe; llama with experts, i.e. Mixtral) and
- * Gemma 2 / Gemma 3 loaded from GGUF and run on the CPU. Every hyper-parameter comes from the file's
+ * mixture-of-experts forms (qwen3moe; llama with experts, i.e. Mixtral;
+ * gpt-oss, with sinks, sliding windows, biases and YaRN) and Gemma 2 /
+ * Gemma 3 loaded from GGUF and run on the CPU. Every hyper-parameter comes from the file's
  * metadata.
  *
  * The forward pass takes a batch of (token, position, sequence) entries:
@@ -21,7 +22,7 @@
 
 enum model_arch {
     MODEL_ARCH_LLAMA, MODEL_ARCH_QWEN2, MODEL_ARCH_QWEN3, MODEL_ARCH_QWEN3MOE, MODEL_ARCH_PHI3,
-    MODEL_ARCH_GEMMA2, MODEL_ARCH_GEMMA3,
+    MODEL_ARCH_GEMMA2, MODEL_ARCH_GEMMA3, MODEL_ARCH_GPT_OSS,
 };
 enum model_rope_type { MODEL_ROPE_NORMAL, MODEL_ROPE_NEOX };
 enum model_rope_scaling {
@@ -29,6 +30,7 @@ enum model_rope_scaling {
     MODEL_ROPE_SCALING_LINEAR,
     MODEL_ROPE_SCALING_LLAMA3,
     MODEL_ROPE_SCALING_LONGROPE, /* phi3: per-dimension short/long factors (rope_factors_short/long) */
+    MODEL_ROPE_SCALING_YARN,
 };
 /* The gated FFN's activation: SwiGLU silu(gate) * up, or GeGLU gelu_tanh(gate) * up (Gemma) */
 enum model_ffn_act { MODEL_FFN_SWIGLU, MODEL_FFN_GEGLU };
@@ -71,25 +73,42 @@ struct model_hparams {
     float rope_attn_factor;    /* rope.scaling.attn_factor, else 1: cos and sin are scaled by it */
     int n_swa_stored;          /* phi3.attention.sliding_window as the file says (0: none); not
                                   applied, as llama.cpp does not apply it */
+    /* Sliding-window attention (gemma2, gemma3, gpt-oss; the one notion the
+     * forward pass, the KV cache's freeing (model_kv_config) and `kvserve
+     * info` share): a window layer's query at p sees keys at p - n_swa < j <= p. */
+    int n_swa;                 /* attention.sliding_window; 0: no window layers */
+    int swa_pattern;           /* layer il is a window layer iff il % swa_pattern < swa_pattern - 1
+                                  (the last of every swa_pattern is global: gemma3 6, gemma2 and
+                                  gpt-oss 2, i.e. the even layers); 0: every layer */
+    float rope_freq_base_swa;  /* RoPE base of window layers (gemma3: 10000, unscaled) */
     /* Gemma 2 / Gemma 3 features (the other architectures leave them off):
      * embeddings scaled by sqrt(n_embd); post-attention and post-FFN RMSNorms
      * on each block's output before its residual; GeGLU; queries scaled by
-     * attn_q_scale after RoPE (attention then scales by 1); sliding-window
-     * layers with their own RoPE base; logit soft-capping. */
+     * attn_q_scale after RoPE (attention then scales by 1); logit soft-capping. */
     float embd_scale;          /* token embeddings times this; 0: off */
     bool has_post_norms;       /* blk.N.post_attention_norm, blk.N.post_ffw_norm */
     enum model_ffn_act ffn_act;
     float attn_q_scale;        /* > 0: q *= attn_q_scale, attention scale 1; 0: scale 1/sqrt(head_dim_k) */
-    int n_swa;                 /* attention.sliding_window: a window layer's query at p sees keys at
-                                  p - n_swa < j <= p; 0: no window layers */
-    int swa_pattern;           /* layer il is a window layer iff il % swa_pattern < swa_pattern - 1
-                                  (the last of every swa_pattern is global); 0: every layer */
-    float rope_freq_base_swa;  /* RoPE base of window layers (gemma3: 10000, unscaled) */
     float attn_softcap;        /* > 0: scores = c * tanh(scores / c) (gemma2) */
     float final_softcap;       /* > 0: logits = c * tanh(logits / c) (gemma2) */
+    /* gpt-oss's features, as llama.cpp's openai-moe runs them (0 / false: off) */
+    struct {
+        bool attn_sinks;           /* attn_sinks: a learned per-head logit in each softmax */
+        bool attn_out_bias;        /* attn_output.bias */
+        bool post_attn_norm;       /* the FFN's norm is named post_attention_norm */
+        bool expert_bias;          /* ffn_gate_inp.bias and every expert matrix's bias */
+        bool softmax_after_topk;   /* routing: top-k of the logits, softmax over those k */
+        bool swiglu_oai;           /* experts' activation: quant_swiglu_oai (alpha 1.702, limit 7) */
+    } oai;
+    /* YaRN (rope_scaling YARN): rope.scaling.original_context_length, the
+     * ramp's beta_fast / beta_slow, and YaRN's own magnitude scale of cos and
+     * sin (the model scales them by it times rope_attn_factor) */
+    int rope_yarn_orig_ctx;
+    float rope_yarn_beta_fast, rope_yarn_beta_slow, rope_yarn_mscale;
 };
 
-/* Whether layer il attends through hp->n_swa's sliding window. */
+/* Whether layer il attends through hp->n_swa's sliding window (llama.cpp's
+ * rule: il % swa_pattern < swa_pattern - 1). */
 bool model_layer_is_swa(const struct model_hparams *hp, int il);
 
 struct model;
@@ -175,7 +194,7 @@ ks_status model_forward(struct model_ctx *c, struct kv_cache *kv, const struct m
  * the built-in default model and tests. Same spec and seed give the same file. */
 struct model_synth_spec {
     const char *arch;          /* "llama", "qwen2" (QKV bias), "qwen3" (Q/K norm), "qwen3moe", "phi3"
-                                  (fused QKV and gate/up), "gemma2" or "gemma3" */
+                                  (fused QKV and gate/up), "gemma2", "gemma3" or "gpt-oss" */
     int n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff;
     int n_expert, n_expert_used; /* n_expert > 0: MoE FFN (llama: Mixtral; qwen3moe needs it) */
     int n_ff_exp;              /* each expert's FFN width (0: n_ff) */
@@ -194,16 +213,19 @@ struct model_synth_spec {
     int n_ctx_orig;            /* > 0: LongRoPE: rope.scaling.original_context_length, rope.scaling.attn_factor
                                   and rope_factors_long/short, as convert_hf_to_gguf writes a 128k Phi-3.5 */
     int sliding_window;        /* phi3.attention.sliding_window (written for phi3 only) */
-    /* gemma2 / gemma3 */
-    int n_swa;                 /* attention.sliding_window (0: not written) */
+    /* gemma2 / gemma3 / gpt-oss */
+    int n_swa;                 /* attention.sliding_window (0: not written; gpt-oss: on the even layers) */
     int swa_pattern;           /* gemma3: attention.sliding_window_pattern written when > 0 */
     float attn_softcap, final_softcap; /* gemma2: attn_logit_softcapping, final_logit_softcapping */
+    /* gpt-oss */
+    float rope_yarn_factor;    /* > 1: YaRN rope.scaling.factor */
+    int rope_yarn_orig_ctx;    /* rope.scaling.original_context_length */
 };
 
 /* Fill spec from a preset name: llama-1b, smollm2-135m, qwen3-0.6b, tiny,
  * qwen3moe-30b-a3b, mixtral-8x7b, tiny-qwen3moe, tiny-mixtral,
  * tiny-qwen3moe-ties, phi3-mini, phi4-mini, tiny-phi3, tiny-phi3-short,
- * gemma3-1b, tiny-gemma3, tiny-gemma2. */
+ * gemma3-1b, tiny-gemma3, tiny-gemma2, gpt-oss-20b, tiny-gpt-oss. */
 ks_status model_synth_preset(const char *name, struct model_synth_spec *spec);
 /* Space-separated preset names, for help text. */
 const char *model_synth_preset_names(void);

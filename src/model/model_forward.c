@@ -259,6 +259,9 @@ static void swiglu_task(void *p, int ith, int nth) { glu_split(p, quant_swiglu, 
 /* gate = gelu_tanh(gate) * up (gemma) */
 static void geglu_task(void *p, int ith, int nth) { glu_split(p, quant_geglu, ith, nth); }
 
+/* gpt-oss's clamped SwiGLU (quant_swiglu_oai) */
+static void swiglu_oai_task(void *p, int ith, int nth) { glu_split(p, quant_swiglu_oai, ith, nth); }
+
 struct softcap_job {
     float *x;
     int64_t n;
@@ -279,16 +282,31 @@ static void softcap_task(void *p, int ith, int nth)
 
 /* ---- RoPE ------------------------------------------------------------------ */
 
-/* Angles as llama.cpp computes them: theta_i = p * theta_scale^i by repeated
- * multiplication, divided by the per-frequency factor (ff NULL: 1), times
- * freq_scale; cos and sin scaled by mscale (rope.scaling.attn_factor, as
- * llama.cpp's attn_factor scales every layer's, window layers' too). */
-static void rope_angles(int n_rot, float theta_scale, float freq_scale, const float *ff, float mscale, int32_t pos,
-                        float *cs)
+/* YaRN's angle for pair i, as ggml's rope_yarn: the interpolated angle
+ * (times freq_scale) and the extrapolated one mixed by a ramp that is 1 below
+ * the low corr dim and 0 above the high one. */
+static float yarn_angle(const struct model *m, int i, float theta_extrap)
 {
-    float theta = (float)pos;
-    for (int i = 0; i < n_rot / 2; i++) {
-        float t = freq_scale * (theta / (ff ? ff[i] : 1.0f));
+    float theta_interp = m->rope_freq_scale * theta_extrap;
+    float lo = m->rope_yarn_corr[0], hi = m->rope_yarn_corr[1];
+    float y = ((float)i - lo) / (hi - lo > 0.001f ? hi - lo : 0.001f);
+    float ramp_mix = (1 - (y < 0 ? 0 : y > 1 ? 1 : y)) * m->rope_ext_factor;
+    return theta_interp * (1 - ramp_mix) + theta_extrap * ramp_mix;
+}
+
+/* Angles as llama.cpp computes them: theta_i = p * theta_scale^i by repeated
+ * multiplication, divided by the per-frequency factor, times freq_scale (or
+ * YaRN's mix); cos and sin scaled by rope_mscale (rope.scaling.attn_factor,
+ * which llama.cpp applies to every layer, window layers too, times YaRN's
+ * magnitude). swa_own: gemma3's window layers, their own base, unscaled. */
+static void rope_angles(const struct model *m, bool swa_own, int32_t pos, float *cs)
+{
+    float theta = (float)pos, mscale = m->rope_mscale;
+    float theta_scale = swa_own ? m->rope_theta_scale_swa : m->rope_theta_scale;
+    const float *ff = swa_own ? NULL : m->rope_freq_factors;
+    for (int i = 0; i < m->hp.n_rot / 2; i++) {
+        float th = theta / (ff ? ff[i] : 1.0f);
+        float t = swa_own ? th : m->rope_ext_factor != 0.0f ? yarn_angle(m, i, th) : m->rope_freq_scale * th;
         cs[2 * i] = cosf(t) * mscale;
         cs[2 * i + 1] = sinf(t) * mscale;
         theta *= theta_scale;
@@ -513,12 +531,15 @@ static ks_status attention_block(struct model_ctx *c, struct kv_cache *kv, int i
         .scale = hp->attn_q_scale > 0 ? 1.0f : 1.0f / sqrtf((float)hp->head_dim_k),
         .window = swa ? hp->n_swa : 0,
         .softcap = hp->attn_softcap,
+        .sinks = L->sinks,
     };
     if ((st = attn_forward_ex(c->pool, kv, il, c->queries, (int32_t)n, c->q, c->att, hp->n_head, &ap)))
         return st;
-    /* output projection, gemma's post-attention rmsnorm, residual */
+    /* output projection (gpt-oss: and its bias), gemma's post-attention rmsnorm, residual */
     if ((st = matmul(c, &L->wo, c->att, n, c->xb2)))
         return st;
+    for (int64_t t = 0; t < n && L->bo; t++)
+        add_bias(c->xb2 + t * hp->n_embd, L->bo, hp->n_embd);
     if (L->post_attn_norm)
         rmsnorm_rows(elementwise_pool(c, n), c->xb2, c->xb2, L->post_attn_norm, NULL, n, hp->n_embd, hp->rms_eps);
     for (int64_t i = 0; i < n * hp->n_embd; i++)
@@ -586,8 +607,30 @@ static void route_token(float *p, int n_expert, int k, int32_t *sel, float *w)
         w[j] /= s;
 }
 
+/* gpt-oss's routing, as llama.cpp's SOFTMAX_WEIGHT gating: the router bias
+ * added to the logits, the first k of their descending argsort (ggml's order
+ * for ties), weights = softmax over those k logits (as route_token's softmax). */
+static void route_token_topk_softmax(float *p, const float *bias, int n_expert, int k, int32_t *sel, float *w)
+{
+    int32_t order[MODEL_MAX_EXPERTS];
+    for (int i = 0; i < n_expert && bias; i++)
+        p[i] += bias[i];
+    model_argsort_desc(p, n_expert, order);
+    float mx = p[order[0]];
+    double sum = 0.0;
+    for (int j = 0; j < k; j++) {
+        sel[j] = order[j];
+        w[j] = expf(p[order[j]] - mx);
+        sum += w[j];
+    }
+    float inv = (float)(1.0 / sum);
+    for (int j = 0; j < k; j++)
+        w[j] *= inv;
+}
+
 struct route_job {
     struct model_ctx *c;
+    const struct model_layer *L;
     int64_t n_tokens;
 };
 
@@ -599,7 +642,11 @@ static void route_task(void *p, int ith, int nth)
     int64_t lo, hi;
     threads_split(j->n_tokens, ith, nth, &lo, &hi);
     for (int64_t t = lo; t < hi; t++)
-        route_token(j->c->router + t * E, E, k, j->c->sel + t * k, j->c->sel_w + t * k);
+        if (hp->oai.softmax_after_topk)
+            route_token_topk_softmax(j->c->router + t * E, j->L->b_router, E, k, j->c->sel + t * k,
+                                     j->c->sel_w + t * k);
+        else
+            route_token(j->c->router + t * E, E, k, j->c->sel + t * k, j->c->sel_w + t * k);
 }
 
 /* Counting sort of the (token, slot) pairs of tokens t0 .. t0 + n by expert:
@@ -672,27 +719,28 @@ static ks_status moe_experts(struct model_ctx *c, const struct model_layer *L, i
         .wtype = L->gate_exps.type, .rows = F, .cols = D, .W = L->gate_exps.data, .W2 = L->up_exps.data,
         .stride = L->gate_exps.stride, .n_expert = hp->n_expert, .start = c->exp_start, .X = c->xb + t0 * D,
         .x_rows = c->grp_tok, .n_x = n, .Y = c->hb, .Y2 = c->hb2, .swiglu = true, .repacked = L->gate_exps.repacked,
+        .B = L->b_gate_exps, .B2 = L->b_up_exps, .glu = hp->oai.swiglu_oai ? QUANT_GLU_OAI : QUANT_GLU_SILU,
     };
     if (L->up_exps.type == L->gate_exps.type && L->up_exps.repacked == L->gate_exps.repacked) {
         if ((st = quant_matmul_experts(c->pool, &gu, c->work, c->work_size)))
             return st;
     } else { /* a mix that quantized (or repacked) gate and up differently: one pass each */
         struct quant_moe_mm up = gu;
-        gu.W2 = NULL, gu.Y2 = NULL, gu.swiglu = false;
+        gu.W2 = NULL, gu.Y2 = NULL, gu.swiglu = false, gu.B2 = NULL, gu.glu = QUANT_GLU_SILU;
         up.wtype = L->up_exps.type, up.W = L->up_exps.data, up.stride = L->up_exps.stride, up.W2 = NULL;
         up.repacked = L->up_exps.repacked;
-        up.Y = c->hb2, up.Y2 = NULL, up.swiglu = false;
+        up.Y = c->hb2, up.Y2 = NULL, up.swiglu = false, up.B = L->b_up_exps, up.B2 = NULL, up.glu = QUANT_GLU_SILU;
         if ((st = quant_matmul_experts(c->pool, &gu, c->work, c->work_size)) ||
             (st = quant_matmul_experts(c->pool, &up, c->work, c->work_size)))
             return st;
         struct swiglu_job sj = {c->hb, c->hb2, n_rows * F};
-        threads_run(elementwise_pool(c, n_rows), swiglu_task, &sj);
+        threads_run(elementwise_pool(c, n_rows), hp->oai.swiglu_oai ? swiglu_oai_task : swiglu_task, &sj);
     }
     /* xg = down_e(hb), grouped */
     struct quant_moe_mm dn = {
         .wtype = L->down_exps.type, .rows = D, .cols = F, .W = L->down_exps.data, .stride = L->down_exps.stride,
         .n_expert = hp->n_expert, .start = c->exp_start, .X = c->hb, .n_x = n_rows, .Y = c->xg,
-        .repacked = L->down_exps.repacked,
+        .repacked = L->down_exps.repacked, .B = L->b_down_exps,
     };
     if ((st = quant_matmul_experts(c->pool, &dn, c->work, c->work_size)))
         return st;
@@ -712,7 +760,7 @@ static ks_status moe_block(struct model_ctx *c, int il, int64_t n)
     rmsnorm_rows(elementwise_pool(c, n), c->xb, c->x, L->ffn_norm, NULL, n, (int)D, hp->rms_eps);
     if ((st = matmul(c, &L->w_router, c->xb, n, c->router)))
         return st;
-    struct route_job rj = {c, n};
+    struct route_job rj = {c, L, n};
     threads_run(elementwise_pool(c, n), route_task, &rj);
     for (int64_t t0 = 0; t0 < n; t0 += MOE_CHUNK_TOKENS)
         if ((st = moe_experts(c, L, t0, n - t0 < MOE_CHUNK_TOKENS ? n - t0 : MOE_CHUNK_TOKENS)))
@@ -735,11 +783,9 @@ static ks_status run_layers(struct model_ctx *c, struct kv_cache *kv, const stru
         for (int64_t i = 0; i < n * hp->n_embd; i++)
             c->x[i] *= hp->embd_scale;
     for (int64_t t = 0; t < n; t++) {
-        rope_angles(hp->n_rot, m->rope_theta_scale, m->rope_freq_scale, m->rope_freq_factors, m->rope_mscale, b->pos[t],
-                    c->rope_cs + t * hp->n_rot);
+        rope_angles(m, false, b->pos[t], c->rope_cs + t * hp->n_rot);
         if (m->rope_swa_own) /* gemma3's window layers: their own base, unscaled */
-            rope_angles(hp->n_rot, m->rope_theta_scale_swa, 1.0f, NULL, m->rope_mscale, b->pos[t],
-                        c->rope_cs_swa + t * hp->n_rot);
+            rope_angles(m, true, b->pos[t], c->rope_cs_swa + t * hp->n_rot);
         c->queries[t] = (struct attn_query){.seq = b->seq[t], .pos = b->pos[t]};
     }
     for (int il = 0; il < hp->n_layer; il++)

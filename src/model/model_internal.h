@@ -56,6 +56,12 @@ struct model_layer {
     /* gemma2 / gemma3: RMSNorms of the attention and FFN outputs, before their residuals */
     const float *post_attn_norm;             /* (n_embd) post_attention_norm */
     const float *post_ffn_norm;              /* (n_embd) post_ffw_norm */
+    /* gpt-oss */
+    const float *bo;                         /* (n_embd) attn_output.bias */
+    const float *sinks;                      /* (n_head) attn_sinks */
+    const float *b_router;                   /* (n_expert) ffn_gate_inp.bias */
+    const float *b_gate_exps, *b_up_exps;    /* (n_expert, n_ff_exp) each */
+    const float *b_down_exps;                /* (n_expert, n_embd) */
 };
 
 /* idx = 0..n-1 ordered by descending v, equal values in the order ggml's CPU
@@ -74,7 +80,8 @@ struct model {
     float rope_theta_scale;
     float rope_freq_scale;
     float *rope_freq_factors;                /* (n_rot / 2); NULL: all 1. LongRoPE: the set in use */
-    float rope_mscale;                       /* cos and sin are scaled by it (LongRoPE's attn_factor), else 1 */
+    float rope_mscale;                       /* cos and sin are scaled by it: rope.scaling.attn_factor, times
+                                                YaRN's magnitude (in ggml's order), else 1 */
     /* phi3 LongRoPE: both sets, (n_rot / 2) each, one allocation; rope_freq_factors holds a copy of one */
     float *rope_factors_short, *rope_factors_long;
     bool rope_long;                          /* model_set_n_ctx chose the long set */
@@ -82,6 +89,10 @@ struct model {
      * scaling when rope_swa_own is set (gemma3), else as the other layers */
     bool rope_swa_own;
     float rope_theta_scale_swa;              /* rope_freq_base_swa^(-2 / n_rot) */
+    /* YaRN: pair i mixes extrapolated and interpolated angles by the ramp
+     * between the corr dims */
+    float rope_ext_factor;                   /* 0: off */
+    float rope_yarn_corr[2];
     uint64_t weight_bytes;
     uint64_t active_weight_bytes;            /* per decode token: experts counted used / n_expert */
     /* Small 1-D tensors (norms, biases) converted to f32 at load, in one block. */

@@ -1,5 +1,5 @@
-/* model: load a llama / qwen2 / qwen3 / qwen3moe / phi3 / gemma2 / gemma3 GGUF
- * (llama with experts is Mixtral). Hyper-parameters come from the metadata; every tensor is checked
+/* model: load a llama / qwen2 / qwen3 / qwen3moe / phi3 / gemma2 / gemma3 /
+ * gpt-oss GGUF (llama with experts is Mixtral). Hyper-parameters come from the metadata; every tensor is checked
  * for presence, shape and a usable type, and matrices are used in place from
  * the mapping. */
 #include <math.h>
@@ -30,6 +30,7 @@ static const struct arch_info g_archs[] = {
     {"phi3", MODEL_ARCH_PHI3, MODEL_ROPE_NEOX, false, false, false, true},
     {"gemma2", MODEL_ARCH_GEMMA2, MODEL_ROPE_NEOX, false, false, false, false},
     {"gemma3", MODEL_ARCH_GEMMA3, MODEL_ROPE_NEOX, false, true, false, false},
+    {"gpt-oss", MODEL_ARCH_GPT_OSS, MODEL_ROPE_NEOX, true, false, true, false},
 };
 
 static const struct arch_info *arch_find(const struct gguf_str *s)
@@ -162,6 +163,8 @@ static ks_status read_experts(const struct gguf_file *f, const char *a, bool req
     if (hp->arch == MODEL_ARCH_QWEN3MOE &&
         (st = meta_int(f, a, "expert_feed_forward_length", false, hp->n_ff / hp->n_expert_used, &hp->n_ff_exp)))
         return st;
+    if (hp->arch == MODEL_ARCH_GPT_OSS && (st = meta_int(f, a, "expert_feed_forward_length", true, 0, &hp->n_ff_exp)))
+        return st;
     if (hp->n_ff_exp <= 0)
         return ks_fail(KS_ERR_FORMAT, "%s.expert_feed_forward_length is missing and feed_forward_length %d / "
                                       "expert_used_count %d is 0", a, hp->n_ff, hp->n_expert_used);
@@ -171,13 +174,47 @@ static ks_status read_experts(const struct gguf_file *f, const char *a, bool req
         return ks_fail(KS_ERR_UNSUPPORTED, "metadata %s = %u: shared experts are not supported", key, shared);
     uint32_t gating = 0;
     snprintf(key, sizeof key, "%s.expert_gating_func", a);
-    if (gguf_get_u32(f, key, &gating) == KS_OK && gating != 1)
+    /* llama.cpp's gpt-oss graph gates its own way whatever this key says */
+    if (hp->arch != MODEL_ARCH_GPT_OSS && gguf_get_u32(f, key, &gating) == KS_OK && gating != 1)
         return ks_fail(KS_ERR_UNSUPPORTED, "metadata %s = %u: only 1 (softmax) is supported", key, gating);
     float scale = 0.0f;
     snprintf(key, sizeof key, "%s.expert_weights_scale", a);
     if (gguf_get_f32(f, key, &scale) == KS_OK && scale != 0.0f && scale != 1.0f)
         return ks_fail(KS_ERR_UNSUPPORTED, "metadata %s = %g: scaled expert weights are not supported", key,
                        (double)scale);
+    return KS_OK;
+}
+
+/* ---- gpt-oss ------------------------------------------------------------- */
+
+/* The sliding window and its layer pattern, and the features llama.cpp's
+ * openai-moe graph always has (sinks, biases, softmax after top-k, the
+ * clamped SwiGLU, the post-attention norm's name). */
+static ks_status read_gpt_oss(const struct gguf_file *f, const char *a, struct model_hparams *hp)
+{
+    char key[128];
+    ks_status st = meta_int(f, a, "attention.sliding_window", true, 0, &hp->n_swa);
+    if (st)
+        return st;
+    uint32_t pattern = 2;
+    snprintf(key, sizeof key, "%s.attention.sliding_window_pattern", a);
+    st = gguf_get_u32(f, key, &pattern);
+    if (st && st != KS_ERR_NOT_FOUND)
+        return ks_fail(KS_ERR_UNSUPPORTED, "metadata %s must be one unsigned integer (a per-layer array is not "
+                                           "supported)", key);
+    if (pattern > (uint32_t)hp->n_layer + 1)
+        return ks_fail(KS_ERR_FORMAT, "metadata %s = %u exceeds the layer count %d", key, pattern, hp->n_layer);
+    hp->swa_pattern = (int)pattern;
+    hp->rope_freq_base_swa = hp->rope_freq_base;
+    float base_swa = hp->rope_freq_base;
+    if ((st = meta_float(f, a, "rope.freq_base_swa", false, hp->rope_freq_base, &base_swa)))
+        return st;
+    if (base_swa != hp->rope_freq_base)
+        return ks_fail(KS_ERR_UNSUPPORTED, "%s.rope.freq_base_swa %g differs from rope.freq_base %g: a separate RoPE "
+                                           "base for sliding layers is not supported for %s", a, (double)base_swa,
+                       (double)hp->rope_freq_base, a);
+    hp->oai.attn_sinks = hp->oai.attn_out_bias = hp->oai.post_attn_norm = true;
+    hp->oai.expert_bias = hp->oai.softmax_after_topk = hp->oai.swiglu_oai = true;
     return KS_OK;
 }
 
@@ -273,6 +310,57 @@ static ks_status read_stored_window(const struct gguf_file *f, const char *a, st
     return KS_OK;
 }
 
+/* llama.cpp's corr dim: the pair index whose wavelength makes n_rot_turns
+ * turns over the original context (ggml_rope_yarn_corr_dim). */
+static float yarn_corr_dim(int n_dims, int n_ctx_orig, float n_rot_turns, float base)
+{
+    return (float)n_dims * logf((float)n_ctx_orig / (n_rot_turns * 2 * (float)M_PI)) / (2 * logf(base));
+}
+
+/* llama.cpp's YaRN magnitude, 1 + 0.1 mscale ln(scale) above scale 1. */
+static float yarn_get_mscale(float scale, float mscale)
+{
+    return scale <= 1.0f ? 1.0f : 0.1f * mscale * logf(scale) + 1.0f;
+}
+
+/* llama.cpp's YaRN ramp bounds. Its loader reads no rope.scaling.yarn_beta_*
+ * keys, nor yarn_log_multiplier, for the architectures kvserve runs
+ * (measured on the anchor build: a gpt-oss file saying beta 4 / 2 and log
+ * multiplier 0.5 runs as one without them), so neither does kvserve; it does
+ * read rope.scaling.attn_factor. */
+#define YARN_BETA_FAST 32.0f
+#define YARN_BETA_SLOW 1.0f
+
+/* YaRN as llama.cpp sets it up: ext_factor 1; the attention factor from the
+ * scale, divided by the magnitude ggml's rope multiplies back in, times
+ * rope.scaling.attn_factor (read by read_rope for every architecture, already
+ * in rope_mscale); the corr dims from the beta bounds and the original context. */
+static ks_status read_yarn(struct model *m, const char *a, float factor)
+{
+    struct model_hparams *hp = &m->hp;
+    ks_status st;
+    if ((st = meta_int(m->file, a, "rope.scaling.original_context_length", false, hp->n_ctx_train,
+                       &hp->rope_yarn_orig_ctx)))
+        return st;
+    hp->rope_yarn_beta_fast = YARN_BETA_FAST;
+    hp->rope_yarn_beta_slow = YARN_BETA_SLOW;
+    hp->rope_scaling = MODEL_ROPE_SCALING_YARN;
+    m->rope_freq_scale = 1.0f / factor;
+    m->rope_ext_factor = 1.0f;
+    float scale = 1.0f / m->rope_freq_scale;
+    float attn = yarn_get_mscale(scale, 1.0f);
+    attn *= 1.0f / (1.0f + 0.1f * logf(scale));
+    float ggml_mscale = 1.0f + 0.1f * logf(1.0f / m->rope_freq_scale);
+    hp->rope_yarn_mscale = attn * ggml_mscale;
+    /* llama.cpp's order: (yarn attn_factor * rope.scaling.attn_factor) * ggml's magnitude */
+    m->rope_mscale = (attn * hp->rope_attn_factor) * ggml_mscale;
+    float lo = floorf(yarn_corr_dim(hp->n_rot, hp->rope_yarn_orig_ctx, hp->rope_yarn_beta_fast, hp->rope_freq_base));
+    float hi = ceilf(yarn_corr_dim(hp->n_rot, hp->rope_yarn_orig_ctx, hp->rope_yarn_beta_slow, hp->rope_freq_base));
+    m->rope_yarn_corr[0] = lo > 0.0f ? lo : 0.0f;
+    m->rope_yarn_corr[1] = hi < (float)(hp->n_rot - 1) ? hi : (float)(hp->n_rot - 1);
+    return KS_OK;
+}
+
 static ks_status read_rope(struct model *m, const char *a)
 {
     struct model_hparams *hp = &m->hp;
@@ -305,6 +393,7 @@ static ks_status read_rope(struct model *m, const char *a)
     bool is_linear = meta_str_is(f, key, "linear", &has_type);
     bool is_llama3 = has_type && meta_str_is(f, key, "llama3", &has_type);
     bool is_none = has_type && meta_str_is(f, key, "none", &has_type);
+    bool is_yarn = has_type && meta_str_is(f, key, "yarn", &has_type);
     const struct gguf_tensor_info *freqs = gguf_find_tensor(f, "rope_freqs.weight");
 
     if (freqs || is_llama3) {
@@ -329,6 +418,8 @@ static ks_status read_rope(struct model *m, const char *a)
         llama3_factors(hp, m->rope_freq_factors);
         return KS_OK;
     }
+    if (is_yarn)
+        return read_yarn(m, a, factor);
     if (is_linear || (!has_type && factor != 1.0f)) {
         hp->rope_scaling = MODEL_ROPE_SCALING_LINEAR;
         m->rope_freq_scale = 1.0f / factor;
@@ -337,7 +428,7 @@ static ks_status read_rope(struct model *m, const char *a)
     if (has_type && !is_none) {
         struct gguf_str s;
         gguf_get_str(f, key, &s);
-        return ks_fail(KS_ERR_UNSUPPORTED, "%s = '%.*s' is not supported (kvserve knows none, linear, llama3)",
+        return ks_fail(KS_ERR_UNSUPPORTED, "%s = '%.*s' is not supported (kvserve knows none, linear, llama3, yarn)",
                        key, (int)(s.len > 64 ? 64 : s.len), s.data);
     }
     hp->rope_scaling = MODEL_ROPE_SCALING_NONE;
@@ -465,17 +556,20 @@ static ks_status load_mat(struct loader *ld, const char *name, int64_t rows, int
     return KS_OK;
 }
 
-/* 1-D tensors are small: convert them to f32 once. */
-static ks_status load_vec(struct loader *ld, const char *name, int64_t n, bool required, const float **out)
+/* Norms and biases are small: convert them to f32 once. A tensor of `rows`
+ * vectors of n (GGUF [n, rows]; per-expert biases) is rows * n floats. */
+static ks_status load_vecs(struct loader *ld, const char *name, int64_t n, int64_t rows, bool required,
+                           const float **out)
 {
     ks_status st = KS_OK;
     const struct gguf_tensor_info *t = find_tensor(ld->m->file, name, required, &st);
     *out = NULL;
     if (!t)
         return st;
-    if (t->ne[0] != n || t->ne[1] != 1 || t->ne[2] != 1 || t->ne[3] != 1)
-        return ks_fail(KS_ERR_FORMAT, "tensor '%s' has shape [%lld, %lld], expected [%lld]", name,
-                       (long long)t->ne[0], (long long)t->ne[1], (long long)n);
+    if (t->ne[0] != n || t->ne[1] != rows || t->ne[2] != 1 || t->ne[3] != 1)
+        return ks_fail(KS_ERR_FORMAT, "tensor '%s' has shape [%lld, %lld], expected [%lld, %lld]", name,
+                       (long long)t->ne[0], (long long)t->ne[1], (long long)n, (long long)rows);
+    n *= rows;
     const struct quant_traits *tr = quant_traits(t->type);
     if (!tr || !tr->to_float)
         return ks_fail(KS_ERR_UNSUPPORTED, "tensor '%s' has type %s, which kvserve cannot read", name,
@@ -486,6 +580,11 @@ static ks_status load_vec(struct loader *ld, const char *name, int64_t n, bool r
     *out = ld->vec_next;
     ld->vec_next += n;
     return KS_OK;
+}
+
+static ks_status load_vec(struct loader *ld, const char *name, int64_t n, bool required, const float **out)
+{
+    return load_vecs(ld, name, n, 1, required, out);
 }
 
 /* An expert tensor: GGUF [cols, rows, n_expert]. */
@@ -593,8 +692,13 @@ static ks_status load_layer(struct loader *ld, int il, const struct arch_info *a
         (st = load_mat(ld, NAME("attn_output.weight"), E, o_in, true, &L->wo)) ||
         (st = load_vec(ld, NAME("attn_q.bias"), q_out, ai->needs_qkv_bias, &L->bq)) ||
         (st = load_vec(ld, NAME("attn_k.bias"), k_out, ai->needs_qkv_bias, &L->bk)) ||
-        (st = load_vec(ld, NAME("attn_v.bias"), v_out, ai->needs_qkv_bias, &L->bv)) ||
-        (st = load_vec(ld, NAME("ffn_norm.weight"), E, true, &L->ffn_norm)))
+        (st = load_vec(ld, NAME("attn_v.bias"), v_out, ai->needs_qkv_bias, &L->bv)))
+        return st;
+    if (hp->oai.post_attn_norm ? (st = load_vec(ld, NAME("post_attention_norm.weight"), E, true, &L->ffn_norm))
+                               : (st = load_vec(ld, NAME("ffn_norm.weight"), E, true, &L->ffn_norm)))
+        return st;
+    if ((hp->oai.attn_out_bias && (st = load_vec(ld, NAME("attn_output.bias"), E, true, &L->bo))) ||
+        (hp->oai.attn_sinks && (st = load_vec(ld, NAME("attn_sinks.weight"), hp->n_head, true, &L->sinks))))
         return st;
     if (ai->needs_qk_norm &&
         ((st = load_vec(ld, NAME("attn_q_norm.weight"), hp->head_dim_k, true, &L->q_norm)) ||
@@ -622,10 +726,19 @@ static ks_status load_layer(struct loader *ld, int il, const struct arch_info *a
         return KS_OK;
     }
     int64_t F = hp->n_ff_exp;
+    if (gguf_find_tensor(ld->m->file, NAME("ffn_gate_up_exps.weight")))
+        return ks_fail(KS_ERR_UNSUPPORTED, "tensor '%s': fused gate/up expert tensors are not supported; convert "
+                                           "the model without fusing them", n);
     if ((st = load_mat(ld, NAME("ffn_gate_inp.weight"), hp->n_expert, E, true, &L->w_router)) ||
         (st = load_experts(ld, NAME("ffn_gate_exps.weight"), F, E, &L->gate_exps)) ||
         (st = load_experts(ld, NAME("ffn_up_exps.weight"), F, E, &L->up_exps)) ||
         (st = load_experts(ld, NAME("ffn_down_exps.weight"), E, F, &L->down_exps)))
+        return st;
+    if (hp->oai.expert_bias &&
+        ((st = load_vec(ld, NAME("ffn_gate_inp.bias"), hp->n_expert, true, &L->b_router)) ||
+         (st = load_vecs(ld, NAME("ffn_gate_exps.bias"), F, hp->n_expert, true, &L->b_gate_exps)) ||
+         (st = load_vecs(ld, NAME("ffn_up_exps.bias"), F, hp->n_expert, true, &L->b_up_exps)) ||
+         (st = load_vecs(ld, NAME("ffn_down_exps.bias"), E, hp->n_expert, true, &L->b_down_exps))))
         return st;
 #undef NAME
     uint64_t one_expert = L->gate_exps.stride + L->up_exps.stride + L->down_exps.stride;
@@ -660,6 +773,9 @@ static ks_status load_tensors(struct model *m, const struct arch_info *ai)
     const struct model_hparams *hp = &m->hp;
     size_t per_layer = 2 * (size_t)hp->n_embd + 3 * (size_t)hp->n_head * hp->head_dim_k + 2 * (size_t)hp->head_dim_k;
     per_layer += hp->has_post_norms ? 2 * (size_t)hp->n_embd : 0;
+    if (hp->oai.attn_out_bias || hp->oai.attn_sinks || hp->oai.expert_bias) /* gpt-oss */
+        per_layer += (size_t)hp->n_embd + (size_t)hp->n_head +
+                     (size_t)hp->n_expert * (1 + 2 * (size_t)hp->n_ff_exp + (size_t)hp->n_embd);
     size_t n_vec = (size_t)hp->n_layer * per_layer + (size_t)hp->n_embd;
     m->vec_store = malloc(n_vec * sizeof(float));
     m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
@@ -765,7 +881,7 @@ static ks_status load_file(struct model *m)
     if (!ai)
         return ks_fail(KS_ERR_UNSUPPORTED,
                        "architecture '%.*s' is not supported (kvserve runs llama, qwen2, qwen3, qwen3moe, phi3, "
-                       "gemma2, gemma3)",
+                       "gemma2, gemma3, gpt-oss)",
                        (int)(s.len > 64 ? 64 : s.len), s.data);
     m->hp.arch = ai->arch;
     m->hp.arch_name = ai->name;
@@ -773,6 +889,7 @@ static ks_status load_file(struct model *m)
     if ((st = read_shape(m->file, ai->name, &m->hp)) ||
         (st = read_experts(m->file, ai->name, ai->needs_experts, &m->hp)) || (st = read_rope(m, ai->name)) ||
         (ai->arch == MODEL_ARCH_PHI3 && (st = read_stored_window(m->file, ai->name, &m->hp))) ||
+        (ai->arch == MODEL_ARCH_GPT_OSS && (st = read_gpt_oss(m->file, ai->name, &m->hp))) ||
         (st = read_vocab_size(m->file, ai->name, &m->hp.n_vocab)) ||
         (gemma_version(ai->arch) && (st = read_gemma(m, ai->name, gemma_version(ai->arch)))))
         return st;

@@ -51,6 +51,11 @@ static const struct preset g_presets[] = {
     /* llama.cpp's gemma2 always ties the output; small embeddings keep the
      * residual stream from echoing the last token */
     {"tiny-gemma2", "gemma2", 256, 4, 4, 2, 64, 512, 2048, 10000.0f, 1e-6f, 0, 0, 0, 0.06f, 0.01f, false, 0},
+    /* gpt-oss-20b: 32 experts of 2880, 4 per token; 64 heads of 64 (4096 wide on a 2880 residual) */
+    {"gpt-oss-20b", "gpt-oss", 2880, 24, 64, 8, 64, 2880, 131072, 150000.0f, 1e-5f, 32, 4, 2880, 0, 0, true, 0},
+    /* for tests: 4 layers, so two slide (window 16, below a test's prompt and
+     * generation) and two see everything; q is 512 wide on a 256 residual */
+    {"tiny-gpt-oss", "gpt-oss", 256, 4, 8, 2, 64, 128, 131072, 150000.0f, 1e-5f, 16, 4, 128, 0.06f, 1.0f, true, 0},
 };
 
 /* The window and soft-capping of the gemma presets. tiny-gemma2's caps are
@@ -64,6 +69,17 @@ static const struct {
     {"gemma3-1b", 512, 0, 0, 0},
     {"tiny-gemma3", 16, 0, 0, 0},
     {"tiny-gemma2", 16, 0, 1.5f, 1.0f},
+};
+
+/* gpt-oss presets' sliding window and YaRN (rope.scaling.factor, original context) */
+static const struct {
+    const char *name;
+    int n_swa;
+    float yarn_factor;
+    int yarn_orig_ctx;
+} g_oai_presets[] = {
+    {"gpt-oss-20b", 128, 32.0f, 4096},
+    {"tiny-gpt-oss", 16, 32.0f, 4096},
 };
 
 /* phi3 presets: a preset's shapes plus the vocabulary size, the rotated
@@ -99,7 +115,8 @@ static const struct phi3_preset g_phi3_presets[] = {
 const char *model_synth_preset_names(void)
 {
     return "llama-1b smollm2-135m qwen3-0.6b tiny qwen3moe-30b-a3b mixtral-8x7b tiny-qwen3moe tiny-mixtral "
-           "tiny-qwen3moe-ties phi3-mini phi4-mini tiny-phi3 tiny-phi3-short gemma3-1b tiny-gemma3 tiny-gemma2";
+           "tiny-qwen3moe-ties phi3-mini phi4-mini tiny-phi3 tiny-phi3-short gemma3-1b tiny-gemma3 tiny-gemma2 "
+           "gpt-oss-20b tiny-gpt-oss";
 }
 
 static void spec_from_preset(const struct preset *p, struct model_synth_spec *spec)
@@ -136,6 +153,12 @@ ks_status model_synth_preset(const char *name, struct model_synth_spec *spec)
             if (!strcmp(g_windows[w].name, name)) {
                 spec->n_swa = g_windows[w].n_swa, spec->swa_pattern = g_windows[w].swa_pattern;
                 spec->attn_softcap = g_windows[w].attn_softcap, spec->final_softcap = g_windows[w].final_softcap;
+            }
+        for (size_t k = 0; k < sizeof g_oai_presets / sizeof g_oai_presets[0]; k++)
+            if (!strcmp(g_oai_presets[k].name, name)) {
+                spec->n_swa = g_oai_presets[k].n_swa;
+                spec->rope_yarn_factor = g_oai_presets[k].yarn_factor;
+                spec->rope_yarn_orig_ctx = g_oai_presets[k].yarn_orig_ctx;
             }
         return KS_OK;
     }
@@ -381,8 +404,28 @@ static ks_status add_longrope_factors(struct synth *s)
     ks_status st = add_vector(s, "rope_factors_long.weight", half, (struct fill){8.0f, 7.0f});
     return st ? st : add_vector(s, "rope_factors_short.weight", half, (struct fill){1.05f, 0.05f});
 }
+
 static bool is_gemma(const char *arch) { return !strcmp(arch, "gemma2") || !strcmp(arch, "gemma3"); }
 
+/* gpt-oss's extra tensors: attention output bias, sinks, router bias and a
+ * bias per expert and matrix (llama.cpp's openai-moe names and shapes). */
+static ks_status add_gpt_oss_layer(struct synth *s, int il)
+{
+    const struct model_synth_spec *sp = s->spec;
+    int64_t E = sp->n_embd, F = sp->n_ff_exp > 0 ? sp->n_ff_exp : sp->n_ff, X = sp->n_expert;
+    const struct fill bias = {0.0f, 0.1f}, sink = {0.0f, 2.0f};
+    char n[96];
+    ks_status st;
+#define NAME(x) (snprintf(n, sizeof n, "blk.%d." x, il), n)
+    if ((st = add_vector(s, NAME("attn_output.bias"), E, bias)) ||
+        (st = add_vector(s, NAME("attn_sinks.weight"), sp->n_head, sink)) ||
+        (st = add_vector(s, NAME("ffn_gate_inp.bias"), X, bias)) ||
+        (st = add_tensor(s, NAME("ffn_gate_exps.bias"), 1, X, F, QUANT_F32, bias)) ||
+        (st = add_tensor(s, NAME("ffn_up_exps.bias"), 1, X, F, QUANT_F32, bias)))
+        return st;
+    return add_tensor(s, NAME("ffn_down_exps.bias"), 1, X, E, QUANT_F32, bias);
+#undef NAME
+}
 static ks_status add_layer(struct synth *s, int il, bool qkv_bias, bool qk_norm)
 {
     const struct model_synth_spec *sp = s->spec;
@@ -395,8 +438,11 @@ static ks_status add_layer(struct synth *s, int il, bool qkv_bias, bool qk_norm)
         (st = add_matrix(s, NAME("attn_q.weight"), ROLE_MATRIX, il, q_dim, E)) ||
         (st = add_matrix(s, NAME("attn_k.weight"), ROLE_ATTN_K, il, kv_dim, E)) ||
         (st = add_matrix(s, NAME("attn_v.weight"), ROLE_ATTN_V, il, kv_dim, E)) ||
-        (st = add_matrix(s, NAME("attn_output.weight"), ROLE_MATRIX, il, E, q_dim)) ||
-        (st = add_vector(s, NAME("ffn_norm.weight"), E, norm)))
+        (st = add_matrix(s, NAME("attn_output.weight"), ROLE_MATRIX, il, E, q_dim)))
+        return st;
+    bool oai = !strcmp(sp->arch, "gpt-oss");
+    if ((st = add_vector(s, oai ? NAME("post_attention_norm.weight") : NAME("ffn_norm.weight"), E, norm)) ||
+        (oai && (st = add_gpt_oss_layer(s, il))))
         return st;
     if (sp->n_expert == 0 &&
         ((st = add_matrix(s, NAME("ffn_gate.weight"), ROLE_MATRIX, il, sp->n_ff, E)) ||
@@ -628,8 +674,16 @@ static ks_status add_hparams(struct synth *s, int n_vocab)
         return st;
     if (is_gemma(sp->arch) && (st = add_gemma_hparams(s)))
         return st;
-    /* llama.cpp reads expert_feed_forward_length for qwen3moe; llama's experts are n_ff wide */
-    if (sp->n_expert > 0 && !strcmp(sp->arch, "qwen3moe") &&
+    if (!strcmp(sp->arch, "gpt-oss") &&
+        ((st = gguf_writer_set_u32(s->w, KEY("attention.sliding_window"), (uint32_t)sp->n_swa)) ||
+         (st = gguf_writer_set_str(s->w, KEY("rope.scaling.type"), "yarn")) ||
+         (st = gguf_writer_set_f32(s->w, KEY("rope.scaling.factor"), sp->rope_yarn_factor)) ||
+         (st = gguf_writer_set_u32(s->w, KEY("rope.scaling.original_context_length"), (uint32_t)sp->rope_yarn_orig_ctx)) ||
+         (st = gguf_writer_set_f32(s->w, KEY("rope.scaling.yarn_beta_fast"), 32.0f)) ||
+         (st = gguf_writer_set_f32(s->w, KEY("rope.scaling.yarn_beta_slow"), 1.0f))))
+        return st;
+    /* llama.cpp reads expert_feed_forward_length for qwen3moe and gpt-oss; llama's experts are n_ff wide */
+    if (sp->n_expert > 0 && (!strcmp(sp->arch, "qwen3moe") || !strcmp(sp->arch, "gpt-oss")) &&
         (st = gguf_writer_set_u32(s->w, KEY("expert_feed_forward_length"),
                                   (uint32_t)(sp->n_ff_exp > 0 ? sp->n_ff_exp : sp->n_ff))))
         return st;
@@ -640,8 +694,10 @@ static ks_status add_hparams(struct synth *s, int n_vocab)
 static ks_status check_spec(const struct model_synth_spec *sp, bool *qkv_bias, bool *qk_norm)
 {
     if (!sp->arch || (strcmp(sp->arch, "llama") && strcmp(sp->arch, "qwen2") && strcmp(sp->arch, "qwen3") &&
-                      strcmp(sp->arch, "qwen3moe") && strcmp(sp->arch, "phi3") && !is_gemma(sp->arch)))
-        return ks_fail(KS_ERR_INVALID_ARG, "synth: arch must be llama, qwen2, qwen3, qwen3moe, phi3, gemma2 or gemma3");
+                      strcmp(sp->arch, "qwen3moe") && strcmp(sp->arch, "phi3") && !is_gemma(sp->arch) &&
+                      strcmp(sp->arch, "gpt-oss")))
+        return ks_fail(KS_ERR_INVALID_ARG, "synth: arch must be llama, qwen2, qwen3, qwen3moe, phi3, gemma2, gemma3 "
+                                           "or gpt-oss");
     /* llama.cpp's phi3 loader: attn_output is (n_embd, n_embd), no experts */
     if (!strcmp(sp->arch, "phi3") && (sp->n_expert != 0 || sp->n_head * sp->head_dim != sp->n_embd))
         return ks_fail(KS_ERR_INVALID_ARG, "synth: phi3 needs n_head * head_dim == n_embd and no experts");
@@ -649,15 +705,20 @@ static ks_status check_spec(const struct model_synth_spec *sp, bool *qkv_bias, b
         sp->sliding_window < 0)
         return ks_fail(KS_ERR_INVALID_ARG, "synth: n_rot must be even and at most head_dim; n_ctx_orig and "
                                            "sliding_window not negative");
-    *qkv_bias = !strcmp(sp->arch, "qwen2");
+    bool oai = !strcmp(sp->arch, "gpt-oss");
+    *qkv_bias = !strcmp(sp->arch, "qwen2") || oai;
     *qk_norm = !strcmp(sp->arch, "qwen3") || !strcmp(sp->arch, "qwen3moe") || !strcmp(sp->arch, "gemma3");
     if (sp->n_swa < 0 || sp->swa_pattern < 0 || !(sp->attn_softcap >= 0) || !(sp->final_softcap >= 0) ||
-        ((sp->n_swa || sp->swa_pattern || sp->attn_softcap || sp->final_softcap) && !is_gemma(sp->arch)))
-        return ks_fail(KS_ERR_INVALID_ARG, "synth: sliding windows and soft-capping are gemma2 / gemma3 features "
-                                           "(and must not be negative)");
-    bool moe_arch = !strcmp(sp->arch, "qwen3moe");
+        ((sp->swa_pattern || sp->attn_softcap || sp->final_softcap) && !is_gemma(sp->arch)) ||
+        (sp->n_swa && !is_gemma(sp->arch) && !oai))
+        return ks_fail(KS_ERR_INVALID_ARG, "synth: sliding windows are gemma2 / gemma3 / gpt-oss features, "
+                                           "soft-capping and a window pattern gemma2 / gemma3 ones (none negative)");
+    bool moe_arch = !strcmp(sp->arch, "qwen3moe") || oai;
     if (moe_arch && sp->n_expert <= 0)
-        return ks_fail(KS_ERR_INVALID_ARG, "synth: qwen3moe needs n_expert > 0");
+        return ks_fail(KS_ERR_INVALID_ARG, "synth: %s needs n_expert > 0", sp->arch);
+    if (oai && (sp->n_swa <= 0 || !(sp->rope_yarn_factor >= 1.0f) || sp->rope_yarn_orig_ctx <= 0 || !sp->untied))
+        return ks_fail(KS_ERR_INVALID_ARG, "synth: gpt-oss needs a sliding window, a YaRN factor >= 1, an original "
+                                           "context and an untied output");
     if (sp->n_expert < 0 || sp->n_expert > 512 || (!moe_arch && sp->n_expert > 0 && strcmp(sp->arch, "llama")) ||
         (sp->n_expert > 0 && (sp->n_expert_used < 1 || sp->n_expert_used > sp->n_expert)) || sp->n_ff_exp < 0)
         return ks_fail(KS_ERR_INVALID_ARG, "synth: experts need llama or qwen3moe, n_expert in 1..512 and "

@@ -227,12 +227,17 @@ ks_status quant_matmul_set(threads_pool *pool, enum quant_type wtype, int64_t co
                            int n, const float *X, int64_t n_tokens, void *work, size_t work_size);
 
 /* ---- matrix multiply grouped by expert (mixture of experts) ------------- */
+/* The gated activation the grouped matmul fuses: SiLU(gate) * up, or
+ * gpt-oss's quant_swiglu_oai. */
+enum quant_glu { QUANT_GLU_SILU, QUANT_GLU_OAI };
+
 /* n_expert matrices of one type and shape (rows x cols each, stride bytes
  * apart from W; likewise W2 if set), each applied to its own group of rows:
  * grouped rows start[e] .. start[e + 1] go through expert e,
  *   Y[g][r]  = sum_c W_e[r][c]  * X[xr(g)][c]
  *   Y2[g][r] = sum_c W2_e[r][c] * X[xr(g)][c]      (if W2)
- *   Y[g][r]  = silu(Y[g][r]) * Y2[g][r]            (if swiglu)
+ *   Y[g][r] += B[e][r], Y2[g][r] += B2[e][r]        (if B, B2)
+ *   Y[g][r]  = silu(Y[g][r]) * Y2[g][r]            (if swiglu; glu OAI: quant_swiglu_oai)
  * where xr(g) = x_rows[g], or g when x_rows is NULL (then n_x = start[n_expert]).
  * Each X row is quantized once, however many experts read it; every
  * expert's rows (of W and W2) are work items of one parallel region, so a
@@ -256,6 +261,10 @@ struct quant_moe_mm {
     float *Y, *Y2;           /* (start[n_expert], rows) each; Y2 only with W2 */
     bool swiglu;             /* needs W2 */
     bool repacked;           /* each expert's W (and W2) is in quant_repack's layout */
+    /* gpt-oss: per-expert biases added to Y (and Y2) before the activation,
+     * Y[g][r] += B[e * rows + r]; and its clamped SwiGLU instead of SiLU */
+    const float *B, *B2;     /* (n_expert, rows) each, or NULL */
+    enum quant_glu glu;      /* with swiglu: QUANT_GLU_SILU (0) or QUANT_GLU_OAI */
 };
 /* Scratch for quant_matmul_experts: enough for any grouping of n_grouped
  * rows over n_x X rows, repacked or not (non-decreasing in both). */
@@ -271,6 +280,13 @@ ks_status quant_matmul_experts(threads_pool *pool, const struct quant_moe_mm *p,
  * relative plus 1e-30 absolute. */
 void quant_swiglu(float *gate, const float *up, int64_t n);
 void quant_swiglu_scalar(float *gate, const float *up, int64_t n);
+/* gpt-oss's clamped SwiGLU, as ggml's swiglu_oai with alpha 1.702, limit 7:
+ *   x = min(gate, 7), y = clamp(up, -7, 7), gate = x / (1 + exp(-1.702 x)) * (y + 1)
+ * Same SIMD / libm split and agreement as quant_swiglu. */
+#define QUANT_SWIGLU_OAI_ALPHA 1.702f
+#define QUANT_SWIGLU_OAI_LIMIT 7.0f
+void quant_swiglu_oai(float *gate, const float *up, int64_t n);
+void quant_swiglu_oai_scalar(float *gate, const float *up, int64_t n);
 
 /* GeGLU (Gemma): gate[i] = gelu_tanh(gate[i]) * up[i] for i < n, with ggml's
  * CPU arithmetic: the input rounded to f16 and looked up in a table of

@@ -46,3 +46,47 @@ void quant_swiglu(float *gate, const float *up, int64_t n)
 #else
 void quant_swiglu(float *gate, const float *up, int64_t n) { quant_swiglu_scalar(gate, up, n); }
 #endif
+
+/* ---- gpt-oss's clamped SwiGLU ----------------------------------------------- */
+
+void quant_swiglu_oai_scalar(float *gate, const float *up, int64_t n)
+{
+    const float alpha = QUANT_SWIGLU_OAI_ALPHA, limit = QUANT_SWIGLU_OAI_LIMIT;
+    for (int64_t i = 0; i < n; i++) {
+        float x = gate[i] < limit ? gate[i] : limit;
+        float y = up[i] < -limit ? -limit : up[i] > limit ? limit : up[i];
+        gate[i] = x / (1.0f + expf(alpha * -x)) * (y + 1.0f);
+    }
+}
+
+#if defined(QUANT_HAVE_AVX512)
+void quant_swiglu_oai(float *gate, const float *up, int64_t n)
+{
+    const __m512 one = _mm512_set1_ps(1.0f), limit = _mm512_set1_ps(QUANT_SWIGLU_OAI_LIMIT);
+    const __m512 neg_limit = _mm512_set1_ps(-QUANT_SWIGLU_OAI_LIMIT), neg_alpha = _mm512_set1_ps(-QUANT_SWIGLU_OAI_ALPHA);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 x = _mm512_min_ps(_mm512_loadu_ps(gate + i), limit);
+        __m512 y = _mm512_min_ps(_mm512_max_ps(_mm512_loadu_ps(up + i), neg_limit), limit);
+        __m512 glu = _mm512_div_ps(x, _mm512_add_ps(one, vmath_exp16(_mm512_mul_ps(neg_alpha, x))));
+        _mm512_storeu_ps(gate + i, _mm512_mul_ps(glu, _mm512_add_ps(y, one)));
+    }
+    quant_swiglu_oai_scalar(gate + i, up + i, n - i);
+}
+#elif defined(QUANT_HAVE_AVX2)
+void quant_swiglu_oai(float *gate, const float *up, int64_t n)
+{
+    const __m256 one = _mm256_set1_ps(1.0f), limit = _mm256_set1_ps(QUANT_SWIGLU_OAI_LIMIT);
+    const __m256 neg_limit = _mm256_set1_ps(-QUANT_SWIGLU_OAI_LIMIT), neg_alpha = _mm256_set1_ps(-QUANT_SWIGLU_OAI_ALPHA);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 x = _mm256_min_ps(_mm256_loadu_ps(gate + i), limit);
+        __m256 y = _mm256_min_ps(_mm256_max_ps(_mm256_loadu_ps(up + i), neg_limit), limit);
+        __m256 glu = _mm256_div_ps(x, _mm256_add_ps(one, vmath_exp8(_mm256_mul_ps(neg_alpha, x))));
+        _mm256_storeu_ps(gate + i, _mm256_mul_ps(glu, _mm256_add_ps(y, one)));
+    }
+    quant_swiglu_oai_scalar(gate + i, up + i, n - i);
+}
+#else
+void quant_swiglu_oai(float *gate, const float *up, int64_t n) { quant_swiglu_oai_scalar(gate, up, n); }
+#endif

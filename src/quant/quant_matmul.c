@@ -1155,6 +1155,24 @@ static const struct ex_expert *ex_of_item(const struct ex_run *r, int64_t it)
     return &r->ex[lo];
 }
 
+/* After rows r0 .. r1 of expert x's products: its biases, then the gated
+ * activation (item rows are multiples of 16, so the activation's vector
+ * lanes fall where one pass over the whole rows puts them). */
+static void ex_finish_rows(const struct quant_moe_mm *p, const struct ex_expert *x, int64_t r0, int64_t r1)
+{
+    for (int64_t t = 0; t < x->n; t++) {
+        float *y = p->Y + (x->t0 + t) * p->rows, *y2 = p->Y2 ? p->Y2 + (x->t0 + t) * p->rows : NULL;
+        for (int64_t r = r0; r < r1 && p->B; r++)
+            y[r] += p->B[(int64_t)x->e * p->rows + r];
+        for (int64_t r = r0; r < r1 && y2 && p->B2; r++)
+            y2[r] += p->B2[(int64_t)x->e * p->rows + r];
+        if (p->swiglu && p->glu == QUANT_GLU_OAI)
+            quant_swiglu_oai(y + r0, y2 + r0, r1 - r0);
+        else if (p->swiglu)
+            quant_swiglu(y + r0, y2 + r0, r1 - r0);
+    }
+}
+
 static void ex_compute(void *vctx, int ith, int nth)
 {
     struct ex_run *r = vctx;
@@ -1169,9 +1187,7 @@ static void ex_compute(void *vctx, int ith, int nth)
             atomic_store(&r->failed, 1);
             break;
         }
-        if (p->swiglu) /* item_rows is a multiple of 16: the same vector lanes as one pass over the rows */
-            for (int64_t t = 0; t < x->n; t++)
-                quant_swiglu(p->Y + (x->t0 + t) * p->rows + r0, p->Y2 + (x->t0 + t) * p->rows + r0, r1 - r0);
+        ex_finish_rows(p, x, r0, r1);
     }
 #if defined(QUANT_HAVE_AVX512)
     free(sc.pp.buf);
@@ -1217,9 +1233,7 @@ static ks_status ex_avx2_expert(threads_pool *pool, const struct ex_run *r, cons
         if (st)
             return st;
     }
-    if (p->swiglu)
-        for (int64_t t = 0; t < x->n; t++)
-            quant_swiglu(p->Y + (x->t0 + t) * p->rows, p->Y2 + (x->t0 + t) * p->rows, p->rows);
+    ex_finish_rows(p, x, 0, p->rows);
     return KS_OK;
 }
 #endif
@@ -1232,7 +1246,8 @@ ks_status quant_matmul_experts(threads_pool *pool, const struct quant_moe_mm *p,
     size_t wrow = quant_row_size(p->wtype, p->cols);
     int64_t n_grouped = p->n_expert > 0 ? p->start[p->n_expert] : 0;
     if (wrow == 0 || p->rows <= 0 || p->n_expert <= 0 || p->n_x <= 0 || n_grouped <= 0 || p->cols > INT32_MAX ||
-        p->stride < wrow * (size_t)p->rows || (p->swiglu && !p->W2) || (!p->x_rows && p->n_x != n_grouped))
+        p->stride < wrow * (size_t)p->rows || (p->swiglu && !p->W2) || (p->B2 && !p->W2) ||
+        (p->glu != QUANT_GLU_SILU && (p->glu != QUANT_GLU_OAI || !p->swiglu)) || (!p->x_rows && p->n_x != n_grouped))
         return ks_fail(KS_ERR_INVALID_ARG, "matmul_experts: bad shape rows=%lld cols=%lld experts=%d rows=%lld for %s",
                        (long long)p->rows, (long long)p->cols, p->n_expert, (long long)n_grouped, tr->name);
     if (p->repacked && !quant_repack_fits(p->wtype, p->rows, p->cols))
