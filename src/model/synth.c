@@ -92,7 +92,7 @@ static ks_status plan_parse(const char *name, struct type_plan *p)
     }
     static const enum quant_type allowed[] = {QUANT_F32, QUANT_F16, QUANT_BF16, QUANT_Q8_0, QUANT_Q4_0,
                                               QUANT_Q4_1, QUANT_Q5_0, QUANT_Q5_1, QUANT_Q4_K, QUANT_Q5_K,
-                                              QUANT_Q6_K};
+                                              QUANT_Q6_K, QUANT_IQ3_XXS, QUANT_IQ3_S, QUANT_IQ2_S};
     enum quant_type t;
     if (quant_type_from_name(name, &t) == KS_OK)
         for (size_t i = 0; i < sizeof allowed / sizeof allowed[0]; i++)
@@ -101,7 +101,8 @@ static ks_status plan_parse(const char *name, struct type_plan *p)
                 return KS_OK;
             }
     return ks_fail(KS_ERR_INVALID_ARG,
-                   "synth type '%s' is not one of f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k, q4_k_m",
+                   "synth type '%s' is not one of f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k, "
+                   "q4_k_m, iq3_xxs, iq3_s, iq2_s",
                    name);
 }
 
@@ -124,6 +125,7 @@ static enum quant_type fallback(enum quant_type t, int64_t cols)
         case QUANT_Q4_K: t = QUANT_Q5_0; break;
         case QUANT_Q5_K: t = QUANT_Q5_1; break;
         case QUANT_Q6_K: t = QUANT_Q8_0; break;
+        case QUANT_IQ3_XXS: case QUANT_IQ3_S: case QUANT_IQ2_S: t = QUANT_IQ4_NL; break;
         default: break;
         }
     }
@@ -438,6 +440,9 @@ static uint32_t file_type(const struct type_plan *p)
     case QUANT_Q4_K: return 14;
     case QUANT_Q5_K: return 16;
     case QUANT_Q6_K: return 18;
+    case QUANT_IQ3_XXS: return 23;
+    case QUANT_IQ3_S: return 26;
+    case QUANT_IQ2_S: return 28;
     case QUANT_BF16: return 32;
     default: return 0;
     }

@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "quant/iq3.h"
 #include "quant/kquants.h"
 #include "quant/quant_internal.h"
 
@@ -292,7 +293,9 @@ static void prefetch_row(const struct mm *m, int64_t r)
  * tokens (it reads them at a fixed stride), or NULL. */
 static quant_kq_dot_multi_fn generic_multi(enum quant_type wtype, int64_t n_tokens)
 {
-    return is_kquant(wtype) && n_tokens > 1 ? quant_kquants_dot_multi(wtype) : NULL;
+    if (n_tokens <= 1)
+        return NULL;
+    return is_kquant(wtype) ? quant_kquants_dot_multi(wtype) : quant_iq3_dot_multi(wtype);
 }
 
 /* Row chunks [lo, hi) of MM_ROW_CHUNK rows, all tokens. */
