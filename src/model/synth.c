@@ -42,12 +42,15 @@ static const struct preset g_presets[] = {
     /* 32 experts whose router rows repeat every 4: every probability is an
      * 8-way tie, and which 4 of the 8 a token gets is the sort's tie order */
     {"tiny-qwen3moe-ties", "qwen3moe", 256, 2, 4, 2, 64, 512, 2048, 1000000.0f, 1e-6f, 32, 4, 64, 0.06f, 1.0f, true, 4},
+    /* dense, spread like the two above; every width a multiple of 256, so
+     * that the 256-element super-block types (k-quants, i-quants) fit all */
+    {"tiny-llama", "llama", 256, 2, 4, 2, 64, 512, 2048, 10000.0f, 1e-5f, 0, 0, 0, 0.06f, 1.0f, true, 0},
 };
 
 const char *model_synth_preset_names(void)
 {
     return "llama-1b smollm2-135m qwen3-0.6b tiny qwen3moe-30b-a3b mixtral-8x7b tiny-qwen3moe tiny-mixtral "
-           "tiny-qwen3moe-ties";
+           "tiny-qwen3moe-ties tiny-llama";
 }
 
 ks_status model_synth_preset(const char *name, struct model_synth_spec *spec)
