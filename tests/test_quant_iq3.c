@@ -248,7 +248,7 @@ static void test_dequantize_matches_ggml(void **state)
     (void)state;
     if (!ggml_base())
         KS_SKIP("%s", g.why);
-    static uint8_t q[4 * MAX_COLS];
+    static _Alignas(64) uint8_t q[4 * MAX_COLS];
     float x[4 * MAX_COLS];
     for (size_t k = 0; k < N_ITYPES; k++) {
         const struct itype *it = &itypes[k];
@@ -271,7 +271,7 @@ static void test_vec_dot_matches_llamacpp(void **state)
     (void)state;
     if (!ggml_base())
         KS_SKIP("%s", g.why);
-    static uint8_t q[MAX_COLS];
+    static _Alignas(64) uint8_t q[MAX_COLS];
     static block_q8_K y[MAX_COLS / QK_K];
     float x[MAX_COLS];
     for (size_t k = 0; k < N_ITYPES; k++) {
@@ -302,7 +302,7 @@ static void test_vec_dot_matches_llamacpp(void **state)
 static void test_vec_dot_vs_dequantized(void **state)
 {
     (void)state;
-    static uint8_t q[MAX_COLS];
+    static _Alignas(64) uint8_t q[MAX_COLS];
     static block_q8_K y[MAX_COLS / QK_K];
     float wx[MAX_COLS], yx[MAX_COLS];
     for (size_t k = 0; k < N_ITYPES; k++) {
@@ -333,7 +333,7 @@ static void expect_bits(const char *what, const struct itype *it, int n, float g
 static void check_simd(const struct itype *it, quant_vec_dot_fn dot, quant_kq_dot_multi_fn multi, const char *isa)
 {
     enum { NT_MAX = 19, Y_PAD = 1 };
-    static uint8_t q[MAX_COLS];
+    static _Alignas(64) uint8_t q[MAX_COLS];
     static block_q8_K ys[NT_MAX * (MAX_COLS / QK_K + Y_PAD)];
     for (size_t s = 0; s < sizeof test_sizes / sizeof test_sizes[0]; s++) {
         const int n = test_sizes[s], nb = n / QK_K;
@@ -435,7 +435,7 @@ static void test_quantize_roundtrip(void **state)
     (void)state;
     enum { ROWS = 16, N = 2048 };
     static float x[ROWS * N];
-    static uint8_t q[ROWS * N];
+    static _Alignas(64) uint8_t q[ROWS * N];
     for (size_t k = 0; k < N_ITYPES; k++) {
         const struct itype *it = &itypes[k];
         const size_t rb = quant_row_size(it->type, N);

@@ -31,8 +31,11 @@ struct iq_grid {
     int group;           /* elements per grid point */
     int n_levels;
     int8_t levels[8];    /* ascending magnitudes a grid byte can have */
+    float mids[8];       /* (n_levels - 1) midpoints between neighbouring levels */
     int n_points;
-    uint8_t points[IQ_MAX_POINTS * IQ_MAX_GROUP]; /* (n_points, group) magnitudes */
+    uint8_t points[IQ_MAX_POINTS * IQ_MAX_GROUP];  /* (n_points, group) magnitudes */
+    float fpoints[IQ_MAX_POINTS * IQ_MAX_GROUP];   /* the same as floats */
+    float point_mm[IQ_MAX_POINTS];                 /* sum of a point's squared magnitudes */
     int n_cells;                                  /* n_levels ^ group */
     int16_t cell_point[IQ_MAX_CELLS];             /* (n_cells) grid point in the cell, or -1 */
     int32_t nb_start[IQ_MAX_CELLS + 1];           /* neighbours of cell c: nb[nb_start[c] .. nb_start[c + 1]) */
@@ -103,6 +106,15 @@ static void grid_build(struct iq_grid *g, const void *table, size_t entry_bytes)
             memcpy(&e, (const uint8_t *)table + (size_t)p * entry_bytes, entry_bytes);
             g->points[(size_t)p * (size_t)g->group + (size_t)j] = (uint8_t)(e >> (8 * j));
         }
+    for (int p = 0; p < g->n_points; p++) {
+        g->point_mm[p] = 0;
+        for (int j = 0; j < g->group; j++) {
+            const float m = g->points[(size_t)p * (size_t)g->group + (size_t)j];
+            g->fpoints[(size_t)p * (size_t)g->group + (size_t)j] = m;
+            g->point_mm[p] += m * m;
+        }
+    }
+    for (int l = 0; l + 1 < g->n_levels; l++) g->mids[l] = 0.5f * (float)(g->levels[l] + g->levels[l + 1]);
     for (int c = 0; c < g->n_cells; c++) g->cell_point[c] = -1;
     for (int p = 0; p < g->n_points; p++) g->cell_point[cell_of_point(g, g->points + (size_t)p * (size_t)g->group)] = (int16_t)p;
     int32_t at = 0;
@@ -137,21 +149,28 @@ static void grids_init(void)
 
 static float group_err(const struct iq_grid *g, const float *t, float s, int p)
 {
-    const uint8_t *m = g->points + (size_t)p * (size_t)g->group;
+    const float *m = g->fpoints + (size_t)p * (size_t)g->group;
     float e = 0;
     for (int j = 0; j < g->group; j++) e += (t[j] - s * m[j]) * (t[j] - s * m[j]);
     return e;
 }
 
-/* The grid point for targets t (signs taken off) at scale s > 0. */
-static int group_point(const struct iq_grid *g, const float *t, float s)
+/* The grid point for targets t (signs taken off) at scale s > 0; rough: on a
+ * miss, the cell's first neighbour (one nearest on the lattice) untried. */
+static int group_point(const struct iq_grid *g, const float *t, float s, bool rough)
 {
     const float inv = 1.0f / s;
     int cell = 0;
-    for (int j = g->group - 1; j >= 0; j--)
-        cell = cell * g->n_levels + quant_nearest_level(g->levels, g->n_levels, t[j] * inv);
+    for (int j = g->group - 1; j >= 0; j--) {
+        const float v = t[j] * inv;
+        int l = 0; /* the nearest level: how many midpoints lie at or below v */
+        for (int k = 0; k + 1 < g->n_levels; k++) l += v >= g->mids[k];
+        cell = cell * g->n_levels + l;
+    }
     if (g->cell_point[cell] >= 0)
         return g->cell_point[cell];
+    if (rough)
+        return g->nb[g->nb_start[cell]];
     int best = g->nb[g->nb_start[cell]];
     float best_err = INFINITY;
     for (int32_t k = g->nb_start[cell]; k < g->nb_start[cell + 1]; k++) {
@@ -165,23 +184,22 @@ static int group_point(const struct iq_grid *g, const float *t, float s)
 /* ---- one scale group (n elements) ----------------------------------------- */
 
 /* Points for each group of t at scale s; returns sum(t * m) and *mm = sum(m * m). */
-static float assign(const struct iq_grid *g, const float *t, int n, float s, uint16_t *pts, float *mm)
+static float assign(const struct iq_grid *g, const float *t, int n, float s, bool rough, uint16_t *pts, float *mm)
 {
     float tm = 0;
     *mm = 0;
     for (int k = 0; k < n / g->group; k++) {
-        const int p = group_point(g, t + k * g->group, s);
-        const uint8_t *m = g->points + (size_t)p * (size_t)g->group;
+        const int p = group_point(g, t + k * g->group, s, rough);
+        const float *m = g->fpoints + (size_t)p * (size_t)g->group;
         pts[k] = (uint16_t)p;
-        for (int j = 0; j < g->group; j++) {
-            tm += t[k * g->group + j] * m[j];
-            *mm += (float)m[j] * m[j];
-        }
+        for (int j = 0; j < g->group; j++) tm += t[k * g->group + j] * m[j];
+        *mm += g->point_mm[p];
     }
     return tm;
 }
 
-/* The least-squares scale of the best of a few tries (0 for an all-zero group). */
+/* The least-squares scale of the best of a few tries (0 for an all-zero group),
+ * each try mapped roughly: the final mapping (assign_err) searches. */
 static float best_scale(const struct iq_grid *g, const float *t, int n)
 {
     static const float tries[] = {0.6f, 0.7f, 0.8f, 0.9f, 1.0f, 1.1f, 1.2f, 1.35f};
@@ -193,7 +211,7 @@ static float best_scale(const struct iq_grid *g, const float *t, int n)
     for (size_t i = 0; i < sizeof tries / sizeof tries[0]; i++) {
         uint16_t pts[32];
         float mm;
-        const float tm = assign(g, t, n, amax / (float)g->levels[g->n_levels - 1] * tries[i], pts, &mm);
+        const float tm = assign(g, t, n, amax / (float)g->levels[g->n_levels - 1] * tries[i], true, pts, &mm);
         /* error = sum(t^2) - tm^2 / mm at the least-squares scale tm / mm */
         if (tm > 0 && tm * tm / mm > best_gain)
             best_gain = tm * tm / mm, best = tm / mm;
@@ -204,7 +222,7 @@ static float best_scale(const struct iq_grid *g, const float *t, int n)
 static float assign_err(const struct iq_grid *g, const float *t, int n, float s, uint16_t *pts)
 {
     float mm, e = 0;
-    assign(g, t, n, s, pts, &mm);
+    assign(g, t, n, s, false, pts, &mm);
     for (int k = 0; k < n / g->group; k++) e += group_err(g, t + k * g->group, s, pts[k]);
     return e;
 }
