@@ -224,14 +224,15 @@ struct model_synth_spec {
 
 /* Fill spec from a preset name: llama-1b, smollm2-135m, qwen3-0.6b, tiny,
  * qwen3moe-30b-a3b, mixtral-8x7b, tiny-qwen3moe, tiny-mixtral,
- * tiny-qwen3moe-ties, phi3-mini, phi4-mini, tiny-phi3, tiny-phi3-short,
+ * tiny-qwen3moe-ties, tiny-llama, phi3-mini, phi4-mini, tiny-phi3, tiny-phi3-short,
  * gemma3-1b, tiny-gemma3, tiny-gemma2, gpt-oss-20b, tiny-gpt-oss. */
 ks_status model_synth_preset(const char *name, struct model_synth_spec *spec);
 /* Space-separated preset names, for help text. */
 const char *model_synth_preset_names(void);
 
 /* Write the model to out_path. type: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0,
- * q5_1, q4_k, q5_k, q6_k, q4_k_m (llama.cpp's Q4_K_M mix), iq4_nl, iq4_xs or mxfp4. A matrix whose row
+ * q5_1, q4_k, q5_k, q6_k, q4_k_m (llama.cpp's Q4_K_M mix), iq4_nl, iq4_xs, mxfp4, iq3_xxs, iq3_s or
+ * iq2_s. A matrix whose row
  * is not a multiple of the type's block falls back like llama-quantize does.
  * vocab_path: a GGUF whose tokenizer.* metadata is copied (NULL: a small
  * byte-fallback SentencePiece vocab of spec->n_vocab tokens). pool may be NULL. */

@@ -42,6 +42,9 @@ static const struct preset g_presets[] = {
     /* 32 experts whose router rows repeat every 4: every probability is an
      * 8-way tie, and which 4 of the 8 a token gets is the sort's tie order */
     {"tiny-qwen3moe-ties", "qwen3moe", 256, 2, 4, 2, 64, 512, 2048, 1000000.0f, 1e-6f, 32, 4, 64, 0.06f, 1.0f, true, 4},
+    /* dense, spread like the two above; every width a multiple of 256, so
+     * that the 256-element super-block types (k-quants, i-quants) fit all */
+    {"tiny-llama", "llama", 256, 2, 4, 2, 64, 512, 2048, 10000.0f, 1e-5f, 0, 0, 0, 0.06f, 1.0f, true, 0},
     /* Gemma 3 1B: 5 of every 6 layers in a 512 window (g_windows below) */
     {"gemma3-1b", "gemma3", 1152, 26, 4, 1, 256, 6912, 32768, 1000000.0f, 1e-6f, 0, 0, 0, 0, 0, false, 0},
     /* for tests against llama.cpp: 6 layers so both layer kinds occur (0-4 in a
@@ -115,8 +118,8 @@ static const struct phi3_preset g_phi3_presets[] = {
 const char *model_synth_preset_names(void)
 {
     return "llama-1b smollm2-135m qwen3-0.6b tiny qwen3moe-30b-a3b mixtral-8x7b tiny-qwen3moe tiny-mixtral "
-           "tiny-qwen3moe-ties phi3-mini phi4-mini tiny-phi3 tiny-phi3-short gemma3-1b tiny-gemma3 tiny-gemma2 "
-           "gpt-oss-20b tiny-gpt-oss";
+           "tiny-qwen3moe-ties tiny-llama phi3-mini phi4-mini tiny-phi3 tiny-phi3-short gemma3-1b tiny-gemma3 "
+           "tiny-gemma2 gpt-oss-20b tiny-gpt-oss";
 }
 
 static void spec_from_preset(const struct preset *p, struct model_synth_spec *spec)
@@ -186,9 +189,10 @@ static ks_status plan_parse(const char *name, struct type_plan *p)
         p->q4_k_m = true;
         return KS_OK;
     }
-    static const enum quant_type allowed[] = {QUANT_F32,  QUANT_F16,  QUANT_BF16, QUANT_Q8_0,   QUANT_Q4_0,
-                                              QUANT_Q4_1, QUANT_Q5_0, QUANT_Q5_1, QUANT_Q4_K,   QUANT_Q5_K,
-                                              QUANT_Q6_K, QUANT_IQ4_NL, QUANT_IQ4_XS, QUANT_MXFP4};
+    static const enum quant_type allowed[] = {
+        QUANT_F32,  QUANT_F16,  QUANT_BF16, QUANT_Q8_0,   QUANT_Q4_0,   QUANT_Q4_1,  QUANT_Q5_0,    QUANT_Q5_1,
+        QUANT_Q4_K, QUANT_Q5_K, QUANT_Q6_K, QUANT_IQ4_NL, QUANT_IQ4_XS, QUANT_MXFP4, QUANT_IQ3_XXS, QUANT_IQ3_S,
+        QUANT_IQ2_S};
     enum quant_type t;
     if (quant_type_from_name(name, &t) == KS_OK)
         for (size_t i = 0; i < sizeof allowed / sizeof allowed[0]; i++)
@@ -198,7 +202,7 @@ static ks_status plan_parse(const char *name, struct type_plan *p)
             }
     return ks_fail(KS_ERR_INVALID_ARG,
                    "synth type '%s' is not one of f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k, "
-                   "q4_k_m, iq4_nl, iq4_xs, mxfp4",
+                   "q4_k_m, iq4_nl, iq4_xs, mxfp4, iq3_xxs, iq3_s, iq2_s",
                    name);
 }
 
@@ -221,7 +225,7 @@ static enum quant_type fallback(enum quant_type t, int64_t cols)
         case QUANT_Q4_K: t = QUANT_Q5_0; break;
         case QUANT_Q5_K: t = QUANT_Q5_1; break;
         case QUANT_Q6_K: t = QUANT_Q8_0; break;
-        case QUANT_IQ4_XS: t = QUANT_IQ4_NL; break;
+        case QUANT_IQ4_XS: case QUANT_IQ3_XXS: case QUANT_IQ3_S: case QUANT_IQ2_S: t = QUANT_IQ4_NL; break;
         default: break;
         }
     }
@@ -598,6 +602,9 @@ static uint32_t file_type(const struct type_plan *p)
     case QUANT_Q6_K: return 18;
     case QUANT_IQ4_NL: return 25;
     case QUANT_IQ4_XS: return 30;
+    case QUANT_IQ3_XXS: return 23;
+    case QUANT_IQ3_S: return 26;
+    case QUANT_IQ2_S: return 28;
     case QUANT_BF16: return 32;
     case QUANT_MXFP4: return 38; /* MXFP4_MOE */
     default: return 0;

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "quant/iq4_mxfp4.h"
+#include "quant/iq3.h"
 #include "quant/kquants.h"
 #include "quant/quant_internal.h"
 
@@ -144,6 +145,7 @@ static void tables_init(void)
         g_best[i].from_float = g_scalar[i].from_float;
         g_best[i].vec_dot = g_scalar[i].vec_dot;
     }
+    quant_iq3_fill(g_best, g_scalar);
     quant_simd_fill(g_best);
     quant_iq4_fill(g_best, g_scalar);
     quant_kv_fill(g_best);
@@ -190,7 +192,7 @@ ks_status quant_type_from_name(const char *name, enum quant_type *out)
     }
     return ks_fail(KS_ERR_INVALID_ARG,
                    "unknown tensor type '%s' (expected one of f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, "
-                   "q8_0, q8_1, q2_K, q3_K, q4_K, q5_K, q6_K, q8_K, iq4_nl, iq4_xs, mxfp4)",
+                   "q8_0, q8_1, q2_K, q3_K, q4_K, q5_K, q6_K, q8_K, iq4_nl, iq4_xs, mxfp4, iq3_xxs, iq3_s, iq2_s)",
                    name);
 }
 

@@ -37,7 +37,10 @@ enum quant_type {
     QUANT_Q5_K = 13,
     QUANT_Q6_K = 14,
     QUANT_Q8_K = 15,
+    QUANT_IQ3_XXS = 18,
     QUANT_IQ4_NL = 20,
+    QUANT_IQ3_S = 21,
+    QUANT_IQ2_S = 22,
     QUANT_IQ4_XS = 23,
     QUANT_BF16 = 30,
     QUANT_MXFP4 = 39,
@@ -114,6 +117,28 @@ typedef struct { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K 
 static_assert(sizeof(block_q6_K) == 2 + QK_K / 16 + 3 * QK_K / 4, "block_q6_K size");
 typedef struct { float d; int8_t qs[QK_K]; int16_t bsums[QK_K / 16]; } block_q8_K;
 static_assert(sizeof(block_q8_K) == 4 + QK_K + QK_K / 16 * 2, "block_q8_K size");
+
+/* Grid ("i-quant") super-blocks of 256: each group of 4 or 8 magnitudes is
+ * one point of a fixed grid (quant/iq3.h has the grids), each element has a
+ * sign bit, each 32 (IQ2_S: 16) elements a 4-bit scale ls, times d.
+ * IQ3_XXS: qs[0..63] one grid index per 4 elements; then per 32 elements a
+ * little-endian u32: four 7-bit sign fields (one per 8 elements, the 8th
+ * sign makes the count of minus signs even) and ls in the top 4 bits;
+ * value = d * (0.5 + ls) * 0.5 * grid. */
+typedef struct { quant_f16 d; uint8_t qs[3 * QK_K / 8]; } block_iq3_xxs;
+static_assert(sizeof(block_iq3_xxs) == 2 + 3 * QK_K / 8, "block_iq3_xxs size");
+/* IQ3_S: 9-bit grid indices per 4 elements (low bits in qs, bit 8 of 32-block
+ * b's group k at bit k of qh[b]), one sign bit per element (signs, bit j of
+ * byte k: element 8k + j), ls of 32-block b in nibble b % 2 of scales[b / 2];
+ * value = d * (1 + 2 ls) * grid. */
+typedef struct { quant_f16 d; uint8_t qs[QK_K / 4]; uint8_t qh[QK_K / 32]; uint8_t signs[QK_K / 8]; uint8_t scales[QK_K / 64]; } block_iq3_s;
+static_assert(sizeof(block_iq3_s) == 2 + 13 * (QK_K / 32) + QK_K / 64, "block_iq3_s size");
+/* IQ2_S: 10-bit grid indices per 8 elements (low bits in qs[0..31], bits 8-9
+ * of 32-block b's group l at bits 2l of qh[b]), sign bits in qs[32..63] (one
+ * byte per 8 elements), ls of 32-block b's first and second 16 elements in
+ * the low and high nibble of scales[b]; value = d * (0.5 + ls) * 0.25 * grid. */
+typedef struct { quant_f16 d; uint8_t qs[QK_K / 4]; uint8_t qh[QK_K / 32]; uint8_t scales[QK_K / 32]; } block_iq2_s;
+static_assert(sizeof(block_iq2_s) == 2 + QK_K / 4 + QK_K / 16, "block_iq2_s size");
 
 /* x: n elements of one row of src type; y: n elements of dst. n is a multiple
  * of the block size. */

@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "quant/iq4_mxfp4.h"
+#include "quant/iq3.h"
 #include "quant/kquants.h"
 #include "quant/quant_internal.h"
 
@@ -308,7 +309,10 @@ static quant_kq_dot_multi_fn generic_multi(enum quant_type wtype, int64_t n_toke
 {
     if (n_tokens <= 1)
         return NULL;
-    return is_kquant(wtype) ? quant_kquants_dot_multi(wtype) : quant_iq4_dot_multi(wtype);
+    if (is_kquant(wtype))
+        return quant_kquants_dot_multi(wtype);
+    quant_kq_dot_multi_fn f = quant_iq4_dot_multi(wtype);
+    return f ? f : quant_iq3_dot_multi(wtype);
 }
 
 /* Row chunks [lo, hi) of MM_ROW_CHUNK rows, all tokens. */

@@ -1,0 +1,173 @@
+/* IQ3_XXS, IQ3_S, IQ2_S: AVX2 dot products with Q8_K, one weight row
+ * against up to KQ_DOT_MAX_TOKENS tokens at a time (vec_dot is nt = 1).
+ *
+ * A super-block is unpacked once: per 32 elements the grid magnitudes as
+ * unsigned bytes (gathered from the grid), the signs as +-1 bytes and the
+ * scales as int16 pairs. Per token, sign_epi8 moves the signs onto the Q8_K
+ * bytes, maddubs + madd give 8 int32 lanes of 4 elements each (no
+ * saturation: 2 * 62 * 127 < 2^15), and one fma per super-block adds them
+ * into the token's float lanes: the scalar twin's operations (iq3.h). */
+#include "quant/iq3.h"
+
+#if defined(KQ_HAVE_AVX2)
+#include <immintrin.h>
+
+struct iq_unpacked {
+    __m256i mag[QK_K / 32]; /* grid magnitudes, u8 */
+    __m256i sgn[QK_K / 32]; /* +1 / -1 per element */
+    __m256i sc[QK_K / 32];  /* int16 scale of each element pair */
+    float d;
+};
+
+typedef void (*iq_unpack_avx2_fn)(const uint8_t *block, struct iq_unpacked *u);
+
+static inline uint32_t load_u32(const uint8_t *p)
+{
+    uint32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline float block_d(const uint8_t *block)
+{
+    quant_f16 h;
+    memcpy(&h, block, sizeof h);
+    return kq_f16_to_f32(h);
+}
+
+/* Bit j of m -> byte j: -1 where set, +1 where clear. */
+static inline __m256i sign_bytes(uint32_t m)
+{
+    const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2,
+                                          3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x(0x8040201008040201ll);
+    __m256i v = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)m), pick), bit);
+    return _mm256_or_si256(_mm256_cmpeq_epi8(v, bit), _mm256_set1_epi8(1));
+}
+
+/* Scale lo for elements 0..15 of a block of 32, hi for 16..31. */
+static inline __m256i scale_pairs(int lo, int hi)
+{
+    return _mm256_set_m128i(_mm_set1_epi16((short)hi), _mm_set1_epi16((short)lo));
+}
+
+static void unpack_iq3_xxs(const uint8_t *block, struct iq_unpacked *u)
+{
+    const block_iq3_xxs *b = (const block_iq3_xxs *)block;
+    u->d = block_d(block);
+    for (int ib = 0; ib < QK_K / 32; ib++) {
+        const __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b->qs + 8 * ib)));
+        u->mag[ib] = _mm256_i32gather_epi32((const int *)quant_iq3xxs_grid, idx, 4);
+        const uint32_t aux = load_u32(b->qs + QK_K / 4 + 4 * ib);
+        uint32_t signs = 0;
+        for (int l = 0; l < 4; l++) signs |= (uint32_t)quant_iq3xxs_ksigns[(aux >> (7 * l)) & 127] << (8 * l);
+        u->sgn[ib] = sign_bytes(signs);
+        const int ls = (int)(2 * (aux >> 28) + 1);
+        u->sc[ib] = scale_pairs(ls, ls);
+    }
+}
+
+static void unpack_iq3_s(const uint8_t *block, struct iq_unpacked *u)
+{
+    const block_iq3_s *b = (const block_iq3_s *)block;
+    u->d = block_d(block);
+    const __m256i shifts = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), one = _mm256_set1_epi32(1);
+    for (int ib = 0; ib < QK_K / 32; ib++) {
+        const __m256i lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b->qs + 8 * ib)));
+        const __m256i hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(b->qh[ib]), shifts), one);
+        const __m256i idx = _mm256_or_si256(lo, _mm256_slli_epi32(hi, 8));
+        u->mag[ib] = _mm256_i32gather_epi32((const int *)quant_iq3s_grid, idx, 4);
+        u->sgn[ib] = sign_bytes(load_u32(b->signs + 4 * ib));
+        const int ls = 2 * ((b->scales[ib / 2] >> (4 * (ib % 2))) & 0xf) + 1;
+        u->sc[ib] = scale_pairs(ls, ls);
+    }
+}
+
+static void unpack_iq2_s(const uint8_t *block, struct iq_unpacked *u)
+{
+    const block_iq2_s *b = (const block_iq2_s *)block;
+    u->d = block_d(block);
+    const __m128i shifts = _mm_setr_epi32(0, 2, 4, 6), three = _mm_set1_epi32(3);
+    for (int ib = 0; ib < QK_K / 32; ib++) {
+        const __m128i lo = _mm_cvtepu8_epi32(_mm_cvtsi32_si128((int)load_u32(b->qs + 4 * ib)));
+        const __m128i hi = _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32(b->qh[ib]), shifts), three);
+        const __m128i idx = _mm_or_si128(lo, _mm_slli_epi32(hi, 8));
+        u->mag[ib] = _mm256_i32gather_epi64((const long long *)quant_iq2s_grid, idx, 8);
+        u->sgn[ib] = sign_bytes(load_u32(b->qs + QK_K / 8 + 4 * ib));
+        u->sc[ib] = scale_pairs(2 * (b->scales[ib] & 0xf) + 1, 2 * (b->scales[ib] >> 4) + 1);
+    }
+}
+
+/* Token's 8 int32 lanes of one unpacked super-block. */
+static inline __m256i block_lanes(const struct iq_unpacked *u, const int8_t *q8)
+{
+    __m256i sum = _mm256_setzero_si256();
+    for (int ib = 0; ib < QK_K / 32; ib++) {
+        const __m256i q = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(q8 + 32 * ib)), u->sgn[ib]);
+        sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(u->mag[ib], q), u->sc[ib]));
+    }
+    return sum;
+}
+
+static inline __attribute__((always_inline)) void dot_multi(int n, int nt, float *s, size_t s_stride,
+                                                             const uint8_t *x, size_t block_bytes,
+                                                             iq_unpack_avx2_fn unpack, const uint8_t *y,
+                                                             size_t y_stride, float scale)
+{
+    for (int t0 = 0; t0 < nt; t0 += KQ_DOT_MAX_TOKENS) {
+        const int m = nt - t0 < KQ_DOT_MAX_TOKENS ? nt - t0 : KQ_DOT_MAX_TOKENS;
+        __m256 acc[KQ_DOT_MAX_TOKENS];
+        for (int t = 0; t < m; t++) acc[t] = _mm256_setzero_ps();
+        for (int i = 0; i < n / QK_K; i++) {
+            const uint8_t *blk = x + (size_t)i * block_bytes;
+            kq_prefetch_block(blk, block_bytes);
+            struct iq_unpacked u;
+            unpack(blk, &u);
+            for (int t = 0; t < m; t++) {
+                const block_q8_K *yt = (const block_q8_K *)(y + (size_t)(t0 + t) * y_stride) + i;
+                const __m256i lanes = block_lanes(&u, yt->qs);
+                acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(u.d * yt->d), _mm256_cvtepi32_ps(lanes), acc[t]);
+            }
+        }
+        for (int t = 0; t < m; t++) {
+            float a[8];
+            _mm256_storeu_ps(a, acc[t]);
+            s[(size_t)(t0 + t) * s_stride] = scale * iq_hsum8(a);
+        }
+    }
+}
+
+void quant_vec_dot_iq3_xxs_q8_K_multi_avx2(int n, int nt, float *s, size_t s_stride, const void *x, const void *y,
+                                           size_t y_stride)
+{
+    dot_multi(n, nt, s, s_stride, x, sizeof(block_iq3_xxs), unpack_iq3_xxs, y, y_stride, IQ3_XXS_DOT_SCALE);
+}
+
+void quant_vec_dot_iq3_s_q8_K_multi_avx2(int n, int nt, float *s, size_t s_stride, const void *x, const void *y,
+                                         size_t y_stride)
+{
+    dot_multi(n, nt, s, s_stride, x, sizeof(block_iq3_s), unpack_iq3_s, y, y_stride, IQ3_S_DOT_SCALE);
+}
+
+void quant_vec_dot_iq2_s_q8_K_multi_avx2(int n, int nt, float *s, size_t s_stride, const void *x, const void *y,
+                                         size_t y_stride)
+{
+    dot_multi(n, nt, s, s_stride, x, sizeof(block_iq2_s), unpack_iq2_s, y, y_stride, IQ2_S_DOT_SCALE);
+}
+
+void quant_vec_dot_iq3_xxs_q8_K_avx2(int n, float *s, const void *x, const void *y)
+{
+    quant_vec_dot_iq3_xxs_q8_K_multi_avx2(n, 1, s, 0, x, y, 0);
+}
+
+void quant_vec_dot_iq3_s_q8_K_avx2(int n, float *s, const void *x, const void *y)
+{
+    quant_vec_dot_iq3_s_q8_K_multi_avx2(n, 1, s, 0, x, y, 0);
+}
+
+void quant_vec_dot_iq2_s_q8_K_avx2(int n, float *s, const void *x, const void *y)
+{
+    quant_vec_dot_iq2_s_q8_K_multi_avx2(n, 1, s, 0, x, y, 0);
+}
+
+#endif
