@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "quant/iq2.h"
 #include "quant/kquants.h"
 #include "quant/quant_internal.h"
 
@@ -141,6 +142,7 @@ static void tables_init(void)
         g_best[i].from_float = g_scalar[i].from_float;
         g_best[i].vec_dot = g_scalar[i].vec_dot;
     }
+    quant_iq2_fill(g_best, g_scalar); /* after the loop above, which would undo its best kernels */
     quant_simd_fill(g_best);
     quant_kv_fill(g_best);
     quant_kv_fill(g_scalar);
@@ -186,7 +188,7 @@ ks_status quant_type_from_name(const char *name, enum quant_type *out)
     }
     return ks_fail(KS_ERR_INVALID_ARG,
                    "unknown tensor type '%s' (expected one of f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, "
-                   "q8_0, q8_1, q2_K, q3_K, q4_K, q5_K, q6_K, q8_K, iq4_nl)",
+                   "q8_0, q8_1, q2_K, q3_K, q4_K, q5_K, q6_K, q8_K, iq4_nl, iq2_xxs, iq2_xs, iq1_s, iq1_m)",
                    name);
 }
 

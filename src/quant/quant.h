@@ -37,7 +37,11 @@ enum quant_type {
     QUANT_Q5_K = 13,
     QUANT_Q6_K = 14,
     QUANT_Q8_K = 15,
+    QUANT_IQ2_XXS = 16,
+    QUANT_IQ2_XS = 17,
+    QUANT_IQ1_S = 19,
     QUANT_IQ4_NL = 20,
+    QUANT_IQ1_M = 29,
     QUANT_BF16 = 30,
     QUANT_KV_ONLY_FIRST = 64, /* kvserve's own types, KV cache rows only (ggml's largest id is 39) */
     QUANT_IQ3_NL = 64,

@@ -14,7 +14,8 @@
  *    unpacked 32 at a time into panels for the register tiles of
  *    kq_gemm*.c (rows in lanes, a token's dword broadcast against them).
  *  - everything else: activations to the vec_dot_type, then traits vec_dot
- *    over row chunks x all tokens, so a chunk of weights stays in cache.
+ *    over row chunks x all tokens, so a chunk of weights stays in cache
+ *    (IQ2_XXS/IQ2_XS/IQ1_S/IQ1_M with a multi-token kernel, iq2_avx*.c).
  *  - repacked Q4_0/Q8_0 weights (quant_matmul_repacked): up to RP_GEMM_MAX
  *    tokens, the group kernels of quant_repack.c over row groups taken from
  *    a shared counter; more, the prefill tiles above, unpacking rows from
@@ -24,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "quant/iq2.h"
 #include "quant/kquants.h"
 #include "quant/quant_internal.h"
 
@@ -292,7 +294,9 @@ static void prefetch_row(const struct mm *m, int64_t r)
  * tokens (it reads them at a fixed stride), or NULL. */
 static quant_kq_dot_multi_fn generic_multi(enum quant_type wtype, int64_t n_tokens)
 {
-    return is_kquant(wtype) && n_tokens > 1 ? quant_kquants_dot_multi(wtype) : NULL;
+    if (n_tokens <= 1)
+        return NULL;
+    return is_kquant(wtype) ? quant_kquants_dot_multi(wtype) : quant_iq2_dot_multi(wtype);
 }
 
 /* Row chunks [lo, hi) of MM_ROW_CHUNK rows, all tokens. */
