@@ -42,12 +42,14 @@ static const struct preset g_presets[] = {
     /* 32 experts whose router rows repeat every 4: every probability is an
      * 8-way tie, and which 4 of the 8 a token gets is the sort's tie order */
     {"tiny-qwen3moe-ties", "qwen3moe", 256, 2, 4, 2, 64, 512, 2048, 1000000.0f, 1e-6f, 32, 4, 64, 0.06f, 1.0f, true, 4},
+    /* dense, every matrix's rows a multiple of 256: the k-quant and IQ types apply to all of them */
+    {"tiny-llama", "llama", 256, 2, 4, 2, 64, 512, 2048, 10000.0f, 1e-5f, 0, 0, 0, 0.06f, 1.0f, true, 0},
 };
 
 const char *model_synth_preset_names(void)
 {
     return "llama-1b smollm2-135m qwen3-0.6b tiny qwen3moe-30b-a3b mixtral-8x7b tiny-qwen3moe tiny-mixtral "
-           "tiny-qwen3moe-ties";
+           "tiny-qwen3moe-ties tiny-llama";
 }
 
 ks_status model_synth_preset(const char *name, struct model_synth_spec *spec)
@@ -92,7 +94,7 @@ static ks_status plan_parse(const char *name, struct type_plan *p)
     }
     static const enum quant_type allowed[] = {QUANT_F32, QUANT_F16, QUANT_BF16, QUANT_Q8_0, QUANT_Q4_0,
                                               QUANT_Q4_1, QUANT_Q5_0, QUANT_Q5_1, QUANT_Q4_K, QUANT_Q5_K,
-                                              QUANT_Q6_K};
+                                              QUANT_Q6_K, QUANT_IQ2_XXS, QUANT_IQ2_XS, QUANT_IQ1_S, QUANT_IQ1_M};
     enum quant_type t;
     if (quant_type_from_name(name, &t) == KS_OK)
         for (size_t i = 0; i < sizeof allowed / sizeof allowed[0]; i++)
@@ -101,7 +103,8 @@ static ks_status plan_parse(const char *name, struct type_plan *p)
                 return KS_OK;
             }
     return ks_fail(KS_ERR_INVALID_ARG,
-                   "synth type '%s' is not one of f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k, q4_k_m",
+                   "synth type '%s' is not one of f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k, "
+                   "iq2_xxs, iq2_xs, iq1_s, iq1_m, q4_k_m",
                    name);
 }
 
@@ -124,6 +127,10 @@ static enum quant_type fallback(enum quant_type t, int64_t cols)
         case QUANT_Q4_K: t = QUANT_Q5_0; break;
         case QUANT_Q5_K: t = QUANT_Q5_1; break;
         case QUANT_Q6_K: t = QUANT_Q8_0; break;
+        case QUANT_IQ2_XXS:
+        case QUANT_IQ2_XS:
+        case QUANT_IQ1_S:
+        case QUANT_IQ1_M: t = QUANT_IQ4_NL; break;
         default: break;
         }
     }
@@ -438,6 +445,10 @@ static uint32_t file_type(const struct type_plan *p)
     case QUANT_Q4_K: return 14;
     case QUANT_Q5_K: return 16;
     case QUANT_Q6_K: return 18;
+    case QUANT_IQ2_XXS: return 19;
+    case QUANT_IQ2_XS: return 20;
+    case QUANT_IQ1_S: return 24;
+    case QUANT_IQ1_M: return 31;
     case QUANT_BF16: return 32;
     default: return 0;
     }
