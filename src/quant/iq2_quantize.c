@@ -17,9 +17,9 @@
 #include "quant/iq2.h"
 
 #define N_CODES 6561      /* 3^8 level vectors of a group of 8 */
-#define N_NEIGHBOURS 6    /* grid points kept for a vector off the grid */
-#define N_TRIALS 6        /* trial scales per sub-block */
-static const float trial_factor[N_TRIALS] = {0.65f, 0.75f, 0.85f, 0.95f, 1.05f, 1.15f};
+#define N_NEIGHBOURS 4    /* grid points kept for a vector off the grid */
+#define N_TRIALS 4        /* trial scales per sub-block */
+static const float trial_factor[N_TRIALS] = {0.7f, 0.85f, 1.0f, 1.15f};
 
 /* ---- grid index: level vector -> nearest grid points ---------------------- */
 
@@ -100,22 +100,29 @@ static int nearest_point(const struct grid_index *gi, const float *t, const floa
     int code = 0;
     for (int j = 7; j >= 0; j--)
         code = code * 3 + (t[j] < mid01 ? 0 : t[j] < mid12 ? 1 : 2);
-    const uint16_t one = (uint16_t)gi->on_grid[code];
-    const uint16_t *cand = gi->on_grid[code] >= 0 ? &one : gi->near[code];
-    const int n_cand = gi->on_grid[code] >= 0 ? 1 : N_NEIGHBOURS;
-    int best = cand[0];
-    float best_err = FLT_MAX;
-    for (int k = 0; k < n_cand; k++) {
+    if (gi->on_grid[code] >= 0) {
+        const int p = gi->on_grid[code];
         float e = 0;
         for (int j = 0; j < 8; j++) {
-            float diff = t[j] - (gi->value[cand[k]][j] + off);
+            float diff = t[j] - (gi->value[p][j] + off);
             e += w[j] * diff * diff;
         }
-        if (e < best_err)
-            best_err = e, best = cand[k];
+        *err = e;
+        return p;
     }
-    *err = best_err;
-    return best;
+    /* the candidates' sums side by side: independent chains, not one long one */
+    const uint16_t *cand = gi->near[code];
+    float e[N_NEIGHBOURS] = {0};
+    for (int j = 0; j < 8; j++)
+        for (int k = 0; k < N_NEIGHBOURS; k++) {
+            float diff = t[j] - (gi->value[cand[k]][j] + off);
+            e[k] += w[j] * diff * diff;
+        }
+    int best = 0;
+    for (int k = 1; k < N_NEIGHBOURS; k++)
+        best = e[k] < e[best] ? k : best;
+    *err = e[best];
+    return cand[best];
 }
 
 /* ---- a run of groups sharing one scale --------------------------------------
