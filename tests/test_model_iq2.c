@@ -8,8 +8,12 @@
  * every logit of every prompt row within 1e-4 of llama.cpp's, with the prompt
  * in one batch (2 threads: the multi-token kernels) and in chunks of 5 on one
  * thread, and llama.cpp's 64 greedy ids exactly, one token per batch (the
- * one-token kernels). Exits 77 (skipped) when tests/data or a model cannot be
- * had. */
+ * one-token kernels). The same again on files llama-quantize itself makes
+ * from the f32 model, with the importance matrix of ones tools/imatrix writes
+ * (llama.cpp's own blocks and its mix of types: q2_K token embeddings and
+ * attn_v, q5_K output, iq2_xxs attn_output in IQ1 files); those cases skip
+ * when the anchor's llama-quantize or imatrix_ones is missing. Exits 77
+ * (skipped) when tests/data or a model cannot be had. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -23,6 +27,7 @@
 
 #include "model/model.h"
 #include "support/llamacpp_ref.h"
+#include "support/skip.h"
 
 #define LOGIT_TOL 1e-4f
 #define MAX_IDS 256
@@ -45,16 +50,16 @@ static void model_path(const char *type, char *buf, size_t cap)
     snprintf(buf, cap, "%s/%s-%s.gguf", g_dir, PRESET, type);
 }
 
-static void run_case(const char *type, int n_threads, int chunk)
+static bool g_have_lq; /* llama-quantize's files were made */
+
+/* Model tests/data/NAME against llama.cpp's reference of the same name. */
+static void run_model(const char *name, const char *path, int n_threads, int chunk)
 {
-    char name[64], path[128];
-    snprintf(name, sizeof name, "%s-%s", PRESET, type);
     struct llamacpp_ref r;
     llamacpp_ref_load(data_dir(), name, &r);
     assert_false(r.flash_attn);
     assert_true(r.n_prompt > 0 && r.n_prompt <= MAX_IDS);
 
-    model_path(type, path, sizeof path);
     struct model *m;
     if (model_load(path, &m))
         fail_msg("load %s: %s", path, ks_errmsg());
@@ -93,12 +98,73 @@ static void run_case(const char *type, int n_threads, int chunk)
     model_free(m);
 }
 
+static void run_case(const char *type, int n_threads, int chunk)
+{
+    char name[64], path[128];
+    snprintf(name, sizeof name, "%s-%s", PRESET, type);
+    model_path(type, path, sizeof path);
+    run_model(name, path, n_threads, chunk);
+}
+
+/* llama-quantize's file of ftype type (lower case). */
+static void run_lq_case(const char *type)
+{
+    char name[64], path[128];
+    snprintf(name, sizeof name, "%s-lq-%s", PRESET, type);
+    snprintf(path, sizeof path, "%s/lq-%s.gguf", g_dir, type);
+    run_model(name, path, 2, MAX_IDS);
+}
+
 static void test_iq2_xxs(void **state) { (void)state; run_case("iq2_xxs", 2, MAX_IDS); }
 static void test_iq2_xs(void **state) { (void)state; run_case("iq2_xs", 2, MAX_IDS); }
 static void test_iq1_s(void **state) { (void)state; run_case("iq1_s", 2, MAX_IDS); }
 static void test_iq1_m(void **state) { (void)state; run_case("iq1_m", 2, MAX_IDS); }
 static void test_iq2_xxs_chunked(void **state) { (void)state; run_case("iq2_xxs", 1, 5); }
 static void test_iq1_m_chunked(void **state) { (void)state; run_case("iq1_m", 1, 5); }
+
+#define LQ_TEST(t)                                                                                             \
+    static void test_llama_quantize_##t(void **state)                                                         \
+    {                                                                                                          \
+        (void)state;                                                                                           \
+        if (!g_have_lq)                                                                                        \
+            KS_SKIP("no llama-quantize files (the anchor's llama-quantize or imatrix_ones is missing)");      \
+        run_lq_case(#t);                                                                                       \
+    }
+LQ_TEST(iq2_xxs)
+LQ_TEST(iq2_xs)
+LQ_TEST(iq1_s)
+LQ_TEST(iq1_m)
+
+/* The f32 model, its importance matrix of ones, and llama-quantize's file of
+ * each type; false when a tool is missing or fails. */
+static bool make_lq_models(void)
+{
+    const char *shared = getenv("KVSERVE_SHARED"), *ones = getenv("KVSERVE_IMATRIX_ONES");
+    char quantize[1024], f32[128], dat[128], cmd[2600];
+    snprintf(quantize, sizeof quantize, "%s/anchor/bin/llama-quantize", shared ? shared : "../shared");
+    if (!ones || access(ones, X_OK) || access(quantize, X_OK))
+        return false;
+    model_path("f32", f32, sizeof f32);
+    snprintf(dat, sizeof dat, "%s/ones.dat", g_dir);
+    struct model_synth_spec spec;
+    if (model_synth_preset(PRESET, &spec) || model_synth(&spec, "f32", NULL, f32, NULL))
+        return false;
+    snprintf(cmd, sizeof cmd, "'%s' '%s' '%s' 2>/dev/null", ones, f32, dat);
+    if (system(cmd) != 0)
+        return false;
+    for (int i = 0; i < N_TYPES; i++) {
+        char upper[16];
+        for (size_t k = 0; k <= strlen(g_types[i]); k++)
+            upper[k] = (char)(g_types[i][k] >= 'a' && g_types[i][k] <= 'z' ? g_types[i][k] - 32 : g_types[i][k]);
+        snprintf(cmd, sizeof cmd, "'%s' --imatrix '%s' '%s' '%s/lq-%s.gguf' %s 2 >/dev/null 2>&1", quantize, dat, f32,
+                 g_dir, g_types[i], upper);
+        if (system(cmd) != 0) {
+            fprintf(stderr, "test_model_iq2: llama-quantize to %s failed\n", upper);
+            return false;
+        }
+    }
+    return true;
+}
 
 /* Write every type's model; false (and a message) when that cannot be done. */
 static bool make_models(void)
@@ -137,11 +203,20 @@ int main(void)
         remove_dir();
         return 77;
     }
+    g_have_lq = make_lq_models();
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_iq2_xxs), cmocka_unit_test(test_iq2_xs),          cmocka_unit_test(test_iq1_s),
-        cmocka_unit_test(test_iq1_m),   cmocka_unit_test(test_iq2_xxs_chunked), cmocka_unit_test(test_iq1_m_chunked),
+        cmocka_unit_test(test_iq2_xxs),
+        cmocka_unit_test(test_iq2_xs),
+        cmocka_unit_test(test_iq1_s),
+        cmocka_unit_test(test_iq1_m),
+        cmocka_unit_test(test_iq2_xxs_chunked),
+        cmocka_unit_test(test_iq1_m_chunked),
+        cmocka_unit_test(test_llama_quantize_iq2_xxs),
+        cmocka_unit_test(test_llama_quantize_iq2_xs),
+        cmocka_unit_test(test_llama_quantize_iq1_s),
+        cmocka_unit_test(test_llama_quantize_iq1_m),
     };
-    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    int rc = ks_run_tests(tests, NULL, NULL);
     remove_dir();
     return rc;
 }
