@@ -210,7 +210,7 @@ static void test_vec_dot_matches_ggml_x86(void **state)
 
 typedef void (*iq2_multi_fn)(enum quant_type, int, int, float *, size_t, const void *, const void *, size_t);
 
-static void check_multi(const char *isa, iq2_multi_fn multi, enum quant_type t, int n, int nt, const uint8_t *xb,
+static __attribute__((unused)) void check_multi(const char *isa, iq2_multi_fn multi, enum quant_type t, int n, int nt, const uint8_t *xb,
                         const uint8_t *ys, size_t yrow)
 {
     const struct quant_traits *tr = quant_traits_scalar(t);
