@@ -458,13 +458,14 @@ static void test_malformed_files(void **state)
         {CRAFT(.ne1 = 1ull << 63), KS_ERR_FORMAT, "dimension 1"},
         {CRAFT(.ne0 = 1ull << 62, .ne1 = 4), KS_ERR_FORMAT, "overflows"},
         {CRAFT(.type = 99), KS_ERR_UNSUPPORTED, "type id 99"},
-        {CRAFT(.type = 16), KS_ERR_UNSUPPORTED, "iq2_xxs"},
         /* a type kvserve does not know: the error names the tensor and the type */
         {CRAFT(.type = 35), KS_ERR_UNSUPPORTED, "tensor 't1' (#0 at offset"},
         {CRAFT(.type = 35), KS_ERR_UNSUPPORTED, "tensor type tq2_0 (id 35)"},
+        {CRAFT(.type = 34), KS_ERR_UNSUPPORTED, "tq1_0"},
         {CRAFT(.type = 40), KS_ERR_UNSUPPORTED, "tensor 't1' (#0 at offset"},
         {CRAFT(.type = QUANT_IQ4_XS), KS_ERR_FORMAT, "not a multiple of the iq4_xs block size 256"},
         {CRAFT(.type = QUANT_MXFP4), KS_ERR_FORMAT, "not a multiple of the mxfp4 block size 32"},
+        {CRAFT(.type = QUANT_IQ2_XXS), KS_ERR_FORMAT, "not a multiple of the iq2_xxs block size 256"},
         {CRAFT(.type = QUANT_IQ3_NL), KS_ERR_UNSUPPORTED, "type id 64"}, /* kvserve's KV-only type */
         {CRAFT(.type = QUANT_Q8_0), KS_ERR_FORMAT, "not a multiple of the q8_0 block size 32"},
         {CRAFT(.off1 = 4), KS_ERR_FORMAT, "not a multiple of the alignment 32"},

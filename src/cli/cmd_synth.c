@@ -15,7 +15,7 @@ static void synth_usage(FILE *out)
             "Write a deterministic random model (weights N(0, 0.02)-like, tied embeddings).\n"
             "  --preset NAME   %s\n"
             "  --type T        f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k q4_k_m\n"
-            "                  iq4_nl iq4_xs mxfp4 iq3_xxs iq3_s iq2_s\n"
+            "                  iq4_nl iq4_xs mxfp4 iq3_xxs iq3_s iq2_s iq2_xxs iq2_xs iq1_s iq1_m\n"
             "                  (quantized types put output/token_embd at q6_k like llama-quantize;\n"
             "                   q4_k_m uses llama.cpp's Q4_K_M mix)\n"
             "  --pure          every matrix at exactly --type\n"

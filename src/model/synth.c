@@ -190,9 +190,9 @@ static ks_status plan_parse(const char *name, struct type_plan *p)
         return KS_OK;
     }
     static const enum quant_type allowed[] = {
-        QUANT_F32,  QUANT_F16,  QUANT_BF16, QUANT_Q8_0,   QUANT_Q4_0,   QUANT_Q4_1,  QUANT_Q5_0,    QUANT_Q5_1,
-        QUANT_Q4_K, QUANT_Q5_K, QUANT_Q6_K, QUANT_IQ4_NL, QUANT_IQ4_XS, QUANT_MXFP4, QUANT_IQ3_XXS, QUANT_IQ3_S,
-        QUANT_IQ2_S};
+        QUANT_F32,    QUANT_F16,    QUANT_BF16,  QUANT_Q8_0,    QUANT_Q4_0,   QUANT_Q4_1,    QUANT_Q5_0,
+        QUANT_Q5_1,   QUANT_Q4_K,   QUANT_Q5_K,  QUANT_Q6_K,    QUANT_IQ4_NL, QUANT_IQ4_XS,  QUANT_MXFP4,
+        QUANT_IQ3_XXS, QUANT_IQ3_S, QUANT_IQ2_S, QUANT_IQ2_XXS, QUANT_IQ2_XS, QUANT_IQ1_S,   QUANT_IQ1_M};
     enum quant_type t;
     if (quant_type_from_name(name, &t) == KS_OK)
         for (size_t i = 0; i < sizeof allowed / sizeof allowed[0]; i++)
@@ -202,7 +202,7 @@ static ks_status plan_parse(const char *name, struct type_plan *p)
             }
     return ks_fail(KS_ERR_INVALID_ARG,
                    "synth type '%s' is not one of f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k, "
-                   "q4_k_m, iq4_nl, iq4_xs, mxfp4, iq3_xxs, iq3_s, iq2_s",
+                   "q4_k_m, iq4_nl, iq4_xs, mxfp4, iq3_xxs, iq3_s, iq2_s, iq2_xxs, iq2_xs, iq1_s, iq1_m",
                    name);
 }
 
@@ -225,7 +225,14 @@ static enum quant_type fallback(enum quant_type t, int64_t cols)
         case QUANT_Q4_K: t = QUANT_Q5_0; break;
         case QUANT_Q5_K: t = QUANT_Q5_1; break;
         case QUANT_Q6_K: t = QUANT_Q8_0; break;
-        case QUANT_IQ4_XS: case QUANT_IQ3_XXS: case QUANT_IQ3_S: case QUANT_IQ2_S: t = QUANT_IQ4_NL; break;
+        case QUANT_IQ4_XS:
+        case QUANT_IQ3_XXS:
+        case QUANT_IQ3_S:
+        case QUANT_IQ2_S:
+        case QUANT_IQ2_XXS:
+        case QUANT_IQ2_XS:
+        case QUANT_IQ1_S:
+        case QUANT_IQ1_M: t = QUANT_IQ4_NL; break;
         default: break;
         }
     }
@@ -605,6 +612,10 @@ static uint32_t file_type(const struct type_plan *p)
     case QUANT_IQ3_XXS: return 23;
     case QUANT_IQ3_S: return 26;
     case QUANT_IQ2_S: return 28;
+    case QUANT_IQ2_XXS: return 19;
+    case QUANT_IQ2_XS: return 20;
+    case QUANT_IQ1_S: return 24;
+    case QUANT_IQ1_M: return 31;
     case QUANT_BF16: return 32;
     case QUANT_MXFP4: return 38; /* MXFP4_MOE */
     default: return 0;

@@ -7,6 +7,7 @@
 
 #include "quant/iq4_mxfp4.h"
 #include "quant/iq3.h"
+#include "quant/iq2.h"
 #include "quant/kquants.h"
 #include "quant/quant_internal.h"
 
@@ -146,6 +147,7 @@ static void tables_init(void)
         g_best[i].vec_dot = g_scalar[i].vec_dot;
     }
     quant_iq3_fill(g_best, g_scalar);
+    quant_iq2_fill(g_best, g_scalar); /* after the loop above, which would undo its best kernels */
     quant_simd_fill(g_best);
     quant_iq4_fill(g_best, g_scalar);
     quant_kv_fill(g_best);
@@ -192,7 +194,8 @@ ks_status quant_type_from_name(const char *name, enum quant_type *out)
     }
     return ks_fail(KS_ERR_INVALID_ARG,
                    "unknown tensor type '%s' (expected one of f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, "
-                   "q8_0, q8_1, q2_K, q3_K, q4_K, q5_K, q6_K, q8_K, iq4_nl, iq4_xs, mxfp4, iq3_xxs, iq3_s, iq2_s)",
+                   "q8_0, q8_1, q2_K, q3_K, q4_K, q5_K, q6_K, q8_K, iq4_nl, iq4_xs, mxfp4, iq3_xxs, iq3_s, iq2_s, "
+                   "iq2_xxs, iq2_xs, iq1_s, iq1_m)",
                    name);
 }
 

@@ -15,9 +15,10 @@
  *    kq_gemm*.c (rows in lanes, a token's dword broadcast against them).
  *  - everything else: activations to the vec_dot_type, then traits vec_dot
  *    over row chunks x all tokens, so a chunk of weights stays in cache;
- *    batches of k-quants below the tiles and of IQ4_NL, IQ4_XS and MXFP4
+ *    batches of k-quants below the tiles and of the i-quants (IQ4_NL,
+ *    IQ4_XS, MXFP4, IQ3_XXS, IQ3_S, IQ2_S, IQ2_XXS, IQ2_XS, IQ1_S, IQ1_M)
  *    run a multi-token vec_dot that unpacks each weight block once for
- *    several tokens (kquants.h, iq4_mxfp4.h).
+ *    several tokens (kquants.h, iq4_mxfp4.h, iq3.h, iq2.h).
  *  - repacked Q4_0/Q8_0 weights (quant_matmul_repacked): up to RP_GEMM_MAX
  *    tokens, the group kernels of quant_repack.c over row groups taken from
  *    a shared counter; more, the prefill tiles above, unpacking rows from
@@ -29,6 +30,7 @@
 
 #include "quant/iq4_mxfp4.h"
 #include "quant/iq3.h"
+#include "quant/iq2.h"
 #include "quant/kquants.h"
 #include "quant/quant_internal.h"
 
@@ -312,7 +314,9 @@ static quant_kq_dot_multi_fn generic_multi(enum quant_type wtype, int64_t n_toke
     if (is_kquant(wtype))
         return quant_kquants_dot_multi(wtype);
     quant_kq_dot_multi_fn f = quant_iq4_dot_multi(wtype);
-    return f ? f : quant_iq3_dot_multi(wtype);
+    if (!f)
+        f = quant_iq3_dot_multi(wtype);
+    return f ? f : quant_iq2_dot_multi(wtype);
 }
 
 /* Row chunks [lo, hi) of MM_ROW_CHUNK rows, all tokens. */
