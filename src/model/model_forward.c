@@ -476,8 +476,11 @@ static ks_status attention_block(struct model_ctx *c, struct kv_cache *kv, int i
         if ((st = kv_write_rows(kv, il, b->seq[t], b->pos[t], run, c->k + t * kv_dim, c->v + t * kv_dim)))
             return st;
     }
-    float scale = 1.0f / sqrtf((float)hp->head_dim_k);
-    if ((st = attn_forward(c->pool, kv, il, c->queries, (int32_t)n, c->q, c->att, hp->n_head, scale)))
+    /* a sliding-window layer of the cache (model_kv_config sets them from the model) sees its window only */
+    const struct kv_config *kc = kv_get_config(kv);
+    struct attn_params ap = {.scale = 1.0f / sqrtf((float)hp->head_dim_k),
+                             .window = kv_layer_windowed(kc, il) ? kc->swa_window : 0};
+    if ((st = attn_forward_ex(c->pool, kv, il, c->queries, (int32_t)n, c->q, c->att, hp->n_head, &ap)))
         return st;
     /* output projection and residual */
     if ((st = matmul(c, &L->wo, c->att, n, c->xb2)))
