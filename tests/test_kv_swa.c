@@ -597,6 +597,36 @@ static void test_fit(void **state)
     assert_int_equal(fit.start, INT32_MAX);
 }
 
+/* swa_full keeps every row: the bytes of every layer, any length resumable,
+ * the fit of a cache without a window. */
+static void test_swa_full(void **state)
+{
+    (void)state;
+    struct kv_config cfg;
+    config(&cfg, true, 0);
+    cfg.swa_full = true;
+    struct kv_cache *kv = NULL;
+    assert_int_equal(kv_create(&cfg, &kv), KS_OK);
+    int32_t t[MAX_TOK];
+    make_tokens(t, MAX_TOK, 11);
+    int32_t s = new_seq(kv);
+    for (int i = 0; i < 6 * P; i++)
+        step(kv, s, t, 1);
+    struct kv_usage us;
+    kv_usage(kv, &us);
+    assert_int_equal(us.used, 6 * kv_page_bytes(&cfg, QUANT_F16, QUANT_F16));
+    assert_int_equal(kv_seq_resumable(kv, s, 5), 5);
+    assert_int_equal(kv_seq_truncate(kv, s, 5), KS_OK);
+    kv_free(kv);
+    struct kv_fit with, without;
+    cfg.mem_budget = 10 * kv_page_bytes(&cfg, QUANT_F16, QUANT_F16);
+    assert_int_equal(kv_fit_config(&cfg, &with), KS_OK);
+    assert_int_equal(with.start, 10 * P);
+    cfg.swa_full = false;
+    assert_int_equal(kv_fit_config(&cfg, &without), KS_OK);
+    assert_true(without.start > 2 * with.start);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -609,6 +639,7 @@ int main(void)
         cmocka_unit_test(test_requantize),
         cmocka_unit_test(test_dynamic_policy),
         cmocka_unit_test(test_fit),
+        cmocka_unit_test(test_swa_full),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

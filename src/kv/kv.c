@@ -549,7 +549,7 @@ static void page_drop_window(struct kv_cache *kv, int32_t id)
 static void seq_free_window_rows(struct kv_cache *kv, int32_t seq)
 {
     struct kv_seq *s = &kv->seqs[seq];
-    if (!kv->n_window_layers)
+    if (!kv->n_window_layers || kv->cfg.swa_full)
         return;
     s->swa_from = kv_window_start(kv, s->len);
     int32_t end = s->swa_from >> kv->page_shift;

@@ -105,6 +105,8 @@ struct kv_config {
      * checks swa_window >= 0, n_layer <= KV_MAX_LAYERS when it is > 0, and no flag without a window. */
     int32_t swa_window;
     bool swa_layer[KV_MAX_LAYERS]; /* (n_layer) */
+    bool swa_full;            /* keep every window row anyway (llama.cpp's --swa-full): attention is the same,
+                                 memory is not saved, and any length can be resumed (default off) */
 };
 
 /* Fill defaults: P=32, f16/f16, rotate on, scale search on, smoothing off, static policy, S=32, W=512,

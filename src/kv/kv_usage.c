@@ -119,14 +119,15 @@ static void fit_bytes(const struct kv_config *c, size_t avail, size_t reclaim, s
 {
     int64_t P = c->page_tokens;
     /* pages covering a decoding query's window: [len - window + 1, len] */
-    int64_t window = c->swa_window > 0 && kv_window_layers(c) ? (c->swa_window + P - 1) / P + 1 : 0;
+    bool freed = c->swa_window > 0 && !c->swa_full && kv_window_layers(c);
+    int64_t window = freed ? (c->swa_window + P - 1) / P + 1 : 0;
     for (int i = 0; i < KV_N_TYPES; i++) {
         enum quant_type t = kv_type_at(i);
-        size_t w = kv_page_window_bytes(c, t, t), g = kv_page_bytes(c, t, t) - w;
+        size_t w = freed ? kv_page_window_bytes(c, t, t) : 0, g = kv_page_bytes(c, t, t) - w;
         struct fit_cost f = {g, g, w, 0, window};
         out->tokens[i] = kv_check_type(c, t, "") == KS_OK ? tokens_fit(&f, avail, P) : -1;
     }
-    size_t start_w = kv_page_window_bytes(c, c->type_k, c->type_v);
+    size_t start_w = freed ? kv_page_window_bytes(c, c->type_k, c->type_v) : 0;
     size_t start = kv_page_bytes(c, c->type_k, c->type_v) - start_w;
     struct fit_cost f = {start, start, start_w, 0, window};
     out->start = tokens_fit(&f, avail, P);
@@ -135,7 +136,7 @@ static void fit_bytes(const struct kv_config *c, size_t avail, size_t reclaim, s
         return;
     }
     enum quant_type fk = lower(c->type_k, c->floor), fv = lower(c->type_v, c->floor);
-    f.lo = kv_page_bytes(c, fk, fv) - kv_page_window_bytes(c, fk, fv);
+    f.lo = kv_page_bytes(c, fk, fv) - (freed ? kv_page_window_bytes(c, fk, fv) : 0);
     /* the new sequence's sink pages and hot window stay at the start precision */
     f.protect = (c->sink_tokens + P - 1) / P + (c->hot_tokens + P - 1) / P + 1;
     out->dynamic = tokens_fit(&f, avail + reclaim, P);
