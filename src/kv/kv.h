@@ -31,6 +31,9 @@
  *                        them at once, so their tokens are written once.
  *   kv_write(layer, seq, pos, k, v)  for every pos < len and every layer
  *   kv_seq_truncate(seq, len)        drop tokens at the end (chat edits)
+ * With a sliding window, a growth's tokens are written and attended before
+ * the sequence grows again: the next growth frees what they no longer need
+ * (attention over freed rows is refused with KS_ERR_STATE, never read).
  * A cache is not thread-safe: one caller (the scheduler thread) uses it; the
  * attn module may read it from the thread pool during attn_forward(). */
 #ifndef KS_KV_H

@@ -613,6 +613,9 @@ void model_kv_config(const struct model *m, struct kv_config *cfg)
     cfg->n_layer = m->hp.n_layer;
     cfg->n_kv_head = m->hp.n_head_kv;
     cfg->head_dim = m->hp.head_dim_k;
+    /* sliding-window models set cfg->swa_window and cfg->swa_layer[l] here from their hyper-parameters
+     * (kv.h: the cache then frees the rows of those layers past the window, and model_forward attends
+     * them with that window) */
     model_fingerprint(m, cfg->fingerprint);
 }
 
