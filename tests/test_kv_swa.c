@@ -573,6 +573,7 @@ static void test_fit(void **state)
     int64_t pages = (int64_t)((cfg.mem_budget - (size_t)win_pages * w) / g);
     assert_int_equal(fit.start, pages * P);
     assert_int_equal(fit.tokens[kv_type_index(QUANT_F16)], pages * P);
+    assert_int_equal(fit.chunk, 10 * P); /* a chunk's pages are whole until the next step */
     struct kv_cache *kv = NULL;
     assert_int_equal(kv_create(&cfg, &kv), KS_OK);
     int32_t t[MAX_TOK];
@@ -588,6 +589,10 @@ static void test_fit(void **state)
     cfg.mem_budget = 20 * kv_page_bytes(&cfg, QUANT_F16, QUANT_F16);
     assert_int_equal(kv_fit_config(&cfg, &fit), KS_OK);
     assert_int_equal(fit.start, 20 * P);
+    assert_int_equal(fit.chunk, 20 * P);
+    cfg.policy = KV_POLICY_DYNAMIC;
+    assert_int_equal(kv_fit_config(&cfg, &fit), KS_OK);
+    assert_int_equal(fit.chunk, fit.dynamic);
     /* every layer windowed: memory stops growing past the window */
     config(&cfg, true, 0);
     for (int l = 0; l < N_LAYER; l++)

@@ -483,6 +483,9 @@ struct kv_fit {
     int64_t tokens[KV_N_TYPES]; /* by kv_type_index; -1 where the type is not allowed */
     int64_t dynamic;
     int64_t start;              /* at the configured type_k / type_v */
+    int64_t chunk;              /* the longest first prefill chunk of a new sequence, under the cache's policy:
+                                   a chunk's pages hold their window rows until the next step (the start or
+                                   dynamic figure itself without a sliding window) */
 };
 void kv_fit(const struct kv_cache *kv, struct kv_fit *out);
 /* The same for an empty cache of this configuration (kvserve info). */

@@ -131,6 +131,8 @@ static void fit_bytes(const struct kv_config *c, size_t avail, size_t reclaim, s
     size_t start = kv_page_bytes(c, c->type_k, c->type_v) - start_w;
     struct fit_cost f = {start, start, start_w, 0, window};
     out->start = tokens_fit(&f, avail, P);
+    struct fit_cost whole = {start + start_w, start + start_w, 0, 0, 0};
+    out->chunk = c->policy == KV_POLICY_DYNAMIC && floor_usable(c) ? -1 : tokens_fit(&whole, avail, P);
     if (!floor_usable(c)) {
         out->dynamic = out->start;
         return;
@@ -140,6 +142,11 @@ static void fit_bytes(const struct kv_config *c, size_t avail, size_t reclaim, s
     /* the new sequence's sink pages and hot window stay at the start precision */
     f.protect = (c->sink_tokens + P - 1) / P + (c->hot_tokens + P - 1) / P + 1;
     out->dynamic = tokens_fit(&f, avail + reclaim, P);
+    if (c->policy == KV_POLICY_DYNAMIC) {
+        size_t w_lo = freed ? kv_page_window_bytes(c, fk, fv) : 0;
+        whole = (struct fit_cost){start + start_w, f.lo + w_lo, 0, f.protect, 0};
+        out->chunk = tokens_fit(&whole, avail + reclaim, P);
+    }
 }
 
 void kv_fit(const struct kv_cache *kv, struct kv_fit *out)

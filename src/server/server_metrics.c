@@ -230,6 +230,7 @@ static void usage_hook(void *user, struct kv_cache *kv)
             cJSON_AddNumberToObject(f, quant_type_name(kv_type_at(i)), (double)fit.tokens[i]);
         cJSON_AddNumberToObject(f, "dynamic", (double)fit.dynamic);
         cJSON_AddNumberToObject(f, "start", (double)fit.start);
+        cJSON_AddNumberToObject(f, "chunk", (double)fit.chunk);
         struct sched_stats st;
         sched_get_stats(u->srv->sched, &st);
         server_json_add(o, "prefix", server_prefix_usage_json(&us, &st));
