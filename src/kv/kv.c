@@ -488,6 +488,8 @@ int32_t kv_seq_first_page(const struct kv_cache *kv, int32_t seq, int layer)
 
 bool kv_seq_window_intact(const struct kv_cache *kv, const struct kv_seq *s, const int32_t *more, int32_t len)
 {
+    if (!kv->n_window_layers || kv->cfg.swa_full)
+        return true;
     for (int32_t pos = kv_window_start(kv, len) & ~(kv->cfg.page_tokens - 1); pos < len; pos += kv->cfg.page_tokens) {
         int32_t idx = pos >> kv->page_shift;
         int32_t id = idx < s->n_pages ? s->pages[idx] : more[idx - s->n_pages];
