@@ -137,7 +137,7 @@ static void read_row(const struct kv_cache *kv, int32_t seq, int layer, int head
     const struct kv_config *c = kv_get_config(kv);
     const struct kv_page *pg = &kv->pages[kv->seqs[seq].pages[pos / c->page_tokens]];
     enum quant_type t = is_k ? pg->tk : pg->tv;
-    const uint8_t *rows = kv_page_rows(kv, is_k ? pg->k : pg->v, t, layer, head);
+    const uint8_t *rows = kv_page_rows(kv, pg, !is_k, layer, head);
     quant_traits(t)->to_float(rows + (size_t)(pos % c->page_tokens) * quant_row_size(t, c->head_dim), out, c->head_dim);
 }
 
@@ -198,7 +198,7 @@ static const uint8_t *page_row(const struct kv_cache *kv, int32_t seq, int p, in
     const struct kv_page *pg = &kv->pages[kv->seqs[seq].pages[p / c->page_tokens]];
     *type = kind ? pg->tv : pg->tk;
     size_t rb = quant_row_size(*type, c->head_dim);
-    return kv_page_rows(kv, kind ? pg->v : pg->k, *type, 0, h) + (size_t)(p % c->page_tokens) * rb;
+    return kv_page_rows(kv, pg, kind, 0, h) + (size_t)(p % c->page_tokens) * rb;
 }
 
 /* The bytes a page holds are the bytes quant's scalar quantizer makes of the

@@ -29,6 +29,7 @@ enum { MAX_GEN = 64, N_REQ = 16, P = 32 };
 
 static struct model *g_model;
 static enum kv_smooth g_smooth; /* the caches' smoothing, per case */
+static int32_t g_swa_window;    /* > 0: the caches mark every other layer sliding-window (per case) */
 static threads_pool *g_pool;
 static char g_model_path[4096];
 
@@ -103,6 +104,9 @@ static struct sched *make_sched(bool prefix_cache, enum quant_type type, int par
     kc.type_k = kc.type_v = type;
     kc.prefix_cache = prefix_cache;
     kc.smooth = g_smooth;
+    kc.swa_window = g_swa_window;
+    for (int l = 0; g_swa_window && l < kc.n_layer; l++)
+        kc.swa_layer[l] = l % 2 == 0;
     struct sched_engine eng;
     assert_int_equal(sched_engine_model(g_model, &kc, 512, g_pool, &eng), KS_OK);
     struct sched_config sc;
@@ -243,6 +247,43 @@ static void test_chat_round_two_reuses_generated(void **state)
     free(r2);
 }
 
+/* Sliding-window layers (the cache config marks every other layer of the
+ * llama windowed: not a real sliding-window model's maths, the cache's part of
+ * it): round 2 of a chat hits to round 1's end, whose last pages keep their
+ * window rows; a prompt sharing only round 1's beginning misses there (those
+ * pages lost theirs); both give the tokens a cold run gives. */
+static void test_sliding_window_hits(void **state)
+{
+    (void)state;
+    g_swa_window = 64;
+    int32_t round[400], branch[200];
+    prompt_of(round, 150, 4);
+    struct sched *cold = make_sched(false, QUANT_F16, 4);
+    struct result *ref1 = run(cold, round, 150, 40);
+    struct sched *s = make_sched(true, QUANT_F16, 4);
+    struct result *r1 = run(s, round, 150, 40);
+    assert_memory_equal(ref1->tokens, r1->tokens, 40 * sizeof(int32_t));
+    memcpy(round + 150, r1->tokens, 40 * sizeof *round);
+    prompt_of(round + 190, 70, 5);
+    struct result *r2 = run(s, round, 260, 8), *ref2 = run(cold, round, 260, 8);
+    assert_int_equal(r2->n_cached, 189);
+    assert_memory_equal(ref2->tokens, r2->tokens, 8 * sizeof(int32_t));
+    memcpy(branch, round, 100 * sizeof *branch);
+    prompt_of(branch + 100, 100, 6);
+    struct result *r3 = run(s, branch, 200, 8), *ref3 = run(cold, branch, 200, 8);
+    assert_int_equal(r3->n_cached, 0); /* pages 0..2 (tokens before 96) keep no window rows */
+    assert_memory_equal(ref3->tokens, r3->tokens, 8 * sizeof(int32_t));
+    sched_free(s);
+    sched_free(cold);
+    free(ref1);
+    free(r1);
+    free(r2);
+    free(ref2);
+    free(r3);
+    free(ref3);
+    g_swa_window = 0;
+}
+
 /* max_tokens 0 computes and caches the prompt, and returns at once. */
 static void test_warm_up(void **state)
 {
@@ -378,6 +419,7 @@ int main(void)
         cmocka_unit_test(test_hit_gives_same_tokens),
         cmocka_unit_test(test_concurrent_sharers_compute_prefix_once),
         cmocka_unit_test(test_chat_round_two_reuses_generated),
+        cmocka_unit_test(test_sliding_window_hits),
         cmocka_unit_test(test_warm_up),
         cmocka_unit_test(test_disk_tier_restart),
     };

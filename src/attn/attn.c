@@ -171,10 +171,10 @@ static void quantize_rows(const struct job *j, const struct tile *t, const struc
  * do not count as effects), which the first version of this code silently
  * suffered from. */
 static inline __attribute__((always_inline)) void prefetch_page(const struct kv_config *c,
-                                                                const struct kv_page_view *pg, int layer, int head)
+                                                                const struct kv_page_view *pg, int head)
 {
-    const char *k = (const char *)kv_view_run(c, pg->k, pg->k_row_bytes, layer, head);
-    const char *v = (const char *)kv_view_run(c, pg->v, pg->v_row_bytes, layer, head);
+    const char *k = (const char *)kv_view_run(c, pg->k, pg->k_row_bytes, head);
+    const char *v = (const char *)kv_view_run(c, pg->v, pg->v_row_bytes, head);
     size_t nk = (size_t)c->page_tokens * pg->k_row_bytes, nv = (size_t)c->page_tokens * pg->v_row_bytes;
     for (size_t o = 0; o < nk; o += 64)
         __builtin_prefetch(k + o);
@@ -230,13 +230,13 @@ static void run_item(const struct job *j, int32_t item, uint8_t *scratch)
                              .first = j->p.window > 0 ? sc.first : NULL};
     struct kv_page_view page, next;
     bool q8_ready = false;
-    kv_seq_page_view(kv, t->seq, t->first_page, &next);
-    prefetch_page(c, &next, j->layer, h); /* decode's short contexts are a page or three */
+    kv_seq_page_view(kv, t->seq, t->first_page, j->layer, &next);
+    prefetch_page(c, &next, h); /* decode's short contexts are a page or three */
     for (int32_t p = t->first_page; p < t->n_pages; p++) {
         page = next;
         if (p + 1 < t->n_pages) {
-            kv_seq_page_view(kv, t->seq, p + 1, &next);
-            prefetch_page(c, &next, j->layer, h);
+            kv_seq_page_view(kv, t->seq, p + 1, j->layer, &next);
+            prefetch_page(c, &next, h);
         }
         int page_start = p * P;
         int n_tok = max_limit - page_start < P ? max_limit - page_start : P;
@@ -245,13 +245,13 @@ static void run_item(const struct job *j, int32_t item, uint8_t *scratch)
             quantize_rows(j, t, &sc);
             q8_ready = true;
         }
-        const uint8_t *k_rows = kv_view_run(c, page.k, page.k_row_bytes, j->layer, h);
+        const uint8_t *k_rows = kv_view_run(c, page.k, page.k_row_bytes, h);
         attn_set_bounds(&rows, k_rows, (size_t)P * page.k_row_bytes);
         j->k->score[kv_type_index(page.tk)](k_rows, n_tok, &rows);
         if (j->p.softcap > 0.0f)
             softcap_scores(j, &sc, R, P, n_tok);
         j->k->softmax(&rows, page_start, n_tok);
-        const uint8_t *v_rows = kv_view_run(c, page.v, page.v_row_bytes, j->layer, h);
+        const uint8_t *v_rows = kv_view_run(c, page.v, page.v_row_bytes, h);
         attn_set_bounds(&rows, v_rows, (size_t)P * page.v_row_bytes);
         j->k->accum[kv_type_index(page.tv)](v_rows, n_tok, &rows);
     }
@@ -268,9 +268,14 @@ static void phase_items(void *ctx, int ith, int nth)
 }
 
 static ks_status check_args(const struct kv_cache *kv, int layer, const struct attn_query *queries,
-                            int32_t n_queries, int n_head)
+                            int32_t n_queries, int n_head, const struct attn_params *p)
 {
     const struct kv_config *c = kv_get_config(kv);
+    /* a window layer's early pages may have lost their rows: only a window within the cache's reads them */
+    if (kv_layer_windowed(c, layer) && (p->window <= 0 || p->window > c->swa_window))
+        return ks_fail(KS_ERR_INVALID_ARG, "attn: layer %d is a sliding-window layer of the KV cache (window %d): "
+                       "attention over it needs a window of 1 to %d, not %d", layer, (int)c->swa_window,
+                       (int)c->swa_window, (int)p->window);
     if (layer < 0 || layer >= c->n_layer)
         return ks_fail(KS_ERR_RANGE, "attn: layer %d out of [0, %d)", layer, c->n_layer);
     if (n_head <= 0 || n_head % c->n_kv_head != 0)
@@ -278,6 +283,7 @@ static ks_status check_args(const struct kv_cache *kv, int layer, const struct a
                        c->n_kv_head);
     if (n_head / c->n_kv_head > TILE_ROWS)
         return ks_fail(KS_ERR_UNSUPPORTED, "attn: more than %d query heads per KV head", TILE_ROWS);
+    int32_t first_seq = -1, first_page = 0; /* the last query's sequence and its first page with the layer's rows */
     for (int32_t i = 0; i < n_queries; i++) {
         int32_t s = queries[i].seq;
         if (!kv_seq_exists(kv, s))
@@ -285,6 +291,14 @@ static ks_status check_args(const struct kv_cache *kv, int layer, const struct a
         if (queries[i].pos < 0 || queries[i].pos >= kv_seq_len(kv, s))
             return ks_fail(KS_ERR_RANGE, "attn: query %d: position %d outside sequence %d of %d tokens", (int)i,
                            (int)queries[i].pos, (int)s, (int)kv_seq_len(kv, s));
+        if (s != first_seq) {
+            first_seq = s;
+            first_page = kv_seq_first_page(kv, s, layer);
+        }
+        if (window_first(p, queries[i].pos) / c->page_tokens < first_page)
+            return ks_fail(KS_ERR_STATE, "attn: query %d at position %d of sequence %d reads keys whose sliding-window "
+                           "rows are freed (a position before the sequence's window)", (int)i, (int)queries[i].pos,
+                           (int)s);
     }
     return KS_OK;
 }
@@ -324,7 +338,7 @@ ks_status attn_forward(threads_pool *pool, const struct kv_cache *kv, int layer,
 ks_status attn_forward_ex(threads_pool *pool, const struct kv_cache *kv, int layer, const struct attn_query *queries,
                           int32_t n_queries, const float *q, float *out, int n_head, const struct attn_params *p)
 {
-    ks_status st = check_args(kv, layer, queries, n_queries, n_head);
+    ks_status st = check_args(kv, layer, queries, n_queries, n_head, p);
     if (st || n_queries == 0)
         return st;
     if (p->window < 0 || p->softcap < 0.0f || !(p->softcap == p->softcap))

@@ -294,6 +294,8 @@ static ks_status prepare_turn(struct chat *c)
         keep++;
     if ((size_t)keep == n) /* something must be fed to get logits */
         keep--;
+    /* sliding-window layers: resume where the window rows it needs are still stored, recompute the rest */
+    keep = kv_seq_resumable(c->e.kv, c->seq, keep);
     if (keep < c->n_kv && (st = kv_seq_truncate(c->e.kv, c->seq, keep))) {
         free(ids);
         return st;

@@ -29,6 +29,8 @@ struct info_kv_shape {
     uint32_t n_head_kv;
     uint32_t head_dim_k, head_dim_v;
     uint32_t n_ctx_train; /* 0 if the file does not say */
+    uint32_t swa_window;  /* sliding window of the windowed layers, 0 for none */
+    uint32_t swa_period;  /* layer l is windowed when l % period < period - 1 (llama.cpp's set_swa_pattern) */
 };
 
 static void info_usage(FILE *out)
@@ -176,6 +178,43 @@ static ks_status arch_u32_or(const struct gguf_file *f, const char *arch, const 
     return st;
 }
 
+/* Which layers of an architecture use a sliding window: every layer but the
+ * last of each period (the period each architecture's loader in llama.cpp
+ * gives set_swa_pattern; attention.sliding_window_pattern overrides it). */
+static const struct {
+    const char *arch;
+    uint32_t period;
+} SWA_PERIODS[] = {{"gemma2", 2}, {"gemma3", 6}, {"gpt-oss", 2}, {"cohere2", 4}};
+
+/* The model's rule (model_layer_is_swa), on the window and period read here
+ * from the file (info also runs on files the loader refuses). */
+static bool swa_windowed(const struct info_kv_shape *s, uint32_t layer)
+{
+    struct model_hparams hp = {.n_swa = (int)s->swa_window, .swa_pattern = (int)s->swa_period};
+    return s->swa_window && s->swa_period > 1 && model_layer_is_swa(&hp, (int)layer);
+}
+
+static uint32_t swa_layers(const struct info_kv_shape *s)
+{
+    uint32_t n = 0;
+    for (uint32_t l = 0; l < s->n_layer; l++)
+        n += swa_windowed(s, l);
+    return n;
+}
+
+/* A window and a period known for this architecture, or none (a period of 0). */
+static void read_swa(const struct gguf_file *f, struct info_kv_shape *s)
+{
+    for (size_t i = 0; i < sizeof SWA_PERIODS / sizeof SWA_PERIODS[0]; i++)
+        if (strcmp(s->arch, SWA_PERIODS[i].arch) == 0)
+            s->swa_period = SWA_PERIODS[i].period;
+    uint32_t period = 0;
+    if (arch_u32(f, s->arch, "attention.sliding_window_pattern", &period) == KS_OK && period > 1)
+        s->swa_period = period;
+    if (arch_u32_or(f, s->arch, "attention.sliding_window", 0, &s->swa_window) || !s->swa_period)
+        s->swa_window = 0;
+}
+
 /* As llama.cpp: key_length/value_length when present, else embedding_length / head_count. */
 static ks_status read_kv_shape(const struct gguf_file *f, struct info_kv_shape *s)
 {
@@ -207,6 +246,7 @@ static ks_status read_kv_shape(const struct gguf_file *f, struct info_kv_shape *
                        s->arch);
     if (arch_u32_or(f, s->arch, "context_length", 0, &s->n_ctx_train))
         s->n_ctx_train = 0;
+    read_swa(f, s);
     return KS_OK;
 }
 
@@ -249,6 +289,14 @@ static void print_kv_memory(const struct info_kv_shape *s)
     }
     if (s->n_ctx_train)
         printf("    (per context = %u tokens, the trained context length)\n", s->n_ctx_train);
+    uint32_t n_swa = swa_layers(s);
+    if (n_swa) {
+        uint64_t f16 = kv_bytes_per_token(s, QUANT_F16), global = f16 / s->n_layer * (s->n_layer - n_swa);
+        printf("    sliding window of %u tokens on %u of %u layers: their rows are freed past the window, so a\n"
+               "    sequence longer than it grows by the %u other layers' rows only (f16: %s per token instead of %s)\n",
+               s->swa_window, n_swa, s->n_layer, s->n_layer - n_swa, human_bytes((double)global, a, sizeof a),
+               human_bytes((double)f16, b, sizeof b));
+    }
     uint64_t means = 2ull * s->n_layer * s->n_head_kv * s->head_dim_k * sizeof(float);
     printf("    smoothing (--kv-smooth, default %s): channel means of %s per sequence, outside the budget\n",
            kv_smooth_name(KV_SMOOTH_OFF), human_bytes((double)means, a, sizeof a));
@@ -271,6 +319,12 @@ static void print_kv_fit(const struct info_kv_shape *s, size_t budget)
     cfg.n_kv_head = (int)s->n_head_kv;
     cfg.head_dim = (int)s->head_dim_k;
     cfg.mem_budget = budget;
+    uint32_t n_swa = s->n_layer <= KV_MAX_LAYERS ? swa_layers(s) : 0;
+    if (n_swa) {
+        cfg.swa_window = (int32_t)s->swa_window;
+        for (uint32_t l = 0; l < s->n_layer; l++)
+            cfg.swa_layer[l] = swa_windowed(s, l);
+    }
     struct kv_fit fit;
     if (kv_fit_config(&cfg, &fit)) {
         printf("    n/a (%s)\n", ks_errmsg());
@@ -289,6 +343,9 @@ static void print_kv_fit(const struct info_kv_shape *s, size_t budget)
            "dynamic", fit.dynamic, cfg.sink_tokens, cfg.hot_tokens,
            fit.tokens[kv_type_index(cfg.floor)] < 0 ? "f16" : quant_type_name(cfg.floor));
     printf("    (pages of %d tokens; whole pages only)\n", cfg.page_tokens);
+    if (n_swa)
+        printf("    (the %u sliding-window layers hold only the last %u tokens' rows, at most %u pages)\n", n_swa,
+               s->swa_window, (s->swa_window + (uint32_t)cfg.page_tokens - 1) / (uint32_t)cfg.page_tokens + 1);
 }
 
 /* ---- experts and what a token reads ----------------------------------------- */

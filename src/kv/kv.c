@@ -120,15 +120,52 @@ ks_status kv_check_ladder(const struct kv_config *cfg, bool usable)
     return st;
 }
 
-size_t kv_half_bytes(const struct kv_config *cfg, enum quant_type t)
+bool kv_layer_windowed(const struct kv_config *cfg, int layer)
 {
-    return (size_t)cfg->n_layer * (size_t)cfg->n_kv_head * (size_t)cfg->page_tokens * quant_row_size(t, cfg->head_dim);
+    return cfg->swa_window > 0 && layer >= 0 && layer < cfg->n_layer && layer < KV_MAX_LAYERS && cfg->swa_layer[layer];
+}
+
+int kv_window_layers(const struct kv_config *cfg)
+{
+    int n = 0;
+    for (int l = 0; l < cfg->n_layer; l++)
+        n += kv_layer_windowed(cfg, l);
+    return n;
+}
+
+static size_t layers_bytes(const struct kv_config *cfg, int n_layers, enum quant_type t)
+{
+    return (size_t)n_layers * (size_t)cfg->n_kv_head * (size_t)cfg->page_tokens * quant_row_size(t, cfg->head_dim);
 }
 
 size_t kv_page_bytes(const struct kv_config *cfg, enum quant_type type_k, enum quant_type type_v)
 {
-    return kv_half_bytes(cfg, type_k) + kv_half_bytes(cfg, type_v);
+    return layers_bytes(cfg, cfg->n_layer, type_k) + layers_bytes(cfg, cfg->n_layer, type_v);
 }
+
+size_t kv_page_window_bytes(const struct kv_config *cfg, enum quant_type type_k, enum quant_type type_v)
+{
+    int n = kv_window_layers(cfg);
+    return layers_bytes(cfg, n, type_k) + layers_bytes(cfg, n, type_v);
+}
+
+size_t kv_half_bytes(const struct kv_config *cfg, enum quant_type t) { return layers_bytes(cfg, cfg->n_layer, t); }
+
+size_t kv_part_bytes(const struct kv_cache *kv, enum quant_type t, bool window)
+{
+    int n = window ? kv->n_window_layers : kv->cfg.n_layer - kv->n_window_layers;
+    return layers_bytes(&kv->cfg, n, t);
+}
+
+size_t kv_page_size_as(const struct kv_cache *kv, const struct kv_page *pg, enum quant_type tk, enum quant_type tv)
+{
+    size_t n = kv_part_bytes(kv, tk, false) + kv_part_bytes(kv, tv, false);
+    if (pg->kw)
+        n += kv_part_bytes(kv, tk, true) + kv_part_bytes(kv, tv, true);
+    return n;
+}
+
+size_t kv_page_size(const struct kv_cache *kv, const struct kv_page *pg) { return kv_page_size_as(kv, pg, pg->tk, pg->tv); }
 
 static ks_status check_config(const struct kv_config *c)
 {
@@ -143,6 +180,12 @@ static ks_status check_config(const struct kv_config *c)
         return st;
     if ((unsigned)c->smooth > KV_SMOOTH_KV)
         return ks_fail(KS_ERR_INVALID_ARG, "--kv-smooth: unknown mode %d (use off, k, v or kv)", (int)c->smooth);
+    if (c->swa_window < 0 || (c->swa_window > 0 && c->n_layer > KV_MAX_LAYERS))
+        return ks_fail(KS_ERR_INVALID_ARG, "kv cache: sliding window %d over %d layers (the window must not be "
+                       "negative, and at most %d layers can be windowed)", (int)c->swa_window, c->n_layer, KV_MAX_LAYERS);
+    for (int l = 0; c->swa_window == 0 && l < c->n_layer && l < KV_MAX_LAYERS; l++)
+        if (c->swa_layer[l])
+            return ks_fail(KS_ERR_INVALID_ARG, "kv cache: layer %d is marked sliding-window but swa_window is 0", l);
     if (c->policy != KV_POLICY_STATIC && c->policy != KV_POLICY_DYNAMIC)
         return ks_fail(KS_ERR_INVALID_ARG, "--kv-policy: unknown policy %d", (int)c->policy);
     if (c->policy == KV_POLICY_DYNAMIC) {
@@ -180,10 +223,21 @@ ks_status kv_create(const struct kv_config *cfg, struct kv_cache **out)
     for (int i = 0; i < KV_N_TYPES; i++)
         kv->row_bytes[kv_type_at(i)] = quant_row_size(kv_type_at(i), cfg->head_dim);
     kv->scratch = malloc((size_t)cfg->head_dim * sizeof(float));
-    if (!kv->scratch) {
+    kv->layer_window = calloc((size_t)cfg->n_layer, sizeof *kv->layer_window);
+    kv->layer_slot = calloc((size_t)cfg->n_layer, sizeof *kv->layer_slot);
+    if (!kv->scratch || !kv->layer_window || !kv->layer_slot) {
+        free(kv->scratch);
+        free(kv->layer_window);
+        free(kv->layer_slot);
         free(kv);
         return ks_fail(KS_ERR_NOMEM, "kv cache: out of host memory");
     }
+    int32_t n_part[2] = {0, 0};
+    for (int l = 0; l < cfg->n_layer; l++) {
+        kv->layer_window[l] = kv_layer_windowed(cfg, l);
+        kv->layer_slot[l] = n_part[kv->layer_window[l]]++;
+    }
+    kv->n_window_layers = n_part[1];
     *out = kv;
     KV_DEBUG_CHECK(kv, "kv_create");
     return KS_OK;
@@ -197,6 +251,8 @@ void kv_free(struct kv_cache *kv)
     for (int32_t i = 0; i < kv->n_page_slots; i++) {
         free(kv->pages[i].k);
         free(kv->pages[i].v);
+        free(kv->pages[i].kw);
+        free(kv->pages[i].vw);
         free(kv->pages[i].tokens);
         kv_mean_free(kv->pages[i].mean);
     }
@@ -209,6 +265,8 @@ void kv_free(struct kv_cache *kv)
     free(kv->free_slots);
     free(kv->seqs);
     free(kv->scratch);
+    free(kv->layer_window);
+    free(kv->layer_slot);
     free(kv);
 }
 
@@ -216,10 +274,11 @@ const struct kv_config *kv_get_config(const struct kv_cache *kv) { return &kv->c
 
 /* ---- page storage ------------------------------------------------------- */
 
-void *kv_half_alloc(const struct kv_cache *kv, enum quant_type t)
+void *kv_part_alloc(const struct kv_cache *kv, enum quant_type t, bool window)
 {
-    size_t n = kv_half_bytes(&kv->cfg, t);
-    n = (n + PAGE_ALIGN - 1) / PAGE_ALIGN * PAGE_ALIGN;
+    size_t n = kv_part_bytes(kv, t, window);
+    /* never 0 bytes: a page's k pointer marks its slot as used, with or without global layers */
+    n = n ? (n + PAGE_ALIGN - 1) / PAGE_ALIGN * PAGE_ALIGN : PAGE_ALIGN;
     void *p = aligned_alloc(PAGE_ALIGN, n);
     if (p)
         memset(p, 0, n); /* unwritten rows read as zeros, never as garbage */
@@ -231,7 +290,7 @@ static ks_status reserve_slot(struct kv_cache *kv, int32_t *id_out)
     if (kv->n_free_slots > 0) {
         *id_out = kv->free_slots[--kv->n_free_slots];
         assert(*id_out >= 0 && *id_out < kv->n_page_slots);
-        assert(!kv->pages[*id_out].k && !kv->pages[*id_out].v && kv->pages[*id_out].ref == 0 &&
+        assert(!kv->pages[*id_out].k && !kv->pages[*id_out].v && !kv->pages[*id_out].kw && kv->pages[*id_out].ref == 0 &&
                !kv->pages[*id_out].keyed);
         return KS_OK;
     }
@@ -266,12 +325,17 @@ ks_status kv_page_new(struct kv_cache *kv, enum quant_type tk, enum quant_type t
     if (st)
         return st;
     struct kv_page *pg = &kv->pages[id];
-    pg->k = kv_half_alloc(kv, tk);
-    pg->v = kv_half_alloc(kv, tv);
-    if (!pg->k || !pg->v) {
+    bool window = kv->n_window_layers > 0;
+    pg->k = kv_part_alloc(kv, tk, false);
+    pg->v = kv_part_alloc(kv, tv, false);
+    pg->kw = window ? kv_part_alloc(kv, tk, true) : NULL;
+    pg->vw = window ? kv_part_alloc(kv, tv, true) : NULL;
+    if (!pg->k || !pg->v || (window && (!pg->kw || !pg->vw))) {
         free(pg->k);
         free(pg->v);
-        pg->k = pg->v = NULL;
+        free(pg->kw);
+        free(pg->vw);
+        pg->k = pg->v = pg->kw = pg->vw = NULL;
         release_slot(kv, id);
         return ks_fail(KS_ERR_NOMEM, "kv cache: out of host memory for a page");
     }
@@ -297,13 +361,15 @@ void kv_page_release(struct kv_cache *kv, int32_t id)
     assert(id >= 0 && id < kv->n_page_slots);
     struct kv_page *pg = &kv->pages[id];
     assert(pg->ref == 0 && !pg->keyed && pg->k && pg->v && pg->lru_prev < 0 && pg->lru_next < 0);
-    size_t bytes = kv_page_bytes(&kv->cfg, pg->tk, pg->tv);
+    size_t bytes = kv_page_size(kv, pg);
     assert(kv->used >= bytes);
     kv->used -= bytes;
     free(pg->k);
     free(pg->v);
+    free(pg->kw);
+    free(pg->vw);
     kv_mean_free(pg->mean);
-    pg->k = pg->v = NULL;
+    pg->k = pg->v = pg->kw = pg->vw = NULL;
     pg->mean = NULL;
     release_slot(kv, id);
 }
@@ -396,13 +462,106 @@ int32_t kv_seq_n_pages(const struct kv_cache *kv, int32_t seq)
     return seq_valid(kv, seq) ? kv->seqs[seq].n_pages : 0;
 }
 
-void kv_seq_page_view(const struct kv_cache *kv, int32_t seq, int32_t p, struct kv_page_view *out)
+void kv_seq_page_view(const struct kv_cache *kv, int32_t seq, int32_t p, int layer, struct kv_page_view *out)
 {
     assert(seq_valid(kv, seq));
     const struct kv_page *pg = &kv->pages[kv_seq_page_id(kv, &kv->seqs[seq], p)];
     assert(pg->k && pg->v && kv->row_bytes[pg->tk] > 0 && kv->row_bytes[pg->tv] > 0);
-    *out = (struct kv_page_view){.k = pg->k, .v = pg->v, .tk = pg->tk, .tv = pg->tv,
-                                 .k_row_bytes = kv->row_bytes[pg->tk], .v_row_bytes = kv->row_bytes[pg->tv]};
+    *out = (struct kv_page_view){.k = kv_page_rows(kv, pg, false, layer, 0), .v = kv_page_rows(kv, pg, true, layer, 0),
+                                 .tk = pg->tk, .tv = pg->tv, .k_row_bytes = kv->row_bytes[pg->tk],
+                                 .v_row_bytes = kv->row_bytes[pg->tv]};
+}
+
+int32_t kv_seq_first_page(const struct kv_cache *kv, int32_t seq, int layer)
+{
+    if (!seq_valid(kv, seq) || layer < 0 || layer >= kv->cfg.n_layer || !kv->layer_window[layer])
+        return 0;
+    const struct kv_seq *s = &kv->seqs[seq];
+    int32_t first = s->swa_from >> kv->page_shift; /* from there on every page has them (kv_check) */
+    first = first < s->n_pages ? first : s->n_pages;
+    while (first > 0 && kv->pages[s->pages[first - 1]].kw)
+        first--;
+    return first;
+}
+
+/* ---- sliding windows -------------------------------------------------------- */
+
+bool kv_seq_window_intact(const struct kv_cache *kv, const struct kv_seq *s, const int32_t *more, int32_t len)
+{
+    if (!kv->n_window_layers || kv->cfg.swa_full)
+        return true;
+    for (int32_t pos = kv_window_start(kv, len) & ~(kv->cfg.page_tokens - 1); pos < len; pos += kv->cfg.page_tokens) {
+        int32_t idx = pos >> kv->page_shift;
+        int32_t id = idx < s->n_pages ? s->pages[idx] : more[idx - s->n_pages];
+        if (!kv_page_has_window(kv, &kv->pages[id]))
+            return false;
+    }
+    return true;
+}
+
+int32_t kv_seq_resumable(const struct kv_cache *kv, int32_t seq, int32_t len)
+{
+    if (!seq_valid(kv, seq))
+        return 0;
+    const struct kv_seq *s = &kv->seqs[seq];
+    len = len < 0 ? 0 : len > s->len ? s->len : len;
+    /* the span [start(len), len) moves left with len: below a page without window rows, or empty */
+    while (len > 0 && !kv_seq_window_intact(kv, s, NULL, len)) {
+        int32_t idx = (len - 1) >> kv->page_shift;
+        while (kv_page_has_window(kv, &kv->pages[s->pages[idx]]))
+            idx--;
+        len = idx << kv->page_shift;
+    }
+    return len;
+}
+
+/* Does a sequence other than seq, holding page id as its page idx, still
+ * read idx's window rows? (A shared page sits at the same index in every
+ * table: pages are positional.) */
+static bool window_needed_elsewhere(const struct kv_cache *kv, int32_t seq, int32_t idx, int32_t id)
+{
+    int32_t others = kv->pages[id].ref - 1;
+    for (int32_t q = 0; q < kv->n_seq_slots && others > 0; q++) {
+        const struct kv_seq *t = &kv->seqs[q];
+        if (q == seq || !t->live || idx >= t->n_pages || t->pages[idx] != id)
+            continue;
+        others--;
+        if ((int64_t)(idx + 1) * kv->cfg.page_tokens > t->swa_from)
+            return true;
+    }
+    return false;
+}
+
+static void page_drop_window(struct kv_cache *kv, int32_t id)
+{
+    struct kv_page *pg = &kv->pages[id];
+    assert(pg->kw && pg->vw && pg->ref > 0);
+    size_t bytes = kv_part_bytes(kv, pg->tk, true) + kv_part_bytes(kv, pg->tv, true);
+    assert(kv->used >= bytes);
+    kv->used -= bytes;
+    free(pg->kw);
+    free(pg->vw);
+    pg->kw = pg->vw = NULL;
+    kv->window_frees++;
+}
+
+/* seq is about to grow from its len: no query of it reads a window layer
+ * below kv_window_start(len) again. Free the window rows of its pages wholly
+ * below that which no other holder still reads. */
+static void seq_free_window_rows(struct kv_cache *kv, int32_t seq)
+{
+    struct kv_seq *s = &kv->seqs[seq];
+    if (!kv->n_window_layers || kv->cfg.swa_full)
+        return;
+    s->swa_from = kv_window_start(kv, s->len);
+    int32_t end = s->swa_from >> kv->page_shift;
+    for (int32_t i = s->swa_scan; i < end; i++) {
+        int32_t id = s->pages[i];
+        if (kv->pages[id].kw && !window_needed_elsewhere(kv, seq, i, id))
+            page_drop_window(kv, id);
+    }
+    while (s->swa_scan < end && !kv->pages[s->pages[s->swa_scan]].kw)
+        s->swa_scan++;
 }
 
 int32_t kv_seq_id_limit(const struct kv_cache *kv) { return kv->n_seq_slots; }
@@ -466,6 +625,8 @@ static ks_status seq_grow(struct kv_cache *kv, int32_t seq, int32_t n_tokens)
                        (int)n_tokens);
     int32_t len = s->len + n_tokens;
     int32_t need = (len + kv->cfg.page_tokens - 1) >> kv->page_shift;
+    if (n_tokens > 0)
+        seq_free_window_rows(kv, seq); /* first, so the policy sees the bytes given back */
     int32_t add = need - s->n_pages;
     ks_status st = kv_seq_reserve_table(s, need);
     if (st)
@@ -492,8 +653,16 @@ ks_status kv_seq_truncate(struct kv_cache *kv, int32_t seq, int32_t len)
     if (len < 0 || len > s->len)
         return ks_fail(KS_ERR_RANGE, "kv cache: cannot truncate sequence %d of %d tokens to %d", (int)seq,
                        (int)s->len, (int)len);
+    if (!kv_seq_window_intact(kv, s, NULL, len))
+        return ks_fail(KS_ERR_STATE,
+                       "kv cache: sequence %d cannot continue from %d tokens: the sliding-window rows before it are "
+                       "freed (cut it to %d tokens, kv_seq_resumable, and recompute the rest)", (int)seq, (int)len,
+                       (int)kv_seq_resumable(kv, seq, len));
     seq_drop_pages(kv, s, (len + kv->cfg.page_tokens - 1) >> kv->page_shift);
     s->len = len;
+    int32_t from = kv_window_start(kv, len);
+    s->swa_from = from < s->swa_from ? from : s->swa_from;
+    s->swa_scan = s->swa_scan < s->n_pages ? s->swa_scan : s->n_pages;
     if (s->n_keyed > len >> kv->page_shift)
         s->n_keyed = len >> kv->page_shift;
     KV_DEBUG_CHECK(kv, "kv_seq_truncate");
@@ -521,6 +690,8 @@ ks_status kv_seq_fork(struct kv_cache *kv, int32_t src, int32_t *seq_out)
     to->n_keyed = from->n_keyed;
     to->n_pages = from->n_pages;
     to->len = from->len;
+    to->swa_from = from->swa_from;
+    to->swa_scan = from->swa_scan;
     *seq_out = id;
     KV_DEBUG_CHECK(kv, "kv_seq_fork");
     return KS_OK;
@@ -537,6 +708,7 @@ ks_status kv_page_make_private(struct kv_cache *kv, struct kv_seq *s, int32_t id
         return KS_OK;
     /* the dynamic policy may demote this very page while making room (when it
      * lies outside every holder's sinks and hot window): read its types after */
+    assert(kv_page_has_window(kv, &kv->pages[old])); /* writes never reach a page before the window */
     ks_status st = kv_policy_make_room(kv, kv_page_bytes(&kv->cfg, kv->pages[old].tk, kv->pages[old].tv));
     enum quant_type tk = kv->pages[old].tk, tv = kv->pages[old].tv;
     const struct kv_mean *mean = kv->pages[old].mean;
@@ -549,8 +721,12 @@ ks_status kv_page_make_private(struct kv_cache *kv, struct kv_seq *s, int32_t id
             kv_page_release(kv, id);
             st = ks_fail(KS_ERR_NOMEM, "kv cache: out of host memory for a sequence's channel means");
         } else {
-            memcpy(pg->k, kv->pages[old].k, kv_half_bytes(&kv->cfg, tk));
-            memcpy(pg->v, kv->pages[old].v, kv_half_bytes(&kv->cfg, tv));
+            memcpy(pg->k, kv->pages[old].k, kv_part_bytes(kv, tk, false));
+            memcpy(pg->v, kv->pages[old].v, kv_part_bytes(kv, tv, false));
+            if (pg->kw) {
+                memcpy(pg->kw, kv->pages[old].kw, kv_part_bytes(kv, tk, true));
+                memcpy(pg->vw, kv->pages[old].vw, kv_part_bytes(kv, tv, true));
+            }
             s->pages[idx] = id;
             page_unref(kv, old);
         }
@@ -585,18 +761,18 @@ static ks_status write_token(struct kv_cache *kv, struct kv_seq *s, int layer, i
     const struct kv_mean *mean = kv_seq_means(kv, s);
     assert(!mean || mean->fixed[layer]);
     const float *src[2] = {k, v};
-    void *half[2] = {pg->k, pg->v};
     enum quant_type type[2] = {pg->tk, pg->tv};
     for (int kind = 0; kind < 2; kind++) {
         size_t rb = kv->row_bytes[type[kind]];
         for (int h = 0; h < c->n_kv_head; h++)
             store_row(kv, type[kind], src[kind] + (size_t)h * c->head_dim, kv_mean_row(c, mean, layer, kind, h),
-                      (uint8_t *)kv_page_rows(kv, half[kind], type[kind], layer, h) + (size_t)t * rb);
+                      kv_page_rows(kv, pg, kind, layer, h) + (size_t)t * rb);
     }
     return KS_OK;
 }
 
-static ks_status check_rows(const struct kv_cache *kv, int layer, int32_t seq, int32_t pos, int32_t n)
+/* A write needs whole pages (a copy on write copies both parts); a read, the layer's part. */
+static ks_status check_rows(const struct kv_cache *kv, int layer, int32_t seq, int32_t pos, int32_t n, bool write)
 {
     if (!seq_valid(kv, seq))
         return seq_not_found(seq);
@@ -606,13 +782,19 @@ static ks_status check_rows(const struct kv_cache *kv, int layer, int32_t seq, i
     if (n < 1 || pos < 0 || pos > s->len - n)
         return ks_fail(KS_ERR_RANGE, "kv_write: positions [%d, %d) outside sequence %d of %d tokens (grow it first)",
                        (int)pos, (int)pos + (int)n, (int)seq, (int)s->len);
+    for (int32_t i = pos >> kv->page_shift; (write || kv->layer_window[layer]) && i <= (pos + n - 1) >> kv->page_shift;
+         i++)
+        if (!kv_page_has_window(kv, &kv->pages[kv_seq_page_id(kv, s, i)]))
+            return ks_fail(KS_ERR_STATE, "kv cache: positions [%d, %d) of sequence %d lie before its sliding window: "
+                           "their window layers' rows are freed", (int)i * kv->cfg.page_tokens,
+                           (int)(i + 1) * kv->cfg.page_tokens, (int)seq);
     return KS_OK;
 }
 
 ks_status kv_write_rows(struct kv_cache *kv, int layer, int32_t seq, int32_t pos, int32_t n, const float *k,
                         const float *v)
 {
-    ks_status st = check_rows(kv, layer, seq, pos, n);
+    ks_status st = check_rows(kv, layer, seq, pos, n, true);
     if (st)
         return st;
     struct kv_seq *s = &kv->seqs[seq];
@@ -630,11 +812,12 @@ ks_status kv_write(struct kv_cache *kv, int layer, int32_t seq, int32_t pos, con
 }
 
 /* Dequantize one stored row, add the channel means back and undo the rotation. */
-static void load_row(const struct kv_cache *kv, const void *half, enum quant_type t, int layer, int head, int32_t tok,
+static void load_row(const struct kv_cache *kv, const struct kv_page *pg, bool v, int layer, int head, int32_t tok,
                      const float *mu, float *out)
 {
     const struct kv_config *c = &kv->cfg;
-    const uint8_t *row = kv_page_rows(kv, half, t, layer, head) + (size_t)tok * kv->row_bytes[t];
+    enum quant_type t = v ? pg->tv : pg->tk;
+    const uint8_t *row = kv_page_rows(kv, pg, v, layer, head) + (size_t)tok * kv->row_bytes[t];
     quant_traits(t)->to_float(row, out, c->head_dim);
     for (int e = 0; mu && e < c->head_dim; e++)
         out[e] += mu[e];
@@ -644,7 +827,7 @@ static void load_row(const struct kv_cache *kv, const void *half, enum quant_typ
 
 ks_status kv_read(const struct kv_cache *kv, int layer, int32_t seq, int32_t pos, float *k, float *v)
 {
-    ks_status st = check_rows(kv, layer, seq, pos, 1);
+    ks_status st = check_rows(kv, layer, seq, pos, 1, false);
     if (st)
         return st;
     const struct kv_config *c = &kv->cfg;
@@ -652,11 +835,9 @@ ks_status kv_read(const struct kv_cache *kv, int layer, int32_t seq, int32_t pos
     const struct kv_page *pg = &kv->pages[kv_seq_page_id(kv, s, pos >> kv->page_shift)];
     const struct kv_mean *mean = kv_seq_means(kv, s);
     float *dst[2] = {k, v};
-    const void *half[2] = {pg->k, pg->v};
-    enum quant_type type[2] = {pg->tk, pg->tv};
     for (int kind = 0; kind < 2; kind++)
         for (int h = 0; dst[kind] && h < c->n_kv_head; h++)
-            load_row(kv, half[kind], type[kind], layer, h, pos & (c->page_tokens - 1),
+            load_row(kv, pg, kind, layer, h, pos & (c->page_tokens - 1),
                      kv_mean_row(c, mean, layer, kind, h), dst[kind] + (size_t)h * c->head_dim);
     return KS_OK;
 }
@@ -703,6 +884,13 @@ ks_status kv_check(const struct kv_cache *kv)
             else
                 refs[id]++;
         }
+        if (!st && kv->n_window_layers && (s->swa_from > kv_window_start(kv, s->len) || !kv_seq_window_intact(kv, s, NULL, s->len)))
+            st = ks_fail(KS_ERR_INTERNAL, "kv: sequence %d of %d tokens (window from %d) misses window rows it reads",
+                         (int)q, (int)s->len, (int)s->swa_from);
+        for (int32_t i = 0; i < s->swa_scan && !st; i++)
+            if (i >= s->n_pages || kv->pages[s->pages[i]].kw)
+                st = ks_fail(KS_ERR_INTERNAL, "kv: sequence %d's page %d before its window scan holds window rows",
+                             (int)q, (int)i);
     }
     size_t used = 0;
     int32_t live = 0, idle = 0;
@@ -714,9 +902,9 @@ ks_status kv_check(const struct kv_cache *kv)
         else if (pg->ref > 0 || pg->k) {
             live += pg->ref > 0;
             idle += pg->ref == 0;
-            used += kv_page_bytes(c, pg->tk, pg->tv);
-            if (!pg->k || !pg->v)
-                st = ks_fail(KS_ERR_INTERNAL, "kv: live page %d has no storage", (int)id);
+            used += kv_page_size(kv, pg);
+            if (!pg->k || !pg->v || !pg->kw != !pg->vw || (!kv->n_window_layers && pg->kw))
+                st = ks_fail(KS_ERR_INTERNAL, "kv: live page %d has no storage or half a window part", (int)id);
             else if (pg->ref == 0 && !pg->keyed)
                 st = ks_fail(KS_ERR_INTERNAL, "kv: page %d has storage, no holder and no key", (int)id);
         }

@@ -10,6 +10,18 @@
  * values and is read only by the attn module (attn/attn.h), which walks a
  * sequence's page table in place.
  *
+ * Sliding windows (cfg.swa_window): each page stores its window layers' rows
+ * in their own allocation, freed alone. When a sequence of len tokens grows,
+ * no query of it can read a position below len - swa_window + 1 in a window
+ * layer again; its pages wholly below that lose their window rows as soon as
+ * no other sequence holding them (fork, shared prefix) can still read them.
+ * Prefill chunks are written whole, so a chunk's window rows live until the
+ * next growth. A sequence can resume (be cut back to, or continue from the
+ * prefix cache at) length L only when every page covering the positions
+ * [L - swa_window + 1, L) still has its window rows: kv_seq_resumable() says
+ * how far back that is; kv_seq_truncate() refuses other lengths, and the
+ * prefix cache maps the longest hit that satisfies the rule.
+ *
  * Sequence protocol, used by model_forward():
  *   kv_seq_grow(seq, n)  make positions [len, len+n) writable and set len += n
  *                        (all or nothing; KS_ERR_KV_FULL when the budget and
@@ -19,6 +31,9 @@
  *                        them at once, so their tokens are written once.
  *   kv_write(layer, seq, pos, k, v)  for every pos < len and every layer
  *   kv_seq_truncate(seq, len)        drop tokens at the end (chat edits)
+ * With a sliding window, a growth's tokens are written and attended before
+ * the sequence grows again: the next growth frees what they no longer need
+ * (attention over freed rows is refused with KS_ERR_STATE, never read).
  * A cache is not thread-safe: one caller (the scheduler thread) uses it; the
  * attn module may read it from the thread pool during attn_forward(). */
 #ifndef KS_KV_H
@@ -35,6 +50,9 @@
 struct kv_cache;
 
 enum { KV_LADDER_MAX = 8 };
+
+/* Layers a sliding-window configuration can describe (struct kv_config.swa_layer). */
+enum { KV_MAX_LAYERS = 512 };
 
 enum kv_policy {
     KV_POLICY_STATIC = 0,  /* every page at type_k / type_v, like llama.cpp -ctk/-ctv */
@@ -81,6 +99,17 @@ struct kv_config {
     int n_ladder;
     bool prefix_cache;        /* keep full pages keyed by content after their sequences end (on) */
     uint8_t fingerprint[16];  /* the model's identity, part of every page key (model_fingerprint) */
+    /* Sliding-window attention (gemma2/3, gpt-oss): layer l is a window layer when swa_window > 0 and
+     * swa_layer[l]; its queries at position p read only keys at p - swa_window < j <= p (attn_params.window
+     * must be swa_window, or smaller, on those layers). The cache then keeps a page's rows of the window
+     * layers only while some query of a sequence holding it can still reach them (see "Sliding windows"
+     * below), so a long sequence's KV memory grows with its other ("global") layers only. model_kv_config
+     * fills both from the model's hyper-parameters; 0 (the default) keeps every layer's rows. kv_create
+     * checks swa_window >= 0, n_layer <= KV_MAX_LAYERS when it is > 0, and no flag without a window. */
+    int32_t swa_window;
+    bool swa_layer[KV_MAX_LAYERS]; /* (n_layer) */
+    bool swa_full;            /* keep every window row anyway (llama.cpp's --swa-full): attention is the same,
+                                 memory is not saved, and any length can be resumed (default off) */
 };
 
 /* Fill defaults: P=32, f16/f16, rotate on, scale search on, smoothing off, static policy, S=32, W=512,
@@ -100,6 +129,8 @@ ks_status kv_seq_create(struct kv_cache *kv, int32_t *seq_out);
 void kv_seq_free(struct kv_cache *kv, int32_t seq);
 int32_t kv_seq_len(const struct kv_cache *kv, int32_t seq);
 ks_status kv_seq_grow(struct kv_cache *kv, int32_t seq, int32_t n_tokens);
+/* KS_ERR_RANGE (len outside [0, kv_seq_len]), KS_ERR_STATE when the window
+ * rows a continuation at len needs are freed (len > kv_seq_resumable()). */
 ks_status kv_seq_truncate(struct kv_cache *kv, int32_t seq, int32_t len);
 
 /* Store one token's K and V for one layer: k and v hold n_kv_head * head_dim
@@ -114,14 +145,16 @@ ks_status kv_write(struct kv_cache *kv, int layer, int32_t seq, int32_t pos,
  * its rows in page 0 (at most P of them), so write a prefill batch with one
  * call. KS_ERR_RANGE (positions outside [0, len), n < 1, bad layer),
  * KS_ERR_NOT_FOUND (no such sequence), KS_ERR_KV_FULL or KS_ERR_NOMEM (a copy
- * on write of a shared page, the means' storage). */
+ * on write of a shared page, the means' storage), KS_ERR_STATE (a page whose
+ * window rows are freed: positions before the sequence's window). */
 ks_status kv_write_rows(struct kv_cache *kv, int layer, int32_t seq, int32_t pos, int32_t n,
                         const float *k, const float *v);
 
 /* The K and V rows of one token as kv_write received them, up to the stored
  * precision: dequantized, the channel means added back, the rotation undone
  * (n_kv_head * head_dim f32 each; NULL skips that half). For tests and
- * diagnostics. KS_ERR_NOT_FOUND, KS_ERR_RANGE as kv_write. */
+ * diagnostics. KS_ERR_NOT_FOUND, KS_ERR_RANGE as kv_write; KS_ERR_STATE for a
+ * window layer's row that is freed. */
 ks_status kv_read(const struct kv_cache *kv, int layer, int32_t seq, int32_t pos, float *k, float *v);
 
 /* Smoothing's names: "off", "k", "v", "kv". kv_parse_smooth: KS_ERR_INVALID_ARG
@@ -132,9 +165,22 @@ ks_status kv_parse_smooth(const char *text, enum kv_smooth *out);
 /* ---- additions beyond the first contract (all purely additive) ---------- */
 
 /* Budget accounting counts page storage only (K and V rows of every layer);
- * a page of types (tk, tv) costs kv_page_bytes(cfg, tk, tv) bytes. Page
- * metadata and page tables live outside the budget. */
+ * a new page of types (tk, tv) costs kv_page_bytes(cfg, tk, tv) bytes, of
+ * which kv_page_window_bytes() are its window layers' rows (0 without a
+ * sliding window), given back when they are freed. Page metadata and page
+ * tables live outside the budget. */
 size_t kv_page_bytes(const struct kv_config *cfg, enum quant_type type_k, enum quant_type type_v);
+size_t kv_page_window_bytes(const struct kv_config *cfg, enum quant_type type_k, enum quant_type type_v);
+/* Is layer a sliding-window layer of cfg; how many there are. */
+bool kv_layer_windowed(const struct kv_config *cfg, int layer);
+int kv_window_layers(const struct kv_config *cfg);
+
+/* The longest length <= len (>= 0) seq can be cut back to and continue from:
+ * the window rows of the positions [L - swa_window + 1, L) are all still
+ * stored (len itself without a sliding window). A caller that wants to cut a
+ * sequence back to len (a chat edit) cuts it to this and recomputes the
+ * tokens from there. 0 for a sequence that does not exist. */
+int32_t kv_seq_resumable(const struct kv_cache *kv, int32_t seq, int32_t len);
 
 /* A new sequence sharing every page of src (reference counts go up, nothing
  * is copied). A later kv_write() into a shared page copies it first
@@ -222,7 +268,9 @@ bool kv_seq_next_key(const struct kv_cache *kv, int32_t seq, const int32_t *toke
 
 /* seq holds tokens[0, len) and len is a multiple of P: map the cached pages
  * that continue it along tokens, while the sequence stays within max_tokens
- * (each page's tokens are compared, not only its key). The pages are shared,
+ * (each page's tokens are compared, not only its key), up to the longest hit
+ * the sequence can continue from (kv_seq_resumable: with a sliding window, the
+ * pages before the hit's end must still hold their window rows). The pages are shared,
  * nothing is copied, and len grows by P per page. *n_pages_out: pages mapped
  * (0 when len is not page-aligned or the prefix cache is off).
  * KS_ERR_NOT_FOUND (no such sequence), KS_ERR_NOMEM. */
@@ -231,7 +279,8 @@ ks_status kv_seq_attach_pages(struct kv_cache *kv, int32_t seq, const int32_t *t
 
 /* After kv_seq_attach_pages(): among the cached pages and tails that follow
  * seq's last page (same parent key), map the one sharing the longest run of
- * tokens with tokens[len, max_tokens) and set len to the end of that run. The page stays
+ * tokens with tokens[len, max_tokens) and set len to the end of that run (with a
+ * sliding window, only pages that still hold their window rows). The page stays
  * shared until the next write into it copies it. *n_tokens_out: tokens
  * gained (0 for none). Errors as kv_seq_attach_pages(). */
 ks_status kv_seq_attach_partial(struct kv_cache *kv, int32_t seq, const int32_t *tokens, int32_t max_tokens,
@@ -251,7 +300,10 @@ ks_status kv_seq_publish_tail(struct kv_cache *kv, int32_t seq, const int32_t *t
 
 /* Pages as bytes for the SSD tier: a header (layout, types, key, parent, the
  * tag of the channel means its rows are stored against), the P token ids, the
- * K and V halves, then, for a smoothed sequence's page 0, its channel means. */
+ * K and V halves (each: the global layers' rows, then the window layers'),
+ * then, for a smoothed sequence's page 0, its channel means. A page whose
+ * window rows are freed is never handed to the tier (it could not serve a
+ * hit that ends near it), so every blob is a whole page. */
 struct kv_page_blob {
     struct kv_key key, parent;
     int32_t n_tokens;         /* P */
@@ -269,7 +321,8 @@ void kv_set_evict_hook(struct kv_cache *kv, kv_evict_fn fn, void *user);
  * of seq's chain along tokens (tokens[0, len + P) are the prompt); past page
  * 0 it must be stored against seq's channel means (smoothing); anything else
  * is KS_ERR_FORMAT and changes nothing. A page 0 brings its means along.
- * KS_ERR_KV_FULL when no room. */
+ * KS_ERR_KV_FULL when no room; KS_ERR_STATE when the key is cached in RAM
+ * without its window rows (the hit ends before it). */
 ks_status kv_seq_import_page(struct kv_cache *kv, int32_t seq, const int32_t *tokens, const void *blob, size_t len);
 
 /* Hand every keyed page not yet on disk to the eviction hook (at shutdown).
@@ -300,14 +353,15 @@ ks_status kv_prefix_list(const struct kv_cache *kv, struct kv_prefix_info *out, 
 
 /* ---- reading pages in place (the attention module) ------------------------ */
 
-/* One page of a sequence as attention reads it, without a copy. Each half
- * holds, for every (layer, KV head), a run of page_tokens rows of head_dim
- * values in the half's type (after the Hadamard rotation when cfg.rotate),
- * row_bytes apart; kv_view_run() finds a run. The pointers stay valid until
- * the next call that changes the cache (grow, write, requantize, free, ...):
- * read them between two such calls only, as a model step does. */
+/* One layer of one page of a sequence as attention reads it, without a copy.
+ * Each half holds, for every KV head of that layer, a run of page_tokens rows
+ * of head_dim values in the half's type (after the Hadamard rotation when
+ * cfg.rotate), row_bytes apart; kv_view_run() finds a head's run. The
+ * pointers stay valid until the next call that changes the cache (grow,
+ * write, requantize, free, ...): read them between two such calls only, as a
+ * model step does. */
 struct kv_page_view {
-    const uint8_t *k, *v;         /* the halves' storage */
+    const uint8_t *k, *v;         /* the layer's rows in each half: (n_kv_head, page_tokens, row) */
     enum quant_type tk, tv;       /* their types (kv_type_index() >= 0) */
     size_t k_row_bytes, v_row_bytes;
 };
@@ -317,9 +371,14 @@ bool kv_seq_exists(const struct kv_cache *kv, int32_t seq);
 /* Pages in seq's table: token t lives in page t / page_tokens (0 for a
  * sequence that does not exist). */
 int32_t kv_seq_n_pages(const struct kv_cache *kv, int32_t seq);
-/* The view of page p (0 <= p < kv_seq_n_pages) of live sequence seq. The
- * arguments are the caller's to check; Debug builds assert them. */
-void kv_seq_page_view(const struct kv_cache *kv, int32_t seq, int32_t p, struct kv_page_view *out);
+/* The view of layer `layer` of page p (0 <= p < kv_seq_n_pages) of live
+ * sequence seq; for a window layer, p >= kv_seq_first_page(kv, seq, layer).
+ * The arguments are the caller's to check; Debug builds assert them. */
+void kv_seq_page_view(const struct kv_cache *kv, int32_t seq, int32_t p, int layer, struct kv_page_view *out);
+/* The first page of seq from which on every page has layer's rows: 0 but for
+ * a window layer, whose earlier pages may have lost theirs (a query at
+ * position pos may read only from page (pos - swa_window + 1) / P on). */
+int32_t kv_seq_first_page(const struct kv_cache *kv, int32_t seq, int layer);
 
 /* The channel means seq's rows of one layer are stored against (smoothing):
  * n_kv_head * head_dim floats, head-major, in the stored (rotated) space, to be
@@ -336,12 +395,10 @@ const float *kv_seq_mean(const struct kv_cache *kv, int32_t seq, int layer, bool
 void kv_rotate(float *x, int n);
 void kv_rotate_ref(float *x, int n);
 
-/* First of the page_tokens rows of (layer, KV head) in one half of a page. */
-static inline const uint8_t *kv_view_run(const struct kv_config *c, const uint8_t *half, size_t row_bytes, int layer,
-                                         int head)
+/* First of the page_tokens rows of one KV head in a half of a page view. */
+static inline const uint8_t *kv_view_run(const struct kv_config *c, const uint8_t *half, size_t row_bytes, int head)
 {
-    size_t run = (size_t)c->page_tokens * row_bytes;
-    return half + ((size_t)layer * (size_t)c->n_kv_head + (size_t)head) * run;
+    return half + (size_t)head * (size_t)c->page_tokens * row_bytes;
 }
 
 /* ---- usage and fit ------------------------------------------------------- */
@@ -389,6 +446,10 @@ struct kv_usage {
     int64_t evictions;                       /* idle pages reclaimed for their bytes */
     int64_t evicted_to_disk;                 /* of which handed to the eviction hook */
     int64_t attached_pages;                  /* pages mapped by kv_seq_attach_* and imported */
+    /* sliding windows (all 0 without): used = global + window bytes */
+    size_t window_bytes;                     /* window layers' rows still stored */
+    int32_t n_window_pages;                  /* pages that hold them */
+    int64_t window_frees;                    /* pages whose window rows were freed */
 };
 void kv_usage(const struct kv_cache *kv, struct kv_usage *out);
 
@@ -396,6 +457,8 @@ struct kv_seq_usage {
     int32_t len;
     int32_t n_pages;
     size_t bytes;        /* storage of its pages (shared pages counted in full) */
+    size_t window_bytes; /* of which window layers' rows */
+    int32_t n_window_pages; /* its pages that still hold them */
     int32_t pages_k[KV_N_TYPES], pages_v[KV_N_TYPES];
 };
 /* Live sequence ids are below kv_seq_id_limit(); kv_seq_usage() returns
@@ -411,11 +474,18 @@ ks_status kv_seq_usage(const struct kv_cache *kv, int32_t seq, struct kv_seq_usa
  * When the floor cannot be used (head_dim not a multiple of its block) the dynamic figure
  * equals the start-precision one: the policy then keeps everything there.
  * Past the dynamic figure the policy lowers sinks and hot windows too, so a
- * sequence can reach the floor's figure. */
+ * sequence can reach the floor's figure.
+ * With a sliding window, one sequence holds the window rows of at most
+ * ceil(swa_window / P) + 1 pages while it decodes (at the start precision in
+ * the dynamic figure), every other page its global rows only; a prefill chunk
+ * holds its own pages' window rows too until the next growth. */
 struct kv_fit {
     int64_t tokens[KV_N_TYPES]; /* by kv_type_index; -1 where the type is not allowed */
     int64_t dynamic;
     int64_t start;              /* at the configured type_k / type_v */
+    int64_t chunk;              /* the longest first prefill chunk of a new sequence, under the cache's policy:
+                                   a chunk's pages hold their window rows until the next step (the start or
+                                   dynamic figure itself without a sliding window) */
 };
 void kv_fit(const struct kv_cache *kv, struct kv_fit *out);
 /* The same for an empty cache of this configuration (kvserve info). */
@@ -469,6 +539,7 @@ struct kv_page_info {
     enum quant_type type_k, type_v;
     int32_t ref;              /* sequences sharing it (> 1: shared prefix or fork) */
     bool keyed;               /* in the prefix cache */
+    bool window_rows;         /* its window layers' rows are stored (always true without a sliding window) */
 };
 /* Fill up to cap entries of seq's pages in order; *n_out is the sequence's
  * page count (may exceed cap; out may be NULL when cap is 0). KS_ERR_NOT_FOUND

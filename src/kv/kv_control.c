@@ -97,7 +97,7 @@ ks_status kv_seq_pages(const struct kv_cache *kv, int32_t seq, struct kv_page_in
     const struct kv_seq *s = &kv->seqs[seq];
     for (int32_t i = 0; i < s->n_pages && i < cap; i++) {
         const struct kv_page *pg = &kv->pages[s->pages[i]];
-        out[i] = (struct kv_page_info){pg->tk, pg->tv, pg->ref, pg->keyed};
+        out[i] = (struct kv_page_info){pg->tk, pg->tv, pg->ref, pg->keyed, kv_page_has_window(kv, pg)};
     }
     *n_out = s->n_pages;
     return KS_OK;

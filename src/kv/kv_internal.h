@@ -1,10 +1,13 @@
 /* kv internals shared with the attn module (the only reader of pages).
  *
  * Page storage: K and V are separate allocations so that one half can be
- * requantized alone. Each half is laid out
- *     [layer][kv_head][token < P][row of head_dim in the half's type]
- * so that attention over one (layer, KV head) streams P contiguous rows. Rows
- * are stored after the Walsh-Hadamard rotation when cfg.rotate is set. */
+ * requantized alone, and each half is two: the global layers' rows and the
+ * sliding-window layers' rows (cfg.swa_window), so that the window part can
+ * be freed alone once no query reaches it. Each part is laid out
+ *     [layer slot][kv_head][token < P][row of head_dim in the half's type]
+ * (kv->layer_slot: a layer's index among the layers of its part) so that
+ * attention over one (layer, KV head) streams P contiguous rows. Rows are
+ * stored after the Walsh-Hadamard rotation when cfg.rotate is set. */
 #ifndef KS_KV_INTERNAL_H
 #define KS_KV_INTERNAL_H
 
@@ -38,7 +41,8 @@ struct kv_mean {
 /* A page slot is free (no storage), live (ref > 0) or idle (ref 0, keyed,
  * on the LRU list). */
 struct kv_page {
-    void *k, *v;             /* storage, NULL for a free slot */
+    void *k, *v;             /* the global layers' rows, NULL for a free slot (allocated even without global layers) */
+    void *kw, *vw;           /* the window layers' rows: NULL without window layers, and once freed */
     enum quant_type tk, tv;
     struct kv_mean *mean;    /* the sequence's channel means, on a smoothed sequence's page 0 only */
     uint64_t mean_tag;       /* keyed pages: the tag of the means its rows are stored against (0: none) */
@@ -62,6 +66,11 @@ struct kv_seq {
     int32_t *pages;          /* (n_pages) page ids, token t lives in pages[t / P] */
     struct kv_key *keys;     /* (cap_pages) chain keys of the first n_keyed pages */
     int32_t n_keyed;         /* pages whose key is known and whose publication was tried */
+    /* sliding windows: no query of this sequence reads a window layer below swa_from again
+     * ((len when its last growth began) - swa_window + 1, floored at 0); every page covering
+     * [swa_from, len) holds its window rows, and pages [0, swa_scan) hold none */
+    int32_t swa_from;
+    int32_t swa_scan;
 };
 
 /* Open addressing (linear probing, backward-shift deletion): key -> page id. */
@@ -88,6 +97,10 @@ struct kv_cache {
     int64_t demotions, demotion_passes;
     float *scratch;          /* (head_dim) rotation scratch for kv_write */
     size_t row_bytes[QUANT_TYPE_COUNT]; /* quant_row_size(t, head_dim) of each KV type t, 0 for others */
+    int n_window_layers;     /* layers whose rows live in a page's window part (0: no sliding window) */
+    bool *layer_window;      /* (n_layer) in the window part */
+    int32_t *layer_slot;     /* (n_layer) index among the layers of its part */
+    int64_t window_frees;
 
     /* prefix cache, kv_prefix.c */
     struct kv_map map;
@@ -99,15 +112,24 @@ struct kv_cache {
     void *evict_user;
 };
 
-/* First row of (layer, kv head) in one half of a page; rows follow with
- * stride kv->row_bytes[t]. */
-static inline const uint8_t *kv_page_rows(const struct kv_cache *kv, const void *half,
-                                          enum quant_type t, int layer, int head)
+/* Does the page hold its window layers' rows (always without such layers)? */
+static inline bool kv_page_has_window(const struct kv_cache *kv, const struct kv_page *pg)
 {
-    assert((unsigned)t < QUANT_TYPE_COUNT && kv->row_bytes[t] > 0 && half);
+    assert(!pg->kw == !pg->vw);
+    return kv->n_window_layers == 0 || pg->kw != NULL;
+}
+
+/* First row of (layer, kv head) in the K (v false) or V half of a page; rows
+ * follow with stride kv->row_bytes of the half's type. The layer's part
+ * must be stored. */
+static inline uint8_t *kv_page_rows(const struct kv_cache *kv, const struct kv_page *pg, bool v, int layer, int head)
+{
     assert(layer >= 0 && layer < kv->cfg.n_layer && head >= 0 && head < kv->cfg.n_kv_head);
+    enum quant_type t = v ? pg->tv : pg->tk;
+    void *part = kv->layer_window[layer] ? (v ? pg->vw : pg->kw) : (v ? pg->v : pg->k);
+    assert((unsigned)t < QUANT_TYPE_COUNT && kv->row_bytes[t] > 0 && part);
     size_t run = (size_t)kv->cfg.page_tokens * kv->row_bytes[t];
-    return (const uint8_t *)half + ((size_t)layer * (size_t)kv->cfg.n_kv_head + (size_t)head) * run;
+    return (uint8_t *)part + ((size_t)kv->layer_slot[layer] * (size_t)kv->cfg.n_kv_head + (size_t)head) * run;
 }
 
 /* ---- invariants, kv.c ------------------------------------------------------ */
@@ -139,9 +161,24 @@ ks_status kv_check_type(const struct kv_config *cfg, enum quant_type t, const ch
  * that do not, as it tolerates such a floor: the policy skips them). An empty
  * ladder (n_ladder 0) means the default one. */
 ks_status kv_check_ladder(const struct kv_config *cfg, bool usable);
+/* Bytes of one half's rows of every layer (both parts). */
 size_t kv_half_bytes(const struct kv_config *cfg, enum quant_type t);
-/* Zeroed storage for one half of a page; NULL when the host is out of memory. */
-void *kv_half_alloc(const struct kv_cache *kv, enum quant_type t);
+/* Bytes of one half's rows of the global (window false) or window layers. */
+size_t kv_part_bytes(const struct kv_cache *kv, enum quant_type t, bool window);
+/* Zeroed storage for one half's part; NULL when the host is out of memory. */
+void *kv_part_alloc(const struct kv_cache *kv, enum quant_type t, bool window);
+/* The bytes page pg holds now (its window part only while stored); _as: were its halves of types tk / tv. */
+size_t kv_page_size(const struct kv_cache *kv, const struct kv_page *pg);
+size_t kv_page_size_as(const struct kv_cache *kv, const struct kv_page *pg, enum quant_type tk, enum quant_type tv);
+/* The first position a sequence of len tokens may still read in a window layer. */
+static inline int32_t kv_window_start(const struct kv_cache *kv, int32_t len)
+{
+    int32_t from = len - kv->cfg.swa_window + 1;
+    return kv->n_window_layers && from > 0 ? from : 0;
+}
+/* Do the pages covering [kv_window_start(len), len) of a table made of s's
+ * pages followed by more[] hold their window rows? */
+bool kv_seq_window_intact(const struct kv_cache *kv, const struct kv_seq *s, const int32_t *more, int32_t len);
 
 /* ---- pool, kv.c ---------------------------------------------------------- */
 

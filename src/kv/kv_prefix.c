@@ -35,12 +35,20 @@ static struct kv_key chain_key(const struct kv_cache *kv, struct kv_key prev, co
                              .head_dim = (uint32_t)c->head_dim, .n_layer = (uint32_t)c->n_layer,
                              .n_kv_head = (uint32_t)c->n_kv_head};
     memcpy(lay.fingerprint, c->fingerprint, sizeof lay.fingerprint);
-    uint8_t buf[sizeof prev + 256 * sizeof(int32_t) + sizeof lay];
-    size_t n_tok = (size_t)c->page_tokens * sizeof(int32_t);
+    uint8_t buf[sizeof prev + 256 * sizeof(int32_t) + sizeof lay + sizeof(uint64_t)];
+    size_t n_tok = (size_t)c->page_tokens * sizeof(int32_t), n = sizeof prev + n_tok + sizeof lay;
     memcpy(buf, &prev, sizeof prev);
     memcpy(buf + sizeof prev, tokens, n_tok);
     memcpy(buf + sizeof prev + n_tok, &lay, sizeof lay);
-    XXH128_hash_t h = XXH3_128bits(buf, sizeof prev + n_tok + sizeof lay);
+    /* the split of a page's rows (which layers are windowed) is part of its layout; without a window the
+     * keys stay what they were */
+    if (kv->n_window_layers) {
+        uint64_t swa = XXH3_64bits_withSeed(c->swa_layer, (size_t)c->n_layer * sizeof c->swa_layer[0],
+                                            (uint64_t)c->swa_window);
+        memcpy(buf + n, &swa, sizeof swa);
+        n += sizeof swa;
+    }
+    XXH128_hash_t h = XXH3_128bits(buf, n);
     return (struct kv_key){h.low64, h.high64};
 }
 
@@ -161,10 +169,7 @@ static void page_unset_key(struct kv_cache *kv, int32_t id)
 
 /* ---- idle pages: the LRU list ------------------------------------------------ */
 
-static size_t page_bytes(const struct kv_cache *kv, const struct kv_page *pg)
-{
-    return kv_page_bytes(&kv->cfg, pg->tk, pg->tv);
-}
+static size_t page_bytes(const struct kv_cache *kv, const struct kv_page *pg) { return kv_page_size(kv, pg); }
 
 static void lru_unlink(struct kv_cache *kv, int32_t id)
 {
@@ -230,8 +235,7 @@ _Static_assert(sizeof(struct blob_header) == 96, "the page blob header is an on-
 static size_t blob_size(const struct kv_cache *kv, enum quant_type tk, enum quant_type tv, bool means)
 {
     return sizeof(struct blob_header) + (size_t)kv->cfg.page_tokens * sizeof(int32_t) +
-           kv_half_bytes(&kv->cfg, tk) + kv_half_bytes(&kv->cfg, tv) +
-           (means ? kv_mean_floats(&kv->cfg) * sizeof(float) : 0);
+           kv_page_bytes(&kv->cfg, tk, tv) + (means ? kv_mean_floats(&kv->cfg) * sizeof(float) : 0);
 }
 
 static void *blob_pack(const struct kv_cache *kv, const struct kv_page *pg, size_t *len_out)
@@ -250,13 +254,18 @@ static void *blob_pack(const struct kv_cache *kv, const struct kv_page *pg, size
         .mean_halves = pg->mean ? (uint32_t)pg->mean->has_k | (uint32_t)pg->mean->has_v << 1 : 0,
     };
     memcpy(h.fingerprint, c->fingerprint, sizeof h.fingerprint);
-    size_t at = sizeof h;
     memcpy(b, &h, sizeof h);
-    memcpy(b + at, pg->tokens, n_tok);
-    memcpy(b + (at += n_tok), pg->k, kv_half_bytes(c, pg->tk));
-    memcpy(b + (at += kv_half_bytes(c, pg->tk)), pg->v, kv_half_bytes(c, pg->tv));
+    memcpy(b + sizeof h, pg->tokens, n_tok);
+    size_t at = sizeof h + n_tok;
+    const void *parts[4] = {pg->k, pg->kw, pg->v, pg->vw};
+    for (int i = 0; i < 4; i++) {
+        size_t n = kv_part_bytes(kv, i < 2 ? pg->tk : pg->tv, i & 1);
+        if (n)
+            memcpy(b + at, parts[i], n);
+        at += n;
+    }
     if (pg->mean)
-        memcpy(b + at + kv_half_bytes(c, pg->tv), pg->mean->mu, kv_mean_floats(c) * sizeof(float));
+        memcpy(b + at, pg->mean->mu, kv_mean_floats(c) * sizeof(float));
     *len_out = len;
     return b;
 }
@@ -264,7 +273,7 @@ static void *blob_pack(const struct kv_cache *kv, const struct kv_page *pg, size
 /* Hand a keyed page to the SSD tier once. */
 static bool page_hand_over(struct kv_cache *kv, struct kv_page *pg)
 {
-    if (!kv->evict_fn || pg->on_disk || pg->n_valid < kv->cfg.page_tokens)
+    if (!kv->evict_fn || pg->on_disk || pg->n_valid < kv->cfg.page_tokens || !kv_page_has_window(kv, pg))
         return false;
     size_t len = 0;
     void *data = blob_pack(kv, pg, &len);
@@ -371,6 +380,7 @@ static void seq_map(struct kv_cache *kv, struct kv_seq *s, int32_t id, int32_t n
     pg->last_use_ms = unix_ms();
     s->pages[s->n_pages++] = id;
     s->len += n_tokens;
+    s->swa_from = kv_window_start(kv, s->len); /* its tokens are all computed: queries come after them */
     kv->attached_pages++;
 }
 
@@ -382,7 +392,7 @@ static ks_status attach_pages(struct kv_cache *kv, int32_t seq, const int32_t *t
     ks_status st = live_seq(kv, seq, &s);
     if (st || !seq_extendable(kv, s))
         return st;
-    int32_t P = kv->cfg.page_tokens;
+    int32_t P = kv->cfg.page_tokens, resumable = s->len, n_resumable = 0;
     while ((int64_t)s->len + P <= max_tokens) {
         const int32_t *page_tokens = tokens + s->len;
         struct kv_key key = chain_key(kv, last_key(s), page_tokens);
@@ -397,8 +407,18 @@ static ks_status attach_pages(struct kv_cache *kv, int32_t seq, const int32_t *t
         kv_prefix_take(kv, id);
         seq_map(kv, s, id, P);
         (*n_pages_out)++;
+        if (kv_seq_window_intact(kv, s, NULL, s->len)) {
+            resumable = s->len;
+            n_resumable = *n_pages_out;
+        }
     }
-    return KS_OK;
+    /* a hit must end where the window rows it reads are stored: keep the longest such */
+    for (int32_t i = n_resumable; i < *n_pages_out; i++) {
+        kv->pages[s->pages[s->n_pages - 1 - (i - n_resumable)]].hits--;
+        kv->attached_pages--;
+    }
+    *n_pages_out = n_resumable;
+    return s->len == resumable ? KS_OK : kv_seq_truncate(kv, seq, resumable);
 }
 
 static int32_t common_run(const int32_t *a, const int32_t *b, int32_t n)
@@ -422,7 +442,8 @@ static ks_status attach_partial(struct kv_cache *kv, int32_t seq, const int32_t 
     int32_t best = -1, best_run = 0;
     for (int32_t id = 0; id < kv->n_page_slots; id++) {
         const struct kv_page *pg = &kv->pages[id];
-        if (!pg->keyed || !kv_key_equal(pg->parent, parent) || !stored_against_seq_means(kv, s, id))
+        if (!pg->keyed || !kv_key_equal(pg->parent, parent) || !stored_against_seq_means(kv, s, id) ||
+            !kv_page_has_window(kv, pg))
             continue;
         int32_t run = common_run(pg->tokens, tokens + s->len, want < pg->n_valid ? want : pg->n_valid);
         if (run > best_run) {
@@ -554,6 +575,8 @@ static ks_status import_page(struct kv_cache *kv, int32_t seq, const int32_t *to
     int32_t id = map_find(kv, key);
     if (id >= 0 && !stored_against_seq_means(kv, s, id))
         return ks_fail(KS_ERR_FORMAT, "kv page blob: its key is cached in RAM against other channel means");
+    if (id >= 0 && !kv_page_has_window(kv, &kv->pages[id]))
+        return ks_fail(KS_ERR_STATE, "kv cache: the page is cached in RAM without its sliding-window rows");
     if (id >= 0) { /* published in RAM meanwhile */
         s->keys[s->n_keyed++] = key;
         kv_prefix_take(kv, id);
@@ -564,9 +587,15 @@ static ks_status import_page(struct kv_cache *kv, int32_t seq, const int32_t *to
     if ((st = kv_policy_make_room(kv, kv_page_bytes(c, tk, tv))) || (st = kv_page_new(kv, tk, tv, &id)))
         return st;
     struct kv_page *pg = &kv->pages[id];
-    memcpy(pg->k, b + n_tok, kv_half_bytes(c, tk));
-    memcpy(pg->v, b + n_tok + kv_half_bytes(c, tk), kv_half_bytes(c, tv));
-    if ((st = import_means(kv, pg, &h, b + n_tok + kv_half_bytes(c, tk) + kv_half_bytes(c, tv))) ||
+    size_t at = n_tok;
+    void *parts[4] = {pg->k, pg->kw, pg->v, pg->vw};
+    for (int i = 0; i < 4; i++) {
+        size_t n = kv_part_bytes(kv, i < 2 ? tk : tv, i & 1);
+        if (n)
+            memcpy(parts[i], b + at, n);
+        at += n;
+    }
+    if ((st = import_means(kv, pg, &h, b + at)) ||
         (st = page_set_key(kv, id, key, parent, page_tokens, c->page_tokens, pg->mean ? pg->mean->tag : h.mean_tag))) {
         pg->ref = 0;
         kv->n_live_pages--;

@@ -8,11 +8,12 @@
 
 #include "kv/kv_internal.h"
 
-static void convert_half(const struct kv_cache *kv, const void *src, enum quant_type ts, void *dst,
+static void convert_part(const struct kv_cache *kv, bool window, const void *src, enum quant_type ts, void *dst,
                          enum quant_type td, float *row)
 {
     const struct kv_config *c = &kv->cfg;
-    size_t n_rows = (size_t)c->n_layer * (size_t)c->n_kv_head * (size_t)c->page_tokens;
+    int n_layers = window ? kv->n_window_layers : c->n_layer - kv->n_window_layers;
+    size_t n_rows = (size_t)n_layers * (size_t)c->n_kv_head * (size_t)c->page_tokens;
     size_t rs = kv->row_bytes[ts], rd = kv->row_bytes[td];
     quant_to_float_fn load = quant_traits(ts)->to_float;
     quant_from_float_fn store = kv_row_quantizer(kv, td);
@@ -27,25 +28,42 @@ static enum quant_type target(enum quant_type want, enum quant_type have)
     return want == KV_TYPE_KEEP ? have : want;
 }
 
+/* A page's four parts, in the order of kv_convert_pages' fresh storage. */
+enum { PART_K, PART_V, PART_KW, PART_VW, N_PARTS };
+
+static void **page_part(struct kv_page *pg, int part)
+{
+    return part == PART_K ? &pg->k : part == PART_V ? &pg->v : part == PART_KW ? &pg->kw : &pg->vw;
+}
+
+/* Allocate the new storage of every part of the page that changes type. */
+static ks_status alloc_parts(const struct kv_cache *kv, struct kv_page *pg, enum quant_type nk, enum quant_type nv,
+                             void **fresh)
+{
+    for (int part = 0; part < N_PARTS; part++) {
+        bool is_v = part == PART_V || part == PART_VW, window = part >= PART_KW;
+        enum quant_type have = is_v ? pg->tv : pg->tk, want = is_v ? nv : nk;
+        if (want != have && *page_part(pg, part) && !(fresh[part] = kv_part_alloc(kv, want, window)))
+            return ks_fail(KS_ERR_NOMEM, "kv requantize: out of host memory for new page storage");
+    }
+    return KS_OK;
+}
+
 ks_status kv_convert_pages(struct kv_cache *kv, const int32_t *ids, int32_t n, enum quant_type tk,
                            enum quant_type tv)
 {
-    void **fresh = calloc((size_t)n * 2 + 1, sizeof *fresh);
+    void **fresh = calloc((size_t)n * N_PARTS + 1, sizeof *fresh);
     float *row = malloc((size_t)kv->cfg.head_dim * sizeof *row);
     ks_status st = KS_OK;
     if (!fresh || !row)
         st = ks_fail(KS_ERR_NOMEM, "kv requantize: out of host memory");
     /* allocate everything first so that a failure changes nothing */
     for (int32_t i = 0; i < n && !st; i++) {
-        const struct kv_page *pg = &kv->pages[ids[i]];
-        enum quant_type nk = target(tk, pg->tk), nv = target(tv, pg->tv);
-        if (nk != pg->tk && !(fresh[2 * i] = kv_half_alloc(kv, nk)))
-            st = ks_fail(KS_ERR_NOMEM, "kv requantize: out of host memory for new page storage");
-        if (!st && nv != pg->tv && !(fresh[2 * i + 1] = kv_half_alloc(kv, nv)))
-            st = ks_fail(KS_ERR_NOMEM, "kv requantize: out of host memory for new page storage");
+        struct kv_page *pg = &kv->pages[ids[i]];
+        st = alloc_parts(kv, pg, target(tk, pg->tk), target(tv, pg->tv), fresh + (size_t)i * N_PARTS);
     }
     if (st) {
-        for (int32_t i = 0; fresh && i < 2 * n; i++)
+        for (int32_t i = 0; fresh && i < N_PARTS * n; i++)
             free(fresh[i]);
         free(fresh);
         free(row);
@@ -55,22 +73,21 @@ ks_status kv_convert_pages(struct kv_cache *kv, const int32_t *ids, int32_t n, e
         assert(ids[i] >= 0 && ids[i] < kv->n_page_slots);
         struct kv_page *pg = &kv->pages[ids[i]];
         assert(pg->k && pg->v && (pg->ref > 0 || pg->keyed)); /* live, or idle and cached */
-        size_t before = kv_page_bytes(&kv->cfg, pg->tk, pg->tv);
-        if (fresh[2 * i]) {
-            enum quant_type nk = target(tk, pg->tk);
-            convert_half(kv, pg->k, pg->tk, fresh[2 * i], nk, row);
-            free(pg->k);
-            pg->k = fresh[2 * i];
-            pg->tk = nk;
+        size_t before = kv_page_size(kv, pg);
+        enum quant_type nk = target(tk, pg->tk), nv = target(tv, pg->tv);
+        for (int part = 0; part < N_PARTS; part++) {
+            void *to = fresh[(size_t)i * N_PARTS + part];
+            if (!to)
+                continue;
+            bool is_v = part == PART_V || part == PART_VW;
+            void **at = page_part(pg, part);
+            convert_part(kv, part >= PART_KW, *at, is_v ? pg->tv : pg->tk, to, is_v ? nv : nk, row);
+            free(*at);
+            *at = to;
         }
-        if (fresh[2 * i + 1]) {
-            enum quant_type nv = target(tv, pg->tv);
-            convert_half(kv, pg->v, pg->tv, fresh[2 * i + 1], nv, row);
-            free(pg->v);
-            pg->v = fresh[2 * i + 1];
-            pg->tv = nv;
-        }
-        size_t now = kv_page_bytes(&kv->cfg, pg->tk, pg->tv);
+        pg->tk = nk;
+        pg->tv = nv;
+        size_t now = kv_page_size(kv, pg);
         assert(kv->used >= before && (pg->ref > 0 || kv->idle_bytes >= before));
         kv->used = kv->used - before + now;
         if (pg->ref == 0) /* an idle cached page */
@@ -103,7 +120,7 @@ static void select_page(const struct kv_cache *kv, int32_t id, enum quant_type t
     if (nk == pg->tk && nv == pg->tv)
         return;
     ids[(*n_change)++] = id;
-    *after = *after - kv_page_bytes(&kv->cfg, pg->tk, pg->tv) + kv_page_bytes(&kv->cfg, nk, nv);
+    *after = *after - kv_page_size(kv, pg) + kv_page_size_as(kv, pg, nk, nv);
 }
 
 static ks_status check_request(const struct kv_cache *kv, const struct kv_selector *sel, enum quant_type tk,

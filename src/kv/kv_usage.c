@@ -1,4 +1,5 @@
 /* kv_usage and kv_fit: what the cache holds and what still fits. */
+#include <stdint.h>
 #include <string.h>
 
 #include "kv/kv_internal.h"
@@ -26,7 +27,12 @@ void kv_usage(const struct kv_cache *kv, struct kv_usage *out)
         out->pages_k[kv_type_index(pg->tk)]++;
         out->pages_v[kv_type_index(pg->tv)]++;
         out->n_shared_pages += pg->ref > 1;
+        if (pg->kw) {
+            out->n_window_pages++;
+            out->window_bytes += kv_part_bytes(kv, pg->tk, true) + kv_part_bytes(kv, pg->tv, true);
+        }
     }
+    out->window_frees = kv->window_frees;
     for (int32_t q = 0; q < kv->n_seq_slots; q++) {
         const struct kv_seq *s = &kv->seqs[q];
         if (!s->live)
@@ -53,7 +59,11 @@ ks_status kv_seq_usage(const struct kv_cache *kv, int32_t seq, struct kv_seq_usa
     out->n_pages = s->n_pages;
     for (int32_t i = 0; i < s->n_pages; i++) {
         const struct kv_page *pg = &kv->pages[s->pages[i]];
-        out->bytes += kv_page_bytes(&kv->cfg, pg->tk, pg->tv);
+        out->bytes += kv_page_size(kv, pg);
+        if (pg->kw) {
+            out->n_window_pages++;
+            out->window_bytes += kv_part_bytes(kv, pg->tk, true) + kv_part_bytes(kv, pg->tv, true);
+        }
         out->pages_k[kv_type_index(pg->tk)]++;
         out->pages_v[kv_type_index(pg->tv)]++;
     }
@@ -71,29 +81,72 @@ static bool floor_usable(const struct kv_config *c)
     return kv_check_type(c, c->floor, "") == KS_OK;
 }
 
+/* What n pages of one sequence cost: the first `protect` at the `hi` types,
+ * the rest at `lo`, and the window rows of at most `window` of them at `hi`
+ * (a decoding sequence keeps only its last pages' window rows). */
+struct fit_cost {
+    size_t hi, lo;           /* a page's global rows */
+    size_t window_row_bytes; /* a page's window rows, at hi */
+    int64_t protect, window;
+};
+
+static uint64_t cost_of(const struct fit_cost *f, int64_t n)
+{
+    int64_t n_hi = n < f->protect ? n : f->protect, n_win = n < f->window ? n : f->window;
+    return (uint64_t)n_hi * f->hi + (uint64_t)(n - n_hi) * f->lo + (uint64_t)n_win * f->window_row_bytes;
+}
+
+/* The tokens of the most pages whose cost fits in bytes (the cost grows with
+ * n), at most INT32_MAX: the longest a sequence can be, and what fits when
+ * every layer is windowed (past the window a page then costs nothing). */
+static int64_t tokens_fit(const struct fit_cost *f, size_t bytes, int64_t P)
+{
+    int64_t lo = 0, hi = f->lo ? (int64_t)(bytes / f->lo) + 1 : INT32_MAX / P;
+    hi = hi < INT32_MAX / P ? hi : INT32_MAX / P;
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo + 1) / 2;
+        if (cost_of(f, mid) <= bytes)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo == INT32_MAX / P ? INT32_MAX : lo * P;
+}
+
 /* Fit for `avail` free bytes plus `reclaim` bytes that demoting existing
  * pages would free. */
 static void fit_bytes(const struct kv_config *c, size_t avail, size_t reclaim, struct kv_fit *out)
 {
     int64_t P = c->page_tokens;
+    /* pages covering a decoding query's window: [len - window + 1, len] */
+    bool freed = c->swa_window > 0 && !c->swa_full && kv_window_layers(c);
+    int64_t window = freed ? (c->swa_window + P - 1) / P + 1 : 0;
     for (int i = 0; i < KV_N_TYPES; i++) {
         enum quant_type t = kv_type_at(i);
-        out->tokens[i] = kv_check_type(c, t, "") == KS_OK ? (int64_t)(avail / kv_page_bytes(c, t, t)) * P : -1;
+        size_t w = freed ? kv_page_window_bytes(c, t, t) : 0, g = kv_page_bytes(c, t, t) - w;
+        struct fit_cost f = {g, g, w, 0, window};
+        out->tokens[i] = kv_check_type(c, t, "") == KS_OK ? tokens_fit(&f, avail, P) : -1;
     }
-    size_t start = kv_page_bytes(c, c->type_k, c->type_v);
-    out->start = (int64_t)(avail / start) * P;
+    size_t start_w = freed ? kv_page_window_bytes(c, c->type_k, c->type_v) : 0;
+    size_t start = kv_page_bytes(c, c->type_k, c->type_v) - start_w;
+    struct fit_cost f = {start, start, start_w, 0, window};
+    out->start = tokens_fit(&f, avail, P);
+    struct fit_cost whole = {start + start_w, start + start_w, 0, 0, 0};
+    out->chunk = c->policy == KV_POLICY_DYNAMIC && floor_usable(c) ? -1 : tokens_fit(&whole, avail, P);
     if (!floor_usable(c)) {
         out->dynamic = out->start;
         return;
     }
-    size_t fl = kv_page_bytes(c, lower(c->type_k, c->floor), lower(c->type_v, c->floor));
+    enum quant_type fk = lower(c->type_k, c->floor), fv = lower(c->type_v, c->floor);
+    f.lo = kv_page_bytes(c, fk, fv) - (freed ? kv_page_window_bytes(c, fk, fv) : 0);
     /* the new sequence's sink pages and hot window stay at the start precision */
-    int64_t protect = (c->sink_tokens + P - 1) / P + (c->hot_tokens + P - 1) / P + 1;
-    size_t total = avail + reclaim;
-    if (total <= (size_t)protect * start)
-        out->dynamic = (int64_t)(total / start) * P;
-    else
-        out->dynamic = protect * P + (int64_t)((total - (size_t)protect * start) / fl) * P;
+    f.protect = (c->sink_tokens + P - 1) / P + (c->hot_tokens + P - 1) / P + 1;
+    out->dynamic = tokens_fit(&f, avail + reclaim, P);
+    if (c->policy == KV_POLICY_DYNAMIC) {
+        size_t w_lo = freed ? kv_page_window_bytes(c, fk, fv) : 0;
+        whole = (struct fit_cost){start + start_w, f.lo + w_lo, 0, f.protect, 0};
+        out->chunk = tokens_fit(&whole, avail + reclaim, P);
+    }
 }
 
 void kv_fit(const struct kv_cache *kv, struct kv_fit *out)
@@ -111,8 +164,8 @@ void kv_fit(const struct kv_cache *kv, struct kv_fit *out)
                 const struct kv_page *pg = &kv->pages[s->pages[i]];
                 if (pg->ref != 1)
                     continue;
-                size_t now = kv_page_bytes(c, pg->tk, pg->tv);
-                size_t low = kv_page_bytes(c, lower(pg->tk, c->floor), lower(pg->tv, c->floor));
+                size_t now = kv_page_size(kv, pg);
+                size_t low = kv_page_size_as(kv, pg, lower(pg->tk, c->floor), lower(pg->tv, c->floor));
                 reclaim += now - low;
             }
         }

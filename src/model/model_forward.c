@@ -502,6 +502,28 @@ static ks_status embed_token(const struct model *m, int32_t token, float *y)
     return quant_get_row(e->data, e->type, e->cols, token, y);
 }
 
+/* The window layer il attends through: the model's sliding window on its
+ * window layers (gemma2/3, gpt-oss; model_kv_config gives the cache the same
+ * one, so it frees what no query reads), else the window the KV cache was
+ * configured with for that layer (a cache may mark a window-less model's
+ * layers windowed: it then attends them with that window). A cache that
+ * would free rows the model's own window reads is refused. */
+static ks_status layer_window(const struct model_hparams *hp, const struct kv_config *kc, int il, int32_t *window)
+{
+    bool cache_windowed = kv_layer_windowed(kc, il);
+    *window = cache_windowed ? kc->swa_window : 0;
+    if (hp->n_swa <= 0)
+        return KS_OK;
+    bool model_windowed = model_layer_is_swa(hp, il);
+    if (cache_windowed && (!model_windowed || kc->swa_window < hp->n_swa))
+        return ks_fail(KS_ERR_INVALID_ARG,
+                       "layer %d: the KV cache keeps a window of %d tokens but the model attends %s (configure the "
+                       "cache with model_kv_config)", il, (int)kc->swa_window,
+                       model_windowed ? "a wider window" : "every position");
+    *window = model_windowed ? hp->n_swa : 0;
+    return KS_OK;
+}
+
 static ks_status attention_block(struct model_ctx *c, struct kv_cache *kv, int il, const struct model_batch *b)
 {
     const struct model *m = c->m;
@@ -527,9 +549,12 @@ static ks_status attention_block(struct model_ctx *c, struct kv_cache *kv, int i
         if ((st = kv_write_rows(kv, il, b->seq[t], b->pos[t], run, c->k + t * kv_dim, c->v + t * kv_dim)))
             return st;
     }
+    int32_t window;
+    if ((st = layer_window(hp, kv_get_config(kv), il, &window)))
+        return st;
     struct attn_params ap = {
         .scale = hp->attn_q_scale > 0 ? 1.0f : 1.0f / sqrtf((float)hp->head_dim_k),
-        .window = swa ? hp->n_swa : 0,
+        .window = window,
         .softcap = hp->attn_softcap,
         .sinks = L->sinks,
     };

@@ -943,6 +943,14 @@ void model_kv_config(const struct model *m, struct kv_config *cfg)
     cfg->n_layer = m->hp.n_layer;
     cfg->n_kv_head = m->hp.n_head_kv;
     cfg->head_dim = m->hp.head_dim_k;
+    /* sliding-window models (gemma2/3, gpt-oss): the cache frees the rows of
+     * their window layers past the window (kv.h), which model_forward attends
+     * with the same window */
+    if (m->hp.n_swa > 0 && m->hp.n_layer <= KV_MAX_LAYERS) {
+        cfg->swa_window = m->hp.n_swa;
+        for (int l = 0; l < m->hp.n_layer; l++)
+            cfg->swa_layer[l] = model_layer_is_swa(&m->hp, l);
+    }
     model_fingerprint(m, cfg->fingerprint);
 }
 

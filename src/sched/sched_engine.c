@@ -81,8 +81,7 @@ static bool me_can_admit(void *ctx, int32_t n_new_tokens)
     struct model_engine *e = ctx;
     struct kv_fit fit;
     kv_fit(e->kv, &fit);
-    int64_t room = kv_get_config(e->kv)->policy == KV_POLICY_DYNAMIC ? fit.dynamic : fit.start;
-    return room >= n_new_tokens;
+    return fit.chunk >= n_new_tokens;
 }
 
 static struct kv_cache *me_cache(void *ctx)

@@ -88,6 +88,9 @@ ks_status server_route_metrics(struct server *srv, const struct server_req *rq, 
         server_metric(&b, "kvserve_kv_usage_ratio", "gauge", "Used / budget.", kv.u.budget ? (double)kv.u.used / (double)kv.u.budget : 0);
         server_metric(&b, "kvserve_kv_tokens", "gauge", "Tokens held in the KV cache.", (double)kv.u.n_tokens);
         server_metric(&b, "kvserve_kv_demotions_total", "counter", "Page halves demoted by the dynamic policy.", (double)kv.u.demotions);
+        server_metric(&b, "kvserve_kv_window_bytes", "gauge",
+                      "Of the KV bytes used, sliding-window layers' rows (freed past each sequence's window).",
+                      (double)kv.u.window_bytes);
         sbuf_printf(&b, "# HELP kvserve_kv_pages KV pages by precision of their K or V half.\n# TYPE kvserve_kv_pages gauge\n");
         for (int i = 0; i < KV_N_TYPES; i++) {
             const char *tn = quant_type_name(kv_type_at(i));
@@ -108,6 +111,24 @@ ks_status server_route_metrics(struct server *srv, const struct server_req *rq, 
 static cJSON *policy_json(const struct kv_config *c);
 
 /* ---- /cache/usage -------------------------------------------------------------- */
+
+/* Sliding-window layers: their rows are freed once no query reaches them, so
+ * used = global_bytes + window_bytes, and a long sequence grows by a page's
+ * global rows only. Zeros and an empty window without them. */
+static cJSON *window_json(const struct kv_config *c, const struct kv_usage *u)
+{
+    cJSON *o = cJSON_CreateObject();
+    int n = kv_window_layers(c);
+    cJSON_AddNumberToObject(o, "window", n ? c->swa_window : 0);
+    cJSON_AddNumberToObject(o, "window_layers", n);
+    cJSON_AddNumberToObject(o, "global_layers", c->n_layer - n);
+    cJSON_AddNumberToObject(o, "page_window_bytes", (double)kv_page_window_bytes(c, c->type_k, c->type_v));
+    cJSON_AddNumberToObject(o, "window_bytes", (double)u->window_bytes);
+    cJSON_AddNumberToObject(o, "global_bytes", (double)(u->used - u->window_bytes));
+    cJSON_AddNumberToObject(o, "window_pages", u->n_window_pages);
+    cJSON_AddNumberToObject(o, "window_frees", (double)u->window_frees);
+    return o;
+}
 
 static cJSON *types_json(const int32_t *pages)
 {
@@ -190,6 +211,7 @@ static void usage_hook(void *user, struct kv_cache *kv)
         cJSON_AddNumberToObject(o, "n_tokens", (double)us.n_tokens);
         cJSON_AddNumberToObject(o, "page_tokens", cfg->page_tokens);
         cJSON_AddNumberToObject(o, "page_bytes", (double)kv_page_bytes(cfg, cfg->type_k, cfg->type_v));
+        server_json_add(o, "sliding_window", window_json(cfg, &us));
         cJSON_AddStringToObject(o, "type_k", quant_type_name(cfg->type_k));
         cJSON_AddStringToObject(o, "type_v", quant_type_name(cfg->type_v));
         cJSON_AddBoolToObject(o, "rotate", cfg->rotate);
@@ -208,6 +230,7 @@ static void usage_hook(void *user, struct kv_cache *kv)
             cJSON_AddNumberToObject(f, quant_type_name(kv_type_at(i)), (double)fit.tokens[i]);
         cJSON_AddNumberToObject(f, "dynamic", (double)fit.dynamic);
         cJSON_AddNumberToObject(f, "start", (double)fit.start);
+        cJSON_AddNumberToObject(f, "chunk", (double)fit.chunk);
         struct sched_stats st;
         sched_get_stats(u->srv->sched, &st);
         server_json_add(o, "prefix", server_prefix_usage_json(&us, &st));
@@ -227,6 +250,7 @@ static void usage_hook(void *user, struct kv_cache *kv)
         if (kv && reqs[i].seq >= 0 && kv_seq_usage(kv, reqs[i].seq, &su) == KS_OK) {
             cJSON_AddNumberToObject(e, "pages", su.n_pages);
             cJSON_AddNumberToObject(e, "bytes", (double)su.bytes);
+            cJSON_AddNumberToObject(e, "window_bytes", (double)su.window_bytes);
             server_json_add(e, "pages_k", types_json(su.pages_k));
             server_json_add(e, "pages_v", types_json(su.pages_v));
             if (!add_page_map(e, kv, reqs[i].seq))
