@@ -9,6 +9,9 @@
  *     quantizer gives kvserve's Q8_K rows bit for bit (scalar, AVX2 and
  *     AVX-512), rounding ties included, so an activation row is the same
  *     Q8_K row in both engines whenever its floats are the same;
+ *   - its ggml_vec_swiglu_f32 (the CPU backend of this build's ISA: haswell
+ *     for AVX2, this CPU's AVX-512 one for AVX-512) gives quant_swiglu's
+ *     bits: the down projection quantizes that output;
  *   - its vec_dot against kvserve's on the same rows: within a float-order
  *     bound, not bit for bit. ggml's x86 k-quant dots keep 8 float lanes
  *     (one FMA per super-block into each, a horizontal sum at the end) and
@@ -250,6 +253,48 @@ static void test_vec_dot_vs_ggml_cpu(void **state)
     free(x), free(y), free(wf), free(yf);
 }
 
+/* ---- SwiGLU ------------------------------------------------------------------ */
+
+static void test_swiglu_matches_ggml_cpu(void **state)
+{
+    (void)state;
+#if defined(QUANT_HAVE_AVX512) || defined(QUANT_HAVE_AVX2)
+#if defined(QUANT_HAVE_AVX512)
+    void *lib = g_cpu;
+    const char *variant = g_cpu_name;
+#else
+    const char *variant = "haswell";
+    char path[1024];
+    snprintf(path, sizeof path, "%s/anchor/bin/libggml-cpu-haswell.so",
+             getenv("KVSERVE_SHARED") ? getenv("KVSERVE_SHARED") : "../shared");
+    void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+#endif
+    if (!lib)
+        KS_SKIP("no CPU backend of the anchor for this build's ISA");
+    void (*swiglu)(int n, float *y, const float *x, const float *g) =
+        (void (*)(int, float *, const float *, const float *))sym(lib, "ggml_vec_swiglu_f32");
+    enum { N = 4099 };
+    static float g[N], up[N], ours[N], theirs[N];
+    for (int i = 0; i < N; i++) {
+        g[i] = i < N / 2 ? 4.0f * rng_normal() : -110.0f + 220.0f * (float)i / N; /* and |x| past 88 and 104 */
+        up[i] = rng_normal();
+    }
+    g[0] = 0.0f, g[1] = -0.0f, g[2] = 1e-30f, g[3] = -1e-30f;
+    for (int n = 0; n <= N; n += n < 40 ? 1 : 509) {
+        memcpy(ours, g, sizeof g);
+        quant_swiglu(ours, up, n);
+        swiglu(n, theirs, g, up);
+        if (memcmp(ours, theirs, sizeof(float) * (size_t)n))
+            fail_msg("n=%d: quant_swiglu differs from ggml-cpu-%s's ggml_vec_swiglu_f32", n, variant);
+    }
+#if !defined(QUANT_HAVE_AVX512)
+    dlclose(lib);
+#endif
+#else
+    KS_SKIP("a build without SIMD: quant_swiglu is libm's, ggml's scalar path");
+#endif
+}
+
 /* ---- main ------------------------------------------------------------------ */
 
 int main(void)
@@ -278,6 +323,7 @@ int main(void)
         cmocka_unit_test(test_dequantize_matches_ggml),
         cmocka_unit_test(test_q8_K_matches_ggml_cpu),
         cmocka_unit_test(test_vec_dot_vs_ggml_cpu),
+        cmocka_unit_test(test_swiglu_matches_ggml_cpu),
     };
     return ks_run_tests(tests, NULL, NULL);
 }
