@@ -34,8 +34,18 @@ static float frand(void)
 /* Keys with a few outlier channels, the case rotation is for. */
 static float sample_k(int e) { return frand() * (e % 16 == 3 ? 8.0f : 1.0f); }
 
+static struct kv_cache *make_cache_smooth(struct fixture *f, enum quant_type tk, enum quant_type tv, bool rotate,
+                                          enum kv_smooth smooth, const int32_t *lens, int n_seq);
 static struct kv_cache *make_cache(struct fixture *f, enum quant_type tk, enum quant_type tv, bool rotate,
                                    const int32_t *lens, int n_seq)
+{
+    return make_cache_smooth(f, tk, tv, rotate, KV_SMOOTH_OFF, lens, n_seq);
+}
+
+/* Sequences of lens[s] tokens of random K/V, each layer written in one call
+ * (smoothing fixes its means from the first write). */
+static struct kv_cache *make_cache_smooth(struct fixture *f, enum quant_type tk, enum quant_type tv, bool rotate,
+                                          enum kv_smooth smooth, const int32_t *lens, int n_seq)
 {
     struct kv_config cfg;
     kv_config_default(&cfg);
@@ -46,6 +56,7 @@ static struct kv_cache *make_cache(struct fixture *f, enum quant_type tk, enum q
     cfg.type_k = tk;
     cfg.type_v = tv;
     cfg.rotate = rotate;
+    cfg.smooth = smooth;
     cfg.mem_budget = (size_t)1 << 30;
     struct kv_cache *kv;
     assert_int_equal(kv_create(&cfg, &kv), KS_OK);
@@ -61,11 +72,10 @@ static struct kv_cache *make_cache(struct fixture *f, enum quant_type tk, enum q
             f->k[s][i] = sample_k((int)(i % f->dim));
             f->v[s][i] = frand();
         }
-        for (int l = 0; l < f->n_layer; l++)
-            for (int p = 0; p < lens[s]; p++) {
-                size_t off = (((size_t)l * lens[s] + p) * f->n_kv) * f->dim;
-                assert_int_equal(kv_write(kv, l, f->seq[s], p, f->k[s] + off, f->v[s] + off), KS_OK);
-            }
+        for (int l = 0; l < f->n_layer; l++) {
+            size_t off = (size_t)l * lens[s] * f->n_kv * f->dim;
+            assert_int_equal(kv_write_rows(kv, l, f->seq[s], 0, lens[s], f->k[s] + off, f->v[s] + off), KS_OK);
+        }
     }
     assert_int_equal(kv_check(kv), KS_OK);
     return kv;
@@ -79,34 +89,47 @@ static void free_fixture(struct fixture *f)
     }
 }
 
-/* The obviously correct twin: double-precision softmax per query head. */
-static void naive_attention(const struct fixture *f, int layer, int s, int pos, const float *q, float *out,
-                            float scale)
+/* The obviously correct twin: double-precision softmax per query head over
+ * the keys the window leaves, soft-capped scores, the sink in the sum. */
+static void naive_attention_ex(const struct fixture *f, int layer, int s, int pos, const float *q, float *out,
+                               const struct attn_params *ap)
 {
     int group = f->n_head / f->n_kv;
+    int first = ap->window > 0 && pos - ap->window + 1 > 0 ? pos - ap->window + 1 : 0;
     double *w = malloc((size_t)(pos + 1) * sizeof *w);
     for (int h = 0; h < f->n_head; h++) {
         int kvh = h / group;
         const float *qh = q + (size_t)h * f->dim;
-        double mx = -INFINITY, sum = 0.0;
-        for (int p = 0; p <= pos; p++) {
+        double mx = ap->sinks ? ap->sinks[h] : -INFINITY, sum = 0.0;
+        for (int p = first; p <= pos; p++) {
             const float *k = f->k[s] + (((size_t)layer * f->len[s] + p) * f->n_kv + kvh) * f->dim;
             double d = 0.0;
             for (int e = 0; e < f->dim; e++)
                 d += (double)qh[e] * k[e];
-            w[p] = d * scale;
+            w[p] = d * ap->scale;
+            if (ap->softcap > 0.0f)
+                w[p] = ap->softcap * tanh(w[p] / ap->softcap);
             mx = w[p] > mx ? w[p] : mx;
         }
-        for (int p = 0; p <= pos; p++)
+        for (int p = first; p <= pos; p++)
             sum += (w[p] = exp(w[p] - mx));
+        if (ap->sinks)
+            sum += exp(ap->sinks[h] - mx);
         for (int e = 0; e < f->dim; e++) {
             double acc = 0.0;
-            for (int p = 0; p <= pos; p++)
+            for (int p = first; p <= pos; p++)
                 acc += w[p] * f->v[s][(((size_t)layer * f->len[s] + p) * f->n_kv + kvh) * f->dim + e];
             out[(size_t)h * f->dim + e] = (float)(acc / sum);
         }
     }
     free(w);
+}
+
+static void naive_attention(const struct fixture *f, int layer, int s, int pos, const float *q, float *out,
+                            float scale)
+{
+    struct attn_params ap = {.scale = scale};
+    naive_attention_ex(f, layer, s, pos, q, out, &ap);
 }
 
 struct run_stats {
@@ -333,6 +356,86 @@ static void simd_matches_scalar(int dim, int n_head, int n_kv)
         }
 }
 
+/* Sliding windows (inside a page, across pages, wider than the sequence),
+ * soft-capping and sinks, alone and together, against the naive twin: f32
+ * and q8_0 pages, every kernel set, with and without smoothing (which
+ * shifts the stored scores: the cap and the sink must see the true ones). */
+static void window_case(const struct attn_kernels *k, enum quant_type t, enum kv_smooth smooth, int32_t window,
+                        float softcap, bool sinks, threads_pool *pool)
+{
+    struct fixture f = {.n_layer = 1, .n_kv = 2, .n_head = 4, .dim = 64, .P = 16};
+    int32_t lens[2] = {150, 9};
+    struct kv_cache *kv = make_cache_smooth(&f, t, t, true, smooth, lens, 2);
+    float sink_logits[4] = {0.5f, -1.0f, 2.0f, 0.0f};
+    struct attn_params ap = {.scale = 0.3f, .window = window, .softcap = softcap, .sinks = sinks ? sink_logits : NULL};
+    struct attn_query qs[40];
+    int nq = 0;
+    qs[nq++] = (struct attn_query){f.seq[1], 8};
+    for (int p = 0; p < 150 && nq < 40; p += 5)
+        qs[nq++] = (struct attn_query){f.seq[0], p};
+    size_t w = (size_t)f.n_head * f.dim;
+    float *q = malloc(nq * w * sizeof(float)), *out = malloc(nq * w * sizeof(float)), *ref = malloc(w * sizeof(float));
+    for (size_t i = 0; i < nq * w; i++)
+        q[i] = frand();
+    attn_set_kernels(k);
+    assert_int_equal(attn_forward_ex(pool, kv, 0, qs, nq, q, out, f.n_head, &ap), KS_OK);
+    attn_set_kernels(NULL);
+    double max_abs = 0.0, lim = t == QUANT_F32 ? 1e-5 : 6e-2;
+    for (int i = 0; i < nq; i++) {
+        int s = qs[i].seq == f.seq[0] ? 0 : 1;
+        naive_attention_ex(&f, 0, s, qs[i].pos, q + i * w, ref, &ap);
+        for (size_t e = 0; e < w; e++) {
+            double d = fabs((double)out[i * w + e] - ref[e]);
+            max_abs = d > max_abs ? d : max_abs;
+        }
+    }
+    if (max_abs > lim)
+        fail_msg("%s %s smooth %d window %d softcap %g sinks %d: max error %g > %g", k ? k->isa : "best",
+                 quant_type_name(t), (int)smooth, (int)window, (double)softcap, (int)sinks, max_abs, lim);
+    free(q);
+    free(out);
+    free(ref);
+    kv_free(kv);
+    free_fixture(&f);
+}
+
+static void test_window_softcap_sinks(void **state)
+{
+    (void)state;
+    threads_pool *pool;
+    assert_int_equal(threads_create(2, &pool), KS_OK);
+    const struct attn_kernels *sets[] = {attn_kernels_scalar(), attn_kernels_avx2(), attn_kernels_avx512()};
+    const enum quant_type types[] = {QUANT_F32, QUANT_Q8_0};
+    const enum kv_smooth smooths[] = {KV_SMOOTH_OFF, KV_SMOOTH_KV};
+    const int32_t windows[] = {0, 1, 7, 16, 40, 1000};
+    for (int ks = 0; ks < 3; ks++)
+        for (int ti = 0; ti < 2; ti++)
+            for (int si = 0; si < 2; si++)
+                for (int wi = 0; wi < 6; wi++)
+                    for (int feat = 0; feat < 4; feat++) {
+                        if (!sets[ks])
+                            continue;
+                        window_case(sets[ks], types[ti], smooths[si], windows[wi], feat & 1 ? 5.0f : 0.0f, feat & 2,
+                                    ks == 1 ? NULL : pool);
+                    }
+    threads_free(pool);
+}
+
+static void test_bad_params(void **state)
+{
+    (void)state;
+    struct fixture f = {.n_layer = 1, .n_kv = 2, .n_head = 4, .dim = 64, .P = 16};
+    int32_t lens[1] = {4};
+    struct kv_cache *kv = make_cache(&f, QUANT_F32, QUANT_F32, true, lens, 1);
+    float q[4 * 64] = {0}, out[4 * 64];
+    struct attn_query qs[1] = {{f.seq[0], 3}};
+    struct attn_params neg_window = {.scale = 1.0f, .window = -1}, neg_cap = {.scale = 1.0f, .softcap = -2.0f};
+    assert_int_equal(attn_forward_ex(NULL, kv, 0, qs, 1, q, out, 4, &neg_window), KS_ERR_INVALID_ARG);
+    assert_int_equal(attn_forward_ex(NULL, kv, 0, qs, 1, q, out, 4, &neg_cap), KS_ERR_INVALID_ARG);
+    kv_free(kv);
+    free_fixture(&f);
+}
+
 static void test_simd_matches_scalar(void **state)
 {
     (void)state;
@@ -395,6 +498,8 @@ int main(void)
         cmocka_unit_test(test_all_types_simd_threads),
         cmocka_unit_test(test_mixed_precision_pages),
         cmocka_unit_test(test_simd_matches_scalar),
+        cmocka_unit_test(test_window_softcap_sinks),
+        cmocka_unit_test(test_bad_params),
         cmocka_unit_test(test_quantize_q8_rounding),
         cmocka_unit_test(test_rotation_lowers_q4_0_error),
     };

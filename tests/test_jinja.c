@@ -23,6 +23,8 @@
 
 /* 2026-11-24 00:00:00 UTC, the date the corpus was rendered with. */
 #define CORPUS_NOW 1795478400
+/* 2026-11-27 00:00:00 UTC, the date tests/data/templates was rendered with. */
+#define LOCAL_CORPUS_NOW 1795737600
 
 /* ---- helpers ------------------------------------------------------------- */
 
@@ -681,7 +683,8 @@ struct corpus_tally {
 };
 
 /* One template against every conversation; prints its line of the report. */
-static void corpus_template(const char *dir, const char *name, const cJSON *convs, struct corpus_tally *tally)
+static void corpus_template(const char *dir, const char *name, const cJSON *convs, int64_t now,
+                            struct corpus_tally *tally)
 {
     char path[2400];
     snprintf(path, sizeof path, "%s/%s.jinja", dir, name);
@@ -699,7 +702,7 @@ static void corpus_template(const char *dir, const char *name, const cJSON *conv
     if (pst)
         snprintf(parse_err, sizeof parse_err, "%s", ks_errmsg());
     struct jinja_chat chat = {"<|begin_of_text|>", "<|eot_id|>", 1, NULL};
-    struct jinja_opts opts = {.now = CORPUS_NOW};
+    struct jinja_opts opts = {.now = now};
     int ok = 0, n = 0;
     char report[4096] = "";
     for (const cJSON *conv = convs->child; conv; conv = conv->next, n++) {
@@ -768,7 +771,7 @@ static void test_corpus(void **state)
     size_t n = list_templates(dir, &names);
     struct corpus_tally tally = {0};
     for (size_t i = 0; i < n; i++) {
-        corpus_template(dir, names[i], convs, &tally);
+        corpus_template(dir, names[i], convs, CORPUS_NOW, &tally);
         free(names[i]);
     }
     free(names);
@@ -781,6 +784,37 @@ static void test_corpus(void **state)
     assert_int_equal(tally.fixed, 0);
 }
 
+/* Templates of models the shared corpus lacks (gpt-oss's harmony), kept in
+ * tests/data/templates with llama.cpp's renderings of the same six
+ * conversations (llama-server --jinja --chat-template-file, POST
+ * /apply-template, rendered on LOCAL_CORPUS_NOW). */
+static void test_local_corpus(void **state)
+{
+    (void)state;
+    char path[1100], dir[1024];
+    snprintf(path, sizeof path, "%s/templates/conversations.json", shared_dir());
+    char *text = ks_read_file(path, NULL);
+    if (!text)
+        KS_SKIP("no %s", path);
+    const char *src = getenv("KVSERVE_SOURCE");
+    snprintf(dir, sizeof dir, "%s/tests/data/templates", src ? src : ".");
+    cJSON *convs = cJSON_Parse(text);
+    assert_non_null(convs);
+    char **names;
+    size_t n = list_templates(dir, &names);
+    assert_true(n > 0);
+    struct corpus_tally tally = {0};
+    for (size_t i = 0; i < n; i++) {
+        corpus_template(dir, names[i], convs, LOCAL_CORPUS_NOW, &tally);
+        free(names[i]);
+    }
+    free(names);
+    cJSON_Delete(convs);
+    free(text);
+    assert_int_equal(tally.unexpected, 0);
+    assert_int_equal(tally.match, tally.total);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -790,6 +824,7 @@ int main(void)
         cmocka_unit_test(test_chat),
         cmocka_unit_test(test_fuzz_random), cmocka_unit_test(test_fuzz_corpus),
         cmocka_unit_test(test_corpus),      cmocka_unit_test(test_cli_template),
+        cmocka_unit_test(test_local_corpus),
     };
     return ks_run_tests(tests, NULL, NULL);
 }

@@ -454,6 +454,7 @@ static void test_errors(void **state)
 
 struct tool_stream {
     char content[4096];
+    char reasoning[4096];
     bool content_null;     /* no content delta at all */
     int n_calls;
     char ids[4][64], names[4][64], args[4][512];
@@ -471,6 +472,9 @@ static ks_status on_tool_event(void *user, const char *data, size_t len)
     cJSON *t = cJSON_GetObjectItem(delta, "content");
     if (cJSON_IsString(t))
         strncat(s->content, t->valuestring, sizeof s->content - strlen(s->content) - 1);
+    t = cJSON_GetObjectItem(delta, "reasoning_content");
+    if (cJSON_IsString(t))
+        strncat(s->reasoning, t->valuestring, sizeof s->reasoning - strlen(s->reasoning) - 1);
     cJSON *tc;
     cJSON_ArrayForEach(tc, cJSON_GetObjectItem(delta, "tool_calls")) {
         int i = cJSON_GetObjectItem(tc, "index")->valueint;
@@ -511,7 +515,7 @@ static void set_script(const char *text)
 }
 
 struct tool_case {
-    const char *tmpl;        /* corpus file */
+    const char *tmpl;        /* corpus file, or under tests/data/templates when it starts with "local:" */
     const char *tool_choice; /* JSON, NULL: absent */
     const char *script;      /* what the model writes */
     const char *content;     /* NULL: content null */
@@ -519,15 +523,23 @@ struct tool_case {
     const char *names[2], *args[2];
 };
 
-static void check_tool_case(const struct tool_case *tc)
+/* reasoning: the reasoning_content wanted (NULL: none); no_tools: the
+ * request offers none (harmony still splits its reasoning off). */
+static void check_tool_case(const struct tool_case *tc, const char *want_reasoning, bool no_tools)
 {
     char path[4400];
-    snprintf(path, sizeof path, "%s/templates/%s", F.dir, tc->tmpl);
+    const char *source = getenv("KVSERVE_SOURCE");
+    if (!strncmp(tc->tmpl, "local:", 6))
+        snprintf(path, sizeof path, "%s/tests/data/templates/%s", source ? source : ".", tc->tmpl + 6);
+    else
+        snprintf(path, sizeof path, "%s/templates/%s", F.dir, tc->tmpl);
     char *src = ks_read_file(path, NULL);
     assert_non_null(src);
     struct server *srv = start_with(src, NULL);
     set_script(tc->script);
     cJSON *req = cJSON_Duplicate(cJSON_GetObjectItem(F.conversations, "tools"), 1);
+    if (no_tools)
+        cJSON_DeleteItemFromObject(req, "tools");
     cJSON_AddNumberToObject(req, "max_tokens", 300);
     if (tc->tool_choice)
         cJSON_AddItemToObject(req, "tool_choice", cJSON_Parse(tc->tool_choice));
@@ -548,6 +560,11 @@ static void check_tool_case(const struct tool_case *tc)
     } else {
         assert_true(cJSON_IsNull(content));
     }
+    cJSON *reasoning = cJSON_GetObjectItem(msg, "reasoning_content");
+    if (want_reasoning)
+        assert_string_equal(cJSON_IsString(reasoning) ? reasoning->valuestring : "(none)", want_reasoning);
+    else
+        assert_null(reasoning);
     cJSON *calls = cJSON_GetObjectItem(msg, "tool_calls");
     assert_int_equal(cJSON_GetArraySize(calls), tc->n_calls);
     for (int i = 0; i < tc->n_calls; i++) {
@@ -577,6 +594,7 @@ static void check_tool_case(const struct tool_case *tc)
     httpc_response_free(&r);
     assert_false(s.bad_first_delta);
     assert_string_equal(s.content, tc->content ? tc->content : "");
+    assert_string_equal(s.reasoning, want_reasoning ? want_reasoning : "");
     assert_int_equal(s.n_calls, tc->n_calls);
     for (int i = 0; i < tc->n_calls; i++) {
         assert_string_equal(s.names[i], tc->names[i]);
@@ -621,7 +639,40 @@ static void test_tool_calls(void **state)
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         print_message("tool case %zu: %s\n", i, cases[i].tmpl);
-        check_tool_case(&cases[i]);
+        check_tool_case(&cases[i], NULL, false);
+    }
+    set_script("");
+}
+
+/* gpt-oss's harmony: the analysis channel is reasoning_content, final is
+ * content, a commentary message to=functions.NAME a call (the model's
+ * <|call|> ends the generation), with or without tools, whole and streamed;
+ * tool_choice required constrains the output to a call in the format. */
+static void test_harmony(void **state)
+{
+    (void)state;
+    static const struct {
+        struct tool_case tc;
+        const char *reasoning;
+        bool no_tools;
+    } cases[] = {
+        {{"local:openai-gpt-oss-20b.jinja", NULL,
+          "<|channel|>analysis<|message|>The user wants weather.<|end|><|start|>assistant<|channel|>commentary "
+          "to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\"}",
+          NULL, 1, {"get_weather"}, {"{\"city\":\"Paris\"}"}},
+         "The user wants weather.", false},
+        {{"local:openai-gpt-oss-20b.jinja", NULL,
+          "<|channel|>analysis<|message|>Say hi.<|end|><|start|>assistant<|channel|>final<|message|>Hi there!",
+          "Hi there!", 0, {0}, {0}},
+         "Say hi.", true},
+        {{"local:openai-gpt-oss-20b.jinja", "\"required\"",
+          "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Oslo\"}", NULL, 1,
+          {"get_weather"}, {"{\"city\":\"Oslo\"}"}},
+         NULL, false},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        print_message("harmony case %zu\n", i);
+        check_tool_case(&cases[i].tc, cases[i].reasoning, cases[i].no_tools);
     }
     set_script("");
 }
@@ -641,6 +692,7 @@ int main(void)
         cmocka_unit_test(test_corpus_prompts),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_tool_calls),
+        cmocka_unit_test(test_harmony),
     };
     return ks_run_tests(tests, setup, teardown);
 }

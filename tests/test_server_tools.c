@@ -321,6 +321,161 @@ static void test_grammar_formats(void **state)
     assert_false(t.t[0].at_start);
 }
 
+/* ---- harmony (gpt-oss) ---------------------------------------------------------------- */
+
+struct hcase {
+    const char *text;
+    bool calls;          /* tools offered */
+    const char *reasoning, *content;
+    int n_calls;
+    struct want_call call;
+};
+
+static const struct hcase hcases[] = {
+    {"<|channel|>analysis<|message|>User says hi.<|end|><|start|>assistant<|channel|>final<|message|>Hello!", false,
+     "User says hi.", "Hello!", 0, {0}},
+    {"<|channel|>final<|message|>Just the answer.", false, "", "Just the answer.", 0, {0}},
+    {"<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant<|channel|>commentary "
+     "to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\"}",
+     true, "Need weather.", "", 1, {"get_weather", "{\"city\":\"Paris\"}"}},
+    /* the recipient before the channel, as the template renders calls */
+    {" to=functions.get_weather<|channel|>commentary json<|message|>{\"city\":\"Rome\"}", true, "", "", 1,
+     {"get_weather", "{\"city\":\"Rome\"}"}},
+    /* tools not offered: a call's body is content */
+    {"<|channel|>commentary to=functions.f <|constrain|>json<|message|>{}", false, "", "{}", 0, {0}},
+    /* a commentary preamble is content; a built-in tool's call is reasoning */
+    {"<|channel|>commentary<|message|>Checking. <|end|><|start|>assistant to=browser.search<|channel|>analysis "
+     "<|message|>{\"query\": \"x\"}<|end|><|start|>assistant<|channel|>final<|message|>Done.",
+     true, "{\"query\": \"x\"}", "Checking. Done.", 0, {0}},
+    /* cut by max_tokens inside the thinking: it is still reasoning */
+    {"<|channel|>analysis<|message|>I am still thinking ab", false, "I am still thinking ab", "", 0, {0}},
+    /* a model that ignores the format: all content, markup-like text included */
+    {"Plain text with a < sign and <|end|> inside.", false, "", "Plain text with a < sign and <|end|> inside.", 0, {0}},
+    {"", false, "", "", 0, {0}},
+};
+
+static void check_harmony(const struct hcase *t, const struct server_harmony *h, size_t c)
+{
+    char *r = strndup(h->reasoning.p ? h->reasoning.p : "", h->reasoning.n);
+    char *k = strndup(h->content.p ? h->content.p : "", h->content.n);
+    if (strcmp(r, t->reasoning) || strcmp(k, t->content) || h->n_calls != t->n_calls)
+        print_message("harmony case %zu: reasoning '%s' content '%s' %d calls\n", c, r, k, h->n_calls);
+    assert_string_equal(r, t->reasoning);
+    assert_string_equal(k, t->content);
+    assert_int_equal(h->n_calls, t->n_calls);
+    if (h->n_calls) {
+        assert_string_equal(h->calls[0].name, t->call.name);
+        assert_json_equal(h->calls[0].arguments, t->call.args);
+    }
+    free(r);
+    free(k);
+}
+
+/* Whole texts, and every prefix as a stream sees it: what a non-final
+ * parse gives is a prefix of the final reasoning and content (so deltas are
+ * never taken back) and never holds a marker; calls only once complete. */
+static void test_harmony(void **state)
+{
+    (void)state;
+    static const char *const hmarkup[] = {"<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>"};
+    for (size_t c = 0; c < sizeof hcases / sizeof hcases[0]; c++) {
+        const struct hcase *t = &hcases[c];
+        size_t n = strlen(t->text);
+        struct server_harmony h;
+        assert_int_equal(server_harmony_parse(t->text, n, true, t->calls, &h), KS_OK);
+        check_harmony(t, &h, c);
+        server_harmony_free(&h);
+        bool plain = !strcmp(t->text, t->content);
+        for (size_t cut = 0; cut <= n; cut++) {
+            assert_int_equal(server_harmony_parse(t->text, cut, false, t->calls, &h), KS_OK);
+            assert_true(h.reasoning.n <= strlen(t->reasoning) && h.content.n <= strlen(t->content));
+            assert_memory_equal(h.reasoning.p ? h.reasoning.p : "", t->reasoning, h.reasoning.n);
+            assert_memory_equal(h.content.p ? h.content.p : "", t->content, h.content.n);
+            for (size_t m = 0; m < sizeof hmarkup / sizeof hmarkup[0] && !plain; m++) {
+                char *piece = strndup(h.content.p ? h.content.p : "", h.content.n);
+                assert_null(strstr(piece, hmarkup[m]));
+                free(piece);
+            }
+            assert_true(h.n_calls <= t->n_calls);
+            if (h.n_calls && cut < n)
+                fail_msg("harmony case %zu: a call counted at %zu of %zu bytes", c, cut, n);
+            server_harmony_free(&h);
+        }
+    }
+    const char *tmpl = "{{- '<|start|>' + role + '<|channel|>final<|message|>' }}";
+    assert_true(server_harmony_template(tmpl, strlen(tmpl)));
+    assert_false(server_harmony_template("<tool_call>", 11));
+    assert_string_equal(server_tool_format_name(SERVER_TOOLS_HARMONY), "harmony");
+}
+
+/* Random markup soups: any split, no fault (run under ASan). */
+static void test_harmony_fuzz(void **state)
+{
+    (void)state;
+    static const char *const bits[] = {"<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>",
+                                       "<|call|>", "<|return|>", "<|", "analysis", "final", "commentary", " to=",
+                                       "functions.f", "json", "{}", "x", " ", "\xc3"};
+    uint32_t rng = 777;
+    char buf[512];
+    for (int it = 0; it < 20000; it++) {
+        size_t n = 0;
+        int parts = (int)(rng % 24);
+        for (int p = 0; p < parts; p++) {
+            rng = rng * 1664525u + 1013904223u;
+            const char *b = bits[(rng >> 8) % (sizeof bits / sizeof bits[0])];
+            size_t l = strlen(b);
+            if (n + l >= sizeof buf)
+                break;
+            memcpy(buf + n, b, l);
+            n += l;
+        }
+        struct server_harmony h;
+        assert_int_equal(server_harmony_parse(buf, n, it & 1, it & 2, &h), KS_OK);
+        assert_true(h.reasoning.n + h.content.n <= n);
+        server_harmony_free(&h);
+    }
+}
+
+/* The harmony grammar (tool_choice required / named) accepts a call, with or
+ * without reasoning first, and the parser reads it back. */
+static void test_harmony_grammar(void **state)
+{
+    (void)state;
+    struct server_tool_opts req = {.choice = SERVER_TOOL_REQUIRED, .n_tools = 4}, named = req;
+    named.choice = SERVER_TOOL_NAMED;
+    strcpy(named.name, "ping");
+    bool fell_back = false;
+    struct grammar *g = tool_grammar(SERVER_TOOLS_HARMONY, &req, &fell_back);
+    static const struct {
+        const char *text;
+        bool ok;     /* the grammar accepts it */
+        int n_calls; /* the parser reads (it does not check arguments) */
+    } texts[] = {
+        {"<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Rome\"}", true, 1},
+        {"<|channel|>analysis<|message|>Rome, then.<|end|><|start|>assistant<|channel|>commentary to=functions.ping "
+         "<|constrain|>json<|message|>{}",
+         true, 1},
+        {"<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"town\": \"Rome\"}", false, 1},
+        {"<|channel|>final<|message|>Sure.", false, 0},
+    };
+    for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++) {
+        bool ok = grammar_match(g, texts[i].text, strlen(texts[i].text));
+        if (ok != texts[i].ok)
+            fprintf(stderr, "harmony grammar: '%s' %s\n", texts[i].text, ok ? "matches" : ks_errmsg());
+        assert_int_equal(ok, texts[i].ok);
+        struct server_harmony h;
+        assert_int_equal(server_harmony_parse(texts[i].text, strlen(texts[i].text), true, true, &h), KS_OK);
+        assert_int_equal(h.n_calls, texts[i].n_calls);
+        server_harmony_free(&h);
+    }
+    grammar_free(g);
+    g = tool_grammar(SERVER_TOOLS_HARMONY, &named, &fell_back);
+    assert_false(grammar_match(g, texts[0].text, strlen(texts[0].text)));
+    const char *ping = "<|channel|>commentary to=functions.ping <|constrain|>json<|message|>{}";
+    assert_true(grammar_match(g, ping, strlen(ping)));
+    grammar_free(g);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -330,6 +485,9 @@ int main(void)
         cmocka_unit_test(test_detect),
         cmocka_unit_test(test_fuzz),
         cmocka_unit_test(test_grammar_formats),
+        cmocka_unit_test(test_harmony),
+        cmocka_unit_test(test_harmony_fuzz),
+        cmocka_unit_test(test_harmony_grammar),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -249,15 +249,17 @@ static void test_cli_chat(void **state)
     assert_int_not_equal(pclose(p), 0);
 }
 
-/* A hand-made byte-level BPE vocabulary: merges apply by rank, and an
- * unknown tokenizer.ggml.pre falls back to "default". */
-static void test_synthetic_bpe(void **state)
+/* A byte-level BPE vocabulary written to a temporary GGUF and loaded: the
+ * 256 byte-level characters, then extra[] (control tokens from ctrl_from
+ * on), the merges, eos_token_id eos. */
+static struct tokenizer *bpe_vocab(const char *const *extra, int n_extra, int ctrl_from, const char *const *merges,
+                                   int n_merges, int eos)
 {
-    (void)state;
-    /* the 256 byte-level characters, then merged tokens */
-    char *strs[260];
+    enum { MAX = 256 + 16 };
+    assert_true(n_extra <= MAX - 256);
+    char *strs[MAX];
     char chars[256][4];
-    uint64_t lens[260];
+    uint64_t lens[MAX];
     int n = 0;
     for (int b = 0; b < 256; b++) {
         int cp = b;
@@ -268,15 +270,13 @@ static void test_synthetic_bpe(void **state)
         strs[n] = chars[b];
         lens[n++] = (uint64_t)l;
     }
-    const char *extra[] = {"\xc4\xa0t", "he", "\xc4\xa0the", "<|end|>"};
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < n_extra; i++) {
         strs[n] = (char *)extra[i];
         lens[n++] = strlen(extra[i]);
     }
-    const char *merges[] = {"h e", "\xc4\xa0 t", "\xc4\xa0t he"};
-    int32_t types[260];
-    for (int i = 0; i < 260; i++)
-        types[i] = i == 259 ? 3 : 1;
+    int32_t types[MAX];
+    for (int i = 0; i < n; i++)
+        types[i] = i >= 256 + ctrl_from ? 3 : 1;
     char path[] = "/tmp/kvserve-tok-XXXXXX";
     int fd = mkstemp(path);
     assert_true(fd >= 0);
@@ -285,15 +285,27 @@ static void test_synthetic_bpe(void **state)
     assert_int_equal(gguf_writer_create(&w), KS_OK);
     assert_int_equal(gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2"), KS_OK);
     assert_int_equal(gguf_writer_set_str(w, "tokenizer.ggml.pre", "no-such-pre"), KS_OK);
-    assert_int_equal(gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)strs, lens, 260), KS_OK);
-    assert_int_equal(gguf_writer_set_arr(w, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, types, 260), KS_OK);
-    assert_int_equal(gguf_writer_set_arr_str(w, "tokenizer.ggml.merges", merges, NULL, 3), KS_OK);
-    assert_int_equal(gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", 259), KS_OK);
+    assert_int_equal(gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)strs, lens, (uint64_t)n),
+                     KS_OK);
+    assert_int_equal(gguf_writer_set_arr(w, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, types, (uint64_t)n), KS_OK);
+    assert_int_equal(gguf_writer_set_arr_str(w, "tokenizer.ggml.merges", merges, NULL, (uint64_t)n_merges), KS_OK);
+    assert_int_equal(gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)eos), KS_OK);
     assert_int_equal(gguf_writer_write(w, path), KS_OK);
     gguf_writer_free(w);
     struct tokenizer *t = load_vocab(path);
     unlink(path);
     assert_non_null(t);
+    return t;
+}
+
+/* A hand-made byte-level BPE vocabulary: merges apply by rank, and an
+ * unknown tokenizer.ggml.pre falls back to "default". */
+static void test_synthetic_bpe(void **state)
+{
+    (void)state;
+    const char *extra[] = {"\xc4\xa0t", "he", "\xc4\xa0the", "<|end|>"};
+    const char *merges[] = {"h e", "\xc4\xa0 t", "\xc4\xa0t he"};
+    struct tokenizer *t = bpe_vocab(extra, 4, 3, merges, 3, 259);
     assert_string_equal(tok_pre_name(t), "default");
     assert_int_equal(tok_family(t), TOK_FAMILY_BPE);
     assert_false(tok_special(t)->add_bos);
@@ -313,10 +325,32 @@ static void test_synthetic_bpe(void **state)
     tok_free(t);
 }
 
+/* The harmony vocabulary (gpt-oss, o200k_harmony): <|return|> and <|call|>
+ * end a generation and <|end|>, which ends one message of several, does
+ * not, as llama.cpp decides from the same token texts. */
+static void test_harmony_eog(void **state)
+{
+    (void)state;
+    const char *extra[] = {"<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|return|>", "<|call|>",
+                           "<|endoftext|>"};
+    struct tokenizer *t = bpe_vocab(extra, 7, 0, NULL, 0, 256 + 4);
+    assert_true(tok_is_eog(t, 256 + 4));  /* <|return|> */
+    assert_true(tok_is_eog(t, 256 + 5));  /* <|call|> */
+    assert_true(tok_is_eog(t, 256 + 6));  /* <|endoftext|> */
+    assert_false(tok_is_eog(t, 256 + 1)); /* <|end|> */
+    assert_false(tok_is_eog(t, 256 + 0));
+    tok_free(t);
+    /* without <|call|>, <|end|> stays an end of generation (Phi-3's end of turn) */
+    t = bpe_vocab(extra, 5, 0, NULL, 0, 256 + 4);
+    assert_true(tok_is_eog(t, 256 + 1));
+    tok_free(t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_synthetic_bpe),
+        cmocka_unit_test(test_harmony_eog),
         cmocka_unit_test(test_cli_tokenize),
         cmocka_unit_test(test_cli_chat),
         cmocka_unit_test(test_stories260k),

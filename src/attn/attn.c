@@ -33,6 +33,7 @@ const struct attn_kernels *attn_kernels_best(void)
 struct tile {
     int32_t first, n_q; /* queries[first, first + n_q), one sequence */
     int32_t seq;
+    int32_t first_page; /* the first page any query's window reaches */
     int32_t n_pages;    /* pages up to the furthest position in the tile */
 };
 
@@ -40,7 +41,7 @@ struct job {
     const struct kv_cache *kv;
     const struct attn_kernels *k;
     int layer, n_head, n_kv, group, dim;
-    float scale;
+    struct attn_params p;
     const struct attn_query *queries;
     const float *q;
     float *out;
@@ -63,6 +64,8 @@ struct scratch {
     float *q8d;       /* (R, dim / 32) */
     float *s;         /* (R, P) */
     int32_t *limit;   /* (R) */
+    int32_t *first;   /* (R) */
+    float *koff;      /* (R) q . mu_k: what K smoothing took off each score */
     float *m, *l;     /* (R) running max and sum of exp */
     float *acc;       /* (R, dim) */
 };
@@ -78,7 +81,9 @@ static size_t scratch_layout(const struct job *j, uint8_t *base, struct scratch 
     size_t l = m + rows * sizeof(float);
     size_t acc = l + rows * sizeof(float);
     size_t limit = acc + rows * j->dim * sizeof(float);
-    size_t q8 = limit + rows * sizeof(int32_t);
+    size_t first = limit + rows * sizeof(int32_t);
+    size_t koff = first + rows * sizeof(int32_t);
+    size_t q8 = koff + rows * sizeof(float);
     size_t end = q8 + rows * nb * sizeof(block_q8_0);
     if (base) {
         out->q = (float *)(base + q);
@@ -88,33 +93,66 @@ static size_t scratch_layout(const struct job *j, uint8_t *base, struct scratch 
         out->l = (float *)(base + l);
         out->acc = (float *)(base + acc);
         out->limit = (int32_t *)(base + limit);
+        out->first = (int32_t *)(base + first);
+        out->koff = (float *)(base + koff);
         out->q8 = j->dim % QK8_0 == 0 ? (block_q8_0 *)(base + q8) : NULL;
     }
     return (end + 63) / 64 * 64;
 }
 
+static int32_t window_first(const struct attn_params *p, int32_t pos)
+{
+    return p->window > 0 && pos - p->window + 1 > 0 ? pos - p->window + 1 : 0;
+}
+
+/* How far below the true scores the softmax sees them: K smoothing's shift,
+ * unless the soft-cap has added it back. */
+static float stored_shift(const struct job *j, const struct scratch *sc, int r)
+{
+    return j->p.softcap > 0.0f ? 0.0f : sc->koff[r];
+}
+
 /* Scaled, rotated query rows of one tile for one KV head, their limits, and
- * an empty softmax state. */
+ * an empty softmax state: with a sink, the state of a softmax that has seen
+ * only the sink (its max is the sink's logit, its sum exp(0)). K smoothing
+ * lowered every score by q . mu_k; the sink is lowered as much, so the
+ * softmax stays exact. */
 static void load_rows(const struct job *j, const struct tile *t, int head, const struct scratch *sc)
 {
     const struct kv_config *c = kv_get_config(j->kv);
     int d = j->dim, R = tile_rows(j, t);
+    const float *mean_k = kv_seq_mean(j->kv, t->seq, j->layer, false);
     for (int i = 0; i < t->n_q; i++)
         for (int g = 0; g < j->group; g++) {
-            int r = i * j->group + g;
-            sc->limit[r] = j->queries[t->first + i].pos + 1;
-            const float *src = j->q + ((size_t)(t->first + i) * j->n_head + (size_t)head * j->group + g) * d;
+            int r = i * j->group + g, qh = head * j->group + g;
+            int32_t pos = j->queries[t->first + i].pos;
+            sc->limit[r] = pos + 1;
+            sc->first[r] = window_first(&j->p, pos);
+            const float *src = j->q + ((size_t)(t->first + i) * j->n_head + (size_t)qh) * d;
             float *dst = sc->q + (size_t)r * d;
             for (int e = 0; e < d; e++)
-                dst[e] = src[e] * j->scale;
+                dst[e] = src[e] * j->p.scale;
             if (c->rotate)
                 kv_rotate(dst, d);
+            sc->koff[r] = 0.0f;
+            for (int e = 0; mean_k && e < d; e++)
+                sc->koff[r] += dst[e] * mean_k[(size_t)head * d + e];
+            sc->m[r] = j->p.sinks ? j->p.sinks[qh] - stored_shift(j, sc, r) : -INFINITY;
+            sc->l[r] = j->p.sinks ? 1.0f : 0.0f;
         }
-    for (int r = 0; r < R; r++) {
-        sc->m[r] = -INFINITY;
-        sc->l[r] = 0.0f;
-    }
     memset(sc->acc, 0, (size_t)R * d * sizeof(float));
+}
+
+/* Soft-capping of one page's scores, on the true score (K smoothing's shift
+ * added back: the cap is not shift-invariant). */
+static void softcap_scores(const struct job *j, const struct scratch *sc, int R, int P, int n_tok)
+{
+    float cap = j->p.softcap;
+    for (int r = 0; r < R; r++) {
+        float *s = sc->s + (size_t)r * P;
+        for (int t = 0; t < n_tok; t++)
+            s[t] = cap * tanhf((s[t] + sc->koff[r]) / cap);
+    }
 }
 
 /* The int8 copy of the query rows, for the integer kernels of quantized K
@@ -144,8 +182,9 @@ static inline __attribute__((always_inline)) void prefetch_page(const struct kv_
         __builtin_prefetch(v + o);
 }
 
-/* Normalize, add the V means back (smoothing: the weights sum to 1), rotate
- * back, store the tile's rows of this KV head. */
+/* Normalize, add the V means back (smoothing: the weights of the keys sum
+ * to 1, or with a sink to 1 less the sink's share), rotate back, store the
+ * tile's rows of this KV head. */
 static void store_rows(const struct job *j, const struct tile *t, int head, const struct scratch *sc)
 {
     const struct kv_config *c = kv_get_config(j->kv);
@@ -158,8 +197,11 @@ static void store_rows(const struct job *j, const struct tile *t, int head, cons
             float inv = sc->l[r] > 0.0f ? 1.0f / sc->l[r] : 0.0f;
             for (int e = 0; e < d; e++)
                 acc[e] *= inv;
+            float w = 1.0f;
+            if (mean_v && j->p.sinks)
+                w = 1.0f - expf(j->p.sinks[head * j->group + g] - stored_shift(j, sc, r) - sc->m[r]) * inv;
             for (int e = 0; mean_v && e < d; e++)
-                acc[e] += mean_v[(size_t)head * d + e];
+                acc[e] += w * mean_v[(size_t)head * d + e];
             if (c->rotate)
                 kv_rotate(acc, d);
             float *dst = j->out + ((size_t)(t->first + i) * j->n_head + (size_t)head * j->group + g) * d;
@@ -184,12 +226,13 @@ static void run_item(const struct job *j, int32_t item, uint8_t *scratch)
     assert(t->n_pages <= kv_seq_n_pages(kv, t->seq) && max_limit <= kv_seq_len(kv, t->seq));
 
     struct attn_rows rows = {.n = R, .dim = d, .stride = P, .s = sc.s, .limit = sc.limit, .q = sc.q, .q8 = sc.q8,
-                             .q8d = sc.q8d, .m = sc.m, .l = sc.l, .acc = sc.acc};
+                             .q8d = sc.q8d, .m = sc.m, .l = sc.l, .acc = sc.acc,
+                             .first = j->p.window > 0 ? sc.first : NULL};
     struct kv_page_view page, next;
     bool q8_ready = false;
-    kv_seq_page_view(kv, t->seq, 0, &next);
+    kv_seq_page_view(kv, t->seq, t->first_page, &next);
     prefetch_page(c, &next, j->layer, h); /* decode's short contexts are a page or three */
-    for (int32_t p = 0; p < t->n_pages; p++) {
+    for (int32_t p = t->first_page; p < t->n_pages; p++) {
         page = next;
         if (p + 1 < t->n_pages) {
             kv_seq_page_view(kv, t->seq, p + 1, &next);
@@ -205,6 +248,8 @@ static void run_item(const struct job *j, int32_t item, uint8_t *scratch)
         const uint8_t *k_rows = kv_view_run(c, page.k, page.k_row_bytes, j->layer, h);
         attn_set_bounds(&rows, k_rows, (size_t)P * page.k_row_bytes);
         j->k->score[kv_type_index(page.tk)](k_rows, n_tok, &rows);
+        if (j->p.softcap > 0.0f)
+            softcap_scores(j, &sc, R, P, n_tok);
         j->k->softmax(&rows, page_start, n_tok);
         const uint8_t *v_rows = kv_view_run(c, page.v, page.v_row_bytes, j->layer, h);
         attn_set_bounds(&rows, v_rows, (size_t)P * page.v_row_bytes);
@@ -255,13 +300,15 @@ static void make_tiles(struct job *j, int32_t n_queries)
         struct tile *t = &j->tiles[n++];
         t->first = i;
         t->seq = j->queries[i].seq;
-        int32_t max_pos = 0;
+        int32_t max_pos = 0, min_pos = j->queries[i].pos;
         while (i < n_queries && i - t->first < per_tile && j->queries[i].seq == t->seq) {
             max_pos = j->queries[i].pos > max_pos ? j->queries[i].pos : max_pos;
+            min_pos = j->queries[i].pos < min_pos ? j->queries[i].pos : min_pos;
             i++;
         }
         t->n_q = i - t->first;
         t->n_pages = (max_pos + c->page_tokens) / c->page_tokens;
+        t->first_page = window_first(&j->p, min_pos) / c->page_tokens;
         j->max_rows = tile_rows(j, t) > j->max_rows ? tile_rows(j, t) : j->max_rows;
     }
     j->n_tiles = n;
@@ -270,14 +317,24 @@ static void make_tiles(struct job *j, int32_t n_queries)
 ks_status attn_forward(threads_pool *pool, const struct kv_cache *kv, int layer, const struct attn_query *queries,
                        int32_t n_queries, const float *q, float *out, int n_head, float scale)
 {
+    struct attn_params p = {.scale = scale};
+    return attn_forward_ex(pool, kv, layer, queries, n_queries, q, out, n_head, &p);
+}
+
+ks_status attn_forward_ex(threads_pool *pool, const struct kv_cache *kv, int layer, const struct attn_query *queries,
+                          int32_t n_queries, const float *q, float *out, int n_head, const struct attn_params *p)
+{
     ks_status st = check_args(kv, layer, queries, n_queries, n_head);
     if (st || n_queries == 0)
         return st;
+    if (p->window < 0 || p->softcap < 0.0f || !(p->softcap == p->softcap))
+        return ks_fail(KS_ERR_INVALID_ARG, "attn: window %d and softcap %g must not be negative", (int)p->window,
+                       (double)p->softcap);
     const struct kv_config *c = kv_get_config(kv);
     int nth = pool ? threads_count(pool) : 1;
     struct job j = {
         .kv = kv, .k = forced ? forced : attn_kernels_best(), .layer = layer, .n_head = n_head,
-        .n_kv = c->n_kv_head, .group = n_head / c->n_kv_head, .dim = c->head_dim, .scale = scale,
+        .n_kv = c->n_kv_head, .group = n_head / c->n_kv_head, .dim = c->head_dim, .p = *p,
         .queries = queries, .q = q, .out = out,
     };
     j.tiles = malloc((size_t)n_queries * sizeof *j.tiles);

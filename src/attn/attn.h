@@ -30,4 +30,25 @@ ks_status attn_forward(threads_pool *pool, const struct kv_cache *kv, int layer,
                        const struct attn_query *queries, int32_t n_queries,
                        const float *q, float *out, int n_head, float scale);
 
+/* What a layer's attention adds to plain causal softmax attention. */
+struct attn_params {
+    float scale;        /* score = scale * (q . k) */
+    int32_t window;     /* > 0: sliding window: a query at position p sees only the
+                           keys at positions j with p - window < j <= p (llama.cpp's
+                           standard SWA mask: masked when p - j >= window); 0: all j <= p */
+    float softcap;      /* > 0: score = softcap * tanh(score / softcap) before the
+                           softmax (gemma2's attention logit soft-capping) */
+    const float *sinks; /* NULL, or (n_head): head h's softmax gets an extra term
+                           exp(sinks[h]) in its denominator, with no value (gpt-oss) */
+};
+
+/* attn_forward with the features of p; attn_forward(..., scale) is this with
+ * only p->scale set. Windowed queries read only the pages their window
+ * reaches, so a sequence's pages of a sliding-window layer before every
+ * query's window are never touched. Exact with smoothing: the K means'
+ * shift of each score is added back before the soft-cap and to the sink. */
+ks_status attn_forward_ex(threads_pool *pool, const struct kv_cache *kv, int layer,
+                          const struct attn_query *queries, int32_t n_queries,
+                          const float *q, float *out, int n_head, const struct attn_params *p);
+
 #endif

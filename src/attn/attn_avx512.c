@@ -696,14 +696,16 @@ static void softmax_avx512(const struct attn_rows *rows, int page_start, int n_t
 {
     for (int r = 0; r < rows->n; r++) {
         float *s = rows->s + (size_t)r * rows->stride;
-        int vis = rows->limit[r] - page_start;
-        vis = vis < 0 ? 0 : vis > n_tok ? n_tok : vis;
+        int lo, hi;
+        attn_visible(rows, r, page_start, n_tok, &lo, &hi);
         __m512 mv = _mm512_set1_ps(rows->m[r]);
-        for (int t = 0; t < vis; t += LANES)
-            mv = _mm512_mask_max_ps(mv, lanes_below(vis - t), mv, _mm512_maskz_loadu_ps(lanes_below(vis - t), s + t));
-        for (int t = vis; t < n_tok; t++)
+        for (int t = lo; t < hi; t += LANES)
+            mv = _mm512_mask_max_ps(mv, lanes_below(hi - t), mv, _mm512_maskz_loadu_ps(lanes_below(hi - t), s + t));
+        for (int t = 0; t < lo; t++)
             s[t] = 0.0f;
-        if (vis == 0)
+        for (int t = hi; t < n_tok; t++)
+            s[t] = 0.0f;
+        if (hi == lo)
             continue;
         float mx = _mm512_reduce_max_ps(mv);
         if (mx != rows->m[r]) {
@@ -717,7 +719,7 @@ static void softmax_avx512(const struct attn_rows *rows, int page_start, int n_t
             rows->l[r] *= corr;
             rows->m[r] = mx;
         }
-        rows->l[r] += exp_sum_avx512(s, vis, mx);
+        rows->l[r] += exp_sum_avx512(s + lo, hi - lo, mx);
     }
 }
 

@@ -27,6 +27,7 @@ struct attn_rows {
     const block_q8_0 *q8;  /* (R, dim / 32) q as int8 blocks, for quantized K; NULL otherwise */
     const float *q8d;      /* (R, dim / 32) the f32 value of each q8 block's scale */
     const int32_t *limit;  /* (R) visible tokens of each row: pos + 1 */
+    const int32_t *first;  /* (R) first visible position of each row (sliding window); NULL: 0 */
     float *m, *l;          /* (R) running max and sum of exp */
     float *acc;            /* (R, dim) running sum of p * v */
     float *s;              /* (R, stride) scores of the current page, then p */
@@ -72,9 +73,9 @@ typedef void (*attn_accum_fn)(const uint8_t *v, int n_tok, const struct attn_row
 /* s[t] = exp(s[t] - mx) for t < n; returns the sum. */
 typedef float (*attn_exp_sum_fn)(float *s, int n, float mx);
 /* Fold one page's scores (tokens [page_start, page_start + n_tok)) into the
- * running state of every row: positions a row cannot see (>= limit) get
- * probability 0, the others exp(s - m) after m, l and acc are rescaled to
- * the new running max. */
+ * running state of every row: positions a row cannot see (>= limit, or
+ * < first) get probability 0, the others exp(s - m) after m, l and acc are
+ * rescaled to the new running max. */
 typedef void (*attn_softmax_fn)(const struct attn_rows *rows, int page_start, int n_tok);
 
 struct attn_kernels {
@@ -109,6 +110,14 @@ static inline size_t attn_row_bytes(enum quant_type t, int dim)
     case QUANT_IQ3_NL: return (size_t)(dim / QK3_NL) * sizeof(block_iq3_nl);
     default: return quant_row_size(t, dim);
     }
+}
+
+/* Row r's visible slice [*lo, *hi) of a page's n_tok scores from page_start. */
+static inline void attn_visible(const struct attn_rows *rows, int r, int page_start, int n_tok, int *lo, int *hi)
+{
+    int h = rows->limit[r] - page_start, l = rows->first ? rows->first[r] - page_start : 0;
+    *hi = h < 0 ? 0 : h > n_tok ? n_tok : h;
+    *lo = l < 0 ? 0 : l > *hi ? *hi : l;
 }
 
 /* The reference page softmax over any exp_sum kernel (scalar and AVX2 sets). */

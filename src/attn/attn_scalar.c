@@ -247,14 +247,16 @@ void attn_softmax_with(const struct attn_rows *rows, int page_start, int n_tok, 
 {
     for (int r = 0; r < rows->n; r++) {
         float *s = rows->s + (size_t)r * rows->stride;
-        int vis = rows->limit[r] - page_start;
-        vis = vis < 0 ? 0 : vis > n_tok ? n_tok : vis;
+        int lo, hi;
+        attn_visible(rows, r, page_start, n_tok, &lo, &hi);
         float mx = rows->m[r];
-        for (int t = 0; t < vis; t++)
+        for (int t = lo; t < hi; t++)
             mx = s[t] > mx ? s[t] : mx;
-        for (int t = vis; t < n_tok; t++)
+        for (int t = 0; t < lo; t++)
             s[t] = 0.0f;
-        if (vis == 0)
+        for (int t = hi; t < n_tok; t++)
+            s[t] = 0.0f;
+        if (hi == lo)
             continue;
         float corr = expf(rows->m[r] - mx);
         if (corr != 1.0f) {
@@ -262,7 +264,7 @@ void attn_softmax_with(const struct attn_rows *rows, int page_start, int n_tok, 
             for (int e = 0; e < rows->dim; e++)
                 acc[e] *= corr;
         }
-        rows->l[r] = rows->l[r] * corr + exp_sum(s, vis, mx);
+        rows->l[r] = rows->l[r] * corr + exp_sum(s + lo, hi - lo, mx);
         rows->m[r] = mx;
     }
 }

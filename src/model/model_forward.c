@@ -254,15 +254,16 @@ static void swiglu_task(void *p, int ith, int nth)
 /* ---- RoPE ------------------------------------------------------------------ */
 
 /* Angles as llama.cpp computes them: theta_i = p * theta_scale^i by repeated
- * multiplication, divided by the per-frequency factor, times freq_scale. */
+ * multiplication, divided by the per-frequency factor, times freq_scale; cos
+ * and sin scaled by its attn_factor (mscale: 1 but for LongRoPE). */
 static void rope_angles(const struct model *m, int32_t pos, float *cs)
 {
-    float theta = (float)pos;
+    float theta = (float)pos, mscale = m->rope_mscale;
     for (int i = 0; i < m->hp.n_rot / 2; i++) {
         float ff = m->rope_freq_factors ? m->rope_freq_factors[i] : 1.0f;
         float t = m->rope_freq_scale * (theta / ff);
-        cs[2 * i] = cosf(t);
-        cs[2 * i + 1] = sinf(t);
+        cs[2 * i] = cosf(t) * mscale;
+        cs[2 * i + 1] = sinf(t) * mscale;
         theta *= m->rope_theta_scale;
     }
 }

@@ -35,12 +35,16 @@ ks_status server_chat_setup(struct server *srv, const struct server_config *cfg)
         return ks_fail(KS_ERR_FORMAT, "%s does not parse: %s (fix it, or give --chat-template-file F or "
                        "--chat-template NAME)", origin, why);
     }
-    srv->tool_format = server_tool_format_detect(src, len);
+    srv->tool_format = server_harmony_template(src, len) ? SERVER_TOOLS_HARMONY : server_tool_format_detect(src, len);
     /* llama.cpp's preserved tokens: markup that is a control token must reach the parser */
     static const char *const markup[] = {"<|python_tag|>", "[TOOL_CALLS]", "<tool_call>", "</tool_call>"};
-    for (size_t i = 0; i < sizeof markup / sizeof markup[0]; i++) {
-        int32_t id = tok_find(srv->tok, markup[i], strlen(markup[i]));
-        if (id >= 0 && tok_is_control(srv->tok, id))
+    int n_harmony = 0;
+    const char *const *harmony = server_harmony_markup(&n_harmony);
+    int n_markup = 4 + (srv->tool_format == SERVER_TOOLS_HARMONY ? n_harmony : 0);
+    for (int i = 0; i < n_markup; i++) {
+        const char *m = i < 4 ? markup[i] : harmony[i - 4];
+        int32_t id = tok_find(srv->tok, m, strlen(m));
+        if (id >= 0 && tok_is_control(srv->tok, id) && srv->n_tool_tokens < (int)(sizeof srv->tool_tokens / sizeof srv->tool_tokens[0]))
             srv->tool_tokens[srv->n_tool_tokens++] = id;
     }
     const struct tok_special *sp = tok_special(srv->tok);

@@ -65,6 +65,8 @@ struct call {
     enum server_tool_format tool_fmt;  /* SERVER_TOOLS_NONE: the output is all content */
     int calls_sent;                    /* tool calls already streamed */
     int n_calls;                       /* tool calls in the answer (set by the final parse) */
+    bool harmony_calls;                /* harmony: tools offered, so its calls are parsed */
+    size_t sent_reasoning, sent_content; /* harmony: bytes of each part already streamed */
 };
 
 /* The n choices of one request (HTTP thread). A stream serves them in
@@ -459,17 +461,51 @@ static cJSON *tool_call_json(const struct call *c, int index, const struct serve
     return o;
 }
 
-/* The final answer of a tool-using request: *content (malloc'd, valid UTF-8;
- * NULL when there are calls and no text) and message.tool_calls (NULL: none). */
-static ks_status tool_answer(struct call *c, char **content, cJSON **calls)
+/* The calls of a final parse as message.tool_calls (NULL: none). */
+static cJSON *calls_json(const struct call *c, const struct server_tool_call *calls, int n)
 {
+    if (n == 0)
+        return NULL;
+    cJSON *arr = cJSON_CreateArray();
+    for (int i = 0; i < n; i++)
+        server_json_push(arr, tool_call_json(c, i, &calls[i], true));
+    return arr;
+}
+
+/* A harmony answer: *reasoning (NULL: none), *content (NULL when there are
+ * calls and no text) and the calls. */
+static ks_status harmony_answer(struct call *c, char **content, char **reasoning, cJSON **calls)
+{
+    struct server_harmony h;
+    ks_status st = server_harmony_parse(c->text.p ? c->text.p : "", c->text.n, true, c->harmony_calls, &h);
+    if (st)
+        return st;
+    c->n_calls = h.n_calls;
+    if (h.reasoning.n > 0 && !(*reasoning = utf8_clean(h.reasoning.p, h.reasoning.n)))
+        st = KS_ERR_NOMEM;
+    if (!st && (h.content.n > 0 || h.n_calls == 0) && !(*content = utf8_clean(h.content.p ? h.content.p : "", h.content.n)))
+        st = KS_ERR_NOMEM;
+    if (!st)
+        *calls = calls_json(c, h.calls, h.n_calls);
+    server_harmony_free(&h);
+    return st;
+}
+
+/* The final answer of a tool-using request: *content (malloc'd, valid UTF-8;
+ * NULL when there are calls and no text), *reasoning (harmony's analysis,
+ * NULL: none) and message.tool_calls (NULL: none). */
+static ks_status tool_answer(struct call *c, char **content, char **reasoning, cJSON **calls)
+{
+    *calls = NULL;
+    *content = NULL;
+    *reasoning = NULL;
+    if (c->tool_fmt == SERVER_TOOLS_HARMONY)
+        return harmony_answer(c, content, reasoning, calls);
     const char *text = c->text.p ? c->text.p : "";
     struct server_tool_result r;
     ks_status st = server_tools_parse(c->tool_fmt, text, c->text.n, true, &r);
     if (st)
         return st;
-    *calls = NULL;
-    *content = NULL;
     c->n_calls = r.n_calls;
     if (r.response) {
         if (!(*content = utf8_clean(r.response, strlen(r.response))))
@@ -484,11 +520,8 @@ static ks_status tool_answer(struct call *c, char **content, cJSON **calls)
         st = b.oom || (want && !*content) ? KS_ERR_NOMEM : KS_OK;
         sbuf_free(&b);
     }
-    if (!st && r.n_calls > 0) {
-        *calls = cJSON_CreateArray();
-        for (int i = 0; i < r.n_calls; i++)
-            server_json_push(*calls, tool_call_json(c, i, &r.calls[i], true));
-    }
+    if (!st)
+        *calls = calls_json(c, r.calls, r.n_calls);
     server_tool_result_free(&r);
     return st;
 }
@@ -616,10 +649,11 @@ static ks_status choice_wait(struct call *c, struct reply *r)
 static ks_status choice_json(struct call *c, cJSON *choices, struct reply *r)
 {
     cJSON *tool_calls = NULL;
-    char *text = NULL;
-    if (c->tool_fmt != SERVER_TOOLS_NONE ? tool_answer(c, &text, &tool_calls) != KS_OK
+    char *text = NULL, *reasoning = NULL;
+    if (c->tool_fmt != SERVER_TOOLS_NONE ? tool_answer(c, &text, &reasoning, &tool_calls) != KS_OK
                                          : !(text = utf8_clean(c->text.p ? c->text.p : "", c->text.n))) {
         free(text);
+        free(reasoning);
         cJSON_Delete(tool_calls);
         return reply_fail(r, KS_ERR_NOMEM, NULL, "%s", OOM_MSG);
     }
@@ -632,6 +666,8 @@ static ks_status choice_json(struct call *c, cJSON *choices, struct reply *r)
             cJSON_AddStringToObject(msg, "content", text);
         else
             cJSON_AddNullToObject(msg, "content");
+        if (reasoning)
+            cJSON_AddStringToObject(msg, "reasoning_content", reasoning);
         if (tool_calls)
             server_json_add(msg, "tool_calls", tool_calls);
     } else {
@@ -645,6 +681,7 @@ static ks_status choice_json(struct call *c, cJSON *choices, struct reply *r)
     cJSON_AddStringToObject(ch, "finish_reason", finish_reason(c));
     server_json_push(choices, ch);
     free(text);
+    free(reasoning);
     return KS_OK;
 }
 
@@ -732,9 +769,12 @@ static size_t safe_end(const struct call *c, bool final)
 }
 
 static void stream_tools(struct call *c, bool final, cJSON *lp);
+static void stream_harmony(struct call *c, bool final, cJSON *lp);
 
 static void stream_text(struct call *c, bool final, cJSON *lp)
 {
+    if (c->tool_fmt == SERVER_TOOLS_HARMONY)
+        return stream_harmony(c, final, lp);
     if (c->tool_fmt != SERVER_TOOLS_NONE)
         return stream_tools(c, final, lp);
     size_t end = safe_end(c, final);
@@ -767,6 +807,94 @@ static void stream_content(struct call *c, const char *text, size_t end, cJSON *
     free(piece);
 }
 
+/* Bytes of part[0..n) that are whole UTF-8 characters, from sent on. */
+static size_t whole_chars(const char *part, size_t n, size_t sent)
+{
+    size_t end = n;
+    while (end > sent && ((unsigned char)part[end - 1] & 0x80)) {
+        size_t lead = end - 1;
+        while (lead > sent && ((unsigned char)part[lead] & 0xC0) == 0x80)
+            lead--;
+        unsigned char b = (unsigned char)part[lead];
+        size_t need = b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : b >= 0xC0 ? 2 : 1;
+        if (end - lead >= need)
+            break;
+        end = lead;
+    }
+    return end;
+}
+
+/* One delta of a harmony part: what is new in part since *sent. */
+static void stream_part(struct call *c, const struct sbuf *part, size_t *sent, const char *key, bool final, cJSON **lp)
+{
+    size_t end = final ? part->n : whole_chars(part->p ? part->p : "", part->n, *sent);
+    if (end <= *sent)
+        return;
+    char *piece = utf8_clean(part->p + *sent, end - *sent);
+    if (!piece) {
+        c->oom = true;
+        return;
+    }
+    cJSON *o = chunk_new(c, NULL, false, *lp, NULL);
+    *lp = NULL;
+    cJSON *delta = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0), "delta");
+    cJSON_AddStringToObject(delta, key, piece);
+    if (sse_send(c, o))
+        *sent = end;
+    free(piece);
+}
+
+static void stream_calls(struct call *c, const struct server_tool_call *calls, int n);
+
+/* A harmony stream: reasoning_content and content deltas as the channels
+ * grow (a tail that may be a marker held back), each call once complete. */
+static void stream_harmony(struct call *c, bool final, cJSON *lp)
+{
+    struct server_harmony h;
+    if (server_harmony_parse(c->text.p ? c->text.p : "", c->text.n, final, c->harmony_calls, &h)) {
+        cJSON_Delete(lp);
+        c->oom = true;
+        return;
+    }
+    stream_part(c, &h.reasoning, &c->sent_reasoning, "reasoning_content", final, &lp);
+    if (!c->oom)
+        stream_part(c, &h.content, &c->sent_content, "content", final, &lp);
+    if (lp && !c->oom) /* logprobs of tokens that added no text yet */
+        sse_send(c, chunk_new(c, NULL, false, lp, NULL));
+    else
+        cJSON_Delete(lp);
+    if (!c->oom)
+        stream_calls(c, h.calls, h.n_calls);
+    if (final && !c->oom) {
+        c->n_calls = h.n_calls;
+        c->sent = c->text.n;
+    }
+    server_harmony_free(&h);
+}
+
+/* Calls not streamed yet, as OpenAI sends them: a delta with index, id,
+ * type, name and arguments "", then one with the arguments. */
+static void stream_calls(struct call *c, const struct server_tool_call *calls, int n)
+{
+    for (; !c->oom && c->calls_sent < n; c->calls_sent++) {
+        const struct server_tool_call *tc = &calls[c->calls_sent];
+        for (int part = 0; part < 2 && !c->oom; part++) {
+            cJSON *o = chunk_new(c, NULL, false, NULL, NULL);
+            cJSON *delta = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0), "delta");
+            cJSON *arr = cJSON_CreateArray();
+            cJSON *call = part == 0 ? tool_call_json(c, c->calls_sent, tc, false) : cJSON_CreateObject();
+            if (part == 1) {
+                cJSON_AddNumberToObject(call, "index", c->calls_sent);
+                cJSON *fn = cJSON_AddObjectToObject(call, "function");
+                cJSON_AddStringToObject(fn, "arguments", tc->arguments);
+            }
+            server_json_push(arr, call);
+            server_json_add(delta, "tool_calls", arr);
+            sse_send(c, o);
+        }
+    }
+}
+
 /* A tool-using stream: content up to the first call marker (less what may
  * still become one or a stop string), each call once complete as OpenAI
  * sends them (a delta with index, id, type, name and arguments "", then one
@@ -794,23 +922,7 @@ static void stream_tools(struct call *c, bool final, cJSON *lp)
     } else {
         stream_content(c, text, end, lp);
     }
-    for (; !c->oom && c->calls_sent < r.n_calls; c->calls_sent++) {
-        const struct server_tool_call *tc = &r.calls[c->calls_sent];
-        for (int part = 0; part < 2 && !c->oom; part++) {
-            cJSON *o = chunk_new(c, NULL, false, NULL, NULL);
-            cJSON *delta = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0), "delta");
-            cJSON *arr = cJSON_CreateArray();
-            cJSON *call = part == 0 ? tool_call_json(c, c->calls_sent, tc, false) : cJSON_CreateObject();
-            if (part == 1) {
-                cJSON_AddNumberToObject(call, "index", c->calls_sent);
-                cJSON *fn = cJSON_AddObjectToObject(call, "function");
-                cJSON_AddStringToObject(fn, "arguments", tc->arguments);
-            }
-            server_json_push(arr, call);
-            server_json_add(delta, "tool_calls", arr);
-            sse_send(c, o);
-        }
-    }
+    stream_calls(c, r.calls, r.n_calls);
     if (final && !c->oom) {
         c->n_calls = r.n_calls;
         if (r.n_calls > 0 && r.tail_start < c->text.n) {
@@ -1123,7 +1235,7 @@ static ks_status parse_grammar(struct call *c, const cJSON *root, int32_t max_to
         return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_type", "'grammar' must be a string of GBNF");
     if (gr && strcmp(type, "text"))
         return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value", "give 'grammar' or a JSON 'response_format', not both");
-    bool tool_calls = c->tool_fmt != SERVER_TOOLS_NONE &&
+    bool tool_calls = c->tool_fmt != SERVER_TOOLS_NONE && c->tools.n_tools > 0 &&
                       (c->tools.choice == SERVER_TOOL_REQUIRED || c->tools.choice == SERVER_TOOL_NAMED);
     if (tool_calls && (gr || strcmp(type, "text")))
         return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value",
@@ -1131,8 +1243,9 @@ static ks_status parse_grammar(struct call *c, const cJSON *root, int32_t max_to
                           c->tools.choice == SERVER_TOOL_NAMED ? "naming a function" : "\"required\"",
                           gr ? "'grammar'" : "a JSON 'response_format'");
     /* auto: free text, but a call the model starts is constrained from its trigger on */
-    bool lazy = c->tool_fmt != SERVER_TOOLS_NONE && c->tools.choice == SERVER_TOOL_AUTO && !gr &&
-                !strcmp(type, "text") && c->srv->grammar_vocab;
+    /* (harmony's calls follow free reasoning: they are parsed, not constrained, under auto) */
+    bool lazy = c->tool_fmt != SERVER_TOOLS_NONE && c->tool_fmt != SERVER_TOOLS_HARMONY &&
+                c->tools.choice == SERVER_TOOL_AUTO && !gr && !strcmp(type, "text") && c->srv->grammar_vocab;
     tool_calls = tool_calls || lazy;
     if (!gr && !strcmp(type, "text") && !tool_calls)
         return KS_OK;
@@ -1246,6 +1359,11 @@ ks_status server_completion_parse(struct server *srv, bool chat, const char *bod
      * the output is not parsed for calls */
     if (chat && !srv->chat_family && c->tools.n_tools > 0 && c->tools.choice != SERVER_TOOL_NONE)
         c->tool_fmt = srv->tool_format;
+    /* harmony's channels are always parsed: its reasoning is never content */
+    if (chat && !srv->chat_family && srv->tool_format == SERVER_TOOLS_HARMONY) {
+        c->harmony_calls = c->tool_fmt == SERVER_TOOLS_HARMONY;
+        c->tool_fmt = SERVER_TOOLS_HARMONY;
+    }
     *rq = (struct sched_request){.prompt = ids, .n_prompt = n_prompt, .on_event = on_event, .user = c};
     if (!st)
         st = parse_options(c, root, n_prompt, rq, r);

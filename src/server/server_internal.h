@@ -21,6 +21,7 @@ enum server_tool_format {
     SERVER_TOOLS_LLAMA3,  /* {"name": ..., "parameters": ...}, <|python_tag|> */
     SERVER_TOOLS_MISTRAL, /* [TOOL_CALLS] [...] */
     SERVER_TOOLS_GENERIC, /* {"tool_calls": [...]} / {"tool_call": ...} / {"response": ...} */
+    SERVER_TOOLS_HARMONY, /* gpt-oss: channels (reasoning, content) and commentary to=functions.NAME (server_harmony.c) */
 };
 
 struct server {
@@ -33,7 +34,7 @@ struct server {
     struct jinja_template *jt;  /* else: the parsed Jinja chat template */
     char *bos_text, *eos_text;  /* the vocabulary's BOS and EOS texts, for the template */
     enum server_tool_format tool_format; /* how the template's model writes tool calls */
-    int32_t tool_tokens[4];     /* control tokens of the tool-call markup, kept in the text */
+    int32_t tool_tokens[12];    /* control tokens of the tool-call markup, kept in the text */
     int n_tool_tokens;
     struct grammar_vocab *grammar_vocab; /* tok's pieces for constrained sampling; NULL without tok */
     struct MHD_Daemon *daemon;
@@ -167,6 +168,24 @@ const char *server_tool_format_name(enum server_tool_format f);
 ks_status server_tools_parse(enum server_tool_format f, const char *text, size_t n, bool final,
                              struct server_tool_result *r);
 void server_tool_result_free(struct server_tool_result *r);
+/* server_harmony.c: gpt-oss's harmony format (channels in the file's header). */
+struct server_harmony {
+    struct sbuf reasoning;  /* the analysis messages' text, in order */
+    struct sbuf content;    /* the final messages' (and commentary preambles') text */
+    struct server_tool_call *calls;
+    int n_calls;            /* complete calls to=functions.NAME, in order */
+};
+/* A template that writes harmony (its text has <|channel|> and <|message|>). */
+bool server_harmony_template(const char *tmpl, size_t len);
+/* The format's markup texts (control tokens the parser needs in the text). */
+const char *const *server_harmony_markup(int *n);
+/* Parse the output text[0..n) (what follows the prompt's <|start|>assistant).
+ * Not final: a tail that may become a marker is held back and an unfinished
+ * call does not count. calls false: tool calls are not parsed (their bodies
+ * are content). KS_ERR_NOMEM (h is then empty). Free h with
+ * server_harmony_free. */
+ks_status server_harmony_parse(const char *text, size_t n, bool final, bool calls, struct server_harmony *h);
+void server_harmony_free(struct server_harmony *h);
 /* server_tools_grammar.c: the GBNF (malloc'd *gbnf) whose language is
  * exactly the calls o requires (tool_choice required: one call of any tool,
  * a named one: of that tool; more than one only with o->parallel, and never

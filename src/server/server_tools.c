@@ -34,7 +34,7 @@ enum server_tool_format server_tool_format_detect(const char *tmpl, size_t len)
 
 const char *server_tool_format_name(enum server_tool_format f)
 {
-    static const char *const names[] = {"none", "hermes", "llama3", "mistral", "generic"};
+    static const char *const names[] = {"none", "hermes", "llama3", "mistral", "generic", "harmony"};
     return (unsigned)f < sizeof names / sizeof names[0] ? names[f] : "?";
 }
 

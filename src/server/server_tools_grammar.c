@@ -6,6 +6,8 @@
  *   llama3   {"name": N, "parameters": A}, one call (the templates refuse more)
  *   mistral  [TOOL_CALLS][{"name": N, "arguments": A}, ...]
  *   generic  {"tool_calls": [{"name": N, "arguments": A}, ...]}
+ *   harmony  [an analysis message] <|channel|>commentary to=functions.N <|constrain|>json<|message|>A
+ *            (one call: the model's <|call|> ends the generation)
  * Markup that is one control token of the vocabulary is the terminal <[id]>
  * (the mask never allows a control token otherwise); other markup is text.
  * A schema outside the grammar's subset leaves its arguments any JSON object. */
@@ -112,10 +114,72 @@ static ks_status put_function(struct sbuf *b, const cJSON *fn, int i, const char
     return st;
 }
 
+/* Harmony: the functions o allows, each its name as text and its arguments
+ * after the header; free reasoning may come first, as the model thinks
+ * before it calls. */
+static ks_status harmony_grammar(struct sbuf *b, const struct tokenizer *tok, const cJSON *tools,
+                                 const struct server_tool_opts *o, bool *fell_back)
+{
+    sbuf_puts(b, "root ::= analysis?");
+    put_markup(b, tok, "<|channel|>");
+    put_text(b, "commentary to=functions.");
+    sbuf_puts(b, " fn\nanalysis ::=");
+    put_markup(b, tok, "<|channel|>");
+    put_text(b, "analysis");
+    put_markup(b, tok, "<|message|>");
+    sbuf_puts(b, " [^<]*");
+    put_markup(b, tok, "<|end|>");
+    put_markup(b, tok, "<|start|>");
+    put_text(b, "assistant");
+    sbuf_puts(b, "\nfn ::=");
+    int i = 0, n_fn = 0;
+    const cJSON *t;
+    cJSON_ArrayForEach(t, tools) {
+        const char *name = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(t, "function"), "name")->valuestring;
+        if (o->choice != SERVER_TOOL_NAMED || !strcmp(name, o->name))
+            sbuf_printf(b, "%s fn%d", n_fn++ ? " |" : "", i);
+        i++;
+    }
+    sbuf_puts(b, "\n");
+    ks_status st = KS_OK;
+    i = 0;
+    cJSON_ArrayForEach(t, tools) {
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
+        const cJSON *params = cJSON_GetObjectItemCaseSensitive(fn, "parameters");
+        char args[32];
+        snprintf(args, sizeof args, "args%d", i);
+        if (!st && cJSON_IsObject(params) && cJSON_GetArraySize(params) > 0)
+            st = put_schema(b, params, args, fell_back);
+        else if (!st)
+            sbuf_printf(b, "%s ::= object\n", args);
+        sbuf_printf(b, "fn%d ::=", i);
+        put_text(b, cJSON_GetObjectItemCaseSensitive(fn, "name")->valuestring);
+        put_text(b, " ");
+        put_markup(b, tok, "<|constrain|>");
+        put_text(b, "json");
+        put_markup(b, tok, "<|message|>");
+        sbuf_printf(b, " %s\n", args);
+        i++;
+    }
+    return st;
+}
+
 ks_status server_tools_grammar(enum server_tool_format f, const struct tokenizer *tok, const cJSON *tools,
                                const struct server_tool_opts *o, char **gbnf, bool *fell_back)
 {
     *fell_back = false;
+    if (f == SERVER_TOOLS_HARMONY) {
+        struct sbuf b = {0};
+        ks_status st = harmony_grammar(&b, tok, tools, o, fell_back);
+        sbuf_puts(&b, grammar_json_primitives_gbnf());
+        if (!st && b.oom)
+            st = ks_fail(KS_ERR_NOMEM, "out of memory building the tool-call grammar");
+        if (st)
+            sbuf_free(&b);
+        else
+            *gbnf = b.p;
+        return st;
+    }
     if (f <= SERVER_TOOLS_NONE || f > SERVER_TOOLS_GENERIC)
         return ks_fail(KS_ERR_INVALID_ARG, "the chat template has no tool-call format");
     const struct tool_syntax *sx = &syntaxes[f];

@@ -338,6 +338,26 @@ static bool text_in(const struct tokenizer *t, int32_t id, const char *const *li
     return false;
 }
 
+/* The harmony vocabulary (gpt-oss) ends a generation with <|return|> or
+ * <|call|>; its <|end|> ends one message of several (the analysis before the
+ * answer), so it is not an end of generation there, as in llama.cpp. */
+static void unmark_harmony_end(struct tokenizer *t)
+{
+    int32_t ret = -1, call = -1, end = -1;
+    for (int32_t i = 0; i < t->n_vocab; i++) {
+        if (!t->is_eog[i])
+            continue;
+        if (text_is(t, i, "<|return|>"))
+            ret = i;
+        else if (text_is(t, i, "<|call|>"))
+            call = i;
+        else if (text_is(t, i, "<|end|>"))
+            end = i;
+    }
+    if (ret >= 0 && call >= 0 && end >= 0)
+        t->is_eog[end] = false;
+}
+
 /* llama.cpp finds EOT/EOM and the end-of-generation set by these texts. */
 static void detect_eog(struct tokenizer *t)
 {
@@ -348,7 +368,8 @@ static void detect_eog(struct tokenizer *t)
     static const char *const eom_texts[] = {"<|eom_id|>", NULL};
     static const char *const eog_texts[] = {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>",
                                             "<|endoftext|>", "<|eom_id|>", "<EOT>", "_<EOT>",
-                                            "<|end_of_text|>", "<end_of_utterance>", NULL};
+                                            "<|end_of_text|>", "<end_of_utterance>",
+                                            "<|return|>", "<|call|>", NULL}; /* the last two: o200k_harmony */
     struct tok_special *sp = &t->sp;
     for (int32_t i = 0; i < t->n_vocab; i++) {
         if (sp->eot < 0 && text_in(t, i, eot_texts)) {
@@ -372,6 +393,7 @@ static void detect_eog(struct tokenizer *t)
         t->is_eog[sp->eot] = true;
     if (sp->eom >= 0)
         t->is_eog[sp->eom] = true;
+    unmark_harmony_end(t);
 }
 
 static int cmp_u64(const void *a, const void *b)
