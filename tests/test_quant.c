@@ -950,12 +950,13 @@ static void test_matmul_set_is_each_matmul(void **state)
 }
 
 /* The SIMD SwiGLU agrees with the libm reference over the whole useful range,
- * at every tail length. */
+ * at every tail length, and has its scalar twin's bits (ggml's exponential
+ * lane by lane; test_quant_kquants_ggml checks those against ggml itself). */
 static void test_swiglu_simd_vs_scalar(void **state)
 {
     (void)state;
     enum { N = 4099 };
-    static float g[N], up[N], want[N], got[N];
+    static float g[N], up[N], want[N], got[N], twin[N];
     for (int i = 0; i < N; i++) {
         g[i] = -100.0f + 200.0f * (float)i / N;
         up[i] = 0.5f + (float)(i % 7);
@@ -964,8 +965,12 @@ static void test_swiglu_simd_vs_scalar(void **state)
     for (int n = 0; n <= N; n += n < 40 ? 1 : 613) {
         memcpy(want, g, sizeof g);
         memcpy(got, g, sizeof g);
+        memcpy(twin, g, sizeof g);
         quant_swiglu_scalar(want, up, n);
         quant_swiglu(got, up, n);
+        quant_swiglu_twin(twin, up, n);
+        if (memcmp(got, twin, sizeof got))
+            fail_msg("n=%d: quant_swiglu and its scalar twin differ", n);
         for (int i = 0; i < N; i++) {
             float tol = 1e-6f * fabsf(want[i]) + 1e-30f;
             if (!(fabsf(got[i] - want[i]) <= tol))

@@ -304,9 +304,12 @@ size_t quant_matmul_experts_work_size(enum quant_type wtype, int64_t cols, int64
  * the per-call tables or a thread's weight panel. */
 ks_status quant_matmul_experts(threads_pool *pool, const struct quant_moe_mm *p, void *work, size_t work_size);
 
-/* gate[i] = silu(gate[i]) * up[i] for i < n (SwiGLU), with the best SIMD
- * path; the scalar reference uses libm expf. They agree within 1e-6
- * relative plus 1e-30 absolute. */
+/* gate[i] = silu(gate[i]) * up[i] for i < n (SwiGLU). quant_swiglu gives
+ * llama.cpp's bits (ggml_vec_swiglu_f32 of the CPU backend of this build's
+ * ISA: its vector exponential for whole vectors, libm's expf for the rest);
+ * quant_swiglu_scalar is the plain reference with libm expf everywhere
+ * (ggml's build without SIMD). They agree within 1e-6 relative plus 1e-30
+ * absolute. */
 void quant_swiglu(float *gate, const float *up, int64_t n);
 void quant_swiglu_scalar(float *gate, const float *up, int64_t n);
 /* gpt-oss's clamped SwiGLU, as ggml's swiglu_oai with alpha 1.702, limit 7:

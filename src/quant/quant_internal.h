@@ -91,6 +91,9 @@ QUANT_DECLARE_DOTS(avx2)
 QUANT_DECLARE_DOTS(avx512)
 #endif
 
+/* quant_swiglu's scalar twin: the same bits, element by element (tests). */
+void quant_swiglu_twin(float *gate, const float *up, int64_t n);
+
 /* ---- repacked Q4_0 / Q8_0 weights (quant_repack.c) ------------------------ */
 /* Rows per interleaved group and the bias of stored Q8_0 quants in this
  * build's layout: what the build's fastest kernel reads. */
