@@ -357,6 +357,66 @@ static void print_weights(const struct gguf_file *f, const char *arch)
            w.n_expert ? ", experts counted used / count" : "");
 }
 
+/* ---- RoPE scaling and phi3's features -------------------------------------- */
+
+/* The RoPE scaling a file asks for, as the loader reads it: rope.scaling.type
+ * when present, else LongRoPE for rope_factors_long/short (phi3), llama3-style
+ * factors for rope_freqs, linear for a bare scaling factor. */
+static void print_rope_scaling(const struct gguf_file *f, const char *arch)
+{
+    char key[160];
+    struct gguf_str type;
+    uint32_t orig = 0;
+    float attn = 1.0f, factor = 0.0f;
+    snprintf(key, sizeof key, "%s.rope.scaling.original_context_length", arch);
+    bool has_orig = gguf_get_u32(f, key, &orig) == KS_OK;
+    snprintf(key, sizeof key, "%s.rope.scaling.attn_factor", arch);
+    bool has_attn = gguf_get_f32(f, key, &attn) == KS_OK;
+    snprintf(key, sizeof key, "%s.rope.scaling.factor", arch);
+    bool has_factor = gguf_get_f32(f, key, &factor) == KS_OK && factor != 1.0f && factor != 0.0f;
+    snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
+    const struct gguf_tensor_info *longf = gguf_find_tensor(f, "rope_factors_long.weight");
+    printf("  rope scaling: ");
+    if (longf && gguf_find_tensor(f, "rope_factors_short.weight")) {
+        printf("longrope (rope_factors_short/long, %" PRId64 " factors each: the long ones when the context per "
+               "sequence exceeds ",
+               longf->ne[0]);
+        if (has_orig)
+            printf("%u tokens", orig);
+        else
+            printf("the trained context");
+        printf("; cos and sin scaled by attn_factor %g)\n", (double)attn);
+        return;
+    }
+    if (gguf_get_str(f, key, &type) == KS_OK)
+        printf("%.*s", (int)(type.len > 32 ? 32 : type.len), type.data);
+    else if (gguf_find_tensor(f, "rope_freqs.weight"))
+        printf("per-dimension factors (rope_freqs)");
+    else
+        printf(has_factor ? "linear" : "none");
+    if (has_factor)
+        printf(", factor %g", (double)factor);
+    if (has_attn)
+        printf(", attn_factor %g", (double)attn);
+    printf("\n");
+}
+
+/* phi3: fused projections, and the sliding window its file stores but
+ * llama.cpp (so kvserve) does not apply. */
+static void print_phi3_features(const struct gguf_file *f, const char *arch)
+{
+    if (strcmp(arch, "phi3"))
+        return;
+    bool qkv = gguf_find_tensor(f, "blk.0.attn_qkv.weight"), up = gguf_find_tensor(f, "blk.0.ffn_up.weight");
+    if (qkv || up)
+        printf("  fused projections: %s%s%s\n", qkv ? "attn_qkv (Q, K, V rows)" : "", qkv && up ? ", " : "",
+               up ? "ffn_up (gate rows, then up rows)" : "");
+    uint32_t swa = 0;
+    if (arch_u32(f, arch, "attention.sliding_window", &swa) == KS_OK && swa > 0)
+        printf("  sliding window: %u tokens in the file, not applied (llama.cpp turns phi3's window off; "
+               "every layer attends to the whole context)\n", swa);
+}
+
 static void print_memory(const struct gguf_file *f, uint64_t weight_bytes, size_t kv_mem)
 {
     char h[32];
@@ -368,6 +428,10 @@ static void print_memory(const struct gguf_file *f, uint64_t weight_bytes, size_
         !memchr(arch.data, '\0', (size_t)arch.len))
         memcpy(arch_name, arch.data, (size_t)arch.len);
     print_weights(f, arch_name);
+    if (arch_name[0]) {
+        print_rope_scaling(f, arch_name);
+        print_phi3_features(f, arch_name);
+    }
     struct info_kv_shape shape;
     if (read_kv_shape(f, &shape)) {
         printf("  KV cache: n/a (%s)\n", ks_errmsg());
@@ -397,7 +461,7 @@ static void print_layer_list(const struct model_hparams *hp, bool swa)
 
 static void print_rope(const struct model_hparams *hp)
 {
-    static const char *const scaling[] = {"none", "linear", "llama3", "YaRN"};
+    static const char *const scaling[] = {"none", "linear", "llama3", "LongRoPE", "YaRN"};
     printf("  rope: %s, base %g, %d of %d dims, scaling %s", hp->rope_type == MODEL_ROPE_NEOX ? "neox" : "normal",
            (double)hp->rope_freq_base, hp->n_rot, hp->head_dim_k, scaling[hp->rope_scaling]);
     if (hp->rope_scaling == MODEL_ROPE_SCALING_YARN)

@@ -120,7 +120,7 @@ struct serve_state {
 
 /* The cache: the user's KV flags; without --kv-mem, room for every
  * sequence at full context, at most a quarter of RAM. */
-static void kv_setup(const struct serve_opts *o, const struct model *m, int32_t ctx, struct kv_config *cfg)
+static void kv_setup(const struct serve_opts *o, struct model *m, int32_t ctx, struct kv_config *cfg)
 {
     cli_kv_config(m, &o->load.kv, ctx, cfg);
     if (!o->load.kv.mem) {

@@ -19,8 +19,9 @@ ks_status cli_load_model(const char *path, const struct cli_model_flags *f, stru
     return model_load_flags(path, flags, out);
 }
 
-void cli_kv_config(const struct model *m, const struct cli_kv_flags *f, int64_t n_tokens, struct kv_config *cfg)
+void cli_kv_config(struct model *m, const struct cli_kv_flags *f, int64_t n_tokens, struct kv_config *cfg)
 {
+    model_set_n_ctx(m, n_tokens > INT32_MAX ? INT32_MAX : (int32_t)n_tokens); /* before the fingerprint */
     model_kv_config(m, cfg);
     cli_kv_flags_apply(f, cfg);
     cfg->mem_budget = f->mem ? f->mem : cli_kv_budget_for(cfg, n_tokens);

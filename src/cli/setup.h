@@ -23,8 +23,10 @@ const char *cli_model_path(const char *cmd, const char *given, char *buf, size_t
 ks_status cli_load_model(const char *path, const struct cli_model_flags *f, struct model **out);
 
 /* The model's KV shape with the user's KV flags; the budget is --kv-mem,
- * else whole pages for n_tokens of one sequence (cli_kv_budget_for). */
-void cli_kv_config(const struct model *m, const struct cli_kv_flags *f, int64_t n_tokens, struct kv_config *cfg);
+ * else whole pages for n_tokens of one sequence (cli_kv_budget_for).
+ * n_tokens is the context of one sequence: it also picks a LongRoPE model's
+ * factor set (model_set_n_ctx), as llama.cpp's n_ctx does. */
+void cli_kv_config(struct model *m, const struct cli_kv_flags *f, int64_t n_tokens, struct kv_config *cfg);
 
 struct cli_engine {
     struct model *model;

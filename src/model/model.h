@@ -1,4 +1,4 @@
-/* model: Llama-family transformers (llama, qwen2, qwen3) and their
+/* model: Llama-family transformers (llama, qwen2, qwen3, phi3) and their
  * mixture-of-experts forms (qwen3moe; llama with experts, i.e. Mixtral;
  * gpt-oss, with sinks, sliding windows, biases and YaRN) loaded
  * from GGUF and run on the CPU. Every hyper-parameter comes from the file's
@@ -20,10 +20,16 @@
 #include "status/status.h"
 #include "threads/threads.h"
 
-enum model_arch { MODEL_ARCH_LLAMA, MODEL_ARCH_QWEN2, MODEL_ARCH_QWEN3, MODEL_ARCH_QWEN3MOE, MODEL_ARCH_GPT_OSS };
+enum model_arch {
+    MODEL_ARCH_LLAMA, MODEL_ARCH_QWEN2, MODEL_ARCH_QWEN3, MODEL_ARCH_QWEN3MOE, MODEL_ARCH_PHI3, MODEL_ARCH_GPT_OSS
+};
 enum model_rope_type { MODEL_ROPE_NORMAL, MODEL_ROPE_NEOX };
 enum model_rope_scaling {
-    MODEL_ROPE_SCALING_NONE, MODEL_ROPE_SCALING_LINEAR, MODEL_ROPE_SCALING_LLAMA3, MODEL_ROPE_SCALING_YARN
+    MODEL_ROPE_SCALING_NONE,
+    MODEL_ROPE_SCALING_LINEAR,
+    MODEL_ROPE_SCALING_LLAMA3,
+    MODEL_ROPE_SCALING_LONGROPE, /* phi3: per-dimension short/long factors (rope_factors_short/long) */
+    MODEL_ROPE_SCALING_YARN,
 };
 
 struct model_hparams {
@@ -56,6 +62,14 @@ struct model_hparams {
     int n_expert;              /* expert_count; 0: dense */
     int n_expert_used;         /* expert_used_count */
     int n_ff_exp;              /* expert_feed_forward_length (qwen3moe), else n_ff */
+    /* phi3: fused projections and LongRoPE */
+    bool has_fused_qkv;        /* one attn_qkv matrix: Q, K, V are its row ranges */
+    bool has_fused_gate_up;    /* ffn_up holds the gate rows, then the up rows */
+    int rope_n_ctx_orig;       /* rope.scaling.original_context_length, else n_ctx_train: LongRoPE's
+                                  long factors apply to contexts longer than this */
+    float rope_attn_factor;    /* rope.scaling.attn_factor, else 1: cos and sin are scaled by it */
+    int n_swa_stored;          /* phi3.attention.sliding_window as the file says (0: none); not
+                                  applied, as llama.cpp does not apply it */
     /* gpt-oss's features, as llama.cpp's openai-moe runs them (0 / false: off) */
     struct {
         int n_swa;                 /* attention.sliding_window: the window of sliding layers */
@@ -68,8 +82,9 @@ struct model_hparams {
         bool softmax_after_topk;   /* routing: top-k of the logits, softmax over those k */
         bool swiglu_oai;           /* experts' activation: quant_swiglu_oai (alpha 1.702, limit 7) */
     } oai;
-    /* YaRN (rope_scaling YARN): rope.scaling.original_context_length, the
-     * ramp's beta_fast / beta_slow, and the magnitude scale of cos and sin */
+    /* YaRN (rope_scaling YARN): rope.scaling.original_context_length (as
+     * rope_n_ctx_orig), the ramp's beta_fast / beta_slow, and the magnitude
+     * scale of cos and sin (rope_attn_factor included) */
     int rope_yarn_orig_ctx;
     float rope_yarn_beta_fast, rope_yarn_beta_slow, rope_yarn_mscale;
 };
@@ -113,8 +128,20 @@ uint64_t model_weight_bytes(const struct model *m);
  * are read). Equals model_weight_bytes for a dense model. */
 uint64_t model_active_weight_bytes(const struct model *m);
 
+/* The context length of one sequence, as llama.cpp's n_ctx per sequence: a
+ * LongRoPE model (phi3 with rope_factors_long/short) rotates with its long
+ * factors when n_ctx_seq exceeds hparams.rope_n_ctx_orig and with its short
+ * ones otherwise. A loaded model assumes n_ctx_train (llama.cpp's default
+ * context). Call it before making contexts and caches: the choice is part of
+ * model_fingerprint, since K in a cache keeps the rotation it was written
+ * with. No effect on other models. */
+void model_set_n_ctx(struct model *m, int32_t n_ctx_seq);
+/* true when the long factors are in use (LongRoPE models only). */
+bool model_rope_long(const struct model *m);
+
 /* XXH3-128 of the file's metadata and tensor table (gguf_header_bytes): a
- * different model or quantization gives a different fingerprint. */
+ * different model or quantization gives a different fingerprint (a LongRoPE
+ * model's also differs between its short and long factors). */
 void model_fingerprint(const struct model *m, uint8_t out[16]);
 
 /* A kv_config shaped for this model (layers, KV heads, head_dim, and its
@@ -151,7 +178,8 @@ ks_status model_forward(struct model_ctx *c, struct kv_cache *kv, const struct m
 /* A deterministic random model of a real architecture's shapes, for benchmarks,
  * the built-in default model and tests. Same spec and seed give the same file. */
 struct model_synth_spec {
-    const char *arch;          /* "llama", "qwen2" (QKV bias), "qwen3" (Q/K norm), "qwen3moe" or "gpt-oss" */
+    const char *arch;          /* "llama", "qwen2" (QKV bias), "qwen3" (Q/K norm), "qwen3moe", "phi3"
+                                  (fused QKV and gate/up) or "gpt-oss" */
     int n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff;
     int n_expert, n_expert_used; /* n_expert > 0: MoE FFN (llama: Mixtral; qwen3moe needs it) */
     int n_ff_exp;              /* each expert's FFN width (0: n_ff) */
@@ -165,6 +193,11 @@ struct model_synth_spec {
     uint64_t seed;
     float init_std;            /* std of the matrices (0: 0.02) */
     float embd_std;            /* std of token_embd (0: init_std) */
+    /* phi3 */
+    int n_rot;                 /* rope.dimension_count (0: head_dim) */
+    int n_ctx_orig;            /* > 0: LongRoPE: rope.scaling.original_context_length, rope.scaling.attn_factor
+                                  and rope_factors_long/short, as convert_hf_to_gguf writes a 128k Phi-3.5 */
+    int sliding_window;        /* phi3.attention.sliding_window (written for phi3 only) */
     /* gpt-oss */
     int n_swa;                 /* sliding window of the even layers */
     float rope_yarn_factor;    /* > 1: YaRN rope.scaling.factor */
@@ -173,7 +206,8 @@ struct model_synth_spec {
 
 /* Fill spec from a preset name: llama-1b, smollm2-135m, qwen3-0.6b, tiny,
  * qwen3moe-30b-a3b, mixtral-8x7b, tiny-qwen3moe, tiny-mixtral,
- * tiny-qwen3moe-ties, gpt-oss-20b, tiny-gpt-oss. */
+ * tiny-qwen3moe-ties, phi3-mini, phi4-mini, tiny-phi3, tiny-phi3-short,
+ * gpt-oss-20b, tiny-gpt-oss. */
 ks_status model_synth_preset(const char *name, struct model_synth_spec *spec);
 /* Space-separated preset names, for help text. */
 const char *model_synth_preset_names(void);

@@ -271,21 +271,16 @@ static float yarn_angle(const struct model *m, int i, float theta_extrap)
 
 /* Angles as llama.cpp computes them: theta_i = p * theta_scale^i by repeated
  * multiplication, divided by the per-frequency factor, times freq_scale (or
- * YaRN's mix, with cos and sin scaled by its magnitude). */
+ * YaRN's mix); cos and sin scaled by its attn_factor (mscale: 1 but for
+ * LongRoPE and YaRN). */
 static void rope_angles(const struct model *m, int32_t pos, float *cs)
 {
-    float theta = (float)pos;
+    float theta = (float)pos, mscale = m->rope_mscale;
     for (int i = 0; i < m->hp.n_rot / 2; i++) {
         float ff = m->rope_freq_factors ? m->rope_freq_factors[i] : 1.0f;
-        if (m->rope_ext_factor != 0.0f) {
-            float t = yarn_angle(m, i, theta / ff);
-            cs[2 * i] = cosf(t) * m->hp.rope_yarn_mscale;
-            cs[2 * i + 1] = sinf(t) * m->hp.rope_yarn_mscale;
-        } else {
-            float t = m->rope_freq_scale * (theta / ff);
-            cs[2 * i] = cosf(t);
-            cs[2 * i + 1] = sinf(t);
-        }
+        float t = m->rope_ext_factor != 0.0f ? yarn_angle(m, i, theta / ff) : m->rope_freq_scale * (theta / ff);
+        cs[2 * i] = cosf(t) * mscale;
+        cs[2 * i + 1] = sinf(t) * mscale;
         theta *= m->rope_theta_scale;
     }
 }

@@ -35,6 +35,9 @@ static inline struct model_mat model_expert_mat(const struct model_experts *x, i
 
 struct model_layer {
     const float *attn_norm;                  /* (n_embd) */
+    /* phi3's fused attn_qkv (n_head * head_dim_k + 2 * n_head_kv * head_dim_k, n_embd) and fused
+     * ffn_up (2 * n_ff, n_embd) are not matrices of their own here: wq, wk, wv and w_gate, w_up
+     * are their row ranges (rows of a row-major matrix are contiguous), each repacked on its own. */
     struct model_mat wq;                     /* (n_head * head_dim_k, n_embd) */
     struct model_mat wk;                     /* (n_head_kv * head_dim_k, n_embd) */
     struct model_mat wv;                     /* (n_head_kv * head_dim_v, n_embd) */
@@ -74,9 +77,13 @@ struct model {
     /* RoPE: position p rotates pair i by p * freq_scale * theta_scale^i / freq_factors[i] */
     float rope_theta_scale;
     float rope_freq_scale;
-    float *rope_freq_factors;                /* (n_rot / 2); NULL: all 1 */
+    float *rope_freq_factors;                /* (n_rot / 2); NULL: all 1. LongRoPE: the set in use */
+    float rope_mscale;                       /* cos and sin are scaled by it (LongRoPE's attn_factor), else 1 */
+    /* phi3 LongRoPE: both sets, (n_rot / 2) each, one allocation; rope_freq_factors holds a copy of one */
+    float *rope_factors_short, *rope_factors_long;
+    bool rope_long;                          /* model_set_n_ctx chose the long set */
     /* YaRN: pair i mixes extrapolated and interpolated angles by the ramp
-     * between the corr dims; cos and sin are scaled by hp.rope_yarn_mscale */
+     * between the corr dims (cos and sin scaled by rope_mscale) */
     float rope_ext_factor;                   /* 0: off */
     float rope_yarn_corr[2];
     uint64_t weight_bytes;

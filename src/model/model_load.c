@@ -1,4 +1,4 @@
-/* model: load a llama / qwen2 / qwen3 / qwen3moe / gpt-oss GGUF (llama with
+/* model: load a llama / qwen2 / qwen3 / qwen3moe / phi3 / gpt-oss GGUF (llama with
  * experts is Mixtral). Hyper-parameters come from the metadata; every tensor is checked
  * for presence, shape and a usable type, and matrices are used in place from
  * the mapping. */
@@ -19,14 +19,16 @@ struct arch_info {
     bool needs_qkv_bias;
     bool needs_qk_norm;
     bool needs_experts;
+    bool fused_qkv_gate_up;  /* phi3: attn_qkv (or attn_q/k/v) and a fused ffn_up */
 };
 
 static const struct arch_info g_archs[] = {
-    {"llama", MODEL_ARCH_LLAMA, MODEL_ROPE_NORMAL, false, false, false},
-    {"qwen2", MODEL_ARCH_QWEN2, MODEL_ROPE_NEOX, true, false, false},
-    {"qwen3", MODEL_ARCH_QWEN3, MODEL_ROPE_NEOX, false, true, false},
-    {"qwen3moe", MODEL_ARCH_QWEN3MOE, MODEL_ROPE_NEOX, false, true, true},
-    {"gpt-oss", MODEL_ARCH_GPT_OSS, MODEL_ROPE_NEOX, true, false, true},
+    {"llama", MODEL_ARCH_LLAMA, MODEL_ROPE_NORMAL, false, false, false, false},
+    {"qwen2", MODEL_ARCH_QWEN2, MODEL_ROPE_NEOX, true, false, false, false},
+    {"qwen3", MODEL_ARCH_QWEN3, MODEL_ROPE_NEOX, false, true, false, false},
+    {"qwen3moe", MODEL_ARCH_QWEN3MOE, MODEL_ROPE_NEOX, false, true, true, false},
+    {"phi3", MODEL_ARCH_PHI3, MODEL_ROPE_NEOX, false, false, false, true},
+    {"gpt-oss", MODEL_ARCH_GPT_OSS, MODEL_ROPE_NEOX, true, false, true, false},
 };
 
 static const struct arch_info *arch_find(const struct gguf_str *s)
@@ -235,17 +237,73 @@ static void llama3_factors(const struct model_hparams *hp, float *ff)
     }
 }
 
-static ks_status read_rope_freqs_tensor(struct model *m, const struct gguf_tensor_info *t)
+/* A vector of n_rot / 2 positive per-dimension frequency factors (rope_freqs,
+ * rope_factors_long / short), converted to f32 into out. */
+static ks_status read_factors_tensor(const struct model *m, const struct gguf_tensor_info *t, float *out)
 {
     const struct model_hparams *hp = &m->hp;
     const struct quant_traits *tr = quant_traits(t->type);
     if (t->n_dims != 1 || t->ne[0] != hp->n_rot / 2 || !tr || !tr->to_float)
-        return ks_fail(KS_ERR_FORMAT, "tensor rope_freqs.weight must be a vector of %d f32 (n_rot / 2)",
-                       hp->n_rot / 2);
-    tr->to_float(t->data, m->rope_freq_factors, t->ne[0]);
+        return ks_fail(KS_ERR_FORMAT, "tensor %s must be a vector of %d f32 (n_rot / 2)", t->name, hp->n_rot / 2);
+    tr->to_float(t->data, out, t->ne[0]);
     for (int i = 0; i < hp->n_rot / 2; i++)
-        if (!(m->rope_freq_factors[i] > 0) || !isfinite(m->rope_freq_factors[i]))
-            return ks_fail(KS_ERR_FORMAT, "tensor rope_freqs.weight has a non-positive factor at %d", i);
+        if (!(out[i] > 0) || !isfinite(out[i]))
+            return ks_fail(KS_ERR_FORMAT, "tensor %s has a non-positive factor at %d", t->name, i);
+    return KS_OK;
+}
+
+static ks_status read_rope_freqs_tensor(struct model *m, const struct gguf_tensor_info *t)
+{
+    return read_factors_tensor(m, t, m->rope_freq_factors);
+}
+
+/* ---- phi3: LongRoPE ------------------------------------------------------- */
+
+/* rope_factors_short / rope_factors_long (both or neither, one copy for all
+ * layers, as convert_hf_to_gguf writes them). llama.cpp rotates with the long
+ * set when its context per sequence exceeds the original training context
+ * (model_set_n_ctx); the magnitude scaling is rope.scaling.attn_factor, read
+ * for every architecture in read_rope. */
+static ks_status read_longrope(struct model *m)
+{
+    struct model_hparams *hp = &m->hp;
+    const struct gguf_tensor_info *sh = gguf_find_tensor(m->file, "rope_factors_short.weight");
+    const struct gguf_tensor_info *lo = gguf_find_tensor(m->file, "rope_factors_long.weight");
+    if (!sh && !lo)
+        return KS_OK;
+    if (!sh || !lo)
+        return ks_fail(KS_ERR_FORMAT, "tensor %s is present but %s is missing (LongRoPE needs both)",
+                       sh ? "rope_factors_short.weight" : "rope_factors_long.weight",
+                       sh ? "rope_factors_long.weight" : "rope_factors_short.weight");
+    size_t half = (size_t)(hp->n_rot / 2);
+    float *both = malloc(sizeof(float) * 2 * half);
+    m->rope_freq_factors = malloc(sizeof(float) * half);
+    m->rope_factors_short = both;
+    m->rope_factors_long = both ? both + half : NULL;
+    if (!both || !m->rope_freq_factors)
+        return ks_fail(KS_ERR_NOMEM, "out of memory for rope factors");
+    ks_status st;
+    if ((st = read_factors_tensor(m, sh, both)) || (st = read_factors_tensor(m, lo, both + half)))
+        return st;
+    hp->rope_scaling = MODEL_ROPE_SCALING_LONGROPE;
+    model_set_n_ctx(m, hp->n_ctx_train);
+    return KS_OK;
+}
+
+/* attention.sliding_window as stored: llama.cpp reads it for phi3 and then
+ * turns it off (its "Phi SWA is currently disabled"), so it is shown, not run.
+ * 0 is valid here (convert_hf_to_gguf writes 0 for Phi-4). */
+static ks_status read_stored_window(const struct gguf_file *f, const char *a, struct model_hparams *hp)
+{
+    char key[128];
+    uint32_t v = 0;
+    snprintf(key, sizeof key, "%s.attention.sliding_window", a);
+    ks_status st = gguf_get_u32(f, key, &v);
+    if (st && st != KS_ERR_NOT_FOUND)
+        return st;
+    if (v > (1u << 30))
+        return ks_fail(KS_ERR_FORMAT, "metadata %s = %u is out of range", key, v);
+    hp->n_swa_stored = (int)v;
     return KS_OK;
 }
 
@@ -274,16 +332,10 @@ static float yarn_get_mscale(float scale, float mscale)
  * scale, divided by the magnitude ggml's rope
  * multiplies back in, times rope.scaling.attn_factor; the corr dims from
  * the beta bounds and the original context. */
-static ks_status read_yarn(struct model *m, const char *a, float factor)
+static ks_status read_yarn(struct model *m, float factor)
 {
     struct model_hparams *hp = &m->hp;
-    const struct gguf_file *f = m->file;
-    float attn_factor = 1.0f;
-    ks_status st;
-    if ((st = meta_int(f, a, "rope.scaling.original_context_length", false, hp->n_ctx_train,
-                       &hp->rope_yarn_orig_ctx)) ||
-        (st = meta_float(f, a, "rope.scaling.attn_factor", false, 1.0f, &attn_factor)))
-        return st;
+    hp->rope_yarn_orig_ctx = hp->rope_n_ctx_orig;
     hp->rope_yarn_beta_fast = YARN_BETA_FAST;
     hp->rope_yarn_beta_slow = YARN_BETA_SLOW;
     hp->rope_scaling = MODEL_ROPE_SCALING_YARN;
@@ -292,8 +344,9 @@ static ks_status read_yarn(struct model *m, const char *a, float factor)
     float scale = 1.0f / m->rope_freq_scale;
     float attn = yarn_get_mscale(scale, 1.0f);
     attn *= 1.0f / (1.0f + 0.1f * logf(scale));
-    attn *= attn_factor;
+    attn *= hp->rope_attn_factor;
     hp->rope_yarn_mscale = attn * (1.0f + 0.1f * logf(1.0f / m->rope_freq_scale));
+    m->rope_mscale = hp->rope_yarn_mscale;
     float lo = floorf(yarn_corr_dim(hp->n_rot, hp->rope_yarn_orig_ctx, hp->rope_yarn_beta_fast, hp->rope_freq_base));
     float hi = ceilf(yarn_corr_dim(hp->n_rot, hp->rope_yarn_orig_ctx, hp->rope_yarn_beta_slow, hp->rope_freq_base));
     m->rope_yarn_corr[0] = lo > 0.0f ? lo : 0.0f;
@@ -318,6 +371,15 @@ static ks_status read_rope(struct model *m, const char *a)
     hp->rope_scale_factor = factor;
     m->rope_freq_scale = 1.0f;
     m->rope_theta_scale = powf(hp->rope_freq_base, -2.0f / (float)hp->n_rot);
+    /* llama.cpp multiplies its rope attn_factor (cos and sin) by this key's value for every architecture */
+    if ((st = meta_float(f, a, "rope.scaling.attn_factor", false, 1.0f, &hp->rope_attn_factor)) ||
+        (st = meta_int(f, a, "rope.scaling.original_context_length", false, hp->n_ctx_train, &hp->rope_n_ctx_orig)))
+        return st;
+    if (!(hp->rope_attn_factor > 0))
+        return ks_fail(KS_ERR_FORMAT, "%s.rope.scaling.attn_factor must be positive", a);
+    m->rope_mscale = hp->rope_attn_factor;
+    if (hp->arch == MODEL_ARCH_PHI3) /* llama.cpp's phi3 has no rope_freqs and no scaling type */
+        return read_longrope(m);
 
     snprintf(key, sizeof key, "%s.rope.scaling.type", a);
     bool has_type;
@@ -350,7 +412,7 @@ static ks_status read_rope(struct model *m, const char *a)
         return KS_OK;
     }
     if (is_yarn)
-        return read_yarn(m, a, factor);
+        return read_yarn(m, factor);
     if (is_linear || (!has_type && factor != 1.0f)) {
         hp->rope_scaling = MODEL_ROPE_SCALING_LINEAR;
         m->rope_freq_scale = 1.0f / factor;
@@ -475,6 +537,48 @@ static uint64_t mat_bytes(const struct model_mat *w)
     return (uint64_t)quant_row_size(w->type, w->cols) * (uint64_t)w->rows;
 }
 
+/* Rows first .. first + n of w, a matrix of their own (rows are contiguous). */
+static struct model_mat mat_rows(const struct model_mat *w, int64_t first, int64_t n)
+{
+    size_t row_bytes = quant_row_size(w->type, w->cols);
+    return (struct model_mat){.data = (const uint8_t *)w->data + (size_t)first * row_bytes, .type = w->type,
+                              .rows = n, .cols = w->cols};
+}
+
+/* phi3: blk.N.attn_qkv holds Q's rows, then K's, then V's (llama.cpp views its
+ * output at those offsets). A file with separate attn_q/k/v loads as llama's. */
+static ks_status load_fused_qkv(struct loader *ld, int il, struct model_layer *L)
+{
+    const struct model_hparams *hp = &ld->m->hp;
+    int64_t q_out = (int64_t)hp->n_head * hp->head_dim_k, kv_out = (int64_t)hp->n_head_kv * hp->head_dim_k;
+    char n[96];
+    snprintf(n, sizeof n, "blk.%d.attn_qkv.weight", il);
+    struct model_mat qkv;
+    ks_status st = load_mat(ld, n, q_out + 2 * kv_out, hp->n_embd, true, &qkv);
+    if (st)
+        return st;
+    L->wq = mat_rows(&qkv, 0, q_out);
+    L->wk = mat_rows(&qkv, q_out, kv_out);
+    L->wv = mat_rows(&qkv, q_out + kv_out, kv_out);
+    return KS_OK;
+}
+
+/* phi3: blk.N.ffn_up is (2 * n_ff, n_embd): ggml_swiglu takes the first half
+ * as the gate (through SiLU) and the second as up. */
+static ks_status load_fused_gate_up(struct loader *ld, int il, struct model_layer *L)
+{
+    const struct model_hparams *hp = &ld->m->hp;
+    char n[96];
+    snprintf(n, sizeof n, "blk.%d.ffn_up.weight", il);
+    struct model_mat gate_up;
+    ks_status st = load_mat(ld, n, 2 * (int64_t)hp->n_ff, hp->n_embd, true, &gate_up);
+    if (st)
+        return st;
+    L->w_gate = mat_rows(&gate_up, 0, hp->n_ff);
+    L->w_up = mat_rows(&gate_up, hp->n_ff, hp->n_ff);
+    return KS_OK;
+}
+
 static ks_status load_layer(struct loader *ld, int il, const struct arch_info *ai)
 {
     const struct model_hparams *hp = &ld->m->hp;
@@ -485,10 +589,13 @@ static ks_status load_layer(struct loader *ld, int il, const struct arch_info *a
     char n[96];
     ks_status st;
 #define NAME(s) (snprintf(n, sizeof n, "blk.%d." s, il), n)
+    bool fused_qkv = ai->fused_qkv_gate_up && gguf_find_tensor(ld->m->file, NAME("attn_qkv.weight"));
+    if (fused_qkv && (st = load_fused_qkv(ld, il, L)))
+        return st;
     if ((st = load_vec(ld, NAME("attn_norm.weight"), E, true, &L->attn_norm)) ||
-        (st = load_mat(ld, NAME("attn_q.weight"), q_out, E, true, &L->wq)) ||
-        (st = load_mat(ld, NAME("attn_k.weight"), k_out, E, true, &L->wk)) ||
-        (st = load_mat(ld, NAME("attn_v.weight"), v_out, E, true, &L->wv)) ||
+        (st = load_mat(ld, NAME("attn_q.weight"), q_out, E, !fused_qkv, &L->wq)) ||
+        (st = load_mat(ld, NAME("attn_k.weight"), k_out, E, !fused_qkv, &L->wk)) ||
+        (st = load_mat(ld, NAME("attn_v.weight"), v_out, E, !fused_qkv, &L->wv)) ||
         (st = load_mat(ld, NAME("attn_output.weight"), E, o_in, true, &L->wo)) ||
         (st = load_vec(ld, NAME("attn_q.bias"), q_out, ai->needs_qkv_bias, &L->bq)) ||
         (st = load_vec(ld, NAME("attn_k.bias"), k_out, ai->needs_qkv_bias, &L->bk)) ||
@@ -511,9 +618,11 @@ static ks_status load_layer(struct loader *ld, int il, const struct arch_info *a
             gguf_find_tensor(ld->m->file, NAME("ffn_gate_inp.weight")))
             return ks_fail(KS_ERR_FORMAT, "tensor '%s' is present but metadata %s.expert_count is missing", n,
                            hp->arch_name);
-        if ((st = load_mat(ld, NAME("ffn_gate.weight"), hp->n_ff, E, true, &L->w_gate)) ||
-            (st = load_mat(ld, NAME("ffn_up.weight"), hp->n_ff, E, true, &L->w_up)) ||
-            (st = load_mat(ld, NAME("ffn_down.weight"), E, hp->n_ff, true, &L->w_down)))
+        if (ai->fused_qkv_gate_up ? (st = load_fused_gate_up(ld, il, L))
+                                  : ((st = load_mat(ld, NAME("ffn_gate.weight"), hp->n_ff, E, true, &L->w_gate)) ||
+                                     (st = load_mat(ld, NAME("ffn_up.weight"), hp->n_ff, E, true, &L->w_up))))
+            return st;
+        if ((st = load_mat(ld, NAME("ffn_down.weight"), E, hp->n_ff, true, &L->w_down)))
             return st;
         uint64_t ffn = mat_bytes(&L->w_gate) + mat_bytes(&L->w_up) + mat_bytes(&L->w_down);
         ld->m->weight_bytes += attn + ffn;
@@ -590,6 +699,8 @@ static ks_status load_tensors(struct model *m, const struct arch_info *ai)
             return st;
     m->hp.has_qkv_bias = m->layers[0].bq != NULL;
     m->hp.has_qk_norm = ai->needs_qk_norm;
+    m->hp.has_fused_qkv = ai->fused_qkv_gate_up && gguf_find_tensor(m->file, "blk.0.attn_qkv.weight");
+    m->hp.has_fused_gate_up = ai->fused_qkv_gate_up;
     for (int il = 1; il < hp->n_layer; il++)
         if ((m->layers[il].bq != NULL) != m->hp.has_qkv_bias || (m->layers[il].bk != NULL) != m->hp.has_qkv_bias ||
             (m->layers[il].bv != NULL) != m->hp.has_qkv_bias)
@@ -672,13 +783,15 @@ static ks_status load_file(struct model *m)
     const struct arch_info *ai = arch_find(&s);
     if (!ai)
         return ks_fail(KS_ERR_UNSUPPORTED,
-                       "architecture '%.*s' is not supported (kvserve runs llama, qwen2, qwen3, qwen3moe, gpt-oss)",
+                       "architecture '%.*s' is not supported (kvserve runs llama, qwen2, qwen3, qwen3moe, phi3, "
+                       "gpt-oss)",
                        (int)(s.len > 64 ? 64 : s.len), s.data);
     m->hp.arch = ai->arch;
     m->hp.arch_name = ai->name;
     m->hp.rope_type = ai->rope_type;
     if ((st = read_shape(m->file, ai->name, &m->hp)) ||
         (st = read_experts(m->file, ai->name, ai->needs_experts, &m->hp)) || (st = read_rope(m, ai->name)) ||
+        (ai->arch == MODEL_ARCH_PHI3 && (st = read_stored_window(m->file, ai->name, &m->hp))) ||
         (ai->arch == MODEL_ARCH_GPT_OSS && (st = read_gpt_oss(m->file, ai->name, &m->hp))) ||
         (st = read_vocab_size(m->file, ai->name, &m->hp.n_vocab)))
         return st;
@@ -716,6 +829,7 @@ void model_free(struct model *m)
     free(m->layers);
     free(m->vec_store);
     free(m->rope_freq_factors);
+    free(m->rope_factors_short); /* one block with rope_factors_long */
     free(m);
 }
 
@@ -734,11 +848,24 @@ void model_kv_config(const struct model *m, struct kv_config *cfg)
     model_fingerprint(m, cfg->fingerprint);
 }
 
+void model_set_n_ctx(struct model *m, int32_t n_ctx_seq)
+{
+    if (m->hp.rope_scaling != MODEL_ROPE_SCALING_LONGROPE)
+        return;
+    m->rope_long = n_ctx_seq > m->hp.rope_n_ctx_orig;
+    memcpy(m->rope_freq_factors, m->rope_long ? m->rope_factors_long : m->rope_factors_short,
+           sizeof(float) * (size_t)(m->hp.n_rot / 2));
+}
+
+bool model_rope_long(const struct model *m) { return m->rope_long; }
+
 void model_fingerprint(const struct model *m, uint8_t out[16])
 {
     size_t len = 0;
     const void *header = gguf_header_bytes(m->file, &len);
     XXH128_hash_t h = XXH3_128bits(header, len);
+    if (m->rope_long) /* K rotated with the long factors is another cache's */
+        h = XXH3_128bits_withSeed(header, len, 1);
     memcpy(out, &h.low64, 8);
     memcpy(out + 8, &h.high64, 8);
 }

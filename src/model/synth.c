@@ -60,26 +60,72 @@ static const struct {
     {"tiny-gpt-oss", 16, 32.0f, 4096},
 };
 
+/* phi3 presets: a preset's shapes plus the vocabulary size, the rotated
+ * dimensions, LongRoPE's original context (0: none) and the stored window. */
+struct phi3_preset {
+    struct preset base;
+    int n_vocab, n_rot, n_ctx_orig, sliding_window;
+};
+
+static const struct phi3_preset g_phi3_presets[] = {
+    /* Phi-3.5-mini-instruct: untied output, 128k LongRoPE from 4k */
+    {{.name = "phi3-mini", .arch = "phi3", .dim = 3072, .layers = 32, .heads = 32, .kv_heads = 32, .head_dim = 96,
+      .ffn = 8192, .n_ctx_train = 131072, .rope_freq_base = 10000.0f, .rms_eps = 1e-5f, .untied = true},
+     .n_vocab = 32064, .n_ctx_orig = 4096, .sliding_window = 262144},
+    /* Phi-4-mini-instruct: tied embeddings, GQA, 3/4 of each head rotated */
+    {{.name = "phi4-mini", .arch = "phi3", .dim = 3072, .layers = 32, .heads = 24, .kv_heads = 8, .head_dim = 128,
+      .ffn = 8192, .n_ctx_train = 131072, .rope_freq_base = 10000.0f, .rms_eps = 1e-5f},
+     .n_vocab = 200064, .n_rot = 96, .n_ctx_orig = 4096, .sliding_window = 262144},
+    /* for tests against llama.cpp: an original context of 64 is shorter than
+     * any context llama.cpp makes (dumpref's), so its long factors and an
+     * attn_factor of sqrt(2) are in play; partial rotation as Phi-4-mini */
+    {{.name = "tiny-phi3", .arch = "phi3", .dim = 256, .layers = 2, .heads = 4, .kv_heads = 2, .head_dim = 64,
+      .ffn = 256, .n_ctx_train = 4096, .rope_freq_base = 10000.0f, .rms_eps = 1e-5f, .init_std = 0.06f,
+      .embd_std = 1.0f, .untied = true},
+     .n_vocab = 512, .n_rot = 48, .n_ctx_orig = 64, .sliding_window = 2047},
+    /* the same with an original context of 1024: llama.cpp's short factors at dumpref's context */
+    {{.name = "tiny-phi3-short", .arch = "phi3", .dim = 256, .layers = 2, .heads = 4, .kv_heads = 2,
+      .head_dim = 64, .ffn = 256, .n_ctx_train = 4096, .rope_freq_base = 10000.0f, .rms_eps = 1e-5f,
+      .init_std = 0.06f, .embd_std = 1.0f, .untied = true},
+     .n_vocab = 512, .n_rot = 48, .n_ctx_orig = 1024, .sliding_window = 2047},
+};
+
 const char *model_synth_preset_names(void)
 {
     return "llama-1b smollm2-135m qwen3-0.6b tiny qwen3moe-30b-a3b mixtral-8x7b tiny-qwen3moe tiny-mixtral "
-           "tiny-qwen3moe-ties gpt-oss-20b tiny-gpt-oss";
+           "tiny-qwen3moe-ties phi3-mini phi4-mini tiny-phi3 tiny-phi3-short gpt-oss-20b tiny-gpt-oss";
+}
+
+static void spec_from_preset(const struct preset *p, struct model_synth_spec *spec)
+{
+    *spec = (struct model_synth_spec){
+        .arch = p->arch, .n_embd = p->dim, .n_layer = p->layers, .n_head = p->heads,
+        .n_head_kv = p->kv_heads, .head_dim = p->head_dim, .n_ff = p->ffn, .n_expert = p->experts,
+        .n_expert_used = p->experts_used, .n_ff_exp = p->ffn_exp, .n_vocab = 512,
+        .n_ctx_train = p->n_ctx_train, .rope_freq_base = p->rope_freq_base, .rms_eps = p->rms_eps,
+        .seed = 1234, .init_std = p->init_std, .embd_std = p->embd_std, .untied = p->untied,
+        .router_period = p->router_period,
+    };
 }
 
 ks_status model_synth_preset(const char *name, struct model_synth_spec *spec)
 {
+    for (size_t i = 0; i < sizeof g_phi3_presets / sizeof g_phi3_presets[0]; i++) {
+        const struct phi3_preset *p = &g_phi3_presets[i];
+        if (strcmp(p->base.name, name))
+            continue;
+        spec_from_preset(&p->base, spec);
+        spec->n_vocab = p->n_vocab;
+        spec->n_rot = p->n_rot;
+        spec->n_ctx_orig = p->n_ctx_orig;
+        spec->sliding_window = p->sliding_window;
+        return KS_OK;
+    }
     for (size_t i = 0; i < sizeof g_presets / sizeof g_presets[0]; i++) {
         const struct preset *p = &g_presets[i];
         if (strcmp(p->name, name))
             continue;
-        *spec = (struct model_synth_spec){
-            .arch = p->arch, .n_embd = p->dim, .n_layer = p->layers, .n_head = p->heads,
-            .n_head_kv = p->kv_heads, .head_dim = p->head_dim, .n_ff = p->ffn, .n_expert = p->experts,
-            .n_expert_used = p->experts_used, .n_ff_exp = p->ffn_exp, .n_vocab = 512,
-            .n_ctx_train = p->n_ctx_train, .rope_freq_base = p->rope_freq_base, .rms_eps = p->rms_eps,
-            .seed = 1234, .init_std = p->init_std, .embd_std = p->embd_std, .untied = p->untied,
-            .router_period = p->router_period,
-        };
+        spec_from_preset(p, spec);
         for (size_t k = 0; k < sizeof g_oai_presets / sizeof g_oai_presets[0]; k++)
             if (!strcmp(g_oai_presets[k].name, name)) {
                 spec->n_swa = g_oai_presets[k].n_swa;
@@ -317,6 +363,38 @@ static ks_status add_gpt_oss_layer(struct synth *s, int il)
 #undef NAME
 }
 
+/* phi3, as convert_hf_to_gguf writes it: Q, K and V rows in one attn_qkv,
+ * gate and up rows in one ffn_up. */
+static ks_status add_phi3_layer(struct synth *s, int il)
+{
+    const struct model_synth_spec *sp = s->spec;
+    int64_t E = sp->n_embd, q_dim = (int64_t)sp->n_head * sp->head_dim, kv_dim = (int64_t)sp->n_head_kv * sp->head_dim;
+    const struct fill norm = {1.0f, 0.2f};
+    char n[96];
+    ks_status st;
+#define NAME(x) (snprintf(n, sizeof n, "blk.%d." x, il), n)
+    if ((st = add_vector(s, NAME("attn_norm.weight"), E, norm)) ||
+        /* llama-quantize's category_is_attn_v() takes attn_qkv in with attn_v */
+        (st = add_matrix(s, NAME("attn_qkv.weight"), ROLE_ATTN_V, il, q_dim + 2 * kv_dim, E)) ||
+        (st = add_matrix(s, NAME("attn_output.weight"), ROLE_MATRIX, il, E, q_dim)) ||
+        (st = add_vector(s, NAME("ffn_norm.weight"), E, norm)) ||
+        (st = add_matrix(s, NAME("ffn_up.weight"), ROLE_MATRIX, il, 2 * (int64_t)sp->n_ff, E)) ||
+        (st = add_matrix(s, NAME("ffn_down.weight"), ROLE_FFN_DOWN, il, E, sp->n_ff)))
+        return st;
+#undef NAME
+    return KS_OK;
+}
+
+/* LongRoPE's per-dimension factors, f32 as the converter writes them: short
+ * ones near 1, long ones up to 15 (Phi-3.5's grow from 1 to about 60). */
+static ks_status add_longrope_factors(struct synth *s)
+{
+    const struct model_synth_spec *sp = s->spec;
+    int64_t half = (sp->n_rot > 0 ? sp->n_rot : sp->head_dim) / 2;
+    ks_status st = add_vector(s, "rope_factors_long.weight", half, (struct fill){8.0f, 7.0f});
+    return st ? st : add_vector(s, "rope_factors_short.weight", half, (struct fill){1.05f, 0.05f});
+}
+
 static ks_status add_layer(struct synth *s, int il, bool qkv_bias, bool qk_norm)
 {
     const struct model_synth_spec *sp = s->spec;
@@ -488,9 +566,27 @@ static uint32_t file_type(const struct type_plan *p)
     }
 }
 
+/* phi3's keys: the original context always, the window as stored, and with
+ * LongRoPE the converter's attn_factor sqrt(1 + ln(scale) / ln(original)). */
+static ks_status add_phi3_hparams(struct synth *s)
+{
+    const struct model_synth_spec *sp = s->spec;
+    int orig = sp->n_ctx_orig > 0 ? sp->n_ctx_orig : sp->n_ctx_train;
+    ks_status st;
+    if ((st = gguf_writer_set_u32(s->w, "phi3.rope.scaling.original_context_length", (uint32_t)orig)) ||
+        (st = gguf_writer_set_u32(s->w, "phi3.attention.sliding_window", (uint32_t)sp->sliding_window)))
+        return st;
+    if (sp->n_ctx_orig <= 0)
+        return KS_OK;
+    double scale = (double)sp->n_ctx_train / sp->n_ctx_orig;
+    double attn_factor = scale > 1.0 ? sqrt(1.0 + log(scale) / log((double)sp->n_ctx_orig)) : 1.0;
+    return gguf_writer_set_f32(s->w, "phi3.rope.scaling.attn_factor", (float)attn_factor);
+}
+
 static ks_status add_hparams(struct synth *s, int n_vocab)
 {
     const struct model_synth_spec *sp = s->spec;
+    bool phi3 = !strcmp(sp->arch, "phi3");
     char k[128];
     ks_status st;
 #define KEY(x) (snprintf(k, sizeof k, "%s." x, sp->arch), k)
@@ -504,12 +600,15 @@ static ks_status add_hparams(struct synth *s, int n_vocab)
         (st = gguf_writer_set_u32(s->w, KEY("feed_forward_length"), (uint32_t)sp->n_ff)) ||
         (st = gguf_writer_set_u32(s->w, KEY("attention.head_count"), (uint32_t)sp->n_head)) ||
         (st = gguf_writer_set_u32(s->w, KEY("attention.head_count_kv"), (uint32_t)sp->n_head_kv)) ||
-        (st = gguf_writer_set_u32(s->w, KEY("attention.key_length"), (uint32_t)sp->head_dim)) ||
-        (st = gguf_writer_set_u32(s->w, KEY("attention.value_length"), (uint32_t)sp->head_dim)) ||
-        (st = gguf_writer_set_u32(s->w, KEY("rope.dimension_count"), (uint32_t)sp->head_dim)) ||
+        /* convert_hf_to_gguf's phi3 writes no key/value length (head_dim is n_embd / n_head) */
+        (st = phi3 ? KS_OK : gguf_writer_set_u32(s->w, KEY("attention.key_length"), (uint32_t)sp->head_dim)) ||
+        (st = phi3 ? KS_OK : gguf_writer_set_u32(s->w, KEY("attention.value_length"), (uint32_t)sp->head_dim)) ||
+        (st = gguf_writer_set_u32(s->w, KEY("rope.dimension_count"), (uint32_t)(sp->n_rot > 0 ? sp->n_rot : sp->head_dim))) ||
         (st = gguf_writer_set_f32(s->w, KEY("rope.freq_base"), sp->rope_freq_base > 0 ? sp->rope_freq_base : 10000.0f)))
         return st;
     if ((st = gguf_writer_set_f32(s->w, KEY("attention.layer_norm_rms_epsilon"), sp->rms_eps > 0 ? sp->rms_eps : 1e-5f)))
+        return st;
+    if (phi3 && (st = add_phi3_hparams(s)))
         return st;
     if (sp->n_expert > 0 &&
         ((st = gguf_writer_set_u32(s->w, KEY("expert_count"), (uint32_t)sp->n_expert)) ||
@@ -535,8 +634,15 @@ static ks_status add_hparams(struct synth *s, int n_vocab)
 static ks_status check_spec(const struct model_synth_spec *sp, bool *qkv_bias, bool *qk_norm)
 {
     if (!sp->arch || (strcmp(sp->arch, "llama") && strcmp(sp->arch, "qwen2") && strcmp(sp->arch, "qwen3") &&
-                      strcmp(sp->arch, "qwen3moe") && strcmp(sp->arch, "gpt-oss")))
-        return ks_fail(KS_ERR_INVALID_ARG, "synth: arch must be llama, qwen2, qwen3, qwen3moe or gpt-oss");
+                      strcmp(sp->arch, "qwen3moe") && strcmp(sp->arch, "phi3") && strcmp(sp->arch, "gpt-oss")))
+        return ks_fail(KS_ERR_INVALID_ARG, "synth: arch must be llama, qwen2, qwen3, qwen3moe, phi3 or gpt-oss");
+    /* llama.cpp's phi3 loader: attn_output is (n_embd, n_embd), no experts */
+    if (!strcmp(sp->arch, "phi3") && (sp->n_expert != 0 || sp->n_head * sp->head_dim != sp->n_embd))
+        return ks_fail(KS_ERR_INVALID_ARG, "synth: phi3 needs n_head * head_dim == n_embd and no experts");
+    if (sp->n_rot < 0 || sp->n_rot > sp->head_dim || sp->n_rot % 2 != 0 || sp->n_ctx_orig < 0 ||
+        sp->sliding_window < 0)
+        return ks_fail(KS_ERR_INVALID_ARG, "synth: n_rot must be even and at most head_dim; n_ctx_orig and "
+                                           "sliding_window not negative");
     bool oai = !strcmp(sp->arch, "gpt-oss");
     *qkv_bias = !strcmp(sp->arch, "qwen2") || oai;
     *qk_norm = !strcmp(sp->arch, "qwen3") || !strcmp(sp->arch, "qwen3moe");
@@ -564,7 +670,7 @@ static ks_status check_spec(const struct model_synth_spec *sp, bool *qkv_bias, b
 ks_status model_synth(const struct model_synth_spec *spec, const char *type, const char *vocab_path,
                       const char *out_path, threads_pool *pool)
 {
-    bool qkv_bias = false, qk_norm = false;
+    bool qkv_bias = false, qk_norm = false, phi3 = spec->arch && !strcmp(spec->arch, "phi3");
     struct synth s = {.spec = spec, .pool = pool};
     ks_status st = check_spec(spec, &qkv_bias, &qk_norm);
     if (!st)
@@ -582,9 +688,10 @@ ks_status model_synth(const struct model_synth_spec *spec, const char *type, con
     if (!(st = add_vocab(&s, vocab_path, &n_vocab)) && !(st = add_hparams(&s, n_vocab)) &&
         !(st = add_matrix(&s, "token_embd.weight", ROLE_EMBD, 0, n_vocab, spec->n_embd)) &&
         !(st = add_vector(&s, "output_norm.weight", spec->n_embd, norm)) &&
-        !(st = spec->untied ? add_matrix(&s, "output.weight", ROLE_OUTPUT, 0, n_vocab, spec->n_embd) : KS_OK))
+        !(st = spec->untied ? add_matrix(&s, "output.weight", ROLE_OUTPUT, 0, n_vocab, spec->n_embd) : KS_OK) &&
+        !(st = phi3 && spec->n_ctx_orig > 0 ? add_longrope_factors(&s) : KS_OK))
         for (int il = 0; il < spec->n_layer && !st; il++)
-            st = add_layer(&s, il, qkv_bias, qk_norm);
+            st = phi3 ? add_phi3_layer(&s, il) : add_layer(&s, il, qkv_bias, qk_norm);
     if (!st)
         st = gguf_writer_write(s.w, out_path);
     gguf_writer_free(s.w);

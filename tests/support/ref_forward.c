@@ -38,7 +38,7 @@ struct ref_model {
     struct model_hparams hp;
     bool quantize_acts;
     bool llamacpp;            /* REF_LLAMACPP_FA: ggml-cpu arithmetic throughout */
-    float *rope_ff;           /* (n_rot / 2) rope_freqs.weight, or NULL */
+    float *rope_ff;           /* (n_rot / 2) rope_freqs.weight (phi3: rope_factors_long/short), or NULL */
     bool one_token_batch;     /* llama.cpp ran this token alone: no tinyBLAS */
     float *tok_embd;          /* (vocab, dim) */
     struct ref_mat output;    /* (vocab, dim) */
@@ -101,11 +101,19 @@ static ks_status load_vec(const struct gguf_file *f, const char *name, int n, bo
     return *out || !required ? KS_OK : ks_fail(KS_ERR_FORMAT, "ref: tensor %s missing", name);
 }
 
-/* inv_freq[i] = base^(-2i/n_rot), with linear or llama3 scaling. */
-static void rope_freqs(struct ref_model *r, const struct gguf_file *f)
+/* The per-dimension frequency factors a model divides by: rope_freqs.weight,
+ * or for LongRoPE (phi3) the set the model uses, long or short. */
+static const struct gguf_tensor_info *factors_tensor(const struct model *m, const struct gguf_file *f)
+{
+    if (model_hparams(m)->rope_scaling == MODEL_ROPE_SCALING_LONGROPE)
+        return gguf_find_tensor(f, model_rope_long(m) ? "rope_factors_long.weight" : "rope_factors_short.weight");
+    return gguf_find_tensor(f, "rope_freqs.weight");
+}
+
+/* inv_freq[i] = base^(-2i/n_rot), with linear or llama3 scaling, or divided by ff's factors. */
+static void rope_freqs(struct ref_model *r, const struct gguf_tensor_info *ff)
 {
     const struct model_hparams *hp = &r->hp;
-    const struct gguf_tensor_info *ff = gguf_find_tensor(f, "rope_freqs.weight");
     for (int i = 0; i < hp->n_rot / 2; i++) {
         double freq = pow(hp->rope_freq_base, -2.0 * i / hp->n_rot);
         if (ff) {
@@ -126,6 +134,24 @@ static void rope_freqs(struct ref_model *r, const struct gguf_file *f)
         }
         r->inv_freq[i] = (float)freq;
     }
+}
+
+/* phi3: a fused matrix (sum of rows[i], cols) split into n matrices of rows[i] rows each (copies). */
+static ks_status load_split(const struct gguf_file *f, const char *name, int cols, const int *rows,
+                            struct ref_mat *const *outs, int n)
+{
+    int total = 0;
+    for (int i = 0; i < n; i++)
+        total += rows[i];
+    struct ref_mat all;
+    ks_status st = load_mat(f, name, total, cols, &all);
+    for (int i = 0, first = 0; !st && i < n; first += rows[i], i++) {
+        size_t bytes = sizeof(float) * (size_t)rows[i] * (size_t)cols;
+        *outs[i] = (struct ref_mat){malloc(bytes), rows[i], cols, all.type};
+        memcpy(outs[i]->w, all.w + (size_t)first * cols, bytes);
+    }
+    free(all.w);
+    return st;
 }
 
 static ks_status load_layer(struct ref_model *r, const struct gguf_file *f, int l)
@@ -152,12 +178,23 @@ static ks_status load_layer(struct ref_model *r, const struct gguf_file *f, int 
         if ((st = load_mat(f, rn, X, dim, &L->router)) || (st = load_experts(f, gn, X, F, dim, &L->e1)) ||
             (st = load_experts(f, un, X, F, dim, &L->e3)) || (st = load_experts(f, dn, X, dim, F, &L->e2)))
             return st;
+    } else if (hp->has_fused_gate_up) { /* phi3: ffn_up is the gate's rows, then up's */
+        if ((st = load_split(f, n[7], dim, (int[]){hp->n_ff, hp->n_ff}, (struct ref_mat *[]){&L->w1, &L->w3}, 2)) ||
+            (st = load_mat(f, n[8], dim, hp->n_ff, &L->w2)))
+            return st;
     } else if ((st = load_mat(f, n[6], hp->n_ff, dim, &L->w1)) || (st = load_mat(f, n[7], hp->n_ff, dim, &L->w3)) ||
                (st = load_mat(f, n[8], dim, hp->n_ff, &L->w2))) {
         return st;
     }
-    if ((st = load_vec(f, n[0], dim, true, &L->attn_norm)) || (st = load_mat(f, n[1], qd, dim, &L->wq)) ||
-        (st = load_mat(f, n[2], kvd, dim, &L->wk)) || (st = load_mat(f, n[3], kvd, dim, &L->wv)) ||
+    char qkv[96];
+    snprintf(qkv, sizeof qkv, "blk.%d.attn_qkv.weight", l);
+    if (hp->has_fused_qkv && (st = load_split(f, qkv, dim, (int[]){qd, kvd, kvd},
+                                              (struct ref_mat *[]){&L->wq, &L->wk, &L->wv}, 3)))
+        return st;
+    if ((st = load_vec(f, n[0], dim, true, &L->attn_norm)) ||
+        (!hp->has_fused_qkv && ((st = load_mat(f, n[1], qd, dim, &L->wq)) ||
+                                (st = load_mat(f, n[2], kvd, dim, &L->wk)) ||
+                                (st = load_mat(f, n[3], kvd, dim, &L->wv)))) ||
         (st = load_mat(f, n[4], dim, qd, &L->wo)) || (st = load_vec(f, n[5], dim, true, &L->ffn_norm)) ||
         (st = load_vec(f, n[9], qd, false, &L->bq)) ||
         (st = load_vec(f, n[10], kvd, false, &L->bk)) || (st = load_vec(f, n[11], kvd, false, &L->bv)))
@@ -202,8 +239,8 @@ ks_status ref_model_create(const struct model *m, int max_seqs, int max_ctx, uns
     for (int l = 0; l < hp->n_layer && !st; l++)
         st = load_layer(r, f, l);
     r->inv_freq = calloc((size_t)hp->n_rot / 2 + 1, sizeof(float));
-    rope_freqs(r, f);
-    const struct gguf_tensor_info *ff = gguf_find_tensor(f, "rope_freqs.weight");
+    const struct gguf_tensor_info *ff = factors_tensor(m, f);
+    rope_freqs(r, ff);
     if (ff && ff->type == QUANT_F32 && ff->ne[0] == hp->n_rot / 2)
         r->rope_ff = (float *)ff->data;
     r->max_seqs = max_seqs, r->max_ctx = max_ctx;
@@ -315,7 +352,7 @@ static void rope(float *head, const struct ref_model *r, int pos)
     int half = hp->n_rot / 2;
     for (int i = 0; i < half; i++) {
         float theta = (float)pos * r->inv_freq[i];
-        float c = cosf(theta), s = sinf(theta);
+        float c = cosf(theta) * hp->rope_attn_factor, s = sinf(theta) * hp->rope_attn_factor;
         int a = hp->rope_type == MODEL_ROPE_NEOX ? i : 2 * i;
         int b = hp->rope_type == MODEL_ROPE_NEOX ? i + half : 2 * i + 1;
         float x0 = head[a], x1 = head[b];
@@ -447,7 +484,7 @@ static void rope_ggml(float *head, const struct ref_model *r, int pos)
     float theta = (float)pos;
     for (int i = 0; i < half; i++) {
         float t = freq_scale * (theta / (r->rope_ff ? r->rope_ff[i] : 1.0f));
-        float c = cosf(t), s = sinf(t);
+        float c = cosf(t) * hp->rope_attn_factor, s = sinf(t) * hp->rope_attn_factor;
         theta *= theta_scale;
         int a = hp->rope_type == MODEL_ROPE_NEOX ? i : 2 * i;
         int b = hp->rope_type == MODEL_ROPE_NEOX ? i + half : 2 * i + 1;

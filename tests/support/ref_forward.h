@@ -1,5 +1,7 @@
 /* A deliberately naive f32 forward pass (llama2.c style) for llama, qwen2,
- * qwen3 and their mixture-of-experts forms (qwen3moe, llama with experts): every weight dequantized to f32 with the scalar reference to_float,
+ * qwen3, phi3 (its fused matrices split into copies, LongRoPE's factor set
+ * as the model chose it) and the mixture-of-experts forms (qwen3moe, llama
+ * with experts): every weight dequantized to f32 with the scalar reference to_float,
  * a contiguous f32 KV cache per sequence, plain loops, one token at a time.
  * The optimized model_forward() is checked against it.
  *
