@@ -6,23 +6,24 @@
  * also in its AVX-512 builds): per super-block, eight exact int32 lane sums,
  * lane k holding elements 4k..4k+3 of every 32-element block times its
  * scale; per lane acc[k] = fma(d_x * d_y, (float)lane[k], acc[k]); at the
- * end a fixed pairwise sum of the 8 lanes (iq_hsum8) times the type's
- * constant (0.25, 1, 0.125). The scalar twin computes exactly that, so every
+ * end a fixed pairwise sum of the 8 lanes (quant_iq2_hsum8: ggml's
+ * hsum_float_8 order) times the type's constant (0.25, 1, 0.125). The scalar twin computes exactly that, so every
  * SIMD kernel and llama.cpp give the scalar reference's bits.
  *
  * Every function takes a row of n elements, n a multiple of QK_K. */
 #ifndef KS_QUANT_IQ3_H
 #define KS_QUANT_IQ3_H
 
+#include "quant/iq2.h"
 #include "quant/kquants.h"
 
 /* ggml's iq3xxs_grid (4 magnitudes of {4,12,..,52,62} per entry, byte j is
- * element j), iq3s_grid (4 of {1,3,..,15}), iq2s_grid (8 of {8,25,43}) and
- * ksigns_iq2xs (7 sign bits -> 8 with an even count): iq3_grids.c. */
+ * element j), iq3s_grid (4 of {1,3,..,15}) and iq2s_grid (8 of {8,25,43}):
+ * iq3_grids.c. IQ3_XXS's signs use ksigns_iq2xs (7 sign bits -> 8 with an
+ * even count), the IQ2 types' table: quant_iq2_ksigns (iq2.h). */
 extern const uint32_t quant_iq3xxs_grid[256];
 extern const uint32_t quant_iq3s_grid[512];
 extern const uint64_t quant_iq2s_grid[1024];
-extern const uint8_t quant_iq3xxs_ksigns[128];
 
 /* Fill the IQ3_XXS, IQ3_S and IQ2_S entries of both tables. */
 void quant_iq3_fill(struct quant_traits *best, struct quant_traits *scalar);
@@ -44,14 +45,6 @@ void quant_vec_dot_iq2_s_q8_K_scalar(int n, float *s, const void *x, const void 
 void quant_iq3_xxs_unpack(const block_iq3_xxs *b, int8_t w[QK_K], int16_t sc[QK_K / 16]);
 void quant_iq3_s_unpack(const block_iq3_s *b, int8_t w[QK_K], int16_t sc[QK_K / 16]);
 void quant_iq2_s_unpack(const block_iq2_s *b, int8_t w[QK_K], int16_t sc[QK_K / 16]);
-
-/* The sum of 8 lane accumulators in the order of ggml's hsum_float_8:
- * (a0+a4, a1+a5, a2+a6, a3+a7), then (r0+r2, r1+r3), then their sum. */
-static inline float iq_hsum8(const float a[8])
-{
-    float r0 = a[0] + a[4], r1 = a[1] + a[5], r2 = a[2] + a[6], r3 = a[3] + a[7];
-    return (r0 + r2) + (r1 + r3);
-}
 
 /* The constant each type's dot product ends with (its scales are 2 ls + 1,
  * ggml's dequantized ones (0.5 + ls) * 0.5, (1 + 2 ls), (0.5 + ls) * 0.25). */

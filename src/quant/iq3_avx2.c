@@ -60,7 +60,7 @@ static void unpack_iq3_xxs(const uint8_t *block, struct iq_unpacked *u)
         u->mag[ib] = _mm256_i32gather_epi32((const int *)quant_iq3xxs_grid, idx, 4);
         const uint32_t aux = load_u32(b->qs + QK_K / 4 + 4 * ib);
         uint32_t signs = 0;
-        for (int l = 0; l < 4; l++) signs |= (uint32_t)quant_iq3xxs_ksigns[(aux >> (7 * l)) & 127] << (8 * l);
+        for (int l = 0; l < 4; l++) signs |= (uint32_t)quant_iq2_ksigns[(aux >> (7 * l)) & 127] << (8 * l);
         u->sgn[ib] = sign_bytes(signs);
         const int ls = (int)(2 * (aux >> 28) + 1);
         u->sc[ib] = scale_pairs(ls, ls);
@@ -132,7 +132,7 @@ static inline __attribute__((always_inline)) void dot_multi(int n, int nt, float
         for (int t = 0; t < m; t++) {
             float a[8];
             _mm256_storeu_ps(a, acc[t]);
-            s[(size_t)(t0 + t) * s_stride] = scale * iq_hsum8(a);
+            s[(size_t)(t0 + t) * s_stride] = scale * quant_iq2_hsum8(a);
         }
     }
 }

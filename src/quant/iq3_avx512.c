@@ -55,7 +55,7 @@ static inline __m512i scale_pairs(int a0, int a1, int b0, int b1)
 static uint32_t iq3_xxs_signs(uint32_t aux)
 {
     uint32_t signs = 0;
-    for (int l = 0; l < 4; l++) signs |= (uint32_t)quant_iq3xxs_ksigns[(aux >> (7 * l)) & 127] << (8 * l);
+    for (int l = 0; l < 4; l++) signs |= (uint32_t)quant_iq2_ksigns[(aux >> (7 * l)) & 127] << (8 * l);
     return signs;
 }
 
@@ -143,7 +143,7 @@ static inline __attribute__((always_inline)) void dot_multi(int n, int nt, float
         for (int t = 0; t < m; t++) {
             float a[8];
             _mm256_storeu_ps(a, acc[t]);
-            s[(size_t)(t0 + t) * s_stride] = scale * iq_hsum8(a);
+            s[(size_t)(t0 + t) * s_stride] = scale * quant_iq2_hsum8(a);
         }
     }
 }

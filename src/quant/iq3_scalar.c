@@ -32,7 +32,7 @@ void quant_iq3_xxs_unpack(const block_iq3_xxs *b, int8_t w[QK_K], int16_t sc[QK_
             const uint32_t g1 = quant_iq3xxs_grid[q[2 * l]], g2 = quant_iq3xxs_grid[q[2 * l + 1]];
             memcpy(g, &g1, 4);
             memcpy(g + 4, &g2, 4);
-            apply_signs(g, quant_iq3xxs_ksigns[(aux >> (7 * l)) & 127], w + 32 * ib + 8 * l, 8);
+            apply_signs(g, quant_iq2_ksigns[(aux >> (7 * l)) & 127], w + 32 * ib + 8 * l, 8);
         }
         sc[2 * ib] = sc[2 * ib + 1] = (int16_t)(2 * (aux >> 28) + 1);
     }
@@ -148,7 +148,7 @@ static float dot_row(int n, const void *vx, size_t block_bytes, iq_unpack_fn unp
         const float d = kq_f16_to_f32(dh) * y[i].d;
         for (int k = 0; k < 8; k++) acc[k] = fmaf(d, (float)lane[k], acc[k]);
     }
-    return iq_hsum8(acc);
+    return quant_iq2_hsum8(acc);
 }
 
 static void unpack_iq3_xxs(const void *b, int8_t w[QK_K], int16_t sc[QK_K / 16]) { quant_iq3_xxs_unpack(b, w, sc); }
