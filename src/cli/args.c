@@ -189,6 +189,8 @@ bool cli_parse_kv_flag(const char *a, const char *v, struct cli_kv_flags *f, boo
         *ok = parse_watermark(v, &c->high_watermark);
     else if (is_flag(a, "--kv-low", NULL))
         *ok = parse_watermark(v, &c->low_watermark);
+    else if (is_flag(a, "--kv-swa-full", NULL))
+        *ok = cli_parse_on_off(v, &c->swa_full);
     else
         return false;
     return true;
@@ -220,6 +222,7 @@ void cli_kv_flags_apply(const struct cli_kv_flags *f, struct kv_config *cfg)
     cfg->n_ladder = u->n_ladder;
     cfg->high_watermark = u->high_watermark;
     cfg->low_watermark = u->low_watermark;
+    cfg->swa_full = u->swa_full && cfg->swa_window > 0; /* a model without a sliding window has nothing to keep */
 }
 
 void cli_model_flags_init(struct cli_model_flags *f)
@@ -257,7 +260,9 @@ const char cli_model_flags_help[] =
     "      --kv-ladder T,T,...  dynamic: the precisions old pages step down through, V then K\n"
     "                           at each, highest first, ending at the floor (default q8_0,q4_0)\n"
     "      --kv-high R          dynamic: demote old pages above this usage ratio (default 0.90)\n"
-    "      --kv-low R           dynamic: until usage is below this ratio (default 0.80)\n";
+    "      --kv-low R           dynamic: until usage is below this ratio (default 0.80)\n"
+    "      --kv-swa-full on|off sliding-window models (gemma2/3, gpt-oss): keep the rows of window\n"
+    "                           layers past the window too (llama.cpp's --swa-full; default off)\n";
 
 /* ---- one command line ----------------------------------------------------- */
 

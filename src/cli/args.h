@@ -42,7 +42,8 @@ size_t cli_kv_budget_for(const struct kv_config *cfg, int64_t n_tokens);
  *   --kv-mem SIZE, -ctk/--cache-type-k T, -ctv/--cache-type-v T,
  *   --kv-policy static|dynamic, --kv-page P, --kv-rotate on|off, --kv-scale-search on|off,
  *   --kv-smooth off|k|v|kv,
- *   --kv-sink N, --kv-hot N, --kv-floor T, --kv-ladder T,T,..., --kv-high R, --kv-low R
+ *   --kv-sink N, --kv-hot N, --kv-floor T, --kv-ladder T,T,..., --kv-high R, --kv-low R,
+ *   --kv-swa-full on|off
  * --kv-page-tokens and --kv-sinks are accepted as older spellings. */
 struct cli_kv_flags {
     struct kv_config cfg;
