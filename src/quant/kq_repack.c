@@ -74,16 +74,47 @@ void quant_kqrp_get_row(const void *W, enum quant_type t, int R, int64_t cols, i
         quant_kqrp_get_block(W, t, R, cols, r, b, (uint8_t *)out + b * bb);
 }
 
+/* A whole group of R rows back out, field by field: what the prefill tiles
+ * read when a batch is too large for the group kernels. */
+static void kqrp_unpack_group(const uint8_t *group, enum quant_type t, int R, int64_t cols, uint8_t *out)
+{
+    const size_t wrow = quant_row_size(t, cols), bb = quant_row_size(t, QK_K);
+    const bool q6 = t == QUANT_Q6_K;
+    const size_t k0 = q6 ? 0 : 1, k1 = q6 ? KQRP_Q6_D / 4 : bb / 4; /* the dword chunks */
+    for (int64_t b = 0; b < cols / QK_K; b++) {
+        const uint8_t *gb = group + (size_t)b * R * bb;
+        uint8_t *o = out + b * bb;
+        for (int l = 0; l < R; l++) {
+            uint8_t *blk = o + l * wrow;
+            if (q6) {
+                memcpy(blk + KQRP_Q6_D, gb + KQRP_Q6_D * (size_t)R + 2 * l, 2);
+            } else {
+                memcpy(blk, gb + 2 * l, 2);
+                memcpy(blk + 2, gb + 2 * (size_t)R + 2 * l, 2);
+            }
+            for (size_t k = k0; k < k1; k++)
+                memcpy(blk + 4 * k, gb + 4 * ((size_t)R * k + (size_t)l), 4);
+        }
+    }
+}
+
 void quant_kqrp_unpack_rows(const void *W, enum quant_type t, int64_t rows, int64_t cols, int64_t r0, int nr,
                             uint8_t *out)
 {
+    const int R = QUANT_RP_ROWS;
     size_t wrow = quant_row_size(t, cols);
-    for (int i = 0; i < nr; i++) {
+    for (int i = 0; i < nr;) {
         int64_t r = r0 + i;
+        if (r % R == 0 && i + R <= nr && r + R <= quant_rp_grouped_rows(rows)) {
+            kqrp_unpack_group((const uint8_t *)W + (size_t)r * wrow, t, R, cols, out + i * wrow);
+            i += R;
+            continue;
+        }
         if (r < quant_rp_grouped_rows(rows))
-            quant_kqrp_get_row(W, t, QUANT_RP_ROWS, cols, r, out + i * wrow);
+            quant_kqrp_get_row(W, t, R, cols, r, out + i * wrow);
         else
             memcpy(out + i * wrow, (const uint8_t *)W + r * wrow, wrow);
+        i++;
     }
 }
 

@@ -117,8 +117,8 @@ static enum mm_path choose_path(enum quant_type wtype, int64_t n_tokens)
 
 static enum mm_path choose_repacked_path(enum quant_type wtype, int64_t n_tokens)
 {
-    if (quant_kqrp_type(wtype))
-        return quant_kq_tiles_best() && n_tokens > RP_GEMM_MAX ? MM_KQ_PREFILL : MM_KQ_REPACKED;
+    if (quant_kqrp_type(wtype)) /* the tiles where row-major matrices take them too, past RP_GEMM_MAX */
+        return n_tokens > RP_GEMM_MAX && kq_gemm_fits(wtype, n_tokens) ? MM_KQ_PREFILL : MM_KQ_REPACKED;
 #if defined(RP_HAVE_TILES)
     if (n_tokens > RP_GEMM_MAX)
         return choose_path(wtype, n_tokens);
