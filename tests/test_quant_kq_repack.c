@@ -5,9 +5,8 @@
  * kernel gives its scalar twin's bits and the twin the scalar reference
  * vec_dot's, and quant_matmul_repacked, quant_matmul_set and
  * quant_matmul_experts on repacked matrices give the reference's bits at
- * every batch size (the group kernels up to 16 tokens, or 31 where the
- * row-major path takes the multi-token vec_dot, the prefill tiles on rows
- * copied out of the layout above). Run in each build (AVX-512,
+ * every batch size (the group kernels up to 31 tokens, the prefill tiles on
+ * rows copied out of the layout from 32). Run in each build (AVX-512,
  * AVX2-only, portable: where k-quants are not repacked, only the layout and
  * the scalar twin). */
 #include <math.h>
@@ -225,7 +224,7 @@ static void check_repacked(threads_pool *pool, enum quant_type t, int64_t rows, 
     size_t wrow = quant_row_size(t, cols);
     uint8_t *W = random_matrix(t, rows, cols), *P = copy_of(W, wrow * (size_t)rows);
     assert_int_equal(quant_repack(t, rows, cols, P), KS_OK);
-    const int64_t max_n = 40; /* 1..20, then 31, 32, 40: the k-quant tiles start at 8 or 32 tokens */
+    const int64_t max_n = 40; /* 1..20, then 31, 32, 40: the tiles start at 32 tokens */
     float *X = random_tokens(max_n, cols);
     float *Yp = malloc((size_t)(max_n * rows) * sizeof(float)), *Yr = malloc((size_t)(max_n * rows) * sizeof(float));
     size_t ws = quant_matmul_work_size(t, cols, max_n);

@@ -110,6 +110,13 @@ static enum mm_path choose_path(enum quant_type wtype, int64_t n_tokens)
 #ifndef RP_GEMM_MAX
 #define RP_GEMM_MAX 16 /* at 16 tokens the group kernels beat the tiles by 23-30%; at 64 and 512 they lost 7-30% */
 #endif
+/* Repacked k-quants: the group kernels below this many tokens, the tiles
+ * (on rows copied out of the layout) from it. At 24 tokens the group
+ * kernels ran 1.6-2x the row-major path's multi-token vec_dot (q4_K, q6_K)
+ * and 1.3x the tiles (q5_K); llama-1b shapes, AVX-512, 1 thread. */
+#ifndef KQRP_GEMM_MIN
+#define KQRP_GEMM_MIN MM_KQ_GEMM_MULTI_MIN
+#endif
 #define RP_MIN_CHUNK_ROWS 64 /* rows per work item at least: a long sequential stream */
 #if defined(QUANT_HAVE_AVX2)
 #define RP_HAVE_TILES 1
@@ -117,8 +124,8 @@ static enum mm_path choose_path(enum quant_type wtype, int64_t n_tokens)
 
 static enum mm_path choose_repacked_path(enum quant_type wtype, int64_t n_tokens)
 {
-    if (quant_kqrp_type(wtype)) /* the tiles where row-major matrices take them too, past RP_GEMM_MAX */
-        return n_tokens > RP_GEMM_MAX && kq_gemm_fits(wtype, n_tokens) ? MM_KQ_PREFILL : MM_KQ_REPACKED;
+    if (quant_kqrp_type(wtype))
+        return n_tokens >= KQRP_GEMM_MIN && quant_kq_tiles_best() ? MM_KQ_PREFILL : MM_KQ_REPACKED;
 #if defined(RP_HAVE_TILES)
     if (n_tokens > RP_GEMM_MAX)
         return choose_path(wtype, n_tokens);
