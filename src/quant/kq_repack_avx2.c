@@ -22,7 +22,7 @@
 
 #define KQRP_TT 4
 #ifndef KQRP_AHEAD
-#define KQRP_AHEAD 2048 /* software prefetch distance in the weight stream */
+#define KQRP_AHEAD 4096 /* software prefetch distance in the weight stream, as the Q4_0/Q8_0 group kernels' */
 #endif
 
 /* VNNI's vpdpbusd / vpdpwssd with AVX2 instructions, exact for these operands. */

@@ -20,7 +20,7 @@
 
 #define KQRP_TT 4
 #ifndef KQRP_AHEAD
-#define KQRP_AHEAD 4096 /* software prefetch distance in the weight stream */
+#define KQRP_AHEAD 8192 /* software prefetch distance in the weight stream (4 KiB: 5-15% fewer GB/s, q4_K/q6_K, 1 thread) */
 #endif
 
 static inline __m512i bcast(const void *p) { return _mm512_set1_epi32(kq_dword(p)); }
