@@ -5,7 +5,7 @@
  *   bench_moe [-t THREADS] [-r REPS] [-b 1,16,512] [--type q4_0,q8_0,q4_K]
  *             [--model qwen3moe-30b-a3b|mixtral-8x7b] [--cpu] [--no-repack]
  *
- * Q4_0 / Q8_0 / Q4_K / Q5_K / Q6_K experts are repacked as the model loader repacks them (each
+ * Q4_0 / Q8_0 experts are repacked as the model loader repacks them (each
  * expert's slice on its own) unless --no-repack keeps them row-major.
  * Routing is random (k distinct experts per token, a new draw per rep), and
  * each rep reads the next of several copies of the layer's experts, so a

@@ -16,11 +16,9 @@
  * (the untied output too) at that type, the trained q4_0 model in ../shared
  * when present, repacked (the default); the build's default model (tiny
  * llama, q8_0, KVSERVE_DEFAULT_MODEL), whose output is its tied q8_0 token
- * embeddings, repacked with them; tiny q4_k and q6_k llamas, repacked too
- * where the build has k-quant group kernels (held to the row-major rule in a
- * portable build, which keeps k-quants row-major), and a row-major model
- * (MODEL_LOAD_NO_REPACK), held only to what the README promises for
- * row-major matrices (struct promise). */
+ * embeddings, repacked with them; a tiny q4_k llama (k-quants keep their
+ * layout) and a row-major model (MODEL_LOAD_NO_REPACK), both held only to
+ * what the README promises for row-major matrices (struct promise). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -35,7 +33,6 @@
 
 #include "kv/kv.h"
 #include "model/model.h"
-#include "quant/quant.h"
 #include "support/skip.h"
 #include "threads/threads.h"
 
@@ -372,27 +369,14 @@ static void test_q8_0_repacked(void **state)
     assert_int_equal(check_synth("q8_0", 0, k_any_batch, "tiny q8_0"), 0);
 }
 
-/* Repacked k-quants give the scalar reference's bits at every batch (the
- * group kernels up to 16 tokens, the prefill tiles above). A build without
- * k-quant group kernels keeps them row-major: decode runs the one-token
- * vec_dot and small batches its multi-token twin, bit-identical to it; from
- * 8 tokens the prefill tiles give the scalar reference's bits instead, so
- * there they are held to the row-major rule (README: batch invariance). */
-static struct promise kquant_promise(void)
-{
-    return quant_repack_fits(QUANT_Q4_K, quant_repack_rows(), 256) ? k_any_batch : k_row_major;
-}
-
+/* k-quants are not repacked: decode runs the one-token vec_dot and small
+ * batches its multi-token twin, bit-identical to it; from 8 tokens (32 for
+ * Q4_K/Q6_K with AVX-512) the prefill tiles give the scalar reference's bits
+ * instead, so q4_k is held to the row-major rule (README: batch invariance). */
 static void test_q4_k(void **state)
 {
     (void)state;
-    assert_int_equal(check_synth("q4_k", 0, kquant_promise(), "tiny q4_k"), 0);
-}
-
-static void test_q6_k(void **state)
-{
-    (void)state;
-    assert_int_equal(check_synth("q6_k", 0, kquant_promise(), "tiny q6_k"), 0);
+    assert_int_equal(check_synth("q4_k", 0, k_row_major, "tiny q4_k"), 0);
 }
 
 static void test_trained_q4_0_repacked(void **state)
@@ -402,13 +386,13 @@ static void test_trained_q4_0_repacked(void **state)
     trained_model_path(path, sizeof path);
     if (access(path, R_OK) != 0)
         KS_SKIP("%s is missing", path);
-    /* its output is the tied q6_K token embeddings: repacked where the build
-     * repacks k-quants; row-major, its tiles start at 8 tokens in the AVX2
-     * build (32 with AVX-512, beyond any batch here), so there it is held to
-     * the row-major rule */
-    struct promise pr = kquant_promise();
-#if !(defined(__AVX2__) && !defined(__AVX512F__))
-    pr = k_any_batch;
+    /* its output is the tied q6_K token embeddings: a k-quant, whose tiles
+     * start at 8 tokens in the AVX2 build (32 with AVX-512, beyond any batch
+     * here), so there it is held to the row-major rule */
+#if defined(__AVX2__) && !defined(__AVX512F__)
+    struct promise pr = k_row_major;
+#else
+    struct promise pr = k_any_batch;
 #endif
     assert_int_equal(check_model(path, 0, false, pr, "trained q4_0"), 0);
 }
@@ -429,7 +413,6 @@ int main(void)
         cmocka_unit_test(test_q4_0_repacked),
         cmocka_unit_test(test_q8_0_repacked),
         cmocka_unit_test(test_q4_k),
-        cmocka_unit_test(test_q6_k),
         cmocka_unit_test(test_trained_q4_0_repacked),
         cmocka_unit_test(test_row_major),
     };

@@ -168,53 +168,6 @@ void quant_kq_tiles_avx2(const struct quant_kq_gemm *g, const uint8_t *panels, i
 void quant_kq_tiles_avx512(const struct quant_kq_gemm *g, const uint8_t *panels, int np, int64_t r0, int nr);
 #endif
 
-/* ---- repacked Q4_K / Q5_K / Q6_K weights (kq_repack*.c) ------------------- */
-/* quant_repack's layout of the k-quants: a group of R = QUANT_RP_ROWS rows
- * (16 with AVX-512, 8 otherwise) is stored super-block column by column, and
- * a group-block holds the R rows' super-blocks with every field interleaved
- * across the rows, in the bytes the R blocks took:
- *   Q4_K/Q5_K: d[R] | dmin[R] (f16) | then each dword of the block past its
- *              first (scales 3, Q5_K's qh 8, qs 32) as R dwords side by side;
- *   Q6_K:      each of the block's 52 dwords (ql 32, qh 16, scales 4) as R
- *              dwords side by side | d[R] (f16).
- * One vector load brings a dword of each of R rows, one row per 32-bit lane:
- * 4 quants (or their packed scales) of each row, which meet a token's
- * broadcast Q8_K dword (VNNI dpbusd) with no horizontal sums. The rows past
- * the last whole group stay row-major where the file had them. Every kernel
- * gives, per row and token, the scalar reference vec_dot's bits. */
-#define KQRP_Q6_D 208 /* offset of Q6_K's d: the block's dwords end there */
-bool quant_kqrp_type(enum quant_type t);
-/* In place, groups of R rows (the tests' other layouts use R != QUANT_RP_ROWS). */
-ks_status quant_kqrp_repack_as(enum quant_type t, int64_t rows, int64_t cols, void *W, int R);
-/* Row r's super-block b (r in the groups) of a matrix in the layout of R rows, back in ggml's layout. */
-void quant_kqrp_get_block(const void *W, enum quant_type t, int R, int64_t cols, int64_t r, int64_t b, void *out);
-/* Row r (in the groups) of a matrix in the layout of R rows, back as a row in ggml's layout. */
-void quant_kqrp_get_row(const void *W, enum quant_type t, int R, int64_t cols, int64_t r, void *out);
-/* Rows r0 .. r0 + nr of a repacked matrix of rows rows (tail rows included) row-major into out. */
-void quant_kqrp_unpack_rows(const void *W, enum quant_type t, int64_t rows, int64_t cols, int64_t r0, int nr,
-                            uint8_t *out);
-/* Groups [g0, g1) of a repacked g->W (wrow: bytes of a row) against every
- * token: the build's best kernel; the scalar twin (any R); the SIMD kernels. */
-void quant_kqrp_rows(const struct quant_kq_gemm *g, int64_t g0, int64_t g1);
-void quant_kqrp_rows_ref(const struct quant_kq_gemm *g, int R, int64_t g0, int64_t g1);
-/* The row-major tail rows of a repacked matrix of rows rows: the reference vec_dot. */
-void quant_kqrp_tail_rows(const struct quant_kq_gemm *g, int64_t rows);
-#if defined(QUANT_HAVE_AVX512)
-#define KQRP_HAVE_AVX512 1
-void quant_kqrp_rows_avx512(const struct quant_kq_gemm *g, int64_t g0, int64_t g1);
-#endif
-#if defined(QUANT_HAVE_AVX2)
-#define KQRP_HAVE_AVX2 1
-void quant_kqrp_rows_avx2(const struct quant_kq_gemm *g, int64_t g0, int64_t g1);
-#endif
-/* quant_repack takes k-quants only in builds with SIMD group kernels: a
- * portable build's scalar twin is slower than its row-major vec_dot. */
-#if defined(KQRP_HAVE_AVX512) || defined(KQRP_HAVE_AVX2)
-#define KQRP_ENABLED 1
-#else
-#define KQRP_ENABLED 0
-#endif
-
 /* ---- helpers shared by the kq_*.c files --------------------------------- */
 
 /* Weight blocks are read as one long stream (a matrix-vector product runs

@@ -22,10 +22,7 @@
  *  - repacked Q4_0/Q8_0 weights (quant_matmul_repacked): up to RP_GEMM_MAX
  *    tokens, the group kernels of quant_repack.c over row groups taken from
  *    a shared counter; more, the prefill tiles above, unpacking rows from
- *    the layout.
- *  - repacked Q4_K/Q5_K/Q6_K: the same split, the group kernels of
- *    kq_repack*.c on Q8_K activations, and above RP_GEMM_MAX tokens the
- *    k-quant tiles on rows copied back out of the layout. */
+ *    the layout. */
 #include <stdalign.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -63,7 +60,7 @@ static size_t align_up(size_t n) { return (n + MM_ALIGN - 1) / MM_ALIGN * MM_ALI
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 enum mm_path { MM_GENERIC, MM_Q8_DECODE, MM_Q8_PREFILL, MM_FLOAT_DECODE, MM_FLOAT_PREFILL, MM_Q8_PREFILL_AVX2, MM_REPACKED,
-               MM_KQ_PREFILL, MM_KQ_REPACKED };
+               MM_KQ_PREFILL };
 
 static inline bool is_q8_family(enum quant_type t) { return t == QUANT_Q4_0 || t == QUANT_Q8_0; }
 static bool is_float(enum quant_type t) { return t == QUANT_F32 || t == QUANT_F16 || t == QUANT_BF16; }
@@ -117,13 +114,6 @@ static enum mm_path choose_path(enum quant_type wtype, int64_t n_tokens)
 #ifndef RP_GEMM_MAX
 #define RP_GEMM_MAX 16 /* at 16 tokens the group kernels beat the tiles by 23-30%; at 64 and 512 they lost 7-30% */
 #endif
-/* Repacked k-quants: the group kernels below this many tokens, the tiles
- * (on rows copied out of the layout) from it. At 24 tokens the group
- * kernels ran 1.6-2x the row-major path's multi-token vec_dot (q4_K, q6_K)
- * and 1.3x the tiles (q5_K); llama-1b shapes, AVX-512, 1 thread. */
-#ifndef KQRP_GEMM_MIN
-#define KQRP_GEMM_MIN MM_KQ_GEMM_MULTI_MIN
-#endif
 #define RP_MIN_CHUNK_ROWS 64 /* rows per work item at least: a long sequential stream */
 #if defined(QUANT_HAVE_AVX2)
 #define RP_HAVE_TILES 1
@@ -131,8 +121,6 @@ static enum mm_path choose_path(enum quant_type wtype, int64_t n_tokens)
 
 static enum mm_path choose_repacked_path(enum quant_type wtype, int64_t n_tokens)
 {
-    if (quant_kqrp_type(wtype))
-        return n_tokens >= KQRP_GEMM_MIN && quant_kq_tiles_best() ? MM_KQ_PREFILL : MM_KQ_REPACKED;
 #if defined(RP_HAVE_TILES)
     if (n_tokens > RP_GEMM_MAX)
         return choose_path(wtype, n_tokens);
@@ -184,7 +172,6 @@ static size_t work_for_path(const struct quant_traits *tr, enum quant_type wtype
     case MM_REPACKED:
         return rp_work(cols, n_tokens);
     case MM_KQ_PREFILL: /* the Q8_K rows of the generic path */
-    case MM_KQ_REPACKED:
     case MM_GENERIC:
         break;
     }
@@ -397,40 +384,17 @@ static void generic_compute(void *vctx, int ith, int nth)
 
 /* ---- prefill: k-quant tiles (kq_gemm*.c) ------------------------------------ */
 
-/* The k-quant kernels' view of m: its rows against the Q8_K rows the generic quantizer wrote. */
-static struct quant_kq_gemm kq_gemm_of(const struct mm *m)
+/* Rows [r0, r1) x all tokens on the Q8_K rows the generic quantizer wrote. */
+static void kq_rows(const struct mm *m, int64_t r0, int64_t r1, uint8_t *scratch)
 {
-    return (struct quant_kq_gemm){
+    const struct quant_kq_gemm g = {
         .wtype = m->wtype, .W = m->W, .wrow = m->wrow, .cols = m->cols, .X = m->work, .xrow = m->xrow,
         .xi = m->xi, .n_tokens = m->n_tokens, .Y = m->Y, .ldy = m->rows,
     };
+    quant_kq_gemm_rows(&g, quant_kq_tiles_best(), r0, r1, scratch);
 }
 
-/* Rows [r0, r1) x all tokens. A repacked matrix's rows are copied back out
- * of the layout, KQ_GEMM_ROWS at a time, into the scratch past the panels. */
-static void kq_rows(const struct mm *m, int64_t r0, int64_t r1, uint8_t *scratch)
-{
-    struct quant_kq_gemm g = kq_gemm_of(m);
-    if (!m->repacked) {
-        quant_kq_gemm_rows(&g, quant_kq_tiles_best(), r0, r1, scratch);
-        return;
-    }
-    uint8_t *rows = scratch + align_up(quant_kq_scratch_bytes(m->cols));
-    for (int64_t r = r0; r < r1; r += KQ_GEMM_ROWS) {
-        int nr = (int)(r1 - r < KQ_GEMM_ROWS ? r1 - r : KQ_GEMM_ROWS);
-        quant_kqrp_unpack_rows(m->W, m->wtype, m->rows, m->cols, r, nr, rows);
-        g.W = rows;
-        g.Y = m->Y + r;
-        quant_kq_gemm_rows(&g, quant_kq_tiles_best(), 0, nr, scratch);
-    }
-}
-
-/* The tiles' panels, then room for KQ_GEMM_ROWS row-major rows (repacked matrices). */
-static uint8_t *kq_scratch(int64_t cols)
-{
-    size_t rows = (size_t)KQ_GEMM_ROWS * quant_row_size(QUANT_Q6_K, cols); /* the widest of the repacked types */
-    return aligned_alloc(MM_ALIGN, align_up(quant_kq_scratch_bytes(cols)) + align_up(rows));
-}
+static uint8_t *kq_scratch(int64_t cols) { return aligned_alloc(MM_ALIGN, align_up(quant_kq_scratch_bytes(cols))); }
 
 static void kq_compute(void *vctx, int ith, int nth)
 {
@@ -982,7 +946,7 @@ static size_t ex_tok_xrow(const struct quant_traits *tr, enum quant_type wtype, 
                           enum ex_tok *layout)
 {
     *layout = EX_TOK_VEC_DOT;
-    if (repacked && is_q8_family(wtype)) {
+    if (repacked) {
         *layout = EX_TOK_RP;
         return rp_token_bytes(cols);
     }
@@ -1154,13 +1118,6 @@ static bool ex_rows(struct ex_run *r, const struct ex_expert *x, int mat, int64_
         quant_rp_rows(&j, r0 / QUANT_RP_ROWS, r1 / QUANT_RP_ROWS);
         if (r1 == m.rows && m.rows % QUANT_RP_ROWS) /* the row-major tail, with the last item */
             quant_rp_tail_rows(&j, m.rows);
-        return true;
-    }
-    case MM_KQ_REPACKED: {
-        struct quant_kq_gemm g = kq_gemm_of(&m);
-        quant_kqrp_rows(&g, r0 / QUANT_RP_ROWS, r1 / QUANT_RP_ROWS);
-        if (r1 == m.rows && m.rows % QUANT_RP_ROWS)
-            quant_kqrp_tail_rows(&g, m.rows);
         return true;
     }
 #if defined(QUANT_HAVE_AVX512)
@@ -1408,26 +1365,6 @@ static void rp_compute(void *vctx, int ith, int nth)
     }
 }
 
-/* The same split for repacked k-quants, on Q8_K activations. */
-static void kqrp_compute(void *vctx, int ith, int nth)
-{
-    struct mm *m = vctx;
-    int64_t n_groups = m->rows / QUANT_RP_ROWS;
-    int64_t chunk = n_groups / ((int64_t)nth * 8);
-    chunk = chunk < RP_MIN_CHUNK_ROWS / QUANT_RP_ROWS ? RP_MIN_CHUNK_ROWS / QUANT_RP_ROWS : chunk;
-    int64_t n_chunks = ceil_div(n_groups, chunk);
-    bool tail = m->rows % QUANT_RP_ROWS != 0;
-    struct quant_kq_gemm g = kq_gemm_of(m);
-    for (int64_t ci; (ci = take_own_chunk(&m->own, ith, nth, n_chunks + tail)) >= 0;) {
-        if (ci == n_chunks) {
-            quant_kqrp_tail_rows(&g, m->rows);
-            continue;
-        }
-        int64_t g0 = ci * chunk, g1 = g0 + chunk < n_groups ? g0 + chunk : n_groups;
-        quant_kqrp_rows(&g, g0, g1);
-    }
-}
-
 /* ---- entry points ---------------------------------------------------------- */
 
 static ks_status matmul_run(threads_pool *pool, const void *W, enum quant_type wtype, bool repacked, int64_t rows,
@@ -1457,8 +1394,8 @@ static ks_status mm_init(struct mm *m, const void *W, enum quant_type wtype, boo
         return ks_fail(KS_ERR_INVALID_ARG, "matmul: bad shape rows=%lld cols=%lld tokens=%lld for %s",
                        (long long)rows, (long long)cols, (long long)n_tokens, tr->name);
     if (repacked && !quant_repack_fits(wtype, rows, cols))
-        return ks_fail(KS_ERR_INVALID_ARG, "matmul: a repacked %s matrix of %lld x %lld cannot exist (Q4_0, Q8_0, "
-                       "Q4_K, Q5_K or Q6_K, whole blocks, at least %d rows)", quant_type_name(wtype), (long long)rows, (long long)cols,
+        return ks_fail(KS_ERR_INVALID_ARG, "matmul: a repacked %s matrix of %lld x %lld cannot exist (Q4_0 or Q8_0, "
+                       "whole blocks, at least %d rows)", quant_type_name(wtype), (long long)rows, (long long)cols,
                        QUANT_RP_ROWS);
     if (!W || !X || !Y || !work)
         return ks_fail(KS_ERR_INVALID_ARG, "matmul: NULL buffer");
@@ -1481,8 +1418,6 @@ static threads_fn decode_compute(enum mm_path path)
     switch (path) {
     case MM_REPACKED:
         return rp_compute;
-    case MM_KQ_REPACKED:
-        return kqrp_compute;
 #if defined(QUANT_HAVE_AVX512)
     case MM_Q8_DECODE:
         return dec_compute;

@@ -28,7 +28,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "quant/kquants.h"
 #include "quant/quant_internal.h"
 
 #if defined(QUANT_HAVE_AVX2)
@@ -48,8 +47,6 @@ int quant_repack_rows(void) { return QUANT_RP_ROWS; }
 
 bool quant_repack_fits(enum quant_type t, int64_t rows, int64_t cols)
 {
-    if (quant_kqrp_type(t))
-        return KQRP_ENABLED && rows >= QUANT_RP_ROWS && cols > 0 && cols % QK_K == 0 && cols <= INT32_MAX;
     return (t == QUANT_Q4_0 || t == QUANT_Q8_0) && rows >= QUANT_RP_ROWS && cols > 0 && cols % QK8_0 == 0 &&
            cols <= INT32_MAX;
 }
@@ -87,11 +84,8 @@ void quant_rp_get_block(const void *W, enum quant_type t, int64_t nb, int64_t r,
 ks_status quant_repack(enum quant_type t, int64_t rows, int64_t cols, void *W)
 {
     if (!W || !quant_repack_fits(t, rows, cols))
-        return ks_fail(KS_ERR_INVALID_ARG, "repack: %s matrix of %lld x %lld cannot be repacked (Q4_0, Q8_0, Q4_K, Q5_K "
-                       "or Q6_K, whole blocks, at least %d rows)", quant_type_name(t), (long long)rows, (long long)cols,
-                       QUANT_RP_ROWS);
-    if (quant_kqrp_type(t))
-        return quant_kqrp_repack_as(t, rows, cols, W, QUANT_RP_ROWS);
+        return ks_fail(KS_ERR_INVALID_ARG, "repack: %s matrix of %lld x %lld cannot be repacked (Q4_0 or Q8_0, whole blocks, "
+                       "at least %d rows)", quant_type_name(t), (long long)rows, (long long)cols, QUANT_RP_ROWS);
     return quant_rp_repack_as(t, rows, cols, W, QUANT_RP_ROWS, QUANT_RP_Q8_BIAS);
 }
 
@@ -163,15 +157,6 @@ ks_status quant_get_row_repacked(const void *W, enum quant_type t, int64_t rows,
                        quant_type_name(t), (long long)rows, (long long)cols);
     if (r >= quant_rp_grouped_rows(rows))
         return quant_get_row(W, t, cols, r, y);
-    if (quant_kqrp_type(t)) { /* one super-block at a time back in ggml's layout, then the row's dequantizer */
-        const struct quant_traits *tr = quant_traits(t);
-        uint8_t blk[sizeof(block_q6_K) > sizeof(block_q5_K) ? sizeof(block_q6_K) : sizeof(block_q5_K)];
-        for (int64_t b = 0; b < cols / QK_K; b++) {
-            quant_kqrp_get_block(W, t, QUANT_RP_ROWS, cols, r, b, blk);
-            tr->to_float(blk, y + b * QK_K, QK_K);
-        }
-        return KS_OK;
-    }
 #if defined(QUANT_HAVE_AVX2)
     rp_row_to_float_avx2(W, t, cols / QK8_0, r, y);
 #else
