@@ -178,41 +178,12 @@ static void run_two_streams(const struct moe_case *mc)
     load_reference(mc, &r);
     struct engine e;
     engine_init(&e, mc, 2, 2 * MAX_IDS);
-    size_t V = (size_t)r.n_vocab;
-    int32_t s[2];
-    assert_int_equal(kv_seq_create(e.kv, &s[0]), KS_OK);
-    assert_int_equal(kv_seq_create(e.kv, &s[1]), KS_OK);
     int n = r.n_prompt;
-    int32_t tok[2 * MAX_IDS], pos[2 * MAX_IDS], seqs[2 * MAX_IDS];
-    for (int i = 0; i < n; i++)
-        for (int q = 0; q < 2; q++)
-            tok[2 * i + q] = r.prompt[i], pos[2 * i + q] = i, seqs[2 * i + q] = s[q];
-    float *logits = malloc(sizeof(float) * 2 * V);
-    struct model_batch b = {2 * n, tok, pos, seqs, NULL};
-    int32_t n_out = 0;
-    assert_int_equal(model_forward(e.ctx, e.kv, &b, logits, &n_out), KS_OK);
-    assert_int_equal(n_out, 2);
-    float worst = 0;
-    for (int q = 0; q < 2; q++) {
-        float d = llamacpp_max_diff(logits + q * V, r.logits + (size_t)(n - 1) * V, V);
-        worst = d > worst ? d : worst;
-    }
-    for (int i = 0; i < r.n_greedy; i++) {
-        int32_t t2[2], p2[2] = {n + i, n + i};
-        for (int q = 0; q < 2; q++) {
-            t2[q] = llamacpp_argmax(logits + q * V, r.n_vocab);
-            if (t2[q] != r.greedy[i])
-                fail_msg("%s: stream %d: greedy token %d is %d, llama.cpp picked %d", mc->name, q, i, t2[q],
-                         r.greedy[i]);
-        }
-        struct model_batch d = {2, t2, p2, s, NULL};
-        assert_int_equal(model_forward(e.ctx, e.kv, &d, logits, &n_out), KS_OK);
-        assert_int_equal(n_out, 2);
-    }
+    float worst = llamacpp_two_streams(mc->name, e.ctx, e.kv, r.prompt, n, r.greedy, r.n_greedy,
+                                       r.logits + (size_t)(n - 1) * r.n_vocab, r.n_vocab);
     print_message("%-18s two streams in one batch: last prompt row vs llama.cpp %.2e, %d greedy ids equal\n",
                   mc->name, (double)worst, r.n_greedy);
     assert_true(worst <= LOGIT_TOL);
-    free(logits);
     llamacpp_ref_free(&r);
     engine_free(&e);
 }

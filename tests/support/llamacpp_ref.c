@@ -85,6 +85,44 @@ void llamacpp_ref_check_greedy(const struct llamacpp_ref *r, const char *name, s
     }
 }
 
+float llamacpp_two_streams(const char *name, struct model_ctx *ctx, struct kv_cache *kv, const int32_t *prompt,
+                           int n, const int32_t *greedy, int n_gen, const float *last_row, int n_vocab)
+{
+    size_t V = (size_t)n_vocab;
+    int32_t s[2];
+    assert_int_equal(kv_seq_create(kv, &s[0]), KS_OK);
+    assert_int_equal(kv_seq_create(kv, &s[1]), KS_OK);
+    int32_t *tok = malloc(sizeof(int32_t) * 2 * (size_t)n), *pos = malloc(sizeof(int32_t) * 2 * (size_t)n);
+    int32_t *seqs = malloc(sizeof(int32_t) * 2 * (size_t)n);
+    float *logits = malloc(sizeof(float) * 2 * V);
+    assert_true(tok && pos && seqs && logits);
+    for (int i = 0; i < n; i++)
+        for (int q = 0; q < 2; q++)
+            tok[2 * i + q] = prompt[i], pos[2 * i + q] = i, seqs[2 * i + q] = s[q];
+    struct model_batch b = {2 * n, tok, pos, seqs, NULL};
+    int32_t n_out = 0;
+    assert_int_equal(model_forward(ctx, kv, &b, logits, &n_out), KS_OK);
+    assert_int_equal(n_out, 2);
+    float worst = 0;
+    for (int q = 0; q < 2; q++) {
+        float d = llamacpp_max_diff(logits + q * V, last_row, V);
+        worst = d > worst ? d : worst;
+    }
+    for (int i = 0; i < n_gen; i++) {
+        int32_t t2[2], p2[2] = {n + i, n + i};
+        for (int q = 0; q < 2; q++) {
+            t2[q] = llamacpp_argmax(logits + q * V, n_vocab);
+            if (t2[q] != greedy[i])
+                fail_msg("%s: stream %d: greedy token %d is %d, llama.cpp picked %d", name, q, i, t2[q], greedy[i]);
+        }
+        struct model_batch d = {2, t2, p2, s, NULL};
+        assert_int_equal(model_forward(ctx, kv, &d, logits, &n_out), KS_OK);
+        assert_int_equal(n_out, 2);
+    }
+    free(tok), free(pos), free(seqs), free(logits);
+    return worst;
+}
+
 int32_t llamacpp_argmax(const float *x, int n)
 {
     int32_t best = 0;

@@ -38,6 +38,13 @@ void llamacpp_ref_prefill(const struct llamacpp_ref *r, struct model_ctx *ctx, s
 void llamacpp_ref_check_greedy(const struct llamacpp_ref *r, const char *name, struct model_ctx *ctx,
                                struct kv_cache *kv, int32_t seq, float *logits);
 
+/* Two new sequences of kv: prompt[0, n) of both in one batch, then n_gen
+ * steps decoding both in one batch, each step's argmax checked against
+ * greedy[i] (the test fails naming case, stream and step). Returns the worst
+ * |diff| of the two last prompt rows against last_row (n_vocab floats). */
+float llamacpp_two_streams(const char *name, struct model_ctx *ctx, struct kv_cache *kv, const int32_t *prompt,
+                           int n, const int32_t *greedy, int n_gen, const float *last_row, int n_vocab);
+
 int32_t llamacpp_argmax(const float *x, int n);
 float llamacpp_max_diff(const float *a, const float *b, size_t n);
 
