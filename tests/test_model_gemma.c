@@ -13,24 +13,27 @@
  * quant_geglu), and a Q8_0 matmul rounds its input to 8 bits, so a gate or
  * an activation on a rounding midpoint in one summation order and beside it
  * in another moves a value by a whole f16 or Q8_0 step, which a post-norm
- * carries into the residual. ggml's x86 Q8_0 dot (8 FMA lanes per block)
- * and kvserve's kernels (the reference dot's order) differ in a float's last
- * bits, so:
+ * carries into the residual. kvserve quantizes activations as ggml's x86
+ * backend does and sums Q4_0 and Q8_0 rows in one fma chain over the blocks
+ * (quant_ref.c), which is llama.cpp's order for Q4_0 (its repacked
+ * q4_0_8x8 kernels) but not for Q8_0 (ggml sums 8 lanes of 4 products per
+ * block and adds the lanes at the end; kvserve does not, as that order costs
+ * Q8_0 prefill two to four times the vector work). So:
  *   - the naive reference in ggml's Q8_0 order (REF_GGML_Q8_0) gives
  *     llama.cpp's tiny-gemma3 Q8_0 logits bit for bit (measured 0): the
  *     gemma3 graph, its window, its RoPE bases and its GeGLU are llama.cpp's;
+ *   - on tiny-gemma3 Q4_0 the engine holds every prompt row within 1e-4 of
+ *     llama.cpp (measured 7.2e-7); its greedy ids are not held (they leave
+ *     llama.cpp's at token 13: a decode step is not yet bit-identical);
  *   - the engine holds every prompt row within 1e-4 of llama.cpp, its 64
  *     greedy ids, in chunks and with two sequences decoding in one batch,
  *     on tiny-gemma2-f32 (measured 5.7e-5);
  *   - on tiny-gemma3-f32 the engine holds llama.cpp's 64 greedy ids (one
  *     batch, chunks, two streams) and its logits within 1e-3 (measured
  *     5.7e-4: f32 summation order against tinyBLAS and the GeGLU table);
- *   - on the Q8_0 / Q4_0 files the engine is held within 5e-2 (measured
- *     2.3e-2 gemma3 Q8_0, 7.5e-3 gemma2 Q8_0, 5.6e-2 gemma3 Q4_0, where the
- *     naive reference is off as much: llama.cpp's Q4_0 order is not
- *     modelled), which a wrong window or RoPE base exceeds by far (about 1),
- *     and its greedy ids are not held (they leave llama.cpp's at tokens 53,
- *     43 and 26) until the Q8_0 / Q4_0 kernels sum in ggml's order;
+ *   - on the Q8_0 files the engine is held within 1e-1 (measured 5.7e-2
+ *     gemma3, 5.6e-3 gemma2), which a wrong window or RoPE base exceeds by
+ *     far (about 1), and its greedy ids are not held;
  *   - on those models with every matrix at the type (the output too) the
  *     engine gives the same bits in one batch, in chunks and one token at a
  *     time.
@@ -69,8 +72,8 @@ struct gemma_case {
 
 static const struct gemma_case g_cases[] = {
     {"tiny-gemma3-f32", "tiny-gemma3", "f32", 0, 1e-3f, 0, true},
-    {"tiny-gemma3-q8_0", "tiny-gemma3", "q8_0", REF_QUANTIZE_ACTS | REF_GGML_Q8_0, 5e-2f, 1e-6f, false},
-    {"tiny-gemma3-q4_0", "tiny-gemma3", "q4_0", REF_QUANTIZE_ACTS, 1e-1f, 0, false},
+    {"tiny-gemma3-q8_0", "tiny-gemma3", "q8_0", REF_QUANTIZE_ACTS | REF_GGML_Q8_0, 1e-1f, 1e-6f, false},
+    {"tiny-gemma3-q4_0", "tiny-gemma3", "q4_0", REF_QUANTIZE_ACTS, LOGIT_TOL, 0, false},
     {"tiny-gemma2-f32", "tiny-gemma2", "f32", 0, LOGIT_TOL, LOGIT_TOL, true},
     {"tiny-gemma2-q8_0", "tiny-gemma2", "q8_0", REF_QUANTIZE_ACTS | REF_GGML_Q8_0, 5e-2f, 0, false},
 };
