@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -16,7 +17,7 @@
 struct server_waker {
     struct server *srv;
     pthread_mutex_t mu;
-    int refs;                   /* under mu */
+    atomic_int refs;            /* atomic: the watcher takes one under the list's lock, which nests inside mu */
     struct MHD_Connection *conn;/* NULL once the connection closes */
     int fd;                     /* its socket */
     bool suspended;             /* the connection is suspended on this waker (under mu) */
@@ -51,7 +52,7 @@ struct server_waker *server_waker_new(struct server *srv, struct MHD_Connection 
         return NULL;
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
     w->srv = srv;
-    w->refs = 1;
+    atomic_init(&w->refs, 1);
     w->conn = conn;
     w->fd = ci ? ci->connect_fd : -1;
     pthread_mutex_init(&w->mu, NULL);
@@ -60,19 +61,14 @@ struct server_waker *server_waker_new(struct server *srv, struct MHD_Connection 
 
 void server_waker_ref(struct server_waker *w)
 {
-    pthread_mutex_lock(&w->mu);
-    w->refs++;
-    pthread_mutex_unlock(&w->mu);
+    atomic_fetch_add(&w->refs, 1);
 }
 
 void server_waker_unref(struct server_waker *w)
 {
     if (!w)
         return;
-    pthread_mutex_lock(&w->mu);
-    int left = --w->refs;
-    pthread_mutex_unlock(&w->mu);
-    if (left > 0)
+    if (atomic_fetch_sub(&w->refs, 1) > 1)
         return;
     pthread_mutex_destroy(&w->mu);
     free(w);
