@@ -562,10 +562,11 @@ static void abandon(struct server *srv, const char *body, int ms)
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)server_port(srv))};
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
-    char req[1024];
+    char req[4096];
     int n = snprintf(req, sizeof req,
                      "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                      "Content-Length: %zu\r\n\r\n%s", strlen(body), body);
+    assert_true(n > 0 && (size_t)n < sizeof req);
     assert_int_equal(write(fd, req, (size_t)n), n);
     usleep((useconds_t)ms * 1000);
     close(fd);
