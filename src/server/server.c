@@ -496,7 +496,7 @@ static enum MHD_Result on_request_end(struct server *srv, struct MHD_Connection 
     }
     cs->waker = server_waker_new(srv, c);
     if (!cs->waker) {
-        server_reply_error(r, 500, NULL, "out of memory while starting the request");
+        server_reply_error(r, 500, "out_of_memory", "out of memory while starting the request");
         return send_reply(srv, c, cs, r);
     }
     struct server_req rq = {
@@ -693,8 +693,10 @@ void server_stop(struct server *srv)
 {
     if (!srv)
         return;
-    if (srv->daemon)
+    if (srv->daemon) {
+        server_watch_release_all(srv);
         MHD_stop_daemon(srv->daemon);
+    }
     server_watch_stop(srv);
     pthread_mutex_destroy(&srv->mu);
     grammar_vocab_free(srv->grammar_vocab);

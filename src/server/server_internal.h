@@ -124,6 +124,9 @@ bool server_waker_gone(struct server_waker *w);
  * end, or the socket is shut down (slowloris). */
 ks_status server_watch_start(struct server *srv, int timeout_s);
 void server_watch_stop(struct server *srv);
+/* Resume every suspended connection as gone (its work is cancelled): the
+ * daemon must not be stopped with a connection suspended. */
+void server_watch_release_all(struct server *srv);
 /* MHD's connection notifications (open: STARTED, else CLOSED). */
 void server_watch_connection(struct server *srv, struct MHD_Connection *conn, void **socket_context, bool open);
 /* A request's headers arrived (began), or its reply is done (!began). */

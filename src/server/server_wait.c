@@ -337,6 +337,24 @@ static void *watch_main(void *arg)
     }
 }
 
+void server_watch_release_all(struct server *srv)
+{
+    struct server_watch *sw = srv->watch;
+    if (!sw)
+        return;
+    for (;;) {
+        pthread_mutex_lock(&sw->mu);
+        struct server_waker *w = sw->head;
+        if (w)
+            server_waker_ref(w);
+        pthread_mutex_unlock(&sw->mu);
+        if (!w)
+            return;
+        mark_gone(w); /* resumes it, which unlists it */
+        server_waker_unref(w);
+    }
+}
+
 ks_status server_watch_start(struct server *srv, int timeout_s)
 {
     struct server_watch *sw = calloc(1, sizeof *sw);
