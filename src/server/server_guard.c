@@ -45,12 +45,20 @@ static bool host_allowed(const struct server *srv, const char *host)
            span_is(host, n, srv->host) || in_list(srv->cfg.allowed_hosts, host, n);
 }
 
-/* The request's Origin is this server's own (the page it serves at /). */
+/* The request's Origin is this server's own (the page it serves at /),
+ * over http or, behind a TLS proxy that keeps the Host, https. */
 static bool same_origin(const struct server_head *h)
 {
-    static const char scheme[] = "http://";
-    return h->host && strncasecmp(h->origin, scheme, sizeof scheme - 1) == 0 &&
-           strcasecmp(h->origin + sizeof scheme - 1, h->host) == 0;
+    if (!h->host)
+        return false;
+    const char *o = h->origin;
+    if (strncasecmp(o, "http://", 7) == 0)
+        o += 7;
+    else if (strncasecmp(o, "https://", 8) == 0)
+        o += 8;
+    else
+        return false;
+    return strcasecmp(o, h->host) == 0;
 }
 
 static bool origin_allowed(const struct server *srv, const char *origin)
