@@ -15,6 +15,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include <cjson/cJSON.h>
 
@@ -38,15 +41,16 @@ static struct mock_engine_config mock_config(int32_t n_vocab)
     return mc;
 }
 
-static struct sched *mock_sched(int32_t n_vocab, int max_queue)
+static struct sched *mock_sched_slow(int32_t n_vocab, int max_queue, int parallel, unsigned step_sleep_us)
 {
     struct mock_engine_config mc = mock_config(n_vocab);
+    mc.step_sleep_us = step_sleep_us;
     struct mock_engine *m = NULL;
     assert_int_equal(mock_engine_create(&mc, &m), KS_OK);
     struct sched_engine e = mock_engine_sched(m, true);
     struct sched_config cfg;
     sched_config_default(&cfg);
-    cfg.parallel = 8;
+    cfg.parallel = parallel;
     cfg.max_batch_tokens = 64;
     cfg.prefill_chunk = 16;
     cfg.ctx_size = CTX;
@@ -56,14 +60,19 @@ static struct sched *mock_sched(int32_t n_vocab, int max_queue)
     return s;
 }
 
+static struct sched *mock_sched(int32_t n_vocab, int max_queue)
+{
+    return mock_sched_slow(n_vocab, max_queue, 8, 200);
+}
+
 /* ---- fixture ------------------------------------------------------------------- */
 
 struct fx {
     char vocab_path[4096];
     struct gguf_file *vocab;
     struct tokenizer *tok;
-    struct sched *sched, *sched_full;
-    struct server *srv, *srv_key, *srv_full;
+    struct sched *sched, *sched_full, *sched_slow;
+    struct server *srv, *srv_key, *srv_full, *srv_slow;
 };
 
 static struct fx F;
@@ -110,6 +119,9 @@ static int setup(void **state)
     F.srv = start_server(F.sched, NULL);
     F.srv_key = start_server(F.sched, "sekret");
     F.srv_full = start_server(F.sched_full, NULL);
+    /* one sequence at a time, 20 ms a step: an abandoned request holds the only slot */
+    F.sched_slow = mock_sched_slow(tok_n_vocab(F.tok), 1, 1, 20000);
+    F.srv_slow = start_server(F.sched_slow, NULL);
     return 0;
 }
 
@@ -119,6 +131,11 @@ static int teardown(void **state)
     server_stop(F.srv);
     server_stop(F.srv_key);
     server_stop(F.srv_full);
+    sched_cancel_all(F.sched_slow);
+    for (int i = 0; i < 500 && server_in_flight(F.srv_slow) > 0; i++)
+        usleep(10000);
+    server_stop(F.srv_slow);
+    sched_free(F.sched_slow);
     sched_free(F.sched);
     sched_free(F.sched_full);
     tok_free(F.tok);
@@ -537,6 +554,66 @@ static void test_concurrent_streams(void **state)
     httpc_response_free(&r);
 }
 
+/* A client that sends body to path over a raw socket, waits ms and hangs up without reading the reply. */
+static void abandon(struct server *srv, const char *body, int ms)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)server_port(srv))};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    char req[4096];
+    int n = snprintf(req, sizeof req,
+                     "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     "Content-Length: %zu\r\n\r\n%s", strlen(body), body);
+    assert_true(n > 0 && (size_t)n < sizeof req);
+    assert_int_equal(write(fd, req, (size_t)n), n);
+    usleep((useconds_t)ms * 1000);
+    close(fd);
+}
+
+/* A counter of srv_slow's /metrics. */
+static double slow_metric(const char *name)
+{
+    struct httpc_response r = http(F.srv_slow, "GET", "/metrics", NULL, NULL, 0);
+    double v = -1;
+    assert_true(metric(r.body, name, &v));
+    httpc_response_free(&r);
+    return v;
+}
+
+/* A short request after an abandoned one is served (queued behind it, so
+ * at once only if the abandoned one was cancelled), and the abandoned one
+ * computed fewer than limit tokens of counter (it did not run to its end). */
+static void expect_cancelled(const char *counter, double before, double limit)
+{
+    struct httpc_response r = post(F.srv_slow, "/v1/completions", "{\"prompt\": [1, 300], \"max_tokens\": 1}");
+    assert_int_equal(r.status, 200);
+    httpc_response_free(&r);
+    double used = slow_metric(counter) - before;
+    print_message("%s: %.0f (the abandoned request's whole work: %.0f)\n", counter, used, limit);
+    assert_true(used < limit);
+}
+
+/* A client that hangs up is noticed while its request waits (suspended,
+ * no thread) and the request is cancelled, its pages freed: non-streaming
+ * while it decodes (240 steps of 20 ms), streaming during a long prefill
+ * (13 steps of 16 tokens). */
+static void test_abandoned_requests_cancelled(void **state)
+{
+    (void)state;
+    double gen = slow_metric("kvserve_generated_tokens_total");
+    abandon(F.srv_slow, "{\"prompt\": [1, 300, 301], \"max_tokens\": 240}", 100);
+    expect_cancelled("kvserve_generated_tokens_total", gen, 240);
+    char body[2048] = "{\"stream\": true, \"max_tokens\": 8, \"prompt\": [1";
+    for (int i = 0; i < 200; i++)
+        snprintf(body + strlen(body), sizeof body - strlen(body), ", %d", 300 + (i * 7) % 50);
+    strcat(body, "]}");
+    double prompt = slow_metric("kvserve_prompt_tokens_total");
+    abandon(F.srv_slow, body, 60);
+    expect_cancelled("kvserve_prompt_tokens_total", prompt, 200);
+}
+
 /* The kv_policy object of /cache/usage. */
 static cJSON *usage_policy(cJSON **root)
 {
@@ -810,6 +887,7 @@ int main(void)
         cmocka_unit_test(test_chat),
         cmocka_unit_test(test_concurrent_streams),
         cmocka_unit_test(test_cache_policy),
+        cmocka_unit_test(test_abandoned_requests_cancelled),
     };
     if (!find_vocab())
         return ks_skip_all("no stories260K.gguf under $KVSERVE_SHARED/models and no $KVSERVE_DEFAULT_MODEL");

@@ -29,7 +29,7 @@ stop() {
 }
 ids=$(seq 3 302 | paste -sd, -)                 # a 300-token prompt
 complete() { # max_tokens -> prints "<cached_tokens> <text as JSON>"
-  local r; r=$(curl -s "$url/v1/completions" -d "{\"prompt\":[$ids],\"max_tokens\":$1,\"temperature\":0,\"ignore_eos\":true}")
+  local r; r=$(curl -s -H "Content-Type: application/json" "$url/v1/completions" -d "{\"prompt\":[$ids],\"max_tokens\":$1,\"temperature\":0,\"ignore_eos\":true}")
   printf '%s %s\n' "$(grep -o '"cached_tokens":[0-9]*' <<<"$r" | cut -d: -f2)" \
     "$(grep -oE '"text":"([^"\\]|\\.)*"' <<<"$r" | head -1 | cut -d: -f2-)"
 }
