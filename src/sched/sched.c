@@ -507,10 +507,10 @@ static void run_hooks(struct sched *s)
 /* The time one slice of a job may add to a step (sched_run_sliced). */
 static double slice_budget(const struct sched *s)
 {
-    if (s->n_active == 0)
+    if (s->n_active == 0 && s->n_waiting == 0)
         return SCHED_SLICE_IDLE_S;
-    enum { FIRST_GUESS_MS = 5 };
-    double decode = sched_cost_decode(&s->cost, s->n_active);
+    enum { FIRST_GUESS_MS = 5 }; /* before any step was measured, or while requests only wait */
+    double decode = s->n_active > 0 ? sched_cost_decode(&s->cost, s->n_active) : 0;
     double ratio = (double)s->cfg.max_itl_ratio - 1.0;
     if (ratio < 0.5)
         ratio = 0.5;
@@ -945,7 +945,6 @@ static void *sched_main(void *arg)
     pthread_mutex_lock(&s->mu);
     for (;;) {
         run_hooks(s);
-        run_jobs(s);
         int n_done = collect_cancelled(s, done, DONE_CAP);
         if (n_done > 0) {
             pthread_mutex_unlock(&s->mu);
@@ -959,10 +958,13 @@ static void *sched_main(void *arg)
         if (s->stop && s->n_active == 0 && s->n_waiting == 0)
             break;
         if (s->n_active == 0 && s->n_waiting == 0) {
-            if (!s->jobs)
+            if (s->jobs)
+                run_jobs(s);
+            else
                 pthread_cond_wait(&s->work, &s->mu);
             continue;
         }
+        run_jobs(s); /* one slice per step */
         admit(s);
         pthread_mutex_unlock(&s->mu);
 

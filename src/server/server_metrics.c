@@ -357,6 +357,8 @@ static void note_slice(struct requant_ctx *q, const struct kv_requant_result *r)
         double per = r->ms * 1e-3 / r->pages_changed;
         q->page_s = q->page_s > 0 ? 0.5 * q->page_s + 0.5 * per : per;
     }
+    if (q->dry_run)
+        return; /* the progress shown is the running requantization's */
     pthread_mutex_lock(&q->srv->mu);
     q->srv->requant_done = q->res.pages_changed;
     q->srv->requant_total = q->res.pages_changed + r->pages_left;

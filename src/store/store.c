@@ -182,8 +182,8 @@ static bool entry_broken(const MDB_val *k, const MDB_val *v)
 }
 
 /* Delete in db every key that other does not hold and, in the entries,
- * every entry whose header is wrong (counted as corrupt); returns an LMDB code (MDB_CORRUPTED
- * for a value whose overflow pages are not LMDB's). */
+ * every entry whose header is wrong (counted as corrupt); returns an LMDB
+ * code (MDB_CORRUPTED for a value whose overflow pages are not LMDB's). */
 static int drop_orphans(struct store *s, MDB_txn *txn, MDB_dbi db, MDB_dbi other)
 {
     MDB_cursor *c;
