@@ -11,6 +11,7 @@
 #include <cmocka.h>
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -746,6 +747,130 @@ static void test_requantize_to_iq3_nl(void **state)
     httpc_response_free(&r);
 }
 
+/* ---- POST /cache/requantize in slices ------------------------------------------------ */
+
+struct counter {
+    pthread_mutex_t mu;
+    int tokens;
+    bool done;
+    enum sched_finish finish;
+};
+
+static void count_event(void *user, const struct sched_event *ev)
+{
+    struct counter *c = user;
+    pthread_mutex_lock(&c->mu);
+    if (ev->finish == SCHED_FINISH_NONE)
+        c->tokens++;
+    else {
+        c->done = true;
+        c->finish = ev->finish;
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+static int counted(struct counter *c, bool *done)
+{
+    pthread_mutex_lock(&c->mu);
+    int n = c->tokens;
+    if (done)
+        *done = c->done;
+    pthread_mutex_unlock(&c->mu);
+    return n;
+}
+
+struct requant_client {
+    struct server *srv;
+    struct httpc_response r;
+    atomic_bool finished;
+};
+
+static void *requant_main(void *arg)
+{
+    struct requant_client *c = arg;
+    c->r = post(c->srv, "/cache/requantize", "{\"type_k\": \"q4_0\", \"type_v\": \"q4_0\", \"pages_per_step\": 1}");
+    atomic_store(&c->finished, true);
+    return NULL;
+}
+
+/* 16 idle pages requantized one page per step while a stream decodes: the
+ * work takes 16 slices with a step between each two, the stream keeps
+ * going, and a second requantization sent meanwhile gets 409. The engine is
+ * held (steps wait) while the two are sent, so the first cannot finish
+ * before the second arrives, whatever the machine's speed. */
+static void test_requantize_in_slices_and_409(void **state)
+{
+    (void)state;
+    struct mock_engine_config mc = mock_config(tok_n_vocab(F.tok));
+    struct mock_engine *m = NULL;
+    assert_int_equal(mock_engine_create(&mc, &m), KS_OK);
+    struct sched_engine e = mock_engine_sched(m, false);
+    struct sched_config cfg;
+    sched_config_default(&cfg);
+    cfg.ctx_size = CTX;
+    struct sched *s = NULL;
+    assert_int_equal(sched_create(&cfg, &e, &s), KS_OK);
+    struct server *srv = start_server(s, NULL);
+    for (int32_t i = 0; i < 8; i++) { /* 8 idle chains of 2 pages */
+        int32_t first = 6000 + 100 * i;
+        assert_int_equal(sched_between_steps(s, make_idle_chain, &first), KS_OK);
+    }
+    struct counter stream = {.mu = PTHREAD_MUTEX_INITIALIZER};
+    int32_t prompt[3] = {1, 333, 334};
+    struct sched_request rq = {.prompt = prompt, .n_prompt = 3, .max_tokens = 240, .on_event = count_event,
+                               .user = &stream};
+    uint64_t id;
+    assert_int_equal(sched_submit(s, &rq, &id), KS_OK);
+    KS_WAIT_UNTIL(counted(&stream, NULL) > 0, "the stream's first token");
+
+    mock_engine_hold(m, true);
+    struct requant_client cl[2] = {{.srv = srv}, {.srv = srv}};
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++)
+        pthread_create(&th[i], NULL, requant_main, &cl[i]);
+    KS_WAIT_UNTIL(atomic_load(&cl[0].finished) || atomic_load(&cl[1].finished), "one requantize to be refused");
+    int refused = atomic_load(&cl[0].finished) ? 0 : 1;
+    mock_engine_hold(m, false);
+    for (int i = 0; i < 2; i++)
+        pthread_join(th[i], NULL);
+    char *message = expect_error_message(cl[refused].r, 409, "requantize_running");
+    assert_non_null(strstr(message, "/cache/usage"));
+    free(message);
+
+    struct httpc_response *ok = &cl[1 - refused].r;
+    if (ok->status != 200)
+        print_message("%s\n", ok->body);
+    assert_int_equal(ok->status, 200);
+    cJSON *j = json_of(ok);
+    httpc_response_free(ok);
+    assert_int_equal(json_num(j, "pages_converted"), 16);
+    assert_int_equal(json_num(j, "slices"), 16);
+    /* one slice between two steps while the stream decodes (it outlives the 16 slices) */
+    assert_true(json_num(j, "steps") >= 15);
+    cJSON_Delete(j);
+    bool done = false;
+    int at_end = counted(&stream, &done);
+    assert_true(at_end < 240 && !done);
+
+    struct httpc_response r = http(srv, "GET", "/cache/usage", NULL, NULL, 0);
+    j = json_of(&r);
+    httpc_response_free(&r);
+    cJSON *q = cJSON_GetObjectItem(j, "requantize");
+    assert_true(cJSON_IsFalse(cJSON_GetObjectItem(q, "running")));
+    assert_int_equal(json_num(q, "pages_done"), 16);
+    assert_int_equal(json_num(q, "pages_total"), 16);
+    assert_int_equal(json_num(cJSON_GetObjectItem(j, "pages_k"), "q4_0"), 16);
+    cJSON_Delete(j);
+    r = post(srv, "/cache/requantize", "{\"type_k\": \"q8_0\", \"pages_per_step\": 0}");
+    expect_error(r, 400, "invalid_value");
+
+    KS_WAIT_UNTIL(counted(&stream, &done) == 240 && done, "the stream to finish");
+    assert_int_equal(stream.finish, SCHED_FINISH_LENGTH);
+    server_stop(srv);
+    sched_free(s);
+    mock_engine_free(m);
+}
+
 static void test_prefix_cache_routes(void **state)
 {
     (void)state;
@@ -880,6 +1005,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_prefix_cache_routes),
         cmocka_unit_test(test_requantize_to_iq3_nl),
+        cmocka_unit_test(test_requantize_in_slices_and_409),
         cmocka_unit_test(test_health_models_404),
         cmocka_unit_test(test_bad_requests),
         cmocka_unit_test(test_api_key_and_overload),

@@ -47,6 +47,9 @@ struct server {
     int in_flight;
     uint64_t next_call;
     uint64_t http_requests, http_errors;
+    /* POST /cache/requantize, one at a time, in slices between steps (under mu) */
+    bool requant_running;
+    int32_t requant_done, requant_total; /* pages converted / to convert (grows as streams add pages) */
 };
 
 /* One HTTP request as the routes see it (no libmicrohttpd in it, so routes
