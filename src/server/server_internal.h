@@ -50,6 +50,11 @@ struct server {
     /* POST /cache/requantize, one at a time, in slices between steps (under mu) */
     bool requant_running;
     int32_t requant_done, requant_total; /* pages converted / to convert (grows as streams add pages) */
+    /* It waits for its slices on a thread of its own, not on a polling
+     * thread (whose other connections would stall with it): server_stop
+     * stops it at its next slice and joins it. */
+    bool requant_thread_live, requant_stop;
+    pthread_t requant_thread;
 };
 
 /* One HTTP request as the routes see it (no libmicrohttpd in it, so routes
@@ -305,6 +310,8 @@ ks_status server_route_apply_template(struct server *srv, const struct server_re
 ks_status server_route_metrics(struct server *srv, const struct server_req *rq, struct reply *r);
 ks_status server_route_cache_usage(struct server *srv, const struct server_req *rq, struct reply *r);
 ks_status server_route_requantize(struct server *srv, const struct server_req *rq, struct reply *r);
+/* Stop a running requantization at its next slice and wait for its thread. */
+void server_requantize_stop(struct server *srv);
 ks_status server_route_policy(struct server *srv, const struct server_req *rq, struct reply *r);
 
 /* server_metrics.c: one Prometheus metric with its # HELP and # TYPE lines */
