@@ -34,8 +34,6 @@ static float rndf(void)
 
 static const enum quant_type k_types[] = {QUANT_Q4_0, QUANT_Q8_0, QUANT_IQ4_NL, QUANT_MXFP4};
 
-static bool is_lut(enum quant_type t) { return t == QUANT_IQ4_NL || t == QUANT_MXFP4; }
-
 /* rows x cols of wtype from random floats (some rows scaled down, so
  * scales differ widely between the rows of a group). */
 static void *random_matrix(enum quant_type wtype, int64_t rows, int64_t cols)
@@ -114,7 +112,7 @@ static void test_repack_keeps_every_block(void **state)
                     assert_memory_equal(blk, W + r * wrow + b * bb, bb);
                 }
 #if defined(QUANT_HAVE_AVX2)
-                if (is_lut(t)) /* no prefill tile reads these */
+                if (t == QUANT_IQ4_NL || t == QUANT_MXFP4) /* no prefill tile reads these */
                     continue;
                 /* the prefill tiles' read of a repacked row, gathered or from the tail */
                 float d_rp, d_rows;
