@@ -22,7 +22,8 @@
  *  - repacked Q4_0/Q8_0 weights (quant_matmul_repacked): up to RP_GEMM_MAX
  *    tokens, the group kernels of quant_repack.c over row groups taken from
  *    a shared counter; more, the prefill tiles above, unpacking rows from
- *    the layout. */
+ *    the layout. Repacked IQ4_NL/MXFP4 weights run the group kernels at
+ *    every batch size (they have no tiles). */
 #include <stdalign.h>
 #include <stdatomic.h>
 #include <math.h>
@@ -64,6 +65,9 @@ enum mm_path { MM_GENERIC, MM_Q8_DECODE, MM_Q8_PREFILL, MM_FLOAT_DECODE, MM_FLOA
                MM_KQ_PREFILL };
 
 static inline bool is_q8_family(enum quant_type t) { return t == QUANT_Q4_0 || t == QUANT_Q8_0; }
+/* Repacked, these types run the group kernels at every batch size: no tile reads their layout. */
+static inline bool rp_every_batch(enum quant_type t) { return t == QUANT_IQ4_NL || t == QUANT_MXFP4; }
+static inline bool is_repackable(enum quant_type t) { return is_q8_family(t) || rp_every_batch(t); }
 static bool is_float(enum quant_type t) { return t == QUANT_F32 || t == QUANT_F16 || t == QUANT_BF16; }
 static bool is_kquant(enum quant_type t) { return t >= QUANT_Q2_K && t <= QUANT_Q8_K; }
 
@@ -111,7 +115,8 @@ static enum mm_path choose_path(enum quant_type wtype, int64_t n_tokens)
 
 /* Repacked weights: batches up to RP_GEMM_MAX tokens run the group kernels
  * (quant_repack.c); larger ones the prefill tiles, which unpack the rows.
- * Without SIMD prefill tiles every batch runs the group kernels. */
+ * Without SIMD prefill tiles, and for IQ4_NL/MXFP4, every batch runs the
+ * group kernels. */
 #ifndef RP_GEMM_MAX
 #define RP_GEMM_MAX 16 /* at 16 tokens the group kernels beat the tiles by 23-30%; at 64 and 512 they lost 7-30% */
 #endif
@@ -123,7 +128,7 @@ static enum mm_path choose_path(enum quant_type wtype, int64_t n_tokens)
 static enum mm_path choose_repacked_path(enum quant_type wtype, int64_t n_tokens)
 {
 #if defined(RP_HAVE_TILES)
-    if (n_tokens > RP_GEMM_MAX)
+    if (n_tokens > RP_GEMM_MAX && !rp_every_batch(wtype))
         return choose_path(wtype, n_tokens);
 #endif
     (void)wtype;
@@ -135,11 +140,13 @@ static enum mm_path choose_repacked_path(enum quant_type wtype, int64_t n_tokens
  * as a job reads them. */
 static size_t rp_token_bytes(int64_t cols) { return sizeof(struct quant_rp_act) * (size_t)(cols / QB); }
 
-static size_t rp_work(int64_t cols, int64_t n_tokens)
+static size_t rp_work(enum quant_type wtype, int64_t cols, int64_t n_tokens)
 {
 #if defined(RP_HAVE_TILES)
-    n_tokens = n_tokens < RP_GEMM_MAX ? n_tokens : RP_GEMM_MAX;
+    if (!rp_every_batch(wtype))
+        n_tokens = n_tokens < RP_GEMM_MAX ? n_tokens : RP_GEMM_MAX;
 #endif
+    (void)wtype;
     return rp_token_bytes(cols) * (size_t)n_tokens + MM_ALIGN;
 }
 
@@ -171,7 +178,7 @@ static size_t work_for_path(const struct quant_traits *tr, enum quant_type wtype
         break;
 #endif
     case MM_REPACKED:
-        return rp_work(cols, n_tokens);
+        return rp_work(wtype, cols, n_tokens);
     case MM_KQ_PREFILL: /* the Q8_K rows of the generic path */
     case MM_GENERIC:
         break;
@@ -191,8 +198,8 @@ size_t quant_matmul_work_size(enum quant_type wtype, int64_t cols, int64_t n_tok
         size_t small = work_for_path(tr, wtype, cols, MM_PREFILL_MIN - 1);
         need = need > small ? need : small;
     }
-    if (is_q8_family(wtype)) { /* the same buffer serves the repacked kernels */
-        size_t rp = rp_work(cols, n_tokens);
+    if (is_repackable(wtype)) { /* the same buffer serves the repacked kernels */
+        size_t rp = rp_work(wtype, cols, n_tokens);
         need = need > rp ? need : rp;
     }
     return need;
@@ -998,7 +1005,7 @@ size_t quant_matmul_experts_work_size(enum quant_type wtype, int64_t cols, int64
         return 0;
     enum ex_tok layout;
     size_t tok = ex_tok_xrow(tr, wtype, cols, false, &layout);
-    if (is_q8_family(wtype)) { /* repacked experts pack the X rows for the group kernels */
+    if (is_repackable(wtype)) { /* repacked experts pack the X rows for the group kernels */
         size_t rp = ex_tok_xrow(tr, wtype, cols, true, &layout);
         tok = rp > tok ? rp : tok;
     }
@@ -1408,8 +1415,8 @@ static ks_status mm_init(struct mm *m, const void *W, enum quant_type wtype, boo
         return ks_fail(KS_ERR_INVALID_ARG, "matmul: bad shape rows=%lld cols=%lld tokens=%lld for %s",
                        (long long)rows, (long long)cols, (long long)n_tokens, tr->name);
     if (repacked && !quant_repack_fits(wtype, rows, cols))
-        return ks_fail(KS_ERR_INVALID_ARG, "matmul: a repacked %s matrix of %lld x %lld cannot exist (Q4_0 or Q8_0, "
-                       "whole blocks, at least %d rows)", quant_type_name(wtype), (long long)rows, (long long)cols,
+        return ks_fail(KS_ERR_INVALID_ARG, "matmul: a repacked %s matrix of %lld x %lld cannot exist (Q4_0, Q8_0, "
+                       "IQ4_NL or MXFP4, whole blocks, at least %d rows)", quant_type_name(wtype), (long long)rows, (long long)cols,
                        QUANT_RP_ROWS);
     if (!W || !X || !Y || !work)
         return ks_fail(KS_ERR_INVALID_ARG, "matmul: NULL buffer");
