@@ -14,8 +14,8 @@
  * Q8_K rows passed to vec_dot must have bsums consistent with qs (as
  * quant_quantize_row_q8_K produces): the kernels use them for the min/offset
  * terms. */
-#ifndef KS_QUANT_KQUANTS_H
-#define KS_QUANT_KQUANTS_H
+#ifndef KS_QUANT_KQ_INTERNAL_H
+#define KS_QUANT_KQ_INTERNAL_H
 
 #include <math.h>
 #include <string.h>

@@ -6,7 +6,7 @@
  *     the super-block's f16 d/dmin, and the quants recomputed with them.
  *   - Q3_K/Q6_K: symmetric, per-16 signed scales ("qx"), 6/8-bit scales.
  *   - Q8_K: plain absmax for activations, plus bsums. */
-#include "quant/kquants.h"
+#include "quant/kq_internal.h"
 
 #define GROUP_MAX_EPS 1e-15f
 

@@ -1,4 +1,4 @@
-#include "quant/kquants.h"
+#include "quant/kq_internal.h"
 
 struct kq_kernels {
     enum quant_type type;
