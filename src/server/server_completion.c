@@ -1357,10 +1357,10 @@ ks_status server_completion_parse(struct server *srv, bool chat, const char *bod
         st = prompt_tokens(srv, chat, root, &ids, &n_prompt, r);
     /* tool_choice none: the template still sees the tools (as in llama.cpp),
      * the output is not parsed for calls */
-    if (chat && !srv->chat_family && c->tools.n_tools > 0 && c->tools.choice != SERVER_TOOL_NONE)
+    if (chat && !srv->chat.by_family && c->tools.n_tools > 0 && c->tools.choice != SERVER_TOOL_NONE)
         c->tool_fmt = srv->tool_format;
     /* harmony's channels are always parsed: its reasoning is never content */
-    if (chat && !srv->chat_family && srv->tool_format == SERVER_TOOLS_HARMONY) {
+    if (chat && !srv->chat.by_family && srv->tool_format == SERVER_TOOLS_HARMONY) {
         c->harmony_calls = c->tool_fmt == SERVER_TOOLS_HARMONY;
         c->tool_fmt = SERVER_TOOLS_HARMONY;
     }

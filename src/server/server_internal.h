@@ -29,10 +29,7 @@ struct server {
     char *host, *api_key, *model_name;
     struct sched *sched;
     const struct tokenizer *tok;
-    enum tok_chat_family chat;  /* when chat_family: the hand-written family the user named */
-    bool chat_family;
-    struct jinja_template *jt;  /* else: the parsed Jinja chat template */
-    char *bos_text, *eos_text;  /* the vocabulary's BOS and EOS texts, for the template */
+    struct tok_chat_setup chat; /* the hand-written family the user named, or the Jinja template */
     enum server_tool_format tool_format; /* how the template's model writes tool calls */
     int32_t tool_tokens[12];    /* control tokens of the tool-call markup, kept in the text */
     int n_tool_tokens;
