@@ -6,7 +6,6 @@
 #ifdef __AVX512F__
 #include <immintrin.h>
 #endif
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -139,128 +138,6 @@ struct grammar_vocab {
 
 enum { MAX_PIECE = 4096 };
 
-/* ---- the shared mask cache ------------------------------------------------------------ */
-
-/* A set's mask depends only on the grammar's content and the set's stacks'
- * content, so states of separately compiled copies of one grammar (one per
- * request) share it. Keys are 192-bit hashes: a grammar fingerprint and a
- * 128-bit canonical hash of the set. Full: everything is dropped and the cache
- * starts over (bounded memory, no bookkeeping per use). */
-struct mask_key {
-    uint64_t grammar, lo, hi;
-};
-
-struct shared_mask {
-    struct mask_key key;
-    int32_t maxD;
-    uint64_t *bits;           /* the block (see LIST_MAX), NULL: empty slot */
-    size_t n_words;
-};
-
-struct mask_cache {
-    pthread_mutex_t mu;
-    struct shared_mask *slots;
-    uint32_t cap, n;          /* cap a power of two, at most half full */
-    size_t bytes, limit;
-    uint64_t hits, misses;
-};
-
-static void mask_cache_clear(struct mask_cache *c)
-{
-    for (uint32_t i = 0; i < c->cap; i++) {
-        free(c->slots[i].bits);
-        c->slots[i].bits = NULL;
-    }
-    c->n = 0;
-    c->bytes = 0;
-}
-
-static void mask_cache_free(struct mask_cache *c)
-{
-    if (!c)
-        return;
-    mask_cache_clear(c);
-    free(c->slots);
-    pthread_mutex_destroy(&c->mu);
-    free(c);
-}
-
-static struct mask_cache *mask_cache_new(size_t limit)
-{
-    struct mask_cache *c = calloc(1, sizeof *c);
-    if (!c)
-        return NULL;
-    pthread_mutex_init(&c->mu, NULL);
-    c->limit = limit;
-    return c;
-}
-
-static bool key_equal(const struct mask_key *a, const struct mask_key *b)
-{
-    return a->grammar == b->grammar && a->lo == b->lo && a->hi == b->hi;
-}
-
-static uint32_t key_slot(const struct mask_cache *c, const struct mask_key *k)
-{
-    uint32_t i = (uint32_t)(k->lo ^ k->grammar) & (c->cap - 1);
-    while (c->slots[i].bits && !key_equal(&c->slots[i].key, k))
-        i = (i + 1) & (c->cap - 1);
-    return i;
-}
-
-/* Copy the cached block of k into bits (room for a whole block); false
- * when absent. */
-static bool mask_cache_get(struct mask_cache *c, const struct mask_key *k, uint64_t *bits, int32_t *maxD)
-{
-    pthread_mutex_lock(&c->mu);
-    struct shared_mask *e = c->cap ? &c->slots[key_slot(c, k)] : NULL;
-    bool hit = e && e->bits;
-    if (hit) {
-        memcpy(bits, e->bits, e->n_words * sizeof *bits);
-        *maxD = e->maxD;
-        c->hits++;
-    } else {
-        c->misses++;
-    }
-    pthread_mutex_unlock(&c->mu);
-    return hit;
-}
-
-/* Keep a copy of a mask (an allocation failure only means it is not kept). */
-static void mask_cache_put(struct mask_cache *c, const struct mask_key *k, const uint64_t *bits, size_t words,
-                           int32_t maxD)
-{
-    size_t size = words * sizeof *bits;
-    pthread_mutex_lock(&c->mu);
-    if (c->bytes + size > c->limit)
-        mask_cache_clear(c);
-    if (size <= c->limit && 2 * (c->n + 1) > c->cap) {
-        uint32_t cap = c->cap ? 2 * c->cap : 64;
-        struct shared_mask *slots = calloc(cap, sizeof *slots);
-        if (slots) {
-            struct shared_mask *old = c->slots;
-            uint32_t old_cap = c->cap;
-            c->slots = slots;
-            c->cap = cap;
-            for (uint32_t i = 0; i < old_cap; i++)
-                if (old[i].bits)
-                    c->slots[key_slot(c, &old[i].key)] = old[i];
-            free(old);
-        }
-    }
-    uint64_t *copy = size <= c->limit && 2 * (c->n + 1) <= c->cap ? malloc(size) : NULL;
-    struct shared_mask *e = copy ? &c->slots[key_slot(c, k)] : NULL;
-    if (e && !e->bits) {
-        memcpy(copy, bits, size);
-        *e = (struct shared_mask){*k, maxD, copy, words};
-        c->n++;
-        c->bytes += size;
-    } else {
-        free(copy); /* another state put it first */
-    }
-    pthread_mutex_unlock(&c->mu);
-}
-
 static const struct grammar_vocab *sort_vocab; /* qsort context (vocab_create is not reentrant-sensitive: see lock) */
 
 static int cmp_piece(const void *a, const void *b)
@@ -289,7 +166,7 @@ void grammar_vocab_free(struct grammar_vocab *v)
     free(v->eog);
     free(v->plain);
     free(v->plain_sub);
-    mask_cache_free(v->masks);
+    gmask_cache_free(v->masks);
     free(v);
 }
 
@@ -300,20 +177,12 @@ int32_t grammar_vocab_size(const struct grammar_vocab *v)
 
 void grammar_vocab_set_mask_cache(struct grammar_vocab *v, size_t bytes)
 {
-    pthread_mutex_lock(&v->masks->mu);
-    mask_cache_clear(v->masks);
-    v->masks->limit = bytes;
-    pthread_mutex_unlock(&v->masks->mu);
+    gmask_cache_reset(v->masks, bytes);
 }
 
 void grammar_vocab_mask_cache_stats(const struct grammar_vocab *v, struct grammar_mask_cache_stats *out)
 {
-    pthread_mutex_lock(&v->masks->mu);
-    *out = (struct grammar_mask_cache_stats){
-        .hits = v->masks->hits, .misses = v->masks->misses, .masks = v->masks->n, .bytes = v->masks->bytes,
-        .limit = v->masks->limit,
-    };
-    pthread_mutex_unlock(&v->masks->mu);
+    gmask_cache_stats(v->masks, out);
 }
 
 void grammar_vocab_set_plain_skip(struct grammar_vocab *v, bool on)
@@ -401,7 +270,7 @@ ks_status grammar_vocab_create(int32_t n_vocab, grammar_piece_fn piece, void *us
     order = malloc((size_t)n_vocab * sizeof *order);
     size_t cap = 1 << 16, used = 0;
     v->blob = malloc(cap);
-    v->masks = mask_cache_new(SHARED_MASK_BYTES);
+    v->masks = gmask_cache_new(SHARED_MASK_BYTES);
     if (!v->kind || !v->off || !v->tok_next || !v->eog || !order || !v->blob || !v->masks)
         goto oom;
     int32_t n_text = 0;
@@ -1239,13 +1108,13 @@ static ks_status shared_or_walk(struct grammar_state *st, int32_t set, uint64_t 
     const struct grammar_vocab *v = st->v;
     size_t words = ((size_t)v->n_vocab + 63) / 64;
     struct mask_key key = set_key(st, set);
-    if (mask_cache_get(v->masks, &key, mask, maxD)) {
+    if (gmask_cache_get(v->masks, &key, mask, maxD)) {
         st->shared_hits++;
         return KS_OK;
     }
     ks_status s = walk(st, GRAMMAR_INF, mask, maxD, true);
     if (!s)
-        mask_cache_put(v->masks, &key, mask, block_words(mask, words), *maxD);
+        gmask_cache_put(v->masks, &key, mask, block_words(mask, words), *maxD);
     return s;
 }
 
