@@ -534,11 +534,10 @@ static struct jv *iteration_items(struct jctx *cx, struct jv *v)
 {
     if (v->kind == JV_LIST)
         return v;
+    if (v->kind == JV_DICT)
+        return jv_dict_keys(cx, v);
     struct jv *l = jv_list(cx);
-    if (v->kind == JV_DICT) {
-        for (size_t i = 0; i < v->u.d.n; i++)
-            jv_list_push(cx, l, v->u.d.k[i]);
-    } else if (v->kind == JV_STR) {
+    if (v->kind == JV_STR) {
         size_t n_cp;
         size_t *off = utf8_offsets(cx, v->u.s.p, v->u.s.n, &n_cp);
         for (size_t i = 0; i < n_cp; i++)
