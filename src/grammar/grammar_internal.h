@@ -100,5 +100,7 @@ void gmask_cache_put(struct mask_cache *c, const struct mask_key *k, const uint6
 /* Drop every mask and set the limit in bytes. */
 void gmask_cache_reset(struct mask_cache *c, size_t limit);
 void gmask_cache_stats(struct mask_cache *c, struct grammar_mask_cache_stats *out);
+/* Its invariants (grammar_check); KS_ERR_INTERNAL names the first broken one. */
+ks_status gmask_cache_check(struct mask_cache *c);
 
 #endif

@@ -127,6 +127,31 @@ void gmask_cache_reset(struct mask_cache *c, size_t limit)
     pthread_mutex_unlock(&c->mu);
 }
 
+ks_status gmask_cache_check(struct mask_cache *c)
+{
+    pthread_mutex_lock(&c->mu);
+    uint32_t n = 0;
+    size_t bytes = 0;
+    ks_status st = KS_OK;
+    for (uint32_t i = 0; i < c->cap && !st; i++) {
+        const struct shared_mask *e = &c->slots[i];
+        if (!e->bits)
+            continue;
+        n++;
+        bytes += e->n_words * sizeof *e->bits;
+        if (key_slot(c, &e->key) != i)
+            st = ks_fail(KS_ERR_INTERNAL, "grammar mask cache: the mask in slot %u is not found by its key", i);
+    }
+    if (!st && (n != c->n || bytes != c->bytes))
+        st = ks_fail(KS_ERR_INTERNAL, "grammar mask cache: %u masks of %zu bytes counted as %u of %zu", n, bytes, c->n,
+                     c->bytes);
+    if (!st && (c->bytes > c->limit || 2 * (uint64_t)c->n > c->cap || (c->cap & (c->cap - 1))))
+        st = ks_fail(KS_ERR_INTERNAL, "grammar mask cache: %zu bytes (limit %zu), %u masks in %u slots", c->bytes,
+                     c->limit, c->n, c->cap);
+    pthread_mutex_unlock(&c->mu);
+    return st;
+}
+
 void gmask_cache_stats(struct mask_cache *c, struct grammar_mask_cache_stats *out)
 {
     pthread_mutex_lock(&c->mu);

@@ -3,6 +3,7 @@
 #include "grammar/grammar_internal.h"
 
 #include <math.h>
+#include <stdio.h>
 #ifdef __AVX512F__
 #include <immintrin.h>
 #endif
@@ -27,6 +28,22 @@ enum {
 /* The vocabulary's cache of masks shared by every state over it (see
  * grammar_vocab_set_mask_cache), ~3500 masks at 151k tokens. */
 #define SHARED_MASK_BYTES ((size_t)64 << 20)
+
+/* Debug builds check a state's invariants after every call that changes it
+ * (grammar_check). */
+#ifndef KS_GRAMMAR_CHECK
+#ifdef NDEBUG
+#define KS_GRAMMAR_CHECK 1
+#else
+#define KS_GRAMMAR_CHECK 1
+#endif
+#endif
+#if KS_GRAMMAR_CHECK
+static void grammar_debug_check(const struct grammar_state *st, const char *call);
+#define GRAMMAR_DEBUG_CHECK(st, call) grammar_debug_check(st, call)
+#else
+#define GRAMMAR_DEBUG_CHECK(st, call) ((void)0)
+#endif
 
 #define UNKNOWN (-2)
 #define DEAD 0      /* the empty set: nothing can follow */
@@ -812,7 +829,7 @@ static struct mask_key set_key(const struct grammar_state *st, int32_t set)
     return k;
 }
 
-ks_status grammar_state_create(struct grammar *g, const struct grammar_vocab *v, int32_t max_tokens,
+static ks_status state_create(struct grammar *g, const struct grammar_vocab *v, int32_t max_tokens,
                                struct grammar_state **out)
 {
     if (!g || !out)
@@ -1126,7 +1143,7 @@ static bool mask_any(const uint64_t *mask, size_t words)
     return false;
 }
 
-ks_status grammar_mask(struct grammar_state *st, float *logits, int32_t n_logits)
+static ks_status mask_logits(struct grammar_state *st, float *logits, int32_t n_logits)
 {
     if (!st->v)
         return ks_fail(KS_ERR_STATE, "grammar_mask: the state has no vocabulary");
@@ -1250,7 +1267,7 @@ static ks_status feed(struct grammar_state *st, const char *text, size_t len)
     return KS_OK;
 }
 
-ks_status grammar_accept_text(struct grammar_state *st, const char *text, size_t len)
+static ks_status accept_text(struct grammar_state *st, const char *text, size_t len)
 {
     if (st->done)
         return ks_fail(KS_ERR_INVALID_ARG, "grammar: text after the end of generation");
@@ -1259,7 +1276,7 @@ ks_status grammar_accept_text(struct grammar_state *st, const char *text, size_t
 
 static ks_status lazy_accept(struct grammar_state *st, int32_t token);
 
-ks_status grammar_accept(struct grammar_state *st, int32_t token)
+static ks_status accept_token(struct grammar_state *st, int32_t token)
 {
     const struct grammar_vocab *v = st->v;
     if (!v || token < 0 || token >= v->n_vocab)
@@ -1317,6 +1334,127 @@ uint64_t grammar_state_shared_hits(const struct grammar_state *st)
 {
     return st->shared_hits;
 }
+
+/* ---- the public calls that change a state, each checked in Debug builds ------------------ */
+
+ks_status grammar_state_create(struct grammar *g, const struct grammar_vocab *v, int32_t max_tokens,
+                               struct grammar_state **out)
+{
+    ks_status s = state_create(g, v, max_tokens, out);
+    if (!s)
+        GRAMMAR_DEBUG_CHECK(*out, "grammar_state_create");
+    return s;
+}
+
+ks_status grammar_mask(struct grammar_state *st, float *logits, int32_t n_logits)
+{
+    ks_status s = mask_logits(st, logits, n_logits);
+    GRAMMAR_DEBUG_CHECK(st, "grammar_mask");
+    return s;
+}
+
+ks_status grammar_accept_text(struct grammar_state *st, const char *text, size_t len)
+{
+    ks_status s = accept_text(st, text, len);
+    GRAMMAR_DEBUG_CHECK(st, "grammar_accept_text");
+    return s;
+}
+
+ks_status grammar_accept(struct grammar_state *st, int32_t token)
+{
+    ks_status s = accept_token(st, token);
+    GRAMMAR_DEBUG_CHECK(st, "grammar_accept");
+    return s;
+}
+
+/* ---- invariants ---------------------------------------------------------------------------- */
+
+static ks_status check_nodes(const struct grammar_state *st)
+{
+    if (st->n_nodes < 1 || st->n_nodes > st->cap_nodes || st->n_nodes > MAX_NODES)
+        return ks_fail(KS_ERR_INTERNAL, "grammar state: %d stack nodes (room %d, limit %d)", st->n_nodes,
+                       st->cap_nodes, MAX_NODES);
+    if (st->npos[COMPLETE] != -1 || st->nparent[COMPLETE] != COMPLETE || st->nD[COMPLETE] != 0)
+        return ks_fail(KS_ERR_INTERNAL, "grammar state: node 0 is not the empty stack");
+    for (int32_t i = 1; i < st->n_nodes; i++)
+        if (st->nparent[i] < 0 || st->nparent[i] >= i || st->npos[i] < 0 || st->npos[i] >= st->g->n_elems ||
+            st->nD[i] < 0)
+            return ks_fail(KS_ERR_INTERNAL, "grammar state: node %d (position %d of %d, parent %d, D %d)", i,
+                           st->npos[i], st->g->n_elems, st->nparent[i], st->nD[i]);
+    return KS_OK;
+}
+
+/* Set 0 is empty, every other set a sorted run of distinct nodes, and every
+ * set but 0 is in the interning table once. */
+static ks_status check_sets(const struct grammar_state *st)
+{
+    if (st->n_sets < 1 || st->n_sets >= st->cap_sets || st->n_sets > MAX_SETS || st->soff[0] != 0 ||
+        st->soff[1] != 0 || st->soff[st->n_sets] != st->n_members || st->n_members > st->cap_members)
+        return ks_fail(KS_ERR_INTERNAL, "grammar state: %d sets (room %d) of %d members (room %d)", st->n_sets,
+                       st->cap_sets, st->n_members, st->cap_members);
+    for (int32_t s = 1; s < st->n_sets; s++) {
+        int32_t a = st->soff[s], b = st->soff[s + 1];
+        if (b <= a || b - a > GRAMMAR_MAX_STACKS)
+            return ks_fail(KS_ERR_INTERNAL, "grammar state: set %d has %d stacks (1..%d)", s, b - a,
+                           GRAMMAR_MAX_STACKS);
+        for (int32_t m = a; m < b; m++)
+            if (st->members[m] < 0 || st->members[m] >= st->n_nodes || (m > a && st->members[m] <= st->members[m - 1]))
+                return ks_fail(KS_ERR_INTERNAL, "grammar state: set %d is not sorted distinct nodes", s);
+    }
+    uint32_t in_table = 0;
+    for (uint32_t i = 0; i < st->set_cap; i++)
+        in_table += st->set_slots[i] >= 0;
+    if (in_table != (uint32_t)st->n_sets - 1 || 2 * (uint64_t)st->n_sets > st->set_cap)
+        return ks_fail(KS_ERR_INTERNAL, "grammar state: %u of %d sets interned in %u slots", in_table, st->n_sets - 1,
+                       st->set_cap);
+    return KS_OK;
+}
+
+/* Where the text is, and the bytes of the masks the state keeps. */
+static ks_status check_position(const struct grammar_state *st)
+{
+    bool overdrawn = st->remaining < 0 && !(st->lazy && st->lazy->waiting); /* waiting may outlast the budget */
+    if (st->cur < 0 || st->cur >= st->n_sets || st->init < 0 || st->init >= st->n_sets || overdrawn)
+        return ks_fail(KS_ERR_INTERNAL, "grammar state: at set %d from %d of %d, %d tokens left", st->cur, st->init,
+                       st->n_sets, st->remaining);
+    if (st->prem < 0 || st->prem > 3 || st->plen < 0 || st->plen > 4 || (st->prem > 0 && st->prem >= st->plen))
+        return ks_fail(KS_ERR_INTERNAL, "grammar state: a cut character of %d bytes waits for %d", st->plen, st->prem);
+    if (st->lazy && st->lazy->n_pending > GRAMMAR_MAX_TRIGGER_LEN + MAX_PIECE)
+        return ks_fail(KS_ERR_INTERNAL, "grammar state: %zu bytes pending before a trigger", st->lazy->n_pending);
+    size_t words = st->v ? ((size_t)st->v->n_vocab + 63) / 64 : 0, bytes = 0;
+    int32_t n_masks = 0;
+    for (int32_t s = 0; s < st->n_sets; s++)
+        if (st->smask[s]) {
+            bytes += block_words(st->smask[s], words) * sizeof *st->smask[s];
+            n_masks++;
+        }
+    if (bytes != st->mask_bytes || (bytes > MASK_CACHE_BYTES && n_masks > 1))
+        return ks_fail(KS_ERR_INTERNAL, "grammar state: %d cached masks of %zu bytes counted as %zu (limit %d)",
+                       n_masks, bytes, st->mask_bytes, MASK_CACHE_BYTES);
+    return KS_OK;
+}
+
+ks_status grammar_check(const struct grammar_state *st)
+{
+    ks_status s = check_nodes(st);
+    if (!s)
+        s = check_sets(st);
+    if (!s)
+        s = check_position(st);
+    if (!s && st->v)
+        s = gmask_cache_check(st->v->masks);
+    return s;
+}
+
+#if KS_GRAMMAR_CHECK
+static void grammar_debug_check(const struct grammar_state *st, const char *call)
+{
+    if (grammar_check(st)) {
+        fprintf(stderr, "grammar: %s broke an invariant: %s\n", call, ks_errmsg());
+        abort();
+    }
+}
+#endif
 
 /* ---- lazy: free text until a trigger ------------------------------------------------------ */
 
