@@ -84,11 +84,10 @@ static size_t utf8_count(const char *s, size_t n)
  * `set tools = none` and then filter it rely on). */
 static struct jv *as_list(struct jctx *cx, const char *what, struct jv *v)
 {
-    if (v->kind == JV_LIST)
-        return v;
-    if (v->kind == JV_DICT)
-        return jv_dict_keys(cx, v);
-    struct jv *l = jv_list(cx);
+    struct jv *l = jv_walk_list(cx, v);
+    if (l)
+        return l;
+    l = jv_list(cx);
     if (v->kind == JV_STR) {
         for (size_t i = 0; i < v->u.s.n;) {
             size_t j = i + 1;

@@ -532,11 +532,10 @@ static void put_out(struct jctx *cx, const char *p, size_t n) { jbuf_put(cx, cx-
  * characters; undefined walks nothing. */
 static struct jv *iteration_items(struct jctx *cx, struct jv *v)
 {
-    if (v->kind == JV_LIST)
-        return v;
-    if (v->kind == JV_DICT)
-        return jv_dict_keys(cx, v);
-    struct jv *l = jv_list(cx);
+    struct jv *l = jv_walk_list(cx, v);
+    if (l)
+        return l;
+    l = jv_list(cx);
     if (v->kind == JV_STR) {
         size_t n_cp;
         size_t *off = utf8_offsets(cx, v->u.s.p, v->u.s.n, &n_cp);

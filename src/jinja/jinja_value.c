@@ -96,11 +96,15 @@ struct jv *jv_list(struct jctx *cx)
     return v;
 }
 
-struct jv *jv_dict_keys(struct jctx *cx, const struct jv *d)
+struct jv *jv_walk_list(struct jctx *cx, struct jv *v)
 {
+    if (v->kind == JV_LIST)
+        return v;
+    if (v->kind != JV_DICT)
+        return NULL;
     struct jv *l = jv_list(cx);
-    for (size_t i = 0; i < d->u.d.n; i++)
-        jv_list_push(cx, l, d->u.d.k[i]);
+    for (size_t i = 0; i < v->u.d.n; i++)
+        jv_list_push(cx, l, v->u.d.k[i]);
     return l;
 }
 

@@ -12,20 +12,34 @@
 
 static inline int clampi(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v; }
 
+/* *max: the value of x[0..n) of the largest magnitude (the first of equals).
+ * False, with L zeroed, when every magnitude is below GROUP_MAX_EPS: the
+ * group quantizes to 0. */
+static bool group_max(const float *x, int n, int8_t *L, float *max)
+{
+    float amax = 0;
+    *max = 0;
+    for (int i = 0; i < n; i++) {
+        const float ax = fabsf(x[i]);
+        if (ax > amax) {
+            amax = ax;
+            *max = x[i];
+        }
+    }
+    if (amax >= GROUP_MAX_EPS)
+        return true;
+    memset(L, 0, (size_t)n);
+    return false;
+}
+
 /* Symmetric quants in [-nmax, nmax) with weights x^2; tries 18 scales
  * around nmax/max and keeps the one with the best weighted fit.
  * L gets quants biased by nmax. Returns the scale. */
 static float make_qx_quants(int n, int nmax, const float *x, int8_t *L)
 {
-    float max = 0, amax = 0;
-    for (int i = 0; i < n; i++) {
-        const float ax = fabsf(x[i]);
-        if (ax > amax) { amax = ax; max = x[i]; }
-    }
-    if (amax < GROUP_MAX_EPS) {
-        memset(L, 0, (size_t)n);
+    float max;
+    if (!group_max(x, n, L, &max))
         return 0.f;
-    }
     float iscale = -nmax / max;
     float sumlx = 0, suml2 = 0;
     for (int i = 0; i < n; i++) {
@@ -61,15 +75,9 @@ static float make_qx_quants(int n, int nmax, const float *x, int8_t *L)
  * quants while that improves the weighted (x^2) least-squares fit. */
 static float make_q3_quants(int n, int nmax, const float *x, int8_t *L)
 {
-    float max = 0, amax = 0;
-    for (int i = 0; i < n; i++) {
-        const float ax = fabsf(x[i]);
-        if (ax > amax) { amax = ax; max = x[i]; }
-    }
-    if (amax < GROUP_MAX_EPS) {
-        memset(L, 0, (size_t)n);
+    float max;
+    if (!group_max(x, n, L, &max))
         return 0.f;
-    }
     const float iscale = -nmax / max;
     float sumlx = 0, suml2 = 0;
     for (int i = 0; i < n; i++) {
