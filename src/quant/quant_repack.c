@@ -31,6 +31,7 @@
 #include <string.h>
 
 #include "quant/quant_internal.h"
+#include "vmath/vmath_simd.h"
 
 #if defined(QUANT_HAVE_AVX2)
 #include <immintrin.h>
@@ -288,7 +289,7 @@ static inline __attribute__((always_inline)) void rp512_tile(const struct quant_
                     isum[t] = _mm512_dpbusd_epi32(isum[t], w, _mm512_set1_epi32(act_dword(&a[t][b], k)));
             }
         }
-        __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)gb));
+        __m512 dw = vmath_load16_f16(gb);
         for (int t = 0; t < T; t++)
             acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_mul_ps(dw, _mm512_set1_ps(a[t][b].d)), acc[t]);
     }
@@ -359,7 +360,7 @@ static inline __attribute__((always_inline)) void rp2_tile(const struct quant_rp
                     isum[t] = _mm256_add_epi32(isum[t], rp2_dot_q8(w, _mm256_set1_epi32(act_dword(&a[t][b], k))));
             }
         }
-        __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)gb));
+        __m256 dw = vmath_load8_f16(gb);
         for (int t = 0; t < T; t++)
             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_mul_ps(dw, _mm256_set1_ps(a[t][b].d)), acc[t]);
     }

@@ -467,7 +467,7 @@ static void f16_to_float_avx512(const void *vx, float *y, int64_t n)
     const quant_f16 *x = vx;
     int64_t i = 0;
     for (; i + 16 <= n; i += 16)
-        _mm512_storeu_ps(y + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(x + i))));
+        _mm512_storeu_ps(y + i, vmath_load16_f16(x + i));
     for (; i < n; i++)
         y[i] = quant_f16_to_f32(x[i]);
 }
@@ -476,10 +476,8 @@ static void bf16_to_float_avx512(const void *vx, float *y, int64_t n)
 {
     const quant_bf16 *x = vx;
     int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(x + i)));
-        _mm512_storeu_ps(y + i, _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)));
-    }
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(y + i, vmath_load16_bf16(x + i));
     for (; i < n; i++)
         y[i] = quant_bf16_to_f32(x[i]);
 }
