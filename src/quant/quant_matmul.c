@@ -18,7 +18,7 @@
  *    batches of k-quants below the tiles and of the i-quants (IQ4_NL,
  *    IQ4_XS, MXFP4, IQ3_XXS, IQ3_S, IQ2_S, IQ2_XXS, IQ2_XS, IQ1_S, IQ1_M)
  *    run a multi-token vec_dot that unpacks each weight block once for
- *    several tokens (kquants.h, iq4_mxfp4.h, iq3.h, iq2.h).
+ *    several tokens (kq_internal.h, iq4_mxfp4.h, iq3.h, iq2.h).
  *  - repacked Q4_0/Q8_0 weights (quant_matmul_repacked): up to RP_GEMM_MAX
  *    tokens, the group kernels of quant_repack.c over row groups taken from
  *    a shared counter; more, the prefill tiles above, unpacking rows from
@@ -33,8 +33,9 @@
 #include "quant/iq4_mxfp4.h"
 #include "quant/iq3.h"
 #include "quant/iq2.h"
-#include "quant/kquants.h"
+#include "quant/kq_internal.h"
 #include "quant/quant_internal.h"
+#include "vmath/vmath_simd.h"
 
 #if defined(QUANT_HAVE_AVX512)
 #include <immintrin.h>
@@ -329,7 +330,7 @@ static quant_kq_dot_multi_fn generic_multi(enum quant_type wtype, int64_t n_toke
 /* Row chunks [lo, hi) of MM_ROW_CHUNK rows, all tokens. */
 static void generic_chunks(const struct mm *m, int64_t lo, int64_t hi)
 {
-    /* k-quant kernels prefetch their own stream (kquants.h) */
+    /* k-quant kernels prefetch their own stream (kq_internal.h) */
     int64_t ahead = is_kquant(m->wtype) ? 0 : MM_PREFETCH_BYTES / (int64_t)m->wrow + 1;
     bool direct = m->path == MM_FLOAT_DECODE; /* float weights read X as is */
     quant_kq_dot_multi_fn multi = generic_multi(m->wtype, m->n_tokens);
@@ -493,8 +494,6 @@ static inline __m512 pair_scales(__m512i raw, int w1)
     return _mm512_cvtph_ps(h);
 }
 
-static inline __mmask64 byte_mask(int n) { return n >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << n) - 1); }
-
 /* Q8_0 pair of blocks (68 bytes) -> 64 values +128 as u8. */
 static inline __m512i q8_0_pair(__m512i lo, __m512i hi)
 {
@@ -524,14 +523,14 @@ static inline __attribute__((always_inline)) __m512i dec_load(enum quant_type wt
     if (wt == QUANT_Q4_0) {
         const uint8_t *b = w + c * 2 * sizeof(block_q4_0);
         bool room = 2 * c + 4 <= nb; /* 72 bytes from b belong to the row */
-        __m512i raw = room ? _mm512_loadu_si512(b) : _mm512_maskz_loadu_epi8(byte_mask(full ? 36 : 18), b);
+        __m512i raw = room ? _mm512_loadu_si512(b) : _mm512_maskz_loadu_epi8(vmath_byte_mask(full ? 36 : 18), b);
         *dx = pair_scales(raw, 9);
         return q4_0_pair(raw);
     }
     const uint8_t *b = w + c * 2 * sizeof(block_q8_0);
-    __m512i lo = full ? _mm512_loadu_si512(b) : _mm512_maskz_loadu_epi8(byte_mask(34), b);
+    __m512i lo = full ? _mm512_loadu_si512(b) : _mm512_maskz_loadu_epi8(vmath_byte_mask(34), b);
     __m512i hi = !full ? _mm512_setzero_si512()
-                 : last ? _mm512_maskz_loadu_epi8(byte_mask(4), b + 64)
+                 : last ? _mm512_maskz_loadu_epi8(vmath_byte_mask(4), b + 64)
                         : _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(b + 64)));
     *dx = pair_scales(lo, 17);
     return q8_0_pair(lo, hi);

@@ -40,6 +40,7 @@
 
 #include "quant/iq4_mxfp4.h"
 #include "quant/quant_internal.h"
+#include "vmath/vmath_simd.h"
 
 #if defined(QUANT_HAVE_AVX2)
 #include <immintrin.h>

@@ -410,7 +410,7 @@ static ks_status parse_type(cJSON *root, const char *key, enum quant_type *out, 
     *out = KV_TYPE_KEEP;
     if (!v || cJSON_IsNull(v))
         return KS_OK;
-    if (!cJSON_IsString(v) || quant_type_from_name(v->valuestring, out) != KS_OK || kv_type_index(*out) < 0)
+    if (!cJSON_IsString(v) || kv_parse_type(v->valuestring, out) != KS_OK)
         return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value", "'%s' must be one of %s", key, kv_type_names());
     return KS_OK;
 }
@@ -729,7 +729,7 @@ static ks_status parse_policy_field(const cJSON *v, struct kv_policy_update *u, 
         u->set |= hot ? KV_SET_HOT_TOKENS : KV_SET_SINK_TOKENS;
     } else if (!strcmp(k, "floor") || !strcmp(k, "type_k") || !strcmp(k, "type_v")) {
         enum quant_type t;
-        if (!cJSON_IsString(v) || quant_type_from_name(v->valuestring, &t) != KS_OK || kv_type_index(t) < 0)
+        if (!cJSON_IsString(v) || kv_parse_type(v->valuestring, &t) != KS_OK)
             return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value", "'%s' must be one of %s", k, kv_type_names());
         if (!strcmp(k, "floor")) {
             u->floor = t;
