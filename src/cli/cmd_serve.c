@@ -26,6 +26,7 @@ struct serve_opts {
     const char *cache_dir;       /* SSD tier of the prefix cache, NULL: RAM only */
     size_t cache_disk;           /* its limit, 0: 10% of the free disk */
     struct cli_model_flags load; /* --mmap and the KV flags; kv.mem 0: parallel x ctx, at most 25% of RAM */
+    enum server_reasoning_format reasoning_format;
 };
 
 static void serve_usage(FILE *out)
@@ -44,6 +45,9 @@ static void serve_usage(FILE *out)
             "      --chat-template-file F  a Jinja chat template to use instead of the model's\n"
             "      --chat-template NAME  a built-in chat format instead of the model's Jinja template\n"
             "                            (chatml, llama3, llama2, mistral, zephyr, gemma, phi3; no tools)\n"
+            "      --reasoning-format F  where <think>...</think> goes: auto (reasoning_content when the\n"
+            "                            template thinks), deepseek (always split), none (all content);\n"
+            "                            a request's reasoning_format overrides it (default auto)\n"
             "  -t, --threads N           compute threads (default: all cores)\n"
             "scheduler:\n"
             "      --parallel N          max running sequences (default 16)\n"
@@ -79,6 +83,7 @@ static bool parse_flag(const char *a, const char *v, void *opts, bool *ok)
     else if (is_flag(a, NULL, "--api-key")) *ok = (o->api_key = v) != NULL;
     else if (is_flag(a, NULL, "--chat-template")) *ok = (o->chat_template = v) != NULL;
     else if (is_flag(a, NULL, "--chat-template-file")) *ok = (o->chat_template_file = v) != NULL;
+    else if (is_flag(a, NULL, "--reasoning-format")) *ok = server_reasoning_format_parse(v, &o->reasoning_format);
     else if (is_flag(a, NULL, "--port")) *ok = cli_parse_int(v, 0, 65535, &o->port);
     else if (is_flag(a, "-t", "--threads")) *ok = cli_parse_threads(v, &o->n_threads);
     else if (is_flag(a, NULL, "--parallel")) *ok = cli_parse_int(v, 1, 1024, &o->parallel);
@@ -223,6 +228,7 @@ static ks_status start(const struct serve_opts *o, const char *path, struct serv
     cfg.chat_template_jinja = s->chat_template;
     cfg.chat_template_origin = o->chat_template_file;
     cfg.store = s->store;
+    cfg.reasoning_format = o->reasoning_format;
     st = server_start(&cfg, s->sched, s->tok, &s->srv);
     if (st)
         return st;

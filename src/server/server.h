@@ -21,6 +21,15 @@
 
 struct store;
 
+/* Where a thinking model's reasoning goes (llama-server's reasoning_format). */
+enum server_reasoning_format {
+    SERVER_REASONING_AUTO,     /* as deepseek when the chat template thinks (<think>), else none */
+    SERVER_REASONING_NONE,     /* everything in content, tags included */
+    SERVER_REASONING_DEEPSEEK, /* <think>...</think> in reasoning_content, the rest in content */
+};
+/* "auto", "none" or "deepseek" -> *out; false for any other name. */
+bool server_reasoning_format_parse(const char *name, enum server_reasoning_format *out);
+
 struct server_config {
     const char *host;         /* "127.0.0.1" */
     int port;                 /* 8080; 0 picks a free port (see server_port) */
@@ -36,6 +45,7 @@ struct server_config {
     int64_t chat_now;         /* the time templates see (strftime_now, date_string), seconds since
                                  the epoch; 0: the clock at each request (tests pin it) */
     struct store *store;      /* the prefix cache's SSD tier (borrowed), NULL: none */
+    enum server_reasoning_format reasoning_format; /* --reasoning-format; a request's reasoning_format overrides it */
 };
 
 void server_config_default(struct server_config *cfg);

@@ -65,7 +65,11 @@ struct call {
     int calls_sent;                    /* tool calls already streamed */
     int n_calls;                       /* tool calls in the answer (set by the final parse) */
     bool harmony_calls;                /* harmony: tools offered, so its calls are parsed */
-    size_t sent_reasoning, sent_content; /* harmony: bytes of each part already streamed */
+    size_t sent_reasoning, sent_content; /* harmony, think: bytes of each part already streamed */
+    /* reasoning in <think>...</think> (chat, not harmony) */
+    bool think;                        /* split the reasoning off (reasoning_format) */
+    bool think_open;                   /* the prompt opened <think>: the output starts in it */
+    size_t content_off;                /* think: text[content_off..) is the content */
 };
 
 /* The n choices of one request (HTTP thread). A stream serves them in

@@ -146,7 +146,7 @@ static ks_status tokenizer_failed(ks_status st, struct reply *r)
 
 /* The prompt as token ids (*ids_out, malloc'd). */
 static ks_status prompt_tokens(struct server *srv, bool chat, const cJSON *root, int32_t **ids_out, int32_t *n_out,
-                               struct reply *r)
+                               bool *think_open, struct reply *r)
 {
     int32_t *ids = NULL;
     size_t n = 0;
@@ -155,6 +155,7 @@ static ks_status prompt_tokens(struct server *srv, bool chat, const cJSON *root,
         char *text;
         if ((st = server_chat_prompt(srv, root, &text, r)))
             return st;
+        *think_open = server_think_prompt_open(text, strlen(text));
         /* The whole prompt is parsed for special tokens, the messages' text
          * included, as llama-server does (see README: chat templates). */
         st = tok_encode(srv->tok, text, strlen(text), TOK_ADD_SPECIAL | TOK_PARSE_SPECIAL, &ids, &n);
@@ -295,6 +296,22 @@ static ks_status parse_grammar(struct call *c, const cJSON *root, int32_t max_to
     return KS_OK;
 }
 
+/* reasoning_format (the server's --reasoning-format when absent): whether
+ * <think>...</think> is split off into reasoning_content. Harmony's
+ * channels are always split (server_harmony.c). */
+static ks_status parse_reasoning_format(struct call *c, const cJSON *root, struct reply *r)
+{
+    enum server_reasoning_format f = c->srv->cfg.reasoning_format;
+    cJSON *v = field(root, "reasoning_format");
+    if (v && (!cJSON_IsString(v) || !server_reasoning_format_parse(v->valuestring, &f)))
+        return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value",
+                          "'reasoning_format' must be \"none\", \"auto\" or \"deepseek\"");
+    c->think = !c->srv->chat.by_family && c->srv->tool_format != SERVER_TOOLS_HARMONY &&
+               (f == SERVER_REASONING_DEEPSEEK || (f == SERVER_REASONING_AUTO && c->srv->template_thinks));
+    c->think_open = c->think && c->think_open;
+    return KS_OK;
+}
+
 static ks_status parse_options(struct call *c, const cJSON *root, int32_t n_prompt, struct sched_request *rq,
                                struct reply *r)
 {
@@ -348,7 +365,9 @@ ks_status server_completion_parse(struct server *srv, bool chat, const char *bod
     int32_t *ids = NULL;
     st = chat ? server_parse_tool_options(root, &c->tools, r) : KS_OK;
     if (!st)
-        st = prompt_tokens(srv, chat, root, &ids, &n_prompt, r);
+        st = prompt_tokens(srv, chat, root, &ids, &n_prompt, &c->think_open, r);
+    if (!st && chat)
+        st = parse_reasoning_format(c, root, r);
     /* tool_choice none: the template still sees the tools (as in llama.cpp),
      * the output is not parsed for calls */
     if (chat && !srv->chat.by_family && c->tools.n_tools > 0 && c->tools.choice != SERVER_TOOL_NONE)

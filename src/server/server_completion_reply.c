@@ -94,6 +94,31 @@ static bool tool_markup_token(const struct call *c, int32_t token)
     return false;
 }
 
+/* <think> or </think> as a control token: kept in the text for the reasoning split. */
+static bool think_token(const struct call *c, int32_t token)
+{
+    for (int i = 0; c->think && i < c->srv->n_think_tokens; i++)
+        if (c->srv->think_tokens[i] == token)
+            return true;
+    return false;
+}
+
+/* The content part of the text (*n bytes): all of it, or what follows the
+ * reasoning. */
+static const char *content_text(const struct call *c, size_t *n)
+{
+    size_t off = c->content_off < c->text.n ? c->content_off : c->text.n;
+    *n = c->text.n - off;
+    return c->text.p ? c->text.p + off : "";
+}
+
+/* Split the reasoning off the text so far (c->content_off follows it). */
+static void think_split(struct call *c, bool final, struct server_think *t)
+{
+    server_think_parse(c->text.p ? c->text.p : "", c->text.n, c->think_open, final, t);
+    c->content_off = t->content_start;
+}
+
 /* The markup token's text after whatever the detokenizer held. */
 static ks_status push_markup(struct call *c, int32_t token)
 {
@@ -169,9 +194,10 @@ static ks_status tool_answer(struct call *c, char **content, char **reasoning, c
     *reasoning = NULL;
     if (c->tool_fmt == SERVER_TOOLS_HARMONY)
         return harmony_answer(c, content, reasoning, calls);
-    const char *text = c->text.p ? c->text.p : "";
+    size_t n;
+    const char *text = content_text(c, &n);
     struct server_tool_result r;
-    ks_status st = server_tools_parse(c->tool_fmt, text, c->text.n, true, &r);
+    ks_status st = server_tools_parse(c->tool_fmt, text, n, true, &r);
     if (st)
         return st;
     c->n_calls = r.n_calls;
@@ -181,7 +207,7 @@ static ks_status tool_answer(struct call *c, char **content, char **reasoning, c
     } else {
         struct sbuf b = {0};
         sbuf_append(&b, text, r.content_end);
-        sbuf_append(&b, text + r.tail_start, c->text.n - r.tail_start);
+        sbuf_append(&b, text + r.tail_start, n - r.tail_start);
         bool want = b.n > 0 || r.n_calls == 0; /* calls and no text: content null */
         if (!b.oom && want)
             *content = utf8_clean(b.p ? b.p : "", b.n);
@@ -205,8 +231,9 @@ static void consume(struct call *c, const struct item *it, cJSON *lp)
     c->consumed++;
     const char *bytes = NULL;
     size_t len = 0;
-    ks_status st = tool_markup_token(c, it->token) ? push_markup(c, it->token)
-                                                    : tok_stream_push(c->detok, it->token, &bytes, &len);
+    ks_status st = tool_markup_token(c, it->token) || think_token(c, it->token)
+                       ? push_markup(c, it->token)
+                       : tok_stream_push(c->detok, it->token, &bytes, &len);
     if (st == KS_OK && len)
         sbuf_append(&c->text, bytes, len);
     if (st == KS_ERR_NOMEM || c->text.oom) { /* the text would have a hole */
@@ -317,9 +344,17 @@ static ks_status choice_wait(struct call *c, struct reply *r)
 static ks_status choice_json(struct call *c, cJSON *choices, struct reply *r)
 {
     cJSON *tool_calls = NULL;
-    char *text = NULL, *reasoning = NULL;
-    if (c->tool_fmt != SERVER_TOOLS_NONE ? tool_answer(c, &text, &reasoning, &tool_calls) != KS_OK
-                                         : !(text = utf8_clean(c->text.p ? c->text.p : "", c->text.n))) {
+    char *text = NULL, *reasoning = NULL, *thought = NULL;
+    struct server_think t = {0};
+    if (c->think)
+        think_split(c, true, &t);
+    size_t n;
+    const char *content = content_text(c, &n);
+    bool think_oom = t.reasoning_end > t.reasoning_start &&
+                     !(thought = utf8_clean(c->text.p + t.reasoning_start, t.reasoning_end - t.reasoning_start));
+    if (think_oom || (c->tool_fmt != SERVER_TOOLS_NONE ? tool_answer(c, &text, &reasoning, &tool_calls) != KS_OK
+                                                       : !(text = utf8_clean(content, n)))) {
+        free(thought);
         free(text);
         free(reasoning);
         cJSON_Delete(tool_calls);
@@ -334,8 +369,8 @@ static ks_status choice_json(struct call *c, cJSON *choices, struct reply *r)
             cJSON_AddStringToObject(msg, "content", text);
         else
             cJSON_AddNullToObject(msg, "content");
-        if (reasoning)
-            cJSON_AddStringToObject(msg, "reasoning_content", reasoning);
+        if (reasoning || thought)
+            cJSON_AddStringToObject(msg, "reasoning_content", reasoning ? reasoning : thought);
         if (tool_calls)
             server_json_add(msg, "tool_calls", tool_calls);
     } else {
@@ -350,6 +385,7 @@ static ks_status choice_json(struct call *c, cJSON *choices, struct reply *r)
     server_json_push(choices, ch);
     free(text);
     free(reasoning);
+    free(thought);
     return KS_OK;
 }
 
@@ -428,27 +464,36 @@ static cJSON *chunk_new(struct call *c, const char *delta_text, bool with_role, 
  * still become the start of a stop string, never splitting a UTF-8 char. */
 static size_t safe_end(const struct call *c, bool final)
 {
-    size_t end = c->text.n;
+    size_t n;
+    const char *text = content_text(c, &n);
+    size_t end = n;
     if (!final && c->max_stop > 0)
         end = end > c->max_stop - 1 ? end - (c->max_stop - 1) : 0;
-    while (end > c->sent && end < c->text.n && ((unsigned char)c->text.p[end] & 0xC0) == 0x80)
+    while (end > c->sent && end < n && ((unsigned char)text[end] & 0xC0) == 0x80)
         end--;
     return end < c->sent ? c->sent : end;
 }
 
 static void stream_tools(struct call *c, bool final, cJSON *lp);
 static void stream_harmony(struct call *c, bool final, cJSON *lp);
+static void stream_think(struct call *c, bool final, cJSON **lp);
 
 static void stream_text(struct call *c, bool final, cJSON *lp)
 {
     if (c->tool_fmt == SERVER_TOOLS_HARMONY)
         return stream_harmony(c, final, lp);
+    if (c->think)
+        stream_think(c, final, &lp);
+    if (c->oom) {
+        cJSON_Delete(lp);
+        return;
+    }
     if (c->tool_fmt != SERVER_TOOLS_NONE)
         return stream_tools(c, final, lp);
-    size_t end = safe_end(c, final);
+    size_t end = safe_end(c, final), n;
     if (end == c->sent && !lp)
         return;
-    char *piece = utf8_clean(c->text.p ? c->text.p + c->sent : "", end - c->sent);
+    char *piece = utf8_clean(content_text(c, &n) + c->sent, end - c->sent);
     if (!piece) {
         cJSON_Delete(lp);
         c->oom = true;
@@ -492,13 +537,15 @@ static size_t whole_chars(const char *part, size_t n, size_t sent)
     return end;
 }
 
-/* One delta of a harmony part: what is new in part since *sent. */
-static void stream_part(struct call *c, const struct sbuf *part, size_t *sent, const char *key, bool final, cJSON **lp)
+/* One delta of a part (harmony's channels, the reasoning): what is new in
+ * part[0..n) since *sent. */
+static void stream_part(struct call *c, const char *part, size_t n, size_t *sent, const char *key, bool final,
+                        cJSON **lp)
 {
-    size_t end = final ? part->n : whole_chars(part->p ? part->p : "", part->n, *sent);
+    size_t end = final ? n : whole_chars(part ? part : "", n, *sent);
     if (end <= *sent)
         return;
-    char *piece = utf8_clean(part->p + *sent, end - *sent);
+    char *piece = utf8_clean(part + *sent, end - *sent);
     if (!piece) {
         c->oom = true;
         return;
@@ -514,6 +561,22 @@ static void stream_part(struct call *c, const struct sbuf *part, size_t *sent, c
 
 static void stream_calls(struct call *c, const struct server_tool_call *calls, int n);
 
+/* The reasoning's delta (taking *lp with it); what may still be the start of
+ * a stop string is held back, as in content. */
+static void stream_think(struct call *c, bool final, cJSON **lp)
+{
+    struct server_think t;
+    think_split(c, final, &t);
+    size_t end = t.reasoning_end;
+    if (!final && c->max_stop > 0) {
+        size_t limit = c->text.n > c->max_stop - 1 ? c->text.n - (c->max_stop - 1) : 0;
+        end = end < limit ? end : limit;
+    }
+    if (end > t.reasoning_start)
+        stream_part(c, c->text.p + t.reasoning_start, end - t.reasoning_start, &c->sent_reasoning,
+                    "reasoning_content", final, lp);
+}
+
 /* A harmony stream: reasoning_content and content deltas as the channels
  * grow (a tail that may be a marker held back), each call once complete. */
 static void stream_harmony(struct call *c, bool final, cJSON *lp)
@@ -524,9 +587,9 @@ static void stream_harmony(struct call *c, bool final, cJSON *lp)
         c->oom = true;
         return;
     }
-    stream_part(c, &h.reasoning, &c->sent_reasoning, "reasoning_content", final, &lp);
+    stream_part(c, h.reasoning.p, h.reasoning.n, &c->sent_reasoning, "reasoning_content", final, &lp);
     if (!c->oom)
-        stream_part(c, &h.content, &c->sent_content, "content", final, &lp);
+        stream_part(c, h.content.p, h.content.n, &c->sent_content, "content", final, &lp);
     if (lp && !c->oom) /* logprobs of tokens that added no text yet */
         sse_send(c, chunk_new(c, NULL, false, lp, NULL));
     else
@@ -569,9 +632,10 @@ static void stream_calls(struct call *c, const struct server_tool_call *calls, i
  * with the arguments), and at the end the text after the calls. */
 static void stream_tools(struct call *c, bool final, cJSON *lp)
 {
-    const char *text = c->text.p ? c->text.p : "";
+    size_t n;
+    const char *text = content_text(c, &n);
     struct server_tool_result r;
-    if (server_tools_parse(c->tool_fmt, text, c->text.n, final, &r)) {
+    if (server_tools_parse(c->tool_fmt, text, n, final, &r)) {
         cJSON_Delete(lp);
         c->oom = true;
         return;
@@ -579,25 +643,25 @@ static void stream_tools(struct call *c, bool final, cJSON *lp)
     size_t end = safe_end(c, final);
     if (end > r.content_end)
         end = r.content_end < c->sent ? c->sent : r.content_end;
-    while (end > c->sent && end < c->text.n && ((unsigned char)text[end] & 0xC0) == 0x80)
+    while (end > c->sent && end < n && ((unsigned char)text[end] & 0xC0) == 0x80)
         end--;
     if (r.response) { /* generic {"response": ...}: held back whole until now */
         char *piece = utf8_clean(r.response, strlen(r.response));
         if (!piece || !sse_send(c, chunk_new(c, piece, false, lp, NULL)))
             c->oom = true;
         free(piece);
-        c->sent = c->text.n;
+        c->sent = n;
     } else {
         stream_content(c, text, end, lp);
     }
     stream_calls(c, r.calls, r.n_calls);
     if (final && !c->oom) {
         c->n_calls = r.n_calls;
-        if (r.n_calls > 0 && r.tail_start < c->text.n) {
+        if (r.n_calls > 0 && r.tail_start < n) {
             c->sent = r.tail_start;
-            stream_content(c, text, c->text.n, NULL);
+            stream_content(c, text, n, NULL);
         }
-        c->sent = c->text.n;
+        c->sent = n;
     }
     server_tool_result_free(&r);
 }
