@@ -35,6 +35,7 @@ struct call {
     /* request options */
     uint64_t sched_id;
     bool chat, stream, include_usage;
+    bool native;                       /* llama-server's /completion: its answer's shape */
     int logprobs;                      /* -1: off; else number of alternatives */
     char *stop[MAX_STOP];
     int n_stop;
@@ -52,6 +53,9 @@ struct call {
     struct sbuf text;                  /* generated text, cut at a stop string */
     size_t sent;                       /* bytes of text already streamed */
     bool stopped;                      /* a stop string matched */
+    int stop_word;                     /* the stop string that matched (index in stop), -1: none */
+    /* times (CLOCK_MONOTONIC seconds, under mu): submission, first token, end (0: not yet) */
+    double t_submit, t_first, t_end;
     cJSON *lp;                         /* accumulated logprobs (non-streaming), NULL: none asked */
     bool oom;                          /* output was lost to an allocation failure */
     struct sbuf out;                   /* pending SSE bytes */
@@ -85,6 +89,18 @@ struct group {
 
 #define DROPPED_MSG "out of memory: a generated token could not be kept; the request was cancelled"
 #define OOM_MSG "out of memory while writing the response; the request was cancelled"
+
+/* Which API a request speaks. */
+enum server_api {
+    SERVER_API_CHAT,   /* /v1/chat/completions */
+    SERVER_API_TEXT,   /* /v1/completions */
+    SERVER_API_NATIVE, /* llama-server's /completion */
+};
+/* server_completion_parse for any API (server_completion_parse is this for chat or text). */
+ks_status server_request_parse(struct server *srv, enum server_api api, const char *body, size_t len,
+                               struct call **out, struct sched_request *rq, struct reply *r);
+/* Seconds on CLOCK_MONOTONIC. */
+double server_now(void);
 
 /* Drop one reference; the last frees the call. */
 void server_call_unref(struct call *c);

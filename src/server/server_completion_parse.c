@@ -89,23 +89,74 @@ static ks_status parse_stop(struct call *c, const cJSON *root, struct reply *r)
     return KS_OK;
 }
 
-static ks_status parse_sampling(const cJSON *root, bool chat, struct sample_params *p, int *logprobs, int *n_choices,
-                                struct reply *r)
+/* The sampling of a request that names no field: the API's own defaults
+ * (OpenAI's: temperature 1, no top-k/top-p/min-p; llama-server's: 0.8, 40,
+ * 0.95, 0.05) under the server's --temp, --top-k, ... flags. */
+static struct server_sampling sampling_base(const struct server *srv, bool native)
+{
+    struct server_sampling b = native ? (struct server_sampling){0.8, 0.95, 0.05, 1.0, 40, -1}
+                                      : (struct server_sampling){1.0, 1.0, 0.0, 1.0, 0, -1};
+    const struct server_sampling *f = &srv->cfg.sampling;
+    unsigned set = srv->cfg.sampling_set;
+    if (set & SERVER_SAMPLING_TEMP)
+        b.temp = f->temp;
+    if (set & SERVER_SAMPLING_TOP_K)
+        b.top_k = f->top_k;
+    if (set & SERVER_SAMPLING_TOP_P)
+        b.top_p = f->top_p;
+    if (set & SERVER_SAMPLING_MIN_P)
+        b.min_p = f->min_p;
+    if (set & SERVER_SAMPLING_REPEAT_PENALTY)
+        b.repeat_penalty = f->repeat_penalty;
+    if (set & SERVER_SAMPLING_SEED)
+        b.seed = f->seed;
+    return b;
+}
+
+static void fill_sampling(const struct server_sampling *b, double pres, double freq, struct sample_params *p)
 {
     static uint64_t seed_counter;
-    double temp = 1.0, top_p = 1.0, min_p = 0.0, pres = 0.0, freq = 0.0, rep = 1.0;
-    int64_t top_k = 0, seed = -1, n = 1;
+    memset(p, 0, sizeof *p);
+    p->temp = (float)b->temp;
+    p->top_k = (int)b->top_k;
+    p->top_p = (float)b->top_p;
+    p->min_p = (float)b->min_p;
+    p->repeat_penalty = (float)b->repeat_penalty;
+    p->repeat_last_n = 64;
+    p->presence_penalty = (float)pres;
+    p->frequency_penalty = (float)freq;
+    p->seed = b->seed >= 0 ? (uint64_t)b->seed
+                           : (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull +
+                                 __atomic_add_fetch(&seed_counter, 1, __ATOMIC_RELAXED);
+}
+
+void server_native_sampling(const struct server *srv, struct sample_params *p)
+{
+    struct server_sampling b = sampling_base(srv, true);
+    fill_sampling(&b, 0, 0, p);
+}
+
+static ks_status parse_sampling(const struct server *srv, const cJSON *root, enum server_api api,
+                                struct sample_params *p, int *logprobs, int *n_choices, struct reply *r)
+{
+    struct server_sampling b = sampling_base(srv, api == SERVER_API_NATIVE);
+    double pres = 0.0, freq = 0.0;
+    int64_t n = 1;
     ks_status st;
-    if ((st = get_number(root, "temperature", 0, 2, &temp, r)) || (st = get_number(root, "top_p", 0, 1, &top_p, r)) ||
-        (st = get_number(root, "min_p", 0, 1, &min_p, r)) ||
+    if ((st = get_number(root, "temperature", 0, 2, &b.temp, r)) || (st = get_number(root, "top_p", 0, 1, &b.top_p, r)) ||
+        (st = get_number(root, "min_p", 0, 1, &b.min_p, r)) ||
         (st = get_number(root, "presence_penalty", -2, 2, &pres, r)) ||
         (st = get_number(root, "frequency_penalty", -2, 2, &freq, r)) ||
-        (st = get_number(root, "repeat_penalty", 0, 10, &rep, r)) || (st = get_int(root, "top_k", 0, 1e9, &top_k, r)) ||
-        (st = get_int(root, "seed", -9.2e18, 9.2e18, &seed, r)) || (st = get_int(root, "n", 1, MAX_CHOICES, &n, r)))
+        (st = get_number(root, "repeat_penalty", 0, 10, &b.repeat_penalty, r)) ||
+        (st = get_int(root, "top_k", 0, 1e9, &b.top_k, r)) ||
+        (st = get_int(root, "seed", -9.2e18, 9.2e18, &b.seed, r)) ||
+        (api != SERVER_API_NATIVE && (st = get_int(root, "n", 1, MAX_CHOICES, &n, r))))
         return st;
     *n_choices = (int)n;
     *logprobs = -1;
-    if (chat) {
+    if (api == SERVER_API_NATIVE) {
+        /* no logprobs on /completion (its n_probs is refused by name) */
+    } else if (api == SERVER_API_CHAT) {
         bool lp = false;
         int64_t top = 0;
         if ((st = get_bool(root, "logprobs", &lp, r)) ||
@@ -121,19 +172,9 @@ static ks_status parse_sampling(const cJSON *root, bool chat, struct sample_para
             return st;
         *logprobs = (int)top;
     }
-    if ((float)top_p <= 0) /* also a positive value below the smallest float, which would sample with 0 */
-        return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value", "'top_p' must be greater than 0 (got %g)", top_p);
-    memset(p, 0, sizeof *p);
-    p->temp = (float)temp;
-    p->top_k = (int)top_k;
-    p->top_p = (float)top_p;
-    p->min_p = (float)min_p;
-    p->repeat_penalty = (float)rep;
-    p->repeat_last_n = 64;
-    p->presence_penalty = (float)pres;
-    p->frequency_penalty = (float)freq;
-    p->seed = seed >= 0 ? (uint64_t)seed
-                        : (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull + __atomic_add_fetch(&seed_counter, 1, __ATOMIC_RELAXED);
+    if ((float)b.top_p <= 0) /* also a positive value below the smallest float, which would sample with 0 */
+        return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value", "'top_p' must be greater than 0 (got %g)", b.top_p);
+    fill_sampling(&b, pres, freq, p);
     p->n_logprobs = *logprobs > 0 ? *logprobs : 0;
     return KS_OK;
 }
@@ -145,9 +186,10 @@ static ks_status tokenizer_failed(ks_status st, struct reply *r)
 }
 
 /* The prompt as token ids (*ids_out, malloc'd). */
-static ks_status prompt_tokens(struct server *srv, bool chat, const cJSON *root, int32_t **ids_out, int32_t *n_out,
-                               bool *think_open, struct reply *r)
+static ks_status prompt_tokens(struct server *srv, enum server_api api, const cJSON *root, int32_t **ids_out,
+                               int32_t *n_out, bool *think_open, struct reply *r)
 {
+    bool chat = api == SERVER_API_CHAT;
     int32_t *ids = NULL;
     size_t n = 0;
     ks_status st;
@@ -166,8 +208,10 @@ static ks_status prompt_tokens(struct server *srv, bool chat, const cJSON *root,
         cJSON *p = field(root, "prompt");
         if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 && cJSON_IsString(cJSON_GetArrayItem(p, 0)))
             p = cJSON_GetArrayItem(p, 0);
+        /* llama-server's /completion parses special tokens in the prompt */
+        unsigned flags = TOK_ADD_SPECIAL | (api == SERVER_API_NATIVE ? TOK_PARSE_SPECIAL : 0);
         if (cJSON_IsString(p)) {
-            if ((st = tok_encode(srv->tok, p->valuestring, strlen(p->valuestring), TOK_ADD_SPECIAL, &ids, &n)))
+            if ((st = tok_encode(srv->tok, p->valuestring, strlen(p->valuestring), flags, &ids, &n)))
                 return tokenizer_failed(st, r);
         } else if (cJSON_IsArray(p) && cJSON_GetArraySize(p) > 0) {
             n = (size_t)cJSON_GetArraySize(p);
@@ -312,13 +356,15 @@ static ks_status parse_reasoning_format(struct call *c, const cJSON *root, struc
     return KS_OK;
 }
 
-static ks_status parse_options(struct call *c, const cJSON *root, int32_t n_prompt, struct sched_request *rq,
-                               struct reply *r)
+static ks_status parse_options(struct call *c, enum server_api api, const cJSON *root, int32_t n_prompt,
+                               struct sched_request *rq, struct reply *r)
 {
     ks_status st;
+    bool cache_prompt = true; /* kvserve always shares and keeps prompt prefixes; the answer is the same */
     if ((st = get_bool(root, "stream", &c->stream, r)) || (st = get_bool(root, "ignore_eos", &rq->ignore_eog, r)) ||
         (st = parse_stop(c, root, r)) ||
-        (st = parse_sampling(root, c->chat, &rq->sampling, &c->logprobs, &c->n_choices, r)))
+        (st = parse_sampling(c->srv, root, api, &rq->sampling, &c->logprobs, &c->n_choices, r)) ||
+        (api == SERVER_API_NATIVE && (st = get_bool(root, "cache_prompt", &cache_prompt, r))))
         return st;
     cJSON *so = field(root, "stream_options");
     if (so && !cJSON_IsObject(so))
@@ -327,9 +373,13 @@ static ks_status parse_options(struct call *c, const cJSON *root, int32_t n_prom
         return st;
     int64_t max_tokens = c->srv->cfg.ctx_size - n_prompt;
     const char *mt_key = field(root, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+    if (api == SERVER_API_NATIVE && field(root, "n_predict"))
+        mt_key = "n_predict";
     cJSON *mt = field(root, mt_key);
     if (mt && (!cJSON_IsNumber(mt) || mt->valuedouble != floor(mt->valuedouble)))
         return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_type", "'%s' must be an integer", mt_key);
+    if (mt && api == SERVER_API_NATIVE && mt->valuedouble < 0) /* llama-server: -1 is "until the context is full" */
+        mt = NULL;
     if (mt && mt->valuedouble < 0) /* 0 only prefills and caches the prompt (a warm-up) */
         return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value", "'%s' must not be negative (got %.0f)", mt_key,
                           mt->valuedouble);
@@ -342,6 +392,13 @@ static ks_status parse_options(struct call *c, const cJSON *root, int32_t n_prom
 ks_status server_completion_parse(struct server *srv, bool chat, const char *body, size_t len, struct call **out,
                                   struct sched_request *rq, struct reply *r)
 {
+    return server_request_parse(srv, chat ? SERVER_API_CHAT : SERVER_API_TEXT, body, len, out, rq, r);
+}
+
+ks_status server_request_parse(struct server *srv, enum server_api api, const char *body, size_t len,
+                               struct call **out, struct sched_request *rq, struct reply *r)
+{
+    bool chat = api == SERVER_API_CHAT;
     cJSON *root;
     ks_status st = server_parse_object(body, len, false, &root, r);
     if (st)
@@ -354,18 +411,30 @@ ks_status server_completion_parse(struct server *srv, bool chat, const char *bod
     if (!chat && field(root, "messages")) {
         cJSON_Delete(root);
         return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value",
-                          "/v1/completions takes 'prompt', not 'messages' (use /v1/chat/completions)");
+                          "%s takes 'prompt', not 'messages' (use /v1/chat/completions)",
+                          api == SERVER_API_NATIVE ? "/completion" : "/v1/completions");
     }
     struct call *c = server_call_new(srv, chat);
     if (!c) {
         cJSON_Delete(root);
         return reply_fail(r, KS_ERR_NOMEM, NULL, "out of memory while starting the request");
     }
+    c->native = api == SERVER_API_NATIVE;
+    /* llama-server's /completion joins the tokens' pieces: an SPM answer keeps its first space */
+    if (c->native) {
+        tok_stream_free(c->detok);
+        c->detok = NULL;
+        if (tok_stream_create(srv->tok, TOK_DECODE_REPLACE_BAD | TOK_DECODE_KEEP_SPACE, &c->detok)) {
+            cJSON_Delete(root);
+            server_call_unref(c);
+            return reply_fail(r, KS_ERR_NOMEM, NULL, "out of memory while starting the request");
+        }
+    }
     int32_t n_prompt = 0;
     int32_t *ids = NULL;
     st = chat ? server_parse_tool_options(root, &c->tools, r) : KS_OK;
     if (!st)
-        st = prompt_tokens(srv, chat, root, &ids, &n_prompt, &c->think_open, r);
+        st = prompt_tokens(srv, api, root, &ids, &n_prompt, &c->think_open, r);
     if (!st && chat)
         st = parse_reasoning_format(c, root, r);
     /* tool_choice none: the template still sees the tools (as in llama.cpp),
@@ -379,7 +448,7 @@ ks_status server_completion_parse(struct server *srv, bool chat, const char *bod
     }
     *rq = (struct sched_request){.prompt = ids, .n_prompt = n_prompt, .on_event = server_call_on_event, .user = c};
     if (!st)
-        st = parse_options(c, root, n_prompt, rq, r);
+        st = parse_options(c, api, root, n_prompt, rq, r);
     cJSON_Delete(root);
     if (st) {
         free(ids);

@@ -246,8 +246,10 @@ static void consume(struct call *c, const struct item *it, cJSON *lp)
     char *first = NULL;
     for (int i = 0; i < c->n_stop; i++) {
         char *hit = memmem(c->text.p + from, c->text.n - from, c->stop[i], strlen(c->stop[i]));
-        if (hit && (!first || hit < first))
+        if (hit && (!first || hit < first)) {
             first = hit;
+            c->stop_word = i;
+        }
     }
     if (first) {
         c->text.n = (size_t)(first - c->text.p);
@@ -306,6 +308,62 @@ static cJSON *response_head(const struct call *c, const char *object)
     cJSON_AddStringToObject(o, "object", object);
     cJSON_AddNumberToObject(o, "created", (double)c->created);
     cJSON_AddStringToObject(o, "model", c->srv->model_name);
+    return o;
+}
+
+/* ---- llama-server's /completion --------------------------------------------------- */
+
+static const char *native_stop_type(const struct call *c)
+{
+    if (c->stopped)
+        return "word";
+    return c->finish == SCHED_FINISH_STOP ? "eos" : "limit";
+}
+
+static cJSON *native_timings(struct call *c)
+{
+    pthread_mutex_lock(&c->mu);
+    double t0 = c->t_submit, t1 = c->t_first, t2 = c->t_end;
+    int32_t cached = c->n_cached;
+    pthread_mutex_unlock(&c->mu);
+    double prompt_ms = t1 > t0 ? (t1 - t0) * 1e3 : 0, predicted_ms = t2 > t1 && t1 > 0 ? (t2 - t1) * 1e3 : 0;
+    int prompt_n = c->n_prompt - cached, predicted_n = c->consumed;
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "cache_n", cached);
+    cJSON_AddNumberToObject(o, "prompt_n", prompt_n);
+    cJSON_AddNumberToObject(o, "prompt_ms", prompt_ms);
+    cJSON_AddNumberToObject(o, "prompt_per_token_ms", prompt_n > 0 ? prompt_ms / prompt_n : 0);
+    cJSON_AddNumberToObject(o, "prompt_per_second", prompt_ms > 0 ? 1e3 * prompt_n / prompt_ms : 0);
+    cJSON_AddNumberToObject(o, "predicted_n", predicted_n);
+    cJSON_AddNumberToObject(o, "predicted_ms", predicted_ms);
+    cJSON_AddNumberToObject(o, "predicted_per_token_ms", predicted_n > 0 ? predicted_ms / predicted_n : 0);
+    cJSON_AddNumberToObject(o, "predicted_per_second", predicted_ms > 0 ? 1e3 * predicted_n / predicted_ms : 0);
+    return o;
+}
+
+/* One /completion event: a stream's partial one (stop false: content and
+ * counts), or the whole answer (and a stream's last event, content ""):
+ * stop_type eos / limit / word with the stopping_word, and timings. */
+static cJSON *native_json(struct call *c, const char *content, bool stop)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "index", c->index);
+    cJSON_AddStringToObject(o, "content", content);
+    cJSON_AddArrayToObject(o, "tokens");
+    cJSON_AddNumberToObject(o, "id_slot", -1);
+    cJSON_AddBoolToObject(o, "stop", stop);
+    cJSON_AddNumberToObject(o, "tokens_predicted", c->consumed);
+    cJSON_AddNumberToObject(o, "tokens_evaluated", c->n_prompt);
+    if (!stop)
+        return o;
+    cJSON_AddStringToObject(o, "model", c->srv->model_name);
+    cJSON_AddBoolToObject(o, "truncated", false);
+    cJSON_AddStringToObject(o, "stop_type", native_stop_type(c));
+    cJSON_AddStringToObject(o, "stopping_word", c->stopped && c->stop_word >= 0 ? c->stop[c->stop_word] : "");
+    cJSON_AddBoolToObject(o, "has_new_line", c->text.p && memchr(c->text.p, '\n', c->text.n));
+    /* the last token drawn is not in the cache yet */
+    cJSON_AddNumberToObject(o, "tokens_cached", c->n_prompt + (c->consumed > 0 ? c->consumed - 1 : 0));
+    server_json_add(o, "timings", native_timings(c));
     return o;
 }
 
@@ -397,6 +455,14 @@ ks_status server_reply_whole(struct group *g, struct reply *r)
     if (st)
         return st;
     struct call *c = g->calls[0];
+    if (c->native) {
+        char *text = utf8_clean(c->text.p ? c->text.p : "", c->text.n);
+        if (!text)
+            return reply_fail(r, KS_ERR_NOMEM, NULL, "%s", OOM_MSG);
+        cJSON *o = native_json(c, text, true);
+        free(text);
+        return reply_json(r, 200, o);
+    }
     cJSON *o = response_head(c, c->chat ? "chat.completion" : "text_completion");
     cJSON *choices = cJSON_AddArrayToObject(o, "choices");
     for (int i = 0; i < g->n && !st; i++)
@@ -435,6 +501,10 @@ static bool sse_send(struct call *c, cJSON *o)
 
 static cJSON *chunk_new(struct call *c, const char *delta_text, bool with_role, cJSON *lp, const char *finish)
 {
+    if (c->native) {
+        cJSON_Delete(lp);
+        return native_json(c, delta_text ? delta_text : "", finish != NULL);
+    }
     cJSON *o = response_head(c, c->chat ? "chat.completion.chunk" : "text_completion");
     cJSON *choices = cJSON_AddArrayToObject(o, "choices");
     cJSON *ch = cJSON_CreateObject();
@@ -711,6 +781,8 @@ static void stream_finish(struct group *g)
 {
     struct call *c = g->calls[g->turn];
     g->ended = true;
+    if (c->native) /* llama-server's /completion stream ends with its stop event, no [DONE] */
+        return;
     server_json_reset();
     if (c->include_usage) {
         cJSON *o = response_head(c, c->chat ? "chat.completion.chunk" : "text_completion");

@@ -242,6 +242,17 @@ ks_status server_completion_parse(struct server *srv, bool chat, const char *bod
                                   struct sched_request *rq, struct reply *r);
 void server_completion_discard(struct call *c, struct sched_request *rq);
 
+/* server_llama.c: llama-server's routes */
+ks_status server_route_tokenize(struct server *srv, const struct server_req *rq, struct reply *r);
+ks_status server_route_detokenize(struct server *srv, const struct server_req *rq, struct reply *r);
+ks_status server_route_props(struct server *srv, const struct server_req *rq, struct reply *r);
+ks_status server_route_slots(struct server *srv, const struct server_req *rq, struct reply *r);
+/* server_completion.c: POST /completion, llama-server's native completion */
+ks_status server_route_completion_native(struct server *srv, const struct server_req *rq, struct reply *r);
+/* server_completion_parse.c: the sampling a /completion request that names
+ * no field gets (llama-server's defaults under the server's flags). */
+void server_native_sampling(const struct server *srv, struct sample_params *p);
+
 /* server_chat.c: POST /apply-template, the prompt text of a chat request (llama-server's route) */
 ks_status server_route_apply_template(struct server *srv, const struct server_req *rq, struct reply *r);
 
