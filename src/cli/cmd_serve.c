@@ -93,7 +93,7 @@ static bool parse_sampling_flag(const char *a, const char *v, struct serve_opts 
         {"--top-k", SERVER_SAMPLING_TOP_K, 0, 1e9, true},
         {"--top-p", SERVER_SAMPLING_TOP_P, 1e-6, 1, false},
         {"--min-p", SERVER_SAMPLING_MIN_P, 0, 1, false},
-        {"--repeat-penalty", SERVER_SAMPLING_REPEAT_PENALTY, 0, 10, false},
+        {"--repeat-penalty", SERVER_SAMPLING_REPEAT_PENALTY, 1e-6, 10, false},
         {"--seed", SERVER_SAMPLING_SEED, -1, 9.2e18, true}, /* -1: random, as without the flag */
     };
     for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++) {

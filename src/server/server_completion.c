@@ -26,6 +26,7 @@ void server_call_unref(struct call *c)
     sbuf_free(&c->out);
     cJSON_Delete(c->lp);
     grammar_free(c->grammar);
+    free(c->biases);
     free(c);
 }
 

@@ -47,6 +47,8 @@ struct call {
     int32_t n_prompt;
     int32_t n_cached;                  /* prompt tokens the prefix cache served (under mu) */
     struct grammar *grammar;           /* response_format / grammar constraint, NULL: none */
+    struct sample_bias *biases;        /* logit_bias (the sampling params point here), NULL: none */
+    int n_biases;
     /* output state (HTTP thread only) */
     int consumed;
     struct tok_stream *detok;

@@ -179,6 +179,82 @@ static ks_status parse_sampling(const struct server *srv, const cJSON *root, enu
     return KS_OK;
 }
 
+/* ---- logit_bias ---------------------------------------------------------------------- */
+
+enum { MAX_BIASES = 4096 };
+
+/* One entry: key a token id (a number, or OpenAI's decimal string) or a text
+ * whose tokens all get the bias; value a number (-100 or below bans, as
+ * OpenAI's -100 does) or false (bans, llama-server's). */
+static ks_status add_bias(struct call *c, const cJSON *key, const cJSON *value, struct reply *r)
+{
+    float bias;
+    if (cJSON_IsFalse(value))
+        bias = -INFINITY;
+    else if (cJSON_IsNumber(value) && isfinite(value->valuedouble))
+        bias = value->valuedouble <= -100 ? -INFINITY : (float)value->valuedouble;
+    else
+        return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_type", "'logit_bias' values must be numbers or false");
+    int32_t n_vocab = tok_n_vocab(c->srv->tok), one, *ids = &one;
+    size_t n = 1;
+    char *end = NULL;
+    double id = cJSON_IsNumber(key) ? key->valuedouble : cJSON_IsString(key) ? strtod(key->valuestring, &end) : NAN;
+    bool numeric = cJSON_IsNumber(key) || (end && end != key->valuestring && !*end);
+    if (numeric && (id != floor(id) || id < 0 || id >= n_vocab))
+        return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value", "'logit_bias' token ids must be integers in [0, %d)",
+                          n_vocab);
+    if (numeric) {
+        one = (int32_t)id;
+    } else if (cJSON_IsString(key)) {
+        if (tok_encode(c->srv->tok, key->valuestring, strlen(key->valuestring), 0, &ids, &n))
+            return reply_fail(r, KS_ERR_NOMEM, NULL, "out of memory while reading 'logit_bias'");
+    } else {
+        return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_type",
+                          "'logit_bias' entries are [token id or text, bias] pairs");
+    }
+    struct sample_bias *grown = c->n_biases + n <= MAX_BIASES
+                                    ? realloc(c->biases, (c->n_biases + n + 1) * sizeof *grown) : NULL;
+    if (grown) {
+        c->biases = grown;
+        for (size_t i = 0; i < n; i++)
+            c->biases[c->n_biases++] = (struct sample_bias){ids[i], bias};
+    }
+    if (ids != &one)
+        free(ids);
+    if (!grown && c->n_biases + n > MAX_BIASES)
+        return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value", "'logit_bias' biases at most %d tokens", MAX_BIASES);
+    return grown ? KS_OK : reply_fail(r, KS_ERR_NOMEM, NULL, "out of memory while reading 'logit_bias'");
+}
+
+/* logit_bias as OpenAI's {"TOKEN_ID": bias} or llama-server's [[id, bias]],
+ * [["text", bias]], [id, false] and {"text": bias}. */
+static ks_status parse_logit_bias(struct call *c, const cJSON *root, struct sample_params *p, struct reply *r)
+{
+    cJSON *lb = field(root, "logit_bias");
+    if (!lb)
+        return KS_OK;
+    if (!cJSON_IsObject(lb) && !cJSON_IsArray(lb))
+        return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_type",
+                          "'logit_bias' must be an object {\"TOKEN_ID\": bias} or an array of [token, bias] pairs");
+    const cJSON *e;
+    ks_status st = KS_OK;
+    cJSON_ArrayForEach(e, lb) {
+        if (cJSON_IsObject(lb)) {
+            cJSON key = {.type = cJSON_String, .valuestring = e->string};
+            st = add_bias(c, &key, e, r);
+        } else if (cJSON_IsArray(e) && cJSON_GetArraySize(e) == 2) {
+            st = add_bias(c, cJSON_GetArrayItem(e, 0), cJSON_GetArrayItem(e, 1), r);
+        } else {
+            st = reply_fail(r, KS_ERR_INVALID_ARG, "invalid_type", "'logit_bias' entries are [token, bias] pairs");
+        }
+        if (st)
+            return st;
+    }
+    p->biases = c->biases;
+    p->n_biases = c->n_biases;
+    return KS_OK;
+}
+
 /* A tokenizer failure: out of memory stays so, anything else is ours (500). */
 static ks_status tokenizer_failed(ks_status st, struct reply *r)
 {
@@ -364,7 +440,8 @@ static ks_status parse_options(struct call *c, enum server_api api, const cJSON 
     if ((st = get_bool(root, "stream", &c->stream, r)) || (st = get_bool(root, "ignore_eos", &rq->ignore_eog, r)) ||
         (st = parse_stop(c, root, r)) ||
         (st = parse_sampling(c->srv, root, api, &rq->sampling, &c->logprobs, &c->n_choices, r)) ||
-        (api == SERVER_API_NATIVE && (st = get_bool(root, "cache_prompt", &cache_prompt, r))))
+        (api == SERVER_API_NATIVE && (st = get_bool(root, "cache_prompt", &cache_prompt, r))) ||
+        (st = parse_logit_bias(c, root, &rq->sampling, r)))
         return st;
     cJSON *so = field(root, "stream_options");
     if (so && !cJSON_IsObject(so))

@@ -85,12 +85,28 @@ def main():
     klog, llog = os.path.join(tmp, "kvserve.log"), os.path.join(tmp, "llama.log")
     kv = subprocess.Popen([BIN, "serve", "-m", MODEL, "--port", str(kport), "-c", "512", "--parallel", "2",
                            "-t", "1"], stderr=open(klog, "w"), stdout=subprocess.DEVNULL)
+    # the server-wide sampling flags: a request without the fields must sample as one that names them
+    fport, flog = free_port(), os.path.join(tmp, "flags.log")
+    flags = {"temperature": 0.9, "top_k": 5, "top_p": 0.8, "min_p": 0.1, "repeat_penalty": 1.3, "seed": 7}
+    fl = subprocess.Popen([BIN, "serve", "-m", MODEL, "--port", str(fport), "-c", "512", "--parallel", "1", "-t", "1",
+                           "--temp", "0.9", "--top-k", "5", "--top-p", "0.8", "--min-p", "0.1",
+                           "--repeat-penalty", "1.3", "--seed", "7"], stderr=open(flog, "w"), stdout=subprocess.DEVNULL)
     ll = subprocess.Popen([LLAMA, "-m", MODEL, "--port", str(lport), "-c", "512", "-np", "1", "-t", "1"],
                           stderr=open(llog, "w"), stdout=subprocess.DEVNULL)
     try:
         ku, lu = "http://127.0.0.1:%d" % kport, "http://127.0.0.1:%d" % lport
         wait_up(ku, kv, klog)
         wait_up(lu, ll, llog)
+        fu = "http://127.0.0.1:%d" % fport
+        wait_up(fu, fl, flog)
+        for path, key, base in (("/v1/completions", None, {"prompt": "Hello world", "max_tokens": 24}),
+                                ("/completion", "content", {"prompt": "Hello world", "n_predict": 24})):
+            a, b = request(fu + path, base)[1], request(ku + path, dict(base, **flags))[1]
+            ta = a[key] if key else a["choices"][0]["text"]
+            tb = b[key] if key else b["choices"][0]["text"]
+            check(ta == tb and len(ta) > 0, "%s: the flags' defaults sample as the explicit fields (%r)" % (path, ta))
+        params = request(fu + "/props")[1]["default_generation_settings"]["params"]
+        check(all(abs(params[k] - v) < 1e-6 for k, v in flags.items()), "/props reports the flags: %s" % params)
         both = lambda path, body: (request(ku + path, body), request(lu + path, body))
 
         texts = ["Hello world", "  two  spaces\nand a line", "caf\u00e9 \u4e16\u754c \U0001F600", "<s> special </s>", ""]
@@ -108,7 +124,12 @@ def main():
                  {"prompt": [1, 300, 20, 5, 100], "n_predict": 12},
                  {"prompt": "abc def", "max_tokens": 10, "cache_prompt": False},
                  {"prompt": "1 2 3", "n_predict": 8},
-                 {"prompt": "Hello world", "n_predict": 30, "stop": ["ddd"]}]
+                 {"prompt": "Hello world", "n_predict": 30, "stop": ["ddd"]},
+                 # logit_bias: llama-server's [[id, false]], [["text", bias]] and positive biases, OpenAI's object
+                 {"prompt": "Hello world", "n_predict": 8, "logit_bias": [[327, False], [3, False]]},
+                 {"prompt": "Hello world", "n_predict": 8, "logit_bias": [["d", -100], [338, -100]]},
+                 {"prompt": "Hello world", "n_predict": 8, "logit_bias": {"327": -100, "3": -100}},
+                 {"prompt": "Hello world", "n_predict": 6, "logit_bias": [[300, 30], [301, 2.5]]}]
         for c in cases:
             c = dict(c, temperature=0)
             (ks, k), (ls, l) = both("/completion", c)
@@ -156,9 +177,9 @@ def main():
         b = request(ku + "/completion", {"prompt": "Hello world", "n_predict": 0})[1]["tokens_evaluated"]
         check(b == len(a), "/completion counts its prompt as /tokenize with add_special")
     finally:
-        for p in (kv, ll):
+        for p in (kv, ll, fl):
             p.terminate()
-        for p in (kv, ll):
+        for p in (kv, ll, fl):
             try:
                 p.wait(timeout=10)
             except subprocess.TimeoutExpired:
