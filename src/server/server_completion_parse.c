@@ -155,7 +155,10 @@ static ks_status parse_sampling(const struct server *srv, const cJSON *root, enu
     *n_choices = (int)n;
     *logprobs = -1;
     if (api == SERVER_API_NATIVE) {
-        /* no logprobs on /completion (its n_probs is refused by name) */
+        int64_t n_probs = 0;
+        if ((st = get_int(root, "n_probs", 0, SAMPLE_MAX_LOGPROBS, &n_probs, r)))
+            return st;
+        *logprobs = n_probs > 0 ? (int)n_probs : -1;
     } else if (api == SERVER_API_CHAT) {
         bool lp = false;
         int64_t top = 0;

@@ -39,6 +39,18 @@ static cJSON *lp_token_json(struct call *c, int32_t token, float logprob)
  * Completions: {"tokens":[],"token_logprobs":[],"top_logprobs":[{tok:lp}],"text_offset":[]}. */
 static void lp_add(struct call *c, cJSON *lp, const struct item *it, size_t text_offset)
 {
+    if (c->native) { /* llama-server's completion_probabilities: [{id, token, bytes, logprob, top_logprobs}] */
+        cJSON *e = lp_token_json(c, it->token, it->res.logprob);
+        cJSON_AddNumberToObject(e, "id", it->token);
+        cJSON *top = cJSON_AddArrayToObject(e, "top_logprobs");
+        for (int i = 0; i < it->res.n_top && i < c->logprobs; i++) {
+            cJSON *alt = lp_token_json(c, it->res.top[i].token, it->res.top[i].logprob);
+            cJSON_AddNumberToObject(alt, "id", it->res.top[i].token);
+            server_json_push(top, alt);
+        }
+        server_json_push(lp, e);
+        return;
+    }
     if (c->chat) {
         cJSON *content = cJSON_GetObjectItem(lp, "content");
         cJSON *e = lp_token_json(c, it->token, it->res.logprob);
@@ -67,10 +79,12 @@ static void lp_add(struct call *c, cJSON *lp, const struct item *it, size_t text
     cJSON_Delete(t);
 }
 
-static cJSON *lp_new(bool chat)
+static cJSON *lp_new(const struct call *c)
 {
+    if (c->native)
+        return cJSON_CreateArray();
     cJSON *lp = cJSON_CreateObject();
-    if (chat) {
+    if (c->chat) {
         cJSON_AddArrayToObject(lp, "content");
     } else {
         cJSON_AddArrayToObject(lp, "tokens");
@@ -382,7 +396,7 @@ static bool call_dropped(struct call *c)
 /* Wait for the choice's end; a failed choice fails the request. */
 static ks_status choice_wait(struct call *c, struct reply *r)
 {
-    c->lp = c->logprobs >= 0 ? lp_new(c->chat) : NULL;
+    c->lp = c->logprobs >= 0 ? lp_new(c) : NULL;
     int n;
     while (!pull(c, c->lp, &n))
         ;
@@ -461,6 +475,9 @@ ks_status server_reply_whole(struct group *g, struct reply *r)
             return reply_fail(r, KS_ERR_NOMEM, NULL, "%s", OOM_MSG);
         cJSON *o = native_json(c, text, true);
         free(text);
+        if (c->lp)
+            server_json_add(o, "completion_probabilities", c->lp);
+        c->lp = NULL;
         return reply_json(r, 200, o);
     }
     cJSON *o = response_head(c, c->chat ? "chat.completion" : "text_completion");
@@ -502,8 +519,10 @@ static bool sse_send(struct call *c, cJSON *o)
 static cJSON *chunk_new(struct call *c, const char *delta_text, bool with_role, cJSON *lp, const char *finish)
 {
     if (c->native) {
-        cJSON_Delete(lp);
-        return native_json(c, delta_text ? delta_text : "", finish != NULL);
+        cJSON *o = native_json(c, delta_text ? delta_text : "", finish != NULL);
+        if (lp)
+            server_json_add(o, "completion_probabilities", lp);
+        return o;
     }
     cJSON *o = response_head(c, c->chat ? "chat.completion.chunk" : "text_completion");
     cJSON *choices = cJSON_AddArrayToObject(o, "choices");
@@ -837,7 +856,7 @@ static void stream_fill(struct call *c)
             return;
         }
     }
-    cJSON *lp = c->logprobs >= 0 ? lp_new(c->chat) : NULL;
+    cJSON *lp = c->logprobs >= 0 ? lp_new(c) : NULL;
     int n = 0;
     bool over = pull(c, lp, &n);
     if (n > 0 && !c->oom)

@@ -139,6 +139,21 @@ def main():
             text = "".join(e["content"] for e in ev)
             check(text == l["content"] and ev[-1]["stop"] and ev[-1]["stop_type"] == l["stop_type"]
                   and not any(e["stop"] for e in ev[:-1]), "/completion stream %s" % json.dumps(c))
+        # n_probs: the same alternatives with the same log-probabilities (within 0.02: the two engines' logits differ by that much at the default KV precision); the
+        # texts differ only for byte 0x00 (id 3), U+FFFD in kvserve's JSON
+        c = {"prompt": "Hello world", "n_predict": 4, "n_probs": 2, "temperature": 0}  # the 3rd is a near tie
+        (ks, k2), (ls, l2) = both("/completion", c)
+        kp, lp = k2.get("completion_probabilities", []), l2.get("completion_probabilities", [])
+        same = len(kp) == len(lp) == 4 and all(
+            a["id"] == b["id"] and (a["token"] == b["token"] or a["id"] == 3) and a["bytes"] == b["bytes"]
+            and abs(a["logprob"] - b["logprob"]) < 2e-2
+            and [x["id"] for x in a["top_logprobs"]] == [x["id"] for x in b["top_logprobs"]]
+            and all(abs(x["logprob"] - y["logprob"]) < 2e-2 for x, y in zip(a["top_logprobs"], b["top_logprobs"]))
+            for a, b in zip(kp, lp))
+        check(ks == ls == 200 and same, "/completion n_probs" + ("" if same else ": %s vs %s" % (kp[:1], lp[:1])))
+        ev = stream_events(ku + "/completion", c)
+        streamed = [p for e in ev for p in e.get("completion_probabilities", [])]
+        check([p["id"] for p in streamed] == [p["id"] for p in kp], "/completion n_probs streamed")
         t = k["timings"]
         check(all(x in t for x in ("prompt_n", "prompt_ms", "predicted_n", "predicted_ms", "predicted_per_second")),
               "/completion timings")
