@@ -827,6 +827,66 @@ static void test_template_kwargs(void **state)
     server_stop(srv);
 }
 
+/* Fields kvserve does not implement are refused by name, unless they hold
+ * the value that leaves the output unchanged; bookkeeping fields pass; bad
+ * logit_bias and json_schema shapes are 400s naming the field. */
+static void test_refusals(void **state)
+{
+    (void)state;
+    struct server *srv = start_with(NULL, NULL);
+    set_script("ok");
+    static const struct {
+        const char *path, *extra, *needle; /* needle NULL: accepted (200) */
+    } cases[] = {
+        {"/v1/chat/completions", "\"mirostat\": 2", "'mirostat'"},
+        {"/v1/chat/completions", "\"mirostat\": 0", NULL},
+        {"/v1/chat/completions", "\"dry_multiplier\": 0.8", "'dry_multiplier'"},
+        {"/v1/chat/completions", "\"xtc_probability\": 0.5", "'xtc_probability'"},
+        {"/v1/chat/completions", "\"typical_p\": 0.9", "'typical_p'"},
+        {"/v1/chat/completions", "\"typical_p\": 1", NULL},
+        {"/v1/chat/completions", "\"samplers\": [\"top_k\"]", "'samplers'"},
+        {"/v1/chat/completions", "\"n_probs\": 3", "'n_probs'"},
+        {"/v1/chat/completions", "\"functions\": [{\"name\": \"f\"}]", "'functions'"},
+        {"/v1/chat/completions", "\"user\": \"u1\", \"metadata\": {\"a\": \"b\"}, \"store\": false, "
+                                 "\"service_tier\": \"auto\"", NULL},
+        {"/v1/chat/completions", "\"logit_bias\": {\"5\": 10, \"hello\": -100}", NULL},
+        {"/v1/chat/completions", "\"logit_bias\": {\"999999999\": 1}", "'logit_bias'"},
+        {"/v1/chat/completions", "\"logit_bias\": [[1, true]]", "'logit_bias'"},
+        {"/v1/chat/completions", "\"logit_bias\": [[1]]", "'logit_bias'"},
+        {"/v1/chat/completions", "\"logit_bias\": 3", "'logit_bias'"},
+        {"/v1/chat/completions", "\"repeat_last_n\": -2", "'repeat_last_n'"},
+        {"/v1/chat/completions", "\"json_schema\": {\"type\": \"boolean\"}", NULL},
+        {"/v1/chat/completions", "\"json_schema\": 3", "'json_schema'"},
+        {"/v1/chat/completions", "\"json_schema\": {\"type\": \"boolean\"}, \"grammar\": \"root ::= \\\"a\\\"\"",
+         "'json_schema'"},
+        {"/v1/completions", "\"echo\": true", "'echo'"},
+        {"/v1/completions", "\"best_of\": 3", "'best_of'"},
+        {"/v1/completions", "\"suffix\": \"end\"", "'suffix'"},
+        {"/v1/completions", "\"logit_bias\": [[\"text\", false]]", NULL},
+        {"/completion", "\"n_probs\": 2, \"cache_prompt\": true, \"n_predict\": -1", NULL},
+        {"/completion", "\"n\": 2", "'n'"},
+        {"/completion", "\"logprobs\": true", "'logprobs'"},
+        {"/completion", "\"mirostat\": 1", "'mirostat'"},
+        {"/completion", "\"n_probs\": 21", "'n_probs'"},
+        {"/completion", "\"cache_prompt\": 1", "'cache_prompt'"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char body[1024];
+        bool chat = !strcmp(cases[i].path, "/v1/chat/completions");
+        snprintf(body, sizeof body, "{%s, \"max_tokens\": 4, %s}",
+                 chat ? "\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]" : "\"prompt\": \"hi\"",
+                 cases[i].extra);
+        struct httpc_response r = post_to(srv, cases[i].path, body);
+        bool ok = cases[i].needle ? r.status == 400 && strstr(r.body, cases[i].needle) : r.status == 200;
+        if (!ok)
+            print_message("%s %s: %ld %.*s\n", cases[i].path, body, r.status, (int)r.len, r.body);
+        assert_true(ok);
+        httpc_response_free(&r);
+    }
+    set_script("");
+    server_stop(srv);
+}
+
 int main(void)
 {
     const char *shared = getenv("KVSERVE_SHARED");
@@ -845,6 +905,7 @@ int main(void)
         cmocka_unit_test(test_harmony),
         cmocka_unit_test(test_reasoning),
         cmocka_unit_test(test_template_kwargs),
+        cmocka_unit_test(test_refusals),
     };
     return ks_run_tests(tests, setup, teardown);
 }

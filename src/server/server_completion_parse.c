@@ -177,8 +177,84 @@ static ks_status parse_sampling(const struct server *srv, const cJSON *root, enu
     }
     if ((float)b.top_p <= 0) /* also a positive value below the smallest float, which would sample with 0 */
         return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value", "'top_p' must be greater than 0 (got %g)", b.top_p);
+    int64_t last_n = 64;
+    if ((st = get_int(root, "repeat_last_n", -1, 1e9, &last_n, r)))
+        return st;
     fill_sampling(&b, pres, freq, p);
+    p->repeat_last_n = (int)last_n; /* -1: the whole history, as llama-server's context-sized window */
     p->n_logprobs = *logprobs > 0 ? *logprobs : 0;
+    return KS_OK;
+}
+
+/* ---- fields kvserve does not implement ------------------------------------------------ */
+
+/* A field that would change the output if the server ignored it, with the
+ * value that leaves the output as it is (a client that sends the default is
+ * served). Any other value is a 400 naming the field: a request is never
+ * answered as if it had not asked. README (Server) lists them. */
+enum harmless { HARMLESS_NONE, HARMLESS_NUMBER, HARMLESS_FALSY };
+enum { API_CHAT = 1u << SERVER_API_CHAT, API_TEXT = 1u << SERVER_API_TEXT, API_NATIVE = 1u << SERVER_API_NATIVE };
+static const struct refused {
+    const char *name;
+    unsigned apis;            /* the routes that refuse it */
+    enum harmless harmless;   /* NONE: any value is refused; NUMBER: 'value' is accepted; FALSY: false, 0, "", [], {} */
+    double value;
+    const char *what;
+} refused_fields[] = {
+    {"mirostat", API_CHAT | API_TEXT | API_NATIVE, HARMLESS_NUMBER, 0, "mirostat sampling"},
+    {"dry_multiplier", API_CHAT | API_TEXT | API_NATIVE, HARMLESS_NUMBER, 0, "the DRY sampler"},
+    {"xtc_probability", API_CHAT | API_TEXT | API_NATIVE, HARMLESS_NUMBER, 0, "the XTC sampler"},
+    {"typical_p", API_CHAT | API_TEXT | API_NATIVE, HARMLESS_NUMBER, 1, "locally typical sampling"},
+    {"top_n_sigma", API_CHAT | API_TEXT | API_NATIVE, HARMLESS_NUMBER, -1, "top-n-sigma sampling"},
+    {"dynatemp_range", API_CHAT | API_TEXT | API_NATIVE, HARMLESS_NUMBER, 0, "dynamic temperature"},
+    {"min_keep", API_CHAT | API_TEXT | API_NATIVE, HARMLESS_FALSY, 0, "min_keep"},
+    {"samplers", API_CHAT | API_TEXT | API_NATIVE, HARMLESS_NONE, 0, "a sampler order"},
+    {"grammar_lazy", API_CHAT | API_TEXT | API_NATIVE, HARMLESS_FALSY, 0, "lazy grammars from the request"},
+    {"grammar_triggers", API_CHAT | API_TEXT | API_NATIVE, HARMLESS_FALSY, 0, "grammar triggers"},
+    {"preserved_tokens", API_CHAT | API_TEXT | API_NATIVE, HARMLESS_FALSY, 0, "preserved tokens"},
+    {"t_max_predict_ms", API_CHAT | API_TEXT | API_NATIVE, HARMLESS_FALSY, 0, "a time limit"},
+    {"penalize_nl", API_CHAT | API_TEXT | API_NATIVE, HARMLESS_FALSY, 0, "penalize_nl"},
+    {"lora", API_CHAT | API_TEXT | API_NATIVE, HARMLESS_FALSY, 0, "LoRA adapters"},
+    {"post_sampling_probs", API_CHAT | API_TEXT | API_NATIVE, HARMLESS_FALSY, 0, "post-sampling probabilities"},
+    {"return_tokens", API_CHAT | API_TEXT | API_NATIVE, HARMLESS_FALSY, 0, "token ids in the answer"},
+    {"response_fields", API_CHAT | API_TEXT | API_NATIVE, HARMLESS_FALSY, 0, "response_fields"},
+    {"n_probs", API_CHAT | API_TEXT, HARMLESS_FALSY, 0, "n_probs on this route (use 'logprobs')"},
+    {"n", API_NATIVE, HARMLESS_NUMBER, 1, "several choices on /completion (use /v1/completions)"},
+    {"logprobs", API_NATIVE, HARMLESS_FALSY, 0, "'logprobs' on /completion (use 'n_probs')"},
+    {"echo", API_TEXT, HARMLESS_FALSY, 0, "echoing the prompt"},
+    {"best_of", API_TEXT, HARMLESS_NUMBER, 1, "best_of"},
+    {"suffix", API_TEXT, HARMLESS_FALSY, 0, "a suffix (fill-in-the-middle)"},
+    {"functions", API_CHAT, HARMLESS_FALSY, 0, "legacy 'functions' (use 'tools')"},
+    {"function_call", API_CHAT, HARMLESS_NONE, 0, "legacy 'function_call' (use 'tool_choice')"},
+    {"audio", API_CHAT, HARMLESS_NONE, 0, "audio output"},
+    {"modalities", API_CHAT, HARMLESS_NONE, 0, "output modalities"},
+    {"prediction", API_CHAT, HARMLESS_NONE, 0, "predicted outputs"},
+    {"web_search_options", API_CHAT, HARMLESS_NONE, 0, "web search"},
+};
+
+static bool falsy(const cJSON *v)
+{
+    return cJSON_IsFalse(v) || (cJSON_IsNumber(v) && v->valuedouble == 0) ||
+           (cJSON_IsString(v) && !v->valuestring[0]) || ((cJSON_IsArray(v) || cJSON_IsObject(v)) && !v->child);
+}
+
+static ks_status refuse_unsupported(const cJSON *root, enum server_api api, struct reply *r)
+{
+    for (size_t i = 0; i < sizeof refused_fields / sizeof refused_fields[0]; i++) {
+        const struct refused *f = &refused_fields[i];
+        cJSON *v = field(root, f->name);
+        if (!v || !(f->apis & (1u << api)))
+            continue;
+        if ((f->harmless == HARMLESS_NUMBER && cJSON_IsNumber(v) && v->valuedouble == f->value) ||
+            (f->harmless == HARMLESS_FALSY && falsy(v)))
+            continue;
+        if (f->harmless == HARMLESS_NUMBER)
+            return reply_fail(r, KS_ERR_INVALID_ARG, "unsupported_parameter",
+                              "'%s' is not supported: kvserve does not implement %s; leave it out or set it to %g",
+                              f->name, f->what, f->value);
+        return reply_fail(r, KS_ERR_INVALID_ARG, "unsupported_parameter",
+                          "'%s' is not supported: kvserve does not implement %s; leave it out", f->name, f->what);
+    }
     return KS_OK;
 }
 
@@ -337,8 +413,21 @@ static ks_status prompt_tokens(struct server *srv, enum server_api api, const cJ
 static ks_status parse_grammar(struct call *c, const cJSON *root, int32_t max_tokens, struct sample_params *p,
                                struct reply *r)
 {
-    cJSON *rf = field(root, "response_format"), *gr = field(root, "grammar");
+    cJSON *rf = field(root, "response_format"), *gr = field(root, "grammar"), *top = field(root, "json_schema");
     const char *type = "text";
+    /* llama-server's top-level json_schema, and its response_format {"type": "json_object", "schema": ...} */
+    const cJSON *schema = NULL;
+    const char *schema_what = NULL;
+    if (top && !cJSON_IsObject(top))
+        return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_type", "'json_schema' must be a JSON Schema object");
+    if (top && (rf || gr))
+        return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value",
+                          "give one of 'json_schema', 'response_format' and 'grammar'");
+    if (top) {
+        schema = top;
+        schema_what = "'json_schema'";
+        type = "json_schema";
+    }
     if (rf) {
         cJSON *t = cJSON_GetObjectItemCaseSensitive(rf, "type");
         if (!cJSON_IsObject(rf) || !cJSON_IsString(t))
@@ -348,6 +437,15 @@ static ks_status parse_grammar(struct call *c, const cJSON *root, int32_t max_to
         if (strcmp(type, "text") && strcmp(type, "json_object") && strcmp(type, "json_schema"))
             return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value",
                               "'response_format.type' must be text, json_object or json_schema (got '%.64s')", type);
+        cJSON *obj_schema = cJSON_GetObjectItemCaseSensitive(rf, "schema");
+        if (!strcmp(type, "json_object") && obj_schema && !cJSON_IsNull(obj_schema)) {
+            if (!cJSON_IsObject(obj_schema))
+                return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_type",
+                                  "'response_format.schema' must be a JSON Schema object");
+            schema = obj_schema;
+            schema_what = "'response_format.schema'";
+            type = "json_schema";
+        }
     }
     if (gr && !cJSON_IsString(gr))
         return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_type", "'grammar' must be a string of GBNF");
@@ -379,15 +477,19 @@ static ks_status parse_grammar(struct call *c, const cJSON *root, int32_t max_to
         src = gbnf;
         what = "the tool-call grammar";
     } else if (!strcmp(type, "json_schema")) {
-        cJSON *js = cJSON_GetObjectItemCaseSensitive(rf, "json_schema");
-        cJSON *schema = cJSON_GetObjectItemCaseSensitive(js, "schema");
-        cJSON *strict = cJSON_GetObjectItemCaseSensitive(js, "strict"), *name = cJSON_GetObjectItemCaseSensitive(js, "name");
-        if (!cJSON_IsObject(js) || !cJSON_IsObject(schema))
-            return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_type",
-                              "'response_format.json_schema' must be an object with an object 'schema'");
-        if ((strict && !cJSON_IsBool(strict) && !cJSON_IsNull(strict)) || (name && !cJSON_IsString(name)))
-            return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_type",
-                              "'response_format.json_schema': 'strict' must be a boolean and 'name' a string");
+        if (!schema) {
+            cJSON *js = cJSON_GetObjectItemCaseSensitive(rf, "json_schema");
+            schema = cJSON_GetObjectItemCaseSensitive(js, "schema");
+            cJSON *strict = cJSON_GetObjectItemCaseSensitive(js, "strict");
+            cJSON *name = cJSON_GetObjectItemCaseSensitive(js, "name");
+            if (!cJSON_IsObject(js) || !cJSON_IsObject(schema))
+                return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_type",
+                                  "'response_format.json_schema' must be an object with an object 'schema'");
+            if ((strict && !cJSON_IsBool(strict) && !cJSON_IsNull(strict)) || (name && !cJSON_IsString(name)))
+                return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_type",
+                                  "'response_format.json_schema': 'strict' must be a boolean and 'name' a string");
+            schema_what = "'response_format.json_schema.schema'";
+        }
         char *text = cJSON_PrintUnformatted(schema);
         if (!text)
             return reply_fail(r, KS_ERR_NOMEM, NULL, "out of memory while reading 'response_format'");
@@ -396,7 +498,7 @@ static ks_status parse_grammar(struct call *c, const cJSON *root, int32_t max_to
         if (st == KS_ERR_FORMAT) /* cJSON printed it, so only an allocation can have failed to parse it */
             st = KS_ERR_NOMEM;
         src = gbnf;
-        what = "'response_format.json_schema.schema'";
+        what = schema_what;
     }
     if (!st)
         st = grammar_compile(src, strlen(src), &c->grammar);
@@ -487,6 +589,10 @@ ks_status server_request_parse(struct server *srv, enum server_api api, const ch
     if (model && !cJSON_IsString(model)) {
         cJSON_Delete(root);
         return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_type", "'model' must be a string");
+    }
+    if ((st = refuse_unsupported(root, api, r))) {
+        cJSON_Delete(root);
+        return st;
     }
     if (!chat && field(root, "messages")) {
         cJSON_Delete(root);
