@@ -758,6 +758,9 @@ static void test_reasoning(void **state)
         /* cut by max_tokens inside the reasoning: it is still reasoning ("I", " reason", " here") */
         {{r1, NULL, "I reason here and there.\n</think>\n\nHello!", "", 0, {0}, {0}},
          {"I reason here", "{\"max_tokens\": 3}", "length"}, true, NULL},
+        /* output constrained from its first token is the answer, even after a prompt that opened <think> */
+        {{r1, NULL, "{\"a\": 1}", "{\"a\": 1}", 0, {0}, {0}},
+         {NULL, "{\"response_format\": {\"type\": \"json_object\"}}", NULL}, true, NULL},
         /* a stop string inside the reasoning ends it there */
         {{r1, NULL, "I reason STOP here.\n</think>\n\nHello!", "", 0, {0}, {0}},
          {"I reason", "{\"stop\": \"STOP\"}", NULL}, true, NULL},

@@ -635,6 +635,10 @@ ks_status server_request_parse(struct server *srv, enum server_api api, const ch
     *rq = (struct sched_request){.prompt = ids, .n_prompt = n_prompt, .on_event = server_call_on_event, .user = c};
     if (!st)
         st = parse_options(c, api, root, n_prompt, rq, r);
+    /* output constrained from its first token (a schema, a grammar, required tool calls) is the
+     * answer itself, even after a prompt that opened <think> */
+    if (!st && rq->sampling.grammar && rq->sampling.grammar_triggers.n == 0)
+        c->think_open = false;
     cJSON_Delete(root);
     if (st) {
         free(ids);
