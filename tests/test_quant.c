@@ -320,7 +320,7 @@ static void test_q8_0_exact_values(void **state)
  * ties (k + 0.5 after the scale), values just below a tie, zeros, negative
  * zeros, a spread of magnitudes. (No NaN: the reference's cast of it is
  * undefined.) */
-static void check_q8_0_quantizer(quant_from_float_fn q)
+static void check_q8_0_quantizer_against(quant_from_float_fn q, quant_from_float_fn ref)
 {
     enum { N = 32 * 8 };
     float x[N];
@@ -336,9 +336,11 @@ static void check_q8_0_quantizer(quant_from_float_fn q)
     }
     block_q8_0 got[N / 32], want[N / 32];
     q(x, got, N);
-    quant_q8_0_from_float_ref(x, want, N);
+    ref(x, want, N);
     assert_memory_equal(got, want, sizeof got);
 }
+
+static void check_q8_0_quantizer(quant_from_float_fn q) { check_q8_0_quantizer_against(q, quant_q8_0_from_float_ref); }
 
 static void test_q8_0_simd_quantizer_edges(void **state)
 {
@@ -347,6 +349,34 @@ static void test_q8_0_simd_quantizer_edges(void **state)
 #if defined(QUANT_HAVE_AVX2)
     check_q8_0_quantizer(quant_q8_0_from_float_avx2);
 #endif
+}
+
+/* The activation quantizer (ggml-cpu's x86 rounding: x * (127 / amax), ties
+ * to even) in every form this build has, against its scalar twin, on the
+ * same edges and on random rows; and the ties it rounds to even where the
+ * weight quantizer rounds away from zero. */
+static void test_q8_0_act_quantizer(void **state)
+{
+    (void)state;
+    check_q8_0_quantizer_against(quant_q8_0_act_from_float, quant_q8_0_act_from_float_ref);
+#if defined(QUANT_HAVE_AVX2)
+    check_q8_0_quantizer_against(quant_q8_0_act_from_float_avx2, quant_q8_0_act_from_float_ref);
+#endif
+    enum { N = 32 * 64 };
+    static float x[N];
+    for (int i = 0; i < N; i++)
+        x[i] = (float)((i * 7919) % 2003 - 1001) / 97.0f;
+    block_q8_0 got[N / 32], want[N / 32];
+    quant_q8_0_act_from_float(x, got, N);
+    quant_q8_0_act_from_float_ref(x, want, N);
+    assert_memory_equal(got, want, sizeof got);
+    float t[32] = {127.0f, 62.5f, -62.5f, 61.5f}; /* amax 127: the multiplier is exactly 1 */
+    block_q8_0 act, wgt;
+    quant_q8_0_act_from_float_ref(t, &act, 32);
+    quant_q8_0_from_float_ref(t, &wgt, 32);
+    assert_int_equal(act.qs[1], 62), assert_int_equal(wgt.qs[1], 63);
+    assert_int_equal(act.qs[2], -62), assert_int_equal(wgt.qs[2], -63);
+    assert_int_equal(act.qs[3], 62), assert_int_equal(wgt.qs[3], 62);
 }
 
 /* ---- vec_dot: SIMD vs scalar --------------------------------------------------- */
@@ -1036,6 +1066,7 @@ int main(void)
         cmocka_unit_test(test_quantize_error_bounds),
         cmocka_unit_test(test_q8_0_exact_values),
         cmocka_unit_test(test_q8_0_simd_quantizer_edges),
+        cmocka_unit_test(test_q8_0_act_quantizer),
         cmocka_unit_test(test_kv_scale_search_never_worse),
         cmocka_unit_test(test_best_conversions_match_scalar),
         cmocka_unit_test(test_vec_dot_simd_vs_scalar),

@@ -42,22 +42,6 @@ void quant_iq4_fill(struct quant_traits *best, struct quant_traits *scalar);
  * NULL for any other type or a build without SIMD. */
 quant_kq_dot_multi_fn quant_iq4_dot_multi(enum quant_type t);
 
-/* The activation quantizer of IQ4_NL and MXFP4 matmuls, or NULL for other
- * weight types (they quantize to their vec_dot_type's from_float). It is
- * ggml-cpu's x86 quantize_row_q8_0 (and the q8_0 packing of its repacked
- * iq4_nl_8x8 / mxfp4_8x8 kernels), which llama.cpp runs on activations,
- * not ggml's reference: d = amax / 127 stored as f16, and x * (127 / amax)
- * rounded to nearest even instead of x * (1 / d) rounded half away from
- * zero. The two differ on ties, which MXFP4 weights make common: a token
- * embedding of MXFP4 levels (small integers times a power of two) gives
- * activations in exact binary ratios, and x * id lands on k + 0.5. With the
- * reference rounding (and an earlier order of the float sums), tiny-mixtral
- * mxfp4 (every matrix MXFP4) left llama.cpp's greedy ids at token 30, its
- * logits 3e-2 off from the first generated token on (an MXFP4 embedding);
- * with this rounding it kept them all, and with the fma chain below its
- * logits are llama.cpp's bits (tests/test_model_iq4_mxfp4.c). */
-quant_from_float_fn quant_iq4_act_quantizer(enum quant_type wtype);
-void quant_q8_0_from_float_cpu(const float *x, void *y, int64_t n);
 
 /* ggml's GGML_E8M0_TO_FP32_HALF: 2^(e - 128), exact (e = 0 and 1 give the
  * subnormals 2^-128 and 2^-127). */

@@ -124,25 +124,6 @@ void quant_quantize_row_mxfp4(const float *x, void *vy, int64_t n)
 
 /* ==== activations ========================================================== */
 
-void quant_q8_0_from_float_cpu(const float *x, void *vy, int64_t n)
-{
-    block_q8_0 *y = vy;
-    for (int64_t i = 0; i < n / QK8_0; i++, x += QK8_0) {
-        float amax = 0;
-        for (int j = 0; j < QK8_0; j++)
-            amax = fabsf(x[j]) > amax ? fabsf(x[j]) : amax;
-        const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
-        y[i].d = kq_f32_to_f16(amax / 127.0f);
-        for (int j = 0; j < QK8_0; j++)
-            y[i].qs[j] = (int8_t)kq_nearest_int(x[j] * id);
-    }
-}
-
-quant_from_float_fn quant_iq4_act_quantizer(enum quant_type wtype)
-{
-    return wtype == QUANT_IQ4_NL || wtype == QUANT_MXFP4 ? quant_q8_0_from_float_cpu : NULL;
-}
-
 /* ==== vec_dot ============================================================== */
 
 /* Block ib of 32 (values through lut) . 32 int8 of q8. */

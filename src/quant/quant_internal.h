@@ -32,6 +32,11 @@ void quant_kv_fill(struct quant_traits *t);
 /* ---- kernels, exposed so tests can compare every variant ----------------- */
 void quant_q4_0_from_float_ref(const float *x, void *y, int64_t n);
 void quant_q8_0_from_float_ref(const float *x, void *y, int64_t n);
+/* Activations of the weight types whose vec_dot_type is Q8_0, rounded as
+ * llama.cpp's x86 backend rounds them (quant_ref.c says why): the scalar
+ * reference, and the build's fastest form, bit for bit the same. */
+void quant_q8_0_act_from_float_ref(const float *x, void *y, int64_t n);
+void quant_q8_0_act_from_float(const float *x, void *y, int64_t n);
 void quant_q4_1_from_float_ref(const float *x, void *y, int64_t n);
 void quant_q5_0_from_float_ref(const float *x, void *y, int64_t n);
 void quant_q5_1_from_float_ref(const float *x, void *y, int64_t n);
@@ -145,12 +150,16 @@ void quant_rp_tail_rows(const struct quant_rp_job *j, int64_t rows);
 /* One Q8_0 block of 32 floats into q, bit-exact with the reference; returns
  * the f32 scale (before its f16 rounding), and, if sum is not NULL, *sum = sum of q. */
 float quant_q8_0_block_avx512(const float *x, int8_t *q, int *sum);
+/* The same for activations (quant_q8_0_act_from_float_ref's rounding); returns
+ * amax / 127 before its f16 rounding. */
+float quant_q8_0_act_block_avx512(const float *x, int8_t *q, int *sum);
 void quant_rp_rows_avx512(const struct quant_rp_job *j, int64_t g0, int64_t g1);
 #endif
 #if defined(QUANT_HAVE_AVX2)
 /* The Q8_0 quantizer of AVX2 builds, bit-exact with the reference (tested in
  * AVX-512 builds too). */
 void quant_q8_0_from_float_avx2(const float *x, void *y, int64_t n);
+void quant_q8_0_act_from_float_avx2(const float *x, void *y, int64_t n);
 void quant_rp_rows_avx2(const struct quant_rp_job *j, int64_t g0, int64_t g1);
 #endif
 /* quant_repack with any group size and Q8_0 bias (tests of the other layouts). */

@@ -25,6 +25,7 @@
  *    the layout. */
 #include <stdalign.h>
 #include <stdatomic.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -269,14 +270,13 @@ static struct quant_rp_job rp_job(const struct mm *m)
 
 /* ---- generic path --------------------------------------------------------- */
 
-/* IQ4_NL and MXFP4 take ggml-cpu's activation rounding: iq4_mxfp4.h says why. */
+/* Q8_0 activations take ggml-cpu's x86 rounding: quant_ref.c says why. */
 quant_from_float_fn quant_act_quantizer(enum quant_type wtype)
 {
     const struct quant_traits *tr = quant_traits(wtype);
     if (!tr || !tr->is_quantized)
         return NULL;
-    quant_from_float_fn f = quant_iq4_act_quantizer(wtype);
-    return f ? f : quant_traits(tr->vec_dot_type)->from_float;
+    return tr->vec_dot_type == QUANT_Q8_0 ? quant_q8_0_act_from_float : quant_traits(tr->vec_dot_type)->from_float;
 }
 
 static void generic_quantize(void *vctx, int ith, int nth)
@@ -421,7 +421,7 @@ static void kq_compute(void *vctx, int ith, int nth)
 /* One block of 32: q[32] int8, returns the f16-rounded scale, *sum = sum(q). */
 static inline float q8_block(const float *x, int8_t *q, int *sum)
 {
-    return quant_f16_to_f32(quant_f32_to_f16(quant_q8_0_block_avx512(x, q, sum)));
+    return quant_f16_to_f32(quant_f32_to_f16(quant_q8_0_act_block_avx512(x, q, sum)));
 }
 
 /* ---- decode: Q4_0 / Q8_0 rows against one packed token -------------------- */
@@ -436,9 +436,11 @@ static void dec_pack_token(const float *x, int64_t cols, int shift, uint8_t *out
         float *dy = (float *)(chunk + 128);
         memset(chunk, 0, DEC_CHUNK_BYTES);
         for (int h = 0; h < 2 && 2 * c + h < nb; h++) {
-            int sum;
-            float d = q8_block(x + (2 * c + h) * QB, q + h * QB, &sum);
-            corr[h * 8] = -(sum * (1 << shift));
+            float d = q8_block(x + (2 * c + h) * QB, q + h * QB, NULL);
+            for (int l = 0; l < 8; l++) { /* lane l meets products 4l .. 4l + 3 */
+                const int8_t *g = q + h * QB + 4 * l;
+                corr[h * 8 + l] = -((g[0] + g[1] + g[2] + g[3]) * (1 << shift));
+            }
             for (int l = 0; l < 8; l++)
                 dy[h * 8 + l] = d;
         }
@@ -452,6 +454,14 @@ static void dec_pack(void *vctx, int ith, int nth)
     threads_split(m->n_tokens, ith, nth, &lo, &hi);
     for (int64_t t = lo; t < hi; t++)
         dec_pack_token(m->X + t * m->cols, m->cols, m->corr_shift, m->work + t * m->xrow);
+}
+
+static inline int hsum_epi32_8(__m256i v)
+{
+    __m128i q = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    q = _mm_add_epi32(q, _mm_shuffle_epi32(q, 0x4E));
+    q = _mm_add_epi32(q, _mm_shuffle_epi32(q, 0xB1));
+    return _mm_cvtsi128_si32(q);
 }
 
 /* Q4_0 pair of blocks (36 bytes) -> 64 nibble values in element order. */
@@ -524,9 +534,9 @@ static inline __attribute__((always_inline)) void dec_rows(enum quant_type wt, c
                                                            int64_t nb, const uint8_t *pk, int NR, int64_t ahead,
                                                            float *out)
 {
-    __m512 acc[DEC_NR];
+    float acc[DEC_NR];
     for (int r = 0; r < NR; r++)
-        acc[r] = _mm512_setzero_ps();
+        acc[r] = 0;
     int64_t npair = ceil_div(nb, 2);
     for (int64_t c = 0; c < npair; c++) {
         const uint8_t *ch = pk + c * DEC_CHUNK_BYTES;
@@ -542,11 +552,16 @@ static inline __attribute__((always_inline)) void dec_rows(enum quant_type wt, c
             __m512 dx;
             __m512i q = dec_load(wt, w + r * wrow, c, nb, &dx);
             __m512i dot = _mm512_dpbusd_epi32(corr, q, y);
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dx, dy), acc[r]);
+            /* the reference's fma chain: block 2c, then block 2c + 1 (a missing last block adds 0 * 0) */
+            float d[16];
+            _mm512_storeu_ps(d, _mm512_mul_ps(dx, dy));
+            __m256i lo = _mm512_castsi512_si256(dot), hi = _mm512_extracti64x4_epi64(dot, 1);
+            acc[r] = fmaf((float)hsum_epi32_8(lo), d[0], acc[r]);
+            acc[r] = fmaf((float)hsum_epi32_8(hi), d[8], acc[r]);
         }
     }
     for (int r = 0; r < NR; r++)
-        out[r] = _mm512_reduce_add_ps(acc[r]);
+        out[r] = acc[r];
 }
 
 
@@ -710,11 +725,10 @@ static inline __attribute__((always_inline)) void q8_tile(const struct mm *m, co
         for (int tt = 0; tt < TT; tt++) {
             __m512 dy = _mm512_load_ps(yb[tt] + 8 * 64);
             for (int r = 0; r < Q8_R; r++) {
-                /* rounded as the reference vec_dot rounds (no fma; this file is built with
-                 * -ffp-contract=off): the group kernels' bits, so a repacked row gives a token the
-                 * same logits in a batch of 16 tokens and of 17 */
+                /* the reference's fma chain: the group kernels' bits, so a repacked row gives a
+                 * token the same logits in a batch of 16 tokens and of 17 */
                 __m512 s = _mm512_mul_ps(dy, _mm512_set1_ps(p->d[r * nb + b]));
-                facc[r][tt] = _mm512_add_ps(facc[r][tt], _mm512_mul_ps(_mm512_cvtepi32_ps(iacc[r][tt]), s));
+                facc[r][tt] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[r][tt]), s, facc[r][tt]);
             }
         }
     }

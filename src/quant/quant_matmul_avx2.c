@@ -14,10 +14,10 @@
  *    into two nibble planes, to sum in int16 as for Q4_0, took as many
  *    instructions and was no faster.)
  * Every block's integer dot is exact, and each (row, token) accumulates
- *     acc = acc + (float)isum * (d_x * d_w)
- * block after block, the product and the sum rounded separately as the
- * reference vec_dot and the repacked group kernels do (so a token gets the
- * same bits in any batch), and as quant_avx2_prefill_twin does in scalar code.
+ *     acc = fma((float)isum, d_x * d_w, acc)
+ * block after block, as the reference vec_dot and the repacked group kernels
+ * do (so a token gets the same bits in any batch), and as
+ * quant_avx2_prefill_twin does in scalar code.
  *
  * A thread unpacks a super-panel of rows that stays in L2, then sweeps it over
  * the tokens A2_TT groups at a time, so each group is read from memory once per
@@ -68,7 +68,7 @@ ks_status quant_avx2_prefill_twin(const void *W, enum quant_type wtype, bool rep
     if (!xq)
         return ks_fail(KS_ERR_NOMEM, "matmul twin: out of memory for %lld tokens", (long long)n_tokens);
     for (int64_t t = 0; t < n_tokens; t++)
-        quant_traits(QUANT_Q8_0)->from_float(X + t * cols, xq + t * nb, cols);
+        quant_q8_0_act_from_float(X + t * cols, xq + t * nb, cols);
     memset(Y, 0, (size_t)(rows * n_tokens) * sizeof *Y);
     for (int64_t r = 0; r < rows; r++)
         for (int64_t b = 0; b < nb; b++) {
@@ -79,7 +79,7 @@ ks_status quant_avx2_prefill_twin(const void *W, enum quant_type wtype, bool rep
                 int32_t isum = 0;
                 for (int i = 0; i < QK8_0; i++)
                     isum += w[i] * x->qs[i];
-                Y[t * rows + r] += (float)isum * (quant_f16_to_f32(x->d) * dw); /* unfused: -ffp-contract=off */
+                Y[t * rows + r] = fmaf((float)isum, quant_f16_to_f32(x->d) * dw, Y[t * rows + r]);
             }
         }
     free(xq);
@@ -132,7 +132,7 @@ static void a2_pack(void *vctx, int ith, int nth)
         atomic_store(&c->failed, 1);
         return;
     }
-    quant_from_float_fn quantize = quant_traits(QUANT_Q8_0)->from_float;
+    quant_from_float_fn quantize = quant_q8_0_act_from_float;
     for (int64_t g = lo; g < hi; g++) {
         uint8_t *grp = c->work + (size_t)g * group_bytes(c->cols);
         memset(grp, 0, group_bytes(c->cols)); /* padding tokens: x = 0, d = 0, correction 0 */
@@ -242,8 +242,8 @@ static inline __attribute__((always_inline)) void a2_tile(const struct a2 *c, co
             __m256 dx = _mm256_load_ps((const float *)(xb[t] + A2_CHUNKS * 32));
             for (int r = 0; r < A2_ROWS; r++) {
                 __m256 s = _mm256_mul_ps(dx, _mm256_set1_ps(dw[r * nb + b]));
-                /* as the reference rounds: the group kernels' bits (no fma) */
-                facc[r][t] = _mm256_add_ps(facc[r][t], _mm256_mul_ps(_mm256_cvtepi32_ps(isum[r][t]), s));
+                /* the reference's fma chain: the group kernels' bits */
+                facc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r][t]), s, facc[r][t]);
             }
         }
     }

@@ -406,10 +406,48 @@ static void q8_1_to_float(const void *vx, float *y, int64_t n)
     }
 }
 
+/* Nearest integer, ties to even, as cvtps2dq does in the default rounding
+ * mode; the low byte of anything out of range (a NaN or an infinity), as
+ * the SIMD quantizers keep it. */
+static int act_nearest_even(float v)
+{
+    if (!(fabsf(v) < 2147483520.0f))
+        return 0;
+    return (int)lrintf(v);
+}
+
 /* ---- integer dots -------------------------------------------------------- *
- * Each block's integer dot is exact; it is scaled as sumi * (dx * dy), the
- * same product the SIMD kernels form, so they differ only in the order of the
- * float sum over blocks. */
+ * Each block's integer dot is exact. Q4_0 and Q8_0 rows are one fma chain
+ * over the blocks, sum = fma((float)sumi, dx * dy, sum): what llama.cpp's
+ * repacked x86 kernels (q4_0_8x8) compute for every output, and what every
+ * kvserve kernel for these types computes, whatever the ISA, layout or batch.
+ * The other types scale as sumi * (dx * dy), the product the SIMD kernels
+ * form, and differ from them only in the order of the float sum over blocks. */
+
+/* Activations of every weight type whose vec_dot_type is Q8_0: ggml-cpu's
+ * x86 quantize_row_q8_0 (and the q8_0 packing of its repacked kernels),
+ * which llama.cpp runs on activations, not ggml's reference: d = amax / 127
+ * stored as f16, and x * (127 / amax) rounded to nearest even instead of
+ * x * (1 / d) rounded half away from zero. The two differ in last bits of
+ * the multiplier and on ties; a value near a rounding midpoint then moves by
+ * a whole Q8_0 step. With this rounding and the fma chain of the Q4_0 dots
+ * below, tiny-gemma3 Q4_0 gives llama.cpp's logits within 1e-6 (5.6e-2 with
+ * the reference rounding and separately rounded sums: tests/test_model_gemma.c);
+ * MXFP4 embeddings (binary ratios, x * id exactly on k + 0.5) left llama.cpp's
+ * greedy ids at token 30 with the reference rounding. */
+void quant_q8_0_act_from_float_ref(const float *x, void *vy, int64_t n)
+{
+    block_q8_0 *y = vy;
+    for (int64_t i = 0; i < n / QK8_0; i++, x += QK8_0) {
+        float amax = 0;
+        for (int j = 0; j < QK8_0; j++)
+            amax = fabsf(x[j]) > amax ? fabsf(x[j]) : amax;
+        const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        y[i].d = quant_f32_to_f16(amax / 127.0f);
+        for (int j = 0; j < QK8_0; j++)
+            y[i].qs[j] = (int8_t)act_nearest_even(x[j] * id);
+    }
+}
 
 void quant_vec_dot_q4_0_q8_0_ref(int n, float *s, const void *vx, const void *vy)
 {
@@ -422,7 +460,7 @@ void quant_vec_dot_q4_0_q8_0_ref(int n, float *s, const void *vx, const void *vy
             sumi += ((x[i].qs[j] & 0x0f) - 8) * y[i].qs[j];
             sumi += ((x[i].qs[j] >> 4) - 8) * y[i].qs[j + QK4_0 / 2];
         }
-        sum += (float)sumi * (F16(x[i].d) * F16(y[i].d));
+        sum = fmaf((float)sumi, F16(x[i].d) * F16(y[i].d), sum);
     }
     *s = sum;
 }
@@ -502,7 +540,7 @@ void quant_vec_dot_q8_0_q8_0_ref(int n, float *s, const void *vx, const void *vy
         int sumi = 0;
         for (int j = 0; j < QK8_0; j++)
             sumi += x[i].qs[j] * y[i].qs[j];
-        sum += (float)sumi * (F16(x[i].d) * F16(y[i].d));
+        sum = fmaf((float)sumi, F16(x[i].d) * F16(y[i].d), sum);
     }
     *s = sum;
 }

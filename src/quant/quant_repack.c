@@ -21,10 +21,12 @@
  * correction times the activation block's sum).
  *
  * Every kernel computes, per row and token, what quant_vec_dot_*_ref does:
- *     sum += (float)isum_b * (d_w * d_x), block after block,
- * multiplication and addition rounded separately (this file is compiled with
- * -ffp-contract=off), so every ISA and the scalar twin give the same bits as
- * the unrepacked reference, whatever the batch. */
+ *     sum = fma((float)isum_b, d_w * d_x, sum), block after block
+ * (llama.cpp's repacked x86 order; this file is compiled with
+ * -ffp-contract=off, so no other product is fused), so every ISA and the
+ * scalar twin give the same bits as the unrepacked reference, whatever the
+ * batch. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -109,7 +111,7 @@ ks_status quant_rp_repack_as(enum quant_type t, int64_t rows, int64_t cols, void
 
 void quant_rp_pack_token(const float *x, int64_t cols, struct quant_rp_act *out)
 {
-    quant_from_float_fn quantize = quant_traits(QUANT_Q8_0)->from_float;
+    quant_from_float_fn quantize = quant_q8_0_act_from_float;
     for (int64_t b = 0; b < cols / QK8_0; b++) {
         block_q8_0 q;
         quantize(x + b * QK8_0, &q, QK8_0);
@@ -224,7 +226,7 @@ void quant_rp_rows_ref(const struct quant_rp_job *j, int R, int q8_bias, int64_t
                     const uint8_t *gb = rp_group_block(j->W, j->wtype, j->nb, R, g, b);
                     quant_f16 d;
                     memcpy(&d, gb + 2 * l, sizeof d);
-                    sum += (float)rp_dot_ref(gb, j->wtype, R, q8_bias, l, a + b) * (quant_f16_to_f32(d) * a[b].d);
+                    sum = fmaf((float)rp_dot_ref(gb, j->wtype, R, q8_bias, l, a + b), quant_f16_to_f32(d) * a[b].d, sum);
                 }
                 j->Y[t * j->ldy + g * R + l] = sum;
             }
@@ -288,8 +290,7 @@ static inline __attribute__((always_inline)) void rp512_tile(const struct quant_
         }
         __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)gb));
         for (int t = 0; t < T; t++)
-            acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(_mm512_cvtepi32_ps(isum[t]),
-                                                         _mm512_mul_ps(dw, _mm512_set1_ps(a[t][b].d))));
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_mul_ps(dw, _mm512_set1_ps(a[t][b].d)), acc[t]);
     }
     for (int t = 0; t < T; t++)
         _mm512_storeu_ps(j->Y + (t0 + t) * j->ldy + g * R, acc[t]);
@@ -360,8 +361,7 @@ static inline __attribute__((always_inline)) void rp2_tile(const struct quant_rp
         }
         __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)gb));
         for (int t = 0; t < T; t++)
-            acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_cvtepi32_ps(isum[t]),
-                                                         _mm256_mul_ps(dw, _mm256_set1_ps(a[t][b].d))));
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_mul_ps(dw, _mm256_set1_ps(a[t][b].d)), acc[t]);
     }
     for (int t = 0; t < T; t++)
         _mm256_storeu_ps(j->Y + (t0 + t) * j->ldy + g * R, acc[t]);

@@ -2,6 +2,7 @@
  * scalar twin in quant_ref.c and a test comparing them (tests/test_quant.c).
  * The integer parts are exact; only the float sum over blocks may be
  * reordered. */
+#include <math.h>
 #include <string.h>
 
 #include "quant/quant_internal.h"
@@ -94,41 +95,44 @@ static inline __m256i q5_1_block(const block_q5_1 *b)
 
 static inline __m256i load_q8(const int8_t *qs) { return _mm256_loadu_si256((const __m256i *)qs); }
 
-/* acc += d_x * d_y * (x . y) for block i of a Q4_0 or Q8_0 row against Q8_0 */
-static inline __m256 q4_0_step(const block_q4_0 *x, const block_q8_0 *y, int i, __m256 acc)
+static inline int hsum_epi32_256(__m256i v)
 {
-    return _mm256_fmadd_ps(_mm256_set1_ps(F16(x[i].d) * F16(y[i].d)), dot_i8_ps(q4_0_block(&x[i]), load_q8(y[i].qs)),
-                           acc);
+    __m128i q = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    q = _mm_add_epi32(q, _mm_shuffle_epi32(q, 0x4E));
+    q = _mm_add_epi32(q, _mm_shuffle_epi32(q, 0xB1));
+    return _mm_cvtsi128_si32(q);
 }
 
-static inline __m256 q8_0_step(const block_q8_0 *x, const block_q8_0 *y, int i, __m256 acc)
+/* Block i's exact integer dot of a Q4_0 or Q8_0 row against Q8_0. */
+static inline int q4_0_isum(const block_q4_0 *x, const block_q8_0 *y, int i)
 {
-    return _mm256_fmadd_ps(_mm256_set1_ps(F16(x[i].d) * F16(y[i].d)), dot_i8_ps(load_q8(x[i].qs), load_q8(y[i].qs)),
-                           acc);
+    __m256i w = q4_0_block(&x[i]);
+    return hsum_epi32_256(dot_u8_i8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(load_q8(y[i].qs), w)));
 }
 
-/* Two accumulators: one FMA chain would wait on its own latency. */
-#define TWO_CHAIN_DOT(step, x, y, n, s)                                                                          \
-    do {                                                                                                         \
-        __m256 acc0_ = _mm256_setzero_ps(), acc1_ = acc0_;                                                       \
-        int i_ = 0, nb_ = (n) / QK8_0;                                                                           \
-        for (; i_ + 2 <= nb_; i_ += 2) {                                                                         \
-            acc0_ = step(x, y, i_, acc0_);                                                                       \
-            acc1_ = step(x, y, i_ + 1, acc1_);                                                                   \
-        }                                                                                                        \
-        if (i_ < nb_)                                                                                            \
-            acc0_ = step(x, y, i_, acc0_);                                                                       \
-        *(s) = hsum_256(_mm256_add_ps(acc0_, acc1_));                                                            \
+static inline int q8_0_isum(const block_q8_0 *x, const block_q8_0 *y, int i)
+{
+    __m256i w = load_q8(x[i].qs);
+    return hsum_epi32_256(dot_u8_i8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(load_q8(y[i].qs), w)));
+}
+
+/* One fma chain over the blocks, as the reference (quant_ref.c says why). */
+#define CHAIN_DOT(isum, x, y, n, s)                                                         \
+    do {                                                                                    \
+        float acc_ = 0;                                                                     \
+        for (int i_ = 0; i_ < (n) / QK8_0; i_++)                                            \
+            acc_ = fmaf((float)isum(x, y, i_), F16((x)[i_].d) * F16((y)[i_].d), acc_);      \
+        *(s) = acc_;                                                                        \
     } while (0)
 
 void quant_vec_dot_q4_0_q8_0_avx2(int n, float *s, const void *vx, const void *vy)
 {
-    TWO_CHAIN_DOT(q4_0_step, (const block_q4_0 *)vx, (const block_q8_0 *)vy, n, s);
+    CHAIN_DOT(q4_0_isum, (const block_q4_0 *)vx, (const block_q8_0 *)vy, n, s);
 }
 
 void quant_vec_dot_q8_0_q8_0_avx2(int n, float *s, const void *vx, const void *vy)
 {
-    TWO_CHAIN_DOT(q8_0_step, (const block_q8_0 *)vx, (const block_q8_0 *)vy, n, s);
+    CHAIN_DOT(q8_0_isum, (const block_q8_0 *)vx, (const block_q8_0 *)vy, n, s);
 }
 
 void quant_vec_dot_q5_0_q8_0_avx2(int n, float *s, const void *vx, const void *vy)
@@ -251,6 +255,31 @@ void quant_q8_0_from_float_avx2(const float *x, void *vy, int64_t n)
     }
 }
 
+/* quant_q8_0_act_from_float_ref's rounding: x * (127 / amax), nearest even
+ * (cvtps2dq in the default rounding mode). */
+void quant_q8_0_act_from_float_avx2(const float *x, void *vy, int64_t n)
+{
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    block_q8_0 *y = vy;
+    for (int64_t i = 0; i < n / QK8_0; i++, x += QK8_0) {
+        __m256 v[4], m = _mm256_setzero_ps();
+        for (int k = 0; k < 4; k++) {
+            v[k] = _mm256_loadu_ps(x + 8 * k);
+            m = _mm256_max_ps(_mm256_andnot_ps(sign, v[k]), m);
+        }
+        const float amax = hmax_256(m);
+        const __m256 id = _mm256_set1_ps(amax != 0.0f ? 127.0f / amax : 0.0f);
+        __m256i q[4];
+        const __m256i lo = _mm256_set1_epi32(0xFF);
+        for (int k = 0; k < 4; k++)
+            q[k] = _mm256_and_si256(_mm256_cvtps_epi32(_mm256_mul_ps(v[k], id)), lo);
+        const __m256i b = _mm256_packus_epi16(_mm256_packus_epi32(q[0], q[1]), _mm256_packus_epi32(q[2], q[3]));
+        _mm256_storeu_si256((__m256i *)y[i].qs,
+                            _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+        y[i].d = quant_f32_to_f16(amax / 127);
+    }
+}
+
 #endif /* QUANT_HAVE_AVX2 */
 
 #if defined(QUANT_HAVE_AVX512)
@@ -317,12 +346,16 @@ static inline __m512i q5_hi_pair(const uint8_t *qh0, const uint8_t *qh1)
 #define NO_MIN(i) 0.0f
 #define Q_MIN(i) (F16(x[i].m) * F16(y[i].s))
 
-QDOT_AVX512(quant_vec_dot_q8_0_q8_0_avx512, block_q8_0, block_q8_0,
-            dot_i8_512(q8_pair(x[i].qs, x[i + 1].qs), qy),
-            dot_i8_ps(load_q8(x[i].qs), load_q8(y[i].qs)), NO_MIN)
-QDOT_AVX512(quant_vec_dot_q4_0_q8_0_avx512, block_q4_0, block_q8_0,
-            dot_u8_off(join(nibbles_32(x[i].qs), nibbles_32(x[i + 1].qs)), qy, 8),
-            dot_i8_ps(q4_0_block(&x[i]), load_q8(y[i].qs)), NO_MIN)
+/* Q4_0 and Q8_0: the reference's fma chain over the blocks (quant_ref.c) */
+void quant_vec_dot_q8_0_q8_0_avx512(int n, float *s, const void *vx, const void *vy)
+{
+    CHAIN_DOT(q8_0_isum, (const block_q8_0 *)vx, (const block_q8_0 *)vy, n, s);
+}
+
+void quant_vec_dot_q4_0_q8_0_avx512(int n, float *s, const void *vx, const void *vy)
+{
+    CHAIN_DOT(q4_0_isum, (const block_q4_0 *)vx, (const block_q8_0 *)vy, n, s);
+}
 QDOT_AVX512(quant_vec_dot_q4_1_q8_1_avx512, block_q4_1, block_q8_1,
             dot_u8_off(join(nibbles_32(x[i].qs), nibbles_32(x[i + 1].qs)), qy, 0),
             dot_u8_ps(nibbles_32(x[i].qs), load_q8(y[i].qs)), Q_MIN)
@@ -402,6 +435,21 @@ float quant_q8_0_block_avx512(const float *x, int8_t *q, int *sum)
     return d;
 }
 
+/* ggml-cpu's x86 quantize_row_q8_0 on one block of activations (see
+ * quant_q8_0_act_from_float): x * (127 / amax) rounded to nearest even. */
+float quant_q8_0_act_block_avx512(const float *x, int8_t *q, int *sum)
+{
+    __m512 a = _mm512_loadu_ps(x), b = _mm512_loadu_ps(x + 16);
+    float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+    const __m512 id = _mm512_set1_ps(amax != 0.0f ? 127.0f / amax : 0.0f);
+    __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, id)), qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, id));
+    _mm_storeu_si128((__m128i *)q, _mm512_cvtepi32_epi8(qa));
+    _mm_storeu_si128((__m128i *)(q + 16), _mm512_cvtepi32_epi8(qb));
+    if (sum)
+        *sum = hsum_epi32_wrap(_mm512_add_epi32(qa, qb));
+    return amax / 127;
+}
+
 static void q8_0_from_float_avx512(const float *x, void *vy, int64_t n)
 {
     block_q8_0 *y = vy;
@@ -447,6 +495,19 @@ static void f16_from_float_avx512(const float *x, void *vy, int64_t n)
         y[i] = quant_f32_to_f16(x[i]);
 }
 #endif
+
+void quant_q8_0_act_from_float(const float *x, void *vy, int64_t n)
+{
+#if defined(QUANT_HAVE_AVX512)
+    block_q8_0 *y = vy;
+    for (int64_t i = 0; i < n / QK8_0; i++)
+        y[i].d = quant_f32_to_f16(quant_q8_0_act_block_avx512(x + i * QK8_0, y[i].qs, NULL));
+#elif defined(QUANT_HAVE_AVX2)
+    quant_q8_0_act_from_float_avx2(x, vy, n);
+#else
+    quant_q8_0_act_from_float_ref(x, vy, n);
+#endif
+}
 
 #define SET_DOTS(t, isa)                                                     \
     do {                                                                     \
