@@ -458,6 +458,71 @@ static void test_logprobs(void **state)
     free(x);
 }
 
+/* logit_bias: the draws and logprobs of biased logits equal those of the
+ * same logits with the biases added by hand (the reference), a stochastic
+ * sampler with the same seed included; -inf bans a token, repeated tokens'
+ * biases add up, and the bias comes before the penalties (llama.cpp's order). */
+static void test_logit_bias(void **state)
+{
+    (void)state;
+    const int32_t n = 1000;
+    float *x = random_logits(n, 4.0f);
+    const struct sample_bias biases[] = {{3, 5.0f}, {10, -INFINITY}, {3, 1.5f}, {999, -2.0f}, {500, 0.25f}};
+    float *want = malloc((size_t)n * sizeof *want);
+    memcpy(want, x, (size_t)n * sizeof *want);
+    for (size_t i = 0; i < sizeof biases / sizeof biases[0]; i++)
+        want[biases[i].token] += biases[i].bias;
+    for (int greedy = 0; greedy < 2; greedy++) {
+        struct sample_params p;
+        sample_params_default(&p);
+        p.temp = greedy ? 0.0f : 1.0f;
+        p.top_k = 0;
+        p.top_p = 1.0f;
+        p.min_p = 0.0f;
+        p.n_logprobs = 5;
+        p.seed = 99;
+        struct sampler *ref = make(&p, n);
+        p.biases = biases;
+        p.n_biases = (int)(sizeof biases / sizeof biases[0]);
+        struct sampler *s = make(&p, n);
+        p.biases = NULL; /* the sampler keeps its own copy */
+        for (int step = 0; step < 200; step++) {
+            struct sample_result a, b;
+            assert_int_equal(sample_next(s, x, NULL, 0, &a), KS_OK);
+            assert_int_equal(sample_next(ref, want, NULL, 0, &b), KS_OK);
+            assert_int_equal(a.token, b.token);
+            assert_true(a.token != 10);
+            assert_true(a.logprob == b.logprob);
+            for (int i = 0; i < 5; i++)
+                assert_int_equal(a.top[i].token, b.top[i].token);
+        }
+        sample_free(s);
+        sample_free(ref);
+    }
+    /* the penalty applies to the biased logit: (1 + 2) / 2 = 1.5 < 1.9 (penalizing
+     * first would give 1 / 2 + 2 = 2.5 and pick token 0) */
+    const float y[3] = {1.0f, 1.9f, 0.0f};
+    const int32_t hist[1] = {0};
+    const struct sample_bias up[1] = {{0, 2.0f}};
+    struct sample_params p = plain(0.0f);
+    p.repeat_penalty = 2.0f;
+    p.biases = up;
+    p.n_biases = 1;
+    struct sampler *s = make(&p, 3);
+    struct sample_result r;
+    assert_int_equal(sample_next(s, y, hist, 1, &r), KS_OK);
+    assert_int_equal(r.token, 1);
+    sample_free(s);
+    /* bad biases are refused by name */
+    const struct sample_bias bad[1] = {{3, 1.0f}};
+    p.biases = bad;
+    s = NULL;
+    assert_int_equal(sample_create(&p, 3, &s), KS_ERR_INVALID_ARG);
+    assert_non_null(strstr(ks_errmsg(), "logit bias"));
+    free(want);
+    free(x);
+}
+
 static void test_invalid(void **state)
 {
     (void)state;
@@ -506,6 +571,7 @@ int main(void)
         cmocka_unit_test(test_large_vocab_truncation),
         cmocka_unit_test(test_penalties),
         cmocka_unit_test(test_logprobs),
+        cmocka_unit_test(test_logit_bias),
         cmocka_unit_test(test_invalid),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -523,10 +523,19 @@ struct tool_case {
     const char *names[2], *args[2];
 };
 
-/* reasoning: the reasoning_content wanted (NULL: none); no_tools: the
- * request offers none (harmony still splits its reasoning off). */
-static void check_tool_case(const struct tool_case *tc, const char *want_reasoning, bool no_tools)
+/* The answer wanted besides tc's: reasoning_content (NULL: none), the
+ * request's extra fields (JSON object text, NULL: none; they replace the
+ * defaults), finish_reason (NULL: tool_calls with calls, else stop). */
+struct want_more {
+    const char *reasoning;
+    const char *extra;
+    const char *finish;
+};
+
+/* no_tools: the request offers none (harmony still splits its reasoning off). */
+static void check_case(const struct tool_case *tc, const struct want_more *more, bool no_tools)
 {
+    const char *want_reasoning = more->reasoning;
     char path[4400];
     const char *source = getenv("KVSERVE_SOURCE");
     if (!strncmp(tc->tmpl, "local:", 6))
@@ -543,7 +552,13 @@ static void check_tool_case(const struct tool_case *tc, const char *want_reasoni
     cJSON_AddNumberToObject(req, "max_tokens", 300);
     if (tc->tool_choice)
         cJSON_AddItemToObject(req, "tool_choice", cJSON_Parse(tc->tool_choice));
-    const char *finish = tc->n_calls ? "tool_calls" : "stop";
+    cJSON *extra = more->extra ? cJSON_Parse(more->extra) : NULL;
+    for (cJSON *e = extra ? extra->child : NULL; e; e = e->next) {
+        cJSON_DeleteItemFromObject(req, e->string);
+        cJSON_AddItemToObject(req, e->string, cJSON_Duplicate(e, 1));
+    }
+    cJSON_Delete(extra);
+    const char *finish = more->finish ? more->finish : tc->n_calls ? "tool_calls" : "stop";
 
     /* whole */
     long status = 0;
@@ -606,6 +621,11 @@ static void check_tool_case(const struct tool_case *tc, const char *want_reasoni
     free(src);
 }
 
+static void check_tool_case(const struct tool_case *tc, const char *want_reasoning, bool no_tools)
+{
+    check_case(tc, &(struct want_more){.reasoning = want_reasoning}, no_tools);
+}
+
 static void test_tool_calls(void **state)
 {
     (void)state;
@@ -631,9 +651,6 @@ static void test_tool_calls(void **state)
         {"mistralai-Mistral-Nemo-Instruct-2407.jinja", NULL,
          "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Lima\"}, \"id\": \"abcdefghi\"}]",
          NULL, 1, {"get_weather"}, {"{\"city\":\"Lima\"}"}},
-        {"deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja", NULL,
-         "{\"tool_call\": {\"name\": \"get_weather\", \"arguments\": {\"city\": \"Kyiv\"}}}", NULL, 1,
-         {"get_weather"}, {"{\"city\":\"Kyiv\"}"}},
         {"Qwen-Qwen2.5-7B-Instruct.jinja", NULL, "Just text, no < tool call.", "Just text, no < tool call.", 0, {0},
          {0}},
     };
@@ -677,6 +694,202 @@ static void test_harmony(void **state)
     set_script("");
 }
 
+/* The last prompt the engine received, as text (special tokens rendered). */
+static char *last_prompt_text(void)
+{
+    char *text = NULL;
+    size_t len = 0;
+    pthread_mutex_lock(&M.mu);
+    assert_int_equal(tok_decode(F.tok, M.prompt, (size_t)M.n_prompt, TOK_DECODE_SPECIAL, &text, &len), KS_OK);
+    pthread_mutex_unlock(&M.mu);
+    return text;
+}
+
+static bool ends_with(const char *s, const char *tail)
+{
+    size_t n = strlen(s), k = strlen(tail);
+    return n >= k && !strcmp(s + n - k, tail);
+}
+
+/* <think>...</think> reasoning (llama.cpp's deepseek parser) with the real
+ * Qwen3 and DeepSeek-R1 templates, whole and streamed: reasoning_format
+ * auto/none/deepseek, enable_thinking reaching the template, a generation
+ * prompt that opens <think> (the output starts inside it), a reasoning cut by
+ * max_tokens, and tool calls after the reasoning. */
+static void test_reasoning(void **state)
+{
+    (void)state;
+#define qwen3 "Qwen-Qwen3-0.6B.jinja"
+#define r1 "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja"
+#define thought "<think>\nLet me add: 2 + 2.\n</think>\n\nThe answer is 4."
+#define tool                                                                                                       \
+    "<think>\nThe user wants weather.\n</think>\n\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "       \
+    "{\"city\": \"Paris\"}}\n</tool_call>"
+    static const struct {
+        struct tool_case tc;
+        struct want_more more;
+        bool no_tools;
+        const char *prompt_tail; /* the rendered prompt must end so, NULL: not checked */
+    } cases[] = {
+        /* Qwen3 thinks by default: its <think> block is the reasoning */
+        {{qwen3, NULL, thought, "The answer is 4.", 0, {0}, {0}}, {"Let me add: 2 + 2.", NULL, NULL}, true,
+         "<|im_start|>assistant\n"},
+        {{qwen3, NULL, thought, "The answer is 4.", 0, {0}, {0}},
+         {"Let me add: 2 + 2.", "{\"reasoning_format\": \"deepseek\"}", NULL}, true, NULL},
+        /* none: all of it is content */
+        {{qwen3, NULL, thought, thought, 0, {0}, {0}}, {NULL, "{\"reasoning_format\": \"none\"}", NULL}, true, NULL},
+        /* enable_thinking false reaches the template, which closes an empty think block */
+        {{qwen3, NULL, "Just 4.", "Just 4.", 0, {0}, {0}},
+         {NULL, "{\"chat_template_kwargs\": {\"enable_thinking\": false}}", NULL}, true,
+         "<|im_start|>assistant\n<think>\n\n</think>\n\n"},
+        /* an answer that does not think is all content */
+        {{qwen3, NULL, "No thoughts < here.", "No thoughts < here.", 0, {0}, {0}}, {NULL, NULL, NULL}, true, NULL},
+        /* tool calls after the reasoning */
+        {{qwen3, NULL, tool, NULL, 1, {"get_weather"}, {"{\"city\":\"Paris\"}"}}, {"The user wants weather.", NULL, NULL},
+         false, NULL},
+        /* a generic call after the reasoning the prompt opened */
+        {{"deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja", NULL,
+          "Kyiv, then.\n</think>\n\n{\"tool_call\": {\"name\": \"get_weather\", \"arguments\": {\"city\": \"Kyiv\"}}}",
+          NULL, 1, {"get_weather"}, {"{\"city\":\"Kyiv\"}"}},
+         {"Kyiv, then.", NULL, NULL}, false, NULL},
+        /* DeepSeek-R1's generation prompt opens <think>: the output starts inside it */
+        {{r1, NULL, "I reason here.\n</think>\n\nHello!", "Hello!", 0, {0}, {0}}, {"I reason here.", NULL, NULL}, true,
+         "<\xef\xbd\x9c" "Assistant\xef\xbd\x9c><think>\n"},
+        /* cut by max_tokens inside the reasoning: it is still reasoning ("I", " reason", " here") */
+        {{r1, NULL, "I reason here and there.\n</think>\n\nHello!", "", 0, {0}, {0}},
+         {"I reason here", "{\"max_tokens\": 3}", "length"}, true, NULL},
+        /* output constrained from its first token is the answer, even after a prompt that opened <think> */
+        {{r1, NULL, "{\"a\": 1}", "{\"a\": 1}", 0, {0}, {0}},
+         {NULL, "{\"response_format\": {\"type\": \"json_object\"}}", NULL}, true, NULL},
+        /* a stop string inside the reasoning ends it there */
+        {{r1, NULL, "I reason STOP here.\n</think>\n\nHello!", "", 0, {0}, {0}},
+         {"I reason", "{\"stop\": \"STOP\"}", NULL}, true, NULL},
+        /* deepseek on a template that does not think still splits a <think> block off; auto does not */
+        {{"Qwen-Qwen2.5-7B-Instruct.jinja", NULL, "<think>a</think>b", "b", 0, {0}, {0}},
+         {"a", "{\"reasoning_format\": \"deepseek\"}", NULL}, true, NULL},
+        {{"Qwen-Qwen2.5-7B-Instruct.jinja", NULL, "<think>a</think>b", "<think>a</think>b", 0, {0}, {0}},
+         {NULL, NULL, NULL}, true, NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        print_message("reasoning case %zu: %s\n", i, cases[i].tc.tmpl);
+        check_case(&cases[i].tc, &cases[i].more, cases[i].no_tools);
+        if (cases[i].prompt_tail) {
+            char *text = last_prompt_text();
+            if (!ends_with(text, cases[i].prompt_tail))
+                print_message("prompt ends '%s'\n", text + (strlen(text) > 80 ? strlen(text) - 80 : 0));
+            assert_true(ends_with(text, cases[i].prompt_tail));
+            free(text);
+        }
+    }
+    set_script("");
+#undef qwen3
+#undef r1
+#undef thought
+#undef tool
+}
+
+/* chat_template_kwargs reach the template (reasoning_effort also from the
+ * top-level field), never replacing what the request itself sets. */
+static void test_template_kwargs(void **state)
+{
+    (void)state;
+    struct server *srv = start_with("{{ messages[0].content }}|{{ reasoning_effort }}|{{ enable_thinking }}|{{ x }}",
+                                    NULL);
+    static const struct {
+        const char *body, *prompt;
+    } ok[] = {
+        {"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"chat_template_kwargs\": "
+         "{\"reasoning_effort\": \"low\", \"enable_thinking\": false, \"x\": 3}}",
+         "hi|low|False|3"},
+        {"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"reasoning_effort\": \"high\"}", "hi|high|"},
+        {"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"reasoning_effort\": \"high\", "
+         "\"chat_template_kwargs\": {\"reasoning_effort\": \"low\"}}",
+         "hi|low|"},
+    };
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        struct httpc_response r = post_to(srv, "/apply-template", ok[i].body);
+        cJSON *j = cJSON_ParseWithLength(r.body, r.len);
+        cJSON *p = cJSON_GetObjectItem(j, "prompt");
+        if (!cJSON_IsString(p) || strncmp(p->valuestring, ok[i].prompt, strlen(ok[i].prompt)))
+            print_message("case %zu: %.*s\n", i, (int)r.len, r.body);
+        assert_true(cJSON_IsString(p));
+        assert_memory_equal(p->valuestring, ok[i].prompt, strlen(ok[i].prompt));
+        cJSON_Delete(j);
+        httpc_response_free(&r);
+    }
+    expect_400(srv, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"chat_template_kwargs\": "
+                    "{\"messages\": []}}", "chat_template_kwargs.messages");
+    expect_400(srv, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"chat_template_kwargs\": "
+                    "{\"bos_token\": \"x\"}}", "chat_template_kwargs.bos_token");
+    expect_400(srv, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"chat_template_kwargs\": "
+                    "{\"tools\": []}}", "chat_template_kwargs.tools");
+    expect_400(srv, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"reasoning_effort\": 3}",
+               "reasoning_effort");
+    expect_400(srv, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"reasoning_format\": \"raw\"}",
+               "reasoning_format");
+    server_stop(srv);
+}
+
+/* Fields kvserve does not implement are refused by name, unless they hold
+ * the value that leaves the output unchanged; bookkeeping fields pass; bad
+ * logit_bias and json_schema shapes are 400s naming the field. */
+static void test_refusals(void **state)
+{
+    (void)state;
+    struct server *srv = start_with(NULL, NULL);
+    set_script("ok");
+    static const struct {
+        const char *path, *extra, *needle; /* needle NULL: accepted (200) */
+    } cases[] = {
+        {"/v1/chat/completions", "\"mirostat\": 2", "'mirostat'"},
+        {"/v1/chat/completions", "\"mirostat\": 0", NULL},
+        {"/v1/chat/completions", "\"dry_multiplier\": 0.8", "'dry_multiplier'"},
+        {"/v1/chat/completions", "\"xtc_probability\": 0.5", "'xtc_probability'"},
+        {"/v1/chat/completions", "\"typical_p\": 0.9", "'typical_p'"},
+        {"/v1/chat/completions", "\"typical_p\": 1", NULL},
+        {"/v1/chat/completions", "\"samplers\": [\"top_k\"]", "'samplers'"},
+        {"/v1/chat/completions", "\"n_probs\": 3", "'n_probs'"},
+        {"/v1/chat/completions", "\"functions\": [{\"name\": \"f\"}]", "'functions'"},
+        {"/v1/chat/completions", "\"user\": \"u1\", \"metadata\": {\"a\": \"b\"}, \"store\": false, "
+                                 "\"service_tier\": \"auto\"", NULL},
+        {"/v1/chat/completions", "\"logit_bias\": {\"5\": 10, \"hello\": -100}", NULL},
+        {"/v1/chat/completions", "\"logit_bias\": {\"999999999\": 1}", "'logit_bias'"},
+        {"/v1/chat/completions", "\"logit_bias\": [[1, true]]", "'logit_bias'"},
+        {"/v1/chat/completions", "\"logit_bias\": [[1]]", "'logit_bias'"},
+        {"/v1/chat/completions", "\"logit_bias\": 3", "'logit_bias'"},
+        {"/v1/chat/completions", "\"repeat_last_n\": -2", "'repeat_last_n'"},
+        {"/v1/chat/completions", "\"json_schema\": {\"type\": \"boolean\"}", NULL},
+        {"/v1/chat/completions", "\"json_schema\": 3", "'json_schema'"},
+        {"/v1/chat/completions", "\"json_schema\": {\"type\": \"boolean\"}, \"grammar\": \"root ::= \\\"a\\\"\"",
+         "'json_schema'"},
+        {"/v1/completions", "\"echo\": true", "'echo'"},
+        {"/v1/completions", "\"best_of\": 3", "'best_of'"},
+        {"/v1/completions", "\"suffix\": \"end\"", "'suffix'"},
+        {"/v1/completions", "\"logit_bias\": [[\"text\", false]]", NULL},
+        {"/completion", "\"n_probs\": 2, \"cache_prompt\": true, \"n_predict\": -1", NULL},
+        {"/completion", "\"n\": 2", "'n'"},
+        {"/completion", "\"logprobs\": true", "'logprobs'"},
+        {"/completion", "\"mirostat\": 1", "'mirostat'"},
+        {"/completion", "\"n_probs\": 21", "'n_probs'"},
+        {"/completion", "\"cache_prompt\": 1", "'cache_prompt'"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char body[1024];
+        bool chat = !strcmp(cases[i].path, "/v1/chat/completions");
+        snprintf(body, sizeof body, "{%s, \"max_tokens\": 4, %s}",
+                 chat ? "\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]" : "\"prompt\": \"hi\"",
+                 cases[i].extra);
+        struct httpc_response r = post_to(srv, cases[i].path, body);
+        bool ok = cases[i].needle ? r.status == 400 && strstr(r.body, cases[i].needle) : r.status == 200;
+        if (!ok)
+            print_message("%s %s: %ld %.*s\n", cases[i].path, body, r.status, (int)r.len, r.body);
+        assert_true(ok);
+        httpc_response_free(&r);
+    }
+    set_script("");
+    server_stop(srv);
+}
+
 int main(void)
 {
     const char *shared = getenv("KVSERVE_SHARED");
@@ -693,6 +906,9 @@ int main(void)
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_tool_calls),
         cmocka_unit_test(test_harmony),
+        cmocka_unit_test(test_reasoning),
+        cmocka_unit_test(test_template_kwargs),
+        cmocka_unit_test(test_refusals),
     };
     return ks_run_tests(tests, setup, teardown);
 }

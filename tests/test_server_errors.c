@@ -420,6 +420,13 @@ static const struct route_case cases[] = {
      "{\"type_k\":\"q8_0\",\"type_v\":\"q4_0\",\"scope\":\"all\",\"dry_run\":true}", false},
     {"POST /cache/policy", "POST", "/cache/policy", NULL, "{\"policy\":\"dynamic\",\"high_watermark\":0.9}", false},
     {"POST /cache/clear", "POST", "/cache/clear", NULL, "{\"tier\":\"ram\"}", false},
+    {"POST /tokenize", "POST", "/tokenize", NULL,
+     "{\"content\":\"Hi <s> there\",\"add_special\":true,\"with_pieces\":true}", false},
+    {"POST /detokenize", "POST", "/detokenize", NULL, "{\"tokens\":[1,300,3,240,301]}", false},
+    {"GET /props", "GET", "/props", NULL, NULL, false},
+    {"GET /slots", "GET", "/slots", NULL, NULL, false},
+    {"POST /completion", "POST", "/completion", NULL,
+     "{\"prompt\":\"Once upon a time\",\"n_predict\":6,\"stop\":[\"\\u0001\"],\"seed\":1}", false},
 };
 
 static void test_route(void **state)

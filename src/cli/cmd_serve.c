@@ -33,6 +33,9 @@ struct serve_opts {
     const char *cache_dir;       /* SSD tier of the prefix cache, NULL: RAM only */
     size_t cache_disk;           /* its limit, 0: 10% of the free disk */
     struct cli_model_flags load; /* --mmap and the KV flags; kv.mem 0: parallel x ctx, at most 25% of RAM */
+    enum server_reasoning_format reasoning_format;
+    unsigned sampling_set;       /* SERVER_SAMPLING_* of the sampling flags given */
+    struct server_sampling sampling;
 };
 
 static void serve_usage(FILE *out)
@@ -61,7 +64,14 @@ static void serve_usage(FILE *out)
             "      --chat-template-file F  a Jinja chat template to use instead of the model's\n"
             "      --chat-template NAME  a built-in chat format instead of the model's Jinja template\n"
             "                            (chatml, llama3, llama2, mistral, zephyr, gemma, phi3; no tools)\n"
+            "      --reasoning-format F  where <think>...</think> goes: auto (reasoning_content when the\n"
+            "                            template thinks), deepseek (always split), none (all content);\n"
+            "                            a request's reasoning_format overrides it (default auto)\n"
             "  -t, --threads N           compute threads (default: all cores)\n"
+            "sampling defaults (of requests that leave the field out; as llama-server's flags):\n"
+            "      --temp T, --top-k N, --top-p P, --min-p P, --repeat-penalty R, --seed S\n"
+            "                            (default: OpenAI's on /v1 routes: temperature 1, the rest off;\n"
+            "                            llama-server's on /completion: 0.8, 40, 0.95, 0.05, 1.0, random)\n"
             "scheduler:\n"
             "      --parallel N          max running sequences (default 16)\n"
             "  -c, --ctx-size N          max tokens of one sequence (default: the model's, at most 4096)\n"
@@ -97,6 +107,40 @@ static bool list_add(const char **list, int *n, const char *v)
     return true;
 }
 
+/* --temp, --top-k, --top-p, --min-p, --repeat-penalty, --seed: the ranges a request's fields have. */
+static bool parse_sampling_flag(const char *a, const char *v, struct serve_opts *o, bool *ok)
+{
+    static const struct {
+        const char *flag;
+        unsigned bit;
+        double lo, hi;
+        bool integer;
+    } flags[] = {
+        {"--temp", SERVER_SAMPLING_TEMP, 0, 2, false},
+        {"--top-k", SERVER_SAMPLING_TOP_K, 0, 1e9, true},
+        {"--top-p", SERVER_SAMPLING_TOP_P, 1e-6, 1, false},
+        {"--min-p", SERVER_SAMPLING_MIN_P, 0, 1, false},
+        {"--repeat-penalty", SERVER_SAMPLING_REPEAT_PENALTY, 1e-6, 10, false},
+        {"--seed", SERVER_SAMPLING_SEED, -1, 9.2e18, true}, /* -1: random, as without the flag */
+    };
+    for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++) {
+        if (strcmp(a, flags[i].flag))
+            continue;
+        char *end = NULL;
+        double x = v ? strtod(v, &end) : 0;
+        *ok = v && end != v && !*end && x >= flags[i].lo && x <= flags[i].hi && (!flags[i].integer || x == (int64_t)x);
+        struct server_sampling *s = &o->sampling;
+        double *as_double[] = {&s->temp, NULL, &s->top_p, &s->min_p, &s->repeat_penalty, NULL};
+        if (*ok && as_double[i])
+            *as_double[i] = x;
+        else if (*ok)
+            *(flags[i].bit == SERVER_SAMPLING_TOP_K ? &s->top_k : &s->seed) = (int64_t)x;
+        o->sampling_set |= *ok && !(flags[i].bit == SERVER_SAMPLING_SEED && x < 0) ? flags[i].bit : 0;
+        return true;
+    }
+    return false;
+}
+
 static bool parse_flag(const char *a, const char *v, void *opts, bool *ok)
 {
     struct serve_opts *o = opts;
@@ -106,6 +150,8 @@ static bool parse_flag(const char *a, const char *v, void *opts, bool *ok)
     else if (is_flag(a, NULL, "--api-key")) *ok = (o->api_key = v) != NULL;
     else if (is_flag(a, NULL, "--chat-template")) *ok = (o->chat_template = v) != NULL;
     else if (is_flag(a, NULL, "--chat-template-file")) *ok = (o->chat_template_file = v) != NULL;
+    else if (is_flag(a, NULL, "--reasoning-format")) *ok = server_reasoning_format_parse(v, &o->reasoning_format);
+    else if (parse_sampling_flag(a, v, o, ok)) return true;
     else if (is_flag(a, NULL, "--port")) *ok = cli_parse_int(v, 0, 65535, &o->port);
     else if (is_flag(a, "-t", "--threads")) *ok = cli_parse_threads(v, &o->n_threads);
     else if (is_flag(a, NULL, "--parallel")) *ok = cli_parse_int(v, 1, 1024, &o->parallel);
@@ -273,6 +319,11 @@ static ks_status start(const struct serve_opts *o, const char *path, struct serv
     cfg.chat_template_jinja = s->chat_template;
     cfg.chat_template_origin = o->chat_template_file;
     cfg.store = s->store;
+    cfg.reasoning_format = o->reasoning_format;
+    cfg.parallel = o->parallel;
+    cfg.model_path = path;
+    cfg.sampling_set = o->sampling_set;
+    cfg.sampling = o->sampling;
     st = server_start(&cfg, s->sched, s->tok, &s->srv);
     if (st)
         return st;

@@ -31,6 +31,7 @@ struct sampler {
     int32_t *counts;   /* (n_vocab) occurrences in the penalty window; all 0 between calls */
     struct cand *cands; /* (n_vocab) candidate set of the current step */
     struct grammar_state *grammar; /* NULL: unconstrained */
+    struct sample_bias *biases; /* (p.n_biases) the sampler's copy of p.biases */
 };
 
 /* ---- random numbers: xoshiro256**, seeded by splitmix64 ----------------- */
@@ -104,6 +105,15 @@ static ks_status check_params(const struct sample_params *p, int32_t n_vocab)
         return ks_fail(KS_ERR_INVALID_ARG, "sampler: presence_penalty must be a finite number");
     if (!isfinite(p->frequency_penalty))
         return ks_fail(KS_ERR_INVALID_ARG, "sampler: frequency_penalty must be a finite number");
+    if (p->n_biases < 0 || (p->n_biases > 0 && !p->biases))
+        return ks_fail(KS_ERR_INVALID_ARG, "sampler: %d logit biases with %s pointer", p->n_biases,
+                       p->biases ? "a" : "a NULL");
+    for (int i = 0; i < p->n_biases; i++)
+        if (p->biases[i].token < 0 || p->biases[i].token >= n_vocab ||
+            !(isfinite(p->biases[i].bias) || p->biases[i].bias == -INFINITY))
+            return ks_fail(KS_ERR_INVALID_ARG, "sampler: logit bias %d (token %d, bias %g) needs a token in [0, %d) "
+                                               "and a finite bias or -inf",
+                           i, (int)p->biases[i].token, (double)p->biases[i].bias, (int)n_vocab);
     if (p->n_logprobs < 0 || p->n_logprobs > SAMPLE_MAX_LOGPROBS)
         return ks_fail(KS_ERR_INVALID_ARG, "sampler: n_logprobs %d is outside [0, %d]", p->n_logprobs,
                        SAMPLE_MAX_LOGPROBS);
@@ -125,7 +135,10 @@ ks_status sample_create(const struct sample_params *p, int32_t n_vocab, struct s
     s->work = malloc((size_t)n_vocab * sizeof *s->work);
     s->counts = calloc((size_t)n_vocab, sizeof *s->counts);
     s->cands = malloc((size_t)n_vocab * sizeof *s->cands);
-    if (!s->work || !s->counts || !s->cands) {
+    if (p->n_biases > 0 && (s->biases = malloc((size_t)p->n_biases * sizeof *s->biases)))
+        memcpy(s->biases, p->biases, (size_t)p->n_biases * sizeof *s->biases);
+    s->p.biases = s->biases;
+    if (!s->work || !s->counts || !s->cands || (p->n_biases > 0 && !s->biases)) {
         sample_free(s);
         return ks_fail(KS_ERR_NOMEM, "sampler: out of memory for a vocabulary of %d", (int)n_vocab);
     }
@@ -159,6 +172,7 @@ void sample_free(struct sampler *s)
     free(s->work);
     free(s->counts);
     free(s->cands);
+    free(s->biases);
     grammar_state_free(s->grammar);
     free(s);
 }
@@ -510,6 +524,8 @@ ks_status sample_next(struct sampler *s, const float *logits, const int32_t *his
         if (st)
             return st;
     }
+    for (int i = 0; i < s->p.n_biases; i++)
+        s->work[s->biases[i].token] += s->biases[i].bias;
     if (penalties_active(&s->p) && n_history > 0) {
         ks_status st = apply_penalties(s, history, n_history);
         if (st)

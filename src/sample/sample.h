@@ -1,7 +1,7 @@
 /* sample: turn a row of logits into the next token.
  *
- * Order of operations, as llama.cpp applies them: repetition / presence /
- * frequency penalties over the recent history, then (unless greedy) top-k,
+ * Order of operations, as llama.cpp applies them: logit biases, repetition /
+ * presence / frequency penalties over the recent history, then (unless greedy) top-k,
  * temperature, top-p and min-p, then a draw from a seeded xoshiro256** stream.
  * temp <= 0 is greedy (argmax after penalties). Logprobs, when asked, are the
  * log-softmax of the penalized logits before truncation, like OpenAI's.
@@ -21,6 +21,12 @@
 
 #define SAMPLE_MAX_LOGPROBS 20
 
+/* A bias added to one token's logit (llama.cpp's logit_bias); -INFINITY bans it. */
+struct sample_bias {
+    int32_t token;
+    float bias;
+};
+
 struct sample_params {
     float temp;               /* <= 0: greedy. default 0.8 */
     int top_k;                /* <= 0: off. default 40 */
@@ -32,6 +38,11 @@ struct sample_params {
     float frequency_penalty;  /* 0: off */
     uint64_t seed;            /* default 0xC0FFEE; same seed + same logits = same tokens */
     int n_logprobs;           /* 0..SAMPLE_MAX_LOGPROBS top alternatives to report */
+    /* biases[0..n_biases): added to the logits first (a token may repeat: the
+     * biases add up); copied by sample_create. Tokens in [0, n_vocab), a bias
+     * finite or -INFINITY. */
+    const struct sample_bias *biases;
+    int n_biases;
     /* Optional constraint (NULL: none). sample_create takes its own reference
      * on grammar; grammar_vocab is borrowed and must outlive the sampler.
      * grammar_max_tokens: the tokens this sampler will draw at most (the

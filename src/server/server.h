@@ -3,7 +3,9 @@
  * holds no thread) with cJSON.
  *
  * Routes: POST /v1/chat/completions, POST /v1/completions (SSE streaming or
- * not), GET /v1/models, GET /health, GET /metrics (Prometheus text),
+ * not), GET /v1/models (each also without /v1), llama-server's POST
+ * /completion, /tokenize, /detokenize, /apply-template, GET /props, /slots,
+ * GET /health, GET /metrics (Prometheus text),
  * GET /cache/usage, POST /cache/requantize, POST /cache/policy,
  * GET /cache/prefixes, POST /cache/clear (the prefix cache's RAM and SSD
  * tiers), GET / (a live page of the KV pool). Errors have OpenAI's shape
@@ -21,6 +23,15 @@
 #include "tokenizer/tokenizer.h"
 
 struct store;
+
+/* Where a thinking model's reasoning goes (llama-server's reasoning_format). */
+enum server_reasoning_format {
+    SERVER_REASONING_AUTO,     /* as deepseek when the chat template thinks (<think>), else none */
+    SERVER_REASONING_NONE,     /* everything in content, tags included */
+    SERVER_REASONING_DEEPSEEK, /* <think>...</think> in reasoning_content, the rest in content */
+};
+/* "auto", "none" or "deepseek" -> *out; false for any other name. */
+bool server_reasoning_format_parse(const char *name, enum server_reasoning_format *out);
 
 struct server_config {
     const char *host;         /* "127.0.0.1" */
@@ -47,6 +58,27 @@ struct server_config {
                                          requests, "*": any; others get 403 */
     const char *const *allowed_hosts; /* Host names accepted besides localhost, 127.0.0.1 and [::1]
                                          when bound to a loopback address; others get 421 */
+    enum server_reasoning_format reasoning_format; /* --reasoning-format; a request's reasoning_format overrides it */
+    int parallel;             /* the scheduler's --parallel, reported by /props as total_slots (0: 1) */
+    const char *model_path;   /* reported by /props, NULL: "" */
+    /* Server-wide sampling defaults (--temp, --top-k, ...) of the fields a
+     * request leaves out; only those whose SERVER_SAMPLING_* bit is in
+     * sampling_set count, the others keep the route's own default (OpenAI's
+     * on /v1, llama-server's on /completion). */
+    unsigned sampling_set;
+    struct server_sampling {
+        double temp, top_p, min_p, repeat_penalty;
+        int64_t top_k, seed;
+    } sampling;
+};
+
+enum {
+    SERVER_SAMPLING_TEMP = 1u << 0,
+    SERVER_SAMPLING_TOP_K = 1u << 1,
+    SERVER_SAMPLING_TOP_P = 1u << 2,
+    SERVER_SAMPLING_MIN_P = 1u << 3,
+    SERVER_SAMPLING_REPEAT_PENALTY = 1u << 4,
+    SERVER_SAMPLING_SEED = 1u << 5,
 };
 
 void server_config_default(struct server_config *cfg);

@@ -33,6 +33,13 @@ ks_status server_chat_setup(struct server *srv, const struct server_config *cfg)
         if (id >= 0 && tok_is_control(srv->tok, id) && srv->n_tool_tokens < (int)(sizeof srv->tool_tokens / sizeof srv->tool_tokens[0]))
             srv->tool_tokens[srv->n_tool_tokens++] = id;
     }
+    srv->template_thinks = server_think_template(src, len);
+    static const char *const think[] = {"<think>", "</think>"};
+    for (int i = 0; i < 2; i++) {
+        int32_t id = tok_find(srv->tok, think[i], strlen(think[i]));
+        if (id >= 0 && tok_is_control(srv->tok, id))
+            srv->think_tokens[srv->n_think_tokens++] = id;
+    }
     return KS_OK;
 }
 
@@ -258,15 +265,48 @@ static ks_status template_request(const cJSON *root, cJSON **out, struct reply *
     return KS_OK;
 }
 
+/* The variables the request adds to the template's context (*out NULL:
+ * none): chat_template_kwargs (enable_thinking, reasoning_effort, ...) and
+ * OpenAI's top-level reasoning_effort unless the kwargs set it. The
+ * variables the server sets from the request itself are not replaced. */
+static ks_status template_kwargs(const cJSON *root, cJSON **out, struct reply *r)
+{
+    *out = NULL;
+    const cJSON *kw = cJSON_GetObjectItemCaseSensitive(root, "chat_template_kwargs");
+    const cJSON *effort = cJSON_GetObjectItemCaseSensitive(root, "reasoning_effort");
+    kw = cJSON_IsNull(kw) ? NULL : kw;
+    effort = cJSON_IsNull(effort) ? NULL : effort;
+    if (kw && !cJSON_IsObject(kw))
+        return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_type", "'chat_template_kwargs' must be an object");
+    if (effort && !cJSON_IsString(effort))
+        return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_type", "'reasoning_effort' must be a string");
+    static const char *const reserved[] = {"messages", "tools", "bos_token"};
+    for (int i = 0; kw && i < 3; i++)
+        if (cJSON_GetObjectItemCaseSensitive(kw, reserved[i]))
+            return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value",
+                              "'chat_template_kwargs.%s' may not replace the request's own %s", reserved[i],
+                              reserved[i]);
+    if (!kw && !effort)
+        return KS_OK;
+    cJSON *copy = kw ? cJSON_Duplicate(kw, 1) : cJSON_CreateObject();
+    if (effort && copy && !cJSON_GetObjectItemCaseSensitive(copy, "reasoning_effort"))
+        server_json_add(copy, "reasoning_effort", cJSON_CreateString(effort->valuestring));
+    if (!copy || server_json_failed()) {
+        cJSON_Delete(copy);
+        return reply_fail(r, KS_ERR_NOMEM, NULL, "out of memory while reading 'chat_template_kwargs'");
+    }
+    *out = copy;
+    return KS_OK;
+}
+
 /* The model's template over the request. Template errors are the client's
  * (400 with the template's own message); a limit is 413. */
 static ks_status render_jinja(struct server *srv, const cJSON *root, char **out, struct reply *r)
 {
-    const cJSON *kw = cJSON_GetObjectItemCaseSensitive(root, "chat_template_kwargs");
-    if (kw && !cJSON_IsNull(kw) && !cJSON_IsObject(kw))
-        return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_type", "'chat_template_kwargs' must be an object");
-    cJSON *req = NULL;
-    ks_status st = template_request(root, &req, r);
+    cJSON *kw = NULL, *req = NULL;
+    ks_status st = template_kwargs(root, &kw, r);
+    if (!st && (st = template_request(root, &req, r)))
+        cJSON_Delete(kw);
     if (st)
         return st;
     /* The prompt may hold at most ctx_size tokens; 64 bytes a token is far
@@ -274,11 +314,12 @@ static ks_status render_jinja(struct server *srv, const cJSON *root, char **out,
     size_t max_out = (size_t)srv->cfg.ctx_size * 64;
     if (max_out < (64u << 10))
         max_out = 64u << 10;
-    struct jinja_chat chat = {srv->chat.bos_text, srv->chat.eos_text, 1, cJSON_IsObject(kw) ? kw : NULL};
+    struct jinja_chat chat = {srv->chat.bos_text, srv->chat.eos_text, 1, kw};
     struct jinja_opts opts = {.max_output = max_out, .now = srv->cfg.chat_now ? srv->cfg.chat_now : (int64_t)time(NULL)};
     size_t len = 0;
     st = jinja_chat_render(srv->chat.jt, req, &chat, &opts, out, &len);
     cJSON_Delete(req);
+    cJSON_Delete(kw);
     if (server_json_failed()) { /* a context value the polyfills built was lost, or a parse ran out */
         if (!st)
             free(*out);

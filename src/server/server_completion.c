@@ -26,6 +26,7 @@ void server_call_unref(struct call *c)
     sbuf_free(&c->out);
     cJSON_Delete(c->lp);
     grammar_free(c->grammar);
+    free(c->biases);
     free(c);
 }
 
@@ -37,8 +38,13 @@ void server_call_on_event(void *user, const struct sched_event *ev)
 {
     struct call *c = user;
     bool cancel = false;
+    double now = server_now();
     pthread_mutex_lock(&c->mu);
     c->n_cached = ev->n_cached;
+    if (ev->finish == SCHED_FINISH_NONE && c->t_first == 0)
+        c->t_first = now;
+    if (ev->finish != SCHED_FINISH_NONE)
+        c->t_end = now;
     if (ev->finish == SCHED_FINISH_NONE) {
         if (c->n_items == c->cap_items && !c->dropped) {
             int cap = c->cap_items ? 2 * c->cap_items : 64;
@@ -106,6 +112,7 @@ static struct call *call_alloc(struct server *srv, bool chat)
     c->srv = srv;
     c->chat = chat;
     c->refs = 1;
+    c->stop_word = -1;
     c->created = (long)time(NULL);
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
@@ -146,6 +153,10 @@ static struct call *call_clone(const struct call *c0, int index)
     c->max_stop = c0->max_stop;
     c->tools = c0->tools;
     c->tool_fmt = c0->tool_fmt;
+    c->harmony_calls = c0->harmony_calls;
+    c->think = c0->think;
+    c->think_open = c0->think_open;
+    c->native = c0->native;
     for (int i = 0; i < c0->n_stop; i++, c->n_stop++)
         if (!(c->stop[i] = strdup(c0->stop[i]))) {
             server_call_unref(c);
@@ -201,6 +212,9 @@ static ks_status group_submit(struct group *g, const struct sched_request *rq)
         g->calls[i]->refs = 2; /* HTTP side + scheduler side until the final event */
         pthread_mutex_lock(&g->calls[i]->mu);
     }
+    double now = server_now();
+    for (int i = 0; i < g->n; i++)
+        g->calls[i]->t_submit = now;
     ks_status st = sched_submit_n(g->srv->sched, rq, choices, g->n, ids);
     for (int i = 0; i < g->n; i++) {
         if (st)
@@ -212,11 +226,11 @@ static ks_status group_submit(struct group *g, const struct sched_request *rq)
     return st;
 }
 
-static ks_status completion(struct server *srv, bool chat, const struct server_req *req, struct reply *r)
+static ks_status completion(struct server *srv, enum server_api api, const struct server_req *req, struct reply *r)
 {
     struct call *c = NULL;
     struct sched_request rq;
-    ks_status st = server_completion_parse(srv, chat, req->body, req->len, &c, &rq, r);
+    ks_status st = server_request_parse(srv, api, req->body, req->len, &c, &rq, r);
     if (st)
         return st;
     int32_t *ids = (int32_t *)rq.prompt;
@@ -256,10 +270,22 @@ static ks_status completion(struct server *srv, bool chat, const struct server_r
 
 ks_status server_route_chat(struct server *srv, const struct server_req *rq, struct reply *r)
 {
-    return completion(srv, true, rq, r);
+    return completion(srv, SERVER_API_CHAT, rq, r);
 }
 
 ks_status server_route_completions(struct server *srv, const struct server_req *rq, struct reply *r)
 {
-    return completion(srv, false, rq, r);
+    return completion(srv, SERVER_API_TEXT, rq, r);
+}
+
+ks_status server_route_completion_native(struct server *srv, const struct server_req *rq, struct reply *r)
+{
+    return completion(srv, SERVER_API_NATIVE, rq, r);
+}
+
+double server_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }

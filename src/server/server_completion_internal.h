@@ -35,6 +35,7 @@ struct call {
     /* request options */
     uint64_t sched_id;
     bool chat, stream, include_usage;
+    bool native;                       /* llama-server's /completion: its answer's shape */
     int logprobs;                      /* -1: off; else number of alternatives */
     char *stop[MAX_STOP];
     int n_stop;
@@ -47,12 +48,17 @@ struct call {
     int32_t n_cached;                  /* prompt tokens the prefix cache served (under mu) */
     struct server_waker *waker;        /* woken at each event (under mu); NULL: the HTTP side blocks, or left */
     struct grammar *grammar;           /* response_format / grammar constraint, NULL: none */
+    struct sample_bias *biases;        /* logit_bias (the sampling params point here), NULL: none */
+    int n_biases;
     /* output state (HTTP thread only) */
     int consumed;
     struct tok_stream *detok;
     struct sbuf text;                  /* generated text, cut at a stop string */
     size_t sent;                       /* bytes of text already streamed */
     bool stopped;                      /* a stop string matched */
+    int stop_word;                     /* the stop string that matched (index in stop), -1: none */
+    /* times (CLOCK_MONOTONIC seconds, under mu): submission, first token, end (0: not yet) */
+    double t_submit, t_first, t_end;
     cJSON *lp;                         /* accumulated logprobs (non-streaming), NULL: none asked */
     bool oom;                          /* output was lost to an allocation failure */
     bool waited;                       /* a whole reply: its wait has begun (lp is set up) */
@@ -67,7 +73,11 @@ struct call {
     int calls_sent;                    /* tool calls already streamed */
     int n_calls;                       /* tool calls in the answer (set by the final parse) */
     bool harmony_calls;                /* harmony: tools offered, so its calls are parsed */
-    size_t sent_reasoning, sent_content; /* harmony: bytes of each part already streamed */
+    size_t sent_reasoning, sent_content; /* harmony, think: bytes of each part already streamed */
+    /* reasoning in <think>...</think> (chat, not harmony) */
+    bool think;                        /* split the reasoning off (reasoning_format) */
+    bool think_open;                   /* the prompt opened <think>: the output starts in it */
+    size_t content_off;                /* think: text[content_off..) is the content */
 };
 
 /* The n choices of one request (HTTP thread). A stream serves them in
@@ -84,6 +94,18 @@ struct group {
 
 #define DROPPED_MSG "out of memory: a generated token could not be kept; the request was cancelled"
 #define OOM_MSG "out of memory while writing the response; the request was cancelled"
+
+/* Which API a request speaks. */
+enum server_api {
+    SERVER_API_CHAT,   /* /v1/chat/completions */
+    SERVER_API_TEXT,   /* /v1/completions */
+    SERVER_API_NATIVE, /* llama-server's /completion */
+};
+/* server_completion_parse for any API (server_completion_parse is this for chat or text). */
+ks_status server_request_parse(struct server *srv, enum server_api api, const char *body, size_t len,
+                               struct call **out, struct sched_request *rq, struct reply *r);
+/* Seconds on CLOCK_MONOTONIC. */
+double server_now(void);
 
 /* Drop one reference; the last frees the call. */
 void server_call_unref(struct call *c);

@@ -39,6 +39,18 @@ static cJSON *lp_token_json(struct call *c, int32_t token, float logprob)
  * Completions: {"tokens":[],"token_logprobs":[],"top_logprobs":[{tok:lp}],"text_offset":[]}. */
 static void lp_add(struct call *c, cJSON *lp, const struct item *it, size_t text_offset)
 {
+    if (c->native) { /* llama-server's completion_probabilities: [{id, token, bytes, logprob, top_logprobs}] */
+        cJSON *e = lp_token_json(c, it->token, it->res.logprob);
+        cJSON_AddNumberToObject(e, "id", it->token);
+        cJSON *top = cJSON_AddArrayToObject(e, "top_logprobs");
+        for (int i = 0; i < it->res.n_top && i < c->logprobs; i++) {
+            cJSON *alt = lp_token_json(c, it->res.top[i].token, it->res.top[i].logprob);
+            cJSON_AddNumberToObject(alt, "id", it->res.top[i].token);
+            server_json_push(top, alt);
+        }
+        server_json_push(lp, e);
+        return;
+    }
     if (c->chat) {
         cJSON *content = cJSON_GetObjectItem(lp, "content");
         cJSON *e = lp_token_json(c, it->token, it->res.logprob);
@@ -67,10 +79,12 @@ static void lp_add(struct call *c, cJSON *lp, const struct item *it, size_t text
     cJSON_Delete(t);
 }
 
-static cJSON *lp_new(bool chat)
+static cJSON *lp_new(const struct call *c)
 {
+    if (c->native)
+        return cJSON_CreateArray();
     cJSON *lp = cJSON_CreateObject();
-    if (chat) {
+    if (c->chat) {
         cJSON_AddArrayToObject(lp, "content");
     } else {
         cJSON_AddArrayToObject(lp, "tokens");
@@ -92,6 +106,31 @@ static bool tool_markup_token(const struct call *c, int32_t token)
         if (c->srv->tool_tokens[i] == token)
             return true;
     return false;
+}
+
+/* <think> or </think> as a control token: kept in the text for the reasoning split. */
+static bool think_token(const struct call *c, int32_t token)
+{
+    for (int i = 0; c->think && i < c->srv->n_think_tokens; i++)
+        if (c->srv->think_tokens[i] == token)
+            return true;
+    return false;
+}
+
+/* The content part of the text (*n bytes): all of it, or what follows the
+ * reasoning. */
+static const char *content_text(const struct call *c, size_t *n)
+{
+    size_t off = c->content_off < c->text.n ? c->content_off : c->text.n;
+    *n = c->text.n - off;
+    return c->text.p ? c->text.p + off : "";
+}
+
+/* Split the reasoning off the text so far (c->content_off follows it). */
+static void think_split(struct call *c, bool final, struct server_think *t)
+{
+    server_think_parse(c->text.p ? c->text.p : "", c->text.n, c->think_open, final, t);
+    c->content_off = t->content_start;
 }
 
 /* The markup token's text after whatever the detokenizer held. */
@@ -169,9 +208,10 @@ static ks_status tool_answer(struct call *c, char **content, char **reasoning, c
     *reasoning = NULL;
     if (c->tool_fmt == SERVER_TOOLS_HARMONY)
         return harmony_answer(c, content, reasoning, calls);
-    const char *text = c->text.p ? c->text.p : "";
+    size_t n;
+    const char *text = content_text(c, &n);
     struct server_tool_result r;
-    ks_status st = server_tools_parse(c->tool_fmt, text, c->text.n, true, &r);
+    ks_status st = server_tools_parse(c->tool_fmt, text, n, true, &r);
     if (st)
         return st;
     c->n_calls = r.n_calls;
@@ -181,7 +221,7 @@ static ks_status tool_answer(struct call *c, char **content, char **reasoning, c
     } else {
         struct sbuf b = {0};
         sbuf_append(&b, text, r.content_end);
-        sbuf_append(&b, text + r.tail_start, c->text.n - r.tail_start);
+        sbuf_append(&b, text + r.tail_start, n - r.tail_start);
         bool want = b.n > 0 || r.n_calls == 0; /* calls and no text: content null */
         if (!b.oom && want)
             *content = utf8_clean(b.p ? b.p : "", b.n);
@@ -205,8 +245,9 @@ static void consume(struct call *c, const struct item *it, cJSON *lp)
     c->consumed++;
     const char *bytes = NULL;
     size_t len = 0;
-    ks_status st = tool_markup_token(c, it->token) ? push_markup(c, it->token)
-                                                    : tok_stream_push(c->detok, it->token, &bytes, &len);
+    ks_status st = tool_markup_token(c, it->token) || think_token(c, it->token)
+                       ? push_markup(c, it->token)
+                       : tok_stream_push(c->detok, it->token, &bytes, &len);
     if (st == KS_OK && len)
         sbuf_append(&c->text, bytes, len);
     if (st == KS_ERR_NOMEM || c->text.oom) { /* the text would have a hole */
@@ -219,8 +260,10 @@ static void consume(struct call *c, const struct item *it, cJSON *lp)
     char *first = NULL;
     for (int i = 0; i < c->n_stop; i++) {
         char *hit = memmem(c->text.p + from, c->text.n - from, c->stop[i], strlen(c->stop[i]));
-        if (hit && (!first || hit < first))
+        if (hit && (!first || hit < first)) {
             first = hit;
+            c->stop_word = i;
+        }
     }
     if (first) {
         c->text.n = (size_t)(first - c->text.p);
@@ -282,6 +325,62 @@ static cJSON *response_head(const struct call *c, const char *object)
     return o;
 }
 
+/* ---- llama-server's /completion --------------------------------------------------- */
+
+static const char *native_stop_type(const struct call *c)
+{
+    if (c->stopped)
+        return "word";
+    return c->finish == SCHED_FINISH_STOP ? "eos" : "limit";
+}
+
+static cJSON *native_timings(struct call *c)
+{
+    pthread_mutex_lock(&c->mu);
+    double t0 = c->t_submit, t1 = c->t_first, t2 = c->t_end;
+    int32_t cached = c->n_cached;
+    pthread_mutex_unlock(&c->mu);
+    double prompt_ms = t1 > t0 ? (t1 - t0) * 1e3 : 0, predicted_ms = t2 > t1 && t1 > 0 ? (t2 - t1) * 1e3 : 0;
+    int prompt_n = c->n_prompt - cached, predicted_n = c->consumed;
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "cache_n", cached);
+    cJSON_AddNumberToObject(o, "prompt_n", prompt_n);
+    cJSON_AddNumberToObject(o, "prompt_ms", prompt_ms);
+    cJSON_AddNumberToObject(o, "prompt_per_token_ms", prompt_n > 0 ? prompt_ms / prompt_n : 0);
+    cJSON_AddNumberToObject(o, "prompt_per_second", prompt_ms > 0 ? 1e3 * prompt_n / prompt_ms : 0);
+    cJSON_AddNumberToObject(o, "predicted_n", predicted_n);
+    cJSON_AddNumberToObject(o, "predicted_ms", predicted_ms);
+    cJSON_AddNumberToObject(o, "predicted_per_token_ms", predicted_n > 0 ? predicted_ms / predicted_n : 0);
+    cJSON_AddNumberToObject(o, "predicted_per_second", predicted_ms > 0 ? 1e3 * predicted_n / predicted_ms : 0);
+    return o;
+}
+
+/* One /completion event: a stream's partial one (stop false: content and
+ * counts), or the whole answer (and a stream's last event, content ""):
+ * stop_type eos / limit / word with the stopping_word, and timings. */
+static cJSON *native_json(struct call *c, const char *content, bool stop)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "index", c->index);
+    cJSON_AddStringToObject(o, "content", content);
+    cJSON_AddArrayToObject(o, "tokens");
+    cJSON_AddNumberToObject(o, "id_slot", -1);
+    cJSON_AddBoolToObject(o, "stop", stop);
+    cJSON_AddNumberToObject(o, "tokens_predicted", c->consumed);
+    cJSON_AddNumberToObject(o, "tokens_evaluated", c->n_prompt);
+    if (!stop)
+        return o;
+    cJSON_AddStringToObject(o, "model", c->srv->model_name);
+    cJSON_AddBoolToObject(o, "truncated", false);
+    cJSON_AddStringToObject(o, "stop_type", native_stop_type(c));
+    cJSON_AddStringToObject(o, "stopping_word", c->stopped && c->stop_word >= 0 ? c->stop[c->stop_word] : "");
+    cJSON_AddBoolToObject(o, "has_new_line", c->text.p && memchr(c->text.p, '\n', c->text.n));
+    /* the last token drawn is not in the cache yet */
+    cJSON_AddNumberToObject(o, "tokens_cached", c->n_prompt + (c->consumed > 0 ? c->consumed - 1 : 0));
+    server_json_add(o, "timings", native_timings(c));
+    return o;
+}
+
 /* ---- non-streaming ----------------------------------------------------------------- */
 
 enum pulled { PULL_EMPTY, PULL_SOME, PULL_OVER };
@@ -301,7 +400,7 @@ static bool choice_over(struct call *c, bool wait)
 {
     if (!c->waited) {
         c->waited = true;
-        c->lp = c->logprobs >= 0 ? lp_new(c->chat) : NULL;
+        c->lp = c->logprobs >= 0 ? lp_new(c) : NULL;
     }
     int n;
     enum pulled p;
@@ -336,9 +435,17 @@ static ks_status choice_result(struct call *c, struct reply *r)
 static ks_status choice_json(struct call *c, cJSON *choices, struct reply *r)
 {
     cJSON *tool_calls = NULL;
-    char *text = NULL, *reasoning = NULL;
-    if (c->tool_fmt != SERVER_TOOLS_NONE ? tool_answer(c, &text, &reasoning, &tool_calls) != KS_OK
-                                         : !(text = utf8_clean(c->text.p ? c->text.p : "", c->text.n))) {
+    char *text = NULL, *reasoning = NULL, *thought = NULL;
+    struct server_think t = {0};
+    if (c->think)
+        think_split(c, true, &t);
+    size_t n;
+    const char *content = content_text(c, &n);
+    bool think_oom = t.reasoning_end > t.reasoning_start &&
+                     !(thought = utf8_clean(c->text.p + t.reasoning_start, t.reasoning_end - t.reasoning_start));
+    if (think_oom || (c->tool_fmt != SERVER_TOOLS_NONE ? tool_answer(c, &text, &reasoning, &tool_calls) != KS_OK
+                                                       : !(text = utf8_clean(content, n)))) {
+        free(thought);
         free(text);
         free(reasoning);
         cJSON_Delete(tool_calls);
@@ -353,8 +460,8 @@ static ks_status choice_json(struct call *c, cJSON *choices, struct reply *r)
             cJSON_AddStringToObject(msg, "content", text);
         else
             cJSON_AddNullToObject(msg, "content");
-        if (reasoning)
-            cJSON_AddStringToObject(msg, "reasoning_content", reasoning);
+        if (reasoning || thought)
+            cJSON_AddStringToObject(msg, "reasoning_content", reasoning ? reasoning : thought);
         if (tool_calls)
             server_json_add(msg, "tool_calls", tool_calls);
     } else {
@@ -369,6 +476,7 @@ static ks_status choice_json(struct call *c, cJSON *choices, struct reply *r)
     server_json_push(choices, ch);
     free(text);
     free(reasoning);
+    free(thought);
     return KS_OK;
 }
 
@@ -383,6 +491,17 @@ ks_status server_reply_whole(struct group *g, struct reply *r)
     if (st)
         return st;
     struct call *c = g->calls[0];
+    if (c->native) {
+        char *text = utf8_clean(c->text.p ? c->text.p : "", c->text.n);
+        if (!text)
+            return reply_fail(r, KS_ERR_NOMEM, NULL, "%s", OOM_MSG);
+        cJSON *o = native_json(c, text, true);
+        free(text);
+        if (c->lp)
+            server_json_add(o, "completion_probabilities", c->lp);
+        c->lp = NULL;
+        return reply_json(r, 200, o);
+    }
     cJSON *o = response_head(c, c->chat ? "chat.completion" : "text_completion");
     cJSON *choices = cJSON_AddArrayToObject(o, "choices");
     for (int i = 0; i < g->n && !st; i++)
@@ -421,6 +540,12 @@ static bool sse_send(struct call *c, cJSON *o)
 
 static cJSON *chunk_new(struct call *c, const char *delta_text, bool with_role, cJSON *lp, const char *finish)
 {
+    if (c->native) {
+        cJSON *o = native_json(c, delta_text ? delta_text : "", finish != NULL);
+        if (lp)
+            server_json_add(o, "completion_probabilities", lp);
+        return o;
+    }
     cJSON *o = response_head(c, c->chat ? "chat.completion.chunk" : "text_completion");
     cJSON *choices = cJSON_AddArrayToObject(o, "choices");
     cJSON *ch = cJSON_CreateObject();
@@ -450,27 +575,36 @@ static cJSON *chunk_new(struct call *c, const char *delta_text, bool with_role, 
  * still become the start of a stop string, never splitting a UTF-8 char. */
 static size_t safe_end(const struct call *c, bool final)
 {
-    size_t end = c->text.n;
+    size_t n;
+    const char *text = content_text(c, &n);
+    size_t end = n;
     if (!final && c->max_stop > 0)
         end = end > c->max_stop - 1 ? end - (c->max_stop - 1) : 0;
-    while (end > c->sent && end < c->text.n && ((unsigned char)c->text.p[end] & 0xC0) == 0x80)
+    while (end > c->sent && end < n && ((unsigned char)text[end] & 0xC0) == 0x80)
         end--;
     return end < c->sent ? c->sent : end;
 }
 
 static void stream_tools(struct call *c, bool final, cJSON *lp);
 static void stream_harmony(struct call *c, bool final, cJSON *lp);
+static void stream_think(struct call *c, bool final, cJSON **lp);
 
 static void stream_text(struct call *c, bool final, cJSON *lp)
 {
     if (c->tool_fmt == SERVER_TOOLS_HARMONY)
         return stream_harmony(c, final, lp);
+    if (c->think)
+        stream_think(c, final, &lp);
+    if (c->oom) {
+        cJSON_Delete(lp);
+        return;
+    }
     if (c->tool_fmt != SERVER_TOOLS_NONE)
         return stream_tools(c, final, lp);
-    size_t end = safe_end(c, final);
+    size_t end = safe_end(c, final), n;
     if (end == c->sent && !lp)
         return;
-    char *piece = utf8_clean(c->text.p ? c->text.p + c->sent : "", end - c->sent);
+    char *piece = utf8_clean(content_text(c, &n) + c->sent, end - c->sent);
     if (!piece) {
         cJSON_Delete(lp);
         c->oom = true;
@@ -514,13 +648,15 @@ static size_t whole_chars(const char *part, size_t n, size_t sent)
     return end;
 }
 
-/* One delta of a harmony part: what is new in part since *sent. */
-static void stream_part(struct call *c, const struct sbuf *part, size_t *sent, const char *key, bool final, cJSON **lp)
+/* One delta of a part (harmony's channels, the reasoning): what is new in
+ * part[0..n) since *sent. */
+static void stream_part(struct call *c, const char *part, size_t n, size_t *sent, const char *key, bool final,
+                        cJSON **lp)
 {
-    size_t end = final ? part->n : whole_chars(part->p ? part->p : "", part->n, *sent);
+    size_t end = final ? n : whole_chars(part ? part : "", n, *sent);
     if (end <= *sent)
         return;
-    char *piece = utf8_clean(part->p + *sent, end - *sent);
+    char *piece = utf8_clean(part + *sent, end - *sent);
     if (!piece) {
         c->oom = true;
         return;
@@ -536,6 +672,22 @@ static void stream_part(struct call *c, const struct sbuf *part, size_t *sent, c
 
 static void stream_calls(struct call *c, const struct server_tool_call *calls, int n);
 
+/* The reasoning's delta (taking *lp with it); what may still be the start of
+ * a stop string is held back, as in content. */
+static void stream_think(struct call *c, bool final, cJSON **lp)
+{
+    struct server_think t;
+    think_split(c, final, &t);
+    size_t end = t.reasoning_end;
+    if (!final && c->max_stop > 0) {
+        size_t limit = c->text.n > c->max_stop - 1 ? c->text.n - (c->max_stop - 1) : 0;
+        end = end < limit ? end : limit;
+    }
+    if (end > t.reasoning_start)
+        stream_part(c, c->text.p + t.reasoning_start, end - t.reasoning_start, &c->sent_reasoning,
+                    "reasoning_content", final, lp);
+}
+
 /* A harmony stream: reasoning_content and content deltas as the channels
  * grow (a tail that may be a marker held back), each call once complete. */
 static void stream_harmony(struct call *c, bool final, cJSON *lp)
@@ -546,9 +698,9 @@ static void stream_harmony(struct call *c, bool final, cJSON *lp)
         c->oom = true;
         return;
     }
-    stream_part(c, &h.reasoning, &c->sent_reasoning, "reasoning_content", final, &lp);
+    stream_part(c, h.reasoning.p, h.reasoning.n, &c->sent_reasoning, "reasoning_content", final, &lp);
     if (!c->oom)
-        stream_part(c, &h.content, &c->sent_content, "content", final, &lp);
+        stream_part(c, h.content.p, h.content.n, &c->sent_content, "content", final, &lp);
     if (lp && !c->oom) /* logprobs of tokens that added no text yet */
         sse_send(c, chunk_new(c, NULL, false, lp, NULL));
     else
@@ -591,9 +743,10 @@ static void stream_calls(struct call *c, const struct server_tool_call *calls, i
  * with the arguments), and at the end the text after the calls. */
 static void stream_tools(struct call *c, bool final, cJSON *lp)
 {
-    const char *text = c->text.p ? c->text.p : "";
+    size_t n;
+    const char *text = content_text(c, &n);
     struct server_tool_result r;
-    if (server_tools_parse(c->tool_fmt, text, c->text.n, final, &r)) {
+    if (server_tools_parse(c->tool_fmt, text, n, final, &r)) {
         cJSON_Delete(lp);
         c->oom = true;
         return;
@@ -601,25 +754,25 @@ static void stream_tools(struct call *c, bool final, cJSON *lp)
     size_t end = safe_end(c, final);
     if (end > r.content_end)
         end = r.content_end < c->sent ? c->sent : r.content_end;
-    while (end > c->sent && end < c->text.n && ((unsigned char)text[end] & 0xC0) == 0x80)
+    while (end > c->sent && end < n && ((unsigned char)text[end] & 0xC0) == 0x80)
         end--;
     if (r.response) { /* generic {"response": ...}: held back whole until now */
         char *piece = utf8_clean(r.response, strlen(r.response));
         if (!piece || !sse_send(c, chunk_new(c, piece, false, lp, NULL)))
             c->oom = true;
         free(piece);
-        c->sent = c->text.n;
+        c->sent = n;
     } else {
         stream_content(c, text, end, lp);
     }
     stream_calls(c, r.calls, r.n_calls);
     if (final && !c->oom) {
         c->n_calls = r.n_calls;
-        if (r.n_calls > 0 && r.tail_start < c->text.n) {
+        if (r.n_calls > 0 && r.tail_start < n) {
             c->sent = r.tail_start;
-            stream_content(c, text, c->text.n, NULL);
+            stream_content(c, text, n, NULL);
         }
-        c->sent = c->text.n;
+        c->sent = n;
     }
     server_tool_result_free(&r);
 }
@@ -669,6 +822,8 @@ static void stream_finish(struct group *g)
 {
     struct call *c = g->calls[g->turn];
     g->ended = true;
+    if (c->native) /* llama-server's /completion stream ends with its stop event, no [DONE] */
+        return;
     server_json_reset();
     if (c->include_usage) {
         cJSON *o = response_head(c, c->chat ? "chat.completion.chunk" : "text_completion");
@@ -733,7 +888,7 @@ static bool stream_fill(struct call *c, bool wait)
             return true;
         }
     }
-    cJSON *lp = c->logprobs >= 0 ? lp_new(c->chat) : NULL;
+    cJSON *lp = c->logprobs >= 0 ? lp_new(c) : NULL;
     int n = 0;
     enum pulled p = pull(c, lp, &n, wait);
     if (p == PULL_EMPTY) {

@@ -33,6 +33,9 @@ struct server {
     enum server_tool_format tool_format; /* how the template's model writes tool calls */
     int32_t tool_tokens[12];    /* control tokens of the tool-call markup, kept in the text */
     int n_tool_tokens;
+    bool template_thinks;       /* the template's model writes <think>...</think> */
+    int32_t think_tokens[2];    /* <think>, </think> when they are control tokens, kept in the text */
+    int n_think_tokens;
     struct grammar_vocab *grammar_vocab; /* tok's pieces for constrained sampling; NULL without tok */
     struct MHD_Daemon *daemon;
     int port;
@@ -270,6 +273,22 @@ const char *const *server_harmony_markup(int *n);
  * server_harmony_free. */
 ks_status server_harmony_parse(const char *text, size_t n, bool final, bool calls, struct server_harmony *h);
 void server_harmony_free(struct server_harmony *h);
+/* server_think.c: reasoning in <think>...</think> (rules in the file's header). */
+struct server_think {
+    bool reasoning;               /* the output has a reasoning part (opened, or the prompt opened it) */
+    bool closed;                  /* its </think> is in the text */
+    size_t reasoning_start, reasoning_end; /* text[start..end): the reasoning, stripped */
+    size_t content_start;         /* text[content_start..n): the content (empty while held back) */
+};
+/* A template whose model thinks in <think>...</think> (it writes both tags). */
+bool server_think_template(const char *tmpl, size_t len);
+/* The rendered prompt ends inside an opened <think> (DeepSeek-R1's
+ * generation prompt, Qwen3.5's): the output starts in the reasoning. */
+bool server_think_prompt_open(const char *prompt, size_t len);
+/* Split the output text[0..n); open: the prompt opened the reasoning. Not
+ * final: a tail that may still become a tag or trailing whitespace of the
+ * reasoning is held back. Never fails. */
+void server_think_parse(const char *text, size_t n, bool open, bool final, struct server_think *r);
 /* server_tools_grammar.c: the GBNF (malloc'd *gbnf) whose language is
  * exactly the calls o requires (tool_choice required: one call of any tool,
  * a named one: of that tool; more than one only with o->parallel, and never
@@ -304,6 +323,17 @@ struct call;
 ks_status server_completion_parse(struct server *srv, bool chat, const char *body, size_t len, struct call **out,
                                   struct sched_request *rq, struct reply *r);
 void server_completion_discard(struct call *c, struct sched_request *rq);
+
+/* server_llama.c: llama-server's routes */
+ks_status server_route_tokenize(struct server *srv, const struct server_req *rq, struct reply *r);
+ks_status server_route_detokenize(struct server *srv, const struct server_req *rq, struct reply *r);
+ks_status server_route_props(struct server *srv, const struct server_req *rq, struct reply *r);
+ks_status server_route_slots(struct server *srv, const struct server_req *rq, struct reply *r);
+/* server_completion.c: POST /completion, llama-server's native completion */
+ks_status server_route_completion_native(struct server *srv, const struct server_req *rq, struct reply *r);
+/* server_completion_parse.c: the sampling a /completion request that names
+ * no field gets (llama-server's defaults under the server's flags). */
+void server_native_sampling(const struct server *srv, struct sample_params *p);
 
 /* server_chat.c: POST /apply-template, the prompt text of a chat request (llama-server's route) */
 ks_status server_route_apply_template(struct server *srv, const struct server_req *rq, struct reply *r);
