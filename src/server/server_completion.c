@@ -46,6 +46,7 @@ struct call {
     int n_choices;                     /* 'n' of the request */
     int32_t n_prompt;
     int32_t n_cached;                  /* prompt tokens the prefix cache served (under mu) */
+    int32_t n_drafted, n_accepted;     /* speculation: draft tokens verified, accepted (under mu) */
     struct grammar *grammar;           /* response_format / grammar constraint, NULL: none */
     /* output state (HTTP thread only) */
     int consumed;
@@ -113,6 +114,8 @@ static void on_event(void *user, const struct sched_event *ev)
     bool cancel = false;
     pthread_mutex_lock(&c->mu);
     c->n_cached = ev->n_cached;
+    c->n_drafted = ev->n_drafted;
+    c->n_accepted = ev->n_accepted;
     if (ev->finish == SCHED_FINISH_NONE) {
         if (c->n_items == c->cap_items && !c->dropped) {
             int cap = c->cap_items ? 2 * c->cap_items : 64;
@@ -592,15 +595,23 @@ static cJSON *usage_json(const struct group *g)
     pthread_mutex_lock(&c->mu);
     int32_t cached = c->n_cached;
     pthread_mutex_unlock(&c->mu);
-    int completion = 0;
-    for (int i = 0; i < g->n; i++)
+    int completion = 0, drafted = 0, accepted = 0;
+    for (int i = 0; i < g->n; i++) {
         completion += g->calls[i]->consumed;
+        pthread_mutex_lock(&g->calls[i]->mu);
+        drafted += g->calls[i]->n_drafted;
+        accepted += g->calls[i]->n_accepted;
+        pthread_mutex_unlock(&g->calls[i]->mu);
+    }
     cJSON *u = cJSON_CreateObject();
     cJSON_AddNumberToObject(u, "prompt_tokens", c->n_prompt);
     cJSON_AddNumberToObject(u, "completion_tokens", completion);
     cJSON_AddNumberToObject(u, "total_tokens", c->n_prompt + completion);
     cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
     cJSON_AddNumberToObject(d, "cached_tokens", cached);
+    /* speculation (0 without): draft tokens the model verified, and those it kept */
+    cJSON_AddNumberToObject(u, "draft_tokens", drafted);
+    cJSON_AddNumberToObject(u, "accepted_tokens", accepted);
     return u;
 }
 
@@ -1301,12 +1312,42 @@ static ks_status parse_grammar(struct call *c, const cJSON *root, int32_t max_to
     return KS_OK;
 }
 
+/* "speculative": {"n_max": N, "n_min": N} (llama-server's field): this
+ * request's draft bounds when the server speculates (--spec-type). */
+static ks_status parse_speculative(const cJSON *root, struct sched_request *rq, struct reply *r)
+{
+    cJSON *sp = field(root, "speculative");
+    if (!sp)
+        return KS_OK;
+    if (!cJSON_IsObject(sp))
+        return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_type", "'speculative' must be an object");
+    static const char *keys[2] = {"n_max", "n_min"};
+    double v[2] = {16, 0};
+    for (int i = 0; i < 2; i++) {
+        cJSON *x = field(sp, keys[i]);
+        if (x && (!cJSON_IsNumber(x) || x->valuedouble != floor(x->valuedouble)))
+            return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_type", "'speculative.%s' must be an integer", keys[i]);
+        if (x && (x->valuedouble < 0 || x->valuedouble > SPEC_DRAFT_LIMIT))
+            return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value", "'speculative.%s' must be in [0, %d] (got %.0f)",
+                              keys[i], SPEC_DRAFT_LIMIT, x->valuedouble);
+        if (x)
+            v[i] = x->valuedouble;
+    }
+    if (v[1] > v[0])
+        return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value",
+                          "'speculative.n_min' (%.0f) must not be above 'speculative.n_max' (%.0f)", v[1], v[0]);
+    rq->speculative.set = true;
+    rq->speculative.n_max = (int32_t)v[0];
+    rq->speculative.n_min = (int32_t)v[1];
+    return KS_OK;
+}
+
 static ks_status parse_options(struct call *c, const cJSON *root, int32_t n_prompt, struct sched_request *rq,
                                struct reply *r)
 {
     ks_status st;
     if ((st = get_bool(root, "stream", &c->stream, r)) || (st = get_bool(root, "ignore_eos", &rq->ignore_eog, r)) ||
-        (st = parse_stop(c, root, r)) ||
+        (st = parse_stop(c, root, r)) || (st = parse_speculative(root, rq, r)) ||
         (st = parse_sampling(root, c->chat, &rq->sampling, &c->logprobs, &c->n_choices, r)))
         return st;
     cJSON *so = field(root, "stream_options");
