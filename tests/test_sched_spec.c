@@ -211,6 +211,53 @@ static void test_identity_trained_retell(void **state)
     identity_alone(g_trained, true);
 }
 
+/* A model synthesized from a preset at q8_0 (repacked: batch-invariant)
+ * into a temporary file. */
+static struct model *synth_model(const char *preset)
+{
+    struct model_synth_spec spec;
+    assert_int_equal(model_synth_preset(preset, &spec), KS_OK);
+    char path[] = "/tmp/test_sched_spec_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    assert_int_equal(model_synth(&spec, "q8_0", NULL, path, g_pool), KS_OK);
+    struct model *m = NULL;
+    assert_int_equal(model_load(path, &m), KS_OK);
+    unlink(path);
+    return m;
+}
+
+/* Sliding windows (tiny-gemma3: a 16-token window, so drafts and their
+ * truncation cross pages whose window rows are freed behind them) and a
+ * mixture of experts (tiny-qwen3moe) speculate without changing a token. */
+static void test_identity_window_and_moe(void **state)
+{
+    (void)state;
+    static const char *presets[2] = {"tiny-gemma3", "tiny-qwen3moe"};
+    for (int p = 0; p < 2; p++) {
+        struct model *m = synth_model(presets[p]);
+        enum { N = 2 };
+        static int32_t buf[N][200];
+        int32_t *prompts[N], lens[N];
+        for (int i = 0; i < N; i++) {
+            prompts[i] = buf[i];
+            lens[i] = retell_prompt(buf[i], 60 + 40 * i, 3 + i, model_hparams(m)->n_vocab);
+        }
+        struct result plain[N], spec[N];
+        struct setup u = {.model = m, .type = QUANT_F16, .parallel = 2};
+        run_each(&u, prompts, lens, N, 80, plain);
+        u.spec = true;
+        u.draft_min = 1;
+        run_each(&u, prompts, lens, N, 80, spec);
+        for (int i = 0; i < N; i++) {
+            assert_same_tokens(&plain[i], &spec[i]);
+            print_message("%s: %d drafted, %d accepted\n", presets[p], (int)spec[i].n_drafted, (int)spec[i].n_accepted);
+        }
+        model_free(m);
+    }
+}
+
 /* N_CONC requests submitted together decode in one batch, drafting side by
  * side with plain decoders and a prefill chunk; each equals its solo answer. */
 static void test_identity_concurrent(void **state)
@@ -366,6 +413,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_identity_default_model),
         cmocka_unit_test(test_identity_trained_retell),
+        cmocka_unit_test(test_identity_window_and_moe),
         cmocka_unit_test(test_identity_concurrent),
         cmocka_unit_test(test_identity_prefix_hit),
         cmocka_unit_test(test_pages_after_rejections),
