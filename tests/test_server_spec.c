@@ -162,6 +162,7 @@ static void test_bad_speculative_fields(void **state)
         {"\"speculative\":{\"n_max\":65}", "'speculative.n_max' must be in [0, 64]"},
         {"\"speculative\":{\"n_min\":1.5}", "'speculative.n_min' must be an integer"},
         {"\"speculative\":{\"n_max\":2,\"n_min\":3}", "'speculative.n_min' (3) must not be above"},
+        {"\"speculative\":{\"n_min\":20}", "n_min in 0..n_max (got n_max 16, n_min 20"}, /* above --draft-max */
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         char body[256];

@@ -194,6 +194,12 @@ static ks_status waiting_push(struct sched *s, struct req *r, bool front)
 
 /* ---- submission API (any thread) ----------------------------------------- */
 
+/* A request's draft bound: its own when set and not -1, else the config's. */
+static int32_t draft_bound(bool set, int32_t mine, int32_t config)
+{
+    return set && mine != -1 ? mine : config;
+}
+
 static ks_status check_request(const struct sched *s, const struct sched_request *rq)
 {
     if (!rq || !rq->prompt || rq->n_prompt < 1 || !rq->on_event)
@@ -203,10 +209,12 @@ static ks_status check_request(const struct sched *s, const struct sched_request
     if (rq->n_prompt >= s->cfg.ctx_size)
         return ks_fail(KS_ERR_RANGE, "the prompt has %d tokens but the context holds %d (leave room for one generated token)",
                        rq->n_prompt, s->cfg.ctx_size);
-    if (rq->speculative.set && (rq->speculative.n_max < 0 || rq->speculative.n_max > SPEC_DRAFT_LIMIT ||
-                                rq->speculative.n_min < 0 || rq->speculative.n_min > rq->speculative.n_max))
-        return ks_fail(KS_ERR_INVALID_ARG, "speculative.n_max must be in 0..%d and n_min in 0..n_max (got n_max %d, n_min %d)",
-                       SPEC_DRAFT_LIMIT, rq->speculative.n_max, rq->speculative.n_min);
+    int32_t n_max = draft_bound(rq->speculative.set, rq->speculative.n_max, s->cfg.draft_max);
+    int32_t n_min = draft_bound(rq->speculative.set, rq->speculative.n_min, s->cfg.draft_min);
+    if (n_max < 0 || n_max > SPEC_DRAFT_LIMIT || n_min < 0 || (n_max > 0 && n_min > n_max))
+        return ks_fail(KS_ERR_INVALID_ARG,
+                       "speculative.n_max must be in 0..%d and n_min in 0..n_max (got n_max %d, n_min %d with the server's defaults)",
+                       SPEC_DRAFT_LIMIT, n_max, n_min);
     for (int32_t i = 0; i < rq->n_prompt; i++)
         if (rq->prompt[i] < 0 || rq->prompt[i] >= s->eng.n_vocab)
             return ks_fail(KS_ERR_INVALID_ARG, "prompt token %d at index %d is outside the vocabulary (0..%d)",
@@ -233,8 +241,8 @@ static ks_status req_new(struct sched *s, const struct sched_request *rq, const 
     r->ignore_eog = rq->ignore_eog;
     r->seq = -1;
     bool spec = s->cfg.spec_type != SPEC_NONE;
-    r->spec_max = !spec ? 0 : rq->speculative.set ? rq->speculative.n_max : s->cfg.draft_max;
-    r->spec_min = !spec ? 0 : rq->speculative.set ? rq->speculative.n_min : s->cfg.draft_min;
+    r->spec_max = spec ? draft_bound(rq->speculative.set, rq->speculative.n_max, s->cfg.draft_max) : 0;
+    r->spec_min = spec && r->spec_max > 0 ? draft_bound(rq->speculative.set, rq->speculative.n_min, s->cfg.draft_min) : 0;
     spec_adapt_init(&r->adapt);
     r->shadow = -1;
     r->on_event = rq->on_event;

@@ -179,11 +179,11 @@ struct sched_request {
     struct sample_params sampling;
     bool ignore_eog;         /* generate max_tokens even past end-of-generation tokens */
     /* Per-request draft bounds (set: use n_max, n_min instead of the config's
-     * draft_max, draft_min; n_max 0 turns speculation off for this request).
-     * No effect when cfg.spec_type is SPEC_NONE. */
+     * draft_max, draft_min; -1 keeps the config's; n_max 0 turns speculation
+     * off for this request). No effect when cfg.spec_type is SPEC_NONE. */
     struct {
         bool set;
-        int32_t n_max, n_min; /* 0..SPEC_DRAFT_LIMIT, n_min <= n_max */
+        int32_t n_max, n_min; /* -1 or 0..SPEC_DRAFT_LIMIT; n_min <= n_max once the defaults are in, unless n_max is 0 */
     } speculative;
     sched_event_fn on_event;
     void *user;

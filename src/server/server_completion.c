@@ -1313,7 +1313,9 @@ static ks_status parse_grammar(struct call *c, const cJSON *root, int32_t max_to
 }
 
 /* "speculative": {"n_max": N, "n_min": N} (llama-server's field): this
- * request's draft bounds when the server speculates (--spec-type). */
+ * request's draft bounds when the server speculates (--spec-type); a field
+ * left out keeps the server's (--draft-max, --draft-min), and the scheduler
+ * refuses an n_min above the resulting n_max. */
 static ks_status parse_speculative(const cJSON *root, struct sched_request *rq, struct reply *r)
 {
     cJSON *sp = field(root, "speculative");
@@ -1322,7 +1324,7 @@ static ks_status parse_speculative(const cJSON *root, struct sched_request *rq, 
     if (!cJSON_IsObject(sp))
         return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_type", "'speculative' must be an object");
     static const char *keys[2] = {"n_max", "n_min"};
-    double v[2] = {16, 0};
+    double v[2] = {-1, -1};
     for (int i = 0; i < 2; i++) {
         cJSON *x = field(sp, keys[i]);
         if (x && (!cJSON_IsNumber(x) || x->valuedouble != floor(x->valuedouble)))
@@ -1333,7 +1335,7 @@ static ks_status parse_speculative(const cJSON *root, struct sched_request *rq, 
         if (x)
             v[i] = x->valuedouble;
     }
-    if (v[1] > v[0])
+    if (v[0] >= 0 && v[1] > v[0])
         return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value",
                           "'speculative.n_min' (%.0f) must not be above 'speculative.n_max' (%.0f)", v[1], v[0]);
     rq->speculative.set = true;
