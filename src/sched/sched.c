@@ -715,8 +715,8 @@ static bool is_prefilling(const struct req *r)
 static double extra_token_cost(const struct sched *s, int32_t n_decode)
 {
     static const double GUESS = 0.1;
-    double d = sched_cost_decode(&s->cost, n_decode);
-    return d > 0 && s->cost.prefill_token_s > 0 ? s->cost.prefill_token_s / d : GUESS;
+    double r = sched_cost_token_ratio(&s->cost, n_decode);
+    return r > 0 ? r : GUESS;
 }
 
 /* Plan r's drafts for this step within *budget extra tokens (r->n_draft), or,
