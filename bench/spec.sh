@@ -4,18 +4,19 @@
 #   bench/spec.sh verify BIN [MODEL]   (a) the cost of verifying k = 1..KMAX drafts against one decode step: one
 #                                      sequence, k + 1 tokens with every token's logits (kvserve bench --all-logits
 #                                      ppK+1) after DEPTH tokens of context, against tg at the same depth. MODEL
-#                                      default: a llama-1b-shaped q4_0 made by `kvserve synth` in the scratch dir
-#                                      (TINY=1: the tiny preset). Goal: k = 8 costs <= 1.5x one step.
+#                                      default: a q4_0 `kvserve synth` of PRESET (llama-1b; e.g. PRESET=
+#                                      qwen3moe-30b-a3b LAYERS=4 for the MoE shape) in the scratch dir (TINY=1:
+#                                      the tiny preset). Goal: k = 8 costs <= 1.5x one step.
 #   bench/spec.sh accept BIN MODEL     (b) input-grounded work ("retell the story" prompts whose answer repeats the
 #                                      prompt; e.g. ../shared/models/stories260K.gguf): kvserve generate, greedy,
 #                                      with --spec-type none and ngram: identical output, tokens per target pass,
 #                                      acceptance and the tg speedup.
 #   bench/spec.sh all BIN MODEL        both (verify on its default model).
 #
-# Env: THREADS (2), DEPTH (256), REPS (5), KMAX (16), GEN (128), DRAFT_MAX (16), TINY=1 (a smoke run: the tiny
-# model, DEPTH 32, REPS 1, KMAX 4, GEN 24). Run on a quiet machine: timings are medians of REPS runs.
+# Env: THREADS (2), DEPTH (256), REPS (5), KMAX (16), GEN (128), DRAFT_MAX (16), PRESET, LAYERS, TINY=1 (a smoke
+# run: the tiny model, DEPTH 32, REPS 1, KMAX 4, GEN 24). Run on a quiet machine: timings are medians of REPS runs.
 set -euo pipefail
-usage() { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [ $# -ge 2 ] || usage
 what=$1 bin=$2 model=${3:-}
 [ -x "$bin" ] || usage
@@ -48,9 +49,10 @@ verify() { # model
 
 verify_model() {
   if [ -n "$model" ] && [ "$what" = verify ]; then echo "$model"; return; fi
-  local preset=llama-1b
-  [ "${TINY:-0}" = 1 ] && preset=tiny
-  "$bin" synth --preset "$preset" --type q4_0 -t "$THREADS" -o "$tmp/$preset-q4_0.gguf" >/dev/null 2>&1
+  local preset=${PRESET:-llama-1b} layers=()
+  [ "${TINY:-0}" = 1 ] && preset=${PRESET:-tiny}
+  [ -n "${LAYERS:-}" ] && layers=(--layers "$LAYERS")
+  "$bin" synth --preset "$preset" "${layers[@]}" --type q4_0 -t "$THREADS" -o "$tmp/$preset-q4_0.gguf" >/dev/null 2>&1
   echo "$tmp/$preset-q4_0.gguf"
 }
 
