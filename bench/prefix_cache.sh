@@ -34,7 +34,7 @@ ids() { # from count -> comma-separated ids, deterministic per position
 }
 complete() { # prompt-ids max_tokens -> "seconds cached_tokens"
   printf '{"prompt":[%s],"max_tokens":%d,"temperature":0,"ignore_eos":true}' "$1" "$2" >"$tmp/body"
-  curl -s -o "$tmp/resp" -w '%{time_total}' "$url/v1/completions" -d @"$tmp/body"
+  curl -s -H 'Content-Type: application/json' -o "$tmp/resp" -w '%{time_total}' "$url/v1/completions" -d @"$tmp/body"
   printf ' %s\n' "$(grep -o '"cached_tokens":[0-9]*' "$tmp/resp" | cut -d: -f2 || echo 0)"
 }
 
@@ -96,7 +96,7 @@ bench_chat() {
     printf '| %d | %d | %d | %d | %s | %.0f |\n' "$r" "$len" "$prev" "$cached" "$rate" "$last_ttft"
     prev=$len
   done
-  curl -s "$url/cache/clear" -d '{"tier":"all"}' >/dev/null
+  curl -s -H 'Content-Type: application/json' "$url/cache/clear" -d '{"tier":"all"}' >/dev/null
   read -r secs cached <<<"$(complete "$prompt" 1)"
   local cold; cold=$(echo "$secs * 1000" | bc -l)
   printf '\nround %d cold (after POST /cache/clear): %.0f ms, cached %d; warm / cold = 1/%.1f\n' "$ROUNDS" "$cold" \

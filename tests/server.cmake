@@ -11,8 +11,10 @@ foreach(part basic concurrency pressure tools)
 endforeach()
 # the prefix cache's SSD tier across a restart (needs only curl and python3)
 add_test(NAME server_prefix_restart COMMAND ${CMAKE_SOURCE_DIR}/tests/e2e/prefix_restart.sh)
+# connections: 2000 idle + slowloris, limits, timeouts, 401/413 before the body, cross-site requests (python3)
+add_test(NAME server_conn COMMAND python3 ${CMAKE_SOURCE_DIR}/tests/e2e/conn.py)
 foreach(t server_curl_errors server_page_chromium server_e2e_basic server_e2e_concurrency server_e2e_pressure
           server_e2e_tools
-          server_prefix_restart)
+          server_prefix_restart server_conn)
   set_tests_properties(${t} PROPERTIES LABELS e2e TIMEOUT 900 SKIP_RETURN_CODE 77 ENVIRONMENT "${KS_E2E_ENV}")
 endforeach()

@@ -529,6 +529,54 @@ static void test_requantize_dry_run_and_real(void **state)
     kv_free(kv);
 }
 
+/* A requantization in slices of max_pages (what POST /cache/requantize runs
+ * between scheduler steps) stores exactly the bytes of the one-shot one. */
+static void test_requantize_in_slices_matches_one_shot(void **state)
+{
+    (void)state;
+    int32_t seqs[2], seqs_b[2], lens[2] = {100, 50}; /* 4 + 2 pages */
+    uint64_t seed = rng;
+    struct kv_cache *a = filled_cache(QUANT_F16, QUANT_F16, 16, seqs, lens, 2);
+    rng = seed; /* the same rows in both */
+    struct kv_cache *b = filled_cache(QUANT_F16, QUANT_F16, 16, seqs_b, lens, 2);
+    struct kv_selector all = {.kind = KV_SELECT_ALL};
+    struct kv_requant_result r;
+    assert_int_equal(kv_requantize(a, &all, QUANT_Q4_0, QUANT_Q8_0, false, &r), KS_OK);
+    assert_int_equal(r.pages_changed, 6);
+    assert_int_equal(r.pages_left, 0);
+    struct kv_selector slice = {.kind = KV_SELECT_ALL, .max_pages = 4};
+    int calls = 0, converted = 0;
+    do {
+        assert_int_equal(kv_requantize(b, &slice, QUANT_Q4_0, QUANT_Q8_0, false, &r), KS_OK);
+        assert_true(r.pages_changed <= 4);
+        converted += r.pages_changed;
+        calls++;
+    } while (r.pages_left > 0);
+    assert_int_equal(calls, 2);
+    assert_int_equal(converted, 6);
+    const struct kv_config *c = kv_get_config(a);
+    for (int i = 0; i < 2; i++)
+        for (int32_t p = 0; p < a->seqs[seqs[i]].n_pages; p++) {
+            const struct kv_page *pa = &a->pages[a->seqs[seqs[i]].pages[p]];
+            const struct kv_page *pb = &b->pages[b->seqs[seqs_b[i]].pages[p]];
+            assert_int_equal(pa->tk, pb->tk);
+            assert_int_equal(pa->tv, pb->tv);
+            for (int is_v = 0; is_v < 2; is_v++)
+                for (int l = 0; l < c->n_layer; l++)
+                    for (int h = 0; h < c->n_kv_head; h++)
+                        assert_memory_equal(kv_page_rows(a, pa, is_v, l, h), kv_page_rows(b, pb, is_v, l, h),
+                                            (size_t)c->page_tokens * quant_row_size(is_v ? pa->tv : pa->tk, c->head_dim));
+        }
+    struct kv_usage ua, ub;
+    kv_usage(a, &ua);
+    kv_usage(b, &ub);
+    assert_int_equal(ua.used, ub.used);
+    struct kv_selector bad = {.kind = KV_SELECT_ALL, .max_pages = -1};
+    assert_int_equal(kv_requantize(b, &bad, QUANT_Q8_0, KV_TYPE_KEEP, false, &r), KS_ERR_INVALID_ARG);
+    kv_free(a);
+    kv_free(b);
+}
+
 static void test_requantize_failure_leaves_pages(void **state)
 {
     (void)state;
@@ -739,6 +787,7 @@ int main(void)
         cmocka_unit_test(test_fork_copy_on_write),
         cmocka_unit_test(test_copy_on_write_of_a_page_the_policy_demotes),
         cmocka_unit_test(test_requantize_dry_run_and_real),
+        cmocka_unit_test(test_requantize_in_slices_matches_one_shot),
         cmocka_unit_test(test_requantize_failure_leaves_pages),
         cmocka_unit_test(test_dynamic_policy_demotes_in_order),
         cmocka_unit_test(test_dynamic_policy_plans_new_pages),

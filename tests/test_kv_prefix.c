@@ -399,7 +399,7 @@ static void test_blob_round_trip_and_rejects(void **state)
 
     /* eviction hands a page over once, with its current precision */
     kv_seq_free(kv, a);
-    struct kv_selector all = {KV_SELECT_ALL, 0, 0};
+    struct kv_selector all = {.kind = KV_SELECT_ALL};
     assert_int_equal(kv_requantize(kv, &all, QUANT_Q4_0, QUANT_Q8_0, false, NULL), KS_OK);
     assert_int_equal(kv->pages[pages[0]].tk, QUANT_Q4_0); /* idle pages are requantized too */
     assert_true(kv->pages[pages[0]].keyed);

@@ -51,6 +51,7 @@
 #include <cmocka.h>
 
 #include "model/model.h"
+#include "support/llamacpp_case.h"
 #include "support/llamacpp_ref.h"
 #include "support/ref_forward.h"
 #include "support/skip.h"
@@ -61,9 +62,7 @@
 static char g_dir[64];
 
 struct gemma_case {
-    const char *name;   /* tests/data/NAME.{json,logits.f32} */
-    const char *preset;
-    const char *type;
+    struct llamacpp_synth synth; /* tests/data/NAME.{json,logits.f32}; the model: PRESET at TYPE */
     unsigned ref_flags; /* naive reference: REF_QUANTIZE_ACTS, REF_GGML_Q8_0 */
     float engine_tol;   /* max |engine - llama.cpp| over the prompt's rows (see the top) */
     float ref_tol;      /* max |naive reference - llama.cpp|; 0: not held */
@@ -71,69 +70,27 @@ struct gemma_case {
 };
 
 static const struct gemma_case g_cases[] = {
-    {"tiny-gemma3-f32", "tiny-gemma3", "f32", 0, 1e-3f, 0, true},
-    {"tiny-gemma3-q8_0", "tiny-gemma3", "q8_0", REF_QUANTIZE_ACTS | REF_GGML_Q8_0, 1e-1f, 1e-6f, false},
-    {"tiny-gemma3-q4_0", "tiny-gemma3", "q4_0", REF_QUANTIZE_ACTS, LOGIT_TOL, 0, false},
-    {"tiny-gemma2-f32", "tiny-gemma2", "f32", 0, LOGIT_TOL, LOGIT_TOL, true},
-    {"tiny-gemma2-q8_0", "tiny-gemma2", "q8_0", REF_QUANTIZE_ACTS | REF_GGML_Q8_0, 5e-2f, 0, false},
+    {{"tiny-gemma3-f32", "tiny-gemma3", "f32"}, 0, 1e-3f, 0, true},
+    {{"tiny-gemma3-q8_0", "tiny-gemma3", "q8_0"}, REF_QUANTIZE_ACTS | REF_GGML_Q8_0, 1e-1f, 1e-6f, false},
+    {{"tiny-gemma3-q4_0", "tiny-gemma3", "q4_0"}, REF_QUANTIZE_ACTS, LOGIT_TOL, 0, false},
+    {{"tiny-gemma2-f32", "tiny-gemma2", "f32"}, 0, LOGIT_TOL, LOGIT_TOL, true},
+    {{"tiny-gemma2-q8_0", "tiny-gemma2", "q8_0"}, REF_QUANTIZE_ACTS | REF_GGML_Q8_0, 5e-2f, 0, false},
 };
 #define N_CASES (int)(sizeof g_cases / sizeof g_cases[0])
 
-static const char *data_dir(void)
-{
-    static char dir[1024];
-    const char *src = getenv("KVSERVE_SOURCE");
-    snprintf(dir, sizeof dir, "%s/tests/data", src ? src : ".");
-    return dir;
-}
-
-static void model_path(const struct gemma_case *gc, char *buf, size_t cap)
-{
-    snprintf(buf, cap, "%s/%s-%s.gguf", g_dir, gc->preset, gc->type);
-}
-
 static void load_reference(const struct gemma_case *gc, struct llamacpp_ref *r)
 {
-    llamacpp_ref_load(data_dir(), gc->name, r);
+    llamacpp_ref_load(llamacpp_data_dir(), gc->synth.name, r);
     assert_false(r->flash_attn);
     assert_true(r->n_prompt > 0 && r->n_prompt <= MAX_IDS);
     assert_true(r->n_greedy > 0 && r->n_greedy <= MAX_IDS);
 }
 
-struct engine {
-    struct model *m;
-    threads_pool *pool;
-    struct kv_cache *kv;
-    struct model_ctx *ctx;
-};
-
-static void engine_init_path(struct engine *e, const char *path, int n_threads, int max_batch)
-{
-    if (model_load(path, &e->m))
-        fail_msg("load %s: %s", path, ks_errmsg());
-    assert_int_equal(threads_create(n_threads, &e->pool), KS_OK);
-    struct kv_config cfg;
-    model_kv_config(e->m, &cfg);
-    cfg.type_k = cfg.type_v = QUANT_F32;
-    cfg.rotate = false;
-    cfg.mem_budget = 16u << 20;
-    assert_int_equal(kv_create(&cfg, &e->kv), KS_OK);
-    assert_int_equal(model_ctx_create(e->m, max_batch, e->pool, &e->ctx), KS_OK);
-}
-
-static void engine_init(struct engine *e, const struct gemma_case *gc, int n_threads, int max_batch)
+static void engine_init(struct llamacpp_engine *e, const struct gemma_case *gc, int n_threads, int max_batch)
 {
     char path[128];
-    model_path(gc, path, sizeof path);
-    engine_init_path(e, path, n_threads, max_batch);
-}
-
-static void engine_free(struct engine *e)
-{
-    model_ctx_free(e->ctx);
-    kv_free(e->kv);
-    threads_free(e->pool);
-    model_free(e->m);
+    llamacpp_synth_path(g_dir, &gc->synth, path, sizeof path);
+    llamacpp_engine_init(e, path, n_threads, max_batch, 0);
 }
 
 /* The window must matter (fewer keys than the prompt), both layer kinds present. */
@@ -167,7 +124,7 @@ static void run_case(const struct gemma_case *gc, int n_threads, int chunk)
 {
     struct llamacpp_ref r;
     load_reference(gc, &r);
-    struct engine e;
+    struct llamacpp_engine e;
     engine_init(&e, gc, n_threads, 2 * MAX_IDS);
     const struct model_hparams *hp = model_hparams(e.m);
     assert_int_equal(hp->n_vocab, r.n_vocab);
@@ -184,16 +141,16 @@ static void run_case(const struct gemma_case *gc, int n_threads, int chunk)
     float ref = naive_vs_llama(gc, e.m, &r);
     print_message("%-17s (%d threads, chunks of %d): engine vs llama.cpp %.2e (tol %.0e); naive reference vs "
                   "llama.cpp %.2e (tol %s)\n",
-                  gc->name, n_threads, chunk, (double)vs_llama, (double)gc->engine_tol, (double)ref,
+                  gc->synth.name, n_threads, chunk, (double)vs_llama, (double)gc->engine_tol, (double)ref,
                   gc->ref_tol > 0 ? (gc->ref_tol < LOGIT_TOL ? "1e-6" : "1e-4") : "-");
     assert_true(vs_llama <= gc->engine_tol);
     if (gc->ref_tol > 0)
         assert_true(ref <= gc->ref_tol);
     if (gc->greedy)
-        llamacpp_ref_check_greedy(&r, gc->name, e.ctx, e.kv, seq, logits);
+        llamacpp_ref_check_greedy(&r, gc->synth.name, e.ctx, e.kv, seq, logits);
     free(logits);
     llamacpp_ref_free(&r);
-    engine_free(&e);
+    llamacpp_engine_free(&e);
 }
 
 /* Two sequences: both prompts in one batch, then both decoding in the same
@@ -202,16 +159,16 @@ static void run_two_streams(const struct gemma_case *gc)
 {
     struct llamacpp_ref r;
     load_reference(gc, &r);
-    struct engine e;
+    struct llamacpp_engine e;
     engine_init(&e, gc, 2, 2 * MAX_IDS);
     int n = r.n_prompt;
-    float worst = llamacpp_two_streams(gc->name, e.ctx, e.kv, r.prompt, n, r.greedy, r.n_greedy,
+    float worst = llamacpp_two_streams(gc->synth.name, e.ctx, e.kv, r.prompt, n, r.greedy, r.n_greedy,
                                        r.logits + (size_t)(n - 1) * r.n_vocab, r.n_vocab);
     print_message("%-17s two streams in one batch: last prompt row vs llama.cpp %.2e, %d greedy ids equal\n",
-                  gc->name, (double)worst, r.n_greedy);
+                  gc->synth.name, (double)worst, r.n_greedy);
     assert_true(worst <= gc->engine_tol);
     llamacpp_ref_free(&r);
-    engine_free(&e);
+    llamacpp_engine_free(&e);
 }
 
 /* The engine's own consistency, llama.cpp aside: with every matrix Q8_0 /
@@ -225,29 +182,29 @@ static void run_batch_invariance(const struct gemma_case *gc)
     struct llamacpp_ref r;
     load_reference(gc, &r);
     char path[160];
-    snprintf(path, sizeof path, "%s/%s-%s-pure.gguf", g_dir, gc->preset, gc->type);
+    snprintf(path, sizeof path, "%s/%s-%s-pure.gguf", g_dir, gc->synth.preset, gc->synth.type);
     struct model_synth_spec spec;
-    assert_int_equal(model_synth_preset(gc->preset, &spec), KS_OK);
+    assert_int_equal(model_synth_preset(gc->synth.preset, &spec), KS_OK);
     spec.pure = true;
-    if (access(path, R_OK) && model_synth(&spec, gc->type, NULL, path, NULL))
+    if (access(path, R_OK) && model_synth(&spec, gc->synth.type, NULL, path, NULL))
         fail_msg("cannot write %s: %s", path, ks_errmsg());
     size_t n = (size_t)r.n_prompt * (size_t)r.n_vocab;
     float *rows[3];
     static const int chunks[3] = {MAX_IDS, 5, 1}, threads[3] = {2, 1, 2};
     for (int k = 0; k < 3; k++) {
-        struct engine e;
-        engine_init_path(&e, path, threads[k], 2 * MAX_IDS);
+        struct llamacpp_engine e;
+        llamacpp_engine_init(&e, path, threads[k], 2 * MAX_IDS, 0);
         int32_t seq;
         assert_int_equal(kv_seq_create(e.kv, &seq), KS_OK);
         rows[k] = malloc(sizeof(float) * n);
         llamacpp_ref_prefill(&r, e.ctx, e.kv, seq, chunks[k], rows[k]);
-        engine_free(&e);
+        llamacpp_engine_free(&e);
     }
     for (int k = 1; k < 3; k++)
         if (memcmp(rows[0], rows[k], sizeof(float) * n))
-            fail_msg("%s: the prompt's logits in chunks of %d differ from one batch", gc->name, chunks[k]);
-    print_message("%-17s (every matrix %s) one batch, chunks of 5, one token at a time: the same bits\n", gc->name,
-                  gc->type);
+            fail_msg("%s: the prompt's logits in chunks of %d differ from one batch", gc->synth.name, chunks[k]);
+    print_message("%-17s (every matrix %s) one batch, chunks of 5, one token at a time: the same bits\n", gc->synth.name,
+                  gc->synth.type);
     for (int k = 0; k < 3; k++)
         free(rows[k]);
     llamacpp_ref_free(&r);
@@ -357,43 +314,14 @@ static void test_reference_q8_0_order_is_ggmls(void **state)
 
 /* ---- main ------------------------------------------------------------------ */
 
-static bool make_models(void)
-{
-    for (int i = 0; i < N_CASES; i++) {
-        const struct gemma_case *gc = &g_cases[i];
-        char path[128], ref[1200];
-        snprintf(ref, sizeof ref, "%s/%s.json", data_dir(), gc->name);
-        if (access(ref, R_OK)) {
-            fprintf(stderr, "test_model_gemma: %s is missing (set KVSERVE_SOURCE to the source tree)\n", ref);
-            return false;
-        }
-        model_path(gc, path, sizeof path);
-        if (!access(path, R_OK))
-            continue;
-        struct model_synth_spec spec;
-        if (model_synth_preset(gc->preset, &spec) || model_synth(&spec, gc->type, NULL, path, NULL)) {
-            fprintf(stderr, "test_model_gemma: cannot write %s: %s\n", path, ks_errmsg());
-            return false;
-        }
-    }
-    return true;
-}
-
-static void remove_dir(void)
-{
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-    if (system(cmd) != 0)
-        fprintf(stderr, "test_model_gemma: could not remove %s\n", g_dir);
-}
+static const struct llamacpp_synth *case_at(int i) { return &g_cases[i].synth; }
 
 int main(void)
 {
-    snprintf(g_dir, sizeof g_dir, "/tmp/kvserve-test-gemma-XXXXXX");
-    if (!mkdtemp(g_dir))
+    if (!llamacpp_synth_dir("gemma", g_dir, sizeof g_dir))
         return 77;
-    if (!make_models()) {
-        remove_dir();
+    if (!llamacpp_synth_models("test_model_gemma", g_dir, case_at, N_CASES)) {
+        llamacpp_synth_dir_remove("test_model_gemma", g_dir);
         return 77;
     }
     const struct CMUnitTest tests[] = {
@@ -412,6 +340,6 @@ int main(void)
         cmocka_unit_test(test_gemma2_q8_0_batch_invariance),
     };
     int rc = ks_run_tests(tests, NULL, NULL);
-    remove_dir();
+    llamacpp_synth_dir_remove("test_model_gemma", g_dir);
     return rc;
 }

@@ -42,6 +42,7 @@
 
 #include "gguf/gguf.h"
 #include "model/model.h"
+#include "support/llamacpp_case.h"
 #include "support/llamacpp_ref.h"
 #include "support/skip.h"
 
@@ -53,71 +54,33 @@
 static char g_dir[64];
 
 struct oai_case {
-    const char *name;     /* tests/data/NAME.{json,logits.f32} */
-    const char *preset;
-    const char *type;     /* synth's type, or a llama-quantize type made from the f32 file */
+    struct llamacpp_synth synth; /* tests/data/NAME.{json,logits.f32}; PRESET at TYPE: synth's type, or a
+                                    llama-quantize type made from the f32 file */
     bool llama_quantize;
     bool exact;           /* no activation rounding: free-running greedy, every row within LOGIT_TOL */
 };
 
 static const struct oai_case g_cases[] = {
-    {"tiny-gpt-oss-f32", "tiny-gpt-oss", "f32", false, true},
-    {"tiny-gpt-oss-q8_0", "tiny-gpt-oss", "q8_0", false, false},
-    {"tiny-gpt-oss-q4_0", "tiny-gpt-oss", "q4_0", false, false},
-    {"tiny-gpt-oss-mxfp4_moe", "tiny-gpt-oss", "mxfp4_moe", true, false},
+    {{"tiny-gpt-oss-f32", "tiny-gpt-oss", "f32"}, false, true},
+    {{"tiny-gpt-oss-q8_0", "tiny-gpt-oss", "q8_0"}, false, false},
+    {{"tiny-gpt-oss-q4_0", "tiny-gpt-oss", "q4_0"}, false, false},
+    {{"tiny-gpt-oss-mxfp4_moe", "tiny-gpt-oss", "mxfp4_moe"}, true, false},
 };
 static bool g_have[sizeof g_cases / sizeof g_cases[0]]; /* the case's model was made */
 #define N_CASES (int)(sizeof g_cases / sizeof g_cases[0])
 
-static const char *data_dir(void)
-{
-    static char dir[1024];
-    const char *src = getenv("KVSERVE_SOURCE");
-    snprintf(dir, sizeof dir, "%s/tests/data", src ? src : ".");
-    return dir;
-}
-
-static void model_path(const struct oai_case *oc, char *buf, size_t cap)
-{
-    snprintf(buf, cap, "%s/%s-%s.gguf", g_dir, oc->preset, oc->type);
-}
-
 static void load_reference(const struct oai_case *oc, struct llamacpp_ref *r)
 {
-    llamacpp_ref_load(data_dir(), oc->name, r);
+    llamacpp_ref_load(llamacpp_data_dir(), oc->synth.name, r);
     assert_false(r->flash_attn);
     assert_true(r->n_prompt > N_PROMPT && r->n_prompt <= MAX_IDS);
 }
 
-struct engine {
-    struct model *m;
-    threads_pool *pool;
-    struct kv_cache *kv;
-    struct model_ctx *ctx;
-};
-
-static void engine_init(struct engine *e, const struct oai_case *oc, int n_threads, int max_batch)
+static void engine_init(struct llamacpp_engine *e, const struct oai_case *oc, int n_threads, int max_batch)
 {
     char path[128];
-    model_path(oc, path, sizeof path);
-    if (model_load(path, &e->m))
-        fail_msg("load %s: %s", path, ks_errmsg());
-    assert_int_equal(threads_create(n_threads, &e->pool), KS_OK);
-    struct kv_config cfg;
-    model_kv_config(e->m, &cfg);
-    cfg.type_k = cfg.type_v = QUANT_F32;
-    cfg.rotate = false;
-    cfg.mem_budget = 16u << 20;
-    assert_int_equal(kv_create(&cfg, &e->kv), KS_OK);
-    assert_int_equal(model_ctx_create(e->m, max_batch, e->pool, &e->ctx), KS_OK);
-}
-
-static void engine_free(struct engine *e)
-{
-    model_ctx_free(e->ctx);
-    kv_free(e->kv);
-    threads_free(e->pool);
-    model_free(e->m);
+    llamacpp_synth_path(g_dir, &oc->synth, path, sizeof path);
+    llamacpp_engine_init(e, path, n_threads, max_batch, 0);
 }
 
 /* The file is what the test means it to be: every gpt-oss feature on, and a
@@ -134,7 +97,7 @@ static void check_features(const struct model_hparams *hp, const struct llamacpp
 
 /* After the prompt: one token per batch, row N_PROMPT - 1 + i against
  * llama.cpp's row and next id (see the header for exact and quantized). */
-static void check_generation(const struct oai_case *oc, const struct llamacpp_ref *r, struct engine *e, int32_t seq,
+static void check_generation(const struct oai_case *oc, const struct llamacpp_ref *r, struct llamacpp_engine *e, int32_t seq,
                              float *row)
 {
     int V = r->n_vocab, n_gen = r->n_prompt - N_PROMPT, beyond = 0, swaps = 0;
@@ -145,7 +108,7 @@ static void check_generation(const struct oai_case *oc, const struct llamacpp_re
         worst = d > worst ? d : worst;
         beyond += d > LOGIT_TOL;
         if (d > (oc->exact ? LOGIT_TOL : FLIP_TOL))
-            fail_msg("%s: position %d: logits %.2e from llama.cpp's", oc->name, N_PROMPT - 1 + i, (double)d);
+            fail_msg("%s: position %d: logits %.2e from llama.cpp's", oc->synth.name, N_PROMPT - 1 + i, (double)d);
         if (i == n_gen)
             break;
         int32_t mine = llamacpp_argmax(row, V), theirs = r->prompt[N_PROMPT + i];
@@ -153,14 +116,14 @@ static void check_generation(const struct oai_case *oc, const struct llamacpp_re
             float margin = want[theirs] - want[mine];
             if (oc->exact || margin > 2 * d)
                 fail_msg("%s: greedy token %d is %d, llama.cpp picked %d (its margin %.2e, row |diff| %.2e)",
-                         oc->name, i, mine, theirs, (double)margin, (double)d);
+                         oc->synth.name, i, mine, theirs, (double)margin, (double)d);
             swaps++;
         }
         int32_t pos = N_PROMPT + i;
         struct model_batch b = {1, &theirs, &pos, &seq, NULL};
         assert_int_equal(model_forward(e->ctx, e->kv, &b, row, NULL), KS_OK);
     }
-    print_message("%-22s %d generated: %s; worst row %.2e, %d rows beyond %.0e, %d near-tie swaps\n", oc->name,
+    print_message("%-22s %d generated: %s; worst row %.2e, %d rows beyond %.0e, %d near-tie swaps\n", oc->synth.name,
                   n_gen, oc->exact ? "free-running greedy ids equal" : "llama.cpp's ids fed", (double)worst, beyond,
                   (double)LOGIT_TOL, swaps);
 }
@@ -169,7 +132,7 @@ static void run_case(const struct oai_case *oc, int n_threads, int chunk)
 {
     struct llamacpp_ref r;
     load_reference(oc, &r);
-    struct engine e;
+    struct llamacpp_engine e;
     engine_init(&e, oc, n_threads, 2 * MAX_IDS);
     const struct model_hparams *hp = model_hparams(e.m);
     assert_int_equal(hp->n_vocab, r.n_vocab);
@@ -185,13 +148,13 @@ static void run_case(const struct oai_case *oc, int n_threads, int chunk)
     if (getenv("GPTOSS_TEST_VERBOSE"))
         for (int i = 0; i < N_PROMPT; i++)
             print_message("  row %d: %.2e\n", i, (double)llamacpp_max_diff(logits + i * V, r.logits + i * V, V));
-    print_message("%-22s (%d threads, chunks of %d): prompt rows vs llama.cpp %.2e (tol %.0e)\n", oc->name,
+    print_message("%-22s (%d threads, chunks of %d): prompt rows vs llama.cpp %.2e (tol %.0e)\n", oc->synth.name,
                   n_threads, chunk, (double)vs_llama, (double)LOGIT_TOL);
     assert_true(vs_llama <= LOGIT_TOL);
     check_generation(oc, &r, &e, seq, logits + (N_PROMPT - 1) * V);
     free(logits);
     llamacpp_ref_free(&r);
-    engine_free(&e);
+    llamacpp_engine_free(&e);
 }
 
 /* Two sequences: both prompts in one batch, then both decoding in the same
@@ -200,16 +163,16 @@ static void run_two_streams(const struct oai_case *oc)
 {
     struct llamacpp_ref r;
     load_reference(oc, &r);
-    struct engine e;
+    struct llamacpp_engine e;
     engine_init(&e, oc, 2, 2 * MAX_IDS);
     int n = N_PROMPT, n_gen = r.n_prompt - N_PROMPT;
-    float worst = llamacpp_two_streams(oc->name, e.ctx, e.kv, r.prompt, n, r.prompt + n, n_gen,
+    float worst = llamacpp_two_streams(oc->synth.name, e.ctx, e.kv, r.prompt, n, r.prompt + n, n_gen,
                                        r.logits + (size_t)(n - 1) * r.n_vocab, r.n_vocab);
     print_message("%-22s two streams in one batch: last prompt row vs llama.cpp %.2e, %d greedy ids equal\n",
-                  oc->name, (double)worst, n_gen);
+                  oc->synth.name, (double)worst, n_gen);
     assert_true(worst <= LOGIT_TOL);
     llamacpp_ref_free(&r);
-    engine_free(&e);
+    llamacpp_engine_free(&e);
 }
 
 static void test_f32(void **state) { (void)state; run_case(&g_cases[0], 2, MAX_IDS); }
@@ -279,7 +242,7 @@ static void test_load_errors(void **state)
 {
     (void)state;
     char src[128], dst[160];
-    model_path(&g_cases[1], src, sizeof src);
+    llamacpp_synth_path(g_dir, &g_cases[1].synth, src, sizeof src);
     snprintf(dst, sizeof dst, "%s/broken.gguf", g_dir);
     rewrite(src, dst, "blk.1.attn_sinks.weight", NULL, NULL, NULL, 0);
     expect_load_error(dst, KS_ERR_FORMAT, "'blk.1.attn_sinks.weight' is missing");
@@ -308,10 +271,10 @@ static bool llama_quantize(const struct oai_case *oc, const char *path)
     snprintf(tool, sizeof tool, "%s/anchor/bin/llama-quantize", shared ? shared : "");
     if (!shared || access(tool, X_OK))
         return false;
-    snprintf(f32, sizeof f32, "%s/%s-f32.gguf", g_dir, oc->preset);
+    snprintf(f32, sizeof f32, "%s/%s-f32.gguf", g_dir, oc->synth.preset);
     size_t i = 0;
-    for (; oc->type[i] && i + 1 < sizeof type; i++)
-        type[i] = (char)(oc->type[i] >= 'a' && oc->type[i] <= 'z' ? oc->type[i] - 32 : oc->type[i]);
+    for (; oc->synth.type[i] && i + 1 < sizeof type; i++)
+        type[i] = (char)(oc->synth.type[i] >= 'a' && oc->synth.type[i] <= 'z' ? oc->synth.type[i] - 32 : oc->synth.type[i]);
     type[i] = 0;
     snprintf(cmd, sizeof cmd, "'%s' '%s' '%s' %s > /dev/null 2>&1", tool, f32, path, type);
     return system(cmd) == 0;
@@ -321,44 +284,27 @@ static bool make_models(void)
 {
     for (int i = 0; i < N_CASES; i++) {
         const struct oai_case *oc = &g_cases[i];
-        char path[128], ref[1200];
-        snprintf(ref, sizeof ref, "%s/%s.json", data_dir(), oc->name);
-        if (access(ref, R_OK)) {
-            fprintf(stderr, "test_model_gptoss: %s is missing (set KVSERVE_SOURCE to the source tree)\n", ref);
-            return false;
-        }
-        model_path(oc, path, sizeof path);
-        if (oc->llama_quantize) {
-            g_have[i] = llama_quantize(oc, path);
+        if (!oc->llama_quantize) {
+            g_have[i] = true;
+            if (!llamacpp_synth_model("test_model_gptoss", g_dir, &oc->synth))
+                return false;
             continue;
         }
-        g_have[i] = true;
-        if (!access(path, R_OK))
-            continue;
-        struct model_synth_spec spec;
-        if (model_synth_preset(oc->preset, &spec) || model_synth(&spec, oc->type, NULL, path, NULL)) {
-            fprintf(stderr, "test_model_gptoss: cannot write %s: %s\n", path, ks_errmsg());
+        char path[128];
+        if (!llamacpp_synth_reference("test_model_gptoss", &oc->synth))
             return false;
-        }
+        llamacpp_synth_path(g_dir, &oc->synth, path, sizeof path);
+        g_have[i] = llama_quantize(oc, path);
     }
     return true;
 }
 
-static void remove_dir(void)
-{
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-    if (system(cmd) != 0)
-        fprintf(stderr, "test_model_gptoss: could not remove %s\n", g_dir);
-}
-
 int main(void)
 {
-    snprintf(g_dir, sizeof g_dir, "/tmp/kvserve-test-gptoss-XXXXXX");
-    if (!mkdtemp(g_dir))
+    if (!llamacpp_synth_dir("gptoss", g_dir, sizeof g_dir))
         return 77;
     if (!make_models()) {
-        remove_dir();
+        llamacpp_synth_dir_remove("test_model_gptoss", g_dir);
         return 77;
     }
     const struct CMUnitTest tests[] = {
@@ -367,6 +313,6 @@ int main(void)
         cmocka_unit_test(test_mxfp4_experts), cmocka_unit_test(test_mxfp4_experts_chunked),
     };
     int rc = ks_run_tests(tests, NULL, NULL);
-    remove_dir();
+    llamacpp_synth_dir_remove("test_model_gptoss", g_dir);
     return rc;
 }

@@ -41,6 +41,7 @@
 #include <cmocka.h>
 
 #include "model/model.h"
+#include "support/llamacpp_case.h"
 #include "support/llamacpp_ref.h"
 #include "support/skip.h"
 
@@ -81,35 +82,11 @@ static void load_reference(const char *mix, struct llamacpp_ref *r)
     assert_true(r->n_prompt > 0 && r->n_prompt <= MAX_PROMPT);
 }
 
-struct engine {
-    struct model *m;
-    threads_pool *pool;
-    struct kv_cache *kv;
-    struct model_ctx *ctx;
-};
-
-static void engine_init(struct engine *e, const char *mix, int n_threads, int max_batch)
+static void engine_init(struct llamacpp_engine *e, const char *mix, int n_threads, int max_batch)
 {
     char path[128];
     model_path(mix, path, sizeof path);
-    if (model_load(path, &e->m))
-        fail_msg("load %s: %s", path, ks_errmsg());
-    assert_int_equal(threads_create(n_threads, &e->pool), KS_OK);
-    struct kv_config cfg;
-    model_kv_config(e->m, &cfg);
-    cfg.type_k = cfg.type_v = QUANT_F32;
-    cfg.rotate = false;
-    cfg.mem_budget = 32u << 20;
-    assert_int_equal(kv_create(&cfg, &e->kv), KS_OK);
-    assert_int_equal(model_ctx_create(e->m, max_batch, e->pool, &e->ctx), KS_OK);
-}
-
-static void engine_free(struct engine *e)
-{
-    model_ctx_free(e->ctx);
-    kv_free(e->kv);
-    threads_free(e->pool);
-    model_free(e->m);
+    llamacpp_engine_init(e, path, n_threads, max_batch, 0);
 }
 
 /* The prompt in batches of chunk tokens, then 64 greedy tokens, one per batch. */
@@ -117,7 +94,7 @@ static void run_case(const char *mix, int n_threads, int chunk)
 {
     struct llamacpp_ref r;
     load_reference(mix, &r);
-    struct engine e;
+    struct llamacpp_engine e;
     engine_init(&e, mix, n_threads, r.n_prompt);
     assert_int_equal(model_hparams(e.m)->n_vocab, r.n_vocab);
     int32_t seq;
@@ -132,7 +109,7 @@ static void run_case(const char *mix, int n_threads, int chunk)
     llamacpp_ref_check_greedy(&r, mix, e.ctx, e.kv, seq, logits);
     free(logits);
     llamacpp_ref_free(&r);
-    engine_free(&e);
+    llamacpp_engine_free(&e);
 }
 
 /* N_STREAMS sequences: their prompts in one batch, then all decoding in the
@@ -141,7 +118,7 @@ static void run_streams(const char *mix)
 {
     struct llamacpp_ref r;
     load_reference(mix, &r);
-    struct engine e;
+    struct llamacpp_engine e;
     engine_init(&e, mix, 2, N_STREAMS * r.n_prompt);
     size_t V = (size_t)r.n_vocab;
     int32_t s[N_STREAMS];
@@ -183,7 +160,7 @@ static void run_streams(const char *mix)
     }
     free(logits);
     llamacpp_ref_free(&r);
-    engine_free(&e);
+    llamacpp_engine_free(&e);
 }
 
 #define MIX_CASES(i, ft)                                                                                          \

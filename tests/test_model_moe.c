@@ -26,6 +26,7 @@
 #include <cmocka.h>
 
 #include "model/model.h"
+#include "support/llamacpp_case.h"
 #include "support/llamacpp_ref.h"
 #include "support/ref_forward.h"
 
@@ -35,9 +36,7 @@
 static char g_dir[64];
 
 struct moe_case {
-    const char *name;   /* tests/data/NAME.{json,logits.f32} */
-    const char *preset;
-    const char *type;
+    struct llamacpp_synth synth; /* tests/data/NAME.{json,logits.f32}; the model: PRESET at TYPE */
     unsigned ref_flags; /* naive reference: round activations as the engine does for quantized weights */
     float ref_tol;      /* max |engine - naive reference|; 0: must differ (ties, below) */
 };
@@ -52,80 +51,43 @@ struct moe_case {
  * of each other, no near tie in the routing; q4_0 on that prompt and q8_0 on
  * this one agree within 1e-6), so this prompt is used instead. */
 static const struct moe_case g_cases[] = {
-    {"tiny-qwen3moe-f32", "tiny-qwen3moe", "f32", 0, LOGIT_TOL},
-    {"tiny-qwen3moe-q8_0", "tiny-qwen3moe", "q8_0", REF_QUANTIZE_ACTS, LOGIT_TOL},
-    {"tiny-mixtral-f32", "tiny-mixtral", "f32", 0, LOGIT_TOL},
-    {"tiny-mixtral-q8_0", "tiny-mixtral", "q8_0", REF_QUANTIZE_ACTS, LOGIT_TOL},
-    {"tiny-qwen3moe-q4_0", "tiny-qwen3moe", "q4_0", REF_QUANTIZE_ACTS, LOGIT_TOL},
-    {"tiny-mixtral-q4_0", "tiny-mixtral", "q4_0", REF_QUANTIZE_ACTS, LOGIT_TOL},
+    {{"tiny-qwen3moe-f32", "tiny-qwen3moe", "f32"}, 0, LOGIT_TOL},
+    {{"tiny-qwen3moe-q8_0", "tiny-qwen3moe", "q8_0"}, REF_QUANTIZE_ACTS, LOGIT_TOL},
+    {{"tiny-mixtral-f32", "tiny-mixtral", "f32"}, 0, LOGIT_TOL},
+    {{"tiny-mixtral-q8_0", "tiny-mixtral", "q8_0"}, REF_QUANTIZE_ACTS, LOGIT_TOL},
+    {{"tiny-qwen3moe-q4_0", "tiny-qwen3moe", "q4_0"}, REF_QUANTIZE_ACTS, LOGIT_TOL},
+    {{"tiny-mixtral-q4_0", "tiny-mixtral", "q4_0"}, REF_QUANTIZE_ACTS, LOGIT_TOL},
     /* 32 experts in 8-way ties: the engine takes the 4 that ggml's argsort
      * (libstdc++'s introsort) puts first, as llama.cpp does. The naive
      * reference takes equal ones by lower id, ggml's order only for rows of
      * up to 16; here it must disagree, or the case would test no tie
      * (measured: engine 2.6e-6 from llama.cpp, naive reference 0.72). */
-    {"tiny-qwen3moe-ties-f32", "tiny-qwen3moe-ties", "f32", 0, 0},
+    {{"tiny-qwen3moe-ties-f32", "tiny-qwen3moe-ties", "f32"}, 0, 0},
 };
 #define N_CASES (int)(sizeof g_cases / sizeof g_cases[0])
-
-static const char *data_dir(void)
-{
-    static char dir[1024];
-    const char *src = getenv("KVSERVE_SOURCE");
-    snprintf(dir, sizeof dir, "%s/tests/data", src ? src : ".");
-    return dir;
-}
-
-static void model_path(const struct moe_case *mc, char *buf, size_t cap)
-{
-    snprintf(buf, cap, "%s/%s-%s.gguf", g_dir, mc->preset, mc->type);
-}
 
 /* llama.cpp's prompt, logits and greedy ids for a case, made with plain F32
  * attention; the prompt fits the batch buffers below. */
 static void load_reference(const struct moe_case *mc, struct llamacpp_ref *r)
 {
-    llamacpp_ref_load(data_dir(), mc->name, r);
+    llamacpp_ref_load(llamacpp_data_dir(), mc->synth.name, r);
     assert_false(r->flash_attn);
     assert_true(r->n_prompt > 0 && r->n_prompt <= MAX_IDS);
     assert_true(r->n_greedy > 0 && r->n_greedy <= MAX_IDS);
 }
 
-struct engine {
-    struct model *m;
-    threads_pool *pool;
-    struct kv_cache *kv;
-    struct model_ctx *ctx;
-};
-
-static void engine_init(struct engine *e, const struct moe_case *mc, int n_threads, int max_batch)
+static void engine_init(struct llamacpp_engine *e, const struct moe_case *mc, int n_threads, int max_batch)
 {
     char path[128];
-    model_path(mc, path, sizeof path);
-    if (model_load(path, &e->m))
-        fail_msg("load %s: %s", path, ks_errmsg());
-    assert_int_equal(threads_create(n_threads, &e->pool), KS_OK);
-    struct kv_config cfg;
-    model_kv_config(e->m, &cfg);
-    cfg.type_k = cfg.type_v = QUANT_F32;
-    cfg.rotate = false;
-    cfg.mem_budget = 16u << 20;
-    assert_int_equal(kv_create(&cfg, &e->kv), KS_OK);
-    assert_int_equal(model_ctx_create(e->m, max_batch, e->pool, &e->ctx), KS_OK);
-}
-
-static void engine_free(struct engine *e)
-{
-    model_ctx_free(e->ctx);
-    kv_free(e->kv);
-    threads_free(e->pool);
-    model_free(e->m);
+    llamacpp_synth_path(g_dir, &mc->synth, path, sizeof path);
+    llamacpp_engine_init(e, path, n_threads, max_batch, 0);
 }
 
 static void run_case(const struct moe_case *mc, int n_threads, int chunk)
 {
     struct llamacpp_ref r;
     load_reference(mc, &r);
-    struct engine e;
+    struct llamacpp_engine e;
     engine_init(&e, mc, n_threads, 2 * MAX_IDS);
     const struct model_hparams *hp = model_hparams(e.m);
     assert_int_equal(hp->n_vocab, r.n_vocab);
@@ -155,7 +117,7 @@ static void run_case(const struct moe_case *mc, int n_threads, int chunk)
     ref_model_free(ref);
     print_message("%-18s (%d threads, chunks of %d): engine vs llama.cpp %.2e (tol %.0e); engine vs naive ref "
                   "%.2e (tol %.0e); naive ref vs llama.cpp %.2e\n",
-                  mc->name, n_threads, chunk, (double)vs_llama, (double)LOGIT_TOL, (double)vs_ref,
+                  mc->synth.name, n_threads, chunk, (double)vs_llama, (double)LOGIT_TOL, (double)vs_ref,
                   (double)mc->ref_tol, (double)ref_vs_llama);
     assert_true(vs_llama <= LOGIT_TOL);
     if (mc->ref_tol > 0)
@@ -164,10 +126,10 @@ static void run_case(const struct moe_case *mc, int n_threads, int chunk)
         assert_true(vs_ref > 1e-2f);
 
     /* greedy decode, one token per batch */
-    llamacpp_ref_check_greedy(&r, mc->name, e.ctx, e.kv, seq, logits);
+    llamacpp_ref_check_greedy(&r, mc->synth.name, e.ctx, e.kv, seq, logits);
     free(row), free(logits);
     llamacpp_ref_free(&r);
-    engine_free(&e);
+    llamacpp_engine_free(&e);
 }
 
 /* Two sequences: both prompts in one batch, then both decoding in the same
@@ -176,16 +138,16 @@ static void run_two_streams(const struct moe_case *mc)
 {
     struct llamacpp_ref r;
     load_reference(mc, &r);
-    struct engine e;
+    struct llamacpp_engine e;
     engine_init(&e, mc, 2, 2 * MAX_IDS);
     int n = r.n_prompt;
-    float worst = llamacpp_two_streams(mc->name, e.ctx, e.kv, r.prompt, n, r.greedy, r.n_greedy,
+    float worst = llamacpp_two_streams(mc->synth.name, e.ctx, e.kv, r.prompt, n, r.greedy, r.n_greedy,
                                        r.logits + (size_t)(n - 1) * r.n_vocab, r.n_vocab);
     print_message("%-18s two streams in one batch: last prompt row vs llama.cpp %.2e, %d greedy ids equal\n",
-                  mc->name, (double)worst, r.n_greedy);
+                  mc->synth.name, (double)worst, r.n_greedy);
     assert_true(worst <= LOGIT_TOL);
     llamacpp_ref_free(&r);
-    engine_free(&e);
+    llamacpp_engine_free(&e);
 }
 
 static void test_qwen3moe_f32(void **state) { (void)state; run_case(&g_cases[0], 2, MAX_IDS); }
@@ -202,44 +164,14 @@ static void test_mixtral_two_streams(void **state) { (void)state; run_two_stream
 
 /* ---- main ------------------------------------------------------------------ */
 
-/* Write every case's model; false (and a message) when that cannot be done. */
-static bool make_models(void)
-{
-    for (int i = 0; i < N_CASES; i++) {
-        const struct moe_case *mc = &g_cases[i];
-        char path[128], ref[1200];
-        snprintf(ref, sizeof ref, "%s/%s.json", data_dir(), mc->name);
-        if (access(ref, R_OK)) {
-            fprintf(stderr, "test_model_moe: %s is missing (set KVSERVE_SOURCE to the source tree)\n", ref);
-            return false;
-        }
-        model_path(mc, path, sizeof path);
-        if (!access(path, R_OK))
-            continue;
-        struct model_synth_spec spec;
-        if (model_synth_preset(mc->preset, &spec) || model_synth(&spec, mc->type, NULL, path, NULL)) {
-            fprintf(stderr, "test_model_moe: cannot write %s: %s\n", path, ks_errmsg());
-            return false;
-        }
-    }
-    return true;
-}
-
-static void remove_dir(void)
-{
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-    if (system(cmd) != 0)
-        fprintf(stderr, "test_model_moe: could not remove %s\n", g_dir);
-}
+static const struct llamacpp_synth *case_at(int i) { return &g_cases[i].synth; }
 
 int main(void)
 {
-    snprintf(g_dir, sizeof g_dir, "/tmp/kvserve-test-moe-XXXXXX");
-    if (!mkdtemp(g_dir))
+    if (!llamacpp_synth_dir("moe", g_dir, sizeof g_dir))
         return 77;
-    if (!make_models()) {
-        remove_dir();
+    if (!llamacpp_synth_models("test_model_moe", g_dir, case_at, N_CASES)) {
+        llamacpp_synth_dir_remove("test_model_moe", g_dir);
         return 77;
     }
     const struct CMUnitTest tests[] = {
@@ -251,6 +183,6 @@ int main(void)
         cmocka_unit_test(test_qwen3moe_ties),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
-    remove_dir();
+    llamacpp_synth_dir_remove("test_model_moe", g_dir);
     return rc;
 }

@@ -42,6 +42,7 @@
 #include "gguf/gguf.h"
 #include "model/model.h"
 #include "quant/quant.h"
+#include "support/llamacpp_case.h"
 #include "support/llamacpp_ref.h"
 #include "support/ref_forward.h"
 #include "support/run_kvserve.h"
@@ -54,73 +55,33 @@
 static char g_dir[64];
 
 struct phi3_case {
-    const char *name;   /* tests/data/NAME.{json,logits.f32} */
-    const char *preset;
-    const char *type;
+    struct llamacpp_synth synth; /* tests/data/NAME.{json,logits.f32}; the model: PRESET at TYPE */
     bool rope_long;     /* llama.cpp's factor set at LLAMACPP_N_CTX */
 };
 
 static const struct phi3_case g_cases[] = {
-    {"tiny-phi3-f32", "tiny-phi3", "f32", true},
-    {"tiny-phi3-q8_0", "tiny-phi3", "q8_0", true},
-    {"tiny-phi3-q4_0", "tiny-phi3", "q4_0", true},
-    {"tiny-phi3-short-f32", "tiny-phi3-short", "f32", false},
+    {{"tiny-phi3-f32", "tiny-phi3", "f32"}, true},
+    {{"tiny-phi3-q8_0", "tiny-phi3", "q8_0"}, true},
+    {{"tiny-phi3-q4_0", "tiny-phi3", "q4_0"}, true},
+    {{"tiny-phi3-short-f32", "tiny-phi3-short", "f32"}, false},
     /* llama-quantize's mix: attn_qkv takes attn_v's Q6_K layers, ffn_down's too */
-    {"tiny-phi3-q4_k_m", "tiny-phi3", "q4_k_m", true},
+    {{"tiny-phi3-q4_k_m", "tiny-phi3", "q4_k_m"}, true},
 };
 #define N_CASES (int)(sizeof g_cases / sizeof g_cases[0])
 
-static const char *data_dir(void)
-{
-    static char dir[1024];
-    const char *src = getenv("KVSERVE_SOURCE");
-    snprintf(dir, sizeof dir, "%s/tests/data", src ? src : ".");
-    return dir;
-}
-
-static void model_path(const struct phi3_case *pc, char *buf, size_t cap)
-{
-    snprintf(buf, cap, "%s/%s-%s.gguf", g_dir, pc->preset, pc->type);
-}
-
 static void load_reference(const struct phi3_case *pc, struct llamacpp_ref *r)
 {
-    llamacpp_ref_load(data_dir(), pc->name, r);
+    llamacpp_ref_load(llamacpp_data_dir(), pc->synth.name, r);
     assert_false(r->flash_attn);
     assert_true(r->n_prompt > 0 && r->n_prompt <= MAX_IDS);
     assert_true(r->n_greedy > 0 && r->n_greedy <= MAX_IDS);
 }
 
-struct engine {
-    struct model *m;
-    threads_pool *pool;
-    struct kv_cache *kv;
-    struct model_ctx *ctx;
-};
-
-static void engine_init(struct engine *e, const struct phi3_case *pc, int n_threads, int max_batch, int32_t n_ctx)
+static void engine_init(struct llamacpp_engine *e, const struct phi3_case *pc, int n_threads, int max_batch, int32_t n_ctx)
 {
     char path[128];
-    model_path(pc, path, sizeof path);
-    if (model_load(path, &e->m))
-        fail_msg("load %s: %s", path, ks_errmsg());
-    model_set_n_ctx(e->m, n_ctx);
-    assert_int_equal(threads_create(n_threads, &e->pool), KS_OK);
-    struct kv_config cfg;
-    model_kv_config(e->m, &cfg);
-    cfg.type_k = cfg.type_v = QUANT_F32;
-    cfg.rotate = false;
-    cfg.mem_budget = 16u << 20;
-    assert_int_equal(kv_create(&cfg, &e->kv), KS_OK);
-    assert_int_equal(model_ctx_create(e->m, max_batch, e->pool, &e->ctx), KS_OK);
-}
-
-static void engine_free(struct engine *e)
-{
-    model_ctx_free(e->ctx);
-    kv_free(e->kv);
-    threads_free(e->pool);
-    model_free(e->m);
+    llamacpp_synth_path(g_dir, &pc->synth, path, sizeof path);
+    llamacpp_engine_init(e, path, n_threads, max_batch, n_ctx);
 }
 
 /* The naive reference (tests/support/ref_forward.c: the fused matrices split
@@ -131,7 +92,7 @@ static void check_naive_reference(const struct phi3_case *pc, const struct model
                                   const float *logits)
 {
     size_t V = (size_t)r->n_vocab;
-    unsigned flags = strcmp(pc->type, "f32") ? REF_QUANTIZE_ACTS : 0;
+    unsigned flags = strcmp(pc->synth.type, "f32") ? REF_QUANTIZE_ACTS : 0;
     struct ref_model *ref;
     assert_int_equal(ref_model_create(m, 1, r->n_prompt, flags, &ref), KS_OK);
     float *row = malloc(sizeof(float) * V), worst = 0;
@@ -140,7 +101,7 @@ static void check_naive_reference(const struct phi3_case *pc, const struct model
         float d = llamacpp_max_diff(row, logits + (size_t)i * V, V);
         worst = d > worst ? d : worst;
     }
-    print_message("%-20s engine vs naive reference %.2e\n", pc->name, (double)worst);
+    print_message("%-20s engine vs naive reference %.2e\n", pc->synth.name, (double)worst);
     assert_true(worst <= LOGIT_TOL);
     free(row);
     ref_model_free(ref);
@@ -150,7 +111,7 @@ static void check_naive_reference(const struct phi3_case *pc, const struct model
 static float prompt_diff(const struct phi3_case *pc, const struct llamacpp_ref *r, int n_threads, int chunk,
                          int32_t n_ctx, bool check_greedy)
 {
-    struct engine e;
+    struct llamacpp_engine e;
     engine_init(&e, pc, n_threads, 2 * MAX_IDS, n_ctx);
     const struct model_hparams *hp = model_hparams(e.m);
     assert_int_equal(hp->arch, MODEL_ARCH_PHI3);
@@ -167,9 +128,9 @@ static float prompt_diff(const struct phi3_case *pc, const struct llamacpp_ref *
     if (check_greedy)
         check_naive_reference(pc, e.m, r, logits);
     if (check_greedy && d <= LOGIT_TOL)
-        llamacpp_ref_check_greedy(r, pc->name, e.ctx, e.kv, seq, logits);
+        llamacpp_ref_check_greedy(r, pc->synth.name, e.ctx, e.kv, seq, logits);
     free(logits);
-    engine_free(&e);
+    llamacpp_engine_free(&e);
     return d;
 }
 
@@ -180,7 +141,7 @@ static void run_case(const struct phi3_case *pc, int n_threads, int chunk)
     float d = prompt_diff(pc, &r, n_threads, chunk, LLAMACPP_N_CTX, true);
     print_message("%-20s (%d threads, chunks of %d, %s factors): engine vs llama.cpp %.2e (tol %.0e), then %d "
                   "greedy ids equal\n",
-                  pc->name, n_threads, chunk, pc->rope_long ? "long" : "short", (double)d, (double)LOGIT_TOL,
+                  pc->synth.name, n_threads, chunk, pc->rope_long ? "long" : "short", (double)d, (double)LOGIT_TOL,
                   r.n_greedy);
     assert_true(d <= LOGIT_TOL);
     llamacpp_ref_free(&r);
@@ -194,12 +155,12 @@ static void run_wrong_factors(const struct phi3_case *pc)
     load_reference(pc, &r);
     struct model *m;
     char path[128];
-    model_path(pc, path, sizeof path);
+    llamacpp_synth_path(g_dir, &pc->synth, path, sizeof path);
     assert_int_equal(model_load(path, &m), KS_OK);
     int32_t other = pc->rope_long ? model_hparams(m)->rope_n_ctx_orig : 2 * model_hparams(m)->rope_n_ctx_orig;
     model_free(m);
     float d = prompt_diff(pc, &r, 2, MAX_IDS, other, false);
-    print_message("%-20s with the %s factors instead: %.2e from llama.cpp\n", pc->name,
+    print_message("%-20s with the %s factors instead: %.2e from llama.cpp\n", pc->synth.name,
                   pc->rope_long ? "short" : "long", (double)d);
     assert_true(d > 1e-2f);
     llamacpp_ref_free(&r);
@@ -211,16 +172,16 @@ static void run_two_streams(const struct phi3_case *pc)
 {
     struct llamacpp_ref r;
     load_reference(pc, &r);
-    struct engine e;
+    struct llamacpp_engine e;
     engine_init(&e, pc, 2, 2 * MAX_IDS, LLAMACPP_N_CTX);
     int n = r.n_prompt;
-    float worst = llamacpp_two_streams(pc->name, e.ctx, e.kv, r.prompt, n, r.greedy, r.n_greedy,
+    float worst = llamacpp_two_streams(pc->synth.name, e.ctx, e.kv, r.prompt, n, r.greedy, r.n_greedy,
                                        r.logits + (size_t)(n - 1) * r.n_vocab, r.n_vocab);
     print_message("%-20s two streams in one batch: last prompt row vs llama.cpp %.2e, %d greedy ids equal\n",
-                  pc->name, (double)worst, r.n_greedy);
+                  pc->synth.name, (double)worst, r.n_greedy);
     assert_true(worst <= LOGIT_TOL);
     llamacpp_ref_free(&r);
-    engine_free(&e);
+    llamacpp_engine_free(&e);
 }
 
 /* The loader's view of the file: the stored window is read but not run, the
@@ -229,7 +190,7 @@ static void test_hparams_and_fingerprint(void **state)
 {
     (void)state;
     char path[128];
-    model_path(&g_cases[0], path, sizeof path);
+    llamacpp_synth_path(g_dir, &g_cases[0].synth, path, sizeof path);
     struct model *m;
     assert_int_equal(model_load(path, &m), KS_OK);
     const struct model_hparams *hp = model_hparams(m);
@@ -254,7 +215,7 @@ static void test_info_features(void **state)
     KS_NEED_KVSERVE();
     enum { OUT_CAP = 1 << 16 };
     char *out = malloc(OUT_CAP), path[128], args[256];
-    model_path(&g_cases[2], path, sizeof path);
+    llamacpp_synth_path(g_dir, &g_cases[2].synth, path, sizeof path);
     snprintf(args, sizeof args, "-m %s --no-tensors", path);
     assert_int_equal(ks_run_kvserve("info", args, out, OUT_CAP), 0);
     ks_expect_text(out, "scaling LongRoPE (rope_factors_short/long, 24 factors each: the long ones when the "
@@ -308,7 +269,7 @@ static void test_bad_files(void **state)
         {"blk.0.ffn_up.weight", false, "tensor 'blk.0.ffn_up.weight' has shape [256, 511, 1, 1], expected [256, 512]"},
     };
     char src[128], dst[160];
-    model_path(&g_cases[0], src, sizeof src);
+    llamacpp_synth_path(g_dir, &g_cases[0].synth, src, sizeof src);
     snprintf(dst, sizeof dst, "%s/bad.gguf", g_dir);
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         assert_true(write_variant(src, dst, cases[i].tensor, cases[i].drop));
@@ -338,43 +299,14 @@ static void test_two_streams_q8_0(void **state) { (void)state; run_two_streams(&
 
 /* ---- main ------------------------------------------------------------------ */
 
-static bool make_models(void)
-{
-    for (int i = 0; i < N_CASES; i++) {
-        const struct phi3_case *pc = &g_cases[i];
-        char path[128], ref[1200];
-        snprintf(ref, sizeof ref, "%s/%s.json", data_dir(), pc->name);
-        if (access(ref, R_OK)) {
-            fprintf(stderr, "test_model_phi3: %s is missing (set KVSERVE_SOURCE to the source tree)\n", ref);
-            return false;
-        }
-        model_path(pc, path, sizeof path);
-        if (!access(path, R_OK))
-            continue;
-        struct model_synth_spec spec;
-        if (model_synth_preset(pc->preset, &spec) || model_synth(&spec, pc->type, NULL, path, NULL)) {
-            fprintf(stderr, "test_model_phi3: cannot write %s: %s\n", path, ks_errmsg());
-            return false;
-        }
-    }
-    return true;
-}
-
-static void remove_dir(void)
-{
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-    if (system(cmd) != 0)
-        fprintf(stderr, "test_model_phi3: could not remove %s\n", g_dir);
-}
+static const struct llamacpp_synth *case_at(int i) { return &g_cases[i].synth; }
 
 int main(void)
 {
-    snprintf(g_dir, sizeof g_dir, "/tmp/kvserve-test-phi3-XXXXXX");
-    if (!mkdtemp(g_dir))
+    if (!llamacpp_synth_dir("phi3", g_dir, sizeof g_dir))
         return 77;
-    if (!make_models()) {
-        remove_dir();
+    if (!llamacpp_synth_models("test_model_phi3", g_dir, case_at, N_CASES)) {
+        llamacpp_synth_dir_remove("test_model_phi3", g_dir);
         return 77;
     }
     const struct CMUnitTest tests[] = {
@@ -396,6 +328,6 @@ int main(void)
         cmocka_unit_test(test_two_streams_q8_0),
     };
     int rc = ks_run_tests(tests, NULL, NULL);
-    remove_dir();
+    llamacpp_synth_dir_remove("test_model_phi3", g_dir);
     return rc;
 }

@@ -537,6 +537,68 @@ static void test_hooks_run_between_steps(void **state)
     mock_engine_free(m);
 }
 
+/* A sliced job records, at each slice, the steps run and the tokens the
+ * stream has received. With a stream to start, its first slice submits it,
+ * so every later slice runs while the stream decodes, however fast the
+ * machine. */
+struct slices {
+    struct mock_engine *m;
+    struct sched *s;
+    const int32_t *prompt;    /* the stream to start, or NULL */
+    struct result *stream;
+    int n, want;
+    uint64_t steps[64];
+    int tokens[64];
+    double budget[64];
+};
+
+static bool record_slice(void *user, struct kv_cache *kv, double budget_s)
+{
+    (void)kv;
+    struct slices *sl = user;
+    if (sl->n == 0 && sl->prompt)
+        submit(sl->s, sl->prompt, 20, 300, sl->stream);
+    sl->steps[sl->n] = mock_stats(sl->m).steps;
+    sl->tokens[sl->n] = sl->stream ? result_count(sl->stream) : 0;
+    sl->budget[sl->n] = budget_s;
+    return ++sl->n == sl->want;
+}
+
+/* Long cache work runs one slice between two steps while a stream decodes:
+ * the stream gets a token between every two slices. Idle, the slices run back
+ * to back with the idle budget. */
+static void test_sliced_job_one_slice_per_step(void **state)
+{
+    (void)state;
+    struct mock_engine *m = mock_new(100000, 2048);
+    struct sched *s = start(m, 4, 64, 16, 2048);
+    struct slices idle = {.m = m, .want = 5};
+    assert_int_equal(sched_run_sliced(s, record_slice, &idle), KS_OK);
+    assert_int_equal(idle.n, 5);
+    for (int i = 0; i < 5; i++) {
+        assert_int_equal(idle.steps[i], 0);
+        assert_true(idle.budget[i] == SCHED_SLICE_IDLE_S);
+    }
+
+    int32_t prompt[20];
+    make_prompt(prompt, 20, 5);
+    struct result *r = result_new(m);
+    struct slices busy = {.m = m, .s = s, .prompt = prompt, .stream = r, .want = 20};
+    assert_int_equal(sched_run_sliced(s, record_slice, &busy), KS_OK);
+    assert_int_equal(busy.n, 20);
+    /* slice 0 ran idle and submitted; slice 1 ran before the first step */
+    assert_int_equal(busy.steps[1], 0);
+    for (int i = 2; i < 20; i++) {
+        assert_int_equal(busy.steps[i], busy.steps[i - 1] + 1); /* one slice per step */
+        assert_true(busy.budget[i] > 0 && busy.budget[i] < 1.0);
+    }
+    /* the 20-token prompt takes two steps of chunk 16; then a token per step */
+    for (int i = 3; i < 20; i++)
+        assert_true(busy.tokens[i] > busy.tokens[i - 1]);
+    expect_alone_result(r, prompt, 20, 300);
+    stop_clean(s, m);
+}
+
 static void test_request_too_big_for_cache(void **state)
 {
     (void)state;
@@ -599,6 +661,7 @@ int main(void)
         cmocka_unit_test(test_rejects_bad_requests),
         cmocka_unit_test(test_queue_limit),
         cmocka_unit_test(test_hooks_run_between_steps),
+        cmocka_unit_test(test_sliced_job_one_slice_per_step),
         cmocka_unit_test(test_request_too_big_for_cache),
         cmocka_unit_test(test_eog_stops),
         cmocka_unit_test(test_choices_share_prompt),

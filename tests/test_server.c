@@ -11,10 +11,14 @@
 #include <cmocka.h>
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include <cjson/cJSON.h>
 
@@ -38,15 +42,16 @@ static struct mock_engine_config mock_config(int32_t n_vocab)
     return mc;
 }
 
-static struct sched *mock_sched(int32_t n_vocab, int max_queue)
+static struct sched *mock_sched_slow(int32_t n_vocab, int max_queue, int parallel, unsigned step_sleep_us)
 {
     struct mock_engine_config mc = mock_config(n_vocab);
+    mc.step_sleep_us = step_sleep_us;
     struct mock_engine *m = NULL;
     assert_int_equal(mock_engine_create(&mc, &m), KS_OK);
     struct sched_engine e = mock_engine_sched(m, true);
     struct sched_config cfg;
     sched_config_default(&cfg);
-    cfg.parallel = 8;
+    cfg.parallel = parallel;
     cfg.max_batch_tokens = 64;
     cfg.prefill_chunk = 16;
     cfg.ctx_size = CTX;
@@ -56,14 +61,19 @@ static struct sched *mock_sched(int32_t n_vocab, int max_queue)
     return s;
 }
 
+static struct sched *mock_sched(int32_t n_vocab, int max_queue)
+{
+    return mock_sched_slow(n_vocab, max_queue, 8, 200);
+}
+
 /* ---- fixture ------------------------------------------------------------------- */
 
 struct fx {
     char vocab_path[4096];
     struct gguf_file *vocab;
     struct tokenizer *tok;
-    struct sched *sched, *sched_full;
-    struct server *srv, *srv_key, *srv_full;
+    struct sched *sched, *sched_full, *sched_slow;
+    struct server *srv, *srv_key, *srv_full, *srv_slow;
 };
 
 static struct fx F;
@@ -110,6 +120,9 @@ static int setup(void **state)
     F.srv = start_server(F.sched, NULL);
     F.srv_key = start_server(F.sched, "sekret");
     F.srv_full = start_server(F.sched_full, NULL);
+    /* one sequence at a time, 20 ms a step: an abandoned request holds the only slot */
+    F.sched_slow = mock_sched_slow(tok_n_vocab(F.tok), 1, 1, 20000);
+    F.srv_slow = start_server(F.sched_slow, NULL);
     return 0;
 }
 
@@ -119,6 +132,11 @@ static int teardown(void **state)
     server_stop(F.srv);
     server_stop(F.srv_key);
     server_stop(F.srv_full);
+    sched_cancel_all(F.sched_slow);
+    for (int i = 0; i < 500 && server_in_flight(F.srv_slow) > 0; i++)
+        usleep(10000);
+    server_stop(F.srv_slow);
+    sched_free(F.sched_slow);
     sched_free(F.sched);
     sched_free(F.sched_full);
     tok_free(F.tok);
@@ -537,6 +555,66 @@ static void test_concurrent_streams(void **state)
     httpc_response_free(&r);
 }
 
+/* A client that sends body to path over a raw socket, waits ms and hangs up without reading the reply. */
+static void abandon(struct server *srv, const char *body, int ms)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)server_port(srv))};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    char req[4096];
+    int n = snprintf(req, sizeof req,
+                     "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     "Content-Length: %zu\r\n\r\n%s", strlen(body), body);
+    assert_true(n > 0 && (size_t)n < sizeof req);
+    assert_int_equal(write(fd, req, (size_t)n), n);
+    usleep((useconds_t)ms * 1000);
+    close(fd);
+}
+
+/* A counter of srv_slow's /metrics. */
+static double slow_metric(const char *name)
+{
+    struct httpc_response r = http(F.srv_slow, "GET", "/metrics", NULL, NULL, 0);
+    double v = -1;
+    assert_true(metric(r.body, name, &v));
+    httpc_response_free(&r);
+    return v;
+}
+
+/* A short request after an abandoned one is served (queued behind it, so
+ * at once only if the abandoned one was cancelled), and the abandoned one
+ * computed fewer than limit tokens of counter (it did not run to its end). */
+static void expect_cancelled(const char *counter, double before, double limit)
+{
+    struct httpc_response r = post(F.srv_slow, "/v1/completions", "{\"prompt\": [1, 300], \"max_tokens\": 1}");
+    assert_int_equal(r.status, 200);
+    httpc_response_free(&r);
+    double used = slow_metric(counter) - before;
+    print_message("%s: %.0f (the abandoned request's whole work: %.0f)\n", counter, used, limit);
+    assert_true(used < limit);
+}
+
+/* A client that hangs up is noticed while its request waits (suspended,
+ * no thread) and the request is cancelled, its pages freed: non-streaming
+ * while it decodes (240 steps of 20 ms), streaming during a long prefill
+ * (13 steps of 16 tokens). */
+static void test_abandoned_requests_cancelled(void **state)
+{
+    (void)state;
+    double gen = slow_metric("kvserve_generated_tokens_total");
+    abandon(F.srv_slow, "{\"prompt\": [1, 300, 301], \"max_tokens\": 240}", 100);
+    expect_cancelled("kvserve_generated_tokens_total", gen, 240);
+    char body[2048] = "{\"stream\": true, \"max_tokens\": 8, \"prompt\": [1";
+    for (int i = 0; i < 200; i++)
+        snprintf(body + strlen(body), sizeof body - strlen(body), ", %d", 300 + (i * 7) % 50);
+    strcat(body, "]}");
+    double prompt = slow_metric("kvserve_prompt_tokens_total");
+    abandon(F.srv_slow, body, 60);
+    expect_cancelled("kvserve_prompt_tokens_total", prompt, 200);
+}
+
 /* The kv_policy object of /cache/usage. */
 static cJSON *usage_policy(cJSON **root)
 {
@@ -667,6 +745,130 @@ static void test_requantize_to_iq3_nl(void **state)
     r = post(F.srv, "/cache/clear", "{\"tier\": \"all\"}");
     assert_int_equal(r.status, 200);
     httpc_response_free(&r);
+}
+
+/* ---- POST /cache/requantize in slices ------------------------------------------------ */
+
+struct counter {
+    pthread_mutex_t mu;
+    int tokens;
+    bool done;
+    enum sched_finish finish;
+};
+
+static void count_event(void *user, const struct sched_event *ev)
+{
+    struct counter *c = user;
+    pthread_mutex_lock(&c->mu);
+    if (ev->finish == SCHED_FINISH_NONE)
+        c->tokens++;
+    else {
+        c->done = true;
+        c->finish = ev->finish;
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+static int counted(struct counter *c, bool *done)
+{
+    pthread_mutex_lock(&c->mu);
+    int n = c->tokens;
+    if (done)
+        *done = c->done;
+    pthread_mutex_unlock(&c->mu);
+    return n;
+}
+
+struct requant_client {
+    struct server *srv;
+    struct httpc_response r;
+    atomic_bool finished;
+};
+
+static void *requant_main(void *arg)
+{
+    struct requant_client *c = arg;
+    c->r = post(c->srv, "/cache/requantize", "{\"type_k\": \"q4_0\", \"type_v\": \"q4_0\", \"pages_per_step\": 1}");
+    atomic_store(&c->finished, true);
+    return NULL;
+}
+
+/* 16 idle pages requantized one page per step while a stream decodes: the
+ * work takes 16 slices with a step between each two, the stream keeps
+ * going, and a second requantization sent meanwhile gets 409. The engine is
+ * held (steps wait) while the two are sent, so the first cannot finish
+ * before the second arrives, whatever the machine's speed. */
+static void test_requantize_in_slices_and_409(void **state)
+{
+    (void)state;
+    struct mock_engine_config mc = mock_config(tok_n_vocab(F.tok));
+    struct mock_engine *m = NULL;
+    assert_int_equal(mock_engine_create(&mc, &m), KS_OK);
+    struct sched_engine e = mock_engine_sched(m, false);
+    struct sched_config cfg;
+    sched_config_default(&cfg);
+    cfg.ctx_size = CTX;
+    struct sched *s = NULL;
+    assert_int_equal(sched_create(&cfg, &e, &s), KS_OK);
+    struct server *srv = start_server(s, NULL);
+    for (int32_t i = 0; i < 8; i++) { /* 8 idle chains of 2 pages */
+        int32_t first = 6000 + 100 * i;
+        assert_int_equal(sched_between_steps(s, make_idle_chain, &first), KS_OK);
+    }
+    struct counter stream = {.mu = PTHREAD_MUTEX_INITIALIZER};
+    int32_t prompt[3] = {1, 333, 334};
+    struct sched_request rq = {.prompt = prompt, .n_prompt = 3, .max_tokens = 240, .on_event = count_event,
+                               .user = &stream};
+    uint64_t id;
+    assert_int_equal(sched_submit(s, &rq, &id), KS_OK);
+    KS_WAIT_UNTIL(counted(&stream, NULL) > 0, "the stream's first token");
+
+    mock_engine_hold(m, true);
+    struct requant_client cl[2] = {{.srv = srv}, {.srv = srv}};
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++)
+        pthread_create(&th[i], NULL, requant_main, &cl[i]);
+    KS_WAIT_UNTIL(atomic_load(&cl[0].finished) || atomic_load(&cl[1].finished), "one requantize to be refused");
+    int refused = atomic_load(&cl[0].finished) ? 0 : 1;
+    mock_engine_hold(m, false);
+    for (int i = 0; i < 2; i++)
+        pthread_join(th[i], NULL);
+    char *message = expect_error_message(cl[refused].r, 409, "requantize_running");
+    assert_non_null(strstr(message, "/cache/usage"));
+    free(message);
+
+    struct httpc_response *ok = &cl[1 - refused].r;
+    if (ok->status != 200)
+        print_message("%s\n", ok->body);
+    assert_int_equal(ok->status, 200);
+    cJSON *j = json_of(ok);
+    httpc_response_free(ok);
+    assert_int_equal(json_num(j, "pages_converted"), 16);
+    assert_int_equal(json_num(j, "slices"), 16);
+    /* one slice between two steps while the stream decodes (it outlives the 16 slices) */
+    assert_true(json_num(j, "steps") >= 15);
+    cJSON_Delete(j);
+    bool done = false;
+    int at_end = counted(&stream, &done);
+    assert_true(at_end < 240 && !done);
+
+    struct httpc_response r = http(srv, "GET", "/cache/usage", NULL, NULL, 0);
+    j = json_of(&r);
+    httpc_response_free(&r);
+    cJSON *q = cJSON_GetObjectItem(j, "requantize");
+    assert_true(cJSON_IsFalse(cJSON_GetObjectItem(q, "running")));
+    assert_int_equal(json_num(q, "pages_done"), 16);
+    assert_int_equal(json_num(q, "pages_total"), 16);
+    assert_int_equal(json_num(cJSON_GetObjectItem(j, "pages_k"), "q4_0"), 16);
+    cJSON_Delete(j);
+    r = post(srv, "/cache/requantize", "{\"type_k\": \"q8_0\", \"pages_per_step\": 0}");
+    expect_error(r, 400, "invalid_value");
+
+    KS_WAIT_UNTIL(counted(&stream, &done) == 240 && done, "the stream to finish");
+    assert_int_equal(stream.finish, SCHED_FINISH_LENGTH);
+    server_stop(srv);
+    sched_free(s);
+    mock_engine_free(m);
 }
 
 static void test_prefix_cache_routes(void **state)
@@ -803,6 +1005,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_prefix_cache_routes),
         cmocka_unit_test(test_requantize_to_iq3_nl),
+        cmocka_unit_test(test_requantize_in_slices_and_409),
         cmocka_unit_test(test_health_models_404),
         cmocka_unit_test(test_bad_requests),
         cmocka_unit_test(test_api_key_and_overload),
@@ -810,6 +1013,7 @@ int main(void)
         cmocka_unit_test(test_chat),
         cmocka_unit_test(test_concurrent_streams),
         cmocka_unit_test(test_cache_policy),
+        cmocka_unit_test(test_abandoned_requests_cancelled),
     };
     if (!find_vocab())
         return ks_skip_all("no stories260K.gguf under $KVSERVE_SHARED/models and no $KVSERVE_DEFAULT_MODEL");

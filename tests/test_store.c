@@ -7,11 +7,15 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <errno.h>
+#include <fcntl.h>
+#include <glob.h>
 #include <lmdb.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -414,6 +418,328 @@ static void test_kill9_keeps_committed_entries(void **state)
     remove_dir();
 }
 
+/* ---- a damaged cache directory -------------------------------------------------- */
+
+/* The cache lives one level down, so the copy moved aside is under g_dir too. */
+static char g_cache[96];
+
+static struct store_config cache_config(void)
+{
+    snprintf(g_cache, sizeof g_cache, "%s/cache", g_dir);
+    struct store_config c = config(64u << 20);
+    c.dir = g_cache;
+    return c;
+}
+
+static uint8_t *read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    uint8_t *b = malloc((size_t)n + 1);
+    assert_int_equal(fread(b, 1, (size_t)n, f), (size_t)n);
+    fclose(f);
+    *len = (size_t)n;
+    return b;
+}
+
+static void write_file(const char *path, const void *b, size_t len, mode_t mode)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, mode);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, b, len), (ssize_t)len);
+    close(fd);
+}
+
+static bool moved_aside(void)
+{
+    char pattern[128];
+    snprintf(pattern, sizeof pattern, "%s.damaged-*", g_cache);
+    glob_t g;
+    bool found = glob(pattern, 0, NULL, &g) == 0 && g.gl_pathc > 0;
+    globfree(&g);
+    return found;
+}
+
+enum outcome { INTACT, SOME_REJECTED, MOVED_ASIDE, WRONG_DATA, OPEN_FAILED, N_OUTCOMES };
+enum { N_DAMAGE_ENTRIES = 40 };
+
+/* In a child, so that a crash is seen instead of suffered: open the damaged
+ * directory and read every entry back. */
+static void open_damaged_child(void)
+{
+    struct store_config c = cache_config();
+    struct store *s = NULL;
+    if (store_open(&c, &s) != KS_OK) {
+        printf("store_open: %s\n", ks_errmsg()); /* stdout: the child's stderr is silenced */
+        fflush(stdout);
+        _exit(OPEN_FAILED);
+    }
+    struct store_stats st;
+    store_stats(s, &st);
+    if (moved_aside())
+        _exit(st.entries == 0 ? MOVED_ASIDE : WRONG_DATA);
+    int rejected = 0;
+    for (uint64_t i = 0; i < N_DAMAGE_ENTRIES; i++) {
+        void *blob = NULL;
+        size_t len = 0;
+        if (store_get(s, key_of(i), &blob, &len) != KS_OK) {
+            rejected++;
+            continue;
+        }
+        bool ok = blob_ok(i, blob, len);
+        free(blob);
+        if (!ok)
+            _exit(WRONG_DATA);
+    }
+    store_close(s);
+    _exit(rejected ? SOME_REJECTED : INTACT);
+}
+
+struct pristine {
+    uint8_t *data, *secret;
+    size_t data_len, secret_len;
+};
+
+/* Remove dir and the files in it (a store directory has no subdirectories). */
+static void remove_flat_dir(const char *dir)
+{
+    static const char *const names[] = {"data.mdb", "lock.mdb", "secret.key"};
+    char path[256];
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        unlink(path);
+    }
+    assert_true(rmdir(dir) == 0 || errno == ENOENT);
+}
+
+/* Restore the directory from the pristine copy with data.mdb replaced by
+ * (data, len), open it in a child and return the outcome. */
+static enum outcome try_damaged(const struct pristine *p, const uint8_t *data, size_t len, const char *what)
+{
+    char path[160], pattern[128];
+    remove_flat_dir(g_cache);
+    snprintf(pattern, sizeof pattern, "%s.damaged-*", g_cache);
+    glob_t g;
+    if (glob(pattern, 0, NULL, &g) == 0)
+        for (size_t i = 0; i < g.gl_pathc; i++)
+            remove_flat_dir(g.gl_pathv[i]);
+    globfree(&g);
+    assert_int_equal(mkdir(g_cache, 0700), 0);
+    snprintf(path, sizeof path, "%s/data.mdb", g_cache);
+    write_file(path, data, len, 0600);
+    snprintf(path, sizeof path, "%s/secret.key", g_cache);
+    write_file(path, p->secret, p->secret_len, 0600);
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int devnull = open("/dev/null", O_WRONLY); /* the "moved it to" lines */
+        dup2(devnull, 2);
+        static const int fatal[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT};
+        for (size_t i = 0; i < sizeof fatal / sizeof fatal[0]; i++)
+            signal(fatal[i], SIG_DFL); /* cmocka's handlers would turn a crash into an exit code */
+        open_damaged_child();
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    if (WIFSIGNALED(status))
+        fail_msg("%s: opening the damaged store crashed with signal %d", what, WTERMSIG(status));
+    int code = WEXITSTATUS(status);
+    if (code == WRONG_DATA || code >= N_OUTCOMES)
+        fail_msg("%s: the damaged store returned a wrong page (exit %d)", what, code);
+    if (code == OPEN_FAILED)
+        fail_msg("%s: the damaged store neither opened nor was moved aside", what);
+    return (enum outcome)code;
+}
+
+/* Is page i of the file a branch or leaf page of the B-trees (LMDB's page
+ * header: pgno u64, pad u16, flags u16; P_BRANCH 1, P_LEAF 2)? */
+static bool tree_page(const uint8_t *data, size_t len, size_t i)
+{
+    if ((i + 1) * 4096 > len || i < 2)
+        return false;
+    uint64_t pgno;
+    uint16_t flags;
+    memcpy(&pgno, data + i * 4096, sizeof pgno);
+    memcpy(&flags, data + i * 4096 + 10, sizeof flags);
+    return pgno == i && (flags & 0x3) != 0;
+}
+
+/* data.mdb truncated at many points and flipped at random bits (anywhere,
+ * in the meta pages, and in the B-tree pages): opening never crashes; the
+ * store either opens and every entry reads back intact or is rejected by
+ * its checksum, or the directory is moved aside and the store starts empty. */
+static void test_damaged_data_file(void **state)
+{
+    (void)state;
+    fresh_dir();
+    struct store_config c = cache_config();
+    struct store *s = NULL;
+    assert_int_equal(store_open(&c, &s), KS_OK);
+    for (uint64_t i = 0; i < N_DAMAGE_ENTRIES; i++)
+        put(s, i);
+    store_flush(s);
+    store_close(s);
+    struct pristine p;
+    char path[160];
+    snprintf(path, sizeof path, "%s/data.mdb", g_cache);
+    p.data = read_file(path, &p.data_len);
+    snprintf(path, sizeof path, "%s/secret.key", g_cache);
+    p.secret = read_file(path, &p.secret_len);
+    assert_int_equal(p.secret_len, 32);
+    size_t n_pages = p.data_len / 4096, tree[4096], n_tree = 0;
+    for (size_t i = 0; i < n_pages && n_tree < 4096; i++)
+        if (tree_page(p.data, p.data_len, i))
+            tree[n_tree++] = i;
+    assert_true(n_tree > 0);
+
+    int counts[N_OUTCOMES] = {0};
+    char what[96];
+    assert_int_equal(try_damaged(&p, p.data, p.data_len, "undamaged"), INTACT);
+    uint8_t *copy = malloc(p.data_len);
+    size_t cuts[] = {0, 1, 100, 4095, 4096, 4097, 8191, 8192, 8193, 3 * 4096, p.data_len - 4096, p.data_len - 1};
+    enum { N_CUTS = sizeof cuts / sizeof cuts[0], N_SPREAD = 18 };
+    for (size_t i = 0; i < N_CUTS + N_SPREAD; i++) {
+        size_t cut = i < N_CUTS ? cuts[i] : p.data_len * (i - N_CUTS + 1) / (N_SPREAD + 1);
+        snprintf(what, sizeof what, "data.mdb truncated to %zu of %zu bytes", cut, p.data_len);
+        counts[try_damaged(&p, p.data, cut, what)]++;
+    }
+    srand(2024);
+    for (int seed = 0; seed < 120; seed++) {
+        memcpy(copy, p.data, p.data_len);
+        int n_flips = 1 + rand() % 4;
+        const char *where = seed % 3 == 0 ? "anywhere" : seed % 3 == 1 ? "in the meta pages" : "in the B-tree pages";
+        for (int f = 0; f < n_flips; f++) {
+            size_t at = seed % 3 == 0   ? (size_t)rand() % p.data_len
+                        : seed % 3 == 1 ? (size_t)rand() % 8192
+                                        : tree[(size_t)rand() % n_tree] * 4096 + (size_t)rand() % 4096;
+            copy[at] ^= (uint8_t)(1u << (rand() % 8));
+        }
+        snprintf(what, sizeof what, "seed %d: %d bits flipped %s", seed, n_flips, where);
+        counts[try_damaged(&p, copy, p.data_len, what)]++;
+    }
+    print_message("damaged data.mdb: %d opened intact, %d opened with entries rejected, %d moved aside\n",
+                  counts[INTACT], counts[SOME_REJECTED], counts[MOVED_ASIDE]);
+    assert_true(counts[MOVED_ASIDE] > 0);
+    free(copy);
+    free(p.data);
+    free(p.secret);
+    remove_dir();
+}
+
+/* A directory others can write, links where LMDB opens its files or the
+ * secret, and (as root) a directory of another user are refused with the
+ * fix in the message; a linked-to file is never written. */
+static void test_unsafe_directory(void **state)
+{
+    (void)state;
+    fresh_dir();
+    struct store_config c = cache_config();
+    struct store *s = NULL;
+    assert_int_equal(mkdir(g_cache, 0700), 0);
+    assert_int_equal(chmod(g_cache, 0777), 0);
+    assert_int_equal(store_open(&c, &s), KS_ERR_IO);
+    assert_non_null(strstr(ks_errmsg(), g_cache));
+    assert_non_null(strstr(ks_errmsg(), "chmod go-w"));
+    assert_int_equal(chmod(g_cache, 0700), 0);
+    if (geteuid() == 0) {
+        assert_int_equal(chown(g_cache, 12345, 12345), 0);
+        assert_int_equal(store_open(&c, &s), KS_ERR_IO);
+        assert_non_null(strstr(ks_errmsg(), "chown"));
+        assert_int_equal(chown(g_cache, 0, 0), 0);
+    }
+
+    char victim[160], link[160];
+    snprintf(victim, sizeof victim, "%s/victim", g_dir);
+    write_file(victim, "precious", 8, 0600);
+    static const char *const names[] = {"lock.mdb", "data.mdb", "secret.key"};
+    for (size_t i = 0; i < 3; i++) {
+        snprintf(link, sizeof link, "%s/%s", g_cache, names[i]);
+        assert_int_equal(symlink(victim, link), 0);
+        assert_int_equal(store_open(&c, &s), KS_ERR_IO);
+        assert_null(s);
+        assert_non_null(strstr(ks_errmsg(), "symbolic link"));
+        assert_non_null(strstr(ks_errmsg(), link));
+        assert_int_equal(unlink(link), 0);
+    }
+    size_t len = 0;
+    uint8_t *b = read_file(victim, &len);
+    assert_int_equal(len, 8);
+    assert_memory_equal(b, "precious", 8);
+    free(b);
+    /* a secret others can read is refused too */
+    snprintf(link, sizeof link, "%s/secret.key", g_cache);
+    write_file(link, "0123456789abcdef0123456789abcdef", 32, 0644);
+    assert_int_equal(chmod(link, 0644), 0);
+    assert_int_equal(store_open(&c, &s), KS_ERR_IO);
+    assert_non_null(strstr(ks_errmsg(), link));
+    assert_int_equal(unlink(link), 0);
+    assert_int_equal(store_open(&c, &s), KS_OK);
+    store_close(s);
+    struct stat sb;
+    assert_int_equal(stat(link, &sb), 0);
+    assert_int_equal(sb.st_mode & 0777, 0600);
+    remove_dir();
+}
+
+/* Entries written under another directory's secret (pages planted by
+ * someone who cannot read this one) fail their checksum; entries of the
+ * previous format version are dropped at open, not misread. */
+static void test_planted_and_old_entries(void **state)
+{
+    (void)state;
+    fresh_dir();
+    struct store_config c = cache_config();
+    struct store *s = NULL;
+    assert_int_equal(store_open(&c, &s), KS_OK);
+    for (uint64_t i = 0; i < 8; i++)
+        put(s, i);
+    store_close(s);
+    char path[160];
+    snprintf(path, sizeof path, "%s/secret.key", g_cache);
+    write_file(path, "another directory's secret 32 b.", 32, 0600);
+    assert_int_equal(store_open(&c, &s), KS_OK);
+    for (uint64_t i = 0; i < 8; i++) {
+        void *blob = NULL;
+        size_t len = 0;
+        assert_int_equal(store_get(s, key_of(i), &blob, &len), KS_ERR_NOT_FOUND);
+    }
+    struct store_stats st;
+    store_stats(s, &st);
+    assert_int_equal(st.corrupt, 8);
+    for (uint64_t i = 10; i < 14; i++)
+        put(s, i);
+    store_close(s);
+
+    /* mark the directory as written by format version 1 */
+    MDB_env *env;
+    MDB_txn *txn;
+    MDB_dbi db;
+    assert_int_equal(mdb_env_create(&env), 0);
+    assert_int_equal(mdb_env_set_maxdbs(env, 3), 0);
+    assert_int_equal(mdb_env_open(env, g_cache, 0, 0600), 0);
+    assert_int_equal(mdb_txn_begin(env, NULL, 0, &txn), 0);
+    assert_int_equal(mdb_dbi_open(txn, "clock", 0, &db), 0);
+    static const char name[] = "format";
+    uint32_t v1 = 1;
+    MDB_val k = {sizeof name, (void *)name}, v = {sizeof v1, &v1};
+    assert_int_equal(mdb_put(txn, db, &k, &v, 0), 0);
+    assert_int_equal(mdb_txn_commit(txn), 0);
+    mdb_env_close(env);
+    assert_int_equal(store_open(&c, &s), KS_OK);
+    store_stats(s, &st);
+    assert_int_equal(st.entries, 0);
+    assert_int_equal(st.corrupt, 0);
+    put(s, 20);
+    store_flush(s);
+    assert_true(get_ok(s, 20));
+    store_close(s);
+    remove_dir();
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -425,6 +751,9 @@ int main(void)
         cmocka_unit_test(test_batch_larger_than_map),
         cmocka_unit_test(test_bad_directory),
         cmocka_unit_test(test_kill9_keeps_committed_entries),
+        cmocka_unit_test(test_damaged_data_file),
+        cmocka_unit_test(test_unsafe_directory),
+        cmocka_unit_test(test_planted_and_old_entries),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

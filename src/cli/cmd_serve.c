@@ -1,9 +1,11 @@
 /* kvserve serve: load a model, start the scheduler and the OpenAI-compatible
  * HTTP server, run until SIGINT/SIGTERM, then drain within --grace seconds. */
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -17,9 +19,14 @@
 #include "store/store.h"
 #include "tokenizer/tokenizer.h"
 
+enum { MAX_LIST = 32 }; /* --cors-origin and --allowed-host values */
+
 struct serve_opts {
     const char *model, *host, *api_key, *chat_template, *chat_template_file, *alias;
     int port, parallel, ctx_size, max_batch_tokens, prefill_chunk, max_queue, grace, n_threads;
+    int timeout, max_conn_per_ip;
+    const char *cors_origins[MAX_LIST + 1], *allowed_hosts[MAX_LIST + 1]; /* NULL-terminated */
+    int n_cors_origins, n_allowed_hosts;
     size_t max_body;
     float max_itl_ratio;
     bool prefix_cache;
@@ -42,6 +49,16 @@ static void serve_usage(FILE *out)
             "      --host ADDR           IPv4 address to bind (default 127.0.0.1)\n"
             "      --port N              TCP port (default 8080; 0 = any free port)\n"
             "      --api-key KEY         require 'Authorization: Bearer KEY' (all routes but /health)\n"
+            "connections:\n"
+            "      --timeout SECONDS     close a connection idle this long, or whose request headers are not\n"
+            "                            complete by then (default 30, at most 3600; a request waiting for\n"
+            "                            the model is not idle)\n"
+            "      --max-conn-per-ip N   open connections from one address (default 64; 0 = no limit)\n"
+            "      --cors-origin ORIGIN  allow cross-origin requests (and answer CORS preflights) from ORIGIN,\n"
+            "                            e.g. http://app.example:3000; repeatable; '*' allows any origin.\n"
+            "                            Other cross-origin requests get 403\n"
+            "      --allowed-host NAME   when bound to a loopback address, accept this Host name besides\n"
+            "                            localhost, 127.0.0.1 and [::1] (others get 421); repeatable\n"
             "      --chat-template-file F  a Jinja chat template to use instead of the model's\n"
             "      --chat-template NAME  a built-in chat format instead of the model's Jinja template\n"
             "                            (chatml, llama3, llama2, mistral, zephyr, gemma, phi3; no tools)\n"
@@ -72,6 +89,16 @@ static bool is_flag(const char *a, const char *s, const char *l)
     return (s && !strcmp(a, s)) || (l && !strcmp(a, l));
 }
 
+/* One more value of a repeatable flag (at most MAX_LIST). */
+static bool list_add(const char **list, int *n, const char *v)
+{
+    if (!v || !*v || *n >= MAX_LIST)
+        return false;
+    list[(*n)++] = v;
+    list[*n] = NULL;
+    return true;
+}
+
 static bool parse_flag(const char *a, const char *v, void *opts, bool *ok)
 {
     struct serve_opts *o = opts;
@@ -91,6 +118,10 @@ static bool parse_flag(const char *a, const char *v, void *opts, bool *ok)
     else if (is_flag(a, NULL, "--max-queue")) *ok = cli_parse_int(v, 0, 1 << 20, &o->max_queue);
     else if (is_flag(a, NULL, "--max-body")) *ok = cli_parse_mem(v, &o->max_body);
     else if (is_flag(a, NULL, "--grace")) *ok = cli_parse_int(v, 0, 3600, &o->grace);
+    else if (is_flag(a, NULL, "--timeout")) *ok = cli_parse_int(v, 1, 3600, &o->timeout);
+    else if (is_flag(a, NULL, "--max-conn-per-ip")) *ok = cli_parse_int(v, 0, 1 << 20, &o->max_conn_per_ip);
+    else if (is_flag(a, NULL, "--cors-origin")) *ok = list_add(o->cors_origins, &o->n_cors_origins, v);
+    else if (is_flag(a, NULL, "--allowed-host")) *ok = list_add(o->allowed_hosts, &o->n_allowed_hosts, v);
     else if (is_flag(a, NULL, "--prefix-cache")) *ok = cli_parse_on_off(v, &o->prefix_cache);
     else if (is_flag(a, NULL, "--cache-dir")) *ok = (o->cache_dir = v) != NULL && *v;
     else if (is_flag(a, NULL, "--cache-disk")) *ok = v && !strchr(v, '%') && cli_parse_mem(v, &o->cache_disk);
@@ -104,7 +135,8 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
 {
     *o = (struct serve_opts){.host = "127.0.0.1", .port = 8080, .parallel = 16, .max_batch_tokens = 512,
                              .prefill_chunk = 256, .max_queue = 256, .grace = 10, .max_body = 8u << 20,
-                             .n_threads = threads_default_count(), .max_itl_ratio = 1.5f, .prefix_cache = true};
+                             .n_threads = threads_default_count(), .max_itl_ratio = 1.5f, .prefix_cache = true,
+                             .timeout = 30, .max_conn_per_ip = 64};
     cli_model_flags_init(&o->load);
     cli_spec_flags_init(&o->spec);
     const struct cli_command cmd = {
@@ -164,6 +196,19 @@ static ks_status open_store(const struct serve_opts *o, const struct kv_config *
     return KS_OK;
 }
 
+/* Every connection is a file descriptor: take the hard limit (the soft one
+ * is often 1024), so the server's connection limit, which it derives from
+ * the soft limit, is in the thousands. */
+static void raise_file_limit(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
+            fprintf(stderr, "kvserve serve: cannot raise the open-file limit (%s)\n", strerror(errno));
+    }
+}
+
 static ks_status start(const struct serve_opts *o, const char *path, struct serve_state *s)
 {
     if (o->chat_template && o->chat_template_file)
@@ -218,12 +263,17 @@ static ks_status start(const struct serve_opts *o, const char *path, struct serv
         eng.destroy(eng.ctx);
         return st;
     }
+    raise_file_limit();
     struct server_config cfg;
     server_config_default(&cfg);
     cfg.host = o->host;
     cfg.port = o->port;
     cfg.api_key = o->api_key;
     cfg.max_body = o->max_body;
+    cfg.timeout_s = o->timeout;
+    cfg.max_conn_per_ip = o->max_conn_per_ip;
+    cfg.cors_origins = o->cors_origins;
+    cfg.allowed_hosts = o->allowed_hosts;
     cfg.model_name = o->alias ? o->alias : base_name(path);
     cfg.ctx_size = ctx;
     cfg.chat_template = o->chat_template;
@@ -242,6 +292,8 @@ static ks_status start(const struct serve_opts *o, const char *path, struct serv
     if (o->spec.type != SPEC_NONE)
         fprintf(stderr, "kvserve serve: speculation %s, %d..%d drafts per verification\n", spec_type_name(o->spec.type),
                 o->spec.draft_min, o->spec.draft_max);
+    fprintf(stderr, "kvserve serve: at most %d connections (%d per address), idle timeout %d s\n",
+            server_max_connections(s->srv), o->max_conn_per_ip, o->timeout);
     return KS_OK;
 }
 

@@ -201,6 +201,8 @@ struct kv_selector {
     enum kv_select_kind kind;
     int32_t seq;         /* KV_SELECT_SEQ */
     int32_t keep_recent; /* KV_SELECT_OLDER_THAN: N */
+    int32_t max_pages;   /* > 0: convert only the first max_pages selected pages that change
+                            (a slice of a long requantization; call again for the rest); 0: all */
 };
 
 /* Pass as type_k or type_v to leave that half of each page as it is. */
@@ -208,16 +210,20 @@ struct kv_selector {
 
 struct kv_requant_result {
     size_t bytes_before;   /* cache bytes used before the call */
-    size_t bytes_after;    /* after it (or, for a dry run, after a real call) */
+    size_t bytes_after;    /* after it (for a dry run, or with max_pages: after converting the whole selection) */
     int32_t pages_selected;
-    int32_t pages_changed; /* selected pages whose K or V type changes */
+    int32_t pages_changed; /* selected pages whose K or V type changes (converted, unless a dry run) */
+    int32_t pages_left;    /* with max_pages: selected pages that still need converting after the call */
     double ms;             /* wall time of the conversion (0 for a dry run) */
 };
 
 /* Convert the selected pages to type_k / type_v in place: allocate the new
  * storage, convert (dequantize + quantize the stored, already rotated rows),
  * swap, free. Positions and sequence lengths are untouched. Pages shared by
- * several sequences change for all of them.
+ * several sequences change for all of them. With sel->max_pages, the
+ * budget check still covers the whole selection, and a page converted by one
+ * call is not selected as changing by the next, so calls until pages_left is
+ * 0 give the same pages as one call without it.
  * Errors: KS_ERR_INVALID_ARG (not a KV type, a block type whose block does
  * not divide head_dim, bad selector), KS_ERR_NOT_FOUND (no such sequence),
  * KS_ERR_KV_FULL (the result would exceed the budget), KS_ERR_NOMEM. On any

@@ -138,6 +138,8 @@ static ks_status check_request(const struct kv_cache *kv, const struct kv_select
         return ks_fail(KS_ERR_NOT_FOUND, "kv requantize: sequence %d does not exist", (int)sel->seq);
     if (sel->kind == KV_SELECT_OLDER_THAN && sel->keep_recent < 0)
         return ks_fail(KS_ERR_INVALID_ARG, "kv requantize: keep_recent must not be negative");
+    if (sel->max_pages < 0)
+        return ks_fail(KS_ERR_INVALID_ARG, "kv requantize: max_pages must not be negative (0 = all)");
     if (sel->kind != KV_SELECT_ALL && sel->kind != KV_SELECT_SEQ && sel->kind != KV_SELECT_OLDER_THAN)
         return ks_fail(KS_ERR_INVALID_ARG, "kv requantize: unknown selector kind %d", (int)sel->kind);
     return KS_OK;
@@ -175,14 +177,16 @@ ks_status kv_requantize(struct kv_cache *kv, const struct kv_selector *sel, enum
     /* idle cached pages belong to no sequence and are older than any window */
     for (int32_t id = kv->lru_head; sel->kind != KV_SELECT_SEQ && id >= 0; id = kv->pages[id].lru_next)
         select_page(kv, id, type_k, type_v, mark, ids, &n_change, &after, &r);
-    r.pages_changed = n_change;
+    int32_t n_convert = sel->max_pages > 0 && sel->max_pages < n_change ? sel->max_pages : n_change;
+    r.pages_changed = n_convert;
+    r.pages_left = n_change - n_convert;
     r.bytes_after = after;
     if (after > kv->cfg.mem_budget)
         st = ks_fail(KS_ERR_KV_FULL, "kv requantize: the result needs %zu bytes, over the KV budget of %zu bytes",
                      after, kv->cfg.mem_budget);
-    else if (!dry_run && n_change > 0) {
+    else if (!dry_run && n_convert > 0) {
         double t0 = now_ms();
-        st = kv_convert_pages(kv, ids, n_change, type_k, type_v);
+        st = kv_convert_pages(kv, ids, n_convert, type_k, type_v);
         r.ms = now_ms() - t0;
         KV_DEBUG_CHECK(kv, "kv_requantize");
     }

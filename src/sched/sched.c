@@ -55,8 +55,9 @@ struct req {
 
 struct hook {
     sched_hook_fn fn;
+    sched_slice_fn slice;     /* a sliced job (sched_run_sliced) instead of fn */
     void *user;
-    bool done;
+    bool done, stopped;       /* stopped: the scheduler ended before the job did */
     struct hook *next;
 };
 
@@ -76,6 +77,7 @@ struct sched {
     struct req **active;      /* admission order */
     int n_active;
     struct hook *hooks;
+    struct hook *jobs;        /* sliced jobs: one slice of each between two steps */
     uint64_t next_id, next_admit;
 
     /* step cost model (scheduler thread only), see sched_cost.h */
@@ -371,6 +373,25 @@ ks_status sched_between_steps(struct sched *s, sched_hook_fn fn, void *user)
     return KS_OK;
 }
 
+ks_status sched_run_sliced(struct sched *s, sched_slice_fn fn, void *user)
+{
+    struct hook h = {.slice = fn, .user = user};
+    pthread_mutex_lock(&s->mu);
+    if (s->stop) {
+        pthread_mutex_unlock(&s->mu);
+        return ks_fail(KS_ERR_STATE, "the scheduler has stopped");
+    }
+    struct hook **tail = &s->jobs;
+    while (*tail)
+        tail = &(*tail)->next;
+    *tail = &h;
+    pthread_cond_signal(&s->work);
+    while (!h.done)
+        pthread_cond_wait(&s->hook_done, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+    return h.stopped ? ks_fail(KS_ERR_STATE, "the scheduler stopped before the work was done") : KS_OK;
+}
+
 void sched_get_stats(struct sched *s, struct sched_stats *out)
 {
     pthread_mutex_lock(&s->mu);
@@ -512,6 +533,48 @@ static void run_hooks(struct sched *s)
         h->done = true;
         pthread_cond_broadcast(&s->hook_done);
     }
+}
+
+/* The time one slice of a job may add to a step (sched_run_sliced). */
+static double slice_budget(const struct sched *s)
+{
+    if (s->n_active == 0 && s->n_waiting == 0)
+        return SCHED_SLICE_IDLE_S;
+    enum { FIRST_GUESS_MS = 5 }; /* before any step was measured, or while requests only wait */
+    double decode = s->n_active > 0 ? sched_cost_decode(&s->cost, s->n_active) : 0;
+    double ratio = (double)s->cfg.max_itl_ratio - 1.0;
+    if (ratio < 0.5)
+        ratio = 0.5;
+    return decode > 0 ? ratio * decode : FIRST_GUESS_MS * 1e-3;
+}
+
+/* One slice of every job, in order; a finished job wakes its caller. */
+static void run_jobs(struct sched *s)
+{
+    struct hook **at = &s->jobs;
+    while (*at) {
+        struct hook *h = *at;
+        double budget = slice_budget(s);
+        pthread_mutex_unlock(&s->mu);
+        bool done = h->slice(h->user, s->eng.cache ? s->eng.cache(s->eng.ctx) : NULL, budget);
+        pthread_mutex_lock(&s->mu);
+        if (!done) {
+            at = &h->next;
+            continue;
+        }
+        *at = h->next;
+        h->done = true;
+        pthread_cond_broadcast(&s->hook_done);
+    }
+}
+
+/* At shutdown: the jobs still running end unfinished. */
+static void stop_jobs(struct sched *s)
+{
+    for (struct hook *h = s->jobs; h; h = h->next)
+        h->done = h->stopped = true;
+    s->jobs = NULL;
+    pthread_cond_broadcast(&s->hook_done);
 }
 
 static int32_t next_chunk(const struct sched *s, const struct req *r)
@@ -1083,9 +1146,13 @@ static void *sched_main(void *arg)
         if (s->stop && s->n_active == 0 && s->n_waiting == 0)
             break;
         if (s->n_active == 0 && s->n_waiting == 0) {
-            pthread_cond_wait(&s->work, &s->mu);
+            if (s->jobs)
+                run_jobs(s);
+            else
+                pthread_cond_wait(&s->work, &s->mu);
             continue;
         }
+        run_jobs(s); /* one slice per step */
         admit(s);
         pthread_mutex_unlock(&s->mu);
 
@@ -1114,6 +1181,7 @@ static void *sched_main(void *arg)
         }
     }
     run_hooks(s);
+    stop_jobs(s);
     pthread_mutex_unlock(&s->mu);
     return NULL;
 }

@@ -232,6 +232,20 @@ void sched_cancel_all(struct sched *s);
 typedef void (*sched_hook_fn)(void *user, struct kv_cache *kv);
 ks_status sched_between_steps(struct sched *s, sched_hook_fn fn, void *user);
 
+/* Long work on the cache (a requantization of every page) in slices, so the
+ * streams keep their pace: fn(user, kv, budget_s) runs on the scheduler
+ * thread once between every two steps until it returns true, and the caller
+ * waits for that. budget_s is the time one slice should take: while
+ * sequences run, what --max-itl-ratio lets a step add to a decode-only step
+ * (the decode-first budget a prefill chunk gets, at least half a decode-only
+ * step; 5 ms before one was measured), with no request at all
+ * SCHED_SLICE_IDLE_S; fn does at least one unit of work per call whatever
+ * the budget. KS_ERR_STATE when the scheduler has stopped or stops
+ * before fn is done. */
+#define SCHED_SLICE_IDLE_S 0.05
+typedef bool (*sched_slice_fn)(void *user, struct kv_cache *kv, double budget_s);
+ks_status sched_run_sliced(struct sched *s, sched_slice_fn fn, void *user);
+
 /* ---- stats --------------------------------------------------------------- */
 
 #define SCHED_HIST_BUCKETS 14

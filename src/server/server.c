@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -115,6 +116,11 @@ void reply_free(struct reply *r)
     r->stream_read = NULL;
     r->stream_free = NULL;
     r->stream_cls = NULL;
+    if (r->wait_abort)
+        r->wait_abort(r->wait_cls);
+    r->wait_poll = NULL;
+    r->wait_abort = NULL;
+    r->wait_cls = NULL;
 }
 
 unsigned server_http_status(ks_status st)
@@ -134,9 +140,7 @@ unsigned server_http_status(ks_status st)
 /* The OpenAI-shaped error body {"error":{"message","type","code"}}. When even
  * that cannot be allocated the reply is a static one, so an error is never
  * sent as an empty body. */
-static void reply_error(struct reply *r, unsigned status, const char *code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static void reply_error(struct reply *r, unsigned status, const char *code, const char *fmt, ...)
+void server_reply_error(struct reply *r, unsigned status, const char *code, const char *fmt, ...)
 {
     static const char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"code\":null}}";
     char msg[1024];
@@ -175,6 +179,8 @@ void server_config_default(struct server_config *cfg)
     cfg->max_body = 8u << 20;
     cfg->model_name = "kvserve";
     cfg->ctx_size = 4096;
+    cfg->timeout_s = 30;
+    cfg->max_conn_per_ip = 64;
 }
 
 /* ---- small routes ------------------------------------------------------------- */
@@ -259,41 +265,63 @@ static bool method_allowed(const struct route *rt, const char *method)
     return !strcmp(rt->method, method);
 }
 
+static const struct route *route_find(const char *path)
+{
+    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
+        if (!strcmp(path, routes[i].path))
+            return &routes[i];
+    return NULL;
+}
+
+/* The error convention: a failed status becomes the error reply; a KS_OK
+ * without a reply is a bug, answered as one. */
+static void route_result(const struct server_req *rq, struct reply *r, ks_status st)
+{
+    if (st) {
+        const char *msg = ks_errmsg();
+        server_reply_error(r, r->http_status ? r->http_status : server_http_status(st), r->err_code, "%s",
+                           *msg ? msg : ks_strerror(st));
+    } else if (!r->status || (!r->body && !r->stream_read && !r->wait_poll && r->status != 204)) {
+        server_reply_error(r, 500, NULL, "%s %s produced no reply (a bug in kvserve)", rq->method, rq->path);
+    }
+}
+
+static void reply_unauthorized(struct reply *r)
+{
+    server_reply_error(r, 401, "invalid_api_key", "missing or wrong API key: send the header 'Authorization: Bearer KEY'");
+}
+
 void server_dispatch(struct server *srv, const struct server_req *rq, struct reply *r)
 {
-    const struct route *rt = NULL;
-    for (size_t i = 0; i < sizeof routes / sizeof routes[0] && !rt; i++)
-        if (!strcmp(rq->path, routes[i].path))
-            rt = &routes[i];
+    const struct route *rt = route_find(rq->path);
     if (!(rt && rt->open) && !authorized(srv, rq->authorization)) {
-        reply_error(r, 401, "invalid_api_key", "missing or wrong API key: send the header 'Authorization: Bearer KEY'");
+        reply_unauthorized(r);
         return;
     }
     if (!rt) {
-        reply_error(r, 404, "not_found", "unknown route %s %s", rq->method, rq->path);
+        server_reply_error(r, 404, "not_found", "unknown route %s %s", rq->method, rq->path);
         return;
     }
     if (!method_allowed(rt, rq->method)) {
-        reply_error(r, 405, "method_not_allowed", "%s does not accept %s; use %s", rq->path, rq->method, rt->method);
+        server_reply_error(r, 405, "method_not_allowed", "%s does not accept %s; use %s", rq->path, rq->method, rt->method);
         return;
     }
     server_json_reset();
-    ks_status st = rt->fn(srv, rq, r);
-    if (st) {
-        const char *msg = ks_errmsg();
-        reply_error(r, r->http_status ? r->http_status : server_http_status(st), r->err_code, "%s",
-                    *msg ? msg : ks_strerror(st));
-    } else if (!r->status || (!r->body && !r->stream_read)) {
-        reply_error(r, 500, NULL, "%s %s produced no reply (a bug in kvserve)", rq->method, rq->path);
-    }
+    route_result(rq, r, rt->fn(srv, rq, r));
 }
 
 /* ---- connection handling -------------------------------------------------------- */
 
+/* One request on a connection (MHD's con_cls). */
 struct conn {
     char *body;
     size_t len, cap;
     bool too_big;
+    bool answered;              /* a reply was queued from the headers alone */
+    bool waiting;               /* reply is a whole reply the scheduler has yet to produce */
+    struct server_head head;    /* into MHD's storage of the request's headers */
+    struct reply reply;
+    struct server_waker *waker;
 };
 
 static const char *connection_arg(void *conn, const char *name)
@@ -301,7 +329,12 @@ static const char *connection_arg(void *conn, const char *name)
     return MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, name);
 }
 
-static enum MHD_Result send_reply(struct server *srv, struct MHD_Connection *c, struct reply *r)
+static const char *header(struct MHD_Connection *c, const char *name)
+{
+    return MHD_lookup_connection_value(c, MHD_HEADER_KIND, name);
+}
+
+static enum MHD_Result send_reply(struct server *srv, struct MHD_Connection *c, struct conn *cs, struct reply *r)
 {
     struct MHD_Response *resp;
     if (r->stream_read) {
@@ -318,7 +351,9 @@ static enum MHD_Result send_reply(struct server *srv, struct MHD_Connection *c, 
         reply_free(r);
         return MHD_NO;
     }
-    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, r->content_type ? r->content_type : "application/json");
+    if (r->status != 204)
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE,
+                                r->content_type ? r->content_type : "application/json");
     if (r->retry_after > 0) {
         char v[16];
         snprintf(v, sizeof v, "%d", r->retry_after);
@@ -328,14 +363,153 @@ static enum MHD_Result send_reply(struct server *srv, struct MHD_Connection *c, 
         MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
         MHD_add_response_header(resp, "X-Accel-Buffering", "no");
     }
+    server_guard_cors_headers(srv, &cs->head, resp);
     enum MHD_Result ret = MHD_queue_response(c, r->status, resp);
     MHD_destroy_response(resp);
+    r->stream_read = NULL;
+    r->stream_cls = NULL;
+    reply_free(r);
     pthread_mutex_lock(&srv->mu);
     srv->http_requests++;
     if (r->status >= 400)
         srv->http_errors++;
     pthread_mutex_unlock(&srv->mu);
     return ret;
+}
+
+/* A reply decided by the headers alone (refused, or a preflight): sent
+ * before the body is read, which is then not read at all. */
+static enum MHD_Result answer_early(struct server *srv, struct MHD_Connection *c, struct conn *cs)
+{
+    cs->answered = true;
+    return send_reply(srv, c, cs, &cs->reply);
+}
+
+static void reply_too_large(struct server *srv, struct reply *r)
+{
+    server_reply_error(r, 413, "request_too_large", "the request body is larger than the limit of %zu bytes (--max-body)",
+                       srv->cfg.max_body);
+}
+
+/* The first call of a request: only its headers have arrived. */
+static enum MHD_Result on_headers(struct server *srv, struct MHD_Connection *c, const char *url, const char *method,
+                                  struct conn *cs)
+{
+    cs->head = (struct server_head){
+        .method = method, .path = url, .host = header(c, MHD_HTTP_HEADER_HOST),
+        .origin = header(c, MHD_HTTP_HEADER_ORIGIN), .content_type = header(c, MHD_HTTP_HEADER_CONTENT_TYPE),
+        .acr_method = header(c, "Access-Control-Request-Method"),
+        .acr_headers = header(c, "Access-Control-Request-Headers"),
+    };
+    const struct route *rt = route_find(url);
+    if (server_guard(srv, &cs->head, rt && !strcmp(rt->method, "POST"), &cs->reply))
+        return answer_early(srv, c, cs);
+    if (!(rt && rt->open) && !authorized(srv, header(c, MHD_HTTP_HEADER_AUTHORIZATION))) {
+        reply_unauthorized(&cs->reply);
+        return answer_early(srv, c, cs);
+    }
+    const char *cl = header(c, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    if (cl && strtoull(cl, NULL, 10) > srv->cfg.max_body) {
+        reply_too_large(srv, &cs->reply);
+        return answer_early(srv, c, cs);
+    }
+    return MHD_YES;
+}
+
+/* A body past --max-body whose length was not announced (chunked) is
+ * discarded as it arrives and answered with 413 at its end; libmicrohttpd
+ * 0.9.75 cannot queue a reply in the middle of an upload. A client that
+ * sends more than this past the limit is cut off without one. */
+enum { DISCARD_MAX = 1 << 20 };
+
+/* A piece of the body. */
+static enum MHD_Result on_body(struct server *srv, struct conn *cs, const char *data, size_t n)
+{
+    if (cs->answered)
+        return MHD_YES;
+    if (cs->too_big || cs->len + n > srv->cfg.max_body) {
+        if (!cs->too_big) {
+            cs->too_big = true;
+            free(cs->body);
+            cs->body = NULL;
+            cs->cap = 0;
+        }
+        cs->len += n;
+        return cs->len - srv->cfg.max_body > DISCARD_MAX ? MHD_NO : MHD_YES;
+    }
+    if (cs->len + n + 1 > cs->cap) {
+        size_t cap = cs->cap ? cs->cap : 4096;
+        while (cap < cs->len + n + 1)
+            cap *= 2;
+        char *p = realloc(cs->body, cap);
+        if (!p)
+            return MHD_NO;
+        cs->body = p;
+        cs->cap = cap;
+    }
+    memcpy(cs->body + cs->len, data, n);
+    cs->len += n;
+    cs->body[cs->len] = '\0';
+    return MHD_YES;
+}
+
+/* The whole reply is waited for: poll it each time the connection wakes,
+ * send it when ready, sleep (suspended) otherwise. A client that hung up
+ * cancels the work, and its connection is closed. */
+static enum MHD_Result continue_waiting(struct server *srv, struct MHD_Connection *c, struct conn *cs)
+{
+    struct reply *r = &cs->reply;
+    for (;;) {
+        if (server_waker_gone(cs->waker)) {
+            reply_free(r); /* wait_abort */
+            cs->waiting = false;
+            return MHD_NO;
+        }
+        bool (*poll)(void *, struct reply *, ks_status *) = r->wait_poll;
+        void (*abort_fn)(void *) = r->wait_abort;
+        void *cls = r->wait_cls;
+        r->wait_poll = NULL;
+        r->wait_abort = NULL;
+        r->wait_cls = NULL;
+        ks_status st = KS_OK;
+        if (poll(cls, r, &st)) {
+            cs->waiting = false;
+            struct server_req rq = {.method = cs->head.method, .path = cs->head.path};
+            route_result(&rq, r, st);
+            return send_reply(srv, c, cs, r);
+        }
+        r->wait_poll = poll;
+        r->wait_abort = abort_fn;
+        r->wait_cls = cls;
+        if (server_waker_sleep(cs->waker))
+            return MHD_YES;
+    }
+}
+
+/* The request is complete: route it. */
+static enum MHD_Result on_request_end(struct server *srv, struct MHD_Connection *c, struct conn *cs)
+{
+    struct reply *r = &cs->reply;
+    if (cs->too_big) {
+        reply_too_large(srv, r);
+        return send_reply(srv, c, cs, r);
+    }
+    cs->waker = server_waker_new(srv, c);
+    if (!cs->waker) {
+        server_reply_error(r, 500, "out_of_memory", "out of memory while starting the request");
+        return send_reply(srv, c, cs, r);
+    }
+    struct server_req rq = {
+        .method = cs->head.method, .path = cs->head.path, .body = cs->body ? cs->body : "", .len = cs->len,
+        .authorization = header(c, MHD_HTTP_HEADER_AUTHORIZATION),
+        .arg = connection_arg, .arg_ctx = c, .waker = cs->waker,
+    };
+    server_dispatch(srv, &rq, r);
+    if (r->wait_poll) {
+        cs->waiting = true;
+        return continue_waiting(srv, c, cs);
+    }
+    return send_reply(srv, c, cs, r);
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
@@ -350,67 +524,67 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (!cs)
             return MHD_NO;
         *con_cls = cs;
-        /* refuse an announced oversized body before reading it */
-        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-        if (cl && strtoull(cl, NULL, 10) > srv->cfg.max_body) {
-            struct reply r = {0};
-            reply_error(&r, 413, "request_too_large",
-                        "the request body is larger than the limit of %zu bytes (--max-body)", srv->cfg.max_body);
-            return send_reply(srv, c, &r);
-        }
-        return MHD_YES;
+        server_watch_request(srv, c, true);
+        return on_headers(srv, c, url, method, cs);
     }
     if (*upload_data_size > 0) {
         size_t n = *upload_data_size;
         *upload_data_size = 0;
-        if (cs->too_big || cs->len + n > srv->cfg.max_body) {
-            cs->too_big = true;
-            return MHD_YES;
-        }
-        if (cs->len + n + 1 > cs->cap) {
-            size_t cap = cs->cap ? cs->cap : 4096;
-            while (cap < cs->len + n + 1)
-                cap *= 2;
-            char *p = realloc(cs->body, cap);
-            if (!p)
-                return MHD_NO;
-            cs->body = p;
-            cs->cap = cap;
-        }
-        memcpy(cs->body + cs->len, upload_data, n);
-        cs->len += n;
-        cs->body[cs->len] = '\0';
+        return on_body(srv, cs, upload_data, n);
+    }
+    if (cs->answered)
         return MHD_YES;
-    }
-    struct reply r = {0};
-    if (cs->too_big) {
-        reply_error(&r, 413, "request_too_large", "the request body is larger than the limit of %zu bytes (--max-body)",
-                    srv->cfg.max_body);
-    } else {
-        struct server_req rq = {
-            .method = method, .path = url, .body = cs->body ? cs->body : "", .len = cs->len,
-            .authorization = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION),
-            .arg = connection_arg, .arg_ctx = c,
-        };
-        server_dispatch(srv, &rq, &r);
-    }
-    return send_reply(srv, c, &r);
+    if (cs->waiting)
+        return continue_waiting(srv, c, cs);
+    return on_request_end(srv, c, cs);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe)
 {
-    (void)cls;
-    (void)c;
-    (void)toe;
+    struct server *srv = cls;
+    if (toe == MHD_REQUEST_TERMINATED_COMPLETED_OK) /* the connection stays open for the next request */
+        server_watch_request(srv, c, false);
     struct conn *cs = *con_cls;
     if (cs) {
+        reply_free(&cs->reply); /* a reply still waited for is cancelled */
+        if (cs->waker) {
+            server_waker_detach(cs->waker);
+            server_waker_unref(cs->waker);
+        }
         free(cs->body);
         free(cs);
         *con_cls = NULL;
     }
 }
 
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe)
+{
+    server_watch_connection(cls, c, socket_context, toe == MHD_CONNECTION_NOTIFY_STARTED);
+}
+
 /* ---- lifetime -------------------------------------------------------------------- */
+
+/* The polling threads of the daemon: enough that one request's parsing and
+ * tokenizing (done on them) does not hold up everyone else. */
+enum { HTTP_THREADS = 4 };
+/* File descriptors kept out of the connection limit: the model, the cache
+ * directory, the daemon's own (epoll, listening socket, wakeups), logs. */
+enum { RESERVED_FDS = 128 };
+
+static int connection_limit_from_files(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY)
+        return 1 << 16;
+    long n = (long)rl.rlim_cur - RESERVED_FDS;
+    return n < 16 ? 16 : n > (1 << 20) ? 1 << 20 : (int)n;
+}
+
+int server_max_connections(const struct server *srv)
+{
+    return srv->max_conn;
+}
 
 static char *dup_or_null(const char *s)
 {
@@ -454,11 +628,26 @@ ks_status server_start(const struct server_config *cfg, struct sched *sched, con
     }
     static pthread_once_t hooks_once = PTHREAD_ONCE_INIT;
     pthread_once(&hooks_once, json_hooks_install);
-    srv->daemon = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ITC,
+    srv->host_loopback = (ntohl(addr.sin_addr.s_addr) >> 24) == 127;
+    unsigned timeout = (unsigned)(cfg->timeout_s > 0 ? cfg->timeout_s : 30);
+    ks_status wst = server_watch_start(srv, (int)timeout);
+    if (wst) {
+        server_stop(srv);
+        return wst;
+    }
+    srv->max_conn = cfg->max_conn > 0 ? cfg->max_conn : connection_limit_from_files();
+    /* epoll polling threads serve every connection: an idle or slow one
+     * costs a socket and a little memory, never a thread */
+    srv->daemon = MHD_start_daemon(MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME,
                                    (uint16_t)cfg->port, NULL, NULL, on_request, srv,
                                    MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
+                                   MHD_OPTION_THREAD_POOL_SIZE, (unsigned)HTTP_THREADS,
+                                   MHD_OPTION_CONNECTION_LIMIT, (unsigned)srv->max_conn,
+                                   MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)(cfg->max_conn_per_ip > 0
+                                                                                  ? cfg->max_conn_per_ip : 0),
+                                   MHD_OPTION_CONNECTION_TIMEOUT, timeout,
                                    MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
-                                   MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)600,
+                                   MHD_OPTION_NOTIFY_CONNECTION, on_connection, srv,
                                    MHD_OPTION_END);
     if (!srv->daemon) {
         ks_status st = ks_fail(KS_ERR_IO, "cannot listen on %s:%d (port in use, or not allowed)", cfg->host, cfg->port);
@@ -504,8 +693,11 @@ void server_stop(struct server *srv)
 {
     if (!srv)
         return;
-    if (srv->daemon)
+    if (srv->daemon) {
+        server_watch_release_all(srv);
         MHD_stop_daemon(srv->daemon);
+    }
+    server_watch_stop(srv);
     pthread_mutex_destroy(&srv->mu);
     grammar_vocab_free(srv->grammar_vocab);
     free(srv->host);

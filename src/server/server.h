@@ -1,5 +1,6 @@
 /* server: the OpenAI-compatible HTTP API over the scheduler, on libmicrohttpd
- * (one thread per connection) with cJSON.
+ * (a few epoll threads for all connections; a request waiting for the model
+ * holds no thread) with cJSON.
  *
  * Routes: POST /v1/chat/completions, POST /v1/completions (SSE streaming or
  * not), GET /v1/models, GET /health, GET /metrics (Prometheus text),
@@ -36,6 +37,16 @@ struct server_config {
     int64_t chat_now;         /* the time templates see (strftime_now, date_string), seconds since
                                  the epoch; 0: the clock at each request (tests pin it) */
     struct store *store;      /* the prefix cache's SSD tier (borrowed), NULL: none */
+    /* connections: any number are served by a few polling threads */
+    int timeout_s;            /* a connection idle this long (no byte in or out, or headers not complete)
+                                 is closed, seconds (30); a request waiting for the model is not idle */
+    int max_conn;             /* open connections; 0: the open-file limit less 128 for the model and cache */
+    int max_conn_per_ip;      /* open connections from one address (64); 0: no limit */
+    /* cross-site requests and DNS rebinding (borrowed, NULL-terminated lists; NULL: empty) */
+    const char *const *cors_origins;  /* origins (scheme://host[:port]) allowed to make cross-origin
+                                         requests, "*": any; others get 403 */
+    const char *const *allowed_hosts; /* Host names accepted besides localhost, 127.0.0.1 and [::1]
+                                         when bound to a loopback address; others get 421 */
 };
 
 void server_config_default(struct server_config *cfg);
@@ -49,6 +60,8 @@ ks_status server_start(const struct server_config *cfg, struct sched *sched, con
 void server_set_ready(struct server *srv, bool ready);
 /* The port actually bound. */
 int server_port(const struct server *srv);
+/* The limit of open connections in force (cfg.max_conn, or from the open-file limit). */
+int server_max_connections(const struct server *srv);
 /* Stop accepting new connections; requests in flight continue. */
 void server_quiesce(struct server *srv);
 /* Completion requests in flight (streaming or not). */

@@ -47,6 +47,7 @@ struct call {
     int32_t n_prompt;
     int32_t n_cached;                  /* prompt tokens the prefix cache served (under mu) */
     int32_t n_drafted, n_accepted;     /* speculation: draft tokens verified, accepted (under mu) */
+    struct server_waker *waker;        /* woken at each event (under mu); NULL: the HTTP side blocks, or left */
     struct grammar *grammar;           /* response_format / grammar constraint, NULL: none */
     /* output state (HTTP thread only) */
     int consumed;
@@ -56,6 +57,7 @@ struct call {
     bool stopped;                      /* a stop string matched */
     cJSON *lp;                         /* accumulated logprobs (non-streaming), NULL: none asked */
     bool oom;                          /* output was lost to an allocation failure */
+    bool waited;                       /* a whole reply: its wait has begun (lp is set up) */
     struct sbuf out;                   /* pending SSE bytes */
     size_t out_pos;
     const char *tail;                  /* static SSE bytes sent after out (the out-of-memory error) */
@@ -78,6 +80,7 @@ struct group {
     struct call *calls[MAX_CHOICES];
     int n;
     int turn;                          /* the choice the stream serves next */
+    struct server_waker *waker;        /* the connection's (a reference), NULL: in-process, blocking */
     bool ended;                        /* [DONE] (or a failure's end) is in calls[turn]'s out */
 };
 
@@ -139,6 +142,8 @@ static void on_event(void *user, const struct sched_event *ev)
             snprintf(c->error, sizeof c->error, "%s", ev->error);
     }
     pthread_cond_broadcast(&c->cv);
+    if (c->waker)
+        server_wake(c->waker);
     pthread_mutex_unlock(&c->mu);
     if (cancel)
         sched_cancel(c->srv->sched, ev->id);
@@ -627,7 +632,8 @@ static cJSON *response_head(const struct call *c, const char *object)
 
 /* ---- non-streaming ----------------------------------------------------------------- */
 
-static bool pull(struct call *c, cJSON *lp, int *n_new);
+enum pulled { PULL_EMPTY, PULL_SOME, PULL_OVER };
+static enum pulled pull(struct call *c, cJSON *lp, int *n_new, bool wait);
 
 static bool call_dropped(struct call *c)
 {
@@ -637,13 +643,31 @@ static bool call_dropped(struct call *c)
     return dropped;
 }
 
-/* Wait for the choice's end; a failed choice fails the request. */
-static ks_status choice_wait(struct call *c, struct reply *r)
+/* Consume what has arrived for c; true once the choice is over. wait:
+ * block until it is (a route driven in-process). */
+static bool choice_over(struct call *c, bool wait)
 {
-    c->lp = c->logprobs >= 0 ? lp_new(c->chat) : NULL;
+    if (!c->waited) {
+        c->waited = true;
+        c->lp = c->logprobs >= 0 ? lp_new(c->chat) : NULL;
+    }
     int n;
-    while (!pull(c, c->lp, &n))
+    enum pulled p;
+    while ((p = pull(c, c->lp, &n, wait)) == PULL_SOME)
         ;
+    return p == PULL_OVER;
+}
+
+/* A choice that is over failed (and fails the request). */
+static bool choice_failed(struct call *c)
+{
+    return call_dropped(c) || c->oom ||
+           (!c->stopped && (c->finish == SCHED_FINISH_ERROR || c->finish == SCHED_FINISH_CANCELLED));
+}
+
+/* The outcome of a choice that is over; a failed choice fails the request. */
+static ks_status choice_result(struct call *c, struct reply *r)
+{
     if (!c->stopped && !c->oom)
         flush_detok(c);
     if (call_dropped(c) || c->oom) /* group_done cancels the request */
@@ -699,8 +723,11 @@ static ks_status choice_json(struct call *c, cJSON *choices, struct reply *r)
 static ks_status respond_whole(struct group *g, struct reply *r)
 {
     ks_status st = KS_OK;
-    for (int i = 0; i < g->n && !st; i++)
-        st = choice_wait(g->calls[i], r);
+    for (int i = 0; i < g->n && !st; i++) {
+        while (!choice_over(g->calls[i], true)) /* at once when the choices are over (whole_poll) */
+            ;
+        st = choice_result(g->calls[i], r);
+    }
     if (st)
         return st;
     struct call *c = g->calls[0];
@@ -1006,17 +1033,25 @@ static void stream_finish(struct group *g)
     }
 }
 
-/* Wait for tokens or the end, consume what arrived (at most PULL_MAX at a
- * time, copied on the stack so that draining never allocates); true once the
- * call is over (finished and drained, cut by a stop string, or failed). */
+/* Consume what arrived (at most PULL_MAX at a time, copied on the stack so
+ * that draining never allocates): PULL_OVER once the call is over (finished
+ * and drained, cut by a stop string, or failed), PULL_EMPTY when nothing has
+ * arrived yet (only without wait; wait blocks until something does). */
 enum { PULL_MAX = 16 };
 
-static bool pull(struct call *c, cJSON *lp, int *n_new)
+static enum pulled pull(struct call *c, cJSON *lp, int *n_new, bool wait)
 {
     struct item batch[PULL_MAX];
+    *n_new = 0;
+    if (c->stopped || c->oom)
+        return PULL_OVER;
     pthread_mutex_lock(&c->mu);
-    while (c->consumed == c->n_items && !c->finished)
+    while (wait && c->consumed == c->n_items && !c->finished)
         pthread_cond_wait(&c->cv, &c->mu);
+    if (c->consumed == c->n_items && !c->finished) {
+        pthread_mutex_unlock(&c->mu);
+        return PULL_EMPTY;
+    }
     int n = c->n_items - c->consumed;
     if (n > PULL_MAX)
         n = PULL_MAX;
@@ -1029,11 +1064,13 @@ static bool pull(struct call *c, cJSON *lp, int *n_new)
     for (int i = 0; i < n && !c->stopped && !c->oom; i++)
         consume(c, &batch[i], lp);
     *n_new = n;
-    return c->stopped || c->oom || (drained && (dropped || c->consumed == upto));
+    bool over = c->stopped || c->oom || (drained && (dropped || c->consumed == upto));
+    return over ? PULL_OVER : PULL_SOME;
 }
 
-/* Produce the next SSE bytes into c->out; blocks until tokens arrive. */
-static void stream_fill(struct call *c)
+/* Produce the next SSE bytes into c->out; false when nothing has arrived
+ * (wait: block until something does). */
+static bool stream_fill(struct call *c, bool wait)
 {
     server_json_reset();
     if (!c->role_sent) {
@@ -1041,20 +1078,25 @@ static void stream_fill(struct call *c)
         if (c->chat) {
             if (!sse_send(c, chunk_new(c, "", true, NULL, NULL)))
                 stream_fail(c);
-            return;
+            return true;
         }
     }
     cJSON *lp = c->logprobs >= 0 ? lp_new(c->chat) : NULL;
     int n = 0;
-    bool over = pull(c, lp, &n);
+    enum pulled p = pull(c, lp, &n, wait);
+    if (p == PULL_EMPTY) {
+        cJSON_Delete(lp);
+        return false;
+    }
     if (n > 0 && !c->oom)
         stream_text(c, false, lp);
     else
         cJSON_Delete(lp);
     if (c->oom)
         stream_fail(c);
-    else if (over)
+    else if (p == PULL_OVER)
         stream_end(c);
+    return true;
 }
 
 /* Copy c's pending SSE bytes (out, then a failure's tail) into buf; 0: none. */
@@ -1080,20 +1122,32 @@ static size_t stream_drain(struct call *c, char *buf, size_t max)
     return n;
 }
 
-/* Serve the next choice that has not ended (round robin, so the choices
- * advance together); once none is left, the stream's end. */
-static void stream_next(struct group *g)
+/* Serve the next choice that has not ended and has something (round robin,
+ * so the choices advance together); once none is left, the stream's end.
+ * false: every choice left is still waiting for the scheduler. */
+static bool stream_next(struct group *g, bool wait)
 {
+    bool left = false;
     for (int k = 1; k <= g->n; k++) {
         int i = (g->turn + k) % g->n;
-        if (!g->calls[i]->done) {
+        if (g->calls[i]->done)
+            continue;
+        left = true;
+        if (stream_fill(g->calls[i], wait)) {
             g->turn = i;
-            return stream_fill(g->calls[i]);
+            return true;
         }
     }
+    if (left)
+        return false;
     stream_finish(g);
+    return true;
 }
 
+/* The response's content reader: the bytes ready now; with nothing ready,
+ * the connection sleeps (suspended, no thread held) until the scheduler's
+ * next event wakes it. A client that hung up meanwhile ends the stream, and
+ * stream_free cancels the request. */
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 {
     (void)pos;
@@ -1105,7 +1159,10 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
             return (ssize_t)n;
         if (g->ended || c->tail) /* a failure's tail ends the stream; group_done cancels the rest */
             return MHD_CONTENT_READER_END_OF_STREAM;
-        stream_next(g);
+        if (g->waker && server_waker_gone(g->waker))
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        if (!stream_next(g, !g->waker) && server_waker_sleep(g->waker))
+            return 0;
     }
 }
 
@@ -1115,6 +1172,7 @@ static void call_release(struct call *c)
 {
     pthread_mutex_lock(&c->mu);
     bool finished = c->finished;
+    c->waker = NULL;
     pthread_mutex_unlock(&c->mu);
     if (!finished)
         sched_cancel(c->srv->sched, c->sched_id);
@@ -1126,10 +1184,38 @@ static void group_done(struct group *g)
     struct server *srv = g->srv;
     for (int i = 0; i < g->n; i++)
         call_release(g->calls[i]);
+    if (g->waker)
+        server_waker_unref(g->waker);
     pthread_mutex_lock(&srv->mu);
     srv->in_flight--;
     pthread_mutex_unlock(&srv->mu);
     free(g);
+}
+
+/* A whole reply (wait_poll): consume what has arrived; once every choice
+ * is over, or one has failed, the reply. */
+static bool whole_poll(void *cls, struct reply *r, ks_status *st)
+{
+    struct group *g = cls;
+    bool over = true;
+    struct call *failed = NULL;
+    for (int i = 0; i < g->n; i++) {
+        struct call *c = g->calls[i];
+        if (!choice_over(c, false))
+            over = false;
+        else if (!failed && choice_failed(c))
+            failed = c;
+    }
+    if (!over && !failed)
+        return false;
+    *st = failed ? choice_result(failed, r) : respond_whole(g, r);
+    group_done(g);
+    return true;
+}
+
+static void whole_abort(void *cls)
+{
+    group_done(cls);
 }
 
 static void stream_free(void *cls)
@@ -1436,6 +1522,7 @@ static ks_status group_submit(struct group *g, const struct sched_request *rq)
     struct sched_choice choices[MAX_CHOICES];
     uint64_t ids[MAX_CHOICES];
     for (int i = 0; i < g->n; i++) {
+        g->calls[i]->waker = g->waker;
         choices[i] = (struct sched_choice){rq->sampling, g->calls[i]};
         choices[i].sampling.seed += (uint64_t)i;
         g->calls[i]->refs = 2; /* HTTP side + scheduler side until the final event */
@@ -1468,6 +1555,9 @@ static ks_status completion(struct server *srv, bool chat, const struct server_r
     pthread_mutex_lock(&srv->mu);
     srv->in_flight++;
     pthread_mutex_unlock(&srv->mu);
+    g->waker = req->waker;
+    if (g->waker)
+        server_waker_ref(g->waker);
     st = group_submit(g, &rq);
     free(ids);
     if (st) {
@@ -1477,6 +1567,13 @@ static ks_status completion(struct server *srv, bool chat, const struct server_r
         }
         group_done(g);
         return st; /* 400 a prompt (or n) the scheduler refuses, 500 out of memory */
+    }
+    if (!c->stream && g->waker) {
+        r->status = 200;
+        r->wait_poll = whole_poll;
+        r->wait_abort = whole_abort;
+        r->wait_cls = g;
+        return KS_OK;
     }
     if (!c->stream) {
         st = respond_whole(g, r);

@@ -39,11 +39,17 @@ struct server {
     struct grammar_vocab *grammar_vocab; /* tok's pieces for constrained sampling; NULL without tok */
     struct MHD_Daemon *daemon;
     int port;
+    int max_conn;               /* the daemon's connection limit */
+    bool host_loopback;         /* bound to a loopback address: Host must name it (server_guard.c) */
+    struct server_watch *watch; /* the hangup watcher of suspended connections (server_wait.c) */
     pthread_mutex_t mu;
     bool ready;
     int in_flight;
     uint64_t next_call;
     uint64_t http_requests, http_errors;
+    /* POST /cache/requantize, one at a time, in slices between steps (under mu) */
+    bool requant_running;
+    int32_t requant_done, requant_total; /* pages converted / to convert (grows as streams add pages) */
 };
 
 /* One HTTP request as the routes see it (no libmicrohttpd in it, so routes
@@ -57,6 +63,9 @@ struct server_req {
     /* The value of a query argument, NULL if absent; arg may be NULL (no query). */
     const char *(*arg)(void *arg_ctx, const char *name);
     void *arg_ctx;
+    /* The connection's way back after waiting for the scheduler; NULL (a
+     * route driven in-process): the route blocks instead of waiting. */
+    struct server_waker *waker;
 };
 
 /* The value of query argument name, NULL if absent. */
@@ -76,7 +85,75 @@ struct reply {
     MHD_ContentReaderCallback stream_read;
     MHD_ContentReaderFreeCallback stream_free;
     void *stream_cls;
+    /* A whole reply the scheduler has yet to produce: set instead of body
+     * (only with a waker). The router calls wait_poll each time the
+     * connection is woken; it returns false while the reply is not ready,
+     * else fills r or fails as a route does (*st) and has released wait_cls.
+     * wait_abort releases wait_cls (cancelling the work) when the client has
+     * gone. */
+    bool (*wait_poll)(void *wait_cls, struct reply *r, ks_status *st);
+    void (*wait_abort)(void *wait_cls);
+    void *wait_cls;
 };
+
+/* ---- waiting without a thread (server_wait.c) -------------------------------------
+ *
+ * The daemon serves every connection from a few polling threads, so a route
+ * never blocks while the scheduler generates: the connection is suspended
+ * (MHD_suspend_connection) and resumed when the scheduler delivers an event.
+ * A waker is that link, shared (refcounted) by the connection and the work
+ * it waits for. While suspended, libmicrohttpd does not watch the socket, so
+ * a watcher thread polls the suspended sockets for a hangup and resumes the
+ * connection marked gone; the router (or the stream reader) then cancels the
+ * work through the normal release path. */
+struct server_waker;
+/* A waker for connection conn of srv's daemon (one reference), NULL when out of memory. */
+struct server_waker *server_waker_new(struct server *srv, struct MHD_Connection *conn);
+void server_waker_ref(struct server_waker *w);
+void server_waker_unref(struct server_waker *w);
+/* The connection is closing (MHD's completion callback): later wakes do nothing. */
+void server_waker_detach(struct server_waker *w);
+/* Any thread: what the connection waits for has happened (a token, the end). */
+void server_wake(struct server_waker *w);
+/* The polling thread, inside an access handler or content reader of w's
+ * connection: suspend it until the next server_wake. false: a wake arrived
+ * since the last sleep (or the client has gone), so look again instead. */
+bool server_waker_sleep(struct server_waker *w);
+/* The client closed its connection while the work waited. */
+bool server_waker_gone(struct server_waker *w);
+/* The watcher thread (started before the daemon, stopped after it). It
+ * also enforces the header deadline: a request's headers must be complete
+ * within timeout_s of the connection's opening or of its previous request's
+ * end, or the socket is shut down (slowloris). */
+ks_status server_watch_start(struct server *srv, int timeout_s);
+void server_watch_stop(struct server *srv);
+/* Resume every suspended connection as gone (its work is cancelled): the
+ * daemon must not be stopped with a connection suspended. */
+void server_watch_release_all(struct server *srv);
+/* MHD's connection notifications (open: STARTED, else CLOSED). */
+void server_watch_connection(struct server *srv, struct MHD_Connection *conn, void **socket_context, bool open);
+/* A request's headers arrived (began), or its reply is done (!began). */
+void server_watch_request(struct server *srv, struct MHD_Connection *conn, bool began);
+
+/* ---- the front door (server_guard.c) ----------------------------------------------
+ *
+ * Checks made from the request's headers alone, before its body is read:
+ * DNS rebinding (Host), cross-site requests (Origin, CORS preflight) and the
+ * body's type. */
+struct server_head {
+    const char *method, *path;
+    const char *host, *origin, *content_type;
+    const char *acr_method, *acr_headers; /* Access-Control-Request-Method / -Headers */
+};
+/* Fills r with the refusal (421 Host, 403 Origin, 415 Content-Type on a
+ * POST route) or the answer to a CORS preflight (OPTIONS, 204), and returns
+ * true; false: the request may go on. post_route: the path is a POST route. */
+bool server_guard(const struct server *srv, const struct server_head *h, bool post_route, struct reply *r);
+/* The CORS headers of a reply to h (an allowed cross-origin request), added to resp. */
+void server_guard_cors_headers(const struct server *srv, const struct server_head *h, struct MHD_Response *resp);
+/* The OpenAI-shaped error reply (server.c); r's previous content is released. */
+void server_reply_error(struct reply *r, unsigned status, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 
 /* A route: reads the request, fills r and returns KS_OK, or returns a failed
  * status with ks_errmsg() saying why (reply_fail adds an OpenAI error code).

@@ -268,6 +268,19 @@ static void usage_hook(void *user, struct kv_cache *kv)
     u->oom |= server_json_failed();
 }
 
+/* "requantize": {"running", "pages_done", "pages_total"}: the running (or
+ * last) POST /cache/requantize. */
+static bool add_requantize_progress(struct server *srv, cJSON *out)
+{
+    pthread_mutex_lock(&srv->mu);
+    bool running = srv->requant_running;
+    int32_t done = srv->requant_done, total = srv->requant_total;
+    pthread_mutex_unlock(&srv->mu);
+    cJSON *o = cJSON_AddObjectToObject(out, "requantize");
+    return o && cJSON_AddBoolToObject(o, "running", running) && cJSON_AddNumberToObject(o, "pages_done", done) &&
+           cJSON_AddNumberToObject(o, "pages_total", total);
+}
+
 ks_status server_route_cache_usage(struct server *srv, const struct server_req *rq, struct reply *r)
 {
     (void)rq;
@@ -275,6 +288,8 @@ ks_status server_route_cache_usage(struct server *srv, const struct server_req *
     ks_status st = sched_between_steps(srv->sched, usage_hook, &u);
     if (st)
         return reply_fail(r, st, "shutting_down", "%s", ks_errmsg());
+    if (!u.oom)
+        u.oom = !add_requantize_progress(srv, u.out);
     if (u.oom) {
         cJSON_Delete(u.out);
         return reply_fail(r, KS_ERR_NOMEM, NULL, "out of memory while reading the cache usage");
@@ -291,44 +306,100 @@ struct requant_ctx {
     bool by_request;
     enum quant_type tk, tv;
     bool dry_run;
+    int32_t pages_per_step;   /* > 0: the slice size asked for; 0: sized by each step's time budget */
+    double page_s;            /* measured seconds per converted page, 0 before the first */
+    int slices;               /* slices run (0: not started) */
     ks_status st;
     char err[512];
     struct kv_requant_result res;
 };
 
-static void requant_hook(void *user, struct kv_cache *kv)
+/* Resolve the request id of scope "request" to its sequence (first slice). */
+static bool resolve_request(struct requant_ctx *q)
+{
+    enum { MAX_LIST = 1024 };
+    struct sched_request_info *reqs = malloc(MAX_LIST * sizeof *reqs);
+    if (!reqs) {
+        q->st = KS_ERR_NOMEM;
+        snprintf(q->err, sizeof q->err, "out of memory while looking request %llu up",
+                 (unsigned long long)q->request_id);
+        return false;
+    }
+    int n = sched_list_requests(q->srv->sched, reqs, MAX_LIST);
+    q->sel.seq = -1;
+    for (int i = 0; i < n && i < MAX_LIST; i++)
+        if (reqs[i].id == q->request_id)
+            q->sel.seq = reqs[i].seq;
+    free(reqs);
+    if (q->sel.seq >= 0)
+        return true;
+    q->st = KS_ERR_NOT_FOUND;
+    snprintf(q->err, sizeof q->err, "request %llu is not holding KV pages (finished, waiting or unknown)",
+             (unsigned long long)q->request_id);
+    return false;
+}
+
+/* Pages for this slice: as many as the measured speed fits in the budget. */
+static int32_t slice_pages(const struct requant_ctx *q, double budget_s)
+{
+    if (q->pages_per_step > 0)
+        return q->pages_per_step;
+    if (q->page_s <= 0)
+        return 1;
+    double n = budget_s / q->page_s;
+    return n < 1 ? 1 : n > 1e6 ? 1000000 : (int32_t)n;
+}
+
+static void note_slice(struct requant_ctx *q, const struct kv_requant_result *r)
+{
+    if (q->slices++ == 0) {
+        q->res.bytes_before = r->bytes_before;
+        q->res.pages_selected = r->pages_selected;
+    }
+    q->res.bytes_after = r->bytes_after;
+    q->res.pages_changed += r->pages_changed;
+    q->res.ms += r->ms;
+    if (r->pages_changed > 0) {
+        double per = r->ms * 1e-3 / r->pages_changed;
+        q->page_s = q->page_s > 0 ? 0.5 * q->page_s + 0.5 * per : per;
+    }
+    if (q->dry_run)
+        return; /* the progress shown is the running requantization's */
+    pthread_mutex_lock(&q->srv->mu);
+    q->srv->requant_done = q->res.pages_changed;
+    q->srv->requant_total = q->res.pages_changed + r->pages_left;
+    pthread_mutex_unlock(&q->srv->mu);
+}
+
+/* One slice of a requantization (sched_run_sliced): true when it is done. */
+static bool requant_slice(void *user, struct kv_cache *kv, double budget_s)
 {
     struct requant_ctx *q = user;
     if (!kv) {
         q->st = KS_ERR_UNSUPPORTED;
         snprintf(q->err, sizeof q->err, "this engine has no KV cache");
-        return;
+        return true;
     }
-    if (q->by_request) {
-        enum { MAX_LIST = 1024 };
-        struct sched_request_info *reqs = malloc(MAX_LIST * sizeof *reqs);
-        if (!reqs) {
-            q->st = KS_ERR_NOMEM;
-            snprintf(q->err, sizeof q->err, "out of memory while looking request %llu up",
-                     (unsigned long long)q->request_id);
-            return;
-        }
-        int n = sched_list_requests(q->srv->sched, reqs, MAX_LIST);
-        q->sel.seq = -1;
-        for (int i = 0; i < n && i < MAX_LIST; i++)
-            if (reqs[i].id == q->request_id)
-                q->sel.seq = reqs[i].seq;
-        free(reqs);
-        if (q->sel.seq < 0) {
-            q->st = KS_ERR_NOT_FOUND;
-            snprintf(q->err, sizeof q->err, "request %llu is not holding KV pages (finished, waiting or unknown)",
-                     (unsigned long long)q->request_id);
-            return;
-        }
+    if (q->slices == 0 && q->by_request && !resolve_request(q))
+        return true;
+    q->sel.max_pages = q->dry_run ? 0 : slice_pages(q, budget_s);
+    struct kv_requant_result r = {0};
+    ks_status st = kv_requantize(kv, &q->sel, q->tk, q->tv, q->dry_run, &r);
+    if (st == KS_ERR_NOT_FOUND && q->slices > 0)
+        return true; /* the request's sequence ended meanwhile: its pages are done or gone */
+    if (st) {
+        q->st = st;
+        if (q->slices > 0)
+            snprintf(q->err, sizeof q->err, "stopped after converting %d pages: %s", (int)q->res.pages_changed,
+                     ks_errmsg());
+        else
+            snprintf(q->err, sizeof q->err, "%s", ks_errmsg());
+        if (st == KS_ERR_KV_FULL && q->slices == 0)
+            q->res = r; /* it says how much was missing */
+        return true;
     }
-    q->st = kv_requantize(kv, &q->sel, q->tk, q->tv, q->dry_run, &q->res);
-    if (q->st)
-        snprintf(q->err, sizeof q->err, "%s", ks_errmsg());
+    note_slice(q, &r);
+    return q->dry_run || r.pages_left == 0;
 }
 
 static ks_status parse_type(cJSON *root, const char *key, enum quant_type *out, struct reply *r)
@@ -374,6 +445,40 @@ static ks_status parse_scope(cJSON *root, struct requant_ctx *q, struct reply *r
     return KS_OK;
 }
 
+static ks_status parse_pages_per_step(cJSON *root, struct requant_ctx *q, struct reply *r)
+{
+    cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "pages_per_step");
+    if (!v || cJSON_IsNull(v))
+        return KS_OK;
+    if (!cJSON_IsNumber(v) || v->valuedouble < 1 || v->valuedouble > 1e6 || v->valuedouble != floor(v->valuedouble))
+        return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value",
+                          "'pages_per_step' must be a whole number of pages from 1 to 1000000 (or leave it out: "
+                          "each step then converts what fits in its time budget)");
+    q->pages_per_step = (int32_t)v->valuedouble;
+    return KS_OK;
+}
+
+/* One requantization runs at a time: a second one would convert the same
+ * pages and double the stall the slicing avoids. */
+static ks_status claim_requantize(struct server *srv, struct reply *r)
+{
+    pthread_mutex_lock(&srv->mu);
+    bool busy = srv->requant_running;
+    int32_t done = srv->requant_done, total = srv->requant_total;
+    if (!busy) {
+        srv->requant_running = true;
+        srv->requant_done = srv->requant_total = 0;
+    }
+    pthread_mutex_unlock(&srv->mu);
+    if (!busy)
+        return KS_OK;
+    r->http_status = 409;
+    return reply_fail(r, KS_ERR_STATE, "requantize_running",
+                      "a requantization is already running (%d of %d pages done); wait for it to finish "
+                      "(GET /cache/usage shows its progress under \"requantize\") and send this one again",
+                      (int)done, (int)total);
+}
+
 ks_status server_route_requantize(struct server *srv, const struct server_req *rq, struct reply *r)
 {
     cJSON *root;
@@ -388,11 +493,24 @@ ks_status server_route_requantize(struct server *srv, const struct server_req *r
         st = reply_fail(r, KS_ERR_INVALID_ARG, "invalid_type", "'dry_run' must be true or false");
     if (!st && q.tk == KV_TYPE_KEEP && q.tv == KV_TYPE_KEEP)
         st = reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value", "give 'type_k' and/or 'type_v'");
+    if (!st)
+        st = parse_pages_per_step(root, &q, r);
     q.dry_run = cJSON_IsTrue(dry);
     cJSON_Delete(root);
     if (st)
         return st;
-    if ((st = sched_between_steps(srv->sched, requant_hook, &q)))
+    if (!q.dry_run && (st = claim_requantize(srv, r)))
+        return st;
+    struct sched_stats before, after;
+    sched_get_stats(srv->sched, &before);
+    st = sched_run_sliced(srv->sched, requant_slice, &q);
+    sched_get_stats(srv->sched, &after);
+    if (!q.dry_run) {
+        pthread_mutex_lock(&srv->mu);
+        srv->requant_running = false;
+        pthread_mutex_unlock(&srv->mu);
+    }
+    if (st)
         return reply_fail(r, st, "shutting_down", "%s", ks_errmsg());
     if (q.st) { /* 404 an unknown request, 409 the cache is full, 500 out of memory, else 400 */
         bool keep = q.st == KS_ERR_NOT_FOUND || q.st == KS_ERR_KV_FULL || q.st == KS_ERR_NOMEM;
@@ -406,6 +524,8 @@ ks_status server_route_requantize(struct server *srv, const struct server_req *r
     cJSON_AddNumberToObject(o, "pages_selected", q.res.pages_selected);
     cJSON_AddNumberToObject(o, "pages_converted", q.res.pages_changed);
     cJSON_AddNumberToObject(o, "ms", q.res.ms);
+    cJSON_AddNumberToObject(o, "slices", q.slices);
+    cJSON_AddNumberToObject(o, "steps", (double)(after.steps - before.steps)); /* scheduler steps in between */
     return reply_json(r, 200, o);
 }
 

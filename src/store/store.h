@@ -6,8 +6,9 @@
  *
  * On disk an entry is a header (magic, format version, model fingerprint,
  * key, parent key, token count, payload length, XXH3-64 checksum of header
- * and payload) followed by the blob, plus a small metadata record (last use,
- * size, hits, parent) that the in-memory index is rebuilt from at open.
+ * and payload keyed with the directory's secret file) followed by the blob,
+ * plus a small metadata record (last use, size, hits, parent) that the
+ * in-memory index is rebuilt from at open.
  *
  * Durability: every batch is one LMDB write transaction. LMDB never
  * overwrites the pages a committed transaction points to, so killing the
@@ -45,9 +46,15 @@ struct store_config {
 };
 
 /* Open or create the store and rebuild the index from its metadata (entries
- * without metadata and metadata without entries are deleted). Errors:
- * KS_ERR_IO (the directory cannot be created or LMDB refuses it; the message
- * names the directory and LMDB's error), KS_ERR_INVALID_ARG, KS_ERR_NOMEM. */
+ * without metadata, metadata without entries, entries with a broken header
+ * and entries of an older format are deleted). A damaged directory (data.mdb
+ * shorter than LMDB recorded, broken meta pages or B-tree, a walk that
+ * crashes LMDB in a child process) is renamed to <dir>.damaged-<UTC time>,
+ * with a line on stderr, and the store starts empty. Errors: KS_ERR_IO (the
+ * directory cannot be created or moved aside, belongs to another user or is
+ * writable by group/others, holds a symbolic link where LMDB or the secret
+ * is, or LMDB refuses it; the message names the path and the fix),
+ * KS_ERR_INVALID_ARG, KS_ERR_NOMEM. Forks once (the check's child). */
 ks_status store_open(const struct store_config *cfg, struct store **out);
 /* Commit everything queued, stop the writer and close. NULL is a no-op. */
 void store_close(struct store *s);

@@ -4,10 +4,16 @@
 
 #include <lmdb.h>
 #include <pthread.h>
+#include <stdarg.h>
+#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack, XXH3_generateSecret */
+#include <xxhash.h>
 
 #include "store/store.h"
 
-enum { STORE_MAGIC = 0x5453564B /* "KVST" */, STORE_VERSION = 1 };
+/* Version 2: checksums keyed with the directory's secret (version 1 entries
+ * are dropped at open, see the "format" record). */
+enum { STORE_MAGIC = 0x5453564B /* "KVST" */, STORE_VERSION = 2, STORE_SECRET_BYTES = 32 };
+#define STORE_SECRET_FILE "secret.key"
 
 /* In front of every blob in the entries database. */
 struct store_header {
@@ -16,7 +22,7 @@ struct store_header {
     struct store_key key, parent;
     uint32_t n_tokens, reserved;
     uint64_t payload_len;
-    uint64_t checksum;        /* XXH3-64 of the payload, seeded with XXH3-64 of this header (checksum 0) */
+    uint64_t checksum;        /* XXH3-64 with the directory's secret of this header (checksum 0), then the payload */
 };
 _Static_assert(sizeof(struct store_header) == 80, "the entry header is an on-disk format");
 
@@ -102,6 +108,12 @@ struct store {
     int consecutive_failures;
     struct store_stats st;
     double read_bps;               /* EWMA of measured read throughput */
+    uint8_t secret[XXH3_SECRET_DEFAULT_SIZE]; /* keys the checksums, from the directory's secret file */
+    char damage[512];              /* why the directory was found damaged ("" if it was not) */
+    /* LMDB's map as opened, for store_value_sane (the open's walk only) */
+    const uint8_t *map_base;
+    uint32_t psize;
+    uint64_t file_bytes;
 };
 
 /* Disk footprint of an entry of len blob bytes: LMDB stores it in whole pages. */
@@ -110,5 +122,25 @@ uint64_t store_now_ms(void);
 void *store_writer_main(void *arg);
 /* Disable the tier (mu held): log once, drop the queue. */
 void store_disable(struct store *s, const char *why);
+
+/* store_check.c: checks before LMDB maps anything. */
+/* The directory is the server user's and nobody else can write it. */
+ks_status store_check_dir(const char *dir);
+/* data.mdb and lock.mdb, if present, are regular files of ours (no links). */
+ks_status store_check_files(const char *dir);
+/* data.mdb holds the pages its current meta page records (a few missing at
+ * the end are added as zeros); *recorded_out: that size, 0 without a file. */
+ks_status store_check_data(struct store *s, uint64_t *recorded_out);
+/* Read (or make, 0600, on first use) the directory's secret into s->secret. */
+ks_status store_load_secret(struct store *s);
+/* Note in s->damage why the directory is damaged; returns KS_ERR_IO. */
+ks_status store_damaged(struct store *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* A value LMDB returned during the open's walk: one on overflow pages must
+ * follow an overflow page header naming its own page and the pages the value
+ * needs, all within the file (else deleting it would make LMDB free pages
+ * that are not its own, and reading it could run past the file). */
+bool store_value_sane(const struct store *s, const MDB_val *v);
+/* Rename dir to <dir>.damaged-<UTC time>; moved_to: the new name. */
+ks_status store_move_aside(const char *dir, char *moved_to, size_t cap);
 
 #endif

@@ -26,7 +26,7 @@ check() { # name expected_status curl-args...
     echo "FAIL $name: want $want got $got: $(head -c 300 "$tmp/body")"; fail=1
   else echo "ok   $name ($got)"; fi
 }
-auth=(-H "Authorization: Bearer sekret")
+auth=(-H "Authorization: Bearer sekret" -H "Content-Type: application/json")
 check health-no-key 200 "$url/health"
 check page-no-key 200 "$url/"
 check usage-key-in-url 401 "$url/cache/usage?key=sekret"

@@ -7,6 +7,8 @@ import { dirname } from 'node:path';
 import assert from 'node:assert/strict';
 
 const SKIP = 77;
+// POSTs must say they carry JSON (the server refuses others: cross-site forms)
+const JSON_TYPE = { 'Content-Type': 'application/json' };
 const bin = process.env.KVSERVE_BIN;
 const shared = process.env.KVSERVE_SHARED || '../shared';
 const trained = `${shared}/models/trained/tiny-llama-gqa-hd64-f32.gguf`;
@@ -210,7 +212,7 @@ async function basic() {
     const plain = await client.chat.completions.create({ model: 'x', messages: ask, tools, max_tokens: 1 });
     assert.ok(short.usage.prompt_tokens > plain.usage.prompt_tokens, `${short.usage.prompt_tokens} vs ${plain.usage.prompt_tokens}`);
     assert.ok(longer.usage.prompt_tokens > short.usage.prompt_tokens + 5, `${longer.usage.prompt_tokens} vs ${short.usage.prompt_tokens}`);
-    const applied = await (await fetch(`http://127.0.0.1:${p.port}/apply-template`, { method: 'POST',
+    const applied = await (await fetch(`http://127.0.0.1:${p.port}/apply-template`, { method: 'POST', headers: JSON_TYPE,
       body: JSON.stringify({ messages: withResult('18 degrees, light rain'), tools }) })).json();
     assert.ok(applied.prompt.includes('18 degrees, light rain'), applied.prompt);
     assert.ok(applied.prompt.includes('get_weather'), applied.prompt);
@@ -247,7 +249,7 @@ async function concurrency() {
       await new Promise((r) => setTimeout(r, 5));
     }
     const rq = await (await fetch(`http://127.0.0.1:${p.port}/cache/requantize`, {
-      method: 'POST', body: JSON.stringify({ type_k: 'q8_0', type_v: 'q8_0', scope: 'all' }),
+      method: 'POST', headers: JSON_TYPE, body: JSON.stringify({ type_k: 'q8_0', type_v: 'q8_0', scope: 'all' }),
     })).json();
     const after = await running;
     assert.ok(rq.pages_converted > 0, 'requantize converted no pages: ' + JSON.stringify(rq));
@@ -405,7 +407,7 @@ async function tools() {
     assert.equal(reply.choices[0].message.role, 'assistant');
     assert.equal(typeof reply.choices[0].message.content, 'string');
     assert.ok(['stop', 'length', 'tool_calls'].includes(reply.choices[0].finish_reason));
-    const applied = await (await fetch(`http://127.0.0.1:${p.port}/apply-template`, { method: 'POST',
+    const applied = await (await fetch(`http://127.0.0.1:${p.port}/apply-template`, { method: 'POST', headers: JSON_TYPE,
       body: JSON.stringify({ messages: thread, tools: toolList }) })).json();
     assert.ok(applied.prompt.includes(result), applied.prompt);
     assert.ok(applied.prompt.includes(call.function.name), applied.prompt);

@@ -28,12 +28,12 @@ url=http://127.0.0.1:$port
 # Three clients keep long generations going so pages are live whenever the page polls.
 for i in 1 2 3; do
   ( while kill -0 $pid 2>/dev/null; do
-      curl -s "$url/v1/completions" -d "{\"prompt\":\"Once upon a time $i\",\"max_tokens\":1900,\"ignore_eos\":true}" >/dev/null
+      curl -s -H "Content-Type: application/json" "$url/v1/completions" -d "{\"prompt\":\"Once upon a time $i\",\"max_tokens\":1900,\"ignore_eos\":true}" >/dev/null
     done ) &
   loops+=($!)
 done
 for _ in $(seq 100); do curl -s "$url/cache/usage" | grep -q '"page_map_k"' && break; sleep 0.1; done
-curl -s "$url/cache/requantize" -d '{"type_k":"q4_0","scope":"all"}' >/dev/null # a mix of precisions to show
+curl -s -H "Content-Type: application/json" "$url/cache/requantize" -d '{"type_k":"q4_0","scope":"all"}' >/dev/null # a mix of precisions to show
 
 chromium_run() { # extra args...
   timeout 120 "$chrome" --headless --no-sandbox --disable-gpu --disable-quic --no-first-run \
