@@ -14,7 +14,7 @@
 #include <time.h>
 
 #include "bench_util.h"
-#include "quant/kquants.h"
+#include "quant/kq_internal.h"
 
 static uint64_t rng = 88172645463325252ull;
 static uint64_t next_rand(void)

@@ -1,9 +1,10 @@
 /* bench_matmul: quant_matmul speed on the weight shapes of real models.
  *
  *   bench_matmul [-t THREADS] [-r REPS] [-p PREFILL_TOKENS] [-n DECODE_TOKENS] [--type q4_0,q8_0,f16,q4_K]
+ *                (any type name quant_type_from_name knows, e.g. mxfp4, iq4_nl)
  *                [--model llama-1b|qwen3-0.6b] [--cpu] [--no-repack]
  *
- * Q4_0 / Q8_0 weights are repacked as the model loader repacks them
+ * Q4_0 / Q8_0 / IQ4_NL / MXFP4 weights are repacked as the model loader repacks them
  * (quant_repack) where the shape allows; --no-repack keeps them row-major.
  * Decode (-n tokens, default 1: one decode stream; 2-16: as many streams
  * batched) reports GB/s of weight bytes read; the weights are cycled

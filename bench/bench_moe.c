@@ -3,9 +3,11 @@
  * (quant_matmul_experts) against one quant_matmul per expert and matrix.
  *
  *   bench_moe [-t THREADS] [-r REPS] [-b 1,16,512] [--type q4_0,q8_0,q4_K]
- *             [--model qwen3moe-30b-a3b|mixtral-8x7b] [--cpu] [--no-repack]
+ *             [--model qwen3moe-30b-a3b|mixtral-8x7b|gpt-oss-20b] [--cpu] [--no-repack]
  *
- * Q4_0 / Q8_0 experts are repacked as the model loader repacks them (each
+ * gpt-oss-20b's shape is its experts' (2880 -> 2880, 4 of 32), without their
+ * biases and clamped SwiGLU (the plain one costs the same); run it with
+ * --type mxfp4. Q4_0 / Q8_0 / IQ4_NL / MXFP4 experts are repacked as the model loader repacks them (each
  * expert's slice on its own) unless --no-repack keeps them row-major.
  * Routing is random (k distinct experts per token, a new draw per rep), and
  * each rep reads the next of several copies of the layer's experts, so a
@@ -33,6 +35,7 @@ struct moe_shape {
 static const struct moe_shape k_models[] = {
     {"qwen3moe-30b-a3b", 2048, 768, 128, 8},
     {"mixtral-8x7b", 4096, 14336, 8, 2},
+    {"gpt-oss-20b", 2880, 2880, 32, 4},
 };
 
 static clockid_t g_clock = CLOCK_MONOTONIC;
@@ -268,7 +271,7 @@ int main(int argc, char **argv)
             g_repack = false;
         else {
             fprintf(stderr, "usage: %s [-t THREADS] [-r REPS] [-b 1,16,512] [--type q4_0,q8_0,q4_K] "
-                            "[--model qwen3moe-30b-a3b|mixtral-8x7b] [--cpu] [--no-repack]\n", argv[0]);
+                            "[--model qwen3moe-30b-a3b|mixtral-8x7b|gpt-oss-20b] [--cpu] [--no-repack]\n", argv[0]);
             return 2;
         }
     }

@@ -145,6 +145,7 @@ static void test_match_basics(void **state)
     assert_true(grammar_complete(st));
     assert_int_equal(grammar_accept_text(st, "\xf4\x90", 2), KS_ERR_INVALID_ARG);
     assert_int_equal(grammar_accept_text(st, "\xe0\x80", 2), KS_ERR_INVALID_ARG); /* overlong */
+    assert_int_equal(grammar_check(st), KS_OK); /* refusals leave a sound state */
     grammar_state_free(st);
     grammar_free(g);
 

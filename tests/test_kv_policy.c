@@ -280,6 +280,23 @@ static void test_bad_values_change_nothing(void **state)
 
 /* ---- the demotion ladder -------------------------------------------------- */
 
+static void test_parse_type(void **state)
+{
+    (void)state;
+    enum quant_type t = QUANT_F32;
+    assert_int_equal(kv_parse_type("Q8_0", &t), KS_OK);
+    assert_int_equal(t, QUANT_Q8_0);
+    assert_int_equal(kv_parse_type("iq3_nl", &t), KS_OK);
+    assert_int_equal(t, QUANT_IQ3_NL);
+    const char *bad[] = {"q4_k", "q9_9", "", NULL}; /* a weight type, no type, nothing */
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        t = QUANT_F16;
+        assert_int_equal(kv_parse_type(bad[i], &t), KS_ERR_INVALID_ARG);
+        assert_non_null(strstr(ks_errmsg(), "is not a KV cache type (use f32, f16"));
+        assert_int_equal(t, QUANT_F16); /* unchanged */
+    }
+}
+
 static void test_parse_ladder(void **state)
 {
     (void)state;
@@ -436,6 +453,7 @@ int main(void)
         cmocka_unit_test(test_lower_high_watermark_demotes_at_next_allocation),
         cmocka_unit_test(test_start_types_apply_to_new_pages_only),
         cmocka_unit_test(test_bad_values_change_nothing),
+        cmocka_unit_test(test_parse_type),
         cmocka_unit_test(test_parse_ladder),
         cmocka_unit_test(test_dynamic_policy_four_step_ladder),
         cmocka_unit_test(test_dynamic_policy_ladder_to_iq3_nl),

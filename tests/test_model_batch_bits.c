@@ -12,7 +12,7 @@
  * short context (37 tokens, 3 pages of 16) and a long one (420 tokens, 27
  * pages, which attention splits into page ranges).
  *
- * Models: tiny llamas written by synth at q4_0 and q8_0 with every matrix
+ * Models: tiny llamas written by synth at q4_0, q8_0 and mxfp4 with every matrix
  * (the untied output too) at that type, the trained q4_0 model in ../shared
  * when present, repacked (the default); the build's default model (tiny
  * llama, q8_0, KVSERVE_DEFAULT_MODEL), whose output is its tied q8_0 token
@@ -369,6 +369,14 @@ static void test_q8_0_repacked(void **state)
     assert_int_equal(check_synth("q8_0", 0, k_any_batch, "tiny q8_0"), 0);
 }
 
+/* MXFP4 (IQ4_NL's kernels but for the table and the scale): repacked, every
+ * batch runs the group kernels, the reference's bits. */
+static void test_mxfp4_repacked(void **state)
+{
+    (void)state;
+    assert_int_equal(check_synth("mxfp4", 0, k_any_batch, "tiny mxfp4"), 0);
+}
+
 /* k-quants are not repacked: decode runs the one-token vec_dot and small
  * batches its multi-token twin, bit-identical to it; from 8 tokens (32 for
  * Q4_K/Q6_K with AVX-512) the prefill tiles give the scalar reference's bits
@@ -412,6 +420,7 @@ int main(void)
         cmocka_unit_test(test_default_model),
         cmocka_unit_test(test_q4_0_repacked),
         cmocka_unit_test(test_q8_0_repacked),
+        cmocka_unit_test(test_mxfp4_repacked),
         cmocka_unit_test(test_q4_k),
         cmocka_unit_test(test_trained_q4_0_repacked),
         cmocka_unit_test(test_row_major),

@@ -19,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "quant/kquants.h"
+#include "quant/kq_internal.h"
 #include "support/skip.h"
 
 /* ---- random numbers ---------------------------------------------------- */

@@ -31,7 +31,7 @@
 
 #include <cmocka.h>
 
-#include "quant/kquants.h"
+#include "quant/kq_internal.h"
 #include "support/skip.h"
 
 typedef void (*ggml_from_float_fn)(const float *x, void *y, int64_t k);

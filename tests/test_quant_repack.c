@@ -1,4 +1,4 @@
-/* quant: repacked Q4_0 / Q8_0 weights. The repack keeps every block
+/* quant: repacked Q4_0 / Q8_0 / IQ4_NL / MXFP4 weights. The repack keeps every block
  * (unpacking gives the original bytes back; the tail rows past the last
  * whole group keep their bytes in place), a row looked up in the layout is
  * the row-major row's floats, quant_matmul_repacked gives the scalar
@@ -19,6 +19,7 @@
 
 #include <cmocka.h>
 
+#include "quant/iq4_mxfp4.h"
 #include "quant/quant.h"
 #include "quant/quant_internal.h"
 
@@ -31,7 +32,7 @@ static float rndf(void)
     return (float)((rng_state >> 40) & 0xffffff) / 16777216.0f * 2.0f - 1.0f;
 }
 
-static const enum quant_type k_types[] = {QUANT_Q4_0, QUANT_Q8_0};
+static const enum quant_type k_types[] = {QUANT_Q4_0, QUANT_Q8_0, QUANT_IQ4_NL, QUANT_MXFP4};
 
 /* rows x cols of wtype from random floats (some rows scaled down, so
  * scales differ widely between the rows of a group). */
@@ -48,6 +49,9 @@ static void *random_matrix(enum quant_type wtype, int64_t rows, int64_t cols)
             row[c] = rndf() * scale;
         quant_traits(wtype)->from_float(row, W + r * wrow, cols);
     }
+    if (wtype == QUANT_MXFP4) /* the smallest exponents, whose scales are subnormal floats, in some blocks */
+        for (int64_t r = 0; r < rows; r += 3)
+            ((block_mxfp4 *)(void *)(W + r * wrow))[r % (cols / QK_MXFP4)].e = (uint8_t)(r % 2);
     free(row);
     return W;
 }
@@ -63,7 +67,12 @@ static float *random_tokens(int64_t n, int64_t cols)
 
 static quant_vec_dot_fn ref_dot(enum quant_type wtype)
 {
-    return wtype == QUANT_Q4_0 ? quant_vec_dot_q4_0_q8_0_ref : quant_vec_dot_q8_0_q8_0_ref;
+    switch (wtype) {
+    case QUANT_Q4_0: return quant_vec_dot_q4_0_q8_0_ref;
+    case QUANT_IQ4_NL: return quant_vec_dot_iq4_nl_q8_0_ref;
+    case QUANT_MXFP4: return quant_vec_dot_mxfp4_q8_0_scalar;
+    default: return quant_vec_dot_q8_0_q8_0_ref;
+    }
 }
 
 /* Y[t][r] by the scalar reference vec_dot on the row-major matrix. */
@@ -103,6 +112,8 @@ static void test_repack_keeps_every_block(void **state)
                     assert_memory_equal(blk, W + r * wrow + b * bb, bb);
                 }
 #if defined(QUANT_HAVE_AVX2)
+                if (t == QUANT_IQ4_NL || t == QUANT_MXFP4) /* no prefill tile reads these */
+                    continue;
                 /* the prefill tiles' read of a repacked row, gathered or from the tail */
                 float d_rp, d_rows;
                 __m256i v_rp = quant_weight_block_bytes(P, t, true, rows, nb, r, b, &d_rp);
@@ -124,6 +135,10 @@ static void test_repack_refuses_what_does_not_fit(void **state)
     assert_true(R == 8 || R == 16);
     assert_true(quant_repack_fits(QUANT_Q4_0, R, 64));
     assert_true(quant_repack_fits(QUANT_Q4_0, R + 1, 64)); /* one tail row */
+    assert_true(quant_repack_fits(QUANT_IQ4_NL, R, 64));
+    assert_true(quant_repack_fits(QUANT_MXFP4, 2 * R + 3, 96));
+    assert_false(quant_repack_fits(QUANT_MXFP4, R - 1, 64));
+    assert_false(quant_repack_fits(QUANT_IQ4_XS, R, 256));
     assert_false(quant_repack_fits(QUANT_Q8_0, R - 1, 64)); /* no whole group: row-major kernels */
     assert_false(quant_repack_fits(QUANT_Q8_0, 0, 64));
     assert_false(quant_repack_fits(QUANT_Q4_1, R, 64));

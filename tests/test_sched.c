@@ -201,6 +201,7 @@ static void test_choices_share_prompt(void **state)
     sched_get_stats(s, &st);
     assert_int_equal(st.prompt_tokens, P);
     assert_int_equal(st.forked_choices, N - 1);
+    assert_int_equal(sched_check(s), KS_OK);
     sched_free(s);
     struct mock_engine_stats ms = mock_stats(m);
     assert_int_equal(ms.forks, N - 1);
@@ -236,6 +237,7 @@ static void test_choices_under_preemption(void **state)
     sched_get_stats(s, &st);
     assert_true(st.preemptions > 0);
     assert_true(st.forked_choices > 0);
+    assert_int_equal(sched_check(s), KS_OK); /* Debug builds checked it after every change too */
     stop_clean(s, m);
 }
 

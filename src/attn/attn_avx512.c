@@ -17,6 +17,7 @@
  * the f32 query with FMAs, through the float reduction. */
 #include "attn/attn_internal.h"
 #include "vmath/vmath.h"
+#include "vmath/vmath_simd.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX2__) && \
     defined(__FMA__) && defined(__F16C__)
@@ -99,9 +100,9 @@ ALWAYS_INLINE void store_scores(__m512 z, int nr, const struct attn_rows *rows, 
 ALWAYS_INLINE __m512 load16(const void *p, enum quant_type t)
 {
     if (t == QUANT_F16)
-        return _mm512_cvtph_ps(_mm256_loadu_si256(p));
+        return vmath_load16_f16(p);
     if (t == QUANT_BF16)
-        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(p)), 16));
+        return vmath_load16_bf16(p);
     return _mm512_loadu_ps(p);
 }
 
@@ -295,8 +296,6 @@ struct qchunk {
 
 enum { MAX_CHUNKS = 8 }; /* head_dim up to 512 for q4_0, 256 for q8_0; larger goes to AVX2 */
 
-ALWAYS_INLINE __mmask64 byte_mask(int n) { return n >= 64 ? ~(__mmask64)0 : n <= 0 ? 0 : ((__mmask64)1 << n) - 1; }
-
 static void prep_q4(const struct attn_rows *rows, int r, int b0, int nbk, struct qchunk *out)
 {
     int nb = rows->dim / QK8_0;
@@ -441,8 +440,8 @@ ALWAYS_INLINE void quant_score_block(const uint8_t *k, bool q4, int nch, int n_t
     __mmask64 mask[2 * MAX_CHUNKS];
     for (int c = 0; c < nch; c++) {
         int nbk = nb - c * per < per ? nb - c * per : per;
-        mask[2 * c] = byte_mask((int)(nbk * bb));
-        mask[2 * c + 1] = byte_mask((int)(nbk * bb) - shift);
+        mask[2 * c] = vmath_byte_mask((int)(nbk * bb));
+        mask[2 * c + 1] = vmath_byte_mask((int)(nbk * bb) - shift);
         for (int i = 0; i < nr; i++)
             (q4 ? prep_q4 : prep_q8)(rows, r0 + i, c * per, nbk, &qc[i * nch + c]);
     }

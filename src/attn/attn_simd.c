@@ -5,6 +5,7 @@
  * attn_avx512.c and uses this one for what it does not cover. */
 #include "attn/attn_internal.h"
 #include "vmath/vmath.h"
+#include "vmath/vmath_simd.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
@@ -26,12 +27,8 @@ ALWAYS_INLINE float hsum8(__m256 v)
 }
 
 ALWAYS_INLINE __m256 load8_f32(const void *p) { return _mm256_loadu_ps(p); }
-ALWAYS_INLINE __m256 load8_f16(const void *p) { return _mm256_cvtph_ps(_mm_loadu_si128(p)); }
-/* bf16 is the high half of an f32 */
-ALWAYS_INLINE __m256 load8_bf16(const void *p)
-{
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(p)), 16));
-}
+ALWAYS_INLINE __m256 load8_f16(const void *p) { return vmath_load8_f16(p); }
+ALWAYS_INLINE __m256 load8_bf16(const void *p) { return vmath_load8_bf16(p); }
 
 /* sum(u * s) over 32 bytes in 8 int32 lanes: u unsigned, s signed; no
  * saturation because |u| <= 127 for q8_0 and <= 15 for q4_0 nibbles. */

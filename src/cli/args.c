@@ -104,16 +104,6 @@ bool cli_parse_mem(const char *s, size_t *bytes)
     return true;
 }
 
-bool cli_parse_kv_type(const char *s, enum quant_type *out)
-{
-    for (int i = 0; s && i < KV_N_TYPES; i++)
-        if (!strcasecmp(s, quant_type_name(kv_type_at(i)))) {
-            *out = kv_type_at(i);
-            return true;
-        }
-    return false;
-}
-
 bool cli_parse_kv_policy(const char *s, enum kv_policy *out)
 {
     if (s && !strcasecmp(s, "static"))
@@ -164,9 +154,9 @@ bool cli_parse_kv_flag(const char *a, const char *v, struct cli_kv_flags *f, boo
     if (is_flag(a, "--kv-mem", NULL))
         *ok = cli_parse_mem(v, &f->mem);
     else if (is_flag(a, "-ctk", "--cache-type-k"))
-        *ok = cli_parse_kv_type(v, &c->type_k);
+        *ok = kv_parse_type(v, &c->type_k) == KS_OK;
     else if (is_flag(a, "-ctv", "--cache-type-v"))
-        *ok = cli_parse_kv_type(v, &c->type_v);
+        *ok = kv_parse_type(v, &c->type_v) == KS_OK;
     else if (is_flag(a, "--kv-policy", NULL))
         *ok = cli_parse_kv_policy(v, &c->policy);
     else if (is_flag(a, "--kv-page", "--kv-page-tokens")) /* the second: an older spelling */
@@ -182,7 +172,7 @@ bool cli_parse_kv_flag(const char *a, const char *v, struct cli_kv_flags *f, boo
     else if (is_flag(a, "--kv-hot", NULL))
         *ok = cli_parse_int(v, 0, 1 << 24, &c->hot_tokens);
     else if (is_flag(a, "--kv-floor", NULL))
-        *ok = cli_parse_kv_type(v, &c->floor);
+        *ok = kv_parse_type(v, &c->floor) == KS_OK;
     else if (is_flag(a, "--kv-ladder", NULL))
         *ok = v && kv_parse_ladder(v, c) == KS_OK;
     else if (is_flag(a, "--kv-high", NULL))
@@ -264,7 +254,7 @@ const char cli_model_flags_help[] =
     "      --mmap               map the model file instead of reading it into huge pages\n"
     "                           (page cache shared between processes, faster start, slower decode;\n"
     "                           the weights stay row-major: no repacking)\n"
-    "      --no-repack          keep Q4_0/Q8_0 weights row-major instead of repacking them at load\n"
+    "      --no-repack          keep Q4_0/Q8_0/IQ4_NL/MXFP4 weights row-major instead of repacking them at load\n"
     "                           into interleaved row groups for this CPU's kernels (A/B runs)\n"
     "      --kv-mem SIZE        cache budget, e.g. 512M, 2G, 25% (default: room for the run;\n"
     "                           serve: parallel x ctx-size tokens, at most 25% of RAM)\n"

@@ -27,8 +27,6 @@ bool cli_parse_threads(const char *s, int *out);
 bool cli_parse_mem(const char *s, size_t *bytes);
 /* "on" or "off". */
 bool cli_parse_on_off(const char *s, bool *out);
-/* A KV cache element type: f32, f16, q8_0 or q4_0 (case-insensitive). */
-bool cli_parse_kv_type(const char *s, enum quant_type *out);
 /* A comma-separated id list "1,2,3" into a malloc'd array (caller frees). */
 bool cli_parse_ids(const char *s, int32_t **ids, int32_t *n);
 

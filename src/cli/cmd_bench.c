@@ -123,7 +123,7 @@ static bool int_list(const char *v, int lo, int hi, struct int_list *out)
 
 static bool thread_item(const char *s, void *ctx, int i) { return cli_parse_threads(s, &((struct int_list *)ctx)->v[i]); }
 
-static bool type_item(const char *s, void *ctx, int i) { return cli_parse_kv_type(s, &((struct type_list *)ctx)->v[i]); }
+static bool type_item(const char *s, void *ctx, int i) { return kv_parse_type(s, &((struct type_list *)ctx)->v[i]) == KS_OK; }
 
 static bool parse_format(const char *v, enum bench_format *f)
 {

@@ -122,9 +122,7 @@ struct chat {
     struct sampler *sampler;
     struct tokenizer *tok;
     struct tok_stream *stream;
-    enum tok_chat_family fam;   /* with --chat-template NAME */
-    struct jinja_template *jt;  /* else the model's (or the file's) Jinja template */
-    char *bos_text, *eos_text;
+    struct tok_chat_setup tmpl; /* --chat-template NAME's family, else the file's or the model's Jinja template */
     int32_t seq, n_vocab, n_ctx;
     struct tok_chat_msg *msgs; /* contents are malloc'd */
     size_t n_msgs, cap_msgs;
@@ -143,43 +141,24 @@ static void chat_free(struct chat *c)
     sample_free(c->sampler);
     tok_stream_free(c->stream);
     tok_free(c->tok);
-    jinja_free(c->jt);
-    free(c->bos_text);
-    free(c->eos_text);
+    tok_chat_setup_free(&c->tmpl);
     cli_engine_free(&c->e);
 }
 
-/* The template, as the server takes it: --chat-template NAME picks a
- * hand-written family; else --chat-template-file, the model's
+/* The template, as the server takes it (tok_chat_setup): --chat-template
+ * NAME picks a hand-written family; else --chat-template-file, the model's
  * tokenizer.chat_template, or ChatML for a model without one. */
 static ks_status template_setup(struct chat *c)
 {
     const struct chat_opts *o = c->o;
-    if (o->template_name)
-        return tok_chat_for(c->tok, o->template_name, &c->fam);
     size_t len = 0;
     char *file = NULL;
-    const char *src = NULL, *origin = "the model's tokenizer.chat_template";
-    if (o->template_file) {
-        if (!(file = cli_read_file(o->template_file, &len)))
-            return ks_fail(KS_ERR_IO, "cannot read --chat-template-file %s", o->template_file);
-        src = file;
-        origin = o->template_file;
-    } else if (!(src = tok_chat_template(c->tok, &len))) {
-        src = jinja_chatml_template;
-        len = strlen(src);
-    }
-    ks_status st = jinja_parse(src, len, &c->jt);
+    if (!o->template_name && o->template_file && !(file = cli_read_file(o->template_file, &len)))
+        return ks_fail(KS_ERR_IO, "cannot read --chat-template-file %s", o->template_file);
+    ks_status st = tok_chat_setup(c->tok, o->template_name, file, len, o->template_file, &c->tmpl);
     free(file);
-    if (st) {
-        char why[512];
-        snprintf(why, sizeof why, "%s", ks_errmsg());
-        return ks_fail(st, "%s does not parse: %s (give --chat-template-file F or --chat-template NAME)", origin, why);
-    }
-    const struct tok_special *sp = tok_special(c->tok);
-    c->bos_text = tok_text_dup(c->tok, sp->bos);
-    c->eos_text = tok_text_dup(c->tok, sp->eos);
-    return c->bos_text && c->eos_text ? KS_OK : ks_fail(KS_ERR_NOMEM, "out of memory");
+    c->tmpl.src = NULL; /* the parsed template keeps its own copy */
+    return st;
 }
 
 /* The conversation through the Jinja template, as the server renders a request. */
@@ -199,9 +178,9 @@ static ks_status render_jinja(struct chat *c, char **text)
         return ks_fail(KS_ERR_NOMEM, "out of memory for the conversation");
     }
     size_t max_out = (size_t)c->n_ctx * 64;
-    struct jinja_chat chat = {c->bos_text, c->eos_text, 1, NULL};
+    struct jinja_chat chat = {c->tmpl.bos_text, c->tmpl.eos_text, 1, NULL};
     struct jinja_opts opts = {.max_output = max_out > (64u << 10) ? max_out : 64u << 10, .now = (int64_t)time(NULL)};
-    ks_status st = jinja_chat_render(c->jt, req, &chat, &opts, text, NULL);
+    ks_status st = jinja_chat_render(c->tmpl.jt, req, &chat, &opts, text, NULL);
     cJSON_Delete(req);
     return st;
 }
@@ -246,7 +225,7 @@ static ks_status chat_setup(struct chat *c, const char *path)
     if (o->system && (st = add_msg(c, "system", o->system, strlen(o->system))))
         return st;
     fprintf(stderr, "kvserve chat: template %s, context %d tokens\n",
-            c->jt ? (o->template_file ? o->template_file : "the model's (Jinja)") : tok_chat_name(c->fam),
+            c->tmpl.jt ? (o->template_file ? o->template_file : "the model's (Jinja)") : tok_chat_name(c->tmpl.family),
             (int)c->n_ctx);
     return KS_OK;
 }
@@ -278,7 +257,7 @@ static ks_status prepare_turn(struct chat *c)
     char *text = NULL;
     int32_t *ids = NULL;
     size_t n = 0;
-    ks_status st = c->jt ? render_jinja(c, &text) : tok_chat_render(c->tok, c->fam, c->msgs, c->n_msgs, true, &text);
+    ks_status st = c->tmpl.jt ? render_jinja(c, &text) : tok_chat_render(c->tok, c->tmpl.family, c->msgs, c->n_msgs, true, &text);
     if (!st)
         st = tok_encode(c->tok, text, strlen(text), TOK_ADD_SPECIAL | TOK_PARSE_SPECIAL, &ids, &n);
     free(text);

@@ -247,6 +247,15 @@ bool grammar_complete(const struct grammar_state *st);
 uint64_t grammar_state_walks(const struct grammar_state *st);
 uint64_t grammar_state_shared_hits(const struct grammar_state *st);
 
+/* Debug aid: check the state's invariants (its stacks: node and set bounds,
+ * parents before children, sets sorted and within GRAMMAR_MAX_STACKS, the set
+ * table; where the text is; its mask cache's byte count; the vocabulary's
+ * shared mask cache: entries, bytes and limit, every key findable).
+ * KS_ERR_INTERNAL names the first broken one. Debug builds (no NDEBUG;
+ * -DKS_GRAMMAR_CHECK=0/1 overrides) also run it after every call here that
+ * changes a state and abort naming the call; Release builds never do. */
+ks_status grammar_check(const struct grammar_state *st);
+
 /* Does g accept exactly text[0..len)? False with ks_errmsg() set when it
  * does not (or on out of memory). */
 bool grammar_match(struct grammar *g, const char *text, size_t len);

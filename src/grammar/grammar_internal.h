@@ -79,4 +79,28 @@ static inline int32_t gsat_add(int32_t a, int32_t b)
     return s >= GRAMMAR_INF ? GRAMMAR_INF : (int32_t)s;
 }
 
+/* ---- the shared mask cache (grammar_mask_cache.c) --------------------------------- */
+
+/* A set's mask depends only on the grammar's content and the set's stacks'
+ * content, so states of separately compiled copies of one grammar share it:
+ * the key is a grammar fingerprint and a 128-bit canonical hash of the set. */
+struct mask_key {
+    uint64_t grammar, lo, hi;
+};
+
+/* Thread-safe (one lock); full: everything is dropped and it starts over. */
+struct mask_cache;
+struct mask_cache *gmask_cache_new(size_t limit); /* NULL when out of memory */
+void gmask_cache_free(struct mask_cache *c);
+/* Copy the cached block of k into bits (room for a whole block); false when absent. */
+bool gmask_cache_get(struct mask_cache *c, const struct mask_key *k, uint64_t *bits, int32_t *maxD);
+/* Keep a copy of a mask's block of words (an allocation failure only means it is not kept). */
+void gmask_cache_put(struct mask_cache *c, const struct mask_key *k, const uint64_t *bits, size_t words,
+                     int32_t maxD);
+/* Drop every mask and set the limit in bytes. */
+void gmask_cache_reset(struct mask_cache *c, size_t limit);
+void gmask_cache_stats(struct mask_cache *c, struct grammar_mask_cache_stats *out);
+/* Its invariants (grammar_check); KS_ERR_INTERNAL names the first broken one. */
+ks_status gmask_cache_check(struct mask_cache *c);
+
 #endif

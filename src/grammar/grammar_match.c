@@ -3,10 +3,10 @@
 #include "grammar/grammar_internal.h"
 
 #include <math.h>
+#include <stdio.h>
 #ifdef __AVX512F__
 #include <immintrin.h>
 #endif
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -28,6 +28,22 @@ enum {
 /* The vocabulary's cache of masks shared by every state over it (see
  * grammar_vocab_set_mask_cache), ~3500 masks at 151k tokens. */
 #define SHARED_MASK_BYTES ((size_t)64 << 20)
+
+/* Debug builds check a state's invariants after every call that changes it
+ * (grammar_check). */
+#ifndef KS_GRAMMAR_CHECK
+#ifdef NDEBUG
+#define KS_GRAMMAR_CHECK 1
+#else
+#define KS_GRAMMAR_CHECK 1
+#endif
+#endif
+#if KS_GRAMMAR_CHECK
+static void grammar_debug_check(const struct grammar_state *st, const char *call);
+#define GRAMMAR_DEBUG_CHECK(st, call) grammar_debug_check(st, call)
+#else
+#define GRAMMAR_DEBUG_CHECK(st, call) ((void)0)
+#endif
 
 #define UNKNOWN (-2)
 #define DEAD 0      /* the empty set: nothing can follow */
@@ -139,128 +155,6 @@ struct grammar_vocab {
 
 enum { MAX_PIECE = 4096 };
 
-/* ---- the shared mask cache ------------------------------------------------------------ */
-
-/* A set's mask depends only on the grammar's content and the set's stacks'
- * content, so states of separately compiled copies of one grammar (one per
- * request) share it. Keys are 192-bit hashes: a grammar fingerprint and a
- * 128-bit canonical hash of the set. Full: everything is dropped and the cache
- * starts over (bounded memory, no bookkeeping per use). */
-struct mask_key {
-    uint64_t grammar, lo, hi;
-};
-
-struct shared_mask {
-    struct mask_key key;
-    int32_t maxD;
-    uint64_t *bits;           /* the block (see LIST_MAX), NULL: empty slot */
-    size_t n_words;
-};
-
-struct mask_cache {
-    pthread_mutex_t mu;
-    struct shared_mask *slots;
-    uint32_t cap, n;          /* cap a power of two, at most half full */
-    size_t bytes, limit;
-    uint64_t hits, misses;
-};
-
-static void mask_cache_clear(struct mask_cache *c)
-{
-    for (uint32_t i = 0; i < c->cap; i++) {
-        free(c->slots[i].bits);
-        c->slots[i].bits = NULL;
-    }
-    c->n = 0;
-    c->bytes = 0;
-}
-
-static void mask_cache_free(struct mask_cache *c)
-{
-    if (!c)
-        return;
-    mask_cache_clear(c);
-    free(c->slots);
-    pthread_mutex_destroy(&c->mu);
-    free(c);
-}
-
-static struct mask_cache *mask_cache_new(size_t limit)
-{
-    struct mask_cache *c = calloc(1, sizeof *c);
-    if (!c)
-        return NULL;
-    pthread_mutex_init(&c->mu, NULL);
-    c->limit = limit;
-    return c;
-}
-
-static bool key_equal(const struct mask_key *a, const struct mask_key *b)
-{
-    return a->grammar == b->grammar && a->lo == b->lo && a->hi == b->hi;
-}
-
-static uint32_t key_slot(const struct mask_cache *c, const struct mask_key *k)
-{
-    uint32_t i = (uint32_t)(k->lo ^ k->grammar) & (c->cap - 1);
-    while (c->slots[i].bits && !key_equal(&c->slots[i].key, k))
-        i = (i + 1) & (c->cap - 1);
-    return i;
-}
-
-/* Copy the cached block of k into bits (room for a whole block); false
- * when absent. */
-static bool mask_cache_get(struct mask_cache *c, const struct mask_key *k, uint64_t *bits, int32_t *maxD)
-{
-    pthread_mutex_lock(&c->mu);
-    struct shared_mask *e = c->cap ? &c->slots[key_slot(c, k)] : NULL;
-    bool hit = e && e->bits;
-    if (hit) {
-        memcpy(bits, e->bits, e->n_words * sizeof *bits);
-        *maxD = e->maxD;
-        c->hits++;
-    } else {
-        c->misses++;
-    }
-    pthread_mutex_unlock(&c->mu);
-    return hit;
-}
-
-/* Keep a copy of a mask (an allocation failure only means it is not kept). */
-static void mask_cache_put(struct mask_cache *c, const struct mask_key *k, const uint64_t *bits, size_t words,
-                           int32_t maxD)
-{
-    size_t size = words * sizeof *bits;
-    pthread_mutex_lock(&c->mu);
-    if (c->bytes + size > c->limit)
-        mask_cache_clear(c);
-    if (size <= c->limit && 2 * (c->n + 1) > c->cap) {
-        uint32_t cap = c->cap ? 2 * c->cap : 64;
-        struct shared_mask *slots = calloc(cap, sizeof *slots);
-        if (slots) {
-            struct shared_mask *old = c->slots;
-            uint32_t old_cap = c->cap;
-            c->slots = slots;
-            c->cap = cap;
-            for (uint32_t i = 0; i < old_cap; i++)
-                if (old[i].bits)
-                    c->slots[key_slot(c, &old[i].key)] = old[i];
-            free(old);
-        }
-    }
-    uint64_t *copy = size <= c->limit && 2 * (c->n + 1) <= c->cap ? malloc(size) : NULL;
-    struct shared_mask *e = copy ? &c->slots[key_slot(c, k)] : NULL;
-    if (e && !e->bits) {
-        memcpy(copy, bits, size);
-        *e = (struct shared_mask){*k, maxD, copy, words};
-        c->n++;
-        c->bytes += size;
-    } else {
-        free(copy); /* another state put it first */
-    }
-    pthread_mutex_unlock(&c->mu);
-}
-
 static const struct grammar_vocab *sort_vocab; /* qsort context (vocab_create is not reentrant-sensitive: see lock) */
 
 static int cmp_piece(const void *a, const void *b)
@@ -289,7 +183,7 @@ void grammar_vocab_free(struct grammar_vocab *v)
     free(v->eog);
     free(v->plain);
     free(v->plain_sub);
-    mask_cache_free(v->masks);
+    gmask_cache_free(v->masks);
     free(v);
 }
 
@@ -300,20 +194,12 @@ int32_t grammar_vocab_size(const struct grammar_vocab *v)
 
 void grammar_vocab_set_mask_cache(struct grammar_vocab *v, size_t bytes)
 {
-    pthread_mutex_lock(&v->masks->mu);
-    mask_cache_clear(v->masks);
-    v->masks->limit = bytes;
-    pthread_mutex_unlock(&v->masks->mu);
+    gmask_cache_reset(v->masks, bytes);
 }
 
 void grammar_vocab_mask_cache_stats(const struct grammar_vocab *v, struct grammar_mask_cache_stats *out)
 {
-    pthread_mutex_lock(&v->masks->mu);
-    *out = (struct grammar_mask_cache_stats){
-        .hits = v->masks->hits, .misses = v->masks->misses, .masks = v->masks->n, .bytes = v->masks->bytes,
-        .limit = v->masks->limit,
-    };
-    pthread_mutex_unlock(&v->masks->mu);
+    gmask_cache_stats(v->masks, out);
 }
 
 void grammar_vocab_set_plain_skip(struct grammar_vocab *v, bool on)
@@ -401,7 +287,7 @@ ks_status grammar_vocab_create(int32_t n_vocab, grammar_piece_fn piece, void *us
     order = malloc((size_t)n_vocab * sizeof *order);
     size_t cap = 1 << 16, used = 0;
     v->blob = malloc(cap);
-    v->masks = mask_cache_new(SHARED_MASK_BYTES);
+    v->masks = gmask_cache_new(SHARED_MASK_BYTES);
     if (!v->kind || !v->off || !v->tok_next || !v->eog || !order || !v->blob || !v->masks)
         goto oom;
     int32_t n_text = 0;
@@ -943,7 +829,7 @@ static struct mask_key set_key(const struct grammar_state *st, int32_t set)
     return k;
 }
 
-ks_status grammar_state_create(struct grammar *g, const struct grammar_vocab *v, int32_t max_tokens,
+static ks_status state_create(struct grammar *g, const struct grammar_vocab *v, int32_t max_tokens,
                                struct grammar_state **out)
 {
     if (!g || !out)
@@ -1239,13 +1125,13 @@ static ks_status shared_or_walk(struct grammar_state *st, int32_t set, uint64_t 
     const struct grammar_vocab *v = st->v;
     size_t words = ((size_t)v->n_vocab + 63) / 64;
     struct mask_key key = set_key(st, set);
-    if (mask_cache_get(v->masks, &key, mask, maxD)) {
+    if (gmask_cache_get(v->masks, &key, mask, maxD)) {
         st->shared_hits++;
         return KS_OK;
     }
     ks_status s = walk(st, GRAMMAR_INF, mask, maxD, true);
     if (!s)
-        mask_cache_put(v->masks, &key, mask, block_words(mask, words), *maxD);
+        gmask_cache_put(v->masks, &key, mask, block_words(mask, words), *maxD);
     return s;
 }
 
@@ -1257,7 +1143,7 @@ static bool mask_any(const uint64_t *mask, size_t words)
     return false;
 }
 
-ks_status grammar_mask(struct grammar_state *st, float *logits, int32_t n_logits)
+static ks_status mask_logits(struct grammar_state *st, float *logits, int32_t n_logits)
 {
     if (!st->v)
         return ks_fail(KS_ERR_STATE, "grammar_mask: the state has no vocabulary");
@@ -1381,7 +1267,7 @@ static ks_status feed(struct grammar_state *st, const char *text, size_t len)
     return KS_OK;
 }
 
-ks_status grammar_accept_text(struct grammar_state *st, const char *text, size_t len)
+static ks_status accept_text(struct grammar_state *st, const char *text, size_t len)
 {
     if (st->done)
         return ks_fail(KS_ERR_INVALID_ARG, "grammar: text after the end of generation");
@@ -1390,7 +1276,7 @@ ks_status grammar_accept_text(struct grammar_state *st, const char *text, size_t
 
 static ks_status lazy_accept(struct grammar_state *st, int32_t token);
 
-ks_status grammar_accept(struct grammar_state *st, int32_t token)
+static ks_status accept_token(struct grammar_state *st, int32_t token)
 {
     const struct grammar_vocab *v = st->v;
     if (!v || token < 0 || token >= v->n_vocab)
@@ -1448,6 +1334,127 @@ uint64_t grammar_state_shared_hits(const struct grammar_state *st)
 {
     return st->shared_hits;
 }
+
+/* ---- the public calls that change a state, each checked in Debug builds ------------------ */
+
+ks_status grammar_state_create(struct grammar *g, const struct grammar_vocab *v, int32_t max_tokens,
+                               struct grammar_state **out)
+{
+    ks_status s = state_create(g, v, max_tokens, out);
+    if (!s)
+        GRAMMAR_DEBUG_CHECK(*out, "grammar_state_create");
+    return s;
+}
+
+ks_status grammar_mask(struct grammar_state *st, float *logits, int32_t n_logits)
+{
+    ks_status s = mask_logits(st, logits, n_logits);
+    GRAMMAR_DEBUG_CHECK(st, "grammar_mask");
+    return s;
+}
+
+ks_status grammar_accept_text(struct grammar_state *st, const char *text, size_t len)
+{
+    ks_status s = accept_text(st, text, len);
+    GRAMMAR_DEBUG_CHECK(st, "grammar_accept_text");
+    return s;
+}
+
+ks_status grammar_accept(struct grammar_state *st, int32_t token)
+{
+    ks_status s = accept_token(st, token);
+    GRAMMAR_DEBUG_CHECK(st, "grammar_accept");
+    return s;
+}
+
+/* ---- invariants ---------------------------------------------------------------------------- */
+
+static ks_status check_nodes(const struct grammar_state *st)
+{
+    if (st->n_nodes < 1 || st->n_nodes > st->cap_nodes || st->n_nodes > MAX_NODES)
+        return ks_fail(KS_ERR_INTERNAL, "grammar state: %d stack nodes (room %d, limit %d)", st->n_nodes,
+                       st->cap_nodes, MAX_NODES);
+    if (st->npos[COMPLETE] != -1 || st->nparent[COMPLETE] != COMPLETE || st->nD[COMPLETE] != 0)
+        return ks_fail(KS_ERR_INTERNAL, "grammar state: node 0 is not the empty stack");
+    for (int32_t i = 1; i < st->n_nodes; i++)
+        if (st->nparent[i] < 0 || st->nparent[i] >= i || st->npos[i] < 0 || st->npos[i] >= st->g->n_elems ||
+            st->nD[i] < 0)
+            return ks_fail(KS_ERR_INTERNAL, "grammar state: node %d (position %d of %d, parent %d, D %d)", i,
+                           st->npos[i], st->g->n_elems, st->nparent[i], st->nD[i]);
+    return KS_OK;
+}
+
+/* Set 0 is empty, every other set a sorted run of distinct nodes, and every
+ * set but 0 is in the interning table once. */
+static ks_status check_sets(const struct grammar_state *st)
+{
+    if (st->n_sets < 1 || st->n_sets >= st->cap_sets || st->n_sets > MAX_SETS || st->soff[0] != 0 ||
+        st->soff[1] != 0 || st->soff[st->n_sets] != st->n_members || st->n_members > st->cap_members)
+        return ks_fail(KS_ERR_INTERNAL, "grammar state: %d sets (room %d) of %d members (room %d)", st->n_sets,
+                       st->cap_sets, st->n_members, st->cap_members);
+    for (int32_t s = 1; s < st->n_sets; s++) {
+        int32_t a = st->soff[s], b = st->soff[s + 1];
+        if (b <= a || b - a > GRAMMAR_MAX_STACKS)
+            return ks_fail(KS_ERR_INTERNAL, "grammar state: set %d has %d stacks (1..%d)", s, b - a,
+                           GRAMMAR_MAX_STACKS);
+        for (int32_t m = a; m < b; m++)
+            if (st->members[m] < 0 || st->members[m] >= st->n_nodes || (m > a && st->members[m] <= st->members[m - 1]))
+                return ks_fail(KS_ERR_INTERNAL, "grammar state: set %d is not sorted distinct nodes", s);
+    }
+    uint32_t in_table = 0;
+    for (uint32_t i = 0; i < st->set_cap; i++)
+        in_table += st->set_slots[i] >= 0;
+    if (in_table != (uint32_t)st->n_sets - 1 || 2 * (uint64_t)st->n_sets > st->set_cap)
+        return ks_fail(KS_ERR_INTERNAL, "grammar state: %u of %d sets interned in %u slots", in_table, st->n_sets - 1,
+                       st->set_cap);
+    return KS_OK;
+}
+
+/* Where the text is, and the bytes of the masks the state keeps. */
+static ks_status check_position(const struct grammar_state *st)
+{
+    bool overdrawn = st->remaining < 0 && !(st->lazy && st->lazy->waiting); /* waiting may outlast the budget */
+    if (st->cur < 0 || st->cur >= st->n_sets || st->init < 0 || st->init >= st->n_sets || overdrawn)
+        return ks_fail(KS_ERR_INTERNAL, "grammar state: at set %d from %d of %d, %d tokens left", st->cur, st->init,
+                       st->n_sets, st->remaining);
+    if (st->prem < 0 || st->prem > 3 || st->plen < 0 || st->plen > 4 || (st->prem > 0 && st->prem >= st->plen))
+        return ks_fail(KS_ERR_INTERNAL, "grammar state: a cut character of %d bytes waits for %d", st->plen, st->prem);
+    if (st->lazy && st->lazy->n_pending > GRAMMAR_MAX_TRIGGER_LEN + MAX_PIECE)
+        return ks_fail(KS_ERR_INTERNAL, "grammar state: %zu bytes pending before a trigger", st->lazy->n_pending);
+    size_t words = st->v ? ((size_t)st->v->n_vocab + 63) / 64 : 0, bytes = 0;
+    int32_t n_masks = 0;
+    for (int32_t s = 0; s < st->n_sets; s++)
+        if (st->smask[s]) {
+            bytes += block_words(st->smask[s], words) * sizeof *st->smask[s];
+            n_masks++;
+        }
+    if (bytes != st->mask_bytes || (bytes > MASK_CACHE_BYTES && n_masks > 1))
+        return ks_fail(KS_ERR_INTERNAL, "grammar state: %d cached masks of %zu bytes counted as %zu (limit %d)",
+                       n_masks, bytes, st->mask_bytes, MASK_CACHE_BYTES);
+    return KS_OK;
+}
+
+ks_status grammar_check(const struct grammar_state *st)
+{
+    ks_status s = check_nodes(st);
+    if (!s)
+        s = check_sets(st);
+    if (!s)
+        s = check_position(st);
+    if (!s && st->v)
+        s = gmask_cache_check(st->v->masks);
+    return s;
+}
+
+#if KS_GRAMMAR_CHECK
+static void grammar_debug_check(const struct grammar_state *st, const char *call)
+{
+    if (grammar_check(st)) {
+        fprintf(stderr, "grammar: %s broke an invariant: %s\n", call, ks_errmsg());
+        abort();
+    }
+}
+#endif
 
 /* ---- lazy: free text until a trigger ------------------------------------------------------ */
 

@@ -4,6 +4,7 @@
  * that bound the matcher's work: no undefined rule, no left recursion, a root
  * that can end. */
 #include "grammar/grammar_internal.h"
+#include "sbuf/sbuf.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -219,7 +220,7 @@ static bool read_hex(struct parser *p, int digits, uint32_t *cp)
     uint32_t v = 0;
     for (int i = 0; i < digits; i++) {
         int c = peek(p, 0);
-        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        int d = sbuf_hex_digit(c);
         if (d < 0)
             return perr(p, KS_ERR_FORMAT, p->pos, "expected %d hex digits", digits), false;
         v = v * 16 + (uint32_t)d;

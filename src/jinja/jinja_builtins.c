@@ -84,13 +84,11 @@ static size_t utf8_count(const char *s, size_t n)
  * `set tools = none` and then filter it rely on). */
 static struct jv *as_list(struct jctx *cx, const char *what, struct jv *v)
 {
-    if (v->kind == JV_LIST)
-        return v;
-    struct jv *l = jv_list(cx);
-    if (v->kind == JV_DICT) {
-        for (size_t i = 0; i < v->u.d.n; i++)
-            jv_list_push(cx, l, v->u.d.k[i]);
-    } else if (v->kind == JV_STR) {
+    struct jv *l = jv_walk_list(cx, v);
+    if (l)
+        return l;
+    l = jv_list(cx);
+    if (v->kind == JV_STR) {
         for (size_t i = 0; i < v->u.s.n;) {
             size_t j = i + 1;
             while (j < v->u.s.n && ((unsigned char)v->u.s.p[j] & 0xC0) == 0x80)

@@ -2,7 +2,6 @@
  * values in the render's arena. Scopes follow Jinja2: a for body and a macro
  * body each get their own, `if` does not, and `set` writes to the innermost. */
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,47 +13,6 @@
 #define DEFAULT_MAX_STEPS 10000000u
 #define DEFAULT_MAX_DEPTH 200u
 #define DEFAULT_MAX_MEMORY (64u << 20)
-
-/* ---- errors, memory, budget ---------------------------------------------- */
-
-void jx_fail(struct jctx *cx, ks_status st, const char *fmt, ...)
-{
-    char what[400];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(what, sizeof what, fmt, ap);
-    va_end(ap);
-    int line = cx->where ? cx->where->line : 1, col = cx->where ? cx->where->col : 1;
-    snprintf(cx->msg, sizeof cx->msg, "line %d, column %d: %s", line, col, what);
-    cx->err = st;
-    longjmp(cx->jmp, 1);
-}
-
-void *jx_alloc(struct jctx *cx, size_t n)
-{
-    void *p = arena_alloc(&cx->arena, n);
-    if (p)
-        return p;
-    if (n > cx->arena.limit || cx->arena.used + n + 65536 > cx->arena.limit)
-        jx_fail(cx, KS_ERR_RANGE, "the render needs more than its memory limit of %zu bytes", cx->arena.limit);
-    jx_fail(cx, KS_ERR_NOMEM, "out of memory rendering the template");
-}
-
-void jx_step(struct jctx *cx)
-{
-    if (++cx->steps > cx->opts.max_steps)
-        jx_fail(cx, KS_ERR_RANGE, "the render took more than its step limit of %llu steps",
-                (unsigned long long)cx->opts.max_steps);
-}
-
-void jx_work(struct jctx *cx, size_t units)
-{
-    uint64_t cost = 1 + units / JX_WORK_PER_STEP;
-    if (cost > cx->opts.max_steps - (cx->steps < cx->opts.max_steps ? cx->steps : cx->opts.max_steps))
-        jx_fail(cx, KS_ERR_RANGE, "the render took more than its step limit of %llu steps",
-                (unsigned long long)cx->opts.max_steps);
-    cx->steps += cost;
-}
 
 /* ---- scopes -------------------------------------------------------------- */
 
@@ -574,13 +532,11 @@ static void put_out(struct jctx *cx, const char *p, size_t n) { jbuf_put(cx, cx-
  * characters; undefined walks nothing. */
 static struct jv *iteration_items(struct jctx *cx, struct jv *v)
 {
-    if (v->kind == JV_LIST)
-        return v;
-    struct jv *l = jv_list(cx);
-    if (v->kind == JV_DICT) {
-        for (size_t i = 0; i < v->u.d.n; i++)
-            jv_list_push(cx, l, v->u.d.k[i]);
-    } else if (v->kind == JV_STR) {
+    struct jv *l = jv_walk_list(cx, v);
+    if (l)
+        return l;
+    l = jv_list(cx);
+    if (v->kind == JV_STR) {
         size_t n_cp;
         size_t *off = utf8_offsets(cx, v->u.s.p, v->u.s.n, &n_cp);
         for (size_t i = 0; i < n_cp; i++)

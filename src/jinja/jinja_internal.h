@@ -174,6 +174,9 @@ struct jv *jv_float(struct jctx *cx, double f);
 struct jv *jv_bool(bool b);
 struct jv *jv_list(struct jctx *cx);
 struct jv *jv_dict(struct jctx *cx);
+/* What a walk over a list or a dict sees, as a list: the list itself, a
+ * dict's keys in insertion order (a new list); NULL for any other kind. */
+struct jv *jv_walk_list(struct jctx *cx, struct jv *v);
 void jv_list_push(struct jctx *cx, struct jv *l, struct jv *v);
 void jv_dict_set(struct jctx *cx, struct jv *d, struct jv *k, struct jv *v);
 struct jv *jv_dict_get(const struct jv *d, const char *key, size_t n); /* NULL if absent */

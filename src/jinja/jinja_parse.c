@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "jinja/jinja_internal.h"
+#include "sbuf/sbuf.h"
 
 #define JINJA_MAX_SOURCE (16u << 20)
 #define JINJA_MAX_NESTING 200
@@ -144,17 +145,6 @@ static size_t find_tag(const struct parser *ps, size_t from)
     return ps->len;
 }
 
-static int hex_val(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 static size_t put_utf8(char *o, unsigned cp)
 {
     if (cp < 0x80) {
@@ -208,7 +198,7 @@ static void lex_string(struct parser *ps)
         if (digits) {
             unsigned cp = 0;
             for (int i = 0; i < digits; i++) {
-                int h = ps->pos < ps->len ? hex_val(ps->src[ps->pos]) : -1;
+                int h = ps->pos < ps->len ? sbuf_hex_digit(ps->src[ps->pos]) : -1;
                 if (h < 0)
                     FAIL_POS(ps, ps->pos, "bad \\%c escape in a string literal", e);
                 cp = cp * 16 + (unsigned)h;

@@ -96,6 +96,18 @@ struct jv *jv_list(struct jctx *cx)
     return v;
 }
 
+struct jv *jv_walk_list(struct jctx *cx, struct jv *v)
+{
+    if (v->kind == JV_LIST)
+        return v;
+    if (v->kind != JV_DICT)
+        return NULL;
+    struct jv *l = jv_list(cx);
+    for (size_t i = 0; i < v->u.d.n; i++)
+        jv_list_push(cx, l, v->u.d.k[i]);
+    return l;
+}
+
 struct jv *jv_dict(struct jctx *cx)
 {
     struct jv *v = jx_alloc(cx, sizeof *v);
@@ -351,28 +363,18 @@ static void format_float(double f, char *buf, size_t size)
     snprintf(buf, size, "%.24se%c%02d", e, exp10 < 0 ? '-' : '+', exp10 < 0 ? -exp10 : exp10);
 }
 
-static void put_json_string(struct jctx *cx, struct jbuf *b, const char *s, size_t n)
+/* The escape of byte c inside a string quoted by q, NULL to keep it as it is
+ * (tmp: room for a numeric escape). */
+typedef const char *(*escape_fn)(unsigned char c, char q, char tmp[8]);
+
+/* s[0..n) between two q, each byte escape() names replaced. */
+static void put_quoted(struct jctx *cx, struct jbuf *b, const char *s, size_t n, char q, escape_fn escape)
 {
-    jbuf_put(cx, b, "\"", 1);
+    jbuf_put(cx, b, &q, 1);
     size_t run = 0;
     for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        const char *esc = NULL;
         char tmp[8];
-        switch (c) {
-        case '"': esc = "\\\""; break;
-        case '\\': esc = "\\\\"; break;
-        case '\n': esc = "\\n"; break;
-        case '\r': esc = "\\r"; break;
-        case '\t': esc = "\\t"; break;
-        case '\b': esc = "\\b"; break;
-        case '\f': esc = "\\f"; break;
-        default:
-            if (c < 0x20) {
-                snprintf(tmp, sizeof tmp, "\\u%04x", c);
-                esc = tmp;
-            }
-        }
+        const char *esc = escape((unsigned char)s[i], q, tmp);
         if (!esc)
             continue;
         jbuf_put(cx, b, s + run, i - run);
@@ -380,7 +382,31 @@ static void put_json_string(struct jctx *cx, struct jbuf *b, const char *s, size
         run = i + 1;
     }
     jbuf_put(cx, b, s + run, n - run);
-    jbuf_put(cx, b, "\"", 1);
+    jbuf_put(cx, b, &q, 1);
+}
+
+static const char *json_escape(unsigned char c, char q, char tmp[8])
+{
+    (void)q;
+    switch (c) {
+    case '"': return "\\\"";
+    case '\\': return "\\\\";
+    case '\n': return "\\n";
+    case '\r': return "\\r";
+    case '\t': return "\\t";
+    case '\b': return "\\b";
+    case '\f': return "\\f";
+    default:
+        if (c >= 0x20)
+            return NULL;
+        snprintf(tmp, 8, "\\u%04x", c);
+        return tmp;
+    }
+}
+
+static void put_json_string(struct jctx *cx, struct jbuf *b, const char *s, size_t n)
+{
+    put_quoted(cx, b, s, n, '"', json_escape);
 }
 
 static void put_newline_indent(struct jctx *cx, struct jbuf *b, int indent, int level)
@@ -480,39 +506,29 @@ void jv_to_json(struct jctx *cx, struct jbuf *b, const struct jv *v, int indent,
     json_value(cx, b, v, indent, sort_keys, 0);
 }
 
+static const char *py_escape(unsigned char c, char q, char tmp[8])
+{
+    if (c == '\\')
+        return "\\\\";
+    if (c == (unsigned char)q)
+        return q == '"' ? "\\\"" : "\\'";
+    if (c == '\n')
+        return "\\n";
+    if (c == '\r')
+        return "\\r";
+    if (c == '\t')
+        return "\\t";
+    if (c >= 0x20 && c != 0x7f)
+        return NULL;
+    snprintf(tmp, 8, "\\x%02x", c);
+    return tmp;
+}
+
 /* Python's repr() of a str: single quotes unless the text holds ' and no ". */
 static void put_py_string(struct jctx *cx, struct jbuf *b, const char *s, size_t n)
 {
     bool dq = memchr(s, '\'', n) && !memchr(s, '"', n);
-    char q = dq ? '"' : '\'';
-    jbuf_put(cx, b, &q, 1);
-    size_t run = 0;
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        const char *esc = NULL;
-        char tmp[8];
-        if (c == '\\')
-            esc = "\\\\";
-        else if (c == (unsigned char)q)
-            esc = dq ? "\\\"" : "\\'";
-        else if (c == '\n')
-            esc = "\\n";
-        else if (c == '\r')
-            esc = "\\r";
-        else if (c == '\t')
-            esc = "\\t";
-        else if (c < 0x20 || c == 0x7f) {
-            snprintf(tmp, sizeof tmp, "\\x%02x", c);
-            esc = tmp;
-        }
-        if (!esc)
-            continue;
-        jbuf_put(cx, b, s + run, i - run);
-        jbuf_puts(cx, b, esc);
-        run = i + 1;
-    }
-    jbuf_put(cx, b, s + run, n - run);
-    jbuf_put(cx, b, &q, 1);
+    put_quoted(cx, b, s, n, dq ? '"' : '\'', py_escape);
 }
 
 /* Python's repr() of a list or dict, which is what str() gives. */

@@ -81,6 +81,16 @@ static ks_status check_ladder_order(const enum quant_type *ladder, int n)
     return KS_OK;
 }
 
+ks_status kv_parse_type(const char *text, enum quant_type *out)
+{
+    enum quant_type t;
+    if (!text || quant_type_from_name(text, &t) != KS_OK || kv_type_index(t) < 0)
+        return ks_fail(KS_ERR_INVALID_ARG, "'%s' is not a KV cache type (use %s)", text ? text : "(none)",
+                       kv_type_names());
+    *out = t;
+    return KS_OK;
+}
+
 ks_status kv_parse_ladder(const char *text, struct kv_config *cfg)
 {
     enum quant_type ladder[KV_LADDER_MAX];
@@ -96,9 +106,10 @@ ks_status kv_parse_ladder(const char *text, struct kv_config *cfg)
             return ks_fail(KS_ERR_INVALID_ARG, "--kv-ladder '%s': expected types separated by commas", text);
         memcpy(name, p, len);
         name[len] = '\0';
-        if (quant_type_from_name(name, &ladder[n]) != KS_OK || kv_type_index(ladder[n]) < 0)
-            return ks_fail(KS_ERR_INVALID_ARG, "--kv-ladder: '%s' is not a KV cache type (use %s)", name,
-                           kv_type_names());
+        if (kv_parse_type(name, &ladder[n]) != KS_OK) {
+            ks_errmsg_prefix("--kv-ladder");
+            return KS_ERR_INVALID_ARG;
+        }
         n++;
         p = end ? end + 1 : NULL;
     }

@@ -22,20 +22,16 @@
  * how far back that is; kv_seq_truncate() refuses other lengths, and the
  * prefix cache maps the longest hit that satisfies the rule.
  *
- * Sequence protocol, used by model_forward():
- *   kv_seq_grow(seq, n)  make positions [len, len+n) writable and set len += n
- *                        (all or nothing; KS_ERR_KV_FULL when the budget and
- *                        the precision floor are exhausted). Under the dynamic
- *                        policy, new pages that lie outside the sinks and hot
- *                        window at len + n get the precision the policy gives
- *                        them at once, so their tokens are written once.
- *   kv_write(layer, seq, pos, k, v)  for every pos < len and every layer
- *   kv_seq_truncate(seq, len)        drop tokens at the end (chat edits)
- * With a sliding window, a growth's tokens are written and attended before
- * the sequence grows again: the next growth frees what they no longer need
- * (attention over freed rows is refused with KS_ERR_STATE, never read).
  * A cache is not thread-safe: one caller (the scheduler thread) uses it; the
- * attn module may read it from the thread pool during attn_forward(). */
+ * attn module may read it from the thread pool during attn_forward().
+ *
+ * The contract is grouped by client, in this order:
+ *   types and configuration   every client (kv_create, the KV types, budget arithmetic)
+ *   the sequence protocol     model (sched and cli create, fork and free sequences)
+ *   reading pages in place    attn
+ *   the prefix cache          sched's engine (RAM tier; store is the SSD tier)
+ *   admin and usage           server (requantization, run-time policy, usage, fit) */
+
 #ifndef KS_KV_H
 #define KS_KV_H
 
@@ -48,6 +44,8 @@
 #include "threads/threads.h"
 
 struct kv_cache;
+
+/* ---- types and configuration --------------------------------------------- */
 
 enum { KV_LADDER_MAX = 8 };
 
@@ -103,7 +101,7 @@ struct kv_config {
      * swa_layer[l]; its queries at position p read only keys at p - swa_window < j <= p (attn_params.window
      * must be swa_window, or smaller, on those layers). The cache then keeps a page's rows of the window
      * layers only while some query of a sequence holding it can still reach them (see "Sliding windows"
-     * below), so a long sequence's KV memory grows with its other ("global") layers only. model_kv_config
+     * above), so a long sequence's KV memory grows with its other ("global") layers only. model_kv_config
      * fills both from the model's hyper-parameters; 0 (the default) keeps every layer's rows. kv_create
      * checks swa_window >= 0, n_layer <= KV_MAX_LAYERS when it is > 0, and no flag without a window. */
     int32_t swa_window;
@@ -111,6 +109,42 @@ struct kv_config {
     bool swa_full;            /* keep every window row anyway (llama.cpp's --swa-full): attention is the same,
                                  memory is not saved, and any length can be resumed (default off) */
 };
+
+/* Index into the per-type arrays below (and attn's kernel tables), in falling
+ * precision: a higher index is a lower precision (the dynamic policy only
+ * steps to higher indexes). KV_INDEX_* name each as a constant. Block types
+ * (all but f32, f16, bf16) need head_dim to be a multiple of their 32. */
+enum {
+    KV_INDEX_F32 = 0,
+    KV_INDEX_F16 = 1,
+    KV_INDEX_BF16 = 2,
+    KV_INDEX_Q8_0 = 3,
+    KV_INDEX_Q5_1 = 4,
+    KV_INDEX_Q5_0 = 5,
+    KV_INDEX_Q4_1 = 6,
+    KV_INDEX_IQ4_NL = 7,
+    KV_INDEX_Q4_0 = 8,
+    KV_INDEX_IQ3_NL = 9, /* kvserve's own, not a ggml type */
+    KV_N_TYPES = 10,
+};
+int kv_type_index(enum quant_type t);           /* -1 if not a KV type */
+enum quant_type kv_type_at(int index);
+/* The KV types' names, comma-separated in index order ("f32, f16, ..."), for messages. */
+const char *kv_type_names(void);
+/* One KV type by name ("q8_0", case-insensitive): KS_ERR_INVALID_ARG naming
+ * the word and the KV types for anything else (a quant type that is not a KV
+ * type too). */
+ks_status kv_parse_type(const char *text, enum quant_type *out);
+
+/* Parse a comma-separated ladder ("f16,q8_0,q5_0,q4_0") into cfg->ladder:
+ * known KV types in falling precision, at most KV_LADDER_MAX. Usability with
+ * head_dim is checked by kv_create. KS_ERR_INVALID_ARG names the bad entry. */
+ks_status kv_parse_ladder(const char *text, struct kv_config *cfg);
+
+/* Smoothing's names: "off", "k", "v", "kv". kv_parse_smooth: KS_ERR_INVALID_ARG
+ * for another word. */
+const char *kv_smooth_name(enum kv_smooth s);
+ks_status kv_parse_smooth(const char *text, enum kv_smooth *out);
 
 /* Fill defaults: P=32, f16/f16, rotate on, scale search on, smoothing off, static policy, S=32, W=512,
  * watermarks 0.90/0.80, floor q4_0, ladder q8_0,q4_0, prefix cache on. Shape, budget and
@@ -122,6 +156,39 @@ void kv_config_default(struct kv_config *cfg);
 ks_status kv_create(const struct kv_config *cfg, struct kv_cache **out);
 void kv_free(struct kv_cache *kv);
 const struct kv_config *kv_get_config(const struct kv_cache *kv);
+
+/* Budget accounting counts page storage only (K and V rows of every layer);
+ * a new page of types (tk, tv) costs kv_page_bytes(cfg, tk, tv) bytes, of
+ * which kv_page_window_bytes() are its window layers' rows (0 without a
+ * sliding window), given back when they are freed. Page metadata and page
+ * tables live outside the budget. */
+size_t kv_page_bytes(const struct kv_config *cfg, enum quant_type type_k, enum quant_type type_v);
+size_t kv_page_window_bytes(const struct kv_config *cfg, enum quant_type type_k, enum quant_type type_v);
+/* Is layer a sliding-window layer of cfg; how many there are. */
+bool kv_layer_windowed(const struct kv_config *cfg, int layer);
+int kv_window_layers(const struct kv_config *cfg);
+
+/* Debug aid: check every invariant (ref counts, accounting, page tables);
+ * KS_ERR_INTERNAL with a description on the first broken one. Debug builds
+ * (no NDEBUG; -DKS_KV_CHECK=0/1 overrides) also run it after every call here
+ * that changes the cache and abort naming the call on a broken invariant. */
+ks_status kv_check(const struct kv_cache *kv);
+
+/* ---- the sequence protocol (model) --------------------------------------- */
+
+/* Sequence protocol, used by model_forward():
+ *   kv_seq_grow(seq, n)  make positions [len, len+n) writable and set len += n
+ *                        (all or nothing; KS_ERR_KV_FULL when the budget and
+ *                        the precision floor are exhausted). Under the dynamic
+ *                        policy, new pages that lie outside the sinks and hot
+ *                        window at len + n get the precision the policy gives
+ *                        them at once, so their tokens are written once.
+ *   kv_write_rows(layer, seq, pos, n, k, v)  for every pos < len and every
+ *                        layer (kv_write: one row)
+ *   kv_seq_truncate(seq, len)        drop tokens at the end (chat edits)
+ * With a sliding window, a growth's tokens are written and attended before
+ * the sequence grows again: the next growth frees what they no longer need
+ * (attention over freed rows is refused with KS_ERR_STATE, never read). */
 
 /* Sequences: ids are small non-negative integers chosen by the cache. */
 ks_status kv_seq_create(struct kv_cache *kv, int32_t *seq_out);
@@ -157,24 +224,6 @@ ks_status kv_write_rows(struct kv_cache *kv, int layer, int32_t seq, int32_t pos
  * window layer's row that is freed. */
 ks_status kv_read(const struct kv_cache *kv, int layer, int32_t seq, int32_t pos, float *k, float *v);
 
-/* Smoothing's names: "off", "k", "v", "kv". kv_parse_smooth: KS_ERR_INVALID_ARG
- * for another word. */
-const char *kv_smooth_name(enum kv_smooth s);
-ks_status kv_parse_smooth(const char *text, enum kv_smooth *out);
-
-/* ---- additions beyond the first contract (all purely additive) ---------- */
-
-/* Budget accounting counts page storage only (K and V rows of every layer);
- * a new page of types (tk, tv) costs kv_page_bytes(cfg, tk, tv) bytes, of
- * which kv_page_window_bytes() are its window layers' rows (0 without a
- * sliding window), given back when they are freed. Page metadata and page
- * tables live outside the budget. */
-size_t kv_page_bytes(const struct kv_config *cfg, enum quant_type type_k, enum quant_type type_v);
-size_t kv_page_window_bytes(const struct kv_config *cfg, enum quant_type type_k, enum quant_type type_v);
-/* Is layer a sliding-window layer of cfg; how many there are. */
-bool kv_layer_windowed(const struct kv_config *cfg, int layer);
-int kv_window_layers(const struct kv_config *cfg);
-
 /* The longest length <= len (>= 0) seq can be cut back to and continue from:
  * the window rows of the positions [L - swa_window + 1, L) are all still
  * stored (len itself without a sliding window). A caller that wants to cut a
@@ -187,51 +236,58 @@ int32_t kv_seq_resumable(const struct kv_cache *kv, int32_t seq, int32_t len);
  * (copy-on-write), which needs one page of budget. */
 ks_status kv_seq_fork(struct kv_cache *kv, int32_t src, int32_t *seq_out);
 
-/* ---- live requantization ------------------------------------------------ */
+/* ---- reading pages in place (attn) --------------------------------------- */
 
-enum kv_select_kind {
-    KV_SELECT_ALL = 0,        /* every page of every sequence, and the idle cached pages */
-    KV_SELECT_SEQ = 1,        /* the pages of one sequence */
-    KV_SELECT_OLDER_THAN = 2, /* pages whose tokens all lie before the most
-                                 recent keep_recent tokens of their sequence,
-                                 and the idle cached pages */
+/* One layer of one page of a sequence as attention reads it, without a copy.
+ * Each half holds, for every KV head of that layer, a run of page_tokens rows
+ * of head_dim values in the half's type (after the Hadamard rotation when
+ * cfg.rotate), row_bytes apart; kv_view_run() finds a head's run. The
+ * pointers stay valid until the next call that changes the cache (grow,
+ * write, requantize, free, ...): read them between two such calls only, as a
+ * model step does. */
+struct kv_page_view {
+    const uint8_t *k, *v;         /* the layer's rows in each half: (n_kv_head, page_tokens, row) */
+    enum quant_type tk, tv;       /* their types (kv_type_index() >= 0) */
+    size_t k_row_bytes, v_row_bytes;
 };
 
-struct kv_selector {
-    enum kv_select_kind kind;
-    int32_t seq;         /* KV_SELECT_SEQ */
-    int32_t keep_recent; /* KV_SELECT_OLDER_THAN: N */
-    int32_t max_pages;   /* > 0: convert only the first max_pages selected pages that change
-                            (a slice of a long requantization; call again for the rest); 0: all */
-};
+/* true when seq is a live sequence of kv. */
+bool kv_seq_exists(const struct kv_cache *kv, int32_t seq);
+/* Pages in seq's table: token t lives in page t / page_tokens (0 for a
+ * sequence that does not exist). */
+int32_t kv_seq_n_pages(const struct kv_cache *kv, int32_t seq);
+/* The view of layer `layer` of page p (0 <= p < kv_seq_n_pages) of live
+ * sequence seq; for a window layer, p >= kv_seq_first_page(kv, seq, layer).
+ * The arguments are the caller's to check; Debug builds assert them. */
+void kv_seq_page_view(const struct kv_cache *kv, int32_t seq, int32_t p, int layer, struct kv_page_view *out);
+/* The first page of seq from which on every page has layer's rows: 0 but for
+ * a window layer, whose earlier pages may have lost theirs (a query at
+ * position pos may read only from page (pos - swa_window + 1) / P on). */
+int32_t kv_seq_first_page(const struct kv_cache *kv, int32_t seq, int layer);
 
-/* Pass as type_k or type_v to leave that half of each page as it is. */
-#define KV_TYPE_KEEP QUANT_TYPE_COUNT
+/* The channel means seq's rows of one layer are stored against (smoothing):
+ * n_kv_head * head_dim floats, head-major, in the stored (rotated) space, to be
+ * added to a row read from any of its pages (attention adds the V means to its
+ * output). NULL when that half (v: V, else K) is stored as it is. Valid like a
+ * page view; the arguments are the caller's to check. */
+const float *kv_seq_mean(const struct kv_cache *kv, int32_t seq, int layer, bool v);
 
-struct kv_requant_result {
-    size_t bytes_before;   /* cache bytes used before the call */
-    size_t bytes_after;    /* after it (for a dry run, or with max_pages: after converting the whole selection) */
-    int32_t pages_selected;
-    int32_t pages_changed; /* selected pages whose K or V type changes (converted, unless a dry run) */
-    int32_t pages_left;    /* with max_pages: selected pages that still need converting after the call */
-    double ms;             /* wall time of the conversion (0 for a dry run) */
-};
+/* The rotation rows are stored under when cfg.rotate is set: a normalized
+ * Walsh-Hadamard transform in place over blocks of the largest power of two
+ * dividing n (n itself when n is a power of two). Orthogonal and its own
+ * inverse, so q.k is unchanged when q is rotated the same way. SIMD when the
+ * build has AVX2 or AVX-512, with the bits of kv_rotate_ref, its scalar twin. */
+void kv_rotate(float *x, int n);
+void kv_rotate_ref(float *x, int n);
 
-/* Convert the selected pages to type_k / type_v in place: allocate the new
- * storage, convert (dequantize + quantize the stored, already rotated rows),
- * swap, free. Positions and sequence lengths are untouched. Pages shared by
- * several sequences change for all of them. With sel->max_pages, the
- * budget check still covers the whole selection, and a page converted by one
- * call is not selected as changing by the next, so calls until pages_left is
- * 0 give the same pages as one call without it.
- * Errors: KS_ERR_INVALID_ARG (not a KV type, a block type whose block does
- * not divide head_dim, bad selector), KS_ERR_NOT_FOUND (no such sequence),
- * KS_ERR_KV_FULL (the result would exceed the budget), KS_ERR_NOMEM. On any
- * error every page is left exactly as it was. result may be NULL. */
-ks_status kv_requantize(struct kv_cache *kv, const struct kv_selector *sel, enum quant_type type_k,
-                        enum quant_type type_v, bool dry_run, struct kv_requant_result *result);
+/* First of the page_tokens rows of one KV head in a half of a page view. */
+static inline const uint8_t *kv_view_run(const struct kv_config *c, const uint8_t *half, size_t row_bytes, int head)
+{
+    return half + (size_t)head * (size_t)c->page_tokens * row_bytes;
+}
 
-/* ---- prefix cache (RAM tier) --------------------------------------------- */
+/* ---- the prefix cache (sched's engine) ----------------------------------- */
+
 /* A full page has a content key: key_i = XXH3-128(key_{i-1} | its P token ids
  * | model fingerprint | KV layout: P, rotation, head_dim, layers, KV heads),
  * with key_{-1} = 0. Precision is not in the key, so a demoted page still
@@ -357,83 +413,84 @@ struct kv_prefix_info {
  * cache is untouched). */
 ks_status kv_prefix_list(const struct kv_cache *kv, struct kv_prefix_info *out, int32_t cap, int32_t *n_chains);
 
-/* ---- reading pages in place (the attention module) ------------------------ */
+/* ---- admin and usage (server) -------------------------------------------- */
 
-/* One layer of one page of a sequence as attention reads it, without a copy.
- * Each half holds, for every KV head of that layer, a run of page_tokens rows
- * of head_dim values in the half's type (after the Hadamard rotation when
- * cfg.rotate), row_bytes apart; kv_view_run() finds a head's run. The
- * pointers stay valid until the next call that changes the cache (grow,
- * write, requantize, free, ...): read them between two such calls only, as a
- * model step does. */
-struct kv_page_view {
-    const uint8_t *k, *v;         /* the layer's rows in each half: (n_kv_head, page_tokens, row) */
-    enum quant_type tk, tv;       /* their types (kv_type_index() >= 0) */
-    size_t k_row_bytes, v_row_bytes;
+enum kv_select_kind {
+    KV_SELECT_ALL = 0,        /* every page of every sequence, and the idle cached pages */
+    KV_SELECT_SEQ = 1,        /* the pages of one sequence */
+    KV_SELECT_OLDER_THAN = 2, /* pages whose tokens all lie before the most
+                                 recent keep_recent tokens of their sequence,
+                                 and the idle cached pages */
 };
 
-/* true when seq is a live sequence of kv. */
-bool kv_seq_exists(const struct kv_cache *kv, int32_t seq);
-/* Pages in seq's table: token t lives in page t / page_tokens (0 for a
- * sequence that does not exist). */
-int32_t kv_seq_n_pages(const struct kv_cache *kv, int32_t seq);
-/* The view of layer `layer` of page p (0 <= p < kv_seq_n_pages) of live
- * sequence seq; for a window layer, p >= kv_seq_first_page(kv, seq, layer).
- * The arguments are the caller's to check; Debug builds assert them. */
-void kv_seq_page_view(const struct kv_cache *kv, int32_t seq, int32_t p, int layer, struct kv_page_view *out);
-/* The first page of seq from which on every page has layer's rows: 0 but for
- * a window layer, whose earlier pages may have lost theirs (a query at
- * position pos may read only from page (pos - swa_window + 1) / P on). */
-int32_t kv_seq_first_page(const struct kv_cache *kv, int32_t seq, int layer);
+struct kv_selector {
+    enum kv_select_kind kind;
+    int32_t seq;         /* KV_SELECT_SEQ */
+    int32_t keep_recent; /* KV_SELECT_OLDER_THAN: N */
+    int32_t max_pages;   /* > 0: convert only the first max_pages selected pages that change
+                            (a slice of a long requantization; call again for the rest); 0: all */
+};
 
-/* The channel means seq's rows of one layer are stored against (smoothing):
- * n_kv_head * head_dim floats, head-major, in the stored (rotated) space, to be
- * added to a row read from any of its pages (attention adds the V means to its
- * output). NULL when that half (v: V, else K) is stored as it is. Valid like a
- * page view; the arguments are the caller's to check. */
-const float *kv_seq_mean(const struct kv_cache *kv, int32_t seq, int layer, bool v);
+/* Pass as type_k or type_v to leave that half of each page as it is. */
+#define KV_TYPE_KEEP QUANT_TYPE_COUNT
 
-/* The rotation rows are stored under when cfg.rotate is set: a normalized
- * Walsh-Hadamard transform in place over blocks of the largest power of two
- * dividing n (n itself when n is a power of two). Orthogonal and its own
- * inverse, so q.k is unchanged when q is rotated the same way. SIMD when the
- * build has AVX2 or AVX-512, with the bits of kv_rotate_ref, its scalar twin. */
-void kv_rotate(float *x, int n);
-void kv_rotate_ref(float *x, int n);
+struct kv_requant_result {
+    size_t bytes_before;   /* cache bytes used before the call */
+    size_t bytes_after;    /* after it (for a dry run, or with max_pages: after converting the whole selection) */
+    int32_t pages_selected;
+    int32_t pages_changed; /* selected pages whose K or V type changes (converted, unless a dry run) */
+    int32_t pages_left;    /* with max_pages: selected pages that still need converting after the call */
+    double ms;             /* wall time of the conversion (0 for a dry run) */
+};
 
-/* First of the page_tokens rows of one KV head in a half of a page view. */
-static inline const uint8_t *kv_view_run(const struct kv_config *c, const uint8_t *half, size_t row_bytes, int head)
-{
-    return half + (size_t)head * (size_t)c->page_tokens * row_bytes;
-}
+/* Convert the selected pages to type_k / type_v in place: allocate the new
+ * storage, convert (dequantize + quantize the stored, already rotated rows),
+ * swap, free. Positions and sequence lengths are untouched. Pages shared by
+ * several sequences change for all of them. With sel->max_pages, the
+ * budget check still covers the whole selection, and a page converted by one
+ * call is not selected as changing by the next, so calls until pages_left is
+ * 0 give the same pages as one call without it.
+ * Errors: KS_ERR_INVALID_ARG (not a KV type, a block type whose block does
+ * not divide head_dim, bad selector), KS_ERR_NOT_FOUND (no such sequence),
+ * KS_ERR_KV_FULL (the result would exceed the budget), KS_ERR_NOMEM. On any
+ * error every page is left exactly as it was. result may be NULL. */
+ks_status kv_requantize(struct kv_cache *kv, const struct kv_selector *sel, enum quant_type type_k,
+                        enum quant_type type_v, bool dry_run, struct kv_requant_result *result);
 
-/* ---- usage and fit ------------------------------------------------------- */
-
-/* Index into the per-type arrays below (and attn's kernel tables), in falling
- * precision: a higher index is a lower precision (the dynamic policy only
- * steps to higher indexes). KV_INDEX_* name each as a constant. Block types
- * (all but f32, f16, bf16) need head_dim to be a multiple of their 32. */
+/* Which fields of struct kv_policy_update apply (bit mask). */
 enum {
-    KV_INDEX_F32 = 0,
-    KV_INDEX_F16 = 1,
-    KV_INDEX_BF16 = 2,
-    KV_INDEX_Q8_0 = 3,
-    KV_INDEX_Q5_1 = 4,
-    KV_INDEX_Q5_0 = 5,
-    KV_INDEX_Q4_1 = 6,
-    KV_INDEX_IQ4_NL = 7,
-    KV_INDEX_Q4_0 = 8,
-    KV_INDEX_IQ3_NL = 9, /* kvserve's own, not a ggml type */
-    KV_N_TYPES = 10,
+    KV_SET_POLICY = 1 << 0,
+    KV_SET_HIGH_WATERMARK = 1 << 1,
+    KV_SET_LOW_WATERMARK = 1 << 2,
+    KV_SET_HOT_TOKENS = 1 << 3,
+    KV_SET_SINK_TOKENS = 1 << 4,
+    KV_SET_FLOOR = 1 << 5,
+    KV_SET_TYPE_K = 1 << 6,
+    KV_SET_TYPE_V = 1 << 7,
+    KV_SET_LADDER = 1 << 8,
 };
-int kv_type_index(enum quant_type t);           /* -1 if not a KV type */
-enum quant_type kv_type_at(int index);
-/* The KV types' names, comma-separated in index order ("f32, f16, ..."), for messages. */
-const char *kv_type_names(void);
-/* Parse a comma-separated ladder ("f16,q8_0,q5_0,q4_0") into cfg->ladder:
- * known KV types in falling precision, at most KV_LADDER_MAX. Usability with
- * head_dim is checked by kv_create. KS_ERR_INVALID_ARG names the bad entry. */
-ks_status kv_parse_ladder(const char *text, struct kv_config *cfg);
+
+struct kv_policy_update {
+    unsigned set;             /* KV_SET_* bits; fields without their bit are ignored */
+    enum kv_policy policy;
+    float high_watermark, low_watermark;
+    int32_t hot_tokens, sink_tokens;
+    enum quant_type floor;
+    enum quant_type type_k, type_v; /* start precision of pages allocated from now on */
+    enum quant_type ladder[KV_LADDER_MAX];
+    int n_ladder;
+};
+
+/* Change the policy fields of the configuration at run time, all or nothing:
+ * the fields named in u->set are merged into the current configuration and
+ * the result is validated as a whole (policy static|dynamic, 0 < low <= high
+ * <= 1, sinks and hot window in 0..2^24, floor, ladder and start types KV
+ * types usable with this head_dim, the ladder in falling precision, one page at the start types within the
+ * budget); KS_ERR_INVALID_ARG names the first bad field and nothing changes.
+ * Pages already stored keep their types; the new values apply from the next
+ * allocation (a dynamic policy whose high watermark is now below the usage
+ * demotes then). Not thread-safe, like every call on the cache. */
+ks_status kv_set_policy(struct kv_cache *kv, const struct kv_policy_update *u);
 
 struct kv_usage {
     size_t budget, used, free;
@@ -496,49 +553,6 @@ struct kv_fit {
 void kv_fit(const struct kv_cache *kv, struct kv_fit *out);
 /* The same for an empty cache of this configuration (kvserve info). */
 ks_status kv_fit_config(const struct kv_config *cfg, struct kv_fit *out);
-
-/* Debug aid: check every invariant (ref counts, accounting, page tables);
- * KS_ERR_INTERNAL with a description on the first broken one. Debug builds
- * (no NDEBUG; -DKS_KV_CHECK=0/1 overrides) also run it after every call here
- * that changes the cache and abort naming the call on a broken invariant. */
-ks_status kv_check(const struct kv_cache *kv);
-
-/* ---- run-time policy ----------------------------------------------------- */
-
-/* Which fields of struct kv_policy_update apply (bit mask). */
-enum {
-    KV_SET_POLICY = 1 << 0,
-    KV_SET_HIGH_WATERMARK = 1 << 1,
-    KV_SET_LOW_WATERMARK = 1 << 2,
-    KV_SET_HOT_TOKENS = 1 << 3,
-    KV_SET_SINK_TOKENS = 1 << 4,
-    KV_SET_FLOOR = 1 << 5,
-    KV_SET_TYPE_K = 1 << 6,
-    KV_SET_TYPE_V = 1 << 7,
-    KV_SET_LADDER = 1 << 8,
-};
-
-struct kv_policy_update {
-    unsigned set;             /* KV_SET_* bits; fields without their bit are ignored */
-    enum kv_policy policy;
-    float high_watermark, low_watermark;
-    int32_t hot_tokens, sink_tokens;
-    enum quant_type floor;
-    enum quant_type type_k, type_v; /* start precision of pages allocated from now on */
-    enum quant_type ladder[KV_LADDER_MAX];
-    int n_ladder;
-};
-
-/* Change the policy fields of the configuration at run time, all or nothing:
- * the fields named in u->set are merged into the current configuration and
- * the result is validated as a whole (policy static|dynamic, 0 < low <= high
- * <= 1, sinks and hot window in 0..2^24, floor, ladder and start types KV
- * types usable with this head_dim, the ladder in falling precision, one page at the start types within the
- * budget); KS_ERR_INVALID_ARG names the first bad field and nothing changes.
- * Pages already stored keep their types; the new values apply from the next
- * allocation (a dynamic policy whose high watermark is now below the usage
- * demotes then). Not thread-safe, like every call on the cache. */
-ks_status kv_set_policy(struct kv_cache *kv, const struct kv_policy_update *u);
 
 /* One page of a sequence, in token order (page i holds tokens [i*P, i*P+P)). */
 struct kv_page_info {

@@ -1,4 +1,5 @@
-/* kv internals shared with the attn module (the only reader of pages).
+/* kv internals shared by the kv module's files (and its tests). attn, the
+ * only reader of pages, reads them through kv.h's page views.
  *
  * Page storage: K and V are separate allocations so that one half can be
  * requantized alone, and each half is two: the global layers' rows and the

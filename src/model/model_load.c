@@ -43,20 +43,28 @@ static const struct arch_info *arch_find(const struct gguf_str *s)
 
 /* ---- metadata ------------------------------------------------------------- */
 
+/* The status of reading key: an absent optional key is KS_OK with *absent
+ * set (the caller takes its default), an absent required one is an error
+ * naming it. */
+static ks_status meta_found(ks_status st, const char *key, bool required, bool *absent)
+{
+    *absent = st == KS_ERR_NOT_FOUND && !required;
+    if (st == KS_ERR_NOT_FOUND && required)
+        return ks_fail(KS_ERR_FORMAT, "required metadata key %s is missing", key);
+    return *absent ? KS_OK : st;
+}
+
 static ks_status meta_int(const struct gguf_file *f, const char *arch, const char *suffix, bool required,
                           int def, int *out)
 {
     char key[128];
     snprintf(key, sizeof key, "%s.%s", arch, suffix);
     uint32_t v;
-    ks_status st = gguf_get_u32(f, key, &v);
-    if (st == KS_ERR_NOT_FOUND && !required) {
+    bool absent;
+    ks_status st = meta_found(gguf_get_u32(f, key, &v), key, required, &absent);
+    if (absent)
         *out = def;
-        return KS_OK;
-    }
-    if (st == KS_ERR_NOT_FOUND)
-        return ks_fail(KS_ERR_FORMAT, "required metadata key %s is missing", key);
-    if (st)
+    if (st || absent)
         return st;
     if (v == 0 || v > (1u << 30))
         return ks_fail(KS_ERR_FORMAT, "metadata %s = %u is out of range", key, v);
@@ -69,14 +77,11 @@ static ks_status meta_float(const struct gguf_file *f, const char *arch, const c
 {
     char key[128];
     snprintf(key, sizeof key, "%s.%s", arch, suffix);
-    ks_status st = gguf_get_f32(f, key, out);
-    if (st == KS_ERR_NOT_FOUND && !required) {
+    bool absent;
+    ks_status st = meta_found(gguf_get_f32(f, key, out), key, required, &absent);
+    if (absent)
         *out = def;
-        return KS_OK;
-    }
-    if (st == KS_ERR_NOT_FOUND)
-        return ks_fail(KS_ERR_FORMAT, "required metadata key %s is missing", key);
-    if (st)
+    if (st || absent)
         return st;
     if (!isfinite(*out))
         return ks_fail(KS_ERR_FORMAT, "metadata %s is not a finite number", key);
@@ -809,7 +814,7 @@ static ks_status load_tensors(struct model *m, const struct arch_info *ai)
 
 /* ---- repacking ------------------------------------------------------------ */
 
-/* A Q4_0 / Q8_0 matrix of the private copy goes into quant_repack's layout in
+/* A Q4_0 / Q8_0 / IQ4_NL / MXFP4 matrix of the private copy goes into quant_repack's layout in
  * place; a mapped file (--mmap, or a copy that was refused) stays row-major,
  * since its pages are the page cache's. */
 static ks_status repack_mat(struct model *m, struct model_mat *w)

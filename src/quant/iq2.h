@@ -21,7 +21,7 @@
 
 #include <stdalign.h>
 
-#include "quant/kquants.h"
+#include "quant/kq_internal.h"
 
 #define QUANT_IQ1S_DELTA 0.125f
 #define QUANT_IQ1M_DELTA 0.125f

@@ -295,56 +295,27 @@ IQ2_KERNELS(iq2_xs, IQ2_XS)
 IQ2_KERNELS(iq1_s, IQ1_S)
 IQ2_KERNELS(iq1_m, IQ1_M)
 
-struct iq2_entry {
-    enum quant_type type;
-    const char *name;
-    size_t bytes;
-    quant_to_float_fn to_float;
-    quant_from_float_fn from_float;
-    quant_vec_dot_fn dot_scalar, dot_best;
-    quant_kq_dot_multi_fn multi;
-};
-
 #if defined(IQ2_MULTI)
 #define IQ2_MULTI_OF(t) dot_multi_##t
 #else
 #define IQ2_MULTI_OF(t) NULL
 #endif
 #define IQ2_ENTRY(T, t)                                                                                     \
-    {QUANT_##T, #t, sizeof(block_##t), quant_dequantize_row_##t, quant_quantize_row_##t,                   \
+    {QUANT_##T, #t, sizeof(block_##t), quant_dequantize_row_##t, quant_quantize_row_##t, NULL,             \
      quant_vec_dot_##t##_q8_K_scalar, dot_best_##t, IQ2_MULTI_OF(t)}
 
-static const struct iq2_entry iq2_table[] = {
+static const struct kq_entry iq2_table[] = {
     IQ2_ENTRY(IQ2_XXS, iq2_xxs),
     IQ2_ENTRY(IQ2_XS, iq2_xs),
     IQ2_ENTRY(IQ1_S, iq1_s),
     IQ2_ENTRY(IQ1_M, iq1_m),
 };
 
-static void fill_one(struct quant_traits *t, const struct iq2_entry *e, quant_vec_dot_fn dot)
-{
-    *t = (struct quant_traits){.name = e->name,
-                               .block_elems = QK_K,
-                               .block_bytes = e->bytes,
-                               .is_quantized = true,
-                               .to_float = e->to_float,
-                               .from_float = e->from_float,
-                               .vec_dot_type = QUANT_Q8_K,
-                               .vec_dot = dot};
-}
+#define IQ2_N_TYPES (sizeof iq2_table / sizeof iq2_table[0])
 
 void quant_iq2_fill(struct quant_traits *best, struct quant_traits *scalar)
 {
-    for (size_t i = 0; i < sizeof iq2_table / sizeof iq2_table[0]; i++) {
-        fill_one(&best[iq2_table[i].type], &iq2_table[i], iq2_table[i].dot_best);
-        fill_one(&scalar[iq2_table[i].type], &iq2_table[i], iq2_table[i].dot_scalar);
-    }
+    kq_entries_fill(iq2_table, IQ2_N_TYPES, best, scalar);
 }
 
-quant_kq_dot_multi_fn quant_iq2_dot_multi(enum quant_type t)
-{
-    for (size_t i = 0; i < sizeof iq2_table / sizeof iq2_table[0]; i++)
-        if (iq2_table[i].type == t)
-            return iq2_table[i].multi;
-    return NULL;
-}
+quant_kq_dot_multi_fn quant_iq2_dot_multi(enum quant_type t) { return kq_entries_dot_multi(iq2_table, IQ2_N_TYPES, t); }

@@ -15,7 +15,7 @@
 #define KS_QUANT_IQ3_H
 
 #include "quant/iq2.h"
-#include "quant/kquants.h"
+#include "quant/kq_internal.h"
 
 /* ggml's iq3xxs_grid (4 magnitudes of {4,12,..,52,62} per entry, byte j is
  * element j), iq3s_grid (4 of {1,3,..,15}) and iq2s_grid (8 of {8,25,43}):

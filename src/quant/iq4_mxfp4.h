@@ -7,7 +7,7 @@
  *           6-bit scale (minus 32) per block of 32;
  *   MXFP4:  blocks of 32, an E8M0 exponent;            activations Q8_0.
  * quant.c builds its traits tables and asks this file to fill these
- * entries, as kquants.h does for the k-quants.
+ * entries, as kq_internal.h does for the k-quants.
  *
  * The scalar references (iq4_mxfp4_scalar.c) dequantize bit for bit as ggml
  * does. Every integer sum is exact; the float operations follow what
@@ -29,7 +29,7 @@
 
 #include <string.h>
 
-#include "quant/kquants.h"
+#include "quant/kq_internal.h"
 #include "quant/quant.h"
 
 /* Fill the IQ4_NL (vec_dot only: the rest is quant_ref.c's), IQ4_XS and

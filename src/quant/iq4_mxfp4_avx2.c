@@ -14,6 +14,7 @@
 #include <stddef.h>
 
 #include "quant/iq4_mxfp4.h"
+#include "vmath/vmath_simd.h"
 
 #if defined(IQ4_HAVE_AVX2)
 #include <immintrin.h>
@@ -130,7 +131,7 @@ static inline __attribute__((always_inline)) void nl32_lanes(const struct nl32 *
             p[k] = dot_i32(w, _mm256_loadu_si256((const __m256i *)yt[k][i].qs));
             dy[k] = yt[k][i].d;
         }
-        __m256 d = _mm256_mul_ps(_mm256_set1_ps(nl32_scale(f, blk)), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dy)));
+        __m256 d = _mm256_mul_ps(_mm256_set1_ps(nl32_scale(f, blk)), vmath_load8_f16(dy));
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hsum_8x8(p)), d, acc);
     }
     float out[IQ4_LANES];

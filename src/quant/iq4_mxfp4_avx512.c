@@ -12,6 +12,7 @@
 #include <stddef.h>
 
 #include "quant/iq4_mxfp4.h"
+#include "vmath/vmath_simd.h"
 
 #if defined(IQ4_HAVE_AVX512)
 #include <immintrin.h>
@@ -150,7 +151,7 @@ static inline __attribute__((always_inline)) void nl32_lanes(const struct nl32 *
         __m512i isum = _mm512_permutex2var_epi32(_mm512_castsi256_si512(even),
                                                  _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23),
                                                  _mm512_castsi256_si512(odd));
-        __m512 d = _mm512_mul_ps(_mm512_set1_ps(nl32_scale(f, blk)), _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)dy)));
+        __m512 d = _mm512_mul_ps(_mm512_set1_ps(nl32_scale(f, blk)), vmath_load16_f16(dy));
         acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), d, acc);
     }
     float out[IQ4_LANES];

@@ -7,7 +7,7 @@
  * or q + 32) that is taken back out exactly with the Q8_K bsums. */
 #include <string.h>
 
-#include "quant/kquants.h"
+#include "quant/kq_internal.h"
 
 #if defined(KQ_HAVE_AVX2)
 #include <immintrin.h>

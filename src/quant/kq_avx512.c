@@ -11,7 +11,7 @@
  * Unpacking reads a 32-byte row of packed bits broadcast to both halves of
  * a zmm and shifts each half by its own count (vpsrlvw), which turns the
  * ggml interleaved layouts into 64 consecutive quants without shuffles. */
-#include "quant/kquants.h"
+#include "quant/kq_internal.h"
 
 #if defined(KQ_HAVE_AVX512)
 #include <immintrin.h>

@@ -1,4 +1,4 @@
-/* k-quants: the prefill GEMM's panel layout (see kquants.h), the unpacking
+/* k-quants: the prefill GEMM's panel layout (see kq_internal.h), the unpacking
  * of weight rows into it, the driver over row ranges, and the scalar twin of
  * the SIMD tiles (kq_gemm_avx2.c, kq_gemm_avx512.c).
  *
@@ -6,7 +6,7 @@
  * sum as the scalar reference vec_dot (kq_scalar.c) does. */
 #include <stdlib.h>
 
-#include "quant/kquants.h"
+#include "quant/kq_internal.h"
 
 /* One row's super-block in the form the panel stores. */
 struct kq_row_block {

@@ -9,7 +9,7 @@
  * most 2 * 63 * 128 = 16128 < 2^15. A tile is one panel x KQ_T2 tokens; one
  * float step per super-block in the scalar reference's order (no FMA
  * contraction in this file) gives the reference's bits. */
-#include "quant/kquants.h"
+#include "quant/kq_internal.h"
 
 #if defined(KQ_HAVE_AVX2)
 #include <immintrin.h>

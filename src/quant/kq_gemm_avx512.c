@@ -13,7 +13,7 @@
  * Integer ranges: |q8| <= 128 and u <= 63, a sub-block sum is at most
  * 32 * 63 * 128 < 2^18, times a scale (|sc| <= 128) and 16 sub-blocks stays
  * below 2^31. */
-#include "quant/kquants.h"
+#include "quant/kq_internal.h"
 
 #if defined(KQ_HAVE_GEMM_AVX512)
 #include <immintrin.h>

@@ -6,26 +6,40 @@
  *     the super-block's f16 d/dmin, and the quants recomputed with them.
  *   - Q3_K/Q6_K: symmetric, per-16 signed scales ("qx"), 6/8-bit scales.
  *   - Q8_K: plain absmax for activations, plus bsums. */
-#include "quant/kquants.h"
+#include "quant/kq_internal.h"
 
 #define GROUP_MAX_EPS 1e-15f
 
 static inline int clampi(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v; }
+
+/* *max: the value of x[0..n) of the largest magnitude (the first of equals).
+ * False, with L zeroed, when every magnitude is below GROUP_MAX_EPS: the
+ * group quantizes to 0. */
+static bool group_max(const float *x, int n, int8_t *L, float *max)
+{
+    float amax = 0;
+    *max = 0;
+    for (int i = 0; i < n; i++) {
+        const float ax = fabsf(x[i]);
+        if (ax > amax) {
+            amax = ax;
+            *max = x[i];
+        }
+    }
+    if (amax >= GROUP_MAX_EPS)
+        return true;
+    memset(L, 0, (size_t)n);
+    return false;
+}
 
 /* Symmetric quants in [-nmax, nmax) with weights x^2; tries 18 scales
  * around nmax/max and keeps the one with the best weighted fit.
  * L gets quants biased by nmax. Returns the scale. */
 static float make_qx_quants(int n, int nmax, const float *x, int8_t *L)
 {
-    float max = 0, amax = 0;
-    for (int i = 0; i < n; i++) {
-        const float ax = fabsf(x[i]);
-        if (ax > amax) { amax = ax; max = x[i]; }
-    }
-    if (amax < GROUP_MAX_EPS) {
-        memset(L, 0, (size_t)n);
+    float max;
+    if (!group_max(x, n, L, &max))
         return 0.f;
-    }
     float iscale = -nmax / max;
     float sumlx = 0, suml2 = 0;
     for (int i = 0; i < n; i++) {
@@ -61,15 +75,9 @@ static float make_qx_quants(int n, int nmax, const float *x, int8_t *L)
  * quants while that improves the weighted (x^2) least-squares fit. */
 static float make_q3_quants(int n, int nmax, const float *x, int8_t *L)
 {
-    float max = 0, amax = 0;
-    for (int i = 0; i < n; i++) {
-        const float ax = fabsf(x[i]);
-        if (ax > amax) { amax = ax; max = x[i]; }
-    }
-    if (amax < GROUP_MAX_EPS) {
-        memset(L, 0, (size_t)n);
+    float max;
+    if (!group_max(x, n, L, &max))
         return 0.f;
-    }
     const float iscale = -nmax / max;
     float sumlx = 0, suml2 = 0;
     for (int i = 0; i < n; i++) {
@@ -226,6 +234,25 @@ void quant_quantize_row_q2_K(const float *x, void *vy, int64_t n)
     }
 }
 
+/* Each group of 16 of a super-block quantized alone by make (levels into L,
+ * scale into scales[]): the scale of the largest magnitude, *amax that
+ * magnitude (the first one wins a tie, as in ggml). */
+static float group_scales16(const float *x, int nmax, float (*make)(int, int, const float *, int8_t *), int8_t *L,
+                            float *scales, float *amax)
+{
+    float max_scale = 0;
+    *amax = 0;
+    for (int j = 0; j < QK_K / 16; ++j) {
+        scales[j] = make(16, nmax, x + 16 * j, L + 16 * j);
+        const float scale = fabsf(scales[j]);
+        if (scale > *amax) {
+            *amax = scale;
+            max_scale = scales[j];
+        }
+    }
+    return max_scale;
+}
+
 /* ==== Q3_K =============================================================== */
 
 void quant_quantize_row_q3_K(const float *x, void *vy, int64_t n)
@@ -234,12 +261,8 @@ void quant_quantize_row_q3_K(const float *x, void *vy, int64_t n)
     for (int64_t i = 0; i < n / QK_K; i++, x += QK_K) {
         int8_t L[QK_K];
         float scales[QK_K / 16];
-        float max_scale = 0, amax = 0;
-        for (int j = 0; j < QK_K / 16; ++j) {
-            scales[j] = make_q3_quants(16, 4, x + 16 * j, L + 16 * j);
-            const float scale = fabsf(scales[j]);
-            if (scale > amax) { amax = scale; max_scale = scales[j]; }
-        }
+        float amax;
+        const float max_scale = group_scales16(x, 4, make_q3_quants, L, scales, &amax);
         memset(y[i].scales, 0, sizeof y[i].scales);
         if (max_scale) {
             const float iscale = -32.f / max_scale;
@@ -362,12 +385,8 @@ void quant_quantize_row_q6_K(const float *x, void *vy, int64_t n)
     for (int64_t i = 0; i < n / QK_K; i++, x += QK_K) {
         int8_t L[QK_K];
         float scales[QK_K / 16];
-        float max_scale = 0, max_abs_scale = 0;
-        for (int ib = 0; ib < QK_K / 16; ++ib) {
-            scales[ib] = make_qx_quants(16, 32, x + 16 * ib, L + 16 * ib);
-            const float abs_scale = fabsf(scales[ib]);
-            if (abs_scale > max_abs_scale) { max_abs_scale = abs_scale; max_scale = scales[ib]; }
-        }
+        float max_abs_scale;
+        const float max_scale = group_scales16(x, 32, make_qx_quants, L, scales, &max_abs_scale);
         if (max_abs_scale < GROUP_MAX_EPS) {
             memset(&y[i], 0, sizeof y[i]);
             continue;

@@ -1,7 +1,7 @@
 /* k-quants: scalar reference dequantizers and Qn_K . Q8_K dot products.
  * These define the semantics; the AVX2/AVX-512 kernels are checked
  * against them. Element order inside a super-block follows ggml exactly. */
-#include "quant/kquants.h"
+#include "quant/kq_internal.h"
 
 /* ==== dequantize ========================================================= */
 

@@ -8,7 +8,7 @@
 #include "quant/iq4_mxfp4.h"
 #include "quant/iq3.h"
 #include "quant/iq2.h"
-#include "quant/kquants.h"
+#include "quant/kq_internal.h"
 #include "quant/quant_internal.h"
 
 /* ---- f16 / bf16 --------------------------------------------------------- */

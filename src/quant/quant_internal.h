@@ -99,7 +99,7 @@ QUANT_DECLARE_DOTS(avx512)
 /* quant_swiglu's scalar twin: the same bits, element by element (tests). */
 void quant_swiglu_twin(float *gate, const float *up, int64_t n);
 
-/* ---- repacked Q4_0 / Q8_0 weights (quant_repack.c) ------------------------ */
+/* ---- repacked Q4_0 / Q8_0 / IQ4_NL / MXFP4 weights (quant_repack.c) ------- */
 /* Rows per interleaved group and the bias of stored Q8_0 quants in this
  * build's layout: what the build's fastest kernel reads. */
 #if defined(QUANT_HAVE_AVX512)
@@ -165,7 +165,7 @@ void quant_rp_rows_avx2(const struct quant_rp_job *j, int64_t g0, int64_t g1);
 /* quant_repack with any group size and Q8_0 bias (tests of the other layouts). */
 ks_status quant_rp_repack_as(enum quant_type t, int64_t rows, int64_t cols, void *W, int R, int q8_bias);
 /* Row r's block b of a matrix in this build's layout (r in the groups), back
- * in ggml's block layout (a block_q4_0 or block_q8_0 at out). */
+ * in ggml's block layout (a block of t at out: at most a block_q8_0). */
 void quant_rp_get_block(const void *W, enum quant_type t, int64_t nb, int64_t r, int64_t b, void *out);
 /* Row r (in the groups) as f32 through quant_rp_get_block and the scalar
  * to_float: the reference of quant_get_row_repacked. */
@@ -194,8 +194,9 @@ static inline __m256i quant_block_bytes(const uint8_t *row, enum quant_type t, i
     return _mm256_loadu_si256((const __m256i *)blk->qs);
 }
 
-/* The same for row r's block b of a matrix in this build's repacked layout:
- * the row's 4-byte chunks lie QUANT_RP_ROWS dwords apart (quant_repack.c). */
+/* The same for row r's block b of a Q4_0 or Q8_0 matrix in this build's
+ * repacked layout: the row's 4-byte chunks lie QUANT_RP_ROWS dwords apart
+ * (quant_repack.c). */
 static inline __m256i quant_rp_block_bytes(const void *W, enum quant_type t, int64_t nb, int64_t r, int64_t b, float *d)
 {
     const int R = QUANT_RP_ROWS, l = (int)(r % R);

@@ -18,11 +18,12 @@
  *    batches of k-quants below the tiles and of the i-quants (IQ4_NL,
  *    IQ4_XS, MXFP4, IQ3_XXS, IQ3_S, IQ2_S, IQ2_XXS, IQ2_XS, IQ1_S, IQ1_M)
  *    run a multi-token vec_dot that unpacks each weight block once for
- *    several tokens (kquants.h, iq4_mxfp4.h, iq3.h, iq2.h).
+ *    several tokens (kq_internal.h, iq4_mxfp4.h, iq3.h, iq2.h).
  *  - repacked Q4_0/Q8_0 weights (quant_matmul_repacked): up to RP_GEMM_MAX
  *    tokens, the group kernels of quant_repack.c over row groups taken from
  *    a shared counter; more, the prefill tiles above, unpacking rows from
- *    the layout. */
+ *    the layout. Repacked IQ4_NL/MXFP4 weights run the group kernels at
+ *    every batch size (they have no tiles). */
 #include <stdalign.h>
 #include <stdatomic.h>
 #include <math.h>
@@ -32,8 +33,9 @@
 #include "quant/iq4_mxfp4.h"
 #include "quant/iq3.h"
 #include "quant/iq2.h"
-#include "quant/kquants.h"
+#include "quant/kq_internal.h"
 #include "quant/quant_internal.h"
+#include "vmath/vmath_simd.h"
 
 #if defined(QUANT_HAVE_AVX512)
 #include <immintrin.h>
@@ -64,6 +66,9 @@ enum mm_path { MM_GENERIC, MM_Q8_DECODE, MM_Q8_PREFILL, MM_FLOAT_DECODE, MM_FLOA
                MM_KQ_PREFILL };
 
 static inline bool is_q8_family(enum quant_type t) { return t == QUANT_Q4_0 || t == QUANT_Q8_0; }
+/* Repacked, these types run the group kernels at every batch size: no tile reads their layout. */
+static inline bool rp_every_batch(enum quant_type t) { return t == QUANT_IQ4_NL || t == QUANT_MXFP4; }
+static inline bool is_repackable(enum quant_type t) { return is_q8_family(t) || rp_every_batch(t); }
 static bool is_float(enum quant_type t) { return t == QUANT_F32 || t == QUANT_F16 || t == QUANT_BF16; }
 static bool is_kquant(enum quant_type t) { return t >= QUANT_Q2_K && t <= QUANT_Q8_K; }
 
@@ -111,7 +116,8 @@ static enum mm_path choose_path(enum quant_type wtype, int64_t n_tokens)
 
 /* Repacked weights: batches up to RP_GEMM_MAX tokens run the group kernels
  * (quant_repack.c); larger ones the prefill tiles, which unpack the rows.
- * Without SIMD prefill tiles every batch runs the group kernels. */
+ * Without SIMD prefill tiles, and for IQ4_NL/MXFP4, every batch runs the
+ * group kernels. */
 #ifndef RP_GEMM_MAX
 #define RP_GEMM_MAX 16 /* at 16 tokens the group kernels beat the tiles by 23-30%; at 64 and 512 they lost 7-30% */
 #endif
@@ -123,7 +129,7 @@ static enum mm_path choose_path(enum quant_type wtype, int64_t n_tokens)
 static enum mm_path choose_repacked_path(enum quant_type wtype, int64_t n_tokens)
 {
 #if defined(RP_HAVE_TILES)
-    if (n_tokens > RP_GEMM_MAX)
+    if (n_tokens > RP_GEMM_MAX && !rp_every_batch(wtype))
         return choose_path(wtype, n_tokens);
 #endif
     (void)wtype;
@@ -135,11 +141,13 @@ static enum mm_path choose_repacked_path(enum quant_type wtype, int64_t n_tokens
  * as a job reads them. */
 static size_t rp_token_bytes(int64_t cols) { return sizeof(struct quant_rp_act) * (size_t)(cols / QB); }
 
-static size_t rp_work(int64_t cols, int64_t n_tokens)
+static size_t rp_work(enum quant_type wtype, int64_t cols, int64_t n_tokens)
 {
 #if defined(RP_HAVE_TILES)
-    n_tokens = n_tokens < RP_GEMM_MAX ? n_tokens : RP_GEMM_MAX;
+    if (!rp_every_batch(wtype))
+        n_tokens = n_tokens < RP_GEMM_MAX ? n_tokens : RP_GEMM_MAX;
 #endif
+    (void)wtype;
     return rp_token_bytes(cols) * (size_t)n_tokens + MM_ALIGN;
 }
 
@@ -171,7 +179,7 @@ static size_t work_for_path(const struct quant_traits *tr, enum quant_type wtype
         break;
 #endif
     case MM_REPACKED:
-        return rp_work(cols, n_tokens);
+        return rp_work(wtype, cols, n_tokens);
     case MM_KQ_PREFILL: /* the Q8_K rows of the generic path */
     case MM_GENERIC:
         break;
@@ -191,8 +199,8 @@ size_t quant_matmul_work_size(enum quant_type wtype, int64_t cols, int64_t n_tok
         size_t small = work_for_path(tr, wtype, cols, MM_PREFILL_MIN - 1);
         need = need > small ? need : small;
     }
-    if (is_q8_family(wtype)) { /* the same buffer serves the repacked kernels */
-        size_t rp = rp_work(cols, n_tokens);
+    if (is_repackable(wtype)) { /* the same buffer serves the repacked kernels */
+        size_t rp = rp_work(wtype, cols, n_tokens);
         need = need > rp ? need : rp;
     }
     return need;
@@ -322,7 +330,7 @@ static quant_kq_dot_multi_fn generic_multi(enum quant_type wtype, int64_t n_toke
 /* Row chunks [lo, hi) of MM_ROW_CHUNK rows, all tokens. */
 static void generic_chunks(const struct mm *m, int64_t lo, int64_t hi)
 {
-    /* k-quant kernels prefetch their own stream (kquants.h) */
+    /* k-quant kernels prefetch their own stream (kq_internal.h) */
     int64_t ahead = is_kquant(m->wtype) ? 0 : MM_PREFETCH_BYTES / (int64_t)m->wrow + 1;
     bool direct = m->path == MM_FLOAT_DECODE; /* float weights read X as is */
     quant_kq_dot_multi_fn multi = generic_multi(m->wtype, m->n_tokens);
@@ -486,8 +494,6 @@ static inline __m512 pair_scales(__m512i raw, int w1)
     return _mm512_cvtph_ps(h);
 }
 
-static inline __mmask64 byte_mask(int n) { return n >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << n) - 1); }
-
 /* Q8_0 pair of blocks (68 bytes) -> 64 values +128 as u8. */
 static inline __m512i q8_0_pair(__m512i lo, __m512i hi)
 {
@@ -517,14 +523,14 @@ static inline __attribute__((always_inline)) __m512i dec_load(enum quant_type wt
     if (wt == QUANT_Q4_0) {
         const uint8_t *b = w + c * 2 * sizeof(block_q4_0);
         bool room = 2 * c + 4 <= nb; /* 72 bytes from b belong to the row */
-        __m512i raw = room ? _mm512_loadu_si512(b) : _mm512_maskz_loadu_epi8(byte_mask(full ? 36 : 18), b);
+        __m512i raw = room ? _mm512_loadu_si512(b) : _mm512_maskz_loadu_epi8(vmath_byte_mask(full ? 36 : 18), b);
         *dx = pair_scales(raw, 9);
         return q4_0_pair(raw);
     }
     const uint8_t *b = w + c * 2 * sizeof(block_q8_0);
-    __m512i lo = full ? _mm512_loadu_si512(b) : _mm512_maskz_loadu_epi8(byte_mask(34), b);
+    __m512i lo = full ? _mm512_loadu_si512(b) : _mm512_maskz_loadu_epi8(vmath_byte_mask(34), b);
     __m512i hi = !full ? _mm512_setzero_si512()
-                 : last ? _mm512_maskz_loadu_epi8(byte_mask(4), b + 64)
+                 : last ? _mm512_maskz_loadu_epi8(vmath_byte_mask(4), b + 64)
                         : _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(b + 64)));
     *dx = pair_scales(lo, 17);
     return q8_0_pair(lo, hi);
@@ -998,7 +1004,7 @@ size_t quant_matmul_experts_work_size(enum quant_type wtype, int64_t cols, int64
         return 0;
     enum ex_tok layout;
     size_t tok = ex_tok_xrow(tr, wtype, cols, false, &layout);
-    if (is_q8_family(wtype)) { /* repacked experts pack the X rows for the group kernels */
+    if (is_repackable(wtype)) { /* repacked experts pack the X rows for the group kernels */
         size_t rp = ex_tok_xrow(tr, wtype, cols, true, &layout);
         tok = rp > tok ? rp : tok;
     }
@@ -1408,8 +1414,8 @@ static ks_status mm_init(struct mm *m, const void *W, enum quant_type wtype, boo
         return ks_fail(KS_ERR_INVALID_ARG, "matmul: bad shape rows=%lld cols=%lld tokens=%lld for %s",
                        (long long)rows, (long long)cols, (long long)n_tokens, tr->name);
     if (repacked && !quant_repack_fits(wtype, rows, cols))
-        return ks_fail(KS_ERR_INVALID_ARG, "matmul: a repacked %s matrix of %lld x %lld cannot exist (Q4_0 or Q8_0, "
-                       "whole blocks, at least %d rows)", quant_type_name(wtype), (long long)rows, (long long)cols,
+        return ks_fail(KS_ERR_INVALID_ARG, "matmul: a repacked %s matrix of %lld x %lld cannot exist (Q4_0, Q8_0, "
+                       "IQ4_NL or MXFP4, whole blocks, at least %d rows)", quant_type_name(wtype), (long long)rows, (long long)cols,
                        QUANT_RP_ROWS);
     if (!W || !X || !Y || !work)
         return ks_fail(KS_ERR_INVALID_ARG, "matmul: NULL buffer");

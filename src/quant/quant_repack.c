@@ -1,9 +1,10 @@
-/* quant: Q4_0 / Q8_0 weights repacked at load time into interleaved row
- * groups, and the decode GEMV / small-batch GEMM kernels that read them.
+/* quant: Q4_0 / Q8_0 / IQ4_NL / MXFP4 weights repacked at load time into
+ * interleaved row groups, and the decode GEMV / small-batch GEMM kernels that
+ * read them.
  *
  * A group of QUANT_RP_ROWS rows is stored block column by block column; one
- * group-block holds the rows' f16 scales, then their quants in 4-byte chunks
- * (chunk k of every row, then chunk k + 1):
+ * group-block holds the rows' scales (f16; MXFP4's E8M0 bytes), then their
+ * quants in 4-byte chunks (chunk k of every row, then chunk k + 1):
  *     d[R] | qs[0..4) of rows 0..R-1 | qs[4..8) of rows 0..R-1 | ...
  * so one vector load brings 4 bytes of each of R rows, one row per 32-bit
  * lane, and a broadcast dword of the activations meets it: each lane ends a
@@ -20,6 +21,13 @@
  * operand; Q4_0 nibbles are unsigned already (their -8 and the +128 become a
  * correction times the activation block's sum).
  *
+ * IQ4_NL and MXFP4 nibbles are indices into a table of 16 int8 levels, laid
+ * out as Q4_0's. The AVX-512 kernel looks them up (vpermb) in the table
+ * +128, as u8 for vpdpbusd, the +128 removed by the same correction; the AVX2
+ * kernel looks up the signed levels and multiplies |w| by x with w's sign
+ * (every pair of products fits int16). Their groups are read by every batch
+ * size: quant_matmul.c has no other kernel for the layout.
+ *
  * Every kernel computes, per row and token, what quant_vec_dot_*_ref does:
  *     sum = fma((float)isum_b, d_w * d_x, sum), block after block
  * (llama.cpp's repacked x86 order; this file is compiled with
@@ -30,7 +38,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "quant/iq4_mxfp4.h"
 #include "quant/quant_internal.h"
+#include "vmath/vmath_simd.h"
 
 #if defined(QUANT_HAVE_AVX2)
 #include <immintrin.h>
@@ -42,15 +52,29 @@
 #define RP_AHEAD 4096     /* software prefetch distance in the weight stream (2 KiB: 3% fewer GB/s on q4_0) */
 #endif
 
-static size_t rp_block_bytes(enum quant_type t) { return t == QUANT_Q4_0 ? sizeof(block_q4_0) : sizeof(block_q8_0); }
-static int rp_chunks(enum quant_type t) { return (t == QUANT_Q4_0 ? QK4_0 / 2 : QK8_0) / RP_CHUNK; }
+/* The 4-bit lookup-table types: nibbles as Q4_0's, each an index into 16 int8 levels. */
+static bool rp_is_lut(enum quant_type t) { return t == QUANT_IQ4_NL || t == QUANT_MXFP4; }
+static const int8_t *rp_levels(enum quant_type t) { return t == QUANT_MXFP4 ? quant_mxfp4_values : quant_iq4nl_values; }
+
+static size_t rp_block_bytes(enum quant_type t)
+{
+    switch (t) {
+    case QUANT_Q4_0: return sizeof(block_q4_0);
+    case QUANT_IQ4_NL: return sizeof(block_iq4_nl);
+    case QUANT_MXFP4: return sizeof(block_mxfp4);
+    default: return sizeof(block_q8_0);
+    }
+}
+/* Bytes of one row's scale: an f16, or MXFP4's E8M0 exponent. */
+static int rp_scale_bytes(enum quant_type t) { return t == QUANT_MXFP4 ? 1 : (int)sizeof(quant_f16); }
+static int rp_chunks(enum quant_type t) { return (t == QUANT_Q8_0 ? QK8_0 : QK4_0 / 2) / RP_CHUNK; }
 
 int quant_repack_rows(void) { return QUANT_RP_ROWS; }
 
 bool quant_repack_fits(enum quant_type t, int64_t rows, int64_t cols)
 {
-    return (t == QUANT_Q4_0 || t == QUANT_Q8_0) && rows >= QUANT_RP_ROWS && cols > 0 && cols % QK8_0 == 0 &&
-           cols <= INT32_MAX;
+    return (t == QUANT_Q4_0 || t == QUANT_Q8_0 || rp_is_lut(t)) && rows >= QUANT_RP_ROWS && cols > 0 &&
+           cols % QK8_0 == 0 && cols <= INT32_MAX;
 }
 
 /* Group-block (g, b): R scales, then the chunks. */
@@ -59,35 +83,50 @@ static uint8_t *rp_group_block(const uint8_t *W, enum quant_type t, int64_t nb, 
     return (uint8_t *)W + (size_t)(g * nb + b) * (size_t)R * rp_block_bytes(t);
 }
 
-/* Lane (row) l's 4 bytes of chunk k in a group-block of R rows; its scale is at gb + 2 * l. */
-static uint8_t *rp_chunk(uint8_t *gb, int R, int l, int k) { return gb + 2 * R + (size_t)k * RP_CHUNK * R + 4 * l; }
+/* Lane (row) l's 4 bytes of chunk k in a group-block of R rows; its scale is at gb + l * rp_scale_bytes(t). */
+static uint8_t *rp_chunk(uint8_t *gb, enum quant_type t, int R, int l, int k)
+{
+    return gb + rp_scale_bytes(t) * R + (size_t)k * RP_CHUNK * R + 4 * l;
+}
+
+/* Lane l's scale as a float: the f16, or 2^(e - 128) (quant_e8m0_to_f32_half, as MXFP4's vec_dot reads it). */
+static float rp_scale(const uint8_t *gb, enum quant_type t, int l)
+{
+    if (t == QUANT_MXFP4)
+        return quant_e8m0_to_f32_half(gb[l]);
+    quant_f16 d;
+    memcpy(&d, gb + 2 * l, sizeof d);
+    return quant_f16_to_f32(d);
+}
 
 static void rp_put(uint8_t *gb, enum quant_type t, int R, int q8_bias, int l, const uint8_t *blk)
 {
-    memcpy(gb + 2 * l, blk, sizeof(quant_f16));
-    const uint8_t *qs = blk + sizeof(quant_f16);
+    const int sb = rp_scale_bytes(t);
+    memcpy(gb + sb * l, blk, (size_t)sb);
+    const uint8_t *qs = blk + sb;
     for (int k = 0; k < rp_chunks(t); k++)
         for (int i = 0; i < RP_CHUNK; i++)
-            rp_chunk(gb, R, l, k)[i] = t == QUANT_Q8_0 ? (uint8_t)(qs[k * RP_CHUNK + i] ^ q8_bias) : qs[k * RP_CHUNK + i];
+            rp_chunk(gb, t, R, l, k)[i] = t == QUANT_Q8_0 ? (uint8_t)(qs[k * RP_CHUNK + i] ^ q8_bias) : qs[k * RP_CHUNK + i];
 }
 
 void quant_rp_get_block(const void *W, enum quant_type t, int64_t nb, int64_t r, int64_t b, void *out)
 {
-    const int R = QUANT_RP_ROWS, l = (int)(r % R);
+    const int R = QUANT_RP_ROWS, l = (int)(r % R), sb = rp_scale_bytes(t);
     uint8_t *gb = rp_group_block(W, t, nb, R, r / R, b), *o = out;
-    memcpy(o, gb + 2 * l, sizeof(quant_f16));
+    memcpy(o, gb + sb * l, (size_t)sb);
     for (int k = 0; k < rp_chunks(t); k++)
         for (int i = 0; i < RP_CHUNK; i++) {
-            uint8_t v = rp_chunk(gb, R, l, k)[i];
-            o[sizeof(quant_f16) + k * RP_CHUNK + i] = t == QUANT_Q8_0 ? (uint8_t)(v ^ QUANT_RP_Q8_BIAS) : v;
+            uint8_t v = rp_chunk(gb, t, R, l, k)[i];
+            o[sb + k * RP_CHUNK + i] = t == QUANT_Q8_0 ? (uint8_t)(v ^ QUANT_RP_Q8_BIAS) : v;
         }
 }
 
 ks_status quant_repack(enum quant_type t, int64_t rows, int64_t cols, void *W)
 {
     if (!W || !quant_repack_fits(t, rows, cols))
-        return ks_fail(KS_ERR_INVALID_ARG, "repack: %s matrix of %lld x %lld cannot be repacked (Q4_0 or Q8_0, whole blocks, "
-                       "at least %d rows)", quant_type_name(t), (long long)rows, (long long)cols, QUANT_RP_ROWS);
+        return ks_fail(KS_ERR_INVALID_ARG, "repack: %s matrix of %lld x %lld cannot be repacked (Q4_0, Q8_0, IQ4_NL or "
+                       "MXFP4, whole blocks, at least %d rows)", quant_type_name(t), (long long)rows, (long long)cols,
+                       QUANT_RP_ROWS);
     return quant_rp_repack_as(t, rows, cols, W, QUANT_RP_ROWS, QUANT_RP_Q8_BIAS);
 }
 
@@ -129,7 +168,7 @@ void quant_rp_pack_token(const float *x, int64_t cols, struct quant_rp_act *out)
 void quant_rp_row_to_float_ref(const void *W, enum quant_type t, int64_t nb, int64_t r, float *y)
 {
     quant_to_float_fn to_float = quant_traits_scalar(t)->to_float;
-    uint8_t blk[sizeof(block_q8_0)];
+    uint8_t blk[sizeof(block_q8_0)]; /* the largest block */
     for (int64_t b = 0; b < nb; b++) {
         quant_rp_get_block(W, t, nb, r, b, blk);
         to_float(blk, y + b * QK8_0, QK8_0);
@@ -160,10 +199,13 @@ ks_status quant_get_row_repacked(const void *W, enum quant_type t, int64_t rows,
     if (r >= quant_rp_grouped_rows(rows))
         return quant_get_row(W, t, cols, r, y);
 #if defined(QUANT_HAVE_AVX2)
-    rp_row_to_float_avx2(W, t, cols / QK8_0, r, y);
-#else
-    quant_rp_row_to_float_ref(W, t, cols / QK8_0, r, y);
+    if (!rp_is_lut(t)) {
+        rp_row_to_float_avx2(W, t, cols / QK8_0, r, y);
+        return KS_OK;
+    }
 #endif
+    /* a lookup-table row: one value times the scale per element, the same bits in any form */
+    quant_rp_row_to_float_ref(W, t, cols / QK8_0, r, y);
     return KS_OK;
 }
 
@@ -205,10 +247,12 @@ static int32_t rp_dot_ref(const uint8_t *gb, enum quant_type t, int R, int q8_bi
     int32_t isum = 0;
     for (int k = 0; k < rp_chunks(t); k++)
         for (int i = 0; i < RP_CHUNK; i++) {
-            uint8_t v = rp_chunk((uint8_t *)gb, R, l, k)[i];
+            uint8_t v = rp_chunk((uint8_t *)gb, t, R, l, k)[i];
             int e = k * RP_CHUNK + i;
             if (t == QUANT_Q4_0)
                 isum += ((v & 0x0f) - 8) * a->qs[e] + ((v >> 4) - 8) * a->qs[e + QK4_0 / 2];
+            else if (rp_is_lut(t))
+                isum += rp_levels(t)[v & 0x0f] * a->qs[e] + rp_levels(t)[v >> 4] * a->qs[e + QK4_0 / 2];
             else
                 isum += (int8_t)(v ^ q8_bias) * a->qs[e];
         }
@@ -224,9 +268,8 @@ void quant_rp_rows_ref(const struct quant_rp_job *j, int R, int q8_bias, int64_t
                 float sum = 0;
                 for (int64_t b = 0; b < j->nb; b++) {
                     const uint8_t *gb = rp_group_block(j->W, j->wtype, j->nb, R, g, b);
-                    quant_f16 d;
-                    memcpy(&d, gb + 2 * l, sizeof d);
-                    sum = fmaf((float)rp_dot_ref(gb, j->wtype, R, q8_bias, l, a + b), quant_f16_to_f32(d) * a[b].d, sum);
+                    sum = fmaf((float)rp_dot_ref(gb, j->wtype, R, q8_bias, l, a + b), rp_scale(gb, j->wtype, l) * a[b].d,
+                               sum);
                 }
                 j->Y[t * j->ldy + g * R + l] = sum;
             }
@@ -245,11 +288,36 @@ void quant_rp_tail_rows(const struct quant_rp_job *j, int64_t rows)
 #if defined(QUANT_HAVE_AVX512)
 /* ---- AVX-512: 16 rows per lane set ------------------------------------------- */
 
+/* The 16 rows' scales of a group-block as floats: f16, or MXFP4's 2^(e - 128),
+ * whose exponent field is e - 1 (e = 0 and 1 give the subnormals 2^-128 and
+ * 2^-127, as quant_e8m0_to_f32_half). */
+static inline __m512 rp512_scales(const uint8_t *gb, enum quant_type t)
+{
+    if (t != QUANT_MXFP4)
+        return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)gb));
+    __m512i e = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)gb));
+    __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+    __m512i subnormal = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
+    __mmask16 small = _mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2));
+    return _mm512_castsi512_ps(_mm512_mask_blend_epi32(small, normal, subnormal));
+}
+
+/* A lookup-table type's 16 levels +128 (as u8, for vpdpbusd) in each 16-byte
+ * quarter: vpermb reads an index's low 6 bits, so bits 4 and 5 pick a copy and
+ * a nibble needs no mask, a high one only a shift. */
+static inline __m512i rp512_levels_u8(enum quant_type t)
+{
+    __m128i v = _mm_loadu_si128((const __m128i *)rp_levels(t));
+    return _mm512_broadcast_i32x4(_mm_xor_si128(v, _mm_set1_epi8((char)0x80)));
+}
+
 static inline __attribute__((always_inline)) void rp512_tile(const struct quant_rp_job *j, int64_t g, int64_t t0,
                                                              int T)
 {
     const int R = 16, bias = j->wtype == QUANT_Q4_0 ? 8 : 128;
-    const size_t gbb = (size_t)R * rp_block_bytes(j->wtype);
+    const size_t gbb = (size_t)R * rp_block_bytes(j->wtype), qs_at = (size_t)R * rp_scale_bytes(j->wtype);
+    const bool lut = rp_is_lut(j->wtype);
+    const __m512i levels = lut ? rp512_levels_u8(j->wtype) : _mm512_setzero_si512();
     const struct quant_rp_act *a[RP_TT];
     __m512 acc[RP_TT];
     for (int t = 0; t < T; t++) {
@@ -271,7 +339,7 @@ static inline __attribute__((always_inline)) void rp512_tile(const struct quant_
             for (int t = 0; t < T; t++)
                 hsum[t] = _mm512_setzero_si512();
             for (int k = 0; k < 4; k++) {
-                __m512i raw = _mm512_loadu_si512(gb + 2 * R + 64 * k);
+                __m512i raw = _mm512_loadu_si512(gb + qs_at + 64 * k);
                 __m512i lo = _mm512_and_si512(raw, _mm512_set1_epi8(0x0f));
                 __m512i hi16 = _mm512_and_si512(raw, _mm512_set1_epi8((char)0xf0));
                 for (int t = 0; t < T; t++) {
@@ -281,14 +349,29 @@ static inline __attribute__((always_inline)) void rp512_tile(const struct quant_
             }
             for (int t = 0; t < T; t++)
                 isum[t] = _mm512_add_epi32(isum[t], _mm512_srai_epi32(hsum[t], 4));
+        } else if (lut) {
+            __m512i hsum[RP_TT];
+            for (int t = 0; t < T; t++)
+                hsum[t] = _mm512_setzero_si512();
+            for (int k = 0; k < 4; k++) {
+                __m512i raw = _mm512_loadu_si512(gb + qs_at + 64 * k);
+                __m512i lo = _mm512_permutexvar_epi8(raw, levels);
+                __m512i hi = _mm512_permutexvar_epi8(_mm512_srli_epi16(raw, 4), levels);
+                for (int t = 0; t < T; t++) {
+                    isum[t] = _mm512_dpbusd_epi32(isum[t], lo, _mm512_set1_epi32(act_dword(&a[t][b], k)));
+                    hsum[t] = _mm512_dpbusd_epi32(hsum[t], hi, _mm512_set1_epi32(act_dword(&a[t][b], k + 4)));
+                }
+            }
+            for (int t = 0; t < T; t++)
+                isum[t] = _mm512_add_epi32(isum[t], hsum[t]);
         } else {
             for (int k = 0; k < 8; k++) {
-                __m512i w = _mm512_loadu_si512(gb + 2 * R + 64 * k);
+                __m512i w = _mm512_loadu_si512(gb + qs_at + 64 * k);
                 for (int t = 0; t < T; t++)
                     isum[t] = _mm512_dpbusd_epi32(isum[t], w, _mm512_set1_epi32(act_dword(&a[t][b], k)));
             }
         }
-        __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)gb));
+        __m512 dw = rp512_scales(gb, j->wtype);
         for (int t = 0; t < T; t++)
             acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_mul_ps(dw, _mm512_set1_ps(a[t][b].d)), acc[t]);
     }
@@ -316,10 +399,32 @@ static inline __m256i rp2_dot_q8(__m256i w, __m256i x)
     return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
 }
 
+/* The 8 rows' scales of a group-block as floats (rp512_scales). */
+static inline __m256 rp2_scales(const uint8_t *gb, enum quant_type t)
+{
+    if (t != QUANT_MXFP4)
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)gb));
+    __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)gb));
+    __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+    __m256i subnormal = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);
+    __m256i small = _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e);
+    return _mm256_castsi256_ps(_mm256_blendv_epi8(normal, subnormal, small));
+}
+
+/* |w| (unsigned) times x with w's sign, 4 products per int32 lane: a pair is
+ * at most 2 * 127 * 128 for int8 levels, so int16 never saturates. */
+static inline __m256i rp2_dot_abs(__m256i abs_w, __m256i w, __m256i x)
+{
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(abs_w, _mm256_sign_epi8(x, w)), _mm256_set1_epi16(1));
+}
+
 static inline __attribute__((always_inline)) void rp2_tile(const struct quant_rp_job *j, int64_t g, int64_t t0, int T)
 {
     const int R = 8;
-    const size_t gbb = (size_t)R * rp_block_bytes(j->wtype);
+    const size_t gbb = (size_t)R * rp_block_bytes(j->wtype), qs_at = (size_t)R * rp_scale_bytes(j->wtype);
+    const bool lut = rp_is_lut(j->wtype);
+    const __m256i levels = lut ? _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)rp_levels(j->wtype)))
+                               : _mm256_setzero_si256();
     const struct quant_rp_act *a[RP_TT];
     __m256 acc[RP_TT];
     for (int t = 0; t < T; t++) {
@@ -338,7 +443,7 @@ static inline __attribute__((always_inline)) void rp2_tile(const struct quant_rp
             for (int t = 0; t < T; t++)
                 p16[t] = _mm256_setzero_si256();
             for (int k = 0; k < 4; k++) {
-                __m256i raw = _mm256_loadu_si256((const __m256i *)(gb + 2 * R + 32 * k));
+                __m256i raw = _mm256_loadu_si256((const __m256i *)(gb + qs_at + 32 * k));
                 __m256i lo = _mm256_and_si256(raw, _mm256_set1_epi8(0x0f));
                 __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), _mm256_set1_epi8(0x0f));
                 for (int t = 0; t < T; t++) {
@@ -350,16 +455,31 @@ static inline __attribute__((always_inline)) void rp2_tile(const struct quant_rp
             for (int t = 0; t < T; t++)
                 isum[t] = _mm256_add_epi32(_mm256_set1_epi32(-8 * a[t][b].sum),
                                            _mm256_madd_epi16(p16[t], _mm256_set1_epi16(1)));
+        } else if (lut) {
+            for (int t = 0; t < T; t++)
+                isum[t] = _mm256_setzero_si256();
+            for (int k = 0; k < 4; k++) {
+                __m256i raw = _mm256_loadu_si256((const __m256i *)(gb + qs_at + 32 * k));
+                __m256i lo = _mm256_shuffle_epi8(levels, _mm256_and_si256(raw, _mm256_set1_epi8(0x0f)));
+                __m256i hi = _mm256_shuffle_epi8(levels,
+                                                 _mm256_and_si256(_mm256_srli_epi16(raw, 4), _mm256_set1_epi8(0x0f)));
+                __m256i abs_lo = _mm256_abs_epi8(lo), abs_hi = _mm256_abs_epi8(hi);
+                for (int t = 0; t < T; t++) {
+                    __m256i plo = rp2_dot_abs(abs_lo, lo, _mm256_set1_epi32(act_dword(&a[t][b], k)));
+                    __m256i phi = rp2_dot_abs(abs_hi, hi, _mm256_set1_epi32(act_dword(&a[t][b], k + 4)));
+                    isum[t] = _mm256_add_epi32(isum[t], _mm256_add_epi32(plo, phi));
+                }
+            }
         } else {
             for (int t = 0; t < T; t++)
                 isum[t] = _mm256_setzero_si256();
             for (int k = 0; k < 8; k++) {
-                __m256i w = _mm256_loadu_si256((const __m256i *)(gb + 2 * R + 32 * k));
+                __m256i w = _mm256_loadu_si256((const __m256i *)(gb + qs_at + 32 * k));
                 for (int t = 0; t < T; t++)
                     isum[t] = _mm256_add_epi32(isum[t], rp2_dot_q8(w, _mm256_set1_epi32(act_dword(&a[t][b], k))));
             }
         }
-        __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)gb));
+        __m256 dw = rp2_scales(gb, j->wtype);
         for (int t = 0; t < T; t++)
             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_mul_ps(dw, _mm256_set1_ps(a[t][b].d)), acc[t]);
     }

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "quant/quant_internal.h"
+#include "vmath/vmath_simd.h"
 
 #if defined(QUANT_HAVE_AVX2) || defined(QUANT_HAVE_AVX512)
 #include <immintrin.h>
@@ -177,15 +178,8 @@ void quant_vec_dot_q5_1_q8_1_avx2(int n, float *s, const void *vx, const void *v
 /* ---- float dots: 4 independent accumulators, then a scalar tail ---------- */
 
 static inline __m256 load8_f32(const void *p, int i) { return _mm256_loadu_ps((const float *)p + i); }
-static inline __m256 load8_f16(const void *p, int i)
-{
-    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const quant_f16 *)p + i)));
-}
-static inline __m256 load8_bf16(const void *p, int i)
-{
-    __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const quant_bf16 *)p + i)));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
-}
+static inline __m256 load8_f16(const void *p, int i) { return vmath_load8_f16((const quant_f16 *)p + i); }
+static inline __m256 load8_bf16(const void *p, int i) { return vmath_load8_bf16((const quant_bf16 *)p + i); }
 
 #define FLOAT_DOT_AVX2(name, load8, scalar)                                           \
     void name(int n, float *s, const void *vx, const void *vy)                        \
@@ -375,15 +369,8 @@ QDOT_AVX512(quant_vec_dot_q5_1_q8_1_avx512, block_q5_1, block_q8_1,
             dot_u8_ps(q5_1_block(&x[i]), load_q8(y[i].qs)), Q_MIN)
 
 static inline __m512 load16_f32(const void *p, int i) { return _mm512_loadu_ps((const float *)p + i); }
-static inline __m512 load16_f16(const void *p, int i)
-{
-    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const quant_f16 *)p + i)));
-}
-static inline __m512 load16_bf16(const void *p, int i)
-{
-    __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const quant_bf16 *)p + i)));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
-}
+static inline __m512 load16_f16(const void *p, int i) { return vmath_load16_f16((const quant_f16 *)p + i); }
+static inline __m512 load16_bf16(const void *p, int i) { return vmath_load16_bf16((const quant_bf16 *)p + i); }
 
 #define FLOAT_DOT_AVX512(name, load16, scalar)                                             \
     void name(int n, float *s, const void *vx, const void *vy)                             \
@@ -480,7 +467,7 @@ static void f16_to_float_avx512(const void *vx, float *y, int64_t n)
     const quant_f16 *x = vx;
     int64_t i = 0;
     for (; i + 16 <= n; i += 16)
-        _mm512_storeu_ps(y + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(x + i))));
+        _mm512_storeu_ps(y + i, vmath_load16_f16(x + i));
     for (; i < n; i++)
         y[i] = quant_f16_to_f32(x[i]);
 }
@@ -489,10 +476,8 @@ static void bf16_to_float_avx512(const void *vx, float *y, int64_t n)
 {
     const quant_bf16 *x = vx;
     int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(x + i)));
-        _mm512_storeu_ps(y + i, _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)));
-    }
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(y + i, vmath_load16_bf16(x + i));
     for (; i < n; i++)
         y[i] = quant_bf16_to_f32(x[i]);
 }

@@ -36,4 +36,18 @@ void sbuf_printf(struct sbuf *b, const char *fmt, ...) __attribute__((format(pri
 /* Release the bytes and zero the buffer (a zeroed buffer is fine). */
 void sbuf_free(struct sbuf *b);
 
+/* The value of one hex digit (either case), -1 for any other character: for
+ * the parsers of text that builds strings (JSON and template escapes,
+ * SentencePiece's <0xNN> byte pieces). */
+static inline int sbuf_hex_digit(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
 #endif

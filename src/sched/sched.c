@@ -46,6 +46,7 @@ struct req {
     int32_t n_drafted, n_accepted; /* totals */
     struct req **forks;       /* the other choices of sched_submit_n, until they fork this one */
     int n_forks;
+    uint64_t check_pass;      /* the last sched_check that found it (to find it twice) */
     /* Written by sched_cancel's thread under mu, read by the scheduler's. Atomic
      * and apart from the flags above: build_batch reads those off the lock
      * during a step, and the compiler merges such reads of neighbouring bools
@@ -99,7 +100,23 @@ struct sched {
     float *logits;
 
     struct sched_stats st;
+    uint64_t check_passes;    /* sched_check runs, which mark each request they find */
 };
+
+/* Debug builds check the invariants after every change (sched_check). */
+#ifndef KS_SCHED_CHECK
+#ifdef NDEBUG
+#define KS_SCHED_CHECK 0
+#else
+#define KS_SCHED_CHECK 1
+#endif
+#endif
+#if KS_SCHED_CHECK
+static void sched_debug_check(struct sched *s, const char *change);
+#define SCHED_DEBUG_CHECK(s, change) sched_debug_check(s, change)
+#else
+#define SCHED_DEBUG_CHECK(s, change) ((void)0)
+#endif
 
 static double now_seconds(void)
 {
@@ -303,6 +320,7 @@ ks_status sched_submit_n(struct sched *s, const struct sched_request *rq, const 
         for (int i = 0; ids_out && i < n; i++)
             ids_out[i] = i == 0 ? r->id : r->forks[i - 1]->id;
         pthread_cond_signal(&s->work);
+        SCHED_DEBUG_CHECK(s, "sched_submit_n");
     }
     pthread_mutex_unlock(&s->mu);
     if (st)
@@ -519,6 +537,7 @@ static int collect_cancelled(struct sched *s, struct req **done, int cap)
     }
     if (s->n_waiting == 0 && s->n_active == 0)
         s->cancel_all = false;
+    SCHED_DEBUG_CHECK(s, "collect_cancelled");
     return n;
 }
 
@@ -617,6 +636,7 @@ static void admit(struct sched *s)
         r->admit_order = ++s->next_admit;
         list_remove(s->waiting, &s->n_waiting, 0);
         s->active[s->n_active++] = r;
+        SCHED_DEBUG_CHECK(s, "admit");
     }
 }
 
@@ -635,9 +655,11 @@ static void preempt_newest(struct sched *s)
         r->finish = SCHED_FINISH_ERROR;
         r->error = "out of memory while preempting";
         s->active[s->n_active++] = r; /* collected as finished next step */
+        SCHED_DEBUG_CHECK(s, "preempt_newest");
         return;
     }
     s->st.preemptions++;
+    SCHED_DEBUG_CHECK(s, "preempt_newest");
 }
 
 /* ---- scheduler thread: the prefix cache ------------------------------------------ */
@@ -679,6 +701,7 @@ static void lookup_admitted(struct sched *s)
         s->st.prefix_hit_disk_tokens += (uint64_t)hit.disk_tokens;
         s->st.prefix_miss_tokens += (uint64_t)(r->n_tokens - got);
         finish_warm_up(r);
+        SCHED_DEBUG_CHECK(s, "lookup_admitted");
         pthread_mutex_unlock(&s->mu);
     }
 }
@@ -720,6 +743,7 @@ static void share_prefill(struct sched *s)
         r->dedup_wait = computed_by_older(s, r);
         s->st.prefix_wait_steps += r->dedup_wait;
         finish_warm_up(r);
+        SCHED_DEBUG_CHECK(s, "share_prefill");
         pthread_mutex_unlock(&s->mu);
     }
 }
@@ -927,6 +951,7 @@ static int32_t run_batch(struct sched *s, int32_t *n_rows)
             if (st != KS_ERR_KV_FULL) {
                 pthread_mutex_lock(&s->mu);
                 fail_active(s, engine_failed);
+                SCHED_DEBUG_CHECK(s, "run_batch (engine failure)");
                 pthread_mutex_unlock(&s->mu);
                 return 0;
             }
@@ -948,6 +973,7 @@ static int32_t run_batch(struct sched *s, int32_t *n_rows)
         pthread_mutex_lock(&s->mu);
         if (s->n_active <= 1) {
             fail_active(s, too_big);
+            SCHED_DEBUG_CHECK(s, "run_batch (too big)");
             pthread_mutex_unlock(&s->mu);
             return 0;
         }
@@ -991,6 +1017,7 @@ static bool take_token(struct sched *s, struct req *r, ks_status st, const struc
             r->finish = SCHED_FINISH_LENGTH;
     }
     bool go_on = r->finish == SCHED_FINISH_NONE && !r->cancelled;
+    SCHED_DEBUG_CHECK(s, "take_token");
     pthread_mutex_unlock(&s->mu);
     if (emit) {
         struct sched_event ev = {
@@ -1014,7 +1041,8 @@ static void sample_row(struct sched *s, struct req *r, const float *logits, doub
     take_token(s, r, st, &res, t);
 }
 
-/* r fed its last token and k drafts; logits holds their k + 1 rows. Keep
+/* r fed its last token (counted in n_computed) and k drafts; logits holds
+ * their k + 1 rows. Keep
  * drafts while the sampler accepts them, then the target's own token (the
  * rejection's replacement, or after k accepted drafts the token that follows
  * them), and cut the sequence back to the tokens whose K/V stay valid: the
@@ -1045,6 +1073,7 @@ static void verify_rows(struct sched *s, struct req *r, const float *logits, dou
     s->st.spec_accepted_tokens += (uint64_t)accepted_n;
     s->st.spec_verifications++;
     r->n_computed = base + kept;
+    SCHED_DEBUG_CHECK(s, "verify_rows");
     pthread_mutex_unlock(&s->mu);
     if (kept < k && s->eng.seq_truncate(s->eng.ctx, r->seq, base + kept) != KS_OK) {
         pthread_mutex_lock(&s->mu);
@@ -1088,11 +1117,13 @@ static int fork_choices(struct sched *s, struct req *lead)
         s->st.forked_choices++;
     }
     lead->n_forks = 0;
+    SCHED_DEBUG_CHECK(s, "fork_choices");
     pthread_mutex_unlock(&s->mu);
     return n;
 }
 
-/* Advance n_computed for what ran, sample every row and deliver events. */
+/* Advance n_computed for what ran (drafts count once verified, in
+ * verify_rows), sample every row and deliver events. */
 static void finish_step(struct sched *s, int32_t n, int32_t n_rows)
 {
     double t = now_seconds();
@@ -1101,12 +1132,15 @@ static void finish_step(struct sched *s, int32_t n, int32_t n_rows)
         for (int j = 0; j < s->n_active; j++)
             if (s->active[j]->seq == s->b_seq[i]) {
                 struct req *r = s->active[j];
+                if (s->b_pos[i] >= r->n_tokens) /* a draft: not one of r's tokens yet */
+                    break;
                 if (r->n_computed < r->n_prompt)
                     s->st.prompt_tokens++;
                 r->n_computed++;
                 finish_warm_up(r);
                 break;
             }
+    SCHED_DEBUG_CHECK(s, "finish_step");
     pthread_mutex_unlock(&s->mu);
 
     for (int32_t row = 0; row < n_rows; row++) {
@@ -1185,6 +1219,120 @@ static void *sched_main(void *arg)
     pthread_mutex_unlock(&s->mu);
     return NULL;
 }
+
+/* ---- invariants ----------------------------------------------------------------- */
+
+/* The counts every request keeps, wherever it is. */
+static ks_status check_req(const struct sched *s, const struct req *r)
+{
+    if (r->n_prompt < 1 || r->n_tokens < r->n_prompt || r->n_tokens > r->cap || r->cap > s->cfg.ctx_size)
+        return ks_fail(KS_ERR_INTERNAL, "request %llu: %d prompt and %d tokens in room for %d (context %d)",
+                       (unsigned long long)r->id, r->n_prompt, r->n_tokens, r->cap, s->cfg.ctx_size);
+    if (r->n_generated != r->n_tokens - r->n_prompt || r->n_generated > r->max_tokens)
+        return ks_fail(KS_ERR_INTERNAL, "request %llu: %d generated, %d tokens after the prompt, at most %d",
+                       (unsigned long long)r->id, r->n_generated, r->n_tokens - r->n_prompt, r->max_tokens);
+    if (r->n_computed < 0 || r->n_computed > r->n_tokens || r->n_cached < 0 || r->n_cached > r->n_prompt)
+        return ks_fail(KS_ERR_INTERNAL, "request %llu: %d computed and %d cached of %d tokens (%d prompt)",
+                       (unsigned long long)r->id, r->n_computed, r->n_cached, r->n_tokens, r->n_prompt);
+    if (r->id == 0 || r->id > s->next_id)
+        return ks_fail(KS_ERR_INTERNAL, "request id %llu was never given (last %llu)", (unsigned long long)r->id,
+                       (unsigned long long)s->next_id);
+    return KS_OK;
+}
+
+/* Where a request is decides what it may hold: a queued one and a fork no
+ * pages (nothing computed), a running one its own sequence unless it has
+ * finished without one; only a first choice has forks. */
+static ks_status check_place(const struct sched *s, const struct req *r, bool running, bool fork)
+{
+    ks_status st = check_req(s, r);
+    if (st)
+        return st;
+    const char *where = fork ? "a fork" : running ? "running" : "queued";
+    if (!running && (r->seq != -1 || r->n_computed != 0))
+        return ks_fail(KS_ERR_INTERNAL, "%s request %llu holds sequence %d with %d tokens computed", where,
+                       (unsigned long long)r->id, r->seq, r->n_computed);
+    if (running && r->seq < 0 && r->finish == SCHED_FINISH_NONE)
+        return ks_fail(KS_ERR_INTERNAL, "running request %llu holds no sequence", (unsigned long long)r->id);
+    if (running && r->finish == SCHED_FINISH_NONE && (r->admit_order == 0 || r->admit_order > s->next_admit))
+        return ks_fail(KS_ERR_INTERNAL, "running request %llu: admission %llu of %llu", (unsigned long long)r->id,
+                       (unsigned long long)r->admit_order, (unsigned long long)s->next_admit);
+    if (r->n_forks < 0 || (r->n_forks > 0 && (fork || !r->forks)) || r->n_forks >= s->cfg.parallel)
+        return ks_fail(KS_ERR_INTERNAL, "%s request %llu has %d forks (--parallel %d)", where,
+                       (unsigned long long)r->id, r->n_forks, s->cfg.parallel);
+    if (fork && r->finish != SCHED_FINISH_NONE)
+        return ks_fail(KS_ERR_INTERNAL, "fork %llu finished before it started", (unsigned long long)r->id);
+    return KS_OK;
+}
+
+/* Found for the second time in this pass: in two places. Marks instead of
+ * a scratch list, so a check never allocates (tests count allocations). */
+static bool seen_twice(struct req *r, uint64_t pass)
+{
+    bool twice = r->check_pass == pass;
+    r->check_pass = pass;
+    return twice;
+}
+
+static ks_status check_unique(struct sched *s)
+{
+    uint64_t pass = ++s->check_passes;
+    for (int i = 0; i < s->n_waiting + s->n_active; i++) {
+        struct req *r = i < s->n_waiting ? s->waiting[i] : s->active[i - s->n_waiting];
+        bool twice = seen_twice(r, pass);
+        for (int f = 0; f < r->n_forks && !twice; f++)
+            twice = seen_twice(r->forks[f], pass);
+        if (twice)
+            return ks_fail(KS_ERR_INTERNAL, "a request (or a fork of request %llu) is in two places",
+                           (unsigned long long)r->id);
+    }
+    for (int i = 0; i < s->n_active; i++)
+        for (int j = 0; j < i; j++)
+            if (s->active[i]->seq >= 0 && s->active[i]->seq == s->active[j]->seq)
+                return ks_fail(KS_ERR_INTERNAL, "running requests %llu and %llu hold sequence %d",
+                               (unsigned long long)s->active[j]->id, (unsigned long long)s->active[i]->id,
+                               s->active[i]->seq);
+    return KS_OK;
+}
+
+static ks_status check_locked(struct sched *s)
+{
+    if (s->n_waiting < 0 || s->n_waiting > s->cap_waiting || s->n_active < 0 || s->n_active > s->cfg.parallel)
+        return ks_fail(KS_ERR_INTERNAL, "%d queued (room %d), %d running (--parallel %d)", s->n_waiting,
+                       s->cap_waiting, s->n_active, s->cfg.parallel);
+    int promised = 0;
+    ks_status st = KS_OK;
+    for (int i = 0; i < s->n_waiting + s->n_active && !st; i++) {
+        bool running = i >= s->n_waiting;
+        const struct req *r = running ? s->active[i - s->n_waiting] : s->waiting[i];
+        st = check_place(s, r, running, false);
+        for (int f = 0; f < r->n_forks && !st; f++)
+            st = check_place(s, r->forks[f], false, true);
+        promised += running ? r->n_forks : 0;
+    }
+    if (!st && s->n_active + promised > s->cfg.parallel)
+        st = ks_fail(KS_ERR_INTERNAL, "%d running and %d slots promised to forks exceed --parallel %d", s->n_active,
+                     promised, s->cfg.parallel);
+    return st ? st : check_unique(s);
+}
+
+ks_status sched_check(struct sched *s)
+{
+    pthread_mutex_lock(&s->mu);
+    ks_status st = check_locked(s);
+    pthread_mutex_unlock(&s->mu);
+    return st;
+}
+
+#if KS_SCHED_CHECK
+static void sched_debug_check(struct sched *s, const char *change)
+{
+    if (check_locked(s)) {
+        fprintf(stderr, "sched: %s broke an invariant: %s\n", change, ks_errmsg());
+        abort();
+    }
+}
+#endif
 
 /* ---- create / free ----------------------------------------------------------- */
 

@@ -296,4 +296,14 @@ void sched_get_stats(struct sched *s, struct sched_stats *out);
 /* Snapshot of up to cap active/waiting requests; returns how many there are. */
 int sched_list_requests(struct sched *s, struct sched_request_info *out, int cap);
 
+/* Debug aid: check the scheduler's invariants under its lock (every request
+ * in exactly one place: the queue, the running list, or the forks of one
+ * first choice; the slots running and promised to forks within --parallel;
+ * only running requests hold KV sequences, each its own; token counts within
+ * their request's bounds). KS_ERR_INTERNAL names the first broken one.
+ * Debug builds (no NDEBUG; -DKS_SCHED_CHECK=0/1 overrides) also run it after
+ * every change of the lists and the requests' counts, and abort naming the
+ * change on a broken invariant; Release builds never do. */
+ks_status sched_check(struct sched *s);
+
 #endif

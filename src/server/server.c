@@ -693,6 +693,7 @@ void server_stop(struct server *srv)
 {
     if (!srv)
         return;
+    server_requantize_stop(srv);
     if (srv->daemon) {
         server_watch_release_all(srv);
         MHD_stop_daemon(srv->daemon);

@@ -12,29 +12,15 @@
 
 ks_status server_chat_setup(struct server *srv, const struct server_config *cfg)
 {
-    if (cfg->chat_template) { /* the user asked for a hand-written family */
-        srv->chat_family = true;
-        return tok_chat_by_name(cfg->chat_template, &srv->chat);
-    }
-    size_t len = 0;
-    const char *src = cfg->chat_template_jinja;
-    const char *origin = cfg->chat_template_origin ? cfg->chat_template_origin : "the chat template";
-    if (src) {
-        len = strlen(src);
-    } else if ((src = tok_chat_template(srv->tok, &len))) {
-        origin = "the model's tokenizer.chat_template";
-    } else {
-        src = jinja_chatml_template;
-        len = strlen(src);
-        origin = "the built-in chatml template";
+    const char *text = cfg->chat_template_jinja;
+    ks_status st = tok_chat_setup(srv->tok, cfg->chat_template, text, text ? strlen(text) : 0,
+                                  cfg->chat_template_origin, &srv->chat);
+    if (st || srv->chat.by_family)
+        return st;
+    if (srv->chat.chatml_fallback)
         fprintf(stderr, "kvserve serve: the model has no tokenizer.chat_template; chat uses chatml\n");
-    }
-    if (jinja_parse(src, len, &srv->jt)) {
-        char why[512]; /* ks_fail formats into the buffer ks_errmsg() reads */
-        snprintf(why, sizeof why, "%s", ks_errmsg());
-        return ks_fail(KS_ERR_FORMAT, "%s does not parse: %s (fix it, or give --chat-template-file F or "
-                       "--chat-template NAME)", origin, why);
-    }
+    const char *src = srv->chat.src;
+    size_t len = srv->chat.len;
     srv->tool_format = server_harmony_template(src, len) ? SERVER_TOOLS_HARMONY : server_tool_format_detect(src, len);
     /* llama.cpp's preserved tokens: markup that is a control token must reach the parser */
     static const char *const markup[] = {"<|python_tag|>", "[TOOL_CALLS]", "<tool_call>", "</tool_call>"};
@@ -47,22 +33,10 @@ ks_status server_chat_setup(struct server *srv, const struct server_config *cfg)
         if (id >= 0 && tok_is_control(srv->tok, id) && srv->n_tool_tokens < (int)(sizeof srv->tool_tokens / sizeof srv->tool_tokens[0]))
             srv->tool_tokens[srv->n_tool_tokens++] = id;
     }
-    const struct tok_special *sp = tok_special(srv->tok);
-    srv->bos_text = tok_text_dup(srv->tok, sp->bos);
-    srv->eos_text = tok_text_dup(srv->tok, sp->eos);
-    if (!srv->bos_text || !srv->eos_text)
-        return ks_fail(KS_ERR_NOMEM, "server: out of memory");
     return KS_OK;
 }
 
-void server_chat_free(struct server *srv)
-{
-    jinja_free(srv->jt);
-    free(srv->bos_text);
-    free(srv->eos_text);
-    srv->jt = NULL;
-    srv->bos_text = srv->eos_text = NULL;
-}
+void server_chat_free(struct server *srv) { tok_chat_setup_free(&srv->chat); }
 
 /* ---- tool options ------------------------------------------------------------------ */
 
@@ -300,10 +274,10 @@ static ks_status render_jinja(struct server *srv, const cJSON *root, char **out,
     size_t max_out = (size_t)srv->cfg.ctx_size * 64;
     if (max_out < (64u << 10))
         max_out = 64u << 10;
-    struct jinja_chat chat = {srv->bos_text, srv->eos_text, 1, cJSON_IsObject(kw) ? kw : NULL};
+    struct jinja_chat chat = {srv->chat.bos_text, srv->chat.eos_text, 1, cJSON_IsObject(kw) ? kw : NULL};
     struct jinja_opts opts = {.max_output = max_out, .now = srv->cfg.chat_now ? srv->cfg.chat_now : (int64_t)time(NULL)};
     size_t len = 0;
-    st = jinja_chat_render(srv->jt, req, &chat, &opts, out, &len);
+    st = jinja_chat_render(srv->chat.jt, req, &chat, &opts, out, &len);
     cJSON_Delete(req);
     if (server_json_failed()) { /* a context value the polyfills built was lost, or a parse ran out */
         if (!st)
@@ -353,11 +327,11 @@ static ks_status render_family(struct server *srv, const cJSON *root, char **out
             return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value",
                               "messages[%d]: the %s chat template takes text from system, user and assistant only "
                               "(tool calls need the model's Jinja template)",
-                              i, tok_chat_name(srv->chat));
+                              i, tok_chat_name(srv->chat.family));
         }
         tm[i++] = (struct tok_chat_msg){role, c->valuestring};
     }
-    st = tok_chat_render(srv->tok, srv->chat, tm, (size_t)n, true, out);
+    st = tok_chat_render(srv->tok, srv->chat.family, tm, (size_t)n, true, out);
     free(tm);
     cJSON_Delete(req);
     if (st)
@@ -369,7 +343,7 @@ static ks_status render_family(struct server *srv, const cJSON *root, char **out
 ks_status server_chat_prompt(struct server *srv, const cJSON *root, char **out, struct reply *r)
 {
     *out = NULL;
-    return srv->chat_family ? render_family(srv, root, out, r) : render_jinja(srv, root, out, r);
+    return srv->chat.by_family ? render_family(srv, root, out, r) : render_jinja(srv, root, out, r);
 }
 
 ks_status server_route_apply_template(struct server *srv, const struct server_req *rq, struct reply *r)

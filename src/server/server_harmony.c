@@ -119,25 +119,11 @@ static ks_status add_call(struct server_harmony *h, const char *name, const char
         body++, n--;
     while (n > 0 && (body[n - 1] == ' ' || body[n - 1] == '\n' || body[n - 1] == '\t' || body[n - 1] == '\r'))
         n--;
-    struct server_tool_call *p = realloc(h->calls, (size_t)(h->n_calls + 1) * sizeof *p);
-    if (!p)
-        return ks_fail(KS_ERR_NOMEM, "out of memory parsing tool calls");
-    h->calls = p;
     /* arguments as the other formats give them: compact JSON when the body is JSON */
     cJSON *args = cJSON_ParseWithLength(body, n);
     char *raw = args ? cJSON_PrintUnformatted(args) : strndup(body, n);
     cJSON_Delete(args);
-    char *a = NULL, *nm = NULL;
-    size_t len;
-    bool ok = raw && !tok_utf8_sanitize(raw, strlen(raw), &a, &len) && !tok_utf8_sanitize(name, strlen(name), &nm, &len);
-    free(raw);
-    if (!ok) {
-        free(a);
-        free(nm);
-        return ks_fail(KS_ERR_NOMEM, "out of memory parsing tool calls");
-    }
-    h->calls[h->n_calls++] = (struct server_tool_call){nm, a};
-    return KS_OK;
+    return server_tool_call_append(&h->calls, &h->n_calls, name, raw);
 }
 
 /* One message's body, complete or not, to where its channel sends it. */

@@ -29,10 +29,7 @@ struct server {
     char *host, *api_key, *model_name;
     struct sched *sched;
     const struct tokenizer *tok;
-    enum tok_chat_family chat;  /* when chat_family: the hand-written family the user named */
-    bool chat_family;
-    struct jinja_template *jt;  /* else: the parsed Jinja chat template */
-    char *bos_text, *eos_text;  /* the vocabulary's BOS and EOS texts, for the template */
+    struct tok_chat_setup chat; /* the hand-written family the user named, or the Jinja template */
     enum server_tool_format tool_format; /* how the template's model writes tool calls */
     int32_t tool_tokens[12];    /* control tokens of the tool-call markup, kept in the text */
     int n_tool_tokens;
@@ -50,6 +47,11 @@ struct server {
     /* POST /cache/requantize, one at a time, in slices between steps (under mu) */
     bool requant_running;
     int32_t requant_done, requant_total; /* pages converted / to convert (grows as streams add pages) */
+    /* It waits for its slices on a thread of its own, not on a polling
+     * thread (whose other connections would stall with it): server_stop
+     * stops it at its next slice and joins it. */
+    bool requant_thread_live, requant_stop;
+    pthread_t requant_thread;
 };
 
 /* One HTTP request as the routes see it (no libmicrohttpd in it, so routes
@@ -245,6 +247,11 @@ const char *server_tool_format_name(enum server_tool_format f);
 ks_status server_tools_parse(enum server_tool_format f, const char *text, size_t n, bool final,
                              struct server_tool_result *r);
 void server_tool_result_free(struct server_tool_result *r);
+/* Append the call (name, raw: its arguments' text, malloc'd, taken and freed
+ * here; NULL means out of memory) to (*calls)[0..*n_calls), both as valid
+ * UTF-8 (the model's bytes may not be, and the answer is JSON: U+FFFD as in
+ * content). KS_ERR_NOMEM leaves the calls as they were. */
+ks_status server_tool_call_append(struct server_tool_call **calls, int *n_calls, const char *name, char *raw);
 /* server_harmony.c: gpt-oss's harmony format (channels in the file's header). */
 struct server_harmony {
     struct sbuf reasoning;  /* the analysis messages' text, in order */
@@ -305,6 +312,8 @@ ks_status server_route_apply_template(struct server *srv, const struct server_re
 ks_status server_route_metrics(struct server *srv, const struct server_req *rq, struct reply *r);
 ks_status server_route_cache_usage(struct server *srv, const struct server_req *rq, struct reply *r);
 ks_status server_route_requantize(struct server *srv, const struct server_req *rq, struct reply *r);
+/* Stop a running requantization at its next slice and wait for its thread. */
+void server_requantize_stop(struct server *srv);
 ks_status server_route_policy(struct server *srv, const struct server_req *rq, struct reply *r);
 
 /* server_metrics.c: one Prometheus metric with its # HELP and # TYPE lines */

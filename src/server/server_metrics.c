@@ -375,6 +375,14 @@ static void note_slice(struct requant_ctx *q, const struct kv_requant_result *r)
 static bool requant_slice(void *user, struct kv_cache *kv, double budget_s)
 {
     struct requant_ctx *q = user;
+    pthread_mutex_lock(&q->srv->mu);
+    bool stop = q->srv->requant_stop;
+    pthread_mutex_unlock(&q->srv->mu);
+    if (stop) {
+        q->st = KS_ERR_STATE;
+        snprintf(q->err, sizeof q->err, "the server is stopping");
+        return true;
+    }
     if (!kv) {
         q->st = KS_ERR_UNSUPPORTED;
         snprintf(q->err, sizeof q->err, "this engine has no KV cache");
@@ -408,7 +416,7 @@ static ks_status parse_type(cJSON *root, const char *key, enum quant_type *out, 
     *out = KV_TYPE_KEEP;
     if (!v || cJSON_IsNull(v))
         return KS_OK;
-    if (!cJSON_IsString(v) || quant_type_from_name(v->valuestring, out) != KS_OK || kv_type_index(*out) < 0)
+    if (!cJSON_IsString(v) || kv_parse_type(v->valuestring, out) != KS_OK)
         return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value", "'%s' must be one of %s", key, kv_type_names());
     return KS_OK;
 }
@@ -479,6 +487,133 @@ static ks_status claim_requantize(struct server *srv, struct reply *r)
                       (int)done, (int)total);
 }
 
+static void release_requantize(struct server *srv)
+{
+    pthread_mutex_lock(&srv->mu);
+    srv->requant_running = false;
+    pthread_mutex_unlock(&srv->mu);
+}
+
+/* The answer of a requantization that ran (st: how the scheduler ran it). */
+static ks_status requant_reply(const struct requant_ctx *q, ks_status st, uint64_t steps, struct reply *r)
+{
+    if (st)
+        return reply_fail(r, st, "shutting_down", "%s", ks_errmsg());
+    if (q->st) { /* 404 an unknown request, 409 the cache is full, 500 out of memory, else 400 */
+        bool keep = q->st == KS_ERR_NOT_FOUND || q->st == KS_ERR_KV_FULL || q->st == KS_ERR_NOMEM ||
+                    q->st == KS_ERR_STATE;
+        return reply_fail(r, keep ? q->st : KS_ERR_INVALID_ARG, NULL, "%s", q->err);
+    }
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddBoolToObject(o, "dry_run", q->dry_run);
+    cJSON_AddNumberToObject(o, "bytes_before", (double)q->res.bytes_before);
+    cJSON_AddNumberToObject(o, "bytes_after", (double)q->res.bytes_after);
+    cJSON_AddNumberToObject(o, "bytes_freed", (double)q->res.bytes_before - (double)q->res.bytes_after);
+    cJSON_AddNumberToObject(o, "pages_selected", q->res.pages_selected);
+    cJSON_AddNumberToObject(o, "pages_converted", q->res.pages_changed);
+    cJSON_AddNumberToObject(o, "ms", q->res.ms);
+    cJSON_AddNumberToObject(o, "slices", q->slices);
+    cJSON_AddNumberToObject(o, "steps", (double)steps); /* scheduler steps in between */
+    return reply_json(r, 200, o);
+}
+
+/* A requantization the connection waits for without holding a polling
+ * thread: its own thread waits for the slices and wakes the connection.
+ * Shared by the thread and the connection (refs); a client that leaves
+ * does not stop it (the cache is converted all the same). */
+struct requant_job {
+    struct requant_ctx q;
+    struct server_waker *waker;
+    pthread_mutex_t mu;
+    int refs;
+    bool finished;
+    ks_status st;
+    uint64_t steps;
+};
+
+static void job_unref(struct requant_job *j)
+{
+    pthread_mutex_lock(&j->mu);
+    bool last = --j->refs == 0;
+    pthread_mutex_unlock(&j->mu);
+    if (!last)
+        return;
+    server_waker_unref(j->waker);
+    pthread_mutex_destroy(&j->mu);
+    free(j);
+}
+
+static void *requant_thread(void *arg)
+{
+    struct requant_job *j = arg;
+    struct server *srv = j->q.srv;
+    struct sched_stats before, after;
+    sched_get_stats(srv->sched, &before);
+    ks_status st = sched_run_sliced(srv->sched, requant_slice, &j->q);
+    sched_get_stats(srv->sched, &after);
+    release_requantize(srv);
+    pthread_mutex_lock(&j->mu);
+    j->st = st;
+    j->steps = after.steps - before.steps;
+    j->finished = true;
+    pthread_mutex_unlock(&j->mu);
+    server_wake(j->waker);
+    job_unref(j);
+    return NULL;
+}
+
+static bool requant_poll(void *cls, struct reply *r, ks_status *st)
+{
+    struct requant_job *j = cls;
+    pthread_mutex_lock(&j->mu);
+    bool finished = j->finished;
+    pthread_mutex_unlock(&j->mu);
+    if (!finished)
+        return false;
+    *st = requant_reply(&j->q, j->st, j->steps, r);
+    job_unref(j);
+    return true;
+}
+
+static void requant_abort(void *cls) { job_unref(cls); }
+
+static ks_status requant_start(struct server *srv, const struct requant_ctx *q, struct server_waker *waker,
+                               struct reply *r)
+{
+    struct requant_job *j = calloc(1, sizeof *j);
+    if (!j) {
+        release_requantize(srv);
+        return reply_fail(r, KS_ERR_NOMEM, NULL, "out of memory while starting the requantization");
+    }
+    j->q = *q;
+    j->refs = 2; /* the thread and the connection */
+    j->waker = waker;
+    server_waker_ref(waker);
+    pthread_mutex_init(&j->mu, NULL);
+    pthread_mutex_lock(&srv->mu); /* the last one's thread has ended or is ending (one runs at a time) */
+    bool old = srv->requant_thread_live;
+    pthread_t old_thread = srv->requant_thread;
+    srv->requant_thread_live = false;
+    pthread_mutex_unlock(&srv->mu);
+    if (old)
+        pthread_join(old_thread, NULL);
+    pthread_mutex_lock(&srv->mu);
+    int err = srv->requant_stop ? -1 : pthread_create(&srv->requant_thread, NULL, requant_thread, j);
+    srv->requant_thread_live = err == 0;
+    pthread_mutex_unlock(&srv->mu);
+    if (err) {
+        j->refs = 1;
+        job_unref(j);
+        release_requantize(srv);
+        return reply_fail(r, KS_ERR_STATE, "shutting_down", "the server is stopping");
+    }
+    r->status = 200; /* until the poll fills the reply */
+    r->wait_poll = requant_poll;
+    r->wait_abort = requant_abort;
+    r->wait_cls = j;
+    return KS_OK;
+}
+
 ks_status server_route_requantize(struct server *srv, const struct server_req *rq, struct reply *r)
 {
     cJSON *root;
@@ -501,33 +636,29 @@ ks_status server_route_requantize(struct server *srv, const struct server_req *r
         return st;
     if (!q.dry_run && (st = claim_requantize(srv, r)))
         return st;
+    if (!q.dry_run && rq->waker)
+        return requant_start(srv, &q, rq->waker, r);
     struct sched_stats before, after;
     sched_get_stats(srv->sched, &before);
     st = sched_run_sliced(srv->sched, requant_slice, &q);
     sched_get_stats(srv->sched, &after);
-    if (!q.dry_run) {
-        pthread_mutex_lock(&srv->mu);
-        srv->requant_running = false;
-        pthread_mutex_unlock(&srv->mu);
-    }
-    if (st)
-        return reply_fail(r, st, "shutting_down", "%s", ks_errmsg());
-    if (q.st) { /* 404 an unknown request, 409 the cache is full, 500 out of memory, else 400 */
-        bool keep = q.st == KS_ERR_NOT_FOUND || q.st == KS_ERR_KV_FULL || q.st == KS_ERR_NOMEM;
-        return reply_fail(r, keep ? q.st : KS_ERR_INVALID_ARG, NULL, "%s", q.err);
-    }
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddBoolToObject(o, "dry_run", q.dry_run);
-    cJSON_AddNumberToObject(o, "bytes_before", (double)q.res.bytes_before);
-    cJSON_AddNumberToObject(o, "bytes_after", (double)q.res.bytes_after);
-    cJSON_AddNumberToObject(o, "bytes_freed", (double)q.res.bytes_before - (double)q.res.bytes_after);
-    cJSON_AddNumberToObject(o, "pages_selected", q.res.pages_selected);
-    cJSON_AddNumberToObject(o, "pages_converted", q.res.pages_changed);
-    cJSON_AddNumberToObject(o, "ms", q.res.ms);
-    cJSON_AddNumberToObject(o, "slices", q.slices);
-    cJSON_AddNumberToObject(o, "steps", (double)(after.steps - before.steps)); /* scheduler steps in between */
-    return reply_json(r, 200, o);
+    if (!q.dry_run)
+        release_requantize(srv);
+    return requant_reply(&q, st, after.steps - before.steps, r);
 }
+
+void server_requantize_stop(struct server *srv)
+{
+    pthread_mutex_lock(&srv->mu);
+    bool live = srv->requant_thread_live;
+    srv->requant_stop = true;
+    srv->requant_thread_live = false;
+    pthread_mutex_unlock(&srv->mu);
+    if (live)
+        pthread_join(srv->requant_thread, NULL);
+}
+
+/* ---- /cache/policy -------------------------------------------------------------- */
 
 /* ---- /cache/policy -------------------------------------------------------------- */
 
@@ -604,7 +735,7 @@ static ks_status parse_policy_field(const cJSON *v, struct kv_policy_update *u, 
         u->set |= hot ? KV_SET_HOT_TOKENS : KV_SET_SINK_TOKENS;
     } else if (!strcmp(k, "floor") || !strcmp(k, "type_k") || !strcmp(k, "type_v")) {
         enum quant_type t;
-        if (!cJSON_IsString(v) || quant_type_from_name(v->valuestring, &t) != KS_OK || kv_type_index(t) < 0)
+        if (!cJSON_IsString(v) || kv_parse_type(v->valuestring, &t) != KS_OK)
             return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value", "'%s' must be one of %s", k, kv_type_names());
         if (!strcmp(k, "floor")) {
             u->floor = t;

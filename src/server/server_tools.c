@@ -78,26 +78,31 @@ static cJSON *json_at(const char *s, size_t i, size_t n, size_t *end)
     return v;
 }
 
-static ks_status add_call(struct server_tool_result *r, const char *name, const cJSON *args)
+ks_status server_tool_call_append(struct server_tool_call **calls, int *n_calls, const char *name, char *raw)
 {
-    struct server_tool_call *p = realloc(r->calls, (size_t)(r->n_calls + 1) * sizeof *p);
-    if (!p)
-        return ks_fail(KS_ERR_NOMEM, "out of memory parsing tool calls");
-    r->calls = p;
-    /* The model's bytes may be invalid UTF-8 inside JSON strings (cJSON keeps
-     * them): the answer is JSON, so they become U+FFFD as content does. */
-    char *raw = args ? (cJSON_IsString(args) ? strdup(args->valuestring) : cJSON_PrintUnformatted(args)) : strdup("{}");
+    struct server_tool_call *p = realloc(*calls, (size_t)(*n_calls + 1) * sizeof *p);
+    if (p)
+        *calls = p;
     char *a = NULL, *nm = NULL;
     size_t len;
-    bool ok = raw && !tok_utf8_sanitize(raw, strlen(raw), &a, &len) && !tok_utf8_sanitize(name, strlen(name), &nm, &len);
+    bool ok = p && raw && !tok_utf8_sanitize(raw, strlen(raw), &a, &len) &&
+              !tok_utf8_sanitize(name, strlen(name), &nm, &len);
     free(raw);
     if (!ok) {
         free(a);
         free(nm);
         return ks_fail(KS_ERR_NOMEM, "out of memory parsing tool calls");
     }
-    r->calls[r->n_calls++] = (struct server_tool_call){nm, a};
+    (*calls)[(*n_calls)++] = (struct server_tool_call){nm, a};
     return KS_OK;
+}
+
+/* The arguments as JSON text: a string's own text, anything else compact,
+ * none as {}. */
+static ks_status add_call(struct server_tool_result *r, const char *name, const cJSON *args)
+{
+    char *raw = args ? (cJSON_IsString(args) ? strdup(args->valuestring) : cJSON_PrintUnformatted(args)) : strdup("{}");
+    return server_tool_call_append(&r->calls, &r->n_calls, name, raw);
 }
 
 /* {"name": N, <args_key>: {...}} (args_key NULL: "arguments" or "parameters").

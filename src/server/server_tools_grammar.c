@@ -164,21 +164,27 @@ static ks_status harmony_grammar(struct sbuf *b, const struct tokenizer *tok, co
     return st;
 }
 
+/* End the grammar in b with the JSON primitives and hand its text to *gbnf
+ * (the caller's now); b is freed on any error. */
+static ks_status finish_grammar(struct sbuf *b, ks_status st, char **gbnf)
+{
+    sbuf_puts(b, grammar_json_primitives_gbnf());
+    if (!st && b->oom)
+        st = ks_fail(KS_ERR_NOMEM, "out of memory building the tool-call grammar");
+    if (st)
+        sbuf_free(b);
+    else
+        *gbnf = b->p;
+    return st;
+}
+
 ks_status server_tools_grammar(enum server_tool_format f, const struct tokenizer *tok, const cJSON *tools,
                                const struct server_tool_opts *o, char **gbnf, bool *fell_back)
 {
     *fell_back = false;
     if (f == SERVER_TOOLS_HARMONY) {
         struct sbuf b = {0};
-        ks_status st = harmony_grammar(&b, tok, tools, o, fell_back);
-        sbuf_puts(&b, grammar_json_primitives_gbnf());
-        if (!st && b.oom)
-            st = ks_fail(KS_ERR_NOMEM, "out of memory building the tool-call grammar");
-        if (st)
-            sbuf_free(&b);
-        else
-            *gbnf = b.p;
-        return st;
+        return finish_grammar(&b, harmony_grammar(&b, tok, tools, o, fell_back), gbnf);
     }
     if (f <= SERVER_TOOLS_NONE || f > SERVER_TOOLS_GENERIC)
         return ks_fail(KS_ERR_INVALID_ARG, "the chat template has no tool-call format");
@@ -219,14 +225,7 @@ ks_status server_tools_grammar(enum server_tool_format f, const struct tokenizer
             st = put_function(&b, fn, i, sx->args_key, fell_back);
         i++;
     }
-    sbuf_puts(&b, grammar_json_primitives_gbnf());
-    if (!st && b.oom)
-        st = ks_fail(KS_ERR_NOMEM, "out of memory building the tool-call grammar");
-    if (st)
-        sbuf_free(&b);
-    else
-        *gbnf = b.p; /* the buffer's string is the caller's now */
-    return st;
+    return finish_grammar(&b, st, gbnf);
 }
 
 void server_tools_triggers(enum server_tool_format f, const struct tokenizer *tok, struct grammar_triggers *t)

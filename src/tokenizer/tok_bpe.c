@@ -114,23 +114,6 @@ static ks_status choose_pre(struct tokenizer *t, const char *pre, size_t len)
 
 /* ---- merges ------------------------------------------------------------- */
 
-/* Decode a byte-level string to raw bytes; -1 if a character is outside the
- * alphabet (such a merge can never apply). */
-static long decode_half(const char *s, size_t n, char *out)
-{
-    size_t o = 0;
-    for (size_t i = 0; i < n;) {
-        uint32_t cp;
-        size_t l = tok_utf8_decode(s + i, n - i, &cp);
-        int b = l ? tok_cp_to_byte(cp) : -1;
-        if (b < 0)
-            return -1;
-        out[o++] = (char)b;
-        i += l;
-    }
-    return (long)o;
-}
-
 static ks_status intern(struct tokenizer *t, const char *s, size_t n, uint32_t *entry)
 {
     int64_t e = tok_strmap_find(&t->lookup, s, n);
@@ -173,8 +156,8 @@ static ks_status load_merges(struct tokenizer *t, const struct gguf_file *f)
             }
         }
         size_t ln = (size_t)(sp - m.data);
-        long l = decode_half(m.data, ln, buf);
-        long r = l > 0 ? decode_half(sp + 1, m.len - ln - 1, buf + l) : -1;
+        long l = tok_bytelevel_decode(m.data, ln, buf); /* -1: outside the alphabet, a merge that never applies */
+        long r = l > 0 ? tok_bytelevel_decode(sp + 1, m.len - ln - 1, buf + l) : -1;
         if (l <= 0 || r <= 0)
             continue;
         uint32_t el, er;

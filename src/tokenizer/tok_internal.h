@@ -136,6 +136,9 @@ void tok_bpe_free(struct tokenizer *t);
 /* Byte-level unicode: codepoint for byte b, and the reverse (-1 if none). */
 uint32_t tok_byte_to_cp(uint8_t b);
 int tok_cp_to_byte(uint32_t cp);
+/* A byte-level string as raw bytes (out has room for n bytes): the length, or
+ * -1 if a character is outside the byte alphabet. */
+long tok_bytelevel_decode(const char *s, size_t n, char *out);
 
 /* A merge candidate: the pair (left, right) of adjacent symbols whose byte
  * lengths were (ln, rn) when it was queued; key orders the queue (SPM: minus

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "gguf/gguf.h"
+#include "sbuf/sbuf.h"
 #include "tokenizer/tok_internal.h"
 
 enum { TYPE_NORMAL = 1, TYPE_UNKNOWN = 2, TYPE_CONTROL = 3, TYPE_USER_DEFINED = 4, TYPE_UNUSED = 5, TYPE_BYTE = 6 };
@@ -75,9 +76,7 @@ int tok_cp_to_byte(uint32_t cp)
     return n == 67 ? 0xad : -1;
 }
 
-/* Decode a byte-level string into raw bytes (out has room for n bytes).
- * Returns the length, or -1 if a character is outside the mapping. */
-static long bytelevel_decode(const char *s, size_t n, char *out)
+long tok_bytelevel_decode(const char *s, size_t n, char *out)
 {
     size_t o = 0;
     for (size_t i = 0; i < n;) {
@@ -94,17 +93,6 @@ static long bytelevel_decode(const char *s, size_t n, char *out)
 
 /* ---- pieces (what each token detokenizes to) ---------------------------- */
 
-static int hexval(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 static size_t spm_piece(const char *s, size_t n, uint32_t attr, char *out)
 {
     if (attr & (TOK_ATTR_CONTROL | TOK_ATTR_UNKNOWN | TOK_ATTR_USER_DEFINED)) {
@@ -112,7 +100,7 @@ static size_t spm_piece(const char *s, size_t n, uint32_t attr, char *out)
         return n;
     }
     if (attr & TOK_ATTR_BYTE) {
-        int hi = n == 6 ? hexval(s[3]) : -1, lo = n == 6 ? hexval(s[4]) : -1;
+        int hi = n == 6 ? sbuf_hex_digit(s[3]) : -1, lo = n == 6 ? sbuf_hex_digit(s[4]) : -1;
         if (hi >= 0 && lo >= 0 && !memcmp(s, "<0x", 3) && s[5] == '>') {
             out[0] = (char)(hi << 4 | lo);
             return 1;
@@ -284,7 +272,7 @@ static ks_status build_lookup(struct tokenizer *t)
             if (!(buf = malloc(cap)))
                 return ks_fail(KS_ERR_NOMEM, "tokenizer: out of memory");
         }
-        long n = bytelevel_decode(s, tk->text_len, buf);
+        long n = tok_bytelevel_decode(s, tk->text_len, buf);
         if (n > 0)
             st = tok_strmap_put(&t->lookup, buf, (size_t)n, i, NULL);
     }

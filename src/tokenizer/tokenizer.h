@@ -27,6 +27,7 @@
 #include "status/status.h"
 
 struct gguf_file;
+struct jinja_template;
 struct tokenizer;
 
 enum tok_family {
@@ -194,6 +195,30 @@ ks_status tok_chat_for(const struct tokenizer *t, const char *override_name,
  * t, NUL-terminated; *len, which may be NULL, receives its length), or NULL
  * when the vocabulary has none. */
 const char *tok_chat_template(const struct tokenizer *t, size_t *len);
+
+/* The chat template a server or a chat session renders every conversation
+ * with, set up once from the user's choice and the vocabulary. */
+struct tok_chat_setup {
+    bool by_family;              /* a hand-written family the user named */
+    enum tok_chat_family family; /* when by_family */
+    struct jinja_template *jt;   /* else the parsed Jinja template */
+    const char *src;             /* its text (len bytes): the caller's, the tokenizer's or
+                                    jinja_chatml_template; not owned, valid while they are */
+    size_t len;
+    bool chatml_fallback;        /* the vocabulary has no template: src is ChatML (llama.cpp's fallback) */
+    char *bos_text, *eos_text;   /* the vocabulary's BOS and EOS texts, Jinja's bos_token and eos_token */
+};
+
+/* family_name (not NULL): that hand-written family (tok_chat_by_name).
+ * Else Jinja: text (len bytes) when not NULL, named origin in errors (e.g. a
+ * file's path; NULL: "the chat template"), else the model's
+ * tokenizer.chat_template, else ChatML. Errors: KS_ERR_NOT_FOUND (an unknown
+ * family, listing the names), KS_ERR_FORMAT (the template does not parse: its
+ * origin, line, column and what to do), KS_ERR_NOMEM. On an error *out holds
+ * nothing. Free with tok_chat_setup_free (a zeroed struct is fine). */
+ks_status tok_chat_setup(const struct tokenizer *t, const char *family_name, const char *text, size_t len,
+                         const char *origin, struct tok_chat_setup *out);
+void tok_chat_setup_free(struct tok_chat_setup *s);
 
 /* Render msgs[0..n) in the family's format, ending with the assistant header
  * when add_generation_prompt. BOS is NOT written: encode the result with

@@ -108,8 +108,9 @@ def threads(pid):
         return int(re.search(r"Threads:\s+(\d+)", f.read()).group(1))
 
 
-def closed_by_server(s):
-    s.settimeout(0.05)
+def closed_by_server(s, within=0.05):
+    """True when the server closes s within `within` seconds (it sends nothing first)."""
+    s.settimeout(within)
     try:
         return s.recv(1) == b""
     except socket.timeout:
@@ -148,8 +149,7 @@ def crowd_and_timeouts():
         # the per-address limit: 64 from 127.0.3.1, the 65th is closed at once; others still get in
         mine = [connect(port, "127.0.3.1") for _ in range(64)]
         extra = connect(port, "127.0.3.1")
-        time.sleep(0.3)
-        check("per-address limit closes the 65th connection", closed_by_server(extra))
+        check("per-address limit closes the 65th connection", closed_by_server(extra, within=5.0))
         status, _, _ = http(port, "GET", "/health", src="127.0.3.2")
         check("another address still served", status == 200, str(status))
         for s in mine + [extra]:
@@ -164,8 +164,8 @@ def crowd_and_timeouts():
                 except OSError:
                     pass
             time.sleep(0.4)
-        check("idle connections closed by --timeout", sum(closed_by_server(s) for s in idle[:200]) == 200)
-        check("slowloris connections closed by the header deadline", all(closed_by_server(s) for s in slow))
+        check("idle connections closed by --timeout", sum(closed_by_server(s, within=3.0) for s in idle[:200]) == 200)
+        check("slowloris connections closed by the header deadline", all(closed_by_server(s, within=3.0) for s in slow))
         for s in idle + slow:
             s.close()
 

@@ -81,8 +81,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (size < 1)
         return 0;
     bool chat = data[0] & 1;
-    srv.chat = (enum tok_chat_family)(((data[0] >> 1) & 7) % TOK_CHAT_COUNT);
-    srv.chat_family = data[0] & 32; /* a named hand-written family, else the Jinja template */
+    srv.chat.family = (enum tok_chat_family)(((data[0] >> 1) & 7) % TOK_CHAT_COUNT);
+    srv.chat.by_family = data[0] & 32; /* a named hand-written family, else the Jinja template */
     srv.cfg.ctx_size = data[0] & 16 ? 64 : 4096;
     /* an exact-size copy, so ASan sees any read past the body's end */
     size_t len = size - 1;

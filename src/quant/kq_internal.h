@@ -14,8 +14,8 @@
  * Q8_K rows passed to vec_dot must have bsums consistent with qs (as
  * quant_quantize_row_q8_K produces): the kernels use them for the min/offset
  * terms. */
-#ifndef KS_QUANT_KQUANTS_H
-#define KS_QUANT_KQUANTS_H
+#ifndef KS_QUANT_KQ_INTERNAL_H
+#define KS_QUANT_KQ_INTERNAL_H
 
 #include <math.h>
 #include <string.h>
@@ -88,6 +88,22 @@ typedef void (*quant_kq_dot_multi_fn)(int n, int nt, float *s, size_t s_stride, 
 /* The multi-token kernel of a k-quant weight type, or NULL if it has none
  * (call vec_dot per token then). */
 quant_kq_dot_multi_fn quant_kquants_dot_multi(enum quant_type t);
+
+/* One super-block (QK_K) weight type's entry of the traits tables, with Q8_K
+ * activations: the k-quants here, iq2.h's and iq3.h's types. */
+struct kq_entry {
+    enum quant_type type;
+    const char *name;
+    size_t bytes;
+    quant_to_float_fn to_float;
+    quant_from_float_fn from_float, from_float_best;
+    quant_vec_dot_fn dot_scalar, dot_best;
+    quant_kq_dot_multi_fn multi; /* NULL: none in this build */
+};
+/* best[type] and scalar[type] for each entry of table[0..n). */
+void kq_entries_fill(const struct kq_entry *table, size_t n, struct quant_traits *best, struct quant_traits *scalar);
+/* The multi-token kernel of weight type t in table[0..n), NULL if none. */
+quant_kq_dot_multi_fn kq_entries_dot_multi(const struct kq_entry *table, size_t n, enum quant_type t);
 #if defined(KQ_HAVE_AVX512)
 void quant_vec_dot_q4_K_q8_K_multi_avx512(int n, int nt, float *s, size_t s_stride, const void *x,
                                           const void *y, size_t y_stride);

@@ -1,0 +1,44 @@
+/* vmath_simd: the SIMD loads that the kernels of several modules share
+ * (header only; a leaf like vmath.h: it knows no module's types). Each is
+ * defined only when the including file is compiled for its ISA. Their scalar
+ * twins are quant_f16_to_f32 / quant_bf16_to_f32, which the kernels' tests
+ * compare against. */
+#ifndef KS_VMATH_SIMD_H
+#define KS_VMATH_SIMD_H
+
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#if defined(__AVX2__) && defined(__F16C__)
+/* 8 f16 values at p as f32. */
+static inline __m256 vmath_load8_f16(const void *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+
+/* 8 bf16 values at p as f32 (a bf16 is the high half of an f32). */
+static inline __m256 vmath_load8_bf16(const void *p)
+{
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+#endif
+
+#if defined(__AVX512F__)
+/* 16 f16 values at p as f32. */
+static inline __m512 vmath_load16_f16(const void *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+
+/* 16 bf16 values at p as f32. */
+static inline __m512 vmath_load16_bf16(const void *p)
+{
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+#endif
+
+#if defined(__AVX512BW__)
+/* The mask of a 64-byte load's first n bytes, for a masked load that stops at
+ * the end of a row: empty for n <= 0, every byte for n >= 64. */
+static inline __mmask64 vmath_byte_mask(int n)
+{
+    return n >= 64 ? ~(__mmask64)0 : n <= 0 ? (__mmask64)0 : ((__mmask64)1 << n) - 1;
+}
+#endif
+
+#endif
