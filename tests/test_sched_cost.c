@@ -150,6 +150,28 @@ static void test_decode_estimate_is_refreshed(void **state)
     assert_true(fabs(c.prefill_token_s - 0.0005) < 0.0001);
 }
 
+/* Speculation prices a verification of k drafts at decode(n) * (1 + k * r):
+ * r is the marginal token over the decode-only step, learned from mixed
+ * steps (drafts are fed to the model as extra tokens), 0 before. */
+static void test_token_ratio_prices_a_verification(void **state)
+{
+    (void)state;
+    struct machine m = {.decode_base = 20e-3, .decode_per_seq = 0.5e-3, .prefill_token = 0.6e-3};
+    struct sched_cost c;
+    sched_cost_init(&c);
+    assert_true(sched_cost_token_ratio(&c, 4) == 0.0);
+    sched_cost_observe(&c, 4, 0, step_time(&m, 4, 0));
+    assert_true(sched_cost_token_ratio(&c, 4) == 0.0); /* no marginal token seen yet */
+    for (int i = 0; i < 50; i++) {
+        sched_cost_observe(&c, 4, 0, step_time(&m, 4, 0));
+        sched_cost_observe(&c, 4, 8, step_time(&m, 4, 8)); /* e.g. two requests verifying 4 drafts each */
+    }
+    double want = m.prefill_token / step_time(&m, 4, 0);
+    assert_true(fabs(sched_cost_token_ratio(&c, 4) - want) < 1e-3 * want);
+    /* k = 8 drafts cost 1 + 8r steps: here 1.22, the goal is <= 1.5 */
+    assert_true(1 + 8 * sched_cost_token_ratio(&c, 4) < 1.25);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -158,6 +180,7 @@ int main(void)
         cmocka_unit_test(test_decoder_count_and_nearest),
         cmocka_unit_test(test_recovers_from_a_stalled_step),
         cmocka_unit_test(test_decode_estimate_is_refreshed),
+        cmocka_unit_test(test_token_ratio_prices_a_verification),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

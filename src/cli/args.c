@@ -222,6 +222,33 @@ void cli_model_flags_init(struct cli_model_flags *f)
     cli_kv_flags_init(&f->kv);
 }
 
+void cli_spec_flags_init(struct cli_spec_flags *f)
+{
+    *f = (struct cli_spec_flags){.type = SPEC_NONE, .draft_max = 16, .draft_min = 0};
+}
+
+bool cli_parse_spec_flag(const char *flag, const char *value, struct cli_spec_flags *f, bool *ok)
+{
+    if (!strcmp(flag, "--spec-type"))
+        *ok = value && spec_parse_type(value, &f->type);
+    else if (!strcmp(flag, "--draft-max"))
+        *ok = cli_parse_int(value, 1, SPEC_DRAFT_LIMIT, &f->draft_max);
+    else if (!strcmp(flag, "--draft-min"))
+        *ok = cli_parse_int(value, 0, SPEC_DRAFT_LIMIT, &f->draft_min);
+    else
+        return false;
+    return true;
+}
+
+const char cli_spec_flags_help[] =
+    "speculative decoding (the same flags in serve and generate):\n"
+    "      --spec-type T        none | ngram: draft tokens by looking the last 1-3 tokens up in the\n"
+    "                           request's own prompt and output (prompt lookup), verify them in one\n"
+    "                           forward pass; output unchanged (greedy: the same tokens) (default none)\n"
+    "      --draft-max N        drafts per verification at most, 1..64 (default 16); the length\n"
+    "                           adapts to each request's acceptance and to the measured cost\n"
+    "      --draft-min N        draft at least N tokens or none, 0..--draft-max (default 0)\n";
+
 const char cli_model_flags_help[] =
     "model loading and KV cache (the same flags in serve, bench, generate, chat and perplexity):\n"
     "      --mmap               map the model file instead of reading it into huge pages\n"

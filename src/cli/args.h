@@ -11,6 +11,7 @@
 
 #include "kv/kv.h"
 #include "quant/quant.h"
+#include "spec/spec.h"
 
 /* A whole decimal integer in [lo, hi]. */
 bool cli_parse_int(const char *s, long lo, long hi, int *out);
@@ -68,6 +69,19 @@ struct cli_model_flags {
 void cli_model_flags_init(struct cli_model_flags *f);
 /* The help block for them, the same in every command's usage. */
 extern const char cli_model_flags_help[];
+
+/* Speculative decoding, the same in serve and generate (llama-server's names):
+ *   --spec-type none|ngram, --draft-max N (1..SPEC_DRAFT_LIMIT), --draft-min N (0..64;
+ *   above --draft-max is refused by the command). */
+struct cli_spec_flags {
+    enum spec_type type; /* SPEC_NONE */
+    int draft_max;       /* 16 */
+    int draft_min;       /* 0 */
+};
+void cli_spec_flags_init(struct cli_spec_flags *f);
+/* True if flag is one of the above; *ok says whether value was good. */
+bool cli_parse_spec_flag(const char *flag, const char *value, struct cli_spec_flags *f, bool *ok);
+extern const char cli_spec_flags_help[];
 
 /* ---- one command line ----------------------------------------------------- */
 

@@ -43,6 +43,7 @@ struct bench_opts {
     struct int_list prompt, gen, threads, depth;
     struct type_list type_k, type_v; /* n 0: the KV flags' (or kv's) default */
     int reps;
+    bool all_logits;             /* pp: logits of every token (a speculative verification of P - 1 drafts) */
     enum bench_format format;
     struct cli_model_flags load; /* --mmap and the KV flags; kv.mem 0: enough for the longest test */
 };
@@ -70,6 +71,8 @@ static void bench_usage(FILE *out)
             "  -t, --threads T,...     threads (default: all cores)\n"
             "  -d, --n-depth D,...     context already in the cache before each test (default 0)\n"
             "  -o, --output FORMAT     md (markdown table, default), csv or json\n"
+            "      --all-logits        pp computes the logits of every token, as a speculative\n"
+            "                          verification of P - 1 drafts does (bench/spec.sh)\n"
             "\n");
     fputs(cli_model_flags_help, out);
 }
@@ -157,6 +160,15 @@ static bool parse_value_flag(const char *a, const char *v, void *opts, bool *ok)
     return true;
 }
 
+static bool parse_switch_flag(const char *a, void *opts)
+{
+    struct bench_opts *o = opts;
+    if (strcmp(a, "--all-logits"))
+        return false;
+    o->all_logits = true;
+    return true;
+}
+
 static int max_int(int a, int b) { return a > b ? a : b; }
 
 static int list_max(const struct int_list *l)
@@ -173,8 +185,8 @@ static int parse_args(int argc, char **argv, struct bench_opts *o)
     *o = (struct bench_opts){.prompt = {1, {512}}, .gen = {1, {128}}, .threads = {1, {threads_default_count()}},
                              .depth = {1, {0}}, .reps = 5};
     cli_model_flags_init(&o->load);
-    const struct cli_command cmd = {
-        .name = "bench", .usage = bench_usage, .model = &o->load, .value_flag = parse_value_flag, .opts = o};
+    const struct cli_command cmd = {.name = "bench", .usage = bench_usage, .model = &o->load,
+                                    .switch_flag = parse_switch_flag, .value_flag = parse_value_flag, .opts = o};
     int rc = cli_parse_command(&cmd, argc, argv);
     if (!rc && list_max(&o->prompt) == 0 && list_max(&o->gen) == 0) {
         fprintf(stderr, "kvserve bench: nothing to measure with -p 0 and -n 0\n");
@@ -203,7 +215,8 @@ struct bench {
     int32_t n_vocab;
     int32_t max_batch;
     int32_t *tokens, *pos, *seq; /* (max_batch) */
-    float *logits;               /* (n_vocab) */
+    float *logits;               /* (1, n_vocab), or with --all-logits (the largest -p, n_vocab) */
+    bool *want;                  /* (max_batch) all true, for --all-logits */
     uint64_t rng;
 };
 
@@ -234,8 +247,12 @@ static ks_status bench_buffers(struct bench *b)
     b->tokens = malloc((size_t)b->max_batch * sizeof *b->tokens);
     b->pos = malloc((size_t)b->max_batch * sizeof *b->pos);
     b->seq = malloc((size_t)b->max_batch * sizeof *b->seq);
-    b->logits = malloc((size_t)b->n_vocab * sizeof *b->logits);
-    if (!b->tokens || !b->pos || !b->seq || !b->logits)
+    size_t rows = o->all_logits ? (size_t)max_int(list_max(&o->prompt), 1) : 1;
+    b->logits = malloc(rows * (size_t)b->n_vocab * sizeof *b->logits);
+    b->want = malloc((size_t)b->max_batch * sizeof *b->want);
+    for (int32_t i = 0; b->want && i < b->max_batch; i++)
+        b->want[i] = true;
+    if (!b->tokens || !b->pos || !b->seq || !b->logits || !b->want)
         return ks_fail(KS_ERR_NOMEM, "out of memory for the bench buffers");
     return KS_OK;
 }
@@ -256,8 +273,9 @@ static ks_status bench_engine(struct bench *b, const struct bench_point *pt)
     return cli_engine_start(&b->e, &cfg, pt->n_threads, b->max_batch);
 }
 
-/* Decode n random tokens into seq at its end, in batches of up to max_batch. */
-static ks_status feed_random(struct bench *b, int32_t seq, int32_t n, int32_t batch)
+/* Decode n random tokens into seq at its end, in batches of up to max_batch;
+ * all_logits: every token's logits, else the last one's. */
+static ks_status feed_random(struct bench *b, int32_t seq, int32_t n, int32_t batch, bool all_logits)
 {
     for (int32_t done = 0; done < n;) {
         int32_t len = n - done < batch ? n - done : batch, start = kv_seq_len(b->e.kv, seq);
@@ -266,7 +284,8 @@ static ks_status feed_random(struct bench *b, int32_t seq, int32_t n, int32_t ba
             b->pos[i] = start + i;
             b->seq[i] = seq;
         }
-        struct model_batch mb = {.n_tokens = len, .tokens = b->tokens, .pos = b->pos, .seq = b->seq};
+        struct model_batch mb = {.n_tokens = len, .tokens = b->tokens, .pos = b->pos, .seq = b->seq,
+                                 .want_logits = all_logits ? b->want : NULL};
         ks_status st = model_forward(b->e.ctx, b->e.kv, &mb, b->logits, NULL);
         if (st)
             return st;
@@ -284,10 +303,10 @@ static ks_status run_once(struct bench *b, enum bench_test test, int32_t n, doub
     ks_status st = kv_seq_create(b->e.kv, &seq);
     if (st)
         return st;
-    st = feed_random(b, seq, b->pt.depth, b->max_batch);
+    st = feed_random(b, seq, b->pt.depth, b->max_batch, false);
     double t0 = cli_now();
     if (!st)
-        st = feed_random(b, seq, n, test == BENCH_PP ? n : 1);
+        st = feed_random(b, seq, n, test == BENCH_PP ? n : 1, test == BENCH_PP && b->o->all_logits);
     double dt = cli_now() - t0;
     kv_seq_free(b->e.kv, seq);
     *tps = dt > 0 ? n / dt : 0;
@@ -492,7 +511,7 @@ static int run_model(const struct bench_opts *o, const char *path, int *rows)
                     bench_engine_free(&b);
                 }
     cli_engine_free(&b.e);
-    free(b.tokens), free(b.pos), free(b.seq), free(b.logits);
+    free(b.tokens), free(b.pos), free(b.seq), free(b.logits), free(b.want);
     return failed;
 }
 

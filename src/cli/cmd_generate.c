@@ -1,7 +1,10 @@
 /* kvserve generate: load a model, prefill a prompt in batches, then sample
  * and stream tokens one decode step at a time: text through the streaming
  * detokenizer, or ids with --output-ids (or when the model has no
- * tokenizer). One timing line on stderr. */
+ * tokenizer). With --spec-type ngram a step feeds the last token and the
+ * prompt-lookup drafts, and sample_verify keeps the drafts the model agrees
+ * with (the scheduler's speculation, for one sequence). One timing line on
+ * stderr. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +16,7 @@
 #include "kv/kv.h"
 #include "model/model.h"
 #include "sample/sample.h"
+#include "spec/spec.h"
 #include "tokenizer/tokenizer.h"
 
 struct gen_opts {
@@ -27,6 +31,7 @@ struct gen_opts {
     bool ignore_eos;
     struct sample_params sp;
     struct cli_model_flags load; /* --mmap and the KV flags; kv.mem 0: enough for prompt + n_predict */
+    struct cli_spec_flags spec;  /* --spec-type, --draft-max, --draft-min */
 };
 
 static void gen_usage(FILE *out)
@@ -56,6 +61,7 @@ static void gen_usage(FILE *out)
             "      --repeat-last-n N  penalty window; -1 = all, 0 = off (default 64)\n"
             "      --presence-penalty F, --frequency-penalty F   0 = off\n"
             "      --seed N           sampler seed (default 0xC0FFEE)\n");
+    fputs(cli_spec_flags_help, out);
     fputs(cli_model_flags_help, out);
 }
 
@@ -93,7 +99,7 @@ static bool parse_sampling_flag(const char *a, const char *v, struct sample_para
 static bool parse_value_flag(const char *a, const char *v, void *opts, bool *ok)
 {
     struct gen_opts *o = opts;
-    if (parse_sampling_flag(a, v, &o->sp, ok))
+    if (parse_sampling_flag(a, v, &o->sp, ok) || cli_parse_spec_flag(a, v, &o->spec, ok))
         return true;
     if (is_flag(a, "-m", "--model"))
         *ok = (o->model = v) != NULL;
@@ -131,6 +137,7 @@ static int parse_args(int argc, char **argv, struct gen_opts *o)
 {
     *o = (struct gen_opts){.n_predict = 64, .n_threads = threads_default_count(), .n_batch = 512};
     cli_model_flags_init(&o->load);
+    cli_spec_flags_init(&o->spec);
     sample_params_default(&o->sp);
     const struct cli_command cmd = {.name = "generate", .usage = gen_usage, .model = &o->load,
                                     .switch_flag = parse_switch_flag, .value_flag = parse_value_flag, .opts = o};
@@ -139,6 +146,12 @@ static int parse_args(int argc, char **argv, struct gen_opts *o)
         return rc;
     if (!o->prompt == !o->ids) {
         fprintf(stderr, "kvserve generate: give exactly one of -p TEXT or --ids LIST\n\n");
+        gen_usage(stderr);
+        return 2;
+    }
+    if (o->spec.draft_min > o->spec.draft_max) {
+        fprintf(stderr, "kvserve generate: --draft-min %d is above --draft-max %d\n\n", o->spec.draft_min,
+                o->spec.draft_max);
         gen_usage(stderr);
         return 2;
     }
@@ -158,9 +171,15 @@ struct gen_run {
     int32_t *tokens;  /* prompt then generated: the sampler's history */
     int32_t n_tokens;
     int32_t n_prompt;
-    float *logits;    /* (n_vocab) */
+    float *logits;    /* (1 + draft_max, n_vocab): a step's rows */
     double load_ms, prompt_s, gen_s;
     int32_t n_gen;
+    /* speculation */
+    int32_t draft_max;            /* 0: off */
+    struct spec_adapt adapt;
+    int32_t draft[SPEC_DRAFT_LIMIT];
+    double step_s, extra_token_s; /* EMAs: a 1-token step, one more token in a step */
+    int64_t n_drafted, n_accepted, n_steps;
 };
 
 static void run_free(struct gen_run *r)
@@ -251,35 +270,51 @@ static ks_status setup(struct gen_run *r, const char *model_path)
                 (int)r->n_prompt, o->n_predict, n_ctx_train);
     struct kv_config cfg;
     cli_kv_config(r->e.model, &o->load.kv, (int64_t)r->n_prompt + o->n_predict, &cfg);
+    r->draft_max = o->spec.type == SPEC_NONE ? 0 : o->spec.draft_max;
+    spec_adapt_init(&r->adapt);
     int32_t max_batch = r->n_prompt < o->n_batch ? r->n_prompt : o->n_batch;
+    if (max_batch < 1 + r->draft_max)
+        max_batch = 1 + r->draft_max;
     if ((st = cli_engine_start(&r->e, &cfg, o->n_threads, max_batch)) || (st = kv_seq_create(r->e.kv, &r->seq)) ||
         (st = sample_create(&o->sp, r->n_vocab, &r->sampler)))
         return st;
-    r->logits = malloc((size_t)r->n_vocab * sizeof *r->logits);
+    r->logits = malloc((size_t)(1 + r->draft_max) * (size_t)r->n_vocab * sizeof *r->logits);
     if (!r->logits)
         return ks_fail(KS_ERR_NOMEM, "out of memory for the logits");
     return KS_OK;
 }
 
-/* Feed tokens[from..to) at their positions; logits of the last one. */
-static ks_status feed(struct gen_run *r, int32_t from, int32_t to)
+/* Feed n tokens at positions from.. (tokens: NULL for r->tokens + from);
+ * logits of the last one, or with all_logits of every one. */
+static ks_status feed_tokens(struct gen_run *r, const int32_t *tokens, int32_t from, int32_t n, bool all_logits)
 {
-    int32_t n = to - from;
     int32_t *pos = malloc((size_t)n * sizeof *pos), *seq = malloc((size_t)n * sizeof *seq);
-    if (!pos || !seq) {
+    bool *want = all_logits ? malloc((size_t)n * sizeof *want) : NULL;
+    if (!pos || !seq || (all_logits && !want)) {
         free(pos);
         free(seq);
+        free(want);
         return ks_fail(KS_ERR_NOMEM, "out of memory for a batch of %d", (int)n);
     }
     for (int32_t i = 0; i < n; i++) {
         pos[i] = from + i;
         seq[i] = r->seq;
+        if (want)
+            want[i] = true;
     }
-    struct model_batch b = {.n_tokens = n, .tokens = r->tokens + from, .pos = pos, .seq = seq};
+    struct model_batch b = {.n_tokens = n, .tokens = tokens ? tokens : r->tokens + from, .pos = pos, .seq = seq,
+                            .want_logits = want};
     ks_status st = model_forward(r->e.ctx, r->e.kv, &b, r->logits, NULL);
     free(pos);
     free(seq);
+    free(want);
     return st;
+}
+
+/* Feed tokens[from..to) at their positions; logits of the last one. */
+static ks_status feed(struct gen_run *r, int32_t from, int32_t to)
+{
+    return feed_tokens(r, NULL, from, to - from, false);
 }
 
 static ks_status prefill(struct gen_run *r)
@@ -341,22 +376,103 @@ static ks_status echo_prompt(struct gen_run *r)
     return KS_OK;
 }
 
+/* Take token as the next one: false when the run ends here (an
+ * end-of-generation token, n_predict reached, or *st failed). */
+static bool take(struct gen_run *r, int32_t token, ks_status *st)
+{
+    if (is_end(r, token))
+        return false;
+    r->tokens[r->n_tokens++] = token;
+    r->n_gen++;
+    *st = emit(r, token);
+    return !*st && r->n_gen < r->o->n_predict;
+}
+
+/* The cost of one more token in a step as a fraction of a 1-token step
+ * (measured; a guess until both are). */
+static double extra_cost(const struct gen_run *r)
+{
+    return r->step_s > 0 && r->extra_token_s > 0 ? r->extra_token_s / r->step_s : 0.1;
+}
+
+static void learn_cost(struct gen_run *r, int32_t k, double seconds)
+{
+    if (k == 0)
+        r->step_s = r->step_s > 0 ? 0.75 * r->step_s + 0.25 * seconds : seconds;
+    else if (r->step_s > 0 && seconds > r->step_s)
+        r->extra_token_s = 0.75 * r->extra_token_s + 0.25 * (seconds - r->step_s) / k;
+}
+
+/* The drafts for the next step (0 when not drafting); with none, *shadow the
+ * token a 1-token draft proposes, to learn acceptance from (-1: none). */
+static int32_t plan_drafts(struct gen_run *r, int32_t *shadow)
+{
+    *shadow = -1;
+    if (r->draft_max == 0)
+        return 0;
+    int32_t room = r->o->n_predict - r->n_gen - 1;
+    int32_t k = spec_adapt_len(&r->adapt, r->o->spec.draft_min, r->draft_max, extra_cost(r));
+    k = k < room ? k : room;
+    int32_t m = k > 0 ? spec_ngram_draft(r->tokens, r->n_tokens, k, r->draft) : 0;
+    if (m > 0 && m >= r->o->spec.draft_min)
+        return m;
+    if (spec_ngram_draft(r->tokens, r->n_tokens, 1, r->draft) == 1)
+        *shadow = r->draft[0];
+    return 0;
+}
+
+/* One step: feed the last token and k drafts, keep the drafts the sampler
+ * accepts and the model's own next token, cut the cache back to the tokens
+ * kept. false when the run ends. */
+static bool spec_step(struct gen_run *r, ks_status *st)
+{
+    int32_t shadow, k = plan_drafts(r, &shadow), base = r->n_tokens;
+    int32_t batch[1 + SPEC_DRAFT_LIMIT];
+    batch[0] = r->tokens[base - 1];
+    memcpy(batch + 1, r->draft, (size_t)k * sizeof *batch);
+    double t0 = cli_now();
+    if ((*st = feed_tokens(r, batch, base - 1, 1 + k, k > 0)))
+        return false;
+    learn_cost(r, k, cli_now() - t0);
+    r->n_steps++;
+    bool go_on = true;
+    int32_t kept = 0, tested = 0;
+    for (int32_t i = 0; i <= k && go_on; i++) {
+        const float *row = r->logits + (size_t)i * r->n_vocab;
+        struct sample_result res;
+        bool accepted = false;
+        *st = i < k ? sample_verify(r->sampler, row, r->tokens, r->n_tokens, r->draft[i], &res, &accepted)
+                    : sample_next(r->sampler, row, r->tokens, r->n_tokens, &res);
+        if (*st)
+            return false;
+        if (i == k && shadow >= 0)
+            spec_adapt_observe(&r->adapt, 1, res.token == shadow);
+        tested += i < k;
+        go_on = take(r, res.token, st);
+        if (!accepted)
+            break;
+        kept += r->n_tokens > base + kept;
+        r->n_accepted++;
+    }
+    r->n_drafted += k;
+    if (k > 0)
+        spec_adapt_observe(&r->adapt, tested, kept);
+    if (kept < k && (*st = kv_seq_truncate(r->e.kv, r->seq, base + kept)))
+        return false;
+    return go_on;
+}
+
 static ks_status decode_loop(struct gen_run *r)
 {
     ks_status st = echo_prompt(r);
     if (st)
         return st;
     double t0 = cli_now();
-    while (r->n_gen < r->o->n_predict) {
-        struct sample_result res;
-        if ((st = sample_next(r->sampler, r->logits, r->tokens, r->n_tokens, &res)) || is_end(r, res.token))
-            break;
-        r->tokens[r->n_tokens++] = res.token;
-        r->n_gen++;
-        if ((st = emit(r, res.token)) || r->n_gen == r->o->n_predict ||
-            (st = feed(r, r->n_tokens - 1, r->n_tokens)))
-            break;
-    }
+    struct sample_result res;
+    if (r->o->n_predict > 0 && !(st = sample_next(r->sampler, r->logits, r->tokens, r->n_tokens, &res)) &&
+        take(r, res.token, &st))
+        while (spec_step(r, &st)) {
+        }
     r->gen_s = cli_now() - t0;
     finish_output(r);
     return st;
@@ -369,6 +485,11 @@ static void print_timing(const struct gen_run *r)
     fprintf(stderr,
             "timing: prompt %d tok, %.1f tok/s | generated %d tok, %.1f tok/s | load %.0f ms | peak RSS %.1f MiB\n",
             (int)r->n_prompt, pp, (int)r->n_gen, tg, r->load_ms, (double)cli_peak_rss() / (1 << 20));
+    if (r->draft_max > 0)
+        fprintf(stderr, "speculation: %s, %" PRId64 " drafted, %" PRId64 " accepted (%.1f%%), %.2f tokens per target pass\n",
+                spec_type_name(r->o->spec.type), r->n_drafted, r->n_accepted,
+                r->n_drafted ? 100.0 * (double)r->n_accepted / (double)r->n_drafted : 0.0,
+                r->n_steps ? (double)(r->n_gen - 1) / (double)r->n_steps : 0.0);
 }
 
 int cli_generate(int argc, char **argv)

@@ -36,6 +36,7 @@ struct serve_opts {
     enum server_reasoning_format reasoning_format;
     unsigned sampling_set;       /* SERVER_SAMPLING_* of the sampling flags given */
     struct server_sampling sampling;
+    struct cli_spec_flags spec;  /* --spec-type, --draft-max, --draft-min */
 };
 
 static void serve_usage(FILE *out)
@@ -89,6 +90,7 @@ static void serve_usage(FILE *out)
             "      --cache-dir DIR       keep evicted pages on disk in DIR (LMDB) and read them back;\n"
             "                            cached pages are written there at shutdown and found after a restart\n"
             "      --cache-disk SIZE     disk limit of --cache-dir, e.g. 20G (default 10%% of the free disk)\n");
+    fputs(cli_spec_flags_help, out);
     fputs(cli_model_flags_help, out);
 }
 
@@ -169,6 +171,7 @@ static bool parse_flag(const char *a, const char *v, void *opts, bool *ok)
     else if (is_flag(a, NULL, "--prefix-cache")) *ok = cli_parse_on_off(v, &o->prefix_cache);
     else if (is_flag(a, NULL, "--cache-dir")) *ok = (o->cache_dir = v) != NULL && *v;
     else if (is_flag(a, NULL, "--cache-disk")) *ok = v && !strchr(v, '%') && cli_parse_mem(v, &o->cache_disk);
+    else if (cli_parse_spec_flag(a, v, &o->spec, ok)) return true;
     else return false;
     return true;
 }
@@ -181,6 +184,7 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
                              .n_threads = threads_default_count(), .max_itl_ratio = 1.5f, .prefix_cache = true,
                              .timeout = 30, .max_conn_per_ip = 64};
     cli_model_flags_init(&o->load);
+    cli_spec_flags_init(&o->spec);
     const struct cli_command cmd = {
         .name = "serve", .usage = serve_usage, .model = &o->load, .value_flag = parse_flag, .opts = o};
     return cli_parse_command(&cmd, argc, argv);
@@ -289,6 +293,9 @@ static ks_status start(const struct serve_opts *o, const char *path, struct serv
     sc.max_itl_ratio = o->max_itl_ratio;
     sc.ctx_size = ctx;
     sc.max_queue = o->max_queue;
+    sc.spec_type = o->spec.type;
+    sc.draft_max = o->spec.draft_max;
+    sc.draft_min = o->spec.draft_min;
     sc.eog = eog;
     sc.n_eog = collect_eog(s->tok, eog, 16);
     struct sched_engine eng;
@@ -333,6 +340,9 @@ static ks_status start(const struct serve_opts *o, const char *path, struct serv
             cfg.model_name, o->host, server_port(s->srv), ctx, o->parallel, o->max_batch_tokens, o->prefill_chunk,
             (double)kvc.mem_budget / (1 << 20), quant_type_name(kvc.type_k), quant_type_name(kvc.type_v),
             kvc.policy == KV_POLICY_DYNAMIC ? "dynamic" : "static");
+    if (o->spec.type != SPEC_NONE)
+        fprintf(stderr, "kvserve serve: speculation %s, %d..%d drafts per verification\n", spec_type_name(o->spec.type),
+                o->spec.draft_min, o->spec.draft_max);
     fprintf(stderr, "kvserve serve: at most %d connections (%d per address), idle timeout %d s\n",
             server_max_connections(s->srv), o->max_conn_per_ip, o->timeout);
     return KS_OK;

@@ -402,16 +402,19 @@ static int32_t truncate_top_p(struct cand *c, int32_t n, float top_p, double z, 
     return above + top_p_prefix(c + above, in_cross - above, cum, top_p, z, ts);
 }
 
-static int32_t draw_from(struct sampler *s, const struct cand *c, int32_t n, struct temp_scale ts)
+/* A draw from c[0..n) by weight, never `exclude` (-1: none): the
+ * distribution renormalized without it. */
+static int32_t draw_from(struct sampler *s, const struct cand *c, int32_t n, struct temp_scale ts, int32_t exclude)
 {
     double total = 0.0;
     for (int32_t i = 0; i < n; i++)
-        total += weight(ts, c[i].logit);
+        if (c[i].id != exclude)
+            total += weight(ts, c[i].logit);
     double target = uniform01(s) * total, cum = 0.0;
-    int32_t last = c[0].id;
+    int32_t last = c[0].id != exclude || n == 1 ? c[0].id : c[1].id;
     for (int32_t i = 0; i < n; i++) {
         float w = weight(ts, c[i].logit);
-        if (w <= 0.0f)
+        if (w <= 0.0f || c[i].id == exclude)
             continue;
         cum += w;
         last = c[i].id;
@@ -421,24 +424,28 @@ static int32_t draw_from(struct sampler *s, const struct cand *c, int32_t n, str
     return last; /* rounding left target at the very top */
 }
 
-/* Untruncated: a draw over the whole vocabulary, chunk sums first. */
-static int32_t draw_full(struct sampler *s, struct temp_scale ts)
+/* Untruncated: a draw over the whole vocabulary, chunk sums first; never
+ * `exclude` (-1: none). */
+static int32_t draw_full(struct sampler *s, struct temp_scale ts, int32_t exclude)
 {
     const float *x = s->work;
     int32_t n = s->n_vocab;
-    double total = sample_sum_exp(x, n, ts.max, ts.inv_temp);
+    double w_ex = exclude >= 0 ? weight(ts, x[exclude]) : 0.0;
+    double total = sample_sum_exp(x, n, ts.max, ts.inv_temp) - w_ex;
     double target = uniform01(s) * total, cum = 0.0;
     int32_t last = sample_argmax(x, n);
     for (int32_t i = 0; i < n; i += SAMPLE_DRAW_CHUNK) {
         int32_t len = n - i < SAMPLE_DRAW_CHUNK ? n - i : SAMPLE_DRAW_CHUNK;
         double chunk = sample_sum_exp(x + i, len, ts.max, ts.inv_temp);
+        if (exclude >= i && exclude < i + len)
+            chunk -= w_ex;
         if (target >= cum + chunk) {
             cum += chunk;
             continue;
         }
         for (int32_t j = i; j < i + len; j++) {
             float w = weight(ts, x[j]);
-            if (w <= 0.0f)
+            if (w <= 0.0f || j == exclude)
                 continue;
             cum += w;
             last = j;
@@ -446,19 +453,24 @@ static int32_t draw_full(struct sampler *s, struct temp_scale ts)
                 return j;
         }
     }
+    if (last == exclude) /* rounding skipped every chunk and the argmax is excluded */
+        for (int32_t j = 0; j < n; j++)
+            if (j != exclude && (last == exclude || x[j] > x[last]))
+                last = j;
     return last;
 }
 
-static int32_t sample_stochastic(struct sampler *s, float max)
+/* The truncated candidate set of this step into s->cands: its size, or 0
+ * when nothing truncates (the candidates are then the whole s->work). */
+static int32_t truncate_candidates(struct sampler *s, struct temp_scale ts)
 {
     const struct sample_params *p = &s->p;
     int32_t n = s->n_vocab;
-    struct temp_scale ts = {max, 1.0f / p->temp};
     bool top_k = p->top_k > 0 && p->top_k < n;
     bool top_p = p->top_p < 1.0f;
     bool min_p = p->min_p > 0.0f;
     if (!top_k && !top_p && !min_p)
-        return draw_full(s, ts);
+        return 0;
 
     int32_t k = top_k ? p->top_k : n;
     double z = 0.0; /* top-p normalizes over the top-k set, before min-p */
@@ -485,7 +497,46 @@ static int32_t sample_stochastic(struct sampler *s, float max)
         k = filter_min_p(s->cands, k, p->min_p, ts);
     if (top_p)
         k = truncate_top_p(s->cands, k, p->top_p, z, ts);
-    return draw_from(s, s->cands, k, ts);
+    return k;
+}
+
+static int32_t sample_stochastic(struct sampler *s, float max)
+{
+    struct temp_scale ts = {max, 1.0f / s->p.temp};
+    int32_t k = truncate_candidates(s, ts);
+    return k > 0 ? draw_from(s, s->cands, k, ts, -1) : draw_full(s, ts, -1);
+}
+
+/* The probability of token under the step's truncated distribution (k
+ * candidates in s->cands, or the whole s->work when k is 0), summed in the
+ * order the draws sum. */
+static double candidate_prob(const struct sampler *s, int32_t k, struct temp_scale ts, int32_t token)
+{
+    if (k == 0)
+        return weight(ts, s->work[token]) / sample_sum_exp(s->work, s->n_vocab, ts.max, ts.inv_temp);
+    double total = 0.0, w = 0.0;
+    for (int32_t i = 0; i < k; i++) {
+        total += weight(ts, s->cands[i].logit);
+        if (s->cands[i].id == token)
+            w = weight(ts, s->cands[i].logit);
+    }
+    return w / total;
+}
+
+/* Speculative rejection sampling for a deterministic proposal (q = one-hot
+ * at draft): keep draft with probability p(draft), else draw from p without
+ * draft, renormalized. The result is distributed as p exactly:
+ * P(x = draft) = p(draft), and for y != draft,
+ * P(x = y) = (1 - p(draft)) * p(y) / (1 - p(draft)) = p(y). */
+static int32_t verify_stochastic(struct sampler *s, float max, int32_t draft, bool *accepted)
+{
+    struct temp_scale ts = {max, 1.0f / s->p.temp};
+    int32_t k = truncate_candidates(s, ts);
+    double p = candidate_prob(s, k, ts, draft);
+    *accepted = uniform01(s) < p;
+    if (*accepted)
+        return draft;
+    return k > 0 ? draw_from(s, s->cands, k, ts, draft) : draw_full(s, ts, draft);
 }
 
 /* ---- logprobs ------------------------------------------------------------ */
@@ -510,10 +561,12 @@ static void fill_logprobs(struct sampler *s, float max, struct sample_result *ou
 
 /* ---- the step ------------------------------------------------------------ */
 
-ks_status sample_next(struct sampler *s, const float *logits, const int32_t *history,
-                      int32_t n_history, struct sample_result *out)
+/* The grammar mask and the penalties on a copy of logits in s->work; its
+ * maximum and the first index holding it. */
+static ks_status prepare(struct sampler *s, const float *logits, const int32_t *history, int32_t n_history,
+                         float *max, int32_t *argmax)
 {
-    if (!s || !logits || !out)
+    if (!s || !logits)
         return ks_fail(KS_ERR_INVALID_ARG, "sample_next: NULL argument");
     if (n_history < 0 || (n_history > 0 && !history))
         return ks_fail(KS_ERR_INVALID_ARG, "sample_next: history of %d tokens with %s pointer",
@@ -531,18 +584,53 @@ ks_status sample_next(struct sampler *s, const float *logits, const int32_t *his
         if (st)
             return st;
     }
+    if (!sample_max_index(s->work, s->n_vocab, argmax, max))
+        return ks_fail(KS_ERR_RANGE, "sampler: the logits contain NaN or +inf");
+    if (*max == -INFINITY)
+        return ks_fail(KS_ERR_RANGE, "sampler: every logit is -inf");
+    return KS_OK;
+}
+
+ks_status sample_next(struct sampler *s, const float *logits, const int32_t *history,
+                      int32_t n_history, struct sample_result *out)
+{
+    if (!out)
+        return ks_fail(KS_ERR_INVALID_ARG, "sample_next: NULL argument");
     float max;
     int32_t argmax;
-    if (!sample_max_index(s->work, s->n_vocab, &argmax, &max))
-        return ks_fail(KS_ERR_RANGE, "sampler: the logits contain NaN or +inf");
-    if (max == -INFINITY)
-        return ks_fail(KS_ERR_RANGE, "sampler: every logit is -inf");
-
+    ks_status st = prepare(s, logits, history, n_history, &max, &argmax);
+    if (st)
+        return st;
     memset(out, 0, sizeof *out);
     if (s->p.temp <= 0.0f)
         out->token = argmax;
     else
         out->token = sample_stochastic(s, max);
+    fill_logprobs(s, max, out);
+    return s->grammar ? grammar_accept(s->grammar, out->token) : KS_OK;
+}
+
+ks_status sample_verify(struct sampler *s, const float *logits, const int32_t *history, int32_t n_history,
+                        int32_t draft, struct sample_result *out, bool *accepted)
+{
+    if (!out || !accepted)
+        return ks_fail(KS_ERR_INVALID_ARG, "sample_verify: NULL argument");
+    *accepted = false;
+    if (!s || draft < 0 || draft >= s->n_vocab)
+        return ks_fail(KS_ERR_INVALID_ARG, "sample_verify: draft token %d is outside the vocabulary (%d)", (int)draft,
+                       s ? (int)s->n_vocab : 0);
+    float max;
+    int32_t argmax;
+    ks_status st = prepare(s, logits, history, n_history, &max, &argmax);
+    if (st)
+        return st;
+    memset(out, 0, sizeof *out);
+    if (s->p.temp <= 0.0f) {
+        out->token = argmax;
+        *accepted = argmax == draft;
+    } else {
+        out->token = verify_stochastic(s, max, draft, accepted);
+    }
     fill_logprobs(s, max, out);
     return s->grammar ? grammar_accept(s->grammar, out->token) : KS_OK;
 }

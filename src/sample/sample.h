@@ -86,4 +86,20 @@ void sample_free(struct sampler *s);
 ks_status sample_next(struct sampler *s, const float *logits, const int32_t *history,
                       int32_t n_history, struct sample_result *out);
 
+/* Speculative decoding: the next token when a speculator proposed `draft`
+ * (a deterministic proposal) for this position. Greedy: the argmax, and
+ * *accepted when it is draft. Otherwise draft is kept (*accepted) with its
+ * probability p(draft) under this step's whole pipeline (grammar mask,
+ * penalties, top-k, temperature, top-p, min-p), and on rejection the token is
+ * drawn from p with draft removed and renormalized, so the token is
+ * distributed exactly as sample_next's. A draft the grammar forbids has
+ * p = 0: it is always rejected, and the token is one the grammar allows (the
+ * grammar state advances by the returned token, as sample_next's). The
+ * random stream is consumed differently from sample_next's (one draw for the
+ * decision, one more on rejection), so seeded sampled outputs differ from
+ * plain decoding's in their tokens, not in their distribution. Errors as
+ * sample_next, and KS_ERR_INVALID_ARG for a draft outside the vocabulary. */
+ks_status sample_verify(struct sampler *s, const float *logits, const int32_t *history, int32_t n_history,
+                        int32_t draft, struct sample_result *out, bool *accepted);
+
 #endif

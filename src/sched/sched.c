@@ -37,6 +37,13 @@ struct req {
     bool dedup_wait;          /* an older request is computing this one's next page */
     enum sched_finish finish; /* set when done */
     const char *error;
+    /* speculation */
+    int32_t spec_max, spec_min; /* this request's draft bounds (spec_max 0: off) */
+    struct spec_adapt adapt;  /* its acceptance, for the draft length */
+    int32_t draft[SPEC_DRAFT_LIMIT]; /* (n_draft) this step's drafts, after its last token */
+    int32_t n_draft;
+    int32_t shadow;           /* not drafting: the token a 1-token draft proposed, to learn from; -1 none */
+    int32_t n_drafted, n_accepted; /* totals */
     struct req **forks;       /* the other choices of sched_submit_n, until they fork this one */
     int n_forks;
     uint64_t check_pass;      /* the last sched_check that found it (to find it twice) */
@@ -79,6 +86,9 @@ struct sched {
     int32_t step_prefill;     /* prefill tokens in the step being run */
     int step_decode;          /* decode entries in the step being run */
     int32_t step_limit;       /* the cost model's prefill limit for that step */
+    int32_t step_draft;       /* draft tokens in the step being run */
+    bool no_drafts;           /* the step did not fit with its drafts: retry without */
+    int32_t cap_rows;         /* logits rows of a step: one per active sequence plus drafts */
     FILE *trace;              /* KVSERVE_SCHED_TRACE=1: one line per step on stderr */
 
     /* step scratch (scheduler thread only) */
@@ -134,6 +144,9 @@ void sched_config_default(struct sched_config *cfg)
     cfg->max_itl_ratio = 1.5f;
     cfg->ctx_size = 4096;
     cfg->max_queue = 256;
+    cfg->spec_type = SPEC_NONE;
+    cfg->draft_max = 16;
+    cfg->draft_min = 0;
 }
 
 /* ---- request lifetime ---------------------------------------------------- */
@@ -159,7 +172,8 @@ static void req_emit_final(struct req *r)
 {
     struct sched_event ev = {
         .id = r->id, .token = -1, .finish = r->finish, .n_prompt = r->n_prompt,
-        .n_generated = r->n_generated, .n_cached = r->n_cached, .error = r->error,
+        .n_generated = r->n_generated, .n_cached = r->n_cached, .n_drafted = r->n_drafted,
+        .n_accepted = r->n_accepted, .error = r->error,
     };
     r->on_event(r->user, &ev);
     for (int i = 0; i < r->n_forks; i++) {
@@ -199,6 +213,12 @@ static ks_status waiting_push(struct sched *s, struct req *r, bool front)
 
 /* ---- submission API (any thread) ----------------------------------------- */
 
+/* A request's draft bound: its own when set and not -1, else the config's. */
+static int32_t draft_bound(bool set, int32_t mine, int32_t config)
+{
+    return set && mine != -1 ? mine : config;
+}
+
 static ks_status check_request(const struct sched *s, const struct sched_request *rq)
 {
     if (!rq || !rq->prompt || rq->n_prompt < 1 || !rq->on_event)
@@ -208,6 +228,12 @@ static ks_status check_request(const struct sched *s, const struct sched_request
     if (rq->n_prompt >= s->cfg.ctx_size)
         return ks_fail(KS_ERR_RANGE, "the prompt has %d tokens but the context holds %d (leave room for one generated token)",
                        rq->n_prompt, s->cfg.ctx_size);
+    int32_t n_max = draft_bound(rq->speculative.set, rq->speculative.n_max, s->cfg.draft_max);
+    int32_t n_min = draft_bound(rq->speculative.set, rq->speculative.n_min, s->cfg.draft_min);
+    if (n_max < 0 || n_max > SPEC_DRAFT_LIMIT || n_min < 0 || (n_max > 0 && n_min > n_max))
+        return ks_fail(KS_ERR_INVALID_ARG,
+                       "speculative.n_max must be in 0..%d and n_min in 0..n_max (got n_max %d, n_min %d with the server's defaults)",
+                       SPEC_DRAFT_LIMIT, n_max, n_min);
     for (int32_t i = 0; i < rq->n_prompt; i++)
         if (rq->prompt[i] < 0 || rq->prompt[i] >= s->eng.n_vocab)
             return ks_fail(KS_ERR_INVALID_ARG, "prompt token %d at index %d is outside the vocabulary (0..%d)",
@@ -233,6 +259,11 @@ static ks_status req_new(struct sched *s, const struct sched_request *rq, const 
     r->max_tokens = rq->max_tokens;
     r->ignore_eog = rq->ignore_eog;
     r->seq = -1;
+    bool spec = s->cfg.spec_type != SPEC_NONE;
+    r->spec_max = spec ? draft_bound(rq->speculative.set, rq->speculative.n_max, s->cfg.draft_max) : 0;
+    r->spec_min = spec && r->spec_max > 0 ? draft_bound(rq->speculative.set, rq->speculative.n_min, s->cfg.draft_min) : 0;
+    spec_adapt_init(&r->adapt);
+    r->shadow = -1;
     r->on_event = rq->on_event;
     r->user = ch->user;
     r->t_submit = now_seconds();
@@ -742,19 +773,111 @@ static void batch_add(struct sched *s, int32_t *n, struct req *r, int32_t count,
     }
 }
 
-/* Decode entries first, then prefill chunks oldest first within the budget.
- * Returns the number of tokens; *n_prefill_out the number of prefill chunks. */
+/* r's drafts for this step, after its one token at n_computed. */
+static void batch_add_drafts(struct sched *s, int32_t *n, struct req *r, int32_t *n_rows)
+{
+    for (int32_t j = 0; j < r->n_draft; j++) {
+        s->b_tokens[*n] = r->draft[j];
+        s->b_pos[*n] = r->n_computed + 1 + j;
+        s->b_seq[*n] = r->seq;
+        s->b_logits[*n] = true;
+        s->b_owner[(*n_rows)++] = r;
+        (*n)++;
+    }
+}
+
+static bool is_decoder(const struct req *r)
+{
+    return r->n_tokens - r->n_computed == 1 && r->finish == SCHED_FINISH_NONE;
+}
+
+static bool is_prefilling(const struct req *r)
+{
+    return r->n_tokens - r->n_computed > 1 && !r->skip_step && !r->dedup_wait && r->finish == SCHED_FINISH_NONE;
+}
+
+/* The cost of one more token in a step with n_decode decoders, as a fraction
+ * of the decode-only step (the cost model's marginal token), or a guess
+ * before it has measured both. */
+static double extra_token_cost(const struct sched *s, int32_t n_decode)
+{
+    static const double GUESS = 0.1;
+    double r = sched_cost_token_ratio(&s->cost, n_decode);
+    return r > 0 ? r : GUESS;
+}
+
+/* Plan r's drafts for this step within *budget extra tokens (r->n_draft), or,
+ * when it does not draft, the 1-token proposal its sampled token will be
+ * checked against (r->shadow). Every draft kept plus the target's own token
+ * must fit max_tokens and the context. */
+static void plan_drafts(struct sched *s, struct req *r, int32_t *budget, double extra_cost)
+{
+    r->n_draft = 0;
+    r->shadow = -1;
+    if (r->spec_max <= 0)
+        return;
+    int32_t k = s->no_drafts ? 0 : spec_adapt_len(&r->adapt, r->spec_min, r->spec_max, extra_cost);
+    int32_t room = r->max_tokens - r->n_generated - 1;
+    if (room > r->cap - r->n_tokens - 1)
+        room = r->cap - r->n_tokens - 1;
+    if (room > *budget)
+        room = *budget;
+    if (k > room)
+        k = room;
+    int32_t m = k > 0 ? spec_ngram_draft(r->tokens, r->n_tokens, k, r->draft) : 0;
+    if (m > 0 && m >= r->spec_min) {
+        r->n_draft = m;
+        *budget -= m;
+        return;
+    }
+    int32_t one;
+    if (spec_ngram_draft(r->tokens, r->n_tokens, 1, &one) == 1)
+        r->shadow = one;
+}
+
+/* Extra tokens the step's drafts may take: what the cost model allows beside
+ * n_decode decoders, within the batch and the logits rows, and only half of
+ * it while a request is prefilling (a prompt keeps progressing). */
+static int32_t draft_budget(const struct sched *s, int32_t n_decode, int32_t limit)
+{
+    int32_t budget = s->cfg.max_batch_tokens - n_decode;
+    if (budget > limit)
+        budget = limit;
+    if (budget > s->cap_rows - s->n_active)
+        budget = s->cap_rows - s->n_active;
+    for (int i = 0; i < s->n_active; i++)
+        if (is_prefilling(s->active[i])) {
+            budget /= 2;
+            break;
+        }
+    return budget > 0 ? budget : 0;
+}
+
+/* Decode entries first (each decoder's token, then its drafts), then prefill
+ * chunks oldest first within the budget. Returns the number of tokens;
+ * *n_prefill_out the number of prefill chunks. */
 static int32_t build_batch(struct sched *s, int32_t *n_rows, int *n_prefill_out)
 {
     int32_t n = 0;
     int n_prefill = 0;
     *n_rows = 0;
+    int32_t n_decode = 0;
+    for (int i = 0; i < s->n_active; i++)
+        n_decode += is_decoder(s->active[i]);
+    int32_t limit = sched_cost_prefill_limit(&s->cost, n_decode, s->cfg.max_itl_ratio);
+    int32_t drafts = draft_budget(s, n_decode, limit), drafts_left = drafts;
+    double extra_cost = extra_token_cost(s, n_decode);
     for (int i = 0; i < s->n_active; i++) {
         struct req *r = s->active[i];
-        if (r->n_tokens - r->n_computed == 1 && r->finish == SCHED_FINISH_NONE)
-            batch_add(s, &n, r, 1, n_rows);
+        r->n_draft = 0;
+        r->shadow = -1;
+        if (!is_decoder(r))
+            continue;
+        plan_drafts(s, r, &drafts_left, extra_cost);
+        batch_add(s, &n, r, 1, n_rows);
+        batch_add_drafts(s, &n, r, n_rows);
     }
-    int32_t n_decode = n, limit = sched_cost_prefill_limit(&s->cost, n_decode, s->cfg.max_itl_ratio);
+    int32_t n_extra = n - n_decode;
     for (int i = 0; i < s->n_active; i++) {
         struct req *r = s->active[i];
         int32_t chunk = next_chunk(s, r);
@@ -769,7 +892,8 @@ static int32_t build_batch(struct sched *s, int32_t *n_rows, int *n_prefill_out)
     }
     *n_prefill_out = n_prefill;
     s->step_decode = n_decode;
-    s->step_prefill = n - n_decode;
+    s->step_draft = n_extra;
+    s->step_prefill = n - n_decode - n_extra;
     s->step_limit = limit;
     return n;
 }
@@ -812,6 +936,7 @@ static int32_t run_batch(struct sched *s, int32_t *n_rows)
     static const char *engine_failed = "the model failed while computing this step (see the server log)";
     for (int i = 0; i < s->n_active; i++)
         s->active[i]->skip_step = false;
+    s->no_drafts = false;
     bool counted_full = false;
     for (;;) {
         int n_prefill;
@@ -835,6 +960,10 @@ static int32_t run_batch(struct sched *s, int32_t *n_rows)
                 s->st.kv_full_events++;
                 pthread_mutex_unlock(&s->mu);
                 counted_full = true;
+            }
+            if (s->step_draft > 0) {
+                s->no_drafts = true;
+                continue;
             }
             if (n_prefill > 0) {
                 drop_newest_prefill(s);
@@ -863,21 +992,20 @@ static bool is_eog(const struct sched *s, int32_t tok)
     return false;
 }
 
-/* Sample r's next token from its logits row and deliver the event. */
-static void sample_row(struct sched *s, struct req *r, const float *logits, double t)
+/* Take res as r's next token (st: how the draw went) and deliver its event.
+ * Returns whether r goes on generating. */
+static bool take_token(struct sched *s, struct req *r, ks_status st, const struct sample_result *res, double t)
 {
-    struct sample_result res;
-    ks_status st = s->eng.sampler_next(s->eng.ctx, r->sampler, logits, r->tokens, r->n_tokens, &res);
     pthread_mutex_lock(&s->mu);
     bool emit = !st && !r->cancelled;
     if (st) {
         r->finish = SCHED_FINISH_ERROR;
         r->error = "sampling failed";
-    } else if (!r->ignore_eog && is_eog(s, res.token)) {
+    } else if (!r->ignore_eog && is_eog(s, res->token)) {
         r->finish = SCHED_FINISH_STOP;
         emit = false;
     } else {
-        r->tokens[r->n_tokens++] = res.token;
+        r->tokens[r->n_tokens++] = res->token;
         r->n_generated++;
         s->st.generated_tokens++;
         if (r->n_generated == 1)
@@ -888,14 +1016,70 @@ static void sample_row(struct sched *s, struct req *r, const float *logits, doub
         if (r->n_generated >= r->max_tokens || r->n_tokens >= r->cap)
             r->finish = SCHED_FINISH_LENGTH;
     }
-    SCHED_DEBUG_CHECK(s, "sample_row");
+    bool go_on = r->finish == SCHED_FINISH_NONE && !r->cancelled;
+    SCHED_DEBUG_CHECK(s, "take_token");
     pthread_mutex_unlock(&s->mu);
     if (emit) {
         struct sched_event ev = {
-            .id = r->id, .token = res.token, .sample = &res, .n_prompt = r->n_prompt,
-            .n_generated = r->n_generated, .n_cached = r->n_cached,
+            .id = r->id, .token = res->token, .sample = res, .n_prompt = r->n_prompt,
+            .n_generated = r->n_generated, .n_cached = r->n_cached, .n_drafted = r->n_drafted,
+            .n_accepted = r->n_accepted,
         };
         r->on_event(r->user, &ev);
+    }
+    return go_on;
+}
+
+/* Sample r's next token from its logits row and deliver the event; a shadow
+ * proposal learns whether it would have been accepted. */
+static void sample_row(struct sched *s, struct req *r, const float *logits, double t)
+{
+    struct sample_result res;
+    ks_status st = s->eng.sampler_next(s->eng.ctx, r->sampler, logits, r->tokens, r->n_tokens, &res);
+    if (!st && r->shadow >= 0)
+        spec_adapt_observe(&r->adapt, 1, res.token == r->shadow);
+    take_token(s, r, st, &res, t);
+}
+
+/* r fed its last token (counted in n_computed) and k drafts; logits holds
+ * their k + 1 rows. Keep
+ * drafts while the sampler accepts them, then the target's own token (the
+ * rejection's replacement, or after k accepted drafts the token that follows
+ * them), and cut the sequence back to the tokens whose K/V stay valid: the
+ * last token and the drafts kept. */
+static void verify_rows(struct sched *s, struct req *r, const float *logits, double t)
+{
+    int32_t k = r->n_draft, base = r->n_tokens, kept = 0, tested = 0, accepted_n = 0;
+    for (int32_t i = 0; i <= k; i++) {
+        const float *row = logits + (size_t)i * s->eng.n_vocab;
+        struct sample_result res;
+        bool accepted = false;
+        ks_status st = i < k ? s->eng.sampler_verify(s->eng.ctx, r->sampler, row, r->tokens, r->n_tokens, r->draft[i],
+                                                     &res, &accepted)
+                             : s->eng.sampler_next(s->eng.ctx, r->sampler, row, r->tokens, r->n_tokens, &res);
+        tested += i < k && !st;
+        accepted_n += accepted;
+        r->n_accepted += accepted; /* before the event, which carries it */
+        int32_t before = r->n_tokens;
+        bool go_on = take_token(s, r, st, &res, t);
+        kept += accepted && r->n_tokens > before;
+        if (!accepted || !go_on)
+            break;
+    }
+    spec_adapt_observe(&r->adapt, tested, accepted_n);
+    pthread_mutex_lock(&s->mu);
+    r->n_drafted += k;
+    s->st.spec_draft_tokens += (uint64_t)k;
+    s->st.spec_accepted_tokens += (uint64_t)accepted_n;
+    s->st.spec_verifications++;
+    r->n_computed = base + kept;
+    SCHED_DEBUG_CHECK(s, "verify_rows");
+    pthread_mutex_unlock(&s->mu);
+    if (kept < k && s->eng.seq_truncate(s->eng.ctx, r->seq, base + kept) != KS_OK) {
+        pthread_mutex_lock(&s->mu);
+        r->finish = SCHED_FINISH_ERROR;
+        r->error = "speculation: the KV cache could not drop the rejected draft tokens";
+        pthread_mutex_unlock(&s->mu);
     }
 }
 
@@ -938,7 +1122,8 @@ static int fork_choices(struct sched *s, struct req *lead)
     return n;
 }
 
-/* Advance n_computed for what ran, sample every row and deliver events. */
+/* Advance n_computed for what ran (drafts count once verified, in
+ * verify_rows), sample every row and deliver events. */
 static void finish_step(struct sched *s, int32_t n, int32_t n_rows)
 {
     double t = now_seconds();
@@ -947,6 +1132,8 @@ static void finish_step(struct sched *s, int32_t n, int32_t n_rows)
         for (int j = 0; j < s->n_active; j++)
             if (s->active[j]->seq == s->b_seq[i]) {
                 struct req *r = s->active[j];
+                if (s->b_pos[i] >= r->n_tokens) /* a draft: not one of r's tokens yet */
+                    break;
                 if (r->n_computed < r->n_prompt)
                     s->st.prompt_tokens++;
                 r->n_computed++;
@@ -959,6 +1146,12 @@ static void finish_step(struct sched *s, int32_t n, int32_t n_rows)
     for (int32_t row = 0; row < n_rows; row++) {
         struct req *r = s->b_owner[row];
         const float *logits = s->logits + (size_t)row * s->eng.n_vocab;
+        if (r->n_draft > 0) {
+            row += r->n_draft;
+            verify_rows(s, r, logits, t);
+            r->n_draft = 0;
+            continue;
+        }
         int n_forked = r->n_forks > 0 ? fork_choices(s, r) : 0;
         sample_row(s, r, logits, t);
         for (int i = 0; i < n_forked; i++)
@@ -1008,11 +1201,11 @@ static void *sched_main(void *arg)
         }
         double dt = now_seconds() - t0;
         if (n > 0 && s->trace)
-            fprintf(s->trace, "sched step: decode %d prefill %d limit %d | %.2f ms, decode-only estimate %.2f ms, %.3f ms/prefill token\n",
-                    s->step_decode, s->step_prefill, s->step_limit == INT32_MAX ? -1 : s->step_limit, dt * 1e3,
+            fprintf(s->trace, "sched step: decode %d draft %d prefill %d limit %d | %.2f ms, decode-only estimate %.2f ms, %.3f ms/prefill token\n",
+                    s->step_decode, s->step_draft, s->step_prefill, s->step_limit == INT32_MAX ? -1 : s->step_limit, dt * 1e3,
                     sched_cost_decode(&s->cost, s->step_decode) * 1e3, s->cost.prefill_token_s * 1e3);
         if (n > 0)
-            sched_cost_observe(&s->cost, s->step_decode, s->step_prefill, dt);
+            sched_cost_observe(&s->cost, s->step_decode, s->step_prefill + s->step_draft, dt);
 
         pthread_mutex_lock(&s->mu);
         if (n > 0) {
@@ -1163,6 +1356,13 @@ static ks_status check_config(const struct sched_config *c, const struct sched_e
     if (!e || e->n_vocab < 1 || !e->seq_create || !e->seq_free || !e->forward || !e->sampler_create ||
         !e->sampler_next || !e->sampler_free)
         return ks_fail(KS_ERR_INVALID_ARG, "scheduler engine is incomplete");
+    if (c->spec_type != SPEC_NONE && c->spec_type != SPEC_NGRAM)
+        return ks_fail(KS_ERR_INVALID_ARG, "--spec-type must be none or ngram");
+    if (c->draft_max < 1 || c->draft_max > SPEC_DRAFT_LIMIT || c->draft_min < 0 || c->draft_min > c->draft_max)
+        return ks_fail(KS_ERR_INVALID_ARG, "--draft-max must be in 1..%d and --draft-min in 0..--draft-max (got %d and %d)",
+                       SPEC_DRAFT_LIMIT, c->draft_max, c->draft_min);
+    if (c->spec_type != SPEC_NONE && (!e->sampler_verify || !e->seq_truncate))
+        return ks_fail(KS_ERR_INVALID_ARG, "scheduler engine: speculation needs sampler_verify and seq_truncate");
     if (!e->prefix_attach != !e->prefix_publish || (e->prefix_attach && e->page_tokens < 1))
         return ks_fail(KS_ERR_INVALID_ARG, "scheduler engine: a prefix cache needs attach, publish and a page size");
     return KS_OK;
@@ -1178,7 +1378,12 @@ static ks_status alloc_scratch(struct sched *s)
     s->b_logits = malloc((size_t)n * sizeof *s->b_logits);
     s->b_owner = malloc((size_t)n * sizeof *s->b_owner);
     s->forked = malloc((size_t)s->cfg.parallel * sizeof *s->forked);
-    s->logits = malloc((size_t)s->cfg.parallel * (size_t)s->eng.n_vocab * sizeof *s->logits);
+    /* one row per active sequence, and draft rows for a few verifying ones */
+    int32_t draft_rows = s->cfg.spec_type == SPEC_NONE ? 0 : (s->cfg.parallel < 4 ? s->cfg.parallel : 4) * s->cfg.draft_max;
+    if (draft_rows > n)
+        draft_rows = n;
+    s->cap_rows = s->cfg.parallel + draft_rows;
+    s->logits = malloc((size_t)s->cap_rows * (size_t)s->eng.n_vocab * sizeof *s->logits);
     s->active = malloc((size_t)s->cfg.parallel * sizeof *s->active);
     if (!s->b_tokens || !s->b_pos || !s->b_seq || !s->b_logits || !s->b_owner || !s->forked || !s->logits || !s->active)
         return ks_fail(KS_ERR_NOMEM, "scheduler scratch: out of memory");

@@ -15,6 +15,23 @@
  * keeping its generated tokens, to be recomputed later. Cancellation frees
  * pages at the next step boundary.
  *
+ * Speculative decoding (cfg.spec_type SPEC_NGRAM, spec/spec.h): a decoding
+ * request may add k draft tokens after its one token; the step then computes
+ * logits for all k + 1 positions in one forward pass, and the engine's
+ * sampler_verify keeps each draft with the target's own probability (greedy:
+ * when it is the argmax), so the output is the one plain decoding gives
+ * (greedy: the same tokens; sampling: the same distribution). The first
+ * rejected position yields the target's own token, and every row after it is
+ * dropped: the sequence is cut back with seq_truncate to the tokens kept (a
+ * page the prefix cache keyed lies wholly below that length, since only
+ * computed tokens are published, and the kv cache copies a shared page before
+ * writing into it). Drafts count against the step's budget as what they cost
+ * (the cost model's marginal token, like a prefill token beside decoders):
+ * they come after every decoder's own token and before prefill chunks, and
+ * while a request is prefilling they leave it at least half the budget. The
+ * draft length adapts per request (spec_adapt) to its acceptance and to
+ * that marginal cost. On KS_ERR_KV_FULL a step first drops its drafts.
+ *
  * The scheduler has no HTTP and no tokenizer inside: requests are token ids
  * and events are token ids. The engine is a small table of functions so the
  * scheduling logic can be tested without a model (see sched_engine_model for
@@ -27,6 +44,7 @@
 #include <stdint.h>
 
 #include "sample/sample.h"
+#include "spec/spec.h"
 #include "status/status.h"
 
 struct kv_cache;
@@ -65,6 +83,12 @@ struct sched_engine {
     ks_status (*sampler_next)(void *ctx, void *sampler, const float *logits, const int32_t *history,
                               int32_t n_history, struct sample_result *out);
     void (*sampler_free)(void *ctx, void *sampler);
+    /* Speculation (both or neither; cfg.spec_type needs them): the
+     * sample_verify of sample.h on the engine's sampler, and cutting seq back
+     * to its first len tokens (kv_seq_truncate). */
+    ks_status (*sampler_verify)(void *ctx, void *sampler, const float *logits, const int32_t *history,
+                                int32_t n_history, int32_t draft, struct sample_result *out, bool *accepted);
+    ks_status (*seq_truncate)(void *ctx, int32_t seq, int32_t len);
     /* Optional: can the cache take n_new more tokens right now (admission)? */
     bool (*can_admit)(void *ctx, int32_t n_new_tokens);
     /* Optional: the live cache, handed to between-step hooks (NULL if none). */
@@ -115,6 +139,9 @@ struct sched_config {
     int max_queue;           /* submissions beyond this many waiting fail with KS_ERR_BUSY-like STATE (256) */
     const int32_t *eog;      /* end-of-generation token ids (copied) */
     int n_eog;
+    enum spec_type spec_type; /* SPEC_NONE (default) or SPEC_NGRAM: prompt-lookup drafts */
+    int32_t draft_max;       /* drafts per verification at most, 1..SPEC_DRAFT_LIMIT (16) */
+    int32_t draft_min;       /* at least this many or none, 0..draft_max (0) */
 };
 
 void sched_config_default(struct sched_config *cfg);
@@ -139,6 +166,8 @@ struct sched_event {
     int32_t n_prompt;                 /* prompt tokens */
     int32_t n_generated;              /* tokens generated so far */
     int32_t n_cached;                 /* prompt tokens served from the prefix cache */
+    int32_t n_drafted;                /* draft tokens verified so far (speculation) */
+    int32_t n_accepted;               /* of which accepted */
     const char *error;                /* SCHED_FINISH_ERROR only */
 };
 typedef void (*sched_event_fn)(void *user, const struct sched_event *ev);
@@ -149,6 +178,13 @@ struct sched_request {
     int32_t max_tokens;      /* >= 0; 0 computes and caches the prompt, then finishes (LENGTH) */
     struct sample_params sampling;
     bool ignore_eog;         /* generate max_tokens even past end-of-generation tokens */
+    /* Per-request draft bounds (set: use n_max, n_min instead of the config's
+     * draft_max, draft_min; -1 keeps the config's; n_max 0 turns speculation
+     * off for this request). No effect when cfg.spec_type is SPEC_NONE. */
+    struct {
+        bool set;
+        int32_t n_max, n_min; /* -1 or 0..SPEC_DRAFT_LIMIT; n_min <= n_max once the defaults are in, unless n_max is 0 */
+    } speculative;
     sched_event_fn on_event;
     void *user;
 };
@@ -240,6 +276,10 @@ struct sched_stats {
     uint64_t preemptions;
     uint64_t forked_choices;             /* choices of sched_submit_n started on the first choice's pages */
     uint64_t kv_full_events;             /* steps that did not fit at first */
+    /* speculation */
+    uint64_t spec_draft_tokens;          /* draft tokens verified */
+    uint64_t spec_accepted_tokens;       /* of which accepted */
+    uint64_t spec_verifications;         /* verifications (a request's k + 1 tokens in a step) */
     double max_step_seconds;
     /* prefix cache */
     uint64_t prefix_lookups;             /* admissions that looked the prompt up */

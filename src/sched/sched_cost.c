@@ -89,3 +89,9 @@ int32_t sched_cost_prefill_limit(const struct sched_cost *c, int32_t n_decode, d
         return 1;
     return allowed > 1e9 ? INT32_MAX : (int32_t)allowed;
 }
+
+double sched_cost_token_ratio(const struct sched_cost *c, int32_t n_decode)
+{
+    double d = sched_cost_decode(c, n_decode);
+    return d > 0 && c->prefill_token_s > 0 ? c->prefill_token_s / d : 0.0;
+}

@@ -42,5 +42,10 @@ double sched_cost_decode(const struct sched_cost *c, int32_t n_decode);
  * n_decode (a probe) while no prefill cost is known; else the model's answer,
  * at least 1. */
 int32_t sched_cost_prefill_limit(const struct sched_cost *c, int32_t n_decode, double ratio);
+/* The cost of one more token in a step beside n_decode decoders (a prefill
+ * token or a speculative draft) as a fraction of the decode-only step: the
+ * marginal token's EMA over decode(n); 0 while either is unknown. What a
+ * verification of k drafts costs is decode(n) * (1 + k * this). */
+double sched_cost_token_ratio(const struct sched_cost *c, int32_t n_decode);
 
 #endif

@@ -68,6 +68,19 @@ static ks_status me_sampler_next(void *ctx, void *smp, const float *logits, cons
     return sample_next(smp, logits, history, n_history, out);
 }
 
+static ks_status me_sampler_verify(void *ctx, void *smp, const float *logits, const int32_t *history,
+                                   int32_t n_history, int32_t draft, struct sample_result *out, bool *accepted)
+{
+    (void)ctx;
+    return sample_verify(smp, logits, history, n_history, draft, out, accepted);
+}
+
+static ks_status me_seq_truncate(void *ctx, int32_t seq, int32_t len)
+{
+    struct model_engine *e = ctx;
+    return kv_seq_truncate(e->kv, seq, len);
+}
+
 static void me_sampler_free(void *ctx, void *smp)
 {
     (void)ctx;
@@ -207,7 +220,8 @@ ks_status sched_engine_model(struct model *m, const struct kv_config *kv_cfg, in
         .ctx = e, .n_vocab = e->n_vocab, .seq_create = me_seq_create, .seq_free = me_seq_free,
         .seq_fork = me_seq_fork, .page_tokens = kv_cfg->page_tokens, .forward = me_forward,
         .sampler_create = me_sampler_create, .sampler_next = me_sampler_next,
-        .sampler_free = me_sampler_free, .can_admit = me_can_admit, .cache = me_cache, .destroy = me_destroy,
+        .sampler_free = me_sampler_free, .sampler_verify = me_sampler_verify, .seq_truncate = me_seq_truncate,
+        .can_admit = me_can_admit, .cache = me_cache, .destroy = me_destroy,
     };
     if (kv_cfg->prefix_cache) {
         out->prefix_attach = me_prefix_attach;

@@ -45,6 +45,8 @@ void server_call_on_event(void *user, const struct sched_event *ev)
         c->t_first = now;
     if (ev->finish != SCHED_FINISH_NONE)
         c->t_end = now;
+    c->n_drafted = ev->n_drafted;
+    c->n_accepted = ev->n_accepted;
     if (ev->finish == SCHED_FINISH_NONE) {
         if (c->n_items == c->cap_items && !c->dropped) {
             int cap = c->cap_items ? 2 * c->cap_items : 64;

@@ -46,6 +46,7 @@ struct call {
     int n_choices;                     /* 'n' of the request */
     int32_t n_prompt;
     int32_t n_cached;                  /* prompt tokens the prefix cache served (under mu) */
+    int32_t n_drafted, n_accepted;     /* speculation: draft tokens verified, accepted (under mu) */
     struct server_waker *waker;        /* woken at each event (under mu); NULL: the HTTP side blocks, or left */
     struct grammar *grammar;           /* response_format / grammar constraint, NULL: none */
     struct sample_bias *biases;        /* logit_bias (the sampling params point here), NULL: none */

@@ -537,13 +537,45 @@ static ks_status parse_reasoning_format(struct call *c, const cJSON *root, struc
     return KS_OK;
 }
 
+/* "speculative": {"n_max": N, "n_min": N} (llama-server's field): this
+ * request's draft bounds when the server speculates (--spec-type); a field
+ * left out keeps the server's (--draft-max, --draft-min), and the scheduler
+ * refuses an n_min above the resulting n_max. */
+static ks_status parse_speculative(const cJSON *root, struct sched_request *rq, struct reply *r)
+{
+    cJSON *sp = field(root, "speculative");
+    if (!sp)
+        return KS_OK;
+    if (!cJSON_IsObject(sp))
+        return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_type", "'speculative' must be an object");
+    static const char *keys[2] = {"n_max", "n_min"};
+    double v[2] = {-1, -1};
+    for (int i = 0; i < 2; i++) {
+        cJSON *x = field(sp, keys[i]);
+        if (x && (!cJSON_IsNumber(x) || x->valuedouble != floor(x->valuedouble)))
+            return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_type", "'speculative.%s' must be an integer", keys[i]);
+        if (x && (x->valuedouble < 0 || x->valuedouble > SPEC_DRAFT_LIMIT))
+            return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value", "'speculative.%s' must be in [0, %d] (got %.0f)",
+                              keys[i], SPEC_DRAFT_LIMIT, x->valuedouble);
+        if (x)
+            v[i] = x->valuedouble;
+    }
+    if (v[0] >= 0 && v[1] > v[0])
+        return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value",
+                          "'speculative.n_min' (%.0f) must not be above 'speculative.n_max' (%.0f)", v[1], v[0]);
+    rq->speculative.set = true;
+    rq->speculative.n_max = (int32_t)v[0];
+    rq->speculative.n_min = (int32_t)v[1];
+    return KS_OK;
+}
+
 static ks_status parse_options(struct call *c, enum server_api api, const cJSON *root, int32_t n_prompt,
                                struct sched_request *rq, struct reply *r)
 {
     ks_status st;
     bool cache_prompt = true; /* kvserve always shares and keeps prompt prefixes; the answer is the same */
     if ((st = get_bool(root, "stream", &c->stream, r)) || (st = get_bool(root, "ignore_eos", &rq->ignore_eog, r)) ||
-        (st = parse_stop(c, root, r)) ||
+        (st = parse_stop(c, root, r)) || (st = parse_speculative(root, rq, r)) ||
         (st = parse_sampling(c->srv, root, api, &rq->sampling, &c->logprobs, &c->n_choices, r)) ||
         (api == SERVER_API_NATIVE && (st = get_bool(root, "cache_prompt", &cache_prompt, r))) ||
         (st = parse_logit_bias(c, root, &rq->sampling, r)))

@@ -303,15 +303,23 @@ static cJSON *usage_json(const struct group *g)
     pthread_mutex_lock(&c->mu);
     int32_t cached = c->n_cached;
     pthread_mutex_unlock(&c->mu);
-    int completion = 0;
-    for (int i = 0; i < g->n; i++)
+    int completion = 0, drafted = 0, accepted = 0;
+    for (int i = 0; i < g->n; i++) {
         completion += g->calls[i]->consumed;
+        pthread_mutex_lock(&g->calls[i]->mu);
+        drafted += g->calls[i]->n_drafted;
+        accepted += g->calls[i]->n_accepted;
+        pthread_mutex_unlock(&g->calls[i]->mu);
+    }
     cJSON *u = cJSON_CreateObject();
     cJSON_AddNumberToObject(u, "prompt_tokens", c->n_prompt);
     cJSON_AddNumberToObject(u, "completion_tokens", completion);
     cJSON_AddNumberToObject(u, "total_tokens", c->n_prompt + completion);
     cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
     cJSON_AddNumberToObject(d, "cached_tokens", cached);
+    /* speculation (0 without): draft tokens the model verified, and those it kept */
+    cJSON_AddNumberToObject(u, "draft_tokens", drafted);
+    cJSON_AddNumberToObject(u, "accepted_tokens", accepted);
     return u;
 }
 

@@ -66,6 +66,12 @@ ks_status server_route_metrics(struct server *srv, const struct server_req *rq, 
                   "Choices of n > 1 requests started on the first choice's prompt pages (not recomputed).",
                   (double)st.forked_choices);
     server_metric(&b, "kvserve_kv_full_events_total", "counter", "Steps that did not fit the KV cache at first.", (double)st.kv_full_events);
+    server_metric(&b, "kvserve_spec_draft_tokens_total", "counter",
+                  "Draft tokens verified by the model (speculative decoding).", (double)st.spec_draft_tokens);
+    server_metric(&b, "kvserve_spec_accepted_tokens_total", "counter", "Draft tokens the model accepted.",
+                  (double)st.spec_accepted_tokens);
+    server_metric(&b, "kvserve_spec_verifications_total", "counter",
+                  "Verifications (a request's last token and its drafts in one step).", (double)st.spec_verifications);
     server_metric(&b, "kvserve_max_step_seconds", "gauge", "Longest scheduler step so far.", st.max_step_seconds);
     if (srv->grammar_vocab) {
         struct grammar_mask_cache_stats gc;

@@ -30,6 +30,9 @@ struct mock_engine {
 
 int32_t mock_next_token(const struct mock_engine_config *cfg, const int32_t *history, int32_t n)
 {
+    int32_t p = cfg->repeat_period;
+    if (p > 0 && n >= p && (cfg->surprise_every <= 0 || n % cfg->surprise_every != 0))
+        return history[n - p];
     uint32_t h = 2166136261u;
     for (int32_t i = 0; i < n; i++)
         h = (h ^ (uint32_t)history[i]) * 16777619u;
@@ -89,6 +92,22 @@ static ks_status m_seq_fork(void *ctx, int32_t src, int32_t *out)
     memcpy(m->hist[*out], m->hist[src], (size_t)m->len[src] * sizeof *m->hist[src]);
     m->len[*out] = m->shared[*out] = m->len[src];
     m->st.forks++;
+    pthread_mutex_unlock(&m->mu);
+    return KS_OK;
+}
+
+/* Cut seq back to len tokens (the scheduler drops rejected drafts). */
+static ks_status m_seq_truncate(void *ctx, int32_t seq, int32_t len)
+{
+    struct mock_engine *m = ctx;
+    pthread_mutex_lock(&m->mu);
+    assert_true(seq >= 0 && seq < m->cfg.max_seqs && m->live[seq]);
+    assert_true(len >= 0 && len <= m->len[seq]);
+    int32_t shared = m->shared[seq] < len ? m->shared[seq] : len;
+    m->st.used -= (m->len[seq] - m->shared[seq]) - (len - shared);
+    m->st.truncations += len < m->len[seq];
+    m->len[seq] = len;
+    m->shared[seq] = shared;
     pthread_mutex_unlock(&m->mu);
     return KS_OK;
 }
@@ -192,6 +211,14 @@ static ks_status m_sampler_next(void *ctx, void *smp, const float *logits, const
     return KS_OK;
 }
 
+static ks_status m_sampler_verify(void *ctx, void *smp, const float *logits, const int32_t *hist, int32_t n,
+                                  int32_t draft, struct sample_result *out, bool *accepted)
+{
+    ks_status st = m_sampler_next(ctx, smp, logits, hist, n, out);
+    *accepted = !st && out->token == draft;
+    return st;
+}
+
 static void m_sampler_free(void *ctx, void *smp)
 {
     (void)ctx;
@@ -272,7 +299,8 @@ struct sched_engine mock_engine_sched(struct mock_engine *m, bool owned)
     struct sched_engine e = {
         .ctx = m, .n_vocab = m->cfg.n_vocab, .seq_create = m_seq_create, .seq_free = m_seq_free,
         .seq_fork = m_seq_fork, .forward = m_forward, .sampler_create = m_sampler_create, .sampler_next = m_sampler_next,
-        .sampler_free = m_sampler_free, .cache = m->kv ? m_cache : NULL, .destroy = owned ? m_destroy : NULL,
+        .sampler_free = m_sampler_free, .sampler_verify = m_sampler_verify, .seq_truncate = m_seq_truncate,
+        .cache = m->kv ? m_cache : NULL, .destroy = owned ? m_destroy : NULL,
     };
     return e;
 }

@@ -11,6 +11,9 @@
  *   struct sched_engine e = mock_engine_sched(m, false);   sched_create(&cfg, &e, &s)
  *   ...  sched_free(s); mock_engine_stats(m, &st); mock_engine_free(m);
  *
+ * The engine has sampler_verify (greedy: the draft is kept when it is the
+ * argmax) and seq_truncate, so the scheduler may speculate on it.
+ *
  * The engine's functions run on the scheduler thread; they fail the calling
  * test (cmocka) on a sequence the scheduler does not own. Nothing but the
  * sampler's create allocates after mock_engine_create: test_server_errors
@@ -36,6 +39,10 @@ struct mock_engine_config {
                                top_first, top_first + 1, ... skipping the sampled one */
     int32_t top_first;
     unsigned step_sleep_us; /* each step sleeps this long (lets HTTP requests overlap) */
+    /* A repetitive model, for speculation (0: off): the next token repeats the
+     * one repeat_period back, except at every surprise_every-th position
+     * (0: never), where it is the hash. */
+    int32_t repeat_period, surprise_every;
 };
 
 struct mock_engine_stats {
@@ -47,6 +54,7 @@ struct mock_engine_stats {
     uint64_t steps;         /* successful forwards */
     uint64_t fed;           /* tokens computed by successful forwards */
     int forks;              /* sequences made by seq_fork */
+    int truncations;        /* seq_truncate calls that dropped tokens */
     int watch_steps;        /* steps that fed the watched prompt (mock_engine_watch) */
     int watch_idle_steps;   /* steps that did not while it was still in prefill */
 };

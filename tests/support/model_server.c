@@ -50,6 +50,8 @@ int model_server_start(const struct model_server_config *mc, struct sched **sche
     sc.n_eog = n_eog;
     sc.parallel = mc->parallel;
     sc.ctx_size = mc->ctx_size;
+    sc.spec_type = (enum spec_type)mc->spec_type;
+    sc.draft_min = mc->draft_min;
     if (sched_create(&sc, &eng, sched)) {
         fprintf(stderr, "model_server: scheduler: %s\n", ks_errmsg());
         eng.destroy(eng.ctx);

@@ -28,6 +28,8 @@ struct model_server_config {
     int parallel;                 /* sequences at once */
     int32_t ctx_size;
     const char *chat_template_jinja; /* overrides the model's template; NULL: the model's */
+    int spec_type;                /* enum spec_type: 0 none, 1 ngram (speculative decoding) */
+    int32_t draft_min;            /* its --draft-min (--draft-max stays 16) */
 };
 
 /* A loaded model with what a server on it needs, and the server. */

@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Speculative decoding's benchmarks (issue 25), each printing a markdown table.
+#
+#   bench/spec.sh verify BIN [MODEL]   (a) the cost of verifying k = 1..KMAX drafts against one decode step: one
+#                                      sequence, k + 1 tokens with every token's logits (kvserve bench --all-logits
+#                                      ppK+1) after DEPTH tokens of context, against tg at the same depth. MODEL
+#                                      default: a q4_0 `kvserve synth` of PRESET (llama-1b; e.g. PRESET=
+#                                      qwen3moe-30b-a3b LAYERS=4 for the MoE shape) in the scratch dir (TINY=1:
+#                                      the tiny preset). Goal: k = 8 costs <= 1.5x one step.
+#   bench/spec.sh accept BIN MODEL     (b) input-grounded work ("retell the story" prompts whose answer repeats the
+#                                      prompt; e.g. ../shared/models/stories260K.gguf): kvserve generate, greedy,
+#                                      with --spec-type none and ngram: identical output, tokens per target pass,
+#                                      acceptance and the tg speedup.
+#   bench/spec.sh all BIN MODEL        both (verify on its default model).
+#
+# Env: THREADS (2), DEPTH (256), REPS (5), KMAX (16), GEN (128), DRAFT_MAX (16), PRESET, LAYERS, TINY=1 (a smoke
+# run: the tiny model, DEPTH 32, REPS 1, KMAX 4, GEN 24). Run on a quiet machine: timings are medians of REPS runs.
+set -euo pipefail
+usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[ $# -ge 2 ] || usage
+what=$1 bin=$2 model=${3:-}
+[ -x "$bin" ] || usage
+if [ "${TINY:-0}" = 1 ]; then
+  THREADS=${THREADS:-1} DEPTH=${DEPTH:-32} REPS=${REPS:-1} KMAX=${KMAX:-4} GEN=${GEN:-24}
+else
+  THREADS=${THREADS:-2} DEPTH=${DEPTH:-256} REPS=${REPS:-5} KMAX=${KMAX:-16} GEN=${GEN:-128}
+fi
+DRAFT_MAX=${DRAFT_MAX:-16}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+# ---- (a) the cost of a verification -------------------------------------------------------------------------
+
+verify() { # model
+  local m=$1 list k
+  list=$(seq -s, 2 $((KMAX + 1)))
+  "$bin" bench -m "$m" -p "$list" -n 16 -d "$DEPTH" -r "$REPS" -t "$THREADS" --all-logits -o csv >"$tmp/bench.csv"
+  echo "### Verifying k drafts against one decode step ($(basename "$m"), $THREADS threads, context $DEPTH)"
+  echo
+  echo "| k | k + 1 tokens (ms) | decode step (ms) | cost / step | speedup if all k are accepted |"
+  echo "| ---: | ---: | ---: | ---: | ---: |"
+  # csv: ...,test,n_prompt,n_gen,n_depth,reps,tps_median,... (fields 8, 9 and 12)
+  awk -F, 'NR > 1 && $9 > 0 { step = 1000 / $12 }
+           NR > 1 && $8 > 0 { n[$8] = $8; ms[$8] = 1000 * $8 / $12 }
+           END { for (p = 2; p in n; p++) printf "| %d | %.3f | %.3f | %.2f | %.2fx |\n", p - 1, ms[p], step, ms[p] / step, p * step / ms[p] }' \
+    "$tmp/bench.csv"
+  echo
+}
+
+verify_model() {
+  if [ -n "$model" ] && [ "$what" = verify ]; then echo "$model"; return; fi
+  local preset=${PRESET:-llama-1b} layers=()
+  [ "${TINY:-0}" = 1 ] && preset=${PRESET:-tiny}
+  [ -n "${LAYERS:-}" ] && layers=(--layers "$LAYERS")
+  "$bin" synth --preset "$preset" "${layers[@]}" --type q4_0 -t "$THREADS" -o "$tmp/$preset-q4_0.gguf" >/dev/null 2>&1
+  echo "$tmp/$preset-q4_0.gguf"
+}
+
+# ---- (b) acceptance on input-grounded work ---------------------------------------------------------------------
+
+PROMPTS=(
+  "Lily had a red ball. She played with the ball in the park with her friend Tom. Tom threw the ball high and Lily caught it. They were very happy. Retell the story. Lily had a red ball. She played"
+  "Once upon a time, there was a little dog named Max. Max liked to run in the garden and dig holes. One day Max found a big bone. He was so happy that he ran to show his mom. Once upon a time, there was a little dog named Max. Max liked"
+  "Tim and Sue went to the beach. They built a sand castle with a big tower. A wave came and the castle fell down. Tim was sad, but Sue said they could build it again. Tim and Sue went to the beach. They built"
+)
+
+gen() { # spec-type prompt -> output in $tmp/out.$1, timing in $tmp/err.$1
+  "$bin" generate -m "$model" -p "$2" -n "$GEN" --temp 0 -t "$THREADS" --ignore-eos --output-ids \
+    --spec-type "$1" --draft-max "$DRAFT_MAX" >"$tmp/out.$1" 2>"$tmp/err.$1"
+}
+tg_of() { sed -n 's/.*generated [0-9]* tok, \([0-9.]*\) tok\/s.*/\1/p' "$tmp/err.$1"; }
+
+accept() {
+  [ -f "$model" ] || usage
+  echo "### Prompt lookup on \"retell the story\" prompts ($(basename "$model"), greedy, $GEN tokens, $THREADS threads, median of $REPS)"
+  echo
+  echo "| prompt | same output | drafted | accepted | tokens per target pass | tg none (t/s) | tg ngram (t/s) | speedup |"
+  echo "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"
+  local i r same spec none ngram line
+  for i in "${!PROMPTS[@]}"; do
+    : >"$tmp/tg.none"; : >"$tmp/tg.ngram"
+    for r in $(seq "$REPS"); do
+      for spec in none ngram; do
+        gen "$spec" "${PROMPTS[$i]}"
+        tg_of "$spec" >>"$tmp/tg.$spec"
+      done
+    done
+    same=yes; cmp -s "$tmp/out.none" "$tmp/out.ngram" || same=NO
+    none=$(sort -g "$tmp/tg.none" | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }')
+    ngram=$(sort -g "$tmp/tg.ngram" | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }')
+    line=$(grep '^speculation:' "$tmp/err.ngram")
+    echo "$line" | awk -v i=$((i + 1)) -v same="$same" -v a="$none" -v b="$ngram" '{
+      printf "| %d | %s | %s | %s | %s | %.1f | %.1f | %.2fx |\n", i, same, $3, $5, $8, a, b, (a > 0 ? b / a : 0) }'
+  done
+  echo
+}
+
+case $what in
+  verify) verify "$(verify_model)" ;;
+  accept) accept ;;
+  all) verify "$(verify_model)"; accept ;;
+  *) usage ;;
+esac

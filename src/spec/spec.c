@@ -1,0 +1,97 @@
+/* spec: prompt lookup and the adaptive draft length of spec.h. */
+#include "spec/spec.h"
+
+#include <string.h>
+
+/* EMA weight of one tested token, and the least tokens-per-cost ratio over
+ * plain decoding that is worth a verification (the estimate is noisy, and a
+ * verification that gains nothing costs every stream in the step). */
+static const double ALPHA = 0.1, MIN_GAIN = 1.10;
+
+bool spec_parse_type(const char *text, enum spec_type *out)
+{
+    if (!strcmp(text, "none"))
+        *out = SPEC_NONE;
+    else if (!strcmp(text, "ngram"))
+        *out = SPEC_NGRAM;
+    else
+        return false;
+    return true;
+}
+
+const char *spec_type_name(enum spec_type t)
+{
+    return t == SPEC_NGRAM ? "ngram" : "none";
+}
+
+/* Does tokens[at, at + n) equal the last n tokens? */
+static bool suffix_at(const int32_t *tokens, int32_t n_tokens, int32_t at, int32_t n)
+{
+    return !memcmp(tokens + at, tokens + n_tokens - n, (size_t)n * sizeof *tokens);
+}
+
+int32_t spec_ngram_draft(const int32_t *tokens, int32_t n_tokens, int32_t n_max, int32_t *draft)
+{
+    if (n_max <= 0 || !tokens)
+        return 0;
+    int32_t lo = n_tokens > SPEC_NGRAM_WINDOW ? n_tokens - SPEC_NGRAM_WINDOW : 0;
+    for (int32_t n = SPEC_NGRAM_MAX; n >= SPEC_NGRAM_MIN; n--) {
+        if (n_tokens - lo < n + 1)
+            continue;
+        /* the most recent occurrence that is followed by at least one token */
+        for (int32_t at = n_tokens - n - 1; at >= lo; at--) {
+            if (tokens[at] != tokens[n_tokens - n] || !suffix_at(tokens, n_tokens, at, n))
+                continue;
+            /* past the end, the continuation copies itself (as an LZ77 match
+             * that overlaps its own output): text that repeats with period
+             * n_tokens - from keeps repeating */
+            int32_t from = at + n;
+            for (int32_t j = 0; j < n_max; j++)
+                draft[j] = from + j < n_tokens ? tokens[from + j] : draft[from + j - n_tokens];
+            return n_max;
+        }
+    }
+    return 0;
+}
+
+void spec_adapt_init(struct spec_adapt *a)
+{
+    a->accept = 0.5;
+}
+
+void spec_adapt_observe(struct spec_adapt *a, int32_t drafted, int32_t accepted)
+{
+    if (drafted <= 0)
+        return;
+    int32_t tested = accepted < drafted ? accepted + 1 : drafted;
+    for (int32_t i = 0; i < tested; i++)
+        a->accept = (1 - ALPHA) * a->accept + ALPHA * (i < accepted ? 1.0 : 0.0);
+}
+
+double spec_expected_tokens(double a, int32_t k)
+{
+    double sum = 0, term = 1;
+    for (int32_t i = 0; i <= k; i++, term *= a)
+        sum += term;
+    return sum;
+}
+
+int32_t spec_adapt_len(const struct spec_adapt *a, int32_t n_min, int32_t n_max, double extra_cost)
+{
+    if (n_max <= 0)
+        return 0;
+    if (n_min > n_max)
+        n_min = n_max;
+    if (extra_cost < 0)
+        extra_cost = 0;
+    int32_t best = 0;
+    double best_rate = MIN_GAIN;
+    for (int32_t k = n_min > 1 ? n_min : 1; k <= n_max; k++) {
+        double rate = spec_expected_tokens(a->accept, k) / (1.0 + k * extra_cost);
+        if (rate > best_rate) {
+            best_rate = rate;
+            best = k;
+        }
+    }
+    return best > 0 ? best : n_min > 0 ? n_min : 0;
+}

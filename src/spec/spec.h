@@ -1,0 +1,72 @@
+/* spec: the draft side of speculative decoding, as pure functions on token
+ * ids. A speculator proposes the tokens that may come next; the target model
+ * verifies them in one forward pass and the sampler (sample_verify) decides
+ * which to keep, so nothing here can change what is generated, only how many
+ * target passes it takes.
+ *
+ * Prompt lookup (spec_ngram_draft): the request's own prompt and output are
+ * searched for the most recent earlier occurrence of their last n tokens, n
+ * from SPEC_NGRAM_MAX down to SPEC_NGRAM_MIN (prompt-lookup decoding's
+ * max_ngram_size 3; llama.cpp's lookup example searches n-grams of 1..4), and
+ * the tokens that followed it are the draft. Input-grounded answers (summaries,
+ * code edits, quoting RAG answers) repeat spans of their prompt, which this
+ * finds.
+ *
+ * Draft length (spec_adapt): per request, an exponential moving average of
+ * the chance a drafted token is accepted, a; with k drafts a pass yields
+ * (1 - a^(k+1)) / (1 - a) tokens on average (acceptance stops at the first
+ * rejection) and costs 1 + k * c decode steps, c the cost of one more token
+ * in a step relative to a decode step (the scheduler's cost model). The
+ * length is the k in [n_min, n_max] with the best tokens per unit of cost, or
+ * 0 when no k beats plain decoding (one token per step) by 10%.
+ * While it does not draft, the caller still checks what a 1-token draft
+ * would have proposed against the token actually generated
+ * (spec_adapt_observe with 1 drafted), so a request whose text turns
+ * repetitive starts drafting again without paying for a verification. */
+#ifndef KS_SPEC_H
+#define KS_SPEC_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+enum {
+    SPEC_NGRAM_MAX = 3,   /* longest suffix looked up */
+    SPEC_NGRAM_MIN = 1,   /* shortest */
+    SPEC_DRAFT_LIMIT = 64 /* largest --draft-max / speculative.n_max */
+};
+
+enum spec_type { SPEC_NONE = 0, SPEC_NGRAM = 1 };
+
+/* "none" | "ngram"; false for another word. */
+bool spec_parse_type(const char *text, enum spec_type *out);
+const char *spec_type_name(enum spec_type t);
+
+/* The n_max tokens that followed the most recent earlier occurrence of the
+ * last n tokens of tokens[0, n_tokens) (the longest n first), continued past
+ * the end of the text as if it repeated from there (the match copies its own
+ * output); written to draft, their count returned (0: no match, or
+ * n_max <= 0). The search looks
+ * back at most SPEC_NGRAM_WINDOW tokens, so its cost per step is bounded. */
+enum { SPEC_NGRAM_WINDOW = 8192 };
+int32_t spec_ngram_draft(const int32_t *tokens, int32_t n_tokens, int32_t n_max, int32_t *draft);
+
+/* Per-request acceptance statistics. */
+struct spec_adapt {
+    double accept;      /* EMA of the chance one tested draft token is accepted, in [0, 1] */
+};
+
+/* Starts at 0.5: optimistic enough to try drafting at once. */
+void spec_adapt_init(struct spec_adapt *a);
+/* Fold in one verification (or one shadow check) of `drafted` tokens, of
+ * which the first `accepted` were kept. Each token tested counts once: the
+ * accepted ones, and the first rejected one (those after it were never
+ * tested). */
+void spec_adapt_observe(struct spec_adapt *a, int32_t drafted, int32_t accepted);
+/* The draft length to ask for (see above); extra_cost: c >= 0, the cost of
+ * one more token in a step as a fraction of a decode step. n_min > 0 forces
+ * at least n_min. */
+int32_t spec_adapt_len(const struct spec_adapt *a, int32_t n_min, int32_t n_max, double extra_cost);
+/* Expected tokens per verification pass with k drafts at acceptance a. */
+double spec_expected_tokens(double a, int32_t k);
+
+#endif

@@ -1,0 +1,233 @@
+/* Speculation's pure parts: prompt lookup (spec_ngram_draft), the adaptive
+ * draft length (spec_adapt) and the rejection sampler (sample_verify), whose
+ * output must be distributed as plain sampling's: checked on a vocabulary of
+ * 8 against the exact distribution, with a bound that the usual wrong rules
+ * exceed several times over. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "sample/sample.h"
+#include "spec/spec.h"
+#include "support/skip.h"
+
+/* ---- prompt lookup ------------------------------------------------------------ */
+
+static void test_ngram_longest_most_recent_match(void **state)
+{
+    (void)state;
+    int32_t draft[8];
+    /* "1 2 3 4 5 | 9 2 3 7 | 1 2 3": the 3-gram 1 2 3 occurred at 0, followed by 4 5 9 ... */
+    const int32_t t[] = {1, 2, 3, 4, 5, 9, 2, 3, 7, 1, 2, 3};
+    int32_t n = (int32_t)(sizeof t / sizeof *t);
+    assert_int_equal(spec_ngram_draft(t, n, 4, draft), 4);
+    const int32_t want[] = {4, 5, 9, 2};
+    assert_memory_equal(draft, want, sizeof want);
+    /* only 2 3 matches (at 6, the most recent): followed by 7 1 2 3 */
+    const int32_t u[] = {1, 2, 3, 4, 5, 9, 2, 3, 7, 1, 8, 2, 3};
+    n = (int32_t)(sizeof u / sizeof *u);
+    assert_int_equal(spec_ngram_draft(u, n, 3, draft), 3);
+    const int32_t want_u[] = {7, 1, 8};
+    assert_memory_equal(draft, want_u, sizeof want_u);
+    /* past the end of the text the continuation repeats itself: 5 | 6 7 5 | 6 7 5 6 7 */
+    const int32_t v[] = {5, 6, 7, 5};
+    assert_int_equal(spec_ngram_draft(v, 4, 8, draft), 8);
+    const int32_t want_v[] = {6, 7, 5, 6, 7, 5, 6, 7};
+    assert_memory_equal(draft, want_v, sizeof want_v);
+    assert_int_equal(spec_ngram_draft(v, 4, 1, draft), 1);
+    /* nothing to find, or nothing asked */
+    const int32_t w[] = {1, 2, 3, 4};
+    assert_int_equal(spec_ngram_draft(w, 4, 8, draft), 0);
+    assert_int_equal(spec_ngram_draft(v, 4, 0, draft), 0);
+    assert_int_equal(spec_ngram_draft(v, 1, 4, draft), 0);
+    assert_int_equal(spec_ngram_draft(NULL, 0, 4, draft), 0);
+}
+
+static void test_ngram_repetition_drafts_the_cycle(void **state)
+{
+    (void)state;
+    int32_t t[40], draft[16];
+    for (int i = 0; i < 40; i++)
+        t[i] = 10 + i % 5;
+    assert_int_equal(spec_ngram_draft(t, 40, 16, draft), 16); /* one period back, then the cycle again */
+    for (int i = 0; i < 16; i++)
+        assert_int_equal(draft[i], 10 + (40 + i) % 5);
+}
+
+/* ---- adaptive length ------------------------------------------------------------ */
+
+static void test_adapt_follows_acceptance(void **state)
+{
+    (void)state;
+    struct spec_adapt a;
+    spec_adapt_init(&a);
+    assert_true(spec_adapt_len(&a, 0, 16, 0.1) > 0); /* tries at first */
+    for (int i = 0; i < 50; i++)
+        spec_adapt_observe(&a, 8, 8);
+    assert_true(a.accept > 0.99);
+    assert_int_equal(spec_adapt_len(&a, 0, 16, 0.02), 16);
+    assert_int_equal(spec_adapt_len(&a, 0, 5, 0.02), 5);
+    /* a verification that costs as much as a step is never worth it */
+    assert_int_equal(spec_adapt_len(&a, 0, 16, 1.0), 0);
+    for (int i = 0; i < 50; i++)
+        spec_adapt_observe(&a, 4, 0);
+    assert_true(a.accept < 0.01);
+    assert_int_equal(spec_adapt_len(&a, 0, 16, 0.02), 0);
+    assert_int_equal(spec_adapt_len(&a, 3, 16, 0.02), 3); /* n_min forces drafting */
+    assert_int_equal(spec_adapt_len(&a, 0, 0, 0.0), 0);
+    /* only tested tokens count: 2 accepted of 8 drafted is 2 hits and 1 miss */
+    spec_adapt_init(&a);
+    spec_adapt_observe(&a, 8, 2);
+    double e = 0.5;
+    e = 0.9 * e + 0.1;
+    e = 0.9 * e + 0.1;
+    e = 0.9 * e;
+    assert_true(fabs(a.accept - e) < 1e-12);
+    assert_true(fabs(spec_expected_tokens(0.5, 3) - 1.875) < 1e-12);
+}
+
+/* ---- the rejection sampler ------------------------------------------------------ */
+
+enum { V = 8, TRIALS = 40000 };
+static const float LOGITS[V] = {2.0f, 1.5f, 1.0f, 0.5f, 0.0f, -0.5f, -1.0f, 0.3f};
+
+/* The exact distribution of plain sampling: softmax(logits / temp) over the
+ * top_k best (0: all). */
+static void exact_dist(float temp, int top_k, double *p)
+{
+    int32_t order[V];
+    for (int i = 0; i < V; i++)
+        order[i] = i;
+    for (int i = 0; i < V; i++)
+        for (int j = i + 1; j < V; j++)
+            if (LOGITS[order[j]] > LOGITS[order[i]]) {
+                int32_t t = order[i];
+                order[i] = order[j];
+                order[j] = t;
+            }
+    int keep = top_k > 0 ? top_k : V;
+    double z = 0;
+    for (int i = 0; i < V; i++)
+        p[i] = 0;
+    for (int i = 0; i < keep; i++)
+        z += p[order[i]] = exp((double)LOGITS[order[i]] / temp);
+    for (int i = 0; i < V; i++)
+        p[i] /= z;
+}
+
+static double total_variation(const double *a, const double *b)
+{
+    double tv = 0;
+    for (int i = 0; i < V; i++)
+        tv += fabs(a[i] - b[i]);
+    return tv / 2;
+}
+
+static struct sampler *make(float temp, int top_k, uint64_t seed)
+{
+    struct sample_params p;
+    sample_params_default(&p);
+    p.temp = temp;
+    p.top_k = top_k;
+    p.top_p = 1.0f;
+    p.min_p = 0.0f;
+    p.seed = seed;
+    struct sampler *s = NULL;
+    assert_int_equal(sample_create(&p, V, &s), KS_OK);
+    return s;
+}
+
+/* Histograms of sample_verify with draft x and of sample_next; the verify
+ * acceptance rate into *rate. */
+static void histograms(float temp, int top_k, int32_t x, double *verify, double *plain, double *rate)
+{
+    struct sampler *sv = make(temp, top_k, 1234), *sp = make(temp, top_k, 1234);
+    int n_acc = 0;
+    for (int i = 0; i < V; i++)
+        verify[i] = plain[i] = 0;
+    for (int t = 0; t < TRIALS; t++) {
+        struct sample_result r;
+        bool acc = false;
+        assert_int_equal(sample_verify(sv, LOGITS, NULL, 0, x, &r, &acc), KS_OK);
+        assert_true(r.token >= 0 && r.token < V);
+        assert_true(acc == (r.token == x)); /* a rejection never returns the draft */
+        n_acc += acc;
+        verify[r.token] += 1.0 / TRIALS;
+        assert_int_equal(sample_next(sp, LOGITS, NULL, 0, &r), KS_OK);
+        plain[r.token] += 1.0 / TRIALS;
+    }
+    *rate = (double)n_acc / TRIALS;
+    sample_free(sv);
+    sample_free(sp);
+}
+
+/* What a wrong rule would give: keeping the draft with probability p(x) but
+ * drawing the replacement from p itself (x not removed). */
+static void wrong_rule(const double *p, int32_t x, double *out)
+{
+    for (int i = 0; i < V; i++)
+        out[i] = (1 - p[x]) * p[i] + (i == x ? p[x] : 0);
+}
+
+static void check_case(float temp, int top_k, int32_t x)
+{
+    static const double BOUND = 0.015; /* sampling noise at 40000 draws is about 0.005 */
+    double p[V], verify[V], plain[V], wrong[V], rate;
+    exact_dist(temp, top_k, p);
+    histograms(temp, top_k, x, verify, plain, &rate);
+    print_message("temp %.2f top_k %d draft %d: p(draft) %.4f, accepted %.4f, TV verify %.4f, plain %.4f\n",
+                  (double)temp, top_k, (int)x, p[x], rate, total_variation(verify, p), total_variation(plain, p));
+    assert_true(total_variation(plain, p) < BOUND);
+    assert_true(total_variation(verify, p) < BOUND);
+    assert_true(fabs(rate - p[x]) < BOUND);
+    /* the bound has the power to see a wrong rule (here 3x over it), or
+     * accepting every draft */
+    wrong_rule(p, x, wrong);
+    if (p[x] > 0.05)
+        assert_true(total_variation(wrong, p) > 3 * BOUND);
+    assert_true(1.0 - p[x] > 3 * BOUND);
+}
+
+static void test_verify_keeps_the_distribution(void **state)
+{
+    (void)state;
+    check_case(1.0f, 0, 1);  /* the whole vocabulary */
+    check_case(1.0f, 0, 6);  /* an unlikely draft */
+    check_case(0.7f, 4, 2);  /* truncated: top-k */
+    check_case(0.7f, 4, 6);  /* a draft outside the top-k: p = 0, never kept */
+}
+
+static void test_verify_greedy_is_argmax(void **state)
+{
+    (void)state;
+    struct sampler *s = make(0.0f, 0, 1);
+    struct sample_result r;
+    bool acc = true;
+    assert_int_equal(sample_verify(s, LOGITS, NULL, 0, 3, &r, &acc), KS_OK);
+    assert_false(acc);
+    assert_int_equal(r.token, 0);
+    assert_int_equal(sample_verify(s, LOGITS, NULL, 0, 0, &r, &acc), KS_OK);
+    assert_true(acc);
+    assert_int_equal(r.token, 0);
+    assert_int_equal(sample_verify(s, LOGITS, NULL, 0, V, &r, &acc), KS_ERR_INVALID_ARG);
+    assert_int_equal(sample_verify(s, LOGITS, NULL, 0, -1, &r, &acc), KS_ERR_INVALID_ARG);
+    sample_free(s);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_ngram_longest_most_recent_match),
+        cmocka_unit_test(test_ngram_repetition_drafts_the_cycle),
+        cmocka_unit_test(test_adapt_follows_acceptance),
+        cmocka_unit_test(test_verify_keeps_the_distribution),
+        cmocka_unit_test(test_verify_greedy_is_argmax),
+    };
+    return ks_run_tests(tests, NULL, NULL);
+}
