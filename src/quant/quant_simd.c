@@ -226,17 +226,25 @@ static inline float hmax_256(__m256 v)
     return _mm_cvtss_f32(m);
 }
 
-void quant_q8_0_from_float_avx2(const float *x, void *vy, int64_t n)
+/* A block of 32 floats into v[4]; returns max |x| (a NaN lane keeps the
+ * other operand, as fmaxf). */
+static inline float load_block_amax(const float *x, __m256 v[4])
 {
     const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 m = _mm256_setzero_ps();
+    for (int k = 0; k < 4; k++) {
+        v[k] = _mm256_loadu_ps(x + 8 * k);
+        m = _mm256_max_ps(_mm256_andnot_ps(sign, v[k]), m);
+    }
+    return hmax_256(m);
+}
+
+void quant_q8_0_from_float_avx2(const float *x, void *vy, int64_t n)
+{
     block_q8_0 *y = vy;
     for (int64_t i = 0; i < n / QK8_0; i++, x += QK8_0) {
-        __m256 v[4], m = _mm256_setzero_ps();
-        for (int k = 0; k < 4; k++) {
-            v[k] = _mm256_loadu_ps(x + 8 * k);
-            m = _mm256_max_ps(_mm256_andnot_ps(sign, v[k]), m); /* a NaN lane keeps m, as fmaxf */
-        }
-        const float d = hmax_256(m) / ((1 << 7) - 1);
+        __m256 v[4];
+        const float d = load_block_amax(x, v) / ((1 << 7) - 1);
         const __m256 id = _mm256_set1_ps(d ? 1.0f / d : 0.0f);
         __m256i q[4];
         for (int k = 0; k < 4; k++)
@@ -259,15 +267,10 @@ void quant_q8_0_from_float_avx2(const float *x, void *vy, int64_t n)
  * (cvtps2dq in the default rounding mode). */
 void quant_q8_0_act_from_float_avx2(const float *x, void *vy, int64_t n)
 {
-    const __m256 sign = _mm256_set1_ps(-0.0f);
     block_q8_0 *y = vy;
     for (int64_t i = 0; i < n / QK8_0; i++, x += QK8_0) {
-        __m256 v[4], m = _mm256_setzero_ps();
-        for (int k = 0; k < 4; k++) {
-            v[k] = _mm256_loadu_ps(x + 8 * k);
-            m = _mm256_max_ps(_mm256_andnot_ps(sign, v[k]), m);
-        }
-        const float amax = hmax_256(m);
+        __m256 v[4];
+        const float amax = load_block_amax(x, v);
         const __m256 id = _mm256_set1_ps(amax != 0.0f ? 127.0f / amax : 0.0f);
         __m256i q[4];
         const __m256i lo = _mm256_set1_epi32(0xFF);

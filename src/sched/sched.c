@@ -372,41 +372,37 @@ void sched_cancel_all(struct sched *s)
     pthread_mutex_unlock(&s->mu);
 }
 
-ks_status sched_between_steps(struct sched *s, sched_hook_fn fn, void *user)
+/* Queue h on *list for the scheduler thread and wait until it is done. */
+static ks_status run_hook(struct sched *s, struct hook **list, struct hook *h)
 {
-    struct hook h = {.fn = fn, .user = user};
     pthread_mutex_lock(&s->mu);
     if (s->stop) {
         pthread_mutex_unlock(&s->mu);
         return ks_fail(KS_ERR_STATE, "the scheduler has stopped");
     }
-    struct hook **tail = &s->hooks;
+    struct hook **tail = list;
     while (*tail)
         tail = &(*tail)->next;
-    *tail = &h;
+    *tail = h;
     pthread_cond_signal(&s->work);
-    while (!h.done)
+    while (!h->done)
         pthread_cond_wait(&s->hook_done, &s->mu);
     pthread_mutex_unlock(&s->mu);
     return KS_OK;
 }
 
+ks_status sched_between_steps(struct sched *s, sched_hook_fn fn, void *user)
+{
+    struct hook h = {.fn = fn, .user = user};
+    return run_hook(s, &s->hooks, &h);
+}
+
 ks_status sched_run_sliced(struct sched *s, sched_slice_fn fn, void *user)
 {
     struct hook h = {.slice = fn, .user = user};
-    pthread_mutex_lock(&s->mu);
-    if (s->stop) {
-        pthread_mutex_unlock(&s->mu);
-        return ks_fail(KS_ERR_STATE, "the scheduler has stopped");
-    }
-    struct hook **tail = &s->jobs;
-    while (*tail)
-        tail = &(*tail)->next;
-    *tail = &h;
-    pthread_cond_signal(&s->work);
-    while (!h.done)
-        pthread_cond_wait(&s->hook_done, &s->mu);
-    pthread_mutex_unlock(&s->mu);
+    ks_status st = run_hook(s, &s->jobs, &h);
+    if (st)
+        return st;
     return h.stopped ? ks_fail(KS_ERR_STATE, "the scheduler stopped before the work was done") : KS_OK;
 }
 
