@@ -33,7 +33,7 @@ enum {
  * (grammar_check). */
 #ifndef KS_GRAMMAR_CHECK
 #ifdef NDEBUG
-#define KS_GRAMMAR_CHECK 1
+#define KS_GRAMMAR_CHECK 0
 #else
 #define KS_GRAMMAR_CHECK 1
 #endif
