@@ -86,7 +86,7 @@ static void *make_weights(enum quant_type t, int64_t rows, int64_t cols, size_t 
     srand(1);
     for (int64_t r = 0; r < 4 && r < rows; r++) {
         for (int64_t c = 0; c < cols; c++)
-            x[c] = (float)rand() / RAND_MAX - 0.5f;
+            x[c] = (float)rand() / (float)RAND_MAX - 0.5f;
         tr->from_float(x, w + r * wrow, cols);
     }
     for (int64_t r = 4; r < rows; r++)
@@ -113,7 +113,7 @@ static int run_shape(threads_pool *pool, enum quant_type t, const struct shape *
     size_t ws1 = quant_matmul_work_size(t, s->cols, ndec);
     void *work = malloc(ws > ws1 ? ws : ws1);
     for (int64_t i = 0; i < nmax * s->cols; i++)
-        X[i] = (float)rand() / RAND_MAX - 0.5f;
+        X[i] = (float)rand() / (float)RAND_MAX - 0.5f;
 
     /* decode: several passes over all copies per rep */
     double *tv = malloc(sizeof(double) * (size_t)(reps > 0 ? reps : 1));

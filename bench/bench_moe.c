@@ -58,7 +58,7 @@ static uint8_t *make_experts(enum quant_type t, int64_t rows, int64_t cols, int 
     (void)madvise(w, alloc, MADV_HUGEPAGE);
     for (int r = 0; r < 4; r++) {
         for (int64_t c = 0; c < cols; c++)
-            x[c] = (float)rand() / RAND_MAX - 0.5f;
+            x[c] = (float)rand() / (float)RAND_MAX - 0.5f;
         tr->from_float(x, w + (size_t)r * wrow, cols);
     }
     for (size_t r = 4; r < (size_t)rows * (size_t)n; r++)
@@ -207,7 +207,7 @@ static int run(threads_pool *pool, enum quant_type t, const struct moe_shape *s,
     if (!b.sel || !b.start || !b.grp_tok || !b.x || !b.xg || !b.out || !b.hb || !b.hb2 || !b.work)
         return fprintf(stderr, "out of memory for a batch of %lld\n", (long long)Tmax), 1;
     for (int64_t i = 0; i < Tmax * D; i++)
-        b.x[i] = (float)rand() / RAND_MAX - 0.5f;
+        b.x[i] = (float)rand() / (float)RAND_MAX - 0.5f;
     size_t expert_bytes = layer_bytes / (size_t)s->n_expert;
     double *tv[2] = {malloc(sizeof(double) * (size_t)reps), malloc(sizeof(double) * (size_t)reps)};
     double *gb[2] = {malloc(sizeof(double) * (size_t)reps), malloc(sizeof(double) * (size_t)reps)};

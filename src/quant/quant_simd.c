@@ -303,13 +303,6 @@ static inline __m512 dot_u8_off(__m512i ux, __m512i y, int k)
     return _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_sub_epi32(z, corr), ux, y));
 }
 
-static inline __m512 dot_i8_512(__m512i x, __m512i y)
-{
-    __m512i z = _mm512_setzero_si512();
-    __m512i sy = _mm512_mask_sub_epi8(y, _mm512_movepi8_mask(x), z, y);
-    return _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(z, _mm512_abs_epi8(x), sy));
-}
-
 static inline __m512i q8_pair(const int8_t *a, const int8_t *b) { return join(load_q8(a), load_q8(b)); }
 
 static inline __m512i q5_hi_pair(const uint8_t *qh0, const uint8_t *qh1)
