@@ -28,14 +28,6 @@ static inline float hsum_256(__m256 v)
     return _mm_cvtss_f32(s);
 }
 
-static inline int hsum_epi32(__m256i v)
-{
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
-    return _mm_cvtsi128_si32(s);
-}
-
 /* Lane k = the sum of p[k]'s 8 lanes. */
 static inline __m256i hsum_8x8(const __m256i p[8])
 {
@@ -119,7 +111,7 @@ static inline __attribute__((always_inline)) float nl32_one(const struct nl32 *f
     for (int i = 0; i < nb; i++) {
         const uint8_t *blk = x + (size_t)i * f->bytes;
         __m256i w = lut_block(blk + f->qs_off, f->lut);
-        int isum = hsum_epi32(dot_i32_256(w, _mm256_loadu_si256((const __m256i *)y[i].qs)));
+        int isum = vmath_hsum8_epi32(dot_i32_256(w, _mm256_loadu_si256((const __m256i *)y[i].qs)));
         acc = fmaf((float)isum, nl32_scale(f, blk) * _cvtsh_ss(y[i].d), acc);
     }
     return acc;

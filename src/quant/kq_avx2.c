@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "quant/kq_internal.h"
+#include "vmath/vmath_simd.h"
 
 #if defined(KQ_HAVE_AVX2)
 #include <immintrin.h>
@@ -277,11 +278,7 @@ void quant_quantize_row_q8_K_avx2(const float *x, void *vy, int64_t n)
             const __m256i w = _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xD8);
             const __m128i q8 = _mm_packs_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
             _mm_storeu_si128((__m128i *)(y[i].qs + 16 * g), q8);
-            __m256i sum = _mm256_add_epi32(a, b);
-            __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
-            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
-            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
-            y[i].bsums[g] = (int16_t)_mm_cvtsi128_si32(s4);
+            y[i].bsums[g] = (int16_t)vmath_hsum8_epi32(_mm256_add_epi32(a, b));
         }
         y[i].d = 1 / (-127.f / max);
     }

@@ -463,14 +463,6 @@ static void dec_pack(void *vctx, int ith, int nth)
         dec_pack_token(m->X + t * m->cols, m->cols, m->corr_shift, m->work + t * m->xrow);
 }
 
-static inline int hsum_epi32_8(__m256i v)
-{
-    __m128i q = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    q = _mm_add_epi32(q, _mm_shuffle_epi32(q, 0x4E));
-    q = _mm_add_epi32(q, _mm_shuffle_epi32(q, 0xB1));
-    return _mm_cvtsi128_si32(q);
-}
-
 /* Q4_0 pair of blocks (36 bytes) -> 64 nibble values in element order. */
 static inline __m512i q4_0_pair(__m512i raw)
 {
@@ -563,8 +555,8 @@ static inline __attribute__((always_inline)) void dec_rows(enum quant_type wt, c
             float d[16];
             _mm512_storeu_ps(d, _mm512_mul_ps(dx, dy));
             __m256i lo = _mm512_castsi512_si256(dot), hi = _mm512_extracti64x4_epi64(dot, 1);
-            acc[r] = fmaf((float)hsum_epi32_8(lo), d[0], acc[r]);
-            acc[r] = fmaf((float)hsum_epi32_8(hi), d[8], acc[r]);
+            acc[r] = fmaf((float)vmath_hsum8_epi32(lo), d[0], acc[r]);
+            acc[r] = fmaf((float)vmath_hsum8_epi32(hi), d[8], acc[r]);
         }
     }
     for (int r = 0; r < NR; r++)
@@ -684,10 +676,7 @@ static void unpack_rows(const struct mm *m, int64_t r0, int nr, struct wpanel *p
             __m256i v = quant_weight_block_bytes(m->W, m->wtype, m->repacked, m->rows, nb, r0 + r, b, &p->d[r * nb + b]);
             _mm256_storeu_si256((__m256i *)(q + b * QB), v);
             __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), v);
-            __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
-            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
-            p->corr[r * nb + b] = -128 * _mm_cvtsi128_si32(s4);
+            p->corr[r * nb + b] = -128 * vmath_hsum8_epi32(s);
         }
     }
 }

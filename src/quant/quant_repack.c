@@ -294,7 +294,7 @@ void quant_rp_tail_rows(const struct quant_rp_job *j, int64_t rows)
 static inline __m512 rp512_scales(const uint8_t *gb, enum quant_type t)
 {
     if (t != QUANT_MXFP4)
-        return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)gb));
+        return vmath_load16_f16(gb);
     __m512i e = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)gb));
     __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
     __m512i subnormal = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
@@ -403,7 +403,7 @@ static inline __m256i rp2_dot_q8(__m256i w, __m256i x)
 static inline __m256 rp2_scales(const uint8_t *gb, enum quant_type t)
 {
     if (t != QUANT_MXFP4)
-        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)gb));
+        return vmath_load8_f16(gb);
     __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)gb));
     __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
     __m256i subnormal = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);

@@ -95,25 +95,17 @@ static inline __m256i q5_1_block(const block_q5_1 *b)
 
 static inline __m256i load_q8(const int8_t *qs) { return _mm256_loadu_si256((const __m256i *)qs); }
 
-static inline int hsum_epi32_256(__m256i v)
-{
-    __m128i q = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    q = _mm_add_epi32(q, _mm_shuffle_epi32(q, 0x4E));
-    q = _mm_add_epi32(q, _mm_shuffle_epi32(q, 0xB1));
-    return _mm_cvtsi128_si32(q);
-}
-
 /* Block i's exact integer dot of a Q4_0 or Q8_0 row against Q8_0. */
 static inline int q4_0_isum(const block_q4_0 *x, const block_q8_0 *y, int i)
 {
     __m256i w = q4_0_block(&x[i]);
-    return hsum_epi32_256(dot_u8_i8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(load_q8(y[i].qs), w)));
+    return vmath_hsum8_epi32(dot_u8_i8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(load_q8(y[i].qs), w)));
 }
 
 static inline int q8_0_isum(const block_q8_0 *x, const block_q8_0 *y, int i)
 {
     __m256i w = load_q8(x[i].qs);
-    return hsum_epi32_256(dot_u8_i8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(load_q8(y[i].qs), w)));
+    return vmath_hsum8_epi32(dot_u8_i8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(load_q8(y[i].qs), w)));
 }
 
 /* One fma chain over the blocks, as the reference (quant_ref.c says why). */
@@ -407,11 +399,7 @@ static inline __m512 round_away(__m512 v)
 /* The sum of 16 int32 lanes with wrapping vector adds (no signed overflow). */
 static inline int hsum_epi32_wrap(__m512i v)
 {
-    __m256i h = _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
-    __m128i q = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-    q = _mm_add_epi32(q, _mm_shuffle_epi32(q, 0x4E));
-    q = _mm_add_epi32(q, _mm_shuffle_epi32(q, 0xB1));
-    return _mm_cvtsi128_si32(q);
+    return vmath_hsum8_epi32(_mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1)));
 }
 
 float quant_q8_0_block_avx512(const float *x, int8_t *q, int *sum)

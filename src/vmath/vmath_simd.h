@@ -1,4 +1,4 @@
-/* vmath_simd: the SIMD loads that the kernels of several modules share
+/* vmath_simd: the SIMD loads and sums that the kernels of several modules share
  * (header only; a leaf like vmath.h: it knows no module's types). Each is
  * defined only when the including file is compiled for its ISA. Their scalar
  * twins are quant_f16_to_f32 / quant_bf16_to_f32, which the kernels' tests
@@ -18,6 +18,17 @@ static inline __m256 vmath_load8_f16(const void *p) { return _mm256_cvtph_ps(_mm
 static inline __m256 vmath_load8_bf16(const void *p)
 {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+#endif
+
+#if defined(__AVX2__)
+/* The sum of 8 int32 lanes (wrapping adds: any order gives the same bits). */
+static inline int vmath_hsum8_epi32(__m256i v)
+{
+    __m128i q = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    q = _mm_add_epi32(q, _mm_shuffle_epi32(q, 0x4E));
+    q = _mm_add_epi32(q, _mm_shuffle_epi32(q, 0xB1));
+    return _mm_cvtsi128_si32(q);
 }
 #endif
 
