@@ -296,6 +296,7 @@ static ks_status start(const struct serve_opts *o, const char *path, struct serv
     sc.spec_type = o->spec.type;
     sc.draft_max = o->spec.draft_max;
     sc.draft_min = o->spec.draft_min;
+    sc.pool_n = o->spec.pool_n;
     sc.eog = eog;
     sc.n_eog = collect_eog(s->tok, eog, 16);
     struct sched_engine eng;
