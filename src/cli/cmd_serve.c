@@ -198,6 +198,7 @@ struct serve_state {
     struct server *srv;
     struct store *store;
     char *chat_template;         /* --chat-template-file's text */
+    struct server_loading *loading; /* answers 503 on the port until the server proper takes it over */
 };
 
 /* The cache: the user's KV flags; without --kv-mem, room for every
@@ -264,7 +265,12 @@ static ks_status start(const struct serve_opts *o, const char *path, struct serv
         return ks_fail(KS_ERR_IO, "cannot read --chat-template-file %s", o->chat_template_file);
     if (s->chat_template && strlen(s->chat_template) != tlen)
         return ks_fail(KS_ERR_INVALID_ARG, "--chat-template-file %s contains a NUL byte", o->chat_template_file);
-    ks_status st = cli_load_model(path, &o->load, &s->model);
+    ks_status st = server_loading_start(o->host, o->port, &s->loading);
+    if (st)
+        return st;
+    fprintf(stderr, "kvserve serve: loading %s; http://%s:%d answers 503 until it is ready\n", path, o->host,
+            server_loading_port(s->loading));
+    st = cli_load_model(path, &o->load, &s->model);
     if (st)
         return st;
     st = tok_load(model_gguf(s->model), &s->tok);
@@ -332,10 +338,13 @@ static ks_status start(const struct serve_opts *o, const char *path, struct serv
     cfg.model_path = path;
     cfg.sampling_set = o->sampling_set;
     cfg.sampling = o->sampling;
+    cfg.listen_from = s->loading;
     st = server_start(&cfg, s->sched, s->tok, &s->srv);
     if (st)
         return st;
     server_set_ready(s->srv, true);
+    server_loading_stop(s->loading); /* its last connections get 503; clients retry on the server proper */
+    s->loading = NULL;
     fprintf(stderr,
             "kvserve serve: %s on http://%s:%d  (ctx %d, parallel %d, batch %d, chunk %d, kv %.1f MiB %s/%s %s)\n",
             cfg.model_name, o->host, server_port(s->srv), ctx, o->parallel, o->max_batch_tokens, o->prefill_chunk,
@@ -376,6 +385,7 @@ static void shutdown_gracefully(struct serve_state *s, int grace)
 
 static void teardown(struct serve_state *s)
 {
+    server_loading_stop(s->loading);
     server_stop(s->srv);
     sched_free(s->sched); /* hands the cached pages to the store */
     store_close(s->store);
