@@ -268,7 +268,8 @@ static ks_status start(const struct serve_opts *o, const char *path, struct serv
     ks_status st = server_loading_start(o->host, o->port, &s->loading);
     if (st)
         return st;
-    fprintf(stderr, "kvserve serve: loading %s; http://%s:%d answers 503 until it is ready\n", path, o->host,
+    /* not in the host:port form of the ready line below, which scripts wait for */
+    fprintf(stderr, "kvserve serve: loading %s (port %d answers 503 until it is ready)\n", path,
             server_loading_port(s->loading));
     st = cli_load_model(path, &o->load, &s->model);
     if (st)
