@@ -37,6 +37,7 @@ struct serve_opts {
     unsigned sampling_set;       /* SERVER_SAMPLING_* of the sampling flags given */
     struct server_sampling sampling;
     struct cli_spec_flags spec;  /* --spec-type, --draft-max, --draft-min */
+    bool spm_infill;             /* --spm-infill */
 };
 
 static void serve_usage(FILE *out)
@@ -68,6 +69,8 @@ static void serve_usage(FILE *out)
             "      --reasoning-format F  where <think>...</think> goes: auto (reasoning_content when the\n"
             "                            template thinks), deepseek (always split), none (all content);\n"
             "                            a request's reasoning_format overrides it (default auto)\n"
+            "      --spm-infill          /infill puts the suffix before the prefix (the Suffix/Prefix/Middle\n"
+            "                            order some code models are trained on; default Prefix/Suffix/Middle)\n"
             "  -t, --threads N           compute threads (default: all cores)\n"
             "sampling defaults (of requests that leave the field out; as llama-server's flags):\n"
             "      --temp T, --top-k N, --top-p P, --min-p P, --repeat-penalty R, --seed S\n"
@@ -143,6 +146,14 @@ static bool parse_sampling_flag(const char *a, const char *v, struct serve_opts 
     return false;
 }
 
+static bool parse_switch(const char *a, void *opts)
+{
+    struct serve_opts *o = opts;
+    if (!strcmp(a, "--spm-infill"))
+        return o->spm_infill = true;
+    return false;
+}
+
 static bool parse_flag(const char *a, const char *v, void *opts, bool *ok)
 {
     struct serve_opts *o = opts;
@@ -186,7 +197,8 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
     cli_model_flags_init(&o->load);
     cli_spec_flags_init(&o->spec);
     const struct cli_command cmd = {
-        .name = "serve", .usage = serve_usage, .model = &o->load, .value_flag = parse_flag, .opts = o};
+        .name = "serve", .usage = serve_usage, .model = &o->load, .switch_flag = parse_switch,
+        .value_flag = parse_flag, .opts = o};
     return cli_parse_command(&cmd, argc, argv);
 }
 
@@ -335,6 +347,7 @@ static ks_status start(const struct serve_opts *o, const char *path, struct serv
     cfg.chat_template_origin = o->chat_template_file;
     cfg.store = s->store;
     cfg.reasoning_format = o->reasoning_format;
+    cfg.spm_infill = o->spm_infill;
     cfg.parallel = o->parallel;
     cfg.model_path = path;
     cfg.sampling_set = o->sampling_set;

@@ -235,6 +235,7 @@ static const struct route {
     {"/chat/completions", "POST", false, server_route_chat},
     {"/completions", "POST", false, server_route_completions},
     {"/completion", "POST", false, server_route_completion_native},
+    {"/infill", "POST", false, server_route_infill},
     {"/tokenize", "POST", false, server_route_tokenize},
     {"/detokenize", "POST", false, server_route_detokenize},
     {"/props", "GET", false, server_route_props},

@@ -65,6 +65,7 @@ struct server_config {
      * request leaves out; only those whose SERVER_SAMPLING_* bit is in
      * sampling_set count, the others keep the route's own default (OpenAI's
      * on /v1, llama-server's on /completion). */
+    bool spm_infill;          /* /infill puts the suffix before the prefix (--spm-infill, llama-server's) */
     struct server_loading *listen_from; /* NULL: bind host:port; else serve the listening socket of
                                            this loading responder (server_loading_handoff) */
     unsigned sampling_set;
