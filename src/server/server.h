@@ -4,7 +4,7 @@
  *
  * Routes: POST /v1/chat/completions, POST /v1/completions (SSE streaming or
  * not), GET /v1/models (each also without /v1), llama-server's POST
- * /completion, /tokenize, /detokenize, /apply-template, GET /props, /slots,
+ * /completion, /infill, /tokenize, /detokenize, /apply-template, GET /props, /slots,
  * GET /health, GET /metrics (Prometheus text),
  * GET /cache/usage, POST /cache/requantize, POST /cache/policy,
  * GET /cache/prefixes, POST /cache/clear (the prefix cache's RAM and SSD
