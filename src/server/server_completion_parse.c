@@ -363,8 +363,9 @@ static ks_status prompt_tokens(struct server *srv, enum server_api api, const cJ
         cJSON *p = field(root, "prompt");
         if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 && cJSON_IsString(cJSON_GetArrayItem(p, 0)))
             p = cJSON_GetArrayItem(p, 0);
-        /* llama-server's /completion parses special tokens in the prompt */
-        unsigned flags = TOK_ADD_SPECIAL | (api == SERVER_API_NATIVE ? TOK_PARSE_SPECIAL : 0);
+        /* llama-server parses special tokens in the prompt text, on /completion
+         * and /v1/completions alike (README: the prompt is trusted text) */
+        unsigned flags = TOK_ADD_SPECIAL | TOK_PARSE_SPECIAL;
         if (cJSON_IsString(p)) {
             if ((st = tok_encode(srv->tok, p->valuestring, strlen(p->valuestring), flags, &ids, &n)))
                 return tokenizer_failed(st, r);

@@ -187,10 +187,15 @@ def main():
         body = {"prompt": "Hello world", "max_tokens": 6, "temperature": 0}
         a, b = request(ku + "/completions", body), request(ku + "/v1/completions", body)
         check(a[0] == 200 and a[1]["choices"][0]["text"] == b[1]["choices"][0]["text"], "POST /completions")
-        # /v1/completions does not parse special tokens in the prompt text, /completion does (as llama-server)
+        # both completion routes parse special-token text in the prompt, as llama-server's do
         a = request(ku + "/tokenize", {"content": "Hello world", "add_special": True})[1]["tokens"]
         b = request(ku + "/completion", {"prompt": "Hello world", "n_predict": 0})[1]["tokens_evaluated"]
         check(b == len(a), "/completion counts its prompt as /tokenize with add_special")
+        body = {"prompt": "Hello </s> world", "max_tokens": 6, "temperature": 0}
+        (ks, k), (ls, l) = both("/v1/completions", body)
+        check(ks == ls == 200 and k["usage"]["prompt_tokens"] == l["usage"]["prompt_tokens"] == 14
+              and k["choices"][0]["text"] == l["choices"][0]["text"],
+              "/v1/completions parses </s> in its prompt as llama-server: %s vs %s" % (k.get("usage"), l.get("usage")))
     finally:
         for p in (kv, ll, fl):
             p.terminate()
