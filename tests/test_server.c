@@ -412,6 +412,22 @@ static void test_loading_then_ready(void **state)
 static void test_bad_requests(void **state)
 {
     (void)state;
+    /* a model this server does not serve (OpenAI routes; /completion, like llama-server's, ignores it) */
+    expect_error(post(F.srv, "/v1/completions", "{\"prompt\": \"hi\", \"model\": \"gpt-4\"}"), 400,
+                 "model_not_found");
+    expect_error(post(F.srv, "/v1/chat/completions",
+                      "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"model\": \"mocks\"}"),
+                 400, "model_not_found");
+    static const char *const served[] = {"{\"prompt\": \"hi\", \"max_tokens\": 1, \"model\": \"mock\"}",
+                                         "{\"prompt\": \"hi\", \"max_tokens\": 1, \"model\": \"\"}"};
+    for (int i = 0; i < 2; i++) {
+        struct httpc_response ok = post(F.srv, "/v1/completions", served[i]);
+        assert_int_equal(ok.status, 200);
+        httpc_response_free(&ok);
+    }
+    struct httpc_response native = post(F.srv, "/completion", "{\"prompt\": \"hi\", \"n_predict\": 1, \"model\": \"x\"}");
+    assert_int_equal(native.status, 200);
+    httpc_response_free(&native);
     expect_error(post(F.srv, "/v1/completions", "{\"prompt\": \"hi\""), 400, "invalid_json");
     expect_error(post(F.srv, "/v1/completions", "[1,2]"), 400, "invalid_json");
     expect_error(post(F.srv, "/v1/completions", ""), 400, "invalid_json");
@@ -475,7 +491,7 @@ static void test_completion_matches_model(void **state)
     int32_t prompt[] = {1, 403, 404, 405};
     char *want = expected_text(prompt, 4, 12);
     struct httpc_response r = post(F.srv, "/v1/completions",
-                         "{\"model\":\"x\",\"prompt\": [1, 403, 404, 405], \"max_tokens\": 12, \"temperature\": 0, \"logprobs\": 2}");
+                         "{\"model\":\"mock\",\"prompt\": [1, 403, 404, 405], \"max_tokens\": 12, \"temperature\": 0, \"logprobs\": 2}");
     assert_int_equal(r.status, 200);
     cJSON *j = json_of(&r);
     cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
