@@ -44,6 +44,7 @@ struct server {
     struct server_watch *watch; /* the hangup watcher of suspended connections (server_wait.c) */
     pthread_mutex_t mu;
     bool ready;
+    bool draining;              /* server_quiesce was called: /health answers 503 "draining" */
     int in_flight;
     uint64_t next_call;
     uint64_t http_requests, http_errors;
