@@ -270,6 +270,48 @@ static void test_schema_keywords(void **state)
     schema_cases("{\"title\":\"t\",\"description\":\"d\",\"$schema\":\"x\",\"type\":\"integer\"}", L("1"), L("\"1\""));
 }
 
+/* Integer bounds: every integer near each bound (and a few far off) is
+ * accepted exactly when it lies within them, written canonically. */
+static void check_int_range(const char *bounds, long long lo, long long hi)
+{
+    char schema[256], text[32];
+    snprintf(schema, sizeof schema, "{\"type\":\"integer\",%s}", bounds);
+    struct grammar *g = schema_grammar(schema);
+    long long probes[] = {lo, hi, 0, 1, -1, 9, 10, 99, 100, 999, 1000, -9, -10, -100, 9999999999999999LL,
+                          -9999999999999999LL, 123456789012LL};
+    for (size_t p = 0; p < sizeof probes / sizeof *probes; p++) {
+        for (long long v = probes[p] - 25; v <= probes[p] + 25; v++) {
+            if (v > 9999999999999999LL || v < -9999999999999999LL)
+                continue;
+            snprintf(text, sizeof text, "%lld", v);
+            bool want = v >= lo && v <= hi;
+            if (match(g, text) != want)
+                fail_msg("%s: %s %s", schema, text, want ? "rejected" : "accepted");
+        }
+    }
+    assert_false(match(g, "-0") && lo > 0);
+    assert_false(match(g, "007"));
+    assert_false(match(g, "1.5"));
+    grammar_free(g);
+}
+
+static void test_schema_integer_bounds(void **state)
+{
+    (void)state;
+    check_int_range("\"minimum\":0", 0, 9999999999999999LL);
+    check_int_range("\"minimum\":1,\"maximum\":100", 1, 100);
+    check_int_range("\"minimum\":-37,\"maximum\":1234", -37, 1234);
+    check_int_range("\"minimum\":-1000,\"maximum\":-10", -1000, -10);
+    check_int_range("\"exclusiveMinimum\":0,\"exclusiveMaximum\":10", 1, 9);
+    check_int_range("\"minimum\":2.5,\"maximum\":7.5", 3, 7);
+    check_int_range("\"minimum\":105,\"maximum\":2999", 105, 2999);
+    check_int_range("\"maximum\":5", -9999999999999999LL, 5);
+    /* zod's .int(): the safe-integer bounds */
+    check_int_range("\"minimum\":-9007199254740991,\"maximum\":9007199254740991", -9007199254740991LL,
+                    9007199254740991LL);
+    schema_cases("{\"type\":[\"integer\",\"null\"],\"minimum\":3,\"maximum\":4}", L("3", "4", "null"), L("2", "5"));
+}
+
 static void expect_schema_error(const char *schema, ks_status want, const char *fragment)
 {
     char *gbnf = NULL;
@@ -290,6 +332,11 @@ static void test_schema_errors(void **state)
     expect_schema_error("{\"type\":\"object\",\"properties\":{\"zip\":{\"type\":\"string\",\"pattern\":\"x\"}}}",
                         KS_ERR_UNSUPPORTED, "at /properties/zip");
     expect_schema_error("{\"type\":\"number\",\"minimum\":3}", KS_ERR_UNSUPPORTED, "'minimum'");
+    expect_schema_error("{\"minimum\":3}", KS_ERR_UNSUPPORTED, "need \"type\": \"integer\"");
+    expect_schema_error("{\"type\":\"integer\",\"minimum\":3,\"maximum\":2}", KS_ERR_INVALID_ARG, "no integer");
+    expect_schema_error("{\"type\":\"integer\",\"exclusiveMinimum\":2,\"exclusiveMaximum\":3}", KS_ERR_INVALID_ARG,
+                        "no integer");
+    expect_schema_error("{\"type\":\"integer\",\"minimum\":\"3\"}", KS_ERR_INVALID_ARG, "'minimum' must be a number");
     expect_schema_error("{\"type\":\"object\",\"additionalProperties\":true}", KS_ERR_UNSUPPORTED,
                         "additionalProperties");
     expect_schema_error("{\"type\":\"thing\"}", KS_ERR_INVALID_ARG, "unknown type 'thing'");
@@ -917,6 +964,7 @@ int main(void)
         cmocka_unit_test(test_parse_errors),       cmocka_unit_test(test_match_basics),
         cmocka_unit_test(test_json_object_grammar), cmocka_unit_test(test_schema_keywords),
         cmocka_unit_test(test_schema_errors),      cmocka_unit_test(test_special_tokens),
+        cmocka_unit_test(test_schema_integer_bounds),
         cmocka_unit_test(test_mask_qwen3),         cmocka_unit_test(test_mask_llama_spm),
         cmocka_unit_test(test_mutations),          cmocka_unit_test(test_shared_mask_cache),
         cmocka_unit_test(test_token_terminals),    cmocka_unit_test(test_token_terminal_llama3),
