@@ -295,6 +295,26 @@ static void check_int_range(const char *bounds, long long lo, long long hi)
     grammar_free(g);
 }
 
+/* Complete and nothing may follow (a JSON object's closing brace), against
+ * complete but extensible, and a prefix. */
+static void test_match_ended(void **state)
+{
+    (void)state;
+    struct grammar *g = schema_grammar("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},"
+                                       "\"required\":[\"a\"],\"additionalProperties\":false}");
+    assert_true(grammar_match_ended(g, "{\"a\":12}", 8));
+    assert_false(grammar_match_ended(g, "{\"a\":12", 7));
+    grammar_free(g);
+    g = compile("root ::= [a-z]+");
+    assert_true(grammar_match(g, "abc", 3));
+    assert_false(grammar_match_ended(g, "abc", 3)); /* more letters may follow */
+    grammar_free(g);
+    g = compile("root ::= \"yes\" | \"no\"");
+    assert_true(grammar_match_ended(g, "no", 2));
+    assert_false(grammar_match_ended(g, "n", 1));
+    grammar_free(g);
+}
+
 static void test_schema_integer_bounds(void **state)
 {
     (void)state;
@@ -964,7 +984,7 @@ int main(void)
         cmocka_unit_test(test_parse_errors),       cmocka_unit_test(test_match_basics),
         cmocka_unit_test(test_json_object_grammar), cmocka_unit_test(test_schema_keywords),
         cmocka_unit_test(test_schema_errors),      cmocka_unit_test(test_special_tokens),
-        cmocka_unit_test(test_schema_integer_bounds),
+        cmocka_unit_test(test_schema_integer_bounds), cmocka_unit_test(test_match_ended),
         cmocka_unit_test(test_mask_qwen3),         cmocka_unit_test(test_mask_llama_spm),
         cmocka_unit_test(test_mutations),          cmocka_unit_test(test_shared_mask_cache),
         cmocka_unit_test(test_token_terminals),    cmocka_unit_test(test_token_terminal_llama3),

@@ -515,6 +515,7 @@ static ks_status parse_grammar(struct call *c, const cJSON *root, int32_t max_to
         return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value", "%s: %s", what, msg);
     }
     p->grammar = c->grammar;
+    c->grammar_whole = !tool_calls;
     p->grammar_vocab = c->srv->grammar_vocab;
     p->grammar_max_tokens = max_tokens;
     if (lazy)
