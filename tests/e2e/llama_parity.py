@@ -69,6 +69,16 @@ def wait_up(url, proc, log):
     sys.exit("server did not start: " + open(log).read()[-2000:])
 
 
+def stop_all(procs):
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
 def stream_events(url, body):
     status, text = request(url, dict(body, stream=True), raw=True)
     assert status == 200, text
@@ -197,13 +207,7 @@ def main():
               and k["choices"][0]["text"] == l["choices"][0]["text"],
               "/v1/completions parses </s> in its prompt as llama-server: %s vs %s" % (k.get("usage"), l.get("usage")))
     finally:
-        for p in (kv, ll, fl):
-            p.terminate()
-        for p in (kv, ll, fl):
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_all((kv, ll, fl))
     sys.exit(1 if failures else 0)
 
 
