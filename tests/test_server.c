@@ -438,11 +438,11 @@ static void test_bad_requests(void **state)
 {
     (void)state;
     /* a model this server does not serve (OpenAI routes; /completion, like llama-server's, ignores it) */
-    expect_error(post(F.srv, "/v1/completions", "{\"prompt\": \"hi\", \"model\": \"gpt-4\"}"), 400,
+    expect_error(post(F.srv, "/v1/completions", "{\"prompt\": \"hi\", \"model\": \"gpt-4\"}"), 404,
                  "model_not_found");
     expect_error(post(F.srv, "/v1/chat/completions",
                       "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"model\": \"mocks\"}"),
-                 400, "model_not_found");
+                 404, "model_not_found");
     static const char *const served[] = {"{\"prompt\": \"hi\", \"max_tokens\": 1, \"model\": \"mock\"}",
                                          "{\"prompt\": \"hi\", \"max_tokens\": 1, \"model\": \"\"}"};
     for (int i = 0; i < 2; i++) {

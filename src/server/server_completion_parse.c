@@ -638,7 +638,7 @@ ks_status server_request_parse(struct server *srv, enum server_api api, const ch
     }
     /* the OpenAI routes name their model; another would be answered by this one unawares */
     if (model && api != SERVER_API_NATIVE && !model_served(srv, model->valuestring)) {
-        st = reply_fail(r, KS_ERR_INVALID_ARG, "model_not_found",
+        st = reply_fail(r, KS_ERR_NOT_FOUND, "model_not_found", /* 404, as OpenAI and vLLM answer it */
                         "'model' is '%.200s' but this server serves '%s' (see GET /v1/models; --alias names it)",
                         model->valuestring, srv->model_name);
         cJSON_Delete(root);
