@@ -513,9 +513,10 @@ static void test_mask_vocab(const char *name)
     struct grammar *g = compile(gbnf);
     /* unbounded walks with the full mask check, then budgets from tight to loose */
     walk_checks(&v, g, 1 << 30, 1, true, true);
+    /* (the full mask check, a reference match of every token, on a third of them: the suite's time) */
     for (int32_t budget = 2; budget <= 64; budget += 5)
-        for (uint64_t seed = 0; seed < 3; seed++)
-            walk_checks(&v, g, budget, seed * 7919 + (uint64_t)budget, budget % 10 == 2, true);
+        for (uint64_t seed = 0; seed < 2; seed++)
+            walk_checks(&v, g, budget, seed * 7919 + (uint64_t)budget, budget % 20 == 2, true);
     grammar_free(g);
 
     g = schema_grammar("{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"},\"temp\":{\"type\":"
@@ -523,8 +524,8 @@ static void test_mask_vocab(const char *name)
                        "\"a\",\"b\"]}}},\"required\":[\"city\",\"temp\",\"ok\",\"tags\"],\"additionalProperties\":false}");
     int32_t min = grammar_min_bytes(g);
     for (int32_t budget = min; budget <= min + 40; budget += 5)
-        for (uint64_t seed = 0; seed < 3; seed++)
-            walk_checks(&v, g, budget, seed + 100, seed == 0, true);
+        for (uint64_t seed = 0; seed < 2; seed++)
+            walk_checks(&v, g, budget, seed + 100, seed == 0 && budget % 10 == min % 10, true);
     struct grammar_state *st;
     assert_int_equal(grammar_state_create(g, v.gv, min - 1, &st), KS_ERR_RANGE);
     assert_non_null(strstr(ks_errmsg(), "max_tokens"));
