@@ -377,6 +377,11 @@ struct kv_page_blob {
  * only valid during the call. */
 typedef void (*kv_evict_fn)(void *user, const struct kv_page_blob *blob);
 void kv_set_evict_hook(struct kv_cache *kv, kv_evict_fn fn, void *user);
+/* Called by kv_seq_publish() for each full page it keys (with its window
+ * rows), as a blob of the same format, so a shared tier (Redis) gets a page as
+ * soon as it is computed. Pages mapped from the cache or imported are never
+ * handed over. The blob is only valid during the call. */
+void kv_set_publish_hook(struct kv_cache *kv, kv_evict_fn fn, void *user);
 
 /* Append a page read back from the SSD tier to seq (len a multiple of P).
  * The blob must match this cache's layout, and its key must be the next key
