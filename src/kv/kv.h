@@ -392,6 +392,11 @@ void kv_set_publish_hook(struct kv_cache *kv, kv_evict_fn fn, void *user);
  * without its window rows (the hit ends before it). */
 ks_status kv_seq_import_page(struct kv_cache *kv, int32_t seq, const int32_t *tokens, const void *blob, size_t len);
 
+/* How many of tokens' leading full pages are cached in RAM, by key alone (no
+ * tokens compared, nothing mapped): a cheap answer for a router choosing the
+ * replica that holds most of a prompt. 0 with the prefix cache off. */
+int32_t kv_prefix_held(const struct kv_cache *kv, const int32_t *tokens, int32_t n_tokens);
+
 /* Hand every keyed page not yet on disk to the eviction hook (at shutdown).
  * Returns the pages handed over. */
 int32_t kv_prefix_persist(struct kv_cache *kv);

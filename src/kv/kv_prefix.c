@@ -292,6 +292,21 @@ void kv_set_evict_hook(struct kv_cache *kv, kv_evict_fn fn, void *user)
     kv->evict_user = user;
 }
 
+int32_t kv_prefix_held(const struct kv_cache *kv, const int32_t *tokens, int32_t n_tokens)
+{
+    if (!kv->cfg.prefix_cache)
+        return 0;
+    int32_t P = kv->cfg.page_tokens, held = 0;
+    struct kv_key parent = {0, 0};
+    for (; (held + 1) * P <= n_tokens; held++) {
+        struct kv_key key = chain_key(kv, parent, tokens + (size_t)held * P);
+        if (map_find(kv, key) < 0)
+            break;
+        parent = key;
+    }
+    return held;
+}
+
 void kv_set_publish_hook(struct kv_cache *kv, kv_evict_fn fn, void *user)
 {
     kv->publish_fn = fn;

@@ -353,6 +353,8 @@ void server_metric(struct sbuf *b, const char *name, const char *type, const cha
 struct kv_usage;
 ks_status server_route_cache_clear(struct server *srv, const struct server_req *rq, struct reply *r);
 ks_status server_route_cache_prefixes(struct server *srv, const struct server_req *rq, struct reply *r);
+/* ?prompt= or ?tokens= of /cache/prefixes: the pages of it held here (server_affinity.c) */
+ks_status server_route_prefix_held(struct server *srv, const struct server_req *rq, struct reply *r);
 cJSON *server_prefix_usage_json(const struct kv_usage *u, const struct sched_stats *st);
 cJSON *server_disk_usage_json(struct server *srv); /* null without the SSD tier */
 void server_prefix_metrics(struct server *srv, struct sbuf *b, const struct sched_stats *st, const struct kv_usage *u);

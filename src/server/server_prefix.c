@@ -302,6 +302,8 @@ static bool sort_and_cut(cJSON *data, int limit)
 
 ks_status server_route_cache_prefixes(struct server *srv, const struct server_req *rq, struct reply *r)
 {
+    if (server_req_arg(rq, "prompt") || server_req_arg(rq, "tokens"))
+        return server_route_prefix_held(srv, rq, r);
     int limit;
     ks_status st = parse_limit(server_req_arg(rq, "limit"), &limit, r);
     if (st)

@@ -52,6 +52,12 @@ for p in $(grep -o 'replica[0-9] 127.0.0.1:[0-9]*' "$dir/haproxy.cfg" | cut -d: 
   hits=$((hits + h))
 done
 [ $hits -ge 1 ] && ok "Redis hits on the replicas: $hits" || bad "no replica read from Redis (the keys all hashed to one?)"
+best=0
+for p in $(grep -o 'replica[0-9] 127.0.0.1:[0-9]*' "$dir/haproxy.cfg" | cut -d: -f2); do # prefix affinity
+  h=$(curl -s "http://127.0.0.1:$p/cache/prefixes?tokens=$ids" | python3 -c "import json,sys; print(json.load(sys.stdin)['ram_pages'])")
+  [ "$h" -gt $best ] && best=$h
+done
+[ $best = 12 ] && ok "GET /cache/prefixes?tokens=...: a replica holds all 12 pages in RAM" || bad "prefix affinity: best $best of 12 pages"
 
 kill -INT -$cpid
 for _ in $(seq 100); do kill -0 $cpid 2>/dev/null || break; sleep 0.1; done
