@@ -66,9 +66,6 @@ ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 # build's kv_check after every cache mutation and attn's bounds asserts on.
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
   run_ctest build-asan -R '^server_e2e_pressure$'
-# The shared Redis tier's faults (killed, stalled, full, bad values) under the sanitizers.
-ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-  run_ctest build-asan -R '^server_redis_tier$'
 # ThreadSanitizer needs a build of its own (it cannot share one with ASan);
 # only the tests that run threads: the scheduler's, the server's, the store
 # writer's and the thread pool's.
