@@ -304,15 +304,19 @@ static void count_reply(struct store_redis *r, const struct redis_item *it, cons
 static void write_batch(struct store_redis *r, struct redis_item *batch, int n)
 {
     int sent = 0;
-    if (conn_ready(r, &r->wr)) {
-        for (struct redis_item *it = batch; it; it = it->next, sent++) {
-            if (it->data) {
-                seal(r, it);
-                redisAppendCommand(r->wr.c, "SET %s %b NX EX %u", it->key, it->data, it->len, r->cfg.ttl_s);
-            } else {
-                redisAppendCommand(r->wr.c, "DEL %s", it->key);
-            }
+    bool appended = conn_ready(r, &r->wr);
+    for (struct redis_item *it = batch; appended && it; it = it->next) {
+        if (it->data) {
+            seal(r, it);
+            appended = redisAppendCommand(r->wr.c, "SET %s %b NX EX %u", it->key, it->data, it->len,
+                                          r->cfg.ttl_s) == REDIS_OK;
+        } else {
+            appended = redisAppendCommand(r->wr.c, "DEL %s", it->key) == REDIS_OK;
         }
+    }
+    if (!appended && r->wr.c)
+        conn_fault(r, &r->wr, "write"); /* out of memory for the pipeline: start afresh */
+    if (appended) {
         int got = 0;
         for (struct redis_item *it = batch; it; it = it->next, got++) {
             redisReply *rep = NULL;
@@ -447,8 +451,12 @@ static void ewma(double *avg, double sample)
 static int32_t probe_run(struct store_redis *r, char (*names)[STORE_REDIS_KEY_CHARS + 1], int32_t n, size_t *sizes)
 {
     double t0 = mono_s();
-    for (int32_t i = 0; i < n; i++)
-        redisAppendCommand(r->rd.c, "STRLEN %s", names[i]);
+    for (int32_t i = 0; i < n; i++) {
+        if (redisAppendCommand(r->rd.c, "STRLEN %s", names[i]) != REDIS_OK) {
+            conn_fault(r, &r->rd, "lookup");
+            return -1;
+        }
+    }
     int32_t run = 0;
     for (int32_t i = 0; i < n; i++) {
         redisReply *rep = NULL;
@@ -510,8 +518,12 @@ static int32_t fetch_run(struct store_redis *r, char (*names)[STORE_REDIS_KEY_CH
                          int32_t take, void **blobs, size_t *lens)
 {
     double t0 = mono_s();
-    for (int32_t i = 0; i < take; i++)
-        redisAppendCommand(r->rd.c, "GET %s", names[i]);
+    for (int32_t i = 0; i < take; i++) {
+        if (redisAppendCommand(r->rd.c, "GET %s", names[i]) != REDIS_OK) {
+            conn_fault(r, &r->rd, "lookup");
+            return 0;
+        }
+    }
     int32_t got = 0;
     size_t bytes = 0;
     bool stopped = false;
@@ -519,11 +531,11 @@ static int32_t fetch_run(struct store_redis *r, char (*names)[STORE_REDIS_KEY_CH
         redisReply *rep = NULL;
         if (redisGetReply(r->rd.c, (void **)&rep) != REDIS_OK || !rep) {
             conn_fault(r, &r->rd, "lookup");
-            return got;
+            break; /* the pages verified so far are good */
         }
         if (!stopped && rep->type == REDIS_REPLY_STRING) {
             enum store_blob_verdict v = store_blob_check(rep->str, rep->len, r->cfg.fingerprint, keys[i], secret_of(r));
-            size_t n = rep->len - sizeof(struct store_header);
+            size_t n = v == STORE_BLOB_OK ? rep->len - sizeof(struct store_header) : 0;
             void *copy = v == STORE_BLOB_OK ? malloc(n ? n : 1) : NULL;
             if (copy) {
                 memcpy(copy, rep->str + sizeof(struct store_header), n);
