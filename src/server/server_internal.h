@@ -357,9 +357,13 @@ void server_metric(struct sbuf *b, const char *name, const char *type, const cha
 struct kv_usage;
 ks_status server_route_cache_clear(struct server *srv, const struct server_req *rq, struct reply *r);
 ks_status server_route_cache_prefixes(struct server *srv, const struct server_req *rq, struct reply *r);
+/* ?prompt= or ?tokens= of /cache/prefixes: the pages of it held here (server_affinity.c) */
+ks_status server_route_prefix_held(struct server *srv, const struct server_req *rq, struct reply *r);
 cJSON *server_prefix_usage_json(const struct kv_usage *u, const struct sched_stats *st);
 cJSON *server_disk_usage_json(struct server *srv); /* null without the SSD tier */
 void server_prefix_metrics(struct server *srv, struct sbuf *b, const struct sched_stats *st, const struct kv_usage *u);
+cJSON *server_redis_usage_json(struct server *srv); /* null without the shared tier (server_redis.c) */
+void server_redis_metrics(struct server *srv, struct sbuf *b);
 
 /* server_page.c: the live page, embedded at build time from src/server/page/ */
 ks_status server_route_page(struct server *srv, const struct server_req *rq, struct reply *r);
