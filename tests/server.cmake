@@ -20,3 +20,6 @@ foreach(t server_curl_errors server_page_chromium server_e2e_basic server_e2e_co
           server_prefix_restart server_conn server_llama_parity)
   set_tests_properties(${t} PROPERTIES LABELS e2e TIMEOUT 900 SKIP_RETURN_CODE 77 ENVIRONMENT "${KS_E2E_ENV}")
 endforeach()
+# Anthropic's /v1/messages and OpenAI's /v1/responses against the chat route on the default model (python3)
+add_test(NAME server_apis COMMAND python3 ${CMAKE_SOURCE_DIR}/tests/e2e/apis.py)
+set_tests_properties(server_apis PROPERTIES LABELS e2e TIMEOUT 300 SKIP_RETURN_CODE 77 ENVIRONMENT "${KS_E2E_ENV}")
