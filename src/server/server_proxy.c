@@ -119,9 +119,7 @@ static ks_status translate_whole(const struct proxy_api *api, void *ctx, const s
     if (st)
         return server_proxy_fail(api, r, st);
     server_json_reset();
-    cJSON *chat = r->status == 200 ? cJSON_ParseWithLength(r->body, r->len) : NULL;
-    if (r->status != 200) /* a route's own non-200 answer is already an error body */
-        return KS_OK;
+    cJSON *chat = cJSON_ParseWithLength(r->body, r->len);
     reply_free(r);
     cJSON *out = NULL;
     st = chat ? api->whole(ctx, chat, f, &out) : KS_ERR_NOMEM;
@@ -226,6 +224,8 @@ static ssize_t proxy_stream_read(void *cls, uint64_t pos, char *buf, size_t max)
             return (ssize_t)n;
         }
         s->out.n = s->out_pos = 0;
+        if (s->out.p)
+            s->out.p[0] = '\0';
         if (s->inner_over)
             return s->end;
         char chunk[4096];
