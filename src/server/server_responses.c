@@ -31,9 +31,15 @@ static ks_status oom(struct reply *r)
 
 static void responses_error(struct reply *r, unsigned status, const char *code, const char *msg)
 {
-    char named[1024];
-    server_proxy_rename(named, sizeof named, msg, "max_tokens", "max_output_tokens");
-    server_reply_error(r, status, code, "%s", named);
+    static const char *const renames[][2] = {{"max_tokens", "max_output_tokens"},
+                                              {"'response_format.json_schema.schema'", "'text.format.schema'"},
+                                              {"'response_format.json_schema'", "'text.format'"},
+                                              {"'response_format'", "'text.format'"}};
+    char named[2][1024];
+    snprintf(named[0], sizeof named[0], "%s", msg);
+    for (size_t i = 0; i < sizeof renames / sizeof renames[0]; i++)
+        server_proxy_rename(named[(i + 1) % 2], sizeof named[0], named[i % 2], renames[i][0], renames[i][1]);
+    server_reply_error(r, status, code, "%s", named[sizeof renames / sizeof renames[0] % 2]);
 }
 
 /* ---- request: Responses -> chat ---------------------------------------------------- */

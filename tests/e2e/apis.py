@@ -258,7 +258,10 @@ def responses(url):
                           ("an image part", {"input": [{"role": "user", "content": [{"type": "input_image"}]}]}, "input[0]"),
                           ("a web_search tool", {"input": "x", "tools": [{"type": "web_search"}]}, "tools[0]"),
                           ("previous_response_id", {"input": "x", "previous_response_id": "resp_1"}, "previous_response_id"),
-                          ("a negative max_output_tokens", {"input": "x", "max_output_tokens": -1}, "max_output_tokens")):
+                          ("a negative max_output_tokens", {"input": "x", "max_output_tokens": -1}, "max_output_tokens"),
+                          ("a schema keyword outside the subset", {"input": "x", "text": {"format": {
+                              "type": "json_schema", "name": "o", "schema": {"type": "string", "pattern": "a+"}}}},
+                           "'text.format.schema'")):
         st, e = request(url + "/v1/responses", b)
         err = e.get("error", {})
         check(st == 400 and err.get("type") == "invalid_request_error" and name in err.get("message", ""),
