@@ -631,31 +631,31 @@ static void anthropic_free(void *ctx)
     free(ctx);
 }
 
-static const struct proxy_api anthropic_api = {anthropic_whole, anthropic_event, server_anthropic_error, anthropic_free};
-
 /* ---- routes ------------------------------------------------------------------------ */
+
+static ks_status anthropic_request(const struct server *srv, const cJSON *root, cJSON **chat, void **ctx,
+                                   struct reply *r)
+{
+    struct anthropic *a = calloc(1, sizeof *a);
+    if (!a)
+        return oom(r);
+    ks_status st = to_chat(root, false, chat, r);
+    if (st) {
+        free(a);
+        return st;
+    }
+    snprintf(a->model, sizeof a->model, "%s", srv->model_name);
+    a->index = -1;
+    *ctx = a;
+    return KS_OK;
+}
+
+const struct proxy_api server_anthropic_api = {anthropic_request, anthropic_whole, anthropic_event,
+                                               server_anthropic_error, anthropic_free};
 
 ks_status server_route_messages(struct server *srv, const struct server_req *rq, struct reply *r)
 {
-    cJSON *root, *chat = NULL;
-    ks_status st = server_parse_object(rq->body, rq->len, false, &root, r);
-    if (st)
-        return server_proxy_fail(&anthropic_api, r, st);
-    struct anthropic *a = calloc(1, sizeof *a);
-    if (!a)
-        st = oom(r);
-    if (!st)
-        st = to_chat(root, false, &chat, r);
-    if (!st) {
-        snprintf(a->model, sizeof a->model, "%s", srv->model_name);
-        a->index = -1;
-    }
-    cJSON_Delete(root);
-    if (st) {
-        free(a);
-        return server_proxy_fail(&anthropic_api, r, st);
-    }
-    return server_proxy_chat(srv, rq, chat, &anthropic_api, a, r);
+    return server_proxy_route(srv, rq, &server_anthropic_api, r);
 }
 
 /* The prompt's tokens as /v1/messages would count them ({"input_tokens": N}). */
@@ -679,9 +679,9 @@ ks_status server_route_count_tokens(struct server *srv, const struct server_req 
     free(text);
     free(ids);
     if (st)
-        return server_proxy_fail(&anthropic_api, r, st);
+        return server_proxy_fail(&server_anthropic_api, r, st);
     cJSON *o = cJSON_CreateObject();
     cJSON_AddNumberToObject(o, "input_tokens", (double)n);
     st = reply_json(r, 200, o);
-    return st ? server_proxy_fail(&anthropic_api, r, st) : KS_OK;
+    return st ? server_proxy_fail(&server_anthropic_api, r, st) : KS_OK;
 }

@@ -308,3 +308,18 @@ ks_status server_proxy_chat(struct server *srv, const struct server_req *rq, cJS
     r->stream_cls = s;
     return KS_OK;
 }
+
+ks_status server_proxy_route(struct server *srv, const struct server_req *rq, const struct proxy_api *api,
+                             struct reply *r)
+{
+    cJSON *root, *chat = NULL;
+    void *ctx = NULL;
+    ks_status st = server_parse_object(rq->body, rq->len, false, &root, r);
+    if (!st) {
+        st = api->request(srv, root, &chat, &ctx, r);
+        cJSON_Delete(root);
+    }
+    if (st)
+        return server_proxy_fail(api, r, st);
+    return server_proxy_chat(srv, rq, chat, api, ctx, r);
+}

@@ -19,6 +19,10 @@ struct proxy_facts {
 };
 
 struct proxy_api {
+    /* root (the parsed body) -> the chat body (*chat, a new object) and the
+     * API's per-request state (*ctx, freed with ctx_free). Errors: a 400
+     * naming the API's field, KS_ERR_NOMEM (reply_fail; nothing to free). */
+    ks_status (*request)(const struct server *srv, const cJSON *root, cJSON **chat, void **ctx, struct reply *r);
     /* The chat completion (a chat.completion object) -> the API's answer
      * (*out, a new object). Errors: KS_ERR_NOMEM. */
     ks_status (*whole)(void *ctx, const cJSON *chat, const struct proxy_facts *f, cJSON **out);
@@ -31,6 +35,13 @@ struct proxy_api {
     void (*ctx_free)(void *ctx);
 };
 
+/* server_anthropic.c, server_responses.c (also driven by tests/fuzz/fuzz_apis.c) */
+extern const struct proxy_api server_anthropic_api, server_responses_api;
+
+/* A route of api: the body parsed, api->request, then server_proxy_chat.
+ * Always fills r (failures in the API's error shape) and returns KS_OK. */
+ks_status server_proxy_route(struct server *srv, const struct server_req *rq, const struct proxy_api *api,
+                             struct reply *r);
 /* Serve chat (a /v1/chat/completions body; taken and deleted) with the
  * chat route, answering in api's shape. ctx is the API's per-request state,
  * taken (freed with api->ctx_free, also on failure). Always fills r (a

@@ -658,8 +658,6 @@ static void responses_free(void *ctx)
     free(s);
 }
 
-static const struct proxy_api responses_api = {responses_whole, responses_event, responses_error, responses_free};
-
 /* The request's settings a response object repeats (absent ones as OpenAI's defaults). */
 static cJSON *echo_settings(const cJSON *root)
 {
@@ -680,31 +678,35 @@ static cJSON *echo_settings(const cJSON *root)
     return e;
 }
 
-ks_status server_route_responses(struct server *srv, const struct server_req *rq, struct reply *r)
+static ks_status responses_request(const struct server *srv, const cJSON *root, cJSON **chat, void **ctx,
+                                   struct reply *r)
 {
-    cJSON *root, *chat = NULL;
-    ks_status st = server_parse_object(rq->body, rq->len, false, &root, r);
-    if (st)
-        return server_proxy_fail(&responses_api, r, st);
     struct responses *s = calloc(1, sizeof *s);
     if (!s)
-        st = oom(r);
-    if (!st)
-        st = to_chat(root, &chat, r);
-    if (!st) {
-        snprintf(s->model, sizeof s->model, "%s", srv->model_name);
-        s->created = (long)time(NULL);
-        s->echo = echo_settings(root);
-        s->output = cJSON_CreateArray();
-        snprintf(s->serial, sizeof s->serial, "0");
-        if (server_json_failed())
-            st = oom(r);
-    }
-    cJSON_Delete(root);
+        return oom(r);
+    ks_status st = to_chat(root, chat, r);
     if (st) {
-        cJSON_Delete(chat);
-        responses_free(s);
-        return server_proxy_fail(&responses_api, r, st);
+        free(s);
+        return st;
     }
-    return server_proxy_chat(srv, rq, chat, &responses_api, s, r);
+    snprintf(s->model, sizeof s->model, "%s", srv->model_name);
+    snprintf(s->serial, sizeof s->serial, "0");
+    s->created = (long)time(NULL);
+    s->echo = echo_settings(root);
+    s->output = cJSON_CreateArray();
+    if (server_json_failed()) {
+        cJSON_Delete(*chat);
+        responses_free(s);
+        return oom(r);
+    }
+    *ctx = s;
+    return KS_OK;
+}
+
+const struct proxy_api server_responses_api = {responses_request, responses_whole, responses_event, responses_error,
+                                               responses_free};
+
+ks_status server_route_responses(struct server *srv, const struct server_req *rq, struct reply *r)
+{
+    return server_proxy_route(srv, rq, &server_responses_api, r);
 }
