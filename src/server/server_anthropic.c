@@ -191,6 +191,9 @@ static ks_status message(cJSON *msgs, const cJSON *m, int i, struct reply *r)
             sbuf_puts(&thinking, field(b, "thinking")->valuestring);
         } else if (!strcmp(t, "redacted_thinking") && !user) {
             /* opaque to kvserve: nothing to render */
+        } else if (!strcmp(t, "text") || (!strcmp(t, "thinking") && !user)) {
+            st = reply_fail(r, KS_ERR_INVALID_ARG, "invalid_request_error",
+                            "messages[%d].content[%d]: a %s block needs a string '%s'", i, k, t, t);
         } else {
             st = reply_fail(r, KS_ERR_INVALID_ARG, "invalid_request_error",
                             "messages[%d].content[%d]: a %s block of type '%.64s' is not supported (user: text, "
