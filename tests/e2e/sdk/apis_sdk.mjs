@@ -36,6 +36,7 @@ function startServer(args) {
       if (m && !p.port) { p.port = +m[1]; clearTimeout(timer); resolve(p); }
     });
     p.on('exit', (code) => { p.exitCode_ = code; if (!p.port) reject(new Error(`server exited ${code}:\n${log}`)); });
+    p.log = () => log;
   });
 }
 
@@ -136,5 +137,11 @@ try {
   await anthropic(base, openai);
   await responses(openai);
 } finally {
-  p.kill('SIGTERM');
+  const code = await new Promise((resolve) => {
+    if (p.exitCode_ !== undefined) return resolve(p.exitCode_);
+    p.on('exit', resolve);
+    p.kill('SIGTERM');
+  });
+  if (code !== 0) console.log(p.log());
+  assert.equal(code, 0, 'the server shuts down cleanly');
 }
