@@ -353,7 +353,9 @@ static ks_status to_chat(const cJSON *root, bool counting, cJSON **out, struct r
     if (!(st = messages(chat, root, r)) && !(st = tools(chat, root, r)) && !(st = tool_choice(chat, root, r)))
         st = thinking(chat, root, r);
     if (!st && !counting) {
-        copy_field(chat, root, "model", "model");
+        /* not "model": Anthropic's clients name Claude models (Claude Code,
+         * the SDK's defaults) and mean whatever this server serves, as
+         * llama-server takes them; the answer echoes the name given */
         copy_field(chat, root, "max_tokens", "max_tokens");
         copy_field(chat, root, "stop_sequences", "stop");
         copy_field(chat, root, "temperature", "temperature");

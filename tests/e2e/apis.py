@@ -73,7 +73,7 @@ def sse(url, body):
 
 def start(args, log):
     port = free_port()
-    p = subprocess.Popen([BIN, "serve", "-m", MODEL, "--port", str(port), "-c", "1024", "--parallel", "2", "-t", "1"]
+    p = subprocess.Popen([BIN, "serve", "-m", MODEL, "--alias", "any", "--port", str(port), "-c", "1024", "--parallel", "2", "-t", "1"]
                          + args, stderr=open(log, "w"), stdout=subprocess.DEVNULL)
     url = "http://127.0.0.1:%d" % port
     for _ in range(300):
@@ -109,6 +109,11 @@ def anthropic(url):
     check(m["usage"] == {"input_tokens": ref["usage"]["prompt_tokens"], "output_tokens": 16}, "messages: usage %s" % m["usage"])
     st, n = request(url + "/v1/messages/count_tokens", {k: v for k, v in body.items() if k != "max_tokens"})
     check(st == 200 and n == {"input_tokens": m["usage"]["input_tokens"]}, "count_tokens: %s" % n)
+    greedy = dict(body, temperature=0)
+    st, a = request(url + "/v1/messages", greedy)
+    st2, c = request(url + "/v1/messages", dict(greedy, model="claude-sonnet-4-5"))
+    check(st == st2 == 200 and c["content"] == a["content"] and c["model"] == "any",
+          "messages: any model name is this server's model (Claude Code's names)")
 
     ev = sse(url + "/v1/messages", body)
     types = [d["type"] for _, d in ev]
@@ -188,6 +193,8 @@ def responses(url):
     ref_text = ref["choices"][0]["message"]["content"]
     body = {"model": "any", "instructions": "You tell stories.", "max_output_tokens": 16, "temperature": 1,
             "input": [{"role": "user", "content": [{"type": "input_text", "text": "Tell me a story"}]}]}
+    st, e = request(url + "/v1/responses", dict(body, model="gpt-5"))
+    check(st == 404 and e["error"]["code"] == "model_not_found", "responses: a model not served is a 404")
     st, r = request(url + "/v1/responses", body)
     out = r.get("output", [])
     check(st == 200 and r["object"] == "response" and r["id"].startswith("resp_"), "responses: a response object")

@@ -26,7 +26,7 @@ try {
 
 function startServer(args) {
   return new Promise((resolve, reject) => {
-    const p = spawn(bin, ['serve', '-m', model, '--port', '0', '-c', '1024', '--parallel', '2', '-t', '1', ...args],
+    const p = spawn(bin, ['serve', '-m', model, '--alias', 'x', '--port', '0', '-c', '1024', '--parallel', '2', '-t', '1', ...args],
       { stdio: ['ignore', 'ignore', 'pipe'] });
     let log = '';
     const timer = setTimeout(() => reject(new Error('server did not start:\n' + log)), 60000);
