@@ -577,6 +577,27 @@ static void test_gemm_tiles_vs_reference(void **state)
     print_message("checked %zu tile kernels against the reference\n", sizeof k_tiles / sizeof k_tiles[0]);
 }
 
+/* Element el of row r in the lane-order layout (Q3_K, Q5_K, Q6_K): d times
+ * the stored scale * quant, less Q6_K's offset (bsum weight 32 * scale) or
+ * Q5_K's dmin * min, is the dequantized value. */
+static void check_lane_panel(const struct ktype *kt, const uint8_t *pb, int r, int el, float want)
+{
+    int16_t w[2], pair[2];
+    float d, dmin;
+    memcpy(w, pb + KQ_PL_W + 64 * (el / 2) + 4 * r, 4);
+    memcpy(pair, pb + KQ_PL_PAIRS + 64 * (el / 32) + 4 * r, 4);
+    memcpy(&d, pb + KQ_PL_D + 4 * r, 4);
+    memcpy(&dmin, pb + KQ_PL_DMIN + 4 * r, 4);
+    const int bw = pair[(el / 16) % 2], q = w[el % 2];
+    float got = d * (float)q, mag = fabsf(got);
+    if (kt->type == QUANT_Q6_K)
+        got = d * (float)(q - bw), mag = fabsf(got);
+    if (kt->type == QUANT_Q5_K)
+        got -= dmin * (float)bw, mag += fabsf(dmin * (float)bw);
+    if (!(fabsf(got - want) <= 1e-6f * mag))
+        fail_msg("%s row %d element %d: panel %.9g, dequantized %.9g", kt->name, r, el, got, want);
+}
+
 /* The panel holds what the reference dequantizer reads: d * scale * q - dmin
  * * min, element by element, with the zero rows past nr. */
 static void test_gemm_panel_layout(void **state)
@@ -601,6 +622,10 @@ static void test_gemm_panel_layout(void **state)
                 int32_t sc;
                 int16_t pair[2];
                 float d, dmin;
+                if (kq_lane_order(kt->type)) {
+                    check_lane_panel(kt, pb, r, el, r < nr ? deq[e] : 0.0f);
+                    continue;
+                }
                 memcpy(&sc, pb + KQ_PB_SC + 64 * j + 4 * r, 4);
                 memcpy(pair, pb + KQ_PB_PAIRS + 64 * (el / 32) + 4 * r, 4);
                 memcpy(&d, pb + KQ_PB_D + 4 * r, 4);

@@ -131,7 +131,18 @@ void quant_vec_dot_q6_K_q8_K_multi_avx512(int n, int nt, float *s, size_t s_stri
 #define KQ_PB_PAIRS (KQ_PB_SC + 16 * 64)           /* [8 bsum pairs][16 rows] 2 x int16 */
 #define KQ_PB_D (KQ_PB_PAIRS + 8 * 64)             /* [16 rows] f32 d */
 #define KQ_PB_DMIN (KQ_PB_D + 64)                  /* [16 rows] f32 dmin (0: an offset format) */
-#define KQ_PB_BYTES (KQ_PB_DMIN + 64)              /* per super-block of a panel */
+/* Q3_K, Q5_K and Q6_K (kq_lane_order) use another layout, for ggml's eight
+ * lanes: lane c of a super-block sums the elements e with (e % 32) / 4 == c,
+ * each already times its scale. Pair j (elements 2j, 2j + 1) of every row as
+ * two int16 scale * quant (Q3_K signed, Q5_K / Q6_K unsigned u = q + 32) side
+ * by side, pair i of Q8_K bsums' weights (Q6_K 32 * scales: lane i's offset,
+ * Q5_K the mins), then d / dmin. Lane c's pairs are j = 16m + 2c + h. */
+#define KQ_PL_W 0                                  /* [128 pairs][16 rows] 2 x int16 */
+#define KQ_PL_PAIRS (KQ_PL_W + QK_K / 2 * 64)      /* [8 bsum pairs][16 rows] 2 x int16 */
+#define KQ_PL_D (KQ_PL_PAIRS + 8 * 64)             /* [16 rows] f32 d */
+#define KQ_PL_DMIN (KQ_PL_D + 64)                  /* [16 rows] f32 dmin (Q5_K) */
+#define KQ_PB_BYTES (KQ_PL_DMIN + 64)              /* per super-block of a panel, either layout */
+_Static_assert(KQ_PB_DMIN + 64 <= KQ_PB_BYTES, "the k-quant panel layouts share KQ_PB_BYTES");
 
 /* Rows [r0, r0 + nr) of a matrix against n_tokens Q8_K rows. */
 struct quant_kq_gemm {
@@ -174,6 +185,9 @@ static inline int32_t kq_dword(const void *p)
 }
 /* Dwords of quants per scale: 8 (32 quants) for Q4_K/Q5_K, 4 for the others. */
 static inline int kq_sub_dwords(enum quant_type t) { return t == QUANT_Q4_K || t == QUANT_Q5_K ? 8 : 4; }
+/* Types whose dots follow ggml's x86 eight-lane order (kq_scalar.c), with
+ * the KQ_PL_* panel layout. */
+static inline bool kq_lane_order(enum quant_type t) { return t == QUANT_Q3_K || t == QUANT_Q5_K || t == QUANT_Q6_K; }
 /* Formats with a dmin term; the others fold their offset into the integer sum. */
 static inline bool kq_has_dmin(enum quant_type t) { return t == QUANT_Q2_K || t == QUANT_Q4_K || t == QUANT_Q5_K; }
 #if defined(KQ_HAVE_AVX2)
