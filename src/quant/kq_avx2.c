@@ -78,7 +78,7 @@ void quant_vec_dot_q2_K_q8_K_avx2(int n, float *s, const void *vx, const void *v
     const block_q8_K *y = vy;
     const __m256i m3 = _mm256_set1_epi8(3);
     const __m128i m4 = _mm_set1_epi8(0xF);
-    __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+    float acc = 0, accm = 0;
     for (int i = 0; i < n / QK_K; i++) {
         kq_prefetch_block(&x[i], sizeof x[i]);
         const __m128i scb = _mm_loadu_si128((const __m128i *)x[i].scales);
@@ -96,11 +96,9 @@ void quant_vec_dot_q2_K_q8_K_avx2(int n, float *s, const void *vx, const void *v
                 sumi = _mm256_add_epi32(sumi, dot32(u, y[i].qs + 32 * c, pair_scales(lo, hi, c)));
             }
         }
-        const float d = y[i].d * kq_f16_to_f32(x[i].d), dmin = y[i].d * kq_f16_to_f32(x[i].dmin);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-        accm = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(mins), accm);
+        kq_chains_add(&acc, &accm, vmath_hsum8_epi32(sumi), vmath_hsum8_epi32(mins), x[i].d, x[i].dmin, y[i].d);
     }
-    *s = hsum256(acc) - hsum256(accm);
+    *s = acc - accm;
 }
 
 void quant_vec_dot_q3_K_q8_K_avx2(int n, float *s, const void *vx, const void *vy)
@@ -157,8 +155,7 @@ void quant_vec_dot_q4_K_q8_K_avx2(int n, float *s, const void *vx, const void *v
     const block_q4_K *x = vx;
     const block_q8_K *y = vy;
     const __m256i m4 = _mm256_set1_epi8(0xF);
-    __m256 acc = _mm256_setzero_ps();
-    __m128 accm = _mm_setzero_ps();
+    float acc = 0, accm = 0;
     for (int i = 0; i < n / QK_K; i++) {
         kq_prefetch_block(&x[i], sizeof x[i]);
         __m256i sc;
@@ -171,13 +168,9 @@ void quant_vec_dot_q4_K_q8_K_avx2(int n, float *s, const void *vx, const void *v
             sumi = _mm256_add_epi32(sumi, k4_dot_chunk(ul, y[i].qs + 64 * j, sc, 2 * j));
             sumi = _mm256_add_epi32(sumi, k4_dot_chunk(uh, y[i].qs + 64 * j + 32, sc, 2 * j + 1));
         }
-        const float d = y[i].d * kq_f16_to_f32(x[i].d), dmin = y[i].d * kq_f16_to_f32(x[i].dmin);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-        accm = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(mins), accm);
+        kq_chains_add(&acc, &accm, vmath_hsum8_epi32(sumi), hsum_epi32_4(mins), x[i].d, x[i].dmin, y[i].d);
     }
-    __m128 m = _mm_add_ps(accm, _mm_movehl_ps(accm, accm));
-    m = _mm_add_ss(m, _mm_movehdup_ps(m));
-    *s = hsum256(acc) - _mm_cvtss_f32(m);
+    *s = acc - accm;
 }
 
 void quant_vec_dot_q5_K_q8_K_avx2(int n, float *s, const void *vx, const void *vy)

@@ -226,11 +226,12 @@ static float lane_f32(const uint8_t *p, int lane)
     return v;
 }
 
-/* Row `lane` of a panel . one token's Q8_K row, super-block by super-block
- * as the tiles do (and as the scalar reference vec_dot does). */
-static float lane_dot(const uint8_t *panel, int lane, const block_q8_K *y, int64_t nsb, int sub, bool dmin)
+/* Row `lane` of a panel . one token's Q8_K row (Q2_K, Q4_K), super-block by
+ * super-block as the tiles do and as the scalar reference vec_dot does:
+ * exact isum and msum, then the two chains of kq_chains_add. */
+static float lane_dot(const uint8_t *panel, int lane, const block_q8_K *y, int64_t nsb, int sub)
 {
-    float sum = 0;
+    float acc = 0, accm = 0;
     for (int64_t b = 0; b < nsb; b++) {
         const uint8_t *pb = panel + b * KQ_PB_BYTES;
         int32_t isum = 0, msum = 0;
@@ -246,13 +247,10 @@ static float lane_dot(const uint8_t *panel, int lane, const block_q8_K *y, int64
             memcpy(pair, pb + KQ_PB_PAIRS + 64 * i + 4 * lane, 4);
             msum += pair[0] * y[b].bsums[2 * i] + pair[1] * y[b].bsums[2 * i + 1];
         }
-        const float dd = y[b].d * lane_f32(pb + KQ_PB_D, lane);
-        if (dmin)
-            sum += dd * (float)isum - y[b].d * lane_f32(pb + KQ_PB_DMIN, lane) * (float)msum;
-        else
-            sum += dd * (float)(isum - msum);
+        acc = fmaf((float)isum, lane_f32(pb + KQ_PB_D, lane) * y[b].d, acc);
+        accm = fmaf((float)msum, lane_f32(pb + KQ_PB_DMIN, lane) * y[b].d, accm);
     }
-    return sum;
+    return acc - accm;
 }
 
 /* The same in ggml's eight lanes (KQ_PL_* layout, kq_scalar.c's order):
@@ -293,14 +291,14 @@ void quant_kq_tiles_scalar(const struct quant_kq_gemm *g, const uint8_t *panels,
     (void)np;
     const size_t pbytes = quant_kq_panel_bytes(g->cols);
     const int sub = kq_sub_dwords(g->wtype);
-    const bool dmin = kq_has_dmin(g->wtype), lanes = kq_lane_order(g->wtype);
+    const bool lanes = kq_lane_order(g->wtype);
     for (int r = 0; r < nr; r++)
         for (int64_t t = 0; t < g->n_tokens; t++) {
             const block_q8_K *y = (const block_q8_K *)(g->X + (g->xi ? g->xi[t] : t) * g->xrow);
             const uint8_t *panel = panels + (r / KQ_PANEL_ROWS) * pbytes;
             const int lane = r % KQ_PANEL_ROWS;
             g->Y[t * g->ldy + r0 + r] = lanes ? lane_dot_lanes(panel, lane, y, g->cols / QK_K, g->wtype)
-                                              : lane_dot(panel, lane, y, g->cols / QK_K, sub, dmin);
+                                              : lane_dot(panel, lane, y, g->cols / QK_K, sub);
         }
 }
 

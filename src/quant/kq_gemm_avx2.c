@@ -6,9 +6,10 @@
  *     madd(maddubs(u, x), (sc, sc))
  * gives each row scale * (4 products) in int32, so the scales cost nothing
  * per step. maddubs never saturates: u <= 63 and |x| <= 128 make a pair at
- * most 2 * 63 * 128 = 16128 < 2^15. A tile is one panel x KQ_T2 tokens; one
- * float step per super-block in the scalar reference's order (no FMA
- * contraction in this file) gives the reference's bits. */
+ * most 2 * 63 * 128 = 16128 < 2^15. A tile is one panel x KQ_T2 tokens; the
+ * scalar reference's two fma chains per super-block (Q2_K, Q4_K; no other
+ * contraction in this file) give the reference's bits. Q3_K, Q5_K and Q6_K
+ * have tiles of their own below. */
 #include "quant/kq_internal.h"
 
 #if defined(KQ_HAVE_AVX2)
@@ -27,15 +28,16 @@ static inline __m256i scale_pairs(const uint8_t *p)
     return _mm256_blend_epi16(sc, _mm256_slli_epi32(sc, 16), 0xAA);
 }
 
-/* One panel (two halves of 8 rows) x KQ_T2 tokens; SUB dwords per scale. */
+/* One panel (two halves of 8 rows) x KQ_T2 tokens (Q2_K, Q4_K); SUB dwords
+ * per scale. out = acc - accm, the two chains of kq_chains_add. */
 static inline __attribute__((always_inline)) void tile(const struct quant_kq_gemm *g, const uint8_t *panel,
-                                                       const block_q8_K *const *y, int SUB, bool dmin,
-                                                       __m256 facc[2][KQ_T2])
+                                                       const block_q8_K *const *y, int SUB, __m256 out[2][KQ_T2])
 {
     const int64_t nsb = g->cols / QK_K;
+    __m256 facc[2][KQ_T2], macc[2][KQ_T2];
     for (int h = 0; h < 2; h++)
         for (int t = 0; t < KQ_T2; t++)
-            facc[h][t] = _mm256_setzero_ps();
+            facc[h][t] = macc[h][t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nsb; b++) {
         const uint8_t *pb = panel + b * KQ_PB_BYTES;
         __m256i isum[2][KQ_T2];
@@ -62,19 +64,16 @@ static inline __attribute__((always_inline)) void tile(const struct quant_kq_gem
                     msum = _mm256_add_epi32(
                         msum, _mm256_madd_epi16(_mm256_load_si256((const __m256i *)(pb + KQ_PB_PAIRS + 64 * i + 32 * h)),
                                                 bcast_dword(y[t][b].bsums + 2 * i)));
-                const __m256 dd = _mm256_mul_ps(yd, _mm256_load_ps((const float *)(pb + KQ_PB_D + 32 * h)));
-                __m256 term;
-                if (dmin) {
-                    const __m256 dm = _mm256_mul_ps(yd, _mm256_load_ps((const float *)(pb + KQ_PB_DMIN + 32 * h)));
-                    term = _mm256_sub_ps(_mm256_mul_ps(dd, _mm256_cvtepi32_ps(isum[h][t])),
-                                         _mm256_mul_ps(dm, _mm256_cvtepi32_ps(msum)));
-                } else {
-                    term = _mm256_mul_ps(dd, _mm256_cvtepi32_ps(_mm256_sub_epi32(isum[h][t], msum)));
-                }
-                facc[h][t] = _mm256_add_ps(facc[h][t], term);
+                const __m256 dd = _mm256_mul_ps(_mm256_load_ps((const float *)(pb + KQ_PB_D + 32 * h)), yd);
+                const __m256 dm = _mm256_mul_ps(_mm256_load_ps((const float *)(pb + KQ_PB_DMIN + 32 * h)), yd);
+                facc[h][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[h][t]), dd, facc[h][t]);
+                macc[h][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(msum), dm, macc[h][t]);
             }
         }
     }
+    for (int h = 0; h < 2; h++)
+        for (int t = 0; t < KQ_T2; t++)
+            out[h][t] = _mm256_sub_ps(facc[h][t], macc[h][t]);
 }
 
 /* ---- Q3_K, Q5_K, Q6_K: ggml's eight lanes (KQ_PL_* layout) ------------------
@@ -160,7 +159,7 @@ static inline __attribute__((always_inline)) void lane_tile(const struct quant_k
 }
 
 /* Rows r0 .. r0 + nr (nr <= 16) of one panel, all tokens. */
-static void panel_tiles(const struct quant_kq_gemm *g, const uint8_t *panel, int64_t r0, int nr, int SUB, bool dmin)
+static void panel_tiles(const struct quant_kq_gemm *g, const uint8_t *panel, int64_t r0, int nr, int SUB)
 {
     for (int64_t t0 = 0; t0 < g->n_tokens; t0 += KQ_T2) {
         const int n = (int)(g->n_tokens - t0 < KQ_T2 ? g->n_tokens - t0 : KQ_T2);
@@ -174,11 +173,9 @@ static void panel_tiles(const struct quant_kq_gemm *g, const uint8_t *panel, int
         else if (g->wtype == QUANT_Q6_K)
             lane_tile(g, panel, y, QUANT_Q6_K, facc);
         else if (SUB == 8) /* q4_K */
-            tile(g, panel, y, 8, true, facc);
-        else if (dmin)
-            tile(g, panel, y, 4, true, facc);
-        else
-            tile(g, panel, y, 4, false, facc);
+            tile(g, panel, y, 8, facc);
+        else /* q2_K */
+            tile(g, panel, y, 4, facc);
         for (int t = 0; t < n; t++) {
             float *out = g->Y + (t0 + t) * g->ldy + r0;
             if (nr == KQ_PANEL_ROWS) {
@@ -199,8 +196,7 @@ void quant_kq_tiles_avx2(const struct quant_kq_gemm *g, const uint8_t *panels, i
     const size_t pbytes = quant_kq_panel_bytes(g->cols);
     for (int p = 0; p < np; p++) {
         const int pr = nr - p * KQ_PANEL_ROWS < KQ_PANEL_ROWS ? nr - p * KQ_PANEL_ROWS : KQ_PANEL_ROWS;
-        panel_tiles(g, panels + p * pbytes, r0 + p * KQ_PANEL_ROWS, pr, kq_sub_dwords(g->wtype),
-                    kq_has_dmin(g->wtype));
+        panel_tiles(g, panels + p * pbytes, r0 + p * KQ_PANEL_ROWS, pr, kq_sub_dwords(g->wtype));
     }
 }
 #endif

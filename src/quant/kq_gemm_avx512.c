@@ -7,8 +7,9 @@
  * (32 rows) x KQ_T tokens, so each weight vector serves KQ_T tokens and each
  * broadcast 2 panels. At the end of a sub-block the sums are multiplied by
  * the rows' scales (vpmulld) into the super-block sum; the bsums terms are 8
- * vpdpwssd; then one float step per super-block, in the scalar reference's
- * order (no FMA contraction in this file), so the bits are the reference's.
+ * vpdpwssd; then the two fma chains per super-block of the scalar reference
+ * (Q2_K, Q4_K; explicit fmas, no other contraction in this file), so the bits
+ * are the reference's. Q3_K, Q5_K and Q6_K have tiles of their own below.
  *
  * Integer ranges: |q8| <= 128 and u <= 63, a sub-block sum is at most
  * 32 * 63 * 128 < 2^18, times a scale (|sc| <= 128) and 16 sub-blocks stays
@@ -24,15 +25,17 @@
 
 static inline __m512i bcast_dword(const void *p) { return _mm512_set1_epi32(kq_dword(p)); }
 
-/* 2 panels x KQ_T tokens over every super-block; SUB dwords per scale. */
+/* 2 panels x KQ_T tokens over every super-block (Q2_K, Q4_K); SUB dwords per
+ * scale. out = acc - accm, the two chains of kq_chains_add. */
 static inline __attribute__((always_inline)) void tile(const struct quant_kq_gemm *g, const uint8_t *p0,
                                                        const uint8_t *p1, const block_q8_K *const *y, int SUB,
-                                                       bool dmin, __m512 facc[2][KQ_T])
+                                                       __m512 out[2][KQ_T])
 {
     const int64_t nsb = g->cols / QK_K;
+    __m512 facc[2][KQ_T], macc[2][KQ_T];
     for (int rv = 0; rv < 2; rv++)
         for (int t = 0; t < KQ_T; t++)
-            facc[rv][t] = _mm512_setzero_ps();
+            facc[rv][t] = macc[rv][t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nsb; b++) {
         const uint8_t *pb[2] = {p0 + b * KQ_PB_BYTES, p1 + b * KQ_PB_BYTES};
         __m512i isum[2][KQ_T];
@@ -66,19 +69,16 @@ static inline __attribute__((always_inline)) void tile(const struct quant_kq_gem
                 for (int i = 0; i < 8; i++)
                     msum = _mm512_dpwssd_epi32(msum, _mm512_load_si512(pb[rv] + KQ_PB_PAIRS + 64 * i),
                                                bcast_dword(y[t][b].bsums + 2 * i));
-                const __m512 dd = _mm512_mul_ps(yd, _mm512_load_ps(pb[rv] + KQ_PB_D));
-                __m512 term;
-                if (dmin) {
-                    const __m512 dm = _mm512_mul_ps(yd, _mm512_load_ps(pb[rv] + KQ_PB_DMIN));
-                    term = _mm512_sub_ps(_mm512_mul_ps(dd, _mm512_cvtepi32_ps(isum[rv][t])),
-                                         _mm512_mul_ps(dm, _mm512_cvtepi32_ps(msum)));
-                } else {
-                    term = _mm512_mul_ps(dd, _mm512_cvtepi32_ps(_mm512_sub_epi32(isum[rv][t], msum)));
-                }
-                facc[rv][t] = _mm512_add_ps(facc[rv][t], term);
+                const __m512 dd = _mm512_mul_ps(_mm512_load_ps(pb[rv] + KQ_PB_D), yd);
+                const __m512 dm = _mm512_mul_ps(_mm512_load_ps(pb[rv] + KQ_PB_DMIN), yd);
+                facc[rv][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[rv][t]), dd, facc[rv][t]);
+                macc[rv][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(msum), dm, macc[rv][t]);
             }
         }
     }
+    for (int rv = 0; rv < 2; rv++)
+        for (int t = 0; t < KQ_T; t++)
+            out[rv][t] = _mm512_sub_ps(facc[rv][t], macc[rv][t]);
 }
 
 /* ---- Q3_K, Q5_K, Q6_K: ggml's eight lanes (KQ_PL_* layout) ------------------
@@ -166,8 +166,7 @@ static inline __attribute__((always_inline)) void lane_tile(const struct quant_k
         }
 }
 
-static void tiles_of(const struct quant_kq_gemm *g, const uint8_t *panels, int np, int64_t r0, int nr, int SUB,
-                     bool dmin)
+static void tiles_of(const struct quant_kq_gemm *g, const uint8_t *panels, int np, int64_t r0, int nr, int SUB)
 {
     const uint8_t *p1 = np > 1 ? panels + quant_kq_panel_bytes(g->cols) : panels;
     const __mmask16 keep[2] = {
@@ -186,11 +185,9 @@ static void tiles_of(const struct quant_kq_gemm *g, const uint8_t *panels, int n
         else if (g->wtype == QUANT_Q6_K)
             lane_tile(g, panels, p1, y, QUANT_Q6_K, facc);
         else if (SUB == 8) /* q4_K */
-            tile(g, panels, p1, y, 8, true, facc);
-        else if (dmin)
-            tile(g, panels, p1, y, 4, true, facc);
-        else
-            tile(g, panels, p1, y, 4, false, facc);
+            tile(g, panels, p1, y, 8, facc);
+        else /* q2_K */
+            tile(g, panels, p1, y, 4, facc);
         for (int t = 0; t < n; t++)
             for (int rv = 0; rv < 2; rv++)
                 if (keep[rv])
@@ -200,6 +197,6 @@ static void tiles_of(const struct quant_kq_gemm *g, const uint8_t *panels, int n
 
 void quant_kq_tiles_avx512(const struct quant_kq_gemm *g, const uint8_t *panels, int np, int64_t r0, int nr)
 {
-    tiles_of(g, panels, np, r0, nr, kq_sub_dwords(g->wtype), kq_has_dmin(g->wtype));
+    tiles_of(g, panels, np, r0, nr, kq_sub_dwords(g->wtype));
 }
 #endif

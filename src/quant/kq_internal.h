@@ -71,10 +71,7 @@ void quant_quantize_row_q8_K_avx2(const float *x, void *y, int64_t n);
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define KQ_HAVE_AVX512 1
 void quant_vec_dot_q2_K_q8_K_avx512(int n, float *s, const void *x, const void *y);
-void quant_vec_dot_q3_K_q8_K_avx512(int n, float *s, const void *x, const void *y);
 void quant_vec_dot_q4_K_q8_K_avx512(int n, float *s, const void *x, const void *y);
-void quant_vec_dot_q5_K_q8_K_avx512(int n, float *s, const void *x, const void *y);
-void quant_vec_dot_q6_K_q8_K_avx512(int n, float *s, const void *x, const void *y);
 #endif
 
 /* ---- prefill: one weight row x several tokens ---------------------------- */
@@ -106,8 +103,6 @@ void kq_entries_fill(const struct kq_entry *table, size_t n, struct quant_traits
 quant_kq_dot_multi_fn kq_entries_dot_multi(const struct kq_entry *table, size_t n, enum quant_type t);
 #if defined(KQ_HAVE_AVX512)
 void quant_vec_dot_q4_K_q8_K_multi_avx512(int n, int nt, float *s, size_t s_stride, const void *x,
-                                          const void *y, size_t y_stride);
-void quant_vec_dot_q6_K_q8_K_multi_avx512(int n, int nt, float *s, size_t s_stride, const void *x,
                                           const void *y, size_t y_stride);
 #endif
 
@@ -269,6 +264,15 @@ static inline int kq_nearest_int(float v) { return _mm_cvtss_si32(_mm_set_ss(v))
 #else
 static inline int kq_nearest_int(float v) { return (int)lrintf(v); }
 #endif
+
+/* One Q2_K / Q4_K block into the two chains of llama.cpp's repacked kernels
+ * (kq_scalar.c): acc = fma(isum, d_x * d_y, acc), accm = fma(msum, dmin_x * d_y, accm). */
+static inline void kq_chains_add(float *acc, float *accm, int32_t isum, int32_t msum, quant_f16 d, quant_f16 dmin,
+                                 float yd)
+{
+    *acc = fmaf((float)isum, kq_f16_to_f32(d) * yd, *acc);
+    *accm = fmaf((float)msum, kq_f16_to_f32(dmin) * yd, *accm);
+}
 
 /* Q4_K/Q5_K pack 8 six-bit scales and 8 six-bit mins into 12 bytes:
  * bytes 0-3 low 6 bits of scales 0-3, bytes 4-7 low 6 bits of mins 0-3,

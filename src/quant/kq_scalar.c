@@ -126,8 +126,13 @@ void quant_dequantize_row_q8_K(const void *vx, float *y, int64_t n)
  * two 16-element groups 2c and 2c + 1 taken out of lane c), each lane turned
  * into a float and fused into its own accumulator, acc[c] = fma(d, lane, acc[c]),
  * the 8 accumulators added at the end as (a0+a4 + a2+a6) + (a1+a5 + a3+a7).
- * Q5_K's mins go into a separate float sum, one multiply-add per block. Q2_K and
- * Q4_K add one float term per block: d * sum(scale * q * q8) - dmin * sum(min * bsums). */
+ * Q5_K's mins go into a separate float sum, one multiply-add per block.
+ *
+ * Q2_K and Q4_K follow the repacked 8-row gemv/gemm kernels llama.cpp runs
+ * them with on x86 (repack.cpp, q2_K_8x8 / q4_K_8x8): per block the exact
+ * integer sums isum = sum(scale * q * q8) and msum = sum(min * bsums), two
+ * fused chains acc = fma(isum, d_x * d_y, acc), accm = fma(msum, dmin_x * d_y,
+ * accm), and acc - accm at the end. */
 
 /* The 8 lanes of one block: q the signed quants, sc the scale of each group
  * of `per` consecutive quants (16 or 32). */
@@ -166,7 +171,7 @@ void quant_vec_dot_q2_K_q8_K_scalar(int n, float *s, const void *vx, const void 
 {
     const block_q2_K *x = vx;
     const block_q8_K *y = vy;
-    float sumf = 0;
+    float acc = 0, accm = 0;
     for (int i = 0; i < n / QK_K; i++) {
         kq_prefetch_block(&x[i], sizeof x[i]);
         uint8_t q[QK_K];
@@ -178,10 +183,10 @@ void quant_vec_dot_q2_K_q8_K_scalar(int n, float *s, const void *vx, const void 
             isum += (x[i].scales[g] & 0xF) * dot;
             summs += (x[i].scales[g] >> 4) * y[i].bsums[g];
         }
-        const float d = y[i].d * kq_f16_to_f32(x[i].d), dmin = y[i].d * kq_f16_to_f32(x[i].dmin);
-        sumf += d * (float)isum - dmin * (float)summs;
+        acc = fmaf((float)isum, kq_f16_to_f32(x[i].d) * y[i].d, acc);
+        accm = fmaf((float)summs, kq_f16_to_f32(x[i].dmin) * y[i].d, accm);
     }
-    *s = sumf;
+    *s = acc - accm;
 }
 
 /* Q3_K quants with the high bit applied: values in [-4, 3]. */
@@ -211,9 +216,9 @@ void quant_vec_dot_q3_K_q8_K_scalar(int n, float *s, const void *vx, const void 
     *s = quant_kq_lanes_hsum(acc);
 }
 
-/* Q4_K and Q5_K share the scale/min layout; q holds the unpacked quants. */
-static float dot_k4_block(const uint8_t *scales, const uint8_t q[QK_K], float xd, float xdmin,
-                          const block_q8_K *y)
+/* Q4_K's block: isum and msum into the two chains; q holds the unpacked quants. */
+static void dot_k4_block(const uint8_t *scales, const uint8_t q[QK_K], float xd, float xdmin, const block_q8_K *y,
+                         float *acc, float *accm)
 {
     int32_t isum = 0, summs = 0;
     for (int j = 0; j < QK_K / 32; j++) {
@@ -224,14 +229,15 @@ static float dot_k4_block(const uint8_t *scales, const uint8_t q[QK_K], float xd
         isum += sc * dot;
         summs += m * (y->bsums[2 * j] + y->bsums[2 * j + 1]);
     }
-    return y->d * xd * (float)isum - y->d * xdmin * (float)summs;
+    *acc = fmaf((float)isum, xd * y->d, *acc);
+    *accm = fmaf((float)summs, xdmin * y->d, *accm);
 }
 
 void quant_vec_dot_q4_K_q8_K_scalar(int n, float *s, const void *vx, const void *vy)
 {
     const block_q4_K *x = vx;
     const block_q8_K *y = vy;
-    float sumf = 0;
+    float acc = 0, accm = 0;
     for (int i = 0; i < n / QK_K; i++) {
         kq_prefetch_block(&x[i], sizeof x[i]);
         uint8_t q[QK_K];
@@ -240,9 +246,9 @@ void quant_vec_dot_q4_K_q8_K_scalar(int n, float *s, const void *vx, const void 
                 q[64 * j + l] = x[i].qs[32 * j + l] & 0xF;
                 q[64 * j + 32 + l] = x[i].qs[32 * j + l] >> 4;
             }
-        sumf += dot_k4_block(x[i].scales, q, kq_f16_to_f32(x[i].d), kq_f16_to_f32(x[i].dmin), &y[i]);
+        dot_k4_block(x[i].scales, q, kq_f16_to_f32(x[i].d), kq_f16_to_f32(x[i].dmin), &y[i], &acc, &accm);
     }
-    *s = sumf;
+    *s = acc - accm;
 }
 
 /* Q5_K: mins as ggml's x86 kernel takes them, summs += (-y.d * dmin) * sum(min * bsums) per block. */
