@@ -3,8 +3,12 @@
  * Every kernel unpacks 32 quants into unsigned bytes u in natural element
  * order, multiplies them with 32 Q8_K bytes (maddubs: u8*s8 pairs -> s16,
  * no saturation since |u| <= 63) and then with the per-16 scales (madd ->
- * s32). Signed formats (Q3_K, Q6_K) are unpacked with an offset (u = q + 4
- * or q + 32) that is taken back out exactly with the Q8_K bsums. */
+ * s32): int32 lane c of 32 quants holds their elements 4c..4c+3, ggml's
+ * lanes. Signed formats are unpacked with an offset: Q3_K's (u = q + 4)
+ * comes out of each int16 pair, Q6_K's (u = q + 32) out of each lane through
+ * the Q8_K bsums, as ggml's AVX2 kernels do; Q3_K, Q5_K and Q6_K keep the
+ * lanes in 8 float accumulators, Q2_K and Q4_K reduce them per block into
+ * the two chains of kq_chains_add (kq_scalar.c has the orders). */
 #include <string.h>
 
 #include "quant/kq_internal.h"

@@ -8,9 +8,10 @@
  * is what llama-quantize runs when no importance matrix is given.
  *
  * vec_dot kernels compute *s = dot(x, y) for a row x of the weight type and a
- * row y of block_q8_K. All integer sums inside a block are exact; the scalar
- * and SIMD kernels differ only in the order of float additions across blocks
- * (and within a block's lanes), see tests/test_quant_kquants.c for the bound.
+ * row y of block_q8_K. All integer sums inside a block are exact, and every
+ * kernel (SIMD vec_dot, multi-token, prefill tile) adds them up in the order
+ * of the scalar reference, which is llama.cpp's on x86 (kq_scalar.c), so all
+ * give its bits (tests/test_quant_kquants.c).
  * Q8_K rows passed to vec_dot must have bsums consistent with qs (as
  * quant_quantize_row_q8_K produces): the kernels use them for the min/offset
  * terms. */
