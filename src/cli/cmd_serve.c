@@ -37,6 +37,8 @@ struct serve_opts {
     unsigned sampling_set;       /* SERVER_SAMPLING_* of the sampling flags given */
     struct server_sampling sampling;
     struct cli_spec_flags spec;  /* --spec-type, --draft-max, --draft-min */
+    const char *admin_key, *admin_key_file; /* tenant isolation: --admin-key(-file) */
+    bool cache_salt_from_key, cache_show_text;
 };
 
 static void serve_usage(FILE *out)
@@ -89,7 +91,17 @@ static void serve_usage(FILE *out)
             "                            pages stay cached after a request ends (default on)\n"
             "      --cache-dir DIR       keep evicted pages on disk in DIR (LMDB) and read them back;\n"
             "                            cached pages are written there at shutdown and found after a restart\n"
-            "      --cache-disk SIZE     disk limit of --cache-dir, e.g. 20G (default 10%% of the free disk)\n");
+            "      --cache-disk SIZE     disk limit of --cache-dir, e.g. 20G (default 10%% of the free disk)\n"
+            "tenant isolation (prefix cache privacy):\n"
+            "      --cache-salt-from-key salt each request's prefix cache with a keyed hash of its bearer token:\n"
+            "                            requests share cached pages only with requests of the same key\n"
+            "                            (a request's cache_salt field splits further)\n"
+            "      --cache-show-text     /cache/prefixes and the page show cached prompts' first tokens as\n"
+            "                            text (default: token counts and keys only)\n"
+            "      --admin-key KEY       /cache/clear, /cache/policy, /cache/requantize, /cache/prefixes and\n"
+            "                            /slots need 'Authorization: Bearer KEY' (401 without, 403 with\n"
+            "                            another key); KEY also works wherever --api-key does\n"
+            "      --admin-key-file F    the admin key from file F (first line), so it is not in ps\n");
     fputs(cli_spec_flags_help, out);
     fputs(cli_model_flags_help, out);
 }
@@ -170,8 +182,19 @@ static bool parse_flag(const char *a, const char *v, void *opts, bool *ok)
     else if (is_flag(a, NULL, "--allowed-host")) *ok = list_add(o->allowed_hosts, &o->n_allowed_hosts, v);
     else if (is_flag(a, NULL, "--prefix-cache")) *ok = cli_parse_on_off(v, &o->prefix_cache);
     else if (is_flag(a, NULL, "--cache-dir")) *ok = (o->cache_dir = v) != NULL && *v;
+    else if (is_flag(a, NULL, "--admin-key")) *ok = (o->admin_key = v) != NULL && *v;
+    else if (is_flag(a, NULL, "--admin-key-file")) *ok = (o->admin_key_file = v) != NULL && *v;
     else if (is_flag(a, NULL, "--cache-disk")) *ok = v && !strchr(v, '%') && cli_parse_mem(v, &o->cache_disk);
     else if (cli_parse_spec_flag(a, v, &o->spec, ok)) return true;
+    else return false;
+    return true;
+}
+
+static bool switch_flag(const char *a, void *opts)
+{
+    struct serve_opts *o = opts;
+    if (!strcmp(a, "--cache-salt-from-key")) o->cache_salt_from_key = true;
+    else if (!strcmp(a, "--cache-show-text")) o->cache_show_text = true;
     else return false;
     return true;
 }
@@ -186,7 +209,8 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
     cli_model_flags_init(&o->load);
     cli_spec_flags_init(&o->spec);
     const struct cli_command cmd = {
-        .name = "serve", .usage = serve_usage, .model = &o->load, .value_flag = parse_flag, .opts = o};
+        .name = "serve", .usage = serve_usage, .model = &o->load, .value_flag = parse_flag, .opts = o,
+        .switch_flag = switch_flag};
     return cli_parse_command(&cmd, argc, argv);
 }
 
@@ -198,6 +222,7 @@ struct serve_state {
     struct server *srv;
     struct store *store;
     char *chat_template;         /* --chat-template-file's text */
+    char *admin_key;             /* --admin-key-file's first line */
 };
 
 /* The cache: the user's KV flags; without --kv-mem, room for every
@@ -255,6 +280,22 @@ static void raise_file_limit(void)
     }
 }
 
+/* --admin-key-file: its first line, without the line end. */
+static ks_status read_admin_key(const struct serve_opts *o, struct serve_state *s)
+{
+    if (!o->admin_key_file)
+        return KS_OK;
+    if (o->admin_key)
+        return ks_fail(KS_ERR_INVALID_ARG, "give --admin-key or --admin-key-file, not both");
+    size_t len = 0;
+    if (!(s->admin_key = cli_read_file(o->admin_key_file, &len)))
+        return ks_fail(KS_ERR_IO, "cannot read --admin-key-file %s", o->admin_key_file);
+    s->admin_key[strcspn(s->admin_key, "\r\n")] = '\0';
+    if (!*s->admin_key)
+        return ks_fail(KS_ERR_INVALID_ARG, "--admin-key-file %s: its first line is empty", o->admin_key_file);
+    return KS_OK;
+}
+
 static ks_status start(const struct serve_opts *o, const char *path, struct serve_state *s)
 {
     if (o->chat_template && o->chat_template_file)
@@ -264,7 +305,10 @@ static ks_status start(const struct serve_opts *o, const char *path, struct serv
         return ks_fail(KS_ERR_IO, "cannot read --chat-template-file %s", o->chat_template_file);
     if (s->chat_template && strlen(s->chat_template) != tlen)
         return ks_fail(KS_ERR_INVALID_ARG, "--chat-template-file %s contains a NUL byte", o->chat_template_file);
-    ks_status st = cli_load_model(path, &o->load, &s->model);
+    ks_status st = read_admin_key(o, s);
+    if (st)
+        return st;
+    st = cli_load_model(path, &o->load, &s->model);
     if (st)
         return st;
     st = tok_load(model_gguf(s->model), &s->tok);
@@ -320,6 +364,9 @@ static ks_status start(const struct serve_opts *o, const char *path, struct serv
     cfg.max_conn_per_ip = o->max_conn_per_ip;
     cfg.cors_origins = o->cors_origins;
     cfg.allowed_hosts = o->allowed_hosts;
+    cfg.admin_key = s->admin_key ? s->admin_key : o->admin_key;
+    cfg.cache_salt_from_key = o->cache_salt_from_key;
+    cfg.cache_show_text = o->cache_show_text;
     cfg.model_name = o->alias ? o->alias : base_name(path);
     cfg.ctx_size = ctx;
     cfg.chat_template = o->chat_template;
@@ -382,6 +429,9 @@ static void teardown(struct serve_state *s)
     tok_free(s->tok);
     model_free(s->model);
     free(s->chat_template);
+    if (s->admin_key)
+        memset(s->admin_key, 0, strlen(s->admin_key));
+    free(s->admin_key);
 }
 
 int cli_serve(int argc, char **argv)

@@ -254,7 +254,7 @@ const char *server_req_arg(const struct server_req *rq, const char *name)
 
 static bool authorized(const struct server *srv, const char *h)
 {
-    if (!srv->api_key)
+    if (!srv->api_key || server_admin_key_matches(srv, h))
         return true;
     if (!h || strncmp(h, "Bearer ", 7) != 0)
         return false;
@@ -311,6 +311,8 @@ void server_dispatch(struct server *srv, const struct server_req *rq, struct rep
         server_reply_error(r, 404, "not_found", "unknown route %s %s", rq->method, rq->path);
         return;
     }
+    if (server_admin_refuse(srv, rq->path, rq->authorization, r))
+        return;
     if (!method_allowed(rt, rq->method)) {
         server_reply_error(r, 405, "method_not_allowed", "%s does not accept %s; use %s", rq->path, rq->method, rt->method);
         return;
@@ -417,6 +419,8 @@ static enum MHD_Result on_headers(struct server *srv, struct MHD_Connection *c, 
         reply_unauthorized(&cs->reply);
         return answer_early(srv, c, cs);
     }
+    if (rt && server_admin_refuse(srv, url, header(c, MHD_HTTP_HEADER_AUTHORIZATION), &cs->reply))
+        return answer_early(srv, c, cs);
     const char *cl = header(c, MHD_HTTP_HEADER_CONTENT_LENGTH);
     if (cl && strtoull(cl, NULL, 10) > srv->cfg.max_body) {
         reply_too_large(srv, &cs->reply);
@@ -620,6 +624,13 @@ ks_status server_start(const struct server_config *cfg, struct sched *sched, con
         server_stop(srv); /* a lost API key would open the server */
         return ks_fail(KS_ERR_NOMEM, "server: out of memory");
     }
+    ks_status pst = server_privacy_init(srv);
+    if (pst) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "%s", ks_errmsg());
+        server_stop(srv);
+        return ks_fail(pst, "%s", msg);
+    }
     srv->sched = sched;
     srv->tok = tok;
     ks_status cst = tok ? server_chat_setup(srv, cfg) : KS_OK;
@@ -712,6 +723,7 @@ void server_stop(struct server *srv)
     grammar_vocab_free(srv->grammar_vocab);
     free(srv->host);
     free(srv->api_key);
+    server_privacy_free(srv);
     free(srv->model_name);
     server_chat_free(srv);
     free(srv);

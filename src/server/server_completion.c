@@ -236,6 +236,7 @@ static ks_status completion(struct server *srv, enum server_api api, const struc
     if (st)
         return st;
     int32_t *ids = (int32_t *)rq.prompt;
+    server_salt_from_key(srv, req->authorization, &rq);
     struct group *g = group_new(c);
     if (!g) {
         free(ids);

@@ -114,6 +114,8 @@ static cJSON *ram_chain_json(const struct server *srv, const struct kv_prefix_in
     add_time(e, p->last_use_ms);
     cJSON_AddStringToObject(e, "tier", "ram");
     add_key(e, p->leaf.lo, p->leaf.hi);
+    if (!srv->cfg.cache_show_text)
+        return e; /* other clients' prompts: shown only with --cache-show-text */
     char *text = NULL;
     size_t len = 0;
     /* the preview is for people: invalid UTF-8 becomes U+FFFD, an invalid id ends it */
