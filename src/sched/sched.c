@@ -33,6 +33,7 @@ struct req {
     bool ignore_eog;
     uint64_t salt_lo, salt_hi; /* its cache salt, 0 0: none */
     bool no_share;            /* salted, and the engine cannot keep salts: it uses no prefix cache */
+    char error_text[256];     /* error points here when it says why (a sampler's message) */
     bool skip_step;           /* this step's prefill chunk was dropped */
     bool needs_lookup;        /* admitted, the prefix cache not asked yet */
     bool looked_up;           /* the first admission's lookup is done (n_cached is set) */
@@ -1028,7 +1029,8 @@ static bool take_token(struct sched *s, struct req *r, ks_status st, const struc
     bool emit = !st && !r->cancelled;
     if (st) {
         r->finish = SCHED_FINISH_ERROR;
-        r->error = "sampling failed";
+        snprintf(r->error_text, sizeof r->error_text, "sampling failed: %s", ks_errmsg());
+        r->error = r->error_text;
     } else if (!r->ignore_eog && is_eog(s, res->token)) {
         r->finish = SCHED_FINISH_STOP;
         emit = false;

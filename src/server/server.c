@@ -137,12 +137,34 @@ unsigned server_http_status(ks_status st)
     }
 }
 
+/* Every error has a code a client can switch on (issue 24): a route that
+ * names none gets its status's. */
+const char *server_default_error_code(unsigned status)
+{
+    switch (status) {
+    case 400: return "invalid_request";
+    case 401: return "unauthorized";
+    case 403: return "forbidden";
+    case 404: return "not_found";
+    case 405: return "method_not_allowed";
+    case 409: return "conflict";
+    case 413: return "request_too_large";
+    case 414: return "uri_too_long";
+    case 415: return "unsupported_media_type";
+    case 421: return "host_not_allowed";
+    case 431: return "headers_too_large";
+    case 501: return "not_implemented";
+    case 503: return "unavailable";
+    default: return status >= 500 ? "server_error" : "invalid_request";
+    }
+}
+
 /* The OpenAI-shaped error body {"error":{"message","type","code"}}. When even
  * that cannot be allocated the reply is a static one, so an error is never
  * sent as an empty body. */
 void server_reply_error(struct reply *r, unsigned status, const char *code, const char *fmt, ...)
 {
-    static const char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"code\":null}}";
+    static const char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"code\":\"out_of_memory\"}}";
     char msg[1024];
     va_list ap;
     va_start(ap, fmt);
@@ -154,10 +176,7 @@ void server_reply_error(struct reply *r, unsigned status, const char *code, cons
     cJSON *err = cJSON_AddObjectToObject(root, "error");
     cJSON_AddStringToObject(err, "message", msg);
     cJSON_AddStringToObject(err, "type", status >= 500 ? "server_error" : "invalid_request_error");
-    if (code)
-        cJSON_AddStringToObject(err, "code", code);
-    else
-        cJSON_AddNullToObject(err, "code");
+    cJSON_AddStringToObject(err, "code", code ? code : server_default_error_code(status));
     char *s = server_json_failed() ? NULL : cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
     if (s && server_json_failed()) {

@@ -357,6 +357,9 @@ struct kv_usage;
 ks_status server_route_cache_clear(struct server *srv, const struct server_req *rq, struct reply *r);
 ks_status server_route_cache_prefixes(struct server *srv, const struct server_req *rq, struct reply *r);
 
+/* The error code of a status, for errors whose route names none (server.c). */
+const char *server_default_error_code(unsigned status);
+
 /* server_privacy.c: the admin key, cache salts. init copies the admin key and
  * makes the tenants' hash key (KS_ERR_NOMEM, KS_ERR_IO); free wipes them. */
 ks_status server_privacy_init(struct server *srv);
