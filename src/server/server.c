@@ -61,7 +61,16 @@ void server_json_push(cJSON *arr, cJSON *item)
 ks_status server_parse_object(const char *body, size_t len, bool empty_is_object, cJSON **out, struct reply *r)
 {
     server_json_reset();
-    cJSON *root = len == 0 && empty_is_object ? cJSON_CreateObject() : cJSON_ParseWithLength(body, len);
+    const char *end = NULL;
+    cJSON *root = len == 0 && empty_is_object ? cJSON_CreateObject() : cJSON_ParseWithLengthOpts(body, len, &end, false);
+    if (cJSON_IsObject(root) && len > 0) {
+        ks_status st = server_json_strict(body, len, end, root, r);
+        if (st) {
+            cJSON_Delete(root);
+            *out = NULL;
+            return st;
+        }
+    }
     if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
         *out = NULL;

@@ -357,6 +357,11 @@ struct kv_usage;
 ks_status server_route_cache_clear(struct server *srv, const struct server_req *rq, struct reply *r);
 ks_status server_route_cache_prefixes(struct server *srv, const struct server_req *rq, struct reply *r);
 
+/* server_json_strict.c: 400 (invalid_json) for a parsed body with bytes after
+ * its value (end: where cJSON stopped), invalid UTF-8, \u0000 in a string or
+ * a key twice in one object. */
+ks_status server_json_strict(const char *body, size_t len, const char *end, const cJSON *root, struct reply *r);
+
 /* The error code of a status, for errors whose route names none (server.c). */
 const char *server_default_error_code(unsigned status);
 
