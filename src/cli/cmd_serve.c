@@ -1,6 +1,7 @@
 /* kvserve serve: load a model, start the scheduler and the OpenAI-compatible
  * HTTP server, run until SIGINT/SIGTERM, then drain within --grace seconds. */
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,6 +39,7 @@ struct serve_opts {
     struct server_sampling sampling;
     struct cli_spec_flags spec;  /* --spec-type, --draft-max, --draft-min */
     const char *admin_key, *admin_key_file; /* tenant isolation: --admin-key(-file) */
+    const char *api_key_file;
     bool cache_salt_from_key, cache_show_text;
 };
 
@@ -101,7 +103,8 @@ static void serve_usage(FILE *out)
             "      --admin-key KEY       /cache/clear, /cache/policy, /cache/requantize, /cache/prefixes and\n"
             "                            /slots need 'Authorization: Bearer KEY' (401 without, 403 with\n"
             "                            another key); KEY also works wherever --api-key does\n"
-            "      --admin-key-file F    the admin key from file F (first line), so it is not in ps\n");
+            "      --admin-key-file F    the admin key from file F (first line), so it is not in ps\n"
+            "      --api-key-file F      the API key from file F (first line), so it is not in ps\n");
     fputs(cli_spec_flags_help, out);
     fputs(cli_model_flags_help, out);
 }
@@ -184,6 +187,7 @@ static bool parse_flag(const char *a, const char *v, void *opts, bool *ok)
     else if (is_flag(a, NULL, "--cache-dir")) *ok = (o->cache_dir = v) != NULL && *v;
     else if (is_flag(a, NULL, "--admin-key")) *ok = (o->admin_key = v) != NULL && *v;
     else if (is_flag(a, NULL, "--admin-key-file")) *ok = (o->admin_key_file = v) != NULL && *v;
+    else if (is_flag(a, NULL, "--api-key-file")) *ok = (o->api_key_file = v) != NULL && *v;
     else if (is_flag(a, NULL, "--cache-disk")) *ok = v && !strchr(v, '%') && cli_parse_mem(v, &o->cache_disk);
     else if (cli_parse_spec_flag(a, v, &o->spec, ok)) return true;
     else return false;
@@ -223,6 +227,7 @@ struct serve_state {
     struct store *store;
     char *chat_template;         /* --chat-template-file's text */
     char *admin_key;             /* --admin-key-file's first line */
+    char *api_key;               /* --api-key-file's first line */
 };
 
 /* The cache: the user's KV flags; without --kv-mem, room for every
@@ -280,19 +285,36 @@ static void raise_file_limit(void)
     }
 }
 
-/* --admin-key-file: its first line, without the line end. */
-static ks_status read_admin_key(const struct serve_opts *o, struct serve_state *s)
+/* A --*-key-file: its first line, without the line end, into *out. */
+static ks_status read_key_file(const char *flag, const char *path, const char *given, char **out)
 {
-    if (!o->admin_key_file)
+    if (!path)
         return KS_OK;
-    if (o->admin_key)
-        return ks_fail(KS_ERR_INVALID_ARG, "give --admin-key or --admin-key-file, not both");
+    if (given)
+        return ks_fail(KS_ERR_INVALID_ARG, "give %.*s or %s, not both", (int)(strlen(flag) - 5), flag, flag);
     size_t len = 0;
-    if (!(s->admin_key = cli_read_file(o->admin_key_file, &len)))
-        return ks_fail(KS_ERR_IO, "cannot read --admin-key-file %s", o->admin_key_file);
-    s->admin_key[strcspn(s->admin_key, "\r\n")] = '\0';
-    if (!*s->admin_key)
-        return ks_fail(KS_ERR_INVALID_ARG, "--admin-key-file %s: its first line is empty", o->admin_key_file);
+    if (!(*out = cli_read_file(path, &len)))
+        return ks_fail(KS_ERR_IO, "cannot read %s %s", flag, path);
+    (*out)[strcspn(*out, "\r\n")] = '\0';
+    if (!**out)
+        return ks_fail(KS_ERR_INVALID_ARG, "%s %s: its first line is empty", flag, path);
+    return KS_OK;
+}
+
+/* The keys from their files, and a warning when the server is open to anyone who reaches it. */
+static ks_status read_keys(const struct serve_opts *o, struct serve_state *s)
+{
+    ks_status st = read_key_file("--admin-key-file", o->admin_key_file, o->admin_key, &s->admin_key);
+    if (!st)
+        st = read_key_file("--api-key-file", o->api_key_file, o->api_key, &s->api_key);
+    if (st)
+        return st;
+    const char *api_key = s->api_key ? s->api_key : o->api_key;
+    if (api_key && !*api_key)
+        fprintf(stderr, "kvserve serve: warning: --api-key is empty, so no key is required\n");
+    if ((!api_key || !*api_key) && strncmp(o->host, "127.", 4) != 0)
+        fprintf(stderr, "kvserve serve: warning: listening on %s without --api-key: anyone who reaches the port can "
+                        "run the model%s\n", o->host, o->admin_key || s->admin_key ? "" : " and clear or read the cache");
     return KS_OK;
 }
 
@@ -305,7 +327,7 @@ static ks_status start(const struct serve_opts *o, const char *path, struct serv
         return ks_fail(KS_ERR_IO, "cannot read --chat-template-file %s", o->chat_template_file);
     if (s->chat_template && strlen(s->chat_template) != tlen)
         return ks_fail(KS_ERR_INVALID_ARG, "--chat-template-file %s contains a NUL byte", o->chat_template_file);
-    ks_status st = read_admin_key(o, s);
+    ks_status st = read_keys(o, s);
     if (st)
         return st;
     st = cli_load_model(path, &o->load, &s->model);
@@ -358,7 +380,7 @@ static ks_status start(const struct serve_opts *o, const char *path, struct serv
     server_config_default(&cfg);
     cfg.host = o->host;
     cfg.port = o->port;
-    cfg.api_key = o->api_key;
+    cfg.api_key = s->api_key ? s->api_key : o->api_key;
     cfg.max_body = o->max_body;
     cfg.timeout_s = o->timeout;
     cfg.max_conn_per_ip = o->max_conn_per_ip;
@@ -420,6 +442,13 @@ static void shutdown_gracefully(struct serve_state *s, int grace)
     }
 }
 
+static void wipe_free(char *key)
+{
+    if (key)
+        memset(key, 0, strlen(key));
+    free(key);
+}
+
 static void teardown(struct serve_state *s)
 {
     server_stop(s->srv);
@@ -429,9 +458,20 @@ static void teardown(struct serve_state *s)
     tok_free(s->tok);
     model_free(s->model);
     free(s->chat_template);
-    if (s->admin_key)
-        memset(s->admin_key, 0, strlen(s->admin_key));
-    free(s->admin_key);
+    wipe_free(s->admin_key);
+    wipe_free(s->api_key);
+}
+
+/* A second SIGINT/SIGTERM during the drain ends the process now: LMDB keeps
+ * the last committed state, pages not yet written are lost. */
+static void *exit_on_second_signal(void *stop)
+{
+    int sig = 0;
+    sigwait(stop, &sig);
+    static const char msg[] = "kvserve serve: second stop signal: exiting now, without draining\n";
+    ssize_t ignored = write(STDERR_FILENO, msg, sizeof msg - 1);
+    (void)ignored;
+    _exit(1);
 }
 
 int cli_serve(int argc, char **argv)
@@ -445,7 +485,7 @@ int cli_serve(int argc, char **argv)
     if (!path)
         return 2;
     /* Block the stop signals in every thread; this one waits for them. */
-    sigset_t stop;
+    static sigset_t stop; /* outlives this call: exit_on_second_signal waits on it */
     sigemptyset(&stop);
     sigaddset(&stop, SIGINT);
     sigaddset(&stop, SIGTERM);
@@ -461,8 +501,11 @@ int cli_serve(int argc, char **argv)
     }
     int sig = 0;
     sigwait(&stop, &sig);
-    fprintf(stderr, "kvserve serve: %s received, draining (grace %d s)\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
-            o.grace);
+    fprintf(stderr, "kvserve serve: %s received, draining (grace %d s; send it again to exit at once)\n",
+            sig == SIGINT ? "SIGINT" : "SIGTERM", o.grace);
+    pthread_t second;
+    if (pthread_create(&second, NULL, exit_on_second_signal, &stop) == 0)
+        pthread_detach(second);
     shutdown_gracefully(&s, o.grace);
     teardown(&s);
     fprintf(stderr, "kvserve serve: stopped\n");
