@@ -38,6 +38,7 @@ struct serve_opts {
     unsigned sampling_set;       /* SERVER_SAMPLING_* of the sampling flags given */
     struct server_sampling sampling;
     struct cli_spec_flags spec;  /* --spec-type, --draft-max, --draft-min */
+    bool spm_infill;             /* --spm-infill */
     const char *admin_key, *admin_key_file; /* tenant isolation: --admin-key(-file) */
     const char *api_key_file;
     bool cache_salt_from_key, cache_show_text;
@@ -72,6 +73,8 @@ static void serve_usage(FILE *out)
             "      --reasoning-format F  where <think>...</think> goes: auto (reasoning_content when the\n"
             "                            template thinks), deepseek (always split), none (all content);\n"
             "                            a request's reasoning_format overrides it (default auto)\n"
+            "      --spm-infill          /infill puts the suffix before the prefix (the Suffix/Prefix/Middle\n"
+            "                            order some code models are trained on; default Prefix/Suffix/Middle)\n"
             "  -t, --threads N           compute threads (default: all cores)\n"
             "sampling defaults (of requests that leave the field out; as llama-server's flags):\n"
             "      --temp T, --top-k N, --top-p P, --min-p P, --repeat-penalty R, --seed S\n"
@@ -158,6 +161,18 @@ static bool parse_sampling_flag(const char *a, const char *v, struct serve_opts 
     return false;
 }
 
+static bool parse_switch(const char *a, void *opts)
+{
+    struct serve_opts *o = opts;
+    if (!strcmp(a, "--spm-infill"))
+        return o->spm_infill = true;
+    if (!strcmp(a, "--cache-salt-from-key"))
+        return o->cache_salt_from_key = true;
+    if (!strcmp(a, "--cache-show-text"))
+        return o->cache_show_text = true;
+    return false;
+}
+
 static bool parse_flag(const char *a, const char *v, void *opts, bool *ok)
 {
     struct serve_opts *o = opts;
@@ -194,15 +209,6 @@ static bool parse_flag(const char *a, const char *v, void *opts, bool *ok)
     return true;
 }
 
-static bool switch_flag(const char *a, void *opts)
-{
-    struct serve_opts *o = opts;
-    if (!strcmp(a, "--cache-salt-from-key")) o->cache_salt_from_key = true;
-    else if (!strcmp(a, "--cache-show-text")) o->cache_show_text = true;
-    else return false;
-    return true;
-}
-
 /* 0 ok, 2 usage error, -1 help printed. */
 static int parse_args(int argc, char **argv, struct serve_opts *o)
 {
@@ -213,8 +219,8 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
     cli_model_flags_init(&o->load);
     cli_spec_flags_init(&o->spec);
     const struct cli_command cmd = {
-        .name = "serve", .usage = serve_usage, .model = &o->load, .value_flag = parse_flag, .opts = o,
-        .switch_flag = switch_flag};
+        .name = "serve", .usage = serve_usage, .model = &o->load, .switch_flag = parse_switch,
+        .value_flag = parse_flag, .opts = o};
     return cli_parse_command(&cmd, argc, argv);
 }
 
@@ -226,6 +232,7 @@ struct serve_state {
     struct server *srv;
     struct store *store;
     char *chat_template;         /* --chat-template-file's text */
+    struct server_loading *loading; /* answers 503 on the port until the server proper takes it over */
     char *admin_key;             /* --admin-key-file's first line */
     char *api_key;               /* --api-key-file's first line */
 };
@@ -330,6 +337,12 @@ static ks_status start(const struct serve_opts *o, const char *path, struct serv
     ks_status st = read_keys(o, s);
     if (st)
         return st;
+    st = server_loading_start(o->host, o->port, &s->loading);
+    if (st)
+        return st;
+    /* not in the host:port form of the ready line below, which scripts wait for */
+    fprintf(stderr, "kvserve serve: loading %s (port %d answers 503 until it is ready)\n", path,
+            server_loading_port(s->loading));
     st = cli_load_model(path, &o->load, &s->model);
     if (st)
         return st;
@@ -362,6 +375,7 @@ static ks_status start(const struct serve_opts *o, const char *path, struct serv
     sc.spec_type = o->spec.type;
     sc.draft_max = o->spec.draft_max;
     sc.draft_min = o->spec.draft_min;
+    sc.pool_n = o->spec.pool_n;
     sc.eog = eog;
     sc.n_eog = collect_eog(s->tok, eog, 16);
     struct sched_engine eng;
@@ -396,14 +410,18 @@ static ks_status start(const struct serve_opts *o, const char *path, struct serv
     cfg.chat_template_origin = o->chat_template_file;
     cfg.store = s->store;
     cfg.reasoning_format = o->reasoning_format;
+    cfg.spm_infill = o->spm_infill;
     cfg.parallel = o->parallel;
     cfg.model_path = path;
     cfg.sampling_set = o->sampling_set;
     cfg.sampling = o->sampling;
+    cfg.listen_from = s->loading;
     st = server_start(&cfg, s->sched, s->tok, &s->srv);
     if (st)
         return st;
     server_set_ready(s->srv, true);
+    server_loading_stop(s->loading); /* its last connections get 503; clients retry on the server proper */
+    s->loading = NULL;
     fprintf(stderr,
             "kvserve serve: %s on http://%s:%d  (ctx %d, parallel %d, batch %d, chunk %d, kv %.1f MiB %s/%s %s)\n",
             cfg.model_name, o->host, server_port(s->srv), ctx, o->parallel, o->max_batch_tokens, o->prefill_chunk,
@@ -451,6 +469,7 @@ static void wipe_free(char *key)
 
 static void teardown(struct serve_state *s)
 {
+    server_loading_stop(s->loading);
     server_stop(s->srv);
     sched_free(s->sched); /* hands the cached pages to the store */
     store_close(s->store);

@@ -334,6 +334,9 @@ ks_status server_route_props(struct server *srv, const struct server_req *rq, st
 ks_status server_route_slots(struct server *srv, const struct server_req *rq, struct reply *r);
 /* server_completion.c: POST /completion, llama-server's native completion */
 ks_status server_route_completion_native(struct server *srv, const struct server_req *rq, struct reply *r);
+/* POST /infill (server_infill.c): fill-in-the-middle as llama-server
+ * assembles it, answered as /completion. */
+ks_status server_route_infill(struct server *srv, const struct server_req *rq, struct reply *r);
 /* server_completion_parse.c: the sampling a /completion request that names
  * no field gets (llama-server's defaults under the server's flags). */
 void server_native_sampling(const struct server *srv, struct sample_params *p);
@@ -359,7 +362,7 @@ ks_status server_route_cache_prefixes(struct server *srv, const struct server_re
 
 /* server_json_strict.c: 400 (invalid_json) for a parsed body with bytes after
  * its value (end: where cJSON stopped), invalid UTF-8, \u0000 in a string or
- * a key twice in one object. */
+ * a key twice in one object (r NULL: the status only). */
 ks_status server_json_strict(const char *body, size_t len, const char *end, const cJSON *root, struct reply *r);
 
 /* The error code of a status, for errors whose route names none (server.c). */

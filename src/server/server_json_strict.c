@@ -26,6 +26,9 @@ static size_t utf8_valid_len(const unsigned char *s, size_t n)
     return len;
 }
 
+/* The 400 of a refused body (into r; r NULL: only the status). */
+#define REFUSE(r, ...) ((r) ? reply_fail((r), KS_ERR_INVALID_ARG, "invalid_json", __VA_ARGS__) : KS_ERR_INVALID_ARG)
+
 static bool is_hex_zero4(const char *s, size_t left) { return left >= 4 && !memcmp(s, "0000", 4); }
 
 /* The raw text [0, n): valid UTF-8 and no \u0000 inside a string. */
@@ -35,13 +38,12 @@ static ks_status check_text(const char *body, size_t n, struct reply *r)
     for (size_t i = 0; i < n;) {
         size_t len = utf8_valid_len((const unsigned char *)body + i, n - i);
         if (!len)
-            return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_json", "the body is not valid UTF-8 (at byte %zu)", i);
+            return REFUSE(r, "the body is not valid UTF-8 (at byte %zu)", i);
         if (len == 1 && body[i] == '"') {
             in_string = !in_string;
         } else if (in_string && body[i] == '\\' && i + 1 < n) {
             if (body[i + 1] == 'u' && is_hex_zero4(body + i + 2, n - i - 2))
-                return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_json",
-                                  "the body holds \\u0000 in a string (at byte %zu); NUL characters are not accepted", i);
+                return REFUSE(r, "the body holds \\u0000 in a string (at byte %zu); NUL characters are not accepted", i);
             i += 2; /* the escaped character, never a closing quote */
             continue;
         }
@@ -85,15 +87,15 @@ ks_status server_json_strict(const char *body, size_t len, const char *end, cons
     size_t used = end ? (size_t)(end - body) : len;
     for (size_t i = used; i < len; i++)
         if (!strchr(" \t\r\n", body[i]))
-            return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_json", "the body has bytes after its JSON value (at byte %zu)", i);
+            return REFUSE(r, "the body has bytes after its JSON value (at byte %zu)", i);
     ks_status st = check_text(body, used, r);
     if (st)
         return st;
     bool oom = false;
     const char *dup = duplicate_key(root, &oom);
     if (oom)
-        return reply_fail(r, KS_ERR_NOMEM, NULL, "out of memory while checking the request body");
+        return r ? reply_fail(r, KS_ERR_NOMEM, NULL, "out of memory while checking the request body") : KS_ERR_NOMEM;
     if (dup)
-        return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_json", "the body holds the key '%.200s' twice in one object", dup);
+        return REFUSE(r, "the body holds the key '%.200s' twice in one object", dup);
     return KS_OK;
 }

@@ -42,6 +42,10 @@ expect 400 invalid_json "overlong UTF-8" '{"max_tokens":1,"messages":[{"role":"u
 expect 400 invalid_value "a user message without content" '{"max_tokens":1,"messages":[{"role":"user"}]}'
 expect 400 invalid_value "a tool message without tool_call_id" \
   '{"max_tokens":1,"messages":[{"role":"user","content":"x"},{"role":"tool","content":"r"}]}'
+printf '{"prompt":["a","b"],"max_tokens":1,"max_tokens":2}' >"$tmp/req"
+code=$(curl -s -o "$tmp/body" -w '%{http_code}' -H "Content-Type: application/json" "$url/v1/completions" --data-binary @"$tmp/req")
+[ "$code" = 400 ] && grep -q '"code":"invalid_json"' "$tmp/body" && ok "a key twice with several prompts: 400" ||
+  bad "a key twice with several prompts: $code $(head -c 200 "$tmp/body")"
 # a 1100-value enum sharing a prefix, inside an object: answered, not 500 at sampling time
 enum=$(seq 0 1099 | sed 's/.*/"value&"/' | paste -sd, -)
 printf '{"prompt":"hi","max_tokens":60,"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{"type":"object","properties":{"a":{"enum":[%s]}},"required":["a"]}}}}' "$enum" >"$tmp/req"
