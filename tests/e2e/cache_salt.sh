@@ -95,4 +95,15 @@ c=$(cached "$ids" '')
   ok "--cache-show-text: previews shown" || bad "--cache-show-text: $(head -c 300 "$tmp/body")"
 grep -q key-one "$tmp/log3" && bad "the API key is in the log" || true
 stop
+
+# keys from files (not in ps): the API key opens the API, the admin key also opens it, and only it the admin routes
+printf 'api-secret\n' >"$tmp/api.key"; printf 'admin-secret\n' >"$tmp/admin.key"; chmod 600 "$tmp"/*.key
+start "$tmp/log4" --api-key-file "$tmp/api.key" --admin-key-file "$tmp/admin.key"
+[ "$(status GET /v1/models)" = 401 ] && ok "--api-key-file: 401 without the key" || bad "--api-key-file: no 401"
+[ "$(status GET /v1/models api-secret)" = 200 ] && ok "--api-key-file: the key from the file works" || bad "--api-key-file key"
+[ "$(status GET /v1/models admin-secret)" = 200 ] && ok "the admin key opens the API too" || bad "admin key on /v1/models"
+[ "$(status GET /cache/prefixes api-secret)" = 403 ] && ok "the API key is not the admin key: 403" || bad "API key on an admin route"
+[ "$(status POST /cache/clear admin-secret)" = 200 ] && ok "--admin-key-file: the admin key clears the cache" || bad "admin key from file"
+ps -o args= -p $pid | grep -q secret && bad "a key is in ps" || ok "no key in ps"
+stop
 exit $fail
