@@ -22,7 +22,7 @@ start() { # log file, extra flags...
   "$bin" serve -m "$model" --port 0 -c 1024 --parallel 2 -t 2 "$@" 2>"$log" &
   pid=$!
   port=
-  for _ in $(seq 200); do port=$(grep -o '127.0.0.1:[0-9]*' "$log" | cut -d: -f2); [ -n "$port" ] && break; sleep 0.1; done
+  for _ in $(seq 200); do port=$(grep -so '127.0.0.1:[0-9]*' "$log" | cut -d: -f2); [ -n "$port" ] && break; sleep 0.1; done
   [ -n "$port" ] || { echo "server did not start"; cat "$log"; exit 1; }
   url=http://127.0.0.1:$port
 }

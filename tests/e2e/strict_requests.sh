@@ -17,7 +17,7 @@ bad() { echo "FAIL $*"; fail=1; }
 "$bin" serve -m "$model" --port 0 -c 512 --parallel 2 -t 2 2>"$tmp/log" &
 pid=$!
 port=
-for _ in $(seq 200); do port=$(grep -ao '127.0.0.1:[0-9]*' "$tmp/log" | cut -d: -f2); [ -n "$port" ] && break; sleep 0.1; done
+for _ in $(seq 200); do port=$(grep -sao '127.0.0.1:[0-9]*' "$tmp/log" | cut -d: -f2); [ -n "$port" ] && break; sleep 0.1; done
 [ -n "$port" ] || { echo "server did not start"; cat "$tmp/log"; exit 1; }
 url=http://127.0.0.1:$port
 
