@@ -6,7 +6,7 @@ set(KS_E2E_ENV "KVSERVE_SHARED=${KS_SHARED_DIR};KVSERVE_BIN=$<TARGET_FILE:kvserv
 add_test(NAME server_curl_errors COMMAND ${CMAKE_SOURCE_DIR}/tests/e2e/curl_errors.sh)
 # the live page in headless Chromium; leaves kv_page.png in the build dir
 add_test(NAME server_page_chromium COMMAND ${CMAKE_SOURCE_DIR}/tests/e2e/page_chromium.sh)
-foreach(part basic concurrency pressure tools)
+foreach(part basic concurrency pressure tools clients)
   add_test(NAME server_e2e_${part} COMMAND ${CMAKE_SOURCE_DIR}/tests/e2e/run.sh ${part})
 endforeach()
 # the prefix cache's SSD tier across a restart (needs only curl and python3)
@@ -22,8 +22,14 @@ add_test(NAME server_cache_salt COMMAND ${CMAKE_SOURCE_DIR}/tests/e2e/cache_salt
 # bodies cJSON takes but the server refuses: duplicate keys, trailing bytes, NUL, bad UTF-8; a large enum (curl)
 add_test(NAME server_strict_requests COMMAND ${CMAKE_SOURCE_DIR}/tests/e2e/strict_requests.sh)
 foreach(t server_curl_errors server_page_chromium server_e2e_basic server_e2e_concurrency server_e2e_pressure
-          server_e2e_tools
+          server_e2e_tools server_e2e_clients
           server_prefix_restart server_conn server_llama_parity server_infill_parity server_cache_salt
           server_strict_requests)
   set_tests_properties(${t} PROPERTIES LABELS e2e TIMEOUT 900 SKIP_RETURN_CODE 77 ENVIRONMENT "${KS_E2E_ENV}")
 endforeach()
+# Anthropic's /v1/messages and OpenAI's /v1/responses against the chat route on the default model (python3)
+add_test(NAME server_apis COMMAND python3 ${CMAKE_SOURCE_DIR}/tests/e2e/apis.py)
+set_tests_properties(server_apis PROPERTIES LABELS e2e TIMEOUT 300 SKIP_RETURN_CODE 77 ENVIRONMENT "${KS_E2E_ENV}")
+# the same routes through the official @anthropic-ai/sdk and openai clients (tests/e2e/sdk/run.sh: npm ci, else 77)
+add_test(NAME server_apis_sdk COMMAND ${CMAKE_SOURCE_DIR}/tests/e2e/sdk/run.sh)
+set_tests_properties(server_apis_sdk PROPERTIES LABELS e2e TIMEOUT 300 SKIP_RETURN_CODE 77 ENVIRONMENT "${KS_E2E_ENV}")

@@ -44,6 +44,7 @@ struct server {
     struct server_watch *watch; /* the hangup watcher of suspended connections (server_wait.c) */
     pthread_mutex_t mu;
     bool ready;
+    bool draining;              /* server_quiesce was called: /health answers 503 "draining" */
     int in_flight;
     uint64_t next_call;
     uint64_t http_requests, http_errors;
@@ -66,6 +67,7 @@ struct server_req {
     const char *method;       /* "GET", "HEAD", "POST", ... */
     const char *path;         /* without the query string */
     const char *authorization;/* the Authorization header, NULL if absent */
+    const char *x_api_key;    /* the x-api-key header (Anthropic's clients send the key there), NULL if absent */
     const char *body;         /* never NULL ("" without a body) */
     size_t len;
     /* The value of a query argument, NULL if absent; arg may be NULL (no query). */
@@ -359,6 +361,8 @@ void server_metric(struct sbuf *b, const char *name, const char *type, const cha
 struct kv_usage;
 ks_status server_route_cache_clear(struct server *srv, const struct server_req *rq, struct reply *r);
 ks_status server_route_cache_prefixes(struct server *srv, const struct server_req *rq, struct reply *r);
+/* ?prompt= or ?tokens= of /cache/prefixes: the pages of it held here (server_affinity.c) */
+ks_status server_route_prefix_held(struct server *srv, const struct server_req *rq, struct reply *r);
 
 /* server_json_strict.c: 400 (invalid_json) for a parsed body with bytes after
  * its value (end: where cJSON stopped), invalid UTF-8, \u0000 in a string or
@@ -383,8 +387,20 @@ bool server_admin_refuse(const struct server *srv, const char *path, const char 
 cJSON *server_prefix_usage_json(const struct kv_usage *u, const struct sched_stats *st);
 cJSON *server_disk_usage_json(struct server *srv); /* null without the SSD tier */
 void server_prefix_metrics(struct server *srv, struct sbuf *b, const struct sched_stats *st, const struct kv_usage *u);
+cJSON *server_redis_usage_json(struct server *srv); /* null without the shared tier (server_redis.c) */
+void server_redis_metrics(struct server *srv, struct sbuf *b);
 
 /* server_page.c: the live page, embedded at build time from src/server/page/ */
 ks_status server_route_page(struct server *srv, const struct server_req *rq, struct reply *r);
+
+/* server_anthropic.c: Anthropic's POST /v1/messages and /v1/messages/count_tokens */
+ks_status server_route_messages(struct server *srv, const struct server_req *rq, struct reply *r);
+ks_status server_route_count_tokens(struct server *srv, const struct server_req *rq, struct reply *r);
+/* A path of Anthropic's API: its errors are {"type":"error","error":{"type","message"}} */
+bool server_anthropic_path(const char *path);
+/* That error reply (r's previous content is released); code is unused (Anthropic's type follows status). */
+void server_anthropic_error(struct reply *r, unsigned status, const char *code, const char *msg);
+/* server_responses.c: OpenAI's POST /v1/responses */
+ks_status server_route_responses(struct server *srv, const struct server_req *rq, struct reply *r);
 
 #endif
