@@ -17,9 +17,14 @@ add_test(NAME server_conn COMMAND python3 ${CMAKE_SOURCE_DIR}/tests/e2e/conn.py)
 add_test(NAME server_llama_parity COMMAND ${CMAKE_SOURCE_DIR}/tests/e2e/llama_parity.py)
 # /infill against the anchor's llama-server on a tiny model with Qwen3's FIM vocabulary (python3)
 add_test(NAME server_infill_parity COMMAND ${CMAKE_SOURCE_DIR}/tests/e2e/infill_parity.py)
+# tenant isolation: cache_salt, --cache-salt-from-key, --admin-key, --cache-show-text (curl)
+add_test(NAME server_cache_salt COMMAND ${CMAKE_SOURCE_DIR}/tests/e2e/cache_salt.sh)
+# bodies cJSON takes but the server refuses: duplicate keys, trailing bytes, NUL, bad UTF-8; a large enum (curl)
+add_test(NAME server_strict_requests COMMAND ${CMAKE_SOURCE_DIR}/tests/e2e/strict_requests.sh)
 foreach(t server_curl_errors server_page_chromium server_e2e_basic server_e2e_concurrency server_e2e_pressure
           server_e2e_tools server_e2e_clients
-          server_prefix_restart server_conn server_llama_parity server_infill_parity)
+          server_prefix_restart server_conn server_llama_parity server_infill_parity server_cache_salt
+          server_strict_requests)
   set_tests_properties(${t} PROPERTIES LABELS e2e TIMEOUT 900 SKIP_RETURN_CODE 77 ENVIRONMENT "${KS_E2E_ENV}")
 endforeach()
 # Anthropic's /v1/messages and OpenAI's /v1/responses against the chat route on the default model (python3)

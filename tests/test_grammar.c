@@ -19,6 +19,7 @@
 
 #include "gguf/gguf.h"
 #include "grammar/grammar.h"
+#include "sbuf/sbuf.h"
 #include "support/skip.h"
 #include "tokenizer/tokenizer.h"
 
@@ -219,6 +220,28 @@ static void schema_cases(const char *schema, const char *const *good, const char
 }
 
 #define L(...) ((const char *const[]){__VA_ARGS__, NULL})
+
+/* An enum larger than GRAMMAR_MAX_STACKS whose values share prefixes (issue
+ * 24: 1100 values answered 500 at sampling time): the trie keeps one stack
+ * per distinct next character, alone and inside an object. Values that are
+ * prefixes of others, multi-byte characters and non-strings stay exact. */
+static void test_schema_large_enum(void **state)
+{
+    (void)state;
+    struct sbuf b = {0}, o = {0};
+    sbuf_puts(&b, "{\"enum\":[\"a\",\"ab\",\"abc\",\"\u00e9\",\"\u00e9a\",\"\u00ea\",1,12,null,\"ab\"");
+    for (int i = 0; i < 1500; i++)
+        sbuf_printf(&b, ",\"value%d\"", i);
+    sbuf_puts(&b, "]}");
+    schema_cases(b.p, L("\"a\"", "\"ab\"", "\"abc\"", "\"\xc3\xa9\"", "\"\xc3\xa9" "a\"", "\"\xc3\xaa\"", "1", "12",
+                           "null", "\"value0\"", "\"value1\"", "\"value149\"", "\"value1499\""),
+                 L("\"\"", "\"abcd\"", "\"value\"", "\"value1500\"", "\"valu\"", "\"\xc3\xa9" "b\"", "2", "123", "\"a"));
+    sbuf_printf(&o, "{\"type\":\"object\",\"properties\":{\"k\":%s},\"required\":[\"k\"]}", b.p);
+    schema_cases(o.p, L("{\"k\":\"value1234\"}", "{ \"k\" : \"abc\" }"), L("{\"k\":\"value12345\"}", "{}"));
+    sbuf_free(&o);
+    sbuf_free(&b);
+}
+
 
 static void test_schema_keywords(void **state)
 {
@@ -983,7 +1006,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parse_errors),       cmocka_unit_test(test_match_basics),
-        cmocka_unit_test(test_json_object_grammar), cmocka_unit_test(test_schema_keywords),
+        cmocka_unit_test(test_json_object_grammar), cmocka_unit_test(test_schema_keywords), cmocka_unit_test(test_schema_large_enum),
         cmocka_unit_test(test_schema_errors),      cmocka_unit_test(test_special_tokens),
         cmocka_unit_test(test_schema_integer_bounds), cmocka_unit_test(test_match_ended),
         cmocka_unit_test(test_mask_qwen3),         cmocka_unit_test(test_mask_llama_spm),

@@ -87,6 +87,7 @@ static struct server *start_server(struct sched *s, const char *key)
     cfg.max_body = 64 * 1024;
     cfg.ctx_size = CTX;
     cfg.model_name = "mock";
+    cfg.cache_show_text = true; /* the /cache/prefixes previews are checked */
     struct server *srv = NULL;
     assert_int_equal(server_start(&cfg, s, F.tok, &srv), KS_OK);
     server_set_ready(srv, true);

@@ -391,7 +391,7 @@ static void test_errors(void **state)
     const char *raising = "{% for m in messages %}{% if m.role == 'tool' %}{{ raise_exception('no tools here') }}"
                           "{% endif %}{{ m.content }}{% endfor %}{{ extra }}";
     srv = start_with(raising, NULL);
-    expect_400(srv, "{\"messages\": [{\"role\": \"tool\", \"content\": \"x\"}]}", "no tools here");
+    expect_400(srv, "{\"messages\": [{\"role\": \"tool\", \"tool_call_id\": \"c1\", \"content\": \"x\"}]}", "no tools here");
     expect_400(srv, "{\"messages\": [{\"role\": \"robot\", \"content\": \"x\"}]}", "messages[0].role");
     expect_400(srv, "{\"messages\": [{\"role\": \"user\", \"content\": 5}]}", "messages[0].content");
     expect_400(srv, "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\"}]}]}",
@@ -446,7 +446,7 @@ static void test_errors(void **state)
 
     /* a named family takes no tool messages */
     srv = start_with(NULL, "chatml");
-    expect_400(srv, "{\"messages\": [{\"role\": \"tool\", \"content\": \"x\"}]}", "chatml");
+    expect_400(srv, "{\"messages\": [{\"role\": \"tool\", \"tool_call_id\": \"c1\", \"content\": \"x\"}]}", "chatml");
     /* nor tools: refused by name, never dropped */
     expect_400(srv,
                "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": \"function\", "

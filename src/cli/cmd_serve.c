@@ -1,6 +1,7 @@
 /* kvserve serve: load a model, start the scheduler and the OpenAI-compatible
  * HTTP server, run until SIGINT/SIGTERM, then drain within --grace seconds. */
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,6 +41,9 @@ struct serve_opts {
     struct cli_spec_flags spec;  /* --spec-type, --draft-max, --draft-min */
     bool spm_infill;             /* --spm-infill */
     struct cli_redis_flags redis; /* --cache-redis... (serve_redis.c) */
+    const char *admin_key, *admin_key_file; /* tenant isolation: --admin-key(-file) */
+    const char *api_key_file;
+    bool cache_salt_from_key, cache_show_text;
 };
 
 static void serve_usage(FILE *out)
@@ -94,7 +98,18 @@ static void serve_usage(FILE *out)
             "                            pages stay cached after a request ends (default on)\n"
             "      --cache-dir DIR       keep evicted pages on disk in DIR (LMDB) and read them back;\n"
             "                            cached pages are written there at shutdown and found after a restart\n"
-            "      --cache-disk SIZE     disk limit of --cache-dir, e.g. 20G (default 10%% of the free disk)\n");
+            "      --cache-disk SIZE     disk limit of --cache-dir, e.g. 20G (default 10%% of the free disk)\n"
+            "tenant isolation (prefix cache privacy):\n"
+            "      --cache-salt-from-key salt each request's prefix cache with a keyed hash of its bearer token:\n"
+            "                            requests share cached pages only with requests of the same key\n"
+            "                            (a request's cache_salt field splits further)\n"
+            "      --cache-show-text     /cache/prefixes and the page show cached prompts' first tokens as\n"
+            "                            text (default: token counts and keys only)\n"
+            "      --admin-key KEY       /cache/clear, /cache/policy, /cache/requantize, /cache/prefixes and\n"
+            "                            /slots need 'Authorization: Bearer KEY' (401 without, 403 with\n"
+            "                            another key); KEY also works wherever --api-key does\n"
+            "      --admin-key-file F    the admin key from file F (first line), so it is not in ps\n"
+            "      --api-key-file F      the API key from file F (first line), so it is not in ps\n");
     fputs(cli_spec_flags_help, out);
     fputs(cli_redis_flags_help, out);
     fputs(cli_model_flags_help, out);
@@ -154,6 +169,10 @@ static bool parse_switch(const char *a, void *opts)
     struct serve_opts *o = opts;
     if (!strcmp(a, "--spm-infill"))
         return o->spm_infill = true;
+    if (!strcmp(a, "--cache-salt-from-key"))
+        return o->cache_salt_from_key = true;
+    if (!strcmp(a, "--cache-show-text"))
+        return o->cache_show_text = true;
     return false;
 }
 
@@ -184,6 +203,9 @@ static bool parse_flag(const char *a, const char *v, void *opts, bool *ok)
     else if (is_flag(a, NULL, "--allowed-host")) *ok = list_add(o->allowed_hosts, &o->n_allowed_hosts, v);
     else if (is_flag(a, NULL, "--prefix-cache")) *ok = cli_parse_on_off(v, &o->prefix_cache);
     else if (is_flag(a, NULL, "--cache-dir")) *ok = (o->cache_dir = v) != NULL && *v;
+    else if (is_flag(a, NULL, "--admin-key")) *ok = (o->admin_key = v) != NULL && *v;
+    else if (is_flag(a, NULL, "--admin-key-file")) *ok = (o->admin_key_file = v) != NULL && *v;
+    else if (is_flag(a, NULL, "--api-key-file")) *ok = (o->api_key_file = v) != NULL && *v;
     else if (is_flag(a, NULL, "--cache-disk")) *ok = v && !strchr(v, '%') && cli_parse_mem(v, &o->cache_disk);
     else if (cli_parse_spec_flag(a, v, &o->spec, ok)) return true;
     else if (cli_parse_redis_flag(a, v, &o->redis, ok)) return true;
@@ -216,6 +238,8 @@ struct serve_state {
     struct store_redis *redis;
     char *chat_template;         /* --chat-template-file's text */
     struct server_loading *loading; /* answers 503 on the port until the server proper takes it over */
+    char *admin_key;             /* --admin-key-file's first line */
+    char *api_key;               /* --api-key-file's first line */
 };
 
 /* The cache: the user's KV flags; without --kv-mem, room for every
@@ -273,6 +297,39 @@ static void raise_file_limit(void)
     }
 }
 
+/* A --*-key-file: its first line, without the line end, into *out. */
+static ks_status read_key_file(const char *flag, const char *path, const char *given, char **out)
+{
+    if (!path)
+        return KS_OK;
+    if (given)
+        return ks_fail(KS_ERR_INVALID_ARG, "give %.*s or %s, not both", (int)(strlen(flag) - 5), flag, flag);
+    size_t len = 0;
+    if (!(*out = cli_read_file(path, &len)))
+        return ks_fail(KS_ERR_IO, "cannot read %s %s", flag, path);
+    (*out)[strcspn(*out, "\r\n")] = '\0';
+    if (!**out)
+        return ks_fail(KS_ERR_INVALID_ARG, "%s %s: its first line is empty", flag, path);
+    return KS_OK;
+}
+
+/* The keys from their files, and a warning when the server is open to anyone who reaches it. */
+static ks_status read_keys(const struct serve_opts *o, struct serve_state *s)
+{
+    ks_status st = read_key_file("--admin-key-file", o->admin_key_file, o->admin_key, &s->admin_key);
+    if (!st)
+        st = read_key_file("--api-key-file", o->api_key_file, o->api_key, &s->api_key);
+    if (st)
+        return st;
+    const char *api_key = s->api_key ? s->api_key : o->api_key;
+    if (api_key && !*api_key)
+        fprintf(stderr, "kvserve serve: warning: --api-key is empty, so no key is required\n");
+    if ((!api_key || !*api_key) && strncmp(o->host, "127.", 4) != 0)
+        fprintf(stderr, "kvserve serve: warning: listening on %s without --api-key: anyone who reaches the port can "
+                        "run the model%s\n", o->host, o->admin_key || s->admin_key ? "" : " and clear or read the cache");
+    return KS_OK;
+}
+
 static ks_status start(const struct serve_opts *o, const char *path, struct serve_state *s)
 {
     if (o->chat_template && o->chat_template_file)
@@ -282,7 +339,10 @@ static ks_status start(const struct serve_opts *o, const char *path, struct serv
         return ks_fail(KS_ERR_IO, "cannot read --chat-template-file %s", o->chat_template_file);
     if (s->chat_template && strlen(s->chat_template) != tlen)
         return ks_fail(KS_ERR_INVALID_ARG, "--chat-template-file %s contains a NUL byte", o->chat_template_file);
-    ks_status st = server_loading_start(o->host, o->port, &s->loading);
+    ks_status st = read_keys(o, s);
+    if (st)
+        return st;
+    st = server_loading_start(o->host, o->port, &s->loading);
     if (st)
         return st;
     /* not in the host:port form of the ready line below, which scripts wait for */
@@ -345,12 +405,15 @@ static ks_status start(const struct serve_opts *o, const char *path, struct serv
     server_config_default(&cfg);
     cfg.host = o->host;
     cfg.port = o->port;
-    cfg.api_key = o->api_key;
+    cfg.api_key = s->api_key ? s->api_key : o->api_key;
     cfg.max_body = o->max_body;
     cfg.timeout_s = o->timeout;
     cfg.max_conn_per_ip = o->max_conn_per_ip;
     cfg.cors_origins = o->cors_origins;
     cfg.allowed_hosts = o->allowed_hosts;
+    cfg.admin_key = s->admin_key ? s->admin_key : o->admin_key;
+    cfg.cache_salt_from_key = o->cache_salt_from_key;
+    cfg.cache_show_text = o->cache_show_text;
     cfg.model_name = o->alias ? o->alias : base_name(path);
     cfg.ctx_size = ctx;
     cfg.chat_template = o->chat_template;
@@ -409,6 +472,13 @@ static void shutdown_gracefully(struct serve_state *s, int grace)
     }
 }
 
+static void wipe_free(char *key)
+{
+    if (key)
+        memset(key, 0, strlen(key));
+    free(key);
+}
+
 static void teardown(struct serve_state *s)
 {
     server_loading_stop(s->loading);
@@ -420,6 +490,20 @@ static void teardown(struct serve_state *s)
     tok_free(s->tok);
     model_free(s->model);
     free(s->chat_template);
+    wipe_free(s->admin_key);
+    wipe_free(s->api_key);
+}
+
+/* A second SIGINT/SIGTERM during the drain ends the process now: LMDB keeps
+ * the last committed state, pages not yet written are lost. */
+static void *exit_on_second_signal(void *stop)
+{
+    int sig = 0;
+    sigwait(stop, &sig);
+    static const char msg[] = "kvserve serve: second stop signal: exiting now, without draining\n";
+    ssize_t ignored = write(STDERR_FILENO, msg, sizeof msg - 1);
+    (void)ignored;
+    _exit(1);
 }
 
 int cli_serve(int argc, char **argv)
@@ -433,7 +517,7 @@ int cli_serve(int argc, char **argv)
     if (!path)
         return 2;
     /* Block the stop signals in every thread; this one waits for them. */
-    sigset_t stop;
+    static sigset_t stop; /* outlives this call: exit_on_second_signal waits on it */
     sigemptyset(&stop);
     sigaddset(&stop, SIGINT);
     sigaddset(&stop, SIGTERM);
@@ -449,8 +533,11 @@ int cli_serve(int argc, char **argv)
     }
     int sig = 0;
     sigwait(&stop, &sig);
-    fprintf(stderr, "kvserve serve: %s received, draining (grace %d s)\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
-            o.grace);
+    fprintf(stderr, "kvserve serve: %s received, draining (grace %d s; send it again to exit at once)\n",
+            sig == SIGINT ? "SIGINT" : "SIGTERM", o.grace);
+    pthread_t second;
+    if (pthread_create(&second, NULL, exit_on_second_signal, &stop) == 0)
+        pthread_detach(second);
     shutdown_gracefully(&s, o.grace);
     teardown(&s);
     fprintf(stderr, "kvserve serve: stopped\n");

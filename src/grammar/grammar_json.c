@@ -479,6 +479,121 @@ static bool gen_ref(struct conv *c, const char *ref, char *name, size_t cap)
 }
 
 /* Emit a rule for schema s; its name goes to name. */
+/* ---- enum: a trie of its values' literals ------------------------------------------- */
+
+/* An enum is written as a trie (one rule per branch point) instead of one
+ * alternative per value: values sharing a prefix share its stacks, so a
+ * state holds at most one stack per distinct next character, never one per
+ * value (1100 values starting with "v" would pass GRAMMAR_MAX_STACKS). */
+enum { ENUM_MAX_BRANCH_DEPTH = 200 };
+
+struct enum_trie {
+    char **lit;          /* (n) the values as cJSON prints them, sorted, distinct */
+    size_t *len;         /* (n) their lengths */
+    int n;
+};
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* Bytes of the UTF-8 character starting at s[0], at most left. */
+static size_t utf8_char_len(const char *s, size_t left)
+{
+    unsigned char b = (unsigned char)s[0];
+    size_t n = b < 0xC0 ? 1 : b < 0xE0 ? 2 : b < 0xF0 ? 3 : 4;
+    return n < left ? n : left;
+}
+
+/* The end of what lit[a..b) share from d on, at a character boundary, at least min. */
+static size_t shared_end(const struct enum_trie *t, int a, int b, size_t d, size_t min)
+{
+    const char *x = t->lit[a], *y = t->lit[b - 1];
+    size_t end = d;
+    while (end < t->len[a] && end < t->len[b - 1] && x[end] == y[end])
+        end++;
+    while (end > min && end < t->len[a] && ((unsigned char)x[end] & 0xC0) == 0x80)
+        end--;
+    return end;
+}
+
+struct enum_group {
+    int first, end;      /* lit[first..end) share their bytes [d, shared) */
+    size_t shared;
+    bool first_ends;     /* lit[first] is exactly those bytes (sorted and distinct: only the first can be) */
+    int child;           /* the rule of what follows the shared bytes, -1: nothing does */
+};
+
+/* Rule `id` matches the rest (from byte d on) of lit[lo..hi), all longer than d. */
+static bool enum_branch(struct conv *c, const struct enum_trie *t, int lo, int hi, size_t d, int id, int depth)
+{
+    if (depth > ENUM_MAX_BRANCH_DEPTH)
+        return conv_fail(c, KS_ERR_UNSUPPORTED, "'enum' values branch more than %d times along one value",
+                         ENUM_MAX_BRANCH_DEPTH), false;
+    struct enum_group *g = malloc((size_t)(hi - lo) * sizeof *g);
+    if (!g)
+        return conv_fail(c, KS_ERR_NOMEM, "out of memory"), false;
+    int n = 0;
+    for (int a = lo; a < hi; n++) {
+        size_t cl = utf8_char_len(t->lit[a] + d, t->len[a] - d);
+        int b = a + 1;
+        while (b < hi && t->len[b] >= d + cl && !memcmp(t->lit[b] + d, t->lit[a] + d, cl))
+            b++;
+        g[n] = (struct enum_group){.first = a, .end = b, .shared = shared_end(t, a, b, d, d + cl)};
+        g[n].first_ends = t->len[a] == g[n].shared;
+        g[n].child = a + g[n].first_ends < b ? new_rule(c) : -1;
+        a = b;
+    }
+    sbuf_printf(&c->out, "%sr%d ::= ", c->pre, id);
+    for (int i = 0; i < n; i++) {
+        if (i)
+            sbuf_puts(&c->out, " | ");
+        put_literal(&c->out, t->lit[g[i].first] + d, g[i].shared - d);
+        if (g[i].child >= 0)
+            sbuf_printf(&c->out, " %sr%d%s", c->pre, g[i].child, g[i].first_ends ? "?" : "");
+    }
+    sbuf_puts(&c->out, "\n");
+    bool ok = true;
+    for (int i = 0; i < n && ok; i++)
+        if (g[i].child >= 0)
+            ok = enum_branch(c, t, g[i].first + g[i].first_ends, g[i].end, g[i].shared, g[i].child, depth + 1);
+    free(g);
+    return ok;
+}
+
+static bool gen_enum(struct conv *c, const cJSON *en, int id)
+{
+    struct enum_trie t = {.n = 0};
+    int cap = cJSON_GetArraySize(en);
+    t.lit = calloc((size_t)cap, sizeof *t.lit);
+    t.len = calloc((size_t)cap, sizeof *t.len);
+    bool ok = t.lit && t.len;
+    const cJSON *v;
+    cJSON_ArrayForEach(v, en) {
+        if (ok && !(t.lit[t.n++] = cJSON_PrintUnformatted(v)))
+            ok = false;
+    }
+    if (!ok) {
+        conv_fail(c, KS_ERR_NOMEM, "out of memory");
+    } else {
+        qsort(t.lit, (size_t)t.n, sizeof *t.lit, cmp_str);
+        int k = 0;
+        for (int i = 0; i < t.n; i++) {
+            if (k && !strcmp(t.lit[i], t.lit[k - 1])) {
+                cJSON_free(t.lit[i]);
+                continue;
+            }
+            t.lit[k] = t.lit[i];
+            t.len[k++] = strlen(t.lit[i]);
+        }
+        t.n = k;
+        ok = enum_branch(c, &t, 0, t.n, 0, id, 0);
+    }
+    for (int i = 0; t.lit && i < t.n; i++)
+        cJSON_free(t.lit[i]);
+    free(t.lit);
+    free(t.len);
+    return ok;
+}
+
 static bool gen(struct conv *c, const cJSON *s, char *name, size_t cap)
 {
     if (++c->depth > 64) {
@@ -532,17 +647,8 @@ static bool gen(struct conv *c, const cJSON *s, char *name, size_t cap)
             conv_fail(c, KS_ERR_INVALID_ARG, "'enum' must be a non-empty array");
             goto out;
         }
-        sbuf_printf(&c->out, "%sr%d ::= ", c->pre, id);
-        const cJSON *v;
-        bool first = true;
-        cJSON_ArrayForEach(v, en) {
-            if (!first)
-                sbuf_puts(&c->out, " | ");
-            first = false;
-            if (!put_json_literal(c, v))
-                goto out;
-        }
-        sbuf_puts(&c->out, "\n");
+        if (!gen_enum(c, en, id))
+            goto out;
     } else if (any) {
         if (!cJSON_IsArray(any) || cJSON_GetArraySize(any) == 0) {
             conv_fail(c, KS_ERR_INVALID_ARG, "'anyOf' must be a non-empty array of schemas");

@@ -699,6 +699,7 @@ ks_status kv_seq_fork(struct kv_cache *kv, int32_t src, int32_t *seq_out)
     }
     memcpy(to->keys, from->keys, (size_t)from->n_keyed * sizeof *to->keys);
     to->n_keyed = from->n_keyed;
+    to->root = from->root;
     to->n_pages = from->n_pages;
     to->len = from->len;
     to->swa_from = from->swa_from;

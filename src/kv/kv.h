@@ -320,7 +320,18 @@ struct kv_key {
 
 static inline bool kv_key_equal(struct kv_key a, struct kv_key b) { return a.lo == b.lo && a.hi == b.hi; }
 
-/* The chain keys of the n_tokens / P full pages of tokens into keys[]. */
+/* Cache salts (vLLM's cache_salt): a salted sequence's chain starts from a
+ * root made from its salt instead of key_{-1} = 0, so every key of the chain
+ * differs: its pages, tails included, are shared with (and read back from the
+ * SSD tier by) sequences of the same salt only. Unsalted keys are unchanged.
+ * A salt is a 128-bit digest, {0, 0} meaning none; kv_salt_mix folds bytes
+ * into one (from {0, 0}: the digest of the bytes), never giving {0, 0}. */
+struct kv_key kv_salt_mix(struct kv_key salt, const void *bytes, size_t n);
+/* Set seq's salt before it holds a page (forks inherit it). KS_ERR_NOT_FOUND
+ * (no such sequence), KS_ERR_STATE (it holds tokens already). */
+ks_status kv_seq_set_salt(struct kv_cache *kv, int32_t seq, struct kv_key salt);
+
+/* The chain keys of the n_tokens / P full pages of tokens into keys[] (unsalted). */
 void kv_prefix_keys(const struct kv_cache *kv, const int32_t *tokens, int32_t n_tokens, struct kv_key *keys);
 
 /* The key seq's next full page would have along tokens (its tokens are

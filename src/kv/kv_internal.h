@@ -67,6 +67,7 @@ struct kv_seq {
     int32_t *pages;          /* (n_pages) page ids, token t lives in pages[t / P] */
     struct kv_key *keys;     /* (cap_pages) chain keys of the first n_keyed pages */
     int32_t n_keyed;         /* pages whose key is known and whose publication was tried */
+    struct kv_key root;      /* key_{-1} of its chain: 0, or its cache salt's root (kv_seq_set_salt) */
     /* sliding windows: no query of this sequence reads a window layer below swa_from again
      * ((len when its last growth began) - swa_window + 1, floored at 0); every page covering
      * [swa_from, len) holds its window rows, and pages [0, swa_scan) hold none */

@@ -374,11 +374,44 @@ int32_t kv_prefix_persist(struct kv_cache *kv)
 
 /* ---- attaching cached pages to a sequence ------------------------------------- */
 
+/* The salt is hashed once more, with a tag of its own, so a chain's root is
+ * never a page's key (whose input is laid out otherwise). */
+static struct kv_key salt_root(struct kv_key salt)
+{
+    static const char tag[] = "kvserve cache salt root";
+    uint8_t buf[sizeof tag + sizeof salt];
+    memcpy(buf, tag, sizeof tag);
+    memcpy(buf + sizeof tag, &salt, sizeof salt);
+    XXH128_hash_t h = XXH3_128bits(buf, sizeof buf);
+    return (struct kv_key){h.low64, h.high64};
+}
+
+struct kv_key kv_salt_mix(struct kv_key salt, const void *bytes, size_t n)
+{
+    XXH128_hash_t of_bytes = XXH3_128bits(bytes, n);
+    uint64_t buf[4] = {salt.lo, salt.hi, of_bytes.low64, of_bytes.high64};
+    XXH128_hash_t h = XXH3_128bits(buf, sizeof buf);
+    struct kv_key k = {h.low64, h.high64};
+    return kv_key_equal(k, ZERO_KEY) ? (struct kv_key){1, 0} : k; /* {0, 0} means "no salt" */
+}
+
 static ks_status live_seq(const struct kv_cache *kv, int32_t seq, struct kv_seq **out)
 {
     if (seq < 0 || seq >= kv->n_seq_slots || !kv->seqs[seq].live)
         return ks_fail(KS_ERR_NOT_FOUND, "kv cache: sequence %d does not exist", (int)seq);
     *out = &kv->seqs[seq];
+    return KS_OK;
+}
+
+ks_status kv_seq_set_salt(struct kv_cache *kv, int32_t seq, struct kv_key salt)
+{
+    struct kv_seq *s = NULL;
+    ks_status st = live_seq(kv, seq, &s);
+    if (st)
+        return st;
+    if (s->n_pages > 0)
+        return ks_fail(KS_ERR_STATE, "kv cache: sequence %d already holds tokens; set its cache salt first", (int)seq);
+    s->root = kv_key_equal(salt, ZERO_KEY) ? ZERO_KEY : salt_root(salt);
     return KS_OK;
 }
 
@@ -389,7 +422,7 @@ static bool seq_extendable(const struct kv_cache *kv, const struct kv_seq *s)
     return kv->cfg.prefix_cache && (s->len & (kv->cfg.page_tokens - 1)) == 0 && s->n_keyed == s->n_pages;
 }
 
-static struct kv_key last_key(const struct kv_seq *s) { return s->n_keyed ? s->keys[s->n_keyed - 1] : ZERO_KEY; }
+static struct kv_key last_key(const struct kv_seq *s) { return s->n_keyed ? s->keys[s->n_keyed - 1] : s->root; }
 
 /* Map page id (already referenced for s) as s's next page. */
 bool kv_seq_next_key(const struct kv_cache *kv, int32_t seq, const int32_t *tokens, struct kv_key *out)
@@ -564,9 +597,8 @@ static ks_status blob_check(const struct kv_cache *kv, const struct blob_header 
         kv_check_type(c, (enum quant_type)h->type_k, "kv page blob") ||
         kv_check_type(c, (enum quant_type)h->type_v, "kv page blob"))
         return ks_fail(KS_ERR_FORMAT, "kv page blob: bad K/V types %u/%u", h->type_k, h->type_v);
-    if (h->mean_halves > (KV_SMOOTH_K | KV_SMOOTH_V) || (h->mean_halves && !kv_key_equal(h->parent, ZERO_KEY)))
-        return ks_fail(KS_ERR_FORMAT, "kv page blob: channel means %u on a page that is not a sequence's first",
-                       h->mean_halves);
+    if (h->mean_halves > (KV_SMOOTH_K | KV_SMOOTH_V))
+        return ks_fail(KS_ERR_FORMAT, "kv page blob: bad channel means flags %u", h->mean_halves);
     if (len != blob_size(kv, (enum quant_type)h->type_k, (enum quant_type)h->type_v, h->mean_halves != 0))
         return ks_fail(KS_ERR_FORMAT, "kv page blob: %zu bytes, its header says otherwise", len);
     return KS_OK;
@@ -606,6 +638,9 @@ static ks_status import_page(struct kv_cache *kv, int32_t seq, const int32_t *to
     struct kv_key parent = last_key(s), key = chain_key(kv, parent, page_tokens);
     if (!kv_key_equal(h.key, key) || !kv_key_equal(h.parent, parent) || memcmp(b, page_tokens, n_tok) != 0)
         return ks_fail(KS_ERR_FORMAT, "kv page blob: its key or tokens are not the next page of this prompt");
+    if (s->n_pages > 0 && h.mean_halves)
+        return ks_fail(KS_ERR_FORMAT, "kv page blob: channel means %u on a page that is not a sequence's first",
+                       h.mean_halves);
     if (s->n_pages > 0 && h.mean_tag != kv_seq_mean_tag(kv, s))
         return ks_fail(KS_ERR_FORMAT, "kv page blob: stored against other channel means than this sequence's");
     if ((st = kv_seq_reserve_table(s, s->n_pages + 1)))

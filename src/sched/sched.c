@@ -31,6 +31,9 @@ struct req {
     void *user;
     double t_submit, t_last;
     bool ignore_eog;
+    uint64_t salt_lo, salt_hi; /* its cache salt, 0 0: none */
+    bool no_share;            /* salted, and the engine cannot keep salts: it uses no prefix cache */
+    char error_text[256];     /* error points here when it says why (a sampler's message) */
     bool skip_step;           /* this step's prefill chunk was dropped */
     bool needs_lookup;        /* admitted, the prefix cache not asked yet */
     bool looked_up;           /* the first admission's lookup is done (n_cached is set) */
@@ -262,6 +265,8 @@ static ks_status req_new(struct sched *s, const struct sched_request *rq, const 
     r->n_tokens = r->n_prompt = rq->n_prompt;
     r->max_tokens = rq->max_tokens;
     r->ignore_eog = rq->ignore_eog;
+    r->salt_lo = rq->cache_salt.lo;
+    r->salt_hi = rq->cache_salt.hi;
     r->seq = -1;
     bool spec = s->cfg.spec_type != SPEC_NONE;
     r->spec_max = spec ? draft_bound(rq->speculative.set, rq->speculative.n_max, s->cfg.draft_max) : 0;
@@ -451,7 +456,7 @@ static void release_seq(struct sched *s, struct req *r)
 {
     if (r->seq < 0)
         return;
-    if (s->eng.prefix_publish)
+    if (s->eng.prefix_publish && !r->no_share)
         s->eng.prefix_publish(s->eng.ctx, r->seq, r->tokens, r->n_computed, true);
     s->eng.seq_free(s->eng.ctx, r->seq);
     r->seq = -1;
@@ -621,6 +626,17 @@ static bool group_fits(const struct sched *s, const struct req *r)
     return s->n_active == 0 || !s->eng.can_admit || s->eng.can_admit(s->eng.ctx, next_chunk(s, r) + r->n_forks * page);
 }
 
+static bool salted(const struct req *r) { return r->salt_lo || r->salt_hi; }
+
+/* A salted request on an engine that cannot keep salts shares nothing. */
+static bool salt_seq(struct sched *s, struct req *r)
+{
+    r->no_share = salted(r) && s->eng.prefix_attach && !s->eng.seq_set_salt;
+    if (!salted(r) || !s->eng.seq_set_salt)
+        return true;
+    return s->eng.seq_set_salt(s->eng.ctx, r->seq, r->salt_lo, r->salt_hi) == KS_OK;
+}
+
 static void admit(struct sched *s)
 {
     while (s->n_waiting > 0 && s->n_active < s->cfg.parallel) {
@@ -631,8 +647,13 @@ static void admit(struct sched *s)
             r->seq = -1;
             break;
         }
+        if (!salt_seq(s, r)) {
+            s->eng.seq_free(s->eng.ctx, r->seq);
+            r->seq = -1;
+            break;
+        }
         r->n_computed = 0;
-        r->needs_lookup = s->eng.prefix_attach != NULL;
+        r->needs_lookup = s->eng.prefix_attach != NULL && !r->no_share;
         r->admit_order = ++s->next_admit;
         list_remove(s->waiting, &s->n_waiting, 0);
         s->active[s->n_active++] = r;
@@ -679,6 +700,18 @@ static void finish_warm_up(struct req *r)
         r->finish = SCHED_FINISH_LENGTH;
 }
 
+/* The prompt tokens a request is told the cache served: at most its prompt,
+ * and with a salt whole pages only, so a partial page's hit does not tell
+ * token by token how far a guess matched. */
+static int32_t reported_cached(const struct sched *s, const struct req *r, int32_t n)
+{
+    if (n > r->n_prompt)
+        n = r->n_prompt;
+    if (salted(r) && s->eng.page_tokens > 1)
+        n -= n % s->eng.page_tokens;
+    return n;
+}
+
 /* Ask the cache (RAM, then disk) for each newly admitted request's prompt. The
  * engine is called without the lock: a disk read may take a while. */
 static void lookup_admitted(struct sched *s)
@@ -694,7 +727,7 @@ static void lookup_admitted(struct sched *s)
         r->needs_lookup = false;
         r->n_computed = got;
         if (!r->looked_up)
-            r->n_cached = got < r->n_prompt ? got : r->n_prompt;
+            r->n_cached = reported_cached(s, r, got);
         r->looked_up = true;
         s->st.prefix_lookups++;
         s->st.prefix_hit_ram_tokens += (uint64_t)hit.ram_tokens;
@@ -717,6 +750,7 @@ static bool computed_by_older(const struct sched *s, const struct req *r)
     for (int i = 0; i < s->n_active && s->active[i] != r; i++) {
         const struct req *a = s->active[i];
         if (a->finish == SCHED_FINISH_NONE && a->seq >= 0 && a->n_computed < end && end <= cacheable(a) &&
+            a->salt_lo == r->salt_lo && a->salt_hi == r->salt_hi &&
             !memcmp(a->tokens, r->tokens, (size_t)end * sizeof *r->tokens))
             return true;
     }
@@ -730,15 +764,14 @@ static void share_prefill(struct sched *s)
     for (int i = 0; i < s->n_active; i++) {
         struct req *r = s->active[i];
         r->dedup_wait = false;
-        if (!s->eng.prefix_attach || r->finish != SCHED_FINISH_NONE || r->n_computed >= cacheable(r))
+        if (!s->eng.prefix_attach || r->no_share || r->finish != SCHED_FINISH_NONE || r->n_computed >= cacheable(r))
             continue;
         struct sched_prefix_hit hit = {0};
         s->eng.prefix_attach(s->eng.ctx, r->seq, r->tokens, cacheable(r), false, 0.0, &hit);
         pthread_mutex_lock(&s->mu);
         if (r->n_computed < r->n_prompt) /* served from the cache, like a hit at admission */
             r->n_cached += hit.ram_tokens;
-        if (r->n_cached > r->n_prompt)
-            r->n_cached = r->n_prompt;
+        r->n_cached = reported_cached(s, r, r->n_cached);
         r->n_computed += hit.ram_tokens;
         s->st.prefix_shared_tokens += (uint64_t)hit.ram_tokens;
         r->dedup_wait = computed_by_older(s, r);
@@ -753,7 +786,7 @@ static void share_prefill(struct sched *s)
 static void publish_computed(struct sched *s)
 {
     for (int i = 0; s->eng.prefix_publish && i < s->n_active; i++)
-        if (s->active[i]->seq >= 0)
+        if (s->active[i]->seq >= 0 && !s->active[i]->no_share)
             s->eng.prefix_publish(s->eng.ctx, s->active[i]->seq, s->active[i]->tokens, s->active[i]->n_computed,
                                   false);
 }
@@ -1017,7 +1050,8 @@ static bool take_token(struct sched *s, struct req *r, ks_status st, const struc
     bool emit = !st && !r->cancelled;
     if (st) {
         r->finish = SCHED_FINISH_ERROR;
-        r->error = "sampling failed";
+        snprintf(r->error_text, sizeof r->error_text, "sampling failed: %s", ks_errmsg());
+        r->error = r->error_text;
     } else if (!r->ignore_eog && is_eog(s, res->token)) {
         r->finish = SCHED_FINISH_STOP;
         emit = false;
@@ -1127,6 +1161,7 @@ static int fork_choices(struct sched *s, struct req *lead)
         }
         f->n_computed = lead->n_computed;
         f->n_cached = lead->n_cached;
+        f->no_share = lead->no_share;
         f->looked_up = true;
         f->admit_order = ++s->next_admit;
         s->active[s->n_active++] = f;

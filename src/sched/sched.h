@@ -112,6 +112,10 @@ struct sched_engine {
     ks_status (*prefix_attach)(void *ctx, int32_t seq, const int32_t *tokens, int32_t max_tokens, bool use_disk,
                                double prefill_token_s, struct sched_prefix_hit *hit);
     void (*prefix_publish)(void *ctx, int32_t seq, const int32_t *tokens, int32_t n_computed, bool final);
+    /* Optional, with the prefix cache: give a new sequence (no tokens yet) a
+     * request's cache salt (kv_seq_set_salt); without it salted requests
+     * share nothing with others. */
+    ks_status (*seq_set_salt)(void *ctx, int32_t seq, uint64_t salt_lo, uint64_t salt_hi);
 };
 
 /* The real engine: the model (borrowed, must outlive the engine), a KV cache
@@ -198,6 +202,12 @@ struct sched_request {
     } speculative;
     sched_event_fn on_event;
     void *user;
+    /* vLLM's cache_salt as a digest (kv_salt_mix), {0, 0}: none. A salted
+     * request shares prefix-cache pages only with requests of the same salt,
+     * and its n_cached is rounded down to whole pages (no token-level oracle). */
+    struct {
+        uint64_t lo, hi;
+    } cache_salt;
 };
 
 /* One choice of sched_submit_n: its own sampling (seed, grammar) and the

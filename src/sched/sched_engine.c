@@ -232,6 +232,12 @@ static void me_prefix_publish(void *ctx, int32_t seq, const int32_t *tokens, int
         (void)kv_seq_publish_tail(e->kv, seq, tokens, n_computed);
 }
 
+static ks_status me_seq_set_salt(void *ctx, int32_t seq, uint64_t salt_lo, uint64_t salt_hi)
+{
+    struct model_engine *e = ctx;
+    return kv_seq_set_salt(e->kv, seq, (struct kv_key){salt_lo, salt_hi});
+}
+
 static void on_evict(void *user, const struct kv_page_blob *b)
 {
     struct model_engine *e = user;
@@ -308,6 +314,7 @@ ks_status sched_engine_model(struct model *m, const struct kv_config *kv_cfg, in
     if (kv_cfg->prefix_cache) {
         out->prefix_attach = me_prefix_attach;
         out->prefix_publish = me_prefix_publish;
+        out->seq_set_salt = me_seq_set_salt;
     }
     return KS_OK;
 }

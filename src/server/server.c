@@ -61,7 +61,16 @@ void server_json_push(cJSON *arr, cJSON *item)
 ks_status server_parse_object(const char *body, size_t len, bool empty_is_object, cJSON **out, struct reply *r)
 {
     server_json_reset();
-    cJSON *root = len == 0 && empty_is_object ? cJSON_CreateObject() : cJSON_ParseWithLength(body, len);
+    const char *end = NULL;
+    cJSON *root = len == 0 && empty_is_object ? cJSON_CreateObject() : cJSON_ParseWithLengthOpts(body, len, &end, false);
+    if (cJSON_IsObject(root) && len > 0) {
+        ks_status st = server_json_strict(body, len, end, root, r);
+        if (st) {
+            cJSON_Delete(root);
+            *out = NULL;
+            return st;
+        }
+    }
     if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
         *out = NULL;
@@ -137,12 +146,34 @@ unsigned server_http_status(ks_status st)
     }
 }
 
+/* Every error has a code a client can switch on (issue 24): a route that
+ * names none gets its status's. */
+const char *server_default_error_code(unsigned status)
+{
+    switch (status) {
+    case 400: return "invalid_request";
+    case 401: return "unauthorized";
+    case 403: return "forbidden";
+    case 404: return "not_found";
+    case 405: return "method_not_allowed";
+    case 409: return "conflict";
+    case 413: return "request_too_large";
+    case 414: return "uri_too_long";
+    case 415: return "unsupported_media_type";
+    case 421: return "host_not_allowed";
+    case 431: return "headers_too_large";
+    case 501: return "not_implemented";
+    case 503: return "unavailable";
+    default: return status >= 500 ? "server_error" : "invalid_request";
+    }
+}
+
 /* The OpenAI-shaped error body {"error":{"message","type","code"}}. When even
  * that cannot be allocated the reply is a static one, so an error is never
  * sent as an empty body. */
 void server_reply_error(struct reply *r, unsigned status, const char *code, const char *fmt, ...)
 {
-    static const char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"code\":null}}";
+    static const char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"code\":\"out_of_memory\"}}";
     char msg[1024];
     va_list ap;
     va_start(ap, fmt);
@@ -154,10 +185,7 @@ void server_reply_error(struct reply *r, unsigned status, const char *code, cons
     cJSON *err = cJSON_AddObjectToObject(root, "error");
     cJSON_AddStringToObject(err, "message", msg);
     cJSON_AddStringToObject(err, "type", status >= 500 ? "server_error" : "invalid_request_error");
-    if (code)
-        cJSON_AddStringToObject(err, "code", code);
-    else
-        cJSON_AddNullToObject(err, "code");
+    cJSON_AddStringToObject(err, "code", code ? code : server_default_error_code(status));
     char *s = server_json_failed() ? NULL : cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
     if (s && server_json_failed()) {
@@ -272,7 +300,7 @@ static bool key_matches(const struct server *srv, const char *k)
 /* The key as "Authorization: Bearer KEY" or as "x-api-key: KEY" (Anthropic's clients). */
 static bool authorized_by(const struct server *srv, const char *h, const char *x_api_key)
 {
-    if (!srv->api_key)
+    if (!srv->api_key || server_admin_key_matches(srv, h))
         return true;
     if (x_api_key && key_matches(srv, x_api_key))
         return true;
@@ -327,6 +355,8 @@ void server_dispatch(struct server *srv, const struct server_req *rq, struct rep
         server_reply_error(r, 404, "not_found", "unknown route %s %s", rq->method, rq->path);
         return;
     }
+    if (server_admin_refuse(srv, rq->path, rq->authorization, r))
+        return;
     if (!method_allowed(rt, rq->method)) {
         server_reply_error(r, 405, "method_not_allowed", "%s does not accept %s; use %s", rq->path, rq->method, rt->method);
         return;
@@ -433,6 +463,8 @@ static enum MHD_Result on_headers(struct server *srv, struct MHD_Connection *c, 
         reply_unauthorized(&cs->reply, url);
         return answer_early(srv, c, cs);
     }
+    if (rt && server_admin_refuse(srv, url, header(c, MHD_HTTP_HEADER_AUTHORIZATION), &cs->reply))
+        return answer_early(srv, c, cs);
     const char *cl = header(c, MHD_HTTP_HEADER_CONTENT_LENGTH);
     if (cl && strtoull(cl, NULL, 10) > srv->cfg.max_body) {
         reply_too_large(srv, &cs->reply);
@@ -636,6 +668,13 @@ ks_status server_start(const struct server_config *cfg, struct sched *sched, con
         server_stop(srv); /* a lost API key would open the server */
         return ks_fail(KS_ERR_NOMEM, "server: out of memory");
     }
+    ks_status pst = server_privacy_init(srv);
+    if (pst) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "%s", ks_errmsg());
+        server_stop(srv);
+        return ks_fail(pst, "%s", msg);
+    }
     srv->sched = sched;
     srv->tok = tok;
     ks_status cst = tok ? server_chat_setup(srv, cfg) : KS_OK;
@@ -746,6 +785,7 @@ void server_stop(struct server *srv)
     grammar_vocab_free(srv->grammar_vocab);
     free(srv->host);
     free(srv->api_key);
+    server_privacy_free(srv);
     free(srv->model_name);
     server_chat_free(srv);
     free(srv);

@@ -60,6 +60,11 @@ struct server_config {
                                          requests, "*": any; others get 403 */
     const char *const *allowed_hosts; /* Host names accepted besides localhost, 127.0.0.1 and [::1]
                                          when bound to a loopback address; others get 421 */
+    /* tenant isolation (server_privacy.c) */
+    const char *admin_key;    /* NULL or "": none; else Bearer ADMIN_KEY on /cache/{clear,policy,requantize,prefixes}
+                                 and /slots (401 without a key, 403 with another), and accepted wherever the API key is */
+    bool cache_salt_from_key; /* salt each request's prefix cache with a keyed hash of its bearer token */
+    bool cache_show_text;     /* /cache/prefixes shows the chains' first tokens as text (off: counts and keys) */
     enum server_reasoning_format reasoning_format; /* --reasoning-format; a request's reasoning_format overrides it */
     int parallel;             /* the scheduler's --parallel, reported by /props as total_slots (0: 1) */
     const char *model_path;   /* reported by /props, NULL: "" */

@@ -191,7 +191,8 @@ static ks_status check_tool_calls(const cJSON *calls, int i, struct reply *r)
 }
 
 /* The request the template sees: messages checked and normalised (developer
- * -> system, text parts joined, missing content ""), tools unless absent. */
+ * -> system, text parts joined; content left out only by an assistant's tool
+ * calls, a tool message names its call), tools unless absent. */
 static ks_status template_request(const cJSON *root, cJSON **out, struct reply *r)
 {
     const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
@@ -237,13 +238,22 @@ static ks_status template_request(const cJSON *root, cJSON **out, struct reply *
         }
         if (calls && !cJSON_IsNull(calls) && (st = check_tool_calls(calls, i, r)))
             break;
+        if (!strcmp(rn, "tool") && !cJSON_IsString(cJSON_GetObjectItemCaseSensitive(m, "tool_call_id"))) {
+            st = reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value",
+                            "messages[%d] (tool) needs a string 'tool_call_id': the id of the call it answers", i);
+            break;
+        }
         cJSON *text = NULL;
         if (cJSON_IsArray(content)) {
             if ((st = join_parts(content, i, &text, r)))
                 break;
         } else if (!content || cJSON_IsNull(content)) {
-            if (!calls || cJSON_IsNull(calls)) /* an assistant's tool calls keep their null content */
-                text = cJSON_CreateString("");
+            if (!calls || cJSON_IsNull(calls)) { /* an assistant's tool calls keep their null content */
+                st = reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value",
+                                "messages[%d] (%s) has no 'content'; only an assistant message with tool_calls may "
+                                "leave it out", i, rn);
+                break;
+            }
         } else if (!cJSON_IsString(content)) {
             st = reply_fail(r, KS_ERR_INVALID_ARG, "invalid_type",
                             "messages[%d].content must be a string or an array of text parts", i);

@@ -253,6 +253,7 @@ static ks_status group_run(struct group *g, const struct server_req *req, struct
     int per = g->n / n_rqs;
     ks_status st = KS_OK;
     for (int p = 0; p < n_rqs; p++) {
+        server_salt_from_key(srv, req->authorization, &rqs[p]);
         if (!st)
             st = group_submit(g, p * per, per, &rqs[p]);
         free((int32_t *)rqs[p].prompt);
@@ -304,7 +305,13 @@ static ks_status completion(struct server *srv, enum server_api api, const struc
  * prompt, which the plain path takes (a list of ids, or [text]). */
 static cJSON *prompt_list(const struct server_req *req, cJSON **root)
 {
-    *root = cJSON_ParseWithLength(req->body, req->len);
+    const char *end = NULL;
+    *root = cJSON_ParseWithLengthOpts(req->body, req->len, &end, false);
+    if (cJSON_IsObject(*root) && server_json_strict(req->body, req->len, end, *root, NULL)) {
+        cJSON_Delete(*root); /* the plain path answers why */
+        *root = NULL;
+        return NULL;
+    }
     cJSON *p = cJSON_IsObject(*root) ? cJSON_GetObjectItemCaseSensitive(*root, "prompt") : NULL;
     if (cJSON_IsArray(p) && cJSON_GetArraySize(p) >= 2 && (cJSON_IsString(p->child) || cJSON_IsArray(p->child)))
         return cJSON_DetachItemViaPointer(*root, p); /* each prompt in turn takes its place */

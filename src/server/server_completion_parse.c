@@ -580,7 +580,7 @@ static ks_status parse_options(struct call *c, enum server_api api, const cJSON 
         (st = parse_stop(c, root, r)) || (st = parse_speculative(root, rq, r)) ||
         (st = parse_sampling(c->srv, root, api, &rq->sampling, &c->logprobs, &c->n_choices, r)) ||
         (api == SERVER_API_NATIVE && (st = get_bool(root, "cache_prompt", &cache_prompt, r))) ||
-        (st = parse_logit_bias(c, root, &rq->sampling, r)))
+        (st = parse_logit_bias(c, root, &rq->sampling, r)) || (st = server_parse_cache_salt(root, rq, r)))
         return st;
     cJSON *so = field(root, "stream_options");
     if (so && !cJSON_IsObject(so))

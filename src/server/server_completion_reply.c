@@ -440,7 +440,7 @@ static ks_status choice_result(struct call *c, struct reply *r)
     if (call_dropped(c) || c->oom) /* server_group_done cancels the request */
         return reply_fail(r, KS_ERR_NOMEM, NULL, "%s", call_dropped(c) ? DROPPED_MSG : OOM_MSG);
     if (!c->stopped && c->finish == SCHED_FINISH_ERROR)
-        return reply_fail(r, KS_ERR_INTERNAL, NULL, "%s", c->error[0] ? c->error : "generation failed");
+        return reply_fail(r, KS_ERR_INTERNAL, "generation_failed", "%s", c->error[0] ? c->error : "generation failed");
     if (!c->stopped && c->finish == SCHED_FINISH_CANCELLED)
         return reply_fail(r, KS_ERR_STATE, "shutting_down", "the request was cancelled (server shutting down)");
     return KS_OK;
@@ -799,9 +799,9 @@ static void stream_tools(struct call *c, bool final, cJSON *lp)
 static void stream_fail(struct call *c)
 {
     static const char dropped[] = "data: {\"error\":{\"message\":\"" DROPPED_MSG "\",\"type\":\"server_error\","
-                                  "\"code\":null}}\n\ndata: [DONE]\n\n";
+                                  "\"code\":\"out_of_memory\"}}\n\ndata: [DONE]\n\n";
     static const char oom[] = "data: {\"error\":{\"message\":\"" OOM_MSG "\",\"type\":\"server_error\","
-                              "\"code\":null}}\n\ndata: [DONE]\n\n";
+                              "\"code\":\"out_of_memory\"}}\n\ndata: [DONE]\n\n";
     c->tail = call_dropped(c) ? dropped : oom;
     c->tail_pos = 0;
     c->done = true;
@@ -820,7 +820,7 @@ static void stream_end(struct call *c)
         cJSON_AddStringToObject(e, "message", c->finish == SCHED_FINISH_ERROR && c->error[0] ? c->error
                                               : "the request was cancelled (server shutting down)");
         cJSON_AddStringToObject(e, "type", "server_error");
-        cJSON_AddNullToObject(e, "code");
+        cJSON_AddStringToObject(e, "code", c->finish == SCHED_FINISH_ERROR ? "generation_failed" : "shutting_down");
         if (!sse_send(c, o))
             return stream_fail(c);
     } else {

@@ -56,6 +56,9 @@ struct server {
      * stops it at its next slice and joins it. */
     bool requant_thread_live, requant_stop;
     pthread_t requant_thread;
+    /* tenant isolation (server_privacy.c) */
+    char *admin_key;            /* NULL: the admin routes need only the API key */
+    uint64_t tenant_key[2];     /* keys the hash that makes a tenant's cache salt from its API key */
 };
 
 /* One HTTP request as the routes see it (no libmicrohttpd in it, so routes
@@ -360,6 +363,27 @@ ks_status server_route_cache_clear(struct server *srv, const struct server_req *
 ks_status server_route_cache_prefixes(struct server *srv, const struct server_req *rq, struct reply *r);
 /* ?prompt= or ?tokens= of /cache/prefixes: the pages of it held here (server_affinity.c) */
 ks_status server_route_prefix_held(struct server *srv, const struct server_req *rq, struct reply *r);
+
+/* server_json_strict.c: 400 (invalid_json) for a parsed body with bytes after
+ * its value (end: where cJSON stopped), invalid UTF-8, \u0000 in a string or
+ * a key twice in one object (r NULL: the status only). */
+ks_status server_json_strict(const char *body, size_t len, const char *end, const cJSON *root, struct reply *r);
+
+/* The error code of a status, for errors whose route names none (server.c). */
+const char *server_default_error_code(unsigned status);
+
+/* server_privacy.c: the admin key, cache salts. init copies the admin key and
+ * makes the tenants' hash key (KS_ERR_NOMEM, KS_ERR_IO); free wipes them. */
+ks_status server_privacy_init(struct server *srv);
+void server_privacy_free(struct server *srv);
+/* The request's "cache_salt" (a non-empty string) -> rq->cache_salt; 400 otherwise. */
+ks_status server_parse_cache_salt(const cJSON *root, struct sched_request *rq, struct reply *r);
+/* With --cache-salt-from-key: fold the bearer token's keyed hash into rq->cache_salt. */
+void server_salt_from_key(const struct server *srv, const char *authorization, struct sched_request *rq);
+/* Is the header's bearer token the admin key? */
+bool server_admin_key_matches(const struct server *srv, const char *authorization);
+/* An admin route without the admin key (when one is set): the 401/403 reply is in r, true. */
+bool server_admin_refuse(const struct server *srv, const char *path, const char *authorization, struct reply *r);
 cJSON *server_prefix_usage_json(const struct kv_usage *u, const struct sched_stats *st);
 cJSON *server_disk_usage_json(struct server *srv); /* null without the SSD tier */
 void server_prefix_metrics(struct server *srv, struct sbuf *b, const struct sched_stats *st, const struct kv_usage *u);

@@ -114,6 +114,8 @@ static cJSON *ram_chain_json(const struct server *srv, const struct kv_prefix_in
     add_time(e, p->last_use_ms);
     cJSON_AddStringToObject(e, "tier", "ram");
     add_key(e, p->leaf.lo, p->leaf.hi);
+    if (!srv->cfg.cache_show_text)
+        return e; /* other clients' prompts: shown only with --cache-show-text */
     char *text = NULL;
     size_t len = 0;
     /* the preview is for people: invalid UTF-8 becomes U+FFFD, an invalid id ends it */
@@ -190,7 +192,8 @@ static int by_tokens_desc(const void *a, const void *b)
  * this listing every few seconds. */
 static uint32_t disk_chains(struct disk_chains *d, struct disk_chain **out)
 {
-    qsort(d->e, d->n, sizeof *d->e, by_key);
+    if (d->n) /* an empty index has no array (qsort's NULL is undefined) */
+        qsort(d->e, d->n, sizeof *d->e, by_key);
     uint8_t *has_child = calloc((size_t)d->n + 1, 1);
     struct disk_chain *c = malloc(((size_t)d->n + 1) * sizeof *c);
     uint32_t n = 0;

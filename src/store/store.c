@@ -54,6 +54,12 @@ static uint64_t checksum(const struct store *s, const struct store_header *h, co
     return XXH3_64bits_digest(&st);
 }
 
+struct store_key store_keyed_digest(const struct store *s, const void *data, size_t n)
+{
+    XXH128_hash_t h = XXH3_128bits_withSecret(data, n, s->secret, sizeof s->secret);
+    return (struct store_key){h.low64, h.high64};
+}
+
 static void drop_queue(struct store *s)
 {
     for (struct store_item *it = s->queue, *next; it; it = next) {

@@ -111,6 +111,11 @@ struct store_stats {
 };
 void store_stats(struct store *s, struct store_stats *out);
 
+/* XXH3-128 of data keyed with the directory's secret: a digest only this
+ * directory's owner can predict, stable across restarts (the server derives
+ * tenants' cache salts from API keys with it). */
+struct store_key store_keyed_digest(const struct store *s, const void *data, size_t n);
+
 /* ---- the shared tier: Redis ------------------------------------------------
  *
  * Replicas of one model share pages through a Redis server (Debian's
