@@ -77,23 +77,27 @@ static void test_pool_drafts_across_requests(void **state)
     (void)state;
     struct spec_pool *p = pool_of(3);
     const int32_t a[] = {40, 41, 42, 43, 44, 45, 46, 47};
-    spec_pool_add(p, a, 5, 0); /* the prompt */
-    spec_pool_add(p, a, 8, 5); /* then its output */
+    spec_pool_add(p, 0, a, 5, 0); /* the prompt */
+    spec_pool_add(p, 0, a, 8, 5); /* then its output */
     const int32_t b[] = {7, 8, 41, 42, 43};
     int32_t draft[16];
-    assert_int_equal(spec_pool_draft(p, b, 5, 16, draft), 4); /* 44 45 46 47, then no key for 45 46 47 */
+    assert_int_equal(spec_pool_draft(p, 0, b, 5, 16, draft), 4); /* 44 45 46 47, then no key for 45 46 47 */
     const int32_t want[] = {44, 45, 46, 47};
     assert_memory_equal(draft, want, sizeof want);
-    assert_int_equal(spec_pool_draft(p, b, 5, 2, draft), 2);
+    assert_int_equal(spec_pool_draft(p, 0, b, 5, 2, draft), 2);
     /* the last n tokens were never seen, or the text is shorter than n */
     const int32_t c[] = {41, 42, 9};
-    assert_int_equal(spec_pool_draft(p, c, 3, 4, draft), 0);
-    assert_int_equal(spec_pool_draft(p, b, 2, 4, draft), 0);
-    assert_int_equal(spec_pool_draft(p, b, 5, 0, draft), 0);
+    assert_int_equal(spec_pool_draft(p, 0, c, 3, 4, draft), 0);
+    assert_int_equal(spec_pool_draft(p, 0, b, 2, 4, draft), 0);
+    assert_int_equal(spec_pool_draft(p, 0, b, 5, 0, draft), 0);
+    /* another salt (a tenant's cache_salt) sees none of it */
+    assert_int_equal(spec_pool_draft(p, 77, b, 5, 16, draft), 0);
+    spec_pool_add(p, 77, a, 8, 0);
+    assert_int_equal(spec_pool_draft(p, 77, b, 5, 16, draft), 4);
     /* the newest continuation wins */
     const int32_t d[] = {41, 42, 43, 99};
-    spec_pool_add(p, d, 4, 0);
-    assert_int_equal(spec_pool_draft(p, b, 5, 1, draft), 1);
+    spec_pool_add(p, 0, d, 4, 0);
+    assert_int_equal(spec_pool_draft(p, 0, b, 5, 1, draft), 1);
     assert_int_equal(draft[0], 99);
     spec_pool_free(p);
 }
@@ -109,15 +113,15 @@ static void test_pool_keys_are_checked(void **state)
     srand(7);
     for (int i = 0; i < N; i++)
         text[i] = rand() % 5000;
-    spec_pool_add(p, text, N, 0);
+    spec_pool_add(p, 0, text, N, 0);
     int found = 0, right = 0;
     int32_t probe[4], draft[1];
     for (int i = 0; i < 2000; i++) {
         for (int j = 0; j < 4; j++)
             probe[j] = 5000 + rand() % 5000; /* never in the text */
-        found += spec_pool_draft(p, probe, 4, 1, draft);
+        found += spec_pool_draft(p, 0, probe, 4, 1, draft);
         int at = 4 + rand() % (N - 4);
-        right += spec_pool_draft(p, text + at - 4, 4, 1, draft) == 1 && draft[0] == text[at];
+        right += spec_pool_draft(p, 0, text + at - 4, 4, 1, draft) == 1 && draft[0] == text[at];
     }
     assert_int_equal(found, 0);
     assert_true(right > 2000 / 4); /* 8192 slots for 20000 keys: the latest of each slot survives */

@@ -413,9 +413,9 @@ static void learn_cost(struct gen_run *r, int32_t k, double seconds)
 static int32_t propose(struct gen_run *r, int32_t k)
 {
     if (r->pool) {
-        spec_pool_add(r->pool, r->tokens, r->n_tokens, r->pool_fed);
+        spec_pool_add(r->pool, 0, r->tokens, r->n_tokens, r->pool_fed);
         r->pool_fed = r->n_tokens;
-        int32_t m = spec_pool_draft(r->pool, r->tokens, r->n_tokens, k, r->draft);
+        int32_t m = spec_pool_draft(r->pool, 0, r->tokens, r->n_tokens, k, r->draft);
         if (m > 0)
             return m;
     }

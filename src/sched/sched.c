@@ -845,11 +845,12 @@ static double extra_token_cost(const struct sched *s, int32_t n_decode)
 static int32_t propose(struct sched *s, struct req *r, int32_t k, int32_t *draft)
 {
     if (s->pool) {
+        uint64_t salt = r->salt_lo ^ (r->salt_hi * 0x9e3779b97f4a7c15ull); /* tenants do not draft each other's text */
         if (r->pool_fed < r->n_tokens) {
-            spec_pool_add(s->pool, r->tokens, r->n_tokens, r->pool_fed);
+            spec_pool_add(s->pool, salt, r->tokens, r->n_tokens, r->pool_fed);
             r->pool_fed = r->n_tokens;
         }
-        int32_t m = spec_pool_draft(s->pool, r->tokens, r->n_tokens, k, draft);
+        int32_t m = spec_pool_draft(s->pool, salt, r->tokens, r->n_tokens, k, draft);
         if (m > 0)
             return m;
     }

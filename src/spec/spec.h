@@ -72,12 +72,14 @@ struct spec_pool;
 ks_status spec_pool_create(int32_t n, size_t bytes, struct spec_pool **out);
 void spec_pool_free(struct spec_pool *p);
 size_t spec_pool_bytes(const struct spec_pool *p);
-/* Learn tokens[from, n_tokens): for each, the n tokens before it -> it. */
-void spec_pool_add(struct spec_pool *p, const int32_t *tokens, int32_t n_tokens, int32_t from);
+/* Learn tokens[from, n_tokens): for each, the n tokens before it -> it.
+ * salt (0: none) is mixed into every key: text learnt under one salt (a
+ * tenant's cache_salt) drafts only for requests of the same salt. */
+void spec_pool_add(struct spec_pool *p, uint64_t salt, const int32_t *tokens, int32_t n_tokens, int32_t from);
 /* Up to n_max (<= SPEC_DRAFT_LIMIT) tokens the pool predicts after
- * tokens[0, n_tokens), written to draft; their count returned. */
-int32_t spec_pool_draft(const struct spec_pool *p, const int32_t *tokens, int32_t n_tokens, int32_t n_max,
-                        int32_t *draft);
+ * tokens[0, n_tokens) under salt, written to draft; their count returned. */
+int32_t spec_pool_draft(const struct spec_pool *p, uint64_t salt, const int32_t *tokens, int32_t n_tokens,
+                        int32_t n_max, int32_t *draft);
 
 /* Per-request acceptance statistics. */
 struct spec_adapt {

@@ -28,9 +28,9 @@ static uint64_t mix64(uint64_t h)
     return h ^ (h >> 31);
 }
 
-static uint64_t hash_tokens(const int32_t *t, int32_t n)
+static uint64_t hash_tokens(const int32_t *t, int32_t n, uint64_t salt)
 {
-    uint64_t h = 0x9e3779b97f4a7c15ull;
+    uint64_t h = 0x9e3779b97f4a7c15ull ^ mix64(salt);
     for (int32_t i = 0; i < n; i++)
         h = (h ^ (uint32_t)t[i]) * 0x100000001b3ull;
     return mix64(h);
@@ -83,20 +83,20 @@ size_t spec_pool_bytes(const struct spec_pool *p)
     return p ? (size_t)(p->mask + 1) * sizeof *p->slots : 0;
 }
 
-void spec_pool_add(struct spec_pool *p, const int32_t *tokens, int32_t n_tokens, int32_t from)
+void spec_pool_add(struct spec_pool *p, uint64_t salt, const int32_t *tokens, int32_t n_tokens, int32_t from)
 {
     if (!p || !tokens)
         return;
     if (from < p->n)
         from = p->n;
     for (int32_t i = from; i < n_tokens; i++) {
-        uint64_t h = hash_tokens(tokens + i - p->n, p->n);
+        uint64_t h = hash_tokens(tokens + i - p->n, p->n, salt);
         *slot_of(p, h) = (struct slot){.check = check_of(h), .token = tokens[i]};
     }
 }
 
-int32_t spec_pool_draft(const struct spec_pool *p, const int32_t *tokens, int32_t n_tokens, int32_t n_max,
-                        int32_t *draft)
+int32_t spec_pool_draft(const struct spec_pool *p, uint64_t salt, const int32_t *tokens, int32_t n_tokens,
+                        int32_t n_max, int32_t *draft)
 {
     if (!p || !tokens || n_tokens < p->n || n_max <= 0)
         return 0;
@@ -107,7 +107,7 @@ int32_t spec_pool_draft(const struct spec_pool *p, const int32_t *tokens, int32_
     memcpy(window, tokens + n_tokens - p->n, (size_t)p->n * sizeof *window);
     int32_t m = 0;
     while (m < n_max) {
-        uint64_t h = hash_tokens(window + m, p->n);
+        uint64_t h = hash_tokens(window + m, p->n, salt);
         const struct slot *s = slot_of(p, h);
         if (s->check != check_of(h))
             break;
