@@ -16,10 +16,11 @@
  * that never sorts the vocabulary; anything else runs the general chain
  * (sample_chain.c) on a candidate array, as llama.cpp does.
  *
- * Every state a sampler keeps (mirostat's mu, the random stream, the grammar)
- * advances only by the token a call returns, and DRY and the penalties read
- * the history the caller passes, so sample_verify reproduces sample_next's
- * distribution for every stage: speculative decoding stays on for all of them.
+ * Every state a sampler keeps (mirostat's mu, the grammar) advances only by
+ * the token a call returns, XTC's coin is drawn once per call, and DRY and
+ * the penalties read the history the caller passes, so sample_verify gives
+ * each position sample_next's distribution for every stage: speculative
+ * decoding stays on for all of them.
  *
  * With a grammar (grammar/grammar.h), the logits of every token the grammar
  * does not allow are set to -inf first, and each drawn token advances the
@@ -170,7 +171,7 @@ ks_status sample_next(struct sampler *s, const float *logits, const int32_t *his
  * (a deterministic proposal) for this position. Greedy: the argmax, and
  * *accepted when it is draft. Otherwise draft is kept (*accepted) with its
  * probability p(draft) under this step's whole pipeline (grammar mask,
- * penalties, top-k, temperature, top-p, min-p), and on rejection the token is
+ * biases, every stage of the order, mirostat), and on rejection the token is
  * drawn from p with draft removed and renormalized, so the token is
  * distributed exactly as sample_next's. A draft the grammar forbids has
  * p = 0: it is always rejected, and the token is one the grammar allows (the
