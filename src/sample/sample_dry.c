@@ -31,7 +31,7 @@ struct seq_list {
 static bool same_tail(const struct sample_dry_breakers *b, int32_t i, int32_t head, const int32_t *tail, int32_t n)
 {
     return b->head[i] == head && b->tail_start[i + 1] - b->tail_start[i] == n &&
-           !memcmp(b->tails + b->tail_start[i], tail, (size_t)n * sizeof *tail);
+           (n == 0 || !memcmp(b->tails + b->tail_start[i], tail, (size_t)n * sizeof *tail));
 }
 
 /* Append (head, tail) unless that pair is there already (llama.cpp drops duplicates). */
@@ -133,7 +133,8 @@ static ks_status sort_by_head(struct sample_dry_breakers *b)
     for (int32_t k = 0; k < b->n; k++) {
         int32_t i = idx[k], len = b->tail_start[i + 1] - b->tail_start[i];
         head[k] = b->head[i];
-        memcpy(tails + start[k], b->tails + b->tail_start[i], (size_t)len * sizeof *tails);
+        if (len > 0)
+            memcpy(tails + start[k], b->tails + b->tail_start[i], (size_t)len * sizeof *tails);
         start[k + 1] = start[k] + len;
     }
     free(idx);
@@ -215,9 +216,11 @@ ks_status sample_dry_copy(const struct sample_dry_breakers *b, struct sample_dry
         sample_dry_breakers_free(c);
         return ks_fail(KS_ERR_NOMEM, "sampler: out of memory for DRY's sequence breakers");
     }
-    memcpy(c->head, b->head, (size_t)b->n * sizeof *c->head);
+    if (b->n > 0)
+        memcpy(c->head, b->head, (size_t)b->n * sizeof *c->head);
     memcpy(c->tail_start, b->tail_start, (size_t)(b->n + 1) * sizeof *c->tail_start);
-    memcpy(c->tails, b->tails, (size_t)n_tails * sizeof *c->tails);
+    if (n_tails > 0)
+        memcpy(c->tails, b->tails, (size_t)n_tails * sizeof *c->tails);
     *out = c;
     return KS_OK;
 }
