@@ -45,8 +45,12 @@ static struct {
     struct llama_sampler *(*top_n_sigma)(float);
     struct llama_sampler *(*mirostat)(int32_t, uint32_t, float, float, int32_t);
     struct llama_sampler *(*mirostat_v2)(uint32_t, float, float);
-    struct llama_sampler *(*penalties)(int32_t, float, float, float);
-    struct llama_sampler *(*dry)(const void *, int32_t, float, float, int32_t, int32_t, const char **, size_t);
+    /* the anchor's penalties take the vocabulary size first (n_vocab, last_n, repeat, freq,
+     * present): its code reads last_n from the second integer argument */
+    struct llama_sampler *(*penalties)(int32_t, int32_t, float, float, float);
+    /* the anchor's DRY takes no n_ctx_train: (vocab, multiplier, base, allowed_length,
+     * penalty_last_n > 0, breakers, n_breakers), as its code reads its arguments */
+    struct llama_sampler *(*dry)(const void *, float, float, int32_t, int32_t, const char **, size_t);
     void (*accept)(struct llama_sampler *, int32_t);
     void (*apply)(struct llama_sampler *, struct llama_token_data_array *);
     void (*free)(struct llama_sampler *);
@@ -209,7 +213,7 @@ static void test_penalties_and_dry(void **state)
 {
     (void)state;
     double a[V], b[V];
-    const int32_t h[] = {9, 10, 3, 11, 9, 10, 3, 11, 9, 10, 2, 9, 10, 3, 11, 9, 10, 4, 0, 0, 7};
+    const int32_t h[] = {9, 10, 3, 11, 9, 10, 3, 11, 9, 10, 2, 9, 10, 3, 11, 9, 10, 4, 0, 0, 7, 9, 10, 3};
     const int n = (int)(sizeof h / sizeof h[0]);
     struct sample_params p = base();
     p.repeat_penalty = 1.3f;
@@ -217,8 +221,12 @@ static void test_penalties_and_dry(void **state)
     p.frequency_penalty = 0.1f;
     p.repeat_last_n = 12;
     ours(p, SAMPLE_STAGE_PENALTIES, h, n, X, V, a);
-    llama_probs(L.penalties(12, 1.3f, 0.1f, 0.2f), h, n, X, V, b);
+    llama_probs(L.penalties(V, 12, 1.3f, 0.1f, 0.2f), h, n, X, V, b);
     same(a, b, V, "penalties");
+    double plain[V];
+    p = base();
+    ours(p, SAMPLE_STAGE_TOP_P, NULL, 0, X, V, plain); /* top_p 1: nothing */
+    int penalized = 0;
     for (int allowed = 0; allowed <= 3; allowed++)
         for (int last_n = 8; last_n <= 64; last_n += 56) {
             p = base();
@@ -227,9 +235,15 @@ static void test_penalties_and_dry(void **state)
             p.dry_allowed_length = allowed;
             p.dry_penalty_last_n = last_n;
             ours(p, SAMPLE_STAGE_DRY, h, n, X, V, a);
-            llama_probs(L.dry(NULL, 4096, 0.7f, 1.75f, allowed, last_n, NULL, 0), h, n, X, V, b);
+            llama_probs(L.dry(NULL, 0.7f, 1.75f, allowed, last_n, NULL, 0), h, n, X, V, b);
             same(a, b, V, "dry");
+            bool changed = false;
+            for (int i = 0; i < V; i++)
+                changed |= fabs(a[i] - plain[i]) > 1e-3;
+            print_message("dry allowed %d last_n %d: %s\n", allowed, last_n, changed ? "penalized" : "unchanged");
+            penalized += changed;
         }
+    assert_true(penalized >= 4);
 }
 
 static void test_mirostat(void **state)
