@@ -34,11 +34,12 @@ static bool same_tail(const struct sample_dry_breakers *b, int32_t i, int32_t he
            (n == 0 || !memcmp(b->tails + b->tail_start[i], tail, (size_t)n * sizeof *tail));
 }
 
-/* Append (head, tail) unless that pair is there already (llama.cpp drops duplicates). */
+/* Append (head, tail) unless that pair is there already (llama.cpp drops
+ * duplicates). Heads come in ascending order, so a duplicate is among the last. */
 static ks_status add_seq(struct seq_list *l, int32_t head, const int32_t *tail, int32_t n)
 {
     struct sample_dry_breakers *b = &l->b;
-    for (int32_t i = 0; i < b->n; i++)
+    for (int32_t i = b->n - 1; i >= 0 && b->head[i] == head; i--)
         if (same_tail(b, i, head, tail, n))
             return KS_OK;
     if (b->n + 1 >= l->cap_seq) {
@@ -155,16 +156,20 @@ ks_status sample_dry_breakers_create(const char *const *breakers, int n, int32_t
     *out = NULL;
     struct seq_list l = {0};
     ks_status st = KS_OK;
-    for (int k = 0; k < n && !st; k++) {
-        size_t sn = strlen(breakers[k]);
-        if (sn == 0)
-            continue;
-        sn = sn > DRY_MAX_BREAKER_BYTES ? DRY_MAX_BREAKER_BYTES : sn;
-        for (int32_t id = 0; id < n_vocab && !st; id++) {
-            const char *w;
-            size_t wn;
-            if (!(st = piece(user, id, &w, &wn)))
-                st = add_overlaps(&l, id, w, wn, breakers[k], sn, tokenize, user);
+    bool any = false;
+    for (int k = 0; k < n; k++)
+        any |= breakers[k][0] != 0;
+    /* each token's text once, against every breaker */
+    for (int32_t id = 0; any && id < n_vocab && !st; id++) {
+        const char *w;
+        size_t wn;
+        if ((st = piece(user, id, &w, &wn)))
+            break;
+        for (int k = 0; k < n && !st; k++) {
+            size_t sn = strlen(breakers[k]);
+            if (sn > 0)
+                st = add_overlaps(&l, id, w, wn, breakers[k], sn > DRY_MAX_BREAKER_BYTES ? DRY_MAX_BREAKER_BYTES : sn,
+                                  tokenize, user);
         }
     }
     struct sample_dry_breakers *b = malloc(sizeof *b);
