@@ -17,6 +17,7 @@
 #include "sched/sched.h"
 #include "server/server.h"
 #include "store/store.h"
+#include "cli/serve_redis.h"
 #include "tokenizer/tokenizer.h"
 
 enum { MAX_LIST = 32 }; /* --cors-origin and --allowed-host values */
@@ -38,6 +39,8 @@ struct serve_opts {
     struct server_sampling sampling;
     struct server_samplers samplers; /* --typical, --dry-*, --mirostat, --samplers, ... */
     struct cli_spec_flags spec;  /* --spec-type, --draft-max, --draft-min */
+    bool spm_infill;             /* --spm-infill */
+    struct cli_redis_flags redis; /* --cache-redis... (serve_redis.c) */
 };
 
 static void serve_usage(FILE *out)
@@ -69,6 +72,8 @@ static void serve_usage(FILE *out)
             "      --reasoning-format F  where <think>...</think> goes: auto (reasoning_content when the\n"
             "                            template thinks), deepseek (always split), none (all content);\n"
             "                            a request's reasoning_format overrides it (default auto)\n"
+            "      --spm-infill          /infill puts the suffix before the prefix (the Suffix/Prefix/Middle\n"
+            "                            order some code models are trained on; default Prefix/Suffix/Middle)\n"
             "  -t, --threads N           compute threads (default: all cores)\n"
             "sampling defaults (of requests that leave the field out; as llama-server's flags):\n"
             "      --temp T, --top-k N, --top-p P, --min-p P, --repeat-penalty R, --seed S\n"
@@ -99,6 +104,7 @@ static void serve_usage(FILE *out)
             "                            cached pages are written there at shutdown and found after a restart\n"
             "      --cache-disk SIZE     disk limit of --cache-dir, e.g. 20G (default 10%% of the free disk)\n");
     fputs(cli_spec_flags_help, out);
+    fputs(cli_redis_flags_help, out);
     fputs(cli_model_flags_help, out);
 }
 
@@ -151,6 +157,14 @@ static bool parse_sampling_flag(const char *a, const char *v, struct serve_opts 
     return false;
 }
 
+static bool parse_switch(const char *a, void *opts)
+{
+    struct serve_opts *o = opts;
+    if (!strcmp(a, "--spm-infill"))
+        return o->spm_infill = true;
+    return false;
+}
+
 static bool parse_flag(const char *a, const char *v, void *opts, bool *ok)
 {
     struct serve_opts *o = opts;
@@ -181,6 +195,7 @@ static bool parse_flag(const char *a, const char *v, void *opts, bool *ok)
     else if (is_flag(a, NULL, "--cache-dir")) *ok = (o->cache_dir = v) != NULL && *v;
     else if (is_flag(a, NULL, "--cache-disk")) *ok = v && !strchr(v, '%') && cli_parse_mem(v, &o->cache_disk);
     else if (cli_parse_spec_flag(a, v, &o->spec, ok)) return true;
+    else if (cli_parse_redis_flag(a, v, &o->redis, ok)) return true;
     else return false;
     return true;
 }
@@ -196,7 +211,8 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
     cli_spec_flags_init(&o->spec);
     server_samplers_default(&o->samplers);
     const struct cli_command cmd = {
-        .name = "serve", .usage = serve_usage, .model = &o->load, .value_flag = parse_flag, .opts = o};
+        .name = "serve", .usage = serve_usage, .model = &o->load, .switch_flag = parse_switch,
+        .value_flag = parse_flag, .opts = o};
     return cli_parse_command(&cmd, argc, argv);
 }
 
@@ -207,7 +223,9 @@ struct serve_state {
     struct sched *sched;
     struct server *srv;
     struct store *store;
+    struct store_redis *redis;
     char *chat_template;         /* --chat-template-file's text */
+    struct server_loading *loading; /* answers 503 on the port until the server proper takes it over */
 };
 
 /* The cache: the user's KV flags; without --kv-mem, room for every
@@ -274,7 +292,13 @@ static ks_status start(const struct serve_opts *o, const char *path, struct serv
         return ks_fail(KS_ERR_IO, "cannot read --chat-template-file %s", o->chat_template_file);
     if (s->chat_template && strlen(s->chat_template) != tlen)
         return ks_fail(KS_ERR_INVALID_ARG, "--chat-template-file %s contains a NUL byte", o->chat_template_file);
-    ks_status st = cli_load_model(path, &o->load, &s->model);
+    ks_status st = server_loading_start(o->host, o->port, &s->loading);
+    if (st)
+        return st;
+    /* not in the host:port form of the ready line below, which scripts wait for */
+    fprintf(stderr, "kvserve serve: loading %s (port %d answers 503 until it is ready)\n", path,
+            server_loading_port(s->loading));
+    st = cli_load_model(path, &o->load, &s->model);
     if (st)
         return st;
     st = tok_load(model_gguf(s->model), &s->tok);
@@ -291,6 +315,10 @@ static ks_status start(const struct serve_opts *o, const char *path, struct serv
         return ks_fail(KS_ERR_INVALID_ARG, "--cache-dir needs --prefix-cache on");
     if (o->cache_dir && (st = open_store(o, &kvc, &s->store)))
         return st;
+    if (o->redis.url && !o->prefix_cache)
+        return ks_fail(KS_ERR_INVALID_ARG, "--cache-redis needs --prefix-cache on");
+    if ((st = cli_open_redis(&o->redis, kvc.fingerprint, &s->redis)))
+        return st;
     st = threads_create(o->n_threads, &s->pool);
     if (st)
         return st;
@@ -306,6 +334,7 @@ static ks_status start(const struct serve_opts *o, const char *path, struct serv
     sc.spec_type = o->spec.type;
     sc.draft_max = o->spec.draft_max;
     sc.draft_min = o->spec.draft_min;
+    sc.pool_n = o->spec.pool_n;
     sc.eog = eog;
     sc.n_eog = collect_eog(s->tok, eog, 16);
     struct sched_engine eng;
@@ -314,6 +343,8 @@ static ks_status start(const struct serve_opts *o, const char *path, struct serv
         return st;
     if (s->store)
         sched_engine_model_set_store(&eng, s->store);
+    if (s->redis)
+        sched_engine_model_set_redis(&eng, s->redis);
     st = sched_create(&sc, &eng, &s->sched);
     if (st) {
         eng.destroy(eng.ctx);
@@ -336,16 +367,21 @@ static ks_status start(const struct serve_opts *o, const char *path, struct serv
     cfg.chat_template_jinja = s->chat_template;
     cfg.chat_template_origin = o->chat_template_file;
     cfg.store = s->store;
+    cfg.redis = s->redis;
     cfg.reasoning_format = o->reasoning_format;
+    cfg.spm_infill = o->spm_infill;
     cfg.parallel = o->parallel;
     cfg.model_path = path;
     cfg.sampling_set = o->sampling_set;
     cfg.sampling = o->sampling;
     cfg.samplers = &o->samplers;
+    cfg.listen_from = s->loading;
     st = server_start(&cfg, s->sched, s->tok, &s->srv);
     if (st)
         return st;
     server_set_ready(s->srv, true);
+    server_loading_stop(s->loading); /* its last connections get 503; clients retry on the server proper */
+    s->loading = NULL;
     fprintf(stderr,
             "kvserve serve: %s on http://%s:%d  (ctx %d, parallel %d, batch %d, chunk %d, kv %.1f MiB %s/%s %s)\n",
             cfg.model_name, o->host, server_port(s->srv), ctx, o->parallel, o->max_batch_tokens, o->prefill_chunk,
@@ -386,9 +422,11 @@ static void shutdown_gracefully(struct serve_state *s, int grace)
 
 static void teardown(struct serve_state *s)
 {
+    server_loading_stop(s->loading);
     server_stop(s->srv);
     sched_free(s->sched); /* hands the cached pages to the store */
     store_close(s->store);
+    store_redis_close(s->redis);
     threads_free(s->pool);
     tok_free(s->tok);
     model_free(s->model);

@@ -39,6 +39,7 @@ struct req {
     const char *error;
     /* speculation */
     int32_t spec_max, spec_min; /* this request's draft bounds (spec_max 0: off) */
+    int32_t pool_fed;         /* tokens[0, pool_fed) are in the scheduler's n-gram pool */
     struct spec_adapt adapt;  /* its acceptance, for the draft length */
     int32_t draft[SPEC_DRAFT_LIMIT]; /* (n_draft) this step's drafts, after its last token */
     int32_t n_draft;
@@ -101,6 +102,7 @@ struct sched {
 
     struct sched_stats st;
     uint64_t check_passes;    /* sched_check runs, which mark each request they find */
+    struct spec_pool *pool;   /* SPEC_NGRAM_POOL's shared table (scheduler thread only) */
 };
 
 /* Debug builds check the invariants after every change (sched_check). */
@@ -147,6 +149,8 @@ void sched_config_default(struct sched_config *cfg)
     cfg->spec_type = SPEC_NONE;
     cfg->draft_max = 16;
     cfg->draft_min = 0;
+    cfg->pool_n = SPEC_POOL_N_DEFAULT;
+    cfg->pool_bytes = SPEC_POOL_BYTES_DEFAULT;
 }
 
 /* ---- request lifetime ---------------------------------------------------- */
@@ -683,9 +687,9 @@ static void lookup_admitted(struct sched *s)
         struct req *r = s->active[i];
         if (!r->needs_lookup)
             continue;
-        struct sched_prefix_hit hit = {0, 0};
+        struct sched_prefix_hit hit = {0};
         s->eng.prefix_attach(s->eng.ctx, r->seq, r->tokens, cacheable(r), true, s->cost.prefill_token_s, &hit);
-        int32_t got = hit.ram_tokens + hit.disk_tokens;
+        int32_t got = hit.ram_tokens + hit.disk_tokens + hit.redis_tokens;
         pthread_mutex_lock(&s->mu);
         r->needs_lookup = false;
         r->n_computed = got;
@@ -695,6 +699,7 @@ static void lookup_admitted(struct sched *s)
         s->st.prefix_lookups++;
         s->st.prefix_hit_ram_tokens += (uint64_t)hit.ram_tokens;
         s->st.prefix_hit_disk_tokens += (uint64_t)hit.disk_tokens;
+        s->st.prefix_hit_redis_tokens += (uint64_t)hit.redis_tokens;
         s->st.prefix_miss_tokens += (uint64_t)(r->n_tokens - got);
         finish_warm_up(r);
         SCHED_DEBUG_CHECK(s, "lookup_admitted");
@@ -727,7 +732,7 @@ static void share_prefill(struct sched *s)
         r->dedup_wait = false;
         if (!s->eng.prefix_attach || r->finish != SCHED_FINISH_NONE || r->n_computed >= cacheable(r))
             continue;
-        struct sched_prefix_hit hit = {0, 0};
+        struct sched_prefix_hit hit = {0};
         s->eng.prefix_attach(s->eng.ctx, r->seq, r->tokens, cacheable(r), false, 0.0, &hit);
         pthread_mutex_lock(&s->mu);
         if (r->n_computed < r->n_prompt) /* served from the cache, like a hit at admission */
@@ -802,6 +807,22 @@ static double extra_token_cost(const struct sched *s, int32_t n_decode)
     return r > 0 ? r : GUESS;
 }
 
+/* Up to k tokens to draft after r's text: the shared pool's (after it has
+ * learnt r's latest tokens), else r's own prompt lookup. */
+static int32_t propose(struct sched *s, struct req *r, int32_t k, int32_t *draft)
+{
+    if (s->pool) {
+        if (r->pool_fed < r->n_tokens) {
+            spec_pool_add(s->pool, r->tokens, r->n_tokens, r->pool_fed);
+            r->pool_fed = r->n_tokens;
+        }
+        int32_t m = spec_pool_draft(s->pool, r->tokens, r->n_tokens, k, draft);
+        if (m > 0)
+            return m;
+    }
+    return spec_ngram_draft(r->tokens, r->n_tokens, k, draft);
+}
+
 /* Plan r's drafts for this step within *budget extra tokens (r->n_draft), or,
  * when it does not draft, the 1-token proposal its sampled token will be
  * checked against (r->shadow). Every draft kept plus the target's own token
@@ -820,14 +841,14 @@ static void plan_drafts(struct sched *s, struct req *r, int32_t *budget, double 
         room = *budget;
     if (k > room)
         k = room;
-    int32_t m = k > 0 ? spec_ngram_draft(r->tokens, r->n_tokens, k, r->draft) : 0;
+    int32_t m = k > 0 ? propose(s, r, k, r->draft) : 0;
     if (m > 0 && m >= r->spec_min) {
         r->n_draft = m;
         *budget -= m;
         return;
     }
     int32_t one;
-    if (spec_ngram_draft(r->tokens, r->n_tokens, 1, &one) == 1)
+    if (propose(s, r, 1, &one) == 1)
         r->shadow = one;
 }
 
@@ -1352,8 +1373,8 @@ static ks_status check_config(const struct sched_config *c, const struct sched_e
     if (!e || e->n_vocab < 1 || !e->seq_create || !e->seq_free || !e->forward || !e->sampler_create ||
         !e->sampler_next || !e->sampler_free)
         return ks_fail(KS_ERR_INVALID_ARG, "scheduler engine is incomplete");
-    if (c->spec_type != SPEC_NONE && c->spec_type != SPEC_NGRAM)
-        return ks_fail(KS_ERR_INVALID_ARG, "--spec-type must be none or ngram");
+    if (c->spec_type != SPEC_NONE && c->spec_type != SPEC_NGRAM && c->spec_type != SPEC_NGRAM_POOL)
+        return ks_fail(KS_ERR_INVALID_ARG, "--spec-type must be none, ngram or ngram-pool");
     if (c->draft_max < 1 || c->draft_max > SPEC_DRAFT_LIMIT || c->draft_min < 0 || c->draft_min > c->draft_max)
         return ks_fail(KS_ERR_INVALID_ARG, "--draft-max must be in 1..%d and --draft-min in 0..--draft-max (got %d and %d)",
                        SPEC_DRAFT_LIMIT, c->draft_max, c->draft_min);
@@ -1417,6 +1438,8 @@ ks_status sched_create(const struct sched_config *cfg, const struct sched_engine
     s->trace = trace && *trace && strcmp(trace, "0") ? stderr : NULL;
     /* A step's logit rows come from at most one entry per active sequence. */
     st = alloc_scratch(s);
+    if (!st && cfg->spec_type == SPEC_NGRAM_POOL)
+        st = spec_pool_create(cfg->pool_n, cfg->pool_bytes, &s->pool);
     if (!st) {
         pthread_mutex_init(&s->mu, NULL);
         pthread_cond_init(&s->work, NULL);
@@ -1451,6 +1474,7 @@ void sched_free(struct sched *s)
         pthread_cond_destroy(&s->hook_done);
     }
     free_scratch(s);
+    spec_pool_free(s->pool);
     if (s->eng.destroy)
         s->eng.destroy(s->eng.ctx);
     free(s);

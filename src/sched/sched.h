@@ -15,7 +15,9 @@
  * keeping its generated tokens, to be recomputed later. Cancellation frees
  * pages at the next step boundary.
  *
- * Speculative decoding (cfg.spec_type SPEC_NGRAM, spec/spec.h): a decoding
+ * Speculative decoding (cfg.spec_type SPEC_NGRAM or SPEC_NGRAM_POOL,
+ * spec/spec.h; the pool is the scheduler's, fed every speculating request's
+ * prompt and output, and falls back to the request's own text): a decoding
  * request may add k draft tokens after its one token; the step then computes
  * logits for all k + 1 positions in one forward pass, and the engine's
  * sampler_verify keeps each draft with the target's own probability (greedy:
@@ -55,6 +57,7 @@ struct model;
 /* Prompt tokens a prefix-cache lookup found, by tier. */
 struct sched_prefix_hit {
     int32_t ram_tokens, disk_tokens;
+    int32_t redis_tokens;     /* read from the shared tier */
 };
 
 /* One batch entry per token; want_logits marks the last token fed of a
@@ -124,6 +127,12 @@ ks_status sched_engine_model(struct model *m, const struct kv_config *kv_cfg, in
  * it does not have yet. */
 struct store;
 void sched_engine_model_set_store(struct sched_engine *e, struct store *store);
+/* Give a model engine the shared tier (borrowed: close it after the engine is
+ * destroyed). Pages are handed to it as they are computed; after RAM and the
+ * SSD tier, a lookup continues the chain from it, and a page read from it is
+ * kept locally (RAM, and the SSD tier if any). */
+struct store_redis;
+void sched_engine_model_set_redis(struct sched_engine *e, struct store_redis *redis);
 
 
 /* ---- scheduler ----------------------------------------------------------- */
@@ -139,9 +148,11 @@ struct sched_config {
     int max_queue;           /* submissions beyond this many waiting fail with KS_ERR_BUSY-like STATE (256) */
     const int32_t *eog;      /* end-of-generation token ids (copied) */
     int n_eog;
-    enum spec_type spec_type; /* SPEC_NONE (default) or SPEC_NGRAM: prompt-lookup drafts */
+    enum spec_type spec_type; /* SPEC_NONE (default), SPEC_NGRAM: prompt-lookup drafts, SPEC_NGRAM_POOL: the shared pool */
     int32_t draft_max;       /* drafts per verification at most, 1..SPEC_DRAFT_LIMIT (16) */
     int32_t draft_min;       /* at least this many or none, 0..draft_max (0) */
+    int32_t pool_n;          /* SPEC_NGRAM_POOL: tokens per key, SPEC_POOL_N_MIN..MAX (SPEC_POOL_N_DEFAULT) */
+    size_t pool_bytes;       /* SPEC_NGRAM_POOL: its table's size (SPEC_POOL_BYTES_DEFAULT) */
 };
 
 void sched_config_default(struct sched_config *cfg);
@@ -285,6 +296,7 @@ struct sched_stats {
     uint64_t prefix_lookups;             /* admissions that looked the prompt up */
     uint64_t prefix_hit_ram_tokens;      /* tokens found at admission in RAM */
     uint64_t prefix_hit_disk_tokens;     /* ... read back from the SSD tier */
+    uint64_t prefix_hit_redis_tokens;    /* ... read from the shared (Redis) tier */
     uint64_t prefix_shared_tokens;       /* tokens taken during prefill from a request computing the same prefix */
     uint64_t prefix_miss_tokens;         /* prompt tokens left to compute after the lookup */
     uint64_t prefix_wait_steps;          /* steps a request waited for another to compute a shared page */

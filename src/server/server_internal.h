@@ -44,6 +44,7 @@ struct server {
     struct server_watch *watch; /* the hangup watcher of suspended connections (server_wait.c) */
     pthread_mutex_t mu;
     bool ready;
+    bool draining;              /* server_quiesce was called: /health answers 503 "draining" */
     int in_flight;
     uint64_t next_call;
     uint64_t http_requests, http_errors;
@@ -331,6 +332,9 @@ ks_status server_route_props(struct server *srv, const struct server_req *rq, st
 ks_status server_route_slots(struct server *srv, const struct server_req *rq, struct reply *r);
 /* server_completion.c: POST /completion, llama-server's native completion */
 ks_status server_route_completion_native(struct server *srv, const struct server_req *rq, struct reply *r);
+/* POST /infill (server_infill.c): fill-in-the-middle as llama-server
+ * assembles it, answered as /completion. */
+ks_status server_route_infill(struct server *srv, const struct server_req *rq, struct reply *r);
 /* server_completion_parse.c: the sampling a /completion request that names
  * no field gets (llama-server's defaults under the server's flags). */
 void server_native_sampling(const struct server *srv, struct sample_params *p);
@@ -356,9 +360,13 @@ void server_metric(struct sbuf *b, const char *name, const char *type, const cha
 struct kv_usage;
 ks_status server_route_cache_clear(struct server *srv, const struct server_req *rq, struct reply *r);
 ks_status server_route_cache_prefixes(struct server *srv, const struct server_req *rq, struct reply *r);
+/* ?prompt= or ?tokens= of /cache/prefixes: the pages of it held here (server_affinity.c) */
+ks_status server_route_prefix_held(struct server *srv, const struct server_req *rq, struct reply *r);
 cJSON *server_prefix_usage_json(const struct kv_usage *u, const struct sched_stats *st);
 cJSON *server_disk_usage_json(struct server *srv); /* null without the SSD tier */
 void server_prefix_metrics(struct server *srv, struct sbuf *b, const struct sched_stats *st, const struct kv_usage *u);
+cJSON *server_redis_usage_json(struct server *srv); /* null without the shared tier (server_redis.c) */
+void server_redis_metrics(struct server *srv, struct sbuf *b);
 
 /* server_page.c: the live page, embedded at build time from src/server/page/ */
 ks_status server_route_page(struct server *srv, const struct server_req *rq, struct reply *r);
