@@ -75,7 +75,8 @@ static int cmp_desc(const void *a, const void *b)
     return i < j ? -1 : 1;
 }
 
-/* The kept set of top-k, temp, top-p, min-p, as indices best first. */
+/* The kept set of top-k, top-p, min-p, as indices best first; temperature
+ * comes after them (llama.cpp's order), so they see untempered logits. */
 static int32_t naive_kept(const float *x, int32_t n, const struct sample_params *p, int32_t *order)
 {
     for (int32_t i = 0; i < n; i++)
@@ -85,11 +86,11 @@ static int32_t naive_kept(const float *x, int32_t n, const struct sample_params 
     int32_t k = p->top_k > 0 && p->top_k < n ? p->top_k : n;
     double z = 0.0, m = x[order[0]];
     for (int32_t i = 0; i < k; i++)
-        z += exp(((double)x[order[i]] - m) / p->temp);
+        z += exp((double)x[order[i]] - m);
     if (p->top_p < 1.0f) {
         double cum = 0.0;
         for (int32_t i = 0; i < k; i++) {
-            cum += exp(((double)x[order[i]] - m) / p->temp) / z;
+            cum += exp((double)x[order[i]] - m) / z;
             if (cum >= p->top_p) {
                 k = i + 1;
                 break;
@@ -99,7 +100,7 @@ static int32_t naive_kept(const float *x, int32_t n, const struct sample_params 
     if (p->min_p > 0.0f) {
         int32_t kept = 0;
         for (int32_t i = 0; i < k; i++)
-            if (exp(((double)x[order[i]] - m) / p->temp) >= p->min_p)
+            if (exp((double)x[order[i]] - m) >= p->min_p)
                 kept++;
         k = kept;
     }
@@ -255,12 +256,13 @@ static void test_min_p_hand_made(void **state)
     counts_of(&p, x, 5, 200, counts);
     assert_int_equal(counts[1], 200);
 
-    /* temperature 2 flattens: p_i / p_max = sqrt(q_i / q_max); 0.03 -> 0.245 */
+    /* temperature comes after min-p (llama.cpp's order): temperature 2 does
+     * not flatten the cut, which stays at 0.3 * 0.5 = 0.15 */
     p.temp = 2.0f;
-    p.min_p = 0.3f; /* keeps 0.05 (0.316), drops 0.03 (0.245) */
+    p.min_p = 0.3f; /* keeps 0.5 and 0.3, drops 0.12, 0.05, 0.03 */
     counts_of(&p, x, 5, 4000, counts);
-    assert_true(counts[0] > 0);
-    assert_int_equal(counts[4], 0);
+    assert_true(counts[1] > 0 && counts[2] > 0);
+    assert_int_equal(counts[0] + counts[3] + counts[4], 0);
 }
 
 /* Pearson chi-square of observed draws against the expected distribution. */

@@ -38,6 +38,7 @@ struct serve_opts {
     enum server_reasoning_format reasoning_format;
     unsigned sampling_set;       /* SERVER_SAMPLING_* of the sampling flags given */
     struct server_sampling sampling;
+    struct server_samplers samplers; /* --typical, --dry-*, --mirostat, --samplers, ... */
     struct cli_spec_flags spec;  /* --spec-type, --draft-max, --draft-min */
     bool spm_infill;             /* --spm-infill */
     struct cli_redis_flags redis; /* --cache-redis... (serve_redis.c) */
@@ -82,6 +83,13 @@ static void serve_usage(FILE *out)
             "      --temp T, --top-k N, --top-p P, --min-p P, --repeat-penalty R, --seed S\n"
             "                            (default: OpenAI's on /v1 routes: temperature 1, the rest off;\n"
             "                            llama-server's on /completion: 0.8, 40, 0.95, 0.05, 1.0, random)\n"
+            "      --typical P, --min-keep N, --top-nsigma N, --dynatemp-range R, --dynatemp-exp E,\n"
+            "      --xtc-probability P, --xtc-threshold T, --dry-multiplier M, --dry-base B,\n"
+            "      --dry-allowed-length N, --dry-penalty-last-n N, --dry-sequence-breaker S (repeatable;\n"
+            "      'none'), --mirostat 0|1|2, --mirostat-lr ETA, --mirostat-ent TAU, --repeat-last-n N,\n"
+            "      --presence-penalty P, --frequency-penalty P, --samplers 'penalties;dry;top_k;...',\n"
+            "      --sampler-seq edskypmxt   llama.cpp's other samplers, on every route (default: off,\n"
+            "                            llama.cpp's default order and DRY breakers; README: Samplers)\n"
             "scheduler:\n"
             "      --parallel N          max running sequences (default 16)\n"
             "  -c, --ctx-size N          max tokens of one sequence (default: the model's, at most 4096)\n"
@@ -187,6 +195,7 @@ static bool parse_flag(const char *a, const char *v, void *opts, bool *ok)
     else if (is_flag(a, NULL, "--chat-template-file")) *ok = (o->chat_template_file = v) != NULL;
     else if (is_flag(a, NULL, "--reasoning-format")) *ok = server_reasoning_format_parse(v, &o->reasoning_format);
     else if (parse_sampling_flag(a, v, o, ok)) return true;
+    else if (server_samplers_flag(a, v, &o->samplers, ok)) return true;
     else if (is_flag(a, NULL, "--port")) *ok = cli_parse_int(v, 0, 65535, &o->port);
     else if (is_flag(a, "-t", "--threads")) *ok = cli_parse_threads(v, &o->n_threads);
     else if (is_flag(a, NULL, "--parallel")) *ok = cli_parse_int(v, 1, 1024, &o->parallel);
@@ -222,6 +231,7 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
                              .timeout = 30, .max_conn_per_ip = 64};
     cli_model_flags_init(&o->load);
     cli_spec_flags_init(&o->spec);
+    server_samplers_default(&o->samplers);
     const struct cli_command cmd = {
         .name = "serve", .usage = serve_usage, .model = &o->load, .switch_flag = parse_switch,
         .value_flag = parse_flag, .opts = o};
@@ -427,6 +437,7 @@ static ks_status start(const struct serve_opts *o, const char *path, struct serv
     cfg.model_path = path;
     cfg.sampling_set = o->sampling_set;
     cfg.sampling = o->sampling;
+    cfg.samplers = &o->samplers;
     cfg.listen_from = s->loading;
     st = server_start(&cfg, s->sched, s->tok, &s->srv);
     if (st)

@@ -18,22 +18,6 @@
 /* Chunk of the direct (untruncated) draw; matches no other constant. */
 #define SAMPLE_DRAW_CHUNK 1024
 
-struct cand {
-    float logit;
-    int32_t id;
-};
-
-struct sampler {
-    struct sample_params p;
-    int32_t n_vocab;
-    uint64_t rng[4];
-    float *work;       /* (n_vocab) penalized logits of the current step */
-    int32_t *counts;   /* (n_vocab) occurrences in the penalty window; all 0 between calls */
-    struct cand *cands; /* (n_vocab) candidate set of the current step */
-    struct grammar_state *grammar; /* NULL: unconstrained */
-    struct sample_bias *biases; /* (p.n_biases) the sampler's copy of p.biases */
-};
-
 /* ---- random numbers: xoshiro256**, seeded by splitmix64 ----------------- */
 
 static uint64_t splitmix64(uint64_t *x)
@@ -62,8 +46,7 @@ static uint64_t xoshiro_next(uint64_t s[4])
     return result;
 }
 
-/* Uniform in [0, 1) with 53 random bits. */
-static double uniform01(struct sampler *s)
+double sample_uniform01(struct sampler *s)
 {
     return (double)(xoshiro_next(s->rng) >> 11) * 0x1.0p-53;
 }
@@ -83,6 +66,45 @@ void sample_params_default(struct sample_params *p)
     p->frequency_penalty = 0.0f;
     p->seed = 0xC0FFEE;
     p->n_logprobs = 0;
+    p->typical_p = 1.0f;
+    p->top_n_sigma = -1.0f;
+    p->dynatemp_exponent = 1.0f;
+    p->xtc_threshold = 0.1f;
+    p->dry_base = 1.75f;
+    p->dry_allowed_length = 2;
+    p->dry_penalty_last_n = -1;
+    p->mirostat_tau = 5.0f;
+    p->mirostat_eta = 0.1f;
+}
+
+static ks_status check_chain_params(const struct sample_params *p)
+{
+    const struct {
+        const char *name;
+        float v;
+    } finite[] = {{"typical_p", p->typical_p},         {"top_n_sigma", p->top_n_sigma},
+                  {"dynatemp_range", p->dynatemp_range}, {"dynatemp_exponent", p->dynatemp_exponent},
+                  {"xtc_probability", p->xtc_probability}, {"xtc_threshold", p->xtc_threshold},
+                  {"dry_multiplier", p->dry_multiplier}, {"dry_base", p->dry_base},
+                  {"mirostat_tau", p->mirostat_tau},     {"mirostat_eta", p->mirostat_eta}};
+    for (size_t i = 0; i < sizeof finite / sizeof finite[0]; i++)
+        if (!isfinite(finite[i].v))
+            return ks_fail(KS_ERR_INVALID_ARG, "sampler: %s must be a finite number", finite[i].name);
+    if (p->min_keep < 0)
+        return ks_fail(KS_ERR_INVALID_ARG, "sampler: min_keep %d must not be negative", p->min_keep);
+    if (p->dry_allowed_length < 0 || p->dry_penalty_last_n < -1)
+        return ks_fail(KS_ERR_INVALID_ARG, "sampler: dry_allowed_length %d must be >= 0 and dry_penalty_last_n %d >= -1",
+                       p->dry_allowed_length, p->dry_penalty_last_n);
+    if (p->mirostat < 0 || p->mirostat > 2)
+        return ks_fail(KS_ERR_INVALID_ARG, "sampler: mirostat %d must be 0 (off), 1 or 2", p->mirostat);
+    if (p->n_order < 0 || p->n_order > SAMPLE_MAX_STAGES)
+        return ks_fail(KS_ERR_INVALID_ARG, "sampler: %d stages in the order, at most %d", p->n_order,
+                       SAMPLE_MAX_STAGES);
+    for (int i = 0; i < p->n_order; i++)
+        if (p->order[i] < SAMPLE_STAGE_PENALTIES || p->order[i] > SAMPLE_STAGE_TEMPERATURE)
+            return ks_fail(KS_ERR_INVALID_ARG, "sampler: stage %d of the order (%d) is not a stage", i,
+                           (int)p->order[i]);
+    return KS_OK;
 }
 
 static ks_status check_params(const struct sample_params *p, int32_t n_vocab)
@@ -117,7 +139,7 @@ static ks_status check_params(const struct sample_params *p, int32_t n_vocab)
     if (p->n_logprobs < 0 || p->n_logprobs > SAMPLE_MAX_LOGPROBS)
         return ks_fail(KS_ERR_INVALID_ARG, "sampler: n_logprobs %d is outside [0, %d]", p->n_logprobs,
                        SAMPLE_MAX_LOGPROBS);
-    return KS_OK;
+    return check_chain_params(p);
 }
 
 ks_status sample_create(const struct sample_params *p, int32_t n_vocab, struct sampler **out)
@@ -158,6 +180,15 @@ ks_status sample_create(const struct sample_params *p, int32_t n_vocab, struct s
         }
     }
     s->p.grammar = NULL; /* the state holds the reference; the params' copy is not one */
+    s->p.dry_breakers = NULL;
+    if (sample_chain_needed(p, n_vocab) &&
+        ((p->dry_breakers && (st = sample_dry_copy(p->dry_breakers, &s->dry_breakers))) ||
+         (st = sample_chain_init(s)))) {
+        sample_free(s);
+        return st;
+    }
+    s->p.dry_breakers = s->dry_breakers;
+    s->mirostat_mu = 2.0f * p->mirostat_tau;
     uint64_t x = p->seed;
     for (int i = 0; i < 4; i++)
         s->rng[i] = splitmix64(&x);
@@ -174,6 +205,8 @@ void sample_free(struct sampler *s)
     free(s->cands);
     free(s->biases);
     grammar_state_free(s->grammar);
+    sample_chain_free(s);
+    sample_dry_breakers_free(s->dry_breakers);
     free(s);
 }
 
@@ -185,25 +218,42 @@ static bool penalties_active(const struct sample_params *p)
            (p->repeat_penalty != 1.0f || p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f);
 }
 
+ks_status sample_penalty_window(struct sampler *s, const int32_t *history, int32_t n_history, const int32_t **win,
+                                int32_t *n_win)
+{
+    int32_t last_n = s->p.repeat_last_n;
+    int32_t n = last_n < 0 || last_n > n_history ? n_history : last_n;
+    const int32_t *w = history + (n_history - n);
+    for (int32_t i = 0; i < n; i++)
+        if (w[i] < 0 || w[i] >= s->n_vocab)
+            return ks_fail(KS_ERR_RANGE, "sampler: history token %d at index %d is outside the vocabulary (%d)",
+                           (int)w[i], (int)(n_history - n + i), (int)s->n_vocab);
+    for (int32_t i = 0; i < n; i++)
+        s->counts[w[i]]++;
+    *win = w;
+    *n_win = n;
+    return KS_OK;
+}
+
+float sample_penalize(const struct sample_params *p, float logit, int32_t c)
+{
+    float l = logit <= 0.0f ? logit * p->repeat_penalty : logit / p->repeat_penalty;
+    return l - (float)c * p->frequency_penalty - p->presence_penalty;
+}
+
 /* Penalize each distinct token of the window once, by its count there. */
 static ks_status apply_penalties(struct sampler *s, const int32_t *history, int32_t n_history)
 {
-    const struct sample_params *p = &s->p;
-    int32_t n = p->repeat_last_n < 0 || p->repeat_last_n > n_history ? n_history : p->repeat_last_n;
-    const int32_t *win = history + (n_history - n);
-    for (int32_t i = 0; i < n; i++)
-        if (win[i] < 0 || win[i] >= s->n_vocab)
-            return ks_fail(KS_ERR_RANGE, "sampler: history token %d at index %d is outside the vocabulary (%d)",
-                           (int)win[i], (int)(n_history - n + i), (int)s->n_vocab);
-    for (int32_t i = 0; i < n; i++)
-        s->counts[win[i]]++;
+    const int32_t *win;
+    int32_t n;
+    ks_status st = sample_penalty_window(s, history, n_history, &win, &n);
+    if (st)
+        return st;
     for (int32_t i = 0; i < n; i++) {
         int32_t t = win[i], c = s->counts[t];
         if (c == 0)
             continue;
-        float l = s->work[t];
-        l = l <= 0.0f ? l * p->repeat_penalty : l / p->repeat_penalty;
-        s->work[t] = l - (float)c * p->frequency_penalty - p->presence_penalty;
+        s->work[t] = sample_penalize(&s->p, s->work[t], c);
         s->counts[t] = 0;
     }
     return KS_OK;
@@ -305,8 +355,7 @@ static void select_partition(struct cand *c, int32_t n, int32_t k)
     }
 }
 
-/* The best k of x[0..n) into out[0..k) (k <= n), in no particular order. */
-static void select_top(const float *x, int32_t n, int32_t k, struct cand *out)
+void sample_select_top(const float *x, int32_t n, int32_t k, struct cand *out)
 {
     if (k <= SAMPLE_HEAP_MAX_K && k < n) {
         select_heap(x, n, k, out);
@@ -410,7 +459,7 @@ static int32_t draw_from(struct sampler *s, const struct cand *c, int32_t n, str
     for (int32_t i = 0; i < n; i++)
         if (c[i].id != exclude)
             total += weight(ts, c[i].logit);
-    double target = uniform01(s) * total, cum = 0.0;
+    double target = sample_uniform01(s) * total, cum = 0.0;
     int32_t last = c[0].id != exclude || n == 1 ? c[0].id : c[1].id;
     for (int32_t i = 0; i < n; i++) {
         float w = weight(ts, c[i].logit);
@@ -432,7 +481,7 @@ static int32_t draw_full(struct sampler *s, struct temp_scale ts, int32_t exclud
     int32_t n = s->n_vocab;
     double w_ex = exclude >= 0 ? weight(ts, x[exclude]) : 0.0;
     double total = sample_sum_exp(x, n, ts.max, ts.inv_temp) - w_ex;
-    double target = uniform01(s) * total, cum = 0.0;
+    double target = sample_uniform01(s) * total, cum = 0.0;
     int32_t last = sample_argmax(x, n);
     for (int32_t i = 0; i < n; i += SAMPLE_DRAW_CHUNK) {
         int32_t len = n - i < SAMPLE_DRAW_CHUNK ? n - i : SAMPLE_DRAW_CHUNK;
@@ -475,7 +524,7 @@ static int32_t truncate_candidates(struct sampler *s, struct temp_scale ts)
     int32_t k = top_k ? p->top_k : n;
     double z = 0.0; /* top-p normalizes over the top-k set, before min-p */
     if (top_k) {
-        select_top(s->work, n, k, s->cands);
+        sample_select_top(s->work, n, k, s->cands);
         if (top_p)
             for (int32_t i = 0; i < k; i++)
                 z += weight(ts, s->cands[i].logit);
@@ -490,7 +539,7 @@ static int32_t truncate_candidates(struct sampler *s, struct temp_scale ts)
                 if (s->work[i] >= thr)
                     s->cands[k++] = (struct cand){s->work[i], i};
         } else {
-            select_top(s->work, n, n, s->cands);
+            sample_select_top(s->work, n, n, s->cands);
         }
     }
     if (min_p)
@@ -500,10 +549,12 @@ static int32_t truncate_candidates(struct sampler *s, struct temp_scale ts)
     return k;
 }
 
+/* Truncation sees the untempered logits (temperature is llama.cpp's last
+ * stage); the draw is tempered. */
 static int32_t sample_stochastic(struct sampler *s, float max)
 {
-    struct temp_scale ts = {max, 1.0f / s->p.temp};
-    int32_t k = truncate_candidates(s, ts);
+    struct temp_scale ts = {max, 1.0f / s->p.temp}, untempered = {max, 1.0f};
+    int32_t k = truncate_candidates(s, untempered);
     return k > 0 ? draw_from(s, s->cands, k, ts, -1) : draw_full(s, ts, -1);
 }
 
@@ -530,10 +581,10 @@ static double candidate_prob(const struct sampler *s, int32_t k, struct temp_sca
  * P(x = y) = (1 - p(draft)) * p(y) / (1 - p(draft)) = p(y). */
 static int32_t verify_stochastic(struct sampler *s, float max, int32_t draft, bool *accepted)
 {
-    struct temp_scale ts = {max, 1.0f / s->p.temp};
-    int32_t k = truncate_candidates(s, ts);
+    struct temp_scale ts = {max, 1.0f / s->p.temp}, untempered = {max, 1.0f};
+    int32_t k = truncate_candidates(s, untempered);
     double p = candidate_prob(s, k, ts, draft);
-    *accepted = uniform01(s) < p;
+    *accepted = sample_uniform01(s) < p;
     if (*accepted)
         return draft;
     return k > 0 ? draw_from(s, s->cands, k, ts, draft) : draw_full(s, ts, draft);
@@ -550,7 +601,7 @@ static void fill_logprobs(struct sampler *s, float max, struct sample_result *ou
     if (n_top == 0)
         return;
     struct cand top[SAMPLE_MAX_LOGPROBS];
-    select_top(s->work, s->n_vocab, n_top, n_top < s->n_vocab ? top : s->cands);
+    sample_select_top(s->work, s->n_vocab, n_top, n_top < s->n_vocab ? top : s->cands);
     const struct cand *src = n_top < s->n_vocab ? top : s->cands;
     struct cand sorted[SAMPLE_MAX_LOGPROBS];
     memcpy(sorted, src, (size_t)n_top * sizeof *sorted);
@@ -561,10 +612,11 @@ static void fill_logprobs(struct sampler *s, float max, struct sample_result *ou
 
 /* ---- the step ------------------------------------------------------------ */
 
-/* The grammar mask and the penalties on a copy of logits in s->work; its
- * maximum and the first index holding it. */
+/* The grammar mask, the biases and the penalties (on the chain: the
+ * stages that lead the order, *first the index of the next) on a copy of
+ * logits in s->work; its maximum and the first index holding it. */
 static ks_status prepare(struct sampler *s, const float *logits, const int32_t *history, int32_t n_history,
-                         float *max, int32_t *argmax)
+                         float *max, int32_t *argmax, int *first)
 {
     if (!s || !logits)
         return ks_fail(KS_ERR_INVALID_ARG, "sample_next: NULL argument");
@@ -579,7 +631,12 @@ static ks_status prepare(struct sampler *s, const float *logits, const int32_t *
     }
     for (int i = 0; i < s->p.n_biases; i++)
         s->work[s->biases[i].token] += s->biases[i].bias;
-    if (penalties_active(&s->p) && n_history > 0) {
+    *first = 0;
+    if (s->chain) {
+        ks_status st = sample_chain_lead(s, history, n_history, first);
+        if (st)
+            return st;
+    } else if (penalties_active(&s->p) && n_history > 0) {
         ks_status st = apply_penalties(s, history, n_history);
         if (st)
             return st;
@@ -598,14 +655,20 @@ ks_status sample_next(struct sampler *s, const float *logits, const int32_t *his
         return ks_fail(KS_ERR_INVALID_ARG, "sample_next: NULL argument");
     float max;
     int32_t argmax;
-    ks_status st = prepare(s, logits, history, n_history, &max, &argmax);
+    int first;
+    ks_status st = prepare(s, logits, history, n_history, &max, &argmax, &first);
     if (st)
         return st;
     memset(out, 0, sizeof *out);
-    if (s->p.temp <= 0.0f)
+    bool unused;
+    if (s->chain)
+        st = sample_chain_pick(s, history, n_history, first, -1, &out->token, &unused);
+    else if (s->p.temp <= 0.0f)
         out->token = argmax;
     else
         out->token = sample_stochastic(s, max);
+    if (st)
+        return st;
     fill_logprobs(s, max, out);
     return s->grammar ? grammar_accept(s->grammar, out->token) : KS_OK;
 }
@@ -621,11 +684,15 @@ ks_status sample_verify(struct sampler *s, const float *logits, const int32_t *h
                        s ? (int)s->n_vocab : 0);
     float max;
     int32_t argmax;
-    ks_status st = prepare(s, logits, history, n_history, &max, &argmax);
+    int first;
+    ks_status st = prepare(s, logits, history, n_history, &max, &argmax, &first);
     if (st)
         return st;
     memset(out, 0, sizeof *out);
-    if (s->p.temp <= 0.0f) {
+    if (s->chain) {
+        if ((st = sample_chain_pick(s, history, n_history, first, draft, &out->token, accepted)))
+            return st;
+    } else if (s->p.temp <= 0.0f) {
         out->token = argmax;
         *accepted = argmax == draft;
     } else {
@@ -633,4 +700,21 @@ ks_status sample_verify(struct sampler *s, const float *logits, const int32_t *h
     }
     fill_logprobs(s, max, out);
     return s->grammar ? grammar_accept(s->grammar, out->token) : KS_OK;
+}
+
+ks_status sample_final_distribution(struct sampler *s, const float *logits, const int32_t *history,
+                                    int32_t n_history, const struct chain_cand **out, int32_t *n_out)
+{
+    if (!s || !s->chain)
+        return ks_fail(KS_ERR_STATE, "sample_final_distribution: this sampler runs the fast path");
+    float max;
+    int32_t argmax;
+    int first;
+    ks_status st = prepare(s, logits, history, n_history, &max, &argmax, &first);
+    return st ? st : sample_chain_final(s, history, n_history, first, out, n_out);
+}
+
+float sample_mirostat_mu(const struct sampler *s)
+{
+    return s->mirostat_mu;
 }

@@ -1,10 +1,26 @@
 /* sample: turn a row of logits into the next token.
  *
- * Order of operations, as llama.cpp applies them: logit biases, repetition /
- * presence / frequency penalties over the recent history, then (unless greedy) top-k,
- * temperature, top-p and min-p, then a draw from a seeded xoshiro256** stream.
- * temp <= 0 is greedy (argmax after penalties). Logprobs, when asked, are the
- * log-softmax of the penalized logits before truncation, like OpenAI's.
+ * Order of operations, as llama.cpp's common_sampler applies them: logit
+ * biases, then the stages of `order` (llama-server's "samplers"; by default
+ * penalties, DRY, top-n-sigma, top-k, typical-p, top-p, min-p, XTC,
+ * temperature), then a draw from a seeded xoshiro256** stream. Temperature
+ * comes last, so top-p and min-p see the untempered distribution, as in
+ * llama.cpp. temp <= 0 is greedy (argmax after the stages before it). With
+ * mirostat 1 or 2 the stages are replaced, as in llama.cpp, by temperature
+ * and the mirostat draw (no penalties, no DRY). Logprobs, when asked, are the
+ * log-softmax of the logits after the penalties and DRY (when they lead the
+ * order) and before truncation, like OpenAI's.
+ *
+ * The default configuration (no stage but penalties, top-k, top-p, min-p and
+ * temperature active, in the default order, min_keep <= 1) runs a fast path
+ * that never sorts the vocabulary; anything else runs the general chain
+ * (sample_chain.c) on a candidate array, as llama.cpp does.
+ *
+ * Every state a sampler keeps (mirostat's mu, the grammar) advances only by
+ * the token a call returns, XTC's coin is drawn once per call, and DRY and
+ * the penalties read the history the caller passes, so sample_verify gives
+ * each position sample_next's distribution for every stage: speculative
+ * decoding stays on for all of them.
  *
  * With a grammar (grammar/grammar.h), the logits of every token the grammar
  * does not allow are set to -inf first, and each drawn token advances the
@@ -20,6 +36,48 @@
 #include "status/status.h"
 
 #define SAMPLE_MAX_LOGPROBS 20
+#define SAMPLE_MAX_STAGES 16
+
+/* llama.cpp's sampler stages (common_sampler_type), for sample_params.order. */
+enum sample_stage {
+    SAMPLE_STAGE_PENALTIES = 1, /* "penalties": repeat / presence / frequency */
+    SAMPLE_STAGE_DRY,           /* "dry" */
+    SAMPLE_STAGE_TOP_N_SIGMA,   /* "top_n_sigma" */
+    SAMPLE_STAGE_TOP_K,         /* "top_k" */
+    SAMPLE_STAGE_TYPICAL_P,     /* "typ_p" */
+    SAMPLE_STAGE_TOP_P,         /* "top_p" */
+    SAMPLE_STAGE_MIN_P,         /* "min_p" */
+    SAMPLE_STAGE_XTC,           /* "xtc" */
+    SAMPLE_STAGE_TEMPERATURE,   /* "temperature", with dynamic temperature */
+};
+
+/* llama.cpp's name of a stage -> the stage; llama-server's alternative names
+ * ("top-k", "nucleus", "typical", "temp", ...) too. false: not a stage kvserve
+ * has (llama.cpp's "infill" and "adaptive_p" are not implemented). */
+bool sample_stage_from_name(const char *name, enum sample_stage *out);
+/* The canonical name ("top_k", "typ_p", ...); "?" for a bad value. */
+const char *sample_stage_name(enum sample_stage st);
+/* llama-server's default order into out[SAMPLE_MAX_STAGES]; returns its length. */
+int sample_default_order(enum sample_stage *out);
+
+/* DRY's sequence breakers, processed against a vocabulary as llama.cpp does:
+ * every token whose text contains a breaker is a one-token breaker, and a
+ * token that ends with the start of a breaker heads the tokenization of the
+ * rest of that start (at most 20 tokens; a breaker is cut to 40 bytes). */
+struct sample_dry_breakers;
+/* The bytes of token id, as llama.cpp's detokenize of that token alone
+ * (control tokens as their text); owned by the callee. */
+typedef ks_status (*sample_piece_fn)(void *user, int32_t id, const char **bytes, size_t *len);
+/* text[0..len) tokenized without special tokens (malloc'd ids the caller frees). */
+typedef ks_status (*sample_tokenize_fn)(void *user, const char *text, size_t len, int32_t **ids, size_t *n);
+/* Process breakers[0..n) (NUL-terminated; empty ones are skipped) against a
+ * vocabulary of n_vocab tokens. Errors: KS_ERR_INVALID_ARG (NULL arguments,
+ * n_vocab < 1), the callbacks' errors, KS_ERR_NOMEM. */
+ks_status sample_dry_breakers_create(const char *const *breakers, int n, int32_t n_vocab, sample_piece_fn piece,
+                                     sample_tokenize_fn tokenize, void *user, struct sample_dry_breakers **out);
+void sample_dry_breakers_free(struct sample_dry_breakers *b); /* NULL is a no-op */
+/* The number of (head token, tail) sequences, for tests and logs. */
+int32_t sample_dry_breakers_count(const struct sample_dry_breakers *b);
 
 /* A bias added to one token's logit (llama.cpp's logit_bias); -INFINITY bans it. */
 struct sample_bias {
@@ -53,6 +111,29 @@ struct sample_params {
     /* n > 0: the grammar is lazy (grammar_state_create_lazy): sampling is
      * free until one of these triggers; n == 0: it applies from the first token. */
     struct grammar_triggers grammar_triggers;
+
+    /* llama.cpp's other samplers. Every field's zero (a memset) is "off";
+     * sample_params_default sets llama.cpp's defaults. */
+    int min_keep;             /* top-p, min-p, typical-p and XTC keep at least this many. default 0 */
+    float typical_p;          /* locally typical sampling; off <= 0 or >= 1. default 1 */
+    float top_n_sigma;        /* keep logits >= max - n * std; <= 0: off. default -1 */
+    float dynatemp_range;     /* temperature in [temp - range, temp + range] by entropy; 0: off */
+    float dynatemp_exponent;  /* default 1 */
+    float xtc_probability;    /* XTC: chance to cut the top tokens; 0: off */
+    float xtc_threshold;      /* XTC: the probability a cut token has at least; > 0.5: off. default 0.1 */
+    float dry_multiplier;     /* DRY: penalty multiplier; 0: off */
+    float dry_base;           /* DRY: penalty = multiplier * base^(repeat - allowed); < 1: off. default 1.75 */
+    int dry_allowed_length;   /* DRY: repeats this long are free. default 2 */
+    int dry_penalty_last_n;   /* DRY: history window; -1: all of it, 0: off. default -1 */
+    /* DRY's sequence breakers (NULL: none); copied by sample_create. */
+    const struct sample_dry_breakers *dry_breakers;
+    int mirostat;             /* 0: off, 1: mirostat, 2: mirostat 2.0 */
+    float mirostat_tau;       /* target surprise (bits); mu starts at 2 * tau. default 5 */
+    float mirostat_eta;       /* learning rate. default 0.1 */
+    /* The stages in the order they run (a stage may repeat; one left out
+     * does not run); n_order 0: llama-server's default order. */
+    enum sample_stage order[SAMPLE_MAX_STAGES];
+    int n_order;
 };
 
 struct sample_logprob {
@@ -90,7 +171,7 @@ ks_status sample_next(struct sampler *s, const float *logits, const int32_t *his
  * (a deterministic proposal) for this position. Greedy: the argmax, and
  * *accepted when it is draft. Otherwise draft is kept (*accepted) with its
  * probability p(draft) under this step's whole pipeline (grammar mask,
- * penalties, top-k, temperature, top-p, min-p), and on rejection the token is
+ * biases, every stage of the order, mirostat), and on rejection the token is
  * drawn from p with draft removed and renormalized, so the token is
  * distributed exactly as sample_next's. A draft the grammar forbids has
  * p = 0: it is always rejected, and the token is one the grammar allows (the

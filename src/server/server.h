@@ -80,7 +80,34 @@ struct server_config {
         double temp, top_p, min_p, repeat_penalty;
         int64_t top_k, seed;
     } sampling;
+    /* Server-wide defaults of llama.cpp's other samplers (--typical, --dry-*, --xtc-*,
+     * --mirostat*, --samplers, ...), borrowed; NULL: llama.cpp's defaults. */
+    const struct server_samplers *samplers;
 };
+
+/* The other samplers' server-wide defaults (server_samplers.c). */
+#define SERVER_MAX_DRY_BREAKERS 64
+struct server_samplers {
+    struct sample_params p;   /* their fields; repeat_last_n and the penalties where `set` says */
+    unsigned set;             /* SERVER_SAMPLERS_* of the penalty flags given */
+    const char *dry_breakers[SERVER_MAX_DRY_BREAKERS]; /* borrowed (argv) */
+    int n_dry_breakers;       /* -1: llama.cpp's default breakers ("\n", ":", "\"", "*") */
+};
+enum {
+    SERVER_SAMPLERS_REPEAT_LAST_N = 1u << 0,
+    SERVER_SAMPLERS_PRESENCE = 1u << 1,
+    SERVER_SAMPLERS_FREQUENCY = 1u << 2,
+};
+/* llama.cpp's defaults: everything off, its default order and breakers. */
+void server_samplers_default(struct server_samplers *d);
+/* One of llama-server's sampler flags (--typical, --min-keep, --top-nsigma,
+ * --dynatemp-range, --dynatemp-exp, --xtc-probability, --xtc-threshold,
+ * --dry-multiplier, --dry-base, --dry-allowed-length, --dry-penalty-last-n,
+ * --dry-sequence-breaker (repeatable, "none"), --mirostat, --mirostat-lr,
+ * --mirostat-ent, --samplers "a;b", --sampler-seq, --repeat-last-n,
+ * --presence-penalty, --frequency-penalty): true if a is one (*ok: its
+ * value v was good); v is borrowed. */
+bool server_samplers_flag(const char *a, const char *v, struct server_samplers *d, bool *ok);
 
 enum {
     SERVER_SAMPLING_TEMP = 1u << 0,

@@ -27,6 +27,7 @@ void server_call_unref(struct call *c)
     cJSON_Delete(c->lp);
     grammar_free(c->grammar);
     free(c->biases);
+    sample_dry_breakers_free(c->dry_breakers);
     free(c);
 }
 

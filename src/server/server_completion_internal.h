@@ -52,6 +52,7 @@ struct call {
     bool grammar_whole;                /* it constrains the whole output (not lazy tool calls) */
     struct sample_bias *biases;        /* logit_bias (the sampling params point here), NULL: none */
     int n_biases;
+    struct sample_dry_breakers *dry_breakers; /* DRY's processed breakers (the params point here), NULL: none */
     /* output state (HTTP thread only) */
     int consumed;
     struct tok_stream *detok;
@@ -127,5 +128,10 @@ void server_reply_wait(struct group *g, struct reply *r);
 /* Answer with an SSE stream of the choices' chunks; the stream owns g from
  * here and releases it (server_group_done) when the connection ends. */
 void server_reply_stream(struct group *g, struct reply *r);
+
+/* server_samplers.c: a request's typical_p, min_keep, top_n_sigma, dynatemp_*,
+ * xtc_*, dry_*, mirostat*, samplers into p (over the server's defaults); the
+ * DRY breakers are processed into c->dry_breakers when DRY is on. */
+ks_status server_parse_samplers(struct call *c, const cJSON *root, struct sample_params *p, struct reply *r);
 
 #endif

@@ -201,14 +201,6 @@ static const struct refused {
     double value;
     const char *what;
 } refused_fields[] = {
-    {"mirostat", API_CHAT | API_TEXT | API_NATIVE, HARMLESS_NUMBER, 0, "mirostat sampling"},
-    {"dry_multiplier", API_CHAT | API_TEXT | API_NATIVE, HARMLESS_NUMBER, 0, "the DRY sampler"},
-    {"xtc_probability", API_CHAT | API_TEXT | API_NATIVE, HARMLESS_NUMBER, 0, "the XTC sampler"},
-    {"typical_p", API_CHAT | API_TEXT | API_NATIVE, HARMLESS_NUMBER, 1, "locally typical sampling"},
-    {"top_n_sigma", API_CHAT | API_TEXT | API_NATIVE, HARMLESS_NUMBER, -1, "top-n-sigma sampling"},
-    {"dynatemp_range", API_CHAT | API_TEXT | API_NATIVE, HARMLESS_NUMBER, 0, "dynamic temperature"},
-    {"min_keep", API_CHAT | API_TEXT | API_NATIVE, HARMLESS_FALSY, 0, "min_keep"},
-    {"samplers", API_CHAT | API_TEXT | API_NATIVE, HARMLESS_NONE, 0, "a sampler order"},
     {"grammar_lazy", API_CHAT | API_TEXT | API_NATIVE, HARMLESS_FALSY, 0, "lazy grammars from the request"},
     {"grammar_triggers", API_CHAT | API_TEXT | API_NATIVE, HARMLESS_FALSY, 0, "grammar triggers"},
     {"preserved_tokens", API_CHAT | API_TEXT | API_NATIVE, HARMLESS_FALSY, 0, "preserved tokens"},
@@ -580,7 +572,8 @@ static ks_status parse_options(struct call *c, enum server_api api, const cJSON 
         (st = parse_stop(c, root, r)) || (st = parse_speculative(root, rq, r)) ||
         (st = parse_sampling(c->srv, root, api, &rq->sampling, &c->logprobs, &c->n_choices, r)) ||
         (api == SERVER_API_NATIVE && (st = get_bool(root, "cache_prompt", &cache_prompt, r))) ||
-        (st = parse_logit_bias(c, root, &rq->sampling, r)) || (st = server_parse_cache_salt(root, rq, r)))
+        (st = parse_logit_bias(c, root, &rq->sampling, r)) || (st = server_parse_cache_salt(root, rq, r)) ||
+        (st = server_parse_samplers(c, root, &rq->sampling, r)))
         return st;
     cJSON *so = field(root, "stream_options");
     if (so && !cJSON_IsObject(so))

@@ -342,6 +342,9 @@ ks_status server_route_infill(struct server *srv, const struct server_req *rq, s
 /* server_completion_parse.c: the sampling a /completion request that names
  * no field gets (llama-server's defaults under the server's flags). */
 void server_native_sampling(const struct server *srv, struct sample_params *p);
+/* server_samplers.c: the other samplers' defaults (typical_p, dry_*, mirostat,
+ * samplers, ...) into /props' default_generation_settings.params. */
+void server_samplers_props(const struct server *srv, cJSON *params);
 
 /* server_chat.c: POST /apply-template, the prompt text of a chat request (llama-server's route) */
 ks_status server_route_apply_template(struct server *srv, const struct server_req *rq, struct reply *r);

@@ -156,6 +156,7 @@ static cJSON *generation_settings_json(const struct server *srv)
     cJSON_AddNumberToObject(params, "n_probs", 0);
     cJSON_AddBoolToObject(params, "ignore_eos", false);
     cJSON_AddArrayToObject(params, "stop");
+    server_samplers_props(srv, params);
     cJSON_AddStringToObject(params, "reasoning_format",
                             srv->cfg.reasoning_format == SERVER_REASONING_NONE       ? "none"
                             : srv->cfg.reasoning_format == SERVER_REASONING_DEEPSEEK ? "deepseek"
