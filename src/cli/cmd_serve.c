@@ -37,6 +37,8 @@ struct serve_opts {
     unsigned sampling_set;       /* SERVER_SAMPLING_* of the sampling flags given */
     struct server_sampling sampling;
     struct cli_spec_flags spec;  /* --spec-type, --draft-max, --draft-min */
+    bool embeddings;             /* --embeddings: /v1/embeddings and /embeddings */
+    const char *pooling;         /* --pooling NAME, NULL: the file's <arch>.pooling_type */
 };
 
 static void serve_usage(FILE *out)
@@ -89,7 +91,11 @@ static void serve_usage(FILE *out)
             "                            pages stay cached after a request ends (default on)\n"
             "      --cache-dir DIR       keep evicted pages on disk in DIR (LMDB) and read them back;\n"
             "                            cached pages are written there at shutdown and found after a restart\n"
-            "      --cache-disk SIZE     disk limit of --cache-dir, e.g. 20G (default 10%% of the free disk)\n");
+            "      --cache-disk SIZE     disk limit of --cache-dir, e.g. 20G (default 10%% of the free disk)\n"
+            "embeddings:\n"
+            "      --embeddings          serve POST /v1/embeddings and /embeddings (as llama-server's flag;\n"
+            "                            completions stay on unless the model's attention is not causal)\n"
+            "      --pooling TYPE        mean, cls or last instead of the model's <arch>.pooling_type\n");
     fputs(cli_spec_flags_help, out);
     fputs(cli_model_flags_help, out);
 }
@@ -172,8 +178,17 @@ static bool parse_flag(const char *a, const char *v, void *opts, bool *ok)
     else if (is_flag(a, NULL, "--cache-dir")) *ok = (o->cache_dir = v) != NULL && *v;
     else if (is_flag(a, NULL, "--cache-disk")) *ok = v && !strchr(v, '%') && cli_parse_mem(v, &o->cache_disk);
     else if (cli_parse_spec_flag(a, v, &o->spec, ok)) return true;
+    else if (is_flag(a, NULL, "--pooling")) *ok = (o->pooling = v) != NULL;
     else return false;
     return true;
+}
+
+static bool switch_flag(const char *a, void *opts)
+{
+    struct serve_opts *o = opts;
+    if (!strcmp(a, "--embeddings") || !strcmp(a, "--embedding"))
+        return o->embeddings = true;
+    return false;
 }
 
 /* 0 ok, 2 usage error, -1 help printed. */
@@ -186,7 +201,8 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
     cli_model_flags_init(&o->load);
     cli_spec_flags_init(&o->spec);
     const struct cli_command cmd = {
-        .name = "serve", .usage = serve_usage, .model = &o->load, .value_flag = parse_flag, .opts = o};
+        .name = "serve", .usage = serve_usage, .model = &o->load, .switch_flag = switch_flag, .value_flag = parse_flag,
+        .opts = o};
     return cli_parse_command(&cmd, argc, argv);
 }
 
@@ -255,6 +271,24 @@ static void raise_file_limit(void)
     }
 }
 
+/* --pooling over the file's pooling; --embeddings needs one that gives a vector per input. */
+static ks_status embeddings_setup(const struct serve_opts *o, struct model *m)
+{
+    enum model_pooling p;
+    ks_status st;
+    if (o->pooling) {
+        if ((st = model_pooling_parse(o->pooling, &p)))
+            return ks_fail(st, "--pooling: %s", ks_errmsg());
+        model_set_pooling(m, p);
+    }
+    p = model_hparams(m)->pooling;
+    if (o->embeddings && p != MODEL_POOLING_MEAN && p != MODEL_POOLING_CLS && p != MODEL_POOLING_LAST)
+        return ks_fail(KS_ERR_INVALID_ARG,
+                       "--embeddings: the model pools '%s' (%s.pooling_type), which gives no vector per input; give "
+                       "--pooling mean, cls or last", model_pooling_name(p), model_hparams(m)->arch_name);
+    return KS_OK;
+}
+
 static ks_status start(const struct serve_opts *o, const char *path, struct serve_state *s)
 {
     if (o->chat_template && o->chat_template_file)
@@ -269,6 +303,8 @@ static ks_status start(const struct serve_opts *o, const char *path, struct serv
         return st;
     st = tok_load(model_gguf(s->model), &s->tok);
     if (st)
+        return st;
+    if ((st = embeddings_setup(o, s->model)))
         return st;
     const struct model_hparams *hp = model_hparams(s->model);
     int32_t ctx = o->ctx_size;
@@ -331,6 +367,9 @@ static ks_status start(const struct serve_opts *o, const char *path, struct serv
     cfg.model_path = path;
     cfg.sampling_set = o->sampling_set;
     cfg.sampling = o->sampling;
+    cfg.embeddings = o->embeddings;
+    cfg.n_embd = hp->n_embd;
+    cfg.no_generation = hp->non_causal;
     st = server_start(&cfg, s->sched, s->tok, &s->srv);
     if (st)
         return st;

@@ -245,6 +245,8 @@ static const struct route {
     {"/cache/policy", "POST", false, server_route_policy},
     {"/cache/prefixes", "GET", false, server_route_cache_prefixes},
     {"/cache/clear", "POST", false, server_route_cache_clear},
+    {"/v1/embeddings", "POST", false, server_route_embeddings},
+    {"/embeddings", "POST", false, server_route_embeddings_native},
 };
 
 const char *server_req_arg(const struct server_req *rq, const char *name)

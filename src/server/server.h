@@ -8,7 +8,8 @@
  * GET /health, GET /metrics (Prometheus text),
  * GET /cache/usage, POST /cache/requantize, POST /cache/policy,
  * GET /cache/prefixes, POST /cache/clear (the prefix cache's RAM and SSD
- * tiers), GET / (a live page of the KV pool). Errors have OpenAI's shape
+ * tiers), GET / (a live page of the KV pool), POST /v1/embeddings and
+ * llama-server's POST /embeddings (with --embeddings). Errors have OpenAI's shape
  * {"error":{"message","type","code"}}. The server tokenizes and detokenizes;
  * the scheduler only sees token ids. */
 #ifndef KS_SERVER_H
@@ -70,6 +71,12 @@ struct server_config {
         double temp, top_p, min_p, repeat_penalty;
         int64_t top_k, seed;
     } sampling;
+    /* Embeddings (server_embed.c): --embeddings turns on POST /v1/embeddings and /embeddings (off: 501);
+     * the scheduler's engine must compute them (sched_engine.forward_embd). */
+    bool embeddings;
+    int32_t n_embd;           /* the model's embedding width: a request's 'dimensions' must equal it */
+    bool no_generation;       /* the model's attention is not causal (an embedding model): completion
+                                 routes answer 501 */
 };
 
 enum {

@@ -230,6 +230,10 @@ static ks_status group_submit(struct group *g, const struct sched_request *rq)
 
 static ks_status completion(struct server *srv, enum server_api api, const struct server_req *req, struct reply *r)
 {
+    if (srv->cfg.no_generation)
+        return reply_fail(r, KS_ERR_UNSUPPORTED, "not_supported",
+                          "this model's attention is not causal (an embedding model): it serves /v1/embeddings "
+                          "(with --embeddings), not completions");
     struct call *c = NULL;
     struct sched_request rq;
     ks_status st = server_request_parse(srv, api, req->body, req->len, &c, &rq, r);

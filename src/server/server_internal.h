@@ -357,6 +357,10 @@ cJSON *server_prefix_usage_json(const struct kv_usage *u, const struct sched_sta
 cJSON *server_disk_usage_json(struct server *srv); /* null without the SSD tier */
 void server_prefix_metrics(struct server *srv, struct sbuf *b, const struct sched_stats *st, const struct kv_usage *u);
 
+/* server_embed.c: POST /v1/embeddings (OpenAI's shape) and /embeddings (llama-server's) */
+ks_status server_route_embeddings(struct server *srv, const struct server_req *rq, struct reply *r);
+ks_status server_route_embeddings_native(struct server *srv, const struct server_req *rq, struct reply *r);
+
 /* server_page.c: the live page, embedded at build time from src/server/page/ */
 ks_status server_route_page(struct server *srv, const struct server_req *rq, struct reply *r);
 
