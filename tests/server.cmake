@@ -15,8 +15,10 @@ add_test(NAME server_prefix_restart COMMAND ${CMAKE_SOURCE_DIR}/tests/e2e/prefix
 add_test(NAME server_conn COMMAND python3 ${CMAKE_SOURCE_DIR}/tests/e2e/conn.py)
 # llama-server's routes against the anchor's llama-server on the default model (python3)
 add_test(NAME server_llama_parity COMMAND ${CMAKE_SOURCE_DIR}/tests/e2e/llama_parity.py)
+# /v1/embeddings and /embeddings on the embedding synth presets, against tests/data/embed-*.json (python3)
+add_test(NAME server_embeddings COMMAND ${CMAKE_SOURCE_DIR}/tests/e2e/embeddings.py)
 foreach(t server_curl_errors server_page_chromium server_e2e_basic server_e2e_concurrency server_e2e_pressure
           server_e2e_tools
-          server_prefix_restart server_conn server_llama_parity)
+          server_prefix_restart server_conn server_llama_parity server_embeddings)
   set_tests_properties(${t} PROPERTIES LABELS e2e TIMEOUT 900 SKIP_RETURN_CODE 77 ENVIRONMENT "${KS_E2E_ENV}")
 endforeach()
