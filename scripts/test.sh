@@ -75,15 +75,16 @@ cmake --build build-tsan -j "$jobs" --target $tsan_tests default_model
 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
   run_ctest build-tsan -j "$jobs" -R "^($(tr ' ' '|' <<<"$tsan_tests"))\$"
 # The SIMD paths this CPU does not take by default: an AVX2-only build and a
-# portable (no -march=native) build run the unit tests too.
+# portable (no -march=native) build run the tests labelled isa (CMakeLists.txt
+# says which: the kernels, attention, the cache, the models).
 if [ "$(uname -m)" = x86_64 ]; then
   cmake -S . -B build-avx2 -DCMAKE_BUILD_TYPE=Release -DCMAKE_C_FLAGS=-mno-avx512f >/dev/null
   cmake --build build-avx2 -j "$jobs"
-  run_ctest build-avx2 -j "$jobs" -L unit
+  run_ctest build-avx2 -j "$jobs" -L isa
 fi
 cmake -S . -B build-portable -DCMAKE_BUILD_TYPE=Release -DKS_NATIVE=OFF >/dev/null
 cmake --build build-portable -j "$jobs"
-run_ctest build-portable -j "$jobs" -L unit
+run_ctest build-portable -j "$jobs" -L isa
 # Fuzzing: every parser (GGUF, the completion/chat request body, the tokenizer,
 # the chat templates) gets a short libFuzzer run in a clang build (build-fuzz)
 # from a copy of its corpus under tests/fuzz/; any crash, leak or slow input

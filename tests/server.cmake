@@ -17,8 +17,10 @@ add_test(NAME server_conn COMMAND python3 ${CMAKE_SOURCE_DIR}/tests/e2e/conn.py)
 add_test(NAME server_llama_parity COMMAND ${CMAKE_SOURCE_DIR}/tests/e2e/llama_parity.py)
 # /v1/embeddings and /embeddings on the embedding synth presets, against tests/data/embed-*.json (python3)
 add_test(NAME server_embeddings COMMAND ${CMAKE_SOURCE_DIR}/tests/e2e/embeddings.py)
+# /infill against the anchor's llama-server on a tiny model with Qwen3's FIM vocabulary (python3)
+add_test(NAME server_infill_parity COMMAND ${CMAKE_SOURCE_DIR}/tests/e2e/infill_parity.py)
 foreach(t server_curl_errors server_page_chromium server_e2e_basic server_e2e_concurrency server_e2e_pressure
           server_e2e_tools
-          server_prefix_restart server_conn server_llama_parity server_embeddings)
+          server_prefix_restart server_conn server_llama_parity server_infill_parity server_embeddings)
   set_tests_properties(${t} PROPERTIES LABELS e2e TIMEOUT 900 SKIP_RETURN_CODE 77 ENVIRONMENT "${KS_E2E_ENV}")
 endforeach()

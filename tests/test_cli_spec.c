@@ -68,6 +68,11 @@ static void test_generate_same_ids(void **state)
         const char *line = strstr(g_out, "speculation: ngram, ");
         assert_non_null(line);
         assert_true(atoi(line + strlen("speculation: ngram, ")) > 0); /* drafted */
+        char *type = strstr(args, "--spec-type ngram") + strlen("--spec-type ngram");
+        memmove(type + strlen("-pool --spec-ngram-size-n 4"), type, strlen(type) + 1);
+        memcpy(type, "-pool --spec-ngram-size-n 4", strlen("-pool --spec-ngram-size-n 4"));
+        assert_int_equal(run_to(args, false), 0);
+        assert_string_equal(g_out, plain);
     }
 }
 
@@ -76,7 +81,8 @@ static void test_bad_values(void **state)
     (void)state;
     NEED_INPUTS();
     static const char *const bad[][2] = {
-        {"--spec-type", "draft"}, {"--draft-max", "0"}, {"--draft-max", "65"}, {"--draft-min", "-1"}};
+        {"--spec-type", "draft"}, {"--draft-max", "0"}, {"--draft-max", "65"}, {"--draft-min", "-1"},
+        {"--spec-ngram-size-n", "1"}, {"--spec-ngram-size-n", "65"}};
     static const char *const cmds[][2] = {{"generate", "--ids 1,2,3 -n 2"}, {"serve", "--port 0 -t 1"}};
     for (size_t c = 0; c < 2; c++)
         for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {

@@ -97,6 +97,7 @@ struct setup {
     enum quant_type type;
     bool prefix_cache;
     bool spec;
+    bool pool;         /* with spec: the shared n-gram pool (else prompt lookup) */
     int32_t draft_min; /* > 0: draft whenever the lookup finds that many, whatever the cost model says */
     int parallel;
 };
@@ -114,7 +115,7 @@ static struct sched *make_sched(const struct setup *u)
     sched_config_default(&sc);
     sc.parallel = u->parallel;
     sc.max_itl_ratio = 0.0f; /* the step budget does not depend on timings */
-    sc.spec_type = u->spec ? SPEC_NGRAM : SPEC_NONE;
+    sc.spec_type = !u->spec ? SPEC_NONE : u->pool ? SPEC_NGRAM_POOL : SPEC_NGRAM;
     sc.draft_min = u->draft_min;
     struct sched *s = NULL;
     assert_int_equal(sched_create(&sc, &eng, &s), KS_OK);
@@ -340,7 +341,8 @@ static struct mock_engine_config mock_config(void)
                                        .repeat_period = 7, .surprise_every = 11};
 }
 
-static struct sched *mock_sched(const struct mock_engine_config *mc, struct mock_engine **m, int parallel)
+static struct sched *mock_sched_type(const struct mock_engine_config *mc, struct mock_engine **m, int parallel,
+                                     enum spec_type type)
 {
     assert_int_equal(mock_engine_create(mc, m), KS_OK);
     struct sched_engine eng = mock_engine_sched(*m, false);
@@ -349,11 +351,16 @@ static struct sched *mock_sched(const struct mock_engine_config *mc, struct mock
     sc.parallel = parallel;
     sc.prefill_chunk = 48;
     sc.max_itl_ratio = 0.0f;
-    sc.spec_type = SPEC_NGRAM;
+    sc.spec_type = type;
     sc.draft_min = 1;
     struct sched *s = NULL;
     assert_int_equal(sched_create(&sc, &eng, &s), KS_OK);
     return s;
+}
+
+static struct sched *mock_sched(const struct mock_engine_config *mc, struct mock_engine **m, int parallel)
+{
+    return mock_sched_type(mc, m, parallel, SPEC_NGRAM);
 }
 
 static void assert_alone(const struct mock_engine_config *mc, const int32_t *prompt, int32_t n, const struct result *r)
@@ -363,6 +370,34 @@ static void assert_alone(const struct mock_engine_config *mc, const int32_t *pro
     for (int32_t i = 0; i < r->n; i++)
         if (want[i] != r->tokens[i])
             fail_msg("token %d: %d, alone %d", (int)i, (int)r->tokens[i], (int)want[i]);
+}
+
+/* The pool learns one request's text and drafts it for the next: over a
+ * model whose output never repeats itself (prompt lookup finds little), the
+ * same prompt sent a second time is answered mostly from the pool's drafts,
+ * with the tokens the model gives alone. */
+static void test_mock_pool_across_requests(void **state)
+{
+    (void)state;
+    struct mock_engine_config mc = mock_config();
+    mc.repeat_period = mc.surprise_every = 0;
+    struct mock_engine *m;
+    struct sched *s = mock_sched_type(&mc, &m, 2, SPEC_NGRAM_POOL);
+    int32_t prompt[40];
+    for (int32_t i = 0; i < 40; i++)
+        prompt[i] = 3 + (i * 37) % 90;
+    struct result r[2];
+    for (int i = 0; i < 2; i++) {
+        submit(s, prompt, 40, 64, &r[i]);
+        result_wait(&r[i]);
+        assert_alone(&mc, prompt, 40, &r[i]);
+    }
+    sched_free(s);
+    mock_engine_free(m);
+    print_message("pool: first %d/%d accepted, second %d/%d\n", (int)r[0].n_accepted, (int)r[0].n_drafted,
+                  (int)r[1].n_accepted, (int)r[1].n_drafted);
+    assert_true(r[1].n_accepted >= 48);
+    assert_true(r[0].n_accepted < 16);
 }
 
 /* Eight requests, four at a time: prompts of 5 to 348 tokens prefill in
@@ -575,6 +610,7 @@ int main(void)
         return 1;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mock_exact_under_batching),
+        cmocka_unit_test(test_mock_pool_across_requests),
         cmocka_unit_test(test_mock_kv_full_drops_drafts),
         cmocka_unit_test(test_identity_default_model),
         cmocka_unit_test(test_identity_trained_retell),

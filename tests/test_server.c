@@ -352,6 +352,63 @@ static void test_health_models_404(void **state)
     httpc_response_free(&r);
 }
 
+/* One request to port: the whole response. */
+static struct httpc_response http_port(int port, const char *method, const char *path, const char *body)
+{
+    char url[256];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", port, path);
+    const char *headers[] = {"Content-Type: application/json", NULL};
+    struct httpc_request rq = {.method = method, .url = url, .headers = headers, .body = body,
+                               .body_len = body ? strlen(body) : 0, .timeout_s = KS_WAIT_SECONDS};
+    struct httpc_response r;
+    assert_int_equal(httpc_request(&rq, &r), KS_OK);
+    return r;
+}
+
+/* While the model loads the port answers llama-server's 503 on every route;
+ * then the server proper serves the same socket. */
+static void test_loading_then_ready(void **state)
+{
+    (void)state;
+    struct server_loading *l = NULL;
+    assert_int_equal(server_loading_start("127.0.0.1", 0, &l), KS_OK);
+    int port = server_loading_port(l);
+    assert_true(port > 0);
+    static const char *const paths[][3] = {{"GET", "/health", NULL}, {"GET", "/v1/models", NULL},
+                                           {"POST", "/v1/completions", "{\"prompt\": \"hi\"}"}};
+    for (size_t i = 0; i < sizeof paths / sizeof *paths; i++) {
+        struct httpc_response r = http_port(port, paths[i][0], paths[i][1], paths[i][2]);
+        assert_int_equal(r.status, 503);
+        cJSON *j = json_of(&r);
+        cJSON *e = cJSON_GetObjectItem(j, "error");
+        assert_string_equal(json_str(e, "message"), "Loading model");
+        assert_string_equal(json_str(e, "type"), "unavailable_error");
+        assert_int_equal((int)json_num(e, "code"), 503);
+        cJSON_Delete(j);
+        httpc_response_free(&r);
+    }
+    struct server_config cfg;
+    server_config_default(&cfg);
+    cfg.port = 0;
+    cfg.ctx_size = CTX;
+    cfg.model_name = "mock";
+    cfg.listen_from = l;
+    struct server *srv = NULL;
+    assert_int_equal(server_start(&cfg, F.sched, F.tok, &srv), KS_OK);
+    server_set_ready(srv, true);
+    server_loading_stop(l);
+    assert_int_equal(server_port(srv), port);
+    struct httpc_response r = http_port(port, "GET", "/health", NULL);
+    assert_int_equal(r.status, 200);
+    httpc_response_free(&r);
+    server_stop(srv);
+    /* a port in use fails at once, before any load */
+    struct server_loading *busy = NULL;
+    assert_int_equal(server_loading_start("127.0.0.1", server_port(F.srv), &busy), KS_ERR_IO);
+    assert_null(busy);
+    assert_int_equal(server_loading_start("localhost", 0, &busy), KS_ERR_INVALID_ARG);
+}
+
 static void test_bad_requests(void **state)
 {
     (void)state;
@@ -1007,6 +1064,7 @@ int main(void)
         cmocka_unit_test(test_requantize_to_iq3_nl),
         cmocka_unit_test(test_requantize_in_slices_and_409),
         cmocka_unit_test(test_health_models_404),
+        cmocka_unit_test(test_loading_then_ready),
         cmocka_unit_test(test_bad_requests),
         cmocka_unit_test(test_api_key_and_overload),
         cmocka_unit_test(test_completion_matches_model),

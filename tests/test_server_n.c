@@ -250,6 +250,78 @@ static void test_stream_agrees_with_whole(void **state)
     check_stream_agrees(true);
 }
 
+/* Several prompts in one /v1/completions request (OpenAI's list of
+ * strings or of token-id lists): choice p * n + j is prompt p's choice j,
+ * equal to a request of that prompt alone with seed + j; usage counts each
+ * prompt once; the stream carries the same texts; limits are 400s. */
+static void test_several_prompts(void **state)
+{
+    (void)state;
+    enum { N = 2, SEED = 17 };
+    static const char *const prompts[] = {"Once upon a time", "The little dog", "[1,300,20]"};
+    const char *list = "[\"Once upon a time\",\"The little dog\",[1,300,20]]";
+    char body[512];
+    snprintf(body, sizeof body, "{\"prompt\":%s,\"n\":%d,\"seed\":%d,\"temperature\":1.0,\"max_tokens\":20}", list,
+             N, SEED);
+    struct answer all = post_on(F.ms.srv, "/v1/completions", body);
+    assert_int_equal(all.status, 200);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(all.json, "choices")), 3 * N);
+    int prompt_sum = 0, completion_sum = 0;
+    for (int p = 0; p < 3; p++) {
+        for (int j = 0; j < N; j++) {
+            char one_body[512];
+            bool ids = prompts[p][0] == '[';
+            snprintf(one_body, sizeof one_body,
+                     "{\"prompt\":%s%s%s,\"seed\":%d,\"temperature\":1.0,\"max_tokens\":20}", ids ? "" : "\"",
+                     prompts[p], ids ? "" : "\"", SEED + j);
+            struct answer one = post_on(F.ms.srv, "/v1/completions", one_body);
+            assert_int_equal(one.status, 200);
+            const cJSON *ch = choice(all.json, p * N + j);
+            assert_int_equal((int)cJSON_GetObjectItem(ch, "index")->valuedouble, p * N + j);
+            assert_string_equal(text_of(ch, false), text_of(choice(one.json, 0), false));
+            if (j == 0)
+                prompt_sum += usage_of(one.json, "prompt_tokens");
+            completion_sum += usage_of(one.json, "completion_tokens");
+            cJSON_Delete(one.json);
+        }
+    }
+    assert_int_equal(usage_of(all.json, "prompt_tokens"), prompt_sum);
+    assert_int_equal(usage_of(all.json, "completion_tokens"), completion_sum);
+    snprintf(body, sizeof body,
+             "{\"prompt\":%s,\"n\":%d,\"seed\":%d,\"temperature\":1.0,\"max_tokens\":20,\"stream\":true}", list, N,
+             SEED);
+    struct answer stream = post_on(F.ms.srv, "/v1/completions", body);
+    assert_int_equal(stream.status, 200);
+    assert_int_equal(stream.n_done, 1);
+    struct sbuf text[3 * N] = {{0}};
+    const cJSON *ev;
+    cJSON_ArrayForEach(ev, stream.json) {
+        const cJSON *ch = choice(ev, 0);
+        const cJSON *piece = ch ? cJSON_GetObjectItem(ch, "text") : NULL;
+        int i = ch ? (int)cJSON_GetObjectItem(ch, "index")->valuedouble : -1;
+        assert_true(!ch || (i >= 0 && i < 3 * N));
+        if (cJSON_IsString(piece))
+            sbuf_append(&text[i], piece->valuestring, strlen(piece->valuestring));
+    }
+    for (int i = 0; i < 3 * N; i++) {
+        sbuf_append(&text[i], "", 0);
+        assert_string_equal(text[i].p, text_of(choice(all.json, i), false));
+        sbuf_free(&text[i]);
+    }
+    cJSON_Delete(stream.json);
+    cJSON_Delete(all.json);
+    static const char *const bad[] = {
+        "{\"prompt\":[\"a\",\"b\"],\"n\":9}",      /* 18 choices */
+        "{\"prompt\":[\"a\",5]}",                   /* a prompt that is neither text nor ids */
+        "{\"prompt\":[\"a\",\"b\",\"c\",\"d\",\"e\",\"f\",\"g\",\"h\",\"i\",\"j\",\"k\",\"l\",\"m\",\"n\",\"o\",\"p\",\"q\"]}",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        struct answer a = post_on(F.ms.srv, "/v1/completions", bad[i]);
+        assert_int_equal(a.status, 400);
+        cJSON_Delete(a.json);
+    }
+}
+
 /* Each choice has its own grammar state: every one is a JSON object. */
 static void test_choices_each_follow_the_grammar(void **state)
 {
@@ -398,6 +470,7 @@ int main(void)
         cmocka_unit_test(test_choices_match_single_requests),
         cmocka_unit_test(test_temperature_zero_all_equal),
         cmocka_unit_test(test_stream_agrees_with_whole),
+        cmocka_unit_test(test_several_prompts),
         cmocka_unit_test(test_choices_each_follow_the_grammar),
         cmocka_unit_test(test_disconnect_cancels_all),
         cmocka_unit_test(test_choices_under_preemption),

@@ -60,6 +60,89 @@ static void test_ngram_repetition_drafts_the_cycle(void **state)
         assert_int_equal(draft[i], 10 + (40 + i) % 5);
 }
 
+/* ---- the shared n-gram pool ------------------------------------------------------ */
+
+static struct spec_pool *pool_of(int32_t n)
+{
+    struct spec_pool *p = NULL;
+    assert_int_equal(spec_pool_create(n, 1u << 16, &p), KS_OK);
+    assert_int_equal(spec_pool_bytes(p), 1u << 16);
+    return p;
+}
+
+/* One request's text teaches the pool; another request whose text ends in
+ * the same n tokens drafts what followed them, as far as the pool knows. */
+static void test_pool_drafts_across_requests(void **state)
+{
+    (void)state;
+    struct spec_pool *p = pool_of(3);
+    const int32_t a[] = {40, 41, 42, 43, 44, 45, 46, 47};
+    spec_pool_add(p, a, 5, 0); /* the prompt */
+    spec_pool_add(p, a, 8, 5); /* then its output */
+    const int32_t b[] = {7, 8, 41, 42, 43};
+    int32_t draft[16];
+    assert_int_equal(spec_pool_draft(p, b, 5, 16, draft), 4); /* 44 45 46 47, then no key for 45 46 47 */
+    const int32_t want[] = {44, 45, 46, 47};
+    assert_memory_equal(draft, want, sizeof want);
+    assert_int_equal(spec_pool_draft(p, b, 5, 2, draft), 2);
+    /* the last n tokens were never seen, or the text is shorter than n */
+    const int32_t c[] = {41, 42, 9};
+    assert_int_equal(spec_pool_draft(p, c, 3, 4, draft), 0);
+    assert_int_equal(spec_pool_draft(p, b, 2, 4, draft), 0);
+    assert_int_equal(spec_pool_draft(p, b, 5, 0, draft), 0);
+    /* the newest continuation wins */
+    const int32_t d[] = {41, 42, 43, 99};
+    spec_pool_add(p, d, 4, 0);
+    assert_int_equal(spec_pool_draft(p, b, 5, 1, draft), 1);
+    assert_int_equal(draft[0], 99);
+    spec_pool_free(p);
+}
+
+/* A long text fills the table; lookups of n-grams it never held mostly find
+ * nothing (the slot's check), and the ones it held, the latest writer. */
+static void test_pool_keys_are_checked(void **state)
+{
+    (void)state;
+    struct spec_pool *p = pool_of(4);
+    enum { N = 20000 };
+    static int32_t text[N];
+    srand(7);
+    for (int i = 0; i < N; i++)
+        text[i] = rand() % 5000;
+    spec_pool_add(p, text, N, 0);
+    int found = 0, right = 0;
+    int32_t probe[4], draft[1];
+    for (int i = 0; i < 2000; i++) {
+        for (int j = 0; j < 4; j++)
+            probe[j] = 5000 + rand() % 5000; /* never in the text */
+        found += spec_pool_draft(p, probe, 4, 1, draft);
+        int at = 4 + rand() % (N - 4);
+        right += spec_pool_draft(p, text + at - 4, 4, 1, draft) == 1 && draft[0] == text[at];
+    }
+    assert_int_equal(found, 0);
+    assert_true(right > 2000 / 4); /* 8192 slots for 20000 keys: the latest of each slot survives */
+    spec_pool_free(p);
+}
+
+static void test_pool_bad_sizes(void **state)
+{
+    (void)state;
+    struct spec_pool *p = (struct spec_pool *)1;
+    assert_int_not_equal(spec_pool_create(1, 1u << 20, &p), KS_OK);
+    assert_null(p);
+    assert_int_not_equal(spec_pool_create(SPEC_POOL_N_MAX + 1, 1u << 20, &p), KS_OK);
+    assert_int_not_equal(spec_pool_create(8, 100, &p), KS_OK);
+    assert_int_equal(spec_pool_create(8, (1u << 20) + 5, &p), KS_OK);
+    assert_int_equal(spec_pool_bytes(p), 1u << 20);
+    spec_pool_free(p);
+    spec_pool_free(NULL);
+    enum spec_type t;
+    assert_true(spec_parse_type("ngram-pool", &t) && t == SPEC_NGRAM_POOL);
+    assert_true(spec_parse_type("ngram-mod", &t) && t == SPEC_NGRAM_POOL);
+    assert_string_equal(spec_type_name(SPEC_NGRAM_POOL), "ngram-pool");
+    assert_false(spec_parse_type("draft", &t));
+}
+
 /* ---- adaptive length ------------------------------------------------------------ */
 
 static void test_adapt_follows_acceptance(void **state)
@@ -225,6 +308,9 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ngram_longest_most_recent_match),
         cmocka_unit_test(test_ngram_repetition_drafts_the_cycle),
+        cmocka_unit_test(test_pool_drafts_across_requests),
+        cmocka_unit_test(test_pool_keys_are_checked),
+        cmocka_unit_test(test_pool_bad_sizes),
         cmocka_unit_test(test_adapt_follows_acceptance),
         cmocka_unit_test(test_verify_keeps_the_distribution),
         cmocka_unit_test(test_verify_greedy_is_argmax),

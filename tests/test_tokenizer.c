@@ -346,11 +346,40 @@ static void test_harmony_eog(void **state)
     tok_free(t);
 }
 
+/* Fill-in-the-middle tokens found by their texts as llama.cpp finds them
+ * (Qwen's names here); pad, repo and file separator end a generation, the
+ * three that frame the prompt do not. */
+static void test_fim_tokens(void **state)
+{
+    (void)state;
+    const char *extra[] = {"<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|fim_pad|>", "<|repo_name|>",
+                           "<|file_sep|>", "<|endoftext|>"};
+    struct tokenizer *t = bpe_vocab(extra, 7, 0, NULL, 0, 256 + 6);
+    const struct tok_special *sp = tok_special(t);
+    assert_int_equal(sp->fim_pre, 256);
+    assert_int_equal(sp->fim_suf, 257);
+    assert_int_equal(sp->fim_mid, 258);
+    assert_int_equal(sp->fim_pad, 259);
+    assert_int_equal(sp->fim_rep, 260);
+    assert_int_equal(sp->fim_sep, 261);
+    for (int32_t i = 256; i < 259; i++)
+        assert_false(tok_is_eog(t, i));
+    for (int32_t i = 259; i < 263; i++)
+        assert_true(tok_is_eog(t, i));
+    assert_true(tok_is_control(t, 256));
+    tok_free(t);
+    t = bpe_vocab(extra + 6, 1, 0, NULL, 0, 256);
+    assert_int_equal(tok_special(t)->fim_pre, -1);
+    assert_int_equal(tok_special(t)->fim_sep, -1);
+    tok_free(t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_synthetic_bpe),
         cmocka_unit_test(test_harmony_eog),
+        cmocka_unit_test(test_fim_tokens),
         cmocka_unit_test(test_cli_tokenize),
         cmocka_unit_test(test_cli_chat),
         cmocka_unit_test(test_stories260k),

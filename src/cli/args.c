@@ -224,7 +224,8 @@ void cli_model_flags_init(struct cli_model_flags *f)
 
 void cli_spec_flags_init(struct cli_spec_flags *f)
 {
-    *f = (struct cli_spec_flags){.type = SPEC_NONE, .draft_max = 16, .draft_min = 0};
+    *f = (struct cli_spec_flags){.type = SPEC_NONE, .draft_max = 16, .draft_min = 0,
+                                   .pool_n = SPEC_POOL_N_DEFAULT};
 }
 
 bool cli_parse_spec_flag(const char *flag, const char *value, struct cli_spec_flags *f, bool *ok)
@@ -235,6 +236,8 @@ bool cli_parse_spec_flag(const char *flag, const char *value, struct cli_spec_fl
         *ok = cli_parse_int(value, 1, SPEC_DRAFT_LIMIT, &f->draft_max);
     else if (!strcmp(flag, "--draft-min"))
         *ok = cli_parse_int(value, 0, SPEC_DRAFT_LIMIT, &f->draft_min);
+    else if (!strcmp(flag, "--spec-ngram-size-n"))
+        *ok = cli_parse_int(value, SPEC_POOL_N_MIN, SPEC_POOL_N_MAX, &f->pool_n);
     else
         return false;
     return true;
@@ -242,9 +245,13 @@ bool cli_parse_spec_flag(const char *flag, const char *value, struct cli_spec_fl
 
 const char cli_spec_flags_help[] =
     "speculative decoding (the same flags in serve and generate):\n"
-    "      --spec-type T        none | ngram: draft tokens by looking the last 1-3 tokens up in the\n"
-    "                           request's own prompt and output (prompt lookup), verify them in one\n"
-    "                           forward pass; output unchanged (greedy: the same tokens) (default none)\n"
+    "      --spec-type T        none | ngram | ngram-pool (default none). ngram: draft tokens by looking\n"
+    "                           the last 1-3 tokens up in the request's own prompt and output (prompt\n"
+    "                           lookup); ngram-pool (alias ngram-mod): from one 16 MiB table shared by\n"
+    "                           all requests, the token that followed the last N tokens anywhere in\n"
+    "                           any request's text, else prompt lookup. Drafts are verified in one\n"
+    "                           forward pass: output unchanged (greedy: the same tokens)\n"
+    "      --spec-ngram-size-n N  ngram-pool's N, 2..64 (default 8)\n"
     "      --draft-max N        drafts per verification at most, 1..64 (default 16); the length\n"
     "                           adapts to each request's acceptance and to the measured cost\n"
     "      --draft-min N        draft at least N tokens or none, 0..--draft-max (default 0)\n";

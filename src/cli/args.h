@@ -77,6 +77,7 @@ struct cli_spec_flags {
     enum spec_type type; /* SPEC_NONE */
     int draft_max;       /* 16 */
     int draft_min;       /* 0 */
+    int pool_n;          /* --spec-ngram-size-n: ngram-pool's tokens per key (SPEC_POOL_N_DEFAULT) */
 };
 void cli_spec_flags_init(struct cli_spec_flags *f);
 /* True if flag is one of the above; *ok says whether value was good. */

@@ -177,6 +177,8 @@ struct gen_run {
     /* speculation */
     int32_t draft_max;            /* 0: off */
     struct spec_adapt adapt;
+    struct spec_pool *pool;       /* --spec-type ngram-pool: this run's prompt and output */
+    int32_t pool_fed;             /* tokens[0, pool_fed) are in it */
     int32_t draft[SPEC_DRAFT_LIMIT];
     double step_s, extra_token_s; /* EMAs: a 1-token step, one more token in a step */
     int64_t n_drafted, n_accepted, n_steps;
@@ -190,6 +192,7 @@ static void run_free(struct gen_run *r)
     cli_engine_free(&r->e);
     free(r->tokens);
     free(r->logits);
+    spec_pool_free(r->pool);
 }
 
 /* The tokenizer is optional with --ids: it then only detects the end of
@@ -272,6 +275,8 @@ static ks_status setup(struct gen_run *r, const char *model_path)
     cli_kv_config(r->e.model, &o->load.kv, (int64_t)r->n_prompt + o->n_predict, &cfg);
     r->draft_max = o->spec.type == SPEC_NONE ? 0 : o->spec.draft_max;
     spec_adapt_init(&r->adapt);
+    if (o->spec.type == SPEC_NGRAM_POOL && (st = spec_pool_create(o->spec.pool_n, SPEC_POOL_BYTES_DEFAULT, &r->pool)))
+        return st;
     int32_t max_batch = r->n_prompt < o->n_batch ? r->n_prompt : o->n_batch;
     if (max_batch < 1 + r->draft_max)
         max_batch = 1 + r->draft_max;
@@ -403,6 +408,20 @@ static void learn_cost(struct gen_run *r, int32_t k, double seconds)
         r->extra_token_s = 0.75 * r->extra_token_s + 0.25 * (seconds - r->step_s) / k;
 }
 
+/* Up to k drafts in r->draft: the pool's (once it has learnt the latest
+ * tokens), else prompt lookup; as the scheduler proposes them. */
+static int32_t propose(struct gen_run *r, int32_t k)
+{
+    if (r->pool) {
+        spec_pool_add(r->pool, r->tokens, r->n_tokens, r->pool_fed);
+        r->pool_fed = r->n_tokens;
+        int32_t m = spec_pool_draft(r->pool, r->tokens, r->n_tokens, k, r->draft);
+        if (m > 0)
+            return m;
+    }
+    return spec_ngram_draft(r->tokens, r->n_tokens, k, r->draft);
+}
+
 /* The drafts for the next step (0 when not drafting); with none, *shadow the
  * token a 1-token draft proposes, to learn acceptance from (-1: none). */
 static int32_t plan_drafts(struct gen_run *r, int32_t *shadow)
@@ -413,10 +432,10 @@ static int32_t plan_drafts(struct gen_run *r, int32_t *shadow)
     int32_t room = r->o->n_predict - r->n_gen - 1;
     int32_t k = spec_adapt_len(&r->adapt, r->o->spec.draft_min, r->draft_max, extra_cost(r));
     k = k < room ? k : room;
-    int32_t m = k > 0 ? spec_ngram_draft(r->tokens, r->n_tokens, k, r->draft) : 0;
+    int32_t m = k > 0 ? propose(r, k) : 0;
     if (m > 0 && m >= r->o->spec.draft_min)
         return m;
-    if (spec_ngram_draft(r->tokens, r->n_tokens, 1, r->draft) == 1)
+    if (propose(r, 1) == 1)
         *shadow = r->draft[0];
     return 0;
 }

@@ -37,6 +37,7 @@ struct serve_opts {
     unsigned sampling_set;       /* SERVER_SAMPLING_* of the sampling flags given */
     struct server_sampling sampling;
     struct cli_spec_flags spec;  /* --spec-type, --draft-max, --draft-min */
+    bool spm_infill;             /* --spm-infill */
     bool embeddings;             /* --embeddings: /v1/embeddings and /embeddings */
     const char *pooling;         /* --pooling NAME, NULL: the file's <arch>.pooling_type */
 };
@@ -70,6 +71,8 @@ static void serve_usage(FILE *out)
             "      --reasoning-format F  where <think>...</think> goes: auto (reasoning_content when the\n"
             "                            template thinks), deepseek (always split), none (all content);\n"
             "                            a request's reasoning_format overrides it (default auto)\n"
+            "      --spm-infill          /infill puts the suffix before the prefix (the Suffix/Prefix/Middle\n"
+            "                            order some code models are trained on; default Prefix/Suffix/Middle)\n"
             "  -t, --threads N           compute threads (default: all cores)\n"
             "sampling defaults (of requests that leave the field out; as llama-server's flags):\n"
             "      --temp T, --top-k N, --top-p P, --min-p P, --repeat-penalty R, --seed S\n"
@@ -149,6 +152,16 @@ static bool parse_sampling_flag(const char *a, const char *v, struct serve_opts 
     return false;
 }
 
+static bool parse_switch(const char *a, void *opts)
+{
+    struct serve_opts *o = opts;
+    if (!strcmp(a, "--spm-infill"))
+        return o->spm_infill = true;
+    if (!strcmp(a, "--embeddings") || !strcmp(a, "--embedding"))
+        return o->embeddings = true;
+    return false;
+}
+
 static bool parse_flag(const char *a, const char *v, void *opts, bool *ok)
 {
     struct serve_opts *o = opts;
@@ -183,14 +196,6 @@ static bool parse_flag(const char *a, const char *v, void *opts, bool *ok)
     return true;
 }
 
-static bool switch_flag(const char *a, void *opts)
-{
-    struct serve_opts *o = opts;
-    if (!strcmp(a, "--embeddings") || !strcmp(a, "--embedding"))
-        return o->embeddings = true;
-    return false;
-}
-
 /* 0 ok, 2 usage error, -1 help printed. */
 static int parse_args(int argc, char **argv, struct serve_opts *o)
 {
@@ -201,8 +206,8 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
     cli_model_flags_init(&o->load);
     cli_spec_flags_init(&o->spec);
     const struct cli_command cmd = {
-        .name = "serve", .usage = serve_usage, .model = &o->load, .switch_flag = switch_flag, .value_flag = parse_flag,
-        .opts = o};
+        .name = "serve", .usage = serve_usage, .model = &o->load, .switch_flag = parse_switch,
+        .value_flag = parse_flag, .opts = o};
     return cli_parse_command(&cmd, argc, argv);
 }
 
@@ -214,6 +219,7 @@ struct serve_state {
     struct server *srv;
     struct store *store;
     char *chat_template;         /* --chat-template-file's text */
+    struct server_loading *loading; /* answers 503 on the port until the server proper takes it over */
 };
 
 /* The cache: the user's KV flags; without --kv-mem, room for every
@@ -298,7 +304,13 @@ static ks_status start(const struct serve_opts *o, const char *path, struct serv
         return ks_fail(KS_ERR_IO, "cannot read --chat-template-file %s", o->chat_template_file);
     if (s->chat_template && strlen(s->chat_template) != tlen)
         return ks_fail(KS_ERR_INVALID_ARG, "--chat-template-file %s contains a NUL byte", o->chat_template_file);
-    ks_status st = cli_load_model(path, &o->load, &s->model);
+    ks_status st = server_loading_start(o->host, o->port, &s->loading);
+    if (st)
+        return st;
+    /* not in the host:port form of the ready line below, which scripts wait for */
+    fprintf(stderr, "kvserve serve: loading %s (port %d answers 503 until it is ready)\n", path,
+            server_loading_port(s->loading));
+    st = cli_load_model(path, &o->load, &s->model);
     if (st)
         return st;
     st = tok_load(model_gguf(s->model), &s->tok);
@@ -332,6 +344,7 @@ static ks_status start(const struct serve_opts *o, const char *path, struct serv
     sc.spec_type = o->spec.type;
     sc.draft_max = o->spec.draft_max;
     sc.draft_min = o->spec.draft_min;
+    sc.pool_n = o->spec.pool_n;
     sc.eog = eog;
     sc.n_eog = collect_eog(s->tok, eog, 16);
     struct sched_engine eng;
@@ -363,10 +376,12 @@ static ks_status start(const struct serve_opts *o, const char *path, struct serv
     cfg.chat_template_origin = o->chat_template_file;
     cfg.store = s->store;
     cfg.reasoning_format = o->reasoning_format;
+    cfg.spm_infill = o->spm_infill;
     cfg.parallel = o->parallel;
     cfg.model_path = path;
     cfg.sampling_set = o->sampling_set;
     cfg.sampling = o->sampling;
+    cfg.listen_from = s->loading;
     cfg.embeddings = o->embeddings;
     cfg.n_embd = hp->n_embd;
     cfg.no_generation = hp->non_causal;
@@ -374,6 +389,8 @@ static ks_status start(const struct serve_opts *o, const char *path, struct serv
     if (st)
         return st;
     server_set_ready(s->srv, true);
+    server_loading_stop(s->loading); /* its last connections get 503; clients retry on the server proper */
+    s->loading = NULL;
     fprintf(stderr,
             "kvserve serve: %s on http://%s:%d  (ctx %d, parallel %d, batch %d, chunk %d, kv %.1f MiB %s/%s %s)\n",
             cfg.model_name, o->host, server_port(s->srv), ctx, o->parallel, o->max_batch_tokens, o->prefill_chunk,
@@ -414,6 +431,7 @@ static void shutdown_gracefully(struct serve_state *s, int grace)
 
 static void teardown(struct serve_state *s)
 {
+    server_loading_stop(s->loading);
     server_stop(s->srv);
     sched_free(s->sched); /* hands the cached pages to the store */
     store_close(s->store);

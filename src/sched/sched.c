@@ -39,6 +39,7 @@ struct req {
     const char *error;
     /* speculation */
     int32_t spec_max, spec_min; /* this request's draft bounds (spec_max 0: off) */
+    int32_t pool_fed;         /* tokens[0, pool_fed) are in the scheduler's n-gram pool */
     struct spec_adapt adapt;  /* its acceptance, for the draft length */
     int32_t draft[SPEC_DRAFT_LIMIT]; /* (n_draft) this step's drafts, after its last token */
     int32_t n_draft;
@@ -105,6 +106,7 @@ struct sched {
 
     struct sched_stats st;
     uint64_t check_passes;    /* sched_check runs, which mark each request they find */
+    struct spec_pool *pool;   /* SPEC_NGRAM_POOL's shared table (scheduler thread only) */
 };
 
 /* Debug builds check the invariants after every change (sched_check). */
@@ -151,6 +153,8 @@ void sched_config_default(struct sched_config *cfg)
     cfg->spec_type = SPEC_NONE;
     cfg->draft_max = 16;
     cfg->draft_min = 0;
+    cfg->pool_n = SPEC_POOL_N_DEFAULT;
+    cfg->pool_bytes = SPEC_POOL_BYTES_DEFAULT;
 }
 
 /* ---- request lifetime ---------------------------------------------------- */
@@ -830,6 +834,22 @@ static double extra_token_cost(const struct sched *s, int32_t n_decode)
     return r > 0 ? r : GUESS;
 }
 
+/* Up to k tokens to draft after r's text: the shared pool's (after it has
+ * learnt r's latest tokens), else r's own prompt lookup. */
+static int32_t propose(struct sched *s, struct req *r, int32_t k, int32_t *draft)
+{
+    if (s->pool) {
+        if (r->pool_fed < r->n_tokens) {
+            spec_pool_add(s->pool, r->tokens, r->n_tokens, r->pool_fed);
+            r->pool_fed = r->n_tokens;
+        }
+        int32_t m = spec_pool_draft(s->pool, r->tokens, r->n_tokens, k, draft);
+        if (m > 0)
+            return m;
+    }
+    return spec_ngram_draft(r->tokens, r->n_tokens, k, draft);
+}
+
 /* Plan r's drafts for this step within *budget extra tokens (r->n_draft), or,
  * when it does not draft, the 1-token proposal its sampled token will be
  * checked against (r->shadow). Every draft kept plus the target's own token
@@ -848,14 +868,14 @@ static void plan_drafts(struct sched *s, struct req *r, int32_t *budget, double 
         room = *budget;
     if (k > room)
         k = room;
-    int32_t m = k > 0 ? spec_ngram_draft(r->tokens, r->n_tokens, k, r->draft) : 0;
+    int32_t m = k > 0 ? propose(s, r, k, r->draft) : 0;
     if (m > 0 && m >= r->spec_min) {
         r->n_draft = m;
         *budget -= m;
         return;
     }
     int32_t one;
-    if (spec_ngram_draft(r->tokens, r->n_tokens, 1, &one) == 1)
+    if (propose(s, r, 1, &one) == 1)
         r->shadow = one;
 }
 
@@ -1409,8 +1429,8 @@ static ks_status check_config(const struct sched_config *c, const struct sched_e
     if (!e || e->n_vocab < 1 || !e->seq_create || !e->seq_free || !e->forward || !e->sampler_create ||
         !e->sampler_next || !e->sampler_free)
         return ks_fail(KS_ERR_INVALID_ARG, "scheduler engine is incomplete");
-    if (c->spec_type != SPEC_NONE && c->spec_type != SPEC_NGRAM)
-        return ks_fail(KS_ERR_INVALID_ARG, "--spec-type must be none or ngram");
+    if (c->spec_type != SPEC_NONE && c->spec_type != SPEC_NGRAM && c->spec_type != SPEC_NGRAM_POOL)
+        return ks_fail(KS_ERR_INVALID_ARG, "--spec-type must be none, ngram or ngram-pool");
     if (c->draft_max < 1 || c->draft_max > SPEC_DRAFT_LIMIT || c->draft_min < 0 || c->draft_min > c->draft_max)
         return ks_fail(KS_ERR_INVALID_ARG, "--draft-max must be in 1..%d and --draft-min in 0..--draft-max (got %d and %d)",
                        SPEC_DRAFT_LIMIT, c->draft_max, c->draft_min);
@@ -1480,6 +1500,8 @@ ks_status sched_create(const struct sched_config *cfg, const struct sched_engine
     s->trace = trace && *trace && strcmp(trace, "0") ? stderr : NULL;
     /* A step's logit rows come from at most one entry per active sequence. */
     st = alloc_scratch(s);
+    if (!st && cfg->spec_type == SPEC_NGRAM_POOL)
+        st = spec_pool_create(cfg->pool_n, cfg->pool_bytes, &s->pool);
     if (!st) {
         pthread_mutex_init(&s->mu, NULL);
         pthread_cond_init(&s->work, NULL);
@@ -1514,6 +1536,7 @@ void sched_free(struct sched *s)
         pthread_cond_destroy(&s->hook_done);
     }
     free_scratch(s);
+    spec_pool_free(s->pool);
     if (s->eng.destroy)
         s->eng.destroy(s->eng.ctx);
     free(s);

@@ -15,7 +15,9 @@
  * keeping its generated tokens, to be recomputed later. Cancellation frees
  * pages at the next step boundary.
  *
- * Speculative decoding (cfg.spec_type SPEC_NGRAM, spec/spec.h): a decoding
+ * Speculative decoding (cfg.spec_type SPEC_NGRAM or SPEC_NGRAM_POOL,
+ * spec/spec.h; the pool is the scheduler's, fed every speculating request's
+ * prompt and output, and falls back to the request's own text): a decoding
  * request may add k draft tokens after its one token; the step then computes
  * logits for all k + 1 positions in one forward pass, and the engine's
  * sampler_verify keeps each draft with the target's own probability (greedy:
@@ -148,9 +150,11 @@ struct sched_config {
     int max_queue;           /* submissions beyond this many waiting fail with KS_ERR_BUSY-like STATE (256) */
     const int32_t *eog;      /* end-of-generation token ids (copied) */
     int n_eog;
-    enum spec_type spec_type; /* SPEC_NONE (default) or SPEC_NGRAM: prompt-lookup drafts */
+    enum spec_type spec_type; /* SPEC_NONE (default), SPEC_NGRAM: prompt-lookup drafts, SPEC_NGRAM_POOL: the shared pool */
     int32_t draft_max;       /* drafts per verification at most, 1..SPEC_DRAFT_LIMIT (16) */
     int32_t draft_min;       /* at least this many or none, 0..draft_max (0) */
+    int32_t pool_n;          /* SPEC_NGRAM_POOL: tokens per key, SPEC_POOL_N_MIN..MAX (SPEC_POOL_N_DEFAULT) */
+    size_t pool_bytes;       /* SPEC_NGRAM_POOL: its table's size (SPEC_POOL_BYTES_DEFAULT) */
 };
 
 void sched_config_default(struct sched_config *cfg);

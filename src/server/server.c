@@ -235,6 +235,7 @@ static const struct route {
     {"/chat/completions", "POST", false, server_route_chat},
     {"/completions", "POST", false, server_route_completions},
     {"/completion", "POST", false, server_route_completion_native},
+    {"/infill", "POST", false, server_route_infill},
     {"/tokenize", "POST", false, server_route_tokenize},
     {"/detokenize", "POST", false, server_route_detokenize},
     {"/props", "GET", false, server_route_props},
@@ -649,9 +650,20 @@ ks_status server_start(const struct server_config *cfg, struct sched *sched, con
     srv->max_conn = cfg->max_conn > 0 ? cfg->max_conn : connection_limit_from_files();
     /* epoll polling threads serve every connection: an idle or slow one
      * costs a socket and a little memory, never a thread */
+    /* the address to bind, or the socket the loading responder listened on */
+    int listen_fd = cfg->listen_from ? server_loading_handoff(cfg->listen_from) : -1;
+    if (cfg->listen_from && listen_fd < 0) {
+        server_stop(srv);
+        return ks_fail(KS_ERR_IO, "cannot take over the listening socket of %s:%d", cfg->host, cfg->port);
+    }
+    struct MHD_OptionItem where[] = {
+        listen_fd >= 0 ? (struct MHD_OptionItem){MHD_OPTION_LISTEN_SOCKET, listen_fd, NULL}
+                       : (struct MHD_OptionItem){MHD_OPTION_SOCK_ADDR, 0, &addr},
+        {MHD_OPTION_END, 0, NULL},
+    };
     srv->daemon = MHD_start_daemon(MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME,
                                    (uint16_t)cfg->port, NULL, NULL, on_request, srv,
-                                   MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
+                                   MHD_OPTION_ARRAY, where,
                                    MHD_OPTION_THREAD_POOL_SIZE, (unsigned)HTTP_THREADS,
                                    MHD_OPTION_CONNECTION_LIMIT, (unsigned)srv->max_conn,
                                    MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)(cfg->max_conn_per_ip > 0
@@ -661,12 +673,16 @@ ks_status server_start(const struct server_config *cfg, struct sched *sched, con
                                    MHD_OPTION_NOTIFY_CONNECTION, on_connection, srv,
                                    MHD_OPTION_END);
     if (!srv->daemon) {
+        if (listen_fd >= 0)
+            close(listen_fd);
         ks_status st = ks_fail(KS_ERR_IO, "cannot listen on %s:%d (port in use, or not allowed)", cfg->host, cfg->port);
         server_stop(srv);
         return st;
     }
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(srv->daemon, MHD_DAEMON_INFO_BIND_PORT);
-    srv->port = info ? info->port : cfg->port;
+    srv->port = info && info->port ? info->port
+              : cfg->listen_from   ? server_loading_port(cfg->listen_from)
+                                   : cfg->port;
     *out = srv;
     return KS_OK;
 }

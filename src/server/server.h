@@ -4,7 +4,7 @@
  *
  * Routes: POST /v1/chat/completions, POST /v1/completions (SSE streaming or
  * not), GET /v1/models (each also without /v1), llama-server's POST
- * /completion, /tokenize, /detokenize, /apply-template, GET /props, /slots,
+ * /completion, /infill, /tokenize, /detokenize, /apply-template, GET /props, /slots,
  * GET /health, GET /metrics (Prometheus text),
  * GET /cache/usage, POST /cache/requantize, POST /cache/policy,
  * GET /cache/prefixes, POST /cache/clear (the prefix cache's RAM and SSD
@@ -66,6 +66,9 @@ struct server_config {
      * request leaves out; only those whose SERVER_SAMPLING_* bit is in
      * sampling_set count, the others keep the route's own default (OpenAI's
      * on /v1, llama-server's on /completion). */
+    bool spm_infill;          /* /infill puts the suffix before the prefix (--spm-infill, llama-server's) */
+    struct server_loading *listen_from; /* NULL: bind host:port; else serve the listening socket of
+                                           this loading responder (server_loading_handoff) */
     unsigned sampling_set;
     struct server_sampling {
         double temp, top_p, min_p, repeat_penalty;
@@ -89,6 +92,20 @@ enum {
 };
 
 void server_config_default(struct server_config *cfg);
+
+/* Listening while the model loads (llama-server's behaviour): `kvserve serve`
+ * binds its port first and answers every request with 503
+ * {"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}
+ * (Retry-After: 1) until the server proper starts on the same socket
+ * (server_config.listen_from), so a health probe sees "loading" instead of a
+ * refused connection, and a port already in use fails before the load. */
+struct server_loading;
+ks_status server_loading_start(const char *host, int port, struct server_loading **out);
+int server_loading_port(const struct server_loading *l); /* the bound port (port 0 picks one) */
+/* Stop accepting and give up the listening socket (-1 if it cannot); the
+ * connections already open keep getting 503 until server_loading_stop. */
+int server_loading_handoff(struct server_loading *l);
+void server_loading_stop(struct server_loading *l); /* NULL is a no-op */
 
 struct server;
 

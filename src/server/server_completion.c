@@ -167,31 +167,39 @@ static struct call *call_clone(const struct call *c0, int index)
     return c;
 }
 
-/* The request's n choices: c0 and its clones (NULL when out of memory; c0
- * is then released). */
-static struct group *group_new(struct call *c0)
+/* Append c0 and its n_choices - 1 clones to g, indices from c0->index
+ * (false when out of memory; c0 is then released, the clones made too). */
+static bool group_add(struct group *g, struct call *c0)
 {
-    struct group *g = calloc(1, sizeof *g);
-    if (g) {
-        g->srv = c0->srv;
-        g->calls[g->n++] = c0;
-    }
-    while (g && g->n < c0->n_choices) {
-        struct call *c = call_clone(c0, g->n);
+    int first = g->n, n = c0->n_choices;
+    g->calls[g->n++] = c0;
+    while (g->n < first + n) {
+        struct call *c = call_clone(c0, c0->index + (g->n - first));
         if (!c)
             break;
         g->calls[g->n++] = c;
     }
-    if (g && g->n == c0->n_choices) {
-        g->turn = g->n - 1; /* the stream starts with choice 0 */
-        return g;
-    }
-    for (int i = 0; g && i < g->n; i++)
+    if (g->n == first + n)
+        return true;
+    while (g->n > first)
+        server_call_unref(g->calls[--g->n]);
+    return false;
+}
+
+static struct group *group_alloc(struct server *srv)
+{
+    struct group *g = calloc(1, sizeof *g);
+    if (g)
+        g->srv = srv;
+    return g;
+}
+
+/* The group's calls still unsubmitted are released with it. */
+static void group_free_unsubmitted(struct group *g)
+{
+    for (int i = 0; i < g->n; i++)
         server_call_unref(g->calls[i]);
-    if (!g)
-        server_call_unref(c0);
     free(g);
-    return NULL;
 }
 
 void server_completion_discard(struct call *c, struct sched_request *rq)
@@ -200,67 +208,64 @@ void server_completion_discard(struct call *c, struct sched_request *rq)
     server_call_unref(c);
 }
 
-/* Submit the group's choices, choice i sampling with the request's seed + i.
- * The calls' locks are held so the scheduler cannot deliver events before
- * their sched_id is set. */
-static ks_status group_submit(struct group *g, const struct sched_request *rq)
+/* Submit calls[first, first + count) of g, the choices of one prompt,
+ * choice i sampling with the request's seed + i. The calls' locks are held
+ * so the scheduler cannot deliver events before their sched_id is set. */
+static ks_status group_submit(struct group *g, int first, int count, const struct sched_request *rq)
 {
     struct sched_choice choices[MAX_CHOICES];
     uint64_t ids[MAX_CHOICES];
-    for (int i = 0; i < g->n; i++) {
-        g->calls[i]->waker = g->waker;
-        choices[i] = (struct sched_choice){rq->sampling, g->calls[i]};
+    struct call **calls = g->calls + first;
+    for (int i = 0; i < count; i++) {
+        calls[i]->waker = g->waker;
+        choices[i] = (struct sched_choice){rq->sampling, calls[i]};
         choices[i].sampling.seed += (uint64_t)i;
-        g->calls[i]->refs = 2; /* HTTP side + scheduler side until the final event */
-        pthread_mutex_lock(&g->calls[i]->mu);
+        calls[i]->refs = 2; /* HTTP side + scheduler side until the final event */
+        pthread_mutex_lock(&calls[i]->mu);
     }
     double now = server_now();
-    for (int i = 0; i < g->n; i++)
-        g->calls[i]->t_submit = now;
-    ks_status st = sched_submit_n(g->srv->sched, rq, choices, g->n, ids);
-    for (int i = 0; i < g->n; i++) {
+    for (int i = 0; i < count; i++)
+        calls[i]->t_submit = now;
+    ks_status st = sched_submit_n(g->srv->sched, rq, choices, count, ids);
+    for (int i = 0; i < count; i++) {
         if (st)
-            g->calls[i]->refs = 1;
+            calls[i]->refs = 1;
         else
-            g->calls[i]->sched_id = ids[i];
-        pthread_mutex_unlock(&g->calls[i]->mu);
+            calls[i]->sched_id = ids[i];
+        pthread_mutex_unlock(&calls[i]->mu);
     }
     return st;
 }
 
-static ks_status completion(struct server *srv, enum server_api api, const struct server_req *req, struct reply *r)
+/* Submit the group's prompts (rqs[p]: the choices from calls[p * n]) and
+ * answer: whole, suspended, or streamed. Frees the prompts. */
+static ks_status group_run(struct group *g, const struct server_req *req, struct sched_request *rqs, int n_rqs,
+                           struct reply *r)
 {
-    if (srv->cfg.no_generation)
-        return reply_fail(r, KS_ERR_UNSUPPORTED, "not_supported",
-                          "this model's attention is not causal (an embedding model): it serves /v1/embeddings "
-                          "(with --embeddings), not completions");
-    struct call *c = NULL;
-    struct sched_request rq;
-    ks_status st = server_request_parse(srv, api, req->body, req->len, &c, &rq, r);
-    if (st)
-        return st;
-    int32_t *ids = (int32_t *)rq.prompt;
-    struct group *g = group_new(c);
-    if (!g) {
-        free(ids);
-        return reply_fail(r, KS_ERR_NOMEM, NULL, "out of memory while starting the request's choices");
-    }
+    struct server *srv = g->srv;
     pthread_mutex_lock(&srv->mu);
     srv->in_flight++;
     pthread_mutex_unlock(&srv->mu);
+    g->turn = g->n - 1; /* the stream starts with choice 0 */
     g->waker = req->waker;
     if (g->waker)
         server_waker_ref(g->waker);
-    st = group_submit(g, &rq);
-    free(ids);
+    int per = g->n / n_rqs;
+    ks_status st = KS_OK;
+    for (int p = 0; p < n_rqs; p++) {
+        if (!st)
+            st = group_submit(g, p * per, per, &rqs[p]);
+        free((int32_t *)rqs[p].prompt);
+    }
     if (st) {
         if (st == KS_ERR_STATE) {
             r->retry_after = 1;
             st = reply_fail(r, st, "overloaded", "%s", ks_errmsg());
         }
-        server_group_done(g);
-        return st; /* 400 a prompt (or n) the scheduler refuses, 500 out of memory */
+        server_group_done(g); /* the prompts submitted are cancelled */
+        return st;            /* 400 a prompt (or n) the scheduler refuses, 500 out of memory */
     }
+    struct call *c = g->calls[0];
     if (!c->stream && g->waker) { /* answered when the choices are over, no thread held meanwhile */
         server_reply_wait(g, r);
         return KS_OK;
@@ -274,6 +279,104 @@ static ks_status completion(struct server *srv, enum server_api api, const struc
     return KS_OK;
 }
 
+static ks_status completion(struct server *srv, enum server_api api, const struct server_req *req, struct reply *r)
+{
+    struct call *c = NULL;
+    struct sched_request rq;
+    ks_status st = server_request_parse(srv, api, req->body, req->len, &c, &rq, r);
+    if (st)
+        return st;
+    struct group *g = group_alloc(srv);
+    if (!g)
+        server_call_unref(c);
+    if (!g || !group_add(g, c)) {
+        free(g);
+        free((int32_t *)rq.prompt);
+        return reply_fail(r, KS_ERR_NOMEM, NULL, "out of memory while starting the request's choices");
+    }
+    return group_run(g, req, &rq, 1, r);
+}
+
+/* ---- several prompts ------------------------------------------------------------- */
+
+/* /v1/completions' prompt as a list of prompts (strings or token-id lists,
+ * at least two), detached from root (the caller deletes both); NULL for one
+ * prompt, which the plain path takes (a list of ids, or [text]). */
+static cJSON *prompt_list(const struct server_req *req, cJSON **root)
+{
+    *root = cJSON_ParseWithLength(req->body, req->len);
+    cJSON *p = cJSON_IsObject(*root) ? cJSON_GetObjectItemCaseSensitive(*root, "prompt") : NULL;
+    if (cJSON_IsArray(p) && cJSON_GetArraySize(p) >= 2 && (cJSON_IsString(p->child) || cJSON_IsArray(p->child)))
+        return cJSON_DetachItemViaPointer(*root, p); /* each prompt in turn takes its place */
+    cJSON_Delete(*root);
+    *root = NULL;
+    return NULL;
+}
+
+/* The body with prompt replaced by list[index], parsed as one request. */
+static ks_status parse_one_prompt(struct server *srv, cJSON *root, const cJSON *list, int index, struct call **c,
+                                  struct sched_request *rq, struct reply *r)
+{
+    cJSON *one = cJSON_Duplicate(cJSON_GetArrayItem(list, index), 1);
+    char *body = NULL;
+    cJSON_DeleteItemFromObjectCaseSensitive(root, "prompt");
+    if (one && cJSON_AddItemToObject(root, "prompt", one))
+        body = cJSON_PrintUnformatted(root);
+    else
+        cJSON_Delete(one);
+    if (!body)
+        return reply_fail(r, KS_ERR_NOMEM, NULL, "out of memory while reading 'prompt'");
+    ks_status st = server_request_parse(srv, SERVER_API_TEXT, body, strlen(body), c, rq, r);
+    free(body);
+    if (st)
+        return reply_fail(r, st, r->err_code, "prompt %d: %s", index, ks_errmsg());
+    return KS_OK;
+}
+
+/* OpenAI's several prompts in one request: each prompt is a request of its
+ * own to the scheduler (batched like any others), with n choices each;
+ * choice j of prompt p is choices[p * n + j], and usage counts each
+ * prompt once. */
+static ks_status completion_prompts(struct server *srv, const struct server_req *req, cJSON *root,
+                                    const cJSON *list, struct reply *r)
+{
+    int n_prompts = cJSON_GetArraySize(list);
+    if (n_prompts > MAX_CHOICES)
+        return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value", "at most %d prompts in one request (got %d)",
+                          MAX_CHOICES, n_prompts);
+    struct sched_request rqs[MAX_CHOICES];
+    struct group *g = group_alloc(srv);
+    if (!g)
+        return reply_fail(r, KS_ERR_NOMEM, NULL, "out of memory while starting the request's choices");
+    ks_status st = KS_OK;
+    int parsed = 0;
+    for (int p = 0; p < n_prompts && !st; p++) {
+        struct call *c;
+        if ((st = parse_one_prompt(srv, root, list, p, &c, &rqs[p], r)))
+            break;
+        parsed++;
+        if ((int64_t)n_prompts * c->n_choices > MAX_CHOICES) {
+            st = reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value",
+                            "%d prompts x n = %d make %d choices; at most %d in one request", n_prompts,
+                            c->n_choices, n_prompts * c->n_choices, MAX_CHOICES);
+            server_call_unref(c);
+            break;
+        }
+        if (p > 0)
+            memcpy(c->id, g->calls[0]->id, sizeof c->id); /* one response id */
+        c->index = g->n;
+        if (!group_add(g, c))
+            st = reply_fail(r, KS_ERR_NOMEM, NULL, "out of memory while starting the request's choices");
+    }
+    if (st) {
+        for (int p = 0; p < parsed; p++)
+            free((int32_t *)rqs[p].prompt);
+        group_free_unsubmitted(g);
+        return st;
+    }
+    return group_run(g, req, rqs, n_prompts, r);
+}
+
 ks_status server_route_chat(struct server *srv, const struct server_req *rq, struct reply *r)
 {
     return completion(srv, SERVER_API_CHAT, rq, r);
@@ -281,7 +384,14 @@ ks_status server_route_chat(struct server *srv, const struct server_req *rq, str
 
 ks_status server_route_completions(struct server *srv, const struct server_req *rq, struct reply *r)
 {
-    return completion(srv, SERVER_API_TEXT, rq, r);
+    cJSON *root;
+    cJSON *list = prompt_list(rq, &root);
+    if (!list)
+        return completion(srv, SERVER_API_TEXT, rq, r);
+    ks_status st = completion_prompts(srv, rq, root, list, r);
+    cJSON_Delete(list);
+    cJSON_Delete(root);
+    return st;
 }
 
 ks_status server_route_completion_native(struct server *srv, const struct server_req *rq, struct reply *r)

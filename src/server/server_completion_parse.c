@@ -612,6 +612,10 @@ ks_status server_completion_parse(struct server *srv, bool chat, const char *bod
 ks_status server_request_parse(struct server *srv, enum server_api api, const char *body, size_t len,
                                struct call **out, struct sched_request *rq, struct reply *r)
 {
+    if (srv->cfg.no_generation)
+        return reply_fail(r, KS_ERR_UNSUPPORTED, "not_supported",
+                          "this model's attention is not causal (an embedding model): it serves /v1/embeddings "
+                          "(with --embeddings), not completions");
     bool chat = api == SERVER_API_CHAT;
     cJSON *root;
     ks_status st = server_parse_object(body, len, false, &root, r);

@@ -296,27 +296,30 @@ static const char *finish_reason(const struct call *c)
     return "length";
 }
 
-/* The prompt counts once (the choices share it), completions add up. */
+/* Each prompt counts once (its n choices share it; a request of several
+ * prompts has n choices of each, from calls[p * n]), completions add up. */
 static cJSON *usage_json(const struct group *g)
 {
-    struct call *c = g->calls[0];
-    pthread_mutex_lock(&c->mu);
-    int32_t cached = c->n_cached;
-    pthread_mutex_unlock(&c->mu);
+    int64_t prompt = 0, cached = 0;
     int completion = 0, drafted = 0, accepted = 0;
     for (int i = 0; i < g->n; i++) {
-        completion += g->calls[i]->consumed;
-        pthread_mutex_lock(&g->calls[i]->mu);
-        drafted += g->calls[i]->n_drafted;
-        accepted += g->calls[i]->n_accepted;
-        pthread_mutex_unlock(&g->calls[i]->mu);
+        struct call *c = g->calls[i];
+        completion += c->consumed;
+        pthread_mutex_lock(&c->mu);
+        if (i % c->n_choices == 0) {
+            prompt += c->n_prompt;
+            cached += c->n_cached;
+        }
+        drafted += c->n_drafted;
+        accepted += c->n_accepted;
+        pthread_mutex_unlock(&c->mu);
     }
     cJSON *u = cJSON_CreateObject();
-    cJSON_AddNumberToObject(u, "prompt_tokens", c->n_prompt);
+    cJSON_AddNumberToObject(u, "prompt_tokens", (double)prompt);
     cJSON_AddNumberToObject(u, "completion_tokens", completion);
-    cJSON_AddNumberToObject(u, "total_tokens", c->n_prompt + completion);
+    cJSON_AddNumberToObject(u, "total_tokens", (double)(prompt + completion));
     cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
-    cJSON_AddNumberToObject(d, "cached_tokens", cached);
+    cJSON_AddNumberToObject(d, "cached_tokens", (double)cached);
     /* speculation (0 without): draft tokens the model verified, and those it kept */
     cJSON_AddNumberToObject(u, "draft_tokens", drafted);
     cJSON_AddNumberToObject(u, "accepted_tokens", accepted);

@@ -331,6 +331,9 @@ ks_status server_route_props(struct server *srv, const struct server_req *rq, st
 ks_status server_route_slots(struct server *srv, const struct server_req *rq, struct reply *r);
 /* server_completion.c: POST /completion, llama-server's native completion */
 ks_status server_route_completion_native(struct server *srv, const struct server_req *rq, struct reply *r);
+/* POST /infill (server_infill.c): fill-in-the-middle as llama-server
+ * assembles it, answered as /completion. */
+ks_status server_route_infill(struct server *srv, const struct server_req *rq, struct reply *r);
 /* server_completion_parse.c: the sampling a /completion request that names
  * no field gets (llama-server's defaults under the server's flags). */
 void server_native_sampling(const struct server *srv, struct sample_params *p);

@@ -14,6 +14,8 @@ bool spec_parse_type(const char *text, enum spec_type *out)
         *out = SPEC_NONE;
     else if (!strcmp(text, "ngram"))
         *out = SPEC_NGRAM;
+    else if (!strcmp(text, "ngram-pool") || !strcmp(text, "ngram-mod"))
+        *out = SPEC_NGRAM_POOL;
     else
         return false;
     return true;
@@ -21,7 +23,7 @@ bool spec_parse_type(const char *text, enum spec_type *out)
 
 const char *spec_type_name(enum spec_type t)
 {
-    return t == SPEC_NGRAM ? "ngram" : "none";
+    return t == SPEC_NGRAM ? "ngram" : t == SPEC_NGRAM_POOL ? "ngram-pool" : "none";
 }
 
 /* Does tokens[at, at + n) equal the last n tokens? */

@@ -27,7 +27,10 @@
 #define KS_SPEC_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
+
+#include "status/status.h"
 
 enum {
     SPEC_NGRAM_MAX = 3,   /* longest suffix looked up */
@@ -35,9 +38,10 @@ enum {
     SPEC_DRAFT_LIMIT = 64 /* largest --draft-max / speculative.n_max */
 };
 
-enum spec_type { SPEC_NONE = 0, SPEC_NGRAM = 1 };
+enum spec_type { SPEC_NONE = 0, SPEC_NGRAM = 1, SPEC_NGRAM_POOL = 2 };
 
-/* "none" | "ngram"; false for another word. */
+/* "none" | "ngram" | "ngram-pool" (also llama-server's name, "ngram-mod");
+ * false for another word. */
 bool spec_parse_type(const char *text, enum spec_type *out);
 const char *spec_type_name(enum spec_type t);
 
@@ -49,6 +53,31 @@ const char *spec_type_name(enum spec_type t);
  * back at most SPEC_NGRAM_WINDOW tokens, so its cost per step is bounded. */
 enum { SPEC_NGRAM_WINDOW = 8192 };
 int32_t spec_ngram_draft(const int32_t *tokens, int32_t n_tokens, int32_t n_max, int32_t *draft);
+
+/* The shared n-gram pool (--spec-type ngram-pool, llama-server's
+ * ngram-mod): one table for every request, indexed by a hash of n tokens,
+ * holding the token that last followed them. Every request's prompt and
+ * output are added as it runs, so a request drafts from text any earlier
+ * request read or wrote: a shared system prompt, a document summarized
+ * twice, code edited in several rounds. Constant memory and cost per token;
+ * n long enough (8 by default) that a match is rarely a coincidence. A draft
+ * follows the pool one token at a time, hashing the last n tokens of the text
+ * and the draft so far, until a key is missing.
+ * Not thread-safe: the scheduler thread owns it. */
+enum { SPEC_POOL_N_MIN = 2, SPEC_POOL_N_MAX = 64, SPEC_POOL_N_DEFAULT = 8 };
+#define SPEC_POOL_BYTES_DEFAULT ((size_t)16 << 20)
+struct spec_pool;
+/* n tokens per key; the table takes the largest power-of-two slot count
+ * within bytes (8 bytes a slot, at least 1024 slots). */
+ks_status spec_pool_create(int32_t n, size_t bytes, struct spec_pool **out);
+void spec_pool_free(struct spec_pool *p);
+size_t spec_pool_bytes(const struct spec_pool *p);
+/* Learn tokens[from, n_tokens): for each, the n tokens before it -> it. */
+void spec_pool_add(struct spec_pool *p, const int32_t *tokens, int32_t n_tokens, int32_t from);
+/* Up to n_max (<= SPEC_DRAFT_LIMIT) tokens the pool predicts after
+ * tokens[0, n_tokens), written to draft; their count returned. */
+int32_t spec_pool_draft(const struct spec_pool *p, const int32_t *tokens, int32_t n_tokens, int32_t n_max,
+                        int32_t *draft);
 
 /* Per-request acceptance statistics. */
 struct spec_adapt {

@@ -346,6 +346,39 @@ static void unmark_harmony_end(struct tokenizer *t)
         t->is_eog[end] = false;
 }
 
+/* The fill-in-the-middle tokens the metadata does not name, by the texts
+ * llama.cpp's vocabulary loader knows (Qwen, StarCoder/Granite, DeepSeek,
+ * CodeLlama, GLM-4.5, Falcon-H1 coder, ...); each found is a control token. */
+static void detect_fim(struct tokenizer *t)
+{
+    static const char *const pre[] = {"<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>",
+                                      "<\xef\xbd\x9c" "fim\xe2\x96\x81" "begin\xef\xbd\x9c>", "<PRE>",
+                                      "\xe2\x96\x81<PRE>", "<|code_prefix|>", "<|prefix|>", NULL};
+    static const char *const suf[] = {"<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>",
+                                      "<\xef\xbd\x9c" "fim\xe2\x96\x81" "hole\xef\xbd\x9c>", "<SUF>",
+                                      "\xe2\x96\x81<SUF>", "<|code_suffix|>", "<|suffix|>", NULL};
+    static const char *const mid[] = {"<|fim_middle|>", "<fim-middle>", "<fim_middle>",
+                                      "<\xef\xbd\x9c" "fim\xe2\x96\x81" "end\xef\xbd\x9c>", "<MID>",
+                                      "\xe2\x96\x81<MID>", "<|code_middle|>", "<|middle|>", NULL};
+    static const char *const pad[] = {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]", NULL};
+    static const char *const rep[] = {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>", NULL};
+    static const char *const sep[] = {"<|file_sep|>", NULL};
+    const char *const *lists[6] = {pre, suf, mid, pad, rep, sep};
+    struct tok_special *sp = &t->sp;
+    int32_t *ids[6] = {&sp->fim_pre, &sp->fim_suf, &sp->fim_mid, &sp->fim_pad, &sp->fim_rep, &sp->fim_sep};
+    for (int k = 0; k < 6; k++) {
+        for (int32_t i = 0; *ids[k] < 0 && i < t->n_vocab; i++)
+            if (text_in(t, i, lists[k])) {
+                *ids[k] = i;
+                t->tokens[i].attr = TOK_ATTR_CONTROL;
+            }
+    }
+    int32_t ends[3] = {sp->fim_pad, sp->fim_rep, sp->fim_sep};
+    for (int k = 0; k < 3; k++)
+        if (ends[k] >= 0)
+            t->is_eog[ends[k]] = true;
+}
+
 /* llama.cpp finds EOT/EOM and the end-of-generation set by these texts. */
 static void detect_eog(struct tokenizer *t)
 {
@@ -509,7 +542,9 @@ static void read_specials(struct tokenizer *t, const struct gguf_file *f)
     struct tok_special *sp = &t->sp;
     int32_t nv = t->n_vocab;
     bool spm = t->family == TOK_FAMILY_SPM;
-    *sp = (struct tok_special){.bos = -1, .eos = -1, .eot = -1, .eom = -1, .pad = -1, .unk = -1, .nl = -1};
+    *sp = (struct tok_special){.bos = -1, .eos = -1, .eot = -1, .eom = -1, .pad = -1, .unk = -1, .nl = -1,
+                               .fim_pre = -1, .fim_suf = -1, .fim_mid = -1, .fim_pad = -1, .fim_rep = -1,
+                               .fim_sep = -1};
     if (spm) {
         sp->bos = nv > 1 ? 1 : -1;
         sp->eos = nv > 2 ? 2 : -1;
@@ -533,6 +568,16 @@ static void read_specials(struct tokenizer *t, const struct gguf_file *f)
     read_id(f, "tokenizer.ggml.padding_token_id", nv, &sp->pad);
     read_id(f, "tokenizer.ggml.eot_token_id", nv, &sp->eot);
     read_id(f, "tokenizer.ggml.eom_token_id", nv, &sp->eom);
+    /* the deprecated names first, so the current ones win */
+    read_id(f, "tokenizer.ggml.prefix_token_id", nv, &sp->fim_pre);
+    read_id(f, "tokenizer.ggml.suffix_token_id", nv, &sp->fim_suf);
+    read_id(f, "tokenizer.ggml.middle_token_id", nv, &sp->fim_mid);
+    read_id(f, "tokenizer.ggml.fim_pre_token_id", nv, &sp->fim_pre);
+    read_id(f, "tokenizer.ggml.fim_suf_token_id", nv, &sp->fim_suf);
+    read_id(f, "tokenizer.ggml.fim_mid_token_id", nv, &sp->fim_mid);
+    read_id(f, "tokenizer.ggml.fim_pad_token_id", nv, &sp->fim_pad);
+    read_id(f, "tokenizer.ggml.fim_rep_token_id", nv, &sp->fim_rep);
+    read_id(f, "tokenizer.ggml.fim_sep_token_id", nv, &sp->fim_sep);
 }
 
 static ks_status read_chat_template(struct tokenizer *t, const struct gguf_file *f)
@@ -576,6 +621,7 @@ static ks_status load_all(struct tokenizer *t, const struct gguf_file *f)
     find_byte_tokens(t);
     t->spm_split_words = t->family == TOK_FAMILY_SPM && marks_only_lead(t);
     t->sp.nl = t->byte_token['\n'];
+    detect_fim(t);
     detect_eog(t);
     if ((st = collect_special(t)))
         return st;

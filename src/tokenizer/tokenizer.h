@@ -58,6 +58,10 @@ int32_t tok_n_vocab(const struct tokenizer *t);
 
 struct tok_special {
     int32_t bos, eos, eot, eom, pad, unk, nl; /* -1 when the vocabulary has none */
+    /* fill-in-the-middle (/infill): prefix, suffix, middle, pad, repository
+     * and file separator, from tokenizer.ggml.fim_*_token_id or found by
+     * their texts as llama.cpp does; pad, rep and sep end a generation. */
+    int32_t fim_pre, fim_suf, fim_mid, fim_pad, fim_rep, fim_sep;
     bool add_bos;                             /* tokenizer.ggml.add_bos_token (SPM default true) */
     bool add_eos;                             /* tokenizer.ggml.add_eos_token (default false;
                                                  WPM: true, eos is then [SEP]) */
