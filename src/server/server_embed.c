@@ -200,20 +200,12 @@ static ks_status inputs_of(const cJSON *root, bool native, const cJSON **list, b
     return KS_OK;
 }
 
-/* Every field other than the inputs: known ones checked, others refused by name. */
+/* The fields other than the inputs, checked; a value kvserve cannot honour
+ * (dimensions other than the model's) is refused by name. Unknown fields are
+ * ignored, as the completion routes (and OpenAI's and llama-server's APIs)
+ * ignore them. */
 static ks_status parse_options(struct server *srv, const cJSON *root, struct embed_job *j, struct reply *r)
 {
-    static const char *const known[] = {"input", "content", "model", "encoding_format", "dimensions",
-                                        "embd_normalize", "user"};
-    for (const cJSON *f = root->child; f; f = f->next) {
-        size_t k = 0;
-        while (k < sizeof known / sizeof known[0] && strcmp(f->string, known[k]))
-            k++;
-        if (k == sizeof known / sizeof known[0])
-            return reply_fail(r, KS_ERR_INVALID_ARG, "unsupported_field",
-                              "'%s' is not a field of an embeddings request kvserve knows (input, model, "
-                              "encoding_format, dimensions, embd_normalize, user)", f->string);
-    }
     const cJSON *v = field(root, "model");
     if (v && !cJSON_IsString(v))
         return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_type", "'model' must be a string");
