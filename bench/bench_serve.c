@@ -84,7 +84,7 @@ static void bs_usage(FILE *out)
             "  --shared-prefix K    the first K prompt tokens are the same in every request (default 0)\n"
             "  --rate R             Poisson arrivals at R requests/s (default 0: closed loop)\n"
             "  --requests M         total requests (default: one per client)\n"
-            "  --model NAME         model field of the requests (default \"default\")\n"
+            "  --model NAME         model field of the requests (default \"\": any server takes it)\n"
             "  --api-key KEY        sent as Authorization: Bearer KEY\n"
             "  --seed N             prompt / arrival seed (default 1)\n"
             "  --probe-len L        also send one request of L prompt tokens --probe-at seconds in\n"
@@ -400,7 +400,7 @@ static void report(const struct bs_run *run, double wall)
 
 static int parse_args(int argc, char **argv, struct bs_opts *o)
 {
-    *o = (struct bs_opts){.clients = 8, .prompt_len = 128, .gen_len = 128, .model = "default", .seed = 1,
+    *o = (struct bs_opts){.clients = 8, .prompt_len = 128, .gen_len = 128, .model = "", .seed = 1,
                           .probe_gen = 4, .probe_at = 2.0f};
     bool have_url = false;
     for (int i = 1; i < argc; i++) {

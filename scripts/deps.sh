@@ -3,6 +3,7 @@
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config clang libclang-rt-14-dev
       libmicrohttpd-dev libcjson-dev libpcre2-dev libxxhash-dev liblmdb-dev libcmocka-dev libcurl4-openssl-dev
+      libhiredis-dev redis-server haproxy
       curl chromium)
 missing=()
 for p in "${pkgs[@]}"; do

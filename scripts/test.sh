@@ -70,6 +70,7 @@ ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 # only the tests that run threads: the scheduler's, the server's, the store
 # writer's and the thread pool's.
 tsan_tests="test_sched test_sched_cost test_server test_server_chat test_server_n test_prefix_cache test_store test_threads"
+tsan_tests+=" test_store_redis"
 cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DKS_TSAN=ON >/dev/null
 cmake --build build-tsan -j "$jobs" --target $tsan_tests default_model
 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \

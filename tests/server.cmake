@@ -6,7 +6,7 @@ set(KS_E2E_ENV "KVSERVE_SHARED=${KS_SHARED_DIR};KVSERVE_BIN=$<TARGET_FILE:kvserv
 add_test(NAME server_curl_errors COMMAND ${CMAKE_SOURCE_DIR}/tests/e2e/curl_errors.sh)
 # the live page in headless Chromium; leaves kv_page.png in the build dir
 add_test(NAME server_page_chromium COMMAND ${CMAKE_SOURCE_DIR}/tests/e2e/page_chromium.sh)
-foreach(part basic concurrency pressure tools)
+foreach(part basic concurrency pressure tools clients)
   add_test(NAME server_e2e_${part} COMMAND ${CMAKE_SOURCE_DIR}/tests/e2e/run.sh ${part})
 endforeach()
 # the prefix cache's SSD tier across a restart (needs only curl and python3)
@@ -20,7 +20,7 @@ add_test(NAME server_embeddings COMMAND ${CMAKE_SOURCE_DIR}/tests/e2e/embeddings
 # /infill against the anchor's llama-server on a tiny model with Qwen3's FIM vocabulary (python3)
 add_test(NAME server_infill_parity COMMAND ${CMAKE_SOURCE_DIR}/tests/e2e/infill_parity.py)
 foreach(t server_curl_errors server_page_chromium server_e2e_basic server_e2e_concurrency server_e2e_pressure
-          server_e2e_tools
+          server_e2e_tools server_e2e_clients
           server_prefix_restart server_conn server_llama_parity server_infill_parity server_embeddings)
   set_tests_properties(${t} PROPERTIES LABELS e2e TIMEOUT 900 SKIP_RETURN_CODE 77 ENVIRONMENT "${KS_E2E_ENV}")
 endforeach()

@@ -270,6 +270,68 @@ static void test_schema_keywords(void **state)
     schema_cases("{\"title\":\"t\",\"description\":\"d\",\"$schema\":\"x\",\"type\":\"integer\"}", L("1"), L("\"1\""));
 }
 
+/* Integer bounds: every integer near each bound (and a few far off) is
+ * accepted exactly when it lies within them, written canonically. */
+static void check_int_range(const char *bounds, long long lo, long long hi)
+{
+    char schema[256], text[32];
+    snprintf(schema, sizeof schema, "{\"type\":\"integer\",%s}", bounds);
+    struct grammar *g = schema_grammar(schema);
+    long long probes[] = {lo, hi, 0, 1, -1, 9, 10, 99, 100, 999, 1000, -9, -10, -100, 9999999999999999LL,
+                          -9999999999999999LL, 123456789012LL};
+    for (size_t p = 0; p < sizeof probes / sizeof *probes; p++) {
+        for (long long v = probes[p] - 25; v <= probes[p] + 25; v++) {
+            if (v > 9999999999999999LL || v < -9999999999999999LL)
+                continue;
+            snprintf(text, sizeof text, "%lld", v);
+            bool want = v >= lo && v <= hi;
+            if (match(g, text) != want)
+                fail_msg("%s: %s %s", schema, text, want ? "rejected" : "accepted");
+        }
+    }
+    assert_false(match(g, "-0") && lo > 0);
+    assert_false(match(g, "007"));
+    assert_false(match(g, "1.5"));
+    grammar_free(g);
+}
+
+/* Complete and nothing may follow (a JSON object's closing brace), against
+ * complete but extensible, and a prefix. */
+static void test_match_ended(void **state)
+{
+    (void)state;
+    struct grammar *g = schema_grammar("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},"
+                                       "\"required\":[\"a\"],\"additionalProperties\":false}");
+    assert_true(grammar_match_ended(g, "{\"a\":12}", 8));
+    assert_false(grammar_match_ended(g, "{\"a\":12", 7));
+    grammar_free(g);
+    g = compile("root ::= [a-z]+");
+    assert_true(grammar_match(g, "abc", 3));
+    assert_false(grammar_match_ended(g, "abc", 3)); /* more letters may follow */
+    grammar_free(g);
+    g = compile("root ::= \"yes\" | \"no\"");
+    assert_true(grammar_match_ended(g, "no", 2));
+    assert_false(grammar_match_ended(g, "n", 1));
+    grammar_free(g);
+}
+
+static void test_schema_integer_bounds(void **state)
+{
+    (void)state;
+    check_int_range("\"minimum\":0", 0, 9999999999999999LL);
+    check_int_range("\"minimum\":1,\"maximum\":100", 1, 100);
+    check_int_range("\"minimum\":-37,\"maximum\":1234", -37, 1234);
+    check_int_range("\"minimum\":-1000,\"maximum\":-10", -1000, -10);
+    check_int_range("\"exclusiveMinimum\":0,\"exclusiveMaximum\":10", 1, 9);
+    check_int_range("\"minimum\":2.5,\"maximum\":7.5", 3, 7);
+    check_int_range("\"minimum\":105,\"maximum\":2999", 105, 2999);
+    check_int_range("\"maximum\":5", -9999999999999999LL, 5);
+    /* zod's .int(): the safe-integer bounds */
+    check_int_range("\"minimum\":-9007199254740991,\"maximum\":9007199254740991", -9007199254740991LL,
+                    9007199254740991LL);
+    schema_cases("{\"type\":[\"integer\",\"null\"],\"minimum\":3,\"maximum\":4}", L("3", "4", "null"), L("2", "5"));
+}
+
 static void expect_schema_error(const char *schema, ks_status want, const char *fragment)
 {
     char *gbnf = NULL;
@@ -290,6 +352,11 @@ static void test_schema_errors(void **state)
     expect_schema_error("{\"type\":\"object\",\"properties\":{\"zip\":{\"type\":\"string\",\"pattern\":\"x\"}}}",
                         KS_ERR_UNSUPPORTED, "at /properties/zip");
     expect_schema_error("{\"type\":\"number\",\"minimum\":3}", KS_ERR_UNSUPPORTED, "'minimum'");
+    expect_schema_error("{\"minimum\":3}", KS_ERR_UNSUPPORTED, "need \"type\": \"integer\"");
+    expect_schema_error("{\"type\":\"integer\",\"minimum\":3,\"maximum\":2}", KS_ERR_INVALID_ARG, "no integer");
+    expect_schema_error("{\"type\":\"integer\",\"exclusiveMinimum\":2,\"exclusiveMaximum\":3}", KS_ERR_INVALID_ARG,
+                        "no integer");
+    expect_schema_error("{\"type\":\"integer\",\"minimum\":\"3\"}", KS_ERR_INVALID_ARG, "'minimum' must be a number");
     expect_schema_error("{\"type\":\"object\",\"additionalProperties\":true}", KS_ERR_UNSUPPORTED,
                         "additionalProperties");
     expect_schema_error("{\"type\":\"thing\"}", KS_ERR_INVALID_ARG, "unknown type 'thing'");
@@ -446,9 +513,10 @@ static void test_mask_vocab(const char *name)
     struct grammar *g = compile(gbnf);
     /* unbounded walks with the full mask check, then budgets from tight to loose */
     walk_checks(&v, g, 1 << 30, 1, true, true);
+    /* (the full mask check, a reference match of every token, on a third of them: the suite's time) */
     for (int32_t budget = 2; budget <= 64; budget += 5)
-        for (uint64_t seed = 0; seed < 3; seed++)
-            walk_checks(&v, g, budget, seed * 7919 + (uint64_t)budget, budget % 10 == 2, true);
+        for (uint64_t seed = 0; seed < 2; seed++)
+            walk_checks(&v, g, budget, seed * 7919 + (uint64_t)budget, budget % 20 == 2, true);
     grammar_free(g);
 
     g = schema_grammar("{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"},\"temp\":{\"type\":"
@@ -456,8 +524,8 @@ static void test_mask_vocab(const char *name)
                        "\"a\",\"b\"]}}},\"required\":[\"city\",\"temp\",\"ok\",\"tags\"],\"additionalProperties\":false}");
     int32_t min = grammar_min_bytes(g);
     for (int32_t budget = min; budget <= min + 40; budget += 5)
-        for (uint64_t seed = 0; seed < 3; seed++)
-            walk_checks(&v, g, budget, seed + 100, seed == 0, true);
+        for (uint64_t seed = 0; seed < 2; seed++)
+            walk_checks(&v, g, budget, seed + 100, seed == 0 && budget % 10 == min % 10, true);
     struct grammar_state *st;
     assert_int_equal(grammar_state_create(g, v.gv, min - 1, &st), KS_ERR_RANGE);
     assert_non_null(strstr(ks_errmsg(), "max_tokens"));
@@ -917,6 +985,7 @@ int main(void)
         cmocka_unit_test(test_parse_errors),       cmocka_unit_test(test_match_basics),
         cmocka_unit_test(test_json_object_grammar), cmocka_unit_test(test_schema_keywords),
         cmocka_unit_test(test_schema_errors),      cmocka_unit_test(test_special_tokens),
+        cmocka_unit_test(test_schema_integer_bounds), cmocka_unit_test(test_match_ended),
         cmocka_unit_test(test_mask_qwen3),         cmocka_unit_test(test_mask_llama_spm),
         cmocka_unit_test(test_mutations),          cmocka_unit_test(test_shared_mask_cache),
         cmocka_unit_test(test_token_terminals),    cmocka_unit_test(test_token_terminal_llama3),

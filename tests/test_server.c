@@ -365,6 +365,21 @@ static struct httpc_response http_port(int port, const char *method, const char 
     return r;
 }
 
+/* GET /health on an open keep-alive connection: the whole answer in buf. */
+static void health_on(int fd, char *buf, size_t cap)
+{
+    static const char rq[] = "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+    assert_int_equal(write(fd, rq, sizeof rq - 1), (ssize_t)(sizeof rq - 1));
+    size_t n = 0;
+    buf[0] = 0;
+    while (n + 1 < cap && !(strstr(buf, "\r\n\r\n") && strchr(strstr(buf, "\r\n\r\n"), '}'))) {
+        ssize_t k = read(fd, buf + n, cap - 1 - n);
+        assert_true(k > 0);
+        n += (size_t)k;
+        buf[n] = 0;
+    }
+}
+
 /* While the model loads the port answers llama-server's 503 on every route;
  * then the server proper serves the same socket. */
 static void test_loading_then_ready(void **state)
@@ -398,9 +413,19 @@ static void test_loading_then_ready(void **state)
     server_set_ready(srv, true);
     server_loading_stop(l);
     assert_int_equal(server_port(srv), port);
-    struct httpc_response r = http_port(port, "GET", "/health", NULL);
-    assert_int_equal(r.status, 200);
-    httpc_response_free(&r);
+    /* draining: no new connections, and /health on one still open says so */
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    char answer[2048];
+    health_on(fd, answer, sizeof answer);
+    assert_non_null(strstr(answer, " 200 "));
+    server_quiesce(srv);
+    health_on(fd, answer, sizeof answer);
+    assert_non_null(strstr(answer, " 503 "));
+    assert_non_null(strstr(answer, "\"draining\""));
+    close(fd);
     server_stop(srv);
     /* a port in use fails at once, before any load */
     struct server_loading *busy = NULL;
@@ -412,6 +437,22 @@ static void test_loading_then_ready(void **state)
 static void test_bad_requests(void **state)
 {
     (void)state;
+    /* a model this server does not serve (OpenAI routes; /completion, like llama-server's, ignores it) */
+    expect_error(post(F.srv, "/v1/completions", "{\"prompt\": \"hi\", \"model\": \"gpt-4\"}"), 404,
+                 "model_not_found");
+    expect_error(post(F.srv, "/v1/chat/completions",
+                      "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"model\": \"mocks\"}"),
+                 404, "model_not_found");
+    static const char *const served[] = {"{\"prompt\": \"hi\", \"max_tokens\": 1, \"model\": \"mock\"}",
+                                         "{\"prompt\": \"hi\", \"max_tokens\": 1, \"model\": \"\"}"};
+    for (int i = 0; i < 2; i++) {
+        struct httpc_response ok = post(F.srv, "/v1/completions", served[i]);
+        assert_int_equal(ok.status, 200);
+        httpc_response_free(&ok);
+    }
+    struct httpc_response native = post(F.srv, "/completion", "{\"prompt\": \"hi\", \"n_predict\": 1, \"model\": \"x\"}");
+    assert_int_equal(native.status, 200);
+    httpc_response_free(&native);
     expect_error(post(F.srv, "/v1/completions", "{\"prompt\": \"hi\""), 400, "invalid_json");
     expect_error(post(F.srv, "/v1/completions", "[1,2]"), 400, "invalid_json");
     expect_error(post(F.srv, "/v1/completions", ""), 400, "invalid_json");
@@ -475,7 +516,7 @@ static void test_completion_matches_model(void **state)
     int32_t prompt[] = {1, 403, 404, 405};
     char *want = expected_text(prompt, 4, 12);
     struct httpc_response r = post(F.srv, "/v1/completions",
-                         "{\"model\":\"x\",\"prompt\": [1, 403, 404, 405], \"max_tokens\": 12, \"temperature\": 0, \"logprobs\": 2}");
+                         "{\"model\":\"mock\",\"prompt\": [1, 403, 404, 405], \"max_tokens\": 12, \"temperature\": 0, \"logprobs\": 2}");
     assert_int_equal(r.status, 200);
     cJSON *j = json_of(&r);
     cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);

@@ -447,6 +447,11 @@ static void test_errors(void **state)
     /* a named family takes no tool messages */
     srv = start_with(NULL, "chatml");
     expect_400(srv, "{\"messages\": [{\"role\": \"tool\", \"content\": \"x\"}]}", "chatml");
+    /* nor tools: refused by name, never dropped */
+    expect_400(srv,
+               "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": \"function\", "
+               "\"function\": {\"name\": \"f\", \"parameters\": {\"type\": \"object\"}}}]}",
+               "'tools': the chatml chat template");
     server_stop(srv);
 }
 

@@ -17,6 +17,7 @@
 #include "sched/sched.h"
 #include "server/server.h"
 #include "store/store.h"
+#include "cli/serve_redis.h"
 #include "tokenizer/tokenizer.h"
 
 enum { MAX_LIST = 32 }; /* --cors-origin and --allowed-host values */
@@ -38,6 +39,7 @@ struct serve_opts {
     struct server_sampling sampling;
     struct cli_spec_flags spec;  /* --spec-type, --draft-max, --draft-min */
     bool spm_infill;             /* --spm-infill */
+    struct cli_redis_flags redis; /* --cache-redis... (serve_redis.c) */
     bool embeddings;             /* --embeddings: /v1/embeddings and /embeddings */
     const char *pooling;         /* --pooling NAME, NULL: the file's <arch>.pooling_type */
 };
@@ -100,6 +102,7 @@ static void serve_usage(FILE *out)
             "                            completions stay on unless the model's attention is not causal)\n"
             "      --pooling TYPE        mean, cls or last instead of the model's <arch>.pooling_type\n");
     fputs(cli_spec_flags_help, out);
+    fputs(cli_redis_flags_help, out);
     fputs(cli_model_flags_help, out);
 }
 
@@ -191,6 +194,7 @@ static bool parse_flag(const char *a, const char *v, void *opts, bool *ok)
     else if (is_flag(a, NULL, "--cache-dir")) *ok = (o->cache_dir = v) != NULL && *v;
     else if (is_flag(a, NULL, "--cache-disk")) *ok = v && !strchr(v, '%') && cli_parse_mem(v, &o->cache_disk);
     else if (cli_parse_spec_flag(a, v, &o->spec, ok)) return true;
+    else if (cli_parse_redis_flag(a, v, &o->redis, ok)) return true;
     else if (is_flag(a, NULL, "--pooling")) *ok = (o->pooling = v) != NULL;
     else return false;
     return true;
@@ -218,6 +222,7 @@ struct serve_state {
     struct sched *sched;
     struct server *srv;
     struct store *store;
+    struct store_redis *redis;
     char *chat_template;         /* --chat-template-file's text */
     struct server_loading *loading; /* answers 503 on the port until the server proper takes it over */
 };
@@ -329,6 +334,10 @@ static ks_status start(const struct serve_opts *o, const char *path, struct serv
         return ks_fail(KS_ERR_INVALID_ARG, "--cache-dir needs --prefix-cache on");
     if (o->cache_dir && (st = open_store(o, &kvc, &s->store)))
         return st;
+    if (o->redis.url && !o->prefix_cache)
+        return ks_fail(KS_ERR_INVALID_ARG, "--cache-redis needs --prefix-cache on");
+    if ((st = cli_open_redis(&o->redis, kvc.fingerprint, &s->redis)))
+        return st;
     st = threads_create(o->n_threads, &s->pool);
     if (st)
         return st;
@@ -353,6 +362,8 @@ static ks_status start(const struct serve_opts *o, const char *path, struct serv
         return st;
     if (s->store)
         sched_engine_model_set_store(&eng, s->store);
+    if (s->redis)
+        sched_engine_model_set_redis(&eng, s->redis);
     st = sched_create(&sc, &eng, &s->sched);
     if (st) {
         eng.destroy(eng.ctx);
@@ -375,6 +386,7 @@ static ks_status start(const struct serve_opts *o, const char *path, struct serv
     cfg.chat_template_jinja = s->chat_template;
     cfg.chat_template_origin = o->chat_template_file;
     cfg.store = s->store;
+    cfg.redis = s->redis;
     cfg.reasoning_format = o->reasoning_format;
     cfg.spm_infill = o->spm_infill;
     cfg.parallel = o->parallel;
@@ -435,6 +447,7 @@ static void teardown(struct serve_state *s)
     server_stop(s->srv);
     sched_free(s->sched); /* hands the cached pages to the store */
     store_close(s->store);
+    store_redis_close(s->redis);
     threads_free(s->pool);
     tok_free(s->tok);
     model_free(s->model);

@@ -259,5 +259,9 @@ ks_status grammar_check(const struct grammar_state *st);
 /* Does g accept exactly text[0..len)? False with ks_errmsg() set when it
  * does not (or on out of memory). */
 bool grammar_match(struct grammar *g, const char *text, size_t len);
+/* Is text[0..len) a complete sentence of g that no longer sentence extends
+ * (only the end may follow: a JSON object's closing brace)? A generation cut
+ * by max_tokens exactly there was not cut. */
+bool grammar_match_ended(struct grammar *g, const char *text, size_t len);
 
 #endif

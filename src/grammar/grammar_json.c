@@ -99,7 +99,8 @@ static bool put_json_literal(struct conv *c, const cJSON *v)
 
 static const char *const allowed_keys[] = {
     "type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems", "minLength",
-    "maxLength", "enum", "const", "anyOf", "$defs", "definitions", "$ref", "format",
+    "maxLength", "enum", "const", "anyOf", "$defs", "definitions", "$ref", "format", "minimum", "maximum",
+    "exclusiveMinimum", "exclusiveMaximum",
     /* annotations */
     "title", "description", "default", "examples", "$schema", "$id", "$comment", "strict", NULL,
 };
@@ -286,9 +287,139 @@ static bool gen_string(struct conv *c, const cJSON *s, int id)
     return true;
 }
 
+/* ---- integer ranges --------------------------------------------------------------- */
+
+/* The integer primitive writes at most 16 digits; bounds beyond are clamped. */
+#define INT_LIMIT 9999999999999999LL
+
+/* Decimal digits of v >= 0, NUL-terminated; their count. */
+static int digits_of(long long v, char *d)
+{
+    return snprintf(d, 24, "%lld", v);
+}
+
+/* Equal-length digit strings a <= b (n digits, a may start with 0 only
+ * inside a longer number): one GBNF expression matching every string of n
+ * digits from a to b. */
+static void put_digit_range(struct sbuf *b, const char *lo, const char *hi, int n)
+{
+    if (n == 0)
+        return;
+    if (lo[0] == hi[0]) {
+        sbuf_printf(b, "\"%c\" ", lo[0]);
+        put_digit_range(b, lo + 1, hi + 1, n - 1);
+        return;
+    }
+    bool lo_zeros = strspn(lo + 1, "0") == (size_t)(n - 1), hi_nines = strspn(hi + 1, "9") == (size_t)(n - 1);
+    sbuf_puts(b, "( ");
+    char first_lo = lo_zeros ? lo[0] : (char)(lo[0] + 1), first_hi = hi_nines ? hi[0] : (char)(hi[0] - 1);
+    bool sep = false;
+    if (!lo_zeros) { /* lo[0] followed by lo's tail .. 99..9 */
+        char nines[24];
+        memset(nines, '9', (size_t)n - 1);
+        sbuf_printf(b, "\"%c\" ", lo[0]);
+        put_digit_range(b, lo + 1, nines, n - 1);
+        sep = true;
+    }
+    if (first_lo <= first_hi) { /* whole blocks: [x-y] then any n - 1 digits */
+        sbuf_printf(b, "%s[%c-%c]", sep ? "| " : "", first_lo, first_hi);
+        if (n > 1)
+            sbuf_printf(b, " [0-9]{%d}", n - 1);
+        sbuf_puts(b, " ");
+        sep = true;
+    }
+    if (!hi_nines) { /* hi[0] followed by 00..0 .. hi's tail */
+        char zeros[24];
+        memset(zeros, '0', (size_t)n - 1);
+        sbuf_printf(b, "%s\"%c\" ", sep ? "| " : "", hi[0]);
+        put_digit_range(b, zeros, hi + 1, n - 1);
+    }
+    sbuf_puts(b, ") ");
+}
+
+/* Canonical decimals (no leading zero) of every integer in [lo, hi], 0 <= lo <= hi. */
+static void put_uint_range(struct sbuf *b, long long lo, long long hi)
+{
+    sbuf_puts(b, "( ");
+    long long start = lo, pow10 = 1;
+    int len = 1;
+    while (pow10 * 10 <= lo) {
+        pow10 *= 10;
+        len++;
+    }
+    for (bool first = true; start <= hi; first = false, len++, pow10 *= 10) {
+        long long top = pow10 > INT_LIMIT / 10 ? INT_LIMIT : pow10 * 10 - 1; /* largest of len digits */
+        long long end = hi < top ? hi : top;
+        char a[24], z[24];
+        digits_of(start, a);
+        digits_of(end, z);
+        if (!first)
+            sbuf_puts(b, "| ");
+        put_digit_range(b, a, z, len);
+        start = end + 1;
+    }
+    sbuf_puts(b, ") ");
+}
+
+/* A bound of an integer schema: minimum/maximum as given, the exclusive
+ * ones moved to the next integer inside; false when it is not a number. */
+static bool int_bound(struct conv *c, const cJSON *s, const char *key, bool upper, bool exclusive, long long *out)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(s, key);
+    if (!v)
+        return true;
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble))
+        return conv_fail(c, KS_ERR_INVALID_ARG, "'%s' must be a number", key), false;
+    double x = v->valuedouble;
+    double r = upper ? (exclusive ? ceil(x) - 1 : floor(x)) : (exclusive ? floor(x) + 1 : ceil(x));
+    r = r > (double)INT_LIMIT ? (double)INT_LIMIT : r < -(double)INT_LIMIT ? -(double)INT_LIMIT : r;
+    if (upper ? r < (double)*out : r > (double)*out)
+        *out = (long long)r;
+    return true;
+}
+
+/* An integer within minimum/maximum/exclusiveMinimum/exclusiveMaximum, as
+ * llama.cpp's schema converter does for integers: the digits themselves are
+ * constrained, so no out-of-range number can be written. */
+static bool gen_int_range(struct conv *c, const cJSON *s, int id)
+{
+    long long lo = -INT_LIMIT, hi = INT_LIMIT;
+    if (!int_bound(c, s, "minimum", false, false, &lo) || !int_bound(c, s, "exclusiveMinimum", false, true, &lo) ||
+        !int_bound(c, s, "maximum", true, false, &hi) || !int_bound(c, s, "exclusiveMaximum", true, true, &hi))
+        return false;
+    if (lo > hi)
+        return conv_fail(c, KS_ERR_INVALID_ARG, "no integer lies within the schema's bounds"), false;
+    sbuf_printf(&c->out, "%sr%d ::= ", c->pre, id);
+    if (lo < 0) { /* -m for m in [max(1, -hi), -lo] */
+        sbuf_puts(&c->out, "\"-\" ");
+        put_uint_range(&c->out, hi < 0 ? -hi : 1, -lo);
+    }
+    if (hi >= 0) {
+        if (lo < 0)
+            sbuf_puts(&c->out, "| ");
+        put_uint_range(&c->out, lo > 0 ? lo : 0, hi);
+    }
+    sbuf_puts(&c->out, "\n");
+    return true;
+}
+
+static bool has_bounds(const cJSON *s)
+{
+    return cJSON_GetObjectItemCaseSensitive(s, "minimum") || cJSON_GetObjectItemCaseSensitive(s, "maximum") ||
+           cJSON_GetObjectItemCaseSensitive(s, "exclusiveMinimum") ||
+           cJSON_GetObjectItemCaseSensitive(s, "exclusiveMaximum");
+}
+
 /* One JSON type by name. */
 static bool gen_type(struct conv *c, const cJSON *s, const char *t, int id)
 {
+    if (!strcmp(t, "integer") && has_bounds(s))
+        return gen_int_range(c, s, id);
+    if (!strcmp(t, "number") && has_bounds(s))
+        return conv_fail(c, KS_ERR_UNSUPPORTED,
+                         "'minimum'/'maximum' bound integers only (a number's bounds are not supported; use "
+                         "\"type\": \"integer\" or leave the bounds out)"),
+               false;
     if (!strcmp(t, "object"))
         return gen_object(c, s, id);
     if (!strcmp(t, "array"))
@@ -372,7 +503,7 @@ static bool gen(struct conv *c, const cJSON *s, char *name, size_t cap)
             conv_fail(c, KS_ERR_UNSUPPORTED,
                       "keyword '%.100s' is not supported (supported: type, properties, required, "
                       "additionalProperties false, items, minItems, maxItems, minLength, maxLength, enum, const, anyOf, "
-                      "$defs, $ref, format)",
+                      "$defs, $ref, format, minimum/maximum on integers)",
                       k->string);
             goto out;
         }
@@ -458,6 +589,9 @@ static bool gen(struct conv *c, const cJSON *s, char *name, size_t cap)
         sbuf_puts(&c->out, "\n");
     } else if (type) {
         conv_fail(c, KS_ERR_INVALID_ARG, "'type' must be a string or an array of strings");
+        goto out;
+    } else if (has_bounds(s)) {
+        conv_fail(c, KS_ERR_UNSUPPORTED, "'minimum'/'maximum' need \"type\": \"integer\"");
         goto out;
     } else {
         sbuf_printf(&c->out, "%sr%d ::= value\n", c->pre, id);

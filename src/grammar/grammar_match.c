@@ -1325,6 +1325,17 @@ bool grammar_match(struct grammar *g, const char *text, size_t len)
     return ok;
 }
 
+bool grammar_match_ended(struct grammar *g, const char *text, size_t len)
+{
+    struct grammar_state *st;
+    if (grammar_state_create(g, NULL, -1, &st))
+        return false;
+    bool ok = grammar_accept_text(st, text, len) == KS_OK && grammar_complete(st) &&
+              st->soff[st->cur + 1] - st->soff[st->cur] == 1; /* COMPLETE alone: nothing may follow */
+    grammar_state_free(st);
+    return ok;
+}
+
 uint64_t grammar_state_walks(const struct grammar_state *st)
 {
     return st->walks;

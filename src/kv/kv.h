@@ -377,6 +377,11 @@ struct kv_page_blob {
  * only valid during the call. */
 typedef void (*kv_evict_fn)(void *user, const struct kv_page_blob *blob);
 void kv_set_evict_hook(struct kv_cache *kv, kv_evict_fn fn, void *user);
+/* Called by kv_seq_publish() for each full page it keys (with its window
+ * rows), as a blob of the same format, so a shared tier (Redis) gets a page as
+ * soon as it is computed. Pages mapped from the cache or imported are never
+ * handed over. The blob is only valid during the call. */
+void kv_set_publish_hook(struct kv_cache *kv, kv_evict_fn fn, void *user);
 
 /* Append a page read back from the SSD tier to seq (len a multiple of P).
  * The blob must match this cache's layout, and its key must be the next key
@@ -386,6 +391,11 @@ void kv_set_evict_hook(struct kv_cache *kv, kv_evict_fn fn, void *user);
  * KS_ERR_KV_FULL when no room; KS_ERR_STATE when the key is cached in RAM
  * without its window rows (the hit ends before it). */
 ks_status kv_seq_import_page(struct kv_cache *kv, int32_t seq, const int32_t *tokens, const void *blob, size_t len);
+
+/* How many of tokens' leading full pages are cached in RAM, by key alone (no
+ * tokens compared, nothing mapped): a cheap answer for a router choosing the
+ * replica that holds most of a prompt. 0 with the prefix cache off. */
+int32_t kv_prefix_held(const struct kv_cache *kv, const int32_t *tokens, int32_t n_tokens);
 
 /* Hand every keyed page not yet on disk to the eviction hook (at shutdown).
  * Returns the pages handed over. */

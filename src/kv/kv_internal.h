@@ -111,6 +111,8 @@ struct kv_cache {
     int64_t evictions, evicted_to_disk, attached_pages;
     kv_evict_fn evict_fn;
     void *evict_user;
+    kv_evict_fn publish_fn;   /* kv_set_publish_hook: pages as they are keyed (the Redis tier) */
+    void *publish_user;
 };
 
 /* Does the page hold its window layers' rows (always without such layers)? */

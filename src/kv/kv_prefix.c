@@ -292,6 +292,42 @@ void kv_set_evict_hook(struct kv_cache *kv, kv_evict_fn fn, void *user)
     kv->evict_user = user;
 }
 
+int32_t kv_prefix_held(const struct kv_cache *kv, const int32_t *tokens, int32_t n_tokens)
+{
+    if (!kv->cfg.prefix_cache)
+        return 0;
+    int32_t P = kv->cfg.page_tokens, held = 0;
+    struct kv_key parent = {0, 0};
+    for (; (held + 1) * P <= n_tokens; held++) {
+        struct kv_key key = chain_key(kv, parent, tokens + (size_t)held * P);
+        if (map_find(kv, key) < 0)
+            break;
+        parent = key;
+    }
+    return held;
+}
+
+void kv_set_publish_hook(struct kv_cache *kv, kv_evict_fn fn, void *user)
+{
+    kv->publish_fn = fn;
+    kv->publish_user = user;
+}
+
+/* A page just keyed goes to the publish hook (a blob that cannot be packed,
+ * for lack of host memory, is only not shared). */
+static void page_announce(struct kv_cache *kv, struct kv_page *pg)
+{
+    if (!kv->publish_fn || pg->n_valid < kv->cfg.page_tokens || !kv_page_has_window(kv, pg))
+        return;
+    size_t len = 0;
+    void *data = blob_pack(kv, pg, &len);
+    if (!data)
+        return;
+    struct kv_page_blob blob = {pg->key, pg->parent, kv->cfg.page_tokens, data, len};
+    kv->publish_fn(kv->publish_user, &blob);
+    free(data);
+}
+
 /* ---- eviction ------------------------------------------------------------------ */
 
 static void evict_idle(struct kv_cache *kv, int32_t id, bool to_disk)
@@ -475,9 +511,11 @@ static ks_status publish(struct kv_cache *kv, int32_t seq, const int32_t *tokens
         int32_t id = s->pages[i];
         assert(!kv->pages[id].keyed || kv_key_equal(kv->pages[id].key, key));
         /* a page whose key another page already has stays private: one copy is cached */
-        if (!kv->pages[id].keyed && map_find(kv, key) < 0 &&
-            (st = page_set_key(kv, id, key, parent, page_tokens, P, kv_seq_mean_tag(kv, s))))
-            return st;
+        if (!kv->pages[id].keyed && map_find(kv, key) < 0) {
+            if ((st = page_set_key(kv, id, key, parent, page_tokens, P, kv_seq_mean_tag(kv, s))))
+                return st;
+            page_announce(kv, &kv->pages[id]);
+        }
         s->keys[i] = key;
         s->n_keyed = i + 1;
     }

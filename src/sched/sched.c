@@ -707,9 +707,9 @@ static void lookup_admitted(struct sched *s)
         struct req *r = s->active[i];
         if (!r->needs_lookup)
             continue;
-        struct sched_prefix_hit hit = {0, 0};
+        struct sched_prefix_hit hit = {0};
         s->eng.prefix_attach(s->eng.ctx, r->seq, r->tokens, cacheable(r), true, s->cost.prefill_token_s, &hit);
-        int32_t got = hit.ram_tokens + hit.disk_tokens;
+        int32_t got = hit.ram_tokens + hit.disk_tokens + hit.redis_tokens;
         pthread_mutex_lock(&s->mu);
         r->needs_lookup = false;
         r->n_computed = got;
@@ -719,6 +719,7 @@ static void lookup_admitted(struct sched *s)
         s->st.prefix_lookups++;
         s->st.prefix_hit_ram_tokens += (uint64_t)hit.ram_tokens;
         s->st.prefix_hit_disk_tokens += (uint64_t)hit.disk_tokens;
+        s->st.prefix_hit_redis_tokens += (uint64_t)hit.redis_tokens;
         s->st.prefix_miss_tokens += (uint64_t)(r->n_tokens - got);
         finish_warm_up(r);
         SCHED_DEBUG_CHECK(s, "lookup_admitted");
@@ -751,7 +752,7 @@ static void share_prefill(struct sched *s)
         r->dedup_wait = false;
         if (!s->eng.prefix_attach || r->embed || r->finish != SCHED_FINISH_NONE || r->n_computed >= cacheable(r))
             continue;
-        struct sched_prefix_hit hit = {0, 0};
+        struct sched_prefix_hit hit = {0};
         s->eng.prefix_attach(s->eng.ctx, r->seq, r->tokens, cacheable(r), false, 0.0, &hit);
         pthread_mutex_lock(&s->mu);
         if (r->n_computed < r->n_prompt) /* served from the cache, like a hit at admission */

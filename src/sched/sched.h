@@ -57,6 +57,7 @@ struct model;
 /* Prompt tokens a prefix-cache lookup found, by tier. */
 struct sched_prefix_hit {
     int32_t ram_tokens, disk_tokens;
+    int32_t redis_tokens;     /* read from the shared tier */
 };
 
 /* One batch entry per token; want_logits marks the last token fed of a
@@ -135,6 +136,12 @@ ks_status sched_engine_model(struct model *m, const struct kv_config *kv_cfg, in
  * it does not have yet. */
 struct store;
 void sched_engine_model_set_store(struct sched_engine *e, struct store *store);
+/* Give a model engine the shared tier (borrowed: close it after the engine is
+ * destroyed). Pages are handed to it as they are computed; after RAM and the
+ * SSD tier, a lookup continues the chain from it, and a page read from it is
+ * kept locally (RAM, and the SSD tier if any). */
+struct store_redis;
+void sched_engine_model_set_redis(struct sched_engine *e, struct store_redis *redis);
 
 
 /* ---- scheduler ----------------------------------------------------------- */
@@ -310,6 +317,7 @@ struct sched_stats {
     uint64_t prefix_lookups;             /* admissions that looked the prompt up */
     uint64_t prefix_hit_ram_tokens;      /* tokens found at admission in RAM */
     uint64_t prefix_hit_disk_tokens;     /* ... read back from the SSD tier */
+    uint64_t prefix_hit_redis_tokens;    /* ... read from the shared (Redis) tier */
     uint64_t prefix_shared_tokens;       /* tokens taken during prefill from a request computing the same prefix */
     uint64_t prefix_miss_tokens;         /* prompt tokens left to compute after the lookup */
     uint64_t prefix_wait_steps;          /* steps a request waited for another to compute a shared page */

@@ -3,6 +3,7 @@
  * scheduling logic links without the model (tests use a mock engine). */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "kv/kv.h"
 #include "model/model.h"
@@ -20,6 +21,7 @@ struct model_engine {
     struct model_ctx *mctx;
     int32_t n_vocab;
     struct store *store;      /* SSD tier, borrowed; NULL without --cache-dir */
+    struct store_redis *redis; /* shared tier, borrowed; NULL without --cache-redis */
     bool persisting;          /* at shutdown: every cached page goes to the store */
     size_t persist_pending;   /* bytes handed to the store since its last flush, while persisting */
 };
@@ -153,6 +155,63 @@ static int32_t import_from_disk(struct model_engine *e, int32_t seq, const int32
     return done;
 }
 
+/* The chain keys of tokens' pages up to max_tokens into *keys (malloc'd);
+ * *skip: the pages seq holds already. Returns how many keys (0: seq cannot
+ * continue from the cache, or no memory). */
+static int32_t chain_keys(struct model_engine *e, int32_t seq, const int32_t *tokens, int32_t max_tokens,
+                          struct kv_key **keys, int32_t *skip)
+{
+    int32_t P = kv_get_config(e->kv)->page_tokens, len = kv_seq_len(e->kv, seq);
+    struct kv_key next;
+    *keys = NULL;
+    if (len % P || len + P > max_tokens || !kv_seq_next_key(e->kv, seq, tokens, &next))
+        return 0;
+    int32_t n = max_tokens / P;
+    *skip = len / P;
+    if (!(*keys = malloc((size_t)n * sizeof **keys)))
+        return 0;
+    kv_prefix_keys(e->kv, tokens, n * P, *keys);
+    if (!kv_key_equal((*keys)[*skip], next)) { /* a chain the kv module keys otherwise: not shared */
+        free(*keys);
+        *keys = NULL;
+        return 0;
+    }
+    return n;
+}
+
+/* Continue seq from the shared tier: the run of its next pages Redis holds
+ * (verified there), as far as reading beats computing. Each page imported is
+ * also kept on the SSD tier. Returns the pages imported. */
+static int32_t import_from_redis(struct model_engine *e, int32_t seq, const int32_t *tokens, int32_t max_tokens,
+                                 double prefill_token_s)
+{
+    _Static_assert(sizeof(struct kv_key) == sizeof(struct store_key), "one key, two names");
+    int32_t P = kv_get_config(e->kv)->page_tokens, skip = 0;
+    struct kv_key *keys = NULL;
+    int32_t n = chain_keys(e, seq, tokens, max_tokens, &keys, &skip) - skip;
+    void **blobs = n > 0 ? calloc((size_t)n, sizeof *blobs) : NULL;
+    size_t *lens = n > 0 ? calloc((size_t)n, sizeof *lens) : NULL;
+    int32_t got = 0, done = 0;
+    if (blobs && lens)
+        got = store_redis_get_chain(e->redis, (const struct store_key *)(keys + skip), n, prefill_token_s * P, blobs,
+                                    lens);
+    for (int32_t i = 0; i < got; i++) {
+        /* a page of another layout is simply not used, nor anything after it */
+        if (done == i && kv_seq_import_page(e->kv, seq, tokens, blobs[i], lens[i]) == KS_OK) {
+            done++;
+            struct kv_key parent = skip + i > 0 ? keys[skip + i - 1] : (struct kv_key){0, 0};
+            if (e->store)
+                (void)store_put(e->store, store_key_of(keys[skip + i]), store_key_of(parent), (uint32_t)P, blobs[i],
+                                lens[i]);
+        }
+        free(blobs[i]);
+    }
+    free(blobs);
+    free(lens);
+    free(keys);
+    return done;
+}
+
 static ks_status me_prefix_attach(void *ctx, int32_t seq, const int32_t *tokens, int32_t max_tokens, bool use_disk,
                                   double prefill_token_s, struct sched_prefix_hit *hit)
 {
@@ -164,6 +223,14 @@ static ks_status me_prefix_attach(void *ctx, int32_t seq, const int32_t *tokens,
         int32_t from_disk = import_from_disk(e, seq, tokens, max_tokens, prefill_token_s);
         hit->disk_tokens += from_disk * P;
         if (from_disk > 0) {
+            st = kv_seq_attach_pages(e->kv, seq, tokens, max_tokens, &n_pages);
+            hit->ram_tokens += n_pages * P;
+        }
+    }
+    if (!st && use_disk && e->redis) {
+        int32_t from_redis = import_from_redis(e, seq, tokens, max_tokens, prefill_token_s);
+        hit->redis_tokens += from_redis * P;
+        if (from_redis > 0) {
             st = kv_seq_attach_pages(e->kv, seq, tokens, max_tokens, &n_pages);
             hit->ram_tokens += n_pages * P;
         }
@@ -193,6 +260,21 @@ static void on_evict(void *user, const struct kv_page_blob *b)
         store_flush(e->store);
         e->persist_pending = 0;
     }
+}
+
+static void on_publish(void *user, const struct kv_page_blob *b)
+{
+    struct model_engine *e = user;
+    /* only not shared when it fails (no memory) */
+    (void)store_redis_put(e->redis, store_key_of(b->key), store_key_of(b->parent), (uint32_t)b->n_tokens, b->data,
+                          b->len);
+}
+
+void sched_engine_model_set_redis(struct sched_engine *eng, struct store_redis *redis)
+{
+    struct model_engine *e = eng->ctx;
+    e->redis = redis;
+    kv_set_publish_hook(e->kv, redis ? on_publish : NULL, e);
 }
 
 void sched_engine_model_set_store(struct sched_engine *eng, struct store *store)

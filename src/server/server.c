@@ -189,11 +189,12 @@ static ks_status route_health(struct server *srv, const struct server_req *rq, s
 {
     (void)rq;
     pthread_mutex_lock(&srv->mu);
-    bool ready = srv->ready;
+    bool ready = srv->ready, draining = srv->draining;
     pthread_mutex_unlock(&srv->mu);
     cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "status", ready ? "ok" : "loading");
-    return reply_json(r, ready ? 200 : 503, o);
+    /* a balancer stops sending work here as soon as the drain begins */
+    cJSON_AddStringToObject(o, "status", draining ? "draining" : ready ? "ok" : "loading");
+    return reply_json(r, ready && !draining ? 200 : 503, o);
 }
 
 static ks_status route_models(struct server *srv, const struct server_req *rq, struct reply *r)
@@ -701,6 +702,9 @@ int server_port(const struct server *srv)
 
 void server_quiesce(struct server *srv)
 {
+    pthread_mutex_lock(&srv->mu);
+    srv->draining = true;
+    pthread_mutex_unlock(&srv->mu);
     if (srv->daemon) {
         MHD_socket s = MHD_quiesce_daemon(srv->daemon);
         if (s != MHD_INVALID_SOCKET)

@@ -24,6 +24,7 @@
 #include "tokenizer/tokenizer.h"
 
 struct store;
+struct store_redis;
 
 /* Where a thinking model's reasoning goes (llama-server's reasoning_format). */
 enum server_reasoning_format {
@@ -49,6 +50,7 @@ struct server_config {
     int64_t chat_now;         /* the time templates see (strftime_now, date_string), seconds since
                                  the epoch; 0: the clock at each request (tests pin it) */
     struct store *store;      /* the prefix cache's SSD tier (borrowed), NULL: none */
+    struct store_redis *redis;/* its shared tier (borrowed), NULL: none */
     /* connections: any number are served by a few polling threads */
     int timeout_s;            /* a connection idle this long (no byte in or out, or headers not complete)
                                  is closed, seconds (30); a request waiting for the model is not idle */

@@ -343,9 +343,16 @@ static ks_status render_jinja(struct server *srv, const cJSON *root, char **out,
     return KS_OK;
 }
 
-/* A named hand-written family: system, user and assistant text only. */
+/* A named hand-written family: system, user and assistant text only; tools
+ * it cannot show the model are refused, not dropped. */
 static ks_status render_family(struct server *srv, const cJSON *root, char **out, struct reply *r)
 {
+    const cJSON *tools = cJSON_GetObjectItemCaseSensitive(root, "tools");
+    if (cJSON_GetArraySize(tools) > 0)
+        return reply_fail(r, KS_ERR_INVALID_ARG, "unsupported_parameter",
+                          "'tools': the %s chat template (--chat-template) cannot show tools to the model; serve "
+                          "with the model's Jinja template (or --chat-template-file) to call tools",
+                          tok_chat_name(srv->chat.family));
     cJSON *req = NULL;
     ks_status st = template_request(root, &req, r);
     if (st)

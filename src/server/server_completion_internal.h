@@ -49,6 +49,7 @@ struct call {
     int32_t n_drafted, n_accepted;     /* speculation: draft tokens verified, accepted (under mu) */
     struct server_waker *waker;        /* woken at each event (under mu); NULL: the HTTP side blocks, or left */
     struct grammar *grammar;           /* response_format / grammar constraint, NULL: none */
+    bool grammar_whole;                /* it constrains the whole output (not lazy tool calls) */
     struct sample_bias *biases;        /* logit_bias (the sampling params point here), NULL: none */
     int n_biases;
     /* output state (HTTP thread only) */

@@ -363,8 +363,9 @@ static ks_status prompt_tokens(struct server *srv, enum server_api api, const cJ
         cJSON *p = field(root, "prompt");
         if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 && cJSON_IsString(cJSON_GetArrayItem(p, 0)))
             p = cJSON_GetArrayItem(p, 0);
-        /* llama-server's /completion parses special tokens in the prompt */
-        unsigned flags = TOK_ADD_SPECIAL | (api == SERVER_API_NATIVE ? TOK_PARSE_SPECIAL : 0);
+        /* llama-server parses special tokens in the prompt text, on /completion
+         * and /v1/completions alike (README: the prompt is trusted text) */
+        unsigned flags = TOK_ADD_SPECIAL | TOK_PARSE_SPECIAL;
         if (cJSON_IsString(p)) {
             if ((st = tok_encode(srv->tok, p->valuestring, strlen(p->valuestring), flags, &ids, &n)))
                 return tokenizer_failed(st, r);
@@ -514,6 +515,7 @@ static ks_status parse_grammar(struct call *c, const cJSON *root, int32_t max_to
         return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value", "%s: %s", what, msg);
     }
     p->grammar = c->grammar;
+    c->grammar_whole = !tool_calls;
     p->grammar_vocab = c->srv->grammar_vocab;
     p->grammar_max_tokens = max_tokens;
     if (lazy)
@@ -609,6 +611,18 @@ ks_status server_completion_parse(struct server *srv, bool chat, const char *bod
     return server_request_parse(srv, chat ? SERVER_API_CHAT : SERVER_API_TEXT, body, len, out, rq, r);
 }
 
+/* Does name name the model this server serves: its id in /v1/models (the
+ * alias, or the file's name), the file's name without .gguf, its path, or ""
+ * (clients that leave it blank)? */
+bool server_model_served(const struct server *srv, const char *name)
+{
+    const char *path = srv->cfg.model_path ? srv->cfg.model_path : "";
+    const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+    size_t n = strlen(base);
+    bool stem = n > 5 && !strcmp(base + n - 5, ".gguf") && strlen(name) == n - 5 && !strncmp(name, base, n - 5);
+    return !*name || !strcmp(name, srv->model_name) || (*path && (!strcmp(name, path) || !strcmp(name, base))) || stem;
+}
+
 ks_status server_request_parse(struct server *srv, enum server_api api, const char *body, size_t len,
                                struct call **out, struct sched_request *rq, struct reply *r)
 {
@@ -625,6 +639,14 @@ ks_status server_request_parse(struct server *srv, enum server_api api, const ch
     if (model && !cJSON_IsString(model)) {
         cJSON_Delete(root);
         return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_type", "'model' must be a string");
+    }
+    /* the OpenAI routes name their model; another would be answered by this one unawares */
+    if (model && api != SERVER_API_NATIVE && !server_model_served(srv, model->valuestring)) {
+        st = reply_fail(r, KS_ERR_NOT_FOUND, "model_not_found", /* 404, as OpenAI and vLLM answer it */
+                        "'model' is '%.200s' but this server serves '%s' (see GET /v1/models; --alias names it)",
+                        model->valuestring, srv->model_name);
+        cJSON_Delete(root);
+        return st;
     }
     if ((st = refuse_unsupported(root, api, r))) {
         cJSON_Delete(root);

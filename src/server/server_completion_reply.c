@@ -293,6 +293,11 @@ static const char *finish_reason(const struct call *c)
         return "tool_calls";
     if (c->stopped || c->finish == SCHED_FINISH_STOP)
         return "stop";
+    /* the budget ran out on the grammar's last possible byte (its completion
+     * is forced within max_tokens): the output is whole, as clients that
+     * refuse a "length" structured output need to know */
+    if (c->grammar && c->grammar_whole && !c->oom && grammar_match_ended(c->grammar, c->text.p ? c->text.p : "", c->text.n))
+        return "stop";
     return "length";
 }
 

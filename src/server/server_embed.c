@@ -209,6 +209,10 @@ static ks_status parse_options(struct server *srv, const cJSON *root, struct emb
     const cJSON *v = field(root, "model");
     if (v && !cJSON_IsString(v))
         return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_type", "'model' must be a string");
+    if (v && !j->native && !server_model_served(srv, v->valuestring)) /* as the completion routes: 404 */
+        return reply_fail(r, KS_ERR_NOT_FOUND, "model_not_found",
+                          "'model' is '%.200s' but this server serves '%s' (see GET /v1/models; --alias names it)",
+                          v->valuestring, srv->model_name);
     if ((v = field(root, "encoding_format"))) {
         if (!cJSON_IsString(v) || (strcmp(v->valuestring, "float") && strcmp(v->valuestring, "base64")))
             return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value", "'encoding_format' must be float or base64");

@@ -44,6 +44,7 @@ struct server {
     struct server_watch *watch; /* the hangup watcher of suspended connections (server_wait.c) */
     pthread_mutex_t mu;
     bool ready;
+    bool draining;              /* server_quiesce was called: /health answers 503 "draining" */
     int in_flight;
     uint64_t next_call;
     uint64_t http_requests, http_errors;
@@ -356,9 +357,17 @@ void server_metric(struct sbuf *b, const char *name, const char *type, const cha
 struct kv_usage;
 ks_status server_route_cache_clear(struct server *srv, const struct server_req *rq, struct reply *r);
 ks_status server_route_cache_prefixes(struct server *srv, const struct server_req *rq, struct reply *r);
+/* ?prompt= or ?tokens= of /cache/prefixes: the pages of it held here (server_affinity.c) */
+ks_status server_route_prefix_held(struct server *srv, const struct server_req *rq, struct reply *r);
 cJSON *server_prefix_usage_json(const struct kv_usage *u, const struct sched_stats *st);
 cJSON *server_disk_usage_json(struct server *srv); /* null without the SSD tier */
 void server_prefix_metrics(struct server *srv, struct sbuf *b, const struct sched_stats *st, const struct kv_usage *u);
+cJSON *server_redis_usage_json(struct server *srv); /* null without the shared tier (server_redis.c) */
+void server_redis_metrics(struct server *srv, struct sbuf *b);
+
+/* server_completion_parse.c: does a request's 'model' name the served model (its /v1/models id, the
+ * file's name with or without .gguf, its path, or "")? */
+bool server_model_served(const struct server *srv, const char *name);
 
 /* server_embed.c: POST /v1/embeddings (OpenAI's shape) and /embeddings (llama-server's) */
 ks_status server_route_embeddings(struct server *srv, const struct server_req *rq, struct reply *r);

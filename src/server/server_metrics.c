@@ -105,6 +105,7 @@ ks_status server_route_metrics(struct server *srv, const struct server_req *rq, 
         }
     }
     server_prefix_metrics(srv, &b, &st, kv.have ? &kv.u : NULL);
+    server_redis_metrics(srv, &b);
     histogram(&b, "kvserve_ttft_seconds", "Time to first token.", &st.ttft);
     histogram(&b, "kvserve_itl_seconds", "Inter-token latency.", &st.itl);
     if (b.oom || !b.p) {
@@ -242,6 +243,7 @@ static void usage_hook(void *user, struct kv_cache *kv)
         server_json_add(o, "prefix", server_prefix_usage_json(&us, &st));
     }
     server_json_add(o, "disk", server_disk_usage_json(u->srv));
+    server_json_add(o, "redis", server_redis_usage_json(u->srv));
     cJSON *list = cJSON_AddArrayToObject(o, "requests");
     for (int i = 0; i < n_req; i++) {
         cJSON *e = cJSON_CreateObject();

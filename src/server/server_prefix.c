@@ -302,6 +302,8 @@ static bool sort_and_cut(cJSON *data, int limit)
 
 ks_status server_route_cache_prefixes(struct server *srv, const struct server_req *rq, struct reply *r)
 {
+    if (server_req_arg(rq, "prompt") || server_req_arg(rq, "tokens"))
+        return server_route_prefix_held(srv, rq, r);
     int limit;
     ks_status st = parse_limit(server_req_arg(rq, "limit"), &limit, r);
     if (st)
@@ -346,6 +348,7 @@ cJSON *server_prefix_usage_json(const struct kv_usage *u, const struct sched_sta
     cJSON_AddNumberToObject(p, "lookups", (double)st->prefix_lookups);
     cJSON_AddNumberToObject(p, "hit_tokens_ram", (double)st->prefix_hit_ram_tokens);
     cJSON_AddNumberToObject(p, "hit_tokens_disk", (double)st->prefix_hit_disk_tokens);
+    cJSON_AddNumberToObject(p, "hit_tokens_redis", (double)st->prefix_hit_redis_tokens);
     cJSON_AddNumberToObject(p, "shared_tokens", (double)st->prefix_shared_tokens);
     cJSON_AddNumberToObject(p, "miss_tokens", (double)st->prefix_miss_tokens);
     cJSON_AddNumberToObject(p, "wait_steps", (double)st->prefix_wait_steps);
@@ -381,14 +384,17 @@ void server_prefix_metrics(struct server *srv, struct sbuf *b, const struct sche
          (double)st->prefix_lookups);
     sbuf_printf(b, "# HELP kvserve_prefix_hit_tokens_total Prompt tokens found in the prefix cache at admission, by tier.\n"
                    "# TYPE kvserve_prefix_hit_tokens_total counter\n"
-                   "kvserve_prefix_hit_tokens_total{tier=\"ram\"} %llu\nkvserve_prefix_hit_tokens_total{tier=\"disk\"} %llu\n",
-                (unsigned long long)st->prefix_hit_ram_tokens, (unsigned long long)st->prefix_hit_disk_tokens);
+                   "kvserve_prefix_hit_tokens_total{tier=\"ram\"} %llu\nkvserve_prefix_hit_tokens_total{tier=\"disk\"} %llu\n"
+                   "kvserve_prefix_hit_tokens_total{tier=\"redis\"} %llu\n",
+                (unsigned long long)st->prefix_hit_ram_tokens, (unsigned long long)st->prefix_hit_disk_tokens,
+                (unsigned long long)st->prefix_hit_redis_tokens);
     server_metric(b, "kvserve_prefix_shared_tokens_total", "counter",
          "Prompt tokens taken during prefill from a request computing the same prefix.", (double)st->prefix_shared_tokens);
     server_metric(b, "kvserve_prefix_miss_tokens_total", "counter", "Prompt tokens left to compute after the lookup.",
          (double)st->prefix_miss_tokens);
     server_metric(b, "kvserve_prefix_tokens_saved_total", "counter", "Prompt tokens not computed thanks to the prefix cache.",
-         (double)(st->prefix_hit_ram_tokens + st->prefix_hit_disk_tokens + st->prefix_shared_tokens));
+         (double)(st->prefix_hit_ram_tokens + st->prefix_hit_disk_tokens + st->prefix_hit_redis_tokens +
+                  st->prefix_shared_tokens));
     server_metric(b, "kvserve_prefix_wait_steps_total", "counter", "Steps a request waited for another to compute a shared page.",
          (double)st->prefix_wait_steps);
     if (u) {

@@ -111,4 +111,81 @@ struct store_stats {
 };
 void store_stats(struct store *s, struct store_stats *out);
 
+/* ---- the shared tier: Redis ------------------------------------------------
+ *
+ * Replicas of one model share pages through a Redis server (Debian's
+ * redis-server, through libhiredis): one string per page under
+ * "kvserve:<fingerprint hex>:<page key hex>", the same header as an SSD entry
+ * (magic, version, fingerprint, key, parent, tokens, length, checksum) and the
+ * kv blob. Pages are written behind by one thread (SET NX EX ttl, pipelined);
+ * a lookup costs two round trips whatever the chain's length: STRLEN of every
+ * key along the chain (existence and size), then GET of the run of hits up to
+ * the first miss, as far as reading is cheaper than computing.
+ *
+ * The check: XXH3-64 over the header and the payload, unkeyed by default, so
+ * any replica verifies any other's pages: it catches corruption and foreign or
+ * misplaced values, not a malicious writer. With a shared secret file
+ * (secret) the checksum is keyed with it: replicas with the same file accept
+ * each other's pages, anything else fails as foreign. XXH3 is no MAC either
+ * way: protect the Redis server itself (bind, firewall, requirepass/ACL).
+ *
+ * Faults never stop the server: Redis down, killed, slow (each call times out
+ * after timeout_ms), full (OOM replies to SET) or holding a bad value, and the
+ * lookup misses (the caller computes), the write is dropped; each kind is
+ * counted and logged once, and the connections come back with a backoff
+ * (0.1 s doubling to 5 s). Thread-safe: lookups from one thread at a time
+ * (the scheduler's), puts from any. */
+struct store_redis;
+
+struct store_redis_config {
+    const char *url;          /* redis://HOST:PORT[/DB] */
+    const char *password;     /* AUTH; NULL or "": none */
+    const char *secret_file;  /* shared checksum key (>= 16 bytes, mode 0600); NULL: unkeyed */
+    uint8_t fingerprint[16];  /* the model's: part of every key and checked in every value */
+    uint32_t ttl_s;           /* EX of every SET; 0 = 86400 */
+    uint32_t timeout_ms;      /* of each connect and call; 0 = 200 */
+    size_t queue_bytes;       /* bound of the write-behind queue; 0 = 64 MiB */
+};
+
+/* Split "redis://HOST:PORT[/DB]" (PORT 1..65535, DB 0..15 by default 0; a
+ * "user:password@" part is refused: passwords never go on a command line).
+ * KS_ERR_INVALID_ARG naming what is wrong. */
+ks_status store_redis_parse_url(const char *url, char *host, size_t host_cap, int *port, int *db);
+/* Parse the URL, read the secret file, start the writer. Redis being down is
+ * not an error (one line on stderr; the tier reconnects). KS_ERR_INVALID_ARG,
+ * KS_ERR_IO (the secret file), KS_ERR_NOMEM. */
+ks_status store_redis_open(const struct store_redis_config *cfg, struct store_redis **out);
+/* Write what is queued (bounded by the timeouts), stop the writer, close. NULL: no-op. */
+void store_redis_close(struct store_redis *r);
+/* Queue a page blob (copied) to be written behind. Never blocks: with a full
+ * queue, or Redis down, the page is dropped and counted. KS_ERR_NOMEM. */
+ks_status store_redis_put(struct store_redis *r, struct store_key key, struct store_key parent, uint32_t n_tokens,
+                          const void *blob, size_t len);
+/* Block until everything queued before the call is written or dropped. */
+void store_redis_flush(struct store_redis *r);
+/* Look up the chain keys[0, n) in order: blobs[i] (malloc'd, the caller frees
+ * each) and lens[i] get the verified payloads of the leading run of pages
+ * that Redis holds, stopping at the first miss, bad value or error, and at
+ * the page where reading the run costs more than page_compute_s seconds per
+ * page (0: always read). Returns the pages in the run (0 on any fault; a bad
+ * value is also deleted from Redis). */
+int32_t store_redis_get_chain(struct store_redis *r, const struct store_key *keys, int32_t n, double page_compute_s,
+                              void **blobs, size_t *lens);
+
+struct store_redis_stats {
+    uint64_t lookups, hits, misses;     /* get_chain calls; pages found and read, chains ended by a miss */
+    uint64_t reads, read_bytes;         /* pages read and verified */
+    uint64_t writes, write_bytes;       /* pages Redis took */
+    uint64_t deduplicated;              /* SET NX found the key there already */
+    uint64_t dropped;                   /* puts dropped: a full queue or Redis down */
+    uint64_t skipped;                   /* pages present but not read: computing them was cheaper */
+    uint64_t corrupt, foreign;          /* values failing the check: damaged; well formed but another model's or key's */
+    uint64_t full;                      /* SETs refused for memory (OOM) */
+    uint64_t timeouts, errors;          /* calls that timed out; other I/O or protocol errors */
+    uint64_t connect_failures, reconnects;
+    bool connected;                     /* the lookup connection is up */
+    double rtt_ms, read_mbs;            /* measured round trip and GET throughput (0 before any) */
+};
+void store_redis_stats(struct store_redis *r, struct store_redis_stats *out);
+
 #endif

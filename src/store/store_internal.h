@@ -143,4 +143,32 @@ bool store_value_sane(const struct store *s, const MDB_val *v);
 /* Rename dir to <dir>.damaged-<UTC time>; moved_to: the new name. */
 ks_status store_move_aside(const char *dir, char *moved_to, size_t cap);
 
+/* ---- the Redis tier's values (store_redis_blob.c) -------------------------
+ * A value is a store_header then the kv blob, like an SSD entry; its
+ * checksum is XXH3-64 over the header (checksum 0) and the payload, with the
+ * shared secret or, without one, XXH3's default secret (unkeyed), so every
+ * replica can verify every other's pages. reserved carries
+ * STORE_BLOB_KEYED when a shared secret keyed it. */
+enum { STORE_BLOB_KEYED = 1 };
+enum store_blob_verdict {
+    STORE_BLOB_OK = 0,
+    STORE_BLOB_CORRUPT,       /* too short, not a kvserve value, wrong length or checksum */
+    STORE_BLOB_FOREIGN,       /* well formed, but another format version, model, key, or keying */
+};
+/* The header of a value for payload (its checksum still 0). */
+struct store_header store_blob_header(const uint8_t fingerprint[16], struct store_key key, struct store_key parent,
+                                      uint32_t n_tokens, size_t payload_len, bool keyed);
+/* Checksum of header h (its checksum field ignored) and payload; secret:
+ * XXH3_SECRET_DEFAULT_SIZE bytes, NULL: unkeyed. */
+uint64_t store_blob_checksum(const struct store_header *h, const void *payload, const uint8_t *secret);
+/* Is data[0, len) a sound value for key of this model and keying? */
+enum store_blob_verdict store_blob_check(const void *data, size_t len, const uint8_t fingerprint[16],
+                                         struct store_key key, const uint8_t *secret);
+/* "kvserve:<fingerprint hex>:<key hex, hi then lo>" into out. */
+enum { STORE_REDIS_KEY_CHARS = 8 + 32 + 1 + 32 };
+void store_redis_key_name(const uint8_t fingerprint[16], struct store_key key, char out[STORE_REDIS_KEY_CHARS + 1]);
+/* Read a shared secret file (a regular file of ours, mode 0600, 16..4096 bytes)
+ * and expand it to XXH3's secret size. KS_ERR_IO naming the file and the fix. */
+ks_status store_blob_load_secret(const char *path, uint8_t secret[XXH3_SECRET_DEFAULT_SIZE]);
+
 #endif

@@ -26,7 +26,7 @@ try { OpenAI = (await import('openai')).default; } catch (e) {
 // Start a server on a free port; resolves once it prints its address.
 function startServer(args, model = trained, ctx = 512) {
   return new Promise((resolve, reject) => {
-    const p = spawn(bin, ['serve', '-m', model, '--port', '0', '-c', String(ctx), ...args], { stdio: ['ignore', 'ignore', 'pipe'] });
+    const p = spawn(bin, ['serve', '-m', model, '--alias', 'x', '--port', '0', '-c', String(ctx), ...args], { stdio: ['ignore', 'ignore', 'pipe'] });
     let log = '';
     const timer = setTimeout(() => reject(new Error('server did not start:\n' + log)), 60000);
     p.stderr.on('data', (d) => {

@@ -96,7 +96,7 @@ def vectors(answer):
 
 
 def check_model(url, name, ref):
-    st, a = request(url + "/v1/embeddings", {"input": ref["inputs"], "model": "whatever"})
+    st, a = request(url + "/v1/embeddings", {"input": ref["inputs"], "model": name})
     check(st == 200, "%s: /v1/embeddings of %d inputs answers 200 (%s)" % (name, len(ref["inputs"]), st))
     if st != 200:
         print(a)
@@ -134,6 +134,8 @@ def check_refusals(url, dim):
         check(st == 400 and "error" in a, "400 for %s: %s" % (what, a.get("error", {}).get("message")))
     st, _ = request(url + "/v1/embeddings", {"input": "ab", "dimensions": dim})
     check(st == 200, "dimensions equal to the model's (%d) is accepted" % dim)
+    st, a = request(url + "/v1/embeddings", {"input": "ab", "model": "not-this-one"})
+    check(st == 404 and a["error"]["code"] == "model_not_found", "a model this server does not serve: 404")
     st, _ = request(url + "/v1/embeddings", {"input": "ab", "user": "u", "some_future_field": 1})
     check(st == 200, "user and unknown fields are ignored, as on the completion routes")
 

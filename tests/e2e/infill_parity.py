@@ -82,13 +82,7 @@ def main():
         lp.check(status == 501 and "Infill is not supported by this model" in e["error"]["message"],
                  "/infill on a model without FIM tokens: %d %s" % (status, e["error"]["message"]))
     finally:
-        for p in (kv, ll, df):
-            p.terminate()
-        for p in (kv, ll, df):
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        lp.stop_all((kv, ll, df))
         for f in os.listdir(tmp):
             os.unlink(os.path.join(tmp, f))
         os.rmdir(tmp)

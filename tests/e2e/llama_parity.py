@@ -69,6 +69,16 @@ def wait_up(url, proc, log):
     sys.exit("server did not start: " + open(log).read()[-2000:])
 
 
+def stop_all(procs):
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
 def stream_events(url, body):
     status, text = request(url, dict(body, stream=True), raw=True)
     assert status == 200, text
@@ -187,18 +197,17 @@ def main():
         body = {"prompt": "Hello world", "max_tokens": 6, "temperature": 0}
         a, b = request(ku + "/completions", body), request(ku + "/v1/completions", body)
         check(a[0] == 200 and a[1]["choices"][0]["text"] == b[1]["choices"][0]["text"], "POST /completions")
-        # /v1/completions does not parse special tokens in the prompt text, /completion does (as llama-server)
+        # both completion routes parse special-token text in the prompt, as llama-server's do
         a = request(ku + "/tokenize", {"content": "Hello world", "add_special": True})[1]["tokens"]
         b = request(ku + "/completion", {"prompt": "Hello world", "n_predict": 0})[1]["tokens_evaluated"]
         check(b == len(a), "/completion counts its prompt as /tokenize with add_special")
+        body = {"prompt": "Hello </s> world", "max_tokens": 6, "temperature": 0}
+        (ks, k), (ls, l) = both("/v1/completions", body)
+        check(ks == ls == 200 and k["usage"]["prompt_tokens"] == l["usage"]["prompt_tokens"] == 14
+              and k["choices"][0]["text"] == l["choices"][0]["text"],
+              "/v1/completions parses </s> in its prompt as llama-server: %s vs %s" % (k.get("usage"), l.get("usage")))
     finally:
-        for p in (kv, ll, fl):
-            p.terminate()
-        for p in (kv, ll, fl):
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_all((kv, ll, fl))
     sys.exit(1 if failures else 0)
 
 

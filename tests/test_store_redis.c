@@ -1,0 +1,248 @@
+/* The Redis tier's pure parts: the check of a value (sound, damaged, foreign,
+ * keyed otherwise), the key names, the --cache-redis URL, the shared secret
+ * file; and the tier with nothing listening (opens, misses at once, drops
+ * writes, counts). The tier against a real redis-server: tests/e2e/redis_tier.sh. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "store/store_internal.h"
+
+static const uint8_t FP[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+static const struct store_key KEY = {0x1122334455667788ull, 0x99aabbccddeeff00ull};
+static const struct store_key PARENT = {7, 8};
+
+/* A sealed value of len payload bytes (malloc'd) into *out_len. */
+static uint8_t *seal(const uint8_t fp[16], struct store_key key, size_t len, const uint8_t *secret, size_t *out_len)
+{
+    struct store_header h = store_blob_header(fp, key, PARENT, 32, len, secret != NULL);
+    uint8_t *v = malloc(sizeof h + len);
+    assert_non_null(v);
+    for (size_t i = 0; i < len; i++)
+        v[sizeof h + i] = (uint8_t)(i * 31 + 7);
+    h.checksum = store_blob_checksum(&h, v + sizeof h, secret);
+    memcpy(v, &h, sizeof h);
+    *out_len = sizeof h + len;
+    return v;
+}
+
+static void test_sound_value(void **state)
+{
+    (void)state;
+    size_t n;
+    uint8_t *v = seal(FP, KEY, 1000, NULL, &n);
+    assert_int_equal(store_blob_check(v, n, FP, KEY, NULL), STORE_BLOB_OK);
+    free(v);
+    v = seal(FP, KEY, 0, NULL, &n); /* an empty payload is well formed */
+    assert_int_equal(store_blob_check(v, n, FP, KEY, NULL), STORE_BLOB_OK);
+    free(v);
+}
+
+static void test_damaged_values(void **state)
+{
+    (void)state;
+    size_t n;
+    uint8_t *v = seal(FP, KEY, 1000, NULL, &n);
+    for (size_t at = 0; at < n; at += 37) { /* any flipped bit, header or payload */
+        if (at >= offsetof(struct store_header, version) && at < offsetof(struct store_header, parent))
+            continue; /* version, fingerprint and key: foreign, below */
+        if (at >= offsetof(struct store_header, reserved) && at < offsetof(struct store_header, payload_len))
+            continue; /* the keying flag: foreign, below */
+        v[at] ^= 0x10;
+        assert_int_equal(store_blob_check(v, n, FP, KEY, NULL), STORE_BLOB_CORRUPT);
+        v[at] ^= 0x10;
+    }
+    assert_int_equal(store_blob_check(v, n - 1, FP, KEY, NULL), STORE_BLOB_CORRUPT);         /* truncated */
+    assert_int_equal(store_blob_check(v, sizeof(struct store_header) - 1, FP, KEY, NULL), STORE_BLOB_CORRUPT);
+    assert_int_equal(store_blob_check(v, 0, FP, KEY, NULL), STORE_BLOB_CORRUPT);
+    assert_int_equal(store_blob_check(NULL, n, FP, KEY, NULL), STORE_BLOB_CORRUPT);
+    const char junk[] = "not a kvserve page, just some bytes someone SET here ..........................";
+    assert_int_equal(store_blob_check(junk, sizeof junk, FP, KEY, NULL), STORE_BLOB_CORRUPT);
+    uint8_t *longer = malloc(n + 8); /* trailing bytes: the length disagrees */
+    assert_non_null(longer);
+    memcpy(longer, v, n);
+    memset(longer + n, 0, 8);
+    assert_int_equal(store_blob_check(longer, n + 8, FP, KEY, NULL), STORE_BLOB_CORRUPT);
+    free(longer);
+    free(v);
+}
+
+static void test_foreign_values(void **state)
+{
+    (void)state;
+    uint8_t other_fp[16];
+    memcpy(other_fp, FP, sizeof other_fp);
+    other_fp[15] ^= 1;
+    struct store_key other_key = {KEY.lo, KEY.hi ^ 1};
+    size_t n;
+    uint8_t *v = seal(other_fp, KEY, 500, NULL, &n); /* another model's page */
+    assert_int_equal(store_blob_check(v, n, FP, KEY, NULL), STORE_BLOB_FOREIGN);
+    free(v);
+    v = seal(FP, other_key, 500, NULL, &n); /* a sound page under the wrong name */
+    assert_int_equal(store_blob_check(v, n, FP, KEY, NULL), STORE_BLOB_FOREIGN);
+    free(v);
+    uint8_t secret[XXH3_SECRET_DEFAULT_SIZE], other[XXH3_SECRET_DEFAULT_SIZE];
+    const char a[] = "the shared secret of the replicas", b[] = "the secret of another deployment";
+    assert_int_equal(XXH3_generateSecret(secret, sizeof secret, a, sizeof a), XXH_OK);
+    assert_int_equal(XXH3_generateSecret(other, sizeof other, b, sizeof b), XXH_OK);
+    v = seal(FP, KEY, 500, secret, &n);
+    assert_int_equal(store_blob_check(v, n, FP, KEY, secret), STORE_BLOB_OK);
+    assert_int_equal(store_blob_check(v, n, FP, KEY, NULL), STORE_BLOB_FOREIGN);     /* keyed, reader unkeyed */
+    assert_int_equal(store_blob_check(v, n, FP, KEY, other), STORE_BLOB_CORRUPT);   /* keyed with another secret */
+    free(v);
+    v = seal(FP, KEY, 500, NULL, &n);
+    assert_int_equal(store_blob_check(v, n, FP, KEY, secret), STORE_BLOB_FOREIGN);   /* unkeyed, reader keyed */
+    struct store_header h;
+    memcpy(&h, v, sizeof h);
+    h.version = STORE_VERSION + 1; /* a newer replica's format */
+    h.checksum = store_blob_checksum(&h, v + sizeof h, NULL);
+    memcpy(v, &h, sizeof h);
+    assert_int_equal(store_blob_check(v, n, FP, KEY, NULL), STORE_BLOB_FOREIGN);
+    free(v);
+}
+
+static void test_key_name(void **state)
+{
+    (void)state;
+    char name[STORE_REDIS_KEY_CHARS + 1];
+    store_redis_key_name(FP, KEY, name);
+    assert_string_equal(name, "kvserve:0102030405060708090a0b0c0d0e0f10:99aabbccddeeff001122334455667788");
+    assert_int_equal(strlen(name), STORE_REDIS_KEY_CHARS);
+}
+
+static void expect_url(const char *url, const char *host, int port, int db)
+{
+    char h[64];
+    int p = -1, d = -1;
+    assert_int_equal(store_redis_parse_url(url, h, sizeof h, &p, &d), KS_OK);
+    assert_string_equal(h, host);
+    assert_int_equal(p, port);
+    assert_int_equal(d, db);
+}
+
+static void test_url(void **state)
+{
+    (void)state;
+    expect_url("redis://127.0.0.1:6380", "127.0.0.1", 6380, 0);
+    expect_url("redis://cache.internal:7000/3", "cache.internal", 7000, 3);
+    expect_url("redis://localhost", "localhost", 6379, 0);
+    expect_url("redis://localhost/", "localhost", 6379, 0);
+    expect_url("redis://[::1]:6390/1", "::1", 6390, 1);
+    static const char *const bad[] = {
+        "http://127.0.0.1:6379", "127.0.0.1:6379", "redis://", "redis://:6379", "redis://host:0",
+        "redis://host:65536", "redis://host:12x", "redis://host:", "redis://host:6379/x", "redis://host:6379/-1",
+        "redis://user:secret@host:6379", "redis://:secret@host", "redis://[::1:6379", "redis://host:6379?db=2",
+        "redis://host:6379/123456", NULL,
+    };
+    char h[64];
+    int p, d;
+    for (int i = 0; i < (int)(sizeof bad / sizeof bad[0]); i++) {
+        ks_status st = store_redis_parse_url(bad[i], h, sizeof h, &p, &d);
+        if (st != KS_ERR_INVALID_ARG)
+            fail_msg("%s accepted", bad[i] ? bad[i] : "NULL");
+    }
+    assert_int_equal(store_redis_parse_url("redis://a-very-long-host-name-indeed:1", h, 8, &p, &d),
+                     KS_ERR_INVALID_ARG);
+    assert_non_null(strstr(ks_errmsg(), "longer than"));
+    assert_int_equal(store_redis_parse_url("redis://u:pw@h:1", h, sizeof h, &p, &d), KS_ERR_INVALID_ARG);
+    assert_non_null(strstr(ks_errmsg(), "KVSERVE_REDIS_PASSWORD"));
+}
+
+static void test_secret_file(void **state)
+{
+    (void)state;
+    char path[] = "/tmp/kvserve-redis-secret-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    uint8_t s1[XXH3_SECRET_DEFAULT_SIZE], s2[XXH3_SECRET_DEFAULT_SIZE];
+    assert_int_equal(write(fd, "short", 5), 5);
+    assert_int_equal(store_blob_load_secret(path, s1), KS_ERR_IO); /* under 16 bytes */
+    assert_int_equal(write(fd, " but now long enough", 20), 20);
+    assert_int_equal(store_blob_load_secret(path, s1), KS_OK);
+    assert_int_equal(store_blob_load_secret(path, s2), KS_OK);
+    assert_memory_equal(s1, s2, sizeof s1); /* the same file, the same key on every replica */
+    assert_int_equal(fchmod(fd, 0644), 0);
+    assert_int_equal(store_blob_load_secret(path, s1), KS_ERR_IO); /* others may read it */
+    assert_non_null(strstr(ks_errmsg(), "chmod 600"));
+    close(fd);
+    unlink(path);
+    assert_int_equal(store_blob_load_secret(path, s1), KS_ERR_IO);
+}
+
+/* A loopback port nobody listens on (bound, then closed). */
+static int closed_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+static void test_redis_down(void **state)
+{
+    (void)state;
+    char url[64];
+    snprintf(url, sizeof url, "redis://127.0.0.1:%d", closed_port());
+    struct store_redis_config cfg = {.url = url, .timeout_ms = 100};
+    memcpy(cfg.fingerprint, FP, sizeof FP);
+    struct store_redis *r = NULL;
+    assert_int_equal(store_redis_open(&cfg, &r), KS_OK); /* down at start is no error */
+    uint8_t page[256] = {0};
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(store_redis_put(r, (struct store_key){(uint64_t)i, 1}, PARENT, 32, page, sizeof page),
+                         KS_OK);
+    store_redis_flush(r);
+    struct store_key keys[3] = {{1, 1}, {2, 1}, {3, 1}};
+    void *blobs[3] = {0};
+    size_t lens[3] = {0};
+    assert_int_equal(store_redis_get_chain(r, keys, 3, 0.0, blobs, lens), 0);
+    struct store_redis_stats st;
+    store_redis_stats(r, &st);
+    assert_false(st.connected);
+    assert_true(st.connect_failures >= 1);
+    assert_int_equal(st.dropped, 4);
+    assert_int_equal(st.writes, 0);
+    assert_int_equal(st.lookups, 1);
+    assert_int_equal(st.hits, 0);
+    store_redis_close(r);
+    store_redis_close(NULL);
+}
+
+static void test_bad_config(void **state)
+{
+    (void)state;
+    struct store_redis_config cfg = {.url = "redis://h:1", .secret_file = "/nonexistent/kvserve-secret"};
+    struct store_redis *r = (struct store_redis *)&cfg;
+    assert_int_equal(store_redis_open(&cfg, &r), KS_ERR_IO);
+    assert_null(r);
+    assert_non_null(strstr(ks_errmsg(), "/nonexistent/kvserve-secret"));
+    cfg = (struct store_redis_config){.url = "redis://h:99999"};
+    assert_int_equal(store_redis_open(&cfg, &r), KS_ERR_INVALID_ARG);
+    assert_null(r);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_sound_value),   cmocka_unit_test(test_damaged_values),
+        cmocka_unit_test(test_foreign_values), cmocka_unit_test(test_key_name),
+        cmocka_unit_test(test_url),           cmocka_unit_test(test_secret_file),
+        cmocka_unit_test(test_redis_down),    cmocka_unit_test(test_bad_config),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
