@@ -46,12 +46,16 @@ struct btype {
 #else
 #define AVX512(t) {"avx512", NULL}
 #endif
-#define BT(t, dmin)                                                                              \
+#define BT_WITH(t, dmin, avx512)                                                                 \
     {#t, sizeof(block_##t), offsetof(block_##t, d), offsetof(block_##t, dmin),                   \
-     {{"scalar", quant_vec_dot_##t##_q8_K_scalar}, AVX2(t), AVX512(t)}}
+     {{"scalar", quant_vec_dot_##t##_q8_K_scalar}, AVX2(t), avx512}}
+#define BT(t, dmin) BT_WITH(t, dmin, AVX512(t))
+/* Q3_K, Q5_K, Q6_K: ggml's lane order has AVX2 kernels only (kq_scalar.c). */
+#define BT_LANES(t, dmin) BT_WITH(t, dmin, AVX512_NONE)
+#define AVX512_NONE {"avx512", NULL}
 
 static const struct btype btypes[] = {
-    BT(q2_K, dmin), BT(q3_K, d), BT(q4_K, dmin), BT(q5_K, dmin), BT(q6_K, d),
+    BT(q2_K, dmin), BT_LANES(q3_K, d), BT(q4_K, dmin), BT_LANES(q5_K, dmin), BT_LANES(q6_K, d),
 };
 
 static void fill_random(const struct btype *bt, uint8_t *w, size_t nblocks)

@@ -66,6 +66,9 @@ ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 # build's kv_check after every cache mutation and attn's bounds asserts on.
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
   run_ctest build-asan -R '^server_e2e_pressure$'
+# Anthropic's and the Responses API's translation over the chat route (streams wrapped, references held).
+ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+  run_ctest build-asan -R '^server_apis$'
 # ThreadSanitizer needs a build of its own (it cannot share one with ASan);
 # only the tests that run threads: the scheduler's, the server's, the store
 # writer's and the thread pool's.

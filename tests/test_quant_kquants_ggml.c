@@ -12,12 +12,12 @@
  *   - its ggml_vec_swiglu_f32 (the CPU backend of this build's ISA: haswell
  *     for AVX2, this CPU's AVX-512 one for AVX-512) gives quant_swiglu's
  *     bits: the down projection quantizes that output;
- *   - its vec_dot against kvserve's on the same rows: within a float-order
- *     bound, not bit for bit. ggml's x86 k-quant dots keep 8 float lanes
- *     (one FMA per super-block into each, a horizontal sum at the end) and
- *     llama.cpp runs Q2_K / Q4_K matrices through repacked 8-row gemv/gemm
- *     kernels with orders of their own; kvserve adds one float term per
- *     super-block. The test prints how many rows happen to be bit-equal.
+ *   - its vec_dot against kvserve's on the same rows: Q3_K, Q5_K and Q6_K
+ *     bit for bit (kvserve's scalar reference and best kernel follow ggml's
+ *     x86 eight-lane order, see kq_scalar.c); Q2_K and Q4_K within a
+ *     float-order bound: llama.cpp runs those matrices through repacked
+ *     8-row gemv/gemm kernels with orders of their own, and kvserve adds one
+ *     float term per super-block. The test prints how many rows are bit-equal.
  * These pin down the facts behind test_model_kquants_llamacpp (README,
  * "Correctness against llama.cpp"). */
 #include <dlfcn.h>
@@ -241,6 +241,9 @@ static void test_vec_dot_vs_ggml_cpu(void **state)
             quant_traits(ktypes[k].t)->vec_dot(ROW_ELEMS, &best, w, q8);
             theirs(ROW_ELEMS, &ref, 0, w, 0, q8, 0, 1);
             equal += ours == ref;
+            if (kq_lane_order(ktypes[k].t) && (ours != ref || best != ref))
+                fail_msg("%s row %d: kvserve %.9g (scalar) / %.9g (best), ggml %.9g: not ggml's bits", ktypes[k].name,
+                         r, (double)ours, (double)best, (double)ref);
             double rel = (fabs((double)ours - ref) + fabs((double)best - ref)) / (mag + 1e-30);
             worst = rel > worst ? rel : worst;
             if (rel > 1e-6)

@@ -3,8 +3,12 @@
  * Every kernel unpacks 32 quants into unsigned bytes u in natural element
  * order, multiplies them with 32 Q8_K bytes (maddubs: u8*s8 pairs -> s16,
  * no saturation since |u| <= 63) and then with the per-16 scales (madd ->
- * s32). Signed formats (Q3_K, Q6_K) are unpacked with an offset (u = q + 4
- * or q + 32) that is taken back out exactly with the Q8_K bsums. */
+ * s32): int32 lane c of 32 quants holds their elements 4c..4c+3, ggml's
+ * lanes. Signed formats are unpacked with an offset: Q3_K's (u = q + 4)
+ * comes out of each int16 pair, Q6_K's (u = q + 32) out of each lane through
+ * the Q8_K bsums, as ggml's AVX2 kernels do; Q3_K, Q5_K and Q6_K keep the
+ * lanes in 8 float accumulators, Q2_K and Q4_K reduce them per block into
+ * the two chains of kq_chains_add (kq_scalar.c has the orders). */
 #include <string.h>
 
 #include "quant/kq_internal.h"
@@ -36,6 +40,12 @@ static const uint8_t kq_same_ctrl[8][32] = {
 #undef W
 };
 
+static inline int32_t hsum_epi32_4(__m128i v)
+{
+    v = _mm_add_epi32(v, _mm_unpackhi_epi64(v, v));
+    return _mm_cvtsi128_si32(_mm_add_epi32(v, _mm_shuffle_epi32(v, 1)));
+}
+
 static inline __m256i load256(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
 
 /* Scales of chunk c (elements 32c..32c+31) from 16 per-16 int16 scales. */
@@ -48,6 +58,15 @@ static inline __m256i pair_scales(__m256i lo_bcast, __m256i hi_bcast, int c)
 static inline __m256i dot32(__m256i u, const int8_t *q8, __m256i scale)
 {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, load256(q8)), scale);
+}
+
+/* The same for signed quants stored as u = q + off: the offset comes out of
+ * each int16 pair before the scales (maddubs(off, q8) <= 32 * 127 * 2), so
+ * every int32 lane holds scale * q * q8 of its own elements, as ggml's lanes. */
+static inline __m256i dot32_off(__m256i u, __m256i off, const int8_t *q8, __m256i scale)
+{
+    const __m256i y = load256(q8);
+    return _mm256_madd_epi16(_mm256_sub_epi16(_mm256_maddubs_epi16(u, y), _mm256_maddubs_epi16(off, y)), scale);
 }
 
 /* Per-16 scales as (low 8 broadcast, high 8 broadcast) for pair_scales. */
@@ -63,7 +82,7 @@ void quant_vec_dot_q2_K_q8_K_avx2(int n, float *s, const void *vx, const void *v
     const block_q8_K *y = vy;
     const __m256i m3 = _mm256_set1_epi8(3);
     const __m128i m4 = _mm_set1_epi8(0xF);
-    __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+    float acc = 0, accm = 0;
     for (int i = 0; i < n / QK_K; i++) {
         kq_prefetch_block(&x[i], sizeof x[i]);
         const __m128i scb = _mm_loadu_si128((const __m128i *)x[i].scales);
@@ -81,26 +100,22 @@ void quant_vec_dot_q2_K_q8_K_avx2(int n, float *s, const void *vx, const void *v
                 sumi = _mm256_add_epi32(sumi, dot32(u, y[i].qs + 32 * c, pair_scales(lo, hi, c)));
             }
         }
-        const float d = y[i].d * kq_f16_to_f32(x[i].d), dmin = y[i].d * kq_f16_to_f32(x[i].dmin);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-        accm = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(mins), accm);
+        kq_chains_add(&acc, &accm, vmath_hsum8_epi32(sumi), vmath_hsum8_epi32(mins), x[i].d, x[i].dmin, y[i].d);
     }
-    *s = hsum256(acc) - hsum256(accm);
+    *s = acc - accm;
 }
 
 void quant_vec_dot_q3_K_q8_K_avx2(int n, float *s, const void *vx, const void *vy)
 {
     const block_q3_K *x = vx;
     const block_q8_K *y = vy;
-    const __m256i m3 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
+    const __m256i m3 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1), four = _mm256_set1_epi8(4);
     __m256 acc = _mm256_setzero_ps();
     for (int i = 0; i < n / QK_K; i++) {
         kq_prefetch_block(&x[i], sizeof x[i]);
         int8_t sc8[16];
         kq_unpack_scales_q3(x[i].scales, sc8);
         const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc8));
-        /* u = q + 4 in [0, 7]: take 4 * sum(scale * bsums) back out */
-        const __m256i bias = _mm256_slli_epi32(_mm256_madd_epi16(load256(y[i].bsums), sc16), 2);
         __m256i lo, hi;
         split_scales(sc16, &lo, &hi);
         const __m256i hbits = load256(x[i].hmask);
@@ -112,10 +127,9 @@ void quant_vec_dot_q3_K_q8_K_avx2(int n, float *s, const void *vx, const void *v
                 const __m256i low = _mm256_and_si256(_mm256_srl_epi16(bits, _mm_cvtsi32_si128(2 * k)), m3);
                 const __m256i top = _mm256_and_si256(_mm256_srl_epi16(hbits, _mm_cvtsi32_si128(c)), one);
                 const __m256i u = _mm256_or_si256(low, _mm256_slli_epi16(top, 2));
-                sumi = _mm256_add_epi32(sumi, dot32(u, y[i].qs + 32 * c, pair_scales(lo, hi, c)));
+                sumi = _mm256_add_epi32(sumi, dot32_off(u, four, y[i].qs + 32 * c, pair_scales(lo, hi, c)));
             }
         }
-        sumi = _mm256_sub_epi32(sumi, bias);
         const float d = y[i].d * kq_f16_to_f32(x[i].d);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
@@ -145,8 +159,7 @@ void quant_vec_dot_q4_K_q8_K_avx2(int n, float *s, const void *vx, const void *v
     const block_q4_K *x = vx;
     const block_q8_K *y = vy;
     const __m256i m4 = _mm256_set1_epi8(0xF);
-    __m256 acc = _mm256_setzero_ps();
-    __m128 accm = _mm_setzero_ps();
+    float acc = 0, accm = 0;
     for (int i = 0; i < n / QK_K; i++) {
         kq_prefetch_block(&x[i], sizeof x[i]);
         __m256i sc;
@@ -159,13 +172,9 @@ void quant_vec_dot_q4_K_q8_K_avx2(int n, float *s, const void *vx, const void *v
             sumi = _mm256_add_epi32(sumi, k4_dot_chunk(ul, y[i].qs + 64 * j, sc, 2 * j));
             sumi = _mm256_add_epi32(sumi, k4_dot_chunk(uh, y[i].qs + 64 * j + 32, sc, 2 * j + 1));
         }
-        const float d = y[i].d * kq_f16_to_f32(x[i].d), dmin = y[i].d * kq_f16_to_f32(x[i].dmin);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-        accm = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(mins), accm);
+        kq_chains_add(&acc, &accm, vmath_hsum8_epi32(sumi), hsum_epi32_4(mins), x[i].d, x[i].dmin, y[i].d);
     }
-    __m128 m = _mm_add_ps(accm, _mm_movehl_ps(accm, accm));
-    m = _mm_add_ss(m, _mm_movehdup_ps(m));
-    *s = hsum256(acc) - _mm_cvtss_f32(m);
+    *s = acc - accm;
 }
 
 void quant_vec_dot_q5_K_q8_K_avx2(int n, float *s, const void *vx, const void *vy)
@@ -174,7 +183,7 @@ void quant_vec_dot_q5_K_q8_K_avx2(int n, float *s, const void *vx, const void *v
     const block_q8_K *y = vy;
     const __m256i m4 = _mm256_set1_epi8(0xF), one = _mm256_set1_epi8(1);
     __m256 acc = _mm256_setzero_ps();
-    __m128 accm = _mm_setzero_ps();
+    float summs = 0;
     for (int i = 0; i < n / QK_K; i++) {
         kq_prefetch_block(&x[i], sizeof x[i]);
         __m256i sc;
@@ -193,11 +202,9 @@ void quant_vec_dot_q5_K_q8_K_avx2(int n, float *s, const void *vx, const void *v
         }
         const float d = y[i].d * kq_f16_to_f32(x[i].d), dmin = y[i].d * kq_f16_to_f32(x[i].dmin);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-        accm = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(mins), accm);
+        summs = fmaf(-dmin, (float)hsum_epi32_4(mins), summs);
     }
-    __m128 m = _mm_add_ps(accm, _mm_movehl_ps(accm, accm));
-    m = _mm_add_ss(m, _mm_movehdup_ps(m));
-    *s = hsum256(acc) - _mm_cvtss_f32(m);
+    *s = hsum256(acc) + summs;
 }
 
 void quant_vec_dot_q6_K_q8_K_avx2(int n, float *s, const void *vx, const void *vy)
@@ -209,7 +216,8 @@ void quant_vec_dot_q6_K_q8_K_avx2(int n, float *s, const void *vx, const void *v
     for (int i = 0; i < n / QK_K; i++) {
         kq_prefetch_block(&x[i], sizeof x[i]);
         const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales));
-        /* u = q + 32 in [0, 63]: take 32 * sum(scale * bsums) back out */
+        /* u = q + 32 in [0, 63]: 32 * sum(scale * bsums) comes back out of
+         * lane c as bsums 2c, 2c + 1 (ggml's lanes: kq_scalar.c) */
         const __m256i bias = _mm256_slli_epi32(_mm256_madd_epi16(load256(y[i].bsums), sc16), 5);
         __m256i lo, hi;
         split_scales(sc16, &lo, &hi);

@@ -1,12 +1,14 @@
-/* k-quants: AVX-512 (BW/VL, VNNI when present) vec_dot kernels Qn_K . Q8_K,
- * 64 quants per step.
+/* k-quants: AVX-512 (BW/VL, VNNI when present) vec_dot kernels Q2_K / Q4_K
+ * . Q8_K, 64 quants per step (Q3_K, Q5_K and Q6_K run their AVX2 kernels,
+ * which are ggml's lane order: kq_scalar.c).
  *
  * Same scheme as the AVX2 kernels: unpack 64 quants into unsigned bytes u
  * in natural element order (each 128-bit lane = one group of 16 quants),
  * maddubs with Q8_K (u8*s8 pairs -> s16, never saturating for |u| <= 63),
  * then multiply-add with the group's int16 scale into int32 lanes, which
- * VNNI does in one vpdpwssd. Offsets of signed formats and the mins of the
- * asymmetric ones come out exactly through the Q8_K bsums.
+ * VNNI does in one vpdpwssd. The mins come out exactly through the Q8_K
+ * bsums; each block's two integer sums go into the two float chains of
+ * kq_chains_add.
  *
  * Unpacking reads a 32-byte row of packed bits broadcast to both halves of
  * a zmm and shifts each half by its own count (vpsrlvw), which turns the
@@ -24,13 +26,6 @@ static const uint16_t kq_scale_idx[4][32] = {
     {L8(8), L8(9), L8(10), L8(11)},
     {L8(12), L8(13), L8(14), L8(15)},
 #undef L8
-};
-
-/* test masks for a hmask/qh bit per half: low 32 bytes bit 2c, high 2c+1. */
-static const uint8_t kq_bit_sel[4][64] = {
-#define B32(a) a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, a
-    {B32(0x01), B32(0x02)}, {B32(0x04), B32(0x08)}, {B32(0x10), B32(0x20)}, {B32(0x40), B32(0x80)},
-#undef B32
 };
 
 static inline __m512i load512(const void *p) { return _mm512_loadu_si512(p); }
@@ -59,19 +54,11 @@ static inline __m512i dot64(__m512i acc, __m512i u, const int8_t *q8, __m512i sc
 #endif
 }
 
-/* u + add where the selected hmask/qh bit for chunk c is set */
-static inline __m512i add_top_bit(__m512i u, __m512i bits, int c, int add)
+static inline int32_t hsum_epi32_8(__m256i v)
 {
-    const __mmask64 k = _mm512_test_epi8_mask(bits, load512(kq_bit_sel[c]));
-    return _mm512_mask_add_epi8(u, k, u, _mm512_set1_epi8((char)add));
-}
-
-static inline float hsum256(__m256 v)
-{
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 1)));
 }
 
 void quant_vec_dot_q2_K_q8_K_avx512(int n, float *s, const void *vx, const void *vy)
@@ -81,8 +68,7 @@ void quant_vec_dot_q2_K_q8_K_avx512(int n, float *s, const void *vx, const void 
     const __m512i m3 = _mm512_set1_epi8(3);
     const __m512i cnt_lo = half_counts(0, 2), cnt_hi = half_counts(4, 6);
     const __m128i m4 = _mm_set1_epi8(0xF);
-    __m512 acc = _mm512_setzero_ps();
-    __m256 accm = _mm256_setzero_ps();
+    float acc = 0, accm = 0;
     for (int i = 0; i < n / QK_K; i++) {
         kq_prefetch_block(&x[i], sizeof x[i]);
         const __m128i scb = _mm_loadu_si128((const __m128i *)x[i].scales);
@@ -97,55 +83,9 @@ void quant_vec_dot_q2_K_q8_K_avx512(int n, float *s, const void *vx, const void 
             sumi = dot64(sumi, u0, y[i].qs + 128 * h, chunk_scales(sc16, 2 * h));
             sumi = dot64(sumi, u1, y[i].qs + 128 * h + 64, chunk_scales(sc16, 2 * h + 1));
         }
-        const float d = y[i].d * kq_f16_to_f32(x[i].d), dmin = y[i].d * kq_f16_to_f32(x[i].dmin);
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc);
-        accm = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(mins), accm);
+        kq_chains_add(&acc, &accm, _mm512_reduce_add_epi32(sumi), hsum_epi32_8(mins), x[i].d, x[i].dmin, y[i].d);
     }
-    *s = _mm512_reduce_add_ps(acc) - hsum256(accm);
-}
-
-void quant_vec_dot_q3_K_q8_K_avx512(int n, float *s, const void *vx, const void *vy)
-{
-    const block_q3_K *x = vx;
-    const block_q8_K *y = vy;
-    const __m512i m3 = _mm512_set1_epi8(3);
-    const __m512i cnt_lo = half_counts(0, 2), cnt_hi = half_counts(4, 6);
-    __m512 acc = _mm512_setzero_ps();
-    for (int i = 0; i < n / QK_K; i++) {
-        kq_prefetch_block(&x[i], sizeof x[i]);
-        int8_t sc8[16];
-        kq_unpack_scales_q3(x[i].scales, sc8);
-        const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc8));
-        const __m512i sc16 = _mm512_zextsi256_si512(sc);
-        /* u = q + 4 in [0, 7]: take 4 * sum(scale * bsums) back out */
-        const __m256i bias = _mm256_slli_epi32(_mm256_madd_epi16(load256(y[i].bsums), sc), 2);
-        const __m512i hbits = bcast256(x[i].hmask);
-        __m512i sumi = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_zextsi256_si512(bias));
-        for (int h = 0; h < 2; h++) {
-            const __m512i bits = bcast256(x[i].qs + 32 * h);
-            __m512i u0 = _mm512_and_si512(_mm512_srlv_epi16(bits, cnt_lo), m3);
-            __m512i u1 = _mm512_and_si512(_mm512_srlv_epi16(bits, cnt_hi), m3);
-            u0 = add_top_bit(u0, hbits, 2 * h, 4);
-            u1 = add_top_bit(u1, hbits, 2 * h + 1, 4);
-            sumi = dot64(sumi, u0, y[i].qs + 128 * h, chunk_scales(sc16, 2 * h));
-            sumi = dot64(sumi, u1, y[i].qs + 128 * h + 64, chunk_scales(sc16, 2 * h + 1));
-        }
-        const float d = y[i].d * kq_f16_to_f32(x[i].d);
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc);
-    }
-    *s = _mm512_reduce_add_ps(acc);
-}
-
-/* Q5_K: the 8 per-32 scales and mins widened to 16 per-16 int16 lanes
- * (each repeated twice), so all kernels share chunk_scales() and the mins
- * multiply the bsums directly. */
-static inline __m512i k4_scales(const uint8_t *packed, __m256i *m16)
-{
-    uint32_t sm[4];
-    kq_unpack_scales_k4(packed, sm);
-    const __m128i b = _mm_loadu_si128((const __m128i *)sm);
-    *m16 = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(b, b));
-    return _mm512_zextsi256_si512(_mm256_cvtepu8_epi16(_mm_unpacklo_epi8(b, b)));
+    *s = acc - accm;
 }
 
 /* ---- Q4_K: sub-block sums by bytes, scaled as int16 pairs ------------------
@@ -247,7 +187,7 @@ static inline __attribute__((always_inline)) void k4_block_load(const block_q4_K
 }
 
 static inline __attribute__((always_inline)) void k4_block_dot(const struct k4_block *k, const block_q8_K *y,
-                                                                __m512 *acc, __m256 *accm)
+                                                                float *acc, float *accm)
 {
     __m512i p[4];
     for (int c = 0; c < 4; c++)
@@ -255,103 +195,23 @@ static inline __attribute__((always_inline)) void k4_block_dot(const struct k4_b
     __m512i sumi = dot_words(_mm512_setzero_si512(), _mm512_packs_epi32(p[0], p[1]), k->sc[0]);
     sumi = dot_words(sumi, _mm512_packs_epi32(p[2], p[3]), k->sc[1]);
     const __m256i mins = _mm256_madd_epi16(load256(y->bsums), k->m16);
-    *acc = _mm512_fmadd_ps(_mm512_set1_ps(y->d * k->d), _mm512_cvtepi32_ps(sumi), *acc);
-    *accm = _mm256_fmadd_ps(_mm256_set1_ps(y->d * k->dmin), _mm256_cvtepi32_ps(mins), *accm);
-}
-
-void quant_vec_dot_q5_K_q8_K_avx512(int n, float *s, const void *vx, const void *vy)
-{
-    const block_q5_K *x = vx;
-    const block_q8_K *y = vy;
-    const __m512i m4 = _mm512_set1_epi8(0xF);
-    const __m512i cnt = half_counts(0, 4);
-    __m512 acc = _mm512_setzero_ps();
-    __m256 accm = _mm256_setzero_ps();
-    for (int i = 0; i < n / QK_K; i++) {
-        kq_prefetch_block(&x[i], sizeof x[i]);
-        __m256i m16;
-        const __m512i sc16 = k4_scales(x[i].scales, &m16);
-        const __m256i mins = _mm256_madd_epi16(load256(y[i].bsums), m16);
-        const __m512i hbits = bcast256(x[i].qh);
-        __m512i sumi = _mm512_setzero_si512();
-        for (int c = 0; c < QK_K / 64; c++) {
-            __m512i u = _mm512_and_si512(_mm512_srlv_epi16(bcast256(x[i].qs + 32 * c), cnt), m4);
-            u = add_top_bit(u, hbits, c, 16);
-            sumi = dot64(sumi, u, y[i].qs + 64 * c, chunk_scales(sc16, c));
-        }
-        const float d = y[i].d * kq_f16_to_f32(x[i].d), dmin = y[i].d * kq_f16_to_f32(x[i].dmin);
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc);
-        accm = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(mins), accm);
-    }
-    *s = _mm512_reduce_add_ps(acc) - hsum256(accm);
-}
-
-/* Q6_K the same way as Q4_K: vpdpbusd dwords of 4 products (|sum| <= 4 * 63
- * * 128, an int16) packed in pairs of chunks; after vpackssdw(chunk 2p,
- * 2p + 1) lane l holds sub-blocks 8p + l and 8p + 4 + l, 4 words each. */
-#define K6_W4(v) v, v, v, v
-#define K6_LANE(s) K6_W4(s), K6_W4((s) + 4)
-#define K6_SC(p) {K6_LANE(8 * (p)), K6_LANE(8 * (p) + 1), K6_LANE(8 * (p) + 2), K6_LANE(8 * (p) + 3)}
-static const uint16_t k6_sc_idx[2][32] = {K6_SC(0), K6_SC(1)};
-#undef K6_W4
-#undef K6_LANE
-#undef K6_SC
-
-struct k6_block {
-    __m512i u[4], sc[2];
-    __m256i sc16; /* the 16 scales as words, for the bias */
-    float d;
-};
-
-static inline __attribute__((always_inline)) void k6_block_load(const block_q6_K *x, struct k6_block *k)
-{
-    const __m512i m4 = _mm512_set1_epi8(0xF), m30 = _mm512_set1_epi8(0x30);
-    const __m512i up = half_counts(4, 2), down = half_counts(0, 2);
-    k->sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x->scales));
-    for (int p = 0; p < 2; p++)
-        k->sc[p] = _mm512_permutexvar_epi16(load512(k6_sc_idx[p]), _mm512_zextsi256_si512(k->sc16));
-    for (int h = 0; h < 2; h++) {
-        const __m512i l = load512(x->ql + 64 * h);
-        const __m512i hb = bcast256(x->qh + 32 * h);
-        /* u = q + 32 in [0, 63], A | (B & C) */
-        k->u[2 * h] = _mm512_ternarylogic_epi32(_mm512_and_si512(l, m4), _mm512_sllv_epi16(hb, up), m30, 0xF8);
-        k->u[2 * h + 1] = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
-                                                    _mm512_srlv_epi16(hb, down), m30, 0xF8);
-    }
-    k->d = kq_f16_to_f32(x->d);
-}
-
-static inline __attribute__((always_inline)) void k6_block_dot(const struct k6_block *k, const block_q8_K *y,
-                                                                __m512 *acc)
-{
-    /* take 32 * sum(scale * bsums) back out for the +32 in u */
-    const __m256i bias = _mm256_slli_epi32(_mm256_madd_epi16(load256(y->bsums), k->sc16), 5);
-    __m512i p[4];
-    for (int c = 0; c < 4; c++)
-        p[c] = dot_bytes(k->u[c], load512(y->qs + 64 * c));
-    __m512i sumi = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_zextsi256_si512(bias));
-    sumi = dot_words(sumi, _mm512_packs_epi32(p[0], p[1]), k->sc[0]);
-    sumi = dot_words(sumi, _mm512_packs_epi32(p[2], p[3]), k->sc[1]);
-    *acc = _mm512_fmadd_ps(_mm512_set1_ps(y->d * k->d), _mm512_cvtepi32_ps(sumi), *acc);
+    *acc = fmaf((float)_mm512_reduce_add_epi32(sumi), k->d * y->d, *acc);
+    *accm = fmaf((float)hsum_epi32_8(mins), k->dmin * y->d, *accm);
 }
 
 /* ==== one weight row x several tokens ===================================== */
 /* Each block is unpacked once and multiplied with every token's Q8_K row,
- * with the per-block code of k4_block_* / k6_block_*; the one-token Q4_K and
- * Q6_K vec_dots are these kernels at nt = 1, so a token gets the same bits
- * alone and in a batch. */
+ * with the per-block code of k4_block_*; the one-token Q4_K vec_dot is this
+ * kernel at nt = 1, so a token gets the same bits alone and in a batch. */
 
 static inline __attribute__((always_inline)) void q4_K_multi(int n, int nt, float *s, size_t s_stride,
                                                              const block_q4_K *x, const uint8_t *y,
                                                              size_t y_stride)
 {
     const int nb = n / QK_K;
-    __m512 acc[KQ_DOT_MAX_TOKENS];
-    __m256 accm[KQ_DOT_MAX_TOKENS];
-    for (int t = 0; t < nt; t++) {
-        acc[t] = _mm512_setzero_ps();
-        accm[t] = _mm256_setzero_ps();
-    }
+    float acc[KQ_DOT_MAX_TOKENS], accm[KQ_DOT_MAX_TOKENS];
+    for (int t = 0; t < nt; t++)
+        acc[t] = accm[t] = 0;
     for (int i0 = 0; i0 < nb; i0 += 4) {
         __m512i w[2];
         k4_scales4(x + i0, nb - i0 < 4 ? nb - i0 : 4, w);
@@ -363,33 +223,13 @@ static inline __attribute__((always_inline)) void q4_K_multi(int n, int nt, floa
                 k4_block_dot(&k, (const block_q8_K *)(y + t * y_stride) + i, &acc[t], &accm[t]);
         }
     }
-    for (int t = 0; t < nt; t++) s[t * s_stride] = _mm512_reduce_add_ps(acc[t]) - hsum256(accm[t]);
-}
-
-static inline __attribute__((always_inline)) void q6_K_multi(int n, int nt, float *s, size_t s_stride,
-                                                             const block_q6_K *x, const uint8_t *y,
-                                                             size_t y_stride)
-{
-    __m512 acc[KQ_DOT_MAX_TOKENS];
-    for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
-    for (int i = 0; i < n / QK_K; i++) {
-        kq_prefetch_block(&x[i], sizeof x[i]);
-        struct k6_block k;
-        k6_block_load(&x[i], &k);
-        for (int t = 0; t < nt; t++) k6_block_dot(&k, (const block_q8_K *)(y + t * y_stride) + i, &acc[t]);
-    }
-    for (int t = 0; t < nt; t++) s[t * s_stride] = _mm512_reduce_add_ps(acc[t]);
+    for (int t = 0; t < nt; t++) s[t * s_stride] = acc[t] - accm[t];
 }
 
 /* One token: the multi kernel at nt = 1 (a constant), the same code and bits. */
 void quant_vec_dot_q4_K_q8_K_avx512(int n, float *s, const void *vx, const void *vy)
 {
     q4_K_multi(n, 1, s, 0, vx, vy, 0);
-}
-
-void quant_vec_dot_q6_K_q8_K_avx512(int n, float *s, const void *vx, const void *vy)
-{
-    q6_K_multi(n, 1, s, 0, vx, vy, 0);
 }
 
 /* nt is dispatched to constants so the token loops unroll; more than
@@ -409,7 +249,6 @@ void quant_vec_dot_q6_K_q8_K_avx512(int n, float *s, const void *vx, const void 
     }
 _Static_assert(KQ_DOT_MAX_TOKENS == 8, "KQ_MULTI_ENTRY dispatches 1..8 tokens");
 KQ_MULTI_ENTRY(q4_K)
-KQ_MULTI_ENTRY(q6_K)
 
 /* ==== Q8_K activations ==================================================== */
 

@@ -4,6 +4,7 @@
  *
  * Compiled without FMA contraction: the twin must round each product and
  * sum as the scalar reference vec_dot (kq_scalar.c) does. */
+#include <math.h>
 #include <stdlib.h>
 
 #include "quant/kq_internal.h"
@@ -151,6 +152,22 @@ static void store_lane(const struct kq_row_block *o, int lane, uint8_t *pb)
     memcpy(pb + KQ_PB_DMIN + 4 * lane, &o->dmin, 4);
 }
 
+/* Row `lane` of super-block pb in the lane-order layout (KQ_PL_*): every
+ * quant times its scale; Q3_K signed (u - 4), Q5_K / Q6_K as unpacked. */
+static void store_lane_scaled(enum quant_type t, const struct kq_row_block *o, int lane, uint8_t *pb)
+{
+    const int per = t == QUANT_Q5_K ? 32 : 16, off = t == QUANT_Q3_K ? 4 : 0;
+    for (int j = 0; j < QK_K / 2; j++) {
+        const int16_t w[2] = {(int16_t)(o->sc[2 * j / per] * (o->u[2 * j] - off)),
+                              (int16_t)(o->sc[(2 * j + 1) / per] * (o->u[2 * j + 1] - off))};
+        memcpy(pb + KQ_PL_W + 64 * j + 4 * lane, w, 4);
+    }
+    for (int i = 0; i < 8; i++)
+        memcpy(pb + KQ_PL_PAIRS + 64 * i + 4 * lane, o->pair[i], 4);
+    memcpy(pb + KQ_PL_D + 4 * lane, &o->d, 4);
+    memcpy(pb + KQ_PL_DMIN + 4 * lane, &o->dmin, 4);
+}
+
 void quant_kq_unpack_panel(enum quant_type t, const uint8_t *w, size_t wrow, int nr, int64_t cols, uint8_t *panel)
 {
     const unpack_fn unpack = unpacker(t);
@@ -162,7 +179,10 @@ void quant_kq_unpack_panel(enum quant_type t, const uint8_t *w, size_t wrow, int
     for (int r = 0; r < nr; r++)
         for (int64_t b = 0; b < nsb; b++) {
             unpack(w + (size_t)r * wrow + (size_t)b * bb, &o);
-            store_lane(&o, r, panel + b * KQ_PB_BYTES);
+            if (kq_lane_order(t))
+                store_lane_scaled(t, &o, r, panel + b * KQ_PB_BYTES);
+            else
+                store_lane(&o, r, panel + b * KQ_PB_BYTES);
         }
 }
 
@@ -206,11 +226,12 @@ static float lane_f32(const uint8_t *p, int lane)
     return v;
 }
 
-/* Row `lane` of a panel . one token's Q8_K row, super-block by super-block
- * as the tiles do (and as the scalar reference vec_dot does). */
-static float lane_dot(const uint8_t *panel, int lane, const block_q8_K *y, int64_t nsb, int sub, bool dmin)
+/* Row `lane` of a panel . one token's Q8_K row (Q2_K, Q4_K), super-block by
+ * super-block as the tiles do and as the scalar reference vec_dot does:
+ * exact isum and msum, then the two chains of kq_chains_add. */
+static float lane_dot(const uint8_t *panel, int lane, const block_q8_K *y, int64_t nsb, int sub)
 {
-    float sum = 0;
+    float acc = 0, accm = 0;
     for (int64_t b = 0; b < nsb; b++) {
         const uint8_t *pb = panel + b * KQ_PB_BYTES;
         int32_t isum = 0, msum = 0;
@@ -226,13 +247,43 @@ static float lane_dot(const uint8_t *panel, int lane, const block_q8_K *y, int64
             memcpy(pair, pb + KQ_PB_PAIRS + 64 * i + 4 * lane, 4);
             msum += pair[0] * y[b].bsums[2 * i] + pair[1] * y[b].bsums[2 * i + 1];
         }
-        const float dd = y[b].d * lane_f32(pb + KQ_PB_D, lane);
-        if (dmin)
-            sum += dd * (float)isum - y[b].d * lane_f32(pb + KQ_PB_DMIN, lane) * (float)msum;
-        else
-            sum += dd * (float)(isum - msum);
+        acc = fmaf((float)isum, lane_f32(pb + KQ_PB_D, lane) * y[b].d, acc);
+        accm = fmaf((float)msum, lane_f32(pb + KQ_PB_DMIN, lane) * y[b].d, accm);
     }
-    return sum;
+    return acc - accm;
+}
+
+/* The same in ggml's eight lanes (KQ_PL_* layout, kq_scalar.c's order):
+ * lane c's pairs, Q6_K's offset out of lane c, Q5_K's mins on their own. */
+static float lane_dot_lanes(const uint8_t *panel, int lane, const block_q8_K *y, int64_t nsb, enum quant_type t)
+{
+    float acc[8] = {0}, summs = 0;
+    for (int64_t b = 0; b < nsb; b++) {
+        const uint8_t *pb = panel + b * KQ_PB_BYTES;
+        const float dd = y[b].d * lane_f32(pb + KQ_PL_D, lane);
+        int32_t msum = 0;
+        for (int c = 0; c < 8; c++) {
+            int32_t sum = 0;
+            for (int m = 0; m < 8; m++)
+                for (int h = 0; h < 2; h++) {
+                    const int j = 16 * m + 2 * c + h;
+                    int16_t w[2];
+                    memcpy(w, pb + KQ_PL_W + 64 * j + 4 * lane, 4);
+                    sum += w[0] * y[b].qs[2 * j] + w[1] * y[b].qs[2 * j + 1];
+                }
+            int16_t pair[2];
+            memcpy(pair, pb + KQ_PL_PAIRS + 64 * c + 4 * lane, 4);
+            const int32_t bs = pair[0] * y[b].bsums[2 * c] + pair[1] * y[b].bsums[2 * c + 1];
+            if (t == QUANT_Q6_K)
+                sum -= bs;
+            msum += bs;
+            acc[c] = fmaf(dd, (float)sum, acc[c]);
+        }
+        if (t == QUANT_Q5_K)
+            summs = fmaf(-(y[b].d * lane_f32(pb + KQ_PL_DMIN, lane)), (float)msum, summs);
+    }
+    const float sum = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+    return t == QUANT_Q5_K ? sum + summs : sum;
 }
 
 void quant_kq_tiles_scalar(const struct quant_kq_gemm *g, const uint8_t *panels, int np, int64_t r0, int nr)
@@ -240,12 +291,14 @@ void quant_kq_tiles_scalar(const struct quant_kq_gemm *g, const uint8_t *panels,
     (void)np;
     const size_t pbytes = quant_kq_panel_bytes(g->cols);
     const int sub = kq_sub_dwords(g->wtype);
-    const bool dmin = kq_has_dmin(g->wtype);
+    const bool lanes = kq_lane_order(g->wtype);
     for (int r = 0; r < nr; r++)
         for (int64_t t = 0; t < g->n_tokens; t++) {
             const block_q8_K *y = (const block_q8_K *)(g->X + (g->xi ? g->xi[t] : t) * g->xrow);
-            g->Y[t * g->ldy + r0 + r] =
-                lane_dot(panels + (r / KQ_PANEL_ROWS) * pbytes, r % KQ_PANEL_ROWS, y, g->cols / QK_K, sub, dmin);
+            const uint8_t *panel = panels + (r / KQ_PANEL_ROWS) * pbytes;
+            const int lane = r % KQ_PANEL_ROWS;
+            g->Y[t * g->ldy + r0 + r] = lanes ? lane_dot_lanes(panel, lane, y, g->cols / QK_K, g->wtype)
+                                              : lane_dot(panel, lane, y, g->cols / QK_K, sub);
         }
 }
 

@@ -8,9 +8,10 @@
  * is what llama-quantize runs when no importance matrix is given.
  *
  * vec_dot kernels compute *s = dot(x, y) for a row x of the weight type and a
- * row y of block_q8_K. All integer sums inside a block are exact; the scalar
- * and SIMD kernels differ only in the order of float additions across blocks
- * (and within a block's lanes), see tests/test_quant_kquants.c for the bound.
+ * row y of block_q8_K. All integer sums inside a block are exact, and every
+ * kernel (SIMD vec_dot, multi-token, prefill tile) adds them up in the order
+ * of the scalar reference, which is llama.cpp's on x86 (kq_scalar.c), so all
+ * give its bits (tests/test_quant_kquants.c).
  * Q8_K rows passed to vec_dot must have bsums consistent with qs (as
  * quant_quantize_row_q8_K produces): the kernels use them for the min/offset
  * terms. */
@@ -71,10 +72,7 @@ void quant_quantize_row_q8_K_avx2(const float *x, void *y, int64_t n);
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define KQ_HAVE_AVX512 1
 void quant_vec_dot_q2_K_q8_K_avx512(int n, float *s, const void *x, const void *y);
-void quant_vec_dot_q3_K_q8_K_avx512(int n, float *s, const void *x, const void *y);
 void quant_vec_dot_q4_K_q8_K_avx512(int n, float *s, const void *x, const void *y);
-void quant_vec_dot_q5_K_q8_K_avx512(int n, float *s, const void *x, const void *y);
-void quant_vec_dot_q6_K_q8_K_avx512(int n, float *s, const void *x, const void *y);
 #endif
 
 /* ---- prefill: one weight row x several tokens ---------------------------- */
@@ -107,8 +105,6 @@ quant_kq_dot_multi_fn kq_entries_dot_multi(const struct kq_entry *table, size_t 
 #if defined(KQ_HAVE_AVX512)
 void quant_vec_dot_q4_K_q8_K_multi_avx512(int n, int nt, float *s, size_t s_stride, const void *x,
                                           const void *y, size_t y_stride);
-void quant_vec_dot_q6_K_q8_K_multi_avx512(int n, int nt, float *s, size_t s_stride, const void *x,
-                                          const void *y, size_t y_stride);
 #endif
 
 /* ---- prefill: register-tiled GEMM over unpacked row panels (kq_gemm*.c) -- */
@@ -131,7 +127,18 @@ void quant_vec_dot_q6_K_q8_K_multi_avx512(int n, int nt, float *s, size_t s_stri
 #define KQ_PB_PAIRS (KQ_PB_SC + 16 * 64)           /* [8 bsum pairs][16 rows] 2 x int16 */
 #define KQ_PB_D (KQ_PB_PAIRS + 8 * 64)             /* [16 rows] f32 d */
 #define KQ_PB_DMIN (KQ_PB_D + 64)                  /* [16 rows] f32 dmin (0: an offset format) */
-#define KQ_PB_BYTES (KQ_PB_DMIN + 64)              /* per super-block of a panel */
+/* Q3_K, Q5_K and Q6_K (kq_lane_order) use another layout, for ggml's eight
+ * lanes: lane c of a super-block sums the elements e with (e % 32) / 4 == c,
+ * each already times its scale. Pair j (elements 2j, 2j + 1) of every row as
+ * two int16 scale * quant (Q3_K signed, Q5_K / Q6_K unsigned u = q + 32) side
+ * by side, pair i of Q8_K bsums' weights (Q6_K 32 * scales: lane i's offset,
+ * Q5_K the mins), then d / dmin. Lane c's pairs are j = 16m + 2c + h. */
+#define KQ_PL_W 0                                  /* [128 pairs][16 rows] 2 x int16 */
+#define KQ_PL_PAIRS (KQ_PL_W + QK_K / 2 * 64)      /* [8 bsum pairs][16 rows] 2 x int16 */
+#define KQ_PL_D (KQ_PL_PAIRS + 8 * 64)             /* [16 rows] f32 d */
+#define KQ_PL_DMIN (KQ_PL_D + 64)                  /* [16 rows] f32 dmin (Q5_K) */
+#define KQ_PB_BYTES (KQ_PL_DMIN + 64)              /* per super-block of a panel, either layout */
+_Static_assert(KQ_PB_DMIN + 64 <= KQ_PB_BYTES, "the k-quant panel layouts share KQ_PB_BYTES");
 
 /* Rows [r0, r0 + nr) of a matrix against n_tokens Q8_K rows. */
 struct quant_kq_gemm {
@@ -174,6 +181,9 @@ static inline int32_t kq_dword(const void *p)
 }
 /* Dwords of quants per scale: 8 (32 quants) for Q4_K/Q5_K, 4 for the others. */
 static inline int kq_sub_dwords(enum quant_type t) { return t == QUANT_Q4_K || t == QUANT_Q5_K ? 8 : 4; }
+/* Types whose dots follow ggml's x86 eight-lane order (kq_scalar.c), with
+ * the KQ_PL_* panel layout. */
+static inline bool kq_lane_order(enum quant_type t) { return t == QUANT_Q3_K || t == QUANT_Q5_K || t == QUANT_Q6_K; }
 /* Formats with a dmin term; the others fold their offset into the integer sum. */
 static inline bool kq_has_dmin(enum quant_type t) { return t == QUANT_Q2_K || t == QUANT_Q4_K || t == QUANT_Q5_K; }
 #if defined(KQ_HAVE_AVX2)
@@ -255,6 +265,15 @@ static inline int kq_nearest_int(float v) { return _mm_cvtss_si32(_mm_set_ss(v))
 #else
 static inline int kq_nearest_int(float v) { return (int)lrintf(v); }
 #endif
+
+/* One Q2_K / Q4_K block into the two chains of llama.cpp's repacked kernels
+ * (kq_scalar.c): acc = fma(isum, d_x * d_y, acc), accm = fma(msum, dmin_x * d_y, accm). */
+static inline void kq_chains_add(float *acc, float *accm, int32_t isum, int32_t msum, quant_f16 d, quant_f16 dmin,
+                                 float yd)
+{
+    *acc = fmaf((float)isum, kq_f16_to_f32(d) * yd, *acc);
+    *accm = fmaf((float)msum, kq_f16_to_f32(dmin) * yd, *accm);
+}
 
 /* Q4_K/Q5_K pack 8 six-bit scales and 8 six-bit mins into 12 bytes:
  * bytes 0-3 low 6 bits of scales 0-3, bytes 4-7 low 6 bits of mins 0-3,

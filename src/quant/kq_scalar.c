@@ -117,8 +117,47 @@ void quant_dequantize_row_q8_K(const void *vx, float *y, int64_t n)
 
 /* ==== vec_dot ============================================================ */
 /* Each kernel unpacks a block into its 256 integer quants (and per-16 or
- * per-32 scales), takes exact integer sums, and adds one float term per
- * block: d * sum(scale * q * q8) - dmin * sum(min * bsums). */
+ * per-32 scales) and takes exact integer sums.
+ *
+ * Q3_K, Q5_K and Q6_K add them up as llama.cpp does on x86 (ggml-cpu's AVX2
+ * vec_dot, which its AVX-512 builds run too): eight int32 lanes per block,
+ * lane c holding scale * q * q8 over the elements e with (e % 32) / 4 == c
+ * (Q3_K's offset applied per element, Q6_K's as 32 * scale * bsums of the
+ * two 16-element groups 2c and 2c + 1 taken out of lane c), each lane turned
+ * into a float and fused into its own accumulator, acc[c] = fma(d, lane, acc[c]),
+ * the 8 accumulators added at the end as (a0+a4 + a2+a6) + (a1+a5 + a3+a7).
+ * Q5_K's mins go into a separate float sum, one multiply-add per block.
+ *
+ * Q2_K and Q4_K follow the repacked 8-row gemv/gemm kernels llama.cpp runs
+ * them with on x86 (repack.cpp, q2_K_8x8 / q4_K_8x8): per block the exact
+ * integer sums isum = sum(scale * q * q8) and msum = sum(min * bsums), two
+ * fused chains acc = fma(isum, d_x * d_y, acc), accm = fma(msum, dmin_x * d_y,
+ * accm), and acc - accm at the end. */
+
+/* The 8 lanes of one block: q the signed quants, sc the scale of each group
+ * of `per` consecutive quants (16 or 32). */
+static void kq_lane_sums(const int8_t q[QK_K], const int32_t *sc, int per, const int8_t *q8, int32_t lane[8])
+{
+    for (int c = 0; c < 8; c++) {
+        int32_t sum = 0;
+        for (int m = 0; m < QK_K / 32; m++)
+            for (int i = 0; i < 4; i++) {
+                const int e = 32 * m + 4 * c + i;
+                sum += sc[e / per] * q[e] * q8[e];
+            }
+        lane[c] = sum;
+    }
+}
+
+static void kq_lanes_fma(float acc[8], float d, const int32_t lane[8])
+{
+    for (int c = 0; c < 8; c++) acc[c] = fmaf(d, (float)lane[c], acc[c]);
+}
+
+static float quant_kq_lanes_hsum(const float acc[8])
+{
+    return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+}
 
 static void unpack_q2_K(const block_q2_K *b, uint8_t q[QK_K])
 {
@@ -132,7 +171,7 @@ void quant_vec_dot_q2_K_q8_K_scalar(int n, float *s, const void *vx, const void 
 {
     const block_q2_K *x = vx;
     const block_q8_K *y = vy;
-    float sumf = 0;
+    float acc = 0, accm = 0;
     for (int i = 0; i < n / QK_K; i++) {
         kq_prefetch_block(&x[i], sizeof x[i]);
         uint8_t q[QK_K];
@@ -144,10 +183,10 @@ void quant_vec_dot_q2_K_q8_K_scalar(int n, float *s, const void *vx, const void 
             isum += (x[i].scales[g] & 0xF) * dot;
             summs += (x[i].scales[g] >> 4) * y[i].bsums[g];
         }
-        const float d = y[i].d * kq_f16_to_f32(x[i].d), dmin = y[i].d * kq_f16_to_f32(x[i].dmin);
-        sumf += d * (float)isum - dmin * (float)summs;
+        acc = fmaf((float)isum, kq_f16_to_f32(x[i].d) * y[i].d, acc);
+        accm = fmaf((float)summs, kq_f16_to_f32(x[i].dmin) * y[i].d, accm);
     }
-    *s = sumf;
+    *s = acc - accm;
 }
 
 /* Q3_K quants with the high bit applied: values in [-4, 3]. */
@@ -164,25 +203,22 @@ void quant_vec_dot_q3_K_q8_K_scalar(int n, float *s, const void *vx, const void 
 {
     const block_q3_K *x = vx;
     const block_q8_K *y = vy;
-    float sumf = 0;
+    float acc[8] = {0};
     for (int i = 0; i < n / QK_K; i++) {
         kq_prefetch_block(&x[i], sizeof x[i]);
         int8_t q[QK_K];
         unpack_q3_K(&x[i], q);
-        int32_t isum = 0;
-        for (int g = 0; g < QK_K / 16; g++) {
-            int32_t dot = 0;
-            for (int l = 16 * g; l < 16 * g + 16; l++) dot += q[l] * y[i].qs[l];
-            isum += kq_q3_scale(x[i].scales, g) * dot;
-        }
-        sumf += y[i].d * kq_f16_to_f32(x[i].d) * (float)isum;
+        int32_t sc[16], lane[8];
+        for (int g = 0; g < 16; g++) sc[g] = kq_q3_scale(x[i].scales, g);
+        kq_lane_sums(q, sc, 16, y[i].qs, lane);
+        kq_lanes_fma(acc, y[i].d * kq_f16_to_f32(x[i].d), lane);
     }
-    *s = sumf;
+    *s = quant_kq_lanes_hsum(acc);
 }
 
-/* Q4_K and Q5_K share the scale/min layout; q holds the unpacked quants. */
-static float dot_k4_block(const uint8_t *scales, const uint8_t q[QK_K], float xd, float xdmin,
-                          const block_q8_K *y)
+/* Q4_K's block: isum and msum into the two chains; q holds the unpacked quants. */
+static void dot_k4_block(const uint8_t *scales, const uint8_t q[QK_K], float xd, float xdmin, const block_q8_K *y,
+                         float *acc, float *accm)
 {
     int32_t isum = 0, summs = 0;
     for (int j = 0; j < QK_K / 32; j++) {
@@ -193,14 +229,15 @@ static float dot_k4_block(const uint8_t *scales, const uint8_t q[QK_K], float xd
         isum += sc * dot;
         summs += m * (y->bsums[2 * j] + y->bsums[2 * j + 1]);
     }
-    return y->d * xd * (float)isum - y->d * xdmin * (float)summs;
+    *acc = fmaf((float)isum, xd * y->d, *acc);
+    *accm = fmaf((float)summs, xdmin * y->d, *accm);
 }
 
 void quant_vec_dot_q4_K_q8_K_scalar(int n, float *s, const void *vx, const void *vy)
 {
     const block_q4_K *x = vx;
     const block_q8_K *y = vy;
-    float sumf = 0;
+    float acc = 0, accm = 0;
     for (int i = 0; i < n / QK_K; i++) {
         kq_prefetch_block(&x[i], sizeof x[i]);
         uint8_t q[QK_K];
@@ -209,35 +246,46 @@ void quant_vec_dot_q4_K_q8_K_scalar(int n, float *s, const void *vx, const void 
                 q[64 * j + l] = x[i].qs[32 * j + l] & 0xF;
                 q[64 * j + 32 + l] = x[i].qs[32 * j + l] >> 4;
             }
-        sumf += dot_k4_block(x[i].scales, q, kq_f16_to_f32(x[i].d), kq_f16_to_f32(x[i].dmin), &y[i]);
+        dot_k4_block(x[i].scales, q, kq_f16_to_f32(x[i].d), kq_f16_to_f32(x[i].dmin), &y[i], &acc, &accm);
     }
-    *s = sumf;
+    *s = acc - accm;
 }
 
+/* Q5_K: mins as ggml's x86 kernel takes them, summs += (-y.d * dmin) * sum(min * bsums) per block. */
 void quant_vec_dot_q5_K_q8_K_scalar(int n, float *s, const void *vx, const void *vy)
 {
     const block_q5_K *x = vx;
     const block_q8_K *y = vy;
-    float sumf = 0;
+    float acc[8] = {0}, summs = 0;
     for (int i = 0; i < n / QK_K; i++) {
         kq_prefetch_block(&x[i], sizeof x[i]);
-        uint8_t q[QK_K];
+        int8_t q[QK_K];
         for (int j = 0; j < QK_K / 64; j++)
             for (int l = 0; l < 32; l++) {
                 const uint8_t h = x[i].qh[l];
-                q[64 * j + l] = (uint8_t)((x[i].qs[32 * j + l] & 0xF) | (((h >> (2 * j)) & 1) << 4));
-                q[64 * j + 32 + l] = (uint8_t)((x[i].qs[32 * j + l] >> 4) | (((h >> (2 * j + 1)) & 1) << 4));
+                q[64 * j + l] = (int8_t)((x[i].qs[32 * j + l] & 0xF) | (((h >> (2 * j)) & 1) << 4));
+                q[64 * j + 32 + l] = (int8_t)((x[i].qs[32 * j + l] >> 4) | (((h >> (2 * j + 1)) & 1) << 4));
             }
-        sumf += dot_k4_block(x[i].scales, q, kq_f16_to_f32(x[i].d), kq_f16_to_f32(x[i].dmin), &y[i]);
+        int32_t sc[8], lane[8], mins = 0;
+        for (int j = 0; j < QK_K / 32; j++) {
+            uint8_t scale, m;
+            kq_get_scale_min_k4(j, x[i].scales, &scale, &m);
+            sc[j] = scale;
+            mins += m * (y[i].bsums[2 * j] + y[i].bsums[2 * j + 1]);
+        }
+        kq_lane_sums(q, sc, 32, y[i].qs, lane);
+        kq_lanes_fma(acc, y[i].d * kq_f16_to_f32(x[i].d), lane);
+        summs = fmaf(-y[i].d * kq_f16_to_f32(x[i].dmin), (float)mins, summs);
     }
-    *s = sumf;
+    *s = quant_kq_lanes_hsum(acc) + summs;
 }
 
+/* Q6_K: the quants as u = q + 32, the offset out of each lane through bsums. */
 void quant_vec_dot_q6_K_q8_K_scalar(int n, float *s, const void *vx, const void *vy)
 {
     const block_q6_K *x = vx;
     const block_q8_K *y = vy;
-    float sumf = 0;
+    float acc[8] = {0};
     for (int i = 0; i < n / QK_K; i++) {
         kq_prefetch_block(&x[i], sizeof x[i]);
         int8_t q[QK_K];
@@ -245,19 +293,18 @@ void quant_vec_dot_q6_K_q8_K_scalar(int n, float *s, const void *vx, const void 
             const uint8_t *ql = x[i].ql + 64 * half, *qh = x[i].qh + 32 * half;
             int8_t *qq = q + 128 * half;
             for (int l = 0; l < 32; l++) {
-                qq[l] = (int8_t)(((ql[l] & 0xF) | ((qh[l] & 3) << 4)) - 32);
-                qq[l + 32] = (int8_t)(((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32);
-                qq[l + 64] = (int8_t)(((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
-                qq[l + 96] = (int8_t)(((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
+                qq[l] = (int8_t)((ql[l] & 0xF) | ((qh[l] & 3) << 4));
+                qq[l + 32] = (int8_t)((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4));
+                qq[l + 64] = (int8_t)((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
+                qq[l + 96] = (int8_t)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
             }
         }
-        int32_t isum = 0;
-        for (int g = 0; g < QK_K / 16; g++) {
-            int32_t dot = 0;
-            for (int l = 16 * g; l < 16 * g + 16; l++) dot += q[l] * y[i].qs[l];
-            isum += x[i].scales[g] * dot;
-        }
-        sumf += y[i].d * kq_f16_to_f32(x[i].d) * (float)isum;
+        int32_t sc[16], lane[8];
+        for (int g = 0; g < 16; g++) sc[g] = x[i].scales[g];
+        kq_lane_sums(q, sc, 16, y[i].qs, lane);
+        for (int c = 0; c < 8; c++)
+            lane[c] -= 32 * (sc[2 * c] * y[i].bsums[2 * c] + sc[2 * c + 1] * y[i].bsums[2 * c + 1]);
+        kq_lanes_fma(acc, y[i].d * kq_f16_to_f32(x[i].d), lane);
     }
-    *s = sumf;
+    *s = quant_kq_lanes_hsum(acc);
 }

@@ -1,6 +1,8 @@
 #include "quant/kq_internal.h"
 
-/* Best compiled kernel per type: AVX-512 > AVX2 > scalar. */
+/* Best compiled kernel per type: AVX-512 > AVX2 > scalar. Q3_K, Q5_K and
+ * Q6_K keep ggml's AVX2 lane order (kq_scalar.c), which llama.cpp runs on
+ * AVX-512 machines too: their AVX2 kernels are the best there. */
 #if defined(KQ_HAVE_AVX512)
 #define KQ_BEST(t) quant_vec_dot_##t##_q8_K_avx512
 #elif defined(KQ_HAVE_AVX2)
@@ -8,18 +10,23 @@
 #else
 #define KQ_BEST(t) quant_vec_dot_##t##_q8_K_scalar
 #endif
+#if defined(KQ_HAVE_AVX2)
+#define KQ_LANES(t) quant_vec_dot_##t##_q8_K_avx2
+#else
+#define KQ_LANES(t) quant_vec_dot_##t##_q8_K_scalar
+#endif
 
 #if defined(KQ_HAVE_AVX512)
 #define KQ_MULTI_Q4_K quant_vec_dot_q4_K_q8_K_multi_avx512
-#define KQ_MULTI_Q6_K quant_vec_dot_q6_K_q8_K_multi_avx512
 #else
 #define KQ_MULTI_Q4_K NULL
-#define KQ_MULTI_Q6_K NULL
 #endif
 
-#define KQ_ENTRY(T, t, multi)                                                                    \
+#define KQ_ENTRY_WITH(T, t, best, multi)                                                          \
     {QUANT_##T, #t, sizeof(block_##t), quant_dequantize_row_##t, quant_quantize_row_##t,          \
-     quant_quantize_row_##t, quant_vec_dot_##t##_q8_K_scalar, KQ_BEST(t), multi}
+     quant_quantize_row_##t, quant_vec_dot_##t##_q8_K_scalar, best, multi}
+#define KQ_ENTRY(T, t, multi) KQ_ENTRY_WITH(T, t, KQ_BEST(t), multi)
+#define KQ_ENTRY_LANES(T, t) KQ_ENTRY_WITH(T, t, KQ_LANES(t), NULL)
 
 #if defined(KQ_HAVE_AVX512)
 #define KQ_Q8_K_FROM_FLOAT quant_quantize_row_q8_K_avx512
@@ -30,8 +37,8 @@
 #endif
 
 static const struct kq_entry kq_table[] = {
-    KQ_ENTRY(Q2_K, q2_K, NULL), KQ_ENTRY(Q3_K, q3_K, NULL), KQ_ENTRY(Q4_K, q4_K, KQ_MULTI_Q4_K),
-    KQ_ENTRY(Q5_K, q5_K, NULL), KQ_ENTRY(Q6_K, q6_K, KQ_MULTI_Q6_K),
+    KQ_ENTRY(Q2_K, q2_K, NULL), KQ_ENTRY_LANES(Q3_K, q3_K), KQ_ENTRY(Q4_K, q4_K, KQ_MULTI_Q4_K),
+    KQ_ENTRY_LANES(Q5_K, q5_K), KQ_ENTRY_LANES(Q6_K, q6_K),
     /* Q8_K is the activation type only: no vec_dot of its own. */
     {QUANT_Q8_K, "q8_K", sizeof(block_q8_K), quant_dequantize_row_q8_K, quant_quantize_row_q8_K,
      KQ_Q8_K_FROM_FLOAT, NULL, NULL, NULL},

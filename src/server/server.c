@@ -247,6 +247,11 @@ static const struct route {
     {"/cache/policy", "POST", false, server_route_policy},
     {"/cache/prefixes", "GET", false, server_route_cache_prefixes},
     {"/cache/clear", "POST", false, server_route_cache_clear},
+    /* Anthropic's Messages API and OpenAI's Responses API, over the chat route */
+    {"/v1/messages", "POST", false, server_route_messages},
+    {"/v1/messages/count_tokens", "POST", false, server_route_count_tokens},
+    {"/v1/responses", "POST", false, server_route_responses},
+    {"/responses", "POST", false, server_route_responses},
     {"/v1/embeddings", "POST", false, server_route_embeddings},
     {"/embeddings", "POST", false, server_route_embeddings_native},
 };
@@ -256,19 +261,24 @@ const char *server_req_arg(const struct server_req *rq, const char *name)
     return rq->arg ? rq->arg(rq->arg_ctx, name) : NULL;
 }
 
-static bool authorized(const struct server *srv, const char *h)
+static bool key_matches(const struct server *srv, const char *k)
 {
-    if (!srv->api_key)
-        return true;
-    if (!h || strncmp(h, "Bearer ", 7) != 0)
-        return false;
     /* constant-time compare so the key cannot be probed byte by byte */
-    const char *k = h + 7;
     size_t kl = strlen(k), al = strlen(srv->api_key);
     unsigned diff = (unsigned)(kl != al);
     for (size_t i = 0; i < kl && i < al; i++)
         diff |= (unsigned)(k[i] ^ srv->api_key[i]);
     return diff == 0;
+}
+
+/* The key as "Authorization: Bearer KEY" or as "x-api-key: KEY" (Anthropic's clients). */
+static bool authorized_by(const struct server *srv, const char *h, const char *x_api_key)
+{
+    if (!srv->api_key)
+        return true;
+    if (x_api_key && key_matches(srv, x_api_key))
+        return true;
+    return h && strncmp(h, "Bearer ", 7) == 0 && key_matches(srv, h + 7);
 }
 
 static bool method_allowed(const struct route *rt, const char *method)
@@ -299,16 +309,20 @@ static void route_result(const struct server_req *rq, struct reply *r, ks_status
     }
 }
 
-static void reply_unauthorized(struct reply *r)
+static void reply_unauthorized(struct reply *r, const char *path)
 {
-    server_reply_error(r, 401, "invalid_api_key", "missing or wrong API key: send the header 'Authorization: Bearer KEY'");
+    if (server_anthropic_path(path))
+        server_anthropic_error(r, 401, NULL, "missing or wrong API key: send the header 'x-api-key: KEY' or "
+                                             "'Authorization: Bearer KEY'");
+    else
+        server_reply_error(r, 401, "invalid_api_key", "missing or wrong API key: send the header 'Authorization: Bearer KEY'");
 }
 
 void server_dispatch(struct server *srv, const struct server_req *rq, struct reply *r)
 {
     const struct route *rt = route_find(rq->path);
-    if (!(rt && rt->open) && !authorized(srv, rq->authorization)) {
-        reply_unauthorized(r);
+    if (!(rt && rt->open) && !authorized_by(srv, rq->authorization, rq->x_api_key)) {
+        reply_unauthorized(r, rq->path);
         return;
     }
     if (!rt) {
@@ -417,8 +431,8 @@ static enum MHD_Result on_headers(struct server *srv, struct MHD_Connection *c, 
     const struct route *rt = route_find(url);
     if (server_guard(srv, &cs->head, rt && !strcmp(rt->method, "POST"), &cs->reply))
         return answer_early(srv, c, cs);
-    if (!(rt && rt->open) && !authorized(srv, header(c, MHD_HTTP_HEADER_AUTHORIZATION))) {
-        reply_unauthorized(&cs->reply);
+    if (!(rt && rt->open) && !authorized_by(srv, header(c, MHD_HTTP_HEADER_AUTHORIZATION), header(c, "x-api-key"))) {
+        reply_unauthorized(&cs->reply, url);
         return answer_early(srv, c, cs);
     }
     const char *cl = header(c, MHD_HTTP_HEADER_CONTENT_LENGTH);
@@ -514,7 +528,7 @@ static enum MHD_Result on_request_end(struct server *srv, struct MHD_Connection 
     }
     struct server_req rq = {
         .method = cs->head.method, .path = cs->head.path, .body = cs->body ? cs->body : "", .len = cs->len,
-        .authorization = header(c, MHD_HTTP_HEADER_AUTHORIZATION),
+        .authorization = header(c, MHD_HTTP_HEADER_AUTHORIZATION), .x_api_key = header(c, "x-api-key"),
         .arg = connection_arg, .arg_ctx = c, .waker = cs->waker,
     };
     server_dispatch(srv, &rq, r);

@@ -64,6 +64,7 @@ struct server_req {
     const char *method;       /* "GET", "HEAD", "POST", ... */
     const char *path;         /* without the query string */
     const char *authorization;/* the Authorization header, NULL if absent */
+    const char *x_api_key;    /* the x-api-key header (Anthropic's clients send the key there), NULL if absent */
     const char *body;         /* never NULL ("" without a body) */
     size_t len;
     /* The value of a query argument, NULL if absent; arg may be NULL (no query). */
@@ -375,5 +376,15 @@ ks_status server_route_embeddings_native(struct server *srv, const struct server
 
 /* server_page.c: the live page, embedded at build time from src/server/page/ */
 ks_status server_route_page(struct server *srv, const struct server_req *rq, struct reply *r);
+
+/* server_anthropic.c: Anthropic's POST /v1/messages and /v1/messages/count_tokens */
+ks_status server_route_messages(struct server *srv, const struct server_req *rq, struct reply *r);
+ks_status server_route_count_tokens(struct server *srv, const struct server_req *rq, struct reply *r);
+/* A path of Anthropic's API: its errors are {"type":"error","error":{"type","message"}} */
+bool server_anthropic_path(const char *path);
+/* That error reply (r's previous content is released); code is unused (Anthropic's type follows status). */
+void server_anthropic_error(struct reply *r, unsigned status, const char *code, const char *msg);
+/* server_responses.c: OpenAI's POST /v1/responses */
+ks_status server_route_responses(struct server *srv, const struct server_req *rq, struct reply *r);
 
 #endif

@@ -13,7 +13,7 @@ cd "$(dirname "$0")/../.."
 secs=${1:-20}
 shift || true
 names=("$@")
-[ ${#names[@]} -gt 0 ] || names=(gguf body tokenizer chat)
+[ ${#names[@]} -gt 0 ] || names=(gguf body tokenizer chat apis)
 build=${BUILD_DIR:-build-fuzz}
 
 if ! command -v clang >/dev/null; then
