@@ -15,6 +15,8 @@ add_test(NAME server_prefix_restart COMMAND ${CMAKE_SOURCE_DIR}/tests/e2e/prefix
 add_test(NAME server_conn COMMAND python3 ${CMAKE_SOURCE_DIR}/tests/e2e/conn.py)
 # llama-server's routes against the anchor's llama-server on the default model (python3)
 add_test(NAME server_llama_parity COMMAND ${CMAKE_SOURCE_DIR}/tests/e2e/llama_parity.py)
+# /v1/embeddings and /embeddings on the embedding synth presets, against tests/data/embed-*.json (python3)
+add_test(NAME server_embeddings COMMAND ${CMAKE_SOURCE_DIR}/tests/e2e/embeddings.py)
 # /infill against the anchor's llama-server on a tiny model with Qwen3's FIM vocabulary (python3)
 add_test(NAME server_infill_parity COMMAND ${CMAKE_SOURCE_DIR}/tests/e2e/infill_parity.py)
 # tenant isolation: cache_salt, --cache-salt-from-key, --admin-key, --cache-show-text (curl)
@@ -24,7 +26,7 @@ add_test(NAME server_strict_requests COMMAND ${CMAKE_SOURCE_DIR}/tests/e2e/stric
 foreach(t server_curl_errors server_page_chromium server_e2e_basic server_e2e_concurrency server_e2e_pressure
           server_e2e_tools server_e2e_clients
           server_prefix_restart server_conn server_llama_parity server_infill_parity server_cache_salt
-          server_strict_requests)
+          server_strict_requests server_embeddings)
   set_tests_properties(${t} PROPERTIES LABELS e2e TIMEOUT 900 SKIP_RETURN_CODE 77 ENVIRONMENT "${KS_E2E_ENV}")
 endforeach()
 # Anthropic's /v1/messages and OpenAI's /v1/responses against the chat route on the default model (python3)

@@ -45,6 +45,8 @@ struct serve_opts {
     const char *admin_key, *admin_key_file; /* tenant isolation: --admin-key(-file) */
     const char *api_key_file;
     bool cache_salt_from_key, cache_show_text;
+    bool embeddings;             /* --embeddings: /v1/embeddings and /embeddings */
+    const char *pooling;         /* --pooling NAME, NULL: the file's <arch>.pooling_type */
 };
 
 static void serve_usage(FILE *out)
@@ -117,7 +119,11 @@ static void serve_usage(FILE *out)
             "                            /slots need 'Authorization: Bearer KEY' (401 without, 403 with\n"
             "                            another key); KEY also works wherever --api-key does\n"
             "      --admin-key-file F    the admin key from file F (first line), so it is not in ps\n"
-            "      --api-key-file F      the API key from file F (first line), so it is not in ps\n");
+            "      --api-key-file F      the API key from file F (first line), so it is not in ps\n"
+            "embeddings:\n"
+            "      --embeddings          serve POST /v1/embeddings and /embeddings (as llama-server's flag;\n"
+            "                            completions stay on unless the model's attention is not causal)\n"
+            "      --pooling TYPE        mean, cls or last instead of the model's <arch>.pooling_type\n");
     fputs(cli_spec_flags_help, out);
     fputs(cli_redis_flags_help, out);
     fputs(cli_model_flags_help, out);
@@ -181,6 +187,8 @@ static bool parse_switch(const char *a, void *opts)
         return o->cache_salt_from_key = true;
     if (!strcmp(a, "--cache-show-text"))
         return o->cache_show_text = true;
+    if (!strcmp(a, "--embeddings") || !strcmp(a, "--embedding"))
+        return o->embeddings = true;
     return false;
 }
 
@@ -218,6 +226,7 @@ static bool parse_flag(const char *a, const char *v, void *opts, bool *ok)
     else if (is_flag(a, NULL, "--cache-disk")) *ok = v && !strchr(v, '%') && cli_parse_mem(v, &o->cache_disk);
     else if (cli_parse_spec_flag(a, v, &o->spec, ok)) return true;
     else if (cli_parse_redis_flag(a, v, &o->redis, ok)) return true;
+    else if (is_flag(a, NULL, "--pooling")) *ok = (o->pooling = v) != NULL;
     else return false;
     return true;
 }
@@ -340,6 +349,24 @@ static ks_status read_keys(const struct serve_opts *o, struct serve_state *s)
     return KS_OK;
 }
 
+/* --pooling over the file's pooling; --embeddings needs one that gives a vector per input. */
+static ks_status embeddings_setup(const struct serve_opts *o, struct model *m)
+{
+    enum model_pooling p;
+    ks_status st;
+    if (o->pooling) {
+        if ((st = model_pooling_parse(o->pooling, &p)))
+            return ks_fail(st, "--pooling: %s", ks_errmsg());
+        model_set_pooling(m, p);
+    }
+    p = model_hparams(m)->pooling;
+    if (o->embeddings && p != MODEL_POOLING_MEAN && p != MODEL_POOLING_CLS && p != MODEL_POOLING_LAST)
+        return ks_fail(KS_ERR_INVALID_ARG,
+                       "--embeddings: the model pools '%s' (%s.pooling_type), which gives no vector per input; give "
+                       "--pooling mean, cls or last", model_pooling_name(p), model_hparams(m)->arch_name);
+    return KS_OK;
+}
+
 static ks_status start(const struct serve_opts *o, const char *path, struct serve_state *s)
 {
     if (o->chat_template && o->chat_template_file)
@@ -363,6 +390,8 @@ static ks_status start(const struct serve_opts *o, const char *path, struct serv
         return st;
     st = tok_load(model_gguf(s->model), &s->tok);
     if (st)
+        return st;
+    if ((st = embeddings_setup(o, s->model)))
         return st;
     const struct model_hparams *hp = model_hparams(s->model);
     int32_t ctx = o->ctx_size;
@@ -439,6 +468,9 @@ static ks_status start(const struct serve_opts *o, const char *path, struct serv
     cfg.sampling = o->sampling;
     cfg.samplers = &o->samplers;
     cfg.listen_from = s->loading;
+    cfg.embeddings = o->embeddings;
+    cfg.n_embd = hp->n_embd;
+    cfg.no_generation = hp->non_causal;
     st = server_start(&cfg, s->sched, s->tok, &s->srv);
     if (st)
         return st;

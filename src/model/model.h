@@ -34,6 +34,15 @@ enum model_rope_scaling {
 };
 /* The gated FFN's activation: SwiGLU silu(gate) * up, or GeGLU gelu_tanh(gate) * up (Gemma) */
 enum model_ffn_act { MODEL_FFN_SWIGLU, MODEL_FFN_GEGLU };
+/* How an embedding model turns its final hidden states (after output_norm)
+ * into one vector per input: llama.cpp's llama_pooling_type, same values
+ * (the GGUF key <arch>.pooling_type stores them). NONE: one vector per token;
+ * MEAN: their average; CLS: the first token's; LAST: the last token's; RANK:
+ * a classifier head (rerankers). */
+enum model_pooling {
+    MODEL_POOLING_NONE = 0, MODEL_POOLING_MEAN = 1, MODEL_POOLING_CLS = 2, MODEL_POOLING_LAST = 3,
+    MODEL_POOLING_RANK = 4,
+};
 
 struct model_hparams {
     enum model_arch arch;
@@ -105,6 +114,12 @@ struct model_hparams {
      * sin (the model scales them by it times rope_attn_factor) */
     int rope_yarn_orig_ctx;
     float rope_yarn_beta_fast, rope_yarn_beta_slow, rope_yarn_mscale;
+    /* Embedding models (model_embed.c): <arch>.pooling_type (NONE when absent, as
+     * llama.cpp; model_set_pooling overrides it) and <arch>.attention.causal
+     * (true when absent): false makes an embedding sequence's every token attend
+     * to every token of its input, as llama.cpp's mask does. */
+    enum model_pooling pooling;
+    bool non_causal;           /* attention.causal = false */
 };
 
 /* Whether layer il attends through hp->n_swa's sliding window (llama.cpp's
@@ -189,6 +204,37 @@ void model_ctx_free(struct model_ctx *c);
 ks_status model_forward(struct model_ctx *c, struct kv_cache *kv, const struct model_batch *b,
                         float *logits, int32_t *n_logits_out);
 
+/* ---- embeddings (model_embed.c) ------------------------------------------------- */
+
+/* "none", "mean", "cls", "last", "rank" (llama-server's --pooling names). */
+ks_status model_pooling_parse(const char *name, enum model_pooling *out);
+const char *model_pooling_name(enum model_pooling p);
+/* Use pooling p instead of the file's <arch>.pooling_type (llama-server's --pooling). */
+void model_set_pooling(struct model *m, enum model_pooling p);
+
+/* llama.cpp's common_embd_normalize, in place on v (n floats): norm -1 none,
+ * 0 max absolute value scaled to 32760 (int16), 1 taxicab, 2 Euclidean (L2;
+ * llama-server's default), p > 2 the p-norm. Sums in double; a zero vector
+ * stays zero. */
+void model_embd_normalize(float *v, int n, int norm);
+
+/* model_forward that also computes embeddings. embed (NULL: none, then this is
+ * model_forward): per batch entry, whether it belongs to an embedding
+ * sequence. Such a sequence is in the batch whole: all its entries have
+ * embed set, its first is position 0 and the cache holds nothing of it before
+ * (KS_ERR_INVALID_ARG otherwise), since pooling reads every token's hidden
+ * state and a non-causal model's tokens attend to the whole input. For each
+ * embedding sequence, in the order of its first entry, embd receives one row
+ * of n_embd floats: the model's pooling (MEAN, CLS or LAST; NONE and RANK are
+ * KS_ERR_UNSUPPORTED) of its final hidden states after output_norm, not
+ * normalized. *n_embd_out (may be NULL): the rows written. Embedding entries
+ * want no logits (want_logits false; with want_logits NULL, none of them get
+ * a row). Their K/V are written to the cache as any entry's (a non-causal
+ * model's depend on the whole input: never share them with another sequence). */
+ks_status model_forward_embed(struct model_ctx *c, struct kv_cache *kv, const struct model_batch *b,
+                              const bool *embed, float *logits, int32_t *n_logits_out, float *embd,
+                              int32_t *n_embd_out);
+
 /* ---- synthetic models ---------------------------------------------------- */
 /* A deterministic random model of a real architecture's shapes, for benchmarks,
  * the built-in default model and tests. Same spec and seed give the same file. */
@@ -220,12 +266,16 @@ struct model_synth_spec {
     /* gpt-oss */
     float rope_yarn_factor;    /* > 1: YaRN rope.scaling.factor */
     int rope_yarn_orig_ctx;    /* rope.scaling.original_context_length */
+    /* embedding models */
+    int pooling_type;          /* > 0: <arch>.pooling_type (enum model_pooling) written */
+    bool non_causal;           /* <arch>.attention.causal = false written */
 };
 
 /* Fill spec from a preset name: llama-1b, smollm2-135m, qwen3-0.6b, tiny,
  * qwen3moe-30b-a3b, mixtral-8x7b, tiny-qwen3moe, tiny-mixtral,
  * tiny-qwen3moe-ties, tiny-llama, phi3-mini, phi4-mini, tiny-phi3, tiny-phi3-short,
- * gemma3-1b, tiny-gemma3, tiny-gemma2, gpt-oss-20b, tiny-gpt-oss. */
+ * gemma3-1b, tiny-gemma3, tiny-gemma2, gpt-oss-20b, tiny-gpt-oss, tiny-llama-embed (mean pooling,
+ * non-causal), tiny-qwen3-embed (last-token pooling). */
 ks_status model_synth_preset(const char *name, struct model_synth_spec *spec);
 /* Space-separated preset names, for help text. */
 const char *model_synth_preset_names(void);

@@ -35,6 +35,7 @@ struct model_ctx {
     int32_t *seqs, *seq_start, *seq_count; /* (B) distinct sequences of the batch */
     void *work;                  /* quantized activations for quant_matmul */
     size_t work_size;
+    const bool *embed;           /* (B) of the batch being run (model_forward_embed), NULL: none */
 };
 
 /* ---- context ------------------------------------------------------------ */
@@ -445,6 +446,8 @@ static int32_t select_outputs(struct model_ctx *c, const struct model_batch *b)
     }
     /* the last entry of each sequence: walk backwards, keep first sightings */
     for (int32_t i = b->n_tokens - 1; i >= 0; i--) {
+        if (c->embed && c->embed[i])
+            continue;
         bool seen = false;
         for (int32_t j = 0; j < n && !seen; j++)
             seen = b->seq[c->out_rows[j]] == b->seq[i];
@@ -793,6 +796,21 @@ static ks_status moe_block(struct model_ctx *c, int il, int64_t n)
     return KS_OK;
 }
 
+/* A non-causal model's embedding tokens attend to their whole input: each
+ * query reaches its sequence's last position in the batch (all its K/V are
+ * written before attention runs, and the sequence starts in this batch). */
+static void see_whole_input(struct model_ctx *c, const struct model_batch *b)
+{
+    for (int32_t t = 0; t < b->n_tokens; t++) {
+        if (!c->embed[t])
+            continue;
+        int32_t s = 0;
+        while (c->seqs[s] != b->seq[t])
+            s++;
+        c->queries[t].pos = c->seq_start[s] + c->seq_count[s] - 1;
+    }
+}
+
 static ks_status run_layers(struct model_ctx *c, struct kv_cache *kv, const struct model_batch *b, float *logits,
                             int32_t n_out)
 {
@@ -813,6 +831,8 @@ static ks_status run_layers(struct model_ctx *c, struct kv_cache *kv, const stru
             rope_angles(m, true, b->pos[t], c->rope_cs_swa + t * hp->n_rot);
         c->queries[t] = (struct attn_query){.seq = b->seq[t], .pos = b->pos[t]};
     }
+    if (hp->non_causal && c->embed)
+        see_whole_input(c, b);
     for (int il = 0; il < hp->n_layer; il++)
         if ((st = attention_block(c, kv, il, b)) ||
             (st = hp->n_expert > 0 ? moe_block(c, il, n) : ffn_block(c, il, n)))
@@ -863,4 +883,104 @@ ks_status model_forward(struct model_ctx *c, struct kv_cache *kv, const struct m
     if (n_logits_out)
         *n_logits_out = n_out;
     return KS_OK;
+}
+
+/* ---- embeddings ---------------------------------------------------------------- */
+
+/* Every embedding sequence is whole in the batch: all its entries are
+ * embedding entries and it starts at position 0 (batch_prepare has found the
+ * sequences and their starts). */
+static ks_status check_embed_seqs(const struct model_ctx *c, const struct model_batch *b, int32_t n_seqs)
+{
+    for (int32_t s = 0; s < n_seqs; s++) {
+        int32_t n_embed = 0;
+        for (int32_t t = 0; t < b->n_tokens; t++)
+            n_embed += b->seq[t] == c->seqs[s] && c->embed[t];
+        if (n_embed > 0 && n_embed != c->seq_count[s])
+            return ks_fail(KS_ERR_INVALID_ARG, "sequence %d mixes embedding and other entries in one batch",
+                           c->seqs[s]);
+        if (n_embed > 0 && c->seq_start[s] != 0)
+            return ks_fail(KS_ERR_INVALID_ARG,
+                           "embedding sequence %d must start in this batch at position 0 (the cache holds %d of its "
+                           "tokens)", c->seqs[s], c->seq_start[s]);
+    }
+    return KS_OK;
+}
+
+/* One pooled row per embedding sequence, in the order of its first entry:
+ * output_norm of the rows pooling reads, then the pooling. */
+static int32_t pool_sequences(struct model_ctx *c, const struct model_batch *b, int32_t n_seqs, float *embd)
+{
+    const struct model *m = c->m;
+    int dim = m->hp.n_embd;
+    int32_t n_out = 0;
+    for (int32_t s = 0; s < n_seqs; s++) {
+        int32_t n_rows = 0;
+        for (int32_t t = 0; t < b->n_tokens; t++)
+            if (b->seq[t] == c->seqs[s] && c->embed[t])
+                c->out_rows[n_rows++] = t;
+        if (n_rows == 0)
+            continue;
+        if (m->hp.pooling == MODEL_POOLING_CLS)
+            n_rows = 1;
+        else if (m->hp.pooling == MODEL_POOLING_LAST)
+            c->out_rows[0] = c->out_rows[n_rows - 1], n_rows = 1;
+        rmsnorm_rows(elementwise_pool(c, n_rows), c->xb2, c->x, m->output_norm, c->out_rows, n_rows, dim,
+                     m->hp.rms_eps);
+        model_pool_rows(m->hp.pooling, c->xb2, n_rows, dim, embd + (size_t)n_out * dim);
+        n_out++;
+    }
+    return n_out;
+}
+
+ks_status model_forward_embed(struct model_ctx *c, struct kv_cache *kv, const struct model_batch *b,
+                              const bool *embed, float *logits, int32_t *n_logits_out, float *embd,
+                              int32_t *n_embd_out)
+{
+    if (n_embd_out)
+        *n_embd_out = 0;
+    if (!embed)
+        return model_forward(c, kv, b, logits, n_logits_out);
+    if (n_logits_out)
+        *n_logits_out = 0;
+    enum model_pooling p = c->m->hp.pooling;
+    if (p != MODEL_POOLING_MEAN && p != MODEL_POOLING_CLS && p != MODEL_POOLING_LAST)
+        return ks_fail(KS_ERR_UNSUPPORTED, "embeddings need pooling mean, cls or last; this model pools '%s' (set "
+                       "another with --pooling)", model_pooling_name(p));
+    if (!embd)
+        return ks_fail(KS_ERR_INVALID_ARG, "model_forward_embed: the embeddings buffer is NULL");
+    if (b->n_tokens < 0 || b->n_tokens > c->max_batch)
+        return ks_fail(KS_ERR_INVALID_ARG, "batch of %d tokens exceeds the context's maximum of %d", b->n_tokens,
+                       c->max_batch);
+    if (b->n_tokens == 0)
+        return KS_OK;
+    if (!b->tokens || !b->pos || !b->seq)
+        return ks_fail(KS_ERR_INVALID_ARG, "model_forward_embed: batch arrays must not be NULL");
+    for (int32_t t = 0; b->want_logits && t < b->n_tokens; t++)
+        if (embed[t] && b->want_logits[t])
+            return ks_fail(KS_ERR_INVALID_ARG, "batch entry %d: an embedding entry cannot want logits", t);
+    const struct kv_config *kc = kv_get_config(kv);
+    if (kc->n_layer != c->m->hp.n_layer || kc->n_kv_head != c->m->hp.n_head_kv ||
+        kc->head_dim != c->m->hp.head_dim_k)
+        return ks_fail(KS_ERR_INVALID_ARG, "the kv cache is shaped %d layers x %d heads x %d, the model needs %d x %d x %d",
+                       kc->n_layer, kc->n_kv_head, kc->head_dim, c->m->hp.n_layer, c->m->hp.n_head_kv,
+                       c->m->hp.head_dim_k);
+    c->embed = embed;
+    int32_t n_out = select_outputs(c, b), n_seqs = 0;
+    ks_status st = n_out > 0 && !logits
+                       ? ks_fail(KS_ERR_INVALID_ARG, "model_forward_embed: logits buffer is NULL but %d rows want logits", n_out)
+                       : batch_prepare(c, kv, b, &n_seqs);
+    if (!st && (st = check_embed_seqs(c, b, n_seqs)))
+        batch_rollback(c, kv, n_seqs);
+    if (!st && (st = run_layers(c, kv, b, logits, n_out)))
+        batch_rollback(c, kv, n_seqs);
+    if (!st) {
+        int32_t n_embd = pool_sequences(c, b, n_seqs, embd);
+        if (n_logits_out)
+            *n_logits_out = n_out;
+        if (n_embd_out)
+            *n_embd_out = n_embd;
+    }
+    c->embed = NULL;
+    return st;
 }

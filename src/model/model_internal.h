@@ -99,4 +99,10 @@ struct model {
     float *vec_store;
 };
 
+/* model_embed.c: <arch>.pooling_type and <arch>.attention.causal into hp
+ * (KS_ERR_FORMAT naming a key of the wrong type or an unknown pooling). */
+ks_status model_read_embed_meta(const struct gguf_file *f, const char *arch, struct model_hparams *hp);
+/* out (dim) = pooling p (MEAN, CLS or LAST) of rows (n, dim), n >= 1. */
+void model_pool_rows(enum model_pooling p, const float *rows, int32_t n, int dim, float *out);
+
 #endif

@@ -896,6 +896,7 @@ static ks_status load_file(struct model *m)
         (ai->arch == MODEL_ARCH_PHI3 && (st = read_stored_window(m->file, ai->name, &m->hp))) ||
         (ai->arch == MODEL_ARCH_GPT_OSS && (st = read_gpt_oss(m->file, ai->name, &m->hp))) ||
         (st = read_vocab_size(m->file, ai->name, &m->hp.n_vocab)) ||
+        (st = model_read_embed_meta(m->file, ai->name, &m->hp)) ||
         (gemma_version(ai->arch) && (st = read_gemma(m, ai->name, gemma_version(ai->arch)))))
         return st;
     return load_tensors(m, ai);

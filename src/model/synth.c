@@ -59,6 +59,20 @@ static const struct preset g_presets[] = {
     /* for tests: 4 layers, so two slide (window 16, below a test's prompt and
      * generation) and two see everything; q is 512 wide on a 256 residual */
     {"tiny-gpt-oss", "gpt-oss", 256, 4, 8, 2, 64, 128, 131072, 150000.0f, 1e-5f, 16, 4, 128, 0.06f, 1.0f, true, 0},
+    /* embedding models (g_embed_presets below): a llama-architecture embedder with mean pooling and
+     * non-causal attention, and a Qwen3-Embedding-like one with last-token pooling, causal */
+    {"tiny-llama-embed", "llama", 256, 2, 4, 2, 64, 512, 2048, 10000.0f, 1e-5f, 0, 0, 0, 0.06f, 1.0f, false, 0},
+    {"tiny-qwen3-embed", "qwen3", 256, 2, 4, 2, 64, 512, 2048, 1000000.0f, 1e-6f, 0, 0, 0, 0.06f, 1.0f, false, 0},
+};
+
+/* The embedding presets' pooling (enum model_pooling) and causality. */
+static const struct {
+    const char *name;
+    int pooling_type;
+    bool non_causal;
+} g_embed_presets[] = {
+    {"tiny-llama-embed", MODEL_POOLING_MEAN, true},
+    {"tiny-qwen3-embed", MODEL_POOLING_LAST, false},
 };
 
 /* The window and soft-capping of the gemma presets. tiny-gemma2's caps are
@@ -119,7 +133,7 @@ const char *model_synth_preset_names(void)
 {
     return "llama-1b smollm2-135m qwen3-0.6b tiny qwen3moe-30b-a3b mixtral-8x7b tiny-qwen3moe tiny-mixtral "
            "tiny-qwen3moe-ties tiny-llama phi3-mini phi4-mini tiny-phi3 tiny-phi3-short gemma3-1b tiny-gemma3 "
-           "tiny-gemma2 gpt-oss-20b tiny-gpt-oss";
+           "tiny-gemma2 gpt-oss-20b tiny-gpt-oss tiny-llama-embed tiny-qwen3-embed";
 }
 
 static void spec_from_preset(const struct preset *p, struct model_synth_spec *spec)
@@ -162,6 +176,11 @@ ks_status model_synth_preset(const char *name, struct model_synth_spec *spec)
                 spec->n_swa = g_oai_presets[k].n_swa;
                 spec->rope_yarn_factor = g_oai_presets[k].yarn_factor;
                 spec->rope_yarn_orig_ctx = g_oai_presets[k].yarn_orig_ctx;
+            }
+        for (size_t k = 0; k < sizeof g_embed_presets / sizeof g_embed_presets[0]; k++)
+            if (!strcmp(g_embed_presets[k].name, name)) {
+                spec->pooling_type = g_embed_presets[k].pooling_type;
+                spec->non_causal = g_embed_presets[k].non_causal;
             }
         return KS_OK;
     }
@@ -699,6 +718,10 @@ static ks_status add_hparams(struct synth *s, int n_vocab)
          (st = gguf_writer_set_u32(s->w, KEY("rope.scaling.original_context_length"), (uint32_t)sp->rope_yarn_orig_ctx)) ||
          (st = gguf_writer_set_f32(s->w, KEY("rope.scaling.yarn_beta_fast"), 32.0f)) ||
          (st = gguf_writer_set_f32(s->w, KEY("rope.scaling.yarn_beta_slow"), 1.0f))))
+        return st;
+    if (sp->pooling_type > 0 && (st = gguf_writer_set_u32(s->w, KEY("pooling_type"), (uint32_t)sp->pooling_type)))
+        return st;
+    if (sp->non_causal && (st = gguf_writer_set_bool(s->w, KEY("attention.causal"), false)))
         return st;
     /* llama.cpp reads expert_feed_forward_length for qwen3moe and gpt-oss; llama's experts are n_ff wide */
     if (sp->n_expert > 0 && (!strcmp(sp->arch, "qwen3moe") || !strcmp(sp->arch, "gpt-oss")) &&

@@ -51,6 +51,8 @@ struct req {
     struct req **forks;       /* the other choices of sched_submit_n, until they fork this one */
     int n_forks;
     uint64_t check_pass;      /* the last sched_check that found it (to find it twice) */
+    bool embed;               /* an embedding request (sched_request.embed) */
+    float *embd;              /* (engine n_embd) its embedding, once computed */
     /* Written by sched_cancel's thread under mu, read by the scheduler's. Atomic
      * and apart from the flags above: build_batch reads those off the lock
      * during a step, and the compiler merges such reads of neighbouring bools
@@ -99,6 +101,8 @@ struct sched {
     int32_t cap_batch;
     int32_t *b_tokens, *b_pos, *b_seq;
     bool *b_logits;
+    bool *b_embed;            /* entry of an embedding request */
+    float *embd;              /* (parallel, engine n_embd) pooled rows of a step's embedding requests */
     struct req **b_owner;     /* request of each entry with logits */
     struct req **forked;      /* (parallel) the choices one fork_choices started */
     float *logits;
@@ -170,6 +174,7 @@ static void req_free(struct sched *s, struct req *r)
         req_free(s, r->forks[i]);
     free(r->forks);
     free(r->tokens);
+    free(r->embd);
     free(r);
 }
 
@@ -181,6 +186,7 @@ static void req_emit_final(struct req *r)
         .id = r->id, .token = -1, .finish = r->finish, .n_prompt = r->n_prompt,
         .n_generated = r->n_generated, .n_cached = r->n_cached, .n_drafted = r->n_drafted,
         .n_accepted = r->n_accepted, .error = r->error,
+        .embd = r->embed && r->finish == SCHED_FINISH_STOP ? r->embd : NULL,
     };
     r->on_event(r->user, &ev);
     for (int i = 0; i < r->n_forks; i++) {
@@ -235,6 +241,13 @@ static ks_status check_request(const struct sched *s, const struct sched_request
     if (rq->n_prompt >= s->cfg.ctx_size)
         return ks_fail(KS_ERR_RANGE, "the prompt has %d tokens but the context holds %d (leave room for one generated token)",
                        rq->n_prompt, s->cfg.ctx_size);
+    if (rq->embed && (!s->eng.forward_embd || s->eng.n_embd < 1))
+        return ks_fail(KS_ERR_UNSUPPORTED, "this model computes no embeddings (its pooling must be mean, cls or last)");
+    int32_t one_step = s->cfg.max_batch_tokens - s->cfg.parallel + 1;
+    if (rq->embed && rq->n_prompt > one_step)
+        return ks_fail(KS_ERR_RANGE,
+                       "the input has %d tokens but an embedding is computed in one step, which has room for %d "
+                       "(raise --max-batch-tokens or lower --parallel)", rq->n_prompt, one_step);
     int32_t n_max = draft_bound(rq->speculative.set, rq->speculative.n_max, s->cfg.draft_max);
     int32_t n_min = draft_bound(rq->speculative.set, rq->speculative.n_min, s->cfg.draft_min);
     if (n_max < 0 || n_max > SPEC_DRAFT_LIMIT || n_min < 0 || (n_max > 0 && n_min > n_max))
@@ -254,7 +267,7 @@ static ks_status req_new(struct sched *s, const struct sched_request *rq, const 
     struct req *r = calloc(1, sizeof *r);
     if (!r)
         return ks_fail(KS_ERR_NOMEM, "request: out of memory");
-    int64_t want = (int64_t)rq->n_prompt + rq->max_tokens;
+    int64_t want = (int64_t)rq->n_prompt + (rq->embed ? 0 : rq->max_tokens);
     r->cap = (int32_t)(want < s->cfg.ctx_size ? want : s->cfg.ctx_size);
     r->tokens = malloc((size_t)r->cap * sizeof *r->tokens);
     if (!r->tokens) {
@@ -263,7 +276,12 @@ static ks_status req_new(struct sched *s, const struct sched_request *rq, const 
     }
     memcpy(r->tokens, rq->prompt, (size_t)rq->n_prompt * sizeof *r->tokens);
     r->n_tokens = r->n_prompt = rq->n_prompt;
-    r->max_tokens = rq->max_tokens;
+    r->max_tokens = rq->embed ? 0 : rq->max_tokens;
+    r->embed = rq->embed;
+    if (r->embed && !(r->embd = malloc((size_t)s->eng.n_embd * sizeof *r->embd))) {
+        req_free(s, r);
+        return ks_fail(KS_ERR_NOMEM, "request: out of memory");
+    }
     r->ignore_eog = rq->ignore_eog;
     r->salt_lo = rq->cache_salt.lo;
     r->salt_hi = rq->cache_salt.hi;
@@ -276,7 +294,7 @@ static ks_status req_new(struct sched *s, const struct sched_request *rq, const 
     r->on_event = rq->on_event;
     r->user = ch->user;
     r->t_submit = now_seconds();
-    ks_status st = s->eng.sampler_create(s->eng.ctx, &ch->sampling, &r->sampler);
+    ks_status st = r->embed ? KS_OK : s->eng.sampler_create(s->eng.ctx, &ch->sampling, &r->sampler);
     if (st) {
         req_free(s, r);
         return st;
@@ -311,6 +329,8 @@ ks_status sched_submit_n(struct sched *s, const struct sched_request *rq, const 
         return ks_fail(KS_ERR_RANGE, "%d choices cannot run: between 1 and --parallel (%d) sequences run at once", n,
                        s->cfg.parallel);
     ks_status st = check_request(s, rq);
+    if (!st && rq->embed && n > 1)
+        st = ks_fail(KS_ERR_INVALID_ARG, "an embedding request has one choice (got %d)", n);
     struct req *r = NULL;
     if (st || (st = group_new(s, rq, choices, n, &r)))
         return st;
@@ -456,7 +476,7 @@ static void release_seq(struct sched *s, struct req *r)
 {
     if (r->seq < 0)
         return;
-    if (s->eng.prefix_publish && !r->no_share)
+    if (s->eng.prefix_publish && !r->no_share && !r->embed)
         s->eng.prefix_publish(s->eng.ctx, r->seq, r->tokens, r->n_computed, true);
     s->eng.seq_free(s->eng.ctx, r->seq);
     r->seq = -1;
@@ -604,7 +624,7 @@ static void stop_jobs(struct sched *s)
 static int32_t next_chunk(const struct sched *s, const struct req *r)
 {
     int32_t left = r->n_tokens - r->n_computed;
-    return left < s->cfg.prefill_chunk ? left : s->cfg.prefill_chunk;
+    return left < s->cfg.prefill_chunk || r->embed ? left : s->cfg.prefill_chunk;
 }
 
 /* Active slots promised to the forks of admitted first choices. */
@@ -653,7 +673,7 @@ static void admit(struct sched *s)
             break;
         }
         r->n_computed = 0;
-        r->needs_lookup = s->eng.prefix_attach != NULL && !r->no_share;
+        r->needs_lookup = s->eng.prefix_attach != NULL && !r->no_share && !r->embed;
         r->admit_order = ++s->next_admit;
         list_remove(s->waiting, &s->n_waiting, 0);
         s->active[s->n_active++] = r;
@@ -696,7 +716,7 @@ static int32_t cacheable(const struct req *r)
  * computed or found; there is nothing to sample. */
 static void finish_warm_up(struct req *r)
 {
-    if (r->max_tokens == 0 && r->n_computed == r->n_tokens)
+    if (r->max_tokens == 0 && !r->embed && r->n_computed == r->n_tokens)
         r->finish = SCHED_FINISH_LENGTH;
 }
 
@@ -749,7 +769,7 @@ static bool computed_by_older(const struct sched *s, const struct req *r)
         return false;
     for (int i = 0; i < s->n_active && s->active[i] != r; i++) {
         const struct req *a = s->active[i];
-        if (a->finish == SCHED_FINISH_NONE && a->seq >= 0 && a->n_computed < end && end <= cacheable(a) &&
+        if (a->finish == SCHED_FINISH_NONE && !a->embed && a->seq >= 0 && a->n_computed < end && end <= cacheable(a) &&
             a->salt_lo == r->salt_lo && a->salt_hi == r->salt_hi &&
             !memcmp(a->tokens, r->tokens, (size_t)end * sizeof *r->tokens))
             return true;
@@ -764,7 +784,7 @@ static void share_prefill(struct sched *s)
     for (int i = 0; i < s->n_active; i++) {
         struct req *r = s->active[i];
         r->dedup_wait = false;
-        if (!s->eng.prefix_attach || r->no_share || r->finish != SCHED_FINISH_NONE || r->n_computed >= cacheable(r))
+        if (!s->eng.prefix_attach || r->no_share || r->embed || r->finish != SCHED_FINISH_NONE || r->n_computed >= cacheable(r))
             continue;
         struct sched_prefix_hit hit = {0};
         s->eng.prefix_attach(s->eng.ctx, r->seq, r->tokens, cacheable(r), false, 0.0, &hit);
@@ -786,7 +806,7 @@ static void share_prefill(struct sched *s)
 static void publish_computed(struct sched *s)
 {
     for (int i = 0; s->eng.prefix_publish && i < s->n_active; i++)
-        if (s->active[i]->seq >= 0 && !s->active[i]->no_share)
+        if (s->active[i]->seq >= 0 && !s->active[i]->no_share && !s->active[i]->embed)
             s->eng.prefix_publish(s->eng.ctx, s->active[i]->seq, s->active[i]->tokens, s->active[i]->n_computed,
                                   false);
 }
@@ -801,6 +821,7 @@ static void batch_add(struct sched *s, int32_t *n, struct req *r, int32_t count,
         s->b_pos[*n] = pos;
         s->b_seq[*n] = r->seq;
         s->b_logits[*n] = (i == count - 1) && (pos + 1 == r->n_tokens) && r->max_tokens > 0;
+        s->b_embed[*n] = r->embed;
         if (s->b_logits[*n])
             s->b_owner[(*n_rows)++] = r;
         (*n)++;
@@ -815,6 +836,7 @@ static void batch_add_drafts(struct sched *s, int32_t *n, struct req *r, int32_t
         s->b_pos[*n] = r->n_computed + 1 + j;
         s->b_seq[*n] = r->seq;
         s->b_logits[*n] = true;
+        s->b_embed[*n] = false;
         s->b_owner[(*n_rows)++] = r;
         (*n)++;
     }
@@ -822,12 +844,18 @@ static void batch_add_drafts(struct sched *s, int32_t *n, struct req *r, int32_t
 
 static bool is_decoder(const struct req *r)
 {
-    return r->n_tokens - r->n_computed == 1 && r->finish == SCHED_FINISH_NONE;
+    return r->n_tokens - r->n_computed == 1 && !r->embed && r->finish == SCHED_FINISH_NONE;
+}
+
+/* r has prompt left to compute (an embedding request: any; else more than its last token's). */
+static bool has_prefill(const struct req *r)
+{
+    return r->n_tokens - r->n_computed > (r->embed ? 0 : 1);
 }
 
 static bool is_prefilling(const struct req *r)
 {
-    return r->n_tokens - r->n_computed > 1 && !r->skip_step && !r->dedup_wait && r->finish == SCHED_FINISH_NONE;
+    return has_prefill(r) && !r->skip_step && !r->dedup_wait && r->finish == SCHED_FINISH_NONE;
 }
 
 /* The cost of one more token in a step with n_decode decoders, as a fraction
@@ -935,7 +963,14 @@ static int32_t build_batch(struct sched *s, int32_t *n_rows, int *n_prefill_out)
         int32_t budget = s->cfg.max_batch_tokens - n;
         if (budget > limit - (n - n_decode))
             budget = limit - (n - n_decode);
-        if (r->n_tokens - r->n_computed <= 1 || r->skip_step || r->dedup_wait || r->finish != SCHED_FINISH_NONE ||
+        if (r->embed && is_prefilling(r) && chunk > s->cfg.max_batch_tokens - n)
+            break; /* whole or not at all, and no newer chunk takes its room */
+        if (r->embed && is_prefilling(r)) {
+            batch_add(s, &n, r, chunk, n_rows); /* beyond the cost model's limit: it cannot be split */
+            n_prefill++;
+            continue;
+        }
+        if (!has_prefill(r) || r->skip_step || r->dedup_wait || r->finish != SCHED_FINISH_NONE ||
             budget <= 0)
             continue;
         batch_add(s, &n, r, chunk < budget ? chunk : budget, n_rows);
@@ -955,8 +990,7 @@ static void drop_newest_prefill(struct sched *s)
     struct req *newest = NULL;
     for (int i = 0; i < s->n_active; i++) {
         struct req *r = s->active[i];
-        if (r->n_tokens - r->n_computed > 1 && !r->skip_step && !r->dedup_wait && r->finish == SCHED_FINISH_NONE &&
-            (!newest || r->admit_order > newest->admit_order))
+        if (is_prefilling(r) && (!newest || r->admit_order > newest->admit_order))
             newest = r;
     }
     if (newest)
@@ -995,8 +1029,11 @@ static int32_t run_batch(struct sched *s, int32_t *n_rows)
         if (n == 0 && (s->n_active == 0 || !any_skipped(s)))
             return 0; /* nothing to run: finished or waiting for another's pages */
         if (n > 0) {
-            struct sched_batch b = {n, s->b_tokens, s->b_pos, s->b_seq, s->b_logits};
-            ks_status st = s->eng.forward(s->eng.ctx, &b, s->logits);
+            struct sched_batch b = {n, s->b_tokens, s->b_pos, s->b_seq, s->b_logits, NULL};
+            for (int32_t i = 0; i < n && !b.embed; i++)
+                b.embed = s->b_embed[i] ? s->b_embed : NULL;
+            ks_status st = b.embed ? s->eng.forward_embd(s->eng.ctx, &b, s->logits, s->embd)
+                                   : s->eng.forward(s->eng.ctx, &b, s->logits);
             if (st == KS_OK)
                 return n;
             if (st != KS_ERR_KV_FULL) {
@@ -1175,6 +1212,25 @@ static int fork_choices(struct sched *s, struct req *lead)
     return n;
 }
 
+/* The step's embedding requests are done: each takes its pooled row (rows
+ * in the order of their first entries, as forward_embd writes them). */
+static void take_embeddings(struct sched *s, int32_t n)
+{
+    int32_t row = 0;
+    for (int32_t i = 0; i < n; i++) {
+        if (!s->b_embed[i] || (i > 0 && s->b_embed[i - 1] && s->b_seq[i - 1] == s->b_seq[i]))
+            continue;
+        for (int j = 0; j < s->n_active; j++)
+            if (s->active[j]->seq == s->b_seq[i]) {
+                struct req *r = s->active[j];
+                memcpy(r->embd, s->embd + (size_t)row * s->eng.n_embd, (size_t)s->eng.n_embd * sizeof *r->embd);
+                r->finish = SCHED_FINISH_STOP;
+                break;
+            }
+        row++;
+    }
+}
+
 /* Advance n_computed for what ran (drafts count once verified, in
  * verify_rows), sample every row and deliver events. */
 static void finish_step(struct sched *s, int32_t n, int32_t n_rows)
@@ -1193,6 +1249,7 @@ static void finish_step(struct sched *s, int32_t n, int32_t n_rows)
                 finish_warm_up(r);
                 break;
             }
+    take_embeddings(s, n);
     SCHED_DEBUG_CHECK(s, "finish_step");
     pthread_mutex_unlock(&s->mu);
 
@@ -1416,6 +1473,8 @@ static ks_status check_config(const struct sched_config *c, const struct sched_e
                        SPEC_DRAFT_LIMIT, c->draft_max, c->draft_min);
     if (c->spec_type != SPEC_NONE && (!e->sampler_verify || !e->seq_truncate))
         return ks_fail(KS_ERR_INVALID_ARG, "scheduler engine: speculation needs sampler_verify and seq_truncate");
+    if (e->forward_embd && e->n_embd < 1)
+        return ks_fail(KS_ERR_INVALID_ARG, "scheduler engine: embeddings need n_embd >= 1");
     if (!e->prefix_attach != !e->prefix_publish || (e->prefix_attach && e->page_tokens < 1))
         return ks_fail(KS_ERR_INVALID_ARG, "scheduler engine: a prefix cache needs attach, publish and a page size");
     return KS_OK;
@@ -1429,6 +1488,8 @@ static ks_status alloc_scratch(struct sched *s)
     s->b_pos = malloc((size_t)n * sizeof *s->b_pos);
     s->b_seq = malloc((size_t)n * sizeof *s->b_seq);
     s->b_logits = malloc((size_t)n * sizeof *s->b_logits);
+    s->b_embed = malloc((size_t)n * sizeof *s->b_embed);
+    s->embd = malloc((size_t)s->cfg.parallel * (size_t)(s->eng.n_embd > 0 ? s->eng.n_embd : 1) * sizeof *s->embd);
     s->b_owner = malloc((size_t)n * sizeof *s->b_owner);
     s->forked = malloc((size_t)s->cfg.parallel * sizeof *s->forked);
     /* one row per active sequence, and draft rows for a few verifying ones */
@@ -1438,7 +1499,7 @@ static ks_status alloc_scratch(struct sched *s)
     s->cap_rows = s->cfg.parallel + draft_rows;
     s->logits = malloc((size_t)s->cap_rows * (size_t)s->eng.n_vocab * sizeof *s->logits);
     s->active = malloc((size_t)s->cfg.parallel * sizeof *s->active);
-    if (!s->b_tokens || !s->b_pos || !s->b_seq || !s->b_logits || !s->b_owner || !s->forked || !s->logits || !s->active)
+    if (!s->b_tokens || !s->b_pos || !s->b_seq || !s->b_logits || !s->b_embed || !s->embd || !s->b_owner || !s->forked || !s->logits || !s->active)
         return ks_fail(KS_ERR_NOMEM, "scheduler scratch: out of memory");
     return KS_OK;
 }
@@ -1449,6 +1510,8 @@ static void free_scratch(struct sched *s)
     free(s->b_pos);
     free(s->b_seq);
     free(s->b_logits);
+    free(s->b_embed);
+    free(s->embd);
     free(s->b_owner);
     free(s->forked);
     free(s->logits);

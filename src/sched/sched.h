@@ -69,6 +69,7 @@ struct sched_batch {
     const int32_t *pos;
     const int32_t *seq;
     const bool *want_logits;
+    const bool *embed;       /* NULL: no embedding request in the batch; else per entry: it is one's */
 };
 
 struct sched_engine {
@@ -92,6 +93,12 @@ struct sched_engine {
     ks_status (*sampler_verify)(void *ctx, void *sampler, const float *logits, const int32_t *history,
                                 int32_t n_history, int32_t draft, struct sample_result *out, bool *accepted);
     ks_status (*seq_truncate)(void *ctx, int32_t seq, int32_t len);
+    /* Optional embeddings (both or neither): n_embd floats per input, and
+     * forward with the batch's embedding requests (b->embed; each one whole
+     * in the batch from position 0) pooled into embd, one row per embedding
+     * sequence in the order of its first entry. */
+    int32_t n_embd;
+    ks_status (*forward_embd)(void *ctx, const struct sched_batch *b, float *logits, float *embd);
     /* Optional: can the cache take n_new more tokens right now (admission)? */
     bool (*can_admit)(void *ctx, int32_t n_new_tokens);
     /* Optional: the live cache, handed to between-step hooks (NULL if none). */
@@ -120,7 +127,9 @@ struct sched_engine {
 
 /* The real engine: the model (borrowed, must outlive the engine), a KV cache
  * made from kv_cfg and a model context for max_batch_tokens on pool (both
- * owned: destroy() frees them). Defined in sched_engine.c. */
+ * owned: destroy() frees them). It computes embeddings (forward_embd) when the
+ * model pools mean, cls or last at this call (model_set_pooling first).
+ * Defined in sched_engine.c. */
 struct kv_config;
 struct threads_pool;
 ks_status sched_engine_model(struct model *m, const struct kv_config *kv_cfg, int32_t max_batch_tokens,
@@ -184,6 +193,8 @@ struct sched_event {
     int32_t n_drafted;                /* draft tokens verified so far (speculation) */
     int32_t n_accepted;               /* of which accepted */
     const char *error;                /* SCHED_FINISH_ERROR only */
+    const float *embd;                /* an embedding request's final event with finish STOP: its
+                                         engine n_embd floats (pooled, not normalized); else NULL */
 };
 typedef void (*sched_event_fn)(void *user, const struct sched_event *ev);
 
@@ -208,6 +219,16 @@ struct sched_request {
     struct {
         uint64_t lo, hi;
     } cache_salt;
+    /* An embedding request (the engine must have forward_embd): the prompt is
+     * computed in one step (so n_prompt <= max_batch_tokens - parallel + 1,
+     * else KS_ERR_RANGE), never served from nor offered to the prefix cache
+     * (a non-causal model's K/V depend on the whole input, and pooling reads
+     * every token's hidden state, which the cache does not keep), and its pages
+     * are freed when it ends. Nothing is sampled (max_tokens and sampling are
+     * ignored): its one final event carries the embedding. A step that has
+     * no room for the whole prompt adds no prefill chunk after it, so it is
+     * never passed over for good. */
+    bool embed;
 };
 
 /* One choice of sched_submit_n: its own sampling (seed, grammar) and the

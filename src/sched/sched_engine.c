@@ -54,6 +54,23 @@ static ks_status me_forward(void *ctx, const struct sched_batch *b, float *logit
     return model_forward(e->mctx, e->kv, &mb, logits, NULL);
 }
 
+static ks_status me_forward_embd(void *ctx, const struct sched_batch *b, float *logits, float *embd)
+{
+    struct model_engine *e = ctx;
+    struct model_batch mb = {
+        .n_tokens = b->n_tokens, .tokens = b->tokens, .pos = b->pos, .seq = b->seq,
+        .want_logits = b->want_logits,
+    };
+    return model_forward_embed(e->mctx, e->kv, &mb, b->embed, logits, NULL, embd, NULL);
+}
+
+/* Pooling the forward pass can do (model_forward_embed). */
+static bool pools(const struct model *m)
+{
+    enum model_pooling p = model_hparams(m)->pooling;
+    return p == MODEL_POOLING_MEAN || p == MODEL_POOLING_CLS || p == MODEL_POOLING_LAST;
+}
+
 static ks_status me_sampler_create(void *ctx, const struct sample_params *p, void **out)
 {
     struct model_engine *e = ctx;
@@ -311,6 +328,10 @@ ks_status sched_engine_model(struct model *m, const struct kv_config *kv_cfg, in
         .sampler_free = me_sampler_free, .sampler_verify = me_sampler_verify, .seq_truncate = me_seq_truncate,
         .can_admit = me_can_admit, .cache = me_cache, .destroy = me_destroy,
     };
+    if (pools(m)) {
+        out->n_embd = model_hparams(m)->n_embd;
+        out->forward_embd = me_forward_embd;
+    }
     if (kv_cfg->prefix_cache) {
         out->prefix_attach = me_prefix_attach;
         out->prefix_publish = me_prefix_publish;

@@ -280,6 +280,8 @@ static const struct route {
     {"/v1/messages/count_tokens", "POST", false, server_route_count_tokens},
     {"/v1/responses", "POST", false, server_route_responses},
     {"/responses", "POST", false, server_route_responses},
+    {"/v1/embeddings", "POST", false, server_route_embeddings},
+    {"/embeddings", "POST", false, server_route_embeddings_native},
 };
 
 const char *server_req_arg(const struct server_req *rq, const char *name)

@@ -8,7 +8,8 @@
  * GET /health, GET /metrics (Prometheus text),
  * GET /cache/usage, POST /cache/requantize, POST /cache/policy,
  * GET /cache/prefixes, POST /cache/clear (the prefix cache's RAM and SSD
- * tiers), GET / (a live page of the KV pool). Errors have OpenAI's shape
+ * tiers), GET / (a live page of the KV pool), POST /v1/embeddings and
+ * llama-server's POST /embeddings (with --embeddings). Errors have OpenAI's shape
  * {"error":{"message","type","code"}}. The server tokenizes and detokenizes;
  * the scheduler only sees token ids. */
 #ifndef KS_SERVER_H
@@ -83,6 +84,12 @@ struct server_config {
     /* Server-wide defaults of llama.cpp's other samplers (--typical, --dry-*, --xtc-*,
      * --mirostat*, --samplers, ...), borrowed; NULL: llama.cpp's defaults. */
     const struct server_samplers *samplers;
+    /* Embeddings (server_embed.c): --embeddings turns on POST /v1/embeddings and /embeddings (off: 501);
+     * the scheduler's engine must compute them (sched_engine.forward_embd). */
+    bool embeddings;
+    int32_t n_embd;           /* the model's embedding width: a request's 'dimensions' must equal it */
+    bool no_generation;       /* the model's attention is not causal (an embedding model): completion
+                                 routes answer 501 */
 };
 
 /* The other samplers' server-wide defaults (server_samplers.c). */

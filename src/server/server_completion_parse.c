@@ -607,7 +607,7 @@ ks_status server_completion_parse(struct server *srv, bool chat, const char *bod
 /* Does name name the model this server serves: its id in /v1/models (the
  * alias, or the file's name), the file's name without .gguf, its path, or ""
  * (clients that leave it blank)? */
-static bool model_served(const struct server *srv, const char *name)
+bool server_model_served(const struct server *srv, const char *name)
 {
     const char *path = srv->cfg.model_path ? srv->cfg.model_path : "";
     const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
@@ -619,6 +619,10 @@ static bool model_served(const struct server *srv, const char *name)
 ks_status server_request_parse(struct server *srv, enum server_api api, const char *body, size_t len,
                                struct call **out, struct sched_request *rq, struct reply *r)
 {
+    if (srv->cfg.no_generation)
+        return reply_fail(r, KS_ERR_UNSUPPORTED, "not_supported",
+                          "this model's attention is not causal (an embedding model): it serves /v1/embeddings "
+                          "(with --embeddings), not completions");
     bool chat = api == SERVER_API_CHAT;
     cJSON *root;
     ks_status st = server_parse_object(body, len, false, &root, r);
@@ -630,7 +634,7 @@ ks_status server_request_parse(struct server *srv, enum server_api api, const ch
         return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_type", "'model' must be a string");
     }
     /* the OpenAI routes name their model; another would be answered by this one unawares */
-    if (model && api != SERVER_API_NATIVE && !model_served(srv, model->valuestring)) {
+    if (model && api != SERVER_API_NATIVE && !server_model_served(srv, model->valuestring)) {
         st = reply_fail(r, KS_ERR_NOT_FOUND, "model_not_found", /* 404, as OpenAI and vLLM answer it */
                         "'model' is '%.200s' but this server serves '%s' (see GET /v1/models; --alias names it)",
                         model->valuestring, srv->model_name);

@@ -393,6 +393,14 @@ void server_prefix_metrics(struct server *srv, struct sbuf *b, const struct sche
 cJSON *server_redis_usage_json(struct server *srv); /* null without the shared tier (server_redis.c) */
 void server_redis_metrics(struct server *srv, struct sbuf *b);
 
+/* server_completion_parse.c: does a request's 'model' name the served model (its /v1/models id, the
+ * file's name with or without .gguf, its path, or "")? */
+bool server_model_served(const struct server *srv, const char *name);
+
+/* server_embed.c: POST /v1/embeddings (OpenAI's shape) and /embeddings (llama-server's) */
+ks_status server_route_embeddings(struct server *srv, const struct server_req *rq, struct reply *r);
+ks_status server_route_embeddings_native(struct server *srv, const struct server_req *rq, struct reply *r);
+
 /* server_page.c: the live page, embedded at build time from src/server/page/ */
 ks_status server_route_page(struct server *srv, const struct server_req *rq, struct reply *r);
 

@@ -178,6 +178,37 @@ static ks_status m_forward(void *ctx, const struct sched_batch *b, float *logits
     return st;
 }
 
+/* The embedding sequences of b, in the order of their first entries: (count, sum of tokens, 0...). */
+static void m_embed_rows(struct mock_engine *m, const struct sched_batch *b, float *embd)
+{
+    int32_t row = 0;
+    for (int32_t i = 0; i < b->n_tokens; i++) {
+        if (!b->embed[i] || (i > 0 && b->embed[i - 1] && b->seq[i - 1] == b->seq[i]))
+            continue;
+        float *v = embd + (size_t)row++ * m->cfg.n_embd;
+        memset(v, 0, (size_t)m->cfg.n_embd * sizeof *v);
+        m->st.bad_embeds += b->pos[i] != 0;
+        for (int32_t k = i; k < b->n_tokens && b->seq[k] == b->seq[i]; k++) {
+            v[0] += 1.0f;
+            if (m->cfg.n_embd > 1)
+                v[1] += (float)b->tokens[k];
+        }
+        m->st.embedded++;
+    }
+}
+
+static ks_status m_forward_embd(void *ctx, const struct sched_batch *b, float *logits, float *embd)
+{
+    struct mock_engine *m = ctx;
+    ks_status st = m_forward(ctx, b, logits);
+    if (st)
+        return st;
+    pthread_mutex_lock(&m->mu);
+    m_embed_rows(m, b, embd);
+    pthread_mutex_unlock(&m->mu);
+    return KS_OK;
+}
+
 static ks_status m_sampler_create(void *ctx, const struct sample_params *p, void **out)
 {
     (void)ctx;
@@ -302,6 +333,10 @@ struct sched_engine mock_engine_sched(struct mock_engine *m, bool owned)
         .sampler_free = m_sampler_free, .sampler_verify = m_sampler_verify, .seq_truncate = m_seq_truncate,
         .cache = m->kv ? m_cache : NULL, .destroy = owned ? m_destroy : NULL,
     };
+    if (m->cfg.n_embd > 0) {
+        e.n_embd = m->cfg.n_embd;
+        e.forward_embd = m_forward_embd;
+    }
     return e;
 }
 

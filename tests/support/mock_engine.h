@@ -43,6 +43,9 @@ struct mock_engine_config {
      * one repeat_period back, except at every surprise_every-th position
      * (0: never), where it is the hash. */
     int32_t repeat_period, surprise_every;
+    /* > 0: the engine computes embeddings of n_embd floats (forward_embd):
+     * an input's vector is (its token count, the sum of its tokens, 0...) */
+    int32_t n_embd;
 };
 
 struct mock_engine_stats {
@@ -57,6 +60,8 @@ struct mock_engine_stats {
     int truncations;        /* seq_truncate calls that dropped tokens */
     int watch_steps;        /* steps that fed the watched prompt (mock_engine_watch) */
     int watch_idle_steps;   /* steps that did not while it was still in prefill */
+    int bad_embeds;         /* embedding sequences that did not start at 0 in their step */
+    uint64_t embedded;      /* embedding vectors computed */
 };
 
 struct mock_engine;
