@@ -1,7 +1,7 @@
 // Real clients from npm against `kvserve serve`, unchanged: the Vercel AI SDK
 // through @ai-sdk/openai-compatible (generateText, streamText, generateObject
 // with a zod schema, a tool call) and LangChain's ChatOpenAI (invoke, stream,
-// structured output). Each answer is checked against the same request sent
+// structured output) and OpenAIEmbeddings (base64 vectors, decoded by the client). Each answer is checked against the same request sent
 // as plain JSON (temperature 0: the same text), or against its schema.
 // Exits 77 when the packages or the model are missing.
 import { spawn } from 'node:child_process';
@@ -25,7 +25,8 @@ try {
 
 function startServer() {
   return new Promise((resolve, reject) => {
-    const p = spawn(bin, ['serve', '-m', model, '--alias', 'x', '--port', '0', '-c', '1024', '--parallel', '4'],
+    const p = spawn(bin, ['serve', '-m', model, '--alias', 'x', '--port', '0', '-c', '1024', '--parallel', '4',
+                          '--embeddings', '--pooling', 'mean'],
                     { stdio: ['ignore', 'ignore', 'pipe'] });
     let log = '';
     const timer = setTimeout(() => reject(new Error('server did not start:\n' + log)), 60000);
@@ -108,6 +109,29 @@ try {
                                            configuration: { baseURL: base } }).withStructuredOutput(schema, { method: 'jsonSchema' });
     const o = await structured.invoke('A film as JSON.');
     assert.ok(schema.safeParse(o).success, JSON.stringify(o));
+  });
+  const texts = ['The cat sat on the mat.', 'Once upon a time'];
+  const rawEmbed = async (input) => {
+    const r = await fetch(`${base}/embeddings`, { method: 'POST', headers: { 'Content-Type': 'application/json' },
+      body: JSON.stringify({ model: 'x', input }) });
+    assert.equal(r.status, 200);
+    return (await r.json()).data.map((d) => d.embedding);
+  };
+  const close = (a, b) => a.length === b.length && a.every((x, i) => Math.abs(x - b[i]) < 1e-5);
+  const wantVec = await rawEmbed(texts);
+  await check('ai: embedMany gives the route\'s vectors', async () => {
+    const em = provider.textEmbeddingModel ? provider.textEmbeddingModel('x') : provider.embeddingModel('x');
+    const r = await ai.embedMany({ model: em, values: texts });
+    assert.ok(r.embeddings.length === 2 && r.embeddings.every((v, i) => close(v, wantVec[i])));
+  });
+  await check('langchain: OpenAIEmbeddings embeds documents and a query as the route does', async () => {
+    const e = new lc.OpenAIEmbeddings({ model: 'x', apiKey: 'none', configuration: { baseURL: base } });
+    const docs = await e.embedDocuments(texts);
+    assert.equal(docs.length, 2);
+    assert.ok(docs.every((v, i) => close(v, wantVec[i])));
+    assert.ok(close(await e.embedQuery(texts[1]), wantVec[1]));
+    const norm = Math.sqrt(wantVec[0].reduce((a, x) => a + x * x, 0));
+    assert.ok(Math.abs(norm - 1) < 1e-4, `normalized (${norm})`);
   });
 } finally {
   p.kill('SIGTERM');
