@@ -328,13 +328,6 @@ static ks_status thinking(cJSON *chat, const cJSON *root, struct reply *r)
 }
 
 /* Copy root[from] to chat[to] (the chat route checks its value). */
-static void copy_field(cJSON *chat, const cJSON *root, const char *from, const char *to)
-{
-    const cJSON *v = field(root, from);
-    if (v)
-        server_json_add(chat, to, cJSON_Duplicate(v, 1));
-}
-
 /* The chat body of a Messages request; counting: count_tokens's (no
  * max_tokens, nothing generated). */
 static ks_status to_chat(const cJSON *root, bool counting, cJSON **out, struct reply *r)
@@ -356,14 +349,10 @@ static ks_status to_chat(const cJSON *root, bool counting, cJSON **out, struct r
         /* not "model": Anthropic's clients name Claude models (Claude Code,
          * the SDK's defaults) and mean whatever this server serves, as
          * llama-server takes them; the answer echoes the name given */
-        copy_field(chat, root, "max_tokens", "max_tokens");
-        copy_field(chat, root, "stop_sequences", "stop");
-        copy_field(chat, root, "temperature", "temperature");
-        copy_field(chat, root, "top_p", "top_p");
-        copy_field(chat, root, "top_k", "top_k");
-        copy_field(chat, root, "stream", "stream");
-        if (cJSON_IsTrue(field(root, "stream")))
-            cJSON_AddTrueToObject(cJSON_AddObjectToObject(chat, "stream_options"), "include_usage");
+        static const char *const map[][2] = {{"max_tokens", "max_tokens"}, {"stop_sequences", "stop"},
+                                             {"temperature", "temperature"}, {"top_p", "top_p"},
+                                             {"top_k", "top_k"}, {"stream", "stream"}};
+        server_proxy_copy_fields(chat, root, map, sizeof map / sizeof *map);
         if (server_json_failed())
             st = oom(r);
     }

@@ -94,6 +94,17 @@ ks_status server_proxy_join_text(const cJSON *v, const char *const *types, int n
     return *out ? KS_OK : KS_ERR_NOMEM;
 }
 
+void server_proxy_copy_fields(cJSON *chat, const cJSON *root, const char *const (*map)[2], size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, map[i][0]);
+        if (v && !cJSON_IsNull(v))
+            server_json_add(chat, map[i][1], cJSON_Duplicate(v, 1));
+    }
+    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "stream")))
+        cJSON_AddTrueToObject(cJSON_AddObjectToObject(chat, "stream_options"), "include_usage");
+}
+
 ks_status server_proxy_fail(const struct proxy_api *api, struct reply *r, ks_status st)
 {
     char msg[1024];

@@ -67,5 +67,8 @@ const char *server_proxy_serial(const char *chat_id);
  * blocks joined with "\n" (*out malloc'd). Errors: KS_ERR_INVALID_ARG v is
  * neither (or a block is not one of types), KS_ERR_NOMEM; no message set. */
 ks_status server_proxy_join_text(const cJSON *v, const char *const *types, int n_types, char **out);
+/* Copy root's fields map[i][0] into chat as map[i][1] (those present), and
+ * ask for the usage chunk when root streams (the answers carry usage). */
+void server_proxy_copy_fields(cJSON *chat, const cJSON *root, const char *const (*map)[2], size_t n);
 
 #endif

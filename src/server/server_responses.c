@@ -285,13 +285,6 @@ static ks_status text_and_reasoning(cJSON *chat, const cJSON *root, struct reply
     return server_json_failed() ? oom(r) : KS_OK;
 }
 
-static void copy_field(cJSON *chat, const cJSON *root, const char *from, const char *to)
-{
-    const cJSON *v = field(root, from);
-    if (v)
-        server_json_add(chat, to, cJSON_Duplicate(v, 1));
-}
-
 static ks_status to_chat(const cJSON *root, cJSON **out, struct reply *r)
 {
     ks_status st = check_fields(root, r);
@@ -301,14 +294,10 @@ static ks_status to_chat(const cJSON *root, cJSON **out, struct reply *r)
     if (!(st = input(chat, root, r)) && !(st = tools(chat, root, r)) && !(st = tool_choice(chat, root, r)))
         st = text_and_reasoning(chat, root, r);
     if (!st) {
-        copy_field(chat, root, "model", "model");
-        copy_field(chat, root, "max_output_tokens", "max_tokens");
-        copy_field(chat, root, "temperature", "temperature");
-        copy_field(chat, root, "top_p", "top_p");
-        copy_field(chat, root, "parallel_tool_calls", "parallel_tool_calls");
-        copy_field(chat, root, "stream", "stream");
-        if (cJSON_IsTrue(field(root, "stream")))
-            cJSON_AddTrueToObject(cJSON_AddObjectToObject(chat, "stream_options"), "include_usage");
+        static const char *const map[][2] = {{"model", "model"}, {"max_output_tokens", "max_tokens"},
+                                             {"temperature", "temperature"}, {"top_p", "top_p"},
+                                             {"parallel_tool_calls", "parallel_tool_calls"}, {"stream", "stream"}};
+        server_proxy_copy_fields(chat, root, map, sizeof map / sizeof *map);
         if (server_json_failed())
             st = oom(r);
     }
