@@ -613,7 +613,8 @@ bool server_model_served(const struct server *srv, const char *name)
     const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
     size_t n = strlen(base);
     bool stem = n > 5 && !strcmp(base + n - 5, ".gguf") && strlen(name) == n - 5 && !strncmp(name, base, n - 5);
-    return !*name || !strcmp(name, srv->model_name) || (*path && (!strcmp(name, path) || !strcmp(name, base))) || stem;
+    return !*name || (srv->model_name && !strcmp(name, srv->model_name)) ||
+           (*path && (!strcmp(name, path) || !strcmp(name, base))) || stem;
 }
 
 ks_status server_request_parse(struct server *srv, enum server_api api, const char *body, size_t len,
@@ -637,7 +638,7 @@ ks_status server_request_parse(struct server *srv, enum server_api api, const ch
     if (model && api != SERVER_API_NATIVE && !server_model_served(srv, model->valuestring)) {
         st = reply_fail(r, KS_ERR_NOT_FOUND, "model_not_found", /* 404, as OpenAI and vLLM answer it */
                         "'model' is '%.200s' but this server serves '%s' (see GET /v1/models; --alias names it)",
-                        model->valuestring, srv->model_name);
+                        model->valuestring, srv->model_name ? srv->model_name : "kvserve");
         cJSON_Delete(root);
         return st;
     }
