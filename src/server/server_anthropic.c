@@ -348,7 +348,7 @@ static ks_status to_chat(const cJSON *root, bool counting, cJSON **out, struct r
     if (!st && !counting) {
         /* not "model": Anthropic's clients name Claude models (Claude Code,
          * the SDK's defaults) and mean whatever this server serves, as
-         * llama-server takes them; the answer echoes the name given */
+         * llama-server takes them; the answer names the served model */
         static const char *const map[][2] = {{"max_tokens", "max_tokens"}, {"stop_sequences", "stop"},
                                              {"temperature", "temperature"}, {"top_p", "top_p"},
                                              {"top_k", "top_k"}, {"stream", "stream"}};
