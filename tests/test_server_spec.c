@@ -224,8 +224,20 @@ static void test_metrics_count_drafts(void **state)
     const char *a = strstr(m, "\nkvserve_spec_accepted_tokens_total ");
     assert_non_null(d);
     assert_non_null(a);
-    assert_true(strtod(a + strlen("\nkvserve_spec_accepted_tokens_total "), NULL) > 0);
+    double drafted = strtod(d + strlen("\nkvserve_spec_draft_tokens_total "), NULL);
+    double accepted = strtod(a + strlen("\nkvserve_spec_accepted_tokens_total "), NULL);
+    assert_true(accepted > 0);
     free(m);
+    /* the same figures in /cache/usage, for the live page */
+    char *u = request(F.spec, "GET", "/cache/usage", NULL, &status);
+    assert_int_equal(status, 200);
+    cJSON *j = cJSON_Parse(u);
+    const cJSON *sp = cJSON_GetObjectItem(j, "speculation");
+    assert_non_null(sp);
+    assert_true(cJSON_GetObjectItem(sp, "draft_tokens")->valuedouble >= drafted);
+    assert_true(cJSON_GetObjectItem(sp, "accepted_tokens")->valuedouble >= accepted);
+    cJSON_Delete(j);
+    free(u);
 }
 
 /* ---- setup -------------------------------------------------------------------------- */

@@ -241,6 +241,10 @@ static void usage_hook(void *user, struct kv_cache *kv)
         struct sched_stats st;
         sched_get_stats(u->srv->sched, &st);
         server_json_add(o, "prefix", server_prefix_usage_json(&us, &st));
+        cJSON *sp = cJSON_AddObjectToObject(o, "speculation"); /* all zero without --spec-type */
+        cJSON_AddNumberToObject(sp, "draft_tokens", (double)st.spec_draft_tokens);
+        cJSON_AddNumberToObject(sp, "accepted_tokens", (double)st.spec_accepted_tokens);
+        cJSON_AddNumberToObject(sp, "verifications", (double)st.spec_verifications);
     }
     server_json_add(o, "disk", server_disk_usage_json(u->srv));
     server_json_add(o, "redis", server_redis_usage_json(u->srv));
