@@ -186,17 +186,22 @@ void server_reply_error(struct reply *r, unsigned status, const char *code, cons
     cJSON_AddStringToObject(err, "message", msg);
     cJSON_AddStringToObject(err, "type", status >= 500 ? "server_error" : "invalid_request_error");
     cJSON_AddStringToObject(err, "code", code ? code : server_default_error_code(status));
-    char *s = server_json_failed() ? NULL : cJSON_PrintUnformatted(root);
-    cJSON_Delete(root);
+    server_reply_error_json(r, status, root, oom);
+}
+
+void server_reply_error_json(struct reply *r, unsigned status, cJSON *o, const char *oom_body)
+{
+    char *s = server_json_failed() ? NULL : cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
     if (s && server_json_failed()) {
         free(s);
         s = NULL;
     }
     r->status = s ? status : 500;
     r->content_type = "application/json";
-    r->body = s ? s : (char *)oom;
+    r->body = s ? s : (char *)oom_body;
     r->body_static = !s;
-    r->len = s ? strlen(s) : sizeof oom - 1;
+    r->len = strlen(r->body);
 }
 
 void server_config_default(struct server_config *cfg)

@@ -48,17 +48,7 @@ void server_anthropic_error(struct reply *r, unsigned status, const char *code, 
     cJSON *e = cJSON_AddObjectToObject(o, "error");
     cJSON_AddStringToObject(e, "type", error_type(status));
     cJSON_AddStringToObject(e, "message", named);
-    char *s = server_json_failed() ? NULL : cJSON_PrintUnformatted(o);
-    cJSON_Delete(o);
-    if (s && server_json_failed()) {
-        free(s);
-        s = NULL;
-    }
-    r->status = s ? status : 500;
-    r->content_type = "application/json";
-    r->body = s ? s : (char *)oom;
-    r->body_static = !s;
-    r->len = s ? strlen(s) : sizeof oom - 1;
+    server_reply_error_json(r, status, o, oom);
 }
 
 bool server_anthropic_path(const char *path)

@@ -164,6 +164,10 @@ void server_guard_cors_headers(const struct server *srv, const struct server_hea
 /* The OpenAI-shaped error reply (server.c); r's previous content is released. */
 void server_reply_error(struct reply *r, unsigned status, const char *code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
+/* An error reply of any API's shape: o (deleted here) printed as JSON with
+ * status, or, when it cannot be, 500 with the static oom_body (an error is
+ * never an empty body). r must be empty (reply_free). */
+void server_reply_error_json(struct reply *r, unsigned status, cJSON *o, const char *oom_body);
 
 /* A route: reads the request, fills r and returns KS_OK, or returns a failed
  * status with ks_errmsg() saying why (reply_fail adds an OpenAI error code).
