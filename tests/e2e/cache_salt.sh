@@ -6,24 +6,13 @@
 # --admin-key guards the admin routes (401 without a key, 403 with another),
 # and /cache/prefixes shows prompt text only with --cache-show-text.
 set -u
-bin=${KVSERVE_BIN:?}
-model=$(dirname "$bin")/default-model.gguf
-[ -f "$model" ] || { echo "skipped: $model not found (the build makes it)"; exit 77; }
-command -v curl >/dev/null || { echo "skipped: curl not installed"; exit 77; }
-tmp=$(mktemp -d)
-pid=
-trap '[ -n "$pid" ] && kill $pid 2>/dev/null; rm -rf "$tmp"' EXIT
-fail=0
-ok() { echo "ok   $*"; }
-bad() { echo "FAIL $*"; fail=1; }
+. "$(dirname "$0")/lib.sh"
 
 start() { # log file, extra flags...
   local log=$1; shift
   "$bin" serve -m "$model" --port 0 -c 1024 --parallel 2 -t 2 "$@" 2>"$log" &
   pid=$!
-  port=
-  for _ in $(seq 200); do port=$(grep -so '127.0.0.1:[0-9]*' "$log" | cut -d: -f2); [ -n "$port" ] && break; sleep 0.1; done
-  [ -n "$port" ] || { echo "server did not start"; cat "$log"; exit 1; }
+  wait_port "$log"
   url=http://127.0.0.1:$port
 }
 stop() { kill -TERM $pid; wait $pid; pid=; }

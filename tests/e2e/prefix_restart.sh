@@ -6,23 +6,12 @@
 # starts empty instead of crashing), and a bad, shared or linked --cache-dir is
 # refused with a message.
 set -u
-bin=${KVSERVE_BIN:?}
-model=$(dirname "$bin")/default-model.gguf
-[ -f "$model" ] || { echo "skipped: $model not found (the build makes it)"; exit 77; }
-command -v curl >/dev/null || { echo "skipped: curl not installed"; exit 77; }
-tmp=$(mktemp -d)
-pid=
-trap '[ -n "$pid" ] && kill $pid 2>/dev/null; rm -rf "$tmp"' EXIT
-fail=0
-ok() { echo "ok   $*"; }
-bad() { echo "FAIL $*"; fail=1; }
+. "$(dirname "$0")/lib.sh"
 
 start() { # log file
   "$bin" serve -m "$model" --port 0 -c 1024 --parallel 2 -t 2 --cache-dir "$tmp/cache" 2>"$1" &
   pid=$!
-  port=
-  for _ in $(seq 200); do port=$(grep -o '127.0.0.1:[0-9]*' "$1" | cut -d: -f2); [ -n "$port" ] && break; sleep 0.1; done
-  [ -n "$port" ] || { echo "server did not start"; cat "$1"; exit 1; }
+  wait_port "$1"
   url=http://127.0.0.1:$port
 }
 stop() {

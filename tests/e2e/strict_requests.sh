@@ -3,22 +3,11 @@
 # a real `kvserve serve` with curl: each gets 400 with a JSON error and a code,
 # the accepted neighbours still get 200, and every error carries a non-null code.
 set -u
-bin=${KVSERVE_BIN:?}
-model=$(dirname "$bin")/default-model.gguf
-[ -f "$model" ] || { echo "skipped: $model not found (the build makes it)"; exit 77; }
-command -v curl >/dev/null || { echo "skipped: curl not installed"; exit 77; }
-tmp=$(mktemp -d)
-pid=
-trap '[ -n "$pid" ] && kill $pid 2>/dev/null; rm -rf "$tmp"' EXIT
-fail=0
-ok() { echo "ok   $*"; }
-bad() { echo "FAIL $*"; fail=1; }
+. "$(dirname "$0")/lib.sh"
 
 "$bin" serve -m "$model" --port 0 -c 512 --parallel 2 -t 2 2>"$tmp/log" &
 pid=$!
-port=
-for _ in $(seq 200); do port=$(grep -sao '127.0.0.1:[0-9]*' "$tmp/log" | cut -d: -f2); [ -n "$port" ] && break; sleep 0.1; done
-[ -n "$port" ] || { echo "server did not start"; cat "$tmp/log"; exit 1; }
+wait_port "$tmp/log"
 url=http://127.0.0.1:$port
 
 post() { # body file or string (printf format) -> status; body in $tmp/body
