@@ -259,6 +259,8 @@ void kv_free(struct kv_cache *kv)
     if (!kv)
         return;
     KV_DEBUG_CHECK(kv, "kv_free"); /* the state every call before left */
+    if (kv->peer)
+        kv->peer->peer = NULL;
     for (int32_t i = 0; i < kv->n_page_slots; i++) {
         free(kv->pages[i].k);
         free(kv->pages[i].v);
@@ -360,7 +362,7 @@ ks_status kv_page_new(struct kv_cache *kv, enum quant_type tk, enum quant_type t
     pg->hits = 0;
     pg->lru_prev = pg->lru_next = -1;
     kv->used += kv_page_bytes(&kv->cfg, tk, tv);
-    assert(kv->used <= kv->cfg.mem_budget); /* the caller made room */
+    assert(kv_pool_used(kv) <= kv->cfg.mem_budget); /* the caller made room */
     kv->n_live_pages++;
     assert(kv->n_live_pages + kv->n_idle_pages + kv->n_free_slots == kv->n_page_slots);
     *id_out = id;
@@ -929,8 +931,11 @@ ks_status kv_check(const struct kv_cache *kv)
                      (int)kv->n_free_slots, (int)kv->n_page_slots);
     if (!st)
         st = kv_prefix_check(kv);
-    if (!st && kv->used > c->mem_budget)
-        st = ks_fail(KS_ERR_INTERNAL, "kv: %zu bytes used over a budget of %zu", kv->used, c->mem_budget);
+    if (!st && kv_pool_used(kv) > c->mem_budget)
+        st = ks_fail(KS_ERR_INTERNAL, "kv: %zu bytes used (%zu of them by the cache sharing the budget) over a budget of %zu",
+                     kv_pool_used(kv), kv_pool_used(kv) - kv->used, c->mem_budget);
+    if (!st && kv->peer && (kv->peer->peer != kv || kv->peer->cfg.mem_budget != c->mem_budget))
+        st = ks_fail(KS_ERR_INTERNAL, "kv: the cache sharing the budget does not share it back (or another limit)");
     free(refs);
     return st;
 }

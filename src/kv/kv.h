@@ -168,6 +168,27 @@ size_t kv_page_window_bytes(const struct kv_config *cfg, enum quant_type type_k,
 bool kv_layer_windowed(const struct kv_config *cfg, int layer);
 int kv_window_layers(const struct kv_config *cfg);
 
+/* One budget for two caches: a target model's and its draft model's
+ * (speculative decoding), whose layouts differ (n_layer, n_kv_head, head_dim)
+ * so they cannot be one cache. After kv_share_budget(kv, peer) both draw from
+ * kv's budget: one limit (kv's cfg.mem_budget, which becomes peer's too) and
+ * one count of bytes used, the sum of both caches' page storage
+ * (kv_budget_used; kv_usage reports the other cache's part as shared_used).
+ * A cache that needs room first makes it among its own pages as its policy
+ * says (the dynamic policy's watermarks compare the sum), then evicts the
+ * other cache's idle cached pages (least recently used first); it never
+ * demotes or takes pages the other cache's sequences hold. kv_fit counts the
+ * other cache's idle pages as reclaimable. Each cache keeps its own prefix
+ * keys (its own fingerprint: a draft cache's must differ from the target's),
+ * sequences and kv_check; kv_check also checks the sum against the limit.
+ * Both caches belong to one thread. kv_free of either ends the sharing.
+ * Errors: KS_ERR_STATE when either shares a budget already, peer is kv, or
+ * peer holds pages; KS_ERR_KV_FULL when the limit cannot hold one page of
+ * peer's start types (with the numbers). */
+ks_status kv_share_budget(struct kv_cache *kv, struct kv_cache *peer);
+/* Bytes of kv's budget in use: its pages and those of the cache sharing it. */
+size_t kv_budget_used(const struct kv_cache *kv);
+
 /* Debug aid: check every invariant (ref counts, accounting, page tables);
  * KS_ERR_INTERNAL with a description on the first broken one. Debug builds
  * (no NDEBUG; -DKS_KV_CHECK=0/1 overrides) also run it after every call here
@@ -514,7 +535,8 @@ struct kv_policy_update {
 ks_status kv_set_policy(struct kv_cache *kv, const struct kv_policy_update *u);
 
 struct kv_usage {
-    size_t budget, used, free;
+    size_t budget, used, free;               /* used: this cache's pages; free: budget - used - shared_used */
+    size_t shared_used;                      /* the pages of the cache sharing the budget (kv_share_budget), 0 without */
     int32_t n_pages;
     int32_t n_seqs;
     int64_t n_tokens;                        /* sum of sequence lengths */

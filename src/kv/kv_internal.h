@@ -84,7 +84,8 @@ struct kv_map {
 struct kv_cache {
     struct kv_config cfg;
     int page_shift;          /* log2(P) */
-    size_t used;             /* bytes of page storage, exact */
+    size_t used;             /* bytes of this cache's page storage, exact */
+    struct kv_cache *peer;   /* the cache sharing this one's budget (kv_share_budget), NULL: none */
 
     struct kv_page *pages;   /* (n_page_slots) */
     int32_t n_page_slots, cap_page_slots;
@@ -134,6 +135,12 @@ static inline uint8_t *kv_page_rows(const struct kv_cache *kv, const struct kv_p
     assert((unsigned)t < QUANT_TYPE_COUNT && kv->row_bytes[t] > 0 && part);
     size_t run = (size_t)kv->cfg.page_tokens * kv->row_bytes[t];
     return (uint8_t *)part + ((size_t)kv->layer_slot[layer] * (size_t)kv->cfg.n_kv_head + (size_t)head) * run;
+}
+
+/* Bytes drawn from kv's budget: its own pages and its peer's (kv_share_budget). */
+static inline size_t kv_pool_used(const struct kv_cache *kv)
+{
+    return kv->used + (kv->peer ? kv->peer->used : 0);
 }
 
 /* ---- invariants, kv.c ------------------------------------------------------ */

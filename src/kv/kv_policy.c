@@ -112,7 +112,7 @@ static size_t pending_bytes(const struct kv_cache *kv, size_t bytes, const struc
 
 static bool over(const struct kv_cache *kv, size_t bytes, const struct kv_grow_plan *plan, size_t goal)
 {
-    return kv->used + pending_bytes(kv, bytes, plan) > goal;
+    return kv_pool_used(kv) + pending_bytes(kv, bytes, plan) > goal;
 }
 
 /* Lower the pass's planned pages to this stage, oldest first, while the
@@ -185,10 +185,12 @@ static ks_status make_room(struct kv_cache *kv, size_t bytes, struct kv_grow_pla
     }
     size_t need = pending_bytes(kv, bytes, plan);
     kv_prefix_evict(kv, need, c->mem_budget);
-    if (kv->used + need > c->mem_budget)
+    if (kv->peer) /* then the idle pages of the cache sharing the budget */
+        kv_prefix_evict(kv->peer, need, c->mem_budget);
+    if (kv_pool_used(kv) + need > c->mem_budget)
         return ks_fail(KS_ERR_KV_FULL,
                        "out of KV memory: %zu more bytes needed, %zu of %zu used%s (raise --kv-mem%s)", need,
-                       kv->used, c->mem_budget,
+                       kv_pool_used(kv), c->mem_budget,
                        c->policy == KV_POLICY_DYNAMIC ? " with every demotable page at the floor" : "",
                        c->policy == KV_POLICY_DYNAMIC ? "" : " or use --kv-policy dynamic");
     return KS_OK;

@@ -346,7 +346,7 @@ static void evict_idle(struct kv_cache *kv, int32_t id, bool to_disk)
 
 void kv_prefix_evict(struct kv_cache *kv, size_t bytes, size_t goal)
 {
-    while (kv->used + bytes > goal && kv->lru_head >= 0) {
+    while (kv_pool_used(kv) + bytes > goal && kv->lru_head >= 0) {
         evict_idle(kv, kv->lru_head, true);
         kv->evictions++;
     }

@@ -181,9 +181,10 @@ ks_status kv_requantize(struct kv_cache *kv, const struct kv_selector *sel, enum
     r.pages_changed = n_convert;
     r.pages_left = n_change - n_convert;
     r.bytes_after = after;
-    if (after > kv->cfg.mem_budget)
-        st = ks_fail(KS_ERR_KV_FULL, "kv requantize: the result needs %zu bytes, over the KV budget of %zu bytes",
-                     after, kv->cfg.mem_budget);
+    size_t shared = kv_pool_used(kv) - kv->used; /* the cache sharing the budget keeps its pages */
+    if (after + shared > kv->cfg.mem_budget)
+        st = ks_fail(KS_ERR_KV_FULL, "kv requantize: the result needs %zu bytes (and %zu for the draft model's cache), over the KV budget of %zu bytes",
+                     after, shared, kv->cfg.mem_budget);
     else if (!dry_run && n_convert > 0) {
         double t0 = now_ms();
         st = kv_convert_pages(kv, ids, n_convert, type_k, type_v);

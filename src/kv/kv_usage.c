@@ -10,7 +10,8 @@ void kv_usage(const struct kv_cache *kv, struct kv_usage *out)
     const struct kv_config *c = &kv->cfg;
     out->budget = c->mem_budget;
     out->used = kv->used;
-    out->free = c->mem_budget - kv->used;
+    out->shared_used = kv_pool_used(kv) - kv->used;
+    out->free = c->mem_budget - kv_pool_used(kv);
     out->n_pages = kv->n_live_pages + kv->n_idle_pages;
     out->demotions = kv->demotions;
     out->demotion_passes = kv->demotion_passes;
@@ -170,7 +171,8 @@ void kv_fit(const struct kv_cache *kv, struct kv_fit *out)
             }
         }
     }
-    fit_bytes(c, c->mem_budget - kv->used + kv->idle_bytes, reclaim, out);
+    size_t peer_idle = kv->peer ? kv->peer->idle_bytes : 0; /* evicted for us when needed */
+    fit_bytes(c, c->mem_budget - kv_pool_used(kv) + kv->idle_bytes + peer_idle, reclaim, out);
 }
 
 ks_status kv_fit_config(const struct kv_config *cfg, struct kv_fit *out)
