@@ -144,7 +144,10 @@ static void test_pool_bad_sizes(void **state)
     assert_true(spec_parse_type("ngram-pool", &t) && t == SPEC_NGRAM_POOL);
     assert_true(spec_parse_type("ngram-mod", &t) && t == SPEC_NGRAM_POOL);
     assert_string_equal(spec_type_name(SPEC_NGRAM_POOL), "ngram-pool");
-    assert_false(spec_parse_type("draft", &t));
+    assert_true(spec_parse_type("draft", &t) && t == SPEC_DRAFT);
+    assert_true(spec_parse_type("draft-simple", &t) && t == SPEC_DRAFT);
+    assert_string_equal(spec_type_name(SPEC_DRAFT), "draft");
+    assert_false(spec_parse_type("draft-eagle3", &t));
 }
 
 /* ---- adaptive length ------------------------------------------------------------ */

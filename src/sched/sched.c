@@ -3,6 +3,7 @@
  * sample, deliver events. */
 #include "sched/sched.h"
 #include "sched/sched_cost.h"
+#include "sched/sched_draft.h"
 
 #include <math.h>
 #include <stdatomic.h>
@@ -48,6 +49,9 @@ struct req {
     int32_t n_draft;
     int32_t shadow;           /* not drafting: the token a 1-token draft proposed, to learn from; -1 none */
     int32_t n_drafted, n_accepted; /* totals */
+    struct sched_draft_seq dseq; /* SPEC_DRAFT: its sequence in the draft model's cache */
+    int32_t dprop[SPEC_DRAFT_LIMIT]; /* (n_dprop) SPEC_DRAFT: this step's proposals of the draft model */
+    int32_t n_dprop;
     struct req **forks;       /* the other choices of sched_submit_n, until they fork this one */
     int n_forks;
     uint64_t check_pass;      /* the last sched_check that found it (to find it twice) */
@@ -110,6 +114,9 @@ struct sched {
     struct sched_stats st;
     uint64_t check_passes;    /* sched_check runs, which mark each request they find */
     struct spec_pool *pool;   /* SPEC_NGRAM_POOL's shared table (scheduler thread only) */
+    struct sched_drafter *drafter; /* SPEC_DRAFT: the draft model's passes (scheduler thread only) */
+    struct sched_draft_job *draft_jobs; /* (parallel) a pass's jobs */
+    struct req **job_req;     /* (parallel) the request of each job */
 };
 
 /* Debug builds check the invariants after every change (sched_check). */
@@ -168,6 +175,8 @@ static void req_free(struct sched *s, struct req *r)
         return;
     if (r->seq >= 0)
         s->eng.seq_free(s->eng.ctx, r->seq);
+    if (r->dseq.seq >= 0)
+        sched_drafter_release(s->drafter, &r->dseq, r->tokens, r->n_tokens, false);
     if (r->sampler)
         s->eng.sampler_free(s->eng.ctx, r->sampler);
     for (int i = 0; i < r->n_forks; i++)
@@ -286,6 +295,7 @@ static ks_status req_new(struct sched *s, const struct sched_request *rq, const 
     r->salt_lo = rq->cache_salt.lo;
     r->salt_hi = rq->cache_salt.hi;
     r->seq = -1;
+    sched_draft_seq_init(&r->dseq);
     bool spec = s->cfg.spec_type != SPEC_NONE;
     r->spec_max = spec ? draft_bound(rq->speculative.set, rq->speculative.n_max, s->cfg.draft_max) : 0;
     r->spec_min = spec && r->spec_max > 0 ? draft_bound(rq->speculative.set, rq->speculative.n_min, s->cfg.draft_min) : 0;
@@ -480,6 +490,8 @@ static void release_seq(struct sched *s, struct req *r)
         s->eng.prefix_publish(s->eng.ctx, r->seq, r->tokens, r->n_computed, true);
     s->eng.seq_free(s->eng.ctx, r->seq);
     r->seq = -1;
+    if (r->dseq.seq >= 0)
+        sched_drafter_release(s->drafter, &r->dseq, r->tokens, r->n_tokens, !r->no_share);
 }
 
 /* Choices cancelled before they forked leave their group now. */
@@ -865,13 +877,26 @@ static double extra_token_cost(const struct sched *s, int32_t n_decode)
 {
     static const double GUESS = 0.1;
     double r = sched_cost_token_ratio(&s->cost, n_decode);
-    return r > 0 ? r : GUESS;
+    if (r <= 0)
+        r = GUESS;
+    /* a draft model's token costs a draft step too; before one is measured,
+     * guess it as a target token beside decoders */
+    if (s->drafter) {
+        double d = sched_cost_draft_ratio(&s->cost, n_decode);
+        r += d > 0 ? d : GUESS;
+    }
+    return r;
 }
 
 /* Up to k tokens to draft after r's text: the shared pool's (after it has
  * learnt r's latest tokens), else r's own prompt lookup. */
 static int32_t propose(struct sched *s, struct req *r, int32_t k, int32_t *draft)
 {
+    if (s->drafter) { /* the draft model's, from this step's pass */
+        int32_t m = k < r->n_dprop ? k : r->n_dprop;
+        memcpy(draft, r->dprop, (size_t)(m > 0 ? m : 0) * sizeof *draft);
+        return m > 0 ? m : 0;
+    }
     if (s->pool) {
         uint64_t salt = r->salt_lo ^ (r->salt_hi * 0x9e3779b97f4a7c15ull); /* tenants do not draft each other's text */
         if (r->pool_fed < r->n_tokens) {
@@ -885,6 +910,17 @@ static int32_t propose(struct sched *s, struct req *r, int32_t k, int32_t *draft
     return spec_ngram_draft(r->tokens, r->n_tokens, k, draft);
 }
 
+/* The drafts r may take this step, as plan_drafts will count them (before
+ * the step's shared draft budget). */
+static int32_t draft_want(const struct sched *s, const struct req *r, double extra_cost)
+{
+    int32_t k = s->no_drafts ? 0 : spec_adapt_len(&r->adapt, r->spec_min, r->spec_max, extra_cost);
+    int32_t room = r->max_tokens - r->n_generated - 1;
+    if (room > r->cap - r->n_tokens - 1)
+        room = r->cap - r->n_tokens - 1;
+    return k < room ? k : room > 0 ? room : 0;
+}
+
 /* Plan r's drafts for this step within *budget extra tokens (r->n_draft), or,
  * when it does not draft, the 1-token proposal its sampled token will be
  * checked against (r->shadow). Every draft kept plus the target's own token
@@ -895,14 +931,9 @@ static void plan_drafts(struct sched *s, struct req *r, int32_t *budget, double 
     r->shadow = -1;
     if (r->spec_max <= 0)
         return;
-    int32_t k = s->no_drafts ? 0 : spec_adapt_len(&r->adapt, r->spec_min, r->spec_max, extra_cost);
-    int32_t room = r->max_tokens - r->n_generated - 1;
-    if (room > r->cap - r->n_tokens - 1)
-        room = r->cap - r->n_tokens - 1;
-    if (room > *budget)
-        room = *budget;
-    if (k > room)
-        k = room;
+    int32_t k = draft_want(s, r, extra_cost);
+    if (k > *budget)
+        k = *budget;
     int32_t m = k > 0 ? propose(s, r, k, r->draft) : 0;
     if (m > 0 && m >= r->spec_min) {
         r->n_draft = m;
@@ -930,6 +961,60 @@ static int32_t draft_budget(const struct sched *s, int32_t n_decode, int32_t lim
             break;
         }
     return budget > 0 ? budget : 0;
+}
+
+/* ---- scheduler thread: the draft model (SPEC_DRAFT) -------------------------- */
+
+/* A request that does not draft checks the draft model's next proposal once
+ * in this many generated tokens (its shadow), catching its draft sequence up
+ * then: so a request whose drafts do not pay costs the draft model little. */
+enum { DRAFT_SHADOW_EVERY = 8 };
+
+/* The draft model's pass of this step (sched_draft.h): every speculating
+ * decoder that drafts gets its proposals (r->dprop), one that does not gets a
+ * shadow proposal every DRAFT_SHADOW_EVERY tokens, and prefilling requests
+ * catch up on their prompt. Returns the seconds it took. */
+static double draft_pass(struct sched *s)
+{
+    if (!s->drafter)
+        return 0.0;
+    double t0 = now_seconds();
+    s->no_drafts = false; /* as run_batch starts the step */
+    int32_t n_decode = 0;
+    for (int i = 0; i < s->n_active; i++)
+        n_decode += is_decoder(s->active[i]);
+    double extra_cost = extra_token_cost(s, n_decode);
+    int n = 0;
+    for (int i = 0; i < s->n_active; i++) {
+        struct req *r = s->active[i];
+        r->n_dprop = 0;
+        if (r->spec_max <= 0 || r->seq < 0 || r->embed || r->finish != SCHED_FINISH_NONE || r->max_tokens == 0)
+            continue;
+        int32_t k = 0;
+        if (is_decoder(r)) {
+            k = draft_want(s, r, extra_cost);
+            if (k == 0 && r->n_generated % DRAFT_SHADOW_EVERY != 0)
+                continue;
+            if (k == 0)
+                k = 1;
+        } else if (!is_prefilling(r)) {
+            continue;
+        }
+        s->draft_jobs[n] = (struct sched_draft_job){
+            .ds = &r->dseq, .tokens = r->tokens, .n_tokens = r->n_tokens, .k = k, .share = !r->no_share,
+            .salt_lo = r->salt_lo, .salt_hi = r->salt_hi,
+        };
+        s->job_req[n++] = r;
+    }
+    if (n == 0)
+        return 0.0;
+    sched_drafter_run(s->drafter, s->draft_jobs, n, &s->cost);
+    for (int i = 0; i < n; i++) {
+        struct req *r = s->job_req[i];
+        r->n_dprop = s->draft_jobs[i].n_draft;
+        memcpy(r->dprop, s->draft_jobs[i].draft, (size_t)r->n_dprop * sizeof *r->dprop);
+    }
+    return now_seconds() - t0;
 }
 
 /* Decode entries first (each decoder's token, then its drafts), then prefill
@@ -1303,13 +1388,14 @@ static void *sched_main(void *arg)
         double t0 = now_seconds();
         lookup_admitted(s);
         share_prefill(s);
+        double t_draft = draft_pass(s); /* the draft model's time is not the target step's */
         int32_t n_rows = 0;
         int32_t n = run_batch(s, &n_rows);
         if (n > 0) {
             finish_step(s, n, n_rows);
             publish_computed(s);
         }
-        double dt = now_seconds() - t0;
+        double dt = now_seconds() - t0 - t_draft;
         if (n > 0 && s->trace)
             fprintf(s->trace, "sched step: decode %d draft %d prefill %d limit %d | %.2f ms, decode-only estimate %.2f ms, %.3f ms/prefill token\n",
                     s->step_decode, s->step_draft, s->step_prefill, s->step_limit == INT32_MAX ? -1 : s->step_limit, dt * 1e3,
@@ -1359,7 +1445,7 @@ static ks_status check_place(const struct sched *s, const struct req *r, bool ru
     if (st)
         return st;
     const char *where = fork ? "a fork" : running ? "running" : "queued";
-    if (!running && (r->seq != -1 || r->n_computed != 0))
+    if (!running && (r->seq != -1 || r->n_computed != 0 || r->dseq.seq != -1))
         return ks_fail(KS_ERR_INTERNAL, "%s request %llu holds sequence %d with %d tokens computed", where,
                        (unsigned long long)r->id, r->seq, r->n_computed);
     if (running && r->seq < 0 && r->finish == SCHED_FINISH_NONE)
@@ -1466,8 +1552,14 @@ static ks_status check_config(const struct sched_config *c, const struct sched_e
     if (!e || e->n_vocab < 1 || !e->seq_create || !e->seq_free || !e->forward || !e->sampler_create ||
         !e->sampler_next || !e->sampler_free)
         return ks_fail(KS_ERR_INVALID_ARG, "scheduler engine is incomplete");
-    if (c->spec_type != SPEC_NONE && c->spec_type != SPEC_NGRAM && c->spec_type != SPEC_NGRAM_POOL)
-        return ks_fail(KS_ERR_INVALID_ARG, "--spec-type must be none, ngram or ngram-pool");
+    if (c->spec_type != SPEC_NONE && c->spec_type != SPEC_NGRAM && c->spec_type != SPEC_NGRAM_POOL &&
+        c->spec_type != SPEC_DRAFT)
+        return ks_fail(KS_ERR_INVALID_ARG, "--spec-type must be none, ngram, ngram-pool or draft");
+    if (c->spec_type == SPEC_DRAFT && !e->draft)
+        return ks_fail(KS_ERR_INVALID_ARG, "--spec-type draft needs a draft model (--model-draft FILE)");
+    if (c->spec_type == SPEC_DRAFT && e->draft->n_vocab != e->n_vocab)
+        return ks_fail(KS_ERR_INVALID_ARG, "the draft model's vocabulary has %d tokens, the target's %d",
+                       e->draft->n_vocab, e->n_vocab);
     if (c->draft_max < 1 || c->draft_max > SPEC_DRAFT_LIMIT || c->draft_min < 0 || c->draft_min > c->draft_max)
         return ks_fail(KS_ERR_INVALID_ARG, "--draft-max must be in 1..%d and --draft-min in 0..--draft-max (got %d and %d)",
                        SPEC_DRAFT_LIMIT, c->draft_max, c->draft_min);
@@ -1499,7 +1591,9 @@ static ks_status alloc_scratch(struct sched *s)
     s->cap_rows = s->cfg.parallel + draft_rows;
     s->logits = malloc((size_t)s->cap_rows * (size_t)s->eng.n_vocab * sizeof *s->logits);
     s->active = malloc((size_t)s->cfg.parallel * sizeof *s->active);
-    if (!s->b_tokens || !s->b_pos || !s->b_seq || !s->b_logits || !s->b_embed || !s->embd || !s->b_owner || !s->forked || !s->logits || !s->active)
+    s->draft_jobs = malloc((size_t)s->cfg.parallel * sizeof *s->draft_jobs);
+    s->job_req = malloc((size_t)s->cfg.parallel * sizeof *s->job_req);
+    if (!s->b_tokens || !s->b_pos || !s->b_seq || !s->b_logits || !s->b_embed || !s->embd || !s->b_owner || !s->forked || !s->logits || !s->active || !s->draft_jobs || !s->job_req)
         return ks_fail(KS_ERR_NOMEM, "scheduler scratch: out of memory");
     return KS_OK;
 }
@@ -1516,6 +1610,8 @@ static void free_scratch(struct sched *s)
     free(s->forked);
     free(s->logits);
     free(s->active);
+    free(s->draft_jobs);
+    free(s->job_req);
     free(s->waiting);
 }
 
@@ -1539,6 +1635,9 @@ ks_status sched_create(const struct sched_config *cfg, const struct sched_engine
     st = alloc_scratch(s);
     if (!st && cfg->spec_type == SPEC_NGRAM_POOL)
         st = spec_pool_create(cfg->pool_n, cfg->pool_bytes, &s->pool);
+    if (!st && cfg->spec_type == SPEC_DRAFT)
+        st = sched_drafter_create(engine->draft, cfg->max_batch_tokens, cfg->parallel, cfg->prefill_chunk,
+                                  cfg->draft_p_min, &s->drafter);
     if (!st) {
         pthread_mutex_init(&s->mu, NULL);
         pthread_cond_init(&s->work, NULL);
@@ -1574,6 +1673,7 @@ void sched_free(struct sched *s)
     }
     free_scratch(s);
     spec_pool_free(s->pool);
+    sched_drafter_free(s->drafter);
     if (s->eng.destroy)
         s->eng.destroy(s->eng.ctx);
     free(s);

@@ -17,7 +17,14 @@
  *
  * Speculative decoding (cfg.spec_type SPEC_NGRAM or SPEC_NGRAM_POOL,
  * spec/spec.h; the pool is the scheduler's, fed every speculating request's
- * prompt and output, and falls back to the request's own text): a decoding
+ * prompt and output, and falls back to the request's own text; or SPEC_DRAFT,
+ * a draft model on engine.draft, sched_draft.h: before the step's batch is
+ * built, one pass of the draft model catches every speculating request up on
+ * the tokens it has not seen and proposes each decoder's drafts greedily, one
+ * batched draft forward per draft token, its cost measured into the cost
+ * model; a request that does not draft lets its draft sequence lag and
+ * catches up every few tokens to check the draft model's next proposal, as
+ * the n-gram speculators' shadow does): a decoding
  * request may add k draft tokens after its one token; the step then computes
  * logits for all k + 1 positions in one forward pass, and the engine's
  * sampler_verify keeps each draft with the target's own probability (greedy:
@@ -123,6 +130,11 @@ struct sched_engine {
      * request's cache salt (kv_seq_set_salt); without it salted requests
      * share nothing with others. */
     ks_status (*seq_set_salt)(void *ctx, int32_t seq, uint64_t salt_lo, uint64_t salt_hi);
+    /* Optional: the draft model's engine (cfg.spec_type SPEC_DRAFT needs it),
+     * of the same n_vocab, with forward, seq_create, seq_free and seq_truncate
+     * (and a prefix cache if it has one; its samplers are not used). Owned by
+     * this engine: destroy() destroys it. */
+    struct sched_engine *draft;
 };
 
 /* The real engine: the model (borrowed, must outlive the engine), a KV cache
@@ -146,6 +158,19 @@ void sched_engine_model_set_store(struct sched_engine *e, struct store *store);
  * kept locally (RAM, and the SSD tier if any). */
 struct store_redis;
 void sched_engine_model_set_redis(struct sched_engine *e, struct store_redis *redis);
+/* Give a model engine a draft model (speculative decoding, SPEC_DRAFT): an
+ * engine over draft (borrowed, must outlive the engine) with a KV cache made
+ * from draft_cfg that shares e's budget (kv_share_budget: one limit, one count
+ * of bytes used; draft_cfg's mem_budget is ignored) and a model context for
+ * max_batch_tokens on pool. Its pages are prefix-cached in its own cache
+ * under draft_cfg's fingerprint mixed with "draft" (so it differs from the
+ * target's even when the target is its own draft), never in the SSD or
+ * shared tiers. The caller has checked the
+ * vocabularies. Errors: KS_ERR_STATE (e has a draft already), kv_create's and
+ * model_ctx_create's, KS_ERR_KV_FULL (no room for a draft page, with the
+ * numbers). */
+ks_status sched_engine_model_add_draft(struct sched_engine *e, struct model *draft, const struct kv_config *draft_cfg,
+                                       int32_t max_batch_tokens, struct threads_pool *pool);
 
 
 /* ---- scheduler ----------------------------------------------------------- */
@@ -166,6 +191,9 @@ struct sched_config {
     int32_t draft_min;       /* at least this many or none, 0..draft_max (0) */
     int32_t pool_n;          /* SPEC_NGRAM_POOL: tokens per key, SPEC_POOL_N_MIN..MAX (SPEC_POOL_N_DEFAULT) */
     size_t pool_bytes;       /* SPEC_NGRAM_POOL: its table's size (SPEC_POOL_BYTES_DEFAULT) */
+    float draft_p_min;       /* SPEC_DRAFT: a request's drafts stop before the first token whose
+                                draft-model probability is below this, 0..1 (0: never; llama-server's
+                                --draft-p-min default) */
 };
 
 void sched_config_default(struct sched_config *cfg);

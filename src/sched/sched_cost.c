@@ -95,3 +95,15 @@ double sched_cost_token_ratio(const struct sched_cost *c, int32_t n_decode)
     double d = sched_cost_decode(c, n_decode);
     return d > 0 && c->prefill_token_s > 0 ? c->prefill_token_s / d : 0.0;
 }
+
+void sched_cost_observe_draft(struct sched_cost *c, double seconds)
+{
+    if (seconds > 0)
+        ema(&c->draft_step_s, seconds, ALPHA);
+}
+
+double sched_cost_draft_ratio(const struct sched_cost *c, int32_t n_decode)
+{
+    double d = sched_cost_decode(c, n_decode);
+    return d > 0 && c->draft_step_s > 0 ? c->draft_step_s / d : 0.0;
+}

@@ -26,6 +26,8 @@ struct sched_cost {
     double prefill_token_s;                /* EMA seconds per prefill token, 0 = not seen */
     int64_t steps;                         /* steps observed */
     int64_t decode_at[SCHED_COST_SLOTS + 1]; /* step of the last decode-only measurement per slot */
+    double draft_step_s;                   /* EMA seconds of one draft-model step (one token per drafting
+                                              request: --model-draft), 0 = not seen */
 };
 
 void sched_cost_init(struct sched_cost *c);
@@ -47,5 +49,12 @@ int32_t sched_cost_prefill_limit(const struct sched_cost *c, int32_t n_decode, d
  * marginal token's EMA over decode(n); 0 while either is unknown. What a
  * verification of k drafts costs is decode(n) * (1 + k * this). */
 double sched_cost_token_ratio(const struct sched_cost *c, int32_t n_decode);
+/* A draft model's steps (--model-draft): fold in one step that fed each
+ * drafting request its last draft token, and the cost of such a step as a
+ * fraction of the target's decode-only step beside n_decode decoders (0 while
+ * either is unknown). Each draft token costs one such step, so a verification
+ * of k drafts costs decode(n) * (1 + k * (token_ratio + draft_ratio)). */
+void sched_cost_observe_draft(struct sched_cost *c, double seconds);
+double sched_cost_draft_ratio(const struct sched_cost *c, int32_t n_decode);
 
 #endif

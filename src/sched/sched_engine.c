@@ -22,6 +22,7 @@ struct model_engine {
     int32_t n_vocab;
     struct store *store;      /* SSD tier, borrowed; NULL without --cache-dir */
     struct store_redis *redis; /* shared tier, borrowed; NULL without --cache-redis */
+    struct sched_engine *draft; /* the draft model's engine (sched_engine_model_add_draft), owned; NULL: none */
     bool persisting;          /* at shutdown: every cached page goes to the store */
     size_t persist_pending;   /* bytes handed to the store since its last flush, while persisting */
 };
@@ -293,6 +294,10 @@ void sched_engine_model_set_store(struct sched_engine *eng, struct store *store)
 static void me_destroy(void *ctx)
 {
     struct model_engine *e = ctx;
+    if (e->draft) {
+        e->draft->destroy(e->draft->ctx);
+        free(e->draft);
+    }
     if (e->store) {
         e->persisting = true;
         int32_t n = kv_prefix_persist(e->kv);
@@ -337,5 +342,38 @@ ks_status sched_engine_model(struct model *m, const struct kv_config *kv_cfg, in
         out->prefix_publish = me_prefix_publish;
         out->seq_set_salt = me_seq_set_salt;
     }
+    return KS_OK;
+}
+
+ks_status sched_engine_model_add_draft(struct sched_engine *eng, struct model *draft, const struct kv_config *draft_cfg,
+                                       int32_t max_batch_tokens, struct threads_pool *pool)
+{
+    struct model_engine *e = eng->ctx;
+    if (e->draft || eng->draft)
+        return ks_fail(KS_ERR_STATE, "engine: it has a draft model already");
+    struct kv_config dc = *draft_cfg;
+    dc.mem_budget = kv_get_config(e->kv)->mem_budget;
+    struct kv_key fp;
+    memcpy(&fp, dc.fingerprint, sizeof fp);
+    fp = kv_salt_mix(fp, "draft", 5);
+    memcpy(dc.fingerprint, &fp, sizeof fp);
+    struct sched_engine *d = calloc(1, sizeof *d);
+    if (!d)
+        return ks_fail(KS_ERR_NOMEM, "engine: out of memory");
+    ks_status st = sched_engine_model(draft, &dc, max_batch_tokens, pool, d);
+    if (st) {
+        free(d);
+        return st;
+    }
+    struct model_engine *de = d->ctx;
+    if ((st = kv_share_budget(e->kv, de->kv))) {
+        d->destroy(d->ctx);
+        free(d);
+        return st;
+    }
+    d->forward_embd = NULL; /* the draft model only proposes tokens */
+    d->n_embd = 0;
+    e->draft = d;
+    eng->draft = d;
     return KS_OK;
 }

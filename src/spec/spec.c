@@ -16,6 +16,8 @@ bool spec_parse_type(const char *text, enum spec_type *out)
         *out = SPEC_NGRAM;
     else if (!strcmp(text, "ngram-pool") || !strcmp(text, "ngram-mod"))
         *out = SPEC_NGRAM_POOL;
+    else if (!strcmp(text, "draft") || !strcmp(text, "draft-simple"))
+        *out = SPEC_DRAFT;
     else
         return false;
     return true;
@@ -23,7 +25,7 @@ bool spec_parse_type(const char *text, enum spec_type *out)
 
 const char *spec_type_name(enum spec_type t)
 {
-    return t == SPEC_NGRAM ? "ngram" : t == SPEC_NGRAM_POOL ? "ngram-pool" : "none";
+    return t == SPEC_NGRAM ? "ngram" : t == SPEC_NGRAM_POOL ? "ngram-pool" : t == SPEC_DRAFT ? "draft" : "none";
 }
 
 /* Does tokens[at, at + n) equal the last n tokens? */

@@ -38,9 +38,12 @@ enum {
     SPEC_DRAFT_LIMIT = 64 /* largest --draft-max / speculative.n_max */
 };
 
-enum spec_type { SPEC_NONE = 0, SPEC_NGRAM = 1, SPEC_NGRAM_POOL = 2 };
+/* SPEC_DRAFT: a draft model proposes (the scheduler runs it, sched.h); the
+ * functions below serve the n-gram speculators. */
+enum spec_type { SPEC_NONE = 0, SPEC_NGRAM = 1, SPEC_NGRAM_POOL = 2, SPEC_DRAFT = 3 };
 
-/* "none" | "ngram" | "ngram-pool" (also llama-server's name, "ngram-mod");
+/* "none" | "ngram" | "ngram-pool" (also llama-server's name, "ngram-mod") |
+ * "draft" (also llama-server's "draft-simple");
  * false for another word. */
 bool spec_parse_type(const char *text, enum spec_type *out);
 const char *spec_type_name(enum spec_type t);

@@ -1,0 +1,269 @@
+/* The draft model's passes of sched_draft.h. */
+#include "sched/sched_draft.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+struct sched_drafter {
+    const struct sched_engine *eng; /* the draft model's engine (borrowed) */
+    int32_t max_batch, chunk;
+    int parallel;
+    float p_min;
+    /* a forward's scratch */
+    int32_t *b_tokens, *b_pos, *b_seq; /* (max_batch) */
+    bool *b_logits;                    /* (max_batch) */
+    int *row_job;                      /* (parallel) the job of each logits row */
+    bool *ready;                       /* (parallel) the job has a sequence this pass */
+    int32_t *took;                     /* (parallel) its catch-up tokens this pass */
+    float *logits;                     /* (parallel, n_vocab) */
+};
+
+static double now_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+void sched_draft_seq_init(struct sched_draft_seq *ds)
+{
+    memset(ds, 0, sizeof *ds);
+    ds->seq = -1;
+}
+
+ks_status sched_drafter_create(const struct sched_engine *draft, int32_t max_batch, int parallel, int32_t chunk,
+                               float p_min, struct sched_drafter **out)
+{
+    *out = NULL;
+    if (!draft || !draft->forward || !draft->seq_create || !draft->seq_free || !draft->seq_truncate ||
+        draft->n_vocab < 1 || max_batch < parallel || parallel < 1 || chunk < 1)
+        return ks_fail(KS_ERR_INVALID_ARG, "scheduler: the draft model's engine is incomplete");
+    if (!(p_min >= 0.0f && p_min <= 1.0f))
+        return ks_fail(KS_ERR_INVALID_ARG, "--draft-p-min must be in 0..1 (got %g)", (double)p_min);
+    struct sched_drafter *d = calloc(1, sizeof *d);
+    if (!d)
+        return ks_fail(KS_ERR_NOMEM, "scheduler: out of memory for the draft model's scratch");
+    d->eng = draft;
+    d->max_batch = max_batch;
+    d->parallel = parallel;
+    d->chunk = chunk;
+    d->p_min = p_min;
+    d->b_tokens = malloc((size_t)max_batch * sizeof *d->b_tokens);
+    d->b_pos = malloc((size_t)max_batch * sizeof *d->b_pos);
+    d->b_seq = malloc((size_t)max_batch * sizeof *d->b_seq);
+    d->b_logits = malloc((size_t)max_batch * sizeof *d->b_logits);
+    d->row_job = malloc((size_t)parallel * sizeof *d->row_job);
+    d->ready = malloc((size_t)parallel * sizeof *d->ready);
+    d->took = malloc((size_t)parallel * sizeof *d->took);
+    d->logits = malloc((size_t)parallel * (size_t)draft->n_vocab * sizeof *d->logits);
+    if (!d->b_tokens || !d->b_pos || !d->b_seq || !d->b_logits || !d->row_job || !d->ready || !d->took || !d->logits) {
+        sched_drafter_free(d);
+        return ks_fail(KS_ERR_NOMEM, "scheduler: out of memory for the draft model's scratch");
+    }
+    *out = d;
+    return KS_OK;
+}
+
+void sched_drafter_free(struct sched_drafter *d)
+{
+    if (!d)
+        return;
+    free(d->b_tokens);
+    free(d->b_pos);
+    free(d->b_seq);
+    free(d->b_logits);
+    free(d->row_job);
+    free(d->ready);
+    free(d->took);
+    free(d->logits);
+    free(d);
+}
+
+static void seq_drop(struct sched_drafter *d, struct sched_draft_seq *ds)
+{
+    if (ds->seq >= 0)
+        d->eng->seq_free(d->eng->ctx, ds->seq);
+    sched_draft_seq_init(ds);
+}
+
+/* The fed drafts that the request's tokens now continue with become
+ * computed; the rows of the rest are cut off. A sequence that cannot be cut
+ * there (a sliding window's rows are gone) starts over. */
+static void reconcile(struct sched_drafter *d, struct sched_draft_seq *ds, const int32_t *tokens, int32_t n_tokens)
+{
+    int32_t kept = 0;
+    while (kept < ds->n_fed && ds->n_computed + kept < n_tokens && ds->fed[kept] == tokens[ds->n_computed + kept])
+        kept++;
+    bool cut = kept < ds->n_fed;
+    ds->n_computed += kept;
+    ds->n_fed = 0;
+    if (cut && d->eng->seq_truncate(d->eng->ctx, ds->seq, ds->n_computed) != KS_OK)
+        seq_drop(d, ds);
+}
+
+/* A sequence for the job (mapping what the draft prefix cache holds of its
+ * tokens), reconciled with its tokens. false: none could be had. */
+static bool prepare(struct sched_drafter *d, struct sched_draft_job *j)
+{
+    const struct sched_engine *e = d->eng;
+    struct sched_draft_seq *ds = j->ds;
+    if (ds->seq >= 0)
+        reconcile(d, ds, j->tokens, j->n_tokens);
+    if (ds->seq < 0) {
+        if (e->seq_create(e->ctx, &ds->seq) != KS_OK) {
+            ds->seq = -1;
+            return false;
+        }
+        bool salted = j->salt_lo || j->salt_hi;
+        if (salted && e->seq_set_salt && e->seq_set_salt(e->ctx, ds->seq, j->salt_lo, j->salt_hi) != KS_OK) {
+            seq_drop(d, ds);
+            return false;
+        }
+        if (salted && !e->seq_set_salt)
+            j->share = false;
+    }
+    /* the last token is computed, not mapped: its logits give the first draft */
+    if (j->share && e->prefix_attach && ds->n_computed < j->n_tokens - 1) {
+        struct sched_prefix_hit hit = {0};
+        if (e->prefix_attach(e->ctx, ds->seq, j->tokens, j->n_tokens - 1, false, 0.0, &hit) == KS_OK)
+            ds->n_computed += hit.ram_tokens;
+    }
+    return true;
+}
+
+/* The draft model's greedy choice from a logits row, and its probability. */
+static int32_t argmax_prob(const float *row, int32_t n_vocab, float *p)
+{
+    int32_t best = 0;
+    for (int32_t i = 1; i < n_vocab; i++)
+        if (row[i] > row[best])
+            best = i;
+    double sum = 0;
+    for (int32_t i = 0; i < n_vocab; i++)
+        sum += exp((double)row[i] - (double)row[best]);
+    *p = (float)(1.0 / sum);
+    return best;
+}
+
+/* Take row r's proposal for its job, unless the draft model is unsure of it. */
+static void take_proposal(struct sched_drafter *d, struct sched_draft_job *j, const float *row)
+{
+    float p;
+    int32_t tok = argmax_prob(row, d->eng->n_vocab, &p);
+    if (p >= d->p_min)
+        j->draft[j->n_draft++] = tok;
+    else
+        j->k = j->n_draft; /* no more drafts for it in this pass */
+}
+
+static void batch_put(struct sched_drafter *d, int32_t *n, int32_t tok, int32_t pos, int32_t seq, bool logits)
+{
+    d->b_tokens[*n] = tok;
+    d->b_pos[*n] = pos;
+    d->b_seq[*n] = seq;
+    d->b_logits[*n] = logits;
+    (*n)++;
+}
+
+static ks_status forward(struct sched_drafter *d, int32_t n)
+{
+    struct sched_batch b = {n, d->b_tokens, d->b_pos, d->b_seq, d->b_logits, NULL};
+    return d->eng->forward(d->eng->ctx, &b, d->logits);
+}
+
+/* Catch up on every job's unseen tokens in one forward; returns whether it ran. */
+static bool catch_up(struct sched_drafter *d, struct sched_draft_job *jobs, int n_jobs)
+{
+    const bool *ready = d->ready;
+    int32_t *took = d->took;
+    int32_t n = 0, rows = 0;
+    for (int i = 0; i < n_jobs; i++) {
+        struct sched_draft_job *j = &jobs[i];
+        int32_t from = j->ds->n_computed, take = j->n_tokens - from;
+        took[i] = 0;
+        if (!ready[i] || take <= 0)
+            continue;
+        if (take > d->chunk)
+            take = d->chunk;
+        if (take > d->max_batch - n)
+            take = d->max_batch - n;
+        if (take <= 0)
+            continue;
+        bool logits = from + take == j->n_tokens && j->k > 0;
+        for (int32_t t = 0; t < take; t++)
+            batch_put(d, &n, j->tokens[from + t], from + t, j->ds->seq, logits && t == take - 1);
+        if (logits)
+            d->row_job[rows++] = i;
+        took[i] = take;
+    }
+    if (n == 0 || forward(d, n) != KS_OK)
+        return false;
+    for (int i = 0; i < n_jobs; i++)
+        jobs[i].ds->n_computed += took[i];
+    for (int32_t r = 0; r < rows; r++)
+        take_proposal(d, &jobs[d->row_job[r]], d->logits + (size_t)r * d->eng->n_vocab);
+    return true;
+}
+
+/* One more draft for every job still drafting: feed its last draft. Returns
+ * whether any job was fed. */
+static bool draft_step(struct sched_drafter *d, struct sched_draft_job *jobs, int n_jobs, struct sched_cost *cost)
+{
+    int32_t n = 0, rows = 0;
+    for (int i = 0; i < n_jobs; i++) {
+        struct sched_draft_job *j = &jobs[i];
+        struct sched_draft_seq *ds = j->ds;
+        if (j->n_draft == 0 || j->n_draft >= j->k || ds->n_fed != j->n_draft - 1 || n >= d->max_batch)
+            continue;
+        int32_t tok = j->draft[j->n_draft - 1];
+        batch_put(d, &n, tok, ds->n_computed + ds->n_fed, ds->seq, true);
+        ds->fed[ds->n_fed++] = tok;
+        d->row_job[rows++] = i;
+    }
+    if (n == 0)
+        return false;
+    double t0 = now_seconds();
+    if (forward(d, n) != KS_OK) { /* all or nothing: nobody was fed */
+        for (int32_t r = 0; r < rows; r++) {
+            jobs[d->row_job[r]].ds->n_fed--;
+            jobs[d->row_job[r]].k = jobs[d->row_job[r]].n_draft;
+        }
+        return false;
+    }
+    sched_cost_observe_draft(cost, now_seconds() - t0);
+    for (int32_t r = 0; r < rows; r++)
+        take_proposal(d, &jobs[d->row_job[r]], d->logits + (size_t)r * d->eng->n_vocab);
+    return true;
+}
+
+void sched_drafter_run(struct sched_drafter *d, struct sched_draft_job *jobs, int n, struct sched_cost *cost)
+{
+    if (n > d->parallel)
+        n = d->parallel;
+    for (int i = 0; i < n; i++) {
+        jobs[i].n_draft = 0;
+        if (jobs[i].k > SPEC_DRAFT_LIMIT)
+            jobs[i].k = SPEC_DRAFT_LIMIT;
+        d->ready[i] = prepare(d, &jobs[i]);
+    }
+    if (!catch_up(d, jobs, n))
+        return;
+    while (draft_step(d, jobs, n, cost))
+        ;
+    for (int i = 0; i < n && d->eng->prefix_publish; i++)
+        if (d->ready[i] && jobs[i].share && jobs[i].ds->seq >= 0)
+            d->eng->prefix_publish(d->eng->ctx, jobs[i].ds->seq, jobs[i].tokens, jobs[i].ds->n_computed, false);
+}
+
+void sched_drafter_release(struct sched_drafter *d, struct sched_draft_seq *ds, const int32_t *tokens,
+                           int32_t n_tokens, bool share)
+{
+    if (ds->seq < 0)
+        return;
+    reconcile(d, ds, tokens, n_tokens);
+    if (ds->seq >= 0 && share && d->eng->prefix_publish)
+        d->eng->prefix_publish(d->eng->ctx, ds->seq, tokens, ds->n_computed, true);
+    seq_drop(d, ds);
+}

@@ -1,0 +1,533 @@
+/* Speculative decoding with a draft model (SPEC_DRAFT) through the scheduler
+ * on the real engine: greedy output is token for token the output without
+ * speculation (dense and MoE targets, f16 and q4_0 target pages, 16 requests
+ * at once with a prefix-cache hit), the target as its own draft is accepted
+ * all but always, a small draft of the same vocabulary is accepted and
+ * rejected, and between steps and after the requests end both caches pass
+ * kv_check, the budget's bytes used are the sum of both caches' pages, and no
+ * draft sequence is left behind.
+ *
+ * Models: the build's default model ($KVSERVE_DEFAULT_MODEL, the `tiny`
+ * preset at q8_0, 512 tokens), and synthesized ones of the same vocabulary:
+ * a 1-layer `tiny` of another seed as a small draft, `tiny-qwen3moe` as a
+ * MoE target. All have repacked q8_0 weights, so a token's logits are the
+ * same bits in a batch of any size (batch invariance), which greedy identity
+ * relies on. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kv/kv.h"
+#include "model/model.h"
+#include "sched/sched.h"
+#include "support/deadline.h"
+#include "support/skip.h"
+#include "threads/threads.h"
+
+enum { MAX_GEN = 64, N_MANY = 16 };
+
+static struct model *g_default, *g_small, *g_trained, *g_trained_q4;
+static threads_pool *g_pool;
+
+/* ---- a request and its events ------------------------------------------------- */
+
+struct result {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool done;
+    enum sched_finish finish;
+    int32_t tokens[MAX_GEN];
+    int32_t n;
+    int32_t n_cached, n_drafted, n_accepted;
+};
+
+static void on_event(void *user, const struct sched_event *ev)
+{
+    struct result *r = user;
+    pthread_mutex_lock(&r->mu);
+    if (ev->finish == SCHED_FINISH_NONE && r->n < MAX_GEN)
+        r->tokens[r->n++] = ev->token;
+    if (ev->finish != SCHED_FINISH_NONE) {
+        r->done = true;
+        r->finish = ev->finish;
+        r->n_cached = ev->n_cached;
+        r->n_drafted = ev->n_drafted;
+        r->n_accepted = ev->n_accepted;
+        pthread_cond_signal(&r->cv);
+    }
+    pthread_mutex_unlock(&r->mu);
+}
+
+static void submit(struct sched *s, const int32_t *prompt, int32_t n, int32_t max_tokens, struct result *r)
+{
+    memset(r, 0, sizeof *r);
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->cv, NULL);
+    struct sched_request rq = {.prompt = prompt, .n_prompt = n, .max_tokens = max_tokens, .ignore_eog = true,
+                               .on_event = on_event, .user = r};
+    sample_params_default(&rq.sampling);
+    rq.sampling.temp = 0.0f;
+    uint64_t id = 0;
+    assert_int_equal(sched_submit(s, &rq, &id), KS_OK);
+}
+
+static void result_wait(struct result *r)
+{
+    pthread_mutex_lock(&r->mu);
+    ks_cond_wait_until(&r->cv, &r->mu, &r->done, "a request to finish");
+    pthread_mutex_unlock(&r->mu);
+    assert_int_equal(r->finish, SCHED_FINISH_LENGTH);
+}
+
+static void assert_same_tokens(const struct result *a, const struct result *b)
+{
+    assert_int_equal(a->n, b->n);
+    for (int32_t i = 0; i < a->n; i++)
+        if (a->tokens[i] != b->tokens[i])
+            fail_msg("token %d differs: %d without the draft model, %d with", (int)i, (int)a->tokens[i],
+                     (int)b->tokens[i]);
+}
+
+/* ---- schedulers ----------------------------------------------------------------- */
+
+struct setup {
+    struct model *target, *draft; /* draft NULL: no speculation */
+    enum quant_type type;         /* the target's pages */
+    enum quant_type draft_type;   /* the draft's pages */
+    bool prefix_cache;
+    int parallel;
+    size_t budget;                /* 0: 64 MiB */
+};
+
+/* The draft cache of the scheduler made last (valid until it is freed). */
+static struct kv_cache *g_draft_kv;
+
+static struct sched *make_sched(const struct setup *u)
+{
+    struct kv_config kc, dc;
+    model_kv_config(u->target, &kc);
+    kc.mem_budget = u->budget ? u->budget : 64u << 20;
+    kc.type_k = kc.type_v = u->type;
+    kc.prefix_cache = u->prefix_cache;
+    struct sched_engine eng;
+    assert_int_equal(sched_engine_model(u->target, &kc, 512, g_pool, &eng), KS_OK);
+    g_draft_kv = NULL;
+    struct sched_config sc;
+    sched_config_default(&sc);
+    sc.parallel = u->parallel;
+    sc.max_itl_ratio = 0.0f; /* the step budget does not depend on timings */
+    if (u->draft) {
+        model_kv_config(u->draft, &dc);
+        dc.type_k = dc.type_v = u->draft_type;
+        dc.prefix_cache = u->prefix_cache;
+        assert_int_equal(sched_engine_model_add_draft(&eng, u->draft, &dc, 512, g_pool), KS_OK);
+        g_draft_kv = eng.draft->cache(eng.draft->ctx);
+        sc.spec_type = SPEC_DRAFT;
+        sc.draft_min = 1; /* draft whatever the cost model says: a tiny model's extra token costs nearly a step */
+        sc.draft_max = 6;
+    }
+    struct sched *s = NULL;
+    assert_int_equal(sched_create(&sc, &eng, &s), KS_OK);
+    return s;
+}
+
+/* Between two steps: both caches hold their invariants, and the budget's
+ * bytes used are the sum of both caches' pages. */
+struct pool_state {
+    ks_status target_check, draft_check;
+    size_t used_target, used_draft, used_pool, shared_seen;
+    int32_t seqs_target, seqs_draft;
+};
+
+static void check_pool(void *user, struct kv_cache *kv)
+{
+    struct pool_state *p = user;
+    p->target_check = kv_check(kv);
+    p->draft_check = g_draft_kv ? kv_check(g_draft_kv) : KS_OK;
+    struct kv_usage ut, ud = {0};
+    kv_usage(kv, &ut);
+    if (g_draft_kv)
+        kv_usage(g_draft_kv, &ud);
+    p->used_target = ut.used;
+    p->used_draft = ud.used;
+    p->shared_seen = ut.shared_used;
+    p->used_pool = kv_budget_used(kv);
+    p->seqs_target = ut.n_seqs;
+    p->seqs_draft = ud.n_seqs;
+}
+
+static void assert_pool(struct sched *s, bool idle)
+{
+    struct pool_state p;
+    assert_int_equal(sched_between_steps(s, check_pool, &p), KS_OK);
+    assert_int_equal(p.target_check, KS_OK);
+    assert_int_equal(p.draft_check, KS_OK);
+    assert_int_equal(p.used_pool, p.used_target + p.used_draft);
+    assert_int_equal(p.shared_seen, p.used_draft);
+    if (idle) {
+        assert_int_equal(p.seqs_target, 0);
+        assert_int_equal(p.seqs_draft, 0);
+    }
+}
+
+/* Each prompt alone, one after the other, on one scheduler. */
+static void run_each(const struct setup *u, int32_t *const *prompts, const int32_t *lens, int n, int32_t max_tokens,
+                     struct result *out)
+{
+    struct sched *s = make_sched(u);
+    for (int i = 0; i < n; i++) {
+        submit(s, prompts[i], lens[i], max_tokens, &out[i]);
+        result_wait(&out[i]);
+    }
+    if (u->draft)
+        assert_pool(s, true);
+    sched_free(s);
+}
+
+/* ---- prompts and models ----------------------------------------------------------- */
+
+static void random_ids(int32_t *t, int32_t n, int32_t salt, int32_t n_vocab)
+{
+    for (int32_t i = 0; i < n; i++)
+        t[i] = 3 + (int32_t)(((uint32_t)i * 2654435761u + (uint32_t)salt * 40503u) % (uint32_t)(n_vocab - 3));
+}
+
+/* A preset at q8_0 (repacked: batch-invariant) into a temporary file;
+ * n_layer > 0 and seed > 0 override the preset's. */
+static struct model *synth_model(const char *preset, int n_layer, uint64_t seed)
+{
+    struct model_synth_spec spec;
+    assert_int_equal(model_synth_preset(preset, &spec), KS_OK);
+    if (n_layer > 0)
+        spec.n_layer = n_layer;
+    if (seed > 0)
+        spec.seed = seed;
+    char path[] = "/tmp/test_sched_draft_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    assert_int_equal(model_synth(&spec, "q8_0", NULL, path, g_pool), KS_OK);
+    struct model *m = NULL;
+    assert_int_equal(model_load(path, &m), KS_OK);
+    unlink(path);
+    return m;
+}
+
+/* ---- tests -------------------------------------------------------------------- */
+
+/* n prompts alone, without and with the draft: the same tokens. Returns the
+ * drafts proposed and accepted over all of them. */
+static void identity(struct model *target, struct model *draft, enum quant_type type, enum quant_type draft_type,
+                     int32_t *drafted, int32_t *accepted)
+{
+    enum { N = 3, GEN = 40 };
+    int32_t n_vocab = model_hparams(target)->n_vocab;
+    static int32_t buf[N][160];
+    int32_t *prompts[N], lens[N];
+    for (int i = 0; i < N; i++) {
+        prompts[i] = buf[i];
+        random_ids(buf[i], lens[i] = 5 + 60 * i, 11 + i, n_vocab);
+    }
+    struct result plain[N], spec[N];
+    struct setup u = {.target = target, .type = type, .parallel = 2};
+    run_each(&u, prompts, lens, N, GEN, plain);
+    u.draft = draft;
+    u.draft_type = draft_type;
+    run_each(&u, prompts, lens, N, GEN, spec);
+    *drafted = *accepted = 0;
+    for (int i = 0; i < N; i++) {
+        assert_same_tokens(&plain[i], &spec[i]);
+        assert_int_equal(plain[i].n_drafted, 0);
+        *drafted += spec[i].n_drafted;
+        *accepted += spec[i].n_accepted;
+    }
+}
+
+/* The target drafting for itself with pages of its own precision proposes
+ * exactly what it then computes: every draft is accepted. */
+static void test_self_draft(void **state)
+{
+    (void)state;
+    if (!g_default)
+        KS_SKIP("no default model at $KVSERVE_DEFAULT_MODEL (build target default_model)");
+    enum quant_type types[2] = {QUANT_F16, QUANT_Q4_0};
+    for (int t = 0; t < 2; t++) {
+        int32_t drafted, accepted;
+        identity(g_default, g_default, types[t], types[t], &drafted, &accepted);
+        print_message("self-draft, %s pages: %d drafted, %d accepted\n", quant_type_name(types[t]), (int)drafted,
+                      (int)accepted);
+        assert_true(drafted > 0);
+        assert_int_equal(accepted, drafted);
+    }
+}
+
+/* A draft that differs from its target: the trained tiny llama at q4_0
+ * drafting for itself at q8_0 (real text: drafts accepted and rejected), or
+ * without $KVSERVE_SHARED the 1-layer synthesized draft; its pages at q4_0
+ * (the floor), the target's at f16 and q4_0: the output does not change. */
+static void test_small_draft_dense(void **state)
+{
+    (void)state;
+    if (!g_default)
+        KS_SKIP("no default model at $KVSERVE_DEFAULT_MODEL (build target default_model)");
+    struct model *target = g_trained ? g_trained : g_default, *draft = g_trained ? g_trained_q4 : g_small;
+    enum quant_type types[2] = {QUANT_F16, QUANT_Q4_0};
+    for (int t = 0; t < 2; t++) {
+        int32_t drafted, accepted;
+        identity(target, draft, types[t], QUANT_Q4_0, &drafted, &accepted);
+        print_message("%s, %s pages: %d drafted, %d accepted\n", g_trained ? "trained q8_0 by its q4_0" : "small draft",
+                      quant_type_name(types[t]), (int)drafted, (int)accepted);
+        assert_true(drafted > 0);
+        if (g_trained)
+            assert_true(accepted > 0 && accepted < drafted);
+    }
+}
+
+/* A mixture-of-experts target, drafted for by itself and by the small dense draft. */
+static void test_moe_target(void **state)
+{
+    (void)state;
+    if (!g_default)
+        KS_SKIP("no default model at $KVSERVE_DEFAULT_MODEL (build target default_model)");
+    struct model *moe = synth_model("tiny-qwen3moe", 0, 0);
+    int32_t drafted, accepted;
+    identity(moe, moe, QUANT_F16, QUANT_F16, &drafted, &accepted);
+    print_message("MoE self-draft: %d drafted, %d accepted\n", (int)drafted, (int)accepted);
+    assert_int_equal(accepted, drafted);
+    identity(moe, g_small, QUANT_Q4_0, QUANT_Q4_0, &drafted, &accepted);
+    print_message("MoE, small draft: %d drafted, %d accepted\n", (int)drafted, (int)accepted);
+    assert_true(drafted > 0);
+    model_free(moe);
+}
+
+/* N_MANY requests at once (half of them continuing a shared prefix that an
+ * earlier request left in both prefix caches), drafting in one batched draft
+ * pass per draft token: each equals its solo answer without a draft model,
+ * the pool adds up between steps and mid-stream, and nothing is left behind. */
+static void test_many_with_prefix_hit(void **state)
+{
+    (void)state;
+    if (!g_default)
+        KS_SKIP("no default model at $KVSERVE_DEFAULT_MODEL (build target default_model)");
+    int32_t n_vocab = model_hparams(g_default)->n_vocab;
+    static int32_t buf[N_MANY + 1][200];
+    int32_t *prompts[N_MANY + 1], lens[N_MANY + 1];
+    random_ids(buf[N_MANY], 96, 5, n_vocab); /* the shared prefix: 3 pages */
+    for (int i = 0; i < N_MANY; i++) {
+        prompts[i] = buf[i];
+        int32_t own = 8 + 5 * i;
+        if (i % 2 == 0) {
+            memcpy(buf[i], buf[N_MANY], 96 * sizeof **buf);
+            random_ids(buf[i] + 96, own, 100 + i, n_vocab);
+            lens[i] = 96 + own;
+        } else {
+            random_ids(buf[i], lens[i] = own, 200 + i, n_vocab);
+        }
+    }
+    prompts[N_MANY] = buf[N_MANY];
+    lens[N_MANY] = 100;
+    random_ids(buf[N_MANY] + 96, 4, 77, n_vocab);
+    struct result solo[N_MANY], together[N_MANY], first;
+    struct setup u = {.target = g_default, .type = QUANT_F16, .parallel = N_MANY, .prefix_cache = true};
+    run_each(&u, prompts, lens, N_MANY, 32, solo);
+    u.draft = g_small;
+    u.draft_type = QUANT_Q4_0;
+    struct sched *s = make_sched(&u);
+    submit(s, prompts[N_MANY], lens[N_MANY], 8, &first); /* leaves the prefix in both caches */
+    result_wait(&first);
+    for (int i = 0; i < N_MANY; i++)
+        submit(s, prompts[i], lens[i], 32, &together[i]);
+    assert_pool(s, false); /* mid-stream */
+    for (int i = 0; i < N_MANY; i++)
+        result_wait(&together[i]);
+    assert_pool(s, true);
+    struct sched_stats st;
+    sched_get_stats(s, &st);
+    struct kv_usage ud;
+    kv_usage(g_draft_kv, &ud);
+    sched_free(s);
+    int32_t hits = 0;
+    for (int i = 0; i < N_MANY; i++) {
+        assert_same_tokens(&solo[i], &together[i]);
+        hits += i % 2 == 0 && together[i].n_cached >= 64;
+    }
+    print_message("%d requests together: %llu verifications, %llu drafted, %llu accepted; draft cache: %lld pages "
+                  "attached\n", N_MANY, (unsigned long long)st.spec_verifications,
+                  (unsigned long long)st.spec_draft_tokens, (unsigned long long)st.spec_accepted_tokens,
+                  (long long)ud.attached_pages);
+    assert_int_equal(hits, N_MANY / 2);
+    assert_true(st.spec_draft_tokens > 0);
+    assert_true(ud.attached_pages > 0); /* the draft sequences mapped the shared prefix too */
+}
+
+/* A budget too small for everyone: requests are preempted and recomputed
+ * (their draft sequences freed and made again), the pool never exceeds the
+ * budget, and the output does not change. */
+static void test_tight_budget(void **state)
+{
+    (void)state;
+    if (!g_default)
+        KS_SKIP("no default model at $KVSERVE_DEFAULT_MODEL (build target default_model)");
+    enum { N = 6 };
+    int32_t n_vocab = model_hparams(g_default)->n_vocab;
+    static int32_t buf[N][120];
+    int32_t *prompts[N], lens[N];
+    for (int i = 0; i < N; i++) {
+        prompts[i] = buf[i];
+        random_ids(buf[i], lens[i] = 60 + 10 * i, 300 + i, n_vocab);
+    }
+    struct kv_config kc;
+    model_kv_config(g_default, &kc);
+    size_t page = kv_page_bytes(&kc, QUANT_F16, QUANT_F16);
+    struct result solo[N], together[N];
+    struct setup u = {.target = g_default, .type = QUANT_F16, .parallel = N};
+    run_each(&u, prompts, lens, N, 40, solo);
+    u.draft = g_small;
+    u.draft_type = QUANT_Q4_0;
+    u.budget = 12 * page; /* 6 requests of up to 4 pages each do not fit at once */
+    struct sched *s = make_sched(&u);
+    for (int i = 0; i < N; i++)
+        submit(s, prompts[i], lens[i], 40, &together[i]);
+    for (int i = 0; i < N; i++)
+        result_wait(&together[i]);
+    assert_pool(s, true);
+    struct sched_stats st;
+    sched_get_stats(s, &st);
+    sched_free(s);
+    for (int i = 0; i < N; i++)
+        assert_same_tokens(&solo[i], &together[i]);
+    print_message("tight budget: %llu preemptions, %llu drafted, %llu accepted\n", (unsigned long long)st.preemptions,
+                  (unsigned long long)st.spec_draft_tokens, (unsigned long long)st.spec_accepted_tokens);
+}
+
+/* The scheduler refuses SPEC_DRAFT without a draft engine. */
+static void test_config_refused(void **state)
+{
+    (void)state;
+    if (!g_default)
+        KS_SKIP("no default model at $KVSERVE_DEFAULT_MODEL (build target default_model)");
+    struct kv_config kc;
+    model_kv_config(g_default, &kc);
+    kc.mem_budget = 8u << 20;
+    struct sched_engine eng;
+    assert_int_equal(sched_engine_model(g_default, &kc, 64, g_pool, &eng), KS_OK);
+    struct sched_config sc;
+    sched_config_default(&sc);
+    sc.max_batch_tokens = 64;
+    sc.spec_type = SPEC_DRAFT;
+    struct sched *s = NULL;
+    assert_int_equal(sched_create(&sc, &eng, &s), KS_ERR_INVALID_ARG);
+    assert_non_null(strstr(ks_errmsg(), "--model-draft"));
+    /* a second draft is refused; a p_min outside 0..1 too */
+    struct kv_config dc;
+    model_kv_config(g_small, &dc);
+    assert_int_equal(sched_engine_model_add_draft(&eng, g_small, &dc, 64, g_pool), KS_OK);
+    assert_int_equal(sched_engine_model_add_draft(&eng, g_small, &dc, 64, g_pool), KS_ERR_STATE);
+    sc.draft_p_min = 1.5f;
+    assert_int_equal(sched_create(&sc, &eng, &s), KS_ERR_INVALID_ARG);
+    assert_non_null(strstr(ks_errmsg(), "--draft-p-min"));
+    eng.destroy(eng.ctx);
+}
+
+/* --draft-p-min 1 keeps only drafts the draft model is certain of: with a
+ * random draft model, none. */
+static void test_p_min(void **state)
+{
+    (void)state;
+    if (!g_default)
+        KS_SKIP("no default model at $KVSERVE_DEFAULT_MODEL (build target default_model)");
+    struct kv_config kc, dc;
+    model_kv_config(g_default, &kc);
+    kc.mem_budget = 16u << 20;
+    struct sched_engine eng;
+    assert_int_equal(sched_engine_model(g_default, &kc, 64, g_pool, &eng), KS_OK);
+    model_kv_config(g_small, &dc);
+    dc.type_k = dc.type_v = QUANT_Q4_0;
+    assert_int_equal(sched_engine_model_add_draft(&eng, g_small, &dc, 64, g_pool), KS_OK);
+    struct sched_config sc;
+    sched_config_default(&sc);
+    sc.max_batch_tokens = 64;
+    sc.parallel = 2;
+    sc.spec_type = SPEC_DRAFT;
+    sc.draft_min = 1;
+    sc.draft_p_min = 1.0f;
+    struct sched *s = NULL;
+    assert_int_equal(sched_create(&sc, &eng, &s), KS_OK);
+    int32_t prompt[20];
+    random_ids(prompt, 20, 9, model_hparams(g_default)->n_vocab);
+    struct result r;
+    submit(s, prompt, 20, 24, &r);
+    result_wait(&r);
+    sched_free(s);
+    assert_int_equal(r.n, 24);
+    assert_int_equal(r.n_drafted, 0);
+}
+
+/* ---- main ----------------------------------------------------------------------- */
+
+static int group_setup(void **state)
+{
+    (void)state;
+    if (threads_create(2, &g_pool) != KS_OK)
+        return -1;
+    const char *path = getenv("KVSERVE_DEFAULT_MODEL");
+    if (path && access(path, R_OK) == 0 && model_load(path, &g_default) != KS_OK)
+        return -1;
+    if (!g_default)
+        return 0;
+    const char *shared = getenv("KVSERVE_SHARED");
+    char trained[4096], trained_q4[4096];
+    snprintf(trained, sizeof trained, "%s/models/trained/tiny-llama-gqa-hd64-q8_0.gguf", shared ? shared : "../shared");
+    snprintf(trained_q4, sizeof trained_q4, "%s/models/trained/tiny-llama-gqa-hd64-q4_0.gguf",
+             shared ? shared : "../shared");
+    if (access(trained, R_OK) == 0 && access(trained_q4, R_OK) == 0 &&
+        (model_load(trained, &g_trained) != KS_OK || model_load(trained_q4, &g_trained_q4) != KS_OK))
+        return -1;
+    /* the small draft: one layer of `tiny` of another seed, the same vocabulary */
+    struct model_synth_spec spec;
+    char tmp[] = "/tmp/test_sched_draft_XXXXXX";
+    int fd = mkstemp(tmp);
+    if (fd < 0 || model_synth_preset("tiny", &spec) != KS_OK)
+        return -1;
+    close(fd);
+    spec.n_layer = 1;
+    spec.seed = 99;
+    ks_status st = model_synth(&spec, "q8_0", NULL, tmp, g_pool);
+    if (!st)
+        st = model_load(tmp, &g_small);
+    unlink(tmp);
+    return st ? -1 : 0;
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    model_free(g_small);
+    model_free(g_trained);
+    model_free(g_trained_q4);
+    model_free(g_default);
+    threads_free(g_pool);
+    return 0;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_self_draft),
+        cmocka_unit_test(test_small_draft_dense),
+        cmocka_unit_test(test_moe_target),
+        cmocka_unit_test(test_many_with_prefix_hit),
+        cmocka_unit_test(test_tight_budget),
+        cmocka_unit_test(test_config_refused),
+        cmocka_unit_test(test_p_min),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
