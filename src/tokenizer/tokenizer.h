@@ -98,6 +98,17 @@ int32_t tok_find(const struct tokenizer *t, const char *text, size_t len);
 ks_status tok_encode(const struct tokenizer *t, const char *text, size_t len, unsigned flags,
                      int32_t **ids, size_t *n_ids);
 
+/* Can a draft model with vocabulary `draft` propose tokens for a target with
+ * vocabulary `target` (speculative decoding)? llama.cpp's rules
+ * (common_speculative_are_compatible) made strict: the same tokenizer family,
+ * the same add_bos and add_eos and, where they are added, the same BOS / EOS
+ * ids, and the same vocabulary: as many tokens, each with the same text
+ * (llama.cpp tolerates 128 extra tokens and skips the first 5; a draft token
+ * the target cannot read would only be rejected, but ids must mean the same).
+ * KS_ERR_INVALID_ARG names the first difference: for the vocabulary, both
+ * sizes and the first differing id with both texts. */
+ks_status tok_check_same_vocab(const struct tokenizer *target, const struct tokenizer *draft);
+
 /* ---- decoding ---------------------------------------------------------- */
 
 /* The bytes a token stands for (U+2581 -> ' ', <0xXX> -> the byte, byte-level
