@@ -3,7 +3,6 @@
  * sample, deliver events. */
 #include "sched/sched.h"
 #include "sched/sched_cost.h"
-#include "sched/sched_draft.h"
 
 #include <math.h>
 #include <stdatomic.h>
@@ -1008,7 +1007,8 @@ static double draft_pass(struct sched *s)
     }
     if (n == 0)
         return 0.0;
-    sched_drafter_run(s->drafter, s->draft_jobs, n, &s->cost);
+    sched_drafter_run(s->drafter, s->draft_jobs, n);
+    sched_cost_observe_draft(&s->cost, sched_drafter_step_seconds(s->drafter));
     for (int i = 0; i < n; i++) {
         struct req *r = s->job_req[i];
         r->n_dprop = s->draft_jobs[i].n_draft;

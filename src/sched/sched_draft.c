@@ -1,5 +1,5 @@
-/* The draft model's passes of sched_draft.h. */
-#include "sched/sched_draft.h"
+/* The draft model's passes (sched.h, "the draft model's passes"). */
+#include "sched/sched.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -11,6 +11,8 @@ struct sched_drafter {
     int32_t max_batch, chunk;
     int parallel;
     float p_min;
+    double step_s;                     /* the last pass's draft steps: seconds in all */
+    int n_steps;                       /* and how many */
     /* a forward's scratch */
     int32_t *b_tokens, *b_pos, *b_seq; /* (max_batch) */
     bool *b_logits;                    /* (max_batch) */
@@ -209,7 +211,7 @@ static bool catch_up(struct sched_drafter *d, struct sched_draft_job *jobs, int 
 
 /* One more draft for every job still drafting: feed its last draft. Returns
  * whether any job was fed. */
-static bool draft_step(struct sched_drafter *d, struct sched_draft_job *jobs, int n_jobs, struct sched_cost *cost)
+static bool draft_step(struct sched_drafter *d, struct sched_draft_job *jobs, int n_jobs)
 {
     int32_t n = 0, rows = 0;
     for (int i = 0; i < n_jobs; i++) {
@@ -232,14 +234,17 @@ static bool draft_step(struct sched_drafter *d, struct sched_draft_job *jobs, in
         }
         return false;
     }
-    sched_cost_observe_draft(cost, now_seconds() - t0);
+    d->step_s += now_seconds() - t0;
+    d->n_steps++;
     for (int32_t r = 0; r < rows; r++)
         take_proposal(d, &jobs[d->row_job[r]], d->logits + (size_t)r * d->eng->n_vocab);
     return true;
 }
 
-void sched_drafter_run(struct sched_drafter *d, struct sched_draft_job *jobs, int n, struct sched_cost *cost)
+void sched_drafter_run(struct sched_drafter *d, struct sched_draft_job *jobs, int n)
 {
+    d->step_s = 0;
+    d->n_steps = 0;
     if (n > d->parallel)
         n = d->parallel;
     for (int i = 0; i < n; i++) {
@@ -250,7 +255,7 @@ void sched_drafter_run(struct sched_drafter *d, struct sched_draft_job *jobs, in
     }
     if (!catch_up(d, jobs, n))
         return;
-    while (draft_step(d, jobs, n, cost))
+    while (draft_step(d, jobs, n))
         ;
     for (int i = 0; i < n && d->eng->prefix_publish; i++)
         if (d->ready[i] && jobs[i].share && jobs[i].ds->seq >= 0)
@@ -266,4 +271,9 @@ void sched_drafter_release(struct sched_drafter *d, struct sched_draft_seq *ds, 
     if (ds->seq >= 0 && share && d->eng->prefix_publish)
         d->eng->prefix_publish(d->eng->ctx, ds->seq, tokens, ds->n_computed, true);
     seq_drop(d, ds);
+}
+
+double sched_drafter_step_seconds(const struct sched_drafter *d)
+{
+    return d->n_steps > 0 ? d->step_s / d->n_steps : 0.0;
 }

@@ -345,34 +345,42 @@ ks_status sched_engine_model(struct model *m, const struct kv_config *kv_cfg, in
     return KS_OK;
 }
 
+ks_status sched_engine_model_draft(struct kv_cache *target_kv, struct model *draft, const struct kv_config *draft_cfg,
+                                   int32_t max_batch_tokens, struct threads_pool *pool, struct sched_engine *out)
+{
+    struct kv_config dc = *draft_cfg;
+    dc.mem_budget = kv_get_config(target_kv)->mem_budget;
+    struct kv_key fp;
+    memcpy(&fp, dc.fingerprint, sizeof fp);
+    fp = kv_salt_mix(fp, "draft", 5);
+    memcpy(dc.fingerprint, &fp, sizeof fp);
+    ks_status st = sched_engine_model(draft, &dc, max_batch_tokens, pool, out);
+    if (st)
+        return st;
+    struct model_engine *de = out->ctx;
+    if ((st = kv_share_budget(target_kv, de->kv))) {
+        out->destroy(out->ctx);
+        return st;
+    }
+    out->forward_embd = NULL; /* the draft model only proposes tokens */
+    out->n_embd = 0;
+    return KS_OK;
+}
+
 ks_status sched_engine_model_add_draft(struct sched_engine *eng, struct model *draft, const struct kv_config *draft_cfg,
                                        int32_t max_batch_tokens, struct threads_pool *pool)
 {
     struct model_engine *e = eng->ctx;
     if (e->draft || eng->draft)
         return ks_fail(KS_ERR_STATE, "engine: it has a draft model already");
-    struct kv_config dc = *draft_cfg;
-    dc.mem_budget = kv_get_config(e->kv)->mem_budget;
-    struct kv_key fp;
-    memcpy(&fp, dc.fingerprint, sizeof fp);
-    fp = kv_salt_mix(fp, "draft", 5);
-    memcpy(dc.fingerprint, &fp, sizeof fp);
     struct sched_engine *d = calloc(1, sizeof *d);
     if (!d)
         return ks_fail(KS_ERR_NOMEM, "engine: out of memory");
-    ks_status st = sched_engine_model(draft, &dc, max_batch_tokens, pool, d);
+    ks_status st = sched_engine_model_draft(e->kv, draft, draft_cfg, max_batch_tokens, pool, d);
     if (st) {
         free(d);
         return st;
     }
-    struct model_engine *de = d->ctx;
-    if ((st = kv_share_budget(e->kv, de->kv))) {
-        d->destroy(d->ctx);
-        free(d);
-        return st;
-    }
-    d->forward_embd = NULL; /* the draft model only proposes tokens */
-    d->n_embd = 0;
     e->draft = d;
     eng->draft = d;
     return KS_OK;
