@@ -225,7 +225,24 @@ void cli_model_flags_init(struct cli_model_flags *f)
 void cli_spec_flags_init(struct cli_spec_flags *f)
 {
     *f = (struct cli_spec_flags){.type = SPEC_NONE, .draft_max = 16, .draft_min = 0,
-                                   .pool_n = SPEC_POOL_N_DEFAULT};
+                                   .pool_n = SPEC_POOL_N_DEFAULT, .draft_type_k = QUANT_TYPE_COUNT,
+                                   .draft_type_v = QUANT_TYPE_COUNT};
+}
+
+const char *cli_spec_flags_conflict(struct cli_spec_flags *f)
+{
+    if (f->model_draft && f->type == SPEC_NONE)
+        f->type = SPEC_DRAFT;
+    if (f->type == SPEC_DRAFT && !f->model_draft)
+        return "--spec-type draft needs a draft model (--model-draft FILE)";
+    if (f->model_draft && f->type != SPEC_DRAFT)
+        return "--model-draft drafts with a draft model: give --spec-type draft (or none), not an n-gram speculator";
+    return NULL;
+}
+
+static bool parse_kv_type(const char *value, enum quant_type *out)
+{
+    return value && kv_parse_type(value, out) == KS_OK;
 }
 
 bool cli_parse_spec_flag(const char *flag, const char *value, struct cli_spec_flags *f, bool *ok)
@@ -238,6 +255,14 @@ bool cli_parse_spec_flag(const char *flag, const char *value, struct cli_spec_fl
         *ok = cli_parse_int(value, 0, SPEC_DRAFT_LIMIT, &f->draft_min);
     else if (!strcmp(flag, "--spec-ngram-size-n"))
         *ok = cli_parse_int(value, SPEC_POOL_N_MIN, SPEC_POOL_N_MAX, &f->pool_n);
+    else if (!strcmp(flag, "--model-draft") || !strcmp(flag, "-md"))
+        *ok = (f->model_draft = value) != NULL && *value;
+    else if (!strcmp(flag, "--draft-p-min"))
+        *ok = cli_parse_float(value, 0.0f, 1.0f, &f->draft_p_min);
+    else if (!strcmp(flag, "--cache-type-k-draft") || !strcmp(flag, "-ctkd"))
+        *ok = parse_kv_type(value, &f->draft_type_k);
+    else if (!strcmp(flag, "--cache-type-v-draft") || !strcmp(flag, "-ctvd"))
+        *ok = parse_kv_type(value, &f->draft_type_v);
     else
         return false;
     return true;
@@ -245,7 +270,7 @@ bool cli_parse_spec_flag(const char *flag, const char *value, struct cli_spec_fl
 
 const char cli_spec_flags_help[] =
     "speculative decoding (the same flags in serve and generate):\n"
-    "      --spec-type T        none | ngram | ngram-pool (default none). ngram: draft tokens by looking\n"
+    "      --spec-type T        none | ngram | ngram-pool | draft (default none). ngram: draft tokens by looking\n"
     "                           the last 1-3 tokens up in the request's own prompt and output (prompt\n"
     "                           lookup); ngram-pool (alias ngram-mod): from one 16 MiB table shared by\n"
     "                           all requests, the token that followed the last N tokens anywhere in\n"
@@ -254,7 +279,14 @@ const char cli_spec_flags_help[] =
     "      --spec-ngram-size-n N  ngram-pool's N, 2..64 (default 8)\n"
     "      --draft-max N        drafts per verification at most, 1..64 (default 16); the length\n"
     "                           adapts to each request's acceptance and to the measured cost\n"
-    "      --draft-min N        draft at least N tokens or none, 0..--draft-max (default 0)\n";
+    "      --draft-min N        draft at least N tokens or none, 0..--draft-max (default 0)\n"
+    "  -md, --model-draft FILE  draft with a smaller model of the same vocabulary (implies\n"
+    "                           --spec-type draft): its KV pages share the --kv-mem budget\n"
+    "      --draft-p-min P      stop a request's drafts before a token the draft model gives a\n"
+    "                           probability below P, 0..1 (default 0: never)\n"
+    "  -ctkd, --cache-type-k-draft T, -ctvd, --cache-type-v-draft T\n"
+    "                           the draft model's KV types (default: the KV policy's floor, q4_0,\n"
+    "                           where its head size allows, else the target's types)\n";
 
 const char cli_model_flags_help[] =
     "model loading and KV cache (the same flags in serve, bench, generate, chat and perplexity):\n"

@@ -78,8 +78,16 @@ struct cli_spec_flags {
     int draft_max;       /* 16 */
     int draft_min;       /* 0 */
     int pool_n;          /* --spec-ngram-size-n: ngram-pool's tokens per key (SPEC_POOL_N_DEFAULT) */
+    const char *model_draft; /* --model-draft / -md FILE (implies --spec-type draft), NULL: none */
+    float draft_p_min;   /* --draft-p-min P, 0..1 (0, llama-server's default) */
+    enum quant_type draft_type_k, draft_type_v; /* --cache-type-k-draft / -ctkd, ...-v-draft / -ctvd;
+                                                   QUANT_TYPE_COUNT: the KV policy's floor */
 };
 void cli_spec_flags_init(struct cli_spec_flags *f);
+/* After parsing: --model-draft alone means --spec-type draft. NULL when the
+ * flags agree, else a message (draft without a model, a model with another
+ * speculator). */
+const char *cli_spec_flags_conflict(struct cli_spec_flags *f);
 /* True if flag is one of the above; *ok says whether value was good. */
 bool cli_parse_spec_flag(const char *flag, const char *value, struct cli_spec_flags *f, bool *ok);
 extern const char cli_spec_flags_help[];

@@ -16,6 +16,7 @@
 #include "kv/kv.h"
 #include "model/model.h"
 #include "sample/sample.h"
+#include "sched/sched.h"
 #include "spec/spec.h"
 #include "tokenizer/tokenizer.h"
 
@@ -155,6 +156,12 @@ static int parse_args(int argc, char **argv, struct gen_opts *o)
         gen_usage(stderr);
         return 2;
     }
+    const char *spec_conflict = cli_spec_flags_conflict(&o->spec);
+    if (spec_conflict) {
+        fprintf(stderr, "kvserve generate: %s\n\n", spec_conflict);
+        gen_usage(stderr);
+        return 2;
+    }
     return 0;
 }
 
@@ -182,10 +189,22 @@ struct gen_run {
     int32_t draft[SPEC_DRAFT_LIMIT];
     double step_s, extra_token_s; /* EMAs: a 1-token step, one more token in a step */
     int64_t n_drafted, n_accepted, n_steps;
+    /* --model-draft: the scheduler's drafter for this one sequence */
+    struct model *draft_model;
+    struct sched_engine draft_eng; /* its engine, its cache in the target's budget (ctx NULL: none) */
+    struct sched_drafter *drafter;
+    struct sched_draft_seq dseq;
+    double draft_step_s;          /* EMA: one draft step */
 };
 
 static void run_free(struct gen_run *r)
 {
+    if (r->drafter)
+        sched_drafter_release(r->drafter, &r->dseq, r->tokens, r->n_tokens, false);
+    sched_drafter_free(r->drafter);
+    if (r->draft_eng.ctx)
+        r->draft_eng.destroy(r->draft_eng.ctx); /* before the target's cache, whose budget it shares */
+    model_free(r->draft_model);
     sample_free(r->sampler);
     tok_stream_free(r->stream);
     tok_free(r->tok);
@@ -256,6 +275,24 @@ static ks_status prompt_tokens(struct gen_run *r)
     return KS_OK;
 }
 
+/* --model-draft: the draft model, checked against the target's vocabulary,
+ * and its KV configuration in the same budget (grown by its share without
+ * --kv-mem). */
+static ks_status draft_load(struct gen_run *r, int32_t n_ctx, struct kv_config *cfg, struct kv_config *dcfg)
+{
+    const struct gen_opts *o = r->o;
+    if (!r->tok)
+        return ks_fail(KS_ERR_INVALID_ARG, "--model-draft: the model has no vocabulary to check the draft model's against");
+    ks_status st = cli_draft_load(&o->spec, &o->load, r->tok, r->n_vocab, &r->draft_model);
+    if (st)
+        return st;
+    cli_draft_kv_config(&o->spec, r->draft_model, cfg, n_ctx, dcfg);
+    if (!o->load.kv.mem)
+        cfg->mem_budget += cli_kv_budget_for(dcfg, n_ctx);
+    sched_draft_seq_init(&r->dseq);
+    return cli_draft_check_fit(cfg, dcfg, n_ctx);
+}
+
 static ks_status setup(struct gen_run *r, const char *model_path)
 {
     const struct gen_opts *o = r->o;
@@ -271,8 +308,11 @@ static ks_status setup(struct gen_run *r, const char *model_path)
     if (n_ctx_train > 0 && (int64_t)r->n_prompt + o->n_predict > n_ctx_train)
         fprintf(stderr, "kvserve generate: warning: %d prompt + %d new tokens exceed the model's trained context of %d\n",
                 (int)r->n_prompt, o->n_predict, n_ctx_train);
-    struct kv_config cfg;
-    cli_kv_config(r->e.model, &o->load.kv, (int64_t)r->n_prompt + o->n_predict, &cfg);
+    struct kv_config cfg, dcfg;
+    int32_t n_ctx = r->n_prompt + o->n_predict;
+    cli_kv_config(r->e.model, &o->load.kv, n_ctx, &cfg);
+    if (o->spec.model_draft && (st = draft_load(r, n_ctx, &cfg, &dcfg)))
+        return st;
     r->draft_max = o->spec.type == SPEC_NONE ? 0 : o->spec.draft_max;
     spec_adapt_init(&r->adapt);
     if (o->spec.type == SPEC_NGRAM_POOL && (st = spec_pool_create(o->spec.pool_n, SPEC_POOL_BYTES_DEFAULT, &r->pool)))
@@ -282,6 +322,9 @@ static ks_status setup(struct gen_run *r, const char *model_path)
         max_batch = 1 + r->draft_max;
     if ((st = cli_engine_start(&r->e, &cfg, o->n_threads, max_batch)) || (st = kv_seq_create(r->e.kv, &r->seq)) ||
         (st = sample_create(&o->sp, r->n_vocab, &r->sampler)))
+        return st;
+    if (r->draft_model && ((st = sched_engine_model_draft(r->e.kv, r->draft_model, &dcfg, max_batch, r->e.pool, &r->draft_eng)) ||
+                           (st = sched_drafter_create(&r->draft_eng, max_batch, 1, max_batch, o->spec.draft_p_min, &r->drafter))))
         return st;
     r->logits = malloc((size_t)(1 + r->draft_max) * (size_t)r->n_vocab * sizeof *r->logits);
     if (!r->logits)
@@ -397,7 +440,10 @@ static bool take(struct gen_run *r, int32_t token, ks_status *st)
  * (measured; a guess until both are). */
 static double extra_cost(const struct gen_run *r)
 {
-    return r->step_s > 0 && r->extra_token_s > 0 ? r->extra_token_s / r->step_s : 0.1;
+    double c = r->step_s > 0 && r->extra_token_s > 0 ? r->extra_token_s / r->step_s : 0.1;
+    if (r->drafter) /* a draft model's token costs a draft step too */
+        c += r->step_s > 0 && r->draft_step_s > 0 ? r->draft_step_s / r->step_s : 0.1;
+    return c;
 }
 
 static void learn_cost(struct gen_run *r, int32_t k, double seconds)
@@ -412,6 +458,15 @@ static void learn_cost(struct gen_run *r, int32_t k, double seconds)
  * tokens), else prompt lookup; as the scheduler proposes them. */
 static int32_t propose(struct gen_run *r, int32_t k)
 {
+    if (r->drafter) {
+        struct sched_draft_job job = {.ds = &r->dseq, .tokens = r->tokens, .n_tokens = r->n_tokens, .k = k};
+        sched_drafter_run(r->drafter, &job, 1);
+        double s = sched_drafter_step_seconds(r->drafter);
+        if (s > 0)
+            r->draft_step_s = r->draft_step_s > 0 ? 0.75 * r->draft_step_s + 0.25 * s : s;
+        memcpy(r->draft, job.draft, (size_t)job.n_draft * sizeof *r->draft);
+        return job.n_draft;
+    }
     if (r->pool) {
         spec_pool_add(r->pool, 0, r->tokens, r->n_tokens, r->pool_fed);
         r->pool_fed = r->n_tokens;
@@ -421,6 +476,10 @@ static int32_t propose(struct gen_run *r, int32_t k)
     }
     return spec_ngram_draft(r->tokens, r->n_tokens, k, r->draft);
 }
+
+/* Not drafting, the draft model's next proposal is checked once in this
+ * many tokens (as the scheduler does). */
+enum { DRAFT_SHADOW_EVERY = 8 };
 
 /* The drafts for the next step (0 when not drafting); with none, *shadow the
  * token a 1-token draft proposes, to learn acceptance from (-1: none). */
@@ -435,6 +494,8 @@ static int32_t plan_drafts(struct gen_run *r, int32_t *shadow)
     int32_t m = k > 0 ? propose(r, k) : 0;
     if (m > 0 && m >= r->o->spec.draft_min)
         return m;
+    if (r->drafter && r->n_gen % DRAFT_SHADOW_EVERY != 0)
+        return 0; /* the draft model's shadow costs a draft step: check it now and then */
     if (propose(r, 1) == 1)
         *shadow = r->draft[0];
     return 0;

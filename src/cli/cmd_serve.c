@@ -249,6 +249,7 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
 
 struct serve_state {
     struct model *model;
+    struct model *draft;         /* --model-draft, NULL: none */
     struct tokenizer *tok;
     threads_pool *pool;
     struct sched *sched;
@@ -367,6 +368,23 @@ static ks_status embeddings_setup(const struct serve_opts *o, struct model *m)
     return KS_OK;
 }
 
+/* --model-draft: load it, configure its KV (in the same budget: without
+ * --kv-mem the budget grows by its share of --parallel contexts) and check
+ * that one context of both fits. */
+static ks_status draft_setup(const struct serve_opts *o, struct serve_state *s, int32_t ctx, struct kv_config *kvc,
+                             struct kv_config *dkv)
+{
+    ks_status st = cli_draft_load(&o->spec, &o->load, s->tok, model_hparams(s->model)->n_vocab, &s->draft);
+    if (st)
+        return st;
+    cli_draft_kv_config(&o->spec, s->draft, kvc, ctx, dkv);
+    if (!o->load.kv.mem) {
+        int64_t pages = (int64_t)o->parallel * ((ctx + dkv->page_tokens - 1) / dkv->page_tokens);
+        kvc->mem_budget += (size_t)pages * kv_page_bytes(dkv, dkv->type_k, dkv->type_v);
+    }
+    return cli_draft_check_fit(kvc, dkv, ctx);
+}
+
 static ks_status start(const struct serve_opts *o, const char *path, struct serve_state *s)
 {
     if (o->chat_template && o->chat_template_file)
@@ -411,6 +429,9 @@ static ks_status start(const struct serve_opts *o, const char *path, struct serv
     st = threads_create(o->n_threads, &s->pool);
     if (st)
         return st;
+    struct kv_config dkv;
+    if (o->spec.model_draft && (st = draft_setup(o, s, ctx, &kvc, &dkv)))
+        return st;
     struct sched_config sc;
     sched_config_default(&sc);
     int32_t eog[16];
@@ -424,6 +445,7 @@ static ks_status start(const struct serve_opts *o, const char *path, struct serv
     sc.draft_max = o->spec.draft_max;
     sc.draft_min = o->spec.draft_min;
     sc.pool_n = o->spec.pool_n;
+    sc.draft_p_min = o->spec.draft_p_min;
     sc.eog = eog;
     sc.n_eog = collect_eog(s->tok, eog, 16);
     struct sched_engine eng;
@@ -434,6 +456,10 @@ static ks_status start(const struct serve_opts *o, const char *path, struct serv
         sched_engine_model_set_store(&eng, s->store);
     if (s->redis)
         sched_engine_model_set_redis(&eng, s->redis);
+    if (s->draft && (st = sched_engine_model_add_draft(&eng, s->draft, &dkv, sc.max_batch_tokens, s->pool))) {
+        eng.destroy(eng.ctx);
+        return st;
+    }
     st = sched_create(&sc, &eng, &s->sched);
     if (st) {
         eng.destroy(eng.ctx);
@@ -485,6 +511,10 @@ static ks_status start(const struct serve_opts *o, const char *path, struct serv
     if (o->spec.type != SPEC_NONE)
         fprintf(stderr, "kvserve serve: speculation %s, %d..%d drafts per verification\n", spec_type_name(o->spec.type),
                 o->spec.draft_min, o->spec.draft_max);
+    if (s->draft)
+        fprintf(stderr, "kvserve serve: draft model %s, KV %s/%s in the same budget, --draft-p-min %.2f\n",
+                o->spec.model_draft, quant_type_name(dkv.type_k), quant_type_name(dkv.type_v),
+                (double)o->spec.draft_p_min);
     fprintf(stderr, "kvserve serve: at most %d connections (%d per address), idle timeout %d s\n",
             server_max_connections(s->srv), o->max_conn_per_ip, o->timeout);
     return KS_OK;
@@ -532,6 +562,7 @@ static void teardown(struct serve_state *s)
     threads_free(s->pool);
     tok_free(s->tok);
     model_free(s->model);
+    model_free(s->draft);
     free(s->chat_template);
     wipe_free(s->admin_key);
     wipe_free(s->api_key);
@@ -555,6 +586,11 @@ int cli_serve(int argc, char **argv)
     int rc = parse_args(argc, argv, &o);
     if (rc)
         return rc < 0 ? 0 : rc;
+    const char *spec_conflict = cli_spec_flags_conflict(&o.spec);
+    if (spec_conflict) {
+        fprintf(stderr, "kvserve serve: %s\n", spec_conflict);
+        return 2;
+    }
     char default_path[4096];
     const char *path = cli_model_path("serve", o.model, default_path, sizeof default_path);
     if (!path)

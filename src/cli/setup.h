@@ -28,6 +28,24 @@ ks_status cli_load_model(const char *path, const struct cli_model_flags *f, stru
  * factor set (model_set_n_ctx), as llama.cpp's n_ctx does. */
 void cli_kv_config(struct model *m, const struct cli_kv_flags *f, int64_t n_tokens, struct kv_config *cfg);
 
+/* ---- --model-draft (serve, generate) ---- */
+
+struct sched_engine;
+struct tokenizer;
+/* Load the draft model (f->model_draft) and check it can draft for the
+ * target: the same vocabulary (tok_check_same_vocab against target_tok) and
+ * n_vocab logits. Errors name the flag and the difference. */
+ks_status cli_draft_load(const struct cli_spec_flags *f, const struct cli_model_flags *load,
+                         const struct tokenizer *target_tok, int32_t target_n_vocab, struct model **out);
+/* The draft model's KV configuration: its own shape, the target's policy,
+ * page size and options, and its KV types from -ctkd/-ctvd, else the policy's
+ * floor where the draft's head size allows it, else the target's types. */
+void cli_draft_kv_config(const struct cli_spec_flags *f, struct model *draft, const struct kv_config *target,
+                         int32_t ctx, struct kv_config *out);
+/* Does one sequence of ctx tokens fit target->mem_budget in both caches (at
+ * their start types)? KS_ERR_KV_FULL with the numbers otherwise. */
+ks_status cli_draft_check_fit(const struct kv_config *target, const struct kv_config *draft, int32_t ctx);
+
 struct cli_engine {
     struct model *model;
     threads_pool *pool;

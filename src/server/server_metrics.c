@@ -93,6 +93,8 @@ ks_status server_route_metrics(struct server *srv, const struct server_req *rq, 
         server_metric(&b, "kvserve_kv_bytes_budget", "gauge", "KV page storage budget (--kv-mem).", (double)kv.u.budget);
         server_metric(&b, "kvserve_kv_usage_ratio", "gauge", "Used / budget.", kv.u.budget ? (double)kv.u.used / (double)kv.u.budget : 0);
         server_metric(&b, "kvserve_kv_tokens", "gauge", "Tokens held in the KV cache.", (double)kv.u.n_tokens);
+        server_metric(&b, "kvserve_kv_draft_bytes_used", "gauge",
+                      "KV page storage of the draft model (--model-draft), in the same budget.", (double)kv.u.shared_used);
         server_metric(&b, "kvserve_kv_demotions_total", "counter", "Page halves demoted by the dynamic policy.", (double)kv.u.demotions);
         server_metric(&b, "kvserve_kv_window_bytes", "gauge",
                       "Of the KV bytes used, sliding-window layers' rows (freed past each sequence's window).",
@@ -212,6 +214,7 @@ static void usage_hook(void *user, struct kv_cache *kv)
         cJSON_AddNumberToObject(o, "budget", (double)us.budget);
         cJSON_AddNumberToObject(o, "used", (double)us.used);
         cJSON_AddNumberToObject(o, "free", (double)us.free);
+        cJSON_AddNumberToObject(o, "draft_used", (double)us.shared_used); /* --model-draft's pages, same budget */
         cJSON_AddNumberToObject(o, "usage_ratio", us.budget ? (double)us.used / (double)us.budget : 0);
         cJSON_AddNumberToObject(o, "n_pages", us.n_pages);
         cJSON_AddNumberToObject(o, "n_seqs", us.n_seqs);
