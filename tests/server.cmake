@@ -35,3 +35,6 @@ set_tests_properties(server_apis PROPERTIES LABELS e2e TIMEOUT 300 SKIP_RETURN_C
 # the same routes through the official @anthropic-ai/sdk and openai clients (tests/e2e/sdk/run.sh: npm ci, else 77)
 add_test(NAME server_apis_sdk COMMAND ${CMAKE_SOURCE_DIR}/tests/e2e/sdk/run.sh)
 set_tests_properties(server_apis_sdk PROPERTIES LABELS e2e TIMEOUT 300 SKIP_RETURN_CODE 77 ENVIRONMENT "${KS_E2E_ENV}")
+# speculative decoding with a draft model (serve -md): the same greedy text, usage and the pool (curl, python3)
+add_test(NAME server_draft COMMAND ${CMAKE_SOURCE_DIR}/tests/e2e/draft.sh)
+set_tests_properties(server_draft PROPERTIES LABELS e2e TIMEOUT 300 SKIP_RETURN_CODE 77 ENVIRONMENT "${KS_E2E_ENV}")

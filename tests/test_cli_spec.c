@@ -81,7 +81,7 @@ static void test_bad_values(void **state)
     (void)state;
     NEED_INPUTS();
     static const char *const bad[][2] = {
-        {"--spec-type", "draft"}, {"--draft-max", "0"}, {"--draft-max", "65"}, {"--draft-min", "-1"},
+        {"--spec-type", "draft-eagle3"}, {"--draft-max", "0"}, {"--draft-max", "65"}, {"--draft-min", "-1"},
         {"--spec-ngram-size-n", "1"}, {"--spec-ngram-size-n", "65"}};
     static const char *const cmds[][2] = {{"generate", "--ids 1,2,3 -n 2"}, {"serve", "--port 0 -t 1"}};
     for (size_t c = 0; c < 2; c++)
