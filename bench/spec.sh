@@ -11,14 +11,19 @@
 #                                      prompt; e.g. ../shared/models/stories260K.gguf): kvserve generate, greedy,
 #                                      with --spec-type none and ngram: identical output, tokens per target pass,
 #                                      acceptance and the tg speedup.
-#   bench/spec.sh all BIN MODEL        both (verify on its default model).
+#   bench/spec.sh draft BIN MODEL DRAFT  (c) the same prompts with a draft model (--model-draft DRAFT, the same
+#                                      vocabulary; e.g. ../shared/models/trained/tiny-llama-gqa-hd64-q8_0.gguf
+#                                      drafted by its -q4_0.gguf): identical output, acceptance, tokens per target
+#                                      pass and the tg speedup against --spec-type none.
+#   bench/spec.sh all BIN MODEL [DRAFT] (a) and (b) (verify on its default model), and (c) with DRAFT.
 #
 # Env: THREADS (2), DEPTH (256), REPS (5), KMAX (16), GEN (128), DRAFT_MAX (16), PRESET, LAYERS, TINY=1 (a smoke
 # run: the tiny model, DEPTH 32, REPS 1, KMAX 4, GEN 24). Run on a quiet machine: timings are medians of REPS runs.
 set -euo pipefail
-usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [ $# -ge 2 ] || usage
-what=$1 bin=$2 model=${3:-}
+what=$1 bin=$2 model=${3:-} draft_model=${4:-}
+arm=ngram # (b) and (c) compare --spec-type none with this arm: ngram or draft
 [ -x "$bin" ] || usage
 if [ "${TINY:-0}" = 1 ]; then
   THREADS=${THREADS:-1} DEPTH=${DEPTH:-32} REPS=${REPS:-1} KMAX=${KMAX:-4} GEN=${GEN:-24}
@@ -64,31 +69,35 @@ PROMPTS=(
   "Tim and Sue went to the beach. They built a sand castle with a big tower. A wave came and the castle fell down. Tim was sad, but Sue said they could build it again. Tim and Sue went to the beach. They built"
 )
 
-gen() { # spec-type prompt -> output in $tmp/out.$1, timing in $tmp/err.$1
+gen() { # none|ngram|draft prompt -> output in $tmp/out.$1, timing in $tmp/err.$1
+  local flags=(--spec-type "$1")
+  [ "$1" = draft ] && flags=(--model-draft "$draft_model")
   "$bin" generate -m "$model" -p "$2" -n "$GEN" --temp 0 -t "$THREADS" --ignore-eos --output-ids \
-    --spec-type "$1" --draft-max "$DRAFT_MAX" >"$tmp/out.$1" 2>"$tmp/err.$1"
+    "${flags[@]}" --draft-max "$DRAFT_MAX" >"$tmp/out.$1" 2>"$tmp/err.$1"
 }
 tg_of() { sed -n 's/.*generated [0-9]* tok, \([0-9.]*\) tok\/s.*/\1/p' "$tmp/err.$1"; }
 
 accept() {
   [ -f "$model" ] || usage
-  echo "### Prompt lookup on \"retell the story\" prompts ($(basename "$model"), greedy, $GEN tokens, $THREADS threads, median of $REPS)"
+  local what_drafts="Prompt lookup"
+  [ "$arm" = draft ] && what_drafts="The draft model $(basename "$draft_model")"
+  echo "### $what_drafts on \"retell the story\" prompts ($(basename "$model"), greedy, $GEN tokens, $THREADS threads, median of $REPS)"
   echo
-  echo "| prompt | same output | drafted | accepted | tokens per target pass | tg none (t/s) | tg ngram (t/s) | speedup |"
+  echo "| prompt | same output | drafted | accepted | tokens per target pass | tg none (t/s) | tg $arm (t/s) | speedup |"
   echo "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"
   local i r same spec none ngram line
   for i in "${!PROMPTS[@]}"; do
-    : >"$tmp/tg.none"; : >"$tmp/tg.ngram"
+    : >"$tmp/tg.none"; : >"$tmp/tg.$arm"
     for r in $(seq "$REPS"); do
-      for spec in none ngram; do
+      for spec in none "$arm"; do
         gen "$spec" "${PROMPTS[$i]}"
         tg_of "$spec" >>"$tmp/tg.$spec"
       done
     done
-    same=yes; cmp -s "$tmp/out.none" "$tmp/out.ngram" || same=NO
+    same=yes; cmp -s "$tmp/out.none" "$tmp/out.$arm" || same=NO
     none=$(sort -g "$tmp/tg.none" | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }')
-    ngram=$(sort -g "$tmp/tg.ngram" | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }')
-    line=$(grep '^speculation:' "$tmp/err.ngram")
+    ngram=$(sort -g "$tmp/tg.$arm" | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }')
+    line=$(grep '^speculation:' "$tmp/err.$arm")
     echo "$line" | awk -v i=$((i + 1)) -v same="$same" -v a="$none" -v b="$ngram" '{
       printf "| %d | %s | %s | %s | %s | %.1f | %.1f | %.2fx |\n", i, same, $3, $5, $8, a, b, (a > 0 ? b / a : 0) }'
   done
@@ -98,6 +107,7 @@ accept() {
 case $what in
   verify) verify "$(verify_model)" ;;
   accept) accept ;;
-  all) verify "$(verify_model)"; accept ;;
+  draft) [ -f "$draft_model" ] || usage; arm=draft; accept ;;
+  all) verify "$(verify_model)"; accept; if [ -f "$draft_model" ]; then arm=draft; accept; fi ;;
   *) usage ;;
 esac
