@@ -7,6 +7,7 @@
 # (`kvserve synth`, the same vocabulary).
 set -u
 . "$(dirname "$0")/lib.sh"
+command -v python3 >/dev/null || { echo "skipped: python3 not installed"; exit 77; }
 
 "$bin" synth --preset tiny --type q8_0 --layers 1 --seed 9 -o "$tmp/draft.gguf" >/dev/null 2>&1 ||
   { echo "FAIL synth"; exit 1; }
@@ -29,7 +30,6 @@ run() {
 }
 text() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["choices"][0]["text"])' "$1"; }
 field() { python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["usage"].get(sys.argv[2], 0))' "$1" "$2"; }
-command -v python3 >/dev/null || { echo "skipped: python3 not installed"; exit 77; }
 
 run "" plain
 run "-md $tmp/draft.gguf --draft-min 1 --draft-max 6" draft
