@@ -308,16 +308,18 @@ static void test_moe_target(void **state)
     model_free(moe);
 }
 
-/* N_MANY requests at once (half of them continuing a shared prefix that an
- * earlier request left in both prefix caches), drafting in one batched draft
- * pass per draft token: each equals its solo answer without a draft model,
- * the pool adds up between steps and mid-stream, and nothing is left behind. */
+/* N_MANY requests at once (the trained pair when $KVSERVE_SHARED has it),
+ * half of them continuing a shared prefix that an earlier request left in
+ * both prefix caches, drafting in one batched draft pass per draft token:
+ * each equals its solo answer without a draft model, the pool adds up between
+ * steps and mid-stream, and nothing is left behind. */
 static void test_many_with_prefix_hit(void **state)
 {
     (void)state;
     if (!g_default)
         KS_SKIP("no default model at $KVSERVE_DEFAULT_MODEL (build target default_model)");
-    int32_t n_vocab = model_hparams(g_default)->n_vocab;
+    struct model *target = g_trained ? g_trained : g_default, *draft = g_trained ? g_trained_q4 : g_small;
+    int32_t n_vocab = model_hparams(target)->n_vocab;
     static int32_t buf[N_MANY + 1][200];
     int32_t *prompts[N_MANY + 1], lens[N_MANY + 1];
     random_ids(buf[N_MANY], 96, 5, n_vocab); /* the shared prefix: 3 pages */
@@ -336,9 +338,9 @@ static void test_many_with_prefix_hit(void **state)
     lens[N_MANY] = 100;
     random_ids(buf[N_MANY] + 96, 4, 77, n_vocab);
     struct result solo[N_MANY], together[N_MANY], first;
-    struct setup u = {.target = g_default, .type = QUANT_F16, .parallel = N_MANY, .prefix_cache = true};
+    struct setup u = {.target = target, .type = QUANT_F16, .parallel = N_MANY, .prefix_cache = true};
     run_each(&u, prompts, lens, N_MANY, 32, solo);
-    u.draft = g_small;
+    u.draft = draft;
     u.draft_type = QUANT_Q4_0;
     struct sched *s = make_sched(&u);
     submit(s, prompts[N_MANY], lens[N_MANY], 8, &first); /* leaves the prefix in both caches */
@@ -377,7 +379,8 @@ static void test_tight_budget(void **state)
     if (!g_default)
         KS_SKIP("no default model at $KVSERVE_DEFAULT_MODEL (build target default_model)");
     enum { N = 6 };
-    int32_t n_vocab = model_hparams(g_default)->n_vocab;
+    struct model *target = g_trained ? g_trained : g_default, *draft = g_trained ? g_trained_q4 : g_small;
+    int32_t n_vocab = model_hparams(target)->n_vocab;
     static int32_t buf[N][120];
     int32_t *prompts[N], lens[N];
     for (int i = 0; i < N; i++) {
@@ -385,12 +388,12 @@ static void test_tight_budget(void **state)
         random_ids(buf[i], lens[i] = 60 + 10 * i, 300 + i, n_vocab);
     }
     struct kv_config kc;
-    model_kv_config(g_default, &kc);
+    model_kv_config(target, &kc);
     size_t page = kv_page_bytes(&kc, QUANT_F16, QUANT_F16);
     struct result solo[N], together[N];
-    struct setup u = {.target = g_default, .type = QUANT_F16, .parallel = N};
+    struct setup u = {.target = target, .type = QUANT_F16, .parallel = N};
     run_each(&u, prompts, lens, N, 40, solo);
-    u.draft = g_small;
+    u.draft = draft;
     u.draft_type = QUANT_Q4_0;
     u.budget = 12 * page; /* 6 requests of up to 4 pages each do not fit at once */
     struct sched *s = make_sched(&u);
