@@ -969,10 +969,12 @@ static int32_t draft_budget(const struct sched *s, int32_t n_decode, int32_t lim
  * then: so a request whose drafts do not pay costs the draft model little. */
 enum { DRAFT_SHADOW_EVERY = 8 };
 
-/* The draft model's pass of this step (sched_draft.h): every speculating
- * decoder that drafts gets its proposals (r->dprop), one that does not gets a
- * shadow proposal every DRAFT_SHADOW_EVERY tokens, and prefilling requests
- * catch up on their prompt. Returns the seconds it took. */
+/* The draft model's pass of this step (sched.h, "the draft model's passes"):
+ * every speculating decoder that drafts gets its proposals (r->dprop), one
+ * that does not gets a shadow proposal every DRAFT_SHADOW_EVERY tokens, and
+ * prefilling requests catch up on their prompt. Returns the seconds it took
+ * (outside the target step's measured cost; the adaptive length pays for it,
+ * --max-itl-ratio's budget does not count it). */
 static double draft_pass(struct sched *s)
 {
     if (!s->drafter)
@@ -1446,8 +1448,8 @@ static ks_status check_place(const struct sched *s, const struct req *r, bool ru
         return st;
     const char *where = fork ? "a fork" : running ? "running" : "queued";
     if (!running && (r->seq != -1 || r->n_computed != 0 || r->dseq.seq != -1))
-        return ks_fail(KS_ERR_INTERNAL, "%s request %llu holds sequence %d with %d tokens computed", where,
-                       (unsigned long long)r->id, r->seq, r->n_computed);
+        return ks_fail(KS_ERR_INTERNAL, "%s request %llu holds sequence %d (draft sequence %d) with %d tokens computed",
+                       where, (unsigned long long)r->id, r->seq, r->dseq.seq, r->n_computed);
     if (running && r->seq < 0 && r->finish == SCHED_FINISH_NONE)
         return ks_fail(KS_ERR_INTERNAL, "running request %llu holds no sequence", (unsigned long long)r->id);
     if (running && r->finish == SCHED_FINISH_NONE && (r->admit_order == 0 || r->admit_order > s->next_admit))
