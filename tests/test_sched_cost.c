@@ -172,6 +172,28 @@ static void test_token_ratio_prices_a_verification(void **state)
     assert_true(1 + 8 * sched_cost_token_ratio(&c, 4) < 1.25);
 }
 
+/* A draft model's step is priced against the target's decode-only step:
+ * 0 until both are measured, then their ratio, which follows the draft
+ * step's EMA and shrugs off one stalled step like the others. */
+static void test_draft_ratio(void **state)
+{
+    (void)state;
+    struct machine m = {.decode_base = 20e-3, .decode_per_seq = 0.5e-3, .prefill_token = 0.6e-3};
+    struct sched_cost c;
+    sched_cost_init(&c);
+    sched_cost_observe_draft(&c, 4e-3);
+    assert_true(sched_cost_draft_ratio(&c, 4) == 0.0); /* no decode step yet */
+    sched_cost_observe(&c, 4, 0, step_time(&m, 4, 0));
+    for (int i = 0; i < 50; i++)
+        sched_cost_observe_draft(&c, 4e-3);
+    double want = 4e-3 / step_time(&m, 4, 0);
+    assert_true(fabs(sched_cost_draft_ratio(&c, 4) - want) < 1e-6);
+    sched_cost_observe_draft(&c, 1.0); /* a stall pulls at most MAX_JUMP x, weighted ALPHA */
+    assert_true(sched_cost_draft_ratio(&c, 4) < 2 * want);
+    sched_cost_observe_draft(&c, 0.0); /* nothing measured: ignored */
+    assert_true(sched_cost_draft_ratio(&c, 4) > want);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -181,6 +203,7 @@ int main(void)
         cmocka_unit_test(test_recovers_from_a_stalled_step),
         cmocka_unit_test(test_decode_estimate_is_refreshed),
         cmocka_unit_test(test_token_ratio_prices_a_verification),
+        cmocka_unit_test(test_draft_ratio),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
