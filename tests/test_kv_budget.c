@@ -166,7 +166,16 @@ static void test_sum_and_eviction(void **state)
     kv_fit(draft, &fit);
     assert_true(fit.start >= (int64_t)(5 * target_page() / draft_page() - 1) * P);
 
+    /* clearing the cache clears the draft's idle pages too */
+    assert_int_equal(kv_seq_publish(draft, dseq, tokens, 0), KS_OK);
+    fill(draft, dseq, tokens, 6 * P);
+    assert_int_equal(kv_seq_publish(draft, dseq, tokens, 6 * P), KS_OK);
     kv_seq_free(draft, dseq);
+    kv_usage(draft, &ud);
+    assert_int_equal(ud.n_idle_pages, 6);
+    assert_int_equal(kv_prefix_clear(target), 5 + 6);
+    assert_int_equal(kv_budget_used(target), 0);
+    assert_shared(target, draft);
     kv_free(draft); /* ends the sharing */
     kv_usage(target, &ut);
     assert_int_equal(ut.shared_used, 0);

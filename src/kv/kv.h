@@ -433,8 +433,9 @@ int32_t kv_prefix_held(const struct kv_cache *kv, const int32_t *tokens, int32_t
  * Returns the pages handed over. */
 int32_t kv_prefix_persist(struct kv_cache *kv);
 
-/* Drop every idle cached page (without the hook); pages in use are kept.
- * Returns the pages dropped. */
+/* Drop every idle cached page (without the hook), and those of the cache
+ * sharing kv's budget (kv_share_budget: a draft model's pages come from the
+ * same prompts); pages in use are kept. Returns the pages dropped. */
 int32_t kv_prefix_clear(struct kv_cache *kv);
 
 /* The cached chains, longest first: a chain runs from a page without a cached

@@ -352,7 +352,7 @@ void kv_prefix_evict(struct kv_cache *kv, size_t bytes, size_t goal)
     }
 }
 
-int32_t kv_prefix_clear(struct kv_cache *kv)
+static int32_t clear_idle(struct kv_cache *kv)
 {
     int32_t n = 0;
     for (; kv->lru_head >= 0; n++)
@@ -360,6 +360,12 @@ int32_t kv_prefix_clear(struct kv_cache *kv)
     assert(kv->n_idle_pages == 0 && kv->idle_bytes == 0);
     KV_DEBUG_CHECK(kv, "kv_prefix_clear");
     return n;
+}
+
+int32_t kv_prefix_clear(struct kv_cache *kv)
+{
+    /* the draft model's pages were computed from the same prompts */
+    return clear_idle(kv) + (kv->peer ? clear_idle(kv->peer) : 0);
 }
 
 int32_t kv_prefix_persist(struct kv_cache *kv)

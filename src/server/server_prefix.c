@@ -26,11 +26,9 @@ static void clear_hook(void *user, struct kv_cache *kv)
     struct clear_ctx *c = user;
     if (!kv)
         return;
-    struct kv_usage before, after;
-    kv_usage(kv, &before);
+    size_t before = kv_budget_used(kv); /* with a draft model's pages */
     c->pages = kv_prefix_clear(kv);
-    kv_usage(kv, &after);
-    c->bytes = before.used - after.used;
+    c->bytes = before - kv_budget_used(kv);
 }
 
 ks_status server_route_cache_clear(struct server *srv, const struct server_req *rq, struct reply *r)
