@@ -230,9 +230,12 @@ struct sched_draft_job {
 
 struct sched_drafter;
 
-/* draft is borrowed (the target engine owns it). max_batch: tokens per draft
- * forward (the draft engine's model context size); parallel: jobs per pass at
- * most; chunk: catch-up tokens of one request per pass; p_min in [0, 1]. */
+/* draft is borrowed and must outlive the drafter. max_batch: tokens per draft
+ * forward (at most the draft engine's model context size); parallel: jobs per
+ * pass at most; chunk: catch-up tokens of one request per pass; p_min in
+ * [0, 1]. Errors: KS_ERR_INVALID_ARG (an engine without forward, seq_create,
+ * seq_free or seq_truncate; p_min outside 0..1, naming --draft-p-min),
+ * KS_ERR_NOMEM. */
 ks_status sched_drafter_create(const struct sched_engine *draft, int32_t max_batch, int parallel, int32_t chunk,
                                float p_min, struct sched_drafter **out);
 void sched_drafter_free(struct sched_drafter *d);
@@ -240,7 +243,8 @@ void sched_drafter_free(struct sched_drafter *d);
 /* One pass over n <= parallel jobs (see above). */
 void sched_drafter_run(struct sched_drafter *d, struct sched_draft_job *jobs, int n);
 /* The mean seconds of the last pass's draft steps (each feeding every
- * still-drafting job one token), 0 when it ran none: a cost model's input. */
+ * still-drafting job one token; a catch-up of at most two tokens per drafting
+ * job counts as one), 0 when it ran none: a cost model's input. */
 double sched_drafter_step_seconds(const struct sched_drafter *d);
 
 /* The request's draft sequence ends (it finished or was preempted): its
