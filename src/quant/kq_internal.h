@@ -275,6 +275,23 @@ static inline void kq_chains_add(float *acc, float *accm, int32_t isum, int32_t 
     *accm = fmaf((float)msum, kq_f16_to_f32(dmin) * yd, *accm);
 }
 
+#if defined(KQ_HAVE_AVX2)
+#include "vmath/vmath_simd.h"
+/* Up to four consecutive blocks into the chains, in block order: v[b] holds
+ * block b's isum and v[4 + b] its msum, each as unreduced int32 lanes (zero
+ * for b >= nblk); d, dmin the blocks' scales; y the first block's
+ * activations. One horizontal sum of eight vectors serves the four blocks
+ * where one per sum cost more than a block's dot product. */
+static inline void kq_chains_add4(float *acc, float *accm, const __m256i v[8], int nblk, const quant_f16 d[4],
+                                  const quant_f16 dmin[4], const block_q8_K *y)
+{
+    _Alignas(32) int32_t sums[8];
+    _mm256_store_si256((__m256i *)sums, vmath_sums8_epi32(v));
+    for (int b = 0; b < nblk; b++)
+        kq_chains_add(acc, accm, sums[b], sums[4 + b], d[b], dmin[b], y[b].d);
+}
+#endif
+
 /* Q4_K/Q5_K pack 8 six-bit scales and 8 six-bit mins into 12 bytes:
  * bytes 0-3 low 6 bits of scales 0-3, bytes 4-7 low 6 bits of mins 0-3,
  * bytes 8-11 low nibble scale 4-7 / high nibble min 4-7, and the top two
