@@ -496,6 +496,37 @@ static ks_status choice_json(struct call *c, cJSON *choices, struct reply *r)
     return KS_OK;
 }
 
+/* One /completion answer; several prompts answer the array of them, in
+ * order, as llama-server does. */
+static cJSON *native_result(struct call *c)
+{
+    char *text = utf8_clean(c->text.p ? c->text.p : "", c->text.n);
+    if (!text)
+        return NULL;
+    cJSON *o = native_json(c, text, true);
+    free(text);
+    if (c->lp)
+        server_json_add(o, "completion_probabilities", c->lp);
+    c->lp = NULL;
+    return o;
+}
+
+static ks_status native_whole(struct group *g, struct reply *r)
+{
+    cJSON *all = g->n > 1 ? cJSON_CreateArray() : NULL;
+    for (int i = 0; i < g->n; i++) {
+        cJSON *o = native_result(g->calls[i]);
+        if (!o) {
+            cJSON_Delete(all);
+            return reply_fail(r, KS_ERR_NOMEM, NULL, "%s", OOM_MSG);
+        }
+        if (!all)
+            return reply_json(r, 200, o);
+        server_json_push(all, o);
+    }
+    return reply_json(r, 200, all);
+}
+
 ks_status server_reply_whole(struct group *g, struct reply *r)
 {
     ks_status st = KS_OK;
@@ -507,17 +538,8 @@ ks_status server_reply_whole(struct group *g, struct reply *r)
     if (st)
         return st;
     struct call *c = g->calls[0];
-    if (c->native) {
-        char *text = utf8_clean(c->text.p ? c->text.p : "", c->text.n);
-        if (!text)
-            return reply_fail(r, KS_ERR_NOMEM, NULL, "%s", OOM_MSG);
-        cJSON *o = native_json(c, text, true);
-        free(text);
-        if (c->lp)
-            server_json_add(o, "completion_probabilities", c->lp);
-        c->lp = NULL;
-        return reply_json(r, 200, o);
-    }
+    if (c->native)
+        return native_whole(g, r);
     cJSON *o = response_head(c, c->chat ? "chat.completion" : "text_completion");
     cJSON *choices = cJSON_AddArrayToObject(o, "choices");
     for (int i = 0; i < g->n && !st; i++)
