@@ -260,6 +260,12 @@ def main():
         pick = lambda a: [{x: e.get(x) for x in ("index", "content", "tokens_predicted", "tokens_evaluated")} for e in a]
         check(ks == ls == 200 and isinstance(k, list) and pick(k) == pick(l),
               "/completion with several prompts" + ("" if ks == 200 and pick(k) == pick(l) else ": %s vs %s" % (k, l)))
+        # /apply-template: the same prompt text for the same conversations
+        for msgs in ([{"role": "user", "content": "Hello world"}],
+                     [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+                      {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "More"}]):
+            (ks, k), (ls, l) = both("/apply-template", {"messages": msgs})
+            check(ks == ls == 200 and k == l, "/apply-template %d messages" % len(msgs) + ("" if k == l else ": %s vs %s" % (k, l)))
         check_apis(ku, lu)
     finally:
         stop_all((kv, ll, fl))
