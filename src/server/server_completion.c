@@ -152,6 +152,7 @@ static struct call *call_clone(const struct call *c0, int index)
     c->stream = c0->stream;
     c->include_usage = c0->include_usage;
     c->logprobs = c0->logprobs;
+    c->post_probs = c0->post_probs;
     c->n_prompt = c0->n_prompt;
     c->max_stop = c0->max_stop;
     c->tools = c0->tools;

@@ -17,7 +17,9 @@ static char *utf8_clean(const char *s, size_t n)
     return tok_utf8_sanitize(s, n, &out, &len) == KS_OK ? out : NULL;
 }
 
-static cJSON *lp_token_json(struct call *c, int32_t token, float logprob)
+/* One token's entry; key names its number ("logprob", or "prob" for
+ * llama-server's post_sampling_probs). */
+static cJSON *prob_token_json(struct call *c, int32_t token, const char *key, float value)
 {
     const char *bytes = "";
     size_t len = 0;
@@ -27,7 +29,7 @@ static cJSON *lp_token_json(struct call *c, int32_t token, float logprob)
         return NULL; /* server_json_push / add note it */
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "token", clean);
-    cJSON_AddNumberToObject(o, "logprob", logprob);
+    cJSON_AddNumberToObject(o, key, value);
     cJSON *b = cJSON_AddArrayToObject(o, "bytes");
     for (size_t i = 0; i < len; i++)
         server_json_push(b, cJSON_CreateNumber((unsigned char)bytes[i]));
@@ -35,19 +37,30 @@ static cJSON *lp_token_json(struct call *c, int32_t token, float logprob)
     return o;
 }
 
+static cJSON *lp_token_json(struct call *c, int32_t token, float logprob)
+{
+    return prob_token_json(c, token, "logprob", logprob);
+}
+
+/* llama-server's completion_probabilities entry: {id, token, bytes, logprob,
+ * top_logprobs}, or with post_sampling_probs {..., prob, top_probs}. */
+static cJSON *native_prob_json(struct call *c, int32_t token, float logprob, float prob)
+{
+    cJSON *o = prob_token_json(c, token, c->post_probs ? "prob" : "logprob", c->post_probs ? prob : logprob);
+    if (o)
+        cJSON_AddNumberToObject(o, "id", token);
+    return o;
+}
+
 /* Chat: {"content":[{token,logprob,bytes,top_logprobs:[...]}, ...]}.
  * Completions: {"tokens":[],"token_logprobs":[],"top_logprobs":[{tok:lp}],"text_offset":[]}. */
 static void lp_add(struct call *c, cJSON *lp, const struct item *it, size_t text_offset)
 {
-    if (c->native) { /* llama-server's completion_probabilities: [{id, token, bytes, logprob, top_logprobs}] */
-        cJSON *e = lp_token_json(c, it->token, it->res.logprob);
-        cJSON_AddNumberToObject(e, "id", it->token);
-        cJSON *top = cJSON_AddArrayToObject(e, "top_logprobs");
-        for (int i = 0; i < it->res.n_top && i < c->logprobs; i++) {
-            cJSON *alt = lp_token_json(c, it->res.top[i].token, it->res.top[i].logprob);
-            cJSON_AddNumberToObject(alt, "id", it->res.top[i].token);
-            server_json_push(top, alt);
-        }
+    if (c->native) {
+        cJSON *e = native_prob_json(c, it->token, it->res.logprob, it->res.prob);
+        cJSON *top = cJSON_AddArrayToObject(e, c->post_probs ? "top_probs" : "top_logprobs");
+        for (int i = 0; i < it->res.n_top && i < c->logprobs; i++)
+            server_json_push(top, native_prob_json(c, it->res.top[i].token, it->res.top[i].logprob, it->res.top[i].prob));
         server_json_push(lp, e);
         return;
     }

@@ -212,6 +212,20 @@ def main():
         ev = stream_events(ku + "/completion", c)
         streamed = [p for e in ev for p in e.get("completion_probabilities", [])]
         check([p["id"] for p in streamed] == [p["id"] for p in kp], "/completion n_probs streamed")
+        # post_sampling_probs: the final distribution's probabilities ("prob", "top_probs"); greedy lists the
+        # token alone with probability 1; sampled, the first step's alternatives (the draws then differ)
+        for c in ({"prompt": "Hello world", "n_predict": 3, "n_probs": 3, "post_sampling_probs": True, "temperature": 0},
+                  {"prompt": "Hello world", "n_predict": 1, "n_probs": 3, "post_sampling_probs": True,
+                   "temperature": 0.8, "top_k": 10}):
+            (ks, k3), (ls, l3) = both("/completion", c)
+            kp, lp = k3.get("completion_probabilities", []), l3.get("completion_probabilities", [])
+            alts = lambda e: [(x["id"], x["token"] if x["id"] != 3 else "", x["bytes"]) for x in e["top_probs"]]
+            same = ks == ls == 200 and len(kp) == len(lp) and all(
+                set(a) == {"id", "token", "bytes", "prob", "top_probs"} and alts(a) == alts(b)
+                and all(abs(x["prob"] - y["prob"]) < 2e-2 for x, y in zip(a["top_probs"], b["top_probs"]))
+                and (c["temperature"] > 0 or (a["id"] == b["id"] and a["prob"] == b["prob"] == 1)) for a, b in zip(kp, lp))
+            check(same, "/completion post_sampling_probs at temperature %g" % c["temperature"] +
+                  ("" if same else ": %s vs %s" % (kp, lp)))
         t = k["timings"]
         check(all(x in t for x in ("prompt_n", "prompt_ms", "predicted_n", "predicted_ms", "predicted_per_second")),
               "/completion timings")
