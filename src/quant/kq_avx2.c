@@ -76,9 +76,10 @@ static inline void split_scales(__m256i sc16, __m256i *lo, __m256i *hi)
     *hi = _mm256_broadcastsi128_si256(_mm256_extracti128_si256(sc16, 1));
 }
 
-/* Block i's isum (unreduced) and msum lanes. */
-static inline void q2_K_block(const block_q2_K *x, const block_q8_K *y, __m256i *sumi, __m256i *mins)
+/* A block's isum (unreduced) and msum lanes (kq_block_sums_fn). */
+static inline void q2_K_block(const void *vx, const block_q8_K *y, __m256i *sumi, __m256i *mins)
 {
+    const block_q2_K *x = vx;
     const __m256i m3 = _mm256_set1_epi8(3);
     const __m128i m4 = _mm_set1_epi8(0xF);
     kq_prefetch_block(x, sizeof *x);
@@ -102,25 +103,7 @@ static inline void q2_K_block(const block_q2_K *x, const block_q8_K *y, __m256i 
 
 void quant_vec_dot_q2_K_q8_K_avx2(int n, float *s, const void *vx, const void *vy)
 {
-    const block_q2_K *x = vx;
-    const block_q8_K *y = vy;
-    const int nb = n / QK_K;
-    float acc = 0, accm = 0;
-    for (int i0 = 0; i0 < nb; i0 += 4) {
-        const int nblk = nb - i0 < 4 ? nb - i0 : 4;
-        __m256i v[8];
-        quant_f16 d[4], dmin[4];
-        for (int b = 0; b < 4; b++) {
-            v[b] = v[4 + b] = _mm256_setzero_si256();
-            if (b < nblk) {
-                q2_K_block(&x[i0 + b], &y[i0 + b], &v[b], &v[4 + b]);
-                d[b] = x[i0 + b].d;
-                dmin[b] = x[i0 + b].dmin;
-            }
-        }
-        kq_chains_add4(&acc, &accm, v, nblk, d, dmin, &y[i0]);
-    }
-    *s = acc - accm;
+    kq_dot_by4(n, s, vx, sizeof(block_q2_K), offsetof(block_q2_K, d), offsetof(block_q2_K, dmin), vy, q2_K_block);
 }
 
 void quant_vec_dot_q3_K_q8_K_avx2(int n, float *s, const void *vx, const void *vy)
@@ -172,8 +155,9 @@ static inline __m256i k4_dot_chunk(__m256i u, const int8_t *q8, __m256i sc_bcast
     return dot32(u, q8, _mm256_shuffle_epi8(sc_bcast, load256(kq_same_ctrl[j])));
 }
 
-static inline void q4_K_block(const block_q4_K *x, const block_q8_K *y, __m256i *sumi, __m256i *mins)
+static inline void q4_K_block(const void *vx, const block_q8_K *y, __m256i *sumi, __m256i *mins)
 {
+    const block_q4_K *x = vx;
     const __m256i m4 = _mm256_set1_epi8(0xF);
     kq_prefetch_block(x, sizeof *x);
     __m256i sc;
@@ -191,25 +175,7 @@ static inline void q4_K_block(const block_q4_K *x, const block_q8_K *y, __m256i 
 
 void quant_vec_dot_q4_K_q8_K_avx2(int n, float *s, const void *vx, const void *vy)
 {
-    const block_q4_K *x = vx;
-    const block_q8_K *y = vy;
-    const int nb = n / QK_K;
-    float acc = 0, accm = 0;
-    for (int i0 = 0; i0 < nb; i0 += 4) {
-        const int nblk = nb - i0 < 4 ? nb - i0 : 4;
-        __m256i v[8];
-        quant_f16 d[4], dmin[4];
-        for (int b = 0; b < 4; b++) {
-            v[b] = v[4 + b] = _mm256_setzero_si256();
-            if (b < nblk) {
-                q4_K_block(&x[i0 + b], &y[i0 + b], &v[b], &v[4 + b]);
-                d[b] = x[i0 + b].d;
-                dmin[b] = x[i0 + b].dmin;
-            }
-        }
-        kq_chains_add4(&acc, &accm, v, nblk, d, dmin, &y[i0]);
-    }
-    *s = acc - accm;
+    kq_dot_by4(n, s, vx, sizeof(block_q4_K), offsetof(block_q4_K, d), offsetof(block_q4_K, dmin), vy, q4_K_block);
 }
 
 void quant_vec_dot_q5_K_q8_K_avx2(int n, float *s, const void *vx, const void *vy)

@@ -61,8 +61,9 @@ static inline __m512i dot64(__m512i acc, __m512i u, const int8_t *q8, __m512i sc
 #endif
 }
 
-static inline void q2_K_block(const block_q2_K *x, const block_q8_K *y, __m256i *sumi, __m256i *mins)
+static inline void q2_K_block(const void *vx, const block_q8_K *y, __m256i *sumi, __m256i *mins)
 {
+    const block_q2_K *x = vx;
     const __m512i m3 = _mm512_set1_epi8(3);
     const __m512i cnt_lo = half_counts(0, 2), cnt_hi = half_counts(4, 6);
     const __m128i m4 = _mm_set1_epi8(0xF);
@@ -84,25 +85,7 @@ static inline void q2_K_block(const block_q2_K *x, const block_q8_K *y, __m256i 
 
 void quant_vec_dot_q2_K_q8_K_avx512(int n, float *s, const void *vx, const void *vy)
 {
-    const block_q2_K *x = vx;
-    const block_q8_K *y = vy;
-    const int nb = n / QK_K;
-    float acc = 0, accm = 0;
-    for (int i0 = 0; i0 < nb; i0 += 4) {
-        const int nblk = nb - i0 < 4 ? nb - i0 : 4;
-        __m256i v[8];
-        quant_f16 d[4], dmin[4];
-        for (int b = 0; b < 4; b++) {
-            v[b] = v[4 + b] = _mm256_setzero_si256();
-            if (b < nblk) {
-                q2_K_block(&x[i0 + b], &y[i0 + b], &v[b], &v[4 + b]);
-                d[b] = x[i0 + b].d;
-                dmin[b] = x[i0 + b].dmin;
-            }
-        }
-        kq_chains_add4(&acc, &accm, v, nblk, d, dmin, &y[i0]);
-    }
-    *s = acc - accm;
+    kq_dot_by4(n, s, vx, sizeof(block_q2_K), offsetof(block_q2_K, d), offsetof(block_q2_K, dmin), vy, q2_K_block);
 }
 
 /* ---- Q4_K: sub-block sums by bytes, scaled as int16 pairs ------------------
