@@ -23,6 +23,7 @@
 enum model_arch {
     MODEL_ARCH_LLAMA, MODEL_ARCH_QWEN2, MODEL_ARCH_QWEN3, MODEL_ARCH_QWEN3MOE, MODEL_ARCH_PHI3,
     MODEL_ARCH_GEMMA2, MODEL_ARCH_GEMMA3, MODEL_ARCH_GPT_OSS,
+    MODEL_ARCH_BERT, MODEL_ARCH_NOMIC_BERT, /* encoders (hparams.encoder_only), model_bert.c */
 };
 enum model_rope_type { MODEL_ROPE_NORMAL, MODEL_ROPE_NEOX };
 enum model_rope_scaling {
@@ -120,6 +121,12 @@ struct model_hparams {
      * to every token of its input, as llama.cpp's mask does. */
     enum model_pooling pooling;
     bool non_causal;           /* attention.causal = false */
+    /* BERT-family encoders (bert, nomic-bert; model_bert.c): no output head,
+     * so they only embed (model_forward refuses them); LayerNorms with biases
+     * (attention.layer_norm_epsilon, not rms_eps), post-norm blocks. bert adds
+     * learned absolute positions, nomic-bert rotates Q/K (NEOX) instead. */
+    bool encoder_only;
+    float norm_eps;            /* attention.layer_norm_epsilon (encoders) */
 };
 
 /* Whether layer il attends through hp->n_swa's sliding window (llama.cpp's
