@@ -1,7 +1,7 @@
 /* The BERT-family encoders against llama.cpp itself: the tiny-bert-embed
  * (bert: learned positions, biases, GELU, CLS pooling) and
  * tiny-nomic-bert-embed (nomic-bert: fused QKV, RoPE, SwiGLU, mean pooling)
- * synth presets at F32, with their made-up WordPiece vocabulary.
+ * synth presets at F32 and Q8_0, with their made-up WordPiece vocabulary.
  * tests/data/embed-NAME.json holds llama-server's /v1/embeddings answer (L2
  * normalized) and /tokenize ids for three inputs, tests/data/wpm-tiny-bert-embed.json
  * llama-server's /tokenize of inputs that exercise BERT's pre-tokenization
@@ -32,6 +32,12 @@
 #include "tokenizer/tokenizer.h"
 
 #define EMBD_TOL 1e-4
+/* Q8_0: an activation whose quantization sits on a rounding tie goes the other
+ * way on a last-bit difference (kvserve's attention and LayerNorm sums are
+ * not ggml's in every bit), and that moves the vector by far more than the
+ * rest: tiny-nomic-bert-embed's third input measures 2.1e-4, the other five
+ * Q8_0 inputs 1.5e-7. Still a cosine of 1 - 2e-8 (issue 23's bar: 0.9999). */
+#define EMBD_TOL_Q8 3e-4
 #define MAX_INPUTS 32
 #define MAX_TOKENS 128
 
@@ -40,6 +46,8 @@ static char g_dir[64];
 static const struct llamacpp_synth g_cases[] = {
     {"embed-tiny-bert-embed-f32", "tiny-bert-embed", "f32"},
     {"embed-tiny-nomic-bert-embed-f32", "tiny-nomic-bert-embed", "f32"},
+    {"embed-tiny-bert-embed-q8_0", "tiny-bert-embed", "q8_0"},
+    {"embed-tiny-nomic-bert-embed-q8_0", "tiny-nomic-bert-embed", "q8_0"},
 };
 #define N_CASES (int)(sizeof g_cases / sizeof g_cases[0])
 #define WPM_REF "wpm-tiny-bert-embed"
@@ -148,10 +156,11 @@ static double g_worst;
 
 static void check_rows(const char *name, const struct ref *r, int first, int n, const float *got)
 {
+    double tol = strstr(name, "q8_0") ? EMBD_TOL_Q8 : EMBD_TOL;
     for (int i = 0; i < n; i++) {
         double d = l2_dist(got + (size_t)i * r->n_embd, r->embd + (size_t)(first + i) * r->n_embd, r->n_embd);
         g_worst = d > g_worst ? d : g_worst;
-        if (!(d <= EMBD_TOL))
+        if (!(d <= tol))
             fail_msg("%s: input %d is %.3g (L2) from llama.cpp's embedding", name, first + i, d);
     }
 }
