@@ -399,6 +399,9 @@ static ks_status start(const struct serve_opts *o, const char *path, struct serv
     int32_t ctx = o->ctx_size;
     if (!ctx)
         ctx = hp->n_ctx_train > 0 && hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096;
+    if (hp->arch == MODEL_ARCH_BERT && ctx > hp->n_ctx_train) /* no position past its learned ones */
+        return ks_fail(KS_ERR_INVALID_ARG, "--ctx-size %d exceeds bert's %d learned positions (bert.context_length)",
+                       ctx, hp->n_ctx_train);
     struct kv_config kvc;
     kv_setup(o, s->model, ctx, &kvc);
     kvc.prefix_cache = o->prefix_cache;
