@@ -178,7 +178,7 @@ def main():
             proc, url = start([BIN, "serve", "-m", model] + flags + ["-t", "1", "--parallel", "4",
                                                                      "-ctk", "f32", "-ctv", "f32"], log)
             try:
-                check(url is not None, "%s: kvserve serve --embeddings starts" % preset)
+                check(url is not None, "%s: kvserve serve %s starts" % (preset, " ".join(flags)))
                 if not url:
                     continue
                 check_model(url, preset, ref)
