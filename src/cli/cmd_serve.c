@@ -349,7 +349,8 @@ static ks_status read_keys(const struct serve_opts *o, struct serve_state *s)
     return KS_OK;
 }
 
-/* --pooling over the file's pooling; --embeddings needs one that gives a vector per input. */
+/* --pooling over the file's pooling; --embeddings (implied for an encoder,
+ * which can do nothing else) needs one that gives a vector per input. */
 static ks_status embeddings_setup(const struct serve_opts *o, struct model *m)
 {
     enum model_pooling p;
@@ -360,7 +361,8 @@ static ks_status embeddings_setup(const struct serve_opts *o, struct model *m)
         model_set_pooling(m, p);
     }
     p = model_hparams(m)->pooling;
-    if (o->embeddings && p != MODEL_POOLING_MEAN && p != MODEL_POOLING_CLS && p != MODEL_POOLING_LAST)
+    bool embeddings = o->embeddings || model_hparams(m)->encoder_only;
+    if (embeddings && p != MODEL_POOLING_MEAN && p != MODEL_POOLING_CLS && p != MODEL_POOLING_LAST)
         return ks_fail(KS_ERR_INVALID_ARG,
                        "--embeddings: the model pools '%s' (%s.pooling_type), which gives no vector per input; give "
                        "--pooling mean, cls or last", model_pooling_name(p), model_hparams(m)->arch_name);
@@ -397,6 +399,9 @@ static ks_status start(const struct serve_opts *o, const char *path, struct serv
     int32_t ctx = o->ctx_size;
     if (!ctx)
         ctx = hp->n_ctx_train > 0 && hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096;
+    if (hp->arch == MODEL_ARCH_BERT && ctx > hp->n_ctx_train) /* no position past its learned ones */
+        return ks_fail(KS_ERR_INVALID_ARG, "--ctx-size %d exceeds bert's %d learned positions (bert.context_length)",
+                       ctx, hp->n_ctx_train);
     struct kv_config kvc;
     kv_setup(o, s->model, ctx, &kvc);
     kvc.prefix_cache = o->prefix_cache;
@@ -468,9 +473,9 @@ static ks_status start(const struct serve_opts *o, const char *path, struct serv
     cfg.sampling = o->sampling;
     cfg.samplers = &o->samplers;
     cfg.listen_from = s->loading;
-    cfg.embeddings = o->embeddings;
+    cfg.embeddings = o->embeddings || hp->encoder_only; /* an encoder (bert) only embeds */
     cfg.n_embd = hp->n_embd;
-    cfg.no_generation = hp->non_causal;
+    cfg.no_generation = hp->non_causal || hp->encoder_only;
     st = server_start(&cfg, s->sched, s->tok, &s->srv);
     if (st)
         return st;

@@ -88,8 +88,8 @@ struct server_config {
      * the scheduler's engine must compute them (sched_engine.forward_embd). */
     bool embeddings;
     int32_t n_embd;           /* the model's embedding width: a request's 'dimensions' must equal it */
-    bool no_generation;       /* the model's attention is not causal (an embedding model): completion
-                                 routes answer 501 */
+    bool no_generation;       /* the model's attention is not causal, or it is an encoder (bert): an
+                                 embedding model, whose completion routes answer 501 */
 };
 
 /* The other samplers' server-wide defaults (server_samplers.c). */

@@ -626,8 +626,9 @@ ks_status server_request_parse(struct server *srv, enum server_api api, const ch
 {
     if (srv->cfg.no_generation)
         return reply_fail(r, KS_ERR_UNSUPPORTED, "not_supported",
-                          "this model's attention is not causal (an embedding model): it serves /v1/embeddings "
-                          "(with --embeddings), not completions");
+                          "this is an embedding model (non-causal attention, or an encoder such as bert without an "
+                          "output head): it serves /v1/embeddings (with --embeddings; implied for an encoder), not "
+                          "completions");
     bool chat = api == SERVER_API_CHAT;
     cJSON *root;
     ks_status st = server_parse_object(body, len, false, &root, r);
