@@ -277,11 +277,13 @@ static void test_route_keys_are_the_replicas(void **state)
              "{\"messages\":[{\"role\":\"system\",\"content\":\"%s\"},{\"role\":\"user\",\"content\":\"hi\"}]}", text);
     check_request(rp, tok, f, "/v1/chat/completions", body, NULL);
     snprintf(body, sizeof body,
-             "{\"cache_salt\":\"s\",\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"%s\"}]}]}",
+             "{\"cache_salt\":\"s\",\"messages\":[{\"role\":\"user\",\"content\":"
+             "[{\"type\":\"text\",\"text\":\"%s\"}]}]}",
              text);
     check_request(rp, tok, f, "/v1/chat/completions", body, "s");
     /* what the router does not read: another route; a body that is not JSON */
-    assert_int_equal(route_prompt_tokens(rp, "/v1/embeddings", body, strlen(body), &ids, &n, &salt), KS_ERR_NOT_FOUND);
+    assert_int_equal(route_prompt_tokens(rp, "/v1/embeddings", body, strlen(body), &ids, &n, &salt),
+                     KS_ERR_NOT_FOUND);
     assert_int_equal(route_prompt_tokens(rp, "/completion", "{\"prompt\":", 10, &ids, &n, &salt), KS_ERR_INVALID_ARG);
     route_prompt_free(rp);
     tok_free(tok);

@@ -188,8 +188,8 @@ static ks_status listen_on(struct route *rt)
     struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)rt->cfg.port)};
     if (inet_pton(AF_INET, rt->cfg.host, &addr.sin_addr) != 1)
         return ks_fail(KS_ERR_INVALID_ARG, "route: --listen %s: give an IPv4 address and a port", rt->cfg.host);
-    rt->daemon = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD, 0, NULL, NULL,
-                                  on_request, rt, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL;
+    rt->daemon = MHD_start_daemon(flags, 0, NULL, NULL, on_request, rt, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
                                   MHD_OPTION_URI_LOG_CALLBACK, on_uri, rt,
                                   MHD_OPTION_NOTIFY_COMPLETED, on_completed, rt,
                                   MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)rt->cfg.timeout_s,

@@ -170,6 +170,20 @@ static size_t on_body(char *p, size_t size, size_t n, void *user)
     return len;
 }
 
+/* A client that left ends the replica's request too (it stops generating), even before its first byte. */
+static int on_progress(void *user, curl_off_t dl_total, curl_off_t dl_now, curl_off_t ul_total, curl_off_t ul_now)
+{
+    (void)dl_total;
+    (void)dl_now;
+    (void)ul_total;
+    (void)ul_now;
+    struct forward *f = user;
+    pthread_mutex_lock(&f->mu);
+    bool cancelled = f->cancelled;
+    pthread_mutex_unlock(&f->mu);
+    return cancelled;
+}
+
 static void *forward_main(void *arg)
 {
     struct forward *f = arg;
@@ -277,6 +291,9 @@ static struct forward *forward_start(struct route *rt, struct MHD_Connection *c,
     curl_easy_setopt(h, CURLOPT_HEADERDATA, f);
     curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
     curl_easy_setopt(h, CURLOPT_WRITEDATA, f);
+    curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
+    curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, on_progress);
+    curl_easy_setopt(h, CURLOPT_XFERINFODATA, f);
     if (!strcmp(method, "HEAD")) {
         curl_easy_setopt(h, CURLOPT_NOBODY, 1L);
     } else if (strcmp(method, "GET") || len) {
