@@ -265,7 +265,7 @@ static void note(struct store_events *e, enum note_kind kind, const char *what)
     if (e->logged & (1u << kind))
         return;
     e->logged |= 1u << kind;
-    fprintf(stderr, "kvserve: KV events to redis://%s:%d/%d: %s (logged once; see /cache/usage)\n", e->host, e->port,
+    fprintf(stderr, "kvserve: KV events to redis://%s:%d/%d: %s (logged once)\n", e->host, e->port,
             e->db, what);
 }
 
