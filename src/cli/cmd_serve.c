@@ -472,6 +472,7 @@ static ks_status start(const struct serve_opts *o, const char *path, struct serv
     cfg.chat_template_origin = o->chat_template_file;
     cfg.store = s->store;
     cfg.redis = s->redis;
+    cfg.events = s->events;
     cfg.reasoning_format = o->reasoning_format;
     cfg.spm_infill = o->spm_infill;
     cfg.parallel = o->parallel;
