@@ -281,6 +281,22 @@ static void test_route_keys_are_the_replicas(void **state)
              "[{\"type\":\"text\",\"text\":\"%s\"}]}]}",
              text);
     check_request(rp, tok, f, "/v1/chat/completions", body, "s");
+    /* Anthropic's /v1/messages renders as the chat it translates to (system first, text blocks joined) */
+    snprintf(body, sizeof body,
+             "{\"messages\":[{\"role\":\"system\",\"content\":\"%s\"},{\"role\":\"user\",\"content\":\"hi\"}]}", text);
+    int32_t *chat_ids = NULL;
+    size_t n_chat = 0;
+    assert_int_equal(route_prompt_tokens(rp, "/v1/chat/completions", body, strlen(body), &chat_ids, &n_chat, &salt),
+                     KS_OK);
+    snprintf(body, sizeof body,
+             "{\"max_tokens\":4,\"system\":[{\"type\":\"text\",\"text\":\"%s\"}],\"messages\":"
+             "[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"hi\"}]}]}",
+             text);
+    assert_int_equal(route_prompt_tokens(rp, "/v1/messages", body, strlen(body), &ids, &n, &salt), KS_OK);
+    assert_int_equal(n, n_chat);
+    assert_memory_equal(ids, chat_ids, n * sizeof *ids);
+    free(ids);
+    free(chat_ids);
     /* what the router does not read: another route; a body that is not JSON */
     assert_int_equal(route_prompt_tokens(rp, "/v1/embeddings", body, strlen(body), &ids, &n, &salt),
                      KS_ERR_NOT_FOUND);

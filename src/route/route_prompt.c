@@ -161,6 +161,88 @@ static ks_status chat_text(struct route_prompt *rp, const cJSON *root, char **te
     return st;
 }
 
+/* ---- Anthropic's /v1/messages, as the replica translates it to a chat ---------------------- */
+
+/* A string, or text blocks joined with "\n" (NULL: other blocks, whose translation the router leaves to
+ * the replica). */
+static char *anthropic_text(const cJSON *v)
+{
+    if (cJSON_IsString(v))
+        return strdup(v->valuestring);
+    cJSON *joined = content_text(v);
+    const cJSON *block;
+    cJSON_ArrayForEach(block, v) {
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(block, "type");
+        if (!cJSON_IsString(type) || strcmp(type->valuestring, "text")) {
+            cJSON_Delete(joined);
+            return NULL;
+        }
+    }
+    char *text = joined && cJSON_IsString(joined) ? strdup(joined->valuestring) : NULL;
+    cJSON_Delete(joined);
+    return text;
+}
+
+static bool add_message(cJSON *msgs, const char *role, char *text)
+{
+    cJSON *m = cJSON_CreateObject();
+    bool ok = m && text && cJSON_AddStringToObject(m, "role", role) && cJSON_AddStringToObject(m, "content", text) &&
+              cJSON_AddItemToArray(msgs, m);
+    if (!ok)
+        cJSON_Delete(m);
+    free(text);
+    return ok;
+}
+
+/* {"messages", "tools"}: the system prompt, the messages up to the first one that is not text alone (the
+ * leading pages are what the router weighs), the tools as functions. NULL: nothing to render. */
+static cJSON *anthropic_chat(const cJSON *root)
+{
+    cJSON *chat = cJSON_CreateObject(), *msgs = cJSON_AddArrayToObject(chat, "messages");
+    const cJSON *system = cJSON_GetObjectItemCaseSensitive(root, "system");
+    if (!msgs || (system && !add_message(msgs, "system", anthropic_text(system)))) {
+        cJSON_Delete(chat);
+        return NULL;
+    }
+    const cJSON *m;
+    cJSON_ArrayForEach(m, cJSON_GetObjectItemCaseSensitive(root, "messages")) {
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
+        char *text = anthropic_text(cJSON_GetObjectItemCaseSensitive(m, "content"));
+        if (!cJSON_IsString(role) || !text) {
+            free(text);
+            break;
+        }
+        if (!add_message(msgs, role->valuestring, text))
+            break;
+    }
+    const cJSON *t, *in_tools = cJSON_GetObjectItemCaseSensitive(root, "tools");
+    cJSON *tools = cJSON_IsArray(in_tools) ? cJSON_AddArrayToObject(chat, "tools") : NULL;
+    if (!tools)
+        in_tools = NULL;
+    cJSON_ArrayForEach(t, in_tools) {
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(t, "name");
+        const cJSON *desc = cJSON_GetObjectItemCaseSensitive(t, "description");
+        cJSON *o = cJSON_CreateObject(), *fn = o ? cJSON_AddObjectToObject(o, "function") : NULL;
+        if (!fn || !cJSON_IsString(name)) {
+            cJSON_Delete(o);
+            continue;
+        }
+        cJSON_AddStringToObject(o, "type", "function");
+        cJSON_AddStringToObject(fn, "name", name->valuestring);
+        if (cJSON_IsString(desc))
+            cJSON_AddStringToObject(fn, "description", desc->valuestring);
+        cJSON *schema = cJSON_Duplicate(cJSON_GetObjectItemCaseSensitive(t, "input_schema"), 1);
+        if (schema)
+            cJSON_AddItemToObject(fn, "parameters", schema);
+        cJSON_AddItemToArray(tools, o);
+    }
+    if (cJSON_GetArraySize(msgs) == 0) {
+        cJSON_Delete(chat);
+        return NULL;
+    }
+    return chat;
+}
+
 static ks_status token_ids(const cJSON *p, int32_t **ids, size_t *n)
 {
     size_t count = (size_t)cJSON_GetArraySize(p), i = 0;
@@ -196,6 +278,18 @@ static ks_status tokens_of(struct route_prompt *rp, const char *path, const cJSO
         if (!st)
             st = tok_encode(rp->tok, text, strlen(text), flags, ids, n);
         free(text);
+        return st;
+    }
+    if (path_is(path, "/v1/messages", NULL)) {
+        cJSON *chat = anthropic_chat(root);
+        if (!chat)
+            return ks_fail(KS_ERR_INVALID_ARG, "route: no text messages to render");
+        char *text = NULL;
+        ks_status st = chat_text(rp, chat, &text);
+        if (!st)
+            st = tok_encode(rp->tok, text, strlen(text), flags, ids, n);
+        free(text);
+        cJSON_Delete(chat);
         return st;
     }
     if (!path_is(path, "/v1/completions", "/completions") && !path_is(path, "/completion", NULL))

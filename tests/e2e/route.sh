@@ -66,6 +66,28 @@ b=$(for p in $(grep -ho 'on http://127.0.0.1:[0-9]*' "$dir"/replica*.log | cut -
 read -r _ _ _ t2b <<<"$(complete "$b" 2)"
 [ -n "$t2" ] && [ "$t2" = "$t2b" ] && ok "the same greedy tokens as $b asked directly" || bad "router $t2 vs direct $t2b"
 
+# a chat's system prompt, then Anthropic's /v1/messages with the same one: the router's rendering of both is
+# the replica's, so the second goes where the first was computed
+sys=$(python3 -c "print(' '.join('w%d' % i for i in range(120)))")
+chat() { # path body -> "<replica> <overlap>"
+  curl -s -D "$tmp/h" -o "$tmp/r" -H "$auth" -H "Content-Type: application/json" "$url$1" -d "$2"
+  local route; route=$(grep -i '^x-kvserve-route:' "$tmp/h" | tr -d '\r' | cut -d' ' -f2-)
+  echo "$(cut -d';' -f1 <<<"$route") $(grep -o 'overlap=[0-9]*' <<<"$route" | cut -d= -f2)"
+}
+held=$(status | python3 -c "import json,sys; print(' '.join(str(r['pages_indexed']) for r in json.load(sys.stdin)['replicas']))")
+read -r ca _ <<<"$(chat /v1/chat/completions "{\"messages\":[{\"role\":\"system\",\"content\":\"$sys\"},{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":2}")"
+for _ in $(seq 50); do
+  now=$(status | python3 -c "import json,sys; print(' '.join(str(r['pages_indexed']) for r in json.load(sys.stdin)['replicas']))")
+  [ "$now" != "$held" ] && break
+  sleep 0.1
+done
+before=$(ram_hits "$ca")
+read -r ma mo <<<"$(chat /v1/messages "{\"system\":\"$sys\",\"messages\":[{\"role\":\"user\",\"content\":\"hello\"}],\"max_tokens\":2}")"
+after=$(ram_hits "$ca")
+[ "$ma" = "$ca" ] && [ "${mo:-0}" -ge 10 ] && [ $((after - before)) -ge 320 ] &&
+  ok "/v1/messages after a chat with its system prompt: the same replica, overlap $mo pages, +$((after - before)) RAM hit tokens" ||
+  { bad "/v1/messages went to $ma (overlap $mo), the chat to $ca"; cat "$tmp/r"; }
+
 code=$(curl -s -o /dev/null -w '%{http_code}' -H "Content-Type: application/json" "$url/v1/completions" -d '{"prompt":"hi"}')
 [ "$code" = 401 ] && ok "without the key: the replica's 401 passes through" || bad "without the key: $code"
 curl -sN -H "$auth" -H "Content-Type: application/json" "$url/v1/completions" \
