@@ -71,8 +71,9 @@ struct route_prompt;
 ks_status route_prompt_create(const struct tokenizer *tok, const char *chat_template, struct route_prompt **out);
 void route_prompt_free(struct route_prompt *rp);
 /* The prompt tokens a replica would compute for a request to path with this
- * body (POST /v1/chat/completions, /v1/completions, /completion; a single
- * prompt), and its cache salt ({0, 0}: none). KS_ERR_NOT_FOUND: not a
+ * body (POST /v1/chat/completions, /v1/completions, /completion, a single
+ * prompt; /v1/messages as the chat the replica translates it to, up to its
+ * first message that is not text alone), and its cache salt ({0, 0}: none). KS_ERR_NOT_FOUND: not a
  * request the router reads (it then balances by load alone);
  * KS_ERR_INVALID_ARG: a body it cannot read. *ids is malloc'd. */
 ks_status route_prompt_tokens(struct route_prompt *rp, const char *path, const char *body, size_t len,
