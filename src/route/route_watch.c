@@ -95,7 +95,7 @@ struct watch {
     char streams[2][STORE_EVENTS_STREAM_CHARS + 1];
     char last_id[2][ID_CHARS];
     int n_streams;
-    bool said_down;
+    bool said_down, said_stranger;
 };
 
 static int replica_of(const struct route *rt, const char *url, size_t len)
@@ -108,7 +108,7 @@ static int replica_of(const struct route *rt, const char *url, size_t len)
     return -1;
 }
 
-static void apply_entry(struct route *rt, const redisReply *fields)
+static void apply_entry(struct route *rt, struct watch *w, const redisReply *fields)
 {
     enum { MAX_FIELDS = 32 };
     const char *f[MAX_FIELDS];
@@ -124,8 +124,14 @@ static void apply_entry(struct route *rt, const redisReply *fields)
     if (store_event_parse(f, lens, n, &ev))
         return; /* not one of ours: another program's entry in the stream */
     int r = replica_of(rt, ev.replica, ev.replica_len);
-    if (r >= 0)
+    if (r >= 0) {
         (void)route_index_apply(rt->index, r, &ev); /* out of memory: the index only lags */
+    } else if (!w->said_stranger) {
+        w->said_stranger = true;
+        fprintf(stderr, "kvserve route: KV events of %.*s, which is no --replica; ignored (give each replica's "
+                "--kv-events-url as its --replica; logged once)\n", (int)(ev.replica_len > 200 ? 200 : ev.replica_len),
+                ev.replica);
+    }
 }
 
 /* One XREAD reply: [[stream, [[id, [field, value, ...]], ...]], ...]. */
@@ -145,7 +151,7 @@ static void apply_reply(struct route *rt, struct watch *w, const redisReply *rep
                 continue;
             snprintf(w->last_id[k], ID_CHARS, "%s", e->element[0]->str);
             if (e->element[1]->type == REDIS_REPLY_ARRAY)
-                apply_entry(rt, e->element[1]);
+                apply_entry(rt, w, e->element[1]);
         }
     }
 }
