@@ -124,7 +124,7 @@ static int run(struct route_opts *o, struct tokenizer *tok, const struct gguf_fi
         free(password);
     }
     if (st) {
-        fprintf(stderr, "kvserve route: %s\n", ks_errmsg());
+        fprintf(stderr, "kvserve %s\n", ks_errmsg()); /* the router's messages begin with "route:" */
         route_prompt_free(rp);
         return 1;
     }
