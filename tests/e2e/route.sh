@@ -95,6 +95,24 @@ curl -sN -H "$auth" -H "Content-Type: application/json" "$url/v1/completions" \
 [ "$(grep -c '^data: {' "$tmp/sse")" -ge 2 ] && grep -q '^data: \[DONE\]' "$tmp/sse" && ok "SSE passes through" ||
   { bad "SSE through the router"; cat "$tmp/sse"; }
 
+# a router started late reads the stream from its start: it knows at once where the prefix is
+redis=$(grep -o 'redis://127.0.0.1:[0-9]*' "$tmp/log" | head -1)
+late_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+reps=()
+for p in $(grep -ho 'on http://127.0.0.1:[0-9]*' "$dir"/replica*.log | cut -d' ' -f2); do reps+=(--replica "$p"); done
+"$bin" route --listen "127.0.0.1:$late_port" -m "$model" --cache-redis "$redis" "${reps[@]}" 2>"$tmp/late.log" &
+late=$!
+for _ in $(seq 50); do # its index filled from the stream's past entries
+  curl -s "http://127.0.0.1:$late_port/route/status" 2>/dev/null | python3 -c "import json,sys
+sys.exit(0 if [r for r in json.load(sys.stdin)['replicas'] if r['url']=='$a' and r['pages_indexed'] >= 12] else 1)" \
+    2>/dev/null && break
+  sleep 0.1
+done
+read -r la lo _ _ <<<"$(complete "http://127.0.0.1:$late_port" 4)"
+kill $late
+[ "$la" = "$a" ] && [ "${lo:-0}" -ge 12 ] && ok "a router started late: the stream's past gives it the index; the prefix goes to $la (overlap $lo)" ||
+  { bad "the late router sent the prefix to $la (overlap $lo), not $a"; cat "$tmp/late.log"; }
+
 read -r _ _ _ t3 <<<"$(complete "$a" 3)" # the reference, from the replica about to die
 apid=
 for p in $(pgrep -x kvserve); do
