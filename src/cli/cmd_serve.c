@@ -189,6 +189,8 @@ static bool parse_switch(const char *a, void *opts)
         return o->cache_show_text = true;
     if (!strcmp(a, "--embeddings") || !strcmp(a, "--embedding"))
         return o->embeddings = true;
+    if (!strcmp(a, "--kv-events"))
+        return o->redis.kv_events = true;
     return false;
 }
 
@@ -255,6 +257,7 @@ struct serve_state {
     struct server *srv;
     struct store *store;
     struct store_redis *redis;
+    struct store_events *events; /* --kv-events */
     char *chat_template;         /* --chat-template-file's text */
     struct server_loading *loading; /* answers 503 on the port until the server proper takes it over */
     char *admin_key;             /* --admin-key-file's first line */
@@ -439,6 +442,15 @@ static ks_status start(const struct serve_opts *o, const char *path, struct serv
         sched_engine_model_set_store(&eng, s->store);
     if (s->redis)
         sched_engine_model_set_redis(&eng, s->redis);
+    struct kv_key_layout key_layout;
+    sched_engine_model_key_layout(&eng, &key_layout);
+    if (!st && (st = cli_open_kv_events(&o->redis, kvc.fingerprint, &key_layout, o->host,
+                                        server_loading_port(s->loading), &s->events))) {
+        eng.destroy(eng.ctx);
+        return st;
+    }
+    if (s->events)
+        sched_engine_model_set_events(&eng, s->events);
     st = sched_create(&sc, &eng, &s->sched);
     if (st) {
         eng.destroy(eng.ctx);
@@ -465,6 +477,7 @@ static ks_status start(const struct serve_opts *o, const char *path, struct serv
     cfg.chat_template_origin = o->chat_template_file;
     cfg.store = s->store;
     cfg.redis = s->redis;
+    cfg.events = s->events;
     cfg.reasoning_format = o->reasoning_format;
     cfg.spm_infill = o->spm_infill;
     cfg.parallel = o->parallel;
@@ -534,6 +547,7 @@ static void teardown(struct serve_state *s)
     sched_free(s->sched); /* hands the cached pages to the store */
     store_close(s->store);
     store_redis_close(s->redis);
+    store_events_close(s->events); /* after the engine: its last snapshot is empty */
     threads_free(s->pool);
     tok_free(s->tok);
     model_free(s->model);

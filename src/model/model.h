@@ -181,6 +181,9 @@ bool model_rope_long(const struct model *m);
  * different model or quantization gives a different fingerprint (a LongRoPE
  * model's also differs between its short and long factors). */
 void model_fingerprint(const struct model *m, uint8_t out[16]);
+/* The same from the file alone (nothing loaded; a router naming the KV events
+ * stream of the model): rope_long as a LongRoPE model's model_rope_long. */
+void model_file_fingerprint(const struct gguf_file *f, bool rope_long, uint8_t out[16]);
 
 /* A kv_config shaped for this model (layers, KV heads, head_dim, and its
  * fingerprint for prefix-cache keys) with kv_config_default() for the rest;

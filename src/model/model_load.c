@@ -1082,13 +1082,15 @@ void model_set_n_ctx(struct model *m, int32_t n_ctx_seq)
 
 bool model_rope_long(const struct model *m) { return m->rope_long; }
 
-void model_fingerprint(const struct model *m, uint8_t out[16])
+void model_file_fingerprint(const struct gguf_file *f, bool rope_long, uint8_t out[16])
 {
     size_t len = 0;
-    const void *header = gguf_header_bytes(m->file, &len);
+    const void *header = gguf_header_bytes(f, &len);
     XXH128_hash_t h = XXH3_128bits(header, len);
-    if (m->rope_long) /* K rotated with the long factors is another cache's */
+    if (rope_long) /* K rotated with the long factors is another cache's */
         h = XXH3_128bits_withSeed(header, len, 1);
     memcpy(out, &h.low64, 8);
     memcpy(out + 8, &h.high64, 8);
 }
+
+void model_fingerprint(const struct model *m, uint8_t out[16]) { model_file_fingerprint(m->file, m->rope_long, out); }

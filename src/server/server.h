@@ -25,6 +25,7 @@
 
 struct store;
 struct store_redis;
+struct store_events;
 
 /* Where a thinking model's reasoning goes (llama-server's reasoning_format). */
 enum server_reasoning_format {
@@ -51,6 +52,7 @@ struct server_config {
                                  the epoch; 0: the clock at each request (tests pin it) */
     struct store *store;      /* the prefix cache's SSD tier (borrowed), NULL: none */
     struct store_redis *redis;/* its shared tier (borrowed), NULL: none */
+    struct store_events *events; /* its KV events publisher (borrowed), NULL: none (--kv-events) */
     /* connections: any number are served by a few polling threads */
     int timeout_s;            /* a connection idle this long (no byte in or out, or headers not complete)
                                  is closed, seconds (30); a request waiting for the model is not idle */
