@@ -3,23 +3,25 @@
 # system prompt and clients with distinct suffixes arriving over time (bench_serve, Poisson arrivals),
 # in three set-ups, each started fresh (cold caches):
 #   redis  - 2 kvserve replicas sharing pages through a redis-server (--cache-redis)
+#   route  - the same, with KV events (--kv-events) and `kvserve route` in front instead of HAProxy
+#            (prefix affinity: each request to the replica holding most of its prompt, against its load)
 #   local  - the same 2 kvserve replicas, no shared tier
 #   llama  - 2 llama-server replicas (the anchor's) behind the same HAProxy
 # Prints one markdown table: TTFT p50/p99, total time, and the bytes moved through Redis.
 #
-#   bench/cluster.sh BIN MODEL [redis local llama]
+#   bench/cluster.sh BIN MODEL [redis route local llama]
 #
 # BIN is build/kvserve (bench_serve is taken from beside it); llama-server from ANCHOR (default
 # $KVSERVE_SHARED/anchor/bin, else ../shared/anchor/bin). Env: THREADS per replica (1), CLIENTS (32), PREFIX (2000), SUFFIX (32), GEN (32),
 # RATE requests/s (2), PARALLEL slots per replica (16), CTX (4096). Prompts are token ids, so the model's
 # vocabulary needs 356 ids or more. Needs redis-server, haproxy, curl, python3. Run on a quiet machine.
 set -euo pipefail
-usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [ $# -ge 2 ] || usage
 bin=$1 model=$2; shift 2
 [ -x "$bin" ] && [ -f "$model" ] || usage
 setups=("$@")
-[ ${#setups[@]} -gt 0 ] || setups=(redis local llama)
+[ ${#setups[@]} -gt 0 ] || setups=(redis route local llama)
 here=$(cd "$(dirname "$0")/.." && pwd)
 bench=$(dirname "$bin")/bench_serve
 [ -x "$bench" ] || { echo "bench/cluster.sh: no $bench (cmake --build build --target bench_serve)" >&2; exit 1; }
@@ -75,6 +77,17 @@ start_haproxy() { # -> sets url
   echo "haproxy did not start"; cat "$tmp/haproxy.log"; exit 1
 }
 
+start_router() { # kvserve route over ports[], with the replicas' Redis $1 -> sets url
+  local p; p=$(free_port)
+  local reps=() rp
+  for rp in "${ports[@]}"; do reps+=(--replica "http://127.0.0.1:$rp"); done
+  "$bin" route --listen "127.0.0.1:$p" -m "$model" --cache-redis "$1" "${reps[@]}" 2>"$tmp/route.log" &
+  pids+=($!)
+  url=http://127.0.0.1:$p
+  for _ in $(seq 100); do curl -sf "$url/health" >/dev/null && return 0; sleep 0.1; done
+  echo "kvserve route did not start"; cat "$tmp/route.log"; exit 1
+}
+
 redis_bytes() { # the replicas' bytes read from and written to Redis
   local total=0 p
   for p in "${ports[@]}"; do
@@ -86,19 +99,20 @@ redis_bytes() { # the replicas' bytes read from and written to Redis
 run_setup() { # setup -> one table row
   local setup=$1 flags=()
   ports=()
-  if [ "$setup" = redis ]; then
+  if [ "$setup" = redis ] || [ "$setup" = route ]; then
     local rp; rp=$(free_port)
     redis-server --port "$rp" --bind 127.0.0.1 --save '' --appendonly no --dir "$tmp" \
       --maxmemory 2gb --maxmemory-policy allkeys-lru >"$tmp/redis.log" 2>&1 &
     pids+=($!)
     for _ in $(seq 100); do redis-cli -p "$rp" ping 2>/dev/null | grep -q PONG && break; sleep 0.05; done
     flags=(--cache-redis "redis://127.0.0.1:$rp")
+    [ "$setup" = route ] && flags+=(--kv-events)
   fi
   local kind=kvserve
   [ "$setup" = llama ] && kind=llama
   start_replica $kind 1 "${flags[@]}"
   start_replica $kind 2 "${flags[@]}"
-  start_haproxy
+  if [ "$setup" = route ]; then start_router "${flags[1]}"; else start_haproxy; fi
   local t0 t1
   t0=$(now)
   "$bench" --url "$url" --clients "$CLIENTS" --requests "$CLIENTS" --prompt-len $((PREFIX + SUFFIX)) \
@@ -106,7 +120,7 @@ run_setup() { # setup -> one table row
     { echo "bench_serve failed on $setup:"; cat "$tmp/bench.$setup"; exit 1; }
   t1=$(now)
   local bytes=0
-  [ "$setup" = redis ] && bytes=$(redis_bytes)
+  if [ "$setup" = redis ] || [ "$setup" = route ]; then bytes=$(redis_bytes); fi
   # the bench_serve row: | clients | prompt | gen | prefix | rate | done | TTFT p50 | TTFT p99 | ...
   awk -F'|' -v s="$setup" -v t="$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')" -v b="$bytes" \
     '/^\| [0-9]/ { printf "| %s | %s | %s | %s | %.1f | %.1f |\n", s, $7, $8, $9, t, b / 1048576; exit }' "$tmp/bench.$setup"
@@ -119,5 +133,5 @@ echo
 echo "| set-up | done | TTFT p50 ms | TTFT p99 ms | total s | MiB via Redis |"
 echo "|---|---|---|---|---|---|"
 for s in "${setups[@]}"; do
-  case $s in redis|local|llama) run_setup "$s" ;; *) echo "unknown set-up $s (redis, local, llama)" >&2; exit 2 ;; esac
+  case $s in redis|route|local|llama) run_setup "$s" ;; *) echo "unknown set-up $s (redis, route, local, llama)" >&2; exit 2 ;; esac
 done

@@ -255,6 +255,70 @@ static void test_disk_pages_keep_their_salt(void **state)
     check_disk_round_trip(KV_SMOOTH_KV);
 }
 
+/* ---- KV events and keys computed without the cache (a router's) --------------------- */
+
+enum { MAX_EVENTS = 64 };
+struct key_events {
+    struct kv_key key[MAX_EVENTS];
+    bool held[MAX_EVENTS];
+    int n;
+};
+
+static void on_key(void *user, struct kv_key key, bool held)
+{
+    struct key_events *ev = user;
+    assert_true(ev->n < MAX_EVENTS);
+    ev->key[ev->n] = key;
+    ev->held[ev->n++] = held;
+}
+
+/* The keys kv_layout_keys computes from kv_key_layout's bytes alone are the keys the cache gave a
+ * sequence of that salt (each reported once by the key hook, tails never), salted or not. */
+static void check_layout_keys(struct kv_key salt)
+{
+    struct kv_cache *kv = make_cache(16, KV_SMOOTH_OFF);
+    struct key_events ev = {0};
+    kv_set_key_hook(kv, on_key, &ev);
+    int32_t tokens[4 * P + 5];
+    make_tokens(tokens, 4 * P + 5);
+    int32_t seq = computed_seq(kv, salt, tokens, 4 * P + 5);
+    assert_int_equal(ev.n, 4);
+    struct kv_key_layout lay;
+    kv_key_layout(kv, &lay);
+    assert_int_equal(lay.page_tokens, P);
+    /* a copy of the bytes, as a router holds them after reading them from an event */
+    struct kv_key_layout copy;
+    memcpy(&copy, &lay, sizeof copy);
+    struct kv_key keys[4];
+    kv_layout_keys(&copy, salt, tokens, 4 * P + 5, keys);
+    for (int i = 0; i < 4; i++) {
+        assert_true(ev.held[i]);
+        assert_true(kv_key_equal(keys[i], ev.key[i]));
+    }
+    if (kv_key_equal(salt, NO_SALT)) {
+        struct kv_key plain[4];
+        kv_prefix_keys(kv, tokens, 4 * P, plain);
+        for (int i = 0; i < 4; i++)
+            assert_true(kv_key_equal(keys[i], plain[i]));
+        assert_int_equal(keys[0].lo, UNSALTED_KEY0_LO);
+    }
+    kv_seq_free(kv, seq);
+    /* dropping the idle pages reports every full key as lost, the tail not */
+    ev.n = 0;
+    assert_int_equal(kv_prefix_clear(kv), 5);
+    assert_int_equal(ev.n, 4);
+    for (int i = 0; i < 4; i++)
+        assert_false(ev.held[i]);
+    kv_free(kv);
+}
+
+static void test_layout_keys_equal_cache_keys(void **state)
+{
+    (void)state;
+    check_layout_keys(NO_SALT);
+    check_layout_keys(kv_cache_salt("tenant-a", 8));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -262,6 +326,7 @@ int main(void)
         cmocka_unit_test(test_salt_changes_every_key),
         cmocka_unit_test(test_sharing_only_within_a_salt),
         cmocka_unit_test(test_disk_pages_keep_their_salt),
+        cmocka_unit_test(test_layout_keys_equal_cache_keys),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -94,6 +94,30 @@ static void test_simd_matches_scalar_edges_and_tails(void **state)
     assert_true(x[0] == 0.0f && !signbit(x[0]) && x[1] == 20.0f && x[2] == 0.0f && x[3] == 25.0f);
 }
 
+/* quant_gelu (BERT's FFN) is quant_geglu with an up of 1, bit for bit: every
+ * f16 value, the thresholds and values between f16s */
+static void test_gelu_is_geglu_times_one(void **state)
+{
+    (void)state;
+    int64_t n = (1 << 16) + 64;
+    float *x = malloc(sizeof(float) * (size_t)n), *g = malloc(sizeof(float) * (size_t)n);
+    float *one = malloc(sizeof(float) * (size_t)n);
+    assert_true(x && g && one);
+    uint64_t s = 7;
+    for (int64_t i = 0; i < n; i++) {
+        x[i] = i < (1 << 16) ? quant_f16_to_f32((quant_f16)i) : rng_uniform(&s, -12.0f, 12.0f);
+        one[i] = 1.0f;
+    }
+    x[n - 1] = -10.0f, x[n - 2] = 10.0f;
+    memcpy(g, x, sizeof(float) * (size_t)n);
+    quant_gelu(x, n);
+    quant_geglu_scalar(g, one, n);
+    for (int64_t i = 0; i < n; i++)
+        if (!(bits(x[i]) == bits(g[i]) || (isnan(x[i]) && isnan(g[i]))))
+            fail_msg("quant_gelu differs from quant_geglu(x, 1) at %lld: %a vs %a", (long long)i, x[i], g[i]);
+    free(x), free(g), free(one);
+}
+
 /* the table is GELU-tanh to f16 precision (ggml's float 1 + tanh cancels where gelu is tiny) */
 static void test_table_is_gelu(void **state)
 {
@@ -148,6 +172,7 @@ int main(void)
         cmocka_unit_test(test_simd_matches_scalar_every_f16),
         cmocka_unit_test(test_simd_matches_scalar_edges_and_tails),
         cmocka_unit_test(test_table_is_gelu),
+        cmocka_unit_test(test_gelu_is_geglu_times_one),
         cmocka_unit_test(test_table_matches_ggml),
     };
     return ks_run_tests(tests, NULL, NULL);

@@ -829,6 +829,69 @@ static void test_verify_distribution(void **state)
     sample_free(b);
 }
 
+/* post_sampling_probs (llama-server's): the drawn token's probability and
+ * the alternatives are the final distribution's, best first (the reference:
+ * top-k 4 then temperature 0.7, softmaxed); at temperature 0 the drawn token
+ * alone, with probability 1. The draws are those without the option. */
+static void check_post_sampling_probs(int min_keep)
+{
+    struct sample_params p;
+    sample_params_default(&p);
+    p.min_keep = min_keep; /* 2: the chain path (it changes nothing here), 0: the fast path */
+    p.top_k = 4;
+    p.top_p = 1.0f;
+    p.min_p = 0.0f;
+    p.temp = 0.7f;
+    p.n_logprobs = 3;
+    p.seed = 11;
+    struct sample_params q = p;
+    q.post_sampling_probs = true;
+    struct sampler *plain = NULL, *post = NULL;
+    assert_int_equal(sample_create(&p, V, &plain), KS_OK);
+    assert_int_equal(sample_create(&q, V, &post), KS_OK);
+    struct rlist l;
+    r_init(&l, X, V);
+    r_sort(&l);
+    l.n = 4;
+    for (int i = 0; i < l.n; i++)
+        l.c[i].logit /= 0.7;
+    r_softmax(&l);
+    for (int step = 0; step < 20; step++) {
+        struct sample_result a, b;
+        assert_int_equal(sample_next(plain, X, NULL, 0, &a), KS_OK);
+        assert_int_equal(sample_next(post, X, NULL, 0, &b), KS_OK);
+        assert_int_equal(a.token, b.token);
+        assert_int_equal(b.n_top, 3);
+        double want = 0;
+        for (int i = 0; i < l.n; i++)
+            if (l.c[i].id == b.token)
+                want = l.c[i].p;
+        assert_true(fabs(b.prob - want) < 1e-6);
+        for (int i = 0; i < 3; i++) {
+            assert_int_equal(b.top[i].token, l.c[i].id);
+            assert_true(fabs(b.top[i].prob - l.c[i].p) < 1e-6);
+            assert_true(fabs(b.top[i].logprob - log(l.c[i].p)) < 1e-5);
+        }
+    }
+    sample_free(plain);
+    sample_free(post);
+    q.temp = 0.0f;
+    assert_int_equal(sample_create(&q, V, &post), KS_OK);
+    struct sample_result g;
+    assert_int_equal(sample_next(post, X, NULL, 0, &g), KS_OK);
+    assert_int_equal(g.token, 0);
+    assert_int_equal(g.n_top, 1);
+    assert_true(g.prob == 1.0f && g.top[0].token == 0 && g.top[0].prob == 1.0f);
+    sample_free(post);
+}
+
+static void test_post_sampling_probs(void **state)
+{
+    (void)state;
+    check_post_sampling_probs(0);
+    check_post_sampling_probs(2);
+}
+
 static void test_invalid_params(void **state)
 {
     (void)state;
@@ -860,7 +923,7 @@ int main(void)
         cmocka_unit_test(test_dry_breakers),  cmocka_unit_test(test_dry),
         cmocka_unit_test(test_mirostat_v2),   cmocka_unit_test(test_mirostat_v1),
         cmocka_unit_test(test_all_filtered),  cmocka_unit_test(test_verify_distribution),
-        cmocka_unit_test(test_invalid_params),
+        cmocka_unit_test(test_invalid_params),  cmocka_unit_test(test_post_sampling_probs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

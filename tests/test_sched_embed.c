@@ -6,6 +6,8 @@
  *   - its one final event (STOP) carries the vector, and its pages are freed;
  *   - an input that cannot fit one step is refused (KS_ERR_RANGE), one that
  *     just fits runs while every other slot decodes;
+ *   - an input may fill the context (it generates nothing), a generation
+ *     prompt must leave room for one token;
  *   - an engine without embeddings refuses them (KS_ERR_UNSUPPORTED). */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -73,18 +75,23 @@ static struct mock_engine_config config(int32_t n_embd)
     return (struct mock_engine_config){.n_vocab = V, .max_seqs = 32, .max_ctx = 1024, .n_embd = n_embd};
 }
 
-static struct sched *start(struct mock_engine *m, int parallel, int32_t max_batch)
+static struct sched *start_ctx(struct mock_engine *m, int parallel, int32_t max_batch, int32_t ctx)
 {
     struct sched_config cfg;
     sched_config_default(&cfg);
     cfg.parallel = parallel;
     cfg.max_batch_tokens = max_batch;
     cfg.prefill_chunk = 8; /* generation prompts take several steps; embeddings never do */
-    cfg.ctx_size = 1024;
+    cfg.ctx_size = ctx;
     struct sched_engine e = mock_engine_sched(m, false);
     struct sched *s = NULL;
     assert_int_equal(sched_create(&cfg, &e, &s), KS_OK);
     return s;
+}
+
+static struct sched *start(struct mock_engine *m, int parallel, int32_t max_batch)
+{
+    return start_ctx(m, parallel, max_batch, 1024);
 }
 
 static ks_status submit(struct sched *s, const int32_t *prompt, int32_t n, bool embed, int32_t max_tokens,
@@ -183,6 +190,30 @@ static void test_size_limit(void **state)
     mock_engine_free(m);
 }
 
+/* A BERT input of 512 tokens fills bert's 512 positions: an embedding may fill
+ * the context, a generation prompt may not (it needs room for one token). */
+static void test_context_limit(void **state)
+{
+    (void)state;
+    struct mock_engine_config mc = config(N_EMBD);
+    struct mock_engine *m = NULL;
+    assert_int_equal(mock_engine_create(&mc, &m), KS_OK);
+    enum { CTX = 16 };
+    struct sched *s = start_ctx(m, 2, 64, CTX);
+    int32_t p[CTX + 1];
+    prompt_of(p, CTX + 1, 3);
+    struct result full, gen;
+    result_init(&full);
+    result_init(&gen);
+    assert_int_equal(submit(s, p, CTX + 1, true, 0, &full), KS_ERR_RANGE);
+    assert_int_equal(submit(s, p, CTX, false, 1, &gen), KS_ERR_RANGE);
+    assert_int_equal(submit(s, p, CTX, true, 0, &full), KS_OK);
+    result_wait(&full);
+    assert_true(full.has_embd && full.embd[0] == (float)CTX);
+    sched_free(s);
+    mock_engine_free(m);
+}
+
 static void test_engine_without_embeddings(void **state)
 {
     (void)state;
@@ -203,6 +234,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mixed_with_generation),
         cmocka_unit_test(test_size_limit),
+        cmocka_unit_test(test_context_limit),
         cmocka_unit_test(test_engine_without_embeddings),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -322,6 +322,55 @@ static void test_several_prompts(void **state)
     }
 }
 
+/* llama-server's /completion with several prompts: an array of its answers
+ * in prompt order, each equal to that prompt sent alone; the stream's events
+ * carry each prompt's index and add up to the same texts. */
+static void test_several_prompts_native(void **state)
+{
+    (void)state;
+    static const char *const prompts[] = {"\"Once upon a time\"", "[1,300,20]"};
+    const char *body = "{\"prompt\":[\"Once upon a time\",[1,300,20]],\"n_predict\":12,\"temperature\":0}";
+    struct answer all = post_on(F.ms.srv, "/completion", body);
+    assert_int_equal(all.status, 200);
+    assert_true(cJSON_IsArray(all.json));
+    assert_int_equal(cJSON_GetArraySize(all.json), 2);
+    for (int p = 0; p < 2; p++) {
+        char one_body[256];
+        snprintf(one_body, sizeof one_body, "{\"prompt\":%s,\"n_predict\":12,\"temperature\":0}", prompts[p]);
+        struct answer one = post_on(F.ms.srv, "/completion", one_body);
+        assert_int_equal(one.status, 200);
+        const cJSON *got = cJSON_GetArrayItem(all.json, p);
+        assert_int_equal((int)cJSON_GetObjectItem(got, "index")->valuedouble, p);
+        assert_string_equal(cJSON_GetObjectItem(got, "content")->valuestring,
+                            cJSON_GetObjectItem(one.json, "content")->valuestring);
+        assert_int_equal((int)cJSON_GetObjectItem(got, "tokens_evaluated")->valuedouble,
+                         (int)cJSON_GetObjectItem(one.json, "tokens_evaluated")->valuedouble);
+        cJSON_Delete(one.json);
+    }
+    struct answer stream = post_on(F.ms.srv, "/completion",
+                                   "{\"prompt\":[\"Once upon a time\",[1,300,20]],\"n_predict\":12,\"temperature\":0,"
+                                   "\"stream\":true}");
+    assert_int_equal(stream.status, 200);
+    struct sbuf text[2] = {{0}};
+    int stops[2] = {0};
+    const cJSON *ev;
+    cJSON_ArrayForEach(ev, stream.json) {
+        int i = (int)cJSON_GetObjectItem(ev, "index")->valuedouble;
+        assert_true(i == 0 || i == 1);
+        const char *piece = cJSON_GetObjectItem(ev, "content")->valuestring;
+        sbuf_append(&text[i], piece, strlen(piece));
+        stops[i] += cJSON_IsTrue(cJSON_GetObjectItem(ev, "stop"));
+    }
+    for (int i = 0; i < 2; i++) {
+        sbuf_append(&text[i], "", 0);
+        assert_int_equal(stops[i], 1);
+        assert_string_equal(text[i].p, cJSON_GetObjectItem(cJSON_GetArrayItem(all.json, i), "content")->valuestring);
+        sbuf_free(&text[i]);
+    }
+    cJSON_Delete(stream.json);
+    cJSON_Delete(all.json);
+}
+
 /* Each choice has its own grammar state: every one is a JSON object. */
 static void test_choices_each_follow_the_grammar(void **state)
 {
@@ -471,6 +520,7 @@ int main(void)
         cmocka_unit_test(test_temperature_zero_all_equal),
         cmocka_unit_test(test_stream_agrees_with_whole),
         cmocka_unit_test(test_several_prompts),
+        cmocka_unit_test(test_several_prompts_native),
         cmocka_unit_test(test_choices_each_follow_the_grammar),
         cmocka_unit_test(test_disconnect_cancels_all),
         cmocka_unit_test(test_choices_under_preemption),

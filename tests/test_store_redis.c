@@ -236,6 +236,45 @@ static void test_bad_config(void **state)
     assert_null(r);
 }
 
+/* KV events with nothing listening: notes never block, the mirrored set stays exact (adds, removes, a key
+ * added twice), the lost deltas are counted, a flush returns, and closing (with its empty snapshot) does
+ * not hang. The events against a real redis-server: tests/e2e/route.sh. */
+static void test_events_redis_down(void **state)
+{
+    (void)state;
+    char url[64];
+    snprintf(url, sizeof url, "redis://127.0.0.1:%d", closed_port());
+    uint8_t layout[36] = {9};
+    struct store_events_config cfg = {.url = url, .timeout_ms = 100, .replica = "http://127.0.0.1:1",
+                                      .layout = layout, .layout_len = sizeof layout, .page_tokens = 32,
+                                      .flush_ms = 5};
+    memcpy(cfg.fingerprint, FP, sizeof FP);
+    struct store_events *e = NULL;
+    assert_int_equal(store_events_open(&cfg, &e), KS_OK);
+    for (uint64_t i = 1; i <= 3000; i++)
+        store_events_note(e, (struct store_key){i * 0x9e3779b97f4a7c15ull, i}, true);
+    store_events_note(e, (struct store_key){5 * 0x9e3779b97f4a7c15ull, 5}, true);
+    for (uint64_t i = 1; i <= 1000; i++)
+        store_events_note(e, (struct store_key){i * 0x9e3779b97f4a7c15ull, i}, false);
+    store_events_note(e, (struct store_key){0, 0}, true); /* the empty key is never mirrored */
+    store_events_flush(e, false);
+    store_events_flush(e, true);
+    struct store_events_stats st;
+    store_events_stats(e, &st);
+    assert_int_equal(st.held, 2000);
+    assert_false(st.connected);
+    assert_true(st.connect_failures >= 1);
+    assert_int_equal(st.entries, 0);
+    store_events_close(e);
+    store_events_close(NULL);
+    char stream[STORE_EVENTS_STREAM_CHARS + 1];
+    store_events_stream(FP, stream);
+    assert_string_equal(stream, "kvserve:events:0102030405060708090a0b0c0d0e0f10");
+    cfg.replica = NULL;
+    assert_int_equal(store_events_open(&cfg, &e), KS_ERR_INVALID_ARG);
+    assert_null(e);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -243,6 +282,7 @@ int main(void)
         cmocka_unit_test(test_foreign_values), cmocka_unit_test(test_key_name),
         cmocka_unit_test(test_url),           cmocka_unit_test(test_secret_file),
         cmocka_unit_test(test_redis_down),    cmocka_unit_test(test_bad_config),
+        cmocka_unit_test(test_events_redis_down),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -14,5 +14,6 @@ int cli_perplexity(int argc, char **argv);
 int cli_tokenize(int argc, char **argv);
 int cli_chat(int argc, char **argv);
 int cli_template(int argc, char **argv);
+int cli_route(int argc, char **argv);
 
 #endif

@@ -426,6 +426,10 @@ static void print_memory(const struct gguf_file *f, uint64_t weight_bytes, size_
         !memchr(arch.data, '\0', (size_t)arch.len))
         memcpy(arch_name, arch.data, (size_t)arch.len);
     print_weights(f, arch_name);
+    if (!strcmp(arch_name, "bert") || !strcmp(arch_name, "nomic-bert")) {
+        printf("  KV cache: none (an encoder attends within each input, computed whole in one step)\n");
+        return;
+    }
     struct info_kv_shape shape;
     if (read_kv_shape(f, &shape)) {
         printf("  KV cache: n/a (%s)\n", ks_errmsg());
@@ -500,6 +504,21 @@ static void print_phi3(const struct gguf_file *f, const struct model_hparams *hp
                "every layer attends to the whole context)\n", hp->n_swa_stored);
 }
 
+/* bert / nomic-bert: what an encoder runs instead of a decoder's blocks. */
+static void print_encoder(const struct model_hparams *hp)
+{
+    printf("  encoder: embeddings only (no output head; completions refused), %s attention within each input\n",
+           hp->non_causal ? "bidirectional" : "causal (attention.causal is true)");
+    printf("  LayerNorm (eps %g) of the embeddings and after each block's residual (post-norm); %s FFN%s\n",
+           (double)hp->norm_eps, hp->arch == MODEL_ARCH_BERT ? "GELU" : "SwiGLU",
+           hp->has_qkv_bias ? "; Q/K/V biases" : "");
+    if (hp->arch == MODEL_ARCH_BERT)
+        printf("  positions: learned, %d (position_embd)\n", hp->n_ctx_train);
+    else
+        print_rope(hp);
+    printf("  pooling: %s\n", model_pooling_name(hp->pooling));
+}
+
 /* What the model loader makes of the file (a mapped load, not repacked, so
  * exactly what `serve` would run): the attention kinds per layer (sliding
  * windows, their pattern and RoPE base), sinks, biases, RoPE, gemma's and
@@ -514,6 +533,12 @@ static void print_features(const char *path, const struct gguf_file *f)
     }
     const struct model_hparams *hp = model_hparams(m);
     printf("  %s, %d layers\n", hp->arch_name, hp->n_layer);
+    if (hp->encoder_only) {
+        printf("  attention: %d heads, %d KV heads of %d\n", hp->n_head, hp->n_head_kv, hp->head_dim_k);
+        print_encoder(hp);
+        model_free(m);
+        return;
+    }
     printf("  attention: %d heads, %d KV heads of %d", hp->n_head, hp->n_head_kv, hp->head_dim_k);
     if (hp->n_swa > 0) {
         printf("; sliding window %d (pattern %d) on layers ", hp->n_swa, hp->swa_pattern);

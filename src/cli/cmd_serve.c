@@ -189,6 +189,8 @@ static bool parse_switch(const char *a, void *opts)
         return o->cache_show_text = true;
     if (!strcmp(a, "--embeddings") || !strcmp(a, "--embedding"))
         return o->embeddings = true;
+    if (!strcmp(a, "--kv-events"))
+        return o->redis.kv_events = true;
     return false;
 }
 
@@ -256,6 +258,7 @@ struct serve_state {
     struct server *srv;
     struct store *store;
     struct store_redis *redis;
+    struct store_events *events; /* --kv-events */
     char *chat_template;         /* --chat-template-file's text */
     struct server_loading *loading; /* answers 503 on the port until the server proper takes it over */
     char *admin_key;             /* --admin-key-file's first line */
@@ -350,7 +353,8 @@ static ks_status read_keys(const struct serve_opts *o, struct serve_state *s)
     return KS_OK;
 }
 
-/* --pooling over the file's pooling; --embeddings needs one that gives a vector per input. */
+/* --pooling over the file's pooling; --embeddings (implied for an encoder,
+ * which can do nothing else) needs one that gives a vector per input. */
 static ks_status embeddings_setup(const struct serve_opts *o, struct model *m)
 {
     enum model_pooling p;
@@ -361,7 +365,8 @@ static ks_status embeddings_setup(const struct serve_opts *o, struct model *m)
         model_set_pooling(m, p);
     }
     p = model_hparams(m)->pooling;
-    if (o->embeddings && p != MODEL_POOLING_MEAN && p != MODEL_POOLING_CLS && p != MODEL_POOLING_LAST)
+    bool embeddings = o->embeddings || model_hparams(m)->encoder_only;
+    if (embeddings && p != MODEL_POOLING_MEAN && p != MODEL_POOLING_CLS && p != MODEL_POOLING_LAST)
         return ks_fail(KS_ERR_INVALID_ARG,
                        "--embeddings: the model pools '%s' (%s.pooling_type), which gives no vector per input; give "
                        "--pooling mean, cls or last", model_pooling_name(p), model_hparams(m)->arch_name);
@@ -415,6 +420,9 @@ static ks_status start(const struct serve_opts *o, const char *path, struct serv
     int32_t ctx = o->ctx_size;
     if (!ctx)
         ctx = hp->n_ctx_train > 0 && hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096;
+    if (hp->arch == MODEL_ARCH_BERT && ctx > hp->n_ctx_train) /* no position past its learned ones */
+        return ks_fail(KS_ERR_INVALID_ARG, "--ctx-size %d exceeds bert's %d learned positions (bert.context_length)",
+                       ctx, hp->n_ctx_train);
     struct kv_config kvc;
     kv_setup(o, s->model, ctx, &kvc);
     kvc.prefix_cache = o->prefix_cache;
@@ -460,6 +468,15 @@ static ks_status start(const struct serve_opts *o, const char *path, struct serv
         eng.destroy(eng.ctx);
         return st;
     }
+    struct kv_key_layout key_layout;
+    sched_engine_model_key_layout(&eng, &key_layout);
+    if (!st && (st = cli_open_kv_events(&o->redis, kvc.fingerprint, &key_layout, o->host,
+                                        server_loading_port(s->loading), &s->events))) {
+        eng.destroy(eng.ctx);
+        return st;
+    }
+    if (s->events)
+        sched_engine_model_set_events(&eng, s->events);
     st = sched_create(&sc, &eng, &s->sched);
     if (st) {
         eng.destroy(eng.ctx);
@@ -486,6 +503,7 @@ static ks_status start(const struct serve_opts *o, const char *path, struct serv
     cfg.chat_template_origin = o->chat_template_file;
     cfg.store = s->store;
     cfg.redis = s->redis;
+    cfg.events = s->events;
     cfg.reasoning_format = o->reasoning_format;
     cfg.spm_infill = o->spm_infill;
     cfg.parallel = o->parallel;
@@ -494,9 +512,9 @@ static ks_status start(const struct serve_opts *o, const char *path, struct serv
     cfg.sampling = o->sampling;
     cfg.samplers = &o->samplers;
     cfg.listen_from = s->loading;
-    cfg.embeddings = o->embeddings;
+    cfg.embeddings = o->embeddings || hp->encoder_only; /* an encoder (bert) only embeds */
     cfg.n_embd = hp->n_embd;
-    cfg.no_generation = hp->non_causal;
+    cfg.no_generation = hp->non_causal || hp->encoder_only;
     st = server_start(&cfg, s->sched, s->tok, &s->srv);
     if (st)
         return st;
@@ -559,6 +577,7 @@ static void teardown(struct serve_state *s)
     sched_free(s->sched); /* hands the cached pages to the store */
     store_close(s->store);
     store_redis_close(s->redis);
+    store_events_close(s->events); /* after the engine: its last snapshot is empty */
     threads_free(s->pool);
     tok_free(s->tok);
     model_free(s->model);

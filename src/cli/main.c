@@ -22,6 +22,7 @@ static const struct command commands[] = {
     {"template", cli_template, "print the prompt a chat request makes through the model's Jinja chat template"},
     {"tokenize", cli_tokenize, "print the token ids and pieces of a text under a model's vocabulary"},
     {"serve", cli_serve, "serve the OpenAI-compatible HTTP API with continuous batching"},
+    {"route", cli_route, "route requests to kvserve replicas by the prompt pages each holds (KV events)"},
 };
 
 static void usage(FILE *out)

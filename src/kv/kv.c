@@ -184,7 +184,7 @@ static ks_status check_config(const struct kv_config *c)
         return ks_fail(KS_ERR_INVALID_ARG, "kv cache: n_layer, n_kv_head and head_dim must be positive (got %d, %d, %d)",
                        c->n_layer, c->n_kv_head, c->head_dim);
     int p = c->page_tokens;
-    if (p < 16 || p > 256 || (p & (p - 1)) != 0)
+    if (p < 16 || p > KV_MAX_PAGE_TOKENS || (p & (p - 1)) != 0)
         return ks_fail(KS_ERR_INVALID_ARG, "--kv-page %d: the page size must be a power of two from 16 to 256", p);
     ks_status st;
     if ((st = kv_check_type(c, c->type_k, "--cache-type-k")) || (st = kv_check_type(c, c->type_v, "--cache-type-v")))
@@ -249,6 +249,7 @@ ks_status kv_create(const struct kv_config *cfg, struct kv_cache **out)
         kv->layer_slot[l] = n_part[kv->layer_window[l]]++;
     }
     kv->n_window_layers = n_part[1];
+    kv_key_layout(kv, &kv->key_layout);
     *out = kv;
     KV_DEBUG_CHECK(kv, "kv_create");
     return KS_OK;

@@ -51,6 +51,7 @@ enum { KV_LADDER_MAX = 8 };
 
 /* Layers a sliding-window configuration can describe (struct kv_config.swa_layer). */
 enum { KV_MAX_LAYERS = 512 };
+enum { KV_MAX_PAGE_TOKENS = 256 }; /* the largest P */
 
 enum kv_policy {
     KV_POLICY_STATIC = 0,  /* every page at type_k / type_v, like llama.cpp -ctk/-ctv */
@@ -76,7 +77,7 @@ struct kv_config {
     int n_kv_head;
     int head_dim;
     size_t mem_budget;        /* bytes for page storage; exact accounting */
-    int page_tokens;          /* P: power of two in [16, 256]; default 32 */
+    int page_tokens;          /* P: power of two in [16, KV_MAX_PAGE_TOKENS]; default 32 */
     enum quant_type type_k;   /* start precision of new pages: any KV type (kv_type_index() >= 0) */
     enum quant_type type_v;
     bool rotate;              /* Walsh-Hadamard rotation of K/V over head_dim (default on) */
@@ -354,6 +355,35 @@ ks_status kv_seq_set_salt(struct kv_cache *kv, int32_t seq, struct kv_key salt);
 
 /* The chain keys of the n_tokens / P full pages of tokens into keys[] (unsalted). */
 void kv_prefix_keys(const struct kv_cache *kv, const int32_t *tokens, int32_t n_tokens, struct kv_key *keys);
+
+/* The salt of a request's cache_salt text (the server's field): every process
+ * that derives it this way (a replica, a router) gets the same salt. */
+struct kv_key kv_cache_salt(const char *text, size_t n);
+
+/* Everything besides the tokens and the parent that goes into a page key,
+ * as bytes (the model fingerprint, P, rotation, head_dim, layers, KV heads,
+ * the sliding-window split), so a process without the cache, a router that
+ * learnt the layout from a replica's KV events, computes the same keys. */
+enum { KV_KEY_LAYOUT_BYTES = 48 };
+struct kv_key_layout {
+    int32_t page_tokens;      /* P */
+    uint32_t n_bytes;         /* of bytes[] in use */
+    uint8_t bytes[KV_KEY_LAYOUT_BYTES];
+};
+void kv_key_layout(const struct kv_cache *kv, struct kv_key_layout *out);
+/* The chain keys of the n_tokens / P full pages of tokens under lay, from the
+ * root of salt ({0, 0}: unsalted), equal to the keys a cache of that layout
+ * gives a sequence of that salt. lay->page_tokens must be in [16, 256]. */
+void kv_layout_keys(const struct kv_key_layout *lay, struct kv_key salt, const int32_t *tokens, int32_t n_tokens,
+                    struct kv_key *keys);
+
+/* KV events: fn(user, key, true) when a full page's key enters the prefix
+ * cache (computed and published, or read back from a tier), fn(user, key,
+ * false) when it leaves (evicted, cleared, copied on write). Tails (partial
+ * pages) are not reported. Called on the cache's thread, inside the
+ * mutation: fn must only record the key, never call back into the cache. */
+typedef void (*kv_key_fn)(void *user, struct kv_key key, bool held);
+void kv_set_key_hook(struct kv_cache *kv, kv_key_fn fn, void *user);
 
 /* The key seq's next full page would have along tokens (its tokens are
  * tokens[len, len + P)); false when seq cannot continue from the cache (len

@@ -115,6 +115,9 @@ struct kv_cache {
     void *evict_user;
     kv_evict_fn publish_fn;   /* kv_set_publish_hook: pages as they are keyed (the Redis tier) */
     void *publish_user;
+    kv_key_fn key_fn;         /* kv_set_key_hook: full pages' keys gained and lost (KV events) */
+    void *key_user;
+    struct kv_key_layout key_layout; /* what besides the tokens goes into a page key, fixed at kv_create */
 };
 
 /* Does the page hold its window layers' rows (always without such layers)? */

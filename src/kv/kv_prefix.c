@@ -28,28 +28,42 @@ struct key_layout {
     uint32_t page_tokens, rotate, head_dim, n_layer, n_kv_head;
 };
 
-static struct kv_key chain_key(const struct kv_cache *kv, struct kv_key prev, const int32_t *tokens)
+void kv_key_layout(const struct kv_cache *kv, struct kv_key_layout *out)
 {
     const struct kv_config *c = &kv->cfg;
     struct key_layout lay = {.page_tokens = (uint32_t)c->page_tokens, .rotate = c->rotate,
                              .head_dim = (uint32_t)c->head_dim, .n_layer = (uint32_t)c->n_layer,
                              .n_kv_head = (uint32_t)c->n_kv_head};
     memcpy(lay.fingerprint, c->fingerprint, sizeof lay.fingerprint);
-    uint8_t buf[sizeof prev + 256 * sizeof(int32_t) + sizeof lay + sizeof(uint64_t)];
-    size_t n_tok = (size_t)c->page_tokens * sizeof(int32_t), n = sizeof prev + n_tok + sizeof lay;
-    memcpy(buf, &prev, sizeof prev);
-    memcpy(buf + sizeof prev, tokens, n_tok);
-    memcpy(buf + sizeof prev + n_tok, &lay, sizeof lay);
+    _Static_assert(sizeof lay + sizeof(uint64_t) <= KV_KEY_LAYOUT_BYTES, "kv_key_layout holds a key's layout");
+    memset(out, 0, sizeof *out);
+    out->page_tokens = c->page_tokens;
+    memcpy(out->bytes, &lay, sizeof lay);
+    out->n_bytes = sizeof lay;
     /* the split of a page's rows (which layers are windowed) is part of its layout; without a window the
      * keys stay what they were */
     if (kv->n_window_layers) {
         uint64_t swa = XXH3_64bits_withSeed(c->swa_layer, (size_t)c->n_layer * sizeof c->swa_layer[0],
                                             (uint64_t)c->swa_window);
-        memcpy(buf + n, &swa, sizeof swa);
-        n += sizeof swa;
+        memcpy(out->bytes + out->n_bytes, &swa, sizeof swa);
+        out->n_bytes += sizeof swa;
     }
-    XXH128_hash_t h = XXH3_128bits(buf, n);
+}
+
+static struct kv_key layout_chain_key(const struct kv_key_layout *lay, struct kv_key prev, const int32_t *tokens)
+{
+    uint8_t buf[sizeof prev + KV_MAX_PAGE_TOKENS * sizeof(int32_t) + KV_KEY_LAYOUT_BYTES];
+    size_t n_tok = (size_t)lay->page_tokens * sizeof(int32_t);
+    memcpy(buf, &prev, sizeof prev);
+    memcpy(buf + sizeof prev, tokens, n_tok);
+    memcpy(buf + sizeof prev + n_tok, lay->bytes, lay->n_bytes);
+    XXH128_hash_t h = XXH3_128bits(buf, sizeof prev + n_tok + lay->n_bytes);
     return (struct kv_key){h.low64, h.high64};
+}
+
+static struct kv_key chain_key(const struct kv_cache *kv, struct kv_key prev, const int32_t *tokens)
+{
+    return layout_chain_key(&kv->key_layout, prev, tokens);
 }
 
 void kv_prefix_keys(const struct kv_cache *kv, const int32_t *tokens, int32_t n_tokens, struct kv_key *keys)
@@ -155,6 +169,8 @@ static ks_status page_set_key(struct kv_cache *kv, int32_t id, struct kv_key key
     pg->last_use_ms = unix_ms();
     map_place(kv, id);
     kv->map.n++;
+    if (kv->key_fn && n_valid == kv->cfg.page_tokens)
+        kv->key_fn(kv->key_user, key, true);
     return KS_OK;
 }
 
@@ -162,6 +178,8 @@ static void page_unset_key(struct kv_cache *kv, int32_t id)
 {
     struct kv_page *pg = &kv->pages[id];
     map_remove(kv, id);
+    if (kv->key_fn && pg->n_valid == kv->cfg.page_tokens)
+        kv->key_fn(kv->key_user, pg->key, false);
     free(pg->tokens);
     pg->tokens = NULL;
     pg->keyed = false;
@@ -307,6 +325,12 @@ int32_t kv_prefix_held(const struct kv_cache *kv, const int32_t *tokens, int32_t
     return held;
 }
 
+void kv_set_key_hook(struct kv_cache *kv, kv_key_fn fn, void *user)
+{
+    kv->key_fn = fn;
+    kv->key_user = user;
+}
+
 void kv_set_publish_hook(struct kv_cache *kv, kv_evict_fn fn, void *user)
 {
     kv->publish_fn = fn;
@@ -399,6 +423,21 @@ struct kv_key kv_salt_mix(struct kv_key salt, const void *bytes, size_t n)
     XXH128_hash_t h = XXH3_128bits(buf, sizeof buf);
     struct kv_key k = {h.low64, h.high64};
     return kv_key_equal(k, ZERO_KEY) ? (struct kv_key){1, 0} : k; /* {0, 0} means "no salt" */
+}
+
+struct kv_key kv_cache_salt(const char *text, size_t n)
+{
+    static const char tag[] = "kvserve cache_salt";
+    return kv_salt_mix(kv_salt_mix(ZERO_KEY, tag, sizeof tag), text, n);
+}
+
+void kv_layout_keys(const struct kv_key_layout *lay, struct kv_key salt, const int32_t *tokens, int32_t n_tokens,
+                    struct kv_key *keys)
+{
+    assert(lay->page_tokens >= 16 && lay->page_tokens <= KV_MAX_PAGE_TOKENS && lay->n_bytes <= KV_KEY_LAYOUT_BYTES);
+    struct kv_key prev = kv_key_equal(salt, ZERO_KEY) ? ZERO_KEY : salt_root(salt);
+    for (int32_t i = 0; (int64_t)(i + 1) * lay->page_tokens <= n_tokens; i++)
+        prev = keys[i] = layout_chain_key(lay, prev, tokens + (size_t)i * lay->page_tokens);
 }
 
 static ks_status live_seq(const struct kv_cache *kv, int32_t seq, struct kv_seq **out)

@@ -1,8 +1,9 @@
 /* model: Llama-family transformers (llama, qwen2, qwen3, phi3), their
  * mixture-of-experts forms (qwen3moe; llama with experts, i.e. Mixtral;
  * gpt-oss, with sinks, sliding windows, biases and YaRN) and Gemma 2 /
- * Gemma 3 loaded from GGUF and run on the CPU. Every hyper-parameter comes from the file's
- * metadata.
+ * Gemma 3 loaded from GGUF and run on the CPU, and the BERT-family encoders
+ * (bert, nomic-bert), which only embed (model_bert.c). Every hyper-parameter
+ * comes from the file's metadata.
  *
  * The forward pass takes a batch of (token, position, sequence) entries:
  * many prefill tokens of one sequence, one decode token for each of many
@@ -23,6 +24,7 @@
 enum model_arch {
     MODEL_ARCH_LLAMA, MODEL_ARCH_QWEN2, MODEL_ARCH_QWEN3, MODEL_ARCH_QWEN3MOE, MODEL_ARCH_PHI3,
     MODEL_ARCH_GEMMA2, MODEL_ARCH_GEMMA3, MODEL_ARCH_GPT_OSS,
+    MODEL_ARCH_BERT, MODEL_ARCH_NOMIC_BERT, /* encoders (hparams.encoder_only), model_bert.c */
 };
 enum model_rope_type { MODEL_ROPE_NORMAL, MODEL_ROPE_NEOX };
 enum model_rope_scaling {
@@ -120,6 +122,12 @@ struct model_hparams {
      * to every token of its input, as llama.cpp's mask does. */
     enum model_pooling pooling;
     bool non_causal;           /* attention.causal = false */
+    /* BERT-family encoders (bert, nomic-bert; model_bert.c): no output head,
+     * so they only embed (model_forward refuses them); LayerNorms with biases
+     * (attention.layer_norm_epsilon, not rms_eps), post-norm blocks. bert adds
+     * learned absolute positions, nomic-bert rotates Q/K (NEOX) instead. */
+    bool encoder_only;
+    float norm_eps;            /* attention.layer_norm_epsilon (encoders) */
 };
 
 /* Whether layer il attends through hp->n_swa's sliding window (llama.cpp's
@@ -173,6 +181,9 @@ bool model_rope_long(const struct model *m);
  * different model or quantization gives a different fingerprint (a LongRoPE
  * model's also differs between its short and long factors). */
 void model_fingerprint(const struct model *m, uint8_t out[16]);
+/* The same from the file alone (nothing loaded; a router naming the KV events
+ * stream of the model): rope_long as a LongRoPE model's model_rope_long. */
+void model_file_fingerprint(const struct gguf_file *f, bool rope_long, uint8_t out[16]);
 
 /* A kv_config shaped for this model (layers, KV heads, head_dim, and its
  * fingerprint for prefix-cache keys) with kv_config_default() for the rest;
@@ -200,7 +211,8 @@ void model_ctx_free(struct model_ctx *c);
  * cache unchanged) and then writes K/V for every layer.
  *
  * logits: for each batch entry that wants logits, in batch order, one row of
- * n_vocab floats. *n_logits_out (may be NULL) receives the number of rows. */
+ * n_vocab floats. *n_logits_out (may be NULL) receives the number of rows.
+ * An encoder (hparams.encoder_only) has no logits: KS_ERR_UNSUPPORTED. */
 ks_status model_forward(struct model_ctx *c, struct kv_cache *kv, const struct model_batch *b,
                         float *logits, int32_t *n_logits_out);
 
@@ -230,7 +242,10 @@ void model_embd_normalize(float *v, int n, int norm);
  * normalized. *n_embd_out (may be NULL): the rows written. Embedding entries
  * want no logits (want_logits false; with want_logits NULL, none of them get
  * a row). Their K/V are written to the cache as any entry's (a non-causal
- * model's depend on the whole input: never share them with another sequence). */
+ * model's depend on the whole input: never share them with another sequence).
+ * An encoder (hparams.encoder_only) takes embedding entries only
+ * (KS_ERR_INVALID_ARG otherwise; a bert position past its learned ones is
+ * KS_ERR_RANGE), attends within each input and writes nothing to the cache. */
 ks_status model_forward_embed(struct model_ctx *c, struct kv_cache *kv, const struct model_batch *b,
                               const bool *embed, float *logits, int32_t *n_logits_out, float *embd,
                               int32_t *n_embd_out);
@@ -240,7 +255,8 @@ ks_status model_forward_embed(struct model_ctx *c, struct kv_cache *kv, const st
  * the built-in default model and tests. Same spec and seed give the same file. */
 struct model_synth_spec {
     const char *arch;          /* "llama", "qwen2" (QKV bias), "qwen3" (Q/K norm), "qwen3moe", "phi3"
-                                  (fused QKV and gate/up), "gemma2", "gemma3" or "gpt-oss" */
+                                  (fused QKV and gate/up), "gemma2", "gemma3", "gpt-oss", or the encoders
+                                  "bert" / "nomic-bert" (a WordPiece vocab of n_vocab tokens) */
     int n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff;
     int n_expert, n_expert_used; /* n_expert > 0: MoE FFN (llama: Mixtral; qwen3moe needs it) */
     int n_ff_exp;              /* each expert's FFN width (0: n_ff) */
@@ -248,7 +264,7 @@ struct model_synth_spec {
     int n_vocab;               /* size of the generated vocab (>= 259); ignored with a vocab file */
     int n_ctx_train;
     float rope_freq_base;
-    float rms_eps;             /* 0: 1e-5 */
+    float rms_eps;             /* 0: 1e-5 (the encoders: their LayerNorm epsilon) */
     bool pure;                 /* every matrix at the given type (no llama-quantize output rule) */
     bool untied;               /* write a separate output.weight (default: tied embeddings) */
     uint64_t seed;
@@ -275,7 +291,8 @@ struct model_synth_spec {
  * qwen3moe-30b-a3b, mixtral-8x7b, tiny-qwen3moe, tiny-mixtral,
  * tiny-qwen3moe-ties, tiny-llama, phi3-mini, phi4-mini, tiny-phi3, tiny-phi3-short,
  * gemma3-1b, tiny-gemma3, tiny-gemma2, gpt-oss-20b, tiny-gpt-oss, tiny-llama-embed (mean pooling,
- * non-causal), tiny-qwen3-embed (last-token pooling). */
+ * non-causal), tiny-qwen3-embed (last-token pooling), tiny-bert-embed (bert, CLS pooling),
+ * tiny-nomic-bert-embed (nomic-bert, mean pooling). */
 ks_status model_synth_preset(const char *name, struct model_synth_spec *spec);
 /* Space-separated preset names, for help text. */
 const char *model_synth_preset_names(void);

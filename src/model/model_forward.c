@@ -300,7 +300,7 @@ static float yarn_angle(const struct model *m, int i, float theta_extrap)
  * YaRN's mix); cos and sin scaled by rope_mscale (rope.scaling.attn_factor,
  * which llama.cpp applies to every layer, window layers too, times YaRN's
  * magnitude). swa_own: gemma3's window layers, their own base, unscaled. */
-static void rope_angles(const struct model *m, bool swa_own, int32_t pos, float *cs)
+void model_rope_angles(const struct model *m, bool swa_own, int32_t pos, float *cs)
 {
     float theta = (float)pos, mscale = m->rope_mscale;
     float theta_scale = swa_own ? m->rope_theta_scale_swa : m->rope_theta_scale;
@@ -316,7 +316,7 @@ static void rope_angles(const struct model *m, bool swa_own, int32_t pos, float 
 
 /* Rotate the first n_rot values of one head: pairs (2i, 2i+1) for NORMAL,
  * (i, i + n_rot/2) for NEOX. */
-static void rope_head(float *h, const float *cs, int n_rot, enum model_rope_type type)
+void model_rope_head(float *h, const float *cs, int n_rot, enum model_rope_type type)
 {
     int half = n_rot / 2;
     for (int i = 0; i < half; i++) {
@@ -362,7 +362,7 @@ static void qk_task(void *p, int ith, int nth)
         for (int h = 0; h < hp->n_head; h++) {
             if (j->L->q_norm)
                 rmsnorm_row(q + h * hd, q + h * hd, j->L->q_norm, hd, hp->rms_eps);
-            rope_head(q + h * hd, cs, hp->n_rot, hp->rope_type);
+            model_rope_head(q + h * hd, cs, hp->n_rot, hp->rope_type);
         }
         if (hp->attn_q_scale > 0)
             for (int i = 0; i < q_dim; i++)
@@ -370,7 +370,7 @@ static void qk_task(void *p, int ith, int nth)
         for (int h = 0; h < hp->n_head_kv; h++) {
             if (j->L->k_norm)
                 rmsnorm_row(k + h * hd, k + h * hd, j->L->k_norm, hd, hp->rms_eps);
-            rope_head(k + h * hd, cs, hp->n_rot, hp->rope_type);
+            model_rope_head(k + h * hd, cs, hp->n_rot, hp->rope_type);
         }
     }
 }
@@ -826,9 +826,9 @@ static ks_status run_layers(struct model_ctx *c, struct kv_cache *kv, const stru
         for (int64_t i = 0; i < n * hp->n_embd; i++)
             c->x[i] *= hp->embd_scale;
     for (int64_t t = 0; t < n; t++) {
-        rope_angles(m, false, b->pos[t], c->rope_cs + t * hp->n_rot);
+        model_rope_angles(m, false, b->pos[t], c->rope_cs + t * hp->n_rot);
         if (m->rope_swa_own) /* gemma3's window layers: their own base, unscaled */
-            rope_angles(m, true, b->pos[t], c->rope_cs_swa + t * hp->n_rot);
+            model_rope_angles(m, true, b->pos[t], c->rope_cs_swa + t * hp->n_rot);
         c->queries[t] = (struct attn_query){.seq = b->seq[t], .pos = b->pos[t]};
     }
     if (hp->non_causal && c->embed)
@@ -858,6 +858,9 @@ ks_status model_forward(struct model_ctx *c, struct kv_cache *kv, const struct m
     if (b->n_tokens < 0 || b->n_tokens > c->max_batch)
         return ks_fail(KS_ERR_INVALID_ARG, "batch of %d tokens exceeds the context's maximum of %d", b->n_tokens,
                        c->max_batch);
+    if (c->m->hp.encoder_only)
+        return ks_fail(KS_ERR_UNSUPPORTED, "%s is an encoder (an embedding model without an output head): it computes "
+                       "embeddings (model_forward_embed), not logits", c->m->hp.arch_name);
     if (b->n_tokens == 0)
         return KS_OK;
     if (!b->tokens || !b->pos || !b->seq)
@@ -959,6 +962,8 @@ ks_status model_forward_embed(struct model_ctx *c, struct kv_cache *kv, const st
     for (int32_t t = 0; b->want_logits && t < b->n_tokens; t++)
         if (embed[t] && b->want_logits[t])
             return ks_fail(KS_ERR_INVALID_ARG, "batch entry %d: an embedding entry cannot want logits", t);
+    if (c->m->hp.encoder_only) /* its own forward pass: LayerNorms, post-norm, attention within the input */
+        return model_bert_forward_embed(c->m, c->pool, b, embed, kv, embd, n_embd_out);
     const struct kv_config *kc = kv_get_config(kv);
     if (kc->n_layer != c->m->hp.n_layer || kc->n_kv_head != c->m->hp.n_head_kv ||
         kc->head_dim != c->m->hp.head_dim_k)

@@ -62,6 +62,10 @@ struct model_layer {
     const float *b_router;                   /* (n_expert) ffn_gate_inp.bias */
     const float *b_gate_exps, *b_up_exps;    /* (n_expert, n_ff_exp) each */
     const float *b_down_exps;                /* (n_expert, n_embd) */
+    /* BERT-family encoders (post-norm: each LayerNorm after its residual) */
+    const float *attn_out_norm, *attn_out_norm_b;   /* (n_embd) each: attn_output_norm */
+    const float *layer_out_norm, *layer_out_norm_b; /* (n_embd) each: layer_output_norm */
+    const float *b_up, *b_down;                     /* (n_ff), (n_embd): bert's FFN biases, NULL if absent */
 };
 
 /* idx = 0..n-1 ordered by descending v, equal values in the order ggml's CPU
@@ -95,6 +99,11 @@ struct model {
     float rope_yarn_corr[2];
     uint64_t weight_bytes;
     uint64_t active_weight_bytes;            /* per decode token: experts counted used / n_expert */
+    /* BERT-family encoders */
+    struct model_mat type_embd;              /* (n_token_types, n_embd) token_types; row 0 is added to every
+                                                token ("sentence A"); data NULL if absent */
+    struct model_mat pos_embd;               /* (n_ctx_train, n_embd) position_embd (bert; nomic-bert rotates) */
+    const float *tok_norm, *tok_norm_b;      /* (n_embd) each: token_embd_norm, the embeddings' LayerNorm */
     /* Small 1-D tensors (norms, biases) converted to f32 at load, in one block. */
     float *vec_store;
 };
@@ -104,5 +113,18 @@ struct model {
 ks_status model_read_embed_meta(const struct gguf_file *f, const char *arch, struct model_hparams *hp);
 /* out (dim) = pooling p (MEAN, CLS or LAST) of rows (n, dim), n >= 1. */
 void model_pool_rows(enum model_pooling p, const float *rows, int32_t n, int dim, float *out);
+
+/* model_forward.c's RoPE, shared with the encoders: the cos / sin of
+ * position pos for every rotated pair (cs: n_rot / 2 pairs), and the rotation
+ * of one head's first n_rot values. */
+void model_rope_angles(const struct model *m, bool swa_own, int32_t pos, float *cs);
+void model_rope_head(float *h, const float *cs, int n_rot, enum model_rope_type type);
+
+/* model_bert.c: model_forward_embed for an encoder (hp.encoder_only). Every
+ * entry must be an embedding entry of a sequence whole in the batch and
+ * absent from the cache; attention runs within each sequence's input, never
+ * through the KV cache. */
+ks_status model_bert_forward_embed(const struct model *m, threads_pool *pool, const struct model_batch *b,
+                                   const bool *embed, const struct kv_cache *kv, float *embd, int32_t *n_embd_out);
 
 #endif

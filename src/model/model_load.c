@@ -20,17 +20,21 @@ struct arch_info {
     bool needs_qk_norm;
     bool needs_experts;
     bool fused_qkv_gate_up;  /* phi3: attn_qkv (or attn_q/k/v) and a fused ffn_up */
+    bool encoder;            /* bert, nomic-bert: load_encoder_tensors, model_bert.c */
 };
 
 static const struct arch_info g_archs[] = {
-    {"llama", MODEL_ARCH_LLAMA, MODEL_ROPE_NORMAL, false, false, false, false},
-    {"qwen2", MODEL_ARCH_QWEN2, MODEL_ROPE_NEOX, true, false, false, false},
-    {"qwen3", MODEL_ARCH_QWEN3, MODEL_ROPE_NEOX, false, true, false, false},
-    {"qwen3moe", MODEL_ARCH_QWEN3MOE, MODEL_ROPE_NEOX, false, true, true, false},
-    {"phi3", MODEL_ARCH_PHI3, MODEL_ROPE_NEOX, false, false, false, true},
-    {"gemma2", MODEL_ARCH_GEMMA2, MODEL_ROPE_NEOX, false, false, false, false},
-    {"gemma3", MODEL_ARCH_GEMMA3, MODEL_ROPE_NEOX, false, true, false, false},
-    {"gpt-oss", MODEL_ARCH_GPT_OSS, MODEL_ROPE_NEOX, true, false, true, false},
+    {"llama", MODEL_ARCH_LLAMA, MODEL_ROPE_NORMAL, false, false, false, false, false},
+    {"qwen2", MODEL_ARCH_QWEN2, MODEL_ROPE_NEOX, true, false, false, false, false},
+    {"qwen3", MODEL_ARCH_QWEN3, MODEL_ROPE_NEOX, false, true, false, false, false},
+    {"qwen3moe", MODEL_ARCH_QWEN3MOE, MODEL_ROPE_NEOX, false, true, true, false, false},
+    {"phi3", MODEL_ARCH_PHI3, MODEL_ROPE_NEOX, false, false, false, true, false},
+    {"gemma2", MODEL_ARCH_GEMMA2, MODEL_ROPE_NEOX, false, false, false, false, false},
+    {"gemma3", MODEL_ARCH_GEMMA3, MODEL_ROPE_NEOX, false, true, false, false, false},
+    {"gpt-oss", MODEL_ARCH_GPT_OSS, MODEL_ROPE_NEOX, true, false, true, false, false},
+    /* llama.cpp rotates nomic-bert (and would bert) the NEOX way */
+    {"bert", MODEL_ARCH_BERT, MODEL_ROPE_NEOX, false, false, false, false, true},
+    {"nomic-bert", MODEL_ARCH_NOMIC_BERT, MODEL_ROPE_NEOX, false, false, false, false, true},
 };
 
 static const struct arch_info *arch_find(const struct gguf_str *s)
@@ -103,8 +107,12 @@ static ks_status read_shape(const struct gguf_file *f, const char *a, struct mod
         (st = meta_int(f, a, "attention.head_count", true, 0, &hp->n_head)) ||
         (st = meta_int(f, a, "attention.head_count_kv", false, hp->n_head, &hp->n_head_kv)) ||
         (st = meta_int(f, a, "feed_forward_length", true, 0, &hp->n_ff)) ||
-        (st = meta_int(f, a, "context_length", true, 0, &hp->n_ctx_train)) ||
-        (st = meta_float(f, a, "attention.layer_norm_rms_epsilon", true, 0, &hp->rms_eps)))
+        (st = meta_int(f, a, "context_length", true, 0, &hp->n_ctx_train)))
+        return st;
+    /* encoders normalize with LayerNorm, the others with RMSNorm: one epsilon each */
+    float *eps = hp->encoder_only ? &hp->norm_eps : &hp->rms_eps;
+    if ((st = meta_float(f, a, hp->encoder_only ? "attention.layer_norm_epsilon" : "attention.layer_norm_rms_epsilon",
+                         true, 0, eps)))
         return st;
     /* 0 (rejected below) when the default is needed but does not divide */
     int def_hd = hp->n_embd % hp->n_head == 0 ? hp->n_embd / hp->n_head : 0;
@@ -126,8 +134,9 @@ static ks_status read_shape(const struct gguf_file *f, const char *a, struct mod
     if (hp->n_rot % 2 != 0 || hp->n_rot > hp->head_dim_k)
         return ks_fail(KS_ERR_FORMAT, "%s.rope.dimension_count %d must be even and at most the head size %d", a,
                        hp->n_rot, hp->head_dim_k);
-    if (!(hp->rms_eps > 0) || !(hp->rope_freq_base > 0))
-        return ks_fail(KS_ERR_FORMAT, "rms epsilon and rope.freq_base must be positive");
+    if (!(*eps > 0) || !(hp->rope_freq_base > 0))
+        return ks_fail(KS_ERR_FORMAT, "%s.attention.layer_norm_%sepsilon and rope.freq_base must be positive", a,
+                       hp->encoder_only ? "" : "rms_");
     return KS_OK;
 }
 
@@ -812,6 +821,107 @@ static ks_status load_tensors(struct model *m, const struct arch_info *ai)
     return KS_OK;
 }
 
+/* ---- BERT-family encoders ---------------------------------------------------- */
+
+/* One encoder layer, as llama.cpp's bert loader names them: Q/K/V (bert:
+ * attn_q/k/v with biases; nomic-bert: one attn_qkv, Q's rows then K's then
+ * V's), attn_output, attn_output_norm, the FFN (bert: ffn_up, ffn_down with
+ * biases, GELU; nomic-bert: ffn_gate too, SwiGLU, no biases) and
+ * layer_output_norm. A bias llama.cpp does not require is optional here too. */
+static ks_status load_encoder_layer(struct loader *ld, int il)
+{
+    const struct model_hparams *hp = &ld->m->hp;
+    struct model_layer *L = &ld->m->layers[il];
+    int64_t E = hp->n_embd, q_out = (int64_t)hp->n_head * hp->head_dim_k;
+    int64_t kv_out = (int64_t)hp->n_head_kv * hp->head_dim_k, F = hp->n_ff;
+    bool nomic = hp->arch == MODEL_ARCH_NOMIC_BERT;
+    char n[96];
+    ks_status st;
+#define NAME(s) (snprintf(n, sizeof n, "blk.%d." s, il), n)
+    bool fused = gguf_find_tensor(ld->m->file, NAME("attn_qkv.weight")) != NULL;
+    if (fused) {
+        const float *bqkv = NULL;
+        if ((st = load_fused_qkv(ld, il, L)) ||
+            (st = load_vec(ld, NAME("attn_qkv.bias"), q_out + 2 * kv_out, false, &bqkv)))
+            return st;
+        if (bqkv)
+            L->bq = bqkv, L->bk = bqkv + q_out, L->bv = bqkv + q_out + kv_out;
+    } else if ((st = load_mat(ld, NAME("attn_q.weight"), q_out, E, true, &L->wq)) ||
+               (st = load_mat(ld, NAME("attn_k.weight"), kv_out, E, true, &L->wk)) ||
+               (st = load_mat(ld, NAME("attn_v.weight"), kv_out, E, true, &L->wv)) ||
+               (st = load_vec(ld, NAME("attn_q.bias"), q_out, false, &L->bq)) ||
+               (st = load_vec(ld, NAME("attn_k.bias"), kv_out, false, &L->bk)) ||
+               (st = load_vec(ld, NAME("attn_v.bias"), kv_out, false, &L->bv))) {
+        return st;
+    }
+    if ((st = load_mat(ld, NAME("attn_output.weight"), E, q_out, true, &L->wo)) ||
+        (st = load_vec(ld, NAME("attn_output.bias"), E, false, &L->bo)) ||
+        (st = load_vec(ld, NAME("attn_output_norm.weight"), E, true, &L->attn_out_norm)) ||
+        (st = load_vec(ld, NAME("attn_output_norm.bias"), E, true, &L->attn_out_norm_b)) ||
+        (st = load_mat(ld, NAME("ffn_up.weight"), F, E, true, &L->w_up)) ||
+        (st = load_vec(ld, NAME("ffn_up.bias"), F, false, &L->b_up)) ||
+        (st = load_mat(ld, NAME("ffn_gate.weight"), F, E, nomic, &L->w_gate)) ||
+        (st = load_mat(ld, NAME("ffn_down.weight"), E, F, true, &L->w_down)) ||
+        (st = load_vec(ld, NAME("ffn_down.bias"), E, false, &L->b_down)) ||
+        (st = load_vec(ld, NAME("layer_output_norm.weight"), E, true, &L->layer_out_norm)) ||
+        (st = load_vec(ld, NAME("layer_output_norm.bias"), E, true, &L->layer_out_norm_b)))
+        return st;
+    if (!nomic && L->w_gate.data)
+        return ks_fail(KS_ERR_UNSUPPORTED, "tensor '%s': a gated FFN in a bert file is not supported", n);
+    if ((L->bq != NULL) != (L->bk != NULL) || (L->bq != NULL) != (L->bv != NULL))
+        return ks_fail(KS_ERR_FORMAT, "layer %d: attn_q/k/v biases must be all present or all absent", il);
+    if (gguf_find_tensor(ld->m->file, NAME("ffn_up_exps.weight")) || gguf_find_tensor(ld->m->file, NAME("attn_norm_2.weight")))
+        return ks_fail(KS_ERR_UNSUPPORTED, "tensor '%s': experts and second attention norms (nomic-bert-moe, jina) are not "
+                       "supported", n);
+#undef NAME
+    uint64_t bytes = mat_bytes(&L->wq) + mat_bytes(&L->wk) + mat_bytes(&L->wv) + mat_bytes(&L->wo) +
+                     mat_bytes(&L->w_up) + mat_bytes(&L->w_down) + (L->w_gate.data ? mat_bytes(&L->w_gate) : 0);
+    ld->m->weight_bytes += bytes;
+    ld->m->active_weight_bytes += bytes;
+    return KS_OK;
+}
+
+/* bert / nomic-bert: token embeddings, token_types (row 0 added to every
+ * token), bert's learned positions, the embeddings' LayerNorm, the layers. No
+ * output_norm and no output matrix: the final hidden states are the
+ * embeddings. A classifier head (cls, cls_out: rerankers) is not loaded. */
+static ks_status load_encoder_tensors(struct model *m)
+{
+    const struct model_hparams *hp = &m->hp;
+    size_t E = (size_t)hp->n_embd;
+    size_t per_layer = 3 * (size_t)hp->n_head * hp->head_dim_k + 6 * E + (size_t)hp->n_ff;
+    size_t n_vec = (size_t)hp->n_layer * per_layer + 2 * E;
+    m->vec_store = malloc(n_vec * sizeof(float));
+    m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
+    if (!m->vec_store || !m->layers)
+        return ks_fail(KS_ERR_NOMEM, "out of memory for the model's layer table");
+    struct loader ld = {.m = m, .vec_next = m->vec_store, .vec_end = m->vec_store + n_vec};
+    const struct gguf_tensor_info *types = gguf_find_tensor(m->file, "token_types.weight");
+    int64_t n_types = types ? types->ne[1] : 0;
+    if (types && (n_types < 1 || n_types > 1024))
+        return ks_fail(KS_ERR_FORMAT, "tensor 'token_types.weight' has %lld rows, expected 1..1024", (long long)n_types);
+    ks_status st;
+    if ((st = load_mat(&ld, "token_embd.weight", hp->n_vocab, hp->n_embd, true, &m->tok_embd)) ||
+        (st = load_mat(&ld, "token_types.weight", n_types, hp->n_embd, false, &m->type_embd)) ||
+        (st = load_mat(&ld, "position_embd.weight", hp->n_ctx_train, hp->n_embd, hp->arch == MODEL_ARCH_BERT,
+                       &m->pos_embd)) ||
+        (st = load_vec(&ld, "token_embd_norm.weight", hp->n_embd, true, &m->tok_norm)) ||
+        (st = load_vec(&ld, "token_embd_norm.bias", hp->n_embd, true, &m->tok_norm_b)))
+        return st;
+    if (m->pos_embd.data && hp->arch != MODEL_ARCH_BERT)
+        return ks_fail(KS_ERR_FORMAT, "tensor 'position_embd.weight' in a %s file: it rotates its positions",
+                       hp->arch_name);
+    if (gguf_find_tensor(m->file, "cls.weight") || gguf_find_tensor(m->file, "cls.output.weight"))
+        return ks_fail(KS_ERR_UNSUPPORTED, "tensor 'cls.weight' / 'cls.output.weight': classifier heads (rerankers, "
+                       "pooling rank) are not supported");
+    for (int il = 0; il < hp->n_layer; il++)
+        if ((st = load_encoder_layer(&ld, il)))
+            return st;
+    m->hp.has_qkv_bias = m->layers[0].bq != NULL;
+    m->hp.has_fused_qkv = gguf_find_tensor(m->file, "blk.0.attn_qkv.weight") != NULL;
+    return KS_OK;
+}
+
 /* ---- repacking ------------------------------------------------------------ */
 
 /* A Q4_0 / Q8_0 / IQ4_NL / MXFP4 matrix of the private copy goes into quant_repack's layout in
@@ -886,11 +996,12 @@ static ks_status load_file(struct model *m)
     if (!ai)
         return ks_fail(KS_ERR_UNSUPPORTED,
                        "architecture '%.*s' is not supported (kvserve runs llama, qwen2, qwen3, qwen3moe, phi3, "
-                       "gemma2, gemma3, gpt-oss)",
+                       "gemma2, gemma3, gpt-oss, and the embedding encoders bert, nomic-bert)",
                        (int)(s.len > 64 ? 64 : s.len), s.data);
     m->hp.arch = ai->arch;
     m->hp.arch_name = ai->name;
     m->hp.rope_type = ai->rope_type;
+    m->hp.encoder_only = ai->encoder;
     if ((st = read_shape(m->file, ai->name, &m->hp)) ||
         (st = read_experts(m->file, ai->name, ai->needs_experts, &m->hp)) || (st = read_rope(m, ai->name)) ||
         (ai->arch == MODEL_ARCH_PHI3 && (st = read_stored_window(m->file, ai->name, &m->hp))) ||
@@ -899,7 +1010,7 @@ static ks_status load_file(struct model *m)
         (st = model_read_embed_meta(m->file, ai->name, &m->hp)) ||
         (gemma_version(ai->arch) && (st = read_gemma(m, ai->name, gemma_version(ai->arch)))))
         return st;
-    return load_tensors(m, ai);
+    return ai->encoder ? load_encoder_tensors(m) : load_tensors(m, ai);
 }
 
 ks_status model_load(const char *path, struct model **out) { return model_load_flags(path, 0, out); }
@@ -971,13 +1082,15 @@ void model_set_n_ctx(struct model *m, int32_t n_ctx_seq)
 
 bool model_rope_long(const struct model *m) { return m->rope_long; }
 
-void model_fingerprint(const struct model *m, uint8_t out[16])
+void model_file_fingerprint(const struct gguf_file *f, bool rope_long, uint8_t out[16])
 {
     size_t len = 0;
-    const void *header = gguf_header_bytes(m->file, &len);
+    const void *header = gguf_header_bytes(f, &len);
     XXH128_hash_t h = XXH3_128bits(header, len);
-    if (m->rope_long) /* K rotated with the long factors is another cache's */
+    if (rope_long) /* K rotated with the long factors is another cache's */
         h = XXH3_128bits_withSeed(header, len, 1);
     memcpy(out, &h.low64, 8);
     memcpy(out + 8, &h.high64, 8);
 }
+
+void model_fingerprint(const struct model *m, uint8_t out[16]) { model_file_fingerprint(m->file, m->rope_long, out); }

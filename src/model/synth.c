@@ -63,6 +63,12 @@ static const struct preset g_presets[] = {
      * non-causal attention, and a Qwen3-Embedding-like one with last-token pooling, causal */
     {"tiny-llama-embed", "llama", 256, 2, 4, 2, 64, 512, 2048, 10000.0f, 1e-5f, 0, 0, 0, 0.06f, 1.0f, false, 0},
     {"tiny-qwen3-embed", "qwen3", 256, 2, 4, 2, 64, 512, 2048, 1000000.0f, 1e-6f, 0, 0, 0, 0.06f, 1.0f, false, 0},
+    /* BERT-family encoders with a small made-up WordPiece vocabulary (write_wpm_vocab): bert with CLS
+     * pooling as bge (512 learned positions), nomic-bert with mean pooling as nomic-embed-text; the
+     * eps field is their LayerNorm epsilon */
+    {"tiny-bert-embed", "bert", 256, 2, 4, 4, 64, 512, 512, 10000.0f, 1e-12f, 0, 0, 0, 0.06f, 1.0f, false, 0},
+    {"tiny-nomic-bert-embed", "nomic-bert", 256, 2, 4, 4, 64, 512, 2048, 1000.0f, 1e-12f, 0, 0, 0, 0.06f, 1.0f,
+     false, 0},
 };
 
 /* The embedding presets' pooling (enum model_pooling) and causality. */
@@ -73,6 +79,8 @@ static const struct {
 } g_embed_presets[] = {
     {"tiny-llama-embed", MODEL_POOLING_MEAN, true},
     {"tiny-qwen3-embed", MODEL_POOLING_LAST, false},
+    {"tiny-bert-embed", MODEL_POOLING_CLS, true},
+    {"tiny-nomic-bert-embed", MODEL_POOLING_MEAN, true},
 };
 
 /* The window and soft-capping of the gemma presets. tiny-gemma2's caps are
@@ -133,7 +141,8 @@ const char *model_synth_preset_names(void)
 {
     return "llama-1b smollm2-135m qwen3-0.6b tiny qwen3moe-30b-a3b mixtral-8x7b tiny-qwen3moe tiny-mixtral "
            "tiny-qwen3moe-ties tiny-llama phi3-mini phi4-mini tiny-phi3 tiny-phi3-short gemma3-1b tiny-gemma3 "
-           "tiny-gemma2 gpt-oss-20b tiny-gpt-oss tiny-llama-embed tiny-qwen3-embed";
+           "tiny-gemma2 gpt-oss-20b tiny-gpt-oss tiny-llama-embed tiny-qwen3-embed tiny-bert-embed "
+           "tiny-nomic-bert-embed";
 }
 
 static void spec_from_preset(const struct preset *p, struct model_synth_spec *spec)
@@ -580,8 +589,92 @@ done:
     return st;
 }
 
+static bool is_encoder(const char *arch) { return !strcmp(arch, "bert") || !strcmp(arch, "nomic-bert"); }
+
+/* The words and word pieces of write_wpm_vocab beyond single characters. */
+static const char *const g_wpm_words[] = {
+    "the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "hello", "world", "this", "is", "test",
+    "again", "and", "of", "to", "in", "it", "for", "on", "with", "as", "at", "by", "an", "be", "un",
+    "embed", "model", "token", "text", "search", "query", "passage", "document",
+};
+static const char *const g_wpm_pieces[] = {"ing", "tion", "ment", "ness", "able", "ding", "est", "ful"};
+
+/* One WordPiece vocabulary entry i of write_wpm_vocab, as llama.cpp's
+ * converter stores BERT vocabularies: a word-initial piece prefixed with
+ * U+2581, a continuation ("##x" in the HF vocab) bare, [SPECIAL] as it is. */
+static void wpm_piece(int i, char *buf, size_t cap, int *type)
+{
+    static const char space[] = "\xe2\x96\x81";
+    int n_words = (int)(sizeof g_wpm_words / sizeof g_wpm_words[0]);
+    int n_pieces = (int)(sizeof g_wpm_pieces / sizeof g_wpm_pieces[0]);
+    *type = TOKEN_NORMAL;
+    if (i == 0 || i < 100) {
+        snprintf(buf, cap, i == 0 ? "[PAD]" : "[unused%d]", i - 1);
+        *type = TOKEN_CONTROL;
+    } else if (i <= 103) {
+        snprintf(buf, cap, "%s", i == 100 ? "[UNK]" : i == 101 ? "[CLS]" : i == 102 ? "[SEP]" : "[MASK]");
+        *type = i == 100 ? TOKEN_UNKNOWN : TOKEN_CONTROL;
+    } else if ((i -= 104) < 94 - 26) { /* every printable ASCII character but the capitals, word-initial */
+        int c = 0x21 + i;
+        c += c >= 'A' ? 26 : 0;
+        snprintf(buf, cap, "%s%c", space, c);
+    } else if ((i -= 94 - 26) < 36) { /* letters and digits as continuations */
+        snprintf(buf, cap, "%c", i < 26 ? 'a' + i : '0' + i - 26);
+    } else if ((i -= 36) < n_words) {
+        snprintf(buf, cap, "%s%s", space, g_wpm_words[i]);
+    } else if ((i -= n_words) < n_pieces) {
+        snprintf(buf, cap, "%s", g_wpm_pieces[i]);
+    } else { /* two-letter continuations, "aa", "ab", ... (none equals a piece above) */
+        i -= n_pieces;
+        snprintf(buf, cap, "%c%c", 'a' + i / 26 % 26, 'a' + i % 26);
+    }
+}
+
+/* A small WordPiece ("bert") vocabulary of n_vocab tokens: BERT's special
+ * ids ([PAD] 0, [UNK] 100, [CLS] 101, [SEP] 102, [MASK] 103), the printable
+ * characters word-initial, letters and digits as continuations, a few words
+ * and suffixes, then two-letter continuations; the keys convert_hf_to_gguf
+ * writes for a BERT model. */
+static ks_status write_wpm_vocab(struct gguf_writer *w, int n_vocab)
+{
+    char **strs = calloc((size_t)n_vocab, sizeof *strs);
+    int32_t *types = calloc((size_t)n_vocab, sizeof *types);
+    ks_status st = KS_OK;
+    if (!strs || !types)
+        st = ks_fail(KS_ERR_NOMEM, "synth: out of memory for the vocabulary");
+    for (int i = 0; i < n_vocab && !st; i++) {
+        char buf[32];
+        int type;
+        wpm_piece(i, buf, sizeof buf, &type);
+        types[i] = type;
+        if (!(strs[i] = strdup(buf)))
+            st = ks_fail(KS_ERR_NOMEM, "synth: out of memory for the vocabulary");
+    }
+    if (!st && !(st = gguf_writer_set_str(w, "tokenizer.ggml.model", "bert")) &&
+        !(st = gguf_writer_set_str(w, "tokenizer.ggml.pre", "default")) &&
+        !(st = gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)strs, NULL, (uint64_t)n_vocab)) &&
+        !(st = gguf_writer_set_arr(w, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, types, (uint64_t)n_vocab)) &&
+        !(st = gguf_writer_set_u32(w, "tokenizer.ggml.token_type_count", 2)) &&
+        !(st = gguf_writer_set_u32(w, "tokenizer.ggml.unknown_token_id", 100)) &&
+        !(st = gguf_writer_set_u32(w, "tokenizer.ggml.cls_token_id", 101)) &&
+        !(st = gguf_writer_set_u32(w, "tokenizer.ggml.seperator_token_id", 102)) &&
+        !(st = gguf_writer_set_u32(w, "tokenizer.ggml.padding_token_id", 0)))
+        st = gguf_writer_set_u32(w, "tokenizer.ggml.mask_token_id", 103);
+    if (strs)
+        for (int i = 0; i < n_vocab; i++)
+            free(strs[i]);
+    free(strs), free(types);
+    return st;
+}
+
 static ks_status add_vocab(struct synth *s, const char *vocab_path, int *n_vocab)
 {
+    if (!vocab_path && is_encoder(s->spec->arch)) {
+        *n_vocab = s->spec->n_vocab;
+        if (*n_vocab < 300 || *n_vocab > 26 * 26)
+            return ks_fail(KS_ERR_INVALID_ARG, "synth: a WordPiece vocab size %d must be in [300, 676]", *n_vocab);
+        return write_wpm_vocab(s->w, *n_vocab);
+    }
     if (!vocab_path) {
         *n_vocab = s->spec->n_vocab;
         if (*n_vocab < SYNTH_MIN_VOCAB || *n_vocab > (1 << 20))
@@ -605,6 +698,66 @@ static ks_status add_vocab(struct synth *s, const char *vocab_path, int *n_vocab
         st = gguf_writer_copy_kv(s->w, vf, "tokenizer.");
     *n_vocab = (int)count;
     gguf_close(vf);
+    return st;
+}
+
+/* ---- BERT-family encoders -------------------------------------------------------- */
+
+/* A bert / nomic-bert layer as convert_hf_to_gguf writes one: bert's
+ * separate Q/K/V and FFN with biases, nomic-bert's fused attn_qkv and SwiGLU
+ * without; both with attn_output_norm and layer_output_norm (LayerNorm
+ * weights and biases). */
+static ks_status add_encoder_layer(struct synth *s, int il)
+{
+    const struct model_synth_spec *sp = s->spec;
+    int64_t E = sp->n_embd, F = sp->n_ff;
+    bool nomic = !strcmp(sp->arch, "nomic-bert");
+    const struct fill norm = {1.0f, 0.2f}, bias = {0.0f, 0.1f};
+    char n[96];
+    ks_status st;
+#define NAME(x) (snprintf(n, sizeof n, "blk.%d." x, il), n)
+    if (nomic ? (st = add_matrix(s, NAME("attn_qkv.weight"), ROLE_ATTN_V, il, 3 * E, E))
+              : ((st = add_matrix(s, NAME("attn_q.weight"), ROLE_MATRIX, il, E, E)) ||
+                 (st = add_vector(s, NAME("attn_q.bias"), E, bias)) ||
+                 (st = add_matrix(s, NAME("attn_k.weight"), ROLE_ATTN_K, il, E, E)) ||
+                 (st = add_vector(s, NAME("attn_k.bias"), E, bias)) ||
+                 (st = add_matrix(s, NAME("attn_v.weight"), ROLE_ATTN_V, il, E, E)) ||
+                 (st = add_vector(s, NAME("attn_v.bias"), E, bias))))
+        return st;
+    if ((st = add_matrix(s, NAME("attn_output.weight"), ROLE_MATRIX, il, E, E)) ||
+        (!nomic && (st = add_vector(s, NAME("attn_output.bias"), E, bias))) ||
+        (st = add_vector(s, NAME("attn_output_norm.weight"), E, norm)) ||
+        (st = add_vector(s, NAME("attn_output_norm.bias"), E, bias)) ||
+        (st = add_matrix(s, NAME("ffn_up.weight"), ROLE_MATRIX, il, F, E)) ||
+        (!nomic && (st = add_vector(s, NAME("ffn_up.bias"), F, bias))) ||
+        (nomic && (st = add_matrix(s, NAME("ffn_gate.weight"), ROLE_MATRIX, il, F, E))) ||
+        (st = add_matrix(s, NAME("ffn_down.weight"), ROLE_FFN_DOWN, il, E, F)) ||
+        (!nomic && (st = add_vector(s, NAME("ffn_down.bias"), E, bias))) ||
+        (st = add_vector(s, NAME("layer_output_norm.weight"), E, norm)))
+        return st;
+    return add_vector(s, NAME("layer_output_norm.bias"), E, bias);
+#undef NAME
+}
+
+/* Token embeddings, two token types, bert's learned positions (f32, which
+ * llama-quantize leaves as they are), the embeddings' LayerNorm, the layers;
+ * no output norm or matrix. */
+static ks_status add_encoder(struct synth *s, int n_vocab)
+{
+    const struct model_synth_spec *sp = s->spec;
+    int64_t E = sp->n_embd;
+    float std = sp->init_std > 0 ? sp->init_std : 0.02f;
+    const struct fill small = {0.0f, std * sqrtf(3.0f)}, norm = {1.0f, 0.2f}, bias = {0.0f, 0.1f};
+    ks_status st;
+    if ((st = add_matrix(s, "token_embd.weight", ROLE_EMBD, 0, n_vocab, E)) ||
+        (st = add_tensor(s, "token_types.weight", 1, 2, E, QUANT_F32, small)) ||
+        (!strcmp(sp->arch, "bert") &&
+         (st = add_tensor(s, "position_embd.weight", 1, sp->n_ctx_train, E, QUANT_F32, small))) ||
+        (st = add_vector(s, "token_embd_norm.weight", E, norm)) ||
+        (st = add_vector(s, "token_embd_norm.bias", E, bias)))
+        return st;
+    for (int il = 0; il < sp->n_layer && !st; il++)
+        st = add_encoder_layer(s, il);
     return st;
 }
 
@@ -701,7 +854,9 @@ static ks_status add_hparams(struct synth *s, int n_vocab)
         (st = gguf_writer_set_u32(s->w, KEY("rope.dimension_count"), (uint32_t)(sp->n_rot > 0 ? sp->n_rot : sp->head_dim))) ||
         (st = gguf_writer_set_f32(s->w, KEY("rope.freq_base"), sp->rope_freq_base > 0 ? sp->rope_freq_base : 10000.0f)))
         return st;
-    if ((st = gguf_writer_set_f32(s->w, KEY("attention.layer_norm_rms_epsilon"), sp->rms_eps > 0 ? sp->rms_eps : 1e-5f)))
+    if ((st = gguf_writer_set_f32(s->w, is_encoder(sp->arch) ? KEY("attention.layer_norm_epsilon")
+                                                              : KEY("attention.layer_norm_rms_epsilon"),
+                                  sp->rms_eps > 0 ? sp->rms_eps : 1e-5f)))
         return st;
     if (phi3 && (st = add_phi3_hparams(s)))
         return st;
@@ -736,9 +891,12 @@ static ks_status check_spec(const struct model_synth_spec *sp, bool *qkv_bias, b
 {
     if (!sp->arch || (strcmp(sp->arch, "llama") && strcmp(sp->arch, "qwen2") && strcmp(sp->arch, "qwen3") &&
                       strcmp(sp->arch, "qwen3moe") && strcmp(sp->arch, "phi3") && !is_gemma(sp->arch) &&
-                      strcmp(sp->arch, "gpt-oss")))
-        return ks_fail(KS_ERR_INVALID_ARG, "synth: arch must be llama, qwen2, qwen3, qwen3moe, phi3, gemma2, gemma3 "
-                                           "or gpt-oss");
+                      strcmp(sp->arch, "gpt-oss") && !is_encoder(sp->arch)))
+        return ks_fail(KS_ERR_INVALID_ARG, "synth: arch must be llama, qwen2, qwen3, qwen3moe, phi3, gemma2, gemma3, "
+                                           "gpt-oss, bert or nomic-bert");
+    if (is_encoder(sp->arch) && (sp->n_expert != 0 || sp->n_head * sp->head_dim != sp->n_embd || sp->untied))
+        return ks_fail(KS_ERR_INVALID_ARG, "synth: %s needs n_head * head_dim == n_embd, no experts and no output "
+                                           "matrix", sp->arch);
     /* llama.cpp's phi3 loader: attn_output is (n_embd, n_embd), no experts */
     if (!strcmp(sp->arch, "phi3") && (sp->n_expert != 0 || sp->n_head * sp->head_dim != sp->n_embd))
         return ks_fail(KS_ERR_INVALID_ARG, "synth: phi3 needs n_head * head_dim == n_embd and no experts");
@@ -793,7 +951,10 @@ ks_status model_synth(const struct model_synth_spec *spec, const char *type, con
         return st;
     int n_vocab = 0;
     const struct fill norm = {1.0f, 0.2f};
-    if (!(st = add_vocab(&s, vocab_path, &n_vocab)) && !(st = add_hparams(&s, n_vocab)) &&
+    if (is_encoder(spec->arch)) {
+        if (!(st = add_vocab(&s, vocab_path, &n_vocab)) && !(st = add_hparams(&s, n_vocab)))
+            st = add_encoder(&s, n_vocab);
+    } else if (!(st = add_vocab(&s, vocab_path, &n_vocab)) && !(st = add_hparams(&s, n_vocab)) &&
         !(st = add_matrix(&s, "token_embd.weight", ROLE_EMBD, 0, n_vocab, spec->n_embd)) &&
         !(st = add_vector(&s, "output_norm.weight", spec->n_embd, norm)) &&
         !(st = spec->untied ? add_matrix(&s, "output.weight", ROLE_OUTPUT, 0, n_vocab, spec->n_embd) : KS_OK) &&

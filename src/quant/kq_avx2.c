@@ -76,33 +76,34 @@ static inline void split_scales(__m256i sc16, __m256i *lo, __m256i *hi)
     *hi = _mm256_broadcastsi128_si256(_mm256_extracti128_si256(sc16, 1));
 }
 
-void quant_vec_dot_q2_K_q8_K_avx2(int n, float *s, const void *vx, const void *vy)
+/* A block's isum (unreduced) and msum lanes (kq_block_sums_fn). */
+static inline void q2_K_block(const void *vx, const block_q8_K *y, __m256i *sumi, __m256i *mins)
 {
     const block_q2_K *x = vx;
-    const block_q8_K *y = vy;
     const __m256i m3 = _mm256_set1_epi8(3);
     const __m128i m4 = _mm_set1_epi8(0xF);
-    float acc = 0, accm = 0;
-    for (int i = 0; i < n / QK_K; i++) {
-        kq_prefetch_block(&x[i], sizeof x[i]);
-        const __m128i scb = _mm_loadu_si128((const __m128i *)x[i].scales);
-        const __m256i sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(scb, m4));
-        const __m256i m16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(scb, 4), m4));
-        const __m256i mins = _mm256_madd_epi16(load256(y[i].bsums), m16);
-        __m256i lo, hi;
-        split_scales(sc16, &lo, &hi);
-        __m256i sumi = _mm256_setzero_si256();
-        for (int h = 0; h < 2; h++) {
-            const __m256i bits = load256(x[i].qs + 32 * h);
-            for (int k = 0; k < 4; k++) {
-                const int c = 4 * h + k;
-                const __m256i u = _mm256_and_si256(_mm256_srl_epi16(bits, _mm_cvtsi32_si128(2 * k)), m3);
-                sumi = _mm256_add_epi32(sumi, dot32(u, y[i].qs + 32 * c, pair_scales(lo, hi, c)));
-            }
+    kq_prefetch_block(x, sizeof *x);
+    const __m128i scb = _mm_loadu_si128((const __m128i *)x->scales);
+    const __m256i sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(scb, m4));
+    const __m256i m16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(scb, 4), m4));
+    *mins = _mm256_madd_epi16(load256(y->bsums), m16);
+    __m256i lo, hi;
+    split_scales(sc16, &lo, &hi);
+    __m256i acc = _mm256_setzero_si256();
+    for (int h = 0; h < 2; h++) {
+        const __m256i bits = load256(x->qs + 32 * h);
+        for (int k = 0; k < 4; k++) {
+            const int c = 4 * h + k;
+            const __m256i u = _mm256_and_si256(_mm256_srl_epi16(bits, _mm_cvtsi32_si128(2 * k)), m3);
+            acc = _mm256_add_epi32(acc, dot32(u, y->qs + 32 * c, pair_scales(lo, hi, c)));
         }
-        kq_chains_add(&acc, &accm, vmath_hsum8_epi32(sumi), vmath_hsum8_epi32(mins), x[i].d, x[i].dmin, y[i].d);
     }
-    *s = acc - accm;
+    *sumi = acc;
+}
+
+void quant_vec_dot_q2_K_q8_K_avx2(int n, float *s, const void *vx, const void *vy)
+{
+    kq_dot_by4(n, s, vx, sizeof(block_q2_K), offsetof(block_q2_K, d), offsetof(block_q2_K, dmin), vy, q2_K_block);
 }
 
 void quant_vec_dot_q3_K_q8_K_avx2(int n, float *s, const void *vx, const void *vy)
@@ -154,27 +155,27 @@ static inline __m256i k4_dot_chunk(__m256i u, const int8_t *q8, __m256i sc_bcast
     return dot32(u, q8, _mm256_shuffle_epi8(sc_bcast, load256(kq_same_ctrl[j])));
 }
 
-void quant_vec_dot_q4_K_q8_K_avx2(int n, float *s, const void *vx, const void *vy)
+static inline void q4_K_block(const void *vx, const block_q8_K *y, __m256i *sumi, __m256i *mins)
 {
     const block_q4_K *x = vx;
-    const block_q8_K *y = vy;
     const __m256i m4 = _mm256_set1_epi8(0xF);
-    float acc = 0, accm = 0;
-    for (int i = 0; i < n / QK_K; i++) {
-        kq_prefetch_block(&x[i], sizeof x[i]);
-        __m256i sc;
-        const __m128i mins = k4_scales(&y[i], x[i].scales, &sc);
-        __m256i sumi = _mm256_setzero_si256();
-        for (int j = 0; j < QK_K / 64; j++) {
-            const __m256i bits = load256(x[i].qs + 32 * j);
-            const __m256i ul = _mm256_and_si256(bits, m4);
-            const __m256i uh = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
-            sumi = _mm256_add_epi32(sumi, k4_dot_chunk(ul, y[i].qs + 64 * j, sc, 2 * j));
-            sumi = _mm256_add_epi32(sumi, k4_dot_chunk(uh, y[i].qs + 64 * j + 32, sc, 2 * j + 1));
-        }
-        kq_chains_add(&acc, &accm, vmath_hsum8_epi32(sumi), hsum_epi32_4(mins), x[i].d, x[i].dmin, y[i].d);
+    kq_prefetch_block(x, sizeof *x);
+    __m256i sc;
+    *mins = _mm256_zextsi128_si256(k4_scales(y, x->scales, &sc));
+    __m256i acc = _mm256_setzero_si256();
+    for (int j = 0; j < QK_K / 64; j++) {
+        const __m256i bits = load256(x->qs + 32 * j);
+        const __m256i ul = _mm256_and_si256(bits, m4);
+        const __m256i uh = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+        acc = _mm256_add_epi32(acc, k4_dot_chunk(ul, y->qs + 64 * j, sc, 2 * j));
+        acc = _mm256_add_epi32(acc, k4_dot_chunk(uh, y->qs + 64 * j + 32, sc, 2 * j + 1));
     }
-    *s = acc - accm;
+    *sumi = acc;
+}
+
+void quant_vec_dot_q4_K_q8_K_avx2(int n, float *s, const void *vx, const void *vy)
+{
+    kq_dot_by4(n, s, vx, sizeof(block_q4_K), offsetof(block_q4_K, d), offsetof(block_q4_K, dmin), vy, q4_K_block);
 }
 
 void quant_vec_dot_q5_K_q8_K_avx2(int n, float *s, const void *vx, const void *vy)

@@ -14,6 +14,7 @@
  * a zmm and shifts each half by its own count (vpsrlvw), which turns the
  * ggml interleaved layouts into 64 consecutive quants without shuffles. */
 #include "quant/kq_internal.h"
+#include "vmath/vmath_simd.h"
 
 #if defined(KQ_HAVE_AVX512)
 #include <immintrin.h>
@@ -31,6 +32,12 @@ static const uint16_t kq_scale_idx[4][32] = {
 static inline __m512i load512(const void *p) { return _mm512_loadu_si512(p); }
 static inline __m256i load256(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
 static inline __m512i bcast256(const void *p) { return _mm512_broadcast_i64x4(load256(p)); }
+
+/* The two halves added: eight int32 lanes with the same total. */
+static inline __m256i fold512(__m512i v)
+{
+    return _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+}
 
 /* Per-16-bit-lane shift counts: a in the low half, b in the high half. */
 static inline __m512i half_counts(int a, int b)
@@ -54,38 +61,31 @@ static inline __m512i dot64(__m512i acc, __m512i u, const int8_t *q8, __m512i sc
 #endif
 }
 
-static inline int32_t hsum_epi32_8(__m256i v)
+static inline void q2_K_block(const void *vx, const block_q8_K *y, __m256i *sumi, __m256i *mins)
 {
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
-    return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 1)));
+    const block_q2_K *x = vx;
+    const __m512i m3 = _mm512_set1_epi8(3);
+    const __m512i cnt_lo = half_counts(0, 2), cnt_hi = half_counts(4, 6);
+    const __m128i m4 = _mm_set1_epi8(0xF);
+    kq_prefetch_block(x, sizeof *x);
+    const __m128i scb = _mm_loadu_si128((const __m128i *)x->scales);
+    const __m512i sc16 = _mm512_zextsi256_si512(_mm256_cvtepu8_epi16(_mm_and_si128(scb, m4)));
+    const __m256i m16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(scb, 4), m4));
+    *mins = _mm256_madd_epi16(load256(y->bsums), m16);
+    __m512i acc = _mm512_setzero_si512();
+    for (int h = 0; h < 2; h++) {
+        const __m512i bits = bcast256(x->qs + 32 * h);
+        const __m512i u0 = _mm512_and_si512(_mm512_srlv_epi16(bits, cnt_lo), m3);
+        const __m512i u1 = _mm512_and_si512(_mm512_srlv_epi16(bits, cnt_hi), m3);
+        acc = dot64(acc, u0, y->qs + 128 * h, chunk_scales(sc16, 2 * h));
+        acc = dot64(acc, u1, y->qs + 128 * h + 64, chunk_scales(sc16, 2 * h + 1));
+    }
+    *sumi = fold512(acc);
 }
 
 void quant_vec_dot_q2_K_q8_K_avx512(int n, float *s, const void *vx, const void *vy)
 {
-    const block_q2_K *x = vx;
-    const block_q8_K *y = vy;
-    const __m512i m3 = _mm512_set1_epi8(3);
-    const __m512i cnt_lo = half_counts(0, 2), cnt_hi = half_counts(4, 6);
-    const __m128i m4 = _mm_set1_epi8(0xF);
-    float acc = 0, accm = 0;
-    for (int i = 0; i < n / QK_K; i++) {
-        kq_prefetch_block(&x[i], sizeof x[i]);
-        const __m128i scb = _mm_loadu_si128((const __m128i *)x[i].scales);
-        const __m512i sc16 = _mm512_zextsi256_si512(_mm256_cvtepu8_epi16(_mm_and_si128(scb, m4)));
-        const __m256i m16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(scb, 4), m4));
-        const __m256i mins = _mm256_madd_epi16(load256(y[i].bsums), m16);
-        __m512i sumi = _mm512_setzero_si512();
-        for (int h = 0; h < 2; h++) {
-            const __m512i bits = bcast256(x[i].qs + 32 * h);
-            const __m512i u0 = _mm512_and_si512(_mm512_srlv_epi16(bits, cnt_lo), m3);
-            const __m512i u1 = _mm512_and_si512(_mm512_srlv_epi16(bits, cnt_hi), m3);
-            sumi = dot64(sumi, u0, y[i].qs + 128 * h, chunk_scales(sc16, 2 * h));
-            sumi = dot64(sumi, u1, y[i].qs + 128 * h + 64, chunk_scales(sc16, 2 * h + 1));
-        }
-        kq_chains_add(&acc, &accm, _mm512_reduce_add_epi32(sumi), hsum_epi32_8(mins), x[i].d, x[i].dmin, y[i].d);
-    }
-    *s = acc - accm;
+    kq_dot_by4(n, s, vx, sizeof(block_q2_K), offsetof(block_q2_K, d), offsetof(block_q2_K, dmin), vy, q2_K_block);
 }
 
 /* ---- Q4_K: sub-block sums by bytes, scaled as int16 pairs ------------------
@@ -186,32 +186,62 @@ static inline __attribute__((always_inline)) void k4_block_load(const block_q4_K
     k->dmin = kq_f16_to_f32(x->dmin);
 }
 
-static inline __attribute__((always_inline)) void k4_block_dot(const struct k4_block *k, const block_q8_K *y,
-                                                                float *acc, float *accm)
+/* One block's two exact sums against one token, left unreduced: sumi (per
+ * dword lane) and the mins against the bsums. */
+static inline __attribute__((always_inline)) void k4_block_sums(const struct k4_block *k, const block_q8_K *y,
+                                                                 __m256i *sumi, __m256i *mins)
 {
     __m512i p[4];
     for (int c = 0; c < 4; c++)
         p[c] = dot_bytes(k->u[c], load512(y->qs + 64 * c));
-    __m512i sumi = dot_words(_mm512_setzero_si512(), _mm512_packs_epi32(p[0], p[1]), k->sc[0]);
-    sumi = dot_words(sumi, _mm512_packs_epi32(p[2], p[3]), k->sc[1]);
-    const __m256i mins = _mm256_madd_epi16(load256(y->bsums), k->m16);
-    *acc = fmaf((float)_mm512_reduce_add_epi32(sumi), k->d * y->d, *acc);
-    *accm = fmaf((float)hsum_epi32_8(mins), k->dmin * y->d, *accm);
+    const __m512i s = dot_words(_mm512_setzero_si512(), _mm512_packs_epi32(p[0], p[1]), k->sc[0]);
+    *sumi = fold512(dot_words(s, _mm512_packs_epi32(p[2], p[3]), k->sc[1]));
+    *mins = _mm256_madd_epi16(load256(y->bsums), k->m16);
 }
 
-/* ==== one weight row x several tokens ===================================== */
-/* Each block is unpacked once and multiplied with every token's Q8_K row,
- * with the per-block code of k4_block_*; the one-token Q4_K vec_dot is this
- * kernel at nt = 1, so a token gets the same bits alone and in a batch. */
+/* ==== one weight row x one token, and x several tokens ===================
+ * Every block ends in two exact integer sums per token, which the scalar
+ * reference turns into floats at once: acc = fma(isum, d * dy, acc), accm =
+ * fma(msum, dmin * dy, accm), block after block. A horizontal sum per block
+ * and per token cost more than the block's dot, so the sums are reduced
+ * eight at a time: one token's 4 blocks (sumi and mins) together, or one
+ * block's sums for up to 8 tokens, whose float chains then run side by
+ * side in the lanes. The float steps are the reference's, in its order, so
+ * a token gets the same bits alone, in a batch and from the scalar twin. */
+
+static inline __attribute__((always_inline)) void q4_K_one(int n, float *s, const block_q4_K *x,
+                                                           const block_q8_K *y)
+{
+    const int nb = n / QK_K;
+    float acc = 0, accm = 0;
+    for (int i0 = 0; i0 < nb; i0 += 4) {
+        const int nblk = nb - i0 < 4 ? nb - i0 : 4;
+        __m512i w[2];
+        k4_scales4(x + i0, nblk, w);
+        __m256i v[8];
+        quant_f16 d[4], dmin[4];
+        for (int b = 0; b < 4; b++) {
+            v[b] = v[4 + b] = _mm256_setzero_si256();
+            if (b < nblk) {
+                kq_prefetch_block(&x[i0 + b], sizeof x[i0 + b]);
+                struct k4_block k;
+                k4_block_load(&x[i0 + b], w, b, &k);
+                k4_block_sums(&k, &y[i0 + b], &v[b], &v[4 + b]);
+                d[b] = x[i0 + b].d;
+                dmin[b] = x[i0 + b].dmin;
+            }
+        }
+        kq_chains_add4(&acc, &accm, v, nblk, d, dmin, &y[i0]);
+    }
+    *s = acc - accm;
+}
 
 static inline __attribute__((always_inline)) void q4_K_multi(int n, int nt, float *s, size_t s_stride,
                                                              const block_q4_K *x, const uint8_t *y,
                                                              size_t y_stride)
 {
     const int nb = n / QK_K;
-    float acc[KQ_DOT_MAX_TOKENS], accm[KQ_DOT_MAX_TOKENS];
-    for (int t = 0; t < nt; t++)
-        acc[t] = accm[t] = 0;
+    __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
     for (int i0 = 0; i0 < nb; i0 += 4) {
         __m512i w[2];
         k4_scales4(x + i0, nb - i0 < 4 ? nb - i0 : 4, w);
@@ -219,36 +249,48 @@ static inline __attribute__((always_inline)) void q4_K_multi(int n, int nt, floa
             kq_prefetch_block(&x[i], sizeof x[i]);
             struct k4_block k;
             k4_block_load(&x[i], w, i - i0, &k);
-            for (int t = 0; t < nt; t++)
-                k4_block_dot(&k, (const block_q8_K *)(y + t * y_stride) + i, &acc[t], &accm[t]);
+            __m256i si[8], mi[8];
+            _Alignas(32) float yd[8] = {0};
+            for (int t = 0; t < 8; t++) {
+                si[t] = mi[t] = _mm256_setzero_si256();
+                if (t < nt) {
+                    const block_q8_K *yt = (const block_q8_K *)(y + t * y_stride) + i;
+                    k4_block_sums(&k, yt, &si[t], &mi[t]);
+                    yd[t] = yt->d;
+                }
+            }
+            const __m256 vyd = _mm256_load_ps(yd);
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(vmath_sums8_epi32(si)), _mm256_mul_ps(_mm256_set1_ps(k.d), vyd), acc);
+            accm = _mm256_fmadd_ps(_mm256_cvtepi32_ps(vmath_sums8_epi32(mi)), _mm256_mul_ps(_mm256_set1_ps(k.dmin), vyd), accm);
         }
     }
-    for (int t = 0; t < nt; t++) s[t * s_stride] = acc[t] - accm[t];
+    _Alignas(32) float out[8];
+    _mm256_store_ps(out, _mm256_sub_ps(acc, accm));
+    for (int t = 0; t < nt; t++) s[t * s_stride] = out[t];
 }
 
-/* One token: the multi kernel at nt = 1 (a constant), the same code and bits. */
 void quant_vec_dot_q4_K_q8_K_avx512(int n, float *s, const void *vx, const void *vy)
 {
-    q4_K_multi(n, 1, s, 0, vx, vy, 0);
+    q4_K_one(n, s, vx, vy);
 }
 
 /* nt is dispatched to constants so the token loops unroll; more than
  * KQ_DOT_MAX_TOKENS tokens are done in groups. Groups of 8 tokens beat 4 by
  * about 8% in llama-1b q4_k_m pp512 (each block unpacked once for 8). */
-#define KQ_MULTI_CASE(t, k) case k: t##_multi(n, k, s, s_stride, x, y, y_stride); break;
-#define KQ_MULTI_ENTRY(t)                                                                                    \
-    void quant_vec_dot_##t##_q8_K_multi_avx512(int n, int nt, float *s, size_t s_stride, const void *x,     \
-                                                const void *vy, size_t y_stride)                              \
-    {                                                                                                        \
-        const uint8_t *y = vy;                                                                               \
-        for (; nt > 0; nt -= KQ_DOT_MAX_TOKENS, s += KQ_DOT_MAX_TOKENS * s_stride, y += KQ_DOT_MAX_TOKENS * y_stride) \
-            switch (nt < KQ_DOT_MAX_TOKENS ? nt : KQ_DOT_MAX_TOKENS) {                                       \
-                KQ_MULTI_CASE(t, 1) KQ_MULTI_CASE(t, 2) KQ_MULTI_CASE(t, 3) KQ_MULTI_CASE(t, 4)             \
-                KQ_MULTI_CASE(t, 5) KQ_MULTI_CASE(t, 6) KQ_MULTI_CASE(t, 7) KQ_MULTI_CASE(t, 8)             \
-            }                                                                                                \
-    }
-_Static_assert(KQ_DOT_MAX_TOKENS == 8, "KQ_MULTI_ENTRY dispatches 1..8 tokens");
-KQ_MULTI_ENTRY(q4_K)
+void quant_vec_dot_q4_K_q8_K_multi_avx512(int n, int nt, float *s, size_t s_stride, const void *x, const void *vy,
+                                          size_t y_stride)
+{
+    _Static_assert(KQ_DOT_MAX_TOKENS == 8, "the token lanes are one __m256");
+    const uint8_t *y = vy;
+    for (; nt > 0; nt -= KQ_DOT_MAX_TOKENS, s += KQ_DOT_MAX_TOKENS * s_stride, y += KQ_DOT_MAX_TOKENS * y_stride)
+        switch (nt < KQ_DOT_MAX_TOKENS ? nt : KQ_DOT_MAX_TOKENS) {
+        case 1: q4_K_one(n, s, x, (const block_q8_K *)y); break;
+#define KQ_MULTI_CASE(k) case k: q4_K_multi(n, k, s, s_stride, x, y, y_stride); break;
+        KQ_MULTI_CASE(2) KQ_MULTI_CASE(3) KQ_MULTI_CASE(4) KQ_MULTI_CASE(5) KQ_MULTI_CASE(6) KQ_MULTI_CASE(7)
+        KQ_MULTI_CASE(8)
+#undef KQ_MULTI_CASE
+        }
+}
 
 /* ==== Q8_K activations ==================================================== */
 

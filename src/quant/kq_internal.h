@@ -19,6 +19,7 @@
 #define KS_QUANT_KQ_INTERNAL_H
 
 #include <math.h>
+#include <stddef.h>
 #include <string.h>
 
 #include "quant/quant.h"
@@ -274,6 +275,54 @@ static inline void kq_chains_add(float *acc, float *accm, int32_t isum, int32_t 
     *acc = fmaf((float)isum, kq_f16_to_f32(d) * yd, *acc);
     *accm = fmaf((float)msum, kq_f16_to_f32(dmin) * yd, *accm);
 }
+
+#if defined(KQ_HAVE_AVX2)
+#include "vmath/vmath_simd.h"
+/* Up to four consecutive blocks into the chains, in block order: v[b] holds
+ * block b's isum and v[4 + b] its msum, each as unreduced int32 lanes (zero
+ * for b >= nblk); d, dmin the blocks' scales; y the first block's
+ * activations. One horizontal sum of eight vectors serves the four blocks
+ * where one per sum cost more than a block's dot product. */
+static inline void kq_chains_add4(float *acc, float *accm, const __m256i v[8], int nblk, const quant_f16 d[4],
+                                  const quant_f16 dmin[4], const block_q8_K *y)
+{
+    _Alignas(32) int32_t sums[8];
+    _mm256_store_si256((__m256i *)sums, vmath_sums8_epi32(v));
+    for (int b = 0; b < nblk; b++)
+        kq_chains_add(acc, accm, sums[b], sums[4 + b], d[b], dmin[b], y[b].d);
+}
+
+/* One block's isum and msum as unreduced int32 lanes. */
+typedef void (*kq_block_sums_fn)(const void *x, const block_q8_K *y, __m256i *sumi, __m256i *mins);
+
+/* A Q2_K / Q4_K vec_dot: block_sums on every block (x_bytes each, d and dmin
+ * at those offsets), four blocks into the chains at a time. Inlined with a
+ * constant block_sums, so each kernel is one loop. */
+static inline __attribute__((always_inline)) void kq_dot_by4(int n, float *s, const void *vx, size_t x_bytes,
+                                                             size_t d_at, size_t dmin_at, const block_q8_K *y,
+                                                             kq_block_sums_fn block_sums)
+{
+    const uint8_t *x = vx;
+    const int nb = n / QK_K;
+    float acc = 0, accm = 0;
+    for (int i0 = 0; i0 < nb; i0 += 4) {
+        const int nblk = nb - i0 < 4 ? nb - i0 : 4;
+        __m256i v[8];
+        quant_f16 d[4], dmin[4];
+        for (int b = 0; b < 4; b++) {
+            v[b] = v[4 + b] = _mm256_setzero_si256();
+            if (b < nblk) {
+                const uint8_t *xb = x + (size_t)(i0 + b) * x_bytes;
+                block_sums(xb, &y[i0 + b], &v[b], &v[4 + b]);
+                memcpy(&d[b], xb + d_at, sizeof d[b]);
+                memcpy(&dmin[b], xb + dmin_at, sizeof dmin[b]);
+            }
+        }
+        kq_chains_add4(&acc, &accm, v, nblk, d, dmin, &y[i0]);
+    }
+    *s = acc - accm;
+}
+#endif
 
 /* Q4_K/Q5_K pack 8 six-bit scales and 8 six-bit mins into 12 bytes:
  * bytes 0-3 low 6 bits of scales 0-3, bytes 4-7 low 6 bits of mins 0-3,

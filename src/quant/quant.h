@@ -327,6 +327,11 @@ void quant_swiglu_oai_scalar(float *gate, const float *up, int64_t n);
  * above 10). The SIMD path and the scalar twin give the same bits. */
 void quant_geglu(float *gate, const float *up, int64_t n);
 void quant_geglu_scalar(float *gate, const float *up, int64_t n);
+/* GELU (BERT's FFN, ggml_gelu): x[i] = gelu(x[i]) for i < n, by the same
+ * table and thresholds as quant_geglu, so its values for an up of 1 (ggml's
+ * ggml_vec_gelu_f32 with GGML_GELU_FP16). Scalar only: an encoder's FFN runs
+ * it once per token and layer. */
+void quant_gelu(float *x, int64_t n);
 /* The table's entry for f16 bits h (tests compare it with ggml's). */
 quant_f16 quant_gelu_table_entry(quant_f16 h);
 

@@ -69,6 +69,13 @@ static void geglu_scalar(const float *T, float *gate, const float *up, int64_t n
 
 void quant_geglu_scalar(float *gate, const float *up, int64_t n) { geglu_scalar(gelu_table(), gate, up, n); }
 
+void quant_gelu(float *x, int64_t n)
+{
+    const float *T = gelu_table();
+    for (int64_t i = 0; i < n; i++)
+        x[i] = x[i] <= GELU_LOW ? 0.0f : x[i] >= GELU_HIGH ? x[i] : T[quant_f32_to_f16(x[i])];
+}
+
 #if defined(QUANT_HAVE_AVX512)
 void quant_geglu(float *gate, const float *up, int64_t n)
 {

@@ -551,11 +551,12 @@ static int32_t truncate_candidates(struct sampler *s, struct temp_scale ts)
 
 /* Truncation sees the untempered logits (temperature is llama.cpp's last
  * stage); the draw is tempered. */
-static int32_t sample_stochastic(struct sampler *s, float max)
+/* *k: the truncated candidates (0: the whole vocabulary), for post_probs. */
+static int32_t sample_stochastic(struct sampler *s, float max, int32_t *k)
 {
     struct temp_scale ts = {max, 1.0f / s->p.temp}, untempered = {max, 1.0f};
-    int32_t k = truncate_candidates(s, untempered);
-    return k > 0 ? draw_from(s, s->cands, k, ts, -1) : draw_full(s, ts, -1);
+    *k = truncate_candidates(s, untempered);
+    return *k > 0 ? draw_from(s, s->cands, *k, ts, -1) : draw_full(s, ts, -1);
 }
 
 /* The probability of token under the step's truncated distribution (k
@@ -579,15 +580,53 @@ static double candidate_prob(const struct sampler *s, int32_t k, struct temp_sca
  * draft, renormalized. The result is distributed as p exactly:
  * P(x = draft) = p(draft), and for y != draft,
  * P(x = y) = (1 - p(draft)) * p(y) / (1 - p(draft)) = p(y). */
-static int32_t verify_stochastic(struct sampler *s, float max, int32_t draft, bool *accepted)
+static int32_t verify_stochastic(struct sampler *s, float max, int32_t draft, bool *accepted, int32_t *k)
 {
     struct temp_scale ts = {max, 1.0f / s->p.temp}, untempered = {max, 1.0f};
-    int32_t k = truncate_candidates(s, untempered);
-    double p = candidate_prob(s, k, ts, draft);
+    *k = truncate_candidates(s, untempered);
+    double p = candidate_prob(s, *k, ts, draft);
     *accepted = sample_uniform01(s) < p;
     if (*accepted)
         return draft;
-    return k > 0 ? draw_from(s, s->cands, k, ts, draft) : draw_full(s, ts, draft);
+    return *k > 0 ? draw_from(s, s->cands, *k, ts, draft) : draw_full(s, ts, draft);
+}
+
+/* post_sampling_probs on the fast path: the token's probability and the
+ * best alternatives under the step's truncated, tempered distribution (k
+ * candidates in s->cands, 0: all of s->work); greedy: the token alone, with
+ * probability 1, as llama-server lists it. The chain path fills them itself. */
+static void post_probs_fast(struct sampler *s, float max, int32_t k, struct sample_result *out)
+{
+    int32_t n_top = s->p.n_logprobs;
+    if (s->p.temp <= 0.0f) {
+        out->prob = 1.0f;
+        out->logprob = 0.0f;
+        out->n_top = n_top < 1 ? n_top : 1;
+        if (out->n_top)
+            out->top[0] = (struct sample_logprob){out->token, 0.0f, 1.0f};
+        return;
+    }
+    struct temp_scale ts = {max, 1.0f / s->p.temp};
+    out->prob = (float)candidate_prob(s, k, ts, out->token);
+    out->logprob = logf(out->prob);
+    struct cand best[SAMPLE_MAX_LOGPROBS];
+    if (k == 0) {
+        n_top = n_top < s->n_vocab ? n_top : s->n_vocab;
+        sample_select_top(s->work, s->n_vocab, n_top, best);
+    } else {
+        n_top = n_top < k ? n_top : k;
+        for (int32_t i = 0; i < n_top; i++) /* selection: n_top is at most SAMPLE_MAX_LOGPROBS */
+            for (int32_t j = i + 1; j < k; j++)
+                if (better(s->cands[j], s->cands[i]))
+                    swap_cand(&s->cands[i], &s->cands[j]);
+        memcpy(best, s->cands, (size_t)n_top * sizeof *best);
+    }
+    qsort(best, (size_t)n_top, sizeof *best, cmp_better_first);
+    out->n_top = n_top;
+    for (int32_t i = 0; i < n_top; i++) {
+        float p = (float)candidate_prob(s, k, ts, best[i].id);
+        out->top[i] = (struct sample_logprob){best[i].id, logf(p), p};
+    }
 }
 
 /* ---- logprobs ------------------------------------------------------------ */
@@ -607,7 +646,7 @@ static void fill_logprobs(struct sampler *s, float max, struct sample_result *ou
     memcpy(sorted, src, (size_t)n_top * sizeof *sorted);
     qsort(sorted, (size_t)n_top, sizeof *sorted, cmp_better_first);
     for (int32_t i = 0; i < n_top; i++)
-        out->top[i] = (struct sample_logprob){sorted[i].id, sorted[i].logit - lse};
+        out->top[i] = (struct sample_logprob){.token = sorted[i].id, .logprob = sorted[i].logit - lse};
 }
 
 /* ---- the step ------------------------------------------------------------ */
@@ -661,15 +700,20 @@ ks_status sample_next(struct sampler *s, const float *logits, const int32_t *his
         return st;
     memset(out, 0, sizeof *out);
     bool unused;
+    struct sample_result *post = s->p.post_sampling_probs ? out : NULL;
+    int32_t k = 0;
     if (s->chain)
-        st = sample_chain_pick(s, history, n_history, first, -1, &out->token, &unused);
+        st = sample_chain_pick(s, history, n_history, first, -1, &out->token, &unused, post);
     else if (s->p.temp <= 0.0f)
         out->token = argmax;
     else
-        out->token = sample_stochastic(s, max);
+        out->token = sample_stochastic(s, max, &k);
     if (st)
         return st;
-    fill_logprobs(s, max, out);
+    if (!post)
+        fill_logprobs(s, max, out);
+    else if (!s->chain)
+        post_probs_fast(s, max, k, out);
     return s->grammar ? grammar_accept(s->grammar, out->token) : KS_OK;
 }
 
@@ -689,16 +733,21 @@ ks_status sample_verify(struct sampler *s, const float *logits, const int32_t *h
     if (st)
         return st;
     memset(out, 0, sizeof *out);
+    struct sample_result *post = s->p.post_sampling_probs ? out : NULL;
+    int32_t k = 0;
     if (s->chain) {
-        if ((st = sample_chain_pick(s, history, n_history, first, draft, &out->token, accepted)))
+        if ((st = sample_chain_pick(s, history, n_history, first, draft, &out->token, accepted, post)))
             return st;
     } else if (s->p.temp <= 0.0f) {
         out->token = argmax;
         *accepted = argmax == draft;
     } else {
-        out->token = verify_stochastic(s, max, draft, accepted);
+        out->token = verify_stochastic(s, max, draft, accepted, &k);
     }
-    fill_logprobs(s, max, out);
+    if (!post)
+        fill_logprobs(s, max, out);
+    else if (!s->chain)
+        post_probs_fast(s, max, k, out);
     return s->grammar ? grammar_accept(s->grammar, out->token) : KS_OK;
 }
 

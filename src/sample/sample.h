@@ -134,17 +134,24 @@ struct sample_params {
      * does not run); n_order 0: llama-server's default order. */
     enum sample_stage order[SAMPLE_MAX_STAGES];
     int n_order;
+    /* The reported probabilities (the token's and n_logprobs alternatives)
+     * are the final distribution's, after every stage (llama-server's
+     * post_sampling_probs), not the raw logits' softmax. */
+    bool post_sampling_probs;
 };
 
 struct sample_logprob {
     int32_t token;
     float logprob;
+    float prob;        /* post_sampling_probs: the probability the draw gave it (logprob its log); else 0 */
 };
 
 struct sample_result {
     int32_t token;
     float logprob;                                      /* of the chosen token */
-    int n_top;                                          /* = params.n_logprobs */
+    float prob;                                         /* post_sampling_probs: its probability; else 0 */
+    int n_top;                                          /* = params.n_logprobs (post_sampling_probs: at most
+                                                           the final distribution's candidates) */
     struct sample_logprob top[SAMPLE_MAX_LOGPROBS];     /* best first */
 };
 

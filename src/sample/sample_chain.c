@@ -582,8 +582,23 @@ static ks_status final_distribution(struct sampler *s, const int32_t *history, i
     return KS_OK;
 }
 
+/* llama-server's post-sampling probabilities: the final distribution is
+ * sorted best first, so its head is the alternatives. At temperature 0 only
+ * the drawn token has a probability, and llama-server lists it alone. */
+static void post_probs(const struct sampler *s, const struct chain *ch, int32_t at, struct sample_result *out)
+{
+    out->prob = ch->c[at].p;
+    out->logprob = logf(ch->c[at].p);
+    int32_t n = ch->n;
+    while (n > 1 && ch->c[n - 1].p == 0.0f && s->p.temp <= 0.0f)
+        n--;
+    out->n_top = s->p.n_logprobs < n ? s->p.n_logprobs : n;
+    for (int i = 0; i < out->n_top; i++)
+        out->top[i] = (struct sample_logprob){ch->c[i].id, logf(ch->c[i].p), ch->c[i].p};
+}
+
 ks_status sample_chain_pick(struct sampler *s, const int32_t *history, int32_t n_history, int first, int32_t draft,
-                            int32_t *token, bool *accepted)
+                            int32_t *token, bool *accepted, struct sample_result *post)
 {
     struct chain ch;
     *accepted = false;
@@ -595,6 +610,8 @@ ks_status sample_chain_pick(struct sampler *s, const int32_t *history, int32_t n
     if (s->p.mirostat != 0)
         s->mirostat_mu -= s->p.mirostat_eta * (-log2f(ch.c[at].p) - s->p.mirostat_tau);
     *token = ch.c[at].id;
+    if (post)
+        post_probs(s, &ch, at, post);
     return KS_OK;
 }
 

@@ -76,9 +76,11 @@ void sample_chain_free(struct sampler *s);
  * first stage they leave. */
 ks_status sample_chain_lead(struct sampler *s, const int32_t *history, int32_t n_history, int *first);
 /* The rest of the chain from order[first] and the draw. draft >= 0: verify
- * it (rejection sampling against a one-hot proposal) and set *accepted. */
+ * it (rejection sampling against a one-hot proposal) and set *accepted.
+ * post (NULL: none): receives the drawn token's probability and the best
+ * n_logprobs candidates of the final distribution (post_sampling_probs). */
 ks_status sample_chain_pick(struct sampler *s, const int32_t *history, int32_t n_history, int first, int32_t draft,
-                            int32_t *token, bool *accepted);
+                            int32_t *token, bool *accepted, struct sample_result *post);
 
 /* The step's final distribution (softmaxed, before the draw; mirostat's mu
  * unchanged), for tests: *out points into the sampler, valid until its next call. */

@@ -246,7 +246,10 @@ static ks_status check_request(const struct sched *s, const struct sched_request
         return ks_fail(KS_ERR_INVALID_ARG, "request needs a non-empty prompt and an event callback");
     if (rq->max_tokens < 0)
         return ks_fail(KS_ERR_INVALID_ARG, "max_tokens must not be negative (got %d)", rq->max_tokens);
-    if (rq->n_prompt >= s->cfg.ctx_size)
+    if (rq->embed && rq->n_prompt > s->cfg.ctx_size) /* an embedding generates nothing: it may fill the context */
+        return ks_fail(KS_ERR_RANGE, "the input has %d tokens but the context holds %d", rq->n_prompt,
+                       s->cfg.ctx_size);
+    if (!rq->embed && rq->n_prompt >= s->cfg.ctx_size)
         return ks_fail(KS_ERR_RANGE, "the prompt has %d tokens but the context holds %d (leave room for one generated token)",
                        rq->n_prompt, s->cfg.ctx_size);
     if (rq->embed && (!s->eng.forward_embd || s->eng.n_embd < 1))

@@ -158,6 +158,13 @@ void sched_engine_model_set_store(struct sched_engine *e, struct store *store);
  * kept locally (RAM, and the SSD tier if any). */
 struct store_redis;
 void sched_engine_model_set_redis(struct sched_engine *e, struct store_redis *redis);
+/* KV events: every full page key the engine's cache gains or loses goes to
+ * events (borrowed; NULL: none). key_layout: the cache's (kv_key_layout), for
+ * the events' snapshots. */
+struct store_events;
+struct kv_key_layout;
+void sched_engine_model_set_events(struct sched_engine *e, struct store_events *events);
+void sched_engine_model_key_layout(const struct sched_engine *e, struct kv_key_layout *out);
 /* Give a model engine a draft model (speculative decoding, SPEC_DRAFT): an
  * engine over draft (borrowed, must outlive the engine) with a KV cache made
  * from draft_cfg that shares e's budget (kv_share_budget: one limit, one count

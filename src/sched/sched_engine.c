@@ -284,6 +284,23 @@ void sched_engine_model_set_redis(struct sched_engine *eng, struct store_redis *
     kv_set_publish_hook(e->kv, redis ? on_publish : NULL, e);
 }
 
+static void on_key(void *user, struct kv_key key, bool held)
+{
+    store_events_note(user, store_key_of(key), held);
+}
+
+void sched_engine_model_set_events(struct sched_engine *eng, struct store_events *events)
+{
+    struct model_engine *e = eng->ctx;
+    kv_set_key_hook(e->kv, events ? on_key : NULL, events);
+}
+
+void sched_engine_model_key_layout(const struct sched_engine *eng, struct kv_key_layout *out)
+{
+    const struct model_engine *e = eng->ctx;
+    kv_key_layout(e->kv, out);
+}
+
 void sched_engine_model_set_store(struct sched_engine *eng, struct store *store)
 {
     struct model_engine *e = eng->ctx;

@@ -25,6 +25,7 @@
 
 struct store;
 struct store_redis;
+struct store_events;
 
 /* Where a thinking model's reasoning goes (llama-server's reasoning_format). */
 enum server_reasoning_format {
@@ -51,6 +52,7 @@ struct server_config {
                                  the epoch; 0: the clock at each request (tests pin it) */
     struct store *store;      /* the prefix cache's SSD tier (borrowed), NULL: none */
     struct store_redis *redis;/* its shared tier (borrowed), NULL: none */
+    struct store_events *events; /* its KV events publisher (borrowed), NULL: none (--kv-events) */
     /* connections: any number are served by a few polling threads */
     int timeout_s;            /* a connection idle this long (no byte in or out, or headers not complete)
                                  is closed, seconds (30); a request waiting for the model is not idle */
@@ -88,8 +90,8 @@ struct server_config {
      * the scheduler's engine must compute them (sched_engine.forward_embd). */
     bool embeddings;
     int32_t n_embd;           /* the model's embedding width: a request's 'dimensions' must equal it */
-    bool no_generation;       /* the model's attention is not causal (an embedding model): completion
-                                 routes answer 501 */
+    bool no_generation;       /* the model's attention is not causal, or it is an encoder (bert): an
+                                 embedding model, whose completion routes answer 501 */
 };
 
 /* The other samplers' server-wide defaults (server_samplers.c). */

@@ -398,10 +398,15 @@ static cJSON *message_head(const cJSON *chat_id, const char *model)
     return o;
 }
 
-static cJSON *usage(int input, int output)
+/* Anthropic counts the prompt in parts: input_tokens are the ones computed,
+ * cache_read_input_tokens the ones the prefix cache served (as llama-server
+ * answers too); nothing is written to a cache on request here. */
+static cJSON *usage(int prompt, int cached, int output)
 {
     cJSON *u = cJSON_CreateObject();
-    cJSON_AddNumberToObject(u, "input_tokens", input);
+    cJSON_AddNumberToObject(u, "input_tokens", prompt - cached);
+    cJSON_AddNumberToObject(u, "cache_creation_input_tokens", 0);
+    cJSON_AddNumberToObject(u, "cache_read_input_tokens", cached);
     cJSON_AddNumberToObject(u, "output_tokens", output);
     return u;
 }
@@ -452,7 +457,10 @@ static ks_status anthropic_whole(void *ctx, const cJSON *chat, const struct prox
     }
     add_stop(o, cJSON_IsString(finish) ? finish->valuestring : "stop", f);
     const cJSON *pt = field(u, "prompt_tokens"), *ct = field(u, "completion_tokens");
-    server_json_add(o, "usage", usage(cJSON_IsNumber(pt) ? pt->valueint : f->n_prompt, cJSON_IsNumber(ct) ? ct->valueint : 0));
+    const cJSON *cached = field(field(u, "prompt_tokens_details"), "cached_tokens");
+    server_json_add(o, "usage", usage(cJSON_IsNumber(pt) ? pt->valueint : f->n_prompt,
+                                      cJSON_IsNumber(cached) ? cached->valueint : f->n_cached,
+                                      cJSON_IsNumber(ct) ? ct->valueint : 0));
     if (server_json_failed()) {
         cJSON_Delete(o);
         return KS_ERR_NOMEM;
@@ -544,7 +552,7 @@ static bool send_start(struct anthropic *a, const cJSON *chunk, const struct pro
     cJSON_AddArrayToObject(m, "content");
     cJSON_AddNullToObject(m, "stop_reason");
     cJSON_AddNullToObject(m, "stop_sequence");
-    server_json_add(m, "usage", usage(f->n_prompt, 0));
+    server_json_add(m, "usage", usage(f->n_prompt, f->n_cached, 0));
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "type", "message_start");
     server_json_add(o, "message", m);
@@ -562,7 +570,7 @@ static bool send_end(struct anthropic *a, const struct proxy_facts *f, struct sb
     cJSON_AddStringToObject(o, "type", "message_delta");
     cJSON *d = cJSON_AddObjectToObject(o, "delta");
     add_stop(d, a->finish[0] ? a->finish : "stop", f);
-    server_json_add(o, "usage", usage(f->n_prompt, a->output_tokens));
+    server_json_add(o, "usage", usage(f->n_prompt, f->n_cached, a->output_tokens));
     cJSON *stop = cJSON_CreateObject();
     cJSON_AddStringToObject(stop, "type", "message_stop");
     return server_sse_event(out, "message_delta", o) && server_sse_event(out, "message_stop", stop);

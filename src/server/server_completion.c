@@ -152,6 +152,7 @@ static struct call *call_clone(const struct call *c0, int index)
     c->stream = c0->stream;
     c->include_usage = c0->include_usage;
     c->logprobs = c0->logprobs;
+    c->post_probs = c0->post_probs;
     c->n_prompt = c0->n_prompt;
     c->max_stop = c0->max_stop;
     c->tools = c0->tools;
@@ -301,7 +302,7 @@ static ks_status completion(struct server *srv, enum server_api api, const struc
 
 /* ---- several prompts ------------------------------------------------------------- */
 
-/* /v1/completions' prompt as a list of prompts (strings or token-id lists,
+/* /v1/completions' and /completion's prompt as a list of prompts (strings or token-id lists,
  * at least two), detached from root (the caller deletes both); NULL for one
  * prompt, which the plain path takes (a list of ids, or [text]). */
 static cJSON *prompt_list(const struct server_req *req, cJSON **root)
@@ -322,8 +323,8 @@ static cJSON *prompt_list(const struct server_req *req, cJSON **root)
 }
 
 /* The body with prompt replaced by list[index], parsed as one request. */
-static ks_status parse_one_prompt(struct server *srv, cJSON *root, const cJSON *list, int index, struct call **c,
-                                  struct sched_request *rq, struct reply *r)
+static ks_status parse_one_prompt(struct server *srv, enum server_api api, cJSON *root, const cJSON *list, int index,
+                                  struct call **c, struct sched_request *rq, struct reply *r)
 {
     cJSON *one = cJSON_Duplicate(cJSON_GetArrayItem(list, index), 1);
     char *body = NULL;
@@ -334,19 +335,20 @@ static ks_status parse_one_prompt(struct server *srv, cJSON *root, const cJSON *
         cJSON_Delete(one);
     if (!body)
         return reply_fail(r, KS_ERR_NOMEM, NULL, "out of memory while reading 'prompt'");
-    ks_status st = server_request_parse(srv, SERVER_API_TEXT, body, strlen(body), c, rq, r);
+    ks_status st = server_request_parse(srv, api, body, strlen(body), c, rq, r);
     free(body);
     if (st)
         return reply_fail(r, st, r->err_code, "prompt %d: %s", index, ks_errmsg());
     return KS_OK;
 }
 
-/* OpenAI's several prompts in one request: each prompt is a request of its
- * own to the scheduler (batched like any others), with n choices each;
- * choice j of prompt p is choices[p * n + j], and usage counts each
- * prompt once. */
-static ks_status completion_prompts(struct server *srv, const struct server_req *req, cJSON *root,
-                                    const cJSON *list, struct reply *r)
+/* Several prompts in one request (OpenAI's batch form, and llama-server's
+ * on /completion): each prompt is a request of its own to the scheduler
+ * (batched like any others), with n choices each; choice j of prompt p is
+ * choices[p * n + j], and usage counts each prompt once. /completion
+ * answers an array of its results, in prompt order. */
+static ks_status completion_prompts(struct server *srv, enum server_api api, const struct server_req *req,
+                                    cJSON *root, const cJSON *list, struct reply *r)
 {
     int n_prompts = cJSON_GetArraySize(list);
     if (n_prompts > MAX_CHOICES)
@@ -360,7 +362,7 @@ static ks_status completion_prompts(struct server *srv, const struct server_req 
     int parsed = 0;
     for (int p = 0; p < n_prompts && !st; p++) {
         struct call *c;
-        if ((st = parse_one_prompt(srv, root, list, p, &c, &rqs[p], r)))
+        if ((st = parse_one_prompt(srv, api, root, list, p, &c, &rqs[p], r)))
             break;
         parsed++;
         if ((int64_t)n_prompts * c->n_choices > MAX_CHOICES) {
@@ -390,21 +392,27 @@ ks_status server_route_chat(struct server *srv, const struct server_req *rq, str
     return completion(srv, SERVER_API_CHAT, rq, r);
 }
 
-ks_status server_route_completions(struct server *srv, const struct server_req *rq, struct reply *r)
+static ks_status completion_or_prompts(struct server *srv, enum server_api api, const struct server_req *rq,
+                                       struct reply *r)
 {
     cJSON *root;
     cJSON *list = prompt_list(rq, &root);
     if (!list)
-        return completion(srv, SERVER_API_TEXT, rq, r);
-    ks_status st = completion_prompts(srv, rq, root, list, r);
+        return completion(srv, api, rq, r);
+    ks_status st = completion_prompts(srv, api, rq, root, list, r);
     cJSON_Delete(list);
     cJSON_Delete(root);
     return st;
 }
 
+ks_status server_route_completions(struct server *srv, const struct server_req *rq, struct reply *r)
+{
+    return completion_or_prompts(srv, SERVER_API_TEXT, rq, r);
+}
+
 ks_status server_route_completion_native(struct server *srv, const struct server_req *rq, struct reply *r)
 {
-    return completion(srv, SERVER_API_NATIVE, rq, r);
+    return completion_or_prompts(srv, SERVER_API_NATIVE, rq, r);
 }
 
 double server_now(void)

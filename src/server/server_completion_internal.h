@@ -37,6 +37,7 @@ struct call {
     bool chat, stream, include_usage;
     bool native;                       /* llama-server's /completion: its answer's shape */
     int logprobs;                      /* -1: off; else number of alternatives */
+    bool post_probs;                   /* /completion's post_sampling_probs: "prob" / "top_probs" of the final distribution */
     char *stop[MAX_STOP];
     int n_stop;
     size_t max_stop;

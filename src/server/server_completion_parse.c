@@ -142,6 +142,7 @@ static ks_status parse_sampling(const struct server *srv, const cJSON *root, enu
     struct server_sampling b = sampling_base(srv, api == SERVER_API_NATIVE);
     double pres = 0.0, freq = 0.0;
     int64_t n = 1;
+    bool post_probs = false;
     ks_status st;
     if ((st = get_number(root, "temperature", 0, 2, &b.temp, r)) || (st = get_number(root, "top_p", 0, 1, &b.top_p, r)) ||
         (st = get_number(root, "min_p", 0, 1, &b.min_p, r)) ||
@@ -156,7 +157,8 @@ static ks_status parse_sampling(const struct server *srv, const cJSON *root, enu
     *logprobs = -1;
     if (api == SERVER_API_NATIVE) {
         int64_t n_probs = 0;
-        if ((st = get_int(root, "n_probs", 0, SAMPLE_MAX_LOGPROBS, &n_probs, r)))
+        if ((st = get_int(root, "n_probs", 0, SAMPLE_MAX_LOGPROBS, &n_probs, r)) ||
+            (st = get_bool(root, "post_sampling_probs", &post_probs, r)))
             return st;
         *logprobs = n_probs > 0 ? (int)n_probs : -1;
     } else if (api == SERVER_API_CHAT) {
@@ -183,6 +185,7 @@ static ks_status parse_sampling(const struct server *srv, const cJSON *root, enu
     fill_sampling(&b, pres, freq, p);
     p->repeat_last_n = (int)last_n; /* -1: the whole history, as llama-server's context-sized window */
     p->n_logprobs = *logprobs > 0 ? *logprobs : 0;
+    p->post_sampling_probs = post_probs;
     return KS_OK;
 }
 
@@ -207,7 +210,7 @@ static const struct refused {
     {"t_max_predict_ms", API_CHAT | API_TEXT | API_NATIVE, HARMLESS_FALSY, 0, "a time limit"},
     {"penalize_nl", API_CHAT | API_TEXT | API_NATIVE, HARMLESS_FALSY, 0, "penalize_nl"},
     {"lora", API_CHAT | API_TEXT | API_NATIVE, HARMLESS_FALSY, 0, "LoRA adapters"},
-    {"post_sampling_probs", API_CHAT | API_TEXT | API_NATIVE, HARMLESS_FALSY, 0, "post-sampling probabilities"},
+    {"post_sampling_probs", API_CHAT | API_TEXT, HARMLESS_FALSY, 0, "post-sampling probabilities (/completion has them)"},
     {"return_tokens", API_CHAT | API_TEXT | API_NATIVE, HARMLESS_FALSY, 0, "token ids in the answer"},
     {"response_fields", API_CHAT | API_TEXT | API_NATIVE, HARMLESS_FALSY, 0, "response_fields"},
     {"n_probs", API_CHAT | API_TEXT, HARMLESS_FALSY, 0, "n_probs on this route (use 'logprobs')"},
@@ -575,6 +578,7 @@ static ks_status parse_options(struct call *c, enum server_api api, const cJSON 
         (st = parse_logit_bias(c, root, &rq->sampling, r)) || (st = server_parse_cache_salt(root, rq, r)) ||
         (st = server_parse_samplers(c, root, &rq->sampling, r)))
         return st;
+    c->post_probs = rq->sampling.post_sampling_probs;
     cJSON *so = field(root, "stream_options");
     if (so && !cJSON_IsObject(so))
         return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_type", "'stream_options' must be an object");
@@ -622,8 +626,9 @@ ks_status server_request_parse(struct server *srv, enum server_api api, const ch
 {
     if (srv->cfg.no_generation)
         return reply_fail(r, KS_ERR_UNSUPPORTED, "not_supported",
-                          "this model's attention is not causal (an embedding model): it serves /v1/embeddings "
-                          "(with --embeddings), not completions");
+                          "this is an embedding model (non-causal attention, or an encoder such as bert without an "
+                          "output head): it serves /v1/embeddings (with --embeddings; implied for an encoder), not "
+                          "completions");
     bool chat = api == SERVER_API_CHAT;
     cJSON *root;
     ks_status st = server_parse_object(body, len, false, &root, r);

@@ -17,7 +17,9 @@ static char *utf8_clean(const char *s, size_t n)
     return tok_utf8_sanitize(s, n, &out, &len) == KS_OK ? out : NULL;
 }
 
-static cJSON *lp_token_json(struct call *c, int32_t token, float logprob)
+/* One token's entry; key names its number ("logprob", or "prob" for
+ * llama-server's post_sampling_probs). */
+static cJSON *prob_token_json(struct call *c, int32_t token, const char *key, float value)
 {
     const char *bytes = "";
     size_t len = 0;
@@ -27,7 +29,7 @@ static cJSON *lp_token_json(struct call *c, int32_t token, float logprob)
         return NULL; /* server_json_push / add note it */
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "token", clean);
-    cJSON_AddNumberToObject(o, "logprob", logprob);
+    cJSON_AddNumberToObject(o, key, value);
     cJSON *b = cJSON_AddArrayToObject(o, "bytes");
     for (size_t i = 0; i < len; i++)
         server_json_push(b, cJSON_CreateNumber((unsigned char)bytes[i]));
@@ -35,19 +37,30 @@ static cJSON *lp_token_json(struct call *c, int32_t token, float logprob)
     return o;
 }
 
+static cJSON *lp_token_json(struct call *c, int32_t token, float logprob)
+{
+    return prob_token_json(c, token, "logprob", logprob);
+}
+
+/* llama-server's completion_probabilities entry: {id, token, bytes, logprob,
+ * top_logprobs}, or with post_sampling_probs {..., prob, top_probs}. */
+static cJSON *native_prob_json(struct call *c, int32_t token, float logprob, float prob)
+{
+    cJSON *o = prob_token_json(c, token, c->post_probs ? "prob" : "logprob", c->post_probs ? prob : logprob);
+    if (o)
+        cJSON_AddNumberToObject(o, "id", token);
+    return o;
+}
+
 /* Chat: {"content":[{token,logprob,bytes,top_logprobs:[...]}, ...]}.
  * Completions: {"tokens":[],"token_logprobs":[],"top_logprobs":[{tok:lp}],"text_offset":[]}. */
 static void lp_add(struct call *c, cJSON *lp, const struct item *it, size_t text_offset)
 {
-    if (c->native) { /* llama-server's completion_probabilities: [{id, token, bytes, logprob, top_logprobs}] */
-        cJSON *e = lp_token_json(c, it->token, it->res.logprob);
-        cJSON_AddNumberToObject(e, "id", it->token);
-        cJSON *top = cJSON_AddArrayToObject(e, "top_logprobs");
-        for (int i = 0; i < it->res.n_top && i < c->logprobs; i++) {
-            cJSON *alt = lp_token_json(c, it->res.top[i].token, it->res.top[i].logprob);
-            cJSON_AddNumberToObject(alt, "id", it->res.top[i].token);
-            server_json_push(top, alt);
-        }
+    if (c->native) {
+        cJSON *e = native_prob_json(c, it->token, it->res.logprob, it->res.prob);
+        cJSON *top = cJSON_AddArrayToObject(e, c->post_probs ? "top_probs" : "top_logprobs");
+        for (int i = 0; i < it->res.n_top && i < c->logprobs; i++)
+            server_json_push(top, native_prob_json(c, it->res.top[i].token, it->res.top[i].logprob, it->res.top[i].prob));
         server_json_push(lp, e);
         return;
     }
@@ -496,6 +509,37 @@ static ks_status choice_json(struct call *c, cJSON *choices, struct reply *r)
     return KS_OK;
 }
 
+/* One /completion answer; several prompts answer the array of them, in
+ * order, as llama-server does. */
+static cJSON *native_result(struct call *c)
+{
+    char *text = utf8_clean(c->text.p ? c->text.p : "", c->text.n);
+    if (!text)
+        return NULL;
+    cJSON *o = native_json(c, text, true);
+    free(text);
+    if (c->lp)
+        server_json_add(o, "completion_probabilities", c->lp);
+    c->lp = NULL;
+    return o;
+}
+
+static ks_status native_whole(struct group *g, struct reply *r)
+{
+    cJSON *all = g->n > 1 ? cJSON_CreateArray() : NULL;
+    for (int i = 0; i < g->n; i++) {
+        cJSON *o = native_result(g->calls[i]);
+        if (!o) {
+            cJSON_Delete(all);
+            return reply_fail(r, KS_ERR_NOMEM, NULL, "%s", OOM_MSG);
+        }
+        if (!all)
+            return reply_json(r, 200, o);
+        server_json_push(all, o);
+    }
+    return reply_json(r, 200, all);
+}
+
 ks_status server_reply_whole(struct group *g, struct reply *r)
 {
     ks_status st = KS_OK;
@@ -507,17 +551,8 @@ ks_status server_reply_whole(struct group *g, struct reply *r)
     if (st)
         return st;
     struct call *c = g->calls[0];
-    if (c->native) {
-        char *text = utf8_clean(c->text.p ? c->text.p : "", c->text.n);
-        if (!text)
-            return reply_fail(r, KS_ERR_NOMEM, NULL, "%s", OOM_MSG);
-        cJSON *o = native_json(c, text, true);
-        free(text);
-        if (c->lp)
-            server_json_add(o, "completion_probabilities", c->lp);
-        c->lp = NULL;
-        return reply_json(r, 200, o);
-    }
+    if (c->native)
+        return native_whole(g, r);
     cJSON *o = response_head(c, c->chat ? "chat.completion" : "text_completion");
     cJSON *choices = cJSON_AddArrayToObject(o, "choices");
     for (int i = 0; i < g->n && !st; i++)

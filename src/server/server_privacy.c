@@ -79,8 +79,7 @@ ks_status server_parse_cache_salt(const cJSON *root, struct sched_request *rq, s
     if (n > CACHE_SALT_MAX_BYTES)
         return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value", "'cache_salt' is %zu bytes; at most %d", n,
                           CACHE_SALT_MAX_BYTES);
-    static const char tag[] = "kvserve cache_salt";
-    struct kv_key salt = kv_salt_mix(kv_salt_mix((struct kv_key){0, 0}, tag, sizeof tag), v->valuestring, n);
+    struct kv_key salt = kv_cache_salt(v->valuestring, n); /* a router derives the same (src/route) */
     rq->cache_salt.lo = salt.lo;
     rq->cache_salt.hi = salt.hi;
     return KS_OK;

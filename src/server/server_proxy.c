@@ -115,9 +115,14 @@ ks_status server_proxy_fail(const struct proxy_api *api, struct reply *r, ks_sta
 }
 
 /* The facts of the request's only choice (n is 1 on these routes). */
-static struct proxy_facts call_facts(const struct call *c)
+static struct proxy_facts call_facts(struct call *c)
 {
-    struct proxy_facts f = {c ? c->n_prompt : 0, NULL};
+    struct proxy_facts f = {.n_prompt = c ? c->n_prompt : 0};
+    if (c) {
+        pthread_mutex_lock(&c->mu);
+        f.n_cached = c->n_cached;
+        pthread_mutex_unlock(&c->mu);
+    }
     if (c && c->stopped && c->stop_word >= 0 && c->stop_word < c->n_stop)
         f.stop_word = c->stop[c->stop_word];
     return f;
@@ -284,7 +289,7 @@ ks_status server_proxy_chat(struct server *srv, const struct server_req *rq, cJS
     ks_status st = server_route_chat(srv, &inner, r);
     free(body);
     if (st || r->body) {
-        struct proxy_facts f = {0, NULL};
+        struct proxy_facts f = {0};
         st = translate_whole(api, ctx, &f, r, st);
         api->ctx_free(ctx);
         return st;

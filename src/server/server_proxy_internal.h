@@ -15,6 +15,7 @@
 /* What the chat answer's JSON does not say. */
 struct proxy_facts {
     int32_t n_prompt;       /* prompt tokens (0: unknown) */
+    int32_t n_cached;       /* of which the prefix cache served (so far, in a stream) */
     const char *stop_word;  /* the stop string that ended the answer, NULL: none (or unknown) */
 };
 

@@ -26,6 +26,28 @@ cJSON *server_redis_usage_json(struct server *srv)
     return d;
 }
 
+/* --kv-events: what the replica published for routers. */
+static void server_events_metrics(struct store_events *e, struct sbuf *b)
+{
+    struct store_events_stats st;
+    store_events_stats(e, &st);
+    server_metric(b, "kvserve_kv_events_connected", "gauge", "1 while the KV events connection to Redis is up.",
+                  st.connected);
+    server_metric(b, "kvserve_kv_events_held_keys", "gauge", "Full pages' chain keys this replica holds.",
+                  (double)st.held);
+    server_metric(b, "kvserve_kv_events_entries_total", "counter", "KV events entries Redis took (XADD).",
+                  (double)st.entries);
+    server_metric(b, "kvserve_kv_events_snapshots_total", "counter", "Snapshots among them.", (double)st.snapshots);
+    server_metric(b, "kvserve_kv_events_keys_added_total", "counter", "Keys published as gained.",
+                  (double)st.keys_added);
+    server_metric(b, "kvserve_kv_events_keys_removed_total", "counter", "Keys published as lost.",
+                  (double)st.keys_removed);
+    server_metric(b, "kvserve_kv_events_lost_total", "counter", "Changes not published (a snapshot repairs them).",
+                  (double)st.lost);
+    server_metric(b, "kvserve_kv_events_errors_total", "counter", "Failed KV events writes and connects.",
+                  (double)(st.errors + st.connect_failures));
+}
+
 void server_redis_metrics(struct server *srv, struct sbuf *b)
 {
     if (!srv->cfg.redis)
@@ -58,4 +80,6 @@ void server_redis_metrics(struct server *srv, struct sbuf *b)
     server_metric(b, "kvserve_redis_reconnects_total", "counter", "Connections to Redis made again after a fault.",
                   (double)st.reconnects);
     server_metric(b, "kvserve_redis_rtt_ms", "gauge", "Measured round trip of a lookup, ms.", st.rtt_ms);
+    if (srv->cfg.events)
+        server_events_metrics(srv->cfg.events, b);
 }

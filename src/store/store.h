@@ -193,4 +193,87 @@ struct store_redis_stats {
 };
 void store_redis_stats(struct store_redis *r, struct store_redis_stats *out);
 
+/* ---- KV events: the chain keys a replica holds, in a Redis stream ----------
+ *
+ * A replica tells routers which full pages it holds (vLLM's and Dynamo's KV
+ * events), so a router sends a prompt where most of it is cached. Each
+ * replica appends to the stream "kvserve:events:<fingerprint hex>" (one per
+ * model) with XADD ... MAXLEN ~ maxlen, entries of these fields:
+ *   replica      the URL routers reach the replica at (its identity)
+ *   epoch        a random number per start: a new epoch replaces the old state
+ *   seq          1, 2, 3, ... per entry within an epoch (a gap: entries lost)
+ *   op           "add" (keys gained), "del" (keys lost) or "snap" (the whole
+ *                set the replica holds now, replacing everything before)
+ *   keys         the keys, 16 bytes each (lo then hi, little-endian)
+ *   page_tokens  (snap only) P, and
+ *   layout       (snap only) the key layout's bytes (kv_key_layout), so a
+ *                router computes the same keys from a prompt's tokens
+ * Deltas go out every flush_ms in order, a snapshot every snapshot_s seconds,
+ * after any loss (a full queue, Redis down) and at close (an empty one, so
+ * routers forget the replica at once). A router that starts late reads the
+ * stream from its start (the latest snapshot of each replica is in it when
+ * maxlen covers snapshot_s of events) and follows with XREAD. Never blocks
+ * the caller: store_events_note only updates a set and a queue under a
+ * mutex; one thread writes, with the Redis tier's faults, counts and backoff. */
+struct store_events;
+
+struct store_events_config {
+    const char *url;          /* redis://HOST:PORT[/DB] */
+    const char *password;     /* AUTH; NULL or "": none */
+    uint32_t timeout_ms;      /* of each connect and call; 0 = 200 */
+    uint8_t fingerprint[16];  /* the model's: names the stream */
+    const char *replica;      /* the URL routers reach this replica at */
+    const void *layout;       /* the key layout's bytes (kv_key_layout), len bytes, <= 64 */
+    size_t layout_len;
+    int32_t page_tokens;
+    uint32_t maxlen;          /* MAXLEN ~ of the stream; 0 = 10000 */
+    uint32_t snapshot_s;      /* seconds between snapshots; 0 = 10 */
+    uint32_t flush_ms;        /* milliseconds between delta entries; 0 = 20 */
+};
+ks_status store_events_open(const struct store_events_config *cfg, struct store_events **out);
+/* Publish an empty snapshot (bounded by the timeout), stop the writer, close. NULL: no-op. */
+void store_events_close(struct store_events *e);
+/* A full page's key entered (held) or left the cache. Any thread; never blocks
+ * on Redis. */
+void store_events_note(struct store_events *e, struct store_key key, bool held);
+/* Send what is pending now (a snapshot when asked) and wait until it is sent
+ * or failed. */
+void store_events_flush(struct store_events *e, bool snapshot);
+
+struct store_events_stats {
+    uint64_t entries, snapshots;        /* XADDs Redis took; of which snapshots */
+    uint64_t keys_added, keys_removed;  /* keys in add/del entries Redis took */
+    uint64_t lost;                      /* deltas lost (queue full, Redis down): a snapshot repairs */
+    uint64_t errors, connect_failures, reconnects;
+    uint64_t held;                      /* keys held now */
+    bool connected;
+};
+void store_events_stats(struct store_events *e, struct store_events_stats *out);
+
+/* The stream's name for a fingerprint (STORE_EVENTS_STREAM_CHARS + 1 bytes). */
+enum { STORE_EVENTS_STREAM_CHARS = 15 + 32 };
+void store_events_stream(const uint8_t fingerprint[16], char *out);
+
+/* One entry, as parsed from a stream (pointers into the caller's fields). */
+enum store_event_op { STORE_EVENT_ADD, STORE_EVENT_DEL, STORE_EVENT_SNAP };
+struct store_event {
+    const char *replica;      /* not NUL-terminated: replica_len bytes */
+    size_t replica_len;
+    uint64_t epoch, seq;
+    enum store_event_op op;
+    const uint8_t *keys;      /* n_keys * 16 bytes */
+    size_t n_keys;
+    const uint8_t *layout;    /* snap: layout_len bytes; else NULL */
+    size_t layout_len;
+    int32_t page_tokens;      /* snap: P; else 0 */
+};
+/* Parse an entry's n_fields name/value strings (fields[2i] a name, fields[2i
+ * + 1] its value, lens their lengths). Unknown fields are ignored.
+ * KS_ERR_FORMAT naming the missing or bad field. */
+ks_status store_event_parse(const char *const *fields, const size_t *lens, size_t n_fields, struct store_event *out);
+/* The argument vector of one entry's XADD (argv/lens hold 16 slots; strings
+ * point into ev and into scratch, 64 bytes). Returns argc. */
+int store_event_argv(const char *stream, uint32_t maxlen, const struct store_event *ev, char *scratch,
+                     const char **argv, size_t *lens);
+
 #endif

@@ -30,6 +30,15 @@ static inline int vmath_hsum8_epi32(__m256i v)
     q = _mm_add_epi32(q, _mm_shuffle_epi32(q, 0xB1));
     return _mm_cvtsi128_si32(q);
 }
+
+/* The sums of eight int32x8 vectors, as one vector (lane i: the sum of v[i]).
+ * Eight horizontal sums at once cost about what two do one at a time. */
+static inline __m256i vmath_sums8_epi32(const __m256i v[8])
+{
+    const __m256i g0 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    const __m256i g1 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(g0, g1, 0x20), _mm256_permute2x128_si256(g0, g1, 0x31));
+}
 #endif
 
 #if defined(__AVX512F__)

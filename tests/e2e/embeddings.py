@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """POST /v1/embeddings and /embeddings of `kvserve serve --embeddings` on the
 embedding synth presets (tiny-llama-embed: mean pooling, non-causal;
-tiny-qwen3-embed: last-token pooling, causal), F32 weights and cache: every
+tiny-qwen3-embed: last-token pooling, causal; the encoders tiny-bert-embed and
+tiny-nomic-bert-embed, whose --embeddings is implied), F32 weights and cache: every
 vector within 1e-4 (L2) of llama-server's in tests/data/embed-*.json (the unit
 test test_model_embed holds the model path to the same files), the usage
 counts, base64 (little-endian f32) equal to the floats, token-id inputs,
@@ -30,7 +31,10 @@ SOURCE = os.environ.get("KVSERVE_SOURCE", ".")
 SHARED = os.environ.get("KVSERVE_SHARED", "../shared")
 LLAMA = os.path.join(SHARED, "anchor", "bin", "llama-server")
 DATA = os.path.join(SOURCE, "tests", "data")
-CASES = [("tiny-llama-embed", "embed-tiny-llama-embed-f32.json"), ("tiny-qwen3-embed", "embed-tiny-qwen3-embed-f32.json")]
+CASES = [("tiny-llama-embed", "embed-tiny-llama-embed-f32.json"), ("tiny-qwen3-embed", "embed-tiny-qwen3-embed-f32.json"),
+         ("tiny-bert-embed", "embed-tiny-bert-embed-f32.json"),
+         ("tiny-nomic-bert-embed", "embed-tiny-nomic-bert-embed-f32.json")]
+ENCODERS = ("tiny-bert-embed", "tiny-nomic-bert-embed")  # served without --embeddings: an encoder implies it
 TOL = 1e-4
 failures = 0
 
@@ -170,14 +174,20 @@ def main():
             model = os.path.join(tmp, preset + ".gguf")
             subprocess.run([BIN, "synth", "--preset", preset, "--type", "f32", "-o", model], check=True,
                            stdout=subprocess.DEVNULL)
-            proc, url = start([BIN, "serve", "-m", model, "--embeddings", "-t", "1", "--parallel", "4",
-                               "-ctk", "f32", "-ctv", "f32"], log)
+            flags = [] if preset in ENCODERS else ["--embeddings"]
+            proc, url = start([BIN, "serve", "-m", model] + flags + ["-t", "1", "--parallel", "4",
+                                                                     "-ctk", "f32", "-ctv", "f32"], log)
             try:
-                check(url is not None, "%s: kvserve serve --embeddings starts" % preset)
+                check(url is not None, "%s: kvserve serve %s starts" % (preset, " ".join(flags)))
                 if not url:
                     continue
                 check_model(url, preset, ref)
-                if preset == "tiny-llama-embed":
+                if preset in ENCODERS:
+                    st, a = request(url + "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})
+                    check(st == 501 and "encoder" in a["error"]["message"],
+                          "%s: chat completions on an encoder: 501 (%s)" % (preset, a["error"]["message"]))
+                    check_llama_server(url, model, ref, log)
+                elif preset == "tiny-llama-embed":
                     check_refusals(url, len(ref["embeddings"][0]))
                     st, a = request(url + "/v1/completions", {"prompt": "hi", "max_tokens": 4})
                     check(st == 501, "completions on a non-causal model: 501 (%s)" % a["error"]["message"])

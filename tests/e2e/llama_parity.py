@@ -85,6 +85,54 @@ def stream_events(url, body):
     return [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ")]
 
 
+def sse_pairs(url, body):
+    """(event, data) of a stream with named events."""
+    status, text = request(url, dict(body, stream=True), raw=True)
+    assert status == 200, text
+    out, name = [], None
+    for line in text.splitlines():
+        if line.startswith("event: "):
+            name = line[7:]
+        elif line.startswith("data: "):
+            out.append((name, json.loads(line[6:])))
+    return out
+
+
+def check_apis(ku, lu):
+    """Anthropic's /v1/messages and OpenAI's /v1/responses against llama-server's own (greedy): the same text,
+    token counts (Anthropic's prompt as computed + cache-read parts) and stop reasons; a stream's text and
+    Anthropic's event order. Responses' status differs on purpose: kvserve answers OpenAI's "incomplete" with
+    incomplete_details when max_output_tokens cut the answer, llama-server "completed"."""
+    both = lambda path, body: (request(ku + path, body), request(lu + path, body))
+    msgs = {"max_tokens": 8, "temperature": 0, "system": "Be brief.",
+            "messages": [{"role": "user", "content": "Hello world"}, {"role": "assistant", "content": "Hi."},
+                         {"role": "user", "content": [{"type": "text", "text": "Tell me more"}]}]}
+    for rnd in range(2):  # the second time both have the prompt cached
+        (ks, k), (ls, l) = both("/v1/messages", msgs)
+        ku_, lu_ = k.get("usage", {}), l.get("usage", {})
+        same = (ks == ls == 200 and k["content"] == l["content"] and k["stop_reason"] == l["stop_reason"]
+                and ku_["output_tokens"] == lu_["output_tokens"]
+                and ku_["input_tokens"] + ku_["cache_read_input_tokens"] ==
+                lu_["input_tokens"] + lu_["cache_read_input_tokens"])
+        check(same, "/v1/messages as llama-server's (round %d)" % rnd + ("" if same else ": %s vs %s" % (k, l)))
+    ke, le = sse_pairs(ku + "/v1/messages", msgs), sse_pairs(lu + "/v1/messages", msgs)
+    order = lambda ev: [n for i, (n, _) in enumerate(ev) if n != "ping" and (i == 0 or n != ev[i - 1][0])]
+    streamed = lambda ev: "".join(d["delta"].get("text", "") for n, d in ev if n == "content_block_delta")
+    check(order(ke) == order(le) and streamed(ke) == streamed(le) == k["content"][0]["text"],
+          "/v1/messages stream as llama-server's: %s" % order(ke))
+    resp = {"max_output_tokens": 8, "temperature": 0, "instructions": "Be brief.", "input": "Hello world"}
+    (ks, k), (ls, l) = both("/v1/responses", resp)
+    text = lambda r: [c["text"] for o in r.get("output", []) if o["type"] == "message" for c in o["content"]]
+    same = (ks == ls == 200 and text(k) == text(l) and k["usage"]["input_tokens"] == l["usage"]["input_tokens"]
+            and k["usage"]["output_tokens"] == l["usage"]["output_tokens"])
+    check(same, "/v1/responses as llama-server's" + ("" if same else ": %s vs %s" % (k, l)))
+    check(k.get("status") == "incomplete" and k.get("incomplete_details") == {"reason": "max_output_tokens"},
+          "/v1/responses cut by max_output_tokens is incomplete (OpenAI's answer)")
+    kd = [d.get("delta", "") for _, d in sse_pairs(ku + "/v1/responses", resp) if d.get("type") == "response.output_text.delta"]
+    ld = [d.get("delta", "") for _, d in sse_pairs(lu + "/v1/responses", resp) if d.get("type") == "response.output_text.delta"]
+    check("".join(kd) == "".join(ld) == "".join(text(k)), "/v1/responses stream as llama-server's")
+
+
 def main():
     if not BIN or not os.path.exists(MODEL):
         skip("no kvserve binary or default model (the build makes it)")
@@ -164,6 +212,20 @@ def main():
         ev = stream_events(ku + "/completion", c)
         streamed = [p for e in ev for p in e.get("completion_probabilities", [])]
         check([p["id"] for p in streamed] == [p["id"] for p in kp], "/completion n_probs streamed")
+        # post_sampling_probs: the final distribution's probabilities ("prob", "top_probs"); greedy lists the
+        # token alone with probability 1; sampled, the first step's alternatives (the draws then differ)
+        for c in ({"prompt": "Hello world", "n_predict": 3, "n_probs": 3, "post_sampling_probs": True, "temperature": 0},
+                  {"prompt": "Hello world", "n_predict": 1, "n_probs": 3, "post_sampling_probs": True,
+                   "temperature": 0.8, "top_k": 10}):
+            (ks, k3), (ls, l3) = both("/completion", c)
+            kp, lp = k3.get("completion_probabilities", []), l3.get("completion_probabilities", [])
+            alts = lambda e: [(x["id"], x["token"] if x["id"] != 3 else "", x["bytes"]) for x in e["top_probs"]]
+            same = ks == ls == 200 and len(kp) == len(lp) and all(
+                set(a) == {"id", "token", "bytes", "prob", "top_probs"} and alts(a) == alts(b)
+                and all(abs(x["prob"] - y["prob"]) < 2e-2 for x, y in zip(a["top_probs"], b["top_probs"]))
+                and (c["temperature"] > 0 or (a["id"] == b["id"] and a["prob"] == b["prob"] == 1)) for a, b in zip(kp, lp))
+            check(same, "/completion post_sampling_probs at temperature %g" % c["temperature"] +
+                  ("" if same else ": %s vs %s" % (kp, lp)))
         t = k["timings"]
         check(all(x in t for x in ("prompt_n", "prompt_ms", "predicted_n", "predicted_ms", "predicted_per_second")),
               "/completion timings")
@@ -206,6 +268,19 @@ def main():
         check(ks == ls == 200 and k["usage"]["prompt_tokens"] == l["usage"]["prompt_tokens"] == 14
               and k["choices"][0]["text"] == l["choices"][0]["text"],
               "/v1/completions parses </s> in its prompt as llama-server: %s vs %s" % (k.get("usage"), l.get("usage")))
+        # several prompts on /completion: llama-server's array of answers, in prompt order
+        body = {"prompt": ["Hello world", [1, 300, 20]], "n_predict": 10, "temperature": 0}
+        (ks, k), (ls, l) = both("/completion", body)
+        pick = lambda a: [{x: e.get(x) for x in ("index", "content", "tokens_predicted", "tokens_evaluated")} for e in a]
+        check(ks == ls == 200 and isinstance(k, list) and pick(k) == pick(l),
+              "/completion with several prompts" + ("" if ks == 200 and pick(k) == pick(l) else ": %s vs %s" % (k, l)))
+        # /apply-template: the same prompt text for the same conversations
+        for msgs in ([{"role": "user", "content": "Hello world"}],
+                     [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+                      {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "More"}]):
+            (ks, k), (ls, l) = both("/apply-template", {"messages": msgs})
+            check(ks == ls == 200 and k == l, "/apply-template %d messages" % len(msgs) + ("" if k == l else ": %s vs %s" % (k, l)))
+        check_apis(ku, lu)
     finally:
         stop_all((kv, ll, fl))
     sys.exit(1 if failures else 0)

@@ -112,7 +112,7 @@ static void *fresh_ctx(const struct proxy_api *api)
 static void translate_answers(const struct proxy_api *api, const cJSON *root)
 {
     const cJSON *stop = cJSON_GetObjectItemCaseSensitive(root, "stop_word");
-    struct proxy_facts f = {7, cJSON_IsString(stop) ? stop->valuestring : NULL};
+    struct proxy_facts f = {.n_prompt = 7, .stop_word = cJSON_IsString(stop) ? stop->valuestring : NULL};
     void *ctx = fresh_ctx(api);
     cJSON *out = NULL;
     server_json_reset();
