@@ -291,8 +291,11 @@ static void test_small_draft_dense(void **state)
     }
 }
 
-/* A mixture-of-experts target, drafted for by itself and by the small dense draft. */
-static void test_moe_target(void **state)
+/* A mixture-of-experts target, drafted for by itself and by the small dense
+ * draft; a sliding-window model (tiny-gemma3: a 16-token window, so the draft
+ * sequences' cuts meet pages whose window rows are freed) drafting for itself
+ * and drafted for by one layer of another seed. */
+static void test_moe_and_window(void **state)
 {
     (void)state;
     if (!g_default)
@@ -306,6 +309,17 @@ static void test_moe_target(void **state)
     print_message("MoE, small draft: %d drafted, %d accepted\n", (int)drafted, (int)accepted);
     assert_true(drafted > 0);
     model_free(moe);
+    struct model *swa = synth_model("tiny-gemma3", 0, 0);
+    identity(swa, swa, QUANT_F16, QUANT_F16, &drafted, &accepted);
+    print_message("sliding window self-draft: %d drafted, %d accepted\n", (int)drafted, (int)accepted);
+    assert_true(drafted > 0);
+    assert_int_equal(accepted, drafted);
+    struct model *swa_small = synth_model("tiny-gemma3", 1, 77); /* rejected: its rows are cut back */
+    identity(swa, swa_small, QUANT_F16, QUANT_F16, &drafted, &accepted);
+    print_message("sliding window, small draft: %d drafted, %d accepted\n", (int)drafted, (int)accepted);
+    assert_true(drafted > 0);
+    model_free(swa_small);
+    model_free(swa);
 }
 
 /* N_MANY requests at once (the trained pair when $KVSERVE_SHARED has it),
@@ -526,7 +540,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_self_draft),
         cmocka_unit_test(test_small_draft_dense),
-        cmocka_unit_test(test_moe_target),
+        cmocka_unit_test(test_moe_and_window),
         cmocka_unit_test(test_many_with_prefix_hit),
         cmocka_unit_test(test_tight_budget),
         cmocka_unit_test(test_config_refused),
