@@ -105,6 +105,7 @@ struct setup {
     bool prefix_cache;
     int parallel;
     size_t budget;                /* 0: 64 MiB */
+    float max_itl_ratio;          /* 0: off, so the step budget does not depend on timings */
 };
 
 /* The draft cache of the scheduler made last (valid until it is freed). */
@@ -123,7 +124,7 @@ static struct sched *make_sched(const struct setup *u)
     struct sched_config sc;
     sched_config_default(&sc);
     sc.parallel = u->parallel;
-    sc.max_itl_ratio = 0.0f; /* the step budget does not depend on timings */
+    sc.max_itl_ratio = u->max_itl_ratio;
     if (u->draft) {
         model_kv_config(u->draft, &dc);
         dc.type_k = dc.type_v = u->draft_type;
@@ -425,6 +426,40 @@ static void test_tight_budget(void **state)
                   (unsigned long long)st.spec_draft_tokens, (unsigned long long)st.spec_accepted_tokens);
 }
 
+/* With --max-itl-ratio on, the drafts and the draft steps they need take
+ * only what the step's budget leaves (how many depends on measured times, so
+ * only the output is checked): four requests at once, each its solo answer. */
+static void test_itl_budget(void **state)
+{
+    (void)state;
+    if (!g_default)
+        KS_SKIP("no default model at $KVSERVE_DEFAULT_MODEL (build target default_model)");
+    struct model *target = g_trained ? g_trained : g_default, *draft = g_trained ? g_trained_q4 : g_small;
+    enum { N = 4 };
+    int32_t n_vocab = model_hparams(target)->n_vocab;
+    static int32_t buf[N][120];
+    int32_t *prompts[N], lens[N];
+    for (int i = 0; i < N; i++) {
+        prompts[i] = buf[i];
+        random_ids(buf[i], lens[i] = 20 + 25 * i, 500 + i, n_vocab);
+    }
+    struct result solo[N], together[N];
+    struct setup u = {.target = target, .type = QUANT_F16, .parallel = N};
+    run_each(&u, prompts, lens, N, 40, solo);
+    u.draft = draft;
+    u.draft_type = QUANT_Q4_0;
+    u.max_itl_ratio = 1.5f;
+    struct sched *s = make_sched(&u);
+    for (int i = 0; i < N; i++)
+        submit(s, prompts[i], lens[i], 40, &together[i]);
+    for (int i = 0; i < N; i++)
+        result_wait(&together[i]);
+    assert_pool(s, true);
+    sched_free(s);
+    for (int i = 0; i < N; i++)
+        assert_same_tokens(&solo[i], &together[i]);
+}
+
 /* The scheduler refuses SPEC_DRAFT without a draft engine. */
 static void test_config_refused(void **state)
 {
@@ -543,6 +578,7 @@ int main(void)
         cmocka_unit_test(test_moe_and_window),
         cmocka_unit_test(test_many_with_prefix_hit),
         cmocka_unit_test(test_tight_budget),
+        cmocka_unit_test(test_itl_budget),
         cmocka_unit_test(test_config_refused),
         cmocka_unit_test(test_p_min),
     };

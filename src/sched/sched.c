@@ -972,12 +972,47 @@ static int32_t draft_budget(const struct sched *s, int32_t n_decode, int32_t lim
  * then: so a request whose drafts do not pay costs the draft model little. */
 enum { DRAFT_SHADOW_EVERY = 8 };
 
+/* What the step's budget (--max-itl-ratio, draft_budget) leaves for a draft
+ * model's drafts, in marginal target tokens: each draft is one verification
+ * token, and each draft step the pass runs (as many as its longest request's
+ * drafts) costs the measured draft step over the marginal token's cost. */
+struct draft_room {
+    double left;              /* marginal tokens still free */
+    double step_tokens;       /* one draft step, in marginal tokens */
+    int32_t k_max;            /* the longest draft taken so far: the pass's steps */
+};
+
+static struct draft_room draft_room_init(const struct sched *s, int32_t n_decode)
+{
+    static const double GUESS = 0.1; /* as extra_token_cost guesses both before they are measured */
+    int32_t limit = sched_cost_prefill_limit(&s->cost, n_decode, s->cfg.max_itl_ratio);
+    double c = sched_cost_token_ratio(&s->cost, n_decode), d = sched_cost_draft_ratio(&s->cost, n_decode);
+    return (struct draft_room){
+        .left = draft_budget(s, n_decode, limit),
+        .step_tokens = (d > 0 ? d : GUESS) / (c > 0 ? c : GUESS),
+    };
+}
+
+/* Of k drafts wanted, the most that fit what is left (taken from it). */
+static int32_t draft_room_take(struct draft_room *room, int32_t k)
+{
+    for (; k > 0; k--) {
+        double cost = k + (k > room->k_max ? k - room->k_max : 0) * room->step_tokens;
+        if (cost <= room->left) {
+            room->left -= cost;
+            room->k_max = k > room->k_max ? k : room->k_max;
+            return k;
+        }
+    }
+    return 0;
+}
+
 /* The draft model's pass of this step (sched.h, "the draft model's passes"):
  * every speculating decoder that drafts gets its proposals (r->dprop), one
  * that does not gets a shadow proposal every DRAFT_SHADOW_EVERY tokens, and
  * prefilling requests catch up on their prompt. Returns the seconds it took
- * (outside the target step's measured cost; the adaptive length pays for it,
- * --max-itl-ratio's budget does not count it). */
+ * (outside the target step's measured cost; the drafts and the draft steps
+ * they need fit the step's --max-itl-ratio budget, draft_room). */
 static double draft_pass(struct sched *s)
 {
     if (!s->drafter)
@@ -988,6 +1023,7 @@ static double draft_pass(struct sched *s)
     for (int i = 0; i < s->n_active; i++)
         n_decode += is_decoder(s->active[i]);
     double extra_cost = extra_token_cost(s, n_decode);
+    struct draft_room room = draft_room_init(s, n_decode);
     int n = 0;
     for (int i = 0; i < s->n_active; i++) {
         struct req *r = s->active[i];
@@ -996,7 +1032,7 @@ static double draft_pass(struct sched *s)
             continue;
         int32_t k = 0;
         if (is_decoder(r)) {
-            k = draft_want(s, r, extra_cost);
+            k = draft_room_take(&room, draft_want(s, r, extra_cost));
             if (k == 0 && r->n_generated % DRAFT_SHADOW_EVERY != 0)
                 continue;
             if (k == 0)
