@@ -4,7 +4,8 @@
 # text as a server without a draft model, their usage counts drafted and
 # accepted tokens, /cache/usage shows the draft's pages in the same budget and
 # /metrics its gauge. The draft: one layer of the default model's preset
-# (`kvserve synth`, the same vocabulary).
+# (`kvserve synth`, the same vocabulary). --max-itl-ratio 0: how much is drafted
+# must not depend on measured step times.
 set -u
 . "$(dirname "$0")/lib.sh"
 command -v python3 >/dev/null || { echo "skipped: python3 not installed"; exit 77; }
@@ -15,7 +16,7 @@ prompts=("once upon a time" "the cat sat on the mat and" "1 2 3 4 5 6" "hello he
 
 # serve $1 (extra flags): the four completions into $tmp/$2.N
 run() {
-  "$bin" serve -m "$model" --port 0 -c 512 --parallel 4 -t 2 $1 2>"$tmp/log.$2" &
+  "$bin" serve -m "$model" --port 0 -c 512 --parallel 4 -t 2 --max-itl-ratio 0 $1 2>"$tmp/log.$2" &
   pid=$!
   wait_port "$tmp/log.$2"
   local i
