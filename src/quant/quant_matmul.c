@@ -277,12 +277,14 @@ static struct quant_rp_job rp_job(const struct mm *m)
 
 /* ---- generic path --------------------------------------------------------- */
 
-/* Q8_0 activations take ggml-cpu's x86 rounding: quant_ref.c says why. */
+/* Q8_0 and Q8_1 activations take ggml-cpu's x86 rounding: quant_ref.c says why. */
 quant_from_float_fn quant_act_quantizer(enum quant_type wtype)
 {
     const struct quant_traits *tr = quant_traits(wtype);
     if (!tr || !tr->is_quantized)
         return NULL;
+    if (tr->vec_dot_type == QUANT_Q8_1)
+        return quant_q8_1_act_from_float_ref;
     return tr->vec_dot_type == QUANT_Q8_0 ? quant_q8_0_act_from_float : quant_traits(tr->vec_dot_type)->from_float;
 }
 
