@@ -121,7 +121,7 @@ QUANT_DECLARE_DOTS(avx512)
 /* quant_swiglu's scalar twin: the same bits, element by element (tests). */
 void quant_swiglu_twin(float *gate, const float *up, int64_t n);
 
-/* ---- repacked Q4_0 / Q8_0 / IQ4_NL / MXFP4 weights (quant_repack.c) ------- */
+/* ---- repacked Q4_0 / Q8_0 / IQ4_NL / MXFP4 / Q5_0 / Q5_1 weights (quant_repack.c) */
 /* Rows per interleaved group and the bias of stored Q8_0 quants in this
  * build's layout: what the build's fastest kernel reads. */
 #if defined(QUANT_HAVE_AVX512)
@@ -142,8 +142,15 @@ struct quant_rp_act {
     int8_t qs[QK8_0];
     float d;     /* the f16 scale, widened */
     int32_t sum; /* sum(qs): the correction of unsigned weight operands */
+    /* q5_0 / q5_1 only: Q8_1's s (f16 of d * sum, d before its rounding),
+     * widened, and per 4-element lane (quant_internal.h, "q5_0 and q5_1")
+     * the correction of q5_0's unsigned levels (level + 16) */
+    float s;
+    int32_t lane_corr[QUANT_Q5_LANES]; /* q5_0: -16 x each lane's sum of qs; 0 otherwise */
 };
-void quant_rp_pack_token(const float *x, int64_t cols, struct quant_rp_act *out);
+/* Token x (cols floats) as the group kernels of wtype read it: Q8_0 (or, for
+ * q5_1, Q8_1) activations rounded as llama.cpp's x86 backend rounds them. */
+void quant_rp_pack_token(enum quant_type wtype, const float *x, int64_t cols, struct quant_rp_act *out);
 
 /* Rows of a repacked matrix against n_tokens packed tokens. */
 struct quant_rp_job {
