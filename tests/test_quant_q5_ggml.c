@@ -153,6 +153,28 @@ static void test_quantize_matches_ggml(void **state)
     }
 }
 
+/* get_rows of a q5 token embedding: ggml's dequantize_row_q5_* */
+static void test_dequantize_matches_ggml(void **state)
+{
+    (void)state;
+    float x[COLS], ours[COLS], theirs[COLS];
+    static uint8_t w[COLS * 2];
+    for (int k = 0; k < 2; k++) {
+        char name[64];
+        snprintf(name, sizeof name, "dequantize_row_%s", q5types[k].name);
+        void (*ref)(const void *x, float *y, int64_t k) = (void (*)(const void *, float *, int64_t))dlsym(g_base, name);
+        assert_non_null(ref);
+        for (int r = 0; r < N_ROWS; r++) {
+            make_row(r, x, COLS);
+            quant_traits(q5types[k].t)->from_float(x, w, COLS);
+            quant_traits(q5types[k].t)->to_float(w, ours, COLS);
+            ref(w, theirs, COLS);
+            if (memcmp(ours, theirs, sizeof ours))
+                fail_msg("%s row %d: kvserve's to_float and ggml's %s differ", q5types[k].name, r, name);
+        }
+    }
+}
+
 /* ---- activations: the CPU backends ----------------------------------------- */
 
 static void test_activations_match_ggml_cpu(void **state)
@@ -319,6 +341,7 @@ int main(void)
         g_n_cpus++;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_quantize_matches_ggml),
+        cmocka_unit_test(test_dequantize_matches_ggml),
         cmocka_unit_test(test_activations_match_ggml_cpu),
         cmocka_unit_test(test_vec_dot_matches_ggml_cpu),
         cmocka_unit_test(test_matmul_matches_ggml_cpu),
