@@ -1410,7 +1410,7 @@ static ks_status mm_init(struct mm *m, const void *W, enum quant_type wtype, boo
                        (long long)rows, (long long)cols, (long long)n_tokens, tr->name);
     if (repacked && !quant_repack_fits(wtype, rows, cols))
         return ks_fail(KS_ERR_INVALID_ARG, "matmul: a repacked %s matrix of %lld x %lld cannot exist (Q4_0, Q8_0, "
-                       "IQ4_NL or MXFP4, whole blocks, at least %d rows)", quant_type_name(wtype), (long long)rows, (long long)cols,
+                       "IQ4_NL, MXFP4, Q5_0 or Q5_1, whole blocks, at least %d rows)", quant_type_name(wtype), (long long)rows, (long long)cols,
                        QUANT_RP_ROWS);
     if (!W || !X || !Y || !work)
         return ks_fail(KS_ERR_INVALID_ARG, "matmul: NULL buffer");

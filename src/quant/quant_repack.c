@@ -1,4 +1,4 @@
-/* quant: Q4_0 / Q8_0 / IQ4_NL / MXFP4 weights repacked at load time into
+/* quant: Q4_0 / Q8_0 / IQ4_NL / MXFP4 / Q5_0 / Q5_1 weights repacked at load time into
  * interleaved row groups, and the decode GEMV / small-batch GEMM kernels that
  * read them.
  *
