@@ -59,6 +59,8 @@
 #define RP_CHUNK 4        /* bytes of one row per lane */
 #define RP_TT 4           /* tokens sharing one pass over a group's weights */
 #define RP5_TT 2          /* the same for q5 with AVX-512: 8 lane accumulators per token */
+#define RP5_CHUNK_BLOCKS 16 /* q5 batches: blocks of a group unpacked at once (8 KiB of levels with AVX-512) */
+#define RP5_BATCH_TOKENS 16 /* q5 batches: tokens passing over one unpacked chunk */
 #ifndef RP_AHEAD
 #define RP_AHEAD 4096     /* software prefetch distance in the weight stream (2 KiB: 3% fewer GB/s on q4_0) */
 #endif
@@ -555,12 +557,107 @@ static inline __attribute__((always_inline)) void rp512_q5_tile(const struct qua
 static void rp512_q5_tile_1(const struct quant_rp_job *j, int64_t g, int64_t t0) { rp512_q5_tile(j, g, t0, 1); }
 static void rp512_q5_tile_2(const struct quant_rp_job *j, int64_t g, int64_t t0) { rp512_q5_tile(j, g, t0, 2); }
 
+/* q5 batches: as rp2_q5_batch (a chunk of blocks unpacked once into L1,
+ * RP5_BATCH_TOKENS tokens passing over it), two tokens at a time so each
+ * unpacked vector is loaded once per pair. */
+struct rp512_q5_block {
+    __m512i u[QUANT_Q5_LANES]; /* lane c's 4 levels (unsigned) of each of the 16 rows */
+    __m512 dw, m;
+};
+
+static inline void rp512_q5_unpack(const uint8_t *gb, enum quant_type t, struct rp512_q5_block *o)
+{
+    const int R = 16;
+    const size_t qh_at = 2 * (size_t)rp_q5_f16s(t) * R, qs_at = (size_t)R * rp_scale_bytes(t);
+    const __m512i bits = _mm512_loadu_si512(rp_q5_bits), low4 = _mm512_set1_epi8(0x0f),
+                  qh = _mm512_loadu_si512(gb + qh_at);
+    for (int k = 0; k < 4; k++) {
+        const __m512i raw = _mm512_loadu_si512(gb + qs_at + 64 * k);
+        o->u[k] = _mm512_or_si512(_mm512_and_si512(raw, low4), _mm512_permutexvar_epi32(_mm512_srli_epi32(qh, 4 * k), bits));
+        o->u[k + 4] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(raw, 4), low4),
+                                      _mm512_permutexvar_epi32(_mm512_srli_epi32(qh, 16 + 4 * k), bits));
+    }
+    o->dw = vmath_load16_f16(gb);
+    o->m = t == QUANT_Q5_1 ? vmath_load16_f16(gb + 2 * R) : _mm512_setzero_ps();
+}
+
+/* Tokens a[0..T) (T = 1 or 2) over nbk unpacked blocks, their accumulators in v. */
+static inline __attribute__((always_inline)) void rp512_q5_pass(const struct rp512_q5_block *blk, int nbk,
+                                                                const struct quant_rp_act *const *a, int T, bool q5_1,
+                                                                __m512 v[2][QUANT_Q5_LANES], __m512 sm[2])
+{
+    for (int i = 0; i < nbk; i++) {
+        __m512 dd[2];
+        for (int t = 0; t < T; t++) {
+            dd[t] = _mm512_mul_ps(blk[i].dw, _mm512_set1_ps(a[t][i].d));
+            if (q5_1)
+                sm[t] = _mm512_fmadd_ps(blk[i].m, _mm512_set1_ps(a[t][i].s), sm[t]);
+        }
+        for (int c = 0; c < QUANT_Q5_LANES; c++) {
+            const __m512i u = blk[i].u[c];
+            for (int t = 0; t < T; t++) {
+                __m512i p = _mm512_dpbusd_epi32(_mm512_set1_epi32(a[t][i].lane_corr[c]), u,
+                                                _mm512_set1_epi32(act_dword(&a[t][i], c)));
+                v[t][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), dd[t], v[t][c]);
+            }
+        }
+    }
+}
+
+static void rp512_q5_batch(const struct quant_rp_job *j, int64_t g)
+{
+    const int R = 16;
+    const bool q5_1 = j->wtype == QUANT_Q5_1;
+    const size_t gbb = (size_t)R * rp_block_bytes(j->wtype);
+    struct rp512_q5_block blk[RP5_CHUNK_BLOCKS];
+    __m512 acc[RP5_BATCH_TOKENS][QUANT_Q5_LANES], summs[RP5_BATCH_TOKENS];
+    for (int64_t t0 = 0; t0 < j->n_tokens; t0 += RP5_BATCH_TOKENS) {
+        const int T = (int)(j->n_tokens - t0 < RP5_BATCH_TOKENS ? j->n_tokens - t0 : RP5_BATCH_TOKENS);
+        for (int t = 0; t < T; t++) {
+            summs[t] = _mm512_setzero_ps();
+            for (int c = 0; c < QUANT_Q5_LANES; c++)
+                acc[t][c] = _mm512_setzero_ps();
+        }
+        for (int64_t b0 = 0; b0 < j->nb; b0 += RP5_CHUNK_BLOCKS) {
+            const int nbk = (int)(j->nb - b0 < RP5_CHUNK_BLOCKS ? j->nb - b0 : RP5_CHUNK_BLOCKS);
+            const uint8_t *gb = rp_group_block(j->W, j->wtype, j->nb, R, g, b0);
+            for (int i = 0; i < nbk; i++)
+                rp512_q5_unpack(gb + (size_t)i * gbb, j->wtype, &blk[i]);
+            for (int t = 0; t < T; t += 2) {
+                const int n = T - t < 2 ? 1 : 2;
+                const struct quant_rp_act *a[2] = {quant_rp_token(j, t0 + t) + b0,
+                                                   quant_rp_token(j, t0 + t + n - 1) + b0};
+                __m512 v[2][QUANT_Q5_LANES], sm[2] = {summs[t], summs[t + n - 1]};
+                for (int c = 0; c < QUANT_Q5_LANES; c++)
+                    v[0][c] = acc[t][c], v[1][c] = acc[t + n - 1][c];
+                if (n == 2)
+                    rp512_q5_pass(blk, nbk, a, 2, q5_1, v, sm);
+                else
+                    rp512_q5_pass(blk, nbk, a, 1, q5_1, v, sm);
+                for (int c = 0; c < QUANT_Q5_LANES; c++)
+                    acc[t][c] = v[0][c], acc[t + n - 1][c] = n == 2 ? v[1][c] : v[0][c];
+                summs[t] = sm[0], summs[t + n - 1] = n == 2 ? sm[1] : sm[0];
+            }
+        }
+        for (int t = 0; t < T; t++) {
+            const __m512 *v = acc[t];
+            __m512 sum = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(v[0], v[4]), _mm512_add_ps(v[2], v[6])),
+                                       _mm512_add_ps(_mm512_add_ps(v[1], v[5]), _mm512_add_ps(v[3], v[7])));
+            _mm512_storeu_ps(j->Y + (t0 + t) * j->ldy + g * R, q5_1 ? _mm512_add_ps(sum, summs[t]) : sum);
+        }
+    }
+}
+
 void quant_rp_rows_avx512(const struct quant_rp_job *j, int64_t g0, int64_t g1)
 {
     if (rp_is_q5(j->wtype)) {
-        for (int64_t g = g0; g < g1; g++)
-            for (int64_t t = 0; t < j->n_tokens; t += RP5_TT)
-                (j->n_tokens - t < RP5_TT ? rp512_q5_tile_1 : rp512_q5_tile_2)(j, g, t);
+        for (int64_t g = g0; g < g1; g++) {
+            if (j->n_tokens > RP5_TT) { /* 3 tokens and more: the unpacking shared by the batch */
+                rp512_q5_batch(j, g);
+                continue;
+            }
+            (j->n_tokens < RP5_TT ? rp512_q5_tile_1 : rp512_q5_tile_2)(j, g, 0);
+        }
         return;
     }
     rp_rows(j, g0, g1, rp512_tile_widths);
@@ -721,12 +818,90 @@ static void rp2_q5_tile(const struct quant_rp_job *j, int64_t g, int64_t t0)
     _mm256_storeu_ps(j->Y + t0 * j->ldy + g * R, q5_1 ? _mm256_add_ps(sum, summs) : sum);
 }
 
+/* q5 batches: a chunk of a group's blocks is unpacked once into L1 (levels
+ * per lane, scales) and RP5_BATCH_TOKENS tokens pass over it one by one,
+ * each with its 8 lane accumulators in registers: the unpacking, most of a
+ * one-token pass's work, is shared by the batch. The same operations per
+ * token and block as rp2_q5_tile, in the same order: the same bits. */
+struct rp2_q5_block {
+    __m256i u[QUANT_Q5_LANES]; /* lane c's 4 levels (unsigned) of each of the 8 rows */
+    __m256 dw, m;              /* the rows' d and (q5_1) m */
+};
+
+static inline void rp2_q5_unpack(const uint8_t *gb, enum quant_type t, struct rp2_q5_block *o)
+{
+    const int R = 8;
+    const size_t qh_at = 2 * (size_t)rp_q5_f16s(t) * R, qs_at = (size_t)R * rp_scale_bytes(t);
+    const __m256i low4 = _mm256_set1_epi8(0x0f), qh = _mm256_loadu_si256((const __m256i *)(gb + qh_at));
+    for (int k = 0; k < 4; k++) {
+        const __m256i raw = _mm256_loadu_si256((const __m256i *)(gb + qs_at + 32 * k));
+        o->u[k] = _mm256_or_si256(_mm256_and_si256(raw, low4), rp2_q5_bits(_mm256_srli_epi32(qh, 4 * k)));
+        o->u[k + 4] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(raw, 4), low4),
+                                      rp2_q5_bits(_mm256_srli_epi32(qh, 16 + 4 * k)));
+    }
+    o->dw = vmath_load8_f16(gb);
+    o->m = t == QUANT_Q5_1 ? vmath_load8_f16(gb + 2 * R) : _mm256_setzero_ps();
+}
+
+static void rp2_q5_batch(const struct quant_rp_job *j, int64_t g)
+{
+    const int R = 8;
+    const bool q5_1 = j->wtype == QUANT_Q5_1;
+    const size_t gbb = (size_t)R * rp_block_bytes(j->wtype);
+    const __m256i ones = _mm256_set1_epi16(1);
+    struct rp2_q5_block blk[RP5_CHUNK_BLOCKS];
+    __m256 acc[RP5_BATCH_TOKENS][QUANT_Q5_LANES], summs[RP5_BATCH_TOKENS];
+    for (int64_t t0 = 0; t0 < j->n_tokens; t0 += RP5_BATCH_TOKENS) {
+        const int T = (int)(j->n_tokens - t0 < RP5_BATCH_TOKENS ? j->n_tokens - t0 : RP5_BATCH_TOKENS);
+        for (int t = 0; t < T; t++) {
+            summs[t] = _mm256_setzero_ps();
+            for (int c = 0; c < QUANT_Q5_LANES; c++)
+                acc[t][c] = _mm256_setzero_ps();
+        }
+        for (int64_t b0 = 0; b0 < j->nb; b0 += RP5_CHUNK_BLOCKS) {
+            const int nbk = (int)(j->nb - b0 < RP5_CHUNK_BLOCKS ? j->nb - b0 : RP5_CHUNK_BLOCKS);
+            const uint8_t *gb = rp_group_block(j->W, j->wtype, j->nb, R, g, b0);
+            for (int i = 0; i < nbk; i++)
+                rp2_q5_unpack(gb + (size_t)i * gbb, j->wtype, &blk[i]);
+            for (int t = 0; t < T; t++) {
+                const struct quant_rp_act *a = quant_rp_token(j, t0 + t) + b0;
+                __m256 v[QUANT_Q5_LANES], sm = summs[t];
+                for (int c = 0; c < QUANT_Q5_LANES; c++)
+                    v[c] = acc[t][c];
+                for (int i = 0; i < nbk; i++) {
+                    const __m256 dd = _mm256_mul_ps(blk[i].dw, _mm256_set1_ps(a[i].d));
+                    if (q5_1)
+                        sm = _mm256_fmadd_ps(blk[i].m, _mm256_set1_ps(a[i].s), sm);
+                    for (int c = 0; c < QUANT_Q5_LANES; c++) {
+                        __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(blk[i].u[c], _mm256_set1_epi32(act_dword(&a[i], c))), ones);
+                        p = _mm256_add_epi32(p, _mm256_set1_epi32(a[i].lane_corr[c]));
+                        v[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), dd, v[c]);
+                    }
+                }
+                for (int c = 0; c < QUANT_Q5_LANES; c++)
+                    acc[t][c] = v[c];
+                summs[t] = sm;
+            }
+        }
+        for (int t = 0; t < T; t++) {
+            const __m256 *v = acc[t];
+            __m256 sum = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(v[0], v[4]), _mm256_add_ps(v[2], v[6])),
+                                       _mm256_add_ps(_mm256_add_ps(v[1], v[5]), _mm256_add_ps(v[3], v[7])));
+            _mm256_storeu_ps(j->Y + (t0 + t) * j->ldy + g * R, q5_1 ? _mm256_add_ps(sum, summs[t]) : sum);
+        }
+    }
+}
+
 void quant_rp_rows_avx2(const struct quant_rp_job *j, int64_t g0, int64_t g1)
 {
     if (rp_is_q5(j->wtype)) {
-        for (int64_t g = g0; g < g1; g++)
-            for (int64_t t = 0; t < j->n_tokens; t++)
-                rp2_q5_tile(j, g, t);
+        for (int64_t g = g0; g < g1; g++) {
+            if (j->n_tokens > 1) {
+                rp2_q5_batch(j, g);
+                continue;
+            }
+            rp2_q5_tile(j, g, 0);
+        }
         return;
     }
     rp_rows(j, g0, g1, rp2_tile_widths);
