@@ -596,8 +596,8 @@ static inline __attribute__((always_inline)) void rp512_q5_pass(const struct rp5
         for (int c = 0; c < QUANT_Q5_LANES; c++) {
             const __m512i u = blk[i].u[c];
             for (int t = 0; t < T; t++) {
-                __m512i p = _mm512_dpbusd_epi32(_mm512_set1_epi32(a[t][i].lane_corr[c]), u,
-                                                _mm512_set1_epi32(act_dword(&a[t][i], c)));
+                __m512i corr = q5_1 ? _mm512_setzero_si512() : _mm512_set1_epi32(a[t][i].lane_corr[c]);
+                __m512i p = _mm512_dpbusd_epi32(corr, u, _mm512_set1_epi32(act_dword(&a[t][i], c)));
                 v[t][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), dd[t], v[t][c]);
             }
         }
@@ -874,7 +874,8 @@ static void rp2_q5_batch(const struct quant_rp_job *j, int64_t g)
                         sm = _mm256_fmadd_ps(blk[i].m, _mm256_set1_ps(a[i].s), sm);
                     for (int c = 0; c < QUANT_Q5_LANES; c++) {
                         __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(blk[i].u[c], _mm256_set1_epi32(act_dword(&a[i], c))), ones);
-                        p = _mm256_add_epi32(p, _mm256_set1_epi32(a[i].lane_corr[c]));
+                        if (!q5_1) /* q5_1's levels are unsigned already: no correction */
+                            p = _mm256_add_epi32(p, _mm256_set1_epi32(a[i].lane_corr[c]));
                         v[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), dd, v[c]);
                     }
                 }
