@@ -2,9 +2,9 @@
  *
  *   bench_matmul [-t THREADS] [-r REPS] [-p PREFILL_TOKENS] [-n DECODE_TOKENS] [--type q4_0,q8_0,f16,q4_K]
  *                (any type name quant_type_from_name knows, e.g. mxfp4, iq4_nl)
- *                [--model llama-1b|qwen3-0.6b] [--cpu] [--no-repack]
+ *                [--model llama-1b|qwen3-0.6b|gemma3-1b] [--cpu] [--no-repack]
  *
- * Q4_0 / Q8_0 / IQ4_NL / MXFP4 weights are repacked as the model loader repacks them
+ * Q4_0 / Q8_0 / IQ4_NL / MXFP4 / Q5_0 / Q5_1 weights are repacked as the model loader repacks them
  * (quant_repack) where the shape allows; --no-repack keeps them row-major.
  * Decode (-n tokens, default 1: one decode stream; 2-16: as many streams
  * batched) reports GB/s of weight bytes read; the weights are cycled
@@ -41,6 +41,13 @@ static const struct shape k_shapes[] = {
     {"qwen3-0.6b", "ffn_up/gate 1024->3072", 1024, 3072, 2 * 28},
     {"qwen3-0.6b", "ffn_down 3072->1024", 3072, 1024, 28},
     {"qwen3-0.6b", "output 1024->151669", 1024, 151669, 1},
+    /* gemma3-1b: 26 layers, 1152 wide (not a multiple of 256: its Q4_K_M keeps q/k/v/gate/up at q5_0) */
+    {"gemma3-1b", "attn_q 1152->1024", 1152, 1024, 26},
+    {"gemma3-1b", "attn_k/v 1152->256", 1152, 256, 2 * 26},
+    {"gemma3-1b", "attn_o 1024->1152", 1024, 1152, 26},
+    {"gemma3-1b", "ffn_up/gate 1152->6912", 1152, 6912, 2 * 26},
+    {"gemma3-1b", "ffn_down 6912->1152", 6912, 1152, 26},
+    {"gemma3-1b", "output 1152->262144", 1152, 262144, 1},
 };
 
 /* Per model and type: sums of median times weighted by per_token. */
@@ -185,7 +192,7 @@ int main(int argc, char **argv)
             model = argv[++i];
         else {
             fprintf(stderr, "usage: %s [-t THREADS] [-r REPS] [-p TOKENS] [-n DECODE_TOKENS] [--type q4_0,q8_0,f16,q4_K] "
-                            "[--model llama-1b|qwen3-0.6b] [--cpu] [--no-repack]\n", argv[0]);
+                            "[--model llama-1b|qwen3-0.6b|gemma3-1b] [--cpu] [--no-repack]\n", argv[0]);
             return 2;
         }
     }
@@ -207,8 +214,8 @@ int main(int argc, char **argv)
             printf("# %s: no kernels in this build, skipped\n", tok);
             continue;
         }
-        const char *models[] = {"llama-1b", "qwen3-0.6b"};
-        for (int mi = 0; mi < 2; mi++) {
+        const char *models[] = {"llama-1b", "qwen3-0.6b", "gemma3-1b"};
+        for (int mi = 0; mi < 3; mi++) {
             if (model && strcmp(model, models[mi]))
                 continue;
             struct totals tot = {0};

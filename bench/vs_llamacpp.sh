@@ -17,6 +17,10 @@
 #   BUSY: that many processes spin on the CPU for the whole run (another program taking cores), to
 #         see how both programs' threads cope when the machine is not theirs alone.
 # Needs node (installed by scripts/deps.sh) to read both programs' JSON.
+# q5_0 / q5_1 weights: gemma3-1b's width (1152) is not a multiple of 256, so llama-quantize's Q4_K_M
+#   of it keeps q/k/v/gate/up at q5_0 and Q5_K_M at q5_1; a few layers show the kernels:
+#   kvserve synth --preset gemma3-1b --type f16 --layers 4 -o g.gguf
+#   ../shared/anchor/bin/llama-quantize g.gguf gemma3-1b-Q4_K_M.gguf Q4_K_M   (and Q5_K_M)
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 build=$here/build

@@ -12,7 +12,7 @@
  * short context (37 tokens, 3 pages of 16) and a long one (420 tokens, 27
  * pages, which attention splits into page ranges).
  *
- * Models: tiny llamas written by synth at q4_0, q8_0 and mxfp4 with every matrix
+ * Models: tiny llamas written by synth at q4_0, q8_0, mxfp4, q5_0 and q5_1 with every matrix
  * (the untied output too) at that type, the trained q4_0 model in ../shared
  * when present, repacked (the default); the build's default model (tiny
  * llama, q8_0, KVSERVE_DEFAULT_MODEL), whose output is its tied q8_0 token
@@ -377,6 +377,18 @@ static void test_mxfp4_repacked(void **state)
     assert_int_equal(check_synth("mxfp4", 0, k_any_batch, "tiny mxfp4"), 0);
 }
 
+/* q5_0 and q5_1 (gemma3's Q4_K_M keeps most of its bytes at q5_0): every
+ * kernel keeps llama.cpp's 8-lane order (quant_internal.h), so repacked (the
+ * one-pass group kernels for 1-2 tokens, the unpacked chunks above) a
+ * token's logits do not depend on its batch. (Row-major, every batch runs
+ * the same vec_dot per row and token.) */
+static void test_q5_repacked(void **state)
+{
+    (void)state;
+    assert_int_equal(check_synth("q5_0", 0, k_any_batch, "tiny q5_0"), 0);
+    assert_int_equal(check_synth("q5_1", 0, k_any_batch, "tiny q5_1"), 0);
+}
+
 /* k-quants are not repacked: decode runs the one-token vec_dot and small
  * batches its multi-token twin, bit-identical to it; from 8 tokens (32 for
  * Q4_K/Q6_K with AVX-512) the prefill tiles give the scalar reference's bits
@@ -421,6 +433,7 @@ int main(void)
         cmocka_unit_test(test_q4_0_repacked),
         cmocka_unit_test(test_q8_0_repacked),
         cmocka_unit_test(test_mxfp4_repacked),
+        cmocka_unit_test(test_q5_repacked),
         cmocka_unit_test(test_q4_k),
         cmocka_unit_test(test_trained_q4_0_repacked),
         cmocka_unit_test(test_row_major),

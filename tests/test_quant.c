@@ -858,14 +858,14 @@ static void test_matmul_experts_vs_per_expert(void **state)
     }
 }
 
-/* Repacked Q4_0 / Q8_0 / MXFP4 experts, as the model loader makes them, with
+/* Repacked Q4_0 / Q8_0 / MXFP4 / Q5_1 experts, as the model loader makes them, with
  * and without row-major tail rows past the last whole group (IQ4_NL runs
- * MXFP4's paths: test_quant_repack checks its kernels). */
+ * MXFP4's paths, Q5_0 Q5_1's: test_quant_repack checks their kernels). */
 static void test_matmul_experts_repacked_vs_per_expert(void **state)
 {
     (void)state;
     const int counts[][8] = {{1, 0, 0, 1, 0, 0, 0, 1}, {2, 3, 0, 7, 8, 1, 0, 5}, {9, 0, 16, 17, 20, 0, 4, 1}};
-    const enum quant_type types[] = {QUANT_Q4_0, QUANT_Q8_0, QUANT_MXFP4};
+    const enum quant_type types[] = {QUANT_Q4_0, QUANT_Q8_0, QUANT_MXFP4, QUANT_Q5_1};
     const int R = quant_repack_rows();
     for (int th = 1; th <= 2; th++) {
         threads_pool *pool;

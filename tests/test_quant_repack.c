@@ -1,4 +1,4 @@
-/* quant: repacked Q4_0 / Q8_0 / IQ4_NL / MXFP4 weights. The repack keeps every block
+/* quant: repacked Q4_0 / Q8_0 / IQ4_NL / MXFP4 / Q5_0 / Q5_1 weights. The repack keeps every block
  * (unpacking gives the original bytes back; the tail rows past the last
  * whole group keep their bytes in place), a row looked up in the layout is
  * the row-major row's floats, quant_matmul_repacked gives the scalar
@@ -32,7 +32,7 @@ static float rndf(void)
     return (float)((rng_state >> 40) & 0xffffff) / 16777216.0f * 2.0f - 1.0f;
 }
 
-static const enum quant_type k_types[] = {QUANT_Q4_0, QUANT_Q8_0, QUANT_IQ4_NL, QUANT_MXFP4};
+static const enum quant_type k_types[] = {QUANT_Q4_0, QUANT_Q8_0, QUANT_IQ4_NL, QUANT_MXFP4, QUANT_Q5_0, QUANT_Q5_1};
 
 /* rows x cols of wtype from random floats (some rows scaled down, so
  * scales differ widely between the rows of a group). */
@@ -71,6 +71,8 @@ static quant_vec_dot_fn ref_dot(enum quant_type wtype)
     case QUANT_Q4_0: return quant_vec_dot_q4_0_q8_0_ref;
     case QUANT_IQ4_NL: return quant_vec_dot_iq4_nl_q8_0_ref;
     case QUANT_MXFP4: return quant_vec_dot_mxfp4_q8_0_scalar;
+    case QUANT_Q5_0: return quant_vec_dot_q5_0_q8_0_ref;
+    case QUANT_Q5_1: return quant_vec_dot_q5_1_q8_1_ref;
     default: return quant_vec_dot_q8_0_q8_0_ref;
     }
 }
@@ -80,10 +82,13 @@ static void reference_matmul(enum quant_type wtype, const uint8_t *W, int64_t ro
                              int64_t n, float *Y)
 {
     size_t wrow = quant_row_size(wtype, cols);
-    block_q8_0 *xq = malloc((size_t)(cols / QK8_0) * sizeof *xq);
+    block_q8_1 *xq = malloc((size_t)(cols / QK8_0) * sizeof *xq); /* the larger of Q8_0 and Q8_1 */
     assert_non_null(xq);
     for (int64_t t = 0; t < n; t++) {
-        quant_q8_0_act_from_float_ref(X + t * cols, xq, cols);
+        if (wtype == QUANT_Q5_1)
+            quant_q8_1_act_from_float_ref(X + t * cols, xq, cols);
+        else
+            quant_q8_0_act_from_float_ref(X + t * cols, xq, cols);
         for (int64_t r = 0; r < rows; r++)
             ref_dot(wtype)((int)cols, &Y[t * rows + r], W + r * wrow, xq);
     }
@@ -112,7 +117,7 @@ static void test_repack_keeps_every_block(void **state)
                     assert_memory_equal(blk, W + r * wrow + b * bb, bb);
                 }
 #if defined(QUANT_HAVE_AVX2)
-                if (t == QUANT_IQ4_NL || t == QUANT_MXFP4) /* no prefill tile reads these */
+                if (t != QUANT_Q4_0 && t != QUANT_Q8_0) /* no prefill tile reads the others */
                     continue;
                 /* the prefill tiles' read of a repacked row, gathered or from the tail */
                 float d_rp, d_rows;
@@ -258,7 +263,7 @@ static void check_twin(rp_kernel_fn kernel, int R, int q8_bias)
             memcpy(P, W, wrow * (size_t)rows);
             assert_int_equal(quant_rp_repack_as(t, rows, cols, P, R, q8_bias), KS_OK);
             for (int64_t i = 0; i < n; i++)
-                quant_rp_pack_token(X + i * cols, cols, act + i * nb);
+                quant_rp_pack_token(t, X + i * cols, cols, act + i * nb);
             struct quant_rp_job j = {.wtype = t, .W = P, .nb = nb, .act = act, .n_tokens = n, .Y = Ys, .ldy = rows};
             kernel(&j, 0, rows / R);
             j.Y = Yt;

@@ -37,6 +37,9 @@ void quant_q8_0_from_float_ref(const float *x, void *y, int64_t n);
  * reference, and the build's fastest form, bit for bit the same. */
 void quant_q8_0_act_from_float_ref(const float *x, void *y, int64_t n);
 void quant_q8_0_act_from_float(const float *x, void *y, int64_t n);
+/* Activations of the Q8_1 types (q4_1, q5_1), rounded as ggml-cpu's x86
+ * quantize_row_q8_1 rounds them. */
+void quant_q8_1_act_from_float_ref(const float *x, void *y, int64_t n);
 void quant_q4_1_from_float_ref(const float *x, void *y, int64_t n);
 void quant_q5_0_from_float_ref(const float *x, void *y, int64_t n);
 void quant_q5_1_from_float_ref(const float *x, void *y, int64_t n);
@@ -47,6 +50,25 @@ void quant_iq3_nl_from_float_ref(const float *x, void *y, int64_t n);
  * scale of one block of 32 (0 for a block of zeros). */
 int quant_iq4nl_nearest(float v);
 float quant_iq4nl_block_scale(const float *x);
+
+/* ---- q5_0 and q5_1: llama.cpp's x86 order ----------------------------------
+ * llama.cpp (anchor b10470) repacks no q5_0/q5_1 matrix on x86 (repack.cpp's
+ * tensor traits: q4_0, q8_0, iq4_nl, mxfp4 and k-quants), so a q5_0 matmul
+ * runs ggml_vec_dot_q5_0_q8_0 for one token and llamafile's tinyBLAS_Q0_AVX
+ * for a batch, q5_1 always ggml_vec_dot_q5_1_q8_1 (tinyBLAS has no q5_1).
+ * All of them, on AVX2 and on AVX-512 (the icelake/zen4 builds run the same
+ * 256-bit code with vpdpbusd), keep 8 float lanes per output: lane l of a
+ * block is the exact integer sum over its elements 4l..4l+3, and
+ *   q5_0: acc_l = fma(dx * dy, lane_l, acc_l), dot = hsum8(acc)
+ *   q5_1: acc_l = fma(lane_l, dx * dy, acc_l), summs = fma(mx, sy, summs),
+ *         dot = hsum8(acc) + summs
+ * block by block, hsum8 = hsum_float_8's order below. Every kvserve q5
+ * kernel (vec_dots, repacked groups, tiles) gives these bits. */
+#define QUANT_Q5_LANES 8
+static inline float quant_lanes_hsum8(const float a[QUANT_Q5_LANES])
+{
+    return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+}
 
 /* Index of the level of values (n of them, ascending) nearest v: how many
  * midpoints between neighbours lie at or below it (a tie goes up). */
@@ -99,7 +121,7 @@ QUANT_DECLARE_DOTS(avx512)
 /* quant_swiglu's scalar twin: the same bits, element by element (tests). */
 void quant_swiglu_twin(float *gate, const float *up, int64_t n);
 
-/* ---- repacked Q4_0 / Q8_0 / IQ4_NL / MXFP4 weights (quant_repack.c) ------- */
+/* ---- repacked Q4_0 / Q8_0 / IQ4_NL / MXFP4 / Q5_0 / Q5_1 weights (quant_repack.c) */
 /* Rows per interleaved group and the bias of stored Q8_0 quants in this
  * build's layout: what the build's fastest kernel reads. */
 #if defined(QUANT_HAVE_AVX512)
@@ -120,8 +142,15 @@ struct quant_rp_act {
     int8_t qs[QK8_0];
     float d;     /* the f16 scale, widened */
     int32_t sum; /* sum(qs): the correction of unsigned weight operands */
+    /* q5_0 / q5_1 only: Q8_1's s (f16 of d * sum, d before its rounding),
+     * widened, and per 4-element lane (quant_internal.h, "q5_0 and q5_1")
+     * the correction of q5_0's unsigned levels (level + 16) */
+    float s;
+    int32_t lane_corr[QUANT_Q5_LANES]; /* q5_0: -16 x each lane's sum of qs; 0 otherwise */
 };
-void quant_rp_pack_token(const float *x, int64_t cols, struct quant_rp_act *out);
+/* Token x (cols floats) as the group kernels of wtype read it: Q8_0 (or, for
+ * q5_1, Q8_1) activations rounded as llama.cpp's x86 backend rounds them. */
+void quant_rp_pack_token(enum quant_type wtype, const float *x, int64_t cols, struct quant_rp_act *out);
 
 /* Rows of a repacked matrix against n_tokens packed tokens. */
 struct quant_rp_job {

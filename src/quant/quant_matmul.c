@@ -66,8 +66,12 @@ enum mm_path { MM_GENERIC, MM_Q8_DECODE, MM_Q8_PREFILL, MM_FLOAT_DECODE, MM_FLOA
                MM_KQ_PREFILL };
 
 static inline bool is_q8_family(enum quant_type t) { return t == QUANT_Q4_0 || t == QUANT_Q8_0; }
-/* Repacked, these types run the group kernels at every batch size: no tile reads their layout. */
-static inline bool rp_every_batch(enum quant_type t) { return t == QUANT_IQ4_NL || t == QUANT_MXFP4; }
+/* Repacked, these types run the group kernels at every batch size: no tile reads their layout (q5's
+ * 8-lane order costs a tile what it costs a group kernel: a cvt and an fma per lane and block). */
+static inline bool rp_every_batch(enum quant_type t)
+{
+    return t == QUANT_IQ4_NL || t == QUANT_MXFP4 || t == QUANT_Q5_0 || t == QUANT_Q5_1;
+}
 static inline bool is_repackable(enum quant_type t) { return is_q8_family(t) || rp_every_batch(t); }
 static bool is_float(enum quant_type t) { return t == QUANT_F32 || t == QUANT_F16 || t == QUANT_BF16; }
 static bool is_kquant(enum quant_type t) { return t >= QUANT_Q2_K && t <= QUANT_Q8_K; }
@@ -277,12 +281,14 @@ static struct quant_rp_job rp_job(const struct mm *m)
 
 /* ---- generic path --------------------------------------------------------- */
 
-/* Q8_0 activations take ggml-cpu's x86 rounding: quant_ref.c says why. */
+/* Q8_0 and Q8_1 activations take ggml-cpu's x86 rounding: quant_ref.c says why. */
 quant_from_float_fn quant_act_quantizer(enum quant_type wtype)
 {
     const struct quant_traits *tr = quant_traits(wtype);
     if (!tr || !tr->is_quantized)
         return NULL;
+    if (tr->vec_dot_type == QUANT_Q8_1)
+        return quant_q8_1_act_from_float_ref;
     return tr->vec_dot_type == QUANT_Q8_0 ? quant_q8_0_act_from_float : quant_traits(tr->vec_dot_type)->from_float;
 }
 
@@ -1028,7 +1034,7 @@ static void ex_pack_unit(struct ex_run *r, int64_t u)
         uint8_t *out = r->tokpack + xr * r->tok_xrow;
         switch (r->tok_layout) {
         case EX_TOK_RP:
-            quant_rp_pack_token(p->X + xr * cols, cols, (struct quant_rp_act *)(void *)out);
+            quant_rp_pack_token(p->wtype, p->X + xr * cols, cols, (struct quant_rp_act *)(void *)out);
             return;
 #if defined(QUANT_HAVE_AVX512)
         case EX_TOK_DEC:
@@ -1348,7 +1354,7 @@ static void rp_pack(void *vctx, int ith, int nth)
     int64_t lo, hi;
     threads_split(m->n_tokens, ith, nth, &lo, &hi);
     for (int64_t t = lo; t < hi; t++)
-        quant_rp_pack_token(m->X + t * m->cols, m->cols, (struct quant_rp_act *)(m->work + t * m->xrow));
+        quant_rp_pack_token(m->wtype, m->X + t * m->cols, m->cols, (struct quant_rp_act *)(m->work + t * m->xrow));
 }
 
 /* Groups are handed out in chunks, as dec_compute's rows are, and for the
@@ -1404,7 +1410,7 @@ static ks_status mm_init(struct mm *m, const void *W, enum quant_type wtype, boo
                        (long long)rows, (long long)cols, (long long)n_tokens, tr->name);
     if (repacked && !quant_repack_fits(wtype, rows, cols))
         return ks_fail(KS_ERR_INVALID_ARG, "matmul: a repacked %s matrix of %lld x %lld cannot exist (Q4_0, Q8_0, "
-                       "IQ4_NL or MXFP4, whole blocks, at least %d rows)", quant_type_name(wtype), (long long)rows, (long long)cols,
+                       "IQ4_NL, MXFP4, Q5_0 or Q5_1, whole blocks, at least %d rows)", quant_type_name(wtype), (long long)rows, (long long)cols,
                        QUANT_RP_ROWS);
     if (!W || !X || !Y || !work)
         return ks_fail(KS_ERR_INVALID_ARG, "matmul: NULL buffer");

@@ -449,6 +449,27 @@ void quant_q8_0_act_from_float_ref(const float *x, void *vy, int64_t n)
     }
 }
 
+/* Activations of q4_1 and q5_1 (vec_dot_type Q8_1): ggml-cpu's x86
+ * quantize_row_q8_1, as quant_q8_0_act_from_float_ref for Q8_0, with
+ * s = f16(d * (float)sum of the rounded quants). */
+void quant_q8_1_act_from_float_ref(const float *x, void *vy, int64_t n)
+{
+    block_q8_1 *y = vy;
+    for (int64_t i = 0; i < n / QK8_1; i++, x += QK8_1) {
+        float amax = 0;
+        for (int j = 0; j < QK8_1; j++)
+            amax = fabsf(x[j]) > amax ? fabsf(x[j]) : amax;
+        const float d = amax / 127.0f, id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        int sum = 0;
+        for (int j = 0; j < QK8_1; j++) {
+            y[i].qs[j] = (int8_t)act_nearest_even(x[j] * id);
+            sum += y[i].qs[j];
+        }
+        y[i].d = quant_f32_to_f16(d);
+        y[i].s = quant_f32_to_f16(d * (float)sum);
+    }
+}
+
 void quant_vec_dot_q4_0_q8_0_ref(int n, float *s, const void *vx, const void *vy)
 {
     const block_q4_0 *x = vx;
@@ -481,36 +502,57 @@ void quant_vec_dot_q4_1_q8_1_ref(int n, float *s, const void *vx, const void *vy
     *s = sum;
 }
 
+/* Lane l of a q5 block against a Q8 block: the exact sum over elements
+ * 4l..4l+3 of (q5 level - offset) * y, what one dword of maddubs + madd (or
+ * dpbusd) holds in ggml's x86 vec_dot. */
+static void q5_lane_sums(const uint8_t *qs, const uint8_t qh_bytes[4], int offset, const int8_t *y,
+                         int32_t lane[QUANT_Q5_LANES])
+{
+    uint32_t qh;
+    memcpy(&qh, qh_bytes, sizeof qh);
+    for (int l = 0; l < QUANT_Q5_LANES; l++) {
+        int32_t sum = 0;
+        for (int j = 4 * l; j < 4 * l + 4; j++)
+            sum += (q5_value(qs, qh, j) - offset) * y[j];
+        lane[l] = sum;
+    }
+}
+
+/* llama.cpp's x86 order (quant_internal.h, "q5_0 and q5_1"): eight lane
+ * accumulators, acc = fma(dx * dy, lane, acc) per block, hsum_float_8. */
 void quant_vec_dot_q5_0_q8_0_ref(int n, float *s, const void *vx, const void *vy)
 {
     const block_q5_0 *x = vx;
     const block_q8_0 *y = vy;
-    float sum = 0;
+    float acc[QUANT_Q5_LANES] = {0};
     for (int i = 0; i < n / QK8_0; i++) {
-        uint32_t qh;
-        memcpy(&qh, x[i].qh, sizeof qh);
-        int sumi = 0;
-        for (int j = 0; j < QK5_0; j++)
-            sumi += (q5_value(x[i].qs, qh, j) - 16) * y[i].qs[j];
-        sum += (float)sumi * (F16(x[i].d) * F16(y[i].d));
+        int32_t lane[QUANT_Q5_LANES];
+        q5_lane_sums(x[i].qs, x[i].qh, 16, y[i].qs, lane);
+        const float d = F16(x[i].d) * F16(y[i].d);
+        for (int l = 0; l < QUANT_Q5_LANES; l++)
+            acc[l] = fmaf(d, (float)lane[l], acc[l]);
     }
-    *s = sum;
+    *s = quant_lanes_hsum8(acc);
 }
 
+/* The same lanes with acc = fma(lane, dx * dy, acc), and the min terms
+ * summs = fma(m_x, s_y, summs) in block order (ggml's x86 build contracts
+ * its summs += m * s into an fma: vfmadd231ss in libggml-cpu-haswell/icelake),
+ * added after the lanes' sum. */
 void quant_vec_dot_q5_1_q8_1_ref(int n, float *s, const void *vx, const void *vy)
 {
     const block_q5_1 *x = vx;
     const block_q8_1 *y = vy;
-    float sum = 0;
+    float acc[QUANT_Q5_LANES] = {0}, summs = 0;
     for (int i = 0; i < n / QK8_1; i++) {
-        uint32_t qh;
-        memcpy(&qh, x[i].qh, sizeof qh);
-        int sumi = 0;
-        for (int j = 0; j < QK5_1; j++)
-            sumi += q5_value(x[i].qs, qh, j) * y[i].qs[j];
-        sum += (float)sumi * (F16(x[i].d) * F16(y[i].d)) + F16(x[i].m) * F16(y[i].s);
+        int32_t lane[QUANT_Q5_LANES];
+        q5_lane_sums(x[i].qs, x[i].qh, 0, y[i].qs, lane);
+        summs = fmaf(F16(x[i].m), F16(y[i].s), summs);
+        const float d = F16(x[i].d) * F16(y[i].d);
+        for (int l = 0; l < QUANT_Q5_LANES; l++)
+            acc[l] = fmaf((float)lane[l], d, acc[l]);
     }
-    *s = sum;
+    *s = quant_lanes_hsum8(acc) + summs;
 }
 
 /* One fused multiply-add per block, in block order: what llama.cpp's

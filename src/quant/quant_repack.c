@@ -1,4 +1,4 @@
-/* quant: Q4_0 / Q8_0 / IQ4_NL / MXFP4 weights repacked at load time into
+/* quant: Q4_0 / Q8_0 / IQ4_NL / MXFP4 / Q5_0 / Q5_1 weights repacked at load time into
  * interleaved row groups, and the decode GEMV / small-batch GEMM kernels that
  * read them.
  *
@@ -28,7 +28,17 @@
  * (every pair of products fits int16). Their groups are read by every batch
  * size: quant_matmul.c has no other kernel for the layout.
  *
- * Every kernel computes, per row and token, what quant_vec_dot_*_ref does:
+ * Q5_0 and Q5_1 group-blocks keep their header fields as arrays, each one
+ * vector load: d[R] | m[R] (Q5_1) | qh[R] (4 bytes) | then the nibbles in
+ * chunks as Q4_0's. A group of one row is the file's block. Their kernels
+ * keep llama.cpp's 8 float lanes per row (quant_internal.h, "q5_0 and
+ * q5_1"): dword c of a block's rows against the token's dword c is lane c's
+ * exact sum in one vpdpbusd (levels stored unsigned, nibble | bit << 4; q5_0's
+ * -16 is a correction of -16 x the dword's activation sum), then one fma per
+ * lane into 8 accumulators per row vector, and hsum_float_8's order at the
+ * end: the reference vec_dot's bits, whatever the batch.
+ *
+ * Every other kernel computes, per row and token, what quant_vec_dot_*_ref does:
  *     sum = fma((float)isum_b, d_w * d_x, sum), block after block
  * (llama.cpp's repacked x86 order; this file is compiled with
  * -ffp-contract=off, so no other product is fused), so every ISA and the
@@ -48,12 +58,18 @@
 
 #define RP_CHUNK 4        /* bytes of one row per lane */
 #define RP_TT 4           /* tokens sharing one pass over a group's weights */
+#define RP5_TT 2          /* the same for q5 with AVX-512: 8 lane accumulators per token */
+#define RP5_CHUNK_BLOCKS 16 /* q5 batches: blocks of a group unpacked at once (8 KiB of levels with AVX-512) */
+#define RP5_BATCH_TOKENS 16 /* q5 batches: tokens passing over one unpacked chunk */
 #ifndef RP_AHEAD
 #define RP_AHEAD 4096     /* software prefetch distance in the weight stream (2 KiB: 3% fewer GB/s on q4_0) */
 #endif
 
 /* The 4-bit lookup-table types: nibbles as Q4_0's, each an index into 16 int8 levels. */
 static bool rp_is_lut(enum quant_type t) { return t == QUANT_IQ4_NL || t == QUANT_MXFP4; }
+static bool rp_is_q5(enum quant_type t) { return t == QUANT_Q5_0 || t == QUANT_Q5_1; }
+/* q5 header arrays: f16 fields per row (d; d and m) before the qh dwords. */
+static int rp_q5_f16s(enum quant_type t) { return t == QUANT_Q5_1 ? 2 : 1; }
 static const int8_t *rp_levels(enum quant_type t) { return t == QUANT_MXFP4 ? quant_mxfp4_values : quant_iq4nl_values; }
 
 static size_t rp_block_bytes(enum quant_type t)
@@ -62,18 +78,26 @@ static size_t rp_block_bytes(enum quant_type t)
     case QUANT_Q4_0: return sizeof(block_q4_0);
     case QUANT_IQ4_NL: return sizeof(block_iq4_nl);
     case QUANT_MXFP4: return sizeof(block_mxfp4);
+    case QUANT_Q5_0: return sizeof(block_q5_0);
+    case QUANT_Q5_1: return sizeof(block_q5_1);
     default: return sizeof(block_q8_0);
     }
 }
-/* Bytes of one row's scale: an f16, or MXFP4's E8M0 exponent. */
-static int rp_scale_bytes(enum quant_type t) { return t == QUANT_MXFP4 ? 1 : (int)sizeof(quant_f16); }
+/* Bytes of one row's header before the nibbles: an f16 scale, MXFP4's E8M0
+ * exponent, or a q5 block's f16 fields and qh. */
+static int rp_scale_bytes(enum quant_type t)
+{
+    if (rp_is_q5(t))
+        return 2 * rp_q5_f16s(t) + 4;
+    return t == QUANT_MXFP4 ? 1 : (int)sizeof(quant_f16);
+}
 static int rp_chunks(enum quant_type t) { return (t == QUANT_Q8_0 ? QK8_0 : QK4_0 / 2) / RP_CHUNK; }
 
 int quant_repack_rows(void) { return QUANT_RP_ROWS; }
 
 bool quant_repack_fits(enum quant_type t, int64_t rows, int64_t cols)
 {
-    return (t == QUANT_Q4_0 || t == QUANT_Q8_0 || rp_is_lut(t)) && rows >= QUANT_RP_ROWS && cols > 0 &&
+    return (t == QUANT_Q4_0 || t == QUANT_Q8_0 || rp_is_lut(t) || rp_is_q5(t)) && rows >= QUANT_RP_ROWS && cols > 0 &&
            cols % QK8_0 == 0 && cols <= INT32_MAX;
 }
 
@@ -99,10 +123,26 @@ static float rp_scale(const uint8_t *gb, enum quant_type t, int l)
     return quant_f16_to_f32(d);
 }
 
+/* Row l's header between its block (blk) and the group-block: q5's fields go
+ * to their arrays, every other type's scale to gb + l * its bytes. */
+static void rp_header_io(uint8_t *gb, enum quant_type t, int R, int l, uint8_t *blk, bool put)
+{
+    if (!rp_is_q5(t)) {
+        const int sb = rp_scale_bytes(t);
+        put ? memcpy(gb + sb * l, blk, (size_t)sb) : memcpy(blk, gb + sb * l, (size_t)sb);
+        return;
+    }
+    const int nf = rp_q5_f16s(t);
+    for (int f = 0; f <= nf; f++) { /* the f16 fields, then qh */
+        size_t at = f < nf ? 2 * ((size_t)f * R + l) : 2 * (size_t)nf * R + 4 * (size_t)l, n = f < nf ? 2 : 4;
+        put ? memcpy(gb + at, blk + 2 * f, n) : memcpy(blk + 2 * f, gb + at, n);
+    }
+}
+
 static void rp_put(uint8_t *gb, enum quant_type t, int R, int q8_bias, int l, const uint8_t *blk)
 {
     const int sb = rp_scale_bytes(t);
-    memcpy(gb + sb * l, blk, (size_t)sb);
+    rp_header_io(gb, t, R, l, (uint8_t *)blk, true);
     const uint8_t *qs = blk + sb;
     for (int k = 0; k < rp_chunks(t); k++)
         for (int i = 0; i < RP_CHUNK; i++)
@@ -113,7 +153,7 @@ void quant_rp_get_block(const void *W, enum quant_type t, int64_t nb, int64_t r,
 {
     const int R = QUANT_RP_ROWS, l = (int)(r % R), sb = rp_scale_bytes(t);
     uint8_t *gb = rp_group_block(W, t, nb, R, r / R, b), *o = out;
-    memcpy(o, gb + sb * l, (size_t)sb);
+    rp_header_io(gb, t, R, l, o, false);
     for (int k = 0; k < rp_chunks(t); k++)
         for (int i = 0; i < RP_CHUNK; i++) {
             uint8_t v = rp_chunk(gb, t, R, l, k)[i];
@@ -124,8 +164,8 @@ void quant_rp_get_block(const void *W, enum quant_type t, int64_t nb, int64_t r,
 ks_status quant_repack(enum quant_type t, int64_t rows, int64_t cols, void *W)
 {
     if (!W || !quant_repack_fits(t, rows, cols))
-        return ks_fail(KS_ERR_INVALID_ARG, "repack: %s matrix of %lld x %lld cannot be repacked (Q4_0, Q8_0, IQ4_NL or "
-                       "MXFP4, whole blocks, at least %d rows)", quant_type_name(t), (long long)rows, (long long)cols,
+        return ks_fail(KS_ERR_INVALID_ARG, "repack: %s matrix of %lld x %lld cannot be repacked (Q4_0, Q8_0, IQ4_NL, "
+                       "MXFP4, Q5_0 or Q5_1, whole blocks, at least %d rows)", quant_type_name(t), (long long)rows, (long long)cols,
                        QUANT_RP_ROWS);
     return quant_rp_repack_as(t, rows, cols, W, QUANT_RP_ROWS, QUANT_RP_Q8_BIAS);
 }
@@ -148,17 +188,31 @@ ks_status quant_rp_repack_as(enum quant_type t, int64_t rows, int64_t cols, void
     return KS_OK;
 }
 
-void quant_rp_pack_token(const float *x, int64_t cols, struct quant_rp_act *out)
+void quant_rp_pack_token(enum quant_type wtype, const float *x, int64_t cols, struct quant_rp_act *out)
 {
-    quant_from_float_fn quantize = quant_q8_0_act_from_float;
     for (int64_t b = 0; b < cols / QK8_0; b++) {
-        block_q8_0 q;
-        quantize(x + b * QK8_0, &q, QK8_0);
-        memcpy(out[b].qs, q.qs, QK8_0);
-        out[b].d = quant_f16_to_f32(q.d);
+        quant_f16 d, s = 0;
+        if (rp_is_q5(wtype)) { /* Q8_1's quants and d are Q8_0's (the same rounding); s besides */
+            block_q8_1 q;
+            quant_q8_1_act_from_float_ref(x + b * QK8_0, &q, QK8_0);
+            memcpy(out[b].qs, q.qs, QK8_0);
+            d = q.d, s = q.s;
+        } else {
+            block_q8_0 q;
+            quant_q8_0_act_from_float(x + b * QK8_0, &q, QK8_0);
+            memcpy(out[b].qs, q.qs, QK8_0);
+            d = q.d;
+        }
+        out[b].d = quant_f16_to_f32(d);
+        out[b].s = quant_f16_to_f32(s);
         int sum = 0;
-        for (int i = 0; i < QK8_0; i++)
-            sum += q.qs[i];
+        for (int c = 0; c < QUANT_Q5_LANES; c++) {
+            int lane = 0;
+            for (int i = 4 * c; i < 4 * c + 4; i++)
+                lane += out[b].qs[i];
+            out[b].lane_corr[c] = wtype == QUANT_Q5_0 ? -16 * lane : 0;
+            sum += lane;
+        }
         out[b].sum = sum;
     }
 }
@@ -199,12 +253,12 @@ ks_status quant_get_row_repacked(const void *W, enum quant_type t, int64_t rows,
     if (r >= quant_rp_grouped_rows(rows))
         return quant_get_row(W, t, cols, r, y);
 #if defined(QUANT_HAVE_AVX2)
-    if (!rp_is_lut(t)) {
+    if (!rp_is_lut(t) && !rp_is_q5(t)) {
         rp_row_to_float_avx2(W, t, cols / QK8_0, r, y);
         return KS_OK;
     }
 #endif
-    /* a lookup-table row: one value times the scale per element, the same bits in any form */
+    /* a lookup-table or q5 row: one value times the scale (plus q5_1's min) per element, the same bits in any form */
     quant_rp_row_to_float_ref(W, t, cols / QK8_0, r, y);
     return KS_OK;
 }
@@ -240,6 +294,15 @@ static void rp_rows(const struct quant_rp_job *j, int64_t g0, int64_t g1, const 
     static const rp_tile_fn tile##_widths[RP_TT + 1] = {NULL, tile##_1, tile##_2, tile##_3, tile##_4};
 #endif
 
+#if defined(QUANT_HAVE_AVX512)
+/* q5's fifth bits: entry i holds 0x10 in byte b where bit b of i is set (the
+ * 4 bits of one lane, per row dword; vpermd reads an index's low 4 bits). */
+static const int32_t rp_q5_bits[16] = {
+    0x00000000, 0x00000010, 0x00001000, 0x00001010, 0x00100000, 0x00100010, 0x00101000, 0x00101010,
+    0x10000000, 0x10000010, 0x10001000, 0x10001010, 0x10100000, 0x10100010, 0x10101000, 0x10101010,
+};
+#endif
+
 /* ---- scalar twin: any R and Q8_0 bias ---------------------------------------- */
 
 static int32_t rp_dot_ref(const uint8_t *gb, enum quant_type t, int R, int q8_bias, int l, const struct quant_rp_act *a)
@@ -259,8 +322,60 @@ static int32_t rp_dot_ref(const uint8_t *gb, enum quant_type t, int R, int q8_bi
     return isum;
 }
 
+/* q5: lane c of row l's block, the exact sum of its 4 elements' (level - 16) * x
+ * (q5_0) or level * x (q5_1). Lane c < 4 is chunk c's low nibbles, lane c >= 4
+ * chunk c - 4's high ones; element e's fifth bit is bit e of qh. */
+static void rp5_lanes_ref(const uint8_t *gb, enum quant_type t, int R, int l, const struct quant_rp_act *a,
+                          int32_t lane[QUANT_Q5_LANES])
+{
+    uint32_t qh;
+    memcpy(&qh, gb + 2 * (size_t)rp_q5_f16s(t) * R + 4 * (size_t)l, sizeof qh);
+    const int offset = t == QUANT_Q5_0 ? 16 : 0;
+    for (int c = 0; c < QUANT_Q5_LANES; c++) {
+        const uint8_t *ch = rp_chunk((uint8_t *)gb, t, R, l, c % 4);
+        int32_t sum = 0;
+        for (int i = 0; i < RP_CHUNK; i++) {
+            int e = 4 * c + i, level = ((ch[i] >> (c < 4 ? 0 : 4)) & 0x0f) | (int)(((qh >> e) & 1) << 4);
+            sum += (level - offset) * a->qs[e];
+        }
+        lane[c] = sum;
+    }
+}
+
+/* quant_vec_dot_q5_0_q8_0_ref / q5_1_q8_1_ref on the group layout. */
+static void rp5_rows_ref(const struct quant_rp_job *j, int R, int64_t g0, int64_t g1)
+{
+    const enum quant_type t = j->wtype;
+    for (int64_t g = g0; g < g1; g++)
+        for (int64_t tok = 0; tok < j->n_tokens; tok++) {
+            const struct quant_rp_act *a = quant_rp_token(j, tok);
+            for (int l = 0; l < R; l++) {
+                float acc[QUANT_Q5_LANES] = {0}, summs = 0;
+                for (int64_t b = 0; b < j->nb; b++) {
+                    const uint8_t *gb = rp_group_block(j->W, t, j->nb, R, g, b);
+                    int32_t lane[QUANT_Q5_LANES];
+                    rp5_lanes_ref(gb, t, R, l, a + b, lane);
+                    if (t == QUANT_Q5_1) {
+                        quant_f16 m;
+                        memcpy(&m, gb + 2 * ((size_t)R + l), sizeof m);
+                        summs = fmaf(quant_f16_to_f32(m), a[b].s, summs);
+                    }
+                    const float d = rp_scale(gb, t, l) * a[b].d;
+                    for (int c = 0; c < QUANT_Q5_LANES; c++)
+                        acc[c] = fmaf(d, (float)lane[c], acc[c]);
+                }
+                float sum = quant_lanes_hsum8(acc);
+                j->Y[tok * j->ldy + g * R + l] = t == QUANT_Q5_1 ? sum + summs : sum;
+            }
+        }
+}
+
 void quant_rp_rows_ref(const struct quant_rp_job *j, int R, int q8_bias, int64_t g0, int64_t g1)
 {
+    if (rp_is_q5(j->wtype)) {
+        rp5_rows_ref(j, R, g0, g1);
+        return;
+    }
     for (int64_t g = g0; g < g1; g++)
         for (int64_t t = 0; t < j->n_tokens; t++) {
             const struct quant_rp_act *a = quant_rp_token(j, t);
@@ -381,8 +496,170 @@ static inline __attribute__((always_inline)) void rp512_tile(const struct quant_
 
 RP_TILE_WIDTHS(rp512_tile)
 
+/* q5: a group-block's 16 rows against tokens t0 .. t0 + T (T <= RP5_TT: 8
+ * lane accumulators per token), in llama.cpp's lane order. */
+static inline __attribute__((always_inline)) void rp512_q5_tile(const struct quant_rp_job *j, int64_t g, int64_t t0,
+                                                                int T)
+{
+    const int R = 16;
+    const bool q5_1 = j->wtype == QUANT_Q5_1;
+    const size_t gbb = (size_t)R * rp_block_bytes(j->wtype), qh_at = 2 * (size_t)rp_q5_f16s(j->wtype) * R,
+                 qs_at = (size_t)R * rp_scale_bytes(j->wtype);
+    const __m512i bits = _mm512_loadu_si512(rp_q5_bits), low4 = _mm512_set1_epi8(0x0f);
+    const struct quant_rp_act *a[RP5_TT];
+    __m512 acc[RP5_TT][QUANT_Q5_LANES], summs[RP5_TT];
+    for (int t = 0; t < T; t++) {
+        a[t] = quant_rp_token(j, t0 + t);
+        summs[t] = _mm512_setzero_ps();
+        for (int c = 0; c < QUANT_Q5_LANES; c++)
+            acc[t][c] = _mm512_setzero_ps();
+    }
+    const uint8_t *gb = rp_group_block(j->W, j->wtype, j->nb, R, g, 0);
+    for (int64_t b = 0; b < j->nb; b++, gb += gbb) {
+        for (size_t off = 0; off < gbb; off += 64)
+            __builtin_prefetch((const char *)gb + RP_AHEAD + off, 0, QUANT_WEIGHT_PREFETCH);
+        const __m512i qh = _mm512_loadu_si512(gb + qh_at);
+        const __m512 dw = vmath_load16_f16(gb);
+        __m512 dd[RP5_TT];
+        for (int t = 0; t < T; t++)
+            dd[t] = _mm512_mul_ps(dw, _mm512_set1_ps(a[t][b].d));
+        if (q5_1) {
+            const __m512 m = vmath_load16_f16(gb + 2 * R);
+            for (int t = 0; t < T; t++)
+                summs[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(a[t][b].s), summs[t]);
+        }
+        for (int k = 0; k < 4; k++) {
+            const __m512i raw = _mm512_loadu_si512(gb + qs_at + 64 * k);
+            /* lanes k and k + 4: the nibbles, and bits 4k.. / 16 + 4k.. of qh looked up as 0x10 bytes */
+            const __m512i u_lo = _mm512_or_si512(_mm512_and_si512(raw, low4),
+                                                 _mm512_permutexvar_epi32(_mm512_srli_epi32(qh, 4 * k), bits));
+            const __m512i u_hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(raw, 4), low4),
+                                                 _mm512_permutexvar_epi32(_mm512_srli_epi32(qh, 16 + 4 * k), bits));
+            for (int t = 0; t < T; t++) {
+                const struct quant_rp_act *x = &a[t][b];
+                __m512i lo = _mm512_dpbusd_epi32(_mm512_set1_epi32(x->lane_corr[k]), u_lo,
+                                                 _mm512_set1_epi32(act_dword(x, k)));
+                __m512i hi = _mm512_dpbusd_epi32(_mm512_set1_epi32(x->lane_corr[k + 4]), u_hi,
+                                                 _mm512_set1_epi32(act_dword(x, k + 4)));
+                acc[t][k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), dd[t], acc[t][k]);
+                acc[t][k + 4] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), dd[t], acc[t][k + 4]);
+            }
+        }
+    }
+    for (int t = 0; t < T; t++) {
+        __m512 *v = acc[t]; /* hsum_float_8's order, row by row */
+        __m512 sum = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(v[0], v[4]), _mm512_add_ps(v[2], v[6])),
+                                   _mm512_add_ps(_mm512_add_ps(v[1], v[5]), _mm512_add_ps(v[3], v[7])));
+        _mm512_storeu_ps(j->Y + (t0 + t) * j->ldy + g * R, q5_1 ? _mm512_add_ps(sum, summs[t]) : sum);
+    }
+}
+
+static void rp512_q5_tile_1(const struct quant_rp_job *j, int64_t g, int64_t t0) { rp512_q5_tile(j, g, t0, 1); }
+static void rp512_q5_tile_2(const struct quant_rp_job *j, int64_t g, int64_t t0) { rp512_q5_tile(j, g, t0, 2); }
+
+/* q5 batches: as rp2_q5_batch (a chunk of blocks unpacked once into L1,
+ * RP5_BATCH_TOKENS tokens passing over it), two tokens at a time so each
+ * unpacked vector is loaded once per pair. */
+struct rp512_q5_block {
+    __m512i u[QUANT_Q5_LANES]; /* lane c's 4 levels (unsigned) of each of the 16 rows */
+    __m512 dw, m;
+};
+
+static inline void rp512_q5_unpack(const uint8_t *gb, enum quant_type t, struct rp512_q5_block *o)
+{
+    const int R = 16;
+    const size_t qh_at = 2 * (size_t)rp_q5_f16s(t) * R, qs_at = (size_t)R * rp_scale_bytes(t);
+    const __m512i bits = _mm512_loadu_si512(rp_q5_bits), low4 = _mm512_set1_epi8(0x0f),
+                  qh = _mm512_loadu_si512(gb + qh_at);
+    for (int k = 0; k < 4; k++) {
+        const __m512i raw = _mm512_loadu_si512(gb + qs_at + 64 * k);
+        o->u[k] = _mm512_or_si512(_mm512_and_si512(raw, low4), _mm512_permutexvar_epi32(_mm512_srli_epi32(qh, 4 * k), bits));
+        o->u[k + 4] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(raw, 4), low4),
+                                      _mm512_permutexvar_epi32(_mm512_srli_epi32(qh, 16 + 4 * k), bits));
+    }
+    o->dw = vmath_load16_f16(gb);
+    o->m = t == QUANT_Q5_1 ? vmath_load16_f16(gb + 2 * R) : _mm512_setzero_ps();
+}
+
+/* Tokens a[0..T) (T = 1 or 2) over nbk unpacked blocks, their accumulators in v. */
+static inline __attribute__((always_inline)) void rp512_q5_pass(const struct rp512_q5_block *blk, int nbk,
+                                                                const struct quant_rp_act *const *a, int T, bool q5_1,
+                                                                __m512 v[2][QUANT_Q5_LANES], __m512 sm[2])
+{
+    for (int i = 0; i < nbk; i++) {
+        __m512 dd[2];
+        for (int t = 0; t < T; t++) {
+            dd[t] = _mm512_mul_ps(blk[i].dw, _mm512_set1_ps(a[t][i].d));
+            if (q5_1)
+                sm[t] = _mm512_fmadd_ps(blk[i].m, _mm512_set1_ps(a[t][i].s), sm[t]);
+        }
+        for (int c = 0; c < QUANT_Q5_LANES; c++) {
+            const __m512i u = blk[i].u[c];
+            for (int t = 0; t < T; t++) {
+                __m512i corr = q5_1 ? _mm512_setzero_si512() : _mm512_set1_epi32(a[t][i].lane_corr[c]);
+                __m512i p = _mm512_dpbusd_epi32(corr, u, _mm512_set1_epi32(act_dword(&a[t][i], c)));
+                v[t][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), dd[t], v[t][c]);
+            }
+        }
+    }
+}
+
+static void rp512_q5_batch(const struct quant_rp_job *j, int64_t g)
+{
+    const int R = 16;
+    const bool q5_1 = j->wtype == QUANT_Q5_1;
+    const size_t gbb = (size_t)R * rp_block_bytes(j->wtype);
+    struct rp512_q5_block blk[RP5_CHUNK_BLOCKS];
+    __m512 acc[RP5_BATCH_TOKENS][QUANT_Q5_LANES], summs[RP5_BATCH_TOKENS];
+    for (int64_t t0 = 0; t0 < j->n_tokens; t0 += RP5_BATCH_TOKENS) {
+        const int T = (int)(j->n_tokens - t0 < RP5_BATCH_TOKENS ? j->n_tokens - t0 : RP5_BATCH_TOKENS);
+        for (int t = 0; t < T; t++) {
+            summs[t] = _mm512_setzero_ps();
+            for (int c = 0; c < QUANT_Q5_LANES; c++)
+                acc[t][c] = _mm512_setzero_ps();
+        }
+        for (int64_t b0 = 0; b0 < j->nb; b0 += RP5_CHUNK_BLOCKS) {
+            const int nbk = (int)(j->nb - b0 < RP5_CHUNK_BLOCKS ? j->nb - b0 : RP5_CHUNK_BLOCKS);
+            const uint8_t *gb = rp_group_block(j->W, j->wtype, j->nb, R, g, b0);
+            for (int i = 0; i < nbk; i++)
+                rp512_q5_unpack(gb + (size_t)i * gbb, j->wtype, &blk[i]);
+            for (int t = 0; t < T; t += 2) {
+                const int n = T - t < 2 ? 1 : 2;
+                const struct quant_rp_act *a[2] = {quant_rp_token(j, t0 + t) + b0,
+                                                   quant_rp_token(j, t0 + t + n - 1) + b0};
+                __m512 v[2][QUANT_Q5_LANES], sm[2] = {summs[t], summs[t + n - 1]};
+                for (int c = 0; c < QUANT_Q5_LANES; c++)
+                    v[0][c] = acc[t][c], v[1][c] = acc[t + n - 1][c];
+                if (n == 2)
+                    rp512_q5_pass(blk, nbk, a, 2, q5_1, v, sm);
+                else
+                    rp512_q5_pass(blk, nbk, a, 1, q5_1, v, sm);
+                for (int c = 0; c < QUANT_Q5_LANES; c++)
+                    acc[t][c] = v[0][c], acc[t + n - 1][c] = n == 2 ? v[1][c] : v[0][c];
+                summs[t] = sm[0], summs[t + n - 1] = n == 2 ? sm[1] : sm[0];
+            }
+        }
+        for (int t = 0; t < T; t++) {
+            const __m512 *v = acc[t];
+            __m512 sum = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(v[0], v[4]), _mm512_add_ps(v[2], v[6])),
+                                       _mm512_add_ps(_mm512_add_ps(v[1], v[5]), _mm512_add_ps(v[3], v[7])));
+            _mm512_storeu_ps(j->Y + (t0 + t) * j->ldy + g * R, q5_1 ? _mm512_add_ps(sum, summs[t]) : sum);
+        }
+    }
+}
+
 void quant_rp_rows_avx512(const struct quant_rp_job *j, int64_t g0, int64_t g1)
 {
+    if (rp_is_q5(j->wtype)) {
+        for (int64_t g = g0; g < g1; g++) {
+            if (j->n_tokens > RP5_TT) { /* 3 tokens and more: the unpacking shared by the batch */
+                rp512_q5_batch(j, g);
+                continue;
+            }
+            (j->n_tokens < RP5_TT ? rp512_q5_tile_1 : rp512_q5_tile_2)(j, g, 0);
+        }
+        return;
+    }
     rp_rows(j, g0, g1, rp512_tile_widths);
 }
 #endif
@@ -489,8 +766,145 @@ static inline __attribute__((always_inline)) void rp2_tile(const struct quant_rp
 
 RP_TILE_WIDTHS(rp2_tile)
 
+/* q5: bits of x's low 4 bits (per row dword) as bytes of 0x10: byte 0 of each
+ * dword spread over its 4 bytes, one bit kept per byte, looked up. */
+static inline __m256i rp2_q5_bits(__m256i x)
+{
+    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12, 0, 0, 0, 0, 4, 4, 4, 4,
+                                            8, 8, 8, 8, 12, 12, 12, 12);
+    const __m256i to_16 = _mm256_setr_epi8(0, 0x10, 0x10, 0, 0x10, 0, 0, 0, 0x10, 0, 0, 0, 0, 0, 0, 0, 0, 0x10, 0x10, 0,
+                                           0x10, 0, 0, 0, 0x10, 0, 0, 0, 0, 0, 0, 0);
+    __m256i one_bit = _mm256_and_si256(_mm256_shuffle_epi8(x, spread), _mm256_set1_epi32(0x08040201));
+    return _mm256_shuffle_epi8(to_16, one_bit);
+}
+
+/* q5: a group-block's 8 rows against one token, in llama.cpp's lane order
+ * (8 lane accumulators fill half the ymm registers: one token per pass). */
+static void rp2_q5_tile(const struct quant_rp_job *j, int64_t g, int64_t t0)
+{
+    const int R = 8;
+    const bool q5_1 = j->wtype == QUANT_Q5_1;
+    const size_t gbb = (size_t)R * rp_block_bytes(j->wtype), qh_at = 2 * (size_t)rp_q5_f16s(j->wtype) * R,
+                 qs_at = (size_t)R * rp_scale_bytes(j->wtype);
+    const __m256i low4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    const struct quant_rp_act *a = quant_rp_token(j, t0);
+    __m256 acc[QUANT_Q5_LANES], summs = _mm256_setzero_ps();
+    for (int c = 0; c < QUANT_Q5_LANES; c++)
+        acc[c] = _mm256_setzero_ps();
+    const uint8_t *gb = rp_group_block(j->W, j->wtype, j->nb, R, g, 0);
+    for (int64_t b = 0; b < j->nb; b++, gb += gbb) {
+        for (size_t off = 0; off < gbb; off += 64)
+            __builtin_prefetch((const char *)gb + RP_AHEAD + off, 0, QUANT_WEIGHT_PREFETCH);
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)(gb + qh_at));
+        const __m256 dd = _mm256_mul_ps(vmath_load8_f16(gb), _mm256_set1_ps(a[b].d));
+        if (q5_1)
+            summs = _mm256_fmadd_ps(vmath_load8_f16(gb + 2 * R), _mm256_set1_ps(a[b].s), summs);
+        for (int k = 0; k < 4; k++) {
+            const __m256i raw = _mm256_loadu_si256((const __m256i *)(gb + qs_at + 32 * k));
+            const __m256i u_lo = _mm256_or_si256(_mm256_and_si256(raw, low4), rp2_q5_bits(_mm256_srli_epi32(qh, 4 * k)));
+            const __m256i u_hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(raw, 4), low4),
+                                                 rp2_q5_bits(_mm256_srli_epi32(qh, 16 + 4 * k)));
+            /* a pair of products is at most 2 * 31 * 127: int16 never saturates */
+            __m256i lo = _mm256_madd_epi16(_mm256_maddubs_epi16(u_lo, _mm256_set1_epi32(act_dword(&a[b], k))), ones);
+            __m256i hi = _mm256_madd_epi16(_mm256_maddubs_epi16(u_hi, _mm256_set1_epi32(act_dword(&a[b], k + 4))), ones);
+            lo = _mm256_add_epi32(lo, _mm256_set1_epi32(a[b].lane_corr[k]));
+            hi = _mm256_add_epi32(hi, _mm256_set1_epi32(a[b].lane_corr[k + 4]));
+            acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), dd, acc[k]);
+            acc[k + 4] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), dd, acc[k + 4]);
+        }
+    }
+    __m256 sum = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6])),
+                               _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7])));
+    _mm256_storeu_ps(j->Y + t0 * j->ldy + g * R, q5_1 ? _mm256_add_ps(sum, summs) : sum);
+}
+
+/* q5 batches: a chunk of a group's blocks is unpacked once into L1 (levels
+ * per lane, scales) and RP5_BATCH_TOKENS tokens pass over it one by one,
+ * each with its 8 lane accumulators in registers: the unpacking, most of a
+ * one-token pass's work, is shared by the batch. The same operations per
+ * token and block as rp2_q5_tile, in the same order: the same bits. */
+struct rp2_q5_block {
+    __m256i u[QUANT_Q5_LANES]; /* lane c's 4 levels (unsigned) of each of the 8 rows */
+    __m256 dw, m;              /* the rows' d and (q5_1) m */
+};
+
+static inline void rp2_q5_unpack(const uint8_t *gb, enum quant_type t, struct rp2_q5_block *o)
+{
+    const int R = 8;
+    const size_t qh_at = 2 * (size_t)rp_q5_f16s(t) * R, qs_at = (size_t)R * rp_scale_bytes(t);
+    const __m256i low4 = _mm256_set1_epi8(0x0f), qh = _mm256_loadu_si256((const __m256i *)(gb + qh_at));
+    for (int k = 0; k < 4; k++) {
+        const __m256i raw = _mm256_loadu_si256((const __m256i *)(gb + qs_at + 32 * k));
+        o->u[k] = _mm256_or_si256(_mm256_and_si256(raw, low4), rp2_q5_bits(_mm256_srli_epi32(qh, 4 * k)));
+        o->u[k + 4] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(raw, 4), low4),
+                                      rp2_q5_bits(_mm256_srli_epi32(qh, 16 + 4 * k)));
+    }
+    o->dw = vmath_load8_f16(gb);
+    o->m = t == QUANT_Q5_1 ? vmath_load8_f16(gb + 2 * R) : _mm256_setzero_ps();
+}
+
+static void rp2_q5_batch(const struct quant_rp_job *j, int64_t g)
+{
+    const int R = 8;
+    const bool q5_1 = j->wtype == QUANT_Q5_1;
+    const size_t gbb = (size_t)R * rp_block_bytes(j->wtype);
+    const __m256i ones = _mm256_set1_epi16(1);
+    struct rp2_q5_block blk[RP5_CHUNK_BLOCKS];
+    __m256 acc[RP5_BATCH_TOKENS][QUANT_Q5_LANES], summs[RP5_BATCH_TOKENS];
+    for (int64_t t0 = 0; t0 < j->n_tokens; t0 += RP5_BATCH_TOKENS) {
+        const int T = (int)(j->n_tokens - t0 < RP5_BATCH_TOKENS ? j->n_tokens - t0 : RP5_BATCH_TOKENS);
+        for (int t = 0; t < T; t++) {
+            summs[t] = _mm256_setzero_ps();
+            for (int c = 0; c < QUANT_Q5_LANES; c++)
+                acc[t][c] = _mm256_setzero_ps();
+        }
+        for (int64_t b0 = 0; b0 < j->nb; b0 += RP5_CHUNK_BLOCKS) {
+            const int nbk = (int)(j->nb - b0 < RP5_CHUNK_BLOCKS ? j->nb - b0 : RP5_CHUNK_BLOCKS);
+            const uint8_t *gb = rp_group_block(j->W, j->wtype, j->nb, R, g, b0);
+            for (int i = 0; i < nbk; i++)
+                rp2_q5_unpack(gb + (size_t)i * gbb, j->wtype, &blk[i]);
+            for (int t = 0; t < T; t++) {
+                const struct quant_rp_act *a = quant_rp_token(j, t0 + t) + b0;
+                __m256 v[QUANT_Q5_LANES], sm = summs[t];
+                for (int c = 0; c < QUANT_Q5_LANES; c++)
+                    v[c] = acc[t][c];
+                for (int i = 0; i < nbk; i++) {
+                    const __m256 dd = _mm256_mul_ps(blk[i].dw, _mm256_set1_ps(a[i].d));
+                    if (q5_1)
+                        sm = _mm256_fmadd_ps(blk[i].m, _mm256_set1_ps(a[i].s), sm);
+                    for (int c = 0; c < QUANT_Q5_LANES; c++) {
+                        __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(blk[i].u[c], _mm256_set1_epi32(act_dword(&a[i], c))), ones);
+                        if (!q5_1) /* q5_1's levels are unsigned already: no correction */
+                            p = _mm256_add_epi32(p, _mm256_set1_epi32(a[i].lane_corr[c]));
+                        v[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), dd, v[c]);
+                    }
+                }
+                for (int c = 0; c < QUANT_Q5_LANES; c++)
+                    acc[t][c] = v[c];
+                summs[t] = sm;
+            }
+        }
+        for (int t = 0; t < T; t++) {
+            const __m256 *v = acc[t];
+            __m256 sum = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(v[0], v[4]), _mm256_add_ps(v[2], v[6])),
+                                       _mm256_add_ps(_mm256_add_ps(v[1], v[5]), _mm256_add_ps(v[3], v[7])));
+            _mm256_storeu_ps(j->Y + (t0 + t) * j->ldy + g * R, q5_1 ? _mm256_add_ps(sum, summs[t]) : sum);
+        }
+    }
+}
+
 void quant_rp_rows_avx2(const struct quant_rp_job *j, int64_t g0, int64_t g1)
 {
+    if (rp_is_q5(j->wtype)) {
+        for (int64_t g = g0; g < g1; g++) {
+            if (j->n_tokens > 1) {
+                rp2_q5_batch(j, g);
+                continue;
+            }
+            rp2_q5_tile(j, g, 0);
+        }
+        return;
+    }
     rp_rows(j, g0, g1, rp2_tile_widths);
 }
 #endif

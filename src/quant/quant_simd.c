@@ -127,6 +127,9 @@ void quant_vec_dot_q8_0_q8_0_avx2(int n, float *s, const void *vx, const void *v
     CHAIN_DOT(q8_0_isum, (const block_q8_0 *)vx, (const block_q8_0 *)vy, n, s);
 }
 
+/* q5_0 and q5_1: ggml's x86 order, 8 lanes and hsum_float_8 (quant_internal.h,
+ * "q5_0 and q5_1"); on AVX-512 builds dot_u8_i8 is vpdpbusd, as llama.cpp's
+ * icelake/zen4 builds run it. */
 void quant_vec_dot_q5_0_q8_0_avx2(int n, float *s, const void *vx, const void *vy)
 {
     const block_q5_0 *x = vx;
@@ -158,13 +161,13 @@ void quant_vec_dot_q5_1_q8_1_avx2(int n, float *s, const void *vx, const void *v
     const block_q5_1 *x = vx;
     const block_q8_1 *y = vy;
     __m256 acc = _mm256_setzero_ps();
-    float mins = 0;
+    float summs = 0;
     for (int i = 0; i < n / QK8_1; i++) {
         __m256 d = _mm256_set1_ps(F16(x[i].d) * F16(y[i].d));
-        mins += F16(x[i].m) * F16(y[i].s);
-        acc = _mm256_fmadd_ps(d, dot_u8_ps(q5_1_block(&x[i]), load_q8(y[i].qs)), acc);
+        summs = fmaf(F16(x[i].m), F16(y[i].s), summs);
+        acc = _mm256_fmadd_ps(dot_u8_ps(q5_1_block(&x[i]), load_q8(y[i].qs)), d, acc);
     }
-    *s = hsum_256(acc) + mins;
+    *s = hsum_256(acc) + summs;
 }
 
 /* ---- float dots: 4 independent accumulators, then a scalar tail ---------- */
@@ -297,15 +300,6 @@ static inline __m512 dot_u8_off(__m512i ux, __m512i y, int k)
 
 static inline __m512i q8_pair(const int8_t *a, const int8_t *b) { return join(load_q8(a), load_q8(b)); }
 
-static inline __m512i q5_hi_pair(const uint8_t *qh0, const uint8_t *qh1)
-{
-    uint32_t a, b;
-    memcpy(&a, qh0, 4);
-    memcpy(&b, qh1, 4);
-    __m512i bits = _mm512_movm_epi8((__mmask64)a | ((__mmask64)b << 32));
-    return _mm512_and_si512(bits, _mm512_set1_epi8(0x10));
-}
-
 /* The generic shape: pairs of blocks in zmm, then one block in ymm. */
 #define QDOT_AVX512(name, bx_t, by_t, PAIR_DOT, ONE_DOT, MIN_TERM)                          \
     void name(int n, float *s, const void *vx, const void *vy)                             \
@@ -347,14 +341,18 @@ void quant_vec_dot_q4_0_q8_0_avx512(int n, float *s, const void *vx, const void 
 QDOT_AVX512(quant_vec_dot_q4_1_q8_1_avx512, block_q4_1, block_q8_1,
             dot_u8_off(join(nibbles_32(x[i].qs), nibbles_32(x[i + 1].qs)), qy, 0),
             dot_u8_ps(nibbles_32(x[i].qs), load_q8(y[i].qs)), Q_MIN)
-QDOT_AVX512(quant_vec_dot_q5_0_q8_0_avx512, block_q5_0, block_q8_0,
-            dot_u8_off(_mm512_or_si512(join(nibbles_32(x[i].qs), nibbles_32(x[i + 1].qs)),
-                                       q5_hi_pair(x[i].qh, x[i + 1].qh)), qy, 16),
-            dot_i8_ps(q5_0_block(&x[i]), load_q8(y[i].qs)), NO_MIN)
-QDOT_AVX512(quant_vec_dot_q5_1_q8_1_avx512, block_q5_1, block_q8_1,
-            dot_u8_off(_mm512_or_si512(join(nibbles_32(x[i].qs), nibbles_32(x[i + 1].qs)),
-                                       q5_hi_pair(x[i].qh, x[i + 1].qh)), qy, 0),
-            dot_u8_ps(q5_1_block(&x[i]), load_q8(y[i].qs)), Q_MIN)
+
+/* q5_0 and q5_1 keep ggml's 8 lanes (quant_internal.h): the 256-bit kernels,
+ * whose dot_u8_i8 is vpdpbusd here. */
+void quant_vec_dot_q5_0_q8_0_avx512(int n, float *s, const void *vx, const void *vy)
+{
+    quant_vec_dot_q5_0_q8_0_avx2(n, s, vx, vy);
+}
+
+void quant_vec_dot_q5_1_q8_1_avx512(int n, float *s, const void *vx, const void *vy)
+{
+    quant_vec_dot_q5_1_q8_1_avx2(n, s, vx, vy);
+}
 
 static inline __m512 load16_f32(const void *p, int i) { return _mm512_loadu_ps((const float *)p + i); }
 static inline __m512 load16_f16(const void *p, int i) { return vmath_load16_f16((const quant_f16 *)p + i); }
