@@ -22,10 +22,11 @@
 #include "sched/sched.h"
 #include "store/store.h"
 #include "support/deadline.h"
+#include "support/sched_result.h"
 #include "support/skip.h"
 #include "threads/threads.h"
 
-enum { MAX_GEN = 64, N_REQ = 16, P = 32 };
+enum { N_REQ = 16, P = 32 };
 
 static struct model *g_model;
 static enum kv_smooth g_smooth; /* the caches' smoothing, per case */
@@ -35,62 +36,11 @@ static char g_model_path[4096];
 
 /* ---- a request and its events ------------------------------------------------- */
 
-struct result {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    bool done;
-    enum sched_finish finish;
-    int32_t tokens[MAX_GEN];
-    int32_t n;
-    int32_t n_cached, n_prompt;
-};
-
-static void on_event(void *user, const struct sched_event *ev)
+static struct sched_result *run(struct sched *s, const int32_t *prompt, int32_t n, int32_t max_tokens)
 {
-    struct result *r = user;
-    pthread_mutex_lock(&r->mu);
-    if (ev->finish == SCHED_FINISH_NONE && r->n < MAX_GEN)
-        r->tokens[r->n++] = ev->token;
-    if (ev->finish != SCHED_FINISH_NONE) {
-        r->done = true;
-        r->finish = ev->finish;
-        r->n_cached = ev->n_cached;
-        r->n_prompt = ev->n_prompt;
-        pthread_cond_signal(&r->cv);
-    }
-    pthread_mutex_unlock(&r->mu);
-}
-
-static void result_init(struct result *r)
-{
-    memset(r, 0, sizeof *r);
-    pthread_mutex_init(&r->mu, NULL);
-    pthread_cond_init(&r->cv, NULL);
-}
-
-static void result_wait(struct result *r)
-{
-    pthread_mutex_lock(&r->mu);
-    ks_cond_wait_until(&r->cv, &r->mu, &r->done, "a request to finish");
-    pthread_mutex_unlock(&r->mu);
-}
-
-static void submit(struct sched *s, const int32_t *prompt, int32_t n, int32_t max_tokens, struct result *r)
-{
-    result_init(r);
-    struct sched_request rq = {.prompt = prompt, .n_prompt = n, .max_tokens = max_tokens, .ignore_eog = true,
-                               .on_event = on_event, .user = r};
-    sample_params_default(&rq.sampling);
-    rq.sampling.temp = 0.0f;
-    uint64_t id = 0;
-    assert_int_equal(sched_submit(s, &rq, &id), KS_OK);
-}
-
-static struct result *run(struct sched *s, const int32_t *prompt, int32_t n, int32_t max_tokens)
-{
-    struct result *r = malloc(sizeof *r);
-    submit(s, prompt, n, max_tokens, r);
-    result_wait(r);
+    struct sched_result *r = malloc(sizeof *r);
+    sched_result_submit_greedy(s, prompt, n, max_tokens, r);
+    sched_result_wait(r);
     return r;
 }
 
@@ -158,13 +108,13 @@ static void test_hit_gives_same_tokens(void **state)
         int32_t prompt[300];
         prompt_of(prompt, 300, 1);
         struct sched *cold = make_sched(false, types[t], 4);
-        struct result *ref = run(cold, prompt, 300, 24);
+        struct sched_result *ref = run(cold, prompt, 300, 24);
         sched_free(cold);
         assert_int_equal(ref->n_cached, 0);
 
         struct sched *s = make_sched(true, types[t], 4);
-        struct result *first = run(s, prompt, 300, 24);
-        struct result *again = run(s, prompt, 300, 24);
+        struct sched_result *first = run(s, prompt, 300, 24);
+        struct sched_result *again = run(s, prompt, 300, 24);
         assert_int_equal(first->n_cached, 0);
         assert_int_equal(again->n_cached, 299 / P * P + 299 % P); /* all but the last token */
         assert_int_equal(again->n, 24);
@@ -174,11 +124,11 @@ static void test_hit_gives_same_tokens(void **state)
         int32_t other[260];
         memcpy(other, prompt, 200 * sizeof *other);
         prompt_of(other + 200, 60, 2);
-        struct result *branch = run(s, other, 260, 16);
+        struct sched_result *branch = run(s, other, 260, 16);
         assert_int_equal(branch->n_cached, 200);
         sched_free(s);
         cold = make_sched(false, types[t], 4);
-        struct result *branch_ref = run(cold, other, 260, 16);
+        struct sched_result *branch_ref = run(cold, other, 260, 16);
         sched_free(cold);
         assert_memory_equal(branch_ref->tokens, branch->tokens, 16 * sizeof(int32_t));
         free(ref);
@@ -202,11 +152,11 @@ static void test_concurrent_sharers_compute_prefix_once(void **state)
         prompt_of(prompts[i] + PREFIX, SUFFIX, 100 + i);
     }
     struct sched *s = make_sched(true, QUANT_F16, N_REQ);
-    struct result res[N_REQ];
+    struct sched_result res[N_REQ];
     for (int i = 0; i < N_REQ; i++)
-        submit(s, prompts[i], LEN, 8, &res[i]);
+        sched_result_submit_greedy(s, prompts[i], LEN, 8, &res[i]);
     for (int i = 0; i < N_REQ; i++)
-        result_wait(&res[i]);
+        sched_result_wait(&res[i]);
     struct sched_stats st;
     sched_get_stats(s, &st);
     sched_free(s);
@@ -221,7 +171,7 @@ static void test_concurrent_sharers_compute_prefix_once(void **state)
         assert_int_equal(res[i].n_cached, PREFIX);
     struct sched *cold = make_sched(false, QUANT_F16, 4);
     for (int i = 0; i < N_REQ; i += 5) {
-        struct result *ref = run(cold, prompts[i], LEN, 8);
+        struct sched_result *ref = run(cold, prompts[i], LEN, 8);
         assert_memory_equal(ref->tokens, res[i].tokens, 8 * sizeof(int32_t));
         free(ref);
     }
@@ -235,10 +185,10 @@ static void test_chat_round_two_reuses_generated(void **state)
     struct sched *s = make_sched(true, QUANT_F16, 4);
     int32_t round[400];
     prompt_of(round, 150, 4);
-    struct result *r1 = run(s, round, 150, 40);
+    struct sched_result *r1 = run(s, round, 150, 40);
     memcpy(round + 150, r1->tokens, 40 * sizeof *round);
     prompt_of(round + 190, 70, 5);
-    struct result *r2 = run(s, round, 260, 8);
+    struct sched_result *r2 = run(s, round, 260, 8);
     /* all 189 tokens round 1 computed (its last generated token was never fed):
      * 5 full pages and the tail round 1 left when it ended */
     assert_int_equal(r2->n_cached, 189);
@@ -259,18 +209,18 @@ static void test_sliding_window_hits(void **state)
     int32_t round[400], branch[200];
     prompt_of(round, 150, 4);
     struct sched *cold = make_sched(false, QUANT_F16, 4);
-    struct result *ref1 = run(cold, round, 150, 40);
+    struct sched_result *ref1 = run(cold, round, 150, 40);
     struct sched *s = make_sched(true, QUANT_F16, 4);
-    struct result *r1 = run(s, round, 150, 40);
+    struct sched_result *r1 = run(s, round, 150, 40);
     assert_memory_equal(ref1->tokens, r1->tokens, 40 * sizeof(int32_t));
     memcpy(round + 150, r1->tokens, 40 * sizeof *round);
     prompt_of(round + 190, 70, 5);
-    struct result *r2 = run(s, round, 260, 8), *ref2 = run(cold, round, 260, 8);
+    struct sched_result *r2 = run(s, round, 260, 8), *ref2 = run(cold, round, 260, 8);
     assert_int_equal(r2->n_cached, 189);
     assert_memory_equal(ref2->tokens, r2->tokens, 8 * sizeof(int32_t));
     memcpy(branch, round, 100 * sizeof *branch);
     prompt_of(branch + 100, 100, 6);
-    struct result *r3 = run(s, branch, 200, 8), *ref3 = run(cold, branch, 200, 8);
+    struct sched_result *r3 = run(s, branch, 200, 8), *ref3 = run(cold, branch, 200, 8);
     assert_int_equal(r3->n_cached, 0); /* pages 0..2 (tokens before 96) keep no window rows */
     assert_memory_equal(ref3->tokens, r3->tokens, 8 * sizeof(int32_t));
     sched_free(s);
@@ -291,13 +241,13 @@ static void test_warm_up(void **state)
     struct sched *s = make_sched(true, QUANT_F16, 4);
     int32_t prompt[200];
     prompt_of(prompt, 200, 6);
-    struct result *w = run(s, prompt, 128, 0);
+    struct sched_result *w = run(s, prompt, 128, 0);
     assert_int_equal(w->finish, SCHED_FINISH_LENGTH);
     assert_int_equal(w->n, 0);
     assert_int_equal(w->n_prompt, 128);
-    struct result *hit = run(s, prompt, 200, 4);
+    struct sched_result *hit = run(s, prompt, 200, 4);
     assert_int_equal(hit->n_cached, 128);
-    struct result *again = run(s, prompt, 128, 0); /* fully cached: nothing to compute */
+    struct sched_result *again = run(s, prompt, 128, 0); /* fully cached: nothing to compute */
     assert_int_equal(again->n_cached, 128);
     assert_int_equal(again->finish, SCHED_FINISH_LENGTH);
     struct sched_stats st;
@@ -324,13 +274,13 @@ static void disk_tier_restart(void)
     prompt_of(prompt, 400, 7);
 
     struct sched *cold = make_sched(false, QUANT_F16, 2);
-    struct result *ref = run(cold, prompt, 400, 12);
+    struct sched_result *ref = run(cold, prompt, 400, 12);
     sched_free(cold);
 
     struct store *st = NULL;
     assert_int_equal(store_open(&stc, &st), KS_OK);
     struct sched *s = make_sched_store(st, 64u << 20);
-    struct result *first = run(s, prompt, 400, 12);
+    struct sched_result *first = run(s, prompt, 400, 12);
     sched_free(s); /* persists every cached page */
     store_close(st);
 
@@ -339,7 +289,7 @@ static void disk_tier_restart(void)
     store_stats(st, &ss);
     assert_true(ss.entries >= 12);
     s = make_sched_store(st, 64u << 20);
-    struct result *warm = run(s, prompt, 400, 12);
+    struct sched_result *warm = run(s, prompt, 400, 12);
     struct sched_stats sst;
     sched_get_stats(s, &sst);
     sched_free(s);
@@ -353,10 +303,10 @@ static void disk_tier_restart(void)
     s = make_sched_store(st, 16 * page);
     int32_t other[400];
     prompt_of(other, 400, 8);
-    struct result *a = run(s, prompt, 400, 4);
-    struct result *b = run(s, other, 400, 4);
+    struct sched_result *a = run(s, prompt, 400, 4);
+    struct sched_result *b = run(s, other, 400, 4);
     store_flush(st);
-    struct result *c = run(s, prompt, 400, 4);
+    struct sched_result *c = run(s, prompt, 400, 4);
     sched_get_stats(s, &sst);
     sched_free(s);
     assert_true(c->n_cached >= 352); /* from RAM and disk */

@@ -29,65 +29,24 @@
 #include "model/model.h"
 #include "sched/sched.h"
 #include "support/deadline.h"
+#include "support/sched_result.h"
 #include "support/skip.h"
 #include "threads/threads.h"
 
-enum { MAX_GEN = 64, N_MANY = 16 };
+enum { N_MANY = 16 };
 
 static struct model *g_default, *g_small, *g_trained, *g_trained_q4;
 static threads_pool *g_pool;
 
 /* ---- a request and its events ------------------------------------------------- */
 
-struct result {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    bool done;
-    enum sched_finish finish;
-    int32_t tokens[MAX_GEN];
-    int32_t n;
-    int32_t n_cached, n_drafted, n_accepted;
-};
-
-static void on_event(void *user, const struct sched_event *ev)
+static void result_wait(struct sched_result *r)
 {
-    struct result *r = user;
-    pthread_mutex_lock(&r->mu);
-    if (ev->finish == SCHED_FINISH_NONE && r->n < MAX_GEN)
-        r->tokens[r->n++] = ev->token;
-    if (ev->finish != SCHED_FINISH_NONE) {
-        r->done = true;
-        r->finish = ev->finish;
-        r->n_cached = ev->n_cached;
-        r->n_drafted = ev->n_drafted;
-        r->n_accepted = ev->n_accepted;
-        pthread_cond_signal(&r->cv);
-    }
-    pthread_mutex_unlock(&r->mu);
-}
-
-static void submit(struct sched *s, const int32_t *prompt, int32_t n, int32_t max_tokens, struct result *r)
-{
-    memset(r, 0, sizeof *r);
-    pthread_mutex_init(&r->mu, NULL);
-    pthread_cond_init(&r->cv, NULL);
-    struct sched_request rq = {.prompt = prompt, .n_prompt = n, .max_tokens = max_tokens, .ignore_eog = true,
-                               .on_event = on_event, .user = r};
-    sample_params_default(&rq.sampling);
-    rq.sampling.temp = 0.0f;
-    uint64_t id = 0;
-    assert_int_equal(sched_submit(s, &rq, &id), KS_OK);
-}
-
-static void result_wait(struct result *r)
-{
-    pthread_mutex_lock(&r->mu);
-    ks_cond_wait_until(&r->cv, &r->mu, &r->done, "a request to finish");
-    pthread_mutex_unlock(&r->mu);
+    sched_result_wait(r);
     assert_int_equal(r->finish, SCHED_FINISH_LENGTH);
 }
 
-static void assert_same_tokens(const struct result *a, const struct result *b)
+static void assert_same_tokens(const struct sched_result *a, const struct sched_result *b)
 {
     assert_int_equal(a->n, b->n);
     for (int32_t i = 0; i < a->n; i++)
@@ -181,11 +140,11 @@ static void assert_pool(struct sched *s, bool idle)
 
 /* Each prompt alone, one after the other, on one scheduler. */
 static void run_each(const struct setup *u, int32_t *const *prompts, const int32_t *lens, int n, int32_t max_tokens,
-                     struct result *out)
+                     struct sched_result *out)
 {
     struct sched *s = make_sched(u);
     for (int i = 0; i < n; i++) {
-        submit(s, prompts[i], lens[i], max_tokens, &out[i]);
+        sched_result_submit_greedy(s, prompts[i], lens[i], max_tokens, &out[i]);
         result_wait(&out[i]);
     }
     if (u->draft)
@@ -237,7 +196,7 @@ static void identity(struct model *target, struct model *draft, enum quant_type 
         prompts[i] = buf[i];
         random_ids(buf[i], lens[i] = 5 + 60 * i, 11 + i, n_vocab);
     }
-    struct result plain[N], spec[N];
+    struct sched_result plain[N], spec[N];
     struct setup u = {.target = target, .type = type, .parallel = 2};
     run_each(&u, prompts, lens, N, GEN, plain);
     u.draft = draft;
@@ -352,16 +311,16 @@ static void test_many_with_prefix_hit(void **state)
     prompts[N_MANY] = buf[N_MANY];
     lens[N_MANY] = 100;
     random_ids(buf[N_MANY] + 96, 4, 77, n_vocab);
-    struct result solo[N_MANY], together[N_MANY], first;
+    struct sched_result solo[N_MANY], together[N_MANY], first;
     struct setup u = {.target = target, .type = QUANT_F16, .parallel = N_MANY, .prefix_cache = true};
     run_each(&u, prompts, lens, N_MANY, 32, solo);
     u.draft = draft;
     u.draft_type = QUANT_Q4_0;
     struct sched *s = make_sched(&u);
-    submit(s, prompts[N_MANY], lens[N_MANY], 8, &first); /* leaves the prefix in both caches */
+    sched_result_submit_greedy(s, prompts[N_MANY], lens[N_MANY], 8, &first); /* leaves the prefix in both caches */
     result_wait(&first);
     for (int i = 0; i < N_MANY; i++)
-        submit(s, prompts[i], lens[i], 32, &together[i]);
+        sched_result_submit_greedy(s, prompts[i], lens[i], 32, &together[i]);
     assert_pool(s, false); /* mid-stream */
     for (int i = 0; i < N_MANY; i++)
         result_wait(&together[i]);
@@ -405,7 +364,7 @@ static void test_tight_budget(void **state)
     struct kv_config kc;
     model_kv_config(target, &kc);
     size_t page = kv_page_bytes(&kc, QUANT_F16, QUANT_F16);
-    struct result solo[N], together[N];
+    struct sched_result solo[N], together[N];
     struct setup u = {.target = target, .type = QUANT_F16, .parallel = N};
     run_each(&u, prompts, lens, N, 40, solo);
     u.draft = draft;
@@ -413,7 +372,7 @@ static void test_tight_budget(void **state)
     u.budget = 12 * page; /* 6 requests of up to 4 pages each do not fit at once */
     struct sched *s = make_sched(&u);
     for (int i = 0; i < N; i++)
-        submit(s, prompts[i], lens[i], 40, &together[i]);
+        sched_result_submit_greedy(s, prompts[i], lens[i], 40, &together[i]);
     for (int i = 0; i < N; i++)
         result_wait(&together[i]);
     assert_pool(s, true);
@@ -443,7 +402,7 @@ static void test_itl_budget(void **state)
         prompts[i] = buf[i];
         random_ids(buf[i], lens[i] = 20 + 25 * i, 500 + i, n_vocab);
     }
-    struct result solo[N], together[N];
+    struct sched_result solo[N], together[N];
     struct setup u = {.target = target, .type = QUANT_F16, .parallel = N};
     run_each(&u, prompts, lens, N, 40, solo);
     u.draft = draft;
@@ -451,7 +410,7 @@ static void test_itl_budget(void **state)
     u.max_itl_ratio = 1.5f;
     struct sched *s = make_sched(&u);
     for (int i = 0; i < N; i++)
-        submit(s, prompts[i], lens[i], 40, &together[i]);
+        sched_result_submit_greedy(s, prompts[i], lens[i], 40, &together[i]);
     for (int i = 0; i < N; i++)
         result_wait(&together[i]);
     assert_pool(s, true);
@@ -515,8 +474,8 @@ static void test_p_min(void **state)
     assert_int_equal(sched_create(&sc, &eng, &s), KS_OK);
     int32_t prompt[20];
     random_ids(prompt, 20, 9, model_hparams(g_default)->n_vocab);
-    struct result r;
-    submit(s, prompt, 20, 24, &r);
+    struct sched_result r;
+    sched_result_submit_greedy(s, prompt, 20, 24, &r);
     result_wait(&r);
     sched_free(s);
     assert_int_equal(r.n, 24);

@@ -32,6 +32,7 @@
 #include "sched/sched.h"
 #include "support/deadline.h"
 #include "support/mock_engine.h"
+#include "support/sched_result.h"
 #include "support/skip.h"
 #include "threads/threads.h"
 
@@ -42,51 +43,9 @@ static threads_pool *g_pool;
 
 /* ---- a request and its events ------------------------------------------------- */
 
-struct result {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    bool done;
-    enum sched_finish finish;
-    int32_t tokens[MAX_GEN];
-    int32_t n;
-    int32_t n_cached, n_drafted, n_accepted;
-};
-
-static void on_event(void *user, const struct sched_event *ev)
+static void result_wait(struct sched_result *r)
 {
-    struct result *r = user;
-    pthread_mutex_lock(&r->mu);
-    if (ev->finish == SCHED_FINISH_NONE && r->n < MAX_GEN)
-        r->tokens[r->n++] = ev->token;
-    if (ev->finish != SCHED_FINISH_NONE) {
-        r->done = true;
-        r->finish = ev->finish;
-        r->n_cached = ev->n_cached;
-        r->n_drafted = ev->n_drafted;
-        r->n_accepted = ev->n_accepted;
-        pthread_cond_signal(&r->cv);
-    }
-    pthread_mutex_unlock(&r->mu);
-}
-
-static void submit(struct sched *s, const int32_t *prompt, int32_t n, int32_t max_tokens, struct result *r)
-{
-    memset(r, 0, sizeof *r);
-    pthread_mutex_init(&r->mu, NULL);
-    pthread_cond_init(&r->cv, NULL);
-    struct sched_request rq = {.prompt = prompt, .n_prompt = n, .max_tokens = max_tokens, .ignore_eog = true,
-                               .on_event = on_event, .user = r};
-    sample_params_default(&rq.sampling);
-    rq.sampling.temp = 0.0f;
-    uint64_t id = 0;
-    assert_int_equal(sched_submit(s, &rq, &id), KS_OK);
-}
-
-static void result_wait(struct result *r)
-{
-    pthread_mutex_lock(&r->mu);
-    ks_cond_wait_until(&r->cv, &r->mu, &r->done, "a request to finish");
-    pthread_mutex_unlock(&r->mu);
+    sched_result_wait(r);
     assert_int_equal(r->finish, SCHED_FINISH_LENGTH);
 }
 
@@ -124,11 +83,11 @@ static struct sched *make_sched(const struct setup *u)
 
 /* Each prompt alone, one after the other, on one scheduler. */
 static void run_each(const struct setup *u, int32_t *const *prompts, const int32_t *lens, int n, int32_t max_tokens,
-                     struct result *out)
+                     struct sched_result *out)
 {
     struct sched *s = make_sched(u);
     for (int i = 0; i < n; i++) {
-        submit(s, prompts[i], lens[i], max_tokens, &out[i]);
+        sched_result_submit_greedy(s, prompts[i], lens[i], max_tokens, &out[i]);
         result_wait(&out[i]);
     }
     sched_free(s);
@@ -153,7 +112,7 @@ static int32_t retell_prompt(int32_t *t, int32_t passage, int32_t salt, int32_t 
     return 1 + passage + passage / 2;
 }
 
-static void assert_same_tokens(const struct result *a, const struct result *b)
+static void assert_same_tokens(const struct sched_result *a, const struct sched_result *b)
 {
     assert_int_equal(a->n, b->n);
     for (int32_t i = 0; i < a->n; i++)
@@ -182,7 +141,7 @@ static void identity_alone(struct model *m, bool retell)
     }
     enum quant_type types[2] = {QUANT_F16, QUANT_Q4_0};
     for (int t = 0; t < 2; t++) {
-        struct result plain[N], spec[N];
+        struct sched_result plain[N], spec[N];
         struct setup u = {.model = m, .type = types[t], .parallel = 2};
         run_each(&u, prompts, lens, N, GEN, plain);
         u.spec = true;
@@ -253,7 +212,7 @@ static void test_identity_window_and_moe(void **state)
             prompts[i] = buf[i];
             lens[i] = retell_prompt(buf[i], 60 + 40 * i, 3 + i, model_hparams(m)->n_vocab);
         }
-        struct result plain[N], spec[N];
+        struct sched_result plain[N], spec[N];
         struct setup u = {.model = m, .type = QUANT_F16, .parallel = 2};
         run_each(&u, prompts, lens, N, 60, plain);
         u.spec = true;
@@ -284,16 +243,16 @@ static void test_identity_concurrent(void **state)
     }
     prompts[N_CONC] = buf[N_CONC]; /* a long prompt arriving later: prefill chunks beside the verifications */
     random_ids(buf[N_CONC], lens[N_CONC] = 300, 99, n_vocab);
-    struct result solo[N_CONC + 1], together[N_CONC + 1];
+    struct sched_result solo[N_CONC + 1], together[N_CONC + 1];
     struct setup u = {.model = m, .type = QUANT_F16, .parallel = N_CONC + 1};
     run_each(&u, prompts, lens, N_CONC + 1, 48, solo);
     u.spec = true;
     u.draft_min = 1;
     struct sched *s = make_sched(&u);
     for (int i = 0; i < N_CONC; i++)
-        submit(s, prompts[i], lens[i], 48, &together[i]);
+        sched_result_submit_greedy(s, prompts[i], lens[i], 48, &together[i]);
     result_wait(&together[0]); /* mid-stream now (or done) */
-    submit(s, prompts[N_CONC], lens[N_CONC], 48, &together[N_CONC]);
+    sched_result_submit_greedy(s, prompts[N_CONC], lens[N_CONC], 48, &together[N_CONC]);
     for (int i = 1; i <= N_CONC; i++)
         result_wait(&together[i]);
     struct sched_stats st;
@@ -318,14 +277,14 @@ static void test_identity_prefix_hit(void **state)
     int32_t prompt[300];
     int32_t len = retell_prompt(prompt, 180, 5, model_hparams(m)->n_vocab);
     int32_t *prompts[1] = {prompt};
-    struct result cold, first, again;
+    struct sched_result cold, first, again;
     struct setup u = {.model = m, .type = QUANT_Q4_0, .parallel = 2};
     run_each(&u, prompts, &len, 1, 48, &cold);
     u.spec = u.prefix_cache = true;
     struct sched *s = make_sched(&u);
-    submit(s, prompt, len, 48, &first);
+    sched_result_submit_greedy(s, prompt, len, 48, &first);
     result_wait(&first);
-    submit(s, prompt, len, 48, &again);
+    sched_result_submit_greedy(s, prompt, len, 48, &again);
     result_wait(&again);
     sched_free(s);
     assert_true(again.n_cached > 0);
@@ -363,7 +322,7 @@ static struct sched *mock_sched(const struct mock_engine_config *mc, struct mock
     return mock_sched_type(mc, m, parallel, SPEC_NGRAM);
 }
 
-static void assert_alone(const struct mock_engine_config *mc, const int32_t *prompt, int32_t n, const struct result *r)
+static void assert_alone(const struct mock_engine_config *mc, const int32_t *prompt, int32_t n, const struct sched_result *r)
 {
     int32_t want[MAX_GEN];
     mock_engine_generate(mc, prompt, n, r->n, want);
@@ -386,9 +345,9 @@ static void test_mock_pool_across_requests(void **state)
     int32_t prompt[40];
     for (int32_t i = 0; i < 40; i++)
         prompt[i] = 3 + (i * 37) % 90;
-    struct result r[2];
+    struct sched_result r[2];
     for (int i = 0; i < 2; i++) {
-        submit(s, prompt, 40, 64, &r[i]);
+        sched_result_submit_greedy(s, prompt, 40, 64, &r[i]);
         result_wait(&r[i]);
         assert_alone(&mc, prompt, 40, &r[i]);
     }
@@ -411,11 +370,11 @@ static void test_mock_exact_under_batching(void **state)
     struct sched *s = mock_sched(&mc, &m, 4);
     static int32_t prompts[N][400];
     int32_t lens[N];
-    struct result r[N];
+    struct sched_result r[N];
     mock_engine_hold(m, true);
     for (int i = 0; i < N; i++) {
         random_ids(prompts[i], lens[i] = 5 + 49 * i, 70 + i, mc.n_vocab);
-        submit(s, prompts[i], lens[i], GEN, &r[i]);
+        sched_result_submit_greedy(s, prompts[i], lens[i], GEN, &r[i]);
     }
     mock_engine_hold(m, false);
     for (int i = 0; i < N; i++)
@@ -483,13 +442,13 @@ static void test_mock_kv_full_drops_drafts(void **state)
     sc.n_eog = N;
     struct sched *s = NULL;
     assert_int_equal(sched_create(&sc, &eng, &s), KS_OK);
-    struct result r[N];
+    struct sched_result r[N];
     mock_engine_hold(m, true);
     for (int i = 0; i < N; i++) {
         memset(&r[i], 0, sizeof r[i]);
         pthread_mutex_init(&r[i].mu, NULL);
         pthread_cond_init(&r[i].cv, NULL);
-        struct sched_request rq = {.prompt = prompts[i], .n_prompt = PROMPT, .max_tokens = GEN, .on_event = on_event,
+        struct sched_request rq = {.prompt = prompts[i], .n_prompt = PROMPT, .max_tokens = GEN, .on_event = sched_result_on_event,
                                    .user = &r[i], .speculative = {true, 16, 16}};
         sample_params_default(&rq.sampling);
         rq.sampling.temp = 0.0f;
@@ -552,9 +511,9 @@ static void test_pages_after_rejections(void **state)
         struct setup u = {.model = m, .type = QUANT_F16, .prefix_cache = true, .spec = spec, .draft_min = 1,
                           .parallel = N_CONC};
         struct sched *s = make_sched(&u);
-        struct result r[N_CONC];
+        struct sched_result r[N_CONC];
         for (int i = 0; i < N_CONC; i++)
-            submit(s, prompts[i], lens[i], 45, &r[i]);
+            sched_result_submit_greedy(s, prompts[i], lens[i], 45, &r[i]);
         for (int i = 0; i < N_CONC; i++) {
             result_wait(&r[i]);
             drafted += r[i].n_drafted;
