@@ -24,6 +24,7 @@
 
 #include "model/model.h"
 #include "support/llamacpp_case.h"
+#include "support/read_file.h"
 #include "support/skip.h"
 
 #define EMBD_TOL 1e-4
@@ -52,26 +53,12 @@ struct embed_ref {
     float *embd; /* (n_inputs, n_embd) */
 };
 
-static char *read_text(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    assert_non_null(f);
-    assert_int_equal(fseek(f, 0, SEEK_END), 0);
-    long n = ftell(f);
-    rewind(f);
-    char *buf = malloc((size_t)n + 1);
-    assert_non_null(buf);
-    assert_int_equal(fread(buf, 1, (size_t)n, f), (size_t)n);
-    buf[n] = 0;
-    fclose(f);
-    return buf;
-}
-
 static void ref_load(const char *name, struct embed_ref *r)
 {
     char path[512];
     snprintf(path, sizeof path, "%s/%s.json", llamacpp_data_dir(), name);
-    char *text = read_text(path);
+    char *text = ks_read_file(path, NULL);
+    assert_non_null(text);
     cJSON *root = cJSON_Parse(text);
     free(text);
     assert_non_null(root);
