@@ -1007,6 +1007,19 @@ static int32_t draft_room_take(struct draft_room *room, int32_t k)
     return 0;
 }
 
+/* Could drafting pay even if every draft were accepted? Once a draft step
+ * is measured so dear that no k gains (a draft as large as its target),
+ * requests that do not force drafting (--draft-min 0) stop running the draft
+ * model: no prompt catch-up, no shadow checks, which would cost the target's
+ * rate and could never win it back. */
+static bool draft_can_pay(const struct sched *s, int32_t n_decode, double extra_cost)
+{
+    if (sched_cost_draft_ratio(&s->cost, n_decode) <= 0)
+        return true; /* not measured yet */
+    const struct spec_adapt every_draft_accepted = {.accept = 1.0};
+    return spec_adapt_len(&every_draft_accepted, 0, SPEC_DRAFT_LIMIT, extra_cost) > 0;
+}
+
 /* The draft model's pass of this step (sched.h, "the draft model's passes"):
  * every speculating decoder that drafts gets its proposals (r->dprop), one
  * that does not gets a shadow proposal every DRAFT_SHADOW_EVERY tokens, and
@@ -1024,11 +1037,13 @@ static double draft_pass(struct sched *s)
         n_decode += is_decoder(s->active[i]);
     double extra_cost = extra_token_cost(s, n_decode);
     struct draft_room room = draft_room_init(s, n_decode);
+    const bool can_pay = draft_can_pay(s, n_decode, extra_cost);
     int n = 0;
     for (int i = 0; i < s->n_active; i++) {
         struct req *r = s->active[i];
         r->n_dprop = 0;
-        if (r->spec_max <= 0 || r->seq < 0 || r->embed || r->finish != SCHED_FINISH_NONE || r->max_tokens == 0)
+        if (r->spec_max <= 0 || r->seq < 0 || r->embed || r->finish != SCHED_FINISH_NONE || r->max_tokens == 0 ||
+            (!can_pay && r->spec_min <= 0))
             continue;
         int32_t k = 0;
         if (is_decoder(r)) {
