@@ -19,6 +19,7 @@
 #include <cmocka.h>
 
 #include "model/model.h"
+#include "support/run_kvserve.h"
 #include "support/skip.h"
 
 static const char *g_bin, *g_model;
@@ -27,18 +28,10 @@ static char g_small[64] = "/tmp/test_cli_draft_small_XXXXXX"; /* 1 layer of `tin
 static char g_other[64] = "/tmp/test_cli_draft_other_XXXXXX"; /* a 300-token vocabulary */
 static bool g_made;
 
-/* Run kvserve with args (stdin empty); stdout, and with_stderr stderr too, into g_out. */
+/* Run kvserve with args (support/run_kvserve.h); stdout, and with_stderr stderr too, into g_out. */
 static int run_to(const char *args, bool with_stderr)
 {
-    char cmd[8192];
-    int w = snprintf(cmd, sizeof cmd, "'%s' %s </dev/null %s", g_bin, args, with_stderr ? "2>&1" : "2>/dev/null");
-    assert_true(w > 0 && (size_t)w < sizeof cmd);
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    size_t n = fread(g_out, 1, sizeof g_out - 1, p);
-    g_out[n] = '\0';
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return (with_stderr ? ks_run_kvserve : ks_run_kvserve_stdout)("", args, g_out, sizeof g_out);
 }
 
 static bool have_inputs(void)

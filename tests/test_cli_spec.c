@@ -16,23 +16,16 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "support/run_kvserve.h"
 #include "support/skip.h"
 
 static const char *g_bin, *g_model;
 static char g_out[1 << 16];
 
-/* Run kvserve with args (stdin empty); stdout, and with_stderr stderr too, into g_out. */
+/* Run kvserve with args (support/run_kvserve.h); stdout, and with_stderr stderr too, into g_out. */
 static int run_to(const char *args, bool with_stderr)
 {
-    char cmd[8192];
-    int w = snprintf(cmd, sizeof cmd, "'%s' %s </dev/null %s", g_bin, args, with_stderr ? "2>&1" : "2>/dev/null");
-    assert_true(w > 0 && (size_t)w < sizeof cmd);
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    size_t n = fread(g_out, 1, sizeof g_out - 1, p);
-    g_out[n] = '\0';
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return (with_stderr ? ks_run_kvserve : ks_run_kvserve_stdout)("", args, g_out, sizeof g_out);
 }
 
 static bool have_inputs(void)

@@ -27,6 +27,9 @@
  * out (at most cap - 1 bytes, NUL-terminated); returns its exit code, -1 when
  * it did not exit. */
 int ks_run_kvserve(const char *command, const char *args, char *out, size_t cap);
+/* The same with only its stdout in out (stderr discarded): what a command
+ * prints as its result, e.g. generate's ids. stdin is empty in both. */
+int ks_run_kvserve_stdout(const char *command, const char *args, char *out, size_t cap);
 
 /* Fail the calling test, showing out, unless needle occurs in it. */
 void ks_expect_text(const char *out, const char *needle);
