@@ -32,6 +32,7 @@
 #include <cmocka.h>
 
 #include "quant/kq_internal.h"
+#include "support/rng.h"
 #include "support/skip.h"
 
 typedef void (*ggml_from_float_fn)(const float *x, void *y, int64_t k);
@@ -63,19 +64,6 @@ static const struct ktype ktypes[] = {
 #define N_KTYPES (int)(sizeof ktypes / sizeof ktypes[0])
 
 static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
-static uint64_t rng_next(void)
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return rng_state;
-}
-static float rng_uniform(void) { return (float)((rng_next() >> 40) * (1.0 / 16777216.0)); }
-static float rng_normal(void)
-{
-    float u = rng_uniform() + 1e-7f, v = rng_uniform();
-    return sqrtf(-2.0f * logf(u)) * cosf(6.2831853f * v);
-}
 
 /* Row r of a test set: Gaussian rows at several scales, rows with outliers,
  * and rows built to hit Q8_K's rounding ties: max -127 makes iscale exactly 1,
@@ -85,12 +73,12 @@ static void make_row(int r, float *x)
 {
     float scale = powf(10.0f, (float)(r % 7) - 3.0f);
     for (int i = 0; i < ROW_ELEMS; i++)
-        x[i] = scale * rng_normal();
+        x[i] = scale * ks_rng_normal(&rng_state);
     if (r % 4 == 1)
-        x[rng_next() % ROW_ELEMS] = 40.0f * scale;
+        x[ks_rng_next(&rng_state) % ROW_ELEMS] = 40.0f * scale;
     if (r % 4 == 2) {
         for (int i = 0; i < ROW_ELEMS; i++)
-            x[i] = (float)((int)(rng_next() % 253) - 126) + 0.5f;
+            x[i] = (float)((int)(ks_rng_next(&rng_state) % 253) - 126) + 0.5f;
         for (int b = 0; b < ROW_ELEMS / QK_K; b++)
             x[b * QK_K + 7] = -127.0f, x[b * QK_K + 100] = 127.0f;
     }
@@ -228,7 +216,7 @@ static void test_vec_dot_vs_ggml_cpu(void **state)
         for (int r = 0; r < N_ROWS; r++) {
             make_row(r, x);
             for (int i = 0; i < ROW_ELEMS; i++)
-                y[i] = rng_normal();
+                y[i] = ks_rng_normal(&rng_state);
             quant_traits_scalar(ktypes[k].t)->from_float(x, w, ROW_ELEMS);
             quant_quantize_row_q8_K(y, q8, ROW_ELEMS);
             quant_traits_scalar(ktypes[k].t)->to_float(w, wf, ROW_ELEMS);
@@ -279,8 +267,8 @@ static void test_swiglu_matches_ggml_cpu(void **state)
     enum { N = 4099 };
     static float g[N], up[N], ours[N], theirs[N];
     for (int i = 0; i < N; i++) {
-        g[i] = i < N / 2 ? 4.0f * rng_normal() : -110.0f + 220.0f * (float)i / N; /* and |x| past 88 and 104 */
-        up[i] = rng_normal();
+        g[i] = i < N / 2 ? 4.0f * ks_rng_normal(&rng_state) : -110.0f + 220.0f * (float)i / N; /* and |x| past 88 and 104 */
+        up[i] = ks_rng_normal(&rng_state);
     }
     g[0] = 0.0f, g[1] = -0.0f, g[2] = 1e-30f, g[3] = -1e-30f;
     for (int n = 0; n <= N; n += n < 40 ? 1 : 509) {

@@ -21,6 +21,7 @@
 #include <cmocka.h>
 
 #include "quant/quant_internal.h"
+#include "support/rng.h"
 #include "support/skip.h"
 #include "threads/threads.h"
 
@@ -50,19 +51,6 @@ struct q5type {
 static const struct q5type q5types[] = {{QUANT_Q5_0, QUANT_Q8_0, "q5_0"}, {QUANT_Q5_1, QUANT_Q8_1, "q5_1"}};
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
-static uint64_t rng_next(void)
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return rng_state;
-}
-static float rng_uniform(void) { return (float)((rng_next() >> 40) * (1.0 / 16777216.0)); }
-static float rng_normal(void)
-{
-    float u = rng_uniform() + 1e-7f, v = rng_uniform();
-    return sqrtf(-2.0f * logf(u)) * cosf(6.2831853f * v);
-}
 
 /* Row r: Gaussian rows at several scales, rows with an outlier, rows of
  * k + 0.5 values with amax 127 (id = 1 exactly: every value is a rounding
@@ -71,12 +59,12 @@ static void make_row(int r, float *x, int n)
 {
     float scale = powf(10.0f, (float)(r % 5) - 2.0f);
     for (int i = 0; i < n; i++)
-        x[i] = scale * rng_normal();
+        x[i] = scale * ks_rng_normal(&rng_state);
     if (r % 4 == 1)
-        x[rng_next() % (uint64_t)n] = 30.0f * scale;
+        x[ks_rng_next(&rng_state) % (uint64_t)n] = 30.0f * scale;
     if (r % 4 == 2) {
         for (int i = 0; i < n; i++)
-            x[i] = (float)((int)(rng_next() % 253) - 126) + 0.5f;
+            x[i] = (float)((int)(ks_rng_next(&rng_state) % 253) - 126) + 0.5f;
         for (int b = 0; b < n / 32; b++)
             x[b * 32 + 5] = -127.0f;
     }

@@ -22,15 +22,10 @@
 #include "quant/iq4_mxfp4.h"
 #include "quant/quant.h"
 #include "quant/quant_internal.h"
+#include "support/rng.h"
 
 static uint64_t rng_state = 0x2545f4914f6cdd1dull;
-static float rndf(void)
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (float)((rng_state >> 40) & 0xffffff) / 16777216.0f * 2.0f - 1.0f;
-}
+static float rndf(void) { return ks_rng_uniform(&rng_state) * 2.0f - 1.0f; } /* [-1, 1) */
 
 static const enum quant_type k_types[] = {QUANT_Q4_0, QUANT_Q8_0, QUANT_IQ4_NL, QUANT_MXFP4, QUANT_Q5_0, QUANT_Q5_1};
 
