@@ -8,7 +8,6 @@ blocks / reasoning items, x-api-key, and bad input as a 400 in each API's own
 error shape. Exits 77 when the binary or the default model is absent."""
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -16,10 +15,12 @@ import time
 import urllib.error
 import urllib.request
 
+import e2e_http
+from e2e_http import check, free_port
+
 BIN = os.environ.get("KVSERVE_BIN")
 MODEL = os.path.join(os.path.dirname(BIN or "."), "default-model.gguf")
 KEY = "k-e2e"
-failures = 0
 
 # chatml whose generation prompt opens <think> (DeepSeek-R1's way): the output starts in the reasoning
 THINK_TEMPLATE = (
@@ -31,33 +32,9 @@ WEATHER = {"type": "object", "properties": {"city": {"type": "string", "minLengt
            "required": ["city"]}
 
 
-def check(cond, what):
-    global failures
-    print(("ok   " if cond else "FAIL ") + what)
-    failures += 0 if cond else 1
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 def request(url, body, headers=None, raw=False):
-    h = {"Content-Type": "application/json", "x-api-key": KEY}
-    h.update(headers or {})
-    h = {k: v for k, v in h.items() if v is not None}
-    data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
-    rq = urllib.request.Request(url, data=data, headers=h)
-    try:
-        with urllib.request.urlopen(rq, timeout=60) as r:
-            text = r.read().decode()
-            return r.status, text if raw else json.loads(text)
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read().decode())
-
+    """e2e_http.request with this server's x-api-key (headers may replace it, or drop it with None)."""
+    return e2e_http.request(url, body, raw=raw, headers=dict({"x-api-key": KEY}, **(headers or {})))
 
 def sse(url, body):
     """The stream's events as (event line, data object) pairs."""
@@ -333,8 +310,8 @@ def main():
             # 0 after SIGTERM: a clean shutdown (and, in a sanitizer build, no report)
             check(code == 0, "server %s exited %s" % (log, code) + ("" if code == 0 else ":\n" +
                                                                       open(os.path.join(tmp, log)).read()[-4000:]))
-    print("%d failed" % failures)
-    sys.exit(1 if failures else 0)
+    print("%d failed" % e2e_http.failures)
+    sys.exit(1 if e2e_http.failures else 0)
 
 
 if __name__ == "__main__":

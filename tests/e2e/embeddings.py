@@ -16,7 +16,6 @@ import base64
 import json
 import math
 import os
-import socket
 import struct
 import subprocess
 import sys
@@ -24,7 +23,9 @@ import tempfile
 import threading
 import time
 import urllib.error
-import urllib.request
+
+import e2e_http
+from e2e_http import check, free_port, request
 
 BIN = os.environ.get("KVSERVE_BIN")
 SOURCE = os.environ.get("KVSERVE_SOURCE", ".")
@@ -36,31 +37,6 @@ CASES = [("tiny-llama-embed", "embed-tiny-llama-embed-f32.json"), ("tiny-qwen3-e
          ("tiny-nomic-bert-embed", "embed-tiny-nomic-bert-embed-f32.json")]
 ENCODERS = ("tiny-bert-embed", "tiny-nomic-bert-embed")  # served without --embeddings: an encoder implies it
 TOL = 1e-4
-failures = 0
-
-
-def check(cond, what):
-    global failures
-    print(("ok   " if cond else "FAIL ") + what)
-    failures += 0 if cond else 1
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-def request(url, body=None):
-    data = None if body is None else json.dumps(body).encode()
-    rq = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(rq, timeout=60) as r:
-            return r.status, json.loads(r.read().decode())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read().decode())
 
 
 def start(args, log):
@@ -225,8 +201,8 @@ def main():
             check(st == 200 and st2 == 200, "a generation model with --pooling last serves both")
         finally:
             stop(proc)
-    print("%d failure(s)" % failures)
-    sys.exit(1 if failures else 0)
+    print("%d failure(s)" % e2e_http.failures)
+    sys.exit(1 if e2e_http.failures else 0)
 
 
 if __name__ == "__main__":

@@ -9,74 +9,22 @@ without /v1. Exits 77 when the anchor binary or the model is absent."""
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
+
+import e2e_http
+from e2e_http import check, free_port, skip, stop_all, wait_up
 
 BIN = os.environ.get("KVSERVE_BIN")
 SHARED = os.environ.get("KVSERVE_SHARED", "../shared")
 LLAMA = os.path.join(SHARED, "anchor", "bin", "llama-server")
 MODEL = os.path.join(os.path.dirname(BIN or "."), "default-model.gguf")
-failures = 0
-
-
-def skip(why):
-    print("skipped:", why)
-    sys.exit(77)
-
-
-def check(cond, what):
-    global failures
-    print(("ok   " if cond else "FAIL ") + what)
-    failures += 0 if cond else 1
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def request(url, body=None, raw=False):
-    data = None if body is None else json.dumps(body).encode()
-    rq = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(rq, timeout=30) as r:
-            text = r.read().decode()
-            return r.status, text if raw else json.loads(text)
-    except urllib.error.HTTPError as e:
-        text = e.read().decode()
-        return e.code, text if raw else json.loads(text)
-
-
-def wait_up(url, proc, log):
-    for _ in range(300):
-        if proc.poll() is not None:
-            print(open(log).read())
-            sys.exit("server exited at start")
-        try:
-            if request(url + "/health")[0] == 200:
-                return
-        except (urllib.error.URLError, ConnectionError, json.JSONDecodeError):
-            pass
-        time.sleep(0.05)
-    sys.exit("server did not start: " + open(log).read()[-2000:])
-
-
-def stop_all(procs):
-    for p in procs:
-        p.terminate()
-    for p in procs:
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            p.kill()
+    return e2e_http.request(url, body, raw=raw, timeout=30)
 
 
 def stream_events(url, body):
@@ -286,7 +234,7 @@ def main():
         check_apis(ku, lu)
     finally:
         stop_all((kv, ll, fl))
-    sys.exit(1 if failures else 0)
+    sys.exit(1 if e2e_http.failures else 0)
 
 
 if __name__ == "__main__":
