@@ -31,6 +31,7 @@
 #include "support/deadline.h"
 #include "support/sched_result.h"
 #include "support/skip.h"
+#include "support/synth_model.h"
 #include "threads/threads.h"
 
 enum { N_MANY = 16 };
@@ -160,24 +161,10 @@ static void random_ids(int32_t *t, int32_t n, int32_t salt, int32_t n_vocab)
         t[i] = 3 + (int32_t)(((uint32_t)i * 2654435761u + (uint32_t)salt * 40503u) % (uint32_t)(n_vocab - 3));
 }
 
-/* A preset at q8_0 (repacked: batch-invariant) into a temporary file;
- * n_layer > 0 and seed > 0 override the preset's. */
 static struct model *synth_model(const char *preset, int n_layer, uint64_t seed)
 {
-    struct model_synth_spec spec;
-    assert_int_equal(model_synth_preset(preset, &spec), KS_OK);
-    if (n_layer > 0)
-        spec.n_layer = n_layer;
-    if (seed > 0)
-        spec.seed = seed;
-    char path[] = "/tmp/test_sched_draft_XXXXXX";
-    int fd = mkstemp(path);
-    assert_true(fd >= 0);
-    close(fd);
-    assert_int_equal(model_synth(&spec, "q8_0", NULL, path, g_pool), KS_OK);
     struct model *m = NULL;
-    assert_int_equal(model_load(path, &m), KS_OK);
-    unlink(path);
+    assert_int_equal(ks_synth_model(preset, n_layer, seed, g_pool, &m), KS_OK);
     return m;
 }
 
@@ -503,19 +490,7 @@ static int group_setup(void **state)
         (model_load(trained, &g_trained) != KS_OK || model_load(trained_q4, &g_trained_q4) != KS_OK))
         return -1;
     /* the small draft: one layer of `tiny` of another seed, the same vocabulary */
-    struct model_synth_spec spec;
-    char tmp[] = "/tmp/test_sched_draft_XXXXXX";
-    int fd = mkstemp(tmp);
-    if (fd < 0 || model_synth_preset("tiny", &spec) != KS_OK)
-        return -1;
-    close(fd);
-    spec.n_layer = 1;
-    spec.seed = 99;
-    ks_status st = model_synth(&spec, "q8_0", NULL, tmp, g_pool);
-    if (!st)
-        st = model_load(tmp, &g_small);
-    unlink(tmp);
-    return st ? -1 : 0;
+    return ks_synth_model("tiny", 1, 99, g_pool, &g_small) ? -1 : 0;
 }
 
 static int group_teardown(void **state)

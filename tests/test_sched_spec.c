@@ -34,6 +34,7 @@
 #include "support/mock_engine.h"
 #include "support/sched_result.h"
 #include "support/skip.h"
+#include "support/synth_model.h"
 #include "threads/threads.h"
 
 enum { MAX_GEN = 96, N_CONC = 4 };
@@ -177,20 +178,11 @@ static void test_identity_trained_retell(void **state)
     identity_alone(g_trained, true);
 }
 
-/* A model synthesized from a preset at q8_0 (repacked: batch-invariant)
- * into a temporary file. */
+/* A model synthesized from a preset (support/synth_model.h). */
 static struct model *synth_model(const char *preset)
 {
-    struct model_synth_spec spec;
-    assert_int_equal(model_synth_preset(preset, &spec), KS_OK);
-    char path[] = "/tmp/test_sched_spec_XXXXXX";
-    int fd = mkstemp(path);
-    assert_true(fd >= 0);
-    close(fd);
-    assert_int_equal(model_synth(&spec, "q8_0", NULL, path, g_pool), KS_OK);
     struct model *m = NULL;
-    assert_int_equal(model_load(path, &m), KS_OK);
-    unlink(path);
+    assert_int_equal(ks_synth_model(preset, 0, 0, g_pool, &m), KS_OK);
     return m;
 }
 
