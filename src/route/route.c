@@ -12,14 +12,14 @@
 #include <string.h>
 
 #include "route/route_internal.h"
+#include "sbuf/sbuf.h"
 
 enum { DEFAULT_MAX_BODY = 8 << 20, DEFAULT_HEALTH_MS = 1000, DEFAULT_TIMEOUT_S = 600 };
 
 /* One request's state, from its URI to its end. */
 struct conn {
     char *uri;                /* raw: path and query */
-    char *body;
-    size_t len, cap;
+    struct sbuf body;         /* the upload, up to the body limit */
     bool started, too_big;
 };
 
@@ -44,29 +44,19 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     if (!cn)
         return;
     free(cn->uri);
-    free(cn->body);
+    sbuf_free(&cn->body);
     free(cn);
     *con_cls = NULL;
 }
 
 static bool take_upload(struct conn *cn, size_t max, const char *data, size_t n)
 {
-    if (cn->too_big || cn->len + n > max) {
+    if (cn->too_big || cn->body.n + n > max) {
         cn->too_big = true;
         return true;
     }
-    if (cn->len + n + 1 > cn->cap) {
-        size_t cap = (cn->len + n + 1) * 2;
-        char *grown = realloc(cn->body, cap);
-        if (!grown)
-            return false;
-        cn->body = grown;
-        cn->cap = cap;
-    }
-    memcpy(cn->body + cn->len, data, n);
-    cn->len += n;
-    cn->body[cn->len] = '\0';
-    return true;
+    sbuf_append(&cn->body, data, n);
+    return !cn->body.oom;
 }
 
 static int answer(struct MHD_Connection *c, unsigned status, const char *json)
@@ -160,7 +150,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                                                "\"request_too_large\"}}");
     if (is_own(method, cn->uri))
         return (enum MHD_Result)own_route(rt, c, cn->uri);
-    return (enum MHD_Result)route_forward(rt, c, method, cn->uri, cn->body, cn->len);
+    return (enum MHD_Result)route_forward(rt, c, method, cn->uri, cn->body.p, cn->body.n);
 }
 
 /* ---- start and stop ----------------------------------------------------------------- */
