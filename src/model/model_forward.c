@@ -850,6 +850,18 @@ static ks_status run_layers(struct model_ctx *c, struct kv_cache *kv, const stru
     return KS_OK;
 }
 
+/* The cache's shape is the model's: KS_ERR_INVALID_ARG with both otherwise. */
+static ks_status check_kv_shape(const struct model_ctx *c, const struct kv_cache *kv)
+{
+    const struct kv_config *kc = kv_get_config(kv);
+    if (kc->n_layer != c->m->hp.n_layer || kc->n_kv_head != c->m->hp.n_head_kv ||
+        kc->head_dim != c->m->hp.head_dim_k)
+        return ks_fail(KS_ERR_INVALID_ARG, "the kv cache is shaped %d layers x %d heads x %d, the model needs %d x %d x %d",
+                       kc->n_layer, kc->n_kv_head, kc->head_dim, c->m->hp.n_layer, c->m->hp.n_head_kv,
+                       c->m->hp.head_dim_k);
+    return KS_OK;
+}
+
 ks_status model_forward(struct model_ctx *c, struct kv_cache *kv, const struct model_batch *b, float *logits,
                         int32_t *n_logits_out)
 {
@@ -865,12 +877,9 @@ ks_status model_forward(struct model_ctx *c, struct kv_cache *kv, const struct m
         return KS_OK;
     if (!b->tokens || !b->pos || !b->seq)
         return ks_fail(KS_ERR_INVALID_ARG, "model_forward: batch arrays must not be NULL");
-    const struct kv_config *kc = kv_get_config(kv);
-    if (kc->n_layer != c->m->hp.n_layer || kc->n_kv_head != c->m->hp.n_head_kv ||
-        kc->head_dim != c->m->hp.head_dim_k)
-        return ks_fail(KS_ERR_INVALID_ARG, "the kv cache is shaped %d layers x %d heads x %d, the model needs %d x %d x %d",
-                       kc->n_layer, kc->n_kv_head, kc->head_dim, c->m->hp.n_layer, c->m->hp.n_head_kv,
-                       c->m->hp.head_dim_k);
+    ks_status st_kv = check_kv_shape(c, kv);
+    if (st_kv)
+        return st_kv;
     int32_t n_out = select_outputs(c, b);
     if (n_out > 0 && !logits)
         return ks_fail(KS_ERR_INVALID_ARG, "model_forward: logits buffer is NULL but %d rows want logits", n_out);
@@ -964,12 +973,9 @@ ks_status model_forward_embed(struct model_ctx *c, struct kv_cache *kv, const st
             return ks_fail(KS_ERR_INVALID_ARG, "batch entry %d: an embedding entry cannot want logits", t);
     if (c->m->hp.encoder_only) /* its own forward pass: LayerNorms, post-norm, attention within the input */
         return model_bert_forward_embed(c->m, c->pool, b, embed, kv, embd, n_embd_out);
-    const struct kv_config *kc = kv_get_config(kv);
-    if (kc->n_layer != c->m->hp.n_layer || kc->n_kv_head != c->m->hp.n_head_kv ||
-        kc->head_dim != c->m->hp.head_dim_k)
-        return ks_fail(KS_ERR_INVALID_ARG, "the kv cache is shaped %d layers x %d heads x %d, the model needs %d x %d x %d",
-                       kc->n_layer, kc->n_kv_head, kc->head_dim, c->m->hp.n_layer, c->m->hp.n_head_kv,
-                       c->m->hp.head_dim_k);
+    ks_status st_kv = check_kv_shape(c, kv);
+    if (st_kv)
+        return st_kv;
     c->embed = embed;
     int32_t n_out = select_outputs(c, b), n_seqs = 0;
     ks_status st = n_out > 0 && !logits
