@@ -59,7 +59,7 @@ static bool take_upload(struct conn *cn, size_t max, const char *data, size_t n)
     return !cn->body.oom;
 }
 
-static int answer(struct MHD_Connection *c, unsigned status, const char *json)
+int route_answer_json(struct MHD_Connection *c, unsigned status, const char *json)
 {
     struct MHD_Response *resp = MHD_create_response_from_buffer(strlen(json), (void *)json, MHD_RESPMEM_MUST_COPY);
     if (!resp)
@@ -111,10 +111,10 @@ static int own_route(struct route *rt, struct MHD_Connection *c, const char *uri
         bool any = false;
         for (int r = 0; r < rt->n_rep; r++)
             any |= atomic_load(&rt->rep[r].healthy);
-        return answer(c, any ? 200 : 503, any ? "{\"status\":\"ok\"}" : "{\"status\":\"no replica is up\"}");
+        return route_answer_json(c, any ? 200 : 503, any ? "{\"status\":\"ok\"}" : "{\"status\":\"no replica is up\"}");
     }
     char *text = status_json(rt);
-    int ret = text ? answer(c, 200, text) : answer(c, 500, "{\"error\":\"out of memory\"}");
+    int ret = text ? route_answer_json(c, 200, text) : route_answer_json(c, 500, "{\"error\":\"out of memory\"}");
     cJSON_free(text);
     return ret;
 }
@@ -145,7 +145,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return ok ? MHD_YES : MHD_NO;
     }
     if (cn->too_big)
-        return (enum MHD_Result)answer(c, 413, "{\"error\":{\"message\":\"router: the body is larger than "
+        return (enum MHD_Result)route_answer_json(c, 413, "{\"error\":{\"message\":\"router: the body is larger than "
                                                "--max-body\",\"type\":\"invalid_request_error\",\"code\":"
                                                "\"request_too_large\"}}");
     if (is_own(method, cn->uri))

@@ -339,24 +339,13 @@ static ssize_t read_body(void *cls, uint64_t pos, char *out, size_t max)
 
 static void free_body(void *cls) { forward_end(cls); }
 
-static int answer_json(struct MHD_Connection *c, unsigned status, const char *json)
-{
-    struct MHD_Response *resp = MHD_create_response_from_buffer(strlen(json), (void *)json, MHD_RESPMEM_MUST_COPY);
-    if (!resp)
-        return MHD_NO;
-    MHD_add_response_header(resp, "Content-Type", "application/json");
-    int ret = MHD_queue_response(c, status, resp);
-    MHD_destroy_response(resp);
-    return ret;
-}
-
 /* The replica's answer to the client, streamed. */
 static int relay(struct route *rt, struct MHD_Connection *c, struct forward *f, int32_t overlap)
 {
     struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 << 10, read_body, f, free_body);
     if (!resp) {
         forward_end(f);
-        return answer_json(c, 500, "{\"error\":{\"message\":\"router: out of memory\",\"type\":\"server_error\","
+        return route_answer_json(c, 500, "{\"error\":{\"message\":\"router: out of memory\",\"type\":\"server_error\","
                                    "\"code\":\"out_of_memory\"}}");
     }
     for (int i = 0; i < f->n_headers; i++)
@@ -413,7 +402,7 @@ int route_forward(struct route *rt, struct MHD_Connection *c, const char *method
     free(pk.ids);
     if (ret < 0) {
         atomic_fetch_add(&rt->no_replica, 1);
-        ret = answer_json(c, 502, "{\"error\":{\"message\":\"router: no replica answered\",\"type\":"
+        ret = route_answer_json(c, 502, "{\"error\":{\"message\":\"router: no replica answered\",\"type\":"
                                   "\"unavailable_error\",\"code\":\"no_replica\"}}");
     }
     return ret;
