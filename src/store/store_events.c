@@ -289,37 +289,15 @@ static void conn_down(struct store_events *e, bool connecting, const char *why)
     pthread_mutex_unlock(&e->mu);
 }
 
-static bool reply_ok(redisContext *c, char *why, size_t cap, const char *fmt, const char *arg)
-{
-    redisReply *rep = redisCommand(c, fmt, arg);
-    bool ok = rep && rep->type != REDIS_REPLY_ERROR;
-    if (!ok)
-        snprintf(why, cap, "%s", rep ? rep->str : c->errstr);
-    freeReplyObject(rep);
-    return ok;
-}
-
 static bool conn_ready(struct store_events *e)
 {
     if (e->c)
         return true;
     if (mono_s() < e->next_try)
         return false;
-    e->c = redisConnectWithTimeout(e->host, e->port, e->timeout);
-    char why[256] = "", db[16];
-    snprintf(db, sizeof db, "%d", e->db);
-    if (!e->c)
-        snprintf(why, sizeof why, "out of memory");
-    else if (e->c->err)
-        snprintf(why, sizeof why, "%s", e->c->errstr);
-    else if (redisSetTimeout(e->c, e->timeout) != REDIS_OK)
-        snprintf(why, sizeof why, "cannot set the timeout");
-    else if (e->password && !reply_ok(e->c, why, sizeof why, "AUTH %s", e->password)) {
-        /* why says it */
-    } else if (e->db) {
-        (void)reply_ok(e->c, why, sizeof why, "SELECT %s", db);
-    }
-    if (why[0]) {
+    char why[256];
+    e->c = store_redis_connect(e->host, e->port, &e->timeout, e->password, e->db, why, sizeof why);
+    if (!e->c) {
         conn_down(e, true, why);
         return false;
     }

@@ -143,6 +143,15 @@ bool store_value_sane(const struct store *s, const MDB_val *v);
 /* Rename dir to <dir>.damaged-<UTC time>; moved_to: the new name. */
 ks_status store_move_aside(const char *dir, char *moved_to, size_t cap);
 
+/* ---- Redis connections (store_redis.c; the page tier's and the KV events') ----- */
+struct redisContext;
+struct timeval;
+/* A hiredis connection to host:port whose calls time out after timeout,
+ * authenticated with password (NULL: none) and on database db; NULL with
+ * why (cap bytes) saying what failed. */
+struct redisContext *store_redis_connect(const char *host, int port, const struct timeval *timeout,
+                                         const char *password, int db, char *why, size_t cap);
+
 /* ---- the Redis tier's values (store_redis_blob.c) -------------------------
  * A value is a store_header then the kv blob, like an SSD entry; its
  * checksum is XXH3-64 over the header (checksum 0) and the payload, with the

@@ -215,6 +215,28 @@ static void conn_fault(struct store_redis *r, struct redis_conn *cn, const char 
     pthread_mutex_unlock(&r->mu);
 }
 
+redisContext *store_redis_connect(const char *host, int port, const struct timeval *timeout, const char *password,
+                                  int db, char *why, size_t cap)
+{
+    redisContext *c = redisConnectWithTimeout(host, port, *timeout);
+    why[0] = '\0';
+    if (!c)
+        snprintf(why, cap, "out of memory");
+    else if (c->err)
+        snprintf(why, cap, "%s", c->errstr);
+    else if (redisSetTimeout(c, *timeout) != REDIS_OK)
+        snprintf(why, cap, "cannot set the timeout: %s", c->errstr);
+    else if (password && !command_ok(c, why, cap, "AUTH %s", password)) {
+        /* why says it */
+    } else if (db) {
+        (void)command_ok(c, why, cap, "SELECT %d", db);
+    }
+    if (!why[0])
+        return c;
+    redisFree(c);
+    return NULL;
+}
+
 /* Connect (with AUTH and SELECT) unless the backoff forbids it. */
 static bool conn_ready(struct store_redis *r, struct redis_conn *cn)
 {
@@ -222,21 +244,9 @@ static bool conn_ready(struct store_redis *r, struct redis_conn *cn)
         return true;
     if (mono_s() < cn->next_try)
         return false;
-    redisContext *c = redisConnectWithTimeout(r->host, r->port, r->timeout);
-    char why[256] = "";
-    if (!c)
-        snprintf(why, sizeof why, "out of memory");
-    else if (c->err)
-        snprintf(why, sizeof why, "%s", c->errstr);
-    else if (redisSetTimeout(c, r->timeout) != REDIS_OK)
-        snprintf(why, sizeof why, "cannot set the timeout: %s", c->errstr);
-    else if (r->password && !command_ok(c, why, sizeof why, "AUTH %s", r->password)) {
-        /* why says it */
-    } else if (r->db) {
-        (void)command_ok(c, why, sizeof why, "SELECT %d", r->db);
-    }
-    if (why[0]) {
-        redisFree(c);
+    char why[256];
+    redisContext *c = store_redis_connect(r->host, r->port, &r->timeout, r->password, r->db, why, sizeof why);
+    if (!c) {
         conn_backoff(cn);
         pthread_mutex_lock(&r->mu);
         r->st.connect_failures++;
