@@ -152,6 +152,19 @@ static void test_pool_bad_sizes(void **state)
 
 /* ---- adaptive length ------------------------------------------------------------ */
 
+/* With every draft accepted k drafts give k + 1 tokens for 1 + k * c: some
+ * k gains 10% exactly when c is small enough; a draft step as dear as a
+ * target step (c >= 1) never does. */
+static void test_can_pay(void **state)
+{
+    (void)state;
+    assert_true(spec_can_pay(16, 0.1));
+    assert_true(spec_can_pay(1, 0.5));   /* 2 / 1.5 */
+    assert_false(spec_can_pay(16, 1.0)); /* 17 / 17 */
+    assert_false(spec_can_pay(16, 1.2));
+    assert_false(spec_can_pay(0, 0.1));  /* no draft allowed */
+}
+
 static void test_adapt_follows_acceptance(void **state)
 {
     (void)state;
@@ -318,6 +331,7 @@ int main(void)
         cmocka_unit_test(test_pool_drafts_across_requests),
         cmocka_unit_test(test_pool_keys_are_checked),
         cmocka_unit_test(test_pool_bad_sizes),
+        cmocka_unit_test(test_can_pay),
         cmocka_unit_test(test_adapt_follows_acceptance),
         cmocka_unit_test(test_verify_keeps_the_distribution),
         cmocka_unit_test(test_verify_greedy_is_argmax),

@@ -496,9 +496,7 @@ static int32_t plan_drafts(struct gen_run *r, int32_t *shadow)
         return m;
     if (r->drafter && r->n_gen % DRAFT_SHADOW_EVERY != 0)
         return 0; /* the draft model's shadow costs a draft step: check it now and then */
-    const struct spec_adapt every_draft_accepted = {.accept = 1.0};
-    if (r->drafter && r->draft_step_s > 0 && r->o->spec.draft_min <= 0 &&
-        spec_adapt_len(&every_draft_accepted, 0, r->draft_max, extra_cost(r)) == 0)
+    if (r->drafter && r->draft_step_s > 0 && r->o->spec.draft_min <= 0 && !spec_can_pay(r->draft_max, extra_cost(r)))
         return 0; /* a draft step this dear never pays, whatever is accepted (as the scheduler's draft_can_pay) */
     if (propose(r, 1) == 1)
         *shadow = r->draft[0];

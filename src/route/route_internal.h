@@ -44,11 +44,11 @@ void route_check_health(struct route *rt);
 /* Sleep up to ms, false once the router stops. */
 bool route_nap(struct route *rt, int ms);
 
+struct MHD_Connection;
 /* route.c: answer the connection with a JSON text (copied), as MHD_queue_response returns. */
 int route_answer_json(struct MHD_Connection *c, unsigned status, const char *json);
 
 /* route_forward.c: forward one request (the body is taken) and answer the connection with the replica's reply. */
-struct MHD_Connection;
 int route_forward(struct route *rt, struct MHD_Connection *c, const char *method, const char *uri, char *body,
                   size_t len);
 

@@ -1016,8 +1016,7 @@ static bool draft_can_pay(const struct sched *s, int32_t n_decode, double extra_
 {
     if (sched_cost_draft_ratio(&s->cost, n_decode) <= 0)
         return true; /* not measured yet */
-    const struct spec_adapt every_draft_accepted = {.accept = 1.0};
-    return spec_adapt_len(&every_draft_accepted, 0, SPEC_DRAFT_LIMIT, extra_cost) > 0;
+    return spec_can_pay(SPEC_DRAFT_LIMIT, extra_cost);
 }
 
 /* The draft model's pass of this step (sched.h, "the draft model's passes"):

@@ -99,3 +99,9 @@ int32_t spec_adapt_len(const struct spec_adapt *a, int32_t n_min, int32_t n_max,
     }
     return best > 0 ? best : n_min > 0 ? n_min : 0;
 }
+
+bool spec_can_pay(int32_t n_max, double extra_cost)
+{
+    const struct spec_adapt every_draft_accepted = {.accept = 1.0};
+    return spec_adapt_len(&every_draft_accepted, 0, n_max, extra_cost) > 0;
+}

@@ -102,5 +102,9 @@ void spec_adapt_observe(struct spec_adapt *a, int32_t drafted, int32_t accepted)
 int32_t spec_adapt_len(const struct spec_adapt *a, int32_t n_min, int32_t n_max, double extra_cost);
 /* Expected tokens per verification pass with k drafts at acceptance a. */
 double spec_expected_tokens(double a, int32_t k);
+/* Could a draft length up to n_max gain at extra_cost even if every draft
+ * were accepted? False: a speculator this dear (a draft model as large as its
+ * target) cannot pay for any work it does. */
+bool spec_can_pay(int32_t n_max, double extra_cost);
 
 #endif
