@@ -609,6 +609,12 @@ static void post_probs_fast(struct sampler *s, float max, int32_t k, struct samp
     struct temp_scale ts = {max, 1.0f / s->p.temp};
     out->prob = (float)candidate_prob(s, k, ts, out->token);
     out->logprob = logf(out->prob);
+    /* the normalizer once, in the order candidate_prob sums it (before the selection below reorders s->cands) */
+    double total = 0.0;
+    if (k == 0)
+        total = sample_sum_exp(s->work, s->n_vocab, ts.max, ts.inv_temp);
+    for (int32_t i = 0; i < k; i++)
+        total += weight(ts, s->cands[i].logit);
     struct cand best[SAMPLE_MAX_LOGPROBS];
     if (k == 0) {
         n_top = n_top < s->n_vocab ? n_top : s->n_vocab;
@@ -624,7 +630,7 @@ static void post_probs_fast(struct sampler *s, float max, int32_t k, struct samp
     qsort(best, (size_t)n_top, sizeof *best, cmp_better_first);
     out->n_top = n_top;
     for (int32_t i = 0; i < n_top; i++) {
-        float p = (float)candidate_prob(s, k, ts, best[i].id);
+        float p = (float)(weight(ts, best[i].logit) / total);
         out->top[i] = (struct sample_logprob){best[i].id, logf(p), p};
     }
 }
