@@ -15,6 +15,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import e2e_http  # noqa: E402  (the shared helpers; lp.check counts in e2e_http.failures)
 import llama_parity as lp  # noqa: E402  (its request/wait helpers)
 
 VOCAB = os.path.join(lp.SHARED, "models", "vocab", "ggml-vocab-qwen3.gguf")
@@ -86,7 +87,7 @@ def main():
         for f in os.listdir(tmp):
             os.unlink(os.path.join(tmp, f))
         os.rmdir(tmp)
-    sys.exit(1 if lp.failures else 0)
+    sys.exit(1 if e2e_http.failures else 0)
 
 
 if __name__ == "__main__":
