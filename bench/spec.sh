@@ -24,10 +24,14 @@
 #                                      ngram; llama-server LLAMA_NGRAM, default ngram-simple with 3-token keys).
 #                                      Aggregate tok/s, acceptance as each server reports it (usage.draft_tokens /
 #                                      accepted_tokens; timings.draft_n / draft_n_accepted) and the ratios.
+#                                      TEMP > 0: sampled instead of greedy (seed i for request i; outputs differ).
 #
 # Env: THREADS (2), DEPTH (256), REPS (5), KMAX (16), GEN (128), DRAFT_MAX (16), PRESET, LAYERS, TINY=1 (a smoke
 # run: the tiny model, DEPTH 32, REPS 1, KMAX 4, GEN 24). servers: STREAMS ("1 4"), CTX (512, tokens per request),
-# KV_MEM (kvserve's --kv-mem, 256M: room for the draft's pages too), DRAFT_P_MIN (0: both servers' default), LLAMA_NGRAM, LLAMA_CPU (keep only that llama.cpp CPU variant).
+# KV_MEM (kvserve's --kv-mem; default: serve's own, room for STREAMS contexts of both models), TEMP (0),
+# KVSERVE_SPEC_FLAGS (more flags for kvserve's speculating server, e.g. --draft-min 1 to draft whatever the cost
+# model says), LLAMA_SPEC_FLAGS (the same for llama-server's), DRAFT_P_MIN (0: both servers' default),
+# LLAMA_NGRAM, LLAMA_CPU (keep only that llama.cpp CPU variant).
 # Run on a quiet machine: timings are medians of REPS runs.
 set -euo pipefail
 usage() { sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
@@ -127,7 +131,8 @@ servers() {
   . "$here/bench/servers.sh"
   trap '[ -n "$pid" ] && kill "$pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$tmp"' EXIT
   anchor_mirror
-  local ctx=${CTX:-512} kv_mem=${KV_MEM:-256M} p_min=${DRAFT_P_MIN:-0} streams=${STREAMS:-1 4} k r spec name kv_spec ll_spec
+  local ctx=${CTX:-512} kv_mem=() p_min=${DRAFT_P_MIN:-0} streams=${STREAMS:-1 4} k r spec name kv_spec ll_spec
+  [ -n "${KV_MEM:-}" ] && kv_mem=(--kv-mem "$KV_MEM")
   printf '%s\n' "${PROMPTS[@]}" >"$tmp/prompts"
   if [ -n "$draft_model" ]; then
     [ -f "$draft_model" ] || usage
@@ -140,10 +145,14 @@ servers() {
     # shellcheck disable=SC2206 # a list of flags
     ll_spec=(${LLAMA_NGRAM:---spec-type ngram-simple --spec-ngram-simple-size-n 3 --spec-ngram-simple-size-m $DRAFT_MAX})
   fi
+  # shellcheck disable=SC2206 # lists of flags
+  kv_spec+=(${KVSERVE_SPEC_FLAGS:-}) ll_spec+=(${LLAMA_SPEC_FLAGS:-})
+  local temp=${TEMP:-0} how=greedy
+  [ "$temp" != 0 ] && how="temperature $temp"
   cpu
   echo "kvserve: $("$bin" version | head -1); llama.cpp: $("$anchor/llama-server" --version 2>&1 | grep -m1 version || true)"
   echo
-  echo "### Speculation side by side: $name on \"retell the story\" prompts ($(basename "$model"), greedy, $GEN tokens, $THREADS threads, median of $REPS)"
+  echo "### Speculation side by side: $name on \"retell the story\" prompts ($(basename "$model"), $how, $GEN tokens, $THREADS threads, median of $REPS)"
   echo
   echo "llama-server speculating: ${ll_spec[*]}; kvserve: ${kv_spec[*]}"
   echo
@@ -154,13 +163,13 @@ servers() {
     for r in $(seq "$REPS"); do
       for spec in kp ks lp ls; do
         case $spec in
-          kp) start_kvserve --parallel "$k" -c "$ctx" --kv-mem "$kv_mem" ;;
-          ks) start_kvserve --parallel "$k" -c "$ctx" --kv-mem "$kv_mem" "${kv_spec[@]}" ;;
+          kp) start_kvserve --parallel "$k" -c "$ctx" "${kv_mem[@]}" ;;
+          ks) start_kvserve --parallel "$k" -c "$ctx" "${kv_mem[@]}" "${kv_spec[@]}" ;;
           lp) start_llama -np "$k" -c $((k * ctx)) ;;
           ls) start_llama -np "$k" -c $((k * ctx)) "${ll_spec[@]}" ;;
         esac
         python3 "$here/bench/spec_client.py" "$url" 1 4 "$tmp/prompts" "$tmp/warm" >/dev/null # warm up
-        python3 "$here/bench/spec_client.py" "$url" "$k" "$GEN" "$tmp/prompts" "$tmp/text.$spec" >>"$tmp/run.$spec"
+        python3 "$here/bench/spec_client.py" "$url" "$k" "$GEN" "$tmp/prompts" "$tmp/text.$spec" "$temp" >>"$tmp/run.$spec"
         stop
       done
     done
@@ -170,6 +179,7 @@ servers() {
       a+=("$(awk '{ d += $2; n += $3 } END { printf (d > 0 ? "%.1f%% (%d/%d)" : "-"), 100 * n / d, n, d }' "$tmp/run.$spec")")
     done
     local same="kvserve $(cmp -s "$tmp/text.kp" "$tmp/text.ks" && echo yes || echo NO), llama $(cmp -s "$tmp/text.lp" "$tmp/text.ls" && echo yes || echo NO), across $(cmp -s "$tmp/text.ks" "$tmp/text.ls" && echo yes || echo no)"
+    [ "$temp" != 0 ] && same="- (sampled)"
     awk -v k="$k" -v kp="${t[0]}" -v ks="${t[1]}" -v ka="${a[1]}" -v lp="${t[2]}" -v ls="${t[3]}" -v la="${a[3]}" -v same="$same" 'BEGIN {
       printf "| %d | %.1f | %.1f | %s | %.1f | %.1f | %s | %.2fx | %.2fx | %s |\n", k, kp, ks, ka, lp, ls, la,
         (ls > 0 ? ks / ls : 0), (lp > 0 ? ks / lp : 0), same }'

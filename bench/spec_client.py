@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """K concurrent greedy completions against one server (bench/spec.sh's `servers` arm).
 
-    spec_client.py URL STREAMS GEN PROMPTS_FILE OUT_TEXTS
+    spec_client.py URL STREAMS GEN PROMPTS_FILE OUT_TEXTS [TEMPERATURE]
 
-Sends STREAMS /v1/completions requests at once (prompt i % n of PROMPTS_FILE, one prompt a line; temperature 0,
-max_tokens GEN, ignore_eos), waits for all of them and prints one line:
+Sends STREAMS /v1/completions requests at once (prompt i % n of PROMPTS_FILE, one prompt a line; temperature 0 or
+TEMPERATURE with seed i, max_tokens GEN, ignore_eos), waits for all of them and prints one line:
 
     tok/s drafted accepted completion_tokens wall_s
 
@@ -20,21 +20,22 @@ import time
 import urllib.request
 
 
-def complete(url, prompt, gen, out, i):
-    body = json.dumps({"prompt": prompt, "max_tokens": gen, "temperature": 0, "ignore_eos": True}).encode()
+def complete(url, prompt, gen, temp, out, i):
+    body = json.dumps({"prompt": prompt, "max_tokens": gen, "temperature": temp, "seed": i, "ignore_eos": True}).encode()
     req = urllib.request.Request(url + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=600) as r:
         out[i] = json.load(r)
 
 
 def main():
-    if len(sys.argv) != 6:
+    if len(sys.argv) not in (6, 7):
         sys.exit(__doc__)
     url, streams, gen, prompts_file, texts_file = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+    temp = float(sys.argv[6]) if len(sys.argv) == 7 else 0.0
     with open(prompts_file) as f:
         prompts = [line.rstrip("\n") for line in f if line.strip()]
     out = [None] * streams
-    threads = [threading.Thread(target=complete, args=(url, prompts[i % len(prompts)], gen, out, i))
+    threads = [threading.Thread(target=complete, args=(url, prompts[i % len(prompts)], gen, temp, out, i))
                for i in range(streams)]
     t0 = time.monotonic()
     for t in threads:
