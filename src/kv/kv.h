@@ -389,6 +389,11 @@ void kv_set_key_hook(struct kv_cache *kv, kv_key_fn fn, void *user);
  * tokens[len, len + P)); false when seq cannot continue from the cache (len
  * not a multiple of P, a page not keyed, the prefix cache off). */
 bool kv_seq_next_key(const struct kv_cache *kv, int32_t seq, const int32_t *tokens, struct kv_key *out);
+/* The keys of seq's next n full pages along tokens (tokens[len, len + n P)
+ * must be there), its salt included: keys[0] is the key they continue (seq's
+ * last page's, or its chain's root), keys[1 + i] the i-th page's; keys holds
+ * n + 1. Returns n, or 0 when seq cannot continue from the cache. */
+int32_t kv_seq_next_keys(const struct kv_cache *kv, int32_t seq, const int32_t *tokens, int32_t n, struct kv_key *keys);
 
 /* seq holds tokens[0, len) and len is a multiple of P: map the cached pages
  * that continue it along tokens, while the sequence stays within max_tokens

@@ -479,6 +479,17 @@ bool kv_seq_next_key(const struct kv_cache *kv, int32_t seq, const int32_t *toke
     return true;
 }
 
+int32_t kv_seq_next_keys(const struct kv_cache *kv, int32_t seq, const int32_t *tokens, int32_t n, struct kv_key *keys)
+{
+    if (n <= 0 || seq < 0 || seq >= kv->n_seq_slots || !kv->seqs[seq].live || !seq_extendable(kv, &kv->seqs[seq]))
+        return 0;
+    const struct kv_seq *s = &kv->seqs[seq];
+    keys[0] = last_key(s);
+    for (int32_t i = 0; i < n; i++)
+        keys[i + 1] = chain_key(kv, keys[i], tokens + s->len + (size_t)i * kv->cfg.page_tokens);
+    return n;
+}
+
 /* Page 0 brings its means; a later page must be stored against seq's. */
 static bool stored_against_seq_means(const struct kv_cache *kv, const struct kv_seq *s, int32_t id)
 {
