@@ -431,6 +431,12 @@ struct kv_key kv_cache_salt(const char *text, size_t n)
     return kv_salt_mix(kv_salt_mix(ZERO_KEY, tag, sizeof tag), text, n);
 }
 
+struct kv_key kv_tenant_salt(struct kv_key tenant_key, const char *api_key, size_t n, struct kv_key own)
+{
+    struct kv_key tenant = kv_salt_mix(tenant_key, api_key, n);
+    return kv_key_equal(own, ZERO_KEY) ? tenant : kv_salt_mix(tenant, &own, sizeof own);
+}
+
 void kv_layout_keys(const struct kv_key_layout *lay, struct kv_key salt, const int32_t *tokens, int32_t n_tokens,
                     struct kv_key *keys)
 {

@@ -201,6 +201,13 @@ struct store_redis_stats {
     double rtt_ms, read_mbs;            /* measured round trip and GET throughput (0 before any) */
 };
 void store_redis_stats(struct store_redis *r, struct store_redis_stats *out);
+/* XXH3-128 of data keyed with the shared secret (secret_file): the digest
+ * every replica and router given the same file computes (the server derives
+ * tenants' cache salts from API keys with it). false without a secret file. */
+bool store_redis_keyed_digest(const struct store_redis *r, const void *data, size_t n, struct store_key *out);
+/* The same digest from the secret file itself (a router, which has no tier).
+ * KS_ERR_IO naming the file and the fix. */
+ks_status store_secret_file_digest(const char *secret_file, const void *data, size_t n, struct store_key *out);
 
 /* ---- KV events: the chain keys a replica holds, in a Redis stream ----------
  *

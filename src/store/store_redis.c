@@ -754,6 +754,27 @@ void store_redis_close(struct store_redis *r)
     free(r);
 }
 
+bool store_redis_keyed_digest(const struct store_redis *r, const void *data, size_t n, struct store_key *out)
+{
+    if (!r->keyed)
+        return false;
+    XXH128_hash_t h = XXH3_128bits_withSecret(data, n, r->secret, sizeof r->secret);
+    *out = (struct store_key){h.low64, h.high64};
+    return true;
+}
+
+ks_status store_secret_file_digest(const char *secret_file, const void *data, size_t n, struct store_key *out)
+{
+    uint8_t secret[XXH3_SECRET_DEFAULT_SIZE];
+    ks_status st = store_blob_load_secret(secret_file, secret);
+    if (!st) {
+        XXH128_hash_t h = XXH3_128bits_withSecret(data, n, secret, sizeof secret);
+        *out = (struct store_key){h.low64, h.high64};
+    }
+    memset(secret, 0, sizeof secret);
+    return st;
+}
+
 void store_redis_stats(struct store_redis *r, struct store_redis_stats *out)
 {
     pthread_mutex_lock(&r->mu);
