@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Two replicas behind HAProxy (deploy/haproxy.cfg's settings, no routing header: round robin), a shared
 # system prompt and clients with distinct suffixes arriving over time (bench_serve, Poisson arrivals),
-# in three set-ups, each started fresh (cold caches):
+# in four set-ups, each started fresh (cold caches):
 #   redis  - 2 kvserve replicas sharing pages through a redis-server (--cache-redis)
 #   route  - the same, with KV events (--kv-events) and `kvserve route` in front instead of HAProxy
 #            (prefix affinity: each request to the replica holding most of its prompt, against its load)
 #   local  - the same 2 kvserve replicas, no shared tier
 #   llama  - 2 llama-server replicas (the anchor's) behind the same HAProxy
-# Prints one markdown table: TTFT p50/p99, total time, and the bytes moved through Redis.
+# Prints one markdown table: TTFT p50/p99, total time (the whole run of the clients), and the bytes moved:
+# read from and written to Redis by the replicas (their kvserve_redis_{read,write}_bytes_total), and the
+# Redis lookups with their round trips (one each).
 #
 #   bench/cluster.sh BIN MODEL [redis route local llama]
 #
@@ -16,7 +18,7 @@
 # RATE requests/s (2), PARALLEL slots per replica (16), CTX (4096). Prompts are token ids, so the model's
 # vocabulary needs 356 ids or more. Needs redis-server, haproxy, curl, python3. Run on a quiet machine.
 set -euo pipefail
-usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [ $# -ge 2 ] || usage
 bin=$1 model=$2; shift 2
 [ -x "$bin" ] && [ -f "$model" ] || usage
@@ -88,12 +90,12 @@ start_router() { # kvserve route over ports[], with the replicas' Redis $1 -> se
   echo "kvserve route did not start"; cat "$tmp/route.log"; exit 1
 }
 
-redis_bytes() { # the replicas' bytes read from and written to Redis
-  local total=0 p
-  for p in "${ports[@]}"; do
-    total=$(( total + $(curl -s "http://127.0.0.1:$p/metrics" | awk '$1 == "kvserve_redis_read_bytes_total" || $1 == "kvserve_redis_write_bytes_total" { s += $2 } END { printf "%.0f", s }') ))
-  done
-  echo "$total"
+redis_counts() { # the replicas' sums: "<bytes read> <bytes written> <lookups> <round trips>"
+  local p
+  for p in "${ports[@]}"; do curl -s "http://127.0.0.1:$p/metrics"; done | awk '
+    $1 == "kvserve_redis_read_bytes_total" { r += $2 } $1 == "kvserve_redis_write_bytes_total" { w += $2 }
+    $1 == "kvserve_redis_lookups_total" { l += $2 } $1 == "kvserve_redis_round_trips_total" { t += $2 }
+    END { printf "%.0f %.0f %.0f %.0f\n", r, w, l, t }'
 }
 
 run_setup() { # setup -> one table row
@@ -119,19 +121,21 @@ run_setup() { # setup -> one table row
     --shared-prefix "$PREFIX" --gen-len "$GEN" --rate "$RATE" >"$tmp/bench.$setup" 2>&1 ||
     { echo "bench_serve failed on $setup:"; cat "$tmp/bench.$setup"; exit 1; }
   t1=$(now)
-  local bytes=0
-  if [ "$setup" = redis ] || [ "$setup" = route ]; then bytes=$(redis_bytes); fi
+  local counts="0 0 0 0"
+  if [ "$setup" = redis ] || [ "$setup" = route ]; then counts=$(redis_counts); fi
   # the bench_serve row: | clients | prompt | gen | prefix | rate | done | TTFT p50 | TTFT p99 | ...
-  awk -F'|' -v s="$setup" -v t="$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')" -v b="$bytes" \
-    '/^\| [0-9]/ { printf "| %s | %s | %s | %s | %.1f | %.1f |\n", s, $7, $8, $9, t, b / 1048576; exit }' "$tmp/bench.$setup"
+  awk -F'|' -v s="$setup" -v t="$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')" -v c="$counts" \
+    'BEGIN { split(c, n, " ") }
+     /^\| [0-9]/ { printf "| %s | %s | %s | %s | %.1f | %.1f | %.1f | %d / %d |\n", s, $7, $8, $9, t, n[1] / 1048576,
+                   n[2] / 1048576, n[3], n[4]; exit }' "$tmp/bench.$setup"
   stop_all
 }
 
 if [[ " ${setups[*]} " == *" llama "* ]]; then anchor_mirror; fi
 echo "2 replicas x $THREADS threads, $CLIENTS clients at $RATE/s, $PREFIX shared + $SUFFIX own tokens, $GEN generated"
 echo
-echo "| set-up | done | TTFT p50 ms | TTFT p99 ms | total s | MiB via Redis |"
-echo "|---|---|---|---|---|---|"
+echo "| set-up | done | TTFT p50 ms | TTFT p99 ms | total s | MiB read from Redis | MiB written to Redis | lookups / round trips |"
+echo "|---|---|---|---|---|---|---|---|"
 for s in "${setups[@]}"; do
   case $s in redis|route|local|llama) run_setup "$s" ;; *) echo "unknown set-up $s (redis, route, local, llama)" >&2; exit 2 ;; esac
 done

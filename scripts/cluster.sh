@@ -10,6 +10,9 @@
 # -r puts `kvserve route` in front instead of HAProxy: the replicas publish
 # their KV events (--kv-events) and the router sends each request to the
 # replica holding most of its prompt, against its load (no header needed).
+# The replica flags that change a prompt's keys (--chat-template, -c,
+# --spm-infill, --cache-salt-from-key with --cache-redis-secret-file) go to
+# the router too.
 #
 # Defaults: 2 replicas, HAProxy on port 8080, build/default-model.gguf, each
 # replica -t 2 --parallel 4 (override after --). Logs and the generated
@@ -25,11 +28,18 @@ while [ $# -gt 0 ]; do
     -m) model=$2; shift 2 ;;
     -r|--router) front=route; shift ;;
     --) shift; break ;;
-    -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "cluster.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
 extra=("$@")
+keyed=() # the replica flags the router needs to compute the replicas' keys
+for ((i = 0; i < ${#extra[@]}; i++)); do
+  case ${extra[i]} in
+    --chat-template|-c|--ctx-size|--cache-redis-secret-file) keyed+=("${extra[i]}" "${extra[i + 1]:-}"); i=$((i + 1)) ;;
+    --spm-infill|--cache-salt-from-key) keyed+=("${extra[i]}") ;;
+  esac
+done
 bin=${KVSERVE_BIN:-build/kvserve}
 [[ $n =~ ^[1-9][0-9]?$ ]] || { echo "cluster.sh: -n wants 1..99 replicas" >&2; exit 2; }
 [ -x "$bin" ] || { echo "cluster.sh: no $bin; build first (cmake --build build --target kvserve)" >&2; exit 1; }
@@ -82,7 +92,7 @@ done
 
 if [ $front = route ]; then
   "$bin" route --listen "127.0.0.1:$port" -m "$model" --cache-redis "redis://127.0.0.1:$rport" "${replicas[@]}" \
-    2>"$dir/route.log" &
+    "${keyed[@]}" 2>"$dir/route.log" &
   pids+=($!)
   wait_for "kvserve route on port $port" curl -sf "http://127.0.0.1:$port/health"
   echo "cluster.sh: redis://127.0.0.1:$rport, $n replicas, logs in $dir"

@@ -302,6 +302,16 @@ static void check_layout_keys(struct kv_key salt)
             assert_true(kv_key_equal(keys[i], plain[i]));
         assert_int_equal(keys[0].lo, UNSALTED_KEY0_LO);
     }
+    /* a new sequence of that salt looks the same keys up in the shared tier (kv_seq_next_keys) */
+    int32_t fresh = -1;
+    struct kv_key next[5];
+    assert_int_equal(kv_seq_create(kv, &fresh), KS_OK);
+    assert_int_equal(kv_seq_set_salt(kv, fresh, salt), KS_OK);
+    assert_int_equal(kv_seq_next_keys(kv, fresh, tokens, 4, next), 4);
+    for (int i = 0; i < 4; i++)
+        assert_true(kv_key_equal(next[1 + i], keys[i]));
+    assert_int_equal(kv_seq_next_keys(kv, fresh + 1000, tokens, 4, next), 0);
+    kv_seq_free(kv, fresh);
     kv_seq_free(kv, seq);
     /* dropping the idle pages reports every full key as lost, the tail not */
     ev.n = 0;

@@ -254,7 +254,7 @@ static void test_route_keys_are_the_replicas(void **state)
     struct route_prompt *rp = NULL;
     assert_int_equal(gguf_open(g_model, &f), KS_OK);
     assert_int_equal(tok_load(f, &tok), KS_OK);
-    assert_int_equal(route_prompt_create(tok, NULL, &rp), KS_OK);
+    assert_int_equal(route_prompt_create(tok, NULL, 4096, false, &rp), KS_OK);
     char text[4096] = "";
     for (int i = 0; i < 120; i++)
         snprintf(text + strlen(text), sizeof text - strlen(text), "w%d ", i);
@@ -296,12 +296,92 @@ static void test_route_keys_are_the_replicas(void **state)
     assert_int_equal(n, n_chat);
     assert_memory_equal(ids, chat_ids, n * sizeof *ids);
     free(ids);
+    /* OpenAI's /v1/responses too (instructions the system message, a developer message one as well) */
+    snprintf(body, sizeof body, "{\"instructions\":\"%s\",\"input\":\"hi\",\"max_output_tokens\":4}", text);
+    assert_int_equal(route_prompt_tokens(rp, "/v1/responses", body, strlen(body), &ids, &n, &salt), KS_OK);
+    assert_int_equal(n, n_chat);
+    assert_memory_equal(ids, chat_ids, n * sizeof *ids);
+    free(ids);
+    snprintf(body, sizeof body,
+             "{\"input\":[{\"role\":\"developer\",\"content\":[{\"type\":\"input_text\",\"text\":\"%s\"}]},"
+             "{\"type\":\"message\",\"role\":\"user\",\"content\":\"hi\"}]}",
+             text);
+    assert_int_equal(route_prompt_tokens(rp, "/responses", body, strlen(body), &ids, &n, &salt), KS_OK);
+    assert_int_equal(n, n_chat);
+    assert_memory_equal(ids, chat_ids, n * sizeof *ids);
+    free(ids);
     free(chat_ids);
+    /* a function call and its output: the chat's assistant tool call and tool message */
+    snprintf(body, sizeof body,
+             "{\"messages\":[{\"role\":\"system\",\"content\":\"%s\"},{\"role\":\"user\",\"content\":\"hi\"},"
+             "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\","
+             "\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]},"
+             "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"42\"}]}",
+             text);
+    assert_int_equal(route_prompt_tokens(rp, "/v1/chat/completions", body, strlen(body), &chat_ids, &n_chat, &salt),
+                     KS_OK);
+    snprintf(body, sizeof body,
+             "{\"instructions\":\"%s\",\"input\":[{\"role\":\"user\",\"content\":\"hi\"},"
+             "{\"type\":\"reasoning\",\"summary\":[]},"
+             "{\"type\":\"function_call\",\"call_id\":\"c1\",\"name\":\"f\",\"arguments\":\"{}\"},"
+             "{\"type\":\"function_call_output\",\"call_id\":\"c1\",\"output\":\"42\"}]}",
+             text);
+    assert_int_equal(route_prompt_tokens(rp, "/v1/responses", body, strlen(body), &ids, &n, &salt), KS_OK);
+    assert_int_equal(n, n_chat);
+    assert_memory_equal(ids, chat_ids, n * sizeof *ids);
+    free(ids);
+    free(chat_ids);
+    /* a model without fill-in-the-middle tokens: /infill is the replica's 501, the router balances by load */
+    snprintf(body, sizeof body, "{\"input_prefix\":\"a\",\"input_suffix\":\"b\"}");
+    assert_int_equal(route_prompt_tokens(rp, "/infill", body, strlen(body), &ids, &n, &salt), KS_ERR_UNSUPPORTED);
     /* what the router does not read: another route; a body that is not JSON */
     assert_int_equal(route_prompt_tokens(rp, "/v1/embeddings", body, strlen(body), &ids, &n, &salt),
                      KS_ERR_NOT_FOUND);
     assert_int_equal(route_prompt_tokens(rp, "/completion", "{\"prompt\":", 10, &ids, &n, &salt), KS_ERR_INVALID_ARG);
     route_prompt_free(rp);
+    tok_free(tok);
+    gguf_close(f);
+}
+
+/* /infill's prompt as the replica builds it (tok_infill_prompt: llama-server's, checked against it by
+ * server_infill_parity), with the replicas' context and --spm-infill; a body the replica refuses is not read. */
+static void test_route_infill_keys(void **state)
+{
+    (void)state;
+    const char *shared = getenv("KVSERVE_SHARED");
+    char path[1024];
+    snprintf(path, sizeof path, "%s/models/vocab/ggml-vocab-qwen3.gguf", shared ? shared : "../shared");
+    struct gguf_file *f = NULL;
+    if (gguf_open(path, &f) != KS_OK)
+        KS_SKIP("no %s (Qwen3's vocabulary, with FIM tokens)", path);
+    struct tokenizer *tok = NULL;
+    assert_int_equal(tok_load(f, &tok), KS_OK);
+    const struct tok_special *sp = tok_special(tok);
+    for (int spm = 0; spm < 2; spm++) {
+        struct route_prompt *rp = NULL;
+        assert_int_equal(route_prompt_create(tok, "chatml", 4096, spm, &rp), KS_OK);
+        const char body[] = "{\"input_prefix\":[\"def add(a, b):\\n\", 16, \"    \"],\"input_suffix\":\"\\n    return c\\n\","
+                            "\"prompt\":\"c =\",\"input_extra\":[{\"filename\":\"util.py\",\"text\":\"def helper():\\n\"},"
+                            "{\"text\":\"# no name\\n\"}],\"n_predict\":8}";
+        int32_t *ids = NULL, *want = NULL;
+        size_t n = 0, n_want = 0;
+        struct kv_key salt;
+        assert_int_equal(route_prompt_tokens(rp, "/infill", body, strlen(body), &ids, &n, &salt), KS_OK);
+        const struct tok_infill_part pre[] = {{"def add(a, b):\n", 0}, {NULL, 16}, {"    ", 0}},
+                                     suf[] = {{"\n    return c\n", 0}};
+        const struct tok_infill_file files[] = {{"util.py", "def helper():\n"}, {NULL, "# no name\n"}};
+        const struct tok_infill in = {pre, suf, 3, 1, "c =", files, 2, 4096, spm};
+        assert_int_equal(tok_infill_prompt(tok, &in, &want, &n_want), KS_OK);
+        assert_int_equal(n, n_want);
+        assert_memory_equal(ids, want, n * sizeof *ids);
+        assert_int_equal(ids[0], sp->fim_rep);
+        assert_int_equal(ids[n - 1], sp->fim_mid);
+        free(ids);
+        free(want);
+        const char bad[] = "{\"input_prefix\":5,\"input_suffix\":\"b\"}";
+        assert_int_equal(route_prompt_tokens(rp, "/infill", bad, strlen(bad), &ids, &n, &salt), KS_ERR_INVALID_ARG);
+        route_prompt_free(rp);
+    }
     tok_free(tok);
     gguf_close(f);
 }
@@ -313,6 +393,7 @@ int main(void)
         cmocka_unit_test(test_event_parse_refuses),
         cmocka_unit_test(test_index_follows_events),
         cmocka_unit_test(test_route_keys_are_the_replicas),
+        cmocka_unit_test(test_route_infill_keys),
     };
     return ks_run_tests(tests, NULL, NULL);
 }

@@ -1,7 +1,9 @@
 /* The Redis tier's pure parts: the check of a value (sound, damaged, foreign,
  * keyed otherwise), the key names, the --cache-redis URL, the shared secret
  * file; and the tier with nothing listening (opens, misses at once, drops
- * writes, counts). The tier against a real redis-server: tests/e2e/redis_tier.sh. */
+ * writes, counts); and a chain's lookup against a real redis-server (skipped
+ * without one): one round trip, the first miss, a lost script, a bad value,
+ * the cost test. The tier behind two replicas: tests/e2e/redis_tier.sh. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -9,7 +11,12 @@
 #include <cmocka.h>
 
 #include <arpa/inet.h>
+#include <fcntl.h>
+#include <hiredis/hiredis.h>
 #include <netinet/in.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +25,7 @@
 #include <unistd.h>
 
 #include "store/store_internal.h"
+#include "support/skip.h"
 
 static const uint8_t FP[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
 static const struct store_key KEY = {0x1122334455667788ull, 0x99aabbccddeeff00ull};
@@ -275,6 +283,145 @@ static void test_events_redis_down(void **state)
     assert_null(e);
 }
 
+
+/* ---- against a real redis-server ------------------------------------------------ */
+
+/* redis-server on a free loopback port, nothing saved; 0 when it cannot run. */
+static pid_t redis_start(int port, redisContext **admin)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        char p[16];
+        snprintf(p, sizeof p, "%d", port);
+        int null = open("/dev/null", O_WRONLY);
+        dup2(null, 1);
+        dup2(null, 2);
+        execlp("redis-server", "redis-server", "--port", p, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+               "--dir", "/tmp", (char *)NULL);
+        _exit(127);
+    }
+    for (int i = 0; pid > 0 && i < 200; i++) {
+        *admin = redisConnect("127.0.0.1", port);
+        redisReply *rep = *admin && !(*admin)->err ? redisCommand(*admin, "PING") : NULL;
+        bool up = rep && rep->type == REDIS_REPLY_STATUS;
+        freeReplyObject(rep);
+        if (up)
+            return pid;
+        redisFree(*admin);
+        *admin = NULL;
+        if (waitpid(pid, NULL, WNOHANG) == pid)
+            return 0; /* exited: not installed */
+        nanosleep(&(struct timespec){0, 20 * 1000 * 1000}, NULL);
+    }
+    if (pid > 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+    }
+    return 0;
+}
+
+static void redis_stop(pid_t pid, redisContext *admin)
+{
+    redisFree(admin);
+    kill(pid, SIGTERM);
+    waitpid(pid, NULL, 0);
+}
+
+static struct store_key chain_key(int i) { return (struct store_key){0x1000u + (uint64_t)i, 0x77}; }
+
+static void admin_do(redisContext *admin, const char *fmt, const char *arg)
+{
+    redisReply *rep = redisCommand(admin, fmt, arg);
+    assert_non_null(rep);
+    freeReplyObject(rep);
+}
+
+static int32_t look_up(struct store_redis *r, int32_t n, double page_compute_s, size_t *first_len)
+{
+    struct store_key keys[8];
+    void *blobs[8] = {0};
+    size_t lens[8] = {0};
+    for (int i = 0; i < n; i++)
+        keys[i] = chain_key(i);
+    int32_t got = store_redis_get_chain(r, keys, n, page_compute_s, blobs, lens);
+    for (int i = 0; i < got; i++) {
+        assert_int_equal(lens[i], 300 + i);
+        for (size_t b = 0; b < lens[i]; b++)
+            assert_int_equal(((uint8_t *)blobs[i])[b], (uint8_t)(b + (size_t)i));
+        free(blobs[i]);
+    }
+    if (first_len)
+        *first_len = got ? lens[0] : 0;
+    return got;
+}
+
+static void test_chain_lookup_live(void **state)
+{
+    (void)state;
+    int port = closed_port();
+    redisContext *admin = NULL;
+    pid_t pid = redis_start(port, &admin);
+    if (!pid)
+        KS_SKIP("redis-server is not installed (scripts/deps.sh installs it)");
+    char url[64];
+    snprintf(url, sizeof url, "redis://127.0.0.1:%d", port);
+    struct store_redis_config cfg = {.url = url, .timeout_ms = 2000};
+    memcpy(cfg.fingerprint, FP, sizeof FP);
+    struct store_redis *r = NULL;
+    assert_int_equal(store_redis_open(&cfg, &r), KS_OK);
+    uint8_t page[400];
+    for (int i = 0; i < 6; i++) { /* pages 0..5 of a chain, page 3 missing */
+        for (size_t b = 0; b < sizeof page; b++)
+            page[b] = (uint8_t)(b + (size_t)i);
+        if (i != 3)
+            assert_int_equal(store_redis_put(r, chain_key(i), PARENT, 32, page, 300 + (size_t)i), KS_OK);
+    }
+    store_redis_flush(r);
+    struct store_redis_stats st;
+
+    /* one round trip, stopping at the first miss */
+    assert_int_equal(look_up(r, 8, 0.0, NULL), 3);
+    store_redis_stats(r, &st);
+    assert_int_equal(st.lookups, 1);
+    assert_int_equal(st.round_trips, 1);
+    assert_int_equal(st.hits, 3);
+    assert_int_equal(st.misses, 1);
+    assert_int_equal(st.read_bytes, 3 * sizeof(struct store_header) + 300 + 301 + 302);
+
+    /* Redis lost the script: EVAL once, then EVALSHA again */
+    admin_do(admin, "SCRIPT FLUSH", NULL);
+    assert_int_equal(look_up(r, 3, 0.0, NULL), 3);
+    assert_int_equal(look_up(r, 2, 0.0, NULL), 2);
+    store_redis_stats(r, &st);
+    assert_int_equal(st.lookups, 3);
+    assert_int_equal(st.round_trips, 4);
+
+    /* a damaged value ends the run after the pages before it, and is deleted */
+    char name[STORE_REDIS_KEY_CHARS + 1];
+    store_redis_key_name(FP, chain_key(1), name);
+    admin_do(admin, "SET %s garbage", name);
+    assert_int_equal(look_up(r, 3, 0.0, NULL), 1);
+    store_redis_flush(r);
+    redisReply *rep = redisCommand(admin, "EXISTS %s", name);
+    assert_non_null(rep);
+    assert_int_equal(rep->integer, 0);
+    freeReplyObject(rep);
+    store_redis_stats(r, &st);
+    assert_int_equal(st.corrupt, 1);
+    assert_int_equal(st.round_trips, 5);
+
+    /* computing a page faster than reading it: Redis is not asked */
+    assert_int_equal(look_up(r, 3, 1e-12, NULL), 0);
+    store_redis_stats(r, &st);
+    assert_int_equal(st.declined, 1);
+    assert_int_equal(st.round_trips, 5);
+    assert_int_equal(st.lookups, 5);
+    assert_true(st.connected);
+    assert_true(st.rtt_ms > 0);
+    store_redis_close(r);
+    redis_stop(pid, admin);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -282,7 +429,7 @@ int main(void)
         cmocka_unit_test(test_foreign_values), cmocka_unit_test(test_key_name),
         cmocka_unit_test(test_url),           cmocka_unit_test(test_secret_file),
         cmocka_unit_test(test_redis_down),    cmocka_unit_test(test_bad_config),
-        cmocka_unit_test(test_events_redis_down),
+        cmocka_unit_test(test_events_redis_down), cmocka_unit_test(test_chain_lookup_live),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return ks_run_tests(tests, NULL, NULL);
 }

@@ -12,10 +12,13 @@
 #include "gguf/gguf.h"
 #include "model/model.h"
 #include "route/route.h"
+#include "store/store.h"
 #include "tokenizer/tokenizer.h"
 
 struct route_opts {
-    const char *model, *listen, *redis_url, *password_file, *chat_template;
+    const char *model, *listen, *redis_url, *password_file, *chat_template, *secret_file;
+    bool salt_from_key, spm_infill;
+    int ctx_size;
     const char *replicas[ROUTE_MAX_REPLICAS];
     int n_replicas;
     float load_weight;
@@ -39,6 +42,11 @@ static void route_usage(FILE *out)
             "      --cache-redis URL      the replicas' Redis (KV events); password from\n"
             "                             --cache-redis-password-file F or $KVSERVE_REDIS_PASSWORD\n"
             "      --chat-template NAME   a hand-written chat family, as the replicas' --chat-template\n"
+            "  -c, --ctx-size N           the replicas' --ctx-size (their /infill prompts depend on it; default as\n"
+            "                             serve's: the model's trained context, at most 4096)\n"
+            "      --spm-infill           the replicas run with --spm-infill\n"
+            "      --cache-salt-from-key  the replicas run with it: a request's bearer token salts its keys too;\n"
+            "                             needs --cache-redis-secret-file F, the replicas' file\n"
             "      --load-weight W        cost of a page in flight on a replica against a page to compute (1)\n"
             "      --health-ms MS         between GET /health checks of the replicas (1000)\n"
             "      --timeout S            idle connection timeout (600)\n"
@@ -62,6 +70,10 @@ static bool route_flag(const char *a, const char *v, void *opts, bool *ok)
         *ok = (o->password_file = v) != NULL && *v;
     else if (!strcmp(a, "--chat-template"))
         *ok = (o->chat_template = v) != NULL;
+    else if (!strcmp(a, "--cache-redis-secret-file"))
+        *ok = (o->secret_file = v) != NULL && *v;
+    else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size"))
+        *ok = cli_parse_int(v, 2, 1 << 24, &o->ctx_size);
     else if (!strcmp(a, "--load-weight"))
         *ok = cli_parse_float(v, 0.0f, 1e6f, &o->load_weight);
     else if (!strcmp(a, "--health-ms"))
@@ -73,6 +85,46 @@ static bool route_flag(const char *a, const char *v, void *opts, bool *ok)
     else
         return false;
     return true;
+}
+
+static bool route_switch(const char *a, void *opts)
+{
+    struct route_opts *o = opts;
+    if (!strcmp(a, "--cache-salt-from-key"))
+        return o->salt_from_key = true;
+    if (!strcmp(a, "--spm-infill"))
+        return o->spm_infill = true;
+    return false;
+}
+
+/* serve's default --ctx-size: the model's trained context, at most 4096. */
+static int32_t default_ctx(const struct gguf_file *f)
+{
+    struct gguf_str arch;
+    char key[96];
+    uint32_t n = 0;
+    if (gguf_get_str(f, "general.architecture", &arch) == KS_OK && arch.len < 64) {
+        snprintf(key, sizeof key, "%.*s.context_length", (int)arch.len, arch.data);
+        if (gguf_get_u32(f, key, &n) != KS_OK)
+            n = 0;
+    }
+    return n > 0 && n < 4096 ? (int32_t)n : 4096;
+}
+
+/* --cache-salt-from-key: the replicas' tenant key, from their shared secret file. */
+static ks_status tenant_key(const struct route_opts *o, struct kv_key *out)
+{
+    if (!o->salt_from_key)
+        return o->secret_file ? ks_fail(KS_ERR_INVALID_ARG, "--cache-redis-secret-file serves --cache-salt-from-key "
+                                        "only; give both or neither")
+                              : KS_OK;
+    if (!o->secret_file)
+        return ks_fail(KS_ERR_INVALID_ARG, "--cache-salt-from-key needs --cache-redis-secret-file F, the file the "
+                       "replicas are given: their tenants' salts are derived from it");
+    struct store_key k;
+    ks_status st = store_secret_file_digest(o->secret_file, KV_TENANT_KEY_TAG, sizeof KV_TENANT_KEY_TAG, &k);
+    *out = (struct kv_key){k.lo, k.hi};
+    return st;
 }
 
 static char *read_password(const struct route_opts *o)
@@ -99,7 +151,11 @@ static int run(struct route_opts *o, struct tokenizer *tok, const struct gguf_fi
         return 2;
     }
     struct route_prompt *rp = NULL;
-    ks_status st = route_prompt_create(tok, o->chat_template, &rp);
+    struct kv_key tenant = {0, 0};
+    ks_status st = tenant_key(o, &tenant);
+    if (!st)
+        st = route_prompt_create(tok, o->chat_template, o->ctx_size ? o->ctx_size : default_ctx(f), o->spm_infill,
+                                 &rp);
     if (st) {
         fprintf(stderr, "kvserve route: %s\n", ks_errmsg());
         return 1;
@@ -108,7 +164,8 @@ static int run(struct route_opts *o, struct tokenizer *tok, const struct gguf_fi
     struct route_config cfg = {.host = host, .port = port, .replicas = o->replicas, .n_replicas = o->n_replicas,
                                .redis_url = o->redis_url, .redis_password = password, .prompt = rp,
                                .load_weight = o->load_weight, .health_ms = o->health_ms, .max_body = o->max_body,
-                               .timeout_s = o->timeout_s, .n_fingerprints = 2};
+                               .timeout_s = o->timeout_s, .n_fingerprints = 2,
+                               .salt_from_key = o->salt_from_key, .tenant_key = tenant};
     model_file_fingerprint(f, false, cfg.fingerprints[0]);
     model_file_fingerprint(f, true, cfg.fingerprints[1]); /* a LongRoPE model's replicas past its original context */
     sigset_t stop;
@@ -142,7 +199,8 @@ static int run(struct route_opts *o, struct tokenizer *tok, const struct gguf_fi
 int cli_route(int argc, char **argv)
 {
     struct route_opts o = {.listen = "127.0.0.1:8080"};
-    const struct cli_command cmd = {.name = "route", .usage = route_usage, .value_flag = route_flag, .opts = &o};
+    const struct cli_command cmd = {.name = "route", .usage = route_usage, .switch_flag = route_switch,
+                                    .value_flag = route_flag, .opts = &o};
     int rc = cli_parse_command(&cmd, argc, argv);
     if (rc)
         return rc < 0 ? 0 : rc;

@@ -359,6 +359,14 @@ void kv_prefix_keys(const struct kv_cache *kv, const int32_t *tokens, int32_t n_
 /* The salt of a request's cache_salt text (the server's field): every process
  * that derives it this way (a replica, a router) gets the same salt. */
 struct kv_key kv_cache_salt(const char *text, size_t n);
+/* The salt of a request under --cache-salt-from-key: its API key's n bytes
+ * hashed with the deployment's tenant_key, then its own salt (own, {0, 0}:
+ * none) folded in, so it splits its tenant's cache further and never reaches
+ * another tenant's. Replicas and routers with the same tenant_key agree. */
+struct kv_key kv_tenant_salt(struct kv_key tenant_key, const char *api_key, size_t n, struct kv_key own);
+/* The bytes (sizeof, its NUL included) a deployment's tenant_key is the keyed
+ * digest of (store_redis_keyed_digest, store_keyed_digest). */
+#define KV_TENANT_KEY_TAG "kvserve tenant cache salt"
 
 /* Everything besides the tokens and the parent that goes into a page key,
  * as bytes (the model fingerprint, P, rotation, head_dim, layers, KV heads,
@@ -389,6 +397,11 @@ void kv_set_key_hook(struct kv_cache *kv, kv_key_fn fn, void *user);
  * tokens[len, len + P)); false when seq cannot continue from the cache (len
  * not a multiple of P, a page not keyed, the prefix cache off). */
 bool kv_seq_next_key(const struct kv_cache *kv, int32_t seq, const int32_t *tokens, struct kv_key *out);
+/* The keys of seq's next n full pages along tokens (tokens[len, len + n P)
+ * must be there), its salt included: keys[0] is the key they continue (seq's
+ * last page's, or its chain's root), keys[1 + i] the i-th page's; keys holds
+ * n + 1. Returns n, or 0 when seq cannot continue from the cache. */
+int32_t kv_seq_next_keys(const struct kv_cache *kv, int32_t seq, const int32_t *tokens, int32_t n, struct kv_key *keys);
 
 /* seq holds tokens[0, len) and len is a multiple of P: map the cached pages
  * that continue it along tokens, while the sequence stays within max_tokens

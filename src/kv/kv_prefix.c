@@ -431,6 +431,12 @@ struct kv_key kv_cache_salt(const char *text, size_t n)
     return kv_salt_mix(kv_salt_mix(ZERO_KEY, tag, sizeof tag), text, n);
 }
 
+struct kv_key kv_tenant_salt(struct kv_key tenant_key, const char *api_key, size_t n, struct kv_key own)
+{
+    struct kv_key tenant = kv_salt_mix(tenant_key, api_key, n);
+    return kv_key_equal(own, ZERO_KEY) ? tenant : kv_salt_mix(tenant, &own, sizeof own);
+}
+
 void kv_layout_keys(const struct kv_key_layout *lay, struct kv_key salt, const int32_t *tokens, int32_t n_tokens,
                     struct kv_key *keys)
 {
@@ -477,6 +483,17 @@ bool kv_seq_next_key(const struct kv_cache *kv, int32_t seq, const int32_t *toke
     const struct kv_seq *s = &kv->seqs[seq];
     *out = chain_key(kv, last_key(s), tokens + s->len);
     return true;
+}
+
+int32_t kv_seq_next_keys(const struct kv_cache *kv, int32_t seq, const int32_t *tokens, int32_t n, struct kv_key *keys)
+{
+    if (n <= 0 || seq < 0 || seq >= kv->n_seq_slots || !kv->seqs[seq].live || !seq_extendable(kv, &kv->seqs[seq]))
+        return 0;
+    const struct kv_seq *s = &kv->seqs[seq];
+    keys[0] = last_key(s);
+    for (int32_t i = 0; i < n; i++)
+        keys[i + 1] = chain_key(kv, keys[i], tokens + s->len + (size_t)i * kv->cfg.page_tokens);
+    return n;
 }
 
 /* Page 0 brings its means; a later page must be stored against seq's. */

@@ -66,14 +66,19 @@ void route_index_info(const struct route_index *ix, int r, struct route_replica_
 struct tokenizer;
 struct route_prompt;
 /* chat_template: a hand-written family's name (tok_chat_by_name) or NULL for
- * the model's Jinja template (as `serve` without --chat-template). The
- * tokenizer is borrowed. KS_ERR_FORMAT (the template), KS_ERR_NOMEM. */
-ks_status route_prompt_create(const struct tokenizer *tok, const char *chat_template, struct route_prompt **out);
+ * the model's Jinja template (as `serve` without --chat-template); n_ctx and
+ * spm_infill: the replicas' --ctx-size and --spm-infill (their /infill
+ * prompts depend on them). The tokenizer is borrowed. KS_ERR_FORMAT (the
+ * template), KS_ERR_NOMEM. */
+ks_status route_prompt_create(const struct tokenizer *tok, const char *chat_template, int32_t n_ctx, bool spm_infill,
+                              struct route_prompt **out);
 void route_prompt_free(struct route_prompt *rp);
 /* The prompt tokens a replica would compute for a request to path with this
  * body (POST /v1/chat/completions, /v1/completions, /completion, a single
- * prompt; /v1/messages as the chat the replica translates it to, up to its
- * first message that is not text alone), and its cache salt ({0, 0}: none). KS_ERR_NOT_FOUND: not a
+ * prompt; /v1/messages and /v1/responses as the chat the replica translates
+ * them to, up to their first message the router does not read; /infill as
+ * tok_infill_prompt builds it), and its cache salt from cache_salt ({0, 0}:
+ * none; route_forward folds in a tenant's, kv_tenant_salt). KS_ERR_NOT_FOUND: not a
  * request the router reads (it then balances by load alone);
  * KS_ERR_INVALID_ARG: a body it cannot read. *ids is malloc'd. */
 ks_status route_prompt_tokens(struct route_prompt *rp, const char *path, const char *body, size_t len,
@@ -91,6 +96,8 @@ struct route_config {
     uint8_t fingerprints[2][16]; /* the model's events streams (short and long RoPE factors) */
     int n_fingerprints;
     struct route_prompt *prompt; /* borrowed */
+    bool salt_from_key;       /* the replicas' --cache-salt-from-key: a bearer token salts its request's keys */
+    struct kv_key tenant_key; /* ... with the replicas' tenant key (store_secret_file_digest of KV_TENANT_KEY_TAG) */
     double load_weight;       /* cost of a page in flight against a page to compute; 0 = 1 */
     int health_ms;            /* between health checks; 0 = 1000 */
     size_t max_body;          /* 0 = 8 MiB */

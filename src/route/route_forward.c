@@ -368,6 +368,9 @@ int route_forward(struct route *rt, struct MHD_Connection *c, const char *method
         pk.read = !route_prompt_tokens(rt->cfg.prompt, path, body, len, &pk.ids, &pk.n_ids, &pk.salt);
         if (!pk.read)
             atomic_fetch_add(&rt->unread, 1);
+        const char *auth = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+        if (rt->cfg.salt_from_key && auth && !strncmp(auth, "Bearer ", 7) && auth[7]) /* as the replica reads it */
+            pk.salt = kv_tenant_salt(rt->cfg.tenant_key, auth + 7, strlen(auth + 7), pk.salt);
     }
     uint64_t tried = 0;
     int ret = -1;

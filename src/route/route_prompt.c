@@ -20,15 +20,20 @@ enum { MAX_RENDER_BYTES = 64 << 20 };
 struct route_prompt {
     const struct tokenizer *tok;
     struct tok_chat_setup chat;
+    int32_t n_ctx;            /* the replicas' context: /infill's files are cut to it */
+    bool spm_infill;
 };
 
-ks_status route_prompt_create(const struct tokenizer *tok, const char *chat_template, struct route_prompt **out)
+ks_status route_prompt_create(const struct tokenizer *tok, const char *chat_template, int32_t n_ctx, bool spm_infill,
+                              struct route_prompt **out)
 {
     *out = NULL;
     struct route_prompt *rp = calloc(1, sizeof *rp);
     if (!rp)
         return ks_fail(KS_ERR_NOMEM, "route: out of memory");
     rp->tok = tok;
+    rp->n_ctx = n_ctx;
+    rp->spm_infill = spm_infill;
     ks_status st = tok_chat_setup(tok, chat_template, NULL, 0, NULL, &rp->chat);
     if (st) {
         free(rp);
@@ -99,6 +104,9 @@ static cJSON *template_request(const cJSON *root)
     }
     cJSON *m;
     cJSON_ArrayForEach(m, copy) {
+        cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
+        if (cJSON_IsString(role) && !strcmp(role->valuestring, "developer"))
+            cJSON_SetValuestring(role, "system"); /* as the replica tells the template */
         cJSON *text = content_text(cJSON_GetObjectItemCaseSensitive(m, "content"));
         if (text && !cJSON_ReplaceItemInObjectCaseSensitive(m, "content", text))
             cJSON_Delete(text);
@@ -243,6 +251,191 @@ static cJSON *anthropic_chat(const cJSON *root)
     return chat;
 }
 
+/* ---- OpenAI's /v1/responses, as the replica translates it to a chat --------------------------- */
+
+/* A string, or text parts joined with "\n" (NULL: neither). */
+static char *responses_text(const cJSON *v)
+{
+    if (cJSON_IsString(v))
+        return strdup(v->valuestring);
+    cJSON *joined = content_text(v);
+    char *text = cJSON_IsString(joined) ? strdup(joined->valuestring) : NULL;
+    cJSON_Delete(joined);
+    return text;
+}
+
+/* A function_call item: a tool call of the assistant message before it (a new one unless the last
+ * message is an assistant's). */
+static bool add_call(cJSON *msgs, const cJSON *it)
+{
+    const cJSON *id = cJSON_GetObjectItemCaseSensitive(it, "call_id");
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(it, "name");
+    const cJSON *args = cJSON_GetObjectItemCaseSensitive(it, "arguments");
+    if (!cJSON_IsString(id) || !cJSON_IsString(name) || !cJSON_IsString(args))
+        return false;
+    cJSON *last = cJSON_GetArrayItem(msgs, cJSON_GetArraySize(msgs) - 1);
+    const cJSON *role = cJSON_GetObjectItemCaseSensitive(last, "role");
+    if (!cJSON_IsString(role) || strcmp(role->valuestring, "assistant")) {
+        last = cJSON_CreateObject();
+        if (!last || !cJSON_AddItemToArray(msgs, last)) {
+            cJSON_Delete(last);
+            return false;
+        }
+        cJSON_AddStringToObject(last, "role", "assistant");
+        cJSON_AddNullToObject(last, "content");
+    }
+    cJSON *calls = cJSON_GetObjectItemCaseSensitive(last, "tool_calls");
+    if (!calls)
+        calls = cJSON_AddArrayToObject(last, "tool_calls");
+    /* in the replica's order: a template may print a call as JSON */
+    cJSON *c = cJSON_CreateObject();
+    cJSON *fn = c && cJSON_AddStringToObject(c, "id", id->valuestring) && cJSON_AddStringToObject(c, "type", "function")
+                    ? cJSON_AddObjectToObject(c, "function")
+                    : NULL;
+    if (!fn || !calls || !cJSON_AddItemToArray(calls, c)) {
+        cJSON_Delete(c);
+        return false;
+    }
+    cJSON_AddStringToObject(fn, "name", name->valuestring);
+    cJSON_AddStringToObject(fn, "arguments", args->valuestring);
+    return true;
+}
+
+/* One input item as chat messages; false: an item the router leaves to the replica (it stops there). */
+static bool responses_item(cJSON *msgs, const cJSON *it)
+{
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(it, "type");
+    const cJSON *role = cJSON_GetObjectItemCaseSensitive(it, "role");
+    const char *t = cJSON_IsString(type) ? type->valuestring : role ? "message" : "";
+    if (!strcmp(t, "message"))
+        return cJSON_IsString(role) &&
+               add_message(msgs, role->valuestring, responses_text(cJSON_GetObjectItemCaseSensitive(it, "content")));
+    if (!strcmp(t, "function_call"))
+        return add_call(msgs, it);
+    if (!strcmp(t, "reasoning"))
+        return true; /* the replica skips it too */
+    const cJSON *id = cJSON_GetObjectItemCaseSensitive(it, "call_id");
+    char *out = strcmp(t, "function_call_output") || !cJSON_IsString(id)
+                    ? NULL
+                    : responses_text(cJSON_GetObjectItemCaseSensitive(it, "output"));
+    cJSON *m = out ? cJSON_CreateObject() : NULL;
+    bool ok = m && cJSON_AddStringToObject(m, "role", "tool") &&
+              cJSON_AddStringToObject(m, "tool_call_id", id->valuestring) && cJSON_AddStringToObject(m, "content", out) &&
+              cJSON_AddItemToArray(msgs, m);
+    if (!ok)
+        cJSON_Delete(m);
+    free(out);
+    return ok;
+}
+
+/* {"messages", "tools", "reasoning_effort"} as server_responses.c builds them: instructions as the
+ * system message, the input (a string: the user's), function tools; up to the first item the router
+ * cannot read. NULL: nothing to render. */
+static cJSON *responses_chat(const cJSON *root)
+{
+    cJSON *chat = cJSON_CreateObject(), *msgs = cJSON_AddArrayToObject(chat, "messages");
+    const cJSON *instr = cJSON_GetObjectItemCaseSensitive(root, "instructions");
+    const cJSON *in = cJSON_GetObjectItemCaseSensitive(root, "input");
+    if (!msgs || (cJSON_IsString(instr) && !add_message(msgs, "system", strdup(instr->valuestring))) ||
+        (cJSON_IsString(in) && !add_message(msgs, "user", strdup(in->valuestring)))) {
+        cJSON_Delete(chat);
+        return NULL;
+    }
+    const cJSON *it, *items = cJSON_IsArray(in) ? in : NULL;
+    cJSON_ArrayForEach(it, items) {
+        if (!responses_item(msgs, it))
+            break;
+    }
+    const cJSON *t, *in_tools = cJSON_GetObjectItemCaseSensitive(root, "tools");
+    cJSON *tools = cJSON_IsArray(in_tools) ? cJSON_AddArrayToObject(chat, "tools") : NULL;
+    if (!tools)
+        in_tools = NULL;
+    cJSON_ArrayForEach(t, in_tools) {
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(t, "name");
+        const cJSON *desc = cJSON_GetObjectItemCaseSensitive(t, "description");
+        const cJSON *params = cJSON_GetObjectItemCaseSensitive(t, "parameters");
+        cJSON *o = cJSON_CreateObject(), *fn = o ? cJSON_AddObjectToObject(o, "function") : NULL;
+        if (!fn || !cJSON_IsString(name)) {
+            cJSON_Delete(o);
+            continue;
+        }
+        cJSON_AddStringToObject(o, "type", "function");
+        cJSON_AddStringToObject(fn, "name", name->valuestring);
+        if (cJSON_IsString(desc))
+            cJSON_AddStringToObject(fn, "description", desc->valuestring);
+        if (cJSON_IsObject(params))
+            cJSON_AddItemToObject(fn, "parameters", cJSON_Duplicate(params, 1));
+        cJSON_AddItemToArray(tools, o);
+    }
+    const cJSON *effort = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(root, "reasoning"), "effort");
+    if (cJSON_IsString(effort))
+        cJSON_AddStringToObject(chat, "reasoning_effort", effort->valuestring);
+    if (cJSON_GetArraySize(msgs) == 0) {
+        cJSON_Delete(chat);
+        return NULL;
+    }
+    return chat;
+}
+
+/* ---- /infill, as the replica builds its prompt (tok_infill_prompt) ------------------------------- */
+
+/* input_prefix / input_suffix as parts (*parts malloc'd); false: not a string or a list of them and ids. */
+static bool infill_parts(const cJSON *v, int32_t n_vocab, struct tok_infill_part **parts, size_t *n)
+{
+    size_t count = cJSON_IsString(v) ? 1 : cJSON_IsArray(v) ? (size_t)cJSON_GetArraySize(v) : 0;
+    *n = 0;
+    *parts = cJSON_IsString(v) || cJSON_IsArray(v) ? calloc(count + 1, sizeof **parts) : NULL;
+    if (!*parts)
+        return false;
+    if (cJSON_IsString(v)) {
+        (*parts)[(*n)++].text = v->valuestring;
+        return true;
+    }
+    const cJSON *e;
+    cJSON_ArrayForEach(e, v) {
+        if (cJSON_IsString(e))
+            (*parts)[*n].text = e->valuestring;
+        else if (cJSON_IsNumber(e) && e->valuedouble == floor(e->valuedouble) && e->valuedouble >= 0 &&
+                 e->valuedouble < n_vocab)
+            (*parts)[*n].id = (int32_t)e->valuedouble;
+        else
+            return false;
+        (*n)++;
+    }
+    return true;
+}
+
+static ks_status infill_tokens(struct route_prompt *rp, const cJSON *root, int32_t **ids, size_t *n)
+{
+    const cJSON *prompt = cJSON_GetObjectItemCaseSensitive(root, "prompt");
+    const cJSON *extra = cJSON_GetObjectItemCaseSensitive(root, "input_extra");
+    struct tok_infill in = {.prompt = cJSON_IsString(prompt) ? prompt->valuestring : NULL, .n_ctx = rp->n_ctx,
+                            .spm = rp->spm_infill};
+    struct tok_infill_part *pre = NULL, *suf = NULL;
+    struct tok_infill_file *files = calloc((size_t)cJSON_GetArraySize(extra) + 1, sizeof *files);
+    int32_t n_vocab = tok_n_vocab(rp->tok);
+    bool ok = files && (!prompt || cJSON_IsString(prompt)) && (!extra || cJSON_IsArray(extra)) &&
+              infill_parts(cJSON_GetObjectItemCaseSensitive(root, "input_prefix"), n_vocab, &pre, &in.n_prefix) &&
+              infill_parts(cJSON_GetObjectItemCaseSensitive(root, "input_suffix"), n_vocab, &suf, &in.n_suffix);
+    const cJSON *chunk, *chunks = ok ? extra : NULL;
+    cJSON_ArrayForEach(chunk, chunks) {
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(chunk, "filename");
+        const cJSON *text = cJSON_GetObjectItemCaseSensitive(chunk, "text");
+        ok = ok && cJSON_IsString(text) && (!name || cJSON_IsString(name));
+        if (ok)
+            files[in.n_files++] = (struct tok_infill_file){name ? name->valuestring : NULL, text->valuestring};
+    }
+    in.prefix = pre;
+    in.suffix = suf;
+    in.files = files;
+    ks_status st = ok ? tok_infill_prompt(rp->tok, &in, ids, n)
+                      : ks_fail(KS_ERR_INVALID_ARG, "route: an /infill body the replica would refuse");
+    free(pre);
+    free(suf);
+    free(files);
+    return st;
+}
+
 static ks_status token_ids(const cJSON *p, int32_t **ids, size_t *n)
 {
     size_t count = (size_t)cJSON_GetArraySize(p), i = 0;
@@ -280,8 +473,9 @@ static ks_status tokens_of(struct route_prompt *rp, const char *path, const cJSO
         free(text);
         return st;
     }
-    if (path_is(path, "/v1/messages", NULL)) {
-        cJSON *chat = anthropic_chat(root);
+    if (path_is(path, "/v1/messages", NULL) || path_is(path, "/v1/responses", "/responses")) {
+        bool messages = path_is(path, "/v1/messages", NULL);
+        cJSON *chat = messages ? anthropic_chat(root) : responses_chat(root);
         if (!chat)
             return ks_fail(KS_ERR_INVALID_ARG, "route: no text messages to render");
         char *text = NULL;
@@ -292,6 +486,8 @@ static ks_status tokens_of(struct route_prompt *rp, const char *path, const cJSO
         cJSON_Delete(chat);
         return st;
     }
+    if (path_is(path, "/infill", NULL))
+        return infill_tokens(rp, root, ids, n);
     if (!path_is(path, "/v1/completions", "/completions") && !path_is(path, "/completion", NULL))
         return KS_ERR_NOT_FOUND;
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(root, "prompt");

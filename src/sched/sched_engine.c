@@ -164,53 +164,30 @@ static int32_t import_from_disk(struct model_engine *e, int32_t seq, const int32
     return done;
 }
 
-/* The chain keys of tokens' pages up to max_tokens into *keys (malloc'd);
- * *skip: the pages seq holds already. Returns how many keys (0: seq cannot
- * continue from the cache, or no memory). */
-static int32_t chain_keys(struct model_engine *e, int32_t seq, const int32_t *tokens, int32_t max_tokens,
-                          struct kv_key **keys, int32_t *skip)
-{
-    int32_t P = kv_get_config(e->kv)->page_tokens, len = kv_seq_len(e->kv, seq);
-    struct kv_key next;
-    *keys = NULL;
-    if (len % P || len + P > max_tokens || !kv_seq_next_key(e->kv, seq, tokens, &next))
-        return 0;
-    int32_t n = max_tokens / P;
-    *skip = len / P;
-    if (!(*keys = malloc((size_t)n * sizeof **keys)))
-        return 0;
-    kv_prefix_keys(e->kv, tokens, n * P, *keys);
-    if (!kv_key_equal((*keys)[*skip], next)) { /* a chain the kv module keys otherwise: not shared */
-        free(*keys);
-        *keys = NULL;
-        return 0;
-    }
-    return n;
-}
-
 /* Continue seq from the shared tier: the run of its next pages Redis holds
- * (verified there), as far as reading beats computing. Each page imported is
+ * (verified there), as far as reading beats computing, salted or not (a
+ * salt seeds the chain, so tenants' keys never meet). Each page imported is
  * also kept on the SSD tier. Returns the pages imported. */
 static int32_t import_from_redis(struct model_engine *e, int32_t seq, const int32_t *tokens, int32_t max_tokens,
                                  double prefill_token_s)
 {
     _Static_assert(sizeof(struct kv_key) == sizeof(struct store_key), "one key, two names");
-    int32_t P = kv_get_config(e->kv)->page_tokens, skip = 0;
-    struct kv_key *keys = NULL;
-    int32_t n = chain_keys(e, seq, tokens, max_tokens, &keys, &skip) - skip;
-    void **blobs = n > 0 ? calloc((size_t)n, sizeof *blobs) : NULL;
-    size_t *lens = n > 0 ? calloc((size_t)n, sizeof *lens) : NULL;
+    int32_t P = kv_get_config(e->kv)->page_tokens, len = kv_seq_len(e->kv, seq);
+    int32_t n = len % P || len > max_tokens ? 0 : (max_tokens - len) / P;
+    /* keys[0]: the key the chain continues, keys[1 + i]: page i's */
+    struct kv_key *keys = n > 0 ? malloc(((size_t)n + 1) * sizeof *keys) : NULL;
+    void **blobs = keys ? calloc((size_t)n, sizeof *blobs) : NULL;
+    size_t *lens = blobs ? calloc((size_t)n, sizeof *lens) : NULL;
     int32_t got = 0, done = 0;
-    if (blobs && lens)
-        got = store_redis_get_chain(e->redis, (const struct store_key *)(keys + skip), n, prefill_token_s * P, blobs,
+    if (lens && kv_seq_next_keys(e->kv, seq, tokens, n, keys) == n)
+        got = store_redis_get_chain(e->redis, (const struct store_key *)(keys + 1), n, prefill_token_s * P, blobs,
                                     lens);
     for (int32_t i = 0; i < got; i++) {
         /* a page of another layout is simply not used, nor anything after it */
         if (done == i && kv_seq_import_page(e->kv, seq, tokens, blobs[i], lens[i]) == KS_OK) {
             done++;
-            struct kv_key parent = skip + i > 0 ? keys[skip + i - 1] : (struct kv_key){0, 0};
             if (e->store)
-                (void)store_put(e->store, store_key_of(keys[skip + i]), store_key_of(parent), (uint32_t)P, blobs[i],
+                (void)store_put(e->store, store_key_of(keys[1 + i]), store_key_of(keys[i]), (uint32_t)P, blobs[i],
                                 lens[i]);
         }
         free(blobs[i]);

@@ -4,16 +4,9 @@
  * input_suffix, each a string or a list of strings and token ids), optional
  * extra files (input_extra: [{"filename", "text"}]) and an optional prompt
  * that continues the prefix. The prompt is assembled exactly as llama-server
- * assembles it (its format_prompt_infill, the repo-level FIM pattern):
- *
- *   [extra:] <fim_rep>myproject\n <fim_sep>NAME\n TEXT ... <fim_sep>filename\n
- *   [BOS] <fim_pre> PREFIX PROMPT <fim_suf> SUFFIX <fim_mid>
- *
- * (suffix first with --spm-infill), the prefix cut to its last 3/4 of a 2048
- * token batch, the suffix to what is left of the last quarter, and the extra
- * files to their last ctx - 2048 + 2 tokens (llama-server's defaults, -b 2048
- * and -n -1). The result is a native /completion request on those token
- * ids: same fields, same response. */
+ * assembles it (tok_infill_prompt, which `kvserve route` keys the same way).
+ * The result is a native /completion request on those token ids: same
+ * fields, same response. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,86 +17,38 @@
 #include "server/server.h"
 #include "server/server_internal.h"
 
-enum { INFILL_BATCH = 2048 };
-
-struct ids {
-    int32_t *v;
-    size_t n, cap;
-};
-
-static bool ids_reserve(struct ids *a, size_t more)
+/* input_prefix / input_suffix as parts: a string, or a list of strings and
+ * token ids (llama-server's tokenize_mixed). *out is malloc'd. */
+static ks_status parts_of(const struct server *srv, const cJSON *v, const char *name, struct tok_infill_part **out,
+                          size_t *n, struct reply *r)
 {
-    if (a->n + more <= a->cap)
-        return true;
-    size_t cap = a->cap ? a->cap : 64;
-    while (cap < a->n + more)
-        cap *= 2;
-    int32_t *v = realloc(a->v, cap * sizeof *v);
-    if (!v)
-        return false;
-    a->v = v;
-    a->cap = cap;
-    return true;
-}
-
-static bool ids_push(struct ids *a, int32_t id)
-{
-    if (!ids_reserve(a, 1))
-        return false;
-    a->v[a->n++] = id;
-    return true;
-}
-
-static bool ids_append(struct ids *a, const int32_t *v, size_t n)
-{
-    if (!ids_reserve(a, n))
-        return false;
-    memcpy(a->v + a->n, v, n * sizeof *v);
-    a->n += n;
-    return true;
-}
-
-/* Text without BOS and without parsing special tokens, appended to out. */
-static ks_status tokenize_plain(const struct server *srv, const char *text, unsigned flags, struct ids *out,
-                                struct reply *r)
-{
-    int32_t *v = NULL;
-    size_t n = 0;
-    ks_status st = tok_encode(srv->tok, text, strlen(text), flags, &v, &n);
-    if (st)
-        return reply_fail(r, st == KS_ERR_NOMEM ? st : KS_ERR_INTERNAL, NULL, "tokenizer: %s", ks_errmsg());
-    bool ok = ids_append(out, v, n);
-    free(v);
-    return ok ? KS_OK : reply_fail(r, KS_ERR_NOMEM, NULL, "out of memory while building the infill prompt");
-}
-
-/* input_prefix / input_suffix: a string, or a list of strings and token ids
- * (llama-server's tokenize_mixed; no BOS, no special tokens parsed). */
-static ks_status tokenize_mixed(const struct server *srv, const cJSON *v, const char *name, struct ids *out,
-                                struct reply *r)
-{
-    if (cJSON_IsString(v))
-        return tokenize_plain(srv, v->valuestring, 0, out, r);
-    if (!cJSON_IsArray(v))
+    *out = NULL;
+    *n = 0;
+    if (!cJSON_IsString(v) && !cJSON_IsArray(v))
         return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_type",
                           "'%s' must be a string or a list of strings and token ids", name);
+    size_t count = cJSON_IsString(v) ? 1 : (size_t)cJSON_GetArraySize(v);
+    struct tok_infill_part *p = calloc(count ? count : 1, sizeof *p);
+    if (!p)
+        return reply_fail(r, KS_ERR_NOMEM, NULL, "out of memory while building the infill prompt");
+    *out = p;
+    if (cJSON_IsString(v)) {
+        p[0].text = v->valuestring;
+        *n = 1;
+        return KS_OK;
+    }
     int32_t n_vocab = tok_n_vocab(srv->tok);
-    int i = 0;
     const cJSON *e;
     cJSON_ArrayForEach(e, v) {
-        ks_status st = KS_OK;
         if (cJSON_IsString(e))
-            st = tokenize_plain(srv, e->valuestring, 0, out, r);
+            p[*n].text = e->valuestring;
         else if (cJSON_IsNumber(e) && e->valuedouble == floor(e->valuedouble) && e->valuedouble >= 0 &&
                  e->valuedouble < n_vocab)
-            st = ids_push(out, (int32_t)e->valuedouble) ? KS_OK
-                                                         : reply_fail(r, KS_ERR_NOMEM, NULL, "out of memory");
+            p[*n].id = (int32_t)e->valuedouble;
         else
-            st = reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value",
-                            "'%s'[%d] must be a string or a token id in [0, %d)", name, i, n_vocab);
-        if (st)
-            return st;
-        i++;
+            return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value",
+                              "'%s'[%d] must be a string or a token id in [0, %d)", name, (int)*n, n_vocab);
+        (*n)++;
     }
     return KS_OK;
 }
@@ -147,101 +92,51 @@ static ks_status check_fields(const cJSON *root, struct reply *r)
     return KS_OK;
 }
 
-/* The repository context: <fim_rep>myproject\n, then each file as
- * <fim_sep>NAME\n TEXT (without a separator token, a plain-text marker). */
-static ks_status extra_tokens(const struct server *srv, const cJSON *extra, struct ids *out, struct reply *r)
+/* The whole infill prompt of root (its fields checked) into *ids, *n. */
+static ks_status infill_prompt(const struct server *srv, const cJSON *root, int32_t **ids, size_t *n,
+                               struct reply *r)
 {
-    const struct tok_special *sp = tok_special(srv->tok);
-    ks_status st = KS_OK;
-    if (sp->fim_rep >= 0 && !(st = ids_push(out, sp->fim_rep) ? KS_OK : reply_fail(r, KS_ERR_NOMEM, NULL, "out of memory")))
-        st = tokenize_plain(srv, "myproject\n", 0, out, r);
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(root, "prompt");
+    const cJSON *extra = cJSON_GetObjectItemCaseSensitive(root, "input_extra");
+    struct tok_infill in = {.prompt = p ? p->valuestring : NULL, .n_ctx = srv->cfg.ctx_size,
+                            .spm = srv->cfg.spm_infill};
+    struct tok_infill_part *pre = NULL, *suf = NULL;
+    struct tok_infill_file *files = calloc((size_t)cJSON_GetArraySize(extra) + 1, sizeof *files);
+    ks_status st = files ? KS_OK : reply_fail(r, KS_ERR_NOMEM, NULL, "out of memory while building the infill prompt");
+    if (!st)
+        st = parts_of(srv, cJSON_GetObjectItemCaseSensitive(root, "input_prefix"), "input_prefix", &pre,
+                      &in.n_prefix, r);
+    if (!st)
+        st = parts_of(srv, cJSON_GetObjectItemCaseSensitive(root, "input_suffix"), "input_suffix", &suf,
+                      &in.n_suffix, r);
     const cJSON *chunk;
     cJSON_ArrayForEach(chunk, extra) {
-        if (st)
-            return st;
         const cJSON *name = cJSON_GetObjectItemCaseSensitive(chunk, "filename");
-        const char *text = cJSON_GetObjectItemCaseSensitive(chunk, "text")->valuestring;
-        if (sp->fim_sep >= 0) {
-            const char *file = cJSON_IsString(name) ? name->valuestring : "tmp";
-            size_t len = strlen(file);
-            char *head = malloc(len + 2);
-            if (!head || !ids_push(out, sp->fim_sep)) {
-                free(head);
-                return reply_fail(r, KS_ERR_NOMEM, NULL, "out of memory");
-            }
-            memcpy(head, file, len);
-            memcpy(head + len, "\n", 2);
-            st = tokenize_plain(srv, head, 0, out, r);
-            free(head);
-        } else {
-            st = tokenize_plain(srv, "\n\n--- snippet ---\n\n", 0, out, r);
-        }
-        if (!st)
-            st = tokenize_plain(srv, text, 0, out, r);
+        if (files)
+            files[in.n_files++] = (struct tok_infill_file){cJSON_IsString(name) ? name->valuestring : NULL,
+                                                           cJSON_GetObjectItemCaseSensitive(chunk, "text")->valuestring};
     }
-    if (!st && sp->fim_sep >= 0) {
-        if (!ids_push(out, sp->fim_sep))
-            return reply_fail(r, KS_ERR_NOMEM, NULL, "out of memory");
-        st = tokenize_plain(srv, "filename\n", 0, out, r);
-    }
-    return st;
-}
-
-static int32_t clamp_take(int64_t want, size_t have)
-{
-    if (want < 0)
-        want = 0;
-    return (int32_t)(want < (int64_t)have ? want : (int64_t)have);
-}
-
-/* The whole infill prompt of root into *out. */
-static ks_status infill_prompt(const struct server *srv, const cJSON *root, struct ids *out, struct reply *r)
-{
-    const struct tok_special *sp = tok_special(srv->tok);
-    struct ids pre = {0}, suf = {0}, prompt = {0}, extra = {0};
-    const cJSON *p = cJSON_GetObjectItemCaseSensitive(root, "prompt");
-    ks_status st = tokenize_mixed(srv, cJSON_GetObjectItemCaseSensitive(root, "input_prefix"), "input_prefix", &pre, r);
-    if (!st)
-        st = tokenize_mixed(srv, cJSON_GetObjectItemCaseSensitive(root, "input_suffix"), "input_suffix", &suf, r);
-    if (!st && p)
-        st = tokenize_plain(srv, p->valuestring, TOK_PARSE_SPECIAL, &prompt, r);
-    if (!st)
-        st = extra_tokens(srv, cJSON_GetObjectItemCaseSensitive(root, "input_extra"), &extra, r);
-    if (!st) {
-        int32_t n_pre = clamp_take(3 * (INFILL_BATCH / 4), pre.n);
-        int32_t n_suf = clamp_take(INFILL_BATCH / 4 - (2 + (int64_t)prompt.n), suf.n);
-        int32_t n_extra = clamp_take((int64_t)srv->cfg.ctx_size - INFILL_BATCH + 2, extra.n);
-        const struct ids *first = srv->cfg.spm_infill ? &suf : &pre;
-        bool ok = ids_append(out, extra.v + extra.n - n_extra, (size_t)n_extra);
-        if (ok && sp->add_bos)
-            ok = ids_push(out, sp->bos);
-        for (int part = 0; ok && part < 2; part++) {
-            bool is_pre = (first == &pre) == (part == 0);
-            if (is_pre)
-                ok = ids_push(out, sp->fim_pre) && ids_append(out, pre.v + pre.n - n_pre, (size_t)n_pre) &&
-                     ids_append(out, prompt.v, prompt.n);
-            else
-                ok = ids_push(out, sp->fim_suf) && ids_append(out, suf.v, (size_t)n_suf);
-        }
-        if (!ok || !ids_push(out, sp->fim_mid))
-            st = reply_fail(r, KS_ERR_NOMEM, NULL, "out of memory while building the infill prompt");
-    }
-    free(pre.v);
-    free(suf.v);
-    free(prompt.v);
-    free(extra.v);
+    in.prefix = pre;
+    in.suffix = suf;
+    in.files = files;
+    if (!st && (st = tok_infill_prompt(srv->tok, &in, ids, n)))
+        st = st == KS_ERR_NOMEM ? reply_fail(r, st, NULL, "out of memory while building the infill prompt")
+                                : reply_fail(r, KS_ERR_INTERNAL, NULL, "tokenizer: %s", ks_errmsg());
+    free(pre);
+    free(suf);
+    free(files);
     return st;
 }
 
 /* root with its prompt replaced by ids and the infill fields removed, as text. */
-static char *completion_body(cJSON *root, const struct ids *ids)
+static char *completion_body(cJSON *root, const int32_t *ids, size_t n)
 {
     static const char *const drop[] = {"input_prefix", "input_suffix", "input_extra", "prompt"};
     for (size_t i = 0; i < sizeof drop / sizeof *drop; i++)
         cJSON_DeleteItemFromObjectCaseSensitive(root, drop[i]);
     cJSON *arr = cJSON_AddArrayToObject(root, "prompt");
-    for (size_t i = 0; arr && i < ids->n; i++)
-        server_json_push(arr, cJSON_CreateNumber(ids->v[i]));
+    for (size_t i = 0; arr && i < n; i++)
+        server_json_push(arr, cJSON_CreateNumber(ids[i]));
     return arr && !server_json_failed() ? cJSON_PrintUnformatted(root) : NULL;
 }
 
@@ -253,12 +148,13 @@ ks_status server_route_infill(struct server *srv, const struct server_req *rq, s
     cJSON *root;
     if ((st = server_parse_object(rq->body, rq->len, false, &root, r)))
         return st;
-    struct ids ids = {0};
+    int32_t *ids = NULL;
+    size_t n = 0;
     if (!(st = check_fields(root, r)))
-        st = infill_prompt(srv, root, &ids, r);
-    char *body = st ? NULL : completion_body(root, &ids);
+        st = infill_prompt(srv, root, &ids, &n, r);
+    char *body = st ? NULL : completion_body(root, ids, n);
     cJSON_Delete(root);
-    free(ids.v);
+    free(ids);
     if (st)
         return st;
     if (!body)

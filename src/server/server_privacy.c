@@ -37,9 +37,12 @@ static bool same_secret(const char *given, const char *want)
     return diff == 0;
 }
 
-/* The key the tenants' salts are hashed with: from the cache directory's
- * secret, so a tenant finds its pages on disk after a restart, else random
- * per process (nothing outlives it). The API key itself is never stored. */
+/* The key the tenants' salts are hashed with: from the shared secret of the
+ * Redis tier (--cache-redis-secret-file), so every replica and router given
+ * that file derives the same salts and a tenant's pages are shared between
+ * replicas; else from the cache directory's secret, so a tenant finds its
+ * pages on disk after a restart; else random per process (nothing outlives
+ * it). The API key itself is never stored. */
 ks_status server_privacy_init(struct server *srv)
 {
     const struct server_config *c = &srv->cfg;
@@ -47,9 +50,13 @@ ks_status server_privacy_init(struct server *srv)
         return ks_fail(KS_ERR_NOMEM, "server: out of memory for the admin key");
     if (!c->cache_salt_from_key)
         return KS_OK;
-    static const char tag[] = "kvserve tenant cache salt";
-    if (c->store) {
-        struct store_key k = store_keyed_digest(c->store, tag, sizeof tag);
+    static const char tag[] = KV_TENANT_KEY_TAG;
+    struct store_key k;
+    if (c->redis && store_redis_keyed_digest(c->redis, tag, sizeof tag, &k)) {
+        srv->tenant_key[0] = k.lo;
+        srv->tenant_key[1] = k.hi;
+    } else if (c->store) {
+        k = store_keyed_digest(c->store, tag, sizeof tag);
         srv->tenant_key[0] = k.lo;
         srv->tenant_key[1] = k.hi;
     } else if (getrandom(srv->tenant_key, sizeof srv->tenant_key, 0) != (ssize_t)sizeof srv->tenant_key) {
@@ -90,10 +97,8 @@ void server_salt_from_key(const struct server *srv, const char *authorization, s
     const char *token = bearer(authorization);
     if (!srv->cfg.cache_salt_from_key || !token)
         return;
-    struct kv_key tenant = kv_salt_mix((struct kv_key){srv->tenant_key[0], srv->tenant_key[1]}, token, strlen(token));
-    /* the request's own salt splits its tenant's cache further, never reaches another tenant's */
-    struct kv_key own = {rq->cache_salt.lo, rq->cache_salt.hi};
-    struct kv_key salt = own.lo || own.hi ? kv_salt_mix(tenant, &own, sizeof own) : tenant;
+    struct kv_key salt = kv_tenant_salt((struct kv_key){srv->tenant_key[0], srv->tenant_key[1]}, token, strlen(token),
+                                        (struct kv_key){rq->cache_salt.lo, rq->cache_salt.hi});
     rq->cache_salt.lo = salt.lo;
     rq->cache_salt.hi = salt.hi;
 }

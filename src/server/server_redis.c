@@ -13,7 +13,7 @@ cJSON *server_redis_usage_json(struct server *srv)
     cJSON *d = cJSON_CreateObject();
     cJSON_AddBoolToObject(d, "connected", st.connected);
     const struct { const char *name; uint64_t v; } counts[] = {
-        {"lookups", st.lookups}, {"hits", st.hits}, {"misses", st.misses}, {"reads", st.reads},
+        {"lookups", st.lookups}, {"round_trips", st.round_trips}, {"declined", st.declined}, {"hits", st.hits}, {"misses", st.misses}, {"reads", st.reads},
         {"read_bytes", st.read_bytes}, {"writes", st.writes}, {"write_bytes", st.write_bytes},
         {"deduplicated", st.deduplicated}, {"dropped", st.dropped}, {"skipped", st.skipped},
         {"corrupt", st.corrupt}, {"foreign", st.foreign}, {"full", st.full}, {"timeouts", st.timeouts},
@@ -56,6 +56,11 @@ void server_redis_metrics(struct server *srv, struct sbuf *b)
     store_redis_stats(srv->cfg.redis, &st);
     server_metric(b, "kvserve_redis_connected", "gauge", "1 while the lookup connection to Redis is up.", st.connected);
     server_metric(b, "kvserve_redis_lookups_total", "counter", "Prompt chains looked up in Redis.", (double)st.lookups);
+    server_metric(b, "kvserve_redis_round_trips_total", "counter",
+                  "Lookup commands Redis answered: one per lookup (two when Redis had lost the lookup script).",
+                  (double)st.round_trips);
+    server_metric(b, "kvserve_redis_declined_total", "counter",
+                  "Lookups not sent: reading the pages could not beat computing them.", (double)st.declined);
     server_metric(b, "kvserve_redis_hits_total", "counter", "Pages read from Redis and verified.", (double)st.hits);
     server_metric(b, "kvserve_redis_misses_total", "counter", "Lookups whose chain ended at a missing page.",
                   (double)st.misses);

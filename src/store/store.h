@@ -123,9 +123,14 @@ struct store_key store_keyed_digest(const struct store *s, const void *data, siz
  * "kvserve:<fingerprint hex>:<page key hex>", the same header as an SSD entry
  * (magic, version, fingerprint, key, parent, tokens, length, checksum) and the
  * kv blob. Pages are written behind by one thread (SET NX EX ttl, pipelined);
- * a lookup costs two round trips whatever the chain's length: STRLEN of every
- * key along the chain (existence and size), then GET of the run of hits up to
- * the first miss, as far as reading is cheaper than computing.
+ * a lookup costs one round trip whatever the chain's length: a Lua script
+ * (SCRIPT LOAD once per connection, then EVALSHA; EVAL when Redis lost it)
+ * GETs the chain's keys in order and stops at the first miss. How many pages
+ * it may read is decided before the call by the SSD tier's cost test with the
+ * measured round trip, read speed and page size: nothing when reading a page
+ * costs more than computing it, or when even the whole chain would not pay
+ * the round trip back; else the whole chain. The Redis user needs EVAL,
+ * EVALSHA and SCRIPT besides GET, SET, DEL and EXISTS.
  *
  * The check: XXH3-64 over the header and the payload, unkeyed by default, so
  * any replica verifies any other's pages: it catches corruption and foreign or
@@ -168,17 +173,21 @@ ks_status store_redis_put(struct store_redis *r, struct store_key key, struct st
                           const void *blob, size_t len);
 /* Block until everything queued before the call is written or dropped. */
 void store_redis_flush(struct store_redis *r);
-/* Look up the chain keys[0, n) in order: blobs[i] (malloc'd, the caller frees
- * each) and lens[i] get the verified payloads of the leading run of pages
- * that Redis holds, stopping at the first miss, bad value or error, and at
- * the page where reading the run costs more than page_compute_s seconds per
- * page (0: always read). Returns the pages in the run (0 on any fault; a bad
- * value is also deleted from Redis). */
+/* Look up the chain keys[0, n) in order, in one round trip: blobs[i]
+ * (malloc'd, the caller frees each) and lens[i] get the verified payloads of
+ * the leading run of pages that Redis holds, stopping at the first miss, bad
+ * value or error. page_compute_s: the seconds computing one page costs (0:
+ * always read); when reading cannot beat it (see above), Redis is not asked
+ * (counted in declined). Returns the pages in the run (0 on any fault; the
+ * pages verified before a bad value are kept, the bad value is deleted from
+ * Redis). */
 int32_t store_redis_get_chain(struct store_redis *r, const struct store_key *keys, int32_t n, double page_compute_s,
                               void **blobs, size_t *lens);
 
 struct store_redis_stats {
     uint64_t lookups, hits, misses;     /* get_chain calls; pages found and read, chains ended by a miss */
+    uint64_t round_trips;               /* lookup commands answered: one per lookup, two when Redis lost the script */
+    uint64_t declined;                  /* lookups not sent: reading could not beat computing */
     uint64_t reads, read_bytes;         /* pages read and verified */
     uint64_t writes, write_bytes;       /* pages Redis took */
     uint64_t deduplicated;              /* SET NX found the key there already */
@@ -192,6 +201,13 @@ struct store_redis_stats {
     double rtt_ms, read_mbs;            /* measured round trip and GET throughput (0 before any) */
 };
 void store_redis_stats(struct store_redis *r, struct store_redis_stats *out);
+/* XXH3-128 of data keyed with the shared secret (secret_file): the digest
+ * every replica and router given the same file computes (the server derives
+ * tenants' cache salts from API keys with it). false without a secret file. */
+bool store_redis_keyed_digest(const struct store_redis *r, const void *data, size_t n, struct store_key *out);
+/* The same digest from the secret file itself (a router, which has no tier).
+ * KS_ERR_IO naming the file and the fix. */
+ks_status store_secret_file_digest(const char *secret_file, const void *data, size_t n, struct store_key *out);
 
 /* ---- KV events: the chain keys a replica holds, in a Redis stream ----------
  *

@@ -26,8 +26,29 @@ static const double BACKOFF_MIN_S = 0.1, BACKOFF_MAX_S = 5.0;
 /* Before the first measurement: a fast LAN, so the first lookup reads and measures. */
 static const double FIRST_RTT_S = 2e-4, FIRST_READ_BPS = 1e9;
 
+/* A lookup in one round trip, run by Redis: GET the chain's keys (KEYS) in
+ * order, stopping at the first missing one and after ARGV[1] values, then
+ * only EXISTS on up to the first missing one, which counts the pages present
+ * but not worth reading. Reply: {pages present in the leading run, value 1,
+ * value 2, ...}. pcall: a key holding another type ends the run like a miss. */
+static const char LOOKUP_SCRIPT[] =
+    "local take = tonumber(ARGV[1])\n"
+    "local out = {0}\n"
+    "for i = 1, #KEYS do\n"
+    "  if i <= take then\n"
+    "    local v = redis.pcall('GET', KEYS[i])\n"
+    "    if type(v) ~= 'string' then break end\n"
+    "    out[i + 1] = v\n"
+    "  elseif redis.call('EXISTS', KEYS[i]) == 0 then\n"
+    "    break\n"
+    "  end\n"
+    "  out[1] = i\n"
+    "end\n"
+    "return out\n";
+enum { SHA1_HEX_CHARS = 40 };
+
 /* The fault kinds, each logged once. */
-enum event { EV_DOWN, EV_RECONNECT, EV_TIMEOUT, EV_ERROR, EV_FULL, EV_CORRUPT, EV_FOREIGN, EV_DROPPED };
+enum event { EV_DOWN, EV_RECONNECT, EV_TIMEOUT, EV_ERROR, EV_FULL, EV_CORRUPT, EV_FOREIGN, EV_DROPPED, EV_SCRIPT };
 
 struct redis_conn {
     redisContext *c;          /* NULL: down */
@@ -52,6 +73,7 @@ struct store_redis {
     uint8_t secret[XXH3_SECRET_DEFAULT_SIZE];
     struct timeval timeout;
     struct redis_conn rd, wr;
+    char script_sha[SHA1_HEX_CHARS + 1]; /* the lookup script's, from SCRIPT LOAD on rd; "": EVAL it */
 
     pthread_mutex_t mu;
     pthread_cond_t wake, done;
@@ -64,7 +86,8 @@ struct store_redis {
     uint64_t queued_seq, done_seq;
     struct store_redis_stats st;
     unsigned logged;          /* bit per enum event */
-    double rtt_s, read_bps;   /* EWMA of the measured round trip and GET throughput */
+    double rtt_s, read_bps;   /* EWMA of the measured round trip and read throughput */
+    double page_bytes;        /* EWMA of a value's size (written or read): a lookup's cost before the call */
 };
 
 static double mono_s(void)
@@ -237,7 +260,37 @@ redisContext *store_redis_connect(const char *host, int port, const struct timev
     return NULL;
 }
 
-/* Connect (with AUTH and SELECT) unless the backoff forbids it. */
+static void ewma(double *avg, double sample)
+{
+    *avg = *avg <= 0.0 ? sample : 0.8 * *avg + 0.2 * sample;
+}
+
+/* The lookup connection's first command: SCRIPT LOAD, whose SHA1 the lookups
+ * name (and whose time is a first measure of the round trip). A Redis that
+ * refuses scripts (an ACL without EVAL) is told once; the lookups then try
+ * EVAL and count its refusals as errors. false: the connection failed. */
+static bool load_script(struct store_redis *r, redisContext *c, char *why, size_t cap)
+{
+    double t0 = mono_s();
+    redisReply *rep = redisCommand(c, "SCRIPT LOAD %s", LOOKUP_SCRIPT);
+    if (!rep) {
+        snprintf(why, cap, "SCRIPT LOAD: %s", c->errstr);
+        return false;
+    }
+    bool sha = rep->type == REDIS_REPLY_STRING && rep->len == SHA1_HEX_CHARS;
+    pthread_mutex_lock(&r->mu);
+    ewma(&r->rtt_s, mono_s() - t0);
+    if (!sha)
+        note(r, EV_SCRIPT, "SCRIPT LOAD of the lookup script failed (%s); nothing is read from Redis unless this "
+             "user may run EVAL, EVALSHA and SCRIPT", rep->type == REDIS_REPLY_ERROR ? rep->str : "no SHA1");
+    pthread_mutex_unlock(&r->mu);
+    snprintf(r->script_sha, sizeof r->script_sha, "%s", sha ? rep->str : "");
+    freeReplyObject(rep);
+    return true;
+}
+
+/* Connect (with AUTH and SELECT; the lookup one loads its script) unless the
+ * backoff forbids it. */
 static bool conn_ready(struct store_redis *r, struct redis_conn *cn)
 {
     if (cn->c)
@@ -246,6 +299,10 @@ static bool conn_ready(struct store_redis *r, struct redis_conn *cn)
         return false;
     char why[256];
     redisContext *c = store_redis_connect(r->host, r->port, &r->timeout, r->password, r->db, why, sizeof why);
+    if (c && cn == &r->rd && !load_script(r, c, why, sizeof why)) {
+        redisFree(c);
+        c = NULL;
+    }
     if (!c) {
         conn_backoff(cn);
         pthread_mutex_lock(&r->mu);
@@ -423,6 +480,7 @@ ks_status store_redis_put(struct store_redis *r, struct store_key key, struct st
     it->len = total;
     store_redis_key_name(r->cfg.fingerprint, key, it->key);
     pthread_mutex_lock(&r->mu);
+    ewma(&r->page_bytes, (double)total);
     enqueue(r, it);
     pthread_mutex_unlock(&r->mu);
     return KS_OK;
@@ -451,59 +509,52 @@ void store_redis_flush(struct store_redis *r)
 
 /* ---- looking a chain up ---------------------------------------------------------- */
 
-static void ewma(double *avg, double sample)
-{
-    *avg = *avg <= 0.0 ? sample : 0.8 * *avg + 0.2 * sample;
-}
-
-/* STRLEN along the chain (0: missing): the leading run's sizes into sizes[].
- * Returns the run's length, or -1 after a fault. */
-static int32_t probe_run(struct store_redis *r, char (*names)[STORE_REDIS_KEY_CHARS + 1], int32_t n, size_t *sizes)
-{
-    double t0 = mono_s();
-    for (int32_t i = 0; i < n; i++) {
-        if (redisAppendCommand(r->rd.c, "STRLEN %s", names[i]) != REDIS_OK) {
-            conn_fault(r, &r->rd, "lookup");
-            return -1;
-        }
-    }
-    int32_t run = 0;
-    for (int32_t i = 0; i < n; i++) {
-        redisReply *rep = NULL;
-        if (redisGetReply(r->rd.c, (void **)&rep) != REDIS_OK || !rep) {
-            conn_fault(r, &r->rd, "lookup");
-            return -1;
-        }
-        if (run == i && rep->type == REDIS_REPLY_INTEGER && rep->integer > 0) {
-            sizes[i] = (size_t)rep->integer;
-            run++;
-        }
-        freeReplyObject(rep);
-    }
-    pthread_mutex_lock(&r->mu);
-    ewma(&r->rtt_s, mono_s() - t0);
-    pthread_mutex_unlock(&r->mu);
-    return run;
-}
-
-/* The pages of the run worth reading: reading them (one round trip and their
- * bytes at the measured speed) must cost less than computing them. */
-static int32_t worth_reading(struct store_redis *r, const size_t *sizes, int32_t run, double page_compute_s)
+/* How many of a chain's n pages to read at most, decided before the call
+ * from the measured round trip, read speed and page size: reading k pages
+ * costs rtt + k * bytes / speed, computing them k * page_compute_s. Per page
+ * reading is either cheaper than computing or not (then 0: no call at all);
+ * when it is, the round trip is paid back after rtt / (page_compute_s - per
+ * page read time) pages, so a chain shorter than that is not worth the call
+ * either, and a longer one is read whole. */
+static int32_t pages_worth(struct store_redis *r, int32_t n, double page_compute_s)
 {
     if (page_compute_s <= 0.0)
-        return run;
+        return n;
     pthread_mutex_lock(&r->mu);
     double rtt = r->rtt_s > 0 ? r->rtt_s : FIRST_RTT_S, bps = r->read_bps > 0 ? r->read_bps : FIRST_READ_BPS;
+    double page_read_s = r->page_bytes / bps;
     pthread_mutex_unlock(&r->mu);
-    double bytes = 0;
-    int32_t take = 0;
-    while (take < run) {
-        bytes += (double)sizes[take];
-        if (rtt + bytes / bps > (double)(take + 1) * page_compute_s)
-            break;
-        take++;
+    double gain = page_compute_s - page_read_s;
+    if (gain <= 0.0 || rtt >= (double)n * gain)
+        return 0;
+    return n;
+}
+
+/* The lookup's one round trip: EVALSHA of the script, or EVAL when Redis
+ * has lost it (restarted, SCRIPT FLUSH) or never took it. argv[0] and
+ * argv[1] are filled here. NULL after a fault (counted, the connection
+ * dropped). */
+static redisReply *run_lookup(struct store_redis *r, int argc, const char **argv, size_t *lens)
+{
+    for (int attempt = 0; attempt < 2; attempt++) {
+        bool by_sha = attempt == 0 && r->script_sha[0];
+        argv[0] = by_sha ? "EVALSHA" : "EVAL";
+        argv[1] = by_sha ? r->script_sha : LOOKUP_SCRIPT;
+        lens[0] = strlen(argv[0]);
+        lens[1] = strlen(argv[1]);
+        redisReply *rep = redisCommandArgv(r->rd.c, argc, argv, lens);
+        pthread_mutex_lock(&r->mu);
+        r->st.round_trips += rep != NULL;
+        pthread_mutex_unlock(&r->mu);
+        if (!rep) {
+            conn_fault(r, &r->rd, "lookup");
+            return NULL;
+        }
+        if (!(by_sha && rep->type == REDIS_REPLY_ERROR && !strncmp(rep->str, "NOSCRIPT", 8)))
+            return rep;
+        freeReplyObject(rep); /* EVAL loads it again */
     }
-    return take;
+    return NULL;
 }
 
 /* A value that fails its check: counted, logged once and deleted. */
@@ -523,53 +574,63 @@ static void reject(struct store_redis *r, const char *name, enum store_blob_verd
     queue_delete(r, name);
 }
 
-/* GET the first take pages; the verified payloads into blobs[]. Returns them. */
-static int32_t fetch_run(struct store_redis *r, char (*names)[STORE_REDIS_KEY_CHARS + 1], const struct store_key *keys,
-                         int32_t take, void **blobs, size_t *lens)
+/* The script's reply {run, value 1, value 2, ...}: the verified payloads
+ * into blobs[] up to the first bad one (counted and deleted). Returns them;
+ * *run: the pages present in the chain's leading run, read or not, and
+ * *bytes the bytes of the values taken. */
+static int32_t take_values(struct store_redis *r, const redisReply *rep, char (*names)[STORE_REDIS_KEY_CHARS + 1],
+                           const struct store_key *keys, int32_t n, void **blobs, size_t *lens, int32_t *run,
+                           size_t *bytes)
 {
-    double t0 = mono_s();
-    for (int32_t i = 0; i < take; i++) {
-        if (redisAppendCommand(r->rd.c, "GET %s", names[i]) != REDIS_OK) {
-            conn_fault(r, &r->rd, "lookup");
-            return 0;
-        }
+    *run = 0;
+    *bytes = 0;
+    if (rep->type != REDIS_REPLY_ARRAY || rep->elements < 1 || rep->element[0]->type != REDIS_REPLY_INTEGER ||
+        rep->element[0]->integer < 0 || rep->elements - 1 > (size_t)n) {
+        pthread_mutex_lock(&r->mu);
+        r->st.errors++;
+        note(r, EV_ERROR, "the lookup script answered %s; serving from the local tiers and compute",
+             rep->type == REDIS_REPLY_ERROR ? rep->str : "something else than pages (another script?)");
+        pthread_mutex_unlock(&r->mu);
+        return 0;
     }
+    *run = rep->element[0]->integer < n ? (int32_t)rep->element[0]->integer : n;
     int32_t got = 0;
-    size_t bytes = 0;
-    bool stopped = false;
-    for (int32_t i = 0; i < take; i++) {
-        redisReply *rep = NULL;
-        if (redisGetReply(r->rd.c, (void **)&rep) != REDIS_OK || !rep) {
-            conn_fault(r, &r->rd, "lookup");
-            break; /* the pages verified so far are good */
+    for (size_t i = 1; i < rep->elements; i++) {
+        const redisReply *v = rep->element[i];
+        int32_t k = (int32_t)i - 1;
+        if (v->type != REDIS_REPLY_STRING)
+            break;
+        enum store_blob_verdict verdict = store_blob_check(v->str, v->len, r->cfg.fingerprint, keys[k],
+                                                           secret_of(r));
+        if (verdict != STORE_BLOB_OK) {
+            reject(r, names[k], verdict);
+            break;
         }
-        if (!stopped && rep->type == REDIS_REPLY_STRING) {
-            enum store_blob_verdict v = store_blob_check(rep->str, rep->len, r->cfg.fingerprint, keys[i], secret_of(r));
-            size_t n = v == STORE_BLOB_OK ? rep->len - sizeof(struct store_header) : 0;
-            void *copy = v == STORE_BLOB_OK ? malloc(n ? n : 1) : NULL;
-            if (copy) {
-                memcpy(copy, rep->str + sizeof(struct store_header), n);
-                blobs[got] = copy;
-                lens[got++] = n;
-                bytes += rep->len;
-            } else {
-                if (v != STORE_BLOB_OK)
-                    reject(r, names[i], v);
-                stopped = true;
-            }
-        } else {
-            stopped = true; /* gone since the probe (evicted, expired) */
-        }
-        freeReplyObject(rep);
+        size_t len = v->len - sizeof(struct store_header);
+        void *copy = malloc(len ? len : 1);
+        if (!copy)
+            break;
+        memcpy(copy, v->str + sizeof(struct store_header), len);
+        blobs[got] = copy;
+        lens[got++] = len;
+        *bytes += v->len;
     }
-    double dt = mono_s() - t0;
-    pthread_mutex_lock(&r->mu);
-    if (bytes > 0)
-        ewma(&r->read_bps, (double)bytes / (dt > 1e-6 ? dt : 1e-6));
-    r->st.reads += (uint64_t)got;
-    r->st.read_bytes += bytes;
-    pthread_mutex_unlock(&r->mu);
     return got;
+}
+
+/* The measured round trip (a reply without pages) or read speed (the time
+ * past one round trip, for the pages' bytes). */
+static void measure(struct store_redis *r, double dt, size_t bytes, int32_t got)
+{
+    pthread_mutex_lock(&r->mu);
+    if (bytes == 0) {
+        ewma(&r->rtt_s, dt);
+    } else {
+        double transfer = dt - (r->rtt_s > 0 ? r->rtt_s : FIRST_RTT_S);
+        ewma(&r->read_bps, (double)bytes / (transfer > dt * 0.1 ? transfer : dt * 0.1));
+        ewma(&r->page_bytes, (double)bytes / got);
+    }
+    pthread_mutex_unlock(&r->mu);
 }
 
 int32_t store_redis_get_chain(struct store_redis *r, const struct store_key *keys, int32_t n, double page_compute_s,
@@ -582,25 +643,53 @@ int32_t store_redis_get_chain(struct store_redis *r, const struct store_key *key
     pthread_mutex_lock(&r->mu);
     r->st.lookups++;
     pthread_mutex_unlock(&r->mu);
+    int32_t take = pages_worth(r, n, page_compute_s);
+    if (take == 0) {
+        pthread_mutex_lock(&r->mu);
+        r->st.declined++;
+        pthread_mutex_unlock(&r->mu);
+        return 0;
+    }
     if (!conn_ready(r, &r->rd))
         return 0;
+    /* EVALSHA sha n key_1 .. key_n take */
+    int argc = n + 4;
+    const char **argv = malloc((size_t)argc * sizeof *argv);
+    size_t *arglens = malloc((size_t)argc * sizeof *arglens);
     char (*names)[STORE_REDIS_KEY_CHARS + 1] = malloc((size_t)n * sizeof *names);
-    size_t *sizes = malloc((size_t)n * sizeof *sizes);
-    int32_t got = 0, run = -1, take = 0;
-    if (names && sizes) {
-        for (int32_t i = 0; i < n; i++)
+    char count[16], limit[16];
+    int32_t got = 0, run = -1;
+    size_t bytes = 0;
+    if (argv && arglens && names) {
+        snprintf(count, sizeof count, "%d", (int)n);
+        snprintf(limit, sizeof limit, "%d", (int)take);
+        argv[2] = count;
+        arglens[2] = strlen(count);
+        for (int32_t i = 0; i < n; i++) {
             store_redis_key_name(r->cfg.fingerprint, keys[i], names[i]);
-        run = probe_run(r, names, n, sizes);
+            argv[3 + i] = names[i];
+            arglens[3 + i] = STORE_REDIS_KEY_CHARS;
+        }
+        argv[argc - 1] = limit;
+        arglens[argc - 1] = strlen(limit);
+        double t0 = mono_s();
+        redisReply *rep = run_lookup(r, argc, argv, arglens);
+        if (rep) {
+            got = take_values(r, rep, names, keys, n, blobs, lens, &run, &bytes);
+            measure(r, mono_s() - t0, bytes, got);
+        }
+        freeReplyObject(rep);
     }
-    if (run > 0 && (take = worth_reading(r, sizes, run, page_compute_s)) > 0)
-        got = fetch_run(r, names, keys, take, blobs, lens);
     pthread_mutex_lock(&r->mu);
+    r->st.reads += (uint64_t)got;
+    r->st.read_bytes += bytes;
     r->st.hits += (uint64_t)got;
     r->st.misses += run >= 0 && run < n;
     r->st.skipped += run > take ? (uint64_t)(run - take) : 0;
     pthread_mutex_unlock(&r->mu);
+    free(argv);
+    free(arglens);
     free(names);
-    free(sizes);
     return got;
 }
 
@@ -663,6 +752,27 @@ void store_redis_close(struct store_redis *r)
     pthread_cond_destroy(&r->done);
     pthread_mutex_destroy(&r->mu);
     free(r);
+}
+
+bool store_redis_keyed_digest(const struct store_redis *r, const void *data, size_t n, struct store_key *out)
+{
+    if (!r->keyed)
+        return false;
+    XXH128_hash_t h = XXH3_128bits_withSecret(data, n, r->secret, sizeof r->secret);
+    *out = (struct store_key){h.low64, h.high64};
+    return true;
+}
+
+ks_status store_secret_file_digest(const char *secret_file, const void *data, size_t n, struct store_key *out)
+{
+    uint8_t secret[XXH3_SECRET_DEFAULT_SIZE];
+    ks_status st = store_blob_load_secret(secret_file, secret);
+    if (!st) {
+        XXH128_hash_t h = XXH3_128bits_withSecret(data, n, secret, sizeof secret);
+        *out = (struct store_key){h.low64, h.high64};
+    }
+    memset(secret, 0, sizeof secret);
+    return st;
 }
 
 void store_redis_stats(struct store_redis *r, struct store_redis_stats *out)

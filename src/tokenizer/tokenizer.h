@@ -98,6 +98,34 @@ int32_t tok_find(const struct tokenizer *t, const char *text, size_t len);
 ks_status tok_encode(const struct tokenizer *t, const char *text, size_t len, unsigned flags,
                      int32_t **ids, size_t *n_ids);
 
+/* ---- fill in the middle ----------------------------------------------- */
+
+/* A piece of /infill's input_prefix or input_suffix: text (no special tokens
+ * parsed) or, when text is NULL, a token id (the caller checked its range). */
+struct tok_infill_part {
+    const char *text;
+    int32_t id;
+};
+/* A file of input_extra; name NULL: "tmp". */
+struct tok_infill_file {
+    const char *name, *text;
+};
+struct tok_infill {
+    const struct tok_infill_part *prefix, *suffix;
+    size_t n_prefix, n_suffix;
+    const char *prompt;       /* continues the prefix (special tokens parsed); NULL: none */
+    const struct tok_infill_file *files;
+    size_t n_files;
+    int32_t n_ctx;            /* the server's context: the files keep their last n_ctx - 2048 + 2 tokens */
+    bool spm;                 /* the suffix first (--spm-infill) */
+};
+/* llama-server's /infill prompt (format_prompt_infill: the repository-level
+ * FIM pattern, its cuts of the prefix, suffix and files) as token ids in
+ * *ids (malloc'd), *n of them. The server serves it, the router keys it.
+ * KS_ERR_UNSUPPORTED (no FIM prefix, suffix or middle token), KS_ERR_NOMEM,
+ * tok_encode's errors. */
+ks_status tok_infill_prompt(const struct tokenizer *tok, const struct tok_infill *in, int32_t **ids, size_t *n);
+
 /* Can a draft model with vocabulary `draft` propose tokens for a target with
  * vocabulary `target` (speculative decoding)? llama.cpp's rules
  * (common_speculative_are_compatible) made strict: the same tokenizer family,

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The shared Redis tier through a real redis-server and two `kvserve serve`
 # replicas on the built-in model: a long prompt served by A is served by B
-# with >= 90% of it read from Redis and the same greedy tokens; then the
+# with >= 90% of it read from Redis and the same greedy tokens, in one round
+# trip per lookup; a salted prompt is shared with the same salt only; then the
 # faults, each ending with the same answers as a healthy run: a corrupt and a
 # foreign value, Redis killed (and a replica started while it is down),
 # restarted, stalled (SIGSTOP: every call times out), and full (noeviction:
@@ -48,9 +49,9 @@ start() { # name -> sets url_<name>
   eval "url_$1=http://127.0.0.1:$port"
 }
 ids() { python3 -c "import sys; k=int(sys.argv[1]); print(','.join(str(3+(i*7+k*131+(i*i*k)%97)%500) for i in range(600)))" "$1"; }
-complete() { # url prompt-number -> prints "<cached_tokens> <text as JSON>"
+complete() { # url prompt-number [extra JSON fields] -> prints "<cached_tokens> <text as JSON>"
   local r; r=$(curl -s -H "Content-Type: application/json" "$1/v1/completions" \
-    -d "{\"prompt\":[$(ids "$2")],\"max_tokens\":8,\"temperature\":0,\"ignore_eos\":true}")
+    -d "{\"prompt\":[$(ids "$2")],\"max_tokens\":8,\"temperature\":0,\"ignore_eos\":true${3:+,$3}}")
   printf '%s %s\n' "$(grep -o '"cached_tokens":[0-9]*' <<<"$r" | cut -d: -f2)" \
     "$(grep -oE '"text":"([^"\\]|\\.)*"' <<<"$r" | head -1 | cut -d: -f2-)"
 }
@@ -72,12 +73,29 @@ read -r c t1 <<<"$(complete "$url_A" 1)"
 sleep 0.3 # written behind
 n=$(rcli dbsize)
 [ "$n" -ge 18 ] && ok "A wrote $n pages to Redis" || bad "A wrote $n pages to Redis (want >= 18)"
+looks=$(redis_stat "$url_B" lookups) trips=$(redis_stat "$url_B" round_trips)
 read -r c t <<<"$(complete "$url_B" 1)"
 [ "$c" -ge 540 ] && ok "B: cached_tokens $c of 600 from Redis" || bad "B: cached_tokens $c (want >= 540)"
+looks=$(( $(redis_stat "$url_B" lookups) - looks )) trips=$(( $(redis_stat "$url_B" round_trips) - trips ))
+[ "$looks" -ge 1 ] && [ "$trips" = "$looks" ] && ok "B: $looks lookups, $trips round trips" ||
+  bad "B: $looks lookups took $trips round trips (want one each)"
 same "B after A" "$t1" "$t"
 [ "$(redis_stat "$url_B" hits)" -ge 17 ] && ok "B counted $(redis_stat "$url_B" hits) Redis hits" || bad "no Redis hits counted on B"
 curl -s "$url_B/metrics" | grep -q '^kvserve_prefix_hit_tokens_total{tier="redis"} [1-9]' &&
   ok "metrics: redis hit tokens" || bad "kvserve_prefix_hit_tokens_total{tier=\"redis\"} not counted"
+
+# ---- salted: shared with the same salt only -------------------------------------
+read -r c ts <<<"$(complete "$url_A" 9 '"cache_salt":"tenant-a"')"
+sleep 0.3
+read -r c t <<<"$(complete "$url_B" 9 '"cache_salt":"tenant-b"')"
+[ "$c" = 0 ] && ok "another salt on B: cached_tokens 0" || bad "another salt on B: cached_tokens $c"
+same "another salt" "$ts" "$t"
+read -r c t <<<"$(complete "$url_B" 9)"
+[ "$c" = 0 ] && ok "no salt on B: cached_tokens 0" || bad "no salt on B: cached_tokens $c"
+read -r c t <<<"$(complete "$url_B" 9 '"cache_salt":"tenant-a"')"
+[ "$c" -ge 540 ] && [ $((c % 16)) = 0 ] && ok "the same salt on B: cached_tokens $c from Redis (whole pages)" ||
+  bad "the same salt on B: cached_tokens $c (want >= 540, whole pages)"
+same "the same salt on B" "$ts" "$t"
 
 # ---- a corrupt value and a foreign one ------------------------------------------
 new_keys before

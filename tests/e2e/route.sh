@@ -4,7 +4,12 @@
 # with another suffix goes to the replica that computed it and is served from
 # its RAM; the answers are the replicas' own (greedy tokens equal to a
 # replica asked directly); Authorization and SSE pass through; a replica
-# killed with SIGKILL is skipped and its requests go to the other one.
+# killed with SIGKILL is skipped and its requests go to the other one. The
+# replicas salt each request with its API key (--cache-salt-from-key, their
+# shared --cache-redis-secret-file, which the router is given too), so every
+# affinity below is the router computing the tenant's keys; the other
+# replica reads the tenant's pages from Redis; /v1/messages and /v1/responses
+# go where a chat with their system prompt was computed.
 set -u
 bin=${KVSERVE_BIN:?}
 src=${KVSERVE_SOURCE:?}
@@ -18,9 +23,11 @@ fail=0
 ok() { echo "ok   $*"; }
 bad() { echo "FAIL $*"; fail=1; }
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+head -c 32 /dev/urandom >"$tmp/secret" && chmod 600 "$tmp/secret"
+salted=(--cache-salt-from-key --cache-redis-secret-file "$tmp/secret")
 set -m # its own process group, as in a terminal, so SIGINT reaches every process
 KVSERVE_BIN=$bin "$src/scripts/cluster.sh" -r -n 2 -p "$port" -m "$model" -- -c 1024 -t 1 --parallel 2 \
-  --api-key sekrit >"$tmp/log" 2>&1 &
+  --api-key sekrit "${salted[@]}" >"$tmp/log" 2>&1 &
 cpid=$!
 set +m
 trap 'kill -INT -$cpid 2>/dev/null; sleep 1; rm -rf "$tmp"' EXIT
@@ -63,8 +70,10 @@ after=$(ram_hits "$a")
 [ "${c:-0}" -ge 384 ] && [ $((after - before)) -ge 384 ] && ok "cached_tokens $c, from RAM (+$((after - before)) RAM hit tokens)" ||
   bad "cached_tokens $c, RAM hit tokens +$((after - before))"
 b=$(for p in $(grep -ho 'on http://127.0.0.1:[0-9]*' "$dir"/replica*.log | cut -d' ' -f2); do [ "$p" != "$a" ] && echo "$p"; done)
-read -r _ _ _ t2b <<<"$(complete "$b" 2)"
+read -r _ _ c2b t2b <<<"$(complete "$b" 2)"
 [ -n "$t2" ] && [ "$t2" = "$t2b" ] && ok "the same greedy tokens as $b asked directly" || bad "router $t2 vs direct $t2b"
+[ "${c2b:-0}" -ge 352 ] && [ $((c2b % 16)) = 0 ] && ok "$b asked directly: the tenant's pages from Redis (cached_tokens $c2b)" ||
+  bad "$b asked directly: cached_tokens $c2b (want the tenant's pages from Redis)"
 
 # a chat's system prompt, then Anthropic's /v1/messages with the same one: the router's rendering of both is
 # the replica's, so the second goes where the first was computed
@@ -87,6 +96,12 @@ after=$(ram_hits "$ca")
 [ "$ma" = "$ca" ] && [ "${mo:-0}" -ge 10 ] && [ $((after - before)) -ge 320 ] &&
   ok "/v1/messages after a chat with its system prompt: the same replica, overlap $mo pages, +$((after - before)) RAM hit tokens" ||
   { bad "/v1/messages went to $ma (overlap $mo), the chat to $ca"; cat "$tmp/r"; }
+before=$(ram_hits "$ca")
+read -r ra ro <<<"$(chat /v1/responses "{\"instructions\":\"$sys\",\"input\":\"hey\",\"max_output_tokens\":2}")"
+after=$(ram_hits "$ca")
+[ "$ra" = "$ca" ] && [ "${ro:-0}" -ge 10 ] && [ $((after - before)) -ge 320 ] &&
+  ok "/v1/responses after it: the same replica, overlap $ro pages, +$((after - before)) RAM hit tokens" ||
+  { bad "/v1/responses went to $ra (overlap $ro), the chat to $ca"; cat "$tmp/r"; }
 
 code=$(curl -s -o /dev/null -w '%{http_code}' -H "Content-Type: application/json" "$url/v1/completions" -d '{"prompt":"hi"}')
 [ "$code" = 401 ] && ok "without the key: the replica's 401 passes through" || bad "without the key: $code"
@@ -100,7 +115,8 @@ redis=$(grep -o 'redis://127.0.0.1:[0-9]*' "$tmp/log" | head -1)
 late_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 reps=()
 for p in $(grep -ho 'on http://127.0.0.1:[0-9]*' "$dir"/replica*.log | cut -d' ' -f2); do reps+=(--replica "$p"); done
-"$bin" route --listen "127.0.0.1:$late_port" -m "$model" --cache-redis "$redis" "${reps[@]}" 2>"$tmp/late.log" &
+"$bin" route --listen "127.0.0.1:$late_port" -m "$model" --cache-redis "$redis" "${reps[@]}" "${salted[@]}" \
+  2>"$tmp/late.log" &
 late=$!
 for _ in $(seq 50); do # its index filled from the stream's past entries
   curl -s "http://127.0.0.1:$late_port/route/status" 2>/dev/null | python3 -c "import json,sys
@@ -110,8 +126,19 @@ sys.exit(0 if [r for r in json.load(sys.stdin)['replicas'] if r['url']=='$a' and
 done
 read -r la lo _ _ <<<"$(complete "http://127.0.0.1:$late_port" 4)"
 kill $late
+wait $late 2>/dev/null
 [ "$la" = "$a" ] && [ "${lo:-0}" -ge 12 ] && ok "a router started late: the stream's past gives it the index; the prefix goes to $la (overlap $lo)" ||
   { bad "the late router sent the prefix to $la (overlap $lo), not $a"; cat "$tmp/late.log"; }
+# without the replicas' secret a router cannot compute the tenants' keys
+"$bin" route --listen "127.0.0.1:$late_port" -m "$model" --cache-redis "$redis" "${reps[@]}" 2>"$tmp/late.log" &
+late=$!
+for _ in $(seq 50); do curl -sf "http://127.0.0.1:$late_port/health" >/dev/null && break; sleep 0.1; done
+sleep 0.3 # its index filled
+read -r _ lo _ _ <<<"$(complete "http://127.0.0.1:$late_port" 5)"
+kill $late
+wait $late 2>/dev/null
+[ "${lo:-0}" = 0 ] && ok "a router without --cache-salt-from-key sees no overlap in the tenant's keys" ||
+  bad "a router without the tenant key found overlap $lo"
 
 read -r _ _ _ t3 <<<"$(complete "$a" 3)" # the reference, from the replica about to die
 apid=
@@ -124,7 +151,11 @@ done
 read -r a3 _ _ t3r <<<"$(complete "$url" 3)"
 [ "$a3" = "$b" ] && [ -n "$t3" ] && [ "$t3r" = "$t3" ] && ok "after the kill: answered by $b, the same tokens" ||
   bad "after the kill: replica '$a3', text '$t3r' vs '$t3'"
-healthy=$(status | python3 -c "import json,sys; print([r['healthy'] for r in json.load(sys.stdin)['replicas'] if r['url']=='$a'][0])")
+for _ in $(seq 30); do # at once if the router tried it, else at the next health check (1 s)
+  healthy=$(status | python3 -c "import json,sys; print([r['healthy'] for r in json.load(sys.stdin)['replicas'] if r['url']=='$a'][0])")
+  [ "$healthy" = False ] && break
+  sleep 0.1
+done
 [ "$healthy" = False ] && ok "/route/status: $a is down" || bad "/route/status says $a healthy: $healthy"
 
 kill -INT -$cpid
