@@ -56,6 +56,8 @@ static bool ids_push(struct ids *a, int32_t id)
 
 static bool ids_append(struct ids *a, const int32_t *v, size_t n)
 {
+    if (n == 0) /* an empty text's tokens may be NULL, and memcpy takes no NULL even for 0 bytes */
+        return true;
     if (!ids_reserve(a, n))
         return false;
     memcpy(a->v + a->n, v, n * sizeof *v);
