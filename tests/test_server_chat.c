@@ -902,6 +902,8 @@ static void test_refusals(void **state)
         {"/completion", "\"n_indent\": 4", "'n_indent'"},
         {"/completion", "\"n_indent\": 0, \"n_cmpl\": 1, \"reasoning_budget_tokens\": -1", NULL},
         {"/completion", "\"n_cmpl\": 2", "'n_cmpl'"},
+        {"/completion", "\"prompt\": {\"prompt_string\": \"hi\", \"multimodal_data\": [\"AA\"]}",
+         "'prompt.multimodal_data'"},
         {"/v1/chat/completions", "\"thinking_budget_tokens\": 256", "'thinking_budget_tokens'"},
         {"/v1/chat/completions", "\"reasoning_budget_tokens\": 0", "'reasoning_budget_tokens'"},
         {"/v1/chat/completions", "\"repetition_penalty\": 1.1", "'repetition_penalty'"},
@@ -915,7 +917,9 @@ static void test_refusals(void **state)
         char body[1024];
         bool chat = !strcmp(cases[i].path, "/v1/chat/completions");
         snprintf(body, sizeof body, "{%s, \"max_tokens\": 4, %s}",
-                 chat ? "\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]" : "\"prompt\": \"hi\"",
+                 chat                                    ? "\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]"
+                 : strstr(cases[i].extra, "\"prompt\"") ? "\"stream\": false" /* the case's own prompt */
+                                                          : "\"prompt\": \"hi\"",
                  cases[i].extra);
         struct httpc_response r = post_to(srv, cases[i].path, body);
         bool ok = cases[i].needle ? r.status == 400 && strstr(r.body, cases[i].needle) : r.status == 200;

@@ -404,6 +404,10 @@ static ks_status prompt_tokens(struct server *srv, enum server_api api, const cJ
                 }
                 ids[i++] = (int32_t)t->valuedouble;
             }
+        } else if (cJSON_IsObject(p) && cJSON_GetObjectItemCaseSensitive(p, "multimodal_data")) {
+            return reply_fail(r, KS_ERR_INVALID_ARG, "unsupported_parameter",
+                              "'prompt.multimodal_data' is not supported: kvserve reads text and token ids only (no "
+                              "images or audio)");
         } else {
             return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_type",
                               "'prompt' must be a string or a non-empty array of token ids");
