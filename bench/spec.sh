@@ -16,11 +16,25 @@
 #                                      drafted by its -q4_0.gguf): identical output, acceptance, tokens per target
 #                                      pass and the tg speedup against --spec-type none.
 #   bench/spec.sh all BIN MODEL [DRAFT] (a) and (b) (verify on its default model), and (c) with DRAFT.
+#   bench/spec.sh servers BIN MODEL [DRAFT]  (c) side by side with llama.cpp's speculation: kvserve serve and the
+#                                      anchor's llama-server (ANCHOR, $KVSERVE_SHARED/anchor/bin) on the same files and
+#                                      prompts, greedy, STREAMS concurrent requests (1 and 4), each server plain and
+#                                      speculating: with DRAFT, a draft model (kvserve --model-draft; llama-server
+#                                      --spec-type draft-simple -md); without, n-gram lookup (kvserve --spec-type
+#                                      ngram; llama-server LLAMA_NGRAM, default ngram-simple with 3-token keys).
+#                                      Aggregate tok/s, acceptance as each server reports it (usage.draft_tokens /
+#                                      accepted_tokens; timings.draft_n / draft_n_accepted) and the ratios.
+#                                      TEMP > 0: sampled instead of greedy (seed i for request i; outputs differ).
 #
 # Env: THREADS (2), DEPTH (256), REPS (5), KMAX (16), GEN (128), DRAFT_MAX (16), PRESET, LAYERS, TINY=1 (a smoke
-# run: the tiny model, DEPTH 32, REPS 1, KMAX 4, GEN 24). Run on a quiet machine: timings are medians of REPS runs.
+# run: the tiny model, DEPTH 32, REPS 1, KMAX 4, GEN 24). servers: STREAMS ("1 4"), CTX (512, tokens per request),
+# KV_MEM (kvserve's --kv-mem; default: serve's own, room for STREAMS contexts of both models), TEMP (0),
+# KVSERVE_SPEC_FLAGS (more flags for kvserve's speculating server, e.g. --draft-min 1 to draft whatever the cost
+# model says), LLAMA_SPEC_FLAGS (the same for llama-server's), DRAFT_P_MIN (0: both servers' default),
+# LLAMA_NGRAM, LLAMA_CPU (keep only that llama.cpp CPU variant).
+# Run on a quiet machine: timings are medians of REPS runs.
 set -euo pipefail
-usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [ $# -ge 2 ] || usage
 what=$1 bin=$2 model=${3:-} draft_model=${4:-}
 arm=ngram # (b) and (c) compare --spec-type none with this arm: ngram or draft
@@ -104,7 +118,77 @@ accept() {
   echo
 }
 
+# ---- (c) side by side with llama-server ----------------------------------------------------------------------
+
+here=$(cd "$(dirname "$0")/.." && pwd)
+pid=
+servers() {
+  [ -f "$model" ] || usage
+  command -v python3 >/dev/null && command -v curl >/dev/null || { echo "servers: needs python3 and curl"; exit 1; }
+  anchor=${ANCHOR:-${KVSERVE_SHARED:-$here/../shared}/anchor/bin}
+  [ -x "$anchor/llama-server" ] || { echo "servers: no llama-server in $anchor (set ANCHOR)"; exit 1; }
+  # shellcheck source=bench/servers.sh
+  . "$here/bench/servers.sh"
+  trap '[ -n "$pid" ] && kill "$pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$tmp"' EXIT
+  anchor_mirror
+  local ctx=${CTX:-512} kv_mem=() p_min=${DRAFT_P_MIN:-0} streams=${STREAMS:-1 4} k r spec name kv_spec ll_spec
+  [ -n "${KV_MEM:-}" ] && kv_mem=(--kv-mem "$KV_MEM")
+  printf '%s\n' "${PROMPTS[@]}" >"$tmp/prompts"
+  if [ -n "$draft_model" ]; then
+    [ -f "$draft_model" ] || usage
+    name="draft model $(basename "$draft_model")"
+    kv_spec=(--model-draft "$draft_model" --draft-max "$DRAFT_MAX" --draft-p-min "$p_min")
+    ll_spec=(--spec-type draft-simple -md "$draft_model" --spec-draft-n-max "$DRAFT_MAX" --spec-draft-p-min "$p_min")
+  else
+    name="n-gram lookup"
+    kv_spec=(--spec-type ngram --draft-max "$DRAFT_MAX")
+    # shellcheck disable=SC2206 # a list of flags
+    ll_spec=(${LLAMA_NGRAM:---spec-type ngram-simple --spec-ngram-simple-size-n 3 --spec-ngram-simple-size-m $DRAFT_MAX})
+  fi
+  # shellcheck disable=SC2206 # lists of flags
+  kv_spec+=(${KVSERVE_SPEC_FLAGS:-}) ll_spec+=(${LLAMA_SPEC_FLAGS:-})
+  local temp=${TEMP:-0} how=greedy
+  [ "$temp" != 0 ] && how="temperature $temp"
+  cpu
+  echo "kvserve: $("$bin" version | head -1); llama.cpp: $("$anchor/llama-server" --version 2>&1 | grep -m1 version || true)"
+  echo
+  echo "### Speculation side by side: $name on \"retell the story\" prompts ($(basename "$model"), $how, $GEN tokens, $THREADS threads, median of $REPS)"
+  echo
+  echo "llama-server speculating: ${ll_spec[*]}; kvserve: ${kv_spec[*]}"
+  echo
+  echo "| streams | kvserve plain (t/s) | kvserve spec (t/s) | kvserve accepted | llama plain (t/s) | llama spec (t/s) | llama accepted | kvserve spec / llama spec | kvserve spec / llama plain | same text |"
+  echo "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
+  for k in $streams; do
+    for spec in kp ks lp ls; do : >"$tmp/run.$spec"; done
+    for r in $(seq "$REPS"); do
+      for spec in kp ks lp ls; do
+        case $spec in
+          kp) start_kvserve --parallel "$k" -c "$ctx" "${kv_mem[@]}" ;;
+          ks) start_kvserve --parallel "$k" -c "$ctx" "${kv_mem[@]}" "${kv_spec[@]}" ;;
+          lp) start_llama -np "$k" -c $((k * ctx)) ;;
+          ls) start_llama -np "$k" -c $((k * ctx)) "${ll_spec[@]}" ;;
+        esac
+        python3 "$here/bench/spec_client.py" "$url" 1 4 "$tmp/prompts" "$tmp/warm" >/dev/null # warm up
+        python3 "$here/bench/spec_client.py" "$url" "$k" "$GEN" "$tmp/prompts" "$tmp/text.$spec" "$temp" >>"$tmp/run.$spec"
+        stop
+      done
+    done
+    local t=() a=()
+    for spec in kp ks lp ls; do
+      t+=("$(cut -d' ' -f1 "$tmp/run.$spec" | median)")
+      a+=("$(awk '{ d += $2; n += $3 } END { printf (d > 0 ? "%.1f%% (%d/%d)" : "-"), 100 * n / d, n, d }' "$tmp/run.$spec")")
+    done
+    local same="kvserve $(cmp -s "$tmp/text.kp" "$tmp/text.ks" && echo yes || echo NO), llama $(cmp -s "$tmp/text.lp" "$tmp/text.ls" && echo yes || echo NO), across $(cmp -s "$tmp/text.ks" "$tmp/text.ls" && echo yes || echo no)"
+    [ "$temp" != 0 ] && same="- (sampled)"
+    awk -v k="$k" -v kp="${t[0]}" -v ks="${t[1]}" -v ka="${a[1]}" -v lp="${t[2]}" -v ls="${t[3]}" -v la="${a[3]}" -v same="$same" 'BEGIN {
+      printf "| %d | %.1f | %.1f | %s | %.1f | %.1f | %s | %.2fx | %.2fx | %s |\n", k, kp, ks, ka, lp, ls, la,
+        (ls > 0 ? ks / ls : 0), (lp > 0 ? ks / lp : 0), same }'
+  done
+  echo
+}
+
 case $what in
+  servers) servers ;;
   verify) verify "$(verify_model)" ;;
   accept) accept ;;
   draft) [ -f "$draft_model" ] || usage; arm=draft; accept ;;

@@ -98,6 +98,29 @@ static void test_generate_same_ids(void **state)
     }
 }
 
+/* generate, sampling, the target as its own draft: each draft is drawn from
+ * q = the target's own p, so min(1, p / q) keeps all but a rounding's worth. */
+static void test_generate_sampled_self_draft(void **state)
+{
+    (void)state;
+    NEED_INPUTS();
+    char args[2048];
+    snprintf(args, sizeof args,
+             "generate -m '%s' --ids 3,100,200,300,400,17,29,31 -n 48 --temp 1 --top-k 10 --top-p 1 --min-p 0 "
+             "--seed 3 --ignore-eos --output-ids -t 1 -md '%s' -ctkd f16 -ctvd f16 --draft-max 6 --draft-min 1",
+             g_model, g_model);
+    assert_int_equal(run_to(args, true), 0);
+    const char *line = strstr(g_out, "speculation: draft, ");
+    assert_non_null(line);
+    int drafted = atoi(line + strlen("speculation: draft, "));
+    const char *acc = strstr(line, "drafted, ");
+    assert_non_null(acc);
+    int accepted = atoi(acc + strlen("drafted, "));
+    print_message("sampled self-draft: %d drafted, %d accepted\n", drafted, accepted);
+    assert_true(drafted > 0);
+    assert_true(accepted >= drafted - 2);
+}
+
 static void test_refused(void **state)
 {
     (void)state;
@@ -160,6 +183,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_generate_same_ids),
+        cmocka_unit_test(test_generate_sampled_self_draft),
         cmocka_unit_test(test_refused),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);

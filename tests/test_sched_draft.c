@@ -3,7 +3,8 @@
  * speculation (dense and MoE targets, f16 and q4_0 target pages, 16 requests
  * at once with a prefix-cache hit), the target as its own draft is accepted
  * all but always, a small draft of the same vocabulary is accepted and
- * rejected, and between steps and after the requests end both caches pass
+ * rejected, sampling requests' drafts are drawn from the draft's q and kept
+ * with min(1, p / q) (the target as its own draft: all but always), and between steps and after the requests end both caches pass
  * kv_check, the budget's bytes used are the sum of both caches' pages, and no
  * draft sequence is left behind.
  *
@@ -213,6 +214,70 @@ static void test_self_draft(void **state)
                       (int)accepted);
         assert_true(drafted > 0);
         assert_int_equal(accepted, drafted);
+    }
+}
+
+/* Sampling requests (temperature 1, top-k 10: the stages a draft's q
+ * follows): n at once, each into out[i] with its own seed. */
+static void run_sampled(struct sched *s, int32_t *const *prompts, const int32_t *lens, int n, int32_t max_tokens,
+                        struct sched_result *out)
+{
+    for (int i = 0; i < n; i++) {
+        sched_result_init(&out[i]);
+        struct sched_request rq = {.prompt = prompts[i], .n_prompt = lens[i], .max_tokens = max_tokens,
+                                   .ignore_eog = true, .on_event = sched_result_on_event, .user = &out[i]};
+        sample_params_default(&rq.sampling);
+        rq.sampling.temp = 1.0f;
+        rq.sampling.top_k = 10;
+        rq.sampling.top_p = 1.0f;
+        rq.sampling.min_p = 0.0f;
+        rq.sampling.seed = 77 + (uint64_t)i;
+        uint64_t id = 0;
+        assert_int_equal(sched_submit(s, &rq, &id), KS_OK);
+    }
+    for (int i = 0; i < n; i++)
+        result_wait(&out[i]);
+}
+
+/* Sampled drafts: the target drafting for itself draws each draft from q =
+ * its own p, so min(1, p / q) keeps all but a rounding's worth (verified as
+ * deterministic proposals, only sum p^2 of them would be kept); a small draft
+ * of another seed is mostly rejected, each rejection drawing from
+ * max(0, p - q), and its requests still end with all their tokens and the
+ * pages accounted for. */
+static void test_sampled_drafts(void **state)
+{
+    (void)state;
+    if (!g_default)
+        KS_SKIP("no default model at $KVSERVE_DEFAULT_MODEL (build target default_model)");
+    enum { N = 3, GEN = 40 };
+    int32_t n_vocab = model_hparams(g_default)->n_vocab;
+    static int32_t buf[N][64];
+    int32_t *prompts[N], lens[N];
+    for (int i = 0; i < N; i++) {
+        prompts[i] = buf[i];
+        random_ids(buf[i], lens[i] = 8 + 20 * i, 31 + i, n_vocab);
+    }
+    struct model *drafts[2] = {g_default, g_small};
+    for (int d = 0; d < 2; d++) {
+        struct setup u = {.target = g_default, .draft = drafts[d], .type = QUANT_F16,
+                          .draft_type = d == 0 ? QUANT_F16 : QUANT_Q4_0, .parallel = N};
+        struct sched *s = make_sched(&u);
+        struct sched_result out[N];
+        run_sampled(s, prompts, lens, N, GEN, out);
+        int32_t drafted = 0, accepted = 0;
+        for (int i = 0; i < N; i++) {
+            assert_int_equal(out[i].n, GEN);
+            drafted += out[i].n_drafted;
+            accepted += out[i].n_accepted;
+        }
+        print_message("sampled, %s: %d drafted, %d accepted\n", d == 0 ? "self-draft" : "small draft", (int)drafted,
+                      (int)accepted);
+        assert_true(drafted > 0);
+        if (d == 0)
+            assert_true(accepted >= drafted - 2);
+        assert_pool(s, true);
+        sched_free(s);
     }
 }
 
@@ -509,6 +574,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_self_draft),
         cmocka_unit_test(test_small_draft_dense),
+        cmocka_unit_test(test_sampled_drafts),
         cmocka_unit_test(test_moe_and_window),
         cmocka_unit_test(test_many_with_prefix_hit),
         cmocka_unit_test(test_tight_budget),

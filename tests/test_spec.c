@@ -1,8 +1,9 @@
 /* Speculation's pure parts: prompt lookup (spec_ngram_draft), the adaptive
- * draft length (spec_adapt) and the rejection sampler (sample_verify), whose
- * output must be distributed as plain sampling's: checked on a vocabulary of
- * 8 against the exact distribution, with a bound that the usual wrong rules
- * exceed several times over. */
+ * draft length (spec_adapt) and the rejection samplers (sample_verify for a
+ * deterministic draft, sample_verify_proposal for a draft drawn from a draft
+ * model's q), whose output must be distributed as plain sampling's: checked
+ * on a vocabulary of 8 against the exact distribution, with a bound that the
+ * usual wrong rules exceed several times over. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -15,6 +16,7 @@
 
 #include "sample/sample.h"
 #include "spec/spec.h"
+#include "support/rng.h"
 #include "support/skip.h"
 
 /* ---- prompt lookup ------------------------------------------------------------ */
@@ -323,6 +325,197 @@ static void test_verify_greedy_is_argmax(void **state)
     sample_free(s);
 }
 
+/* ---- speculative sampling: a draft drawn from a draft model's q ---------------- */
+
+/* The draft model's logits: close to LOGITS, not equal (its best token is 1, not 0). */
+static const float DRAFT_LOGITS[V] = {1.2f, 1.8f, 0.4f, 0.9f, -0.2f, 0.6f, -1.5f, 0.1f};
+
+static double unit_draw(uint64_t *rng)
+{
+    return (double)(ks_rng_next(rng) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+static void dense_q(const struct sample_proposal *q, double *out)
+{
+    for (int i = 0; i < V; i++)
+        out[i] = 0;
+    for (int32_t j = 0; j < q->n; j++)
+        out[q->tokens[j]] = q->probs[j];
+}
+
+/* What the one-hot rule gives for a draft drawn from q: keep x with
+ * min(1, p(x) / q(x)) but replace a rejected x by a draw from p without x
+ * (the residual max(0, p - q) not used). */
+static void one_hot_replacement(const double *p, const double *q, double *out)
+{
+    for (int y = 0; y < V; y++)
+        out[y] = 0;
+    for (int x = 0; x < V; x++) {
+        if (q[x] <= 0)
+            continue;
+        double keep = p[x] >= q[x] ? 1.0 : p[x] / q[x];
+        out[x] += q[x] * keep;
+        for (int y = 0; y < V && p[x] < 1; y++)
+            if (y != x)
+                out[y] += q[x] * (1 - keep) * p[y] / (1 - p[x]);
+    }
+}
+
+/* Draws x ~ q (the test's own stream, as a drafter's), verifies it with a
+ * sampler of temp / top_k (min_keep 2 runs the general chain), and checks
+ * the histogram against the exact p, the acceptance against sum min(p, q),
+ * and that the bound sees the wrong rules. */
+static void check_proposal(float temp, int top_k, bool chain, const struct sample_proposal *q)
+{
+    static const double BOUND = 0.015;
+    double p[V], dq[V], got[V] = {0}, wrong[V];
+    exact_dist(temp, top_k, p);
+    dense_q(q, dq);
+    struct sample_params sp;
+    sample_params_default(&sp);
+    sp.temp = temp;
+    sp.top_k = top_k;
+    sp.top_p = 1.0f;
+    sp.min_p = 0.0f;
+    sp.min_keep = chain ? 2 : 0;
+    sp.seed = 99;
+    struct sampler *s = NULL;
+    assert_int_equal(sample_create(&sp, V, &s), KS_OK);
+    uint64_t rng = 0x9E3779B97F4A7C15ull;
+    int n_acc = 0;
+    for (int t = 0; t < TRIALS; t++) {
+        int32_t x = sample_proposal_draw(q, unit_draw(&rng));
+        struct sample_result r;
+        bool acc = false;
+        assert_int_equal(sample_verify_proposal(s, LOGITS, NULL, 0, q, x, &r, &acc), KS_OK);
+        assert_true(r.token >= 0 && r.token < V);
+        assert_true(!acc || r.token == x);
+        n_acc += acc;
+        got[r.token] += 1.0 / TRIALS;
+    }
+    sample_free(s);
+    double overlap = 0;
+    for (int i = 0; i < V; i++)
+        overlap += p[i] < dq[i] ? p[i] : dq[i];
+    one_hot_replacement(p, dq, wrong);
+    double rate = (double)n_acc / TRIALS;
+    print_message("temp %.2f top_k %d %s, q over %d tokens: accepted %.4f (sum min(p, q) %.4f), TV %.4f; "
+                  "TV of q %.4f, of the one-hot replacement %.4f\n", (double)temp, top_k, chain ? "chain" : "fast",
+                  (int)q->n, rate, overlap, total_variation(got, p), total_variation(dq, p),
+                  total_variation(wrong, p));
+    assert_true(total_variation(got, p) < BOUND);
+    assert_true(fabs(rate - overlap) < BOUND);
+    assert_true(total_variation(dq, p) > 3 * BOUND);    /* accepting every draft would be seen */
+    assert_true(total_variation(wrong, p) > 3 * BOUND); /* and so would the one-hot replacement */
+}
+
+static void make_q(float temp, int top_k, struct sample_proposal *q)
+{
+    struct sample_params dp;
+    sample_params_default(&dp);
+    dp.temp = temp;
+    dp.top_k = top_k;
+    dp.top_p = 1.0f;
+    dp.min_p = 0.0f;
+    float p_top;
+    assert_int_equal(sample_proposal_make(&dp, DRAFT_LOGITS, V, q, &p_top), KS_OK);
+}
+
+static void test_verify_proposal_keeps_the_distribution(void **state)
+{
+    (void)state;
+    struct sample_proposal q;
+    make_q(1.0f, 0, &q); /* q over the whole vocabulary */
+    check_proposal(1.0f, 0, false, &q);
+    check_proposal(1.0f, 0, true, &q);
+    make_q(0.7f, 0, &q); /* p truncated to its top 4: q has mass where p has none */
+    check_proposal(0.7f, 4, false, &q);
+    check_proposal(0.7f, 4, true, &q);
+    make_q(0.7f, 2, &q); /* a narrow q: most of the residual is outside its support */
+    check_proposal(0.7f, 0, false, &q);
+    check_proposal(0.7f, 0, true, &q);
+}
+
+/* A one-hot q is sample_verify: the same tokens and decisions from the same seed. */
+static void test_verify_proposal_one_hot_is_verify(void **state)
+{
+    (void)state;
+    struct sampler *a = make(0.8f, 5, 7), *b = make(0.8f, 5, 7);
+    for (int t = 0; t < 200; t++) {
+        int32_t x = t % V;
+        struct sample_proposal q = {.n = 1, .tokens = {x}, .probs = {1.0f}};
+        struct sample_result ra, rb;
+        bool acc_a, acc_b;
+        assert_int_equal(sample_verify(a, LOGITS, NULL, 0, x, &ra, &acc_a), KS_OK);
+        assert_int_equal(sample_verify_proposal(b, LOGITS, NULL, 0, &q, x, &rb, &acc_b), KS_OK);
+        assert_int_equal(ra.token, rb.token);
+        assert_int_equal(acc_a, acc_b);
+    }
+    /* bad proposals are refused */
+    struct sample_result r;
+    bool acc;
+    struct sample_proposal q = {.n = 2, .tokens = {1, 2}, .probs = {0.5f, 0.5f}};
+    assert_int_equal(sample_verify_proposal(a, LOGITS, NULL, 0, &q, 3, &r, &acc), KS_ERR_INVALID_ARG);
+    q.tokens[1] = V;
+    assert_int_equal(sample_verify_proposal(a, LOGITS, NULL, 0, &q, 1, &r, &acc), KS_ERR_INVALID_ARG);
+    q.n = 0;
+    assert_int_equal(sample_verify_proposal(a, LOGITS, NULL, 0, &q, 1, &r, &acc), KS_ERR_INVALID_ARG);
+    sample_free(a);
+    sample_free(b);
+}
+
+static void test_proposal_make(void **state)
+{
+    (void)state;
+    struct sample_params dp;
+    sample_params_default(&dp);
+    struct sample_proposal q;
+    float p_top;
+    dp.temp = 0.0f; /* greedy: one-hot at the argmax */
+    assert_int_equal(sample_proposal_make(&dp, DRAFT_LOGITS, V, &q, &p_top), KS_OK);
+    assert_int_equal(q.n, 1);
+    assert_int_equal(q.tokens[0], 1);
+    double z = 0;
+    for (int i = 0; i < V; i++)
+        z += exp((double)DRAFT_LOGITS[i] - 1.8);
+    assert_true(fabs(p_top - 1.0 / z) < 1e-6);
+    dp.temp = 0.5f; /* top_k 3: softmax(logits / temp) over the best 3, best first */
+    dp.top_k = 3;
+    dp.top_p = 1.0f;
+    dp.min_p = 0.0f;
+    assert_int_equal(sample_proposal_make(&dp, DRAFT_LOGITS, V, &q, &p_top), KS_OK);
+    assert_int_equal(q.n, 3);
+    const int32_t best[3] = {1, 0, 3};
+    double w[3], sum = 0;
+    for (int j = 0; j < 3; j++)
+        sum += w[j] = exp((double)DRAFT_LOGITS[best[j]] / 0.5);
+    for (int j = 0; j < 3; j++) {
+        assert_int_equal(q.tokens[j], best[j]);
+        assert_true(fabs(q.probs[j] - w[j] / sum) < 1e-6);
+    }
+    dp.top_k = 0; /* min_p 0.5: tokens within ln 2 of the best (untempered) */
+    dp.min_p = 0.5f;
+    assert_int_equal(sample_proposal_make(&dp, DRAFT_LOGITS, V, &q, &p_top), KS_OK);
+    assert_int_equal(q.n, 2);
+    dp.min_p = 0.0f; /* top_p 0.5 over the whole vocabulary: the best two reach it */
+    dp.top_p = 0.5f;
+    assert_int_equal(sample_proposal_make(&dp, DRAFT_LOGITS, V, &q, &p_top), KS_OK);
+    assert_int_equal(q.n, 2);
+    float bad[V] = {0};
+    bad[2] = NAN;
+    assert_int_equal(sample_proposal_make(&dp, bad, V, &q, &p_top), KS_ERR_RANGE);
+    for (int j = 0; j < 200; j++) { /* draws follow the cumulative distribution */
+        double u = j / 200.0, cum = 0;
+        int32_t want = q.tokens[q.n - 1];
+        for (int32_t i = 0; i < q.n; i++)
+            if (u < (cum += q.probs[i])) {
+                want = q.tokens[i];
+                break;
+            }
+        assert_int_equal(sample_proposal_draw(&q, u), want);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -335,6 +528,9 @@ int main(void)
         cmocka_unit_test(test_adapt_follows_acceptance),
         cmocka_unit_test(test_verify_keeps_the_distribution),
         cmocka_unit_test(test_verify_greedy_is_argmax),
+        cmocka_unit_test(test_verify_proposal_keeps_the_distribution),
+        cmocka_unit_test(test_verify_proposal_one_hot_is_verify),
+        cmocka_unit_test(test_proposal_make),
     };
     return ks_run_tests(tests, NULL, NULL);
 }

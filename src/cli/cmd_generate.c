@@ -195,6 +195,9 @@ struct gen_run {
     struct sched_drafter *drafter;
     struct sched_draft_seq dseq;
     double draft_step_s;          /* EMA: one draft step */
+    struct sample_proposal dq[SPEC_DRAFT_LIMIT]; /* the q each of draft[] was drawn from (draft_q) */
+    bool draft_q;                 /* draft[] is the draft model's: verify against dq */
+    uint64_t draft_rng;           /* the stream its sampled drafts are drawn from */
 };
 
 static void run_free(struct gen_run *r)
@@ -459,12 +462,17 @@ static void learn_cost(struct gen_run *r, int32_t k, double seconds)
 static int32_t propose(struct gen_run *r, int32_t k)
 {
     if (r->drafter) {
-        struct sched_draft_job job = {.ds = &r->dseq, .tokens = r->tokens, .n_tokens = r->n_tokens, .k = k};
+        if (!r->draft_rng)
+            r->draft_rng = (r->o->sp.seed ^ 0xD1B54A32D192ED03ull) | 1; /* its own stream, never the sampler's */
+        struct sched_draft_job job = {.ds = &r->dseq, .tokens = r->tokens, .n_tokens = r->n_tokens, .k = k,
+                                      .sampling = &r->o->sp, .rng = &r->draft_rng};
         sched_drafter_run(r->drafter, &job, 1);
         double s = sched_drafter_step_seconds(r->drafter);
         if (s > 0)
             r->draft_step_s = r->draft_step_s > 0 ? 0.75 * r->draft_step_s + 0.25 * s : s;
         memcpy(r->draft, job.draft, (size_t)job.n_draft * sizeof *r->draft);
+        memcpy(r->dq, job.q, (size_t)job.n_draft * sizeof *r->dq);
+        r->draft_q = true;
         return job.n_draft;
     }
     if (r->pool) {
@@ -523,8 +531,13 @@ static bool spec_step(struct gen_run *r, ks_status *st)
         const float *row = r->logits + (size_t)i * r->n_vocab;
         struct sample_result res;
         bool accepted = false;
-        *st = i < k ? sample_verify(r->sampler, row, r->tokens, r->n_tokens, r->draft[i], &res, &accepted)
-                    : sample_next(r->sampler, row, r->tokens, r->n_tokens, &res);
+        if (i == k)
+            *st = sample_next(r->sampler, row, r->tokens, r->n_tokens, &res);
+        else if (r->draft_q) /* a draft model's draft, drawn from dq[i] */
+            *st = sample_verify_proposal(r->sampler, row, r->tokens, r->n_tokens, &r->dq[i], r->draft[i], &res,
+                                         &accepted);
+        else
+            *st = sample_verify(r->sampler, row, r->tokens, r->n_tokens, r->draft[i], &res, &accepted);
         if (*st)
             return false;
         if (i == k && shadow >= 0)

@@ -386,6 +386,9 @@ static ks_status draft_setup(const struct serve_opts *o, struct serve_state *s, 
     if (!o->load.kv.mem) {
         int64_t pages = (int64_t)o->parallel * ((ctx + dkv->page_tokens - 1) / dkv->page_tokens);
         kvc->mem_budget += (size_t)pages * kv_page_bytes(dkv, dkv->type_k, dkv->type_v);
+        size_t one_of_both = cli_kv_budget_for(kvc, ctx) + cli_kv_budget_for(dkv, ctx); /* the check's need */
+        if (kvc->mem_budget < one_of_both) /* --parallel 1: the check counts a page more of each */
+            kvc->mem_budget = one_of_both;
     }
     return cli_draft_check_fit(kvc, dkv, ctx);
 }

@@ -451,19 +451,23 @@ static int32_t truncate_top_p(struct cand *c, int32_t n, float top_p, double z, 
     return above + top_p_prefix(c + above, in_cross - above, cum, top_p, z, ts);
 }
 
-/* A draw from c[0..n) by weight, never `exclude` (-1: none): the
- * distribution renormalized without it. */
-static int32_t draw_from(struct sampler *s, const struct cand *c, int32_t n, struct temp_scale ts, int32_t exclude)
+/* A draw from c[0..n) by weight, never one of ex[0..n_ex): the
+ * distribution renormalized without them. */
+static int32_t draw_from(struct sampler *s, const struct cand *c, int32_t n, struct temp_scale ts, const int32_t *ex,
+                         int32_t n_ex)
 {
     double total = 0.0;
+    int32_t last = -1;
     for (int32_t i = 0; i < n; i++)
-        if (c[i].id != exclude)
+        if (!sample_in_set(c[i].id, ex, n_ex)) {
             total += weight(ts, c[i].logit);
+            last = last < 0 ? c[i].id : last;
+        }
+    last = last < 0 ? c[0].id : last;
     double target = sample_uniform01(s) * total, cum = 0.0;
-    int32_t last = c[0].id != exclude || n == 1 ? c[0].id : c[1].id;
     for (int32_t i = 0; i < n; i++) {
         float w = weight(ts, c[i].logit);
-        if (w <= 0.0f || c[i].id == exclude)
+        if (w <= 0.0f || sample_in_set(c[i].id, ex, n_ex))
             continue;
         cum += w;
         last = c[i].id;
@@ -474,27 +478,30 @@ static int32_t draw_from(struct sampler *s, const struct cand *c, int32_t n, str
 }
 
 /* Untruncated: a draw over the whole vocabulary, chunk sums first; never
- * `exclude` (-1: none). */
-static int32_t draw_full(struct sampler *s, struct temp_scale ts, int32_t exclude)
+ * one of ex[0..n_ex) (distinct tokens). */
+static int32_t draw_full(struct sampler *s, struct temp_scale ts, const int32_t *ex, int32_t n_ex)
 {
     const float *x = s->work;
     int32_t n = s->n_vocab;
-    double w_ex = exclude >= 0 ? weight(ts, x[exclude]) : 0.0;
+    double w_ex = 0.0;
+    for (int32_t e = 0; e < n_ex; e++)
+        w_ex += weight(ts, x[ex[e]]);
     double total = sample_sum_exp(x, n, ts.max, ts.inv_temp) - w_ex;
     double target = sample_uniform01(s) * total, cum = 0.0;
     int32_t last = sample_argmax(x, n);
     for (int32_t i = 0; i < n; i += SAMPLE_DRAW_CHUNK) {
         int32_t len = n - i < SAMPLE_DRAW_CHUNK ? n - i : SAMPLE_DRAW_CHUNK;
         double chunk = sample_sum_exp(x + i, len, ts.max, ts.inv_temp);
-        if (exclude >= i && exclude < i + len)
-            chunk -= w_ex;
+        for (int32_t e = 0; e < n_ex; e++)
+            if (ex[e] >= i && ex[e] < i + len)
+                chunk -= weight(ts, x[ex[e]]);
         if (target >= cum + chunk) {
             cum += chunk;
             continue;
         }
         for (int32_t j = i; j < i + len; j++) {
             float w = weight(ts, x[j]);
-            if (w <= 0.0f || j == exclude)
+            if (w <= 0.0f || sample_in_set(j, ex, n_ex))
                 continue;
             cum += w;
             last = j;
@@ -502,10 +509,13 @@ static int32_t draw_full(struct sampler *s, struct temp_scale ts, int32_t exclud
                 return j;
         }
     }
-    if (last == exclude) /* rounding skipped every chunk and the argmax is excluded */
+    if (sample_in_set(last, ex, n_ex)) { /* rounding skipped every chunk and the argmax is excluded */
+        int32_t best = -1;
         for (int32_t j = 0; j < n; j++)
-            if (j != exclude && (last == exclude || x[j] > x[last]))
-                last = j;
+            if (!sample_in_set(j, ex, n_ex) && (best < 0 || x[j] > x[best]))
+                best = j;
+        last = best >= 0 ? best : last;
+    }
     return last;
 }
 
@@ -556,7 +566,7 @@ static int32_t sample_stochastic(struct sampler *s, float max, int32_t *k)
 {
     struct temp_scale ts = {max, 1.0f / s->p.temp}, untempered = {max, 1.0f};
     *k = truncate_candidates(s, untempered);
-    return *k > 0 ? draw_from(s, s->cands, *k, ts, -1) : draw_full(s, ts, -1);
+    return *k > 0 ? draw_from(s, s->cands, *k, ts, NULL, 0) : draw_full(s, ts, NULL, 0);
 }
 
 /* The probability of token under the step's truncated distribution (k
@@ -575,20 +585,47 @@ static double candidate_prob(const struct sampler *s, int32_t k, struct temp_sca
     return w / total;
 }
 
-/* Speculative rejection sampling for a deterministic proposal (q = one-hot
- * at draft): keep draft with probability p(draft), else draw from p without
- * draft, renormalized. The result is distributed as p exactly:
- * P(x = draft) = p(draft), and for y != draft,
+/* candidate_prob of each of tokens[0..n) (distinct) into p, the normalizer summed once as it sums it. */
+static void candidate_probs(const struct sampler *s, int32_t k, struct temp_scale ts, const int32_t *tokens, int32_t n,
+                            double *p)
+{
+    double total = 0.0;
+    for (int32_t j = 0; j < n; j++)
+        p[j] = k == 0 ? weight(ts, s->work[tokens[j]]) : 0.0;
+    if (k == 0)
+        total = sample_sum_exp(s->work, s->n_vocab, ts.max, ts.inv_temp);
+    for (int32_t i = 0; i < k; i++) {
+        float w = weight(ts, s->cands[i].logit);
+        total += w;
+        for (int32_t j = 0; j < n; j++)
+            if (s->cands[i].id == tokens[j])
+                p[j] = w;
+    }
+    for (int32_t j = 0; j < n; j++)
+        p[j] /= total;
+}
+
+/* Speculative rejection sampling of q's draft q->tokens[at]: keep it with
+ * probability min(1, p(x) / q(x)), else draw from max(0, p - q)
+ * renormalized (sample_residual_pick: within q's support, or p outside it).
+ * For a one-hot q (a deterministic proposal) that is: keep draft with
+ * probability p(draft), else draw from p without it; the result is
+ * distributed as p exactly: P(x = draft) = p(draft), and for y != draft,
  * P(x = y) = (1 - p(draft)) * p(y) / (1 - p(draft)) = p(y). */
-static int32_t verify_stochastic(struct sampler *s, float max, int32_t draft, bool *accepted, int32_t *k)
+static int32_t verify_stochastic(struct sampler *s, float max, const struct sample_proposal *q, int32_t at,
+                                 bool *accepted, int32_t *k)
 {
     struct temp_scale ts = {max, 1.0f / s->p.temp}, untempered = {max, 1.0f};
     *k = truncate_candidates(s, untempered);
-    double p = candidate_prob(s, *k, ts, draft);
-    *accepted = sample_uniform01(s) < p;
+    double p_q[SAMPLE_PROPOSAL_MAX];
+    candidate_probs(s, *k, ts, q->tokens, q->n, p_q);
+    *accepted = sample_uniform01(s) * q->probs[at] < p_q[at];
     if (*accepted)
-        return draft;
-    return *k > 0 ? draw_from(s, s->cands, *k, ts, draft) : draw_full(s, ts, draft);
+        return q->tokens[at];
+    int32_t j = sample_residual_pick(s, q, p_q);
+    if (j >= 0)
+        return q->tokens[j];
+    return *k > 0 ? draw_from(s, s->cands, *k, ts, q->tokens, q->n) : draw_full(s, ts, q->tokens, q->n);
 }
 
 /* post_sampling_probs on the fast path: the token's probability and the
@@ -709,7 +746,7 @@ ks_status sample_next(struct sampler *s, const float *logits, const int32_t *his
     struct sample_result *post = s->p.post_sampling_probs ? out : NULL;
     int32_t k = 0;
     if (s->chain)
-        st = sample_chain_pick(s, history, n_history, first, -1, &out->token, &unused, post);
+        st = sample_chain_pick(s, history, n_history, first, NULL, -1, &out->token, &unused, post);
     else if (s->p.temp <= 0.0f)
         out->token = argmax;
     else
@@ -726,12 +763,39 @@ ks_status sample_next(struct sampler *s, const float *logits, const int32_t *his
 ks_status sample_verify(struct sampler *s, const float *logits, const int32_t *history, int32_t n_history,
                         int32_t draft, struct sample_result *out, bool *accepted)
 {
-    if (!out || !accepted)
+    struct sample_proposal one_hot = {.n = 1, .tokens = {draft}, .probs = {1.0f}};
+    return sample_verify_proposal(s, logits, history, n_history, &one_hot, draft, out, accepted);
+}
+
+/* The index of draft in q, -1 when q is malformed or does not hold it. */
+static int32_t proposal_index(const struct sample_proposal *q, int32_t n_vocab, int32_t draft)
+{
+    if (q->n < 1 || q->n > SAMPLE_PROPOSAL_MAX)
+        return -1;
+    int32_t at = -1;
+    for (int32_t j = 0; j < q->n; j++) {
+        if (q->tokens[j] < 0 || q->tokens[j] >= n_vocab || !(q->probs[j] > 0.0f))
+            return -1;
+        at = q->tokens[j] == draft ? j : at;
+    }
+    return at;
+}
+
+ks_status sample_verify_proposal(struct sampler *s, const float *logits, const int32_t *history, int32_t n_history,
+                                 const struct sample_proposal *q, int32_t draft, struct sample_result *out,
+                                 bool *accepted)
+{
+    if (!out || !accepted || !q)
         return ks_fail(KS_ERR_INVALID_ARG, "sample_verify: NULL argument");
     *accepted = false;
     if (!s || draft < 0 || draft >= s->n_vocab)
         return ks_fail(KS_ERR_INVALID_ARG, "sample_verify: draft token %d is outside the vocabulary (%d)", (int)draft,
                        s ? (int)s->n_vocab : 0);
+    int32_t at = proposal_index(q, s->n_vocab, draft);
+    if (at < 0)
+        return ks_fail(KS_ERR_INVALID_ARG,
+                       "sample_verify: the draft's proposal (%d tokens) must hold draft token %d, with tokens in the "
+                       "vocabulary and probabilities above 0", (int)q->n, (int)draft);
     float max;
     int32_t argmax;
     int first;
@@ -742,13 +806,13 @@ ks_status sample_verify(struct sampler *s, const float *logits, const int32_t *h
     struct sample_result *post = s->p.post_sampling_probs ? out : NULL;
     int32_t k = 0;
     if (s->chain) {
-        if ((st = sample_chain_pick(s, history, n_history, first, draft, &out->token, accepted, post)))
+        if ((st = sample_chain_pick(s, history, n_history, first, q, at, &out->token, accepted, post)))
             return st;
     } else if (s->p.temp <= 0.0f) {
         out->token = argmax;
         *accepted = argmax == draft;
     } else {
-        out->token = verify_stochastic(s, max, draft, accepted, &k);
+        out->token = verify_stochastic(s, max, q, at, accepted, &k);
     }
     if (!post)
         fill_logprobs(s, max, out);

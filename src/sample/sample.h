@@ -190,4 +190,44 @@ ks_status sample_next(struct sampler *s, const float *logits, const int32_t *his
 ks_status sample_verify(struct sampler *s, const float *logits, const int32_t *history, int32_t n_history,
                         int32_t draft, struct sample_result *out, bool *accepted);
 
+/* A draft token's proposal distribution q: a draft model's next-token
+ * distribution, kept to its SAMPLE_PROPOSAL_MAX most likely tokens (llama.cpp's
+ * draft sampler keeps its top 10, LLAMA_DRAFT_TOP_K), renormalized. The
+ * draft token is drawn from it (sample_proposal_draw) and verified by
+ * sample_verify_proposal. */
+enum { SAMPLE_PROPOSAL_MAX = 10 };
+struct sample_proposal {
+    int32_t n;                            /* tokens in q's support, 1..SAMPLE_PROPOSAL_MAX */
+    int32_t tokens[SAMPLE_PROPOSAL_MAX];  /* (n) distinct, most likely first */
+    float probs[SAMPLE_PROPOSAL_MAX];     /* (n) q of each, > 0, summing to 1 */
+};
+
+/* q from a draft model's logits (n_vocab floats) under the request's
+ * temperature, top-k, top-p and min-p (the stages that shape a distribution;
+ * penalties, grammar, biases and the rest act on the target's side only, so
+ * q is close to, not equal to, the target's chain: any q keeps the output
+ * exact, a closer one is accepted more often). top-p's mass is measured over
+ * the whole vocabulary when top_k is off or above SAMPLE_PROPOSAL_MAX.
+ * p->temp <= 0: one-hot at the argmax. *p_top receives the untempered
+ * probability of the most likely token over the whole vocabulary
+ * (--draft-p-min's measure). Errors: KS_ERR_INVALID_ARG (NULL arguments,
+ * n_vocab < 1), KS_ERR_RANGE (NaN, +inf or every logit -inf). */
+ks_status sample_proposal_make(const struct sample_params *p, const float *logits, int32_t n_vocab,
+                               struct sample_proposal *out, float *p_top);
+/* The token of q at uniform u in [0, 1) (inverse of its cumulative distribution). */
+int32_t sample_proposal_draw(const struct sample_proposal *q, double u);
+
+/* sample_verify for a draft drawn from q (standard speculative sampling):
+ * keep draft with probability min(1, p(draft) / q(draft)), p this step's
+ * whole pipeline as for sample_verify; on rejection draw from max(0, p - q)
+ * renormalized. The token is distributed as sample_next's whatever q is.
+ * A one-hot q is sample_verify (the same decisions from the same random
+ * stream). Greedy: the argmax, accepted when it is draft. Errors as
+ * sample_verify, and KS_ERR_INVALID_ARG for a q that is empty, larger than
+ * SAMPLE_PROPOSAL_MAX, names a token outside the vocabulary or does not hold
+ * draft. */
+ks_status sample_verify_proposal(struct sampler *s, const float *logits, const int32_t *history, int32_t n_history,
+                                 const struct sample_proposal *q, int32_t draft, struct sample_result *out,
+                                 bool *accepted);
+
 #endif

@@ -393,17 +393,17 @@ static void stage_temperature(const struct sample_params *p, struct chain *ch)
 
 /* ---- the draw ------------------------------------------------------------ */
 
-/* Index of a draw from the chain's p, never `exclude` (-1: none). */
-static int32_t draw_index(struct sampler *s, const struct chain *ch, int32_t exclude)
+/* Index of a draw from the chain's p, never one of ex[0..n_ex). */
+static int32_t draw_index(struct sampler *s, const struct chain *ch, const int32_t *ex, int32_t n_ex)
 {
     double total = 0.0;
     for (int32_t i = 0; i < ch->n; i++)
-        if (ch->c[i].id != exclude)
+        if (!sample_in_set(ch->c[i].id, ex, n_ex))
             total += ch->c[i].p;
     double target = sample_uniform01(s) * total, cum = 0.0;
     int32_t last = -1;
     for (int32_t i = 0; i < ch->n; i++) {
-        if (ch->c[i].id == exclude || ch->c[i].p <= 0.0f)
+        if (sample_in_set(ch->c[i].id, ex, n_ex) || ch->c[i].p <= 0.0f)
             continue;
         cum += ch->c[i].p;
         last = i;
@@ -413,31 +413,51 @@ static int32_t draw_index(struct sampler *s, const struct chain *ch, int32_t exc
     if (last >= 0)
         return last; /* rounding left target at the very top */
     for (int32_t i = 0; i < ch->n; i++) /* every other token has p = 0 */
-        if (ch->c[i].id != exclude)
+        if (!sample_in_set(ch->c[i].id, ex, n_ex))
             return i;
     return 0;
 }
 
-/* Draw from the final distribution, or verify draft against it: keep it with
- * probability p(draft), else draw from p without it (the rejection sampler
- * of sample.c, exact for a one-hot proposal). Returns the chain index. */
-static int32_t pick(struct sampler *s, const struct chain *ch, int32_t draft, bool *accepted)
+/* The chain index of token id, -1 when it is not a candidate. */
+static int32_t chain_index(const struct chain *ch, int32_t id)
 {
-    *accepted = false;
-    if (draft < 0)
-        return draw_index(s, ch, -1);
-    double p_draft = 0.0;
     int32_t at = -1;
     for (int32_t i = 0; i < ch->n; i++)
-        if (ch->c[i].id == draft) {
-            p_draft = ch->c[i].p;
+        if (ch->c[i].id == id)
             at = i;
-        }
-    if (at >= 0 && sample_uniform01(s) < p_draft) {
+    return at;
+}
+
+/* Draw from the final distribution, or verify q's token q->tokens[j_draft]
+ * against it: keep it with probability min(1, p / q), else draw from
+ * max(0, p - q) renormalized (the rejection sampler of sample.c; for a
+ * one-hot q: keep it with probability p(draft), else draw from p without
+ * it). Returns the chain index. */
+static int32_t pick(struct sampler *s, const struct chain *ch, const struct sample_proposal *q, int32_t j_draft,
+                    bool *accepted)
+{
+    *accepted = false;
+    if (!q)
+        return draw_index(s, ch, NULL, 0);
+    double p_q[SAMPLE_PROPOSAL_MAX];
+    int32_t at_q[SAMPLE_PROPOSAL_MAX];
+    for (int32_t j = 0; j < q->n; j++) {
+        at_q[j] = chain_index(ch, q->tokens[j]);
+        p_q[j] = at_q[j] >= 0 ? ch->c[at_q[j]].p : 0.0;
+    }
+    int32_t at = at_q[j_draft];
+    if (at >= 0 && sample_uniform01(s) * q->probs[j_draft] < p_q[j_draft]) {
         *accepted = true;
         return at;
     }
-    return draw_index(s, ch, ch->n > 1 || at < 0 ? draft : -1);
+    if (ch->n == 1 && at >= 0) { /* the draft is the only candidate (rounding left its p below 1) */
+        *accepted = true;
+        return at;
+    }
+    int32_t j = sample_residual_pick(s, q, p_q);
+    if (j >= 0 && at_q[j] >= 0)
+        return at_q[j];
+    return draw_index(s, ch, q->tokens, q->n);
 }
 
 /* ---- mirostat ------------------------------------------------------------ */
@@ -597,15 +617,16 @@ static void post_probs(const struct sampler *s, const struct chain *ch, int32_t 
         out->top[i] = (struct sample_logprob){ch->c[i].id, logf(ch->c[i].p), ch->c[i].p};
 }
 
-ks_status sample_chain_pick(struct sampler *s, const int32_t *history, int32_t n_history, int first, int32_t draft,
-                            int32_t *token, bool *accepted, struct sample_result *post)
+ks_status sample_chain_pick(struct sampler *s, const int32_t *history, int32_t n_history, int first,
+                            const struct sample_proposal *q, int32_t j_draft, int32_t *token, bool *accepted,
+                            struct sample_result *post)
 {
     struct chain ch;
     *accepted = false;
     ks_status st = final_distribution(s, history, n_history, first, &ch);
     if (st)
         return st;
-    int32_t at = pick(s, &ch, draft, accepted);
+    int32_t at = pick(s, &ch, q, j_draft, accepted);
     /* mu follows the surprise of the token returned, so verification advances it as decoding does */
     if (s->p.mirostat != 0)
         s->mirostat_mu -= s->p.mirostat_eta * (-log2f(ch.c[at].p) - s->p.mirostat_tau);

@@ -67,6 +67,16 @@ ks_status sample_penalty_window(struct sampler *s, const int32_t *history, int32
 /* The penalized logit of one token seen c > 0 times in the window. */
 float sample_penalize(const struct sample_params *p, float logit, int32_t c);
 
+/* Whether id is one of set[0..n). */
+bool sample_in_set(int32_t id, const int32_t *set, int32_t n);
+/* Speculative sampling after q's draft was rejected: the residual
+ * max(0, p - q), p_q[j] the target's p of q->tokens[j]. Draws (one uniform,
+ * only when the residual has mass on q's support) whether the token comes
+ * from q's support, and returns the index j in q of the one drawn there by
+ * max(0, p_q - q); -1: the caller draws from p without q's tokens (the
+ * rest of the residual, p itself outside q's support). */
+int32_t sample_residual_pick(struct sampler *s, const struct sample_proposal *q, const double *p_q);
+
 /* sample_chain.c: whether p needs the general chain; its buffers. */
 bool sample_chain_needed(const struct sample_params *p, int32_t n_vocab);
 ks_status sample_chain_init(struct sampler *s);
@@ -75,12 +85,14 @@ void sample_chain_free(struct sampler *s);
  * applied to s->work in place; *first receives the index in the order of the
  * first stage they leave. */
 ks_status sample_chain_lead(struct sampler *s, const int32_t *history, int32_t n_history, int *first);
-/* The rest of the chain from order[first] and the draw. draft >= 0: verify
- * it (rejection sampling against a one-hot proposal) and set *accepted.
+/* The rest of the chain from order[first] and the draw. q not NULL: verify
+ * its token q->tokens[at] (speculative rejection sampling, see
+ * sample_verify_proposal) and set *accepted.
  * post (NULL: none): receives the drawn token's probability and the best
  * n_logprobs candidates of the final distribution (post_sampling_probs). */
-ks_status sample_chain_pick(struct sampler *s, const int32_t *history, int32_t n_history, int first, int32_t draft,
-                            int32_t *token, bool *accepted, struct sample_result *post);
+ks_status sample_chain_pick(struct sampler *s, const int32_t *history, int32_t n_history, int first,
+                            const struct sample_proposal *q, int32_t at, int32_t *token, bool *accepted,
+                            struct sample_result *post);
 
 /* The step's final distribution (softmaxed, before the draw; mirostat's mu
  * unchanged), for tests: *out points into the sampler, valid until its next call. */

@@ -51,6 +51,10 @@ struct req {
     struct sched_draft_seq dseq; /* SPEC_DRAFT: its sequence in the draft model's cache */
     int32_t dprop[SPEC_DRAFT_LIMIT]; /* (n_dprop) SPEC_DRAFT: this step's proposals of the draft model */
     int32_t n_dprop;
+    struct sample_proposal dq[SPEC_DRAFT_LIMIT]; /* (n_dprop) SPEC_DRAFT: the q each was drawn from */
+    bool draft_q;             /* this step's drafts are dprop's, verified against dq */
+    struct sample_params draft_sampling; /* SPEC_DRAFT: what shapes q (temperature, top-k, top-p, min-p) */
+    uint64_t draft_rng;       /* SPEC_DRAFT: the stream its sampled drafts are drawn from */
     struct req **forks;       /* the other choices of sched_submit_n, until they fork this one */
     int n_forks;
     uint64_t check_pass;      /* the last sched_check that found it (to find it twice) */
@@ -303,6 +307,12 @@ static ks_status req_new(struct sched *s, const struct sched_request *rq, const 
     r->spec_min = spec && r->spec_max > 0 ? draft_bound(rq->speculative.set, rq->speculative.n_min, s->cfg.draft_min) : 0;
     spec_adapt_init(&r->adapt);
     r->shadow = -1;
+    sample_params_default(&r->draft_sampling);
+    r->draft_sampling.temp = ch->sampling.temp;
+    r->draft_sampling.top_k = ch->sampling.top_k;
+    r->draft_sampling.top_p = ch->sampling.top_p;
+    r->draft_sampling.min_p = ch->sampling.min_p;
+    r->draft_rng = (ch->sampling.seed ^ 0xD1B54A32D192ED03ull) | 1; /* its own stream, never the sampler's */
     r->on_event = rq->on_event;
     r->user = ch->user;
     r->t_submit = now_seconds();
@@ -931,6 +941,7 @@ static void plan_drafts(struct sched *s, struct req *r, int32_t *budget, double 
 {
     r->n_draft = 0;
     r->shadow = -1;
+    r->draft_q = false;
     if (r->spec_max <= 0)
         return;
     int32_t k = draft_want(s, r, extra_cost);
@@ -939,6 +950,7 @@ static void plan_drafts(struct sched *s, struct req *r, int32_t *budget, double 
     int32_t m = k > 0 ? propose(s, r, k, r->draft) : 0;
     if (m > 0 && m >= r->spec_min) {
         r->n_draft = m;
+        r->draft_q = s->drafter != NULL; /* propose took the draft model's first m, drawn from dq */
         *budget -= m;
         return;
     }
@@ -1056,7 +1068,7 @@ static double draft_pass(struct sched *s)
         }
         s->draft_jobs[n] = (struct sched_draft_job){
             .ds = &r->dseq, .tokens = r->tokens, .n_tokens = r->n_tokens, .k = k, .share = !r->no_share,
-            .salt_lo = r->salt_lo, .salt_hi = r->salt_hi,
+            .salt_lo = r->salt_lo, .salt_hi = r->salt_hi, .sampling = &r->draft_sampling, .rng = &r->draft_rng,
         };
         s->job_req[n++] = r;
     }
@@ -1068,6 +1080,7 @@ static double draft_pass(struct sched *s)
         struct req *r = s->job_req[i];
         r->n_dprop = s->draft_jobs[i].n_draft;
         memcpy(r->dprop, s->draft_jobs[i].draft, (size_t)r->n_dprop * sizeof *r->dprop);
+        memcpy(r->dq, s->draft_jobs[i].q, (size_t)r->n_dprop * sizeof *r->dq);
     }
     return now_seconds() - t0;
 }
@@ -1270,6 +1283,17 @@ static void sample_row(struct sched *s, struct req *r, const float *logits, doub
     take_token(s, r, st, &res, t);
 }
 
+/* r's draft i against its row: a draft model's against the q it was drawn
+ * from when the engine can (exact either way; min(1, p / q) keeps more). */
+static ks_status verify_one(struct sched *s, struct req *r, const float *row, int32_t i, struct sample_result *res,
+                            bool *accepted)
+{
+    if (r->draft_q && s->eng.sampler_verify_proposal)
+        return s->eng.sampler_verify_proposal(s->eng.ctx, r->sampler, row, r->tokens, r->n_tokens, &r->dq[i],
+                                              r->draft[i], res, accepted);
+    return s->eng.sampler_verify(s->eng.ctx, r->sampler, row, r->tokens, r->n_tokens, r->draft[i], res, accepted);
+}
+
 /* r fed its last token (counted in n_computed) and k drafts; logits holds
  * their k + 1 rows. Keep
  * drafts while the sampler accepts them, then the target's own token (the
@@ -1283,8 +1307,7 @@ static void verify_rows(struct sched *s, struct req *r, const float *logits, dou
         const float *row = logits + (size_t)i * s->eng.n_vocab;
         struct sample_result res;
         bool accepted = false;
-        ks_status st = i < k ? s->eng.sampler_verify(s->eng.ctx, r->sampler, row, r->tokens, r->n_tokens, r->draft[i],
-                                                     &res, &accepted)
+        ks_status st = i < k ? verify_one(s, r, row, i, &res, &accepted)
                              : s->eng.sampler_next(s->eng.ctx, r->sampler, row, r->tokens, r->n_tokens, &res);
         tested += i < k && !st;
         accepted_n += accepted;

@@ -100,6 +100,12 @@ struct sched_engine {
     ks_status (*sampler_verify)(void *ctx, void *sampler, const float *logits, const int32_t *history,
                                 int32_t n_history, int32_t draft, struct sample_result *out, bool *accepted);
     ks_status (*seq_truncate)(void *ctx, int32_t seq, int32_t len);
+    /* Optional: sample_verify_proposal on the engine's sampler, for a draft
+     * model's sampled drafts (without it they are verified as deterministic
+     * proposals, sampler_verify: as exact, accepted less often). */
+    ks_status (*sampler_verify_proposal)(void *ctx, void *sampler, const float *logits, const int32_t *history,
+                                         int32_t n_history, const struct sample_proposal *q, int32_t draft,
+                                         struct sample_result *out, bool *accepted);
     /* Optional embeddings (both or neither): n_embd floats per input, and
      * forward with the batch's embedding requests (b->embed; each one whole
      * in the batch from position 0) pooled into embd, one row per embedding
@@ -207,10 +213,18 @@ ks_status sched_engine_model_draft(struct kv_cache *target_kv, struct model *dra
  *              and max_batch in all, in ONE forward of the draft model; the
  *              logits of a request's last token give its first draft
  *   draft      one forward per further draft token, every still-drafting
- *              request's previous draft in one batch, greedy (the argmax),
- *              stopping a request's drafts before the first token the draft
+ *              request's previous draft in one batch, stopping a request's
+ *              drafts before the first token whose best candidate the draft
  *              model gives a probability below p_min (llama-server's
- *              --draft-p-min, with the probability over the whole vocabulary)
+ *              --draft-p-min, with the probability over the whole
+ *              vocabulary). A greedy request's draft is the argmax; a
+ *              sampling request's is drawn from q, the draft model's
+ *              distribution under the request's temperature, top-k, top-p
+ *              and min-p (sample_proposal_make), which verification needs to
+ *              keep the target's distribution (sample_verify_proposal:
+ *              accepted with min(1, p / q), where llama.cpp drafts greedily
+ *              even for sampling requests and accepts a draft only when the
+ *              target samples the same token)
  * A draft cache that is full, or a draft forward that fails, only ends this
  * pass's drafting: the target decodes on without drafts. The drafts are
  * proposals; nothing here can change what is generated (the scheduler's
@@ -231,8 +245,13 @@ struct sched_draft_job {
     int32_t k;                     /* drafts wanted after tokens (0: only catch up) */
     bool share;                    /* may map and offer draft prefix-cache pages */
     uint64_t salt_lo, salt_hi;     /* the request's cache salt, 0 0: none */
+    /* The request's sampling (NULL, or temp <= 0: greedy drafts) and its
+     * drafts' random stream (state != 0; used only when sampling). */
+    const struct sample_params *sampling;
+    uint64_t *rng;
     int32_t draft[SPEC_DRAFT_LIMIT]; /* out: the proposals (n_draft <= k) */
     int32_t n_draft;
+    struct sample_proposal q[SPEC_DRAFT_LIMIT]; /* out: (n_draft) the distribution each was drawn from (greedy: one-hot) */
 };
 
 struct sched_drafter;

@@ -135,29 +135,33 @@ static bool prepare(struct sched_drafter *d, struct sched_draft_job *j)
     return true;
 }
 
-/* The draft model's greedy choice from a logits row, and its probability. */
-static int32_t argmax_prob(const float *row, int32_t n_vocab, float *p)
+/* Uniform in [0, 1) from a request's draft stream (xorshift64, state != 0). */
+static double draft_uniform(uint64_t *state)
 {
-    int32_t best = 0;
-    for (int32_t i = 1; i < n_vocab; i++)
-        if (row[i] > row[best])
-            best = i;
-    double sum = 0;
-    for (int32_t i = 0; i < n_vocab; i++)
-        sum += exp((double)row[i] - (double)row[best]);
-    *p = (float)(1.0 / sum);
-    return best;
+    uint64_t x = *state;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    *state = x;
+    return (double)(x >> 11) * (1.0 / 9007199254740992.0);
 }
 
-/* Take row r's proposal for its job, unless the draft model is unsure of it. */
+static const struct sample_params GREEDY = {.temp = 0.0f};
+
+/* Take row r's proposal for its job: the argmax when it is greedy, else a
+ * draw from q; unless the draft model is unsure of its best token (or its
+ * logits are unusable), which ends the job's drafts in this pass. */
 static void take_proposal(struct sched_drafter *d, struct sched_draft_job *j, const float *row)
 {
-    float p;
-    int32_t tok = argmax_prob(row, d->eng->n_vocab, &p);
-    if (p >= d->p_min)
-        j->draft[j->n_draft++] = tok;
-    else
+    bool sampled = j->sampling && j->sampling->temp > 0.0f && j->rng && *j->rng;
+    struct sample_proposal *q = &j->q[j->n_draft];
+    float p_top;
+    if (sample_proposal_make(sampled ? j->sampling : &GREEDY, row, d->eng->n_vocab, q, &p_top) != KS_OK ||
+        p_top < d->p_min) {
         j->k = j->n_draft; /* no more drafts for it in this pass */
+        return;
+    }
+    j->draft[j->n_draft++] = sampled ? sample_proposal_draw(q, draft_uniform(j->rng)) : q->tokens[0];
 }
 
 static void batch_put(struct sched_drafter *d, int32_t *n, int32_t tok, int32_t pos, int32_t seq, bool logits)

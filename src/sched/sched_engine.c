@@ -88,6 +88,14 @@ static ks_status me_sampler_next(void *ctx, void *smp, const float *logits, cons
     return sample_next(smp, logits, history, n_history, out);
 }
 
+static ks_status me_sampler_verify_proposal(void *ctx, void *smp, const float *logits, const int32_t *history,
+                                            int32_t n_history, const struct sample_proposal *q, int32_t draft,
+                                            struct sample_result *out, bool *accepted)
+{
+    (void)ctx;
+    return sample_verify_proposal(smp, logits, history, n_history, q, draft, out, accepted);
+}
+
 static ks_status me_sampler_verify(void *ctx, void *smp, const float *logits, const int32_t *history,
                                    int32_t n_history, int32_t draft, struct sample_result *out, bool *accepted)
 {
@@ -348,6 +356,7 @@ ks_status sched_engine_model(struct model *m, const struct kv_config *kv_cfg, in
         .seq_fork = me_seq_fork, .page_tokens = kv_cfg->page_tokens, .forward = me_forward,
         .sampler_create = me_sampler_create, .sampler_next = me_sampler_next,
         .sampler_free = me_sampler_free, .sampler_verify = me_sampler_verify, .seq_truncate = me_seq_truncate,
+        .sampler_verify_proposal = me_sampler_verify_proposal,
         .can_admit = me_can_admit, .cache = me_cache, .destroy = me_destroy,
     };
     if (pools(m)) {

@@ -376,8 +376,8 @@ void server_dispatch(struct server *srv, const struct server_req *rq, struct rep
 
 /* One request on a connection (MHD's con_cls). */
 struct conn {
-    char *body;
-    size_t len, cap;
+    struct sbuf body;           /* the request body, while within --max-body */
+    size_t received;            /* body bytes received, kept or discarded */
     bool too_big;
     bool answered;              /* a reply was queued from the headers alone */
     bool waiting;               /* reply is a whole reply the scheduler has yet to produce */
@@ -491,30 +491,16 @@ static enum MHD_Result on_body(struct server *srv, struct conn *cs, const char *
 {
     if (cs->answered)
         return MHD_YES;
-    if (cs->too_big || cs->len + n > srv->cfg.max_body) {
+    cs->received += n;
+    if (cs->too_big || cs->received > srv->cfg.max_body) {
         if (!cs->too_big) {
             cs->too_big = true;
-            free(cs->body);
-            cs->body = NULL;
-            cs->cap = 0;
+            sbuf_free(&cs->body);
         }
-        cs->len += n;
-        return cs->len - srv->cfg.max_body > DISCARD_MAX ? MHD_NO : MHD_YES;
+        return cs->received - srv->cfg.max_body > DISCARD_MAX ? MHD_NO : MHD_YES;
     }
-    if (cs->len + n + 1 > cs->cap) {
-        size_t cap = cs->cap ? cs->cap : 4096;
-        while (cap < cs->len + n + 1)
-            cap *= 2;
-        char *p = realloc(cs->body, cap);
-        if (!p)
-            return MHD_NO;
-        cs->body = p;
-        cs->cap = cap;
-    }
-    memcpy(cs->body + cs->len, data, n);
-    cs->len += n;
-    cs->body[cs->len] = '\0';
-    return MHD_YES;
+    sbuf_append(&cs->body, data, n);
+    return cs->body.oom ? MHD_NO : MHD_YES;
 }
 
 /* The whole reply is waited for: poll it each time the connection wakes,
@@ -564,7 +550,7 @@ static enum MHD_Result on_request_end(struct server *srv, struct MHD_Connection 
         return send_reply(srv, c, cs, r);
     }
     struct server_req rq = {
-        .method = cs->head.method, .path = cs->head.path, .body = cs->body ? cs->body : "", .len = cs->len,
+        .method = cs->head.method, .path = cs->head.path, .body = cs->body.p ? cs->body.p : "", .len = cs->body.n,
         .authorization = header(c, MHD_HTTP_HEADER_AUTHORIZATION), .x_api_key = header(c, "x-api-key"),
         .arg = connection_arg, .arg_ctx = c, .waker = cs->waker,
     };
@@ -615,7 +601,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
             server_waker_detach(cs->waker);
             server_waker_unref(cs->waker);
         }
-        free(cs->body);
+        sbuf_free(&cs->body);
         free(cs);
         *con_cls = NULL;
     }

@@ -3,7 +3,10 @@
 # (issue 25), with curl: four greedy completions sent at once give the same
 # text as a server without a draft model, their usage counts drafted and
 # accepted tokens, /cache/usage shows the draft's pages in the same budget and
-# /metrics its gauge. The draft: one layer of the default model's preset
+# /metrics its gauge. Per request: speculative.n_max 0 drafts nothing,
+# n_min = n_max = 3 drafts in threes, n_min above n_max is refused, and a
+# sampling request (its drafts drawn from the draft's q) counts its drafts
+# too. The draft: one layer of the default model's preset
 # (`kvserve synth`, the same vocabulary). --max-itl-ratio 0: how much is drafted
 # must not depend on measured step times.
 set -u
@@ -25,6 +28,14 @@ run() {
       -d "{\"prompt\":\"${prompts[$i]}\",\"max_tokens\":40,\"temperature\":0}" >"$tmp/$2.$i" &
   done
   wait $(jobs -p | grep -v "^$pid\$")
+  if [ "$2" = draft ]; then
+    local extra=('"speculative":{"n_max":0},"temperature":0' '"speculative":{"n_min":3,"n_max":3},"temperature":0'
+                 '"speculative":{"n_min":4,"n_max":2}' '"temperature":0.8,"seed":5')
+    for i in 0 1 2 3; do
+      curl -s -H "Content-Type: application/json" "http://127.0.0.1:$port/v1/completions" -o "$tmp/extra.$i" \
+        -w '%{http_code}' -d "{\"prompt\":\"${prompts[0]}\",\"max_tokens\":40,${extra[$i]}}" >"$tmp/extra.$i.code"
+    done
+  fi
   curl -s "http://127.0.0.1:$port/cache/usage" >"$tmp/$2.usage"
   curl -s "http://127.0.0.1:$port/metrics" >"$tmp/$2.metrics"
   kill -TERM $pid; wait $pid; pid=
@@ -43,6 +54,19 @@ for i in 0 1 2 3; do
   [ "$(field "$tmp/plain.$i" draft_tokens)" = 0 ] || bad "prompt $i drafted without a draft model"
 done
 [ "$drafted" -gt 0 ] && ok "usage: $drafted tokens drafted" || bad "no draft tokens in usage"
+n=$(field "$tmp/extra.0" draft_tokens)
+[ "$n" = 0 ] && [ "$(text "$tmp/extra.0")" = "$(text "$tmp/plain.0")" ] &&
+  ok "speculative.n_max 0: nothing drafted, the same text" || bad "speculative.n_max 0: $n drafted, $(head -c 300 "$tmp/extra.0")"
+n=$(field "$tmp/extra.1" draft_tokens) a=$(field "$tmp/extra.1" accepted_tokens)
+[ "$n" -gt 0 ] && [ $((n % 3)) = 0 ] && [ "$a" -le "$n" ] && [ "$(text "$tmp/extra.1")" = "$(text "$tmp/plain.0")" ] &&
+  ok "speculative.n_min = n_max = 3: $n drafted in threes, $a accepted, the same text" ||
+  bad "speculative.n_min = n_max = 3: $n drafted, $a accepted, $(head -c 300 "$tmp/extra.1")"
+[ "$(cat "$tmp/extra.2.code")" = 400 ] && grep -q "n_min" "$tmp/extra.2" && ok "speculative.n_min above n_max: 400" ||
+  bad "speculative.n_min above n_max: $(cat "$tmp/extra.2.code") $(head -c 300 "$tmp/extra.2")"
+n=$(field "$tmp/extra.3" draft_tokens) a=$(field "$tmp/extra.3" accepted_tokens)
+c=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["usage"]["completion_tokens"])' "$tmp/extra.3")
+[ "$n" -gt 0 ] && [ "$a" -le "$n" ] && [ "$c" = 40 ] && ok "sampled with drafts: $n drafted, $a accepted, 40 tokens" ||
+  bad "sampled: $n drafted, $a accepted, $(head -c 300 "$tmp/extra.3")"
 python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["draft_used"] > 0 and d["free"] == d["budget"] - d["used"] - d["draft_used"], d' \
   "$tmp/draft.usage" && ok "/cache/usage: draft_used in the budget" || bad "/cache/usage: $(head -c 300 "$tmp/draft.usage")"
 grep -q '^kvserve_kv_draft_bytes_used [1-9]' "$tmp/draft.metrics" && ok "/metrics: kvserve_kv_draft_bytes_used" ||
