@@ -394,8 +394,17 @@ static void test_errors(void **state)
     expect_400(srv, "{\"messages\": [{\"role\": \"tool\", \"tool_call_id\": \"c1\", \"content\": \"x\"}]}", "no tools here");
     expect_400(srv, "{\"messages\": [{\"role\": \"robot\", \"content\": \"x\"}]}", "messages[0].role");
     expect_400(srv, "{\"messages\": [{\"role\": \"user\", \"content\": 5}]}", "messages[0].content");
+    /* parts kvserve cannot read are refused by their field and type, never dropped */
     expect_400(srv, "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\"}]}]}",
-               "messages[0].content parts");
+               "messages[0].content[0].type 'image_url' is not supported");
+    expect_400(srv,
+               "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": \"a\"}, "
+               "{\"type\": \"input_audio\", \"input_audio\": {}}]}]}",
+               "messages[0].content[1].type 'input_audio'");
+    expect_400(srv, "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"file\", \"file\": {}}]}]}",
+               "messages[0].content[0].type 'file'");
+    expect_400(srv, "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"text\"}]}]}",
+               "messages[0].content[0] must be");
     expect_400(srv,
                "{\"messages\": [{\"role\": \"assistant\", \"tool_calls\": [{\"type\": \"function\", \"function\": "
                "{\"name\": \"f\", \"arguments\": \"{not json\"}}]}]}",
@@ -889,12 +898,28 @@ static void test_refusals(void **state)
         {"/completion", "\"dry_multiplier\": 1, \"samplers\": [\"dry\", \"temperature\"], \"n_probs\": 2", NULL},
         {"/completion", "\"n_probs\": 21", "'n_probs'"},
         {"/completion", "\"cache_prompt\": 1", "'cache_prompt'"},
+        /* llama-server's and other servers' fields that change the output: refused unless at their no-op value */
+        {"/completion", "\"n_indent\": 4", "'n_indent'"},
+        {"/completion", "\"n_indent\": 0, \"n_cmpl\": 1, \"reasoning_budget_tokens\": -1", NULL},
+        {"/completion", "\"n_cmpl\": 2", "'n_cmpl'"},
+        {"/completion", "\"prompt\": {\"prompt_string\": \"hi\", \"multimodal_data\": [\"AA\"]}",
+         "'prompt.multimodal_data'"},
+        {"/v1/chat/completions", "\"thinking_budget_tokens\": 256", "'thinking_budget_tokens'"},
+        {"/v1/chat/completions", "\"reasoning_budget_tokens\": 0", "'reasoning_budget_tokens'"},
+        {"/v1/chat/completions", "\"repetition_penalty\": 1.1", "'repetition_penalty'"},
+        {"/v1/chat/completions", "\"repetition_penalty\": 1, \"min_tokens\": 0, \"stop_token_ids\": []", NULL},
+        {"/v1/chat/completions", "\"guided_json\": {\"type\": \"object\"}", "'guided_json'"},
+        {"/v1/chat/completions", "\"verbosity\": \"low\"", "'verbosity'"},
+        {"/v1/completions", "\"min_tokens\": 5", "'min_tokens'"},
+        {"/v1/completions", "\"tfs_z\": 0.9", "'tfs_z'"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char body[1024];
         bool chat = !strcmp(cases[i].path, "/v1/chat/completions");
         snprintf(body, sizeof body, "{%s, \"max_tokens\": 4, %s}",
-                 chat ? "\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]" : "\"prompt\": \"hi\"",
+                 chat                                    ? "\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]"
+                 : strstr(cases[i].extra, "\"prompt\"") ? "\"stream\": false" /* the case's own prompt */
+                                                          : "\"prompt\": \"hi\"",
                  cases[i].extra);
         struct httpc_response r = post_to(srv, cases[i].path, body);
         bool ok = cases[i].needle ? r.status == 400 && strstr(r.body, cases[i].needle) : r.status == 200;

@@ -293,11 +293,13 @@ ks_status jinja_chat_render(const struct jinja_template *t, const cJSON *request
     return KS_OK;
 }
 
+/* llama.cpp's CHATML_TEMPLATE_SRC: the content alone, null as "" (llama.cpp's
+ * messages carry "" there); an assistant's tool_calls are not printed, as
+ * llama-server renders them (server_llama_parity). */
 const char jinja_chatml_template[] =
     "{%- for message in messages -%}"
     "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
     "{%- if message['content'] is string -%}{{- message['content'] -}}{%- endif -%}"
-    "{%- if message['tool_calls'] -%}{{- message['tool_calls'] | tojson -}}{%- endif -%}"
     "{{- '<|im_end|>\\n' -}}"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}";

@@ -110,9 +110,11 @@ static ks_status tool_result(cJSON *msgs, const cJSON *b, int i, int k, struct r
     char *text = NULL;
     ks_status st = content ? server_proxy_join_text(content, text_types, 1, &text)
                            : (text = strdup("")) ? KS_OK : KS_ERR_NOMEM;
-    if (st == KS_ERR_INVALID_ARG)
-        return reply_fail(r, st, "invalid_request_error",
-                          "messages[%d].content[%d].content must be a string or text blocks", i, k);
+    if (st == KS_ERR_INVALID_ARG) {
+        char where[80];
+        snprintf(where, sizeof where, "messages[%d].content[%d].content", i, k);
+        return server_proxy_refuse_parts(r, content, text_types, 1, where, "text blocks");
+    }
     if (st)
         return oom(r);
     cJSON *m = cJSON_CreateObject();
@@ -229,8 +231,7 @@ static ks_status messages(cJSON *chat, const cJSON *root, struct reply *r)
         char *text = NULL;
         ks_status st = server_proxy_join_text(system, text_types, 1, &text);
         if (st == KS_ERR_INVALID_ARG)
-            return reply_fail(r, st, "invalid_request_error",
-                              "'system' must be a string or an array of {\"type\":\"text\",\"text\":...} blocks");
+            return server_proxy_refuse_parts(r, system, text_types, 1, "system", "text blocks");
         if (st || (st = add_message(msgs, "system", text, r)))
             return st == KS_ERR_NOMEM ? oom(r) : st;
     }

@@ -145,10 +145,17 @@ static ks_status join_parts(const cJSON *parts, int i, cJSON **out, struct reply
     cJSON_ArrayForEach(part, parts) {
         const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
         const cJSON *t = cJSON_GetObjectItemCaseSensitive(part, "text");
-        if (!cJSON_IsString(t) || (type && (!cJSON_IsString(type) || strcmp(type->valuestring, "text")))) {
+        if (cJSON_IsString(type) && strcmp(type->valuestring, "text")) { /* image_url, input_audio, file, ... */
+            sbuf_free(&text);
+            return reply_fail(r, KS_ERR_INVALID_ARG, "unsupported_parameter",
+                              "messages[%d].content[%d].type '%.64s' is not supported: kvserve reads text parts only "
+                              "(no images, audio or files)",
+                              i, k, type->valuestring);
+        }
+        if (!cJSON_IsString(t) || (type && !cJSON_IsString(type))) {
             sbuf_free(&text);
             return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_type",
-                              "messages[%d].content parts must be {\"type\":\"text\",\"text\":...}", i);
+                              "messages[%d].content[%d] must be {\"type\":\"text\",\"text\":...}", i, k);
         }
         if (k++)
             sbuf_append(&text, "\n", 1);

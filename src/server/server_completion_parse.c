@@ -225,6 +225,29 @@ static const struct refused {
     {"modalities", API_CHAT, HARMLESS_NONE, 0, "output modalities"},
     {"prediction", API_CHAT, HARMLESS_NONE, 0, "predicted outputs"},
     {"web_search_options", API_CHAT, HARMLESS_NONE, 0, "web search"},
+    /* llama-server's, read by its completion routes */
+    {"n_indent", API_CHAT | API_TEXT | API_NATIVE, HARMLESS_NUMBER, 0, "stopping at an indentation (n_indent)"},
+    {"n_cmpl", API_CHAT | API_TEXT | API_NATIVE, HARMLESS_NUMBER, 1, "n_cmpl (use 'n' on the /v1 routes)"},
+    {"reasoning_budget_tokens", API_CHAT | API_TEXT | API_NATIVE, HARMLESS_NUMBER, -1, "a reasoning budget"},
+    {"thinking_budget_tokens", API_CHAT | API_TEXT | API_NATIVE, HARMLESS_NUMBER, -1, "a thinking budget"},
+    {"chat_parser", API_CHAT | API_TEXT | API_NATIVE, HARMLESS_FALSY, 0, "a chat parser from the request"},
+    {"parse_tool_calls", API_TEXT | API_NATIVE, HARMLESS_FALSY, 0, "tool-call parsing on a text route"},
+    {"chat_format", API_TEXT | API_NATIVE, HARMLESS_FALSY, 0, "a chat format on a text route"},
+    /* other servers' samplers and constraints (vLLM, TGI, OpenRouter), which clients send to any server */
+    {"repetition_penalty", API_CHAT | API_TEXT | API_NATIVE, HARMLESS_NUMBER, 1, "repetition_penalty (use 'repeat_penalty')"},
+    {"min_tokens", API_CHAT | API_TEXT | API_NATIVE, HARMLESS_FALSY, 0, "a minimum length"},
+    {"stop_token_ids", API_CHAT | API_TEXT | API_NATIVE, HARMLESS_FALSY, 0, "stop token ids (use 'stop' or 'logit_bias')"},
+    {"bad_words", API_CHAT | API_TEXT | API_NATIVE, HARMLESS_FALSY, 0, "bad_words (use 'logit_bias')"},
+    {"guided_json", API_CHAT | API_TEXT | API_NATIVE, HARMLESS_FALSY, 0, "guided_json (use 'response_format')"},
+    {"guided_regex", API_CHAT | API_TEXT | API_NATIVE, HARMLESS_FALSY, 0, "regular-expression constraints"},
+    {"guided_choice", API_CHAT | API_TEXT | API_NATIVE, HARMLESS_FALSY, 0, "guided_choice (use 'grammar')"},
+    {"guided_grammar", API_CHAT | API_TEXT | API_NATIVE, HARMLESS_FALSY, 0, "guided_grammar (use 'grammar')"},
+    {"structured_outputs", API_CHAT | API_TEXT | API_NATIVE, HARMLESS_FALSY, 0, "structured_outputs (use 'response_format')"},
+    {"use_beam_search", API_CHAT | API_TEXT | API_NATIVE, HARMLESS_FALSY, 0, "beam search"},
+    {"include_stop_str_in_output", API_CHAT | API_TEXT | API_NATIVE, HARMLESS_FALSY, 0, "keeping the stop string"},
+    {"top_a", API_CHAT | API_TEXT | API_NATIVE, HARMLESS_FALSY, 0, "top-a sampling"},
+    {"tfs_z", API_CHAT | API_TEXT | API_NATIVE, HARMLESS_NUMBER, 1, "tail-free sampling"},
+    {"verbosity", API_CHAT, HARMLESS_NONE, 0, "a verbosity level"},
 };
 
 static bool falsy(const cJSON *v)
@@ -381,6 +404,10 @@ static ks_status prompt_tokens(struct server *srv, enum server_api api, const cJ
                 }
                 ids[i++] = (int32_t)t->valuedouble;
             }
+        } else if (cJSON_IsObject(p) && cJSON_GetObjectItemCaseSensitive(p, "multimodal_data")) {
+            return reply_fail(r, KS_ERR_INVALID_ARG, "unsupported_parameter",
+                              "'prompt.multimodal_data' is not supported: kvserve reads text and token ids only (no "
+                              "images or audio)");
         } else {
             return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_type",
                               "'prompt' must be a string or a non-empty array of token ids");

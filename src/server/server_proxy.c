@@ -94,6 +94,26 @@ ks_status server_proxy_join_text(const cJSON *v, const char *const *types, int n
     return *out ? KS_OK : KS_ERR_NOMEM;
 }
 
+ks_status server_proxy_refuse_parts(struct reply *r, const cJSON *v, const char *const *types, int n_types,
+                                    const char *where, const char *kinds)
+{
+    int k = 0;
+    const cJSON *part, *parts = cJSON_IsArray(v) ? v : NULL;
+    cJSON_ArrayForEach(part, parts) {
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
+        if (cJSON_IsString(type) && !type_in(type->valuestring, types, n_types))
+            return reply_fail(r, KS_ERR_INVALID_ARG, "unsupported_parameter",
+                              "%s[%d].type '%.64s' is not supported: kvserve reads %s only (no images, audio or "
+                              "files)",
+                              where, k, type->valuestring, kinds);
+        if (!cJSON_IsString(type) || !cJSON_IsString(cJSON_GetObjectItemCaseSensitive(part, "text")))
+            return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value",
+                              "%s[%d] must be {\"type\":\"%s\",\"text\":STRING}", where, k, types[0]);
+        k++;
+    }
+    return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_type", "%s must be a string or an array of %s", where, kinds);
+}
+
 void server_proxy_copy_fields(cJSON *chat, const cJSON *root, const char *const (*map)[2], size_t n)
 {
     for (size_t i = 0; i < n; i++) {

@@ -68,6 +68,12 @@ const char *server_proxy_serial(const char *chat_id);
  * blocks joined with "\n" (*out malloc'd). Errors: KS_ERR_INVALID_ARG v is
  * neither (or a block is not one of types), KS_ERR_NOMEM; no message set. */
 ks_status server_proxy_join_text(const cJSON *v, const char *const *types, int n_types, char **out);
+/* Why server_proxy_join_text refused v, as a 400 on r naming the field:
+ * where is its name in the request ("messages[2].content"), kinds the parts
+ * it takes in words ("text blocks"). A part of another type is refused by
+ * that type (an image, a file: kvserve reads text only). */
+ks_status server_proxy_refuse_parts(struct reply *r, const cJSON *v, const char *const *types, int n_types,
+                                    const char *where, const char *kinds);
 /* Copy root's fields map[i][0] into chat as map[i][1] (those present), and
  * ask for the usage chunk when root streams (the answers carry usage). */
 void server_proxy_copy_fields(cJSON *chat, const cJSON *root, const char *const (*map)[2], size_t n);

@@ -90,11 +90,11 @@ static ks_status message_item(cJSON *msgs, const cJSON *it, int i, struct reply 
                           "input[%d].role must be user, assistant, system or developer", i);
     char *text = NULL;
     ks_status st = server_proxy_join_text(field(it, "content"), text_types, 3, &text);
-    if (st == KS_ERR_INVALID_ARG)
-        return reply_fail(r, st, "invalid_value",
-                          "input[%d].content must be a string or an array of input_text/output_text parts (images "
-                          "and files are not supported)",
-                          i);
+    if (st == KS_ERR_INVALID_ARG) {
+        char where[64];
+        snprintf(where, sizeof where, "input[%d].content", i);
+        return server_proxy_refuse_parts(r, field(it, "content"), text_types, 3, where, "input_text/output_text parts");
+    }
     if (st)
         return oom(r);
     cJSON *m = cJSON_CreateObject();
@@ -139,11 +139,15 @@ static ks_status output_item(cJSON *msgs, const cJSON *it, int i, struct reply *
 {
     const cJSON *id = field(it, "call_id");
     char *text = NULL;
-    ks_status st = cJSON_IsString(id) ? server_proxy_join_text(field(it, "output"), text_types, 3, &text)
-                                      : KS_ERR_INVALID_ARG;
-    if (st == KS_ERR_INVALID_ARG)
-        return reply_fail(r, st, "invalid_value",
+    if (!cJSON_IsString(id))
+        return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_value",
                           "input[%d]: a function_call_output is {\"call_id\":STRING,\"output\":STRING}", i);
+    ks_status st = server_proxy_join_text(field(it, "output"), text_types, 3, &text);
+    if (st == KS_ERR_INVALID_ARG) {
+        char where[64];
+        snprintf(where, sizeof where, "input[%d].output", i);
+        return server_proxy_refuse_parts(r, field(it, "output"), text_types, 3, where, "input_text parts");
+    }
     if (st)
         return oom(r);
     cJSON *m = cJSON_CreateObject();
@@ -261,6 +265,10 @@ static ks_status text_and_reasoning(cJSON *chat, const cJSON *root, struct reply
     const cJSON *format = field(text, "format");
     if ((text && !cJSON_IsObject(text)) || (reasoning && !cJSON_IsObject(reasoning)))
         return reply_fail(r, KS_ERR_INVALID_ARG, "invalid_type", "'%s' must be an object", text && !cJSON_IsObject(text) ? "text" : "reasoning");
+    if (field(text, "verbosity")) /* reasoning.summary is ignored: the reasoning item holds the whole text */
+        return reply_fail(r, KS_ERR_INVALID_ARG, "unsupported_parameter",
+                          "'text.verbosity' is not supported: kvserve does not implement a verbosity level; leave it "
+                          "out");
     const cJSON *type = field(format, "type");
     if (format && (!cJSON_IsString(type) || (strcmp(type->valuestring, "text") && strcmp(type->valuestring, "json_object") &&
                                               strcmp(type->valuestring, "json_schema"))))

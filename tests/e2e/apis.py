@@ -158,6 +158,11 @@ def anthropic(url):
     # bad input: 400 in Anthropic's error shape
     for what, b in (("no max_tokens", {"messages": ask}),
                     ("an image block", {"max_tokens": 4, "messages": [{"role": "user", "content": [{"type": "image"}]}]}),
+                    ("a document block", {"max_tokens": 4, "messages": [{"role": "user", "content": [
+                        {"type": "text", "text": "x"}, {"type": "document", "source": {}}]}]}),
+                    ("an image in a tool_result", {"max_tokens": 4, "messages": [{"role": "user", "content": [
+                        {"type": "tool_result", "tool_use_id": "t", "content": [{"type": "image", "source": {}}]}]}]}),
+                    ("an image block in system", {"max_tokens": 4, "messages": ask, "system": [{"type": "image"}]}),
                     ("an unknown field", {"max_tokens": 4, "messages": ask, "container": "x"}),
                     ("a system role in messages", {"max_tokens": 4, "messages": [{"role": "system", "content": "x"}]}),
                     ("tool_choice without tools", {"max_tokens": 4, "messages": ask, "tool_choice": {"type": "any"}}),
@@ -165,6 +170,11 @@ def anthropic(url):
         st, e = request(url + "/v1/messages", b)
         check(st == 400 and e.get("type") == "error" and e["error"]["type"] == "invalid_request_error" and
               e["error"]["message"], "400 %s: %s" % (what, e.get("error", e)))
+        # a part kvserve cannot read is refused by its place and type, never dropped
+        want = {"an image block": "messages[0].content[0]", "a document block": "type 'document'",
+                "an image in a tool_result": "messages[0].content[0].content[0].type 'image'",
+                "an image block in system": "system[0].type 'image'"}.get(what, "")
+        check(want in e.get("error", {}).get("message", ""), "400 %s names %s" % (what, want))
 
 
 # ---- Responses ------------------------------------------------------------------------
@@ -244,7 +254,15 @@ def responses(url):
     check(list(obj) == ["a"] and isinstance(obj["a"], int), "text.format json_schema: %s" % obj)
 
     for what, b, name in (("input of a bad type", {"input": 5}, "input"),
-                          ("an image part", {"input": [{"role": "user", "content": [{"type": "input_image"}]}]}, "input[0]"),
+                          ("an image part", {"input": [{"role": "user", "content": [{"type": "input_image"}]}]},
+                           "input[0].content[0].type 'input_image'"),
+                          ("a file part", {"input": [{"role": "user", "content": [{"type": "input_text", "text": "x"},
+                                                                               {"type": "input_file", "file_id": "f"}]}]},
+                           "input[0].content[1].type 'input_file'"),
+                          ("an image as a tool's output", {"input": [{"type": "function_call_output", "call_id": "c",
+                                                                      "output": [{"type": "input_image"}]}]},
+                           "input[0].output[0].type 'input_image'"),
+                          ("text.verbosity", {"input": "x", "text": {"verbosity": "low"}}, "'text.verbosity'"),
                           ("a web_search tool", {"input": "x", "tools": [{"type": "web_search"}]}, "tools[0]"),
                           ("previous_response_id", {"input": "x", "previous_response_id": "resp_1"}, "previous_response_id"),
                           ("a negative max_output_tokens", {"input": "x", "max_output_tokens": -1}, "max_output_tokens"),

@@ -1,11 +1,14 @@
 // Real clients from npm against `kvserve serve`, unchanged: the Vercel AI SDK
 // through @ai-sdk/openai-compatible (generateText, streamText, generateObject
 // with a zod schema, a tool call) and LangChain's ChatOpenAI (invoke, stream,
-// structured output) and OpenAIEmbeddings (base64 vectors, decoded by the client). Each answer is checked against the same request sent
+// structured output) and OpenAIEmbeddings (base64 vectors, decoded by the client), and the openai client's
+// reasoning_content (whole and streamed) and embeddings. Each answer is checked against the same request sent
 // as plain JSON (temperature 0: the same text), or against its schema.
 // Exits 77 when the packages or the model are missing.
 import { spawn } from 'node:child_process';
-import { existsSync } from 'node:fs';
+import { existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import assert from 'node:assert/strict';
 
 const SKIP = 77;
@@ -13,8 +16,9 @@ const bin = process.env.KVSERVE_BIN;
 const shared = process.env.KVSERVE_SHARED || '../shared';
 const model = `${shared}/models/trained/tiny-llama-gqa-hd64-f32.gguf`;
 if (!bin || !existsSync(bin) || !existsSync(model)) { console.log('skipped: KVSERVE_BIN or the trained model missing'); process.exit(SKIP); }
-let ai, compat, lc, z;
+let ai, compat, lc, z, OpenAI;
 try {
+  OpenAI = (await import('openai')).default;
   ai = await import('ai');
   compat = await import('@ai-sdk/openai-compatible');
   lc = await import('@langchain/openai');
@@ -23,10 +27,19 @@ try {
   console.log('skipped: the client packages are not installed (npm ci in tests/e2e): ' + e.message); process.exit(SKIP);
 }
 
+// ChatML that also renders an assistant's reasoning, and whose generation prompt opens <think> when the
+// request's chat_template_kwargs say think (DeepSeek-R1's way): only the reasoning checks ask for it
+const tmp = mkdtempSync(join(tmpdir(), 'kvserve-clients-'));
+const template = join(tmp, 'think.jinja');
+writeFileSync(template, "{%- for m in messages -%}<|im_start|>{{ m.role }}\n" +
+  "{% if m.reasoning_content %}<think>{{ m.reasoning_content }}</think>{% endif %}" +
+  "{% if m.content is string %}{{ m.content }}{% endif %}<|im_end|>\n{% endfor -%}" +
+  "{%- if add_generation_prompt -%}<|im_start|>assistant\n{% if think %}<think>\n{% endif %}{%- endif -%}");
+
 function startServer() {
   return new Promise((resolve, reject) => {
     const p = spawn(bin, ['serve', '-m', model, '--alias', 'x', '--port', '0', '-c', '1024', '--parallel', '4',
-                          '--embeddings', '--pooling', 'mean'],
+                          '--embeddings', '--pooling', 'mean', '--chat-template-file', template],
                     { stdio: ['ignore', 'ignore', 'pipe'] });
     let log = '';
     const timer = setTimeout(() => reject(new Error('server did not start:\n' + log)), 60000);
@@ -92,6 +105,26 @@ try {
     assert.ok(input.safeParse(g.toolCalls[0].input).success, JSON.stringify(g.toolCalls[0].input));
   });
 
+  const oa = new OpenAI({ baseURL: base, apiKey: 'none', maxRetries: 0 });
+  await check('openai: reasoning_content whole and in stream deltas, cut by max_tokens still reasoning', async () => {
+    const body = { model: 'x', messages: [{ role: 'user', content: prompt }], temperature: 0, max_tokens: 12,
+                   chat_template_kwargs: { think: true } };
+    const r = await oa.chat.completions.create(body);
+    const m = r.choices[0].message;
+    const none = await oa.chat.completions.create({ ...body, reasoning_format: 'none' });
+    assert.equal(r.choices[0].finish_reason, 'length');
+    assert.ok(m.reasoning_content.length > 0 && !m.content, JSON.stringify(m));
+    assert.equal(m.reasoning_content, none.choices[0].message.content.trim());
+    assert.equal(none.choices[0].message.reasoning_content, undefined);
+    let reasoning = '', content = '';
+    for await (const c of await oa.chat.completions.create({ ...body, stream: true })) {
+      reasoning += c.choices[0]?.delta?.reasoning_content ?? '';
+      content += c.choices[0]?.delta?.content ?? '';
+    }
+    assert.equal(reasoning, m.reasoning_content);
+    assert.equal(content, '');
+  });
+
   const lcChat = new lc.ChatOpenAI({ model: 'x', temperature: 0, maxTokens: 24, apiKey: 'none', configuration: { baseURL: base } });
   await check('langchain: ChatOpenAI.invoke is the plain request\'s text', async () => {
     const r = await lcChat.invoke(prompt);
@@ -124,6 +157,11 @@ try {
     const r = await ai.embedMany({ model: em, values: texts });
     assert.ok(r.embeddings.length === 2 && r.embeddings.every((v, i) => close(v, wantVec[i])));
   });
+  await check('openai: embeddings.create (base64 on the wire, decoded by the client) gives the route\'s vectors', async () => {
+    const r = await oa.embeddings.create({ model: 'x', input: texts });
+    assert.ok(r.data.length === 2 && r.data.every((d, i) => d.index === i && close(d.embedding, wantVec[i])));
+    assert.ok(r.usage.prompt_tokens > 0 && r.usage.total_tokens === r.usage.prompt_tokens, JSON.stringify(r.usage));
+  });
   await check('langchain: OpenAIEmbeddings embeds documents and a query as the route does', async () => {
     const e = new lc.OpenAIEmbeddings({ model: 'x', apiKey: 'none', configuration: { baseURL: base } });
     const docs = await e.embedDocuments(texts);
@@ -135,5 +173,6 @@ try {
   });
 } finally {
   p.kill('SIGTERM');
+  rmSync(tmp, { recursive: true, force: true });
 }
 process.exit(failures ? 1 : 0);

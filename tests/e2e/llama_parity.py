@@ -225,12 +225,24 @@ def main():
         pick = lambda a: [{x: e.get(x) for x in ("index", "content", "tokens_predicted", "tokens_evaluated")} for e in a]
         check(ks == ls == 200 and isinstance(k, list) and pick(k) == pick(l),
               "/completion with several prompts" + ("" if ks == 200 and pick(k) == pick(l) else ": %s vs %s" % (k, l)))
-        # /apply-template: the same prompt text for the same conversations
+        # /apply-template: the same prompt text for the same conversations; the built-in ChatML prints neither
+        # an assistant's tool_calls nor the tools, and a tool result that is JSON text stays that text
+        calls = [{"id": "call_1", "type": "function",
+                  "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]
+        tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+        ask = {"role": "user", "content": "Weather in Paris?"}
         for msgs in ([{"role": "user", "content": "Hello world"}],
                      [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
-                      {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "More"}]):
-            (ks, k), (ls, l) = both("/apply-template", {"messages": msgs})
-            check(ks == ls == 200 and k == l, "/apply-template %d messages" % len(msgs) + ("" if k == l else ": %s vs %s" % (k, l)))
+                      {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "More"}],
+                     [ask, {"role": "assistant", "content": None, "tool_calls": calls},
+                      {"role": "tool", "tool_call_id": "call_1", "content": "{\"temp\": 18,  \"unit\": \"c\"}"},
+                      {"role": "user", "content": "And Rome?"}],
+                     [ask, {"role": "assistant", "content": "Let me look.", "tool_calls": calls},
+                      {"role": "tool", "tool_call_id": "call_1", "content": [{"type": "text", "text": "[1,2]"}]}]):
+            for extra in ({}, {"tools": tools}):
+                (ks, k), (ls, l) = both("/apply-template", dict(extra, messages=msgs))
+                check(ks == ls == 200 and k == l, "/apply-template %d messages%s" % (len(msgs), " with tools" * bool(extra))
+                      + ("" if k == l else ": %s vs %s" % (k, l)))
         check_apis(ku, lu)
     finally:
         stop_all((kv, ll, fl))
