@@ -204,6 +204,33 @@ static bool add_message(cJSON *msgs, const char *role, char *text)
 
 /* {"messages", "tools"}: the system prompt, the messages up to the first one that is not text alone (the
  * leading pages are what the router weighs), the tools as functions. NULL: nothing to render. */
+/* Anthropic's and Responses' flat tools ({name, description, <schema key>})
+ * as the chat's {"type": "function", "function": {...}} list. */
+static void add_function_tools(cJSON *chat, const cJSON *in_tools, const char *schema_key)
+{
+    cJSON *tools = cJSON_IsArray(in_tools) ? cJSON_AddArrayToObject(chat, "tools") : NULL;
+    if (!tools)
+        return;
+    const cJSON *t;
+    cJSON_ArrayForEach(t, in_tools) {
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(t, "name");
+        const cJSON *desc = cJSON_GetObjectItemCaseSensitive(t, "description");
+        const cJSON *params = cJSON_GetObjectItemCaseSensitive(t, schema_key);
+        cJSON *o = cJSON_CreateObject(), *fn = o ? cJSON_AddObjectToObject(o, "function") : NULL;
+        if (!fn || !cJSON_IsString(name)) {
+            cJSON_Delete(o);
+            continue;
+        }
+        cJSON_AddStringToObject(o, "type", "function");
+        cJSON_AddStringToObject(fn, "name", name->valuestring);
+        if (cJSON_IsString(desc))
+            cJSON_AddStringToObject(fn, "description", desc->valuestring);
+        if (cJSON_IsObject(params))
+            cJSON_AddItemToObject(fn, "parameters", cJSON_Duplicate(params, 1));
+        cJSON_AddItemToArray(tools, o);
+    }
+}
+
 static cJSON *anthropic_chat(const cJSON *root)
 {
     cJSON *chat = cJSON_CreateObject(), *msgs = cJSON_AddArrayToObject(chat, "messages");
@@ -223,27 +250,7 @@ static cJSON *anthropic_chat(const cJSON *root)
         if (!add_message(msgs, role->valuestring, text))
             break;
     }
-    const cJSON *t, *in_tools = cJSON_GetObjectItemCaseSensitive(root, "tools");
-    cJSON *tools = cJSON_IsArray(in_tools) ? cJSON_AddArrayToObject(chat, "tools") : NULL;
-    if (!tools)
-        in_tools = NULL;
-    cJSON_ArrayForEach(t, in_tools) {
-        const cJSON *name = cJSON_GetObjectItemCaseSensitive(t, "name");
-        const cJSON *desc = cJSON_GetObjectItemCaseSensitive(t, "description");
-        cJSON *o = cJSON_CreateObject(), *fn = o ? cJSON_AddObjectToObject(o, "function") : NULL;
-        if (!fn || !cJSON_IsString(name)) {
-            cJSON_Delete(o);
-            continue;
-        }
-        cJSON_AddStringToObject(o, "type", "function");
-        cJSON_AddStringToObject(fn, "name", name->valuestring);
-        if (cJSON_IsString(desc))
-            cJSON_AddStringToObject(fn, "description", desc->valuestring);
-        cJSON *schema = cJSON_Duplicate(cJSON_GetObjectItemCaseSensitive(t, "input_schema"), 1);
-        if (schema)
-            cJSON_AddItemToObject(fn, "parameters", schema);
-        cJSON_AddItemToArray(tools, o);
-    }
+    add_function_tools(chat, cJSON_GetObjectItemCaseSensitive(root, "tools"), "input_schema");
     if (cJSON_GetArraySize(msgs) == 0) {
         cJSON_Delete(chat);
         return NULL;
@@ -346,27 +353,7 @@ static cJSON *responses_chat(const cJSON *root)
         if (!responses_item(msgs, it))
             break;
     }
-    const cJSON *t, *in_tools = cJSON_GetObjectItemCaseSensitive(root, "tools");
-    cJSON *tools = cJSON_IsArray(in_tools) ? cJSON_AddArrayToObject(chat, "tools") : NULL;
-    if (!tools)
-        in_tools = NULL;
-    cJSON_ArrayForEach(t, in_tools) {
-        const cJSON *name = cJSON_GetObjectItemCaseSensitive(t, "name");
-        const cJSON *desc = cJSON_GetObjectItemCaseSensitive(t, "description");
-        const cJSON *params = cJSON_GetObjectItemCaseSensitive(t, "parameters");
-        cJSON *o = cJSON_CreateObject(), *fn = o ? cJSON_AddObjectToObject(o, "function") : NULL;
-        if (!fn || !cJSON_IsString(name)) {
-            cJSON_Delete(o);
-            continue;
-        }
-        cJSON_AddStringToObject(o, "type", "function");
-        cJSON_AddStringToObject(fn, "name", name->valuestring);
-        if (cJSON_IsString(desc))
-            cJSON_AddStringToObject(fn, "description", desc->valuestring);
-        if (cJSON_IsObject(params))
-            cJSON_AddItemToObject(fn, "parameters", cJSON_Duplicate(params, 1));
-        cJSON_AddItemToArray(tools, o);
-    }
+    add_function_tools(chat, cJSON_GetObjectItemCaseSensitive(root, "tools"), "parameters");
     const cJSON *effort = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(root, "reasoning"), "effort");
     if (cJSON_IsString(effort))
         cJSON_AddStringToObject(chat, "reasoning_effort", effort->valuestring);
