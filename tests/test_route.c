@@ -244,6 +244,19 @@ static void check_request(struct route_prompt *rp, const struct tokenizer *tok, 
     free(ids);
 }
 
+/* The router's tokens of body on path equal want's. */
+static void expect_tokens(struct route_prompt *rp, const char *path, const char *body, const int32_t *want,
+                          size_t n_want)
+{
+    int32_t *ids = NULL;
+    size_t n = 0;
+    struct kv_key salt;
+    assert_int_equal(route_prompt_tokens(rp, path, body, strlen(body), &ids, &n, &salt), KS_OK);
+    assert_int_equal(n, n_want);
+    assert_memory_equal(ids, want, n * sizeof *ids);
+    free(ids);
+}
+
 static void test_route_keys_are_the_replicas(void **state)
 {
     (void)state;
@@ -292,24 +305,15 @@ static void test_route_keys_are_the_replicas(void **state)
              "{\"max_tokens\":4,\"system\":[{\"type\":\"text\",\"text\":\"%s\"}],\"messages\":"
              "[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"hi\"}]}]}",
              text);
-    assert_int_equal(route_prompt_tokens(rp, "/v1/messages", body, strlen(body), &ids, &n, &salt), KS_OK);
-    assert_int_equal(n, n_chat);
-    assert_memory_equal(ids, chat_ids, n * sizeof *ids);
-    free(ids);
+    expect_tokens(rp, "/v1/messages", body, chat_ids, n_chat);
     /* OpenAI's /v1/responses too (instructions the system message, a developer message one as well) */
     snprintf(body, sizeof body, "{\"instructions\":\"%s\",\"input\":\"hi\",\"max_output_tokens\":4}", text);
-    assert_int_equal(route_prompt_tokens(rp, "/v1/responses", body, strlen(body), &ids, &n, &salt), KS_OK);
-    assert_int_equal(n, n_chat);
-    assert_memory_equal(ids, chat_ids, n * sizeof *ids);
-    free(ids);
+    expect_tokens(rp, "/v1/responses", body, chat_ids, n_chat);
     snprintf(body, sizeof body,
              "{\"input\":[{\"role\":\"developer\",\"content\":[{\"type\":\"input_text\",\"text\":\"%s\"}]},"
              "{\"type\":\"message\",\"role\":\"user\",\"content\":\"hi\"}]}",
              text);
-    assert_int_equal(route_prompt_tokens(rp, "/responses", body, strlen(body), &ids, &n, &salt), KS_OK);
-    assert_int_equal(n, n_chat);
-    assert_memory_equal(ids, chat_ids, n * sizeof *ids);
-    free(ids);
+    expect_tokens(rp, "/responses", body, chat_ids, n_chat);
     free(chat_ids);
     /* a function call and its output: the chat's assistant tool call and tool message */
     snprintf(body, sizeof body,
@@ -326,10 +330,7 @@ static void test_route_keys_are_the_replicas(void **state)
              "{\"type\":\"function_call\",\"call_id\":\"c1\",\"name\":\"f\",\"arguments\":\"{}\"},"
              "{\"type\":\"function_call_output\",\"call_id\":\"c1\",\"output\":\"42\"}]}",
              text);
-    assert_int_equal(route_prompt_tokens(rp, "/v1/responses", body, strlen(body), &ids, &n, &salt), KS_OK);
-    assert_int_equal(n, n_chat);
-    assert_memory_equal(ids, chat_ids, n * sizeof *ids);
-    free(ids);
+    expect_tokens(rp, "/v1/responses", body, chat_ids, n_chat);
     free(chat_ids);
     /* a model without fill-in-the-middle tokens: /infill is the replica's 501, the router balances by load */
     snprintf(body, sizeof body, "{\"input_prefix\":\"a\",\"input_suffix\":\"b\"}");
