@@ -60,6 +60,17 @@ static void synth(char *path, int n_layer, int n_vocab, uint64_t seed)
     assert_int_equal(model_synth(&spec, "q8_0", NULL, path, NULL), KS_OK);
 }
 
+/* generate's "speculation: draft, N drafted, M accepted" line in g_out. */
+static void speculation_counts(int *drafted, int *accepted)
+{
+    const char *line = strstr(g_out, "speculation: draft, ");
+    assert_non_null(line);
+    *drafted = atoi(line + strlen("speculation: draft, "));
+    const char *acc = strstr(line, "drafted, ");
+    assert_non_null(acc);
+    *accepted = atoi(acc + strlen("drafted, "));
+}
+
 static void test_generate_same_ids(void **state)
 {
     (void)state;
@@ -83,12 +94,8 @@ static void test_generate_same_ids(void **state)
             assert_int_equal(run_to(with, false), 0);
             assert_string_equal(g_out, plain);
             assert_int_equal(run_to(with, true), 0);
-            const char *line = strstr(g_out, "speculation: draft, ");
-            assert_non_null(line);
-            int drafted = atoi(line + strlen("speculation: draft, "));
-            const char *acc = strstr(line, "drafted, ");
-            assert_non_null(acc);
-            int accepted = atoi(acc + strlen("drafted, "));
+            int drafted, accepted;
+            speculation_counts(&drafted, &accepted);
             print_message("prompt %zu, draft %d: %d drafted, %d accepted\n", i, d, drafted, accepted);
             assert_true(accepted <= drafted);
             assert_true(drafted > 0 || d == 2); /* a random draft model is rarely sure (p >= 0.5) of a token */
@@ -110,12 +117,8 @@ static void test_generate_sampled_self_draft(void **state)
              "--seed 3 --ignore-eos --output-ids -t 1 -md '%s' -ctkd f16 -ctvd f16 --draft-max 6 --draft-min 1",
              g_model, g_model);
     assert_int_equal(run_to(args, true), 0);
-    const char *line = strstr(g_out, "speculation: draft, ");
-    assert_non_null(line);
-    int drafted = atoi(line + strlen("speculation: draft, "));
-    const char *acc = strstr(line, "drafted, ");
-    assert_non_null(acc);
-    int accepted = atoi(acc + strlen("drafted, "));
+    int drafted, accepted;
+    speculation_counts(&drafted, &accepted);
     print_message("sampled self-draft: %d drafted, %d accepted\n", drafted, accepted);
     assert_true(drafted > 0);
     assert_true(accepted >= drafted - 2);
