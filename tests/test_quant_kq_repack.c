@@ -13,6 +13,7 @@
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -29,7 +30,7 @@
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 static float rndf(void) { return ks_rng_uniform(&rng_state) * 2.0f - 1.0f; } /* [-1, 1) */
 
-static const enum quant_type k_types[] = {QUANT_Q4_K};
+static const enum quant_type k_types[] = {QUANT_Q4_K, QUANT_Q6_K};
 #define N_TYPES (sizeof k_types / sizeof k_types[0])
 
 /* Offsets of a super-block's f16 scales: d, and dmin (d again where there is none). */
@@ -86,6 +87,10 @@ static float *random_tokens(int64_t n, int64_t cols)
     return X;
 }
 
+/* Whether this build repacks t (a portable build repacks no k-quant: its
+ * scalar twin is slower than the row-major reference). */
+static bool build_repacks(enum quant_type t) { return quant_repack_fits(t, quant_repack_rows(), QK_K); }
+
 static uint8_t *copy_of(const uint8_t *W, size_t bytes)
 {
     uint8_t *P = malloc(bytes);
@@ -138,7 +143,7 @@ static void test_repack_keeps_every_block(void **state)
             size_t wrow = quant_row_size(t, cols), bb = quant_row_size(t, QK_K);
             uint8_t *W = random_matrix(t, rows, cols), *P = copy_of(W, wrow * (size_t)rows), blk[sizeof(block_q6_K)];
             assert_int_equal(quant_kqrp_repack_as(t, rows, cols, P, R), KS_OK);
-            if (gi == 0) { /* quant_repack writes that very layout */
+            if (gi == 0 && build_repacks(t)) { /* quant_repack writes that very layout */
                 uint8_t *Q = copy_of(W, wrow * (size_t)rows);
                 assert_int_equal(quant_repack(t, rows, cols, Q), KS_OK);
                 assert_memory_equal(Q, P, wrow * (size_t)rows);
@@ -164,8 +169,12 @@ static void test_repack_refuses_what_does_not_fit(void **state)
     const int R = quant_repack_rows();
     for (size_t ti = 0; ti < N_TYPES; ti++) {
         enum quant_type t = k_types[ti];
+#if defined(KQRP_HAVE_AVX2)
         assert_true(quant_repack_fits(t, R, QK_K));
         assert_true(quant_repack_fits(t, 2 * R + 1, 3 * QK_K));
+#else
+        assert_false(quant_repack_fits(t, R, QK_K));
+#endif
         assert_false(quant_repack_fits(t, R - 1, QK_K));
         assert_false(quant_repack_fits(t, R, QK_K / 2));
         assert_false(quant_repack_fits(t, R, 0));
@@ -242,14 +251,17 @@ static void test_simd_kernels_match_scalar_twin(void **state)
     print_message("%d SIMD k-quant group kernels checked against the scalar twin (isa %s)\n", checked, quant_isa());
 }
 
-/* quant_matmul_repacked at 1..40 tokens: the reference's bits for every
- * batch, whichever kernel runs it; quant_matmul on the row-major matrix too. */
+/* quant_matmul_repacked at 1..40 tokens (and 65..67 where the AVX2 build
+ * switches to the tiles): the reference's bits for every batch, whichever
+ * kernel runs it; quant_matmul on the row-major matrix too. */
 static void check_repacked(threads_pool *pool, enum quant_type t, int64_t rows, int64_t cols)
 {
+    if (!build_repacks(t))
+        return;
     size_t wrow = quant_row_size(t, cols);
     uint8_t *W = random_matrix(t, rows, cols), *P = copy_of(W, wrow * (size_t)rows);
     assert_int_equal(quant_repack(t, rows, cols, P), KS_OK);
-    const int64_t max_n = 40;
+    const int64_t max_n = 67;
     float *X = random_tokens(max_n, cols);
     float *Yp = malloc((size_t)(max_n * rows) * sizeof(float)), *Yr = malloc((size_t)(max_n * rows) * sizeof(float));
     float *Yu = malloc((size_t)(max_n * rows) * sizeof(float));
@@ -257,10 +269,10 @@ static void check_repacked(threads_pool *pool, enum quant_type t, int64_t rows, 
     void *work = malloc(ws);
     assert_true(Yp && Yr && Yu && work);
     reference_matmul(t, W, rows, cols, X, max_n, Yr);
-    for (int64_t n = 1; n <= max_n; n++) {
+    for (int64_t n = 1; n <= max_n; n = n == 40 ? 65 : n + 1) {
         assert_int_equal(quant_matmul_repacked(pool, P, t, rows, cols, X, n, Yp, work, ws), KS_OK);
         assert_same_bits(Yp, Yr, n, rows, "matmul_repacked", t);
-        if (n % 8 == 1 || n == max_n) {
+        if (n % 8 == 1 || n >= 65) {
             assert_int_equal(quant_matmul(pool, W, t, rows, cols, X, n, Yu, work, ws), KS_OK);
             assert_same_bits(Yu, Yr, n, rows, "matmul (row-major)", t);
         }
@@ -281,7 +293,7 @@ static void test_repacked_matmul_matches_reference(void **state)
                 check_repacked(pool, k_types[ti], shapes[s][0], shapes[s][1]);
         threads_free(pool);
     }
-    print_message("repacked k-quant matmuls of this build (isa %s, groups of %d rows) checked at 1..40 tokens\n",
+    print_message("repacked k-quant matmuls of this build (isa %s, groups of %d rows) checked at 1..40, 65..67 tokens\n",
                   quant_isa(), R);
 }
 
@@ -293,6 +305,8 @@ static void test_row_lookup_reads_the_layout(void **state)
     for (size_t ti = 0; ti < N_TYPES; ti++) {
         enum quant_type t = k_types[ti];
         int64_t rows = 2 * R + 3, cols = 3 * QK_K;
+        if (!build_repacks(t))
+            continue;
         size_t wrow = quant_row_size(t, cols);
         uint8_t *W = random_matrix(t, rows, cols), *P = copy_of(W, wrow * (size_t)rows);
         float *want = malloc((size_t)cols * sizeof(float)), *got = malloc((size_t)cols * sizeof(float));
@@ -317,6 +331,8 @@ static void test_panels_read_the_layout(void **state)
     for (size_t ti = 0; ti < N_TYPES; ti++) {
         enum quant_type t = k_types[ti];
         const int64_t rows = 4 * R + 5, cols = 2 * QK_K;
+        if (!build_repacks(t))
+            continue;
         const int64_t at[][2] = {{0, 16}, {16, 16}, {R / 2, 16}, {8, 7}, {4 * R - 8, 13}, {4 * R, 5}, {3, 16}};
         size_t wrow = quant_row_size(t, cols), pbytes = quant_kq_panel_bytes(cols);
         uint8_t *W = random_matrix(t, rows, cols), *P = copy_of(W, wrow * (size_t)rows);
@@ -347,6 +363,8 @@ static void test_matmul_set_on_repacked(void **state)
     for (size_t ti = 0; ti < N_TYPES; ti++) {
         enum quant_type t = k_types[ti];
         const int64_t cols = 2 * QK_K, rows[3] = {4 * R, 2 * R + 3, R};
+        if (!build_repacks(t))
+            continue;
         const int64_t batches[] = {1, 3, 16, 17, 33};
         uint8_t *P[3];
         for (int i = 0; i < 3; i++) {
@@ -392,9 +410,11 @@ static void test_experts_on_repacked(void **state)
     assert_int_equal(threads_create(2, &pool), KS_OK);
     for (size_t ti = 0; ti < N_TYPES; ti++) {
         enum quant_type t = k_types[ti];
-        enum { n_expert = 4, n_g = 24 };
+        enum { n_expert = 4, n_g = 74 };
+        if (!build_repacks(t))
+            continue;
         const int64_t rows = 4 * R + 3, cols = 3 * QK_K, n_x = 12;
-        const int32_t start[n_expert + 1] = {0, 1, 1, 4, n_g}; /* expert 3: 20 rows */
+        const int32_t start[n_expert + 1] = {0, 1, 1, 4, n_g}; /* expert 3: 70 rows, past the AVX2 group kernels' 64 */
         size_t wrow = quant_row_size(t, cols), stride = wrow * (size_t)rows + 64;
         uint8_t *W = calloc((size_t)n_expert, stride), *W2 = calloc((size_t)n_expert, stride);
         assert_true(W && W2);

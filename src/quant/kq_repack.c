@@ -12,7 +12,20 @@
 
 #include "quant/kq_internal.h"
 
-bool quant_kqrp_type(enum quant_type t) { return t == QUANT_Q4_K; }
+/* What this build repacks: the types whose group kernels beat the row-major
+ * ones. With AVX-512, Q4_K and Q6_K; with AVX2, Q4_K and Q6_K (Q6_K's group
+ * kernel decodes about 1.1x the row vec_dot, its batches take the tiles);
+ * the scalar twin reads the layout slower than the row-major scalar
+ * reference reads rows, so a portable build repacks no k-quant. */
+bool quant_kqrp_type(enum quant_type t)
+{
+#if defined(KQRP_HAVE_AVX2)
+    return t == QUANT_Q4_K || t == QUANT_Q6_K;
+#else
+    (void)t;
+    return false;
+#endif
+}
 
 /* A super-block as the layout splits it: f16 fields before and after the dwords. */
 struct kqrp_fields {

@@ -110,6 +110,77 @@ static inline __attribute__((always_inline)) void q4k_pass(const struct quant_kq
         _mm256_storeu_ps(g->Y + (t0 + t) * g->ldy + grp * R, _mm256_sub_ps(acc[t], accm[t]));
 }
 
+/* ---- Q6_K: ggml's eight lanes per row (kq_repack_avx512.c's order) --------------
+ * Per dword a vpmaddubsw (pairs of u = q + 32 times Q8_K quants, at most
+ * 2 * 63 * 127) and a vpmaddwd against the (sc, sc) pair of its sub-block;
+ * lane c starts at (-32 sc_2c, -32 sc_2c+1) . (bsums 2c, 2c+1). */
+
+#define Q6K_QL 0
+#define Q6K_QH (32 * 4 * R)
+#define Q6K_SC (48 * 4 * R)
+#define Q6K_D (52 * 4 * R)
+
+/* vpshufb pattern: bytes a and b of each row's dword as the high bytes of an int16 pair. */
+static inline __m256i pick_high_pair(int a, int b)
+{
+    const __m128i at = _mm_add_epi32(_mm_set1_epi32((int)(0x00800080u | (unsigned)a << 8 | (unsigned)b << 24)),
+                                     _mm_setr_epi32(0, 0x04000400, 0x08000800, 0x0c000c00));
+    return _mm256_broadcastsi128_si256(at);
+}
+
+/* The four u = q + 32 of element groups 128h + 32q + 4c, q = 0..3, of 8 rows. */
+static inline void q6k_levels(const uint8_t *gb, int h, int c, __m256i u[4])
+{
+    const __m256i low4 = _mm256_set1_epi8(0x0f), top2 = _mm256_set1_epi8(0x30);
+    const __m256i la = dword_vec(gb, Q6K_QL, 16 * h + c), lb = dword_vec(gb, Q6K_QL, 16 * h + 8 + c);
+    const __m256i qh = dword_vec(gb, Q6K_QH, 8 * h + c);
+    u[0] = _mm256_or_si256(_mm256_and_si256(la, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), top2));
+    u[1] = _mm256_or_si256(_mm256_and_si256(lb, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), top2));
+    u[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(la, 4), low4), _mm256_and_si256(qh, top2));
+    u[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lb, 4), low4),
+                           _mm256_and_si256(_mm256_srli_epi16(qh, 2), top2));
+}
+
+/* One group x one token: the lanes' int32 chains are plain adds here (vpmaddwd
+ * then vpaddd), so a lane is summed whole before the next one starts. */
+static void q6k_pass(const struct quant_kq_gemm *g, int64_t grp, int64_t t0)
+{
+    const size_t gbb = R * sizeof(block_q6_K);
+    const block_q8_K *y = (const block_q8_K *)(g->X + (g->xi ? g->xi[t0] : t0) * g->xrow);
+    __m256 acc[8];
+    for (int c = 0; c < 8; c++)
+        acc[c] = _mm256_setzero_ps();
+    const uint8_t *gb = g->W + (size_t)grp * R * g->wrow;
+    for (int64_t b = 0; b < g->cols / QK_K; b++, gb += gbb) {
+        prefetch_group_block(gb, gbb);
+        __m256i scp[16]; /* (sc_s, sc_s) of sub-block s, sign-extended */
+#pragma GCC unroll 16
+        for (int s = 0; s < 16; s++)
+            scp[s] = _mm256_srai_epi16(_mm256_shuffle_epi8(dword_vec(gb, Q6K_SC, s / 4), pick_high_pair(s % 4, s % 4)), 8);
+        const __m256 dd = _mm256_mul_ps(_mm256_set1_ps(y[b].d), vmath_load8_f16(gb + Q6K_D));
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; c++) {
+            const __m256i off = _mm256_sub_epi16(
+                _mm256_setzero_si256(),
+                _mm256_srai_epi16(_mm256_shuffle_epi8(dword_vec(gb, Q6K_SC, c / 2), pick_high_pair(2 * c % 4, 2 * c % 4 + 1)), 3));
+            __m256i lane = _mm256_madd_epi16(off, bcast(y[b].bsums + 2 * c));
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                __m256i u[4];
+                q6k_levels(gb, h, c, u);
+                for (int q = 0; q < 4; q++) {
+                    const __m256i p = _mm256_maddubs_epi16(u[q], bcast(y[b].qs + 128 * h + 32 * q + 4 * c));
+                    lane = _mm256_add_epi32(lane, _mm256_madd_epi16(p, scp[8 * h + 2 * q + c / 4]));
+                }
+            }
+            acc[c] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(lane), acc[c]);
+        }
+    }
+    const __m256 sum = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6])),
+                                     _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7])));
+    _mm256_storeu_ps(g->Y + t0 * g->ldy + grp * R, sum);
+}
+
 /* ---- prefill panels straight from the layout ------------------------------------ */
 
 /* vpshufb pattern: byte k of each row's dword zero-extended to int32. */
@@ -156,12 +227,54 @@ static void q4k_unpack8(const uint8_t *W, int Rg, int64_t cols, int64_t r, uint8
     }
 }
 
+/* The same for Q6_K into the lane-order panel (KQ_PL_*): pair j = 2 x int16
+ * sc * u of elements 2j, 2j + 1; pair i of the bsums weights (32 sc_2i,
+ * 32 sc_2i+1); d; dmin 0. */
+static void q6k_unpack8(const uint8_t *W, int Rg, int64_t cols, int64_t r, uint8_t *panel, int lane0)
+{
+    const size_t wrow = quant_row_size(QUANT_Q6_K, cols), gbb = (size_t)Rg * sizeof(block_q6_K);
+    const size_t lanes = 4 * (size_t)lane0, at = 4 * (size_t)(r % Rg); /* the 8 rows' offset in the group's dwords */
+    const __m128i lo_pair = _mm_setr_epi32(0x80018000, 0x80058004, 0x80098008, 0x800d800c);
+    const __m256i first = _mm256_broadcastsi128_si256(lo_pair),
+                  second = _mm256_broadcastsi128_si256(_mm_add_epi32(lo_pair, _mm_set1_epi32(0x00020002)));
+    const uint8_t *gb = W + (size_t)(r / Rg) * (size_t)Rg * wrow;
+    uint8_t g8[8 * sizeof(block_q6_K)]; /* the 8 rows as a group of 8: the layout q6k_levels reads */
+    for (int64_t b = 0; b < cols / QK_K; b++, gb += gbb) {
+        uint8_t *pb = panel + b * KQ_PB_BYTES;
+        for (int k = 0; k < 52; k++)
+            memcpy(g8 + 32 * k, gb + 4 * (size_t)Rg * k + at, 32);
+        memcpy(g8 + Q6K_D, gb + 52 * 4 * (size_t)Rg + at / 2, 16);
+        __m256i scp[16];
+        for (int s = 0; s < 16; s++)
+            scp[s] = _mm256_srai_epi16(_mm256_shuffle_epi8(dword_vec(g8, Q6K_SC, s / 4), pick_high_pair(s % 4, s % 4)), 8);
+        for (int h = 0; h < 2; h++)
+            for (int c = 0; c < 8; c++) {
+                __m256i u[4];
+                q6k_levels(g8, h, c, u);
+                for (int q = 0; q < 4; q++) {
+                    const __m256i sc = scp[8 * h + 2 * q + c / 4];
+                    const size_t j = 64 * (size_t)h + 16 * (size_t)q + 2 * (size_t)c;
+                    store_lanes(pb, KQ_PL_W + 64 * j + lanes, _mm256_mullo_epi16(_mm256_shuffle_epi8(u[q], first), sc));
+                    store_lanes(pb, KQ_PL_W + 64 * (j + 1) + lanes, _mm256_mullo_epi16(_mm256_shuffle_epi8(u[q], second), sc));
+                }
+            }
+        for (int i = 0; i < 8; i++) /* (sc << 8) >> 3 */
+            store_lanes(pb, KQ_PL_PAIRS + 64 * (size_t)i + lanes,
+                        _mm256_srai_epi16(_mm256_shuffle_epi8(dword_vec(g8, Q6K_SC, i / 2), pick_high_pair(2 * i % 4, 2 * i % 4 + 1)), 3));
+        _mm256_storeu_ps((float *)(void *)(pb + KQ_PL_D + lanes), vmath_load8_f16(g8 + Q6K_D));
+        _mm256_storeu_ps((float *)(void *)(pb + KQ_PL_DMIN + lanes), _mm256_setzero_ps());
+    }
+}
+
 bool quant_kqrp_unpack8_avx2(enum quant_type t, const uint8_t *W, int Rg, int64_t cols, int64_t r, uint8_t *panel,
                              int lane0)
 {
-    if (t != QUANT_Q4_K)
+    if (t == QUANT_Q4_K)
+        q4k_unpack8(W, Rg, cols, r, panel, lane0);
+    else if (t == QUANT_Q6_K)
+        q6k_unpack8(W, Rg, cols, r, panel, lane0);
+    else
         return false;
-    q4k_unpack8(W, Rg, cols, r, panel, lane0);
     return true;
 }
 
@@ -177,6 +290,12 @@ KQRP_WIDTHS(q4k_pass)
 void quant_kqrp_rows_avx2(const struct quant_kq_gemm *g, int64_t g0, int64_t g1)
 {
     const kqrp_pass_fn *passes = q4k_pass_widths;
+    if (g->wtype == QUANT_Q6_K) {
+        for (int64_t grp = g0; grp < g1; grp++)
+            for (int64_t t = 0; t < g->n_tokens; t++)
+                q6k_pass(g, grp, t);
+        return;
+    }
     if (g->wtype != QUANT_Q4_K) {
         quant_kqrp_rows_ref(g, R, g0, g1);
         return;

@@ -130,18 +130,28 @@ static enum mm_path choose_path(enum quant_type wtype, int64_t n_tokens)
 #define RP_HAVE_TILES 1
 #endif
 
-/* Repacked Q4_K / Q5_K / Q6_K: batches up to KQRP_GEMM_MAX tokens run the
- * group kernels of kq_repack*.c, larger ones the prefill tiles on panels
- * unpacked from the layout (every batch the group kernels in a build
- * without tiles). */
-#ifndef KQRP_GEMM_MAX
-#define KQRP_GEMM_MAX 16
+/* Repacked Q4_K / Q6_K: batches up to kqrp_group_max() tokens run the group
+ * kernels of kq_repack*.c, larger ones the prefill tiles on panels unpacked
+ * straight from the layout (a SIMD copy, 10-15x faster than unpacking
+ * row-major rows, so these tiles beat the row-major ones). Crossovers, ns per
+ * block-token, group kernels vs tiles on repacked panels (llama-1b widths,
+ * 1 thread, min of 10-20): AVX-512 q4_K 1.75 vs 1.75 at 64 tokens, 1.78 vs
+ * 1.56 at 512; q6_K 3.3 vs 3.4 at 32, 3.2 vs 2.9 at 64, 3.4 vs 2.55 at 512.
+ * AVX2 q4_K 4.0 vs 4.1 at 32, 4.0 vs 3.9 at 64; q6_K 9.0 vs 9.0 at 8, 9.3
+ * vs 7.2 at 16. */
+static int64_t kqrp_group_max(enum quant_type wtype)
+{
+#if defined(QUANT_HAVE_AVX512)
+    return wtype == QUANT_Q6_K ? 32 : 64;
+#else
+    return wtype == QUANT_Q6_K ? 8 : 32;
 #endif
+}
 
 static enum mm_path choose_repacked_path(enum quant_type wtype, int64_t n_tokens)
 {
     if (quant_kqrp_type(wtype))
-        return n_tokens > KQRP_GEMM_MAX && quant_kq_tiles_best() ? MM_KQ_PREFILL : MM_KQ_REPACKED;
+        return n_tokens > kqrp_group_max(wtype) && quant_kq_tiles_best() ? MM_KQ_PREFILL : MM_KQ_REPACKED;
 #if defined(RP_HAVE_TILES)
     if (n_tokens > RP_GEMM_MAX && !rp_every_batch(wtype))
         return choose_path(wtype, n_tokens);
