@@ -23,7 +23,10 @@
  *    tokens, the group kernels of quant_repack.c over row groups taken from
  *    a shared counter; more, the prefill tiles above, unpacking rows from
  *    the layout. Repacked IQ4_NL/MXFP4 weights run the group kernels at
- *    every batch size (they have no tiles). */
+ *    every batch size (they have no tiles).
+ *  - repacked Q4_K/Q6_K weights: the group kernels of kq_repack*.c up to a
+ *    crossover (kqrp_group_max), the k-quant tiles above on panels unpacked
+ *    straight from the layout. */
 #include <stdalign.h>
 #include <stdatomic.h>
 #include <math.h>
