@@ -16,7 +16,7 @@
  * (the untied output too) at that type, the trained q4_0 model in ../shared
  * when present, repacked (the default); the build's default model (tiny
  * llama, q8_0, KVSERVE_DEFAULT_MODEL), whose output is its tied q8_0 token
- * embeddings, repacked with them; tiny q4_k and q6_k llamas, repacked; and a
+ * embeddings, repacked with them; tiny q4_k, q5_k and q6_k llamas, repacked; and a
  * row-major model (MODEL_LOAD_NO_REPACK), held only to what the README
  * promises for row-major matrices (struct promise). */
 #include <setjmp.h>
@@ -389,13 +389,14 @@ static void test_q5_repacked(void **state)
     assert_int_equal(check_synth("q5_1", 0, k_any_batch, "tiny q5_1"), 0);
 }
 
-/* k-quants repacked (Q4_K, Q6_K): the group kernels and the prefill tiles on
+/* k-quants repacked (Q4_K, Q5_K, Q6_K): the group kernels and the prefill tiles on
  * panels unpacked from the layout both give the scalar reference's bits
  * (kq_internal.h), so a token's logits do not depend on its batch. */
 static void test_kquants_repacked(void **state)
 {
     (void)state;
     assert_int_equal(check_synth("q4_k", 0, k_any_batch, "tiny q4_k"), 0);
+    assert_int_equal(check_synth("q5_k", 0, k_any_batch, "tiny q5_k"), 0);
     assert_int_equal(check_synth("q6_k", 0, k_any_batch, "tiny q6_k"), 0);
 }
 

@@ -1,4 +1,4 @@
-/* quant: repacked k-quant weights (Q4_K, Q6_K, Q5_K). The repack keeps every
+/* quant: repacked k-quant weights (Q4_K, Q5_K, Q6_K). The repack keeps every
  * super-block (read back out of the layout it is the original bytes; the
  * tail rows past the last whole group keep their bytes in place), a row
  * looked up in the layout is the row-major row's floats, every SIMD group
@@ -30,7 +30,7 @@
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 static float rndf(void) { return ks_rng_uniform(&rng_state) * 2.0f - 1.0f; } /* [-1, 1) */
 
-static const enum quant_type k_types[] = {QUANT_Q4_K, QUANT_Q6_K};
+static const enum quant_type k_types[] = {QUANT_Q4_K, QUANT_Q6_K, QUANT_Q5_K};
 #define N_TYPES (sizeof k_types / sizeof k_types[0])
 
 /* Offsets of a super-block's f16 scales: d, and dmin (d again where there is none). */
@@ -293,8 +293,12 @@ static void test_repacked_matmul_matches_reference(void **state)
                 check_repacked(pool, k_types[ti], shapes[s][0], shapes[s][1]);
         threads_free(pool);
     }
-    print_message("repacked k-quant matmuls of this build (isa %s, groups of %d rows) checked at 1..40, 65..67 tokens\n",
-                  quant_isa(), R);
+    if (build_repacks(QUANT_Q4_K))
+        print_message("repacked k-quant matmuls of this build (isa %s, groups of %d rows) checked at 1..40, 65..67 "
+                      "tokens\n", quant_isa(), R);
+    else
+        print_message("this build (isa %s) repacks no k-quant: only the layout and the scalar twin are checked\n",
+                      quant_isa());
 }
 
 /* Every row of a repacked matrix (groups and tail) looked up as floats: the row-major row's floats. */

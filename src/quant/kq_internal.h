@@ -201,7 +201,7 @@ void quant_kq_tiles_avx2(const struct quant_kq_gemm *g, const uint8_t *panels, i
 void quant_kq_tiles_avx512(const struct quant_kq_gemm *g, const uint8_t *panels, int np, int64_t r0, int nr);
 #endif
 
-/* ---- repacked Q4_K / Q6_K (kq_repack*.c) -----------------------------------
+/* ---- repacked Q4_K / Q5_K / Q6_K (kq_repack*.c) ----------------------------
  * quant_repack's layout for the k-quants: groups of R = QUANT_RP_ROWS rows
  * (16 with AVX-512, 8 otherwise), stored super-block column by super-block
  * column. A group-block holds the R rows' super-block b with each field
@@ -218,9 +218,8 @@ void quant_kq_tiles_avx512(const struct quant_kq_gemm *g, const uint8_t *panels,
  * and the float steps run per row in lanes, in the scalar reference's order
  * (kq_scalar.c): the reference vec_dot's bits for every row, token and
  * batch size. Jobs are struct quant_kq_gemm with W the repacked matrix
- * (wrow its row-major row bytes, group g at W + g * R * wrow). Q5_K's
- * layout and scalar twin exist, but no SIMD kernel yet: no build repacks it.
- * The types this build repacks (quant_repack_fits' k-quants): */
+ * (wrow its row-major row bytes, group g at W + g * R * wrow). The types
+ * this build repacks (quant_repack_fits' k-quants): */
 bool quant_kqrp_type(enum quant_type t);
 /* Repack with any group size R (tests of the other builds' layouts). */
 ks_status quant_kqrp_repack_as(enum quant_type t, int64_t rows, int64_t cols, void *W, int R);

@@ -1,4 +1,4 @@
-/* k-quants: the group kernels of repacked Q4_K / Q6_K / Q5_K for AVX2, 8
+/* k-quants: the group kernels of repacked Q4_K / Q5_K / Q6_K for AVX2, 8
  * rows in the lanes of a ymm (the layout is in kq_internal.h, the scalar
  * twin in kq_repack.c; kq_repack_avx512.c says how a pass works).
  *
@@ -181,6 +181,76 @@ static void q6k_pass(const struct quant_kq_gemm *g, int64_t grp, int64_t t0)
     _mm256_storeu_ps(g->Y + t0 * g->ldy + grp * R, sum);
 }
 
+/* ---- Q5_K (kq_repack_avx512.c's order) --------------------------------------------- */
+
+#define Q5K_D 0
+#define Q5K_DMIN (2 * R)
+#define Q5K_SC (4 * R)
+#define Q5K_QH (Q5K_SC + 3 * 4 * R)
+#define Q5K_QS (Q5K_QH + 8 * 4 * R)
+
+/* u = nibble | fifth bit << 4 of element groups 32m + 4c, m = 0..7, of 8 rows. */
+static inline void q5k_levels(const uint8_t *gb, int c, __m256i u[8])
+{
+    const __m256i low4 = _mm256_set1_epi8(0x0f), bit4 = _mm256_set1_epi8(0x10);
+    const __m256i qh = dword_vec(gb, Q5K_QH, c);
+    for (int p = 0; p < 4; p++) {
+        const __m256i raw = dword_vec(gb, Q5K_QS, 8 * p + c);
+        const __m256i h0 = _mm256_and_si256(2 * p >= 4 ? _mm256_srli_epi16(qh, 2 * p - 4) : _mm256_slli_epi16(qh, 4 - 2 * p), bit4);
+        const __m256i h1 = _mm256_and_si256(2 * p + 1 >= 4 ? _mm256_srli_epi16(qh, 2 * p - 3) : _mm256_slli_epi16(qh, 3 - 2 * p), bit4);
+        u[2 * p] = _mm256_or_si256(_mm256_and_si256(raw, low4), h0);
+        u[2 * p + 1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(raw, 4), low4), h1);
+    }
+}
+
+/* The 8 rows' scales (m < 8) and mins (m >= 8) of a Q5_K / Q4_K group-block as (v, v) int16 pairs. */
+static inline void k4_scale_pairs(const uint8_t *gb, size_t at_sc, __m256i pairs[16])
+{
+    const __m256i low4 = _mm256_set1_epi8(0x0f), low6 = _mm256_set1_epi8(0x3f), top2 = _mm256_set1_epi8(0x30);
+    const __m256i w0 = dword_vec(gb, at_sc, 0), w1 = dword_vec(gb, at_sc, 1), w2 = dword_vec(gb, at_sc, 2);
+    const __m256i s03 = _mm256_and_si256(w0, low6), m03 = _mm256_and_si256(w1, low6);
+    const __m256i s47 = _mm256_or_si256(_mm256_and_si256(w2, low4), _mm256_and_si256(_mm256_srli_epi32(w0, 2), top2));
+    const __m256i m47 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(w2, 4), low4),
+                                        _mm256_and_si256(_mm256_srli_epi32(w1, 2), top2));
+    for (int j = 0; j < 8; j++) {
+        pairs[j] = _mm256_shuffle_epi8(j < 4 ? s03 : s47, pick_pair(j % 4));
+        pairs[8 + j] = _mm256_shuffle_epi8(j < 4 ? m03 : m47, pick_pair(j % 4));
+    }
+}
+
+static void q5k_pass(const struct quant_kq_gemm *g, int64_t grp, int64_t t0)
+{
+    const size_t gbb = R * sizeof(block_q5_K);
+    const block_q8_K *y = (const block_q8_K *)(g->X + (g->xi ? g->xi[t0] : t0) * g->xrow);
+    __m256 acc[8], summs = _mm256_setzero_ps();
+    for (int c = 0; c < 8; c++)
+        acc[c] = _mm256_setzero_ps();
+    const uint8_t *gb = g->W + (size_t)grp * R * g->wrow;
+    for (int64_t b = 0; b < g->cols / QK_K; b++, gb += gbb) {
+        prefetch_group_block(gb, gbb);
+        __m256i pairs[16];
+        k4_scale_pairs(gb, Q5K_SC, pairs);
+        __m256i msum = _mm256_setzero_si256();
+        for (int j = 0; j < 8; j++)
+            msum = _mm256_add_epi32(msum, _mm256_madd_epi16(pairs[8 + j], bcast(y[b].bsums + 2 * j)));
+        const __m256 d = vmath_load8_f16(gb + Q5K_D), dmin = vmath_load8_f16(gb + Q5K_DMIN);
+        summs = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(-y[b].d), dmin), _mm256_cvtepi32_ps(msum), summs);
+        const __m256 dd = _mm256_mul_ps(_mm256_set1_ps(y[b].d), d);
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; c++) {
+            __m256i u[8], lane = _mm256_setzero_si256();
+            q5k_levels(gb, c, u);
+            for (int m = 0; m < 8; m++)
+                lane = _mm256_add_epi32(lane, _mm256_madd_epi16(_mm256_maddubs_epi16(u[m], bcast(y[b].qs + 32 * m + 4 * c)),
+                                                                pairs[m]));
+            acc[c] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(lane), acc[c]);
+        }
+    }
+    const __m256 sum = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6])),
+                                     _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7])));
+    _mm256_storeu_ps(g->Y + t0 * g->ldy + grp * R, _mm256_add_ps(sum, summs));
+}
+
 /* ---- prefill panels straight from the layout ------------------------------------ */
 
 /* vpshufb pattern: byte k of each row's dword zero-extended to int32. */
@@ -266,10 +336,48 @@ static void q6k_unpack8(const uint8_t *W, int Rg, int64_t cols, int64_t r, uint8
     }
 }
 
+/* Q5_K into the lane-order panel: pair j = 2 x int16 sc * u of elements 2j,
+ * 2j + 1; pair i of the bsums weights (m_i, m_i); d; dmin. */
+static void q5k_unpack8(const uint8_t *W, int Rg, int64_t cols, int64_t r, uint8_t *panel, int lane0)
+{
+    const size_t wrow = quant_row_size(QUANT_Q5_K, cols), gbb = (size_t)Rg * sizeof(block_q5_K);
+    const size_t lanes = 4 * (size_t)lane0, at = 4 * (size_t)(r % Rg);
+    const __m128i lo_pair = _mm_setr_epi32(0x80018000, 0x80058004, 0x80098008, 0x800d800c);
+    const __m256i first = _mm256_broadcastsi128_si256(lo_pair),
+                  second = _mm256_broadcastsi128_si256(_mm_add_epi32(lo_pair, _mm_set1_epi32(0x00020002)));
+    const uint8_t *gb = W + (size_t)(r / Rg) * (size_t)Rg * wrow;
+    uint8_t g8[8 * sizeof(block_q5_K)]; /* the 8 rows as a group of 8 */
+    for (int64_t b = 0; b < cols / QK_K; b++, gb += gbb) {
+        uint8_t *pb = panel + b * KQ_PB_BYTES;
+        memcpy(g8 + Q5K_D, gb + at / 2, 16);
+        memcpy(g8 + Q5K_DMIN, gb + 2 * (size_t)Rg + at / 2, 16);
+        for (int k = 0; k < 43; k++)
+            memcpy(g8 + Q5K_SC + 32 * k, gb + 4 * (size_t)Rg + 4 * (size_t)Rg * k + at, 32);
+        __m256i pairs[16];
+        k4_scale_pairs(g8, Q5K_SC, pairs);
+        for (int c = 0; c < 8; c++) {
+            __m256i u[8];
+            q5k_levels(g8, c, u);
+            for (int m = 0; m < 8; m++) {
+                const size_t j = 16 * (size_t)m + 2 * (size_t)c;
+                store_lanes(pb, KQ_PL_W + 64 * j + lanes, _mm256_mullo_epi16(_mm256_shuffle_epi8(u[m], first), pairs[m]));
+                store_lanes(pb, KQ_PL_W + 64 * (j + 1) + lanes,
+                            _mm256_mullo_epi16(_mm256_shuffle_epi8(u[m], second), pairs[m]));
+            }
+        }
+        for (int i = 0; i < 8; i++)
+            store_lanes(pb, KQ_PL_PAIRS + 64 * (size_t)i + lanes, pairs[8 + i]);
+        _mm256_storeu_ps((float *)(void *)(pb + KQ_PL_D + lanes), vmath_load8_f16(g8 + Q5K_D));
+        _mm256_storeu_ps((float *)(void *)(pb + KQ_PL_DMIN + lanes), vmath_load8_f16(g8 + Q5K_DMIN));
+    }
+}
+
 bool quant_kqrp_unpack8_avx2(enum quant_type t, const uint8_t *W, int Rg, int64_t cols, int64_t r, uint8_t *panel,
                              int lane0)
 {
-    if (t == QUANT_Q4_K)
+    if (t == QUANT_Q5_K)
+        q5k_unpack8(W, Rg, cols, r, panel, lane0);
+    else if (t == QUANT_Q4_K)
         q4k_unpack8(W, Rg, cols, r, panel, lane0);
     else if (t == QUANT_Q6_K)
         q6k_unpack8(W, Rg, cols, r, panel, lane0);
@@ -290,10 +398,10 @@ KQRP_WIDTHS(q4k_pass)
 void quant_kqrp_rows_avx2(const struct quant_kq_gemm *g, int64_t g0, int64_t g1)
 {
     const kqrp_pass_fn *passes = q4k_pass_widths;
-    if (g->wtype == QUANT_Q6_K) {
+    if (g->wtype == QUANT_Q6_K || g->wtype == QUANT_Q5_K) {
         for (int64_t grp = g0; grp < g1; grp++)
             for (int64_t t = 0; t < g->n_tokens; t++)
-                q6k_pass(g, grp, t);
+                (g->wtype == QUANT_Q6_K ? q6k_pass : q5k_pass)(g, grp, t);
         return;
     }
     if (g->wtype != QUANT_Q4_K) {

@@ -1,4 +1,4 @@
-/* k-quants: the group kernels of repacked Q4_K / Q6_K / Q5_K for AVX-512
+/* k-quants: the group kernels of repacked Q4_K / Q5_K / Q6_K for AVX-512
  * VNNI, 16 rows in the lanes of a zmm (the layout is in kq_internal.h, the
  * scalar twin in kq_repack.c).
  *
@@ -335,6 +335,90 @@ static void q6k_batch(const struct quant_kq_gemm *g, int64_t grp, int64_t t0, in
         q6k_store(g, grp, t0 + t, acc[t]);
 }
 
+/* ---- Q5_K: ggml's eight lanes, mins on their own --------------------------------
+ * Lane c sums, per 32-element sub-block m, sc_m * (u . q8) over elements
+ * 32m + 4c.. with u = nibble | fifth bit << 4 (vpmaddubsw, pairs at most
+ * 2 * 31 * 127, then vpdpwssd with (sc_m, sc_m)); the mins are Q4_K's msum.
+ * acc[c] = fma(d * dy, lane, acc[c]), summs = fma(-dy * dmin, msum, summs),
+ * hsum_float_8's order plus summs at the end (kq_scalar.c). Qs dword
+ * 8(m / 2) + c holds sub-block m's elements in its low (m even) or high
+ * nibbles; qh dword c their fifth bits at bit m. */
+
+#define Q5K_D 0
+#define Q5K_DMIN (2 * R)
+#define Q5K_SC (4 * R)
+#define Q5K_QH (Q5K_SC + 3 * 4 * R)
+#define Q5K_QS (Q5K_QH + 8 * 4 * R)
+
+static inline void q5k_levels(const uint8_t *gb, int c, __m512i u[8])
+{
+    const __m512i low4 = _mm512_set1_epi8(0x0f), bit4 = _mm512_set1_epi8(0x10);
+    const __m512i qh = dword_vec(gb, Q5K_QH, c);
+    for (int p = 0; p < 4; p++) {
+        const __m512i raw = dword_vec(gb, Q5K_QS, 8 * p + c);
+        const __m512i h0 = _mm512_and_si512(byte_shift(qh, 2 * p - 4), bit4);
+        const __m512i h1 = _mm512_and_si512(byte_shift(qh, 2 * p - 3), bit4);
+        u[2 * p] = _mm512_ternarylogic_epi32(h0, raw, low4, SEL_B_OVER_A);
+        u[2 * p + 1] = _mm512_ternarylogic_epi32(byte_shift(raw, 4), h1, low4, SEL_A_OVER_B);
+    }
+}
+
+static inline __attribute__((always_inline)) void q5k_pass(const struct quant_kq_gemm *g, int64_t grp, int64_t t0,
+                                                           int T)
+{
+    const size_t gbb = R * sizeof(block_q5_K);
+    const block_q8_K *y[Q6K_TT];
+    quant_kq_tile_tokens(g, t0, T, T, y);
+    __m512 acc[Q6K_TT][8], summs[Q6K_TT];
+    for (int t = 0; t < T; t++) {
+        summs[t] = _mm512_setzero_ps();
+        for (int c = 0; c < 8; c++)
+            acc[t][c] = _mm512_setzero_ps();
+    }
+    const __m512i low4 = _mm512_set1_epi8(0x0f), low6 = _mm512_set1_epi8(0x3f), top2 = _mm512_set1_epi8(0x30);
+    const uint8_t *gb = g->W + (size_t)grp * R * g->wrow;
+    for (int64_t b = 0; b < g->cols / QK_K; b++, gb += gbb) {
+        prefetch_group_block(gb, gbb);
+        const __m512i w0 = dword_vec(gb, Q5K_SC, 0), w1 = dword_vec(gb, Q5K_SC, 1), w2 = dword_vec(gb, Q5K_SC, 2);
+        const __m512i s03 = _mm512_and_si512(w0, low6), m03 = _mm512_and_si512(w1, low6);
+        const __m512i s47 = _mm512_or_si512(_mm512_and_si512(w2, low4), _mm512_and_si512(_mm512_srli_epi32(w0, 2), top2));
+        const __m512i m47 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(w2, 4), low4),
+                                            _mm512_and_si512(_mm512_srli_epi32(w1, 2), top2));
+        __m512i scp[8];
+        for (int m = 0; m < 8; m++)
+            scp[m] = _mm512_shuffle_epi8(m < 4 ? s03 : s47, pick_pair(m % 4));
+        const __m512 d = vmath_load16_f16(gb + Q5K_D), dmin = vmath_load16_f16(gb + Q5K_DMIN);
+        for (int t = 0; t < T; t++) {
+            __m512i msum = _mm512_setzero_si512();
+            for (int j = 0; j < 8; j++)
+                msum = _mm512_dpwssd_epi32(msum, _mm512_shuffle_epi8(j < 4 ? m03 : m47, pick_pair(j % 4)),
+                                           bcast(y[t][b].bsums + 2 * j));
+            summs[t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(-y[t][b].d), dmin), _mm512_cvtepi32_ps(msum),
+                                       summs[t]);
+        }
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; c++) {
+            __m512i u[8], lane[Q6K_TT];
+            q5k_levels(gb, c, u);
+            for (int t = 0; t < T; t++)
+                lane[t] = _mm512_setzero_si512();
+            for (int m = 0; m < 8; m++)
+                for (int t = 0; t < T; t++)
+                    lane[t] = _mm512_dpwssd_epi32(lane[t], _mm512_maddubs_epi16(u[m], bcast(y[t][b].qs + 32 * m + 4 * c)),
+                                                  scp[m]);
+            for (int t = 0; t < T; t++)
+                acc[t][c] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(y[t][b].d), d), _mm512_cvtepi32_ps(lane[t]),
+                                            acc[t][c]);
+        }
+    }
+    for (int t = 0; t < T; t++) {
+        const __m512 *v = acc[t];
+        const __m512 sum = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(v[0], v[4]), _mm512_add_ps(v[2], v[6])),
+                                         _mm512_add_ps(_mm512_add_ps(v[1], v[5]), _mm512_add_ps(v[3], v[7])));
+        _mm512_storeu_ps(g->Y + (t0 + t) * g->ldy + grp * R, _mm512_add_ps(sum, summs[t]));
+    }
+}
+
 typedef void (*kqrp_pass_fn)(const struct quant_kq_gemm *g, int64_t grp, int64_t t0);
 
 /* passes[1..KQRP_TT] of an always-inline pass(g, grp, t0, T). */
@@ -374,10 +458,25 @@ static void q4k_rows(const struct quant_kq_gemm *g, int64_t g0, int64_t g1)
     }
 }
 
+static void q5k_pass_1(const struct quant_kq_gemm *g, int64_t grp, int64_t t0) { q5k_pass(g, grp, t0, 1); }
+static void q5k_pass_2(const struct quant_kq_gemm *g, int64_t grp, int64_t t0) { q5k_pass(g, grp, t0, 2); }
+
+/* Q5_K: 2 tokens a pass. */
+static void q5k_rows(const struct quant_kq_gemm *g, int64_t g0, int64_t g1)
+{
+    for (int64_t t0 = 0; t0 < g->n_tokens; t0 += KQRP_TOKEN_BLOCK) {
+        const int64_t t1 = g->n_tokens - t0 < KQRP_TOKEN_BLOCK ? g->n_tokens : t0 + KQRP_TOKEN_BLOCK;
+        for (int64_t grp = g0; grp < g1; grp++)
+            for (int64_t t = t0; t < t1; t += Q6K_TT)
+                (t1 - t < Q6K_TT ? q5k_pass_1 : q5k_pass_2)(g, grp, t);
+    }
+}
+
 void quant_kqrp_rows_avx512(const struct quant_kq_gemm *g, int64_t g0, int64_t g1)
 {
     switch (g->wtype) {
     case QUANT_Q4_K: q4k_rows(g, g0, g1); return;
+    case QUANT_Q5_K: q5k_rows(g, g0, g1); return;
     case QUANT_Q6_K: q6k_rows(g, g0, g1); return;
     default: quant_kqrp_rows_ref(g, R, g0, g1); return;
     }

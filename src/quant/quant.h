@@ -216,7 +216,7 @@ ks_status quant_matmul(threads_pool *pool, const void *W, enum quant_type wtype,
 
 /* ---- repacked weights ---------------------------------------------------- */
 /* Q4_0, Q8_0, IQ4_NL, MXFP4, Q5_0 and Q5_1 matrices, and with AVX2 or AVX-512
- * Q4_K and Q6_K ones, can be repacked once, at load time, into groups of
+ * Q4_K, Q5_K and Q6_K ones, can be repacked once, at load time, into groups of
  * quant_repack_rows() rows whose blocks are interleaved with their scales
  * (the layout this build's kernels read best: 16 rows with AVX-512, 8 with
  * AVX2 or scalar). The last rows % quant_repack_rows() rows stay row-major,
@@ -224,7 +224,7 @@ ks_status quant_matmul(threads_pool *pool, const void *W, enum quant_type wtype,
  * quant_matmul_repacked and quant_get_row_repacked. Decode and small batches
  * run GEMV/GEMM kernels on the layout: one sequential stream per group
  * instead of one per row, and per row and token the same bits as the scalar
- * reference vec_dot. Larger batches (Q4_0 / Q8_0 from 17 tokens, Q4_K / Q6_K
+ * reference vec_dot. Larger batches (Q4_0 / Q8_0 from 17 tokens, the k-quants
  * past a crossover of 8 to 64 by type and ISA) unpack rows into the prefill
  * tiles, with the same bits (a portable build, which has none, and IQ4_NL /
  * MXFP4 / Q5_0 / Q5_1, which have none, run every batch on the group

@@ -24,7 +24,7 @@
  *    a shared counter; more, the prefill tiles above, unpacking rows from
  *    the layout. Repacked IQ4_NL/MXFP4 weights run the group kernels at
  *    every batch size (they have no tiles).
- *  - repacked Q4_K/Q6_K weights: the group kernels of kq_repack*.c up to a
+ *  - repacked Q4_K/Q5_K/Q6_K weights: the group kernels of kq_repack*.c up to a
  *    crossover (kqrp_group_max), the k-quant tiles above on panels unpacked
  *    straight from the layout. */
 #include <stdalign.h>
@@ -133,7 +133,7 @@ static enum mm_path choose_path(enum quant_type wtype, int64_t n_tokens)
 #define RP_HAVE_TILES 1
 #endif
 
-/* Repacked Q4_K / Q6_K: batches up to kqrp_group_max() tokens run the group
+/* Repacked Q4_K / Q5_K / Q6_K: batches up to kqrp_group_max() tokens run the group
  * kernels of kq_repack*.c, larger ones the prefill tiles on panels unpacked
  * straight from the layout (a SIMD copy, 10-15x faster than unpacking
  * row-major rows, so these tiles beat the row-major ones). Crossovers, ns per
@@ -141,13 +141,14 @@ static enum mm_path choose_path(enum quant_type wtype, int64_t n_tokens)
  * 1 thread, min of 10-20): AVX-512 q4_K 1.75 vs 1.75 at 64 tokens, 1.78 vs
  * 1.56 at 512; q6_K 3.3 vs 3.4 at 32, 3.2 vs 2.9 at 64, 3.4 vs 2.55 at 512.
  * AVX2 q4_K 4.0 vs 4.1 at 32, 4.0 vs 3.9 at 64; q6_K 9.0 vs 9.0 at 8, 9.3
- * vs 7.2 at 16. */
+ * vs 7.2 at 16. Q5_K: AVX-512 4.5 vs 4.5 at 16, 4.5 vs 3.6 at 32; AVX2 8.5
+ * vs 8.9 at 8, 8.5 vs 7.1 at 16. */
 static int64_t kqrp_group_max(enum quant_type wtype)
 {
 #if defined(QUANT_HAVE_AVX512)
-    return wtype == QUANT_Q6_K ? 32 : 64;
+    return wtype == QUANT_Q4_K ? 64 : wtype == QUANT_Q6_K ? 32 : 16;
 #else
-    return wtype == QUANT_Q6_K ? 8 : 32;
+    return wtype == QUANT_Q4_K ? 32 : 8;
 #endif
 }
 
