@@ -115,7 +115,7 @@ void quant_kqrp_get_row(const void *W, enum quant_type t, int64_t rows, int64_t 
         to_float((const uint8_t *)W + (size_t)r * quant_row_size(t, cols), y, cols);
         return;
     }
-    uint8_t blk[KQRP_MAX_BLOCK];
+    _Alignas(4) uint8_t blk[KQRP_MAX_BLOCK];
     for (int64_t b = 0; b < cols / QK_K; b++) {
         quant_kqrp_get_block(W, t, R, cols, r, b, blk);
         to_float(blk, y + b * QK_K, QK_K);
@@ -125,7 +125,7 @@ void quant_kqrp_get_row(const void *W, enum quant_type t, int64_t rows, int64_t 
 /* Row r (inside the groups) into lane `lane` of a panel, block by block. */
 static void kqrp_unpack_row(enum quant_type t, const uint8_t *W, int64_t cols, int64_t r, uint8_t *panel, int lane)
 {
-    uint8_t blk[KQRP_MAX_BLOCK];
+    _Alignas(4) uint8_t blk[KQRP_MAX_BLOCK];
     for (int64_t b = 0; b < cols / QK_K; b++) {
         quant_kqrp_get_block(W, t, QUANT_RP_ROWS, cols, r, b, blk);
         quant_kq_unpack_lane(t, blk, lane, panel + b * KQ_PB_BYTES);
@@ -168,7 +168,7 @@ static float kqrp_row_dot(const struct quant_kq_gemm *g, int R, int64_t grp, int
 {
     const enum quant_type t = g->wtype;
     float acc = 0, accm = 0, lanes[8] = {0}, summs = 0;
-    uint8_t blk[KQRP_MAX_BLOCK];
+    _Alignas(4) uint8_t blk[KQRP_MAX_BLOCK];
     for (int64_t b = 0; b < g->cols / QK_K; b++) {
         quant_kqrp_get_block(g->W, t, R, g->cols, grp * R + l, b, blk);
         int32_t isum, msum, lane[8];

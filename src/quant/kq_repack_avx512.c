@@ -153,7 +153,7 @@ static inline __attribute__((always_inline)) void q4k_pass(const struct quant_kq
 #define Q6K_QH (32 * 4 * R)
 #define Q6K_SC (48 * 4 * R)
 #define Q6K_D (52 * 4 * R)
-#define Q6K_TT 2 /* tokens per pass: 8 float lanes per token in registers */
+#define LANES_TT 2 /* tokens per pass of the eight-lane kernels (Q5_K, Q6_K): 8 float lanes per token in registers */
 
 /* vpshufb pattern: bytes a and b of each row's dword as the high bytes of an
  * int16 pair (an arithmetic shift then sign-extends them). */
@@ -215,7 +215,7 @@ static inline __attribute__((always_inline)) void q6k_scales(const uint8_t *gb, 
  * (u[h][q]) or, with u NULL, unpacked here from gb; the int lanes in lane[t]. */
 static inline __attribute__((always_inline)) void q6k_lane(const uint8_t *gb, const __m512i (*u)[8][4], const __m512i *scp,
                                                            __m512i off, const block_q8_K *const *y, int64_t b, int T,
-                                                           int c, __m512i lane[Q6K_TT])
+                                                           int c, __m512i lane[LANES_TT])
 {
     for (int t = 0; t < T; t++)
         lane[t] = _mm512_dpwssd_epi32(_mm512_setzero_si512(), off, bcast(y[t][b].bsums + 2 * c));
@@ -245,14 +245,14 @@ static inline __attribute__((always_inline)) void q6k_store(const struct quant_k
     _mm512_storeu_ps(g->Y + t * g->ldy + grp * R, sum);
 }
 
-/* One group x T (<= Q6K_TT) tokens, unpacking as it goes: decode. */
+/* One group x T (<= LANES_TT) tokens, unpacking as it goes: decode. */
 static inline __attribute__((always_inline)) void q6k_pass(const struct quant_kq_gemm *g, int64_t grp, int64_t t0,
                                                            int T)
 {
     const size_t gbb = R * sizeof(block_q6_K);
-    const block_q8_K *y[Q6K_TT];
+    const block_q8_K *y[LANES_TT];
     quant_kq_tile_tokens(g, t0, T, T, y);
-    __m512 acc[Q6K_TT][8];
+    __m512 acc[LANES_TT][8];
     for (int t = 0; t < T; t++)
         for (int c = 0; c < 8; c++)
             acc[t][c] = _mm512_setzero_ps();
@@ -264,7 +264,7 @@ static inline __attribute__((always_inline)) void q6k_pass(const struct quant_kq
         const __m512 d = vmath_load16_f16(gb + Q6K_D);
 #pragma GCC unroll 8
         for (int c = 0; c < 8; c++) {
-            __m512i lane[Q6K_TT];
+            __m512i lane[LANES_TT];
             q6k_lane(gb, NULL, scp, off[c], y, b, T, c, lane);
             for (int t = 0; t < T; t++)
                 acc[t][c] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(y[t][b].d), d), _mm512_cvtepi32_ps(lane[t]),
@@ -297,7 +297,7 @@ static inline __attribute__((always_inline)) void q6k_chunk_pass(const struct q6
 {
     for (int i = 0; i < nbk; i++)
         for (int c = 0; c < 8; c++) {
-            __m512i lane[Q6K_TT];
+            __m512i lane[LANES_TT];
             q6k_lane(NULL, blk[i].u, blk[i].scp, blk[i].off[c], y, b0 + i, T, c, lane);
             for (int t = 0; t < T; t++)
                 acc[t][c] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(y[t][b0 + i].d), blk[i].d),
@@ -321,12 +321,12 @@ static void q6k_batch(const struct quant_kq_gemm *g, int64_t grp, int64_t t0, in
             prefetch_group_block(gb + (size_t)i * gbb, gbb);
             q6k_unpack(gb + (size_t)i * gbb, &blk[i]);
         }
-        for (int t = 0; t < T; t += Q6K_TT) {
-            const int n = T - t < Q6K_TT ? T - t : Q6K_TT;
-            const block_q8_K *y[Q6K_TT];
+        for (int t = 0; t < T; t += LANES_TT) {
+            const int n = T - t < LANES_TT ? T - t : LANES_TT;
+            const block_q8_K *y[LANES_TT];
             quant_kq_tile_tokens(g, t0 + t, n, n, y);
-            if (n == Q6K_TT)
-                q6k_chunk_pass(blk, nbk, b0, y, Q6K_TT, acc + t);
+            if (n == LANES_TT)
+                q6k_chunk_pass(blk, nbk, b0, y, LANES_TT, acc + t);
             else
                 q6k_chunk_pass(blk, nbk, b0, y, 1, acc + t);
         }
@@ -367,9 +367,9 @@ static inline __attribute__((always_inline)) void q5k_pass(const struct quant_kq
                                                            int T)
 {
     const size_t gbb = R * sizeof(block_q5_K);
-    const block_q8_K *y[Q6K_TT];
+    const block_q8_K *y[LANES_TT];
     quant_kq_tile_tokens(g, t0, T, T, y);
-    __m512 acc[Q6K_TT][8], summs[Q6K_TT];
+    __m512 acc[LANES_TT][8], summs[LANES_TT];
     for (int t = 0; t < T; t++) {
         summs[t] = _mm512_setzero_ps();
         for (int c = 0; c < 8; c++)
@@ -398,7 +398,7 @@ static inline __attribute__((always_inline)) void q5k_pass(const struct quant_kq
         }
 #pragma GCC unroll 8
         for (int c = 0; c < 8; c++) {
-            __m512i u[8], lane[Q6K_TT];
+            __m512i u[8], lane[LANES_TT];
             q5k_levels(gb, c, u);
             for (int t = 0; t < T; t++)
                 lane[t] = _mm512_setzero_si512();
@@ -439,7 +439,7 @@ static void q6k_rows(const struct quant_kq_gemm *g, int64_t g0, int64_t g1)
     for (int64_t t0 = 0; t0 < g->n_tokens; t0 += Q6K_BATCH) {
         const int T = (int)(g->n_tokens - t0 < Q6K_BATCH ? g->n_tokens - t0 : Q6K_BATCH);
         for (int64_t grp = g0; grp < g1; grp++) {
-            if (T > Q6K_TT)
+            if (T > LANES_TT)
                 q6k_batch(g, grp, t0, T);
             else
                 (T == 1 ? q6k_pass_1 : q6k_pass_2)(g, grp, t0);
@@ -467,8 +467,8 @@ static void q5k_rows(const struct quant_kq_gemm *g, int64_t g0, int64_t g1)
     for (int64_t t0 = 0; t0 < g->n_tokens; t0 += KQRP_TOKEN_BLOCK) {
         const int64_t t1 = g->n_tokens - t0 < KQRP_TOKEN_BLOCK ? g->n_tokens : t0 + KQRP_TOKEN_BLOCK;
         for (int64_t grp = g0; grp < g1; grp++)
-            for (int64_t t = t0; t < t1; t += Q6K_TT)
-                (t1 - t < Q6K_TT ? q5k_pass_1 : q5k_pass_2)(g, grp, t);
+            for (int64_t t = t0; t < t1; t += LANES_TT)
+                (t1 - t < LANES_TT ? q5k_pass_1 : q5k_pass_2)(g, grp, t);
     }
 }
 
