@@ -7,7 +7,13 @@
  * "cold" walks copies totalling cold_MiB (about a llama-1b Q4_K_M model),
  * which is what decode sees. Weights are random bytes with sane f16 scales:
  * the kernels' speed does not depend on the values. Prints the median of
- * the repetitions. Run with `nice` on a shared machine. */
+ * the repetitions. Run with `nice` on a shared machine.
+ *
+ * The types quant_repack takes (Q4_K, Q6_K, Q5_K) are then repacked and
+ * timed on the group kernels the model runs them with (one token: "groups"
+ * hot/cold GB/s; KQ_DOT_MAX_TOKENS tokens: ns per block-token), and the
+ * prefill panels' unpacking from each layout. */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -130,6 +136,135 @@ static void print_multi(const struct btype *bt, quant_kq_dot_multi_fn multi, con
            t[reps / 2] / blocks * 1e9, nt);
 }
 
+/* ---- repacked (quant_repack's layout, kq_repack*.c) ---------------------------- */
+
+#ifndef BATCH_TOKENS
+#define BATCH_TOKENS 64 /* a prefill batch (-DBATCH_TOKENS=512 for pp512's) */
+#endif
+#define CHUNK_GROUPS 8 /* groups per call, as a thread's chunk of quant_matmul (llama-1b, 2 threads) */
+
+/* Median seconds of one matrix x nt tokens by the group kernels over the
+ * repacked matrices starting at w, taken round-robin. */
+static double time_groups(enum quant_type t, const uint8_t *w, int n_mats, int rows, int cols, size_t row_bytes,
+                          const block_q8_K *y, int nt, int reps, float *sink)
+{
+    double tm[32];
+    float *out = malloc(sizeof(float) * (size_t)rows * (size_t)nt);
+    if (!out) return 0;
+    if (reps > 32) reps = 32;
+    for (int r = 0; r < reps; r++) {
+        const double t0 = bench_seconds(CLOCK_MONOTONIC);
+        for (int m = 0; m < n_mats; m++) {
+            const struct quant_kq_gemm g = {
+                .wtype = t, .W = w + (size_t)m * rows * row_bytes, .wrow = row_bytes, .cols = cols,
+                .X = (const uint8_t *)y, .xrow = sizeof(block_q8_K) * (size_t)(cols / QK_K), .n_tokens = nt,
+                .Y = out, .ldy = rows, .repacked = true, .rows = rows,
+            };
+            for (int64_t g0 = 0; g0 < rows / QUANT_RP_ROWS; g0 += CHUNK_GROUPS)
+                quant_kqrp_rows(&g, g0, g0 + CHUNK_GROUPS < rows / QUANT_RP_ROWS ? g0 + CHUNK_GROUPS : rows / QUANT_RP_ROWS);
+            quant_kqrp_tail_rows(&g, rows);
+            *sink += out[0];
+        }
+        tm[r] = (bench_seconds(CLOCK_MONOTONIC) - t0) / n_mats;
+    }
+    free(out);
+    qsort(tm, (size_t)reps, sizeof tm[0], bench_cmp_double);
+    return tm[reps / 2];
+}
+
+/* Median seconds to unpack every row of one matrix into prefill panels,
+ * from the row-major rows or from the repacked layout. */
+static double time_panels(enum quant_type t, const uint8_t *w, bool repacked, int rows, int cols, size_t row_bytes,
+                          uint8_t *panel, int reps, float *sink)
+{
+    double tm[32];
+    if (reps > 32) reps = 32;
+    for (int r = 0; r < reps; r++) {
+        const double t0 = bench_seconds(CLOCK_MONOTONIC);
+        for (int r0 = 0; r0 < rows; r0 += KQ_PANEL_ROWS) {
+            const int nr = rows - r0 < KQ_PANEL_ROWS ? rows - r0 : KQ_PANEL_ROWS;
+            if (repacked)
+                quant_kqrp_unpack_panel(t, w, rows, cols, r0, nr, panel);
+            else
+                quant_kq_unpack_panel(t, w + (size_t)r0 * row_bytes, row_bytes, nr, cols, panel);
+            *sink += (float)panel[r0 % 64];
+        }
+        tm[r] = bench_seconds(CLOCK_MONOTONIC) - t0;
+    }
+    qsort(tm, (size_t)reps, sizeof tm[0], bench_cmp_double);
+    return tm[reps / 2];
+}
+
+/* Median seconds of one matrix x nt tokens by the prefill tiles (panels
+ * unpacked from either layout, as quant_matmul runs them). */
+static double time_tiles(enum quant_type t, const uint8_t *w, bool repacked, int rows, int cols, size_t row_bytes,
+                         const block_q8_K *y, int nt, int reps, float *sink)
+{
+    double tm[32];
+    const quant_kq_tiles_fn tiles = quant_kq_tiles_best();
+    float *out = malloc(sizeof(float) * (size_t)rows * (size_t)nt);
+    uint8_t *scratch = aligned_alloc(64, quant_kq_scratch_bytes(cols));
+    if (!tiles || !out || !scratch) {
+        free(out), free(scratch);
+        return 0;
+    }
+    if (reps > 32) reps = 32;
+    const struct quant_kq_gemm g = {
+        .wtype = t, .W = w, .wrow = row_bytes, .cols = cols, .X = (const uint8_t *)y,
+        .xrow = sizeof(block_q8_K) * (size_t)(cols / QK_K), .n_tokens = nt, .Y = out, .ldy = rows,
+        .repacked = repacked, .rows = rows,
+    };
+    for (int r = 0; r < reps; r++) {
+        const double t0 = bench_seconds(CLOCK_MONOTONIC);
+        quant_kq_gemm_rows(&g, tiles, 0, rows, scratch);
+        *sink += out[0];
+        tm[r] = bench_seconds(CLOCK_MONOTONIC) - t0;
+    }
+    free(out), free(scratch);
+    qsort(tm, (size_t)reps, sizeof tm[0], bench_cmp_double);
+    return tm[reps / 2];
+}
+
+/* The same matrices repacked (in place): the group kernels for one token (hot
+ * and cold GB/s, as the vec_dot lines), for KQ_DOT_MAX_TOKENS tokens (ns per
+ * block-token, as the multi line), and the prefill panels' unpacking from
+ * either layout (ns per row-block). */
+static void print_repacked(const struct btype *bt, enum quant_type t, uint8_t *w, int n_cold, int rows, int cols,
+                           size_t row_bytes, const block_q8_K *y, const block_q8_K *y_multi, const block_q8_K *y_batch,
+                           float *sink)
+{
+    const size_t mat_bytes = row_bytes * (size_t)rows;
+    const double blocks = (double)rows * (cols / QK_K);
+    uint8_t *panel = aligned_alloc(64, quant_kq_panel_bytes(cols));
+    if (!panel) return;
+    const double rowmajor_unpack = time_panels(t, w, false, rows, cols, row_bytes, panel, 5, sink);
+    const double rowmajor_tiles = time_tiles(t, w, false, rows, cols, row_bytes, y_batch, BATCH_TOKENS, 3, sink);
+    for (int m = 0; m < n_cold; m++)
+        if (quant_kqrp_repack_as(t, rows, cols, w + (size_t)m * mat_bytes, QUANT_RP_ROWS)) return;
+    time_groups(t, w, 1, rows, cols, row_bytes, y, 1, 1, sink); /* warm up */
+    const double hot = time_groups(t, w, 1, rows, cols, row_bytes, y, 1, 15, sink);
+    const double cold = time_groups(t, w, n_cold, rows, cols, row_bytes, y, 1, 5, sink);
+    printf("%-6s %-7s %10.2f %10.2f %12.2f   (repacked, %d-row groups)\n", bt->name, "groups", mat_bytes / hot / 1e9,
+           mat_bytes / cold / 1e9, hot / blocks * 1e9, QUANT_RP_ROWS);
+    const double multi = time_groups(t, w, 1, rows, cols, row_bytes, y_multi, KQ_DOT_MAX_TOKENS, 15, sink);
+    printf("%-6s %-7s %10s %10s %12.2f   (repacked prefill, x%d tokens, ns per block-token)\n", bt->name, "groups",
+           "-", "-", multi / blocks / KQ_DOT_MAX_TOKENS * 1e9, KQ_DOT_MAX_TOKENS);
+    const double repacked_unpack = time_panels(t, w, true, rows, cols, row_bytes, panel, 5, sink);
+    const double groups_batch = time_groups(t, w, 1, rows, cols, row_bytes, y_batch, BATCH_TOKENS, 3, sink);
+    const double tiles_batch = time_tiles(t, w, true, rows, cols, row_bytes, y_batch, BATCH_TOKENS, 3, sink);
+    printf("%-6s %-7s %10s %10s %12.2f   (repacked prefill, x%d tokens, ns per block-token)\n", bt->name, "groups",
+           "-", "-", groups_batch / blocks / BATCH_TOKENS * 1e9, BATCH_TOKENS);
+    printf("%-6s %-7s %10s %10s %12.2f   (repacked prefill tiles, x%d tokens, ns per block-token)\n", bt->name,
+           "tiles", "-", "-", tiles_batch / blocks / BATCH_TOKENS * 1e9, BATCH_TOKENS);
+    printf("%-6s %-7s %10s %10s %12.2f   (row-major prefill tiles, x%d tokens, ns per block-token)\n", bt->name,
+           "tiles", "-", "-", rowmajor_tiles / blocks / BATCH_TOKENS * 1e9, BATCH_TOKENS);
+    printf("%-6s %-7s %10s %10s %12.2f   (prefill panels from row-major rows, ns per row-block)\n", bt->name, "unpack",
+           "-", "-", rowmajor_unpack / blocks * 1e9);
+    printf("%-6s %-7s %10s %10s %12.2f   (prefill panels from the repacked layout, ns per row-block)\n", bt->name,
+           "unpack", "-", "-", repacked_unpack / blocks * 1e9);
+    free(panel);
+}
+
 int main(int argc, char **argv)
 {
     int rows = 2048, cols = 8192, cold_mib = 768;
@@ -152,6 +287,10 @@ int main(int argc, char **argv)
     if (!y_multi) return 1;
     for (int t = 0; t < KQ_DOT_MAX_TOKENS; t++) memcpy(y_multi + t * (cols / QK_K), y, sizeof(block_q8_K) * (size_t)(cols / QK_K));
 
+    /* a prefill batch: BATCH_TOKENS copies */
+    block_q8_K *y_batch = malloc(sizeof(block_q8_K) * (size_t)(cols / QK_K) * BATCH_TOKENS);
+    if (!y_batch) return 1;
+    for (int t = 0; t < BATCH_TOKENS; t++) memcpy(y_batch + t * (cols / QK_K), y, sizeof(block_q8_K) * (size_t)(cols / QK_K));
     printf("single thread, %d x %d, median of reps; GB/s = weight bytes read / time\n", rows, cols);
     printf("%-6s %-7s %10s %10s %12s\n", "type", "kernel", "hot GB/s", "cold GB/s", "ns/block hot");
     float sink = 0;
@@ -186,11 +325,15 @@ int main(int argc, char **argv)
         }
         const quant_kq_dot_multi_fn multi = quant_kquants_dot_multi(b == 2 ? QUANT_Q4_K : b == 4 ? QUANT_Q6_K : QUANT_F32);
         if (multi) print_multi(bt, multi, w, rows, cols, row_bytes, y_multi, &sink);
+        const enum quant_type types[] = {QUANT_Q2_K, QUANT_Q3_K, QUANT_Q4_K, QUANT_Q5_K, QUANT_Q6_K};
+        if (quant_kqrp_type(types[b]) && rows >= QUANT_RP_ROWS)
+            print_repacked(bt, types[b], w, n_cold, rows, cols, row_bytes, y, y_multi, y_batch, &sink);
         free(w);
     }
     fprintf(stderr, "(checksum %g)\n", (double)sink);
     free(act);
     free(y);
     free(y_multi);
+    free(y_batch);
     return 0;
 }

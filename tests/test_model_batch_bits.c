@@ -16,9 +16,9 @@
  * (the untied output too) at that type, the trained q4_0 model in ../shared
  * when present, repacked (the default); the build's default model (tiny
  * llama, q8_0, KVSERVE_DEFAULT_MODEL), whose output is its tied q8_0 token
- * embeddings, repacked with them; a tiny q4_k llama (k-quants keep their
- * layout) and a row-major model (MODEL_LOAD_NO_REPACK), both held only to
- * what the README promises for row-major matrices (struct promise). */
+ * embeddings, repacked with them; tiny q4_k, q5_k and q6_k llamas, repacked; and a
+ * row-major model (MODEL_LOAD_NO_REPACK), held only to what the README
+ * promises for row-major matrices (struct promise). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -389,14 +389,15 @@ static void test_q5_repacked(void **state)
     assert_int_equal(check_synth("q5_1", 0, k_any_batch, "tiny q5_1"), 0);
 }
 
-/* k-quants are not repacked: decode runs the one-token vec_dot and small
- * batches its multi-token twin, bit-identical to it; from 8 tokens (32 for
- * Q4_K/Q6_K with AVX-512) the prefill tiles give the scalar reference's bits
- * instead, so q4_k is held to the row-major rule (README: batch invariance). */
-static void test_q4_k(void **state)
+/* k-quants repacked (Q4_K, Q5_K, Q6_K): the group kernels and the prefill tiles on
+ * panels unpacked from the layout both give the scalar reference's bits
+ * (kq_internal.h), so a token's logits do not depend on its batch. */
+static void test_kquants_repacked(void **state)
 {
     (void)state;
-    assert_int_equal(check_synth("q4_k", 0, k_row_major, "tiny q4_k"), 0);
+    assert_int_equal(check_synth("q4_k", 0, k_any_batch, "tiny q4_k"), 0);
+    assert_int_equal(check_synth("q5_k", 0, k_any_batch, "tiny q5_k"), 0);
+    assert_int_equal(check_synth("q6_k", 0, k_any_batch, "tiny q6_k"), 0);
 }
 
 static void test_trained_q4_0_repacked(void **state)
@@ -406,15 +407,9 @@ static void test_trained_q4_0_repacked(void **state)
     trained_model_path(path, sizeof path);
     if (access(path, R_OK) != 0)
         KS_SKIP("%s is missing", path);
-    /* its output is the tied q6_K token embeddings: a k-quant, whose tiles
-     * start at 8 tokens in the AVX2 build (32 with AVX-512, beyond any batch
-     * here), so there it is held to the row-major rule */
-#if defined(__AVX2__) && !defined(__AVX512F__)
-    struct promise pr = k_row_major;
-#else
-    struct promise pr = k_any_batch;
-#endif
-    assert_int_equal(check_model(path, 0, false, pr, "trained q4_0"), 0);
+    /* its output is the tied q6_K token embeddings, repacked too (its row-major
+     * kernels give the reference's bits as well) */
+    assert_int_equal(check_model(path, 0, false, k_any_batch, "trained q4_0"), 0);
 }
 
 /* The exception the README states: row-major Q4_0/Q8_0 weights decode fewer
@@ -434,7 +429,7 @@ int main(void)
         cmocka_unit_test(test_q8_0_repacked),
         cmocka_unit_test(test_mxfp4_repacked),
         cmocka_unit_test(test_q5_repacked),
-        cmocka_unit_test(test_q4_k),
+        cmocka_unit_test(test_kquants_repacked),
         cmocka_unit_test(test_trained_q4_0_repacked),
         cmocka_unit_test(test_row_major),
     };

@@ -63,7 +63,7 @@ void cli_kv_flags_apply(const struct cli_kv_flags *f, struct kv_config *cfg);
  * --mmap, --no-repack and the KV-cache flags. */
 struct cli_model_flags {
     bool mmap;      /* map the file instead of reading it into huge pages */
-    bool no_repack; /* keep Q4_0 / Q8_0 matrices row-major (A/B against the repacked kernels) */
+    bool no_repack; /* keep matrices row-major (A/B against the repacked kernels) */
     struct cli_kv_flags kv;
 };
 void cli_model_flags_init(struct cli_model_flags *f);

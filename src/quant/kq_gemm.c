@@ -168,22 +168,29 @@ static void store_lane_scaled(enum quant_type t, const struct kq_row_block *o, i
     memcpy(pb + KQ_PL_DMIN + 4 * lane, &o->dmin, 4);
 }
 
+void quant_kq_unpack_lane(enum quant_type t, const void *block, int lane, uint8_t *pb)
+{
+    struct kq_row_block o;
+    unpacker(t)(block, &o);
+    if (kq_lane_order(t))
+        store_lane_scaled(t, &o, lane, pb);
+    else
+        store_lane(&o, lane, pb);
+}
+
+void quant_kq_unpack_panel_row(enum quant_type t, const uint8_t *w, int64_t cols, uint8_t *panel, int lane)
+{
+    const size_t bb = quant_traits_scalar(t)->block_bytes;
+    for (int64_t b = 0; b < cols / QK_K; b++)
+        quant_kq_unpack_lane(t, w + (size_t)b * bb, lane, panel + b * KQ_PB_BYTES);
+}
+
 void quant_kq_unpack_panel(enum quant_type t, const uint8_t *w, size_t wrow, int nr, int64_t cols, uint8_t *panel)
 {
-    const unpack_fn unpack = unpacker(t);
-    const int64_t nsb = cols / QK_K;
-    const size_t bb = quant_traits_scalar(t)->block_bytes;
     if (nr < KQ_PANEL_ROWS) /* rows past nr: zero quants, scales and d */
         memset(panel, 0, quant_kq_panel_bytes(cols));
-    struct kq_row_block o;
     for (int r = 0; r < nr; r++)
-        for (int64_t b = 0; b < nsb; b++) {
-            unpack(w + (size_t)r * wrow + (size_t)b * bb, &o);
-            if (kq_lane_order(t))
-                store_lane_scaled(t, &o, r, panel + b * KQ_PB_BYTES);
-            else
-                store_lane(&o, r, panel + b * KQ_PB_BYTES);
-        }
+        quant_kq_unpack_panel_row(t, w + (size_t)r * wrow, cols, panel, r);
 }
 
 void quant_kq_gemm_rows(const struct quant_kq_gemm *g, quant_kq_tiles_fn tiles, int64_t r0, int64_t r1,
@@ -195,8 +202,11 @@ void quant_kq_gemm_rows(const struct quant_kq_gemm *g, quant_kq_tiles_fn tiles, 
         const int np = (nr + KQ_PANEL_ROWS - 1) / KQ_PANEL_ROWS;
         for (int p = 0; p < np; p++) {
             const int pr = nr - p * KQ_PANEL_ROWS < KQ_PANEL_ROWS ? nr - p * KQ_PANEL_ROWS : KQ_PANEL_ROWS;
-            quant_kq_unpack_panel(g->wtype, g->W + (size_t)(r + p * KQ_PANEL_ROWS) * g->wrow, g->wrow, pr, g->cols,
-                                  scratch + p * pbytes);
+            if (g->repacked)
+                quant_kqrp_unpack_panel(g->wtype, g->W, g->rows, g->cols, r + p * KQ_PANEL_ROWS, pr, scratch + p * pbytes);
+            else
+                quant_kq_unpack_panel(g->wtype, g->W + (size_t)(r + p * KQ_PANEL_ROWS) * g->wrow, g->wrow, pr, g->cols,
+                                      scratch + p * pbytes);
         }
         tiles(g, scratch, np, r, nr);
     }

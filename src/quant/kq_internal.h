@@ -153,6 +153,8 @@ struct quant_kq_gemm {
     int64_t n_tokens;
     float *Y;              /* Y[t * ldy + r] */
     int64_t ldy;
+    bool repacked;         /* W in quant_repack's layout (kq_repack.c), of `rows` rows */
+    int64_t rows;
 };
 /* Computes Y for rows r0 .. r0 + nr (nr <= np * KQ_PANEL_ROWS) and every
  * token from np (1 or 2) unpacked panels, quant_kq_panel_bytes() apart. */
@@ -163,6 +165,10 @@ size_t quant_kq_panel_bytes(int64_t cols);
 size_t quant_kq_scratch_bytes(int64_t cols);
 /* nr (<= KQ_PANEL_ROWS) rows starting at w into one panel; rows past nr are zero. */
 void quant_kq_unpack_panel(enum quant_type t, const uint8_t *w, size_t wrow, int nr, int64_t cols, uint8_t *panel);
+/* One row's super-block (ggml's layout) into lane `lane` of a panel's super-block pb. */
+void quant_kq_unpack_lane(enum quant_type t, const void *block, int lane, uint8_t *pb);
+/* A whole row w (cols wide) into lane `lane` of a panel. */
+void quant_kq_unpack_panel_row(enum quant_type t, const uint8_t *w, int64_t cols, uint8_t *panel, int lane);
 /* Rows [r0, r1) x every token: unpack KQ_GEMM_ROWS rows at a time, run tiles. */
 void quant_kq_gemm_rows(const struct quant_kq_gemm *g, quant_kq_tiles_fn tiles, int64_t r0, int64_t r1,
                         uint8_t *scratch);
@@ -193,6 +199,62 @@ void quant_kq_tiles_avx2(const struct quant_kq_gemm *g, const uint8_t *panels, i
 #if defined(KQ_HAVE_AVX512) && defined(__AVX512VNNI__)
 #define KQ_HAVE_GEMM_AVX512 1
 void quant_kq_tiles_avx512(const struct quant_kq_gemm *g, const uint8_t *panels, int np, int64_t r0, int nr);
+#endif
+
+/* ---- repacked Q4_K / Q5_K / Q6_K (kq_repack*.c) ----------------------------
+ * quant_repack's layout for the k-quants: groups of R = QUANT_RP_ROWS rows
+ * (16 with AVX-512, 8 otherwise), stored super-block column by super-block
+ * column. A group-block holds the R rows' super-block b with each field
+ * side by side: the f16 fields as arrays of R, the rest of the block dword
+ * by dword (dword k of rows 0..R-1, then dword k + 1):
+ *     Q4_K: d[R] | dmin[R] | 35 dwords x R (scales 0-2, qs 0-31)
+ *     Q5_K: d[R] | dmin[R] | 43 dwords x R (scales 0-2, qh 0-7, qs 0-31)
+ *     Q6_K: 52 dwords x R (ql 0-31, qh 32-47, scales 48-51) | d[R]
+ * so a group-block takes exactly the bytes of its rows' blocks, a group of
+ * one row is the file's block, and the tail rows past the last whole group
+ * stay row-major where the file had them. One vector load brings a dword of
+ * each of R rows, one row per 32-bit lane: the group kernels broadcast a
+ * token's Q8_K dword against it, so every row's sums end in its own lane
+ * and the float steps run per row in lanes, in the scalar reference's order
+ * (kq_scalar.c): the reference vec_dot's bits for every row, token and
+ * batch size. Jobs are struct quant_kq_gemm with W the repacked matrix
+ * (wrow its row-major row bytes, group g at W + g * R * wrow). The types
+ * this build repacks (quant_repack_fits' k-quants): */
+bool quant_kqrp_type(enum quant_type t);
+/* Repack with any group size R (tests of the other builds' layouts). */
+ks_status quant_kqrp_repack_as(enum quant_type t, int64_t rows, int64_t cols, void *W, int R);
+/* Row r's super-block b (r inside the groups of R rows) in ggml's layout. */
+void quant_kqrp_get_block(const void *W, enum quant_type t, int R, int64_t cols, int64_t r, int64_t b, void *out);
+/* Row r of a repacked matrix of rows rows as f32 (groups and tail). */
+void quant_kqrp_get_row(const void *W, enum quant_type t, int64_t rows, int64_t cols, int64_t r, float *y);
+/* Groups [g0, g1) of rows against every token: the build's best kernel; the
+ * scalar twin (any R); the SIMD kernels (R = 16, R = 8). */
+void quant_kqrp_rows(const struct quant_kq_gemm *g, int64_t g0, int64_t g1);
+void quant_kqrp_rows_ref(const struct quant_kq_gemm *g, int R, int64_t g0, int64_t g1);
+/* The row-major tail rows of a repacked matrix of rows rows (none if rows is
+ * a multiple of the group): the traits vec_dot, the reference's bits. */
+void quant_kqrp_tail_rows(const struct quant_kq_gemm *g, int64_t rows);
+/* nr (<= KQ_PANEL_ROWS) rows from r0 of a repacked matrix of rows rows into
+ * one prefill panel, as quant_kq_unpack_panel does from row-major rows. */
+void quant_kqrp_unpack_panel(enum quant_type t, const uint8_t *W, int64_t rows, int64_t cols, int64_t r0, int nr,
+                             uint8_t *panel);
+/* One super-block's exact integer sums in the reference's form: Q4_K's isum
+ * and msum, Q6_K's (and Q5_K's) 8 lanes (Q5_K: and its mins). */
+void quant_kq_q4_K_sums(const block_q4_K *x, const block_q8_K *y, int32_t *isum, int32_t *msum);
+void quant_kq_q6_K_lanes(const block_q6_K *x, const block_q8_K *y, int32_t lane[8]);
+void quant_kq_q5_K_lanes(const block_q5_K *x, const block_q8_K *y, int32_t lane[8], int32_t *mins);
+#if defined(QUANT_HAVE_AVX512)
+#define KQRP_HAVE_AVX512 1
+void quant_kqrp_rows_avx512(const struct quant_kq_gemm *g, int64_t g0, int64_t g1);
+#endif
+#if defined(QUANT_HAVE_AVX2)
+#define KQRP_HAVE_AVX2 1
+void quant_kqrp_rows_avx2(const struct quant_kq_gemm *g, int64_t g0, int64_t g1);
+/* Rows r .. r + 8 (r % 8 == 0, inside the groups of Rg rows) into lanes
+ * lane0 .. lane0 + 8 of a prefill panel, as quant_kq_unpack_lane stores
+ * them; false if type t has no such unpacker (then row by row). */
+bool quant_kqrp_unpack8_avx2(enum quant_type t, const uint8_t *W, int Rg, int64_t cols, int64_t r, uint8_t *panel,
+                             int lane0);
 #endif
 
 /* ---- helpers shared by the kq_*.c files --------------------------------- */

@@ -216,21 +216,23 @@ void quant_vec_dot_q3_K_q8_K_scalar(int n, float *s, const void *vx, const void 
     *s = quant_kq_lanes_hsum(acc);
 }
 
-/* Q4_K's block: isum and msum into the two chains; q holds the unpacked quants. */
-static void dot_k4_block(const uint8_t *scales, const uint8_t q[QK_K], float xd, float xdmin, const block_q8_K *y,
-                         float *acc, float *accm)
+void quant_kq_q4_K_sums(const block_q4_K *x, const block_q8_K *y, int32_t *isum, int32_t *msum)
 {
-    int32_t isum = 0, summs = 0;
+    uint8_t q[QK_K];
+    for (int j = 0; j < QK_K / 64; j++)
+        for (int l = 0; l < 32; l++) {
+            q[64 * j + l] = x->qs[32 * j + l] & 0xF;
+            q[64 * j + 32 + l] = x->qs[32 * j + l] >> 4;
+        }
+    *isum = *msum = 0;
     for (int j = 0; j < QK_K / 32; j++) {
         uint8_t sc, m;
-        kq_get_scale_min_k4(j, scales, &sc, &m);
+        kq_get_scale_min_k4(j, x->scales, &sc, &m);
         int32_t dot = 0;
         for (int l = 32 * j; l < 32 * j + 32; l++) dot += q[l] * y->qs[l];
-        isum += sc * dot;
-        summs += m * (y->bsums[2 * j] + y->bsums[2 * j + 1]);
+        *isum += sc * dot;
+        *msum += m * (y->bsums[2 * j] + y->bsums[2 * j + 1]);
     }
-    *acc = fmaf((float)isum, xd * y->d, *acc);
-    *accm = fmaf((float)summs, xdmin * y->d, *accm);
 }
 
 void quant_vec_dot_q4_K_q8_K_scalar(int n, float *s, const void *vx, const void *vy)
@@ -240,15 +242,31 @@ void quant_vec_dot_q4_K_q8_K_scalar(int n, float *s, const void *vx, const void 
     float acc = 0, accm = 0;
     for (int i = 0; i < n / QK_K; i++) {
         kq_prefetch_block(&x[i], sizeof x[i]);
-        uint8_t q[QK_K];
-        for (int j = 0; j < QK_K / 64; j++)
-            for (int l = 0; l < 32; l++) {
-                q[64 * j + l] = x[i].qs[32 * j + l] & 0xF;
-                q[64 * j + 32 + l] = x[i].qs[32 * j + l] >> 4;
-            }
-        dot_k4_block(x[i].scales, q, kq_f16_to_f32(x[i].d), kq_f16_to_f32(x[i].dmin), &y[i], &acc, &accm);
+        int32_t isum, msum;
+        quant_kq_q4_K_sums(&x[i], &y[i], &isum, &msum);
+        kq_chains_add(&acc, &accm, isum, msum, x[i].d, x[i].dmin, y[i].d);
     }
     *s = acc - accm;
+}
+
+void quant_kq_q5_K_lanes(const block_q5_K *x, const block_q8_K *y, int32_t lane[8], int32_t *mins)
+{
+    int8_t q[QK_K];
+    for (int j = 0; j < QK_K / 64; j++)
+        for (int l = 0; l < 32; l++) {
+            const uint8_t h = x->qh[l];
+            q[64 * j + l] = (int8_t)((x->qs[32 * j + l] & 0xF) | (((h >> (2 * j)) & 1) << 4));
+            q[64 * j + 32 + l] = (int8_t)((x->qs[32 * j + l] >> 4) | (((h >> (2 * j + 1)) & 1) << 4));
+        }
+    int32_t sc[8];
+    *mins = 0;
+    for (int j = 0; j < QK_K / 32; j++) {
+        uint8_t scale, m;
+        kq_get_scale_min_k4(j, x->scales, &scale, &m);
+        sc[j] = scale;
+        *mins += m * (y->bsums[2 * j] + y->bsums[2 * j + 1]);
+    }
+    kq_lane_sums(q, sc, 32, y->qs, lane);
 }
 
 /* Q5_K: mins as ggml's x86 kernel takes them, summs += (-y.d * dmin) * sum(min * bsums) per block. */
@@ -259,21 +277,8 @@ void quant_vec_dot_q5_K_q8_K_scalar(int n, float *s, const void *vx, const void 
     float acc[8] = {0}, summs = 0;
     for (int i = 0; i < n / QK_K; i++) {
         kq_prefetch_block(&x[i], sizeof x[i]);
-        int8_t q[QK_K];
-        for (int j = 0; j < QK_K / 64; j++)
-            for (int l = 0; l < 32; l++) {
-                const uint8_t h = x[i].qh[l];
-                q[64 * j + l] = (int8_t)((x[i].qs[32 * j + l] & 0xF) | (((h >> (2 * j)) & 1) << 4));
-                q[64 * j + 32 + l] = (int8_t)((x[i].qs[32 * j + l] >> 4) | (((h >> (2 * j + 1)) & 1) << 4));
-            }
-        int32_t sc[8], lane[8], mins = 0;
-        for (int j = 0; j < QK_K / 32; j++) {
-            uint8_t scale, m;
-            kq_get_scale_min_k4(j, x[i].scales, &scale, &m);
-            sc[j] = scale;
-            mins += m * (y[i].bsums[2 * j] + y[i].bsums[2 * j + 1]);
-        }
-        kq_lane_sums(q, sc, 32, y[i].qs, lane);
+        int32_t lane[8], mins;
+        quant_kq_q5_K_lanes(&x[i], &y[i], lane, &mins);
         kq_lanes_fma(acc, y[i].d * kq_f16_to_f32(x[i].d), lane);
         summs = fmaf(-y[i].d * kq_f16_to_f32(x[i].dmin), (float)mins, summs);
     }
@@ -281,6 +286,26 @@ void quant_vec_dot_q5_K_q8_K_scalar(int n, float *s, const void *vx, const void 
 }
 
 /* Q6_K: the quants as u = q + 32, the offset out of each lane through bsums. */
+void quant_kq_q6_K_lanes(const block_q6_K *x, const block_q8_K *y, int32_t lane[8])
+{
+    int8_t q[QK_K];
+    for (int half = 0; half < 2; half++) {
+        const uint8_t *ql = x->ql + 64 * half, *qh = x->qh + 32 * half;
+        int8_t *qq = q + 128 * half;
+        for (int l = 0; l < 32; l++) {
+            qq[l] = (int8_t)((ql[l] & 0xF) | ((qh[l] & 3) << 4));
+            qq[l + 32] = (int8_t)((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4));
+            qq[l + 64] = (int8_t)((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
+            qq[l + 96] = (int8_t)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
+        }
+    }
+    int32_t sc[16];
+    for (int g = 0; g < 16; g++) sc[g] = x->scales[g];
+    kq_lane_sums(q, sc, 16, y->qs, lane);
+    for (int c = 0; c < 8; c++)
+        lane[c] -= 32 * (sc[2 * c] * y->bsums[2 * c] + sc[2 * c + 1] * y->bsums[2 * c + 1]);
+}
+
 void quant_vec_dot_q6_K_q8_K_scalar(int n, float *s, const void *vx, const void *vy)
 {
     const block_q6_K *x = vx;
@@ -288,22 +313,8 @@ void quant_vec_dot_q6_K_q8_K_scalar(int n, float *s, const void *vx, const void 
     float acc[8] = {0};
     for (int i = 0; i < n / QK_K; i++) {
         kq_prefetch_block(&x[i], sizeof x[i]);
-        int8_t q[QK_K];
-        for (int half = 0; half < 2; half++) {
-            const uint8_t *ql = x[i].ql + 64 * half, *qh = x[i].qh + 32 * half;
-            int8_t *qq = q + 128 * half;
-            for (int l = 0; l < 32; l++) {
-                qq[l] = (int8_t)((ql[l] & 0xF) | ((qh[l] & 3) << 4));
-                qq[l + 32] = (int8_t)((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4));
-                qq[l + 64] = (int8_t)((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
-                qq[l + 96] = (int8_t)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
-            }
-        }
-        int32_t sc[16], lane[8];
-        for (int g = 0; g < 16; g++) sc[g] = x[i].scales[g];
-        kq_lane_sums(q, sc, 16, y[i].qs, lane);
-        for (int c = 0; c < 8; c++)
-            lane[c] -= 32 * (sc[2 * c] * y[i].bsums[2 * c] + sc[2 * c + 1] * y[i].bsums[2 * c + 1]);
+        int32_t lane[8];
+        quant_kq_q6_K_lanes(&x[i], &y[i], lane);
         kq_lanes_fma(acc, y[i].d * kq_f16_to_f32(x[i].d), lane);
     }
     *s = quant_kq_lanes_hsum(acc);

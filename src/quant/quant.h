@@ -215,20 +215,22 @@ ks_status quant_matmul(threads_pool *pool, const void *W, enum quant_type wtype,
                        float *Y, void *work, size_t work_size);
 
 /* ---- repacked weights ---------------------------------------------------- */
-/* Q4_0, Q8_0, IQ4_NL, MXFP4, Q5_0 and Q5_1 matrices can be repacked once, at load time, into groups of
+/* Q4_0, Q8_0, IQ4_NL, MXFP4, Q5_0 and Q5_1 matrices, and with AVX2 or AVX-512
+ * Q4_K, Q5_K and Q6_K ones, can be repacked once, at load time, into groups of
  * quant_repack_rows() rows whose blocks are interleaved with their scales
  * (the layout this build's kernels read best: 16 rows with AVX-512, 8 with
  * AVX2 or scalar). The last rows % quant_repack_rows() rows stay row-major,
  * where they were. A repacked matrix has the same size and is read only by
  * quant_matmul_repacked and quant_get_row_repacked. Decode and small batches
- * (up to 16 tokens) run
- * GEMV/GEMM kernels on the layout: one sequential stream per group instead
- * of one per row, and per row and token the same bits as the scalar
- * reference vec_dot. Larger batches unpack rows into the prefill tiles (a
- * portable build, which has none, and IQ4_NL / MXFP4 / Q5_0 / Q5_1, which
- * have none, run every batch on the group kernels). */
+ * run GEMV/GEMM kernels on the layout: one sequential stream per group
+ * instead of one per row, and per row and token the same bits as the scalar
+ * reference vec_dot. Larger batches (Q4_0 / Q8_0 from 17 tokens, the k-quants
+ * past a crossover of 8 to 64 by type and ISA) unpack rows into the prefill
+ * tiles, with the same bits (a portable build, which has none, and IQ4_NL /
+ * MXFP4 / Q5_0 / Q5_1, which have none, run every batch on the group
+ * kernels). */
 int quant_repack_rows(void);
-/* Q4_0 / Q8_0 / IQ4_NL / MXFP4 / Q5_0 / Q5_1, at least one whole group of rows, cols of whole blocks. */
+/* A type this build repacks (above), at least one whole group of rows, cols of whole blocks. */
 bool quant_repack_fits(enum quant_type t, int64_t rows, int64_t cols);
 /* In place. KS_ERR_INVALID_ARG if it does not fit; KS_ERR_NOMEM (W unchanged)
  * without memory for one group of rows. */

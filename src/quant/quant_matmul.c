@@ -23,7 +23,10 @@
  *    tokens, the group kernels of quant_repack.c over row groups taken from
  *    a shared counter; more, the prefill tiles above, unpacking rows from
  *    the layout. Repacked IQ4_NL/MXFP4 weights run the group kernels at
- *    every batch size (they have no tiles). */
+ *    every batch size (they have no tiles).
+ *  - repacked Q4_K/Q5_K/Q6_K weights: the group kernels of kq_repack*.c up to a
+ *    crossover (kqrp_group_max), the k-quant tiles above on panels unpacked
+ *    straight from the layout. */
 #include <stdalign.h>
 #include <stdatomic.h>
 #include <math.h>
@@ -63,7 +66,7 @@ static size_t align_up(size_t n) { return (n + MM_ALIGN - 1) / MM_ALIGN * MM_ALI
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 enum mm_path { MM_GENERIC, MM_Q8_DECODE, MM_Q8_PREFILL, MM_FLOAT_DECODE, MM_FLOAT_PREFILL, MM_Q8_PREFILL_AVX2, MM_REPACKED,
-               MM_KQ_PREFILL };
+               MM_KQ_PREFILL, MM_KQ_REPACKED };
 
 static inline bool is_q8_family(enum quant_type t) { return t == QUANT_Q4_0 || t == QUANT_Q8_0; }
 /* Repacked, these types run the group kernels at every batch size: no tile reads their layout (q5's
@@ -130,8 +133,29 @@ static enum mm_path choose_path(enum quant_type wtype, int64_t n_tokens)
 #define RP_HAVE_TILES 1
 #endif
 
+/* Repacked Q4_K / Q5_K / Q6_K: batches up to kqrp_group_max() tokens run the group
+ * kernels of kq_repack*.c, larger ones the prefill tiles on panels unpacked
+ * straight from the layout (a SIMD copy, 10-15x faster than unpacking
+ * row-major rows, so these tiles beat the row-major ones). Crossovers, ns per
+ * block-token, group kernels vs tiles on repacked panels (llama-1b widths,
+ * 1 thread, min of 10-20): AVX-512 q4_K 1.75 vs 1.75 at 64 tokens, 1.78 vs
+ * 1.56 at 512; q6_K 3.3 vs 3.4 at 32, 3.2 vs 2.9 at 64, 3.4 vs 2.55 at 512.
+ * AVX2 q4_K 4.0 vs 4.1 at 32, 4.0 vs 3.9 at 64; q6_K 9.0 vs 9.0 at 8, 9.3
+ * vs 7.2 at 16. Q5_K: AVX-512 4.5 vs 4.5 at 16, 4.5 vs 3.6 at 32; AVX2 8.5
+ * vs 8.9 at 8, 8.5 vs 7.1 at 16. */
+static int64_t kqrp_group_max(enum quant_type wtype)
+{
+#if defined(QUANT_HAVE_AVX512)
+    return wtype == QUANT_Q4_K ? 64 : wtype == QUANT_Q6_K ? 32 : 16;
+#else
+    return wtype == QUANT_Q4_K ? 32 : 8;
+#endif
+}
+
 static enum mm_path choose_repacked_path(enum quant_type wtype, int64_t n_tokens)
 {
+    if (quant_kqrp_type(wtype))
+        return n_tokens > kqrp_group_max(wtype) && quant_kq_tiles_best() ? MM_KQ_PREFILL : MM_KQ_REPACKED;
 #if defined(RP_HAVE_TILES)
     if (n_tokens > RP_GEMM_MAX && !rp_every_batch(wtype))
         return choose_path(wtype, n_tokens);
@@ -185,6 +209,7 @@ static size_t work_for_path(const struct quant_traits *tr, enum quant_type wtype
     case MM_REPACKED:
         return rp_work(wtype, cols, n_tokens);
     case MM_KQ_PREFILL: /* the Q8_K rows of the generic path */
+    case MM_KQ_REPACKED:
     case MM_GENERIC:
         break;
     }
@@ -403,9 +428,18 @@ static void kq_rows(const struct mm *m, int64_t r0, int64_t r1, uint8_t *scratch
 {
     const struct quant_kq_gemm g = {
         .wtype = m->wtype, .W = m->W, .wrow = m->wrow, .cols = m->cols, .X = m->work, .xrow = m->xrow,
-        .xi = m->xi, .n_tokens = m->n_tokens, .Y = m->Y, .ldy = m->rows,
+        .xi = m->xi, .n_tokens = m->n_tokens, .Y = m->Y, .ldy = m->rows, .repacked = m->repacked, .rows = m->rows,
     };
     quant_kq_gemm_rows(&g, quant_kq_tiles_best(), r0, r1, scratch);
+}
+
+/* The group kernels' job: every token's Q8_K row, as the generic quantizer wrote them. */
+static struct quant_kq_gemm kqrp_job(const struct mm *m)
+{
+    return (struct quant_kq_gemm){
+        .wtype = m->wtype, .W = m->W, .wrow = m->wrow, .cols = m->cols, .X = m->work, .xrow = m->xrow,
+        .xi = m->xi, .n_tokens = m->n_tokens, .Y = m->Y, .ldy = m->rows, .repacked = true, .rows = m->rows,
+    };
 }
 
 static uint8_t *kq_scratch(int64_t cols) { return aligned_alloc(MM_ALIGN, align_up(quant_kq_scratch_bytes(cols))); }
@@ -961,7 +995,7 @@ static size_t ex_tok_xrow(const struct quant_traits *tr, enum quant_type wtype, 
                           enum ex_tok *layout)
 {
     *layout = EX_TOK_VEC_DOT;
-    if (repacked) {
+    if (repacked && !quant_kqrp_type(wtype)) { /* repacked k-quants read Q8_K rows */
         *layout = EX_TOK_RP;
         return rp_token_bytes(cols);
     }
@@ -1158,6 +1192,13 @@ static bool ex_rows(struct ex_run *r, const struct ex_expert *x, int mat, int64_
             return false;
         kq_rows(&m, r0, r1, sc->kq);
         return true;
+    case MM_KQ_REPACKED: {
+        struct quant_kq_gemm g = kqrp_job(&m);
+        quant_kqrp_rows(&g, r0 / QUANT_RP_ROWS, r1 / QUANT_RP_ROWS);
+        if (r1 == m.rows && m.rows % QUANT_RP_ROWS) /* the row-major tail, with the last item */
+            quant_kqrp_tail_rows(&g, m.rows);
+        return true;
+    }
     default:
         generic_chunks(&m, r0 / MM_ROW_CHUNK, ceil_div(r1, MM_ROW_CHUNK));
         return true;
@@ -1360,25 +1401,55 @@ static void rp_pack(void *vctx, int ith, int nth)
 /* Groups are handed out in chunks, as dec_compute's rows are, and for the
  * same reason. A thread's own range is one stream: on qwen3-0.6b's layer
  * shapes that beat one shared counter (chunks alternating between threads)
- * by 4-6%, 25 -> 26.3 GB/s (bench_matmul q4_0, 2 threads, AVX-512). */
-static void rp_compute(void *vctx, int ith, int nth)
+ * by 4-6%, 25 -> 26.3 GB/s (bench_matmul q4_0, 2 threads, AVX-512). The
+ * row-major tail rows are one more work item. */
+static void groups_compute(struct mm *m, int ith, int nth, void (*groups)(const struct mm *m, int64_t g0, int64_t g1),
+                           void (*tail)(const struct mm *m))
 {
-    struct mm *m = vctx;
     int64_t n_groups = m->rows / QUANT_RP_ROWS;
     int64_t chunk = n_groups / ((int64_t)nth * 8);
     chunk = chunk < RP_MIN_CHUNK_ROWS / QUANT_RP_ROWS ? RP_MIN_CHUNK_ROWS / QUANT_RP_ROWS : chunk;
     int64_t n_chunks = ceil_div(n_groups, chunk);
-    bool tail = m->rows % QUANT_RP_ROWS != 0; /* the row-major tail rows are one more work item */
-    struct quant_rp_job j = rp_job(m);
-    for (int64_t ci; (ci = take_own_chunk(&m->own, ith, nth, n_chunks + tail)) >= 0;) {
+    bool has_tail = m->rows % QUANT_RP_ROWS != 0;
+    for (int64_t ci; (ci = take_own_chunk(&m->own, ith, nth, n_chunks + has_tail)) >= 0;) {
         if (ci == n_chunks) {
-            quant_rp_tail_rows(&j, m->rows);
+            tail(m);
             continue;
         }
         int64_t g0 = ci * chunk, g1 = g0 + chunk < n_groups ? g0 + chunk : n_groups;
-        quant_rp_rows(&j, g0, g1);
+        groups(m, g0, g1);
     }
 }
+
+static void rp_groups(const struct mm *m, int64_t g0, int64_t g1)
+{
+    struct quant_rp_job j = rp_job(m);
+    quant_rp_rows(&j, g0, g1);
+}
+
+static void rp_tail(const struct mm *m)
+{
+    struct quant_rp_job j = rp_job(m);
+    quant_rp_tail_rows(&j, m->rows);
+}
+
+static void rp_compute(void *vctx, int ith, int nth) { groups_compute(vctx, ith, nth, rp_groups, rp_tail); }
+
+/* ---- repacked k-quants: their group kernels ----------------------------------- */
+
+static void kqrp_groups(const struct mm *m, int64_t g0, int64_t g1)
+{
+    struct quant_kq_gemm g = kqrp_job(m);
+    quant_kqrp_rows(&g, g0, g1);
+}
+
+static void kqrp_tail(const struct mm *m)
+{
+    struct quant_kq_gemm g = kqrp_job(m);
+    quant_kqrp_tail_rows(&g, m->rows);
+}
+
+static void kqrp_compute(void *vctx, int ith, int nth) { groups_compute(vctx, ith, nth, kqrp_groups, kqrp_tail); }
 
 /* ---- entry points ---------------------------------------------------------- */
 
@@ -1410,8 +1481,8 @@ static ks_status mm_init(struct mm *m, const void *W, enum quant_type wtype, boo
                        (long long)rows, (long long)cols, (long long)n_tokens, tr->name);
     if (repacked && !quant_repack_fits(wtype, rows, cols))
         return ks_fail(KS_ERR_INVALID_ARG, "matmul: a repacked %s matrix of %lld x %lld cannot exist (Q4_0, Q8_0, "
-                       "IQ4_NL, MXFP4, Q5_0 or Q5_1, whole blocks, at least %d rows)", quant_type_name(wtype), (long long)rows, (long long)cols,
-                       QUANT_RP_ROWS);
+                       "IQ4_NL, MXFP4, Q5_0, Q5_1, Q4_K, Q5_K or Q6_K, whole blocks, at least %d rows)",
+                       quant_type_name(wtype), (long long)rows, (long long)cols, QUANT_RP_ROWS);
     if (!W || !X || !Y || !work)
         return ks_fail(KS_ERR_INVALID_ARG, "matmul: NULL buffer");
     size_t need = quant_matmul_work_size(wtype, cols, n_tokens);
@@ -1433,6 +1504,8 @@ static threads_fn decode_compute(enum mm_path path)
     switch (path) {
     case MM_REPACKED:
         return rp_compute;
+    case MM_KQ_REPACKED:
+        return kqrp_compute;
 #if defined(QUANT_HAVE_AVX512)
     case MM_Q8_DECODE:
         return dec_compute;

@@ -49,6 +49,7 @@
 #include <string.h>
 
 #include "quant/iq4_mxfp4.h"
+#include "quant/kq_internal.h"
 #include "quant/quant_internal.h"
 #include "vmath/vmath_simd.h"
 
@@ -97,6 +98,8 @@ int quant_repack_rows(void) { return QUANT_RP_ROWS; }
 
 bool quant_repack_fits(enum quant_type t, int64_t rows, int64_t cols)
 {
+    if (quant_kqrp_type(t))
+        return rows >= QUANT_RP_ROWS && cols > 0 && cols % QK_K == 0 && cols <= INT32_MAX;
     return (t == QUANT_Q4_0 || t == QUANT_Q8_0 || rp_is_lut(t) || rp_is_q5(t)) && rows >= QUANT_RP_ROWS && cols > 0 &&
            cols % QK8_0 == 0 && cols <= INT32_MAX;
 }
@@ -165,8 +168,10 @@ ks_status quant_repack(enum quant_type t, int64_t rows, int64_t cols, void *W)
 {
     if (!W || !quant_repack_fits(t, rows, cols))
         return ks_fail(KS_ERR_INVALID_ARG, "repack: %s matrix of %lld x %lld cannot be repacked (Q4_0, Q8_0, IQ4_NL, "
-                       "MXFP4, Q5_0 or Q5_1, whole blocks, at least %d rows)", quant_type_name(t), (long long)rows, (long long)cols,
-                       QUANT_RP_ROWS);
+                       "MXFP4, Q5_0, Q5_1, Q4_K, Q5_K or Q6_K, whole blocks, at least %d rows)", quant_type_name(t),
+                       (long long)rows, (long long)cols, QUANT_RP_ROWS);
+    if (quant_kqrp_type(t))
+        return quant_kqrp_repack_as(t, rows, cols, W, QUANT_RP_ROWS);
     return quant_rp_repack_as(t, rows, cols, W, QUANT_RP_ROWS, QUANT_RP_Q8_BIAS);
 }
 
@@ -252,6 +257,10 @@ ks_status quant_get_row_repacked(const void *W, enum quant_type t, int64_t rows,
                        quant_type_name(t), (long long)rows, (long long)cols);
     if (r >= quant_rp_grouped_rows(rows))
         return quant_get_row(W, t, cols, r, y);
+    if (quant_kqrp_type(t)) {
+        quant_kqrp_get_row(W, t, rows, cols, r, y);
+        return KS_OK;
+    }
 #if defined(QUANT_HAVE_AVX2)
     if (!rp_is_lut(t) && !rp_is_q5(t)) {
         rp_row_to_float_avx2(W, t, cols / QK8_0, r, y);

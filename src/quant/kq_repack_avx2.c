@@ -1,0 +1,415 @@
+/* k-quants: the group kernels of repacked Q4_K / Q5_K / Q6_K for AVX2, 8
+ * rows in the lanes of a ymm (the layout is in kq_internal.h, the scalar
+ * twin in kq_repack.c; kq_repack_avx512.c says how a pass works).
+ *
+ * Without VNNI, a weight dword (unsigned) times a broadcast Q8_K dword is
+ * vpmaddubsw (two int16 pair sums per row) and the scale multiply is
+ * vpmaddwd against (scale, scale) int16 pairs, which also adds the pair:
+ * exact as long as no int16 sum passes 32767, which the ranges noted at
+ * each kernel keep. The float steps are the scalar reference's, row by row
+ * in the lanes (explicit fmas, no contraction in this file). */
+#include "quant/kq_internal.h"
+
+#if defined(KQRP_HAVE_AVX2)
+#include <immintrin.h>
+
+#include "vmath/vmath_simd.h"
+
+#define KQRP_TT 2 /* tokens per pass over a group: 16 ymm registers hold 2 tokens' sums */
+#ifndef KQRP_AHEAD
+#define KQRP_AHEAD 4096 /* software prefetch distance in the weight stream */
+#endif
+#define R 8
+
+static inline __m256i bcast(const void *p) { return _mm256_set1_epi32(kq_dword(p)); }
+static inline __m256i dword_vec(const uint8_t *gb, size_t at, int k)
+{
+    return _mm256_loadu_si256((const __m256i *)(gb + at + 32 * (size_t)k));
+}
+
+static inline void prefetch_group_block(const uint8_t *gb, size_t bytes)
+{
+    for (size_t off = 0; off < bytes; off += 64)
+        __builtin_prefetch((const char *)gb + KQRP_AHEAD + off, 0, QUANT_WEIGHT_PREFETCH);
+}
+
+/* vpshufb pattern: byte k of each row's dword as both halves of an int16 pair. */
+static inline __m256i pick_pair(int k)
+{
+    const __m128i at = _mm_add_epi32(_mm_set1_epi32((int)(0x80008000u | (unsigned)k | (unsigned)k << 16)),
+                                     _mm_setr_epi32(0, 0x00040004, 0x00080008, 0x000c000c));
+    return _mm256_broadcastsi128_si256(at);
+}
+
+/* ---- Q4_K (kq_repack_avx512.c's order) ---------------------------------------
+ * A sub-block's 8 dwords of vpmaddubsw pairs add up in int16: each lane sums
+ * 16 products of a nibble and a Q8_K quant, at most 16 * 15 * 127 = 30480. */
+
+#define Q4K_D 0
+#define Q4K_DMIN (2 * R)
+#define Q4K_SC (4 * R)
+#define Q4K_QS (Q4K_SC + 3 * 4 * R)
+
+static inline __attribute__((always_inline)) void q4k_pass(const struct quant_kq_gemm *g, int64_t grp, int64_t t0,
+                                                           int T)
+{
+    const size_t gbb = R * sizeof(block_q4_K);
+    const int64_t nsb = g->cols / QK_K;
+    const block_q8_K *y[KQRP_TT];
+    quant_kq_tile_tokens(g, t0, T, T, y);
+    __m256 acc[KQRP_TT], accm[KQRP_TT];
+    for (int t = 0; t < T; t++)
+        acc[t] = accm[t] = _mm256_setzero_ps();
+    const __m256i low4 = _mm256_set1_epi8(0x0f), low6 = _mm256_set1_epi8(0x3f), top2 = _mm256_set1_epi8(0x30);
+    const uint8_t *gb = g->W + (size_t)grp * R * g->wrow;
+    for (int64_t b = 0; b < nsb; b++, gb += gbb) {
+        prefetch_group_block(gb, gbb);
+        const __m256i w0 = dword_vec(gb, Q4K_SC, 0), w1 = dword_vec(gb, Q4K_SC, 1), w2 = dword_vec(gb, Q4K_SC, 2);
+        const __m256i s03 = _mm256_and_si256(w0, low6), m03 = _mm256_and_si256(w1, low6);
+        const __m256i s47 = _mm256_or_si256(_mm256_and_si256(w2, low4), _mm256_and_si256(_mm256_srli_epi32(w0, 2), top2));
+        const __m256i m47 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(w2, 4), low4),
+                                            _mm256_and_si256(_mm256_srli_epi32(w1, 2), top2));
+        const __m256 d = vmath_load8_f16(gb + Q4K_D), dmin = vmath_load8_f16(gb + Q4K_DMIN);
+        __m256i msum[KQRP_TT];
+        for (int t = 0; t < T; t++)
+            msum[t] = _mm256_setzero_si256();
+        for (int j = 0; j < 8; j++) {
+            const __m256i mm = _mm256_shuffle_epi8(j < 4 ? m03 : m47, pick_pair(j % 4));
+            for (int t = 0; t < T; t++)
+                msum[t] = _mm256_add_epi32(msum[t], _mm256_madd_epi16(mm, bcast(y[t][b].bsums + 2 * j)));
+        }
+        for (int t = 0; t < T; t++)
+            accm[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(msum[t]), _mm256_mul_ps(dmin, _mm256_set1_ps(y[t][b].d)),
+                                      accm[t]);
+        __m256i isum[KQRP_TT];
+        for (int t = 0; t < T; t++)
+            isum[t] = _mm256_setzero_si256();
+        for (int p = 0; p < 4; p++) {
+            __m256i dlo[KQRP_TT], dhi[KQRP_TT];
+            for (int t = 0; t < T; t++)
+                dlo[t] = dhi[t] = _mm256_setzero_si256();
+            for (int i = 0; i < 8; i++) {
+                const __m256i raw = dword_vec(gb, Q4K_QS, 8 * p + i);
+                const __m256i lo = _mm256_and_si256(raw, low4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+                for (int t = 0; t < T; t++) {
+                    dlo[t] = _mm256_add_epi16(dlo[t], _mm256_maddubs_epi16(lo, bcast(y[t][b].qs + 64 * p + 4 * i)));
+                    dhi[t] = _mm256_add_epi16(dhi[t], _mm256_maddubs_epi16(hi, bcast(y[t][b].qs + 64 * p + 32 + 4 * i)));
+                }
+            }
+            const __m256i scales = p < 2 ? s03 : s47;
+            const __m256i sa = _mm256_shuffle_epi8(scales, pick_pair((2 * p) % 4));
+            const __m256i sb = _mm256_shuffle_epi8(scales, pick_pair((2 * p + 1) % 4));
+            for (int t = 0; t < T; t++)
+                isum[t] = _mm256_add_epi32(isum[t], _mm256_add_epi32(_mm256_madd_epi16(dlo[t], sa),
+                                                                     _mm256_madd_epi16(dhi[t], sb)));
+        }
+        for (int t = 0; t < T; t++)
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_mul_ps(d, _mm256_set1_ps(y[t][b].d)), acc[t]);
+    }
+    for (int t = 0; t < T; t++)
+        _mm256_storeu_ps(g->Y + (t0 + t) * g->ldy + grp * R, _mm256_sub_ps(acc[t], accm[t]));
+}
+
+/* ---- Q6_K: ggml's eight lanes per row (kq_repack_avx512.c's order) --------------
+ * Per dword a vpmaddubsw (pairs of u = q + 32 times Q8_K quants, at most
+ * 2 * 63 * 127) and a vpmaddwd against the (sc, sc) pair of its sub-block;
+ * lane c starts at (-32 sc_2c, -32 sc_2c+1) . (bsums 2c, 2c+1). */
+
+#define Q6K_QL 0
+#define Q6K_QH (32 * 4 * R)
+#define Q6K_SC (48 * 4 * R)
+#define Q6K_D (52 * 4 * R)
+
+/* vpshufb pattern: bytes a and b of each row's dword as the high bytes of an int16 pair. */
+static inline __m256i pick_high_pair(int a, int b)
+{
+    const __m128i at = _mm_add_epi32(_mm_set1_epi32((int)(0x00800080u | (unsigned)a << 8 | (unsigned)b << 24)),
+                                     _mm_setr_epi32(0, 0x04000400, 0x08000800, 0x0c000c00));
+    return _mm256_broadcastsi128_si256(at);
+}
+
+/* The four u = q + 32 of element groups 128h + 32q + 4c, q = 0..3, of 8 rows. */
+static inline void q6k_levels(const uint8_t *gb, int h, int c, __m256i u[4])
+{
+    const __m256i low4 = _mm256_set1_epi8(0x0f), top2 = _mm256_set1_epi8(0x30);
+    const __m256i la = dword_vec(gb, Q6K_QL, 16 * h + c), lb = dword_vec(gb, Q6K_QL, 16 * h + 8 + c);
+    const __m256i qh = dword_vec(gb, Q6K_QH, 8 * h + c);
+    u[0] = _mm256_or_si256(_mm256_and_si256(la, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), top2));
+    u[1] = _mm256_or_si256(_mm256_and_si256(lb, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), top2));
+    u[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(la, 4), low4), _mm256_and_si256(qh, top2));
+    u[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lb, 4), low4),
+                           _mm256_and_si256(_mm256_srli_epi16(qh, 2), top2));
+}
+
+/* One group x one token: the lanes' int32 chains are plain adds here (vpmaddwd
+ * then vpaddd), so a lane is summed whole before the next one starts. */
+static void q6k_pass(const struct quant_kq_gemm *g, int64_t grp, int64_t t0)
+{
+    const size_t gbb = R * sizeof(block_q6_K);
+    const block_q8_K *y = (const block_q8_K *)(g->X + (g->xi ? g->xi[t0] : t0) * g->xrow);
+    __m256 acc[8];
+    for (int c = 0; c < 8; c++)
+        acc[c] = _mm256_setzero_ps();
+    const uint8_t *gb = g->W + (size_t)grp * R * g->wrow;
+    for (int64_t b = 0; b < g->cols / QK_K; b++, gb += gbb) {
+        prefetch_group_block(gb, gbb);
+        __m256i scp[16]; /* (sc_s, sc_s) of sub-block s, sign-extended */
+#pragma GCC unroll 16
+        for (int s = 0; s < 16; s++)
+            scp[s] = _mm256_srai_epi16(_mm256_shuffle_epi8(dword_vec(gb, Q6K_SC, s / 4), pick_high_pair(s % 4, s % 4)), 8);
+        const __m256 dd = _mm256_mul_ps(_mm256_set1_ps(y[b].d), vmath_load8_f16(gb + Q6K_D));
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; c++) {
+            const __m256i off = _mm256_sub_epi16(
+                _mm256_setzero_si256(),
+                _mm256_srai_epi16(_mm256_shuffle_epi8(dword_vec(gb, Q6K_SC, c / 2), pick_high_pair(2 * c % 4, 2 * c % 4 + 1)), 3));
+            __m256i lane = _mm256_madd_epi16(off, bcast(y[b].bsums + 2 * c));
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                __m256i u[4];
+                q6k_levels(gb, h, c, u);
+                for (int q = 0; q < 4; q++) {
+                    const __m256i p = _mm256_maddubs_epi16(u[q], bcast(y[b].qs + 128 * h + 32 * q + 4 * c));
+                    lane = _mm256_add_epi32(lane, _mm256_madd_epi16(p, scp[8 * h + 2 * q + c / 4]));
+                }
+            }
+            acc[c] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(lane), acc[c]);
+        }
+    }
+    const __m256 sum = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6])),
+                                     _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7])));
+    _mm256_storeu_ps(g->Y + t0 * g->ldy + grp * R, sum);
+}
+
+/* ---- Q5_K (kq_repack_avx512.c's order) --------------------------------------------- */
+
+#define Q5K_D 0
+#define Q5K_DMIN (2 * R)
+#define Q5K_SC (4 * R)
+#define Q5K_QH (Q5K_SC + 3 * 4 * R)
+#define Q5K_QS (Q5K_QH + 8 * 4 * R)
+
+/* u = nibble | fifth bit << 4 of element groups 32m + 4c, m = 0..7, of 8 rows. */
+static inline void q5k_levels(const uint8_t *gb, int c, __m256i u[8])
+{
+    const __m256i low4 = _mm256_set1_epi8(0x0f), bit4 = _mm256_set1_epi8(0x10);
+    const __m256i qh = dword_vec(gb, Q5K_QH, c);
+    for (int p = 0; p < 4; p++) {
+        const __m256i raw = dword_vec(gb, Q5K_QS, 8 * p + c);
+        const __m256i h0 = _mm256_and_si256(2 * p >= 4 ? _mm256_srli_epi16(qh, 2 * p - 4) : _mm256_slli_epi16(qh, 4 - 2 * p), bit4);
+        const __m256i h1 = _mm256_and_si256(2 * p + 1 >= 4 ? _mm256_srli_epi16(qh, 2 * p - 3) : _mm256_slli_epi16(qh, 3 - 2 * p), bit4);
+        u[2 * p] = _mm256_or_si256(_mm256_and_si256(raw, low4), h0);
+        u[2 * p + 1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(raw, 4), low4), h1);
+    }
+}
+
+/* The 8 rows' scales (m < 8) and mins (m >= 8) of a Q5_K / Q4_K group-block as (v, v) int16 pairs. */
+static inline void k4_scale_pairs(const uint8_t *gb, size_t at_sc, __m256i pairs[16])
+{
+    const __m256i low4 = _mm256_set1_epi8(0x0f), low6 = _mm256_set1_epi8(0x3f), top2 = _mm256_set1_epi8(0x30);
+    const __m256i w0 = dword_vec(gb, at_sc, 0), w1 = dword_vec(gb, at_sc, 1), w2 = dword_vec(gb, at_sc, 2);
+    const __m256i s03 = _mm256_and_si256(w0, low6), m03 = _mm256_and_si256(w1, low6);
+    const __m256i s47 = _mm256_or_si256(_mm256_and_si256(w2, low4), _mm256_and_si256(_mm256_srli_epi32(w0, 2), top2));
+    const __m256i m47 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(w2, 4), low4),
+                                        _mm256_and_si256(_mm256_srli_epi32(w1, 2), top2));
+    for (int j = 0; j < 8; j++) {
+        pairs[j] = _mm256_shuffle_epi8(j < 4 ? s03 : s47, pick_pair(j % 4));
+        pairs[8 + j] = _mm256_shuffle_epi8(j < 4 ? m03 : m47, pick_pair(j % 4));
+    }
+}
+
+static void q5k_pass(const struct quant_kq_gemm *g, int64_t grp, int64_t t0)
+{
+    const size_t gbb = R * sizeof(block_q5_K);
+    const block_q8_K *y = (const block_q8_K *)(g->X + (g->xi ? g->xi[t0] : t0) * g->xrow);
+    __m256 acc[8], summs = _mm256_setzero_ps();
+    for (int c = 0; c < 8; c++)
+        acc[c] = _mm256_setzero_ps();
+    const uint8_t *gb = g->W + (size_t)grp * R * g->wrow;
+    for (int64_t b = 0; b < g->cols / QK_K; b++, gb += gbb) {
+        prefetch_group_block(gb, gbb);
+        __m256i pairs[16];
+        k4_scale_pairs(gb, Q5K_SC, pairs);
+        __m256i msum = _mm256_setzero_si256();
+        for (int j = 0; j < 8; j++)
+            msum = _mm256_add_epi32(msum, _mm256_madd_epi16(pairs[8 + j], bcast(y[b].bsums + 2 * j)));
+        const __m256 d = vmath_load8_f16(gb + Q5K_D), dmin = vmath_load8_f16(gb + Q5K_DMIN);
+        summs = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(-y[b].d), dmin), _mm256_cvtepi32_ps(msum), summs);
+        const __m256 dd = _mm256_mul_ps(_mm256_set1_ps(y[b].d), d);
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; c++) {
+            __m256i u[8], lane = _mm256_setzero_si256();
+            q5k_levels(gb, c, u);
+            for (int m = 0; m < 8; m++)
+                lane = _mm256_add_epi32(lane, _mm256_madd_epi16(_mm256_maddubs_epi16(u[m], bcast(y[b].qs + 32 * m + 4 * c)),
+                                                                pairs[m]));
+            acc[c] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(lane), acc[c]);
+        }
+    }
+    const __m256 sum = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6])),
+                                     _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7])));
+    _mm256_storeu_ps(g->Y + t0 * g->ldy + grp * R, _mm256_add_ps(sum, summs));
+}
+
+/* ---- prefill panels straight from the layout ------------------------------------ */
+
+/* vpshufb pattern: byte k of each row's dword zero-extended to int32. */
+static inline __m256i pick_byte(int k)
+{
+    const __m128i at = _mm_add_epi32(_mm_set1_epi32((int)(0x80808000u | (unsigned)k)), _mm_setr_epi32(0, 4, 8, 12));
+    return _mm256_broadcastsi128_si256(at);
+}
+
+static inline void store_lanes(uint8_t *pb, size_t at, __m256i v) { _mm256_storeu_si256((__m256i *)(pb + at), v); }
+
+/* Rows r .. r + 8 of a Q4_K group (r % 8 == 0, group of Rg rows) into lanes
+ * lane0 .. lane0 + 8 of a panel: what quant_kq_unpack_lane stores, 8 rows
+ * per instruction. */
+static void q4k_unpack8(const uint8_t *W, int Rg, int64_t cols, int64_t r, uint8_t *panel, int lane0)
+{
+    const size_t wrow = quant_row_size(QUANT_Q4_K, cols), gbb = (size_t)Rg * sizeof(block_q4_K);
+    const int l0 = (int)(r % Rg);
+    const __m256i low4 = _mm256_set1_epi8(0x0f), low6 = _mm256_set1_epi8(0x3f), top2 = _mm256_set1_epi8(0x30);
+    const uint8_t *gb = W + (size_t)(r / Rg) * (size_t)Rg * wrow;
+    for (int64_t b = 0; b < cols / QK_K; b++, gb += gbb) {
+        uint8_t *pb = panel + b * KQ_PB_BYTES;
+        const size_t at_sc = 4 * (size_t)Rg + 4 * (size_t)l0, at_qs = at_sc + 3 * 4 * (size_t)Rg, lanes = 4 * (size_t)lane0;
+        for (int c = 0; c < QK_K / 8; c++) {
+            const __m256i raw = _mm256_loadu_si256((const __m256i *)(gb + at_qs + 4 * (size_t)Rg * c));
+            const int k = 16 * (c / 8) + c % 8; /* the panel's dword of the low nibbles; the high ones 8 later */
+            store_lanes(pb, KQ_PB_Q + 64 * (size_t)k + lanes, _mm256_and_si256(raw, low4));
+            store_lanes(pb, KQ_PB_Q + 64 * (size_t)(k + 8) + lanes, _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4));
+        }
+        const __m256i w0 = _mm256_loadu_si256((const __m256i *)(gb + at_sc)),
+                      w1 = _mm256_loadu_si256((const __m256i *)(gb + at_sc + 4 * (size_t)Rg)),
+                      w2 = _mm256_loadu_si256((const __m256i *)(gb + at_sc + 8 * (size_t)Rg));
+        const __m256i s03 = _mm256_and_si256(w0, low6), m03 = _mm256_and_si256(w1, low6);
+        const __m256i s47 = _mm256_or_si256(_mm256_and_si256(w2, low4), _mm256_and_si256(_mm256_srli_epi32(w0, 2), top2));
+        const __m256i m47 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(w2, 4), low4),
+                                            _mm256_and_si256(_mm256_srli_epi32(w1, 2), top2));
+        for (int j = 0; j < 8; j++) {
+            store_lanes(pb, KQ_PB_SC + 64 * (size_t)j + lanes, _mm256_shuffle_epi8(j < 4 ? s03 : s47, pick_byte(j % 4)));
+            store_lanes(pb, KQ_PB_SC + 64 * (size_t)(j + 8) + lanes, _mm256_setzero_si256());
+            store_lanes(pb, KQ_PB_PAIRS + 64 * (size_t)j + lanes, _mm256_shuffle_epi8(j < 4 ? m03 : m47, pick_pair(j % 4)));
+        }
+        _mm256_storeu_ps((float *)(void *)(pb + KQ_PB_D + lanes), vmath_load8_f16(gb + 2 * (size_t)l0));
+        _mm256_storeu_ps((float *)(void *)(pb + KQ_PB_DMIN + lanes), vmath_load8_f16(gb + 2 * (size_t)(Rg + l0)));
+    }
+}
+
+/* The same for Q6_K into the lane-order panel (KQ_PL_*): pair j = 2 x int16
+ * sc * u of elements 2j, 2j + 1; pair i of the bsums weights (32 sc_2i,
+ * 32 sc_2i+1); d; dmin 0. */
+static void q6k_unpack8(const uint8_t *W, int Rg, int64_t cols, int64_t r, uint8_t *panel, int lane0)
+{
+    const size_t wrow = quant_row_size(QUANT_Q6_K, cols), gbb = (size_t)Rg * sizeof(block_q6_K);
+    const size_t lanes = 4 * (size_t)lane0, at = 4 * (size_t)(r % Rg); /* the 8 rows' offset in the group's dwords */
+    const __m128i lo_pair = _mm_setr_epi32(0x80018000, 0x80058004, 0x80098008, 0x800d800c);
+    const __m256i first = _mm256_broadcastsi128_si256(lo_pair),
+                  second = _mm256_broadcastsi128_si256(_mm_add_epi32(lo_pair, _mm_set1_epi32(0x00020002)));
+    const uint8_t *gb = W + (size_t)(r / Rg) * (size_t)Rg * wrow;
+    uint8_t g8[8 * sizeof(block_q6_K)]; /* the 8 rows as a group of 8: the layout q6k_levels reads */
+    for (int64_t b = 0; b < cols / QK_K; b++, gb += gbb) {
+        uint8_t *pb = panel + b * KQ_PB_BYTES;
+        for (int k = 0; k < 52; k++)
+            memcpy(g8 + 32 * k, gb + 4 * (size_t)Rg * k + at, 32);
+        memcpy(g8 + Q6K_D, gb + 52 * 4 * (size_t)Rg + at / 2, 16);
+        __m256i scp[16];
+        for (int s = 0; s < 16; s++)
+            scp[s] = _mm256_srai_epi16(_mm256_shuffle_epi8(dword_vec(g8, Q6K_SC, s / 4), pick_high_pair(s % 4, s % 4)), 8);
+        for (int h = 0; h < 2; h++)
+            for (int c = 0; c < 8; c++) {
+                __m256i u[4];
+                q6k_levels(g8, h, c, u);
+                for (int q = 0; q < 4; q++) {
+                    const __m256i sc = scp[8 * h + 2 * q + c / 4];
+                    const size_t j = 64 * (size_t)h + 16 * (size_t)q + 2 * (size_t)c;
+                    store_lanes(pb, KQ_PL_W + 64 * j + lanes, _mm256_mullo_epi16(_mm256_shuffle_epi8(u[q], first), sc));
+                    store_lanes(pb, KQ_PL_W + 64 * (j + 1) + lanes, _mm256_mullo_epi16(_mm256_shuffle_epi8(u[q], second), sc));
+                }
+            }
+        for (int i = 0; i < 8; i++) /* (sc << 8) >> 3 */
+            store_lanes(pb, KQ_PL_PAIRS + 64 * (size_t)i + lanes,
+                        _mm256_srai_epi16(_mm256_shuffle_epi8(dword_vec(g8, Q6K_SC, i / 2), pick_high_pair(2 * i % 4, 2 * i % 4 + 1)), 3));
+        _mm256_storeu_ps((float *)(void *)(pb + KQ_PL_D + lanes), vmath_load8_f16(g8 + Q6K_D));
+        _mm256_storeu_ps((float *)(void *)(pb + KQ_PL_DMIN + lanes), _mm256_setzero_ps());
+    }
+}
+
+/* Q5_K into the lane-order panel: pair j = 2 x int16 sc * u of elements 2j,
+ * 2j + 1; pair i of the bsums weights (m_i, m_i); d; dmin. */
+static void q5k_unpack8(const uint8_t *W, int Rg, int64_t cols, int64_t r, uint8_t *panel, int lane0)
+{
+    const size_t wrow = quant_row_size(QUANT_Q5_K, cols), gbb = (size_t)Rg * sizeof(block_q5_K);
+    const size_t lanes = 4 * (size_t)lane0, at = 4 * (size_t)(r % Rg);
+    const __m128i lo_pair = _mm_setr_epi32(0x80018000, 0x80058004, 0x80098008, 0x800d800c);
+    const __m256i first = _mm256_broadcastsi128_si256(lo_pair),
+                  second = _mm256_broadcastsi128_si256(_mm_add_epi32(lo_pair, _mm_set1_epi32(0x00020002)));
+    const uint8_t *gb = W + (size_t)(r / Rg) * (size_t)Rg * wrow;
+    uint8_t g8[8 * sizeof(block_q5_K)]; /* the 8 rows as a group of 8 */
+    for (int64_t b = 0; b < cols / QK_K; b++, gb += gbb) {
+        uint8_t *pb = panel + b * KQ_PB_BYTES;
+        memcpy(g8 + Q5K_D, gb + at / 2, 16);
+        memcpy(g8 + Q5K_DMIN, gb + 2 * (size_t)Rg + at / 2, 16);
+        for (int k = 0; k < 43; k++)
+            memcpy(g8 + Q5K_SC + 32 * k, gb + 4 * (size_t)Rg + 4 * (size_t)Rg * k + at, 32);
+        __m256i pairs[16];
+        k4_scale_pairs(g8, Q5K_SC, pairs);
+        for (int c = 0; c < 8; c++) {
+            __m256i u[8];
+            q5k_levels(g8, c, u);
+            for (int m = 0; m < 8; m++) {
+                const size_t j = 16 * (size_t)m + 2 * (size_t)c;
+                store_lanes(pb, KQ_PL_W + 64 * j + lanes, _mm256_mullo_epi16(_mm256_shuffle_epi8(u[m], first), pairs[m]));
+                store_lanes(pb, KQ_PL_W + 64 * (j + 1) + lanes,
+                            _mm256_mullo_epi16(_mm256_shuffle_epi8(u[m], second), pairs[m]));
+            }
+        }
+        for (int i = 0; i < 8; i++)
+            store_lanes(pb, KQ_PL_PAIRS + 64 * (size_t)i + lanes, pairs[8 + i]);
+        _mm256_storeu_ps((float *)(void *)(pb + KQ_PL_D + lanes), vmath_load8_f16(g8 + Q5K_D));
+        _mm256_storeu_ps((float *)(void *)(pb + KQ_PL_DMIN + lanes), vmath_load8_f16(g8 + Q5K_DMIN));
+    }
+}
+
+bool quant_kqrp_unpack8_avx2(enum quant_type t, const uint8_t *W, int Rg, int64_t cols, int64_t r, uint8_t *panel,
+                             int lane0)
+{
+    if (t == QUANT_Q5_K)
+        q5k_unpack8(W, Rg, cols, r, panel, lane0);
+    else if (t == QUANT_Q4_K)
+        q4k_unpack8(W, Rg, cols, r, panel, lane0);
+    else if (t == QUANT_Q6_K)
+        q6k_unpack8(W, Rg, cols, r, panel, lane0);
+    else
+        return false;
+    return true;
+}
+
+typedef void (*kqrp_pass_fn)(const struct quant_kq_gemm *g, int64_t grp, int64_t t0);
+
+#define KQRP_WIDTHS(pass)                                                                                  \
+    static void pass##_1(const struct quant_kq_gemm *g, int64_t grp, int64_t t0) { pass(g, grp, t0, 1); } \
+    static void pass##_2(const struct quant_kq_gemm *g, int64_t grp, int64_t t0) { pass(g, grp, t0, 2); } \
+    static const kqrp_pass_fn pass##_widths[KQRP_TT + 1] = {NULL, pass##_1, pass##_2};
+
+KQRP_WIDTHS(q4k_pass)
+
+void quant_kqrp_rows_avx2(const struct quant_kq_gemm *g, int64_t g0, int64_t g1)
+{
+    const kqrp_pass_fn *passes = q4k_pass_widths;
+    if (g->wtype == QUANT_Q6_K || g->wtype == QUANT_Q5_K) {
+        for (int64_t grp = g0; grp < g1; grp++)
+            for (int64_t t = 0; t < g->n_tokens; t++)
+                (g->wtype == QUANT_Q6_K ? q6k_pass : q5k_pass)(g, grp, t);
+        return;
+    }
+    if (g->wtype != QUANT_Q4_K) {
+        quant_kqrp_rows_ref(g, R, g0, g1);
+        return;
+    }
+    for (int64_t grp = g0; grp < g1; grp++)
+        for (int64_t t = 0; t < g->n_tokens; t += KQRP_TT)
+            passes[g->n_tokens - t < KQRP_TT ? g->n_tokens - t : KQRP_TT](g, grp, t);
+}
+#endif

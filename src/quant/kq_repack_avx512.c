@@ -1,0 +1,484 @@
+/* k-quants: the group kernels of repacked Q4_K / Q5_K / Q6_K for AVX-512
+ * VNNI, 16 rows in the lanes of a zmm (the layout is in kq_internal.h, the
+ * scalar twin in kq_repack.c).
+ *
+ * One load brings a dword of each of the 16 rows' super-block; a token's
+ * Q8_K dword is broadcast against it, so each row's exact integer sums build
+ * up in its own lane and no horizontal sum is ever taken. The float steps
+ * per super-block are the scalar reference's (kq_scalar.c), row by row in
+ * the lanes: explicit fmas, and this file's other products are not
+ * contracted (-ffp-contract=off), so every row gets the reference's bits.
+ * A pass takes one group and up to KQRP_TT tokens, so the unpacking of the
+ * weights serves them all. */
+#include "quant/kq_internal.h"
+
+#if defined(KQRP_HAVE_AVX512)
+#include <immintrin.h>
+
+#include "vmath/vmath_simd.h"
+
+#define KQRP_TT 4 /* tokens per pass over a group */
+#ifndef KQRP_TOKEN_BLOCK
+#define KQRP_TOKEN_BLOCK 64 /* tokens whose Q8_K rows stay in L2 while a thread's groups pass over them */
+#endif
+#ifndef KQRP_AHEAD
+#define KQRP_AHEAD 8192 /* software prefetch distance in the weight stream */
+#endif
+#define R 16
+
+static inline __m512i bcast(const void *p) { return _mm512_set1_epi32(kq_dword(p)); }
+static inline __m512i dword_vec(const uint8_t *gb, size_t at, int k) { return _mm512_loadu_si512(gb + at + 64 * (size_t)k); }
+
+static inline void prefetch_group_block(const uint8_t *gb, size_t bytes)
+{
+    for (size_t off = 0; off < bytes; off += 64)
+        __builtin_prefetch((const char *)gb + KQRP_AHEAD + off, 0, QUANT_WEIGHT_PREFETCH);
+}
+
+/* vpshufb patterns on a vector of 4 bytes per row: byte k of each row's
+ * dword zero-extended to int32 (one), or as both halves of an int16 pair (pair). */
+static inline __m512i pick_byte(int k)
+{
+    return _mm512_add_epi32(_mm512_set1_epi32((int)(0x80808000u | (unsigned)k)),
+                            _mm512_set4_epi32(12, 8, 4, 0));
+}
+static inline __m512i pick_pair(int k)
+{
+    return _mm512_add_epi32(_mm512_set1_epi32((int)(0x80008000u | (unsigned)k | (unsigned)k << 16)),
+                            _mm512_set4_epi32(0x000c000c, 0x00080008, 0x00040004, 0));
+}
+
+/* ---- Q4_K: the two chains of llama.cpp's q4_K_8x8 gemv per row -------------
+ * Per super-block and row: isum = sum over sub-blocks j of sc_j * (q . q8),
+ * msum = sum of m_j * (bsums 2j + 2j+1), exact; acc = fma(isum, d * dy, acc),
+ * accm = fma(msum, dmin * dy, accm); acc - accm at the end. Qs dword 8p + i
+ * holds elements 64p + 4i.. (low nibbles, sub-block 2p) and 64p + 32 + 4i..
+ * (high, 2p + 1). High nibbles stay in place (x16) with sums of their own,
+ * shifted back once per super-block: exact, every product is a multiple of
+ * 16. Ranges: a sub-block sum is at most 32 * 15 * 127 (x16 < 2^20), times a
+ * scale <= 63 and 4 sub-blocks stays below 2^31. */
+
+#define Q4K_D 0
+#define Q4K_DMIN (2 * R)
+#define Q4K_SC (4 * R)
+#define Q4K_QS (Q4K_SC + 3 * 4 * R)
+
+static inline __attribute__((always_inline)) void q4k_pass(const struct quant_kq_gemm *g, int64_t grp, int64_t t0,
+                                                           int T)
+{
+    const size_t gbb = R * sizeof(block_q4_K);
+    const int64_t nsb = g->cols / QK_K;
+    const block_q8_K *y[KQRP_TT];
+    quant_kq_tile_tokens(g, t0, T, T, y);
+    __m512 acc[KQRP_TT], accm[KQRP_TT];
+    for (int t = 0; t < T; t++)
+        acc[t] = accm[t] = _mm512_setzero_ps();
+    const __m512i low4 = _mm512_set1_epi8(0x0f), high4 = _mm512_set1_epi8((char)0xf0), low6 = _mm512_set1_epi8(0x3f),
+                  top2 = _mm512_set1_epi8(0x30);
+    const uint8_t *gb = g->W + (size_t)grp * R * g->wrow;
+    for (int64_t b = 0; b < nsb; b++, gb += gbb) {
+        prefetch_group_block(gb, gbb);
+        /* kq_unpack_scales_k4 in the lanes: bytes 0-3 of s03 / s47 / m03 / m47 are scales 0-3, 4-7, mins 0-3, 4-7 */
+        const __m512i w0 = dword_vec(gb, Q4K_SC, 0), w1 = dword_vec(gb, Q4K_SC, 1), w2 = dword_vec(gb, Q4K_SC, 2);
+        const __m512i s03 = _mm512_and_si512(w0, low6), m03 = _mm512_and_si512(w1, low6);
+        const __m512i s47 = _mm512_or_si512(_mm512_and_si512(w2, low4), _mm512_and_si512(_mm512_srli_epi32(w0, 2), top2));
+        const __m512i m47 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(w2, 4), low4),
+                                            _mm512_and_si512(_mm512_srli_epi32(w1, 2), top2));
+        const __m512 d = vmath_load16_f16(gb + Q4K_D), dmin = vmath_load16_f16(gb + Q4K_DMIN);
+        __m512i msum[KQRP_TT];
+        for (int t = 0; t < T; t++)
+            msum[t] = _mm512_setzero_si512();
+        for (int j = 0; j < 8; j++) { /* min j weighs bsums 2j and 2j + 1: the int16 pair (m_j, m_j) */
+            const __m512i mm = _mm512_shuffle_epi8(j < 4 ? m03 : m47, pick_pair(j % 4));
+            for (int t = 0; t < T; t++)
+                msum[t] = _mm512_dpwssd_epi32(msum[t], mm, bcast(y[t][b].bsums + 2 * j));
+        }
+        for (int t = 0; t < T; t++)
+            accm[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(msum[t]), _mm512_mul_ps(dmin, _mm512_set1_ps(y[t][b].d)),
+                                      accm[t]);
+        __m512i isum[KQRP_TT], isum16[KQRP_TT];
+        for (int t = 0; t < T; t++)
+            isum[t] = isum16[t] = _mm512_setzero_si512();
+        /* P sub-block pairs at once: 2 * P * T independent vpdpbusd chains hide their latency */
+        const int P = T == 1 ? 4 : T == 2 ? 2 : 1;
+        for (int p0 = 0; p0 < 4; p0 += P) {
+            __m512i dlo[4][KQRP_TT], dhi[4][KQRP_TT];
+            for (int pi = 0; pi < P; pi++)
+                for (int t = 0; t < T; t++)
+                    dlo[pi][t] = dhi[pi][t] = _mm512_setzero_si512();
+            for (int i = 0; i < 8; i++)
+                for (int pi = 0; pi < P; pi++) {
+                    const int p = p0 + pi;
+                    const __m512i raw = dword_vec(gb, Q4K_QS, 8 * p + i);
+                    const __m512i lo = _mm512_and_si512(raw, low4), hi16 = _mm512_and_si512(raw, high4);
+                    for (int t = 0; t < T; t++) {
+                        dlo[pi][t] = _mm512_dpbusd_epi32(dlo[pi][t], lo, bcast(y[t][b].qs + 64 * p + 4 * i));
+                        dhi[pi][t] = _mm512_dpbusd_epi32(dhi[pi][t], hi16, bcast(y[t][b].qs + 64 * p + 32 + 4 * i));
+                    }
+                }
+            for (int pi = 0; pi < P; pi++) {
+                const int p = p0 + pi;
+                const __m512i scales = p < 2 ? s03 : s47;
+                const __m512i sa = _mm512_shuffle_epi8(scales, pick_byte((2 * p) % 4));
+                const __m512i sb = _mm512_shuffle_epi8(scales, pick_byte((2 * p + 1) % 4));
+                for (int t = 0; t < T; t++) {
+                    isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(dlo[pi][t], sa));
+                    isum16[t] = _mm512_add_epi32(isum16[t], _mm512_mullo_epi32(dhi[pi][t], sb));
+                }
+            }
+        }
+        for (int t = 0; t < T; t++) {
+            const __m512i s = _mm512_add_epi32(isum[t], _mm512_srai_epi32(isum16[t], 4));
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(d, _mm512_set1_ps(y[t][b].d)), acc[t]);
+        }
+    }
+    for (int t = 0; t < T; t++)
+        _mm512_storeu_ps(g->Y + (t0 + t) * g->ldy + grp * R, _mm512_sub_ps(acc[t], accm[t]));
+}
+
+/* ---- Q6_K: ggml's eight lanes per row --------------------------------------------
+ * Lane c of a super-block (the elements e with (e % 32) / 4 == c) is, per
+ * row, the sum over the 8 dwords e = 128h + 32q + 4c (h, q < 2, 4) of
+ * sc[e / 16] * (u . q8) with u = q + 32 unsigned, minus 32 * (sc[2c] *
+ * bsums[2c] + sc[2c + 1] * bsums[2c + 1]) (kq_scalar.c): each dword is one
+ * vpmaddubsw (two pair sums per row, at most 2 * 63 * 127) and one vpdpwssd
+ * against the (sc, sc) int16 pair of its sub-block, the offset one vpdpwssd
+ * of (-32 sc[2c], -32 sc[2c + 1]) against the token's bsums pair. Then
+ * acc[c] = fma(d * dy, lane, acc[c]) per row, and hsum_float_8's order at the
+ * end. The element group 128h + 32q + 4c takes its low 4 bits from ql dword
+ * 16h + 8(q & 1) + c (nibble q >> 1) and its top 2 from qh dword 8h + c
+ * (bits 2q). */
+
+#define Q6K_QL 0
+#define Q6K_QH (32 * 4 * R)
+#define Q6K_SC (48 * 4 * R)
+#define Q6K_D (52 * 4 * R)
+#define LANES_TT 2 /* tokens per pass of the eight-lane kernels (Q5_K, Q6_K): 8 float lanes per token in registers */
+
+/* vpshufb pattern: bytes a and b of each row's dword as the high bytes of an
+ * int16 pair (an arithmetic shift then sign-extends them). */
+static inline __m512i pick_high_pair(int a, int b)
+{
+    return _mm512_add_epi32(_mm512_set1_epi32((int)(0x00800080u | (unsigned)a << 8 | (unsigned)b << 24)),
+                            _mm512_set4_epi32(0x0c000c00, 0x08000800, 0x04000400, 0));
+}
+
+/* Each byte of a qword rotated within it (vpmultishiftqb: byte j takes the 8
+ * bits from bit 8j + shift, mod 64): a per-byte shift whose bits from the
+ * neighbour the bit select below ignores, on the shuffle port instead of the
+ * one the multiplies use. */
+static inline __m512i byte_shift(__m512i v, int shift)
+{
+    const int64_t ctrl = (int64_t)(0x3830282018100800ull + 0x0101010101010101ull * (uint64_t)(shift & 63));
+    return _mm512_multishift_epi64_epi8(_mm512_set1_epi64(ctrl), v);
+}
+
+/* The four u = q + 32 of element groups 128h + 32q + 4c, q = 0..3, of 16 rows:
+ * a bit select under low4 (vpternlogd) of the nibbles and the qh bits moved
+ * to bits 4-5 (bits 6-7 zero); the select overwrites the operand that is
+ * computed for it, so no copy of low4 is needed. */
+#define SEL_B_OVER_A 0xd8 /* low4 ? b : a, for (a, b, low4) */
+#define SEL_A_OVER_B 0xe4 /* low4 ? a : b */
+static inline void q6k_levels(const uint8_t *gb, int h, int c, __m512i u[4])
+{
+    const __m512i low4 = _mm512_set1_epi8(0x0f);
+    const __m512i la = dword_vec(gb, Q6K_QL, 16 * h + c), lb = dword_vec(gb, Q6K_QL, 16 * h + 8 + c);
+    const __m512i qh = dword_vec(gb, Q6K_QH, 8 * h + c);
+    const __m512i qh02 = _mm512_and_si512(qh, _mm512_set1_epi8(0x33)), qh13 = _mm512_and_si512(qh, _mm512_set1_epi8((char)0xcc));
+    u[0] = _mm512_ternarylogic_epi32(byte_shift(qh02, -4), la, low4, SEL_B_OVER_A);
+    u[1] = _mm512_ternarylogic_epi32(byte_shift(qh13, -2), lb, low4, SEL_B_OVER_A);
+    u[2] = _mm512_ternarylogic_epi32(byte_shift(la, 4), qh02, low4, SEL_A_OVER_B);
+    u[3] = _mm512_ternarylogic_epi32(byte_shift(lb, 4), byte_shift(qh13, 2), low4, SEL_A_OVER_B);
+}
+
+/* One group-block unpacked: what a token's pass reads. */
+struct q6k_block {
+    __m512i u[2][8][4]; /* [h][c][q]: u = q + 32 of element group 128h + 32q + 4c of the 16 rows */
+    __m512i scp[16];    /* (sc_s, sc_s) of sub-block s, sign-extended */
+    __m512i off[8];     /* (-32 sc_2c, -32 sc_2c+1) */
+    __m512 d;
+};
+
+static inline __attribute__((always_inline)) void q6k_scales(const uint8_t *gb, __m512i scp[16], __m512i off[8])
+{
+#pragma GCC unroll 16
+    for (int s = 0; s < 16; s++)
+        scp[s] = _mm512_srai_epi16(_mm512_shuffle_epi8(dword_vec(gb, Q6K_SC, s / 4), pick_high_pair(s % 4, s % 4)), 8);
+#pragma GCC unroll 8
+    for (int c = 0; c < 8; c++) /* (sc << 8) >> 3, negated */
+        off[c] = _mm512_sub_epi16(
+            _mm512_setzero_si512(),
+            _mm512_srai_epi16(_mm512_shuffle_epi8(dword_vec(gb, Q6K_SC, c / 2), pick_high_pair(2 * c % 4, 2 * c % 4 + 1)), 3));
+}
+
+/* Lane c of T tokens' super-block b (y[t] + b), from the unpacked u of lane c
+ * (u[h][q]) or, with u NULL, unpacked here from gb; the int lanes in lane[t]. */
+static inline __attribute__((always_inline)) void q6k_lane(const uint8_t *gb, const __m512i (*u)[8][4], const __m512i *scp,
+                                                           __m512i off, const block_q8_K *const *y, int64_t b, int T,
+                                                           int c, __m512i lane[LANES_TT])
+{
+    for (int t = 0; t < T; t++)
+        lane[t] = _mm512_dpwssd_epi32(_mm512_setzero_si512(), off, bcast(y[t][b].bsums + 2 * c));
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) {
+        __m512i v[4];
+        if (u)
+            for (int q = 0; q < 4; q++)
+                v[q] = u[h][c][q];
+        else
+            q6k_levels(gb, h, c, v);
+        for (int q = 0; q < 4; q++) {
+            const __m512i sc = scp[8 * h + 2 * q + c / 4];
+            for (int t = 0; t < T; t++)
+                lane[t] = _mm512_dpwssd_epi32(lane[t], _mm512_maddubs_epi16(v[q], bcast(y[t][b].qs + 128 * h + 32 * q + 4 * c)),
+                                              sc);
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void q6k_store(const struct quant_kq_gemm *g, int64_t grp, int64_t t,
+                                                            const __m512 v[8])
+{
+    /* hsum_float_8's order, row by row */
+    const __m512 sum = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(v[0], v[4]), _mm512_add_ps(v[2], v[6])),
+                                     _mm512_add_ps(_mm512_add_ps(v[1], v[5]), _mm512_add_ps(v[3], v[7])));
+    _mm512_storeu_ps(g->Y + t * g->ldy + grp * R, sum);
+}
+
+/* One group x T (<= LANES_TT) tokens, unpacking as it goes: decode. */
+static inline __attribute__((always_inline)) void q6k_pass(const struct quant_kq_gemm *g, int64_t grp, int64_t t0,
+                                                           int T)
+{
+    const size_t gbb = R * sizeof(block_q6_K);
+    const block_q8_K *y[LANES_TT];
+    quant_kq_tile_tokens(g, t0, T, T, y);
+    __m512 acc[LANES_TT][8];
+    for (int t = 0; t < T; t++)
+        for (int c = 0; c < 8; c++)
+            acc[t][c] = _mm512_setzero_ps();
+    const uint8_t *gb = g->W + (size_t)grp * R * g->wrow;
+    for (int64_t b = 0; b < g->cols / QK_K; b++, gb += gbb) {
+        prefetch_group_block(gb, gbb);
+        __m512i scp[16], off[8];
+        q6k_scales(gb, scp, off);
+        const __m512 d = vmath_load16_f16(gb + Q6K_D);
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; c++) {
+            __m512i lane[LANES_TT];
+            q6k_lane(gb, NULL, scp, off[c], y, b, T, c, lane);
+            for (int t = 0; t < T; t++)
+                acc[t][c] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(y[t][b].d), d), _mm512_cvtepi32_ps(lane[t]),
+                                            acc[t][c]);
+        }
+    }
+    for (int t = 0; t < T; t++)
+        q6k_store(g, grp, t0 + t, acc[t]);
+}
+
+/* Batches: Q6K_CHUNK blocks of a group unpacked once into L1, and up to
+ * Q6K_BATCH tokens passing over them two at a time (their lanes kept in
+ * memory between chunks): the unpacking, most of a decode pass's work, is
+ * shared by the batch. The same operations per token and block as q6k_pass,
+ * in the same order: the same bits. */
+#define Q6K_CHUNK 4
+#define Q6K_BATCH 16
+
+static void q6k_unpack(const uint8_t *gb, struct q6k_block *o)
+{
+    for (int h = 0; h < 2; h++)
+        for (int c = 0; c < 8; c++)
+            q6k_levels(gb, h, c, o->u[h][c]);
+    q6k_scales(gb, o->scp, o->off);
+    o->d = vmath_load16_f16(gb + Q6K_D);
+}
+
+static inline __attribute__((always_inline)) void q6k_chunk_pass(const struct q6k_block *blk, int nbk, int64_t b0,
+                                                                 const block_q8_K *const *y, int T, __m512 (*acc)[8])
+{
+    for (int i = 0; i < nbk; i++)
+        for (int c = 0; c < 8; c++) {
+            __m512i lane[LANES_TT];
+            q6k_lane(NULL, blk[i].u, blk[i].scp, blk[i].off[c], y, b0 + i, T, c, lane);
+            for (int t = 0; t < T; t++)
+                acc[t][c] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(y[t][b0 + i].d), blk[i].d),
+                                            _mm512_cvtepi32_ps(lane[t]), acc[t][c]);
+        }
+}
+
+static void q6k_batch(const struct quant_kq_gemm *g, int64_t grp, int64_t t0, int T)
+{
+    const size_t gbb = R * sizeof(block_q6_K);
+    const int64_t nsb = g->cols / QK_K;
+    static _Thread_local struct q6k_block blk[Q6K_CHUNK];
+    __m512 acc[Q6K_BATCH][8];
+    for (int t = 0; t < T; t++)
+        for (int c = 0; c < 8; c++)
+            acc[t][c] = _mm512_setzero_ps();
+    for (int64_t b0 = 0; b0 < nsb; b0 += Q6K_CHUNK) {
+        const int nbk = (int)(nsb - b0 < Q6K_CHUNK ? nsb - b0 : Q6K_CHUNK);
+        const uint8_t *gb = g->W + (size_t)grp * R * g->wrow + (size_t)b0 * gbb;
+        for (int i = 0; i < nbk; i++) {
+            prefetch_group_block(gb + (size_t)i * gbb, gbb);
+            q6k_unpack(gb + (size_t)i * gbb, &blk[i]);
+        }
+        for (int t = 0; t < T; t += LANES_TT) {
+            const int n = T - t < LANES_TT ? T - t : LANES_TT;
+            const block_q8_K *y[LANES_TT];
+            quant_kq_tile_tokens(g, t0 + t, n, n, y);
+            if (n == LANES_TT)
+                q6k_chunk_pass(blk, nbk, b0, y, LANES_TT, acc + t);
+            else
+                q6k_chunk_pass(blk, nbk, b0, y, 1, acc + t);
+        }
+    }
+    for (int t = 0; t < T; t++)
+        q6k_store(g, grp, t0 + t, acc[t]);
+}
+
+/* ---- Q5_K: ggml's eight lanes, mins on their own --------------------------------
+ * Lane c sums, per 32-element sub-block m, sc_m * (u . q8) over elements
+ * 32m + 4c.. with u = nibble | fifth bit << 4 (vpmaddubsw, pairs at most
+ * 2 * 31 * 127, then vpdpwssd with (sc_m, sc_m)); the mins are Q4_K's msum.
+ * acc[c] = fma(d * dy, lane, acc[c]), summs = fma(-dy * dmin, msum, summs),
+ * hsum_float_8's order plus summs at the end (kq_scalar.c). Qs dword
+ * 8(m / 2) + c holds sub-block m's elements in its low (m even) or high
+ * nibbles; qh dword c their fifth bits at bit m. */
+
+#define Q5K_D 0
+#define Q5K_DMIN (2 * R)
+#define Q5K_SC (4 * R)
+#define Q5K_QH (Q5K_SC + 3 * 4 * R)
+#define Q5K_QS (Q5K_QH + 8 * 4 * R)
+
+static inline void q5k_levels(const uint8_t *gb, int c, __m512i u[8])
+{
+    const __m512i low4 = _mm512_set1_epi8(0x0f), bit4 = _mm512_set1_epi8(0x10);
+    const __m512i qh = dword_vec(gb, Q5K_QH, c);
+    for (int p = 0; p < 4; p++) {
+        const __m512i raw = dword_vec(gb, Q5K_QS, 8 * p + c);
+        const __m512i h0 = _mm512_and_si512(byte_shift(qh, 2 * p - 4), bit4);
+        const __m512i h1 = _mm512_and_si512(byte_shift(qh, 2 * p - 3), bit4);
+        u[2 * p] = _mm512_ternarylogic_epi32(h0, raw, low4, SEL_B_OVER_A);
+        u[2 * p + 1] = _mm512_ternarylogic_epi32(byte_shift(raw, 4), h1, low4, SEL_A_OVER_B);
+    }
+}
+
+static inline __attribute__((always_inline)) void q5k_pass(const struct quant_kq_gemm *g, int64_t grp, int64_t t0,
+                                                           int T)
+{
+    const size_t gbb = R * sizeof(block_q5_K);
+    const block_q8_K *y[LANES_TT];
+    quant_kq_tile_tokens(g, t0, T, T, y);
+    __m512 acc[LANES_TT][8], summs[LANES_TT];
+    for (int t = 0; t < T; t++) {
+        summs[t] = _mm512_setzero_ps();
+        for (int c = 0; c < 8; c++)
+            acc[t][c] = _mm512_setzero_ps();
+    }
+    const __m512i low4 = _mm512_set1_epi8(0x0f), low6 = _mm512_set1_epi8(0x3f), top2 = _mm512_set1_epi8(0x30);
+    const uint8_t *gb = g->W + (size_t)grp * R * g->wrow;
+    for (int64_t b = 0; b < g->cols / QK_K; b++, gb += gbb) {
+        prefetch_group_block(gb, gbb);
+        const __m512i w0 = dword_vec(gb, Q5K_SC, 0), w1 = dword_vec(gb, Q5K_SC, 1), w2 = dword_vec(gb, Q5K_SC, 2);
+        const __m512i s03 = _mm512_and_si512(w0, low6), m03 = _mm512_and_si512(w1, low6);
+        const __m512i s47 = _mm512_or_si512(_mm512_and_si512(w2, low4), _mm512_and_si512(_mm512_srli_epi32(w0, 2), top2));
+        const __m512i m47 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(w2, 4), low4),
+                                            _mm512_and_si512(_mm512_srli_epi32(w1, 2), top2));
+        __m512i scp[8];
+        for (int m = 0; m < 8; m++)
+            scp[m] = _mm512_shuffle_epi8(m < 4 ? s03 : s47, pick_pair(m % 4));
+        const __m512 d = vmath_load16_f16(gb + Q5K_D), dmin = vmath_load16_f16(gb + Q5K_DMIN);
+        for (int t = 0; t < T; t++) {
+            __m512i msum = _mm512_setzero_si512();
+            for (int j = 0; j < 8; j++)
+                msum = _mm512_dpwssd_epi32(msum, _mm512_shuffle_epi8(j < 4 ? m03 : m47, pick_pair(j % 4)),
+                                           bcast(y[t][b].bsums + 2 * j));
+            summs[t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(-y[t][b].d), dmin), _mm512_cvtepi32_ps(msum),
+                                       summs[t]);
+        }
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; c++) {
+            __m512i u[8], lane[LANES_TT];
+            q5k_levels(gb, c, u);
+            for (int t = 0; t < T; t++)
+                lane[t] = _mm512_setzero_si512();
+            for (int m = 0; m < 8; m++)
+                for (int t = 0; t < T; t++)
+                    lane[t] = _mm512_dpwssd_epi32(lane[t], _mm512_maddubs_epi16(u[m], bcast(y[t][b].qs + 32 * m + 4 * c)),
+                                                  scp[m]);
+            for (int t = 0; t < T; t++)
+                acc[t][c] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(y[t][b].d), d), _mm512_cvtepi32_ps(lane[t]),
+                                            acc[t][c]);
+        }
+    }
+    for (int t = 0; t < T; t++) {
+        const __m512 *v = acc[t];
+        const __m512 sum = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(v[0], v[4]), _mm512_add_ps(v[2], v[6])),
+                                         _mm512_add_ps(_mm512_add_ps(v[1], v[5]), _mm512_add_ps(v[3], v[7])));
+        _mm512_storeu_ps(g->Y + (t0 + t) * g->ldy + grp * R, _mm512_add_ps(sum, summs[t]));
+    }
+}
+
+typedef void (*kqrp_pass_fn)(const struct quant_kq_gemm *g, int64_t grp, int64_t t0);
+
+/* passes[1..KQRP_TT] of an always-inline pass(g, grp, t0, T). */
+#define KQRP_WIDTHS(pass)                                                                                  \
+    static void pass##_1(const struct quant_kq_gemm *g, int64_t grp, int64_t t0) { pass(g, grp, t0, 1); } \
+    static void pass##_2(const struct quant_kq_gemm *g, int64_t grp, int64_t t0) { pass(g, grp, t0, 2); } \
+    static void pass##_3(const struct quant_kq_gemm *g, int64_t grp, int64_t t0) { pass(g, grp, t0, 3); } \
+    static void pass##_4(const struct quant_kq_gemm *g, int64_t grp, int64_t t0) { pass(g, grp, t0, 4); } \
+    static const kqrp_pass_fn pass##_widths[KQRP_TT + 1] = {NULL, pass##_1, pass##_2, pass##_3, pass##_4};
+
+KQRP_WIDTHS(q4k_pass)
+static void q6k_pass_1(const struct quant_kq_gemm *g, int64_t grp, int64_t t0) { q6k_pass(g, grp, t0, 1); }
+static void q6k_pass_2(const struct quant_kq_gemm *g, int64_t grp, int64_t t0) { q6k_pass(g, grp, t0, 2); }
+
+/* Q6_K: token blocks of Q6K_BATCH, decode passes for 1-2 tokens, the batch kernel above. */
+static void q6k_rows(const struct quant_kq_gemm *g, int64_t g0, int64_t g1)
+{
+    for (int64_t t0 = 0; t0 < g->n_tokens; t0 += Q6K_BATCH) {
+        const int T = (int)(g->n_tokens - t0 < Q6K_BATCH ? g->n_tokens - t0 : Q6K_BATCH);
+        for (int64_t grp = g0; grp < g1; grp++) {
+            if (T > LANES_TT)
+                q6k_batch(g, grp, t0, T);
+            else
+                (T == 1 ? q6k_pass_1 : q6k_pass_2)(g, grp, t0);
+        }
+    }
+}
+
+/* Q4_K: a block of tokens stays in L2 while the groups pass over it. */
+static void q4k_rows(const struct quant_kq_gemm *g, int64_t g0, int64_t g1)
+{
+    for (int64_t t0 = 0; t0 < g->n_tokens; t0 += KQRP_TOKEN_BLOCK) {
+        const int64_t t1 = g->n_tokens - t0 < KQRP_TOKEN_BLOCK ? g->n_tokens : t0 + KQRP_TOKEN_BLOCK;
+        for (int64_t grp = g0; grp < g1; grp++)
+            for (int64_t t = t0; t < t1; t += KQRP_TT)
+                q4k_pass_widths[t1 - t < KQRP_TT ? t1 - t : KQRP_TT](g, grp, t);
+    }
+}
+
+static void q5k_pass_1(const struct quant_kq_gemm *g, int64_t grp, int64_t t0) { q5k_pass(g, grp, t0, 1); }
+static void q5k_pass_2(const struct quant_kq_gemm *g, int64_t grp, int64_t t0) { q5k_pass(g, grp, t0, 2); }
+
+/* Q5_K: 2 tokens a pass. */
+static void q5k_rows(const struct quant_kq_gemm *g, int64_t g0, int64_t g1)
+{
+    for (int64_t t0 = 0; t0 < g->n_tokens; t0 += KQRP_TOKEN_BLOCK) {
+        const int64_t t1 = g->n_tokens - t0 < KQRP_TOKEN_BLOCK ? g->n_tokens : t0 + KQRP_TOKEN_BLOCK;
+        for (int64_t grp = g0; grp < g1; grp++)
+            for (int64_t t = t0; t < t1; t += LANES_TT)
+                (t1 - t < LANES_TT ? q5k_pass_1 : q5k_pass_2)(g, grp, t);
+    }
+}
+
+void quant_kqrp_rows_avx512(const struct quant_kq_gemm *g, int64_t g0, int64_t g1)
+{
+    switch (g->wtype) {
+    case QUANT_Q4_K: q4k_rows(g, g0, g1); return;
+    case QUANT_Q5_K: q5k_rows(g, g0, g1); return;
+    case QUANT_Q6_K: q6k_rows(g, g0, g1); return;
+    default: quant_kqrp_rows_ref(g, R, g0, g1); return;
+    }
+}
+#endif
