@@ -220,6 +220,20 @@ void quant_kq_tiles_avx512(const struct quant_kq_gemm *g, const uint8_t *panels,
  * batch size. Jobs are struct quant_kq_gemm with W the repacked matrix
  * (wrow its row-major row bytes, group g at W + g * R * wrow). The types
  * this build repacks (quant_repack_fits' k-quants): */
+/* Byte offsets of each field in a group-block of R rows (the layout above). */
+#define KQRP_Q4K_D(R) 0
+#define KQRP_Q4K_DMIN(R) (2 * (R))
+#define KQRP_Q4K_SC(R) (4 * (R))
+#define KQRP_Q4K_QS(R) (KQRP_Q4K_SC(R) + 3 * 4 * (R))
+#define KQRP_Q5K_D(R) 0
+#define KQRP_Q5K_DMIN(R) (2 * (R))
+#define KQRP_Q5K_SC(R) (4 * (R))
+#define KQRP_Q5K_QH(R) (KQRP_Q5K_SC(R) + 3 * 4 * (R))
+#define KQRP_Q5K_QS(R) (KQRP_Q5K_QH(R) + 8 * 4 * (R))
+#define KQRP_Q6K_QL(R) 0
+#define KQRP_Q6K_QH(R) (32 * 4 * (R))
+#define KQRP_Q6K_SC(R) (48 * 4 * (R))
+#define KQRP_Q6K_D(R) (52 * 4 * (R))
 bool quant_kqrp_type(enum quant_type t);
 /* Repack with any group size R (tests of the other builds' layouts). */
 ks_status quant_kqrp_repack_as(enum quant_type t, int64_t rows, int64_t cols, void *W, int R);

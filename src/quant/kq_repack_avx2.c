@@ -45,10 +45,6 @@ static inline __m256i pick_pair(int k)
  * A sub-block's 8 dwords of vpmaddubsw pairs add up in int16: each lane sums
  * 16 products of a nibble and a Q8_K quant, at most 16 * 15 * 127 = 30480. */
 
-#define Q4K_D 0
-#define Q4K_DMIN (2 * R)
-#define Q4K_SC (4 * R)
-#define Q4K_QS (Q4K_SC + 3 * 4 * R)
 
 static inline __attribute__((always_inline)) void q4k_pass(const struct quant_kq_gemm *g, int64_t grp, int64_t t0,
                                                            int T)
@@ -64,12 +60,12 @@ static inline __attribute__((always_inline)) void q4k_pass(const struct quant_kq
     const uint8_t *gb = g->W + (size_t)grp * R * g->wrow;
     for (int64_t b = 0; b < nsb; b++, gb += gbb) {
         prefetch_group_block(gb, gbb);
-        const __m256i w0 = dword_vec(gb, Q4K_SC, 0), w1 = dword_vec(gb, Q4K_SC, 1), w2 = dword_vec(gb, Q4K_SC, 2);
+        const __m256i w0 = dword_vec(gb, KQRP_Q4K_SC(R), 0), w1 = dword_vec(gb, KQRP_Q4K_SC(R), 1), w2 = dword_vec(gb, KQRP_Q4K_SC(R), 2);
         const __m256i s03 = _mm256_and_si256(w0, low6), m03 = _mm256_and_si256(w1, low6);
         const __m256i s47 = _mm256_or_si256(_mm256_and_si256(w2, low4), _mm256_and_si256(_mm256_srli_epi32(w0, 2), top2));
         const __m256i m47 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(w2, 4), low4),
                                             _mm256_and_si256(_mm256_srli_epi32(w1, 2), top2));
-        const __m256 d = vmath_load8_f16(gb + Q4K_D), dmin = vmath_load8_f16(gb + Q4K_DMIN);
+        const __m256 d = vmath_load8_f16(gb + KQRP_Q4K_D(R)), dmin = vmath_load8_f16(gb + KQRP_Q4K_DMIN(R));
         __m256i msum[KQRP_TT];
         for (int t = 0; t < T; t++)
             msum[t] = _mm256_setzero_si256();
@@ -89,7 +85,7 @@ static inline __attribute__((always_inline)) void q4k_pass(const struct quant_kq
             for (int t = 0; t < T; t++)
                 dlo[t] = dhi[t] = _mm256_setzero_si256();
             for (int i = 0; i < 8; i++) {
-                const __m256i raw = dword_vec(gb, Q4K_QS, 8 * p + i);
+                const __m256i raw = dword_vec(gb, KQRP_Q4K_QS(R), 8 * p + i);
                 const __m256i lo = _mm256_and_si256(raw, low4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
                 for (int t = 0; t < T; t++) {
                     dlo[t] = _mm256_add_epi16(dlo[t], _mm256_maddubs_epi16(lo, bcast(y[t][b].qs + 64 * p + 4 * i)));
@@ -115,10 +111,6 @@ static inline __attribute__((always_inline)) void q4k_pass(const struct quant_kq
  * 2 * 63 * 127) and a vpmaddwd against the (sc, sc) pair of its sub-block;
  * lane c starts at (-32 sc_2c, -32 sc_2c+1) . (bsums 2c, 2c+1). */
 
-#define Q6K_QL 0
-#define Q6K_QH (32 * 4 * R)
-#define Q6K_SC (48 * 4 * R)
-#define Q6K_D (52 * 4 * R)
 
 /* vpshufb pattern: bytes a and b of each row's dword as the high bytes of an int16 pair. */
 static inline __m256i pick_high_pair(int a, int b)
@@ -132,8 +124,8 @@ static inline __m256i pick_high_pair(int a, int b)
 static inline void q6k_levels(const uint8_t *gb, int h, int c, __m256i u[4])
 {
     const __m256i low4 = _mm256_set1_epi8(0x0f), top2 = _mm256_set1_epi8(0x30);
-    const __m256i la = dword_vec(gb, Q6K_QL, 16 * h + c), lb = dword_vec(gb, Q6K_QL, 16 * h + 8 + c);
-    const __m256i qh = dword_vec(gb, Q6K_QH, 8 * h + c);
+    const __m256i la = dword_vec(gb, KQRP_Q6K_QL(R), 16 * h + c), lb = dword_vec(gb, KQRP_Q6K_QL(R), 16 * h + 8 + c);
+    const __m256i qh = dword_vec(gb, KQRP_Q6K_QH(R), 8 * h + c);
     u[0] = _mm256_or_si256(_mm256_and_si256(la, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), top2));
     u[1] = _mm256_or_si256(_mm256_and_si256(lb, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), top2));
     u[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(la, 4), low4), _mm256_and_si256(qh, top2));
@@ -156,13 +148,13 @@ static void q6k_pass(const struct quant_kq_gemm *g, int64_t grp, int64_t t0)
         __m256i scp[16]; /* (sc_s, sc_s) of sub-block s, sign-extended */
 #pragma GCC unroll 16
         for (int s = 0; s < 16; s++)
-            scp[s] = _mm256_srai_epi16(_mm256_shuffle_epi8(dword_vec(gb, Q6K_SC, s / 4), pick_high_pair(s % 4, s % 4)), 8);
-        const __m256 dd = _mm256_mul_ps(_mm256_set1_ps(y[b].d), vmath_load8_f16(gb + Q6K_D));
+            scp[s] = _mm256_srai_epi16(_mm256_shuffle_epi8(dword_vec(gb, KQRP_Q6K_SC(R), s / 4), pick_high_pair(s % 4, s % 4)), 8);
+        const __m256 dd = _mm256_mul_ps(_mm256_set1_ps(y[b].d), vmath_load8_f16(gb + KQRP_Q6K_D(R)));
 #pragma GCC unroll 8
         for (int c = 0; c < 8; c++) {
             const __m256i off = _mm256_sub_epi16(
                 _mm256_setzero_si256(),
-                _mm256_srai_epi16(_mm256_shuffle_epi8(dword_vec(gb, Q6K_SC, c / 2), pick_high_pair(2 * c % 4, 2 * c % 4 + 1)), 3));
+                _mm256_srai_epi16(_mm256_shuffle_epi8(dword_vec(gb, KQRP_Q6K_SC(R), c / 2), pick_high_pair(2 * c % 4, 2 * c % 4 + 1)), 3));
             __m256i lane = _mm256_madd_epi16(off, bcast(y[b].bsums + 2 * c));
 #pragma GCC unroll 2
             for (int h = 0; h < 2; h++) {
@@ -183,19 +175,14 @@ static void q6k_pass(const struct quant_kq_gemm *g, int64_t grp, int64_t t0)
 
 /* ---- Q5_K (kq_repack_avx512.c's order) --------------------------------------------- */
 
-#define Q5K_D 0
-#define Q5K_DMIN (2 * R)
-#define Q5K_SC (4 * R)
-#define Q5K_QH (Q5K_SC + 3 * 4 * R)
-#define Q5K_QS (Q5K_QH + 8 * 4 * R)
 
 /* u = nibble | fifth bit << 4 of element groups 32m + 4c, m = 0..7, of 8 rows. */
 static inline void q5k_levels(const uint8_t *gb, int c, __m256i u[8])
 {
     const __m256i low4 = _mm256_set1_epi8(0x0f), bit4 = _mm256_set1_epi8(0x10);
-    const __m256i qh = dword_vec(gb, Q5K_QH, c);
+    const __m256i qh = dword_vec(gb, KQRP_Q5K_QH(R), c);
     for (int p = 0; p < 4; p++) {
-        const __m256i raw = dword_vec(gb, Q5K_QS, 8 * p + c);
+        const __m256i raw = dword_vec(gb, KQRP_Q5K_QS(R), 8 * p + c);
         const __m256i h0 = _mm256_and_si256(2 * p >= 4 ? _mm256_srli_epi16(qh, 2 * p - 4) : _mm256_slli_epi16(qh, 4 - 2 * p), bit4);
         const __m256i h1 = _mm256_and_si256(2 * p + 1 >= 4 ? _mm256_srli_epi16(qh, 2 * p - 3) : _mm256_slli_epi16(qh, 3 - 2 * p), bit4);
         u[2 * p] = _mm256_or_si256(_mm256_and_si256(raw, low4), h0);
@@ -229,11 +216,11 @@ static void q5k_pass(const struct quant_kq_gemm *g, int64_t grp, int64_t t0)
     for (int64_t b = 0; b < g->cols / QK_K; b++, gb += gbb) {
         prefetch_group_block(gb, gbb);
         __m256i pairs[16];
-        k4_scale_pairs(gb, Q5K_SC, pairs);
+        k4_scale_pairs(gb, KQRP_Q5K_SC(R), pairs);
         __m256i msum = _mm256_setzero_si256();
         for (int j = 0; j < 8; j++)
             msum = _mm256_add_epi32(msum, _mm256_madd_epi16(pairs[8 + j], bcast(y[b].bsums + 2 * j)));
-        const __m256 d = vmath_load8_f16(gb + Q5K_D), dmin = vmath_load8_f16(gb + Q5K_DMIN);
+        const __m256 d = vmath_load8_f16(gb + KQRP_Q5K_D(R)), dmin = vmath_load8_f16(gb + KQRP_Q5K_DMIN(R));
         summs = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(-y[b].d), dmin), _mm256_cvtepi32_ps(msum), summs);
         const __m256 dd = _mm256_mul_ps(_mm256_set1_ps(y[b].d), d);
 #pragma GCC unroll 8
@@ -313,10 +300,10 @@ static void q6k_unpack8(const uint8_t *W, int Rg, int64_t cols, int64_t r, uint8
         uint8_t *pb = panel + b * KQ_PB_BYTES;
         for (int k = 0; k < 52; k++)
             memcpy(g8 + 32 * k, gb + 4 * (size_t)Rg * k + at, 32);
-        memcpy(g8 + Q6K_D, gb + 52 * 4 * (size_t)Rg + at / 2, 16);
+        memcpy(g8 + KQRP_Q6K_D(R), gb + 52 * 4 * (size_t)Rg + at / 2, 16);
         __m256i scp[16];
         for (int s = 0; s < 16; s++)
-            scp[s] = _mm256_srai_epi16(_mm256_shuffle_epi8(dword_vec(g8, Q6K_SC, s / 4), pick_high_pair(s % 4, s % 4)), 8);
+            scp[s] = _mm256_srai_epi16(_mm256_shuffle_epi8(dword_vec(g8, KQRP_Q6K_SC(R), s / 4), pick_high_pair(s % 4, s % 4)), 8);
         for (int h = 0; h < 2; h++)
             for (int c = 0; c < 8; c++) {
                 __m256i u[4];
@@ -330,8 +317,8 @@ static void q6k_unpack8(const uint8_t *W, int Rg, int64_t cols, int64_t r, uint8
             }
         for (int i = 0; i < 8; i++) /* (sc << 8) >> 3 */
             store_lanes(pb, KQ_PL_PAIRS + 64 * (size_t)i + lanes,
-                        _mm256_srai_epi16(_mm256_shuffle_epi8(dword_vec(g8, Q6K_SC, i / 2), pick_high_pair(2 * i % 4, 2 * i % 4 + 1)), 3));
-        _mm256_storeu_ps((float *)(void *)(pb + KQ_PL_D + lanes), vmath_load8_f16(g8 + Q6K_D));
+                        _mm256_srai_epi16(_mm256_shuffle_epi8(dword_vec(g8, KQRP_Q6K_SC(R), i / 2), pick_high_pair(2 * i % 4, 2 * i % 4 + 1)), 3));
+        _mm256_storeu_ps((float *)(void *)(pb + KQ_PL_D + lanes), vmath_load8_f16(g8 + KQRP_Q6K_D(R)));
         _mm256_storeu_ps((float *)(void *)(pb + KQ_PL_DMIN + lanes), _mm256_setzero_ps());
     }
 }
@@ -349,12 +336,12 @@ static void q5k_unpack8(const uint8_t *W, int Rg, int64_t cols, int64_t r, uint8
     uint8_t g8[8 * sizeof(block_q5_K)]; /* the 8 rows as a group of 8 */
     for (int64_t b = 0; b < cols / QK_K; b++, gb += gbb) {
         uint8_t *pb = panel + b * KQ_PB_BYTES;
-        memcpy(g8 + Q5K_D, gb + at / 2, 16);
-        memcpy(g8 + Q5K_DMIN, gb + 2 * (size_t)Rg + at / 2, 16);
+        memcpy(g8 + KQRP_Q5K_D(R), gb + at / 2, 16);
+        memcpy(g8 + KQRP_Q5K_DMIN(R), gb + 2 * (size_t)Rg + at / 2, 16);
         for (int k = 0; k < 43; k++)
-            memcpy(g8 + Q5K_SC + 32 * k, gb + 4 * (size_t)Rg + 4 * (size_t)Rg * k + at, 32);
+            memcpy(g8 + KQRP_Q5K_SC(R) + 32 * k, gb + 4 * (size_t)Rg + 4 * (size_t)Rg * k + at, 32);
         __m256i pairs[16];
-        k4_scale_pairs(g8, Q5K_SC, pairs);
+        k4_scale_pairs(g8, KQRP_Q5K_SC(R), pairs);
         for (int c = 0; c < 8; c++) {
             __m256i u[8];
             q5k_levels(g8, c, u);
@@ -367,8 +354,8 @@ static void q5k_unpack8(const uint8_t *W, int Rg, int64_t cols, int64_t r, uint8
         }
         for (int i = 0; i < 8; i++)
             store_lanes(pb, KQ_PL_PAIRS + 64 * (size_t)i + lanes, pairs[8 + i]);
-        _mm256_storeu_ps((float *)(void *)(pb + KQ_PL_D + lanes), vmath_load8_f16(g8 + Q5K_D));
-        _mm256_storeu_ps((float *)(void *)(pb + KQ_PL_DMIN + lanes), vmath_load8_f16(g8 + Q5K_DMIN));
+        _mm256_storeu_ps((float *)(void *)(pb + KQ_PL_D + lanes), vmath_load8_f16(g8 + KQRP_Q5K_D(R)));
+        _mm256_storeu_ps((float *)(void *)(pb + KQ_PL_DMIN + lanes), vmath_load8_f16(g8 + KQRP_Q5K_DMIN(R)));
     }
 }
 

@@ -58,10 +58,6 @@ static inline __m512i pick_pair(int k)
  * 16. Ranges: a sub-block sum is at most 32 * 15 * 127 (x16 < 2^20), times a
  * scale <= 63 and 4 sub-blocks stays below 2^31. */
 
-#define Q4K_D 0
-#define Q4K_DMIN (2 * R)
-#define Q4K_SC (4 * R)
-#define Q4K_QS (Q4K_SC + 3 * 4 * R)
 
 static inline __attribute__((always_inline)) void q4k_pass(const struct quant_kq_gemm *g, int64_t grp, int64_t t0,
                                                            int T)
@@ -79,12 +75,12 @@ static inline __attribute__((always_inline)) void q4k_pass(const struct quant_kq
     for (int64_t b = 0; b < nsb; b++, gb += gbb) {
         prefetch_group_block(gb, gbb);
         /* kq_unpack_scales_k4 in the lanes: bytes 0-3 of s03 / s47 / m03 / m47 are scales 0-3, 4-7, mins 0-3, 4-7 */
-        const __m512i w0 = dword_vec(gb, Q4K_SC, 0), w1 = dword_vec(gb, Q4K_SC, 1), w2 = dword_vec(gb, Q4K_SC, 2);
+        const __m512i w0 = dword_vec(gb, KQRP_Q4K_SC(R), 0), w1 = dword_vec(gb, KQRP_Q4K_SC(R), 1), w2 = dword_vec(gb, KQRP_Q4K_SC(R), 2);
         const __m512i s03 = _mm512_and_si512(w0, low6), m03 = _mm512_and_si512(w1, low6);
         const __m512i s47 = _mm512_or_si512(_mm512_and_si512(w2, low4), _mm512_and_si512(_mm512_srli_epi32(w0, 2), top2));
         const __m512i m47 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(w2, 4), low4),
                                             _mm512_and_si512(_mm512_srli_epi32(w1, 2), top2));
-        const __m512 d = vmath_load16_f16(gb + Q4K_D), dmin = vmath_load16_f16(gb + Q4K_DMIN);
+        const __m512 d = vmath_load16_f16(gb + KQRP_Q4K_D(R)), dmin = vmath_load16_f16(gb + KQRP_Q4K_DMIN(R));
         __m512i msum[KQRP_TT];
         for (int t = 0; t < T; t++)
             msum[t] = _mm512_setzero_si512();
@@ -109,7 +105,7 @@ static inline __attribute__((always_inline)) void q4k_pass(const struct quant_kq
             for (int i = 0; i < 8; i++)
                 for (int pi = 0; pi < P; pi++) {
                     const int p = p0 + pi;
-                    const __m512i raw = dword_vec(gb, Q4K_QS, 8 * p + i);
+                    const __m512i raw = dword_vec(gb, KQRP_Q4K_QS(R), 8 * p + i);
                     const __m512i lo = _mm512_and_si512(raw, low4), hi16 = _mm512_and_si512(raw, high4);
                     for (int t = 0; t < T; t++) {
                         dlo[pi][t] = _mm512_dpbusd_epi32(dlo[pi][t], lo, bcast(y[t][b].qs + 64 * p + 4 * i));
@@ -149,10 +145,6 @@ static inline __attribute__((always_inline)) void q4k_pass(const struct quant_kq
  * 16h + 8(q & 1) + c (nibble q >> 1) and its top 2 from qh dword 8h + c
  * (bits 2q). */
 
-#define Q6K_QL 0
-#define Q6K_QH (32 * 4 * R)
-#define Q6K_SC (48 * 4 * R)
-#define Q6K_D (52 * 4 * R)
 #define LANES_TT 2 /* tokens per pass of the eight-lane kernels (Q5_K, Q6_K): 8 float lanes per token in registers */
 
 /* vpshufb pattern: bytes a and b of each row's dword as the high bytes of an
@@ -182,8 +174,8 @@ static inline __m512i byte_shift(__m512i v, int shift)
 static inline void q6k_levels(const uint8_t *gb, int h, int c, __m512i u[4])
 {
     const __m512i low4 = _mm512_set1_epi8(0x0f);
-    const __m512i la = dword_vec(gb, Q6K_QL, 16 * h + c), lb = dword_vec(gb, Q6K_QL, 16 * h + 8 + c);
-    const __m512i qh = dword_vec(gb, Q6K_QH, 8 * h + c);
+    const __m512i la = dword_vec(gb, KQRP_Q6K_QL(R), 16 * h + c), lb = dword_vec(gb, KQRP_Q6K_QL(R), 16 * h + 8 + c);
+    const __m512i qh = dword_vec(gb, KQRP_Q6K_QH(R), 8 * h + c);
     const __m512i qh02 = _mm512_and_si512(qh, _mm512_set1_epi8(0x33)), qh13 = _mm512_and_si512(qh, _mm512_set1_epi8((char)0xcc));
     u[0] = _mm512_ternarylogic_epi32(byte_shift(qh02, -4), la, low4, SEL_B_OVER_A);
     u[1] = _mm512_ternarylogic_epi32(byte_shift(qh13, -2), lb, low4, SEL_B_OVER_A);
@@ -203,12 +195,12 @@ static inline __attribute__((always_inline)) void q6k_scales(const uint8_t *gb, 
 {
 #pragma GCC unroll 16
     for (int s = 0; s < 16; s++)
-        scp[s] = _mm512_srai_epi16(_mm512_shuffle_epi8(dword_vec(gb, Q6K_SC, s / 4), pick_high_pair(s % 4, s % 4)), 8);
+        scp[s] = _mm512_srai_epi16(_mm512_shuffle_epi8(dword_vec(gb, KQRP_Q6K_SC(R), s / 4), pick_high_pair(s % 4, s % 4)), 8);
 #pragma GCC unroll 8
     for (int c = 0; c < 8; c++) /* (sc << 8) >> 3, negated */
         off[c] = _mm512_sub_epi16(
             _mm512_setzero_si512(),
-            _mm512_srai_epi16(_mm512_shuffle_epi8(dword_vec(gb, Q6K_SC, c / 2), pick_high_pair(2 * c % 4, 2 * c % 4 + 1)), 3));
+            _mm512_srai_epi16(_mm512_shuffle_epi8(dword_vec(gb, KQRP_Q6K_SC(R), c / 2), pick_high_pair(2 * c % 4, 2 * c % 4 + 1)), 3));
 }
 
 /* Lane c of T tokens' super-block b (y[t] + b), from the unpacked u of lane c
@@ -261,7 +253,7 @@ static inline __attribute__((always_inline)) void q6k_pass(const struct quant_kq
         prefetch_group_block(gb, gbb);
         __m512i scp[16], off[8];
         q6k_scales(gb, scp, off);
-        const __m512 d = vmath_load16_f16(gb + Q6K_D);
+        const __m512 d = vmath_load16_f16(gb + KQRP_Q6K_D(R));
 #pragma GCC unroll 8
         for (int c = 0; c < 8; c++) {
             __m512i lane[LANES_TT];
@@ -289,7 +281,7 @@ static void q6k_unpack(const uint8_t *gb, struct q6k_block *o)
         for (int c = 0; c < 8; c++)
             q6k_levels(gb, h, c, o->u[h][c]);
     q6k_scales(gb, o->scp, o->off);
-    o->d = vmath_load16_f16(gb + Q6K_D);
+    o->d = vmath_load16_f16(gb + KQRP_Q6K_D(R));
 }
 
 static inline __attribute__((always_inline)) void q6k_chunk_pass(const struct q6k_block *blk, int nbk, int64_t b0,
@@ -344,18 +336,13 @@ static void q6k_batch(const struct quant_kq_gemm *g, int64_t grp, int64_t t0, in
  * 8(m / 2) + c holds sub-block m's elements in its low (m even) or high
  * nibbles; qh dword c their fifth bits at bit m. */
 
-#define Q5K_D 0
-#define Q5K_DMIN (2 * R)
-#define Q5K_SC (4 * R)
-#define Q5K_QH (Q5K_SC + 3 * 4 * R)
-#define Q5K_QS (Q5K_QH + 8 * 4 * R)
 
 static inline void q5k_levels(const uint8_t *gb, int c, __m512i u[8])
 {
     const __m512i low4 = _mm512_set1_epi8(0x0f), bit4 = _mm512_set1_epi8(0x10);
-    const __m512i qh = dword_vec(gb, Q5K_QH, c);
+    const __m512i qh = dword_vec(gb, KQRP_Q5K_QH(R), c);
     for (int p = 0; p < 4; p++) {
-        const __m512i raw = dword_vec(gb, Q5K_QS, 8 * p + c);
+        const __m512i raw = dword_vec(gb, KQRP_Q5K_QS(R), 8 * p + c);
         const __m512i h0 = _mm512_and_si512(byte_shift(qh, 2 * p - 4), bit4);
         const __m512i h1 = _mm512_and_si512(byte_shift(qh, 2 * p - 3), bit4);
         u[2 * p] = _mm512_ternarylogic_epi32(h0, raw, low4, SEL_B_OVER_A);
@@ -379,7 +366,7 @@ static inline __attribute__((always_inline)) void q5k_pass(const struct quant_kq
     const uint8_t *gb = g->W + (size_t)grp * R * g->wrow;
     for (int64_t b = 0; b < g->cols / QK_K; b++, gb += gbb) {
         prefetch_group_block(gb, gbb);
-        const __m512i w0 = dword_vec(gb, Q5K_SC, 0), w1 = dword_vec(gb, Q5K_SC, 1), w2 = dword_vec(gb, Q5K_SC, 2);
+        const __m512i w0 = dword_vec(gb, KQRP_Q5K_SC(R), 0), w1 = dword_vec(gb, KQRP_Q5K_SC(R), 1), w2 = dword_vec(gb, KQRP_Q5K_SC(R), 2);
         const __m512i s03 = _mm512_and_si512(w0, low6), m03 = _mm512_and_si512(w1, low6);
         const __m512i s47 = _mm512_or_si512(_mm512_and_si512(w2, low4), _mm512_and_si512(_mm512_srli_epi32(w0, 2), top2));
         const __m512i m47 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(w2, 4), low4),
@@ -387,7 +374,7 @@ static inline __attribute__((always_inline)) void q5k_pass(const struct quant_kq
         __m512i scp[8];
         for (int m = 0; m < 8; m++)
             scp[m] = _mm512_shuffle_epi8(m < 4 ? s03 : s47, pick_pair(m % 4));
-        const __m512 d = vmath_load16_f16(gb + Q5K_D), dmin = vmath_load16_f16(gb + Q5K_DMIN);
+        const __m512 d = vmath_load16_f16(gb + KQRP_Q5K_D(R)), dmin = vmath_load16_f16(gb + KQRP_Q5K_DMIN(R));
         for (int t = 0; t < T; t++) {
             __m512i msum = _mm512_setzero_si512();
             for (int j = 0; j < 8; j++)
