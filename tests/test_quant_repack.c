@@ -194,7 +194,7 @@ static void test_repacked_matmul_matches_reference(void **state)
     /* and with tail rows past the last group (1 to R - 1 of them) */
     const int64_t shapes[][2] = {{R, 32}, {3 * R, 96}, {8 * R, 512}, {2 * R, 2048},
                                  {R + 5, 96}, {3 * R + 1, 256}, {2 * R + R - 1, 64}};
-    const int64_t batches[] = {1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 33};
+    const int64_t batches[] = {1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 32, 33, 64, 65}; /* both sides of RP_GEMM_MAX */
     for (int th = 1; th <= 2; th++) {
         threads_pool *pool;
         assert_int_equal(threads_create(th, &pool), KS_OK);

@@ -125,8 +125,17 @@ static enum mm_path choose_path(enum quant_type wtype, int64_t n_tokens)
  * (quant_repack.c); larger ones the prefill tiles, which unpack the rows.
  * Without SIMD prefill tiles, and for IQ4_NL/MXFP4, every batch runs the
  * group kernels. */
+/* llama-1b q4_0 / q8_0 prefill, 2 threads, group kernels vs tiles (tok/s):
+ * AVX-512 at 17 tokens 155 vs 61 (q4_0), 131-148 vs 60 (q8_0), at 32 176 vs
+ * 102, at 64 164-179 vs 132-152, at 128 140 vs 185; AVX2 at 17 75 vs 42, at
+ * 32 74-76 vs 63-66, at 64 73-79 vs 78-86. The tiles pad to whole groups of
+ * 16 tokens, so 17 tokens cost what 32 do. */
 #ifndef RP_GEMM_MAX
-#define RP_GEMM_MAX 16 /* at 16 tokens the group kernels beat the tiles by 23-30%; at 64 and 512 they lost 7-30% */
+#if defined(QUANT_HAVE_AVX512)
+#define RP_GEMM_MAX 64
+#else
+#define RP_GEMM_MAX 32
+#endif
 #endif
 #define RP_MIN_CHUNK_ROWS 64 /* rows per work item at least: a long sequential stream */
 #if defined(QUANT_HAVE_AVX2)
