@@ -548,8 +548,10 @@ static enum outcome try_damaged(const struct pristine *p, const uint8_t *data, s
     if (WIFSIGNALED(status))
         fail_msg("%s: opening the damaged store crashed with signal %d", what, WTERMSIG(status));
     int code = WEXITSTATUS(status);
-    if (code == WRONG_DATA || code >= N_OUTCOMES)
-        fail_msg("%s: the damaged store returned a wrong page (exit %d)", what, code);
+    if (code == WRONG_DATA)
+        fail_msg("%s: the damaged store returned a wrong page", what);
+    if (code >= N_OUTCOMES) /* a sanitizer's exit code (66: TSan's), its report on the silenced stderr */
+        fail_msg("%s: the child opening the damaged store exited with %d", what, code);
     if (code == OPEN_FAILED)
         fail_msg("%s: the damaged store neither opened nor was moved aside", what);
     return (enum outcome)code;
