@@ -27,6 +27,18 @@ static inline __m256i dword_vec(const uint8_t *gb, size_t at, int k)
     return _mm256_loadu_si256((const __m256i *)(gb + at + 32 * (size_t)k));
 }
 
+/* kq_unpack_scales_k4 in the lanes (Q4_K's and Q5_K's 6-bit packing): from a
+ * row's three scale dwords, bytes 0-3 of s03 / s47 / m03 / m47 are its scales
+ * 0-3, 4-7 and mins 0-3, 4-7. */
+static inline void unpack_scales_mins(__m256i w0, __m256i w1, __m256i w2, __m256i *s03, __m256i *s47, __m256i *m03, __m256i *m47)
+{
+    const __m256i low4 = _mm256_set1_epi8(0x0f), low6 = _mm256_set1_epi8(0x3f), top2 = _mm256_set1_epi8(0x30);
+    *s03 = _mm256_and_si256(w0, low6);
+    *m03 = _mm256_and_si256(w1, low6);
+    *s47 = _mm256_or_si256(_mm256_and_si256(w2, low4), _mm256_and_si256(_mm256_srli_epi32(w0, 2), top2));
+    *m47 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(w2, 4), low4), _mm256_and_si256(_mm256_srli_epi32(w1, 2), top2));
+}
+
 static inline void prefetch_group_block(const uint8_t *gb, size_t bytes)
 {
     for (size_t off = 0; off < bytes; off += 64)
@@ -56,15 +68,14 @@ static inline __attribute__((always_inline)) void q4k_pass(const struct quant_kq
     __m256 acc[KQRP_TT], accm[KQRP_TT];
     for (int t = 0; t < T; t++)
         acc[t] = accm[t] = _mm256_setzero_ps();
-    const __m256i low4 = _mm256_set1_epi8(0x0f), low6 = _mm256_set1_epi8(0x3f), top2 = _mm256_set1_epi8(0x30);
+    const __m256i low4 = _mm256_set1_epi8(0x0f);
     const uint8_t *gb = g->W + (size_t)grp * R * g->wrow;
     for (int64_t b = 0; b < nsb; b++, gb += gbb) {
         prefetch_group_block(gb, gbb);
-        const __m256i w0 = dword_vec(gb, KQRP_Q4K_SC(R), 0), w1 = dword_vec(gb, KQRP_Q4K_SC(R), 1), w2 = dword_vec(gb, KQRP_Q4K_SC(R), 2);
-        const __m256i s03 = _mm256_and_si256(w0, low6), m03 = _mm256_and_si256(w1, low6);
-        const __m256i s47 = _mm256_or_si256(_mm256_and_si256(w2, low4), _mm256_and_si256(_mm256_srli_epi32(w0, 2), top2));
-        const __m256i m47 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(w2, 4), low4),
-                                            _mm256_and_si256(_mm256_srli_epi32(w1, 2), top2));
+        const size_t at_sc = KQRP_Q4K_SC(R);
+        const __m256i w0 = dword_vec(gb, at_sc, 0), w1 = dword_vec(gb, at_sc, 1), w2 = dword_vec(gb, at_sc, 2);
+        __m256i s03, s47, m03, m47;
+        unpack_scales_mins(w0, w1, w2, &s03, &s47, &m03, &m47);
         const __m256 d = vmath_load8_f16(gb + KQRP_Q4K_D(R)), dmin = vmath_load8_f16(gb + KQRP_Q4K_DMIN(R));
         __m256i msum[KQRP_TT];
         for (int t = 0; t < T; t++)
@@ -193,12 +204,9 @@ static inline void q5k_levels(const uint8_t *gb, int c, __m256i u[8])
 /* The 8 rows' scales (m < 8) and mins (m >= 8) of a Q5_K / Q4_K group-block as (v, v) int16 pairs. */
 static inline void k4_scale_pairs(const uint8_t *gb, size_t at_sc, __m256i pairs[16])
 {
-    const __m256i low4 = _mm256_set1_epi8(0x0f), low6 = _mm256_set1_epi8(0x3f), top2 = _mm256_set1_epi8(0x30);
     const __m256i w0 = dword_vec(gb, at_sc, 0), w1 = dword_vec(gb, at_sc, 1), w2 = dword_vec(gb, at_sc, 2);
-    const __m256i s03 = _mm256_and_si256(w0, low6), m03 = _mm256_and_si256(w1, low6);
-    const __m256i s47 = _mm256_or_si256(_mm256_and_si256(w2, low4), _mm256_and_si256(_mm256_srli_epi32(w0, 2), top2));
-    const __m256i m47 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(w2, 4), low4),
-                                        _mm256_and_si256(_mm256_srli_epi32(w1, 2), top2));
+    __m256i s03, s47, m03, m47;
+    unpack_scales_mins(w0, w1, w2, &s03, &s47, &m03, &m47);
     for (int j = 0; j < 8; j++) {
         pairs[j] = _mm256_shuffle_epi8(j < 4 ? s03 : s47, pick_pair(j % 4));
         pairs[8 + j] = _mm256_shuffle_epi8(j < 4 ? m03 : m47, pick_pair(j % 4));
@@ -256,7 +264,7 @@ static void q4k_unpack8(const uint8_t *W, int Rg, int64_t cols, int64_t r, uint8
 {
     const size_t wrow = quant_row_size(QUANT_Q4_K, cols), gbb = (size_t)Rg * sizeof(block_q4_K);
     const int l0 = (int)(r % Rg);
-    const __m256i low4 = _mm256_set1_epi8(0x0f), low6 = _mm256_set1_epi8(0x3f), top2 = _mm256_set1_epi8(0x30);
+    const __m256i low4 = _mm256_set1_epi8(0x0f);
     const uint8_t *gb = W + (size_t)(r / Rg) * (size_t)Rg * wrow;
     for (int64_t b = 0; b < cols / QK_K; b++, gb += gbb) {
         uint8_t *pb = panel + b * KQ_PB_BYTES;
@@ -270,10 +278,8 @@ static void q4k_unpack8(const uint8_t *W, int Rg, int64_t cols, int64_t r, uint8
         const __m256i w0 = _mm256_loadu_si256((const __m256i *)(gb + at_sc)),
                       w1 = _mm256_loadu_si256((const __m256i *)(gb + at_sc + 4 * (size_t)Rg)),
                       w2 = _mm256_loadu_si256((const __m256i *)(gb + at_sc + 8 * (size_t)Rg));
-        const __m256i s03 = _mm256_and_si256(w0, low6), m03 = _mm256_and_si256(w1, low6);
-        const __m256i s47 = _mm256_or_si256(_mm256_and_si256(w2, low4), _mm256_and_si256(_mm256_srli_epi32(w0, 2), top2));
-        const __m256i m47 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(w2, 4), low4),
-                                            _mm256_and_si256(_mm256_srli_epi32(w1, 2), top2));
+        __m256i s03, s47, m03, m47;
+        unpack_scales_mins(w0, w1, w2, &s03, &s47, &m03, &m47);
         for (int j = 0; j < 8; j++) {
             store_lanes(pb, KQ_PB_SC + 64 * (size_t)j + lanes, _mm256_shuffle_epi8(j < 4 ? s03 : s47, pick_byte(j % 4)));
             store_lanes(pb, KQ_PB_SC + 64 * (size_t)(j + 8) + lanes, _mm256_setzero_si256());

@@ -29,6 +29,18 @@
 static inline __m512i bcast(const void *p) { return _mm512_set1_epi32(kq_dword(p)); }
 static inline __m512i dword_vec(const uint8_t *gb, size_t at, int k) { return _mm512_loadu_si512(gb + at + 64 * (size_t)k); }
 
+/* kq_unpack_scales_k4 in the lanes (Q4_K's and Q5_K's 6-bit packing): from a
+ * row's three scale dwords, bytes 0-3 of s03 / s47 / m03 / m47 are its scales
+ * 0-3, 4-7 and mins 0-3, 4-7. */
+static inline void unpack_scales_mins(__m512i w0, __m512i w1, __m512i w2, __m512i *s03, __m512i *s47, __m512i *m03, __m512i *m47)
+{
+    const __m512i low4 = _mm512_set1_epi8(0x0f), low6 = _mm512_set1_epi8(0x3f), top2 = _mm512_set1_epi8(0x30);
+    *s03 = _mm512_and_si512(w0, low6);
+    *m03 = _mm512_and_si512(w1, low6);
+    *s47 = _mm512_or_si512(_mm512_and_si512(w2, low4), _mm512_and_si512(_mm512_srli_epi32(w0, 2), top2));
+    *m47 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(w2, 4), low4), _mm512_and_si512(_mm512_srli_epi32(w1, 2), top2));
+}
+
 static inline void prefetch_group_block(const uint8_t *gb, size_t bytes)
 {
     for (size_t off = 0; off < bytes; off += 64)
@@ -69,17 +81,15 @@ static inline __attribute__((always_inline)) void q4k_pass(const struct quant_kq
     __m512 acc[KQRP_TT], accm[KQRP_TT];
     for (int t = 0; t < T; t++)
         acc[t] = accm[t] = _mm512_setzero_ps();
-    const __m512i low4 = _mm512_set1_epi8(0x0f), high4 = _mm512_set1_epi8((char)0xf0), low6 = _mm512_set1_epi8(0x3f),
-                  top2 = _mm512_set1_epi8(0x30);
+    const __m512i low4 = _mm512_set1_epi8(0x0f), high4 = _mm512_set1_epi8((char)0xf0);
     const uint8_t *gb = g->W + (size_t)grp * R * g->wrow;
     for (int64_t b = 0; b < nsb; b++, gb += gbb) {
         prefetch_group_block(gb, gbb);
         /* kq_unpack_scales_k4 in the lanes: bytes 0-3 of s03 / s47 / m03 / m47 are scales 0-3, 4-7, mins 0-3, 4-7 */
-        const __m512i w0 = dword_vec(gb, KQRP_Q4K_SC(R), 0), w1 = dword_vec(gb, KQRP_Q4K_SC(R), 1), w2 = dword_vec(gb, KQRP_Q4K_SC(R), 2);
-        const __m512i s03 = _mm512_and_si512(w0, low6), m03 = _mm512_and_si512(w1, low6);
-        const __m512i s47 = _mm512_or_si512(_mm512_and_si512(w2, low4), _mm512_and_si512(_mm512_srli_epi32(w0, 2), top2));
-        const __m512i m47 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(w2, 4), low4),
-                                            _mm512_and_si512(_mm512_srli_epi32(w1, 2), top2));
+        const size_t at_sc = KQRP_Q4K_SC(R);
+        const __m512i w0 = dword_vec(gb, at_sc, 0), w1 = dword_vec(gb, at_sc, 1), w2 = dword_vec(gb, at_sc, 2);
+        __m512i s03, s47, m03, m47;
+        unpack_scales_mins(w0, w1, w2, &s03, &s47, &m03, &m47);
         const __m512 d = vmath_load16_f16(gb + KQRP_Q4K_D(R)), dmin = vmath_load16_f16(gb + KQRP_Q4K_DMIN(R));
         __m512i msum[KQRP_TT];
         for (int t = 0; t < T; t++)
@@ -362,15 +372,13 @@ static inline __attribute__((always_inline)) void q5k_pass(const struct quant_kq
         for (int c = 0; c < 8; c++)
             acc[t][c] = _mm512_setzero_ps();
     }
-    const __m512i low4 = _mm512_set1_epi8(0x0f), low6 = _mm512_set1_epi8(0x3f), top2 = _mm512_set1_epi8(0x30);
     const uint8_t *gb = g->W + (size_t)grp * R * g->wrow;
     for (int64_t b = 0; b < g->cols / QK_K; b++, gb += gbb) {
         prefetch_group_block(gb, gbb);
-        const __m512i w0 = dword_vec(gb, KQRP_Q5K_SC(R), 0), w1 = dword_vec(gb, KQRP_Q5K_SC(R), 1), w2 = dword_vec(gb, KQRP_Q5K_SC(R), 2);
-        const __m512i s03 = _mm512_and_si512(w0, low6), m03 = _mm512_and_si512(w1, low6);
-        const __m512i s47 = _mm512_or_si512(_mm512_and_si512(w2, low4), _mm512_and_si512(_mm512_srli_epi32(w0, 2), top2));
-        const __m512i m47 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(w2, 4), low4),
-                                            _mm512_and_si512(_mm512_srli_epi32(w1, 2), top2));
+        const size_t at_sc = KQRP_Q5K_SC(R);
+        const __m512i w0 = dword_vec(gb, at_sc, 0), w1 = dword_vec(gb, at_sc, 1), w2 = dword_vec(gb, at_sc, 2);
+        __m512i s03, s47, m03, m47;
+        unpack_scales_mins(w0, w1, w2, &s03, &s47, &m03, &m47);
         __m512i scp[8];
         for (int m = 0; m < 8; m++)
             scp[m] = _mm512_shuffle_epi8(m < 4 ? s03 : s47, pick_pair(m % 4));
