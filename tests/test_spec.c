@@ -234,7 +234,8 @@ static double total_variation(const double *a, const double *b)
     return tv / 2;
 }
 
-static struct sampler *make(float temp, int top_k, uint64_t seed)
+/* The defaults with only temperature and top-k shaping (top-p 1, min-p 0). */
+static struct sample_params temp_top_k(float temp, int top_k)
 {
     struct sample_params p;
     sample_params_default(&p);
@@ -242,6 +243,12 @@ static struct sampler *make(float temp, int top_k, uint64_t seed)
     p.top_k = top_k;
     p.top_p = 1.0f;
     p.min_p = 0.0f;
+    return p;
+}
+
+static struct sampler *make(float temp, int top_k, uint64_t seed)
+{
+    struct sample_params p = temp_top_k(temp, top_k);
     p.seed = seed;
     struct sampler *s = NULL;
     assert_int_equal(sample_create(&p, V, &s), KS_OK);
@@ -371,12 +378,7 @@ static void check_proposal(float temp, int top_k, bool chain, const struct sampl
     double p[V], dq[V], got[V] = {0}, wrong[V];
     exact_dist(temp, top_k, p);
     dense_q(q, dq);
-    struct sample_params sp;
-    sample_params_default(&sp);
-    sp.temp = temp;
-    sp.top_k = top_k;
-    sp.top_p = 1.0f;
-    sp.min_p = 0.0f;
+    struct sample_params sp = temp_top_k(temp, top_k);
     sp.min_keep = chain ? 2 : 0;
     sp.seed = 99;
     struct sampler *s = NULL;
@@ -411,12 +413,7 @@ static void check_proposal(float temp, int top_k, bool chain, const struct sampl
 
 static void make_q(float temp, int top_k, struct sample_proposal *q)
 {
-    struct sample_params dp;
-    sample_params_default(&dp);
-    dp.temp = temp;
-    dp.top_k = top_k;
-    dp.top_p = 1.0f;
-    dp.min_p = 0.0f;
+    struct sample_params dp = temp_top_k(temp, top_k);
     float p_top;
     assert_int_equal(sample_proposal_make(&dp, DRAFT_LOGITS, V, q, &p_top), KS_OK);
 }
