@@ -39,12 +39,6 @@ static inline void unpack_scales_mins(__m256i w0, __m256i w1, __m256i w2, __m256
     *m47 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(w2, 4), low4), _mm256_and_si256(_mm256_srli_epi32(w1, 2), top2));
 }
 
-static inline void prefetch_group_block(const uint8_t *gb, size_t bytes)
-{
-    for (size_t off = 0; off < bytes; off += 64)
-        __builtin_prefetch((const char *)gb + KQRP_AHEAD + off, 0, QUANT_WEIGHT_PREFETCH);
-}
-
 /* vpshufb pattern: byte k of each row's dword as both halves of an int16 pair. */
 static inline __m256i pick_pair(int k)
 {
@@ -71,7 +65,7 @@ static inline __attribute__((always_inline)) void q4k_pass(const struct quant_kq
     const __m256i low4 = _mm256_set1_epi8(0x0f);
     const uint8_t *gb = g->W + (size_t)grp * R * g->wrow;
     for (int64_t b = 0; b < nsb; b++, gb += gbb) {
-        prefetch_group_block(gb, gbb);
+        kq_prefetch_lines(gb + KQRP_AHEAD, gbb);
         const size_t at_sc = KQRP_Q4K_SC(R);
         const __m256i w0 = dword_vec(gb, at_sc, 0), w1 = dword_vec(gb, at_sc, 1), w2 = dword_vec(gb, at_sc, 2);
         __m256i s03, s47, m03, m47;
@@ -155,7 +149,7 @@ static void q6k_pass(const struct quant_kq_gemm *g, int64_t grp, int64_t t0)
         acc[c] = _mm256_setzero_ps();
     const uint8_t *gb = g->W + (size_t)grp * R * g->wrow;
     for (int64_t b = 0; b < g->cols / QK_K; b++, gb += gbb) {
-        prefetch_group_block(gb, gbb);
+        kq_prefetch_lines(gb + KQRP_AHEAD, gbb);
         __m256i scp[16]; /* (sc_s, sc_s) of sub-block s, sign-extended */
 #pragma GCC unroll 16
         for (int s = 0; s < 16; s++)
@@ -222,7 +216,7 @@ static void q5k_pass(const struct quant_kq_gemm *g, int64_t grp, int64_t t0)
         acc[c] = _mm256_setzero_ps();
     const uint8_t *gb = g->W + (size_t)grp * R * g->wrow;
     for (int64_t b = 0; b < g->cols / QK_K; b++, gb += gbb) {
-        prefetch_group_block(gb, gbb);
+        kq_prefetch_lines(gb + KQRP_AHEAD, gbb);
         __m256i pairs[16];
         k4_scale_pairs(gb, KQRP_Q5K_SC(R), pairs);
         __m256i msum = _mm256_setzero_si256();

@@ -41,12 +41,6 @@ static inline void unpack_scales_mins(__m512i w0, __m512i w1, __m512i w2, __m512
     *m47 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(w2, 4), low4), _mm512_and_si512(_mm512_srli_epi32(w1, 2), top2));
 }
 
-static inline void prefetch_group_block(const uint8_t *gb, size_t bytes)
-{
-    for (size_t off = 0; off < bytes; off += 64)
-        __builtin_prefetch((const char *)gb + KQRP_AHEAD + off, 0, QUANT_WEIGHT_PREFETCH);
-}
-
 /* vpshufb patterns on a vector of 4 bytes per row: byte k of each row's
  * dword zero-extended to int32 (one), or as both halves of an int16 pair (pair). */
 static inline __m512i pick_byte(int k)
@@ -84,7 +78,7 @@ static inline __attribute__((always_inline)) void q4k_pass(const struct quant_kq
     const __m512i low4 = _mm512_set1_epi8(0x0f), high4 = _mm512_set1_epi8((char)0xf0);
     const uint8_t *gb = g->W + (size_t)grp * R * g->wrow;
     for (int64_t b = 0; b < nsb; b++, gb += gbb) {
-        prefetch_group_block(gb, gbb);
+        kq_prefetch_lines(gb + KQRP_AHEAD, gbb);
         /* kq_unpack_scales_k4 in the lanes: bytes 0-3 of s03 / s47 / m03 / m47 are scales 0-3, 4-7, mins 0-3, 4-7 */
         const size_t at_sc = KQRP_Q4K_SC(R);
         const __m512i w0 = dword_vec(gb, at_sc, 0), w1 = dword_vec(gb, at_sc, 1), w2 = dword_vec(gb, at_sc, 2);
@@ -260,7 +254,7 @@ static inline __attribute__((always_inline)) void q6k_pass(const struct quant_kq
             acc[t][c] = _mm512_setzero_ps();
     const uint8_t *gb = g->W + (size_t)grp * R * g->wrow;
     for (int64_t b = 0; b < g->cols / QK_K; b++, gb += gbb) {
-        prefetch_group_block(gb, gbb);
+        kq_prefetch_lines(gb + KQRP_AHEAD, gbb);
         __m512i scp[16], off[8];
         q6k_scales(gb, scp, off);
         const __m512 d = vmath_load16_f16(gb + KQRP_Q6K_D(R));
@@ -320,7 +314,7 @@ static void q6k_batch(const struct quant_kq_gemm *g, int64_t grp, int64_t t0, in
         const int nbk = (int)(nsb - b0 < Q6K_CHUNK ? nsb - b0 : Q6K_CHUNK);
         const uint8_t *gb = g->W + (size_t)grp * R * g->wrow + (size_t)b0 * gbb;
         for (int i = 0; i < nbk; i++) {
-            prefetch_group_block(gb + (size_t)i * gbb, gbb);
+            kq_prefetch_lines(gb + (size_t)i * gbb + KQRP_AHEAD, gbb);
             q6k_unpack(gb + (size_t)i * gbb, &blk[i]);
         }
         for (int t = 0; t < T; t += LANES_TT) {
@@ -374,7 +368,7 @@ static inline __attribute__((always_inline)) void q5k_pass(const struct quant_kq
     }
     const uint8_t *gb = g->W + (size_t)grp * R * g->wrow;
     for (int64_t b = 0; b < g->cols / QK_K; b++, gb += gbb) {
-        prefetch_group_block(gb, gbb);
+        kq_prefetch_lines(gb + KQRP_AHEAD, gbb);
         const size_t at_sc = KQRP_Q5K_SC(R);
         const __m512i w0 = dword_vec(gb, at_sc, 0), w1 = dword_vec(gb, at_sc, 1), w2 = dword_vec(gb, at_sc, 2);
         __m512i s03, s47, m03, m47;
