@@ -90,18 +90,19 @@ for _ in $(seq 50); do
   [ "$now" != "$held" ] && break
   sleep 0.1
 done
-before=$(ram_hits "$ca")
-read -r ma mo <<<"$(chat /v1/messages "{\"system\":\"$sys\",\"messages\":[{\"role\":\"user\",\"content\":\"hello\"}],\"max_tokens\":2}")"
-after=$(ram_hits "$ca")
-[ "$ma" = "$ca" ] && [ "${mo:-0}" -ge 10 ] && [ $((after - before)) -ge 320 ] &&
-  ok "/v1/messages after a chat with its system prompt: the same replica, overlap $mo pages, +$((after - before)) RAM hit tokens" ||
-  { bad "/v1/messages went to $ma (overlap $mo), the chat to $ca"; cat "$tmp/r"; }
-before=$(ram_hits "$ca")
-read -r ra ro <<<"$(chat /v1/responses "{\"instructions\":\"$sys\",\"input\":\"hey\",\"max_output_tokens\":2}")"
-after=$(ram_hits "$ca")
-[ "$ra" = "$ca" ] && [ "${ro:-0}" -ge 10 ] && [ $((after - before)) -ge 320 ] &&
-  ok "/v1/responses after it: the same replica, overlap $ro pages, +$((after - before)) RAM hit tokens" ||
-  { bad "/v1/responses went to $ra (overlap $ro), the chat to $ca"; cat "$tmp/r"; }
+same_replica_as_chat() { # path body label: routed where the chat was computed, reading its pages there
+  local before after a o
+  before=$(ram_hits "$ca")
+  read -r a o <<<"$(chat "$1" "$2")"
+  after=$(ram_hits "$ca")
+  [ "$a" = "$ca" ] && [ "${o:-0}" -ge 10 ] && [ $((after - before)) -ge 320 ] &&
+    ok "$3: the same replica, overlap $o pages, +$((after - before)) RAM hit tokens" ||
+    { bad "$1 went to $a (overlap $o), the chat to $ca"; cat "$tmp/r"; }
+}
+same_replica_as_chat /v1/messages "{\"system\":\"$sys\",\"messages\":[{\"role\":\"user\",\"content\":\"hello\"}],\"max_tokens\":2}" \
+  "/v1/messages after a chat with its system prompt"
+same_replica_as_chat /v1/responses "{\"instructions\":\"$sys\",\"input\":\"hey\",\"max_output_tokens\":2}" \
+  "/v1/responses after it"
 
 code=$(curl -s -o /dev/null -w '%{http_code}' -H "Content-Type: application/json" "$url/v1/completions" -d '{"prompt":"hi"}')
 [ "$code" = 401 ] && ok "without the key: the replica's 401 passes through" || bad "without the key: $code"
