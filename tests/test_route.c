@@ -387,6 +387,26 @@ static void test_route_infill_keys(void **state)
     gguf_close(f);
 }
 
+/* A 125-page prompt (a 2000-token system prompt): replica A holds it and
+ * serves one 40-page request, replica B is idle. Without a shared tier
+ * affinity wins (B would compute 125 pages); with the replicas' Redis B does,
+ * fetching the pages A wrote there. A page nobody holds costs the same on
+ * both. */
+static void test_route_cost_with_shared_tier(void **state)
+{
+    (void)state;
+    const int32_t pages = 125, held = 125;
+    const double load_a = 40 + 1, load_b = 0;
+    assert_true(route_replica_cost(pages, held, held, load_a, 1.0, 1.0) <
+                route_replica_cost(pages, 0, held, load_b, 1.0, 1.0));
+    assert_true(route_replica_cost(pages, held, held, load_a, 1.0, ROUTE_SHARED_PAGE_COST) >
+                route_replica_cost(pages, 0, held, load_b, 1.0, ROUTE_SHARED_PAGE_COST));
+    assert_true(route_replica_cost(pages, 0, 0, 0, 1.0, ROUTE_SHARED_PAGE_COST) ==
+                route_replica_cost(pages, 0, 0, 0, 1.0, 1.0));
+    /* B holds half of it: its other half is a fetch, A's whole prompt is local */
+    assert_true(route_replica_cost(pages, 60, held, 0, 1.0, 0.1) == (double)(125 - 60) * 0.1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -395,6 +415,7 @@ int main(void)
         cmocka_unit_test(test_index_follows_events),
         cmocka_unit_test(test_route_keys_are_the_replicas),
         cmocka_unit_test(test_route_infill_keys),
+        cmocka_unit_test(test_route_cost_with_shared_tier),
     };
     return ks_run_tests(tests, NULL, NULL);
 }

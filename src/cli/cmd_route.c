@@ -21,7 +21,7 @@ struct route_opts {
     int ctx_size;
     const char *replicas[ROUTE_MAX_REPLICAS];
     int n_replicas;
-    float load_weight;
+    float load_weight, shared_page_cost;
     int health_ms, timeout_s;
     size_t max_body;
 };
@@ -48,6 +48,8 @@ static void route_usage(FILE *out)
             "      --cache-salt-from-key  the replicas run with it: a request's bearer token salts its keys too;\n"
             "                             needs --cache-redis-secret-file F, the replicas' file\n"
             "      --load-weight W        cost of a page in flight on a replica against a page to compute (1)\n"
+            "      --shared-page-cost F   cost of a page another replica holds (a fetch from the replicas' Redis)\n"
+            "                             against a page to compute, 0 < F <= 1 (0.1; 1: affinity as if no tier)\n"
             "      --health-ms MS         between GET /health checks of the replicas (1000)\n"
             "      --timeout S            idle connection timeout (600)\n"
             "      --max-body BYTES       largest request body (8M)\n"
@@ -76,6 +78,8 @@ static bool route_flag(const char *a, const char *v, void *opts, bool *ok)
         *ok = cli_parse_int(v, 2, 1 << 24, &o->ctx_size);
     else if (!strcmp(a, "--load-weight"))
         *ok = cli_parse_float(v, 0.0f, 1e6f, &o->load_weight);
+    else if (!strcmp(a, "--shared-page-cost"))
+        *ok = cli_parse_float(v, 1e-6f, 1.0f, &o->shared_page_cost);
     else if (!strcmp(a, "--health-ms"))
         *ok = cli_parse_int(v, 50, 600000, &o->health_ms);
     else if (!strcmp(a, "--timeout"))
@@ -163,7 +167,8 @@ static int run(struct route_opts *o, struct tokenizer *tok, const struct gguf_fi
     char *password = o->redis_url ? read_password(o) : NULL;
     struct route_config cfg = {.host = host, .port = port, .replicas = o->replicas, .n_replicas = o->n_replicas,
                                .redis_url = o->redis_url, .redis_password = password, .prompt = rp,
-                               .load_weight = o->load_weight, .health_ms = o->health_ms, .max_body = o->max_body,
+                               .load_weight = o->load_weight, .shared_page_cost = o->shared_page_cost,
+                               .health_ms = o->health_ms, .max_body = o->max_body,
                                .timeout_s = o->timeout_s, .n_fingerprints = 2,
                                .salt_from_key = o->salt_from_key, .tenant_key = tenant};
     model_file_fingerprint(f, false, cfg.fingerprints[0]);

@@ -99,6 +99,7 @@ static char *status_json(struct route *rt)
     cJSON_AddNumberToObject(root, "unread", (double)atomic_load(&rt->unread));
     cJSON_AddNumberToObject(root, "no_replica", (double)atomic_load(&rt->no_replica));
     cJSON_AddNumberToObject(root, "load_weight", rt->cfg.load_weight);
+    cJSON_AddNumberToObject(root, "shared_page_cost", rt->cfg.shared_page_cost);
     char *text = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
     return text;
@@ -210,6 +211,7 @@ ks_status route_start(const struct route_config *cfg, struct route **out)
         return ks_fail(KS_ERR_NOMEM, "route: out of memory");
     rt->cfg = *cfg;
     rt->cfg.load_weight = cfg->load_weight > 0 ? cfg->load_weight : 1.0;
+    rt->cfg.shared_page_cost = cfg->shared_page_cost > 0 ? cfg->shared_page_cost : ROUTE_SHARED_PAGE_COST;
     rt->cfg.health_ms = cfg->health_ms > 0 ? cfg->health_ms : DEFAULT_HEALTH_MS;
     rt->cfg.max_body = cfg->max_body ? cfg->max_body : DEFAULT_MAX_BODY;
     rt->cfg.timeout_s = cfg->timeout_s > 0 ? cfg->timeout_s : DEFAULT_TIMEOUT_S;

@@ -55,13 +55,47 @@ struct prompt_keys {
     bool read;                /* the router read the prompt */
 };
 
+double route_replica_cost(int32_t pages, int32_t overlap, int32_t held, double load, double load_weight,
+                          double shared_page_cost)
+{
+    return (double)(pages - held) + shared_page_cost * (double)(held - overlap) + load_weight * load;
+}
+
+/* Each replica's pages of the prompt (the layout it announced) and the
+ * leading ones it holds; the most any replica holds. */
+static int32_t prompt_overlaps(struct route *rt, const struct prompt_keys *pk, int32_t *pages, int32_t *overlap)
+{
+    struct kv_key_layout lay, last = {0};
+    struct kv_key *keys = NULL;
+    int32_t n_pages = 0, held = 0;
+    for (int r = 0; r < rt->n_rep; r++) {
+        pages[r] = pk->read ? (int32_t)(pk->n_ids / ASSUMED_PAGE_TOKENS) : 0;
+        overlap[r] = 0;
+        if (!pk->read || !route_index_layout(rt->index, r, &lay))
+            continue;
+        if (!keys || lay.n_bytes != last.n_bytes || memcmp(&lay, &last, sizeof lay)) {
+            free(keys);
+            n_pages = (int32_t)(pk->n_ids / (size_t)lay.page_tokens);
+            keys = malloc(((size_t)n_pages + 1) * sizeof *keys);
+            if (keys)
+                kv_layout_keys(&lay, pk->salt, pk->ids, (int32_t)pk->n_ids, keys);
+            last = lay;
+        }
+        pages[r] = n_pages;
+        overlap[r] = keys ? route_index_overlap(rt->index, r, keys, n_pages) : 0;
+        if (overlap[r] > held)
+            held = overlap[r];
+    }
+    free(keys);
+    return held;
+}
+
 /* The least-cost healthy replica not in tried (a bit each), -1 if none;
  * *overlap_out: the pages of the prompt it holds. */
 static int choose(struct route *rt, const struct prompt_keys *pk, uint64_t tried, int32_t *overlap_out, long *pages_out)
 {
-    struct kv_key_layout lay, last = {0};
-    struct kv_key *keys = NULL;
-    int32_t n_pages = 0;
+    int32_t pages[ROUTE_MAX_REPLICAS], overlap[ROUTE_MAX_REPLICAS];
+    const int32_t held = prompt_overlaps(rt, pk, pages, overlap);
     int best = -1;
     double best_cost = 0;
     unsigned turn = atomic_fetch_add(&rt->turn, 1);
@@ -73,29 +107,16 @@ static int choose(struct route *rt, const struct prompt_keys *pk, uint64_t tried
             struct route_replica *rep = &rt->rep[r];
             if ((tried >> r) & 1 || (pass == 0 && !atomic_load(&rep->healthy)))
                 continue;
-            int32_t overlap = 0, pages = pk->read ? (int32_t)(pk->n_ids / ASSUMED_PAGE_TOKENS) : 0;
-            if (pk->read && route_index_layout(rt->index, r, &lay)) {
-                if (!keys || lay.n_bytes != last.n_bytes || memcmp(&lay, &last, sizeof lay)) {
-                    free(keys);
-                    n_pages = (int32_t)(pk->n_ids / (size_t)lay.page_tokens);
-                    keys = malloc(((size_t)n_pages + 1) * sizeof *keys);
-                    if (keys)
-                        kv_layout_keys(&lay, pk->salt, pk->ids, (int32_t)pk->n_ids, keys);
-                    last = lay;
-                }
-                pages = n_pages;
-                overlap = keys ? route_index_overlap(rt->index, r, keys, n_pages) : 0;
-            }
             double load = (double)atomic_load(&rep->active_pages) + atomic_load(&rep->in_flight);
-            double cost = (double)(pages - overlap) + rt->cfg.load_weight * load;
+            double cost = route_replica_cost(pages[r], overlap[r], held < pages[r] ? held : pages[r], load,
+                                             rt->cfg.load_weight, rt->cfg.shared_page_cost);
             if (best < 0 || cost < best_cost) {
                 best = r;
                 best_cost = cost;
-                *overlap_out = overlap;
-                *pages_out = pages;
+                *overlap_out = overlap[r];
+                *pages_out = pages[r];
             }
         }
-    free(keys);
     return best;
 }
 
