@@ -197,7 +197,7 @@ void quant_rp_pack_token(enum quant_type wtype, const float *x, int64_t cols, st
 {
     for (int64_t b = 0; b < cols / QK8_0; b++) {
         quant_f16 d, s = 0;
-        if (rp_is_q5(wtype)) { /* Q8_1's quants and d are Q8_0's (the same rounding); s besides */
+        if (wtype == QUANT_Q5_1) { /* Q8_1's quants and d are Q8_0's (the same rounding); s besides */
             block_q8_1 q;
             quant_q8_1_act_from_float_ref(x + b * QK8_0, &q, QK8_0);
             memcpy(out[b].qs, q.qs, QK8_0);
@@ -505,6 +505,25 @@ static inline __attribute__((always_inline)) void rp512_tile(const struct quant_
 
 RP_TILE_WIDTHS(rp512_tile)
 
+/* q5: the unsigned levels (nibble | fifth bit << 4) of lanes k and k + 4 of
+ * 16 rows, from chunk k's bytes (raw) and the rows' qh: bits 4k.. / 16 + 4k..
+ * of qh looked up as 0x10 bytes (vpermd reads an index's low 4 bits), each
+ * merged under the nibble mask by one vpternlogd; the high nibbles moved
+ * down by vpmultishiftqb, on the shuffle port, as the lookups are, rather
+ * than the one the shifts and vpdpbusd share (a decode pass of gemma3-1b's
+ * Q4_K_M is two thirds q5_0 bytes, and these kernels sit closest to their
+ * compute bound). */
+#define RP5_SEL_A_OVER_B 0xe4 /* (a, b, c): c ? a : b */
+static inline void rp512_q5_levels(__m512i raw, __m512i qh, int k, __m512i bits, __m512i *u_lo, __m512i *u_hi)
+{
+    const __m512i low4 = _mm512_set1_epi8(0x0f);
+    const __m512i nib_hi = _mm512_multishift_epi64_epi8(_mm512_set1_epi64(0x3c342c241c140c04ll), raw);
+    *u_lo = _mm512_ternarylogic_epi32(raw, _mm512_permutexvar_epi32(_mm512_srli_epi32(qh, 4 * k), bits), low4,
+                                      RP5_SEL_A_OVER_B);
+    *u_hi = _mm512_ternarylogic_epi32(nib_hi, _mm512_permutexvar_epi32(_mm512_srli_epi32(qh, 16 + 4 * k), bits), low4,
+                                      RP5_SEL_A_OVER_B);
+}
+
 /* q5: a group-block's 16 rows against tokens t0 .. t0 + T (T <= RP5_TT: 8
  * lane accumulators per token), in llama.cpp's lane order. */
 static inline __attribute__((always_inline)) void rp512_q5_tile(const struct quant_rp_job *j, int64_t g, int64_t t0,
@@ -514,7 +533,7 @@ static inline __attribute__((always_inline)) void rp512_q5_tile(const struct qua
     const bool q5_1 = j->wtype == QUANT_Q5_1;
     const size_t gbb = (size_t)R * rp_block_bytes(j->wtype), qh_at = 2 * (size_t)rp_q5_f16s(j->wtype) * R,
                  qs_at = (size_t)R * rp_scale_bytes(j->wtype);
-    const __m512i bits = _mm512_loadu_si512(rp_q5_bits), low4 = _mm512_set1_epi8(0x0f);
+    const __m512i bits = _mm512_loadu_si512(rp_q5_bits);
     const struct quant_rp_act *a[RP5_TT];
     __m512 acc[RP5_TT][QUANT_Q5_LANES], summs[RP5_TT];
     for (int t = 0; t < T; t++) {
@@ -538,12 +557,8 @@ static inline __attribute__((always_inline)) void rp512_q5_tile(const struct qua
                 summs[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(a[t][b].s), summs[t]);
         }
         for (int k = 0; k < 4; k++) {
-            const __m512i raw = _mm512_loadu_si512(gb + qs_at + 64 * k);
-            /* lanes k and k + 4: the nibbles, and bits 4k.. / 16 + 4k.. of qh looked up as 0x10 bytes */
-            const __m512i u_lo = _mm512_or_si512(_mm512_and_si512(raw, low4),
-                                                 _mm512_permutexvar_epi32(_mm512_srli_epi32(qh, 4 * k), bits));
-            const __m512i u_hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(raw, 4), low4),
-                                                 _mm512_permutexvar_epi32(_mm512_srli_epi32(qh, 16 + 4 * k), bits));
+            __m512i u_lo, u_hi;
+            rp512_q5_levels(_mm512_loadu_si512(gb + qs_at + 64 * k), qh, k, bits, &u_lo, &u_hi);
             for (int t = 0; t < T; t++) {
                 const struct quant_rp_act *x = &a[t][b];
                 __m512i lo = _mm512_dpbusd_epi32(_mm512_set1_epi32(x->lane_corr[k]), u_lo,
@@ -578,14 +593,9 @@ static inline void rp512_q5_unpack(const uint8_t *gb, enum quant_type t, struct 
 {
     const int R = 16;
     const size_t qh_at = 2 * (size_t)rp_q5_f16s(t) * R, qs_at = (size_t)R * rp_scale_bytes(t);
-    const __m512i bits = _mm512_loadu_si512(rp_q5_bits), low4 = _mm512_set1_epi8(0x0f),
-                  qh = _mm512_loadu_si512(gb + qh_at);
-    for (int k = 0; k < 4; k++) {
-        const __m512i raw = _mm512_loadu_si512(gb + qs_at + 64 * k);
-        o->u[k] = _mm512_or_si512(_mm512_and_si512(raw, low4), _mm512_permutexvar_epi32(_mm512_srli_epi32(qh, 4 * k), bits));
-        o->u[k + 4] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(raw, 4), low4),
-                                      _mm512_permutexvar_epi32(_mm512_srli_epi32(qh, 16 + 4 * k), bits));
-    }
+    const __m512i bits = _mm512_loadu_si512(rp_q5_bits), qh = _mm512_loadu_si512(gb + qh_at);
+    for (int k = 0; k < 4; k++)
+        rp512_q5_levels(_mm512_loadu_si512(gb + qs_at + 64 * k), qh, k, bits, &o->u[k], &o->u[k + 4]);
     o->dw = vmath_load16_f16(gb);
     o->m = t == QUANT_Q5_1 ? vmath_load16_f16(gb + 2 * R) : _mm512_setzero_ps();
 }
