@@ -113,8 +113,10 @@ static inline __attribute__((always_inline)) void q4k_pass(const struct quant_kq
 
 /* ---- Q6_K: ggml's eight lanes per row (kq_repack_avx512.c's order) --------------
  * Per dword a vpmaddubsw (pairs of u = q + 32 times Q8_K quants, at most
- * 2 * 63 * 127) and a vpmaddwd against the (sc, sc) pair of its sub-block;
- * lane c starts at (-32 sc_2c, -32 sc_2c+1) . (bsums 2c, 2c+1). */
+ * 2 * 63 * 128) and a vpmaddwd against the (sc, sc) pair of its sub-block;
+ * lane c ends less (32 sc_2c, 32 sc_2c+1) . (bsums 2c, 2c+1). The groups of
+ * 8 hold the quants joined (kq_internal.h): 11 vector ops give the four u
+ * of three dwords, where ggml's ql and qh took 17. */
 
 
 /* vpshufb pattern: bytes a and b of each row's dword as the high bytes of an int16 pair. */
@@ -125,8 +127,24 @@ static inline __m256i pick_high_pair(int a, int b)
     return _mm256_broadcastsi128_si256(at);
 }
 
-/* The four u = q + 32 of element groups 128h + 32q + 4c, q = 0..3, of 8 rows. */
+/* The four u = q + 32 of element groups 128h + 32q + 4c, q = 0..3, of 8 rows
+ * of a group of 8 in the joined layout. */
 static inline void q6k_levels(const uint8_t *gb, int h, int c, __m256i u[4])
+{
+    const __m256i low6 = _mm256_set1_epi8(0x3f);
+    const __m256i a = _mm256_loadu_si256((const __m256i *)(gb + KQRP_Q6K_JQ(R, h, c, 0))),
+                  b = _mm256_loadu_si256((const __m256i *)(gb + KQRP_Q6K_JQ(R, h, c, 1))),
+                  d = _mm256_loadu_si256((const __m256i *)(gb + KQRP_Q6K_JQ(R, h, c, 2)));
+    u[0] = _mm256_and_si256(a, low6);
+    u[1] = _mm256_and_si256(b, low6);
+    u[2] = _mm256_and_si256(d, low6);
+    /* each byte's top two bits alone, so the 16-bit shifts carry no bits across bytes */
+    const __m256i ta = _mm256_andnot_si256(low6, a), tb = _mm256_andnot_si256(low6, b), td = _mm256_andnot_si256(low6, d);
+    u[3] = _mm256_or_si256(_mm256_or_si256(_mm256_srli_epi16(ta, 6), _mm256_srli_epi16(tb, 4)), _mm256_srli_epi16(td, 2));
+}
+
+/* The same from ggml's ql and qh (a group of 16 copied as a group of 8). */
+static inline void q6k_levels_split(const uint8_t *gb, int h, int c, __m256i u[4])
 {
     const __m256i low4 = _mm256_set1_epi8(0x0f), top2 = _mm256_set1_epi8(0x30);
     const __m256i la = dword_vec(gb, KQRP_Q6K_QL(R), 16 * h + c), lb = dword_vec(gb, KQRP_Q6K_QL(R), 16 * h + 8 + c);
@@ -138,8 +156,22 @@ static inline void q6k_levels(const uint8_t *gb, int h, int c, __m256i u[4])
                            _mm256_and_si256(_mm256_srli_epi16(qh, 2), top2));
 }
 
+/* (sc_s, sc_s) of the 8 rows' sub-block s, sign-extended. */
+static inline __m256i q6k_scale_pair(const uint8_t *gb, int s)
+{
+    return _mm256_srai_epi16(_mm256_shuffle_epi8(dword_vec(gb, KQRP_Q6K_SC(R), s / 4), pick_high_pair(s % 4, s % 4)), 8);
+}
+
+/* (32 sc_2c, 32 sc_2c+1) of the 8 rows: (sc << 8) >> 3. */
+static inline __m256i q6k_offset_pair(const uint8_t *gb, int c)
+{
+    return _mm256_srai_epi16(_mm256_shuffle_epi8(dword_vec(gb, KQRP_Q6K_SC(R), c / 2), pick_high_pair(2 * c % 4, 2 * c % 4 + 1)), 3);
+}
+
 /* One group x one token: the lanes' int32 chains are plain adds here (vpmaddwd
- * then vpaddd), so a lane is summed whole before the next one starts. */
+ * then vpaddd), so a lane is summed whole before the next one starts. Lanes
+ * 0-3 read the even sub-blocks' scales and lanes 4-7 the odd ones', so only
+ * eight scale pairs are live at a time. */
 static void q6k_pass(const struct quant_kq_gemm *g, int64_t grp, int64_t t0)
 {
     const size_t gbb = R * sizeof(block_q6_K);
@@ -150,27 +182,27 @@ static void q6k_pass(const struct quant_kq_gemm *g, int64_t grp, int64_t t0)
     const uint8_t *gb = g->W + (size_t)grp * R * g->wrow;
     for (int64_t b = 0; b < g->cols / QK_K; b++, gb += gbb) {
         kq_prefetch_lines(gb + KQRP_AHEAD, gbb);
-        __m256i scp[16]; /* (sc_s, sc_s) of sub-block s, sign-extended */
-#pragma GCC unroll 16
-        for (int s = 0; s < 16; s++)
-            scp[s] = _mm256_srai_epi16(_mm256_shuffle_epi8(dword_vec(gb, KQRP_Q6K_SC(R), s / 4), pick_high_pair(s % 4, s % 4)), 8);
         const __m256 dd = _mm256_mul_ps(_mm256_set1_ps(y[b].d), vmath_load8_f16(gb + KQRP_Q6K_D(R)));
-#pragma GCC unroll 8
-        for (int c = 0; c < 8; c++) {
-            const __m256i off = _mm256_sub_epi16(
-                _mm256_setzero_si256(),
-                _mm256_srai_epi16(_mm256_shuffle_epi8(dword_vec(gb, KQRP_Q6K_SC(R), c / 2), pick_high_pair(2 * c % 4, 2 * c % 4 + 1)), 3));
-            __m256i lane = _mm256_madd_epi16(off, bcast(y[b].bsums + 2 * c));
 #pragma GCC unroll 2
-            for (int h = 0; h < 2; h++) {
-                __m256i u[4];
-                q6k_levels(gb, h, c, u);
-                for (int q = 0; q < 4; q++) {
-                    const __m256i p = _mm256_maddubs_epi16(u[q], bcast(y[b].qs + 128 * h + 32 * q + 4 * c));
-                    lane = _mm256_add_epi32(lane, _mm256_madd_epi16(p, scp[8 * h + 2 * q + c / 4]));
+        for (int odd = 0; odd < 2; odd++) {
+            __m256i scp[8]; /* scp[4h + q]: sub-block 8h + 2q + odd */
+            for (int k = 0; k < 8; k++)
+                scp[k] = q6k_scale_pair(gb, 8 * (k / 4) + 2 * (k % 4) + odd);
+#pragma GCC unroll 4
+            for (int c = 4 * odd; c < 4 * odd + 4; c++) {
+                __m256i lane = _mm256_setzero_si256();
+#pragma GCC unroll 2
+                for (int h = 0; h < 2; h++) {
+                    __m256i u[4];
+                    q6k_levels(gb, h, c, u);
+                    for (int q = 0; q < 4; q++) {
+                        const __m256i p = _mm256_maddubs_epi16(u[q], bcast(y[b].qs + 128 * h + 32 * q + 4 * c));
+                        lane = _mm256_add_epi32(lane, _mm256_madd_epi16(p, scp[4 * h + q]));
+                    }
                 }
+                lane = _mm256_sub_epi32(lane, _mm256_madd_epi16(q6k_offset_pair(gb, c), bcast(y[b].bsums + 2 * c)));
+                acc[c] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(lane), acc[c]);
             }
-            acc[c] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(lane), acc[c]);
         }
     }
     const __m256 sum = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6])),
@@ -295,19 +327,27 @@ static void q6k_unpack8(const uint8_t *W, int Rg, int64_t cols, int64_t r, uint8
     const __m256i first = _mm256_broadcastsi128_si256(lo_pair),
                   second = _mm256_broadcastsi128_si256(_mm_add_epi32(lo_pair, _mm_set1_epi32(0x00020002)));
     const uint8_t *gb = W + (size_t)(r / Rg) * (size_t)Rg * wrow;
-    uint8_t g8[8 * sizeof(block_q6_K)]; /* the 8 rows as a group of 8: the layout q6k_levels reads */
+    const bool joined = kqrp_q6k_joined(QUANT_Q6_K, Rg); /* then the 8 rows are the whole group */
+    uint8_t g8[8 * sizeof(block_q6_K)]; /* other groups' 8 rows as a group of 8 in ggml's ql and qh */
     for (int64_t b = 0; b < cols / QK_K; b++, gb += gbb) {
         uint8_t *pb = panel + b * KQ_PB_BYTES;
-        for (int k = 0; k < 52; k++)
-            memcpy(g8 + 32 * k, gb + 4 * (size_t)Rg * k + at, 32);
-        memcpy(g8 + KQRP_Q6K_D(R), gb + 52 * 4 * (size_t)Rg + at / 2, 16);
+        const uint8_t *src = gb;
+        if (!joined) {
+            for (int k = 0; k < 52; k++)
+                memcpy(g8 + 32 * k, gb + 4 * (size_t)Rg * k + at, 32);
+            memcpy(g8 + KQRP_Q6K_D(R), gb + 52 * 4 * (size_t)Rg + at / 2, 16);
+            src = g8;
+        }
         __m256i scp[16];
         for (int s = 0; s < 16; s++)
-            scp[s] = _mm256_srai_epi16(_mm256_shuffle_epi8(dword_vec(g8, KQRP_Q6K_SC(R), s / 4), pick_high_pair(s % 4, s % 4)), 8);
+            scp[s] = q6k_scale_pair(src, s);
         for (int h = 0; h < 2; h++)
             for (int c = 0; c < 8; c++) {
                 __m256i u[4];
-                q6k_levels(g8, h, c, u);
+                if (joined)
+                    q6k_levels(src, h, c, u);
+                else
+                    q6k_levels_split(src, h, c, u);
                 for (int q = 0; q < 4; q++) {
                     const __m256i sc = scp[8 * h + 2 * q + c / 4];
                     const size_t j = 64 * (size_t)h + 16 * (size_t)q + 2 * (size_t)c;
@@ -315,10 +355,9 @@ static void q6k_unpack8(const uint8_t *W, int Rg, int64_t cols, int64_t r, uint8
                     store_lanes(pb, KQ_PL_W + 64 * (j + 1) + lanes, _mm256_mullo_epi16(_mm256_shuffle_epi8(u[q], second), sc));
                 }
             }
-        for (int i = 0; i < 8; i++) /* (sc << 8) >> 3 */
-            store_lanes(pb, KQ_PL_PAIRS + 64 * (size_t)i + lanes,
-                        _mm256_srai_epi16(_mm256_shuffle_epi8(dword_vec(g8, KQRP_Q6K_SC(R), i / 2), pick_high_pair(2 * i % 4, 2 * i % 4 + 1)), 3));
-        _mm256_storeu_ps((float *)(void *)(pb + KQ_PL_D + lanes), vmath_load8_f16(g8 + KQRP_Q6K_D(R)));
+        for (int i = 0; i < 8; i++)
+            store_lanes(pb, KQ_PL_PAIRS + 64 * (size_t)i + lanes, q6k_offset_pair(src, i));
+        _mm256_storeu_ps((float *)(void *)(pb + KQ_PL_D + lanes), vmath_load8_f16(src + KQRP_Q6K_D(R)));
         _mm256_storeu_ps((float *)(void *)(pb + KQ_PL_DMIN + lanes), _mm256_setzero_ps());
     }
 }
