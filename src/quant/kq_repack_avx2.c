@@ -39,12 +39,26 @@ static inline void unpack_scales_mins(__m256i w0, __m256i w1, __m256i w2, __m256
     *m47 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(w2, 4), low4), _mm256_and_si256(_mm256_srli_epi32(w1, 2), top2));
 }
 
-/* vpshufb pattern: byte k of each row's dword as both halves of an int16 pair. */
-static inline __m256i pick_pair(int k)
+/* vpshufb pattern: bytes a and b of each row's dword zero-extended to an int16 pair. */
+static inline __m256i pick_two(int a, int b)
 {
-    const __m128i at = _mm_add_epi32(_mm_set1_epi32((int)(0x80008000u | (unsigned)k | (unsigned)k << 16)),
+    const __m128i at = _mm_add_epi32(_mm_set1_epi32((int)(0x80008000u | (unsigned)a | (unsigned)b << 16)),
                                      _mm_setr_epi32(0, 0x00040004, 0x00080008, 0x000c000c));
     return _mm256_broadcastsi128_si256(at);
+}
+
+/* vpshufb pattern: byte k of each row's dword as both halves of an int16 pair. */
+static inline __m256i pick_pair(int k) { return pick_two(k, k); }
+
+/* A Q8_K block's sums of its 32-element sub-blocks j = 0..7 as int16 (|sum| <=
+ * 32 * 128) in sums[0..7]: a min multiplies a whole sub-block, so two mins per
+ * vpmaddwd instead of one. */
+static inline void q8k_sub_block_sums(const block_q8_K *y, int16_t sums[16])
+{
+    const __m256i pairs = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(const void *)y->bsums), _mm256_set1_epi16(1));
+    /* packs works in 128-bit halves: sums 0-3 | 0-3 | 4-7 | 4-7 */
+    const __m256i packed = _mm256_packs_epi32(pairs, pairs);
+    _mm256_store_si256((__m256i *)(void *)sums, _mm256_permute4x64_epi64(packed, 0xd8));
 }
 
 /* ---- Q4_K (kq_repack_avx512.c's order) ---------------------------------------
@@ -72,12 +86,15 @@ static inline __attribute__((always_inline)) void q4k_pass(const struct quant_kq
         unpack_scales_mins(w0, w1, w2, &s03, &s47, &m03, &m47);
         const __m256 d = vmath_load8_f16(gb + KQRP_Q4K_D(R)), dmin = vmath_load8_f16(gb + KQRP_Q4K_DMIN(R));
         __m256i msum[KQRP_TT];
+        _Alignas(32) int16_t bs32[KQRP_TT][16];
         for (int t = 0; t < T; t++)
-            msum[t] = _mm256_setzero_si256();
-        for (int j = 0; j < 8; j++) {
-            const __m256i mm = _mm256_shuffle_epi8(j < 4 ? m03 : m47, pick_pair(j % 4));
-            for (int t = 0; t < T; t++)
-                msum[t] = _mm256_add_epi32(msum[t], _mm256_madd_epi16(mm, bcast(y[t][b].bsums + 2 * j)));
+            q8k_sub_block_sums(&y[t][b], bs32[t]);
+        for (int k = 0; k < 4; k++) {
+            const __m256i mm = _mm256_shuffle_epi8(k < 2 ? m03 : m47, pick_two(2 * k % 4, 2 * k % 4 + 1));
+            for (int t = 0; t < T; t++) {
+                const __m256i m = _mm256_madd_epi16(mm, bcast(bs32[t] + 2 * k));
+                msum[t] = k == 0 ? m : _mm256_add_epi32(msum[t], m);
+            }
         }
         for (int t = 0; t < T; t++)
             accm[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(msum[t]), _mm256_mul_ps(dmin, _mm256_set1_ps(y[t][b].d)),
