@@ -1,7 +1,7 @@
 /* quant: repacked k-quant weights (Q4_K, Q5_K, Q6_K). The repack keeps every
  * super-block (read back out of the layout it is the original bytes; the
  * tail rows past the last whole group keep their bytes in place; AVX2's
- * Q6_K groups hold the joined quants kq_internal.h states), a row
+ * Q6_K groups hold the layout kq_internal.h states), a row
  * looked up in the layout is the row-major row's floats, every SIMD group
  * kernel gives its scalar twin's bits and the twin the scalar reference
  * vec_dot's, and quant_matmul_repacked, quant_matmul_set and
@@ -172,9 +172,9 @@ static uint8_t q6k_level(const block_q6_K *x, int e)
     return (uint8_t)((q < 2 ? ql & 0xF : ql >> 4) | ((x->qh[32 * h + l] >> (2 * q)) & 3) << 4);
 }
 
-/* AVX2's groups of 8 hold Q6_K's quants joined, byte for byte as
- * kq_internal.h states (the kernels read that, not the repacker's inverse),
- * with the scales and d where the other groups have them. */
+/* AVX2's groups of 8 hold Q6_K's quants joined and its scales reordered,
+ * byte for byte as kq_internal.h states (the kernels read that, not the
+ * repacker's inverse), with d where the other groups have it. */
 static void test_q6k_joined_layout(void **state)
 {
     (void)state;
@@ -188,16 +188,18 @@ static void test_q6k_joined_layout(void **state)
             const block_q6_K *x = (const block_q6_K *)(const void *)(W + r * wrow + b * sizeof(block_q6_K));
             const uint8_t *gb = P + (size_t)(r / R) * R * wrow + (size_t)b * gbb;
             const int l = (int)(r % R);
-            for (int h = 0; h < 2; h++)
-                for (int c = 0; c < 8; c++)
+            for (int c = 0; c < 8; c++) /* W(c, q, k): elements 32q + 4c + 2k + {0, 1, 128, 129} */
+                for (int k = 0; k < 2; k++)
                     for (int j = 0; j < 3; j++)
                         for (int i = 0; i < 4; i++) {
-                            const int e = 128 * h + 4 * c + i;
+                            const int e = 4 * c + 2 * k + (i & 1) + 128 * (i >> 1);
                             const uint8_t want = (uint8_t)(q6k_level(x, e + 32 * j) | ((q6k_level(x, e + 96) >> (2 * j)) & 3) << 6);
-                            assert_int_equal(gb[KQRP_Q6K_JQ(R, h, c, j) + 4 * (size_t)l + (size_t)i], want);
+                            assert_int_equal(gb[KQRP_Q6K_JQ(R, c, k, j) + 4 * (size_t)l + (size_t)i], want);
                         }
-            assert_memory_equal(gb + KQRP_Q6K_SC(R) + 4 * (size_t)l, x->scales, 4);
-            assert_memory_equal(gb + KQRP_Q6K_SC(R) + 4 * (size_t)(3 * R + l), x->scales + 12, 4);
+            for (int m = 0; m < 4; m++) { /* scale dword m: sc[2m], sc[2m + 8], sc[2m + 1], sc[2m + 9] */
+                const int8_t want[4] = {x->scales[2 * m], x->scales[2 * m + 8], x->scales[2 * m + 1], x->scales[2 * m + 9]};
+                assert_memory_equal(gb + KQRP_Q6K_SC(R) + 4 * (size_t)(m * R + l), want, 4);
+            }
             assert_memory_equal(gb + KQRP_Q6K_D(R) + 2 * (size_t)l, &x->d, 2);
         }
     free(W), free(P);
