@@ -218,10 +218,9 @@ static void q6k_pass(const struct quant_kq_gemm *g, int64_t grp, int64_t t0)
     for (int c = 0; c < 8; c++)
         acc[c] = _mm256_setzero_ps();
     const uint8_t *gb = g->W + (size_t)grp * R * g->wrow;
-    /* Block b + 1's quants are reordered while block b runs (broadcast right
-     * after their stores they were slower), and the broadcasts load them from
-     * memory: the compiler otherwise took them out of the stored registers
-     * with ~100 shuffles a block. */
+    /* Block b + 1's quants are reordered while block b runs: reordered
+     * just before its use, the compiler took the broadcasts out of the stored
+     * registers (~100 shuffles a block) and it was slower. */
     _Alignas(32) uint8_t yqs[2][QK_K];
     const int64_t nb = g->cols / QK_K;
     if (nb > 0)
@@ -230,7 +229,6 @@ static void q6k_pass(const struct quant_kq_gemm *g, int64_t grp, int64_t t0)
         kq_prefetch_lines(gb + KQRP_AHEAD, gbb);
         if (b + 1 < nb)
             q8k_across_halves(&y[b + 1], yqs[(b + 1) % 2]);
-        __asm__ volatile("" ::: "memory");
         const uint8_t *yq = yqs[b % 2];
         const __m256 dd = _mm256_mul_ps(_mm256_set1_ps(y[b].d), vmath_load8_f16(gb + KQRP_Q6K_D(R)));
 #pragma GCC unroll 2
