@@ -1,6 +1,7 @@
 /* quant: repacked k-quant weights (Q4_K, Q5_K, Q6_K). The repack keeps every
  * super-block (read back out of the layout it is the original bytes; the
- * tail rows past the last whole group keep their bytes in place), a row
+ * tail rows past the last whole group keep their bytes in place; AVX2's
+ * Q6_K groups hold the layout kq_internal.h states), a row
  * looked up in the layout is the row-major row's floats, every SIMD group
  * kernel gives its scalar twin's bits and the twin the scalar reference
  * vec_dot's, and quant_matmul_repacked, quant_matmul_set and
@@ -161,6 +162,47 @@ static void test_repack_keeps_every_block(void **state)
                 }
             free(W), free(P);
         }
+}
+
+/* u = q + 32 of element e of a Q6_K super-block, in ggml's ql/qh packing. */
+static uint8_t q6k_level(const block_q6_K *x, int e)
+{
+    const int h = e / 128, q = e % 128 / 32, l = e % 32;
+    const uint8_t ql = x->ql[64 * h + 32 * (q % 2) + l];
+    return (uint8_t)((q < 2 ? ql & 0xF : ql >> 4) | ((x->qh[32 * h + l] >> (2 * q)) & 3) << 4);
+}
+
+/* AVX2's groups of 8 hold Q6_K's quants joined and its scales reordered,
+ * byte for byte as kq_internal.h states (the kernels read that, not the
+ * repacker's inverse), with d where the other groups have it. */
+static void test_q6k_joined_layout(void **state)
+{
+    (void)state;
+    const int R = KQRP_Q6K_JOINED_ROWS;
+    const int64_t rows = 2 * R, cols = 2 * QK_K;
+    const size_t wrow = quant_row_size(QUANT_Q6_K, cols), gbb = (size_t)R * sizeof(block_q6_K);
+    uint8_t *W = random_matrix(QUANT_Q6_K, rows, cols), *P = copy_of(W, wrow * (size_t)rows);
+    assert_int_equal(quant_kqrp_repack_as(QUANT_Q6_K, rows, cols, P, R), KS_OK);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t b = 0; b < cols / QK_K; b++) {
+            const block_q6_K *x = (const block_q6_K *)(const void *)(W + r * wrow + b * sizeof(block_q6_K));
+            const uint8_t *gb = P + (size_t)(r / R) * R * wrow + (size_t)b * gbb;
+            const int l = (int)(r % R);
+            for (int c = 0; c < 8; c++) /* W(c, q, k): elements 32q + 4c + 2k + {0, 1, 128, 129} */
+                for (int k = 0; k < 2; k++)
+                    for (int j = 0; j < 3; j++)
+                        for (int i = 0; i < 4; i++) {
+                            const int e = 4 * c + 2 * k + (i & 1) + 128 * (i >> 1);
+                            const uint8_t want = (uint8_t)(q6k_level(x, e + 32 * j) | ((q6k_level(x, e + 96) >> (2 * j)) & 3) << 6);
+                            assert_int_equal(gb[KQRP_Q6K_JQ(R, c, k, j) + 4 * (size_t)l + (size_t)i], want);
+                        }
+            for (int m = 0; m < 4; m++) { /* scale dword m: sc[2m], sc[2m + 8], sc[2m + 1], sc[2m + 9] */
+                const int8_t want[4] = {x->scales[2 * m], x->scales[2 * m + 8], x->scales[2 * m + 1], x->scales[2 * m + 9]};
+                assert_memory_equal(gb + KQRP_Q6K_SC(R) + 4 * (size_t)(m * R + l), want, 4);
+            }
+            assert_memory_equal(gb + KQRP_Q6K_D(R) + 2 * (size_t)l, &x->d, 2);
+        }
+    free(W), free(P);
 }
 
 static void test_repack_refuses_what_does_not_fit(void **state)
@@ -471,6 +513,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_repack_keeps_every_block),
+        cmocka_unit_test(test_q6k_joined_layout),
         cmocka_unit_test(test_repack_refuses_what_does_not_fit),
         cmocka_unit_test(test_simd_kernels_match_scalar_twin),
         cmocka_unit_test(test_repacked_matmul_matches_reference),

@@ -210,6 +210,7 @@ void quant_kq_tiles_avx512(const struct quant_kq_gemm *g, const uint8_t *panels,
  *     Q4_K: d[R] | dmin[R] | 35 dwords x R (scales 0-2, qs 0-31)
  *     Q5_K: d[R] | dmin[R] | 43 dwords x R (scales 0-2, qh 0-7, qs 0-31)
  *     Q6_K: 52 dwords x R (ql 0-31, qh 32-47, scales 48-51) | d[R]
+ *           (AVX2's groups of 8: quants joined and reordered, below)
  * so a group-block takes exactly the bytes of its rows' blocks, a group of
  * one row is the file's block, and the tail rows past the last whole group
  * stay row-major where the file had them. One vector load brings a dword of
@@ -234,6 +235,28 @@ void quant_kq_tiles_avx512(const struct quant_kq_gemm *g, const uint8_t *panels,
 #define KQRP_Q6K_QH(R) (32 * 4 * (R))
 #define KQRP_Q6K_SC(R) (48 * 4 * (R))
 #define KQRP_Q6K_D(R) (52 * 4 * (R))
+/* Q6_K in groups of KQRP_Q6K_JOINED_ROWS (AVX2's groups) is stored for
+ * AVX2's kernel: without AVX-512 the vector ops, not the memory, bound its
+ * decode; joining a quant's 4 low and 2 high bits took more of them than the
+ * multiplies, and so did a vpmaddwd per dword. With u = q + 32 and
+ * W(c, q, k) the four elements 32q + 4c + 2k + {0, 1, 128, 129} (a pair of
+ * sub-block s = 2q + c / 4 and one of sub-block s + 8, both in ggml's lane c),
+ * a row's 192 quant bytes are dwords 6c + 3k + j (c = 0..7, k = 0..1,
+ * j = 0..2) whose byte i is
+ *     W(c, j, k)[i] | (bits 2j, 2j + 1 of W(c, 3, k)[i]) << 6
+ * (W(c, j, k) is that byte & 0x3f; W(c, 3, k) gathers the three bytes' top
+ * bits), and its scale dword m (m = 0..3) is sc[2m], sc[2m + 8], sc[2m + 1],
+ * sc[2m + 9]: a vpmaddubsw against the token's quants in the same order sums
+ * each sub-block's pair in its own int16 half, so one vpmaddwd against
+ * (sc_s, sc_s+8) scales two dwords. d stays where it is. Groups of other
+ * sizes (AVX-512's 16: there the memory binds) keep ggml's ql, qh and scales. */
+#define KQRP_Q6K_JOINED_ROWS 8
+static inline bool kqrp_q6k_joined(enum quant_type t, int R) { return t == QUANT_Q6_K && R == KQRP_Q6K_JOINED_ROWS; }
+/* Byte offset of joined dword 6c + 3k + j in a group-block of R rows. */
+#define KQRP_Q6K_JQ(R, c, k, j) (4 * (size_t)(R) * (size_t)(6 * (c) + 3 * (k) + (j)))
+/* Element i (0..3) of W(c, q, k), and where sub-block s's scale lies in a joined row's 16 scale bytes. */
+static inline int kqrp_q6k_w_elem(int c, int q, int k, int i) { return 32 * q + 4 * c + 2 * k + (i & 1) + 128 * (i >> 1); }
+static inline int kqrp_q6k_scale_at(int s) { return 4 * (s % 8 / 2) + 2 * (s % 2) + s / 8; }
 bool quant_kqrp_type(enum quant_type t);
 /* Repack with any group size R (tests of the other builds' layouts). */
 ks_status quant_kqrp_repack_as(enum quant_type t, int64_t rows, int64_t cols, void *W, int R);

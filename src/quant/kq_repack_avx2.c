@@ -39,12 +39,26 @@ static inline void unpack_scales_mins(__m256i w0, __m256i w1, __m256i w2, __m256
     *m47 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(w2, 4), low4), _mm256_and_si256(_mm256_srli_epi32(w1, 2), top2));
 }
 
-/* vpshufb pattern: byte k of each row's dword as both halves of an int16 pair. */
-static inline __m256i pick_pair(int k)
+/* vpshufb pattern: bytes a and b of each row's dword zero-extended to an int16 pair. */
+static inline __m256i pick_two(int a, int b)
 {
-    const __m128i at = _mm_add_epi32(_mm_set1_epi32((int)(0x80008000u | (unsigned)k | (unsigned)k << 16)),
+    const __m128i at = _mm_add_epi32(_mm_set1_epi32((int)(0x80008000u | (unsigned)a | (unsigned)b << 16)),
                                      _mm_setr_epi32(0, 0x00040004, 0x00080008, 0x000c000c));
     return _mm256_broadcastsi128_si256(at);
+}
+
+/* vpshufb pattern: byte k of each row's dword as both halves of an int16 pair. */
+static inline __m256i pick_pair(int k) { return pick_two(k, k); }
+
+/* A Q8_K block's sums of its 32-element sub-blocks j = 0..7 as int16 (|sum| <=
+ * 32 * 128) in sums[0..7]: a min multiplies a whole sub-block, so two mins per
+ * vpmaddwd instead of one. */
+static inline void q8k_sub_block_sums(const block_q8_K *y, int16_t sums[16])
+{
+    const __m256i pairs = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(const void *)y->bsums), _mm256_set1_epi16(1));
+    /* packs works in 128-bit halves: sums 0-3 | 0-3 | 4-7 | 4-7 */
+    const __m256i packed = _mm256_packs_epi32(pairs, pairs);
+    _mm256_store_si256((__m256i *)(void *)sums, _mm256_permute4x64_epi64(packed, 0xd8));
 }
 
 /* ---- Q4_K (kq_repack_avx512.c's order) ---------------------------------------
@@ -72,12 +86,15 @@ static inline __attribute__((always_inline)) void q4k_pass(const struct quant_kq
         unpack_scales_mins(w0, w1, w2, &s03, &s47, &m03, &m47);
         const __m256 d = vmath_load8_f16(gb + KQRP_Q4K_D(R)), dmin = vmath_load8_f16(gb + KQRP_Q4K_DMIN(R));
         __m256i msum[KQRP_TT];
+        _Alignas(32) int16_t bs32[KQRP_TT][16];
         for (int t = 0; t < T; t++)
-            msum[t] = _mm256_setzero_si256();
-        for (int j = 0; j < 8; j++) {
-            const __m256i mm = _mm256_shuffle_epi8(j < 4 ? m03 : m47, pick_pair(j % 4));
-            for (int t = 0; t < T; t++)
-                msum[t] = _mm256_add_epi32(msum[t], _mm256_madd_epi16(mm, bcast(y[t][b].bsums + 2 * j)));
+            q8k_sub_block_sums(&y[t][b], bs32[t]);
+        for (int k = 0; k < 4; k++) {
+            const __m256i mm = _mm256_shuffle_epi8(k < 2 ? m03 : m47, pick_two(2 * k % 4, 2 * k % 4 + 1));
+            for (int t = 0; t < T; t++) {
+                const __m256i m = _mm256_madd_epi16(mm, bcast(bs32[t] + 2 * k));
+                msum[t] = k == 0 ? m : _mm256_add_epi32(msum[t], m);
+            }
         }
         for (int t = 0; t < T; t++)
             accm[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(msum[t]), _mm256_mul_ps(dmin, _mm256_set1_ps(y[t][b].d)),
@@ -112,10 +129,13 @@ static inline __attribute__((always_inline)) void q4k_pass(const struct quant_kq
 }
 
 /* ---- Q6_K: ggml's eight lanes per row (kq_repack_avx512.c's order) --------------
- * Per dword a vpmaddubsw (pairs of u = q + 32 times Q8_K quants, at most
- * 2 * 63 * 127) and a vpmaddwd against the (sc, sc) pair of its sub-block;
- * lane c starts at (-32 sc_2c, -32 sc_2c+1) . (bsums 2c, 2c+1). */
-
+ * The groups of 8 are AVX2's layout (kq_internal.h): three dwords give four
+ * W(c, q, k) in 11 vector ops, where ggml's ql and qh took 17. A vpmaddubsw
+ * of W(c, q, k) against the token's quants in its order gives int16 pairs of
+ * u = q + 32 times Q8_K quants (each at most 2 * 63 * 128 = 16128), the k = 0
+ * and k = 1 ones add up in int16 (at most 32256), and one vpmaddwd against
+ * (sc_s, sc_s+8) puts both sub-blocks in lane c, which ends less (32 sc_2c,
+ * 32 sc_2c+1) . (bsums 2c, 2c+1). */
 
 /* vpshufb pattern: bytes a and b of each row's dword as the high bytes of an int16 pair. */
 static inline __m256i pick_high_pair(int a, int b)
@@ -125,8 +145,42 @@ static inline __m256i pick_high_pair(int a, int b)
     return _mm256_broadcastsi128_si256(at);
 }
 
-/* The four u = q + 32 of element groups 128h + 32q + 4c, q = 0..3, of 8 rows. */
-static inline void q6k_levels(const uint8_t *gb, int h, int c, __m256i u[4])
+/* Where sub-block s's scale lies in a row's 16 scale bytes. */
+static inline int q6k_scale_at(bool joined, int s) { return joined ? kqrp_q6k_scale_at(s) : s; }
+
+/* The 8 rows' scales of sub-blocks s1 and s2 (in one scale dword) as an
+ * int16 pair, sign-extended and times 2^(8 - shift). */
+static inline __m256i q6k_scale_pair(const uint8_t *gb, bool joined, int s1, int s2, int shift)
+{
+    const int at1 = q6k_scale_at(joined, s1), at2 = q6k_scale_at(joined, s2);
+    return _mm256_srai_epi16(_mm256_shuffle_epi8(dword_vec(gb, KQRP_Q6K_SC(R), at1 / 4), pick_high_pair(at1 % 4, at2 % 4)),
+                             shift);
+}
+
+/* (32 sc_2c, 32 sc_2c+1) of the 8 rows: (sc << 8) >> 3. */
+static inline __m256i q6k_offset_pair(const uint8_t *gb, bool joined, int c)
+{
+    return q6k_scale_pair(gb, joined, 2 * c, 2 * c + 1, 3);
+}
+
+/* W(c, q, k), q = 0..3, of the 8 rows of a joined group of 8. */
+static inline void q6k_levels(const uint8_t *gb, int c, int k, __m256i u[4])
+{
+    const __m256i low6 = _mm256_set1_epi8(0x3f);
+    const __m256i a = _mm256_loadu_si256((const __m256i *)(gb + KQRP_Q6K_JQ(R, c, k, 0))),
+                  b = _mm256_loadu_si256((const __m256i *)(gb + KQRP_Q6K_JQ(R, c, k, 1))),
+                  d = _mm256_loadu_si256((const __m256i *)(gb + KQRP_Q6K_JQ(R, c, k, 2)));
+    u[0] = _mm256_and_si256(a, low6);
+    u[1] = _mm256_and_si256(b, low6);
+    u[2] = _mm256_and_si256(d, low6);
+    /* each byte's top two bits alone, so the 16-bit shifts carry no bits across bytes */
+    const __m256i ta = _mm256_andnot_si256(low6, a), tb = _mm256_andnot_si256(low6, b), td = _mm256_andnot_si256(low6, d);
+    u[3] = _mm256_or_si256(_mm256_or_si256(_mm256_srli_epi16(ta, 6), _mm256_srli_epi16(tb, 4)), _mm256_srli_epi16(td, 2));
+}
+
+/* The four u = q + 32 of element groups 128h + 32q + 4c, q = 0..3, from
+ * ggml's ql and qh (a group of 16 copied as a group of 8). */
+static inline void q6k_levels_split(const uint8_t *gb, int h, int c, __m256i u[4])
 {
     const __m256i low4 = _mm256_set1_epi8(0x0f), top2 = _mm256_set1_epi8(0x30);
     const __m256i la = dword_vec(gb, KQRP_Q6K_QL(R), 16 * h + c), lb = dword_vec(gb, KQRP_Q6K_QL(R), 16 * h + 8 + c);
@@ -138,8 +192,24 @@ static inline void q6k_levels(const uint8_t *gb, int h, int c, __m256i u[4])
                            _mm256_and_si256(_mm256_srli_epi16(qh, 2), top2));
 }
 
+/* A Q8_K block's quants in W's order: dword n = 16q + 2c + k holds the
+ * int16s n and 64 + n of qs. vpunpck interleaves within 128-bit halves, so
+ * dword n lies at q8k_across_at(n). */
+static inline void q8k_across_halves(const block_q8_K *y, uint8_t out[QK_K])
+{
+    for (int i = 0; i < 4; i++) {
+        const __m256i a = _mm256_loadu_si256((const __m256i *)(const void *)(y->qs + 32 * i)),
+                      b = _mm256_loadu_si256((const __m256i *)(const void *)(y->qs + QK_K / 2 + 32 * i));
+        _mm256_store_si256((__m256i *)(void *)(out + 64 * i), _mm256_unpacklo_epi16(a, b));
+        _mm256_store_si256((__m256i *)(void *)(out + 64 * i + 32), _mm256_unpackhi_epi16(a, b));
+    }
+}
+
+static inline int q8k_across_at(int n) { return (n & ~12) | (n & 4) << 1 | (n & 8) >> 1; }
+
 /* One group x one token: the lanes' int32 chains are plain adds here (vpmaddwd
- * then vpaddd), so a lane is summed whole before the next one starts. */
+ * then vpaddd), so a lane is summed whole before the next one starts. Lanes
+ * 0-3 read the even sub-blocks' scales and lanes 4-7 the odd ones'. */
 static void q6k_pass(const struct quant_kq_gemm *g, int64_t grp, int64_t t0)
 {
     const size_t gbb = R * sizeof(block_q6_K);
@@ -148,29 +218,38 @@ static void q6k_pass(const struct quant_kq_gemm *g, int64_t grp, int64_t t0)
     for (int c = 0; c < 8; c++)
         acc[c] = _mm256_setzero_ps();
     const uint8_t *gb = g->W + (size_t)grp * R * g->wrow;
-    for (int64_t b = 0; b < g->cols / QK_K; b++, gb += gbb) {
+    /* Block b + 1's quants are reordered while block b runs: reordered
+     * just before its use, the compiler took the broadcasts out of the stored
+     * registers (~100 shuffles a block) and it was slower. */
+    _Alignas(32) uint8_t yqs[2][QK_K];
+    const int64_t nb = g->cols / QK_K;
+    if (nb > 0)
+        q8k_across_halves(&y[0], yqs[0]);
+    for (int64_t b = 0; b < nb; b++, gb += gbb) {
         kq_prefetch_lines(gb + KQRP_AHEAD, gbb);
-        __m256i scp[16]; /* (sc_s, sc_s) of sub-block s, sign-extended */
-#pragma GCC unroll 16
-        for (int s = 0; s < 16; s++)
-            scp[s] = _mm256_srai_epi16(_mm256_shuffle_epi8(dword_vec(gb, KQRP_Q6K_SC(R), s / 4), pick_high_pair(s % 4, s % 4)), 8);
+        if (b + 1 < nb)
+            q8k_across_halves(&y[b + 1], yqs[(b + 1) % 2]);
+        const uint8_t *yq = yqs[b % 2];
         const __m256 dd = _mm256_mul_ps(_mm256_set1_ps(y[b].d), vmath_load8_f16(gb + KQRP_Q6K_D(R)));
-#pragma GCC unroll 8
-        for (int c = 0; c < 8; c++) {
-            const __m256i off = _mm256_sub_epi16(
-                _mm256_setzero_si256(),
-                _mm256_srai_epi16(_mm256_shuffle_epi8(dword_vec(gb, KQRP_Q6K_SC(R), c / 2), pick_high_pair(2 * c % 4, 2 * c % 4 + 1)), 3));
-            __m256i lane = _mm256_madd_epi16(off, bcast(y[b].bsums + 2 * c));
 #pragma GCC unroll 2
-            for (int h = 0; h < 2; h++) {
-                __m256i u[4];
-                q6k_levels(gb, h, c, u);
+        for (int odd = 0; odd < 2; odd++) {
+            __m256i sp[4]; /* (sc_s, sc_s+8), s = 2q + odd */
+            for (int q = 0; q < 4; q++)
+                sp[q] = q6k_scale_pair(gb, true, 2 * q + odd, 2 * q + odd + 8, 8);
+#pragma GCC unroll 4
+            for (int c = 4 * odd; c < 4 * odd + 4; c++) {
+                __m256i u0[4], u1[4], lane = _mm256_setzero_si256();
+                q6k_levels(gb, c, 0, u0);
+                q6k_levels(gb, c, 1, u1);
                 for (int q = 0; q < 4; q++) {
-                    const __m256i p = _mm256_maddubs_epi16(u[q], bcast(y[b].qs + 128 * h + 32 * q + 4 * c));
-                    lane = _mm256_add_epi32(lane, _mm256_madd_epi16(p, scp[8 * h + 2 * q + c / 4]));
+                    const int n = 16 * q + 2 * c;
+                    const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(u0[q], bcast(yq + 4 * q8k_across_at(n))),
+                                                       _mm256_maddubs_epi16(u1[q], bcast(yq + 4 * q8k_across_at(n + 1))));
+                    lane = _mm256_add_epi32(lane, _mm256_madd_epi16(p, sp[q]));
                 }
+                lane = _mm256_sub_epi32(lane, _mm256_madd_epi16(q6k_offset_pair(gb, true, c), bcast(y[b].bsums + 2 * c)));
+                acc[c] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(lane), acc[c]);
             }
-            acc[c] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(lane), acc[c]);
         }
     }
     const __m256 sum = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6])),
@@ -295,30 +374,40 @@ static void q6k_unpack8(const uint8_t *W, int Rg, int64_t cols, int64_t r, uint8
     const __m256i first = _mm256_broadcastsi128_si256(lo_pair),
                   second = _mm256_broadcastsi128_si256(_mm_add_epi32(lo_pair, _mm_set1_epi32(0x00020002)));
     const uint8_t *gb = W + (size_t)(r / Rg) * (size_t)Rg * wrow;
-    uint8_t g8[8 * sizeof(block_q6_K)]; /* the 8 rows as a group of 8: the layout q6k_levels reads */
+    const bool joined = kqrp_q6k_joined(QUANT_Q6_K, Rg); /* then the 8 rows are the whole group */
+    uint8_t g8[8 * sizeof(block_q6_K)]; /* other groups' 8 rows as a group of 8 in ggml's ql and qh */
     for (int64_t b = 0; b < cols / QK_K; b++, gb += gbb) {
         uint8_t *pb = panel + b * KQ_PB_BYTES;
-        for (int k = 0; k < 52; k++)
-            memcpy(g8 + 32 * k, gb + 4 * (size_t)Rg * k + at, 32);
-        memcpy(g8 + KQRP_Q6K_D(R), gb + 52 * 4 * (size_t)Rg + at / 2, 16);
+        const uint8_t *src = gb;
+        if (!joined) {
+            for (int k = 0; k < 52; k++)
+                memcpy(g8 + 32 * k, gb + 4 * (size_t)Rg * k + at, 32);
+            memcpy(g8 + KQRP_Q6K_D(R), gb + 52 * 4 * (size_t)Rg + at / 2, 16);
+            src = g8;
+        }
         __m256i scp[16];
         for (int s = 0; s < 16; s++)
-            scp[s] = _mm256_srai_epi16(_mm256_shuffle_epi8(dword_vec(g8, KQRP_Q6K_SC(R), s / 4), pick_high_pair(s % 4, s % 4)), 8);
-        for (int h = 0; h < 2; h++)
-            for (int c = 0; c < 8; c++) {
+            scp[s] = q6k_scale_pair(src, joined, s, s, 8);
+        for (int c = 0; c < 8; c++)
+            for (int k = 0; k < 2; k++) {
                 __m256i u[4];
-                q6k_levels(g8, h, c, u);
+                if (joined) /* W(c, q, k): elements of pairs j and 64 + j */
+                    q6k_levels(src, c, k, u);
+                else /* half k's element groups 128k + 32q + 4c: pairs j and j + 1 */
+                    q6k_levels_split(src, k, c, u);
                 for (int q = 0; q < 4; q++) {
-                    const __m256i sc = scp[8 * h + 2 * q + c / 4];
-                    const size_t j = 64 * (size_t)h + 16 * (size_t)q + 2 * (size_t)c;
-                    store_lanes(pb, KQ_PL_W + 64 * j + lanes, _mm256_mullo_epi16(_mm256_shuffle_epi8(u[q], first), sc));
-                    store_lanes(pb, KQ_PL_W + 64 * (j + 1) + lanes, _mm256_mullo_epi16(_mm256_shuffle_epi8(u[q], second), sc));
+                    const int s = 8 * (joined ? 0 : k) + 2 * q + c / 4;
+                    const size_t j = joined ? 16 * (size_t)q + 2 * (size_t)c + (size_t)k
+                                            : 64 * (size_t)k + 16 * (size_t)q + 2 * (size_t)c;
+                    const size_t j2 = joined ? j + 64 : j + 1;
+                    store_lanes(pb, KQ_PL_W + 64 * j + lanes, _mm256_mullo_epi16(_mm256_shuffle_epi8(u[q], first), scp[s]));
+                    store_lanes(pb, KQ_PL_W + 64 * j2 + lanes,
+                                _mm256_mullo_epi16(_mm256_shuffle_epi8(u[q], second), scp[joined ? s + 8 : s]));
                 }
             }
-        for (int i = 0; i < 8; i++) /* (sc << 8) >> 3 */
-            store_lanes(pb, KQ_PL_PAIRS + 64 * (size_t)i + lanes,
-                        _mm256_srai_epi16(_mm256_shuffle_epi8(dword_vec(g8, KQRP_Q6K_SC(R), i / 2), pick_high_pair(2 * i % 4, 2 * i % 4 + 1)), 3));
-        _mm256_storeu_ps((float *)(void *)(pb + KQ_PL_D + lanes), vmath_load8_f16(g8 + KQRP_Q6K_D(R)));
+        for (int i = 0; i < 8; i++)
+            store_lanes(pb, KQ_PL_PAIRS + 64 * (size_t)i + lanes, q6k_offset_pair(src, joined, i));
+        _mm256_storeu_ps((float *)(void *)(pb + KQ_PL_D + lanes), vmath_load8_f16(src + KQRP_Q6K_D(R)));
         _mm256_storeu_ps((float *)(void *)(pb + KQ_PL_DMIN + lanes), _mm256_setzero_ps());
     }
 }

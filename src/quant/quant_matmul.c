@@ -151,13 +151,16 @@ static enum mm_path choose_path(enum quant_type wtype, int64_t n_tokens)
  * 1.56 at 512; q6_K 3.3 vs 3.4 at 32, 3.2 vs 2.9 at 64, 3.4 vs 2.55 at 512.
  * AVX2 q4_K 4.0 vs 4.1 at 32, 4.0 vs 3.9 at 64; q6_K 9.0 vs 9.0 at 8, 9.3
  * vs 7.2 at 16. Q5_K: AVX-512 4.5 vs 4.5 at 16, 4.5 vs 3.6 at 32; AVX2 8.5
- * vs 8.9 at 8, 8.5 vs 7.1 at 16. */
+ * vs 8.9 at 8, 8.5 vs 7.1 at 16. AVX2 q6_K in its own layout (kq_internal.h;
+ * 512 x 2048, medians of 15, two rounds on a busy machine): 12.4, 12.0 vs
+ * 14.8, 13.7 at 8; 12.7, 12.0 vs 12.7, 12.1 at 12; 12.8, 11.9 vs 11.7, 10.9
+ * at 16. */
 static int64_t kqrp_group_max(enum quant_type wtype)
 {
 #if defined(QUANT_HAVE_AVX512)
     return wtype == QUANT_Q4_K ? 64 : wtype == QUANT_Q6_K ? 32 : 16;
 #else
-    return wtype == QUANT_Q4_K ? 32 : 8;
+    return wtype == QUANT_Q4_K ? 32 : wtype == QUANT_Q6_K ? 12 : 8;
 #endif
 }
 
