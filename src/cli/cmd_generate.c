@@ -503,8 +503,9 @@ enum { DRAFT_SHADOW_EVERY = 8, DRAFT_WINDOW = 64 };
 /* The most drafts the draft model's allowance affords this step without
  * --draft-min (spec_draft_allowance, as the scheduler's), 0 for none;
  * starts the draft sequence again from a window when that is cheaper than
- * catching it up. */
-static int32_t draft_afford(struct gen_run *r)
+ * catching it up and it only checks (drafting wants the whole context) or
+ * cannot afford the catch-up. */
+static int32_t draft_afford(struct gen_run *r, bool drafting)
 {
     if (r->o->spec.draft_min > 0)
         return SPEC_DRAFT_LIMIT;
@@ -513,10 +514,11 @@ static int32_t draft_afford(struct gen_run *r)
                   (double)r->draft_spent;
     int32_t lag = r->n_tokens - r->dseq.base - r->dseq.n_computed;
     int32_t win = r->n_tokens < DRAFT_WINDOW ? r->n_tokens : DRAFT_WINDOW;
-    int32_t lead = lag > win ? win : lag;
+    bool window = lag > win && (!drafting || left < lag);
+    int32_t lead = window ? win : lag;
     if (left < lead)
         return 0;
-    if (lag > win)
+    if (window)
         sched_drafter_restart(r->drafter, &r->dseq, r->tokens, r->n_tokens, r->n_tokens - win, false);
     return left - lead >= SPEC_DRAFT_LIMIT ? SPEC_DRAFT_LIMIT : 1 + (int32_t)(left - lead);
 }
@@ -536,7 +538,7 @@ static int32_t plan_drafts(struct gen_run *r, int32_t *shadow)
     k = k < room ? k : room;
     bool due = r->n_gen - r->draft_at >= DRAFT_SHADOW_EVERY;
     if (r->drafter && (k > 0 || due)) {
-        int32_t afford = draft_afford(r);
+        int32_t afford = draft_afford(r, k > 0);
         k = k < afford ? k : afford;
         due = due && afford > 0;
     }

@@ -507,6 +507,7 @@ static void release_seq(struct sched *s, struct req *r)
     r->seq = -1;
     if (r->dseq.seq >= 0)
         sched_drafter_release(s->drafter, &r->dseq, r->tokens, r->n_tokens, !r->no_share);
+    sched_draft_seq_init(&r->dseq); /* a window that never got its sequence starts over too */
 }
 
 /* Choices cancelled before they forked leave their group now. */
@@ -1083,14 +1084,15 @@ static bool draft_can_pay(const struct sched *s, int32_t n_decode, double extra_
 }
 
 /* The draft tokens a decoder's job needs before its first proposal: the
- * catch-up on what its sequence has not seen, or (*window, for a request
- * under the allowance) a fresh window when that is cheaper. */
-static int32_t draft_lead_cost(const struct req *r, bool *window)
+ * catch-up on what its sequence has not seen, or (*window) a fresh window
+ * when that is cheaper, for a request under the allowance that only checks
+ * (drafting wants the whole context) or cannot afford the catch-up. */
+static int32_t draft_lead_cost(const struct req *r, bool drafting, double credit, bool *window)
 {
     const struct sched_draft_seq *ds = &r->dseq;
     int32_t lag = r->n_tokens - ds->base - ds->n_computed;
     int32_t win = r->n_tokens < DRAFT_WINDOW ? r->n_tokens : DRAFT_WINDOW;
-    *window = r->spec_min <= 0 && lag > win;
+    *window = r->spec_min <= 0 && lag > win && (!drafting || credit < lag);
     return *window ? win : lag;
 }
 
@@ -1102,9 +1104,9 @@ static int32_t decoder_job_k(const struct sched *s, struct req *r, struct draft_
 {
     bool capped = r->spec_min <= 0;
     double left = capped ? room->credit : INFINITY;
-    double lead = draft_lead_cost(r, window);
-    int32_t afford = left < lead ? 0 : left - lead >= SPEC_DRAFT_LIMIT ? SPEC_DRAFT_LIMIT : 1 + (int32_t)(left - lead);
     int32_t k = draft_want(s, r, extra_cost);
+    double lead = draft_lead_cost(r, k > 0, left, window);
+    int32_t afford = left < lead ? 0 : left - lead >= SPEC_DRAFT_LIMIT ? SPEC_DRAFT_LIMIT : 1 + (int32_t)(left - lead);
     k = draft_room_take(room, k < afford ? k : afford);
     if (k == 0 && afford > 0 && r->n_generated - r->draft_at >= DRAFT_SHADOW_EVERY)
         k = 1;
