@@ -1000,9 +1000,9 @@ static int32_t draft_budget(const struct sched *s, int32_t n_decode, int32_t lim
 
 /* ---- scheduler thread: the draft model (SPEC_DRAFT) -------------------------- */
 
-/* A request that does not draft checks the draft model's next proposal once
- * in this many generated tokens (its shadow), catching its draft sequence up
- * then: so a request whose drafts do not pay costs the draft model little. */
+/* A request that does not draft checks the draft model's next proposal at
+ * most once in this many generated tokens (its shadow), and under the
+ * allowance below only when it affords the check. */
 enum { DRAFT_SHADOW_EVERY = 8 };
 
 /* Requests that do not force drafting (--draft-min 0) get draft jobs only
@@ -1134,8 +1134,8 @@ static bool prefill_job_ok(const struct req *r, struct draft_room *room)
 
 /* The draft model's pass of this step (sched.h, "the draft model's passes"):
  * every speculating decoder that drafts gets its proposals (r->dprop), one
- * that does not gets a shadow proposal every DRAFT_SHADOW_EVERY tokens, and
- * prefilling requests catch up on their prompt. Returns the seconds it took
+ * that does not a shadow proposal now and then (decoder_job_k), and
+ * prefilling requests catch up on their prompt, within the allowance. Returns the seconds it took
  * (outside the target step's measured cost; the drafts and the draft steps
  * they need fit the step's --max-itl-ratio budget, draft_room). */
 static double draft_pass(struct sched *s)

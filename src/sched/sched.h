@@ -23,8 +23,10 @@
  * the tokens it has not seen and proposes each decoder's drafts greedily, one
  * batched draft forward per draft token, its cost measured into the cost
  * model; a request that does not draft lets its draft sequence lag and
- * catches up every few tokens to check the draft model's next proposal, as
- * the n-gram speculators' shadow does): a decoding
+ * checks the draft model's next proposal now and then, as the n-gram
+ * speculators' shadow does, catching up or restarting from a window of its
+ * last tokens; without --draft-min all of the draft model's work stays
+ * within spec_draft_allowance): a decoding
  * request may add k draft tokens after its one token; the step then computes
  * logits for all k + 1 positions in one forward pass, and the engine's
  * sampler_verify keeps each draft with the target's own probability (greedy:
