@@ -67,6 +67,8 @@ struct setup {
     int parallel;
     size_t budget;                /* 0: 64 MiB */
     float max_itl_ratio;          /* 0: off, so the step budget does not depend on timings */
+    bool adaptive;                /* --draft-min 0: draft only when the cost model says it pays */
+    double claim_ratio;           /* > 0: the draft engine claims its weights are this share of the target's */
 };
 
 /* The draft cache of the scheduler made last (valid until it is freed). */
@@ -92,8 +94,11 @@ static struct sched *make_sched(const struct setup *u)
         dc.prefix_cache = u->prefix_cache;
         assert_int_equal(sched_engine_model_add_draft(&eng, u->draft, &dc, 512, g_pool), KS_OK);
         g_draft_kv = eng.draft->cache(eng.draft->ctx);
+        if (u->claim_ratio > 0)
+            eng.draft->weight_bytes = (uint64_t)((double)eng.weight_bytes * u->claim_ratio);
         sc.spec_type = SPEC_DRAFT;
-        sc.draft_min = 1; /* draft whatever the cost model says: a tiny model's extra token costs nearly a step */
+        /* draft whatever the cost model says: a tiny model's extra token costs nearly a step */
+        sc.draft_min = u->adaptive ? 0 : 1;
         sc.draft_max = 6;
     }
     struct sched *s = NULL;
@@ -534,6 +539,131 @@ static void test_p_min(void **state)
     assert_int_equal(r.n_drafted, 0);
 }
 
+/* A window (sched_drafter_restart): the draft sequence holds the text from
+ * base on at positions 0.., costs the draft model only those tokens, and
+ * proposes what a sequence of just those tokens proposes; released, nothing
+ * is left behind. */
+static void test_window_restart(void **state)
+{
+    (void)state;
+    if (!g_default)
+        KS_SKIP("no default model at $KVSERVE_DEFAULT_MODEL (build target default_model)");
+    enum { N = 100, BASE = 60, K = 3 };
+    struct kv_config kc, dc;
+    model_kv_config(g_default, &kc);
+    kc.mem_budget = 16u << 20;
+    struct sched_engine eng;
+    assert_int_equal(sched_engine_model(g_default, &kc, 128, g_pool, &eng), KS_OK);
+    model_kv_config(g_default, &dc);
+    assert_int_equal(sched_engine_model_add_draft(&eng, g_default, &dc, 128, g_pool), KS_OK);
+    struct sched_drafter *d = NULL;
+    assert_int_equal(sched_drafter_create(eng.draft, 128, 2, 128, 0.0f, &d), KS_OK);
+    int32_t text[N];
+    random_ids(text, N, 21, model_hparams(g_default)->n_vocab);
+    struct sched_draft_seq win, fresh;
+    sched_draft_seq_init(&win);
+    sched_draft_seq_init(&fresh);
+    sched_drafter_restart(d, &win, text, N, BASE, false);
+    assert_int_equal(win.base, BASE);
+    struct sched_draft_job jobs[2] = {
+        {.ds = &win, .tokens = text, .n_tokens = N, .k = K},
+        {.ds = &fresh, .tokens = text + BASE, .n_tokens = N - BASE, .k = K},
+    };
+    struct sched_drafter_counts before, after;
+    sched_drafter_get_counts(d, &before);
+    sched_drafter_run(d, jobs, 2);
+    sched_drafter_get_counts(d, &after);
+    assert_int_equal(jobs[0].n_work, N - BASE + K - 1); /* the window's catch-up and K - 1 draft steps */
+    assert_int_equal(jobs[1].n_work, N - BASE + K - 1);
+    assert_int_equal(after.tokens - before.tokens, 2 * (N - BASE + K - 1));
+    assert_int_equal(jobs[0].n_draft, K);
+    assert_int_equal(jobs[1].n_draft, K);
+    for (int i = 0; i < K; i++)
+        assert_int_equal(jobs[0].draft[i], jobs[1].draft[i]);
+    assert_int_equal(win.n_computed, N - BASE);
+    /* the text moves on by its first draft: the window's fed draft becomes computed */
+    int32_t more[N + 1];
+    memcpy(more, text, sizeof text);
+    more[N] = jobs[0].draft[0];
+    sched_drafter_release(d, &win, more, N + 1, false);
+    sched_drafter_release(d, &fresh, more + BASE, N + 1 - BASE, false);
+    assert_int_equal(win.seq, -1);
+    assert_int_equal(win.base, 0);
+    struct kv_usage ud;
+    kv_usage(eng.draft->cache(eng.draft->ctx), &ud);
+    assert_int_equal(ud.n_seqs, 0);
+    assert_int_equal(kv_check(eng.draft->cache(eng.draft->ctx)), KS_OK);
+    sched_drafter_free(d);
+    eng.destroy(eng.ctx);
+}
+
+/* N requests at once with --draft-min 0 whose drafts are never accepted
+ * (a draft model of another seed): the output is each one's solo answer
+ * without a draft, and the tokens the draft model computed, weighted by its
+ * cost (the weights' ratio, or the ratio the draft engine claims), stay
+ * within SPEC_DRAFT_IDLE_SHARE of the target's tokens plus the accepted
+ * drafts' worth, whatever the measured timings. Returns the draft tokens. */
+static uint64_t idle_run(struct model *target, struct model *draft, double claim, const char *what)
+{
+    enum { N = 4, GEN = 48 };
+    int32_t n_vocab = model_hparams(target)->n_vocab;
+    static int32_t buf[N][128];
+    int32_t *prompts[N], lens[N];
+    for (int i = 0; i < N; i++) {
+        prompts[i] = buf[i];
+        random_ids(buf[i], lens[i] = 20 + 25 * i, 700 + i, n_vocab);
+    }
+    struct sched_result solo[N], together[N];
+    struct setup u = {.target = target, .type = QUANT_F16, .parallel = N};
+    run_each(&u, prompts, lens, N, GEN, solo);
+    u.draft = draft;
+    u.draft_type = QUANT_Q4_0;
+    u.adaptive = true;
+    u.claim_ratio = claim;
+    struct sched *s = make_sched(&u);
+    for (int i = 0; i < N; i++)
+        sched_result_submit_greedy(s, prompts[i], lens[i], GEN, &together[i]);
+    for (int i = 0; i < N; i++)
+        result_wait(&together[i]);
+    assert_pool(s, true);
+    struct sched_stats st;
+    sched_get_stats(s, &st);
+    sched_free(s);
+    for (int i = 0; i < N; i++)
+        assert_same_tokens(&solo[i], &together[i]);
+    double rho = claim > 0 ? claim : (double)model_active_weight_bytes(draft) / (double)model_active_weight_bytes(target);
+    double work = (double)(st.prompt_tokens + st.generated_tokens);
+    print_message("%s (draft cost %.3f): %llu draft-model forwards, %llu tokens (%.4f of the target's work weighted), "
+                  "%llu shadow checks, %llu drafted, %llu accepted\n", what, rho,
+                  (unsigned long long)st.spec_draft_forwards, (unsigned long long)st.spec_draft_model_tokens,
+                  (double)st.spec_draft_model_tokens * rho / work, (unsigned long long)st.spec_shadow_checks,
+                  (unsigned long long)st.spec_draft_tokens, (unsigned long long)st.spec_accepted_tokens);
+    assert_true((double)st.spec_draft_model_tokens * rho <=
+                SPEC_DRAFT_IDLE_SHARE * work + (double)st.spec_accepted_tokens + 1e-9);
+    return st.spec_draft_model_tokens;
+}
+
+/* A draft as large as its target never runs (no draft length could pay);
+ * a smaller one, and one claiming to be far smaller (so it checks, starts
+ * windows, drafts when the measured costs let it), stay within the bound
+ * on a target that rejects its drafts. */
+static void test_idle_bounded(void **state)
+{
+    (void)state;
+    if (!g_default)
+        KS_SKIP("no default model at $KVSERVE_DEFAULT_MODEL (build target default_model)");
+    struct model *same = synth_model("tiny", 0, 4242);
+    assert_int_equal(idle_run(g_default, same, 0.0, "same-size draft"), 0);
+    model_free(same);
+    idle_run(g_default, g_small, 0.0, "1-layer draft");
+    /* the MoE target rejects the small draft's tokens */
+    struct model *moe = synth_model("tiny-qwen3moe", 0, 0);
+    idle_run(moe, g_small, 0.0, "MoE, 1-layer draft");
+    idle_run(moe, g_small, 0.05, "MoE, 1-layer draft claiming 5%");
+    idle_run(moe, g_small, 0.005, "MoE, 1-layer draft claiming 0.5%");
+    model_free(moe);
+}
+
 /* ---- main ----------------------------------------------------------------------- */
 
 static int group_setup(void **state)
@@ -581,6 +711,8 @@ int main(void)
         cmocka_unit_test(test_itl_budget),
         cmocka_unit_test(test_config_refused),
         cmocka_unit_test(test_p_min),
+        cmocka_unit_test(test_window_restart),
+        cmocka_unit_test(test_idle_bounded),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -167,6 +167,24 @@ static void test_can_pay(void **state)
     assert_false(spec_can_pay(0, 0.1));  /* no draft allowed */
 }
 
+/* The draft model's allowance: a share of the target's work at the draft's
+ * cost, so drafts never accepted cost at most that share; each accepted
+ * draft earns a target step's worth, so drafting resumes when acceptance
+ * returns; an unknown cost bounds nothing. */
+static void test_draft_allowance(void **state)
+{
+    (void)state;
+    /* 1000 tokens of work, 2%, a draft a tenth of its target: 200 draft tokens (20 target tokens' worth) */
+    assert_true(fabs(spec_draft_allowance(1000, 0, 0.02, 0.1) - 200.0) < 1e-9);
+    /* a draft as large as its target: 20, less than one window of a lagging sequence */
+    assert_true(fabs(spec_draft_allowance(1000, 0, 0.02, 1.0) - 20.0) < 1e-9);
+    /* 10 accepted drafts saved 10 target steps: 100 more draft tokens */
+    assert_true(fabs(spec_draft_allowance(1000, 10, 0.02, 0.1) - 300.0) < 1e-9);
+    assert_true(spec_draft_allowance(1000, 0, 0.02, 0.2) < spec_draft_allowance(1000, 0, 0.02, 0.1));
+    assert_true(isinf(spec_draft_allowance(1000, 0, 0.02, 0.0)));
+    assert_true(fabs(spec_draft_allowance(-5, -5, 0.02, 0.5)) < 1e-12);
+}
+
 static void test_adapt_follows_acceptance(void **state)
 {
     (void)state;
@@ -528,6 +546,7 @@ int main(void)
         cmocka_unit_test(test_verify_proposal_keeps_the_distribution),
         cmocka_unit_test(test_verify_proposal_one_hot_is_verify),
         cmocka_unit_test(test_proposal_make),
+        cmocka_unit_test(test_draft_allowance),
     };
     return ks_run_tests(tests, NULL, NULL);
 }

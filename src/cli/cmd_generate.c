@@ -189,12 +189,16 @@ struct gen_run {
     int32_t draft[SPEC_DRAFT_LIMIT];
     double step_s, extra_token_s; /* EMAs: a 1-token step, one more token in a step */
     int64_t n_drafted, n_accepted, n_steps;
+    int64_t n_shadow;             /* tokens checked against a 1-token proposal while not drafting */
     /* --model-draft: the scheduler's drafter for this one sequence */
     struct model *draft_model;
     struct sched_engine draft_eng; /* its engine, its cache in the target's budget (ctx NULL: none) */
     struct sched_drafter *drafter;
     struct sched_draft_seq dseq;
     double draft_step_s;          /* EMA: one draft step */
+    double draft_weight;          /* the draft model's weight bytes over the target's */
+    int64_t draft_spent;          /* tokens the draft model computed (spec_draft_allowance) */
+    int32_t draft_at;             /* n_gen at its last draft pass */
     struct sample_proposal dq[SPEC_DRAFT_LIMIT]; /* the q each of draft[] was drawn from (draft_q) */
     bool draft_q;                 /* draft[] is the draft model's: verify against dq */
     uint64_t draft_rng;           /* the stream its sampled drafts are drawn from */
@@ -293,6 +297,8 @@ static ks_status draft_load(struct gen_run *r, int32_t n_ctx, struct kv_config *
     if (!o->load.kv.mem)
         cfg->mem_budget += cli_kv_budget_for(dcfg, n_ctx);
     sched_draft_seq_init(&r->dseq);
+    uint64_t wt = model_active_weight_bytes(r->e.model), wd = model_active_weight_bytes(r->draft_model);
+    r->draft_weight = wt > 0 ? (double)wd / (double)wt : 0.0;
     return cli_draft_check_fit(cfg, dcfg, n_ctx);
 }
 
@@ -444,8 +450,10 @@ static bool take(struct gen_run *r, int32_t token, ks_status *st)
 static double extra_cost(const struct gen_run *r)
 {
     double c = r->step_s > 0 && r->extra_token_s > 0 ? r->extra_token_s / r->step_s : 0.1;
-    if (r->drafter) /* a draft model's token costs a draft step too */
-        c += r->step_s > 0 && r->draft_step_s > 0 ? r->draft_step_s / r->step_s : 0.1;
+    if (r->drafter) /* a draft model's token costs a draft step too; before one is measured, the weights' ratio */
+        c += r->step_s > 0 && r->draft_step_s > 0 ? r->draft_step_s / r->step_s
+             : r->draft_weight > 0                ? r->draft_weight
+                                                  : 0.1;
     return c;
 }
 
@@ -467,6 +475,8 @@ static int32_t propose(struct gen_run *r, int32_t k)
         struct sched_draft_job job = {.ds = &r->dseq, .tokens = r->tokens, .n_tokens = r->n_tokens, .k = k,
                                       .sampling = &r->o->sp, .rng = &r->draft_rng};
         sched_drafter_run(r->drafter, &job, 1);
+        r->draft_spent += job.n_work;
+        r->draft_at = r->n_gen;
         double s = sched_drafter_step_seconds(r->drafter);
         if (s > 0)
             r->draft_step_s = r->draft_step_s > 0 ? 0.75 * r->draft_step_s + 0.25 * s : s;
@@ -486,8 +496,32 @@ static int32_t propose(struct gen_run *r, int32_t k)
 }
 
 /* Not drafting, the draft model's next proposal is checked once in this
- * many tokens (as the scheduler does). */
-enum { DRAFT_SHADOW_EVERY = 8 };
+ * many tokens at most, and a lagging draft sequence starts again from a
+ * window of the text's last DRAFT_WINDOW tokens (as the scheduler does). */
+enum { DRAFT_SHADOW_EVERY = 8, DRAFT_WINDOW = 64 };
+
+/* The most drafts the draft model's allowance affords this step without
+ * --draft-min (spec_draft_allowance, as the scheduler's), 0 for none;
+ * starts the draft sequence again from a window when that is cheaper than
+ * catching it up and it only checks (drafting wants the whole context) or
+ * cannot afford the catch-up. */
+static int32_t draft_afford(struct gen_run *r, bool drafting)
+{
+    if (r->o->spec.draft_min > 0)
+        return SPEC_DRAFT_LIMIT;
+    double rho = r->draft_weight, measured = r->step_s > 0 ? r->draft_step_s / r->step_s : 0;
+    double left = spec_draft_allowance(r->n_tokens, r->n_accepted, SPEC_DRAFT_IDLE_SHARE, rho > measured ? rho : measured) -
+                  (double)r->draft_spent;
+    int32_t lag = r->n_tokens - r->dseq.base - r->dseq.n_computed;
+    int32_t win = r->n_tokens < DRAFT_WINDOW ? r->n_tokens : DRAFT_WINDOW;
+    bool window = lag > win && (!drafting || left < lag);
+    int32_t lead = window ? win : lag;
+    if (left < lead)
+        return 0;
+    if (window)
+        sched_drafter_restart(r->drafter, &r->dseq, r->tokens, r->n_tokens, r->n_tokens - win, false);
+    return left - lead >= SPEC_DRAFT_LIMIT ? SPEC_DRAFT_LIMIT : 1 + (int32_t)(left - lead);
+}
 
 /* The drafts for the next step (0 when not drafting); with none, *shadow the
  * token a 1-token draft proposes, to learn acceptance from (-1: none). */
@@ -497,15 +531,22 @@ static int32_t plan_drafts(struct gen_run *r, int32_t *shadow)
     if (r->draft_max == 0)
         return 0;
     int32_t room = r->o->n_predict - r->n_gen - 1;
+    if (r->drafter && r->o->spec.draft_min <= 0 && (r->draft_step_s > 0 || r->draft_weight > 0) &&
+        !spec_can_pay(r->draft_max, extra_cost(r)))
+        return 0; /* a draft step this dear never pays, whatever is accepted (as the scheduler's draft_can_pay) */
     int32_t k = spec_adapt_len(&r->adapt, r->o->spec.draft_min, r->draft_max, extra_cost(r));
     k = k < room ? k : room;
+    bool due = r->n_gen - r->draft_at >= DRAFT_SHADOW_EVERY;
+    if (r->drafter && (k > 0 || due)) {
+        int32_t afford = draft_afford(r, k > 0);
+        k = k < afford ? k : afford;
+        due = due && afford > 0;
+    }
     int32_t m = k > 0 ? propose(r, k) : 0;
     if (m > 0 && m >= r->o->spec.draft_min)
         return m;
-    if (r->drafter && r->n_gen % DRAFT_SHADOW_EVERY != 0)
-        return 0; /* the draft model's shadow costs a draft step: check it now and then */
-    if (r->drafter && r->draft_step_s > 0 && r->o->spec.draft_min <= 0 && !spec_can_pay(r->draft_max, extra_cost(r)))
-        return 0; /* a draft step this dear never pays, whatever is accepted (as the scheduler's draft_can_pay) */
+    if (r->drafter && (m > 0 || !due))
+        return 0; /* the draft model's shadow costs a draft pass: check it now and then, within its allowance */
     if (propose(r, 1) == 1)
         *shadow = r->draft[0];
     return 0;
@@ -540,8 +581,10 @@ static bool spec_step(struct gen_run *r, ks_status *st)
             *st = sample_verify(r->sampler, row, r->tokens, r->n_tokens, r->draft[i], &res, &accepted);
         if (*st)
             return false;
-        if (i == k && shadow >= 0)
+        if (i == k && shadow >= 0) {
             spec_adapt_observe(&r->adapt, 1, res.token == shadow);
+            r->n_shadow++;
+        }
         tested += i < k;
         go_on = take(r, res.token, st);
         if (!accepted)
@@ -585,6 +628,12 @@ static void print_timing(const struct gen_run *r)
                 spec_type_name(r->o->spec.type), r->n_drafted, r->n_accepted,
                 r->n_drafted ? 100.0 * (double)r->n_accepted / (double)r->n_drafted : 0.0,
                 r->n_steps ? (double)(r->n_gen - 1) / (double)r->n_steps : 0.0);
+    if (r->drafter) {
+        struct sched_drafter_counts c;
+        sched_drafter_get_counts(r->drafter, &c);
+        fprintf(stderr, "draft model: %" PRIu64 " forwards, %" PRIu64 " tokens (%.3f per token of the text), %" PRId64
+                " shadow checks\n", c.forwards, c.tokens, (double)c.tokens / (double)(r->n_prompt + r->n_gen), r->n_shadow);
+    }
 }
 
 int cli_generate(int argc, char **argv)

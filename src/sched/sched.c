@@ -49,6 +49,7 @@ struct req {
     int32_t shadow;           /* not drafting: the token a 1-token draft proposed, to learn from; -1 none */
     int32_t n_drafted, n_accepted; /* totals */
     struct sched_draft_seq dseq; /* SPEC_DRAFT: its sequence in the draft model's cache */
+    int32_t draft_at;         /* SPEC_DRAFT: n_generated when it last had a draft job as a decoder */
     int32_t dprop[SPEC_DRAFT_LIMIT]; /* (n_dprop) SPEC_DRAFT: this step's proposals of the draft model */
     int32_t n_dprop;
     struct sample_proposal dq[SPEC_DRAFT_LIMIT]; /* (n_dprop) SPEC_DRAFT: the q each was drawn from */
@@ -119,6 +120,8 @@ struct sched {
     struct spec_pool *pool;   /* SPEC_NGRAM_POOL's shared table (scheduler thread only) */
     struct sched_drafter *drafter; /* SPEC_DRAFT: the draft model's passes (scheduler thread only) */
     struct sched_draft_job *draft_jobs; /* (parallel) a pass's jobs */
+    uint64_t shadow_checks;   /* scheduler thread: st.spec_shadow_checks before it is copied */
+    uint64_t draft_spent;     /* scheduler thread: draft tokens computed for requests under the allowance */
     struct req **job_req;     /* (parallel) the request of each job */
 };
 
@@ -504,6 +507,7 @@ static void release_seq(struct sched *s, struct req *r)
     r->seq = -1;
     if (r->dseq.seq >= 0)
         sched_drafter_release(s->drafter, &r->dseq, r->tokens, r->n_tokens, !r->no_share);
+    sched_draft_seq_init(&r->dseq); /* a window that never got its sequence starts over too */
 }
 
 /* Choices cancelled before they forked leave their group now. */
@@ -882,6 +886,26 @@ static bool is_prefilling(const struct req *r)
     return has_prefill(r) && !r->skip_step && !r->dedup_wait && r->finish == SCHED_FINISH_NONE;
 }
 
+/* The draft model's weights over the target's (what a draft token costs
+ * before a draft step is measured), 0 when either is unknown. */
+static double draft_weight_ratio(const struct sched *s)
+{
+    const struct sched_engine *d = s->eng.draft;
+    return d && d->weight_bytes > 0 && s->eng.weight_bytes > 0 ? (double)d->weight_bytes / (double)s->eng.weight_bytes
+                                                               : 0.0;
+}
+
+/* A draft step as a fraction of the target's decode-only step beside
+ * n_decode decoders: measured, else the weights' ratio, else a guess (as a
+ * target token beside decoders). */
+static double draft_step_ratio(const struct sched *s, int32_t n_decode)
+{
+    double d = sched_cost_draft_ratio(&s->cost, n_decode);
+    if (d <= 0)
+        d = draft_weight_ratio(s);
+    return d > 0 ? d : 0.1;
+}
+
 /* The cost of one more token in a step with n_decode decoders, as a fraction
  * of the decode-only step (the cost model's marginal token), or a guess
  * before it has measured both. */
@@ -891,12 +915,9 @@ static double extra_token_cost(const struct sched *s, int32_t n_decode)
     double r = sched_cost_token_ratio(&s->cost, n_decode);
     if (r <= 0)
         r = GUESS;
-    /* a draft model's token costs a draft step too; before one is measured,
-     * guess it as a target token beside decoders */
-    if (s->drafter) {
-        double d = sched_cost_draft_ratio(&s->cost, n_decode);
-        r += d > 0 ? d : GUESS;
-    }
+    /* a draft model's token costs a draft step too */
+    if (s->drafter)
+        r += draft_step_ratio(s, n_decode);
     return r;
 }
 
@@ -979,10 +1000,37 @@ static int32_t draft_budget(const struct sched *s, int32_t n_decode, int32_t lim
 
 /* ---- scheduler thread: the draft model (SPEC_DRAFT) -------------------------- */
 
-/* A request that does not draft checks the draft model's next proposal once
- * in this many generated tokens (its shadow), catching its draft sequence up
- * then: so a request whose drafts do not pay costs the draft model little. */
+/* A request that does not draft checks the draft model's next proposal at
+ * most once in this many generated tokens (its shadow), and under the
+ * allowance below only when it affords the check. */
 enum { DRAFT_SHADOW_EVERY = 8 };
+
+/* Requests that do not force drafting (--draft-min 0) get draft jobs only
+ * within spec_draft_allowance over the scheduler's whole work:
+ * SPEC_DRAFT_IDLE_SHARE of the tokens the target computed plus what accepted
+ * drafts saved, counted at the dearer of the weights' and the measured cost
+ * of a draft token, less what the draft model computed for them. So where
+ * nothing is accepted the draft model costs a bounded share of the work,
+ * and the catch-up on every token a lagging sequence would need (a draft as
+ * large as its target processing the whole text) gives way to a window: the
+ * request's last DRAFT_WINDOW tokens, prefilled again when a check is due
+ * and the allowance affords it. One allowance for all: a request proven to
+ * draft well pays for the others' prompts and checks. */
+enum { DRAFT_WINDOW = 64 };
+
+static double draft_token_ratio(const struct sched *s, int32_t n_decode)
+{
+    double rho = draft_weight_ratio(s), measured = sched_cost_draft_ratio(&s->cost, n_decode);
+    return measured > rho ? measured : rho;
+}
+
+static double draft_credit(const struct sched *s, int32_t n_decode)
+{
+    return spec_draft_allowance((int64_t)(s->st.prompt_tokens + s->st.generated_tokens),
+                                (int64_t)s->st.spec_accepted_tokens, SPEC_DRAFT_IDLE_SHARE,
+                                draft_token_ratio(s, n_decode)) -
+           (double)s->draft_spent;
+}
 
 /* What the step's budget (--max-itl-ratio, draft_budget) leaves for a draft
  * model's drafts, in marginal target tokens: each draft is one verification
@@ -992,16 +1040,20 @@ struct draft_room {
     double left;              /* marginal tokens still free */
     double step_tokens;       /* one draft step, in marginal tokens */
     int32_t k_max;            /* the longest draft taken so far: the pass's steps */
+    double credit;            /* draft tokens the allowance (draft_credit) leaves */
+    double earned;            /* draft tokens one more token of the target's work adds to it */
 };
 
 static struct draft_room draft_room_init(const struct sched *s, int32_t n_decode)
 {
     static const double GUESS = 0.1; /* as extra_token_cost guesses both before they are measured */
     int32_t limit = sched_cost_prefill_limit(&s->cost, n_decode, s->cfg.max_itl_ratio);
-    double c = sched_cost_token_ratio(&s->cost, n_decode), d = sched_cost_draft_ratio(&s->cost, n_decode);
+    double c = sched_cost_token_ratio(&s->cost, n_decode);
     return (struct draft_room){
         .left = draft_budget(s, n_decode, limit),
-        .step_tokens = (d > 0 ? d : GUESS) / (c > 0 ? c : GUESS),
+        .step_tokens = draft_step_ratio(s, n_decode) / (c > 0 ? c : GUESS),
+        .credit = draft_credit(s, n_decode),
+        .earned = spec_draft_allowance(1, 0, SPEC_DRAFT_IDLE_SHARE, draft_token_ratio(s, n_decode)),
     };
 }
 
@@ -1026,15 +1078,64 @@ static int32_t draft_room_take(struct draft_room *room, int32_t k)
  * rate and could never win it back. */
 static bool draft_can_pay(const struct sched *s, int32_t n_decode, double extra_cost)
 {
-    if (sched_cost_draft_ratio(&s->cost, n_decode) <= 0)
-        return true; /* not measured yet */
+    if (sched_cost_draft_ratio(&s->cost, n_decode) <= 0 && draft_weight_ratio(s) <= 0)
+        return true; /* neither measured nor known from the weights */
     return spec_can_pay(SPEC_DRAFT_LIMIT, extra_cost);
+}
+
+/* The draft tokens a decoder's job needs before its first proposal: the
+ * catch-up on what its sequence has not seen, or (*window) a fresh window
+ * when that is cheaper, for a request under the allowance that only checks
+ * (drafting wants the whole context) or cannot afford the catch-up. */
+static int32_t draft_lead_cost(const struct req *r, bool drafting, double credit, bool *window)
+{
+    const struct sched_draft_seq *ds = &r->dseq;
+    int32_t lag = r->n_tokens - ds->base - ds->n_computed;
+    int32_t win = r->n_tokens < DRAFT_WINDOW ? r->n_tokens : DRAFT_WINDOW;
+    *window = r->spec_min <= 0 && lag > win && (!drafting || credit < lag);
+    return *window ? win : lag;
+}
+
+/* k drafts wanted by decoder r: the most its allowance affords (and the
+ * step's room takes), or 1 for a shadow check when one is due and
+ * affordable, or 0. *window: start the job from a window. */
+static int32_t decoder_job_k(const struct sched *s, struct req *r, struct draft_room *room, double extra_cost,
+                             bool *window)
+{
+    bool capped = r->spec_min <= 0;
+    double left = capped ? room->credit : INFINITY;
+    int32_t k = draft_want(s, r, extra_cost);
+    double lead = draft_lead_cost(r, k > 0, left, window);
+    int32_t afford = left < lead ? 0 : left - lead >= SPEC_DRAFT_LIMIT ? SPEC_DRAFT_LIMIT : 1 + (int32_t)(left - lead);
+    k = draft_room_take(room, k < afford ? k : afford);
+    if (k == 0 && afford > 0 && r->n_generated - r->draft_at >= DRAFT_SHADOW_EVERY)
+        k = 1;
+    if (k > 0 && capped)
+        room->credit -= lead + k - 1;
+    return k;
+}
+
+/* A prefilling request's catch-up on its prompt: for one under the
+ * allowance, only when it affords the whole of it (a part would be dropped
+ * for a window later), counting what the target's prefill of the same
+ * tokens, under way, adds to the allowance. */
+static bool prefill_job_ok(const struct req *r, struct draft_room *room)
+{
+    const struct sched_draft_seq *ds = &r->dseq;
+    double rest = r->n_tokens - ds->base - ds->n_computed;
+    double need = rest - rest * (room->earned < 1 ? room->earned : 1);
+    if (r->spec_min > 0)
+        return true;
+    if (room->credit < need)
+        return false;
+    room->credit -= need;
+    return true;
 }
 
 /* The draft model's pass of this step (sched.h, "the draft model's passes"):
  * every speculating decoder that drafts gets its proposals (r->dprop), one
- * that does not gets a shadow proposal every DRAFT_SHADOW_EVERY tokens, and
- * prefilling requests catch up on their prompt. Returns the seconds it took
+ * that does not a shadow proposal now and then (decoder_job_k), and
+ * prefilling requests catch up on their prompt, within the allowance. Returns the seconds it took
  * (outside the target step's measured cost; the drafts and the draft steps
  * they need fit the step's --max-itl-ratio budget, draft_room). */
 static double draft_pass(struct sched *s)
@@ -1058,12 +1159,15 @@ static double draft_pass(struct sched *s)
             continue;
         int32_t k = 0;
         if (is_decoder(r)) {
-            k = draft_room_take(&room, draft_want(s, r, extra_cost));
-            if (k == 0 && r->n_generated % DRAFT_SHADOW_EVERY != 0)
-                continue;
+            bool window;
+            k = decoder_job_k(s, r, &room, extra_cost, &window);
             if (k == 0)
-                k = 1;
-        } else if (!is_prefilling(r)) {
+                continue;
+            r->draft_at = r->n_generated;
+            if (window)
+                sched_drafter_restart(s->drafter, &r->dseq, r->tokens, r->n_tokens, r->n_tokens - DRAFT_WINDOW,
+                                      !r->no_share);
+        } else if (!is_prefilling(r) || !prefill_job_ok(r, &room)) {
             continue;
         }
         s->draft_jobs[n] = (struct sched_draft_job){
@@ -1078,11 +1182,25 @@ static double draft_pass(struct sched *s)
     sched_cost_observe_draft(&s->cost, sched_drafter_step_seconds(s->drafter));
     for (int i = 0; i < n; i++) {
         struct req *r = s->job_req[i];
+        if (r->spec_min <= 0)
+            s->draft_spent += (uint64_t)s->draft_jobs[i].n_work;
         r->n_dprop = s->draft_jobs[i].n_draft;
         memcpy(r->dprop, s->draft_jobs[i].draft, (size_t)r->n_dprop * sizeof *r->dprop);
         memcpy(r->dq, s->draft_jobs[i].q, (size_t)r->n_dprop * sizeof *r->dq);
     }
     return now_seconds() - t0;
+}
+
+/* Under mu: the speculators' counts into the stats. */
+static void draft_counts(struct sched *s)
+{
+    s->st.spec_shadow_checks = s->shadow_checks;
+    if (!s->drafter)
+        return;
+    struct sched_drafter_counts c;
+    sched_drafter_get_counts(s->drafter, &c);
+    s->st.spec_draft_forwards = c.forwards;
+    s->st.spec_draft_model_tokens = c.tokens;
 }
 
 /* Decode entries first (each decoder's token, then its drafts), then prefill
@@ -1278,8 +1396,10 @@ static void sample_row(struct sched *s, struct req *r, const float *logits, doub
 {
     struct sample_result res;
     ks_status st = s->eng.sampler_next(s->eng.ctx, r->sampler, logits, r->tokens, r->n_tokens, &res);
-    if (!st && r->shadow >= 0)
+    if (!st && r->shadow >= 0) {
         spec_adapt_observe(&r->adapt, 1, res.token == r->shadow);
+        s->shadow_checks++;
+    }
     take_token(s, r, st, &res, t);
 }
 
@@ -1487,6 +1607,7 @@ static void *sched_main(void *arg)
             if (dt > s->st.max_step_seconds)
                 s->st.max_step_seconds = dt;
         }
+        draft_counts(s);
     }
     run_hooks(s);
     stop_jobs(s);

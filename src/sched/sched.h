@@ -23,8 +23,10 @@
  * the tokens it has not seen and proposes each decoder's drafts greedily, one
  * batched draft forward per draft token, its cost measured into the cost
  * model; a request that does not draft lets its draft sequence lag and
- * catches up every few tokens to check the draft model's next proposal, as
- * the n-gram speculators' shadow does): a decoding
+ * checks the draft model's next proposal now and then, as the n-gram
+ * speculators' shadow does, catching up or restarting from a window of its
+ * last tokens; without --draft-min all of the draft model's work stays
+ * within spec_draft_allowance): a decoding
  * request may add k draft tokens after its one token; the step then computes
  * logits for all k + 1 positions in one forward pass, and the engine's
  * sampler_verify keeps each draft with the target's own probability (greedy:
@@ -141,6 +143,10 @@ struct sched_engine {
      * (and a prefix cache if it has one; its samplers are not used). Owned by
      * this engine: destroy() destroys it. */
     struct sched_engine *draft;
+    /* Optional: the bytes of weights one decode token reads (0: unknown):
+     * a draft's over its target's is what a draft token costs before its
+     * steps are measured. */
+    uint64_t weight_bytes;
 };
 
 /* The real engine: the model (borrowed, must outlive the engine), a KV cache
@@ -231,7 +237,9 @@ ks_status sched_engine_model_draft(struct kv_cache *target_kv, struct model *dra
  * sample_verify decides). */
 struct sched_draft_seq {
     int32_t seq;                   /* the draft engine's sequence, -1 while none */
-    int32_t n_computed;            /* the request's tokens[0, n_computed) are in it */
+    int32_t base;                  /* it holds the request's text from here on, at positions 0.. (> 0: a
+                                      window, sched_drafter_restart) */
+    int32_t n_computed;            /* the request's tokens[base, base + n_computed) are in it */
     int32_t fed[SPEC_DRAFT_LIMIT]; /* (n_fed) then these draft tokens, at n_computed on */
     int32_t n_fed;
 };
@@ -252,9 +260,16 @@ struct sched_draft_job {
     int32_t draft[SPEC_DRAFT_LIMIT]; /* out: the proposals (n_draft <= k) */
     int32_t n_draft;
     struct sample_proposal q[SPEC_DRAFT_LIMIT]; /* out: (n_draft) the distribution each was drawn from (greedy: one-hot) */
+    int32_t n_work;                /* out: tokens the draft model computed for it in the pass */
 };
 
 struct sched_drafter;
+
+/* What a drafter made the draft model compute since it was made. */
+struct sched_drafter_counts {
+    uint64_t forwards;             /* draft forwards that ran */
+    uint64_t tokens;               /* tokens they fed it (catch-up, windows and drafts) */
+};
 
 /* draft is borrowed and must outlive the drafter. max_batch: tokens per draft
  * forward (at most the draft engine's model context size); parallel: jobs per
@@ -272,12 +287,20 @@ void sched_drafter_run(struct sched_drafter *d, struct sched_draft_job *jobs, in
  * still-drafting job one token; a catch-up of at most two tokens per drafting
  * job counts as one), 0 when it ran none: a cost model's input. */
 double sched_drafter_step_seconds(const struct sched_drafter *d);
+void sched_drafter_get_counts(const struct sched_drafter *d, struct sched_drafter_counts *out);
 
 /* The request's draft sequence ends (it finished or was preempted): its
  * computed pages go to the draft prefix cache when share, the rows of
  * unverified drafts are dropped, and the sequence is freed. */
 void sched_drafter_release(struct sched_drafter *d, struct sched_draft_seq *ds, const int32_t *tokens,
                            int32_t n_tokens, bool share);
+/* Release it so, and have the next pass start it again from tokens[base]
+ * (clamped to 0..n_tokens): a window of the text, positioned from 0, which
+ * costs the draft model n_tokens - base tokens instead of catching up on
+ * everything it has not seen. The draft model then proposes from the window
+ * only; its proposals stay proposals (verification keeps the output). */
+void sched_drafter_restart(struct sched_drafter *d, struct sched_draft_seq *ds, const int32_t *tokens,
+                           int32_t n_tokens, int32_t base, bool share);
 
 
 /* ---- scheduler ----------------------------------------------------------- */
@@ -457,6 +480,9 @@ struct sched_stats {
     uint64_t spec_draft_tokens;          /* draft tokens verified */
     uint64_t spec_accepted_tokens;       /* of which accepted */
     uint64_t spec_verifications;         /* verifications (a request's k + 1 tokens in a step) */
+    uint64_t spec_shadow_checks;         /* tokens checked against a 1-token proposal while not drafting */
+    uint64_t spec_draft_forwards;        /* a draft model's forwards (--model-draft) */
+    uint64_t spec_draft_model_tokens;    /* tokens they computed */
     double max_step_seconds;
     /* prefix cache */
     uint64_t prefix_lookups;             /* admissions that looked the prompt up */

@@ -13,6 +13,7 @@ struct sched_drafter {
     float p_min;
     double step_s;                     /* the last pass's draft steps: seconds in all */
     int n_steps;                       /* and how many */
+    struct sched_drafter_counts counts; /* since it was made */
     /* a forward's scratch */
     int32_t *b_tokens, *b_pos, *b_seq; /* (max_batch) */
     bool *b_logits;                    /* (max_batch) */
@@ -87,7 +88,21 @@ static void seq_drop(struct sched_drafter *d, struct sched_draft_seq *ds)
 {
     if (ds->seq >= 0)
         d->eng->seq_free(d->eng->ctx, ds->seq);
+    int32_t base = ds->base;
     sched_draft_seq_init(ds);
+    ds->base = base; /* a sequence started over keeps its window */
+}
+
+/* The part of a job's text its draft sequence holds from position 0 on:
+ * the whole text, or its window from ds->base. */
+static const int32_t *seq_text(const struct sched_draft_job *j)
+{
+    return j->tokens + j->ds->base;
+}
+
+static int32_t seq_len(const struct sched_draft_job *j)
+{
+    return j->n_tokens - j->ds->base;
 }
 
 /* The fed drafts that the request's tokens now continue with become
@@ -112,7 +127,7 @@ static bool prepare(struct sched_drafter *d, struct sched_draft_job *j)
     const struct sched_engine *e = d->eng;
     struct sched_draft_seq *ds = j->ds;
     if (ds->seq >= 0)
-        reconcile(d, ds, j->tokens, j->n_tokens);
+        reconcile(d, ds, seq_text(j), seq_len(j));
     if (ds->seq < 0) {
         if (e->seq_create(e->ctx, &ds->seq) != KS_OK) {
             ds->seq = -1;
@@ -127,9 +142,9 @@ static bool prepare(struct sched_drafter *d, struct sched_draft_job *j)
             j->share = false;
     }
     /* the last token is computed, not mapped: its logits give the first draft */
-    if (j->share && e->prefix_attach && ds->n_computed < j->n_tokens - 1) {
+    if (j->share && e->prefix_attach && ds->n_computed < seq_len(j) - 1) {
         struct sched_prefix_hit hit = {0};
-        if (e->prefix_attach(e->ctx, ds->seq, j->tokens, j->n_tokens - 1, false, 0.0, &hit) == KS_OK)
+        if (e->prefix_attach(e->ctx, ds->seq, seq_text(j), seq_len(j) - 1, false, 0.0, &hit) == KS_OK)
             ds->n_computed += hit.ram_tokens;
     }
     return true;
@@ -176,7 +191,12 @@ static void batch_put(struct sched_drafter *d, int32_t *n, int32_t tok, int32_t 
 static ks_status forward(struct sched_drafter *d, int32_t n)
 {
     struct sched_batch b = {n, d->b_tokens, d->b_pos, d->b_seq, d->b_logits, NULL};
-    return d->eng->forward(d->eng->ctx, &b, d->logits);
+    ks_status st = d->eng->forward(d->eng->ctx, &b, d->logits);
+    if (st == KS_OK) {
+        d->counts.forwards++;
+        d->counts.tokens += (uint64_t)n;
+    }
+    return st;
 }
 
 /* Catch up on every job's unseen tokens in one forward; returns whether it ran. */
@@ -187,7 +207,7 @@ static bool catch_up(struct sched_drafter *d, struct sched_draft_job *jobs, int 
     int32_t n = 0, rows = 0;
     for (int i = 0; i < n_jobs; i++) {
         struct sched_draft_job *j = &jobs[i];
-        int32_t from = j->ds->n_computed, take = j->n_tokens - from;
+        int32_t from = j->ds->n_computed, len = seq_len(j), take = len - from;
         took[i] = 0;
         if (!ready[i] || take <= 0)
             continue;
@@ -197,9 +217,9 @@ static bool catch_up(struct sched_drafter *d, struct sched_draft_job *jobs, int 
             take = d->max_batch - n;
         if (take <= 0)
             continue;
-        bool logits = from + take == j->n_tokens && j->k > 0;
+        bool logits = from + take == len && j->k > 0;
         for (int32_t t = 0; t < take; t++)
-            batch_put(d, &n, j->tokens[from + t], from + t, j->ds->seq, logits && t == take - 1);
+            batch_put(d, &n, seq_text(j)[from + t], from + t, j->ds->seq, logits && t == take - 1);
         if (logits)
             d->row_job[rows++] = i;
         took[i] = take;
@@ -215,8 +235,10 @@ static bool catch_up(struct sched_drafter *d, struct sched_draft_job *jobs, int 
         d->step_s += now_seconds() - t0;
         d->n_steps++;
     }
-    for (int i = 0; i < n_jobs; i++)
+    for (int i = 0; i < n_jobs; i++) {
         jobs[i].ds->n_computed += took[i];
+        jobs[i].n_work += took[i];
+    }
     for (int32_t r = 0; r < rows; r++)
         take_proposal(d, &jobs[d->row_job[r]], d->logits + (size_t)r * d->eng->n_vocab);
     return true;
@@ -236,12 +258,14 @@ static bool draft_step(struct sched_drafter *d, struct sched_draft_job *jobs, in
         batch_put(d, &n, tok, ds->n_computed + ds->n_fed, ds->seq, true);
         ds->fed[ds->n_fed++] = tok;
         d->row_job[rows++] = i;
+        j->n_work++;
     }
     if (n == 0)
         return false;
     double t0 = now_seconds();
     if (forward(d, n) != KS_OK) { /* all or nothing: nobody was fed */
         for (int32_t r = 0; r < rows; r++) {
+            jobs[d->row_job[r]].n_work--;
             jobs[d->row_job[r]].ds->n_fed--;
             jobs[d->row_job[r]].k = jobs[d->row_job[r]].n_draft;
         }
@@ -262,6 +286,7 @@ void sched_drafter_run(struct sched_drafter *d, struct sched_draft_job *jobs, in
         n = d->parallel;
     for (int i = 0; i < n; i++) {
         jobs[i].n_draft = 0;
+        jobs[i].n_work = 0;
         if (jobs[i].k > SPEC_DRAFT_LIMIT)
             jobs[i].k = SPEC_DRAFT_LIMIT;
         d->ready[i] = prepare(d, &jobs[i]);
@@ -272,18 +297,32 @@ void sched_drafter_run(struct sched_drafter *d, struct sched_draft_job *jobs, in
         ;
     for (int i = 0; i < n && d->eng->prefix_publish; i++)
         if (d->ready[i] && jobs[i].share && jobs[i].ds->seq >= 0)
-            d->eng->prefix_publish(d->eng->ctx, jobs[i].ds->seq, jobs[i].tokens, jobs[i].ds->n_computed, false);
+            d->eng->prefix_publish(d->eng->ctx, jobs[i].ds->seq, seq_text(&jobs[i]), jobs[i].ds->n_computed, false);
 }
 
 void sched_drafter_release(struct sched_drafter *d, struct sched_draft_seq *ds, const int32_t *tokens,
                            int32_t n_tokens, bool share)
 {
-    if (ds->seq < 0)
-        return;
-    reconcile(d, ds, tokens, n_tokens);
-    if (ds->seq >= 0 && share && d->eng->prefix_publish)
-        d->eng->prefix_publish(d->eng->ctx, ds->seq, tokens, ds->n_computed, true);
-    seq_drop(d, ds);
+    if (ds->seq >= 0) {
+        reconcile(d, ds, tokens + ds->base, n_tokens - ds->base);
+        if (ds->seq >= 0 && share && d->eng->prefix_publish)
+            d->eng->prefix_publish(d->eng->ctx, ds->seq, tokens + ds->base, ds->n_computed, true);
+    }
+    if (ds->seq >= 0)
+        d->eng->seq_free(d->eng->ctx, ds->seq);
+    sched_draft_seq_init(ds);
+}
+
+void sched_drafter_restart(struct sched_drafter *d, struct sched_draft_seq *ds, const int32_t *tokens,
+                           int32_t n_tokens, int32_t base, bool share)
+{
+    sched_drafter_release(d, ds, tokens, n_tokens, share);
+    ds->base = base < 0 ? 0 : base > n_tokens ? n_tokens : base;
+}
+
+void sched_drafter_get_counts(const struct sched_drafter *d, struct sched_drafter_counts *out)
+{
+    *out = d->counts;
 }
 
 double sched_drafter_step_seconds(const struct sched_drafter *d)

@@ -335,6 +335,7 @@ ks_status sched_engine_model(struct model *m, const struct kv_config *kv_cfg, in
         .sampler_free = me_sampler_free, .sampler_verify = me_sampler_verify, .seq_truncate = me_seq_truncate,
         .sampler_verify_proposal = me_sampler_verify_proposal,
         .can_admit = me_can_admit, .cache = me_cache, .destroy = me_destroy,
+        .weight_bytes = model_active_weight_bytes(m),
     };
     if (pools(m)) {
         out->n_embd = model_hparams(m)->n_embd;

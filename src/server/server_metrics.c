@@ -72,6 +72,13 @@ ks_status server_route_metrics(struct server *srv, const struct server_req *rq, 
                   (double)st.spec_accepted_tokens);
     server_metric(&b, "kvserve_spec_verifications_total", "counter",
                   "Verifications (a request's last token and its drafts in one step).", (double)st.spec_verifications);
+    server_metric(&b, "kvserve_spec_shadow_checks_total", "counter",
+                  "Tokens checked against a one-token proposal while a request did not draft.",
+                  (double)st.spec_shadow_checks);
+    server_metric(&b, "kvserve_spec_draft_model_forwards_total", "counter", "Forward passes of the draft model (--model-draft).",
+                  (double)st.spec_draft_forwards);
+    server_metric(&b, "kvserve_spec_draft_model_tokens_total", "counter", "Tokens the draft model computed (--model-draft).",
+                  (double)st.spec_draft_model_tokens);
     server_metric(&b, "kvserve_max_step_seconds", "gauge", "Longest scheduler step so far.", st.max_step_seconds);
     if (srv->grammar_vocab) {
         struct grammar_mask_cache_stats gc;

@@ -1,6 +1,7 @@
 /* spec: prompt lookup and the adaptive draft length of spec.h. */
 #include "spec/spec.h"
 
+#include <math.h>
 #include <string.h>
 
 /* EMA weight of one tested token, and the least tokens-per-cost ratio over
@@ -104,4 +105,11 @@ bool spec_can_pay(int32_t n_max, double extra_cost)
 {
     const struct spec_adapt every_draft_accepted = {.accept = 1.0};
     return spec_adapt_len(&every_draft_accepted, 0, n_max, extra_cost) > 0;
+}
+
+double spec_draft_allowance(int64_t n_text, int64_t n_accepted, double share, double cost_ratio)
+{
+    if (!(cost_ratio > 0))
+        return INFINITY;
+    return (share * (double)(n_text > 0 ? n_text : 0) + (double)(n_accepted > 0 ? n_accepted : 0)) / cost_ratio;
 }

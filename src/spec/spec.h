@@ -107,4 +107,19 @@ double spec_expected_tokens(double a, int32_t k);
  * target) cannot pay for any work it does. */
 bool spec_can_pay(int32_t n_max, double extra_cost);
 
+/* The share of the target's work a draft model may take for a request
+ * whose drafts are never accepted (issue 25: never more than 3% slower where
+ * nothing is accepted), kept below 3% for the drafts' verification tokens. */
+#define SPEC_DRAFT_IDLE_SHARE 0.02
+/* The draft-model tokens a request that does not force drafting may have
+ * had computed (its catch-up, windows, shadow checks and drafts) once its
+ * text is n_text tokens of which n_accepted were accepted drafts: share of
+ * the target's work on the text plus the work its accepted drafts saved (a
+ * target decode step each), in draft tokens of cost_ratio (a draft token's
+ * cost over a target token's: the models' weight bytes, or measured; <= 0:
+ * unknown, no bound). So drafts never accepted cost at most `share` of the
+ * target's work, and a request whose drafts are accepted earns the room to
+ * go on drafting. */
+double spec_draft_allowance(int64_t n_text, int64_t n_accepted, double share, double cost_ratio);
+
 #endif
