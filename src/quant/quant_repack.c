@@ -197,6 +197,17 @@ ks_status quant_rp_repack_as(enum quant_type t, int64_t rows, int64_t cols, void
 void quant_rp_pack_token(enum quant_type wtype, const float *x, int64_t cols, struct quant_rp_act *out)
 {
     for (int64_t b = 0; b < cols / QK8_0; b++) {
+#if defined(QUANT_HAVE_AVX512)
+        if (!rp_is_q5(wtype)) { /* the quants, scale and sum in one pass (quant_q8_0_act_from_float's bits) */
+            int sum;
+            float d = quant_q8_0_act_block_avx512(x + b * QK8_0, out[b].qs, &sum);
+            out[b].d = quant_f16_to_f32(quant_f32_to_f16(d));
+            out[b].s = 0.0f;
+            out[b].sum = sum;
+            memset(out[b].lane_corr, 0, sizeof out[b].lane_corr);
+            continue;
+        }
+#endif
         quant_f16 d, s = 0;
         if (rp_is_q5(wtype)) { /* Q8_1's quants and d are Q8_0's (the same rounding); s besides */
             block_q8_1 q;
