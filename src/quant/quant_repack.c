@@ -58,7 +58,8 @@
 #endif
 
 #define RP_CHUNK 4        /* bytes of one row per lane */
-#define RP_TT 4           /* tokens sharing one pass over a group's weights */
+#define RP_TT 4           /* tokens sharing one pass over a group's weights (AVX2: 16 ymm registers) */
+#define RP512_TT 12       /* the same with AVX-512's 32 zmm registers: a verification of 8 drafts in one pass */
 #define RP5_TT 2          /* the same for q5 with AVX-512: 8 lane accumulators per token */
 #define RP5_CHUNK_BLOCKS 16 /* q5 batches: blocks of a group unpacked at once (8 KiB of levels with AVX-512) */
 #define RP5_BATCH_TOKENS 16 /* q5 batches: tokens passing over one unpacked chunk */
@@ -196,6 +197,17 @@ ks_status quant_rp_repack_as(enum quant_type t, int64_t rows, int64_t cols, void
 void quant_rp_pack_token(enum quant_type wtype, const float *x, int64_t cols, struct quant_rp_act *out)
 {
     for (int64_t b = 0; b < cols / QK8_0; b++) {
+#if defined(QUANT_HAVE_AVX512)
+        if (!rp_is_q5(wtype)) { /* the quants, scale and sum in one pass (quant_q8_0_act_from_float's bits) */
+            int sum;
+            float d = quant_q8_0_act_block_avx512(x + b * QK8_0, out[b].qs, &sum);
+            out[b].d = quant_f16_to_f32(quant_f32_to_f16(d));
+            out[b].s = 0.0f;
+            out[b].sum = sum;
+            memset(out[b].lane_corr, 0, sizeof out[b].lane_corr);
+            continue;
+        }
+#endif
         quant_f16 d, s = 0;
         if (wtype == QUANT_Q5_1) { /* Q8_1's quants and d are Q8_0's (the same rounding); s besides */
             block_q8_1 q;
@@ -284,23 +296,37 @@ static int32_t act_dword(const struct quant_rp_act *a, int k)
 /* One tile: a group's rows against tokens t0 .. t0 + T over all blocks. */
 typedef void (*rp_tile_fn)(const struct quant_rp_job *j, int64_t g, int64_t t0);
 
-/* Groups [g0, g1), the tokens in tiles of RP_TT and one narrower last tile;
- * tiles[T] is the kernel compiled for T tokens, a constant width that keeps
- * its accumulators in registers. */
-static void rp_rows(const struct quant_rp_job *j, int64_t g0, int64_t g1, const rp_tile_fn tiles[RP_TT + 1])
+/* Groups [g0, g1), the tokens in the fewest tiles of at most max_T, as even
+ * as they go (17 tokens are 9 + 8 with AVX-512, and 3 + 3 + 3 + 4 + 4 with
+ * AVX2: tiles of the widest width and a narrow last one cost a pass over the
+ * weights for few tokens); tiles[T] is the kernel compiled for T tokens, a
+ * constant width that keeps its accumulators in registers. */
+static void rp_rows(const struct quant_rp_job *j, int64_t g0, int64_t g1, const rp_tile_fn *tiles, int max_T)
 {
+    const int64_t n_tiles = (j->n_tokens + max_T - 1) / max_T, narrow = j->n_tokens / n_tiles,
+                  wide_from = n_tiles - j->n_tokens % n_tiles; /* tiles from here take narrow + 1 */
     for (int64_t g = g0; g < g1; g++)
-        for (int64_t t = 0; t < j->n_tokens; t += RP_TT)
-            tiles[j->n_tokens - t < RP_TT ? j->n_tokens - t : RP_TT](j, g, t);
+        for (int64_t i = 0, t = 0; i < n_tiles; i++) {
+            const int64_t T = narrow + (i >= wide_from);
+            tiles[T](j, g, t);
+            t += T;
+        }
 }
 
-/* tiles[1..RP_TT] of an always-inline tile(j, g, t0, T). */
-#define RP_TILE_WIDTHS(tile)                                                                         \
-    static void tile##_1(const struct quant_rp_job *j, int64_t g, int64_t t0) { tile(j, g, t0, 1); } \
-    static void tile##_2(const struct quant_rp_job *j, int64_t g, int64_t t0) { tile(j, g, t0, 2); } \
-    static void tile##_3(const struct quant_rp_job *j, int64_t g, int64_t t0) { tile(j, g, t0, 3); } \
-    static void tile##_4(const struct quant_rp_job *j, int64_t g, int64_t t0) { tile(j, g, t0, 4); } \
+/* tiles[1..RP_TT] (and to RP512_TT) of an always-inline tile(j, g, t0, T). */
+#define RP_TILE_WIDTH(tile, T) \
+    static void tile##_##T(const struct quant_rp_job *j, int64_t g, int64_t t0) { tile(j, g, t0, T); }
+#define RP_TILE_WIDTHS(tile)                                                                                       \
+    RP_TILE_WIDTH(tile, 1) RP_TILE_WIDTH(tile, 2) RP_TILE_WIDTH(tile, 3) RP_TILE_WIDTH(tile, 4)                    \
     static const rp_tile_fn tile##_widths[RP_TT + 1] = {NULL, tile##_1, tile##_2, tile##_3, tile##_4};
+/* tiles[3..RP512_TT] of tile; widths 1 and 2 are rp512_any_1 and _2, any kind */
+#define RP512_TILE_WIDTHS(tile)                                                                                    \
+    RP_TILE_WIDTH(tile, 3) RP_TILE_WIDTH(tile, 4) RP_TILE_WIDTH(tile, 5) RP_TILE_WIDTH(tile, 6)                    \
+    RP_TILE_WIDTH(tile, 7) RP_TILE_WIDTH(tile, 8) RP_TILE_WIDTH(tile, 9) RP_TILE_WIDTH(tile, 10)                   \
+    RP_TILE_WIDTH(tile, 11) RP_TILE_WIDTH(tile, 12)                                                                \
+    static const rp_tile_fn tile##_widths[RP512_TT + 1] = {                                                        \
+        NULL, rp512_any_1, rp512_any_2, tile##_3, tile##_4, tile##_5, tile##_6,                                    \
+        tile##_7, tile##_8, tile##_9, tile##_10, tile##_11, tile##_12};
 #endif
 
 #if defined(QUANT_HAVE_AVX512)
@@ -435,15 +461,20 @@ static inline __m512i rp512_levels_u8(enum quant_type t)
     return _mm512_broadcast_i32x4(_mm_xor_si128(v, _mm_set1_epi8((char)0x80)));
 }
 
+/* Up to RP512_TT tokens. kind: QUANT_Q4_0, QUANT_Q8_0, or QUANT_IQ4_NL for
+ * both lookup-table types, a constant, so each kind's tiles are compiled
+ * without the others' branches (with them, GCC broadcast every token's
+ * dwords into registers and stack slots ahead of the branch, spilling from 4
+ * tokens on, instead of one broadcast load where each is used). */
 static inline __attribute__((always_inline)) void rp512_tile(const struct quant_rp_job *j, int64_t g, int64_t t0,
-                                                             int T)
+                                                             int T, enum quant_type kind)
 {
-    const int R = 16, bias = j->wtype == QUANT_Q4_0 ? 8 : 128;
+    const int R = 16, bias = kind == QUANT_Q4_0 ? 8 : 128;
     const size_t gbb = (size_t)R * rp_block_bytes(j->wtype), qs_at = (size_t)R * rp_scale_bytes(j->wtype);
-    const bool lut = rp_is_lut(j->wtype);
+    const bool lut = kind == QUANT_IQ4_NL;
     const __m512i levels = lut ? rp512_levels_u8(j->wtype) : _mm512_setzero_si512();
-    const struct quant_rp_act *a[RP_TT];
-    __m512 acc[RP_TT];
+    const struct quant_rp_act *a[RP512_TT];
+    __m512 acc[RP512_TT];
     for (int t = 0; t < T; t++) {
         a[t] = quant_rp_token(j, t0 + t);
         acc[t] = _mm512_setzero_ps();
@@ -452,14 +483,26 @@ static inline __attribute__((always_inline)) void rp512_tile(const struct quant_
     for (int64_t b = 0; b < j->nb; b++, gb += gbb) {
         for (size_t off = 0; off < gbb; off += 64)
             __builtin_prefetch((const char *)gb + RP_AHEAD + off, 0, QUANT_WEIGHT_PREFETCH);
-        __m512i isum[RP_TT];
+        __m512i isum[RP512_TT];
         for (int t = 0; t < T; t++)
             isum[t] = _mm512_set1_epi32(-bias * a[t][b].sum);
-        if (j->wtype == QUANT_Q4_0) {
-            /* High nibbles stay in place (raw & 0xf0 = 16 x nibble) with sums of their own, shifted back
-             * once per block (exact: every product is a multiple of 16): one AND per load instead of a
-             * shift and an AND, and two dependency chains instead of one. */
-            __m512i hsum[RP_TT];
+        if (kind == QUANT_Q4_0 && T > 4) {
+            /* 5 tokens and more: the high nibbles shifted down once for all of them, so a token's block is
+             * 8 vpdpbusd in one chain (enough chains to hide its latency) and no shift or add of its own. */
+            for (int k = 0; k < 4; k++) {
+                __m512i raw = _mm512_loadu_si512(gb + qs_at + 64 * k);
+                __m512i lo = _mm512_and_si512(raw, _mm512_set1_epi8(0x0f));
+                __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), _mm512_set1_epi8(0x0f));
+                for (int t = 0; t < T; t++) {
+                    isum[t] = _mm512_dpbusd_epi32(isum[t], lo, _mm512_set1_epi32(act_dword(&a[t][b], k)));
+                    isum[t] = _mm512_dpbusd_epi32(isum[t], hi, _mm512_set1_epi32(act_dword(&a[t][b], k + 4)));
+                }
+            }
+        } else if (kind == QUANT_Q4_0) {
+            /* Up to 4 tokens: high nibbles stay in place (raw & 0xf0 = 16 x nibble) with sums of their own,
+             * shifted back once per block (exact: every product is a multiple of 16): one AND per load
+             * instead of a shift and an AND, and two dependency chains instead of one. */
+            __m512i hsum[RP512_TT];
             for (int t = 0; t < T; t++)
                 hsum[t] = _mm512_setzero_si512();
             for (int k = 0; k < 4; k++) {
@@ -474,19 +517,20 @@ static inline __attribute__((always_inline)) void rp512_tile(const struct quant_
             for (int t = 0; t < T; t++)
                 isum[t] = _mm512_add_epi32(isum[t], _mm512_srai_epi32(hsum[t], 4));
         } else if (lut) {
-            __m512i hsum[RP_TT];
+            __m512i hsum[RP512_TT];
             for (int t = 0; t < T; t++)
                 hsum[t] = _mm512_setzero_si512();
             for (int k = 0; k < 4; k++) {
                 __m512i raw = _mm512_loadu_si512(gb + qs_at + 64 * k);
                 __m512i lo = _mm512_permutexvar_epi8(raw, levels);
                 __m512i hi = _mm512_permutexvar_epi8(_mm512_srli_epi16(raw, 4), levels);
-                for (int t = 0; t < T; t++) {
+                for (int t = 0; t < T; t++) { /* from 5 tokens one chain per token, as Q4_0's */
                     isum[t] = _mm512_dpbusd_epi32(isum[t], lo, _mm512_set1_epi32(act_dword(&a[t][b], k)));
-                    hsum[t] = _mm512_dpbusd_epi32(hsum[t], hi, _mm512_set1_epi32(act_dword(&a[t][b], k + 4)));
+                    __m512i *h = T > 4 ? &isum[t] : &hsum[t];
+                    *h = _mm512_dpbusd_epi32(*h, hi, _mm512_set1_epi32(act_dword(&a[t][b], k + 4)));
                 }
             }
-            for (int t = 0; t < T; t++)
+            for (int t = 0; t < T && T <= 4; t++)
                 isum[t] = _mm512_add_epi32(isum[t], hsum[t]);
         } else {
             for (int k = 0; k < 8; k++) {
@@ -495,7 +539,7 @@ static inline __attribute__((always_inline)) void rp512_tile(const struct quant_
                     isum[t] = _mm512_dpbusd_epi32(isum[t], w, _mm512_set1_epi32(act_dword(&a[t][b], k)));
             }
         }
-        __m512 dw = rp512_scales(gb, j->wtype);
+        __m512 dw = rp512_scales(gb, lut ? j->wtype : kind);
         for (int t = 0; t < T; t++)
             acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_mul_ps(dw, _mm512_set1_ps(a[t][b].d)), acc[t]);
     }
@@ -503,7 +547,32 @@ static inline __attribute__((always_inline)) void rp512_tile(const struct quant_
         _mm512_storeu_ps(j->Y + (t0 + t) * j->ldy + g * R, acc[t]);
 }
 
-RP_TILE_WIDTHS(rp512_tile)
+static inline __attribute__((always_inline)) void rp512_q4(const struct quant_rp_job *j, int64_t g, int64_t t0, int T)
+{
+    rp512_tile(j, g, t0, T, QUANT_Q4_0);
+}
+static inline __attribute__((always_inline)) void rp512_q8(const struct quant_rp_job *j, int64_t g, int64_t t0, int T)
+{
+    rp512_tile(j, g, t0, T, QUANT_Q8_0);
+}
+static inline __attribute__((always_inline)) void rp512_lut(const struct quant_rp_job *j, int64_t g, int64_t t0, int T)
+{
+    rp512_tile(j, g, t0, T, QUANT_IQ4_NL);
+}
+/* One and two tokens: every kind in one function, the kind known at run time, as before the kinds were
+ * split: GCC schedules these better than rp512_q4_1 and _2 (3-6% on L2-resident 2048 x 2048 q4_0, 1 thread,
+ * interleaved A/B medians on a busy machine). */
+static void rp512_any_1(const struct quant_rp_job *j, int64_t g, int64_t t0)
+{
+    rp512_tile(j, g, t0, 1, rp_is_lut(j->wtype) ? QUANT_IQ4_NL : j->wtype);
+}
+static void rp512_any_2(const struct quant_rp_job *j, int64_t g, int64_t t0)
+{
+    rp512_tile(j, g, t0, 2, rp_is_lut(j->wtype) ? QUANT_IQ4_NL : j->wtype);
+}
+RP512_TILE_WIDTHS(rp512_q4)
+RP512_TILE_WIDTHS(rp512_q8)
+RP512_TILE_WIDTHS(rp512_lut)
 
 /* q5: the unsigned levels (nibble | fifth bit << 4) of lanes k and k + 4 of
  * 16 rows, from chunk k's bytes (raw) and the rows' qh: bits 4k.. / 16 + 4k..
@@ -679,7 +748,10 @@ void quant_rp_rows_avx512(const struct quant_rp_job *j, int64_t g0, int64_t g1)
         }
         return;
     }
-    rp_rows(j, g0, g1, rp512_tile_widths);
+    const rp_tile_fn *tiles = j->wtype == QUANT_Q4_0   ? rp512_q4_widths
+                              : j->wtype == QUANT_Q8_0 ? rp512_q8_widths
+                                                       : rp512_lut_widths;
+    rp_rows(j, g0, g1, tiles, RP512_TT);
 }
 #endif
 
@@ -924,7 +996,7 @@ void quant_rp_rows_avx2(const struct quant_rp_job *j, int64_t g0, int64_t g1)
         }
         return;
     }
-    rp_rows(j, g0, g1, rp2_tile_widths);
+    rp_rows(j, g0, g1, rp2_tile_widths, RP_TT);
 }
 #endif
 
