@@ -167,6 +167,22 @@ static void random_ids(int32_t *t, int32_t n, int32_t salt, int32_t n_vocab)
         t[i] = 3 + (int32_t)(((uint32_t)i * 2654435761u + (uint32_t)salt * 40503u) % (uint32_t)(n_vocab - 3));
 }
 
+enum { SET_MAX = 8, SET_LEN = 160 };
+/* A test's requests: prompt i is first + step * i random tokens of salt + i. */
+struct prompt_set {
+    int32_t ids[SET_MAX][SET_LEN];
+    int32_t *p[SET_MAX], len[SET_MAX];
+};
+
+static void random_prompts(struct prompt_set *ps, int n, int32_t first, int32_t step, int32_t salt, int32_t n_vocab)
+{
+    assert_true(n <= SET_MAX && first + step * (n - 1) <= SET_LEN);
+    for (int i = 0; i < n; i++) {
+        ps->p[i] = ps->ids[i];
+        random_ids(ps->ids[i], ps->len[i] = first + step * i, salt + i, n_vocab);
+    }
+}
+
 static struct model *synth_model(const char *preset, int n_layer, uint64_t seed)
 {
     struct model *m = NULL;
@@ -183,12 +199,9 @@ static void identity(struct model *target, struct model *draft, enum quant_type 
 {
     enum { N = 3, GEN = 40 };
     int32_t n_vocab = model_hparams(target)->n_vocab;
-    static int32_t buf[N][160];
-    int32_t *prompts[N], lens[N];
-    for (int i = 0; i < N; i++) {
-        prompts[i] = buf[i];
-        random_ids(buf[i], lens[i] = 5 + 60 * i, 11 + i, n_vocab);
-    }
+    static struct prompt_set ps;
+    random_prompts(&ps, N, 5, 60, 11, n_vocab);
+    int32_t **prompts = ps.p, *lens = ps.len;
     struct sched_result plain[N], spec[N];
     struct setup u = {.target = target, .type = type, .parallel = 2};
     run_each(&u, prompts, lens, N, GEN, plain);
@@ -257,12 +270,9 @@ static void test_sampled_drafts(void **state)
         KS_SKIP("no default model at $KVSERVE_DEFAULT_MODEL (build target default_model)");
     enum { N = 3, GEN = 40 };
     int32_t n_vocab = model_hparams(g_default)->n_vocab;
-    static int32_t buf[N][64];
-    int32_t *prompts[N], lens[N];
-    for (int i = 0; i < N; i++) {
-        prompts[i] = buf[i];
-        random_ids(buf[i], lens[i] = 8 + 20 * i, 31 + i, n_vocab);
-    }
+    static struct prompt_set ps;
+    random_prompts(&ps, N, 8, 20, 31, n_vocab);
+    int32_t **prompts = ps.p, *lens = ps.len;
     struct model *drafts[2] = {g_default, g_small};
     for (int d = 0; d < 2; d++) {
         struct setup u = {.target = g_default, .draft = drafts[d], .type = QUANT_F16,
@@ -412,12 +422,9 @@ static void test_tight_budget(void **state)
     enum { N = 6 };
     struct model *target = g_trained ? g_trained : g_default, *draft = g_trained ? g_trained_q4 : g_small;
     int32_t n_vocab = model_hparams(target)->n_vocab;
-    static int32_t buf[N][120];
-    int32_t *prompts[N], lens[N];
-    for (int i = 0; i < N; i++) {
-        prompts[i] = buf[i];
-        random_ids(buf[i], lens[i] = 60 + 10 * i, 300 + i, n_vocab);
-    }
+    static struct prompt_set ps;
+    random_prompts(&ps, N, 60, 10, 300, n_vocab);
+    int32_t **prompts = ps.p, *lens = ps.len;
     struct kv_config kc;
     model_kv_config(target, &kc);
     size_t page = kv_page_bytes(&kc, QUANT_F16, QUANT_F16);
@@ -453,12 +460,9 @@ static void test_itl_budget(void **state)
     struct model *target = g_trained ? g_trained : g_default, *draft = g_trained ? g_trained_q4 : g_small;
     enum { N = 4 };
     int32_t n_vocab = model_hparams(target)->n_vocab;
-    static int32_t buf[N][120];
-    int32_t *prompts[N], lens[N];
-    for (int i = 0; i < N; i++) {
-        prompts[i] = buf[i];
-        random_ids(buf[i], lens[i] = 20 + 25 * i, 500 + i, n_vocab);
-    }
+    static struct prompt_set ps;
+    random_prompts(&ps, N, 20, 25, 500, n_vocab);
+    int32_t **prompts = ps.p, *lens = ps.len;
     struct sched_result solo[N], together[N];
     struct setup u = {.target = target, .type = QUANT_F16, .parallel = N};
     run_each(&u, prompts, lens, N, 40, solo);
@@ -607,12 +611,9 @@ static uint64_t idle_run(struct model *target, struct model *draft, double claim
 {
     enum { N = 4, GEN = 48 };
     int32_t n_vocab = model_hparams(target)->n_vocab;
-    static int32_t buf[N][128];
-    int32_t *prompts[N], lens[N];
-    for (int i = 0; i < N; i++) {
-        prompts[i] = buf[i];
-        random_ids(buf[i], lens[i] = 20 + 25 * i, 700 + i, n_vocab);
-    }
+    static struct prompt_set ps;
+    random_prompts(&ps, N, 20, 25, 700, n_vocab);
+    int32_t **prompts = ps.p, *lens = ps.len;
     struct sched_result solo[N], together[N];
     struct setup u = {.target = target, .type = QUANT_F16, .parallel = N};
     run_each(&u, prompts, lens, N, GEN, solo);
