@@ -183,6 +183,25 @@ static void random_prompts(struct prompt_set *ps, int n, int32_t first, int32_t 
     }
 }
 
+/* The prompts at once on one scheduler (with u's draft), each answer the same
+ * as its solo one, the pool accounted after; the scheduler's counts in *st. */
+static void run_together(const struct setup *u, int32_t *const *prompts, const int32_t *lens, int n,
+                         int32_t max_tokens, const struct sched_result *solo, struct sched_stats *st)
+{
+    struct sched_result together[SET_MAX];
+    assert_true(n <= SET_MAX);
+    struct sched *s = make_sched(u);
+    for (int i = 0; i < n; i++)
+        sched_result_submit_greedy(s, prompts[i], lens[i], max_tokens, &together[i]);
+    for (int i = 0; i < n; i++)
+        result_wait(&together[i]);
+    assert_pool(s, true);
+    sched_get_stats(s, st);
+    sched_free(s);
+    for (int i = 0; i < n; i++)
+        assert_same_tokens(&solo[i], &together[i]);
+}
+
 static struct model *synth_model(const char *preset, int n_layer, uint64_t seed)
 {
     struct model *m = NULL;
@@ -428,23 +447,14 @@ static void test_tight_budget(void **state)
     struct kv_config kc;
     model_kv_config(target, &kc);
     size_t page = kv_page_bytes(&kc, QUANT_F16, QUANT_F16);
-    struct sched_result solo[N], together[N];
+    struct sched_result solo[N];
     struct setup u = {.target = target, .type = QUANT_F16, .parallel = N};
     run_each(&u, prompts, lens, N, 40, solo);
     u.draft = draft;
     u.draft_type = QUANT_Q4_0;
     u.budget = 12 * page; /* 6 requests of up to 4 pages each do not fit at once */
-    struct sched *s = make_sched(&u);
-    for (int i = 0; i < N; i++)
-        sched_result_submit_greedy(s, prompts[i], lens[i], 40, &together[i]);
-    for (int i = 0; i < N; i++)
-        result_wait(&together[i]);
-    assert_pool(s, true);
     struct sched_stats st;
-    sched_get_stats(s, &st);
-    sched_free(s);
-    for (int i = 0; i < N; i++)
-        assert_same_tokens(&solo[i], &together[i]);
+    run_together(&u, prompts, lens, N, 40, solo, &st);
     print_message("tight budget: %llu preemptions, %llu drafted, %llu accepted\n", (unsigned long long)st.preemptions,
                   (unsigned long long)st.spec_draft_tokens, (unsigned long long)st.spec_accepted_tokens);
 }
@@ -463,21 +473,14 @@ static void test_itl_budget(void **state)
     static struct prompt_set ps;
     random_prompts(&ps, N, 20, 25, 500, n_vocab);
     int32_t **prompts = ps.p, *lens = ps.len;
-    struct sched_result solo[N], together[N];
+    struct sched_result solo[N];
     struct setup u = {.target = target, .type = QUANT_F16, .parallel = N};
     run_each(&u, prompts, lens, N, 40, solo);
     u.draft = draft;
     u.draft_type = QUANT_Q4_0;
     u.max_itl_ratio = 1.5f;
-    struct sched *s = make_sched(&u);
-    for (int i = 0; i < N; i++)
-        sched_result_submit_greedy(s, prompts[i], lens[i], 40, &together[i]);
-    for (int i = 0; i < N; i++)
-        result_wait(&together[i]);
-    assert_pool(s, true);
-    sched_free(s);
-    for (int i = 0; i < N; i++)
-        assert_same_tokens(&solo[i], &together[i]);
+    struct sched_stats st;
+    run_together(&u, prompts, lens, N, 40, solo, &st);
 }
 
 /* The scheduler refuses SPEC_DRAFT without a draft engine. */
@@ -509,6 +512,20 @@ static void test_config_refused(void **state)
     eng.destroy(eng.ctx);
 }
 
+/* g_default's engine (16 MiB of cache, contexts of n_ctx) with draft beside
+ * it, its cache q4_0 or the model's own type. */
+static void default_with_draft(struct model *draft, bool q4_draft, int32_t n_ctx, struct sched_engine *eng)
+{
+    struct kv_config kc, dc;
+    model_kv_config(g_default, &kc);
+    kc.mem_budget = 16u << 20;
+    assert_int_equal(sched_engine_model(g_default, &kc, n_ctx, g_pool, eng), KS_OK);
+    model_kv_config(draft, &dc);
+    if (q4_draft)
+        dc.type_k = dc.type_v = QUANT_Q4_0;
+    assert_int_equal(sched_engine_model_add_draft(eng, draft, &dc, n_ctx, g_pool), KS_OK);
+}
+
 /* --draft-p-min 1 keeps only drafts the draft model is certain of: with a
  * random draft model, none. */
 static void test_p_min(void **state)
@@ -516,14 +533,8 @@ static void test_p_min(void **state)
     (void)state;
     if (!g_default)
         KS_SKIP("no default model at $KVSERVE_DEFAULT_MODEL (build target default_model)");
-    struct kv_config kc, dc;
-    model_kv_config(g_default, &kc);
-    kc.mem_budget = 16u << 20;
     struct sched_engine eng;
-    assert_int_equal(sched_engine_model(g_default, &kc, 64, g_pool, &eng), KS_OK);
-    model_kv_config(g_small, &dc);
-    dc.type_k = dc.type_v = QUANT_Q4_0;
-    assert_int_equal(sched_engine_model_add_draft(&eng, g_small, &dc, 64, g_pool), KS_OK);
+    default_with_draft(g_small, true, 64, &eng);
     struct sched_config sc;
     sched_config_default(&sc);
     sc.max_batch_tokens = 64;
@@ -553,13 +564,8 @@ static void test_window_restart(void **state)
     if (!g_default)
         KS_SKIP("no default model at $KVSERVE_DEFAULT_MODEL (build target default_model)");
     enum { N = 100, BASE = 60, K = 3 };
-    struct kv_config kc, dc;
-    model_kv_config(g_default, &kc);
-    kc.mem_budget = 16u << 20;
     struct sched_engine eng;
-    assert_int_equal(sched_engine_model(g_default, &kc, 128, g_pool, &eng), KS_OK);
-    model_kv_config(g_default, &dc);
-    assert_int_equal(sched_engine_model_add_draft(&eng, g_default, &dc, 128, g_pool), KS_OK);
+    default_with_draft(g_default, false, 128, &eng);
     struct sched_drafter *d = NULL;
     assert_int_equal(sched_drafter_create(eng.draft, 128, 2, 128, 0.0f, &d), KS_OK);
     int32_t text[N];
@@ -614,24 +620,15 @@ static uint64_t idle_run(struct model *target, struct model *draft, double claim
     static struct prompt_set ps;
     random_prompts(&ps, N, 20, 25, 700, n_vocab);
     int32_t **prompts = ps.p, *lens = ps.len;
-    struct sched_result solo[N], together[N];
+    struct sched_result solo[N];
     struct setup u = {.target = target, .type = QUANT_F16, .parallel = N};
     run_each(&u, prompts, lens, N, GEN, solo);
     u.draft = draft;
     u.draft_type = QUANT_Q4_0;
     u.adaptive = true;
     u.claim_ratio = claim;
-    struct sched *s = make_sched(&u);
-    for (int i = 0; i < N; i++)
-        sched_result_submit_greedy(s, prompts[i], lens[i], GEN, &together[i]);
-    for (int i = 0; i < N; i++)
-        result_wait(&together[i]);
-    assert_pool(s, true);
     struct sched_stats st;
-    sched_get_stats(s, &st);
-    sched_free(s);
-    for (int i = 0; i < N; i++)
-        assert_same_tokens(&solo[i], &together[i]);
+    run_together(&u, prompts, lens, N, GEN, solo, &st);
     double rho = claim > 0 ? claim : (double)model_active_weight_bytes(draft) / (double)model_active_weight_bytes(target);
     double work = (double)(st.prompt_tokens + st.generated_tokens);
     print_message("%s (draft cost %.3f): %llu draft-model forwards, %llu tokens (%.4f of the target's work weighted), "
