@@ -127,8 +127,33 @@ static float rp_scale(const uint8_t *gb, enum quant_type t, int l)
     return quant_f16_to_f32(d);
 }
 
+/* q5 groups of 8 rows (the AVX2 and scalar layout) store each row's qh in
+ * lane order: element e = 4c + i's fifth bit at bit 8i + c, so lane c's bits
+ * of 8 rows reach bit 4 of their bytes in one dword shift and are kept by one
+ * mask (the file's order took a shift and two byte shuffles). AVX-512's
+ * 16-row groups keep the file's order for their vpermd lookup; a group of one
+ * row is the file's block. */
+static bool rp_q5_lane_order(int R) { return R == 8; }
+
+static uint32_t rp_q5_qh_to_lanes(uint32_t qh)
+{
+    uint32_t out = 0;
+    for (int e = 0; e < QK5_0; e++)
+        out |= ((qh >> e) & 1u) << (8 * (e % 4) + e / 4);
+    return out;
+}
+
+static uint32_t rp_q5_qh_from_lanes(uint32_t lanes)
+{
+    uint32_t qh = 0;
+    for (int e = 0; e < QK5_0; e++)
+        qh |= ((lanes >> (8 * (e % 4) + e / 4)) & 1u) << e;
+    return qh;
+}
+
 /* Row l's header between its block (blk) and the group-block: q5's fields go
- * to their arrays, every other type's scale to gb + l * its bytes. */
+ * to their arrays (qh in lane order for 8 rows), every other type's scale to
+ * gb + l * its bytes. */
 static void rp_header_io(uint8_t *gb, enum quant_type t, int R, int l, uint8_t *blk, bool put)
 {
     if (!rp_is_q5(t)) {
@@ -140,6 +165,13 @@ static void rp_header_io(uint8_t *gb, enum quant_type t, int R, int l, uint8_t *
     for (int f = 0; f <= nf; f++) { /* the f16 fields, then qh */
         size_t at = f < nf ? 2 * ((size_t)f * R + l) : 2 * (size_t)nf * R + 4 * (size_t)l, n = f < nf ? 2 : 4;
         put ? memcpy(gb + at, blk + 2 * f, n) : memcpy(blk + 2 * f, gb + at, n);
+    }
+    if (rp_q5_lane_order(R)) {
+        uint8_t *qh = put ? gb + 2 * (size_t)nf * R + 4 * (size_t)l : blk + 2 * nf;
+        uint32_t v;
+        memcpy(&v, qh, sizeof v);
+        v = put ? rp_q5_qh_to_lanes(v) : rp_q5_qh_from_lanes(v);
+        memcpy(qh, &v, sizeof v);
     }
 }
 
@@ -359,7 +391,8 @@ static int32_t rp_dot_ref(const uint8_t *gb, enum quant_type t, int R, int q8_bi
 
 /* q5: lane c of row l's block, the exact sum of its 4 elements' (level - 16) * x
  * (q5_0) or level * x (q5_1). Lane c < 4 is chunk c's low nibbles, lane c >= 4
- * chunk c - 4's high ones; element e's fifth bit is bit e of qh. */
+ * chunk c - 4's high ones; element e's fifth bit is bit e of qh (bit
+ * 8 (e % 4) + e / 4 in lane order). */
 static void rp5_lanes_ref(const uint8_t *gb, enum quant_type t, int R, int l, const struct quant_rp_act *a,
                           int32_t lane[QUANT_Q5_LANES])
 {
@@ -370,7 +403,8 @@ static void rp5_lanes_ref(const uint8_t *gb, enum quant_type t, int R, int l, co
         const uint8_t *ch = rp_chunk((uint8_t *)gb, t, R, l, c % 4);
         int32_t sum = 0;
         for (int i = 0; i < RP_CHUNK; i++) {
-            int e = 4 * c + i, level = ((ch[i] >> (c < 4 ? 0 : 4)) & 0x0f) | (int)(((qh >> e) & 1) << 4);
+            int e = 4 * c + i, bit = rp_q5_lane_order(R) ? 8 * i + c : e;
+            int level = ((ch[i] >> (c < 4 ? 0 : 4)) & 0x0f) | (int)(((qh >> bit) & 1) << 4);
             sum += (level - offset) * a->qs[e];
         }
         lane[c] = sum;
@@ -857,16 +891,11 @@ static inline __attribute__((always_inline)) void rp2_tile(const struct quant_rp
 
 RP_TILE_WIDTHS(rp2_tile)
 
-/* q5: bits of x's low 4 bits (per row dword) as bytes of 0x10: byte 0 of each
- * dword spread over its 4 bytes, one bit kept per byte, looked up. */
-static inline __m256i rp2_q5_bits(__m256i x)
+/* q5: lane c's fifth bits of 8 rows (qh in lane order) at bit 4 of their bytes. */
+static inline __m256i rp2_q5_bits(__m256i qh, int c)
 {
-    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12, 0, 0, 0, 0, 4, 4, 4, 4,
-                                            8, 8, 8, 8, 12, 12, 12, 12);
-    const __m256i to_16 = _mm256_setr_epi8(0, 0x10, 0x10, 0, 0x10, 0, 0, 0, 0x10, 0, 0, 0, 0, 0, 0, 0, 0, 0x10, 0x10, 0,
-                                           0x10, 0, 0, 0, 0x10, 0, 0, 0, 0, 0, 0, 0);
-    __m256i one_bit = _mm256_and_si256(_mm256_shuffle_epi8(x, spread), _mm256_set1_epi32(0x08040201));
-    return _mm256_shuffle_epi8(to_16, one_bit);
+    const __m256i at = c < 4 ? _mm256_slli_epi32(qh, 4 - c) : c > 4 ? _mm256_srli_epi32(qh, c - 4) : qh;
+    return _mm256_and_si256(at, _mm256_set1_epi8(0x10));
 }
 
 /* q5: a group-block's 8 rows against one token, in llama.cpp's lane order
@@ -892,9 +921,9 @@ static void rp2_q5_tile(const struct quant_rp_job *j, int64_t g, int64_t t0)
             summs = _mm256_fmadd_ps(vmath_load8_f16(gb + 2 * R), _mm256_set1_ps(a[b].s), summs);
         for (int k = 0; k < 4; k++) {
             const __m256i raw = _mm256_loadu_si256((const __m256i *)(gb + qs_at + 32 * k));
-            const __m256i u_lo = _mm256_or_si256(_mm256_and_si256(raw, low4), rp2_q5_bits(_mm256_srli_epi32(qh, 4 * k)));
+            const __m256i u_lo = _mm256_or_si256(_mm256_and_si256(raw, low4), rp2_q5_bits(qh, k));
             const __m256i u_hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(raw, 4), low4),
-                                                 rp2_q5_bits(_mm256_srli_epi32(qh, 16 + 4 * k)));
+                                                 rp2_q5_bits(qh, k + 4));
             /* a pair of products is at most 2 * 31 * 127: int16 never saturates */
             __m256i lo = _mm256_madd_epi16(_mm256_maddubs_epi16(u_lo, _mm256_set1_epi32(act_dword(&a[b], k))), ones);
             __m256i hi = _mm256_madd_epi16(_mm256_maddubs_epi16(u_hi, _mm256_set1_epi32(act_dword(&a[b], k + 4))), ones);
@@ -926,9 +955,9 @@ static inline void rp2_q5_unpack(const uint8_t *gb, enum quant_type t, struct rp
     const __m256i low4 = _mm256_set1_epi8(0x0f), qh = _mm256_loadu_si256((const __m256i *)(gb + qh_at));
     for (int k = 0; k < 4; k++) {
         const __m256i raw = _mm256_loadu_si256((const __m256i *)(gb + qs_at + 32 * k));
-        o->u[k] = _mm256_or_si256(_mm256_and_si256(raw, low4), rp2_q5_bits(_mm256_srli_epi32(qh, 4 * k)));
+        o->u[k] = _mm256_or_si256(_mm256_and_si256(raw, low4), rp2_q5_bits(qh, k));
         o->u[k + 4] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(raw, 4), low4),
-                                      rp2_q5_bits(_mm256_srli_epi32(qh, 16 + 4 * k)));
+                                      rp2_q5_bits(qh, k + 4));
     }
     o->dw = vmath_load8_f16(gb);
     o->m = t == QUANT_Q5_1 ? vmath_load8_f16(gb + 2 * R) : _mm256_setzero_ps();
