@@ -29,8 +29,9 @@
  * size: quant_matmul.c has no other kernel for the layout.
  *
  * Q5_0 and Q5_1 group-blocks keep their header fields as arrays, each one
- * vector load: d[R] | m[R] (Q5_1) | qh[R] (4 bytes) | then the nibbles in
- * chunks as Q4_0's. A group of one row is the file's block. Their kernels
+ * vector load: d[R] | m[R] (Q5_1) | qh[R] (4 bytes; in lane order when R is
+ * 8, rp_q5_lane_order) | then the nibbles in chunks as Q4_0's. A group of
+ * one row is the file's block. Their kernels
  * keep llama.cpp's 8 float lanes per row (quant_internal.h, "q5_0 and
  * q5_1"): dword c of a block's rows against the token's dword c is lane c's
  * exact sum in one vpdpbusd (levels stored unsigned, nibble | bit << 4; q5_0's
@@ -898,6 +899,21 @@ static inline __m256i rp2_q5_bits(__m256i qh, int c)
     return _mm256_and_si256(at, _mm256_set1_epi8(0x10));
 }
 
+/* q5: acc plus lane c's exact sums of 8 rows' unsigned levels (u) times the
+ * broadcast activation dword (x): one vpdpbusd where the CPU has AVX-VNNI
+ * (e.g. Alder Lake without AVX-512), else maddubs pairs (at most 2 * 31 * 127:
+ * int16 never saturates) widened by madd. */
+static inline __m256i rp2_q5_dot(__m256i acc, __m256i u, __m256i x)
+{
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(acc, u, x);
+#elif defined(__AVXVNNI__)
+    return _mm256_dpbusd_avx_epi32(acc, u, x);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1)));
+#endif
+}
+
 /* q5: a group-block's 8 rows against one token, in llama.cpp's lane order
  * (8 lane accumulators fill half the ymm registers: one token per pass). */
 static void rp2_q5_tile(const struct quant_rp_job *j, int64_t g, int64_t t0)
@@ -906,7 +922,7 @@ static void rp2_q5_tile(const struct quant_rp_job *j, int64_t g, int64_t t0)
     const bool q5_1 = j->wtype == QUANT_Q5_1;
     const size_t gbb = (size_t)R * rp_block_bytes(j->wtype), qh_at = 2 * (size_t)rp_q5_f16s(j->wtype) * R,
                  qs_at = (size_t)R * rp_scale_bytes(j->wtype);
-    const __m256i low4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    const __m256i low4 = _mm256_set1_epi8(0x0f);
     const struct quant_rp_act *a = quant_rp_token(j, t0);
     __m256 acc[QUANT_Q5_LANES], summs = _mm256_setzero_ps();
     for (int c = 0; c < QUANT_Q5_LANES; c++)
@@ -924,11 +940,10 @@ static void rp2_q5_tile(const struct quant_rp_job *j, int64_t g, int64_t t0)
             const __m256i u_lo = _mm256_or_si256(_mm256_and_si256(raw, low4), rp2_q5_bits(qh, k));
             const __m256i u_hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(raw, 4), low4),
                                                  rp2_q5_bits(qh, k + 4));
-            /* a pair of products is at most 2 * 31 * 127: int16 never saturates */
-            __m256i lo = _mm256_madd_epi16(_mm256_maddubs_epi16(u_lo, _mm256_set1_epi32(act_dword(&a[b], k))), ones);
-            __m256i hi = _mm256_madd_epi16(_mm256_maddubs_epi16(u_hi, _mm256_set1_epi32(act_dword(&a[b], k + 4))), ones);
-            lo = _mm256_add_epi32(lo, _mm256_set1_epi32(a[b].lane_corr[k]));
-            hi = _mm256_add_epi32(hi, _mm256_set1_epi32(a[b].lane_corr[k + 4]));
+            const __m256i lo = rp2_q5_dot(_mm256_set1_epi32(a[b].lane_corr[k]), u_lo,
+                                          _mm256_set1_epi32(act_dword(&a[b], k)));
+            const __m256i hi = rp2_q5_dot(_mm256_set1_epi32(a[b].lane_corr[k + 4]), u_hi,
+                                          _mm256_set1_epi32(act_dword(&a[b], k + 4)));
             acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), dd, acc[k]);
             acc[k + 4] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), dd, acc[k + 4]);
         }
@@ -968,7 +983,6 @@ static void rp2_q5_batch(const struct quant_rp_job *j, int64_t g)
     const int R = 8;
     const bool q5_1 = j->wtype == QUANT_Q5_1;
     const size_t gbb = (size_t)R * rp_block_bytes(j->wtype);
-    const __m256i ones = _mm256_set1_epi16(1);
     struct rp2_q5_block blk[RP5_CHUNK_BLOCKS];
     __m256 acc[RP5_BATCH_TOKENS][QUANT_Q5_LANES], summs[RP5_BATCH_TOKENS];
     for (int64_t t0 = 0; t0 < j->n_tokens; t0 += RP5_BATCH_TOKENS) {
@@ -993,9 +1007,9 @@ static void rp2_q5_batch(const struct quant_rp_job *j, int64_t g)
                     if (q5_1)
                         sm = _mm256_fmadd_ps(blk[i].m, _mm256_set1_ps(a[i].s), sm);
                     for (int c = 0; c < QUANT_Q5_LANES; c++) {
-                        __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(blk[i].u[c], _mm256_set1_epi32(act_dword(&a[i], c))), ones);
-                        if (!q5_1) /* q5_1's levels are unsigned already: no correction */
-                            p = _mm256_add_epi32(p, _mm256_set1_epi32(a[i].lane_corr[c]));
+                        /* q5_1's levels are unsigned already: no correction */
+                        const __m256i corr = q5_1 ? _mm256_setzero_si256() : _mm256_set1_epi32(a[i].lane_corr[c]);
+                        const __m256i p = rp2_q5_dot(corr, blk[i].u[c], _mm256_set1_epi32(act_dword(&a[i], c)));
                         v[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), dd, v[c]);
                     }
                 }
