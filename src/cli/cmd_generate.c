@@ -495,16 +495,10 @@ static int32_t propose(struct gen_run *r, int32_t k)
     return spec_ngram_draft(r->tokens, r->n_tokens, k, r->draft);
 }
 
-/* Not drafting, the draft model's next proposal is checked once in this
- * many tokens at most, and a lagging draft sequence starts again from a
- * window of the text's last DRAFT_WINDOW tokens (as the scheduler does). */
-enum { DRAFT_SHADOW_EVERY = 8, DRAFT_WINDOW = 64 };
-
 /* The most drafts the draft model's allowance affords this step without
- * --draft-min (spec_draft_allowance, as the scheduler's), 0 for none;
- * starts the draft sequence again from a window when that is cheaper than
- * catching it up and it only checks (drafting wants the whole context) or
- * cannot afford the catch-up. */
+ * --draft-min (spec_draft_allowance and sched_draft_afford, as the
+ * scheduler's), 0 for none; starts the draft sequence again from a window
+ * when sched_draft_afford says so. */
 static int32_t draft_afford(struct gen_run *r, bool drafting)
 {
     if (r->o->spec.draft_min > 0)
@@ -512,15 +506,12 @@ static int32_t draft_afford(struct gen_run *r, bool drafting)
     double rho = r->draft_weight, measured = r->step_s > 0 ? r->draft_step_s / r->step_s : 0;
     double left = spec_draft_allowance(r->n_tokens, r->n_accepted, SPEC_DRAFT_IDLE_SHARE, rho > measured ? rho : measured) -
                   (double)r->draft_spent;
-    int32_t lag = r->n_tokens - r->dseq.base - r->dseq.n_computed;
-    int32_t win = r->n_tokens < DRAFT_WINDOW ? r->n_tokens : DRAFT_WINDOW;
-    bool window = lag > win && (!drafting || left < lag);
-    int32_t lead = window ? win : lag;
-    if (left < lead)
-        return 0;
-    if (window)
-        sched_drafter_restart(r->drafter, &r->dseq, r->tokens, r->n_tokens, r->n_tokens - win, false);
-    return left - lead >= SPEC_DRAFT_LIMIT ? SPEC_DRAFT_LIMIT : 1 + (int32_t)(left - lead);
+    int32_t lead;
+    bool window;
+    int32_t afford = sched_draft_afford(&r->dseq, r->n_tokens, drafting, left, &lead, &window);
+    if (afford > 0 && window)
+        sched_drafter_restart(r->drafter, &r->dseq, r->tokens, r->n_tokens, r->n_tokens - SCHED_DRAFT_WINDOW, false);
+    return afford;
 }
 
 /* The drafts for the next step (0 when not drafting); with none, *shadow the
@@ -536,7 +527,7 @@ static int32_t plan_drafts(struct gen_run *r, int32_t *shadow)
         return 0; /* a draft step this dear never pays, whatever is accepted (as the scheduler's draft_can_pay) */
     int32_t k = spec_adapt_len(&r->adapt, r->o->spec.draft_min, r->draft_max, extra_cost(r));
     k = k < room ? k : room;
-    bool due = r->n_gen - r->draft_at >= DRAFT_SHADOW_EVERY;
+    bool due = r->n_gen - r->draft_at >= SCHED_DRAFT_SHADOW_EVERY; /* a shadow check now and then */
     if (r->drafter && (k > 0 || due)) {
         int32_t afford = draft_afford(r, k > 0);
         k = k < afford ? k : afford;

@@ -1001,11 +1001,10 @@ static int32_t draft_budget(const struct sched *s, int32_t n_decode, int32_t lim
 /* ---- scheduler thread: the draft model (SPEC_DRAFT) -------------------------- */
 
 /* A request that does not draft checks the draft model's next proposal at
- * most once in this many generated tokens (its shadow), and under the
- * allowance below only when it affords the check. */
-enum { DRAFT_SHADOW_EVERY = 8 };
-
-/* Requests that do not force drafting (--draft-min 0) get draft jobs only
+ * most once in SCHED_DRAFT_SHADOW_EVERY generated tokens (its shadow), and
+ * under the allowance below only when it affords the check.
+ *
+ * Requests that do not force drafting (--draft-min 0) get draft jobs only
  * within spec_draft_allowance over the scheduler's whole work:
  * SPEC_DRAFT_IDLE_SHARE of the tokens the target computed plus what accepted
  * drafts saved, counted at the dearer of the weights' and the measured cost
@@ -1013,10 +1012,10 @@ enum { DRAFT_SHADOW_EVERY = 8 };
  * nothing is accepted the draft model costs a bounded share of the work,
  * and the catch-up on every token a lagging sequence would need (a draft as
  * large as its target processing the whole text) gives way to a window: the
- * request's last DRAFT_WINDOW tokens, prefilled again when a check is due
- * and the allowance affords it. One allowance for all: a request proven to
- * draft well pays for the others' prompts and checks. */
-enum { DRAFT_WINDOW = 64 };
+ * request's last SCHED_DRAFT_WINDOW tokens, prefilled again when a check is
+ * due and the allowance affords it (sched_draft_afford). One allowance for
+ * all: a request proven to draft well pays for the others' prompts and
+ * checks. */
 
 static double draft_token_ratio(const struct sched *s, int32_t n_decode)
 {
@@ -1083,32 +1082,19 @@ static bool draft_can_pay(const struct sched *s, int32_t n_decode, double extra_
     return spec_can_pay(SPEC_DRAFT_LIMIT, extra_cost);
 }
 
-/* The draft tokens a decoder's job needs before its first proposal: the
- * catch-up on what its sequence has not seen, or (*window) a fresh window
- * when that is cheaper, for a request under the allowance that only checks
- * (drafting wants the whole context) or cannot afford the catch-up. */
-static int32_t draft_lead_cost(const struct req *r, bool drafting, double credit, bool *window)
-{
-    const struct sched_draft_seq *ds = &r->dseq;
-    int32_t lag = r->n_tokens - ds->base - ds->n_computed;
-    int32_t win = r->n_tokens < DRAFT_WINDOW ? r->n_tokens : DRAFT_WINDOW;
-    *window = r->spec_min <= 0 && lag > win && (!drafting || credit < lag);
-    return *window ? win : lag;
-}
-
 /* k drafts wanted by decoder r: the most its allowance affords (and the
  * step's room takes), or 1 for a shadow check when one is due and
  * affordable, or 0. *window: start the job from a window. */
 static int32_t decoder_job_k(const struct sched *s, struct req *r, struct draft_room *room, double extra_cost,
                              bool *window)
 {
-    bool capped = r->spec_min <= 0;
-    double left = capped ? room->credit : INFINITY;
-    int32_t k = draft_want(s, r, extra_cost);
-    double lead = draft_lead_cost(r, k > 0, left, window);
-    int32_t afford = left < lead ? 0 : left - lead >= SPEC_DRAFT_LIMIT ? SPEC_DRAFT_LIMIT : 1 + (int32_t)(left - lead);
+    const bool capped = r->spec_min <= 0;
+    int32_t k = draft_want(s, r, extra_cost), lead = 0;
+    *window = false;
+    int32_t afford = capped ? sched_draft_afford(&r->dseq, r->n_tokens, k > 0, room->credit, &lead, window)
+                            : SPEC_DRAFT_LIMIT;
     k = draft_room_take(room, k < afford ? k : afford);
-    if (k == 0 && afford > 0 && r->n_generated - r->draft_at >= DRAFT_SHADOW_EVERY)
+    if (k == 0 && afford > 0 && r->n_generated - r->draft_at >= SCHED_DRAFT_SHADOW_EVERY)
         k = 1;
     if (k > 0 && capped)
         room->credit -= lead + k - 1;
@@ -1165,7 +1151,7 @@ static double draft_pass(struct sched *s)
                 continue;
             r->draft_at = r->n_generated;
             if (window)
-                sched_drafter_restart(s->drafter, &r->dseq, r->tokens, r->n_tokens, r->n_tokens - DRAFT_WINDOW,
+                sched_drafter_restart(s->drafter, &r->dseq, r->tokens, r->n_tokens, r->n_tokens - SCHED_DRAFT_WINDOW,
                                       !r->no_share);
         } else if (!is_prefilling(r) || !prefill_job_ok(r, &room)) {
             continue;

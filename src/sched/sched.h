@@ -302,6 +302,23 @@ void sched_drafter_release(struct sched_drafter *d, struct sched_draft_seq *ds, 
 void sched_drafter_restart(struct sched_drafter *d, struct sched_draft_seq *ds, const int32_t *tokens,
                            int32_t n_tokens, int32_t base, bool share);
 
+/* A request that does not force drafting (--draft-min 0) checks the draft
+ * model's next proposal at most once in SCHED_DRAFT_SHADOW_EVERY generated
+ * tokens while it does not draft, and a lagging draft sequence may restart
+ * from the text's last SCHED_DRAFT_WINDOW tokens (the scheduler and
+ * `generate` alike). */
+enum { SCHED_DRAFT_SHADOW_EVERY = 8, SCHED_DRAFT_WINDOW = 64 };
+/* For such a request with credit draft tokens left of its allowance
+ * (spec_draft_allowance): the drafts (0..SPEC_DRAFT_LIMIT) a job of ds over
+ * tokens[0, n_tokens) affords, and in *lead what it costs the draft model
+ * before its first proposal: the catch-up on what ds has not seen or, with
+ * *window, a fresh window (sched_drafter_restart from n_tokens -
+ * SCHED_DRAFT_WINDOW) when that is cheaper and the job only checks
+ * (!drafting: drafting wants the whole context) or cannot afford the
+ * catch-up. 0 drafts: nothing is affordable, and nothing is to be restarted. */
+int32_t sched_draft_afford(const struct sched_draft_seq *ds, int32_t n_tokens, bool drafting, double credit,
+                           int32_t *lead, bool *window);
+
 
 /* ---- scheduler ----------------------------------------------------------- */
 

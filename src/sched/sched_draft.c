@@ -320,6 +320,18 @@ void sched_drafter_restart(struct sched_drafter *d, struct sched_draft_seq *ds, 
     ds->base = base < 0 ? 0 : base > n_tokens ? n_tokens : base;
 }
 
+int32_t sched_draft_afford(const struct sched_draft_seq *ds, int32_t n_tokens, bool drafting, double credit,
+                           int32_t *lead, bool *window)
+{
+    const int32_t lag = n_tokens - ds->base - ds->n_computed;
+    const int32_t win = n_tokens < SCHED_DRAFT_WINDOW ? n_tokens : SCHED_DRAFT_WINDOW;
+    *window = lag > win && (!drafting || credit < lag);
+    *lead = *window ? win : lag;
+    if (credit < *lead)
+        return 0;
+    return credit - *lead >= SPEC_DRAFT_LIMIT ? SPEC_DRAFT_LIMIT : 1 + (int32_t)(credit - *lead);
+}
+
 void sched_drafter_get_counts(const struct sched_drafter *d, struct sched_drafter_counts *out)
 {
     *out = d->counts;
