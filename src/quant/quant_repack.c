@@ -899,6 +899,15 @@ static inline __m256i rp2_q5_bits(__m256i qh, int c)
     return _mm256_and_si256(at, _mm256_set1_epi8(0x10));
 }
 
+/* q5: the unsigned levels (nibble | fifth bit << 4) of lanes k and k + 4 of
+ * 8 rows, from chunk k's bytes (raw) and the rows' qh in lane order. */
+static inline void rp2_q5_levels(__m256i raw, __m256i qh, int k, __m256i *u_lo, __m256i *u_hi)
+{
+    const __m256i low4 = _mm256_set1_epi8(0x0f);
+    *u_lo = _mm256_or_si256(_mm256_and_si256(raw, low4), rp2_q5_bits(qh, k));
+    *u_hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(raw, 4), low4), rp2_q5_bits(qh, k + 4));
+}
+
 /* q5: acc plus lane c's exact sums of 8 rows' unsigned levels (u) times the
  * broadcast activation dword (x): one vpdpbusd where the CPU has AVX-VNNI
  * (e.g. Alder Lake without AVX-512), else maddubs pairs (at most 2 * 31 * 127:
@@ -922,7 +931,6 @@ static void rp2_q5_tile(const struct quant_rp_job *j, int64_t g, int64_t t0)
     const bool q5_1 = j->wtype == QUANT_Q5_1;
     const size_t gbb = (size_t)R * rp_block_bytes(j->wtype), qh_at = 2 * (size_t)rp_q5_f16s(j->wtype) * R,
                  qs_at = (size_t)R * rp_scale_bytes(j->wtype);
-    const __m256i low4 = _mm256_set1_epi8(0x0f);
     const struct quant_rp_act *a = quant_rp_token(j, t0);
     __m256 acc[QUANT_Q5_LANES], summs = _mm256_setzero_ps();
     for (int c = 0; c < QUANT_Q5_LANES; c++)
@@ -936,10 +944,8 @@ static void rp2_q5_tile(const struct quant_rp_job *j, int64_t g, int64_t t0)
         if (q5_1)
             summs = _mm256_fmadd_ps(vmath_load8_f16(gb + 2 * R), _mm256_set1_ps(a[b].s), summs);
         for (int k = 0; k < 4; k++) {
-            const __m256i raw = _mm256_loadu_si256((const __m256i *)(gb + qs_at + 32 * k));
-            const __m256i u_lo = _mm256_or_si256(_mm256_and_si256(raw, low4), rp2_q5_bits(qh, k));
-            const __m256i u_hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(raw, 4), low4),
-                                                 rp2_q5_bits(qh, k + 4));
+            __m256i u_lo, u_hi;
+            rp2_q5_levels(_mm256_loadu_si256((const __m256i *)(gb + qs_at + 32 * k)), qh, k, &u_lo, &u_hi);
             const __m256i lo = rp2_q5_dot(_mm256_set1_epi32(a[b].lane_corr[k]), u_lo,
                                           _mm256_set1_epi32(act_dword(&a[b], k)));
             const __m256i hi = rp2_q5_dot(_mm256_set1_epi32(a[b].lane_corr[k + 4]), u_hi,
@@ -967,13 +973,9 @@ static inline void rp2_q5_unpack(const uint8_t *gb, enum quant_type t, struct rp
 {
     const int R = 8;
     const size_t qh_at = 2 * (size_t)rp_q5_f16s(t) * R, qs_at = (size_t)R * rp_scale_bytes(t);
-    const __m256i low4 = _mm256_set1_epi8(0x0f), qh = _mm256_loadu_si256((const __m256i *)(gb + qh_at));
-    for (int k = 0; k < 4; k++) {
-        const __m256i raw = _mm256_loadu_si256((const __m256i *)(gb + qs_at + 32 * k));
-        o->u[k] = _mm256_or_si256(_mm256_and_si256(raw, low4), rp2_q5_bits(qh, k));
-        o->u[k + 4] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(raw, 4), low4),
-                                      rp2_q5_bits(qh, k + 4));
-    }
+    const __m256i qh = _mm256_loadu_si256((const __m256i *)(gb + qh_at));
+    for (int k = 0; k < 4; k++)
+        rp2_q5_levels(_mm256_loadu_si256((const __m256i *)(gb + qs_at + 32 * k)), qh, k, &o->u[k], &o->u[k + 4]);
     o->dw = vmath_load8_f16(gb);
     o->m = t == QUANT_Q5_1 ? vmath_load8_f16(gb + 2 * R) : _mm256_setzero_ps();
 }
