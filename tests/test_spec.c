@@ -62,6 +62,37 @@ static void test_ngram_repetition_drafts_the_cycle(void **state)
         assert_int_equal(draft[i], 10 + (40 + i) % 5);
 }
 
+/* The lookup as spec.h states it, one n at a time from the longest: the
+ * reference for spec_ngram_draft's single scan. */
+static int32_t naive_ngram_draft(const int32_t *t, int32_t n_tokens, int32_t n_max, int32_t *draft)
+{
+    int32_t lo = n_tokens > SPEC_NGRAM_WINDOW ? n_tokens - SPEC_NGRAM_WINDOW : 0;
+    for (int32_t n = SPEC_NGRAM_MAX; n >= SPEC_NGRAM_MIN; n--)
+        for (int32_t at = n_tokens - n - 1; at >= lo; at--) {
+            if (memcmp(t + at, t + n_tokens - n, (size_t)n * sizeof *t))
+                continue;
+            for (int32_t j = 0; j < n_max; j++)
+                draft[j] = at + n + j < n_tokens ? t[at + n + j] : draft[at + n + j - n_tokens];
+            return n_max;
+        }
+    return 0;
+}
+
+static void test_ngram_matches_the_naive_lookup(void **state)
+{
+    (void)state;
+    static uint64_t rng = 0x9E3779B97F4A7C15ull;
+    int32_t t[96], got[8], want[8];
+    for (int trial = 0; trial < 2000; trial++) {
+        int32_t vocab = 2 + trial % 9, n = 1 + (int32_t)(ks_rng_next(&rng) % 96);
+        for (int32_t i = 0; i < n; i++)
+            t[i] = (int32_t)(ks_rng_next(&rng) % (uint64_t)vocab);
+        int32_t m = naive_ngram_draft(t, n, 8, want);
+        assert_int_equal(spec_ngram_draft(t, n, 8, got), m);
+        assert_memory_equal(got, want, (size_t)m * sizeof *got);
+    }
+}
+
 /* ---- the shared n-gram pool ------------------------------------------------------ */
 
 static struct spec_pool *pool_of(int32_t n)
@@ -189,23 +220,25 @@ static void test_adapt_follows_acceptance(void **state)
 {
     (void)state;
     struct spec_adapt a;
-    spec_adapt_init(&a);
-    assert_true(spec_adapt_len(&a, 0, 16, 0.1) > 0); /* tries at first */
+    spec_adapt_init(&a, SPEC_NGRAM);
+    assert_int_equal(spec_adapt_len(&a, 10, 0, 16, 0.1), 0); /* no accepted token seen yet */
+    spec_adapt_observe(&a, 1, 1);                            /* a shadow check's hit */
+    assert_true(spec_adapt_len(&a, 11, 0, 16, 0.1) > 0);
     for (int i = 0; i < 50; i++)
         spec_adapt_observe(&a, 8, 8);
     assert_true(a.accept > 0.99);
-    assert_int_equal(spec_adapt_len(&a, 0, 16, 0.02), 16);
-    assert_int_equal(spec_adapt_len(&a, 0, 5, 0.02), 5);
+    assert_int_equal(spec_adapt_len(&a, 100, 0, 16, 0.02), 16);
+    assert_int_equal(spec_adapt_len(&a, 100, 0, 5, 0.02), 5);
     /* a verification that costs as much as a step is never worth it */
-    assert_int_equal(spec_adapt_len(&a, 0, 16, 1.0), 0);
+    assert_int_equal(spec_adapt_len(&a, 100, 0, 16, 1.0), 0);
     for (int i = 0; i < 50; i++)
         spec_adapt_observe(&a, 4, 0);
     assert_true(a.accept < 0.01);
-    assert_int_equal(spec_adapt_len(&a, 0, 16, 0.02), 0);
-    assert_int_equal(spec_adapt_len(&a, 3, 16, 0.02), 3); /* n_min forces drafting */
-    assert_int_equal(spec_adapt_len(&a, 0, 0, 0.0), 0);
+    assert_int_equal(spec_adapt_len(&a, 100, 0, 16, 0.02), 0);
+    assert_int_equal(spec_adapt_len(&a, 100, 3, 16, 0.02), 3); /* n_min forces drafting */
+    assert_int_equal(spec_adapt_len(&a, 100, 0, 0, 0.0), 0);
     /* only tested tokens count: 2 accepted of 8 drafted is 2 hits and 1 miss */
-    spec_adapt_init(&a);
+    spec_adapt_init(&a, SPEC_NGRAM);
     spec_adapt_observe(&a, 8, 2);
     double e = 0.5;
     e = 0.9 * e + 0.1;
@@ -213,6 +246,60 @@ static void test_adapt_follows_acceptance(void **state)
     e = 0.9 * e;
     assert_true(fabs(a.accept - e) < 1e-12);
     assert_true(fabs(spec_expected_tokens(0.5, 3) - 1.875) < 1e-12);
+}
+
+/* Drafting waits for a tested token to be accepted, and a verification
+ * that keeps nothing rests it for SPEC_REST_MIN, 2x, 4x ... tokens (at most
+ * SPEC_REST_MAX), or until SPEC_REST_STREAK shadow checks in a row are
+ * accepted; one that keeps a draft ends the backing off. */
+static void test_adapt_rests_after_rejections(void **state)
+{
+    (void)state;
+    struct spec_adapt a;
+    spec_adapt_init(&a, SPEC_NGRAM);
+    for (int i = 0; i < 40; i++)
+        spec_adapt_observe(&a, 1, 0); /* shadow misses: still no drafting, acceptance falls */
+    assert_int_equal(spec_adapt_len(&a, 50, 0, 16, 0.0), 0);
+    assert_int_equal(spec_adapt_len(&a, 50, 2, 16, 0.0), 2); /* n_min forces drafting */
+    for (int i = 0; i < 30; i++)
+        spec_adapt_observe(&a, 4, 4);
+    assert_true(spec_adapt_len(&a, 100, 0, 16, 0.05) > 0);
+    int64_t at = 100, rest = SPEC_REST_MIN;
+    for (int round = 0; round < 10; round++) {
+        spec_adapt_verified(&a, 1, 0, at);
+        a.accept = 0.95; /* keep the cost model willing: only the rest decides */
+        assert_int_equal(spec_adapt_len(&a, at + rest - 1, 0, 16, 0.05), 0);
+        assert_int_equal(spec_adapt_len(&a, at + rest - 1, 3, 16, 0.05), 3);
+        assert_true(spec_adapt_len(&a, at + rest, 0, 16, 0.05) > 0);
+        at += rest;
+        rest = rest * 2 < SPEC_REST_MAX ? rest * 2 : SPEC_REST_MAX;
+    }
+    assert_int_equal(rest, SPEC_REST_MAX);
+    spec_adapt_verified(&a, 4, 1, at); /* a kept draft: no rest, and the next rejection rests the least */
+    assert_true(spec_adapt_len(&a, at, 0, 16, 0.05) > 0);
+    spec_adapt_verified(&a, 4, 0, at + 2);
+    a.accept = 0.95;
+    assert_int_equal(spec_adapt_len(&a, at + 2 + SPEC_REST_MIN - 1, 0, 16, 0.05), 0);
+    assert_true(spec_adapt_len(&a, at + 2 + SPEC_REST_MIN, 0, 16, 0.05) > 0);
+    spec_adapt_verified(&a, 0, 0, at + 50); /* no drafts: nothing learnt */
+    assert_true(spec_adapt_len(&a, at + 50, 0, 16, 0.05) > 0);
+    /* SPEC_REST_STREAK shadow hits in a row end a rest early; a miss starts the count again */
+    at += 60;
+    spec_adapt_verified(&a, 2, 0, at);
+    spec_adapt_verified(&a, 2, 0, at + SPEC_REST_MIN);
+    a.accept = 0.95;
+    spec_adapt_observe(&a, 1, 1);
+    spec_adapt_observe(&a, 1, 0);
+    spec_adapt_observe(&a, 1, 1);
+    assert_int_equal(spec_adapt_len(&a, at + SPEC_REST_MIN + 3, 0, 16, 0.05), 0);
+    for (int i = 1; i < SPEC_REST_STREAK; i++)
+        spec_adapt_observe(&a, 1, 1);
+    assert_true(spec_adapt_len(&a, at + SPEC_REST_MIN + 3 + SPEC_REST_STREAK, 0, 16, 0.05) > 0);
+    /* a draft model drafts at once and never rests (its allowance bounds its cost) */
+    spec_adapt_init(&a, SPEC_DRAFT);
+    assert_true(spec_adapt_len(&a, 10, 0, 16, 0.05) > 0);
+    spec_adapt_verified(&a, 2, 0, 10);
+    assert_true(spec_adapt_len(&a, 10, 0, 16, 0.05) > 0);
 }
 
 /* ---- the rejection sampler ------------------------------------------------------ */
@@ -536,11 +623,13 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ngram_longest_most_recent_match),
         cmocka_unit_test(test_ngram_repetition_drafts_the_cycle),
+        cmocka_unit_test(test_ngram_matches_the_naive_lookup),
         cmocka_unit_test(test_pool_drafts_across_requests),
         cmocka_unit_test(test_pool_keys_are_checked),
         cmocka_unit_test(test_pool_bad_sizes),
         cmocka_unit_test(test_can_pay),
         cmocka_unit_test(test_adapt_follows_acceptance),
+        cmocka_unit_test(test_adapt_rests_after_rejections),
         cmocka_unit_test(test_verify_keeps_the_distribution),
         cmocka_unit_test(test_verify_greedy_is_argmax),
         cmocka_unit_test(test_verify_proposal_keeps_the_distribution),

@@ -323,7 +323,7 @@ static ks_status setup(struct gen_run *r, const char *model_path)
     if (o->spec.model_draft && (st = draft_load(r, n_ctx, &cfg, &dcfg)))
         return st;
     r->draft_max = o->spec.type == SPEC_NONE ? 0 : o->spec.draft_max;
-    spec_adapt_init(&r->adapt);
+    spec_adapt_init(&r->adapt, r->draft_model ? SPEC_DRAFT : o->spec.type);
     if (o->spec.type == SPEC_NGRAM_POOL && (st = spec_pool_create(o->spec.pool_n, SPEC_POOL_BYTES_DEFAULT, &r->pool)))
         return st;
     int32_t max_batch = r->n_prompt < o->n_batch ? r->n_prompt : o->n_batch;
@@ -461,8 +461,9 @@ static void learn_cost(struct gen_run *r, int32_t k, double seconds)
 {
     if (k == 0)
         r->step_s = r->step_s > 0 ? 0.75 * r->step_s + 0.25 * seconds : seconds;
-    else if (r->step_s > 0 && seconds > r->step_s)
-        r->extra_token_s = 0.75 * r->extra_token_s + 0.25 * (seconds - r->step_s) / k;
+    else if (r->step_s > 0 && seconds > r->step_s) /* the first measurement replaces the guess at once */
+        r->extra_token_s = r->extra_token_s > 0 ? 0.75 * r->extra_token_s + 0.25 * (seconds - r->step_s) / k
+                                                : (seconds - r->step_s) / k;
 }
 
 /* Up to k drafts in r->draft: the pool's (once it has learnt the latest
@@ -525,7 +526,7 @@ static int32_t plan_drafts(struct gen_run *r, int32_t *shadow)
     if (r->drafter && r->o->spec.draft_min <= 0 && (r->draft_step_s > 0 || r->draft_weight > 0) &&
         !spec_can_pay(r->draft_max, extra_cost(r)))
         return 0; /* a draft step this dear never pays, whatever is accepted (as the scheduler's draft_can_pay) */
-    int32_t k = spec_adapt_len(&r->adapt, r->o->spec.draft_min, r->draft_max, extra_cost(r));
+    int32_t k = spec_adapt_len(&r->adapt, r->n_tokens, r->o->spec.draft_min, r->draft_max, extra_cost(r));
     k = k < room ? k : room;
     bool due = r->n_gen - r->draft_at >= SCHED_DRAFT_SHADOW_EVERY; /* a shadow check now and then */
     if (r->drafter && (k > 0 || due)) {
@@ -585,7 +586,7 @@ static bool spec_step(struct gen_run *r, ks_status *st)
     }
     r->n_drafted += k;
     if (k > 0)
-        spec_adapt_observe(&r->adapt, tested, kept);
+        spec_adapt_verified(&r->adapt, tested, kept, r->n_tokens);
     if (kept < k && (*st = kv_seq_truncate(r->e.kv, r->seq, base + kept)))
         return false;
     return go_on;

@@ -308,7 +308,7 @@ static ks_status req_new(struct sched *s, const struct sched_request *rq, const 
     bool spec = s->cfg.spec_type != SPEC_NONE;
     r->spec_max = spec ? draft_bound(rq->speculative.set, rq->speculative.n_max, s->cfg.draft_max) : 0;
     r->spec_min = spec && r->spec_max > 0 ? draft_bound(rq->speculative.set, rq->speculative.n_min, s->cfg.draft_min) : 0;
-    spec_adapt_init(&r->adapt);
+    spec_adapt_init(&r->adapt, s->cfg.spec_type);
     r->shadow = -1;
     sample_params_default(&r->draft_sampling);
     r->draft_sampling.temp = ch->sampling.temp;
@@ -950,7 +950,7 @@ static int32_t propose(struct sched *s, struct req *r, int32_t k, int32_t *draft
  * the step's shared draft budget). */
 static int32_t draft_want(const struct sched *s, const struct req *r, double extra_cost)
 {
-    int32_t k = s->no_drafts ? 0 : spec_adapt_len(&r->adapt, r->spec_min, r->spec_max, extra_cost);
+    int32_t k = s->no_drafts ? 0 : spec_adapt_len(&r->adapt, r->n_tokens, r->spec_min, r->spec_max, extra_cost);
     int32_t room = r->max_tokens - r->n_generated - 1;
     if (room > r->cap - r->n_tokens - 1)
         room = r->cap - r->n_tokens - 1;
@@ -1426,7 +1426,7 @@ static void verify_rows(struct sched *s, struct req *r, const float *logits, dou
         if (!accepted || !go_on)
             break;
     }
-    spec_adapt_observe(&r->adapt, tested, accepted_n);
+    spec_adapt_verified(&r->adapt, tested, accepted_n, r->n_tokens);
     pthread_mutex_lock(&s->mu);
     r->n_drafted += k;
     s->st.spec_draft_tokens += (uint64_t)k;

@@ -29,39 +29,52 @@ const char *spec_type_name(enum spec_type t)
     return t == SPEC_NGRAM ? "ngram" : t == SPEC_NGRAM_POOL ? "ngram-pool" : t == SPEC_DRAFT ? "draft" : "none";
 }
 
-/* Does tokens[at, at + n) equal the last n tokens? */
-static bool suffix_at(const int32_t *tokens, int32_t n_tokens, int32_t at, int32_t n)
+/* The length, up to SPEC_NGRAM_MAX, of the match between the tokens ending
+ * at e (not before lo) and the last tokens of the text. */
+static int32_t match_len(const int32_t *tokens, int32_t n_tokens, int32_t e, int32_t lo)
 {
-    return !memcmp(tokens + at, tokens + n_tokens - n, (size_t)n * sizeof *tokens);
+    int32_t len = 0;
+    while (len < SPEC_NGRAM_MAX && e - len >= lo && tokens[e - len] == tokens[n_tokens - 1 - len])
+        len++;
+    return len;
 }
 
 int32_t spec_ngram_draft(const int32_t *tokens, int32_t n_tokens, int32_t n_max, int32_t *draft)
 {
-    if (n_max <= 0 || !tokens)
+    if (n_max <= 0 || !tokens || n_tokens < 2)
         return 0;
     int32_t lo = n_tokens > SPEC_NGRAM_WINDOW ? n_tokens - SPEC_NGRAM_WINDOW : 0;
-    for (int32_t n = SPEC_NGRAM_MAX; n >= SPEC_NGRAM_MIN; n--) {
-        if (n_tokens - lo < n + 1)
+    /* one backward scan for every n at once (a step of a tiny model costs
+     * tens of microseconds, so three scans of the window would show):
+     * end[n], the end of the most recent occurrence of the last n tokens
+     * that is followed by at least one token */
+    int32_t end[SPEC_NGRAM_MAX + 1];
+    for (int32_t n = 0; n <= SPEC_NGRAM_MAX; n++)
+        end[n] = -1;
+    int32_t last = tokens[n_tokens - 1];
+    for (int32_t e = n_tokens - 2; e >= lo && end[SPEC_NGRAM_MAX] < 0; e--) {
+        if (tokens[e] != last)
             continue;
-        /* the most recent occurrence that is followed by at least one token */
-        for (int32_t at = n_tokens - n - 1; at >= lo; at--) {
-            if (tokens[at] != tokens[n_tokens - n] || !suffix_at(tokens, n_tokens, at, n))
-                continue;
-            /* past the end, the continuation copies itself (as an LZ77 match
-             * that overlaps its own output): text that repeats with period
-             * n_tokens - from keeps repeating */
-            int32_t from = at + n;
-            for (int32_t j = 0; j < n_max; j++)
-                draft[j] = from + j < n_tokens ? tokens[from + j] : draft[from + j - n_tokens];
-            return n_max;
-        }
+        for (int32_t n = match_len(tokens, n_tokens, e, lo); n >= 1 && end[n] < 0; n--)
+            end[n] = e;
+    }
+    for (int32_t n = SPEC_NGRAM_MAX; n >= SPEC_NGRAM_MIN; n--) {
+        if (end[n] < 0)
+            continue;
+        /* past the end, the continuation copies itself (as an LZ77 match
+         * that overlaps its own output): text that repeats with period
+         * n_tokens - from keeps repeating */
+        int32_t from = end[n] + 1;
+        for (int32_t j = 0; j < n_max; j++)
+            draft[j] = from + j < n_tokens ? tokens[from + j] : draft[from + j - n_tokens];
+        return n_max;
     }
     return 0;
 }
 
-void spec_adapt_init(struct spec_adapt *a)
+void spec_adapt_init(struct spec_adapt *a, enum spec_type t)
 {
-    a->accept = 0.5;
+    *a = (struct spec_adapt){.accept = 0.5, .wary = t != SPEC_DRAFT, .rest = SPEC_REST_MIN};
 }
 
 void spec_adapt_observe(struct spec_adapt *a, int32_t drafted, int32_t accepted)
@@ -71,6 +84,23 @@ void spec_adapt_observe(struct spec_adapt *a, int32_t drafted, int32_t accepted)
     int32_t tested = accepted < drafted ? accepted + 1 : drafted;
     for (int32_t i = 0; i < tested; i++)
         a->accept = (1 - ALPHA) * a->accept + ALPHA * (i < accepted ? 1.0 : 0.0);
+    a->seen_accept = a->seen_accept || accepted > 0;
+    a->streak = accepted < drafted ? 0 : a->streak + accepted;
+}
+
+void spec_adapt_verified(struct spec_adapt *a, int32_t drafted, int32_t accepted, int64_t n_text)
+{
+    if (drafted <= 0)
+        return;
+    spec_adapt_observe(a, drafted, accepted);
+    if (!a->wary)
+        return;
+    if (accepted > 0) {
+        a->rest = SPEC_REST_MIN;
+        return;
+    }
+    a->rest_until = n_text + a->rest; /* a->streak is 0: a rest ends early only on new hits */
+    a->rest = a->rest < SPEC_REST_MAX / 2 ? 2 * a->rest : SPEC_REST_MAX;
 }
 
 double spec_expected_tokens(double a, int32_t k)
@@ -81,12 +111,14 @@ double spec_expected_tokens(double a, int32_t k)
     return sum;
 }
 
-int32_t spec_adapt_len(const struct spec_adapt *a, int32_t n_min, int32_t n_max, double extra_cost)
+int32_t spec_adapt_len(const struct spec_adapt *a, int64_t n_text, int32_t n_min, int32_t n_max, double extra_cost)
 {
     if (n_max <= 0)
         return 0;
     if (n_min > n_max)
         n_min = n_max;
+    if (a->wary && (!a->seen_accept || (n_text < a->rest_until && a->streak < SPEC_REST_STREAK)))
+        return n_min > 0 ? n_min : 0;
     if (extra_cost < 0)
         extra_cost = 0;
     int32_t best = 0;
@@ -103,8 +135,8 @@ int32_t spec_adapt_len(const struct spec_adapt *a, int32_t n_min, int32_t n_max,
 
 bool spec_can_pay(int32_t n_max, double extra_cost)
 {
-    const struct spec_adapt every_draft_accepted = {.accept = 1.0};
-    return spec_adapt_len(&every_draft_accepted, 0, n_max, extra_cost) > 0;
+    const struct spec_adapt every_draft_accepted = {.accept = 1.0, .seen_accept = true};
+    return spec_adapt_len(&every_draft_accepted, 0, 0, n_max, extra_cost) > 0;
 }
 
 double spec_draft_allowance(int64_t n_text, int64_t n_accepted, double share, double cost_ratio)

@@ -22,7 +22,19 @@
  * While it does not draft, the caller still checks what a 1-token draft
  * would have proposed against the token actually generated
  * (spec_adapt_observe with 1 drafted), so a request whose text turns
- * repetitive starts drafting again without paying for a verification. */
+ * repetitive starts drafting again without paying for a verification.
+ * Two rules keep a request whose n-gram drafts are not accepted within a few
+ * percent of plain decoding (issue 25: at most 3% slower where nothing is
+ * accepted; a draft model's cost is bounded by spec_draft_allowance instead,
+ * and its shadow checks are rare, so they do not apply to it):
+ * it drafts only once a tested token (a shadow check's, free) was accepted,
+ * and a verification that keeps none of its drafts rests drafting for the
+ * next SPEC_REST_MIN generated tokens, twice as long after each such
+ * verification in a row (up to SPEC_REST_MAX), so a text that only now and
+ * then matches its past pays for few rejected verifications; SPEC_REST_STREAK
+ * shadow checks accepted in a row end a rest early (prompt lookup's matches
+ * come in runs: a copy that starts again is seen at once, a chance match of
+ * common tokens rarely twice in a row). */
 #ifndef KS_SPEC_H
 #define KS_SPEC_H
 
@@ -85,21 +97,31 @@ int32_t spec_pool_draft(const struct spec_pool *p, uint64_t salt, const int32_t 
                         int32_t n_max, int32_t *draft);
 
 /* Per-request acceptance statistics. */
+enum { SPEC_REST_MIN = 2, SPEC_REST_MAX = 64, SPEC_REST_STREAK = 2 };
 struct spec_adapt {
     double accept;      /* EMA of the chance one tested draft token is accepted, in [0, 1] */
+    bool wary;          /* the two rules above apply (n-gram speculators) */
+    bool seen_accept;   /* a tested token was accepted: drafting may start */
+    int32_t streak;     /* tested tokens accepted in a row, the latest last */
+    int32_t rest;       /* tokens the next fully rejected verification rests drafting for */
+    int64_t rest_until; /* no drafting while the text is shorter than this many tokens */
 };
 
-/* Starts at 0.5: optimistic enough to try drafting at once. */
-void spec_adapt_init(struct spec_adapt *a);
-/* Fold in one verification (or one shadow check) of `drafted` tokens, of
+/* For speculator type t; accept starts at 0.5, optimistic enough to draft at
+ * once (a draft model) or at the first accepted shadow check (n-gram). */
+void spec_adapt_init(struct spec_adapt *a, enum spec_type t);
+/* Fold in one shadow check (or one verification) of `drafted` tokens, of
  * which the first `accepted` were kept. Each token tested counts once: the
  * accepted ones, and the first rejected one (those after it were never
  * tested). */
 void spec_adapt_observe(struct spec_adapt *a, int32_t drafted, int32_t accepted);
-/* The draft length to ask for (see above); extra_cost: c >= 0, the cost of
- * one more token in a step as a fraction of a decode step. n_min > 0 forces
- * at least n_min. */
-int32_t spec_adapt_len(const struct spec_adapt *a, int32_t n_min, int32_t n_max, double extra_cost);
+/* Fold in one verification of `drafted` tokens (spec_adapt_observe) that
+ * left the text n_text tokens long; none accepted rests drafting (above). */
+void spec_adapt_verified(struct spec_adapt *a, int32_t drafted, int32_t accepted, int64_t n_text);
+/* The draft length to ask for (see above) when the text is n_text tokens
+ * long; extra_cost: c >= 0, the cost of one more token in a step as a
+ * fraction of a decode step. n_min > 0 forces at least n_min. */
+int32_t spec_adapt_len(const struct spec_adapt *a, int64_t n_text, int32_t n_min, int32_t n_max, double extra_cost);
 /* Expected tokens per verification pass with k drafts at acceptance a. */
 double spec_expected_tokens(double a, int32_t k);
 /* Could a draft length up to n_max gain at extra_cost even if every draft
