@@ -295,6 +295,20 @@ static void test_adapt_rests_after_rejections(void **state)
     for (int i = 1; i < SPEC_REST_STREAK; i++)
         spec_adapt_observe(&a, 1, 1);
     assert_true(spec_adapt_len(&a, at + SPEC_REST_MIN + 3 + SPEC_REST_STREAK, 0, 16, 0.05) > 0);
+    /* a run of SPEC_RUN_MIN accepted tokens plans with (s + 1) / (s + 2) when the EMA is lower */
+    spec_adapt_init(&a, SPEC_NGRAM);
+    spec_adapt_observe(&a, 1, 1);
+    a.accept = 0.5;
+    int32_t before = spec_adapt_len(&a, 10, 0, 16, 0.1);
+    spec_adapt_observe(&a, SPEC_RUN_MIN, SPEC_RUN_MIN);
+    a.accept = 0.5;
+    int32_t in_run = spec_adapt_len(&a, 10, 0, 16, 0.1);
+    assert_true(in_run > before);
+    struct spec_adapt at_run = {.accept = 1.0 - 1.0 / (SPEC_RUN_MIN + 3), .seen_accept = true};
+    assert_int_equal(in_run, spec_adapt_len(&at_run, 10, 0, 16, 0.1));
+    spec_adapt_observe(&a, 2, 1); /* the run ends */
+    a.accept = 0.5;
+    assert_int_equal(spec_adapt_len(&a, 10, 0, 16, 0.1), before);
     /* a draft model drafts at once and never rests (its allowance bounds its cost) */
     spec_adapt_init(&a, SPEC_DRAFT);
     assert_true(spec_adapt_len(&a, 10, 0, 16, 0.05) > 0);

@@ -459,11 +459,17 @@ static double extra_cost(const struct gen_run *r)
 
 static void learn_cost(struct gen_run *r, int32_t k, double seconds)
 {
-    if (k == 0)
+    if (k == 0) {
         r->step_s = r->step_s > 0 ? 0.75 * r->step_s + 0.25 * seconds : seconds;
-    else if (r->step_s > 0 && seconds > r->step_s) /* the first measurement replaces the guess at once */
-        r->extra_token_s = r->extra_token_s > 0 ? 0.75 * r->extra_token_s + 0.25 * (seconds - r->step_s) / k
-                                                : (seconds - r->step_s) / k;
+    } else if (r->step_s > 0 && seconds > r->step_s) {
+        /* k + 1 tokens in one pass never cost more than k + 1 passes: a
+         * slower pass was preempted on a busy machine, and an estimate that
+         * high would stop the drafting that could correct it */
+        double extra = (seconds - r->step_s) / k < r->step_s ? (seconds - r->step_s) / k : r->step_s;
+        /* the first measurement weighs half against the guess (0.1 of a step), not a quarter against
+         * nothing: a tiny model's extra token costs half a step or more */
+        r->extra_token_s = r->extra_token_s > 0 ? 0.75 * r->extra_token_s + 0.25 * extra : 0.05 * r->step_s + 0.5 * extra;
+    }
 }
 
 /* Up to k drafts in r->draft: the pool's (once it has learnt the latest

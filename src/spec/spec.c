@@ -111,6 +111,16 @@ double spec_expected_tokens(double a, int32_t k)
     return sum;
 }
 
+/* The acceptance to plan with: the EMA, or within a run of SPEC_RUN_MIN or
+ * more accepted tokens the rule of succession's (s + 1) / (s + 2) when that
+ * is higher, so a copy that has started gets long drafts at once instead of
+ * after the EMA's slow climb. */
+static double run_accept(const struct spec_adapt *a)
+{
+    double run = a->wary && a->streak >= SPEC_RUN_MIN ? 1.0 - 1.0 / (a->streak + 2) : 0.0;
+    return run > a->accept ? run : a->accept;
+}
+
 int32_t spec_adapt_len(const struct spec_adapt *a, int64_t n_text, int32_t n_min, int32_t n_max, double extra_cost)
 {
     if (n_max <= 0)
@@ -124,7 +134,7 @@ int32_t spec_adapt_len(const struct spec_adapt *a, int64_t n_text, int32_t n_min
     int32_t best = 0;
     double best_rate = MIN_GAIN;
     for (int32_t k = n_min > 1 ? n_min : 1; k <= n_max; k++) {
-        double rate = spec_expected_tokens(a->accept, k) / (1.0 + k * extra_cost);
+        double rate = spec_expected_tokens(run_accept(a), k) / (1.0 + k * extra_cost);
         if (rate > best_rate) {
             best_rate = rate;
             best = k;

@@ -34,7 +34,10 @@
  * then matches its past pays for few rejected verifications; SPEC_REST_STREAK
  * shadow checks accepted in a row end a rest early (prompt lookup's matches
  * come in runs: a copy that starts again is seen at once, a chance match of
- * common tokens rarely twice in a row). */
+ * common tokens rarely twice in a row). Within a run of SPEC_RUN_MIN or more
+ * tokens accepted in a row (s of them), the length is planned with the
+ * higher of the EMA and (s + 1) / (s + 2), so a copy that has started gets
+ * long drafts at once rather than after the EMA's climb. */
 #ifndef KS_SPEC_H
 #define KS_SPEC_H
 
@@ -97,7 +100,7 @@ int32_t spec_pool_draft(const struct spec_pool *p, uint64_t salt, const int32_t 
                         int32_t n_max, int32_t *draft);
 
 /* Per-request acceptance statistics. */
-enum { SPEC_REST_MIN = 2, SPEC_REST_MAX = 64, SPEC_REST_STREAK = 2 };
+enum { SPEC_REST_MIN = 2, SPEC_REST_MAX = 64, SPEC_REST_STREAK = 2, SPEC_RUN_MIN = 4 };
 struct spec_adapt {
     double accept;      /* EMA of the chance one tested draft token is accepted, in [0, 1] */
     bool wary;          /* the two rules above apply (n-gram speculators) */
