@@ -84,7 +84,7 @@ static void test_ngram_matches_the_naive_lookup(void **state)
     static uint64_t rng = 0x9E3779B97F4A7C15ull;
     int32_t t[96], got[8], want[8];
     for (int trial = 0; trial < 2000; trial++) {
-        int32_t vocab = 2 + trial % 9, n = 1 + (int32_t)(ks_rng_next(&rng) % 96);
+        int32_t vocab = 2 + trial % 61, n = 1 + (int32_t)(ks_rng_next(&rng) % 96); /* blocks with and without hits */
         for (int32_t i = 0; i < n; i++)
             t[i] = (int32_t)(ks_rng_next(&rng) % (uint64_t)vocab);
         int32_t m = naive_ngram_draft(t, n, 8, want);

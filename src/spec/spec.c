@@ -39,6 +39,19 @@ static int32_t match_len(const int32_t *tokens, int32_t n_tokens, int32_t e, int
     return len;
 }
 
+/* Does block[0, SCAN_BLOCK) hold token? Without an early exit, so the
+ * compiler compares the block in one or two vector instructions: the scan
+ * runs every step (a shadow check's lookup too), and most blocks of a text
+ * do not hold its last token. */
+enum { SCAN_BLOCK = 16 };
+static bool block_has(const int32_t *block, int32_t token)
+{
+    int hit = 0;
+    for (int32_t j = 0; j < SCAN_BLOCK; j++)
+        hit |= block[j] == token;
+    return hit != 0;
+}
+
 int32_t spec_ngram_draft(const int32_t *tokens, int32_t n_tokens, int32_t n_max, int32_t *draft)
 {
     if (n_max <= 0 || !tokens || n_tokens < 2)
@@ -52,11 +65,15 @@ int32_t spec_ngram_draft(const int32_t *tokens, int32_t n_tokens, int32_t n_max,
     for (int32_t n = 0; n <= SPEC_NGRAM_MAX; n++)
         end[n] = -1;
     int32_t last = tokens[n_tokens - 1];
-    for (int32_t e = n_tokens - 2; e >= lo && end[SPEC_NGRAM_MAX] < 0; e--) {
-        if (tokens[e] != last)
+    for (int32_t e = n_tokens - 2; e >= lo && end[SPEC_NGRAM_MAX] < 0;) {
+        if (e - (SCAN_BLOCK - 1) >= lo && !block_has(tokens + e - (SCAN_BLOCK - 1), last)) {
+            e -= SCAN_BLOCK;
             continue;
-        for (int32_t n = match_len(tokens, n_tokens, e, lo); n >= 1 && end[n] < 0; n--)
-            end[n] = e;
+        }
+        if (tokens[e] == last)
+            for (int32_t n = match_len(tokens, n_tokens, e, lo); n >= 1 && end[n] < 0; n--)
+                end[n] = e;
+        e--;
     }
     for (int32_t n = SPEC_NGRAM_MAX; n >= SPEC_NGRAM_MIN; n--) {
         if (end[n] < 0)
