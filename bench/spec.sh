@@ -10,7 +10,10 @@
 #   bench/spec.sh accept BIN MODEL     (b) input-grounded work ("retell the story" prompts whose answer repeats the
 #                                      prompt; e.g. ../shared/models/stories260K.gguf): kvserve generate, greedy,
 #                                      with --spec-type none and ngram: identical output, tokens per target pass,
-#                                      acceptance and the tg speedup.
+#                                      acceptance and the tg speedup. GEN_FLAGS: more generate flags for both arms;
+#                                      GEN_FLAGS="--repeat-penalty 1.5 --repeat-last-n -1" makes a workload where
+#                                      nothing is accepted (a draft repeats the text, which the penalty forbids;
+#                                      goal: ngram no more than 3% slower than none).
 #   bench/spec.sh draft BIN MODEL DRAFT  (c) the same prompts with a draft model (--model-draft DRAFT, the same
 #                                      vocabulary; e.g. ../shared/models/trained/tiny-llama-gqa-hd64-q8_0.gguf
 #                                      drafted by its -q4_0.gguf): identical output, acceptance, tokens per target
@@ -34,7 +37,7 @@
 # LLAMA_NGRAM, LLAMA_CPU (keep only that llama.cpp CPU variant).
 # Run on a quiet machine: timings are medians of REPS runs.
 set -euo pipefail
-usage() { sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,38p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [ $# -ge 2 ] || usage
 what=$1 bin=$2 model=${3:-} draft_model=${4:-}
 arm=ngram # (b) and (c) compare --spec-type none with this arm: ngram or draft
@@ -86,8 +89,9 @@ PROMPTS=(
 gen() { # none|ngram|draft prompt -> output in $tmp/out.$1, timing in $tmp/err.$1
   local flags=(--spec-type "$1")
   [ "$1" = draft ] && flags=(--model-draft "$draft_model")
+  # shellcheck disable=SC2086 # GEN_FLAGS is a list of flags
   "$bin" generate -m "$model" -p "$2" -n "$GEN" --temp 0 -t "$THREADS" --ignore-eos --output-ids \
-    "${flags[@]}" --draft-max "$DRAFT_MAX" >"$tmp/out.$1" 2>"$tmp/err.$1"
+    "${flags[@]}" --draft-max "$DRAFT_MAX" ${GEN_FLAGS:-} >"$tmp/out.$1" 2>"$tmp/err.$1"
 }
 tg_of() { sed -n 's/.*generated [0-9]* tok, \([0-9.]*\) tok\/s.*/\1/p' "$tmp/err.$1"; }
 
@@ -95,7 +99,7 @@ accept() {
   [ -f "$model" ] || usage
   local what_drafts="Prompt lookup"
   [ "$arm" = draft ] && what_drafts="The draft model $(basename "$draft_model")"
-  echo "### $what_drafts on \"retell the story\" prompts ($(basename "$model"), greedy, $GEN tokens, $THREADS threads, median of $REPS)"
+  echo "### $what_drafts on \"retell the story\" prompts ($(basename "$model"), greedy${GEN_FLAGS:+ $GEN_FLAGS}, $GEN tokens, $THREADS threads, median of $REPS)"
   echo
   echo "| prompt | same output | drafted | accepted | tokens per target pass | tg none (t/s) | tg $arm (t/s) | speedup |"
   echo "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"
