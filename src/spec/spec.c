@@ -149,9 +149,9 @@ int32_t spec_adapt_len(const struct spec_adapt *a, int64_t n_text, int32_t n_min
     if (extra_cost < 0)
         extra_cost = 0;
     int32_t best = 0;
-    double best_rate = MIN_GAIN;
+    double best_rate = MIN_GAIN, accept = run_accept(a);
     for (int32_t k = n_min > 1 ? n_min : 1; k <= n_max; k++) {
-        double rate = spec_expected_tokens(run_accept(a), k) / (1.0 + k * extra_cost);
+        double rate = spec_expected_tokens(accept, k) / (1.0 + k * extra_cost);
         if (rate > best_rate) {
             best_rate = rate;
             best = k;
