@@ -28,12 +28,12 @@
 # PARALLEL slots per replica (16), CTX (4096), SEED (1). Prompts are token ids, so the model's vocabulary
 # needs 356 ids or more. The tier pays when computing the prefix costs more than reading its pages: use a
 # model whose 2,000-token prefill takes seconds on THREADS, e.g. `kvserve synth --preset smollm2-135m --type
-# q8_0 -o /tmp/smollm2-q8_0.gguf` (~8 s on one thread of a 2-core Xeon; the defaults then take ~4 minutes).
-# RATE 1 keeps two one-thread replicas of that model out of saturation once the prefix is cached, so the
-# TTFTs measure the tier, not a queue. Needs redis-server, redis-cli, haproxy, curl, python3. Run on a quiet
-# machine.
+# q8_0 -o /tmp/smollm2-q8_0.gguf` (~8 s on one thread of a 2-core Xeon; each kvserve set-up then takes about a
+# minute, llama ~8: llama-server computes the prefix again in each of its slots). RATE 1 keeps two one-thread
+# replicas of that model out of saturation once the prefix is cached, so the TTFTs measure the tier, not a
+# queue. Needs redis-server, redis-cli, haproxy, curl, python3. Run on a quiet machine.
 set -euo pipefail
-usage() { sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [ $# -ge 2 ] || usage
 bin=$1 model=$2; shift 2
 [ -x "$bin" ] && [ -f "$model" ] || usage
