@@ -15,6 +15,12 @@
  * worst stall (the longest a stream waited for anything). TTFT counts from
  * when the connection was up and the request about to be written.
  *
+ * With --out FILE the requests also ask for the usage chunk and FILE gets one
+ * line per request: its index, the cached prompt tokens the server reported
+ * (usage.prompt_tokens_details.cached_tokens, else llama-server's
+ * timings.cache_n; -1 if neither) and the generated text as a JSON string, so
+ * scripts can compare greedy outputs and cache hits between servers.
+ *
  * usage: bench_serve --url http://HOST:PORT [flags]   (--help for them) */
 #include <math.h>
 #include <stdio.h>
@@ -35,6 +41,7 @@ struct bs_opts {
     int clients, prompt_len, gen_len, shared_prefix, requests;
     float rate;               /* requests per second; 0 = send as fast as clients allow */
     const char *model, *api_key;
+    const char *out_path;     /* NULL: no per-request output */
     uint64_t seed;
     int probe_len, probe_gen; /* 0: no probe */
     float probe_at;           /* seconds after the start */
@@ -54,6 +61,9 @@ struct bs_result {
     struct bs_read *reads;
     int n_reads, cap_reads;
     int tokens;
+    int cached;               /* cached prompt tokens the server reported; -1: none */
+    char *text;               /* the generated text, kept with --out only */
+    size_t text_len, text_cap;
     uint64_t last_read;       /* httpc_read.id of the last token event; 0: none yet */
     char why[256];            /* why it failed */
 };
@@ -87,6 +97,7 @@ static void bs_usage(FILE *out)
             "  --model NAME         model field of the requests (default \"\": any server takes it)\n"
             "  --api-key KEY        sent as Authorization: Bearer KEY\n"
             "  --seed N             prompt / arrival seed (default 1)\n"
+            "  --out FILE           per request: index, reported cached prompt tokens, generated text\n"
             "  --probe-len L        also send one request of L prompt tokens --probe-at seconds in\n"
             "                       and split the streams' latency into during its prefill / steady\n"
             "  --probe-at S         (default 2)\n"
@@ -126,7 +137,8 @@ static int32_t prompt_token(const struct bs_opts *o, int req, int pos)
     return 100 + (int32_t)(x % 256);
 }
 
-/* {"model":M,"stream":true,"max_tokens":G,"temperature":0,"ignore_eos":true,"prompt":[ids]}; NULL: out of memory */
+/* {"model":M,"stream":true,"max_tokens":G,"temperature":0,"ignore_eos":true,"prompt":[ids]}, with
+ * "stream_options":{"include_usage":true} under --out; NULL: out of memory */
 static char *build_body(const struct bs_opts *o, int req, int prompt_len, int gen_len)
 {
     int *ids = malloc((size_t)prompt_len * sizeof *ids);
@@ -139,7 +151,8 @@ static char *build_body(const struct bs_opts *o, int req, int prompt_len, int ge
     }
     if (prompt && cJSON_AddStringToObject(j, "model", o->model) && cJSON_AddTrueToObject(j, "stream") &&
         cJSON_AddNumberToObject(j, "max_tokens", gen_len) && cJSON_AddNumberToObject(j, "temperature", 0) &&
-        cJSON_AddTrueToObject(j, "ignore_eos") && cJSON_AddItemToObject(j, "prompt", prompt)) {
+        cJSON_AddTrueToObject(j, "ignore_eos") && cJSON_AddItemToObject(j, "prompt", prompt) &&
+        (!o->out_path || cJSON_AddTrueToObject(cJSON_AddObjectToObject(j, "stream_options"), "include_usage"))) {
         prompt = NULL; /* j owns it */
         body = cJSON_PrintUnformatted(j);
     }
@@ -178,17 +191,53 @@ static void on_sent(void *user)
     r->t_send = httpc_now();
 }
 
-/* One event with text is one token (servers send one token per event). */
+static void keep_text(struct bs_result *r, const char *s)
+{
+    size_t n = strlen(s);
+    if (r->text_len + n + 1 > r->text_cap) {
+        size_t cap = r->text_cap ? 2 * r->text_cap : 256;
+        while (cap < r->text_len + n + 1)
+            cap *= 2;
+        char *p = realloc(r->text, cap);
+        if (!p)
+            return;
+        r->text = p;
+        r->text_cap = cap;
+    }
+    memcpy(r->text + r->text_len, s, n + 1);
+    r->text_len += n;
+}
+
+/* The usage chunk's cached prompt tokens (OpenAI's field, else llama-server's timings). */
+static void keep_cached(struct bs_result *r, const cJSON *j)
+{
+    const cJSON *details = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(j, "usage"),
+                                                             "prompt_tokens_details");
+    const cJSON *n = cJSON_GetObjectItemCaseSensitive(details, "cached_tokens");
+    if (!cJSON_IsNumber(n))
+        n = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(j, "timings"), "cache_n");
+    if (cJSON_IsNumber(n))
+        r->cached = n->valueint;
+}
+
+/* One event with text is one token (servers send one token per event); so is one with empty text
+ * before the end (finish_reason null): llama-server sends a token whose bytes are not yet whole
+ * UTF-8 that way (byte-fallback tokens), and the synthetic models' output is mostly such bytes. */
 static ks_status on_event(void *user, const char *data, size_t len, const struct httpc_read *rd)
 {
     struct bs_result *r = user;
     cJSON *j = cJSON_ParseWithLength(data, len);
     const cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(j, "choices"), 0);
     const cJSON *text = cJSON_GetObjectItemCaseSensitive(ch, "text");
-    if (cJSON_IsString(text) && text->valuestring[0]) {
+    if (cJSON_IsString(text) &&
+        (text->valuestring[0] || cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(ch, "finish_reason")))) {
         add_token(r, rd->t, r->last_read == rd->id);
         r->last_read = rd->id;
+        if (r->run->o->out_path)
+            keep_text(r, text->valuestring);
     }
+    if (r->run->o->out_path)
+        keep_cached(r, j);
     cJSON_Delete(j);
     return KS_OK;
 }
@@ -208,6 +257,7 @@ static ks_status start_request(struct bs_run *run, struct bs_result *r, int req,
 {
     const struct bs_opts *o = run->o;
     r->run = run;
+    r->cached = -1;
     char *body = build_body(o, req, prompt_len, gen_len), *auth = NULL;
     if (!body || (o->api_key && asprintf(&auth, "Authorization: Bearer %s", o->api_key) < 0)) {
         free(body);
@@ -398,6 +448,24 @@ static void report(const struct bs_run *run, double wall)
         free(phase[i].gap);
 }
 
+/* --out: "index cached "text"" per request, the text as a JSON string (one line whatever it holds). */
+static bool write_out(const struct bs_run *run)
+{
+    FILE *f = fopen(run->o->out_path, "w");
+    bool ok = f != NULL;
+    for (int i = 0; ok && i < run->o->requests; i++) {
+        const struct bs_result *r = &run->res[i];
+        cJSON *s = cJSON_CreateString(r->text ? r->text : "");
+        char *q = s ? cJSON_PrintUnformatted(s) : NULL;
+        ok = q && fprintf(f, "%d %d %s\n", i, r->cached, q) > 0;
+        free(q);
+        cJSON_Delete(s);
+    }
+    if (f && fclose(f))
+        ok = false;
+    return ok;
+}
+
 static int parse_args(int argc, char **argv, struct bs_opts *o)
 {
     *o = (struct bs_opts){.clients = 8, .prompt_len = 128, .gen_len = 128, .model = "", .seed = 1,
@@ -426,6 +494,7 @@ static int parse_args(int argc, char **argv, struct bs_opts *o)
         else if (!strcmp(a, "--model")) ok = (o->model = v) != NULL;
         else if (!strcmp(a, "--api-key")) ok = (o->api_key = v) != NULL;
         else if (!strcmp(a, "--seed")) ok = cli_parse_u64(v, &o->seed);
+        else if (!strcmp(a, "--out")) ok = (o->out_path = v) != NULL;
         else if (!strcmp(a, "--probe-len")) ok = cli_parse_int(v, 0, 1 << 20, &o->probe_len);
         else if (!strcmp(a, "--probe-gen")) ok = cli_parse_int(v, 1, 1 << 20, &o->probe_gen);
         else if (!strcmp(a, "--probe-at")) ok = cli_parse_float(v, 0.0f, 1e5f, &o->probe_at);
@@ -483,12 +552,17 @@ int main(int argc, char **argv)
         return 1;
     }
     report(&run, httpc_now() - run.t0);
+    if (o.out_path && !write_out(&run)) {
+        fprintf(stderr, "bench_serve: cannot write %s\n", o.out_path);
+        return 1;
+    }
     int failed = 0;
     const char *first = NULL;
     for (int i = 0; i < o.requests; i++) {
         if (!run.res[i].ok && !failed++)
             first = run.res[i].why;
         free(run.res[i].reads);
+        free(run.res[i].text);
     }
     if (o.probe_len > 0 && !run.probe.ok && !failed++)
         first = run.probe.why;

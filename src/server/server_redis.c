@@ -57,7 +57,7 @@ void server_redis_metrics(struct server *srv, struct sbuf *b)
     server_metric(b, "kvserve_redis_connected", "gauge", "1 while the lookup connection to Redis is up.", st.connected);
     server_metric(b, "kvserve_redis_lookups_total", "counter", "Prompt chains looked up in Redis.", (double)st.lookups);
     server_metric(b, "kvserve_redis_round_trips_total", "counter",
-                  "Lookup commands Redis answered: one per lookup (two when Redis had lost the lookup script).",
+                  "Lookup commands Redis answered: one MGET per lookup sent.",
                   (double)st.round_trips);
     server_metric(b, "kvserve_redis_declined_total", "counter",
                   "Lookups not sent: reading the pages could not beat computing them.", (double)st.declined);

@@ -123,14 +123,15 @@ struct store_key store_keyed_digest(const struct store *s, const void *data, siz
  * "kvserve:<fingerprint hex>:<page key hex>", the same header as an SSD entry
  * (magic, version, fingerprint, key, parent, tokens, length, checksum) and the
  * kv blob. Pages are written behind by one thread (SET NX EX ttl, pipelined);
- * a lookup costs one round trip whatever the chain's length: a Lua script
- * (SCRIPT LOAD once per connection, then EVALSHA; EVAL when Redis lost it)
- * GETs the chain's keys in order and stops at the first miss. How many pages
+ * a lookup costs one round trip whatever the chain's length: one MGET of the
+ * chain's keys, whose leading run up to the first miss is used (no Lua: a
+ * script passing the values made Redis build the reply several times slower).
+ * How many pages
  * it may read is decided before the call by the SSD tier's cost test with the
  * measured round trip, read speed and page size: nothing when reading a page
  * costs more than computing it, or when even the whole chain would not pay
- * the round trip back; else the whole chain. The Redis user needs EVAL,
- * EVALSHA and SCRIPT besides GET, SET, DEL and EXISTS.
+ * the round trip back; else the whole chain. The Redis user needs MGET, SET
+ * and DEL.
  *
  * The check: XXH3-64 over the header and the payload, unkeyed by default, so
  * any replica verifies any other's pages: it catches corruption and foreign or
@@ -186,7 +187,7 @@ int32_t store_redis_get_chain(struct store_redis *r, const struct store_key *key
 
 struct store_redis_stats {
     uint64_t lookups, hits, misses;     /* get_chain calls; pages found and read, chains ended by a miss */
-    uint64_t round_trips;               /* lookup commands answered: one per lookup, two when Redis lost the script */
+    uint64_t round_trips;               /* lookup commands answered: one MGET per lookup sent */
     uint64_t declined;                  /* lookups not sent: reading could not beat computing */
     uint64_t reads, read_bytes;         /* pages read and verified */
     uint64_t writes, write_bytes;       /* pages Redis took */
