@@ -496,6 +496,36 @@ static ks_status matmul(struct model_ctx *c, const struct model_mat *w, const fl
     return quant_matmul(c->pool, w->data, w->type, w->rows, w->cols, x, n, y, c->work, c->work_size);
 }
 
+/* Bytes of the next matrices a decode step's idle workers prefetch while the
+ * caller runs the serial work before them (threads_prefetch_idle): about
+ * what one core pulls in a gemma3-1b attention (20-28 us). */
+#define IDLE_PREFETCH_BYTES (384 * 1024)
+
+/* Hint the next region's matrices (up to 2): the first bytes of each
+ * thread's share of their rows, where its stream starts. A decode step only:
+ * a prefill's regions are long, its gaps short. */
+static void prefetch_next(const struct model_ctx *c, int64_t n, const struct model_mat *a, const struct model_mat *b)
+{
+    int nth = threads_count(c->pool);
+    if (n >= 4 || nth < 2 || nth > THREADS_HINT_MAX)
+        return;
+    const struct model_mat *mats[2] = {a, b};
+    int n_mats = b ? 2 : 1;
+    int per = n_mats * nth <= THREADS_HINT_MAX ? nth : THREADS_HINT_MAX / n_mats; /* ranges per matrix */
+    const void *ptr[THREADS_HINT_MAX];
+    size_t len[THREADS_HINT_MAX];
+    int k = 0;
+    for (int i = 0; i < n_mats; i++) {
+        size_t bytes = quant_row_size(mats[i]->type, mats[i]->cols) * (size_t)mats[i]->rows;
+        for (int t = 0; t < per && k < THREADS_HINT_MAX; t++) {
+            size_t off = bytes / (size_t)per * (size_t)t, want = IDLE_PREFETCH_BYTES / (size_t)(n_mats * per);
+            ptr[k] = (const uint8_t *)mats[i]->data + off;
+            len[k++] = want < bytes - off ? want : bytes - off;
+        }
+    }
+    threads_prefetch_idle(c->pool, ptr, len, k);
+}
+
 /* y[i] = w[i] x for matrices that read the same x: each run of them with one
  * type and width is one quant_matmul_set (one parallel region when decoding). */
 static ks_status matmul_same_input(struct model_ctx *c, const struct model_mat *const *w, float *const *y, int n,
@@ -561,6 +591,7 @@ static ks_status attention_block(struct model_ctx *c, struct kv_cache *kv, int i
     float *const qkv_out[] = {c->q, c->k, c->v};
     if ((st = matmul_same_input(c, qkv, qkv_out, 3, c->xb, n)))
         return st;
+    prefetch_next(c, n, &L->wo, NULL);
     /* biases, Q/K norm, RoPE */
     bool swa = model_layer_is_swa(hp, il);
     struct qk_job qj = {m, L, c->q, c->k, c->v, swa && m->rope_swa_own ? c->rope_cs_swa : c->rope_cs, n};
@@ -587,6 +618,8 @@ static ks_status attention_block(struct model_ctx *c, struct kv_cache *kv, int i
     /* output projection (gpt-oss: and its bias), gemma's post-attention rmsnorm, residual */
     if ((st = matmul(c, &L->wo, c->att, n, c->xb2)))
         return st;
+    if (hp->n_expert == 0) /* a MoE layer's router and experts are not known yet */
+        prefetch_next(c, n, &L->w_gate, &L->w_up);
     for (int64_t t = 0; t < n && L->bo; t++)
         add_bias(c->xb2 + t * hp->n_embd, L->bo, hp->n_embd);
     if (L->post_attn_norm)
@@ -620,16 +653,19 @@ static ks_status ffn_block(struct model_ctx *c, int il, int64_t n)
     if (fuse_glu(L, n)) {
         if ((st = gate_up_fused(c, L, n)))
             return st;
+        prefetch_next(c, n, &L->w_down, NULL);
     } else {
         const struct model_mat *gate_up[] = {&L->w_gate, &L->w_up};
         float *const gate_up_out[] = {c->hb, c->hb2};
         if ((st = matmul_same_input(c, gate_up, gate_up_out, 2, c->xb, n)))
             return st;
+        prefetch_next(c, n, &L->w_down, NULL);
         struct swiglu_job sj = {c->hb, c->hb2, n * hp->n_ff};
         threads_run(elementwise_pool(c, n), hp->ffn_act == MODEL_FFN_GEGLU ? geglu_task : swiglu_task, &sj);
     }
     if ((st = matmul(c, &L->w_down, c->hb, n, c->xb2)))
         return st;
+    prefetch_next(c, n, il + 1 < c->m->hp.n_layer ? &c->m->layers[il + 1].wq : &c->m->output, NULL);
     if (L->post_ffn_norm)
         rmsnorm_rows(elementwise_pool(c, n), c->xb2, c->xb2, L->post_ffn_norm, NULL, n, hp->n_embd, hp->rms_eps);
     for (int64_t i = 0; i < n * hp->n_embd; i++)

@@ -41,7 +41,18 @@ struct threads_pool {
     atomic_uint stop;
     atomic_int workers_asleep; /* workers inside futex_wait on generation */
     atomic_int caller_asleep;  /* the caller is in futex_wait on unfinished */
+
+    /* threads_prefetch_idle: the ranges, published by bumping hint_seq
+     * (odd while the caller writes them) */
+    _Atomic(const char *) hint_p[THREADS_HINT_MAX];
+    atomic_size_t hint_n[THREADS_HINT_MAX];
+    atomic_int hint_count;
+    atomic_uint hint_seq;
+    atomic_int next_worker_id; /* workers number themselves 0 .. n_threads - 2 */
 };
+
+/* Lines a waiting worker prefetches between two looks at the generation. */
+enum { HINT_SLICE_LINES = 32 };
 
 static void futex_wait(atomic_uint *word, unsigned expected)
 {
@@ -69,9 +80,50 @@ static bool spin_until_changed(atomic_uint *word, unsigned value)
     return false;
 }
 
-static unsigned wait_for_generation(threads_pool *p, unsigned seen)
+/* A worker's prefetch of the hint: its share of each range's lines, a
+ * slice at a time; stops early when region `seen` is over (a new one has
+ * started). Returns the hint it has taken. */
+static unsigned prefetch_hint(threads_pool *p, int worker, unsigned taken, unsigned seen)
 {
-    if (!spin_until_changed(&p->generation, seen)) {
+    unsigned seq = atomic_load_explicit(&p->hint_seq, memory_order_acquire);
+    if (seq == taken || (seq & 1))
+        return taken;
+    int n_workers = p->n_threads - 1, n_ranges = atomic_load_explicit(&p->hint_count, memory_order_relaxed);
+    for (int r = 0; r < n_ranges && r < THREADS_HINT_MAX; r++) {
+        const char *base = atomic_load_explicit(&p->hint_p[r], memory_order_relaxed);
+        size_t lines = (atomic_load_explicit(&p->hint_n[r], memory_order_relaxed) + 63) / 64;
+        int64_t lo, hi;
+        threads_split((int64_t)lines, worker, n_workers, &lo, &hi);
+        for (int64_t l = lo; l < hi; l += HINT_SLICE_LINES) {
+            if (atomic_load_explicit(&p->generation, memory_order_relaxed) != seen ||
+                atomic_load_explicit(&p->hint_seq, memory_order_relaxed) != seq)
+                return seq;
+            for (int64_t k = l; k < hi && k < l + HINT_SLICE_LINES; k++)
+                __builtin_prefetch(base + k * 64, 0, 2); /* into L2, as the matmul kernels' own */
+        }
+    }
+    return seq;
+}
+
+/* spin_until_changed on the generation, prefetching each new hint meanwhile. */
+static bool spin_for_generation(threads_pool *p, unsigned seen, int worker, unsigned *hint_taken)
+{
+    for (int round = 0; round < SPIN_ROUNDS; round++) {
+        for (int i = 0; i < SPINS_PER_YIELD; i++) {
+            if (atomic_load_explicit(&p->generation, memory_order_acquire) != seen)
+                return true;
+            if (atomic_load_explicit(&p->hint_seq, memory_order_relaxed) != *hint_taken)
+                *hint_taken = prefetch_hint(p, worker, *hint_taken, seen);
+            cpu_relax();
+        }
+        sched_yield();
+    }
+    return false;
+}
+
+static unsigned wait_for_generation(threads_pool *p, unsigned seen, int worker, unsigned *hint_taken)
+{
+    if (!spin_for_generation(p, seen, worker, hint_taken)) {
         /* seq_cst pairs with threads_run: it bumps generation, then reads
          * workers_asleep; either it sees us or futex_wait sees the bump. */
         atomic_fetch_add(&p->workers_asleep, 1);
@@ -132,9 +184,10 @@ static void finish_region(threads_pool *p, unsigned gen)
 static void *worker_main(void *arg)
 {
     threads_pool *p = arg;
-    unsigned seen = 0;
+    unsigned seen = 0, hint_taken = 0;
+    int worker = atomic_fetch_add(&p->next_worker_id, 1);
     for (;;) {
-        seen = wait_for_generation(p, seen);
+        seen = wait_for_generation(p, seen, worker, &hint_taken);
         if (atomic_load(&p->stop))
             return NULL;
         for (int ith; (ith = claim_call(p, seen)) >= 0;)
@@ -190,6 +243,20 @@ void threads_free(threads_pool *p)
 }
 
 int threads_count(const threads_pool *p) { return p ? p->n_threads : 1; }
+
+void threads_prefetch_idle(threads_pool *p, const void *const *ptr, const size_t *n, int n_ranges)
+{
+    if (!p || p->n_threads == 1)
+        return;
+    n_ranges = n_ranges < THREADS_HINT_MAX ? n_ranges : THREADS_HINT_MAX;
+    atomic_fetch_add_explicit(&p->hint_seq, 1, memory_order_acq_rel); /* odd: being written */
+    for (int i = 0; i < n_ranges; i++) {
+        atomic_store_explicit(&p->hint_p[i], (const char *)ptr[i], memory_order_relaxed);
+        atomic_store_explicit(&p->hint_n[i], n[i], memory_order_relaxed);
+    }
+    atomic_store_explicit(&p->hint_count, n_ranges, memory_order_relaxed);
+    atomic_fetch_add_explicit(&p->hint_seq, 1, memory_order_release);
+}
 
 void threads_run(threads_pool *p, threads_fn fn, void *ctx)
 {
