@@ -80,40 +80,53 @@ static bool spin_until_changed(atomic_uint *word, unsigned value)
     return false;
 }
 
-/* A worker's prefetch of the hint: its share of each range's lines, a
- * slice at a time; stops early when region `seen` is over (a new one has
- * started). Returns the hint it has taken. */
-static unsigned prefetch_hint(threads_pool *p, int worker, unsigned taken, unsigned seen)
+/* A worker's progress through the current hint. */
+struct hint_cursor {
+    int worker;     /* 0 .. n_threads - 2: its share of the lines */
+    unsigned seq;   /* the hint it is on (0: none yet) */
+    bool done;
+    int range;      /* where it stopped: range, line from its share's start */
+    int64_t line;
+};
+
+/* Prefetch the worker's share of each range's lines, a slice at a time,
+ * until region `seen` is over: a region that starts meanwhile (say the
+ * attention before the hinted matrix) only pauses it, the next wait resumes
+ * it. A new hint starts over. */
+static void prefetch_hint(threads_pool *p, struct hint_cursor *cur, unsigned seen)
 {
     unsigned seq = atomic_load_explicit(&p->hint_seq, memory_order_acquire);
-    if (seq == taken || (seq & 1))
-        return taken;
+    if (seq & 1)
+        return;
+    if (seq != cur->seq)
+        *cur = (struct hint_cursor){.worker = cur->worker, .seq = seq};
     int n_workers = p->n_threads - 1, n_ranges = atomic_load_explicit(&p->hint_count, memory_order_relaxed);
-    for (int r = 0; r < n_ranges && r < THREADS_HINT_MAX; r++) {
-        const char *base = atomic_load_explicit(&p->hint_p[r], memory_order_relaxed);
-        size_t lines = (atomic_load_explicit(&p->hint_n[r], memory_order_relaxed) + 63) / 64;
+    for (; !cur->done && cur->range < n_ranges && cur->range < THREADS_HINT_MAX; cur->range++, cur->line = 0) {
+        const char *base = atomic_load_explicit(&p->hint_p[cur->range], memory_order_relaxed);
+        size_t lines = (atomic_load_explicit(&p->hint_n[cur->range], memory_order_relaxed) + 63) / 64;
         int64_t lo, hi;
-        threads_split((int64_t)lines, worker, n_workers, &lo, &hi);
-        for (int64_t l = lo; l < hi; l += HINT_SLICE_LINES) {
+        threads_split((int64_t)lines, cur->worker, n_workers, &lo, &hi);
+        for (; lo + cur->line < hi; cur->line += HINT_SLICE_LINES) {
             if (atomic_load_explicit(&p->generation, memory_order_relaxed) != seen ||
                 atomic_load_explicit(&p->hint_seq, memory_order_relaxed) != seq)
-                return seq;
-            for (int64_t k = l; k < hi && k < l + HINT_SLICE_LINES; k++)
+                return;
+            for (int64_t k = lo + cur->line; k < hi && k < lo + cur->line + HINT_SLICE_LINES; k++)
                 __builtin_prefetch(base + k * 64, 0, 2); /* into L2, as the matmul kernels' own */
         }
     }
-    return seq;
+    cur->done = true;
 }
 
-/* spin_until_changed on the generation, prefetching each new hint meanwhile. */
-static bool spin_for_generation(threads_pool *p, unsigned seen, int worker, unsigned *hint_taken)
+/* spin_until_changed on the generation, prefetching the hint meanwhile. */
+static bool spin_for_generation(threads_pool *p, unsigned seen, struct hint_cursor *cur)
 {
     for (int round = 0; round < SPIN_ROUNDS; round++) {
         for (int i = 0; i < SPINS_PER_YIELD; i++) {
             if (atomic_load_explicit(&p->generation, memory_order_acquire) != seen)
                 return true;
-            if (atomic_load_explicit(&p->hint_seq, memory_order_relaxed) != *hint_taken)
-                *hint_taken = prefetch_hint(p, worker, *hint_taken, seen);
+            unsigned seq = atomic_load_explicit(&p->hint_seq, memory_order_relaxed);
+            if (seq != cur->seq || !cur->done)
+                prefetch_hint(p, cur, seen);
             cpu_relax();
         }
         sched_yield();
@@ -121,9 +134,9 @@ static bool spin_for_generation(threads_pool *p, unsigned seen, int worker, unsi
     return false;
 }
 
-static unsigned wait_for_generation(threads_pool *p, unsigned seen, int worker, unsigned *hint_taken)
+static unsigned wait_for_generation(threads_pool *p, unsigned seen, struct hint_cursor *cur)
 {
-    if (!spin_for_generation(p, seen, worker, hint_taken)) {
+    if (!spin_for_generation(p, seen, cur)) {
         /* seq_cst pairs with threads_run: it bumps generation, then reads
          * workers_asleep; either it sees us or futex_wait sees the bump. */
         atomic_fetch_add(&p->workers_asleep, 1);
@@ -184,10 +197,10 @@ static void finish_region(threads_pool *p, unsigned gen)
 static void *worker_main(void *arg)
 {
     threads_pool *p = arg;
-    unsigned seen = 0, hint_taken = 0;
-    int worker = atomic_fetch_add(&p->next_worker_id, 1);
+    unsigned seen = 0;
+    struct hint_cursor cur = {.worker = atomic_fetch_add(&p->next_worker_id, 1), .done = true};
     for (;;) {
-        seen = wait_for_generation(p, seen, worker, &hint_taken);
+        seen = wait_for_generation(p, seen, &cur);
         if (atomic_load(&p->stop))
             return NULL;
         for (int ith; (ith = claim_call(p, seen)) >= 0;)
