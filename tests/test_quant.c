@@ -855,7 +855,7 @@ static void test_matmul_experts_geglu(void **state)
         for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
             for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++) {
                 check_experts_glu(pool, types[ti], 144, 512, 1, counts[c], true, false, false, QUANT_GLU_GELU);
-                if (types[ti] != QUANT_F32)
+                if (quant_repack_fits(types[ti], 9 * R, 512)) /* k-quants: not in a portable build */
                     check_experts_glu(pool, types[ti], 9 * R, 512, 1, counts[c], true, true, false,
                                       QUANT_GLU_GELU);
             }
