@@ -794,6 +794,8 @@ static void check_experts_glu(threads_pool *pool, enum quant_type wtype, int64_t
                 R2[t0 * rows + i] += B2[e * rows + i % rows];
             if (glu == QUANT_GLU_OAI)
                 quant_swiglu_oai(R + t0 * rows, R2 + t0 * rows, n * rows);
+            else if (glu == QUANT_GLU_GELU)
+                quant_geglu(R + t0 * rows, R2 + t0 * rows, n * rows);
             else
                 quant_swiglu(R + t0 * rows, R2 + t0 * rows, n * rows);
         }
@@ -833,6 +835,30 @@ static void test_matmul_experts_bias_oai(void **state)
                     if (types[ti] != QUANT_F32)
                         check_experts_glu(pool, types[ti], 5 * R, 96, 8, counts[c], pair, true, true, QUANT_GLU_OAI);
                 }
+        threads_free(pool);
+    }
+}
+
+/* A dense FFN's decode step as model_forward runs it: gate and up as one
+ * expert with Gemma's GeGLU fused into the region, the bits of two
+ * quant_matmul and one quant_geglu (gemma3's q5_0 gate/up repacked, and the
+ * q4_0, q8_0 and k-quant cases). */
+static void test_matmul_experts_geglu(void **state)
+{
+    (void)state;
+    const int counts[][1] = {{1}, {2}, {3}};
+    const enum quant_type types[] = {QUANT_Q5_0, QUANT_Q4_0, QUANT_Q8_0, QUANT_Q4_K, QUANT_F32};
+    const int R = quant_repack_rows();
+    for (int th = 1; th <= 2; th++) {
+        threads_pool *pool;
+        assert_int_equal(threads_create(th, &pool), KS_OK);
+        for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
+            for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++) {
+                check_experts_glu(pool, types[ti], 144, 512, 1, counts[c], true, false, false, QUANT_GLU_GELU);
+                if (quant_repack_fits(types[ti], 9 * R, 512)) /* k-quants: not in a portable build */
+                    check_experts_glu(pool, types[ti], 9 * R, 512, 1, counts[c], true, true, false,
+                                      QUANT_GLU_GELU);
+            }
         threads_free(pool);
     }
 }
@@ -1084,6 +1110,7 @@ int main(void)
         cmocka_unit_test(test_swiglu_simd_vs_scalar),
         cmocka_unit_test(test_swiglu_oai_simd_vs_scalar),
         cmocka_unit_test(test_matmul_experts_bias_oai),
+        cmocka_unit_test(test_matmul_experts_geglu),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

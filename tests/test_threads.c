@@ -117,6 +117,39 @@ static void create_free_repeatedly(void **state)
     threads_free(NULL);
 }
 
+/* Prefetch hints between regions (the workers take them while they wait)
+ * change nothing a region computes, however often they are replaced; a pool
+ * of 1 thread and a NULL pool ignore them. */
+static void prefetch_hints_change_nothing(void **state)
+{
+    (void)state;
+    enum { N = 100003, BUF = 1 << 20 };
+    static int64_t v[N];
+    static uint8_t buf[BUF];
+    int64_t want = 0;
+    for (int64_t i = 0; i < N; i++) {
+        v[i] = i * 5 % 11;
+        want += v[i];
+    }
+    const void *ptr[THREADS_HINT_MAX + 1] = {buf, buf + 4096, buf + BUF / 2, v, buf + 100};
+    size_t len[THREADS_HINT_MAX + 1] = {BUF / 4, 63, BUF / 2, sizeof v, 1};
+    threads_prefetch_idle(NULL, ptr, len, 2);
+    for (int n = 1; n <= 3; n++) {
+        threads_pool *pool;
+        assert_int_equal(threads_create(n, &pool), KS_OK);
+        for (int r = 0; r < 300; r++) {
+            threads_prefetch_idle(pool, ptr + r % 2, len + r % 2, r % (THREADS_HINT_MAX + 2));
+            struct sum_ctx c = {.v = v, .n = N};
+            threads_run(pool, sum_share, &c);
+            int64_t got = 0;
+            for (int i = 0; i < n; i++)
+                got += c.partial[i];
+            assert_int_equal(got, want);
+        }
+        threads_free(pool);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -124,6 +157,7 @@ int main(void)
         cmocka_unit_test(results_visible_after_region),
         cmocka_unit_test(split_covers_range),
         cmocka_unit_test(create_free_repeatedly),
+        cmocka_unit_test(prefetch_hints_change_nothing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -259,9 +259,10 @@ ks_status quant_matmul_set(threads_pool *pool, enum quant_type wtype, int64_t co
                            int n, const float *X, int64_t n_tokens, void *work, size_t work_size);
 
 /* ---- matrix multiply grouped by expert (mixture of experts) ------------- */
-/* The gated activation the grouped matmul fuses: SiLU(gate) * up, or
- * gpt-oss's quant_swiglu_oai. */
-enum quant_glu { QUANT_GLU_SILU, QUANT_GLU_OAI };
+/* The gated activation the grouped matmul fuses: SiLU(gate) * up, gpt-oss's
+ * quant_swiglu_oai, or Gemma's quant_geglu (a dense FFN run as one expert, so
+ * the activation runs inside the matmul's region). */
+enum quant_glu { QUANT_GLU_SILU, QUANT_GLU_OAI, QUANT_GLU_GELU };
 
 /* n_expert matrices of one type and shape (rows x cols each, stride bytes
  * apart from W; likewise W2 if set), each applied to its own group of rows:
@@ -269,7 +270,7 @@ enum quant_glu { QUANT_GLU_SILU, QUANT_GLU_OAI };
  *   Y[g][r]  = sum_c W_e[r][c]  * X[xr(g)][c]
  *   Y2[g][r] = sum_c W2_e[r][c] * X[xr(g)][c]      (if W2)
  *   Y[g][r] += B[e][r], Y2[g][r] += B2[e][r]        (if B, B2)
- *   Y[g][r]  = silu(Y[g][r]) * Y2[g][r]            (if swiglu; glu OAI: quant_swiglu_oai)
+ *   Y[g][r]  = silu(Y[g][r]) * Y2[g][r]            (if swiglu; glu OAI: quant_swiglu_oai, GELU: quant_geglu)
  * where xr(g) = x_rows[g], or g when x_rows is NULL (then n_x = start[n_expert]).
  * Each X row is quantized once, however many experts read it; every
  * expert's rows (of W and W2) are work items of one parallel region, so a
@@ -296,7 +297,7 @@ struct quant_moe_mm {
     /* gpt-oss: per-expert biases added to Y (and Y2) before the activation,
      * Y[g][r] += B[e * rows + r]; and its clamped SwiGLU instead of SiLU */
     const float *B, *B2;     /* (n_expert, rows) each, or NULL */
-    enum quant_glu glu;      /* with swiglu: QUANT_GLU_SILU (0) or QUANT_GLU_OAI */
+    enum quant_glu glu;      /* with swiglu: QUANT_GLU_SILU (0), QUANT_GLU_OAI or QUANT_GLU_GELU */
 };
 /* Scratch for quant_matmul_experts: enough for any grouping of n_grouped
  * rows over n_x X rows, repacked or not (non-decreasing in both). */

@@ -1244,6 +1244,8 @@ static void ex_finish_rows(const struct quant_moe_mm *p, const struct ex_expert 
             y2[r] += p->B2[(int64_t)x->e * p->rows + r];
         if (p->swiglu && p->glu == QUANT_GLU_OAI)
             quant_swiglu_oai(y + r0, y2 + r0, r1 - r0);
+        else if (p->swiglu && p->glu == QUANT_GLU_GELU)
+            quant_geglu(y + r0, y2 + r0, r1 - r0);
         else if (p->swiglu)
             quant_swiglu(y + r0, y2 + r0, r1 - r0);
     }
@@ -1323,7 +1325,7 @@ ks_status quant_matmul_experts(threads_pool *pool, const struct quant_moe_mm *p,
     int64_t n_grouped = p->n_expert > 0 ? p->start[p->n_expert] : 0;
     if (wrow == 0 || p->rows <= 0 || p->n_expert <= 0 || p->n_x <= 0 || n_grouped <= 0 || p->cols > INT32_MAX ||
         p->stride < wrow * (size_t)p->rows || (p->swiglu && !p->W2) || (p->B2 && !p->W2) ||
-        (p->glu != QUANT_GLU_SILU && (p->glu != QUANT_GLU_OAI || !p->swiglu)) || (!p->x_rows && p->n_x != n_grouped))
+        (p->glu != QUANT_GLU_SILU && ((p->glu != QUANT_GLU_OAI && p->glu != QUANT_GLU_GELU) || !p->swiglu)) || (!p->x_rows && p->n_x != n_grouped))
         return ks_fail(KS_ERR_INVALID_ARG, "matmul_experts: bad shape rows=%lld cols=%lld experts=%d rows=%lld for %s",
                        (long long)p->rows, (long long)p->cols, p->n_expert, (long long)n_grouped, tr->name);
     if (p->repacked && !quant_repack_fits(p->wtype, p->rows, p->cols))

@@ -41,7 +41,18 @@ struct threads_pool {
     atomic_uint stop;
     atomic_int workers_asleep; /* workers inside futex_wait on generation */
     atomic_int caller_asleep;  /* the caller is in futex_wait on unfinished */
+
+    /* threads_prefetch_idle: the ranges, published by bumping hint_seq
+     * (odd while the caller writes them) */
+    _Atomic(const char *) hint_p[THREADS_HINT_MAX];
+    atomic_size_t hint_n[THREADS_HINT_MAX];
+    atomic_int hint_count;
+    atomic_uint hint_seq;
+    atomic_int next_worker_id; /* workers number themselves 0 .. n_threads - 2 */
 };
+
+/* Lines a waiting worker prefetches between two looks at the generation. */
+enum { HINT_SLICE_LINES = 32 };
 
 static void futex_wait(atomic_uint *word, unsigned expected)
 {
@@ -69,9 +80,63 @@ static bool spin_until_changed(atomic_uint *word, unsigned value)
     return false;
 }
 
-static unsigned wait_for_generation(threads_pool *p, unsigned seen)
+/* A worker's progress through the current hint. */
+struct hint_cursor {
+    int worker;     /* 0 .. n_threads - 2: its share of the lines */
+    unsigned seq;   /* the hint it is on (0: none yet) */
+    bool done;
+    int range;      /* where it stopped: range, line from its share's start */
+    int64_t line;
+};
+
+/* Prefetch the worker's share of each range's lines, a slice at a time,
+ * until region `seen` is over: a region that starts meanwhile (say the
+ * attention before the hinted matrix) only pauses it, the next wait resumes
+ * it. A new hint starts over. */
+static void prefetch_hint(threads_pool *p, struct hint_cursor *cur, unsigned seen)
 {
-    if (!spin_until_changed(&p->generation, seen)) {
+    unsigned seq = atomic_load_explicit(&p->hint_seq, memory_order_acquire);
+    if (seq & 1)
+        return;
+    if (seq != cur->seq)
+        *cur = (struct hint_cursor){.worker = cur->worker, .seq = seq};
+    int n_workers = p->n_threads - 1, n_ranges = atomic_load_explicit(&p->hint_count, memory_order_relaxed);
+    for (; !cur->done && cur->range < n_ranges && cur->range < THREADS_HINT_MAX; cur->range++, cur->line = 0) {
+        const char *base = atomic_load_explicit(&p->hint_p[cur->range], memory_order_relaxed);
+        size_t lines = (atomic_load_explicit(&p->hint_n[cur->range], memory_order_relaxed) + 63) / 64;
+        int64_t lo, hi;
+        threads_split((int64_t)lines, cur->worker, n_workers, &lo, &hi);
+        for (; lo + cur->line < hi; cur->line += HINT_SLICE_LINES) {
+            if (atomic_load_explicit(&p->generation, memory_order_relaxed) != seen ||
+                atomic_load_explicit(&p->hint_seq, memory_order_relaxed) != seq)
+                return;
+            for (int64_t k = lo + cur->line; k < hi && k < lo + cur->line + HINT_SLICE_LINES; k++)
+                __builtin_prefetch(base + k * 64, 0, 2); /* into L2, as the matmul kernels' own */
+        }
+    }
+    cur->done = true;
+}
+
+/* spin_until_changed on the generation, prefetching the hint meanwhile. */
+static bool spin_for_generation(threads_pool *p, unsigned seen, struct hint_cursor *cur)
+{
+    for (int round = 0; round < SPIN_ROUNDS; round++) {
+        for (int i = 0; i < SPINS_PER_YIELD; i++) {
+            if (atomic_load_explicit(&p->generation, memory_order_acquire) != seen)
+                return true;
+            unsigned seq = atomic_load_explicit(&p->hint_seq, memory_order_relaxed);
+            if (seq != cur->seq || !cur->done)
+                prefetch_hint(p, cur, seen);
+            cpu_relax();
+        }
+        sched_yield();
+    }
+    return false;
+}
+
+static unsigned wait_for_generation(threads_pool *p, unsigned seen, struct hint_cursor *cur)
+{
+    if (!spin_for_generation(p, seen, cur)) {
         /* seq_cst pairs with threads_run: it bumps generation, then reads
          * workers_asleep; either it sees us or futex_wait sees the bump. */
         atomic_fetch_add(&p->workers_asleep, 1);
@@ -133,8 +198,9 @@ static void *worker_main(void *arg)
 {
     threads_pool *p = arg;
     unsigned seen = 0;
+    struct hint_cursor cur = {.worker = atomic_fetch_add(&p->next_worker_id, 1), .done = true};
     for (;;) {
-        seen = wait_for_generation(p, seen);
+        seen = wait_for_generation(p, seen, &cur);
         if (atomic_load(&p->stop))
             return NULL;
         for (int ith; (ith = claim_call(p, seen)) >= 0;)
@@ -190,6 +256,20 @@ void threads_free(threads_pool *p)
 }
 
 int threads_count(const threads_pool *p) { return p ? p->n_threads : 1; }
+
+void threads_prefetch_idle(threads_pool *p, const void *const *ptr, const size_t *n, int n_ranges)
+{
+    if (!p || p->n_threads == 1)
+        return;
+    n_ranges = n_ranges < THREADS_HINT_MAX ? n_ranges : THREADS_HINT_MAX;
+    atomic_fetch_add_explicit(&p->hint_seq, 1, memory_order_acq_rel); /* odd: being written */
+    for (int i = 0; i < n_ranges; i++) {
+        atomic_store_explicit(&p->hint_p[i], (const char *)ptr[i], memory_order_relaxed);
+        atomic_store_explicit(&p->hint_n[i], n[i], memory_order_relaxed);
+    }
+    atomic_store_explicit(&p->hint_count, n_ranges, memory_order_relaxed);
+    atomic_fetch_add_explicit(&p->hint_seq, 1, memory_order_release);
+}
 
 void threads_run(threads_pool *p, threads_fn fn, void *ctx)
 {

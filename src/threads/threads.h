@@ -36,6 +36,18 @@ int threads_count(const threads_pool *pool);
  * runs fn(ctx, 0, 1) inline. */
 void threads_run(threads_pool *pool, threads_fn fn, void *ctx);
 
+/* Memory the next region will read, for the workers to prefetch while they
+ * wait for it: a decode step's serial parts (norms, RoPE, one thread's
+ * attention) leave DRAM idle between two matmul regions, and the next
+ * matrix's first bytes can come in meanwhile. Up to THREADS_HINT_MAX ranges
+ * [p[i], p[i] + n[i]); each waiting worker takes its share of the lines (a
+ * prefetch into L2, a slice at a time, checking for the region between
+ * slices, so a region never waits on it). Replaces the previous hint; a hint
+ * is prefetched once. A pool of 1 thread (or NULL) ignores it. Only a hint:
+ * it changes no result. */
+#define THREADS_HINT_MAX 4
+void threads_prefetch_idle(threads_pool *pool, const void *const *p, const size_t *n, int n_ranges);
+
 /* Number of online CPUs (the default for -t). */
 int threads_default_count(void);
 
