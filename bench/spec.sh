@@ -28,6 +28,11 @@
 #                                      Aggregate tok/s, acceptance as each server reports it (usage.draft_tokens /
 #                                      accepted_tokens; timings.draft_n / draft_n_accepted) and the ratios.
 #                                      TEMP > 0: sampled instead of greedy (seed i for request i; outputs differ).
+#   bench/spec.sh served BIN MODEL     kvserve serve alone, plain against --spec-type ngram, STREAMS concurrent
+#                                      requests, REPS interleaved rounds: served overhead of n-gram speculation.
+#                                      REQ_BODY: more request fields (JSON), e.g. '{"repeat_penalty": 1.5,
+#                                      "repeat_last_n": -1}' (the workload where nothing is accepted; goal: ngram no
+#                                      more than 3% slower than plain).
 #
 # Env: THREADS (2), DEPTH (256), REPS (5), KMAX (16), GEN (128), DRAFT_MAX (16), PRESET, LAYERS, TINY=1 (a smoke
 # run: the tiny model, DEPTH 32, REPS 1, KMAX 4, GEN 24). servers: STREAMS ("1 4"), CTX (512, tokens per request),
@@ -37,7 +42,7 @@
 # LLAMA_NGRAM, LLAMA_CPU (keep only that llama.cpp CPU variant).
 # Run on a quiet machine: timings are medians of REPS runs.
 set -euo pipefail
-usage() { sed -n '2,38p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,43p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [ $# -ge 2 ] || usage
 what=$1 bin=$2 model=${3:-} draft_model=${4:-}
 arm=ngram # (b) and (c) compare --spec-type none with this arm: ngram or draft
@@ -191,8 +196,44 @@ servers() {
   echo
 }
 
+# kvserve serve plain (kp) against n-gram speculation (ks), interleaved; no llama-server.
+served() {
+  [ -f "$model" ] || usage
+  command -v python3 >/dev/null && command -v curl >/dev/null || { echo "served: needs python3 and curl"; exit 1; }
+  # shellcheck source=bench/servers.sh
+  . "$here/bench/servers.sh"
+  trap '[ -n "$pid" ] && kill "$pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$tmp"' EXIT
+  local ctx=${CTX:-512} streams=${STREAMS:-1 4} k spec t=() a
+  printf '%s\n' "${PROMPTS[@]}" >"$tmp/prompts"
+  export SPEC_CLIENT_BODY=${REQ_BODY:-"{}"}
+  cpu
+  echo
+  echo "### Served n-gram speculation against plain ($(basename "$model"), greedy, $GEN tokens, $THREADS threads, median of $REPS, request fields $SPEC_CLIENT_BODY)"
+  echo
+  echo "| streams | plain (t/s) | ngram (t/s) | ngram / plain | drafted | accepted | same text |"
+  echo "| ---: | ---: | ---: | ---: | ---: | ---: | --- |"
+  for k in $streams; do
+    : >"$tmp/run.kp"; : >"$tmp/run.ks"
+    for _ in $(seq "$REPS"); do
+      for spec in kp ks; do
+        if [ "$spec" = kp ]; then start_kvserve --parallel "$k" -c "$ctx"
+        else start_kvserve --parallel "$k" -c "$ctx" --spec-type ngram --draft-max "$DRAFT_MAX"; fi
+        python3 "$here/bench/spec_client.py" "$url" 1 4 "$tmp/prompts" "$tmp/warm" >/dev/null # warm up
+        python3 "$here/bench/spec_client.py" "$url" "$k" "$GEN" "$tmp/prompts" "$tmp/text.$spec" >>"$tmp/run.$spec"
+        stop
+      done
+    done
+    t=("$(cut -d' ' -f1 "$tmp/run.kp" | median)" "$(cut -d' ' -f1 "$tmp/run.ks" | median)")
+    a=$(awk '{ d += $2; n += $3 } END { print d, n }' "$tmp/run.ks")
+    awk -v k="$k" -v p="${t[0]}" -v s="${t[1]}" -v a="$a" -v same="$(cmp -s "$tmp/text.kp" "$tmp/text.ks" && echo yes || echo NO)" 'BEGIN {
+      split(a, x, " "); printf "| %d | %.1f | %.1f | %.3f | %d | %d | %s |\n", k, p, s, (p > 0 ? s / p : 0), x[1], x[2], same }'
+  done
+  echo
+}
+
 case $what in
   servers) servers ;;
+  served) served ;;
   verify) verify "$(verify_model)" ;;
   accept) accept ;;
   draft) [ -f "$draft_model" ] || usage; arm=draft; accept ;;

@@ -11,9 +11,11 @@ TEMPERATURE with seed i, max_tokens GEN, ignore_eos), waits for all of them and 
 tok/s: every request's completion tokens over the wall time from the first send to the last answer. drafted and
 accepted: kvserve's usage.draft_tokens / usage.accepted_tokens, or llama-server's timings.draft_n /
 timings.draft_n_accepted (0 when the server reports neither). The texts go to OUT_TEXTS, one JSON string a line,
-in request order, so two servers' outputs can be compared.
+in request order, so two servers' outputs can be compared. SPEC_CLIENT_BODY (environment): a JSON object of more
+request fields, e.g. '{"repeat_penalty": 1.5, "repeat_last_n": -1}'.
 """
 import json
+import os
 import sys
 import threading
 import time
@@ -21,7 +23,9 @@ import urllib.request
 
 
 def complete(url, prompt, gen, temp, out, i):
-    body = json.dumps({"prompt": prompt, "max_tokens": gen, "temperature": temp, "seed": i, "ignore_eos": True}).encode()
+    fields = {"prompt": prompt, "max_tokens": gen, "temperature": temp, "seed": i, "ignore_eos": True}
+    fields.update(json.loads(os.environ.get("SPEC_CLIENT_BODY", "{}")))
+    body = json.dumps(fields).encode()
     req = urllib.request.Request(url + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=600) as r:
         out[i] = json.load(r)

@@ -1583,7 +1583,7 @@ static void *sched_main(void *arg)
         }
         double dt = now_seconds() - t0 - t_draft;
         if (n > 0 && s->trace)
-            fprintf(s->trace, "sched step: decode %d draft %d prefill %d limit %d | %.2f ms, decode-only estimate %.2f ms, %.3f ms/prefill token\n",
+            fprintf(s->trace, "sched step: decode %d draft %d prefill %d limit %d | %.3f ms, decode-only estimate %.2f ms, %.3f ms/prefill token\n",
                     s->step_decode, s->step_draft, s->step_prefill, s->step_limit == INT32_MAX ? -1 : s->step_limit, dt * 1e3,
                     sched_cost_decode(&s->cost, s->step_decode) * 1e3, s->cost.prefill_token_s * 1e3);
         if (n > 0)
