@@ -66,20 +66,6 @@ static void futex_wake_all(atomic_uint *word)
     syscall(SYS_futex, (unsigned *)word, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
 }
 
-/* Spin (yielding now and then) until *word != value; false on timeout. */
-static bool spin_until_changed(atomic_uint *word, unsigned value)
-{
-    for (int round = 0; round < SPIN_ROUNDS; round++) {
-        for (int i = 0; i < SPINS_PER_YIELD; i++) {
-            if (atomic_load_explicit(word, memory_order_acquire) != value)
-                return true;
-            cpu_relax();
-        }
-        sched_yield();
-    }
-    return false;
-}
-
 /* A worker's progress through the current hint. */
 struct hint_cursor {
     int worker;     /* 0 .. n_threads - 2: its share of the lines */
@@ -117,16 +103,17 @@ static void prefetch_hint(threads_pool *p, struct hint_cursor *cur, unsigned see
     cur->done = true;
 }
 
-/* spin_until_changed on the generation, prefetching the hint meanwhile. */
-static bool spin_for_generation(threads_pool *p, unsigned seen, struct hint_cursor *cur)
+/* Spin (yielding now and then) until *word != value; false on timeout. A
+ * waiting worker passes its hint cursor (cur, else NULL) to prefetch the
+ * current hint meanwhile; *word is then the generation, value the one seen. */
+static bool spin_until_changed(atomic_uint *word, unsigned value, threads_pool *p, struct hint_cursor *cur)
 {
     for (int round = 0; round < SPIN_ROUNDS; round++) {
         for (int i = 0; i < SPINS_PER_YIELD; i++) {
-            if (atomic_load_explicit(&p->generation, memory_order_acquire) != seen)
+            if (atomic_load_explicit(word, memory_order_acquire) != value)
                 return true;
-            unsigned seq = atomic_load_explicit(&p->hint_seq, memory_order_relaxed);
-            if (seq != cur->seq || !cur->done)
-                prefetch_hint(p, cur, seen);
+            if (cur && (atomic_load_explicit(&p->hint_seq, memory_order_relaxed) != cur->seq || !cur->done))
+                prefetch_hint(p, cur, value);
             cpu_relax();
         }
         sched_yield();
@@ -136,7 +123,7 @@ static bool spin_for_generation(threads_pool *p, unsigned seen, struct hint_curs
 
 static unsigned wait_for_generation(threads_pool *p, unsigned seen, struct hint_cursor *cur)
 {
-    if (!spin_for_generation(p, seen, cur)) {
+    if (!spin_until_changed(&p->generation, seen, p, cur)) {
         /* seq_cst pairs with threads_run: it bumps generation, then reads
          * workers_asleep; either it sees us or futex_wait sees the bump. */
         atomic_fetch_add(&p->workers_asleep, 1);
@@ -179,7 +166,7 @@ static void finish_region(threads_pool *p, unsigned gen)
 {
     unsigned left;
     while ((left = atomic_load_explicit(&p->unfinished, memory_order_acquire)) != 0) {
-        if (spin_until_changed(&p->unfinished, left))
+        if (spin_until_changed(&p->unfinished, left, p, NULL))
             continue;
         int ith = claim_call(p, gen);
         if (ith < 0)
