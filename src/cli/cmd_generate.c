@@ -465,7 +465,8 @@ static void learn_cost(struct gen_run *r, int32_t k, double seconds)
         /* k + 1 tokens in one pass never cost more than k + 1 passes: a
          * slower pass was preempted on a busy machine, and an estimate that
          * high would stop the drafting that could correct it */
-        double extra = (seconds - r->step_s) / k < r->step_s ? (seconds - r->step_s) / k : r->step_s;
+        double extra = (seconds - r->step_s) / k;
+        extra = extra < r->step_s ? extra : r->step_s;
         /* the first measurement weighs half against the guess (0.1 of a step), not a quarter against
          * nothing: a tiny model's extra token costs half a step or more */
         r->extra_token_s = r->extra_token_s > 0 ? 0.75 * r->extra_token_s + 0.25 * extra : 0.05 * r->step_s + 0.5 * extra;

@@ -100,7 +100,7 @@ static size_t max_work(const struct model *m, int32_t B)
             w = quant_matmul_experts_work_size(down_e.type, down_e.cols, g, g);
             best = w > best ? w : best;
         }
-        if (L && m->hp.n_expert == 0 && fuse_glu(L, 1)) /* decode's gate and up, fused */
+        if (L && m->hp.n_expert == 0) /* decode's gate and up, fused */
             for (int32_t n = 1; n <= B && fuse_glu(L, n); n++) {
                 size_t w = quant_matmul_experts_work_size(L->w_gate.type, L->w_gate.cols, n, n);
                 best = w > best ? w : best;
@@ -650,16 +650,13 @@ static ks_status ffn_block(struct model_ctx *c, int il, int64_t n)
     ks_status st;
     /* ffn rmsnorm, SwiGLU: down(silu(gate(x)) * up(x)) (gemma: GeGLU, then its post-ffn rmsnorm), residual */
     rmsnorm_rows(elementwise_pool(c, n), c->xb, c->x, L->ffn_norm, NULL, n, hp->n_embd, hp->rms_eps);
-    if (fuse_glu(L, n)) {
-        if ((st = gate_up_fused(c, L, n)))
-            return st;
-        prefetch_next(c, n, &L->w_down, NULL);
-    } else {
-        const struct model_mat *gate_up[] = {&L->w_gate, &L->w_up};
-        float *const gate_up_out[] = {c->hb, c->hb2};
-        if ((st = matmul_same_input(c, gate_up, gate_up_out, 2, c->xb, n)))
-            return st;
-        prefetch_next(c, n, &L->w_down, NULL);
+    const struct model_mat *gate_up[] = {&L->w_gate, &L->w_up};
+    float *const gate_up_out[] = {c->hb, c->hb2};
+    bool fused = fuse_glu(L, n);
+    if ((st = fused ? gate_up_fused(c, L, n) : matmul_same_input(c, gate_up, gate_up_out, 2, c->xb, n)))
+        return st;
+    prefetch_next(c, n, &L->w_down, NULL);
+    if (!fused) {
         struct swiglu_job sj = {c->hb, c->hb2, n * hp->n_ff};
         threads_run(elementwise_pool(c, n), hp->ffn_act == MODEL_FFN_GEGLU ? geglu_task : swiglu_task, &sj);
     }
