@@ -25,15 +25,18 @@
 # BIN is build/kvserve (bench_serve is taken from beside it); llama-server from ANCHOR (default
 # $KVSERVE_SHARED/anchor/bin, else ../shared/anchor/bin). Default set-ups: redis redis-warm route local llama.
 # Env: THREADS per replica (1), CLIENTS (32), PREFIX (2000), SUFFIX (32), GEN (32), RATE requests/s (1),
-# PARALLEL slots per replica (16), CTX (4096), SEED (1). Prompts are token ids, so the model's vocabulary
+# RATES (a list, e.g. "1 2 4": every set-up at each rate, one table; default RATE), PARALLEL slots per
+# replica (16), CTX (4096), SEED (1). Prompts are token ids, so the model's vocabulary
 # needs 356 ids or more. The tier pays when computing the prefix costs more than reading its pages: use a
 # model whose 2,000-token prefill takes seconds on THREADS, e.g. `kvserve synth --preset smollm2-135m --type
 # q8_0 -o /tmp/smollm2-q8_0.gguf` (~8 s on one thread of a 2-core Xeon; each kvserve set-up then takes about a
 # minute, llama ~8: llama-server computes the prefix again in each of its slots). RATE 1 keeps two one-thread
 # replicas of that model out of saturation once the prefix is cached, so the TTFTs measure the tier, not a
-# queue. Needs redis-server, redis-cli, haproxy, curl, python3. Run on a quiet machine.
+# queue; but at 1/s only the clients arriving during a fresh replica's ~8 s prefix wait for it, so the p50 is a
+# cached request with or without the tier. A fleet scales out under load: RATES="1 2 4" shows the tier's
+# gain as more clients meet a cold replica (the summary lines give each rate's p50/p99 ratios). Needs redis-server, redis-cli, haproxy, curl, python3. Run on a quiet machine.
 set -euo pipefail
-usage() { sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,38p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [ $# -ge 2 ] || usage
 bin=$1 model=$2; shift 2
 [ -x "$bin" ] && [ -f "$model" ] || usage
@@ -48,7 +51,7 @@ bench=$(dirname "$bin")/bench_serve
 [ -x "$bench" ] || { echo "bench/cluster.sh: no $bench (cmake --build build --target bench_serve)" >&2; exit 1; }
 anchor=${ANCHOR:-${KVSERVE_SHARED:-$here/../shared}/anchor/bin}
 THREADS=${THREADS:-1} CLIENTS=${CLIENTS:-32} PREFIX=${PREFIX:-2000} SUFFIX=${SUFFIX:-32} GEN=${GEN:-32}
-RATE=${RATE:-1} PARALLEL=${PARALLEL:-16} CTX=${CTX:-4096} SEED=${SEED:-1}
+RATE=${RATE:-1} RATES=${RATES:-${RATE:-1}} PARALLEL=${PARALLEL:-16} CTX=${CTX:-4096} SEED=${SEED:-1}
 for c in redis-server redis-cli haproxy curl python3; do
   command -v $c >/dev/null || { echo "bench/cluster.sh: $c is not installed (scripts/deps.sh)" >&2; exit 1; }
 done
@@ -155,7 +158,7 @@ warm_tier() { # kvserve flags...
   done
   [ "$done_pages" -ge "$want" ] || echo "warning: the warm-up replica wrote $done_pages of the prefix's $want pages" >&2
   printf -- '- %s: a warm-up replica computed the prefix and wrote %s pages (%.1f MiB) to Redis in %.1f s before the 2 fresh replicas started\n' \
-    "$setup" "$done_pages" "$(awk -v b="$(metric_of "$wport" kvserve_redis_write_bytes_total)" 'BEGIN { print b / 1048576 }')" \
+    "$setup at $RATE/s" "$done_pages" "$(awk -v b="$(metric_of "$wport" kvserve_redis_write_bytes_total)" 'BEGIN { print b / 1048576 }')" \
     "$(awk -v a="$t0" -v b="$(now)" 'BEGIN { print b - a }')" >>"$tmp/notes"
   kill -TERM "$wpid"
   wait "$wpid" 2>/dev/null || true
@@ -168,7 +171,7 @@ warm_tier() { # kvserve flags...
 same_text() { # setup
   if [ "$1" = llama ]; then echo "-"; elif [ "$1" = "$ref" ]; then echo "(reference)"; else
     awk '{ i = $1; sub(/^[^ ]* [^ ]* /, "") } NR == FNR { t[i] = $0; next } { n++; same += ($0 == t[i]) }
-         END { printf "%d/%d\n", same, n }' "$tmp/out.$ref" "$tmp/out.$1"
+         END { printf "%d/%d\n", same, n }' "$tmp/out.$ref.$RATE" "$tmp/out.$1.$RATE"
   fi
 }
 
@@ -189,16 +192,16 @@ run_setup() { # setup -> one table row
   local t0 t1
   t0=$(now)
   "$bench" --url "$url" --clients "$CLIENTS" --requests "$CLIENTS" --prompt-len $((PREFIX + SUFFIX)) \
-    --shared-prefix "$PREFIX" --gen-len "$GEN" --rate "$RATE" --seed "$SEED" --out "$tmp/out.$setup" \
-    >"$tmp/bench.$setup" 2>&1 || true
-  grep -q '^| [0-9]' "$tmp/bench.$setup" || { echo "bench_serve failed on $setup:"; cat "$tmp/bench.$setup"; exit 1; }
-  grep -h '^bench_serve: ' "$tmp/bench.$setup" | sed "s/^/- $setup: /" >>"$tmp/notes" || true
+    --shared-prefix "$PREFIX" --gen-len "$GEN" --rate "$RATE" --seed "$SEED" --out "$tmp/out.$setup.$RATE" \
+    >"$tmp/bench.$setup.$RATE" 2>&1 || true
+  grep -q '^| [0-9]' "$tmp/bench.$setup.$RATE" || { echo "bench_serve failed on $setup:"; cat "$tmp/bench.$setup.$RATE"; exit 1; }
+  grep -h '^bench_serve: ' "$tmp/bench.$setup.$RATE" | sed "s/^/- $setup: /" >>"$tmp/notes" || true
   t1=$(now)
   local counts="- - - - - - - -"
   [ "$kind" = kvserve ] && counts=$(replica_counts)
-  local cached; cached=$(awk '$2 >= 0 { c += $2; n++ } END { if (n) printf "%d", c; else printf "-" }' "$tmp/out.$setup")
+  local cached; cached=$(awk '$2 >= 0 { c += $2; n++ } END { if (n) printf "%d", c; else printf "-" }' "$tmp/out.$setup.$RATE")
   # the bench_serve row: | clients | prompt | gen | prefix | rate | done | TTFT p50 | TTFT p99 | ...
-  awk -F'|' -v s="$setup" -v t="$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')" -v c="$counts" \
+  awk -F'|' -v s="$setup" -v rate="$RATE" -v t="$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')" -v c="$counts" \
     -v cached="$cached" -v same="$(same_text "$setup")" '
     function mib(x) { return x == "-" ? "-" : sprintf("%.1f", x / 1048576) }
     BEGIN { split(c, n, " ") }
@@ -206,18 +209,38 @@ run_setup() { # setup -> one table row
       src = n[5] == "-" ? "-" : sprintf("%d / %d / %d / %d", n[5], n[6], n[7], n[8] - n[6])
       trips = n[3] == "-" ? "-" : n[3] " / " n[4]
       gsub(/ /, "", $7); gsub(/ /, "", $8); gsub(/ /, "", $9)
-      printf "| %s | %s | %s | %s | %.1f | %s | %s | %s | %s | %s | %s |\n", s, $7, $8, $9, t, cached, src,
-             mib(n[1]), mib(n[2]), trips, same; exit }' "$tmp/bench.$setup"
+      printf "| %s | %s | %s | %s | %s | %.1f | %s | %s | %s | %s | %s | %s |\n", s, rate, $7, $8, $9, t, cached, src,
+             mib(n[1]), mib(n[2]), trips, same; exit }' "$tmp/bench.$setup.$RATE" | tee -a "$tmp/rows"
   stop_all
 }
 
 if [[ " ${setups[*]} " == *" llama "* ]]; then anchor_mirror; fi
 : >"$tmp/notes"
-echo "2 replicas x $THREADS threads, $CLIENTS clients, Poisson arrivals at $RATE/s, $PREFIX shared + $SUFFIX own tokens, $GEN generated"
+echo "2 replicas x $THREADS threads, $CLIENTS clients, Poisson arrivals at ${RATES// /, } requests/s, $PREFIX shared + $SUFFIX own tokens, $GEN generated"
 echo
 ref=
 for s in "${setups[@]}"; do [ "$s" = llama ] || { ref=$s; break; }; done
-echo "| set-up | done | TTFT p50 ms | TTFT p99 ms | total s | cached tokens (responses) | prompt tokens: RAM / in-flight / Redis / computed | MiB read from Redis | MiB written to Redis | lookups / round trips | greedy = ${ref:--} |"
-echo "|---|---|---|---|---|---|---|---|---|---|---|"
-for setup in "${setups[@]}"; do run_setup "$setup"; done
+echo "| set-up | rate/s | done | TTFT p50 ms | TTFT p99 ms | total s | cached tokens (responses) | prompt tokens: RAM / in-flight / Redis / computed | MiB read from Redis | MiB written to Redis | lookups / round trips | greedy = ${ref:--} |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
+: >"$tmp/rows"
+for RATE in $RATES; do
+  for setup in "${setups[@]}"; do run_setup "$setup"; done
+done
+# Each rate's TTFT ratios of every set-up against redis-warm (or the first kvserve set-up).
+awk -F'|' -v ref="$ref" '
+  { gsub(/ /, ""); s = $2; r = $3; p50[s, r] = $5; p99[s, r] = $6; if (!(r in seen)) { seen[r] = 1; rates[++nr] = r }
+    if (!(s in known)) { known[s] = 1; names[++ns] = s } }
+  END {
+    base = ("redis-warm", rates[1]) in p50 ? "redis-warm" : ref
+    for (i = 1; i <= nr; i++) {
+      r = rates[i]; line = ""
+      for (j = 1; j <= ns; j++) {
+        s = names[j]
+        if (s == base || !((s, r) in p50) || p50[base, r] + 0 <= 0) continue
+        line = line sprintf("%s %.2fx / %.2fx; ", s, p50[s, r] / p50[base, r], p99[s, r] / p99[base, r])
+      }
+      if (line != "") printf "- at %s/s, TTFT p50 / p99 of each set-up over %s'"'"'s: %s\n", r, base, substr(line, 1, length(line) - 2)
+    }
+  }' "$tmp/rows" >"$tmp/ratios"
+if [ -s "$tmp/ratios" ]; then echo; cat "$tmp/ratios"; fi
 if [ -s "$tmp/notes" ]; then echo; cat "$tmp/notes"; fi

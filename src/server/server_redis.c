@@ -15,7 +15,7 @@ cJSON *server_redis_usage_json(struct server *srv)
     const struct { const char *name; uint64_t v; } counts[] = {
         {"lookups", st.lookups}, {"round_trips", st.round_trips}, {"declined", st.declined}, {"hits", st.hits}, {"misses", st.misses}, {"reads", st.reads},
         {"read_bytes", st.read_bytes}, {"writes", st.writes}, {"write_bytes", st.write_bytes},
-        {"deduplicated", st.deduplicated}, {"dropped", st.dropped}, {"skipped", st.skipped},
+        {"deduplicated", st.deduplicated}, {"dropped", st.dropped},
         {"corrupt", st.corrupt}, {"foreign", st.foreign}, {"full", st.full}, {"timeouts", st.timeouts},
         {"errors", st.errors}, {"connect_failures", st.connect_failures}, {"reconnects", st.reconnects},
     };
@@ -71,8 +71,6 @@ void server_redis_metrics(struct server *srv, struct sbuf *b)
                   (double)st.deduplicated);
     server_metric(b, "kvserve_redis_dropped_total", "counter", "Pages not written: queue full or Redis down.",
                   (double)st.dropped);
-    server_metric(b, "kvserve_redis_skipped_total", "counter", "Pages in Redis not read: computing them was cheaper.",
-                  (double)st.skipped);
     sbuf_printf(b, "# HELP kvserve_redis_faults_total Faults of the Redis tier, by kind.\n"
                    "# TYPE kvserve_redis_faults_total counter\n");
     const struct { const char *kind; uint64_t v; } faults[] = {

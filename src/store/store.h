@@ -193,7 +193,6 @@ struct store_redis_stats {
     uint64_t writes, write_bytes;       /* pages Redis took */
     uint64_t deduplicated;              /* SET NX found the key there already */
     uint64_t dropped;                   /* puts dropped: a full queue or Redis down */
-    uint64_t skipped;                   /* pages present but not read: computing them was cheaper */
     uint64_t corrupt, foreign;          /* values failing the check: damaged; well formed but another model's or key's */
     uint64_t full;                      /* SETs refused for memory (OOM) */
     uint64_t timeouts, errors;          /* calls that timed out; other I/O or protocol errors */
