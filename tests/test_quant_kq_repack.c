@@ -326,8 +326,10 @@ static void test_repacked_matmul_matches_reference(void **state)
 {
     (void)state;
     const int R = quant_repack_rows();
-    const int64_t shapes[][2] = {{R, QK_K}, {3 * R + 5, 3 * QK_K}, {4 * R + R - 1, 2 * QK_K}, {64 + 3, 768}};
-    for (int th = 1; th <= 2; th++) {
+    /* 40 groups and a tail: threads take spans that shrink to one group (take_own_span) */
+    const int64_t shapes[][2] = {{R, QK_K}, {3 * R + 5, 3 * QK_K}, {4 * R + R - 1, 2 * QK_K}, {64 + 3, 768},
+                                 {40 * R + 3, QK_K}};
+    for (int th = 1; th <= 3; th++) {
         threads_pool *pool;
         assert_int_equal(threads_create(th, &pool), KS_OK);
         for (size_t ti = 0; ti < N_TYPES; ti++)

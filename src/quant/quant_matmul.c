@@ -138,6 +138,7 @@ static enum mm_path choose_path(enum quant_type wtype, int64_t n_tokens)
 #endif
 #endif
 #define RP_MIN_CHUNK_ROWS 64 /* rows per work item at least: a long sequential stream */
+#define SPAN_SHRINK 4        /* take_own_span: a take is at most a quarter of what is left of a range */
 #if defined(QUANT_HAVE_AVX2)
 #define RP_HAVE_TILES 1
 #endif
@@ -305,6 +306,39 @@ static int64_t take_own_chunk(struct mm_ranges *w, int ith, int nth, int64_t n_c
             return lo + c;
     }
     return -1;
+}
+
+/* Like take_own_chunk, in units that a take groups into spans: up to
+ * max_units while much of a range is left, then shrinking to one unit near
+ * its end, so the thread that finishes last is at most a unit behind the
+ * others, not a whole chunk (gemma3-1b's down: a 4-group chunk of its 6912
+ * columns is ~30 us of one core's stream). Which rows a span holds never
+ * changes a row's result. Returns false when none is left. */
+static bool take_own_span(struct mm_ranges *w, int ith, int nth, int64_t n_units, int64_t max_units, int64_t *u0,
+                          int64_t *u1)
+{
+    bool one_counter = nth > MM_RANGES;
+    for (int k = 0; k < (one_counter ? 1 : nth); k++) {
+        int r = (ith + k) % nth;
+        int64_t lo = 0, hi = n_units;
+        atomic_llong *next = &w->shared;
+        if (!one_counter) {
+            threads_split(n_units, r, nth, &lo, &hi);
+            next = &w->range[r].next;
+        }
+        int64_t left = hi - lo - atomic_load_explicit(next, memory_order_relaxed);
+        if (left <= 0)
+            continue;
+        int64_t span = (left + SPAN_SHRINK - 1) / SPAN_SHRINK;
+        span = span < 1 ? 1 : span > max_units ? max_units : span;
+        int64_t c = atomic_fetch_add_explicit(next, span, memory_order_relaxed);
+        if (c < hi - lo) {
+            *u0 = lo + c;
+            *u1 = lo + (c + span < hi - lo ? c + span : hi - lo);
+            return true;
+        }
+    }
+    return false;
 }
 
 /* The group kernels' job for m: tokens packed by quant_rp_pack_token at
@@ -961,7 +995,8 @@ static void fpre_compute(void *vctx, int ith, int nth)
  * repacked, quant_matmul_repacked) would pick for its token count, so the
  * results are the same bits. */
 
-#define EX_ROWS 64              /* rows per work item of the decode and generic paths */
+#define EX_ROWS 16              /* rows per work item of the decode and generic paths */
+#define EX_SPAN_ITEMS 4         /* items per take at most (take_own_span): 64 decode rows, one stream */
 #define EX_FL_PANELS 8          /* float prefill: FL_R-row panels per work item */
 #define EX_PACK_INLINE 32768    /* activation elements below which packing stays on the caller */
 
@@ -1251,6 +1286,12 @@ static void ex_finish_rows(const struct quant_moe_mm *p, const struct ex_expert 
     }
 }
 
+/* The prefill tiles' per-thread scratch holds one work item's rows. */
+static bool ex_is_prefill(enum mm_path path)
+{
+    return path == MM_Q8_PREFILL || path == MM_FLOAT_PREFILL || path == MM_KQ_PREFILL || path == MM_Q8_PREFILL_AVX2;
+}
+
 static void ex_compute(void *vctx, int ith, int nth)
 {
     struct ex_run *r = vctx;
@@ -1258,14 +1299,20 @@ static void ex_compute(void *vctx, int ith, int nth)
     struct ex_scratch sc = {0};
     /* each thread's own items first: its experts' rows are one stream, which
      * the kernels' prefetches follow from one item into the next */
-    for (int64_t it; (it = take_own_chunk(&r->items, ith, nth, r->n_items)) >= 0;) {
-        const struct ex_expert *x = ex_of_item(r, it);
-        int64_t r0 = (it - x->item0) * x->item_rows, r1 = r0 + x->item_rows < p->rows ? r0 + x->item_rows : p->rows;
-        if (!ex_rows(r, x, 0, r0, r1, &sc) || (p->W2 && !ex_rows(r, x, 1, r0, r1, &sc))) {
-            atomic_store(&r->failed, 1);
-            break;
+    for (int64_t u0, u1; !atomic_load_explicit(&r->failed, memory_order_relaxed) &&
+                         take_own_span(&r->items, ith, nth, r->n_items, EX_SPAN_ITEMS, &u0, &u1);) {
+        for (int64_t it = u0, end; it < u1; it = end) { /* the span's items, an expert's at a time */
+            const struct ex_expert *x = ex_of_item(r, it);
+            end = x->item0 + x->n_items < u1 ? x->item0 + x->n_items : u1;
+            end = ex_is_prefill(x->path) ? it + 1 : end;
+            int64_t r0 = (it - x->item0) * x->item_rows, r1 = (end - x->item0) * x->item_rows;
+            r1 = r1 < p->rows ? r1 : p->rows;
+            if (!ex_rows(r, x, 0, r0, r1, &sc) || (p->W2 && !ex_rows(r, x, 1, r0, r1, &sc))) {
+                atomic_store(&r->failed, 1);
+                break;
+            }
+            ex_finish_rows(p, x, r0, r1);
         }
-        ex_finish_rows(p, x, r0, r1);
     }
 #if defined(QUANT_HAVE_AVX512)
     free(sc.pp.buf);
@@ -1412,26 +1459,24 @@ static void rp_pack(void *vctx, int ith, int nth)
         quant_rp_pack_token(m->wtype, m->X + t * m->cols, m->cols, (struct quant_rp_act *)(m->work + t * m->xrow));
 }
 
-/* Groups are handed out in chunks, as dec_compute's rows are, and for the
- * same reason. A thread's own range is one stream: on qwen3-0.6b's layer
- * shapes that beat one shared counter (chunks alternating between threads)
- * by 4-6%, 25 -> 26.3 GB/s (bench_matmul q4_0, 2 threads, AVX-512). The
- * row-major tail rows are one more work item. */
+/* Groups are handed out in spans (take_own_span), as dec_compute's rows are
+ * in chunks, and for the same reason. A thread's own range is one stream:
+ * on qwen3-0.6b's layer shapes that beat one shared counter (chunks
+ * alternating between threads) by 4-6%, 25 -> 26.3 GB/s (bench_matmul q4_0,
+ * 2 threads, AVX-512). The row-major tail rows are one more unit, the last. */
 static void groups_compute(struct mm *m, int ith, int nth, void (*groups)(const struct mm *m, int64_t g0, int64_t g1),
                            void (*tail)(const struct mm *m))
 {
     int64_t n_groups = m->rows / QUANT_RP_ROWS;
     int64_t chunk = n_groups / ((int64_t)nth * 8);
     chunk = chunk < RP_MIN_CHUNK_ROWS / QUANT_RP_ROWS ? RP_MIN_CHUNK_ROWS / QUANT_RP_ROWS : chunk;
-    int64_t n_chunks = ceil_div(n_groups, chunk);
     bool has_tail = m->rows % QUANT_RP_ROWS != 0;
-    for (int64_t ci; (ci = take_own_chunk(&m->own, ith, nth, n_chunks + has_tail)) >= 0;) {
-        if (ci == n_chunks) {
+    /* unit n_groups is the row-major tail */
+    for (int64_t g0, g1; take_own_span(&m->own, ith, nth, n_groups + has_tail, chunk, &g0, &g1);) {
+        if (g0 < n_groups)
+            groups(m, g0, g1 < n_groups ? g1 : n_groups);
+        if (g1 > n_groups)
             tail(m);
-            continue;
-        }
-        int64_t g0 = ci * chunk, g1 = g0 + chunk < n_groups ? g0 + chunk : n_groups;
-        groups(m, g0, g1);
     }
 }
 
