@@ -863,6 +863,77 @@ static void test_matmul_experts_geglu(void **state)
     }
 }
 
+/* One token's gate/up/GLU region that also packs its output for a k-quant
+ * down (quant_moe_mm.Yq): the same Y, its packed row the bits of
+ * quant_act_quantizer on the whole row; quant_matmul_packed on it the bits
+ * of quant_matmul(_repacked) on Y. */
+static void check_packs_next_input(threads_pool *pool, enum quant_type gtype, enum quant_type dtype, bool repacked,
+                                   enum quant_glu glu)
+{
+    const int64_t F = 3 * QK_K, D = QK_K, drows = 5 * quant_repack_rows();
+    int32_t start[2] = {0, 1};
+    uint8_t *Wg = random_weights(gtype, F, D), *Wu = random_weights(gtype, F, D);
+    uint8_t *Wd = random_weights(dtype, drows, F);
+    bool rp_g = repacked && quant_repack_fits(gtype, F, D), rp_d = repacked && quant_repack_fits(dtype, drows, F);
+    if (rp_g) {
+        assert_int_equal(quant_repack(gtype, F, D, Wg), KS_OK);
+        assert_int_equal(quant_repack(gtype, F, D, Wu), KS_OK);
+    }
+    if (rp_d)
+        assert_int_equal(quant_repack(dtype, drows, F, Wd), KS_OK);
+    size_t qb = quant_matmul_packed_bytes(dtype, F), ws = quant_matmul_experts_work_size(gtype, D, 1, 1);
+    size_t wd = quant_matmul_work_size(dtype, F, 1);
+    ws = ws > wd ? ws : wd;
+    float *X = malloc(D * sizeof(float)), *Y = malloc(F * sizeof(float)), *Y2 = malloc(F * sizeof(float));
+    float *R = malloc(F * sizeof(float)), *R2 = malloc(F * sizeof(float));
+    float *yd = malloc(drows * sizeof(float)), *rd = malloc(drows * sizeof(float));
+    uint8_t *Yq = malloc(qb), *Rq = malloc(qb);
+    void *work = malloc(ws);
+    assert_true(X && Y && Y2 && R && R2 && yd && rd && Yq && Rq && work);
+    fill_random(X, D, 3.0f);
+    struct quant_moe_mm p = {.wtype = gtype, .rows = F, .cols = D, .W = Wg, .W2 = Wu,
+                             .stride = quant_row_size(gtype, D) * (size_t)F, .n_expert = 1, .start = start, .X = X,
+                             .n_x = 1, .Y = R, .Y2 = R2, .swiglu = true, .repacked = rp_g, .glu = glu};
+    assert_int_equal(quant_matmul_experts(pool, &p, work, ws), KS_OK);
+    quant_act_quantizer(dtype)(R, Rq, F);
+    p.Y = Y, p.Y2 = Y2, p.Yq = Yq, p.yq_type = dtype;
+    assert_true(quant_matmul_takes_packed(dtype, rp_d, F));
+    assert_int_equal(quant_matmul_experts(pool, &p, work, ws), KS_OK);
+    assert_memory_equal(Y, R, F * sizeof(float));
+    assert_memory_equal(Yq, Rq, qb);
+    assert_int_equal(quant_matmul_packed(pool, Wd, dtype, rp_d, drows, F, Yq, yd), KS_OK);
+    assert_int_equal(rp_d ? quant_matmul_repacked(pool, Wd, dtype, drows, F, R, 1, rd, work, ws)
+                          : quant_matmul(pool, Wd, dtype, drows, F, R, 1, rd, work, ws), KS_OK);
+    assert_memory_equal(yd, rd, drows * sizeof(float));
+    free(Wg), free(Wu), free(Wd), free(X), free(Y), free(Y2), free(R), free(R2), free(yd), free(rd), free(Yq);
+    free(Rq), free(work);
+}
+
+static void test_matmul_experts_packs_next_input(void **state)
+{
+    (void)state;
+    const enum quant_type gtypes[] = {QUANT_Q5_0, QUANT_Q4_0, QUANT_Q4_K};
+    const enum quant_type dtypes[] = {QUANT_Q6_K, QUANT_Q4_K, QUANT_Q5_K};
+    for (int th = 1; th <= 3; th++) {
+        threads_pool *pool;
+        assert_int_equal(threads_create(th, &pool), KS_OK);
+        for (size_t i = 0; i < sizeof gtypes / sizeof gtypes[0]; i++)
+            for (int rp = 0; rp < 2; rp++)
+                check_packs_next_input(pool, gtypes[i], dtypes[i], rp, i == 1 ? QUANT_GLU_SILU : QUANT_GLU_GELU);
+        threads_free(pool);
+    }
+    /* refused: a matrix that does not read Q8_K rows, a packed output of two experts */
+    float x[QK_K] = {0}, y[QK_K];
+    uint8_t w[4096] = {0}, q[1024], work[65536];
+    assert_false(quant_matmul_takes_packed(QUANT_Q4_0, false, QK_K));
+    assert_int_equal(quant_matmul_packed(NULL, w, QUANT_Q4_0, false, 1, QK_K, q, y), KS_ERR_INVALID_ARG);
+    int32_t start[3] = {0, 1, 1};
+    struct quant_moe_mm p = {.wtype = QUANT_Q4_0, .rows = QK_K, .cols = 32, .W = w, .W2 = w,
+                             .stride = QK_K * sizeof(block_q4_0), .n_expert = 2, .start = start, .X = x, .n_x = 1,
+                             .Y = y, .Y2 = y, .swiglu = true, .Yq = q, .yq_type = QUANT_Q4_K};
+    assert_int_equal(quant_matmul_experts(NULL, &p, work, sizeof work), KS_ERR_INVALID_ARG);
+}
+
 static void test_matmul_experts_vs_per_expert(void **state)
 {
     (void)state;
@@ -1111,6 +1182,7 @@ int main(void)
         cmocka_unit_test(test_swiglu_oai_simd_vs_scalar),
         cmocka_unit_test(test_matmul_experts_bias_oai),
         cmocka_unit_test(test_matmul_experts_geglu),
+        cmocka_unit_test(test_matmul_experts_packs_next_input),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

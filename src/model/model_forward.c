@@ -19,6 +19,7 @@ struct model_ctx {
     float *k, *v;                /* (B, n_head_kv * head_dim) */
     float *att;                  /* (B, n_head * head_dim) attention output */
     float *hb, *hb2;             /* (B, n_ff) gate and up; MoE: (C * n_expert_used, n_ff_exp) grouped */
+    void *hbq;                   /* one token's hb in Q8_K rows (down_packed), or NULL */
     /* mixture of experts (n_expert > 0) */
     float *router;               /* (B, n_expert) router logits, then probabilities */
     int32_t *sel;                /* (B, n_expert_used) selected experts of each token, in llama.cpp's order */
@@ -153,6 +154,10 @@ ks_status model_ctx_create(const struct model *m, int32_t max_batch_tokens, thre
     c->hb = malloc(hrows * ff * sizeof(float));
     c->hb2 = malloc(hrows * ff * sizeof(float));
     bool moe = hp->n_expert > 0;
+    if (!moe && ff % QK_K == 0) {
+        size_t qbytes = quant_row_size(QUANT_Q8_K, (int64_t)ff);
+        c->hbq = aligned_alloc(64, (qbytes + 63) / 64 * 64);
+    }
     if (moe) {
         size_t k = (size_t)hp->n_expert_used;
         c->router = malloc(B * (size_t)hp->n_expert * sizeof(float));
@@ -176,7 +181,7 @@ ks_status model_ctx_create(const struct model *m, int32_t max_batch_tokens, thre
     if (!c->x || !c->xb || !c->xb2 || !c->q || !c->k || !c->v || !c->att || !c->hb || !c->hb2 || !c->rope_cs ||
         !c->queries || !c->out_rows || !c->seqs || !c->seq_start || !c->seq_count || !c->work ||
         (moe && (!c->router || !c->sel || !c->sel_w || !c->exp_start || !c->grp_tok || !c->row_of || !c->xg)) ||
-        (m->rope_swa_own && !c->rope_cs_swa)) {
+        (m->rope_swa_own && !c->rope_cs_swa) || (!moe && ff % QK_K == 0 && !c->hbq)) {
         model_ctx_free(c);
         return ks_fail(KS_ERR_NOMEM, "out of memory for a model context of %d batch tokens", max_batch_tokens);
     }
@@ -190,6 +195,7 @@ void model_ctx_free(struct model_ctx *c)
         return;
     free(c->x), free(c->xb), free(c->xb2), free(c->q), free(c->k), free(c->v), free(c->att);
     free(c->hb), free(c->hb2), free(c->rope_cs), free(c->rope_cs_swa), free(c->queries), free(c->out_rows);
+    free(c->hbq);
     free(c->seqs), free(c->seq_start), free(c->seq_count), free(c->work);
     free(c->router), free(c->sel), free(c->sel_w), free(c->exp_start), free(c->grp_tok), free(c->row_of), free(c->xg);
     free(c);
@@ -629,6 +635,16 @@ static ks_status attention_block(struct model_ctx *c, struct kv_cache *kv, int i
     return KS_OK;
 }
 
+/* One token's down reads its input packed by the gate/up region
+ * (quant_moe_mm.Yq), each block by the thread that finished it, rather than
+ * by the caller between the regions (gemma3-1b's 6912 values, half of them
+ * in the other core's cache). */
+static bool down_packed(const struct model_ctx *c, const struct model_layer *L, int64_t n)
+{
+    const struct model_mat *d = &L->w_down;
+    return n == 1 && c->hbq && L->w_gate.rows == d->cols && quant_matmul_takes_packed(d->type, d->repacked, d->cols);
+}
+
 static ks_status gate_up_fused(struct model_ctx *c, const struct model_layer *L, int64_t n)
 {
     const struct model_hparams *hp = &c->m->hp;
@@ -640,6 +656,8 @@ static ks_status gate_up_fused(struct model_ctx *c, const struct model_layer *L,
         .n_x = n, .Y = c->hb, .Y2 = c->hb2, .swiglu = true, .repacked = g->repacked,
         .glu = hp->ffn_act == MODEL_FFN_GEGLU ? QUANT_GLU_GELU : QUANT_GLU_SILU,
     };
+    if (down_packed(c, L, n))
+        p.Yq = c->hbq, p.yq_type = L->w_down.type;
     return quant_matmul_experts(c->pool, &p, c->work, c->work_size);
 }
 
@@ -660,7 +678,12 @@ static ks_status ffn_block(struct model_ctx *c, int il, int64_t n)
         struct swiglu_job sj = {c->hb, c->hb2, n * hp->n_ff};
         threads_run(elementwise_pool(c, n), hp->ffn_act == MODEL_FFN_GEGLU ? geglu_task : swiglu_task, &sj);
     }
-    if ((st = matmul(c, &L->w_down, c->hb, n, c->xb2)))
+    if (fused && down_packed(c, L, n))
+        st = quant_matmul_packed(c->pool, L->w_down.data, L->w_down.type, L->w_down.repacked, L->w_down.rows,
+                                 L->w_down.cols, c->hbq, c->xb2);
+    else
+        st = matmul(c, &L->w_down, c->hb, n, c->xb2);
+    if (st)
         return st;
     prefetch_next(c, n, il + 1 < c->m->hp.n_layer ? &c->m->layers[il + 1].wq : &c->m->output, NULL);
     if (L->post_ffn_norm)

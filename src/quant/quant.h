@@ -298,7 +298,25 @@ struct quant_moe_mm {
      * Y[g][r] += B[e * rows + r]; and its clamped SwiGLU instead of SiLU */
     const float *B, *B2;     /* (n_expert, rows) each, or NULL */
     enum quant_glu glu;      /* with swiglu: QUANT_GLU_SILU (0), QUANT_GLU_OAI or QUANT_GLU_GELU */
+    /* NULL, or (swiglu, one expert, one row, rows a multiple of 256) the
+     * activated row packed here as quant_matmul_packed's input for a matrix
+     * of type yq_type (quant_matmul_takes_packed), each 256-value block by
+     * the thread that finishes its rows: the next matmul's packing moves off
+     * the caller into this region. quant_matmul_packed_bytes(yq_type, rows). */
+    void *Yq;
+    enum quant_type yq_type;
 };
+/* True if one token's product with a wtype matrix of this width (repacked
+ * or not) reads its activations in Q8_K rows (the k-quants' decode), so that
+ * quant_matmul_packed can take them packed elsewhere (quant_moe_mm.Yq). */
+bool quant_matmul_takes_packed(enum quant_type wtype, bool repacked, int64_t cols);
+/* Bytes of one token's packed activations for it. */
+size_t quant_matmul_packed_bytes(enum quant_type wtype, int64_t cols);
+/* y = W x for one token given as Xq, x packed as the matmul would pack it
+ * (quant_act_quantizer's rows): the same bits as quant_matmul(_repacked) on
+ * x. KS_ERR_INVALID_ARG unless quant_matmul_takes_packed. */
+ks_status quant_matmul_packed(threads_pool *pool, const void *W, enum quant_type wtype, bool repacked, int64_t rows,
+                              int64_t cols, const void *Xq, float *Y);
 /* Scratch for quant_matmul_experts: enough for any grouping of n_grouped
  * rows over n_x X rows, repacked or not (non-decreasing in both). */
 size_t quant_matmul_experts_work_size(enum quant_type wtype, int64_t cols, int64_t n_x, int64_t n_grouped);

@@ -1030,6 +1030,7 @@ struct ex_run {
     atomic_llong next;       /* packing: units taken */
     struct mm_ranges items;  /* compute: take_own_chunk */
     atomic_int failed;
+    atomic_int *yq_done;     /* p->Yq: rows of each 256-row block finished */
 };
 
 /* X row of expert x's token t */
@@ -1287,6 +1288,20 @@ static void ex_finish_rows(const struct quant_moe_mm *p, const struct ex_expert 
 }
 
 /* The prefill tiles' per-thread scratch holds one work item's rows. */
+/* p->Yq: count rows r0 .. r1 finished; the thread that finishes a block's
+ * last rows packs it (acq_rel: it sees the other threads' rows). */
+static void ex_pack_finished(const struct ex_run *r, int64_t r0, int64_t r1)
+{
+    const struct quant_moe_mm *p = r->p;
+    size_t bb = quant_row_size(quant_traits(p->yq_type)->vec_dot_type, QK_K);
+    for (int64_t lo = r0, hi; lo < r1; lo = hi) {
+        int64_t b = lo / QK_K;
+        hi = (b + 1) * QK_K < r1 ? (b + 1) * QK_K : r1;
+        if (atomic_fetch_add_explicit(&r->yq_done[b], (int)(hi - lo), memory_order_acq_rel) + (hi - lo) == QK_K)
+            quant_act_quantizer(p->yq_type)(p->Y + b * QK_K, (uint8_t *)p->Yq + (size_t)b * bb, QK_K);
+    }
+}
+
 static bool ex_is_prefill(enum mm_path path)
 {
     return path == MM_Q8_PREFILL || path == MM_FLOAT_PREFILL || path == MM_KQ_PREFILL || path == MM_Q8_PREFILL_AVX2;
@@ -1312,6 +1327,8 @@ static void ex_compute(void *vctx, int ith, int nth)
                 break;
             }
             ex_finish_rows(p, x, r0, r1);
+            if (p->Yq)
+                ex_pack_finished(r, r0, r1);
         }
     }
 #if defined(QUANT_HAVE_AVX512)
@@ -1375,6 +1392,10 @@ ks_status quant_matmul_experts(threads_pool *pool, const struct quant_moe_mm *p,
         (p->glu != QUANT_GLU_SILU && ((p->glu != QUANT_GLU_OAI && p->glu != QUANT_GLU_GELU) || !p->swiglu)) || (!p->x_rows && p->n_x != n_grouped))
         return ks_fail(KS_ERR_INVALID_ARG, "matmul_experts: bad shape rows=%lld cols=%lld experts=%d rows=%lld for %s",
                        (long long)p->rows, (long long)p->cols, p->n_expert, (long long)n_grouped, tr->name);
+    if (p->Yq && (!p->swiglu || p->n_expert != 1 || n_grouped != 1 || p->rows % QK_K ||
+                  !quant_matmul_takes_packed(p->yq_type, false, p->rows)))
+        return ks_fail(KS_ERR_INVALID_ARG, "matmul_experts: packing the output for %s needs one row of one expert's "
+                       "SwiGLU, %lld rows a multiple of %d", quant_type_name(p->yq_type), (long long)p->rows, QK_K);
     if (p->repacked && !quant_repack_fits(p->wtype, p->rows, p->cols))
         return ks_fail(KS_ERR_INVALID_ARG,
                        "matmul_experts: repacked %s experts of %lld x %lld cannot exist (groups of %d rows)", tr->name,
@@ -1389,8 +1410,9 @@ ks_status quant_matmul_experts(threads_pool *pool, const struct quant_moe_mm *p,
     r.ex = malloc(sizeof *r.ex * (size_t)(n_grouped < p->n_expert ? n_grouped : p->n_expert));
     r.tok_rows = malloc(sizeof *r.tok_rows * (size_t)p->n_x);
     uint8_t *need_row = calloc((size_t)p->n_x, 1);
-    if (!r.ex || !r.tok_rows || !need_row) {
-        free(r.ex), free(r.tok_rows), free(need_row);
+    r.yq_done = p->Yq ? calloc((size_t)(p->rows / QK_K), sizeof *r.yq_done) : NULL;
+    if (!r.ex || !r.tok_rows || !need_row || (p->Yq && !r.yq_done)) {
+        free(r.ex), free(r.tok_rows), free(need_row), free(r.yq_done);
         return ks_fail(KS_ERR_NOMEM, "matmul_experts: out of memory for %lld rows", (long long)n_grouped);
     }
     uint8_t *base = (uint8_t *)(((uintptr_t)work + MM_ALIGN - 1) & ~(uintptr_t)(MM_ALIGN - 1));
@@ -1444,7 +1466,7 @@ ks_status quant_matmul_experts(threads_pool *pool, const struct quant_moe_mm *p,
         if (r.ex[i].pack == EX_PACK_AVX2)
             st = ex_avx2_expert(pool, &r, &r.ex[i], own);
 #endif
-    free(r.ex), free(r.tok_rows);
+    free(r.ex), free(r.tok_rows), free(r.yq_done);
     return st;
 }
 
@@ -1653,6 +1675,38 @@ static ks_status matmul_run(threads_pool *pool, const void *W, enum quant_type w
     struct mm m;
     ks_status st = mm_init(&m, W, wtype, repacked, rows, cols, X, n_tokens, Y, work, work_size);
     return st ? st : mm_run(pool, &m);
+}
+
+bool quant_matmul_takes_packed(enum quant_type wtype, bool repacked, int64_t cols)
+{
+    const struct quant_traits *tr = quant_traits(wtype);
+    if (!tr || !tr->vec_dot || tr->vec_dot_type != QUANT_Q8_K || cols <= 0 || cols % QK_K)
+        return false;
+    enum mm_path path = repacked ? choose_repacked_path(wtype, 1) : choose_path(wtype, 1);
+    return path == MM_KQ_REPACKED || path == MM_GENERIC;
+}
+
+size_t quant_matmul_packed_bytes(enum quant_type wtype, int64_t cols)
+{
+    const struct quant_traits *tr = quant_traits(wtype);
+    return tr && tr->is_quantized ? quant_row_size(tr->vec_dot_type, cols) : 0;
+}
+
+ks_status quant_matmul_packed(threads_pool *pool, const void *W, enum quant_type wtype, bool repacked, int64_t rows,
+                              int64_t cols, const void *Xq, float *Y)
+{
+    if (!quant_matmul_takes_packed(wtype, repacked, cols))
+        return ks_fail(KS_ERR_INVALID_ARG, "matmul_packed: a %s%s matrix of %lld columns does not read Q8_K rows",
+                       repacked ? "repacked " : "", quant_type_name(wtype), (long long)cols);
+    struct mm m; /* its work is Xq itself: no scratch */
+    ks_status st = mm_init(&m, W, wtype, repacked, rows, cols, (const float *)Xq, 1, Y, (void *)(uintptr_t)Xq,
+                           SIZE_MAX);
+    if (st)
+        return st;
+    m.work = (uint8_t *)(uintptr_t)Xq;
+    m.xrow = quant_matmul_packed_bytes(wtype, cols);
+    threads_run(pool, decode_compute(m.path), &m);
+    return mm_failed(&m);
 }
 
 /* ---- several matrices on one input ------------------------------------------- */
