@@ -150,6 +150,41 @@ static void test_greedy_is_argmax(void **state)
     sample_free(s);
 }
 
+/* sample_greedy_token is sample_next's token when the sampler is plain
+ * greedy (ties: the first), and refused when something changes the logits. */
+static void test_greedy_token_fast_path(void **state)
+{
+    (void)state;
+    struct sample_params p = plain(0.0f);
+    int32_t n = 4096, token;
+    struct sampler *s = make(&p, n);
+    assert_true(sample_is_plain_greedy(s));
+    for (int rep = 0; rep < 20; rep++) {
+        float *x = random_logits(n, 10.0f);
+        assert_int_equal(sample_greedy_token(s, x, &token), KS_OK);
+        assert_int_equal(token, next(s, x));
+        free(x);
+    }
+    sample_free(s);
+    float ties[6] = {1.0f, 3.0f, 2.0f, 3.0f, -INFINITY, 3.0f}, bad[3] = {0.0f, NAN, 1.0f};
+    s = make(&p, 6);
+    assert_int_equal(sample_greedy_token(s, ties, &token), KS_OK);
+    assert_int_equal(token, 1);
+    sample_free(s);
+    s = make(&p, 3);
+    assert_int_equal(sample_greedy_token(s, bad, &token), KS_ERR_RANGE);
+    sample_free(s);
+    p.repeat_penalty = 1.5f; /* penalties change the logits: not plain */
+    s = make(&p, 6);
+    assert_false(sample_is_plain_greedy(s));
+    assert_int_equal(sample_greedy_token(s, ties, &token), KS_ERR_INVALID_ARG);
+    sample_free(s);
+    p = plain(0.8f);
+    s = make(&p, 6);
+    assert_false(sample_is_plain_greedy(s));
+    sample_free(s);
+}
+
 static void test_seed_determinism(void **state)
 {
     (void)state;
@@ -565,6 +600,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_exp_accuracy),
         cmocka_unit_test(test_greedy_is_argmax),
+        cmocka_unit_test(test_greedy_token_fast_path),
         cmocka_unit_test(test_seed_determinism),
         cmocka_unit_test(test_top_k_one_is_greedy),
         cmocka_unit_test(test_top_p_hand_made),

@@ -571,7 +571,10 @@ static bool spec_step(struct gen_run *r, ks_status *st)
         const float *row = r->logits + (size_t)i * r->n_vocab;
         struct sample_result res;
         bool accepted = false;
-        if (i == k)
+        if (sample_is_plain_greedy(r->sampler)) { /* the argmax alone: generate prints no logprobs */
+            *st = sample_greedy_token(r->sampler, row, &res.token);
+            accepted = i < k && res.token == r->draft[i];
+        } else if (i == k)
             *st = sample_next(r->sampler, row, r->tokens, r->n_tokens, &res);
         else if (r->draft_q) /* a draft model's draft, drawn from dq[i] */
             *st = sample_verify_proposal(r->sampler, row, r->tokens, r->n_tokens, &r->dq[i], r->draft[i], &res,

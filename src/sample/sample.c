@@ -760,6 +760,23 @@ ks_status sample_next(struct sampler *s, const float *logits, const int32_t *his
     return s->grammar ? grammar_accept(s->grammar, out->token) : KS_OK;
 }
 
+bool sample_is_plain_greedy(const struct sampler *s)
+{
+    return s && s->p.temp <= 0.0f && !s->chain && !s->grammar && s->p.n_biases == 0 && !penalties_active(&s->p);
+}
+
+ks_status sample_greedy_token(const struct sampler *s, const float *logits, int32_t *token)
+{
+    if (!sample_is_plain_greedy(s) || !logits || !token)
+        return ks_fail(KS_ERR_INVALID_ARG, "sample_greedy_token: NULL argument or a sampler that is not plain greedy");
+    float max;
+    if (!sample_max_index(logits, s->n_vocab, token, &max))
+        return ks_fail(KS_ERR_RANGE, "sampler: the logits contain NaN or +inf");
+    if (max == -INFINITY)
+        return ks_fail(KS_ERR_RANGE, "sampler: every logit is -inf");
+    return KS_OK;
+}
+
 ks_status sample_verify(struct sampler *s, const float *logits, const int32_t *history, int32_t n_history,
                         int32_t draft, struct sample_result *out, bool *accepted)
 {

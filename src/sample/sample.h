@@ -174,6 +174,16 @@ void sample_free(struct sampler *s);
 ks_status sample_next(struct sampler *s, const float *logits, const int32_t *history,
                       int32_t n_history, struct sample_result *out);
 
+/* Greedy with nothing that changes the logits (no grammar, biases,
+ * penalties or chain): the token sample_next and sample_verify pick is the
+ * first index of the logits' maximum, whatever the history. Then
+ * sample_greedy_token gives it without sample_next's copy of the logits
+ * and its logprob pass over the vocabulary, for a caller that uses only the
+ * token (a speculative step checks 1 + k rows). */
+bool sample_is_plain_greedy(const struct sampler *s);
+/* KS_ERR_RANGE when the logits hold NaN or +inf, or are all -inf (as sample_next). */
+ks_status sample_greedy_token(const struct sampler *s, const float *logits, int32_t *token);
+
 /* Speculative decoding: the next token when a speculator proposed `draft`
  * (a deterministic proposal) for this position. Greedy: the argmax, and
  * *accepted when it is draft. Otherwise draft is kept (*accepted) with its
