@@ -248,7 +248,7 @@ size_t quant_matmul_work_size(enum quant_type wtype, int64_t cols, int64_t n_tok
     return need;
 }
 
-/* Work split into one contiguous range per call index (take_own_chunk). */
+/* Work split into one contiguous range per call index (take_own_span). */
 struct mm_ranges {
     struct {
         alignas(64) atomic_llong next; /* chunks of range i taken so far */
@@ -283,33 +283,12 @@ static inline int64_t take_panel(struct mm *m, int64_t n_panels)
     return p < n_panels ? p : -1;
 }
 
-/* Chunk ith of n_chunks in the work split into nth contiguous ranges, one
- * per call index: each call takes the chunks of its own range in order, so
- * on a quiet machine every thread streams one contiguous run of rows as a
- * static split would, then takes the chunks left in the others' ranges, so
- * a thread that loses its core for a while does not hold the step up.
- * Returns -1 when none is left. */
-static int64_t take_own_chunk(struct mm_ranges *w, int ith, int nth, int64_t n_chunks)
-{
-    if (nth > MM_RANGES) {
-        int64_t c = atomic_fetch_add_explicit(&w->shared, 1, memory_order_relaxed);
-        return c < n_chunks ? c : -1;
-    }
-    for (int k = 0; k < nth; k++) {
-        int r = (ith + k) % nth;
-        int64_t lo, hi;
-        threads_split(n_chunks, r, nth, &lo, &hi);
-        if (atomic_load_explicit(&w->range[r].next, memory_order_relaxed) >= hi - lo)
-            continue;
-        int64_t c = atomic_fetch_add_explicit(&w->range[r].next, 1, memory_order_relaxed);
-        if (c < hi - lo)
-            return lo + c;
-    }
-    return -1;
-}
-
-/* Like take_own_chunk, in units that a take groups into spans: up to
- * max_units while much of a range is left, then shrinking to one unit near
+/* Units [*u0, *u1) of n_units split into nth contiguous ranges, one per
+ * call index: each call takes the units of its own range in order, so on a
+ * quiet machine every thread streams one contiguous run of rows as a static
+ * split would, then takes the units left in the others' ranges, so a thread
+ * that loses its core for a while does not hold the step up. A take is up
+ * to max_units while much of a range is left, then shrinks to one unit near
  * its end, so the thread that finishes last is at most a unit behind the
  * others, not a whole chunk (gemma3-1b's down: a 4-group chunk of its 6912
  * columns is ~30 us of one core's stream). Which rows a span holds never
@@ -339,6 +318,13 @@ static bool take_own_span(struct mm_ranges *w, int ith, int nth, int64_t n_units
         }
     }
     return false;
+}
+
+/* The next chunk of n_chunks for call ith: take_own_span one unit at a time; -1 when none is left. */
+static int64_t take_own_chunk(struct mm_ranges *w, int ith, int nth, int64_t n_chunks)
+{
+    int64_t c0, c1;
+    return take_own_span(w, ith, nth, n_chunks, 1, &c0, &c1) ? c0 : -1;
 }
 
 /* The group kernels' job for m: tokens packed by quant_rp_pack_token at
@@ -1028,7 +1014,7 @@ struct ex_run {
     int64_t n_tok_rows;
     int64_t n_items;
     atomic_llong next;       /* packing: units taken */
-    struct mm_ranges items;  /* compute: take_own_chunk */
+    struct mm_ranges items;  /* compute: take_own_span */
     atomic_int failed;
     atomic_int *yq_done;     /* p->Yq: rows of each 256-row block finished */
 };
@@ -1287,7 +1273,6 @@ static void ex_finish_rows(const struct quant_moe_mm *p, const struct ex_expert 
     }
 }
 
-/* The prefill tiles' per-thread scratch holds one work item's rows. */
 /* p->Yq: count rows r0 .. r1 finished; the thread that finishes a block's
  * last rows packs it (acq_rel: it sees the other threads' rows). */
 static void ex_pack_finished(const struct ex_run *r, int64_t r0, int64_t r1)
@@ -1302,6 +1287,7 @@ static void ex_pack_finished(const struct ex_run *r, int64_t r0, int64_t r1)
     }
 }
 
+/* The prefill tiles' per-thread scratch holds one work item's rows. */
 static bool ex_is_prefill(enum mm_path path)
 {
     return path == MM_Q8_PREFILL || path == MM_FLOAT_PREFILL || path == MM_KQ_PREFILL || path == MM_Q8_PREFILL_AVX2;
