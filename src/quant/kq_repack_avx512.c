@@ -284,6 +284,24 @@ static inline __attribute__((always_inline)) void q6k_pass(const struct quant_kq
 #ifndef Q6K_BATCH_TT
 #define Q6K_BATCH_TT 8
 #endif
+/* PASS(T) for n tokens, T a constant (1 .. Q6K_BATCH_TT) so each width keeps its chains in registers. */
+#if Q6K_BATCH_TT >= 8
+#define BATCH_WIDE_CASES(PASS) \
+    case 8: PASS(8); break;    \
+    case 7: PASS(7); break;    \
+    case 6: PASS(6); break;    \
+    case 5: PASS(5); break;
+#else
+#define BATCH_WIDE_CASES(PASS)
+#endif
+#define BATCH_WIDTHS(n, PASS)       \
+    switch (n) {                    \
+        BATCH_WIDE_CASES(PASS)      \
+    case 4: PASS(4); break;         \
+    case 3: PASS(3); break;         \
+    case 2: PASS(2); break;         \
+    default: PASS(1); break;        \
+    }
 
 static void q6k_unpack(const uint8_t *gb, struct q6k_block *o)
 {
@@ -327,18 +345,9 @@ static void q6k_batch(const struct quant_kq_gemm *g, int64_t grp, int64_t t0, in
             const int n = T - t < Q6K_BATCH_TT ? T - t : Q6K_BATCH_TT;
             const block_q8_K *y[Q6K_BATCH_TT];
             quant_kq_tile_tokens(g, t0 + t, n, n, y);
-            switch (n) {
-#if Q6K_BATCH_TT >= 8
-            case 8: q6k_chunk_pass(blk, nbk, b0, y, 8, acc + t); break;
-            case 7: q6k_chunk_pass(blk, nbk, b0, y, 7, acc + t); break;
-            case 6: q6k_chunk_pass(blk, nbk, b0, y, 6, acc + t); break;
-            case 5: q6k_chunk_pass(blk, nbk, b0, y, 5, acc + t); break;
-#endif
-            case 4: q6k_chunk_pass(blk, nbk, b0, y, 4, acc + t); break;
-            case 3: q6k_chunk_pass(blk, nbk, b0, y, 3, acc + t); break;
-            case 2: q6k_chunk_pass(blk, nbk, b0, y, 2, acc + t); break;
-            default: q6k_chunk_pass(blk, nbk, b0, y, 1, acc + t); break;
-            }
+#define Q6K_PASS(T) q6k_chunk_pass(blk, nbk, b0, y, T, acc + t)
+            BATCH_WIDTHS(n, Q6K_PASS)
+#undef Q6K_PASS
         }
     }
     for (int t = 0; t < T; t++)
@@ -366,6 +375,15 @@ static inline void q5k_levels(const uint8_t *gb, int c, __m512i u[8])
         u[2 * p] = _mm512_ternarylogic_epi32(h0, raw, low4, SEL_B_OVER_A);
         u[2 * p + 1] = _mm512_ternarylogic_epi32(byte_shift(raw, 4), h1, low4, SEL_A_OVER_B);
     }
+}
+
+/* hsum_float_8's order, row by row, plus the mins */
+static inline __attribute__((always_inline)) void q5k_store(const struct quant_kq_gemm *g, int64_t grp, int64_t t,
+                                                            const __m512 v[8], __m512 summs)
+{
+    const __m512 sum = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(v[0], v[4]), _mm512_add_ps(v[2], v[6])),
+                                     _mm512_add_ps(_mm512_add_ps(v[1], v[5]), _mm512_add_ps(v[3], v[7])));
+    _mm512_storeu_ps(g->Y + t * g->ldy + grp * R, _mm512_add_ps(sum, summs));
 }
 
 static inline __attribute__((always_inline)) void q5k_pass(const struct quant_kq_gemm *g, int64_t grp, int64_t t0,
@@ -414,12 +432,95 @@ static inline __attribute__((always_inline)) void q5k_pass(const struct quant_kq
                                             acc[t][c]);
         }
     }
-    for (int t = 0; t < T; t++) {
-        const __m512 *v = acc[t];
-        const __m512 sum = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(v[0], v[4]), _mm512_add_ps(v[2], v[6])),
-                                         _mm512_add_ps(_mm512_add_ps(v[1], v[5]), _mm512_add_ps(v[3], v[7])));
-        _mm512_storeu_ps(g->Y + (t0 + t) * g->ldy + grp * R, _mm512_add_ps(sum, summs[t]));
+    for (int t = 0; t < T; t++)
+        q5k_store(g, grp, t0 + t, acc[t], summs[t]);
+}
+
+/* Batches, as Q6_K's: Q5K_CHUNK blocks of a group unpacked once into L1 and
+ * up to Q6K_BATCH tokens passing over them Q6K_BATCH_TT at a time, their
+ * lanes and mins kept in memory between chunks; the same operations per
+ * token and block as q5k_pass, in the same order: the same bits. */
+#define Q5K_CHUNK 4
+
+struct q5k_block {
+    __m512i u[8][8];         /* [c][m]: u = nibble | fifth bit << 4 of sub-block m's elements of lane c */
+    __m512i scp[8], m03, m47; /* (sc_m, sc_m) pairs; mins 0-3, 4-7 */
+    __m512 d, dmin;
+};
+
+static void q5k_unpack(const uint8_t *gb, struct q5k_block *o)
+{
+    for (int c = 0; c < 8; c++)
+        q5k_levels(gb, c, o->u[c]);
+    const size_t at_sc = KQRP_Q5K_SC(R);
+    __m512i s03, s47;
+    unpack_scales_mins(dword_vec(gb, at_sc, 0), dword_vec(gb, at_sc, 1), dword_vec(gb, at_sc, 2), &s03, &s47, &o->m03,
+                       &o->m47);
+    for (int m = 0; m < 8; m++)
+        o->scp[m] = _mm512_shuffle_epi8(m < 4 ? s03 : s47, pick_pair(m % 4));
+    o->d = vmath_load16_f16(gb + KQRP_Q5K_D(R));
+    o->dmin = vmath_load16_f16(gb + KQRP_Q5K_DMIN(R));
+}
+
+static inline __attribute__((always_inline)) void q5k_chunk_pass(const struct q5k_block *blk, int nbk, int64_t b0,
+                                                                 const block_q8_K *const *y, int T, __m512 (*acc)[8],
+                                                                 __m512 *summs)
+{
+    for (int i = 0; i < nbk; i++) {
+        const struct q5k_block *k = &blk[i];
+        const int64_t b = b0 + i;
+        for (int t = 0; t < T; t++) {
+            __m512i msum = _mm512_setzero_si512();
+            for (int j = 0; j < 8; j++)
+                msum = _mm512_dpwssd_epi32(msum, _mm512_shuffle_epi8(j < 4 ? k->m03 : k->m47, pick_pair(j % 4)),
+                                           bcast(y[t][b].bsums + 2 * j));
+            summs[t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(-y[t][b].d), k->dmin), _mm512_cvtepi32_ps(msum),
+                                       summs[t]);
+        }
+        for (int c = 0; c < 8; c++) {
+            __m512i lane[Q6K_BATCH_TT];
+            for (int t = 0; t < T; t++)
+                lane[t] = _mm512_setzero_si512();
+            for (int m = 0; m < 8; m++)
+                for (int t = 0; t < T; t++)
+                    lane[t] = _mm512_dpwssd_epi32(
+                        lane[t], _mm512_maddubs_epi16(k->u[c][m], bcast(y[t][b].qs + 32 * m + 4 * c)), k->scp[m]);
+            for (int t = 0; t < T; t++)
+                acc[t][c] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(y[t][b].d), k->d), _mm512_cvtepi32_ps(lane[t]),
+                                            acc[t][c]);
+        }
     }
+}
+
+static void q5k_batch(const struct quant_kq_gemm *g, int64_t grp, int64_t t0, int T)
+{
+    const size_t gbb = R * sizeof(block_q5_K);
+    const int64_t nsb = g->cols / QK_K;
+    static _Thread_local struct q5k_block blk[Q5K_CHUNK];
+    __m512 acc[Q6K_BATCH][8], summs[Q6K_BATCH];
+    for (int t = 0; t < T; t++) {
+        summs[t] = _mm512_setzero_ps();
+        for (int c = 0; c < 8; c++)
+            acc[t][c] = _mm512_setzero_ps();
+    }
+    for (int64_t b0 = 0; b0 < nsb; b0 += Q5K_CHUNK) {
+        const int nbk = (int)(nsb - b0 < Q5K_CHUNK ? nsb - b0 : Q5K_CHUNK);
+        const uint8_t *gb = g->W + (size_t)grp * R * g->wrow + (size_t)b0 * gbb;
+        for (int i = 0; i < nbk; i++) {
+            kq_prefetch_lines(gb + (size_t)i * gbb + KQRP_AHEAD, gbb);
+            q5k_unpack(gb + (size_t)i * gbb, &blk[i]);
+        }
+        for (int t = 0; t < T; t += Q6K_BATCH_TT) {
+            const int n = T - t < Q6K_BATCH_TT ? T - t : Q6K_BATCH_TT;
+            const block_q8_K *y[Q6K_BATCH_TT];
+            quant_kq_tile_tokens(g, t0 + t, n, n, y);
+#define Q5K_PASS(T) q5k_chunk_pass(blk, nbk, b0, y, T, acc + t, summs + t)
+            BATCH_WIDTHS(n, Q5K_PASS)
+#undef Q5K_PASS
+        }
+    }
+    for (int t = 0; t < T; t++)
+        q5k_store(g, grp, t0 + t, acc[t], summs[t]);
 }
 
 typedef void (*kqrp_pass_fn)(const struct quant_kq_gemm *g, int64_t grp, int64_t t0);
@@ -464,14 +565,17 @@ static void q4k_rows(const struct quant_kq_gemm *g, int64_t g0, int64_t g1)
 static void q5k_pass_1(const struct quant_kq_gemm *g, int64_t grp, int64_t t0) { q5k_pass(g, grp, t0, 1); }
 static void q5k_pass_2(const struct quant_kq_gemm *g, int64_t grp, int64_t t0) { q5k_pass(g, grp, t0, 2); }
 
-/* Q5_K: 2 tokens a pass. */
+/* Q5_K: token blocks of Q6K_BATCH, decode passes for 1-2 tokens, the batch kernel above. */
 static void q5k_rows(const struct quant_kq_gemm *g, int64_t g0, int64_t g1)
 {
-    for (int64_t t0 = 0; t0 < g->n_tokens; t0 += KQRP_TOKEN_BLOCK) {
-        const int64_t t1 = g->n_tokens - t0 < KQRP_TOKEN_BLOCK ? g->n_tokens : t0 + KQRP_TOKEN_BLOCK;
-        for (int64_t grp = g0; grp < g1; grp++)
-            for (int64_t t = t0; t < t1; t += LANES_TT)
-                (t1 - t < LANES_TT ? q5k_pass_1 : q5k_pass_2)(g, grp, t);
+    for (int64_t t0 = 0; t0 < g->n_tokens; t0 += Q6K_BATCH) {
+        const int T = (int)(g->n_tokens - t0 < Q6K_BATCH ? g->n_tokens - t0 : Q6K_BATCH);
+        for (int64_t grp = g0; grp < g1; grp++) {
+            if (T > LANES_TT)
+                q5k_batch(g, grp, t0, T);
+            else
+                (T == 1 ? q5k_pass_1 : q5k_pass_2)(g, grp, t0);
+        }
     }
 }
 

@@ -155,12 +155,14 @@ static enum mm_path choose_path(enum quant_type wtype, int64_t n_tokens)
  * vs 8.9 at 8, 8.5 vs 7.1 at 16. AVX2 q6_K in its own layout (kq_internal.h;
  * 512 x 2048, medians of 15, two rounds on a busy machine): 12.4, 12.0 vs
  * 14.8, 13.7 at 8; 12.7, 12.0 vs 12.7, 12.1 at 12; 12.8, 11.9 vs 11.7, 10.9
- * at 16. AVX-512 q6_K with 8 tokens per pass over its unpacked chunks (Zen 5,
- * 1 thread, 3 rounds): groups 1.84-1.89 vs tiles 2.26-2.31 at 64 tokens. */
+ * at 16. AVX-512 q6_K and q5_K with 8 tokens per pass over their unpacked
+ * chunks (Zen 5, 1 thread, 3-5 rounds): q6_K groups 1.84-1.89 vs tiles
+ * 2.26-2.31 at 64 tokens, q5_K 1.89-2.27 vs 2.24-3.30. */
 static int64_t kqrp_group_max(enum quant_type wtype)
 {
 #if defined(QUANT_HAVE_AVX512)
-    return wtype == QUANT_Q4_K ? 64 : wtype == QUANT_Q6_K ? 64 : 16;
+    (void)wtype;
+    return 64;
 #else
     return wtype == QUANT_Q4_K ? 32 : wtype == QUANT_Q6_K ? 12 : 8;
 #endif
