@@ -91,46 +91,32 @@ static inline double fvec_fold(fvec v)
 }
 #endif
 
+/* CHAINS independent accumulators through op; the asm barrier keeps one
+ * operand opaque, so the chains are not folded or hoisted out of the loop. */
+#define CHAINS_FN(name, vec, set, op, fold, a0, b0)           \
+    static int64_t name(void)                                 \
+    {                                                         \
+        vec acc[CHAINS], a = set(a0), b = set(b0);            \
+        for (int i = 0; i < CHAINS; i++)                      \
+            acc[i] = set(i);                                  \
+        for (long n = 0; n < ITERS / CHAINS; n++) {           \
+            _Pragma("GCC unroll 12") for (int i = 0; i < CHAINS; i++) acc[i] = op(acc[i], a, b); \
+            __asm__ volatile("" : "+v"(a));                   \
+        }                                                     \
+        double s = 0;                                         \
+        for (int i = 0; i < CHAINS; i++)                      \
+            s += (double)fold(acc[i]);                        \
+        return (int64_t)s;                                    \
+    }
+
 #if defined(INT8_ISA)
-/* The asm barrier keeps one operand opaque, so the chains are not folded or
- * hoisted out of the loop. */
-static int64_t int8_chains(void)
-{
-    ivec acc[CHAINS], a = ivec_set(0x01020304), b = ivec_set(0x05060708);
-    for (int i = 0; i < CHAINS; i++)
-        acc[i] = ivec_set(i);
-    for (long n = 0; n < ITERS / CHAINS; n++) {
-#pragma GCC unroll 12
-        for (int i = 0; i < CHAINS; i++)
-            acc[i] = int8_op(acc[i], a, b);
-        __asm__ volatile("" : "+v"(a));
-    }
-    int64_t s = 0;
-    for (int i = 0; i < CHAINS; i++)
-        s += ivec_fold(acc[i]);
-    return s;
-}
+CHAINS_FN(int8_chains, ivec, ivec_set, int8_op, ivec_fold, 0x01020304, 0x05060708)
 #endif
-
 #if defined(FMA_ISA)
-static int64_t fma_chains(void)
-{
-    fvec acc[CHAINS], a = fvec_set(0.999999f), b = fvec_set(1e-7f);
-    for (int i = 0; i < CHAINS; i++)
-        acc[i] = fvec_set((float)i);
-    for (long n = 0; n < ITERS / CHAINS; n++) {
-#pragma GCC unroll 12
-        for (int i = 0; i < CHAINS; i++)
-            acc[i] = fma_op(acc[i], a, b);
-        __asm__ volatile("" : "+v"(a));
-    }
-    double s = 0;
-    for (int i = 0; i < CHAINS; i++)
-        s += fvec_fold(acc[i]);
-    return (int64_t)s;
-}
+CHAINS_FN(fma_chains, fvec, fvec_set, fma_op, fvec_fold, 0.999999f, 1e-7f)
 #endif
 
+#if defined(INT8_ISA) || defined(FMA_ISA)
 static void peak_task(void *vctx, int ith, int nth)
 {
     struct peak_ctx *c = vctx;
@@ -169,8 +155,15 @@ static double measure(threads_pool *pool, int n_threads, bool int8, int64_t *che
     return bench_median(rate, PASSES);
 }
 
+#endif
+
 int main(int argc, char **argv)
 {
+#if !defined(INT8_ISA) && !defined(FMA_ISA)
+    (void)argc, (void)argv;
+    printf("bench_peak: no SIMD in this build (a portable build has no -march=native); build with the default flags\n");
+    return 0;
+#else
     int n_threads = threads_default_count();
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-t") && i + 1 < argc)
@@ -201,4 +194,5 @@ int main(int argc, char **argv)
     printf("(checksum %lld)\n", (long long)check);
     threads_free(pool);
     return 0;
+#endif
 }
