@@ -386,6 +386,50 @@ static inline __attribute__((always_inline)) void q5k_store(const struct quant_k
     _mm512_storeu_ps(g->Y + t * g->ldy + grp * R, _mm512_add_ps(sum, summs));
 }
 
+/* A block's (sc_m, sc_m) pairs, its mins 0-3 / 4-7, d and dmin. */
+static inline __attribute__((always_inline)) void q5k_scales(const uint8_t *gb, __m512i scp[8], __m512i *m03,
+                                                             __m512i *m47, __m512 *d, __m512 *dmin)
+{
+    const size_t at_sc = KQRP_Q5K_SC(R);
+    __m512i s03, s47;
+    unpack_scales_mins(dword_vec(gb, at_sc, 0), dword_vec(gb, at_sc, 1), dword_vec(gb, at_sc, 2), &s03, &s47, m03, m47);
+    for (int m = 0; m < 8; m++)
+        scp[m] = _mm512_shuffle_epi8(m < 4 ? s03 : s47, pick_pair(m % 4));
+    *d = vmath_load16_f16(gb + KQRP_Q5K_D(R));
+    *dmin = vmath_load16_f16(gb + KQRP_Q5K_DMIN(R));
+}
+
+/* T tokens' mins of super-block b into summs[t]. */
+static inline __attribute__((always_inline)) void q5k_mins(__m512i m03, __m512i m47, __m512 dmin,
+                                                           const block_q8_K *const *y, int64_t b, int T, __m512 *summs)
+{
+    for (int t = 0; t < T; t++) {
+        __m512i msum = _mm512_setzero_si512();
+        for (int j = 0; j < 8; j++)
+            msum = _mm512_dpwssd_epi32(msum, _mm512_shuffle_epi8(j < 4 ? m03 : m47, pick_pair(j % 4)),
+                                       bcast(y[t][b].bsums + 2 * j));
+        summs[t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(-y[t][b].d), dmin), _mm512_cvtepi32_ps(msum), summs[t]);
+    }
+}
+
+/* Lane c of T tokens' super-block b from its levels u, into acc[t][c]. */
+static inline __attribute__((always_inline)) void q5k_lane(const __m512i u[8], const __m512i scp[8], __m512 d,
+                                                           const block_q8_K *const *y, int64_t b, int T, int c,
+                                                           __m512 (*acc)[8])
+{
+    __m512i lane[Q6K_BATCH_TT];
+    for (int t = 0; t < T; t++)
+        lane[t] = _mm512_setzero_si512();
+    for (int m = 0; m < 8; m++)
+        for (int t = 0; t < T; t++)
+            lane[t] = _mm512_dpwssd_epi32(lane[t], _mm512_maddubs_epi16(u[m], bcast(y[t][b].qs + 32 * m + 4 * c)),
+                                          scp[m]);
+    for (int t = 0; t < T; t++)
+        acc[t][c] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(y[t][b].d), d), _mm512_cvtepi32_ps(lane[t]),
+                                    acc[t][c]);
+}
+
+/* One group x T (<= LANES_TT) tokens, unpacking as it goes: decode. */
 static inline __attribute__((always_inline)) void q5k_pass(const struct quant_kq_gemm *g, int64_t grp, int64_t t0,
                                                            int T)
 {
@@ -401,35 +445,15 @@ static inline __attribute__((always_inline)) void q5k_pass(const struct quant_kq
     const uint8_t *gb = g->W + (size_t)grp * R * g->wrow;
     for (int64_t b = 0; b < g->cols / QK_K; b++, gb += gbb) {
         kq_prefetch_lines(gb + KQRP_AHEAD, gbb);
-        const size_t at_sc = KQRP_Q5K_SC(R);
-        const __m512i w0 = dword_vec(gb, at_sc, 0), w1 = dword_vec(gb, at_sc, 1), w2 = dword_vec(gb, at_sc, 2);
-        __m512i s03, s47, m03, m47;
-        unpack_scales_mins(w0, w1, w2, &s03, &s47, &m03, &m47);
-        __m512i scp[8];
-        for (int m = 0; m < 8; m++)
-            scp[m] = _mm512_shuffle_epi8(m < 4 ? s03 : s47, pick_pair(m % 4));
-        const __m512 d = vmath_load16_f16(gb + KQRP_Q5K_D(R)), dmin = vmath_load16_f16(gb + KQRP_Q5K_DMIN(R));
-        for (int t = 0; t < T; t++) {
-            __m512i msum = _mm512_setzero_si512();
-            for (int j = 0; j < 8; j++)
-                msum = _mm512_dpwssd_epi32(msum, _mm512_shuffle_epi8(j < 4 ? m03 : m47, pick_pair(j % 4)),
-                                           bcast(y[t][b].bsums + 2 * j));
-            summs[t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(-y[t][b].d), dmin), _mm512_cvtepi32_ps(msum),
-                                       summs[t]);
-        }
+        __m512i scp[8], m03, m47;
+        __m512 d, dmin;
+        q5k_scales(gb, scp, &m03, &m47, &d, &dmin);
+        q5k_mins(m03, m47, dmin, y, b, T, summs);
 #pragma GCC unroll 8
         for (int c = 0; c < 8; c++) {
-            __m512i u[8], lane[LANES_TT];
+            __m512i u[8];
             q5k_levels(gb, c, u);
-            for (int t = 0; t < T; t++)
-                lane[t] = _mm512_setzero_si512();
-            for (int m = 0; m < 8; m++)
-                for (int t = 0; t < T; t++)
-                    lane[t] = _mm512_dpwssd_epi32(lane[t], _mm512_maddubs_epi16(u[m], bcast(y[t][b].qs + 32 * m + 4 * c)),
-                                                  scp[m]);
-            for (int t = 0; t < T; t++)
-                acc[t][c] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(y[t][b].d), d), _mm512_cvtepi32_ps(lane[t]),
-                                            acc[t][c]);
+            q5k_lane(u, scp, d, y, b, T, c, acc);
         }
     }
     for (int t = 0; t < T; t++)
@@ -443,7 +467,7 @@ static inline __attribute__((always_inline)) void q5k_pass(const struct quant_kq
 #define Q5K_CHUNK 4
 
 struct q5k_block {
-    __m512i u[8][8];         /* [c][m]: u = nibble | fifth bit << 4 of sub-block m's elements of lane c */
+    __m512i u[8][8];          /* [c][m]: u = nibble | fifth bit << 4 of sub-block m's elements of lane c */
     __m512i scp[8], m03, m47; /* (sc_m, sc_m) pairs; mins 0-3, 4-7 */
     __m512 d, dmin;
 };
@@ -452,14 +476,7 @@ static void q5k_unpack(const uint8_t *gb, struct q5k_block *o)
 {
     for (int c = 0; c < 8; c++)
         q5k_levels(gb, c, o->u[c]);
-    const size_t at_sc = KQRP_Q5K_SC(R);
-    __m512i s03, s47;
-    unpack_scales_mins(dword_vec(gb, at_sc, 0), dword_vec(gb, at_sc, 1), dword_vec(gb, at_sc, 2), &s03, &s47, &o->m03,
-                       &o->m47);
-    for (int m = 0; m < 8; m++)
-        o->scp[m] = _mm512_shuffle_epi8(m < 4 ? s03 : s47, pick_pair(m % 4));
-    o->d = vmath_load16_f16(gb + KQRP_Q5K_D(R));
-    o->dmin = vmath_load16_f16(gb + KQRP_Q5K_DMIN(R));
+    q5k_scales(gb, o->scp, &o->m03, &o->m47, &o->d, &o->dmin);
 }
 
 static inline __attribute__((always_inline)) void q5k_chunk_pass(const struct q5k_block *blk, int nbk, int64_t b0,
@@ -468,27 +485,9 @@ static inline __attribute__((always_inline)) void q5k_chunk_pass(const struct q5
 {
     for (int i = 0; i < nbk; i++) {
         const struct q5k_block *k = &blk[i];
-        const int64_t b = b0 + i;
-        for (int t = 0; t < T; t++) {
-            __m512i msum = _mm512_setzero_si512();
-            for (int j = 0; j < 8; j++)
-                msum = _mm512_dpwssd_epi32(msum, _mm512_shuffle_epi8(j < 4 ? k->m03 : k->m47, pick_pair(j % 4)),
-                                           bcast(y[t][b].bsums + 2 * j));
-            summs[t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(-y[t][b].d), k->dmin), _mm512_cvtepi32_ps(msum),
-                                       summs[t]);
-        }
-        for (int c = 0; c < 8; c++) {
-            __m512i lane[Q6K_BATCH_TT];
-            for (int t = 0; t < T; t++)
-                lane[t] = _mm512_setzero_si512();
-            for (int m = 0; m < 8; m++)
-                for (int t = 0; t < T; t++)
-                    lane[t] = _mm512_dpwssd_epi32(
-                        lane[t], _mm512_maddubs_epi16(k->u[c][m], bcast(y[t][b].qs + 32 * m + 4 * c)), k->scp[m]);
-            for (int t = 0; t < T; t++)
-                acc[t][c] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(y[t][b].d), k->d), _mm512_cvtepi32_ps(lane[t]),
-                                            acc[t][c]);
-        }
+        q5k_mins(k->m03, k->m47, k->dmin, y, b0 + i, T, summs);
+        for (int c = 0; c < 8; c++)
+            q5k_lane(k->u[c], k->scp, k->d, y, b0 + i, T, c, acc);
     }
 }
 
