@@ -8,6 +8,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -17,12 +18,19 @@
 #define cpu_relax() ((void)0)
 #endif
 
-/* Waiting is spin, then yield, then sleep. Spinning bridges the microseconds
- * between two ops of one decode step. Yielding every few spins matters when
- * there are more runnable threads than cores (two servers, a busy desktop):
- * a pure spinner would hold the core the thread it waits for needs, for a
- * whole scheduler slice. After SPIN_ROUNDS the waiter sleeps on a futex. */
-enum { SPINS_PER_YIELD = 64, SPIN_ROUNDS = 64 };
+/* Waiting is spin, then yield, then sleep, paced by the clock. Spinning
+ * bridges the microseconds between two ops of one decode step. A yield every
+ * YIELD_EVERY_NS of spinning matters when there are more runnable threads
+ * than cores (two servers, a busy desktop): a pure spinner would hold the
+ * core the thread it waits for needs, for a whole scheduler slice. Not more
+ * often: sched_yield is a system call (1.3 us on a VM with page-table
+ * isolation, where a pause is 20 ns), and a waiter inside it sees the event
+ * late; at a yield every 64 pauses the waits of a small model's decode step
+ * spent half their time in the kernel. After SPIN_NS the waiter sleeps on a
+ * futex. */
+enum { PAUSES_PER_CLOCK = 32 };
+#define YIELD_EVERY_NS 20000
+#define SPIN_NS 200000
 
 struct threads_pool {
     int n_threads;
@@ -53,6 +61,13 @@ struct threads_pool {
 
 /* Lines a waiting worker prefetches between two looks at the generation. */
 enum { HINT_SLICE_LINES = 32 };
+
+static int64_t now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
 
 static void futex_wait(atomic_uint *word, unsigned expected)
 {
@@ -108,17 +123,23 @@ static void prefetch_hint(threads_pool *p, struct hint_cursor *cur, unsigned see
  * current hint meanwhile; *word is then the generation, value the one seen. */
 static bool spin_until_changed(atomic_uint *word, unsigned value, threads_pool *p, struct hint_cursor *cur)
 {
-    for (int round = 0; round < SPIN_ROUNDS; round++) {
-        for (int i = 0; i < SPINS_PER_YIELD; i++) {
+    int64_t start = now_ns(), last_yield = start;
+    for (;;) {
+        for (int i = 0; i < PAUSES_PER_CLOCK; i++) {
             if (atomic_load_explicit(word, memory_order_acquire) != value)
                 return true;
             if (cur && (atomic_load_explicit(&p->hint_seq, memory_order_relaxed) != cur->seq || !cur->done))
                 prefetch_hint(p, cur, value);
             cpu_relax();
         }
-        sched_yield();
+        int64_t t = now_ns();
+        if (t - start >= SPIN_NS)
+            return false;
+        if (t - last_yield >= YIELD_EVERY_NS) {
+            sched_yield();
+            last_yield = now_ns();
+        }
     }
-    return false;
 }
 
 static unsigned wait_for_generation(threads_pool *p, unsigned seen, struct hint_cursor *cur)
