@@ -421,6 +421,80 @@ static void test_window_softcap_sinks(void **state)
     threads_free(pool);
 }
 
+/* A long sequence of one KV head: its decode query's segments run on
+ * several threads (fewer items than threads) and are folded by whichever
+ * finishes last. The output must be the same bits with 1, 2 and 3 threads,
+ * alone and inside a batch whose tiles run whole (many items), and stay
+ * within f16's bound of the naive twin: plain, windowed across segment
+ * boundaries, soft-capped, with sinks, smoothed. */
+static void split_case(enum quant_type t, enum kv_smooth smooth, const struct attn_params *ap, threads_pool *const *pools)
+{
+    struct fixture f = {.n_layer = 1, .n_kv = 1, .n_head = 4, .dim = 64, .P = 16};
+    int32_t lens[2] = {1100, 700}; /* 1100 at P = 16: 69 pages, 5 segments of 256 tokens */
+    struct kv_cache *kv = make_cache_smooth(&f, t, t, true, smooth, lens, 2);
+    size_t w = (size_t)f.n_head * f.dim;
+    enum { NQ = 40 };
+    struct attn_query qs[NQ];
+    int nq = 0;
+    qs[nq++] = (struct attn_query){f.seq[0], 1099};
+    for (int p = 1; nq < NQ; p += 37) /* a batch: many tiles, of both sequences */
+        qs[nq++] = (struct attn_query){f.seq[nq % 2], p % (nq % 2 ? 700 : 1100)};
+    float *q = malloc(NQ * w * sizeof(float)), *alone = malloc(w * sizeof(float)), *got = malloc(w * sizeof(float));
+    float *batch = malloc(NQ * w * sizeof(float)), *ref = malloc(w * sizeof(float));
+    for (size_t i = 0; i < NQ * w; i++)
+        q[i] = frand();
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(attn_forward_ex(pools[i], kv, 0, qs, 1, q, i ? got : alone, f.n_head, ap), KS_OK);
+        if (i && memcmp(got, alone, w * sizeof(float)) != 0)
+            fail_msg("%s window %d: the decode query's output differs with pool %d", quant_type_name(t),
+                     (int)ap->window, i);
+    }
+    assert_int_equal(attn_forward_ex(pools[2], kv, 0, qs, nq, q, batch, f.n_head, ap), KS_OK);
+    if (memcmp(batch, alone, w * sizeof(float)) != 0)
+        fail_msg("%s window %d: the decode query's output differs inside a batch", quant_type_name(t),
+                 (int)ap->window);
+    double max_abs = 0.0, lim = t == QUANT_F32 ? 1e-5 : 4e-3;
+    for (int i = 0; i < nq; i++) {
+        naive_attention_ex(&f, 0, qs[i].seq == f.seq[0] ? 0 : 1, qs[i].pos, q + i * w, ref, ap);
+        for (size_t e = 0; e < w; e++) {
+            double d = fabs((double)batch[i * w + e] - ref[e]);
+            max_abs = d > max_abs ? d : max_abs;
+        }
+    }
+    if (max_abs > lim)
+        fail_msg("%s window %d softcap %g sinks %d: max error %g > %g", quant_type_name(t), (int)ap->window,
+                 (double)ap->softcap, ap->sinks != NULL, max_abs, lim);
+    free(q);
+    free(alone);
+    free(got);
+    free(batch);
+    free(ref);
+    kv_free(kv);
+    free_fixture(&f);
+}
+
+static void test_split_segments_same_bits(void **state)
+{
+    (void)state;
+    threads_pool *pools[4] = {NULL};
+    for (int i = 1; i < 4; i++)
+        assert_int_equal(threads_create(i, &pools[i]), KS_OK);
+    float sinks[4] = {0.5f, -1.0f, 2.0f, 0.0f};
+    const struct attn_params params[] = {
+        {.scale = 0.125f},
+        {.scale = 0.125f, .window = 600}, /* starts inside the second segment */
+        {.scale = 0.125f, .window = 40},  /* inside one segment */
+        {.scale = 0.3f, .softcap = 5.0f, .sinks = sinks},
+    };
+    const enum quant_type types[] = {QUANT_F32, QUANT_F16};
+    for (int ti = 0; ti < 2; ti++)
+        for (int pi = 0; pi < 4; pi++)
+            for (int sm = 0; sm < 2; sm++)
+                split_case(types[ti], sm ? KV_SMOOTH_KV : KV_SMOOTH_OFF, &params[pi], pools);
+    for (int i = 1; i < 4; i++)
+        threads_free(pools[i]);
+}
+
 static void test_bad_params(void **state)
 {
     (void)state;
@@ -499,6 +573,7 @@ int main(void)
         cmocka_unit_test(test_mixed_precision_pages),
         cmocka_unit_test(test_simd_matches_scalar),
         cmocka_unit_test(test_window_softcap_sinks),
+        cmocka_unit_test(test_split_segments_same_bits),
         cmocka_unit_test(test_bad_params),
         cmocka_unit_test(test_quantize_q8_rounding),
         cmocka_unit_test(test_rotation_lowers_q4_0_error),

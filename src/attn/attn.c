@@ -1,9 +1,13 @@
-/* attn_forward: one item per (tile of query rows, KV head), each a single
- * online-softmax pass over its tile's pages in order. A query row's output
- * therefore depends on nothing but its own sequence's pages: not on the
- * other queries of the batch, nor on how many threads share the work (no
- * split of a sequence into page ranges, whose merge would round differently
- * for another split). */
+/* attn_forward: one item per (tile of query rows, KV head). An item's pages
+ * are cut into segments of SEG_TOKENS positions, fixed by page index: each
+ * segment is an online-softmax pass over its pages from an empty state, and
+ * the segments' states are folded into the rows' state in page order. So a
+ * query row's output depends on nothing but its own sequence's pages: not
+ * on the other queries of the batch, nor on how many threads share the work.
+ * When there are fewer items than threads (a decode step of a model with one
+ * or two KV heads: gemma3), the segments of an item run on different threads
+ * and the last one to finish folds them, in the same order: the same bits as
+ * one thread running the item's segments one after the other. */
 #include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -16,6 +20,13 @@
  * query tokens of one sequence as fit (prefill), so each K/V row is read once
  * per tile. */
 enum { TILE_ROWS = 64 };
+
+/* SEG_TOKENS: positions per segment (a whole number of pages, at least one):
+ * a decode step of a 4k context splits into 16, and a fold (R x dim
+ * multiply-adds) is ~1% of a segment's work. SPLIT_STATE_MAX: bytes of
+ * stored segment states above which the items run whole instead (same
+ * bits, less parallelism). */
+enum { SEG_TOKENS = 256, SPLIT_STATE_MAX = 8 << 20 };
 
 static const struct attn_kernels *forced;
 
@@ -48,10 +59,24 @@ struct job {
 
     struct tile *tiles;
     int32_t n_tiles;
-    atomic_int next_item; /* items are taken from a shared counter: their costs differ with their contexts */
+    atomic_int next_unit; /* units are taken from a shared counter: their costs differ with their contexts */
     int max_rows;         /* largest tile, in rows */
     uint8_t *scratch;     /* per thread */
     size_t scratch_bytes;
+    int seg_pages;        /* pages per segment */
+
+    /* split: a unit is one segment of an item, its state stored in its slot
+     * of states (max_rows x (dim + 2) floats); else a unit is a whole item */
+    bool split;
+    int32_t n_units;
+    struct unit *units;
+    float *states;
+    atomic_int *segs_left; /* per item: segments not yet stored */
+};
+
+struct unit {
+    int32_t item;
+    int32_t seg;       /* split: the segment's index within its item */
 };
 
 static int tile_rows(const struct job *j, const struct tile *t) { return t->n_q * j->group; }
@@ -66,8 +91,10 @@ struct scratch {
     int32_t *limit;   /* (R) */
     int32_t *first;   /* (R) */
     float *koff;      /* (R) q . mu_k: what K smoothing took off each score */
-    float *m, *l;     /* (R) running max and sum of exp */
+    float *m, *l;     /* (R) the rows' state: max and sum of exp */
     float *acc;       /* (R, dim) */
+    float *sm, *sl;   /* (R) the current segment's state */
+    float *sacc;      /* (R, dim) */
 };
 
 /* Bytes of one thread's scratch; with base, also where each part lives. */
@@ -83,7 +110,10 @@ static size_t scratch_layout(const struct job *j, uint8_t *base, struct scratch 
     size_t limit = acc + rows * j->dim * sizeof(float);
     size_t first = limit + rows * sizeof(int32_t);
     size_t koff = first + rows * sizeof(int32_t);
-    size_t q8 = koff + rows * sizeof(float);
+    size_t sm = koff + rows * sizeof(float);
+    size_t sl = sm + rows * sizeof(float);
+    size_t sacc = sl + rows * sizeof(float);
+    size_t q8 = sacc + rows * j->dim * sizeof(float);
     size_t end = q8 + rows * nb * sizeof(block_q8_0);
     if (base) {
         out->q = (float *)(base + q);
@@ -95,6 +125,9 @@ static size_t scratch_layout(const struct job *j, uint8_t *base, struct scratch 
         out->limit = (int32_t *)(base + limit);
         out->first = (int32_t *)(base + first);
         out->koff = (float *)(base + koff);
+        out->sm = (float *)(base + sm);
+        out->sl = (float *)(base + sl);
+        out->sacc = (float *)(base + sacc);
         out->q8 = j->dim % QK8_0 == 0 ? (block_q8_0 *)(base + q8) : NULL;
     }
     return (end + 63) / 64 * 64;
@@ -209,62 +242,160 @@ static void store_rows(const struct job *j, const struct tile *t, int head, cons
         }
 }
 
-/* Item = (tile, KV head): every page of the tile in order. */
-static void run_item(const struct job *j, int32_t item, uint8_t *scratch)
+/* An empty segment state for R rows. */
+static void segment_reset(const struct scratch *sc, int R, int d)
+{
+    for (int r = 0; r < R; r++) {
+        sc->sm[r] = -INFINITY;
+        sc->sl[r] = 0.0f;
+    }
+    memset(sc->sacc, 0, (size_t)R * d * sizeof(float));
+}
+
+/* Fold a segment's state (sm, sl, sacc) into the rows' (m, l, acc): both
+ * rescaled to their common max. A segment a row saw nothing of leaves the
+ * row's state as it was, and a first segment is taken as it is: exactly,
+ * so which rows share a tile never changes a row's bits. */
+static void fold_segment(float *m, float *l, float *acc, const float *sm, const float *sl, const float *sacc, int R,
+                         int d)
+{
+    for (int r = 0; r < R; r++) {
+        if (sm[r] == -INFINITY)
+            continue;
+        float mx = sm[r] > m[r] ? sm[r] : m[r];
+        float a = expf(m[r] - mx), b = expf(sm[r] - mx);
+        float *y = acc + (size_t)r * d;
+        const float *x = sacc + (size_t)r * d;
+        for (int e = 0; e < d; e++)
+            y[e] = y[e] * a + x[e] * b;
+        l[r] = l[r] * a + sl[r] * b;
+        m[r] = mx;
+    }
+}
+
+/* The pages [p0, p1) of a tile for KV head h into the segment state of sc
+ * (reset first). */
+static void run_segment(const struct job *j, const struct tile *t, int h, int32_t p0, int32_t p1,
+                        struct scratch *sc, bool *q8_ready)
 {
     const struct kv_cache *kv = j->kv;
     const struct kv_config *c = kv_get_config(kv);
-    const struct tile *t = &j->tiles[item / j->n_kv];
-    int h = item % j->n_kv, R = tile_rows(j, t), d = j->dim, P = c->page_tokens;
-    struct scratch sc = {0};
-    scratch_layout(j, scratch, &sc);
-    load_rows(j, t, h, &sc);
+    int R = tile_rows(j, t), d = j->dim, P = c->page_tokens;
     int32_t max_limit = 0;
     for (int r = 0; r < R; r++)
-        max_limit = sc.limit[r] > max_limit ? sc.limit[r] : max_limit;
+        max_limit = sc->limit[r] > max_limit ? sc->limit[r] : max_limit;
     /* the walk stays inside the page table and the sequence's tokens */
-    assert(t->n_pages <= kv_seq_n_pages(kv, t->seq) && max_limit <= kv_seq_len(kv, t->seq));
-
-    struct attn_rows rows = {.n = R, .dim = d, .stride = P, .s = sc.s, .limit = sc.limit, .q = sc.q, .q8 = sc.q8,
-                             .q8d = sc.q8d, .m = sc.m, .l = sc.l, .acc = sc.acc,
-                             .first = j->p.window > 0 ? sc.first : NULL};
+    assert(p1 <= kv_seq_n_pages(kv, t->seq) && max_limit <= kv_seq_len(kv, t->seq));
+    segment_reset(sc, R, d);
+    struct attn_rows rows = {.n = R, .dim = d, .stride = P, .s = sc->s, .limit = sc->limit, .q = sc->q,
+                             .q8 = sc->q8, .q8d = sc->q8d, .m = sc->sm, .l = sc->sl, .acc = sc->sacc,
+                             .first = j->p.window > 0 ? sc->first : NULL};
     struct kv_page_view page, next;
-    bool q8_ready = false;
-    kv_seq_page_view(kv, t->seq, t->first_page, j->layer, &next);
+    kv_seq_page_view(kv, t->seq, p0, j->layer, &next);
     prefetch_page(c, &next, h); /* decode's short contexts are a page or three */
-    for (int32_t p = t->first_page; p < t->n_pages; p++) {
+    for (int32_t p = p0; p < p1; p++) {
         page = next;
-        if (p + 1 < t->n_pages) {
+        if (p + 1 < t->n_pages) { /* into the next segment too: the next unit of this thread is likely it */
             kv_seq_page_view(kv, t->seq, p + 1, j->layer, &next);
             prefetch_page(c, &next, h);
         }
         int page_start = p * P;
         int n_tok = max_limit - page_start < P ? max_limit - page_start : P;
         assert(n_tok > 0 && n_tok <= P && kv_type_index(page.tk) >= 0 && kv_type_index(page.tv) >= 0);
-        if (sc.q8 && !q8_ready && quant_traits(page.tk)->is_quantized) {
-            quantize_rows(j, t, &sc);
-            q8_ready = true;
+        if (sc->q8 && !*q8_ready && quant_traits(page.tk)->is_quantized) {
+            quantize_rows(j, t, sc);
+            *q8_ready = true;
         }
         const uint8_t *k_rows = kv_view_run(c, page.k, page.k_row_bytes, h);
         attn_set_bounds(&rows, k_rows, (size_t)P * page.k_row_bytes);
         j->k->score[kv_type_index(page.tk)](k_rows, n_tok, &rows);
         if (j->p.softcap > 0.0f)
-            softcap_scores(j, &sc, R, P, n_tok);
+            softcap_scores(j, sc, R, P, n_tok);
         j->k->softmax(&rows, page_start, n_tok);
         const uint8_t *v_rows = kv_view_run(c, page.v, page.v_row_bytes, h);
         attn_set_bounds(&rows, v_rows, (size_t)P * page.v_row_bytes);
         j->k->accum[kv_type_index(page.tv)](v_rows, n_tok, &rows);
     }
+}
+
+/* Segment k of tile t: its pages [*p0, *p1), fixed by page index (the first
+ * and last cut to the tile's pages). */
+static int32_t tile_first_seg(const struct job *j, const struct tile *t) { return t->first_page / j->seg_pages; }
+static int32_t tile_n_segs(const struct job *j, const struct tile *t)
+{
+    return (t->n_pages - 1) / j->seg_pages - tile_first_seg(j, t) + 1;
+}
+static void seg_pages(const struct job *j, const struct tile *t, int32_t k, int32_t *p0, int32_t *p1)
+{
+    int32_t s = tile_first_seg(j, t) + k;
+    *p0 = s * j->seg_pages > t->first_page ? s * j->seg_pages : t->first_page;
+    *p1 = (s + 1) * j->seg_pages < t->n_pages ? (s + 1) * j->seg_pages : t->n_pages;
+}
+
+/* A whole item = (tile, KV head): its segments in order, each folded in. */
+static void run_item(const struct job *j, int32_t item, uint8_t *scratch)
+{
+    const struct tile *t = &j->tiles[item / j->n_kv];
+    int h = item % j->n_kv;
+    struct scratch sc = {0};
+    scratch_layout(j, scratch, &sc);
+    load_rows(j, t, h, &sc);
+    bool q8_ready = false;
+    for (int32_t k = 0, n = tile_n_segs(j, t); k < n; k++) {
+        int32_t p0, p1;
+        seg_pages(j, t, k, &p0, &p1);
+        run_segment(j, t, h, p0, p1, &sc, &q8_ready);
+        fold_segment(sc.m, sc.l, sc.acc, sc.sm, sc.sl, sc.sacc, tile_rows(j, t), j->dim);
+    }
     store_rows(j, t, h, &sc);
 }
 
-static void phase_items(void *ctx, int ith, int nth)
+/* Where segment k of item i keeps its state: m, l (max_rows each), then acc
+ * (max_rows x dim). */
+static float *seg_state(const struct job *j, int32_t unit)
+{
+    return j->states + (size_t)unit * (size_t)j->max_rows * (size_t)(j->dim + 2);
+}
+
+/* One segment of a split item; the last of its segments to finish folds
+ * them all in order and stores the rows. */
+static void run_split_unit(const struct job *j, const struct unit *u, int32_t unit, uint8_t *scratch)
+{
+    const struct tile *t = &j->tiles[u->item / j->n_kv];
+    int h = u->item % j->n_kv, R = tile_rows(j, t), d = j->dim, M = j->max_rows;
+    struct scratch sc = {0};
+    scratch_layout(j, scratch, &sc);
+    load_rows(j, t, h, &sc);
+    bool q8_ready = false;
+    int32_t p0, p1;
+    seg_pages(j, t, u->seg, &p0, &p1);
+    run_segment(j, t, h, p0, p1, &sc, &q8_ready);
+    float *st = seg_state(j, unit);
+    memcpy(st, sc.sm, (size_t)R * sizeof(float));
+    memcpy(st + M, sc.sl, (size_t)R * sizeof(float));
+    memcpy(st + 2 * M, sc.sacc, (size_t)R * d * sizeof(float));
+    /* acq_rel: the last one out sees every other segment's stored state */
+    if (atomic_fetch_sub_explicit(&j->segs_left[u->item], 1, memory_order_acq_rel) != 1)
+        return;
+    int32_t first = unit - u->seg; /* an item's segments are consecutive units */
+    for (int32_t k = 0, n = tile_n_segs(j, t); k < n; k++) {
+        const float *x = seg_state(j, first + k);
+        fold_segment(sc.m, sc.l, sc.acc, x, x + M, x + 2 * M, R, d);
+    }
+    store_rows(j, t, h, &sc);
+}
+
+static void phase_units(void *ctx, int ith, int nth)
 {
     struct job *j = ctx;
     (void)nth;
-    int32_t n_items = j->n_tiles * j->n_kv;
-    for (int32_t i; (i = atomic_fetch_add_explicit(&j->next_item, 1, memory_order_relaxed)) < n_items;)
-        run_item(j, i, j->scratch + (size_t)ith * j->scratch_bytes);
+    uint8_t *scratch = j->scratch + (size_t)ith * j->scratch_bytes;
+    for (int32_t i; (i = atomic_fetch_add_explicit(&j->next_unit, 1, memory_order_relaxed)) < j->n_units;) {
+        if (j->split)
+            run_split_unit(j, &j->units[i], i, scratch);
+        else
+            run_item(j, i, scratch);
+    }
 }
 
 static ks_status check_args(const struct kv_cache *kv, int layer, const struct attn_query *queries,
@@ -328,6 +459,33 @@ static void make_tiles(struct job *j, int32_t n_queries)
     j->n_tiles = n;
 }
 
+/* Whole items when there are enough of them to share the threads, else
+ * one unit per segment (if their states fit SPLIT_STATE_MAX). */
+static ks_status plan_units(struct job *j, int nth)
+{
+    int32_t n_items = j->n_tiles * j->n_kv, n_segs = 0;
+    for (int32_t i = 0; i < j->n_tiles; i++)
+        n_segs += tile_n_segs(j, &j->tiles[i]) * j->n_kv;
+    size_t state_bytes = (size_t)n_segs * (size_t)j->max_rows * (size_t)(j->dim + 2) * sizeof(float);
+    j->split = nth > 1 && n_items < nth && n_segs > n_items && state_bytes <= SPLIT_STATE_MAX;
+    j->n_units = j->split ? n_segs : n_items;
+    if (!j->split)
+        return KS_OK;
+    j->units = malloc((size_t)n_segs * sizeof *j->units);
+    j->states = malloc(state_bytes);
+    j->segs_left = malloc((size_t)n_items * sizeof *j->segs_left);
+    if (!j->units || !j->states || !j->segs_left)
+        return ks_fail(KS_ERR_NOMEM, "attn: out of host memory for %d segments' states", (int)n_segs);
+    int32_t u = 0;
+    for (int32_t i = 0; i < n_items; i++) {
+        int32_t n = tile_n_segs(j, &j->tiles[i / j->n_kv]);
+        atomic_init(&j->segs_left[i], n);
+        for (int32_t k = 0; k < n; k++)
+            j->units[u++] = (struct unit){.item = i, .seg = k};
+    }
+    return KS_OK;
+}
+
 ks_status attn_forward(threads_pool *pool, const struct kv_cache *kv, int layer, const struct attn_query *queries,
                        int32_t n_queries, const float *q, float *out, int n_head, float scale)
 {
@@ -355,14 +513,19 @@ ks_status attn_forward_ex(threads_pool *pool, const struct kv_cache *kv, int lay
     if (!j.tiles)
         return ks_fail(KS_ERR_NOMEM, "attn: out of host memory");
     make_tiles(&j, n_queries);
+    j.seg_pages = SEG_TOKENS / c->page_tokens > 1 ? SEG_TOKENS / c->page_tokens : 1;
     j.scratch_bytes = scratch_layout(&j, NULL, NULL);
     j.scratch = aligned_alloc(64, (size_t)nth * j.scratch_bytes);
     if (!j.scratch) {
         free(j.tiles);
         return ks_fail(KS_ERR_NOMEM, "attn: out of host memory for %d threads' scratch", nth);
     }
-    threads_run(pool, phase_items, &j);
+    if ((st = plan_units(&j, nth)) == KS_OK)
+        threads_run(pool, phase_units, &j);
     free(j.tiles);
     free(j.scratch);
-    return KS_OK;
+    free(j.units);
+    free(j.states);
+    free(j.segs_left);
+    return st;
 }
