@@ -25,7 +25,8 @@ struct attn_query {
  * multiple of the cache's n_kv_head. The K/V of every queried position must
  * already be written for this layer. A query's output is the same bits
  * whatever the other queries are and however many threads the pool has:
- * each (query, KV head) is one pass over its sequence's pages in order. */
+ * each (query, KV head) folds its sequence's pages in segments of fixed
+ * positions, in page order, whichever threads computed them. */
 ks_status attn_forward(threads_pool *pool, const struct kv_cache *kv, int layer,
                        const struct attn_query *queries, int32_t n_queries,
                        const float *q, float *out, int n_head, float scale);
