@@ -10,6 +10,8 @@
 # measured bandwidth. The CPU and its vector extensions head the table.
 #
 # Env: THREADS (2), PP (512), TG (128), ROUNDS (3), ANCHOR (../shared/anchor/bin), NICE ("").
+#   DEPTH (0): both programs first fill that many tokens of context (llama-bench -d, kvserve bench -d), so
+#             pp and tg are measured at that depth (attention over a long context: DEPTH=4096 PP=0).
 #   AB_FLAGS: each round also runs kvserve bench with these flags (e.g. --no-repack) right after the
 #             plain run; the table gets a second kvserve row per model, "MODEL [AB_FLAGS]".
 #   LLAMA_CPU: run llama.cpp's CPU variant of that name only (haswell = AVX2; icelake, zen4 =
@@ -26,7 +28,7 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 build=$here/build
 if [ $# -gt 0 ] && [ -d "$1" ]; then build=$(cd "$1" && pwd); shift; fi
 [ $# -gt 0 ] || { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
-THREADS=${THREADS:-2} PP=${PP:-512} TG=${TG:-128} ROUNDS=${ROUNDS:-3} NICE=${NICE:-}
+THREADS=${THREADS:-2} PP=${PP:-512} TG=${TG:-128} DEPTH=${DEPTH:-0} ROUNDS=${ROUNDS:-3} NICE=${NICE:-}
 AB_FLAGS=${AB_FLAGS:-} LLAMA_CPU=${LLAMA_CPU:-} BUSY=${BUSY:-0}
 anchor=${ANCHOR:-$here/../shared/anchor/bin}
 kvserve=$build/kvserve membw=$build/bench_membw
@@ -48,19 +50,19 @@ membw_gbs() { $NICE "$membw" -t "$THREADS" | sed -n 's/^memory read: \([0-9.]*\)
 # One rep of each program; their JSON rows go to $tmp/ll.json and $tmp/ks.json (one array per line).
 one_round() {
   local m=$1
-  $NICE "$anchor/llama-bench" -m "$m" -p "$PP" -n "$TG" -r 1 -t "$THREADS" -o json 2>/dev/null | tr -d '\n' >>"$tmp/ll.json"
+  $NICE "$anchor/llama-bench" -m "$m" -p "$PP" -n "$TG" -d "$DEPTH" -r 1 -t "$THREADS" -o json 2>/dev/null | tr -d '\n' >>"$tmp/ll.json"
   echo >>"$tmp/ll.json"
-  $NICE "$kvserve" bench -m "$m" -p "$PP" -n "$TG" -r 1 -t "$THREADS" -o json 2>/dev/null | tr -d '\n' >>"$tmp/ks.json"
+  $NICE "$kvserve" bench -m "$m" -p "$PP" -n "$TG" -d "$DEPTH" -r 1 -t "$THREADS" -o json 2>/dev/null | tr -d '\n' >>"$tmp/ks.json"
   echo >>"$tmp/ks.json"
   [ -n "$AB_FLAGS" ] || return 0
   # shellcheck disable=SC2086 # AB_FLAGS is a list of flags
-  $NICE "$kvserve" bench -m "$m" -p "$PP" -n "$TG" -r 1 -t "$THREADS" -o json $AB_FLAGS 2>/dev/null | tr -d '\n' >>"$tmp/ab.json"
+  $NICE "$kvserve" bench -m "$m" -p "$PP" -n "$TG" -d "$DEPTH" -r 1 -t "$THREADS" -o json $AB_FLAGS 2>/dev/null | tr -d '\n' >>"$tmp/ab.json"
   echo >>"$tmp/ab.json"
 }
 
 cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)
 isa=$(grep -qw avx512f /proc/cpuinfo && echo AVX-512 || (grep -qw avx2 /proc/cpuinfo && echo AVX2 || echo scalar))
-echo "CPU: $cpu ($isa), $(nproc) cores; -t $THREADS, pp$PP / tg$TG, median of $ROUNDS interleaved rounds${spinners:+; $BUSY other process(es) spinning}"
+echo "CPU: $cpu ($isa), $(nproc) cores; -t $THREADS, pp$PP / tg$TG$([ "$DEPTH" = 0 ] || echo " at depth $DEPTH"), median of $ROUNDS interleaved rounds${spinners:+; $BUSY other process(es) spinning}"
 echo "kvserve: $("$kvserve" version 2>/dev/null | head -1); llama.cpp CPU variant: ${LLAMA_CPU:-best available}"
 echo
 echo "| model | pp$PP llama.cpp | pp$PP kvserve | ratio | tg$TG llama.cpp | tg$TG kvserve | ratio | kvserve tg GB/s | membw GB/s | tg % of membw |"
