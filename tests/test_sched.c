@@ -139,10 +139,12 @@ static void submit_n(struct sched *s, const int32_t *prompt, int32_t n_prompt, i
     assert_int_equal(sched_submit_n(s, &rq, ch, n, ids_out), KS_OK);
 }
 
-static struct sched *start(struct mock_engine *m, int parallel, int32_t max_batch, int32_t chunk, int32_t ctx)
+static struct sched *start_itl(struct mock_engine *m, int parallel, int32_t max_batch, int32_t chunk, int32_t ctx,
+                               float max_itl_ratio)
 {
     struct sched_config cfg;
     sched_config_default(&cfg);
+    cfg.max_itl_ratio = max_itl_ratio;
     cfg.parallel = parallel;
     cfg.max_batch_tokens = max_batch;
     cfg.prefill_chunk = chunk;
@@ -151,6 +153,23 @@ static struct sched *start(struct mock_engine *m, int parallel, int32_t max_batc
     struct sched *s = NULL;
     assert_int_equal(sched_create(&cfg, &e, &s), KS_OK);
     return s;
+}
+
+static struct sched *start(struct mock_engine *m, int parallel, int32_t max_batch, int32_t chunk, int32_t ctx)
+{
+    struct sched_config def;
+    sched_config_default(&def);
+    return start_itl(m, parallel, max_batch, chunk, ctx, def.max_itl_ratio);
+}
+
+/* A scheduler whose prefill is not sized by measured step times: the
+ * preemption tests need the prompts to fill the cache, which a slow or
+ * loaded run (TSan beside another test) could otherwise spread over so many
+ * steps that the first requests finish first and nothing is preempted. */
+static struct sched *start_untimed(struct mock_engine *m, int parallel, int32_t max_batch, int32_t chunk,
+                                   int32_t ctx)
+{
+    return start_itl(m, parallel, max_batch, chunk, ctx, 0.0f);
 }
 
 /* Wait for r, which must have run to max_tokens GEN alone-equal tokens, and free it. */
@@ -220,7 +239,7 @@ static void test_choices_under_preemption(void **state)
     enum { G = 4, N = 4, P = 50, GEN = 100 };
     struct mock_engine *m = mock_new(900, 1024);
     mock_engine_hold(m, true);
-    struct sched *s = start(m, 16, 128, 32, 1024);
+    struct sched *s = start_untimed(m, 16, 128, 32, 1024);
     static int32_t prompts[G][P];
     struct result *res[G][N];
     for (int g = 0; g < G; g++) {
@@ -409,7 +428,7 @@ static void test_preemption_keeps_tokens(void **state)
     enum { N = 16, P = 50, GEN = 100 };
     struct mock_engine *m = mock_new(700, 1024);
     mock_engine_hold(m, true); /* all 16 queued before the first step */
-    struct sched *s = start(m, 16, 128, 32, 1024);
+    struct sched *s = start_untimed(m, 16, 128, 32, 1024);
     static int32_t prompts[N][P];
     struct result *res[N];
     for (int i = 0; i < N; i++) {
