@@ -295,7 +295,7 @@ static void run_segment(const struct job *j, const struct tile *t, int h, int32_
     prefetch_page(c, &next, h); /* decode's short contexts are a page or three */
     for (int32_t p = p0; p < p1; p++) {
         page = next;
-        if (p + 1 < t->n_pages) { /* into the next segment too: the next unit of this thread is likely it */
+        if (p + 1 < t->n_pages) { /* past the segment's end too: a whole item's next segment starts there */
             kv_seq_page_view(kv, t->seq, p + 1, j->layer, &next);
             prefetch_page(c, &next, h);
         }
@@ -350,8 +350,8 @@ static void run_item(const struct job *j, int32_t item, uint8_t *scratch)
     store_rows(j, t, h, &sc);
 }
 
-/* Where segment k of item i keeps its state: m, l (max_rows each), then acc
- * (max_rows x dim). */
+/* Where a split item's unit (one of its segments) keeps its state: m, l
+ * (max_rows each), then acc (max_rows x dim). */
 static float *seg_state(const struct job *j, int32_t unit)
 {
     return j->states + (size_t)unit * (size_t)j->max_rows * (size_t)(j->dim + 2);
