@@ -139,12 +139,18 @@ static void submit_n(struct sched *s, const int32_t *prompt, int32_t n_prompt, i
     assert_int_equal(sched_submit_n(s, &rq, ch, n, ids_out), KS_OK);
 }
 
-static struct sched *start_itl(struct mock_engine *m, int parallel, int32_t max_batch, int32_t chunk, int32_t ctx,
-                               float max_itl_ratio)
+/* timed: the default decode-first prefill budget, sized by measured step
+ * times. The preemption tests run untimed: they need the prompts to fill
+ * the cache, which a slow or loaded run (TSan beside another test) could
+ * otherwise spread over so many steps that the first requests finish first
+ * and nothing is preempted. */
+static struct sched *start_cfg(struct mock_engine *m, int parallel, int32_t max_batch, int32_t chunk, int32_t ctx,
+                               bool timed)
 {
     struct sched_config cfg;
     sched_config_default(&cfg);
-    cfg.max_itl_ratio = max_itl_ratio;
+    if (!timed)
+        cfg.max_itl_ratio = 0.0f;
     cfg.parallel = parallel;
     cfg.max_batch_tokens = max_batch;
     cfg.prefill_chunk = chunk;
@@ -157,19 +163,13 @@ static struct sched *start_itl(struct mock_engine *m, int parallel, int32_t max_
 
 static struct sched *start(struct mock_engine *m, int parallel, int32_t max_batch, int32_t chunk, int32_t ctx)
 {
-    struct sched_config def;
-    sched_config_default(&def);
-    return start_itl(m, parallel, max_batch, chunk, ctx, def.max_itl_ratio);
+    return start_cfg(m, parallel, max_batch, chunk, ctx, true);
 }
 
-/* A scheduler whose prefill is not sized by measured step times: the
- * preemption tests need the prompts to fill the cache, which a slow or
- * loaded run (TSan beside another test) could otherwise spread over so many
- * steps that the first requests finish first and nothing is preempted. */
 static struct sched *start_untimed(struct mock_engine *m, int parallel, int32_t max_batch, int32_t chunk,
                                    int32_t ctx)
 {
-    return start_itl(m, parallel, max_batch, chunk, ctx, 0.0f);
+    return start_cfg(m, parallel, max_batch, chunk, ctx, false);
 }
 
 /* Wait for r, which must have run to max_tokens GEN alone-equal tokens, and free it. */

@@ -369,11 +369,9 @@ static void run_split_unit(const struct job *j, const struct unit *u, int32_t un
     bool q8_ready = false;
     int32_t p0, p1;
     seg_pages(j, t, u->seg, &p0, &p1);
+    float *st = seg_state(j, unit); /* the segment's state goes straight to its slot */
+    sc.sm = st, sc.sl = st + M, sc.sacc = st + 2 * M;
     run_segment(j, t, h, p0, p1, &sc, &q8_ready);
-    float *st = seg_state(j, unit);
-    memcpy(st, sc.sm, (size_t)R * sizeof(float));
-    memcpy(st + M, sc.sl, (size_t)R * sizeof(float));
-    memcpy(st + 2 * M, sc.sacc, (size_t)R * d * sizeof(float));
     /* acq_rel: the last one out sees every other segment's stored state */
     if (atomic_fetch_sub_explicit(&j->segs_left[u->item], 1, memory_order_acq_rel) != 1)
         return;
