@@ -366,7 +366,7 @@ static cJSON *usage(int input, int cached, int output)
     cJSON_AddNumberToObject(cJSON_AddObjectToObject(u, "input_tokens_details"), "cached_tokens", cached);
     cJSON_AddNumberToObject(u, "output_tokens", output);
     cJSON_AddNumberToObject(cJSON_AddObjectToObject(u, "output_tokens_details"), "reasoning_tokens", 0);
-    cJSON_AddNumberToObject(u, "total_tokens", input + output);
+    cJSON_AddNumberToObject(u, "total_tokens", (double)input + output); /* counts read back from a chat reply: no int overflow */
     return u;
 }
 

@@ -12,9 +12,13 @@
 #include "fuzz/gguf_walk.h"
 #include "gguf/gguf.h"
 
-/* The writer refuses alignments above 2^30 (padding would be absurd); the
- * reader accepts any power of two, so such files skip the round trip. */
-#define WRITER_MAX_ALIGNMENT (1ull << 30)
+/* The reader accepts any power of two as the alignment and the writer up to
+ * 2^30; the round trip stops at 2^24: a 2^30 alignment pads the written copy
+ * to 1 GiB, which (with ASan's quarantine of the memory stream's reallocs)
+ * passes run.sh's 2.5 GB limit (a CI run's libFuzzer "out-of-memory" on such
+ * a file, tests/fuzz/gguf/align-2p30). Larger alignments differ only in the
+ * padding's length. */
+#define ROUND_TRIP_MAX_ALIGNMENT (1ull << 24)
 
 static void check(bool ok, const char *what)
 {
@@ -26,7 +30,7 @@ static void check(bool ok, const char *what)
 
 static void round_trip(const struct gguf_file *f)
 {
-    if (gguf_alignment(f) > WRITER_MAX_ALIGNMENT)
+    if (gguf_alignment(f) > ROUND_TRIP_MAX_ALIGNMENT)
         return;
     struct gguf_writer *w;
     check(gguf_writer_create(&w) == KS_OK, "writer_create");
