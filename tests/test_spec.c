@@ -216,6 +216,51 @@ static void test_draft_allowance(void **state)
     assert_true(fabs(spec_draft_allowance(-5, -5, 0.02, 0.5)) < 1e-12);
 }
 
+/* The step costs of one stream: measured verifications set the extra
+ * token's cost; a pass that lost its core counts as k + 1 steps at most; a
+ * dear estimate relaxes over plain steps, so drafting that pays resumes and
+ * measures again (a run that stopped drafting for good after one slow pass
+ * was seen 1 in 19 times); plain steps never take it below the guess. */
+static void test_cost_learns_and_recovers(void **state)
+{
+    (void)state;
+    struct spec_cost c = {0};
+    assert_true(fabs(spec_cost_ratio(&c) - SPEC_COST_GUESS) < 1e-12);
+    spec_cost_learn(&c, 4, 0.020); /* no step measured yet: nothing to take it from */
+    assert_true(c.extra_s == 0.0);
+    for (int i = 0; i < 20; i++)
+        spec_cost_learn(&c, 0, 0.010);
+    assert_true(fabs(c.step_s - 0.010) < 1e-12);
+    for (int i = 0; i < 40; i++)
+        spec_cost_learn(&c, 8, 0.012); /* 8 more tokens cost a fifth of a step */
+    assert_true(fabs(spec_cost_ratio(&c) - 0.025) < 1e-3);
+    struct spec_adapt a;
+    spec_adapt_init(&a, SPEC_NGRAM);
+    for (int i = 0; i < 20; i++)
+        spec_adapt_observe(&a, 8, 6);
+    assert_true(spec_adapt_len(&a, 100, 0, 8, spec_cost_ratio(&c)) > 0);
+    /* preempted passes: each counts as k + 1 steps, no more; a few of them stop the drafting */
+    for (int i = 0; i < 6; i++)
+        spec_cost_learn(&c, 8, 1.0);
+    assert_true(c.extra_s <= c.step_s);
+    assert_int_equal(spec_adapt_len(&a, 100, 0, 8, spec_cost_ratio(&c)), 0);
+    int plain = 0;
+    while (spec_adapt_len(&a, 100, 0, 8, spec_cost_ratio(&c)) == 0 && plain < 1000) {
+        spec_cost_learn(&c, 0, 0.010);
+        plain++;
+    }
+    assert_true(plain > 0 && plain <= 2 * SPEC_COST_RELAX_STEPS);
+    for (int i = 0; i < 1000; i++)
+        spec_cost_learn(&c, 0, 0.010);
+    assert_true(fabs(spec_cost_ratio(&c) - SPEC_COST_GUESS) < 1e-9);
+    /* nonsense timings change nothing */
+    struct spec_cost before = c;
+    spec_cost_learn(&c, 3, -1.0);
+    spec_cost_learn(&c, -1, 0.5);
+    spec_cost_learn(&c, 0, NAN);
+    assert_true(c.step_s == before.step_s && c.extra_s == before.extra_s);
+}
+
 static void test_adapt_follows_acceptance(void **state)
 {
     (void)state;
@@ -642,6 +687,7 @@ int main(void)
         cmocka_unit_test(test_pool_keys_are_checked),
         cmocka_unit_test(test_pool_bad_sizes),
         cmocka_unit_test(test_can_pay),
+        cmocka_unit_test(test_cost_learns_and_recovers),
         cmocka_unit_test(test_adapt_follows_acceptance),
         cmocka_unit_test(test_adapt_rests_after_rejections),
         cmocka_unit_test(test_verify_keeps_the_distribution),

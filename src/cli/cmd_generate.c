@@ -187,7 +187,7 @@ struct gen_run {
     struct spec_pool *pool;       /* --spec-type ngram-pool: this run's prompt and output */
     int32_t pool_fed;             /* tokens[0, pool_fed) are in it */
     int32_t draft[SPEC_DRAFT_LIMIT];
-    double step_s, extra_token_s; /* EMAs: a 1-token step, one more token in a step */
+    struct spec_cost cost;        /* a 1-token step, one more token in a step */
     int64_t n_drafted, n_accepted, n_steps;
     int64_t n_shadow;             /* tokens checked against a 1-token proposal while not drafting */
     /* --model-draft: the scheduler's drafter for this one sequence */
@@ -449,28 +449,12 @@ static bool take(struct gen_run *r, int32_t token, ks_status *st)
  * (measured; a guess until both are). */
 static double extra_cost(const struct gen_run *r)
 {
-    double c = r->step_s > 0 && r->extra_token_s > 0 ? r->extra_token_s / r->step_s : 0.1;
+    double c = spec_cost_ratio(&r->cost), step_s = r->cost.step_s;
     if (r->drafter) /* a draft model's token costs a draft step too; before one is measured, the weights' ratio */
-        c += r->step_s > 0 && r->draft_step_s > 0 ? r->draft_step_s / r->step_s
+        c += step_s > 0 && r->draft_step_s > 0 ? r->draft_step_s / step_s
              : r->draft_weight > 0                ? r->draft_weight
                                                   : 0.1;
     return c;
-}
-
-static void learn_cost(struct gen_run *r, int32_t k, double seconds)
-{
-    if (k == 0) {
-        r->step_s = r->step_s > 0 ? 0.75 * r->step_s + 0.25 * seconds : seconds;
-    } else if (r->step_s > 0 && seconds > r->step_s) {
-        /* k + 1 tokens in one pass never cost more than k + 1 passes: a
-         * slower pass was preempted on a busy machine, and an estimate that
-         * high would stop the drafting that could correct it */
-        double extra = (seconds - r->step_s) / k;
-        extra = extra < r->step_s ? extra : r->step_s;
-        /* the first measurement weighs half against the guess (0.1 of a step), not a quarter against
-         * nothing: a tiny model's extra token costs half a step or more */
-        r->extra_token_s = r->extra_token_s > 0 ? 0.75 * r->extra_token_s + 0.25 * extra : 0.05 * r->step_s + 0.5 * extra;
-    }
 }
 
 /* Up to k drafts in r->draft: the pool's (once it has learnt the latest
@@ -511,7 +495,7 @@ static int32_t draft_afford(struct gen_run *r, bool drafting)
 {
     if (r->o->spec.draft_min > 0)
         return SPEC_DRAFT_LIMIT;
-    double rho = r->draft_weight, measured = r->step_s > 0 ? r->draft_step_s / r->step_s : 0;
+    double rho = r->draft_weight, measured = r->cost.step_s > 0 ? r->draft_step_s / r->cost.step_s : 0;
     double left = spec_draft_allowance(r->n_tokens, r->n_accepted, SPEC_DRAFT_IDLE_SHARE, rho > measured ? rho : measured) -
                   (double)r->draft_spent;
     int32_t lead;
@@ -563,7 +547,7 @@ static bool spec_step(struct gen_run *r, ks_status *st)
     double t0 = cli_now();
     if ((*st = feed_tokens(r, batch, base - 1, 1 + k, k > 0)))
         return false;
-    learn_cost(r, k, cli_now() - t0);
+    spec_cost_learn(&r->cost, k, cli_now() - t0);
     r->n_steps++;
     bool go_on = true;
     int32_t kept = 0, tested = 0;

@@ -160,6 +160,31 @@ int32_t spec_adapt_len(const struct spec_adapt *a, int64_t n_text, int32_t n_min
     return best > 0 ? best : n_min > 0 ? n_min : 0;
 }
 
+void spec_cost_learn(struct spec_cost *c, int32_t k, double seconds)
+{
+    if (!(seconds > 0) || k < 0)
+        return;
+    if (k == 0) {
+        c->step_s = c->step_s > 0 ? 0.75 * c->step_s + 0.25 * seconds : seconds;
+        double floor = SPEC_COST_GUESS * c->step_s;
+        if (c->extra_s > floor)
+            c->extra_s -= (c->extra_s - floor) / SPEC_COST_RELAX_STEPS;
+        return;
+    }
+    if (!(c->step_s > 0) || seconds <= c->step_s)
+        return;
+    double extra = (seconds - c->step_s) / k;
+    extra = extra < c->step_s ? extra : c->step_s;
+    /* the first measurement weighs half against the guess, not a quarter
+     * against nothing: a tiny model's extra token costs half a step or more */
+    c->extra_s = c->extra_s > 0 ? 0.75 * c->extra_s + 0.25 * extra : 0.5 * SPEC_COST_GUESS * c->step_s + 0.5 * extra;
+}
+
+double spec_cost_ratio(const struct spec_cost *c)
+{
+    return c->step_s > 0 && c->extra_s > 0 ? c->extra_s / c->step_s : SPEC_COST_GUESS;
+}
+
 bool spec_can_pay(int32_t n_max, double extra_cost)
 {
     const struct spec_adapt every_draft_accepted = {.accept = 1.0, .seen_accept = true};

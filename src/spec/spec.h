@@ -125,6 +125,23 @@ void spec_adapt_verified(struct spec_adapt *a, int32_t drafted, int32_t accepted
  * long; extra_cost: c >= 0, the cost of one more token in a step as a
  * fraction of a decode step. n_min > 0 forces at least n_min. */
 int32_t spec_adapt_len(const struct spec_adapt *a, int64_t n_text, int32_t n_min, int32_t n_max, double extra_cost);
+/* One stream's step costs, for a caller without the scheduler's cost model
+ * (kvserve generate): EMAs of a 1-token step and of one more token in a
+ * step, in seconds (0 until measured). */
+struct spec_cost {
+    double step_s, extra_s;
+};
+/* One more token's cost as a fraction of a 1-token step before it is measured. */
+#define SPEC_COST_GUESS 0.1
+/* Fold in a step of 1 + k tokens that took `seconds`. A verification never
+ * counts as more than k + 1 plain steps (a slower pass was preempted). A
+ * plain step (k = 0) also relaxes the extra token's cost toward the guess by
+ * 1/SPEC_COST_RELAX_STEPS: a dear estimate, from a pass that lost its core,
+ * would otherwise stop the drafting that alone could measure it again. */
+#define SPEC_COST_RELAX_STEPS 32
+void spec_cost_learn(struct spec_cost *c, int32_t k, double seconds);
+/* One more token's cost as a fraction of a 1-token step: measured, else SPEC_COST_GUESS. */
+double spec_cost_ratio(const struct spec_cost *c);
 /* Expected tokens per verification pass with k drafts at acceptance a. */
 double spec_expected_tokens(double a, int32_t k);
 /* Could a draft length up to n_max gain at extra_cost even if every draft
