@@ -3,8 +3,10 @@
  * head_dim 128), at several context lengths and K/V precisions, plus the
  * same kernels over one contiguous f16 buffer as the baseline for paging.
  *
- *   bench_attn [-t THREADS] [-P PAGE] [-r REPS] [-c CTX] [-k CACHE]
- * (-k: only that cache row, e.g. q4_0, for profiling)
+ *   bench_attn [-t THREADS] [-P PAGE] [-r REPS] [-c CTX] [-k CACHE] [-s gemma3]
+ * (-k: only that cache row, e.g. q4_0, for profiling; -c: that one context
+ * length, any; -s gemma3: gemma3-1b's shape, one KV head of 256 for 4 query
+ * heads, whose decode splits one item's segments across the threads)
  * Prints one line per (context, cache) with the median of REPS runs, by wall
  * time and by process CPU time (the CPU figure is the one to compare on a
  * shared, loaded machine: time slices lost to other processes do not count),
@@ -19,7 +21,10 @@
 #include "attn/attn.h"
 #include "attn/attn_internal.h"
 
-enum { N_HEAD = 32, N_KV = 8, DIM = 128 };
+/* The cache's shape: Llama-3-8B's by default, gemma3-1b's with -s gemma3
+ * (one KV head of 256 shared by 4 query heads: a decode step's whole
+ * attention is one item, split across threads by segments). */
+static int N_HEAD = 32, N_KV = 8, DIM = 128;
 
 static double clock_s(clockid_t id)
 {
@@ -96,7 +101,7 @@ static struct kv_cache *make_cache(int ctx, int P, enum quant_type tk, enum quan
         fprintf(stderr, "cache: %s\n", ks_errmsg());
         exit(1);
     }
-    float k[N_KV * DIM], v[N_KV * DIM];
+    float *k = malloc((size_t)N_KV * DIM * sizeof(float)), *v = malloc((size_t)N_KV * DIM * sizeof(float));
     for (int p = 0; p < ctx; p++) {
         for (int i = 0; i < N_KV * DIM; i++) {
             k[i] = frand();
@@ -104,6 +109,8 @@ static struct kv_cache *make_cache(int ctx, int P, enum quant_type tk, enum quan
         }
         kv_write(kv, 0, *seq, p, k, v);
     }
+    free(k);
+    free(v);
     if (mixed) { /* what the dynamic policy makes: recent 512 tokens f16, older ones q4_0 */
         struct kv_selector sel = {.kind = KV_SELECT_OLDER_THAN, .keep_recent = 512};
         if (kv_requantize(kv, &sel, QUANT_Q4_0, QUANT_Q4_0, false, NULL))
@@ -170,6 +177,8 @@ int main(int argc, char **argv)
             only_ctx = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "-k"))
             only_case = argv[i + 1];
+        else if (!strcmp(argv[i], "-s") && !strcmp(argv[i + 1], "gemma3"))
+            N_HEAD = 4, N_KV = 1, DIM = 256;
     }
     reps = reps < 1 ? 1 : reps > 15 ? 15 : reps;
     threads_pool *pool = NULL;
@@ -180,7 +189,9 @@ int main(int argc, char **argv)
     printf("bench_attn: kernels %s, %d thread(s), P=%d, %d KV heads x head_dim %d, %d query heads, median of %d\n",
            attn_kernels_best()->isa, n_threads, P, N_KV, DIM, N_HEAD, reps);
     printf("%-7s %-16s %8s %10s %8s %10s %8s\n", "ctx", "cache", "KV MB", "wall us", "GB/s", "cpu us", "GB/s cpu");
-    const int ctxs[] = {1024, 4096, 16384, 32768};
+    int ctxs[] = {1024, 4096, 16384, 32768}, n_ctx = 4;
+    if (only_ctx) /* any length, e.g. a decode's first hundred tokens */
+        ctxs[0] = only_ctx, n_ctx = 1;
     struct {
         const char *name;
         enum quant_type k, v;
@@ -200,10 +211,8 @@ int main(int argc, char **argv)
     float *x = malloc(N_HEAD * DIM * sizeof(float)), *out = malloc(N_HEAD * DIM * sizeof(float));
     for (int i = 0; i < N_HEAD * DIM; i++)
         x[i] = frand();
-    for (size_t c = 0; c < sizeof ctxs / sizeof ctxs[0]; c++) {
+    for (int c = 0; c < n_ctx; c++) {
         int ctx = ctxs[c];
-        if (only_ctx && ctx != only_ctx)
-            continue;
         double cpu[sizeof cases / sizeof cases[0]];
         for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
             if (only_case && strcmp(only_case, cases[k].name)) {
