@@ -138,7 +138,7 @@ static enum mm_path choose_path(enum quant_type wtype, int64_t n_tokens)
 #endif
 #endif
 #define RP_MIN_CHUNK_ROWS 64 /* rows per work item at least: a long sequential stream */
-#define SPAN_SHRINK 4        /* take_own_span: a take is at most a quarter of what is left of a range */
+#define SPAN_SHRINK 2        /* take_own_span: a take is at most half of what is left of a range */
 #if defined(QUANT_HAVE_AVX2)
 #define RP_HAVE_TILES 1
 #endif
@@ -291,11 +291,16 @@ static inline int64_t take_panel(struct mm *m, int64_t n_panels)
  * quiet machine every thread streams one contiguous run of rows as a static
  * split would, then takes the units left in the others' ranges, so a thread
  * that loses its core for a while does not hold the step up. A take is up
- * to max_units while much of a range is left, then shrinks to one unit near
- * its end, so the thread that finishes last is at most a unit behind the
+ * to max_units while much of a range is left, then half of what is left, down
+ * to one unit, so the thread that finishes last is at most a unit behind the
  * others, not a whole chunk (gemma3-1b's down: a 4-group chunk of its 6912
- * columns is ~30 us of one core's stream). Which rows a span holds never
- * changes a row's result. Returns false when none is left. */
+ * columns is ~30 us of one core's stream). Few takes: each is a locked
+ * add, which waits for the stream's loads in flight to arrive and starts the
+ * next ones from an empty window (gemma3-1b Q4_K_M decode: takes of at most
+ * an eighth of a range, shrinking by quarters, and 64-row spans in the
+ * gate/up region cost 12% of decode speed against a quarter, halves and
+ * 1024 rows). Which rows a span holds never changes a row's result. Returns
+ * false when none is left. */
 static bool take_own_span(struct mm_ranges *w, int ith, int nth, int64_t n_units, int64_t max_units, int64_t *u0,
                           int64_t *u1)
 {
@@ -985,7 +990,8 @@ static void fpre_compute(void *vctx, int ith, int nth)
  * results are the same bits. */
 
 #define EX_ROWS 16              /* rows per work item of the decode and generic paths */
-#define EX_SPAN_ITEMS 4         /* items per take at most (take_own_span): 64 decode rows, one stream */
+#define EX_SPAN_ITEMS 4         /* prefill items per take at most (take_own_span) */
+#define EX_SPAN_DECODE 64       /* decode items per take at most: 1024 rows (see SPAN_SHRINK) */
 #define EX_FL_PANELS 8          /* float prefill: FL_R-row panels per work item */
 #define EX_PACK_INLINE 32768    /* activation elements below which packing stays on the caller */
 
@@ -1016,6 +1022,7 @@ struct ex_run {
     int32_t *tok_rows;  /* the X rows to pack */
     int64_t n_tok_rows;
     int64_t n_items;
+    int64_t max_span;        /* items per take at most: EX_SPAN_DECODE unless an expert runs a prefill path */
     atomic_llong next;       /* packing: units taken */
     struct mm_ranges items;  /* compute: take_own_span */
     atomic_int failed;
@@ -1304,7 +1311,7 @@ static void ex_compute(void *vctx, int ith, int nth)
     /* each thread's own items first: its experts' rows are one stream, which
      * the kernels' prefetches follow from one item into the next */
     for (int64_t u0, u1; !atomic_load_explicit(&r->failed, memory_order_relaxed) &&
-                         take_own_span(&r->items, ith, nth, r->n_items, EX_SPAN_ITEMS, &u0, &u1);) {
+                         take_own_span(&r->items, ith, nth, r->n_items, r->max_span, &u0, &u1);) {
         for (int64_t it = u0, end; it < u1; it = end) { /* the span's items, an expert's at a time */
             const struct ex_expert *x = ex_of_item(r, it);
             end = x->item0 + x->n_items < u1 ? x->item0 + x->n_items : u1;
@@ -1395,7 +1402,7 @@ ks_status quant_matmul_experts(threads_pool *pool, const struct quant_moe_mm *p,
     if (work_size < need)
         return ks_fail(KS_ERR_INVALID_ARG, "matmul_experts: work buffer of %zu bytes, need %zu", work_size, need);
 
-    struct ex_run r = {.p = p, .tr = tr, .wrow = wrow};
+    struct ex_run r = {.p = p, .tr = tr, .wrow = wrow, .max_span = EX_SPAN_DECODE};
     r.ex = malloc(sizeof *r.ex * (size_t)(n_grouped < p->n_expert ? n_grouped : p->n_expert));
     r.tok_rows = malloc(sizeof *r.tok_rows * (size_t)p->n_x);
     uint8_t *need_row = calloc((size_t)p->n_x, 1);
@@ -1437,6 +1444,8 @@ ks_status quant_matmul_experts(threads_pool *pool, const struct quant_moe_mm *p,
         x->n_items = x->pack == EX_PACK_AVX2 ? 0 : ceil_div(p->rows, x->item_rows);
         x->item0 = r.n_items;
         r.n_items += x->n_items;
+        if (ex_is_prefill(x->path))
+            r.max_span = EX_SPAN_ITEMS;
     }
     for (int64_t i = 0; i < p->n_x; i++)
         if (need_row[i])
@@ -1479,7 +1488,7 @@ static void groups_compute(struct mm *m, int ith, int nth, void (*groups)(const 
                            void (*tail)(const struct mm *m))
 {
     int64_t n_groups = m->rows / QUANT_RP_ROWS;
-    int64_t chunk = n_groups / ((int64_t)nth * 8);
+    int64_t chunk = n_groups / ((int64_t)nth * 4); /* a quarter of a range: few takes (take_own_span) */
     chunk = chunk < RP_MIN_CHUNK_ROWS / QUANT_RP_ROWS ? RP_MIN_CHUNK_ROWS / QUANT_RP_ROWS : chunk;
     bool has_tail = m->rows % QUANT_RP_ROWS != 0;
     /* unit n_groups is the row-major tail */
