@@ -1010,36 +1010,42 @@ static void test_matmul_experts_rejects_bad_args(void **state)
 /* quant_matmul_set: each matrix's Y has the bits of its own quant_matmul (or
  * quant_matmul_repacked), for decode batches (one region for all) and
  * prefill ones (one by one), float, Q4_0/Q8_0 (repacked or not, with tail
- * rows), k-quant and generic weights, and a set whose matrices take
- * different kernels. */
-static void check_set(threads_pool *pool, enum quant_type wtype, int64_t cols, const int64_t *rows,
+ * rows), k-quant and generic weights, a set whose matrices take different
+ * kernels, and sets of different types (gemma3's Q4_K_M: q5_0 Q and K, q8_0
+ * V), in a buffer of quant_matmul_set_work_size bytes exactly. */
+static void check_set(threads_pool *pool, const enum quant_type *types, int64_t cols, const int64_t *rows,
                       const bool *repacked, int n, int64_t nt)
 {
-    size_t ws = quant_matmul_work_size(wtype, cols, nt);
-    void *work = malloc(ws);
-    float *X = malloc((size_t)(nt * cols) * sizeof(float));
-    assert_true(work && X);
-    fill_random(X, nt * cols, 2.0f);
     struct quant_mm_out outs[QUANT_MM_SET_MAX];
     float *want[QUANT_MM_SET_MAX];
+    for (int i = 0; i < n; i++)
+        outs[i] = (struct quant_mm_out){.type = types[i], .rows = rows[i], .repacked = repacked[i]};
+    size_t ws = quant_matmul_set_work_size(outs, n, cols, nt);
+    void *work = malloc(ws);
+    float *X = malloc((size_t)(nt * cols) * sizeof(float));
+    assert_true(ws > 0 && work && X);
+    fill_random(X, nt * cols, 2.0f);
     for (int i = 0; i < n; i++) {
-        uint8_t *W = random_weights(wtype, rows[i], cols);
+        uint8_t *W = random_weights(types[i], rows[i], cols);
         if (repacked[i])
-            assert_int_equal(quant_repack(wtype, rows[i], cols, W), KS_OK);
+            assert_int_equal(quant_repack(types[i], rows[i], cols, W), KS_OK);
         want[i] = malloc((size_t)(nt * rows[i]) * sizeof(float));
         float *Y = malloc((size_t)(nt * rows[i]) * sizeof(float));
         assert_true(want[i] && Y);
-        assert_int_equal(expert_matmul(pool, W, wtype, repacked[i], rows[i], cols, X, nt, want[i], work, ws), KS_OK);
-        outs[i] = (struct quant_mm_out){.W = W, .rows = rows[i], .repacked = repacked[i], .Y = Y};
+        assert_int_equal(expert_matmul(pool, W, types[i], repacked[i], rows[i], cols, X, nt, want[i], work, ws),
+                         KS_OK);
+        outs[i].W = W, outs[i].Y = Y;
     }
-    assert_int_equal(quant_matmul_set(pool, wtype, cols, outs, n, X, nt, work, ws), KS_OK);
+    assert_int_equal(quant_matmul_set(pool, cols, outs, n, X, nt, work, ws), KS_OK);
     for (int i = 0; i < n; i++) {
         if (memcmp(outs[i].Y, want[i], (size_t)(nt * rows[i]) * sizeof(float)))
             fail_msg("%s: matrix %d of %d (%lld x %lld%s), %lld tokens: not the bits of its own matmul",
-                     quant_type_name(wtype), i, n, (long long)rows[i], (long long)cols,
+                     quant_type_name(types[i]), i, n, (long long)rows[i], (long long)cols,
                      repacked[i] ? ", repacked" : "", (long long)nt);
         free((void *)outs[i].W), free(outs[i].Y), free(want[i]);
     }
+    if (ws > 1) /* a byte short is refused */
+        assert_int_equal(quant_matmul_set(pool, cols, outs, n, X, nt, work, ws - 1), KS_ERR_INVALID_ARG);
     free(work), free(X);
 }
 
@@ -1050,6 +1056,12 @@ static void test_matmul_set_is_each_matmul(void **state)
     const int64_t batches[] = {1, 2, 3, 5, 16, 17, 40};
     const int R = quant_repack_rows();
     const int64_t rows[] = {4 * R, 2 * R + 3, 3 * R, R};
+    /* sets of several types, repacked where the build can (as the model loader does) */
+    const enum quant_type mixes[][QUANT_MM_SET_MAX] = {
+        {QUANT_Q5_0, QUANT_Q5_0, QUANT_Q8_0, QUANT_Q8_0}, /* gemma3's Q4_K_M */
+        {QUANT_Q4_K, QUANT_Q6_K, QUANT_Q4_K, QUANT_Q8_0},
+        {QUANT_Q8_0, QUANT_F16, QUANT_Q4_K, QUANT_Q8_0},
+    };
     for (int th = 1; th <= 2; th++) {
         threads_pool *pool;
         assert_int_equal(threads_create(th, &pool), KS_OK);
@@ -1057,24 +1069,35 @@ static void test_matmul_set_is_each_matmul(void **state)
             for (size_t b = 0; b < sizeof batches / sizeof batches[0]; b++) {
                 bool rp = types[ti] == QUANT_Q4_0 || types[ti] == QUANT_Q8_0;
                 const bool all[] = {rp, rp, rp, rp}, mixed[] = {rp, false, rp, false};
-                check_set(pool, types[ti], 512, rows, all, 3, batches[b]);
-                check_set(pool, types[ti], 256, rows + 1, all, 1, batches[b]);
+                const enum quant_type same[] = {types[ti], types[ti], types[ti], types[ti]};
+                check_set(pool, same, 512, rows, all, 3, batches[b]);
+                check_set(pool, same, 256, rows + 1, all, 1, batches[b]);
                 if (rp)
-                    check_set(pool, types[ti], 256, rows, mixed, 4, batches[b]);
+                    check_set(pool, same, 256, rows, mixed, 4, batches[b]);
+            }
+        for (size_t mi = 0; mi < sizeof mixes / sizeof mixes[0]; mi++)
+            for (size_t b = 0; b < sizeof batches / sizeof batches[0]; b++) {
+                bool rp[QUANT_MM_SET_MAX];
+                for (int i = 0; i < QUANT_MM_SET_MAX; i++)
+                    rp[i] = quant_repack_fits(mixes[mi][i], rows[i], 512);
+                check_set(pool, mixes[mi], 512, rows, rp, 3, batches[b]);
+                check_set(pool, mixes[mi], 512, rows, rp, 4, batches[b]);
             }
         threads_free(pool);
     }
     float x[32] = {0}, y[4];
     uint8_t w[64] = {0}, work[4096];
-    struct quant_mm_out out = {.W = w, .rows = 1, .Y = y};
-    assert_int_equal(quant_matmul_set(NULL, QUANT_Q8_0, 32, &out, 1, x, 1, work, sizeof work), KS_OK);
-    assert_int_equal(quant_matmul_set(NULL, QUANT_Q8_0, 32, &out, 0, x, 1, work, sizeof work), KS_ERR_INVALID_ARG);
-    assert_int_equal(quant_matmul_set(NULL, QUANT_Q8_0, 32, &out, QUANT_MM_SET_MAX + 1, x, 1, work, sizeof work),
+    struct quant_mm_out out = {.W = w, .type = QUANT_Q8_0, .rows = 1, .Y = y};
+    assert_int_equal(quant_matmul_set(NULL, 32, &out, 1, x, 1, work, sizeof work), KS_OK);
+    assert_int_equal(quant_matmul_set(NULL, 32, &out, 0, x, 1, work, sizeof work), KS_ERR_INVALID_ARG);
+    assert_int_equal(quant_matmul_set(NULL, 32, &out, QUANT_MM_SET_MAX + 1, x, 1, work, sizeof work),
                      KS_ERR_INVALID_ARG);
     out.repacked = true; /* one row cannot be a repacked group */
-    assert_int_equal(quant_matmul_set(NULL, QUANT_Q8_0, 32, &out, 1, x, 1, work, sizeof work), KS_ERR_INVALID_ARG);
+    assert_int_equal(quant_matmul_set(NULL, 32, &out, 1, x, 1, work, sizeof work), KS_ERR_INVALID_ARG);
     out.repacked = false, out.W = NULL;
-    assert_int_equal(quant_matmul_set(NULL, QUANT_Q8_0, 32, &out, 1, x, 1, work, sizeof work), KS_ERR_INVALID_ARG);
+    assert_int_equal(quant_matmul_set(NULL, 32, &out, 1, x, 1, work, sizeof work), KS_ERR_INVALID_ARG);
+    out.W = w, out.type = QUANT_Q4_K; /* 32 columns are not a whole Q4_K block */
+    assert_int_equal(quant_matmul_set(NULL, 32, &out, 1, x, 1, work, sizeof work), KS_ERR_INVALID_ARG);
 }
 
 /* The SIMD SwiGLU agrees with the libm reference over the whole useful range,

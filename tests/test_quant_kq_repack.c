@@ -422,18 +422,19 @@ static void test_matmul_set_on_repacked(void **state)
         for (size_t bi = 0; bi < sizeof batches / sizeof batches[0]; bi++) {
             int64_t n = batches[bi];
             float *X = random_tokens(n, cols);
-            size_t ws = quant_matmul_work_size(t, cols, n);
+            const struct quant_mm_out shape = {.type = t};
+            size_t ws = quant_matmul_set_work_size(&shape, 1, cols, n); /* one type: one part */
             void *work = malloc(ws);
             struct quant_mm_out outs[3];
             float *want[3];
             for (int i = 0; i < 3; i++) {
-                outs[i] = (struct quant_mm_out){.W = P[i], .rows = rows[i], .repacked = true,
+                outs[i] = (struct quant_mm_out){.W = P[i], .type = t, .rows = rows[i], .repacked = true,
                                                 .Y = malloc((size_t)(n * rows[i]) * sizeof(float))};
                 want[i] = malloc((size_t)(n * rows[i]) * sizeof(float));
                 assert_true(outs[i].Y && want[i]);
                 assert_int_equal(quant_matmul_repacked(pool, P[i], t, rows[i], cols, X, n, want[i], work, ws), KS_OK);
             }
-            assert_int_equal(quant_matmul_set(pool, t, cols, outs, 3, X, n, work, ws), KS_OK);
+            assert_int_equal(quant_matmul_set(pool, cols, outs, 3, X, n, work, ws), KS_OK);
             for (int i = 0; i < 3; i++) {
                 assert_memory_equal(outs[i].Y, want[i], (size_t)(n * rows[i]) * sizeof(float));
                 free(outs[i].Y), free(want[i]);

@@ -64,6 +64,20 @@ static bool fuse_glu(const struct model_layer *L, int64_t n)
            g->cols == u->cols;
 }
 
+/* The set of matrices [i, i + *k) that matmul_same_input runs together:
+ * consecutive ones of one width (any types). */
+static void same_input_set(const struct model_mat *const *w, int n, int i, struct quant_mm_out *outs,
+                           float *const *y, int *k)
+{
+    for (*k = 0; i + *k < n && *k < QUANT_MM_SET_MAX; (*k)++) {
+        const struct model_mat *m = w[i + *k];
+        if (*k > 0 && m->cols != w[i]->cols)
+            break;
+        outs[*k] = (struct quant_mm_out){.W = m->data, .type = m->type, .rows = m->rows, .repacked = m->repacked,
+                                         .Y = y ? y[i + *k] : NULL};
+    }
+}
+
 /* The largest matmul scratch any batch of 1..B tokens needs: the quant
  * module's size is not monotonic in the token count (decode and prefill
  * paths pack activations differently), so try every count for each distinct
@@ -100,6 +114,20 @@ static size_t max_work(const struct model *m, int32_t B)
             best = w > best ? w : best;
             w = quant_matmul_experts_work_size(down_e.type, down_e.cols, g, g);
             best = w > best ? w : best;
+        }
+        if (L) { /* Q, K and V (and gate, up unfused) as matmul_same_input runs them: every type's work at once */
+            const struct model_mat *sets[2][3] = {{&L->wq, &L->wk, &L->wv}, {&L->w_gate, &L->w_up, NULL}};
+            for (int si = 0; si < (m->hp.n_expert == 0 ? 2 : 1); si++) {
+                int n_set = sets[si][2] ? 3 : 2;
+                for (int i = 0, k; i < n_set; i += k) {
+                    struct quant_mm_out outs[QUANT_MM_SET_MAX];
+                    same_input_set(sets[si], n_set, i, outs, NULL, &k);
+                    for (int32_t n = 1; n <= B; n++) {
+                        size_t w = quant_matmul_set_work_size(outs, k, sets[si][i]->cols, n);
+                        best = w > best ? w : best;
+                    }
+                }
+            }
         }
         if (L && m->hp.n_expert == 0) /* decode's gate and up, fused */
             for (int32_t n = 1; n <= B && fuse_glu(L, n); n++) {
@@ -532,20 +560,15 @@ static void prefetch_next(const struct model_ctx *c, int64_t n, const struct mod
     threads_prefetch_idle(c->pool, ptr, len, k);
 }
 
-/* y[i] = w[i] x for matrices that read the same x: each run of them with one
- * type and width is one quant_matmul_set (one parallel region when decoding). */
+/* y[i] = w[i] x for matrices that read the same x: each run of them with
+ * one width is one quant_matmul_set (one parallel region when decoding). */
 static ks_status matmul_same_input(struct model_ctx *c, const struct model_mat *const *w, float *const *y, int n,
                                    const float *x, int64_t nt)
 {
     for (int i = 0, k; i < n; i += k) {
         struct quant_mm_out outs[QUANT_MM_SET_MAX];
-        for (k = 0; i + k < n && k < QUANT_MM_SET_MAX; k++) {
-            const struct model_mat *m = w[i + k];
-            if (k > 0 && (m->type != w[i]->type || m->cols != w[i]->cols))
-                break;
-            outs[k] = (struct quant_mm_out){.W = m->data, .rows = m->rows, .repacked = m->repacked, .Y = y[i + k]};
-        }
-        ks_status st = quant_matmul_set(c->pool, w[i]->type, w[i]->cols, outs, k, x, nt, c->work, c->work_size);
+        same_input_set(w, n, i, outs, y, &k);
+        ks_status st = quant_matmul_set(c->pool, w[i]->cols, outs, k, x, nt, c->work, c->work_size);
         if (st)
             return st;
     }

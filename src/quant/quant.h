@@ -240,23 +240,26 @@ ks_status quant_matmul_repacked(threads_pool *pool, const void *W, enum quant_ty
                                 const float *X, int64_t n_tokens, float *Y, void *work, size_t work_size);
 
 /* ---- several matrices on one input ---------------------------------------- */
-/* Y_i = W_i X for n (1 to QUANT_MM_SET_MAX) matrices of one weight type and
- * width: the Q, K and V projections, or a feed-forward block's gate and up.
- * Each Y_i has the bits quant_matmul (or, repacked, quant_matmul_repacked)
- * gives. A decode step or a small batch quantizes X once and runs all of
- * them in one parallel region, so a thread that ends its share of one
- * matrix goes on to the next instead of waiting for the others; larger
- * batches, or matrices whose kernels differ, run one by one. work as
- * quant_matmul_work_size says for (wtype, cols, n_tokens). */
+/* Y_i = W_i X for n (1 to QUANT_MM_SET_MAX) matrices of one width, each of
+ * its own type: the Q, K and V projections (gemma3's Q4_K_M: q5_0 Q and K,
+ * q8_0 V), or a feed-forward block's gate and up. Each Y_i has the bits
+ * quant_matmul (or, repacked, quant_matmul_repacked) gives. A decode step or
+ * a small batch quantizes X once per type and runs all of them in one
+ * parallel region, so a thread that ends its share of one matrix goes on to
+ * the next instead of waiting for the others; larger batches run one by
+ * one. work as quant_matmul_set_work_size says: every distinct type's
+ * quant_matmul_work_size, each rounded up to 64 bytes. */
 #define QUANT_MM_SET_MAX 4
 struct quant_mm_out {
     const void *W;
+    enum quant_type type;
     int64_t rows;
     bool repacked; /* W is in quant_repack's layout */
     float *Y;      /* n_tokens x rows */
 };
-ks_status quant_matmul_set(threads_pool *pool, enum quant_type wtype, int64_t cols, const struct quant_mm_out *outs,
-                           int n, const float *X, int64_t n_tokens, void *work, size_t work_size);
+size_t quant_matmul_set_work_size(const struct quant_mm_out *outs, int n, int64_t cols, int64_t n_tokens);
+ks_status quant_matmul_set(threads_pool *pool, int64_t cols, const struct quant_mm_out *outs, int n, const float *X,
+                           int64_t n_tokens, void *work, size_t work_size);
 
 /* ---- matrix multiply grouped by expert (mixture of experts) ------------- */
 /* The gated activation the grouped matmul fuses: SiLU(gate) * up, gpt-oss's

@@ -1712,44 +1712,93 @@ ks_status quant_matmul_packed(threads_pool *pool, const void *W, enum quant_type
 struct mm_set {
     struct mm *m;
     int n;
-    threads_fn compute;
 };
 
 static void set_compute(void *ctx, int ith, int nth)
 {
     struct mm_set *s = ctx;
     for (int i = 0; i < s->n; i++)
-        s->compute(&s->m[i], ith, nth);
+        decode_compute(s->m[i].path)(&s->m[i], ith, nth);
 }
 
-ks_status quant_matmul_set(threads_pool *pool, enum quant_type wtype, int64_t cols, const struct quant_mm_out *outs,
-                           int n, const float *X, int64_t n_tokens, void *work, size_t work_size)
+/* The first output of outs[0 .. i] with outs[i]'s type: the one whose
+ * packed activations it reads. */
+static int set_leader(const struct quant_mm_out *outs, int i)
+{
+    int j = 0;
+    while (outs[j].type != outs[i].type)
+        j++;
+    return j;
+}
+
+size_t quant_matmul_set_work_size(const struct quant_mm_out *outs, int n, int64_t cols, int64_t n_tokens)
+{
+    size_t need = 0;
+    for (int i = 0; i < n && i < QUANT_MM_SET_MAX; i++)
+        if (set_leader(outs, i) == i) {
+            size_t w = quant_matmul_work_size(outs[i].type, cols, n_tokens);
+            if (w == 0)
+                return 0;
+            need += align_up(w);
+        }
+    return need;
+}
+
+/* One by one, each with the whole work buffer: a prefill's matrices each
+ * pack their activations their own way. */
+static ks_status set_one_by_one(threads_pool *pool, int64_t cols, const struct quant_mm_out *outs, int n,
+                                const float *X, int64_t n_tokens, void *work, size_t work_size)
+{
+    for (int i = 0; i < n; i++) {
+        ks_status st = matmul_run(pool, outs[i].W, outs[i].type, outs[i].repacked, outs[i].rows, cols, X, n_tokens,
+                                  outs[i].Y, work, work_size);
+        if (st)
+            return st;
+    }
+    return KS_OK;
+}
+
+ks_status quant_matmul_set(threads_pool *pool, int64_t cols, const struct quant_mm_out *outs, int n, const float *X,
+                           int64_t n_tokens, void *work, size_t work_size)
 {
     if (n < 1 || n > QUANT_MM_SET_MAX || !outs)
         return ks_fail(KS_ERR_INVALID_ARG, "matmul_set: %d matrices, not 1 to %d", n, QUANT_MM_SET_MAX);
+    for (int i = 0; i < n; i++)
+        if (quant_matmul_work_size(outs[i].type, cols, n_tokens) == 0)
+            return ks_fail(KS_ERR_INVALID_ARG, "matmul_set: matrix %d: %s weights %lld columns wide (%lld tokens) "
+                           "have no kernel", i, quant_type_name(outs[i].type), (long long)cols, (long long)n_tokens);
+    size_t need = quant_matmul_set_work_size(outs, n, cols, n_tokens);
+    if (work_size < need)
+        return ks_fail(KS_ERR_INVALID_ARG, "matmul_set: work buffer of %zu bytes, need %zu for %lld columns", work_size,
+                       need, (long long)cols);
+    /* each type's packed activations in its own part of work */
     struct mm m[QUANT_MM_SET_MAX];
+    size_t at[QUANT_MM_SET_MAX], off = 0;
     bool together = true;
     for (int i = 0; i < n; i++) {
-        ks_status st = mm_init(&m[i], outs[i].W, wtype, outs[i].repacked, outs[i].rows, cols, X, n_tokens, outs[i].Y,
-                               work, work_size);
+        int lead = set_leader(outs, i);
+        if (lead == i) {
+            at[i] = off;
+            off += align_up(quant_matmul_work_size(outs[i].type, cols, n_tokens));
+        }
+        ks_status st = mm_init(&m[i], outs[i].W, outs[i].type, outs[i].repacked, outs[i].rows, cols, X, n_tokens,
+                               outs[i].Y, (uint8_t *)work + at[lead], work_size - at[lead]);
         if (st)
             return st;
-        together = together && m[i].path == m[0].path;
+        together = together && decode_compute(m[i].path) && m[i].path == m[lead].path;
     }
-    struct mm_set s = {m, n, decode_compute(m[0].path)};
-    if (!together || !s.compute) { /* a prefill packs per matrix: one by one */
-        for (int i = 0; i < n; i++) {
-            ks_status st = mm_run(pool, &m[i]);
-            if (st)
-                return st;
+    if (!together)
+        return set_one_by_one(pool, cols, outs, n, X, n_tokens, work, work_size);
+    for (int i = 0; i < n; i++) {
+        int lead = set_leader(outs, i);
+        if (lead == i) {
+            decode_pack(pool, &m[i]);
+            continue;
         }
-        return KS_OK;
+        m[i].xrow = m[lead].xrow;
+        m[i].corr_shift = m[lead].corr_shift;
     }
-    decode_pack(pool, &m[0]);
-    for (int i = 1; i < n; i++) {
-        m[i].xrow = m[0].xrow;
-        m[i].corr_shift = m[0].corr_shift;
-    }
+    struct mm_set s = {m, n};
     threads_run(pool, set_compute, &s);
     for (int i = 0; i < n; i++) {
         ks_status st = mm_failed(&m[i]);
