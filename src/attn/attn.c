@@ -518,8 +518,11 @@ ks_status attn_forward_ex(threads_pool *pool, const struct kv_cache *kv, int lay
         free(j.tiles);
         return ks_fail(KS_ERR_NOMEM, "attn: out of host memory for %d threads' scratch", nth);
     }
+    /* one unit (a short decode context of a model with one KV head): the
+     * caller alone, not waking the others, who go on with what they were
+     * doing (threads_prefetch_idle's hints) */
     if ((st = plan_units(&j, nth)) == KS_OK)
-        threads_run(pool, phase_units, &j);
+        threads_run(j.n_units > 1 ? pool : NULL, phase_units, &j);
     free(j.tiles);
     free(j.scratch);
     free(j.units);
