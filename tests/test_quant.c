@@ -1016,7 +1016,7 @@ static void test_matmul_experts_rejects_bad_args(void **state)
 static void check_set(threads_pool *pool, const enum quant_type *types, int64_t cols, const int64_t *rows,
                       const bool *repacked, int n, int64_t nt)
 {
-    struct quant_mm_out outs[QUANT_MM_SET_MAX];
+    struct quant_mm_out outs[QUANT_MM_SET_MAX] = {0};
     float *want[QUANT_MM_SET_MAX];
     for (int i = 0; i < n; i++)
         outs[i] = (struct quant_mm_out){.type = types[i], .rows = rows[i], .repacked = repacked[i]};

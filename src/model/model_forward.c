@@ -120,7 +120,7 @@ static size_t max_work(const struct model *m, int32_t B)
             for (int si = 0; si < (m->hp.n_expert == 0 ? 2 : 1); si++) {
                 int n_set = sets[si][2] ? 3 : 2;
                 for (int i = 0, k; i < n_set; i += k) {
-                    struct quant_mm_out outs[QUANT_MM_SET_MAX];
+                    struct quant_mm_out outs[QUANT_MM_SET_MAX] = {0};
                     same_input_set(sets[si], n_set, i, outs, NULL, &k);
                     for (int32_t n = 1; n <= B; n++) {
                         size_t w = quant_matmul_set_work_size(outs, k, sets[si][i]->cols, n);
@@ -566,7 +566,7 @@ static ks_status matmul_same_input(struct model_ctx *c, const struct model_mat *
                                    const float *x, int64_t nt)
 {
     for (int i = 0, k; i < n; i += k) {
-        struct quant_mm_out outs[QUANT_MM_SET_MAX];
+        struct quant_mm_out outs[QUANT_MM_SET_MAX] = {0};
         same_input_set(w, n, i, outs, y, &k);
         ks_status st = quant_matmul_set(c->pool, w[i]->cols, outs, k, x, nt, c->work, c->work_size);
         if (st)

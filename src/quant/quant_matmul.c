@@ -1598,10 +1598,13 @@ static threads_fn decode_compute(enum mm_path path)
 }
 
 /* A decode path's packed activations; a region costs more than packing a
- * token or two, so those stay on the caller. */
+ * few tokens, so up to MM_PACK_INLINE values (as the experts' EX_PACK_INLINE)
+ * stay on the caller: a verification pass of 9 tokens of llama-1b's 2048
+ * columns, or any batch of a tiny model. */
+#define MM_PACK_INLINE 32768
 static void decode_pack(threads_pool *pool, struct mm *m)
 {
-    threads_pool *packers = m->n_tokens <= 2 ? NULL : pool;
+    threads_pool *packers = m->n_tokens * m->cols <= MM_PACK_INLINE ? NULL : pool;
     switch (m->path) {
     case MM_REPACKED:
         m->xrow = rp_token_bytes(m->cols);
