@@ -269,8 +269,12 @@ async function concurrency() {
 }
 
 // ---- memory pressure: 16 long requests in a small cache --------------------------
+// 1 MiB: 16 requests of 315 tokens need ~1.4 MB even with all but their hot
+// 64 tokens demoted, so a dozen of them running at once must preempt. (2 MiB
+// needed it only when nearly all 16 ran together: one CI run beside other
+// tests saw 0 preemptions.)
 async function pressure() {
-  const p = await startServer(['--parallel', '16', '--kv-mem', '2M', '--kv-policy', 'dynamic', '--kv-hot', '64',
+  const p = await startServer(['--parallel', '16', '--kv-mem', '1M', '--kv-policy', 'dynamic', '--kv-hot', '64',
     '--kv-sink', '16', '--kv-page', '16', '--max-batch-tokens', '256']);
   try {
     const client = clientFor(p);
