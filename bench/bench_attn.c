@@ -179,6 +179,10 @@ int main(int argc, char **argv)
             only_case = argv[i + 1];
         else if (!strcmp(argv[i], "-s") && !strcmp(argv[i + 1], "gemma3"))
             N_HEAD = 4, N_KV = 1, DIM = 256;
+        else if (!strcmp(argv[i], "-s")) {
+            fprintf(stderr, "bench_attn: -s %s: the only other shape is gemma3\n", argv[i + 1]);
+            return 2;
+        }
     }
     reps = reps < 1 ? 1 : reps > 15 ? 15 : reps;
     threads_pool *pool = NULL;

@@ -453,7 +453,7 @@ static double extra_cost(const struct gen_run *r)
     if (r->drafter) /* a draft model's token costs a draft step too; before one is measured, the weights' ratio */
         c += step_s > 0 && r->draft_step_s > 0 ? r->draft_step_s / step_s
              : r->draft_weight > 0                ? r->draft_weight
-                                                  : 0.1;
+                                                  : SPEC_COST_GUESS;
     return c;
 }
 

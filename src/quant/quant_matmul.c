@@ -1766,40 +1766,42 @@ ks_status quant_matmul_set(threads_pool *pool, int64_t cols, const struct quant_
 {
     if (n < 1 || n > QUANT_MM_SET_MAX || !outs)
         return ks_fail(KS_ERR_INVALID_ARG, "matmul_set: %d matrices, not 1 to %d", n, QUANT_MM_SET_MAX);
-    for (int i = 0; i < n; i++)
-        if (quant_matmul_work_size(outs[i].type, cols, n_tokens) == 0)
+    /* each type's packed activations in its own part of work, as quant_matmul_set_work_size counts them */
+    struct mm m[QUANT_MM_SET_MAX];
+    int lead[QUANT_MM_SET_MAX];
+    size_t at[QUANT_MM_SET_MAX], need = 0;
+    for (int i = 0; i < n; i++) {
+        lead[i] = set_leader(outs, i);
+        if (lead[i] != i)
+            continue;
+        size_t w = quant_matmul_work_size(outs[i].type, cols, n_tokens);
+        if (w == 0)
             return ks_fail(KS_ERR_INVALID_ARG, "matmul_set: matrix %d: %s weights %lld columns wide (%lld tokens) "
                            "have no kernel", i, quant_type_name(outs[i].type), (long long)cols, (long long)n_tokens);
-    size_t need = quant_matmul_set_work_size(outs, n, cols, n_tokens);
+        at[i] = need;
+        need += align_up(w);
+    }
     if (work_size < need)
         return ks_fail(KS_ERR_INVALID_ARG, "matmul_set: work buffer of %zu bytes, need %zu for %lld columns", work_size,
                        need, (long long)cols);
-    /* each type's packed activations in its own part of work */
-    struct mm m[QUANT_MM_SET_MAX];
-    size_t at[QUANT_MM_SET_MAX], off = 0;
     bool together = true;
     for (int i = 0; i < n; i++) {
-        int lead = set_leader(outs, i);
-        if (lead == i) {
-            at[i] = off;
-            off += align_up(quant_matmul_work_size(outs[i].type, cols, n_tokens));
-        }
+        size_t o = at[lead[i]];
         ks_status st = mm_init(&m[i], outs[i].W, outs[i].type, outs[i].repacked, outs[i].rows, cols, X, n_tokens,
-                               outs[i].Y, (uint8_t *)work + at[lead], work_size - at[lead]);
+                               outs[i].Y, (uint8_t *)work + o, work_size - o);
         if (st)
             return st;
-        together = together && decode_compute(m[i].path) && m[i].path == m[lead].path;
+        together = together && decode_compute(m[i].path) && m[i].path == m[lead[i]].path;
     }
     if (!together)
         return set_one_by_one(pool, cols, outs, n, X, n_tokens, work, work_size);
     for (int i = 0; i < n; i++) {
-        int lead = set_leader(outs, i);
-        if (lead == i) {
+        if (lead[i] == i) {
             decode_pack(pool, &m[i]);
             continue;
         }
-        m[i].xrow = m[lead].xrow;
-        m[i].corr_shift = m[lead].corr_shift;
+        m[i].xrow = m[lead[i]].xrow;
+        m[i].corr_shift = m[lead[i]].corr_shift;
     }
     struct mm_set s = {m, n};
     threads_run(pool, set_compute, &s);

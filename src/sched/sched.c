@@ -886,10 +886,6 @@ static bool is_prefilling(const struct req *r)
     return has_prefill(r) && !r->skip_step && !r->dedup_wait && r->finish == SCHED_FINISH_NONE;
 }
 
-/* A marginal token's or a draft step's cost against a decode-only step
- * before the cost model has measured it. */
-#define COST_GUESS 0.1
-
 /* The draft model's weights over the target's (what a draft token costs
  * before a draft step is measured), 0 when either is unknown. */
 static double draft_weight_ratio(const struct sched *s)
@@ -907,7 +903,7 @@ static double draft_step_ratio(const struct sched *s, int32_t n_decode)
     double d = sched_cost_draft_ratio(&s->cost, n_decode);
     if (d <= 0)
         d = draft_weight_ratio(s);
-    return d > 0 ? d : COST_GUESS;
+    return d > 0 ? d : SPEC_COST_GUESS;
 }
 
 /* The cost of one more token in a step with n_decode decoders, as a fraction
@@ -917,7 +913,7 @@ static double extra_token_cost(const struct sched *s, int32_t n_decode)
 {
     double r = sched_cost_token_ratio(&s->cost, n_decode);
     if (r <= 0)
-        r = COST_GUESS;
+        r = SPEC_COST_GUESS;
     /* a draft model's token costs a draft step too */
     if (s->drafter)
         r += draft_step_ratio(s, n_decode);
@@ -1052,7 +1048,7 @@ static struct draft_room draft_room_init(const struct sched *s, int32_t n_decode
     double c = sched_cost_token_ratio(&s->cost, n_decode);
     return (struct draft_room){
         .left = draft_budget(s, n_decode, limit),
-        .step_tokens = draft_step_ratio(s, n_decode) / (c > 0 ? c : COST_GUESS),
+        .step_tokens = draft_step_ratio(s, n_decode) / (c > 0 ? c : SPEC_COST_GUESS),
         .credit = draft_credit(s, n_decode),
         .earned = spec_draft_allowance(1, 0, SPEC_DRAFT_IDLE_SHARE, draft_token_ratio(s, n_decode)),
     };

@@ -131,7 +131,8 @@ int32_t spec_adapt_len(const struct spec_adapt *a, int64_t n_text, int32_t n_min
 struct spec_cost {
     double step_s, extra_s;
 };
-/* One more token's cost as a fraction of a 1-token step before it is measured. */
+/* One more token's cost (or a draft step's) as a fraction of a 1-token step
+ * before it is measured; the scheduler's cost model guesses the same. */
 #define SPEC_COST_GUESS 0.1
 /* Fold in a step of 1 + k tokens that took `seconds`. A verification never
  * counts as more than k + 1 plain steps (a slower pass was preempted). A
