@@ -519,9 +519,15 @@ static int32_t select_outputs(struct model_ctx *c, const struct model_batch *b)
 
 /* ---- the transformer ------------------------------------------------------------ */
 
-/* The pool for an element-wise op over n tokens: a decode batch of a few
- * tokens is a few microseconds of work, less than handing it to a worker. */
-static threads_pool *elementwise_pool(const struct model_ctx *c, int64_t n) { return n >= 4 ? c->pool : NULL; }
+/* Elementwise passes (norms, RoPE, activations) over fewer values than this
+ * run on the caller alone: a region's wake-up and the cache lines' trips
+ * between cores cost more than the pass (a decode step's; a short
+ * verification's; any batch of a tiny model). */
+#define ELEMENTWISE_INLINE_VALUES 32768
+static threads_pool *elementwise_pool(const struct model_ctx *c, int64_t n_values)
+{
+    return n_values >= ELEMENTWISE_INLINE_VALUES ? c->pool : NULL;
+}
 
 static ks_status matmul(struct model_ctx *c, const struct model_mat *w, const float *x, int64_t n, float *y)
 {
@@ -615,7 +621,7 @@ static ks_status attention_block(struct model_ctx *c, struct kv_cache *kv, int i
     int64_t n = b->n_tokens, kv_dim = (int64_t)hp->n_head_kv * hp->head_dim_k;
     ks_status st;
     /* attention rmsnorm, then Q, K, V projections of the whole batch */
-    rmsnorm_rows(elementwise_pool(c, n), c->xb, c->x, L->attn_norm, NULL, n, hp->n_embd, hp->rms_eps);
+    rmsnorm_rows(elementwise_pool(c, n * hp->n_embd), c->xb, c->x, L->attn_norm, NULL, n, hp->n_embd, hp->rms_eps);
     const struct model_mat *qkv[] = {&L->wq, &L->wk, &L->wv};
     float *const qkv_out[] = {c->q, c->k, c->v};
     if ((st = matmul_same_input(c, qkv, qkv_out, 3, c->xb, n)))
@@ -624,7 +630,7 @@ static ks_status attention_block(struct model_ctx *c, struct kv_cache *kv, int i
     /* biases, Q/K norm, RoPE */
     bool swa = model_layer_is_swa(hp, il);
     struct qk_job qj = {m, L, c->q, c->k, c->v, swa && m->rope_swa_own ? c->rope_cs_swa : c->rope_cs, n};
-    threads_run(elementwise_pool(c, n), qk_task, &qj);
+    threads_run(elementwise_pool(c, n * (hp->n_head + hp->n_head_kv) * hp->head_dim_k), qk_task, &qj);
     /* K/V of the whole batch go to the cache first: causal attention within the batch. One
      * write per run of a sequence's consecutive tokens, so that the first one fixes its
      * smoothing means from all its tokens in page 0 */
@@ -652,7 +658,8 @@ static ks_status attention_block(struct model_ctx *c, struct kv_cache *kv, int i
     for (int64_t t = 0; t < n && L->bo; t++)
         add_bias(c->xb2 + t * hp->n_embd, L->bo, hp->n_embd);
     if (L->post_attn_norm)
-        rmsnorm_rows(elementwise_pool(c, n), c->xb2, c->xb2, L->post_attn_norm, NULL, n, hp->n_embd, hp->rms_eps);
+        rmsnorm_rows(elementwise_pool(c, n * hp->n_embd), c->xb2, c->xb2, L->post_attn_norm, NULL, n, hp->n_embd,
+                     hp->rms_eps);
     for (int64_t i = 0; i < n * hp->n_embd; i++)
         c->x[i] += c->xb2[i];
     return KS_OK;
@@ -690,7 +697,7 @@ static ks_status ffn_block(struct model_ctx *c, int il, int64_t n)
     const struct model_layer *L = &c->m->layers[il];
     ks_status st;
     /* ffn rmsnorm, SwiGLU: down(silu(gate(x)) * up(x)) (gemma: GeGLU, then its post-ffn rmsnorm), residual */
-    rmsnorm_rows(elementwise_pool(c, n), c->xb, c->x, L->ffn_norm, NULL, n, hp->n_embd, hp->rms_eps);
+    rmsnorm_rows(elementwise_pool(c, n * hp->n_embd), c->xb, c->x, L->ffn_norm, NULL, n, hp->n_embd, hp->rms_eps);
     const struct model_mat *gate_up[] = {&L->w_gate, &L->w_up};
     float *const gate_up_out[] = {c->hb, c->hb2};
     bool fused = fuse_glu(L, n);
@@ -699,7 +706,8 @@ static ks_status ffn_block(struct model_ctx *c, int il, int64_t n)
     prefetch_next(c, n, &L->w_down, NULL);
     if (!fused) {
         struct swiglu_job sj = {c->hb, c->hb2, n * hp->n_ff};
-        threads_run(elementwise_pool(c, n), hp->ffn_act == MODEL_FFN_GEGLU ? geglu_task : swiglu_task, &sj);
+        threads_fn act = hp->ffn_act == MODEL_FFN_GEGLU ? geglu_task : swiglu_task;
+        threads_run(elementwise_pool(c, n * hp->n_ff), act, &sj);
     }
     if (fused && down_packed(c, L, n))
         st = quant_matmul_packed(c->pool, L->w_down.data, L->w_down.type, L->w_down.repacked, L->w_down.rows,
@@ -710,7 +718,8 @@ static ks_status ffn_block(struct model_ctx *c, int il, int64_t n)
         return st;
     prefetch_next(c, n, il + 1 < c->m->hp.n_layer ? &c->m->layers[il + 1].wq : &c->m->output, NULL);
     if (L->post_ffn_norm)
-        rmsnorm_rows(elementwise_pool(c, n), c->xb2, c->xb2, L->post_ffn_norm, NULL, n, hp->n_embd, hp->rms_eps);
+        rmsnorm_rows(elementwise_pool(c, n * hp->n_embd), c->xb2, c->xb2, L->post_ffn_norm, NULL, n, hp->n_embd,
+                     hp->rms_eps);
     for (int64_t i = 0; i < n * hp->n_embd; i++)
         c->x[i] += c->xb2[i];
     return KS_OK;
@@ -881,7 +890,7 @@ static ks_status moe_experts(struct model_ctx *c, const struct model_layer *L, i
             (st = quant_matmul_experts(c->pool, &up, c->work, c->work_size)))
             return st;
         struct swiglu_job sj = {c->hb, c->hb2, n_rows * F};
-        threads_run(elementwise_pool(c, n_rows), hp->oai.swiglu_oai ? swiglu_oai_task : swiglu_task, &sj);
+        threads_run(elementwise_pool(c, n_rows * F), hp->oai.swiglu_oai ? swiglu_oai_task : swiglu_task, &sj);
     }
     /* xg = down_e(hb), grouped */
     struct quant_moe_mm dn = {
@@ -893,7 +902,7 @@ static ks_status moe_experts(struct model_ctx *c, const struct model_layer *L, i
         return st;
     /* weighted sum of each token's experts, residual */
     struct rows_job cj = {c, t0, n};
-    threads_run(elementwise_pool(c, n), combine_task, &cj);
+    threads_run(elementwise_pool(c, n * hp->n_expert_used * D), combine_task, &cj);
     return KS_OK;
 }
 
@@ -904,11 +913,11 @@ static ks_status moe_block(struct model_ctx *c, int il, int64_t n)
     int64_t D = hp->n_embd;
     ks_status st;
     /* ffn rmsnorm, router logits (f32), per-token top-k routing */
-    rmsnorm_rows(elementwise_pool(c, n), c->xb, c->x, L->ffn_norm, NULL, n, (int)D, hp->rms_eps);
+    rmsnorm_rows(elementwise_pool(c, n * D), c->xb, c->x, L->ffn_norm, NULL, n, (int)D, hp->rms_eps);
     if ((st = matmul(c, &L->w_router, c->xb, n, c->router)))
         return st;
     struct route_job rj = {c, L, n};
-    threads_run(elementwise_pool(c, n), route_task, &rj);
+    threads_run(elementwise_pool(c, n * hp->n_expert), route_task, &rj);
     for (int64_t t0 = 0; t0 < n; t0 += MOE_CHUNK_TOKENS)
         if ((st = moe_experts(c, L, t0, n - t0 < MOE_CHUNK_TOKENS ? n - t0 : MOE_CHUNK_TOKENS)))
             return st;
@@ -959,7 +968,8 @@ static ks_status run_layers(struct model_ctx *c, struct kv_cache *kv, const stru
     if (n_out == 0)
         return KS_OK;
     /* final rmsnorm of the rows that want logits, then the classifier */
-    rmsnorm_rows(elementwise_pool(c, n_out), c->xb2, c->x, m->output_norm, c->out_rows, n_out, hp->n_embd, hp->rms_eps);
+    rmsnorm_rows(elementwise_pool(c, n_out * hp->n_embd), c->xb2, c->x, m->output_norm, c->out_rows, n_out,
+                 hp->n_embd, hp->rms_eps);
     if ((st = matmul(c, &m->output, c->xb2, n_out, logits)))
         return st;
     if (hp->final_softcap > 0) {
@@ -1056,7 +1066,7 @@ static int32_t pool_sequences(struct model_ctx *c, const struct model_batch *b, 
             n_rows = 1;
         else if (m->hp.pooling == MODEL_POOLING_LAST)
             c->out_rows[0] = c->out_rows[n_rows - 1], n_rows = 1;
-        rmsnorm_rows(elementwise_pool(c, n_rows), c->xb2, c->x, m->output_norm, c->out_rows, n_rows, dim,
+        rmsnorm_rows(elementwise_pool(c, n_rows * dim), c->xb2, c->x, m->output_norm, c->out_rows, n_rows, dim,
                      m->hp.rms_eps);
         model_pool_rows(m->hp.pooling, c->xb2, n_rows, dim, embd + (size_t)n_out * dim);
         n_out++;

@@ -251,6 +251,15 @@ size_t quant_matmul_work_size(enum quant_type wtype, int64_t cols, int64_t n_tok
     return need;
 }
 
+/* A product of fewer multiply-adds than this runs on the caller alone: a
+ * region costs its wake-up, the hand-off of the activations' and outputs'
+ * cache lines between cores and the join, 1-3 us on a 2-vCPU VM, more than
+ * half of such a product takes (a tiny model's every matmul; a
+ * 5-token verification of the trained 4 MiB model ran its Q/K/V set in 7.2
+ * us on one thread and 9.0 us on two). Larger ones gain from every core. */
+#define MM_INLINE_MACS ((int64_t)1 << 18)
+static threads_pool *mm_pool(threads_pool *pool, int64_t macs) { return macs < MM_INLINE_MACS ? NULL : pool; }
+
 /* Work split into one contiguous range per call index (take_own_span). */
 struct mm_ranges {
     struct {
@@ -1453,6 +1462,7 @@ ks_status quant_matmul_experts(threads_pool *pool, const struct quant_moe_mm *p,
     free(need_row);
     pack_elems += r.n_tok_rows * p->cols;
     /* quantize each activation row once; a decode step's few rows are not worth a region */
+    pool = mm_pool(pool, n_grouped * p->rows * p->cols * (p->W2 ? 2 : 1));
     threads_run(pack_elems <= EX_PACK_INLINE ? NULL : pool, ex_pack, &r);
     if (r.n_items > 0)
         threads_run(pool, ex_compute, &r);
@@ -1635,6 +1645,7 @@ static ks_status mm_failed(const struct mm *m)
 
 static ks_status mm_run(threads_pool *pool, struct mm *m)
 {
+    pool = mm_pool(pool, m->rows * m->cols * m->n_tokens);
     threads_fn compute = decode_compute(m->path);
     if (compute) {
         decode_pack(pool, m);
@@ -1706,7 +1717,7 @@ ks_status quant_matmul_packed(threads_pool *pool, const void *W, enum quant_type
         return st;
     m.work = (uint8_t *)(uintptr_t)Xq;
     m.xrow = quant_matmul_packed_bytes(wtype, cols);
-    threads_run(pool, decode_compute(m.path), &m);
+    threads_run(mm_pool(pool, rows * cols), decode_compute(m.path), &m);
     return mm_failed(&m);
 }
 
@@ -1795,6 +1806,10 @@ ks_status quant_matmul_set(threads_pool *pool, int64_t cols, const struct quant_
     }
     if (!together)
         return set_one_by_one(pool, cols, outs, n, X, n_tokens, work, work_size);
+    int64_t macs = 0;
+    for (int i = 0; i < n; i++)
+        macs += outs[i].rows * cols * n_tokens;
+    pool = mm_pool(pool, macs);
     for (int i = 0; i < n; i++) {
         if (lead[i] == i) {
             decode_pack(pool, &m[i]);
