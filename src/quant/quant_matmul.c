@@ -254,9 +254,9 @@ size_t quant_matmul_work_size(enum quant_type wtype, int64_t cols, int64_t n_tok
 /* A product of fewer multiply-adds than this runs on the caller alone: a
  * region costs its wake-up, the hand-off of the activations' and outputs'
  * cache lines between cores and the join, 1-3 us on a 2-vCPU VM, more than
- * half of such a product takes (a tiny model's every matmul; a
- * 5-token verification of the trained 4 MiB model ran its Q/K/V set in 7.2
- * us on one thread and 9.0 us on two). Larger ones gain from every core. */
+ * half of such a product takes (stories260K, all of whose matmuls are this
+ * small, decoded at half the speed of one thread with two). Larger ones
+ * gain from every core. */
 #define MM_INLINE_MACS ((int64_t)1 << 18)
 static threads_pool *mm_pool(threads_pool *pool, int64_t macs) { return macs < MM_INLINE_MACS ? NULL : pool; }
 
@@ -1461,8 +1461,8 @@ ks_status quant_matmul_experts(threads_pool *pool, const struct quant_moe_mm *p,
             r.tok_rows[r.n_tok_rows++] = (int32_t)i;
     free(need_row);
     pack_elems += r.n_tok_rows * p->cols;
-    /* quantize each activation row once; a decode step's few rows are not worth a region */
     pool = mm_pool(pool, n_grouped * p->rows * p->cols * (p->W2 ? 2 : 1));
+    /* quantize each activation row once; a decode step's few rows are not worth a region */
     threads_run(pack_elems <= EX_PACK_INLINE ? NULL : pool, ex_pack, &r);
     if (r.n_items > 0)
         threads_run(pool, ex_compute, &r);
