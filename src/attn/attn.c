@@ -488,7 +488,7 @@ static ks_status plan_units(struct job *j, int nth)
  * the caller alone: a region's wake-up and the hand-off of the queries' and
  * outputs' cache lines cost more than it (a short decode or verification
  * context of a small model). */
-#define ATTN_INLINE_MACS ((int64_t)1 << 16)
+#define ATTN_INLINE_MACS ((int64_t)1 << 17)
 
 static int64_t attn_work(const struct attn_query *queries, int32_t n_queries, int n_head, int dim, int32_t window)
 {

@@ -523,7 +523,7 @@ static int32_t select_outputs(struct model_ctx *c, const struct model_batch *b)
  * run on the caller alone: a region's wake-up and the cache lines' trips
  * between cores cost more than the pass (a decode step's; a short
  * verification's; any batch of a tiny model). */
-#define ELEMENTWISE_INLINE_VALUES 16384
+#define ELEMENTWISE_INLINE_VALUES 32768
 static threads_pool *elementwise_pool(const struct model_ctx *c, int64_t n_values)
 {
     return n_values >= ELEMENTWISE_INLINE_VALUES ? c->pool : NULL;

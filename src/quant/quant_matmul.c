@@ -253,14 +253,11 @@ size_t quant_matmul_work_size(enum quant_type wtype, int64_t cols, int64_t n_tok
 
 /* A product of fewer multiply-adds than this runs on the caller alone: a
  * region costs its wake-up, the hand-off of the activations' and outputs'
- * cache lines between cores and the join, 1-3 us on a 2-vCPU VM whose cores
- * are far apart, more than half of such a product takes (stories260K, all of
- * whose matmuls are this small, decoded at half the speed of one thread with
- * two). Where cores are close the hand-off is cheap and products of 2^16 to
- * 2^19 still gain from two threads (the trained 4 MiB model's decode: 24%
- * faster parallel in such a window of the same VM, 9% slower in a far one),
- * so the bound sits where both agree. */
-#define MM_INLINE_MACS ((int64_t)1 << 16)
+ * cache lines between cores and the join, 1-3 us on a 2-vCPU VM, more than
+ * half of such a product takes (stories260K, all of whose matmuls are this
+ * small, decoded at half the speed of one thread with two). Larger ones
+ * gain from every core. */
+#define MM_INLINE_MACS ((int64_t)1 << 18)
 static threads_pool *mm_pool(threads_pool *pool, int64_t macs) { return macs < MM_INLINE_MACS ? NULL : pool; }
 
 /* Work split into one contiguous range per call index (take_own_span). */
