@@ -338,10 +338,16 @@ static void stats(struct bench_stat *s)
     s->sd = s->n > 1 ? sqrt(var / (s->n - 1)) : 0.0;
 }
 
+/* The warm-up is the test itself for pp: kvserve grows its batch buffers and
+ * touches its KV pages when a batch first needs them, where llama.cpp sizes
+ * its buffers when it makes the context, so llama-bench's 32-token warm-up
+ * leaves it nothing to allocate in a timed run and would leave kvserve a
+ * first timed pp128 at about half its speed on the trained 4 MiB model (one
+ * rep a round in bench/vs_llamacpp.sh: 14.6-15.5k against 28k tok/s). */
 static ks_status run_test(struct bench *b, enum bench_test test, int32_t n, struct bench_stat *out)
 {
     double warm;
-    ks_status st = run_once(b, test, test == BENCH_PP ? (n < 32 ? n : 32) : 1, &warm);
+    ks_status st = run_once(b, test, test == BENCH_PP ? n : 1, &warm);
     out->n = b->o->reps;
     for (int r = 0; !st && r < out->n; r++)
         st = run_once(b, test, n, &out->samples[r]);
