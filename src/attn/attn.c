@@ -490,11 +490,12 @@ static ks_status plan_units(struct job *j, int nth)
  * context of a small model). */
 #define ATTN_INLINE_MACS ((int64_t)1 << 17)
 
-static int64_t attn_work(const struct attn_query *queries, int32_t n_queries, int n_head, int dim, int32_t window)
+static int64_t attn_work(const struct attn_query *queries, int32_t n_queries, int n_head, int dim,
+                         const struct attn_params *p)
 {
     int64_t positions = 0;
     for (int32_t i = 0; i < n_queries; i++)
-        positions += window > 0 && queries[i].pos + 1 > window ? window : queries[i].pos + 1;
+        positions += queries[i].pos + 1 - window_first(p, queries[i].pos);
     return positions * n_head * dim * 2;
 }
 
@@ -515,7 +516,7 @@ ks_status attn_forward_ex(threads_pool *pool, const struct kv_cache *kv, int lay
         return ks_fail(KS_ERR_INVALID_ARG, "attn: window %d and softcap %g must not be negative", (int)p->window,
                        (double)p->softcap);
     const struct kv_config *c = kv_get_config(kv);
-    if (attn_work(queries, n_queries, n_head, c->head_dim, p->window) < ATTN_INLINE_MACS)
+    if (attn_work(queries, n_queries, n_head, c->head_dim, p) < ATTN_INLINE_MACS)
         pool = NULL;
     int nth = pool ? threads_count(pool) : 1;
     struct job j = {
