@@ -69,6 +69,7 @@ static inline void q8k_sub_block_sums(const block_q8_K *y, int16_t sums[16])
 static inline __attribute__((always_inline)) void q4k_pass(const struct quant_kq_gemm *g, int64_t grp, int64_t t0,
                                                            int T)
 {
+    const bool once = quant_weights_read_once(g->n_tokens);
     const size_t gbb = R * sizeof(block_q4_K);
     const int64_t nsb = g->cols / QK_K;
     const block_q8_K *y[KQRP_TT];
@@ -79,7 +80,7 @@ static inline __attribute__((always_inline)) void q4k_pass(const struct quant_kq
     const __m256i low4 = _mm256_set1_epi8(0x0f);
     const uint8_t *gb = g->W + (size_t)grp * R * g->wrow;
     for (int64_t b = 0; b < nsb; b++, gb += gbb) {
-        kq_prefetch_lines(gb + KQRP_AHEAD, gbb);
+        quant_prefetch_weights(gb + KQRP_AHEAD, gbb, once);
         const size_t at_sc = KQRP_Q4K_SC(R);
         const __m256i w0 = dword_vec(gb, at_sc, 0), w1 = dword_vec(gb, at_sc, 1), w2 = dword_vec(gb, at_sc, 2);
         __m256i s03, s47, m03, m47;
@@ -212,6 +213,7 @@ static inline int q8k_across_at(int n) { return (n & ~12) | (n & 4) << 1 | (n & 
  * 0-3 read the even sub-blocks' scales and lanes 4-7 the odd ones'. */
 static void q6k_pass(const struct quant_kq_gemm *g, int64_t grp, int64_t t0)
 {
+    const bool once = quant_weights_read_once(g->n_tokens);
     const size_t gbb = R * sizeof(block_q6_K);
     const block_q8_K *y = (const block_q8_K *)(g->X + (g->xi ? g->xi[t0] : t0) * g->xrow);
     __m256 acc[8];
@@ -226,7 +228,7 @@ static void q6k_pass(const struct quant_kq_gemm *g, int64_t grp, int64_t t0)
     if (nb > 0)
         q8k_across_halves(&y[0], yqs[0]);
     for (int64_t b = 0; b < nb; b++, gb += gbb) {
-        kq_prefetch_lines(gb + KQRP_AHEAD, gbb);
+        quant_prefetch_weights(gb + KQRP_AHEAD, gbb, once);
         if (b + 1 < nb)
             q8k_across_halves(&y[b + 1], yqs[(b + 1) % 2]);
         const uint8_t *yq = yqs[b % 2];
@@ -288,6 +290,7 @@ static inline void k4_scale_pairs(const uint8_t *gb, size_t at_sc, __m256i pairs
 
 static void q5k_pass(const struct quant_kq_gemm *g, int64_t grp, int64_t t0)
 {
+    const bool once = quant_weights_read_once(g->n_tokens);
     const size_t gbb = R * sizeof(block_q5_K);
     const block_q8_K *y = (const block_q8_K *)(g->X + (g->xi ? g->xi[t0] : t0) * g->xrow);
     __m256 acc[8], summs = _mm256_setzero_ps();
@@ -295,7 +298,7 @@ static void q5k_pass(const struct quant_kq_gemm *g, int64_t grp, int64_t t0)
         acc[c] = _mm256_setzero_ps();
     const uint8_t *gb = g->W + (size_t)grp * R * g->wrow;
     for (int64_t b = 0; b < g->cols / QK_K; b++, gb += gbb) {
-        kq_prefetch_lines(gb + KQRP_AHEAD, gbb);
+        quant_prefetch_weights(gb + KQRP_AHEAD, gbb, once);
         __m256i pairs[16];
         k4_scale_pairs(gb, KQRP_Q5K_SC(R), pairs);
         __m256i msum = _mm256_setzero_si256();

@@ -68,6 +68,7 @@ static inline __m512i pick_pair(int k)
 static inline __attribute__((always_inline)) void q4k_pass(const struct quant_kq_gemm *g, int64_t grp, int64_t t0,
                                                            int T)
 {
+    const bool once = quant_weights_read_once(g->n_tokens);
     const size_t gbb = R * sizeof(block_q4_K);
     const int64_t nsb = g->cols / QK_K;
     const block_q8_K *y[KQRP_TT];
@@ -78,7 +79,7 @@ static inline __attribute__((always_inline)) void q4k_pass(const struct quant_kq
     const __m512i low4 = _mm512_set1_epi8(0x0f), high4 = _mm512_set1_epi8((char)0xf0);
     const uint8_t *gb = g->W + (size_t)grp * R * g->wrow;
     for (int64_t b = 0; b < nsb; b++, gb += gbb) {
-        kq_prefetch_lines(gb + KQRP_AHEAD, gbb);
+        quant_prefetch_weights(gb + KQRP_AHEAD, gbb, once);
         /* kq_unpack_scales_k4 in the lanes: bytes 0-3 of s03 / s47 / m03 / m47 are scales 0-3, 4-7, mins 0-3, 4-7 */
         const size_t at_sc = KQRP_Q4K_SC(R);
         const __m512i w0 = dword_vec(gb, at_sc, 0), w1 = dword_vec(gb, at_sc, 1), w2 = dword_vec(gb, at_sc, 2);
@@ -245,6 +246,7 @@ static inline __attribute__((always_inline)) void q6k_store(const struct quant_k
 static inline __attribute__((always_inline)) void q6k_pass(const struct quant_kq_gemm *g, int64_t grp, int64_t t0,
                                                            int T)
 {
+    const bool once = quant_weights_read_once(g->n_tokens);
     const size_t gbb = R * sizeof(block_q6_K);
     const block_q8_K *y[LANES_TT];
     quant_kq_tile_tokens(g, t0, T, T, y);
@@ -254,7 +256,7 @@ static inline __attribute__((always_inline)) void q6k_pass(const struct quant_kq
             acc[t][c] = _mm512_setzero_ps();
     const uint8_t *gb = g->W + (size_t)grp * R * g->wrow;
     for (int64_t b = 0; b < g->cols / QK_K; b++, gb += gbb) {
-        kq_prefetch_lines(gb + KQRP_AHEAD, gbb);
+        quant_prefetch_weights(gb + KQRP_AHEAD, gbb, once);
         __m512i scp[16], off[8];
         q6k_scales(gb, scp, off);
         const __m512 d = vmath_load16_f16(gb + KQRP_Q6K_D(R));
@@ -327,6 +329,7 @@ static inline __attribute__((always_inline)) void q6k_chunk_pass(const struct q6
 
 static void q6k_batch(const struct quant_kq_gemm *g, int64_t grp, int64_t t0, int T)
 {
+    const bool once = quant_weights_read_once(g->n_tokens);
     const size_t gbb = R * sizeof(block_q6_K);
     const int64_t nsb = g->cols / QK_K;
     static _Thread_local struct q6k_block blk[Q6K_CHUNK];
@@ -338,7 +341,7 @@ static void q6k_batch(const struct quant_kq_gemm *g, int64_t grp, int64_t t0, in
         const int nbk = (int)(nsb - b0 < Q6K_CHUNK ? nsb - b0 : Q6K_CHUNK);
         const uint8_t *gb = g->W + (size_t)grp * R * g->wrow + (size_t)b0 * gbb;
         for (int i = 0; i < nbk; i++) {
-            kq_prefetch_lines(gb + (size_t)i * gbb + KQRP_AHEAD, gbb);
+            quant_prefetch_weights(gb + (size_t)i * gbb + KQRP_AHEAD, gbb, once);
             q6k_unpack(gb + (size_t)i * gbb, &blk[i]);
         }
         for (int t = 0; t < T; t += Q6K_BATCH_TT) {
@@ -433,6 +436,7 @@ static inline __attribute__((always_inline)) void q5k_lane(const __m512i u[8], c
 static inline __attribute__((always_inline)) void q5k_pass(const struct quant_kq_gemm *g, int64_t grp, int64_t t0,
                                                            int T)
 {
+    const bool once = quant_weights_read_once(g->n_tokens);
     const size_t gbb = R * sizeof(block_q5_K);
     const block_q8_K *y[LANES_TT];
     quant_kq_tile_tokens(g, t0, T, T, y);
@@ -444,7 +448,7 @@ static inline __attribute__((always_inline)) void q5k_pass(const struct quant_kq
     }
     const uint8_t *gb = g->W + (size_t)grp * R * g->wrow;
     for (int64_t b = 0; b < g->cols / QK_K; b++, gb += gbb) {
-        kq_prefetch_lines(gb + KQRP_AHEAD, gbb);
+        quant_prefetch_weights(gb + KQRP_AHEAD, gbb, once);
         __m512i scp[8], m03, m47;
         __m512 d, dmin;
         q5k_scales(gb, scp, &m03, &m47, &d, &dmin);
@@ -493,6 +497,7 @@ static inline __attribute__((always_inline)) void q5k_chunk_pass(const struct q5
 
 static void q5k_batch(const struct quant_kq_gemm *g, int64_t grp, int64_t t0, int T)
 {
+    const bool once = quant_weights_read_once(g->n_tokens);
     const size_t gbb = R * sizeof(block_q5_K);
     const int64_t nsb = g->cols / QK_K;
     static _Thread_local struct q5k_block blk[Q5K_CHUNK];
@@ -506,7 +511,7 @@ static void q5k_batch(const struct quant_kq_gemm *g, int64_t grp, int64_t t0, in
         const int nbk = (int)(nsb - b0 < Q5K_CHUNK ? nsb - b0 : Q5K_CHUNK);
         const uint8_t *gb = g->W + (size_t)grp * R * g->wrow + (size_t)b0 * gbb;
         for (int i = 0; i < nbk; i++) {
-            kq_prefetch_lines(gb + (size_t)i * gbb + KQRP_AHEAD, gbb);
+            quant_prefetch_weights(gb + (size_t)i * gbb + KQRP_AHEAD, gbb, once);
             q5k_unpack(gb + (size_t)i * gbb, &blk[i]);
         }
         for (int t = 0; t < T; t += Q6K_BATCH_TT) {

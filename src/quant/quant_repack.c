@@ -512,6 +512,7 @@ static inline __m512i rp512_levels_u8(enum quant_type t)
 static inline __attribute__((always_inline)) void rp512_tile(const struct quant_rp_job *j, int64_t g, int64_t t0,
                                                              int T, enum quant_type kind)
 {
+    const bool once = quant_weights_read_once(j->n_tokens);
     const int R = 16, bias = kind == QUANT_Q4_0 ? 8 : 128;
     const size_t gbb = (size_t)R * rp_block_bytes(j->wtype), qs_at = (size_t)R * rp_scale_bytes(j->wtype);
     const bool lut = kind == QUANT_IQ4_NL;
@@ -524,8 +525,7 @@ static inline __attribute__((always_inline)) void rp512_tile(const struct quant_
     }
     const uint8_t *gb = rp_group_block(j->W, j->wtype, j->nb, R, g, 0);
     for (int64_t b = 0; b < j->nb; b++, gb += gbb) {
-        for (size_t off = 0; off < gbb; off += 64)
-            __builtin_prefetch((const char *)gb + RP512_AHEAD + off, 0, QUANT_WEIGHT_PREFETCH);
+        quant_prefetch_weights(gb + RP512_AHEAD, gbb, once);
         __m512i isum[RP512_TT];
         for (int t = 0; t < T; t++)
             isum[t] = _mm512_set1_epi32(-bias * a[t][b].sum);
@@ -641,6 +641,7 @@ static inline void rp512_q5_levels(__m512i raw, __m512i qh, int k, __m512i bits,
 static inline __attribute__((always_inline)) void rp512_q5_tile(const struct quant_rp_job *j, int64_t g, int64_t t0,
                                                                 int T)
 {
+    const bool once = quant_weights_read_once(j->n_tokens);
     const int R = 16;
     const bool q5_1 = j->wtype == QUANT_Q5_1;
     const size_t gbb = (size_t)R * rp_block_bytes(j->wtype), qh_at = 2 * (size_t)rp_q5_f16s(j->wtype) * R,
@@ -656,8 +657,7 @@ static inline __attribute__((always_inline)) void rp512_q5_tile(const struct qua
     }
     const uint8_t *gb = rp_group_block(j->W, j->wtype, j->nb, R, g, 0);
     for (int64_t b = 0; b < j->nb; b++, gb += gbb) {
-        for (size_t off = 0; off < gbb; off += 64)
-            __builtin_prefetch((const char *)gb + RP512_AHEAD + off, 0, QUANT_WEIGHT_PREFETCH);
+        quant_prefetch_weights(gb + RP512_AHEAD, gbb, once);
         const __m512i qh = _mm512_loadu_si512(gb + qh_at);
         const __m512 dw = vmath_load16_f16(gb);
         __m512 dd[RP5_TT];
@@ -831,6 +831,7 @@ static inline __m256i rp2_dot_abs(__m256i abs_w, __m256i w, __m256i x)
 
 static inline __attribute__((always_inline)) void rp2_tile(const struct quant_rp_job *j, int64_t g, int64_t t0, int T)
 {
+    const bool once = quant_weights_read_once(j->n_tokens);
     const int R = 8;
     const size_t gbb = (size_t)R * rp_block_bytes(j->wtype), qs_at = (size_t)R * rp_scale_bytes(j->wtype);
     const bool lut = rp_is_lut(j->wtype);
@@ -844,8 +845,7 @@ static inline __attribute__((always_inline)) void rp2_tile(const struct quant_rp
     }
     const uint8_t *gb = rp_group_block(j->W, j->wtype, j->nb, R, g, 0);
     for (int64_t b = 0; b < j->nb; b++, gb += gbb) {
-        for (size_t off = 0; off < gbb; off += 64)
-            __builtin_prefetch((const char *)gb + RP_AHEAD + off, 0, QUANT_WEIGHT_PREFETCH);
+        quant_prefetch_weights(gb + RP_AHEAD, gbb, once);
         __m256i isum[RP_TT];
         if (j->wtype == QUANT_Q4_0) {
             /* A block's products are summed in int16 and widened once: each int16 lane sums 16 products
@@ -935,6 +935,7 @@ static inline __m256i rp2_q5_dot(__m256i acc, __m256i u, __m256i x)
  * (8 lane accumulators fill half the ymm registers: one token per pass). */
 static void rp2_q5_tile(const struct quant_rp_job *j, int64_t g, int64_t t0)
 {
+    const bool once = quant_weights_read_once(j->n_tokens);
     const int R = 8;
     const bool q5_1 = j->wtype == QUANT_Q5_1;
     const size_t gbb = (size_t)R * rp_block_bytes(j->wtype), qh_at = 2 * (size_t)rp_q5_f16s(j->wtype) * R,
@@ -945,8 +946,7 @@ static void rp2_q5_tile(const struct quant_rp_job *j, int64_t g, int64_t t0)
         acc[c] = _mm256_setzero_ps();
     const uint8_t *gb = rp_group_block(j->W, j->wtype, j->nb, R, g, 0);
     for (int64_t b = 0; b < j->nb; b++, gb += gbb) {
-        for (size_t off = 0; off < gbb; off += 64)
-            __builtin_prefetch((const char *)gb + RP_AHEAD + off, 0, QUANT_WEIGHT_PREFETCH);
+        quant_prefetch_weights(gb + RP_AHEAD, gbb, once);
         const __m256i qh = _mm256_loadu_si256((const __m256i *)(gb + qh_at));
         const __m256 dd = _mm256_mul_ps(vmath_load8_f16(gb), _mm256_set1_ps(a[b].d));
         if (q5_1)
