@@ -9,8 +9,8 @@
 
 #include "quant/quant.h"
 
-/* __builtin_prefetch's locality for the weight streams of every matmul
- * kernel: 2 = prefetcht1, into L2 only. A prefetch into L1 holds one of its
+/* __builtin_prefetch's locality for the weight streams of the matmul kernels
+ * (but a stream read once: quant_prefetch_weights): 2 = prefetcht1, into L2 only. A prefetch into L1 holds one of its
  * few fill buffers for the whole trip to DRAM, which the stream's own loads
  * then queue behind: T1 gave q6_K 25 -> 28 GB/s, repacked q4_0 27.5 -> 28.8
  * (2 threads) and 14.2 -> 15.2 (1 thread), q4_K the same (bench_matmul,
