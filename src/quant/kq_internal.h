@@ -307,17 +307,10 @@ bool quant_kqrp_unpack8_avx2(enum quant_type t, const uint8_t *W, int Rg, int64_
 #ifndef KQ_PREFETCH_BYTES
 #define KQ_PREFETCH_BYTES 8192
 #endif
-/* Every 64-byte line of bytes from p. */
-static inline void kq_prefetch_lines(const void *p, size_t bytes)
-{
-    for (size_t off = 0; off < bytes; off += 64)
-        __builtin_prefetch((const char *)p + off, 0, QUANT_WEIGHT_PREFETCH);
-}
-
 static inline void kq_prefetch_block(const void *block, size_t bytes)
 {
     const char *p = (const char *)block + KQ_PREFETCH_BYTES;
-    kq_prefetch_lines(p, bytes);
+    quant_prefetch_weights(p, bytes, false);
     __builtin_prefetch(p + bytes - 1, 0, QUANT_WEIGHT_PREFETCH);
 }
 
