@@ -388,9 +388,7 @@ static void prefetch_row(const struct mm *m, int64_t r)
 {
     if (r >= m->rows)
         return;
-    const uint8_t *p = m->W + r * m->wrow;
-    for (size_t off = 0; off < m->wrow; off += 64)
-        __builtin_prefetch(p + off, 0, QUANT_WEIGHT_PREFETCH);
+    quant_prefetch_weights(m->W + r * m->wrow, m->wrow, false);
 }
 
 /* The k-quant kernel that unpacks each weight block once for several
@@ -446,9 +444,7 @@ static void generic_chunks(const struct mm *m, int64_t lo, int64_t hi)
 static void prime_rows(const struct mm *m, int64_t lo, int64_t hi, size_t ahead)
 {
     size_t bytes = (size_t)(hi - lo) * m->wrow;
-    const uint8_t *p = m->W + lo * m->wrow;
-    for (size_t off = 0; off < bytes && off < ahead; off += 64)
-        __builtin_prefetch(p + off, 0, QUANT_WEIGHT_PREFETCH);
+    quant_prefetch_weights(m->W + lo * m->wrow, bytes < ahead ? bytes : ahead, false);
 }
 
 /* About 8 chunks of rows per thread (take_own_chunk), each a multiple of
