@@ -591,6 +591,24 @@ static void test_stories260k(void **state)
     assert_int_equal(t->ne[0], 172);
     assert_int_equal(t->ne[1], 64);
 
+    /* the private copy puts the tensors on cache lines: this file's data
+     * section starts at 32 mod 64 */
+    assert_int_equal(gguf_data_offset(f) % 64, 32);
+    struct gguf_file *copy = NULL;
+    if (gguf_open_private(path, &copy))
+        fail_msg("%s", ks_errmsg());
+    uint64_t total = 0, on_line_mapped = 0, on_line_copy = 0;
+    for (int64_t i = 0; i < gguf_n_tensors(f); i++) {
+        const struct gguf_tensor_info *a = gguf_tensor_at(f, i), *b = gguf_tensor_at(copy, i);
+        assert_memory_equal(a->data, b->data, a->nbytes);
+        total += a->nbytes;
+        on_line_mapped += (uintptr_t)a->data % 64 ? 0 : a->nbytes;
+        on_line_copy += (uintptr_t)b->data % 64 ? 0 : b->nbytes;
+    }
+    assert_true(on_line_copy >= on_line_mapped && on_line_copy * 2 >= total);
+    assert_true((uintptr_t)gguf_find_tensor(copy, "token_embd.weight")->data % 64 == 0);
+    gguf_close(copy);
+
     /* copy everything through the writer: same metadata, same tensor bytes */
     struct gguf_writer *w;
     assert_int_equal(gguf_writer_create(&w), KS_OK);

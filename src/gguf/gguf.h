@@ -72,7 +72,9 @@ ks_status gguf_open(const char *path, struct gguf_file **out);
  * every weight once per token; with 4 KiB file pages that is one TLB miss
  * per page, and measured decode was up to 20% slower (most with several
  * threads). Falls back to gguf_open's mapping when the memory is refused or the
- * file is over 3/4 of physical RAM (a private copy could not be paged out). */
+ * file is over 3/4 of physical RAM (a private copy could not be paged out).
+ * The copy starts where the most tensor bytes land on 64-byte cache lines
+ * (the file is parsed in its mapping first to find them). */
 ks_status gguf_open_private(const char *path, struct gguf_file **out);
 /* p .. p + n inside the private copy of gguf_open_private, writable: for a
  * loader that transforms tensors in place (the file is never written). NULL

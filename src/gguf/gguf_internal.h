@@ -27,11 +27,15 @@ struct gguf_kv {
     uint64_t *str_offsets;      /* STRING arrays: offset of each element's length field */
 };
 
+/* gguf_open_private lines the most tensor bytes up to this (a cache line). */
+enum { GGUF_COPY_ALIGN = 64 };
+
 struct gguf_file {
     const uint8_t *base;
     size_t size;
     bool mapped;                /* munmap on close */
     bool private_copy;          /* base is gguf_open_private's writable copy */
+    size_t map_shift;           /* base is this far into the mapping (a copy's alignment) */
     uint32_t version;
     uint64_t alignment;
     uint64_t data_offset;
