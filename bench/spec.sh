@@ -3,7 +3,9 @@
 #
 #   bench/spec.sh verify BIN [MODEL]   (a) the cost of verifying k = 1..KMAX drafts against one decode step: one
 #                                      sequence, k + 1 tokens with every token's logits (kvserve bench --all-logits
-#                                      ppK+1) after DEPTH tokens of context, against tg at the same depth. MODEL
+#                                      ppK+1, timed after a decode step and an untimed verification cut back off,
+#                                      as inside speculation) after DEPTH tokens of context, against tg at the
+#                                      same depth. MODEL
 #                                      default: a q4_0 `kvserve synth` of PRESET (llama-1b; e.g. PRESET=
 #                                      qwen3moe-30b-a3b LAYERS=4 for the MoE shape) in the scratch dir (TINY=1:
 #                                      the tiny preset). Goal: k = 8 costs <= 1.5x one step.
@@ -42,7 +44,7 @@
 # LLAMA_NGRAM, LLAMA_CPU (keep only that llama.cpp CPU variant).
 # Run on a quiet machine: timings are medians of REPS runs.
 set -euo pipefail
-usage() { sed -n '2,43p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,45p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [ $# -ge 2 ] || usage
 what=$1 bin=$2 model=${3:-} draft_model=${4:-}
 arm=ngram # (b) and (c) compare --spec-type none with this arm: ngram or draft
