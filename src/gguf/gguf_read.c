@@ -733,8 +733,12 @@ static ks_status open_fd_parsed(int fd, size_t size, bool private_copy, struct g
     if (st)
         return st;
     if ((st = map_file(fd, size, f))) {
-        free(f);
-        return st;
+        /* a file system that cannot map: the private copy as it is in the file */
+        if (!private_copy || !copy_file(fd, size, 0, f)) {
+            free(f);
+            return st;
+        }
+        return open_parsed(f, out);
     }
     if ((st = open_parsed(f, &f))) /* open_parsed closes f on failure */
         return st;
