@@ -302,8 +302,8 @@ enum bench_test { BENCH_PP, BENCH_TG };
  * then a verification of the same length whose rejected tokens are cut off.
  * The first pass after a prefill of the depth is not one: it ran ~3.4 ms
  * slower than a steady decode step on llama-1b q4_0 at depth 256 (18.7 ms
- * against 15.3; it writes the first rows of a fresh page, behind a prefill
- * of other batch sizes), and timing it overstated a verification's cost. */
+ * against 15.3, cause not pinned down), and timing it overstated a
+ * verification's cost. */
 static ks_status settle_verifier(struct bench *b, int32_t seq, int32_t n)
 {
     ks_status st = feed_random(b, seq, 1, 1, false);
