@@ -11,10 +11,10 @@
 
 /* __builtin_prefetch's locality for the weight streams of the matmul kernels
  * (but a stream read once: quant_prefetch_weights): 2 = prefetcht1, into L2
- * only. A prefetch into L1 holds one of its few fill buffers for the whole trip to DRAM, which the stream's own loads
- * then queue behind: T1 gave q6_K 25 -> 28 GB/s, repacked q4_0 27.5 -> 28.8
- * (2 threads) and 14.2 -> 15.2 (1 thread), q4_K the same (bench_matmul,
- * llama-1b shapes, AVX-512). */
+ * only. A prefetch into L1 holds one of its few fill buffers for the whole
+ * trip to DRAM, which the stream's own loads then queue behind: T1 gave q6_K
+ * 25 -> 28 GB/s, repacked q4_0 27.5 -> 28.8 (2 threads) and 14.2 -> 15.2
+ * (1 thread), q4_K the same (bench_matmul, llama-1b shapes, AVX-512). */
 #ifndef QUANT_WEIGHT_PREFETCH
 #define QUANT_WEIGHT_PREFETCH 2
 #endif
@@ -25,8 +25,8 @@
  * cache), traffic a stream read once does not need. Zen 5, 2 threads,
  * bench_matmul llama-1b shapes, decode of 1 token: q4_K 66 -> 76 tok/s, q6_K
  * 48 -> 60, q8_0 34 -> 38, q5_0 43 -> 47, q4_0 unchanged; kvserve tg128
- * llama-1b Q4_K_M 72.5 -> 96.2 tok/s (membw 56.3 GB/s). Up to 8 tokens most types
- * gain (q8_0 +11-38%, q6_K +3-15%; q4_K -6% at 4). Larger batches pass over a
+ * llama-1b Q4_K_M 72.5 -> 96.2 tok/s (membw 56.3 GB/s). Up to 8 tokens most
+ * types gain (q8_0 +11-38%, q6_K +3-15%; q4_K -6% at 4). Larger batches pass over a
  * group once per token tile and keep it in L2 (QUANT_WEIGHT_PREFETCH): there
  * prefetchnta cost 2-5%. */
 #ifndef QUANT_ONCE_MAX_TOKENS
