@@ -67,13 +67,21 @@
 #ifndef RP_AHEAD
 #define RP_AHEAD 4096     /* software prefetch distance in the weight stream (2 KiB: 3% fewer GB/s on q4_0) */
 #endif
-/* The same for the AVX-512 kernels, as their k-quants' (KQRP_AHEAD): gemma3-1b's
- * q5_0 gate/up, 2 threads from DRAM, 12 interleaved runs: median 51.2 GB/s at
- * 4 KiB, 55.0 at 8 KiB (every quantile 3-4 GB/s higher); llama-1b's q4_0 and
- * q8_0 within noise. The q5 kernels compute the most per byte, so their loads
- * are issued furthest behind their prefetches. */
+/* The same for the AVX-512 kernels, by kind. q5 and q8_0: 8 KiB, as their
+ * k-quants' (KQRP_AHEAD): gemma3-1b's q5_0 gate/up, 2 threads from DRAM, 12
+ * interleaved runs: median 51.2 GB/s at 4 KiB, 55.0 at 8 KiB; a whole
+ * llama-1b q8_0 step's matrices in model order 8% slower at 4 KiB. Q4_0 and
+ * the lookup-table types: 4 KiB. One matrix after another of the same shape
+ * (bench_matmul) hides it, but in a decode step's order (q, k, v, o, gate,
+ * up, down, layer after layer) llama-1b q4_0 at 8 KiB streamed slower than
+ * with no software prefetch at all: 15 interleaved rounds, 659 us a layer at
+ * 8 KiB, 603 at 4 KiB, 592 at 3 KiB; kvserve tg128 73.6 -> 103.2 tok/s
+ * (7 rounds, Zen 5). IQ4_NL did not care (2-16 KiB or none). */
 #ifndef RP512_AHEAD
 #define RP512_AHEAD 8192
+#endif
+#ifndef RP512_AHEAD_Q4
+#define RP512_AHEAD_Q4 4096
 #endif
 
 /* The 4-bit lookup-table types: nibbles as Q4_0's, each an index into 16 int8 levels. */
@@ -525,7 +533,7 @@ static inline __attribute__((always_inline)) void rp512_tile(const struct quant_
     }
     const uint8_t *gb = rp_group_block(j->W, j->wtype, j->nb, R, g, 0);
     for (int64_t b = 0; b < j->nb; b++, gb += gbb) {
-        quant_prefetch_weights(gb + RP512_AHEAD, gbb, once);
+        quant_prefetch_weights(gb + (kind == QUANT_Q8_0 ? RP512_AHEAD : RP512_AHEAD_Q4), gbb, once);
         __m512i isum[RP512_TT];
         for (int t = 0; t < T; t++)
             isum[t] = _mm512_set1_epi32(-bias * a[t][b].sum);
