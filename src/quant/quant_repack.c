@@ -75,8 +75,9 @@
  * (bench_matmul) hides it, but in a decode step's order (q, k, v, o, gate,
  * up, down, layer after layer) llama-1b q4_0 at 8 KiB streamed slower than
  * with no software prefetch at all: 15 interleaved rounds, 659 us a layer at
- * 8 KiB, 603 at 4 KiB, 592 at 3 KiB; kvserve tg128 73.6 -> 103.2 tok/s
- * (7 rounds, Zen 5). IQ4_NL did not care (2-16 KiB or none). */
+ * 8 KiB, 603 at 4 KiB, 592 at 3 KiB (bench_matmul --gguf shows it); kvserve
+ * tg128 70.6 -> 97.1 tok/s (11 interleaved rounds, Zen 5). IQ4_NL did not
+ * care (2-16 KiB or none). */
 #ifndef RP512_AHEAD
 #define RP512_AHEAD 8192
 #endif
