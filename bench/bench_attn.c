@@ -3,10 +3,14 @@
  * head_dim 128), at several context lengths and K/V precisions, plus the
  * same kernels over one contiguous f16 buffer as the baseline for paging.
  *
- *   bench_attn [-t THREADS] [-P PAGE] [-r REPS] [-c CTX] [-k CACHE] [-s gemma3]
+ *   bench_attn [-t THREADS] [-P PAGE] [-r REPS] [-c CTX] [-k CACHE] [-s gemma3] [-L LAYERS]
  * (-k: only that cache row, e.g. q4_0, for profiling; -c: that one context
  * length, any; -s gemma3: gemma3-1b's shape, one KV head of 256 for 4 query
- * heads, whose decode splits one item's segments across the threads)
+ * heads, whose decode splits one item's segments across the threads;
+ * -L: a cache of LAYERS layers, each call attending the next one, as a decode
+ * step does: with enough of them (16 KV MB a layer at 4096 f16: -L 32) the
+ * pages come from memory, not from the cache the default single layer
+ * stays in)
  * Prints one line per (context, cache) with the median of REPS runs, by wall
  * time and by process CPU time (the CPU figure is the one to compare on a
  * shared, loaded machine: time slices lost to other processes do not count),
@@ -25,6 +29,7 @@
  * (one KV head of 256 shared by 4 query heads: a decode step's whole
  * attention is one item, split across threads by segments). */
 static int N_HEAD = 32, N_KV = 8, DIM = 128;
+static int N_LAYERS = 1; /* -L */
 
 static double clock_s(clockid_t id)
 {
@@ -76,39 +81,42 @@ struct paged_run {
     struct kv_cache *kv;
     struct attn_query q;
     float *x, *out;
+    int layer; /* the next call's */
 };
 
 static void paged_step(void *ctx)
 {
     struct paged_run *r = ctx;
-    if (attn_forward(r->pool, r->kv, 0, &r->q, 1, r->x, r->out, N_HEAD, 0.088f))
+    if (attn_forward(r->pool, r->kv, r->layer, &r->q, 1, r->x, r->out, N_HEAD, 0.088f))
         fprintf(stderr, "attn_forward: %s\n", ks_errmsg());
+    r->layer = (r->layer + 1) % N_LAYERS;
 }
 
 static struct kv_cache *make_cache(int ctx, int P, enum quant_type tk, enum quant_type tv, bool mixed, int32_t *seq)
 {
     struct kv_config cfg;
     kv_config_default(&cfg);
-    cfg.n_layer = 1;
+    cfg.n_layer = N_LAYERS;
     cfg.n_kv_head = N_KV;
     cfg.head_dim = DIM;
     cfg.page_tokens = P;
     cfg.type_k = tk;
     cfg.type_v = tv;
-    cfg.mem_budget = (size_t)ctx * N_KV * DIM * 8 + ((size_t)64 << 20);
+    cfg.mem_budget = (size_t)N_LAYERS * ((size_t)ctx * N_KV * DIM * 8 + ((size_t)64 << 20));
     struct kv_cache *kv;
     if (kv_create(&cfg, &kv) || kv_seq_create(kv, seq) || kv_seq_grow(kv, *seq, ctx)) {
         fprintf(stderr, "cache: %s\n", ks_errmsg());
         exit(1);
     }
     float *k = malloc((size_t)N_KV * DIM * sizeof(float)), *v = malloc((size_t)N_KV * DIM * sizeof(float));
-    for (int p = 0; p < ctx; p++) {
-        for (int i = 0; i < N_KV * DIM; i++) {
-            k[i] = frand();
-            v[i] = frand();
+    for (int layer = 0; layer < N_LAYERS; layer++)
+        for (int p = 0; p < ctx; p++) {
+            for (int i = 0; i < N_KV * DIM; i++) {
+                k[i] = frand();
+                v[i] = frand();
+            }
+            kv_write(kv, layer, *seq, p, k, v);
         }
-        kv_write(kv, 0, *seq, p, k, v);
-    }
     free(k);
     free(v);
     if (mixed) { /* what the dynamic policy makes: recent 512 tokens f16, older ones q4_0 */
@@ -159,7 +167,7 @@ static double kv_bytes(const struct kv_cache *kv)
 {
     struct kv_usage u;
     kv_usage(kv, &u);
-    return (double)u.used; /* one layer, whole pages: exactly what a decode step reads, up to the last page */
+    return (double)u.used / N_LAYERS; /* one layer, whole pages: what a decode step reads, up to the last page */
 }
 
 int main(int argc, char **argv)
@@ -177,6 +185,8 @@ int main(int argc, char **argv)
             only_ctx = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "-k"))
             only_case = argv[i + 1];
+        else if (!strcmp(argv[i], "-L"))
+            N_LAYERS = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "-s") && !strcmp(argv[i + 1], "gemma3"))
             N_HEAD = 4, N_KV = 1, DIM = 256;
         else if (!strcmp(argv[i], "-s")) {
@@ -185,13 +195,18 @@ int main(int argc, char **argv)
         }
     }
     reps = reps < 1 ? 1 : reps > 15 ? 15 : reps;
+    if (N_LAYERS < 1 || N_LAYERS > 1024) {
+        fprintf(stderr, "bench_attn: -L %d: 1 to 1024 layers\n", N_LAYERS);
+        return 2;
+    }
     threads_pool *pool = NULL;
     if (n_threads > 1 && threads_create(n_threads, &pool)) {
         fprintf(stderr, "threads: %s\n", ks_errmsg());
         return 1;
     }
-    printf("bench_attn: kernels %s, %d thread(s), P=%d, %d KV heads x head_dim %d, %d query heads, median of %d\n",
-           attn_kernels_best()->isa, n_threads, P, N_KV, DIM, N_HEAD, reps);
+    printf("bench_attn: kernels %s, %d thread(s), P=%d, %d KV heads x head_dim %d, %d query heads, %d layer(s), "
+           "median of %d\n",
+           attn_kernels_best()->isa, n_threads, P, N_KV, DIM, N_HEAD, N_LAYERS, reps);
     printf("%-7s %-16s %8s %10s %8s %10s %8s\n", "ctx", "cache", "KV MB", "wall us", "GB/s", "cpu us", "GB/s cpu");
     int ctxs[] = {1024, 4096, 16384, 32768}, n_ctx = 4;
     if (only_ctx) /* any length, e.g. a decode's first hundred tokens */
