@@ -17,8 +17,8 @@
  * --gguf: a model file's own layer matrices (attn_q, attn_k, attn_v,
  * attn_output, ffn_gate, ffn_up, ffn_down of every layer that has them),
  * repacked as the loader repacks them, run in a decode step's order, layer
- * after layer: per matrix name, the median over REPS passes of its mean time
- * and GB/s. One shape over and over (the synthetic mode) can hide what the
+ * after layer: per matrix name, its mean time a layer and GB/s over the layers
+ * (median of REPS passes; a type marked + differs between layers). One shape over and over (the synthetic mode) can hide what the
  * order of a real step costs: there the AVX-512 q4_0 kernel's 8 KiB prefetch
  * distance cost 9% a layer (659 against 603 us at 4 KiB) that the synthetic
  * mode did not show. */
@@ -269,18 +269,31 @@ static int run_file(threads_pool *pool, const char *path, int reps, int64_t ndec
                 if (file_matmul(pool, m, X, ndec, Y, work, ws) != KS_OK)
                     return fprintf(stderr, "layer %d %s: %s\n", il, k_layer_mats[k], ks_errmsg()), 1;
                 if (r >= 0)
-                    tv[k * reps + r] += (bench_seconds(g_clock) - t0) / n_layers;
+                    tv[k * reps + r] += bench_seconds(g_clock) - t0;
             }
     double step = 0, bytes_all = 0;
     for (int k = 0; k < N_LAYER_MATS; k++) {
-        const struct file_mat *m = &mats[0][k];
-        if (!m->W)
+        /* every layer's own bytes: a Q4_K_M file's ffn_down is q6_K in some layers, q4_K in others */
+        double bytes = 0;
+        int count = 0, first = -1;
+        bool mixed = false;
+        for (int il = 0; il < n_layers; il++) {
+            const struct file_mat *m = &mats[il][k];
+            if (!m->W)
+                continue;
+            first = first < 0 ? il : first;
+            mixed = mixed || m->type != mats[first][k].type;
+            bytes += (double)quant_row_size(m->type, m->cols) * (double)m->rows;
+            count++;
+        }
+        if (count == 0)
             continue;
-        double t = bench_median(tv + k * reps, reps);
-        double bytes = (double)quant_row_size(m->type, m->cols) * (double)m->rows;
-        step += t * n_layers, bytes_all += bytes * n_layers;
-        printf("%-12s %-6s %6lld -> %-6lld %-9s %9.1f us %6.1f GB/s\n", k_layer_mats[k], quant_type_name(m->type),
-               (long long)m->cols, (long long)m->rows, m->repacked ? "repacked" : "row-major", t * 1e6, bytes / t / 1e9);
+        const struct file_mat *m = &mats[first][k];
+        double t = bench_median(tv + k * reps, reps); /* all its layers, one pass */
+        step += t, bytes_all += bytes;
+        printf("%-12s %-6s%s %6lld -> %-6lld %-9s %9.1f us %6.1f GB/s\n", k_layer_mats[k], quant_type_name(m->type),
+               mixed ? "+" : " ", (long long)m->cols, (long long)m->rows, m->repacked ? "repacked" : "row-major",
+               t / count * 1e6, bytes / t / 1e9);
     }
     printf("== layer matrices of one decode step: %.2f ms at %.1f GB/s\n", step * 1e3, bytes_all / step / 1e9);
     free(X), free(Y), free(work), free(tv);
