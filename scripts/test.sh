@@ -89,6 +89,15 @@ if [ "$(uname -m)" = x86_64 ]; then
   cmake -S . -B build-avx2 -DCMAKE_BUILD_TYPE=Release -DCMAKE_C_FLAGS=-mno-avx512f >/dev/null
   cmake --build build-avx2 -j "$jobs"
   run_ctest build-avx2 -j "$jobs" -L isa
+  # Where this CPU has AVX-VNNI the AVX2-only build uses it (vpdpbusd on
+  # ymm); AVX2 CPUs without it (Haswell to Zen 3) take the vpmaddubsw
+  # forms, whose kernel tests run here in a build of their own.
+  if echo | cc -march=native -mno-avx512f -dM -E - | grep -q '__AVXVNNI__'; then
+    novnni_tests=$(cd tests && ls test_quant*.c | sed 's/\.c$//' | tr '\n' ' ')
+    cmake -S . -B build-avx2-novnni -DCMAKE_BUILD_TYPE=Release "-DCMAKE_C_FLAGS=-mno-avx512f -mno-avxvnni" >/dev/null
+    cmake --build build-avx2-novnni -j "$jobs" --target $novnni_tests test_attn
+    run_ctest build-avx2-novnni -j "$jobs" -R "^($(tr ' ' '|' <<<"${novnni_tests}test_attn"))\$"
+  fi
 fi
 cmake -S . -B build-portable -DCMAKE_BUILD_TYPE=Release -DKS_NATIVE=OFF >/dev/null
 cmake --build build-portable -j "$jobs"
