@@ -352,9 +352,10 @@ static void run_segment(const struct job *j, const struct tile *t, int h, int32_
             quantize_rows(j, t, sc);
             *q8_ready = true;
         }
-        /* rows of a few bytes: one chunk, and the next page asked for at once */
-        const int k_chunk = chunk_tokens(R, page.k_row_bytes, P), v_chunk = chunk_tokens(R, page.v_row_bytes, P);
-        const bool chunked = has_next && (k_chunk < P || v_chunk < P);
+        /* rows of a few bytes: one chunk, and the next page asked for at once; the last page: one chunk */
+        const int k_chunk = has_next ? chunk_tokens(R, page.k_row_bytes, P) : P;
+        const int v_chunk = has_next ? chunk_tokens(R, page.v_row_bytes, P) : P;
+        const bool chunked = k_chunk < P || v_chunk < P;
         if (has_next && !chunked)
             prefetch_page(c, &next, h);
         const struct page_runs k = {kv_view_run(c, page.k, page.k_row_bytes, h),
