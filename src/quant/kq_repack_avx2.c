@@ -98,7 +98,6 @@ static inline __attribute__((always_inline)) void q4k_pass(const struct quant_kq
     const __m256i low4 = _mm256_set1_epi8(0x0f);
     const uint8_t *gb = g->W + (size_t)grp * R * g->wrow;
     for (int64_t b = 0; b < nsb; b++, gb += gbb) {
-        quant_prefetch_weights(gb + KQRP_AHEAD, gbb, once);
         const size_t at_sc = KQRP_Q4K_SC(R);
         const __m256i w0 = dword_vec(gb, at_sc, 0), w1 = dword_vec(gb, at_sc, 1), w2 = dword_vec(gb, at_sc, 2);
         __m256i s03, s47, m03, m47;
@@ -122,6 +121,7 @@ static inline __attribute__((always_inline)) void q4k_pass(const struct quant_kq
         for (int t = 0; t < T; t++)
             isum[t] = _mm256_setzero_si256();
         for (int p = 0; p < 4; p++) {
+            quant_prefetch_weights_part(gb + KQRP_AHEAD, gbb, once, p, 4);
             __m256i dlo[KQRP_TT], dhi[KQRP_TT];
             for (int t = 0; t < T; t++)
                 dlo[t] = dhi[t] = _mm256_setzero_si256();
@@ -244,7 +244,6 @@ static void q6k_pass(const struct quant_kq_gemm *g, int64_t grp, int64_t t0)
     if (nb > 0)
         q8k_across_halves(&y[0], yqs[0]);
     for (int64_t b = 0; b < nb; b++, gb += gbb) {
-        quant_prefetch_weights(gb + KQRP_AHEAD, gbb, once);
         if (b + 1 < nb)
             q8k_across_halves(&y[b + 1], yqs[(b + 1) % 2]);
         const uint8_t *yq = yqs[b % 2];
@@ -256,6 +255,7 @@ static void q6k_pass(const struct quant_kq_gemm *g, int64_t grp, int64_t t0)
                 sp[q] = q6k_scale_pair(gb, true, 2 * q + odd, 2 * q + odd + 8, 8);
 #pragma GCC unroll 4
             for (int c = 4 * odd; c < 4 * odd + 4; c++) {
+                quant_prefetch_weights_part(gb + KQRP_AHEAD, gbb, once, c, 8);
                 __m256i u0[4], u1[4], lane = _mm256_setzero_si256();
                 q6k_levels(gb, c, 0, u0);
                 q6k_levels(gb, c, 1, u1);
@@ -314,7 +314,6 @@ static void q5k_pass(const struct quant_kq_gemm *g, int64_t grp, int64_t t0)
         acc[c] = _mm256_setzero_ps();
     const uint8_t *gb = g->W + (size_t)grp * R * g->wrow;
     for (int64_t b = 0; b < g->cols / QK_K; b++, gb += gbb) {
-        quant_prefetch_weights(gb + KQRP_AHEAD, gbb, once);
         __m256i pairs[16];
         k4_scale_pairs(gb, KQRP_Q5K_SC(R), pairs);
         __m256i msum = _mm256_setzero_si256();
@@ -325,6 +324,7 @@ static void q5k_pass(const struct quant_kq_gemm *g, int64_t grp, int64_t t0)
         const __m256 dd = _mm256_mul_ps(_mm256_set1_ps(y[b].d), d);
 #pragma GCC unroll 8
         for (int c = 0; c < 8; c++) {
+            quant_prefetch_weights_part(gb + KQRP_AHEAD, gbb, once, c, 8);
             __m256i u[8], lane = _mm256_setzero_si256();
             q5k_levels(gb, c, u);
             for (int m = 0; m < 8; m++)

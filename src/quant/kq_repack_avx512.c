@@ -79,7 +79,6 @@ static inline __attribute__((always_inline)) void q4k_pass(const struct quant_kq
     const __m512i low4 = _mm512_set1_epi8(0x0f), high4 = _mm512_set1_epi8((char)0xf0);
     const uint8_t *gb = g->W + (size_t)grp * R * g->wrow;
     for (int64_t b = 0; b < nsb; b++, gb += gbb) {
-        quant_prefetch_weights(gb + KQRP_AHEAD, gbb, once);
         /* kq_unpack_scales_k4 in the lanes: bytes 0-3 of s03 / s47 / m03 / m47 are scales 0-3, 4-7, mins 0-3, 4-7 */
         const size_t at_sc = KQRP_Q4K_SC(R);
         const __m512i w0 = dword_vec(gb, at_sc, 0), w1 = dword_vec(gb, at_sc, 1), w2 = dword_vec(gb, at_sc, 2);
@@ -107,7 +106,8 @@ static inline __attribute__((always_inline)) void q4k_pass(const struct quant_kq
             for (int pi = 0; pi < P; pi++)
                 for (int t = 0; t < T; t++)
                     dlo[pi][t] = dhi[pi][t] = _mm512_setzero_si512();
-            for (int i = 0; i < 8; i++)
+            for (int i = 0; i < 8; i++) {
+                quant_prefetch_weights_part(gb + KQRP_AHEAD, gbb, once, (p0 / P) * 8 + i, 32 / P);
                 for (int pi = 0; pi < P; pi++) {
                     const int p = p0 + pi;
                     const __m512i raw = dword_vec(gb, KQRP_Q4K_QS(R), 8 * p + i);
@@ -117,6 +117,7 @@ static inline __attribute__((always_inline)) void q4k_pass(const struct quant_kq
                         dhi[pi][t] = _mm512_dpbusd_epi32(dhi[pi][t], hi16, bcast(y[t][b].qs + 64 * p + 32 + 4 * i));
                     }
                 }
+            }
             for (int pi = 0; pi < P; pi++) {
                 const int p = p0 + pi;
                 const __m512i scales = p < 2 ? s03 : s47;
@@ -256,12 +257,12 @@ static inline __attribute__((always_inline)) void q6k_pass(const struct quant_kq
             acc[t][c] = _mm512_setzero_ps();
     const uint8_t *gb = g->W + (size_t)grp * R * g->wrow;
     for (int64_t b = 0; b < g->cols / QK_K; b++, gb += gbb) {
-        quant_prefetch_weights(gb + KQRP_AHEAD, gbb, once);
         __m512i scp[16], off[8];
         q6k_scales(gb, scp, off);
         const __m512 d = vmath_load16_f16(gb + KQRP_Q6K_D(R));
 #pragma GCC unroll 8
         for (int c = 0; c < 8; c++) {
+            quant_prefetch_weights_part(gb + KQRP_AHEAD, gbb, once, c, 8);
             __m512i lane[LANES_TT];
             q6k_lane(gb, NULL, scp, off[c], y, b, T, c, lane);
             for (int t = 0; t < T; t++)
@@ -448,13 +449,13 @@ static inline __attribute__((always_inline)) void q5k_pass(const struct quant_kq
     }
     const uint8_t *gb = g->W + (size_t)grp * R * g->wrow;
     for (int64_t b = 0; b < g->cols / QK_K; b++, gb += gbb) {
-        quant_prefetch_weights(gb + KQRP_AHEAD, gbb, once);
         __m512i scp[8], m03, m47;
         __m512 d, dmin;
         q5k_scales(gb, scp, &m03, &m47, &d, &dmin);
         q5k_mins(m03, m47, dmin, y, b, T, summs);
 #pragma GCC unroll 8
         for (int c = 0; c < 8; c++) {
+            quant_prefetch_weights_part(gb + KQRP_AHEAD, gbb, once, c, 8);
             __m512i u[8];
             q5k_levels(gb, c, u);
             q5k_lane(u, scp, d, y, b, T, c, acc);
