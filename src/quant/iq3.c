@@ -26,6 +26,9 @@ static const struct kq_entry iq3_table[] = {
 
 void quant_iq3_fill(struct quant_traits *best, struct quant_traits *scalar)
 {
+#if defined(KQ_HAVE_AVX512)
+    quant_iq3_init_avx512();
+#endif
     kq_entries_fill(iq3_table, IQ3_N_TYPES, best, scalar);
 }
 

@@ -81,6 +81,8 @@ void quant_vec_dot_iq2_s_q8_K_multi_avx512(int n, int nt, float *s, size_t s_str
 void quant_vec_dot_iq3_xxs_q8_K_avx512(int n, float *s, const void *x, const void *y);
 void quant_vec_dot_iq3_s_q8_K_avx512(int n, float *s, const void *x, const void *y);
 void quant_vec_dot_iq2_s_q8_K_avx512(int n, float *s, const void *x, const void *y);
+/* Tables the AVX-512 kernels build once (quant_iq3_fill calls it). */
+void quant_iq3_init_avx512(void);
 #endif
 
 #endif
