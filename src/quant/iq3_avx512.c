@@ -68,6 +68,14 @@ static inline void iq3_xxs_signs_scales(const block_iq3_xxs *b, int p, struct iq
     u->sc[p] = scale_pairs(l0, l0, l1, l1);
 }
 
+/* The same for IQ3_S. */
+static inline void iq3_s_signs_scales(const block_iq3_s *b, int p, struct iq_unpacked512 *u)
+{
+    u->neg[p] = (__mmask64)load_u64(b->signs + 8 * p);
+    const int l0 = 2 * (b->scales[p] & 0xf) + 1, l1 = 2 * (b->scales[p] >> 4) + 1;
+    u->sc[p] = scale_pairs(l0, l0, l1, l1);
+}
+
 #if defined(__AVX512VBMI__)
 /* The IQ3 grids looked up with byte permutes instead of gathers (a gather of
  * 16 dwords takes ~22 cycles on Zen 4, four of them most of a super-block's
@@ -146,11 +154,8 @@ static void unpack_iq3_s(const uint8_t *block, struct iq_unpacked512 *u)
     const block_iq3_s *b = (const block_iq3_s *)block;
     u->d = block_d(block);
     iq3_magnitudes(&iq3s_bytes[0][0], true, b->qs, load_u64(b->qh), u->mag);
-    for (int p = 0; p < IQ_PAIRS; p++) {
-        u->neg[p] = (__mmask64)load_u64(b->signs + 8 * p);
-        const int l0 = 2 * (b->scales[p] & 0xf) + 1, l1 = 2 * (b->scales[p] >> 4) + 1;
-        u->sc[p] = scale_pairs(l0, l0, l1, l1);
-    }
+    for (int p = 0; p < IQ_PAIRS; p++)
+        iq3_s_signs_scales(b, p, u);
 }
 #else
 void quant_iq3_init_avx512(void) {}
@@ -177,9 +182,7 @@ static void unpack_iq3_s(const uint8_t *block, struct iq_unpacked512 *u)
         const __m512i hi = _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32(qh), shifts), _mm512_set1_epi32(1));
         const __m512i idx = _mm512_or_si512(lo, _mm512_slli_epi32(hi, 8));
         u->mag[p] = _mm512_i32gather_epi32(idx, (const int *)quant_iq3s_grid, 4);
-        u->neg[p] = (__mmask64)load_u64(b->signs + 8 * p);
-        const int l0 = 2 * (b->scales[p] & 0xf) + 1, l1 = 2 * (b->scales[p] >> 4) + 1;
-        u->sc[p] = scale_pairs(l0, l0, l1, l1);
+        iq3_s_signs_scales(b, p, u);
     }
 }
 #endif
