@@ -219,8 +219,9 @@ static ks_status plan_parse(const char *name, struct type_plan *p)
     }
     static const enum quant_type allowed[] = {
         QUANT_F32,    QUANT_F16,    QUANT_BF16,  QUANT_Q8_0,    QUANT_Q4_0,   QUANT_Q4_1,    QUANT_Q5_0,
-        QUANT_Q5_1,   QUANT_Q4_K,   QUANT_Q5_K,  QUANT_Q6_K,    QUANT_IQ4_NL, QUANT_IQ4_XS,  QUANT_MXFP4,
-        QUANT_IQ3_XXS, QUANT_IQ3_S, QUANT_IQ2_S, QUANT_IQ2_XXS, QUANT_IQ2_XS, QUANT_IQ1_S,   QUANT_IQ1_M};
+        QUANT_Q5_1,   QUANT_Q2_K,   QUANT_Q3_K,  QUANT_Q4_K,    QUANT_Q5_K,   QUANT_Q6_K,    QUANT_IQ4_NL,
+        QUANT_IQ4_XS, QUANT_MXFP4,  QUANT_IQ3_XXS, QUANT_IQ3_S, QUANT_IQ2_S, QUANT_IQ2_XXS, QUANT_IQ2_XS,
+        QUANT_IQ1_S,  QUANT_IQ1_M};
     enum quant_type t;
     if (quant_type_from_name(name, &t) == KS_OK)
         for (size_t i = 0; i < sizeof allowed / sizeof allowed[0]; i++)
@@ -229,7 +230,7 @@ static ks_status plan_parse(const char *name, struct type_plan *p)
                 return KS_OK;
             }
     return ks_fail(KS_ERR_INVALID_ARG,
-                   "synth type '%s' is not one of f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k, "
+                   "synth type '%s' is not one of f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, "
                    "q4_k_m, iq4_nl, iq4_xs, mxfp4, iq3_xxs, iq3_s, iq2_s, iq2_xxs, iq2_xs, iq1_s, iq1_m",
                    name);
 }
@@ -260,7 +261,9 @@ static enum quant_type fallback(enum quant_type t, int64_t cols)
         case QUANT_IQ2_XXS:
         case QUANT_IQ2_XS:
         case QUANT_IQ1_S:
-        case QUANT_IQ1_M: t = QUANT_IQ4_NL; break;
+        case QUANT_IQ1_M:
+        case QUANT_Q2_K:
+        case QUANT_Q3_K: t = QUANT_IQ4_NL; break;
         default: break;
         }
     }
@@ -776,6 +779,8 @@ static uint32_t file_type(const struct type_plan *p)
     case QUANT_Q8_0: return 7;
     case QUANT_Q5_0: return 8;
     case QUANT_Q5_1: return 9;
+    case QUANT_Q2_K: return 10;
+    case QUANT_Q3_K: return 11; /* Q3_K_S: all of its matrices Q3_K */
     case QUANT_Q4_K: return 14;
     case QUANT_Q5_K: return 16;
     case QUANT_Q6_K: return 18;

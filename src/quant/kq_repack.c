@@ -21,7 +21,7 @@
 bool quant_kqrp_type(enum quant_type t)
 {
 #if defined(KQRP_HAVE_AVX2)
-    return t == QUANT_Q4_K || t == QUANT_Q5_K || t == QUANT_Q6_K;
+    return t == QUANT_Q2_K || t == QUANT_Q4_K || t == QUANT_Q5_K || t == QUANT_Q6_K;
 #else
     (void)t;
     return false;
@@ -38,6 +38,7 @@ static struct kqrp_fields kqrp_fields(enum quant_type t)
     switch (t) {
     case QUANT_Q4_K: return (struct kqrp_fields){2, (K_SCALE_SIZE + QK_K / 2) / 4, 0};
     case QUANT_Q5_K: return (struct kqrp_fields){2, (K_SCALE_SIZE + QK_K / 8 + QK_K / 2) / 4, 0};
+    case QUANT_Q2_K: return (struct kqrp_fields){0, (QK_K / 16 + QK_K / 4) / 4, 2};
     default: return (struct kqrp_fields){0, (QK_K / 2 + QK_K / 4 + QK_K / 16) / 4, 1}; /* Q6_K */
     }
 }
@@ -252,6 +253,12 @@ static float kqrp_row_dot(const struct quant_kq_gemm *g, int R, int64_t grp, int
             kq_chains_add(&acc, &accm, isum, msum, x->d, x->dmin, y[b].d);
             continue;
         }
+        if (t == QUANT_Q2_K) {
+            const block_q2_K *x = (const block_q2_K *)(const void *)blk;
+            quant_kq_q2_K_sums(x, &y[b], &isum, &msum);
+            kq_chains_add(&acc, &accm, isum, msum, x->d, x->dmin, y[b].d);
+            continue;
+        }
         float d;
         if (t == QUANT_Q6_K) {
             const block_q6_K *x = (const block_q6_K *)(const void *)blk;
@@ -266,7 +273,7 @@ static float kqrp_row_dot(const struct quant_kq_gemm *g, int R, int64_t grp, int
         for (int c = 0; c < 8; c++)
             lanes[c] = fmaf(y[b].d * d, (float)lane[c], lanes[c]);
     }
-    if (t == QUANT_Q4_K)
+    if (t == QUANT_Q4_K || t == QUANT_Q2_K)
         return acc - accm;
     return t == QUANT_Q5_K ? kqrp_lanes_hsum(lanes) + summs : kqrp_lanes_hsum(lanes);
 }

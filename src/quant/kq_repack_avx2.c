@@ -1,4 +1,4 @@
-/* k-quants: the group kernels of repacked Q4_K / Q5_K / Q6_K for AVX2, 8
+/* k-quants: the group kernels of repacked Q2_K / Q4_K / Q5_K / Q6_K for AVX2, 8
  * rows in the lanes of a ymm (the layout is in kq_internal.h, the scalar
  * twin in kq_repack.c; kq_repack_avx512.c says how a pass works).
  *
@@ -137,6 +137,66 @@ static inline __attribute__((always_inline)) void q4k_pass(const struct quant_kq
             const __m256i sa = q4k_scale_pick(scales, 2 * p % 4), sb = q4k_scale_pick(scales, (2 * p + 1) % 4);
             for (int t = 0; t < T; t++)
                 isum[t] = _mm256_add_epi32(isum[t], _mm256_add_epi32(q4k_scaled(dlo[t], sa), q4k_scaled(dhi[t], sb)));
+        }
+        for (int t = 0; t < T; t++)
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_mul_ps(d, _mm256_set1_ps(y[t][b].d)), acc[t]);
+    }
+    for (int t = 0; t < T; t++)
+        _mm256_storeu_ps(g->Y + (t0 + t) * g->ldy + grp * R, _mm256_sub_ps(acc[t], accm[t]));
+}
+
+/* ---- Q2_K (kq_repack_avx512.c's order) ---------------------------------------
+ * Q4_K's dot and scale steps with each 2-bit field shifted down to 0..3: a
+ * sub-block's 16 products add up to at most 16 * 3 * 127 in an int16 lane. */
+static inline __attribute__((always_inline)) void q2k_pass(const struct quant_kq_gemm *g, int64_t grp, int64_t t0,
+                                                           int T)
+{
+    const bool once = quant_weights_read_once(g->n_tokens);
+    const size_t gbb = R * sizeof(block_q2_K);
+    const int64_t nsb = g->cols / QK_K;
+    const block_q8_K *y[KQRP_TT];
+    quant_kq_tile_tokens(g, t0, T, T, y);
+    __m256 acc[KQRP_TT], accm[KQRP_TT];
+    for (int t = 0; t < T; t++)
+        acc[t] = accm[t] = _mm256_setzero_ps();
+    const __m256i low4 = _mm256_set1_epi8(0x0f), low2 = _mm256_set1_epi8(0x03);
+    const uint8_t *gb = g->W + (size_t)grp * R * g->wrow;
+    for (int64_t b = 0; b < nsb; b++, gb += gbb) {
+        const __m256 d = vmath_load8_f16(gb + KQRP_Q2K_D(R)), dmin = vmath_load8_f16(gb + KQRP_Q2K_DMIN(R));
+        __m256i msum[KQRP_TT], isum[KQRP_TT];
+        for (int t = 0; t < T; t++)
+            msum[t] = isum[t] = _mm256_setzero_si256();
+        for (int j = 0; j < 4; j++) { /* byte k of scale dword j: sub-block 4j + k's scale | min << 4 */
+            const __m256i mn = _mm256_and_si256(_mm256_srli_epi32(dword_vec(gb, KQRP_Q2K_SC(R), j), 4), low4);
+            for (int k = 0; k < 4; k += 2) {
+                const __m256i mm = _mm256_shuffle_epi8(mn, pick_two(k, k + 1));
+                for (int t = 0; t < T; t++)
+                    msum[t] = _mm256_add_epi32(msum[t], _mm256_madd_epi16(mm, bcast(y[t][b].bsums + 4 * j + k)));
+            }
+        }
+        for (int t = 0; t < T; t++)
+            accm[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(msum[t]), _mm256_mul_ps(dmin, _mm256_set1_ps(y[t][b].d)),
+                                      accm[t]);
+        for (int part = 0; part < 4; part++) { /* half h, dwords 4ih .. 4ih + 3 */
+            const int h = part / 2, ih = part % 2;
+            quant_prefetch_weights_part(gb + KQRP_AHEAD, gbb, once, part, 4);
+            __m256i raw[4];
+            for (int ii = 0; ii < 4; ii++)
+                raw[ii] = dword_vec(gb, KQRP_Q2K_QS(R), 8 * h + 4 * ih + ii);
+            for (int s = 0; s < 4; s++) {
+                __m256i dot[KQRP_TT];
+                for (int t = 0; t < T; t++)
+                    dot[t] = _mm256_setzero_si256();
+                for (int ii = 0; ii < 4; ii++) {
+                    const __m256i q = _mm256_and_si256(_mm256_srli_epi16(raw[ii], 2 * s), low2);
+                    for (int t = 0; t < T; t++)
+                        dot[t] = q4k_dot(dot[t], q, bcast(y[t][b].qs + 128 * h + 32 * s + 16 * ih + 4 * ii));
+                }
+                const __m256i sc = _mm256_and_si256(dword_vec(gb, KQRP_Q2K_SC(R), 2 * h + s / 2), low4);
+                const __m256i scale = q4k_scale_pick(sc, 2 * (s % 2) + ih);
+                for (int t = 0; t < T; t++)
+                    isum[t] = _mm256_add_epi32(isum[t], q4k_scaled(dot[t], scale));
+            }
         }
         for (int t = 0; t < T; t++)
             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_mul_ps(d, _mm256_set1_ps(y[t][b].d)), acc[t]);
@@ -382,6 +442,34 @@ static void q4k_unpack8(const uint8_t *W, int Rg, int64_t cols, int64_t r, uint8
     }
 }
 
+/* The same for Q2_K: panel dword 32h + 8s + i is field s of qs dword 8h + i. */
+static void q2k_unpack8(const uint8_t *W, int Rg, int64_t cols, int64_t r, uint8_t *panel, int lane0)
+{
+    const size_t wrow = quant_row_size(QUANT_Q2_K, cols), gbb = (size_t)Rg * sizeof(block_q2_K);
+    const size_t row = 4 * (size_t)(r % Rg), lanes = 4 * (size_t)lane0;
+    const __m256i low4 = _mm256_set1_epi8(0x0f), low2 = _mm256_set1_epi8(0x03);
+    const uint8_t *gb = W + (size_t)(r / Rg) * (size_t)Rg * wrow;
+    for (int64_t b = 0; b < cols / QK_K; b++, gb += gbb) {
+        uint8_t *pb = panel + b * KQ_PB_BYTES;
+        for (int k = 0; k < QK_K / 16; k++) {
+            const __m256i raw = _mm256_loadu_si256((const __m256i *)(gb + KQRP_Q2K_QS(Rg) + 4 * (size_t)Rg * k + row));
+            for (int s = 0; s < 4; s++)
+                store_lanes(pb, KQ_PB_Q + 64 * (size_t)(32 * (k / 8) + 8 * s + k % 8) + lanes,
+                            _mm256_and_si256(_mm256_srli_epi16(raw, 2 * s), low2));
+        }
+        for (int j = 0; j < 4; j++) {
+            const __m256i w = _mm256_loadu_si256((const __m256i *)(gb + KQRP_Q2K_SC(Rg) + 4 * (size_t)Rg * j + row));
+            const __m256i sc = _mm256_and_si256(w, low4), mn = _mm256_and_si256(_mm256_srli_epi32(w, 4), low4);
+            for (int k = 0; k < 4; k++)
+                store_lanes(pb, KQ_PB_SC + 64 * (size_t)(4 * j + k) + lanes, _mm256_shuffle_epi8(sc, pick_byte(k)));
+            for (int k = 0; k < 4; k += 2)
+                store_lanes(pb, KQ_PB_PAIRS + 64 * (size_t)(2 * j + k / 2) + lanes, _mm256_shuffle_epi8(mn, pick_two(k, k + 1)));
+        }
+        _mm256_storeu_ps((float *)(void *)(pb + KQ_PB_D + lanes), vmath_load8_f16(gb + KQRP_Q2K_D(Rg) + row / 2));
+        _mm256_storeu_ps((float *)(void *)(pb + KQ_PB_DMIN + lanes), vmath_load8_f16(gb + KQRP_Q2K_DMIN(Rg) + row / 2));
+    }
+}
+
 /* The same for Q6_K into the lane-order panel (KQ_PL_*): pair j = 2 x int16
  * sc * u of elements 2j, 2j + 1; pair i of the bsums weights (32 sc_2i,
  * 32 sc_2i+1); d; dmin 0. */
@@ -476,6 +564,8 @@ bool quant_kqrp_unpack8_avx2(enum quant_type t, const uint8_t *W, int Rg, int64_
         q4k_unpack8(W, Rg, cols, r, panel, lane0);
     else if (t == QUANT_Q6_K)
         q6k_unpack8(W, Rg, cols, r, panel, lane0);
+    else if (t == QUANT_Q2_K)
+        q2k_unpack8(W, Rg, cols, r, panel, lane0);
     else
         return false;
     return true;
@@ -489,17 +579,18 @@ typedef void (*kqrp_pass_fn)(const struct quant_kq_gemm *g, int64_t grp, int64_t
     static const kqrp_pass_fn pass##_widths[KQRP_TT + 1] = {NULL, pass##_1, pass##_2};
 
 KQRP_WIDTHS(q4k_pass)
+KQRP_WIDTHS(q2k_pass)
 
 void quant_kqrp_rows_avx2(const struct quant_kq_gemm *g, int64_t g0, int64_t g1)
 {
-    const kqrp_pass_fn *passes = q4k_pass_widths;
+    const kqrp_pass_fn *passes = g->wtype == QUANT_Q2_K ? q2k_pass_widths : q4k_pass_widths;
     if (g->wtype == QUANT_Q6_K || g->wtype == QUANT_Q5_K) {
         for (int64_t grp = g0; grp < g1; grp++)
             for (int64_t t = 0; t < g->n_tokens; t++)
                 (g->wtype == QUANT_Q6_K ? q6k_pass : q5k_pass)(g, grp, t);
         return;
     }
-    if (g->wtype != QUANT_Q4_K) {
+    if (g->wtype != QUANT_Q4_K && g->wtype != QUANT_Q2_K) {
         quant_kqrp_rows_ref(g, R, g0, g1);
         return;
     }

@@ -1,4 +1,4 @@
-/* k-quants: the group kernels of repacked Q4_K / Q5_K / Q6_K for AVX-512
+/* k-quants: the group kernels of repacked Q2_K / Q4_K / Q5_K / Q6_K for AVX-512
  * VNNI, 16 rows in the lanes of a zmm (the layout is in kq_internal.h, the
  * scalar twin in kq_repack.c).
  *
@@ -133,6 +133,83 @@ static inline __attribute__((always_inline)) void q4k_pass(const struct quant_kq
             const __m512i s = _mm512_add_epi32(isum[t], _mm512_srai_epi32(isum16[t], 4));
             acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(d, _mm512_set1_ps(y[t][b].d)), acc[t]);
         }
+    }
+    for (int t = 0; t < T; t++)
+        _mm512_storeu_ps(g->Y + (t0 + t) * g->ldy + grp * R, _mm512_sub_ps(acc[t], accm[t]));
+}
+
+/* ---- Q2_K: the two chains of llama.cpp's q2_K_8x8 gemv per row -------------
+ * Q4_K's chains, with 16 sub-blocks of 16 (kq_scalar.c): isum = sum over
+ * sub-blocks g of sc_g * (q . q8), msum = sum of m_g * bsums_g. Bits 2s, 2s + 1
+ * of qs dword 8h + i hold elements 128h + 32s + 4i.. (sub-block 8h + 2s +
+ * i / 4); each field is masked in place (times 4^s), its sub-block's four
+ * dwords summed by vpdpbusd and shifted back (exact: every product is a
+ * multiple of 4^s). The shifted sum, at most 16 * 3 * 127 in magnitude, is
+ * its own int16 (its high half the sign), so one vpdpwssd against the
+ * zero-extended scale (sc, 0) multiplies and adds it. */
+
+/* vpshufb pattern: bytes a and b of each row's dword zero-extended to an int16 pair. */
+static inline __m512i pick_two(int a, int b)
+{
+    return _mm512_add_epi32(_mm512_set1_epi32((int)(0x80008000u | (unsigned)a | (unsigned)b << 16)),
+                            _mm512_set4_epi32(0x000c000c, 0x00080008, 0x00040004, 0));
+}
+
+static inline __attribute__((always_inline)) void q2k_pass(const struct quant_kq_gemm *g, int64_t grp, int64_t t0,
+                                                           int T)
+{
+    const bool once = quant_weights_read_once(g->n_tokens);
+    const size_t gbb = R * sizeof(block_q2_K);
+    const int64_t nsb = g->cols / QK_K;
+    const block_q8_K *y[KQRP_TT];
+    quant_kq_tile_tokens(g, t0, T, T, y);
+    __m512 acc[KQRP_TT], accm[KQRP_TT];
+    for (int t = 0; t < T; t++)
+        acc[t] = accm[t] = _mm512_setzero_ps();
+    const __m512i low4 = _mm512_set1_epi8(0x0f);
+    const uint8_t *gb = g->W + (size_t)grp * R * g->wrow;
+    for (int64_t b = 0; b < nsb; b++, gb += gbb) {
+        __m512i sc[4], mn[4]; /* byte k of dword j: sub-block 4j + k's scale, min */
+        for (int j = 0; j < 4; j++) {
+            const __m512i w = dword_vec(gb, KQRP_Q2K_SC(R), j);
+            sc[j] = _mm512_and_si512(w, low4);
+            mn[j] = _mm512_and_si512(_mm512_srli_epi32(w, 4), low4);
+        }
+        const __m512 d = vmath_load16_f16(gb + KQRP_Q2K_D(R)), dmin = vmath_load16_f16(gb + KQRP_Q2K_DMIN(R));
+        __m512i msum[KQRP_TT], isum[KQRP_TT];
+        for (int t = 0; t < T; t++)
+            msum[t] = isum[t] = _mm512_setzero_si512();
+        for (int p = 0; p < 8; p++) { /* mins 2p, 2p + 1 weigh bsums 2p, 2p + 1 */
+            const __m512i mm = _mm512_shuffle_epi8(mn[p / 2], pick_two(2 * (p % 2), 2 * (p % 2) + 1));
+            for (int t = 0; t < T; t++)
+                msum[t] = _mm512_dpwssd_epi32(msum[t], mm, bcast(y[t][b].bsums + 2 * p));
+        }
+        for (int t = 0; t < T; t++)
+            accm[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(msum[t]), _mm512_mul_ps(dmin, _mm512_set1_ps(y[t][b].d)),
+                                      accm[t]);
+        for (int part = 0; part < 4; part++) { /* half h, dwords 4ih .. 4ih + 3 */
+            const int h = part / 2, ih = part % 2;
+            quant_prefetch_weights_part(gb + KQRP_AHEAD, gbb, once, part, 4);
+            __m512i raw[4];
+            for (int ii = 0; ii < 4; ii++)
+                raw[ii] = dword_vec(gb, KQRP_Q2K_QS(R), 8 * h + 4 * ih + ii);
+            for (int s = 0; s < 4; s++) {
+                const __m512i field = _mm512_set1_epi8((char)(3 << 2 * s));
+                __m512i dot[KQRP_TT];
+                for (int t = 0; t < T; t++)
+                    dot[t] = _mm512_setzero_si512();
+                for (int ii = 0; ii < 4; ii++) {
+                    const __m512i q = _mm512_and_si512(raw[ii], field);
+                    for (int t = 0; t < T; t++)
+                        dot[t] = _mm512_dpbusd_epi32(dot[t], q, bcast(y[t][b].qs + 128 * h + 32 * s + 16 * ih + 4 * ii));
+                }
+                const __m512i scale = _mm512_shuffle_epi8(sc[2 * h + s / 2], pick_byte(2 * (s % 2) + ih));
+                for (int t = 0; t < T; t++)
+                    isum[t] = _mm512_dpwssd_epi32(isum[t], _mm512_srai_epi32(dot[t], 2 * s), scale);
+            }
+        }
+        for (int t = 0; t < T; t++)
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_mul_ps(d, _mm512_set1_ps(y[t][b].d)), acc[t]);
     }
     for (int t = 0; t < T; t++)
         _mm512_storeu_ps(g->Y + (t0 + t) * g->ldy + grp * R, _mm512_sub_ps(acc[t], accm[t]));
@@ -539,6 +616,7 @@ typedef void (*kqrp_pass_fn)(const struct quant_kq_gemm *g, int64_t grp, int64_t
     static const kqrp_pass_fn pass##_widths[KQRP_TT + 1] = {NULL, pass##_1, pass##_2, pass##_3, pass##_4};
 
 KQRP_WIDTHS(q4k_pass)
+KQRP_WIDTHS(q2k_pass)
 static void q6k_pass_1(const struct quant_kq_gemm *g, int64_t grp, int64_t t0) { q6k_pass(g, grp, t0, 1); }
 static void q6k_pass_2(const struct quant_kq_gemm *g, int64_t grp, int64_t t0) { q6k_pass(g, grp, t0, 2); }
 
@@ -556,14 +634,14 @@ static void q6k_rows(const struct quant_kq_gemm *g, int64_t g0, int64_t g1)
     }
 }
 
-/* Q4_K: a block of tokens stays in L2 while the groups pass over it. */
-static void q4k_rows(const struct quant_kq_gemm *g, int64_t g0, int64_t g1)
+/* Q4_K and Q2_K: a block of tokens stays in L2 while the groups pass over it. */
+static void chains_rows(const struct quant_kq_gemm *g, const kqrp_pass_fn *passes, int64_t g0, int64_t g1)
 {
     for (int64_t t0 = 0; t0 < g->n_tokens; t0 += KQRP_TOKEN_BLOCK) {
         const int64_t t1 = g->n_tokens - t0 < KQRP_TOKEN_BLOCK ? g->n_tokens : t0 + KQRP_TOKEN_BLOCK;
         for (int64_t grp = g0; grp < g1; grp++)
             for (int64_t t = t0; t < t1; t += KQRP_TT)
-                q4k_pass_widths[t1 - t < KQRP_TT ? t1 - t : KQRP_TT](g, grp, t);
+                passes[t1 - t < KQRP_TT ? t1 - t : KQRP_TT](g, grp, t);
     }
 }
 
@@ -587,7 +665,8 @@ static void q5k_rows(const struct quant_kq_gemm *g, int64_t g0, int64_t g1)
 void quant_kqrp_rows_avx512(const struct quant_kq_gemm *g, int64_t g0, int64_t g1)
 {
     switch (g->wtype) {
-    case QUANT_Q4_K: q4k_rows(g, g0, g1); return;
+    case QUANT_Q2_K: chains_rows(g, q2k_pass_widths, g0, g1); return;
+    case QUANT_Q4_K: chains_rows(g, q4k_pass_widths, g0, g1); return;
     case QUANT_Q5_K: q5k_rows(g, g0, g1); return;
     case QUANT_Q6_K: q6k_rows(g, g0, g1); return;
     default: quant_kqrp_rows_ref(g, R, g0, g1); return;

@@ -167,6 +167,19 @@ static void unpack_q2_K(const block_q2_K *b, uint8_t q[QK_K])
                 q[128 * half + 32 * s + l] = (b->qs[32 * half + l] >> (2 * s)) & 3;
 }
 
+void quant_kq_q2_K_sums(const block_q2_K *x, const block_q8_K *y, int32_t *isum, int32_t *msum)
+{
+    uint8_t q[QK_K];
+    unpack_q2_K(x, q);
+    *isum = *msum = 0;
+    for (int g = 0; g < QK_K / 16; g++) {
+        int32_t dot = 0;
+        for (int l = 16 * g; l < 16 * g + 16; l++) dot += q[l] * y->qs[l];
+        *isum += (x->scales[g] & 0xF) * dot;
+        *msum += (x->scales[g] >> 4) * y->bsums[g];
+    }
+}
+
 void quant_vec_dot_q2_K_q8_K_scalar(int n, float *s, const void *vx, const void *vy)
 {
     const block_q2_K *x = vx;
@@ -174,17 +187,9 @@ void quant_vec_dot_q2_K_q8_K_scalar(int n, float *s, const void *vx, const void 
     float acc = 0, accm = 0;
     for (int i = 0; i < n / QK_K; i++) {
         kq_prefetch_block(&x[i], sizeof x[i]);
-        uint8_t q[QK_K];
-        unpack_q2_K(&x[i], q);
-        int32_t isum = 0, summs = 0;
-        for (int g = 0; g < QK_K / 16; g++) {
-            int32_t dot = 0;
-            for (int l = 16 * g; l < 16 * g + 16; l++) dot += q[l] * y[i].qs[l];
-            isum += (x[i].scales[g] & 0xF) * dot;
-            summs += (x[i].scales[g] >> 4) * y[i].bsums[g];
-        }
-        acc = fmaf((float)isum, kq_f16_to_f32(x[i].d) * y[i].d, acc);
-        accm = fmaf((float)summs, kq_f16_to_f32(x[i].dmin) * y[i].d, accm);
+        int32_t isum, msum;
+        quant_kq_q2_K_sums(&x[i], &y[i], &isum, &msum);
+        kq_chains_add(&acc, &accm, isum, msum, x[i].d, x[i].dmin, y[i].d);
     }
     *s = acc - accm;
 }
