@@ -389,13 +389,14 @@ static void test_q5_repacked(void **state)
     assert_int_equal(check_synth("q5_1", 0, k_any_batch, "tiny q5_1"), 0);
 }
 
-/* k-quants repacked (Q2_K, Q4_K, Q5_K, Q6_K): the group kernels and the prefill tiles on
+/* k-quants repacked (Q2_K to Q6_K): the group kernels and the prefill tiles on
  * panels unpacked from the layout both give the scalar reference's bits
  * (kq_internal.h), so a token's logits do not depend on its batch. */
 static void test_kquants_repacked(void **state)
 {
     (void)state;
     assert_int_equal(check_synth("q2_k", 0, k_any_batch, "tiny q2_k"), 0);
+    assert_int_equal(check_synth("q3_k", 0, k_any_batch, "tiny q3_k"), 0);
     assert_int_equal(check_synth("q4_k", 0, k_any_batch, "tiny q4_k"), 0);
     assert_int_equal(check_synth("q5_k", 0, k_any_batch, "tiny q5_k"), 0);
     assert_int_equal(check_synth("q6_k", 0, k_any_batch, "tiny q6_k"), 0);

@@ -1,4 +1,4 @@
-/* quant: repacked k-quant weights (Q2_K, Q4_K, Q5_K, Q6_K). The repack keeps every
+/* quant: repacked k-quant weights (Q2_K to Q6_K). The repack keeps every
  * super-block (read back out of the layout it is the original bytes; the
  * tail rows past the last whole group keep their bytes in place; AVX2's
  * Q6_K groups hold the layout kq_internal.h states), a row
@@ -31,7 +31,7 @@
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 static float rndf(void) { return ks_rng_uniform(&rng_state) * 2.0f - 1.0f; } /* [-1, 1) */
 
-static const enum quant_type k_types[] = {QUANT_Q4_K, QUANT_Q6_K, QUANT_Q5_K, QUANT_Q2_K};
+static const enum quant_type k_types[] = {QUANT_Q4_K, QUANT_Q6_K, QUANT_Q5_K, QUANT_Q2_K, QUANT_Q3_K};
 #define N_TYPES (sizeof k_types / sizeof k_types[0])
 
 /* Offsets of a super-block's f16 scales: d, and dmin (d again where there is none). */
@@ -41,6 +41,7 @@ static void f16_fields(enum quant_type t, size_t *d, size_t *dmin)
     case QUANT_Q4_K: *d = offsetof(block_q4_K, d), *dmin = offsetof(block_q4_K, dmin); return;
     case QUANT_Q5_K: *d = offsetof(block_q5_K, d), *dmin = offsetof(block_q5_K, dmin); return;
     case QUANT_Q2_K: *d = offsetof(block_q2_K, d), *dmin = offsetof(block_q2_K, dmin); return;
+    case QUANT_Q3_K: *d = *dmin = offsetof(block_q3_K, d); return;
     default: *d = *dmin = offsetof(block_q6_K, d); return;
     }
 }
@@ -222,11 +223,11 @@ static void test_repack_refuses_what_does_not_fit(void **state)
         assert_false(quant_repack_fits(t, R, QK_K / 2));
         assert_false(quant_repack_fits(t, R, 0));
     }
-    assert_false(quant_repack_fits(QUANT_Q3_K, R, QK_K));
+    assert_false(quant_repack_fits(QUANT_IQ3_S, R, QK_K));
     uint8_t *buf = calloc((size_t)R, sizeof(block_q6_K));
     assert_non_null(buf);
     assert_int_equal(quant_repack(QUANT_Q4_K, R - 1, QK_K, buf), KS_ERR_INVALID_ARG);
-    assert_int_equal(quant_repack(QUANT_Q3_K, R, QK_K, buf), KS_ERR_INVALID_ARG);
+    assert_int_equal(quant_repack(QUANT_IQ3_S, R, QK_K, buf), KS_ERR_INVALID_ARG);
     float y[QK_K];
     assert_int_equal(quant_get_row_repacked(buf, QUANT_Q4_K, R, QK_K, R, y), KS_ERR_INVALID_ARG);
     assert_int_equal(quant_get_row_repacked(buf, QUANT_Q4_K, R, QK_K, -1, y), KS_ERR_INVALID_ARG);

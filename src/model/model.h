@@ -141,7 +141,7 @@ struct model;
  * read into private huge-page memory (gguf_open_private), which decodes
  * faster than a file mapping; MODEL_LOAD_MMAP maps the file instead, sharing
  * the page cache between processes and starting faster. In the private copy,
- * the Q4_0 / Q8_0 / IQ4_NL / MXFP4 / Q5_0 / Q5_1 / Q4_K / Q5_K / Q6_K matrices the forward pass multiplies (tied token
+ * the Q4_0 / Q8_0 / IQ4_NL / MXFP4 / Q5_0 / Q5_1 / Q2_K..Q6_K matrices the forward pass multiplies (tied token
  * embeddings too, as the output matrix; untied ones stay row-major; each
  * expert of a 3-D expert tensor as a matrix of its own) are repacked in place
  * for this build's kernels (quant_repack; the file is untouched);

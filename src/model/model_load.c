@@ -924,7 +924,7 @@ static ks_status load_encoder_tensors(struct model *m)
 
 /* ---- repacking ------------------------------------------------------------ */
 
-/* A Q4_0 / Q8_0 / IQ4_NL / MXFP4 / Q5_0 / Q5_1 / Q4_K / Q5_K / Q6_K matrix (as quant_repack_fits says for this build) of
+/* A Q4_0 / Q8_0 / IQ4_NL / MXFP4 / Q5_0 / Q5_1 / Q2_K..Q6_K matrix (as quant_repack_fits says for this build) of
  * the private copy goes into quant_repack's layout in
  * place; a mapped file (--mmap, or a copy that was refused) stays row-major,
  * since its pages are the page cache's. */

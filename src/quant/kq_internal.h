@@ -201,13 +201,14 @@ void quant_kq_tiles_avx2(const struct quant_kq_gemm *g, const uint8_t *panels, i
 void quant_kq_tiles_avx512(const struct quant_kq_gemm *g, const uint8_t *panels, int np, int64_t r0, int nr);
 #endif
 
-/* ---- repacked Q2_K / Q4_K / Q5_K / Q6_K (kq_repack*.c) ---------------------
+/* ---- repacked k-quants, Q2_K to Q6_K (kq_repack*.c) -------------------------
  * quant_repack's layout for the k-quants: groups of R = QUANT_RP_ROWS rows
  * (16 with AVX-512, 8 otherwise), stored super-block column by super-block
  * column. A group-block holds the R rows' super-block b with each field
  * side by side: the f16 fields as arrays of R, the rest of the block dword
  * by dword (dword k of rows 0..R-1, then dword k + 1):
  *     Q2_K: 20 dwords x R (scales 0-3, qs 4-19) | d[R] | dmin[R]
+ *     Q3_K: 27 dwords x R (hmask 0-7, qs 8-23, scales 24-26) | d[R]
  *     Q4_K: d[R] | dmin[R] | 35 dwords x R (scales 0-2, qs 0-31)
  *     Q5_K: d[R] | dmin[R] | 43 dwords x R (scales 0-2, qh 0-7, qs 0-31)
  *     Q6_K: 52 dwords x R (ql 0-31, qh 32-47, scales 48-51) | d[R]
@@ -227,6 +228,10 @@ void quant_kq_tiles_avx512(const struct quant_kq_gemm *g, const uint8_t *panels,
 #define KQRP_Q2K_QS(R) (4 * 4 * (R))
 #define KQRP_Q2K_D(R) (20 * 4 * (R))
 #define KQRP_Q2K_DMIN(R) (KQRP_Q2K_D(R) + 2 * (R))
+#define KQRP_Q3K_HM(R) 0
+#define KQRP_Q3K_QS(R) (8 * 4 * (R))
+#define KQRP_Q3K_SC(R) (24 * 4 * (R))
+#define KQRP_Q3K_D(R) (27 * 4 * (R))
 #define KQRP_Q4K_D(R) 0
 #define KQRP_Q4K_DMIN(R) (2 * (R))
 #define KQRP_Q4K_SC(R) (4 * (R))
@@ -281,8 +286,9 @@ void quant_kqrp_tail_rows(const struct quant_kq_gemm *g, int64_t rows);
 void quant_kqrp_unpack_panel(enum quant_type t, const uint8_t *W, int64_t rows, int64_t cols, int64_t r0, int nr,
                              uint8_t *panel);
 /* One super-block's exact integer sums in the reference's form: Q2_K's and
- * Q4_K's isum and msum, Q6_K's (and Q5_K's) 8 lanes (Q5_K: and its mins). */
+ * Q4_K's isum and msum, Q3_K's, Q6_K's (and Q5_K's) 8 lanes (Q5_K: and its mins). */
 void quant_kq_q2_K_sums(const block_q2_K *x, const block_q8_K *y, int32_t *isum, int32_t *msum);
+void quant_kq_q3_K_lanes(const block_q3_K *x, const block_q8_K *y, int32_t lane[8]);
 void quant_kq_q4_K_sums(const block_q4_K *x, const block_q8_K *y, int32_t *isum, int32_t *msum);
 void quant_kq_q6_K_lanes(const block_q6_K *x, const block_q8_K *y, int32_t lane[8]);
 void quant_kq_q5_K_lanes(const block_q5_K *x, const block_q8_K *y, int32_t lane[8], int32_t *mins);

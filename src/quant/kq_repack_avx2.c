@@ -1,4 +1,4 @@
-/* k-quants: the group kernels of repacked Q2_K / Q4_K / Q5_K / Q6_K for AVX2, 8
+/* k-quants: the group kernels of repacked Q2_K to Q6_K for AVX2, 8
  * rows in the lanes of a ymm (the layout is in kq_internal.h, the scalar
  * twin in kq_repack.c; kq_repack_avx512.c says how a pass works).
  *
@@ -335,6 +335,102 @@ static void q6k_pass(const struct quant_kq_gemm *g, int64_t grp, int64_t t0)
     _mm256_storeu_ps(g->Y + t0 * g->ldy + grp * R, sum);
 }
 
+/* ---- Q3_K (kq_repack_avx512.c's order) ---------------------------------------------
+ * u = field + 4h of element group 32m + 4c in 5 vector ops (the 2-bit field
+ * shifted down and masked, the h bit masked and moved to bit 2, joined); the
+ * vpmaddwd against (sc, sc) adds each pair straight into the lane. */
+
+/* Byte k of a[j]: scale 4j + k of each of 8 rows, unbiased, from the rows' three scale dwords. */
+static inline void q3k_unpack_scales(__m256i w0, __m256i w1, __m256i w2, __m256i a[4])
+{
+    const __m256i low4 = _mm256_set1_epi8(0x0f), top2 = _mm256_set1_epi8(0x30), bias = _mm256_set1_epi8(32);
+    const __m256i lo[4] = {w0, w1, _mm256_srli_epi32(w0, 4), _mm256_srli_epi32(w1, 4)};
+    const __m256i hi[4] = {_mm256_slli_epi32(w2, 4), _mm256_slli_epi32(w2, 2), w2, _mm256_srli_epi32(w2, 2)};
+    for (int j = 0; j < 4; j++)
+        a[j] = _mm256_sub_epi8(_mm256_or_si256(_mm256_and_si256(lo[j], low4), _mm256_and_si256(hi[j], top2)), bias);
+}
+
+/* (sc_g, sc_g) of each sub-block g, sign-extended, from q3k_unpack_scales' a. */
+static inline __m256i q3k_scale_pair(const __m256i a[4], int g)
+{
+    return _mm256_srai_epi16(_mm256_shuffle_epi8(a[g / 4], pick_high_pair(g % 4, g % 4)), 8);
+}
+
+/* The 8 rows' (sc_g, sc_g) pairs and the offset pairs -(sc_g, sc_g+2), g = 4p + q, at off[2p + q]. */
+static inline void q3k_scales(const uint8_t *gb, __m256i scp[16], __m256i off[8])
+{
+    __m256i a[4];
+    q3k_unpack_scales(dword_vec(gb, KQRP_Q3K_SC(R), 0), dword_vec(gb, KQRP_Q3K_SC(R), 1), dword_vec(gb, KQRP_Q3K_SC(R), 2), a);
+    for (int g = 0; g < 16; g++)
+        scp[g] = q3k_scale_pair(a, g);
+    for (int i = 0; i < 8; i++)
+        off[i] = _mm256_sub_epi16(_mm256_setzero_si256(),
+                                  _mm256_srai_epi16(_mm256_shuffle_epi8(a[i / 2], pick_high_pair(i % 2, i % 2 + 2)), 8));
+}
+
+/* A token's (4 S(2p, c), 4 S(2p + 1, c)) as dword 8p + c of sums: vpmaddubsw
+ * by 4 gives each dword's two pair sums, vphaddw the dword sums of groups
+ * 2p (low) and 2p + 1 (high) per 128-bit half, and a vpshufb interleaves them. */
+static inline void q3k_token_sums(const block_q8_K *y, int32_t sums[32])
+{
+    const __m256i fours = _mm256_set1_epi8(4);
+    const __m256i order = _mm256_broadcastsi128_si256(_mm_setr_epi8(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15));
+    for (int p = 0; p < 4; p++) {
+        const __m256i lo = _mm256_maddubs_epi16(fours, _mm256_loadu_si256((const __m256i *)(const void *)(y->qs + 64 * p)));
+        const __m256i hi = _mm256_maddubs_epi16(fours, _mm256_loadu_si256((const __m256i *)(const void *)(y->qs + 64 * p + 32)));
+        _mm256_store_si256((__m256i *)(void *)(sums + 8 * p), _mm256_shuffle_epi8(_mm256_hadd_epi16(lo, hi), order));
+    }
+}
+
+/* u = field + 4h of the 8 rows' element group 32m + 4c (m = 4h + f) from qs dword 8h + c and hmask dword c. */
+static inline __m256i q3k_level(__m256i qs, __m256i hm, int m)
+{
+    const __m256i low2 = _mm256_set1_epi8(0x03);
+    const int f = m % 4;
+    const __m256i field = _mm256_and_si256(f ? _mm256_srli_epi16(qs, 2 * f) : qs, low2);
+    __m256i h = _mm256_and_si256(hm, _mm256_set1_epi8((char)(1 << m)));
+    h = m < 2 ? _mm256_slli_epi16(h, 2 - m) : m > 2 ? _mm256_srli_epi16(h, m - 2) : h;
+    return _mm256_or_si256(field, h);
+}
+
+static void q3k_pass(const struct quant_kq_gemm *g, int64_t grp, int64_t t0)
+{
+    const bool once = quant_weights_read_once(g->n_tokens);
+    const size_t gbb = R * sizeof(block_q3_K);
+    const block_q8_K *y = (const block_q8_K *)(g->X + (g->xi ? g->xi[t0] : t0) * g->xrow);
+    __m256 acc[8];
+    for (int c = 0; c < 8; c++)
+        acc[c] = _mm256_setzero_ps();
+    const uint8_t *gb = g->W + (size_t)grp * R * g->wrow;
+    for (int64_t b = 0; b < g->cols / QK_K; b++, gb += gbb) {
+        __m256i scp[16], off[8];
+        q3k_scales(gb, scp, off);
+        _Alignas(32) int32_t sums[32];
+        q3k_token_sums(&y[b], sums);
+        const __m256 dd = _mm256_mul_ps(_mm256_set1_ps(y[b].d), vmath_load8_f16(gb + KQRP_Q3K_D(R)));
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; c++) {
+            quant_prefetch_weights_part(gb + KQRP_AHEAD, gbb, once, c, 8);
+            __m256i lane = _mm256_setzero_si256();
+            for (int p = 0; p < 4; p++)
+                lane = _mm256_add_epi32(lane, _mm256_madd_epi16(off[2 * p + c / 4], _mm256_set1_epi32(sums[8 * p + c])));
+            const __m256i hm = dword_vec(gb, KQRP_Q3K_HM(R), c);
+            for (int h = 0; h < 2; h++) {
+                const __m256i qs = dword_vec(gb, KQRP_Q3K_QS(R), 8 * h + c);
+                for (int f = 0; f < 4; f++) {
+                    const int m = 4 * h + f;
+                    const __m256i p = _mm256_maddubs_epi16(q3k_level(qs, hm, m), bcast(y[b].qs + 32 * m + 4 * c));
+                    lane = _mm256_add_epi32(lane, _mm256_madd_epi16(p, scp[2 * m + c / 4]));
+                }
+            }
+            acc[c] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(lane), acc[c]);
+        }
+    }
+    const __m256 sum = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6])),
+                                     _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7])));
+    _mm256_storeu_ps(g->Y + t0 * g->ldy + grp * R, sum);
+}
+
 /* ---- Q5_K (kq_repack_avx512.c's order) --------------------------------------------- */
 
 
@@ -519,6 +615,46 @@ static void q6k_unpack8(const uint8_t *W, int Rg, int64_t cols, int64_t r, uint8
     }
 }
 
+/* Q3_K into the lane-order panel: pair j = 2 x int16 sc * q of elements 2j,
+ * 2j + 1 (q = u - 4); pair i of the bsums weights (4 sc_2i, 4 sc_2i+1); d; dmin 0. */
+static void q3k_unpack8(const uint8_t *W, int Rg, int64_t cols, int64_t r, uint8_t *panel, int lane0)
+{
+    const size_t wrow = quant_row_size(QUANT_Q3_K, cols), gbb = (size_t)Rg * sizeof(block_q3_K);
+    const size_t lanes = 4 * (size_t)lane0, at = 4 * (size_t)(r % Rg);
+    const __m128i lo_pair = _mm_setr_epi32(0x80018000, 0x80058004, 0x80098008, 0x800d800c);
+    const __m256i first = _mm256_broadcastsi128_si256(lo_pair),
+                  second = _mm256_broadcastsi128_si256(_mm_add_epi32(lo_pair, _mm_set1_epi32(0x00020002))),
+                  four = _mm256_set1_epi16(4);
+    const uint8_t *gb = W + (size_t)(r / Rg) * (size_t)Rg * wrow;
+    for (int64_t b = 0; b < cols / QK_K; b++, gb += gbb) {
+        uint8_t *pb = panel + b * KQ_PB_BYTES;
+#define Q3K_DWORDS(k) _mm256_loadu_si256((const __m256i *)(const void *)(gb + 4 * (size_t)Rg * (k) + at))
+        __m256i a[4];
+        q3k_unpack_scales(Q3K_DWORDS(24), Q3K_DWORDS(25), Q3K_DWORDS(26), a);
+        for (int c = 0; c < 8; c++) {
+            const __m256i hm = Q3K_DWORDS(c);
+            for (int h = 0; h < 2; h++) {
+                const __m256i qs = Q3K_DWORDS(8 + 8 * h + c);
+                for (int f = 0; f < 4; f++) {
+                    const int m = 4 * h + f;
+                    const __m256i u = q3k_level(qs, hm, m), sc = q3k_scale_pair(a, 2 * m + c / 4);
+                    const size_t j = 16 * (size_t)m + 2 * (size_t)c;
+                    store_lanes(pb, KQ_PL_W + 64 * j + lanes,
+                                _mm256_mullo_epi16(_mm256_sub_epi16(_mm256_shuffle_epi8(u, first), four), sc));
+                    store_lanes(pb, KQ_PL_W + 64 * (j + 1) + lanes,
+                                _mm256_mullo_epi16(_mm256_sub_epi16(_mm256_shuffle_epi8(u, second), four), sc));
+                }
+            }
+        }
+#undef Q3K_DWORDS
+        for (int i = 0; i < 8; i++)
+            store_lanes(pb, KQ_PL_PAIRS + 64 * (size_t)i + lanes,
+                        _mm256_slli_epi16(_mm256_srai_epi16(_mm256_shuffle_epi8(a[i / 2], pick_high_pair(2 * i % 4, 2 * i % 4 + 1)), 8), 2));
+        _mm256_storeu_ps((float *)(void *)(pb + KQ_PL_D + lanes), vmath_load8_f16(gb + KQRP_Q3K_D(Rg) + at / 2));
+        _mm256_storeu_ps((float *)(void *)(pb + KQ_PL_DMIN + lanes), _mm256_setzero_ps());
+    }
+}
+
 /* Q5_K into the lane-order panel: pair j = 2 x int16 sc * u of elements 2j,
  * 2j + 1; pair i of the bsums weights (m_i, m_i); d; dmin. */
 static void q5k_unpack8(const uint8_t *W, int Rg, int64_t cols, int64_t r, uint8_t *panel, int lane0)
@@ -566,6 +702,8 @@ bool quant_kqrp_unpack8_avx2(enum quant_type t, const uint8_t *W, int Rg, int64_
         q6k_unpack8(W, Rg, cols, r, panel, lane0);
     else if (t == QUANT_Q2_K)
         q2k_unpack8(W, Rg, cols, r, panel, lane0);
+    else if (t == QUANT_Q3_K)
+        q3k_unpack8(W, Rg, cols, r, panel, lane0);
     else
         return false;
     return true;
@@ -584,10 +722,11 @@ KQRP_WIDTHS(q2k_pass)
 void quant_kqrp_rows_avx2(const struct quant_kq_gemm *g, int64_t g0, int64_t g1)
 {
     const kqrp_pass_fn *passes = g->wtype == QUANT_Q2_K ? q2k_pass_widths : q4k_pass_widths;
-    if (g->wtype == QUANT_Q6_K || g->wtype == QUANT_Q5_K) {
+    if (g->wtype == QUANT_Q6_K || g->wtype == QUANT_Q5_K || g->wtype == QUANT_Q3_K) {
+        const kqrp_pass_fn pass = g->wtype == QUANT_Q6_K ? q6k_pass : g->wtype == QUANT_Q5_K ? q5k_pass : q3k_pass;
         for (int64_t grp = g0; grp < g1; grp++)
             for (int64_t t = 0; t < g->n_tokens; t++)
-                (g->wtype == QUANT_Q6_K ? q6k_pass : q5k_pass)(g, grp, t);
+                pass(g, grp, t);
         return;
     }
     if (g->wtype != QUANT_Q4_K && g->wtype != QUANT_Q2_K) {

@@ -1,4 +1,4 @@
-/* k-quants: the group kernels of repacked Q2_K / Q4_K / Q5_K / Q6_K for AVX-512
+/* k-quants: the group kernels of repacked Q2_K to Q6_K for AVX-512
  * VNNI, 16 rows in the lanes of a zmm (the layout is in kq_internal.h, the
  * scalar twin in kq_repack.c).
  *
@@ -605,6 +605,112 @@ static void q5k_batch(const struct quant_kq_gemm *g, int64_t grp, int64_t t0, in
         q5k_store(g, grp, t0 + t, acc[t], summs[t]);
 }
 
+/* ---- Q3_K: ggml's eight lanes per row ----------------------------------------------
+ * Lane c sums sc_{e / 16} * q * q8 over the elements e = 32m + 4c + i (m < 8,
+ * i < 4), q = field + 4h - 4 (kq_scalar.c). Element group 32m + 4c takes its
+ * 2-bit field from bits 2(m % 4) of qs dword 8(m / 4) + c and its h from bit
+ * m of hmask dword c. Each group is one vpmaddubsw of u = field + 4h
+ * (unsigned, at most 7: pairs at most 2 * 7 * 127) and one vpdpwssd against
+ * its sub-block's (sc, sc); the offset, -4 sc times the group's sum of Q8_K
+ * quants S(m, c), is one vpdpwssd per two groups of (-sc_2m+c/4, -sc_2m+2+c/4)
+ * against the token's (4 S(m, c), 4 S(m + 1, c)). Then Q6_K's float steps. */
+
+/* The 16 rows' scales unbiased (kq_unpack_scales_q3 in the lanes): byte k of
+ * a[j] is scale 4j + k; then (sc_g, sc_g) of each sub-block g, and the offset
+ * pairs -(sc_g, sc_g+2) for g = 4p + q, p < 4, q < 2, at off[2p + q]. */
+static inline __attribute__((always_inline)) void q3k_scales(const uint8_t *gb, __m512i scp[16], __m512i off[8])
+{
+    const __m512i w0 = dword_vec(gb, KQRP_Q3K_SC(R), 0), w1 = dword_vec(gb, KQRP_Q3K_SC(R), 1),
+                  w2 = dword_vec(gb, KQRP_Q3K_SC(R), 2);
+    const __m512i low4 = _mm512_set1_epi8(0x0f), top2 = _mm512_set1_epi8(0x30), bias = _mm512_set1_epi8(32);
+    const __m512i lo[4] = {w0, w1, _mm512_srli_epi32(w0, 4), _mm512_srli_epi32(w1, 4)};
+    const __m512i hi[4] = {_mm512_slli_epi32(w2, 4), _mm512_slli_epi32(w2, 2), w2, _mm512_srli_epi32(w2, 2)};
+    __m512i a[4];
+    for (int j = 0; j < 4; j++)
+        a[j] = _mm512_sub_epi8(_mm512_or_si512(_mm512_and_si512(lo[j], low4), _mm512_and_si512(hi[j], top2)), bias);
+#pragma GCC unroll 16
+    for (int g = 0; g < 16; g++)
+        scp[g] = _mm512_srai_epi16(_mm512_shuffle_epi8(a[g / 4], pick_high_pair(g % 4, g % 4)), 8);
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++)
+        off[i] = _mm512_sub_epi16(_mm512_setzero_si512(),
+                                  _mm512_srai_epi16(_mm512_shuffle_epi8(a[i / 2], pick_high_pair(i % 2, i % 2 + 2)), 8));
+}
+
+/* A token's (4 S(2p, c), 4 S(2p + 1, c)) as dword 8p + c of sums. */
+static inline void q3k_token_sums(const block_q8_K *y, int32_t sums[32])
+{
+    const __m512i fours = _mm512_set1_epi8(4);
+    const __m256i order = _mm256_setr_epi16(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+    for (int p = 0; p < 4; p++) {
+        const __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), fours, _mm512_loadu_si512(y->qs + 64 * p));
+        _mm256_storeu_si256((__m256i *)(void *)(sums + 8 * p), _mm256_permutexvar_epi16(order, _mm512_cvtepi32_epi16(s)));
+    }
+}
+
+/* One group x T (<= LANES_TT) tokens. */
+static inline __attribute__((always_inline)) void q3k_pass(const struct quant_kq_gemm *g, int64_t grp, int64_t t0,
+                                                           int T)
+{
+    const bool once = quant_weights_read_once(g->n_tokens);
+    const size_t gbb = R * sizeof(block_q3_K);
+    const block_q8_K *y[LANES_TT];
+    quant_kq_tile_tokens(g, t0, T, T, y);
+    __m512 acc[LANES_TT][8];
+    for (int t = 0; t < T; t++)
+        for (int c = 0; c < 8; c++)
+            acc[t][c] = _mm512_setzero_ps();
+    const __m512i low2 = _mm512_set1_epi8(0x03), four = _mm512_set1_epi8(4);
+    const uint8_t *gb = g->W + (size_t)grp * R * g->wrow;
+    for (int64_t b = 0; b < g->cols / QK_K; b++, gb += gbb) {
+        __m512i scp[16], off[8];
+        q3k_scales(gb, scp, off);
+        const __m512 d = vmath_load16_f16(gb + KQRP_Q3K_D(R));
+        _Alignas(64) int32_t sums[LANES_TT][32];
+        for (int t = 0; t < T; t++)
+            q3k_token_sums(&y[t][b], sums[t]);
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; c++) {
+            quant_prefetch_weights_part(gb + KQRP_AHEAD, gbb, once, c, 8);
+            __m512i lane[LANES_TT];
+            for (int t = 0; t < T; t++) {
+                lane[t] = _mm512_setzero_si512();
+                for (int p = 0; p < 4; p++)
+                    lane[t] = _mm512_dpwssd_epi32(lane[t], off[2 * p + c / 4], _mm512_set1_epi32(sums[t][8 * p + c]));
+            }
+            const __m512i hm = dword_vec(gb, KQRP_Q3K_HM(R), c);
+            for (int h = 0; h < 2; h++) {
+                const __m512i qs = dword_vec(gb, KQRP_Q3K_QS(R), 8 * h + c);
+                for (int f = 0; f < 4; f++) {
+                    const int m = 4 * h + f;
+                    const __m512i field = _mm512_and_si512(f ? byte_shift(qs, 2 * f) : qs, low2);
+                    const __mmask64 high = _mm512_test_epi8_mask(hm, _mm512_set1_epi8((char)(1 << m)));
+                    const __m512i u = _mm512_mask_add_epi8(field, high, field, four);
+                    for (int t = 0; t < T; t++)
+                        lane[t] = _mm512_dpwssd_epi32(lane[t], _mm512_maddubs_epi16(u, bcast(y[t][b].qs + 32 * m + 4 * c)),
+                                                      scp[2 * m + c / 4]);
+                }
+            }
+            for (int t = 0; t < T; t++)
+                acc[t][c] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(y[t][b].d), d), _mm512_cvtepi32_ps(lane[t]),
+                                            acc[t][c]);
+        }
+    }
+    for (int t = 0; t < T; t++)
+        q6k_store(g, grp, t0 + t, acc[t]);
+}
+
+static void q3k_pass_1(const struct quant_kq_gemm *g, int64_t grp, int64_t t0) { q3k_pass(g, grp, t0, 1); }
+static void q3k_pass_2(const struct quant_kq_gemm *g, int64_t grp, int64_t t0) { q3k_pass(g, grp, t0, 2); }
+
+/* Q3_K: tokens two at a time (its batches past kqrp_group_max run the tiles). */
+static void q3k_rows(const struct quant_kq_gemm *g, int64_t g0, int64_t g1)
+{
+    for (int64_t grp = g0; grp < g1; grp++)
+        for (int64_t t = 0; t < g->n_tokens; t += LANES_TT)
+            (g->n_tokens - t == 1 ? q3k_pass_1 : q3k_pass_2)(g, grp, t);
+}
+
 typedef void (*kqrp_pass_fn)(const struct quant_kq_gemm *g, int64_t grp, int64_t t0);
 
 /* passes[1..KQRP_TT] of an always-inline pass(g, grp, t0, T). */
@@ -666,6 +772,7 @@ void quant_kqrp_rows_avx512(const struct quant_kq_gemm *g, int64_t g0, int64_t g
 {
     switch (g->wtype) {
     case QUANT_Q2_K: chains_rows(g, q2k_pass_widths, g0, g1); return;
+    case QUANT_Q3_K: q3k_rows(g, g0, g1); return;
     case QUANT_Q4_K: chains_rows(g, q4k_pass_widths, g0, g1); return;
     case QUANT_Q5_K: q5k_rows(g, g0, g1); return;
     case QUANT_Q6_K: q6k_rows(g, g0, g1); return;

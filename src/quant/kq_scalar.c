@@ -204,6 +204,15 @@ static void unpack_q3_K(const block_q3_K *b, int8_t q[QK_K])
     }
 }
 
+void quant_kq_q3_K_lanes(const block_q3_K *x, const block_q8_K *y, int32_t lane[8])
+{
+    int8_t q[QK_K];
+    unpack_q3_K(x, q);
+    int32_t sc[16];
+    for (int g = 0; g < 16; g++) sc[g] = kq_q3_scale(x->scales, g);
+    kq_lane_sums(q, sc, 16, y->qs, lane);
+}
+
 void quant_vec_dot_q3_K_q8_K_scalar(int n, float *s, const void *vx, const void *vy)
 {
     const block_q3_K *x = vx;
@@ -211,11 +220,8 @@ void quant_vec_dot_q3_K_q8_K_scalar(int n, float *s, const void *vx, const void 
     float acc[8] = {0};
     for (int i = 0; i < n / QK_K; i++) {
         kq_prefetch_block(&x[i], sizeof x[i]);
-        int8_t q[QK_K];
-        unpack_q3_K(&x[i], q);
-        int32_t sc[16], lane[8];
-        for (int g = 0; g < 16; g++) sc[g] = kq_q3_scale(x[i].scales, g);
-        kq_lane_sums(q, sc, 16, y[i].qs, lane);
+        int32_t lane[8];
+        quant_kq_q3_K_lanes(&x[i], &y[i], lane);
         kq_lanes_fma(acc, y[i].d * kq_f16_to_f32(x[i].d), lane);
     }
     *s = quant_kq_lanes_hsum(acc);

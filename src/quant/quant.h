@@ -216,7 +216,7 @@ ks_status quant_matmul(threads_pool *pool, const void *W, enum quant_type wtype,
 
 /* ---- repacked weights ---------------------------------------------------- */
 /* Q4_0, Q8_0, IQ4_NL, MXFP4, Q5_0 and Q5_1 matrices, and with AVX2 or AVX-512
- * Q4_K, Q5_K and Q6_K ones, can be repacked once, at load time, into groups of
+ * the k-quant ones (Q2_K to Q6_K), can be repacked once, at load time, into groups of
  * quant_repack_rows() rows whose blocks are interleaved with their scales
  * (the layout this build's kernels read best: 16 rows with AVX-512, 8 with
  * AVX2 or scalar). The last rows % quant_repack_rows() rows stay row-major,

@@ -24,7 +24,7 @@
  *    a shared counter; more, the prefill tiles above, unpacking rows from
  *    the layout. Repacked IQ4_NL/MXFP4 weights run the group kernels at
  *    every batch size (they have no tiles).
- *  - repacked Q4_K/Q5_K/Q6_K weights: the group kernels of kq_repack*.c up to a
+ *  - repacked Q2_K..Q6_K weights: the group kernels of kq_repack*.c up to a
  *    crossover (kqrp_group_max), the k-quant tiles above on panels unpacked
  *    straight from the layout. */
 #include <stdalign.h>
@@ -143,7 +143,7 @@ static enum mm_path choose_path(enum quant_type wtype, int64_t n_tokens)
 #define RP_HAVE_TILES 1
 #endif
 
-/* Repacked Q2_K / Q4_K / Q5_K / Q6_K: batches up to kqrp_group_max() tokens run the group
+/* Repacked k-quants (Q2_K to Q6_K): batches up to kqrp_group_max() tokens run the group
  * kernels of kq_repack*.c, larger ones the prefill tiles on panels unpacked
  * straight from the layout (a SIMD copy, 10-15x faster than unpacking
  * row-major rows, so these tiles beat the row-major ones). Crossovers, ns per
@@ -160,14 +160,26 @@ static enum mm_path choose_path(enum quant_type wtype, int64_t n_tokens)
  * 2.26-2.31 at 64 tokens, q5_K 1.89-2.27 vs 2.24-3.30. Q2_K (Zen 4, 1 thread,
  * 2048 x 8192, ms for the batch): AVX2 groups 2.74 vs tiles 3.42 at 12 tokens,
  * 14.9 vs 16.5 at 64, 30.6 vs 31.6 at 128; AVX-512 groups 7.16 at 64, tiles
- * 8.58 at 65 and 15.1 at 128; pp512 within noise either way. */
+ * 8.58 at 65 and 15.1 at 128; pp512 within noise either way. Q3_K (the same
+ * shape; its panels unpacked by quant_kqrp_unpack8_avx2): AVX-512 groups 2.50
+ * vs tiles 2.50 at 8 tokens, 5.00 vs 3.90 at 16; AVX2 3.39 vs 3.49 at 6, 4.53
+ * vs 3.70 at 8. */
 #ifndef KQRP_Q2K_MAX
 #define KQRP_Q2K_MAX 64
+#endif
+#ifndef KQRP_Q3K_MAX
+#if defined(QUANT_HAVE_AVX512)
+#define KQRP_Q3K_MAX 8
+#else
+#define KQRP_Q3K_MAX 6
+#endif
 #endif
 static int64_t kqrp_group_max(enum quant_type wtype)
 {
     if (wtype == QUANT_Q2_K)
         return KQRP_Q2K_MAX;
+    if (wtype == QUANT_Q3_K)
+        return KQRP_Q3K_MAX;
 #if defined(QUANT_HAVE_AVX512)
     return 64;
 #else
@@ -1573,7 +1585,7 @@ static ks_status mm_init(struct mm *m, const void *W, enum quant_type wtype, boo
                        (long long)rows, (long long)cols, (long long)n_tokens, tr->name);
     if (repacked && !quant_repack_fits(wtype, rows, cols))
         return ks_fail(KS_ERR_INVALID_ARG, "matmul: a repacked %s matrix of %lld x %lld cannot exist (Q4_0, Q8_0, "
-                       "IQ4_NL, MXFP4, Q5_0, Q5_1, Q4_K, Q5_K or Q6_K, whole blocks, at least %d rows)",
+                       "IQ4_NL, MXFP4, Q5_0, Q5_1 or Q2_K..Q6_K, whole blocks, at least %d rows)",
                        quant_type_name(wtype), (long long)rows, (long long)cols, QUANT_RP_ROWS);
     if (!W || !X || !Y || !work)
         return ks_fail(KS_ERR_INVALID_ARG, "matmul: NULL buffer");
