@@ -29,6 +29,9 @@ void quant_iq3_fill(struct quant_traits *best, struct quant_traits *scalar)
 #if defined(KQ_HAVE_AVX512)
     quant_iq3_init_avx512();
 #endif
+#if defined(KQ_HAVE_AVX2)
+    quant_iq3_init_avx2();
+#endif
     kq_entries_fill(iq3_table, IQ3_N_TYPES, best, scalar);
 }
 

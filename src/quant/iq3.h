@@ -70,6 +70,8 @@ void quant_vec_dot_iq2_s_q8_K_multi_avx2(int n, int nt, float *s, size_t s_strid
 void quant_vec_dot_iq3_xxs_q8_K_avx2(int n, float *s, const void *x, const void *y);
 void quant_vec_dot_iq3_s_q8_K_avx2(int n, float *s, const void *x, const void *y);
 void quant_vec_dot_iq2_s_q8_K_avx2(int n, float *s, const void *x, const void *y);
+/* The AVX2 kernels' sign table (quant_iq3_fill calls it). */
+void quant_iq3_init_avx2(void);
 #endif
 #if defined(KQ_HAVE_AVX512)
 void quant_vec_dot_iq3_xxs_q8_K_multi_avx512(int n, int nt, float *s, size_t s_stride, const void *x,
