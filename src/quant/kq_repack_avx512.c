@@ -48,11 +48,12 @@ static inline __m512i pick_byte(int k)
     return _mm512_add_epi32(_mm512_set1_epi32((int)(0x80808000u | (unsigned)k)),
                             _mm512_set4_epi32(12, 8, 4, 0));
 }
-static inline __m512i pick_pair(int k)
+static inline __m512i pick_two(int a, int b) /* bytes a and b as an int16 pair */
 {
-    return _mm512_add_epi32(_mm512_set1_epi32((int)(0x80008000u | (unsigned)k | (unsigned)k << 16)),
+    return _mm512_add_epi32(_mm512_set1_epi32((int)(0x80008000u | (unsigned)a | (unsigned)b << 16)),
                             _mm512_set4_epi32(0x000c000c, 0x00080008, 0x00040004, 0));
 }
+static inline __m512i pick_pair(int k) { return pick_two(k, k); }
 
 /* ---- Q4_K: the two chains of llama.cpp's q4_K_8x8 gemv per row -------------
  * Per super-block and row: isum = sum over sub-blocks j of sc_j * (q . q8),
@@ -147,13 +148,6 @@ static inline __attribute__((always_inline)) void q4k_pass(const struct quant_kq
  * multiple of 4^s). The shifted sum, at most 16 * 3 * 127 in magnitude, is
  * its own int16 (its high half the sign), so one vpdpwssd against the
  * zero-extended scale (sc, 0) multiplies and adds it. */
-
-/* vpshufb pattern: bytes a and b of each row's dword zero-extended to an int16 pair. */
-static inline __m512i pick_two(int a, int b)
-{
-    return _mm512_add_epi32(_mm512_set1_epi32((int)(0x80008000u | (unsigned)a | (unsigned)b << 16)),
-                            _mm512_set4_epi32(0x000c000c, 0x00080008, 0x00040004, 0));
-}
 
 static inline __attribute__((always_inline)) void q2k_pass(const struct quant_kq_gemm *g, int64_t grp, int64_t t0,
                                                            int T)
