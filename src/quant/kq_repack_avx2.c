@@ -27,6 +27,12 @@ static inline __m256i dword_vec(const uint8_t *gb, size_t at, int k)
     return _mm256_loadu_si256((const __m256i *)(gb + at + 32 * (size_t)k));
 }
 
+/* One chain step of kq_chains_add in the lanes: fma(sums, x_scale * y_d, acc) per row. */
+static inline __m256 chain_add(__m256 acc, __m256i sums, __m256 x_scale, float y_d)
+{
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(x_scale, _mm256_set1_ps(y_d)), acc);
+}
+
 /* kq_unpack_scales_k4 in the lanes (Q4_K's and Q5_K's 6-bit packing): from a
  * row's three scale dwords, bytes 0-3 of s03 / s47 / m03 / m47 are its scales
  * 0-3, 4-7 and mins 0-3, 4-7. */
@@ -115,8 +121,7 @@ static inline __attribute__((always_inline)) void q4k_pass(const struct quant_kq
             }
         }
         for (int t = 0; t < T; t++)
-            accm[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(msum[t]), _mm256_mul_ps(dmin, _mm256_set1_ps(y[t][b].d)),
-                                      accm[t]);
+            accm[t] = chain_add(accm[t], msum[t], dmin, y[t][b].d);
         __m256i isum[KQRP_TT];
         for (int t = 0; t < T; t++)
             isum[t] = _mm256_setzero_si256();
@@ -139,7 +144,7 @@ static inline __attribute__((always_inline)) void q4k_pass(const struct quant_kq
                 isum[t] = _mm256_add_epi32(isum[t], _mm256_add_epi32(q4k_scaled(dlo[t], sa), q4k_scaled(dhi[t], sb)));
         }
         for (int t = 0; t < T; t++)
-            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_mul_ps(d, _mm256_set1_ps(y[t][b].d)), acc[t]);
+            acc[t] = chain_add(acc[t], isum[t], d, y[t][b].d);
     }
     for (int t = 0; t < T; t++)
         _mm256_storeu_ps(g->Y + (t0 + t) * g->ldy + grp * R, _mm256_sub_ps(acc[t], accm[t]));
@@ -175,8 +180,7 @@ static inline __attribute__((always_inline)) void q2k_pass(const struct quant_kq
             }
         }
         for (int t = 0; t < T; t++)
-            accm[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(msum[t]), _mm256_mul_ps(dmin, _mm256_set1_ps(y[t][b].d)),
-                                      accm[t]);
+            accm[t] = chain_add(accm[t], msum[t], dmin, y[t][b].d);
         for (int part = 0; part < 4; part++) { /* half h, dwords 4ih .. 4ih + 3 */
             const int h = part / 2, ih = part % 2;
             quant_prefetch_weights_part(gb + KQRP_AHEAD, gbb, once, part, 4);
@@ -199,7 +203,7 @@ static inline __attribute__((always_inline)) void q2k_pass(const struct quant_kq
             }
         }
         for (int t = 0; t < T; t++)
-            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_mul_ps(d, _mm256_set1_ps(y[t][b].d)), acc[t]);
+            acc[t] = chain_add(acc[t], isum[t], d, y[t][b].d);
     }
     for (int t = 0; t < T; t++)
         _mm256_storeu_ps(g->Y + (t0 + t) * g->ldy + grp * R, _mm256_sub_ps(acc[t], accm[t]));

@@ -41,6 +41,12 @@ static inline void unpack_scales_mins(__m512i w0, __m512i w1, __m512i w2, __m512
     *m47 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(w2, 4), low4), _mm512_and_si512(_mm512_srli_epi32(w1, 2), top2));
 }
 
+/* One chain step of kq_chains_add in the lanes: fma(sums, x_scale * y_d, acc) per row. */
+static inline __m512 chain_add(__m512 acc, __m512i sums, __m512 x_scale, float y_d)
+{
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), _mm512_mul_ps(x_scale, _mm512_set1_ps(y_d)), acc);
+}
+
 /* vpshufb patterns on a vector of 4 bytes per row: byte k of each row's
  * dword zero-extended to int32 (one), or as both halves of an int16 pair (pair). */
 static inline __m512i pick_byte(int k)
@@ -95,8 +101,7 @@ static inline __attribute__((always_inline)) void q4k_pass(const struct quant_kq
                 msum[t] = _mm512_dpwssd_epi32(msum[t], mm, bcast(y[t][b].bsums + 2 * j));
         }
         for (int t = 0; t < T; t++)
-            accm[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(msum[t]), _mm512_mul_ps(dmin, _mm512_set1_ps(y[t][b].d)),
-                                      accm[t]);
+            accm[t] = chain_add(accm[t], msum[t], dmin, y[t][b].d);
         __m512i isum[KQRP_TT], isum16[KQRP_TT];
         for (int t = 0; t < T; t++)
             isum[t] = isum16[t] = _mm512_setzero_si512();
@@ -132,7 +137,7 @@ static inline __attribute__((always_inline)) void q4k_pass(const struct quant_kq
         }
         for (int t = 0; t < T; t++) {
             const __m512i s = _mm512_add_epi32(isum[t], _mm512_srai_epi32(isum16[t], 4));
-            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(d, _mm512_set1_ps(y[t][b].d)), acc[t]);
+            acc[t] = chain_add(acc[t], s, d, y[t][b].d);
         }
     }
     for (int t = 0; t < T; t++)
@@ -179,8 +184,7 @@ static inline __attribute__((always_inline)) void q2k_pass(const struct quant_kq
                 msum[t] = _mm512_dpwssd_epi32(msum[t], mm, bcast(y[t][b].bsums + 2 * p));
         }
         for (int t = 0; t < T; t++)
-            accm[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(msum[t]), _mm512_mul_ps(dmin, _mm512_set1_ps(y[t][b].d)),
-                                      accm[t]);
+            accm[t] = chain_add(accm[t], msum[t], dmin, y[t][b].d);
         for (int part = 0; part < 4; part++) { /* half h, dwords 4ih .. 4ih + 3 */
             const int h = part / 2, ih = part % 2;
             quant_prefetch_weights_part(gb + KQRP_AHEAD, gbb, once, part, 4);
@@ -203,7 +207,7 @@ static inline __attribute__((always_inline)) void q2k_pass(const struct quant_kq
             }
         }
         for (int t = 0; t < T; t++)
-            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_mul_ps(d, _mm512_set1_ps(y[t][b].d)), acc[t]);
+            acc[t] = chain_add(acc[t], isum[t], d, y[t][b].d);
     }
     for (int t = 0; t < T; t++)
         _mm512_storeu_ps(g->Y + (t0 + t) * g->ldy + grp * R, _mm512_sub_ps(acc[t], accm[t]));
