@@ -200,7 +200,7 @@ static void test_q6k_joined_layout(void **state)
                         }
             for (int m = 0; m < 4; m++) { /* scale dword m: sc[2m], sc[2m + 8], sc[2m + 1], sc[2m + 9] */
                 const int8_t want[4] = {x->scales[2 * m], x->scales[2 * m + 8], x->scales[2 * m + 1], x->scales[2 * m + 9]};
-                assert_memory_equal(gb + KQRP_Q6K_SC(R) + 4 * (size_t)(m * R + l), want, 4);
+                assert_memory_equal(gb + KQRP_Q6K_JSC(R) + 4 * (size_t)(m * R + l), want, 4);
             }
             assert_memory_equal(gb + KQRP_Q6K_D(R) + 2 * (size_t)l, &x->d, 2);
         }

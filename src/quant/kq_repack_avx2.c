@@ -234,7 +234,8 @@ static inline int q6k_scale_at(bool joined, int s) { return joined ? kqrp_q6k_sc
 static inline __m256i q6k_scale_pair(const uint8_t *gb, bool joined, int s1, int s2, int shift)
 {
     const int at1 = q6k_scale_at(joined, s1), at2 = q6k_scale_at(joined, s2);
-    return _mm256_srai_epi16(_mm256_shuffle_epi8(dword_vec(gb, KQRP_Q6K_SC(R), at1 / 4), pick_high_pair(at1 % 4, at2 % 4)),
+    const size_t sc = joined ? KQRP_Q6K_JSC(R) : KQRP_Q6K_SC(R);
+    return _mm256_srai_epi16(_mm256_shuffle_epi8(dword_vec(gb, sc, at1 / 4), pick_high_pair(at1 % 4, at2 % 4)),
                              shift);
 }
 
@@ -260,12 +261,12 @@ static inline void q6k_levels(const uint8_t *gb, int c, int k, __m256i u[4])
 }
 
 /* The four u = q + 32 of element groups 128h + 32q + 4c, q = 0..3, from
- * ggml's ql and qh (a group of 16 copied as a group of 8). */
+ * ggml's ql and qh in the streamed order (a group of 16 copied as a group of 8). */
 static inline void q6k_levels_split(const uint8_t *gb, int h, int c, __m256i u[4])
 {
     const __m256i low4 = _mm256_set1_epi8(0x0f), top2 = _mm256_set1_epi8(0x30);
-    const __m256i la = dword_vec(gb, KQRP_Q6K_QL(R), 16 * h + c), lb = dword_vec(gb, KQRP_Q6K_QL(R), 16 * h + 8 + c);
-    const __m256i qh = dword_vec(gb, KQRP_Q6K_QH(R), 8 * h + c);
+    const size_t at = KQRP_Q6K_UNIT(R, h, c);
+    const __m256i la = dword_vec(gb, at, 0), lb = dword_vec(gb, at, 1), qh = dword_vec(gb, at, 2);
     u[0] = _mm256_or_si256(_mm256_and_si256(la, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), top2));
     u[1] = _mm256_or_si256(_mm256_and_si256(lb, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), top2));
     u[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(la, 4), low4), _mm256_and_si256(qh, top2));
@@ -582,7 +583,7 @@ static void q6k_unpack8(const uint8_t *W, int Rg, int64_t cols, int64_t r, uint8
                   second = _mm256_broadcastsi128_si256(_mm_add_epi32(lo_pair, _mm_set1_epi32(0x00020002)));
     const uint8_t *gb = W + (size_t)(r / Rg) * (size_t)Rg * wrow;
     const bool joined = kqrp_q6k_joined(QUANT_Q6_K, Rg); /* then the 8 rows are the whole group */
-    uint8_t g8[8 * sizeof(block_q6_K)]; /* other groups' 8 rows as a group of 8 in ggml's ql and qh */
+    uint8_t g8[8 * sizeof(block_q6_K)]; /* other groups' 8 rows as a group of 8, dword slots kept */
     for (int64_t b = 0; b < cols / QK_K; b++, gb += gbb) {
         uint8_t *pb = panel + b * KQ_PB_BYTES;
         const uint8_t *src = gb;

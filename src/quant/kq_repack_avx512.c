@@ -255,8 +255,8 @@ static inline __m512i byte_shift(__m512i v, int shift)
 static inline void q6k_levels(const uint8_t *gb, int h, int c, __m512i u[4])
 {
     const __m512i low4 = _mm512_set1_epi8(0x0f);
-    const __m512i la = dword_vec(gb, KQRP_Q6K_QL(R), 16 * h + c), lb = dword_vec(gb, KQRP_Q6K_QL(R), 16 * h + 8 + c);
-    const __m512i qh = dword_vec(gb, KQRP_Q6K_QH(R), 8 * h + c);
+    const size_t at = KQRP_Q6K_UNIT(R, h, c);
+    const __m512i la = dword_vec(gb, at, 0), lb = dword_vec(gb, at, 1), qh = dword_vec(gb, at, 2);
     const __m512i qh02 = _mm512_and_si512(qh, _mm512_set1_epi8(0x33)), qh13 = _mm512_and_si512(qh, _mm512_set1_epi8((char)0xcc));
     u[0] = _mm512_ternarylogic_epi32(byte_shift(qh02, -4), la, low4, SEL_B_OVER_A);
     u[1] = _mm512_ternarylogic_epi32(byte_shift(qh13, -2), lb, low4, SEL_B_OVER_A);
