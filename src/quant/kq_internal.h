@@ -210,8 +210,7 @@ void quant_kq_tiles_avx512(const struct quant_kq_gemm *g, const uint8_t *panels,
  *     Q2_K: 20 dwords x R (scales 0-3, qs 4-19) | d[R] | dmin[R]
  *     Q3_K: 27 dwords x R (hmask 0-7, qs 8-23, scales 24-26) | d[R]
  *     Q4_K: d[R] | dmin[R] | 35 dwords x R (scales 0-2, qs 0-31)
- *     Q5_K: d[R] | dmin[R] | 43 dwords x R (scales 0-2, then per lane c qh c
- *           and qs c, 8 + c, 16 + c, 24 + c)
+ *     Q5_K: d[R] | dmin[R] | 43 dwords x R (scales 0-2, qh 0-7, qs 0-31)
  *     Q6_K: 52 dwords x R (scales 0-3, then per element group (h, c) ql
  *           16h + c, ql 16h + 8 + c, qh 8h + c) | d[R]
  *           (AVX2's groups of 8: quants joined and reordered, below)
@@ -241,27 +240,15 @@ void quant_kq_tiles_avx512(const struct quant_kq_gemm *g, const uint8_t *panels,
 #define KQRP_Q5K_D(R) 0
 #define KQRP_Q5K_DMIN(R) (2 * (R))
 #define KQRP_Q5K_SC(R) (4 * (R))
-/* Q5_K's and Q6_K's dwords lie in the order their kernels read them, so a
- * group-block streams front to back (Q6_K's in groups of 16; AVX2's groups of
- * 8 are joined, below). Q5_K's lane c reads qh dword c and qs dwords c, 8 + c,
- * 16 + c, 24 + c: a unit of five. In ggml's order a Q6_K element group's three
- * dwords lay 1-2 KiB apart and Q6_K decode read memory at 40-42 GB/s where
- * bench_membw read 53-59 and Q4_K 55-58; in this order 45-50, and 31 -> 33-34
- * where memory read 33 (Zen 4, 2 threads, bench_matmul --gguf llama-1b
- * Q4_K_M's ffn_down, interleaved); Q5_K (a llama-1b q5_k file's matrices) 2.5%
- * in the median of 105 interleaved runs. */
-#define KQRP_Q5K_UNIT(R, c) (KQRP_Q5K_SC(R) + 4 * (size_t)(R) * (size_t)(3 + 5 * (c)))
-/* Where ggml's dword k (scales 0-2, qh 3-10, qs 11-42) lies in that order. */
-static inline int kqrp_q5k_slot(int k)
-{
-    if (k < 3)
-        return k;
-    if (k < 11)
-        return 3 + 5 * (k - 3);
-    return 3 + 5 * ((k - 11) % 8) + 1 + (k - 11) / 8;
-}
-/* Q6_K's element group (h, c) (elements 128h + 32q + 4c, q = 0..3) is a unit
- * of three dwords after the 4 scale dwords: ql 16h + c, ql 16h + 8 + c, qh 8h + c. */
+#define KQRP_Q5K_QH(R) (KQRP_Q5K_SC(R) + 3 * 4 * (R))
+#define KQRP_Q5K_QS(R) (KQRP_Q5K_QH(R) + 8 * 4 * (R))
+/* Q6_K's dwords in the order the AVX-512 kernel reads them, so a group-block
+ * streams front to back: in ggml's order (ql, qh, scales) each element
+ * group's three dwords lay 1-2 KiB apart and Q6_K decode read memory at
+ * 40-42 GB/s where bench_membw read 53-59 and Q4_K 55-58; in this order
+ * 45-50, and 31 -> 33-34 where memory read 33 (Zen 4, 2 threads, bench_matmul
+ * --gguf llama-1b Q4_K_M's ffn_down, interleaved). Element group (h, c) (elements 128h + 32q + 4c, q = 0..3)
+ * is a unit of three dwords: ql 16h + c, ql 16h + 8 + c, qh 8h + c. */
 #define KQRP_Q6K_SC(R) 0
 #define KQRP_Q6K_UNIT(R, h, c) (4 * (size_t)(R) * (size_t)(4 + 3 * (8 * (h) + (c))))
 #define KQRP_Q6K_D(R) (52 * 4 * (R))

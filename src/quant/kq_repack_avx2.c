@@ -443,10 +443,9 @@ static void q3k_pass(const struct quant_kq_gemm *g, int64_t grp, int64_t t0)
 static inline void q5k_levels(const uint8_t *gb, int c, __m256i u[8])
 {
     const __m256i low4 = _mm256_set1_epi8(0x0f), bit4 = _mm256_set1_epi8(0x10);
-    const size_t at = KQRP_Q5K_UNIT(R, c);
-    const __m256i qh = dword_vec(gb, at, 0);
+    const __m256i qh = dword_vec(gb, KQRP_Q5K_QH(R), c);
     for (int p = 0; p < 4; p++) {
-        const __m256i raw = dword_vec(gb, at, 1 + p);
+        const __m256i raw = dword_vec(gb, KQRP_Q5K_QS(R), 8 * p + c);
         const __m256i h0 = _mm256_and_si256(2 * p >= 4 ? _mm256_srli_epi16(qh, 2 * p - 4) : _mm256_slli_epi16(qh, 4 - 2 * p), bit4);
         const __m256i h1 = _mm256_and_si256(2 * p + 1 >= 4 ? _mm256_srli_epi16(qh, 2 * p - 3) : _mm256_slli_epi16(qh, 3 - 2 * p), bit4);
         u[2 * p] = _mm256_or_si256(_mm256_and_si256(raw, low4), h0);
@@ -671,7 +670,7 @@ static void q5k_unpack8(const uint8_t *W, int Rg, int64_t cols, int64_t r, uint8
     const __m256i first = _mm256_broadcastsi128_si256(lo_pair),
                   second = _mm256_broadcastsi128_si256(_mm_add_epi32(lo_pair, _mm_set1_epi32(0x00020002)));
     const uint8_t *gb = W + (size_t)(r / Rg) * (size_t)Rg * wrow;
-    uint8_t g8[8 * sizeof(block_q5_K)]; /* the 8 rows as a group of 8, dword slots kept */
+    uint8_t g8[8 * sizeof(block_q5_K)]; /* the 8 rows as a group of 8 */
     for (int64_t b = 0; b < cols / QK_K; b++, gb += gbb) {
         uint8_t *pb = panel + b * KQ_PB_BYTES;
         memcpy(g8 + KQRP_Q5K_D(R), gb + at / 2, 16);

@@ -440,17 +440,15 @@ static void q6k_batch(const struct quant_kq_gemm *g, int64_t grp, int64_t t0, in
  * acc[c] = fma(d * dy, lane, acc[c]), summs = fma(-dy * dmin, msum, summs),
  * hsum_float_8's order plus summs at the end (kq_scalar.c). Qs dword
  * 8(m / 2) + c holds sub-block m's elements in its low (m even) or high
- * nibbles; qh dword c their fifth bits at bit m (the five stored side by side:
- * KQRP_Q5K_UNIT). */
+ * nibbles; qh dword c their fifth bits at bit m. */
 
 
 static inline void q5k_levels(const uint8_t *gb, int c, __m512i u[8])
 {
     const __m512i low4 = _mm512_set1_epi8(0x0f), bit4 = _mm512_set1_epi8(0x10);
-    const size_t at = KQRP_Q5K_UNIT(R, c);
-    const __m512i qh = dword_vec(gb, at, 0);
+    const __m512i qh = dword_vec(gb, KQRP_Q5K_QH(R), c);
     for (int p = 0; p < 4; p++) {
-        const __m512i raw = dword_vec(gb, at, 1 + p);
+        const __m512i raw = dword_vec(gb, KQRP_Q5K_QS(R), 8 * p + c);
         const __m512i h0 = _mm512_and_si512(byte_shift(qh, 2 * p - 4), bit4);
         const __m512i h1 = _mm512_and_si512(byte_shift(qh, 2 * p - 3), bit4);
         u[2 * p] = _mm512_ternarylogic_epi32(h0, raw, low4, SEL_B_OVER_A);
