@@ -246,9 +246,10 @@ void quant_kq_tiles_avx512(const struct quant_kq_gemm *g, const uint8_t *panels,
  * streams front to back: in ggml's order (ql, qh, scales) each element
  * group's three dwords lay 1-2 KiB apart and Q6_K decode read memory at
  * 40-42 GB/s where bench_membw read 53-59 and Q4_K 55-58; in this order
- * 45-50, and 31 -> 33-34 where memory read 33 (Zen 4, 2 threads, bench_matmul
- * --gguf llama-1b Q4_K_M's ffn_down, interleaved). Element group (h, c) (elements 128h + 32q + 4c, q = 0..3)
- * is a unit of three dwords: ql 16h + c, ql 16h + 8 + c, qh 8h + c. */
+ * 45-50, and 31 -> 33-34 where memory read 33 (Zen 4, 2 threads,
+ * bench_matmul --gguf llama-1b Q4_K_M's ffn_down, interleaved). Element
+ * group (h, c) (elements 128h + 32q + 4c, q = 0..3) is a unit of three
+ * dwords: ql 16h + c, ql 16h + 8 + c, qh 8h + c. */
 #define KQRP_Q6K_SC(R) 0
 #define KQRP_Q6K_UNIT(R, h, c) (4 * (size_t)(R) * (size_t)(4 + 3 * (8 * (h) + (c))))
 #define KQRP_Q6K_D(R) (52 * 4 * (R))

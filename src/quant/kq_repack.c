@@ -45,10 +45,16 @@ static struct kqrp_fields kqrp_fields(enum quant_type t)
     }
 }
 
+/* Where dword k of a super-block lies among a group-block's dwords: Q6_K's
+ * in its streamed order (kq_internal.h), but for AVX2's joined groups of 8
+ * and a group of one row, which is the file's block. */
+static int kqrp_slot(enum quant_type t, int R, int k)
+{
+    return t == QUANT_Q6_K && R > 1 && !kqrp_q6k_joined(t, R) ? kqrp_q6k_slot(k) : k;
+}
+
 /* Where row l's bytes [o, o + *unit) of its super-block lie in a group-block
- * of R rows; *unit is the width of the field at o (2: an f16, 4: a dword).
- * Q6_K's dwords in its streamed order (kq_internal.h), but for AVX2's joined
- * groups of 8 and a group of one row, which is the file's block. */
+ * of R rows; *unit is the width of the field at o (2: an f16, 4: a dword). */
 static size_t kqrp_pos(enum quant_type t, struct kqrp_fields f, int R, int l, size_t o, size_t *unit)
 {
     const size_t head = 2 * (size_t)f.head_f16, body = head + 4 * (size_t)f.dwords;
@@ -57,9 +63,8 @@ static size_t kqrp_pos(enum quant_type t, struct kqrp_fields f, int R, int l, si
         return (o / 2) * 2 * (size_t)R + 2 * (size_t)l;
     }
     if (o < body) {
-        const int k = (int)((o - head) / 4), slot = t == QUANT_Q6_K && R > 1 && !kqrp_q6k_joined(t, R) ? kqrp_q6k_slot(k) : k;
         *unit = 4;
-        return head * (size_t)R + (size_t)slot * 4 * (size_t)R + 4 * (size_t)l;
+        return head * (size_t)R + (size_t)kqrp_slot(t, R, (int)((o - head) / 4)) * 4 * (size_t)R + 4 * (size_t)l;
     }
     *unit = 2;
     return body * (size_t)R + ((o - body) / 2) * 2 * (size_t)R + 2 * (size_t)l;
