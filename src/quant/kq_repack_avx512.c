@@ -41,7 +41,8 @@ static inline void unpack_scales_mins(__m512i w0, __m512i w1, __m512i w2, __m512
     *m47 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(w2, 4), low4), _mm512_and_si512(_mm512_srli_epi32(w1, 2), top2));
 }
 
-/* One chain step of kq_chains_add in the lanes: fma(sums, x_scale * y_d, acc) per row. */
+/* One chain step in the lanes, fma(sums, x_scale * y_d, acc) per row: kq_chains_add's, and an eight-lane
+ * kernel's fma(d * dy, lane, acc) (products commute exactly: the same bits). */
 static inline __m512 chain_add(__m512 acc, __m512i sums, __m512 x_scale, float y_d)
 {
     return _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), _mm512_mul_ps(x_scale, _mm512_set1_ps(y_d)), acc);
@@ -341,8 +342,7 @@ static inline __attribute__((always_inline)) void q6k_pass(const struct quant_kq
             __m512i lane[LANES_TT];
             q6k_lane(gb, NULL, scp, off[c], y, b, T, c, lane);
             for (int t = 0; t < T; t++)
-                acc[t][c] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(y[t][b].d), d), _mm512_cvtepi32_ps(lane[t]),
-                                            acc[t][c]);
+                acc[t][c] = chain_add(acc[t][c], lane[t], d, y[t][b].d);
         }
     }
     for (int t = 0; t < T; t++)
@@ -398,8 +398,7 @@ static inline __attribute__((always_inline)) void q6k_chunk_pass(const struct q6
             __m512i lane[Q6K_BATCH_TT];
             q6k_lane(NULL, blk[i].u, blk[i].scp, blk[i].off[c], y, b0 + i, T, c, lane);
             for (int t = 0; t < T; t++)
-                acc[t][c] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(y[t][b0 + i].d), blk[i].d),
-                                            _mm512_cvtepi32_ps(lane[t]), acc[t][c]);
+                acc[t][c] = chain_add(acc[t][c], lane[t], blk[i].d, y[t][b0 + i].d);
         }
 }
 
@@ -504,8 +503,7 @@ static inline __attribute__((always_inline)) void q5k_lane(const __m512i u[8], c
             lane[t] = _mm512_dpwssd_epi32(lane[t], _mm512_maddubs_epi16(u[m], bcast(y[t][b].qs + 32 * m + 4 * c)),
                                           scp[m]);
     for (int t = 0; t < T; t++)
-        acc[t][c] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(y[t][b].d), d), _mm512_cvtepi32_ps(lane[t]),
-                                    acc[t][c]);
+        acc[t][c] = chain_add(acc[t][c], lane[t], d, y[t][b].d);
 }
 
 /* One group x T (<= LANES_TT) tokens, unpacking as it goes: decode. */
@@ -690,8 +688,7 @@ static inline __attribute__((always_inline)) void q3k_pass(const struct quant_kq
                 }
             }
             for (int t = 0; t < T; t++)
-                acc[t][c] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(y[t][b].d), d), _mm512_cvtepi32_ps(lane[t]),
-                                            acc[t][c]);
+                acc[t][c] = chain_add(acc[t][c], lane[t], d, y[t][b].d);
         }
     }
     for (int t = 0; t < T; t++)
