@@ -207,6 +207,57 @@ static void test_q6k_joined_layout(void **state)
     free(W), free(P);
 }
 
+/* Level (0..31) of element e of a Q5_K super-block, in ggml's qs/qh packing. */
+static uint8_t q5k_level(const block_q5_K *x, int e)
+{
+    const uint8_t q = x->qs[32 * (e / 64) + e % 32];
+    return (uint8_t)((e / 32 % 2 ? q >> 4 : q & 0xF) | ((x->qh[e % 32] >> (e / 32)) & 1) << 4);
+}
+
+/* Groups of more than one row hold Q5_K's levels packed five bits to a
+ * byte, byte for byte as kq_internal.h states: level dword Un of lane c is
+ * sub-block n's elements 4c..4c + 3, or in AVX2's groups of 8 (n = 2k + h)
+ * elements 4c + 2h, 4c + 2h + 1 of sub-blocks 2k and 2k + 1. */
+static void test_q5k_packed_layout(void **state)
+{
+    (void)state;
+    const int groups[] = {8, 16};
+    for (size_t gi = 0; gi < sizeof groups / sizeof groups[0]; gi++) {
+        const int R = groups[gi];
+        const int64_t rows = 2 * R, cols = 2 * QK_K;
+        const size_t wrow = quant_row_size(QUANT_Q5_K, cols), gbb = (size_t)R * sizeof(block_q5_K);
+        uint8_t *W = random_matrix(QUANT_Q5_K, rows, cols), *P = copy_of(W, wrow * (size_t)rows);
+        assert_int_equal(quant_kqrp_repack_as(QUANT_Q5_K, rows, cols, P, R), KS_OK);
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t b = 0; b < cols / QK_K; b++) {
+                const block_q5_K *x = (const block_q5_K *)(const void *)(W + r * wrow + b * sizeof(block_q5_K));
+                const uint8_t *gb = P + (size_t)(r / R) * R * wrow + (size_t)b * gbb;
+                const int l = (int)(r % R);
+                for (int c = 0; c < 8; c++)
+                    for (int i = 0; i < 4; i++) {
+                        uint8_t U[8];
+                        for (int n = 0; n < 8; n++)
+                            U[n] = q5k_level(x, R == 8 ? 32 * (n / 2 * 2 + i / 2) + 4 * c + 2 * (n % 2) + i % 2
+                                                       : 32 * n + 4 * c + i);
+                        const uint8_t want[5] = {
+                            (uint8_t)(U[0] | (U[5] & 7) << 5),
+                            (uint8_t)(U[1] | (U[5] >> 3) << 5 | (U[6] >> 3 & 1) << 7),
+                            (uint8_t)(U[2] | (U[6] & 7) << 5),
+                            (uint8_t)(U[3] | (U[7] & 7) << 5),
+                            (uint8_t)(U[4] | (U[7] >> 3) << 5 | (U[6] >> 4) << 7),
+                        };
+                        for (int j = 0; j < 5; j++)
+                            assert_int_equal(gb[KQRP_Q5K_Q(R, c, j) + 4 * (size_t)l + (size_t)i], want[j]);
+                    }
+                for (int k = 0; k < 3; k++)
+                    assert_memory_equal(gb + KQRP_Q5K_SC(R) + 4 * (size_t)(k * R + l), x->scales + 4 * k, 4);
+                assert_memory_equal(gb + KQRP_Q5K_D(R) + 2 * (size_t)l, &x->d, 2);
+                assert_memory_equal(gb + KQRP_Q5K_DMIN(R) + 2 * (size_t)l, &x->dmin, 2);
+            }
+        free(W), free(P);
+    }
+}
+
 static void test_repack_refuses_what_does_not_fit(void **state)
 {
     (void)state;
@@ -518,6 +569,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_repack_keeps_every_block),
         cmocka_unit_test(test_q6k_joined_layout),
+        cmocka_unit_test(test_q5k_packed_layout),
         cmocka_unit_test(test_repack_refuses_what_does_not_fit),
         cmocka_unit_test(test_simd_kernels_match_scalar_twin),
         cmocka_unit_test(test_repacked_matmul_matches_reference),

@@ -210,7 +210,8 @@ void quant_kq_tiles_avx512(const struct quant_kq_gemm *g, const uint8_t *panels,
  *     Q2_K: 20 dwords x R (scales 0-3, qs 4-19) | d[R] | dmin[R]
  *     Q3_K: 27 dwords x R (hmask 0-7, qs 8-23, scales 24-26) | d[R]
  *     Q4_K: d[R] | dmin[R] | 35 dwords x R (scales 0-2, qs 0-31)
- *     Q5_K: d[R] | dmin[R] | 43 dwords x R (scales 0-2, qh 0-7, qs 0-31)
+ *     Q5_K: d[R] | dmin[R] | 43 dwords x R (scales 0-2, then the quants
+ *           packed five bits to a byte, lane by lane: below)
  *     Q6_K: 52 dwords x R (scales 0-3, then per element group (h, c) ql
  *           16h + c, ql 16h + 8 + c, qh 8h + c) | d[R]
  *           (AVX2's groups of 8: quants joined and reordered, below)
@@ -240,8 +241,32 @@ void quant_kq_tiles_avx512(const struct quant_kq_gemm *g, const uint8_t *panels,
 #define KQRP_Q5K_D(R) 0
 #define KQRP_Q5K_DMIN(R) (2 * (R))
 #define KQRP_Q5K_SC(R) (4 * (R))
-#define KQRP_Q5K_QH(R) (KQRP_Q5K_SC(R) + 3 * 4 * (R))
-#define KQRP_Q5K_QS(R) (KQRP_Q5K_QH(R) + 8 * 4 * (R))
+/* Q5_K's quants in groups of R > 1: ggml's four low bits in qs and fifth
+ * bit in qh took 3.5 vector ops per dword of levels (u = q) to join
+ * (AVX-512; 4.4 with AVX2), more than the two of its dot, so a group-block
+ * stores the levels whole. Lane c (ggml's eight lanes: elements e with
+ * e % 32 / 4 == c) has 8 level dwords U0..U7 of 4 levels each, held in 5
+ * dwords D0..D4 whose byte i is
+ *     D0 = U0 | (U5 & 7) << 5               D3 = U3 | (U7 & 7) << 5
+ *     D1 = U1 | (U5 >> 3) << 5 | (U6 >> 3 & 1) << 7
+ *     D2 = U2 | (U6 & 7) << 5               D4 = U4 | (U7 >> 3) << 5 | (U6 >> 4) << 7
+ * (U0..U4 are one mask; U5..U7 come out with three shared masks). Byte i of
+ * Un is the level of element kqrp_q5k_elem(R, c, n, i): sub-block n's (ggml's
+ * order) or, in AVX2's groups of 8, paired: Un (n = 2k + h) holds two
+ * elements of sub-block 2k and two of 2k + 1, so a vpmaddubsw sums each
+ * sub-block's part in its own int16 half, two such add up, and one vpmaddwd
+ * against (sc_2k, sc_2k+1) scales four dwords (the token's quants are
+ * reordered to match once a block). */
+#define KQRP_Q5K_PAIRED_ROWS 8
+static inline bool kqrp_q5k_paired(int R) { return R == KQRP_Q5K_PAIRED_ROWS; }
+/* Byte offset of dword Dj of lane c in a group-block of R rows. */
+#define KQRP_Q5K_Q(R, c, j) (KQRP_Q5K_SC(R) + 4 * (size_t)(R) * (size_t)(3 + 5 * (c) + (j)))
+static inline int kqrp_q5k_elem(int R, int c, int n, int i)
+{
+    if (!kqrp_q5k_paired(R))
+        return 32 * n + 4 * c + i;
+    return 32 * (n / 2 * 2 + i / 2) + 4 * c + 2 * (n % 2) + i % 2;
+}
 /* Q6_K's dwords in the order the AVX-512 kernel reads them, so a group-block
  * streams front to back: in ggml's order (ql, qh, scales) each element
  * group's three dwords lay 1-2 KiB apart and Q6_K decode read memory at

@@ -8,6 +8,7 @@
  * applies the reference's float steps in its order (this file is compiled
  * without FMA contraction): the reference vec_dot's bits. */
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 
 #include "quant/kq_internal.h"
@@ -130,19 +131,84 @@ static void q6k_split(const uint8_t q[QK_K / 2 + QK_K / 4 + QK_K / 16], block_q6
         x->scales[sb] = (int8_t)q[QK_K / 2 + QK_K / 4 + kqrp_q6k_scale_at(sb)];
 }
 
+/* Level (q, 0..31) of element e of a Q5_K super-block, in ggml's qs/qh packing. */
+static uint8_t q5k_level(const block_q5_K *x, int e)
+{
+    const uint8_t q = x->qs[32 * (e / 64) + e % 32];
+    return (uint8_t)((e / 32 % 2 ? q >> 4 : q & 0xF) | ((x->qh[e % 32] >> (e / 32)) & 1) << 4);
+}
+
+/* The five dwords D0..D4 of lane c from its level dwords U0..U7 (kq_internal.h), byte i. */
+static void q5k_pack_byte(const uint8_t U[8], uint8_t D[5])
+{
+    D[0] = (uint8_t)(U[0] | (U[5] & 7) << 5);
+    D[1] = (uint8_t)(U[1] | (U[5] >> 3) << 5 | (U[6] >> 3 & 1) << 7);
+    D[2] = (uint8_t)(U[2] | (U[6] & 7) << 5);
+    D[3] = (uint8_t)(U[3] | (U[7] & 7) << 5);
+    D[4] = (uint8_t)(U[4] | (U[7] >> 3) << 5 | (U[6] >> 4) << 7);
+}
+
+static void q5k_unpack_byte(const uint8_t D[5], uint8_t U[8])
+{
+    for (int n = 0; n < 5; n++)
+        U[n] = D[n] & 0x1F;
+    U[5] = (uint8_t)(D[0] >> 5 | (D[1] >> 5 & 3) << 3);
+    U[6] = (uint8_t)(D[2] >> 5 | (D[1] >> 7) << 3 | (D[4] >> 7) << 4);
+    U[7] = (uint8_t)(D[3] >> 5 | (D[4] >> 5 & 3) << 3);
+}
+
+/* x's qh and qs as a group of R's 40 packed dwords q (lane c's Dj at dword 5c + j). */
+static void q5k_pack(const block_q5_K *x, int R, uint8_t q[QK_K / 8 + QK_K / 2])
+{
+    for (int c = 0; c < 8; c++)
+        for (int i = 0; i < 4; i++) {
+            uint8_t U[8], D[5];
+            for (int n = 0; n < 8; n++)
+                U[n] = q5k_level(x, kqrp_q5k_elem(R, c, n, i));
+            q5k_pack_byte(U, D);
+            for (int j = 0; j < 5; j++)
+                q[4 * (5 * c + j) + i] = D[j];
+        }
+}
+
+/* The inverse: packed dwords q back into x's qh and qs. */
+static void q5k_split(const uint8_t q[QK_K / 8 + QK_K / 2], int R, block_q5_K *x)
+{
+    memset(x->qh, 0, sizeof x->qh);
+    memset(x->qs, 0, sizeof x->qs);
+    for (int c = 0; c < 8; c++)
+        for (int i = 0; i < 4; i++) {
+            uint8_t U[8], D[5];
+            for (int j = 0; j < 5; j++)
+                D[j] = q[4 * (5 * c + j) + i];
+            q5k_unpack_byte(D, U);
+            for (int n = 0; n < 8; n++) {
+                const int e = kqrp_q5k_elem(R, c, n, i);
+                x->qs[32 * (e / 64) + e % 32] |= (uint8_t)((U[n] & 0xF) << (4 * (e / 32 % 2)));
+                x->qh[e % 32] |= (uint8_t)((U[n] >> 4) << (e / 32));
+            }
+        }
+}
+
 /* Row l's super-block between blk (ggml's layout) and its group-block gb. */
 static void kqrp_move(enum quant_type t, int R, int l, uint8_t *gb, uint8_t *blk, bool to_group)
 {
     const struct kqrp_fields f = kqrp_fields(t);
     const size_t bb = quant_row_size(t, QK_K);
-    _Alignas(4) uint8_t joined[sizeof(block_q6_K)];
+    _Alignas(4) uint8_t reordered[sizeof(block_q6_K)];
     uint8_t *src = blk;
     if (kqrp_q6k_joined(t, R)) { /* the same fields, their bytes reordered */
         if (to_group) {
-            memcpy(joined, blk, bb);
-            q6k_join((const block_q6_K *)(const void *)blk, joined);
+            memcpy(reordered, blk, bb);
+            q6k_join((const block_q6_K *)(const void *)blk, reordered);
         }
-        src = joined;
+        src = reordered;
+    } else if (t == QUANT_Q5_K && R > 1) { /* qh and qs packed level by level */
+        if (to_group) {
+            memcpy(reordered, blk, bb);
+            q5k_pack((const block_q5_K *)(const void *)blk, R, reordered + offsetof(block_q5_K, qh));
+        }
+        src = reordered;
     }
     size_t unit;
     for (size_t o = 0; o < bb; o += unit) {
@@ -152,9 +218,12 @@ static void kqrp_move(enum quant_type t, int R, int l, uint8_t *gb, uint8_t *blk
         else
             memcpy(src + o, gb + p, unit);
     }
-    if (!to_group && src == joined) {
-        memcpy(blk, joined, bb);
-        q6k_split(joined, (block_q6_K *)(void *)blk);
+    if (!to_group && src == reordered) {
+        memcpy(blk, reordered, bb);
+        if (t == QUANT_Q6_K)
+            q6k_split(reordered, (block_q6_K *)(void *)blk);
+        else
+            q5k_split(reordered + offsetof(block_q5_K, qh), R, (block_q5_K *)(void *)blk);
     }
 }
 

@@ -436,21 +436,50 @@ static void q3k_pass(const struct quant_kq_gemm *g, int64_t grp, int64_t t0)
     _mm256_storeu_ps(g->Y + t0 * g->ldy + grp * R, sum);
 }
 
-/* ---- Q5_K (kq_repack_avx512.c's order) --------------------------------------------- */
+/* ---- Q5_K (kq_repack_avx512.c's order), levels paired ----------------------------
+ * In groups of 8, level dword Un (n = 2k + h) of lane c holds elements
+ * 4c + 2h, 4c + 2h + 1 of sub-blocks 2k and 2k + 1 (kq_internal.h). Against
+ * the token's quants in that order (q5k_token_pairs), a vpmaddubsw gives
+ * per row the two sub-blocks' partial sums in its int16 halves (each at most
+ * 2 * 31 * 127); U2k + U2k+1 add up to the whole sums S (at most 4 * 31 *
+ * 127, no overflow), and one vpmaddwd against (sc_2k, sc_2k+1) adds sc * S
+ * of both to the lane: the exact integer lane, with half the vpmaddwd and
+ * adds of one per dword. */
 
-
-/* u = nibble | fifth bit << 4 of element groups 32m + 4c, m = 0..7, of 8 rows. */
+/* Lane c's level dwords U0..U7 of 8 rows (the unpacking of kq_internal.h's five dwords). */
 static inline void q5k_levels(const uint8_t *gb, int c, __m256i u[8])
 {
-    const __m256i low4 = _mm256_set1_epi8(0x0f), bit4 = _mm256_set1_epi8(0x10);
-    const __m256i qh = dword_vec(gb, KQRP_Q5K_QH(R), c);
-    for (int p = 0; p < 4; p++) {
-        const __m256i raw = dword_vec(gb, KQRP_Q5K_QS(R), 8 * p + c);
-        const __m256i h0 = _mm256_and_si256(2 * p >= 4 ? _mm256_srli_epi16(qh, 2 * p - 4) : _mm256_slli_epi16(qh, 4 - 2 * p), bit4);
-        const __m256i h1 = _mm256_and_si256(2 * p + 1 >= 4 ? _mm256_srli_epi16(qh, 2 * p - 3) : _mm256_slli_epi16(qh, 3 - 2 * p), bit4);
-        u[2 * p] = _mm256_or_si256(_mm256_and_si256(raw, low4), h0);
-        u[2 * p + 1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(raw, 4), low4), h1);
+    const __m256i low5 = _mm256_set1_epi8(0x1f), low3 = _mm256_set1_epi8(0x07), bits34 = _mm256_set1_epi8(0x18);
+    __m256i D[5];
+    for (int j = 0; j < 5; j++) {
+        D[j] = _mm256_loadu_si256((const __m256i *)(gb + KQRP_Q5K_Q(R, c, j)));
+        u[j] = _mm256_and_si256(D[j], low5);
     }
+    /* a right shift by s of the int16 brings the high byte's bits into the low byte's top s bits only, which the masks drop */
+    u[5] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(D[0], 5), low3), _mm256_and_si256(_mm256_srli_epi16(D[1], 2), bits34));
+    u[7] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(D[3], 5), low3), _mm256_and_si256(_mm256_srli_epi16(D[4], 2), bits34));
+    u[6] = _mm256_or_si256(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(D[2], 5), low3),
+                                           _mm256_and_si256(_mm256_srli_epi16(D[1], 4), _mm256_set1_epi8(0x08))),
+                           _mm256_and_si256(_mm256_srli_epi16(D[4], 3), _mm256_set1_epi8(0x10)));
+}
+
+/* A token's Q8_K quants in the paired order: at 64k, word w of sub-blocks 2k
+ * and 2k + 1 side by side (vpunpck*wd per 128-bit half). */
+static inline void q5k_token_pairs(const block_q8_K *y, int8_t xq[QK_K])
+{
+    for (int k = 0; k < 4; k++) {
+        const __m256i a = _mm256_loadu_si256((const __m256i *)(const void *)(y->qs + 64 * k)),
+                      b = _mm256_loadu_si256((const __m256i *)(const void *)(y->qs + 64 * k + 32));
+        _mm256_store_si256((__m256i *)(void *)(xq + 64 * k), _mm256_unpacklo_epi16(a, b));
+        _mm256_store_si256((__m256i *)(void *)(xq + 64 * k + 32), _mm256_unpackhi_epi16(a, b));
+    }
+}
+
+/* Where q5k_token_pairs put the quants that meet level dword U2k+h of lane c. */
+static inline int q5k_pair_at(int c, int k, int h)
+{
+    const int r = 2 * (c % 4) + h; /* word 2c + h of its 128-bit half c / 4 */
+    return 64 * k + (r < 4 ? 0 : 32) + 16 * (c / 4) + 4 * (r % 4);
 }
 
 /* The 8 rows' scales (m < 8) and mins (m >= 8) of a Q5_K / Q4_K group-block as (v, v) int16 pairs. */
@@ -474,23 +503,39 @@ static void q5k_pass(const struct quant_kq_gemm *g, int64_t grp, int64_t t0)
     for (int c = 0; c < 8; c++)
         acc[c] = _mm256_setzero_ps();
     const uint8_t *gb = g->W + (size_t)grp * R * g->wrow;
-    for (int64_t b = 0; b < g->cols / QK_K; b++, gb += gbb) {
-        __m256i pairs[16];
-        k4_scale_pairs(gb, KQRP_Q5K_SC(R), pairs);
+    /* the token's quants paired a block ahead: broadcasts right after the
+     * stores that wrote them waited for the stores (12% of the pass) */
+    const int64_t nsb = g->cols / QK_K;
+    _Alignas(32) int8_t xq[2][QK_K];
+    q5k_token_pairs(&y[0], xq[0]);
+    for (int64_t b = 0; b < nsb; b++, gb += gbb) {
+        const size_t at_sc = KQRP_Q5K_SC(R);
+        __m256i s03, s47, m03, m47, sp[4];
+        unpack_scales_mins(dword_vec(gb, at_sc, 0), dword_vec(gb, at_sc, 1), dword_vec(gb, at_sc, 2), &s03, &s47, &m03, &m47);
+        _Alignas(32) int16_t bs32[16];
+        q8k_sub_block_sums(&y[b], bs32);
         __m256i msum = _mm256_setzero_si256();
-        for (int j = 0; j < 8; j++)
-            msum = _mm256_add_epi32(msum, _mm256_madd_epi16(pairs[8 + j], bcast(y[b].bsums + 2 * j)));
+        for (int k = 0; k < 4; k++) {
+            sp[k] = _mm256_shuffle_epi8(k < 2 ? s03 : s47, pick_two(2 * k % 4, 2 * k % 4 + 1));
+            const __m256i mm = _mm256_shuffle_epi8(k < 2 ? m03 : m47, pick_two(2 * k % 4, 2 * k % 4 + 1));
+            msum = _mm256_add_epi32(msum, _mm256_madd_epi16(mm, bcast(bs32 + 2 * k)));
+        }
         const __m256 d = vmath_load8_f16(gb + KQRP_Q5K_D(R)), dmin = vmath_load8_f16(gb + KQRP_Q5K_DMIN(R));
         summs = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(-y[b].d), dmin), _mm256_cvtepi32_ps(msum), summs);
         const __m256 dd = _mm256_mul_ps(_mm256_set1_ps(y[b].d), d);
+        if (b + 1 < nsb)
+            q5k_token_pairs(&y[b + 1], xq[(b + 1) % 2]);
 #pragma GCC unroll 8
         for (int c = 0; c < 8; c++) {
             quant_prefetch_weights_part(gb + KQRP_AHEAD, gbb, once, c, 8);
             __m256i u[8], lane = _mm256_setzero_si256();
             q5k_levels(gb, c, u);
-            for (int m = 0; m < 8; m++)
-                lane = _mm256_add_epi32(lane, _mm256_madd_epi16(_mm256_maddubs_epi16(u[m], bcast(y[b].qs + 32 * m + 4 * c)),
-                                                                pairs[m]));
+            for (int k = 0; k < 4; k++) {
+                const int8_t *x = xq[b % 2];
+                const __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(u[2 * k], bcast(x + q5k_pair_at(c, k, 0))),
+                                                   _mm256_maddubs_epi16(u[2 * k + 1], bcast(x + q5k_pair_at(c, k, 1))));
+                lane = _mm256_add_epi32(lane, _mm256_madd_epi16(s, sp[k]));
+            }
             acc[c] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(lane), acc[c]);
         }
     }
@@ -682,11 +727,11 @@ static void q5k_unpack8(const uint8_t *W, int Rg, int64_t cols, int64_t r, uint8
         for (int c = 0; c < 8; c++) {
             __m256i u[8];
             q5k_levels(g8, c, u);
-            for (int m = 0; m < 8; m++) {
-                const size_t j = 16 * (size_t)m + 2 * (size_t)c;
-                store_lanes(pb, KQ_PL_W + 64 * j + lanes, _mm256_mullo_epi16(_mm256_shuffle_epi8(u[m], first), pairs[m]));
-                store_lanes(pb, KQ_PL_W + 64 * (j + 1) + lanes,
-                            _mm256_mullo_epi16(_mm256_shuffle_epi8(u[m], second), pairs[m]));
+            for (int n = 0; n < 8; n++) { /* bytes 0-1 and 2-3 of Un: elements 2j, 2j + 1 of sub-blocks m0, m1 */
+                const int m0 = kqrp_q5k_elem(Rg, c, n, 0) / 32, m1 = kqrp_q5k_elem(Rg, c, n, 2) / 32;
+                const size_t j0 = (size_t)kqrp_q5k_elem(Rg, c, n, 0) / 2, j1 = (size_t)kqrp_q5k_elem(Rg, c, n, 2) / 2;
+                store_lanes(pb, KQ_PL_W + 64 * j0 + lanes, _mm256_mullo_epi16(_mm256_shuffle_epi8(u[n], first), pairs[m0]));
+                store_lanes(pb, KQ_PL_W + 64 * j1 + lanes, _mm256_mullo_epi16(_mm256_shuffle_epi8(u[n], second), pairs[m1]));
             }
         }
         for (int i = 0; i < 8; i++)

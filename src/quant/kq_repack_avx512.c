@@ -434,25 +434,29 @@ static void q6k_batch(const struct quant_kq_gemm *g, int64_t grp, int64_t t0, in
 
 /* ---- Q5_K: ggml's eight lanes, mins on their own --------------------------------
  * Lane c sums, per 32-element sub-block m, sc_m * (u . q8) over elements
- * 32m + 4c.. with u = nibble | fifth bit << 4 (vpmaddubsw, pairs at most
- * 2 * 31 * 127, then vpdpwssd with (sc_m, sc_m)); the mins are Q4_K's msum.
+ * 32m + 4c.. with u the 5-bit level (vpmaddubsw, pairs at most 2 * 31 *
+ * 127, then vpdpwssd with (sc_m, sc_m)); the mins are Q4_K's msum.
  * acc[c] = fma(d * dy, lane, acc[c]), summs = fma(-dy * dmin, msum, summs),
- * hsum_float_8's order plus summs at the end (kq_scalar.c). Qs dword
- * 8(m / 2) + c holds sub-block m's elements in its low (m even) or high
- * nibbles; qh dword c their fifth bits at bit m. */
+ * hsum_float_8's order plus summs at the end (kq_scalar.c). The group-block
+ * holds lane c's levels of sub-block m as dword Um of its five packed
+ * dwords (kq_internal.h). */
 
-
+/* Lane c's level dwords U0..U7 of 16 rows: U0..U4 one mask each, U5..U7
+ * their bits gathered by byte shifts and bit selects (vpternlogd). */
 static inline void q5k_levels(const uint8_t *gb, int c, __m512i u[8])
 {
-    const __m512i low4 = _mm512_set1_epi8(0x0f), bit4 = _mm512_set1_epi8(0x10);
-    const __m512i qh = dword_vec(gb, KQRP_Q5K_QH(R), c);
-    for (int p = 0; p < 4; p++) {
-        const __m512i raw = dword_vec(gb, KQRP_Q5K_QS(R), 8 * p + c);
-        const __m512i h0 = _mm512_and_si512(byte_shift(qh, 2 * p - 4), bit4);
-        const __m512i h1 = _mm512_and_si512(byte_shift(qh, 2 * p - 3), bit4);
-        u[2 * p] = _mm512_ternarylogic_epi32(h0, raw, low4, SEL_B_OVER_A);
-        u[2 * p + 1] = _mm512_ternarylogic_epi32(byte_shift(raw, 4), h1, low4, SEL_A_OVER_B);
+    const __m512i low5 = _mm512_set1_epi8(0x1f), low3 = _mm512_set1_epi8(0x07), low4 = _mm512_set1_epi8(0x0f);
+    __m512i D[5];
+    for (int j = 0; j < 5; j++) {
+        D[j] = _mm512_loadu_si512(gb + KQRP_Q5K_Q(R, c, j));
+        u[j] = _mm512_and_si512(D[j], low5);
     }
+    /* bits 0-2 of U5 and U7 from bits 5-7 of D0 and D3, bits 3-4 from bits 5-6 of D1 and D4 */
+    u[5] = _mm512_and_si512(_mm512_ternarylogic_epi32(byte_shift(D[1], 2), byte_shift(D[0], 5), low3, SEL_B_OVER_A), low5);
+    u[7] = _mm512_and_si512(_mm512_ternarylogic_epi32(byte_shift(D[4], 2), byte_shift(D[3], 5), low3, SEL_B_OVER_A), low5);
+    /* U6: bits 0-2 from bits 5-7 of D2, bit 3 from bit 7 of D1, bit 4 from bit 7 of D4 */
+    const __m512i u6lo = _mm512_ternarylogic_epi32(byte_shift(D[1], 4), byte_shift(D[2], 5), low3, SEL_B_OVER_A);
+    u[6] = _mm512_and_si512(_mm512_ternarylogic_epi32(byte_shift(D[4], 3), u6lo, low4, SEL_B_OVER_A), low5);
 }
 
 /* hsum_float_8's order, row by row, plus the mins */
