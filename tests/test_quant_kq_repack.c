@@ -207,6 +207,38 @@ static void test_q6k_joined_layout(void **state)
     free(W), free(P);
 }
 
+/* AVX-512's groups of 16 hold Q6_K's levels packed in element order: the
+ * scale dwords first, then per element group (h, c) three dwords whose byte
+ * i is the level of element 128h + 32j + 4c + i with bits 2j, 2j + 1 of
+ * element 128h + 96 + 4c + i's on top; d last. */
+static void test_q6k_packed_layout(void **state)
+{
+    (void)state;
+    const int R = 16;
+    const int64_t rows = 2 * R, cols = 2 * QK_K;
+    const size_t wrow = quant_row_size(QUANT_Q6_K, cols), gbb = (size_t)R * sizeof(block_q6_K);
+    uint8_t *W = random_matrix(QUANT_Q6_K, rows, cols), *P = copy_of(W, wrow * (size_t)rows);
+    assert_int_equal(quant_kqrp_repack_as(QUANT_Q6_K, rows, cols, P, R), KS_OK);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t b = 0; b < cols / QK_K; b++) {
+            const block_q6_K *x = (const block_q6_K *)(const void *)(W + r * wrow + b * sizeof(block_q6_K));
+            const uint8_t *gb = P + (size_t)(r / R) * R * wrow + (size_t)b * gbb;
+            const int l = (int)(r % R);
+            for (int h = 0; h < 2; h++)
+                for (int c = 0; c < 8; c++)
+                    for (int j = 0; j < 3; j++)
+                        for (int i = 0; i < 4; i++) {
+                            const int e = 128 * h + 4 * c + i;
+                            const uint8_t want = (uint8_t)(q6k_level(x, e + 32 * j) | ((q6k_level(x, e + 96) >> (2 * j)) & 3) << 6);
+                            assert_int_equal(gb[KQRP_Q6K_UNIT(R, h, c) + 4 * (size_t)(j * R + l) + (size_t)i], want);
+                        }
+            for (int m = 0; m < 4; m++)
+                assert_memory_equal(gb + KQRP_Q6K_SC(R) + 4 * (size_t)(m * R + l), x->scales + 4 * m, 4);
+            assert_memory_equal(gb + KQRP_Q6K_D(R) + 2 * (size_t)l, &x->d, 2);
+        }
+    free(W), free(P);
+}
+
 /* Level (0..31) of element e of a Q5_K super-block, in ggml's qs/qh packing. */
 static uint8_t q5k_level(const block_q5_K *x, int e)
 {
@@ -569,6 +601,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_repack_keeps_every_block),
         cmocka_unit_test(test_q6k_joined_layout),
+        cmocka_unit_test(test_q6k_packed_layout),
         cmocka_unit_test(test_q5k_packed_layout),
         cmocka_unit_test(test_repack_refuses_what_does_not_fit),
         cmocka_unit_test(test_simd_kernels_match_scalar_twin),

@@ -212,9 +212,9 @@ void quant_kq_tiles_avx512(const struct quant_kq_gemm *g, const uint8_t *panels,
  *     Q4_K: d[R] | dmin[R] | 35 dwords x R (scales 0-2, qs 0-31)
  *     Q5_K: d[R] | dmin[R] | 43 dwords x R (scales 0-2, then the quants
  *           packed five bits to a byte, lane by lane: below)
- *     Q6_K: 52 dwords x R (scales 0-3, then per element group (h, c) ql
- *           16h + c, ql 16h + 8 + c, qh 8h + c) | d[R]
- *           (AVX2's groups of 8: quants joined and reordered, below)
+ *     Q6_K: 52 dwords x R (scales 0-3, then per element group (h, c) its
+ *           levels packed in 3 dwords) | d[R]
+ *           (AVX2's groups of 8: levels packed and paired, below)
  * so a group-block takes exactly the bytes of its rows' blocks, a group of
  * one row is the file's block, and the tail rows past the last whole group
  * stay row-major where the file had them. One vector load brings a dword of
@@ -267,26 +267,20 @@ static inline int kqrp_q5k_elem(int R, int c, int n, int i)
         return 32 * n + 4 * c + i;
     return 32 * (n / 2 * 2 + i / 2) + 4 * c + 2 * (n % 2) + i % 2;
 }
-/* Q6_K's dwords in the order the AVX-512 kernel reads them, so a group-block
- * streams front to back: in ggml's order (ql, qh, scales) each element
- * group's three dwords lay 1-2 KiB apart and Q6_K decode read memory at
- * 40-42 GB/s where bench_membw read 53-59 and Q4_K 55-58; in this order
- * 45-50, and 31 -> 33-34 where memory read 33 (Zen 4, 2 threads,
- * bench_matmul --gguf llama-1b Q4_K_M's ffn_down, interleaved). Element
- * group (h, c) (elements 128h + 32q + 4c, q = 0..3) is a unit of three
- * dwords: ql 16h + c, ql 16h + 8 + c, qh 8h + c. */
+/* Q6_K in groups of R > 1 (AVX2's 8 below): the scale dwords, then per
+ * element group (h, c) (elements 128h + 32q + 4c + i, q = 0..3, i = 0..3) a
+ * unit of three dwords whose byte i is
+ *     Uj | (bits 2j, 2j + 1 of U3) << 6,   j = 0..2,
+ * Uq the level (q + 32, 0..63) of element 128h + 32q + 4c + i: three levels
+ * whole (one mask each) and the fourth from the top bits, 9 vector ops
+ * where ggml's ql and qh took 11. The units stream front to back: in ggml's
+ * order (ql, qh, scales) an element group's bytes lay 1-2 KiB apart and
+ * Q6_K decode read memory at 40-42 GB/s where bench_membw read 53-59 and
+ * Q4_K 55-58; in this order 45-50, and 31 -> 33-34 where memory read 33
+ * (Zen 4, 2 threads, bench_matmul --gguf llama-1b Q4_K_M's ffn_down). */
 #define KQRP_Q6K_SC(R) 0
 #define KQRP_Q6K_UNIT(R, h, c) (4 * (size_t)(R) * (size_t)(4 + 3 * (8 * (h) + (c))))
 #define KQRP_Q6K_D(R) (52 * 4 * (R))
-/* Where ggml's dword k (ql 0-31, qh 32-47, scales 48-51) lies in that order. */
-static inline int kqrp_q6k_slot(int k)
-{
-    if (k >= 48)
-        return k - 48;
-    if (k >= 32)
-        return 4 + 3 * (k - 32) + 2;
-    return 4 + 3 * (8 * (k / 16) + k % 8) + k % 16 / 8;
-}
 /* Q6_K in groups of KQRP_Q6K_JOINED_ROWS (AVX2's groups) is stored for
  * AVX2's kernel: without AVX-512 the vector ops, not the memory, bound its
  * decode; joining a quant's 4 low and 2 high bits took more of them than the
@@ -301,8 +295,7 @@ static inline int kqrp_q6k_slot(int k)
  * sc[2m + 9]: a vpmaddubsw against the token's quants in the same order sums
  * each sub-block's pair in its own int16 half, so one vpmaddwd against
  * (sc_s, sc_s+8) scales two dwords. d stays where it is. Groups of other
- * sizes (AVX-512's 16: there the memory binds) keep ggml's ql, qh and scales
- * bytes, in the streamed order above. */
+ * sizes (AVX-512's 16) pack the levels in element order, above. */
 #define KQRP_Q6K_JOINED_ROWS 8
 static inline bool kqrp_q6k_joined(enum quant_type t, int R) { return t == QUANT_Q6_K && R == KQRP_Q6K_JOINED_ROWS; }
 /* Byte offset of joined dword 6c + 3k + j in a group-block of R rows, and of its scale dwords. */

@@ -46,17 +46,9 @@ static struct kqrp_fields kqrp_fields(enum quant_type t)
     }
 }
 
-/* Where dword k of a super-block lies among a group-block's dwords: Q6_K's
- * in its streamed order (kq_internal.h), but for AVX2's joined groups of 8
- * and a group of one row, which is the file's block. */
-static int kqrp_slot(enum quant_type t, int R, int k)
-{
-    return t == QUANT_Q6_K && R > 1 && !kqrp_q6k_joined(t, R) ? kqrp_q6k_slot(k) : k;
-}
-
 /* Where row l's bytes [o, o + *unit) of its super-block lie in a group-block
  * of R rows; *unit is the width of the field at o (2: an f16, 4: a dword). */
-static size_t kqrp_pos(enum quant_type t, struct kqrp_fields f, int R, int l, size_t o, size_t *unit)
+static size_t kqrp_pos(struct kqrp_fields f, int R, int l, size_t o, size_t *unit)
 {
     const size_t head = 2 * (size_t)f.head_f16, body = head + 4 * (size_t)f.dwords;
     if (o < head) {
@@ -65,7 +57,7 @@ static size_t kqrp_pos(enum quant_type t, struct kqrp_fields f, int R, int l, si
     }
     if (o < body) {
         *unit = 4;
-        return head * (size_t)R + (size_t)kqrp_slot(t, R, (int)((o - head) / 4)) * 4 * (size_t)R + 4 * (size_t)l;
+        return head * (size_t)R + (o - head) / 4 * 4 * (size_t)R + 4 * (size_t)l;
     }
     *unit = 2;
     return body * (size_t)R + ((o - body) / 2) * 2 * (size_t)R + 2 * (size_t)l;
@@ -84,42 +76,46 @@ static void q6k_levels(const block_q6_K *x, uint8_t u[QK_K])
         }
 }
 
-/* Byte i of joined dword 6c + 3k + j of a row (kq_internal.h), from u. */
-static uint8_t q6k_joined_byte(const uint8_t u[QK_K], int c, int k, int j, int i)
+/* A group's Q6_K row (kq_internal.h): 16 units n of three packed dwords
+ * holding four levels each, joined (AVX2's groups of 8: W(c, q, k), n = 2c
+ * + k, dwords 3n.., scales after them, reordered) or in element order (n =
+ * 8h + c, elements 128h + 32q + 4c + i, dwords 4 + 3n.., scales first). */
+static int q6k_unit_elem(bool joined, int n, int q, int i)
 {
-    const uint8_t top = u[kqrp_q6k_w_elem(c, 3, k, i)];
-    return (uint8_t)(u[kqrp_q6k_w_elem(c, j, k, i)] | ((top >> (2 * j)) & 3) << 6);
+    return joined ? kqrp_q6k_w_elem(n / 2, q, n % 2, i) : 128 * (n / 8) + 32 * q + 4 * (n % 8) + i;
 }
+static int q6k_unit_dword(bool joined, int n) { return joined ? 3 * n : 4 + 3 * n; }
+static int q6k_scale_byte(bool joined, int s) { return joined ? 4 * 48 + kqrp_q6k_scale_at(s) : s; }
 
-/* x's quants and scales into a joined row's q[0..192) and q[192..208) (d is not touched). */
-static void q6k_join(const block_q6_K *x, uint8_t q[QK_K / 2 + QK_K / 4 + QK_K / 16])
+/* x's quants and scales into a group's row q[0..208) (d is not touched). */
+static void q6k_pack(const block_q6_K *x, bool joined, uint8_t q[QK_K / 2 + QK_K / 4 + QK_K / 16])
 {
     uint8_t u[QK_K];
     q6k_levels(x, u);
-    for (int c = 0; c < 8; c++)
-        for (int k = 0; k < 2; k++)
+    for (int n = 0; n < 16; n++)
+        for (int i = 0; i < 4; i++) {
+            const uint8_t top = u[q6k_unit_elem(joined, n, 3, i)];
             for (int j = 0; j < 3; j++)
-                for (int i = 0; i < 4; i++)
-                    q[4 * (6 * c + 3 * k + j) + i] = q6k_joined_byte(u, c, k, j, i);
+                q[4 * (q6k_unit_dword(joined, n) + j) + i] = (uint8_t)(u[q6k_unit_elem(joined, n, j, i)] | ((top >> (2 * j)) & 3) << 6);
+        }
     for (int sb = 0; sb < QK_K / 16; sb++)
-        q[QK_K / 2 + QK_K / 4 + kqrp_q6k_scale_at(sb)] = (uint8_t)x->scales[sb];
+        q[q6k_scale_byte(joined, sb)] = (uint8_t)x->scales[sb];
 }
 
-/* The inverse: a joined row q back into x's ql, qh and scales. */
-static void q6k_split(const uint8_t q[QK_K / 2 + QK_K / 4 + QK_K / 16], block_q6_K *x)
+/* The inverse: a group's row q back into x's ql, qh and scales. */
+static void q6k_unpack(const uint8_t q[QK_K / 2 + QK_K / 4 + QK_K / 16], bool joined, block_q6_K *x)
 {
     uint8_t u[QK_K];
-    for (int c = 0; c < 8; c++)
-        for (int k = 0; k < 2; k++)
-            for (int i = 0; i < 4; i++) {
-                uint8_t top = 0;
-                for (int j = 0; j < 3; j++) {
-                    const uint8_t v = q[4 * (6 * c + 3 * k + j) + i];
-                    u[kqrp_q6k_w_elem(c, j, k, i)] = v & 0x3F;
-                    top |= (uint8_t)((v >> 6) << (2 * j));
-                }
-                u[kqrp_q6k_w_elem(c, 3, k, i)] = top;
+    for (int n = 0; n < 16; n++)
+        for (int i = 0; i < 4; i++) {
+            uint8_t top = 0;
+            for (int j = 0; j < 3; j++) {
+                const uint8_t v = q[4 * (q6k_unit_dword(joined, n) + j) + i];
+                u[q6k_unit_elem(joined, n, j, i)] = v & 0x3F;
+                top |= (uint8_t)((v >> 6) << (2 * j));
             }
+            u[q6k_unit_elem(joined, n, 3, i)] = top;
+        }
     for (int h = 0; h < 2; h++)
         for (int l = 0; l < 32; l++) {
             const uint8_t *v = u + 128 * h + l;
@@ -128,7 +124,7 @@ static void q6k_split(const uint8_t q[QK_K / 2 + QK_K / 4 + QK_K / 16], block_q6
             x->qh[32 * h + l] = (uint8_t)(v[0] >> 4 | (v[32] >> 4) << 2 | (v[64] >> 4) << 4 | (v[96] >> 4) << 6);
         }
     for (int sb = 0; sb < QK_K / 16; sb++)
-        x->scales[sb] = (int8_t)q[QK_K / 2 + QK_K / 4 + kqrp_q6k_scale_at(sb)];
+        x->scales[sb] = (int8_t)q[q6k_scale_byte(joined, sb)];
 }
 
 /* Level (q, 0..31) of element e of a Q5_K super-block, in ggml's qs/qh packing. */
@@ -197,10 +193,10 @@ static void kqrp_move(enum quant_type t, int R, int l, uint8_t *gb, uint8_t *blk
     const size_t bb = quant_row_size(t, QK_K);
     _Alignas(4) uint8_t reordered[sizeof(block_q6_K)];
     uint8_t *src = blk;
-    if (kqrp_q6k_joined(t, R)) { /* the same fields, their bytes reordered */
+    if (t == QUANT_Q6_K && R > 1) { /* ql, qh and scales packed level by level */
         if (to_group) {
             memcpy(reordered, blk, bb);
-            q6k_join((const block_q6_K *)(const void *)blk, reordered);
+            q6k_pack((const block_q6_K *)(const void *)blk, kqrp_q6k_joined(t, R), reordered);
         }
         src = reordered;
     } else if (t == QUANT_Q5_K && R > 1) { /* qh and qs packed level by level */
@@ -212,7 +208,7 @@ static void kqrp_move(enum quant_type t, int R, int l, uint8_t *gb, uint8_t *blk
     }
     size_t unit;
     for (size_t o = 0; o < bb; o += unit) {
-        const size_t p = kqrp_pos(t, f, R, l, o, &unit);
+        const size_t p = kqrp_pos(f, R, l, o, &unit);
         if (to_group)
             memcpy(gb + p, src + o, unit);
         else
@@ -221,7 +217,7 @@ static void kqrp_move(enum quant_type t, int R, int l, uint8_t *gb, uint8_t *blk
     if (!to_group && src == reordered) {
         memcpy(blk, reordered, bb);
         if (t == QUANT_Q6_K)
-            q6k_split(reordered, (block_q6_K *)(void *)blk);
+            q6k_unpack(reordered, kqrp_q6k_joined(t, R), (block_q6_K *)(void *)blk);
         else
             q5k_split(reordered + offsetof(block_q5_K, qh), R, (block_q5_K *)(void *)blk);
     }

@@ -245,33 +245,18 @@ static inline __m256i q6k_offset_pair(const uint8_t *gb, bool joined, int c)
     return q6k_scale_pair(gb, joined, 2 * c, 2 * c + 1, 3);
 }
 
-/* W(c, q, k), q = 0..3, of the 8 rows of a joined group of 8. */
-static inline void q6k_levels(const uint8_t *gb, int c, int k, __m256i u[4])
+/* The four levels of a unit of three packed Q6_K dwords at `at` (kq_internal.h):
+ * W(c, q, k) in a joined group of 8, element groups 128h + 32q + 4c in others. */
+static inline void q6k_levels(const uint8_t *gb, size_t at, __m256i u[4])
 {
     const __m256i low6 = _mm256_set1_epi8(0x3f);
-    const __m256i a = _mm256_loadu_si256((const __m256i *)(gb + KQRP_Q6K_JQ(R, c, k, 0))),
-                  b = _mm256_loadu_si256((const __m256i *)(gb + KQRP_Q6K_JQ(R, c, k, 1))),
-                  d = _mm256_loadu_si256((const __m256i *)(gb + KQRP_Q6K_JQ(R, c, k, 2)));
+    const __m256i a = dword_vec(gb, at, 0), b = dword_vec(gb, at, 1), d = dword_vec(gb, at, 2);
     u[0] = _mm256_and_si256(a, low6);
     u[1] = _mm256_and_si256(b, low6);
     u[2] = _mm256_and_si256(d, low6);
     /* each byte's top two bits alone, so the 16-bit shifts carry no bits across bytes */
     const __m256i ta = _mm256_andnot_si256(low6, a), tb = _mm256_andnot_si256(low6, b), td = _mm256_andnot_si256(low6, d);
     u[3] = _mm256_or_si256(_mm256_or_si256(_mm256_srli_epi16(ta, 6), _mm256_srli_epi16(tb, 4)), _mm256_srli_epi16(td, 2));
-}
-
-/* The four u = q + 32 of element groups 128h + 32q + 4c, q = 0..3, from
- * ggml's ql and qh in the streamed order (a group of 16 copied as a group of 8). */
-static inline void q6k_levels_split(const uint8_t *gb, int h, int c, __m256i u[4])
-{
-    const __m256i low4 = _mm256_set1_epi8(0x0f), top2 = _mm256_set1_epi8(0x30);
-    const size_t at = KQRP_Q6K_UNIT(R, h, c);
-    const __m256i la = dword_vec(gb, at, 0), lb = dword_vec(gb, at, 1), qh = dword_vec(gb, at, 2);
-    u[0] = _mm256_or_si256(_mm256_and_si256(la, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), top2));
-    u[1] = _mm256_or_si256(_mm256_and_si256(lb, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), top2));
-    u[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(la, 4), low4), _mm256_and_si256(qh, top2));
-    u[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lb, 4), low4),
-                           _mm256_and_si256(_mm256_srli_epi16(qh, 2), top2));
 }
 
 /* A Q8_K block's quants in W's order: dword n = 16q + 2c + k holds the
@@ -322,8 +307,8 @@ static void q6k_pass(const struct quant_kq_gemm *g, int64_t grp, int64_t t0)
             for (int c = 4 * odd; c < 4 * odd + 4; c++) {
                 quant_prefetch_weights_part(gb + KQRP_AHEAD, gbb, once, c, 8);
                 __m256i u0[4], u1[4], lane = _mm256_setzero_si256();
-                q6k_levels(gb, c, 0, u0);
-                q6k_levels(gb, c, 1, u1);
+                q6k_levels(gb, KQRP_Q6K_JQ(R, c, 0, 0), u0);
+                q6k_levels(gb, KQRP_Q6K_JQ(R, c, 1, 0), u1);
                 for (int q = 0; q < 4; q++) {
                     const int n = 16 * q + 2 * c;
                     const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(u0[q], bcast(yq + 4 * q8k_across_at(n))),
@@ -643,11 +628,9 @@ static void q6k_unpack8(const uint8_t *W, int Rg, int64_t cols, int64_t r, uint8
             scp[s] = q6k_scale_pair(src, joined, s, s, 8);
         for (int c = 0; c < 8; c++)
             for (int k = 0; k < 2; k++) {
-                __m256i u[4];
-                if (joined) /* W(c, q, k): elements of pairs j and 64 + j */
-                    q6k_levels(src, c, k, u);
-                else /* half k's element groups 128k + 32q + 4c: pairs j and j + 1 */
-                    q6k_levels_split(src, k, c, u);
+                __m256i u[4]; /* joined: W(c, q, k), elements of pairs j and 64 + j; else half k's
+                                 element groups 128k + 32q + 4c, pairs j and j + 1 */
+                q6k_levels(src, joined ? KQRP_Q6K_JQ(R, c, k, 0) : KQRP_Q6K_UNIT(R, k, c), u);
                 for (int q = 0; q < 4; q++) {
                     const int s = 8 * (joined ? 0 : k) + 2 * q + c / 4;
                     const size_t j = joined ? 16 * (size_t)q + 2 * (size_t)c + (size_t)k

@@ -223,9 +223,8 @@ static inline __attribute__((always_inline)) void q2k_pass(const struct quant_kq
  * against the (sc, sc) int16 pair of its sub-block, the offset one vpdpwssd
  * of (-32 sc[2c], -32 sc[2c + 1]) against the token's bsums pair. Then
  * acc[c] = fma(d * dy, lane, acc[c]) per row, and hsum_float_8's order at the
- * end. The element group 128h + 32q + 4c takes its low 4 bits from ql dword
- * 16h + 8(q & 1) + c (nibble q >> 1) and its top 2 from qh dword 8h + c
- * (bits 2q). */
+ * end. Element groups 128h + 32q + 4c, q = 0..3, are one unit of three
+ * packed dwords (kq_internal.h). */
 
 #define LANES_TT 2 /* tokens per pass of the eight-lane kernels (Q5_K, Q6_K): 8 float lanes per token in registers */
 
@@ -247,22 +246,22 @@ static inline __m512i byte_shift(__m512i v, int shift)
     return _mm512_multishift_epi64_epi8(_mm512_set1_epi64(ctrl), v);
 }
 
-/* The four u = q + 32 of element groups 128h + 32q + 4c, q = 0..3, of 16 rows:
- * a bit select under low4 (vpternlogd) of the nibbles and the qh bits moved
- * to bits 4-5 (bits 6-7 zero); the select overwrites the operand that is
- * computed for it, so no copy of low4 is needed. */
-#define SEL_B_OVER_A 0xd8 /* low4 ? b : a, for (a, b, low4) */
-#define SEL_A_OVER_B 0xe4 /* low4 ? a : b */
+/* The four u = q + 32 of element groups 128h + 32q + 4c, q = 0..3, of 16
+ * rows: three masked out of the unit's dwords, the fourth's 2-bit parts
+ * shifted down (vpmultishiftqb) and joined by bit selects (vpternlogd) under
+ * masks; a select overwrites the operand computed for it, so no copy of a
+ * mask is needed. */
+#define SEL_B_OVER_A 0xd8 /* mask ? b : a, for (a, b, mask) */
 static inline void q6k_levels(const uint8_t *gb, int h, int c, __m512i u[4])
 {
-    const __m512i low4 = _mm512_set1_epi8(0x0f);
+    const __m512i low6 = _mm512_set1_epi8(0x3f);
     const size_t at = KQRP_Q6K_UNIT(R, h, c);
-    const __m512i la = dword_vec(gb, at, 0), lb = dword_vec(gb, at, 1), qh = dword_vec(gb, at, 2);
-    const __m512i qh02 = _mm512_and_si512(qh, _mm512_set1_epi8(0x33)), qh13 = _mm512_and_si512(qh, _mm512_set1_epi8((char)0xcc));
-    u[0] = _mm512_ternarylogic_epi32(byte_shift(qh02, -4), la, low4, SEL_B_OVER_A);
-    u[1] = _mm512_ternarylogic_epi32(byte_shift(qh13, -2), lb, low4, SEL_B_OVER_A);
-    u[2] = _mm512_ternarylogic_epi32(byte_shift(la, 4), qh02, low4, SEL_A_OVER_B);
-    u[3] = _mm512_ternarylogic_epi32(byte_shift(lb, 4), byte_shift(qh13, 2), low4, SEL_A_OVER_B);
+    const __m512i d0 = dword_vec(gb, at, 0), d1 = dword_vec(gb, at, 1), d2 = dword_vec(gb, at, 2);
+    u[0] = _mm512_and_si512(d0, low6);
+    u[1] = _mm512_and_si512(d1, low6);
+    u[2] = _mm512_and_si512(d2, low6);
+    const __m512i b01 = _mm512_ternarylogic_epi32(byte_shift(d1, 4), byte_shift(d0, 6), _mm512_set1_epi8(0x03), SEL_B_OVER_A);
+    u[3] = _mm512_and_si512(_mm512_ternarylogic_epi32(byte_shift(d2, 2), b01, _mm512_set1_epi8(0x0f), SEL_B_OVER_A), low6);
 }
 
 /* One group-block unpacked: what a token's pass reads. */
