@@ -168,7 +168,7 @@ static void q5k_pack(const block_q5_K *x, int R, uint8_t q[QK_K / 8 + QK_K / 2])
 }
 
 /* The inverse: packed dwords q back into x's qh and qs. */
-static void q5k_split(const uint8_t q[QK_K / 8 + QK_K / 2], int R, block_q5_K *x)
+static void q5k_unpack(const uint8_t q[QK_K / 8 + QK_K / 2], int R, block_q5_K *x)
 {
     memset(x->qh, 0, sizeof x->qh);
     memset(x->qs, 0, sizeof x->qs);
@@ -219,7 +219,7 @@ static void kqrp_move(enum quant_type t, int R, int l, uint8_t *gb, uint8_t *blk
         if (t == QUANT_Q6_K)
             q6k_unpack(reordered, kqrp_q6k_joined(t, R), (block_q6_K *)(void *)blk);
         else
-            q5k_split(reordered + offsetof(block_q5_K, qh), R, (block_q5_K *)(void *)blk);
+            q5k_unpack(reordered + offsetof(block_q5_K, qh), R, (block_q5_K *)(void *)blk);
     }
 }
 

@@ -437,7 +437,7 @@ static inline void q5k_levels(const uint8_t *gb, int c, __m256i u[8])
     const __m256i low5 = _mm256_set1_epi8(0x1f), low3 = _mm256_set1_epi8(0x07), bits34 = _mm256_set1_epi8(0x18);
     __m256i D[5];
     for (int j = 0; j < 5; j++) {
-        D[j] = _mm256_loadu_si256((const __m256i *)(gb + KQRP_Q5K_Q(R, c, j)));
+        D[j] = dword_vec(gb, KQRP_Q5K_Q(R, c, 0), j);
         u[j] = _mm256_and_si256(D[j], low5);
     }
     /* a right shift by s of the int16 brings the high byte's bits into the low byte's top s bits only, which the masks drop */
@@ -510,13 +510,13 @@ static void q5k_pass(const struct quant_kq_gemm *g, int64_t grp, int64_t t0)
         const __m256 dd = _mm256_mul_ps(_mm256_set1_ps(y[b].d), d);
         if (b + 1 < nsb)
             q5k_token_pairs(&y[b + 1], xq[(b + 1) % 2]);
+        const int8_t *x = xq[b % 2];
 #pragma GCC unroll 8
         for (int c = 0; c < 8; c++) {
             quant_prefetch_weights_part(gb + KQRP_AHEAD, gbb, once, c, 8);
             __m256i u[8], lane = _mm256_setzero_si256();
             q5k_levels(gb, c, u);
             for (int k = 0; k < 4; k++) {
-                const int8_t *x = xq[b % 2];
                 const __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(u[2 * k], bcast(x + q5k_pair_at(c, k, 0))),
                                                    _mm256_maddubs_epi16(u[2 * k + 1], bcast(x + q5k_pair_at(c, k, 1))));
                 lane = _mm256_add_epi32(lane, _mm256_madd_epi16(s, sp[k]));

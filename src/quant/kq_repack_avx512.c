@@ -447,7 +447,7 @@ static inline void q5k_levels(const uint8_t *gb, int c, __m512i u[8])
     const __m512i low5 = _mm512_set1_epi8(0x1f), low3 = _mm512_set1_epi8(0x07), low4 = _mm512_set1_epi8(0x0f);
     __m512i D[5];
     for (int j = 0; j < 5; j++) {
-        D[j] = _mm512_loadu_si512(gb + KQRP_Q5K_Q(R, c, j));
+        D[j] = dword_vec(gb, KQRP_Q5K_Q(R, c, 0), j);
         u[j] = _mm512_and_si512(D[j], low5);
     }
     /* bits 0-2 of U5 and U7 from bits 5-7 of D0 and D3, bits 3-4 from bits 5-6 of D1 and D4 */
