@@ -125,6 +125,7 @@ static inline __attribute__((always_inline)) void q4k_pass(const struct quant_kq
         __m256i isum[KQRP_TT];
         for (int t = 0; t < T; t++)
             isum[t] = _mm256_setzero_si256();
+#pragma GCC unroll 4 /* rolled, it spilled: 30.4 GB/s one thread from cache, unrolled 34.5 (Zen 4) */
         for (int p = 0; p < 4; p++) {
             quant_prefetch_weights_part(gb + KQRP_AHEAD, gbb, once, p, 4);
             __m256i dlo[KQRP_TT], dhi[KQRP_TT];
@@ -181,6 +182,7 @@ static inline __attribute__((always_inline)) void q2k_pass(const struct quant_kq
         }
         for (int t = 0; t < T; t++)
             accm[t] = chain_add(accm[t], msum[t], dmin, y[t][b].d);
+#pragma GCC unroll 4 /* 18.8 -> 22.0 GB/s one thread from cache (Zen 4) */
         for (int part = 0; part < 4; part++) { /* half h, dwords 4ih .. 4ih + 3 */
             const int h = part / 2, ih = part % 2;
             quant_prefetch_weights_part(gb + KQRP_AHEAD, gbb, once, part, 4);

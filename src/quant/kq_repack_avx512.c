@@ -186,6 +186,7 @@ static inline __attribute__((always_inline)) void q2k_pass(const struct quant_kq
         }
         for (int t = 0; t < T; t++)
             accm[t] = chain_add(accm[t], msum[t], dmin, y[t][b].d);
+#pragma GCC unroll 4 /* 33.0 -> 35.1 GB/s one thread from cache (Zen 4) */
         for (int part = 0; part < 4; part++) { /* half h, dwords 4ih .. 4ih + 3 */
             const int h = part / 2, ih = part % 2;
             quant_prefetch_weights_part(gb + KQRP_AHEAD, gbb, once, part, 4);
