@@ -174,69 +174,47 @@ static uint8_t q6k_level(const block_q6_K *x, int e)
     return (uint8_t)((q < 2 ? ql & 0xF : ql >> 4) | ((x->qh[32 * h + l] >> (2 * q)) & 3) << 4);
 }
 
-/* AVX2's groups of 8 hold Q6_K's quants joined and its scales reordered,
- * byte for byte as kq_internal.h states (the kernels read that, not the
- * repacker's inverse), with d where the other groups have it. */
-static void test_q6k_joined_layout(void **state)
+/* Q6_K's groups hold its levels packed, byte for byte as kq_internal.h
+ * states (the kernels read that, not the repacker's inverse), with d last:
+ * AVX2's groups of 8 joined (W(c, q, k), elements 32q + 4c + 2k + {0, 1,
+ * 128, 129}) with the scales reordered after the quants; others (AVX-512's
+ * 16) the scale dwords first, then per element group (h, c) three dwords
+ * whose byte i is the level of element 128h + 32j + 4c + i with bits 2j,
+ * 2j + 1 of element 128h + 96 + 4c + i's on top. */
+static void test_q6k_packed_layouts(void **state)
 {
     (void)state;
-    const int R = KQRP_Q6K_JOINED_ROWS;
-    const int64_t rows = 2 * R, cols = 2 * QK_K;
-    const size_t wrow = quant_row_size(QUANT_Q6_K, cols), gbb = (size_t)R * sizeof(block_q6_K);
-    uint8_t *W = random_matrix(QUANT_Q6_K, rows, cols), *P = copy_of(W, wrow * (size_t)rows);
-    assert_int_equal(quant_kqrp_repack_as(QUANT_Q6_K, rows, cols, P, R), KS_OK);
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t b = 0; b < cols / QK_K; b++) {
-            const block_q6_K *x = (const block_q6_K *)(const void *)(W + r * wrow + b * sizeof(block_q6_K));
-            const uint8_t *gb = P + (size_t)(r / R) * R * wrow + (size_t)b * gbb;
-            const int l = (int)(r % R);
-            for (int c = 0; c < 8; c++) /* W(c, q, k): elements 32q + 4c + 2k + {0, 1, 128, 129} */
-                for (int k = 0; k < 2; k++)
+    const int groups[] = {KQRP_Q6K_JOINED_ROWS, 16};
+    for (size_t gi = 0; gi < sizeof groups / sizeof groups[0]; gi++) {
+        const int R = groups[gi];
+        const bool joined = R == KQRP_Q6K_JOINED_ROWS;
+        const int64_t rows = 2 * R, cols = 2 * QK_K;
+        const size_t wrow = quant_row_size(QUANT_Q6_K, cols), gbb = (size_t)R * sizeof(block_q6_K);
+        uint8_t *W = random_matrix(QUANT_Q6_K, rows, cols), *P = copy_of(W, wrow * (size_t)rows);
+        assert_int_equal(quant_kqrp_repack_as(QUANT_Q6_K, rows, cols, P, R), KS_OK);
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t b = 0; b < cols / QK_K; b++) {
+                const block_q6_K *x = (const block_q6_K *)(const void *)(W + r * wrow + b * sizeof(block_q6_K));
+                const uint8_t *gb = P + (size_t)(r / R) * R * wrow + (size_t)b * gbb;
+                const int l = (int)(r % R);
+                for (int n = 0; n < 16; n++) /* joined: c = n / 2, k = n % 2; else h = n / 8, c = n % 8 */
                     for (int j = 0; j < 3; j++)
                         for (int i = 0; i < 4; i++) {
-                            const int e = 4 * c + 2 * k + (i & 1) + 128 * (i >> 1);
+                            const int e = joined ? 4 * (n / 2) + 2 * (n % 2) + (i & 1) + 128 * (i >> 1) : 128 * (n / 8) + 4 * (n % 8) + i;
+                            const size_t at = joined ? KQRP_Q6K_JQ(R, n / 2, n % 2, j) : KQRP_Q6K_UNIT(R, n / 8, n % 8) + 4 * (size_t)(j * R);
                             const uint8_t want = (uint8_t)(q6k_level(x, e + 32 * j) | ((q6k_level(x, e + 96) >> (2 * j)) & 3) << 6);
-                            assert_int_equal(gb[KQRP_Q6K_JQ(R, c, k, j) + 4 * (size_t)l + (size_t)i], want);
+                            assert_int_equal(gb[at + 4 * (size_t)l + (size_t)i], want);
                         }
-            for (int m = 0; m < 4; m++) { /* scale dword m: sc[2m], sc[2m + 8], sc[2m + 1], sc[2m + 9] */
-                const int8_t want[4] = {x->scales[2 * m], x->scales[2 * m + 8], x->scales[2 * m + 1], x->scales[2 * m + 9]};
-                assert_memory_equal(gb + KQRP_Q6K_JSC(R) + 4 * (size_t)(m * R + l), want, 4);
+                for (int m = 0; m < 4; m++) { /* joined scale dword m: sc[2m], sc[2m + 8], sc[2m + 1], sc[2m + 9] */
+                    const int8_t *sc = x->scales;
+                    const int8_t want[4] = {joined ? sc[2 * m] : sc[4 * m], joined ? sc[2 * m + 8] : sc[4 * m + 1],
+                                            joined ? sc[2 * m + 1] : sc[4 * m + 2], joined ? sc[2 * m + 9] : sc[4 * m + 3]};
+                    assert_memory_equal(gb + (joined ? KQRP_Q6K_JSC(R) : KQRP_Q6K_SC(R)) + 4 * (size_t)(m * R + l), want, 4);
+                }
+                assert_memory_equal(gb + KQRP_Q6K_D(R) + 2 * (size_t)l, &x->d, 2);
             }
-            assert_memory_equal(gb + KQRP_Q6K_D(R) + 2 * (size_t)l, &x->d, 2);
-        }
-    free(W), free(P);
-}
-
-/* AVX-512's groups of 16 hold Q6_K's levels packed in element order: the
- * scale dwords first, then per element group (h, c) three dwords whose byte
- * i is the level of element 128h + 32j + 4c + i with bits 2j, 2j + 1 of
- * element 128h + 96 + 4c + i's on top; d last. */
-static void test_q6k_packed_layout(void **state)
-{
-    (void)state;
-    const int R = 16;
-    const int64_t rows = 2 * R, cols = 2 * QK_K;
-    const size_t wrow = quant_row_size(QUANT_Q6_K, cols), gbb = (size_t)R * sizeof(block_q6_K);
-    uint8_t *W = random_matrix(QUANT_Q6_K, rows, cols), *P = copy_of(W, wrow * (size_t)rows);
-    assert_int_equal(quant_kqrp_repack_as(QUANT_Q6_K, rows, cols, P, R), KS_OK);
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t b = 0; b < cols / QK_K; b++) {
-            const block_q6_K *x = (const block_q6_K *)(const void *)(W + r * wrow + b * sizeof(block_q6_K));
-            const uint8_t *gb = P + (size_t)(r / R) * R * wrow + (size_t)b * gbb;
-            const int l = (int)(r % R);
-            for (int h = 0; h < 2; h++)
-                for (int c = 0; c < 8; c++)
-                    for (int j = 0; j < 3; j++)
-                        for (int i = 0; i < 4; i++) {
-                            const int e = 128 * h + 4 * c + i;
-                            const uint8_t want = (uint8_t)(q6k_level(x, e + 32 * j) | ((q6k_level(x, e + 96) >> (2 * j)) & 3) << 6);
-                            assert_int_equal(gb[KQRP_Q6K_UNIT(R, h, c) + 4 * (size_t)(j * R + l) + (size_t)i], want);
-                        }
-            for (int m = 0; m < 4; m++)
-                assert_memory_equal(gb + KQRP_Q6K_SC(R) + 4 * (size_t)(m * R + l), x->scales + 4 * m, 4);
-            assert_memory_equal(gb + KQRP_Q6K_D(R) + 2 * (size_t)l, &x->d, 2);
-        }
-    free(W), free(P);
+        free(W), free(P);
+    }
 }
 
 /* Level (0..31) of element e of a Q5_K super-block, in ggml's qs/qh packing. */
@@ -600,8 +578,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_repack_keeps_every_block),
-        cmocka_unit_test(test_q6k_joined_layout),
-        cmocka_unit_test(test_q6k_packed_layout),
+        cmocka_unit_test(test_q6k_packed_layouts),
         cmocka_unit_test(test_q5k_packed_layout),
         cmocka_unit_test(test_repack_refuses_what_does_not_fit),
         cmocka_unit_test(test_simd_kernels_match_scalar_twin),
