@@ -127,63 +127,91 @@ static void q6k_unpack(const uint8_t q[QK_K / 2 + QK_K / 4 + QK_K / 16], bool jo
         x->scales[sb] = (int8_t)q[q6k_scale_byte(joined, sb)];
 }
 
-/* Level (q, 0..31) of element e of a Q5_K super-block, in ggml's qs/qh packing. */
-static uint8_t q5k_level(const block_q5_K *x, int e)
+/* A Q5_K super-block's levels (q, 0..31) in element order (ggml's qs/qh packing), and back. */
+static void q5k_levels(const block_q5_K *x, uint8_t u[QK_K])
 {
-    const uint8_t q = x->qs[32 * (e / 64) + e % 32];
-    return (uint8_t)((e / 32 % 2 ? q >> 4 : q & 0xF) | ((x->qh[e % 32] >> (e / 32)) & 1) << 4);
+    for (int j = 0; j < 4; j++)
+        for (int l = 0; l < 32; l++) {
+            const uint8_t q = x->qs[32 * j + l], h = x->qh[l];
+            u[64 * j + l] = (uint8_t)((q & 0xF) | ((h >> (2 * j)) & 1) << 4);
+            u[64 * j + 32 + l] = (uint8_t)((q >> 4) | ((h >> (2 * j + 1)) & 1) << 4);
+        }
 }
 
-/* The five dwords D0..D4 of lane c from its level dwords U0..U7 (kq_internal.h), byte i. */
-static void q5k_pack_byte(const uint8_t U[8], uint8_t D[5])
+static void q5k_from_levels(const uint8_t u[QK_K], block_q5_K *x)
 {
-    D[0] = (uint8_t)(U[0] | (U[5] & 7) << 5);
-    D[1] = (uint8_t)(U[1] | (U[5] >> 3) << 5 | (U[6] >> 3 & 1) << 7);
-    D[2] = (uint8_t)(U[2] | (U[6] & 7) << 5);
-    D[3] = (uint8_t)(U[3] | (U[7] & 7) << 5);
-    D[4] = (uint8_t)(U[4] | (U[7] >> 3) << 5 | (U[6] >> 4) << 7);
+    memset(x->qh, 0, sizeof x->qh);
+    for (int j = 0; j < 4; j++)
+        for (int l = 0; l < 32; l++) {
+            const uint8_t lo = u[64 * j + l], hi = u[64 * j + 32 + l];
+            x->qs[32 * j + l] = (uint8_t)((lo & 0xF) | (hi & 0xF) << 4);
+            x->qh[l] |= (uint8_t)((lo >> 4) << (2 * j) | (hi >> 4) << (2 * j + 1));
+        }
 }
 
-static void q5k_unpack_byte(const uint8_t D[5], uint8_t U[8])
+/* Lane c's five dwords D0..D4 from its level dwords U0..U7 (kq_internal.h),
+ * four bytes at a time: levels are below 32, so no masked field crosses a
+ * byte. And back. */
+#define BYTES4(v) (0x01010101u * (v))
+static void q5k_pack_dwords(const uint32_t U[8], uint32_t D[5])
+{
+    D[0] = U[0] | (U[5] & BYTES4(7)) << 5;
+    D[1] = U[1] | (U[5] >> 3 & BYTES4(3)) << 5 | (U[6] >> 3 & BYTES4(1)) << 7;
+    D[2] = U[2] | (U[6] & BYTES4(7)) << 5;
+    D[3] = U[3] | (U[7] & BYTES4(7)) << 5;
+    D[4] = U[4] | (U[7] >> 3 & BYTES4(3)) << 5 | (U[6] >> 4 & BYTES4(1)) << 7;
+}
+
+static void q5k_unpack_dwords(const uint32_t D[5], uint32_t U[8])
 {
     for (int n = 0; n < 5; n++)
-        U[n] = D[n] & 0x1F;
-    U[5] = (uint8_t)(D[0] >> 5 | (D[1] >> 5 & 3) << 3);
-    U[6] = (uint8_t)(D[2] >> 5 | (D[1] >> 7) << 3 | (D[4] >> 7) << 4);
-    U[7] = (uint8_t)(D[3] >> 5 | (D[4] >> 5 & 3) << 3);
+        U[n] = D[n] & BYTES4(0x1F);
+    U[5] = (D[0] >> 5 & BYTES4(7)) | (D[1] >> 5 & BYTES4(3)) << 3;
+    U[6] = (D[2] >> 5 & BYTES4(7)) | (D[1] >> 7 & BYTES4(1)) << 3 | (D[4] >> 7 & BYTES4(1)) << 4;
+    U[7] = (D[3] >> 5 & BYTES4(7)) | (D[4] >> 5 & BYTES4(3)) << 3;
 }
+#undef BYTES4
 
-/* x's qh and qs as a group of R's 40 packed dwords q (lane c's Dj at dword 5c + j). */
+/* x's qh and qs as a group of R's 40 packed dwords q (lane c's Dj at dword
+ * 5c + j), through the levels in level-dword order: at 32n + 4c, the 4
+ * bytes of Un of lane c. */
 static void q5k_pack(const block_q5_K *x, int R, uint8_t q[QK_K / 8 + QK_K / 2])
 {
-    for (int c = 0; c < 8; c++)
-        for (int i = 0; i < 4; i++) {
-            uint8_t U[8], D[5];
-            for (int n = 0; n < 8; n++)
-                U[n] = q5k_level(x, kqrp_q5k_elem(R, c, n, i));
-            q5k_pack_byte(U, D);
-            for (int j = 0; j < 5; j++)
-                q[4 * (5 * c + j) + i] = D[j];
-        }
+    uint8_t u[QK_K], paired[QK_K];
+    q5k_levels(x, u);
+    const uint8_t *U = u; /* sub-block n's elements 4c + i are already there */
+    if (kqrp_q5k_paired(R)) {
+        for (int n = 0; n < 8; n++)
+            for (int c = 0; c < 8; c++)
+                for (int i = 0; i < 4; i++)
+                    paired[32 * n + 4 * c + i] = u[kqrp_q5k_elem(R, c, n, i)];
+        U = paired;
+    }
+    for (int c = 0; c < 8; c++) {
+        uint32_t Un[8], D[5];
+        for (int n = 0; n < 8; n++)
+            memcpy(&Un[n], U + 32 * n + 4 * c, 4);
+        q5k_pack_dwords(Un, D);
+        memcpy(q + 4 * 5 * c, D, sizeof D);
+    }
 }
 
 /* The inverse: packed dwords q back into x's qh and qs. */
 static void q5k_unpack(const uint8_t q[QK_K / 8 + QK_K / 2], int R, block_q5_K *x)
 {
-    memset(x->qh, 0, sizeof x->qh);
-    memset(x->qs, 0, sizeof x->qs);
-    for (int c = 0; c < 8; c++)
-        for (int i = 0; i < 4; i++) {
-            uint8_t U[8], D[5];
-            for (int j = 0; j < 5; j++)
-                D[j] = q[4 * (5 * c + j) + i];
-            q5k_unpack_byte(D, U);
-            for (int n = 0; n < 8; n++) {
-                const int e = kqrp_q5k_elem(R, c, n, i);
-                x->qs[32 * (e / 64) + e % 32] |= (uint8_t)((U[n] & 0xF) << (4 * (e / 32 % 2)));
-                x->qh[e % 32] |= (uint8_t)((U[n] >> 4) << (e / 32));
-            }
-        }
+    uint8_t U[QK_K], u[QK_K];
+    for (int c = 0; c < 8; c++) {
+        uint32_t Un[8], D[5];
+        memcpy(D, q + 4 * 5 * c, sizeof D);
+        q5k_unpack_dwords(D, Un);
+        for (int n = 0; n < 8; n++)
+            memcpy(U + 32 * n + 4 * c, &Un[n], 4);
+    }
+    for (int n = 0; n < 8; n++)
+        for (int c = 0; c < 8; c++)
+            for (int i = 0; i < 4; i++)
+                u[kqrp_q5k_elem(R, c, n, i)] = U[32 * n + 4 * c + i];
+    q5k_from_levels(u, x);
 }
 
 /* Row l's super-block between blk (ggml's layout) and its group-block gb. */
