@@ -305,7 +305,7 @@ static void check_twin(kq_kernel_fn kernel, int R)
 {
     for (size_t ti = 0; ti < N_TYPES; ti++) {
         enum quant_type t = k_types[ti];
-        const int64_t rows = 3 * R, cols = 3 * QK_K;
+        const int64_t rows = 3 * R, cols = 5 * QK_K; /* the batch kernels' chunks of 4 super-blocks, and one more */
         size_t wrow = quant_row_size(t, cols), xrow = quant_row_size(QUANT_Q8_K, cols);
         uint8_t *W = random_matrix(t, rows, cols), *P = copy_of(W, wrow * (size_t)rows);
         assert_int_equal(quant_kqrp_repack_as(t, rows, cols, P, R), KS_OK);

@@ -227,6 +227,7 @@ static inline __attribute__((always_inline)) void q2k_pass(const struct quant_kq
  * end. Element groups 128h + 32q + 4c, q = 0..3, are one unit of three
  * packed dwords (kq_internal.h). */
 
+#define Q6K_CHUNK 4 /* super-blocks of a group a batch kernel takes at a time */
 #define LANES_TT 2 /* tokens per pass of the eight-lane kernels (Q5_K, Q6_K): 8 float lanes per token in registers */
 
 /* vpshufb pattern: bytes a and b of each row's dword as the high bytes of an
@@ -319,30 +320,78 @@ static inline __attribute__((always_inline)) void q6k_store(const struct quant_k
     _mm512_storeu_ps(g->Y + t * g->ldy + grp * R, sum);
 }
 
-/* One group x T (<= LANES_TT) tokens, unpacking as it goes: decode. */
+/* Super-blocks [b0, b1) of a group (gb its first) for T (<= LANES_TT)
+ * tokens into acc[t][c], unpacking as it goes; the first pass over a stretch
+ * of the weights prefetches ahead of it. */
+static inline __attribute__((always_inline)) void q6k_blocks(const uint8_t *gb, const block_q8_K *const *y, int64_t b0,
+                                                             int64_t b1, int T, bool prefetch, bool once,
+                                                             __m512 (*acc)[8])
+{
+    const size_t gbb = R * sizeof(block_q6_K);
+    gb += (size_t)b0 * gbb;
+    for (int64_t b = b0; b < b1; b++, gb += gbb) {
+        __m512i scp[16], off[8];
+        q6k_scales(gb, scp, off);
+        const __m512 d = vmath_load16_f16(gb + KQRP_Q6K_D(R));
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; c++) {
+            if (prefetch)
+                quant_prefetch_weights_part(gb + KQRP_AHEAD, gbb, once, c, 8);
+            __m512i lane[LANES_TT];
+            q6k_lane(gb, NULL, scp, off[c], y, b, T, c, lane);
+            for (int t = 0; t < T; t++)
+                acc[t][c] = chain_add(acc[t][c], lane[t], d, y[t][b].d);
+        }
+    }
+}
+
+/* One group x T (<= LANES_TT) tokens: decode. */
 static inline __attribute__((always_inline)) void q6k_pass(const struct quant_kq_gemm *g, int64_t grp, int64_t t0,
                                                            int T)
 {
-    const bool once = quant_weights_read_once(g->n_tokens);
-    const size_t gbb = R * sizeof(block_q6_K);
     const block_q8_K *y[LANES_TT];
     quant_kq_tile_tokens(g, t0, T, T, y);
     __m512 acc[LANES_TT][8];
     for (int t = 0; t < T; t++)
         for (int c = 0; c < 8; c++)
             acc[t][c] = _mm512_setzero_ps();
+    q6k_blocks(g->W + (size_t)grp * R * g->wrow, y, 0, g->cols / QK_K, T, true, quant_weights_read_once(g->n_tokens),
+               acc);
+    for (int t = 0; t < T; t++)
+        q6k_store(g, grp, t0 + t, acc[t]);
+}
+
+/* Batches of a few tokens (several streams decoding at once, a short
+ * verification): Q6K_CHUNK blocks of a group at a time (in L1 after the
+ * first pair), the tokens passing over them two by two as decode does,
+ * their sums kept in memory between chunks. Unpacking a chunk once for all
+ * the tokens (q6k_batch) pays only from about 16 tokens. One thread from
+ * cache (Zen 4, bench_matmul --hot, llama-1b's ffn_down, GB/s of weights
+ * times tokens, medians of 5 interleaved): 3 tokens 24 -> 50, 4 30 -> 52, 8
+ * 38 -> 47; a pair alone reads 57. */
+#define Q6K_PAIRS_MAX 8
+static void q6k_pairs(const struct quant_kq_gemm *g, int64_t grp, int64_t t0, int T)
+{
+    const bool once = quant_weights_read_once(g->n_tokens);
+    const int64_t nsb = g->cols / QK_K;
     const uint8_t *gb = g->W + (size_t)grp * R * g->wrow;
-    for (int64_t b = 0; b < g->cols / QK_K; b++, gb += gbb) {
-        __m512i scp[16], off[8];
-        q6k_scales(gb, scp, off);
-        const __m512 d = vmath_load16_f16(gb + KQRP_Q6K_D(R));
-#pragma GCC unroll 8
-        for (int c = 0; c < 8; c++) {
-            quant_prefetch_weights_part(gb + KQRP_AHEAD, gbb, once, c, 8);
-            __m512i lane[LANES_TT];
-            q6k_lane(gb, NULL, scp, off[c], y, b, T, c, lane);
-            for (int t = 0; t < T; t++)
-                acc[t][c] = chain_add(acc[t][c], lane[t], d, y[t][b].d);
+    const block_q8_K *y[Q6K_PAIRS_MAX];
+    quant_kq_tile_tokens(g, t0, T, T, y);
+    __m512 acc[Q6K_PAIRS_MAX][8];
+    for (int t = 0; t < T; t++)
+        for (int c = 0; c < 8; c++)
+            acc[t][c] = _mm512_setzero_ps();
+    for (int64_t b0 = 0; b0 < nsb; b0 += Q6K_CHUNK) {
+        const int64_t b1 = nsb - b0 < Q6K_CHUNK ? nsb : b0 + Q6K_CHUNK;
+        for (int t = 0; t < T; t += LANES_TT) {
+            const int n = T - t < LANES_TT ? T - t : LANES_TT;
+            __m512 a[LANES_TT][8];
+            memcpy(a, acc[t], (size_t)n * sizeof a[0]);
+            if (n == 1)
+                q6k_blocks(gb, y + t, b0, b1, 1, t == 0, once, a);
+            else
+                q6k_blocks(gb, y + t, b0, b1, 2, t == 0, once, a);
+            memcpy(acc[t], a, (size_t)n * sizeof a[0]);
         }
     }
     for (int t = 0; t < T; t++)
@@ -357,7 +406,6 @@ static inline __attribute__((always_inline)) void q6k_pass(const struct quant_kq
  * block-token at 8 tokens, 2.35 at 64; eight: 2.17 and 1.82; Zen 5, 1 thread,
  * medians of 5 interleaved). The same operations per token and block as
  * q6k_pass, in the same order: the same bits. */
-#define Q6K_CHUNK 4
 #define Q6K_BATCH 16
 #ifndef Q6K_BATCH_TT
 #define Q6K_BATCH_TT 8
@@ -510,12 +558,35 @@ static inline __attribute__((always_inline)) void q5k_lane(const __m512i u[8], c
         acc[t][c] = chain_add(acc[t][c], lane[t], d, y[t][b].d);
 }
 
-/* One group x T (<= LANES_TT) tokens, unpacking as it goes: decode. */
+/* Super-blocks [b0, b1) of a group (gb its first) for T (<= LANES_TT)
+ * tokens into acc and summs, unpacking as it goes; the first pass over a
+ * stretch of the weights prefetches ahead of it. */
+static inline __attribute__((always_inline)) void q5k_blocks(const uint8_t *gb, const block_q8_K *const *y, int64_t b0,
+                                                             int64_t b1, int T, bool prefetch, bool once,
+                                                             __m512 (*acc)[8], __m512 *summs)
+{
+    const size_t gbb = R * sizeof(block_q5_K);
+    gb += (size_t)b0 * gbb;
+    for (int64_t b = b0; b < b1; b++, gb += gbb) {
+        __m512i scp[8], m03, m47;
+        __m512 d, dmin;
+        q5k_scales(gb, scp, &m03, &m47, &d, &dmin);
+        q5k_mins(m03, m47, dmin, y, b, T, summs);
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; c++) {
+            if (prefetch)
+                quant_prefetch_weights_part(gb + KQRP_AHEAD, gbb, once, c, 8);
+            __m512i u[8];
+            q5k_levels(gb, c, u);
+            q5k_lane(u, scp, d, y, b, T, c, acc);
+        }
+    }
+}
+
+/* One group x T (<= LANES_TT) tokens: decode. */
 static inline __attribute__((always_inline)) void q5k_pass(const struct quant_kq_gemm *g, int64_t grp, int64_t t0,
                                                            int T)
 {
-    const bool once = quant_weights_read_once(g->n_tokens);
-    const size_t gbb = R * sizeof(block_q5_K);
     const block_q8_K *y[LANES_TT];
     quant_kq_tile_tokens(g, t0, T, T, y);
     __m512 acc[LANES_TT][8], summs[LANES_TT];
@@ -524,18 +595,40 @@ static inline __attribute__((always_inline)) void q5k_pass(const struct quant_kq
         for (int c = 0; c < 8; c++)
             acc[t][c] = _mm512_setzero_ps();
     }
+    q5k_blocks(g->W + (size_t)grp * R * g->wrow, y, 0, g->cols / QK_K, T, true, quant_weights_read_once(g->n_tokens),
+               acc, summs);
+    for (int t = 0; t < T; t++)
+        q5k_store(g, grp, t0 + t, acc[t], summs[t]);
+}
+
+/* Batches of a few tokens, as Q6_K's (q6k_pairs): 3 tokens 22 -> 45, 4 28
+ * -> 48, 8 38 -> 42 (q6k_pairs' measure). */
+static void q5k_pairs(const struct quant_kq_gemm *g, int64_t grp, int64_t t0, int T)
+{
+    const bool once = quant_weights_read_once(g->n_tokens);
+    const int64_t nsb = g->cols / QK_K;
     const uint8_t *gb = g->W + (size_t)grp * R * g->wrow;
-    for (int64_t b = 0; b < g->cols / QK_K; b++, gb += gbb) {
-        __m512i scp[8], m03, m47;
-        __m512 d, dmin;
-        q5k_scales(gb, scp, &m03, &m47, &d, &dmin);
-        q5k_mins(m03, m47, dmin, y, b, T, summs);
-#pragma GCC unroll 8
-        for (int c = 0; c < 8; c++) {
-            quant_prefetch_weights_part(gb + KQRP_AHEAD, gbb, once, c, 8);
-            __m512i u[8];
-            q5k_levels(gb, c, u);
-            q5k_lane(u, scp, d, y, b, T, c, acc);
+    const block_q8_K *y[Q6K_PAIRS_MAX];
+    quant_kq_tile_tokens(g, t0, T, T, y);
+    __m512 acc[Q6K_PAIRS_MAX][8], summs[Q6K_PAIRS_MAX];
+    for (int t = 0; t < T; t++) {
+        summs[t] = _mm512_setzero_ps();
+        for (int c = 0; c < 8; c++)
+            acc[t][c] = _mm512_setzero_ps();
+    }
+    for (int64_t b0 = 0; b0 < nsb; b0 += Q6K_CHUNK) {
+        const int64_t b1 = nsb - b0 < Q6K_CHUNK ? nsb : b0 + Q6K_CHUNK;
+        for (int t = 0; t < T; t += LANES_TT) {
+            const int n = T - t < LANES_TT ? T - t : LANES_TT;
+            __m512 a[LANES_TT][8], m[LANES_TT];
+            memcpy(a, acc[t], (size_t)n * sizeof a[0]);
+            memcpy(m, summs + t, (size_t)n * sizeof m[0]);
+            if (n == 1)
+                q5k_blocks(gb, y + t, b0, b1, 1, t == 0, once, a, m);
+            else
+                q5k_blocks(gb, y + t, b0, b1, 2, t == 0, once, a, m);
+            memcpy(acc[t], a, (size_t)n * sizeof a[0]);
+            memcpy(summs + t, m, (size_t)n * sizeof m[0]);
         }
     }
     for (int t = 0; t < T; t++)
@@ -731,8 +824,10 @@ static void q6k_rows(const struct quant_kq_gemm *g, int64_t g0, int64_t g1)
     for (int64_t t0 = 0; t0 < g->n_tokens; t0 += Q6K_BATCH) {
         const int T = (int)(g->n_tokens - t0 < Q6K_BATCH ? g->n_tokens - t0 : Q6K_BATCH);
         for (int64_t grp = g0; grp < g1; grp++) {
-            if (T > LANES_TT)
+            if (T > Q6K_PAIRS_MAX)
                 q6k_batch(g, grp, t0, T);
+            else if (T > LANES_TT)
+                q6k_pairs(g, grp, t0, T);
             else
                 (T == 1 ? q6k_pass_1 : q6k_pass_2)(g, grp, t0);
         }
@@ -759,8 +854,10 @@ static void q5k_rows(const struct quant_kq_gemm *g, int64_t g0, int64_t g1)
     for (int64_t t0 = 0; t0 < g->n_tokens; t0 += Q6K_BATCH) {
         const int T = (int)(g->n_tokens - t0 < Q6K_BATCH ? g->n_tokens - t0 : Q6K_BATCH);
         for (int64_t grp = g0; grp < g1; grp++) {
-            if (T > LANES_TT)
+            if (T > Q6K_PAIRS_MAX)
                 q5k_batch(g, grp, t0, T);
+            else if (T > LANES_TT)
+                q5k_pairs(g, grp, t0, T);
             else
                 (T == 1 ? q5k_pass_1 : q5k_pass_2)(g, grp, t0);
         }
