@@ -246,8 +246,10 @@ static void check_twin(rp_kernel_fn kernel, int R, int q8_bias)
 {
     for (size_t ti = 0; ti < sizeof k_types / sizeof k_types[0]; ti++) {
         enum quant_type t = k_types[ti];
-        int64_t rows = 4 * R, cols = 256, nb = cols / QK8_0;
-        for (int64_t n = 1; n <= 13; n++) { /* every tile width of the AVX-512 kernel (12) and a split */
+        /* 20 blocks: past q5's chunks of 16; every tile width of the AVX-512 kernel (12) and a split, and
+         * q5's token pairs (up to 16 tokens) and its batch kernel */
+        int64_t rows = 4 * R, cols = 20 * QK8_0, nb = cols / QK8_0;
+        for (int64_t n = 1; n <= 17; n++) {
             size_t wrow = quant_row_size(t, cols);
             uint8_t *W = random_matrix(t, rows, cols), *P = malloc(wrow * (size_t)rows);
             float *X = random_tokens(n, cols);

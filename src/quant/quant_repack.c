@@ -645,10 +645,14 @@ static inline void rp512_q5_levels(__m512i raw, __m512i qh, int k, __m512i bits,
                                       RP5_SEL_A_OVER_B);
 }
 
-/* q5: a group-block's 16 rows against tokens t0 .. t0 + T (T <= RP5_TT: 8
- * lane accumulators per token), in llama.cpp's lane order. */
-static inline __attribute__((always_inline)) void rp512_q5_tile(const struct quant_rp_job *j, int64_t g, int64_t t0,
-                                                                int T)
+/* q5: blocks [b0, b1) of group g's 16 rows against tokens a[0..T) (T <=
+ * RP5_TT: 8 lane accumulators per token), in llama.cpp's lane order, into
+ * acc and summs; the first pass over a stretch of the weights prefetches
+ * ahead of it. */
+static inline __attribute__((always_inline)) void rp512_q5_blocks(const struct quant_rp_job *j, int64_t g, int64_t b0,
+                                                                  int64_t b1, const struct quant_rp_act *const *a,
+                                                                  int T, bool prefetch, __m512 (*acc)[QUANT_Q5_LANES],
+                                                                  __m512 *summs)
 {
     const bool once = quant_weights_read_once(j->n_tokens);
     const int R = 16;
@@ -656,17 +660,10 @@ static inline __attribute__((always_inline)) void rp512_q5_tile(const struct qua
     const size_t gbb = (size_t)R * rp_block_bytes(j->wtype), qh_at = 2 * (size_t)rp_q5_f16s(j->wtype) * R,
                  qs_at = (size_t)R * rp_scale_bytes(j->wtype);
     const __m512i bits = _mm512_loadu_si512(rp_q5_bits);
-    const struct quant_rp_act *a[RP5_TT];
-    __m512 acc[RP5_TT][QUANT_Q5_LANES], summs[RP5_TT];
-    for (int t = 0; t < T; t++) {
-        a[t] = quant_rp_token(j, t0 + t);
-        summs[t] = _mm512_setzero_ps();
-        for (int c = 0; c < QUANT_Q5_LANES; c++)
-            acc[t][c] = _mm512_setzero_ps();
-    }
-    const uint8_t *gb = rp_group_block(j->W, j->wtype, j->nb, R, g, 0);
-    for (int64_t b = 0; b < j->nb; b++, gb += gbb) {
-        quant_prefetch_weights(gb + RP512_AHEAD, gbb, once);
+    const uint8_t *gb = rp_group_block(j->W, j->wtype, j->nb, R, g, b0);
+    for (int64_t b = b0; b < b1; b++, gb += gbb) {
+        if (prefetch)
+            quant_prefetch_weights(gb + RP512_AHEAD, gbb, once);
         const __m512i qh = _mm512_loadu_si512(gb + qh_at);
         const __m512 dw = vmath_load16_f16(gb);
         __m512 dd[RP5_TT];
@@ -691,12 +688,72 @@ static inline __attribute__((always_inline)) void rp512_q5_tile(const struct qua
             }
         }
     }
+}
+
+static inline void rp512_q5_store(const struct quant_rp_job *j, int64_t g, int64_t t, const __m512 v[QUANT_Q5_LANES],
+                                  __m512 summs)
+{
+    /* hsum_float_8's order, row by row */
+    __m512 sum = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(v[0], v[4]), _mm512_add_ps(v[2], v[6])),
+                               _mm512_add_ps(_mm512_add_ps(v[1], v[5]), _mm512_add_ps(v[3], v[7])));
+    _mm512_storeu_ps(j->Y + t * j->ldy + g * 16, j->wtype == QUANT_Q5_1 ? _mm512_add_ps(sum, summs) : sum);
+}
+
+/* q5: a group-block's 16 rows against tokens t0 .. t0 + T (T <= RP5_TT): decode. */
+static inline __attribute__((always_inline)) void rp512_q5_tile(const struct quant_rp_job *j, int64_t g, int64_t t0,
+                                                                int T)
+{
+    const struct quant_rp_act *a[RP5_TT];
+    __m512 acc[RP5_TT][QUANT_Q5_LANES], summs[RP5_TT];
     for (int t = 0; t < T; t++) {
-        __m512 *v = acc[t]; /* hsum_float_8's order, row by row */
-        __m512 sum = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(v[0], v[4]), _mm512_add_ps(v[2], v[6])),
-                                   _mm512_add_ps(_mm512_add_ps(v[1], v[5]), _mm512_add_ps(v[3], v[7])));
-        _mm512_storeu_ps(j->Y + (t0 + t) * j->ldy + g * R, q5_1 ? _mm512_add_ps(sum, summs[t]) : sum);
+        a[t] = quant_rp_token(j, t0 + t);
+        summs[t] = _mm512_setzero_ps();
+        for (int c = 0; c < QUANT_Q5_LANES; c++)
+            acc[t][c] = _mm512_setzero_ps();
     }
+    rp512_q5_blocks(j, g, 0, j->nb, a, T, true, acc, summs);
+    for (int t = 0; t < T; t++)
+        rp512_q5_store(j, g, t0 + t, acc[t], summs[t]);
+}
+
+/* q5 batches of up to RP5_PAIRS_MAX tokens (several streams decoding, a
+ * verification): RP5_CHUNK_BLOCKS blocks of a group at a time (in L1 after
+ * the first pair), the tokens passing over them two by two as decode does,
+ * their sums kept in memory between chunks. One thread from cache (Zen 4,
+ * bench_matmul --hot, llama-1b's ffn_down, GB/s of weights times tokens,
+ * medians of 3 interleaved, q5_0 / q5_1) against unpacking each chunk once
+ * for all the tokens (rp512_q5_batch): 3 tokens 32 / 26 -> 39 / 39, 4 33 /
+ * 23 -> 43 / 43, 8 33 / 32 -> 40 / 38, 12 36 / 34 -> 44 / 43, 16 37 / 35
+ * -> 43 / 43; a pair alone reads 51 / 49. Prefill keeps the batch kernel:
+ * gemma3-1b's q5_0 matrices at pp512 ran 5% slower two by two (1 thread). */
+#define RP5_PAIRS_MAX 16
+static void rp512_q5_pairs(const struct quant_rp_job *j, int64_t g, int64_t t0, int T)
+{
+    const struct quant_rp_act *a[RP5_PAIRS_MAX];
+    __m512 acc[RP5_PAIRS_MAX][QUANT_Q5_LANES], summs[RP5_PAIRS_MAX];
+    for (int t = 0; t < T; t++) {
+        a[t] = quant_rp_token(j, t0 + t);
+        summs[t] = _mm512_setzero_ps();
+        for (int c = 0; c < QUANT_Q5_LANES; c++)
+            acc[t][c] = _mm512_setzero_ps();
+    }
+    for (int64_t b0 = 0; b0 < j->nb; b0 += RP5_CHUNK_BLOCKS) {
+        const int64_t b1 = j->nb - b0 < RP5_CHUNK_BLOCKS ? j->nb : b0 + RP5_CHUNK_BLOCKS;
+        for (int t = 0; t < T; t += RP5_TT) {
+            const int n = T - t < RP5_TT ? T - t : RP5_TT;
+            __m512 v[RP5_TT][QUANT_Q5_LANES], sm[RP5_TT];
+            memcpy(v, acc[t], (size_t)n * sizeof v[0]);
+            memcpy(sm, summs + t, (size_t)n * sizeof sm[0]);
+            if (n == 1)
+                rp512_q5_blocks(j, g, b0, b1, a + t, 1, t == 0, v, sm);
+            else
+                rp512_q5_blocks(j, g, b0, b1, a + t, 2, t == 0, v, sm);
+            memcpy(acc[t], v, (size_t)n * sizeof v[0]);
+            memcpy(summs + t, sm, (size_t)n * sizeof sm[0]);
+        }
+    }
+    for (int t = 0; t < T; t++)
+        rp512_q5_store(j, g, t0 + t, acc[t], summs[t]);
 }
 
 static void rp512_q5_tile_1(const struct quant_rp_job *j, int64_t g, int64_t t0) { rp512_q5_tile(j, g, t0, 1); }
@@ -792,8 +849,12 @@ void quant_rp_rows_avx512(const struct quant_rp_job *j, int64_t g0, int64_t g1)
 {
     if (rp_is_q5(j->wtype)) {
         for (int64_t g = g0; g < g1; g++) {
-            if (j->n_tokens > RP5_TT) { /* 3 tokens and more: the unpacking shared by the batch */
+            if (j->n_tokens > RP5_PAIRS_MAX) { /* prefill: the unpacking shared by the batch */
                 rp512_q5_batch(j, g);
+                continue;
+            }
+            if (j->n_tokens > RP5_TT) {
+                rp512_q5_pairs(j, g, 0, (int)j->n_tokens);
                 continue;
             }
             (j->n_tokens < RP5_TT ? rp512_q5_tile_1 : rp512_q5_tile_2)(j, g, 0);
