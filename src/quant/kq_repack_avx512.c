@@ -368,8 +368,12 @@ static inline __attribute__((always_inline)) void q6k_pass(const struct quant_kq
  * the tokens (q6k_batch) pays only from about 16 tokens. One thread from
  * cache (Zen 4, bench_matmul --hot, llama-1b's ffn_down, GB/s of weights
  * times tokens, medians of 5 interleaved): 3 tokens 24 -> 50, 4 30 -> 52, 8
- * 38 -> 47; a pair alone reads 57. */
+ * 38 -> 47; a pair alone reads 57. From 9 tokens the batch kernel is as fast
+ * or faster (Q5_K / Q6_K at 9: 50 / 51 against 46 / 52 two by two, at 12: 50
+ * / 54 against 44 / 53). */
+#ifndef Q6K_PAIRS_MAX
 #define Q6K_PAIRS_MAX 8
+#endif
 static void q6k_pairs(const struct quant_kq_gemm *g, int64_t grp, int64_t t0, int T)
 {
     const bool once = quant_weights_read_once(g->n_tokens);
