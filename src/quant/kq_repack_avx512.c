@@ -362,42 +362,73 @@ static inline __attribute__((always_inline)) void q6k_pass(const struct quant_kq
 }
 
 /* Batches of a few tokens (several streams decoding at once, a short
- * verification): Q6K_CHUNK blocks of a group at a time (in L1 after the
- * first pair), the tokens passing over them two by two as decode does,
- * their sums kept in memory between chunks. Unpacking a chunk once for all
- * the tokens (q6k_batch) pays only from about 16 tokens. One thread from
- * cache (Zen 4, bench_matmul --hot, llama-1b's ffn_down, GB/s of weights
- * times tokens, medians of 5 interleaved): 3 tokens 24 -> 50, 4 30 -> 52, 8
- * 38 -> 47; a pair alone reads 57. From 9 tokens the batch kernel is as fast
- * or faster (Q5_K / Q6_K at 9: 50 / 51 against 46 / 52 two by two, at 12: 50
- * / 54 against 44 / 53). */
+ * verification) for the eight-lane kernels (Q5_K, Q6_K): Q6K_CHUNK blocks
+ * of a group at a time (in L1 after the first pair), the tokens passing
+ * over them two by two as decode does, their sums kept in memory between
+ * chunks. Unpacking a chunk once for all the tokens (q6k_batch) pays only
+ * from about 16 tokens. One thread from cache (Zen 4, bench_matmul --hot,
+ * llama-1b's ffn_down, GB/s of weights times tokens, medians of 5
+ * interleaved): Q6_K 3 tokens 24 -> 50, 4 30 -> 52, 8 38 -> 47 (a pair
+ * alone reads 57); Q5_K 22 -> 45, 28 -> 48, 38 -> 42. From 9 tokens the
+ * batch kernel is as fast or faster (Q5_K / Q6_K at 9: 50 / 51 against 46
+ * / 52 two by two, at 12: 50 / 54 against 44 / 53). */
 #ifndef Q6K_PAIRS_MAX
 #define Q6K_PAIRS_MAX 8
 #endif
-static void q6k_pairs(const struct quant_kq_gemm *g, int64_t grp, int64_t t0, int T)
+
+/* Blocks [b0, b1) of a group for n (1 or 2) tokens, their sums in acc and summs (Q6_K has none). */
+typedef void (*lanes_blocks_fn)(const uint8_t *gb, const block_q8_K *const *y, int64_t b0, int64_t b1, bool prefetch,
+                                bool once, __m512 (*acc)[8], __m512 *summs);
+
+/* T tokens from t0 of group grp into acc and summs (zeroed here), by_width[n] running n tokens. */
+static void lanes_pairs(const struct quant_kq_gemm *g, int64_t grp, int64_t t0, int T, const lanes_blocks_fn *by_width,
+                        __m512 (*acc)[8], __m512 *summs)
 {
     const bool once = quant_weights_read_once(g->n_tokens);
     const int64_t nsb = g->cols / QK_K;
     const uint8_t *gb = g->W + (size_t)grp * R * g->wrow;
     const block_q8_K *y[Q6K_PAIRS_MAX];
     quant_kq_tile_tokens(g, t0, T, T, y);
-    __m512 acc[Q6K_PAIRS_MAX][8];
-    for (int t = 0; t < T; t++)
+    for (int t = 0; t < T; t++) {
+        summs[t] = _mm512_setzero_ps();
         for (int c = 0; c < 8; c++)
             acc[t][c] = _mm512_setzero_ps();
+    }
     for (int64_t b0 = 0; b0 < nsb; b0 += Q6K_CHUNK) {
         const int64_t b1 = nsb - b0 < Q6K_CHUNK ? nsb : b0 + Q6K_CHUNK;
-        for (int t = 0; t < T; t += LANES_TT) {
-            const int n = T - t < LANES_TT ? T - t : LANES_TT;
-            __m512 a[LANES_TT][8];
-            memcpy(a, acc[t], (size_t)n * sizeof a[0]);
-            if (n == 1)
-                q6k_blocks(gb, y + t, b0, b1, 1, t == 0, once, a);
-            else
-                q6k_blocks(gb, y + t, b0, b1, 2, t == 0, once, a);
-            memcpy(acc[t], a, (size_t)n * sizeof a[0]);
-        }
+        for (int t = 0; t < T; t += LANES_TT)
+            by_width[T - t < LANES_TT ? T - t : LANES_TT](gb, y + t, b0, b1, t == 0, once, acc + t, summs + t);
     }
+}
+
+/* A width of lanes_pairs: the sums copied into registers around an inlined pass. */
+#define LANES_BLOCKS_WIDTH(name, blocks, n)                                                                       \
+    static void name(const uint8_t *gb, const block_q8_K *const *y, int64_t b0, int64_t b1, bool prefetch,      \
+                     bool once, __m512 (*acc)[8], __m512 *summs)                                                 \
+    {                                                                                                            \
+        __m512 a[n][8], m[n];                                                                                    \
+        memcpy(a, acc, sizeof a);                                                                                \
+        memcpy(m, summs, sizeof m);                                                                              \
+        blocks(gb, y, b0, b1, n, prefetch, once, a, m);                                                          \
+        memcpy(acc, a, sizeof a);                                                                                \
+        memcpy(summs, m, sizeof m);                                                                              \
+    }
+
+static inline __attribute__((always_inline)) void q6k_blocks_sums(const uint8_t *gb, const block_q8_K *const *y,
+                                                                  int64_t b0, int64_t b1, int T, bool prefetch,
+                                                                  bool once, __m512 (*acc)[8], __m512 *summs)
+{
+    (void)summs;
+    q6k_blocks(gb, y, b0, b1, T, prefetch, once, acc);
+}
+LANES_BLOCKS_WIDTH(q6k_blocks_1, q6k_blocks_sums, 1)
+LANES_BLOCKS_WIDTH(q6k_blocks_2, q6k_blocks_sums, 2)
+static const lanes_blocks_fn q6k_blocks_widths[LANES_TT + 1] = {NULL, q6k_blocks_1, q6k_blocks_2};
+
+static void q6k_pairs(const struct quant_kq_gemm *g, int64_t grp, int64_t t0, int T)
+{
+    __m512 acc[Q6K_PAIRS_MAX][8], unused[Q6K_PAIRS_MAX];
+    lanes_pairs(g, grp, t0, T, q6k_blocks_widths, acc, unused);
     for (int t = 0; t < T; t++)
         q6k_store(g, grp, t0 + t, acc[t]);
 }
@@ -605,36 +636,15 @@ static inline __attribute__((always_inline)) void q5k_pass(const struct quant_kq
         q5k_store(g, grp, t0 + t, acc[t], summs[t]);
 }
 
-/* Batches of a few tokens, as Q6_K's (q6k_pairs): 3 tokens 22 -> 45, 4 28
- * -> 48, 8 38 -> 42 (q6k_pairs' measure). */
+/* Batches of a few tokens: lanes_pairs. */
+LANES_BLOCKS_WIDTH(q5k_blocks_1, q5k_blocks, 1)
+LANES_BLOCKS_WIDTH(q5k_blocks_2, q5k_blocks, 2)
+static const lanes_blocks_fn q5k_blocks_widths[LANES_TT + 1] = {NULL, q5k_blocks_1, q5k_blocks_2};
+
 static void q5k_pairs(const struct quant_kq_gemm *g, int64_t grp, int64_t t0, int T)
 {
-    const bool once = quant_weights_read_once(g->n_tokens);
-    const int64_t nsb = g->cols / QK_K;
-    const uint8_t *gb = g->W + (size_t)grp * R * g->wrow;
-    const block_q8_K *y[Q6K_PAIRS_MAX];
-    quant_kq_tile_tokens(g, t0, T, T, y);
     __m512 acc[Q6K_PAIRS_MAX][8], summs[Q6K_PAIRS_MAX];
-    for (int t = 0; t < T; t++) {
-        summs[t] = _mm512_setzero_ps();
-        for (int c = 0; c < 8; c++)
-            acc[t][c] = _mm512_setzero_ps();
-    }
-    for (int64_t b0 = 0; b0 < nsb; b0 += Q6K_CHUNK) {
-        const int64_t b1 = nsb - b0 < Q6K_CHUNK ? nsb : b0 + Q6K_CHUNK;
-        for (int t = 0; t < T; t += LANES_TT) {
-            const int n = T - t < LANES_TT ? T - t : LANES_TT;
-            __m512 a[LANES_TT][8], m[LANES_TT];
-            memcpy(a, acc[t], (size_t)n * sizeof a[0]);
-            memcpy(m, summs + t, (size_t)n * sizeof m[0]);
-            if (n == 1)
-                q5k_blocks(gb, y + t, b0, b1, 1, t == 0, once, a, m);
-            else
-                q5k_blocks(gb, y + t, b0, b1, 2, t == 0, once, a, m);
-            memcpy(acc[t], a, (size_t)n * sizeof a[0]);
-            memcpy(summs + t, m, (size_t)n * sizeof m[0]);
-        }
-    }
+    lanes_pairs(g, grp, t0, T, q5k_blocks_widths, acc, summs);
     for (int t = 0; t < T; t++)
         q5k_store(g, grp, t0 + t, acc[t], summs[t]);
 }
