@@ -832,22 +832,6 @@ KQRP_WIDTHS(q2k_pass)
 static void q6k_pass_1(const struct quant_kq_gemm *g, int64_t grp, int64_t t0) { q6k_pass(g, grp, t0, 1); }
 static void q6k_pass_2(const struct quant_kq_gemm *g, int64_t grp, int64_t t0) { q6k_pass(g, grp, t0, 2); }
 
-/* Q6_K: token blocks of Q6K_BATCH, decode passes for 1-2 tokens, the batch kernel above. */
-static void q6k_rows(const struct quant_kq_gemm *g, int64_t g0, int64_t g1)
-{
-    for (int64_t t0 = 0; t0 < g->n_tokens; t0 += Q6K_BATCH) {
-        const int T = (int)(g->n_tokens - t0 < Q6K_BATCH ? g->n_tokens - t0 : Q6K_BATCH);
-        for (int64_t grp = g0; grp < g1; grp++) {
-            if (T > Q6K_PAIRS_MAX)
-                q6k_batch(g, grp, t0, T);
-            else if (T > LANES_TT)
-                q6k_pairs(g, grp, t0, T);
-            else
-                (T == 1 ? q6k_pass_1 : q6k_pass_2)(g, grp, t0);
-        }
-    }
-}
-
 /* Q4_K and Q2_K: a block of tokens stays in L2 while the groups pass over it. */
 static void chains_rows(const struct quant_kq_gemm *g, const kqrp_pass_fn *passes, int64_t g0, int64_t g1)
 {
@@ -862,18 +846,28 @@ static void chains_rows(const struct quant_kq_gemm *g, const kqrp_pass_fn *passe
 static void q5k_pass_1(const struct quant_kq_gemm *g, int64_t grp, int64_t t0) { q5k_pass(g, grp, t0, 1); }
 static void q5k_pass_2(const struct quant_kq_gemm *g, int64_t grp, int64_t t0) { q5k_pass(g, grp, t0, 2); }
 
-/* Q5_K: token blocks of Q6K_BATCH, decode passes for 1-2 tokens, the batch kernel above. */
-static void q5k_rows(const struct quant_kq_gemm *g, int64_t g0, int64_t g1)
+/* The eight-lane kernels of one type (Q5_K, Q6_K) by the tokens of a pass. */
+typedef void (*lanes_batch_fn)(const struct quant_kq_gemm *g, int64_t grp, int64_t t0, int T);
+struct lanes_kernels {
+    kqrp_pass_fn pass[LANES_TT + 1]; /* decode: 1 or 2 tokens */
+    lanes_batch_fn pairs;            /* 3 .. Q6K_PAIRS_MAX tokens */
+    lanes_batch_fn batch;            /* more, up to Q6K_BATCH */
+};
+static const struct lanes_kernels q6k_kernels = {{NULL, q6k_pass_1, q6k_pass_2}, q6k_pairs, q6k_batch};
+static const struct lanes_kernels q5k_kernels = {{NULL, q5k_pass_1, q5k_pass_2}, q5k_pairs, q5k_batch};
+
+/* Token blocks of Q6K_BATCH, each group passed by the kernel for its size. */
+static void lanes_rows(const struct quant_kq_gemm *g, const struct lanes_kernels *k, int64_t g0, int64_t g1)
 {
     for (int64_t t0 = 0; t0 < g->n_tokens; t0 += Q6K_BATCH) {
         const int T = (int)(g->n_tokens - t0 < Q6K_BATCH ? g->n_tokens - t0 : Q6K_BATCH);
         for (int64_t grp = g0; grp < g1; grp++) {
             if (T > Q6K_PAIRS_MAX)
-                q5k_batch(g, grp, t0, T);
+                k->batch(g, grp, t0, T);
             else if (T > LANES_TT)
-                q5k_pairs(g, grp, t0, T);
+                k->pairs(g, grp, t0, T);
             else
-                (T == 1 ? q5k_pass_1 : q5k_pass_2)(g, grp, t0);
+                k->pass[T](g, grp, t0);
         }
     }
 }
@@ -884,8 +878,8 @@ void quant_kqrp_rows_avx512(const struct quant_kq_gemm *g, int64_t g0, int64_t g
     case QUANT_Q2_K: chains_rows(g, q2k_pass_widths, g0, g1); return;
     case QUANT_Q3_K: q3k_rows(g, g0, g1); return;
     case QUANT_Q4_K: chains_rows(g, q4k_pass_widths, g0, g1); return;
-    case QUANT_Q5_K: q5k_rows(g, g0, g1); return;
-    case QUANT_Q6_K: q6k_rows(g, g0, g1); return;
+    case QUANT_Q5_K: lanes_rows(g, &q5k_kernels, g0, g1); return;
+    case QUANT_Q6_K: lanes_rows(g, &q6k_kernels, g0, g1); return;
     default: quant_kqrp_rows_ref(g, R, g0, g1); return;
     }
 }

@@ -699,18 +699,26 @@ static inline void rp512_q5_store(const struct quant_rp_job *j, int64_t g, int64
     _mm512_storeu_ps(j->Y + t * j->ldy + g * 16, j->wtype == QUANT_Q5_1 ? _mm512_add_ps(sum, summs) : sum);
 }
 
-/* q5: a group-block's 16 rows against tokens t0 .. t0 + T (T <= RP5_TT): decode. */
-static inline __attribute__((always_inline)) void rp512_q5_tile(const struct quant_rp_job *j, int64_t g, int64_t t0,
-                                                                int T)
+/* Tokens t0 .. t0 + T's activations in a, their sums zeroed. */
+static inline __attribute__((always_inline)) void rp512_q5_begin(const struct quant_rp_job *j, int64_t t0, int T,
+                                                                 const struct quant_rp_act **a,
+                                                                 __m512 (*acc)[QUANT_Q5_LANES], __m512 *summs)
 {
-    const struct quant_rp_act *a[RP5_TT];
-    __m512 acc[RP5_TT][QUANT_Q5_LANES], summs[RP5_TT];
     for (int t = 0; t < T; t++) {
         a[t] = quant_rp_token(j, t0 + t);
         summs[t] = _mm512_setzero_ps();
         for (int c = 0; c < QUANT_Q5_LANES; c++)
             acc[t][c] = _mm512_setzero_ps();
     }
+}
+
+/* q5: a group-block's 16 rows against tokens t0 .. t0 + T (T <= RP5_TT): decode. */
+static inline __attribute__((always_inline)) void rp512_q5_tile(const struct quant_rp_job *j, int64_t g, int64_t t0,
+                                                                int T)
+{
+    const struct quant_rp_act *a[RP5_TT];
+    __m512 acc[RP5_TT][QUANT_Q5_LANES], summs[RP5_TT];
+    rp512_q5_begin(j, t0, T, a, acc, summs);
     rp512_q5_blocks(j, g, 0, j->nb, a, T, true, acc, summs);
     for (int t = 0; t < T; t++)
         rp512_q5_store(j, g, t0 + t, acc[t], summs[t]);
@@ -731,12 +739,7 @@ static void rp512_q5_pairs(const struct quant_rp_job *j, int64_t g, int64_t t0, 
 {
     const struct quant_rp_act *a[RP5_PAIRS_MAX];
     __m512 acc[RP5_PAIRS_MAX][QUANT_Q5_LANES], summs[RP5_PAIRS_MAX];
-    for (int t = 0; t < T; t++) {
-        a[t] = quant_rp_token(j, t0 + t);
-        summs[t] = _mm512_setzero_ps();
-        for (int c = 0; c < QUANT_Q5_LANES; c++)
-            acc[t][c] = _mm512_setzero_ps();
-    }
+    rp512_q5_begin(j, t0, T, a, acc, summs);
     for (int64_t b0 = 0; b0 < j->nb; b0 += RP5_CHUNK_BLOCKS) {
         const int64_t b1 = j->nb - b0 < RP5_CHUNK_BLOCKS ? j->nb : b0 + RP5_CHUNK_BLOCKS;
         for (int t = 0; t < T; t += RP5_TT) {
