@@ -6,12 +6,15 @@
  *    bytes;
  *  - quantize round-trip error on N(0,1) rows below a per-type bound;
  *  - every SIMD vec_dot against its scalar twin: bit-identical for IQ4_NL
- *    and MXFP4 (the same fma chain), within the bound test_quant uses
- *    ((n/32 + 2) * 2^-23 * sum |x_i y_i|) for IQ4_XS; the multi-token
+ *    and MXFP4 (the same fma chain), and for IQ4_XS to the scalar eight-lane
+ *    order (quant_vec_dot_iq4_xs_q8_K_lanes), which is within the bound
+ *    test_quant uses ((n/32 + 2) * 2^-23 * sum |x_i y_i|) of ggml's generic
+ *    order (the scalar vec_dot); the multi-token
  *    kernels bit-identical to their ISA's vec_dot for every token of a
  *    batch (up to 37 tokens: the 8- and 16-token passes and the rest);
  *  - against llama.cpp's AVX2 CPU backend (libggml-cpu-haswell.so): the
- *    activation quantizers byte for byte and the IQ4_XS vec_dot bit for bit;
+ *    activation quantizers byte for byte and the IQ4_XS vec_dots (SIMD and
+ *    scalar eight-lane) bit for bit;
  *  - quant_matmul (decode and prefill paths) bit-identical to the traits
  *    vec_dot per row and token, and quant_get_row to to_float. */
 #include <dlfcn.h>
@@ -313,9 +316,18 @@ static void test_simd_vs_scalar(void **state)
                     float want;
                     tr->vec_dot(n, &want, xq, yq + k * yrow);
                     double tol = (n / 32.0 + 2) * 0x1p-23 * abs_dot(xd, yd, n) + 1e-30;
+                    float lanes = want; /* IQ4_XS: the scalar eight-lane order the SIMD kernels follow */
+                    if (t == QUANT_IQ4_XS)
+                        quant_vec_dot_iq4_xs_q8_K_lanes(n, &lanes, xq, yq + k * yrow);
+                    if (!(fabs((double)lanes - want) <= tol))
+                        fail_msg("%s lanes n=%d token %d: got %.9g want %.9g (tol %.3g)", tr->name, n, k,
+                                 (double)lanes, (double)want, tol);
                     for (const struct dot_kernels *d = g_isas; d->isa; d++) {
                         float got;
                         d->dot[ti](n, &got, xq, yq + k * yrow);
+                        if (memcmp(&got, &lanes, sizeof got))
+                            fail_msg("%s %s n=%d token %d: got %.9g, scalar %.9g (must be equal)", tr->name, d->isa, n,
+                                     k, (double)got, (double)lanes);
                         if (t != QUANT_IQ4_XS && memcmp(&got, &want, sizeof got)) /* the same fma chain */
                             fail_msg("%s %s n=%d token %d: got %.9g, scalar %.9g (must be equal)", tr->name, d->isa, n,
                                      k, (double)got, (double)want);
@@ -405,8 +417,12 @@ static void test_against_ggml_cpu(void **state)
                          quant_type_name(tr->vec_dot_type));
             if (t != QUANT_IQ4_XS)
                 continue;
-            float want;
+            float want, lanes;
             g->vec_dot(N, &want, 0, wq, 0, ya, 0, 1);
+            quant_vec_dot_iq4_xs_q8_K_lanes(N, &lanes, wq, ya);
+            if (memcmp(&lanes, &want, sizeof lanes))
+                fail_msg("%s rep %d: scalar eight lanes %.9g, ggml-cpu's AVX2 vec_dot %.9g", tr->name, rep,
+                         (double)lanes, (double)want);
             for (const struct dot_kernels *d = g_isas; d->isa; d++) {
                 float got;
                 d->dot[ti](N, &got, wq, ya);

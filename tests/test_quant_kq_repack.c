@@ -1,4 +1,4 @@
-/* quant: repacked k-quant weights (Q2_K to Q6_K). The repack keeps every
+/* quant: repacked k-quant weights (Q2_K to Q6_K, and IQ4_XS with AVX-512). The repack keeps every
  * super-block (read back out of the layout it is the original bytes; the
  * tail rows past the last whole group keep their bytes in place; AVX2's
  * Q6_K groups hold the layout kq_internal.h states), a row
@@ -23,6 +23,7 @@
 
 #include <cmocka.h>
 
+#include "quant/iq4_mxfp4.h"
 #include "quant/kq_internal.h"
 #include "quant/quant.h"
 #include "quant/quant_internal.h"
@@ -31,7 +32,7 @@
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 static float rndf(void) { return ks_rng_uniform(&rng_state) * 2.0f - 1.0f; } /* [-1, 1) */
 
-static const enum quant_type k_types[] = {QUANT_Q4_K, QUANT_Q6_K, QUANT_Q5_K, QUANT_Q2_K, QUANT_Q3_K};
+static const enum quant_type k_types[] = {QUANT_Q4_K, QUANT_Q6_K, QUANT_Q5_K, QUANT_Q2_K, QUANT_Q3_K, QUANT_IQ4_XS};
 #define N_TYPES (sizeof k_types / sizeof k_types[0])
 
 /* Offsets of a super-block's f16 scales: d, and dmin (d again where there is none). */
@@ -42,6 +43,7 @@ static void f16_fields(enum quant_type t, size_t *d, size_t *dmin)
     case QUANT_Q5_K: *d = offsetof(block_q5_K, d), *dmin = offsetof(block_q5_K, dmin); return;
     case QUANT_Q2_K: *d = offsetof(block_q2_K, d), *dmin = offsetof(block_q2_K, dmin); return;
     case QUANT_Q3_K: *d = *dmin = offsetof(block_q3_K, d); return;
+    case QUANT_IQ4_XS: *d = *dmin = offsetof(block_iq4_xs, d); return;
     default: *d = *dmin = offsetof(block_q6_K, d); return;
     }
 }
@@ -113,7 +115,15 @@ static uint8_t *q8k_rows(const float *X, int64_t n, int64_t cols)
     return q;
 }
 
-/* Y[t][r] by the scalar reference vec_dot on the row-major matrix. */
+/* The scalar reference a repacked t's kernels give the bits of: its vec_dot,
+ * or for IQ4_XS ggml's eight-lane order (what its SIMD row kernels run;
+ * the scalar vec_dot keeps ggml's generic order, iq4_mxfp4.h). */
+static quant_vec_dot_fn reference_dot(enum quant_type t)
+{
+    return t == QUANT_IQ4_XS ? quant_vec_dot_iq4_xs_q8_K_lanes : quant_traits_scalar(t)->vec_dot;
+}
+
+/* Y[t][r] by the scalar reference on the row-major matrix. */
 static void reference_matmul(enum quant_type wtype, const uint8_t *W, int64_t rows, int64_t cols, const float *X,
                              int64_t n, float *Y)
 {
@@ -121,7 +131,7 @@ static void reference_matmul(enum quant_type wtype, const uint8_t *W, int64_t ro
     uint8_t *xq = q8k_rows(X, n, cols);
     for (int64_t t = 0; t < n; t++)
         for (int64_t r = 0; r < rows; r++)
-            quant_traits_scalar(wtype)->vec_dot((int)cols, &Y[t * rows + r], W + r * wrow, xq + t * xrow);
+            reference_dot(wtype)((int)cols, &Y[t * rows + r], W + r * wrow, xq + t * xrow);
     free(xq);
 }
 
@@ -268,18 +278,33 @@ static void test_q5k_packed_layout(void **state)
     }
 }
 
+/* What each build is meant to repack: the k-quants with AVX2 or AVX-512,
+ * IQ4_XS with AVX-512 only (kq_repack.c). */
+static bool repacked_by_this_build(enum quant_type t)
+{
+#if defined(KQRP_HAVE_AVX512)
+    (void)t;
+    return true;
+#elif defined(KQRP_HAVE_AVX2)
+    return t != QUANT_IQ4_XS;
+#else
+    (void)t;
+    return false;
+#endif
+}
+
 static void test_repack_refuses_what_does_not_fit(void **state)
 {
     (void)state;
     const int R = quant_repack_rows();
     for (size_t ti = 0; ti < N_TYPES; ti++) {
         enum quant_type t = k_types[ti];
-#if defined(KQRP_HAVE_AVX2)
-        assert_true(quant_repack_fits(t, R, QK_K));
-        assert_true(quant_repack_fits(t, 2 * R + 1, 3 * QK_K));
-#else
-        assert_false(quant_repack_fits(t, R, QK_K));
-#endif
+        if (repacked_by_this_build(t)) {
+            assert_true(quant_repack_fits(t, R, QK_K));
+            assert_true(quant_repack_fits(t, 2 * R + 1, 3 * QK_K));
+        } else {
+            assert_false(quant_repack_fits(t, R, QK_K));
+        }
         assert_false(quant_repack_fits(t, R - 1, QK_K));
         assert_false(quant_repack_fits(t, R, QK_K / 2));
         assert_false(quant_repack_fits(t, R, 0));
@@ -441,7 +466,7 @@ static void test_panels_read_the_layout(void **state)
     for (size_t ti = 0; ti < N_TYPES; ti++) {
         enum quant_type t = k_types[ti];
         const int64_t rows = 4 * R + 5, cols = 2 * QK_K;
-        if (!build_repacks(t))
+        if (!build_repacks(t) || t == QUANT_IQ4_XS) /* IQ4_XS has no prefill tiles: its group kernels take every batch */
             continue;
         const int64_t at[][2] = {{0, 16}, {16, 16}, {R / 2, 16}, {8, 7}, {4 * R - 8, 13}, {4 * R, 5}, {3, 16}};
         size_t wrow = quant_row_size(t, cols), pbytes = quant_kq_panel_bytes(cols);

@@ -138,7 +138,7 @@ static void test_repack_refuses_what_does_not_fit(void **state)
     assert_true(quant_repack_fits(QUANT_IQ4_NL, R, 64));
     assert_true(quant_repack_fits(QUANT_MXFP4, 2 * R + 3, 96));
     assert_false(quant_repack_fits(QUANT_MXFP4, R - 1, 64));
-    assert_false(quant_repack_fits(QUANT_IQ4_XS, R, 256));
+    assert_false(quant_repack_fits(QUANT_IQ3_XXS, R, 256));
     assert_false(quant_repack_fits(QUANT_Q8_0, R - 1, 64)); /* no whole group: row-major kernels */
     assert_false(quant_repack_fits(QUANT_Q8_0, 0, 64));
     assert_false(quant_repack_fits(QUANT_Q4_1, R, 64));

@@ -19,9 +19,12 @@
  *    and every SIMD kernel compute exactly that: the same bits in every ISA.
  *  - IQ4_XS runs ggml's AVX2 vec_dot: per super-block the 6-bit scales are
  *    applied in int32 over 8 lanes, one fma per super-block into 8 float
- *    lanes, a horizontal sum at the end. The SIMD kernels do that; the
- *    scalar reference keeps ggml's generic order (a float step per block of
- *    32), within the bound tests/test_quant_iq4_mxfp4.c holds.
+ *    lanes, a horizontal sum at the end. The SIMD kernels do that, and so
+ *    does quant_vec_dot_iq4_xs_q8_K_lanes; the scalar reference (the traits
+ *    vec_dot) keeps ggml's generic order (a float step per block of 32),
+ *    within the bound tests/test_quant_iq4_mxfp4.c holds. AVX-512 builds
+ *    repack IQ4_XS matrices (kq_internal.h) and run kq_repack_avx512.c's
+ *    group kernels on them, in the same eight-lane order.
  * Each SIMD vec_dot is its multi-token kernel at nt = 1 with the same
  * operations, so a token gets the same bits in a batch as alone. */
 #ifndef KS_QUANT_IQ4_MXFP4_H
@@ -70,6 +73,11 @@ void quant_quantize_row_iq4_xs(const float *x, void *y, int64_t n);
  * value to the nearest level (the first on a tie). */
 void quant_quantize_row_mxfp4(const float *x, void *y, int64_t n);
 void quant_vec_dot_iq4_xs_q8_K_scalar(int n, float *s, const void *x, const void *y);
+/* IQ4_XS in ggml's AVX2 order, what every SIMD kernel computes: a super-
+ * block's 8 exact int32 lanes (lane c: elements 4c..4c + 3 of each block of
+ * 32 times its scale), fma(d * dy, lane, acc) per lane, hsum_float_8's sum. */
+void quant_iq4_xs_lanes(const block_iq4_xs *x, const block_q8_K *y, int32_t lane[8]);
+void quant_vec_dot_iq4_xs_q8_K_lanes(int n, float *s, const void *x, const void *y);
 void quant_vec_dot_mxfp4_q8_0_scalar(int n, float *s, const void *x, const void *y);
 
 /* ---- SIMD kernels ------------------------------------------------------- */

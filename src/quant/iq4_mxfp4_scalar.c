@@ -153,6 +153,41 @@ void quant_vec_dot_iq4_xs_q8_K_scalar(int n, float *s, const void *vx, const voi
     *s = sumf;
 }
 
+void quant_iq4_xs_lanes(const block_iq4_xs *x, const block_q8_K *y, int32_t lane[8])
+{
+    for (int c = 0; c < 8; c++)
+        lane[c] = 0;
+    for (int ib = 0; ib < QK_K / 32; ib++) {
+        const int ls = quant_iq4xs_scale(x, ib) - 32;
+        const uint8_t *qs = x->qs + 16 * ib;
+        const int8_t *q8 = y->qs + 32 * ib;
+        for (int c = 0; c < 4; c++) {
+            int lo = 0, hi = 0;
+            for (int i = 0; i < 4; i++) {
+                lo += quant_iq4nl_values[qs[4 * c + i] & 0xf] * q8[4 * c + i];
+                hi += quant_iq4nl_values[qs[4 * c + i] >> 4] * q8[16 + 4 * c + i];
+            }
+            lane[c] += ls * lo;
+            lane[c + 4] += ls * hi;
+        }
+    }
+}
+
+void quant_vec_dot_iq4_xs_q8_K_lanes(int n, float *s, const void *vx, const void *vy)
+{
+    const block_iq4_xs *x = vx;
+    const block_q8_K *y = vy;
+    float acc[8] = {0};
+    for (int i = 0; i < n / QK_K; i++) {
+        int32_t lane[8];
+        quant_iq4_xs_lanes(&x[i], &y[i], lane);
+        const float d = kq_f16_to_f32(x[i].d) * y[i].d;
+        for (int c = 0; c < 8; c++)
+            acc[c] = fmaf(d, (float)lane[c], acc[c]);
+    }
+    *s = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+}
+
 /* One fused multiply-add per block, in block order: what llama.cpp's
  * repacked mxfp4_8x8 kernels compute per row (iq4_mxfp4.h). */
 void quant_vec_dot_mxfp4_q8_0_scalar(int n, float *s, const void *vx, const void *vy)

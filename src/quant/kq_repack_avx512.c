@@ -10,6 +10,7 @@
  * contracted (-ffp-contract=off), so every row gets the reference's bits.
  * A pass takes one group and up to KQRP_TT tokens, so the unpacking of the
  * weights serves them all. */
+#include "quant/iq4_mxfp4.h"
 #include "quant/kq_internal.h"
 
 #if defined(KQRP_HAVE_AVX512)
@@ -712,6 +713,223 @@ static void q5k_batch(const struct quant_kq_gemm *g, int64_t grp, int64_t t0, in
         q5k_store(g, grp, t0 + t, acc[t], summs[t]);
 }
 
+/* ---- IQ4_XS: ggml's eight lanes, a lookup per nibble ------------------------------
+ * Lane c sums, per block j of 32, (ls_j - 32) * (w . q8) over the elements
+ * 32j + 4c.. (iq4_mxfp4.h): the low nibbles of qs dword 4j + c for c < 4, the
+ * high ones of dword 4j + c - 4 above. A nibble vector is looked up as |w|
+ * (one byte permute) and its signs (levels 0-7 are the negative ones) taken
+ * as a mask that negates the token's quants: one vpmaddubsw (pairs at most 2
+ * * 127 * 127) and one vpdpwssd against (ls_j - 32, ls_j - 32) per dword and
+ * token, where the row kernel (iq4_mxfp4_avx512.c) unpacked each block for
+ * one row and summed across lanes. acc[c] = fma(d * dy, lane, acc[c]), and
+ * hsum_float_8's order at the end (q6k_store): ggml's AVX2 vec_dot, bit for
+ * bit. */
+
+/* |level| of each index, in each 128-bit lane (for vpermb: in all four, so
+ * bits 4-5 of an index do not matter). */
+static inline __m512i iq4xs_abs_lut(void)
+{
+    return _mm512_broadcast_i32x4(_mm_abs_epi8(_mm_loadu_si128((const __m128i *)quant_iq4nl_values)));
+}
+
+/* Block j's (ls_j - 32) as both halves of an int16 pair, from the rows'
+ * scales_l dword L (bits 4j..4j + 3) and scales_h H (bits 2j, 2j + 1). */
+static inline __m512i iq4xs_scale_pair(__m512i L, __m512i H, int j)
+{
+    const __m512i nib = _mm512_srli_epi32(L, 4 * j);
+    const __m512i top = j <= 2 ? _mm512_slli_epi32(H, 4 - 2 * j) : _mm512_srli_epi32(H, 2 * j - 4);
+    const __m512i ls = _mm512_and_si512(_mm512_ternarylogic_epi32(top, nib, _mm512_set1_epi32(0x0f), SEL_B_OVER_A),
+                                        _mm512_set1_epi32(0x3f));
+    return _mm512_sub_epi16(_mm512_shuffle_epi8(ls, pick_pair(0)), _mm512_set1_epi16(32));
+}
+
+static inline __attribute__((always_inline)) void iq4xs_scales(const uint8_t *gb, __m512i scp[8], __m512 *d)
+{
+    const __m512i L = dword_vec(gb, KQRP_IQ4XS_SL(R), 0);
+    const __m512i H = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(gb + KQRP_IQ4XS_SH(R))));
+    for (int j = 0; j < 8; j++)
+        scp[j] = iq4xs_scale_pair(L, H, j);
+    *d = vmath_load16_f16(gb + KQRP_IQ4XS_D(R));
+}
+
+/* |w| and the signs of qs dword k's low nibbles (a[0], neg[0]) and high ones. */
+static inline __attribute__((always_inline)) void iq4xs_levels(const uint8_t *gb, int k, __m512i lut, __m512i a[2],
+                                                               __mmask64 neg[2])
+{
+    const __m512i q = dword_vec(gb, KQRP_IQ4XS_QS(R), k);
+#if defined(__AVX512VBMI__)
+    a[0] = _mm512_permutexvar_epi8(q, lut);
+    a[1] = _mm512_permutexvar_epi8(_mm512_srli_epi16(q, 4), lut);
+#else
+    const __m512i low4 = _mm512_set1_epi8(0x0f);
+    a[0] = _mm512_shuffle_epi8(lut, _mm512_and_si512(q, low4));
+    a[1] = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(q, 4), low4));
+#endif
+    neg[0] = _mm512_testn_epi8_mask(q, _mm512_set1_epi8(0x08));
+    neg[1] = _mm512_testn_epi8_mask(q, _mm512_set1_epi8((char)0x80));
+}
+
+/* lane + (ls - 32) * (w . q8) per row, w = |w| with the signs neg. */
+static inline __m512i iq4xs_dot(__m512i lane, __m512i a, __mmask64 neg, __m512i scp, const int8_t *q8)
+{
+    const __m512i y = bcast(q8);
+    return _mm512_dpwssd_epi32(lane, _mm512_maddubs_epi16(a, _mm512_mask_sub_epi8(y, neg, _mm512_setzero_si512(), y)),
+                               scp);
+}
+
+/* Super-blocks [b0, b1) of a group (gb its first) for T (<= LANES_TT)
+ * tokens into acc, unpacking as it goes; the first pass over a stretch of
+ * the weights prefetches ahead of it. Lanes m and m + 4 at a time. */
+static inline __attribute__((always_inline)) void iq4xs_blocks(const uint8_t *gb, const block_q8_K *const *y,
+                                                               int64_t b0, int64_t b1, int T, bool prefetch, bool once,
+                                                               __m512 (*acc)[8], __m512 *summs)
+{
+    (void)summs;
+    const size_t gbb = R * sizeof(block_iq4_xs);
+    const __m512i lut = iq4xs_abs_lut();
+    const int P = T == 1 ? 2 : 1; /* one token: even and odd blocks in chains of their own (latency) */
+    gb += (size_t)b0 * gbb;
+    for (int64_t b = b0; b < b1; b++, gb += gbb) {
+        __m512i scp[8];
+        __m512 d;
+        iq4xs_scales(gb, scp, &d);
+#pragma GCC unroll 4
+        for (int m = 0; m < 4; m++) {
+            if (prefetch)
+                quant_prefetch_weights_part(gb + KQRP_AHEAD, gbb, once, m, 4);
+            __m512i lo[2][LANES_TT], hi[2][LANES_TT];
+            for (int p = 0; p < P; p++)
+                for (int t = 0; t < T; t++)
+                    lo[p][t] = hi[p][t] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+            for (int j = 0; j < 8; j++) {
+                __m512i a[2];
+                __mmask64 neg[2];
+                iq4xs_levels(gb, 4 * j + m, lut, a, neg);
+                for (int t = 0; t < T; t++) {
+                    lo[j % P][t] = iq4xs_dot(lo[j % P][t], a[0], neg[0], scp[j], y[t][b].qs + 32 * j + 4 * m);
+                    hi[j % P][t] = iq4xs_dot(hi[j % P][t], a[1], neg[1], scp[j], y[t][b].qs + 32 * j + 16 + 4 * m);
+                }
+            }
+            for (int t = 0; t < T; t++) {
+                if (P == 2) {
+                    lo[0][t] = _mm512_add_epi32(lo[0][t], lo[1][t]);
+                    hi[0][t] = _mm512_add_epi32(hi[0][t], hi[1][t]);
+                }
+                acc[t][m] = chain_add(acc[t][m], lo[0][t], d, y[t][b].d);
+                acc[t][m + 4] = chain_add(acc[t][m + 4], hi[0][t], d, y[t][b].d);
+            }
+        }
+    }
+}
+
+/* One group x T (<= LANES_TT) tokens: decode. */
+static inline __attribute__((always_inline)) void iq4xs_pass(const struct quant_kq_gemm *g, int64_t grp, int64_t t0,
+                                                             int T)
+{
+    const block_q8_K *y[LANES_TT];
+    quant_kq_tile_tokens(g, t0, T, T, y);
+    __m512 acc[LANES_TT][8];
+    for (int t = 0; t < T; t++)
+        for (int c = 0; c < 8; c++)
+            acc[t][c] = _mm512_setzero_ps();
+    iq4xs_blocks(g->W + (size_t)grp * R * g->wrow, y, 0, g->cols / QK_K, T, true, quant_weights_read_once(g->n_tokens),
+                 acc, NULL);
+    for (int t = 0; t < T; t++)
+        q6k_store(g, grp, t0 + t, acc[t]);
+}
+static void iq4xs_pass_1(const struct quant_kq_gemm *g, int64_t grp, int64_t t0) { iq4xs_pass(g, grp, t0, 1); }
+static void iq4xs_pass_2(const struct quant_kq_gemm *g, int64_t grp, int64_t t0) { iq4xs_pass(g, grp, t0, 2); }
+
+/* Batches of a few tokens: lanes_pairs. */
+LANES_BLOCKS_WIDTH(iq4xs_blocks_1, iq4xs_blocks, 1)
+LANES_BLOCKS_WIDTH(iq4xs_blocks_2, iq4xs_blocks, 2)
+static const lanes_blocks_fn iq4xs_blocks_widths[LANES_TT + 1] = {NULL, iq4xs_blocks_1, iq4xs_blocks_2};
+
+static void iq4xs_pairs(const struct quant_kq_gemm *g, int64_t grp, int64_t t0, int T)
+{
+    __m512 acc[Q6K_PAIRS_MAX][8], unused[Q6K_PAIRS_MAX];
+    lanes_pairs(g, grp, t0, T, iq4xs_blocks_widths, acc, unused);
+    for (int t = 0; t < T; t++)
+        q6k_store(g, grp, t0 + t, acc[t]);
+}
+
+/* Batches and prefill (IQ4_XS has no tiles), as Q6_K's: IQ4XS_CHUNK blocks
+ * of a group unpacked once into L1 and up to Q6K_BATCH tokens passing over
+ * them Q6K_BATCH_TT at a time; the same operations per token and block as
+ * iq4xs_pass, in the same order: the same bits. */
+#define IQ4XS_CHUNK 4
+
+struct iq4xs_block {
+    __m512i a[QK_K / 8][2];     /* |w| of qs dword k's low and high nibbles, 16 rows */
+    __mmask64 neg[QK_K / 8][2]; /* and their signs */
+    __m512i scp[8];
+    __m512 d;
+};
+
+static void iq4xs_unpack(const uint8_t *gb, struct iq4xs_block *o)
+{
+    const __m512i lut = iq4xs_abs_lut();
+    for (int k = 0; k < QK_K / 8; k++)
+        iq4xs_levels(gb, k, lut, o->a[k], o->neg[k]);
+    iq4xs_scales(gb, o->scp, &o->d);
+}
+
+static inline __attribute__((always_inline)) void iq4xs_chunk_pass(const struct iq4xs_block *blk, int nbk, int64_t b0,
+                                                                   const block_q8_K *const *y, int T, __m512 (*acc)[8])
+{
+    for (int i = 0; i < nbk; i++) {
+        const struct iq4xs_block *k = &blk[i];
+        const int64_t b = b0 + i;
+        for (int m = 0; m < 4; m++) {
+            __m512i lo[Q6K_BATCH_TT], hi[Q6K_BATCH_TT];
+            for (int t = 0; t < T; t++)
+                lo[t] = hi[t] = _mm512_setzero_si512();
+            for (int j = 0; j < 8; j++) {
+                const int q = 4 * j + m;
+                for (int t = 0; t < T; t++) {
+                    lo[t] = iq4xs_dot(lo[t], k->a[q][0], k->neg[q][0], k->scp[j], y[t][b].qs + 32 * j + 4 * m);
+                    hi[t] = iq4xs_dot(hi[t], k->a[q][1], k->neg[q][1], k->scp[j], y[t][b].qs + 32 * j + 16 + 4 * m);
+                }
+            }
+            for (int t = 0; t < T; t++) {
+                acc[t][m] = chain_add(acc[t][m], lo[t], k->d, y[t][b].d);
+                acc[t][m + 4] = chain_add(acc[t][m + 4], hi[t], k->d, y[t][b].d);
+            }
+        }
+    }
+}
+
+static void iq4xs_batch(const struct quant_kq_gemm *g, int64_t grp, int64_t t0, int T)
+{
+    const bool once = quant_weights_read_once(g->n_tokens);
+    const size_t gbb = R * sizeof(block_iq4_xs);
+    const int64_t nsb = g->cols / QK_K;
+    static _Thread_local struct iq4xs_block blk[IQ4XS_CHUNK];
+    __m512 acc[Q6K_BATCH][8];
+    for (int t = 0; t < T; t++)
+        for (int c = 0; c < 8; c++)
+            acc[t][c] = _mm512_setzero_ps();
+    for (int64_t b0 = 0; b0 < nsb; b0 += IQ4XS_CHUNK) {
+        const int nbk = (int)(nsb - b0 < IQ4XS_CHUNK ? nsb - b0 : IQ4XS_CHUNK);
+        const uint8_t *gb = g->W + (size_t)grp * R * g->wrow + (size_t)b0 * gbb;
+        for (int i = 0; i < nbk; i++) {
+            quant_prefetch_weights(gb + (size_t)i * gbb + KQRP_AHEAD, gbb, once);
+            iq4xs_unpack(gb + (size_t)i * gbb, &blk[i]);
+        }
+        for (int t = 0; t < T; t += Q6K_BATCH_TT) {
+            const int n = T - t < Q6K_BATCH_TT ? T - t : Q6K_BATCH_TT;
+            const block_q8_K *y[Q6K_BATCH_TT];
+            quant_kq_tile_tokens(g, t0 + t, n, n, y);
+#define IQ4XS_PASS(T) iq4xs_chunk_pass(blk, nbk, b0, y, T, acc + t)
+            BATCH_WIDTHS(n, IQ4XS_PASS)
+#undef IQ4XS_PASS
+        }
+    }
+    for (int t = 0; t < T; t++)
+        q6k_store(g, grp, t0 + t, acc[t]);
+}
+
 /* ---- Q3_K: ggml's eight lanes per row ----------------------------------------------
  * Lane c sums sc_{e / 16} * q * q8 over the elements e = 32m + 4c + i (m < 8,
  * i < 4), q = field + 4h - 4 (kq_scalar.c). Element group 32m + 4c takes its
@@ -855,6 +1073,7 @@ struct lanes_kernels {
 };
 static const struct lanes_kernels q6k_kernels = {{NULL, q6k_pass_1, q6k_pass_2}, q6k_pairs, q6k_batch};
 static const struct lanes_kernels q5k_kernels = {{NULL, q5k_pass_1, q5k_pass_2}, q5k_pairs, q5k_batch};
+static const struct lanes_kernels iq4xs_kernels = {{NULL, iq4xs_pass_1, iq4xs_pass_2}, iq4xs_pairs, iq4xs_batch};
 
 /* Token blocks of Q6K_BATCH, each group passed by the kernel for its size. */
 static void lanes_rows(const struct quant_kq_gemm *g, const struct lanes_kernels *k, int64_t g0, int64_t g1)
@@ -880,6 +1099,7 @@ void quant_kqrp_rows_avx512(const struct quant_kq_gemm *g, int64_t g0, int64_t g
     case QUANT_Q4_K: chains_rows(g, q4k_pass_widths, g0, g1); return;
     case QUANT_Q5_K: lanes_rows(g, &q5k_kernels, g0, g1); return;
     case QUANT_Q6_K: lanes_rows(g, &q6k_kernels, g0, g1); return;
+    case QUANT_IQ4_XS: lanes_rows(g, &iq4xs_kernels, g0, g1); return;
     default: quant_kqrp_rows_ref(g, R, g0, g1); return;
     }
 }

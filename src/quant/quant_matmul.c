@@ -26,7 +26,8 @@
  *    every batch size (they have no tiles).
  *  - repacked Q2_K..Q6_K weights: the group kernels of kq_repack*.c up to a
  *    crossover (kqrp_group_max), the k-quant tiles above on panels unpacked
- *    straight from the layout. */
+ *    straight from the layout; repacked IQ4_XS (AVX-512) the group kernels
+ *    at every batch size. */
 #include <stdalign.h>
 #include <stdatomic.h>
 #include <math.h>
@@ -176,6 +177,8 @@ static enum mm_path choose_path(enum quant_type wtype, int64_t n_tokens)
 #endif
 static int64_t kqrp_group_max(enum quant_type wtype)
 {
+    if (wtype == QUANT_IQ4_XS) /* no tiles: its group kernels at every batch size */
+        return INT64_MAX;
     if (wtype == QUANT_Q2_K)
         return KQRP_Q2K_MAX;
     if (wtype == QUANT_Q3_K)
