@@ -1,4 +1,4 @@
-/* quant: repacked k-quant weights (Q2_K to Q6_K, and IQ4_XS with AVX-512). The repack keeps every
+/* quant: repacked k-quant weights (Q2_K to Q6_K, and IQ4_XS). The repack keeps every
  * super-block (read back out of the layout it is the original bytes; the
  * tail rows past the last whole group keep their bytes in place; AVX2's
  * Q6_K groups hold the layout kq_internal.h states), a row
@@ -278,33 +278,18 @@ static void test_q5k_packed_layout(void **state)
     }
 }
 
-/* What each build is meant to repack: the k-quants with AVX2 or AVX-512,
- * IQ4_XS with AVX-512 only (kq_repack.c). */
-static bool repacked_by_this_build(enum quant_type t)
-{
-#if defined(KQRP_HAVE_AVX512)
-    (void)t;
-    return true;
-#elif defined(KQRP_HAVE_AVX2)
-    return t != QUANT_IQ4_XS;
-#else
-    (void)t;
-    return false;
-#endif
-}
-
 static void test_repack_refuses_what_does_not_fit(void **state)
 {
     (void)state;
     const int R = quant_repack_rows();
     for (size_t ti = 0; ti < N_TYPES; ti++) {
         enum quant_type t = k_types[ti];
-        if (repacked_by_this_build(t)) {
-            assert_true(quant_repack_fits(t, R, QK_K));
-            assert_true(quant_repack_fits(t, 2 * R + 1, 3 * QK_K));
-        } else {
-            assert_false(quant_repack_fits(t, R, QK_K));
-        }
+#if defined(KQRP_HAVE_AVX2)
+        assert_true(quant_repack_fits(t, R, QK_K));
+        assert_true(quant_repack_fits(t, 2 * R + 1, 3 * QK_K));
+#else
+        assert_false(quant_repack_fits(t, R, QK_K));
+#endif
         assert_false(quant_repack_fits(t, R - 1, QK_K));
         assert_false(quant_repack_fits(t, R, QK_K / 2));
         assert_false(quant_repack_fits(t, R, 0));

@@ -25,12 +25,8 @@
  * portable build repacks no k-quant. */
 bool quant_kqrp_type(enum quant_type t)
 {
-#if defined(KQRP_HAVE_AVX512)
-    if (t == QUANT_IQ4_XS)
-        return true;
-#endif
 #if defined(KQRP_HAVE_AVX2)
-    return t == QUANT_Q2_K || t == QUANT_Q3_K || t == QUANT_Q4_K || t == QUANT_Q5_K || t == QUANT_Q6_K;
+    return t == QUANT_IQ4_XS || t == QUANT_Q2_K || t == QUANT_Q3_K || t == QUANT_Q4_K || t == QUANT_Q5_K || t == QUANT_Q6_K;
 #else
     (void)t;
     return false;

@@ -8,6 +8,7 @@
  * exact as long as no int16 sum passes 32767, which the ranges noted at
  * each kernel keep. The float steps are the scalar reference's, row by row
  * in the lanes (explicit fmas, no contraction in this file). */
+#include "quant/iq4_mxfp4.h"
 #include "quant/kq_internal.h"
 
 #if defined(KQRP_HAVE_AVX2)
@@ -744,6 +745,194 @@ bool quant_kqrp_unpack8_avx2(enum quant_type t, const uint8_t *W, int Rg, int64_
     return true;
 }
 
+/* ---- IQ4_XS (kq_repack_avx512.c's eight lanes) ---------------------------------------
+ * A nibble vector is looked up as signed levels w (vpshufb) and |w|; the
+ * token's quants take w's signs (vpsignb: no level is 0), one vpmaddubsw
+ * (pairs at most 2 * 127 * 127) and one vpmaddwd against (ls_j - 32, ls_j -
+ * 32) per dword and token. Block j's dwords 4j + m feed lanes m and m + 4,
+ * so a super-block's eight lanes stay in registers. */
+
+/* Block j's (ls_j - 32) as both halves of an int16 pair, from the rows'
+ * scales_l dword L (bits 4j..4j + 3) and scales_h H (bits 2j, 2j + 1). */
+static inline __m256i iq4xs_scale_pair(__m256i L, __m256i H, int j)
+{
+    const __m256i nib = _mm256_and_si256(_mm256_srli_epi32(L, 4 * j), _mm256_set1_epi32(0x0f));
+    const __m256i top = _mm256_and_si256(j <= 2 ? _mm256_slli_epi32(H, 4 - 2 * j) : _mm256_srli_epi32(H, 2 * j - 4),
+                                         _mm256_set1_epi32(0x30));
+    return _mm256_sub_epi16(_mm256_shuffle_epi8(_mm256_or_si256(nib, top), pick_pair(0)), _mm256_set1_epi16(32));
+}
+
+static inline void iq4xs_scales(const uint8_t *gb, __m256i scp[8])
+{
+    const __m256i L = dword_vec(gb, KQRP_IQ4XS_SL(R), 0);
+    const __m256i H = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(gb + KQRP_IQ4XS_SH(R))));
+    for (int j = 0; j < 8; j++)
+        scp[j] = iq4xs_scale_pair(L, H, j);
+}
+
+/* Levels w and |w| of qs dword k's low nibbles ([0]) and high ones ([1]). */
+static inline void iq4xs_levels(const uint8_t *gb, int k, __m256i lut, __m256i w[2], __m256i a[2])
+{
+    const __m256i q = dword_vec(gb, KQRP_IQ4XS_QS(R), k), low4 = _mm256_set1_epi8(0x0f);
+    w[0] = _mm256_shuffle_epi8(lut, _mm256_and_si256(q, low4));
+    w[1] = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(q, 4), low4));
+    a[0] = _mm256_abs_epi8(w[0]);
+    a[1] = _mm256_abs_epi8(w[1]);
+}
+
+static inline __m256i iq4xs_dot(__m256i lane, __m256i a, __m256i w, __m256i scp, const int8_t *q8)
+{
+    return _mm256_add_epi32(lane, _mm256_madd_epi16(_mm256_maddubs_epi16(a, _mm256_sign_epi8(bcast(q8), w)), scp));
+}
+
+static inline __m256i iq4xs_lut(void)
+{
+    return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)quant_iq4nl_values));
+}
+
+/* hsum_float_8's order, row by row. */
+static inline void lanes_store(const struct quant_kq_gemm *g, int64_t grp, int64_t t, const __m256 acc[8])
+{
+    const __m256 sum = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6])),
+                                     _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7])));
+    _mm256_storeu_ps(g->Y + t * g->ldy + grp * R, sum);
+}
+
+/* One group x one token: decode. */
+static void iq4xs_pass(const struct quant_kq_gemm *g, int64_t grp, int64_t t0)
+{
+    const bool once = quant_weights_read_once(g->n_tokens);
+    const size_t gbb = R * sizeof(block_iq4_xs);
+    const block_q8_K *y = (const block_q8_K *)(g->X + (g->xi ? g->xi[t0] : t0) * g->xrow);
+    const __m256i lut = iq4xs_lut();
+    __m256 acc[8];
+    for (int c = 0; c < 8; c++)
+        acc[c] = _mm256_setzero_ps();
+    const uint8_t *gb = g->W + (size_t)grp * R * g->wrow;
+    for (int64_t b = 0; b < g->cols / QK_K; b++, gb += gbb) {
+        __m256i scp[8], lane[8];
+        iq4xs_scales(gb, scp);
+        for (int c = 0; c < 8; c++)
+            lane[c] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) {
+            quant_prefetch_weights_part(gb + KQRP_AHEAD, gbb, once, j, 8);
+#pragma GCC unroll 4
+            for (int m = 0; m < 4; m++) {
+                __m256i w[2], a[2];
+                iq4xs_levels(gb, 4 * j + m, lut, w, a);
+                lane[m] = iq4xs_dot(lane[m], a[0], w[0], scp[j], y[b].qs + 32 * j + 4 * m);
+                lane[m + 4] = iq4xs_dot(lane[m + 4], a[1], w[1], scp[j], y[b].qs + 32 * j + 16 + 4 * m);
+            }
+        }
+        const __m256 d = vmath_load8_f16(gb + KQRP_IQ4XS_D(R));
+        for (int c = 0; c < 8; c++)
+            acc[c] = chain_add(acc[c], lane[c], d, y[b].d);
+    }
+    lanes_store(g, grp, t0, acc);
+}
+
+/* Batches and prefill (IQ4_XS has no tiles): IQ4XS_CHUNK blocks of a group
+ * looked up once into L1 and up to IQ4XS_BATCH tokens passing over them one
+ * at a time, their lanes kept in memory between chunks; the same
+ * operations per token and block as iq4xs_pass, in the same order. */
+#define IQ4XS_CHUNK 4
+#define IQ4XS_BATCH 16
+#define IQ4XS_TT 4 /* tokens per pass over a chunk */
+#ifndef IQ4XS_PASS_MAX
+#define IQ4XS_PASS_MAX 2
+#endif
+
+struct iq4xs_block {
+    __m256i w[QK_K / 8][2], a[QK_K / 8][2]; /* levels and |levels| of qs dword k's low and high nibbles */
+    __m256i scp[8];
+    __m256 d;
+};
+
+static void iq4xs_unpack(const uint8_t *gb, struct iq4xs_block *o)
+{
+    const __m256i lut = iq4xs_lut();
+    for (int k = 0; k < QK_K / 8; k++)
+        iq4xs_levels(gb, k, lut, o->w[k], o->a[k]);
+    iq4xs_scales(gb, o->scp);
+    o->d = vmath_load8_f16(gb + KQRP_IQ4XS_D(R));
+}
+
+/* Chunk blocks [0, nbk) (super-blocks b0..) for T (<= IQ4XS_TT) tokens: a
+ * looked-up vector loaded once serves them all. */
+static inline __attribute__((always_inline)) void iq4xs_chunk_pass(const struct iq4xs_block *blk, int nbk, int64_t b0,
+                                                                   const block_q8_K *const *y, int T, __m256 (*acc)[8])
+{
+    for (int i = 0; i < nbk; i++) {
+        const struct iq4xs_block *k = &blk[i];
+        for (int m = 0; m < 4; m++) { /* lanes m and m + 4 */
+            __m256i lo[IQ4XS_TT], hi[IQ4XS_TT];
+            for (int t = 0; t < T; t++)
+                lo[t] = hi[t] = _mm256_setzero_si256();
+            for (int j = 0; j < 8; j++) {
+                const int q = 4 * j + m;
+                const __m256i a0 = k->a[q][0], w0 = k->w[q][0], a1 = k->a[q][1], w1 = k->w[q][1];
+                for (int t = 0; t < T; t++) {
+                    lo[t] = iq4xs_dot(lo[t], a0, w0, k->scp[j], y[t][b0 + i].qs + 32 * j + 4 * m);
+                    hi[t] = iq4xs_dot(hi[t], a1, w1, k->scp[j], y[t][b0 + i].qs + 32 * j + 16 + 4 * m);
+                }
+            }
+            for (int t = 0; t < T; t++) {
+                acc[t][m] = chain_add(acc[t][m], lo[t], k->d, y[t][b0 + i].d);
+                acc[t][m + 4] = chain_add(acc[t][m + 4], hi[t], k->d, y[t][b0 + i].d);
+            }
+        }
+    }
+}
+
+static void iq4xs_batch(const struct quant_kq_gemm *g, int64_t grp, int64_t t0, int T)
+{
+    const bool once = quant_weights_read_once(g->n_tokens);
+    const size_t gbb = R * sizeof(block_iq4_xs);
+    const int64_t nsb = g->cols / QK_K;
+    static _Thread_local struct iq4xs_block blk[IQ4XS_CHUNK];
+    __m256 acc[IQ4XS_BATCH][8];
+    const block_q8_K *y[IQ4XS_BATCH];
+    for (int t = 0; t < T; t++) {
+        y[t] = (const block_q8_K *)(g->X + (g->xi ? g->xi[t0 + t] : t0 + t) * g->xrow);
+        for (int c = 0; c < 8; c++)
+            acc[t][c] = _mm256_setzero_ps();
+    }
+    for (int64_t b0 = 0; b0 < nsb; b0 += IQ4XS_CHUNK) {
+        const int nbk = (int)(nsb - b0 < IQ4XS_CHUNK ? nsb - b0 : IQ4XS_CHUNK);
+        const uint8_t *gb = g->W + (size_t)grp * R * g->wrow + (size_t)b0 * gbb;
+        for (int i = 0; i < nbk; i++) {
+            quant_prefetch_weights(gb + (size_t)i * gbb + KQRP_AHEAD, gbb, once);
+            iq4xs_unpack(gb + (size_t)i * gbb, &blk[i]);
+        }
+        for (int t = 0; t < T; t += IQ4XS_TT) {
+            const int n = T - t < IQ4XS_TT ? T - t : IQ4XS_TT;
+            switch (n) { /* each width keeps its chains in registers */
+            case 4: iq4xs_chunk_pass(blk, nbk, b0, y + t, 4, acc + t); break;
+            case 3: iq4xs_chunk_pass(blk, nbk, b0, y + t, 3, acc + t); break;
+            case 2: iq4xs_chunk_pass(blk, nbk, b0, y + t, 2, acc + t); break;
+            default: iq4xs_chunk_pass(blk, nbk, b0, y + t, 1, acc + t); break;
+            }
+        }
+    }
+    for (int t = 0; t < T; t++)
+        lanes_store(g, grp, t0 + t, acc[t]);
+}
+
+static void iq4xs_rows(const struct quant_kq_gemm *g, int64_t g0, int64_t g1)
+{
+    for (int64_t t0 = 0; t0 < g->n_tokens; t0 += IQ4XS_BATCH) {
+        const int T = (int)(g->n_tokens - t0 < IQ4XS_BATCH ? g->n_tokens - t0 : IQ4XS_BATCH);
+        for (int64_t grp = g0; grp < g1; grp++) {
+            if (T <= IQ4XS_PASS_MAX)
+                for (int t = 0; t < T; t++)
+                    iq4xs_pass(g, grp, t0 + t);
+            else
+                iq4xs_batch(g, grp, t0, T);
+        }
+    }
+}
+
 typedef void (*kqrp_pass_fn)(const struct quant_kq_gemm *g, int64_t grp, int64_t t0);
 
 #define KQRP_WIDTHS(pass)                                                                                  \
@@ -756,6 +945,10 @@ KQRP_WIDTHS(q2k_pass)
 
 void quant_kqrp_rows_avx2(const struct quant_kq_gemm *g, int64_t g0, int64_t g1)
 {
+    if (g->wtype == QUANT_IQ4_XS) {
+        iq4xs_rows(g, g0, g1);
+        return;
+    }
     const kqrp_pass_fn *passes = g->wtype == QUANT_Q2_K ? q2k_pass_widths : q4k_pass_widths;
     if (g->wtype == QUANT_Q6_K || g->wtype == QUANT_Q5_K || g->wtype == QUANT_Q3_K) {
         const kqrp_pass_fn pass = g->wtype == QUANT_Q6_K ? q6k_pass : g->wtype == QUANT_Q5_K ? q5k_pass : q3k_pass;
