@@ -293,7 +293,7 @@ const char cli_model_flags_help[] =
     "      --mmap               map the model file instead of reading it into huge pages\n"
     "                           (page cache shared between processes, faster start, slower decode;\n"
     "                           the weights stay row-major: no repacking)\n"
-    "      --no-repack          keep Q4_0/Q8_0/IQ4_NL/MXFP4/Q5_0/Q5_1/Q2_K..Q6_K weights row-major instead of repacking them at load\n"
+    "      --no-repack          keep Q4_0/Q8_0/IQ4_NL/IQ4_XS/MXFP4/Q5_0/Q5_1/Q2_K..Q6_K weights row-major instead of repacking them at load\n"
     "                           into interleaved row groups for this CPU's kernels (A/B runs)\n"
     "      --kv-mem SIZE        cache budget, e.g. 512M, 2G, 25% (default: room for the run;\n"
     "                           serve: parallel x ctx-size tokens, at most 25% of RAM)\n"
