@@ -465,8 +465,47 @@ static void q6k_pairs(const struct quant_kq_gemm *g, int64_t grp, int64_t t0, in
     default: PASS(1); break;        \
     }
 
-static void q6k_unpack(const uint8_t *gb, struct q6k_block *o)
+/* Blocks [0, nbk) of a chunk unpacked at blk (super-blocks b0..) for n (<=
+ * Q6K_BATCH_TT) tokens into acc and summs; one block's unpacking into out. */
+typedef void (*lanes_chunk_fn)(const void *blk, int nbk, int64_t b0, const block_q8_K *const *y, int n,
+                               __m512 (*acc)[8], __m512 *summs);
+typedef void (*lanes_unpack_fn)(const uint8_t *gb, void *out);
+
+/* T (<= Q6K_BATCH) tokens from t0 of group grp into acc and summs (zeroed
+ * here): Q6K_CHUNK super-blocks (block_bytes per row) at a time unpacked
+ * into blk, a block every `unpacked` bytes, and the tokens passing over them
+ * Q6K_BATCH_TT at a time. */
+static void lanes_batch(const struct quant_kq_gemm *g, int64_t grp, int64_t t0, int T, size_t block_bytes,
+                        lanes_unpack_fn unpack, uint8_t *blk, size_t unpacked, lanes_chunk_fn chunk,
+                        __m512 (*acc)[8], __m512 *summs)
 {
+    const bool once = quant_weights_read_once(g->n_tokens);
+    const size_t gbb = R * block_bytes;
+    const int64_t nsb = g->cols / QK_K;
+    for (int t = 0; t < T; t++) {
+        summs[t] = _mm512_setzero_ps();
+        for (int c = 0; c < 8; c++)
+            acc[t][c] = _mm512_setzero_ps();
+    }
+    for (int64_t b0 = 0; b0 < nsb; b0 += Q6K_CHUNK) {
+        const int nbk = (int)(nsb - b0 < Q6K_CHUNK ? nsb - b0 : Q6K_CHUNK);
+        const uint8_t *gb = g->W + (size_t)grp * R * g->wrow + (size_t)b0 * gbb;
+        for (int i = 0; i < nbk; i++) {
+            quant_prefetch_weights(gb + (size_t)i * gbb + KQRP_AHEAD, gbb, once);
+            unpack(gb + (size_t)i * gbb, blk + (size_t)i * unpacked);
+        }
+        for (int t = 0; t < T; t += Q6K_BATCH_TT) {
+            const int n = T - t < Q6K_BATCH_TT ? T - t : Q6K_BATCH_TT;
+            const block_q8_K *y[Q6K_BATCH_TT];
+            quant_kq_tile_tokens(g, t0 + t, n, n, y);
+            chunk(blk, nbk, b0, y, n, acc + t, summs + t);
+        }
+    }
+}
+
+static void q6k_unpack(const uint8_t *gb, void *out)
+{
+    struct q6k_block *o = out;
     for (int h = 0; h < 2; h++)
         for (int c = 0; c < 8; c++)
             q6k_levels(gb, h, c, o->u[h][c]);
@@ -486,32 +525,20 @@ static inline __attribute__((always_inline)) void q6k_chunk_pass(const struct q6
         }
 }
 
+static void q6k_chunk(const void *blk, int nbk, int64_t b0, const block_q8_K *const *y, int n, __m512 (*acc)[8],
+                      __m512 *summs)
+{
+    (void)summs;
+#define Q6K_PASS(T) q6k_chunk_pass(blk, nbk, b0, y, T, acc)
+    BATCH_WIDTHS(n, Q6K_PASS)
+#undef Q6K_PASS
+}
+
 static void q6k_batch(const struct quant_kq_gemm *g, int64_t grp, int64_t t0, int T)
 {
-    const bool once = quant_weights_read_once(g->n_tokens);
-    const size_t gbb = R * sizeof(block_q6_K);
-    const int64_t nsb = g->cols / QK_K;
     static _Thread_local struct q6k_block blk[Q6K_CHUNK];
-    __m512 acc[Q6K_BATCH][8];
-    for (int t = 0; t < T; t++)
-        for (int c = 0; c < 8; c++)
-            acc[t][c] = _mm512_setzero_ps();
-    for (int64_t b0 = 0; b0 < nsb; b0 += Q6K_CHUNK) {
-        const int nbk = (int)(nsb - b0 < Q6K_CHUNK ? nsb - b0 : Q6K_CHUNK);
-        const uint8_t *gb = g->W + (size_t)grp * R * g->wrow + (size_t)b0 * gbb;
-        for (int i = 0; i < nbk; i++) {
-            quant_prefetch_weights(gb + (size_t)i * gbb + KQRP_AHEAD, gbb, once);
-            q6k_unpack(gb + (size_t)i * gbb, &blk[i]);
-        }
-        for (int t = 0; t < T; t += Q6K_BATCH_TT) {
-            const int n = T - t < Q6K_BATCH_TT ? T - t : Q6K_BATCH_TT;
-            const block_q8_K *y[Q6K_BATCH_TT];
-            quant_kq_tile_tokens(g, t0 + t, n, n, y);
-#define Q6K_PASS(T) q6k_chunk_pass(blk, nbk, b0, y, T, acc + t)
-            BATCH_WIDTHS(n, Q6K_PASS)
-#undef Q6K_PASS
-        }
-    }
+    __m512 acc[Q6K_BATCH][8], unused[Q6K_BATCH];
+    lanes_batch(g, grp, t0, T, sizeof(block_q6_K), q6k_unpack, (uint8_t *)blk, sizeof blk[0], q6k_chunk, acc, unused);
     for (int t = 0; t < T; t++)
         q6k_store(g, grp, t0 + t, acc[t]);
 }
@@ -650,11 +677,10 @@ static void q5k_pairs(const struct quant_kq_gemm *g, int64_t grp, int64_t t0, in
         q5k_store(g, grp, t0 + t, acc[t], summs[t]);
 }
 
-/* Batches, as Q6_K's: Q5K_CHUNK blocks of a group unpacked once into L1 and
+/* Batches, as Q6_K's (lanes_batch): Q6K_CHUNK blocks of a group unpacked once into L1 and
  * up to Q6K_BATCH tokens passing over them Q6K_BATCH_TT at a time, their
  * lanes and mins kept in memory between chunks; the same operations per
  * token and block as q5k_pass, in the same order: the same bits. */
-#define Q5K_CHUNK 4
 
 struct q5k_block {
     __m512i u[8][8];          /* [c][m]: u = nibble | fifth bit << 4 of sub-block m's elements of lane c */
@@ -662,8 +688,9 @@ struct q5k_block {
     __m512 d, dmin;
 };
 
-static void q5k_unpack(const uint8_t *gb, struct q5k_block *o)
+static void q5k_unpack(const uint8_t *gb, void *out)
 {
+    struct q5k_block *o = out;
     for (int c = 0; c < 8; c++)
         q5k_levels(gb, c, o->u[c]);
     q5k_scales(gb, o->scp, &o->m03, &o->m47, &o->d, &o->dmin);
@@ -681,34 +708,19 @@ static inline __attribute__((always_inline)) void q5k_chunk_pass(const struct q5
     }
 }
 
+static void q5k_chunk(const void *blk, int nbk, int64_t b0, const block_q8_K *const *y, int n, __m512 (*acc)[8],
+                      __m512 *summs)
+{
+#define Q5K_PASS(T) q5k_chunk_pass(blk, nbk, b0, y, T, acc, summs)
+    BATCH_WIDTHS(n, Q5K_PASS)
+#undef Q5K_PASS
+}
+
 static void q5k_batch(const struct quant_kq_gemm *g, int64_t grp, int64_t t0, int T)
 {
-    const bool once = quant_weights_read_once(g->n_tokens);
-    const size_t gbb = R * sizeof(block_q5_K);
-    const int64_t nsb = g->cols / QK_K;
-    static _Thread_local struct q5k_block blk[Q5K_CHUNK];
+    static _Thread_local struct q5k_block blk[Q6K_CHUNK];
     __m512 acc[Q6K_BATCH][8], summs[Q6K_BATCH];
-    for (int t = 0; t < T; t++) {
-        summs[t] = _mm512_setzero_ps();
-        for (int c = 0; c < 8; c++)
-            acc[t][c] = _mm512_setzero_ps();
-    }
-    for (int64_t b0 = 0; b0 < nsb; b0 += Q5K_CHUNK) {
-        const int nbk = (int)(nsb - b0 < Q5K_CHUNK ? nsb - b0 : Q5K_CHUNK);
-        const uint8_t *gb = g->W + (size_t)grp * R * g->wrow + (size_t)b0 * gbb;
-        for (int i = 0; i < nbk; i++) {
-            quant_prefetch_weights(gb + (size_t)i * gbb + KQRP_AHEAD, gbb, once);
-            q5k_unpack(gb + (size_t)i * gbb, &blk[i]);
-        }
-        for (int t = 0; t < T; t += Q6K_BATCH_TT) {
-            const int n = T - t < Q6K_BATCH_TT ? T - t : Q6K_BATCH_TT;
-            const block_q8_K *y[Q6K_BATCH_TT];
-            quant_kq_tile_tokens(g, t0 + t, n, n, y);
-#define Q5K_PASS(T) q5k_chunk_pass(blk, nbk, b0, y, T, acc + t, summs + t)
-            BATCH_WIDTHS(n, Q5K_PASS)
-#undef Q5K_PASS
-        }
-    }
+    lanes_batch(g, grp, t0, T, sizeof(block_q5_K), q5k_unpack, (uint8_t *)blk, sizeof blk[0], q5k_chunk, acc, summs);
     for (int t = 0; t < T; t++)
         q5k_store(g, grp, t0 + t, acc[t], summs[t]);
 }
@@ -854,11 +866,10 @@ static void iq4xs_pairs(const struct quant_kq_gemm *g, int64_t grp, int64_t t0, 
         q6k_store(g, grp, t0 + t, acc[t]);
 }
 
-/* Batches and prefill (IQ4_XS has no tiles), as Q6_K's: IQ4XS_CHUNK blocks
+/* Batches and prefill (IQ4_XS has no tiles), as Q6_K's (lanes_batch): Q6K_CHUNK blocks
  * of a group unpacked once into L1 and up to Q6K_BATCH tokens passing over
  * them Q6K_BATCH_TT at a time; the same operations per token and block as
  * iq4xs_pass, in the same order: the same bits. */
-#define IQ4XS_CHUNK 4
 
 struct iq4xs_block {
     __m512i a[QK_K / 8][2];     /* |w| of qs dword k's low and high nibbles, 16 rows */
@@ -867,8 +878,9 @@ struct iq4xs_block {
     __m512 d;
 };
 
-static void iq4xs_unpack(const uint8_t *gb, struct iq4xs_block *o)
+static void iq4xs_unpack(const uint8_t *gb, void *out)
 {
+    struct iq4xs_block *o = out;
     const __m512i lut = iq4xs_abs_lut();
     for (int k = 0; k < QK_K / 8; k++)
         iq4xs_levels(gb, k, lut, o->a[k], o->neg[k]);
@@ -900,32 +912,20 @@ static inline __attribute__((always_inline)) void iq4xs_chunk_pass(const struct 
     }
 }
 
+static void iq4xs_chunk(const void *blk, int nbk, int64_t b0, const block_q8_K *const *y, int n, __m512 (*acc)[8],
+                      __m512 *summs)
+{
+    (void)summs;
+#define IQ4XS_PASS(T) iq4xs_chunk_pass(blk, nbk, b0, y, T, acc)
+    BATCH_WIDTHS(n, IQ4XS_PASS)
+#undef IQ4XS_PASS
+}
+
 static void iq4xs_batch(const struct quant_kq_gemm *g, int64_t grp, int64_t t0, int T)
 {
-    const bool once = quant_weights_read_once(g->n_tokens);
-    const size_t gbb = R * sizeof(block_iq4_xs);
-    const int64_t nsb = g->cols / QK_K;
-    static _Thread_local struct iq4xs_block blk[IQ4XS_CHUNK];
-    __m512 acc[Q6K_BATCH][8];
-    for (int t = 0; t < T; t++)
-        for (int c = 0; c < 8; c++)
-            acc[t][c] = _mm512_setzero_ps();
-    for (int64_t b0 = 0; b0 < nsb; b0 += IQ4XS_CHUNK) {
-        const int nbk = (int)(nsb - b0 < IQ4XS_CHUNK ? nsb - b0 : IQ4XS_CHUNK);
-        const uint8_t *gb = g->W + (size_t)grp * R * g->wrow + (size_t)b0 * gbb;
-        for (int i = 0; i < nbk; i++) {
-            quant_prefetch_weights(gb + (size_t)i * gbb + KQRP_AHEAD, gbb, once);
-            iq4xs_unpack(gb + (size_t)i * gbb, &blk[i]);
-        }
-        for (int t = 0; t < T; t += Q6K_BATCH_TT) {
-            const int n = T - t < Q6K_BATCH_TT ? T - t : Q6K_BATCH_TT;
-            const block_q8_K *y[Q6K_BATCH_TT];
-            quant_kq_tile_tokens(g, t0 + t, n, n, y);
-#define IQ4XS_PASS(T) iq4xs_chunk_pass(blk, nbk, b0, y, T, acc + t)
-            BATCH_WIDTHS(n, IQ4XS_PASS)
-#undef IQ4XS_PASS
-        }
-    }
+    static _Thread_local struct iq4xs_block blk[Q6K_CHUNK];
+    __m512 acc[Q6K_BATCH][8], unused[Q6K_BATCH];
+    lanes_batch(g, grp, t0, T, sizeof(block_iq4_xs), iq4xs_unpack, (uint8_t *)blk, sizeof blk[0], iq4xs_chunk, acc, unused);
     for (int t = 0; t < T; t++)
         q6k_store(g, grp, t0 + t, acc[t]);
 }
