@@ -44,6 +44,12 @@ static void *random_matrix(enum quant_type wtype, int64_t rows, int64_t cols)
             row[c] = rndf() * scale;
         quant_traits(wtype)->from_float(row, W + r * wrow, cols);
     }
+    if (wtype == QUANT_MXFP4 || wtype == QUANT_IQ4_NL) /* every fourth row at the largest levels, + then - */
+        for (int64_t r = 3; r < rows; r += 4)
+            for (int64_t b = 0; b < cols / QK8_0; b++)
+                memset(W + r * wrow + (size_t)b * quant_row_size(wtype, QK8_0) +
+                           (wtype == QUANT_MXFP4 ? offsetof(block_mxfp4, qs) : offsetof(block_iq4_nl, qs)),
+                       b % 2 ? 0xff : 0x77, QK8_0 / 2);
     if (wtype == QUANT_MXFP4) /* the smallest exponents, whose scales are subnormal floats, in some blocks */
         for (int64_t r = 0; r < rows; r += 3)
             ((block_mxfp4 *)(void *)(W + r * wrow))[r % (cols / QK_MXFP4)].e = (uint8_t)(r % 2);
@@ -57,6 +63,8 @@ static float *random_tokens(int64_t n, int64_t cols)
     assert_non_null(X);
     for (int64_t i = 0; i < n * cols; i++)
         X[i] = rndf() * 3.0f;
+    for (int64_t c = 0; n > 1 && c < cols; c++) /* token 1 all +3: its Q8_0 quants are all 127 */
+        X[cols + c] = 3.0f;
     return X;
 }
 

@@ -902,6 +902,7 @@ static inline __m256i rp2_dot_abs(__m256i abs_w, __m256i w, __m256i x)
     return _mm256_madd_epi16(_mm256_maddubs_epi16(abs_w, _mm256_sign_epi8(x, w)), _mm256_set1_epi16(1));
 }
 
+#define RP2_MXFP4_BIAS 12 /* the largest |level| of MXFP4 (quant_mxfp4_values) */
 static inline __attribute__((always_inline)) void rp2_tile(const struct quant_rp_job *j, int64_t g, int64_t t0, int T)
 {
     const bool once = quant_weights_read_once(j->n_tokens);
@@ -939,6 +940,29 @@ static inline __attribute__((always_inline)) void rp2_tile(const struct quant_rp
             for (int t = 0; t < T; t++)
                 isum[t] = _mm256_add_epi32(_mm256_set1_epi32(-8 * a[t][b].sum),
                                            _mm256_madd_epi16(p16[t], _mm256_set1_epi16(1)));
+        } else if (j->wtype == QUANT_MXFP4) {
+            /* MXFP4's levels are at most 12 in magnitude: as u = level + 12 (unsigned, <= 24) a token's
+             * products sum in int16, one sum per nibble half (4 pairs of at most 2 * 24 * 128: 24576), and
+             * isum = sum(u * x) - 12 * sum(x): no sign or abs per product, as Q4_0's -8. */
+            const __m256i levels_u = _mm256_add_epi8(levels, _mm256_set1_epi8(RP2_MXFP4_BIAS));
+            __m256i plo[RP_TT], phi[RP_TT];
+            for (int t = 0; t < T; t++)
+                plo[t] = phi[t] = _mm256_setzero_si256();
+            for (int k = 0; k < 4; k++) {
+                __m256i raw = _mm256_loadu_si256((const __m256i *)(gb + qs_at + 32 * k));
+                __m256i lo = _mm256_shuffle_epi8(levels_u, _mm256_and_si256(raw, _mm256_set1_epi8(0x0f)));
+                __m256i hi = _mm256_shuffle_epi8(levels_u,
+                                                 _mm256_and_si256(_mm256_srli_epi16(raw, 4), _mm256_set1_epi8(0x0f)));
+                for (int t = 0; t < T; t++) {
+                    plo[t] = _mm256_add_epi16(plo[t], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(act_dword(&a[t][b], k))));
+                    phi[t] = _mm256_add_epi16(phi[t],
+                                              _mm256_maddubs_epi16(hi, _mm256_set1_epi32(act_dword(&a[t][b], k + 4))));
+                }
+            }
+            const __m256i ones = _mm256_set1_epi16(1);
+            for (int t = 0; t < T; t++)
+                isum[t] = _mm256_add_epi32(_mm256_set1_epi32(-RP2_MXFP4_BIAS * a[t][b].sum),
+                                           _mm256_add_epi32(_mm256_madd_epi16(plo[t], ones), _mm256_madd_epi16(phi[t], ones)));
         } else if (lut) {
             for (int t = 0; t < T; t++)
                 isum[t] = _mm256_setzero_si256();
