@@ -525,23 +525,27 @@ static inline __attribute__((always_inline)) void q6k_chunk_pass(const struct q6
         }
 }
 
-static void q6k_chunk(const void *blk, int nbk, int64_t b0, const block_q8_K *const *y, int n, __m512 (*acc)[8],
-                      __m512 *summs)
-{
-    (void)summs;
-#define Q6K_PASS(T) q6k_chunk_pass(blk, nbk, b0, y, T, acc)
-    BATCH_WIDTHS(n, Q6K_PASS)
-#undef Q6K_PASS
-}
 
-static void q6k_batch(const struct quant_kq_gemm *g, int64_t grp, int64_t t0, int T)
-{
-    static _Thread_local struct q6k_block blk[Q6K_CHUNK];
-    __m512 acc[Q6K_BATCH][8], unused[Q6K_BATCH];
-    lanes_batch(g, grp, t0, T, sizeof(block_q6_K), q6k_unpack, (uint8_t *)blk, sizeof blk[0], q6k_chunk, acc, unused);
-    for (int t = 0; t < T; t++)
-        q6k_store(g, grp, t0 + t, acc[t]);
-}
+/* name##_batch of an eight-lane kernel without mins (Q6_K, IQ4_XS): lanes_batch
+ * over chunks of struct name##_block, each width of name##_chunk_pass. */
+#define LANES_BATCH_NO_MINS(name, block_type)                                                                    \
+    static void name##_chunk(const void *blk, int nbk, int64_t b0, const block_q8_K *const *y, int n,            \
+                             __m512 (*acc)[8], __m512 *summs)                                                    \
+    {                                                                                                            \
+        (void)summs;                                                                                             \
+        BATCH_WIDTHS(n, name##_CHUNK_PASS)                                                                       \
+    }                                                                                                            \
+    static void name##_batch(const struct quant_kq_gemm *g, int64_t grp, int64_t t0, int T)                     \
+    {                                                                                                            \
+        static _Thread_local struct name##_block blk[Q6K_CHUNK];                                                 \
+        __m512 acc[Q6K_BATCH][8], unused[Q6K_BATCH];                                                             \
+        lanes_batch(g, grp, t0, T, sizeof(block_type), name##_unpack, (uint8_t *)blk, sizeof blk[0], name##_chunk, \
+                    acc, unused);                                                                                \
+        for (int t = 0; t < T; t++)                                                                              \
+            q6k_store(g, grp, t0 + t, acc[t]);                                                                   \
+    }
+#define q6k_CHUNK_PASS(T) q6k_chunk_pass(blk, nbk, b0, y, T, acc)
+LANES_BATCH_NO_MINS(q6k, block_q6_K)
 
 /* ---- Q5_K: ggml's eight lanes, mins on their own --------------------------------
  * Lane c sums, per 32-element sub-block m, sc_m * (u . q8) over elements
@@ -912,23 +916,9 @@ static inline __attribute__((always_inline)) void iq4xs_chunk_pass(const struct 
     }
 }
 
-static void iq4xs_chunk(const void *blk, int nbk, int64_t b0, const block_q8_K *const *y, int n, __m512 (*acc)[8],
-                      __m512 *summs)
-{
-    (void)summs;
-#define IQ4XS_PASS(T) iq4xs_chunk_pass(blk, nbk, b0, y, T, acc)
-    BATCH_WIDTHS(n, IQ4XS_PASS)
-#undef IQ4XS_PASS
-}
 
-static void iq4xs_batch(const struct quant_kq_gemm *g, int64_t grp, int64_t t0, int T)
-{
-    static _Thread_local struct iq4xs_block blk[Q6K_CHUNK];
-    __m512 acc[Q6K_BATCH][8], unused[Q6K_BATCH];
-    lanes_batch(g, grp, t0, T, sizeof(block_iq4_xs), iq4xs_unpack, (uint8_t *)blk, sizeof blk[0], iq4xs_chunk, acc, unused);
-    for (int t = 0; t < T; t++)
-        q6k_store(g, grp, t0 + t, acc[t]);
-}
+#define iq4xs_CHUNK_PASS(T) iq4xs_chunk_pass(blk, nbk, b0, y, T, acc)
+LANES_BATCH_NO_MINS(iq4xs, block_iq4_xs)
 
 /* ---- Q3_K: ggml's eight lanes per row ----------------------------------------------
  * Lane c sums sc_{e / 16} * q * q8 over the elements e = 32m + 4c + i (m < 8,
