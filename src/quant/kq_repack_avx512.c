@@ -346,21 +346,6 @@ static inline __attribute__((always_inline)) void q6k_blocks(const uint8_t *gb, 
     }
 }
 
-/* One group x T (<= LANES_TT) tokens: decode. */
-static inline __attribute__((always_inline)) void q6k_pass(const struct quant_kq_gemm *g, int64_t grp, int64_t t0,
-                                                           int T)
-{
-    const block_q8_K *y[LANES_TT];
-    quant_kq_tile_tokens(g, t0, T, T, y);
-    __m512 acc[LANES_TT][8];
-    for (int t = 0; t < T; t++)
-        for (int c = 0; c < 8; c++)
-            acc[t][c] = _mm512_setzero_ps();
-    q6k_blocks(g->W + (size_t)grp * R * g->wrow, y, 0, g->cols / QK_K, T, true, quant_weights_read_once(g->n_tokens),
-               acc);
-    for (int t = 0; t < T; t++)
-        q6k_store(g, grp, t0 + t, acc[t]);
-}
 
 /* Batches of a few tokens (several streams decoding at once, a short
  * verification) for the eight-lane kernels (Q5_K, Q6_K): Q6K_CHUNK blocks
@@ -422,17 +407,38 @@ static inline __attribute__((always_inline)) void q6k_blocks_sums(const uint8_t 
     (void)summs;
     q6k_blocks(gb, y, b0, b1, T, prefetch, once, acc);
 }
+/* name##_pass of an eight-lane kernel without mins (Q6_K, IQ4_XS): one group x
+ * T (<= LANES_TT) tokens, decode, through blocks (a pass with lanes_blocks_fn's arguments). */
+#define LANES_PASS_NO_MINS(name, blocks)                                                                          \
+    static inline __attribute__((always_inline)) void name##_pass(const struct quant_kq_gemm *g, int64_t grp,   \
+                                                                  int64_t t0, int T)                            \
+    {                                                                                                           \
+        const block_q8_K *y[LANES_TT];                                                                          \
+        quant_kq_tile_tokens(g, t0, T, T, y);                                                                   \
+        __m512 acc[LANES_TT][8];                                                                                \
+        for (int t = 0; t < T; t++)                                                                             \
+            for (int c = 0; c < 8; c++)                                                                         \
+                acc[t][c] = _mm512_setzero_ps();                                                                \
+        blocks(g->W + (size_t)grp * R * g->wrow, y, 0, g->cols / QK_K, T, true,                                 \
+               quant_weights_read_once(g->n_tokens), acc, NULL);                                                \
+        for (int t = 0; t < T; t++)                                                                             \
+            q6k_store(g, grp, t0 + t, acc[t]);                                                                  \
+    }
+LANES_PASS_NO_MINS(q6k, q6k_blocks_sums)
 LANES_BLOCKS_WIDTH(q6k_blocks_1, q6k_blocks_sums, 1)
 LANES_BLOCKS_WIDTH(q6k_blocks_2, q6k_blocks_sums, 2)
 static const lanes_blocks_fn q6k_blocks_widths[LANES_TT + 1] = {NULL, q6k_blocks_1, q6k_blocks_2};
 
-static void q6k_pairs(const struct quant_kq_gemm *g, int64_t grp, int64_t t0, int T)
-{
-    __m512 acc[Q6K_PAIRS_MAX][8], unused[Q6K_PAIRS_MAX];
-    lanes_pairs(g, grp, t0, T, q6k_blocks_widths, acc, unused);
-    for (int t = 0; t < T; t++)
-        q6k_store(g, grp, t0 + t, acc[t]);
-}
+/* name##_pairs of an eight-lane kernel without mins (Q6_K, IQ4_XS): lanes_pairs over name##_blocks_widths. */
+#define LANES_PAIRS_NO_MINS(name)                                                        \
+    static void name##_pairs(const struct quant_kq_gemm *g, int64_t grp, int64_t t0, int T) \
+    {                                                                                    \
+        __m512 acc[Q6K_PAIRS_MAX][8], unused[Q6K_PAIRS_MAX];                             \
+        lanes_pairs(g, grp, t0, T, name##_blocks_widths, acc, unused);                   \
+        for (int t = 0; t < T; t++)                                                      \
+            q6k_store(g, grp, t0 + t, acc[t]);                                           \
+    }
+LANES_PAIRS_NO_MINS(q6k)
 
 /* Batches: Q6K_CHUNK blocks of a group unpacked once into L1, and up to
  * Q6K_BATCH tokens passing over them Q6K_BATCH_TT at a time (their lanes
@@ -839,21 +845,7 @@ static inline __attribute__((always_inline)) void iq4xs_blocks(const uint8_t *gb
     }
 }
 
-/* One group x T (<= LANES_TT) tokens: decode. */
-static inline __attribute__((always_inline)) void iq4xs_pass(const struct quant_kq_gemm *g, int64_t grp, int64_t t0,
-                                                             int T)
-{
-    const block_q8_K *y[LANES_TT];
-    quant_kq_tile_tokens(g, t0, T, T, y);
-    __m512 acc[LANES_TT][8];
-    for (int t = 0; t < T; t++)
-        for (int c = 0; c < 8; c++)
-            acc[t][c] = _mm512_setzero_ps();
-    iq4xs_blocks(g->W + (size_t)grp * R * g->wrow, y, 0, g->cols / QK_K, T, true, quant_weights_read_once(g->n_tokens),
-                 acc, NULL);
-    for (int t = 0; t < T; t++)
-        q6k_store(g, grp, t0 + t, acc[t]);
-}
+LANES_PASS_NO_MINS(iq4xs, iq4xs_blocks)
 static void iq4xs_pass_1(const struct quant_kq_gemm *g, int64_t grp, int64_t t0) { iq4xs_pass(g, grp, t0, 1); }
 static void iq4xs_pass_2(const struct quant_kq_gemm *g, int64_t grp, int64_t t0) { iq4xs_pass(g, grp, t0, 2); }
 
@@ -862,13 +854,7 @@ LANES_BLOCKS_WIDTH(iq4xs_blocks_1, iq4xs_blocks, 1)
 LANES_BLOCKS_WIDTH(iq4xs_blocks_2, iq4xs_blocks, 2)
 static const lanes_blocks_fn iq4xs_blocks_widths[LANES_TT + 1] = {NULL, iq4xs_blocks_1, iq4xs_blocks_2};
 
-static void iq4xs_pairs(const struct quant_kq_gemm *g, int64_t grp, int64_t t0, int T)
-{
-    __m512 acc[Q6K_PAIRS_MAX][8], unused[Q6K_PAIRS_MAX];
-    lanes_pairs(g, grp, t0, T, iq4xs_blocks_widths, acc, unused);
-    for (int t = 0; t < T; t++)
-        q6k_store(g, grp, t0 + t, acc[t]);
-}
+LANES_PAIRS_NO_MINS(iq4xs)
 
 /* Batches and prefill (IQ4_XS has no tiles), as Q6_K's (lanes_batch): Q6K_CHUNK blocks
  * of a group unpacked once into L1 and up to Q6K_BATCH tokens passing over
