@@ -22,8 +22,8 @@
  *    lanes, a horizontal sum at the end. The SIMD kernels do that, and so
  *    does quant_vec_dot_iq4_xs_q8_K_lanes; the scalar reference (the traits
  *    vec_dot) keeps ggml's generic order (a float step per block of 32),
- *    within the bound tests/test_quant_iq4_mxfp4.c holds. AVX-512 builds
- *    repack IQ4_XS matrices (kq_internal.h) and run kq_repack_avx512.c's
+ *    within the bound tests/test_quant_iq4_mxfp4.c holds. SIMD builds
+ *    repack IQ4_XS matrices (kq_internal.h) and run kq_repack_avx*.c's
  *    group kernels on them, in the same eight-lane order.
  * Each SIMD vec_dot is its multi-token kernel at nt = 1 with the same
  * operations, so a token gets the same bits in a batch as alone. */

@@ -304,7 +304,7 @@ static inline bool kqrp_q6k_joined(enum quant_type t, int R) { return t == QUANT
 /* Element i (0..3) of W(c, q, k), and where sub-block s's scale lies in a joined row's 16 scale bytes. */
 static inline int kqrp_q6k_w_elem(int c, int q, int k, int i) { return 32 * q + 4 * c + 2 * k + (i & 1) + 128 * (i >> 1); }
 static inline int kqrp_q6k_scale_at(int s) { return 4 * (s % 8 / 2) + 2 * (s % 2) + s / 8; }
-/* IQ4_XS (AVX-512 builds) in the same scheme, its block's fields as they
+/* IQ4_XS in the same scheme, its block's fields as they
  * are: d[R] | scales_h[R] | scales_l: 1 dword x R | qs: 32 dwords x R.
  * Qs dword 4j + m (block j of 32) holds elements 32j + 4m.. in its low
  * nibbles and 32j + 16 + 4m.. in its high ones: ggml's lanes m and m + 4. */

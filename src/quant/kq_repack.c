@@ -18,15 +18,17 @@
  * ones. With AVX-512 or AVX2, Q4_K, Q5_K and Q6_K (decode, AVX-512: 2.4x,
  * 1.8x, 1.3x the row vec_dot; AVX2: 2.0x, 1.5x, 1.1x, and Q6_K's about
  * 1.25x faster again in its own layout, kq_internal.h), Q2_K and Q3_K (one
- * thread from cache, Zen 4: AVX-512 2.8x, 1.7x; AVX2 2.2x, 1.2x); with AVX-512
- * IQ4_XS (one thread from cache, Zen 4, llama-1b's ffn_down: 2.6x the row
- * kernel's GB/s for one token, 3-4x for 2-4, 1.3x from 8; prefill 1.4x); the scalar twin reads
+ * thread from cache, Zen 4: AVX-512 2.8x, 1.7x; AVX2 2.2x, 1.2x) and IQ4_XS
+ * (llama-1b's ffn_down: AVX-512 2.6x the row kernel's GB/s for one token,
+ * 3-4x for 2-4, 1.3x from 8, prefill 1.4x; AVX2 1.4x, 1.6x for 3, ~1x for
+ * 4-16, prefill 1.1x); the scalar twin reads
  * the layout slower than the row-major scalar reference reads rows, so a
  * portable build repacks no k-quant. */
 bool quant_kqrp_type(enum quant_type t)
 {
 #if defined(KQRP_HAVE_AVX2)
-    return t == QUANT_IQ4_XS || t == QUANT_Q2_K || t == QUANT_Q3_K || t == QUANT_Q4_K || t == QUANT_Q5_K || t == QUANT_Q6_K;
+    return t == QUANT_Q2_K || t == QUANT_Q3_K || t == QUANT_Q4_K || t == QUANT_Q5_K || t == QUANT_Q6_K ||
+           t == QUANT_IQ4_XS;
 #else
     (void)t;
     return false;

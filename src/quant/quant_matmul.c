@@ -26,7 +26,7 @@
  *    every batch size (they have no tiles).
  *  - repacked Q2_K..Q6_K weights: the group kernels of kq_repack*.c up to a
  *    crossover (kqrp_group_max), the k-quant tiles above on panels unpacked
- *    straight from the layout; repacked IQ4_XS (AVX-512) the group kernels
+ *    straight from the layout; repacked IQ4_XS the group kernels
  *    at every batch size. */
 #include <stdalign.h>
 #include <stdatomic.h>

@@ -219,7 +219,7 @@ ks_status quant_repack(enum quant_type t, int64_t rows, int64_t cols, void *W)
 {
     if (!W || !quant_repack_fits(t, rows, cols))
         return ks_fail(KS_ERR_INVALID_ARG, "repack: %s matrix of %lld x %lld cannot be repacked (Q4_0, Q8_0, IQ4_NL, "
-                       "MXFP4, Q5_0, Q5_1 or Q2_K..Q6_K, whole blocks, at least %d rows)", quant_type_name(t),
+                       "IQ4_XS, MXFP4, Q5_0, Q5_1 or Q2_K..Q6_K, whole blocks, at least %d rows)", quant_type_name(t),
                        (long long)rows, (long long)cols, QUANT_RP_ROWS);
     if (quant_kqrp_type(t))
         return quant_kqrp_repack_as(t, rows, cols, W, QUANT_RP_ROWS);
