@@ -843,7 +843,9 @@ static void iq4xs_pass(const struct quant_kq_gemm *g, int64_t grp, int64_t t0)
  * widened, no vpsignb) were slower: 20.8 at 16, the loads bound them. */
 #define IQ4XS_CHUNK 4
 #define IQ4XS_BATCH 16
-#define IQ4XS_TT 4 /* tokens per pass over a chunk */
+#ifndef IQ4XS_TT
+#define IQ4XS_TT 4 /* tokens per pass over a chunk (2 and 3 were no faster at 3-16 tokens) */
+#endif
 #ifndef IQ4XS_PASS_MAX
 #define IQ4XS_PASS_MAX 2
 #endif
@@ -912,8 +914,12 @@ static void iq4xs_batch(const struct quant_kq_gemm *g, int64_t grp, int64_t t0, 
         for (int t = 0; t < T; t += IQ4XS_TT) {
             const int n = T - t < IQ4XS_TT ? T - t : IQ4XS_TT;
             switch (n) { /* each width keeps its chains in registers */
+#if IQ4XS_TT >= 4
             case 4: iq4xs_chunk_pass(blk, nbk, b0, y + t, 4, acc + t); break;
+#endif
+#if IQ4XS_TT >= 3
             case 3: iq4xs_chunk_pass(blk, nbk, b0, y + t, 3, acc + t); break;
+#endif
             case 2: iq4xs_chunk_pass(blk, nbk, b0, y + t, 2, acc + t); break;
             default: iq4xs_chunk_pass(blk, nbk, b0, y + t, 1, acc + t); break;
             }
