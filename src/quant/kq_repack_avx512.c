@@ -809,7 +809,6 @@ static inline __attribute__((always_inline)) void iq4xs_blocks(const uint8_t *gb
     (void)summs;
     const size_t gbb = R * sizeof(block_iq4_xs);
     const __m512i lut = iq4xs_abs_lut();
-    const int P = T == 1 ? 2 : 1; /* one token: even and odd blocks in chains of their own (latency) */
     gb += (size_t)b0 * gbb;
     for (int64_t b = b0; b < b1; b++, gb += gbb) {
         __m512i scp[8];
@@ -819,27 +818,22 @@ static inline __attribute__((always_inline)) void iq4xs_blocks(const uint8_t *gb
         for (int m = 0; m < 4; m++) {
             if (prefetch)
                 quant_prefetch_weights_part(gb + KQRP_AHEAD, gbb, once, m, 4);
-            __m512i lo[2][LANES_TT], hi[2][LANES_TT];
-            for (int p = 0; p < P; p++)
-                for (int t = 0; t < T; t++)
-                    lo[p][t] = hi[p][t] = _mm512_setzero_si512();
+            __m512i lo[LANES_TT], hi[LANES_TT];
+            for (int t = 0; t < T; t++)
+                lo[t] = hi[t] = _mm512_setzero_si512();
 #pragma GCC unroll 8
             for (int j = 0; j < 8; j++) {
                 __m512i a[2];
                 __mmask64 neg[2];
                 iq4xs_levels(gb, 4 * j + m, lut, a, neg);
                 for (int t = 0; t < T; t++) {
-                    lo[j % P][t] = iq4xs_dot(lo[j % P][t], a[0], neg[0], scp[j], y[t][b].qs + 32 * j + 4 * m);
-                    hi[j % P][t] = iq4xs_dot(hi[j % P][t], a[1], neg[1], scp[j], y[t][b].qs + 32 * j + 16 + 4 * m);
+                    lo[t] = iq4xs_dot(lo[t], a[0], neg[0], scp[j], y[t][b].qs + 32 * j + 4 * m);
+                    hi[t] = iq4xs_dot(hi[t], a[1], neg[1], scp[j], y[t][b].qs + 32 * j + 16 + 4 * m);
                 }
             }
             for (int t = 0; t < T; t++) {
-                if (P == 2) {
-                    lo[0][t] = _mm512_add_epi32(lo[0][t], lo[1][t]);
-                    hi[0][t] = _mm512_add_epi32(hi[0][t], hi[1][t]);
-                }
-                acc[t][m] = chain_add(acc[t][m], lo[0][t], d, y[t][b].d);
-                acc[t][m + 4] = chain_add(acc[t][m + 4], hi[0][t], d, y[t][b].d);
+                acc[t][m] = chain_add(acc[t][m], lo[t], d, y[t][b].d);
+                acc[t][m + 4] = chain_add(acc[t][m + 4], hi[t], d, y[t][b].d);
             }
         }
     }
