@@ -34,6 +34,18 @@ static inline __m256 chain_add(__m256 acc, __m256i sums, __m256 x_scale, float y
     return _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(x_scale, _mm256_set1_ps(y_d)), acc);
 }
 
+/* An eight-lane kernel's row sums in hsum_float_8's order, row by row, and their store for token t. */
+static inline __m256 lanes_hsum(const __m256 acc[8])
+{
+    return _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6])),
+                         _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7])));
+}
+
+static inline void lanes_store(const struct quant_kq_gemm *g, int64_t grp, int64_t t, const __m256 acc[8])
+{
+    _mm256_storeu_ps(g->Y + t * g->ldy + grp * R, lanes_hsum(acc));
+}
+
 /* kq_unpack_scales_k4 in the lanes (Q4_K's and Q5_K's 6-bit packing): from a
  * row's three scale dwords, bytes 0-3 of s03 / s47 / m03 / m47 are its scales
  * 0-3, 4-7 and mins 0-3, 4-7. */
@@ -323,9 +335,7 @@ static void q6k_pass(const struct quant_kq_gemm *g, int64_t grp, int64_t t0)
             }
         }
     }
-    const __m256 sum = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6])),
-                                     _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7])));
-    _mm256_storeu_ps(g->Y + t0 * g->ldy + grp * R, sum);
+    lanes_store(g, grp, t0, acc);
 }
 
 /* ---- Q3_K (kq_repack_avx512.c's order) ---------------------------------------------
@@ -419,9 +429,7 @@ static void q3k_pass(const struct quant_kq_gemm *g, int64_t grp, int64_t t0)
             acc[c] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(lane), acc[c]);
         }
     }
-    const __m256 sum = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6])),
-                                     _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7])));
-    _mm256_storeu_ps(g->Y + t0 * g->ldy + grp * R, sum);
+    lanes_store(g, grp, t0, acc);
 }
 
 /* ---- Q5_K (kq_repack_avx512.c's order), levels paired ----------------------------
@@ -527,9 +535,7 @@ static void q5k_pass(const struct quant_kq_gemm *g, int64_t grp, int64_t t0)
             acc[c] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(lane), acc[c]);
         }
     }
-    const __m256 sum = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6])),
-                                     _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7])));
-    _mm256_storeu_ps(g->Y + t0 * g->ldy + grp * R, _mm256_add_ps(sum, summs));
+    _mm256_storeu_ps(g->Y + t0 * g->ldy + grp * R, _mm256_add_ps(lanes_hsum(acc), summs));
 }
 
 /* ---- prefill panels straight from the layout ------------------------------------ */
@@ -788,14 +794,6 @@ static inline __m256i iq4xs_dot(__m256i lane, __m256i a, __m256i w, __m256i scp,
 static inline __m256i iq4xs_lut(void)
 {
     return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)quant_iq4nl_values));
-}
-
-/* hsum_float_8's order, row by row. */
-static inline void lanes_store(const struct quant_kq_gemm *g, int64_t grp, int64_t t, const __m256 acc[8])
-{
-    const __m256 sum = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6])),
-                                     _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7])));
-    _mm256_storeu_ps(g->Y + t * g->ldy + grp * R, sum);
 }
 
 /* One group x one token: decode. */

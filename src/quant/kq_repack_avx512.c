@@ -312,13 +312,17 @@ static inline __attribute__((always_inline)) void q6k_lane(const uint8_t *gb, co
     }
 }
 
+/* An eight-lane kernel's row sums in hsum_float_8's order, row by row. */
+static inline __m512 lanes_hsum(const __m512 v[8])
+{
+    return _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(v[0], v[4]), _mm512_add_ps(v[2], v[6])),
+                         _mm512_add_ps(_mm512_add_ps(v[1], v[5]), _mm512_add_ps(v[3], v[7])));
+}
+
 static inline __attribute__((always_inline)) void q6k_store(const struct quant_kq_gemm *g, int64_t grp, int64_t t,
                                                             const __m512 v[8])
 {
-    /* hsum_float_8's order, row by row */
-    const __m512 sum = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(v[0], v[4]), _mm512_add_ps(v[2], v[6])),
-                                     _mm512_add_ps(_mm512_add_ps(v[1], v[5]), _mm512_add_ps(v[3], v[7])));
-    _mm512_storeu_ps(g->Y + t * g->ldy + grp * R, sum);
+    _mm512_storeu_ps(g->Y + t * g->ldy + grp * R, lanes_hsum(v));
 }
 
 /* Super-blocks [b0, b1) of a group (gb its first) for T (<= LANES_TT)
@@ -580,13 +584,11 @@ static inline void q5k_levels(const uint8_t *gb, int c, __m512i u[8])
     u[6] = _mm512_and_si512(_mm512_ternarylogic_epi32(byte_shift(D[4], 3), u6lo, low4, SEL_B_OVER_A), low5);
 }
 
-/* hsum_float_8's order, row by row, plus the mins */
+/* lanes_hsum plus the mins */
 static inline __attribute__((always_inline)) void q5k_store(const struct quant_kq_gemm *g, int64_t grp, int64_t t,
                                                             const __m512 v[8], __m512 summs)
 {
-    const __m512 sum = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(v[0], v[4]), _mm512_add_ps(v[2], v[6])),
-                                     _mm512_add_ps(_mm512_add_ps(v[1], v[5]), _mm512_add_ps(v[3], v[7])));
-    _mm512_storeu_ps(g->Y + t * g->ldy + grp * R, _mm512_add_ps(sum, summs));
+    _mm512_storeu_ps(g->Y + t * g->ldy + grp * R, _mm512_add_ps(lanes_hsum(v), summs));
 }
 
 /* A block's (sc_m, sc_m) pairs, its mins 0-3 / 4-7, d and dmin. */

@@ -909,8 +909,11 @@ static inline __attribute__((always_inline)) void rp2_tile(const struct quant_rp
     const int R = 8;
     const size_t gbb = (size_t)R * rp_block_bytes(j->wtype), qs_at = (size_t)R * rp_scale_bytes(j->wtype);
     const bool lut = rp_is_lut(j->wtype);
-    const __m256i levels = lut ? _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)rp_levels(j->wtype)))
-                               : _mm256_setzero_si256();
+    /* the levels of a lookup-table type, MXFP4's + RP2_MXFP4_BIAS (unsigned) */
+    const __m256i levels =
+        lut ? _mm256_add_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)rp_levels(j->wtype))),
+                              _mm256_set1_epi8(j->wtype == QUANT_MXFP4 ? RP2_MXFP4_BIAS : 0))
+            : _mm256_setzero_si256();
     const struct quant_rp_act *a[RP_TT];
     __m256 acc[RP_TT];
     for (int t = 0; t < T; t++) {
@@ -944,14 +947,13 @@ static inline __attribute__((always_inline)) void rp2_tile(const struct quant_rp
             /* MXFP4's levels are at most 12 in magnitude: as u = level + 12 (unsigned, <= 24) a token's
              * products sum in int16, one sum per nibble half (4 pairs of at most 2 * 24 * 128: 24576), and
              * isum = sum(u * x) - 12 * sum(x): no sign or abs per product, as Q4_0's -8. */
-            const __m256i levels_u = _mm256_add_epi8(levels, _mm256_set1_epi8(RP2_MXFP4_BIAS));
             __m256i plo[RP_TT], phi[RP_TT];
             for (int t = 0; t < T; t++)
                 plo[t] = phi[t] = _mm256_setzero_si256();
             for (int k = 0; k < 4; k++) {
                 __m256i raw = _mm256_loadu_si256((const __m256i *)(gb + qs_at + 32 * k));
-                __m256i lo = _mm256_shuffle_epi8(levels_u, _mm256_and_si256(raw, _mm256_set1_epi8(0x0f)));
-                __m256i hi = _mm256_shuffle_epi8(levels_u,
+                __m256i lo = _mm256_shuffle_epi8(levels, _mm256_and_si256(raw, _mm256_set1_epi8(0x0f)));
+                __m256i hi = _mm256_shuffle_epi8(levels,
                                                  _mm256_and_si256(_mm256_srli_epi16(raw, 4), _mm256_set1_epi8(0x0f)));
                 for (int t = 0; t < T; t++) {
                     plo[t] = _mm256_add_epi16(plo[t], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(act_dword(&a[t][b], k))));
@@ -963,7 +965,7 @@ static inline __attribute__((always_inline)) void rp2_tile(const struct quant_rp
             for (int t = 0; t < T; t++)
                 isum[t] = _mm256_add_epi32(_mm256_set1_epi32(-RP2_MXFP4_BIAS * a[t][b].sum),
                                            _mm256_add_epi32(_mm256_madd_epi16(plo[t], ones), _mm256_madd_epi16(phi[t], ones)));
-        } else if (lut) {
+        } else if (lut) { /* IQ4_NL */
             for (int t = 0; t < T; t++)
                 isum[t] = _mm256_setzero_si256();
             for (int k = 0; k < 4; k++) {
